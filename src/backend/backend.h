@@ -1,0 +1,152 @@
+/* backend.h — the compute-backend contract: one vtable that the executor calls for memory and for
+ * every kernel. Implementations: backend_cpu (C + OpenMP + OpenBLAS, fp32, the reference) and
+ * backend_cuda (CUDA C + cuBLASLt/cuDNN). The graph executor knows nothing else about a device.
+ *
+ * CONTRACT CHANGES: additive only, each noted in the change log at the end of this comment, because
+ * two backends and the executor are written against it.
+ *
+ * Dtype classes (fixed when the backend is created, from train.precision):
+ *   act   — activations, their gradients, and the compute copy of parameters: be->act_dtype
+ *           (DG_F32 on CPU; DG_BF16 / DG_F16 / DG_F32 on CUDA).
+ *   f32   — master parameters, parameter gradients, AdamW moments, losses, layernorm statistics,
+ *           attention/cross-entropy statistics, device scalars. Always float32.
+ *   i32   — token ids and targets.
+ * Parameter-gradient outputs (dw, db, dwte, dwpe) are always ACCUMULATED (+=) in f32, so gradient
+ * accumulation over micro-batches needs no extra op; the executor zeroes them once per step.
+ * Activation-gradient outputs take `acc`: 0 = overwrite, 1 = add into what is there (lets autodiff fuse
+ * the sum of gradients of a tensor with several consumers, e.g. the residual stream).
+ * In-place: an output may alias an input only where a kernel says so.
+ *
+ * Layouts (row-major): activations [N, C] with N = B*T rows; linear weights [OC, C] (out = inp·Wᵀ + b,
+ * as in PyTorch's nn.Linear); qkv [B, T, 3C] with q, k, v blocks of C each, head h at columns
+ * h*C/NH ... ; the token embedding wte [Vp, C] with Vp >= V padded rows (zero, never trained into by
+ * targets >= V) and tied to the output head; position embedding wpe [T_max, C].
+ *
+ * Determinism: every kernel gives bitwise-identical results for identical inputs run after run
+ * (no atomics in reductions; fixed reduction orders).
+ *
+ * Change log:
+ *   v1 (2026-11-29) initial contract.
+ */
+#ifndef DG_BACKEND_H
+#define DG_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dg_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dg_backend dg_backend_t;
+
+typedef enum { DG_EPI_NONE = 0, DG_EPI_GELU = 1 } dg_epilogue_t;
+
+typedef struct dg_backend_config {
+    dg_dtype_t act_dtype; /* DG_F32 | DG_BF16 | DG_F16 */
+    int device;           /* CUDA device ordinal; ignored by CPU */
+    int threads;          /* CPU threads; 0 = OpenMP default */
+    uint64_t seed;        /* for any backend-internal randomness (none today) */
+} dg_backend_config_t;
+
+typedef struct dg_backend_ops {
+    const char *name; /* "cpu" | "cuda" */
+
+    /* ---- lifetime and memory ---- */
+    void (*destroy)(dg_backend_t *be);
+    dg_status_t (*alloc)(dg_backend_t *be, size_t bytes, void **out); /* device memory, 256-byte aligned */
+    void (*free)(dg_backend_t *be, void *p);
+    dg_status_t (*to_device)(dg_backend_t *be, void *dst, const void *host_src, size_t bytes);
+    dg_status_t (*to_host)(dg_backend_t *be, void *host_dst, const void *src, size_t bytes);
+    dg_status_t (*copy)(dg_backend_t *be, void *dst, const void *src, size_t bytes); /* device to device */
+    dg_status_t (*memset0)(dg_backend_t *be, void *p, size_t bytes);
+    dg_status_t (*sync)(dg_backend_t *be); /* wait for all queued work; reports async kernel errors */
+
+    /* ---- elementwise / utility ---- */
+    /* dst[i] = (dst_t) src[i]; any pair of f32/bf16/f16. */
+    dg_status_t (*cast)(dg_backend_t *be, void *dst, dg_dtype_t dst_t, const void *src, dg_dtype_t src_t,
+                        size_t n);
+    /* out = a + b (act). out may alias a or b. */
+    dg_status_t (*add)(dg_backend_t *be, void *out, const void *a, const void *b, size_t n);
+    /* dst (act) = acc ? dst + src : src. */
+    dg_status_t (*accumulate)(dg_backend_t *be, void *dst, const void *src, size_t n, int acc);
+    /* *out_f32 (device scalar) += sum(x[i]^2) over n f32 values, deterministic order. */
+    dg_status_t (*sumsq_f32)(dg_backend_t *be, float *out_dev, const float *x, size_t n);
+    /* x (f32) *= s (host scalar). */
+    dg_status_t (*scale_f32)(dg_backend_t *be, float *x, size_t n, float s);
+
+    /* ---- model kernels ---- */
+    /* out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] */
+    dg_status_t (*encoder_fwd)(dg_backend_t *be, void *out, const int32_t *tokens, const void *wte,
+                               const void *wpe, int B, int T, int C);
+    /* dwte[tok,:] += dout[b,t,:], dwpe[t,:] += dout[b,t,:]; deterministic (no atomics). */
+    dg_status_t (*encoder_bwd)(dg_backend_t *be, float *dwte, float *dwpe, const void *dout,
+                               const int32_t *tokens, int B, int T, int C);
+    /* out = (inp - mean) * rstd * w + b per row; mean, rstd saved (f32 [N]). eps = 1e-5. */
+    dg_status_t (*layernorm_fwd)(dg_backend_t *be, void *out, float *mean, float *rstd, const void *inp,
+                                 const void *w, const void *b, int N, int C);
+    dg_status_t (*layernorm_bwd)(dg_backend_t *be, void *dinp, float *dw, float *db, const void *dout,
+                                 const void *inp, const void *w, const float *mean, const float *rstd, int N,
+                                 int C, int acc);
+    /* out[N,OC] = inp[N,C] · w[OC,C]ᵀ + bias[OC] (bias may be NULL). With DG_EPI_GELU, pre (act [N,OC])
+     * receives the value before GELU and out receives gelu(pre). */
+    dg_status_t (*matmul_fwd)(dg_backend_t *be, void *out, void *pre, const void *inp, const void *w,
+                              const void *bias, int N, int C, int OC, dg_epilogue_t epi);
+    /* dinp[N,C] (acc) = dout · w; dw[OC,C] += doutᵀ · inp; dbias[OC] += column sums of dout (NULL = none).
+     * dinp may be NULL (no input gradient needed, e.g. first layer inputs that are not trainable). */
+    dg_status_t (*matmul_bwd)(dg_backend_t *be, void *dinp, float *dw, float *dbias, const void *dout,
+                              const void *inp, const void *w, int N, int C, int OC, int acc);
+    /* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+    dg_status_t (*gelu_fwd)(dg_backend_t *be, void *out, const void *inp, size_t n);
+    dg_status_t (*gelu_bwd)(dg_backend_t *be, void *dinp, const void *inp, const void *dout, size_t n, int acc);
+    /* Causal multi-head self-attention, scale 1/sqrt(C/NH). aux is backend scratch saved for backward
+     * of attention_aux_bytes() bytes (e.g. the logsumexp per row, or the full probability matrix on CPU). */
+    size_t (*attention_aux_bytes)(dg_backend_t *be, int B, int T, int C, int NH);
+    dg_status_t (*attention_fwd)(dg_backend_t *be, void *out, void *aux, const void *qkv, int B, int T, int C,
+                                 int NH);
+    /* dqkv [B,T,3C] is overwritten (acc = 0 semantics). */
+    dg_status_t (*attention_bwd)(dg_backend_t *be, void *dqkv, const void *dout, const void *qkv,
+                                 const void *out, const void *aux, int B, int T, int C, int NH);
+    /* Cross-entropy over the first V of Vp logit columns: losses[i] = lse_i - logits[i, targets[i]];
+     * lse (f32 [N]) saved for backward. */
+    dg_status_t (*crossentropy_fwd)(dg_backend_t *be, float *losses, float *lse, const void *logits,
+                                    const int32_t *targets, int N, int V, int Vp);
+    /* dlogits[i,j] = (softmax_ij - [j == target_i]) * dloss for j < V, 0 for V <= j < Vp.
+     * dlogits MAY alias logits (in place). dloss is typically loss_scale / (global tokens in the step). */
+    dg_status_t (*crossentropy_bwd)(dg_backend_t *be, void *dlogits, const void *logits, const float *lse,
+                                    const int32_t *targets, int N, int V, int Vp, float dloss);
+    /* AdamW on one f32 tensor: g = grad * (*gscale_dev); m,v updated; master -= lr * (mhat/(sqrt(vhat)+eps)
+     * + wd * master); if compute != NULL it receives the new master cast to act dtype.
+     * gscale_dev is a device f32 scalar (clip factor x loss-scale inverse), so no host sync is needed.
+     * t is the 1-based step for bias correction. */
+    dg_status_t (*adamw)(dg_backend_t *be, float *master, void *compute, const float *grad, float *m, float *v,
+                         size_t n, float lr, float beta1, float beta2, float eps, float wd, int64_t t,
+                         const float *gscale_dev);
+    /* *gscale_dev = min(1, clip / (sqrt(*sumsq_dev) + 1e-6)) * extra   (clip <= 0 means no clipping);
+     * also writes the norm (sqrt(sumsq)) to *norm_dev. */
+    dg_status_t (*clip_scale)(dg_backend_t *be, float *gscale_dev, float *norm_dev, const float *sumsq_dev,
+                              float clip, float extra);
+} dg_backend_ops_t;
+
+struct dg_backend {
+    const dg_backend_ops_t *ops;
+    dg_dtype_t act_dtype;
+    void *impl; /* backend-private state */
+};
+
+/* Constructors. Each returns DG_ERR_RUNTIME with a message when the backend cannot start
+ * (no GPU, driver error). dg_backend_cuda_create exists only when built with CUDA (DG_HAVE_CUDA). */
+dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t **out);
+#ifdef DG_HAVE_CUDA
+dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg_backend_t **out);
+#endif
+static inline void dg_backend_free(dg_backend_t *be) {
+    if (be) be->ops->destroy(be);
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,244 @@
+/* common.c — status messages, asserts, logging and small file helpers shared by every module. */
+#define _GNU_SOURCE
+#include "dg_common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- errors ---- */
+static _Thread_local char tl_msg[2048];
+static _Thread_local char tl_where[256];
+static _Thread_local dg_status_t tl_code;
+
+dg_status_t dg_error_at(dg_status_t code, const char *src_file, int src_line, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tl_msg, sizeof tl_msg, fmt, ap);
+    va_end(ap);
+    const char *base = strrchr(src_file, '/');
+    snprintf(tl_where, sizeof tl_where, "%s:%d", base ? base + 1 : src_file, src_line);
+    tl_code = code;
+    return code;
+}
+
+const char *dg_last_error(void) {
+    return tl_msg;
+}
+const char *dg_last_error_where(void) {
+    return tl_where;
+}
+dg_status_t dg_last_error_code(void) {
+    return tl_code;
+}
+void dg_clear_error(void) {
+    tl_msg[0] = 0;
+    tl_where[0] = 0;
+    tl_code = DG_OK;
+}
+
+void dg_assert_fail(const char *cond, const char *file, int line, const char *fmt, ...) {
+    char extra[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(extra, sizeof extra, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "dgtrain: internal error: assertion `%s` failed at %s:%d %s\n", cond, file, line, extra);
+    fflush(stderr);
+    abort();
+}
+
+/* ---- logging ---- */
+static struct {
+    pthread_mutex_t mu;
+    int rank;
+    char host[64];
+    dg_log_level_t level;
+    FILE *file;
+    int all_ranks;
+} g_log = {PTHREAD_MUTEX_INITIALIZER, 0, "", DG_LOG_INFO, NULL, 0};
+
+dg_status_t dg_log_init(int rank, const char *host, dg_log_level_t level, const char *log_dir) {
+    pthread_mutex_lock(&g_log.mu);
+    g_log.rank = rank;
+    snprintf(g_log.host, sizeof g_log.host, "%s", host ? host : "");
+    g_log.level = level;
+    if (g_log.file) {
+        fclose(g_log.file);
+        g_log.file = NULL;
+    }
+    pthread_mutex_unlock(&g_log.mu);
+    if (log_dir && *log_dir) {
+        dg_status_t s = dg_mkdir_p(log_dir);
+        if (s) return s;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/rank-%d.log", log_dir, rank);
+        FILE *f = fopen(path, "a");
+        if (!f) return DG_ERR(DG_ERR_RUNTIME, "cannot open log file %s: %s", path, strerror(errno));
+        setvbuf(f, NULL, _IOLBF, 0);
+        pthread_mutex_lock(&g_log.mu);
+        g_log.file = f;
+        pthread_mutex_unlock(&g_log.mu);
+    }
+    return DG_OK;
+}
+
+void dg_log_set_level(dg_log_level_t level) {
+    g_log.level = level;
+}
+void dg_log_set_stderr_all_ranks(int on) {
+    g_log.all_ranks = on;
+}
+
+void dg_log_close(void) {
+    pthread_mutex_lock(&g_log.mu);
+    if (g_log.file) fclose(g_log.file);
+    g_log.file = NULL;
+    pthread_mutex_unlock(&g_log.mu);
+}
+
+void dg_log(dg_log_level_t level, const char *fmt, ...) {
+    static const char *names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+    if (level > g_log.level && !g_log.file) return;
+    char msg[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    localtime_r(&ts.tv_sec, &tm);
+    char stamp[32];
+    strftime(stamp, sizeof stamp, "%H:%M:%S", &tm);
+    pthread_mutex_lock(&g_log.mu);
+    if (g_log.file)
+        fprintf(g_log.file, "%s.%03ld %-5s [rank %d %s] %s\n", stamp, ts.tv_nsec / 1000000, names[level],
+                g_log.rank, g_log.host, msg);
+    int echo = level <= g_log.level && (level <= DG_LOG_WARN || g_log.rank == 0 || g_log.all_ranks);
+    if (echo) fprintf(stderr, "[rank %d %s] %s: %s\n", g_log.rank, g_log.host, names[level], msg);
+    pthread_mutex_unlock(&g_log.mu);
+}
+
+/* ---- dtypes ---- */
+size_t dg_dtype_size(dg_dtype_t t) {
+    switch (t) {
+    case DG_F32: return 4;
+    case DG_BF16: return 2;
+    case DG_F16: return 2;
+    case DG_I32: return 4;
+    case DG_U16: return 2;
+    case DG_F64: return 8;
+    }
+    DG_ASSERTF(0, "bad dtype %d", (int)t);
+    return 0;
+}
+
+const char *dg_dtype_name(dg_dtype_t t) {
+    switch (t) {
+    case DG_F32: return "f32";
+    case DG_BF16: return "bf16";
+    case DG_F16: return "f16";
+    case DG_I32: return "i32";
+    case DG_U16: return "u16";
+    case DG_F64: return "f64";
+    }
+    return "?";
+}
+
+/* ---- helpers ---- */
+double dg_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+dg_status_t dg_mkdir_p(const char *path) {
+    char buf[4096];
+    if (strlen(path) >= sizeof buf) return DG_ERR(DG_ERR_RUNTIME, "path too long: %s", path);
+    strcpy(buf, path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return DG_ERR(DG_ERR_RUNTIME, "cannot create directory %s: %s", buf, strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        return DG_ERR(DG_ERR_RUNTIME, "cannot create directory %s: %s", buf, strerror(errno));
+    struct stat st;
+    if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
+        return DG_ERR(DG_ERR_RUNTIME, "%s exists and is not a directory", buf);
+    return DG_OK;
+}
+
+dg_status_t dg_write_file_atomic(const char *path, const void *data, size_t len) {
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+        return DG_ERR(DG_ERR_RUNTIME, "path too long: %s", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    if (fd < 0) return DG_ERR(DG_ERR_RUNTIME, "cannot create %s: %s", tmp, strerror(errno));
+    const char *p = data;
+    size_t left = len;
+    while (left) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            close(fd);
+            unlink(tmp);
+            return DG_ERR(DG_ERR_RUNTIME, "cannot write %s: %s", tmp, strerror(e));
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(tmp);
+        return DG_ERR(DG_ERR_RUNTIME, "fsync %s: %s", tmp, strerror(e));
+    }
+    close(fd);
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return DG_ERR(DG_ERR_RUNTIME, "cannot rename %s to %s: %s", tmp, path, strerror(e));
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return DG_OK;
+}
+
+void *dg_xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    DG_ASSERTF(p != NULL, "out of memory allocating %zu bytes", n);
+    return p;
+}
+void *dg_xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    DG_ASSERTF(p != NULL, "out of memory allocating %zu x %zu bytes", n, size);
+    return p;
+}
+char *dg_xstrdup(const char *s) {
+    char *p = strdup(s ? s : "");
+    DG_ASSERTF(p != NULL, "out of memory");
+    return p;
+}
+void dg_fmt(char *buf, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
+    DG_ASSERTF(n >= 0 && (size_t)n < cap, "formatted string truncated (%d >= %zu)", n, cap);
+}

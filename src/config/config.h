@@ -1,0 +1,118 @@
+/* config.h — the effective dgtrain configuration: a typed struct filled from the embedded defaults,
+ * an INI file (parsed by libinih) and `--set section.key=value` overrides, in that order.
+ *
+ * One schema table (schema.c) lists every key with its type, default, allowed range or values and a
+ * one-line doc; it drives parsing, validation, `--help`, `--print-config` and the config text stored
+ * in checkpoints. To add a key: add the field here and ONE row to the table in schema.c.
+ *
+ * Units and meanings that are not obvious from the name are documented in the schema rows.
+ */
+#ifndef DG_CONFIG_H
+#define DG_CONFIG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "dg_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DG_CFG_STR 1024
+#define DG_CFG_MAX_KEYS 128
+
+typedef struct dg_config {
+    struct {
+        char name[128];
+        char dir[DG_CFG_STR];
+        int64_t seed;
+        char log_level[16]; /* error | warn | info | debug */
+    } run;
+    struct {
+        char preset[32]; /* tiny | gpt2-124m | gpt2-350m | gpt2-774m | gpt2-1558m | custom */
+        int64_t n_layer, n_head, d_model, seq_len, vocab_size; /* 0 = take the preset's value */
+    } model;
+    struct {
+        char train[DG_CFG_STR]; /* glob of llm.c .bin shards; "" = the embedded default data */
+        char val[DG_CFG_STR];
+        int64_t val_every, val_batches;
+        int shuffle;
+    } data;
+    struct {
+        int64_t steps;
+        int64_t global_batch; /* sequences per optimizer step, all ranks together */
+        int64_t micro_batch;  /* sequences per rank per micro-step (gradient accumulation fills the rest) */
+        double lr;
+        int64_t warmup_steps;
+        double min_lr_ratio, weight_decay, grad_clip, beta1, beta2, eps;
+        char precision[8];    /* fp32 | bf16 | fp16 */
+        char reduce_dtype[8]; /* fp32 | bf16 */
+        char freeze[DG_CFG_STR]; /* comma-separated parameter-name patterns (fnmatch) */
+        int64_t log_every;
+        double loss_scale_init;
+        int64_t loss_scale_growth_interval;
+        double spike_factor;        /* loss > spike_factor * moving average => skip the update; 0 = off */
+        int64_t spike_window;       /* moving-average window (steps) */
+        int64_t spike_max_consecutive; /* that many spikes in a row => roll back to the last checkpoint */
+    } train;
+    struct {
+        char backend[8]; /* auto | cpu | cuda */
+        char comm[8];    /* auto | mpi | nccl */
+        char mesh[128];  /* auto | e.g. dp_replicate=2,dp_shard=4,tp=2 */
+        int reshard_after_forward;
+        double bucket_mb;
+        double prefetch_budget_mb;
+        int overlap;
+        int cuda_graph;
+        int64_t threads; /* CPU threads per rank; 0 = the cores this rank is bound to */
+    } parallel;
+    struct {
+        char dir[DG_CFG_STR]; /* "" = <run.dir>/checkpoints */
+        int64_t every;        /* steps between checkpoints; 0 = only at the end and on signals */
+        int64_t keep;
+        int async;
+        char resume[DG_CFG_STR]; /* auto | never | PATH */
+        int incremental;
+    } checkpoint;
+    struct {
+        double heartbeat_s, timeout_s;
+    } health;
+    struct {
+        char xml[DG_CFG_STR];     /* hwloc XML to use instead of the live machine ("" = live, or $HWLOC_XMLFILE) */
+        char bind[8];             /* auto | none */
+        char cluster[DG_CFG_STR]; /* cluster description file for planning clusters that are not here */
+        int64_t world;            /* world size to plan for with `cluster` (0 = the real world size) */
+    } topology;
+
+    /* Where each value came from, indexed like the schema table: "default", "FILE:LINE" or
+     * "--set". Filled by dg_config_load. */
+    char source[DG_CFG_MAX_KEYS][96];
+    char path[DG_CFG_STR]; /* the config file loaded ("" if none) */
+} dg_config_t;
+
+/* Fill `cfg` with defaults, then the INI file at `path` (NULL = none), then each "section.key=value"
+ * of `sets` in order (a later one wins). On bad input returns DG_ERR_USAGE with a one-line message
+ * naming the file and line (or the --set argument), the key and what was expected. */
+dg_status_t dg_config_load(dg_config_t *cfg, const char *path, int nsets, const char *const *sets);
+
+/* Cross-key checks that need several values (e.g. global_batch divisible by micro_batch * dp).
+ * Called by dg_config_load; exposed for modules that fill in derived values later. */
+dg_status_t dg_config_validate(const dg_config_t *cfg);
+
+/* Print every key as "section.key = value    # source" (the --print-config format). */
+void dg_config_print(const dg_config_t *cfg, FILE *out);
+/* Print the schema as help text: each key with type, default, allowed values and doc. */
+void dg_config_print_help(FILE *out);
+/* The effective config as INI text (malloc'd; caller frees). Deterministic: used for the config hash
+ * and stored in checkpoints. */
+char *dg_config_to_ini(const dg_config_t *cfg);
+/* 64-bit xxh3 hash of dg_config_to_ini(). */
+uint64_t dg_config_hash(const dg_config_t *cfg);
+/* The source string of one key ("default", "FILE:LINE", "--set"), or NULL for an unknown key. */
+const char *dg_config_source(const dg_config_t *cfg, const char *section_dot_key);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
