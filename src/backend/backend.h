@@ -27,6 +27,8 @@
  *
  * Change log:
  *   v1 (2026-11-29) initial contract.
+ *   v1.1 (2026-11-29, cuda) dg_backend_cuda_stream(): the CUDA stream the CUDA backend queues all its work
+ *        on, for CUDA Graph capture and for event edges with a communication stream. Additive.
  */
 #ifndef DG_BACKEND_H
 #define DG_BACKEND_H
@@ -141,6 +143,10 @@ struct dg_backend {
 dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t **out);
 #ifdef DG_HAVE_CUDA
 dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg_backend_t **out);
+/* The cudaStream_t (as void *) on which every call of this CUDA backend is queued; NULL when `be` is not
+ * a CUDA backend. Capture it (cudaStreamBeginCapture) to record a step as one CUDA Graph: no backend op
+ * synchronises or allocates during a step once one eager step has run (it sizes the backend's scratch). */
+void *dg_backend_cuda_stream(dg_backend_t *be);
 #endif
 static inline void dg_backend_free(dg_backend_t *be) {
     if (be) be->ops->destroy(be);

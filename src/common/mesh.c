@@ -50,6 +50,7 @@ dg_status_t dg_mesh_parse(const char *text, int world, dg_mesh_shape_t *shape, i
         if (!eq)
             return DG_ERR(DG_ERR_USAGE, "parallel.mesh: expected name=value, got '%s' in '%s'", tok, text);
         if (strncmp(tok, "order", (size_t)(eq - tok)) == 0 && eq - tok == 5) {
+            if (norder) return DG_ERR(DG_ERR_USAGE, "parallel.mesh: order= given twice in '%s'", text);
             in_order = 1;
             int d = dim_index(eq + 1, strlen(eq + 1));
             if (d < 0)

@@ -96,6 +96,23 @@ typedef struct dg_config {
  * naming the file and line (or the --set argument), the key and what was expected. */
 dg_status_t dg_config_load(dg_config_t *cfg, const char *path, int nsets, const char *const *sets);
 
+/* Same as dg_config_load, but the INI text comes from memory (`text`, `len` bytes; NULL = no file).
+ * `name` is what error messages and sources call it (e.g. the checkpoint that stored the text). */
+dg_status_t dg_config_load_buffer(dg_config_t *cfg, const char *name, const char *text, size_t len, int nsets,
+                                  const char *const *sets);
+
+/* Fill every key with its schema default (source "default"). */
+void dg_config_defaults(dg_config_t *cfg);
+
+/* Set one key from text, as a file or --set would: `value` is parsed and checked against the schema;
+ * `source` is recorded as the value's source and names it in the error message. Does not run the
+ * cross-key checks (call dg_config_validate after a batch of sets). */
+dg_status_t dg_config_set(dg_config_t *cfg, const char *section_dot_key, const char *value, const char *source);
+
+/* The current value of one key as canonical text (what --print-config shows, strings unquoted).
+ * Returns 0, or -1 for an unknown key. */
+int dg_config_get(const dg_config_t *cfg, const char *section_dot_key, char *buf, size_t cap);
+
 /* Cross-key checks that need several values (e.g. global_batch divisible by micro_batch * dp).
  * Called by dg_config_load; exposed for modules that fill in derived values later. */
 dg_status_t dg_config_validate(const dg_config_t *cfg);

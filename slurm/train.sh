@@ -1,0 +1,258 @@
+#!/bin/bash
+# slurm/train.sh — run dgtrain as a Slurm batch job that survives time limits and preemption.
+#
+#   sbatch [sbatch options] slurm/train.sh CONFIG.ini [--set section.key=value ...]
+#   slurm/train.sh --check CONFIG.ini [--set ...]     # outside Slurm: validate only, launch nothing
+#
+# Before the time limit (or on preemption / scancel --signal) Slurm signals this script; it forwards
+# the signal to dgtrain, which checkpoints at the next step boundary and exits 75. This script then
+# requeues the job (scontrol requeue), up to DGT_MAX_RESTARTS times, and the next run resumes from the
+# checkpoint (checkpoint.resume=auto, same run.dir) — at whatever node and task count it gets. dgtrain
+# exit 3 (a peer failed or the watchdog fired) is requeued the same way. See slurm/README.md.
+#
+# Defaults below are ordinary #SBATCH lines: override any of them on the sbatch command line, e.g.
+#   sbatch --nodes=4 --ntasks-per-node=8 --gpus-per-task=1 --time=24:00:00 slurm/train.sh cfg.ini
+# The signal lead time (seconds before the time limit) must cover one step plus a checkpoint write:
+#   sbatch --signal=B:USR1@600 slurm/train.sh cfg.ini
+# GPUs: one GPU per task via GRES, e.g. --gpus-per-task=1 (or --gres=gpu:8 with --ntasks-per-node=8);
+# the default asks for none so that the script also runs on CPU partitions.
+#
+#SBATCH --job-name=dgtrain
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=2
+#SBATCH --cpus-per-task=1
+#SBATCH --time=01:00:00
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@300
+#SBATCH --open-mode=append
+#
+# Environment (all optional):
+#   DGTRAIN_BIN        the dgtrain binary (default: $DGT_BUILD_DIR/src/cli/dgtrain, then
+#                      $SLURM_SUBMIT_DIR/build/src/cli/dgtrain, then dgtrain on PATH)
+#   DGT_MAX_RESTARTS   how many times the job may requeue itself (default 10)
+#   DGT_LAUNCHER       auto (srun --mpi=pmix when Slurm has PMIx, else mpirun) | srun | mpirun
+#   DGT_SRUN_ARGS      extra srun arguments (split on whitespace)
+#   DGT_MPIRUN_ARGS    extra mpirun arguments (split on whitespace)
+#
+# Exit codes: those of dgtrain (0 done, 1 usage/config, 2 runtime, 3 peer failure, 75 stopped on a
+# signal after a checkpoint); this script's own usage errors exit 1 before anything is launched.
+set -u
+set -o pipefail
+
+ME=train.sh
+log() { echo "$ME: [$(date '+%F %T')] $*"; }
+die() { # one clear line, exit 1 (usage); never requeued
+    echo "$ME: error: $*" >&2
+    exit 1
+}
+
+# ---------------------------------------------------------------- arguments
+CHECK_ONLY=0
+CONFIG=
+SETS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --check) CHECK_ONLY=1 ;;
+    --set)
+        [ $# -ge 2 ] || die "--set needs an argument section.key=value"
+        SETS+=(--set "$2")
+        shift
+        ;;
+    --set=*) SETS+=(--set "${1#--set=}") ;;
+    -h | --help)
+        sed -n '2,/^set -u/p' "$0" | sed -e 's/^# \{0,1\}//' -e '/^set -u/d'
+        exit 0
+        ;;
+    -*) die "unknown option '$1' (usage: sbatch slurm/train.sh CONFIG.ini [--set section.key=value ...])" ;;
+    *)
+        [ -z "$CONFIG" ] || die "unexpected argument '$1': only one CONFIG.ini (usage: sbatch slurm/train.sh CONFIG.ini [--set section.key=value ...])"
+        CONFIG=$1
+        ;;
+    esac
+    shift
+done
+[ -n "$CONFIG" ] || die "no config file (usage: sbatch slurm/train.sh CONFIG.ini [--set section.key=value ...])"
+for s in "${SETS[@]}"; do
+    [ "$s" = --set ] && continue
+    case "$s" in
+    [a-z]*.*=*) ;;
+    *) die "bad --set '$s': expected section.key=value" ;;
+    esac
+done
+[ -e "$CONFIG" ] || die "config file '$CONFIG' does not exist (relative paths are from $(pwd))"
+[ -f "$CONFIG" ] || die "config file '$CONFIG' is not a regular file"
+[ -r "$CONFIG" ] || die "config file '$CONFIG' is not readable"
+
+MAX_RESTARTS=${DGT_MAX_RESTARTS:-10}
+case "$MAX_RESTARTS" in
+'' | *[!0-9]*) die "DGT_MAX_RESTARTS='$MAX_RESTARTS' is not a non-negative integer" ;;
+esac
+
+# ---------------------------------------------------------------- dgtrain and the effective config
+find_dgtrain() {
+    if [ -n "${DGTRAIN_BIN:-}" ]; then
+        [ -x "$DGTRAIN_BIN" ] || die "DGTRAIN_BIN='$DGTRAIN_BIN' is not an executable file"
+        echo "$DGTRAIN_BIN"
+        return
+    fi
+    local c
+    for c in "${DGT_BUILD_DIR:+$DGT_BUILD_DIR/src/cli/dgtrain}" "${SLURM_SUBMIT_DIR:+$SLURM_SUBMIT_DIR/build/src/cli/dgtrain}"; do
+        [ -n "$c" ] && [ -x "$c" ] && {
+            echo "$c"
+            return
+        }
+    done
+    c=$(command -v dgtrain 2>/dev/null) && {
+        echo "$c"
+        return
+    }
+    die "cannot find dgtrain: set DGTRAIN_BIN=/path/to/dgtrain, or build it (build/src/cli/dgtrain) and submit from the repository root"
+}
+DGTRAIN=$(find_dgtrain) || exit 1
+
+# dgtrain itself parses and validates the config (defaults, file, --set): the one source of truth.
+# Values are only ever read into variables and used quoted; nothing from the config is evaluated.
+if ! EFFECTIVE=$("$DGTRAIN" "$CONFIG" "${SETS[@]}" --print-config 2>"${TMPDIR:-/tmp}/dgt-train-sh.$$.err"); then
+    msg=$(grep -v '^[[:space:]]*$' "${TMPDIR:-/tmp}/dgt-train-sh.$$.err" | head -n 1)
+    rm -f "${TMPDIR:-/tmp}/dgt-train-sh.$$.err"
+    die "dgtrain rejected the configuration: ${msg:-exit status $? from $DGTRAIN --print-config}"
+fi
+rm -f "${TMPDIR:-/tmp}/dgt-train-sh.$$.err"
+# a line looks like:  run.dir = "runs/x"   # configs/x.ini:3
+config_value() {
+    local line rest
+    line=$(printf '%s\n' "$EFFECTIVE" | grep -m1 "^$1 = ") || return 1
+    rest=${line#"$1 = "}
+    rest=${rest%  # *}
+    rest=${rest%"${rest##*[![:space:]]}"}
+    case "$rest" in \"*\") rest=${rest#\"} rest=${rest%\"} ;; esac
+    printf '%s' "$rest"
+}
+RUN_DIR=$(config_value run.dir) || die "dgtrain --print-config printed no run.dir"
+[ -n "$RUN_DIR" ] || die "run.dir is empty in the effective configuration"
+RESUME=$(config_value checkpoint.resume) || RESUME=auto
+mkdir -p -- "$RUN_DIR" 2>/dev/null || die "cannot create run.dir '$RUN_DIR': $(mkdir -p -- "$RUN_DIR" 2>&1 | head -n 1)"
+mkdir -p -- "$RUN_DIR/logs" 2>/dev/null || die "cannot create '$RUN_DIR/logs'"
+[ -w "$RUN_DIR" ] || die "run.dir '$RUN_DIR' is not writable"
+[ "$RESUME" = auto ] || log "warning: checkpoint.resume=$RESUME: a requeued job will not pick up its own checkpoints"
+
+if [ "$CHECK_ONLY" = 1 ]; then
+    log "checks passed: config '$CONFIG', run.dir '$RUN_DIR', dgtrain $DGTRAIN"
+    exit 0
+fi
+[ -n "${SLURM_JOB_ID:-}" ] || die "not inside a Slurm job (no SLURM_JOB_ID): submit with 'sbatch slurm/train.sh $CONFIG ...', or use --check to validate only"
+
+# ---------------------------------------------------------------- launcher
+RESTART=${SLURM_RESTART_COUNT:-0}
+# The task count of THIS allocation. After a requeue the job may have been resized (more or fewer nodes
+# with --nodes=MIN-MAX, or `scontrol update JobId=.. NumTasks=.. TasksPerNode=..` while it was pending),
+# but SLURM_NTASKS/SLURM_NTASKS_PER_NODE still hold what sbatch saw at submission. SLURM_TASKS_PER_NODE
+# ("2(x3),1") is recomputed by Slurm for every start.
+tasks_from_layout() {
+    local total=0 item items
+    IFS=, read -r -a items <<<"$1"
+    for item in "${items[@]}"; do
+        if [[ $item =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
+            total=$((total + BASH_REMATCH[1] * BASH_REMATCH[2]))
+        elif [[ $item =~ ^[0-9]+$ ]]; then
+            total=$((total + item))
+        else
+            return 1
+        fi
+    done
+    echo "$total"
+}
+NTASKS=
+[ -n "${SLURM_TASKS_PER_NODE:-}" ] && NTASKS=$(tasks_from_layout "$SLURM_TASKS_PER_NODE")
+[ -n "$NTASKS" ] && [ "$NTASKS" -gt 0 ] || NTASKS=${SLURM_NTASKS:-${SLURM_NPROCS:-1}}
+if [ "${SLURM_NTASKS:-$NTASKS}" != "$NTASKS" ]; then
+    log "this allocation has $NTASKS task(s) (tasks per node: $SLURM_TASKS_PER_NODE); the job was submitted with ${SLURM_NTASKS}"
+    export SLURM_NTASKS=$NTASKS SLURM_NPROCS=$NTASKS
+    unset SLURM_NTASKS_PER_NODE
+fi
+LAUNCHER=${DGT_LAUNCHER:-auto}
+if [ "$LAUNCHER" = auto ]; then
+    if srun --mpi=list 2>&1 | grep -qw pmix; then LAUNCHER=srun; else LAUNCHER=mpirun; fi
+fi
+case "$LAUNCHER" in
+srun)
+    read -r -a extra <<<"${DGT_SRUN_ARGS:-}"
+    CMD=(srun --mpi=pmix --ntasks="$NTASKS" "${extra[@]}" "$DGTRAIN" "$CONFIG" "${SETS[@]}")
+    ;;
+mpirun)
+    command -v mpirun >/dev/null 2>&1 || die "DGT_LAUNCHER=mpirun but no mpirun on PATH"
+    read -r -a extra <<<"${DGT_MPIRUN_ARGS:-}"
+    asroot=()
+    [ "$(id -u)" = 0 ] && asroot=(--allow-run-as-root)
+    CMD=(mpirun "${asroot[@]}" -n "$NTASKS" "${extra[@]}" "$DGTRAIN" "$CONFIG" "${SETS[@]}")
+    ;;
+*) die "DGT_LAUNCHER='$LAUNCHER': expected auto, srun or mpirun" ;;
+esac
+
+SLURM_LOG=$RUN_DIR/logs/slurm.log
+note() { # to the job output and to run.dir/logs/slurm.log, so the history survives requeues
+    log "$*"
+    echo "$ME: [$(date '+%F %T')] job $SLURM_JOB_ID: $*" >>"$SLURM_LOG" 2>/dev/null
+}
+note "start: restart $RESTART of max $MAX_RESTARTS, nodes ${SLURM_JOB_NODELIST:-?} (${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-?}} node(s), $NTASKS task(s)), run.dir '$RUN_DIR', launcher $LAUNCHER"
+log "command: ${CMD[*]}"
+
+# ---------------------------------------------------------------- run, forwarding signals
+# The launcher runs in the background so that bash can run the trap while we `wait`.
+CHILD=
+CANCELLING=
+forward() {
+    [ "$1" = USR1 ] || CANCELLING=$1
+    if [ -n "$CHILD" ] && kill -0 "$CHILD" 2>/dev/null; then
+        note "got SIG$1: asking dgtrain to checkpoint and stop (SIGUSR1 to the launcher, pid $CHILD)"
+        # USR1 for every cause: mpirun forwards USR1 to the ranks but turns TERM into a kill, and
+        # dgtrain treats USR1, TERM and INT alike.
+        kill -USR1 "$CHILD" 2>/dev/null
+    else
+        note "got SIG$1 before dgtrain started"
+    fi
+}
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+trap 'forward INT' INT
+
+"${CMD[@]}" &
+CHILD=$!
+while :; do
+    wait "$CHILD"
+    RC=$?
+    # a trapped signal interrupts `wait` (status > 128) while the launcher is still running
+    if [ "$RC" -gt 128 ] && kill -0 "$CHILD" 2>/dev/null; then continue; fi
+    break
+done
+
+case "$RC" in
+0)
+    note "dgtrain finished (exit 0)"
+    exit 0
+    ;;
+75 | 3)
+    why="stopped on a signal after a checkpoint"
+    [ "$RC" = 3 ] && why="a peer failed or the watchdog fired"
+    if [ -n "$CANCELLING" ]; then
+        # SIGTERM to the batch shell means scancel, the hard end of the time limit or preemption: the
+        # job is being cancelled (or Slurm requeues it itself, PreemptMode=REQUEUE). Requeueing here
+        # would make a plain `scancel` impossible.
+        note "dgtrain exit $RC ($why) after SIG$CANCELLING: the job is being cancelled or preempted; not requeueing"
+        exit "$RC"
+    fi
+    if [ "$RESTART" -ge "$MAX_RESTARTS" ]; then
+        note "dgtrain exit $RC ($why); restart count $RESTART reached DGT_MAX_RESTARTS=$MAX_RESTARTS: not requeueing"
+        exit "$RC"
+    fi
+    note "dgtrain exit $RC ($why): requeueing job $SLURM_JOB_ID (restart $((RESTART + 1)) of max $MAX_RESTARTS)"
+    if ! out=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
+        note "scontrol requeue failed: $out"
+    fi
+    exit "$RC"
+    ;;
+*)
+    note "dgtrain exit $RC: not requeueing (1: usage/config, 2: runtime failure; see run.dir logs)"
+    exit "$RC"
+    ;;
+esac

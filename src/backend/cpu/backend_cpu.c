@@ -1,0 +1,331 @@
+/* backend_cpu.c — the CPU compute backend: construction, memory (aligned host allocations), the
+ * element-wise and optimizer kernels, and the vtable. The model kernels live in cpu_gemm.c,
+ * cpu_attention.c and cpu_kernels.c. This backend is the fp32 reference the others are tested against.
+ *
+ * Determinism: every kernel gives the same bits for the same inputs whatever the thread count. Element-
+ * wise kernels compute each element in one thread with the same code; reductions (sumsq) sum fixed
+ * chunks and then the chunk partials in chunk order. See README.md for the full statement.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_cpu_impl.h"
+
+#define DG_CPU_ALIGN 256
+
+/* Element-wise loops below this size run on one thread: waking the team costs more than it saves. */
+#define DG_CPU_PAR_MIN 16384
+
+/* sumsq partial-sum chunk; a constant so the summation order never depends on the thread count. */
+#define DG_CPU_SUMSQ_CHUNK 32768
+
+static size_t round_up(size_t n, size_t a) {
+    return (n + a - 1) / a * a;
+}
+
+void *dg_cpu_scratch(dg_cpu_t *cpu, size_t bytes) {
+    if (bytes <= cpu->scratch_bytes) return cpu->scratch;
+    size_t cap = round_up(bytes + bytes / 4, DG_CPU_ALIGN); /* headroom so slowly growing asks don't churn */
+    void *p = aligned_alloc(DG_CPU_ALIGN, cap);
+    if (!p) {
+        DG_ERR(DG_ERR_RUNTIME, "cpu backend: cannot allocate %zu bytes of scratch memory; hint: lower "
+                               "train.micro_batch or model.seq_len", cap);
+        return NULL;
+    }
+    free(cpu->scratch);
+    cpu->scratch = p;
+    cpu->scratch_bytes = cap;
+    return p;
+}
+
+/* ---------------- lifetime and memory ---------------- */
+
+static void cpu_destroy(dg_backend_t *be) {
+    if (!be) return;
+    dg_cpu_t *cpu = dg_cpu_of(be);
+    if (cpu) free(cpu->scratch);
+    free(cpu);
+    free(be);
+}
+
+static dg_status_t cpu_alloc(dg_backend_t *be, size_t bytes, void **out) {
+    (void)be;
+    DG_CPU_NONNULL("alloc", out);
+    *out = NULL;
+    if (bytes > SIZE_MAX - DG_CPU_ALIGN)
+        return DG_ERR(DG_ERR_RUNTIME, "cpu backend: allocation of %zu bytes is too large", bytes);
+    /* 0 bytes still gets a real, freeable block so callers need no special case. */
+    void *p = aligned_alloc(DG_CPU_ALIGN, round_up(bytes ? bytes : 1, DG_CPU_ALIGN));
+    if (!p)
+        return DG_ERR(DG_ERR_RUNTIME, "cpu backend: out of host memory allocating %zu bytes; hint: lower "
+                                      "train.micro_batch or use more ranks",
+                      bytes);
+    *out = p;
+    return DG_OK;
+}
+
+static void cpu_free(dg_backend_t *be, void *p) {
+    (void)be;
+    free(p);
+}
+
+static dg_status_t cpu_memcpy(const char *op, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return DG_OK;
+    DG_CPU_NONNULL(op, dst);
+    DG_CPU_NONNULL(op, src);
+    memmove(dst, src, bytes);
+    return DG_OK;
+}
+static dg_status_t cpu_to_device(dg_backend_t *be, void *dst, const void *host_src, size_t bytes) {
+    (void)be;
+    return cpu_memcpy("to_device", dst, host_src, bytes);
+}
+static dg_status_t cpu_to_host(dg_backend_t *be, void *host_dst, const void *src, size_t bytes) {
+    (void)be;
+    return cpu_memcpy("to_host", host_dst, src, bytes);
+}
+static dg_status_t cpu_copy(dg_backend_t *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    return cpu_memcpy("copy", dst, src, bytes);
+}
+static dg_status_t cpu_memset0(dg_backend_t *be, void *p, size_t bytes) {
+    (void)be;
+    if (bytes == 0) return DG_OK;
+    DG_CPU_NONNULL("memset0", p);
+    memset(p, 0, bytes);
+    return DG_OK;
+}
+static dg_status_t cpu_sync(dg_backend_t *be) {
+    (void)be; /* every kernel has finished when it returns */
+    return DG_OK;
+}
+
+/* ---------------- element-wise ---------------- */
+
+static int is_float_dtype(dg_dtype_t t) {
+    return t == DG_F32 || t == DG_BF16 || t == DG_F16;
+}
+
+static dg_status_t cpu_cast(dg_backend_t *be, void *dst, dg_dtype_t dst_t, const void *src, dg_dtype_t src_t,
+                            size_t n) {
+    if (!is_float_dtype(dst_t) || !is_float_dtype(src_t))
+        return DG_ERR(DG_ERR_USAGE, "cpu backend: cast supports f32, bf16 and f16; got %s -> %s",
+                      dg_dtype_name(src_t), dg_dtype_name(dst_t));
+    if (n == 0) return DG_OK;
+    DG_CPU_NONNULL("cast", dst);
+    DG_CPU_NONNULL("cast", src);
+    if (dst_t == src_t) {
+        memmove(dst, src, n * dg_dtype_size(dst_t));
+        return DG_OK;
+    }
+    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
+    /* Each element passes through f32, which holds every bf16 and f16 value exactly, so there is one
+     * rounding whatever the pair. */
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        switch (src_t) {
+        case DG_F32: v = ((const float *)src)[i]; break;
+        case DG_BF16: v = dg_cpu_bf16_to_f32(((const uint16_t *)src)[i]); break;
+        default: v = dg_cpu_f16_to_f32(((const uint16_t *)src)[i]); break;
+        }
+        switch (dst_t) {
+        case DG_F32: ((float *)dst)[i] = v; break;
+        case DG_BF16: ((uint16_t *)dst)[i] = dg_cpu_f32_to_bf16(v); break;
+        default: ((uint16_t *)dst)[i] = dg_cpu_f32_to_f16(v); break;
+        }
+    }
+    return DG_OK;
+}
+
+static dg_status_t cpu_add(dg_backend_t *be, void *out, const void *a, const void *b, size_t n) {
+    if (n == 0) return DG_OK;
+    DG_CPU_NONNULL("add", out);
+    DG_CPU_NONNULL("add", a);
+    DG_CPU_NONNULL("add", b);
+    float *o = out;
+    const float *x = a, *y = b;
+    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+    for (size_t i = 0; i < n; i++) o[i] = x[i] + y[i];
+    return DG_OK;
+}
+
+static dg_status_t cpu_accumulate(dg_backend_t *be, void *dst, const void *src, size_t n, int acc) {
+    if (n == 0) return DG_OK;
+    DG_CPU_NONNULL("accumulate", dst);
+    DG_CPU_NONNULL("accumulate", src);
+    if (!acc) return cpu_memcpy("accumulate", dst, src, n * sizeof(float));
+    float *d = dst;
+    const float *s = src;
+    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+    for (size_t i = 0; i < n; i++) d[i] += s[i];
+    return DG_OK;
+}
+
+static dg_status_t cpu_sumsq_f32(dg_backend_t *be, float *out_dev, const float *x, size_t n) {
+    DG_CPU_NONNULL("sumsq_f32", out_dev);
+    if (n == 0) return DG_OK;
+    DG_CPU_NONNULL("sumsq_f32", x);
+    dg_cpu_t *cpu = dg_cpu_of(be);
+    size_t nchunks = (n + DG_CPU_SUMSQ_CHUNK - 1) / DG_CPU_SUMSQ_CHUNK;
+    double *part = dg_cpu_scratch(cpu, nchunks * sizeof(double));
+    if (!part) return dg_last_error_code();
+    int nt = nchunks > 1 ? cpu->nt : 1;
+    /* Double partials: a gradient norm summed over 10^9 floats must not lose the small ones. */
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (size_t c = 0; c < nchunks; c++) {
+        size_t lo = c * DG_CPU_SUMSQ_CHUNK, hi = lo + DG_CPU_SUMSQ_CHUNK < n ? lo + DG_CPU_SUMSQ_CHUNK : n;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (size_t i = lo; i < hi; i++) s += (double)x[i] * (double)x[i];
+        part[c] = s;
+    }
+    double total = 0.0;
+    for (size_t c = 0; c < nchunks; c++) total += part[c];
+    *out_dev = (float)((double)*out_dev + total);
+    return DG_OK;
+}
+
+static dg_status_t cpu_scale_f32(dg_backend_t *be, float *x, size_t n, float s) {
+    if (n == 0) return DG_OK;
+    DG_CPU_NONNULL("scale_f32", x);
+    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+    return DG_OK;
+}
+
+/* ---------------- optimizer ---------------- */
+
+static dg_status_t cpu_adamw(dg_backend_t *be, float *master, void *compute, const float *grad, float *m,
+                             float *v, size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                             int64_t t, const float *gscale_dev) {
+    if (n == 0) return DG_OK;
+    DG_CPU_NONNULL("adamw", master);
+    DG_CPU_NONNULL("adamw", grad);
+    DG_CPU_NONNULL("adamw", m);
+    DG_CPU_NONNULL("adamw", v);
+    DG_CPU_NONNULL("adamw", gscale_dev);
+    if (t < 1) return DG_ERR(DG_ERR_USAGE, "cpu backend: adamw: step t must be >= 1, got %lld", (long long)t);
+    if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
+        return DG_ERR(DG_ERR_USAGE, "cpu backend: adamw: betas must be in [0, 1), got %g and %g", beta1, beta2);
+    /* Bias corrections once per call in double: pow(beta, t) for large t underflows gracefully to 0. */
+    const float inv_bc1 = (float)(1.0 / (1.0 - pow((double)beta1, (double)t)));
+    const float inv_bc2 = (float)(1.0 / (1.0 - pow((double)beta2, (double)t)));
+    const float gs = *gscale_dev, b1 = beta1, b2 = beta2, ob1 = 1.0f - beta1, ob2 = 1.0f - beta2;
+    float *cw = compute;
+    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
+    /* Two copies of the loop so the optional compute-copy store does not stop vectorisation. */
+#define DG_CPU_ADAMW_BODY                                                                                  \
+    float g = grad[i] * gs;                                                                                \
+    float mi = b1 * m[i] + ob1 * g;                                                                        \
+    float vi = b2 * v[i] + ob2 * (g * g);                                                                  \
+    m[i] = mi;                                                                                             \
+    v[i] = vi;                                                                                             \
+    float p = master[i];                                                                                   \
+    p -= lr * ((mi * inv_bc1) / (sqrtf(vi * inv_bc2) + eps) + wd * p);                                     \
+    master[i] = p;
+    if (cw) {
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+        for (size_t i = 0; i < n; i++) {
+            DG_CPU_ADAMW_BODY
+            cw[i] = p;
+        }
+    } else {
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+        for (size_t i = 0; i < n; i++) {
+            DG_CPU_ADAMW_BODY
+        }
+    }
+#undef DG_CPU_ADAMW_BODY
+    return DG_OK;
+}
+
+static dg_status_t cpu_clip_scale(dg_backend_t *be, float *gscale_dev, float *norm_dev, const float *sumsq_dev,
+                                  float clip, float extra) {
+    (void)be;
+    DG_CPU_NONNULL("clip_scale", gscale_dev);
+    DG_CPU_NONNULL("clip_scale", norm_dev);
+    DG_CPU_NONNULL("clip_scale", sumsq_dev);
+    double norm = sqrt((double)*sumsq_dev);
+    double s = 1.0;
+    /* Written so a NaN norm gives a NaN scale (the divergence stays visible) instead of min() hiding it. */
+    if (clip > 0.0f) {
+        double c = (double)clip / (norm + 1e-6);
+        s = c >= 1.0 ? 1.0 : c;
+    }
+    *norm_dev = (float)norm;
+    *gscale_dev = (float)(s * (double)extra);
+    return DG_OK;
+}
+
+/* ---------------- vtable and constructor ---------------- */
+
+static const dg_backend_ops_t cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .to_device = cpu_to_device,
+    .to_host = cpu_to_host,
+    .copy = cpu_copy,
+    .memset0 = cpu_memset0,
+    .sync = cpu_sync,
+    .cast = cpu_cast,
+    .add = cpu_add,
+    .accumulate = cpu_accumulate,
+    .sumsq_f32 = cpu_sumsq_f32,
+    .scale_f32 = cpu_scale_f32,
+    .encoder_fwd = dg_cpu_encoder_fwd,
+    .encoder_bwd = dg_cpu_encoder_bwd,
+    .layernorm_fwd = dg_cpu_layernorm_fwd,
+    .layernorm_bwd = dg_cpu_layernorm_bwd,
+    .matmul_fwd = dg_cpu_matmul_fwd,
+    .matmul_bwd = dg_cpu_matmul_bwd,
+    .gelu_fwd = dg_cpu_gelu_fwd,
+    .gelu_bwd = dg_cpu_gelu_bwd,
+    .attention_aux_bytes = dg_cpu_attention_aux_bytes,
+    .attention_fwd = dg_cpu_attention_fwd,
+    .attention_bwd = dg_cpu_attention_bwd,
+    .crossentropy_fwd = dg_cpu_crossentropy_fwd,
+    .crossentropy_bwd = dg_cpu_crossentropy_bwd,
+    .adamw = cpu_adamw,
+    .clip_scale = cpu_clip_scale,
+};
+
+dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t **out) {
+    DG_CPU_NONNULL("create", out);
+    *out = NULL;
+    DG_CPU_NONNULL("create", cfg);
+    if (cfg->act_dtype != DG_F32)
+        return DG_ERR(DG_ERR_USAGE, "cpu backend computes in fp32 only, but activation dtype %s was asked for; "
+                                    "hint: set train.precision=fp32 or parallel.backend=cuda",
+                      dg_dtype_name(cfg->act_dtype));
+    if (cfg->threads < 0)
+        return DG_ERR(DG_ERR_USAGE, "cpu backend: threads must be >= 0 (0 = OpenMP default), got %d",
+                      cfg->threads);
+    /* One threading model: OpenMP owns the cores, OpenBLAS runs single-threaded inside our parallel
+     * regions. Two pools (OpenBLAS pthreads spinning after each call, OpenMP workers spinning between
+     * regions) would fight over the same cores, and OpenBLAS's own split would tie results to the thread
+     * count. This setting is process-wide; nothing else in dgtrain calls BLAS. */
+    openblas_set_num_threads(1);
+    dg_backend_t *be = calloc(1, sizeof *be);
+    dg_cpu_t *cpu = calloc(1, sizeof *cpu);
+    if (!be || !cpu) {
+        free(be);
+        free(cpu);
+        return DG_ERR(DG_ERR_RUNTIME, "cpu backend: out of host memory creating the backend");
+    }
+    cpu->nt = cfg->threads > 0 ? cfg->threads : omp_get_max_threads();
+    if (cpu->nt < 1) cpu->nt = 1;
+    be->ops = &cpu_ops;
+    be->act_dtype = DG_F32;
+    be->impl = cpu;
+    *out = be;
+    return DG_OK;
+}

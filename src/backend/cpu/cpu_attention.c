@@ -1,0 +1,150 @@
+/* cpu_attention.c — causal multi-head self-attention on the CPU backend.
+ *
+ * One (batch, head) pair is one unit of work, done by one thread; pairs are independent, so results do
+ * not depend on the thread count. Within a pair the score and value products are OpenBLAS sgemm calls
+ * on strided views of qkv (no copies), in query blocks of DG_CPU_ATT_BLOCK rows so that the causal
+ * mask skips most of the upper triangle. The softmax probabilities P [B, NH, T, T] are saved in aux
+ * (upper triangle written as 0) and reused by the backward pass.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+
+#include "backend_cpu_impl.h"
+
+/* Query/key block: a constant, because the block shape decides how each dot product is summed. */
+#define DG_CPU_ATT_BLOCK 64
+
+static dg_status_t check_shape(const char *op, int B, int T, int C, int NH) {
+    DG_CPU_POSITIVE(op, B);
+    DG_CPU_POSITIVE(op, T);
+    DG_CPU_POSITIVE(op, C);
+    DG_CPU_POSITIVE(op, NH);
+    if (C % NH != 0)
+        return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: C=%d is not divisible by NH=%d heads", op, C, NH);
+    return DG_OK;
+}
+
+size_t dg_cpu_attention_aux_bytes(dg_backend_t *be, int B, int T, int C, int NH) {
+    (void)be;
+    (void)C;
+    if (B <= 0 || T <= 0 || NH <= 0) return 0;
+    return (size_t)B * NH * T * T * sizeof(float);
+}
+
+/* In place over row[0..t]: softmax; row[t+1..T) := 0. */
+static void causal_softmax_row(float *row, int t, int T) {
+    float mx = row[0];
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j <= t; j++) {
+        float e = dg_cpu_expf(row[j] - mx);
+        row[j] = e;
+        sum += e;
+    }
+    float inv = 1.0f / sum;
+#pragma omp simd
+    for (int j = 0; j <= t; j++) row[j] *= inv;
+    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+}
+
+dg_status_t dg_cpu_attention_fwd(dg_backend_t *be, void *out, void *aux, const void *qkv, int B, int T, int C,
+                                 int NH) {
+    const char *op = "attention_fwd";
+    DG_CPU_NONNULL(op, out);
+    DG_CPU_NONNULL(op, aux);
+    DG_CPU_NONNULL(op, qkv);
+    DG_TRY(check_shape(op, B, T, C, NH));
+    dg_cpu_t *cpu = dg_cpu_of(be);
+    const int hs = C / NH, ld = 3 * C, pairs = B * NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int nt = cpu->nt < pairs ? cpu->nt : pairs;
+    const float *x = qkv;
+    float *o_all = out, *p_all = aux;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
+    for (int bh = 0; bh < pairs; bh++) {
+        const int b = bh / NH, h = bh % NH;
+        const float *Q = x + (size_t)b * T * ld + (size_t)h * hs, *K = Q + C, *V = Q + 2 * C;
+        float *P = p_all + (size_t)bh * T * T;
+        float *O = o_all + (size_t)b * T * C + (size_t)h * hs;
+        for (int r0 = 0; r0 < T; r0 += DG_CPU_ATT_BLOCK) {
+            int r1 = r0 + DG_CPU_ATT_BLOCK < T ? r0 + DG_CPU_ATT_BLOCK : T;
+            /* S[r0:r1, 0:r1] = scale · Q[r0:r1] · K[0:r1]ᵀ (keys past r1 are all masked) */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale, Q + (size_t)r0 * ld, ld, K,
+                        ld, 0.0f, P + (size_t)r0 * T, T);
+            for (int t = r0; t < r1; t++) causal_softmax_row(P + (size_t)t * T, t, T);
+            /* O[r0:r1] = P[r0:r1, 0:r1] · V[0:r1] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, P + (size_t)r0 * T, T, V,
+                        ld, 0.0f, O + (size_t)r0 * C, C);
+        }
+    }
+    return DG_OK;
+}
+
+dg_status_t dg_cpu_attention_bwd(dg_backend_t *be, void *dqkv, const void *dout, const void *qkv,
+                                 const void *out, const void *aux, int B, int T, int C, int NH) {
+    const char *op = "attention_bwd";
+    (void)out; /* P in aux carries everything the backward pass needs */
+    DG_CPU_NONNULL(op, dqkv);
+    DG_CPU_NONNULL(op, dout);
+    DG_CPU_NONNULL(op, qkv);
+    DG_CPU_NONNULL(op, aux);
+    DG_TRY(check_shape(op, B, T, C, NH));
+    dg_cpu_t *cpu = dg_cpu_of(be);
+    const int hs = C / NH, ld = 3 * C, pairs = B * NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const int nt = cpu->nt < pairs ? cpu->nt : pairs;
+    /* One T x T buffer per thread for dP, turned into dS in place. */
+    float *scratch = dg_cpu_scratch(cpu, (size_t)nt * T * T * sizeof(float));
+    if (!scratch) return dg_last_error_code();
+    const float *x = qkv, *dy = dout, *p_all = aux;
+    float *dx = dqkv;
+#pragma omp parallel num_threads(nt)
+    {
+        float *dS = scratch + (size_t)omp_get_thread_num() * T * T;
+#pragma omp for schedule(dynamic, 1)
+        for (int bh = 0; bh < pairs; bh++) {
+            const int b = bh / NH, h = bh % NH;
+            const size_t qoff = (size_t)b * T * ld + (size_t)h * hs;
+            const float *Q = x + qoff, *K = Q + C, *V = Q + 2 * C;
+            float *dQ = dx + qoff, *dK = dQ + C, *dV = dQ + 2 * C;
+            const float *P = p_all + (size_t)bh * T * T;
+            const float *dO = dy + (size_t)b * T * C + (size_t)h * hs;
+            /* dP[r0:r1, 0:r1] = dO[r0:r1] · V[0:r1]ᵀ */
+            for (int r0 = 0; r0 < T; r0 += DG_CPU_ATT_BLOCK) {
+                int r1 = r0 + DG_CPU_ATT_BLOCK < T ? r0 + DG_CPU_ATT_BLOCK : T;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f, dO + (size_t)r0 * C, C,
+                            V, ld, 0.0f, dS + (size_t)r0 * T, T);
+            }
+            /* Softmax backward, with the score scale folded in: dS = scale · P ∘ (dP - rowsum(P ∘ dP)).
+             * Entries past the diagonal up to the block edge are zeroed because the block GEMMs read them. */
+            for (int t = 0; t < T; t++) {
+                const float *prow = P + (size_t)t * T;
+                float *drow = dS + (size_t)t * T;
+                int edge = (t / DG_CPU_ATT_BLOCK + 1) * DG_CPU_ATT_BLOCK;
+                if (edge > T) edge = T;
+                float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                for (int j = 0; j <= t; j++) dot += prow[j] * drow[j];
+#pragma omp simd
+                for (int j = 0; j <= t; j++) drow[j] = scale * prow[j] * (drow[j] - dot);
+                for (int j = t + 1; j < edge; j++) drow[j] = 0.0f;
+            }
+            for (int r0 = 0; r0 < T; r0 += DG_CPU_ATT_BLOCK) {
+                int r1 = r0 + DG_CPU_ATT_BLOCK < T ? r0 + DG_CPU_ATT_BLOCK : T;
+                /* dQ[r0:r1] = dS[r0:r1, 0:r1] · K[0:r1] */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, dS + (size_t)r0 * T, T,
+                            K, ld, 0.0f, dQ + (size_t)r0 * ld, ld);
+                /* Keys j in [r0, r1) are seen by queries t >= r0 only:
+                 * dK[r0:r1] = dS[r0:T, r0:r1]ᵀ · Q[r0:T],  dV[r0:r1] = P[r0:T, r0:r1]ᵀ · dO[r0:T] */
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, 1.0f,
+                            dS + (size_t)r0 * T + r0, T, Q + (size_t)r0 * ld, ld, 0.0f, dK + (size_t)r0 * ld, ld);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, 1.0f,
+                            P + (size_t)r0 * T + r0, T, dO + (size_t)r0 * C, C, 0.0f, dV + (size_t)r0 * ld, ld);
+            }
+        }
+    }
+    return DG_OK;
+}

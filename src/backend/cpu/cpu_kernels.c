@@ -1,0 +1,310 @@
+/* cpu_kernels.c — the row-wise and element-wise model kernels of the CPU backend: token/position
+ * embedding, layernorm, GELU and cross-entropy, forward and backward.
+ *
+ * Thread-count independence: each output row or element is computed by one thread with the same code.
+ * The reductions over rows (embedding and layernorm parameter gradients) have a summation order fixed by
+ * the data alone: either each thread owns whole columns and walks the rows in order, or rows are summed
+ * in chunks of a constant size and the chunk partials are added in chunk order.
+ */
+#include <math.h>
+#include <omp.h>
+
+#include "backend_cpu_impl.h"
+
+/* Rows per layernorm-backward partial: a constant, so the dw/db summation order is fixed. */
+#define DG_CPU_LN_CHUNK 32
+
+/* Element-wise loops below this many elements stay on one thread. */
+#define DG_CPU_PAR_MIN 16384
+
+static int min_int(int a, int b) {
+    return a < b ? a : b;
+}
+
+/* ---------------- encoder ---------------- */
+
+static dg_status_t check_tokens(const char *op, const int32_t *tokens, size_t n, int T) {
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0)
+            return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: token %d at batch row %zu, position %zu is negative",
+                          op, (int)tokens[i], i / (size_t)T, i % (size_t)T);
+    return DG_OK;
+}
+
+dg_status_t dg_cpu_encoder_fwd(dg_backend_t *be, void *out, const int32_t *tokens, const void *wte,
+                               const void *wpe, int B, int T, int C) {
+    const char *op = "encoder_fwd";
+    DG_CPU_NONNULL(op, out);
+    DG_CPU_NONNULL(op, tokens);
+    DG_CPU_NONNULL(op, wte);
+    DG_CPU_NONNULL(op, wpe);
+    DG_CPU_POSITIVE(op, B);
+    DG_CPU_POSITIVE(op, T);
+    DG_CPU_POSITIVE(op, C);
+    const size_t N = (size_t)B * T;
+    DG_TRY(check_tokens(op, tokens, N, T));
+    float *o = out;
+    const float *te = wte, *pe = wpe;
+    int nt = N * C >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (size_t i = 0; i < N; i++) {
+        float *orow = o + i * C;
+        const float *a = te + (size_t)tokens[i] * C, *p = pe + (i % (size_t)T) * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++) orow[c] = a[c] + p[c];
+    }
+    return DG_OK;
+}
+
+dg_status_t dg_cpu_encoder_bwd(dg_backend_t *be, float *dwte, float *dwpe, const void *dout,
+                               const int32_t *tokens, int B, int T, int C) {
+    const char *op = "encoder_bwd";
+    DG_CPU_NONNULL(op, dwte);
+    DG_CPU_NONNULL(op, dwpe);
+    DG_CPU_NONNULL(op, dout);
+    DG_CPU_NONNULL(op, tokens);
+    DG_CPU_POSITIVE(op, B);
+    DG_CPU_POSITIVE(op, T);
+    DG_CPU_POSITIVE(op, C);
+    const size_t N = (size_t)B * T;
+    DG_TRY(check_tokens(op, tokens, N, T));
+    const float *d = dout;
+    /* Each thread owns a column range of dwte and dwpe and visits every position in order: repeated
+     * tokens need no atomics and every sum has one fixed order. */
+    int parts = min_int(dg_cpu_of(be)->nt, (C + 15) / 16);
+    if (N * C < DG_CPU_PAR_MIN) parts = 1;
+#pragma omp parallel num_threads(parts)
+    {
+        int lo, hi;
+        dg_cpu_split(C, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
+        for (size_t i = 0; i < N; i++) {
+            const float *drow = d + i * C;
+            float *te = dwte + (size_t)tokens[i] * C, *pe = dwpe + (i % (size_t)T) * C;
+#pragma omp simd
+            for (int c = lo; c < hi; c++) {
+                te[c] += drow[c];
+                pe[c] += drow[c];
+            }
+        }
+    }
+    return DG_OK;
+}
+
+/* ---------------- layernorm ---------------- */
+
+dg_status_t dg_cpu_layernorm_fwd(dg_backend_t *be, void *out, float *mean, float *rstd, const void *inp,
+                                 const void *w, const void *b, int N, int C) {
+    const char *op = "layernorm_fwd";
+    DG_CPU_NONNULL(op, out);
+    DG_CPU_NONNULL(op, mean);
+    DG_CPU_NONNULL(op, rstd);
+    DG_CPU_NONNULL(op, inp);
+    DG_CPU_NONNULL(op, w);
+    DG_CPU_NONNULL(op, b);
+    DG_CPU_POSITIVE(op, N);
+    DG_CPU_POSITIVE(op, C);
+    float *o = out;
+    const float *x = inp, *wt = w, *bs = b;
+    int nt = (size_t)N * C >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int r = 0; r < N; r++) {
+        const float *xr = x + (size_t)r * C;
+        float *orow = o + (size_t)r * C;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int c = 0; c < C; c++) s += xr[c];
+        const float m = s / (float)C;
+        float v = 0.0f; /* two passes: no cancellation when |mean| >> std */
+#pragma omp simd reduction(+ : v)
+        for (int c = 0; c < C; c++) {
+            float dx = xr[c] - m;
+            v += dx * dx;
+        }
+        const float rs = 1.0f / sqrtf(v / (float)C + 1e-5f);
+#pragma omp simd
+        for (int c = 0; c < C; c++) orow[c] = (xr[c] - m) * rs * wt[c] + bs[c];
+        mean[r] = m;
+        rstd[r] = rs;
+    }
+    return DG_OK;
+}
+
+dg_status_t dg_cpu_layernorm_bwd(dg_backend_t *be, void *dinp, float *dw, float *db, const void *dout,
+                                 const void *inp, const void *w, const float *mean, const float *rstd, int N,
+                                 int C, int acc) {
+    const char *op = "layernorm_bwd";
+    DG_CPU_NONNULL(op, dinp);
+    DG_CPU_NONNULL(op, dw);
+    DG_CPU_NONNULL(op, db);
+    DG_CPU_NONNULL(op, dout);
+    DG_CPU_NONNULL(op, inp);
+    DG_CPU_NONNULL(op, w);
+    DG_CPU_NONNULL(op, mean);
+    DG_CPU_NONNULL(op, rstd);
+    DG_CPU_POSITIVE(op, N);
+    DG_CPU_POSITIVE(op, C);
+    dg_cpu_t *cpu = dg_cpu_of(be);
+    const int nchunks = (N + DG_CPU_LN_CHUNK - 1) / DG_CPU_LN_CHUNK;
+    /* Per chunk: dw partial [C] then db partial [C]; one more such pair holds the column sums. */
+    float *part = dg_cpu_scratch(cpu, (size_t)(nchunks + 1) * 2 * C * sizeof(float));
+    if (!part) return dg_last_error_code();
+    float *dx = dinp;
+    const float *dy = dout, *x = inp, *wt = w;
+    int nt = (size_t)N * C >= DG_CPU_PAR_MIN ? cpu->nt : 1;
+#pragma omp parallel num_threads(nt)
+    {
+#pragma omp for schedule(static)
+        for (int k = 0; k < nchunks; k++) {
+            float *pw = part + (size_t)k * 2 * C, *pb = pw + C;
+            for (int c = 0; c < C; c++) pw[c] = pb[c] = 0.0f;
+            const int r1 = min_int(N, (k + 1) * DG_CPU_LN_CHUNK);
+            for (int r = k * DG_CPU_LN_CHUNK; r < r1; r++) {
+                const float *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
+                float *dxr = dx + (size_t)r * C;
+                const float m = mean[r], rs = rstd[r];
+                /* Everything reading dout happens before dinp is written, so dinp may alias dout. */
+                float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+                for (int c = 0; c < C; c++) {
+                    float xhat = (xr[c] - m) * rs;
+                    float g = dyr[c] * wt[c];
+                    sum_g += g;
+                    sum_gx += g * xhat;
+                    pw[c] += dyr[c] * xhat;
+                    pb[c] += dyr[c];
+                }
+                const float mg = sum_g / (float)C, mgx = sum_gx / (float)C;
+                if (acc) {
+#pragma omp simd
+                    for (int c = 0; c < C; c++) {
+                        float xhat = (xr[c] - m) * rs;
+                        dxr[c] += (dyr[c] * wt[c] - mg - xhat * mgx) * rs;
+                    }
+                } else {
+#pragma omp simd
+                    for (int c = 0; c < C; c++) {
+                        float xhat = (xr[c] - m) * rs;
+                        dxr[c] = (dyr[c] * wt[c] - mg - xhat * mgx) * rs;
+                    }
+                }
+            }
+        }
+        /* Implicit barrier above; now each thread adds up the chunk partials of its own columns, in
+         * chunk order, into sums kept after the partials. */
+        int lo, hi;
+        dg_cpu_split(C, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
+        float *sw = part + (size_t)nchunks * 2 * C, *sb = sw + C;
+        for (int c = lo; c < hi; c++) sw[c] = sb[c] = 0.0f;
+        for (int k = 0; k < nchunks; k++) {
+            const float *pw = part + (size_t)k * 2 * C, *pb = pw + C;
+#pragma omp simd
+            for (int c = lo; c < hi; c++) {
+                sw[c] += pw[c];
+                sb[c] += pb[c];
+            }
+        }
+        for (int c = lo; c < hi; c++) {
+            dw[c] += sw[c];
+            db[c] += sb[c];
+        }
+    }
+    return DG_OK;
+}
+
+/* ---------------- GELU ---------------- */
+
+dg_status_t dg_cpu_gelu_fwd(dg_backend_t *be, void *out, const void *inp, size_t n) {
+    if (n == 0) return DG_OK;
+    DG_CPU_NONNULL("gelu_fwd", out);
+    DG_CPU_NONNULL("gelu_fwd", inp);
+    float *o = out;
+    const float *x = inp;
+    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+    for (size_t i = 0; i < n; i++) o[i] = dg_cpu_gelu(x[i]);
+    return DG_OK;
+}
+
+dg_status_t dg_cpu_gelu_bwd(dg_backend_t *be, void *dinp, const void *inp, const void *dout, size_t n, int acc) {
+    if (n == 0) return DG_OK;
+    DG_CPU_NONNULL("gelu_bwd", dinp);
+    DG_CPU_NONNULL("gelu_bwd", inp);
+    DG_CPU_NONNULL("gelu_bwd", dout);
+    float *dx = dinp;
+    const float *x = inp, *dy = dout;
+    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
+    if (acc) {
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+        for (size_t i = 0; i < n; i++) dx[i] += dy[i] * dg_cpu_gelu_grad(x[i]);
+    } else {
+#pragma omp parallel for simd schedule(static) num_threads(nt)
+        for (size_t i = 0; i < n; i++) dx[i] = dy[i] * dg_cpu_gelu_grad(x[i]);
+    }
+    return DG_OK;
+}
+
+/* ---------------- cross-entropy ---------------- */
+
+static dg_status_t check_ce(const char *op, const int32_t *targets, int N, int V, int Vp) {
+    DG_CPU_POSITIVE(op, N);
+    DG_CPU_POSITIVE(op, V);
+    if (Vp < V) return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: padded vocab Vp=%d is smaller than V=%d", op, Vp, V);
+    for (int i = 0; i < N; i++)
+        if (targets[i] < 0 || targets[i] >= V)
+            return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: target %d at row %d is outside the vocabulary [0, %d)", op,
+                          (int)targets[i], i, V);
+    return DG_OK;
+}
+
+dg_status_t dg_cpu_crossentropy_fwd(dg_backend_t *be, float *losses, float *lse, const void *logits,
+                                    const int32_t *targets, int N, int V, int Vp) {
+    const char *op = "crossentropy_fwd";
+    DG_CPU_NONNULL(op, losses);
+    DG_CPU_NONNULL(op, lse);
+    DG_CPU_NONNULL(op, logits);
+    DG_CPU_NONNULL(op, targets);
+    DG_TRY(check_ce(op, targets, N, V, Vp));
+    const float *z = logits;
+    int nt = (size_t)N * V >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int i = 0; i < N; i++) {
+        const float *row = z + (size_t)i * Vp;
+        float mx = row[0];
+#pragma omp simd reduction(max : mx)
+        for (int j = 0; j < V; j++) mx = row[j] > mx ? row[j] : mx;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int j = 0; j < V; j++) s += dg_cpu_expf(row[j] - mx);
+        const float l = mx + logf(s);
+        lse[i] = l;
+        losses[i] = l - row[targets[i]];
+    }
+    return DG_OK;
+}
+
+dg_status_t dg_cpu_crossentropy_bwd(dg_backend_t *be, void *dlogits, const void *logits, const float *lse,
+                                    const int32_t *targets, int N, int V, int Vp, float dloss) {
+    const char *op = "crossentropy_bwd";
+    DG_CPU_NONNULL(op, dlogits);
+    DG_CPU_NONNULL(op, logits);
+    DG_CPU_NONNULL(op, lse);
+    DG_CPU_NONNULL(op, targets);
+    DG_TRY(check_ce(op, targets, N, V, Vp));
+    float *d = dlogits;
+    const float *z = logits;
+    int nt = (size_t)N * Vp >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int i = 0; i < N; i++) {
+        const float *row = z + (size_t)i * Vp;
+        float *drow = d + (size_t)i * Vp;
+        const float l = lse[i];
+        const int tg = targets[i];
+        const float p_t = dg_cpu_expf(row[tg] - l); /* read before the row is overwritten (aliasing) */
+        /* Element by element, read before write: dlogits may alias logits. */
+#pragma omp simd
+        for (int j = 0; j < V; j++) drow[j] = dg_cpu_expf(row[j] - l) * dloss;
+        for (int j = V; j < Vp; j++) drow[j] = 0.0f;
+        drow[tg] = (p_t - 1.0f) * dloss;
+    }
+    return DG_OK;
+}

@@ -1,0 +1,678 @@
+/* attention.cu — causal multi-head self-attention that never materialises the T x T matrix.
+ *
+ * aux holds one f32 per (b, h, t): the row's logsumexp (natural log), written by the forward and used by
+ * the backward to recompute the probabilities. The backward first computes delta = rowsum(dO ∘ O) into
+ * scratch, then runs two kernels with no atomics (bitwise reproducible):
+ *   - the key/value pass: one block per block of keys loops over the query blocks that see it and
+ *     accumulates dK, dV in registers;
+ *   - the query pass: one block per block of queries loops over its key blocks and accumulates dQ.
+ *
+ * Two implementations of the same arithmetic:
+ *   - tensor-core kernels (bf16/f16, head size 32 or 64, 16-byte aligned buffers): flash-attention style,
+ *     mma.sync m16n8k16 with f32 accumulators, one warp per 16 rows, 64 x 64 tiles double-buffered in
+ *     shared memory with cp.async, online softmax in registers (probabilities are rounded to the
+ *     activation dtype before the P·V product, as every flash kernel does);
+ *   - generic kernels (any dtype, head size <= 256; f32 mode, odd shapes): one warp per row, 32 keys (or
+ *     queries) at a time, all arithmetic in f32.
+ */
+#include "cuda_impl.cuh"
+
+#define ATT_LOG2E 1.4426950408889634f
+#define ATT_LN2 0.6931471805599453f
+
+size_t dg_cuda_attention_aux_bytes(int B, int T, int C, int NH) {
+    (void)C;
+    if (B <= 0 || T <= 0 || NH <= 0) return 0;
+    return (size_t)B * NH * T * sizeof(float);
+}
+
+/* ======================= generic kernels ======================= */
+
+#define GEN_WARPS 4
+#define GEN_MAXD 8 /* head size up to 32 * GEN_MAXD */
+
+template <typename T>
+__global__ void __launch_bounds__(32 * GEN_WARPS)
+    attn_fwd_generic(T *out, float *lse, const T *qkv, int Tn, int C, int NH, float scale) {
+    __shared__ float qs[GEN_WARPS][32 * GEN_MAXD];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
+    const int t = blockIdx.x * GEN_WARPS + warp;
+    if (t >= Tn) return;
+    const size_t C3 = 3 * (size_t)C;
+    const T *base = qkv + (size_t)b * Tn * C3 + h * HS;
+    float *q = qs[warp];
+    for (int d = lane; d < HS; d += 32) q[d] = dg_to_f(base[(size_t)t * C3 + d]) * scale;
+    __syncwarp();
+    float acc[GEN_MAXD];
+#pragma unroll
+    for (int i = 0; i < GEN_MAXD; i++) acc[i] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    for (int j0 = 0; j0 <= t; j0 += 32) {
+        const int j = j0 + lane;
+        float s = -INFINITY;
+        if (j <= t) {
+            const T *k = base + (size_t)j * C3 + C;
+            float dot = 0.f;
+            for (int d = 0; d < HS; d++) dot += q[d] * dg_to_f(k[d]);
+            s = dot;
+        }
+        const float mn = fmaxf(m, dg_warp_max(s));
+        const float p = j <= t ? expf(s - mn) : 0.f;
+        const float corr = expf(m - mn);
+        l = l * corr + dg_warp_sum(p);
+#pragma unroll
+        for (int i = 0; i < GEN_MAXD; i++) acc[i] *= corr;
+        const int jn = min(32, t - j0 + 1);
+        for (int jj = 0; jj < jn; jj++) {
+            const float pj = __shfl_sync(0xffffffffu, p, jj);
+            const T *v = base + (size_t)(j0 + jj) * C3 + 2 * C;
+#pragma unroll
+            for (int i = 0; i < GEN_MAXD; i++) {
+                const int d = lane + 32 * i;
+                if (d < HS) acc[i] += pj * dg_to_f(v[d]);
+            }
+        }
+        m = mn;
+    }
+    T *o = out + ((size_t)b * Tn + t) * C + h * HS;
+    const float inv = 1.f / l;
+#pragma unroll
+    for (int i = 0; i < GEN_MAXD; i++) {
+        const int d = lane + 32 * i;
+        if (d < HS) o[d] = dg_from_f<T>(acc[i] * inv);
+    }
+    if (lane == 0) lse[(size_t)bh * Tn + t] = m + logf(l);
+}
+
+/* delta[bh, t] = sum_d dO[b,t,h,d] * O[b,t,h,d] */
+template <typename T>
+__global__ void __launch_bounds__(32 * GEN_WARPS)
+    attn_delta_kernel(float *delta, const T *dout, const T *out, int Tn, int C, int NH) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
+    const int t = blockIdx.x * GEN_WARPS + warp;
+    if (t >= Tn) return;
+    const size_t off = ((size_t)b * Tn + t) * C + h * HS;
+    float s = 0.f;
+    for (int d = lane; d < HS; d += 32) s += dg_to_f(dout[off + d]) * dg_to_f(out[off + d]);
+    s = dg_warp_sum(s);
+    if (lane == 0) delta[(size_t)bh * Tn + t] = s;
+}
+
+/* dQ: one warp per query row. */
+template <typename T>
+__global__ void __launch_bounds__(32 * GEN_WARPS)
+    attn_bwd_q_generic(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C,
+                       int NH, float scale) {
+    __shared__ float qs[GEN_WARPS][32 * GEN_MAXD], dos[GEN_WARPS][32 * GEN_MAXD];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
+    const int t = blockIdx.x * GEN_WARPS + warp;
+    if (t >= Tn) return;
+    const size_t C3 = 3 * (size_t)C;
+    const T *base = qkv + (size_t)b * Tn * C3 + h * HS;
+    const T *dob = dout + ((size_t)b * Tn + t) * C + h * HS;
+    float *q = qs[warp], *dov = dos[warp];
+    for (int d = lane; d < HS; d += 32) {
+        q[d] = dg_to_f(base[(size_t)t * C3 + d]) * scale;
+        dov[d] = dg_to_f(dob[d]);
+    }
+    __syncwarp();
+    const float L = lse[(size_t)bh * Tn + t], D = delta[(size_t)bh * Tn + t];
+    float dq[GEN_MAXD];
+#pragma unroll
+    for (int i = 0; i < GEN_MAXD; i++) dq[i] = 0.f;
+    for (int j0 = 0; j0 <= t; j0 += 32) {
+        const int j = j0 + lane;
+        float ds = 0.f;
+        if (j <= t) {
+            const T *k = base + (size_t)j * C3 + C, *v = base + (size_t)j * C3 + 2 * C;
+            float s = 0.f, dp = 0.f;
+            for (int d = 0; d < HS; d++) {
+                s += q[d] * dg_to_f(k[d]);
+                dp += dov[d] * dg_to_f(v[d]);
+            }
+            ds = expf(s - L) * (dp - D);
+        }
+        const int jn = min(32, t - j0 + 1);
+        for (int jj = 0; jj < jn; jj++) {
+            const float dsj = __shfl_sync(0xffffffffu, ds, jj);
+            const T *k = base + (size_t)(j0 + jj) * C3 + C;
+#pragma unroll
+            for (int i = 0; i < GEN_MAXD; i++) {
+                const int d = lane + 32 * i;
+                if (d < HS) dq[i] += dsj * dg_to_f(k[d]);
+            }
+        }
+    }
+    T *o = dqkv + ((size_t)b * Tn + t) * C3 + h * HS;
+#pragma unroll
+    for (int i = 0; i < GEN_MAXD; i++) {
+        const int d = lane + 32 * i;
+        if (d < HS) o[d] = dg_from_f<T>(dq[i] * scale);
+    }
+}
+
+/* dK, dV: one warp per key row, looping over the queries t >= j. */
+template <typename T>
+__global__ void __launch_bounds__(32 * GEN_WARPS)
+    attn_bwd_kv_generic(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C,
+                        int NH, float scale) {
+    __shared__ float ks[GEN_WARPS][32 * GEN_MAXD], vs[GEN_WARPS][32 * GEN_MAXD];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
+    const int j = blockIdx.x * GEN_WARPS + warp;
+    if (j >= Tn) return;
+    const size_t C3 = 3 * (size_t)C;
+    const T *base = qkv + (size_t)b * Tn * C3 + h * HS;
+    const T *dob = dout + (size_t)b * Tn * C + h * HS;
+    float *k = ks[warp], *v = vs[warp];
+    for (int d = lane; d < HS; d += 32) {
+        k[d] = dg_to_f(base[(size_t)j * C3 + C + d]) * scale;
+        v[d] = dg_to_f(base[(size_t)j * C3 + 2 * C + d]);
+    }
+    __syncwarp();
+    float dk[GEN_MAXD], dv[GEN_MAXD];
+#pragma unroll
+    for (int i = 0; i < GEN_MAXD; i++) dk[i] = dv[i] = 0.f;
+    const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
+    for (int t0 = j; t0 < Tn; t0 += 32) {
+        const int t = t0 + lane;
+        float p = 0.f, ds = 0.f;
+        if (t < Tn) {
+            const T *q = base + (size_t)t * C3, *dov = dob + (size_t)t * C;
+            float s = 0.f, dp = 0.f;
+            for (int d = 0; d < HS; d++) {
+                s += k[d] * dg_to_f(q[d]);
+                dp += v[d] * dg_to_f(dov[d]);
+            }
+            p = expf(s - L[t]);
+            ds = p * (dp - D[t]);
+        }
+        const int tn = min(32, Tn - t0);
+        for (int tt = 0; tt < tn; tt++) {
+            const float pt = __shfl_sync(0xffffffffu, p, tt), dst = __shfl_sync(0xffffffffu, ds, tt);
+            const T *q = base + (size_t)(t0 + tt) * C3, *dov = dob + (size_t)(t0 + tt) * C;
+#pragma unroll
+            for (int i = 0; i < GEN_MAXD; i++) {
+                const int d = lane + 32 * i;
+                if (d < HS) {
+                    dv[i] += pt * dg_to_f(dov[d]);
+                    dk[i] += dst * dg_to_f(q[d]);
+                }
+            }
+        }
+    }
+    T *o = dqkv + ((size_t)b * Tn + j) * C3 + h * HS;
+#pragma unroll
+    for (int i = 0; i < GEN_MAXD; i++) {
+        const int d = lane + 32 * i;
+        if (d < HS) {
+            o[C + d] = dg_from_f<T>(dk[i] * scale);
+            o[2 * C + d] = dg_from_f<T>(dv[i]);
+        }
+    }
+}
+
+/* ======================= tensor-core kernels ======================= */
+
+#define MMA_BR 64 /* rows (queries or keys) per block: 4 warps x 16 */
+#define MMA_BC 64 /* columns per tile */
+
+template <typename T> struct MmaOp;
+template <> struct MmaOp<dg_bf16> {
+    static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+};
+template <> struct MmaOp<dg_f16> {
+    static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+};
+
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    const int n = valid ? 16 : 0; /* 0 bytes read: the 16 destination bytes are zero-filled */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(__cvta_generic_to_global(gmem)),
+                 "r"(n));
+}
+static __device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Copy rows [0, 64) of a tile (rows >= `valid` zero-filled) of HS 16-bit elements, global row stride
+ * `gstride` elements, into shared memory rows of HS + 8 elements. All 128 threads take part. */
+template <int HS>
+static __device__ __forceinline__ void tile_load(uint16_t *sm, const uint16_t *g, size_t gstride, int valid) {
+    constexpr int CH = HS / 8, LDS = HS + 8;
+    for (int i = threadIdx.x; i < MMA_BR * CH; i += 128) {
+        const int r = i / CH, ch = i % CH;
+        const bool ok = r < valid;
+        cp_async16(sm + r * LDS + ch * 8, ok ? g + (size_t)r * gstride + ch * 8 : g, ok);
+    }
+}
+
+static __device__ __forceinline__ uint32_t ld32(const uint16_t *p) {
+    return *reinterpret_cast<const uint32_t *>(p);
+}
+/* two 16-bit elements one row apart, packed as (lo = p[0], hi = p[ld]) */
+static __device__ __forceinline__ uint32_t ld_pair_rows(const uint16_t *p, int ld) {
+    return (uint32_t)p[0] | ((uint32_t)p[ld] << 16);
+}
+
+/* A-operand fragments of 16 rows starting at row r (rows >= Tn are zero) of a row-major global matrix. */
+template <int HS>
+static __device__ __forceinline__ void load_a_frags(uint32_t (&a)[HS / 16][4], const uint16_t *g, size_t stride, int r,
+                                                    int Tn) {
+    const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const int r0 = r + gq, r1 = r + gq + 8;
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        const int c0 = kk * 16 + 2 * tq;
+        a[kk][0] = r0 < Tn ? ld32(g + (size_t)r0 * stride + c0) : 0u;
+        a[kk][1] = r1 < Tn ? ld32(g + (size_t)r1 * stride + c0) : 0u;
+        a[kk][2] = r0 < Tn ? ld32(g + (size_t)r0 * stride + c0 + 8) : 0u;
+        a[kk][3] = r1 < Tn ? ld32(g + (size_t)r1 * stride + c0 + 8) : 0u;
+    }
+}
+
+/* acc[16 x 64] = A[16 x HS] · tileᵀ, tile = 64 rows x HS in shared memory (B[k][n] = tile[n][k]). */
+template <typename T, int HS>
+static __device__ __forceinline__ void mma_abt(float (&acc)[8][4], const uint32_t (&a)[HS / 16][4], const uint16_t *tile) {
+    constexpr int LDS = HS + 8;
+    const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HS / 16; kk++) {
+            const uint16_t *p = tile + (nt * 8 + gq) * LDS + kk * 16 + 2 * tq;
+            MmaOp<T>::run(acc[nt], a[kk], ld32(p), ld32(p + 8));
+        }
+    }
+}
+
+/* acc[16 x HS] += P[16 x 64] · tile, P given as f32 accumulator fragments, tile = 64 rows x HS in shared
+ * memory (B[k][n] = tile[k][n]). */
+template <typename T, int HS>
+static __device__ __forceinline__ void mma_pv(float (&acc)[HS / 8][4], const float (&p)[8][4], const uint16_t *tile) {
+    constexpr int LDS = HS + 8;
+    const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        uint32_t a[4];
+        a[0] = MmaOp<T>::pack(p[2 * kk][0], p[2 * kk][1]);
+        a[1] = MmaOp<T>::pack(p[2 * kk][2], p[2 * kk][3]);
+        a[2] = MmaOp<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+        a[3] = MmaOp<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+        for (int dt = 0; dt < HS / 8; dt++) {
+            const uint16_t *q = tile + (kk * 16 + 2 * tq) * LDS + dt * 8 + gq;
+            MmaOp<T>::run(acc[dt], a, ld_pair_rows(q, LDS), ld_pair_rows(q + 8 * LDS, LDS));
+        }
+    }
+}
+
+template <typename T, int HS>
+static __device__ __forceinline__ void store_rows(T *g, size_t stride, int r, int Tn, const float (&acc)[HS / 8][4],
+                                                  float s0, float s1) {
+    const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const int r0 = r + gq, r1 = r + gq + 8;
+#pragma unroll
+    for (int dt = 0; dt < HS / 8; dt++) {
+        const int col = dt * 8 + 2 * tq;
+        if (r0 < Tn)
+            *reinterpret_cast<uint32_t *>(g + (size_t)r0 * stride + col) = MmaOp<T>::pack(acc[dt][0] * s0, acc[dt][1] * s0);
+        if (r1 < Tn)
+            *reinterpret_cast<uint32_t *>(g + (size_t)r1 * stride + col) = MmaOp<T>::pack(acc[dt][2] * s1, acc[dt][3] * s1);
+    }
+}
+
+template <typename T, int HS>
+__global__ void __launch_bounds__(128) attn_fwd_mma(T *out, float *lse, const T *qkv, int Tn, int C, int NH, float sl2) {
+    constexpr int LDS = HS + 8;
+    __shared__ __align__(16) uint16_t ks[2][MMA_BC * LDS];
+    __shared__ __align__(16) uint16_t vs[2][MMA_BC * LDS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const int qb = gridDim.x - 1 - blockIdx.x; /* the longest rows first */
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const size_t C3 = 3 * (size_t)C;
+    const uint16_t *base = reinterpret_cast<const uint16_t *>(qkv) + (size_t)b * Tn * C3 + h * HS;
+    const uint16_t *kg = base + C, *vg = base + 2 * C;
+    const int q0 = qb * MMA_BR, qw = q0 + warp * 16;
+
+    uint32_t qa[HS / 16][4];
+    load_a_frags<HS>(qa, base, C3, qw, Tn);
+    float o[HS / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < HS / 8; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const int row0 = qw + gq, row1 = qw + gq + 8;
+
+    const int nkb = min(q0 + MMA_BR - 1, Tn - 1) / MMA_BC + 1;
+    tile_load<HS>(ks[0], kg, C3, Tn);
+    tile_load<HS>(vs[0], vg, C3, Tn);
+    cp_async_commit();
+    for (int kb = 0; kb < nkb; kb++) {
+        const int buf = kb & 1;
+        if (kb + 1 < nkb) {
+            const int k1 = (kb + 1) * MMA_BC;
+            tile_load<HS>(ks[buf ^ 1], kg + (size_t)k1 * C3, C3, Tn - k1);
+            tile_load<HS>(vs[buf ^ 1], vg + (size_t)k1 * C3, C3, Tn - k1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        float s[8][4];
+        mma_abt<T, HS>(s, qa, ks[buf]);
+        const int kbase = kb * MMA_BC;
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = kbase + nt * 8 + 2 * tq + (e & 1);
+                const int row = e < 2 ? row0 : row1;
+                float v = s[nt][e] * sl2;
+                if (key > row || key >= Tn) v = -INFINITY;
+                s[nt][e] = v;
+                if (e < 2)
+                    mx0 = fmaxf(mx0, v);
+                else
+                    mx1 = fmaxf(mx1, v);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        /* a row with no visible key yet keeps max -inf: use 0 as its base so nothing becomes NaN */
+        const float b0 = mx0 == -INFINITY ? 0.f : mx0, b1 = mx1 == -INFINITY ? 0.f : mx1;
+        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+        m0 = mx0;
+        m1 = mx1;
+        l0 *= c0;
+        l1 *= c1;
+#pragma unroll
+        for (int dt = 0; dt < HS / 8; dt++) {
+            o[dt][0] *= c0;
+            o[dt][1] *= c0;
+            o[dt][2] *= c1;
+            o[dt][3] *= c1;
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++) {
+            s[nt][0] = exp2f(s[nt][0] - b0);
+            s[nt][1] = exp2f(s[nt][1] - b0);
+            s[nt][2] = exp2f(s[nt][2] - b1);
+            s[nt][3] = exp2f(s[nt][3] - b1);
+            l0 += s[nt][0] + s[nt][1];
+            l1 += s[nt][2] + s[nt][3];
+        }
+        mma_pv<T, HS>(o, s, vs[buf]);
+        __syncthreads(); /* the next iteration refills the other buffer; the one after, this one */
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    store_rows<T, HS>(out + (size_t)b * Tn * C + h * HS, C, qw, Tn, o, 1.f / l0, 1.f / l1);
+    if (tq == 0) {
+        float *L = lse + (size_t)bh * Tn;
+        if (row0 < Tn) L[row0] = (m0 + log2f(l0)) * ATT_LN2;
+        if (row1 < Tn) L[row1] = (m1 + log2f(l1)) * ATT_LN2;
+    }
+}
+
+/* Key/value pass: the block owns keys [kb*64, kb*64+64); warp w owns 16 of them and computes
+ * Sᵀ = K·Qᵀ, Pᵀ, dPᵀ = V·dOᵀ and dSᵀ for every query block at or after its keys. */
+template <typename T, int HS>
+__global__ void __launch_bounds__(128)
+    attn_bwd_kv_mma(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C, int NH,
+                    float sl2, float scale) {
+    constexpr int LDS = HS + 8;
+    __shared__ __align__(16) uint16_t qs[2][MMA_BR * LDS];
+    __shared__ __align__(16) uint16_t ds_[2][MMA_BR * LDS];
+    __shared__ float ls[2][MMA_BR], dl[2][MMA_BR];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const int kb = blockIdx.x; /* low key blocks see the most queries: they start first */
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const size_t C3 = 3 * (size_t)C;
+    const uint16_t *base = reinterpret_cast<const uint16_t *>(qkv) + (size_t)b * Tn * C3 + h * HS;
+    const uint16_t *dob = reinterpret_cast<const uint16_t *>(dout) + (size_t)b * Tn * C + h * HS;
+    const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
+    const int k0 = kb * MMA_BC, kw = k0 + warp * 16;
+    const int key0 = kw + gq, key1 = kw + gq + 8;
+
+    uint32_t ka[HS / 16][4], va[HS / 16][4];
+    load_a_frags<HS>(ka, base + C, C3, kw, Tn);
+    load_a_frags<HS>(va, base + 2 * C, C3, kw, Tn);
+    float dk[HS / 8][4], dv[HS / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < HS / 8; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.f;
+
+    const int nqb = (Tn + MMA_BR - 1) / MMA_BR;
+    tile_load<HS>(qs[0], base + (size_t)k0 * C3, C3, Tn - k0);
+    tile_load<HS>(ds_[0], dob + (size_t)k0 * C, C, Tn - k0);
+    cp_async_commit();
+    if (threadIdx.x < MMA_BR) {
+        const int q = k0 + threadIdx.x;
+        ls[0][threadIdx.x] = q < Tn ? L[q] * ATT_LOG2E : 0.f;
+        dl[0][threadIdx.x] = q < Tn ? D[q] : 0.f;
+    }
+    for (int qb = kb, it = 0; qb < nqb; qb++, it++) {
+        const int buf = it & 1;
+        if (qb + 1 < nqb) {
+            const int q1 = (qb + 1) * MMA_BR;
+            tile_load<HS>(qs[buf ^ 1], base + (size_t)q1 * C3, C3, Tn - q1);
+            tile_load<HS>(ds_[buf ^ 1], dob + (size_t)q1 * C, C, Tn - q1);
+            cp_async_commit();
+            if (threadIdx.x < MMA_BR) {
+                const int q = q1 + threadIdx.x;
+                ls[buf ^ 1][threadIdx.x] = q < Tn ? L[q] * ATT_LOG2E : 0.f;
+                dl[buf ^ 1][threadIdx.x] = q < Tn ? D[q] : 0.f;
+            }
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const uint16_t *Q = qs[buf], *DO = ds_[buf];
+        const float *Ls = ls[buf], *Ds = dl[buf];
+        const int qbase = qb * MMA_BR;
+        float p[8][4];
+        mma_abt<T, HS>(p, ka, Q);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qi = nt * 8 + 2 * tq + (e & 1), q = qbase + qi;
+                const int key = e < 2 ? key0 : key1;
+                const bool ok = q >= key && q < Tn && key < Tn;
+                p[nt][e] = ok ? exp2f(p[nt][e] * sl2 - Ls[qi]) : 0.f;
+            }
+        mma_pv<T, HS>(dv, p, DO);
+        float dp[8][4];
+        mma_abt<T, HS>(dp, va, DO);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qi = nt * 8 + 2 * tq + (e & 1);
+                dp[nt][e] = p[nt][e] * (dp[nt][e] - Ds[qi]);
+            }
+        mma_pv<T, HS>(dk, dp, Q);
+        __syncthreads();
+    }
+    T *dst = dqkv + (size_t)b * Tn * C3 + h * HS;
+    store_rows<T, HS>(dst + C, C3, kw, Tn, dk, scale, scale);
+    store_rows<T, HS>(dst + 2 * C, C3, kw, Tn, dv, 1.f, 1.f);
+}
+
+/* Query pass: the block owns 64 queries; warp w owns 16 and accumulates dQ = dS·K over its key blocks. */
+template <typename T, int HS>
+__global__ void __launch_bounds__(128)
+    attn_bwd_q_mma(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C, int NH,
+                   float sl2, float scale) {
+    constexpr int LDS = HS + 8;
+    __shared__ __align__(16) uint16_t ks[2][MMA_BC * LDS];
+    __shared__ __align__(16) uint16_t vs[2][MMA_BC * LDS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const size_t C3 = 3 * (size_t)C;
+    const uint16_t *base = reinterpret_cast<const uint16_t *>(qkv) + (size_t)b * Tn * C3 + h * HS;
+    const uint16_t *dob = reinterpret_cast<const uint16_t *>(dout) + (size_t)b * Tn * C + h * HS;
+    const uint16_t *kg = base + C, *vg = base + 2 * C;
+    const int q0 = qb * MMA_BR, qw = q0 + warp * 16;
+    const int row0 = qw + gq, row1 = qw + gq + 8;
+
+    uint32_t qa[HS / 16][4], da[HS / 16][4];
+    load_a_frags<HS>(qa, base, C3, qw, Tn);
+    load_a_frags<HS>(da, dob, C, qw, Tn);
+    const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
+    const float L0 = row0 < Tn ? L[row0] * ATT_LOG2E : 0.f, L1 = row1 < Tn ? L[row1] * ATT_LOG2E : 0.f;
+    const float D0 = row0 < Tn ? D[row0] : 0.f, D1 = row1 < Tn ? D[row1] : 0.f;
+    float dq[HS / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < HS / 8; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
+
+    const int nkb = min(q0 + MMA_BR - 1, Tn - 1) / MMA_BC + 1;
+    tile_load<HS>(ks[0], kg, C3, Tn);
+    tile_load<HS>(vs[0], vg, C3, Tn);
+    cp_async_commit();
+    for (int kb = 0; kb < nkb; kb++) {
+        const int buf = kb & 1;
+        if (kb + 1 < nkb) {
+            const int k1 = (kb + 1) * MMA_BC;
+            tile_load<HS>(ks[buf ^ 1], kg + (size_t)k1 * C3, C3, Tn - k1);
+            tile_load<HS>(vs[buf ^ 1], vg + (size_t)k1 * C3, C3, Tn - k1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int kbase = kb * MMA_BC;
+        float p[8][4], dp[8][4];
+        mma_abt<T, HS>(p, qa, ks[buf]);
+        mma_abt<T, HS>(dp, da, vs[buf]);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = kbase + nt * 8 + 2 * tq + (e & 1);
+                const int row = e < 2 ? row0 : row1;
+                const bool ok = key <= row && key < Tn && row < Tn;
+                const float pe = ok ? exp2f(p[nt][e] * sl2 - (e < 2 ? L0 : L1)) : 0.f;
+                dp[nt][e] = pe * (dp[nt][e] - (e < 2 ? D0 : D1));
+            }
+        mma_pv<T, HS>(dq, dp, ks[buf]);
+        __syncthreads();
+    }
+    store_rows<T, HS>(dqkv + (size_t)b * Tn * C3 + h * HS, C3, qw, Tn, dq, scale, scale);
+}
+
+/* ======================= dispatch ======================= */
+
+static bool use_mma(const dg_cuda_t *c, int HS) {
+    return c->fast_attention && c->act != DG_F32 && (HS == 64 || HS == 32);
+}
+
+template <typename T, int HS>
+static dg_status_t fwd_mma_launch(dg_cuda_t *c, void *out, float *lse, const void *qkv, int B, int Tn, int C, int NH,
+                                  float sl2) {
+    dim3 grid((Tn + MMA_BR - 1) / MMA_BR, B * NH);
+    attn_fwd_mma<T, HS><<<grid, 128, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, sl2);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
+template <typename T, int HS>
+static dg_status_t bwd_mma_launch(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv, const float *lse,
+                                  const float *delta, int B, int Tn, int C, int NH, float sl2, float scale) {
+    dim3 grid((Tn + MMA_BR - 1) / MMA_BR, B * NH);
+    attn_bwd_kv_mma<T, HS><<<grid, 128, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta, Tn, C,
+                                                        NH, sl2, scale);
+    DG_CUDA_LAUNCH_CHECK();
+    attn_bwd_q_mma<T, HS><<<grid, 128, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta, Tn, C,
+                                                       NH, sl2, scale);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
+template <typename T>
+static dg_status_t fwd_t(dg_cuda_t *c, void *out, void *aux, const void *qkv, int B, int Tn, int C, int NH) {
+    const int HS = C / NH;
+    const float scale = 1.f / sqrtf((float)HS);
+    float *lse = (float *)aux;
+    if constexpr (sizeof(T) == 2) {
+        if (use_mma(c, HS) && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(out, 16)) {
+            if (HS == 64) return fwd_mma_launch<T, 64>(c, out, lse, qkv, B, Tn, C, NH, scale * ATT_LOG2E);
+            return fwd_mma_launch<T, 32>(c, out, lse, qkv, B, Tn, C, NH, scale * ATT_LOG2E);
+        }
+    }
+    dim3 grid((Tn + GEN_WARPS - 1) / GEN_WARPS, B * NH);
+    attn_fwd_generic<T><<<grid, 32 * GEN_WARPS, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, scale);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
+template <typename T>
+static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv, const void *out, const void *aux,
+                         int B, int Tn, int C, int NH) {
+    const int HS = C / NH;
+    const float scale = 1.f / sqrtf((float)HS);
+    const float *lse = (const float *)aux;
+    void *scr = NULL;
+    DG_TRY(dg_cuda_scratch(c, (size_t)B * NH * Tn * sizeof(float), &scr));
+    float *delta = (float *)scr;
+    dim3 ggrid((Tn + GEN_WARPS - 1) / GEN_WARPS, B * NH);
+    attn_delta_kernel<T><<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>(delta, (const T *)dout, (const T *)out, Tn, C, NH);
+    DG_CUDA_LAUNCH_CHECK();
+    if constexpr (sizeof(T) == 2) {
+        if (use_mma(c, HS) && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(dout, 16) && dg_ptr_aligned(dqkv, 16)) {
+            if (HS == 64)
+                return bwd_mma_launch<T, 64>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, scale * ATT_LOG2E, scale);
+            return bwd_mma_launch<T, 32>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, scale * ATT_LOG2E, scale);
+        }
+    }
+    attn_bwd_kv_generic<T><<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse,
+                                                                    delta, Tn, C, NH, scale);
+    DG_CUDA_LAUNCH_CHECK();
+    attn_bwd_q_generic<T><<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse,
+                                                                   delta, Tn, C, NH, scale);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
+dg_status_t dg_cuda_attention_fwd(dg_cuda_t *c, void *out, void *aux, const void *qkv, int B, int T, int C, int NH) {
+    return DG_CUDA_DISPATCH_ACT(c->act, fwd_t, c, out, aux, qkv, B, T, C, NH);
+}
+
+dg_status_t dg_cuda_attention_bwd(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv, const void *out,
+                                  const void *aux, int B, int T, int C, int NH) {
+    return DG_CUDA_DISPATCH_ACT(c->act, bwd_t, c, dqkv, dout, qkv, out, aux, B, T, C, NH);
+}

@@ -1,0 +1,515 @@
+/* backend_cuda.cu — the CUDA compute backend: device selection, memory, the stream every kernel runs
+ * on, error reporting for the CUDA and cuBLAS libraries, argument checks, and the vtable of backend.h.
+ * The kernels themselves live in the other *.cu files of this folder (see cuda_impl.cuh).
+ *
+ * Environment knobs (read once at creation; for tests and debugging, not for users' configs):
+ *   DG_CUDA_FUSED_EPILOGUES=0  GEMMs without cuBLASLt epilogues (bias/GELU/bias-grad as own kernels)
+ *   DG_CUDA_FAST_ATTENTION=0   the generic attention kernels instead of the tensor-core ones
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_impl.cuh"
+
+#define DG_CUDA_LT_WORKSPACE (32u << 20) /* cuBLASLt's recommendation for Hopper */
+#define DG_CUDA_SCRATCH_INIT (8u << 20)
+
+/* ---------------- error reporting ---------------- */
+
+static const char *cuda_hint(cudaError_t e) {
+    switch (e) {
+    case cudaErrorMemoryAllocation:
+        return "the GPU is out of memory: lower train.micro_batch or shard more (parallel.mesh)";
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+        return "no usable GPU/driver: check nvidia-smi and CUDA_VISIBLE_DEVICES";
+    case cudaErrorInvalidDevice:
+        return "the device ordinal is not visible: check CUDA_VISIBLE_DEVICES and the rank-to-GPU binding";
+    case cudaErrorNoKernelImageForDevice:
+        return "dgtrain was not compiled for this GPU: rebuild with CMAKE_CUDA_ARCHITECTURES set for it";
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+        return "a kernel faulted (the CUDA context is now unusable): rerun under compute-sanitizer";
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+        return "an operation is not allowed during CUDA Graph capture: run eagerly (parallel.cuda_graph=0)";
+    default:
+        return "rerun with CUDA_LAUNCH_BLOCKING=1 to locate the failing kernel";
+    }
+}
+
+dg_status_t dg_cuda_fail(cudaError_t e, const char *call, const char *file, int line) {
+    return dg_error_at(DG_ERR_RUNTIME, file, line, "CUDA call `%s` failed: %s (%s); hint: %s", call,
+                       cudaGetErrorString(e), cudaGetErrorName(e), cuda_hint(e));
+}
+
+dg_status_t dg_cublas_fail(cublasStatus_t s, const char *call, const char *file, int line) {
+    const char *hint = "check the GEMM shapes and alignment";
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED) hint = "cuBLASLt has no kernel for this type/layout/epilogue combination";
+    if (s == CUBLAS_STATUS_ALLOC_FAILED) hint = "the GPU is out of memory";
+    if (s == CUBLAS_STATUS_EXECUTION_FAILED) hint = "a GEMM kernel failed: rerun under compute-sanitizer";
+    return dg_error_at(DG_ERR_RUNTIME, file, line, "cuBLASLt call `%s` failed: %s (%s); hint: %s", call,
+                       cublasLtGetStatusString(s), cublasLtGetStatusName(s), hint);
+}
+
+/* ---------------- scratch ---------------- */
+
+dg_status_t dg_cuda_scratch(dg_cuda_t *c, size_t bytes, void **out) {
+    if (bytes <= c->scratch_bytes) {
+        *out = c->scratch;
+        return DG_OK;
+    }
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    DG_CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cap));
+    if (cap != cudaStreamCaptureStatusNone)
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "CUDA backend: an op needs %zu bytes of scratch (have %zu) during CUDA Graph capture, where "
+                      "memory cannot be allocated; hint: run one eager step before capturing",
+                      bytes, c->scratch_bytes);
+    size_t want = bytes + bytes / 4;
+    want = (want + (1u << 20) - 1) & ~(size_t)((1u << 20) - 1);
+    /* queued kernels may still read the old scratch: cudaFree waits for them */
+    if (c->scratch) DG_CUDA_CHECK(cudaFree(c->scratch));
+    c->scratch = NULL;
+    c->scratch_bytes = 0;
+    DG_CUDA_CHECK(cudaMalloc(&c->scratch, want));
+    c->scratch_bytes = want;
+    *out = c->scratch;
+    return DG_OK;
+}
+
+/* ---------------- argument checks ---------------- */
+
+#define REQ(cond, ...)                                                                                     \
+    do {                                                                                                   \
+        if (!(cond)) return DG_ERR(DG_ERR_USAGE, __VA_ARGS__);                                             \
+    } while (0)
+#define REQ_PTR(p, op) REQ((p) != NULL, "cuda backend %s: `%s` is NULL", op, #p)
+#define REQ_POS(x, op) REQ((x) > 0, "cuda backend %s: %s = %lld, expected > 0", op, #x, (long long)(x))
+
+static int is_float_dtype(dg_dtype_t t) {
+    return t == DG_F32 || t == DG_BF16 || t == DG_F16;
+}
+
+/* ---------------- lifetime and memory ---------------- */
+
+static void cu_destroy(dg_backend_t *be) {
+    if (!be) return;
+    dg_cuda_t *c = dg_cuda_of(be);
+    if (c) {
+        if (c->stream) cudaStreamSynchronize(c->stream);
+        dg_cuda_gemm_plans_free(c);
+        if (c->lt) cublasLtDestroy(c->lt);
+        cudaFree(c->lt_ws);
+        cudaFree(c->scratch);
+        cudaFree(c->err_dev);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        free(c);
+    }
+    free(be);
+}
+
+static dg_status_t cu_alloc(dg_backend_t *be, size_t bytes, void **out) {
+    REQ_PTR(out, "alloc");
+    *out = NULL;
+    if (bytes == 0) return DG_OK;
+    cudaError_t e = cudaMalloc(out, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        *out = NULL;
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "cuda backend: cudaMalloc of %.1f MiB on device %d failed: %s (%.1f of %.1f MiB free); hint: "
+                      "lower train.micro_batch or shard more (parallel.mesh)",
+                      bytes / 1048576.0, dg_cuda_of(be)->device, cudaGetErrorString(e), fr / 1048576.0,
+                      tot / 1048576.0);
+    }
+    return DG_OK;
+}
+
+static void cu_free(dg_backend_t *be, void *p) {
+    (void)be;
+    if (!p) return;
+    cudaError_t e = cudaFree(p);
+    if (e != cudaSuccess) DG_LOG_WARN("cuda backend: cudaFree failed: %s", cudaGetErrorString(e));
+}
+
+static dg_status_t check_flags(dg_cuda_t *c) {
+    int flags = 0;
+    DG_CUDA_CHECK(cudaMemcpy(&flags, c->err_dev, sizeof flags, cudaMemcpyDeviceToHost));
+    if (!flags) return DG_OK;
+    DG_CUDA_CHECK(cudaMemset(c->err_dev, 0, sizeof(int)));
+    if (flags & DG_CUDA_EF_TARGET)
+        return DG_ERR(DG_ERR_RUNTIME, "cuda backend: crossentropy saw a target outside [0, V) (those rows got "
+                                      "loss NaN); hint: the token shards hold ids >= model.vocab_size");
+    return DG_ERR(DG_ERR_RUNTIME, "cuda backend: encoder saw a negative token id (those rows were skipped); "
+                                  "hint: the token shards are corrupt");
+}
+
+static dg_status_t cu_sync(dg_backend_t *be) {
+    dg_cuda_t *c = dg_cuda_of(be);
+    DG_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return check_flags(c);
+}
+
+static dg_status_t cu_to_device(dg_backend_t *be, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return DG_OK;
+    REQ_PTR(dst, "to_device");
+    REQ_PTR(src, "to_device");
+    /* pageable sources are staged before the call returns, so the caller may reuse `src` at once */
+    DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, dg_cuda_of(be)->stream));
+    return DG_OK;
+}
+
+static dg_status_t cu_to_host(dg_backend_t *be, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return DG_OK;
+    REQ_PTR(dst, "to_host");
+    REQ_PTR(src, "to_host");
+    dg_cuda_t *c = dg_cuda_of(be);
+    DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    DG_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return check_flags(c);
+}
+
+static dg_status_t cu_copy(dg_backend_t *be, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0 || dst == src) return DG_OK;
+    REQ_PTR(dst, "copy");
+    REQ_PTR(src, "copy");
+    DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, dg_cuda_of(be)->stream));
+    return DG_OK;
+}
+
+static dg_status_t cu_memset0(dg_backend_t *be, void *p, size_t bytes) {
+    if (bytes == 0) return DG_OK;
+    REQ_PTR(p, "memset0");
+    DG_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, dg_cuda_of(be)->stream));
+    return DG_OK;
+}
+
+/* ---------------- elementwise / utility ---------------- */
+
+static dg_status_t cu_cast(dg_backend_t *be, void *dst, dg_dtype_t dt, const void *src, dg_dtype_t st, size_t n) {
+    REQ(is_float_dtype(dt) && is_float_dtype(st), "cuda backend cast: %s -> %s is not supported (f32/bf16/f16 only)",
+        dg_dtype_name(st), dg_dtype_name(dt));
+    if (n == 0) return DG_OK;
+    REQ_PTR(dst, "cast");
+    REQ_PTR(src, "cast");
+    return dg_cuda_cast(dg_cuda_of(be), dst, dt, src, st, n);
+}
+
+static dg_status_t cu_add(dg_backend_t *be, void *out, const void *a, const void *b, size_t n) {
+    if (n == 0) return DG_OK;
+    REQ_PTR(out, "add");
+    REQ_PTR(a, "add");
+    REQ_PTR(b, "add");
+    return dg_cuda_add(dg_cuda_of(be), out, a, b, n);
+}
+
+static dg_status_t cu_accumulate(dg_backend_t *be, void *dst, const void *src, size_t n, int acc) {
+    if (n == 0) return DG_OK;
+    REQ_PTR(dst, "accumulate");
+    REQ_PTR(src, "accumulate");
+    return dg_cuda_accumulate(dg_cuda_of(be), dst, src, n, acc);
+}
+
+static dg_status_t cu_sumsq(dg_backend_t *be, float *out, const float *x, size_t n) {
+    REQ_PTR(out, "sumsq_f32");
+    if (n == 0) return DG_OK;
+    REQ_PTR(x, "sumsq_f32");
+    return dg_cuda_sumsq_f32(dg_cuda_of(be), out, x, n);
+}
+
+static dg_status_t cu_scale(dg_backend_t *be, float *x, size_t n, float s) {
+    if (n == 0) return DG_OK;
+    REQ_PTR(x, "scale_f32");
+    return dg_cuda_scale_f32(dg_cuda_of(be), x, n, s);
+}
+
+/* ---------------- model kernels ---------------- */
+
+static dg_status_t cu_encoder_fwd(dg_backend_t *be, void *out, const int32_t *tokens, const void *wte,
+                                  const void *wpe, int B, int T, int C) {
+    REQ_POS(B, "encoder_fwd");
+    REQ_POS(T, "encoder_fwd");
+    REQ_POS(C, "encoder_fwd");
+    REQ_PTR(out, "encoder_fwd");
+    REQ_PTR(tokens, "encoder_fwd");
+    REQ_PTR(wte, "encoder_fwd");
+    REQ_PTR(wpe, "encoder_fwd");
+    return dg_cuda_encoder_fwd(dg_cuda_of(be), out, tokens, wte, wpe, B, T, C);
+}
+
+static dg_status_t cu_encoder_bwd(dg_backend_t *be, float *dwte, float *dwpe, const void *dout,
+                                  const int32_t *tokens, int B, int T, int C) {
+    REQ_POS(B, "encoder_bwd");
+    REQ_POS(T, "encoder_bwd");
+    REQ_POS(C, "encoder_bwd");
+    REQ_PTR(dout, "encoder_bwd");
+    REQ_PTR(tokens, "encoder_bwd");
+    REQ(dwte || dwpe, "cuda backend encoder_bwd: both dwte and dwpe are NULL");
+    return dg_cuda_encoder_bwd(dg_cuda_of(be), dwte, dwpe, dout, tokens, B, T, C);
+}
+
+static dg_status_t cu_layernorm_fwd(dg_backend_t *be, void *out, float *mean, float *rstd, const void *inp,
+                                    const void *w, const void *b, int N, int C) {
+    REQ_POS(N, "layernorm_fwd");
+    REQ_POS(C, "layernorm_fwd");
+    REQ_PTR(out, "layernorm_fwd");
+    REQ_PTR(inp, "layernorm_fwd");
+    REQ_PTR(w, "layernorm_fwd");
+    REQ_PTR(b, "layernorm_fwd");
+    return dg_cuda_layernorm_fwd(dg_cuda_of(be), out, mean, rstd, inp, w, b, N, C);
+}
+
+static dg_status_t cu_layernorm_bwd(dg_backend_t *be, void *dinp, float *dw, float *db, const void *dout,
+                                    const void *inp, const void *w, const float *mean, const float *rstd, int N,
+                                    int C, int acc) {
+    REQ_POS(N, "layernorm_bwd");
+    REQ_POS(C, "layernorm_bwd");
+    REQ_PTR(dout, "layernorm_bwd");
+    REQ_PTR(inp, "layernorm_bwd");
+    REQ_PTR(w, "layernorm_bwd");
+    REQ_PTR(mean, "layernorm_bwd");
+    REQ_PTR(rstd, "layernorm_bwd");
+    return dg_cuda_layernorm_bwd(dg_cuda_of(be), dinp, dw, db, dout, inp, w, mean, rstd, N, C, acc);
+}
+
+static dg_status_t cu_matmul_fwd(dg_backend_t *be, void *out, void *pre, const void *inp, const void *w,
+                                 const void *bias, int N, int C, int OC, dg_epilogue_t epi) {
+    REQ_POS(N, "matmul_fwd");
+    REQ_POS(C, "matmul_fwd");
+    REQ_POS(OC, "matmul_fwd");
+    REQ_PTR(out, "matmul_fwd");
+    REQ_PTR(inp, "matmul_fwd");
+    REQ_PTR(w, "matmul_fwd");
+    REQ(epi == DG_EPI_NONE || epi == DG_EPI_GELU, "cuda backend matmul_fwd: unknown epilogue %d", (int)epi);
+    REQ(epi != DG_EPI_GELU || pre != NULL, "cuda backend matmul_fwd: the GELU epilogue needs `pre`");
+    REQ(epi != DG_EPI_GELU || pre != out, "cuda backend matmul_fwd: `pre` and `out` must be different buffers");
+    return dg_cuda_matmul_fwd(dg_cuda_of(be), out, pre, inp, w, bias, N, C, OC, epi);
+}
+
+static dg_status_t cu_matmul_bwd(dg_backend_t *be, void *dinp, float *dw, float *dbias, const void *dout,
+                                 const void *inp, const void *w, int N, int C, int OC, int acc) {
+    REQ_POS(N, "matmul_bwd");
+    REQ_POS(C, "matmul_bwd");
+    REQ_POS(OC, "matmul_bwd");
+    REQ_PTR(dout, "matmul_bwd");
+    REQ(!dinp || w, "cuda backend matmul_bwd: dinp needs w");
+    REQ(!dw || inp, "cuda backend matmul_bwd: dw needs inp");
+    return dg_cuda_matmul_bwd(dg_cuda_of(be), dinp, dw, dbias, dout, inp, w, N, C, OC, acc);
+}
+
+static dg_status_t cu_gelu_fwd(dg_backend_t *be, void *out, const void *inp, size_t n) {
+    if (n == 0) return DG_OK;
+    REQ_PTR(out, "gelu_fwd");
+    REQ_PTR(inp, "gelu_fwd");
+    return dg_cuda_gelu_fwd(dg_cuda_of(be), out, inp, n);
+}
+
+static dg_status_t cu_gelu_bwd(dg_backend_t *be, void *dinp, const void *inp, const void *dout, size_t n,
+                               int acc) {
+    if (n == 0) return DG_OK;
+    REQ_PTR(dinp, "gelu_bwd");
+    REQ_PTR(inp, "gelu_bwd");
+    REQ_PTR(dout, "gelu_bwd");
+    return dg_cuda_gelu_bwd(dg_cuda_of(be), dinp, inp, dout, n, acc);
+}
+
+static size_t cu_attention_aux_bytes(dg_backend_t *be, int B, int T, int C, int NH) {
+    (void)be;
+    return dg_cuda_attention_aux_bytes(B, T, C, NH);
+}
+
+#define REQ_ATTN(op)                                                                                       \
+    do {                                                                                                   \
+        REQ_POS(B, op);                                                                                    \
+        REQ_POS(T, op);                                                                                    \
+        REQ_POS(C, op);                                                                                    \
+        REQ_POS(NH, op);                                                                                   \
+        REQ(C % NH == 0, "cuda backend %s: C = %d is not a multiple of NH = %d", op, C, NH);               \
+        REQ(C / NH <= 256, "cuda backend %s: head size %d > 256 is not supported", op, C / NH);            \
+    } while (0)
+
+static dg_status_t cu_attention_fwd(dg_backend_t *be, void *out, void *aux, const void *qkv, int B, int T, int C,
+                                    int NH) {
+    REQ_ATTN("attention_fwd");
+    REQ_PTR(out, "attention_fwd");
+    REQ_PTR(aux, "attention_fwd");
+    REQ_PTR(qkv, "attention_fwd");
+    return dg_cuda_attention_fwd(dg_cuda_of(be), out, aux, qkv, B, T, C, NH);
+}
+
+static dg_status_t cu_attention_bwd(dg_backend_t *be, void *dqkv, const void *dout, const void *qkv,
+                                    const void *out, const void *aux, int B, int T, int C, int NH) {
+    REQ_ATTN("attention_bwd");
+    REQ_PTR(dqkv, "attention_bwd");
+    REQ_PTR(dout, "attention_bwd");
+    REQ_PTR(qkv, "attention_bwd");
+    REQ_PTR(out, "attention_bwd");
+    REQ_PTR(aux, "attention_bwd");
+    return dg_cuda_attention_bwd(dg_cuda_of(be), dqkv, dout, qkv, out, aux, B, T, C, NH);
+}
+
+static dg_status_t cu_ce_fwd(dg_backend_t *be, float *losses, float *lse, const void *logits,
+                             const int32_t *targets, int N, int V, int Vp) {
+    REQ_POS(N, "crossentropy_fwd");
+    REQ_POS(V, "crossentropy_fwd");
+    REQ(Vp >= V, "cuda backend crossentropy_fwd: Vp = %d < V = %d", Vp, V);
+    REQ_PTR(losses, "crossentropy_fwd");
+    REQ_PTR(lse, "crossentropy_fwd");
+    REQ_PTR(logits, "crossentropy_fwd");
+    REQ_PTR(targets, "crossentropy_fwd");
+    return dg_cuda_crossentropy_fwd(dg_cuda_of(be), losses, lse, logits, targets, N, V, Vp);
+}
+
+static dg_status_t cu_ce_bwd(dg_backend_t *be, void *dlogits, const void *logits, const float *lse,
+                             const int32_t *targets, int N, int V, int Vp, float dloss) {
+    REQ_POS(N, "crossentropy_bwd");
+    REQ_POS(V, "crossentropy_bwd");
+    REQ(Vp >= V, "cuda backend crossentropy_bwd: Vp = %d < V = %d", Vp, V);
+    REQ_PTR(dlogits, "crossentropy_bwd");
+    REQ_PTR(logits, "crossentropy_bwd");
+    REQ_PTR(lse, "crossentropy_bwd");
+    REQ_PTR(targets, "crossentropy_bwd");
+    return dg_cuda_crossentropy_bwd(dg_cuda_of(be), dlogits, logits, lse, targets, N, V, Vp, dloss);
+}
+
+static dg_status_t cu_adamw(dg_backend_t *be, float *master, void *compute, const float *grad, float *m, float *v,
+                            size_t n, float lr, float beta1, float beta2, float eps, float wd, int64_t t,
+                            const float *gscale_dev) {
+    if (n == 0) return DG_OK;
+    REQ_PTR(master, "adamw");
+    REQ_PTR(grad, "adamw");
+    REQ_PTR(m, "adamw");
+    REQ_PTR(v, "adamw");
+    REQ(t >= 1, "cuda backend adamw: step t = %lld, expected >= 1 (1-based)", (long long)t);
+    REQ(beta1 >= 0.f && beta1 < 1.f && beta2 >= 0.f && beta2 < 1.f,
+        "cuda backend adamw: betas (%g, %g) must lie in [0, 1)", beta1, beta2);
+    return dg_cuda_adamw(dg_cuda_of(be), master, compute, grad, m, v, n, lr, beta1, beta2, eps, wd, t, gscale_dev);
+}
+
+static dg_status_t cu_clip_scale(dg_backend_t *be, float *gscale, float *norm, const float *sumsq, float clip,
+                                 float extra) {
+    REQ_PTR(gscale, "clip_scale");
+    REQ_PTR(sumsq, "clip_scale");
+    return dg_cuda_clip_scale(dg_cuda_of(be), gscale, norm, sumsq, clip, extra);
+}
+
+static const dg_backend_ops_t cuda_ops = {
+    "cuda",
+    cu_destroy,
+    cu_alloc,
+    cu_free,
+    cu_to_device,
+    cu_to_host,
+    cu_copy,
+    cu_memset0,
+    cu_sync,
+    cu_cast,
+    cu_add,
+    cu_accumulate,
+    cu_sumsq,
+    cu_scale,
+    cu_encoder_fwd,
+    cu_encoder_bwd,
+    cu_layernorm_fwd,
+    cu_layernorm_bwd,
+    cu_matmul_fwd,
+    cu_matmul_bwd,
+    cu_gelu_fwd,
+    cu_gelu_bwd,
+    cu_attention_aux_bytes,
+    cu_attention_fwd,
+    cu_attention_bwd,
+    cu_ce_fwd,
+    cu_ce_bwd,
+    cu_adamw,
+    cu_clip_scale,
+};
+
+/* ---------------- construction ---------------- */
+
+static int env_flag(const char *name, int dflt) {
+    const char *s = getenv(name);
+    if (!s || !*s) return dflt;
+    return !(strcmp(s, "0") == 0 || strcmp(s, "off") == 0 || strcmp(s, "false") == 0);
+}
+
+__global__ void dg_cuda_probe_kernel(int *p) {
+    if (p) *p = 0;
+}
+
+static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        (void)cudaGetLastError();
+        return DG_ERR(DG_ERR_RUNTIME, "no CUDA device: %s; hint: run on a GPU node, check nvidia-smi and "
+                                      "CUDA_VISIBLE_DEVICES, or set parallel.backend=cpu",
+                      e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices");
+    }
+    if (cfg->device < 0 || cfg->device >= n)
+        return DG_ERR(DG_ERR_RUNTIME, "no CUDA device: ordinal %d requested, %d visible; hint: check "
+                                      "CUDA_VISIBLE_DEVICES and the rank-to-GPU binding", cfg->device, n);
+    c->device = cfg->device;
+    DG_CUDA_CHECK(cudaSetDevice(c->device));
+    DG_CUDA_CHECK(cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device));
+    DG_CUDA_CHECK(cudaDeviceGetAttribute(&c->cc_major, cudaDevAttrComputeCapabilityMajor, c->device));
+    DG_CUDA_CHECK(cudaDeviceGetAttribute(&c->cc_minor, cudaDevAttrComputeCapabilityMinor, c->device));
+    int smem = 0;
+    DG_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, c->device));
+    c->smem_optin = (size_t)smem;
+    if (c->cc_major < 8)
+        return DG_ERR(DG_ERR_RUNTIME, "cuda backend: device %d has compute capability %d.%d; dgtrain needs 8.0 or "
+                                      "newer (bf16 tensor cores)", c->device, c->cc_major, c->cc_minor);
+    /* fail here, with a clear message, rather than at the first kernel when no image fits this GPU */
+    cudaFuncAttributes fa;
+    e = cudaFuncGetAttributes(&fa, dg_cuda_probe_kernel);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return dg_cuda_fail(e, "cudaFuncGetAttributes(probe kernel)", __FILE__, __LINE__);
+    }
+    DG_CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    DG_CUBLAS_CHECK(cublasLtCreate(&c->lt));
+    c->lt_ws_bytes = DG_CUDA_LT_WORKSPACE;
+    DG_CUDA_CHECK(cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
+    DG_CUDA_CHECK(cudaMalloc(&c->scratch, DG_CUDA_SCRATCH_INIT));
+    c->scratch_bytes = DG_CUDA_SCRATCH_INIT;
+    DG_CUDA_CHECK(cudaMalloc(&c->err_dev, 4 * sizeof(int)));
+    DG_CUDA_CHECK(cudaMemset(c->err_dev, 0, 4 * sizeof(int)));
+    DG_CUDA_CHECK(cudaDeviceSynchronize());
+    c->fused_epilogues = env_flag("DG_CUDA_FUSED_EPILOGUES", 1);
+    c->fast_attention = env_flag("DG_CUDA_FAST_ATTENTION", 1);
+    return DG_OK;
+}
+
+extern "C" dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg_backend_t **out) {
+    if (!out) return DG_ERR(DG_ERR_USAGE, "dg_backend_cuda_create: `out` is NULL");
+    *out = NULL;
+    if (!cfg) return DG_ERR(DG_ERR_USAGE, "dg_backend_cuda_create: `cfg` is NULL");
+    if (!is_float_dtype(cfg->act_dtype))
+        return DG_ERR(DG_ERR_USAGE, "cuda backend: activation dtype %s is not supported (f32, bf16 or f16)",
+                      dg_dtype_name(cfg->act_dtype));
+    dg_backend_t *be = (dg_backend_t *)dg_xcalloc(1, sizeof *be);
+    dg_cuda_t *c = (dg_cuda_t *)dg_xcalloc(1, sizeof *c);
+    be->ops = &cuda_ops;
+    be->act_dtype = cfg->act_dtype;
+    be->impl = c;
+    c->act = cfg->act_dtype;
+    dg_status_t s = cuda_init(c, cfg);
+    if (s != DG_OK) {
+        cu_destroy(be);
+        return s;
+    }
+    DG_LOG_DEBUG("cuda backend: device %d (sm_%d%d, %d SMs), act %s, fused epilogues %s, fast attention %s",
+                 c->device, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
+                 c->fused_epilogues ? "on" : "off", c->fast_attention ? "on" : "off");
+    *out = be;
+    return DG_OK;
+}
+
+extern "C" void *dg_backend_cuda_stream(dg_backend_t *be) {
+    if (!be || !be->ops || strcmp(be->ops->name, "cuda") != 0) return NULL;
+    return (void *)dg_cuda_of(be)->stream;
+}

@@ -1,0 +1,198 @@
+/* cuda_impl.cuh — private to the CUDA backend: its state, the one check macro per library
+ * (DG_CUDA_CHECK, DG_CUBLAS_CHECK), device-side dtype helpers, and the entry points each kernel file
+ * (*.cu in this folder) offers to backend_cuda.cu, which fills the vtable.
+ *
+ * Rules every kernel file follows (they are what makes a whole step capturable as one CUDA Graph):
+ *   - all work goes on impl->stream; nothing synchronises with the host except sync/to_host/to_device;
+ *   - nothing allocates during a step: temporary memory comes from dg_cuda_scratch(), which grows only
+ *     outside stream capture (the first, eager step sizes it);
+ *   - no floating-point atomics: every reduction has a fixed partition and a fixed order;
+ *   - bad indices in device data (tokens, targets) never fault: kernels skip them and raise a flag in
+ *     impl->err_dev that sync() turns into a one-line error.
+ */
+#ifndef DG_CUDA_IMPL_CUH
+#define DG_CUDA_IMPL_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "dg_common.h"
+
+/* ---- error reporting ---- */
+dg_status_t dg_cuda_fail(cudaError_t e, const char *call, const char *file, int line);
+dg_status_t dg_cublas_fail(cublasStatus_t s, const char *call, const char *file, int line);
+
+#define DG_CUDA_CHECK(call)                                                                                \
+    do {                                                                                                   \
+        cudaError_t dg_cu_e_ = (call);                                                                     \
+        if (dg_cu_e_ != cudaSuccess) return dg_cuda_fail(dg_cu_e_, #call, __FILE__, __LINE__);             \
+    } while (0)
+#define DG_CUBLAS_CHECK(call)                                                                              \
+    do {                                                                                                   \
+        cublasStatus_t dg_cb_s_ = (call);                                                                  \
+        if (dg_cb_s_ != CUBLAS_STATUS_SUCCESS) return dg_cublas_fail(dg_cb_s_, #call, __FILE__, __LINE__);  \
+    } while (0)
+/* After every kernel launch: catches bad launch configurations at once (execution errors surface at
+ * the next sync, as with any asynchronous work). */
+#define DG_CUDA_LAUNCH_CHECK() DG_CUDA_CHECK(cudaGetLastError())
+
+/* Device error flags (bits of impl->err_dev[0]), raised by kernels on bad device-resident input. */
+enum { DG_CUDA_EF_TOKEN = 1, DG_CUDA_EF_TARGET = 2 };
+
+/* One cached cuBLASLt plan: descriptors and the algorithm chosen once per shape/type/alignment. */
+typedef struct dg_gemm_key {
+    int m, n, k, transa, transb, lda, ldb, ldd;
+    int atype, ctype, epilogue, beta_nonzero, compute;
+    int align_a, align_b, align_c, align_bias, align_aux;
+} dg_gemm_key_t;
+
+typedef struct dg_gemm_plan {
+    dg_gemm_key_t key;
+    int supported; /* 0: cuBLASLt offers no algorithm: the caller takes its unfused path */
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    size_t ws_bytes;
+} dg_gemm_plan_t;
+
+typedef struct dg_cuda {
+    int device;
+    int sm_count;
+    int cc_major, cc_minor;
+    size_t smem_optin; /* max dynamic shared memory per block after opt-in */
+    dg_dtype_t act;
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *lt_ws;
+    size_t lt_ws_bytes;
+    void *scratch;
+    size_t scratch_bytes;
+    int *err_dev;         /* device flags, read back in sync() */
+    int fused_epilogues;  /* 0 when DG_CUDA_FUSED_EPILOGUES=0: GEMM + separate kernels (for testing) */
+    int fast_attention;   /* 0 when DG_CUDA_FAST_ATTENTION=0: the generic attention kernels only */
+    dg_gemm_plan_t *plans;
+    int n_plans, cap_plans;
+} dg_cuda_t;
+
+static inline dg_cuda_t *dg_cuda_of(dg_backend_t *be) {
+    return (dg_cuda_t *)be->impl;
+}
+
+/* Temporary device memory valid until the next backend call (all work is ordered on one stream).
+ * Grows (re-allocates) when too small; refuses to grow during stream capture. */
+dg_status_t dg_cuda_scratch(dg_cuda_t *c, size_t bytes, void **out);
+
+/* ---- entry points implemented in the kernel files ---- */
+/* elementwise.cu */
+dg_status_t dg_cuda_cast(dg_cuda_t *c, void *dst, dg_dtype_t dt, const void *src, dg_dtype_t st, size_t n);
+dg_status_t dg_cuda_add(dg_cuda_t *c, void *out, const void *a, const void *b, size_t n);
+dg_status_t dg_cuda_accumulate(dg_cuda_t *c, void *dst, const void *src, size_t n, int acc);
+dg_status_t dg_cuda_sumsq_f32(dg_cuda_t *c, float *out, const float *x, size_t n);
+dg_status_t dg_cuda_scale_f32(dg_cuda_t *c, float *x, size_t n, float s);
+dg_status_t dg_cuda_gelu_fwd(dg_cuda_t *c, void *out, const void *inp, size_t n);
+dg_status_t dg_cuda_gelu_bwd(dg_cuda_t *c, void *dinp, const void *inp, const void *dout, size_t n, int acc);
+dg_status_t dg_cuda_bias_gelu(dg_cuda_t *c, void *out, void *pre, const void *bias, int N, int OC, int gelu);
+dg_status_t dg_cuda_colsum_acc(dg_cuda_t *c, float *dst, const void *src, int N, int C);
+dg_status_t dg_cuda_add_f32(dg_cuda_t *c, float *dst, const float *src, size_t n);
+dg_status_t dg_cuda_adamw(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m, float *v,
+                          size_t n, float lr, float beta1, float beta2, float eps, float wd, int64_t t,
+                          const float *gscale_dev);
+dg_status_t dg_cuda_clip_scale(dg_cuda_t *c, float *gscale, float *norm, const float *sumsq, float clip,
+                               float extra);
+/* encoder.cu */
+dg_status_t dg_cuda_encoder_fwd(dg_cuda_t *c, void *out, const int32_t *tokens, const void *wte,
+                                const void *wpe, int B, int T, int C);
+dg_status_t dg_cuda_encoder_bwd(dg_cuda_t *c, float *dwte, float *dwpe, const void *dout,
+                                const int32_t *tokens, int B, int T, int C);
+/* layernorm.cu */
+dg_status_t dg_cuda_layernorm_fwd(dg_cuda_t *c, void *out, float *mean, float *rstd, const void *inp,
+                                  const void *w, const void *b, int N, int C);
+dg_status_t dg_cuda_layernorm_bwd(dg_cuda_t *c, void *dinp, float *dw, float *db, const void *dout,
+                                  const void *inp, const void *w, const float *mean, const float *rstd, int N,
+                                  int C, int acc);
+/* matmul.cu */
+dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *inp, const void *w,
+                               const void *bias, int N, int C, int OC, dg_epilogue_t epi);
+dg_status_t dg_cuda_matmul_bwd(dg_cuda_t *c, void *dinp, float *dw, float *dbias, const void *dout,
+                               const void *inp, const void *w, int N, int C, int OC, int acc);
+void dg_cuda_gemm_plans_free(dg_cuda_t *c);
+/* attention.cu */
+size_t dg_cuda_attention_aux_bytes(int B, int T, int C, int NH);
+dg_status_t dg_cuda_attention_fwd(dg_cuda_t *c, void *out, void *aux, const void *qkv, int B, int T, int C,
+                                  int NH);
+dg_status_t dg_cuda_attention_bwd(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv, const void *out,
+                                  const void *aux, int B, int T, int C, int NH);
+/* crossentropy.cu */
+dg_status_t dg_cuda_crossentropy_fwd(dg_cuda_t *c, float *losses, float *lse, const void *logits,
+                                     const int32_t *targets, int N, int V, int Vp);
+dg_status_t dg_cuda_crossentropy_bwd(dg_cuda_t *c, void *dlogits, const void *logits, const float *lse,
+                                     const int32_t *targets, int N, int V, int Vp, float dloss);
+
+/* ---- device helpers shared by the kernel files ---- */
+#ifdef __CUDACC__
+typedef __nv_bfloat16 dg_bf16;
+typedef __half dg_f16;
+
+static __device__ __forceinline__ float dg_to_f(float x) {
+    return x;
+}
+static __device__ __forceinline__ float dg_to_f(dg_bf16 x) {
+    return __bfloat162float(x);
+}
+static __device__ __forceinline__ float dg_to_f(dg_f16 x) {
+    return __half2float(x);
+}
+template <typename T> static __device__ __forceinline__ T dg_from_f(float x);
+template <> __device__ __forceinline__ float dg_from_f<float>(float x) {
+    return x;
+}
+template <> __device__ __forceinline__ dg_bf16 dg_from_f<dg_bf16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+template <> __device__ __forceinline__ dg_f16 dg_from_f<dg_f16>(float x) {
+    return __float2half_rn(x);
+}
+
+/* Fixed-order reductions: the same butterfly every call, so results are bitwise reproducible. */
+static __device__ __forceinline__ float dg_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float dg_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+/* Sum over a block of blockDim.x (a multiple of 32, at most 1024) threads; every thread gets the total.
+ * `sh` holds at least 32 floats. */
+static __device__ __forceinline__ float dg_block_sum(float v, float *sh) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = dg_warp_sum(v);
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : 0.f;
+    return dg_warp_sum(t);
+}
+
+/* Dispatch a templated launcher on the activation dtype. */
+#define DG_CUDA_DISPATCH_ACT(act, FN, ...)                                                                 \
+    ((act) == DG_F32    ? FN<float>(__VA_ARGS__)                                                           \
+     : (act) == DG_BF16 ? FN<dg_bf16>(__VA_ARGS__)                                                         \
+                        : FN<dg_f16>(__VA_ARGS__))
+
+static inline unsigned dg_cuda_blocks(size_t work, unsigned per_block, unsigned max_blocks) {
+    size_t b = (work + per_block - 1) / per_block;
+    if (b < 1) b = 1;
+    return b > max_blocks ? max_blocks : (unsigned)b;
+}
+#endif
+
+static inline int dg_ptr_aligned(const void *p, size_t a) {
+    return ((uintptr_t)p % a) == 0;
+}
+
+#endif /* DG_CUDA_IMPL_CUH */

@@ -1,0 +1,385 @@
+/* elementwise.cu — memory-bound kernels of the CUDA backend: cast, add, accumulate, GELU, the unfused
+ * GEMM epilogues (bias, bias+GELU, bias gradient), the gradient-norm reduction, clip factor and the
+ * fused AdamW update.
+ *
+ * Elementwise kernels move 16 bytes per thread and access when every pointer allows it, with a scalar
+ * tail. Reductions (sumsq, column sums) use a partition that depends only on the problem size and a
+ * fixed combination order, so their results are bitwise reproducible and independent of the GPU model.
+ */
+#include "cuda_impl.cuh"
+#include "cuda_vec.cuh"
+
+/* ---------------- generic elementwise launcher ---------------- */
+
+template <int V, typename Op> __global__ void ew_kernel(Op op, size_t start, size_t nvec) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += stride)
+        op.template apply<V>(start + i * V);
+}
+
+/* Runs op.apply<V> over [0, n): vector part when `aligned`, then the scalar tail. */
+template <int V, typename Op> static dg_status_t ew_launch(dg_cuda_t *c, const Op &op, size_t n, bool aligned) {
+    size_t done = 0;
+    if (aligned && n >= (size_t)V) {
+        size_t nv = n / V;
+        ew_kernel<V, Op><<<dg_cuda_blocks(nv, 256, 65535), 256, 0, c->stream>>>(op, 0, nv);
+        DG_CUDA_LAUNCH_CHECK();
+        done = nv * V;
+    }
+    if (done < n) {
+        ew_kernel<1, Op><<<dg_cuda_blocks(n - done, 256, 65535), 256, 0, c->stream>>>(op, done, n - done);
+        DG_CUDA_LAUNCH_CHECK();
+    }
+    return DG_OK;
+}
+
+static bool al16(const void *a, const void *b = nullptr, const void *d = nullptr, const void *e = nullptr) {
+    return dg_ptr_aligned(a, 16) && dg_ptr_aligned(b, 16) && dg_ptr_aligned(d, 16) && dg_ptr_aligned(e, 16);
+}
+
+/* ---------------- cast ---------------- */
+
+template <typename D, typename S> struct CastOp {
+    D *dst;
+    const S *src;
+    template <int V> __device__ void apply(size_t i) const {
+        float f[V];
+        dg_ldv<V>(f, src + i);
+        dg_stv<V>(dst + i, f);
+    }
+};
+
+template <typename D, typename S> static dg_status_t cast_t(dg_cuda_t *c, void *dst, const void *src, size_t n) {
+    CastOp<D, S> op{(D *)dst, (const S *)src};
+    return ew_launch<4>(c, op, n, al16(dst, src));
+}
+
+template <typename D> static dg_status_t cast_to(dg_cuda_t *c, void *dst, const void *src, dg_dtype_t st, size_t n) {
+    if (st == DG_F32) return cast_t<D, float>(c, dst, src, n);
+    if (st == DG_BF16) return cast_t<D, dg_bf16>(c, dst, src, n);
+    return cast_t<D, dg_f16>(c, dst, src, n);
+}
+
+dg_status_t dg_cuda_cast(dg_cuda_t *c, void *dst, dg_dtype_t dt, const void *src, dg_dtype_t st, size_t n) {
+    if (dt == st) {
+        if (dst != src) DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * dg_dtype_size(dt), cudaMemcpyDeviceToDevice, c->stream));
+        return DG_OK;
+    }
+    if (dt == DG_F32) return cast_to<float>(c, dst, src, st, n);
+    if (dt == DG_BF16) return cast_to<dg_bf16>(c, dst, src, st, n);
+    return cast_to<dg_f16>(c, dst, src, st, n);
+}
+
+/* ---------------- add / accumulate ---------------- */
+
+template <typename T> struct AddOp {
+    T *out;
+    const T *a, *b;
+    template <int V> __device__ void apply(size_t i) const {
+        float x[V], y[V];
+        dg_ldv<V>(x, a + i);
+        dg_ldv<V>(y, b + i);
+        for (int j = 0; j < V; j++) x[j] += y[j];
+        dg_stv<V>(out + i, x);
+    }
+};
+
+template <typename T> static dg_status_t add_t(dg_cuda_t *c, void *out, const void *a, const void *b, size_t n) {
+    AddOp<T> op{(T *)out, (const T *)a, (const T *)b};
+    return ew_launch<16 / sizeof(T)>(c, op, n, al16(out, a, b));
+}
+
+dg_status_t dg_cuda_add(dg_cuda_t *c, void *out, const void *a, const void *b, size_t n) {
+    return DG_CUDA_DISPATCH_ACT(c->act, add_t, c, out, a, b, n);
+}
+
+dg_status_t dg_cuda_accumulate(dg_cuda_t *c, void *dst, const void *src, size_t n, int acc) {
+    if (!acc) {
+        if (dst != src)
+            DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * dg_dtype_size(c->act), cudaMemcpyDeviceToDevice, c->stream));
+        return DG_OK;
+    }
+    return dg_cuda_add(c, dst, dst, src, n);
+}
+
+struct AddF32Op {
+    float *dst;
+    const float *src;
+    template <int V> __device__ void apply(size_t i) const {
+        float x[V], y[V];
+        dg_ldv<V>(x, dst + i);
+        dg_ldv<V>(y, src + i);
+        for (int j = 0; j < V; j++) x[j] += y[j];
+        dg_stv<V>(dst + i, x);
+    }
+};
+
+dg_status_t dg_cuda_add_f32(dg_cuda_t *c, float *dst, const float *src, size_t n) {
+    return ew_launch<4>(c, AddF32Op{dst, src}, n, al16(dst, src));
+}
+
+struct ScaleOp {
+    float *x;
+    float s;
+    template <int V> __device__ void apply(size_t i) const {
+        float f[V];
+        dg_ldv<V>(f, x + i);
+        for (int j = 0; j < V; j++) f[j] *= s;
+        dg_stv<V>(x + i, f);
+    }
+};
+
+dg_status_t dg_cuda_scale_f32(dg_cuda_t *c, float *x, size_t n, float s) {
+    return ew_launch<4>(c, ScaleOp{x, s}, n, al16(x));
+}
+
+/* ---------------- GELU (tanh approximation) ---------------- */
+
+#define DG_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+static __device__ __forceinline__ float gelu_f(float x) {
+    float u = DG_GELU_K * (x + 0.044715f * x * x * x);
+    return 0.5f * x * (1.f + tanhf(u));
+}
+static __device__ __forceinline__ float gelu_grad_f(float x) {
+    float x2 = x * x;
+    float th = tanhf(DG_GELU_K * (x + 0.044715f * x2 * x));
+    return 0.5f * (1.f + th) + 0.5f * x * (1.f - th * th) * DG_GELU_K * (1.f + 3.f * 0.044715f * x2);
+}
+
+template <typename T> struct GeluFwdOp {
+    T *out;
+    const T *inp;
+    template <int V> __device__ void apply(size_t i) const {
+        float f[V];
+        dg_ldv<V>(f, inp + i);
+        for (int j = 0; j < V; j++) f[j] = gelu_f(f[j]);
+        dg_stv<V>(out + i, f);
+    }
+};
+
+template <typename T> struct GeluBwdOp {
+    T *dinp;
+    const T *inp, *dout;
+    int acc;
+    template <int V> __device__ void apply(size_t i) const {
+        float x[V], d[V], o[V];
+        dg_ldv<V>(x, inp + i);
+        dg_ldv<V>(d, dout + i);
+        if (acc) dg_ldv<V>(o, dinp + i);
+        for (int j = 0; j < V; j++) o[j] = (acc ? o[j] : 0.f) + d[j] * gelu_grad_f(x[j]);
+        dg_stv<V>(dinp + i, o);
+    }
+};
+
+template <typename T> static dg_status_t gelu_fwd_t(dg_cuda_t *c, void *out, const void *inp, size_t n) {
+    return ew_launch<16 / sizeof(T)>(c, GeluFwdOp<T>{(T *)out, (const T *)inp}, n, al16(out, inp));
+}
+template <typename T>
+static dg_status_t gelu_bwd_t(dg_cuda_t *c, void *dinp, const void *inp, const void *dout, size_t n, int acc) {
+    return ew_launch<16 / sizeof(T)>(c, GeluBwdOp<T>{(T *)dinp, (const T *)inp, (const T *)dout, acc}, n,
+                                     al16(dinp, inp, dout));
+}
+
+dg_status_t dg_cuda_gelu_fwd(dg_cuda_t *c, void *out, const void *inp, size_t n) {
+    return DG_CUDA_DISPATCH_ACT(c->act, gelu_fwd_t, c, out, inp, n);
+}
+dg_status_t dg_cuda_gelu_bwd(dg_cuda_t *c, void *dinp, const void *inp, const void *dout, size_t n, int acc) {
+    return DG_CUDA_DISPATCH_ACT(c->act, gelu_bwd_t, c, dinp, inp, dout, n, acc);
+}
+
+/* ---------------- unfused GEMM epilogues ---------------- */
+
+/* out[N,OC] += bias (if any); with gelu: pre = that, out = gelu(pre). */
+template <typename T> __global__ void bias_gelu_kernel(T *out, T *pre, const T *bias, size_t total, int OC, int gelu) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        float x = dg_to_f(out[i]);
+        if (bias) x += dg_to_f(bias[i % OC]);
+        if (gelu) {
+            T p = dg_from_f<T>(x);
+            pre[i] = p;
+            out[i] = dg_from_f<T>(gelu_f(dg_to_f(p)));
+        } else {
+            out[i] = dg_from_f<T>(x);
+        }
+    }
+}
+
+template <typename T>
+static dg_status_t bias_gelu_t(dg_cuda_t *c, void *out, void *pre, const void *bias, int N, int OC, int gelu) {
+    size_t total = (size_t)N * OC;
+    bias_gelu_kernel<T><<<dg_cuda_blocks(total, 256, 65535), 256, 0, c->stream>>>((T *)out, (T *)pre, (const T *)bias,
+                                                                                 total, OC, gelu);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
+dg_status_t dg_cuda_bias_gelu(dg_cuda_t *c, void *out, void *pre, const void *bias, int N, int OC, int gelu) {
+    if (!bias && !gelu) return DG_OK;
+    return DG_CUDA_DISPATCH_ACT(c->act, bias_gelu_t, c, out, pre, bias, N, OC, gelu);
+}
+
+/* Column sums dst[c] += sum_n src[n, c], deterministic: rows split into fixed chunks of COLSUM_ROWS;
+ * pass 1 writes one partial row per chunk, pass 2 adds the partials in chunk order. */
+#define COLSUM_ROWS 256
+#define COLSUM_TY 8
+
+template <typename T> __global__ void colsum_partial_kernel(float *part, const T *src, int N, int C) {
+    __shared__ float sh[COLSUM_TY][33];
+    const int col = blockIdx.x * 32 + threadIdx.x;
+    const int r0 = blockIdx.y * COLSUM_ROWS;
+    const int r1 = min(N, r0 + COLSUM_ROWS);
+    float s = 0.f;
+    if (col < C)
+        for (int r = r0 + threadIdx.y; r < r1; r += COLSUM_TY) s += dg_to_f(src[(size_t)r * C + col]);
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < C) {
+        float t = 0.f;
+        for (int y = 0; y < COLSUM_TY; y++) t += sh[y][threadIdx.x];
+        part[(size_t)blockIdx.y * C + col] = t;
+    }
+}
+
+__global__ void colsum_final_kernel(float *dst, const float *part, int chunks, int C) {
+    const int col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= C) return;
+    float s = 0.f;
+    for (int k = 0; k < chunks; k++) s += part[(size_t)k * C + col];
+    dst[col] += s;
+}
+
+template <typename T> static dg_status_t colsum_t(dg_cuda_t *c, float *dst, const void *src, int N, int C) {
+    const int chunks = (N + COLSUM_ROWS - 1) / COLSUM_ROWS;
+    void *scr = NULL;
+    DG_TRY(dg_cuda_scratch(c, (size_t)chunks * C * sizeof(float), &scr));
+    dim3 grid((C + 31) / 32, chunks), block(32, COLSUM_TY);
+    colsum_partial_kernel<T><<<grid, block, 0, c->stream>>>((float *)scr, (const T *)src, N, C);
+    DG_CUDA_LAUNCH_CHECK();
+    colsum_final_kernel<<<(C + 255) / 256, 256, 0, c->stream>>>(dst, (const float *)scr, chunks, C);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
+dg_status_t dg_cuda_colsum_acc(dg_cuda_t *c, float *dst, const void *src, int N, int C) {
+    return DG_CUDA_DISPATCH_ACT(c->act, colsum_t, c, dst, src, N, C);
+}
+
+/* ---------------- gradient norm, clip factor ---------------- */
+
+#define SUMSQ_THREADS 256
+#define SUMSQ_MAX_BLOCKS 512
+
+__global__ void sumsq_partial_kernel(float *part, const float *x, size_t n, int vec4) {
+    __shared__ float sh[32];
+    float acc = 0.f;
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (vec4) {
+        const size_t n4 = n / 4;
+        const float4 *x4 = (const float4 *)x;
+        for (size_t i = tid; i < n4; i += stride) {
+            float4 v = x4[i];
+            acc += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        for (size_t i = n4 * 4 + tid; i < n; i += stride) acc += x[i] * x[i];
+    } else {
+        for (size_t i = tid; i < n; i += stride) acc += x[i] * x[i];
+    }
+    float t = dg_block_sum(acc, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = t;
+}
+
+__global__ void sumsq_final_kernel(float *out, const float *part, int nblocks) {
+    __shared__ float sh[32];
+    float v = (int)threadIdx.x < nblocks ? part[threadIdx.x] : 0.f;
+    float t = dg_block_sum(v, sh);
+    if (threadIdx.x == 0) *out += t;
+}
+
+dg_status_t dg_cuda_sumsq_f32(dg_cuda_t *c, float *out, const float *x, size_t n) {
+    const unsigned nb = dg_cuda_blocks(n, SUMSQ_THREADS * 16, SUMSQ_MAX_BLOCKS);
+    void *scr = NULL;
+    DG_TRY(dg_cuda_scratch(c, SUMSQ_MAX_BLOCKS * sizeof(float), &scr));
+    sumsq_partial_kernel<<<nb, SUMSQ_THREADS, 0, c->stream>>>((float *)scr, x, n, dg_ptr_aligned(x, 16));
+    DG_CUDA_LAUNCH_CHECK();
+    sumsq_final_kernel<<<1, SUMSQ_MAX_BLOCKS, 0, c->stream>>>(out, (const float *)scr, (int)nb);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
+/* Computed in double like the CPU reference, and written so that a NaN norm gives a NaN scale (the
+ * divergence stays visible) instead of min() hiding it. */
+__global__ void clip_scale_kernel(float *gscale, float *norm_out, const float *sumsq, float clip, float extra) {
+    const double norm = sqrt((double)*sumsq);
+    double f = 1.0;
+    if (clip > 0.f) {
+        const double q = (double)clip / (norm + 1e-6);
+        f = q >= 1.0 ? 1.0 : q;
+    }
+    *gscale = (float)(f * (double)extra);
+    if (norm_out) *norm_out = (float)norm;
+}
+
+dg_status_t dg_cuda_clip_scale(dg_cuda_t *c, float *gscale, float *norm, const float *sumsq, float clip,
+                               float extra) {
+    clip_scale_kernel<<<1, 1, 0, c->stream>>>(gscale, norm, sumsq, clip, extra);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
+/* ---------------- AdamW ---------------- */
+
+struct AdamHyper {
+    float lr, b1, b2, eps, wd, inv_bc1, inv_bc2;
+};
+
+template <typename T> struct AdamOp {
+    float *master, *m, *v;
+    T *compute;
+    const float *grad, *gscale;
+    AdamHyper h;
+    template <int V> __device__ void apply(size_t i) const {
+        float p[V], g[V], mm[V], vv[V];
+        dg_ldv<V>(p, master + i);
+        dg_ldv<V>(g, grad + i);
+        dg_ldv<V>(mm, m + i);
+        dg_ldv<V>(vv, v + i);
+        const float gs = gscale ? *gscale : 1.f;
+        for (int j = 0; j < V; j++) {
+            float gj = g[j] * gs;
+            mm[j] = h.b1 * mm[j] + (1.f - h.b1) * gj;
+            vv[j] = h.b2 * vv[j] + (1.f - h.b2) * gj * gj;
+            float mhat = mm[j] * h.inv_bc1, vhat = vv[j] * h.inv_bc2;
+            p[j] -= h.lr * (mhat / (sqrtf(vhat) + h.eps) + h.wd * p[j]);
+        }
+        dg_stv<V>(master + i, p);
+        dg_stv<V>(m + i, mm);
+        dg_stv<V>(v + i, vv);
+        if (compute) dg_stv<V>(compute + i, p);
+    }
+};
+
+template <typename T>
+static dg_status_t adamw_t(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m, float *v, size_t n,
+                           const AdamHyper &h, const float *gscale) {
+    AdamOp<T> op{master, m, v, (T *)compute, grad, gscale, h};
+    bool al = al16(master, grad, m, v) && dg_ptr_aligned(compute, 16);
+    return ew_launch<4>(c, op, n, al);
+}
+
+dg_status_t dg_cuda_adamw(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m, float *v,
+                          size_t n, float lr, float beta1, float beta2, float eps, float wd, int64_t t,
+                          const float *gscale_dev) {
+    /* bias corrections in double on the host: identical for every element and every backend */
+    AdamHyper h;
+    h.lr = lr;
+    h.b1 = beta1;
+    h.b2 = beta2;
+    h.eps = eps;
+    h.wd = wd;
+    h.inv_bc1 = (float)(1.0 / (1.0 - pow((double)beta1, (double)t)));
+    h.inv_bc2 = (float)(1.0 / (1.0 - pow((double)beta2, (double)t)));
+    return DG_CUDA_DISPATCH_ACT(c->act, adamw_t, c, master, compute, grad, m, v, n, h, gscale_dev);
+}

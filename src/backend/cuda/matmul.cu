@@ -1,0 +1,298 @@
+/* matmul.cu — the linear layers through cuBLASLt: forward with fused bias / bias+GELU epilogues, backward
+ * with the input gradient (optionally accumulated), the weight gradient accumulated straight into the
+ * f32 gradient buffer (bf16/f16 A and B, f32 C = D, beta = 1) and the bias gradient from the BGRADB
+ * epilogue of that same GEMM.
+ *
+ * Plans (descriptors + the algorithm cuBLASLt's heuristic picks) are cached per shape, types, epilogue
+ * and pointer alignment, so each shape is planned once and always runs the same algorithm: with the
+ * backend's own workspace on its one stream that makes every GEMM bitwise reproducible. Where cuBLASLt
+ * offers no fused epilogue for a combination, or DG_CUDA_FUSED_EPILOGUES=0, the plain GEMM runs and
+ * the epilogue is done by the kernels in elementwise.cu. BGRADB overwrites its output, so it writes to
+ * scratch and a separate kernel adds that into dbias (the contract's +=).
+ *
+ * Row-major to column-major: a row-major [R, K] matrix is a column-major K x R one, so
+ * out[N,OC] = inp[N,C]·w[OC,C]ᵀ is the column-major D(OC x N) = wᵀ(OC x C) · inp(C x N).
+ */
+#include <string.h>
+
+#include "cuda_impl.cuh"
+
+static cudaDataType_t cuda_type(dg_dtype_t t) {
+    return t == DG_F32 ? CUDA_R_32F : t == DG_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+static int align_class(const void *p) {
+    if (!p) return 256;
+    uintptr_t a = (uintptr_t)p;
+    int c = 256;
+    while (c > 1 && (a % (uintptr_t)c) != 0) c >>= 1;
+    return c;
+}
+
+typedef struct gemm_call {
+    int transa, transb, m, n, k;
+    const void *A;
+    int lda;
+    const void *B;
+    int ldb;
+    void *D;
+    int ldd;
+    cudaDataType_t abtype, dtype;
+    float beta;
+    cublasLtEpilogue_t epi;
+    void *bias; /* bias (fwd) or bias-gradient output (BGRADB) */
+    void *aux;
+    int aux_ld;
+} gemm_call_t;
+
+void dg_cuda_gemm_plans_free(dg_cuda_t *c) {
+    for (int i = 0; i < c->n_plans; i++) {
+        dg_gemm_plan_t *p = &c->plans[i];
+        if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+        if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+        if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+        if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+    }
+    free(c->plans);
+    c->plans = NULL;
+    c->n_plans = c->cap_plans = 0;
+}
+
+static dg_status_t plan_build(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t *g) {
+    const dg_gemm_key_t *k = &p->key;
+    DG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = g->transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    uint32_t epi = (uint32_t)g->epi;
+    DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (g->bias)
+        DG_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+    if (g->aux) {
+        int64_t ld = g->aux_ld;
+        DG_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));
+        DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+    }
+    DG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, g->abtype, g->transa ? g->k : g->m, g->transa ? g->m : g->k,
+                                               g->lda));
+    DG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, g->abtype, g->transb ? g->n : g->k, g->transb ? g->k : g->n,
+                                               g->ldb));
+    DG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, g->dtype, g->m, g->n, g->ldd));
+
+    cublasLtMatmulPreference_t pref = NULL;
+    DG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = c->lt_ws_bytes;
+    uint32_t aa = (uint32_t)k->align_a, ab = (uint32_t)k->align_b, ac = (uint32_t)k->align_c;
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                             sizeof ws);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        cublasLtMatmulPreferenceDestroy(pref);
+        return dg_cublas_fail(st, "cublasLtMatmulPreferenceSetAttribute", __FILE__, __LINE__);
+    }
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof res);
+    int found = 0;
+    st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    p->supported = (st == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS);
+    if (p->supported) {
+        p->algo = res.algo;
+        p->ws_bytes = res.workspaceSize;
+    }
+    DG_LOG_DEBUG("cuda backend: GEMM plan m=%d n=%d k=%d ta=%d tb=%d epi=%d -> %s", g->m, g->n, g->k, g->transa,
+                 g->transb, (int)g->epi, p->supported ? "cuBLASLt" : "unsupported");
+    return DG_OK;
+}
+
+/* Finds or builds the plan for `g`. *plan is NULL-free; (*plan)->supported says whether it can run. */
+static dg_status_t plan_get(dg_cuda_t *c, const gemm_call_t *g, dg_gemm_plan_t **plan) {
+    dg_gemm_key_t key;
+    memset(&key, 0, sizeof key);
+    key.m = g->m;
+    key.n = g->n;
+    key.k = g->k;
+    key.transa = g->transa;
+    key.transb = g->transb;
+    key.lda = g->lda;
+    key.ldb = g->ldb;
+    key.ldd = g->ldd;
+    key.atype = (int)g->abtype;
+    key.ctype = (int)g->dtype;
+    key.epilogue = (int)g->epi;
+    key.beta_nonzero = g->beta != 0.f;
+    key.compute = (int)CUBLAS_COMPUTE_32F;
+    key.align_a = align_class(g->A);
+    key.align_b = align_class(g->B);
+    key.align_c = align_class(g->D);
+    key.align_bias = g->bias ? align_class(g->bias) : 0;
+    key.align_aux = g->aux ? align_class(g->aux) : 0;
+    for (int i = 0; i < c->n_plans; i++)
+        if (memcmp(&c->plans[i].key, &key, sizeof key) == 0) {
+            *plan = &c->plans[i];
+            return DG_OK;
+        }
+    if (c->n_plans == c->cap_plans) {
+        int cap = c->cap_plans ? 2 * c->cap_plans : 32;
+        dg_gemm_plan_t *np = (dg_gemm_plan_t *)realloc(c->plans, (size_t)cap * sizeof *np);
+        DG_ASSERT(np != NULL);
+        c->plans = np;
+        c->cap_plans = cap;
+    }
+    dg_gemm_plan_t *p = &c->plans[c->n_plans];
+    memset(p, 0, sizeof *p);
+    p->key = key;
+    dg_status_t s = plan_build(c, p, g);
+    if (s != DG_OK) {
+        if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+        if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+        if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+        if (p->desc) cublasLtMatmulDescDestroy(p->desc);
+        return s;
+    }
+    c->n_plans++;
+    *plan = p;
+    return DG_OK;
+}
+
+/* Runs `g` if cuBLASLt supports it; *ran = 0 (and nothing queued) otherwise. */
+static dg_status_t gemm_try(dg_cuda_t *c, const gemm_call_t *g, int *ran) {
+    dg_gemm_plan_t *p = NULL;
+    *ran = 0;
+    DG_TRY(plan_get(c, g, &p));
+    if (!p->supported) return DG_OK;
+    if (g->bias)
+        DG_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+    if (g->aux)
+        DG_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));
+    const float alpha = 1.f, beta = g->beta;
+    DG_CUBLAS_CHECK(cublasLtMatmul(c->lt, p->desc, &alpha, g->A, p->la, g->B, p->lb, &beta, g->D, p->lc, g->D, p->lc,
+                                   &p->algo, c->lt_ws, c->lt_ws_bytes, c->stream));
+    *ran = 1;
+    return DG_OK;
+}
+
+static dg_status_t gemm_must(dg_cuda_t *c, const gemm_call_t *g, const char *what) {
+    int ran = 0;
+    DG_TRY(gemm_try(c, g, &ran));
+    if (!ran)
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "cuda backend %s: cuBLASLt has no algorithm for m=%d n=%d k=%d (%s inputs, %s output); hint: "
+                      "check that the shapes are sane and the buffers aligned",
+                      what, g->m, g->n, g->k, g->abtype == CUDA_R_32F ? "f32" : "16-bit",
+                      g->dtype == CUDA_R_32F ? "f32" : "16-bit");
+    return DG_OK;
+}
+
+dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *inp, const void *w, const void *bias,
+                               int N, int C, int OC, dg_epilogue_t epi) {
+    const int gelu = epi == DG_EPI_GELU;
+    gemm_call_t g;
+    memset(&g, 0, sizeof g);
+    g.transa = 1;
+    g.transb = 0;
+    g.m = OC;
+    g.n = N;
+    g.k = C;
+    g.A = w;
+    g.lda = C;
+    g.B = inp;
+    g.ldb = C;
+    g.D = out;
+    g.ldd = OC;
+    g.abtype = g.dtype = cuda_type(c->act);
+    g.beta = 0.f;
+    /* f32 is the exact reference mode: there GELU runs as our own kernel (the tanh form of the CPU
+     * backend) rather than cuBLASLt's epilogue, whose GELU formula is not documented precisely. */
+    const int fuse_gelu = gelu && c->act != DG_F32 && OC % 8 == 0;
+    if (c->fused_epilogues && (bias || fuse_gelu)) {
+        gemm_call_t f = g;
+        if (fuse_gelu) {
+            f.epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+            f.aux = pre;
+            f.aux_ld = OC;
+        } else {
+            f.epi = CUBLASLT_EPILOGUE_BIAS;
+        }
+        f.bias = (void *)bias;
+        int ran = 0;
+        DG_TRY(gemm_try(c, &f, &ran));
+        if (ran) {
+            if (gelu && !fuse_gelu) return dg_cuda_bias_gelu(c, out, pre, NULL, N, OC, 1);
+            return DG_OK;
+        }
+    }
+    g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+    DG_TRY(gemm_must(c, &g, "matmul_fwd"));
+    return dg_cuda_bias_gelu(c, out, pre, bias, N, OC, gelu);
+}
+
+dg_status_t dg_cuda_matmul_bwd(dg_cuda_t *c, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
+                               const void *w, int N, int C, int OC, int acc) {
+    const cudaDataType_t at = cuda_type(c->act);
+    if (dinp) {
+        /* dinp(C x N) = w(C x OC) · dout(OC x N), column-major */
+        gemm_call_t g;
+        memset(&g, 0, sizeof g);
+        g.m = C;
+        g.n = N;
+        g.k = OC;
+        g.A = w;
+        g.lda = C;
+        g.B = dout;
+        g.ldb = OC;
+        g.D = dinp;
+        g.ldd = C;
+        g.abtype = g.dtype = at;
+        g.beta = acc ? 1.f : 0.f;
+        g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+        DG_TRY(gemm_must(c, &g, "matmul_bwd (input gradient)"));
+    }
+    int bias_done = 0;
+    if (dw) {
+        /* dw(C x OC) += inp(C x N) · dout(OC x N)ᵀ, f32 accumulate in place */
+        gemm_call_t g;
+        memset(&g, 0, sizeof g);
+        g.transb = 1;
+        g.m = C;
+        g.n = OC;
+        g.k = N;
+        g.A = inp;
+        g.lda = C;
+        g.B = dout;
+        g.ldb = OC;
+        g.D = dw;
+        g.ldd = C;
+        g.abtype = at;
+        g.dtype = CUDA_R_32F;
+        g.beta = 1.f;
+        g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+        if (dbias && c->fused_epilogues) {
+            void *scr = NULL;
+            DG_TRY(dg_cuda_scratch(c, (size_t)OC * sizeof(float), &scr));
+            gemm_call_t f = g;
+            f.epi = CUBLASLT_EPILOGUE_BGRADB;
+            f.bias = scr;
+            int ran = 0;
+            DG_TRY(gemm_try(c, &f, &ran));
+            if (ran) {
+                DG_TRY(dg_cuda_add_f32(c, dbias, (const float *)scr, (size_t)OC));
+                bias_done = 1;
+            }
+        }
+        if (!bias_done) DG_TRY(gemm_must(c, &g, "matmul_bwd (weight gradient)"));
+    }
+    if (dbias && !bias_done) DG_TRY(dg_cuda_colsum_acc(c, dbias, dout, N, OC));
+    return DG_OK;
+}

@@ -1,0 +1,250 @@
+/* checkpoint.h — parallel-HDF5 checkpoints of generic distributed state (issue 5).
+ *
+ * The module knows nothing about models: the caller describes its state as a list of fp32 pieces
+ * ("this rank holds the hyperslab start/count of the global tensor PATH of shape gshape") plus a few
+ * scalars (dg_ckpt_meta_t). A save writes ONE HDF5 file in which every tensor is one chunked,
+ * Fletcher32-checksummed dataset with its full global shape; each rank writes its own hyperslab with
+ * collective I/O. A load reads any decomposition of the same tensors, so a checkpoint written by one
+ * world size or mesh loads into any other. The file layout is documented in docs/checkpoint-format.md,
+ * the user-facing behaviour (resume, retention, incremental, dgckpt) in docs/checkpoints.md.
+ *
+ * Guarantees:
+ *  - Atomic commit: data goes to step_N.h5.partial; after close + fsync on every rank, rank 0 renames it
+ *    to step_N.h5, fsyncs the directory and replaces LATEST (temp file, fsync, rename). A crash at any
+ *    moment leaves LATEST naming the previous complete checkpoint and no half file under a final name.
+ *  - Agreement: every collective function returns the same status and message on every rank of the
+ *    communicator (the first failing rank's message, prefixed "rank R: "), never leaving a peer waiting.
+ *  - Content hash: every dataset carries an xxh3-based hash (attribute "xxh3") that is independent of
+ *    the decomposition that wrote it; loads and verify recompute and compare it.
+ *  - Incremental: with opts.incremental, a tensor whose hash equals the base checkpoint's is stored as an
+ *    HDF5 external link to the file that holds the data. Loads follow such links only to files in the
+ *    same directory, refuse loops, and verify the hash.
+ *
+ * Threads and HDF5: Debian's HDF5 is not thread-safe. Every function here takes one process-wide lock
+ * around its HDF5 work, so they may be called from any thread, but a call made while an asynchronous
+ * write is in flight waits for it. Nothing else in the process may call HDF5 directly.
+ * MPI: communicators must allow MPI_ERRORS_RETURN semantics for clean errors; the async writer needs
+ * MPI_THREAD_MULTIPLE.
+ */
+#ifndef DG_CHECKPOINT_H
+#define DG_CHECKPOINT_H
+
+#include <mpi.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "dg_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DG_CKPT_FORMAT_NAME "dgtrain-checkpoint"
+#define DG_CKPT_FORMAT_VERSION 1
+#define DG_CKPT_MAX_NDIM 4
+#define DG_CKPT_MAX_PATH 255   /* longest tensor path (bytes) */
+#define DG_CKPT_MAX_RNG 64     /* RNG state words stored in the meta */
+#define DG_CKPT_MAX_KV 32      /* free-form key/value pairs stored in the meta */
+#define DG_CKPT_DEFAULT_CHUNK_BYTES (4 << 20)
+
+/* One piece of one global fp32 tensor held by this rank.
+ * path: dataset path inside the file, '/'-separated, e.g. "model/h.0.attn.qkv.weight" or
+ *   "optim/h.0.attn.qkv.weight/m". Characters [A-Za-z0-9._-] and '/'; no empty, "." or ".." components;
+ *   the top-level names "state" and "manifest" are reserved. A path may not be both a dataset and a
+ *   group (e.g. "a/b" and "a/b/c").
+ * gshape[0..ndim): the full global shape (1 <= ndim <= 4, every dim >= 1).
+ * start/count: this rank's hyperslab (count[d] may be 0 for an empty piece). data holds prod(count)
+ *   floats in row-major order: read by save, filled by load.
+ * owner: 1 when this rank is the one that writes this piece. Replicated pieces must have exactly one
+ *   owner; the owned pieces of a tensor must cover it exactly once (checked by element count and by the
+ *   hash assembly). Load reads every piece, owned or not, and uses the owned ones to check the hash.
+ * Every rank must list the same tensors (path, ndim, gshape) in the same order of first appearance;
+ * a rank may hold several pieces of one tensor (repeat the path) or none (omit it, or count 0). */
+typedef struct dg_ckpt_tensor {
+    const char *path;
+    int ndim;
+    int64_t gshape[DG_CKPT_MAX_NDIM];
+    int64_t start[DG_CKPT_MAX_NDIM];
+    int64_t count[DG_CKPT_MAX_NDIM];
+    int owner;
+    float *data;
+} dg_ckpt_tensor_t;
+
+typedef struct dg_ckpt_kv {
+    char key[64];    /* [A-Za-z0-9._-] */
+    char value[448];
+} dg_ckpt_kv_t;
+
+/* The scalar state of a checkpoint. The whole struct is taken from rank 0 on save (other ranks must
+ * pass the same step; the rest of theirs is ignored). Fields marked (load) are filled from the file
+ * by load and ignored by save, which stamps its own. Initialise with dg_ckpt_meta_init, release with
+ * dg_ckpt_meta_destroy. */
+typedef struct dg_ckpt_meta {
+    int64_t step;   /* optimizer steps completed */
+    int64_t tokens; /* global tokens consumed */
+    char mesh[128]; /* e.g. "dp_replicate=1,dp_shard=4,tp=1" */
+    char *config_text; /* effective config (INI text); owned: set with dg_ckpt_meta_set_config */
+    struct {
+        int64_t epoch, cursor; /* world-size-independent data-loader position */
+        uint64_t samples_seen;
+    } loader;
+    struct {
+        double scale; /* fp16 dynamic loss scale (1 when unused) */
+        int64_t good_steps;
+    } scaler;
+    int n_rng;                     /* RNG state words in use */
+    uint64_t rng[DG_CKPT_MAX_RNG]; /* RNG states where randomness exists */
+    int n_kv;
+    dg_ckpt_kv_t kv[DG_CKPT_MAX_KV];
+    /* (load) */
+    int world_size;         /* ranks that wrote it */
+    char version[32];       /* dgtrain version that wrote it */
+    char created[32];       /* creation time, ISO 8601 UTC */
+    int64_t created_unix;   /* creation time, seconds since the epoch */
+    int format_version;     /* DG_CKPT_FORMAT_VERSION of the writer */
+} dg_ckpt_meta_t;
+
+void dg_ckpt_meta_init(dg_ckpt_meta_t *m);
+void dg_ckpt_meta_destroy(dg_ckpt_meta_t *m);
+void dg_ckpt_meta_set_config(dg_ckpt_meta_t *m, const char *text); /* copies; NULL clears */
+/* Add or replace a key/value pair; DG_ERR_USAGE for a bad key, a too long value or a full table. */
+dg_status_t dg_ckpt_meta_set_kv(dg_ckpt_meta_t *m, const char *key, const char *value);
+const char *dg_ckpt_meta_get_kv(const dg_ckpt_meta_t *m, const char *key); /* NULL when absent */
+
+typedef struct dg_ckpt_save_opts {
+    int keep;           /* retention: keep the newest `keep` checkpoints (0 = keep all) */
+    int incremental;    /* link tensors unchanged since the base checkpoint instead of writing them */
+    const char *base;   /* incremental base: a file path; NULL or "" = the checkpoint LATEST names */
+    int64_t chunk_bytes; /* target HDF5 chunk size; 0 = DG_CKPT_DEFAULT_CHUNK_BYTES */
+    int64_t align_bytes; /* file-space alignment of chunks >= this size; 0 = default (see docs); -1 = off */
+} dg_ckpt_save_opts_t;
+void dg_ckpt_save_opts_default(dg_ckpt_save_opts_t *o);
+
+typedef struct dg_ckpt_save_result {
+    char path[4096];       /* the committed file */
+    int64_t step;
+    int64_t bytes;         /* size of the file on disk */
+    int64_t logical_bytes; /* bytes of all tensors (what a full checkpoint stores) */
+    int64_t linked_bytes;  /* tensor bytes stored as links to older checkpoints */
+    int n_tensors, n_linked;
+    double seconds;        /* wall time of the write and commit */
+    double stall_ms;       /* time the caller was blocked: the whole save when synchronous, the
+                              snapshot copy (plus any wait for the previous write) when async */
+    char base[256];        /* incremental base file name ("" for a full checkpoint) */
+} dg_ckpt_save_result_t;
+
+/* Collective over `comm`. Write a checkpoint of step meta->step into ckpt_dir (created if needed) as
+ * step_<step, 8 digits>.h5, commit it atomically, update LATEST, then apply retention. `res` may be
+ * NULL. On failure nothing under a final name changes and LATEST is untouched. */
+dg_status_t dg_ckpt_save(MPI_Comm comm, const char *ckpt_dir, const dg_ckpt_meta_t *meta,
+                         const dg_ckpt_tensor_t *t, int n, const dg_ckpt_save_opts_t *opts,
+                         dg_ckpt_save_result_t *res);
+
+/* Collective. Read `path`: meta_out (may be NULL; overwritten, so pass a fresh struct, and
+ * dg_ckpt_meta_destroy it afterwards) and, for every piece in t,
+ * its hyperslab of the named dataset. Checks the format, that every tensor exists with the expected
+ * shape, the per-chunk checksums, and the content hashes; follows incremental links (same directory
+ * only, no loops). Damage gives DG_ERR_USAGE with a message naming the file and the dataset. */
+dg_status_t dg_ckpt_load(MPI_Comm comm, const char *path, dg_ckpt_meta_t *meta_out, dg_ckpt_tensor_t *t,
+                         int n);
+
+/* Collective. Decide which checkpoint to resume from; all ranks get the same answer.
+ * mode "never": "" (fresh start). "auto": the file LATEST names in ckpt_dir when it passes the check,
+ * else the newest complete step_*.h5 that passes (a warning names each rejected file and why);
+ * "" when the directory holds no checkpoint; DG_ERR_USAGE when it holds some but none passes.
+ * Any other mode is a path: a file (must pass, no fallback) or a directory (treated as auto there).
+ * full_verify = 0 checks structure only (opens, format, every tensor present with its shape, links
+ * valid); 1 also reads all data, checking checksums and hashes (the work is split over the ranks). */
+dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, int full_verify,
+                                   char *path_out, size_t cap);
+
+/* Collective. resolve_resume(full_verify = 0) followed by load, falling back to the next older
+ * candidate when a load finds damage (auto mode only). path_out = "" and DG_OK when there is nothing
+ * to resume from (then neither meta_out nor t are touched). */
+dg_status_t dg_ckpt_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, dg_ckpt_meta_t *meta_out,
+                           dg_ckpt_tensor_t *t, int n, char *path_out, size_t cap);
+
+/* ---- serial inspection (no MPI needed; used by dgckpt) ---- */
+
+/* Read everything in `path` (following links), checking chunk checksums, content hashes, shapes and
+ * the manifest. `report` (may be NULL) gets one line per dataset and a summary. DG_OK when intact;
+ * DG_ERR_USAGE with the first problem otherwise (n_bad, if not NULL, counts the bad datasets). */
+dg_status_t dg_ckpt_verify(const char *path, FILE *report, int *n_bad);
+
+/* Structural check only: format, manifest, every tensor present with its shape, links valid. */
+dg_status_t dg_ckpt_check(const char *path);
+
+/* One dataset as the manifest describes it. */
+typedef struct dg_ckpt_entry {
+    char path[DG_CKPT_MAX_PATH + 1];
+    int ndim;
+    int64_t shape[DG_CKPT_MAX_NDIM];
+    uint64_t hash;
+    char origin[256]; /* "" when stored in this file, else the file (same directory) holding the data */
+} dg_ckpt_entry_t;
+
+typedef struct dg_ckpt_info {
+    dg_ckpt_meta_t meta;
+    int n_entries;
+    dg_ckpt_entry_t *entries; /* in file order */
+    char base[256];           /* incremental base ("" = full) */
+    char bases[4096];         /* every file this one links to, ' '-separated */
+    int64_t file_bytes;
+} dg_ckpt_info_t;
+dg_status_t dg_ckpt_info_read(const char *path, dg_ckpt_info_t *info);
+void dg_ckpt_info_destroy(dg_ckpt_info_t *info);
+
+/* Read a whole dataset of `path` (following a link) into a malloc'd buffer of *numel floats. */
+dg_status_t dg_ckpt_read_dataset(const char *path, const char *dset, float **data, int64_t *numel);
+
+/* Write the model/ tensors of `path` (all tensors with all_tensors = 1, named by their full path) as
+ * a safetensors file (F32, full shapes, names without the "model/" prefix), atomically. */
+dg_status_t dg_ckpt_export_safetensors(const char *path, const char *out, int all_tensors);
+
+/* The checkpoints in a directory, newest step first. */
+typedef struct dg_ckpt_dir_entry {
+    char name[256];
+    int64_t step;
+    int partial; /* a .partial left by an interrupted save */
+    int64_t bytes;
+} dg_ckpt_dir_entry_t;
+/* *n_out = 0 for a missing directory. `latest` (may be NULL, cap 256) gets what LATEST names ("" if
+ * none or unreadable). */
+dg_status_t dg_ckpt_list_dir(const char *dir, dg_ckpt_dir_entry_t **entries, int *n_out, char *latest);
+
+/* ---- asynchronous writes ---- */
+
+typedef struct dg_ckpt_writer dg_ckpt_writer_t;
+
+/* The outcome of one background write. valid = 0: there was nothing to report. */
+typedef struct dg_ckpt_async_result {
+    int valid;
+    dg_status_t status; /* agreed over the writer's communicator: the same on every rank */
+    char error[1024];   /* the message when status != DG_OK */
+    dg_ckpt_save_result_t res;
+} dg_ckpt_async_result_t;
+
+/* Collective. A background thread that writes into ckpt_dir with `opts` over its own MPI_Comm_dup of
+ * comm. Needs MPI_THREAD_MULTIPLE (DG_ERR_RUNTIME otherwise). */
+dg_status_t dg_ckpt_writer_create(MPI_Comm comm, const char *ckpt_dir, const dg_ckpt_save_opts_t *opts,
+                                  dg_ckpt_writer_t **out);
+/* Every rank calls it at the same step. Waits for the previous write, copies the owned pieces into a
+ * host snapshot (that copy, plus the wait, is the stall: *stall_ms) and returns; the write happens in
+ * the background. If the previous write finished but was not yet collected, it is returned in `prev`
+ * (may be NULL: then it is only logged). The caller may change its tensors as soon as this returns. */
+dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *meta, const dg_ckpt_tensor_t *t,
+                                  int n, double *stall_ms, dg_ckpt_async_result_t *prev);
+/* Local, non-blocking: 1 and `out` filled when the last write finished and had not been collected;
+ * 0 while one is in flight; -1 when there is nothing to collect. Ranks may see completion at slightly
+ * different times: use it for reporting, and wait() for decisions that must agree. */
+int dg_ckpt_writer_poll(dg_ckpt_writer_t *w, dg_ckpt_async_result_t *out);
+/* Block until the last write finished; fill `out` (valid = 0 when nothing was pending) and return its
+ * status (DG_OK when nothing was pending). The status is the same on every rank. */
+dg_status_t dg_ckpt_writer_wait(dg_ckpt_writer_t *w, dg_ckpt_async_result_t *out);
+/* Collective. Waits for a pending write (logging its outcome if uncollected) and frees the writer. */
+void dg_ckpt_writer_free(dg_ckpt_writer_t *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DG_CHECKPOINT_H */

@@ -1,0 +1,356 @@
+/* dgckpt.c — the checkpoint tool: list a directory, show one file, verify it end to end, diff two
+ * checkpoints dataset by dataset, export weights as safetensors, and tell which file resume=auto
+ * would take. Exit codes (like diff(1)): 0 success / intact / identical, 1 damaged or different,
+ * 2 usage or I/O error. */
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+
+enum { EX_OK = 0, EX_BAD = 1, EX_ERR = 2 };
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: dgckpt COMMAND ...\n"
+               "  list DIR                 checkpoints in DIR, newest first, with a structural check\n"
+               "  show FILE [--config]     attributes, state, datasets (shape, bytes, hash, where stored), base chain\n"
+               "  verify FILE [--quiet]    read everything: chunk checksums, content hashes, links; exit 1 if damaged\n"
+               "  diff A B                 max |a-b| per dataset; exit 0 only when every dataset is bitwise identical\n"
+               "  export FILE OUT [--all]  write the model/ weights (every tensor with --all) as safetensors (F32)\n"
+               "  resolve DIR|FILE [--full] print the checkpoint resume=auto would take (\"\" when none)\n"
+               "exit codes: 0 ok/identical, 1 damaged/different, 2 usage or I/O error\n");
+}
+
+static void human(double b, char *buf, size_t cap) {
+    const char *u[] = {"B", "kB", "MB", "GB", "TB"};
+    int i = 0;
+    while (b >= 1000 && i < 4) b /= 1000, i++;
+    snprintf(buf, cap, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+}
+
+static void shape_str(int nd, const int64_t *s, char *buf, size_t cap) {
+    size_t o = 0;
+    o += (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < nd && o < cap; d++) o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)s[d]);
+    if (o < cap) snprintf(buf + o, cap - o, "]");
+}
+
+static int cmd_list(const char *dir) {
+    dg_ckpt_dir_entry_t *e = NULL;
+    int n = 0;
+    char latest[256] = "";
+    if (dg_ckpt_list_dir(dir, &e, &n, latest) != DG_OK) {
+        fprintf(stderr, "dgckpt: %s\n", dg_last_error());
+        return EX_ERR;
+    }
+    FILE *probe = fopen(dir, "r");
+    if (!probe) {
+        fprintf(stderr, "dgckpt: cannot open directory %s\n", dir);
+        free(e);
+        return EX_ERR;
+    }
+    fclose(probe);
+    if (n == 0) {
+        printf("%s: no checkpoints\n", dir);
+        free(e);
+        return EX_OK;
+    }
+    printf("%10s  %-26s %10s %6s  %-16s %s\n", "STEP", "FILE", "SIZE", "WORLD", "KIND", "STATUS");
+    for (int i = 0; i < n; i++) {
+        char sz[32], path[4400], kind[64] = "-", world[16] = "-", status[600];
+        human((double)e[i].bytes, sz, sizeof sz);
+        snprintf(path, sizeof path, "%s/%s", dir, e[i].name);
+        if (e[i].partial) {
+            snprintf(kind, sizeof kind, "interrupted save");
+            snprintf(status, sizeof status, "-");
+        } else {
+            dg_ckpt_info_t info;
+            if (dg_ckpt_info_read(path, &info) == DG_OK) {
+                int linked = 0;
+                for (int k = 0; k < info.n_entries; k++) linked += info.entries[k].origin[0] != 0;
+                if (linked)
+                    snprintf(kind, sizeof kind, "incr (%d linked)", linked);
+                else
+                    snprintf(kind, sizeof kind, "full");
+                snprintf(world, sizeof world, "%d", info.meta.world_size);
+                dg_ckpt_info_destroy(&info);
+            }
+            if (dg_ckpt_check(path) == DG_OK)
+                snprintf(status, sizeof status, "ok");
+            else
+                snprintf(status, sizeof status, "DAMAGED: %.500s", dg_last_error());
+        }
+        printf("%10lld  %-26s %10s %6s  %-16s %s%s\n", (long long)e[i].step, e[i].name, sz, world, kind, status,
+               strcmp(e[i].name, latest) == 0 ? "  <- LATEST" : "");
+    }
+    if (!latest[0]) printf("(no usable LATEST file in %s)\n", dir);
+    free(e);
+    return EX_OK;
+}
+
+static void print_chain(const char *file, const char *base) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", file);
+    char *sl = strrchr(dir, '/');
+    if (sl)
+        *sl = 0;
+    else
+        snprintf(dir, sizeof dir, ".");
+    printf("base chain %s", base);
+    char cur[256];
+    snprintf(cur, sizeof cur, "%s", base);
+    for (int hop = 0; hop < 64 && cur[0]; hop++) {
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", dir, cur);
+        dg_ckpt_info_t bi;
+        if (dg_ckpt_info_read(p, &bi) != DG_OK) {
+            printf(" (unreadable: %s)", dg_last_error());
+            break;
+        }
+        snprintf(cur, sizeof cur, "%s", bi.base);
+        dg_ckpt_info_destroy(&bi);
+        if (cur[0]) printf(" -> %s", cur);
+    }
+    printf("\n");
+}
+
+static int cmd_show(const char *file, int show_config) {
+    dg_ckpt_info_t info;
+    if (dg_ckpt_info_read(file, &info) != DG_OK) {
+        fprintf(stderr, "dgckpt: %s\n", dg_last_error());
+        return EX_BAD;
+    }
+    const dg_ckpt_meta_t *m = &info.meta;
+    char b1[32], b2[32], b3[32];
+    human((double)info.file_bytes, b1, sizeof b1);
+    printf("file       %s (%s on disk)\n", file, b1);
+    printf("format     %s v%d, written by dgtrain %s at %s\n", DG_CKPT_FORMAT_NAME, m->format_version, m->version,
+           m->created);
+    printf("step       %lld\ntokens     %lld\n", (long long)m->step, (long long)m->tokens);
+    printf("world      %d ranks, mesh %s\n", m->world_size, m->mesh[0] ? m->mesh : "(none)");
+    printf("loader     epoch %lld, cursor %lld, samples seen %llu\n", (long long)m->loader.epoch,
+           (long long)m->loader.cursor, (unsigned long long)m->loader.samples_seen);
+    printf("scaler     scale %g, good steps %lld\n", m->scaler.scale, (long long)m->scaler.good_steps);
+    printf("rng        %d words", m->n_rng);
+    for (int i = 0; i < m->n_rng; i++) printf("%s%016llx", i ? " " : ": ", (unsigned long long)m->rng[i]);
+    printf("\n");
+    for (int i = 0; i < m->n_kv; i++) printf("kv         %s = %s\n", m->kv[i].key, m->kv[i].value);
+    if (info.base[0]) {
+        print_chain(file, info.base);
+        printf("links to   %s\n", info.bases);
+    } else {
+        printf("base       (none: a full checkpoint)\n");
+    }
+    int lines = 0;
+    for (const char *c = m->config_text; c && *c; c++) lines += *c == '\n';
+    printf("config     %d lines%s\n", lines, show_config ? ":" : " (show --config prints them)");
+    if (show_config && m->config_text) printf("%s%s", m->config_text, lines ? "" : "\n");
+    int64_t tot = 0, linked = 0;
+    for (int i = 0; i < info.n_entries; i++) {
+        int64_t nb = 4;
+        for (int d = 0; d < info.entries[i].ndim; d++) nb *= info.entries[i].shape[d];
+        tot += nb;
+        if (info.entries[i].origin[0]) linked += nb;
+    }
+    human((double)tot, b1, sizeof b1);
+    human((double)(tot - linked), b2, sizeof b2);
+    human((double)linked, b3, sizeof b3);
+    printf("datasets   %d (%s of fp32 tensors: %s stored here, %s linked)\n", info.n_entries, b1, b2, b3);
+    for (int i = 0; i < info.n_entries; i++) {
+        const dg_ckpt_entry_t *e = &info.entries[i];
+        char shp[128], sz[32];
+        int64_t nb = 4;
+        for (int d = 0; d < e->ndim; d++) nb *= e->shape[d];
+        shape_str(e->ndim, e->shape, shp, sizeof shp);
+        human((double)nb, sz, sizeof sz);
+        printf("  /%-46s %-18s %10s  xxh3 %016llx  %s%s\n", e->path, shp, sz, (unsigned long long)e->hash,
+               e->origin[0] ? "-> " : "stored", e->origin);
+    }
+    dg_ckpt_info_destroy(&info);
+    return EX_OK;
+}
+
+static int cmd_verify(const char *file, int quiet) {
+    int bad = 0;
+    dg_status_t s = dg_ckpt_verify(file, quiet ? NULL : stdout, &bad);
+    if (s) {
+        fprintf(stderr, "dgckpt: verify failed: %s\n", dg_last_error());
+        return EX_BAD;
+    }
+    if (quiet) printf("%s: ok\n", file);
+    return EX_OK;
+}
+
+static int entry_cmp(const void *a, const void *b) {
+    return strcmp(((const dg_ckpt_entry_t *)a)->path, ((const dg_ckpt_entry_t *)b)->path);
+}
+
+static int cmd_diff(const char *a, const char *b) {
+    dg_ckpt_info_t ia, ib;
+    if (dg_ckpt_info_read(a, &ia) != DG_OK) {
+        fprintf(stderr, "dgckpt: %s\n", dg_last_error());
+        return EX_ERR;
+    }
+    if (dg_ckpt_info_read(b, &ib) != DG_OK) {
+        fprintf(stderr, "dgckpt: %s\n", dg_last_error());
+        dg_ckpt_info_destroy(&ia);
+        return EX_ERR;
+    }
+    qsort(ia.entries, (size_t)ia.n_entries, sizeof *ia.entries, entry_cmp);
+    qsort(ib.entries, (size_t)ib.n_entries, sizeof *ib.entries, entry_cmp);
+    int ndiff = 0, nsame = 0, err = 0;
+    int i = 0, j = 0;
+    while (i < ia.n_entries || j < ib.n_entries) {
+        int c = i >= ia.n_entries ? 1 : j >= ib.n_entries ? -1 : strcmp(ia.entries[i].path, ib.entries[j].path);
+        if (c < 0) {
+            printf("/%-48s only in %s\n", ia.entries[i++].path, a);
+            ndiff++;
+            continue;
+        }
+        if (c > 0) {
+            printf("/%-48s only in %s\n", ib.entries[j++].path, b);
+            ndiff++;
+            continue;
+        }
+        const dg_ckpt_entry_t *ea = &ia.entries[i++], *eb = &ib.entries[j++];
+        int same_shape = ea->ndim == eb->ndim;
+        for (int d = 0; same_shape && d < ea->ndim; d++) same_shape = ea->shape[d] == eb->shape[d];
+        if (!same_shape) {
+            char sa[128], sb[128];
+            shape_str(ea->ndim, ea->shape, sa, sizeof sa);
+            shape_str(eb->ndim, eb->shape, sb, sizeof sb);
+            printf("/%-48s shape differs: %s vs %s\n", ea->path, sa, sb);
+            ndiff++;
+            continue;
+        }
+        float *da = NULL, *db = NULL;
+        int64_t na = 0, nb = 0;
+        if (dg_ckpt_read_dataset(a, ea->path, &da, &na) != DG_OK || dg_ckpt_read_dataset(b, eb->path, &db, &nb) != DG_OK) {
+            fprintf(stderr, "dgckpt: %s\n", dg_last_error());
+            free(da), free(db);
+            err = 1;
+            break;
+        }
+        double maxd = 0;
+        int64_t nd = 0, nan_mismatch = 0;
+        for (int64_t k = 0; k < na && k < nb; k++) {
+            if (memcmp(&da[k], &db[k], sizeof(float)) == 0) continue;
+            nd++;
+            if (isnan(da[k]) || isnan(db[k])) {
+                nan_mismatch++;
+                continue;
+            }
+            double d = fabs((double)da[k] - (double)db[k]);
+            if (d > maxd) maxd = d;
+        }
+        if (nd == 0) {
+            nsame++;
+            printf("/%-48s max|a-b| = 0 (identical)\n", ea->path);
+        } else {
+            ndiff++;
+            printf("/%-48s max|a-b| = %.6g  (%lld of %lld elements differ%s)\n", ea->path, maxd, (long long)nd,
+                   (long long)na, nan_mismatch ? ", some NaN" : "");
+        }
+        free(da), free(db);
+    }
+    const dg_ckpt_meta_t *ma = &ia.meta, *mb = &ib.meta;
+    if (ma->step != mb->step) printf("note: step %lld vs %lld\n", (long long)ma->step, (long long)mb->step);
+    if (ma->tokens != mb->tokens) printf("note: tokens %lld vs %lld\n", (long long)ma->tokens, (long long)mb->tokens);
+    if (ma->loader.epoch != mb->loader.epoch || ma->loader.cursor != mb->loader.cursor ||
+        ma->loader.samples_seen != mb->loader.samples_seen)
+        printf("note: loader state differs (epoch %lld/%lld, cursor %lld/%lld, samples %llu/%llu)\n",
+               (long long)ma->loader.epoch, (long long)mb->loader.epoch, (long long)ma->loader.cursor,
+               (long long)mb->loader.cursor, (unsigned long long)ma->loader.samples_seen,
+               (unsigned long long)mb->loader.samples_seen);
+    if (ma->world_size != mb->world_size) printf("note: written by %d vs %d ranks\n", ma->world_size, mb->world_size);
+    dg_ckpt_info_destroy(&ia);
+    dg_ckpt_info_destroy(&ib);
+    if (err) return EX_ERR;
+    printf("%d identical, %d different\n", nsame, ndiff);
+    return ndiff ? EX_BAD : EX_OK;
+}
+
+static int cmd_export(const char *file, const char *out, int all) {
+    if (dg_ckpt_export_safetensors(file, out, all) != DG_OK) {
+        fprintf(stderr, "dgckpt: %s\n", dg_last_error());
+        return dg_last_error_code() == DG_ERR_USAGE ? EX_BAD : EX_ERR;
+    }
+    printf("wrote %s\n", out);
+    return EX_OK;
+}
+
+static int cmd_resolve(int *argc, char ***argv, const char *what, int full) {
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
+    char out[4096];
+    /* a directory is searched as resume=auto would; a file is checked alone */
+    dg_status_t s = dg_ckpt_resolve_resume(MPI_COMM_SELF, NULL, what, full, out, sizeof out);
+    int rc;
+    if (s) {
+        fprintf(stderr, "dgckpt: %s\n", dg_last_error());
+        rc = s == DG_ERR_USAGE ? EX_BAD : EX_ERR;
+    } else {
+        printf("%s\n", out);
+        rc = EX_OK;
+    }
+    MPI_Finalize();
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    dg_log_set_level(DG_LOG_WARN);
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? EX_ERR : EX_OK;
+    }
+    const char *cmd = argv[1];
+    int nargs = argc - 2;
+    char **a = argv + 2;
+    int flag_config = 0, flag_quiet = 0, flag_all = 0, flag_full = 0, npos = 0;
+    const char *pos[4] = {0};
+    for (int i = 0; i < nargs; i++) {
+        if (!strcmp(a[i], "--config"))
+            flag_config = 1;
+        else if (!strcmp(a[i], "--quiet") || !strcmp(a[i], "-q"))
+            flag_quiet = 1;
+        else if (!strcmp(a[i], "--all"))
+            flag_all = 1;
+        else if (!strcmp(a[i], "--full"))
+            flag_full = 1;
+        else if (a[i][0] == '-' && a[i][1]) {
+            fprintf(stderr, "dgckpt %s: unknown option %s\n", cmd, a[i]);
+            return EX_ERR;
+        } else if (npos < 4)
+            pos[npos++] = a[i];
+        else {
+            fprintf(stderr, "dgckpt %s: too many arguments\n", cmd);
+            return EX_ERR;
+        }
+    }
+    struct {
+        const char *name;
+        int npos;
+    } cmds[] = {{"list", 1}, {"show", 1}, {"verify", 1}, {"diff", 2}, {"export", 2}, {"resolve", 1}};
+    int known = -1;
+    for (int i = 0; i < (int)(sizeof cmds / sizeof cmds[0]); i++)
+        if (!strcmp(cmd, cmds[i].name)) known = i;
+    if (known < 0) {
+        fprintf(stderr, "dgckpt: unknown command '%s'\n", cmd);
+        usage(stderr);
+        return EX_ERR;
+    }
+    if (npos != cmds[known].npos) {
+        fprintf(stderr, "dgckpt %s: expected %d argument%s, got %d\n", cmd, cmds[known].npos,
+                cmds[known].npos > 1 ? "s" : "", npos);
+        usage(stderr);
+        return EX_ERR;
+    }
+    if (!strcmp(cmd, "list")) return cmd_list(pos[0]);
+    if (!strcmp(cmd, "show")) return cmd_show(pos[0], flag_config);
+    if (!strcmp(cmd, "verify")) return cmd_verify(pos[0], flag_quiet);
+    if (!strcmp(cmd, "diff")) return cmd_diff(pos[0], pos[1]);
+    if (!strcmp(cmd, "export")) return cmd_export(pos[0], pos[1], flag_all);
+    return cmd_resolve(&argc, &argv, pos[0], flag_full);
+}

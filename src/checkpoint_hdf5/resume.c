@@ -1,0 +1,208 @@
+/* resume.c — choosing the checkpoint to resume from (LATEST first, then the newest complete file that
+ * passes the check) and loading it with fallback to older ones when the chosen file turns out to be
+ * damaged. Rank 0 lists the directory; every decision is broadcast so all ranks resume from the same
+ * file. */
+#include "ckpt_impl.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "dg_mpi.h"
+
+typedef struct {
+    int n;
+    char (*name)[256];
+    char note[1024]; /* why LATEST was not usable, if it was not */
+} cands_t;
+
+static void cands_rank0(const char *dir, cands_t *c) {
+    dg_ckpt_dir_entry_t *e = NULL;
+    int n = 0;
+    char latest[256] = "";
+    c->n = 0;
+    c->name = NULL;
+    c->note[0] = 0;
+    dg_status_t s = dg_ckpt_list_dir(dir, &e, &n, NULL);
+    if (s) {
+        snprintf(c->note, sizeof c->note, "%s", dg_last_error());
+        return;
+    }
+    c->name = dg_xcalloc((size_t)n + 1, 256);
+    if (ckpt_read_latest(dir, latest, sizeof latest) != DG_OK) {
+        snprintf(c->note, sizeof c->note, "%s", dg_last_error());
+        latest[0] = 0;
+    } else if (latest[0]) {
+        char p[4400];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, latest);
+        if (stat(p, &st) != 0) {
+            snprintf(c->note, sizeof c->note, "%s/LATEST names %s, which is missing: %s", dir, latest, strerror(errno));
+            latest[0] = 0;
+        }
+    }
+    if (latest[0]) snprintf(c->name[c->n++], 256, "%s", latest);
+    for (int i = 0; i < n; i++)
+        if (!e[i].partial && strcmp(e[i].name, latest) != 0) snprintf(c->name[c->n++], 256, "%s", e[i].name);
+    free(e);
+}
+
+static dg_status_t cands_get(MPI_Comm comm, const char *dir, cands_t *c) {
+    int rank;
+    DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    if (rank == 0) cands_rank0(dir, c);
+    DG_MPI_CHECK(MPI_Bcast(&c->n, 1, MPI_INT, 0, comm));
+    DG_MPI_CHECK(MPI_Bcast(c->note, sizeof c->note, MPI_CHAR, 0, comm));
+    if (rank != 0) c->name = dg_xcalloc((size_t)c->n + 1, 256);
+    if (c->n > 0) DG_MPI_CHECK(MPI_Bcast(c->name, c->n * 256, MPI_CHAR, 0, comm));
+    if (rank == 0 && c->note[0]) DG_LOG_WARN("checkpoint: %s; falling back to the newest complete checkpoint", c->note);
+    return DG_OK;
+}
+
+/* Collective check of one file: structure on rank 0, or a full verification split over the ranks. */
+static dg_status_t check_one(MPI_Comm comm, const char *path, int full) {
+    int rank, size;
+    DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    DG_MPI_CHECK(MPI_Comm_size(comm, &size));
+    if (!full) {
+        dg_status_t s = DG_OK;
+        if (rank == 0) {
+            ckpt_lock();
+            s = ckpt_check_locked(path);
+            ckpt_unlock();
+        }
+        return ckpt_bcast_status(comm, 0, s);
+    }
+    ckpt_lock();
+    dg_status_t s = ckpt_verify_locked(path, NULL, NULL, rank, size);
+    ckpt_unlock();
+    return ckpt_agree(comm, s);
+}
+
+typedef enum { MODE_NEVER, MODE_AUTO, MODE_FILE } mode_t_;
+
+static dg_status_t parse_mode(const char *dir, const char *mode, mode_t_ *m, char *adir, size_t cap) {
+    if (!mode || !*mode) return DG_ERR(DG_ERR_USAGE, "checkpoint.resume: expected auto, never or a path, got ''");
+    if (!strcmp(mode, "never")) {
+        *m = MODE_NEVER;
+        return DG_OK;
+    }
+    if (!strcmp(mode, "auto")) {
+        if (!dir || !*dir) return DG_ERR(DG_ERR_USAGE, "checkpoint.resume=auto needs a checkpoint directory");
+        snprintf(adir, cap, "%s", dir);
+        *m = MODE_AUTO;
+        return DG_OK;
+    }
+    struct stat st;
+    if (stat(mode, &st) != 0)
+        return DG_ERR(DG_ERR_USAGE, "checkpoint.resume=%s: %s (expected auto, never or an existing path)", mode,
+                      strerror(errno));
+    if (S_ISDIR(st.st_mode)) {
+        snprintf(adir, cap, "%s", mode);
+        *m = MODE_AUTO;
+        return DG_OK;
+    }
+    *m = MODE_FILE;
+    return DG_OK;
+}
+
+static dg_status_t set_out(char *out, size_t cap, const char *dir, const char *name) {
+    int n = dir ? snprintf(out, cap, "%s/%s", dir, name) : snprintf(out, cap, "%s", name);
+    if (n < 0 || (size_t)n >= cap) return DG_ERR(DG_ERR_USAGE, "checkpoint path longer than %zu bytes", cap - 1);
+    return DG_OK;
+}
+
+dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, int full_verify,
+                                   char *path_out, size_t cap) {
+    int rank;
+    DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    path_out[0] = 0;
+    mode_t_ m = MODE_NEVER;
+    char dir[4096] = "";
+    /* rank 0 decides what the mode means, so every rank agrees even on a racy file system */
+    DG_TRY(ckpt_bcast_status(comm, 0, rank == 0 ? parse_mode(ckpt_dir, mode, &m, dir, sizeof dir) : DG_OK));
+    DG_MPI_CHECK(MPI_Bcast(&m, (int)sizeof m, MPI_BYTE, 0, comm));
+    DG_MPI_CHECK(MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, comm));
+    if (m == MODE_NEVER) return DG_OK;
+    if (m == MODE_FILE) {
+        DG_TRY(check_one(comm, mode, full_verify));
+        return set_out(path_out, cap, NULL, mode);
+    }
+    cands_t c;
+    DG_TRY(cands_get(comm, dir, &c));
+    char first_err[1024] = "";
+    dg_status_t s = DG_OK;
+    int found = 0;
+    for (int i = 0; i < c.n && !found; i++) {
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", dir, c.name[i]);
+        s = check_one(comm, p, full_verify);
+        if (s == DG_OK) {
+            found = 1;
+            s = set_out(path_out, cap, dir, c.name[i]);
+        } else if (s == DG_ERR_USAGE) {
+            if (!first_err[0]) snprintf(first_err, sizeof first_err, "%s", dg_last_error());
+            if (rank == 0) DG_LOG_WARN("checkpoint: skipping %s: %s", p, dg_last_error());
+            s = DG_OK;
+        } else {
+            break; /* not a verdict on the file (MPI, memory): give up */
+        }
+    }
+    int n = c.n;
+    free(c.name);
+    if (s) return s;
+    if (!found && n > 0)
+        return DG_ERR(DG_ERR_USAGE,
+                      "no usable checkpoint in %s: all %d rejected (newest: %s); use checkpoint.resume=never to start "
+                      "over",
+                      dir, n, first_err);
+    return DG_OK;
+}
+
+dg_status_t dg_ckpt_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, dg_ckpt_meta_t *meta_out,
+                           dg_ckpt_tensor_t *t, int n, char *path_out, size_t cap) {
+    int rank;
+    DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    path_out[0] = 0;
+    mode_t_ m = MODE_NEVER;
+    char dir[4096] = "";
+    DG_TRY(ckpt_bcast_status(comm, 0, rank == 0 ? parse_mode(ckpt_dir, mode, &m, dir, sizeof dir) : DG_OK));
+    DG_MPI_CHECK(MPI_Bcast(&m, (int)sizeof m, MPI_BYTE, 0, comm));
+    DG_MPI_CHECK(MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, comm));
+    if (m == MODE_NEVER) return DG_OK;
+    if (m == MODE_FILE) {
+        DG_TRY(dg_ckpt_load(comm, mode, meta_out, t, n));
+        return set_out(path_out, cap, NULL, mode);
+    }
+    cands_t c;
+    DG_TRY(cands_get(comm, dir, &c));
+    char first_err[1024] = "";
+    dg_status_t s = DG_OK;
+    int found = 0;
+    for (int i = 0; i < c.n && !found; i++) {
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", dir, c.name[i]);
+        s = check_one(comm, p, 0);
+        if (!s) s = dg_ckpt_load(comm, p, meta_out, t, n);
+        if (s == DG_OK) {
+            found = 1;
+            s = set_out(path_out, cap, dir, c.name[i]);
+        } else if (s == DG_ERR_USAGE) {
+            if (!first_err[0]) snprintf(first_err, sizeof first_err, "%s", dg_last_error());
+            if (rank == 0) DG_LOG_WARN("checkpoint: cannot resume from %s: %s; trying an older one", p, dg_last_error());
+            s = DG_OK;
+        } else {
+            break;
+        }
+    }
+    int nc = c.n;
+    free(c.name);
+    if (s) return s;
+    if (!found && nc > 0)
+        return DG_ERR(DG_ERR_USAGE,
+                      "no usable checkpoint in %s: all %d rejected (newest: %s); use checkpoint.resume=never to start "
+                      "over",
+                      dir, nc, first_err);
+    return DG_OK;
+}

@@ -1,0 +1,538 @@
+/* save.c — writing a checkpoint: validation and agreement, content hashes, the incremental decision,
+ * the collective parallel-HDF5 write (each rank its hyperslabs, empty selections for the rest), and
+ * the atomic commit (partial file, close, fsync on every rank, rename, directory fsync, LATEST),
+ * followed by retention. Every phase ends in an agreement so that no rank is left in a collective. */
+#define _GNU_SOURCE
+#include "ckpt_impl.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dg_mpi.h"
+
+/* Chunks of 4 MiB or more start on 64 KiB boundaries: aligned enough for the page cache and for
+ * RAID/Lustre stripes that are multiples of it, while wasting at most 1.6% of a 4 MiB chunk (a
+ * Fletcher32 chunk is 4 bytes longer than its data, so 1 MiB alignment would waste up to 20%).
+ * Measured in bench/checkpoint (see bench/RESULTS.md). */
+#define CKPT_DEFAULT_ALIGN (64 << 10)
+
+void dg_ckpt_save_opts_default(dg_ckpt_save_opts_t *o) {
+    memset(o, 0, sizeof *o);
+    o->keep = 3;
+    o->chunk_bytes = DG_CKPT_DEFAULT_CHUNK_BYTES;
+}
+
+typedef struct save_ctx {
+    MPI_Comm comm;
+    int rank, size;
+    char dir[4096];
+    char final_name[64], partial_path[4200], final_path[4200];
+    dg_ckpt_meta_t meta;
+    const dg_ckpt_tensor_t *t;
+    ckpt_table_t tab;
+    char (*origin)[256]; /* per tensor: "" = write the data, else the file to link to */
+    char base[256], bases[4096];
+    dg_ckpt_save_opts_t o;
+    hid_t fid, dxpl, lcpl;
+} save_ctx_t;
+
+/* Chunk shape: whole trailing dimensions, as many leading slices as fit in the target, with the
+ * leading dimension split into equal chunks (so no mostly-empty edge chunk is stored). */
+static void chunk_dims(int nd, const int64_t *g, int64_t target_bytes, hsize_t *ch) {
+    int64_t target = target_bytes / 4;
+    if (target < 1) target = 1;
+    for (int d = 0; d < nd; d++) ch[d] = (hsize_t)g[d];
+    for (int d = 0; d < nd; d++) {
+        int64_t inner = 1;
+        for (int k = d + 1; k < nd; k++) inner *= g[k];
+        if (inner >= target && d < nd - 1) {
+            ch[d] = 1;
+            continue;
+        }
+        int64_t rows = target / inner;
+        if (rows < 1) rows = 1;
+        if (rows < g[d]) {
+            int64_t nchunks = (g[d] + rows - 1) / rows;
+            ch[d] = (hsize_t)((g[d] + nchunks - 1) / nchunks);
+        }
+        break;
+    }
+}
+
+/* ---------------- incremental decision (rank 0) ---------------- */
+
+static int entry_cmp(const void *a, const void *b) {
+    return strcmp(((const dg_ckpt_entry_t *)a)->path, ((const dg_ckpt_entry_t *)b)->path);
+}
+
+static dg_status_t decide_links(save_ctx_t *c) {
+    char base_path[4400] = "";
+    if (c->o.base && *c->o.base) {
+        char bdir[4096], r1[PATH_MAX], r2[PATH_MAX];
+        ckpt_dirname(c->o.base, bdir, sizeof bdir);
+        if (!realpath(bdir, r1) || !realpath(c->dir, r2) || strcmp(r1, r2) != 0)
+            return DG_ERR(DG_ERR_USAGE,
+                          "incremental base %s is not in the checkpoint directory %s (links must stay inside it)",
+                          c->o.base, c->dir);
+        snprintf(base_path, sizeof base_path, "%s", c->o.base);
+    } else {
+        char latest[256];
+        if (ckpt_read_latest(c->dir, latest, sizeof latest) != DG_OK || !latest[0]) {
+            if (latest[0] == 0) dg_clear_error();
+            return DG_OK; /* nothing to be incremental against: a full checkpoint */
+        }
+        snprintf(base_path, sizeof base_path, "%s/%s", c->dir, latest);
+    }
+    const char *bname = ckpt_basename(base_path);
+    if (strcmp(bname, c->final_name) == 0) {
+        DG_LOG_INFO("checkpoint: %s replaces its own incremental base; writing it in full", c->final_name);
+        return DG_OK;
+    }
+    dg_ckpt_info_t info;
+    dg_status_t s = ckpt_info_read_locked(base_path, &info);
+    if (s) {
+        DG_LOG_WARN("checkpoint: incremental base %s is unusable (%s); writing %s in full", base_path,
+                    dg_last_error(), c->final_name);
+        dg_clear_error();
+        return DG_OK;
+    }
+    qsort(info.entries, (size_t)info.n_entries, sizeof *info.entries, entry_cmp);
+    int nb = 0;
+    for (int i = 0; i < c->tab.n; i++) {
+        const ckpt_tdesc_t *td = &c->tab.t[i];
+        dg_ckpt_entry_t key;
+        snprintf(key.path, sizeof key.path, "%s", td->path);
+        const dg_ckpt_entry_t *e = bsearch(&key, info.entries, (size_t)info.n_entries, sizeof key, entry_cmp);
+        if (!e || e->ndim != td->ndim || e->hash != td->hash) continue;
+        int same = 1;
+        for (int d = 0; d < td->ndim; d++) same &= e->shape[d] == td->gshape[d];
+        if (!same) continue;
+        const char *org = e->origin[0] ? e->origin : bname;
+        if (strcmp(org, c->final_name) == 0) continue; /* would point at the file being replaced */
+        char op[4400];
+        struct stat st;
+        snprintf(op, sizeof op, "%s/%s", c->dir, org);
+        if (stat(op, &st) != 0) continue;
+        snprintf(c->origin[i], 256, "%s", org);
+        nb++;
+    }
+    if (nb) {
+        snprintf(c->base, sizeof c->base, "%s", bname);
+        /* the distinct files linked to, in first-use order */
+        size_t len = 0;
+        for (int i = 0; i < c->tab.n; i++) {
+            if (!c->origin[i][0]) continue;
+            int dup = 0;
+            for (int k = 0; k < i && !dup; k++) dup = strcmp(c->origin[k], c->origin[i]) == 0;
+            if (dup) continue;
+            if (len + strlen(c->origin[i]) + 2 >= sizeof c->bases) {
+                dg_ckpt_info_destroy(&info);
+                return DG_ERR(DG_ERR_USAGE, "checkpoint %s would link to too many base files", c->final_name);
+            }
+            len += (size_t)snprintf(c->bases + len, sizeof c->bases - len, "%s%s", len ? " " : "", c->origin[i]);
+        }
+    }
+    dg_ckpt_info_destroy(&info);
+    return DG_OK;
+}
+
+/* ---------------- the HDF5 write ---------------- */
+
+static dg_status_t write_tensor(save_ctx_t *c, int i, ckpt_hbag_t *b) {
+    const ckpt_tdesc_t *td = &c->tab.t[i];
+    if (c->origin[i][0]) {
+        char obj[DG_CKPT_MAX_PATH + 2];
+        snprintf(obj, sizeof obj, "/%s", td->path);
+        DG_H5_CHECK(H5Lcreate_external(c->origin[i], obj, c->fid, td->path, c->lcpl, H5P_DEFAULT),
+                    "%s: cannot link /%s to %s", c->partial_path, td->path, c->origin[i]);
+        return DG_OK;
+    }
+    hsize_t dims[DG_CKPT_MAX_NDIM], ch[DG_CKPT_MAX_NDIM];
+    for (int d = 0; d < td->ndim; d++) dims[d] = (hsize_t)td->gshape[d];
+    chunk_dims(td->ndim, td->gshape, c->o.chunk_bytes, ch);
+    hid_t space = ckpt_hbag_add(b, H5Screate_simple(td->ndim, dims, NULL));
+    DG_H5_CHECK(space, "%s:/%s: dataspace", c->partial_path, td->path);
+    hid_t dcpl = ckpt_hbag_add(b, H5Pcreate(H5P_DATASET_CREATE));
+    DG_H5_CHECK(dcpl, "%s:/%s", c->partial_path, td->path);
+    DG_H5_CHECK(H5Pset_chunk(dcpl, td->ndim, ch), "%s:/%s: chunking", c->partial_path, td->path);
+    DG_H5_CHECK(H5Pset_fletcher32(dcpl), "%s:/%s: Fletcher32 filter", c->partial_path, td->path);
+    /* every byte gets written: filling first would write the file twice */
+    DG_H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "%s:/%s", c->partial_path, td->path);
+    hid_t dset = ckpt_hbag_add(b, H5Dcreate2(c->fid, td->path, H5T_IEEE_F32LE, space, c->lcpl, dcpl, H5P_DEFAULT));
+    DG_H5_CHECK(dset, "%s: cannot create dataset /%s", c->partial_path, td->path);
+    float dummy = 0;
+    for (int k = 0; k < td->maxpieces; k++) {
+        const dg_ckpt_tensor_t *p = k < td->npieces ? &c->t[td->pieces[k]] : NULL;
+        int mine = p && p->owner && ckpt_numel(p->ndim, p->count) > 0;
+        hid_t fs = ckpt_hbag_add(b, H5Scopy(space));
+        DG_H5_CHECK(fs, "%s:/%s", c->partial_path, td->path);
+        hid_t ms;
+        if (mine) {
+            hsize_t st[DG_CKPT_MAX_NDIM], cn[DG_CKPT_MAX_NDIM];
+            for (int d = 0; d < td->ndim; d++) st[d] = (hsize_t)p->start[d], cn[d] = (hsize_t)p->count[d];
+            DG_H5_CHECK(H5Sselect_hyperslab(fs, H5S_SELECT_SET, st, NULL, cn, NULL), "%s:/%s: selection",
+                        c->partial_path, td->path);
+            ms = ckpt_hbag_add(b, H5Screate_simple(td->ndim, cn, NULL));
+        } else {
+            /* no piece here: still part of the collective write, with nothing selected */
+            DG_H5_CHECK(H5Sselect_none(fs), "%s:/%s", c->partial_path, td->path);
+            hsize_t one = 1;
+            ms = ckpt_hbag_add(b, H5Screate_simple(1, &one, NULL));
+            if (ms >= 0) DG_H5_CHECK(H5Sselect_none(ms), "%s:/%s", c->partial_path, td->path);
+        }
+        DG_H5_CHECK(ms, "%s:/%s: memory dataspace", c->partial_path, td->path);
+        DG_H5_CHECK(H5Dwrite(dset, H5T_NATIVE_FLOAT, ms, fs, c->dxpl, mine ? (const void *)p->data : &dummy),
+                    "%s: writing dataset /%s", c->partial_path, td->path);
+        H5Sclose(ms);
+        H5Sclose(fs);
+        b->n -= 2; /* both were the last two handles added */
+    }
+    DG_TRY(ckpt_attr_put_u64(dset, "xxh3", td->hash, c->partial_path));
+    return DG_OK;
+}
+
+static dg_status_t write_manifest(save_ctx_t *c, ckpt_hbag_t *b) {
+    int n = c->tab.n;
+    ckpt_mrow_t *rows = dg_xcalloc((size_t)(n > 0 ? n : 1), sizeof *rows);
+    for (int i = 0; i < n; i++) {
+        const ckpt_tdesc_t *td = &c->tab.t[i];
+        snprintf(rows[i].path, sizeof rows[i].path, "%s", td->path);
+        rows[i].ndim = td->ndim;
+        for (int d = 0; d < DG_CKPT_MAX_NDIM; d++) rows[i].shape[d] = d < td->ndim ? td->gshape[d] : 0;
+        rows[i].hash = td->hash;
+        snprintf(rows[i].origin, sizeof rows[i].origin, "%s", c->origin[i]);
+    }
+    dg_status_t s = DG_OK;
+    hsize_t dims = (hsize_t)n, ch = (hsize_t)(n < 4096 ? (n > 0 ? n : 1) : 4096);
+    hid_t mt = ckpt_hbag_add(b, ckpt_mrow_type());
+    hid_t space = ckpt_hbag_add(b, H5Screate_simple(1, &dims, NULL));
+    hid_t dcpl = ckpt_hbag_add(b, H5Pcreate(H5P_DATASET_CREATE));
+    if (mt < 0 || space < 0 || dcpl < 0)
+        s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Tcreate()", "%s:/manifest", c->partial_path);
+    if (!s && n > 0 && (H5Pset_chunk(dcpl, 1, &ch) < 0 || H5Pset_fletcher32(dcpl) < 0))
+        s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Pset_chunk()", "%s:/manifest", c->partial_path);
+    hid_t d = -1;
+    if (!s) {
+        d = ckpt_hbag_add(b, H5Dcreate2(c->fid, "manifest", mt, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
+        if (d < 0)
+            s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Dcreate2()", "%s:/manifest", c->partial_path);
+    }
+    if (!s && n > 0) {
+        hid_t fs = ckpt_hbag_add(b, H5Scopy(space));
+        hsize_t one = 1;
+        hid_t ms = ckpt_hbag_add(b, c->rank == 0 ? H5Scopy(space) : H5Screate_simple(1, &one, NULL));
+        if (c->rank != 0) H5Sselect_none(fs), H5Sselect_none(ms);
+        if (fs < 0 || ms < 0 || H5Dwrite(d, mt, ms, fs, c->dxpl, rows) < 0)
+            s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Dwrite()", "%s: writing /manifest",
+                             c->partial_path);
+    }
+    free(rows);
+    return s;
+}
+
+/* ---------------- retention (rank 0, after the commit) ---------------- */
+
+static int has_name(char (*set)[256], int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(set[i], name) == 0) return 1;
+    return 0;
+}
+
+/* The files `name` links to, from its "bases" attribute. */
+static dg_status_t read_bases(const char *dir, const char *name, char *out, size_t cap) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    hid_t fapl = ckpt_fapl(MPI_COMM_NULL, 0);
+    hid_t fid = fapl >= 0 ? H5Fopen(path, H5F_ACC_RDONLY, fapl) : -1;
+    if (fapl >= 0) H5Pclose(fapl);
+    if (fid < 0) return ckpt_h5_fail(DG_ERR_USAGE, __FILE__, __LINE__, "H5Fopen()", "%s", path);
+    dg_status_t s = ckpt_attr_get_str(fid, "bases", out, cap, path);
+    H5Fclose(fid);
+    return s;
+}
+
+static void retention(const char *dir, int keep) {
+    dg_ckpt_dir_entry_t *e = NULL;
+    int n = 0;
+    char latest[256] = "";
+    if (dg_ckpt_list_dir(dir, &e, &n, latest) != DG_OK) {
+        DG_LOG_WARN("checkpoint retention: %s", dg_last_error());
+        return;
+    }
+    /* stale pieces of interrupted saves: nothing else writes into this directory right now */
+    for (int i = 0; i < n; i++)
+        if (e[i].partial) {
+            char p[4400];
+            snprintf(p, sizeof p, "%s/%s", dir, e[i].name);
+            if (unlink(p) == 0) DG_LOG_INFO("checkpoint retention: removed interrupted save %s", p);
+        }
+    DIR *dd = opendir(dir);
+    if (dd) {
+        struct dirent *de;
+        while ((de = readdir(dd)))
+            if (!strncmp(de->d_name, "LATEST.tmp.", 11)) {
+                char p[4400];
+                snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+                unlink(p);
+            }
+        closedir(dd);
+    }
+    if (keep <= 0) {
+        free(e);
+        return;
+    }
+    /* keep: the newest `keep` complete files and LATEST's target; protect what they link to (closure) */
+    char(*live)[256] = dg_xcalloc((size_t)n + 1, 256);
+    int nlive = 0, kept = 0;
+    for (int i = 0; i < n; i++)
+        if (!e[i].partial && (kept < keep || strcmp(e[i].name, latest) == 0)) {
+            if (kept < keep) kept++;
+            snprintf(live[nlive++], 256, "%s", e[i].name);
+        }
+    if (latest[0] && !has_name(live, nlive, latest) && nlive <= n) snprintf(live[nlive++], 256, "%s", latest);
+    for (int q = 0; q < nlive; q++) {
+        char bases[4096];
+        if (read_bases(dir, live[q], bases, sizeof bases) != DG_OK) {
+            DG_LOG_WARN("checkpoint retention: cannot tell what %s/%s links to (%s); deleting nothing", dir, live[q],
+                        dg_last_error());
+            free(live), free(e);
+            return;
+        }
+        for (char *tok = strtok(bases, " "); tok; tok = strtok(NULL, " "))
+            if (!has_name(live, nlive, tok) && nlive <= n) snprintf(live[nlive++], 256, "%s", tok);
+    }
+    int removed = 0;
+    for (int i = 0; i < n; i++) {
+        if (e[i].partial || has_name(live, nlive, e[i].name)) continue;
+        char p[4400];
+        snprintf(p, sizeof p, "%s/%s", dir, e[i].name);
+        if (unlink(p) == 0) {
+            removed++;
+            DG_LOG_INFO("checkpoint retention: removed %s", p);
+        } else {
+            DG_LOG_WARN("checkpoint retention: cannot remove %s: %s", p, strerror(errno));
+        }
+    }
+    if (removed) ckpt_fsync_dir(dir);
+    free(live), free(e);
+}
+
+/* ---------------- phases ---------------- */
+
+static dg_status_t prepare_rank0(save_ctx_t *c) {
+    DG_TRY(dg_mkdir_p(c->dir));
+    if (unlink(c->partial_path) != 0 && errno != ENOENT) {
+        /* e.g. a directory of that name: H5Fcreate would fail less clearly */
+        struct stat st;
+        if (stat(c->partial_path, &st) == 0 && S_ISDIR(st.st_mode))
+            return DG_ERR(DG_ERR_RUNTIME, "cannot write checkpoint: %s exists and is a directory", c->partial_path);
+    }
+    if (c->o.incremental) DG_TRY(decide_links(c));
+    return DG_OK;
+}
+
+static dg_status_t fsync_file(const char *path) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return DG_ERR(DG_ERR_RUNTIME, "cannot open %s to fsync it: %s", path, strerror(errno));
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (rc != 0) return DG_ERR(DG_ERR_RUNTIME, "fsync %s: %s", path, strerror(e));
+    return DG_OK;
+}
+
+static dg_status_t commit_rank0(save_ctx_t *c) {
+    DG_TRY(ckpt_test_fail("commit", c->rank));
+    struct stat st;
+    if (stat(c->partial_path, &st) != 0)
+        return DG_ERR(DG_ERR_RUNTIME, "checkpoint %s vanished before its commit: %s", c->partial_path,
+                      strerror(errno));
+    /* the umask decides the mode; we only ever take world-write away */
+    if ((st.st_mode & S_IWOTH) && chmod(c->partial_path, st.st_mode & 07775) != 0)
+        return DG_ERR(DG_ERR_RUNTIME, "chmod %s: %s", c->partial_path, strerror(errno));
+    if (rename(c->partial_path, c->final_path) != 0)
+        return DG_ERR(DG_ERR_RUNTIME, "cannot rename %s to %s: %s", c->partial_path, c->final_path, strerror(errno));
+    DG_TRY(ckpt_fsync_dir(c->dir));
+    return ckpt_write_latest(c->dir, c->final_name);
+}
+
+/* Create, fill and close the partial file. Every step is agreed. */
+static dg_status_t write_file(save_ctx_t *c) {
+    dg_status_t s = ckpt_test_fail("create", c->rank);
+    hid_t fapl = -1;
+    if (!s) {
+        fapl = ckpt_fapl(c->comm, c->o.align_bytes == 0 ? CKPT_DEFAULT_ALIGN : c->o.align_bytes);
+        if (fapl < 0)
+            s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Pset_fapl_mpio()", "%s", c->partial_path);
+    }
+    s = ckpt_agree(c->comm, s);
+    if (s) {
+        if (fapl >= 0) H5Pclose(fapl);
+        return s;
+    }
+    c->fid = H5Fcreate(c->partial_path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    H5Pclose(fapl);
+    if (c->fid < 0)
+        s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Fcreate()", "cannot create checkpoint %s",
+                         c->partial_path);
+    s = ckpt_agree(c->comm, s);
+    if (s) {
+        if (c->fid >= 0) H5Fclose(c->fid);
+        c->fid = -1;
+        return s;
+    }
+    c->dxpl = H5Pcreate(H5P_DATASET_XFER);
+    c->lcpl = H5Pcreate(H5P_LINK_CREATE);
+    if (c->dxpl < 0 || c->lcpl < 0 || H5Pset_dxpl_mpio(c->dxpl, H5FD_MPIO_COLLECTIVE) < 0 ||
+        H5Pset_create_intermediate_group(c->lcpl, 1) < 0)
+        s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Pcreate()", "%s: transfer properties",
+                         c->partial_path);
+    if (!s) s = ckpt_meta_write(c->fid, &c->meta, c->size, c->base, c->bases, c->partial_path);
+    s = ckpt_agree(c->comm, s);
+    for (int i = 0; i < c->tab.n && !s; i++) {
+        ckpt_hbag_t b = {0};
+        s = write_tensor(c, i, &b);
+        ckpt_hbag_close(&b);
+        if (!s) s = ckpt_test_fail("write", c->rank);
+        s = ckpt_agree(c->comm, s);
+    }
+    if (!s) {
+        ckpt_hbag_t b = {0};
+        s = write_manifest(c, &b);
+        ckpt_hbag_close(&b);
+        s = ckpt_agree(c->comm, s);
+    }
+    if (c->dxpl >= 0) H5Pclose(c->dxpl);
+    if (c->lcpl >= 0) H5Pclose(c->lcpl);
+    c->dxpl = c->lcpl = -1;
+    herr_t cr = H5Fclose(c->fid);
+    c->fid = -1;
+    if (!s && cr < 0)
+        s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Fclose()", "closing checkpoint %s", c->partial_path);
+    if (!s) s = ckpt_test_fail("close", c->rank);
+    s = ckpt_agree(c->comm, s);
+    /* each rank flushes what it wrote (on parallel file systems one client's fsync is not enough) */
+    if (!s) s = ckpt_agree(c->comm, fsync_file(c->partial_path));
+    return s;
+}
+
+dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_t *meta, const dg_ckpt_tensor_t *t,
+                             int n, const dg_ckpt_save_opts_t *opts, dg_ckpt_save_result_t *res) {
+    double t0 = dg_now_s();
+    save_ctx_t c;
+    memset(&c, 0, sizeof c);
+    c.comm = comm;
+    c.fid = c.dxpl = c.lcpl = -1;
+    DG_MPI_CHECK(MPI_Comm_rank(comm, &c.rank));
+    DG_MPI_CHECK(MPI_Comm_size(comm, &c.size));
+    if (opts)
+        c.o = *opts;
+    else
+        dg_ckpt_save_opts_default(&c.o);
+    if (c.o.chunk_bytes <= 0) c.o.chunk_bytes = DG_CKPT_DEFAULT_CHUNK_BYTES;
+    if (c.o.chunk_bytes > ((int64_t)1 << 30)) c.o.chunk_bytes = (int64_t)1 << 30;
+    dg_status_t s = DG_OK;
+    if (!dir || !*dir || strlen(dir) >= sizeof c.dir - 64)
+        s = DG_ERR(DG_ERR_USAGE, "checkpoint directory is empty or too long");
+    else if (!meta)
+        s = DG_ERR(DG_ERR_USAGE, "checkpoint save: meta is NULL");
+    else if (meta->step < 0)
+        s = DG_ERR(DG_ERR_USAGE, "checkpoint save: step %lld is negative", (long long)meta->step);
+    if (!s) {
+        snprintf(c.dir, sizeof c.dir, "%s", dir);
+        s = ckpt_table_build(t, n, 0, &c.tab);
+    }
+    s = ckpt_agree(comm, s);
+    if (!s) s = ckpt_table_agree(comm, t, &c.tab);
+    c.t = t;
+    /* rank 0's meta, stamped with version and time, is what every rank writes */
+    dg_ckpt_meta_t local;
+    if (!s) {
+        local = *meta;
+        snprintf(local.version, sizeof local.version, "%s", DG_VERSION_STRING);
+        local.created_unix = (int64_t)time(NULL);
+        struct tm tm;
+        time_t now = (time_t)local.created_unix;
+        gmtime_r(&now, &tm);
+        strftime(local.created, sizeof local.created, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        local.world_size = c.size;
+        local.format_version = DG_CKPT_FORMAT_VERSION;
+        s = ckpt_meta_bcast(comm, &local, &c.meta);
+        if (!s && c.meta.step != meta->step)
+            s = DG_ERR(DG_ERR_USAGE, "checkpoint save: this rank is at step %lld but rank 0 at step %lld",
+                       (long long)meta->step, (long long)c.meta.step);
+        s = ckpt_agree(comm, s);
+    }
+    if (!s) s = ckpt_table_hash(comm, t, &c.tab);
+    if (!s) {
+        ckpt_step_name(c.meta.step, c.final_name, sizeof c.final_name);
+        snprintf(c.final_path, sizeof c.final_path, "%s/%s", c.dir, c.final_name);
+        snprintf(c.partial_path, sizeof c.partial_path, "%.4100s.partial", c.final_path);
+        c.origin = dg_xcalloc((size_t)(c.tab.n > 0 ? c.tab.n : 1), 256);
+        s = ckpt_bcast_status(comm, 0, c.rank == 0 ? prepare_rank0(&c) : DG_OK);
+    }
+    if (!s && c.o.incremental) {
+        int rc = MPI_Bcast(c.origin, c.tab.n * 256, MPI_CHAR, 0, comm);
+        rc |= MPI_Bcast(c.base, sizeof c.base, MPI_CHAR, 0, comm);
+        rc |= MPI_Bcast(c.bases, sizeof c.bases, MPI_CHAR, 0, comm);
+        if (rc != MPI_SUCCESS) s = DG_ERR(DG_ERR_RUNTIME, "MPI_Bcast of the incremental plan failed");
+    }
+    int wrote = 0;
+    if (!s) {
+        s = write_file(&c);
+        wrote = 1;
+    }
+    if (!s) s = ckpt_bcast_status(comm, 0, c.rank == 0 ? commit_rank0(&c) : DG_OK);
+    if (s && wrote && c.rank == 0) unlink(c.partial_path); /* best effort: retention also sweeps these */
+    if (!s && c.rank == 0) retention(c.dir, c.o.keep);
+    int64_t bytes = 0;
+    if (!s && c.rank == 0) {
+        struct stat st;
+        if (stat(c.final_path, &st) == 0) bytes = (int64_t)st.st_size;
+    }
+    if (!s) {
+        if (MPI_Bcast(&bytes, 1, MPI_INT64_T, 0, comm) != MPI_SUCCESS)
+            s = DG_ERR(DG_ERR_RUNTIME, "MPI_Bcast failed after the checkpoint commit");
+    }
+    if (!s && res) {
+        memset(res, 0, sizeof *res);
+        snprintf(res->path, sizeof res->path, "%.4000s", c.final_path);
+        res->step = c.meta.step;
+        res->bytes = bytes;
+        res->n_tensors = c.tab.n;
+        for (int i = 0; i < c.tab.n; i++) {
+            res->logical_bytes += c.tab.t[i].numel * 4;
+            if (c.origin[i][0]) {
+                res->linked_bytes += c.tab.t[i].numel * 4;
+                res->n_linked++;
+            }
+        }
+        res->seconds = dg_now_s() - t0;
+        res->stall_ms = res->seconds * 1e3;
+        snprintf(res->base, sizeof res->base, "%s", c.base);
+    }
+    if (!s)
+        DG_LOG_INFO("checkpoint: wrote %s (%.1f MB, %d of %d tensors linked to older checkpoints) in %.2f s",
+                    c.final_path, (double)bytes / 1e6, res ? res->n_linked : 0, c.tab.n, dg_now_s() - t0);
+    free(c.origin);
+    dg_ckpt_meta_destroy(&c.meta);
+    ckpt_table_free(&c.tab);
+    return s;
+}
+
+dg_status_t dg_ckpt_save(MPI_Comm comm, const char *ckpt_dir, const dg_ckpt_meta_t *meta, const dg_ckpt_tensor_t *t,
+                         int n, const dg_ckpt_save_opts_t *opts, dg_ckpt_save_result_t *res) {
+    /* background writes submitted earlier commit first, so LATEST follows submission order */
+    ckpt_inflight_wait_zero();
+    ckpt_lock();
+    dg_status_t s = ckpt_save_locked(comm, ckpt_dir, meta, t, n, opts, res);
+    ckpt_unlock();
+    return s;
+}

@@ -1,0 +1,24 @@
+/* cli_hooks.h — what the `dgtrain` executable (main.c) calls beyond boot and config: the training run,
+ * the --plan-only report, and the --dry-run report. Every function is collective over boot->world and
+ * returns a local status that main.c passes through dg_boot_agree, so a failure on one rank ends all.
+ */
+#ifndef DG_CLI_HOOKS_H
+#define DG_CLI_HOOKS_H
+
+#include <stdio.h>
+
+#include "config.h"
+#include "mpi_boot.h"
+
+/* Run training as configured (the default action). */
+dg_status_t dg_cli_train(dg_boot_t *boot, const dg_config_t *cfg);
+
+/* --plan-only: print the parallel plan and graph schedule per rank (json = one JSON document). */
+dg_status_t dg_cli_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json);
+
+/* --dry-run: boot and topology report, config hash, and the further sections registered in dryrun.c
+ * (plan, memory estimate...). Rank 0 writes to `out`; json = one JSON object with one member per
+ * section. */
+dg_status_t dg_cli_dry_run(dg_boot_t *boot, const dg_config_t *cfg, int json, FILE *out);
+
+#endif

@@ -1,0 +1,245 @@
+/* main.c — the `dgtrain` executable: command line, MPI boot, config, logging, topology and binding,
+ * then one action (--print-config, --topology, --dry-run, --plan-only, --export-topology, or training).
+ *
+ * Every step that can fail on one rank only is followed by dg_boot_agree, so all ranks leave with the
+ * same exit code (DESIGN.md §1) and rank 0 prints the failing rank's one-line message.
+ */
+#define _GNU_SOURCE
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "cli_hooks.h"
+#include "config.h"
+#include "mpi_boot.h"
+
+typedef struct {
+    const char *config;
+    int nsets;
+    const char **sets;
+    int help, version, print_config, dry_run, topology, json, plan_only;
+    const char *export_topology;
+} cli_opts_t;
+
+static const char *const k_options[] = {"--set",      "--help",      "--version",   "--print-config",   "--dry-run",
+                                        "--topology", "--json",      "--plan-only", "--export-topology"};
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: dgtrain [CONFIG.ini] [--set section.key=value ...] [ACTION] [--json]\n"
+            "       mpirun -n N dgtrain CONFIG.ini ...   |   srun dgtrain CONFIG.ini ...\n"
+            "\n"
+            "Trains a decoder-only transformer across MPI ranks. With no CONFIG, the embedded defaults are used.\n"
+            "Values come from the defaults, then CONFIG, then each --set in order (a later one wins).\n"
+            "\n"
+            "actions (default: train):\n"
+            "  --print-config          print the effective config, each value with its source\n"
+            "                          (default, FILE:LINE or --set), and exit\n"
+            "  --dry-run               boot, topology, binding and config hash (later: plan, memory); no training\n"
+            "  --topology              the rank table and each node's sockets, cores, NUMA nodes, GPUs and NICs\n"
+            "  --plan-only             print the parallel plan and graph schedule per rank and exit\n"
+            "  --export-topology FILE  write this node's hwloc topology as XML (one file per node:\n"
+            "                          FILE, or FILE.<node id> when there are several nodes)\n"
+            "options:\n"
+            "  --set section.key=value override one key (repeatable; also --set=section.key=value)\n"
+            "  --json                  with --dry-run, --topology or --plan-only: one JSON document on stdout\n"
+            "  --help, --version\n"
+            "\n"
+            "exit codes: 0 finished; 1 usage or config error; 2 runtime failure; 3 aborted because a peer\n"
+            "failed or the watchdog fired; 75 stopped on a signal after a complete checkpoint. All ranks agree.\n"
+            "\n"
+            "config keys ([section] in the INI file, section.key with --set):\n");
+    dg_config_print_help(out);
+}
+
+/* Which rank this process will be, from the launcher's environment, before MPI is up: --help and
+ * --version print on rank 0 only and never start MPI. */
+static int launcher_rank(void) {
+    static const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return atoi(v);
+    }
+    return 0;
+}
+
+static int edit_distance(const char *a, const char *b) {
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 40 || m > 40) return 99;
+    int d[41][41];
+    for (size_t i = 0; i <= n; i++) d[i][0] = (int)i;
+    for (size_t j = 0; j <= m; j++) d[0][j] = (int)j;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            int v = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < v) v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            d[i][j] = v;
+        }
+    return d[n][m];
+}
+
+static dg_status_t unknown_option(const char *a) {
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(a, "="), a);
+    int best = -1, bd = 99;
+    for (size_t i = 0; i < sizeof k_options / sizeof *k_options; i++) {
+        int d = edit_distance(name, k_options[i]);
+        if (d < bd) bd = d, best = (int)i;
+    }
+    if (best >= 0 && bd <= 3)
+        return DG_ERR(DG_ERR_USAGE, "unknown option '%s'; did you mean '%s'? (dgtrain --help lists the options)", name,
+                      k_options[best]);
+    return DG_ERR(DG_ERR_USAGE, "unknown option '%s' (dgtrain --help lists the options)", name);
+}
+
+static dg_status_t parse_args(int argc, char **argv, cli_opts_t *o) {
+    memset(o, 0, sizeof *o);
+    o->sets = dg_xcalloc((size_t)argc + 1, sizeof *o->sets);
+    int positional_only = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (positional_only || a[0] != '-' || strcmp(a, "-") == 0) {
+            if (o->config)
+                return DG_ERR(DG_ERR_USAGE, "more than one config file given ('%s' and '%s'); expected at most one",
+                              o->config, a);
+            o->config = a;
+        } else if (strcmp(a, "--") == 0) {
+            positional_only = 1;
+        } else if (strcmp(a, "--set") == 0) {
+            if (i + 1 >= argc) return DG_ERR(DG_ERR_USAGE, "--set: expected section.key=value after it");
+            o->sets[o->nsets++] = argv[++i];
+        } else if (strncmp(a, "--set=", 6) == 0) {
+            o->sets[o->nsets++] = a + 6;
+        } else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            o->help = 1;
+        } else if (strcmp(a, "--version") == 0) {
+            o->version = 1;
+        } else if (strcmp(a, "--print-config") == 0) {
+            o->print_config = 1;
+        } else if (strcmp(a, "--dry-run") == 0) {
+            o->dry_run = 1;
+        } else if (strcmp(a, "--topology") == 0) {
+            o->topology = 1;
+        } else if (strcmp(a, "--json") == 0) {
+            o->json = 1;
+        } else if (strcmp(a, "--plan-only") == 0) {
+            o->plan_only = 1;
+        } else if (strcmp(a, "--export-topology") == 0) {
+            if (i + 1 >= argc || !*argv[i + 1])
+                return DG_ERR(DG_ERR_USAGE, "--export-topology: expected a FILE after it");
+            o->export_topology = argv[++i];
+        } else if (strncmp(a, "--export-topology=", 18) == 0) {
+            if (!a[18]) return DG_ERR(DG_ERR_USAGE, "--export-topology=: expected a FILE after '='");
+            o->export_topology = a + 18;
+        } else {
+            return unknown_option(a);
+        }
+    }
+    int actions = o->print_config + o->dry_run + o->topology + o->plan_only;
+    if (actions > 1)
+        return DG_ERR(DG_ERR_USAGE, "choose one of --print-config, --dry-run, --topology and --plan-only");
+    if (o->json && !(o->dry_run || o->topology || o->plan_only))
+        return DG_ERR(DG_ERR_USAGE, "--json goes with --dry-run, --topology or --plan-only");
+    return DG_OK;
+}
+
+static dg_log_level_t log_level(const char *s) {
+    if (strcmp(s, "error") == 0) return DG_LOG_ERROR;
+    if (strcmp(s, "warn") == 0) return DG_LOG_WARN;
+    if (strcmp(s, "debug") == 0) return DG_LOG_DEBUG;
+    return DG_LOG_INFO;
+}
+
+/* Node leaders write the node's topology; several nodes get FILE.<node id>. */
+static dg_status_t export_topology(dg_boot_t *b, const char *file) {
+    if (b->local_rank != 0) return DG_OK;
+    char path[4096];
+    if (b->n_nodes > 1)
+        snprintf(path, sizeof path, "%s.%d", file, b->node_id);
+    else
+        snprintf(path, sizeof path, "%s", file);
+    const char *xml = strcmp(b->topo_source, "live") == 0 ? NULL : b->topo_source;
+    DG_TRY(dg_topo_export_xml(xml, path));
+    DG_LOG_INFO("wrote the topology of node %d (%s) to %s", b->node_id, b->host, path);
+    return DG_OK;
+}
+
+static dg_status_t run(dg_boot_t *b, const cli_opts_t *o, dg_config_t *cfg) {
+    DG_TRY(dg_boot_agree(b, dg_config_load(cfg, o->config, o->nsets, o->sets)));
+    if (cfg->health.timeout_s > 0) b->agree_timeout_s = cfg->health.timeout_s;
+    if (o->print_config) {
+        if (b->world_rank == 0) {
+            printf("# dgtrain %s effective configuration (hash %016" PRIx64 ")\n", DG_VERSION_STRING,
+                   dg_config_hash(cfg));
+            dg_config_print(cfg, stdout);
+            fflush(stdout);
+        }
+        return DG_OK;
+    }
+
+    dg_status_t s = dg_mkdir_p(cfg->run.dir);
+    char logdir[DG_CFG_STR + 16];
+    snprintf(logdir, sizeof logdir, "%s/logs", cfg->run.dir);
+    if (s == DG_OK) s = dg_log_init(b->world_rank, b->host, log_level(cfg->run.log_level), logdir);
+    DG_TRY(dg_boot_agree(b, s));
+    DG_LOG_INFO("dgtrain %s: %d rank%s on %d node%s, config %s (hash %016" PRIx64 "), run dir %s", DG_VERSION_STRING,
+                b->world_size, b->world_size == 1 ? "" : "s", b->n_nodes, b->n_nodes == 1 ? "" : "s",
+                cfg->path[0] ? cfg->path : "(embedded defaults)", dg_config_hash(cfg), cfg->run.dir);
+
+    DG_TRY(dg_boot_agree(b, dg_boot_topology(b, cfg)));
+    DG_LOG_DEBUG("rank %d: node %d local rank %d/%d, gpu %s, numa %d, cpuset %s (%s), topology %s", b->world_rank,
+                 b->node_id, b->local_rank, b->local_size, b->gpu >= 0 ? b->topo.gpus[b->gpu].pci_busid : "none",
+                 b->numa, b->bound_cpuset, b->bind_status, b->topo_source);
+
+    if (o->export_topology) DG_TRY(dg_boot_agree(b, export_topology(b, o->export_topology)));
+    if (o->topology) {
+        s = dg_boot_report(b, o->json, stdout);
+        if (o->json && b->world_rank == 0) {
+            printf("\n");
+            fflush(stdout);
+        }
+        return dg_boot_agree(b, s);
+    }
+    if (o->dry_run) return dg_boot_agree(b, dg_cli_dry_run(b, cfg, o->json, stdout));
+    if (o->plan_only) return dg_boot_agree(b, dg_cli_plan_only(b, cfg, o->json));
+    if (o->export_topology) return DG_OK; /* exporting alone is an action of its own */
+    return dg_boot_agree(b, dg_cli_train(b, cfg));
+}
+
+int main(int argc, char **argv) {
+    cli_opts_t o;
+    dg_status_t ps = parse_args(argc, argv, &o);
+    if (ps == DG_OK && (o.help || o.version)) {
+        if (launcher_rank() == 0) {
+            if (o.version)
+                printf("dgtrain %s\n", DG_VERSION_STRING);
+            else
+                usage(stdout);
+        }
+        free(o.sets);
+        return 0;
+    }
+
+    dg_boot_t *b = NULL;
+    dg_status_t s = dg_boot_init(&argc, &argv, &b);
+    if (s != DG_OK) {
+        /* boot failures (thread level, communicator set-up) hit every rank alike: each says so */
+        fprintf(stderr, "dgtrain: error on rank %d (%s): %s\n", b ? b->world_rank : -1, b ? b->host : "?",
+                dg_last_error());
+        dg_boot_finalize(b);
+        free(o.sets);
+        return s;
+    }
+    s = dg_boot_agree(b, ps);
+    if (s == DG_OK) {
+        dg_config_t *cfg = dg_xcalloc(1, sizeof *cfg);
+        s = run(b, &o, cfg);
+        free(cfg);
+    }
+    dg_log_close();
+    dg_boot_finalize(b);
+    free(o.sets);
+    return s;
+}

@@ -1,0 +1,200 @@
+/* schema.c — the one table of every dgtrain config key: section, key, type, default, allowed range or
+ * values, extra rule and a one-line doc. Parsing, validation, `--help`, `--print-config`, the config
+ * hash and the INI text stored in checkpoints are all driven from it.
+ *
+ * Ranges are deliberately generous (they catch typos and nonsense, not unusual but valid runs); rules
+ * that involve two keys live in dg_config_validate (config.c).
+ */
+#include "config_impl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "dg_mesh.h"
+
+/* ---- extra per-key rules ---- */
+
+static int check_nonempty(const char *v, char *why, size_t cap) {
+    if (*v) return 0;
+    snprintf(why, cap, "expected a non-empty value");
+    return 1;
+}
+
+/* run.name ends up in file names and metrics: keep it to a portable set. */
+static int check_name(const char *v, char *why, size_t cap) {
+    if (!*v) {
+        snprintf(why, cap, "expected a non-empty name");
+        return 1;
+    }
+    for (const char *p = v; *p; p++) {
+        char c = *p;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-')) {
+            snprintf(why, cap, "expected a name of letters, digits, '.', '_' and '-'");
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int check_mesh(const char *v, char *why, size_t cap) {
+    dg_mesh_shape_t shape;
+    int is_auto = 0;
+    if (dg_mesh_parse(v, 0, &shape, &is_auto) != DG_OK) {
+        const char *m = dg_last_error();
+        const char *pfx = "parallel.mesh: ";
+        if (strncmp(m, pfx, strlen(pfx)) == 0) m += strlen(pfx);
+        snprintf(why, cap, "%s", m);
+        dg_clear_error();
+        return 1;
+    }
+    if (!is_auto) {
+        int64_t n = (int64_t)shape.size[0] * shape.size[1] * shape.size[2];
+        if (n > (int64_t)1 << 24) {
+            snprintf(why, cap, "expected a mesh of at most 16777216 ranks (this one has %lld)", (long long)n);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* 0 disables spike handling; anything in (0, 1] would flag ordinary steps as spikes. */
+static int check_spike(const char *v, char *why, size_t cap) {
+    double f = 0;
+    if (sscanf(v, "%lf", &f) == 1 && (f == 0.0 || f > 1.0)) return 0;
+    snprintf(why, cap, "out of range: expected 0 (off) or a number > 1");
+    return 1;
+}
+
+/* ---- the table ---- */
+
+#define OFF(f) offsetof(dg_config_t, f), sizeof(((dg_config_t *)0)->f)
+#define I64MAX INT64_MAX
+#define INT(sec, k, f, def, lo, hi, doc) {sec, k, DG_CFGT_INT, OFF(f), def, lo, hi, 0, 0, 0, NULL, NULL, doc}
+#define FLT(sec, k, f, def, lo, hi, doc) {sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 0, NULL, NULL, doc}
+#define FLTX(sec, k, f, def, lo, hi, doc) {sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 1, NULL, NULL, doc}
+#define FLTC(sec, k, f, def, lo, hi, chk, doc)                                                             \
+    {sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 0, NULL, chk, doc}
+#define BOOL(sec, k, f, def, doc) {sec, k, DG_CFGT_BOOL, OFF(f), def, 0, 1, 0, 0, 0, NULL, NULL, doc}
+#define STR(sec, k, f, def, chk, doc) {sec, k, DG_CFGT_STR, OFF(f), def, 0, 0, 0, 0, 0, NULL, chk, doc}
+#define ENUM(sec, k, f, def, choices, doc) {sec, k, DG_CFGT_ENUM, OFF(f), def, 0, 0, 0, 0, 0, choices, NULL, doc}
+
+const dg_cfg_key_t dg_cfg_schema[] = {
+    /* [run] */
+    STR("run", "name", run.name, "dgtrain", check_name, "run name, used in logs and metrics"),
+    STR("run", "dir", run.dir, "runs/default", check_nonempty,
+        "directory that holds everything the run writes (metrics.jsonl, checkpoints/, logs/)"),
+    INT("run", "seed", run.seed, "1337", 0, I64MAX, "seed of every random choice (init, data order)"),
+    ENUM("run", "log_level", run.log_level, "info", "error|warn|info|debug", "least severe log level shown"),
+
+    /* [model] */
+    ENUM("model", "preset", model.preset, "tiny", "tiny|gpt2-124m|gpt2-350m|gpt2-774m|gpt2-1558m|custom",
+         "model size preset; custom needs all five sizes below"),
+    INT("model", "n_layer", model.n_layer, "0", 0, 1024, "transformer blocks (0 = the preset's)"),
+    INT("model", "n_head", model.n_head, "0", 0, 1024, "attention heads (0 = the preset's)"),
+    INT("model", "d_model", model.d_model, "0", 0, 65536, "embedding width (0 = the preset's)"),
+    INT("model", "seq_len", model.seq_len, "0", 0, 1048576, "context length in tokens (0 = the preset's)"),
+    INT("model", "vocab_size", model.vocab_size, "0", 0, 65536,
+        "vocabulary size; tokens are uint16 (0 = the preset's)"),
+
+    /* [data] */
+    STR("data", "train", data.train, "", NULL, "glob of llm.c .bin token shards (\"\" = embedded default data)"),
+    STR("data", "val", data.val, "", NULL, "glob of validation shards (\"\" = embedded default data)"),
+    INT("data", "val_every", data.val_every, "50", 0, I64MAX, "steps between validations (0 = never)"),
+    INT("data", "val_batches", data.val_batches, "4", 1, 1000000, "global batches per validation"),
+    BOOL("data", "shuffle", data.shuffle, "true", "shuffle samples each epoch (seeded by run.seed)"),
+
+    /* [train] */
+    INT("train", "steps", train.steps, "300", 1, I64MAX, "optimizer steps to run"),
+    INT("train", "global_batch", train.global_batch, "16", 1, 1 << 30,
+        "sequences per optimizer step, all ranks together"),
+    INT("train", "micro_batch", train.micro_batch, "8", 1, 1 << 20,
+        "sequences per rank per micro-step (gradient accumulation fills the rest)"),
+    FLTX("train", "lr", train.lr, "3e-3", 0, 10, "peak learning rate"),
+    INT("train", "warmup_steps", train.warmup_steps, "20", 0, I64MAX, "linear warmup steps"),
+    FLT("train", "min_lr_ratio", train.min_lr_ratio, "0.1", 0, 1, "final LR of the cosine decay, as a fraction of lr"),
+    FLT("train", "weight_decay", train.weight_decay, "0.1", 0, 10, "AdamW decoupled weight decay"),
+    FLT("train", "grad_clip", train.grad_clip, "1.0", 0, 1e9, "global gradient-norm clip (0 = off)"),
+    FLT("train", "beta1", train.beta1, "0.9", 0, 0.999999, "AdamW beta1"),
+    FLT("train", "beta2", train.beta2, "0.95", 0, 0.999999999, "AdamW beta2"),
+    FLTX("train", "eps", train.eps, "1e-8", 0, 1, "AdamW epsilon"),
+    ENUM("train", "precision", train.precision, "fp32", "fp32|bf16|fp16", "compute dtype of activations"),
+    ENUM("train", "reduce_dtype", train.reduce_dtype, "fp32", "fp32|bf16", "dtype of gradient reductions"),
+    STR("train", "freeze", train.freeze, "", NULL,
+        "comma-separated parameter-name patterns (fnmatch) that are not trained"),
+    INT("train", "log_every", train.log_every, "1", 1, I64MAX, "steps between progress lines"),
+    FLT("train", "loss_scale_init", train.loss_scale_init, "65536", 1, 4294967296.0,
+        "initial dynamic loss scale (fp16 only)"),
+    INT("train", "loss_scale_growth_interval", train.loss_scale_growth_interval, "1000", 1, I64MAX,
+        "overflow-free steps before the loss scale doubles (fp16 only)"),
+    FLTC("train", "spike_factor", train.spike_factor, "0", 0, 1e9, check_spike,
+         "loss > spike_factor x moving average skips the update (0 = off, else > 1)"),
+    INT("train", "spike_window", train.spike_window, "50", 1, 1000000, "moving-average window of the loss, steps"),
+    INT("train", "spike_max_consecutive", train.spike_max_consecutive, "3", 1, 1000000,
+        "spikes in a row that roll back to the last checkpoint"),
+
+    /* [parallel] */
+    ENUM("parallel", "backend", parallel.backend, "auto", "auto|cpu|cuda",
+         "compute backend (auto = cuda when a GPU is bound, else cpu)"),
+    ENUM("parallel", "comm", parallel.comm, "auto", "auto|mpi|nccl",
+         "communication backend (auto = nccl with the cuda backend, else mpi)"),
+    STR("parallel", "mesh", parallel.mesh, "auto", check_mesh,
+        "device mesh: auto, or e.g. dp_replicate=2,dp_shard=4,tp=2"),
+    BOOL("parallel", "reshard_after_forward", parallel.reshard_after_forward, "true",
+         "free gathered parameters after forward and gather them again for backward"),
+    FLT("parallel", "bucket_mb", parallel.bucket_mb, "25", 0, 1048576,
+        "MiB of gradients fused into one collective (0 = one collective per parameter)"),
+    FLT("parallel", "prefetch_budget_mb", parallel.prefetch_budget_mb, "256", 0, 16777216,
+        "MiB that early (hoisted) all-gathers may hold"),
+    BOOL("parallel", "overlap", parallel.overlap, "true", "overlap collectives with compute"),
+    BOOL("parallel", "cuda_graph", parallel.cuda_graph, "true", "replay the step as one CUDA Graph (cuda backend)"),
+    INT("parallel", "threads", parallel.threads, "0", 0, 4096, "CPU threads per rank (0 = the cores it is bound to)"),
+
+    /* [checkpoint] */
+    STR("checkpoint", "dir", checkpoint.dir, "", NULL, "checkpoint directory (\"\" = <run.dir>/checkpoints)"),
+    INT("checkpoint", "every", checkpoint.every, "0", 0, I64MAX,
+        "steps between checkpoints (0 = only at the end and on signals)"),
+    INT("checkpoint", "keep", checkpoint.keep, "3", 1, 1000000, "complete checkpoints kept"),
+    BOOL("checkpoint", "async", checkpoint.async, "false", "write checkpoints from a snapshot in the background"),
+    STR("checkpoint", "resume", checkpoint.resume, "auto", check_nonempty,
+        "auto (newest complete checkpoint, if any) | never | PATH of a checkpoint file"),
+    BOOL("checkpoint", "incremental", checkpoint.incremental, "false",
+         "link unchanged datasets to the previous checkpoint instead of rewriting them"),
+
+    /* [health] */
+    FLTX("health", "heartbeat_s", health.heartbeat_s, "5", 0, 3600, "seconds between heartbeats"),
+    FLTX("health", "timeout_s", health.timeout_s, "120", 0, 604800,
+         "seconds without progress before the watchdog aborts the job (exit 3)"),
+
+    /* [topology] */
+    STR("topology", "xml", topology.xml, "", NULL,
+        "hwloc XML to use instead of the live machine (\"\" = live, or $HWLOC_XMLFILE)"),
+    ENUM("topology", "bind", topology.bind, "auto", "auto|none",
+         "auto: bind each rank to the cores near its GPU (or an even share of the node); none: leave as launched"),
+    STR("topology", "cluster", topology.cluster, "", NULL, "cluster description file for planning clusters that are not here"),
+    INT("topology", "world", topology.world, "0", 0, 1 << 24,
+        "world size to plan for with topology.cluster (0 = the real world size)"),
+};
+
+const int dg_cfg_nkeys = (int)(sizeof dg_cfg_schema / sizeof dg_cfg_schema[0]);
+_Static_assert(sizeof dg_cfg_schema / sizeof dg_cfg_schema[0] <= DG_CFG_MAX_KEYS, "raise DG_CFG_MAX_KEYS");
+
+const char *const dg_cfg_sections[] = {"run", "model", "data", "train", "parallel", "checkpoint", "health", "topology"};
+const int dg_cfg_nsections = (int)(sizeof dg_cfg_sections / sizeof dg_cfg_sections[0]);
+
+int dg_cfg_find(const char *section, const char *key) {
+    for (int i = 0; i < dg_cfg_nkeys; i++)
+        if (strcmp(dg_cfg_schema[i].section, section) == 0 && strcmp(dg_cfg_schema[i].key, key) == 0) return i;
+    return -1;
+}
+
+int dg_cfg_find_dotted(const char *name) {
+    const char *dot = strchr(name, '.');
+    if (!dot) return -1;
+    size_t sl = (size_t)(dot - name);
+    for (int i = 0; i < dg_cfg_nkeys; i++)
+        if (strlen(dg_cfg_schema[i].section) == sl && strncmp(dg_cfg_schema[i].section, name, sl) == 0 &&
+            strcmp(dg_cfg_schema[i].key, dot + 1) == 0)
+            return i;
+    return -1;
+}

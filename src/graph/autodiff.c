@@ -1,0 +1,265 @@
+/* autodiff.c — reverse-mode differentiation over the IR, and the optimizer pass.
+ *
+ * dg_autodiff walks the forward nodes in reverse schedule order and calls each op's backward builder
+ * (ops.c), which appends backward ops in phase BWD. The sum over several consumers of a tensor is
+ * built here: the first contribution becomes the gradient; later ones accumulate into it IN PLACE
+ * (acc = 1 kernels, or an ACCUMULATE op) when nothing else still needs that storage, otherwise into a
+ * fresh buffer. Gradients are shared without a copy where the math allows (both inputs of an add get
+ * the output's gradient), so "nothing else still needs it" means: no other tensor whose backward has
+ * not run yet uses the same storage as its gradient.
+ *
+ * Parameter gradients never go through this bookkeeping: backward kernels accumulate (+=) straight
+ * into the persistent f32 gradient, which is also what makes gradient accumulation over micro-batches
+ * free (zeroed once per optimizer step by the ZERO phase).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph_impl.h"
+
+struct dg_ad {
+    dg_graph_t *g;
+    int n_fwd;
+    unsigned char *needs; /* per forward node: a gradient can flow into it */
+    unsigned char *relevant;
+    unsigned char *processed;
+    unsigned char *loss_seed;
+};
+
+dg_graph_t *dg_ad_graph(dg_ad_t *ad) {
+    return ad->g;
+}
+
+static int is_fwd(const dg_ad_t *ad, const dg_node_t *x) {
+    return x->id < ad->n_fwd && ad->g->nodes[x->id] == x;
+}
+
+int dg_ad_wants(const dg_ad_t *ad, const dg_node_t *x) {
+    if (!is_fwd(ad, x) || !ad->needs[x->id] || !ad->relevant[x->id]) return 0;
+    return !(x->op == DG_OP_LEAF && (x->flags & DG_NF_PARAM));
+}
+
+int dg_ad_is_loss_seed(const dg_ad_t *ad, const dg_node_t *n) {
+    return is_fwd(ad, n) && ad->loss_seed[n->id] && n->grad == NULL;
+}
+
+dg_node_t *dg_ad_param_grad(dg_ad_t *ad, dg_node_t *w, const char *op_name) {
+    if (w->op == DG_OP_LEAF && (w->flags & DG_NF_PARAM) && w->grad) return w->grad;
+    if (!ad->g->err)
+        ad->g->err = DG_ERR(DG_ERR_USAGE,
+                            "graph: %s: weight '%s' must be a parameter (gradients of computed weights, e.g. "
+                            "gathered shards, are produced by the sharding passes)",
+                            op_name, w->name);
+    return NULL;
+}
+
+dg_node_t *dg_ad_acc_target(dg_ad_t *ad, dg_node_t *x) {
+    dg_node_t *cur = x->grad;
+    if (!cur) return NULL;
+    dg_node_t *r = dg_node_root(cur);
+    if (r->storage != DG_STORE_ARENA) return NULL; /* e.g. a caller-provided seed: read-only */
+    for (int j = 0; j < ad->n_fwd; j++) {
+        dg_node_t *y = ad->g->nodes[j];
+        if (y == x || !y->grad || dg_node_root(y->grad) != r) continue;
+        /* y still has to read its gradient (its backward has not run, or it is a leaf whose gradient is
+         * a result): the storage is not ours to change */
+        if (y->op == DG_OP_LEAF || !ad->processed[j]) return NULL;
+    }
+    /* while x is pending nobody else may have written the storage after cur */
+    for (int j = cur->id + 1; j < ad->g->n; j++)
+        DG_ASSERTF(ad->g->nodes[j]->storage == DG_STORE_NONE || dg_node_root(ad->g->nodes[j]) != r,
+                   "gradient of '%s' is stale: '%s' wrote its storage later", x->name, ad->g->nodes[j]->name);
+    return cur;
+}
+
+static void gname(char *buf, size_t cap, const dg_node_t *x, const char *what) {
+    dg_fmt(buf, cap, "%.40s.%s", x->name, what);
+}
+
+void dg_ad_contribute(dg_ad_t *ad, dg_node_t *x, dg_node_t *g, int in_place) {
+    if (in_place) {
+        DG_ASSERT(g->view_src == x->grad);
+        x->grad = g;
+        return;
+    }
+    if (!x->grad) {
+        x->grad = g;
+        return;
+    }
+    /* g is a fresh buffer only x refers to: add the earlier gradient into it */
+    DG_ASSERT(dg_node_root(g)->storage == DG_STORE_ARENA && g->view_src == NULL);
+    char nm[96];
+    gname(nm, sizeof nm, x, "grad_acc");
+    dg_node_t *src[2] = {g, x->grad};
+    dg_node_t *s = dg_graph_add_op(ad->g, DG_OP_ACCUMULATE, nm, 2, src, 0, NULL, NULL, 0);
+    if (s) x->grad = s;
+}
+
+void dg_ad_contribute_shared(dg_ad_t *ad, dg_node_t *x, dg_node_t *g) {
+    if (!x->grad) {
+        x->grad = g;
+        return;
+    }
+    char nm[96];
+    dg_node_t *t = dg_ad_acc_target(ad, x);
+    if (t) {
+        gname(nm, sizeof nm, x, "grad_acc");
+        dg_node_t *src[2] = {t, g};
+        dg_node_t *s = dg_graph_add_op(ad->g, DG_OP_ACCUMULATE, nm, 2, src, 0, NULL, NULL, 0);
+        if (s) x->grad = s;
+        return;
+    }
+    gname(nm, sizeof nm, x, "grad_sum");
+    dg_node_t *s = dg_op_add(ad->g, nm, x->grad, g);
+    if (s) x->grad = s;
+}
+
+dg_node_t *dg_node_grad_of(const dg_node_t *x) {
+    return x->grad;
+}
+
+static int same_shape(const dg_node_t *a, const dg_node_t *b) {
+    if (a->ndim != b->ndim) return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return 0;
+    return 1;
+}
+
+dg_status_t dg_autodiff(dg_graph_t *g, int n_out, dg_node_t *const *outs, dg_node_t *const *seeds) {
+    if (g->err) return g->err;
+    dg_ad_t ad = {.g = g, .n_fwd = g->n};
+    ad.needs = dg_xcalloc((size_t)g->n + 1, 1);
+    ad.relevant = dg_xcalloc((size_t)g->n + 1, 1);
+    ad.processed = dg_xcalloc((size_t)g->n + 1, 1);
+    ad.loss_seed = dg_xcalloc((size_t)g->n + 1, 1);
+    dg_status_t st = DG_OK;
+
+    for (int i = 0; i < g->n; i++) {
+        dg_node_t *n = g->nodes[i];
+        if (n->op == DG_OP_LEAF) {
+            ad.needs[i] = (n->flags & DG_NF_PARAM) || (n->flags & DG_NF_WANT_GRAD);
+            if (!(n->flags & DG_NF_PARAM)) n->grad = NULL;
+            continue;
+        }
+        n->grad = NULL;
+        if (n->op == DG_OP_SIDE || dg_op_def(n->op)->grad_kind != DG_GRAD_BUILDER) continue;
+        for (int k = 0; k < n->n_src; k++)
+            if (ad.needs[n->src[k]->id]) ad.needs[i] = 1;
+    }
+    for (int o = 0; o < n_out; o++) {
+        dg_node_t *y = outs[o];
+        if (!y || !is_fwd(&ad, y)) {
+            st = DG_ERR(DG_ERR_USAGE, "autodiff: output %d is not a node of the forward graph", o);
+            goto done;
+        }
+        ad.relevant[y->id] = 1;
+        y->flags |= DG_NF_OUTPUT; /* the caller asked for it: keep it readable after the backward */
+        if (seeds && seeds[o]) {
+            if (!same_shape(seeds[o], y) || seeds[o]->dtype != y->dtype) {
+                st = DG_ERR(DG_ERR_USAGE, "autodiff: seed '%s' does not match output '%s'", seeds[o]->name, y->name);
+                goto done;
+            }
+            y->grad = seeds[o];
+        } else {
+            if (y->op != DG_OP_CROSSENTROPY) {
+                st = DG_ERR(DG_ERR_USAGE, "autodiff: output '%s' (%s) has no seed and is not a crossentropy loss",
+                            y->name, dg_op_name(y->op));
+                goto done;
+            }
+            ad.loss_seed[y->id] = 1;
+            y->flags |= DG_NF_LOSS;
+        }
+    }
+    for (int i = g->n - 1; i >= 0; i--) {
+        dg_node_t *n = g->nodes[i];
+        if (!ad.relevant[i] || n->op == DG_OP_LEAF || n->op == DG_OP_SIDE) continue;
+        for (int k = 0; k < n->n_src; k++) ad.relevant[n->src[k]->id] = 1;
+    }
+
+    dg_phase_t saved = g->cur_phase;
+    g->cur_phase = DG_PHASE_BWD;
+    for (int i = ad.n_fwd - 1; i >= 0 && st == DG_OK; i--) {
+        dg_node_t *n = g->nodes[i];
+        if (n->op == DG_OP_LEAF || n->op == DG_OP_SIDE) continue;
+        if (!ad.relevant[i] || !ad.needs[i] || (!n->grad && !ad.loss_seed[i])) {
+            ad.processed[i] = 1;
+            continue;
+        }
+        const dg_op_def_t *def = dg_op_def(n->op);
+        if (def->grad_kind != DG_GRAD_BUILDER) {
+            st = DG_ERR(DG_ERR_USAGE, "autodiff: '%s' (%s) is not differentiable", n->name, def->name);
+            break;
+        }
+        st = def->backward(&ad, n);
+        if (st == DG_OK) st = g->err;
+        ad.processed[i] = 1;
+    }
+    g->cur_phase = saved;
+    if (st != DG_OK) goto done;
+
+    /* gradients the caller asked for must survive the rest of the schedule */
+    for (int i = 0; i < ad.n_fwd; i++) {
+        dg_node_t *n = g->nodes[i];
+        if (n->op == DG_OP_LEAF && (n->flags & DG_NF_WANT_GRAD) && n->grad) n->grad->flags |= DG_NF_OUTPUT;
+    }
+done:
+    free(ad.needs);
+    free(ad.relevant);
+    free(ad.processed);
+    free(ad.loss_seed);
+    if (st != DG_OK && !g->err) g->err = st;
+    return st;
+}
+
+/* ---------------- optimizer pass ---------------- */
+
+dg_status_t dg_graph_add_optimizer(dg_graph_t *g, int (*decay_of)(const dg_node_t *param, void *ctx), void *ctx,
+                                   dg_node_t **scalars_out) {
+    if (g->err) return g->err;
+    int np = 0;
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->flags & DG_NF_PARAM) np++;
+    dg_node_t **params = dg_xcalloc((size_t)np + 1, sizeof *params);
+    dg_node_t **mv = dg_xcalloc(2 * (size_t)np + 1, sizeof *mv);
+    np = 0;
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->flags & DG_NF_PARAM) params[np++] = g->nodes[i];
+
+    char nm[96];
+    int64_t ns = DG_SCALAR_COUNT;
+    dg_node_t *sc = dg_graph_leaf(g, "optim.scalars", DG_F32, 1, &ns, DG_NF_SCALAR);
+    for (int i = 0; i < np && sc; i++) {
+        dg_node_t *p = params[i];
+        dg_fmt(nm, sizeof nm, "adam_m.%.80s", p->name);
+        mv[2 * i] = dg_graph_leaf(g, nm, DG_F32, p->ndim, p->shape, DG_NF_OPTSTATE);
+        dg_fmt(nm, sizeof nm, "adam_v.%.80s", p->name);
+        mv[2 * i + 1] = dg_graph_leaf(g, nm, DG_F32, p->ndim, p->shape, DG_NF_OPTSTATE);
+        if (!mv[2 * i] || !mv[2 * i + 1]) break;
+        mv[2 * i]->param_index = mv[2 * i + 1]->param_index = p->param_index;
+    }
+    dg_phase_t saved = g->cur_phase;
+    g->cur_phase = DG_PHASE_ZERO;
+    for (int i = 0; i < np && !g->err; i++) {
+        dg_fmt(nm, sizeof nm, "zero.%.80s", params[i]->grad->name);
+        dg_graph_add_op(g, DG_OP_ZERO, nm, 0, NULL, 1, &params[i]->grad, NULL, 0);
+    }
+    g->cur_phase = DG_PHASE_OPT;
+    if (!g->err) dg_graph_add_op(g, DG_OP_ZERO, "zero.optim.scalars", 0, NULL, 1, &sc, NULL, 0);
+    for (int i = 0; i < np && !g->err; i++) {
+        dg_fmt(nm, sizeof nm, "sumsq.%.80s", params[i]->name);
+        dg_graph_add_op(g, DG_OP_SUMSQ, nm, 1, &params[i]->grad, 1, &sc, NULL, 0);
+    }
+    if (!g->err) dg_graph_add_op(g, DG_OP_CLIP_SCALE, "clip_scale", 0, NULL, 1, &sc, NULL, 0);
+    for (int i = 0; i < np && !g->err; i++) {
+        dg_node_t *p = params[i];
+        dg_node_t *src[2] = {p->grad, sc}, *upd[4] = {p->master, mv[2 * i], mv[2 * i + 1], p};
+        int64_t attr[2] = {0, decay_of ? decay_of(p, ctx) : 1};
+        dg_fmt(nm, sizeof nm, "adamw.%.80s", p->name);
+        dg_graph_add_op(g, DG_OP_ADAMW, nm, 2, src, 4, upd, attr, 2);
+    }
+    g->cur_phase = saved;
+    free(params);
+    free(mv);
+    if (scalars_out) *scalars_out = g->err ? NULL : sc;
+    return g->err;
+}

@@ -1,0 +1,369 @@
+/* graph_impl.h — the static-graph IR private to src/graph/ (and its tests): nodes and graphs, the op
+ * registry, passes, autodiff, the memory planner and the executor.
+ *
+ * A tensor is a node: dtype, shape, the op that produces it and its inputs, flags. A graph keeps its
+ * nodes in topological (= schedule) order; an op may also produce "side" outputs (layernorm statistics,
+ * attention scratch), which are nodes of kind DG_OP_SIDE placed right after their producer, and may
+ * update persistent tensors in place (parameter gradients, optimizer state), listed in `upd`.
+ * Nodes carry a stream (compute or comm) and explicit wait edges so that later passes (issue 4:
+ * sharding, bucketing, hoisting, overlap) can move collectives to a communication stream; a collective
+ * is just an op kind with a mesh-dimension attribute. Parameters carry their GLOBAL shape and where
+ * their local piece sits in it.
+ *
+ * Storage classes: PERSISTENT nodes (parameters, gradients, optimizer state, inputs, device scalars) get
+ * their memory from whoever owns the graph; ARENA nodes are placed by the memory planner; a node with
+ * view_src shares its root's storage (in-place ops, gradient accumulation). The planner's output is a
+ * dg_plan_t tied to the graph's generation: any later mutation makes it stale, and the executor refuses
+ * (asserts on) a stale plan.
+ */
+#ifndef DG_GRAPH_IMPL_H
+#define DG_GRAPH_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "dg_common.h"
+#include "dg_mesh.h"
+#include "backend.h"
+
+#define DG_MAX_DIMS 4
+#define DG_MAX_SRC 6
+#define DG_MAX_UPD 4
+#define DG_MAX_SIDE 2
+#define DG_MAX_WAIT 4
+#define DG_MAX_ATTR 6
+#define DG_ARENA_ALIGN 256
+
+typedef enum dg_op_kind {
+    /* structural kinds: not ops, never executed */
+    DG_OP_LEAF = 0, /* parameter, input, gradient, optimizer state, device scalar */
+    DG_OP_SIDE,     /* extra output of src[0]; attr[0] = which */
+    /* forward ops */
+    DG_OP_ENCODER,
+    DG_OP_LAYERNORM,
+    DG_OP_MATMUL,
+    DG_OP_GELU,
+    DG_OP_ATTENTION,
+    DG_OP_ADD,
+    DG_OP_CROSSENTROPY,
+    /* backward ops (emitted by autodiff) */
+    DG_OP_ENCODER_BWD,
+    DG_OP_LAYERNORM_BWD,
+    DG_OP_MATMUL_BWD,
+    DG_OP_GELU_BWD,
+    DG_OP_ATTENTION_BWD,
+    DG_OP_CROSSENTROPY_BWD,
+    DG_OP_ACCUMULATE,
+    /* optimizer and utility ops */
+    DG_OP_ZERO,
+    DG_OP_SUMSQ,
+    DG_OP_CLIP_SCALE,
+    DG_OP_ADAMW,
+    /* collectives (issue 4 executes them over a comm backend; with a mesh dimension of size 1 they are
+     * local copies) */
+    DG_OP_ALL_GATHER,
+    DG_OP_REDUCE_SCATTER,
+    DG_OP_ALL_REDUCE,
+    DG_OP_COUNT
+} dg_op_kind_t;
+
+/* node flags */
+enum {
+    DG_NF_PARAM = 1u << 0,    /* trainable parameter (compute copy; PERSISTENT) */
+    DG_NF_INPUT = 1u << 1,    /* fed from the host before a run (PERSISTENT) */
+    DG_NF_OUTPUT = 1u << 2,   /* must survive to the end of the schedule (read back by the host) */
+    DG_NF_LOSS = 1u << 3,     /* per-token losses whose sum is the objective */
+    DG_NF_GRAD = 1u << 4,     /* parameter gradient (f32, PERSISTENT) */
+    DG_NF_OPTSTATE = 1u << 5, /* AdamW moment (f32, PERSISTENT) */
+    DG_NF_MASTER = 1u << 6,   /* f32 master copy of a parameter (PERSISTENT) */
+    DG_NF_SCALAR = 1u << 7,   /* device scalar (f32, PERSISTENT) */
+    DG_NF_WANT_GRAD = 1u << 8 /* an input whose gradient the caller wants (kept as an OUTPUT) */
+};
+
+typedef enum { DG_STORE_NONE = 0, DG_STORE_ARENA = 1, DG_STORE_PERSISTENT = 2 } dg_storage_t;
+typedef enum { DG_PHASE_FWD = 0, DG_PHASE_BWD = 1, DG_PHASE_ZERO = 2, DG_PHASE_OPT = 3, DG_PHASE_COUNT } dg_phase_t;
+enum { DG_STREAM_COMPUTE = 0, DG_STREAM_COMM = 1 };
+
+/* attribute slots (attr[]) per op kind */
+enum {
+    DG_A_ACC = 0,      /* *_BWD, ACCUMULATE: 1 = add into the acc target (last src) */
+    DG_A_NH = 1,       /* ATTENTION(_BWD): heads */
+    DG_A_V = 1,        /* CROSSENTROPY(_BWD): real vocabulary (columns >= V are padding) */
+    DG_A_DECAY = 1,    /* ADAMW: 1 = apply weight decay */
+    DG_A_MESHDIM = 1,  /* collectives: DG_MESH_* dimension */
+    DG_A_NO_DINP = 2,  /* MATMUL_BWD: no input gradient wanted */
+    DG_A_SIDE_IDX = 0, /* SIDE: which output of the producer */
+};
+
+typedef struct dg_node dg_node_t;
+struct dg_node {
+    int id; /* position in graph->nodes (the schedule) */
+    char name[96];
+    dg_op_kind_t op;
+    dg_phase_t phase;
+    unsigned flags;
+    dg_storage_t storage;
+    int stream;
+
+    dg_dtype_t dtype;
+    int ndim;
+    int64_t shape[DG_MAX_DIMS];  /* local shape */
+    int64_t stride[DG_MAX_DIMS]; /* elements; row-major contiguous today */
+    size_t nbytes;
+
+    /* Placement of a parameter-like tensor in its global tensor: global shape, the sharded dim (-1 =
+     * replicated, local == global) and the local piece's offset along that dim. */
+    int64_t gshape[DG_MAX_DIMS];
+    int shard_dim;
+    int64_t shard_off;
+
+    int n_src;
+    dg_node_t *src[DG_MAX_SRC];
+    int n_upd;
+    dg_node_t *upd[DG_MAX_UPD]; /* persistent tensors updated in place */
+    int n_side;
+    dg_node_t *side[DG_MAX_SIDE];
+    int n_wait;
+    dg_node_t *wait[DG_MAX_WAIT]; /* nodes on another stream that must finish first */
+    int64_t attr[DG_MAX_ATTR];
+
+    dg_node_t *view_src; /* shares the storage of this node (byte offset view_offs) */
+    size_t view_offs;
+
+    void *data; /* PERSISTENT: device pointer, bound by the owner */
+
+    /* autodiff bookkeeping */
+    int needs_grad;
+    dg_node_t *grad;   /* gradient of this node: for params the persistent f32 gradient */
+    dg_node_t *master; /* params: the f32 master (== this node's storage when act dtype is f32) */
+    int param_index;   /* params and their state: index in the owner's table, else -1 */
+};
+
+typedef struct dg_graph {
+    dg_node_t **nodes;
+    int n, cap;
+    uint64_t generation; /* bumped by every mutation; plans are tied to it */
+    dg_dtype_t act_dtype;
+    dg_backend_t *be;
+    dg_mesh_shape_t mesh; /* sizes of the mesh dimensions collectives run over */
+    dg_status_t err;      /* sticky builder error (first one wins) */
+    dg_phase_t cur_phase; /* phase given to newly created ops */
+} dg_graph_t;
+
+/* Re-raises the current error with a prefix: "<prefix>: <previous message>" (copies the previous
+ * message first: it lives in the buffer DG_ERR writes). */
+dg_status_t dg_err_prefix(dg_status_t st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---------------- graph building ---------------- */
+/* `be` answers backend-specific sizes (attention scratch) and gives the activation dtype; it is not
+ * used for memory. */
+dg_graph_t *dg_graph_create(dg_backend_t *be);
+void dg_graph_free(dg_graph_t *g);
+/* The builder error: DG_OK, or the status of the first failing op constructor (message in
+ * dg_last_error()). Op constructors return NULL once the graph is in error. */
+dg_status_t dg_graph_error(const dg_graph_t *g);
+void dg_graph_touch(dg_graph_t *g); /* bump the generation after a direct field edit */
+
+/* A PERSISTENT leaf (param, input, state, scalar): flags as above. */
+dg_node_t *dg_graph_leaf(dg_graph_t *g, const char *name, dg_dtype_t dtype, int ndim, const int64_t *shape,
+                         unsigned flags);
+/* Trainable parameter leaf in the act dtype, with its f32 master (aliased when act is f32) and f32 grad. */
+dg_node_t *dg_graph_param(dg_graph_t *g, const char *name, int ndim, const int64_t *shape);
+
+/* Op constructors: check shapes (DG_ERR_USAGE naming the op and the mismatch), infer the output and
+ * side outputs, append in the current phase. NULL on error (sticky). */
+dg_node_t *dg_op_encoder(dg_graph_t *g, const char *name, dg_node_t *tokens, dg_node_t *wte, dg_node_t *wpe);
+dg_node_t *dg_op_layernorm(dg_graph_t *g, const char *name, dg_node_t *x, dg_node_t *w, dg_node_t *b);
+dg_node_t *dg_op_matmul(dg_graph_t *g, const char *name, dg_node_t *x, dg_node_t *w, dg_node_t *bias);
+dg_node_t *dg_op_gelu(dg_graph_t *g, const char *name, dg_node_t *x);
+dg_node_t *dg_op_attention(dg_graph_t *g, const char *name, dg_node_t *qkv, int n_head);
+dg_node_t *dg_op_add(dg_graph_t *g, const char *name, dg_node_t *a, dg_node_t *b);
+dg_node_t *dg_op_crossentropy(dg_graph_t *g, const char *name, dg_node_t *logits, dg_node_t *targets, int V);
+dg_node_t *dg_op_all_gather(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim);
+dg_node_t *dg_op_reduce_scatter(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim);
+dg_node_t *dg_op_all_reduce(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim);
+
+/* Generic constructor used by the above, autodiff and passes: fills a node of `kind` with the given
+ * sources, persistent tensors it updates in place, and attributes; runs the op's shape rule; appends
+ * it (and its side outputs) in the current phase. */
+dg_node_t *dg_graph_add_op(dg_graph_t *g, dg_op_kind_t kind, const char *name, int n_src, dg_node_t *const *src,
+                           int n_upd, dg_node_t *const *upd, const int64_t *attr, int n_attr);
+
+size_t dg_node_numel(const dg_node_t *n);
+int64_t dg_node_rows(const dg_node_t *n); /* product of all dims but the last */
+int64_t dg_node_cols(const dg_node_t *n); /* last dim */
+dg_node_t *dg_node_root(dg_node_t *n);    /* follows view_src to the storage owner */
+const dg_node_t *dg_node_root_c(const dg_node_t *n);
+void dg_node_shape_str(const dg_node_t *n, char *buf, size_t cap);
+
+/* Checks the structural invariants: topological order, ids, side outputs after producers, wait edges
+ * to earlier nodes on another stream, phases contiguous, shapes consistent with the op's rule.
+ * DG_ERR_RUNTIME with a message naming the first bad node (a pass bug). */
+dg_status_t dg_graph_verify(const dg_graph_t *g);
+
+/* [first, end) of the nodes in `phase` (empty range = first == end). */
+void dg_graph_phase_range(const dg_graph_t *g, dg_phase_t phase, int *first, int *end);
+const char *dg_phase_name(dg_phase_t p);
+
+/* ---------------- op registry ---------------- */
+typedef struct dg_exec dg_exec_t;
+typedef struct dg_ad dg_ad_t;
+
+typedef enum {
+    DG_GRAD_BUILDER = 0,  /* differentiable: `backward` emits the backward ops */
+    DG_GRAD_NONE = 1,     /* a backward/optimizer op: never differentiated (autodiff asserts) */
+    DG_GRAD_STRUCTURAL = 2
+} dg_grad_kind_t;
+
+typedef struct dg_op_def {
+    dg_op_kind_t kind;
+    const char *name;
+    int min_src, max_src;
+    /* Validates the sources/attributes and sets dtype/shape (and creates side outputs via
+     * dg_node_add_side). DG_ERR_USAGE with a message on a mismatch. */
+    dg_status_t (*shape)(dg_graph_t *g, dg_node_t *n);
+    dg_grad_kind_t grad_kind;
+    /* Emits the backward of n (reads n->grad, contributes to its inputs' grads). */
+    dg_status_t (*backward)(dg_ad_t *ad, dg_node_t *n);
+    /* Runs n through the backend. NULL only for structural kinds. */
+    dg_status_t (*exec)(dg_exec_t *ex, const dg_node_t *n);
+    unsigned inplace_mask; /* bit k: the output may share src[k]'s storage (the kernel allows it) */
+    int is_collective;
+} dg_op_def_t;
+
+const dg_op_def_t *dg_op_def(dg_op_kind_t kind);
+const char *dg_op_name(dg_op_kind_t kind);
+/* For shape rules: add a side output of op n. */
+dg_node_t *dg_node_add_side(dg_graph_t *g, dg_node_t *n, const char *suffix, dg_dtype_t dtype, int ndim,
+                            const int64_t *shape);
+
+/* ---------------- passes ---------------- */
+typedef dg_status_t (*dg_pass_fn_t)(dg_graph_t *g, void *ctx);
+typedef struct dg_pass {
+    const char *name;
+    dg_pass_fn_t fn;
+    void *ctx;
+} dg_pass_t;
+/* Runs the passes in order; verifies the graph after each and bumps the generation. */
+dg_status_t dg_graph_run_passes(dg_graph_t *g, const dg_pass_t *passes, int n);
+
+/* Autodiff (reverse mode): appends, in phase BWD, the backward of every node that leads to one of
+ * `outs` (which are flagged OUTPUT, so they stay readable after the backward). seeds[i] is the gradient of outs[i] (a node of the same shape), or NULL when outs[i] is a
+ * per-token loss (DG_NF_LOSS, from CROSSENTROPY) whose seed is the runtime scalar dloss. Parameters
+ * receive their gradient in their persistent f32 grad (accumulated, +=); inputs flagged
+ * DG_NF_WANT_GRAD get an arena gradient flagged OUTPUT (read it with dg_node_grad_of).
+ * A tensor with several consumers gets the sum of their contributions (accumulated in place when that
+ * is safe, else through an extra add). */
+dg_status_t dg_autodiff(dg_graph_t *g, int n_out, dg_node_t *const *outs, dg_node_t *const *seeds);
+dg_node_t *dg_node_grad_of(const dg_node_t *x);
+
+/* Helpers for the backward builders of the op registry (ops.c). */
+dg_graph_t *dg_ad_graph(dg_ad_t *ad);
+/* 1 if x should receive a gradient (needs one and is not a parameter: parameters get theirs through
+ * the persistent grad listed in the backward op's `upd`). */
+int dg_ad_wants(const dg_ad_t *ad, const dg_node_t *x);
+/* 1 if n is a loss output whose seed is the runtime dloss. */
+int dg_ad_is_loss_seed(const dg_ad_t *ad, const dg_node_t *n);
+/* The gradient version of x a kernel may accumulate into in place (acc = 1), or NULL when the kernel
+ * must write a fresh buffer (no gradient yet, or its storage is still needed by another tensor). */
+dg_node_t *dg_ad_acc_target(dg_ad_t *ad, dg_node_t *x);
+/* Records g as x's gradient: `in_place` = g accumulated into the target from dg_ad_acc_target; else
+ * g is fresh and is summed with any gradient x already has. */
+void dg_ad_contribute(dg_ad_t *ad, dg_node_t *x, dg_node_t *g, int in_place);
+/* Records an existing tensor g (also another tensor's gradient) as a contribution to x, without a
+ * kernel when x has no gradient yet (e.g. both inputs of an add). */
+void dg_ad_contribute_shared(dg_ad_t *ad, dg_node_t *x, dg_node_t *g);
+/* The persistent f32 gradient that a backward kernel accumulates into for weight w; sets a builder
+ * error and returns NULL if w is not a parameter. */
+dg_node_t *dg_ad_param_grad(dg_ad_t *ad, dg_node_t *w, const char *op_name);
+
+/* Optimizer pass: appends ZERO ops for every param grad (phase ZERO) and, in phase OPT, zero the
+ * norm accumulator, SUMSQ of every grad, CLIP_SCALE, and one ADAMW per parameter (the creation order of
+ * params). decay_of(param, ctx) says whether a param gets weight decay. The scalars node (f32 [4]:
+ * sumsq, gscale, norm, spare) is created and returned through *scalars_out. */
+dg_status_t dg_graph_add_optimizer(dg_graph_t *g, int (*decay_of)(const dg_node_t *param, void *ctx),
+                                   void *ctx, dg_node_t **scalars_out);
+enum { DG_SCALAR_SUMSQ = 0, DG_SCALAR_GSCALE = 1, DG_SCALAR_NORM = 2, DG_SCALAR_COUNT = 4 };
+
+/* In-place pass: lets an op's output share the storage of a source whose last use it is, where the
+ * kernel allows it (inplace_mask). Saves arena space (e.g. dlogits over logits). */
+dg_status_t dg_pass_inplace(dg_graph_t *g, void *ctx);
+
+/* ---------------- memory planner ---------------- */
+/* Core of the planner, on abstract buffers: buffer i of size[i] bytes is live over schedule positions
+ * [start[i], end[i]] inclusive. Assigns offsets (multiples of align) so that no two buffers whose
+ * intervals intersect overlap in memory; greedy by size (largest first, lowest fitting offset,
+ * ties by index). Returns the arena size (<= sum of aligned sizes). */
+size_t dg_plan_intervals(int n, const size_t *size, const int *start, const int *end, size_t align,
+                         size_t *offset_out);
+
+typedef struct dg_plan {
+    const dg_graph_t *graph;
+    uint64_t generation;
+    int n_nodes;
+    size_t arena_bytes;
+    size_t act_bytes_sum;
+    /* per node id: arena offset of its root (SIZE_MAX if not in the arena), and its root's live range */
+    size_t *offset;
+    int *live_start, *live_end;
+} dg_plan_t;
+
+/* Phase 1 (reserve): liveness over the schedule, offsets for every arena root. flags:
+ * DG_PLAN_NO_REUSE gives every tensor its own memory (the reference the planner is tested against). */
+enum { DG_PLAN_NO_REUSE = 1 };
+dg_status_t dg_plan_create(const dg_graph_t *g, int flags, dg_plan_t **out);
+void dg_plan_free(dg_plan_t *p);
+/* 1 if p was made from g as it is now. */
+int dg_plan_matches(const dg_plan_t *p, const dg_graph_t *g);
+/* Independent check of a plan: every pair of arena roots with intersecting live ranges is disjoint in
+ * memory, every range fits the arena, every reader sits inside its tensor's live range. DG_ERR_RUNTIME
+ * with the first violation. */
+dg_status_t dg_plan_check(const dg_plan_t *p, const dg_graph_t *g);
+
+/* ---------------- executor ---------------- */
+/* Values that change between runs without changing the graph. */
+typedef struct dg_runtime {
+    float dloss; /* seed of every DG_NF_LOSS output */
+    float lr, beta1, beta2, eps, weight_decay, grad_clip, grad_extra;
+    int64_t t;
+} dg_runtime_t;
+
+struct dg_exec {
+    dg_backend_t *be;
+    const dg_graph_t *graph;
+    const dg_plan_t *plan;
+    void *arena; /* phase 2 (run): the arena allocated with the plan's size */
+    dg_runtime_t rt;
+    uint64_t ops_run;
+};
+
+/* Allocates the arena for `plan` (phase 2). Persistent nodes must be bound (data != NULL) before runs. */
+dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_plan_t *plan, dg_exec_t **out);
+void dg_exec_free(dg_exec_t *ex);
+/* Runs nodes [first, end) of the schedule in order. Asserts that the plan still matches the graph. */
+dg_status_t dg_exec_run(dg_exec_t *ex, int first, int end);
+dg_status_t dg_exec_run_phase(dg_exec_t *ex, dg_phase_t phase);
+/* Device address of a node's storage (arena or persistent). */
+void *dg_exec_ptr(const dg_exec_t *ex, const dg_node_t *n);
+
+/* Allocates device memory for every PERSISTENT root that has none yet (tests and small graphs); the
+ * allocations are recorded in *list (free with dg_graph_free_persistent). */
+typedef struct dg_alloc_list {
+    void **ptrs;
+    int n, cap;
+} dg_alloc_list_t;
+dg_status_t dg_graph_alloc_persistent(dg_graph_t *g, dg_backend_t *be, dg_alloc_list_t *list);
+void dg_graph_free_persistent(dg_backend_t *be, dg_alloc_list_t *list);
+
+/* ---------------- printing ---------------- */
+/* The schedule: one line per node (or a JSON array when json = 1) with phase, stream, op, name, shape,
+ * dtype, bytes, placement (arena offset / persistent / alias) and inputs. plan may be NULL. */
+void dg_graph_print(const dg_graph_t *g, const dg_plan_t *plan, FILE *out, int json);
+
+/* ---------------- model internals (tests, passes) ---------------- */
+struct dg_model;
+dg_graph_t *dg_model_graph(const struct dg_model *m);
+const dg_plan_t *dg_model_plan(const struct dg_model *m);
+
+#endif /* DG_GRAPH_IMPL_H */

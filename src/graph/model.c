@@ -1,0 +1,672 @@
+/* model.c — the GPT-2-family model on top of the IR: presets and size checks, the builder that emits
+ * the forward graph, the fixed pass pipeline (autodiff -> optimizer -> in-place -> plan), flat storage
+ * for parameters/gradients/AdamW moments, deterministic initialisation, and the model-level API of
+ * graph.h that the training loop calls.
+ */
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph.h"
+#include "graph_impl.h"
+
+#define PARAM_ALIGN_ELEMS 64 /* 256 bytes of f32: every tensor starts aligned in the flat buffers */
+
+struct dg_model {
+    dg_model_desc_t d;
+    dg_backend_t *be;
+    int B, T, flags;
+    uint64_t seed;
+
+    dg_graph_t *g;
+    dg_plan_t *plan;
+    dg_exec_t *ex;
+
+    int np;
+    dg_param_info_t *info;
+    char (*names)[64];
+    dg_node_t **pnode;
+    size_t *off; /* element offset of each tensor in the flat buffers */
+    size_t total;
+
+    float *master, *grad, *adam_m, *adam_v;
+    void *compute; /* act-dtype copy of the params; NULL when act is f32 (the master is used) */
+    int32_t *tokens_dev, *targets_dev;
+    float *scalars_dev;
+
+    dg_node_t *tokens, *targets, *losses, *logits, *scalars;
+    float *host_losses;
+};
+
+/* ---------------- descriptions ---------------- */
+
+static const struct {
+    const char *name;
+    int n_layer, n_head, d_model, seq_len, vocab_size;
+} presets[] = {
+    {"tiny", 4, 4, 128, 128, 256},
+    {"gpt2-124m", 12, 12, 768, 1024, 50257},
+    {"gpt2-350m", 24, 16, 1024, 1024, 50257},
+    {"gpt2-774m", 36, 20, 1280, 1024, 50257},
+    {"gpt2-1558m", 48, 25, 1600, 1024, 50257},
+};
+#define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
+
+static int pad_vocab(int v) {
+    return (int)(((int64_t)v + 63) / 64 * 64);
+}
+
+dg_status_t dg_model_desc_preset(const char *name, dg_model_desc_t *out) {
+    for (int i = 0; i < N_PRESETS; i++) {
+        if (strcmp(name, presets[i].name) != 0) continue;
+        *out = (dg_model_desc_t){presets[i].n_layer, presets[i].n_head, presets[i].d_model, presets[i].seq_len,
+                                 presets[i].vocab_size, pad_vocab(presets[i].vocab_size)};
+        return DG_OK;
+    }
+    return DG_ERR(DG_ERR_USAGE,
+                  "model.preset = '%s' is unknown; expected tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m "
+                  "or custom",
+                  name);
+}
+
+dg_status_t dg_model_desc_validate(const dg_model_desc_t *d) {
+    struct {
+        const char *key;
+        int v, lo, hi;
+    } r[] = {{"n_layer", d->n_layer, 1, 1024},        {"n_head", d->n_head, 1, 1024},
+             {"d_model", d->d_model, 1, 1 << 16},     {"seq_len", d->seq_len, 1, 1 << 17},
+             {"vocab_size", d->vocab_size, 2, 1 << 24}};
+    for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
+        if (r[i].v < r[i].lo || r[i].v > r[i].hi)
+            return DG_ERR(DG_ERR_USAGE, "model.%s = %d is out of range (expected %d..%d)", r[i].key, r[i].v, r[i].lo,
+                          r[i].hi);
+    if (d->d_model % d->n_head != 0)
+        return DG_ERR(DG_ERR_USAGE, "model.d_model = %d is not divisible by model.n_head = %d", d->d_model, d->n_head);
+    if (d->padded_vocab < d->vocab_size || d->padded_vocab > (1 << 24) + 64)
+        return DG_ERR(DG_ERR_USAGE, "padded vocabulary %d must be >= model.vocab_size = %d (and <= 2^24 + 64)",
+                      d->padded_vocab, d->vocab_size);
+    return DG_OK;
+}
+
+dg_status_t dg_model_desc_from_config(const dg_config_t *cfg, dg_model_desc_t *out) {
+    dg_model_desc_t d = {0};
+    int custom = strcmp(cfg->model.preset, "custom") == 0;
+    if (!custom) DG_TRY(dg_model_desc_preset(cfg->model.preset, &d));
+    struct {
+        const char *key;
+        int64_t v;
+        int *dst;
+    } o[] = {{"n_layer", cfg->model.n_layer, &d.n_layer},
+             {"n_head", cfg->model.n_head, &d.n_head},
+             {"d_model", cfg->model.d_model, &d.d_model},
+             {"seq_len", cfg->model.seq_len, &d.seq_len},
+             {"vocab_size", cfg->model.vocab_size, &d.vocab_size}};
+    char missing[128] = "";
+    for (size_t i = 0; i < sizeof o / sizeof o[0]; i++) {
+        if (o[i].v < 0 || o[i].v > INT_MAX)
+            return DG_ERR(DG_ERR_USAGE, "model.%s = %" PRId64 " is out of range", o[i].key, o[i].v);
+        if (o[i].v > 0) *o[i].dst = (int)o[i].v;
+        else if (custom) {
+            size_t l = strlen(missing);
+            snprintf(missing + l, sizeof missing - l, "%s%s", l ? ", " : "", o[i].key);
+        }
+    }
+    if (custom && missing[0])
+        return DG_ERR(DG_ERR_USAGE, "model.preset = custom needs every size; missing: %s", missing);
+    d.padded_vocab = pad_vocab(d.vocab_size);
+    DG_TRY(dg_model_desc_validate(&d));
+    *out = d;
+    return DG_OK;
+}
+
+uint64_t dg_model_n_params(const dg_model_desc_t *d) {
+    uint64_t C = (uint64_t)d->d_model, L = (uint64_t)d->n_layer;
+    uint64_t per_layer = 12 * C * C + 13 * C; /* qkv 3C^2+3C, proj C^2+C, fc 4C^2+4C, proj 4C^2+C, 2 LN 4C */
+    return (uint64_t)d->vocab_size * C + (uint64_t)d->seq_len * C + L * per_layer + 2 * C;
+}
+
+double dg_model_flops_per_token(const dg_model_desc_t *d) {
+    double C = d->d_model, L = d->n_layer, T = d->seq_len;
+    double N = (double)d->padded_vocab * C + L * (12.0 * C * C + 13.0 * C) + 2.0 * C;
+    return 6.0 * N + 12.0 * L * C * T;
+}
+
+/* ---------------- building ---------------- */
+
+static int decay_of(const dg_node_t *p, void *ctx) {
+    const dg_model_t *m = ctx;
+    return m->info[p->param_index].decay;
+}
+
+static dg_node_t *add_param(dg_model_t *m, const char *name, int ndim, int64_t r, int64_t c, int decay) {
+    int64_t shape[2] = {r, c};
+    dg_node_t *p = dg_graph_param(m->g, name, ndim, shape);
+    if (!p) return NULL;
+    int i = m->np++;
+    DG_ASSERT(p->param_index == i);
+    snprintf(m->names[i], sizeof m->names[i], "%s", name);
+    m->pnode[i] = p;
+    m->info[i] = (dg_param_info_t){m->names[i], ndim, {r, ndim == 2 ? c : 0}, dg_node_numel(p), decay};
+    return p;
+}
+
+typedef struct {
+    dg_node_t *ln1w, *ln1b, *qkvw, *qkvb, *projw, *projb, *ln2w, *ln2b, *fcw, *fcb, *mprojw, *mprojb;
+} layer_params_t;
+
+static dg_status_t build_forward(dg_model_t *m) {
+    dg_graph_t *g = m->g;
+    const dg_model_desc_t *d = &m->d;
+    int64_t C = d->d_model, L = d->n_layer;
+    int64_t bt[2] = {m->B, m->T};
+    char nm[64];
+    m->tokens = dg_graph_leaf(g, "tokens", DG_I32, 2, bt, DG_NF_INPUT);
+    m->targets = dg_graph_leaf(g, "targets", DG_I32, 2, bt, DG_NF_INPUT);
+    dg_node_t *wte = add_param(m, "wte", 2, d->padded_vocab, C, 0);
+    dg_node_t *wpe = add_param(m, "wpe", 2, d->seq_len, C, 0);
+    layer_params_t *lp = dg_xcalloc((size_t)L, sizeof *lp);
+    for (int l = 0; l < L && !g->err; l++) {
+#define PN(suffix) (dg_fmt(nm, sizeof nm, "h.%d.%s", l, suffix), nm)
+        lp[l].ln1w = add_param(m, PN("ln_1.weight"), 1, C, 0, 0);
+        lp[l].ln1b = add_param(m, PN("ln_1.bias"), 1, C, 0, 0);
+        lp[l].qkvw = add_param(m, PN("attn.qkv.weight"), 2, 3 * C, C, 1);
+        lp[l].qkvb = add_param(m, PN("attn.qkv.bias"), 1, 3 * C, 0, 0);
+        lp[l].projw = add_param(m, PN("attn.proj.weight"), 2, C, C, 1);
+        lp[l].projb = add_param(m, PN("attn.proj.bias"), 1, C, 0, 0);
+        lp[l].ln2w = add_param(m, PN("ln_2.weight"), 1, C, 0, 0);
+        lp[l].ln2b = add_param(m, PN("ln_2.bias"), 1, C, 0, 0);
+        lp[l].fcw = add_param(m, PN("mlp.fc.weight"), 2, 4 * C, C, 1);
+        lp[l].fcb = add_param(m, PN("mlp.fc.bias"), 1, 4 * C, 0, 0);
+        lp[l].mprojw = add_param(m, PN("mlp.proj.weight"), 2, C, 4 * C, 1);
+        lp[l].mprojb = add_param(m, PN("mlp.proj.bias"), 1, C, 0, 0);
+    }
+    dg_node_t *lnfw = add_param(m, "ln_f.weight", 1, C, 0, 0);
+    dg_node_t *lnfb = add_param(m, "ln_f.bias", 1, C, 0, 0);
+
+    dg_node_t *x = dg_op_encoder(g, "encoder", m->tokens, wte, wpe);
+    for (int l = 0; l < L && !g->err; l++) {
+        layer_params_t *p = &lp[l];
+        dg_node_t *h = dg_op_layernorm(g, PN("ln_1"), x, p->ln1w, p->ln1b);
+        dg_node_t *qkv = dg_op_matmul(g, PN("attn.qkv"), h, p->qkvw, p->qkvb);
+        dg_node_t *a = dg_op_attention(g, PN("attn"), qkv, d->n_head);
+        dg_node_t *pr = dg_op_matmul(g, PN("attn.proj"), a, p->projw, p->projb);
+        x = dg_op_add(g, PN("res_1"), x, pr);
+        dg_node_t *h2 = dg_op_layernorm(g, PN("ln_2"), x, p->ln2w, p->ln2b);
+        dg_node_t *f = dg_op_matmul(g, PN("mlp.fc"), h2, p->fcw, p->fcb);
+        dg_node_t *ge = dg_op_gelu(g, PN("mlp.gelu"), f);
+        dg_node_t *mp = dg_op_matmul(g, PN("mlp.proj"), ge, p->mprojw, p->mprojb);
+        x = dg_op_add(g, PN("res_2"), x, mp);
+#undef PN
+    }
+    free(lp);
+    dg_node_t *xf = dg_op_layernorm(g, "ln_f", x, lnfw, lnfb);
+    m->logits = dg_op_matmul(g, "lm_head", xf, wte, NULL); /* tied: logits = xf . wte^T */
+    m->losses = dg_op_crossentropy(g, "loss", m->logits, m->targets, d->vocab_size);
+    return g->err;
+}
+
+static dg_status_t pass_autodiff(dg_graph_t *g, void *ctx) {
+    dg_model_t *m = ctx;
+    return dg_autodiff(g, 1, &m->losses, NULL);
+}
+
+static dg_status_t pass_optimizer(dg_graph_t *g, void *ctx) {
+    dg_model_t *m = ctx;
+    return dg_graph_add_optimizer(g, decay_of, m, &m->scalars);
+}
+
+/* ---------------- initialisation ---------------- */
+
+static uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in (0, 1) from a counter: element `idx` of tensor `k` under `seed`, independent of every
+ * other element, so any piece of a tensor can be generated alone. */
+static double uniform01(uint64_t seed, uint64_t k, uint64_t idx) {
+    uint64_t h = mix64(mix64(mix64(seed) + k) + idx);
+    return ((double)(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+static float normal(uint64_t seed, uint64_t k, uint64_t i) {
+    double u1 = uniform01(seed, k, 2 * i), u2 = uniform01(seed, k, 2 * i + 1);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+static void init_tensor(const dg_model_t *m, int i, float *h) {
+    const dg_param_info_t *pi = &m->info[i];
+    const char *name = pi->name;
+    size_t n = pi->numel;
+    if (ends_with(name, ".bias") || ends_with(name, "ln_1.weight") || ends_with(name, "ln_2.weight") ||
+        strcmp(name, "ln_f.weight") == 0) {
+        float v = ends_with(name, ".weight") ? 1.0f : 0.0f; /* layernorm gain 1, every bias 0 */
+        for (size_t e = 0; e < n; e++) h[e] = v;
+        return;
+    }
+    double std = 0.02;
+    if (ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight"))
+        std = 0.02 / sqrt(2.0 * m->d.n_layer); /* residual projections: keep the stream's variance flat */
+    size_t valid = n;
+    if (strcmp(name, "wte") == 0) valid = (size_t)m->d.vocab_size * (size_t)m->d.d_model; /* padded rows stay 0 */
+    for (size_t e = 0; e < n; e++) h[e] = e < valid ? (float)(std * normal(m->seed, (uint64_t)i, e)) : 0.0f;
+}
+
+/* ---------------- create / free ---------------- */
+
+static dg_status_t alloc_zero(dg_backend_t *be, size_t bytes, void **out) {
+    DG_TRY(be->ops->alloc(be, bytes, out));
+    return be->ops->memset0(be, *out, bytes);
+}
+
+static dg_status_t bind_and_alloc(dg_model_t *m) {
+    dg_backend_t *be = m->be;
+    size_t fb = m->total * sizeof(float);
+    DG_TRY(alloc_zero(be, fb, (void **)&m->master));
+    DG_TRY(alloc_zero(be, fb, (void **)&m->grad));
+    DG_TRY(alloc_zero(be, fb, (void **)&m->adam_m));
+    DG_TRY(alloc_zero(be, fb, (void **)&m->adam_v));
+    size_t as = dg_dtype_size(m->g->act_dtype);
+    if (m->g->act_dtype != DG_F32) DG_TRY(alloc_zero(be, m->total * as, &m->compute));
+    size_t ntok = (size_t)m->B * (size_t)m->T;
+    DG_TRY(alloc_zero(be, ntok * sizeof(int32_t), (void **)&m->tokens_dev));
+    DG_TRY(alloc_zero(be, ntok * sizeof(int32_t), (void **)&m->targets_dev));
+    DG_TRY(alloc_zero(be, DG_SCALAR_COUNT * sizeof(float), (void **)&m->scalars_dev));
+    m->tokens->data = m->tokens_dev;
+    m->targets->data = m->targets_dev;
+    m->scalars->data = m->scalars_dev;
+    for (int i = 0; i < m->np; i++) {
+        dg_node_t *p = m->pnode[i];
+        p->master->data = m->master + m->off[i];
+        if (p->master != p) p->data = (char *)m->compute + m->off[i] * as;
+        p->grad->data = m->grad + m->off[i];
+    }
+    for (int j = 0; j < m->g->n; j++) {
+        dg_node_t *x = m->g->nodes[j];
+        if (!(x->flags & DG_NF_OPTSTATE)) continue;
+        DG_ASSERT(x->param_index >= 0 && x->param_index < m->np);
+        float *base = strncmp(x->name, "adam_m.", 7) == 0 ? m->adam_m : m->adam_v;
+        x->data = base + m->off[x->param_index];
+    }
+    return dg_exec_create(be, m->g, m->plan, &m->ex);
+}
+
+static dg_status_t init_weights(dg_model_t *m) {
+    size_t maxn = 0;
+    for (int i = 0; i < m->np; i++)
+        if (m->info[i].numel > maxn) maxn = m->info[i].numel;
+    float *h = dg_xmalloc(maxn * sizeof(float));
+    dg_status_t st = DG_OK;
+    for (int i = 0; i < m->np && st == DG_OK; i++) {
+        init_tensor(m, i, h);
+        st = dg_model_set_tensor(m, i, DG_STATE_PARAM, h);
+    }
+    free(h);
+    return st;
+}
+
+dg_status_t dg_model_create(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
+                            dg_model_t **out) {
+    return dg_model_create_ex(d, be, micro_batch, seed, 0, out);
+}
+
+dg_status_t dg_model_create_ex(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
+                               int flags, dg_model_t **out) {
+    *out = NULL;
+    DG_TRY(dg_model_desc_validate(d));
+    if (!be) return DG_ERR(DG_ERR_USAGE, "model: no compute backend given");
+    if (micro_batch < 1 || (int64_t)micro_batch * d->seq_len > INT_MAX / 4)
+        return DG_ERR(DG_ERR_USAGE, "train.micro_batch = %d is out of range for seq_len %d", micro_batch, d->seq_len);
+    dg_model_t *m = dg_xcalloc(1, sizeof *m);
+    m->d = *d;
+    m->be = be;
+    m->B = micro_batch;
+    m->T = d->seq_len;
+    m->flags = flags;
+    m->seed = seed;
+    int cap = 4 + 12 * d->n_layer;
+    m->info = dg_xcalloc((size_t)cap, sizeof *m->info);
+    m->names = dg_xcalloc((size_t)cap, sizeof *m->names);
+    m->pnode = dg_xcalloc((size_t)cap, sizeof *m->pnode);
+    m->off = dg_xcalloc((size_t)cap + 1, sizeof *m->off);
+    m->g = dg_graph_create(be);
+
+    dg_status_t st = build_forward(m);
+    if (st == DG_OK) {
+        m->losses->flags |= DG_NF_OUTPUT;
+        dg_pass_t pipeline[] = {
+            {"autodiff", pass_autodiff, m},
+            {"optimizer", pass_optimizer, m},
+            {"inplace", dg_pass_inplace, NULL},
+        };
+        st = dg_graph_run_passes(m->g, pipeline, (int)(sizeof pipeline / sizeof pipeline[0]));
+    }
+    if (st == DG_OK) st = dg_plan_create(m->g, (flags & DG_MODEL_NO_ARENA_REUSE) ? DG_PLAN_NO_REUSE : 0, &m->plan);
+    if (st == DG_OK) {
+        size_t t = 0;
+        for (int i = 0; i < m->np; i++) {
+            m->off[i] = t;
+            t += (m->info[i].numel + PARAM_ALIGN_ELEMS - 1) / PARAM_ALIGN_ELEMS * PARAM_ALIGN_ELEMS;
+        }
+        m->total = t;
+        m->host_losses = dg_xmalloc((size_t)m->B * (size_t)m->T * sizeof(float));
+    }
+    if (st == DG_OK && !(flags & DG_MODEL_PLAN_ONLY)) {
+        st = bind_and_alloc(m);
+        if (st == DG_OK) st = init_weights(m);
+    }
+    if (st != DG_OK) {
+        dg_model_free(m);
+        return st;
+    }
+    *out = m;
+    return DG_OK;
+}
+
+void dg_model_free(dg_model_t *m) {
+    if (!m) return;
+    dg_backend_t *be = m->be;
+    dg_exec_free(m->ex);
+    void *bufs[] = {m->master, m->grad, m->adam_m, m->adam_v, m->compute, m->tokens_dev, m->targets_dev,
+                    m->scalars_dev};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->ops->free(be, bufs[i]);
+    dg_plan_free(m->plan);
+    dg_graph_free(m->g);
+    free(m->info);
+    free(m->names);
+    free(m->pnode);
+    free(m->off);
+    free(m->host_losses);
+    free(m);
+}
+
+/* ---------------- accessors ---------------- */
+
+const dg_model_desc_t *dg_model_desc(const dg_model_t *m) {
+    return &m->d;
+}
+
+int dg_model_micro_batch(const dg_model_t *m) {
+    return m->B;
+}
+
+int dg_model_n_tensors(const dg_model_t *m) {
+    return m->np;
+}
+
+const dg_param_info_t *dg_model_param(const dg_model_t *m, int i) {
+    return (i >= 0 && i < m->np) ? &m->info[i] : NULL;
+}
+
+int dg_model_find_param(const dg_model_t *m, const char *name) {
+    for (int i = 0; i < m->np; i++)
+        if (strcmp(m->info[i].name, name) == 0) return i;
+    return -1;
+}
+
+size_t dg_model_arena_bytes(const dg_model_t *m) {
+    return m->plan->arena_bytes;
+}
+
+size_t dg_model_activation_bytes_sum(const dg_model_t *m) {
+    return m->plan->act_bytes_sum;
+}
+
+size_t dg_model_state_bytes(const dg_model_t *m) {
+    size_t b = 4 * m->total * sizeof(float);
+    if (m->g->act_dtype != DG_F32) b += m->total * dg_dtype_size(m->g->act_dtype);
+    return b;
+}
+
+int dg_model_n_ops(const dg_model_t *m) {
+    int k = 0;
+    for (int i = 0; i < m->g->n; i++)
+        if (m->g->nodes[i]->op != DG_OP_LEAF && m->g->nodes[i]->op != DG_OP_SIDE) k++;
+    return k;
+}
+
+dg_graph_t *dg_model_graph(const dg_model_t *m) {
+    return m->g;
+}
+
+const dg_plan_t *dg_model_plan(const dg_model_t *m) {
+    return m->plan;
+}
+
+/* ---------------- running ---------------- */
+
+static dg_status_t need_memory(const dg_model_t *m, const char *what) {
+    if (m->flags & DG_MODEL_PLAN_ONLY)
+        return DG_ERR(DG_ERR_USAGE, "model: %s on a model created plan-only (no memory)", what);
+    return DG_OK;
+}
+
+static dg_status_t check_ids(const dg_model_t *m, const int32_t *ids, const char *what) {
+    if (!ids) return DG_ERR(DG_ERR_USAGE, "model: %s missing", what);
+    size_t n = (size_t)m->B * (size_t)m->T;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= m->d.vocab_size)
+            return DG_ERR(DG_ERR_USAGE, "model: %s[%zu] (sequence %zu, position %zu) = %d is outside the vocabulary [0, %d)",
+                          what, i, i / (size_t)m->T, i % (size_t)m->T, (int)ids[i], m->d.vocab_size);
+    return DG_OK;
+}
+
+static dg_status_t upload(dg_model_t *m, const int32_t *tokens, const int32_t *targets) {
+    size_t bytes = (size_t)m->B * (size_t)m->T * sizeof(int32_t);
+    DG_TRY(check_ids(m, tokens, "tokens"));
+    DG_TRY(check_ids(m, targets, "targets"));
+    DG_TRY(m->be->ops->to_device(m->be, m->tokens_dev, tokens, bytes));
+    return m->be->ops->to_device(m->be, m->targets_dev, targets, bytes);
+}
+
+static dg_status_t read_mean_loss(dg_model_t *m, float *mean_out) {
+    size_t n = (size_t)m->B * (size_t)m->T;
+    DG_TRY(m->be->ops->sync(m->be));
+    if (!mean_out) return DG_OK;
+    DG_TRY(m->be->ops->to_host(m->be, m->host_losses, dg_exec_ptr(m->ex, m->losses), n * sizeof(float)));
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += m->host_losses[i];
+    *mean_out = (float)(s / (double)n);
+    return DG_OK;
+}
+
+dg_status_t dg_model_forward_backward(dg_model_t *m, const int32_t *tokens_host, const int32_t *targets_host,
+                                      float dloss, float *mean_loss_out) {
+    DG_TRY(need_memory(m, "forward_backward"));
+    if (!isfinite(dloss)) return DG_ERR(DG_ERR_USAGE, "model: dloss = %g is not finite", (double)dloss);
+    DG_TRY(upload(m, tokens_host, targets_host));
+    m->ex->rt.dloss = dloss;
+    DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_FWD));
+    DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_BWD));
+    return read_mean_loss(m, mean_loss_out);
+}
+
+dg_status_t dg_model_forward(dg_model_t *m, const int32_t *tokens_host, const int32_t *targets_host,
+                             float *mean_loss_out) {
+    DG_TRY(need_memory(m, "forward"));
+    DG_TRY(upload(m, tokens_host, targets_host));
+    DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_FWD));
+    return read_mean_loss(m, mean_loss_out);
+}
+
+static float half_to_f32(uint16_t h, int bf16) {
+    uint32_t u;
+    if (bf16) {
+        u = (uint32_t)h << 16;
+    } else {
+        uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, f = h & 0x3ff;
+        if (e == 0) {
+            float v = ldexpf((float)f, -24);
+            return s ? -v : v;
+        }
+        u = s | ((e == 31 ? 255 : e + 112) << 23) | (f << 13);
+    }
+    float v;
+    memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+dg_status_t dg_model_logits(dg_model_t *m, const int32_t *tokens_host, int pos, float *host_out) {
+    DG_TRY(need_memory(m, "logits"));
+    if (pos < 0 || pos >= m->T)
+        return DG_ERR(DG_ERR_USAGE, "model: logits position %d outside [0, %d)", pos, m->T);
+    DG_TRY(check_ids(m, tokens_host, "tokens"));
+    size_t ntok = (size_t)m->B * (size_t)m->T;
+    DG_TRY(m->be->ops->to_device(m->be, m->tokens_dev, tokens_host, ntok * sizeof(int32_t)));
+    DG_TRY(m->be->ops->memset0(m->be, m->targets_dev, ntok * sizeof(int32_t))); /* loss is ignored */
+    DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_FWD));
+    DG_TRY(m->be->ops->sync(m->be));
+    dg_dtype_t at = m->g->act_dtype;
+    size_t as = dg_dtype_size(at), Vp = (size_t)m->d.padded_vocab, V = (size_t)m->d.vocab_size;
+    const char *base = dg_exec_ptr(m->ex, m->logits);
+    uint16_t *tmp = at == DG_F32 ? NULL : dg_xmalloc(V * sizeof(uint16_t));
+    dg_status_t st = DG_OK;
+    for (int b = 0; b < m->B && st == DG_OK; b++) {
+        const char *row = base + ((size_t)b * (size_t)m->T + (size_t)pos) * Vp * as;
+        float *dst = host_out + (size_t)b * V;
+        if (at == DG_F32) {
+            st = m->be->ops->to_host(m->be, dst, row, V * sizeof(float));
+        } else {
+            st = m->be->ops->to_host(m->be, tmp, row, V * as);
+            for (size_t j = 0; j < V && st == DG_OK; j++) dst[j] = half_to_f32(tmp[j], at == DG_BF16);
+        }
+    }
+    free(tmp);
+    return st;
+}
+
+dg_status_t dg_model_zero_grad(dg_model_t *m) {
+    DG_TRY(need_memory(m, "zero_grad"));
+    return dg_exec_run_phase(m->ex, DG_PHASE_ZERO);
+}
+
+dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, float *grad_norm_out) {
+    DG_TRY(need_memory(m, "optimizer_step"));
+    if (!(h->lr >= 0 && isfinite(h->lr)) || !(h->beta1 >= 0 && h->beta1 < 1) || !(h->beta2 >= 0 && h->beta2 < 1) ||
+        !(h->eps > 0 && isfinite(h->eps)) || !(h->weight_decay >= 0 && isfinite(h->weight_decay)) ||
+        !isfinite(h->grad_clip) || h->t < 1 || !(h->inv_loss_scale >= 0 && isfinite(h->inv_loss_scale)))
+        return DG_ERR(DG_ERR_USAGE,
+                      "model: bad AdamW hyper-parameters (lr %g, beta1 %g, beta2 %g, eps %g, weight_decay %g, "
+                      "grad_clip %g, t %" PRId64 ", inv_loss_scale %g); expected lr >= 0, betas in [0, 1), eps > 0, "
+                      "t >= 1",
+                      (double)h->lr, (double)h->beta1, (double)h->beta2, (double)h->eps, (double)h->weight_decay,
+                      (double)h->grad_clip, h->t, (double)h->inv_loss_scale);
+    dg_runtime_t *rt = &m->ex->rt;
+    float extra = h->inv_loss_scale > 0 ? h->inv_loss_scale : 1.0f;
+    rt->lr = h->lr;
+    rt->beta1 = h->beta1;
+    rt->beta2 = h->beta2;
+    rt->eps = h->eps;
+    rt->weight_decay = h->weight_decay;
+    rt->t = h->t;
+    rt->grad_extra = extra;
+    /* the norm is measured on loss-scaled gradients: scale the threshold the same way */
+    rt->grad_clip = h->grad_clip > 0 ? h->grad_clip / extra : 0.0f;
+    DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_OPT));
+    DG_TRY(m->be->ops->sync(m->be));
+    if (grad_norm_out) {
+        float norm;
+        DG_TRY(m->be->ops->to_host(m->be, &norm, m->scalars_dev + DG_SCALAR_NORM, sizeof norm));
+        *grad_norm_out = norm * extra;
+    }
+    return DG_OK;
+}
+
+static dg_status_t state_ptr(dg_model_t *m, int i, int which, float **p) {
+    DG_TRY(need_memory(m, "tensor access"));
+    if (i < 0 || i >= m->np) return DG_ERR(DG_ERR_USAGE, "model: tensor index %d outside [0, %d)", i, m->np);
+    float *base = which == DG_STATE_PARAM    ? m->master
+                  : which == DG_STATE_ADAM_M ? m->adam_m
+                  : which == DG_STATE_ADAM_V ? m->adam_v
+                  : which == DG_STATE_GRAD   ? m->grad
+                                             : NULL;
+    if (!base) return DG_ERR(DG_ERR_USAGE, "model: unknown tensor state %d", which);
+    *p = base + m->off[i];
+    return DG_OK;
+}
+
+dg_status_t dg_model_get_tensor(dg_model_t *m, int i, int which, float *host_out) {
+    float *p = NULL;
+    DG_TRY(state_ptr(m, i, which, &p));
+    DG_TRY(m->be->ops->sync(m->be));
+    return m->be->ops->to_host(m->be, host_out, p, m->info[i].numel * sizeof(float));
+}
+
+dg_status_t dg_model_set_tensor(dg_model_t *m, int i, int which, const float *host_in) {
+    float *p = NULL;
+    DG_TRY(state_ptr(m, i, which, &p));
+    size_t n = m->info[i].numel;
+    DG_TRY(m->be->ops->to_device(m->be, p, host_in, n * sizeof(float)));
+    if (which == DG_STATE_PARAM && m->compute) {
+        dg_dtype_t at = m->g->act_dtype;
+        DG_TRY(m->be->ops->cast(m->be, (char *)m->compute + m->off[i] * dg_dtype_size(at), at, p, DG_F32, n));
+    }
+    return DG_OK;
+}
+
+/* ---------------- plan printing ---------------- */
+
+static void human(size_t b, char *buf, size_t cap) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)b;
+    int k = 0;
+    while (v >= 1024 && k < 4) {
+        v /= 1024;
+        k++;
+    }
+    snprintf(buf, cap, k ? "%.2f %s" : "%.0f %s", v, u[k]);
+}
+
+dg_status_t dg_model_print_plan(const dg_model_t *m, FILE *out, int json) {
+    const dg_model_desc_t *d = &m->d;
+    size_t pbytes = m->total * sizeof(float);
+    size_t cbytes = m->g->act_dtype != DG_F32 ? m->total * dg_dtype_size(m->g->act_dtype) : 0;
+    size_t arena = m->plan->arena_bytes, sum = m->plan->act_bytes_sum;
+    int nops[DG_PHASE_COUNT] = {0};
+    for (int i = 0; i < m->g->n; i++)
+        if (m->g->nodes[i]->op != DG_OP_LEAF && m->g->nodes[i]->op != DG_OP_SIDE) nops[m->g->nodes[i]->phase]++;
+    if (json) {
+        fprintf(out,
+                "{\"model\":{\"n_layer\":%d,\"n_head\":%d,\"d_model\":%d,\"seq_len\":%d,\"vocab_size\":%d,"
+                "\"padded_vocab\":%d,\"n_params\":%" PRIu64 ",\"flops_per_token\":%.6g},\"micro_batch\":%d,"
+                "\"act_dtype\":\"%s\",\"schedule\":",
+                d->n_layer, d->n_head, d->d_model, d->seq_len, d->vocab_size, d->padded_vocab, dg_model_n_params(d),
+                dg_model_flops_per_token(d), m->B, dg_dtype_name(m->g->act_dtype));
+        dg_graph_print(m->g, m->plan, out, 1);
+        fprintf(out,
+                ",\n\"ops\":{\"fwd\":%d,\"bwd\":%d,\"zero\":%d,\"opt\":%d},\"arena_bytes\":%zu,"
+                "\"activation_bytes_sum\":%zu,\"param_bytes\":%zu,\"compute_copy_bytes\":%zu,\"grad_bytes\":%zu,"
+                "\"optimizer_bytes\":%zu}\n",
+                nops[DG_PHASE_FWD], nops[DG_PHASE_BWD], nops[DG_PHASE_ZERO], nops[DG_PHASE_OPT], arena, sum, pbytes,
+                cbytes, pbytes, 2 * pbytes);
+        return ferror(out) ? DG_ERR(DG_ERR_RUNTIME, "model: writing the plan failed") : DG_OK;
+    }
+    char a[32], s[32], p[32], c[32], o[32];
+    fprintf(out,
+            "graph schedule: n_layer=%d n_head=%d d_model=%d seq_len=%d vocab=%d (padded %d), micro_batch=%d, "
+            "act dtype %s, %" PRIu64 " params, %.3g FLOPs/token\n",
+            d->n_layer, d->n_head, d->d_model, d->seq_len, d->vocab_size, d->padded_vocab, m->B,
+            dg_dtype_name(m->g->act_dtype), dg_model_n_params(d), dg_model_flops_per_token(d));
+    dg_graph_print(m->g, m->plan, out, 0);
+    human(arena, a, sizeof a);
+    human(sum, s, sizeof s);
+    human(pbytes, p, sizeof p);
+    human(cbytes, c, sizeof c);
+    human(2 * pbytes, o, sizeof o);
+    fprintf(out, "ops: %d forward, %d backward, %d zero-grad, %d optimizer\n", nops[DG_PHASE_FWD],
+            nops[DG_PHASE_BWD], nops[DG_PHASE_ZERO], nops[DG_PHASE_OPT]);
+    fprintf(out, "activation arena: %zu bytes (%s) for %zu bytes (%s) of activations: %.1f%% of the sum\n", arena, a,
+            sum, s, sum ? 100.0 * (double)arena / (double)sum : 0.0);
+    fprintf(out, "params (f32 master): %s, compute copy: %s, grads (f32): %s, AdamW m+v (f32): %s\n", p, c, p, o);
+    return ferror(out) ? DG_ERR(DG_ERR_RUNTIME, "model: writing the plan failed") : DG_OK;
+}

@@ -1,0 +1,672 @@
+/* ops.c — the op registry: for every op kind, ONE entry with its shape rule, its backward builder and
+ * its executor dispatch into the backend vtable (DESIGN.md §3: "each op is registered once"). The tests
+ * in tests/graph/ walk this table and fail if a registered op is not exercised.
+ *
+ * Conventions shared by the entries:
+ *  - activations are [..., C] in the graph's act dtype; kernels see N = product of the leading dims;
+ *  - a backward op with attr[DG_A_ACC] = 1 takes the gradient version it accumulates into as its last
+ *    input and its output aliases it (view_src), so the write-after-read order stays explicit;
+ *  - parameter gradients, optimizer state and device scalars are persistent tensors in `upd`.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "graph_impl.h"
+
+static dg_status_t shape_err(const dg_node_t *n, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static dg_status_t shape_err(const dg_node_t *n, const char *fmt, ...) {
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return DG_ERR(DG_ERR_USAGE, "graph: op %s '%s': %s", dg_op_name(n->op), n->name, msg);
+}
+
+#define CHECK(cond, ...)                                                                                       \
+    do {                                                                                                       \
+        if (!(cond)) return shape_err(n, __VA_ARGS__);                                                         \
+    } while (0)
+
+static void set_out(dg_node_t *n, dg_dtype_t dtype, int ndim, const int64_t *shape) {
+    n->dtype = dtype;
+    n->ndim = ndim;
+    for (int d = 0; d < ndim; d++) n->shape[d] = shape[d];
+}
+
+static void set_like(dg_node_t *n, const dg_node_t *x) {
+    set_out(n, x->dtype, x->ndim, x->shape);
+}
+
+static int same_shape(const dg_node_t *a, const dg_node_t *b) {
+    if (a->ndim != b->ndim) return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d]) return 0;
+    return 1;
+}
+
+static int is_vec(const dg_node_t *x, int64_t len) {
+    return x->ndim == 1 && x->shape[0] == len;
+}
+
+static int is_mat(const dg_node_t *x, int64_t r, int64_t c) {
+    return x->ndim == 2 && x->shape[0] == r && x->shape[1] == c;
+}
+
+/* ACC handling: with attr ACC the op has one extra input (the gradient version it adds into), shaped
+ * like the output, whose storage the output takes over. */
+static dg_status_t acc_rule(dg_node_t *n, int base_src) {
+    if (n->attr[DG_A_ACC]) {
+        CHECK(n->n_src == base_src + 1, "acc=1 needs the accumulation target as input %d", base_src);
+        const dg_node_t *t = n->src[base_src];
+        CHECK(same_shape(t, n) && t->dtype == n->dtype, "accumulation target '%s' has another shape/dtype",
+              t->name);
+        n->view_src = n->src[base_src];
+    } else {
+        CHECK(n->n_src == base_src, "takes %d inputs without acc, got %d", base_src, n->n_src);
+    }
+    return DG_OK;
+}
+
+/* ================= shape rules ================= */
+
+static dg_status_t shape_encoder(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *tok = n->src[0], *wte = n->src[1], *wpe = n->src[2];
+    CHECK(tok->dtype == DG_I32 && tok->ndim == 2, "tokens must be int32 [B, T]");
+    CHECK(wte->ndim == 2 && wpe->ndim == 2 && wte->shape[1] == wpe->shape[1],
+          "wte [Vp, C] and wpe [T, C] must share C");
+    CHECK(wte->dtype == g->act_dtype && wpe->dtype == g->act_dtype, "embeddings must be in the act dtype");
+    CHECK(tok->shape[1] <= wpe->shape[0], "sequence length %" PRId64 " exceeds the %" PRId64 " positions of '%s'",
+          tok->shape[1], wpe->shape[0], wpe->name);
+    int64_t s[3] = {tok->shape[0], tok->shape[1], wte->shape[1]};
+    set_out(n, g->act_dtype, 3, s);
+    return DG_OK;
+}
+
+static dg_status_t shape_layernorm(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *x = n->src[0], *w = n->src[1], *b = n->src[2];
+    CHECK(x->dtype == g->act_dtype && x->ndim >= 1, "input must be an activation [..., C]");
+    int64_t C = dg_node_cols(x), N = dg_node_rows(x);
+    CHECK(is_vec(w, C) && is_vec(b, C) && w->dtype == g->act_dtype && b->dtype == g->act_dtype,
+          "weight and bias must be [%" PRId64 "] in the act dtype", C);
+    set_like(n, x);
+    dg_node_add_side(g, n, "mean", DG_F32, 1, &N);
+    dg_node_add_side(g, n, "rstd", DG_F32, 1, &N);
+    return DG_OK;
+}
+
+static dg_status_t shape_matmul(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *x = n->src[0], *w = n->src[1];
+    CHECK(x->dtype == g->act_dtype && w->dtype == g->act_dtype, "inputs must be in the act dtype");
+    CHECK(w->ndim == 2 && x->ndim >= 1 && dg_node_cols(x) == w->shape[1],
+          "input [..., %" PRId64 "] does not match weight [OC, C] = [%" PRId64 ", %" PRId64 "]", dg_node_cols(x),
+          w->ndim == 2 ? w->shape[0] : -1, w->ndim == 2 ? w->shape[1] : -1);
+    if (n->n_src == 3)
+        CHECK(is_vec(n->src[2], w->shape[0]) && n->src[2]->dtype == g->act_dtype, "bias must be [%" PRId64 "]",
+              w->shape[0]);
+    set_like(n, x);
+    n->shape[n->ndim - 1] = w->shape[0];
+    return DG_OK;
+}
+
+static dg_status_t shape_gelu(dg_graph_t *g, dg_node_t *n) {
+    CHECK(n->src[0]->dtype == g->act_dtype, "input must be in the act dtype");
+    set_like(n, n->src[0]);
+    return DG_OK;
+}
+
+static dg_status_t shape_attention(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *qkv = n->src[0];
+    int64_t NH = n->attr[DG_A_NH];
+    CHECK(qkv->dtype == g->act_dtype && qkv->ndim == 3 && qkv->shape[2] % 3 == 0, "qkv must be [B, T, 3C]");
+    int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
+    CHECK(NH >= 1 && C % NH == 0, "C = %" PRId64 " is not divisible by %" PRId64 " heads", C, NH);
+    int64_t s[3] = {B, T, C};
+    set_out(n, g->act_dtype, 3, s);
+    size_t aux = g->be->ops->attention_aux_bytes(g->be, (int)B, (int)T, (int)C, (int)NH);
+    int64_t aux_f = (int64_t)((aux + 3) / 4);
+    if (aux_f < 1) aux_f = 1;
+    dg_node_add_side(g, n, "aux", DG_F32, 1, &aux_f); /* backend scratch, counted in f32 words */
+    return DG_OK;
+}
+
+static dg_status_t shape_add(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *a = n->src[0], *b = n->src[1];
+    CHECK(a->dtype == g->act_dtype && same_shape(a, b) && a->dtype == b->dtype, "inputs must match in shape and dtype");
+    set_like(n, a);
+    return DG_OK;
+}
+
+static dg_status_t shape_crossentropy(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *lg = n->src[0], *tg = n->src[1];
+    int64_t V = n->attr[DG_A_V];
+    CHECK(lg->dtype == g->act_dtype && lg->ndim >= 2, "logits must be [..., Vp] in the act dtype");
+    CHECK(tg->dtype == DG_I32 && (int64_t)dg_node_numel(tg) == dg_node_rows(lg),
+          "targets must be int32 with one id per logit row");
+    CHECK(V >= 1 && V <= dg_node_cols(lg), "vocabulary %" PRId64 " outside 1..%" PRId64, V, dg_node_cols(lg));
+    set_out(n, DG_F32, lg->ndim - 1, lg->shape);
+    dg_node_add_side(g, n, "lse", DG_F32, lg->ndim - 1, lg->shape);
+    return DG_OK;
+}
+
+static dg_status_t shape_encoder_bwd(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *dout = n->src[0], *tok = n->src[1];
+    CHECK(n->n_upd == 2, "needs dwte and dwpe");
+    const dg_node_t *dwte = n->upd[0], *dwpe = n->upd[1];
+    CHECK(dout->ndim == 3 && dout->dtype == g->act_dtype, "dout must be [B, T, C]");
+    CHECK(tok->dtype == DG_I32 && tok->ndim == 2 && tok->shape[0] == dout->shape[0] && tok->shape[1] == dout->shape[1],
+          "tokens must be int32 [B, T]");
+    CHECK(dwte->dtype == DG_F32 && dwpe->dtype == DG_F32 && dwte->ndim == 2 && dwpe->ndim == 2 &&
+              dwte->shape[1] == dout->shape[2] && dwpe->shape[1] == dout->shape[2] && dwpe->shape[0] >= dout->shape[1],
+          "dwte/dwpe must be f32 [*, C]");
+    n->storage = DG_STORE_NONE;
+    return DG_OK;
+}
+
+static dg_status_t shape_layernorm_bwd(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *dout = n->src[0], *x = n->src[1], *w = n->src[2], *mean = n->src[3], *rstd = n->src[4];
+    int64_t C = dg_node_cols(x), N = dg_node_rows(x);
+    CHECK(same_shape(dout, x) && dout->dtype == g->act_dtype, "dout must match the input");
+    CHECK(is_vec(w, C) && is_vec(mean, N) && is_vec(rstd, N) && mean->dtype == DG_F32 && rstd->dtype == DG_F32,
+          "weight [C] and f32 statistics [N] expected");
+    CHECK(n->n_upd == 2 && is_vec(n->upd[0], C) && is_vec(n->upd[1], C) && n->upd[0]->dtype == DG_F32 &&
+              n->upd[1]->dtype == DG_F32,
+          "needs f32 dw and db of [%" PRId64 "]", C);
+    set_like(n, x);
+    return acc_rule(n, 5);
+}
+
+static dg_status_t shape_matmul_bwd(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *dout = n->src[0], *x = n->src[1], *w = n->src[2];
+    CHECK(w->ndim == 2, "weight must be [OC, C]");
+    int64_t OC = w->shape[0], C = w->shape[1];
+    CHECK(dg_node_cols(x) == C && dg_node_cols(dout) == OC && dg_node_rows(x) == dg_node_rows(dout) &&
+              dout->dtype == g->act_dtype,
+          "dout [..., %" PRId64 "] / input [..., %" PRId64 "] do not match weight [%" PRId64 ", %" PRId64 "]",
+          dg_node_cols(dout), dg_node_cols(x), OC, C);
+    CHECK(n->n_upd >= 1 && n->n_upd <= 2 && is_mat(n->upd[0], OC, C) && n->upd[0]->dtype == DG_F32,
+          "needs an f32 dw of [%" PRId64 ", %" PRId64 "]", OC, C);
+    if (n->n_upd == 2) CHECK(is_vec(n->upd[1], OC) && n->upd[1]->dtype == DG_F32, "dbias must be f32 [%" PRId64 "]", OC);
+    if (n->attr[DG_A_NO_DINP]) {
+        CHECK(!n->attr[DG_A_ACC] && n->n_src == 3, "no_dinp excludes acc");
+        n->storage = DG_STORE_NONE;
+        return DG_OK;
+    }
+    set_like(n, x);
+    return acc_rule(n, 3);
+}
+
+static dg_status_t shape_gelu_bwd(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *x = n->src[0], *dout = n->src[1];
+    CHECK(same_shape(x, dout) && x->dtype == g->act_dtype && dout->dtype == g->act_dtype, "input and dout must match");
+    set_like(n, x);
+    return acc_rule(n, 2);
+}
+
+static dg_status_t shape_attention_bwd(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *dout = n->src[0], *qkv = n->src[1], *out = n->src[2], *aux = n->src[3];
+    CHECK(qkv->ndim == 3 && same_shape(dout, out) && out->ndim == 3 && qkv->shape[2] == 3 * out->shape[2] &&
+              qkv->shape[0] == out->shape[0] && qkv->shape[1] == out->shape[1] && dout->dtype == g->act_dtype,
+          "expects dout/out [B, T, C] and qkv [B, T, 3C]");
+    CHECK(aux->op == DG_OP_SIDE && aux->src[0] == out, "aux must be the forward attention's scratch");
+    CHECK(out->op != DG_OP_ATTENTION || n->attr[DG_A_NH] == out->attr[DG_A_NH], "head count mismatch");
+    set_like(n, qkv);
+    return DG_OK;
+}
+
+static dg_status_t shape_crossentropy_bwd(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *lg = n->src[0], *lse = n->src[1], *tg = n->src[2];
+    int64_t V = n->attr[DG_A_V];
+    CHECK(lg->dtype == g->act_dtype && lg->ndim >= 2 && lse->dtype == DG_F32 &&
+              (int64_t)dg_node_numel(lse) == dg_node_rows(lg) && tg->dtype == DG_I32 &&
+              (int64_t)dg_node_numel(tg) == dg_node_rows(lg),
+          "expects logits [..., Vp], f32 lse and int32 targets per row");
+    CHECK(V >= 1 && V <= dg_node_cols(lg), "vocabulary %" PRId64 " outside 1..%" PRId64, V, dg_node_cols(lg));
+    set_like(n, lg);
+    return DG_OK;
+}
+
+static dg_status_t shape_accumulate(dg_graph_t *g, dg_node_t *n) {
+    (void)g;
+    const dg_node_t *t = n->src[0], *x = n->src[1];
+    CHECK(same_shape(t, x) && t->dtype == x->dtype, "target and addend must match");
+    set_like(n, t);
+    n->attr[DG_A_ACC] = 1;
+    n->view_src = n->src[0];
+    return DG_OK;
+}
+
+static dg_status_t shape_zero(dg_graph_t *g, dg_node_t *n) {
+    (void)g;
+    CHECK(n->n_upd == 1, "zeroes exactly one persistent tensor");
+    n->storage = DG_STORE_NONE;
+    return DG_OK;
+}
+
+static dg_status_t shape_sumsq(dg_graph_t *g, dg_node_t *n) {
+    (void)g;
+    CHECK(n->src[0]->dtype == DG_F32, "sums squares of an f32 tensor");
+    CHECK(n->n_upd == 1 && n->upd[0]->dtype == DG_F32 && dg_node_numel(n->upd[0]) >= DG_SCALAR_COUNT,
+          "needs the f32 scalars block");
+    n->storage = DG_STORE_NONE;
+    return DG_OK;
+}
+
+static dg_status_t shape_clip_scale(dg_graph_t *g, dg_node_t *n) {
+    (void)g;
+    CHECK(n->n_upd == 1 && n->upd[0]->dtype == DG_F32 && dg_node_numel(n->upd[0]) >= DG_SCALAR_COUNT,
+          "needs the f32 scalars block");
+    n->storage = DG_STORE_NONE;
+    return DG_OK;
+}
+
+static dg_status_t shape_adamw(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *grad = n->src[0], *sc = n->src[1];
+    CHECK(n->n_upd == 4, "updates master, m, v and the parameter");
+    size_t numel = dg_node_numel(grad);
+    CHECK(grad->dtype == DG_F32 && sc->dtype == DG_F32 && dg_node_numel(sc) >= DG_SCALAR_COUNT,
+          "needs an f32 gradient and the scalars block");
+    for (int k = 0; k < 4; k++)
+        CHECK(dg_node_numel(n->upd[k]) == numel, "state %d has %zu elements, gradient %zu", k,
+              dg_node_numel(n->upd[k]), numel);
+    CHECK(n->upd[0]->dtype == DG_F32 && n->upd[1]->dtype == DG_F32 && n->upd[2]->dtype == DG_F32 &&
+              n->upd[3]->dtype == g->act_dtype,
+          "master, m, v must be f32 and the parameter in the act dtype");
+    n->storage = DG_STORE_NONE;
+    return DG_OK;
+}
+
+static int64_t mesh_size(const dg_graph_t *g, const dg_node_t *n) {
+    int64_t d = n->attr[DG_A_MESHDIM];
+    return (d >= 0 && d < DG_MESH_NDIM) ? g->mesh.size[d] : -1;
+}
+
+static dg_status_t shape_all_gather(dg_graph_t *g, dg_node_t *n) {
+    int64_t k = mesh_size(g, n);
+    CHECK(k >= 1, "mesh dimension %" PRId64 " is not one of dp_replicate, dp_shard, tp", n->attr[DG_A_MESHDIM]);
+    CHECK(n->src[0]->ndim >= 1, "needs at least one dimension to gather along");
+    set_like(n, n->src[0]);
+    n->shape[0] *= k; /* pieces are concatenated along dim 0 in mesh-coordinate order */
+    return DG_OK;
+}
+
+static dg_status_t shape_reduce_scatter(dg_graph_t *g, dg_node_t *n) {
+    int64_t k = mesh_size(g, n);
+    CHECK(k >= 1, "mesh dimension %" PRId64 " is not one of dp_replicate, dp_shard, tp", n->attr[DG_A_MESHDIM]);
+    CHECK(n->src[0]->ndim >= 1 && n->src[0]->shape[0] % k == 0, "dim 0 (%" PRId64 ") is not divisible by the %" PRId64
+          " ranks of mesh dimension %s", n->src[0]->ndim ? n->src[0]->shape[0] : 0, k,
+          dg_mesh_dim_name((int)n->attr[DG_A_MESHDIM]));
+    set_like(n, n->src[0]);
+    n->shape[0] /= k;
+    return DG_OK;
+}
+
+static dg_status_t shape_all_reduce(dg_graph_t *g, dg_node_t *n) {
+    int64_t k = mesh_size(g, n);
+    CHECK(k >= 1, "mesh dimension %" PRId64 " is not one of dp_replicate, dp_shard, tp", n->attr[DG_A_MESHDIM]);
+    set_like(n, n->src[0]);
+    return DG_OK;
+}
+
+/* ================= backward builders ================= */
+
+static const char *bname(char *buf, size_t cap, const dg_node_t *n, const char *what) {
+    dg_fmt(buf, cap, "%.80s.%.12s", n->name, what);
+    return buf;
+}
+
+/* The weight gradient every backward kernel accumulates into. */
+#define PGRAD(var, w)                                                                                          \
+    dg_node_t *var = dg_ad_param_grad(ad, (w), dg_op_name(n->op));                                             \
+    if (!var) return dg_graph_error(g)
+
+static dg_status_t bwd_encoder(dg_ad_t *ad, dg_node_t *n) {
+    dg_graph_t *g = dg_ad_graph(ad);
+    char nm[96];
+    PGRAD(dwte, n->src[1]);
+    PGRAD(dwpe, n->src[2]);
+    dg_node_t *src[2] = {n->grad, n->src[0]}, *upd[2] = {dwte, dwpe};
+    dg_graph_add_op(g, DG_OP_ENCODER_BWD, bname(nm, sizeof nm, n, "bwd"), 2, src, 2, upd, NULL, 0);
+    return dg_graph_error(g);
+}
+
+static dg_status_t bwd_layernorm(dg_ad_t *ad, dg_node_t *n) {
+    dg_graph_t *g = dg_ad_graph(ad);
+    char nm[96];
+    dg_node_t *x = n->src[0];
+    PGRAD(dw, n->src[1]);
+    PGRAD(db, n->src[2]);
+    int wants = dg_ad_wants(ad, x);
+    dg_node_t *t = wants ? dg_ad_acc_target(ad, x) : NULL;
+    dg_node_t *src[6] = {n->grad, x, n->src[1], n->side[0], n->side[1], t}, *upd[2] = {dw, db};
+    int64_t attr[1] = {t != NULL};
+    /* the kernel always writes dinp; without a consumer it is a dead temporary */
+    dg_node_t *dx = dg_graph_add_op(g, DG_OP_LAYERNORM_BWD, bname(nm, sizeof nm, n, "bwd"), t ? 6 : 5, src, 2, upd,
+                                    attr, 1);
+    if (dx && wants) dg_ad_contribute(ad, x, dx, t != NULL);
+    return dg_graph_error(g);
+}
+
+static dg_status_t bwd_matmul(dg_ad_t *ad, dg_node_t *n) {
+    dg_graph_t *g = dg_ad_graph(ad);
+    char nm[96];
+    dg_node_t *x = n->src[0];
+    PGRAD(dw, n->src[1]);
+    dg_node_t *db = NULL;
+    if (n->n_src == 3) {
+        db = dg_ad_param_grad(ad, n->src[2], dg_op_name(n->op));
+        if (!db) return dg_graph_error(g);
+    }
+    int wants = dg_ad_wants(ad, x);
+    dg_node_t *t = wants ? dg_ad_acc_target(ad, x) : NULL;
+    dg_node_t *src[4] = {n->grad, x, n->src[1], t}, *upd[2] = {dw, db};
+    int64_t attr[3] = {t != NULL, 0, !wants};
+    dg_node_t *dx = dg_graph_add_op(g, DG_OP_MATMUL_BWD, bname(nm, sizeof nm, n, "bwd"), t ? 4 : 3, src, db ? 2 : 1,
+                                    upd, attr, 3);
+    if (dx && wants) dg_ad_contribute(ad, x, dx, t != NULL);
+    return dg_graph_error(g);
+}
+
+static dg_status_t bwd_gelu(dg_ad_t *ad, dg_node_t *n) {
+    dg_graph_t *g = dg_ad_graph(ad);
+    char nm[96];
+    dg_node_t *x = n->src[0];
+    if (!dg_ad_wants(ad, x)) return DG_OK;
+    dg_node_t *t = dg_ad_acc_target(ad, x);
+    dg_node_t *src[3] = {x, n->grad, t};
+    int64_t attr[1] = {t != NULL};
+    dg_node_t *dx = dg_graph_add_op(g, DG_OP_GELU_BWD, bname(nm, sizeof nm, n, "bwd"), t ? 3 : 2, src, 0, NULL, attr, 1);
+    if (dx) dg_ad_contribute(ad, x, dx, t != NULL);
+    return dg_graph_error(g);
+}
+
+static dg_status_t bwd_attention(dg_ad_t *ad, dg_node_t *n) {
+    dg_graph_t *g = dg_ad_graph(ad);
+    char nm[96];
+    dg_node_t *qkv = n->src[0];
+    if (!dg_ad_wants(ad, qkv)) return DG_OK;
+    dg_node_t *src[4] = {n->grad, qkv, n, n->side[0]};
+    int64_t attr[2] = {0, n->attr[DG_A_NH]};
+    /* the kernel overwrites dqkv (no acc), so a second consumer's gradient is summed by contribute */
+    dg_node_t *d = dg_graph_add_op(g, DG_OP_ATTENTION_BWD, bname(nm, sizeof nm, n, "bwd"), 4, src, 0, NULL, attr, 2);
+    if (d) dg_ad_contribute(ad, qkv, d, 0);
+    return dg_graph_error(g);
+}
+
+static dg_status_t bwd_add(dg_ad_t *ad, dg_node_t *n) {
+    /* d(a+b) passes the gradient through unchanged: share it, no kernel */
+    if (dg_ad_wants(ad, n->src[0])) dg_ad_contribute_shared(ad, n->src[0], n->grad);
+    if (dg_ad_wants(ad, n->src[1])) dg_ad_contribute_shared(ad, n->src[1], n->grad);
+    return dg_graph_error(dg_ad_graph(ad));
+}
+
+static dg_status_t bwd_crossentropy(dg_ad_t *ad, dg_node_t *n) {
+    dg_graph_t *g = dg_ad_graph(ad);
+    char nm[96];
+    if (!dg_ad_is_loss_seed(ad, n))
+        return g->err = DG_ERR(DG_ERR_USAGE,
+                               "graph: crossentropy '%s' must be a loss output (its gradient is the runtime dloss); "
+                               "using its losses in further ops is not supported",
+                               n->name);
+    dg_node_t *lg = n->src[0];
+    if (!dg_ad_wants(ad, lg)) return DG_OK;
+    dg_node_t *src[3] = {lg, n->side[0], n->src[1]};
+    int64_t attr[2] = {0, n->attr[DG_A_V]};
+    dg_node_t *d = dg_graph_add_op(g, DG_OP_CROSSENTROPY_BWD, bname(nm, sizeof nm, n, "bwd"), 3, src, 0, NULL, attr, 2);
+    if (d) dg_ad_contribute(ad, lg, d, 0);
+    return dg_graph_error(g);
+}
+
+static dg_status_t bwd_collective(dg_ad_t *ad, dg_node_t *n, dg_op_kind_t adjoint) {
+    dg_graph_t *g = dg_ad_graph(ad);
+    char nm[96];
+    dg_node_t *x = n->src[0];
+    if (!dg_ad_wants(ad, x)) return DG_OK;
+    dg_node_t *src[1] = {n->grad};
+    int64_t attr[2] = {0, n->attr[DG_A_MESHDIM]};
+    dg_node_t *d = dg_graph_add_op(g, adjoint, bname(nm, sizeof nm, n, "bwd"), 1, src, 0, NULL, attr, 2);
+    if (d) dg_ad_contribute(ad, x, d, 0);
+    return dg_graph_error(g);
+}
+
+/* all-gather's adjoint is reduce-scatter and vice versa; a sum all-reduce is its own adjoint */
+static dg_status_t bwd_all_gather(dg_ad_t *ad, dg_node_t *n) {
+    return bwd_collective(ad, n, DG_OP_REDUCE_SCATTER);
+}
+static dg_status_t bwd_reduce_scatter(dg_ad_t *ad, dg_node_t *n) {
+    return bwd_collective(ad, n, DG_OP_ALL_GATHER);
+}
+static dg_status_t bwd_all_reduce(dg_ad_t *ad, dg_node_t *n) {
+    return bwd_collective(ad, n, DG_OP_ALL_REDUCE);
+}
+
+/* ================= executors ================= */
+
+#define BE (ex->be)
+#define P(node) dg_exec_ptr(ex, (node))
+#define I(x) ((int)(x))
+
+static dg_status_t ex_encoder(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *tok = n->src[0];
+    return BE->ops->encoder_fwd(BE, P(n), P(tok), P(n->src[1]), P(n->src[2]), I(tok->shape[0]), I(tok->shape[1]),
+                                I(dg_node_cols(n)));
+}
+
+static dg_status_t ex_layernorm(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *x = n->src[0];
+    return BE->ops->layernorm_fwd(BE, P(n), P(n->side[0]), P(n->side[1]), P(x), P(n->src[1]), P(n->src[2]),
+                                  I(dg_node_rows(x)), I(dg_node_cols(x)));
+}
+
+static dg_status_t ex_matmul(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *x = n->src[0], *w = n->src[1];
+    return BE->ops->matmul_fwd(BE, P(n), NULL, P(x), P(w), n->n_src == 3 ? P(n->src[2]) : NULL, I(dg_node_rows(x)),
+                               I(w->shape[1]), I(w->shape[0]), DG_EPI_NONE);
+}
+
+static dg_status_t ex_gelu(dg_exec_t *ex, const dg_node_t *n) {
+    return BE->ops->gelu_fwd(BE, P(n), P(n->src[0]), dg_node_numel(n));
+}
+
+static dg_status_t ex_attention(dg_exec_t *ex, const dg_node_t *n) {
+    return BE->ops->attention_fwd(BE, P(n), P(n->side[0]), P(n->src[0]), I(n->shape[0]), I(n->shape[1]),
+                                  I(n->shape[2]), I(n->attr[DG_A_NH]));
+}
+
+static dg_status_t ex_add(dg_exec_t *ex, const dg_node_t *n) {
+    return BE->ops->add(BE, P(n), P(n->src[0]), P(n->src[1]), dg_node_numel(n));
+}
+
+static dg_status_t ex_crossentropy(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *lg = n->src[0];
+    return BE->ops->crossentropy_fwd(BE, P(n), P(n->side[0]), P(lg), P(n->src[1]), I(dg_node_rows(lg)),
+                                     I(n->attr[DG_A_V]), I(dg_node_cols(lg)));
+}
+
+static dg_status_t ex_encoder_bwd(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *dout = n->src[0];
+    return BE->ops->encoder_bwd(BE, P(n->upd[0]), P(n->upd[1]), P(dout), P(n->src[1]), I(dout->shape[0]),
+                                I(dout->shape[1]), I(dout->shape[2]));
+}
+
+static dg_status_t ex_layernorm_bwd(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *x = n->src[1];
+    return BE->ops->layernorm_bwd(BE, P(n), P(n->upd[0]), P(n->upd[1]), P(n->src[0]), P(x), P(n->src[2]),
+                                  P(n->src[3]), P(n->src[4]), I(dg_node_rows(x)), I(dg_node_cols(x)),
+                                  I(n->attr[DG_A_ACC]));
+}
+
+static dg_status_t ex_matmul_bwd(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *x = n->src[1], *w = n->src[2];
+    void *dinp = n->storage == DG_STORE_NONE ? NULL : P(n);
+    return BE->ops->matmul_bwd(BE, dinp, P(n->upd[0]), n->n_upd == 2 ? P(n->upd[1]) : NULL, P(n->src[0]), P(x), P(w),
+                               I(dg_node_rows(x)), I(w->shape[1]), I(w->shape[0]), I(n->attr[DG_A_ACC]));
+}
+
+static dg_status_t ex_gelu_bwd(dg_exec_t *ex, const dg_node_t *n) {
+    return BE->ops->gelu_bwd(BE, P(n), P(n->src[0]), P(n->src[1]), dg_node_numel(n), I(n->attr[DG_A_ACC]));
+}
+
+static dg_status_t ex_attention_bwd(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *out = n->src[2];
+    return BE->ops->attention_bwd(BE, P(n), P(n->src[0]), P(n->src[1]), P(out), P(n->src[3]), I(out->shape[0]),
+                                  I(out->shape[1]), I(out->shape[2]), I(n->attr[DG_A_NH]));
+}
+
+static dg_status_t ex_crossentropy_bwd(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *lg = n->src[0];
+    return BE->ops->crossentropy_bwd(BE, P(n), P(lg), P(n->src[1]), P(n->src[2]), I(dg_node_rows(lg)),
+                                     I(n->attr[DG_A_V]), I(dg_node_cols(lg)), ex->rt.dloss);
+}
+
+static dg_status_t ex_accumulate(dg_exec_t *ex, const dg_node_t *n) {
+    return BE->ops->accumulate(BE, P(n), P(n->src[1]), dg_node_numel(n), 1);
+}
+
+static dg_status_t ex_zero(dg_exec_t *ex, const dg_node_t *n) {
+    return BE->ops->memset0(BE, P(n->upd[0]), n->upd[0]->nbytes);
+}
+
+static dg_status_t ex_sumsq(dg_exec_t *ex, const dg_node_t *n) {
+    return BE->ops->sumsq_f32(BE, (float *)P(n->upd[0]) + DG_SCALAR_SUMSQ, P(n->src[0]), dg_node_numel(n->src[0]));
+}
+
+static dg_status_t ex_clip_scale(dg_exec_t *ex, const dg_node_t *n) {
+    float *s = P(n->upd[0]);
+    return BE->ops->clip_scale(BE, s + DG_SCALAR_GSCALE, s + DG_SCALAR_NORM, s + DG_SCALAR_SUMSQ, ex->rt.grad_clip,
+                               ex->rt.grad_extra);
+}
+
+static dg_status_t ex_adamw(dg_exec_t *ex, const dg_node_t *n) {
+    float *master = P(n->upd[0]);
+    void *param = P(n->upd[3]);
+    const float *sc = P(n->src[1]);
+    const dg_runtime_t *rt = &ex->rt;
+    return BE->ops->adamw(BE, master, param == (void *)master ? NULL : param, P(n->src[0]), P(n->upd[1]),
+                          P(n->upd[2]), dg_node_numel(n->src[0]), rt->lr, rt->beta1, rt->beta2, rt->eps,
+                          n->attr[DG_A_DECAY] ? rt->weight_decay : 0.0f, rt->t, sc + DG_SCALAR_GSCALE);
+}
+
+/* Collectives: over a mesh dimension of size 1 every variant is the identity, i.e. a copy (none when
+ * the output shares the input's storage). Larger groups run through the comm backend (issue 4). */
+static dg_status_t ex_collective(dg_exec_t *ex, const dg_node_t *n) {
+    int64_t d = n->attr[DG_A_MESHDIM];
+    int64_t k = ex->graph->mesh.size[d];
+    if (k != 1)
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "graph: %s '%s' over mesh dimension %s of size %" PRId64
+                      " needs a comm backend, and none is attached to this executor",
+                      dg_op_name(n->op), n->name, dg_mesh_dim_name((int)d), k);
+    void *dst = P(n), *src = P(n->src[0]);
+    if (dst == src) return DG_OK;
+    return BE->ops->copy(BE, dst, src, n->nbytes);
+}
+
+/* ================= the table ================= */
+
+static const dg_op_def_t op_table[DG_OP_COUNT] = {
+    [DG_OP_LEAF] = {DG_OP_LEAF, "leaf", 0, 0, NULL, DG_GRAD_STRUCTURAL, NULL, NULL, 0, 0},
+    [DG_OP_SIDE] = {DG_OP_SIDE, "side", 1, 1, NULL, DG_GRAD_STRUCTURAL, NULL, NULL, 0, 0},
+    [DG_OP_ENCODER] = {DG_OP_ENCODER, "encoder", 3, 3, shape_encoder, DG_GRAD_BUILDER, bwd_encoder, ex_encoder, 0, 0},
+    [DG_OP_LAYERNORM] = {DG_OP_LAYERNORM, "layernorm", 3, 3, shape_layernorm, DG_GRAD_BUILDER, bwd_layernorm,
+                         ex_layernorm, 0, 0},
+    [DG_OP_MATMUL] = {DG_OP_MATMUL, "matmul", 2, 3, shape_matmul, DG_GRAD_BUILDER, bwd_matmul, ex_matmul, 0, 0},
+    [DG_OP_GELU] = {DG_OP_GELU, "gelu", 1, 1, shape_gelu, DG_GRAD_BUILDER, bwd_gelu, ex_gelu, 0, 0},
+    [DG_OP_ATTENTION] = {DG_OP_ATTENTION, "attention", 1, 1, shape_attention, DG_GRAD_BUILDER, bwd_attention,
+                         ex_attention, 0, 0},
+    [DG_OP_ADD] = {DG_OP_ADD, "add", 2, 2, shape_add, DG_GRAD_BUILDER, bwd_add, ex_add, 0x3, 0},
+    [DG_OP_CROSSENTROPY] = {DG_OP_CROSSENTROPY, "crossentropy", 2, 2, shape_crossentropy, DG_GRAD_BUILDER,
+                            bwd_crossentropy, ex_crossentropy, 0, 0},
+    [DG_OP_ENCODER_BWD] = {DG_OP_ENCODER_BWD, "encoder_bwd", 2, 2, shape_encoder_bwd, DG_GRAD_NONE, NULL,
+                           ex_encoder_bwd, 0, 0},
+    [DG_OP_LAYERNORM_BWD] = {DG_OP_LAYERNORM_BWD, "layernorm_bwd", 5, 6, shape_layernorm_bwd, DG_GRAD_NONE, NULL,
+                             ex_layernorm_bwd, 0, 0},
+    [DG_OP_MATMUL_BWD] = {DG_OP_MATMUL_BWD, "matmul_bwd", 3, 4, shape_matmul_bwd, DG_GRAD_NONE, NULL, ex_matmul_bwd,
+                          0, 0},
+    [DG_OP_GELU_BWD] = {DG_OP_GELU_BWD, "gelu_bwd", 2, 3, shape_gelu_bwd, DG_GRAD_NONE, NULL, ex_gelu_bwd, 0, 0},
+    [DG_OP_ATTENTION_BWD] = {DG_OP_ATTENTION_BWD, "attention_bwd", 4, 4, shape_attention_bwd, DG_GRAD_NONE, NULL,
+                             ex_attention_bwd, 0, 0},
+    /* the kernel allows dlogits to overwrite logits */
+    [DG_OP_CROSSENTROPY_BWD] = {DG_OP_CROSSENTROPY_BWD, "crossentropy_bwd", 3, 3, shape_crossentropy_bwd, DG_GRAD_NONE,
+                                NULL, ex_crossentropy_bwd, 0x1, 0},
+    [DG_OP_ACCUMULATE] = {DG_OP_ACCUMULATE, "accumulate", 2, 2, shape_accumulate, DG_GRAD_NONE, NULL, ex_accumulate,
+                          0, 0},
+    [DG_OP_ZERO] = {DG_OP_ZERO, "zero", 0, 0, shape_zero, DG_GRAD_NONE, NULL, ex_zero, 0, 0},
+    [DG_OP_SUMSQ] = {DG_OP_SUMSQ, "sumsq", 1, 1, shape_sumsq, DG_GRAD_NONE, NULL, ex_sumsq, 0, 0},
+    [DG_OP_CLIP_SCALE] = {DG_OP_CLIP_SCALE, "clip_scale", 0, 0, shape_clip_scale, DG_GRAD_NONE, NULL, ex_clip_scale, 0,
+                          0},
+    [DG_OP_ADAMW] = {DG_OP_ADAMW, "adamw", 2, 2, shape_adamw, DG_GRAD_NONE, NULL, ex_adamw, 0, 0},
+    [DG_OP_ALL_GATHER] = {DG_OP_ALL_GATHER, "all_gather", 1, 1, shape_all_gather, DG_GRAD_BUILDER, bwd_all_gather,
+                          ex_collective, 0, 1},
+    [DG_OP_REDUCE_SCATTER] = {DG_OP_REDUCE_SCATTER, "reduce_scatter", 1, 1, shape_reduce_scatter, DG_GRAD_BUILDER,
+                              bwd_reduce_scatter, ex_collective, 0, 1},
+    [DG_OP_ALL_REDUCE] = {DG_OP_ALL_REDUCE, "all_reduce", 1, 1, shape_all_reduce, DG_GRAD_BUILDER, bwd_all_reduce,
+                          ex_collective, 0x1, 1},
+};
+
+const dg_op_def_t *dg_op_def(dg_op_kind_t kind) {
+    DG_ASSERTF(kind >= 0 && kind < DG_OP_COUNT && op_table[kind].name != NULL, "unknown op kind %d", (int)kind);
+    DG_ASSERT(op_table[kind].kind == kind);
+    return &op_table[kind];
+}
+
+const char *dg_op_name(dg_op_kind_t kind) {
+    return (kind >= 0 && kind < DG_OP_COUNT && op_table[kind].name) ? op_table[kind].name : "?";
+}
+
+/* ================= typed constructors ================= */
+
+dg_node_t *dg_op_encoder(dg_graph_t *g, const char *name, dg_node_t *tokens, dg_node_t *wte, dg_node_t *wpe) {
+    dg_node_t *src[3] = {tokens, wte, wpe};
+    return dg_graph_add_op(g, DG_OP_ENCODER, name, 3, src, 0, NULL, NULL, 0);
+}
+
+dg_node_t *dg_op_layernorm(dg_graph_t *g, const char *name, dg_node_t *x, dg_node_t *w, dg_node_t *b) {
+    dg_node_t *src[3] = {x, w, b};
+    return dg_graph_add_op(g, DG_OP_LAYERNORM, name, 3, src, 0, NULL, NULL, 0);
+}
+
+dg_node_t *dg_op_matmul(dg_graph_t *g, const char *name, dg_node_t *x, dg_node_t *w, dg_node_t *bias) {
+    dg_node_t *src[3] = {x, w, bias};
+    return dg_graph_add_op(g, DG_OP_MATMUL, name, bias ? 3 : 2, src, 0, NULL, NULL, 0);
+}
+
+dg_node_t *dg_op_gelu(dg_graph_t *g, const char *name, dg_node_t *x) {
+    return dg_graph_add_op(g, DG_OP_GELU, name, 1, &x, 0, NULL, NULL, 0);
+}
+
+dg_node_t *dg_op_attention(dg_graph_t *g, const char *name, dg_node_t *qkv, int n_head) {
+    int64_t attr[2] = {0, n_head};
+    return dg_graph_add_op(g, DG_OP_ATTENTION, name, 1, &qkv, 0, NULL, attr, 2);
+}
+
+dg_node_t *dg_op_add(dg_graph_t *g, const char *name, dg_node_t *a, dg_node_t *b) {
+    dg_node_t *src[2] = {a, b};
+    return dg_graph_add_op(g, DG_OP_ADD, name, 2, src, 0, NULL, NULL, 0);
+}
+
+dg_node_t *dg_op_crossentropy(dg_graph_t *g, const char *name, dg_node_t *logits, dg_node_t *targets, int V) {
+    dg_node_t *src[2] = {logits, targets};
+    int64_t attr[2] = {0, V};
+    return dg_graph_add_op(g, DG_OP_CROSSENTROPY, name, 2, src, 0, NULL, attr, 2);
+}
+
+/* Collectives start on the compute stream; the overlap pass (issue 4) moves them to the comm stream
+ * and adds the wait edges. */
+static dg_node_t *collective(dg_graph_t *g, dg_op_kind_t k, const char *name, dg_node_t *x, int mesh_dim) {
+    int64_t attr[2] = {0, mesh_dim};
+    return dg_graph_add_op(g, k, name, 1, &x, 0, NULL, attr, 2);
+}
+
+dg_node_t *dg_op_all_gather(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim) {
+    return collective(g, DG_OP_ALL_GATHER, name, x, mesh_dim);
+}
+
+dg_node_t *dg_op_reduce_scatter(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim) {
+    return collective(g, DG_OP_REDUCE_SCATTER, name, x, mesh_dim);
+}
+
+dg_node_t *dg_op_all_reduce(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim) {
+    return collective(g, DG_OP_ALL_REDUCE, name, x, mesh_dim);
+}

@@ -1,0 +1,116 @@
+/* health.h — keeping a multi-rank job honest: signal-driven stops, a per-rank watchdog and heartbeats.
+ *
+ * Three things live here (DESIGN.md §1 exit codes 3 and 75, issue 6):
+ *
+ * 1. Signals. dg_signals_install() makes SIGUSR1, SIGTERM and SIGINT set a flag instead of killing the
+ *    process; the training loop calls dg_health_agree_stop() at each step boundary (one small MPI
+ *    all-reduce), and when any rank saw a signal all ranks write a checkpoint and exit 75. A second
+ *    SIGINT exits at once (exit 130) with a one-line message, for the impatient human at a terminal.
+ *
+ * 2. Watchdog. dg_health_create() starts one background thread per rank, on its own MPI_Comm_dup of the
+ *    world. The loop calls dg_health_set_activity() whenever it starts something (a step phase, a
+ *    collective); if a rank's activity has not changed for timeout_s the watchdog aborts the whole job.
+ *
+ * 3. Heartbeats. Every heartbeat_s each rank sends a tiny message to rank 0 and rank 0 sends one to every
+ *    rank (a star: rank 0 drains them with one ANY_SOURCE receive, so its cost is O(world) messages per
+ *    heartbeat period and O(1) posted receives). A rank that is SIGSTOPped, dead or unreachable stops
+ *    sending, so rank 0 (or, if rank 0 is the silent one, every other rank) notices within timeout_s
+ *    even when nobody is in a collective. Each heartbeat carries the sender's step, activity and how long
+ *    it has been in it; rank 0 sends back the rank that has made no progress for the longest. That lets a
+ *    rank that is merely waiting in a collective blame the rank it is waiting for instead of itself.
+ *
+ * Abort protocol (what happens when the watchdog fires): the detecting rank prints one line naming the
+ * culprit rank, its host, what it was doing and for how long; calls the event sink (if any); sends an
+ * abort notice to every other rank; then calls MPI_Abort(world, 3) after at most ~1 s. A rank that
+ * receives the notice logs it (rank 0 also prints it and calls the sink) and _exit(3)s at once, so every
+ * live rank exits 3 by itself. Under Open MPI's mpirun the job's exit status is 3 (measured: the
+ * MPI_Abort errorcode or the first non-zero exit); ranks that cannot run (SIGSTOPped) are killed by the
+ * launcher as part of MPI_Abort.
+ *
+ * Threading: requires MPI_THREAD_MULTIPLE (checked by dg_health_create). dg_health_set_activity is
+ * lock-free for readers and cheap for the one thread that normally calls it (the training loop); it may
+ * be called from several threads (they serialise on a spin flag). The event sink and poll hooks are
+ * called from the health thread.
+ *
+ * Test hook (tests only, never set in production): with DG_TEST_STALL_RANK=R and DG_TEST_STALL_STEP=S in
+ * the environment, rank R hangs forever (as a wedged kernel would) right after recording the first
+ * activity of step S, with its health thread still running.
+ */
+#ifndef DG_HEALTH_H
+#define DG_HEALTH_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dg_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dg_health dg_health_t;
+
+/* ---- signals (process-wide) ---- */
+
+/* Install the handlers for SIGUSR1, SIGTERM and SIGINT (SA_RESTART). Idempotent. A handled signal only
+ * records its number (the first one wins); a second SIGINT writes "dgtrain: second interrupt ..." to
+ * stderr and _exit(130)s. */
+void dg_signals_install(void);
+/* The signal number recorded so far (SIGUSR1, SIGTERM or SIGINT), 0 if none. Async-signal-safe. */
+int dg_signals_pending(void);
+/* Forget a recorded signal (tests; a loop that chose to ignore it). */
+void dg_signals_clear(void);
+/* "SIGUSR1", "SIGTERM", "SIGINT", "signal N" (static storage for known ones; "none" for 0). */
+const char *dg_signal_name(int sig);
+
+/* ---- watchdog + heartbeats ---- */
+
+/* Start the health monitor. Collective over `world` (it duplicates it and gathers host names).
+ * `rank` must be this process's rank in `world`, `host` its host name (used in messages).
+ * heartbeat_s > 0 is the heartbeat period; timeout_s >= 3 * heartbeat_s is how long a rank may make no
+ * progress, or a peer may stay silent, before the job is aborted. Returns DG_ERR_USAGE for bad
+ * periods and DG_ERR_RUNTIME when MPI is not at MPI_THREAD_MULTIPLE or a call fails. */
+dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double heartbeat_s, double timeout_s,
+                             dg_health_t **out);
+
+/* Stop the monitor cleanly. Collective over the world communicator: it returns once every rank has
+ * called it (each rank sends a final "bye" to rank 0, rank 0 answers after hearing from all), so no
+ * heartbeat is left in flight and MPI_Finalize cannot hang on one. While it waits, silent peers are still
+ * watched (a rank that never arrives because it died or hung still aborts the job after timeout_s);
+ * this rank's own progress timer is off. Must be called from the thread that created the monitor,
+ * before MPI_Finalize. NULL is a no-op. */
+void dg_health_free(dg_health_t *h);
+
+/* Record what this rank is doing now: `step` and a short label such as "forward" or
+ * "all-reduce grad_norm" (truncated to 63 bytes). Every call resets this rank's stall timer, even if
+ * step and label repeat. Cheap enough to call many times per step. NULL h is a no-op. */
+void dg_health_set_activity(dg_health_t *h, int64_t step, const char *what);
+
+/* Where `health` events go: fn(ctx, fields) with `fields` a comma-separated list of JSON members without
+ * braces, e.g. "kind":"watchdog","culprit_rank":2,... ; the caller wraps it as {"event":"health",...}.
+ * Called from the health thread (or the thread calling dg_health_agree_stop / dg_health_abort), right
+ * before an abort, so fn must be thread-safe, quick, and flush what it writes. NULL fn removes it. */
+void dg_health_set_event_sink(dg_health_t *h, void (*fn)(void *ctx, const char *json_fields), void *ctx);
+
+/* A check the watchdog runs every poll tick (~0.1 s) on the health thread, e.g. NCCL's asynchronous error
+ * query. Return 0 if all is well; otherwise write a one-line reason into msg[cap] and return nonzero:
+ * the watchdog then aborts the job (exit 3) with that reason. At most 8 hooks. Returns DG_ERR_RUNTIME
+ * if there is no room. */
+dg_status_t dg_health_add_poll(dg_health_t *h, int (*poll)(void *ctx, char *msg, size_t cap), void *ctx);
+
+/* At a step boundary: one MPI_Allreduce (MAX) over `comm` of dg_signals_pending(). *stop_out becomes the
+ * signal number if any rank recorded one (all ranks get the same value), else 0. When a stop is agreed,
+ * an event "kind":"signal_stop" goes to the sink. `h` may be NULL (no activity/event bookkeeping).
+ * Returns DG_ERR_RUNTIME if the all-reduce fails. */
+dg_status_t dg_health_agree_stop(dg_health_t *h, MPI_Comm comm, int *stop_out);
+
+/* Abort the whole job from this rank with exit code 3, through the same path as the watchdog: print
+ * `reason` (one line), call the sink, notify every rank, MPI_Abort. For fatal conditions found outside
+ * the watchdog (e.g. a peer-failure error from a collective). Never returns. */
+void dg_health_abort(dg_health_t *h, const char *reason) __attribute__((noreturn));
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DG_HEALTH_H */

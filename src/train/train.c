@@ -1,0 +1,820 @@
+/* train.c — the training loop (see train.h for the step anatomy).
+ *
+ * Everything that may fail on one rank only (opening data, reading a checkpoint, a non-finite loss) is
+ * agreed on by all ranks before anyone enters the next collective, so a failure never leaves a peer
+ * waiting: setup steps end in dg_boot_agree, and every step starts with one small all-reduce that
+ * carries both the stop-signal flag and any local error.
+ */
+#define _GNU_SOURCE
+#include "train.h"
+
+#include <errno.h>
+#include <fnmatch.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "checkpoint.h"
+#include "data.h"
+#include "dg_mesh.h"
+#include "dg_mpi.h"
+#include "graph.h"
+#include "health.h"
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Setup helpers                                                                                     */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef struct trainer {
+    dg_boot_t *boot;
+    const dg_config_t *cfg;
+    MPI_Comm comm; /* world; the data-parallel group until FSDP/TP meshes arrive */
+    int rank, world;
+    int dp_rank, dp_size;
+    dg_mesh_shape_t mesh;
+    char mesh_str[128];
+
+    dg_backend_t *be;
+    char backend_name[16];
+    dg_model_desc_t desc;
+    dg_model_t *model;
+    int micro_batch, accum;
+    int64_t global_batch;
+    double flops_per_token, peak_flops;
+
+    char ckpt_dir[DG_CFG_STR + 32];
+    dg_dataset_t *train_ds, *val_ds;
+    dg_loader_t *train_ld, *val_ld;
+    dg_metrics_t *metrics;
+    dg_progress_t *progress;
+    dg_health_t *health;
+    dg_ckpt_writer_t *writer;
+
+    /* checkpoint staging: host copies of every parameter's state */
+    int n_params;
+    float **host_state; /* [n_params * 3]: param, m, v */
+    dg_ckpt_tensor_t *ckpt_t;
+    char **ckpt_paths;
+    int *frozen; /* per parameter: matched train.freeze */
+
+    int64_t step;   /* optimizer steps completed */
+    int64_t tokens; /* global tokens consumed */
+    double loss_scale;
+    int64_t good_steps;
+} trainer_t;
+
+static int is_fp16(const dg_config_t *c) {
+    return strcmp(c->train.precision, "fp16") == 0;
+}
+
+static dg_status_t pick_backend(trainer_t *tr) {
+    const dg_config_t *c = tr->cfg;
+    dg_backend_config_t bc = {0};
+    bc.act_dtype = strcmp(c->train.precision, "bf16") == 0   ? DG_BF16
+                   : strcmp(c->train.precision, "fp16") == 0 ? DG_F16
+                                                              : DG_F32;
+    bc.threads = (int)c->parallel.threads;
+    bc.seed = (uint64_t)c->run.seed;
+    bc.device = tr->boot->gpu >= 0 ? tr->boot->topo.gpus[tr->boot->gpu].cuda_index : 0;
+    if (bc.device < 0) bc.device = 0;
+    const char *want = c->parallel.backend;
+#ifdef DG_HAVE_CUDA
+    if (strcmp(want, "cuda") == 0 || strcmp(want, "auto") == 0) {
+        dg_status_t s = dg_backend_cuda_create(&bc, &tr->be);
+        if (s == DG_OK) {
+            snprintf(tr->backend_name, sizeof tr->backend_name, "cuda");
+            return DG_OK;
+        }
+        if (strcmp(want, "cuda") == 0) return s;
+        DG_LOG_INFO("parallel.backend=auto: no usable GPU (%s); using the CPU backend", dg_last_error());
+        dg_clear_error();
+    }
+#else
+    if (strcmp(want, "cuda") == 0)
+        return DG_ERR(DG_ERR_USAGE, "parallel.backend=cuda, but this dgtrain was built without CUDA "
+                                    "(configure with -DDGT_CUDA=ON on a machine with nvcc)");
+#endif
+    if (bc.act_dtype != DG_F32)
+        return DG_ERR(DG_ERR_USAGE, "train.precision=%s needs the CUDA backend; the CPU backend is fp32 only",
+                      c->train.precision);
+    DG_TRY(dg_backend_cpu_create(&bc, &tr->be));
+    snprintf(tr->backend_name, sizeof tr->backend_name, "cpu");
+    return DG_OK;
+}
+
+/* The mesh this build can run: until the FSDP passes land every rank is one data-parallel replica of the
+ * whole model (dp over the world); tp and dp_shard > 1 are refused with a clear message. */
+static dg_status_t pick_mesh(trainer_t *tr) {
+    int is_auto = 0;
+    DG_TRY(dg_mesh_parse(tr->cfg->parallel.mesh, tr->world, &tr->mesh, &is_auto));
+    if (is_auto) {
+        dg_mesh_shape_t s = {{1, tr->world, 1}, {DG_MESH_DP_REPLICATE, DG_MESH_DP_SHARD, DG_MESH_TP}};
+        tr->mesh = s;
+    }
+    if (tr->mesh.size[DG_MESH_TP] != 1)
+        return DG_ERR(DG_ERR_USAGE, "parallel.mesh=%s: tensor parallelism is not available in this build",
+                      tr->cfg->parallel.mesh);
+    tr->dp_size = tr->mesh.size[DG_MESH_DP_REPLICATE] * tr->mesh.size[DG_MESH_DP_SHARD];
+    int coord[DG_MESH_NDIM];
+    dg_mesh_coords(&tr->mesh, tr->rank, coord);
+    tr->dp_rank = coord[DG_MESH_DP_REPLICATE] * tr->mesh.size[DG_MESH_DP_SHARD] + coord[DG_MESH_DP_SHARD];
+    dg_mesh_format(&tr->mesh, tr->mesh_str, sizeof tr->mesh_str);
+    return DG_OK;
+}
+
+static dg_status_t batch_arithmetic(trainer_t *tr) {
+    const dg_config_t *c = tr->cfg;
+    tr->micro_batch = (int)c->train.micro_batch;
+    tr->global_batch = c->train.global_batch;
+    int64_t per_micro = (int64_t)tr->micro_batch * tr->dp_size;
+    if (tr->global_batch % per_micro != 0)
+        return DG_ERR(DG_ERR_USAGE,
+                      "train.global_batch=%lld must be a multiple of train.micro_batch (%d) x data-parallel "
+                      "ranks (%d) = %lld",
+                      (long long)tr->global_batch, tr->micro_batch, tr->dp_size, (long long)per_micro);
+    tr->accum = (int)(tr->global_batch / per_micro);
+    return DG_OK;
+}
+
+static dg_status_t open_data(trainer_t *tr) {
+    const dg_config_t *c = tr->cfg;
+    char train_glob[4096], val_glob[4096];
+    snprintf(train_glob, sizeof train_glob, "%s", c->data.train);
+    snprintf(val_glob, sizeof val_glob, "%s", c->data.val);
+    if (!c->data.train[0]) {
+        char dir[DG_CFG_STR + 16];
+        snprintf(dir, sizeof dir, "%s/data", c->run.dir);
+        /* every rank may call it: the builder serialises on a lock file and renames atomically */
+        DG_TRY(dg_data_default_paths(dir, train_glob, val_glob, sizeof train_glob));
+        if (!c->data.val[0]) {
+            /* keep the embedded val split only when no val glob was given */
+        } else {
+            snprintf(val_glob, sizeof val_glob, "%s", c->data.val);
+        }
+    }
+    DG_TRY(dg_dataset_open(train_glob, tr->desc.seq_len, tr->desc.vocab_size, &tr->train_ds));
+    DG_TRY(dg_loader_create(tr->train_ds, (uint64_t)c->run.seed, c->data.shuffle, &tr->train_ld));
+    if (val_glob[0] && c->data.val_every > 0) {
+        DG_TRY(dg_dataset_open(val_glob, tr->desc.seq_len, tr->desc.vocab_size, &tr->val_ds));
+        DG_TRY(dg_loader_create(tr->val_ds, (uint64_t)c->run.seed, 0, &tr->val_ld));
+    }
+    return DG_OK;
+}
+
+/* train.freeze: comma-separated fnmatch patterns over parameter names. */
+static dg_status_t match_frozen(trainer_t *tr) {
+    tr->frozen = dg_xcalloc((size_t)tr->n_params, sizeof(int));
+    const char *spec = tr->cfg->train.freeze;
+    if (!spec[0]) return DG_OK;
+    char buf[DG_CFG_STR];
+    snprintf(buf, sizeof buf, "%s", spec);
+    char *save = NULL;
+    for (char *pat = strtok_r(buf, ",", &save); pat; pat = strtok_r(NULL, ",", &save)) {
+        while (*pat == ' ') pat++;
+        size_t L = strlen(pat);
+        while (L && pat[L - 1] == ' ') pat[--L] = 0;
+        if (!L) continue;
+        int hits = 0;
+        for (int i = 0; i < tr->n_params; i++)
+            if (fnmatch(pat, dg_model_param(tr->model, i)->name, 0) == 0) tr->frozen[i] = 1, hits++;
+        if (!hits)
+            return DG_ERR(DG_ERR_USAGE, "train.freeze: pattern '%s' matches no parameter (names look like "
+                                        "'h.0.attn.qkv.weight', 'wte', 'ln_f.bias')",
+                          pat);
+    }
+    return DG_OK;
+}
+
+static void build_ckpt_tensors(trainer_t *tr) {
+    int n = tr->n_params;
+    tr->host_state = dg_xcalloc((size_t)n * 3, sizeof(float *));
+    tr->ckpt_t = dg_xcalloc((size_t)n * 3, sizeof(dg_ckpt_tensor_t));
+    tr->ckpt_paths = dg_xcalloc((size_t)n * 3, sizeof(char *));
+    for (int i = 0; i < n; i++) {
+        const dg_param_info_t *p = dg_model_param(tr->model, i);
+        for (int w = 0; w < 3; w++) {
+            int k = i * 3 + w;
+            tr->host_state[k] = dg_xmalloc(p->numel * sizeof(float));
+            char path[512];
+            if (w == 0)
+                snprintf(path, sizeof path, "model/%s", p->name);
+            else
+                snprintf(path, sizeof path, "optim/%s/%s", p->name, w == 1 ? "m" : "v");
+            tr->ckpt_paths[k] = dg_xstrdup(path);
+            dg_ckpt_tensor_t *t = &tr->ckpt_t[k];
+            t->path = tr->ckpt_paths[k];
+            t->ndim = p->ndim;
+            for (int d = 0; d < p->ndim; d++) {
+                t->gshape[d] = p->shape[d];
+                t->start[d] = 0;
+                t->count[d] = p->shape[d];
+            }
+            /* every rank holds the whole (replicated) tensor; rank 0 writes it */
+            t->owner = tr->rank == 0;
+            t->data = tr->host_state[k];
+        }
+    }
+}
+
+static const int k_state_of[3] = {DG_STATE_PARAM, DG_STATE_ADAM_M, DG_STATE_ADAM_V};
+
+static dg_status_t pull_state(trainer_t *tr) {
+    for (int i = 0; i < tr->n_params; i++)
+        for (int w = 0; w < 3; w++) DG_TRY(dg_model_get_tensor(tr->model, i, k_state_of[w], tr->host_state[i * 3 + w]));
+    return DG_OK;
+}
+
+static dg_status_t push_state(trainer_t *tr) {
+    for (int i = 0; i < tr->n_params; i++)
+        for (int w = 0; w < 3; w++) DG_TRY(dg_model_set_tensor(tr->model, i, k_state_of[w], tr->host_state[i * 3 + w]));
+    return DG_OK;
+}
+
+static void fill_meta(trainer_t *tr, dg_ckpt_meta_t *m) {
+    dg_ckpt_meta_init(m);
+    m->step = tr->step;
+    m->tokens = tr->tokens;
+    snprintf(m->mesh, sizeof m->mesh, "%s", tr->mesh_str);
+    char *ini = dg_config_to_ini(tr->cfg);
+    dg_ckpt_meta_set_config(m, ini);
+    free(ini);
+    dg_loader_state_t ls;
+    dg_loader_get_state(tr->train_ld, &ls);
+    m->loader.epoch = ls.epoch;
+    m->loader.cursor = ls.cursor;
+    m->loader.samples_seen = ls.samples_seen;
+    m->scaler.scale = tr->loss_scale;
+    m->scaler.good_steps = tr->good_steps;
+    char fp[32];
+    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)dg_dataset_fingerprint(tr->train_ds));
+    dg_ckpt_meta_set_kv(m, "data_fingerprint", fp);
+    dg_ckpt_meta_set_kv(m, "backend", tr->backend_name);
+    dg_ckpt_meta_set_kv(m, "precision", tr->cfg->train.precision);
+}
+
+static void emit_ckpt_event(trainer_t *tr, const dg_ckpt_save_result_t *r, double stall_ms, int async) {
+    DG_METRICS_EVENT(tr->metrics, "checkpoint", DG_JI("step", r->step), DG_JS("path", r->path),
+                     DG_JI("bytes", r->bytes), DG_JF("seconds", r->seconds), DG_JF("stall_ms", stall_ms),
+                     DG_JB("async", async), DG_JI("linked_bytes", r->linked_bytes));
+    dg_progress_note(tr->progress, "checkpoint step %lld -> %s (%.1f MB, %.2f s, stall %.0f ms)",
+                     (long long)r->step, r->path, r->bytes / 1e6, r->seconds, stall_ms);
+}
+
+static void report_async(trainer_t *tr, const dg_ckpt_async_result_t *ar) {
+    if (!ar->valid) return;
+    if (ar->status == DG_OK) {
+        emit_ckpt_event(tr, &ar->res, ar->res.stall_ms, 1);
+    } else {
+        DG_LOG_ERROR("asynchronous checkpoint failed (LATEST unchanged): %s", ar->error);
+        DG_METRICS_EVENT(tr->metrics, "checkpoint", DG_JI("step", ar->res.step), DG_JB("ok", 0),
+                         DG_JS("error", ar->error), DG_JB("async", 1));
+    }
+}
+
+/* Save the current state. sync_only forces a synchronous write (signals, the end of the run). */
+static dg_status_t save_checkpoint(trainer_t *tr, int sync_only) {
+    dg_health_set_activity(tr->health, tr->step, "checkpoint");
+    double t0 = dg_now_s();
+    DG_TRY(pull_state(tr));
+    dg_ckpt_meta_t meta;
+    fill_meta(tr, &meta);
+    dg_status_t s = DG_OK;
+    if (tr->writer && !sync_only) {
+        double stall = 0;
+        dg_ckpt_async_result_t prev = {0};
+        s = dg_ckpt_writer_submit(tr->writer, &meta, tr->ckpt_t, tr->n_params * 3, &stall, &prev);
+        report_async(tr, &prev);
+    } else {
+        if (tr->writer) {
+            dg_ckpt_async_result_t prev = {0};
+            dg_ckpt_writer_wait(tr->writer, &prev); /* its failure is reported, never fatal here */
+            report_async(tr, &prev);
+        }
+        dg_ckpt_save_opts_t o;
+        dg_ckpt_save_opts_default(&o);
+        o.keep = (int)tr->cfg->checkpoint.keep;
+        o.incremental = tr->cfg->checkpoint.incremental;
+        dg_ckpt_save_result_t r;
+        s = dg_ckpt_save(tr->comm, tr->ckpt_dir, &meta, tr->ckpt_t, tr->n_params * 3, &o, &r);
+        if (s == DG_OK) emit_ckpt_event(tr, &r, (dg_now_s() - t0) * 1e3, 0);
+    }
+    dg_ckpt_meta_destroy(&meta);
+    return s;
+}
+
+/* Resume per checkpoint.resume. Collective; sets step/tokens/loader/scaler and the model state. */
+static dg_status_t maybe_resume(trainer_t *tr) {
+    dg_ckpt_meta_t meta;
+    dg_ckpt_meta_init(&meta);
+    char path[4096] = "";
+    dg_status_t s = dg_ckpt_resume(tr->comm, tr->ckpt_dir, tr->cfg->checkpoint.resume, &meta, tr->ckpt_t,
+                                   tr->n_params * 3, path, sizeof path);
+    if (s != DG_OK || !path[0]) {
+        dg_ckpt_meta_destroy(&meta);
+        return s;
+    }
+    const char *fp = dg_ckpt_meta_get_kv(&meta, "data_fingerprint");
+    char now_fp[32];
+    snprintf(now_fp, sizeof now_fp, "%016llx", (unsigned long long)dg_dataset_fingerprint(tr->train_ds));
+    if (fp && strcmp(fp, now_fp) != 0)
+        DG_LOG_WARN("resuming from %s: the training data changed since it was written (fingerprint %s, now %s); "
+                    "the sample order continues from the saved cursor",
+                    path, fp, now_fp);
+    s = push_state(tr);
+    if (s == DG_OK) {
+        tr->step = meta.step;
+        tr->tokens = meta.tokens;
+        dg_loader_state_t ls = {meta.loader.epoch, meta.loader.cursor, meta.loader.samples_seen};
+        s = dg_loader_set_state(tr->train_ld, &ls);
+        if (s != DG_OK)
+            s = DG_ERR(DG_ERR_USAGE, "checkpoint %s: data-loader state does not fit the data set: %s", path,
+                       dg_last_error());
+        tr->loss_scale = meta.scaler.scale > 0 ? meta.scaler.scale : tr->loss_scale;
+        tr->good_steps = meta.scaler.good_steps;
+    }
+    if (s == DG_OK) {
+        DG_METRICS_EVENT(tr->metrics, "resume", DG_JI("step", tr->step), DG_JS("path", path),
+                         DG_JI("from_world_size", meta.world_size), DG_JI("to_world_size", tr->world),
+                         DG_JS("from_mesh", meta.mesh), DG_JS("to_mesh", tr->mesh_str),
+                         DG_JI("tokens", tr->tokens));
+        DG_LOG_INFO("resumed from %s at step %lld (written by %d ranks, now %d)", path, (long long)tr->step,
+                    meta.world_size, tr->world);
+    }
+    dg_ckpt_meta_destroy(&meta);
+    return s;
+}
+
+/* Rolls back the model and optimizer to the newest checkpoint, keeping the data cursor (so training
+ * continues with the next data rather than replaying the batches that spiked). */
+static dg_status_t rollback(trainer_t *tr) {
+    if (tr->writer) {
+        dg_ckpt_async_result_t prev = {0};
+        dg_ckpt_writer_wait(tr->writer, &prev);
+        report_async(tr, &prev);
+    }
+    dg_ckpt_meta_t meta;
+    dg_ckpt_meta_init(&meta);
+    char path[4096] = "";
+    DG_TRY(dg_ckpt_resume(tr->comm, tr->ckpt_dir, "auto", &meta, tr->ckpt_t, tr->n_params * 3, path, sizeof path));
+    if (!path[0]) {
+        dg_ckpt_meta_destroy(&meta);
+        return DG_ERR(DG_ERR_RUNTIME, "loss spikes: %lld in a row and no checkpoint to roll back to "
+                                      "(set checkpoint.every)",
+                      (long long)tr->cfg->train.spike_max_consecutive);
+    }
+    DG_TRY(push_state(tr));
+    DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "rollback"), DG_JI("step", tr->step),
+                     DG_JS("path", path), DG_JI("to_step", meta.step));
+    DG_LOG_WARN("loss spikes: rolled the weights back to %s (step %lld); continuing with the next data", path,
+                (long long)meta.step);
+    dg_ckpt_meta_destroy(&meta);
+    return DG_OK;
+}
+
+/* Mean validation loss over val_batches global batches (the same samples at any world size). */
+static dg_status_t run_validation(trainer_t *tr, double *loss_out) {
+    dg_health_set_activity(tr->health, tr->step, "validation");
+    dg_loader_reset(tr->val_ld);
+    size_t n = (size_t)tr->micro_batch * tr->desc.seq_len;
+    int32_t *tok = dg_xmalloc(n * sizeof(int32_t)), *tgt = dg_xmalloc(n * sizeof(int32_t));
+    double sum = 0;
+    int count = 0;
+    dg_status_t s = DG_OK;
+    for (int64_t b = 0; b < tr->cfg->data.val_batches && s == DG_OK; b++) {
+        for (int j = 0; j < tr->accum && s == DG_OK; j++) {
+            s = dg_loader_fill(tr->val_ld, j, tr->dp_rank, tr->dp_size, tr->micro_batch, tok, tgt);
+            float l = 0;
+            if (s == DG_OK) s = dg_model_forward(tr->model, tok, tgt, &l);
+            sum += l;
+            count++;
+        }
+        dg_loader_advance(tr->val_ld, tr->global_batch);
+    }
+    free(tok);
+    free(tgt);
+    if (s) return s;
+    double local[2] = {sum, (double)count}, global[2];
+    DG_MPI_CHECK(MPI_Allreduce(local, global, 2, MPI_DOUBLE, MPI_SUM, tr->comm));
+    *loss_out = global[0] / global[1];
+    return DG_OK;
+}
+
+static void trainer_free(trainer_t *tr) {
+    if (tr->writer) dg_ckpt_writer_free(tr->writer);
+    dg_health_free(tr->health);
+    if (tr->progress) dg_progress_free(tr->progress);
+    if (tr->metrics) dg_metrics_close(tr->metrics);
+    for (int k = 0; tr->host_state && k < tr->n_params * 3; k++) {
+        free(tr->host_state[k]);
+        free(tr->ckpt_paths[k]);
+    }
+    free(tr->host_state);
+    free(tr->ckpt_paths);
+    free(tr->ckpt_t);
+    free(tr->frozen);
+    if (tr->val_ld) dg_loader_free(tr->val_ld);
+    if (tr->train_ld) dg_loader_free(tr->train_ld);
+    if (tr->val_ds) dg_dataset_free(tr->val_ds);
+    if (tr->train_ds) dg_dataset_free(tr->train_ds);
+    if (tr->model) dg_model_free(tr->model);
+    dg_backend_free(tr->be);
+}
+
+/* Health events go to metrics.jsonl. */
+static void health_sink(void *ctx, const char *fields) {
+    dg_metrics_event_raw((dg_metrics_t *)ctx, "health", fields);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* The loop                                                                                          */
+/* ------------------------------------------------------------------------------------------------ */
+
+static dg_status_t setup(trainer_t *tr) {
+    const dg_config_t *c = tr->cfg;
+    DG_TRY(pick_mesh(tr));
+    DG_TRY(dg_model_desc_from_config(c, &tr->desc));
+    DG_TRY(batch_arithmetic(tr));
+    if (c->checkpoint.dir[0])
+        snprintf(tr->ckpt_dir, sizeof tr->ckpt_dir, "%s", c->checkpoint.dir);
+    else
+        snprintf(tr->ckpt_dir, sizeof tr->ckpt_dir, "%s/checkpoints", c->run.dir);
+    DG_TRY(dg_metrics_open(c->run.dir, tr->rank, &tr->metrics));
+    DG_TRY(open_data(tr));
+    DG_TRY(pick_backend(tr));
+    DG_TRY(dg_model_create(&tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, &tr->model));
+    tr->n_params = dg_model_n_tensors(tr->model);
+    DG_TRY(match_frozen(tr));
+    build_ckpt_tensors(tr);
+    tr->flops_per_token = dg_model_flops_per_token(&tr->desc);
+    tr->loss_scale = is_fp16(c) ? c->train.loss_scale_init : 1.0;
+    if (strcmp(tr->backend_name, "cpu") == 0) {
+        int threads = c->parallel.threads > 0 ? (int)c->parallel.threads : 0;
+        if (!threads) {
+            cpu_set_t set;
+            threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+        }
+        tr->peak_flops = dg_peak_flops_cpu(threads);
+    }
+    return DG_OK;
+}
+
+static dg_status_t train_loop(trainer_t *tr) {
+    const dg_config_t *c = tr->cfg;
+    const int T = tr->desc.seq_len;
+    size_t n_tok = (size_t)tr->micro_batch * T;
+    int32_t *tok = dg_xmalloc(n_tok * sizeof(int32_t)), *tgt = dg_xmalloc(n_tok * sizeof(int32_t));
+    const double dloss_base = 1.0 / ((double)tr->global_batch * T);
+    double *window = dg_xcalloc((size_t)(c->train.spike_window > 0 ? c->train.spike_window : 1), sizeof(double));
+    int64_t win_n = 0, win_pos = 0, consecutive_spikes = 0;
+    dg_status_t st = DG_OK;
+    int stop_sig = 0;
+
+    while (tr->step < c->train.steps) {
+        /* one agreement per step: [local error, pending signal] */
+        int local[2] = {st, dg_signals_pending()}, agreed[2];
+        dg_health_set_activity(tr->health, tr->step, "step agreement");
+        if (MPI_Allreduce(local, agreed, 2, MPI_INT, MPI_MAX, tr->comm) != MPI_SUCCESS) {
+            st = DG_ERR(DG_ERR_PEER, "step agreement all-reduce failed at step %lld", (long long)tr->step);
+            break;
+        }
+        if (agreed[0]) {
+            if (!st) st = DG_ERR(agreed[0], "another rank failed at step %lld (see its log)", (long long)tr->step);
+            break;
+        }
+        if (agreed[1]) {
+            stop_sig = agreed[1];
+            break;
+        }
+
+        double t0 = dg_now_s();
+        int64_t step = tr->step; /* 0-based index of the step being taken */
+        dg_health_set_activity(tr->health, step, "zero_grad");
+        st = dg_model_zero_grad(tr->model);
+        double loss_sum = 0;
+        float dloss = (float)(dloss_base * tr->loss_scale);
+        for (int j = 0; j < tr->accum && !st; j++) {
+            st = dg_loader_fill(tr->train_ld, j, tr->dp_rank, tr->dp_size, tr->micro_batch, tok, tgt);
+            float l = 0;
+            dg_health_set_activity(tr->health, step, "forward_backward");
+            if (!st) st = dg_model_forward_backward(tr->model, tok, tgt, dloss, &l);
+            loss_sum += l;
+        }
+        if (st) continue; /* agreed at the top of the next iteration */
+
+        double loss_pair[1] = {loss_sum / tr->accum}, loss_glob[1];
+        dg_health_set_activity(tr->health, step, "all-reduce loss");
+        if (MPI_Allreduce(loss_pair, loss_glob, 1, MPI_DOUBLE, MPI_SUM, tr->comm) != MPI_SUCCESS) {
+            st = DG_ERR(DG_ERR_PEER, "loss all-reduce failed at step %lld", (long long)step);
+            break;
+        }
+        double loss = loss_glob[0] / tr->world;
+
+        /* spike handling: compare with the moving average of accepted losses */
+        int skip = !isfinite(loss);
+        int spike = 0;
+        if (!skip && c->train.spike_factor > 0 && win_n >= (c->train.spike_window < 5 ? c->train.spike_window : 5)) {
+            double avg = 0;
+            for (int64_t i = 0; i < win_n; i++) avg += window[i];
+            avg /= (double)win_n;
+            if (loss > c->train.spike_factor * avg) spike = skip = 1;
+            if (spike) {
+                consecutive_spikes++;
+                DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "loss_spike"), DG_JI("step", step + 1),
+                                 DG_JF("loss", loss), DG_JF("moving_avg", avg),
+                                 DG_JI("consecutive", consecutive_spikes));
+                DG_LOG_WARN("step %lld: loss %.4f > %.2f x moving average %.4f: update skipped",
+                            (long long)step + 1, loss, c->train.spike_factor, avg);
+            }
+        }
+        if (!spike) consecutive_spikes = 0;
+
+        double lr = dg_lr_at(step, c->train.steps, c->train.lr, c->train.warmup_steps, c->train.min_lr_ratio);
+        float gnorm = NAN;
+        if (!skip) {
+            dg_optim_hparams_t h = {.lr = (float)lr,
+                                    .beta1 = (float)c->train.beta1,
+                                    .beta2 = (float)c->train.beta2,
+                                    .eps = (float)c->train.eps,
+                                    .weight_decay = (float)c->train.weight_decay,
+                                    .grad_clip = (float)c->train.grad_clip,
+                                    .t = step + 1,
+                                    .inv_loss_scale = (float)(1.0 / tr->loss_scale)};
+            dg_health_set_activity(tr->health, step, "optimizer");
+            st = dg_model_optimizer_step(tr->model, &h, &gnorm);
+            if (st) continue;
+            if (!isfinite(gnorm)) skip = 1; /* the model skipped the update (non-finite gradients) */
+        } else if (!isfinite(loss)) {
+            DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "nonfinite_loss"), DG_JI("step", step + 1));
+            DG_LOG_WARN("step %lld: non-finite loss; update skipped", (long long)step + 1);
+        }
+        if (is_fp16(c)) {
+            if (!isfinite(gnorm)) {
+                tr->loss_scale = tr->loss_scale / 2 < 1 ? 1 : tr->loss_scale / 2;
+                tr->good_steps = 0;
+            } else if (++tr->good_steps >= c->train.loss_scale_growth_interval) {
+                tr->loss_scale *= 2;
+                tr->good_steps = 0;
+            }
+        } else if (!isfinite(gnorm) && !spike && isfinite(loss)) {
+            DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "nonfinite_grad"), DG_JI("step", step + 1));
+            DG_LOG_WARN("step %lld: non-finite gradient norm; update skipped", (long long)step + 1);
+        }
+        if (!skip && c->train.spike_window > 0) {
+            window[win_pos] = loss;
+            win_pos = (win_pos + 1) % c->train.spike_window;
+            if (win_n < c->train.spike_window) win_n++;
+        }
+
+        dg_loader_advance(tr->train_ld, tr->global_batch);
+        tr->step++;
+        tr->tokens += tr->global_batch * T;
+        double dt = dg_now_s() - t0;
+        double tps = (double)(tr->global_batch * T) / dt;
+        dg_step_metrics_t sm = {.step = tr->step,
+                                .loss = loss,
+                                .lr = lr,
+                                .grad_norm = gnorm,
+                                .tokens = tr->tokens,
+                                .tok_per_s = tps,
+                                .step_ms = dt * 1e3,
+                                .mfu = dg_mfu(tps / tr->world, tr->flops_per_token, tr->peak_flops)};
+        dg_metrics_step(tr->metrics, &sm);
+        dg_progress_step(tr->progress, tr->step, loss, tps, dt);
+
+        if (spike && c->train.spike_max_consecutive > 0 && consecutive_spikes >= c->train.spike_max_consecutive) {
+            st = rollback(tr);
+            consecutive_spikes = 0;
+            win_n = win_pos = 0;
+            if (st) continue;
+        }
+        if (tr->val_ld && c->data.val_every > 0 && (tr->step % c->data.val_every == 0 || tr->step == c->train.steps)) {
+            double vl = 0;
+            st = run_validation(tr, &vl);
+            if (st) continue;
+            DG_METRICS_EVENT(tr->metrics, "val", DG_JI("step", tr->step), DG_JF("loss", vl),
+                             DG_JI("batches", c->data.val_batches));
+            dg_progress_note(tr->progress, "step %lld: val loss %.4f", (long long)tr->step, vl);
+        }
+        if (c->checkpoint.every > 0 && tr->step % c->checkpoint.every == 0 && tr->step < c->train.steps) {
+            st = save_checkpoint(tr, 0);
+            if (st) continue;
+        }
+        if (tr->writer) {
+            dg_ckpt_async_result_t ar = {0};
+            if (dg_ckpt_writer_poll(tr->writer, &ar) == 1) report_async(tr, &ar);
+        }
+    }
+    free(tok);
+    free(tgt);
+    free(window);
+    dg_progress_finish(tr->progress);
+    /* an error after the last step's agreement (validation, checkpoint) must be agreed before the final
+     * collective save, or the failing rank would leave the others waiting in it */
+    int lerr = st, gerr = 0;
+    if (MPI_Allreduce(&lerr, &gerr, 1, MPI_INT, MPI_MAX, tr->comm) != MPI_SUCCESS)
+        return DG_ERR(DG_ERR_PEER, "final agreement all-reduce failed");
+    if (st) return st;
+    if (gerr) return DG_ERR(gerr, "another rank failed at step %lld (see its log)", (long long)tr->step);
+
+    /* final (or signal-driven) checkpoint, synchronous */
+    dg_status_t s = save_checkpoint(tr, 1);
+    if (s) return s;
+    if (stop_sig) {
+        DG_METRICS_EVENT(tr->metrics, "done", DG_JI("step", tr->step), DG_JS("reason", "signal"),
+                         DG_JS("signal", dg_signal_name(stop_sig)), DG_JI("exit_code", DG_ERR_SIGNAL));
+        DG_LOG_WARN("stopped on %s at step %lld after a complete checkpoint; exit 75 asks for a requeue",
+                    dg_signal_name(stop_sig), (long long)tr->step);
+        return DG_ERR(DG_ERR_SIGNAL, "stopped on %s after checkpointing step %lld", dg_signal_name(stop_sig),
+                      (long long)tr->step);
+    }
+    return DG_OK;
+}
+
+dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
+    trainer_t tr = {0};
+    tr.boot = boot;
+    tr.cfg = cfg;
+    tr.comm = boot->world;
+    tr.rank = boot->world_rank;
+    tr.world = boot->world_size;
+    dg_signals_install();
+
+    dg_status_t s = setup(&tr);
+    s = dg_boot_agree(boot, s);
+    if (s) {
+        trainer_free(&tr);
+        return s;
+    }
+    s = dg_health_create(tr.comm, tr.rank, boot->host, cfg->health.heartbeat_s, cfg->health.timeout_s, &tr.health);
+    if (s == DG_OK) dg_health_set_event_sink(tr.health, health_sink, tr.metrics);
+    if (s == DG_OK && cfg->checkpoint.async) {
+        dg_ckpt_save_opts_t o;
+        dg_ckpt_save_opts_default(&o);
+        o.keep = (int)cfg->checkpoint.keep;
+        o.incremental = cfg->checkpoint.incremental;
+        s = dg_ckpt_writer_create(tr.comm, tr.ckpt_dir, &o, &tr.writer);
+    }
+    s = dg_boot_agree(boot, s);
+    if (s == DG_OK) s = dg_boot_agree(boot, maybe_resume(&tr));
+    if (s) {
+        trainer_free(&tr);
+        return s;
+    }
+
+    char cfg_hash[32];
+    snprintf(cfg_hash, sizeof cfg_hash, "%016llx", (unsigned long long)dg_config_hash(cfg));
+    DG_METRICS_EVENT(tr.metrics, "start", DG_JI("world_size", tr.world), DG_JS("mesh", tr.mesh_str),
+                     DG_JS("backend", tr.backend_name), DG_JS("config_hash", cfg_hash),
+                     DG_JS("precision", cfg->train.precision), DG_JI("n_params", (int64_t)dg_model_n_params(&tr.desc)),
+                     DG_JI("n_layer", tr.desc.n_layer), DG_JI("d_model", tr.desc.d_model),
+                     DG_JI("seq_len", tr.desc.seq_len), DG_JI("global_batch", tr.global_batch),
+                     DG_JI("micro_batch", tr.micro_batch), DG_JI("grad_accum", tr.accum),
+                     DG_JI("state_bytes_per_rank", (int64_t)dg_model_state_bytes(tr.model)),
+                     DG_JI("arena_bytes", (int64_t)dg_model_arena_bytes(tr.model)),
+                     DG_JI("start_step", tr.step), DG_JI("steps", cfg->train.steps),
+                     DG_JS("version", DG_VERSION_STRING));
+    DG_LOG_INFO("training %s (%.2fM params) on %d rank(s), mesh %s, backend %s, %lld steps of %lld x %d tokens",
+                cfg->model.preset, dg_model_n_params(&tr.desc) / 1e6, tr.world, tr.mesh_str, tr.backend_name,
+                (long long)cfg->train.steps, (long long)tr.global_batch, tr.desc.seq_len);
+    tr.progress = dg_progress_create(stderr, tr.rank, cfg->train.steps, cfg->train.log_every, DG_PROGRESS_AUTO);
+
+    double t_start = dg_now_s();
+    int64_t step0 = tr.step;
+    s = train_loop(&tr);
+    if (tr.writer) {
+        dg_ckpt_async_result_t ar = {0};
+        dg_status_t ws = dg_ckpt_writer_wait(tr.writer, &ar);
+        report_async(&tr, &ar);
+        (void)ws; /* a failed background write is reported; the final synchronous save already succeeded */
+    }
+    s = dg_boot_agree(boot, s);
+    if (s == DG_OK) {
+        double el = dg_now_s() - t_start;
+        DG_METRICS_EVENT(tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "finished"),
+                         DG_JI("tokens", tr.tokens), DG_JF("seconds", el),
+                         DG_JF("tok_per_s", el > 0 ? (double)(tr.step - step0) * tr.global_batch * tr.desc.seq_len / el : 0),
+                         DG_JI("exit_code", 0));
+    } else if (s != DG_ERR_SIGNAL) {
+        DG_METRICS_EVENT(tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "error"),
+                         DG_JS("error", dg_last_error()), DG_JI("exit_code", s));
+    }
+    trainer_free(&tr);
+    return s;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* --plan-only and --dry-run                                                                         */
+/* ------------------------------------------------------------------------------------------------ */
+
+/* Each rank renders its text; rank 0 prints them in rank order. */
+static dg_status_t gather_print(dg_boot_t *boot, const char *text, FILE *out, int json) {
+    int len = (int)strlen(text) + 1;
+    int *lens = NULL, *displs = NULL;
+    char *all = NULL;
+    if (boot->world_rank == 0) {
+        lens = dg_xcalloc((size_t)boot->world_size, sizeof(int));
+        displs = dg_xcalloc((size_t)boot->world_size, sizeof(int));
+    }
+    DG_MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, boot->world));
+    if (boot->world_rank == 0) {
+        int tot = 0;
+        for (int r = 0; r < boot->world_size; r++) displs[r] = tot, tot += lens[r];
+        all = dg_xmalloc((size_t)tot);
+    }
+    DG_MPI_CHECK(MPI_Gatherv(text, len, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, boot->world));
+    if (boot->world_rank == 0) {
+        if (json) fprintf(out, "{\"ranks\":[");
+        for (int r = 0; r < boot->world_size; r++) {
+            if (json)
+                fprintf(out, "%s{\"rank\":%d,\"plan\":%s}", r ? "," : "", r, all + displs[r]);
+            else
+                fprintf(out, "==== rank %d ====\n%s", r, all + displs[r]);
+        }
+        if (json) fprintf(out, "]}\n");
+        fflush(out);
+    }
+    free(lens);
+    free(displs);
+    free(all);
+    return DG_OK;
+}
+
+static dg_status_t plan_model(dg_boot_t *boot, const dg_config_t *cfg, trainer_t *tr, dg_backend_t **be) {
+    tr->boot = boot;
+    tr->cfg = cfg;
+    tr->comm = boot->world;
+    tr->rank = boot->world_rank;
+    tr->world = boot->world_size;
+    DG_TRY(pick_mesh(tr));
+    DG_TRY(dg_model_desc_from_config(cfg, &tr->desc));
+    DG_TRY(batch_arithmetic(tr));
+    dg_backend_config_t bc = {0};
+    bc.act_dtype = DG_F32;
+    DG_TRY(dg_backend_cpu_create(&bc, be));
+    return dg_model_create_ex(&tr->desc, *be, tr->micro_batch, (uint64_t)cfg->run.seed, DG_MODEL_PLAN_ONLY,
+                              &tr->model);
+}
+
+dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json, FILE *out) {
+    trainer_t tr = {0};
+    dg_backend_t *be = NULL;
+    dg_status_t s = dg_boot_agree(boot, plan_model(boot, cfg, &tr, &be));
+    char *buf = NULL;
+    size_t cap = 0;
+    if (s == DG_OK) {
+        FILE *mem = open_memstream(&buf, &cap);
+        DG_ASSERT(mem != NULL);
+        if (!json)
+            fprintf(mem, "mesh %s, data-parallel rank %d of %d, micro_batch %d x %d accumulation steps\n",
+                    tr.mesh_str, tr.dp_rank, tr.dp_size, tr.micro_batch, tr.accum);
+        s = dg_model_print_plan(tr.model, mem, json);
+        fclose(mem);
+    }
+    s = dg_boot_agree(boot, s);
+    if (s == DG_OK) s = gather_print(boot, buf, out, json);
+    free(buf);
+    if (tr.model) dg_model_free(tr.model);
+    dg_backend_free(be);
+    return s;
+}
+
+dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int json, FILE *out) {
+    trainer_t tr = {0};
+    dg_backend_t *be = NULL;
+    dg_status_t s = dg_boot_agree(boot, plan_model(boot, cfg, &tr, &be));
+    if (s == DG_OK && boot->world_rank == 0) {
+        size_t state = dg_model_state_bytes(tr.model), arena = dg_model_arena_bytes(tr.model);
+        size_t act = dg_model_activation_bytes_sum(tr.model);
+        if (json) {
+            fprintf(out,
+                    "{\"model\":{\"preset\":\"%s\",\"n_layer\":%d,\"n_head\":%d,\"d_model\":%d,\"seq_len\":%d,"
+                    "\"vocab_size\":%d,\"padded_vocab\":%d,\"n_params\":%llu,\"flops_per_token\":%.6g},"
+                    "\"mesh\":\"%s\",\"global_batch\":%lld,\"micro_batch\":%d,\"grad_accum\":%d,"
+                    "\"per_rank_bytes\":{\"params_grads_optimizer\":%zu,\"activation_arena\":%zu,"
+                    "\"activations_unplanned\":%zu}}\n",
+                    cfg->model.preset, tr.desc.n_layer, tr.desc.n_head, tr.desc.d_model, tr.desc.seq_len,
+                    tr.desc.vocab_size, tr.desc.padded_vocab, (unsigned long long)dg_model_n_params(&tr.desc),
+                    dg_model_flops_per_token(&tr.desc), tr.mesh_str, (long long)tr.global_batch, tr.micro_batch,
+                    tr.accum, state, arena, act);
+        } else {
+            fprintf(out, "\nModel and memory plan\n");
+            fprintf(out, "  model        %s: %d layers, %d heads, d_model %d, seq_len %d, vocab %d (padded %d)\n",
+                    cfg->model.preset, tr.desc.n_layer, tr.desc.n_head, tr.desc.d_model, tr.desc.seq_len,
+                    tr.desc.vocab_size, tr.desc.padded_vocab);
+            fprintf(out, "  parameters   %.3fM (%.3g GFLOP per token for training)\n",
+                    dg_model_n_params(&tr.desc) / 1e6, dg_model_flops_per_token(&tr.desc) / 1e9);
+            fprintf(out, "  mesh         %s; global batch %lld = micro_batch %d x %d ranks x %d accumulation\n",
+                    tr.mesh_str, (long long)tr.global_batch, tr.micro_batch, tr.dp_size, tr.accum);
+            fprintf(out, "  per rank     params+grads+AdamW %.2f MB; activation arena %.2f MB (%.2f MB unplanned)\n",
+                    state / 1e6, arena / 1e6, act / 1e6);
+        }
+        fflush(out);
+    }
+    s = dg_boot_agree(boot, s);
+    if (tr.model) dg_model_free(tr.model);
+    dg_backend_free(be);
+    return s;
+}

@@ -1,0 +1,196 @@
+/* test_backend_cpu.c — runs the op harness on the CPU backend, plus what is specific to the CPU backend:
+ * bad input gives an error (never a crash), and results do not depend on the thread count.
+ *
+ *   test_backend_cpu [--threads N] [--only SUBSTR] [--verbose] [--no-fd] [--digests FILE]
+ *   test_backend_cpu --errors            only the bad-input checks
+ *   test_backend_cpu --threads-compare 1,2,3
+ *                                        run the harness once per thread count (backend config
+ *                                        `threads`) and require bit-identical outputs for every case
+ * Exit status: 0 when every check passed, 1 otherwise.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "op_harness.h"
+
+static int g_fail = 0;
+
+#define EXPECT(cond, ...)                                                                                  \
+    do {                                                                                                   \
+        if (!(cond)) {                                                                                     \
+            g_fail++;                                                                                      \
+            printf("FAIL errors: " __VA_ARGS__);                                                           \
+            printf("\n");                                                                                  \
+        }                                                                                                  \
+    } while (0)
+
+static dg_backend_t *make(int threads) {
+    dg_backend_config_t cfg = {.act_dtype = DG_F32, .device = 0, .threads = threads, .seed = 1};
+    dg_backend_t *be = NULL;
+    dg_status_t s = dg_backend_cpu_create(&cfg, &be);
+    if (s != DG_OK) {
+        fprintf(stderr, "cannot create the cpu backend: %s\n", dg_last_error());
+        exit(1);
+    }
+    return be;
+}
+
+/* A failing call must return a non-OK status with a message that names the problem. */
+static void expect_err(dg_status_t s, const char *needle, const char *what) {
+    EXPECT(s != DG_OK, "%s: expected an error, got DG_OK", what);
+    if (s != DG_OK) {
+        EXPECT(strstr(dg_last_error(), needle) != NULL, "%s: message \"%s\" does not mention \"%s\"", what,
+               dg_last_error(), needle);
+        printf("ok   errors: %s -> \"%s\"\n", what, dg_last_error());
+    }
+    dg_clear_error();
+}
+
+static void error_checks(void) {
+    dg_backend_t *be = NULL;
+    dg_backend_config_t cfg = {.act_dtype = DG_BF16, .threads = 0};
+    expect_err(dg_backend_cpu_create(&cfg, &be), "fp32", "create with bf16 activations");
+    EXPECT(be == NULL, "create failed but returned a backend");
+    cfg.act_dtype = DG_F32;
+    cfg.threads = -2;
+    expect_err(dg_backend_cpu_create(&cfg, &be), "threads", "create with threads=-2");
+
+    be = make(2);
+    const dg_backend_ops_t *op = be->ops;
+    float *buf = NULL;
+    DG_ASSERT(op->alloc(be, 4096 * sizeof(float), (void **)&buf) == DG_OK);
+    for (int i = 0; i < 4096; i++) buf[i] = 0.5f + (float)i * 1e-3f;
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+
+    expect_err(op->attention_fwd(be, buf, buf, buf, 1, 2, 10, 3), "not divisible", "attention C % NH != 0");
+    expect_err(op->attention_bwd(be, buf, buf, buf, buf, buf, 1, 0, 12, 3), "positive", "attention T = 0");
+    int32_t bad_tg[2] = {3, 9};
+    expect_err(op->crossentropy_fwd(be, buf, buf, buf, bad_tg, 2, 9, 10), "outside the vocabulary",
+               "crossentropy target == V");
+    expect_err(op->crossentropy_bwd(be, buf, buf, buf, tok, 2, 9, 8, 1.0f), "smaller than V",
+               "crossentropy Vp < V");
+    int32_t neg[4] = {0, 1, -5, 2};
+    expect_err(op->encoder_fwd(be, buf, neg, buf, buf, 2, 2, 4), "negative", "encoder_fwd negative token");
+    expect_err(op->encoder_bwd(be, buf, buf, buf, neg, 2, 2, 4), "negative", "encoder_bwd negative token");
+    expect_err(op->matmul_fwd(be, buf, NULL, buf, NULL, NULL, 4, 4, 4, DG_EPI_NONE), "NULL", "matmul_fwd w = NULL");
+    expect_err(op->matmul_fwd(be, buf, NULL, buf, buf, NULL, 4, 4, 4, DG_EPI_GELU), "pre",
+               "matmul_fwd GELU without pre");
+    expect_err(op->matmul_fwd(be, buf, buf, buf, buf, NULL, 4, 4, 4, DG_EPI_GELU), "different",
+               "matmul_fwd GELU with pre == out");
+    expect_err(op->matmul_bwd(be, buf, buf, NULL, buf, buf, buf, -1, 4, 4, 0), "positive", "matmul_bwd N = -1");
+    expect_err(op->layernorm_fwd(be, buf, NULL, buf, buf, buf, buf, 4, 4), "mean", "layernorm_fwd mean = NULL");
+    expect_err(op->cast(be, buf, DG_I32, buf, DG_F32, 4), "cast", "cast to i32");
+    expect_err(op->adamw(be, buf, NULL, buf, buf, buf, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.f, 0, buf), "t must be",
+               "adamw t = 0");
+    expect_err(op->adamw(be, buf, NULL, buf, buf, buf, 4, 1e-3f, 1.5f, 0.95f, 1e-8f, 0.f, 1, buf), "betas",
+               "adamw beta1 = 1.5");
+    expect_err(op->to_host(be, NULL, buf, 16), "NULL", "to_host to NULL");
+
+    /* CPU layout promise: aux holds the full probability matrix. */
+    EXPECT(op->attention_aux_bytes(be, 2, 13, 72, 3) == (size_t)2 * 3 * 13 * 13 * 4, "attention_aux_bytes");
+    /* A NaN gradient norm must not be hidden by clipping: the scale becomes NaN. */
+    buf[0] = NAN;
+    EXPECT(op->clip_scale(be, buf + 1, buf + 2, buf, 1.0f, 1.0f) == DG_OK, "clip_scale NaN");
+    EXPECT(isnan(buf[1]) && isnan(buf[2]), "clip_scale of a NaN sumsq gave scale %g, norm %g", buf[1], buf[2]);
+    op->free(be, buf);
+    dg_backend_free(be);
+    printf("cpu backend error checks: %s\n", g_fail ? "FAILED" : "passed");
+}
+
+static int threads_compare(const char *list, const dg_harness_opts_t *base) {
+    char *texts[16] = {0};
+    int counts[16], n = 0, fails = 0;
+    char *dup = strdup(list), *save = NULL;
+    for (char *t = strtok_r(dup, ",", &save); t && n < 16; t = strtok_r(NULL, ",", &save)) {
+        counts[n] = atoi(t);
+        if (counts[n] < 1) {
+            fprintf(stderr, "--threads-compare: bad thread count '%s'\n", t);
+            free(dup);
+            return 1;
+        }
+        size_t len = 0;
+        FILE *mem = open_memstream(&texts[n], &len);
+        dg_harness_opts_t o = *base;
+        o.digests = mem;
+        o.skip_fd = 1; /* the finite differences only exercise the float64 reference */
+        dg_backend_t *be = make(counts[n]);
+        printf("-- threads=%d\n", counts[n]);
+        fails += dg_op_harness_run(be, &o) != 0;
+        dg_backend_free(be);
+        fclose(mem);
+        n++;
+    }
+    free(dup);
+    for (int i = 1; i < n; i++) {
+        if (strcmp(texts[0], texts[i]) == 0) {
+            printf("threads=%d vs threads=%d: every case bit-identical\n", counts[0], counts[i]);
+            continue;
+        }
+        fails++;
+        /* name the cases that differ */
+        char *sa = NULL, *sb = NULL;
+        char *a = strdup(texts[0]), *b = strdup(texts[i]);
+        char *la = strtok_r(a, "\n", &sa), *lb = strtok_r(b, "\n", &sb);
+        for (; la && lb; la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb))
+            if (strcmp(la, lb) != 0) printf("FAIL threads=%d vs %d differ: %s | %s\n", counts[0], counts[i], la, lb);
+        free(a);
+        free(b);
+    }
+    for (int i = 0; i < n; i++) free(texts[i]);
+    return fails ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    dg_harness_opts_t o;
+    dg_harness_opts_init(&o);
+    int threads = 0, errors_only = 0;
+    const char *digests = NULL, *compare = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--threads") && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--only") && i + 1 < argc)
+            o.only = argv[++i];
+        else if (!strcmp(a, "--verbose"))
+            o.verbose = 1;
+        else if (!strcmp(a, "--no-fd"))
+            o.skip_fd = 1;
+        else if (!strcmp(a, "--digests") && i + 1 < argc)
+            digests = argv[++i];
+        else if (!strcmp(a, "--threads-compare") && i + 1 < argc)
+            compare = argv[++i];
+        else if (!strcmp(a, "--errors"))
+            errors_only = 1;
+        else {
+            fprintf(stderr,
+                    "usage: %s [--threads N] [--only SUBSTR] [--verbose] [--no-fd] [--digests FILE] | --errors | "
+                    "--threads-compare 1,2,3\n",
+                    argv[0]);
+            return 1;
+        }
+    }
+    if (errors_only) {
+        error_checks();
+        return g_fail ? 1 : 0;
+    }
+    if (compare) return threads_compare(compare, &o);
+
+    FILE *df = NULL;
+    if (digests) {
+        df = fopen(digests, "w");
+        if (!df) {
+            fprintf(stderr, "cannot write %s\n", digests);
+            return 1;
+        }
+        o.digests = df;
+    }
+    dg_backend_t *be = make(threads);
+    int failures = dg_op_harness_run(be, &o);
+    dg_backend_free(be);
+    if (df) fclose(df);
+    return failures ? 1 : 0;
+}

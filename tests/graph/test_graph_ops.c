@@ -1,0 +1,941 @@
+/* test_graph_ops.c — every op in the graph's registry, exercised THROUGH THE GRAPH on the CPU backend:
+ * forward against float64 references (ref64.c), gradients from autodiff against float64 central finite
+ * differences of the reference, parameter-gradient accumulation across runs (micro-batches), gradient
+ * accumulation across several consumers of a tensor (in place, via ACCUMULATE, via an extra add), the
+ * optimizer ops against a float64 AdamW, and collectives' shape rules. Table-driven: the run fails if an
+ * op kind of the registry was not executed by a checked case.
+ *
+ * Tolerances: graph values are fp32; references are float64 evaluated at the same (fp32) inputs.
+ * Forward: max|got - ref| <= 1e-5 * max|ref| + 1e-6 (fp32 rounding over <= 100-term sums is ~1e-6
+ * relative). Gradients: max|g - fd| <= 1e-3 * max|fd| + 1e-6, with fd the central difference of the
+ * float64 objective sum(dout * out) at step 1e-5 (truncation ~1e-10); a wiring mistake gives O(1) errors.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph_impl.h"
+#include "ref64.h"
+
+static int failures;
+static uint64_t covered; /* bit per op kind executed in a case that passed its checks */
+
+#define EXPECT(cond, ...)                                                                                      \
+    do {                                                                                                       \
+        if (!(cond)) {                                                                                         \
+            failures++;                                                                                        \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                               \
+            fprintf(stderr, __VA_ARGS__);                                                                      \
+            fputc('\n', stderr);                                                                               \
+        }                                                                                                      \
+    } while (0)
+
+#define OK(expr)                                                                                               \
+    do {                                                                                                       \
+        dg_status_t s_ = (expr);                                                                               \
+        if (s_ != DG_OK) {                                                                                     \
+            fprintf(stderr, "FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, s_, dg_last_error());     \
+            exit(1);                                                                                           \
+        }                                                                                                      \
+    } while (0)
+
+/* ---------------- a small harness around one test graph ---------------- */
+
+typedef struct {
+    dg_node_t *n;
+    float *f;
+    int32_t *i;
+} leaf_t;
+
+typedef struct {
+    dg_backend_t *be;
+    dg_graph_t *g;
+    dg_plan_t *plan;
+    dg_exec_t *ex;
+    dg_alloc_list_t al;
+    leaf_t leaves[32];
+    int nl;
+    uint64_t rng;
+} tg_t;
+
+static void tg_init(tg_t *t, dg_backend_t *be, uint64_t seed) {
+    memset(t, 0, sizeof *t);
+    t->be = be;
+    t->g = dg_graph_create(be);
+    t->rng = seed;
+}
+
+static dg_node_t *tg_f(tg_t *t, const char *name, int ndim, const int64_t *shape, unsigned flags, double lo,
+                       double hi) {
+    dg_node_t *n = (flags & DG_NF_PARAM) ? dg_graph_param(t->g, name, ndim, shape)
+                                         : dg_graph_leaf(t->g, name, DG_F32, ndim, shape, flags);
+    if (!n) {
+        fprintf(stderr, "FAIL: leaf %s: %s\n", name, dg_last_error());
+        exit(1);
+    }
+    leaf_t *l = &t->leaves[t->nl++];
+    l->n = n;
+    l->f = malloc(dg_node_numel(n) * sizeof(float));
+    ref_fill(l->f, dg_node_numel(n), lo, hi, &t->rng);
+    return n;
+}
+
+static dg_node_t *tg_i(tg_t *t, const char *name, int ndim, const int64_t *shape, int maxv) {
+    dg_node_t *n = dg_graph_leaf(t->g, name, DG_I32, ndim, shape, DG_NF_INPUT);
+    leaf_t *l = &t->leaves[t->nl++];
+    l->n = n;
+    l->i = malloc(dg_node_numel(n) * sizeof(int32_t));
+    for (size_t k = 0; k < dg_node_numel(n); k++) l->i[k] = (int32_t)(ref_rng_next(&t->rng) % (uint64_t)maxv);
+    return n;
+}
+
+static leaf_t *tg_leaf(tg_t *t, const dg_node_t *n) {
+    for (int k = 0; k < t->nl; k++)
+        if (t->leaves[k].n == n) return &t->leaves[k];
+    return NULL;
+}
+
+static double *to_f64(const float *f, size_t n) {
+    double *d = malloc(n * sizeof *d);
+    for (size_t i = 0; i < n; i++) d[i] = f[i];
+    return d;
+}
+
+static double *tg_d(tg_t *t, const dg_node_t *n) {
+    return to_f64(tg_leaf(t, n)->f, dg_node_numel(n));
+}
+
+/* autodiff (when outs given) + in-place pass, plan (checked), persistent memory, uploads, executor */
+static void tg_finish(tg_t *t, int nout, dg_node_t **outs, dg_node_t **seeds) {
+    OK(dg_graph_error(t->g));
+    if (nout) OK(dg_autodiff(t->g, nout, outs, seeds));
+    dg_pass_t passes[] = {{"inplace", dg_pass_inplace, NULL}};
+    OK(dg_graph_run_passes(t->g, passes, 1));
+    OK(dg_plan_create(t->g, 0, &t->plan));
+    OK(dg_plan_check(t->plan, t->g));
+    OK(dg_graph_alloc_persistent(t->g, t->be, &t->al));
+    for (int k = 0; k < t->nl; k++) {
+        leaf_t *l = &t->leaves[k];
+        OK(t->be->ops->to_device(t->be, l->n->data, l->f ? (void *)l->f : (void *)l->i, l->n->nbytes));
+    }
+    OK(dg_exec_create(t->be, t->g, t->plan, &t->ex));
+}
+
+static void tg_run(tg_t *t, dg_phase_t ph) {
+    OK(dg_exec_run_phase(t->ex, ph));
+    OK(t->be->ops->sync(t->be));
+}
+
+static float *tg_get(tg_t *t, const dg_node_t *n) {
+    float *h = malloc(n->nbytes);
+    OK(t->be->ops->to_host(t->be, h, dg_exec_ptr(t->ex, n), n->nbytes));
+    return h;
+}
+
+static void tg_cover(tg_t *t, int failures_before) {
+    if (failures != failures_before) return;
+    for (int i = 0; i < t->g->n; i++) covered |= 1ull << t->g->nodes[i]->op;
+}
+
+static int tg_count(tg_t *t, dg_op_kind_t k, int acc) {
+    int c = 0;
+    for (int i = 0; i < t->g->n; i++)
+        if (t->g->nodes[i]->op == k && (acc < 0 || t->g->nodes[i]->attr[DG_A_ACC] == acc)) c++;
+    return c;
+}
+
+static void tg_free(tg_t *t) {
+    dg_exec_free(t->ex);
+    dg_plan_free(t->plan);
+    dg_graph_free_persistent(t->be, &t->al);
+    dg_graph_free(t->g);
+    for (int k = 0; k < t->nl; k++) {
+        free(t->leaves[k].f);
+        free(t->leaves[k].i);
+    }
+}
+
+/* ---------------- comparisons ---------------- */
+
+static void check_close(const char *what, const float *got, const double *ref, size_t n, double rtol) {
+    double maxref = 0, maxerr = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (fabs(ref[i]) > maxref) maxref = fabs(ref[i]);
+        double e = fabs((double)got[i] - ref[i]);
+        if (!(e <= maxerr)) { /* NaN counts as an error */
+            maxerr = isnan(e) ? INFINITY : e;
+            at = i;
+        }
+    }
+    EXPECT(maxerr <= rtol * maxref + 1e-6, "%s: max error %.3g at %zu (got %.8g, ref %.8g), max |ref| %.3g", what,
+           maxerr, at, (double)got[at], ref[at], maxref);
+    EXPECT(maxref > 0, "%s: reference is all zero (test would be vacuous)", what);
+}
+
+typedef double (*objective_fn)(void *ctx);
+
+/* Gradient `g` of obj w.r.t. the double array x[0..n) (which obj reads) against central differences. */
+static void check_fd(const char *what, double *x, size_t n, const float *g, objective_fn obj, void *ctx) {
+    double maxfd = 0, maxerr = 0;
+    size_t at = 0;
+    double fd_at = 0;
+    for (size_t i = 0; i < n; i++) {
+        double save = x[i], h = 1e-5 * fmax(1.0, fabs(save));
+        x[i] = save + h;
+        double lp = obj(ctx);
+        x[i] = save - h;
+        double lm = obj(ctx);
+        x[i] = save;
+        double fd = (lp - lm) / (2 * h);
+        if (fabs(fd) > maxfd) maxfd = fabs(fd);
+        double e = fabs(fd - (double)g[i]);
+        if (!(e <= maxerr)) {
+            maxerr = isnan(e) ? INFINITY : e;
+            at = i;
+            fd_at = fd;
+        }
+    }
+    EXPECT(maxerr <= 1e-3 * maxfd + 1e-6, "%s: gradient error %.3g at %zu (graph %.8g, finite difference %.8g), "
+           "max |fd| %.3g", what, maxerr, at, (double)g[at], fd_at, maxfd);
+    EXPECT(maxfd > 0, "%s: finite-difference gradient is all zero (vacuous)", what);
+}
+
+static double dot(const double *a, const double *b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* After a second forward+backward on the same data, parameter grads must be doubled (kernels accumulate
+ * +=; an overwrite would leave them unchanged) up to the rounding of the extra additions, and activation
+ * grads unchanged bitwise (overwritten, not accumulated). */
+static void check_accumulation(tg_t *t, int n_par, dg_node_t **par, float **g1, int n_act, dg_node_t **act,
+                               float **a1) {
+    tg_run(t, DG_PHASE_FWD);
+    tg_run(t, DG_PHASE_BWD);
+    for (int k = 0; k < n_par; k++) {
+        float *g2 = tg_get(t, par[k]->grad);
+        size_t n = dg_node_numel(par[k]);
+        double maxg = 0, maxerr = 0;
+        for (size_t i = 0; i < n; i++) {
+            maxg = fmax(maxg, fabs(2.0 * g1[k][i]));
+            maxerr = fmax(maxerr, fabs((double)g2[i] - 2.0 * g1[k][i]));
+        }
+        EXPECT(maxerr <= 1e-6 * maxg && maxg > 0,
+               "%s: gradient after a second micro-batch is not twice the first (max error %.3g of %.3g)",
+               par[k]->name, maxerr, maxg);
+        free(g2);
+    }
+    for (int k = 0; k < n_act; k++) {
+        float *a2 = tg_get(t, act[k]->grad);
+        EXPECT(memcmp(a2, a1[k], act[k]->grad->nbytes) == 0, "%s: activation gradient changed on a rerun",
+               act[k]->name);
+        free(a2);
+    }
+}
+
+/* ---------------- cases ---------------- */
+
+typedef struct {
+    double *in[8];
+    const int32_t *tok;
+    double *dout;
+    int d[6];
+    float dloss;
+} ctx_t;
+
+/* encoder */
+static double obj_encoder(void *p) {
+    ctx_t *c = p;
+    int B = c->d[0], T = c->d[1], C = c->d[2];
+    size_t n = (size_t)B * T * C;
+    double *y = malloc(n * sizeof *y);
+    ref_encoder(y, c->tok, c->in[0], c->in[1], B, T, C);
+    double s = dot(y, c->dout, n);
+    free(y);
+    return s;
+}
+
+static void case_encoder(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 11);
+    int B = 2, T = 5, C = 6, Vp = 11;
+    int64_t sbt[2] = {B, T}, swte[2] = {Vp, C}, swpe[2] = {7, C}, sy[3] = {B, T, C};
+    dg_node_t *tok = tg_i(&t, "tokens", 2, sbt, 9); /* rows 9, 10 are never looked up */
+    dg_node_t *wte = tg_f(&t, "wte", 2, swte, DG_NF_PARAM, -1, 1);
+    dg_node_t *wpe = tg_f(&t, "wpe", 2, swpe, DG_NF_PARAM, -1, 1);
+    dg_node_t *y = dg_op_encoder(t.g, "enc", tok, wte, wpe);
+    dg_node_t *dout = tg_f(&t, "dout", 3, sy, DG_NF_INPUT, -1, 1);
+    tg_finish(&t, 1, &y, &dout);
+    tg_run(&t, DG_PHASE_FWD);
+    ctx_t c = {.in = {tg_d(&t, wte), tg_d(&t, wpe)}, .tok = tg_leaf(&t, tok)->i, .dout = tg_d(&t, dout), .d = {B, T, C}};
+    size_t n = (size_t)B * T * C;
+    double *yr = malloc(n * sizeof *yr);
+    ref_encoder(yr, c.tok, c.in[0], c.in[1], B, T, C);
+    float *yg = tg_get(&t, y);
+    check_close("encoder forward", yg, yr, n, 1e-5);
+    tg_run(&t, DG_PHASE_BWD);
+    float *gw = tg_get(&t, wte->grad), *gp = tg_get(&t, wpe->grad);
+    check_fd("encoder d/dwte", c.in[0], (size_t)Vp * C, gw, obj_encoder, &c);
+    check_fd("encoder d/dwpe", c.in[1], (size_t)7 * C, gp, obj_encoder, &c);
+    dg_node_t *par[2] = {wte, wpe};
+    float *g1[2] = {gw, gp};
+    check_accumulation(&t, 2, par, g1, 0, NULL, NULL);
+    tg_cover(&t, f0);
+    free(yr), free(yg), free(gw), free(gp), free(c.in[0]), free(c.in[1]), free(c.dout);
+    tg_free(&t);
+}
+
+/* layernorm */
+static double obj_layernorm(void *p) {
+    ctx_t *c = p;
+    int N = c->d[0], C = c->d[1];
+    double *y = malloc((size_t)N * C * sizeof *y);
+    ref_layernorm(y, c->in[0], c->in[1], c->in[2], N, C);
+    double s = dot(y, c->dout, (size_t)N * C);
+    free(y);
+    return s;
+}
+
+static void case_layernorm(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 12);
+    int64_t sx[3] = {2, 3, 8}, sc[1] = {8};
+    dg_node_t *x = tg_f(&t, "x", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -2, 2);
+    dg_node_t *w = tg_f(&t, "w", 1, sc, DG_NF_PARAM, 0.5, 1.5);
+    dg_node_t *b = tg_f(&t, "b", 1, sc, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *y = dg_op_layernorm(t.g, "ln", x, w, b);
+    dg_node_t *dout = tg_f(&t, "dout", 3, sx, DG_NF_INPUT, -1, 1);
+    tg_finish(&t, 1, &y, &dout);
+    tg_run(&t, DG_PHASE_FWD);
+    int N = 6, C = 8;
+    ctx_t c = {.in = {tg_d(&t, x), tg_d(&t, w), tg_d(&t, b)}, .dout = tg_d(&t, dout), .d = {N, C}};
+    double yr[48];
+    ref_layernorm(yr, c.in[0], c.in[1], c.in[2], N, C);
+    float *yg = tg_get(&t, y);
+    check_close("layernorm forward", yg, yr, 48, 1e-5);
+    tg_run(&t, DG_PHASE_BWD);
+    float *gx = tg_get(&t, dg_node_grad_of(x)), *gw = tg_get(&t, w->grad), *gb = tg_get(&t, b->grad);
+    check_fd("layernorm d/dx", c.in[0], 48, gx, obj_layernorm, &c);
+    check_fd("layernorm d/dw", c.in[1], 8, gw, obj_layernorm, &c);
+    check_fd("layernorm d/db", c.in[2], 8, gb, obj_layernorm, &c);
+    dg_node_t *par[2] = {w, b}, *act[1] = {x};
+    float *g1[2] = {gw, gb}, *a1[1] = {gx};
+    check_accumulation(&t, 2, par, g1, 1, act, a1);
+    tg_cover(&t, f0);
+    free(yg), free(gx), free(gw), free(gb), free(c.in[0]), free(c.in[1]), free(c.in[2]), free(c.dout);
+    tg_free(&t);
+}
+
+/* matmul, with bias and input gradient */
+static double obj_matmul(void *p) {
+    ctx_t *c = p;
+    int N = c->d[0], C = c->d[1], OC = c->d[2];
+    double *y = malloc((size_t)N * OC * sizeof *y);
+    ref_matmul(y, c->in[0], c->in[1], c->in[2], N, C, OC);
+    double s = dot(y, c->dout, (size_t)N * OC);
+    free(y);
+    return s;
+}
+
+static void case_matmul(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 13);
+    int N = 6, C = 8, OC = 5;
+    int64_t sx[3] = {2, 3, C}, sw[2] = {OC, C}, sb[1] = {OC}, sy[3] = {2, 3, OC};
+    dg_node_t *x = tg_f(&t, "x", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    dg_node_t *w = tg_f(&t, "w", 2, sw, DG_NF_PARAM, -1, 1);
+    dg_node_t *b = tg_f(&t, "b", 1, sb, DG_NF_PARAM, -1, 1);
+    dg_node_t *y = dg_op_matmul(t.g, "fc", x, w, b);
+    dg_node_t *dout = tg_f(&t, "dout", 3, sy, DG_NF_INPUT, -1, 1);
+    tg_finish(&t, 1, &y, &dout);
+    tg_run(&t, DG_PHASE_FWD);
+    ctx_t c = {.in = {tg_d(&t, x), tg_d(&t, w), tg_d(&t, b)}, .dout = tg_d(&t, dout), .d = {N, C, OC}};
+    double yr[30];
+    ref_matmul(yr, c.in[0], c.in[1], c.in[2], N, C, OC);
+    float *yg = tg_get(&t, y);
+    check_close("matmul forward", yg, yr, 30, 1e-5);
+    tg_run(&t, DG_PHASE_BWD);
+    float *gx = tg_get(&t, dg_node_grad_of(x)), *gw = tg_get(&t, w->grad), *gb = tg_get(&t, b->grad);
+    check_fd("matmul d/dx", c.in[0], 48, gx, obj_matmul, &c);
+    check_fd("matmul d/dw", c.in[1], 40, gw, obj_matmul, &c);
+    check_fd("matmul d/dbias", c.in[2], 5, gb, obj_matmul, &c);
+    dg_node_t *par[2] = {w, b}, *act[1] = {x};
+    float *g1[2] = {gw, gb}, *a1[1] = {gx};
+    check_accumulation(&t, 2, par, g1, 1, act, a1);
+    tg_cover(&t, f0);
+    free(yg), free(gx), free(gw), free(gb), free(c.in[0]), free(c.in[1]), free(c.in[2]), free(c.dout);
+    tg_free(&t);
+}
+
+/* matmul without bias on an input that needs no gradient: the backward computes dW only */
+static void case_matmul_nobias(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 14);
+    int N = 4, C = 8, OC = 6;
+    int64_t sx[2] = {N, C}, sw[2] = {OC, C}, sy[2] = {N, OC};
+    dg_node_t *x = tg_f(&t, "x", 2, sx, DG_NF_INPUT, -1, 1);
+    dg_node_t *w = tg_f(&t, "w", 2, sw, DG_NF_PARAM, -1, 1);
+    dg_node_t *y = dg_op_matmul(t.g, "fc", x, w, NULL);
+    dg_node_t *dout = tg_f(&t, "dout", 2, sy, DG_NF_INPUT, -1, 1);
+    tg_finish(&t, 1, &y, &dout);
+    int nodinp = 0;
+    for (int i = 0; i < t.g->n; i++)
+        if (t.g->nodes[i]->op == DG_OP_MATMUL_BWD && t.g->nodes[i]->attr[DG_A_NO_DINP] &&
+            t.g->nodes[i]->storage == DG_STORE_NONE)
+            nodinp++;
+    EXPECT(nodinp == 1, "matmul_bwd without input gradient expected, found %d", nodinp);
+    tg_run(&t, DG_PHASE_FWD);
+    ctx_t c = {.in = {tg_d(&t, x), tg_d(&t, w), NULL}, .dout = tg_d(&t, dout), .d = {N, C, OC}};
+    double yr[24];
+    ref_matmul(yr, c.in[0], c.in[1], NULL, N, C, OC);
+    float *yg = tg_get(&t, y);
+    check_close("matmul (no bias) forward", yg, yr, 24, 1e-5);
+    tg_run(&t, DG_PHASE_BWD);
+    float *gw = tg_get(&t, w->grad);
+    check_fd("matmul (no bias) d/dw", c.in[1], 48, gw, obj_matmul, &c);
+    EXPECT(dg_node_grad_of(x) == NULL, "an input without DG_NF_WANT_GRAD got a gradient");
+    tg_cover(&t, f0);
+    free(yg), free(gw), free(c.in[0]), free(c.in[1]), free(c.dout);
+    tg_free(&t);
+}
+
+/* gelu */
+static double obj_gelu(void *p) {
+    ctx_t *c = p;
+    size_t n = (size_t)c->d[0];
+    double *y = malloc(n * sizeof *y);
+    ref_gelu(y, c->in[0], n);
+    double s = dot(y, c->dout, n);
+    free(y);
+    return s;
+}
+
+static void case_gelu(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 15);
+    int64_t sx[2] = {3, 7};
+    dg_node_t *x = tg_f(&t, "x", 2, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -3, 3);
+    dg_node_t *y = dg_op_gelu(t.g, "gelu", x);
+    dg_node_t *dout = tg_f(&t, "dout", 2, sx, DG_NF_INPUT, -1, 1);
+    tg_finish(&t, 1, &y, &dout);
+    tg_run(&t, DG_PHASE_FWD);
+    ctx_t c = {.in = {tg_d(&t, x)}, .dout = tg_d(&t, dout), .d = {21}};
+    double yr[21];
+    ref_gelu(yr, c.in[0], 21);
+    float *yg = tg_get(&t, y);
+    check_close("gelu forward", yg, yr, 21, 1e-5);
+    tg_run(&t, DG_PHASE_BWD);
+    float *gx = tg_get(&t, dg_node_grad_of(x));
+    check_fd("gelu d/dx", c.in[0], 21, gx, obj_gelu, &c);
+    dg_node_t *act[1] = {x};
+    float *a1[1] = {gx};
+    check_accumulation(&t, 0, NULL, NULL, 1, act, a1);
+    tg_cover(&t, f0);
+    free(yg), free(gx), free(c.in[0]), free(c.dout);
+    tg_free(&t);
+}
+
+/* causal self-attention */
+static double obj_attention(void *p) {
+    ctx_t *c = p;
+    int B = c->d[0], T = c->d[1], C = c->d[2], NH = c->d[3];
+    size_t n = (size_t)B * T * C;
+    double *y = malloc(n * sizeof *y);
+    ref_attention(y, c->in[0], B, T, C, NH);
+    double s = dot(y, c->dout, n);
+    free(y);
+    return s;
+}
+
+static void case_attention(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 16);
+    int B = 2, T = 5, C = 12, NH = 3;
+    int64_t sq[3] = {B, T, 3 * C}, sy[3] = {B, T, C};
+    dg_node_t *qkv = tg_f(&t, "qkv", 3, sq, DG_NF_INPUT | DG_NF_WANT_GRAD, -1.5, 1.5);
+    dg_node_t *y = dg_op_attention(t.g, "attn", qkv, NH);
+    dg_node_t *dout = tg_f(&t, "dout", 3, sy, DG_NF_INPUT, -1, 1);
+    tg_finish(&t, 1, &y, &dout);
+    tg_run(&t, DG_PHASE_FWD);
+    ctx_t c = {.in = {tg_d(&t, qkv)}, .dout = tg_d(&t, dout), .d = {B, T, C, NH}};
+    size_t n = (size_t)B * T * C;
+    double *yr = malloc(n * sizeof *yr);
+    ref_attention(yr, c.in[0], B, T, C, NH);
+    float *yg = tg_get(&t, y);
+    check_close("attention forward", yg, yr, n, 1e-5);
+    tg_run(&t, DG_PHASE_BWD);
+    float *gq = tg_get(&t, dg_node_grad_of(qkv));
+    check_fd("attention d/dqkv", c.in[0], 3 * n, gq, obj_attention, &c);
+    dg_node_t *act[1] = {qkv};
+    float *a1[1] = {gq};
+    check_accumulation(&t, 0, NULL, NULL, 1, act, a1);
+    tg_cover(&t, f0);
+    free(yr), free(yg), free(gq), free(c.in[0]), free(c.dout);
+    tg_free(&t);
+}
+
+/* residual add: both inputs receive the output gradient */
+static double obj_add(void *p) {
+    ctx_t *c = p;
+    size_t n = (size_t)c->d[0];
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (c->in[0][i] + c->in[1][i]) * c->dout[i];
+    return s;
+}
+
+static void case_add(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 17);
+    int64_t sx[2] = {3, 4};
+    dg_node_t *a = tg_f(&t, "a", 2, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    dg_node_t *b = tg_f(&t, "b", 2, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    dg_node_t *y = dg_op_add(t.g, "add", a, b);
+    dg_node_t *dout = tg_f(&t, "dout", 2, sx, DG_NF_INPUT, -1, 1);
+    tg_finish(&t, 1, &y, &dout);
+    tg_run(&t, DG_PHASE_FWD);
+    ctx_t c = {.in = {tg_d(&t, a), tg_d(&t, b)}, .dout = tg_d(&t, dout), .d = {12}};
+    double yr[12];
+    for (int i = 0; i < 12; i++) yr[i] = c.in[0][i] + c.in[1][i];
+    float *yg = tg_get(&t, y);
+    check_close("add forward", yg, yr, 12, 1e-6);
+    tg_run(&t, DG_PHASE_BWD);
+    float *ga = tg_get(&t, dg_node_grad_of(a)), *gb = tg_get(&t, dg_node_grad_of(b));
+    check_fd("add d/da", c.in[0], 12, ga, obj_add, &c);
+    check_fd("add d/db", c.in[1], 12, gb, obj_add, &c);
+    tg_cover(&t, f0);
+    free(yg), free(ga), free(gb), free(c.in[0]), free(c.in[1]), free(c.dout);
+    tg_free(&t);
+}
+
+/* cross-entropy as the loss: seed = runtime dloss; padded logit columns get exactly zero gradient */
+static double obj_ce(void *p) {
+    ctx_t *c = p;
+    int N = c->d[0], V = c->d[1], Vp = c->d[2];
+    double *l = malloc((size_t)N * sizeof *l);
+    ref_crossentropy(l, c->in[0], c->tok, N, V, Vp);
+    double s = 0;
+    for (int i = 0; i < N; i++) s += l[i];
+    free(l);
+    return (double)c->dloss * s;
+}
+
+static void case_crossentropy(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 18);
+    int N = 6, V = 7, Vp = 9;
+    int64_t sl[3] = {2, 3, Vp}, st[2] = {2, 3};
+    dg_node_t *lg = tg_f(&t, "logits", 3, sl, DG_NF_INPUT | DG_NF_WANT_GRAD, -3, 3);
+    dg_node_t *tg = tg_i(&t, "targets", 2, st, V);
+    dg_node_t *loss = dg_op_crossentropy(t.g, "ce", lg, tg, V);
+    tg_finish(&t, 1, &loss, NULL);
+    t.ex->rt.dloss = 0.37f;
+    tg_run(&t, DG_PHASE_FWD);
+    ctx_t c = {.in = {tg_d(&t, lg)}, .tok = tg_leaf(&t, tg)->i, .d = {N, V, Vp}, .dloss = 0.37f};
+    double lr[6];
+    ref_crossentropy(lr, c.in[0], c.tok, N, V, Vp);
+    float *lgot = tg_get(&t, loss);
+    check_close("crossentropy forward (per-token losses)", lgot, lr, 6, 1e-5);
+    tg_run(&t, DG_PHASE_BWD);
+    float *gl = tg_get(&t, dg_node_grad_of(lg));
+    check_fd("crossentropy d/dlogits", c.in[0], (size_t)N * Vp, gl, obj_ce, &c);
+    int pad_nonzero = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = V; j < Vp; j++) pad_nonzero += gl[i * Vp + j] != 0.0f;
+    EXPECT(pad_nonzero == 0, "crossentropy: %d padded logit gradients are not exactly zero", pad_nonzero);
+    tg_cover(&t, f0);
+    free(lgot), free(gl), free(c.in[0]);
+    tg_free(&t);
+}
+
+/* A tensor with many consumers (I): later contributions accumulate in place (acc = 1 kernels) and
+ * through ACCUMULATE when the first gradient storage is still needed. */
+static double obj_fanout1(void *p) {
+    ctx_t *c = p;
+    int N = c->d[0], C = c->d[1];
+    size_t n = (size_t)N * C;
+    double *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *m = malloc(n * sizeof *m);
+    ref_gelu(a, c->in[0], n);
+    ref_layernorm(b, c->in[0], c->in[2], c->in[3], N, C);
+    ref_matmul(m, c->in[0], c->in[1], NULL, N, C, C);
+    for (size_t i = 0; i < n; i++) a[i] = a[i] + b[i] + m[i] + c->in[0][i];
+    ref_gelu(b, a, n);
+    double s = dot(b, c->dout, n);
+    free(a), free(b), free(m);
+    return s;
+}
+
+static void case_fanout1(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 19);
+    int N = 8, C = 8;
+    int64_t sx[3] = {2, 4, C}, sw[2] = {C, C}, sc[1] = {C};
+    dg_node_t *x = tg_f(&t, "x", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    dg_node_t *w = tg_f(&t, "w", 2, sw, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *lw = tg_f(&t, "lnw", 1, sc, DG_NF_PARAM, 0.5, 1.5);
+    dg_node_t *lb = tg_f(&t, "lnb", 1, sc, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *a = dg_op_gelu(t.g, "a", x);
+    dg_node_t *b = dg_op_layernorm(t.g, "b", x, lw, lb);
+    dg_node_t *m = dg_op_matmul(t.g, "m", x, w, NULL);
+    dg_node_t *s1 = dg_op_add(t.g, "s1", a, b);
+    dg_node_t *s2 = dg_op_add(t.g, "s2", s1, m);
+    dg_node_t *s3 = dg_op_add(t.g, "s3", s2, x);
+    dg_node_t *y = dg_op_gelu(t.g, "y", s3);
+    dg_node_t *dout = tg_f(&t, "dout", 3, sx, DG_NF_INPUT, -1, 1);
+    tg_finish(&t, 1, &y, &dout);
+    EXPECT(tg_count(&t, DG_OP_ACCUMULATE, -1) >= 1, "fanout1: expected an ACCUMULATE in the backward");
+    EXPECT(tg_count(&t, DG_OP_LAYERNORM_BWD, 1) == 1 && tg_count(&t, DG_OP_GELU_BWD, 1) == 1,
+           "fanout1: expected in-place (acc=1) layernorm_bwd and gelu_bwd");
+    tg_run(&t, DG_PHASE_FWD);
+    tg_run(&t, DG_PHASE_BWD);
+    ctx_t c = {.in = {tg_d(&t, x), tg_d(&t, w), tg_d(&t, lw), tg_d(&t, lb)}, .dout = tg_d(&t, dout), .d = {N, C}};
+    float *gx = tg_get(&t, dg_node_grad_of(x)), *gw = tg_get(&t, w->grad), *glw = tg_get(&t, lw->grad);
+    float *glb = tg_get(&t, lb->grad);
+    check_fd("fanout1 d/dx", c.in[0], 64, gx, obj_fanout1, &c);
+    check_fd("fanout1 d/dw", c.in[1], 64, gw, obj_fanout1, &c);
+    check_fd("fanout1 d/dlnw", c.in[2], 8, glw, obj_fanout1, &c);
+    check_fd("fanout1 d/dlnb", c.in[3], 8, glb, obj_fanout1, &c);
+    dg_node_t *act[1] = {x};
+    float *a1[1] = {gx};
+    check_accumulation(&t, 0, NULL, NULL, 1, act, a1);
+    tg_cover(&t, f0);
+    free(gx), free(gw), free(glw), free(glb);
+    for (int k = 0; k < 4; k++) free(c.in[k]);
+    free(c.dout);
+    tg_free(&t);
+}
+
+/* A tensor with many consumers (II): x + x (gradient storage shared, so the sum needs an extra add),
+ * then matmul backward accumulating in place. */
+static double obj_fanout2(void *p) {
+    ctx_t *c = p;
+    int N = c->d[0], C = c->d[1];
+    size_t n = (size_t)N * C;
+    double *m1 = malloc(n * sizeof *m1), *m2 = malloc(n * sizeof *m2), *y = malloc(n * sizeof *y);
+    ref_matmul(m1, c->in[0], c->in[1], c->in[2], N, C, C);
+    ref_matmul(m2, c->in[0], c->in[3], NULL, N, C, C);
+    for (size_t i = 0; i < n; i++) m1[i] = m1[i] + m2[i] + 2.0 * c->in[0][i];
+    ref_gelu(y, m1, n);
+    double s = dot(y, c->dout, n);
+    free(m1), free(m2), free(y);
+    return s;
+}
+
+static void case_fanout2(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 20);
+    int N = 6, C = 8;
+    int64_t sx[2] = {N, C}, sw[2] = {C, C}, sc[1] = {C};
+    dg_node_t *x = tg_f(&t, "x", 2, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    dg_node_t *w1 = tg_f(&t, "w1", 2, sw, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *b1 = tg_f(&t, "b1", 1, sc, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *w2 = tg_f(&t, "w2", 2, sw, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *m1 = dg_op_matmul(t.g, "m1", x, w1, b1);
+    dg_node_t *m2 = dg_op_matmul(t.g, "m2", x, w2, NULL);
+    dg_node_t *e = dg_op_add(t.g, "e", x, x);
+    dg_node_t *s1 = dg_op_add(t.g, "s1", m1, m2);
+    dg_node_t *s2 = dg_op_add(t.g, "s2", s1, e);
+    dg_node_t *y = dg_op_gelu(t.g, "y", s2);
+    dg_node_t *dout = tg_f(&t, "dout", 2, sx, DG_NF_INPUT, -1, 1);
+    tg_finish(&t, 1, &y, &dout);
+    int bwd_adds = 0;
+    for (int i = 0; i < t.g->n; i++) bwd_adds += t.g->nodes[i]->op == DG_OP_ADD && t.g->nodes[i]->phase == DG_PHASE_BWD;
+    EXPECT(bwd_adds == 1, "fanout2: expected one gradient-sum add in the backward, found %d", bwd_adds);
+    EXPECT(tg_count(&t, DG_OP_MATMUL_BWD, 1) == 2, "fanout2: expected both matmul_bwd to accumulate in place");
+    tg_run(&t, DG_PHASE_FWD);
+    tg_run(&t, DG_PHASE_BWD);
+    ctx_t c = {.in = {tg_d(&t, x), tg_d(&t, w1), tg_d(&t, b1), tg_d(&t, w2)}, .dout = tg_d(&t, dout), .d = {N, C}};
+    float *gx = tg_get(&t, dg_node_grad_of(x)), *gw1 = tg_get(&t, w1->grad), *gb1 = tg_get(&t, b1->grad);
+    float *gw2 = tg_get(&t, w2->grad);
+    check_fd("fanout2 d/dx", c.in[0], 48, gx, obj_fanout2, &c);
+    check_fd("fanout2 d/dw1", c.in[1], 64, gw1, obj_fanout2, &c);
+    check_fd("fanout2 d/db1", c.in[2], 8, gb1, obj_fanout2, &c);
+    check_fd("fanout2 d/dw2", c.in[3], 64, gw2, obj_fanout2, &c);
+    dg_node_t *par[3] = {w1, b1, w2}, *act[1] = {x};
+    float *g1[3] = {gw1, gb1, gw2}, *a1[1] = {gx};
+    check_accumulation(&t, 3, par, g1, 1, act, a1);
+    tg_cover(&t, f0);
+    free(gx), free(gw1), free(gb1), free(gw2);
+    for (int k = 0; k < 4; k++) free(c.in[k]);
+    free(c.dout);
+    tg_free(&t);
+}
+
+/* Collectives over mesh dimensions of size 1 (identity), their adjoints in the backward, and their
+ * shape rules and refusal to run without a comm backend at size 4. */
+static double obj_coll(void *p) {
+    ctx_t *c = p;
+    size_t n = (size_t)c->d[0];
+    double *y = malloc(n * sizeof *y);
+    ref_gelu(y, c->in[0], n);
+    double s = dot(y, c->dout, n);
+    free(y);
+    return s;
+}
+
+static void case_collectives(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 21);
+    int64_t sx[2] = {3, 5};
+    dg_node_t *x = tg_f(&t, "x", 2, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -2, 2);
+    dg_node_t *ag = dg_op_all_gather(t.g, "ag", x, DG_MESH_DP_SHARD);
+    dg_node_t *rs = dg_op_reduce_scatter(t.g, "rs", ag, DG_MESH_DP_SHARD);
+    dg_node_t *ar = dg_op_all_reduce(t.g, "ar", rs, DG_MESH_TP);
+    dg_node_t *y = dg_op_gelu(t.g, "y", ar);
+    dg_node_t *dout = tg_f(&t, "dout", 2, sx, DG_NF_INPUT, -1, 1);
+    tg_finish(&t, 1, &y, &dout);
+    EXPECT(tg_count(&t, DG_OP_ALL_GATHER, -1) == 2 && tg_count(&t, DG_OP_REDUCE_SCATTER, -1) == 2 &&
+               tg_count(&t, DG_OP_ALL_REDUCE, -1) == 2,
+           "collectives: each collective's adjoint should appear once in the backward");
+    EXPECT(ar->view_src == rs, "collectives: all_reduce should run in place over its dying input");
+    tg_run(&t, DG_PHASE_FWD);
+    tg_run(&t, DG_PHASE_BWD);
+    ctx_t c = {.in = {tg_d(&t, x)}, .dout = tg_d(&t, dout), .d = {15}};
+    double yr[15];
+    ref_gelu(yr, c.in[0], 15);
+    float *yg = tg_get(&t, y), *gx = tg_get(&t, dg_node_grad_of(x));
+    check_close("collectives (size 1) forward", yg, yr, 15, 1e-5);
+    check_fd("collectives (size 1) d/dx", c.in[0], 15, gx, obj_coll, &c);
+    tg_cover(&t, f0);
+    free(yg), free(gx), free(c.in[0]), free(c.dout);
+    tg_free(&t);
+
+    /* size 4 along dp_shard: shapes scale, uneven scatter is refused, running needs a comm backend */
+    tg_init(&t, be, 22);
+    t.g->mesh.size[DG_MESH_DP_SHARD] = 4;
+    int64_t s1[2] = {3, 5}, s2[2] = {10, 5};
+    dg_node_t *a = tg_f(&t, "a", 2, s1, DG_NF_INPUT, -1, 1);
+    dg_node_t *g4 = dg_op_all_gather(t.g, "ag4", a, DG_MESH_DP_SHARD);
+    dg_node_t *r4 = dg_op_reduce_scatter(t.g, "rs4", g4, DG_MESH_DP_SHARD);
+    EXPECT(g4 && g4->shape[0] == 12 && g4->shape[1] == 5, "all_gather over 4 ranks: [3,5] -> [12,5]");
+    EXPECT(r4 && r4->shape[0] == 3 && r4->shape[1] == 5, "reduce_scatter over 4 ranks: [12,5] -> [3,5]");
+    dg_node_t *b = tg_f(&t, "b", 2, s2, DG_NF_INPUT, -1, 1);
+    dg_node_t *bad = dg_op_reduce_scatter(t.g, "rs_bad", b, DG_MESH_DP_SHARD);
+    EXPECT(bad == NULL && dg_graph_error(t.g) == DG_ERR_USAGE && strstr(dg_last_error(), "not divisible"),
+           "reduce_scatter of 10 rows over 4 ranks must fail with a clear message, got: %s", dg_last_error());
+    tg_free(&t);
+
+    tg_init(&t, be, 23);
+    t.g->mesh.size[DG_MESH_TP] = 2;
+    dg_node_t *u = tg_f(&t, "u", 2, s1, DG_NF_INPUT, -1, 1);
+    dg_node_t *ur = dg_op_all_reduce(t.g, "ar2", u, DG_MESH_TP);
+    dg_node_t *ug = dg_op_gelu(t.g, "g", ur);
+    ug->flags |= DG_NF_OUTPUT;
+    tg_finish(&t, 0, NULL, NULL);
+    dg_status_t st = dg_exec_run_phase(t.ex, DG_PHASE_FWD);
+    EXPECT(st == DG_ERR_RUNTIME && strstr(dg_last_error(), "comm backend"),
+           "all_reduce over tp=2 without a comm backend must fail clearly, got %d: %s", st, dg_last_error());
+    tg_free(&t);
+}
+
+/* Optimizer ops: ZERO (grads), ZERO + SUMSQ + CLIP_SCALE + ADAMW (opt phase) against float64 AdamW with
+ * global-norm clipping and per-tensor weight decay, over two steps. */
+static int decay_by_name(const dg_node_t *p, void *ctx) {
+    (void)ctx;
+    return strcmp(p->name, "p1") == 0;
+}
+
+static void case_optimizer(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 24);
+    int64_t s1[2] = {6, 5}, s2[1] = {7};
+    dg_node_t *p[2];
+    p[0] = tg_f(&t, "p1", 2, s1, DG_NF_PARAM, -1, 1);
+    p[1] = tg_f(&t, "p2", 1, s2, DG_NF_PARAM, -1, 1);
+    dg_node_t *sc = NULL;
+    OK(dg_graph_add_optimizer(t.g, decay_by_name, NULL, &sc));
+    tg_finish(&t, 0, NULL, NULL);
+    dg_node_t *mn[2] = {0}, *vn[2] = {0};
+    for (int i = 0; i < t.g->n; i++) {
+        dg_node_t *n = t.g->nodes[i];
+        if (!(n->flags & DG_NF_OPTSTATE)) continue;
+        (strncmp(n->name, "adam_m.", 7) == 0 ? mn : vn)[n->param_index] = n;
+    }
+    size_t nel[2] = {30, 7};
+    double *P[2], *M[2], *V[2];
+    float *G[2];
+    for (int k = 0; k < 2; k++) {
+        P[k] = tg_d(&t, p[k]);
+        M[k] = calloc(nel[k], sizeof(double));
+        V[k] = calloc(nel[k], sizeof(double));
+        G[k] = malloc(nel[k] * sizeof(float));
+        ref_fill(G[k], nel[k], -2, 2, &t.rng);
+        OK(be->ops->to_device(be, p[k]->grad->data, G[k], nel[k] * sizeof(float)));
+    }
+    const double lr = 0.01, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    double clips[2] = {0.5, 0.0}; /* step 1 clips (the norm is ~5), step 2 does not */
+    for (int step = 1; step <= 2; step++) {
+        dg_runtime_t *rt = &t.ex->rt;
+        rt->lr = (float)lr, rt->beta1 = (float)b1, rt->beta2 = (float)b2, rt->eps = (float)eps;
+        rt->weight_decay = (float)wd, rt->grad_clip = (float)clips[step - 1], rt->grad_extra = 1.0f, rt->t = step;
+        tg_run(&t, DG_PHASE_OPT);
+        double ss = 0;
+        for (int k = 0; k < 2; k++)
+            for (size_t i = 0; i < nel[k]; i++) ss += (double)G[k][i] * G[k][i];
+        double norm = sqrt(ss), scale = clips[step - 1] > 0 ? fmin(1.0, clips[step - 1] / (norm + 1e-6)) : 1.0;
+        float *scal = tg_get(&t, sc);
+        EXPECT(fabs(scal[DG_SCALAR_NORM] - norm) <= 1e-5 * norm, "optimizer: grad norm %.8g, reference %.8g",
+               (double)scal[DG_SCALAR_NORM], norm);
+        free(scal);
+        for (int k = 0; k < 2; k++) {
+            double decay = k == 0 ? wd : 0.0;
+            for (size_t i = 0; i < nel[k]; i++) {
+                double g = G[k][i] * scale;
+                M[k][i] = b1 * M[k][i] + (1 - b1) * g;
+                V[k][i] = b2 * V[k][i] + (1 - b2) * g * g;
+                double mh = M[k][i] / (1 - pow(b1, step)), vh = V[k][i] / (1 - pow(b2, step));
+                P[k][i] -= lr * (mh / (sqrt(vh) + eps) + decay * P[k][i]);
+            }
+            float *pg = tg_get(&t, p[k]), *mg = tg_get(&t, mn[k]), *vg = tg_get(&t, vn[k]);
+            char what[160];
+            snprintf(what, sizeof what, "adamw step %d %s param", step, p[k]->name);
+            check_close(what, pg, P[k], nel[k], 1e-5);
+            snprintf(what, sizeof what, "adamw step %d %s m", step, p[k]->name);
+            check_close(what, mg, M[k], nel[k], 1e-5);
+            snprintf(what, sizeof what, "adamw step %d %s v", step, p[k]->name);
+            check_close(what, vg, V[k], nel[k], 1e-5);
+            free(pg), free(mg), free(vg);
+        }
+    }
+    tg_run(&t, DG_PHASE_ZERO);
+    for (int k = 0; k < 2; k++) {
+        float *gg = tg_get(&t, p[k]->grad);
+        size_t nz = 0;
+        for (size_t i = 0; i < nel[k]; i++) nz += gg[i] != 0.0f;
+        EXPECT(nz == 0, "zero phase left %zu non-zero gradient elements in %s", nz, p[k]->name);
+        free(gg);
+    }
+    tg_cover(&t, f0);
+    for (int k = 0; k < 2; k++) free(P[k]), free(M[k]), free(V[k]), free(G[k]);
+    tg_free(&t);
+}
+
+/* Shape rules reject bad inputs with a one-line DG_ERR_USAGE naming the op, and never crash. */
+static void case_shape_errors(dg_backend_t *be) {
+    struct {
+        const char *what;
+        int which;
+    } cases[] = {{"layernorm weight size", 0}, {"matmul inner dimension", 1}, {"attention heads", 2},
+                 {"crossentropy vocabulary", 3}, {"add shapes", 4}, {"encoder sequence length", 5}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        tg_t t;
+        tg_init(&t, be, 30 + k);
+        int64_t s[3] = {2, 3, 8}, s7[1] = {7}, sw[2] = {4, 7}, sq[3] = {2, 3, 30}, st[2] = {2, 3}, sv[2] = {9, 8};
+        int64_t sp[2] = {2, 8};
+        dg_node_t *x = tg_f(&t, "x", 3, s, DG_NF_INPUT, -1, 1), *r = NULL;
+        const char *opname = "";
+        switch (cases[k].which) {
+        case 0:
+            r = dg_op_layernorm(t.g, "ln", x, tg_f(&t, "w", 1, s7, DG_NF_PARAM, 0, 1),
+                                tg_f(&t, "b", 1, s7, DG_NF_PARAM, 0, 1));
+            opname = "layernorm";
+            break;
+        case 1:
+            r = dg_op_matmul(t.g, "mm", x, tg_f(&t, "w", 2, sw, DG_NF_PARAM, 0, 1), NULL);
+            opname = "matmul";
+            break;
+        case 2:
+            r = dg_op_attention(t.g, "at", tg_f(&t, "q", 3, sq, DG_NF_INPUT, 0, 1), 4); /* C = 10 */
+            opname = "attention";
+            break;
+        case 3:
+            r = dg_op_crossentropy(t.g, "ce", x, tg_i(&t, "t", 2, st, 5), 9); /* V 9 > Vp 8 */
+            opname = "crossentropy";
+            break;
+        case 4:
+            r = dg_op_add(t.g, "ad", x, tg_f(&t, "y", 2, sp, DG_NF_INPUT, 0, 1));
+            opname = "add";
+            break;
+        case 5:
+            r = dg_op_encoder(t.g, "en", tg_i(&t, "tok", 2, st, 5), tg_f(&t, "wte", 2, sv, DG_NF_PARAM, 0, 1),
+                              tg_f(&t, "wpe", 2, sp, DG_NF_PARAM, 0, 1)); /* T 3 > 2 positions */
+            opname = "encoder";
+            break;
+        }
+        EXPECT(r == NULL && dg_graph_error(t.g) == DG_ERR_USAGE && strstr(dg_last_error(), opname) &&
+                   !strchr(dg_last_error(), '\n'),
+               "%s: expected a one-line usage error naming '%s', got '%s'", cases[k].what, opname, dg_last_error());
+        /* the error is sticky: later constructors return NULL instead of building on a broken graph */
+        EXPECT(dg_op_gelu(t.g, "after", x) == NULL, "%s: builder error is not sticky", cases[k].what);
+        tg_free(&t);
+    }
+}
+
+/* A plan made before a mutation is stale and must be refused. */
+static void case_stale_plan(dg_backend_t *be) {
+    tg_t t;
+    tg_init(&t, be, 40);
+    int64_t s[2] = {4, 4};
+    dg_node_t *x = tg_f(&t, "x", 2, s, DG_NF_INPUT, -1, 1);
+    dg_node_t *y = dg_op_gelu(t.g, "y", x);
+    y->flags |= DG_NF_OUTPUT;
+    tg_finish(&t, 0, NULL, NULL);
+    EXPECT(dg_plan_matches(t.plan, t.g), "fresh plan should match");
+    dg_op_gelu(t.g, "z", y);
+    EXPECT(!dg_plan_matches(t.plan, t.g), "plan must be stale after the graph changed");
+    EXPECT(dg_plan_check(t.plan, t.g) != DG_OK, "plan check must refuse a stale plan");
+    tg_free(&t);
+}
+
+typedef struct {
+    const char *name;
+    void (*fn)(dg_backend_t *be);
+} op_case_t;
+
+static const op_case_t cases[] = {
+    {"encoder", case_encoder},
+    {"layernorm", case_layernorm},
+    {"matmul", case_matmul},
+    {"matmul_nobias", case_matmul_nobias},
+    {"gelu", case_gelu},
+    {"attention", case_attention},
+    {"add", case_add},
+    {"crossentropy", case_crossentropy},
+    {"fanout1", case_fanout1},
+    {"fanout2", case_fanout2},
+    {"collectives", case_collectives},
+    {"optimizer", case_optimizer},
+    {"shape_errors", case_shape_errors},
+    {"stale_plan", case_stale_plan},
+};
+
+int main(void) {
+    dg_backend_config_t bc = {.act_dtype = DG_F32};
+    dg_backend_t *be = NULL;
+    OK(dg_backend_cpu_create(&bc, &be));
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int f0 = failures;
+        cases[i].fn(be);
+        printf("%-16s %s\n", cases[i].name, failures == f0 ? "ok" : "FAILED");
+    }
+    /* every registered op must have been executed by a case that passed */
+    for (int k = 0; k < DG_OP_COUNT; k++) {
+        const dg_op_def_t *d = dg_op_def((dg_op_kind_t)k);
+        if (d->grad_kind == DG_GRAD_STRUCTURAL) continue;
+        EXPECT(d->shape && d->exec, "op %s lacks a shape rule or an executor", d->name);
+        EXPECT(d->grad_kind != DG_GRAD_BUILDER || d->backward, "op %s is differentiable but has no backward",
+               d->name);
+        EXPECT(covered & (1ull << k), "op %s is registered but no passing test case exercised it", d->name);
+    }
+    dg_backend_free(be);
+    if (failures) {
+        fprintf(stderr, "%d failure(s)\n", failures);
+        return 1;
+    }
+    printf("all graph op tests passed\n");
+    return 0;
+}

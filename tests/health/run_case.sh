@@ -1,0 +1,214 @@
+#!/bin/bash
+# run_case.sh — one health scenario against health_driver under mpiexec: stop, kill, hang or signal a
+# rank from outside and check how the whole job ends (exit code, time, message, every rank's log).
+# Usage: run_case.sh CASE DRIVER MPIEXEC [MPIEXEC FLAGS...]
+#   CASE: clean | sigstop | sigstop0 | hang | sigkill | usr1 | term | sigint2 | badargs
+set -u
+CASE=$1
+DRIVER=$2
+shift 2
+MPI=("$@")
+HB=0.2
+TIMEOUT=3
+SLACK=4 # "timeout_s plus a few seconds": launcher teardown on a loaded 2-core CI box
+
+WORK=$(mktemp -d /tmp/dg-health-XXXXXX)
+JOB=
+cleanup() {
+    if [ -n "$JOB" ] && kill -0 "$JOB" 2>/dev/null; then kill -KILL "$JOB" 2>/dev/null; fi
+    # A SIGSTOPped rank that outlived its launcher must not linger: continue and kill it by pid.
+    for f in "$WORK"/rank-*.pid; do
+        [ -f "$f" ] || continue
+        p=$(cat "$f")
+        if [ -n "$p" ] && kill -0 "$p" 2>/dev/null && grep -q health_driver "/proc/$p/cmdline" 2>/dev/null; then
+            kill -KILL "$p" 2>/dev/null
+            kill -CONT "$p" 2>/dev/null
+        fi
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+fail() {
+    echo "FAIL [$CASE]: $*"
+    echo "----- job output -----"
+    cat "$WORK/out" 2>/dev/null
+    for f in "$WORK"/logs/rank-*.log; do [ -f "$f" ] && { echo "----- $f"; cat "$f"; }; done
+    exit 1
+}
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; }
+
+# start NP ARGS... : launch the driver in the background
+start() {
+    local np=$1
+    shift
+    "${MPI[@]}" -n "$np" "$DRIVER" --dir "$WORK" --heartbeat "$HB" --timeout "$TIMEOUT" "$@" >"$WORK/out" 2>&1 &
+    JOB=$!
+}
+
+# wait_step N: until rank 0 has finished step N (and every rank wrote its pid)
+wait_step() {
+    local n=$1 t0
+    t0=$(now)
+    while :; do
+        if [ -f "$WORK/progress" ] && [ "$(cat "$WORK/progress" 2>/dev/null || echo -1)" -ge "$n" ] 2>/dev/null; then
+            return 0
+        fi
+        kill -0 "$JOB" 2>/dev/null || fail "job ended before step $n"
+        le "$(elapsed "$t0")" 60 || fail "no step $n after 60 s"
+        sleep 0.05
+    done
+}
+
+pid_of() { cat "$WORK/rank-$1.pid"; }
+
+# finish MAXSECONDS: wait for the job; sets RC and DT (seconds since T0)
+finish() {
+    local max=$1
+    while kill -0 "$JOB" 2>/dev/null; do
+        if ! le "$(elapsed "$T0")" "$max"; then
+            fail "job still running $(elapsed "$T0") s after the event (limit $max s)"
+        fi
+        sleep 0.05
+    done
+    wait "$JOB"
+    RC=$?
+    DT=$(elapsed "$T0")
+    JOB=
+}
+
+# every live rank (all but $1) must say in its log that it took the job down or was told to exit 3
+check_all_exit3() {
+    local skip=$1 np=$2 r
+    for ((r = 0; r < np; r++)); do
+        [ "$r" = "$skip" ] && continue
+        grep -qE "aborting the job with exit code 3|exiting with code 3" "$WORK/logs/rank-$r.log" 2>/dev/null ||
+            fail "rank $r's log does not show it leaving with exit code 3"
+    done
+}
+
+case "$CASE" in
+clean)
+    # Short heartbeat and timeout, a slow step (1.5 s, below the timeout) on one rank while the others
+    # wait in the all-reduce: no false positive, clean collective shutdown.
+    T0=$(now)
+    start 3 --steps 40 --step-ms 50 --slow-rank 1 --slow-step 10 --slow-ms 1500
+    finish 60
+    [ "$RC" = 0 ] || fail "exit code $RC, expected 0"
+    grep -qi watchdog "$WORK/out" && fail "watchdog fired on a healthy job"
+    for r in 0 1 2; do grep -q "finished 40 steps" "$WORK/logs/rank-$r.log" || fail "rank $r did not finish"; done
+    echo "PASS clean: 3 ranks, 40 steps incl. a 1.5 s slow step, heartbeat ${HB}s timeout ${TIMEOUT}s, exit 0 in ${DT}s"
+    ;;
+sigstop | sigstop0)
+    if [ "$CASE" = sigstop ]; then NP=4; VICTIM=2; else NP=3; VICTIM=0; fi
+    start "$NP" --steps 100000 --step-ms 40
+    wait_step 5
+    kill -STOP "$(pid_of $VICTIM)"
+    T0=$(now)
+    finish $((TIMEOUT + SLACK))
+    [ "$RC" = 3 ] || fail "exit code $RC, expected 3"
+    grep -qE "watchdog: (no heartbeat from|rank 0 has had no heartbeat from) rank $VICTIM \(host [^)]*\)|watchdog: rank $VICTIM \(host [^)]*\) has made no progress" "$WORK/out" ||
+        fail "no watchdog line naming rank $VICTIM"
+    grep -E "watchdog: " "$WORK/out" | grep -vq "rank $VICTIM" && fail "a watchdog line blames another rank"
+    check_all_exit3 "$VICTIM" "$NP"
+    if [ "$VICTIM" != 0 ]; then
+        grep -q "\"kind\":\"watchdog\",\"culprit_rank\":$VICTIM" "$WORK/events.jsonl" 2>/dev/null ||
+            fail "rank 0's event sink got no watchdog event naming rank $VICTIM"
+    fi
+    echo "PASS $CASE: SIGSTOP of rank $VICTIM of $NP -> exit 3 after ${DT}s (timeout ${TIMEOUT}s):"
+    grep -m1 "watchdog: " "$WORK/out"
+    ;;
+hang)
+    # The main thread of rank 1 hangs (test hook) while its health thread still heartbeats: the rank
+    # itself, or a peer waiting for it, must name rank 1.
+    export DG_TEST_STALL_RANK=1 DG_TEST_STALL_STEP=8
+    T0=$(now)
+    start 3 --steps 100000 --step-ms 40
+    finish $((TIMEOUT + SLACK + 3))
+    unset DG_TEST_STALL_RANK DG_TEST_STALL_STEP
+    [ "$RC" = 3 ] || fail "exit code $RC, expected 3"
+    grep -qE "watchdog: rank 1 \(host [^)]*\) has made no progress for [0-9.]+ s in step 8 doing 'compute'" "$WORK/out" ||
+        fail "no watchdog line naming rank 1 stalled in step 8 'compute'"
+    check_all_exit3 -1 3
+    echo "PASS hang: rank 1 hung at step 8 -> exit 3 after ${DT}s (incl. ~0.4 s to reach step 8):"
+    grep -m1 "watchdog: " "$WORK/out"
+    ;;
+sigkill)
+    # Several trials at random steps: the job must end everywhere within timeout + slack.
+    for trial in 1 2 3; do
+        rm -rf "$WORK"/* 2>/dev/null
+        VICTIM=$((RANDOM % 3))
+        AT=$((2 + RANDOM % 8))
+        start 3 --steps 100000 --step-ms 40
+        wait_step "$AT"
+        kill -KILL "$(pid_of $VICTIM)"
+        T0=$(now)
+        finish $((TIMEOUT + SLACK))
+        [ "$RC" = 0 ] && fail "trial $trial: exit code 0 after a rank was killed"
+        echo "PASS sigkill trial $trial: SIGKILL of rank $VICTIM after step $AT -> job ended (exit $RC) in ${DT}s"
+    done
+    ;;
+usr1 | term)
+    if [ "$CASE" = usr1 ]; then NP=3; VICTIM=2; SIG=USR1; else NP=2; VICTIM=0; SIG=TERM; fi
+    start "$NP" --steps 100000 --step-ms 40 --ckpt-ms 300
+    wait_step 4
+    kill -"$SIG" "$(pid_of $VICTIM)"
+    T0=$(now)
+    finish 10
+    [ "$RC" = 75 ] || fail "exit code $RC, expected 75"
+    step=
+    for ((r = 0; r < NP; r++)); do
+        line=$(grep -E "stopping on SIG$SIG after step [0-9]+" "$WORK/logs/rank-$r.log") || fail "rank $r did not stop on SIG$SIG"
+        s=$(echo "$line" | sed -E 's/.*after step ([0-9]+).*/\1/')
+        [ -z "$step" ] && step=$s
+        [ "$s" = "$step" ] || fail "ranks stopped at different steps ($step vs $s)"
+    done
+    grep -q "\"kind\":\"signal_stop\",\"signal\":\"SIG$SIG\"" "$WORK/events.jsonl" || fail "no signal_stop event"
+    grep -qi watchdog "$WORK/out" && fail "watchdog fired during a signal stop"
+    echo "PASS $CASE: SIG$SIG to rank $VICTIM of $NP -> all ranks stopped after step $step, exit 75 in ${DT}s"
+    ;;
+sigint2)
+    # First SIGINT: stop at the boundary, then a 3 s checkpoint; the second SIGINT must not wait for it.
+    start 2 --steps 100000 --step-ms 40 --ckpt-ms 3000
+    wait_step 3
+    kill -INT "$(pid_of 1)"
+    # wait until the ranks are in the (simulated) checkpoint: the stop was agreed
+    t1=$(now)
+    until grep -q signal_stop "$WORK/events.jsonl" 2>/dev/null; do
+        le "$(elapsed "$t1")" 5 || fail "no stop agreed 5 s after SIGINT"
+        sleep 0.05
+    done
+    sleep 0.3
+    P1=$(pid_of 1)
+    kill -INT "$P1"
+    T0=$(now)
+    while kill -0 "$P1" 2>/dev/null && grep -q health_driver "/proc/$P1/cmdline" 2>/dev/null; do
+        le "$(elapsed "$T0")" 1 || fail "rank 1 still alive 1 s after the second SIGINT"
+        sleep 0.02
+    done
+    GONE=$(elapsed "$T0")
+    # the launcher then tears the other rank down (SIGTERM is caught, so it takes its SIGKILL delay)
+    finish 6
+    [ "$RC" = 130 ] || fail "exit code $RC, expected 130"
+    grep -q "dgtrain: second interrupt (SIGINT): exiting now without a checkpoint" "$WORK/out" || fail "no second-interrupt message"
+    grep -q "stopping on SIGINT" "$WORK/logs/rank-1.log" && fail "rank 1 finished its checkpoint instead of exiting at once"
+    echo "PASS sigint2: second SIGINT during the checkpoint -> rank 1 gone in ${GONE}s, job exit 130 in ${DT}s with:"
+    grep -m1 "second interrupt" "$WORK/out"
+    ;;
+badargs)
+    T0=$(now)
+    start 2 --steps 3 --heartbeat 1 --timeout 2
+    finish 20
+    [ "$RC" = 1 ] || fail "exit code $RC, expected 1"
+    grep -q "health.timeout_s (2) must be at least 3 x health.heartbeat_s (1)" "$WORK/out" || fail "no clear message"
+    echo "PASS badargs: $(grep -m1 'health.timeout_s' "$WORK/out")"
+    ;;
+*)
+    echo "run_case.sh: unknown case '$CASE'"
+    exit 2
+    ;;
+esac
+exit 0

@@ -1,0 +1,139 @@
+#!/bin/bash
+# test_dgtrain_faults.sh — failure handling of the real dgtrain under mpiexec, without Slurm:
+#   kill    SIGKILL one rank at a random step (3 trials): the job ends on every rank within
+#           health.timeout_s + a few seconds; rerunning the same command resumes from the last
+#           checkpoint and ends with final weights bitwise equal to an uninterrupted run (dgckpt diff).
+#   stop    SIGSTOP one rank: the watchdog aborts the job within timeout_s + a few seconds with exit
+#           code 3 and a line naming the stopped rank.
+# Skips (77) with the reason while dgtrain cannot train yet.
+# Usage: test_dgtrain_faults.sh DGTRAIN DGCKPT MPIEXEC [MPIEXEC FLAGS...]
+set -u
+SLURM_TEST_NAME=health_dgtrain_faults
+source "$(dirname "$0")/../slurm/lib.sh"
+DGTRAIN=${1:-}
+DGCKPT=${2:-}
+shift 2
+MPI=("$@")
+STEPS=${DGT_FAULT_STEPS:-30}
+TIMEOUT=8
+SLACK=5
+WORK=$(mktemp -d /tmp/dgt-faults-XXXXXX)
+JOB=
+cleanup() {
+    [ -n "$JOB" ] && kill -KILL "$JOB" 2>/dev/null
+    for p in ${STOPPED:-}; do
+        kill -KILL "$p" 2>/dev/null
+        kill -CONT "$p" 2>/dev/null
+    done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+probe_dgtrain "$WORK" "$DGTRAIN" "$DGCKPT" "${MPI[@]}"
+write_tiny_config "$WORK/cfg.ini" "$STEPS"
+SETS=(--set checkpoint.every=5 --set health.heartbeat_s=0.5 --set health.timeout_s=$TIMEOUT)
+
+# rank_pid RANK: the pid of that rank among the launcher's children
+rank_pid() {
+    local p
+    for p in $(pgrep -P "$JOB"); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 1
+}
+launch() { # launch RUN_DIR OUT: 2 ranks in the background
+    "${MPI[@]}" -n 2 "$DGTRAIN" "$WORK/cfg.ini" "${SETS[@]}" --set run.dir="$1" >"$2" 2>&1 &
+    JOB=$!
+}
+wait_job() { # wait_job LIMIT: sets RC and DT (since T0); fails past LIMIT seconds
+    while kill -0 "$JOB" 2>/dev/null; do
+        le "$(elapsed "$T0")" "$1" || {
+            fail "job still running $(elapsed "$T0") s after the fault (limit $1 s)"
+            return 1
+        }
+        sleep 0.1
+    done
+    wait "$JOB"
+    RC=$?
+    DT=$(elapsed "$T0")
+    JOB=
+}
+wait_step() { # wait_step METRICS N
+    local t0
+    t0=$(now)
+    until [ "$(metrics_last_step "$1")" -ge "$2" ]; do
+        kill -0 "$JOB" 2>/dev/null || {
+            fail "dgtrain ended before step $2"
+            return 1
+        }
+        le "$(elapsed "$t0")" 300 || {
+            fail "no step $2 after 300 s"
+            return 1
+        }
+        sleep 0.1
+    done
+}
+
+# reference, uninterrupted
+T0=$(now)
+launch "$WORK/ref" "$WORK/ref.out"
+wait_job 600 || exit 1
+[ "$RC" = 0 ] || {
+    fail "uninterrupted run failed (exit $RC): $(tail -n 3 "$WORK/ref.out")"
+    exit 1
+}
+REF=$(latest_ckpt "$WORK/ref")
+tlog "uninterrupted run: $STEPS steps in ${DT}s -> $(basename "$REF")"
+
+for trial in 1 2 3; do
+    run=$WORK/kill$trial
+    victim=$((RANDOM % 2))
+    at=$((6 + RANDOM % (STEPS - 11)))
+    launch "$run" "$WORK/kill$trial.out"
+    wait_step "$run/metrics.jsonl" "$at" || exit 1
+    pid=$(rank_pid $victim) || {
+        fail "cannot find rank $victim's pid"
+        exit 1
+    }
+    kill -KILL "$pid"
+    T0=$(now)
+    wait_job $((TIMEOUT + SLACK)) || exit 1
+    [ "$RC" = 0 ] && fail "trial $trial: exit 0 after rank $victim was killed"
+    ended=$DT
+    # rerun the same command: resume=auto picks the last complete checkpoint
+    T0=$(now)
+    launch "$run" "$WORK/kill$trial.resume.out"
+    wait_job 600 || exit 1
+    [ "$RC" = 0 ] || fail "trial $trial: resumed run failed (exit $RC): $(tail -n 3 "$WORK/kill$trial.resume.out")"
+    from=$(grep '"event":"resume"' "$run/metrics.jsonl" | tail -n 1 | sed -E 's/.*"step":([0-9]+).*/\1/')
+    if "$DGCKPT" diff "$REF" "$(latest_ckpt "$run")" >"$WORK/diff$trial.txt" 2>&1; then
+        echo "PASS kill trial $trial: SIGKILL rank $victim after step $at -> job ended (exit $RC) in ${ended}s; resumed at step ${from:-?} -> final weights identical"
+    else
+        fail "trial $trial: final weights differ from the uninterrupted run: $(head -n 5 "$WORK/diff$trial.txt")"
+    fi
+    [ "$FAILED" = 0 ] || exit 1
+done
+
+run=$WORK/stop
+launch "$run" "$WORK/stop.out"
+wait_step "$run/metrics.jsonl" 3 || exit 1
+pid=$(rank_pid 1) || {
+    fail "cannot find rank 1's pid"
+    exit 1
+}
+kill -STOP "$pid"
+STOPPED=$pid
+T0=$(now)
+wait_job $((TIMEOUT + SLACK)) || exit 1
+[ "$RC" = 3 ] || fail "stop: exit code $RC, expected 3"
+grep -qE "watchdog: (no heartbeat from|rank 0 has had no heartbeat from) rank 1 \(host " "$WORK/stop.out" ||
+    fail "stop: no watchdog line naming rank 1: $(grep -m2 -i watchdog "$WORK/stop.out")"
+grep -q '"kind":"watchdog","culprit_rank":1' "$run/metrics.jsonl" || fail "stop: no health event naming rank 1 in metrics.jsonl"
+[ "$FAILED" = 0 ] || {
+    cat "$WORK/stop.out"
+    exit 1
+}
+echo "PASS stop: SIGSTOP rank 1 -> exit 3 after ${DT}s (timeout ${TIMEOUT}s): $(grep -m1 'watchdog: ' "$WORK/stop.out")"

@@ -1,0 +1,200 @@
+/* test_planner.c — the topology-SLA scorer on described clusters. The expected choices were written down
+ * from first principles before running the planner:
+ *   1. One node, 8 NVLink GPUs, GPT-2 124M: no tensor parallelism (a small model only pays TP's
+ *      activation all-reduces); any candidate with tp > 1 keeps its tp groups on NVLink.
+ *   2. 8 nodes x 8 NVLink GPUs, 8 NDR NICs each, GPT-2 124M: shard within a node over NVLink
+ *      (dp_shard = 8), replicate across nodes (dp_replicate = 8), no TP.
+ *   3. Two PCIe-only nodes of 4 GPUs, one NIC each: shard within a node, replicate across the network.
+ *   4. A 2-socket CPU-only node with 4 ranks: the sharding groups (the most traffic) stay within a socket.
+ *   5. GPT-2 1.5B on 8 GPUs of 16 GiB: pure data parallelism (a full replica per rank: 28 GB of state)
+ *      is infeasible and says why; the choice shards the state.
+ *   6. 24 ranks on nodes of 8 with dp_shard = 3 innermost: a group straddles two nodes, so hop variance
+ *      is non-zero and that dimension's worst link is the network.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "planner.h"
+
+static int fails;
+#define CHECK(cond, ...)                                                                                   \
+    do {                                                                                                   \
+        if (!(cond)) {                                                                                     \
+            fails++;                                                                                       \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                \
+            fprintf(stderr, __VA_ARGS__);                                                                  \
+            fprintf(stderr, "\n");                                                                         \
+        }                                                                                                  \
+    } while (0)
+
+static const char *g_dir;
+
+static dg_plan_workload_t gpt2(int64_t n_params, int L, int NH, int C, int mb, int64_t gb) {
+    dg_plan_workload_t w = {.n_layer = L,
+                            .n_head = NH,
+                            .d_model = C,
+                            .seq_len = 1024,
+                            .vocab = 50304,
+                            .n_params = n_params,
+                            .micro_batch = mb,
+                            .global_batch = gb,
+                            .param_bytes = 2,
+                            .grad_bytes = 4,
+                            .reshard_after_forward = 1};
+    return w;
+}
+
+static int load(const char *name, int world, dg_cluster_t *c) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    dg_status_t s = dg_cluster_load(path, world, c);
+    CHECK(s == DG_OK, "loading %s: %s", path, dg_last_error());
+    return s == DG_OK;
+}
+
+static const dg_plan_t *find(const dg_plan_result_t *r, int R, int S, int T, int inner) {
+    for (int i = 0; i < r->n; i++) {
+        const dg_plan_t *p = &r->plans[i];
+        if (p->mesh.size[0] != R || p->mesh.size[1] != S || p->mesh.size[2] != T) continue;
+        int eff = -1; /* innermost dimension of size > 1 */
+        for (int k = DG_MESH_NDIM - 1; k >= 0 && eff < 0; k--)
+            if (p->mesh.size[p->mesh.order[k]] > 1) eff = p->mesh.order[k];
+        if (inner < 0 || eff == inner) return p;
+    }
+    return NULL;
+}
+
+static void show(const char *title, const dg_plan_result_t *r, const dg_cluster_t *c) {
+    printf("\n=== %s\n", title);
+    dg_plan_print(r, c, stdout, 0, 8);
+}
+
+int main(int argc, char **argv) {
+    g_dir = argc > 1 ? argv[1] : "tests/planner/data";
+    dg_cluster_t c;
+    dg_plan_result_t r;
+
+    /* 1 */
+    if (load("nvlink-1x8.ini", 0, &c)) {
+        dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 8, 64);
+        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
+        show("1 node x 8 NVLink GPUs, gpt2-124m", &r, &c);
+        CHECK(r.plans[r.chosen].mesh.size[DG_MESH_TP] == 1, "chose tp=%d", r.plans[r.chosen].mesh.size[2]);
+        for (int i = 0; i < r.n; i++)
+            if (r.plans[i].mesh.size[DG_MESH_TP] > 1)
+                CHECK(r.plans[i].hops[DG_MESH_TP] == DG_LINK_NVLINK, "tp group off NVLink (plan %d)", i);
+        dg_plan_result_free(&r);
+        dg_cluster_free(&c);
+    }
+    /* 1b: NVLink only within each socket's quad: tp=4 fits a quad when tp is innermost, tp=8 cannot */
+    if (load("hybrid-1x8.ini", 0, &c)) {
+        CHECK(dg_cluster_link(&c, 0, 1) == DG_LINK_NVLINK && dg_cluster_link(&c, 0, 5) == DG_LINK_CROSS_SOCKET,
+              "link classes %d %d", dg_cluster_link(&c, 0, 1), dg_cluster_link(&c, 0, 5));
+        dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 8, 16);
+        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
+        const dg_plan_t *t4 = find(&r, 2, 1, 4, DG_MESH_TP), *t4x = find(&r, 2, 1, 4, DG_MESH_DP_REPLICATE);
+        CHECK(t4 && t4->hops[DG_MESH_TP] == DG_LINK_NVLINK, "tp=4 innermost should stay on NVLink");
+        CHECK(t4x && t4x->hops[DG_MESH_TP] > DG_LINK_NVLINK && t4x->comm_ms[DG_MESH_TP] > t4->comm_ms[DG_MESH_TP],
+              "tp=4 outermost should leave NVLink and be slower");
+        const dg_plan_t *p = &r.plans[r.chosen];
+        if (p->mesh.size[DG_MESH_TP] > 1) CHECK(p->hops[DG_MESH_TP] == DG_LINK_NVLINK, "chosen tp off NVLink");
+        dg_plan_result_free(&r);
+        dg_cluster_free(&c);
+    }
+    /* 2 */
+    if (load("dgx-h100-8x8.ini", 0, &c)) {
+        CHECK(c.world == 64, "world %d", c.world);
+        dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 8, 512);
+        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
+        show("8 nodes x 8 NVLink GPUs, 8 NDR NICs each, gpt2-124m", &r, &c);
+        const dg_plan_t *p = &r.plans[r.chosen];
+        CHECK(p->mesh.size[0] == 8 && p->mesh.size[1] == 8 && p->mesh.size[2] == 1, "chose R=%d S=%d T=%d",
+              p->mesh.size[0], p->mesh.size[1], p->mesh.size[2]);
+        CHECK(p->hops[DG_MESH_DP_SHARD] == DG_LINK_NVLINK, "dp_shard hops %d", p->hops[1]);
+        CHECK(p->hops[DG_MESH_DP_REPLICATE] == DG_LINK_NETWORK, "dp_replicate hops %d", p->hops[0]);
+        /* the same shape with replication innermost puts sharding traffic on the network: slower */
+        const dg_plan_t *bad = find(&r, 8, 8, 1, DG_MESH_DP_REPLICATE);
+        CHECK(bad && bad->comm_total_ms > p->comm_total_ms, "replicate-innermost not slower");
+        dg_plan_result_free(&r);
+        dg_cluster_free(&c);
+    }
+    /* 3 */
+    if (load("pcie-2x4.ini", 0, &c)) {
+        dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 4, 64);
+        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
+        show("2 PCIe-only nodes x 4 GPUs, 1 NIC each, gpt2-124m", &r, &c);
+        const dg_plan_t *p = &r.plans[r.chosen];
+        CHECK(p->mesh.size[DG_MESH_DP_REPLICATE] == 2, "chose R=%d", p->mesh.size[0]);
+        CHECK(p->mesh.size[DG_MESH_DP_SHARD] == 4 && p->hops[DG_MESH_DP_SHARD] < DG_LINK_NETWORK,
+              "dp_shard=%d hops %d", p->mesh.size[1], p->hops[1]);
+        CHECK(p->hops[DG_MESH_DP_REPLICATE] == DG_LINK_NETWORK, "replication hops %d", p->hops[0]);
+        dg_plan_result_free(&r);
+        dg_cluster_free(&c);
+    }
+    /* 4 */
+    if (load("cpu-2socket.ini", 0, &c)) {
+        CHECK(!c.gpu_mode && c.world == 4, "gpu_mode %d world %d", c.gpu_mode, c.world);
+        dg_plan_workload_t w = {.n_layer = 4, .n_head = 4, .d_model = 128, .seq_len = 128, .vocab = 256,
+                                .n_params = 826368, .micro_batch = 4, .global_batch = 16, .param_bytes = 4,
+                                .grad_bytes = 4, .reshard_after_forward = 1};
+        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
+        show("2-socket CPU node, 4 ranks, tiny", &r, &c);
+        const dg_plan_t *p = &r.plans[r.chosen];
+        if (p->mesh.size[DG_MESH_DP_SHARD] > 1 && p->mesh.size[DG_MESH_DP_SHARD] < 4)
+            CHECK(p->hops[DG_MESH_DP_SHARD] == DG_LINK_SAME_SOCKET, "dp_shard crosses sockets");
+        const dg_plan_t *hs = find(&r, 2, 2, 1, DG_MESH_DP_SHARD);
+        CHECK(hs && hs->hops[DG_MESH_DP_SHARD] == DG_LINK_SAME_SOCKET &&
+                  hs->hops[DG_MESH_DP_REPLICATE] == DG_LINK_CROSS_SOCKET,
+              "link classes of R=2,S=2 (S innermost)");
+        dg_plan_result_free(&r);
+        dg_cluster_free(&c);
+    }
+    /* 5 */
+    if (load("nvlink-1x8.ini", 0, &c)) {
+        c.mem_per_rank_bytes = 16.0 * 1073741824.0;
+        dg_plan_workload_t w = gpt2(1557611200, 48, 25, 1600, 1, 8);
+        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
+        show("gpt2-1558m on 8 x 16 GiB GPUs", &r, &c);
+        const dg_plan_t *ddp = find(&r, 8, 1, 1, -1);
+        CHECK(ddp && !ddp->feasible && strstr(ddp->why, "GiB"), "pure DP should be infeasible (%s)",
+              ddp ? ddp->why : "missing");
+        const dg_plan_t *p = &r.plans[r.chosen];
+        CHECK(p->feasible && p->mesh.size[DG_MESH_DP_SHARD] * p->mesh.size[DG_MESH_TP] >= 2, "chose unsharded");
+        /* far too small a budget: no plan, and the error says why */
+        c.mem_per_rank_bytes = 0.5 * 1073741824.0;
+        dg_plan_result_free(&r);
+        CHECK(dg_plan_run(&c, &w, &r) == DG_ERR_USAGE && strstr(dg_last_error(), "no feasible"), "%s",
+              dg_last_error());
+        dg_plan_result_free(&r);
+        dg_cluster_free(&c);
+    }
+    /* 6 */
+    if (load("dgx-h100-8x8.ini", 24, &c)) {
+        dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 8, 192);
+        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
+        const dg_plan_t *p = find(&r, 8, 3, 1, DG_MESH_DP_SHARD);
+        CHECK(p && p->hop_variance > 0 && p->hops[DG_MESH_DP_SHARD] == DG_LINK_NETWORK, "straddling groups");
+        const dg_plan_t *q = &r.plans[r.chosen];
+        CHECK(q->hop_variance == 0, "chosen plan has uneven groups (hop variance %g)", q->hop_variance);
+        dg_plan_result_free(&r);
+        dg_cluster_free(&c);
+    }
+    /* bad description files */
+    {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/../bad-cluster.ini.tmp", g_dir);
+        FILE *f = fopen(path, "w");
+        fprintf(f, "[cluster]\nnode_xml = data/cpu-2socket.xml\nnodez = 2\n");
+        fclose(f);
+        CHECK(dg_cluster_load(path, 0, &c) == DG_ERR_USAGE && strstr(dg_last_error(), "unknown key [cluster] nodez"),
+              "%s", dg_last_error());
+        f = fopen(path, "w");
+        fprintf(f, "[cluster]\nnode_xml = data/cpu-2socket.xml\nranks_per_node = 4\n");
+        fclose(f);
+        CHECK(dg_cluster_load(path, 6, &c) == DG_ERR_USAGE && strstr(dg_last_error(), "whole nodes"), "%s",
+              dg_last_error());
+        remove(path);
+    }
+    printf("\n%s: %d failure(s)\n", fails ? "FAILED" : "OK", fails);
+    return fails ? 1 : 0;
+}

@@ -1,0 +1,162 @@
+# lib.sh — helpers shared by the Slurm tests (sourced): start a private cluster for this test, wait for
+# job states and files, report failures with the job's output.
+# Expects: SLURM_TEST_NAME set by the caller.
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+TRAIN_SH=$REPO/slurm/train.sh
+
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; }
+tlog() { echo "[$SLURM_TEST_NAME $(date +%T)] $*"; }
+
+FAILED=0
+fail() {
+    echo "FAIL [$SLURM_TEST_NAME]: $*"
+    FAILED=1
+    return 1
+}
+
+# Start the cluster (exit 77 with the reason if Slurm cannot start here) and stop it on exit.
+start_cluster() {
+    local env rc
+    env=$(bash "$HERE/cluster.sh" start)
+    rc=$?
+    if [ $rc = 77 ]; then
+        echo "SKIP [$SLURM_TEST_NAME]: slurmctld/slurmd cannot start on this machine (reason above)"
+        exit 77
+    fi
+    [ $rc = 0 ] || {
+        echo "FAIL [$SLURM_TEST_NAME]: cluster.sh start failed with $rc"
+        exit 1
+    }
+    eval "$env"
+    trap 'on_exit' EXIT
+}
+on_exit() {
+    local rc=$?
+    if [ "$FAILED" != 0 ] && [ -n "${DGT_SLURM_DIR:-}" ]; then
+        echo "----- slurmctld log (tail)"
+        tail -n 30 "$DGT_SLURM_DIR/log/slurmctld.log" 2>/dev/null
+    fi
+    bash "$HERE/cluster.sh" stop >/dev/null 2>&1
+    [ -n "${WORK:-}" ] && [ "${KEEP_WORK:-0}" != 1 ] && rm -rf "$WORK"
+    exit $rc
+}
+
+# job_field JOBID FIELD -> value from `scontrol show job` (e.g. JobState, Restarts, ExitCode, NumTasks)
+job_field() {
+    scontrol show job -o "$1" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$2=//p" | head -n 1
+}
+
+# wait_job_state JOBID SECONDS STATE... : until JobState is one of STATE (returns 1 on timeout)
+wait_job_state() {
+    local jid=$1 limit=$2 t0 st s
+    shift 2
+    t0=$(now)
+    while le "$(elapsed "$t0")" "$limit"; do
+        st=$(job_field "$jid" JobState)
+        for s in "$@"; do [ "$st" = "$s" ] && return 0; done
+        sleep 0.2
+    done
+    fail "job $jid not in state $* after ${limit}s (state: ${st:-unknown})"
+}
+
+# wait_until SECONDS DESCRIPTION CMD... : poll CMD every 0.2 s
+wait_until() {
+    local limit=$1 what=$2 t0
+    shift 2
+    t0=$(now)
+    while le "$(elapsed "$t0")" "$limit"; do
+        "$@" >/dev/null 2>&1 && return 0
+        sleep 0.2
+    done
+    fail "timed out after ${limit}s waiting for: $what"
+}
+
+show_output() { # show_output FILE
+    echo "----- $1"
+    cat "$1" 2>/dev/null
+}
+
+need() { # need FILE ERE DESCRIPTION
+    grep -qE -- "$2" "$1" || fail "$3 (no /$2/ in $1)"
+}
+
+# ---------------------------------------------------------------- the real dgtrain
+# write_tiny_config FILE STEPS: the tiny preset, small batches, one thread per rank (so runs at 1 and 2
+# ranks share the 2 cores without oversubscription), no validation, checkpoints at the end and on signals.
+write_tiny_config() {
+    cat >"$1" <<INI
+; written by tests/slurm/lib.sh for the end-to-end fault tests
+[run]
+name = e2e
+seed = 4242
+[model]
+preset = tiny
+[data]
+val_every = 0
+[train]
+steps = $2
+global_batch = 8
+micro_batch = 2
+log_every = 1
+[parallel]
+backend = cpu
+threads = 1
+[checkpoint]
+every = 0
+resume = auto
+[health]
+heartbeat_s = 1
+timeout_s = 60
+INI
+}
+
+# probe_dgtrain WORK DGTRAIN DGCKPT MPIEXEC...: exit 77 with the reason unless dgtrain can train and
+# checkpoint (2 steps at 1 rank) and dgckpt exists.
+probe_dgtrain() {
+    local work=$1 dgtrain=$2 dgckpt=$3 out rc
+    shift 3
+    if [ -z "$dgtrain" ] || [ ! -x "$dgtrain" ]; then
+        echo "SKIP [$SLURM_TEST_NAME]: dgtrain is not built yet (no executable '$dgtrain')"
+        exit 77
+    fi
+    if ! out=$("$dgtrain" --version 2>&1); then
+        echo "SKIP [$SLURM_TEST_NAME]: 'dgtrain --version' fails: $(echo "$out" | tail -n 1)"
+        exit 77
+    fi
+    if [ -z "$dgckpt" ] || [ ! -x "$dgckpt" ]; then
+        echo "SKIP [$SLURM_TEST_NAME]: dgckpt is not built yet (no executable '$dgckpt')"
+        exit 77
+    fi
+    write_tiny_config "$work/probe.ini" 2
+    out=$(cd "$work" && timeout 300 "$@" -n 1 "$dgtrain" "$work/probe.ini" --set run.dir="$work/probe" 2>&1)
+    rc=$?
+    if [ $rc != 0 ] || [ ! -s "$work/probe/checkpoints/LATEST" ]; then
+        echo "SKIP [$SLURM_TEST_NAME]: dgtrain cannot train yet (2-step probe: exit $rc, checkpoint $( [ -s "$work/probe/checkpoints/LATEST" ] && echo written || echo missing)): $(echo "$out" | grep -v '^[[:space:]]*$' | tail -n 1)"
+        exit 77
+    fi
+    rm -rf "$work/probe"
+}
+
+# metrics_last_step FILE: the highest "step" of the step events (-1 if none yet)
+metrics_last_step() {
+    local n
+    n=$(grep -o '"event":"step","step":[0-9]*' "$1" 2>/dev/null | sed 's/.*://' | sort -n | tail -n 1)
+    echo "${n:--1}"
+}
+# metrics_loss_at FILE STEP: the loss of the last step event for STEP
+metrics_loss_at() {
+    grep "\"event\":\"step\",\"step\":$2," "$1" 2>/dev/null | tail -n 1 | sed -E 's/.*"loss":([^,}]*).*/\1/'
+}
+# latest_ckpt RUN_DIR: the checkpoint file that RUN_DIR/checkpoints/LATEST names
+latest_ckpt() {
+    local l
+    l=$(head -n 1 "$1/checkpoints/LATEST" 2>/dev/null)
+    case "$l" in
+    /*) echo "$l" ;;
+    *) echo "$1/checkpoints/$l" ;;
+    esac
+}

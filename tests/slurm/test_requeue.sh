@@ -1,0 +1,128 @@
+#!/bin/bash
+# test_requeue.sh — end to end on a real one-node Slurm cluster with the real dgtrain:
+#   same    sbatch slurm/train.sh (2 tasks) on the tiny config; USR1 to the batch step -> dgtrain
+#           checkpoints and exits 75 -> train.sh requeues -> the job resumes (2 tasks) and finishes;
+#           its final checkpoint must equal an uninterrupted 2-rank run's bit for bit (dgckpt diff).
+#   resize  the same, but the requeued job is shrunk to 1 task while pending: it resumes at world
+#           size 1 (metrics.jsonl "resume" from 2 to 1) and finishes with the reference's final loss
+#           within 1e-4 relative (a different world size changes the reduction order, not the math).
+# Skips (77) with the reason when Slurm cannot start, or while dgtrain cannot train yet (probe: a
+# 2-step run at 1 rank must write a checkpoint).
+# Usage: test_requeue.sh DGTRAIN DGCKPT MPIEXEC [MPIEXEC FLAGS...]
+set -u
+SLURM_TEST_NAME=slurm_requeue
+source "$(dirname "$0")/lib.sh"
+DGTRAIN=${1:-}
+DGCKPT=${2:-}
+shift 2
+MPI=("$@")
+STEPS=${DGT_E2E_STEPS:-40}
+SIGNAL_AT=${DGT_E2E_SIGNAL_AT:-8}
+WORK=$(mktemp -d /tmp/dgt-slurm-e2e-XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+
+write_tiny_config "$WORK/tiny.ini" "$STEPS"
+probe_dgtrain "$WORK" "$DGTRAIN" "$DGCKPT" "${MPI[@]}" # exits 77 with the reason if it cannot train
+export DGTRAIN_BIN=$DGTRAIN
+
+# The uninterrupted reference runs outside Slurm while the cluster starts.
+"${MPI[@]}" -n 2 "$DGTRAIN" "$WORK/tiny.ini" --set run.dir="$WORK/ref" >"$WORK/ref.out" 2>&1 &
+REF_PID=$!
+start_cluster
+tlog "cluster up: $SLURM_CONF"
+
+run_job() { # run_job NAME RESIZE(0|1)
+    local name=$1 resize=$2 d=$WORK/$1 jid st t0
+    mkdir -p "$d"
+    jid=$(cd "$WORK" && sbatch --parsable -o "$d/job.out" --ntasks-per-node=2 "$TRAIN_SH" tiny.ini \
+        --set run.dir="$d/run") || return 1
+    tlog "$name: job $jid submitted"
+    wait_until 300 "$name: step $SIGNAL_AT in $d/run/metrics.jsonl" \
+        bash -c "[ \$(metrics_last_step '$d/run/metrics.jsonl') -ge $SIGNAL_AT ]" || return 1
+    scancel --signal=USR1 --batch "$jid"
+    tlog "$name: USR1 sent to the batch step of job $jid"
+    t0=$(now)
+    while :; do
+        st=$(scontrol show job -o "$jid" | grep -o 'JobState=[A-Z]* .*Restarts=[0-9]*' |
+            sed -E 's/JobState=([A-Z]*).*Restarts=([0-9]*)/\1 \2/')
+        case "$st" in "PENDING 1" | "RUNNING 1" | "COMPLETED 1") break ;; esac
+        case "$st" in COMPLETED* | FAILED* | CANCELLED*)
+            fail "$name: job ended ($st) instead of requeueing"
+            return 1
+            ;;
+        esac
+        le "$(elapsed "$t0")" 120 || {
+            fail "$name: no requeue 120 s after USR1 (state $st)"
+            return 1
+        }
+        sleep 0.1
+    done
+    if [ "$resize" = 1 ]; then
+        [ "$st" = "PENDING 1" ] || {
+            fail "$name: job restarted before it could be resized (state $st)"
+            return 1
+        }
+        scontrol hold "$jid" && scontrol update JobId="$jid" NumTasks=1 TasksPerNode=1 && scontrol release "$jid" ||
+            fail "$name: could not resize job $jid"
+        tlog "$name: job $jid resized to 1 task while pending"
+    fi
+    wait_job_state "$jid" 300 COMPLETED FAILED CANCELLED || return 1
+    [ "$(job_field "$jid" JobState)" = COMPLETED ] || fail "$name: job $jid ended $(job_field "$jid" JobState) $(job_field "$jid" ExitCode)"
+    need "$d/job.out" "dgtrain exit 75 \(stopped on a signal after a checkpoint\): requeueing job $jid" "$name: no requeue on exit 75"
+    need "$d/job.out" "start: restart 1 of max" "$name: no second start"
+    need "$d/job.out" "dgtrain finished \(exit 0\)" "$name: did not finish"
+    grep -q '"event":"checkpoint"' "$d/run/metrics.jsonl" || fail "$name: no checkpoint event"
+    grep -q '"event":"resume"' "$d/run/metrics.jsonl" || fail "$name: no resume event"
+    echo "$jid" >"$d/jobid"
+}
+
+declare -A PIDS
+for job in same:0 resize:1; do
+    name=${job%:*}
+    (
+        FAILED=0
+        run_job "$name" "${job#*:}"
+        [ "$FAILED" = 0 ] && exit 0
+        show_output "$WORK/$name/job.out"
+        exit 1
+    ) >"$WORK/$name.log" 2>&1 &
+    PIDS[$name]=$!
+done
+wait "$REF_PID" || {
+    fail "reference run failed: $(tail -n 3 "$WORK/ref.out")"
+}
+for name in same resize; do
+    wait "${PIDS[$name]}" || FAILED=1
+    cat "$WORK/$name.log"
+done
+[ "$FAILED" = 0 ] || exit 1
+
+REF_CKPT=$(latest_ckpt "$WORK/ref")
+# same world size: bitwise equal
+resume=$(grep '"event":"resume"' "$WORK/same/run/metrics.jsonl" | tail -n 1)
+echo "same: $resume"
+echo "$resume" | grep -q '"from_world_size":2,"to_world_size":2' || fail "same: resume event is not 2 -> 2 ranks"
+A=$(latest_ckpt "$WORK/same/run")
+if "$DGCKPT" diff "$REF_CKPT" "$A" >"$WORK/diff-same.txt" 2>&1; then
+    echo "PASS same: USR1 -> checkpoint -> exit 75 -> requeue -> resume -> finish; final weights identical to the uninterrupted run ($(basename "$A"))"
+else
+    fail "same: final checkpoint differs from the uninterrupted run:"
+    head -n 20 "$WORK/diff-same.txt"
+fi
+# another world size: resumed 2 -> 1, same math
+resume=$(grep '"event":"resume"' "$WORK/resize/run/metrics.jsonl" | tail -n 1)
+echo "resize: $resume"
+echo "$resume" | grep -q '"from_world_size":2,"to_world_size":1' || fail "resize: resume event is not 2 -> 1 ranks"
+ref_loss=$(metrics_loss_at "$WORK/ref/metrics.jsonl" "$STEPS")
+got_loss=$(metrics_loss_at "$WORK/resize/run/metrics.jsonl" "$STEPS")
+if [ -n "$ref_loss" ] && [ -n "$got_loss" ] &&
+    awk -v a="$ref_loss" -v b="$got_loss" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-4 * (a < 0 ? -a : a)) }'; then
+    echo "PASS resize: requeued at 1 task, resumed 2 -> 1 ranks, finished; loss at step $STEPS $got_loss vs uninterrupted $ref_loss"
+else
+    fail "resize: loss at step $STEPS is '$got_loss', uninterrupted run has '$ref_loss' (want within 1e-4 relative)"
+fi
+"$DGCKPT" diff "$REF_CKPT" "$(latest_ckpt "$WORK/resize/run")" >"$WORK/diff-resize.txt" 2>&1
+echo "resize: dgckpt diff against the uninterrupted run (informational):"
+head -n 8 "$WORK/diff-resize.txt"
+[ "$FAILED" = 0 ] || exit 1
+echo "slurm requeue end to end: passed"
