@@ -8,7 +8,8 @@
 # the signal to dgtrain, which checkpoints at the next step boundary and exits 75. This script then
 # requeues the job (scontrol requeue), up to DGT_MAX_RESTARTS times, and the next run resumes from the
 # checkpoint (checkpoint.resume=auto, same run.dir) — at whatever node and task count it gets. dgtrain
-# exit 3 (a peer failed or the watchdog fired) is requeued the same way. See slurm/README.md.
+# exit 3 (a peer failed or the watchdog fired) and a rank killed by SIGKILL (launcher exit 137) are
+# requeued the same way. See slurm/README.md.
 #
 # Defaults below are ordinary #SBATCH lines: override any of them on the sbatch command line, e.g.
 #   sbatch --nodes=4 --ntasks-per-node=8 --gpus-per-task=1 --time=24:00:00 slurm/train.sh cfg.ini
@@ -35,7 +36,8 @@
 #   DGT_MPIRUN_ARGS    extra mpirun arguments (split on whitespace)
 #
 # Exit codes: those of dgtrain (0 done, 1 usage/config, 2 runtime, 3 peer failure, 75 stopped on a
-# signal after a checkpoint); this script's own usage errors exit 1 before anything is launched.
+# signal after a checkpoint), or the launcher's (137: a rank was SIGKILLed); 3, 75 and 137 requeue the
+# job. This script's own usage errors exit 1 before anything is launched.
 set -u
 set -o pipefail
 
@@ -177,7 +179,10 @@ fi
 case "$LAUNCHER" in
 srun)
     read -r -a extra <<<"${DGT_SRUN_ARGS:-}"
-    CMD=(srun --mpi=pmix --ntasks="$NTASKS" "${extra[@]}" "$DGTRAIN" "$CONFIG" "${SETS[@]}")
+    # Slurm 22.05's srun does not take --cpus-per-task from the allocation: pass it on explicitly.
+    cpt=()
+    [ -n "${SLURM_CPUS_PER_TASK:-}" ] && cpt=(--cpus-per-task="$SLURM_CPUS_PER_TASK")
+    CMD=(srun --mpi=pmix --ntasks="$NTASKS" "${cpt[@]}" "${extra[@]}" "$DGTRAIN" "$CONFIG" "${SETS[@]}")
     ;;
 mpirun)
     command -v mpirun >/dev/null 2>&1 || die "DGT_LAUNCHER=mpirun but no mpirun on PATH"
@@ -231,9 +236,12 @@ case "$RC" in
     note "dgtrain finished (exit 0)"
     exit 0
     ;;
-75 | 3)
+75 | 3 | 137)
     why="stopped on a signal after a checkpoint"
     [ "$RC" = 3 ] && why="a peer failed or the watchdog fired"
+    # srun (PMIx) and mpirun end the whole step themselves when a rank dies: 137 means a rank was
+    # SIGKILLed (out-of-memory killer, lost node) before dgtrain could say 3. Same remedy.
+    [ "$RC" = 137 ] && why="a rank was killed (SIGKILL: out of memory or a lost node?); treated as a peer failure"
     if [ -n "$CANCELLING" ]; then
         # SIGTERM to the batch shell means scancel, the hard end of the time limit or preemption: the
         # job is being cancelled (or Slurm requeues it itself, PreemptMode=REQUEUE). Requeueing here

@@ -7,9 +7,11 @@
  *   all-reduce      busbw = algbw * 2(n-1)/n
  *   all-gather      busbw = algbw * (n-1)/n
  *   reduce-scatter  busbw = algbw * (n-1)/n
- * Each size is measured in R interleaved rounds (raw, then dg_comm, then raw, ...), each round a timed
- * loop after a barrier whose time is the slowest rank's; the table reports the median round of each.
- * The ratio column is dg_comm busbw / raw busbw (target >= 0.95). Each size's result is checked once.
+ * Three variants per size: raw MPI, the blocking dg_comm call (which runs inline when nothing else is
+ * outstanding), and dg_comm_i* + dg_comm_wait (through the communication thread, the overlapped path).
+ * Each size is measured in R rounds, the variants in rotating order within a round, each a timed loop
+ * after a barrier whose time is the slowest rank's; the table reports each variant's median round.
+ * Ratios are dg_comm busbw / raw busbw (target >= 0.95). Each size's result is checked once.
  *
  * usage: bench_comm [--min BYTES] [--max BYTES] [--factor F] [--rounds R] [--target-s S]
  *                   [--dtype f32|bf16] [--progress thread|nonblocking] [--check RATIO]
@@ -57,27 +59,52 @@ static int run_raw(bench_t *b, int op, size_t count) {
     MPI_Op O = b->dt == DG_F32 ? MPI_SUM : b->raw_bf16;
     int n = (int)count;
     switch (op) {
-    case OP_ALLREDUCE: return MPI_Allreduce(b->send, b->recv, n, T, O, b->raw);
-    case OP_ALLGATHER: return MPI_Allgather(b->send, n, T, b->recv, n, T, b->raw);
-    default: return MPI_Reduce_scatter_block(b->send, b->recv, n, T, O, b->raw);
+    case OP_ALLREDUCE:
+        return MPI_Allreduce(b->send, b->recv, n, T, O, b->raw);
+    case OP_ALLGATHER:
+        return MPI_Allgather(b->send, n, T, b->recv, n, T, b->raw);
+    default:
+        return MPI_Reduce_scatter_block(b->send, b->recv, n, T, O, b->raw);
     }
 }
 
-static dg_status_t run_dg(bench_t *b, int op, size_t count) {
+/* async = 0: the blocking form (runs inline when nothing is outstanding); 1: the non-blocking form and
+ * a wait, which goes through the communication thread (the path overlapped collectives take) */
+static dg_status_t run_dg(bench_t *b, int op, size_t count, int async) {
+    if (!async) {
+        switch (op) {
+        case OP_ALLREDUCE:
+            return dg_comm_allreduce(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM);
+        case OP_ALLGATHER:
+            return dg_comm_allgather(b->c, b->send, b->recv, count, b->dt);
+        default:
+            return dg_comm_reduce_scatter(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM);
+        }
+    }
+    dg_comm_req_t *r = NULL;
+    dg_status_t s;
     switch (op) {
-    case OP_ALLREDUCE: return dg_comm_allreduce(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM);
-    case OP_ALLGATHER: return dg_comm_allgather(b->c, b->send, b->recv, count, b->dt);
-    default: return dg_comm_reduce_scatter(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM);
+    case OP_ALLREDUCE:
+        s = dg_comm_iallreduce(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM, &r);
+        break;
+    case OP_ALLGATHER:
+        s = dg_comm_iallgather(b->c, b->send, b->recv, count, b->dt, &r);
+        break;
+    default:
+        s = dg_comm_ireduce_scatter(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM, &r);
+        break;
     }
+    if (s != DG_OK) return s;
+    return dg_comm_wait(b->c, r);
 }
 
-/* slowest rank's time for `iters` calls */
-static double timed(bench_t *b, int use_dg, int op, size_t count, int iters) {
+/* slowest rank's time for `iters` calls; variant 0 = raw MPI, 1 = dg blocking, 2 = dg non-blocking */
+static double timed(bench_t *b, int variant, int op, size_t count, int iters) {
     MPI_Barrier(b->raw);
     double t0 = MPI_Wtime();
     for (int i = 0; i < iters; i++) {
-        if (use_dg) {
-            if (run_dg(b, op, count) != DG_OK) {
+        if (variant) {
+            if (run_dg(b, op, count, variant == 2) != DG_OK) {
                 fprintf(stderr, "dg_comm %s failed: %s\n", k_names[op], dg_last_error());
                 MPI_Abort(MPI_COMM_WORLD, 2);
             }
@@ -109,7 +136,8 @@ static int check_result(bench_t *b, int op, size_t count) {
     size_t total = op == OP_ALLREDUCE ? count : count * (size_t)b->n;
     for (size_t i = 0; i < total; i++) {
         float v = (float)((b->me + i) % 5);
-        if (b->dt == DG_F32) ((float *)b->send)[i] = v;
+        if (b->dt == DG_F32)
+            ((float *)b->send)[i] = v;
         else {
             uint32_t u;
             memcpy(&u, &v, 4);
@@ -117,15 +145,17 @@ static int check_result(bench_t *b, int op, size_t count) {
         }
     }
     memset(b->recv, 0xff, total * b->esz);
-    if (run_dg(b, op, count) != DG_OK) return 0;
+    if (run_dg(b, op, count, 0) != DG_OK) return 0;
     size_t outn = op == OP_REDUCE_SCATTER ? count : total;
     for (size_t i = 0; i < outn; i++) {
         float want;
-        if (op == OP_ALLGATHER) want = (float)((i / count + i % count) % 5);
+        if (op == OP_ALLGATHER)
+            want = (float)((i / count + i % count) % 5);
         else {
             size_t gi = op == OP_REDUCE_SCATTER ? (size_t)b->me * count + i : i;
             want = 0;
-            for (int r = 0; r < b->n; r++) want += (float)((r + gi) % 5);
+            for (int r = 0; r < b->n; r++)
+                want += (float)((r + gi) % 5);
         }
         if (elem(b, b->recv, i) != want) return 0;
     }
@@ -146,13 +176,20 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_comm: %s needs a value\n", a);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        if (!strcmp(a, "--min")) min_b = strtoull(v, NULL, 0);
-        else if (!strcmp(a, "--max")) max_b = strtoull(v, NULL, 0);
-        else if (!strcmp(a, "--factor")) factor = atoi(v);
-        else if (!strcmp(a, "--rounds")) rounds = atoi(v);
-        else if (!strcmp(a, "--target-s")) target = atof(v);
-        else if (!strcmp(a, "--check")) check = atof(v);
-        else if (!strcmp(a, "--dtype")) dt = !strcmp(v, "bf16") ? DG_BF16 : DG_F32;
+        if (!strcmp(a, "--min"))
+            min_b = strtoull(v, NULL, 0);
+        else if (!strcmp(a, "--max"))
+            max_b = strtoull(v, NULL, 0);
+        else if (!strcmp(a, "--factor"))
+            factor = atoi(v);
+        else if (!strcmp(a, "--rounds"))
+            rounds = atoi(v);
+        else if (!strcmp(a, "--target-s"))
+            target = atof(v);
+        else if (!strcmp(a, "--check"))
+            check = atof(v);
+        else if (!strcmp(a, "--dtype"))
+            dt = !strcmp(v, "bf16") ? DG_BF16 : DG_F32;
         else if (!strcmp(a, "--progress"))
             prog = !strcmp(v, "nonblocking") ? DG_COMM_PROGRESS_NONBLOCKING : DG_COMM_PROGRESS_THREAD;
         else {
@@ -193,10 +230,14 @@ int main(int argc, char **argv) {
         printf("# bench_comm: %d ranks, dtype %s, %d rounds per size (median), target %.2f s per timed loop; "
                "comm %s\n",
                b.n, dg_dtype_name(dt), rounds, target, st);
-        printf("# %-14s %10s %10s | %10s %9s %9s | %10s %9s %9s | %6s %s\n", "op", "size(B)", "count", "raw us",
-               "algbw", "busbw", "dg us", "algbw", "busbw", "ratio", "check");
+        printf(
+            "# busbw in GB/s; 'dg' = blocking dg_comm call, 'async' = dg_comm_i* + dg_comm_wait (through the "
+            "communication thread); ratios are busbw over raw MPI's\n");
+        printf("# %-14s %10s %10s | %10s %8s %8s | %10s %8s %6s | %10s %8s %6s | %s\n", "op", "size(B)",
+               "count", "raw us", "algbw", "busbw", "dg us", "busbw", "ratio", "async us", "busbw", "ratio",
+               "check");
     }
-    double logsum[NOPS] = {0};
+    double logsum[NOPS] = {0}, logsum_a[NOPS] = {0};
     int nsz[NOPS] = {0};
     double minratio = 1e9;
     int all_ok = 1;
@@ -210,46 +251,51 @@ int main(int argc, char **argv) {
             MPI_Allreduce(&ok, &okall, 1, MPI_INT, MPI_MIN, b.raw);
             all_ok &= okall;
             /* warm up both, then choose iterations for about `target` seconds per timed loop */
-            timed(&b, 0, op, count, 2);
-            timed(&b, 1, op, count, 2);
+            for (int v = 0; v < 3; v++)
+                timed(&b, v, op, count, 2);
             double t1 = timed(&b, 0, op, count, 3) / 3;
             int iters = (int)(target / (t1 > 1e-7 ? t1 : 1e-7));
             if (iters < 3) iters = 3;
-            if (iters > 2000) iters = 2000;
-            double traw[99], tdg[99];
-            for (int r = 0; r < rounds; r++) {
-                /* alternate which goes first so slow drifts do not favour either */
-                if (r % 2 == 0) {
-                    traw[r] = timed(&b, 0, op, count, iters) / iters;
-                    tdg[r] = timed(&b, 1, op, count, iters) / iters;
-                } else {
-                    tdg[r] = timed(&b, 1, op, count, iters) / iters;
-                    traw[r] = timed(&b, 0, op, count, iters) / iters;
+            if (iters > 5000) iters = 5000;
+            double t[3][99];
+            for (int r = 0; r < rounds; r++)
+                for (int k = 0; k < 3; k++) {
+                    /* rotate which variant goes first so slow drifts in machine load favour none */
+                    int v = (k + r) % 3;
+                    t[v][r] = timed(&b, v, op, count, iters) / iters;
                 }
+            double med[3];
+            for (int v = 0; v < 3; v++) {
+                qsort(t[v], (size_t)rounds, sizeof(double), cmp_double);
+                med[v] = t[v][rounds / 2];
             }
-            qsort(traw, (size_t)rounds, sizeof(double), cmp_double);
-            qsort(tdg, (size_t)rounds, sizeof(double), cmp_double);
-            double tr = traw[rounds / 2], td = tdg[rounds / 2];
             double f = op == OP_ALLREDUCE ? 2.0 * (b.n - 1) / b.n : (double)(b.n - 1) / b.n;
-            double alg_r = size / tr / 1e9, alg_d = size / td / 1e9;
-            double ratio = tr / td; /* busbw_dg / busbw_raw */
+            double alg_r = size / med[0] / 1e9;
+            double ratio = med[0] / med[1], ratio_a = med[0] / med[2]; /* busbw_dg / busbw_raw */
             logsum[op] += log(ratio);
+            logsum_a[op] += log(ratio_a);
             nsz[op]++;
             if (ratio < minratio) minratio = ratio;
             if (b.me == 0)
-                printf("  %-14s %10zu %10zu | %10.1f %9.3f %9.3f | %10.1f %9.3f %9.3f | %6.3f %s\n", k_names[op], size,
-                       count, tr * 1e6, alg_r, alg_r * f, td * 1e6, alg_d, alg_d * f, ratio, okall ? "ok" : "WRONG");
+                printf("  %-14s %10zu %10zu | %10.1f %8.3f %8.3f | %10.1f %8.3f %6.3f | %10.1f %8.3f %6.3f | "
+                       "%s\n",
+                       k_names[op], size, count, med[0] * 1e6, alg_r, alg_r * f, med[1] * 1e6,
+                       size / med[1] / 1e9 * f, ratio, med[2] * 1e6, size / med[2] / 1e9 * f, ratio_a,
+                       okall ? "ok" : "WRONG");
         }
     }
     int below = 0;
     if (b.me == 0) {
-        printf("# summary (%d ranks): geometric-mean ratio dg_comm/raw busbw:", b.n);
+        printf("# summary (%d ranks): geometric-mean busbw ratio over raw MPI, blocking dg_comm:", b.n);
         for (int op = 0; op < NOPS; op++) {
             double g = nsz[op] ? exp(logsum[op] / nsz[op]) : 0;
             printf(" %s %.3f", k_names[op], g);
             if (check > 0 && g < check) below = 1;
         }
-        printf("; worst single size %.3f; results %s\n", minratio, all_ok ? "correct" : "WRONG");
+        printf("; non-blocking+wait:");
+        for (int op = 0; op < NOPS; op++)
+            printf(" %s %.3f", k_names[op], nsz[op] ? exp(logsum_a[op] / nsz[op]) : 0);
+        printf("; worst single size (blocking) %.3f; results %s\n", minratio, all_ok ? "correct" : "WRONG");
     }
     MPI_Bcast(&below, 1, MPI_INT, 0, b.raw);
     dg_comm_free(b.c);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "checkpoint.h"
 
@@ -90,7 +91,8 @@ static int cmd_list(const char *dir) {
     return EX_OK;
 }
 
-static void print_chain(const char *file, const char *base) {
+/* Each file this one links to: how many datasets, and whether it is there and readable. */
+static void print_links(const char *file, const dg_ckpt_info_t *info) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", file);
     char *sl = strrchr(dir, '/');
@@ -98,22 +100,23 @@ static void print_chain(const char *file, const char *base) {
         *sl = 0;
     else
         snprintf(dir, sizeof dir, ".");
-    printf("base chain %s", base);
-    char cur[256];
-    snprintf(cur, sizeof cur, "%s", base);
-    for (int hop = 0; hop < 64 && cur[0]; hop++) {
-        char p[4400];
-        snprintf(p, sizeof p, "%s/%s", dir, cur);
+    char bases[4096];
+    snprintf(bases, sizeof bases, "%s", info->bases);
+    for (char *save = NULL, *b = strtok_r(bases, " ", &save); b; b = strtok_r(NULL, " ", &save)) {
+        int cnt = 0;
+        for (int i = 0; i < info->n_entries; i++) cnt += strcmp(info->entries[i].origin, b) == 0;
+        char p[4400], state[700];
+        snprintf(p, sizeof p, "%s/%s", dir, b);
         dg_ckpt_info_t bi;
-        if (dg_ckpt_info_read(p, &bi) != DG_OK) {
-            printf(" (unreadable: %s)", dg_last_error());
-            break;
+        if (dg_ckpt_info_read(p, &bi) == DG_OK) {
+            snprintf(state, sizeof state, "present, step %lld%s", (long long)bi.meta.step,
+                     bi.base[0] ? ", itself incremental" : "");
+            dg_ckpt_info_destroy(&bi);
+        } else {
+            snprintf(state, sizeof state, "UNUSABLE: %.600s", dg_last_error());
         }
-        snprintf(cur, sizeof cur, "%s", bi.base);
-        dg_ckpt_info_destroy(&bi);
-        if (cur[0]) printf(" -> %s", cur);
+        printf("chain      %d datasets -> %s (%s)\n", cnt, b, state);
     }
-    printf("\n");
 }
 
 static int cmd_show(const char *file, int show_config) {
@@ -138,8 +141,8 @@ static int cmd_show(const char *file, int show_config) {
     printf("\n");
     for (int i = 0; i < m->n_kv; i++) printf("kv         %s = %s\n", m->kv[i].key, m->kv[i].value);
     if (info.base[0]) {
-        print_chain(file, info.base);
-        printf("links to   %s\n", info.bases);
+        printf("base       %s (incremental: unchanged datasets are links)\n", info.base);
+        print_links(file, &info);
     } else {
         printf("base       (none: a full checkpoint)\n");
     }
@@ -285,8 +288,12 @@ static int cmd_resolve(int *argc, char ***argv, const char *what, int full) {
     int provided = 0;
     MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
     char out[4096];
-    /* a directory is searched as resume=auto would; a file is checked alone */
-    dg_status_t s = dg_ckpt_resolve_resume(MPI_COMM_SELF, NULL, what, full, out, sizeof out);
+    /* a file is checked alone; anything else is searched as resume=auto would (a missing directory
+     * means a fresh start: "") */
+    struct stat st;
+    int is_file = stat(what, &st) == 0 && !S_ISDIR(st.st_mode);
+    dg_status_t s = is_file ? dg_ckpt_resolve_resume(MPI_COMM_SELF, NULL, what, full, out, sizeof out)
+                            : dg_ckpt_resolve_resume(MPI_COMM_SELF, what, "auto", full, out, sizeof out);
     int rc;
     if (s) {
         fprintf(stderr, "dgckpt: %s\n", dg_last_error());

@@ -149,7 +149,7 @@ dg_status_t ckpt_resolve(ckpt_files_t *fs, const char *dpath, hid_t *dset, int *
         const char *tfile = NULL, *tobj = NULL;
         DG_H5_CHECK(H5Lunpack_elink_val(val, li.u.val_size, &flags, &tfile, &tobj), "%s:/%s: decoding the link",
                     fname, path);
-        char where[600];
+        char where[1100];
         snprintf(where, sizeof where, "%s:/%s", fname, path);
         DG_TRY(check_target(fs, tfile, where));
         while (*tobj == '/') tobj++;

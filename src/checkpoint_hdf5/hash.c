@@ -18,6 +18,11 @@ typedef struct frag_hdr {
     int64_t row, tile, off, len; /* off, len in elements within the tile */
 } frag_hdr_t;
 
+/* Bytes of one fragment in the buffers: header plus data padded to 8 so the next header is aligned. */
+static size_t frag_size(int64_t len) {
+    return sizeof(frag_hdr_t) + (((size_t)len * sizeof(float) + 7) & ~(size_t)7);
+}
+
 void ckh_init(ckh_t *h, int ntensors) {
     memset(h, 0, sizeof *h);
     h->n = ntensors;
@@ -31,7 +36,7 @@ void ckh_free(ckh_t *h) {
 }
 
 static void frag_push(ckh_t *h, int ti, int64_t row, int64_t tile, int64_t off, int64_t len, const float *p) {
-    size_t need = sizeof(frag_hdr_t) + (size_t)len * sizeof(float);
+    size_t need = frag_size(len);
     if (h->frag_len + need > h->frag_cap) {
         size_t cap = h->frag_cap ? h->frag_cap * 2 : 65536;
         while (cap < h->frag_len + need) cap *= 2;
@@ -99,13 +104,13 @@ static int frag_cmp(const void *a, const void *b) {
 /* Assemble the fragments in buf[0..len) tile by tile and add the tile hashes to sum[]. */
 static dg_status_t assemble(const char *buf, size_t len, const ckpt_table_t *tab, uint64_t *sum) {
     size_t nf = 0;
-    for (size_t o = 0; o < len; nf++) o += sizeof(frag_hdr_t) + (size_t)((const frag_hdr_t *)(buf + o))->len * 4;
+    for (size_t o = 0; o < len; nf++) o += frag_size(((const frag_hdr_t *)(buf + o))->len);
     if (!nf) return DG_OK;
     const frag_hdr_t **f = dg_xmalloc(nf * sizeof *f);
     size_t i = 0;
     for (size_t o = 0; o < len; i++) {
         f[i] = (const frag_hdr_t *)(buf + o);
-        o += sizeof(frag_hdr_t) + (size_t)f[i]->len * 4;
+        o += frag_size(f[i]->len);
     }
     qsort(f, nf, sizeof *f, frag_cmp);
     float *tile = dg_xmalloc(CKH_TILE * sizeof(float));
@@ -156,7 +161,7 @@ static dg_status_t exchange(ckh_t *h, MPI_Comm comm, char **rbuf_out, size_t *rl
     size_t *bytes = dg_xcalloc((size_t)size, sizeof(size_t));
     for (size_t o = 0; o < h->frag_len;) {
         frag_hdr_t *hd = (frag_hdr_t *)(h->frag + o);
-        size_t sz = sizeof *hd + (size_t)hd->len * 4;
+        size_t sz = frag_size(hd->len);
         hd->dest = frag_dest(hd, size);
         bytes[hd->dest] += sz;
         o += sz;
@@ -178,7 +183,7 @@ static dg_status_t exchange(ckh_t *h, MPI_Comm comm, char **rbuf_out, size_t *rl
         size_t *pos = dg_xcalloc((size_t)size, sizeof(size_t));
         for (size_t o = 0; o < h->frag_len;) {
             const frag_hdr_t *hd = (const frag_hdr_t *)(h->frag + o);
-            size_t sz = sizeof *hd + (size_t)hd->len * 4;
+            size_t sz = frag_size(hd->len);
             memcpy(sbuf + sdis[hd->dest] + pos[hd->dest], hd, sz);
             pos[hd->dest] += sz;
             o += sz;

@@ -64,14 +64,14 @@ static dg_status_t hash_dataset(hid_t dset, const char *where, const char *path,
             hid_t ms = H5Screate_simple(ndim, hcn, NULL);
             herr_t rc = ms < 0 ? -1 : H5Sselect_hyperslab(fsp, H5S_SELECT_SET, hst, NULL, hcn, NULL);
             if (rc >= 0) rc = H5Dread(dset, H5T_NATIVE_FLOAT, ms, fsp, H5P_DEFAULT, buf);
+            char h5[1024] = "";
+            if (rc < 0) ckpt_h5_error_text(h5, sizeof h5); /* before H5Sclose clears the error stack */
             if (ms >= 0) H5Sclose(ms);
             if (rc < 0) {
-                char h5[1024];
-                ckpt_h5_error_text(h5, sizeof h5);
                 if (strstr(h5, "Fletcher32") || strstr(h5, "checksum"))
-                    s = DG_ERR(DG_ERR_USAGE, "%s: checksum mismatch (Fletcher32) near element offset %lld: the file "
+                    s = DG_ERR(DG_ERR_USAGE, "%s: checksum mismatch (Fletcher32) in the block at index %lld of dim %d: the file "
                                              "is damaged [%s]",
-                               where, (long long)b0, h5);
+                               where, (long long)b0, k, h5);
                 else
                     s = DG_ERR(DG_ERR_USAGE, "%s: cannot read: %s", where, h5);
                 break;
@@ -101,7 +101,7 @@ static dg_status_t check_row(ckpt_files_t *fs, const ckpt_mrow_t *r, int full, i
     int fidx = 0;
     DG_TRY(ckpt_resolve(fs, r->path, &dset, &fidx));
     ckpt_hbag_add(b, dset);
-    char where[700];
+    char where[1100];
     if (fidx == 0)
         snprintf(where, sizeof where, "%s:/%s", fs->name[0], r->path);
     else
@@ -222,8 +222,8 @@ static dg_status_t verify_impl(const char *path, FILE *report, int *n_bad, int r
                 shp[0] = 0;
                 for (int d = 0; d < rows[i].ndim; d++)
                     o += (size_t)snprintf(shp + o, sizeof shp - o, "%s%lld", d ? ", " : "", (long long)rows[i].shape[d]);
-                fprintf(report, "ok    /%-48s [%s] %.2f MB%s%s\n", rows[i].path, shp, (double)nb / 1e6,
-                        linked ? " linked -> " : "", linked ? rows[i].origin : "");
+                fprintf(report, "ok    /%-48s [%s] %lld bytes%s%s\n", rows[i].path, shp, (long long)nb,
+                        linked ? ", linked -> " : "", linked ? rows[i].origin : "");
             }
         }
     }
@@ -318,7 +318,7 @@ static dg_status_t read_whole(ckpt_files_t *fs, const char *dset_path, float **d
     int fidx = 0;
     DG_TRY(ckpt_resolve(fs, dset_path, &d, &fidx));
     ckpt_hbag_add(b, d);
-    char where[700];
+    char where[1100];
     snprintf(where, sizeof where, "%s:/%s", fs->name[fidx], dset_path);
     hid_t t = ckpt_hbag_add(b, H5Dget_type(d));
     hid_t sp = ckpt_hbag_add(b, H5Dget_space(d));

@@ -41,7 +41,7 @@ static dg_status_t load_tensor(ckpt_files_t *fs, const ckpt_mrow_t *rows, int nr
     int fidx = 0;
     DG_TRY(ckpt_resolve(fs, td->path, &dset, &fidx));
     ckpt_hbag_add(b, dset);
-    char where[700];
+    char where[1100];
     if (fidx == 0)
         snprintf(where, sizeof where, "%s:/%s", file, td->path);
     else

@@ -151,8 +151,6 @@ hid_t ckpt_fapl(MPI_Comm comm, int64_t align) {
         H5Pclose(fapl);
         return -1;
     }
-    /* Metadata in 1 MiB blocks: fewer, larger metadata writes (they are collective). */
-    if (comm != MPI_COMM_NULL) H5Pset_meta_block_size(fapl, 1 << 20);
     return fapl;
 }
 

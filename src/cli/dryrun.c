@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli_hooks.h"
+#include "train.h"
 
 typedef dg_status_t (*section_fn)(dg_boot_t *b, const dg_config_t *cfg, int json, FILE *out);
 
@@ -21,12 +22,14 @@ static dg_status_t sec_run(dg_boot_t *b, const dg_config_t *cfg, int json, FILE 
     snprintf(hash, sizeof hash, "%016" PRIx64, dg_config_hash(cfg));
     const char *path = cfg->path[0] ? cfg->path : "(embedded defaults)";
     if (!json) {
-        fprintf(out, "dgtrain %s dry run: config %s (hash %s), run %s in %s, world size %d\n", DG_VERSION_STRING, path,
-                hash, cfg->run.name, cfg->run.dir, b->world_size);
-        fprintf(out, "model %s, backend %s, comm %s, mesh %s, precision %s; %lld steps of %lld sequences "
-                     "(micro-batch %lld)\n",
-                cfg->model.preset, cfg->parallel.backend, cfg->parallel.comm, cfg->parallel.mesh, cfg->train.precision,
-                (long long)cfg->train.steps, (long long)cfg->train.global_batch, (long long)cfg->train.micro_batch);
+        fprintf(out, "dgtrain %s dry run: config %s (hash %s), run %s in %s, world size %d\n",
+                DG_VERSION_STRING, path, hash, cfg->run.name, cfg->run.dir, b->world_size);
+        fprintf(out,
+                "model %s, backend %s, comm %s, mesh %s, precision %s; %lld steps of %lld sequences "
+                "(micro-batch %lld)\n",
+                cfg->model.preset, cfg->parallel.backend, cfg->parallel.comm, cfg->parallel.mesh,
+                cfg->train.precision, (long long)cfg->train.steps, (long long)cfg->train.global_batch,
+                (long long)cfg->train.micro_batch);
         return DG_OK;
     }
     fprintf(out, "{\"version\":");
@@ -45,12 +48,19 @@ static dg_status_t sec_run(dg_boot_t *b, const dg_config_t *cfg, int json, FILE 
 
 static dg_status_t sec_topology(dg_boot_t *b, const dg_config_t *cfg, int json, FILE *out) {
     (void)cfg;
+    if (!json && b->world_rank == 0) fprintf(out, "\n");
     return dg_boot_report(b, json, out);
+}
+
+/* model size, per-rank memory and the planner's view (src/train) */
+static dg_status_t sec_plan(dg_boot_t *b, const dg_config_t *cfg, int json, FILE *out) {
+    return dg_train_dry_run_report(b, cfg, json, out);
 }
 
 static const section_t k_sections[] = {
     {"run", sec_run},
     {"topology", sec_topology},
+    {"plan", sec_plan},
 };
 
 dg_status_t dg_cli_dry_run(dg_boot_t *b, const dg_config_t *cfg, int json, FILE *out) {
@@ -61,7 +71,6 @@ dg_status_t dg_cli_dry_run(dg_boot_t *b, const dg_config_t *cfg, int json, FILE 
         /* a failing section stops the report on every rank alike: sections are collective */
         dg_status_t s = dg_boot_agree(b, k_sections[i].fn(b, cfg, json, out));
         if (s != DG_OK) return s;
-        if (!json && root) fprintf(out, "\n");
     }
     if (root) {
         fprintf(out, json ? "}\n" : "");

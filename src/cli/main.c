@@ -22,34 +22,38 @@ typedef struct {
     const char *export_topology;
 } cli_opts_t;
 
-static const char *const k_options[] = {"--set",      "--help",      "--version",   "--print-config",   "--dry-run",
-                                        "--topology", "--json",      "--plan-only", "--export-topology"};
+static const char *const k_options[] = {"--set",          "--help",      "--version",
+                                        "--print-config", "--dry-run",   "--topology",
+                                        "--json",         "--plan-only", "--export-topology"};
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: dgtrain [CONFIG.ini] [--set section.key=value ...] [ACTION] [--json]\n"
-            "       mpirun -n N dgtrain CONFIG.ini ...   |   srun dgtrain CONFIG.ini ...\n"
-            "\n"
-            "Trains a decoder-only transformer across MPI ranks. With no CONFIG, the embedded defaults are used.\n"
-            "Values come from the defaults, then CONFIG, then each --set in order (a later one wins).\n"
-            "\n"
-            "actions (default: train):\n"
-            "  --print-config          print the effective config, each value with its source\n"
-            "                          (default, FILE:LINE or --set), and exit\n"
-            "  --dry-run               boot, topology, binding and config hash (later: plan, memory); no training\n"
-            "  --topology              the rank table and each node's sockets, cores, NUMA nodes, GPUs and NICs\n"
-            "  --plan-only             print the parallel plan and graph schedule per rank and exit\n"
-            "  --export-topology FILE  write this node's hwloc topology as XML (one file per node:\n"
-            "                          FILE, or FILE.<node id> when there are several nodes)\n"
-            "options:\n"
-            "  --set section.key=value override one key (repeatable; also --set=section.key=value)\n"
-            "  --json                  with --dry-run, --topology or --plan-only: one JSON document on stdout\n"
-            "  --help, --version\n"
-            "\n"
-            "exit codes: 0 finished; 1 usage or config error; 2 runtime failure; 3 aborted because a peer\n"
-            "failed or the watchdog fired; 75 stopped on a signal after a complete checkpoint. All ranks agree.\n"
-            "\n"
-            "config keys ([section] in the INI file, section.key with --set):\n");
+    fprintf(
+        out,
+        "usage: dgtrain [CONFIG.ini] [--set section.key=value ...] [ACTION] [--json]\n"
+        "       mpirun -n N dgtrain CONFIG.ini ...   |   srun dgtrain CONFIG.ini ...\n"
+        "\n"
+        "Trains a decoder-only transformer across MPI ranks. With no CONFIG, the embedded defaults are "
+        "used.\n"
+        "Values come from the defaults, then CONFIG, then each --set in order (a later one wins).\n"
+        "\n"
+        "actions (default: train):\n"
+        "  --print-config          print the effective config, each value with its source\n"
+        "                          (default, FILE:LINE or --set), and exit\n"
+        "  --dry-run               boot, topology, binding and config hash (later: plan, memory); no "
+        "training\n"
+        "  --topology              the rank table and each node's sockets, cores, NUMA nodes, GPUs and NICs\n"
+        "  --plan-only             print the parallel plan and graph schedule per rank and exit\n"
+        "  --export-topology FILE  write this node's hwloc topology as XML (one file per node:\n"
+        "                          FILE, or FILE.<node id> when there are several nodes)\n"
+        "options:\n"
+        "  --set section.key=value override one key (repeatable; also --set=section.key=value)\n"
+        "  --json                  with --dry-run, --topology or --plan-only: one JSON document on stdout\n"
+        "  --help, --version\n"
+        "\n"
+        "exit codes: 0 finished; 1 usage or config error; 2 runtime failure; 3 aborted because a peer\n"
+        "failed or the watchdog fired; 75 stopped on a signal after a complete checkpoint. All ranks agree.\n"
+        "\n"
+        "config keys ([section] in the INI file, section.key with --set):\n");
     dg_config_print_help(out);
 }
 
@@ -68,8 +72,10 @@ static int edit_distance(const char *a, const char *b) {
     size_t n = strlen(a), m = strlen(b);
     if (n > 40 || m > 40) return 99;
     int d[41][41];
-    for (size_t i = 0; i <= n; i++) d[i][0] = (int)i;
-    for (size_t j = 0; j <= m; j++) d[0][j] = (int)j;
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = (int)j;
     for (size_t i = 1; i <= n; i++)
         for (size_t j = 1; j <= m; j++) {
             int v = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
@@ -89,7 +95,8 @@ static dg_status_t unknown_option(const char *a) {
         if (d < bd) bd = d, best = (int)i;
     }
     if (best >= 0 && bd <= 3)
-        return DG_ERR(DG_ERR_USAGE, "unknown option '%s'; did you mean '%s'? (dgtrain --help lists the options)", name,
+        return DG_ERR(DG_ERR_USAGE,
+                      "unknown option '%s'; did you mean '%s'? (dgtrain --help lists the options)", name,
                       k_options[best]);
     return DG_ERR(DG_ERR_USAGE, "unknown option '%s' (dgtrain --help lists the options)", name);
 }
@@ -102,7 +109,8 @@ static dg_status_t parse_args(int argc, char **argv, cli_opts_t *o) {
         const char *a = argv[i];
         if (positional_only || a[0] != '-' || strcmp(a, "-") == 0) {
             if (o->config)
-                return DG_ERR(DG_ERR_USAGE, "more than one config file given ('%s' and '%s'); expected at most one",
+                return DG_ERR(DG_ERR_USAGE,
+                              "more than one config file given ('%s' and '%s'); expected at most one",
                               o->config, a);
             o->config = a;
         } else if (strcmp(a, "--") == 0) {
@@ -184,14 +192,16 @@ static dg_status_t run(dg_boot_t *b, const cli_opts_t *o, dg_config_t *cfg) {
     snprintf(logdir, sizeof logdir, "%s/logs", cfg->run.dir);
     if (s == DG_OK) s = dg_log_init(b->world_rank, b->host, log_level(cfg->run.log_level), logdir);
     DG_TRY(dg_boot_agree(b, s));
-    DG_LOG_INFO("dgtrain %s: %d rank%s on %d node%s, config %s (hash %016" PRIx64 "), run dir %s", DG_VERSION_STRING,
-                b->world_size, b->world_size == 1 ? "" : "s", b->n_nodes, b->n_nodes == 1 ? "" : "s",
-                cfg->path[0] ? cfg->path : "(embedded defaults)", dg_config_hash(cfg), cfg->run.dir);
+    DG_LOG_INFO("dgtrain %s: %d rank%s on %d node%s, config %s (hash %016" PRIx64 "), run dir %s",
+                DG_VERSION_STRING, b->world_size, b->world_size == 1 ? "" : "s", b->n_nodes,
+                b->n_nodes == 1 ? "" : "s", cfg->path[0] ? cfg->path : "(embedded defaults)",
+                dg_config_hash(cfg), cfg->run.dir);
 
     DG_TRY(dg_boot_agree(b, dg_boot_topology(b, cfg)));
-    DG_LOG_DEBUG("rank %d: node %d local rank %d/%d, gpu %s, numa %d, cpuset %s (%s), topology %s", b->world_rank,
-                 b->node_id, b->local_rank, b->local_size, b->gpu >= 0 ? b->topo.gpus[b->gpu].pci_busid : "none",
-                 b->numa, b->bound_cpuset, b->bind_status, b->topo_source);
+    DG_LOG_DEBUG("rank %d: node %d local rank %d/%d, gpu %s, numa %d, cpuset %s (%s), topology %s",
+                 b->world_rank, b->node_id, b->local_rank, b->local_size,
+                 b->gpu >= 0 ? b->topo.gpus[b->gpu].pci_busid : "none", b->numa, b->bound_cpuset,
+                 b->bind_status, b->topo_source);
 
     if (o->export_topology) DG_TRY(dg_boot_agree(b, export_topology(b, o->export_topology)));
     if (o->topology) {

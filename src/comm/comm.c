@@ -40,8 +40,8 @@ void dg_comm__describe(const dg_comm_t *c, const dg_comm_op_t *op, char *buf, si
     case DG_OP_SEND:
     case DG_OP_RECV:
         snprintf(buf, cap, "%s %s rank %d (world %d) on %s (%zu x %s, tag %d)", on,
-                 op->kind == DG_OP_SEND ? "to" : "from", op->peer, c->world_ranks[op->peer], c->name, op->count,
-                 dt, op->tag);
+                 op->kind == DG_OP_SEND ? "to" : "from", op->peer, c->world_ranks[op->peer], c->name,
+                 op->count, dt, op->tag);
         break;
     case DG_OP_BARRIER:
         snprintf(buf, cap, "barrier on %s (collective #%lld)", c->name, (long long)op->seq);
@@ -68,14 +68,17 @@ void dg_comm__host_divide(void *x, size_t n, dg_dtype_t dt, int divisor) {
     if (divisor == 1) return;
     if (dt == DG_F32) {
         float *p = x, d = (float)divisor;
-        for (size_t i = 0; i < n; i++) p[i] = p[i] / d;
+        for (size_t i = 0; i < n; i++)
+            p[i] = p[i] / d;
     } else if (dt == DG_F64) {
         double *p = x, d = (double)divisor;
-        for (size_t i = 0; i < n; i++) p[i] = p[i] / d;
+        for (size_t i = 0; i < n; i++)
+            p[i] = p[i] / d;
     } else if (dt == DG_BF16) {
         uint16_t *p = x;
         float d = (float)divisor;
-        for (size_t i = 0; i < n; i++) p[i] = dg_comm__f32_to_bf16(dg_comm__bf16_to_f32(p[i]) / d);
+        for (size_t i = 0; i < n; i++)
+            p[i] = dg_comm__f32_to_bf16(dg_comm__bf16_to_f32(p[i]) / d);
     } else {
         DG_ASSERTF(0, "AVG on dtype %s reached a backend", dg_dtype_name(dt));
     }
@@ -96,7 +99,8 @@ static dg_status_t check_opts(const dg_comm_opts_t *o) {
         return DG_ERR(DG_ERR_USAGE, "comm options: timeout_s must be > 0 seconds (health.timeout_s), got %g",
                       o->timeout_s);
     if (o->progress < DG_COMM_PROGRESS_AUTO || o->progress > DG_COMM_PROGRESS_NONBLOCKING)
-        return DG_ERR(DG_ERR_USAGE, "comm options: unknown progress mode %d (expected AUTO, THREAD or NONBLOCKING)",
+        return DG_ERR(DG_ERR_USAGE,
+                      "comm options: unknown progress mode %d (expected AUTO, THREAD or NONBLOCKING)",
                       (int)o->progress);
     if (o->name && (strlen(o->name) == 0 || strlen(o->name) >= 64))
         return DG_ERR(DG_ERR_USAGE, "comm options: name must be 1..63 characters, got '%s'", o->name);
@@ -229,7 +233,8 @@ static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, char *out, s
     int coll = dg_comm__is_collective(stuck->kind);
     if (c->size == 1) return;
     if (!c->opts.arrival_probe || !c->thread_multiple || !c->registered) {
-        snprintf(out, cap, coll ? "ranks that did not arrive: unknown (arrival probe %s)" : "peer state: unknown",
+        snprintf(out, cap,
+                 coll ? "ranks that did not arrive: unknown (arrival probe %s)" : "peer state: unknown",
                  c->thread_multiple ? "off" : "needs MPI_THREAD_MULTIPLE");
         return;
     }
@@ -256,8 +261,10 @@ static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, char *out, s
             if (rr[p] == MPI_REQUEST_NULL) continue;
             int flag = 0;
             MPI_Test(&rr[p], &flag, MPI_STATUS_IGNORE);
-            if (flag && rep[p].nonce == q.nonce) got[p] = 1;
-            else if (!flag) pending++;
+            if (flag && rep[p].nonce == q.nonce)
+                got[p] = 1;
+            else if (!flag)
+                pending++;
         }
         if (!pending || dg_now_s() - t0 > grace) break;
         struct timespec ts = {0, 1000000L};
@@ -275,12 +282,12 @@ static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, char *out, s
         }
     }
     size_t len = 0;
-#define APPEND(...)                                                                                        \
-    do {                                                                                                   \
-        if (len < cap) {                                                                                   \
-            int w_ = snprintf(out + len, cap - len, __VA_ARGS__);                                          \
-            if (w_ > 0) len += (size_t)w_;                                                                 \
-        }                                                                                                  \
+#define APPEND(...)                                                                                          \
+    do {                                                                                                     \
+        if (len < cap) {                                                                                     \
+            int w_ = snprintf(out + len, cap - len, __VA_ARGS__);                                            \
+            if (w_ > 0) len += (size_t)w_;                                                                   \
+        }                                                                                                    \
     } while (0)
     if (coll) {
         int nlate = 0;
@@ -288,11 +295,12 @@ static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, char *out, s
         for (int p = 0; p < n; p++) {
             if (p == c->rank) continue;
             if (!got[p]) {
-                APPEND("%s %d (world %d, no answer: stopped or dead?)", nlate ? "," : "", p, c->world_ranks[p]);
+                APPEND("%s %d (world %d, no answer: stopped or dead?)", nlate ? "," : "", p,
+                       c->world_ranks[p]);
                 nlate++;
             } else if (rep[p].started < stuck->seq) {
-                APPEND("%s %d (world %d, at collective #%lld, step %lld)", nlate ? "," : "", p, c->world_ranks[p],
-                       (long long)rep[p].started, (long long)rep[p].step);
+                APPEND("%s %d (world %d, at collective #%lld, step %lld)", nlate ? "," : "", p,
+                       c->world_ranks[p], (long long)rep[p].started, (long long)rep[p].step);
                 nlate++;
             }
         }
@@ -301,7 +309,8 @@ static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, char *out, s
         int nmis = 0;
         for (int p = 0; p < n; p++) {
             if (p == c->rank || !got[p] || rep[p].posted_seq != stuck->seq) continue;
-            if (rep[p].posted_kind == (int)stuck->kind && rep[p].posted_count == (int64_t)stuck->count) continue;
+            if (rep[p].posted_kind == (int)stuck->kind && rep[p].posted_count == (int64_t)stuck->count)
+                continue;
             if (rep[p].posted_kind < 0 || rep[p].posted_kind >= DG_OP_NKINDS) continue;
             if (!nmis) APPEND("; MISMATCHED collective #%lld (schedules differ):", (long long)stuck->seq);
             APPEND("%s rank %d (world %d) posted %s of %lld elements", nmis ? "," : "", p, c->world_ranks[p],
@@ -311,14 +320,15 @@ static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, char *out, s
         if (!nlate && !nmis) APPEND(" (all arrived: a peer or the transport is stuck inside it)");
     } else {
         int p = stuck->peer;
-        if (!got[p]) APPEND("peer %d (world %d) did not answer: stopped or dead?", p, c->world_ranks[p]);
+        if (!got[p])
+            APPEND("peer %d (world %d) did not answer: stopped or dead?", p, c->world_ranks[p]);
         else if (rep[p].cur_kind >= 0 && rep[p].cur_kind < DG_OP_NKINDS)
             APPEND("peer %d (world %d) is in %s #%lld for %.1f s at step %lld", p, c->world_ranks[p],
                    dg_comm__op_name((dg_op_kind_t)rep[p].cur_kind), (long long)rep[p].started,
                    rep[p].running_ns / 1e9, (long long)rep[p].step);
         else
-            APPEND("peer %d (world %d) is idle after collective #%lld at step %lld (no matching %s posted?)", p,
-                   c->world_ranks[p], (long long)rep[p].done, (long long)rep[p].step,
+            APPEND("peer %d (world %d) is idle after collective #%lld at step %lld (no matching %s posted?)",
+                   p, c->world_ranks[p], (long long)rep[p].done, (long long)rep[p].step,
                    stuck->kind == DG_OP_SEND ? "recv" : "send");
     }
 #undef APPEND
@@ -363,7 +373,8 @@ dg_status_t dg_comm__base_init(dg_comm_t *c, dg_comm_kind_t kind, MPI_Comm group
     DG_MPI_CHECK(MPI_Comm_group(c->ctl, &g));
     DG_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &wg));
     int *ids = dg_xcalloc((size_t)c->size, sizeof(int));
-    for (int i = 0; i < c->size; i++) ids[i] = i;
+    for (int i = 0; i < c->size; i++)
+        ids[i] = i;
     int rc = MPI_Group_translate_ranks(g, c->size, ids, wg, c->world_ranks);
     free(ids);
     MPI_Group_free(&g);
@@ -410,7 +421,8 @@ dg_status_t dg_comm__failed_error(dg_comm_t *c) {
     return DG_ERR(DG_ERR_PEER, "comm %s is unusable after an earlier failure: %s", c->name, msg);
 }
 
-dg_status_t dg_comm__timeout(dg_comm_t *c, const dg_comm_op_t *stuck, const dg_comm_op_t *waited, double waited_s) {
+dg_status_t dg_comm__timeout(dg_comm_t *c, const dg_comm_op_t *stuck, const dg_comm_op_t *waited,
+                             double waited_s) {
     char what[256], arrivals[1024], extra[300] = "";
     dg_comm__describe(c, stuck, what, sizeof what);
     probe_arrivals(c, stuck, arrivals, sizeof arrivals);
@@ -429,8 +441,10 @@ dg_status_t dg_comm__timeout(dg_comm_t *c, const dg_comm_op_t *stuck, const dg_c
 /* creation                                                                                         */
 
 static dg_status_t resolve_opts(const dg_comm_opts_t *o, dg_comm_opts_t *out) {
-    if (o) *out = *o;
-    else dg_comm_opts_default(out);
+    if (o)
+        *out = *o;
+    else
+        dg_comm_opts_default(out);
     if (!out->name) out->name = "comm";
     if (out->spin_us < 0) out->spin_us = 200.0;
     return check_opts(out);
@@ -469,8 +483,9 @@ dg_status_t dg_comm_create_nccl(MPI_Comm group, int cuda_device, void *cuda_stre
 #else
     (void)cuda_device;
     (void)cuda_stream;
-    return DG_ERR(DG_ERR_USAGE,
-                  "the nccl comm backend is not available: dgtrain was built without CUDA (use parallel.comm=mpi)");
+    return DG_ERR(
+        DG_ERR_USAGE,
+        "the nccl comm backend is not available: dgtrain was built without CUDA (use parallel.comm=mpi)");
 #endif
 }
 
@@ -512,7 +527,8 @@ dg_status_t dg_comm_mesh_create(MPI_Comm world, const dg_mesh_shape_t *shape, dg
     if (dg_mesh_world(shape) != wsize) {
         char buf[128];
         dg_mesh_format(shape, buf, sizeof buf);
-        return DG_ERR(DG_ERR_USAGE, "mesh %s has %d ranks but the job has %d", buf, dg_mesh_world(shape), wsize);
+        return DG_ERR(DG_ERR_USAGE, "mesh %s has %d ranks but the job has %d", buf, dg_mesh_world(shape),
+                      wsize);
     }
     dg_comm_opts_t ro;
     DG_TRY(resolve_opts(o, &ro));
@@ -521,9 +537,12 @@ dg_status_t dg_comm_mesh_create(MPI_Comm world, const dg_mesh_shape_t *shape, dg
     dg_mesh_coords(shape, wrank, m->coord);
     dg_status_t s = DG_OK;
     ro.name = "world";
-    if (kind == DG_COMM_NCCL) s = dg_comm_create_nccl(world, cuda_device, cuda_stream, &ro, &m->world);
-    else if (kind == DG_COMM_MPI) s = dg_comm_create_mpi(world, &ro, &m->world);
-    else s = DG_ERR(DG_ERR_USAGE, "dg_comm_mesh_create: unknown comm kind %d", (int)kind);
+    if (kind == DG_COMM_NCCL)
+        s = dg_comm_create_nccl(world, cuda_device, cuda_stream, &ro, &m->world);
+    else if (kind == DG_COMM_MPI)
+        s = dg_comm_create_mpi(world, &ro, &m->world);
+    else
+        s = DG_ERR(DG_ERR_USAGE, "dg_comm_mesh_create: unknown comm kind %d", (int)kind);
     for (int d = 0; d < DG_MESH_NDIM && s == DG_OK; d++) {
         /* the color numbers the other coordinates, so groups are the lines along dimension d */
         int cc[DG_MESH_NDIM];
@@ -535,7 +554,8 @@ dg_status_t dg_comm_mesh_create(MPI_Comm world, const dg_mesh_shape_t *shape, dg
     if (s == DG_OK) {
         ro.name = "dp";
         s = dg_comm_split(m->world, m->coord[DG_MESH_TP],
-                          m->coord[DG_MESH_DP_REPLICATE] * shape->size[DG_MESH_DP_SHARD] + m->coord[DG_MESH_DP_SHARD],
+                          m->coord[DG_MESH_DP_REPLICATE] * shape->size[DG_MESH_DP_SHARD] +
+                              m->coord[DG_MESH_DP_SHARD],
                           &ro, &m->dp);
     }
     if (s != DG_OK) {
@@ -552,7 +572,8 @@ void dg_comm_mesh_free(dg_comm_mesh_t *m) {
     if (!m) return;
     /* children borrow the world comm's stream (nccl): free them first */
     dg_comm_free(m->dp);
-    for (int d = DG_MESH_NDIM - 1; d >= 0; d--) dg_comm_free(m->dim[d]);
+    for (int d = DG_MESH_NDIM - 1; d >= 0; d--)
+        dg_comm_free(m->dim[d]);
     dg_comm_free(m->world);
     free(m);
 }
@@ -608,13 +629,14 @@ static dg_status_t check_common(dg_comm_t *c, dg_op_kind_t k, size_t count, dg_d
 
 static dg_status_t check_reduction(dg_comm_t *c, dg_op_kind_t k, dg_dtype_t dt, dg_redop_t red) {
     if (red != DG_RED_SUM && red != DG_RED_AVG)
-        return DG_ERR(DG_ERR_USAGE, "%s on %s: unknown reduction %d (expected SUM or AVG)", dg_comm__op_name(k),
-                      c->name, (int)red);
+        return DG_ERR(DG_ERR_USAGE, "%s on %s: unknown reduction %d (expected SUM or AVG)",
+                      dg_comm__op_name(k), c->name, (int)red);
     if (dt != DG_F32 && dt != DG_BF16 && dt != DG_F64 && dt != DG_I32)
         return DG_ERR(DG_ERR_USAGE, "%s on %s: reductions support f32, bf16, f64 and i32, not %s",
                       dg_comm__op_name(k), c->name, dg_dtype_name(dt));
     if (dt == DG_I32 && red == DG_RED_AVG)
-        return DG_ERR(DG_ERR_USAGE, "%s on %s: AVG of i32 is not defined (use SUM)", dg_comm__op_name(k), c->name);
+        return DG_ERR(DG_ERR_USAGE, "%s on %s: AVG of i32 is not defined (use SUM)", dg_comm__op_name(k),
+                      c->name);
     return DG_OK;
 }
 
@@ -650,25 +672,27 @@ static dg_status_t post(dg_comm_t *c, dg_comm_op_t *tmpl, dg_comm_req_t **req) {
     return DG_OK;
 }
 
-#define NEED_BUF(p, bytes, what)                                                                           \
-    do {                                                                                                   \
-        if ((bytes) != 0 && !(p))                                                                               \
+#define NEED_BUF(p, bytes, what)                                                                             \
+    do {                                                                                                     \
+        if ((bytes) != 0 && !(p))                                                                            \
             return DG_ERR(DG_ERR_USAGE, "%s on %s: %s buffer is NULL", dg_comm__op_name(t.kind), c->name,    \
-                          what);                                                                           \
+                          what);                                                                             \
     } while (0)
 
-dg_status_t dg_comm_iallgather(dg_comm_t *c, const void *send, void *recv, size_t count_per_rank, dg_dtype_t dt,
-                               dg_comm_req_t **req) {
+dg_status_t dg_comm_iallgather(dg_comm_t *c, const void *send, void *recv, size_t count_per_rank,
+                               dg_dtype_t dt, dg_comm_req_t **req) {
     DG_TRY(check_common(c, DG_OP_ALLGATHER, count_per_rank, dt, req));
     dg_comm_op_t t = {.kind = DG_OP_ALLGATHER, .send = send, .recv = recv, .count = count_per_rank, .dt = dt};
     size_t blk = count_per_rank * dg_dtype_size(dt);
     NEED_BUF(send, blk, "send");
     NEED_BUF(recv, blk, "recv");
-    if (blk && (const char *)send == (const char *)recv + (size_t)c->rank * blk) t.inplace = 1;
+    if (blk && (const char *)send == (const char *)recv + (size_t)c->rank * blk)
+        t.inplace = 1;
     else if (ranges_overlap(send, blk, recv, blk * (size_t)c->size))
-        return DG_ERR(DG_ERR_USAGE,
-                      "allgather on %s: send overlaps recv; in place needs send == recv + rank * count_per_rank",
-                      c->name);
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "allgather on %s: send overlaps recv; in place needs send == recv + rank * count_per_rank",
+            c->name);
     return post(c, &t, req);
 }
 
@@ -676,16 +700,22 @@ dg_status_t dg_comm_ireduce_scatter(dg_comm_t *c, const void *send, void *recv, 
                                     dg_dtype_t dt, dg_redop_t red, dg_comm_req_t **req) {
     DG_TRY(check_common(c, DG_OP_REDUCE_SCATTER, count_per_rank, dt, req));
     DG_TRY(check_reduction(c, DG_OP_REDUCE_SCATTER, dt, red));
-    dg_comm_op_t t = {
-        .kind = DG_OP_REDUCE_SCATTER, .send = send, .recv = recv, .count = count_per_rank, .dt = dt, .red = red};
+    dg_comm_op_t t = {.kind = DG_OP_REDUCE_SCATTER,
+                      .send = send,
+                      .recv = recv,
+                      .count = count_per_rank,
+                      .dt = dt,
+                      .red = red};
     size_t blk = count_per_rank * dg_dtype_size(dt);
     NEED_BUF(send, blk, "send");
     NEED_BUF(recv, blk, "recv");
-    if (blk && (const char *)recv == (const char *)send + (size_t)c->rank * blk) t.inplace = 1;
+    if (blk && (const char *)recv == (const char *)send + (size_t)c->rank * blk)
+        t.inplace = 1;
     else if (ranges_overlap(send, blk * (size_t)c->size, recv, blk))
         return DG_ERR(
             DG_ERR_USAGE,
-            "reduce_scatter on %s: recv overlaps send; in place needs recv == send + rank * count_per_rank", c->name);
+            "reduce_scatter on %s: recv overlaps send; in place needs recv == send + rank * count_per_rank",
+            c->name);
     return post(c, &t, req);
 }
 
@@ -693,34 +723,39 @@ dg_status_t dg_comm_iallreduce(dg_comm_t *c, const void *send, void *recv, size_
                                dg_redop_t red, dg_comm_req_t **req) {
     DG_TRY(check_common(c, DG_OP_ALLREDUCE, count, dt, req));
     DG_TRY(check_reduction(c, DG_OP_ALLREDUCE, dt, red));
-    dg_comm_op_t t = {.kind = DG_OP_ALLREDUCE, .send = send, .recv = recv, .count = count, .dt = dt, .red = red};
+    dg_comm_op_t t = {
+        .kind = DG_OP_ALLREDUCE, .send = send, .recv = recv, .count = count, .dt = dt, .red = red};
     size_t bytes = count * dg_dtype_size(dt);
     NEED_BUF(send, bytes, "send");
     NEED_BUF(recv, bytes, "recv");
-    if (send == recv) t.inplace = 1;
+    if (send == recv)
+        t.inplace = 1;
     else if (ranges_overlap(send, bytes, recv, bytes))
-        return DG_ERR(DG_ERR_USAGE, "allreduce on %s: send and recv partly overlap (in place needs send == recv)",
-                      c->name);
+        return DG_ERR(DG_ERR_USAGE,
+                      "allreduce on %s: send and recv partly overlap (in place needs send == recv)", c->name);
     return post(c, &t, req);
 }
 
 dg_status_t dg_comm_ibroadcast(dg_comm_t *c, void *buf, size_t count, dg_dtype_t dt, int root,
                                dg_comm_req_t **req) {
     DG_TRY(check_common(c, DG_OP_BROADCAST, count, dt, req));
-    dg_comm_op_t t = {.kind = DG_OP_BROADCAST, .send = buf, .recv = buf, .count = count, .dt = dt, .peer = root};
+    dg_comm_op_t t = {
+        .kind = DG_OP_BROADCAST, .send = buf, .recv = buf, .count = count, .dt = dt, .peer = root};
     NEED_BUF(buf, count * dg_dtype_size(dt), "");
     if (root < 0 || root >= c->size)
-        return DG_ERR(DG_ERR_USAGE, "broadcast on %s: root %d is not a rank of this %d-rank group", c->name, root,
-                      c->size);
+        return DG_ERR(DG_ERR_USAGE, "broadcast on %s: root %d is not a rank of this %d-rank group", c->name,
+                      root, c->size);
     return post(c, &t, req);
 }
 
 static dg_status_t check_peer(dg_comm_t *c, dg_op_kind_t k, int peer, int tag) {
     if (peer < 0 || peer >= c->size || peer == c->rank)
-        return DG_ERR(DG_ERR_USAGE, "%s on %s: peer %d must be another rank of this %d-rank group (own rank %d)",
+        return DG_ERR(DG_ERR_USAGE,
+                      "%s on %s: peer %d must be another rank of this %d-rank group (own rank %d)",
                       dg_comm__op_name(k), c->name, peer, c->size, c->rank);
     if (tag < 0 || tag > 32767)
-        return DG_ERR(DG_ERR_USAGE, "%s on %s: tag %d must be in 0..32767", dg_comm__op_name(k), c->name, tag);
+        return DG_ERR(DG_ERR_USAGE, "%s on %s: tag %d must be in 0..32767", dg_comm__op_name(k), c->name,
+                      tag);
     return DG_OK;
 }
 
@@ -778,7 +813,8 @@ dg_status_t dg_comm_reduce_scatter(dg_comm_t *c, const void *send, void *recv, s
     DG_TRY(s);
     return c->vt->wait(c, r);
 }
-dg_status_t dg_comm_allreduce(dg_comm_t *c, const void *send, void *recv, size_t n, dg_dtype_t dt, dg_redop_t op) {
+dg_status_t dg_comm_allreduce(dg_comm_t *c, const void *send, void *recv, size_t n, dg_dtype_t dt,
+                              dg_redop_t op) {
     dg_comm_req_t *r;
     tl_blocking = 1;
     dg_status_t s = dg_comm_iallreduce(c, send, recv, n, dt, op, &r);
@@ -833,6 +869,7 @@ dg_status_t dg_comm_stream_wait(dg_comm_t *c, dg_comm_req_t *req, void *stream) 
 dg_status_t dg_comm_poll(dg_comm_t *c) {
     if (!c) return DG_ERR(DG_ERR_USAGE, "dg_comm_poll: comm is NULL");
     if (atomic_load(&c->failed)) return dg_comm__failed_error(c);
+    if (c->vt->poll) return c->vt->poll(c);
     return DG_OK;
 }
 

@@ -144,7 +144,7 @@ int dg_comm_rank(const dg_comm_t *c);
 int dg_comm_size(const dg_comm_t *c);
 const char *dg_comm_name(const dg_comm_t *c);
 dg_comm_kind_t dg_comm_kind(const dg_comm_t *c);
-const char *dg_comm_backend_name(const dg_comm_t *c); /* "mpi" | "nccl" */
+const char *dg_comm_backend_name(const dg_comm_t *c);          /* "mpi" | "nccl" */
 int dg_comm_world_rank_of(const dg_comm_t *c, int group_rank); /* MPI_COMM_WORLD rank */
 double dg_comm_timeout(const dg_comm_t *c);
 

@@ -29,7 +29,7 @@ enum { DG_OPST_QUEUED = 0, DG_OPST_STARTED = 1, DG_OPST_DONE = 2 };
 struct dg_comm_req {
     dg_op_kind_t kind;
     const void *send;
-    void *recv; /* allreduce/allgather/reduce_scatter/recv output; broadcast/send buffer */
+    void *recv;   /* allreduce/allgather/reduce_scatter/recv output; broadcast/send buffer */
     size_t count; /* elements: per rank for allgather/reduce_scatter, else total */
     dg_dtype_t dt;
     dg_redop_t red;
@@ -63,6 +63,7 @@ typedef struct dg_comm_vtbl {
     dg_status_t (*begin_after)(dg_comm_t *c, void *stream);
     dg_status_t (*stream_wait)(dg_comm_t *c, dg_comm_op_t *op, void *stream);
     void (*state)(dg_comm_t *c, char *buf, size_t cap); /* backend part of dg_comm_state */
+    dg_status_t (*poll)(dg_comm_t *c);                  /* optional: active health check, any thread */
     void (*abort_backend)(dg_comm_t *c);                /* before MPI_Abort (ncclCommAbort) */
     void (*destroy)(dg_comm_t *c);                      /* frees backend and calls dg_comm__base_destroy */
 } dg_comm_vtbl_t;
@@ -81,13 +82,13 @@ struct dg_comm {
     int registered; /* with the responder */
     _Atomic int64_t step;
     /* progress, read by the responder and dg_comm_state from other threads */
-    int64_t coll_posted;              /* owner thread only */
-    _Atomic int64_t coll_started;     /* highest collective seq this rank has entered */
-    _Atomic int64_t coll_done;        /* highest collective seq known complete */
-    _Atomic int cur_kind;             /* kind of the running collective, -1 idle */
-    _Atomic int64_t cur_start_ns;     /* when it started (monotonic ns) */
-    _Atomic int queued;               /* posted, not yet started */
-    _Atomic int64_t last_posted_seq;  /* the newest collective posted here, for mismatch diagnostics */
+    int64_t coll_posted;             /* owner thread only */
+    _Atomic int64_t coll_started;    /* highest collective seq this rank has entered */
+    _Atomic int64_t coll_done;       /* highest collective seq known complete */
+    _Atomic int cur_kind;            /* kind of the running collective, -1 idle */
+    _Atomic int64_t cur_start_ns;    /* when it started (monotonic ns) */
+    _Atomic int queued;              /* posted, not yet started */
+    _Atomic int64_t last_posted_seq; /* the newest collective posted here, for mismatch diagnostics */
     _Atomic int last_posted_kind;
     _Atomic int64_t last_posted_count;
     /* failure: set once, then every post fails with this message */
@@ -115,7 +116,8 @@ dg_status_t dg_comm__failed_error(dg_comm_t *c);
 /* Builds the timeout message for `stuck` (the op that made no progress; `waited` is the one the caller
  * waited for, may equal stuck), asks the group who did not arrive, marks the comm failed and returns
  * DG_ERR(DG_ERR_PEER, ...). `stuck` is a copy owned by the caller. */
-dg_status_t dg_comm__timeout(dg_comm_t *c, const dg_comm_op_t *stuck, const dg_comm_op_t *waited, double waited_s);
+dg_status_t dg_comm__timeout(dg_comm_t *c, const dg_comm_op_t *stuck, const dg_comm_op_t *waited,
+                             double waited_s);
 
 /* bf16 <-> f32 (round to nearest even; NaN stays NaN) */
 static inline float dg_comm__bf16_to_f32(uint16_t h) {

@@ -63,17 +63,22 @@ static void bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
     const uint16_t *a = in;
     uint16_t *b = inout;
     int n = *len;
-    for (int i = 0; i < n; i++) b[i] = dg_comm__f32_to_bf16(dg_comm__bf16_to_f32(a[i]) + dg_comm__bf16_to_f32(b[i]));
+    for (int i = 0; i < n; i++)
+        b[i] = dg_comm__f32_to_bf16(dg_comm__bf16_to_f32(a[i]) + dg_comm__bf16_to_f32(b[i]));
 }
 
 static MPI_Datatype mpi_type(dg_dtype_t dt) {
     switch (dt) {
-    case DG_F32: return MPI_FLOAT;
-    case DG_F64: return MPI_DOUBLE;
-    case DG_I32: return MPI_INT32_T;
+    case DG_F32:
+        return MPI_FLOAT;
+    case DG_F64:
+        return MPI_DOUBLE;
+    case DG_I32:
+        return MPI_INT32_T;
     case DG_BF16:
     case DG_F16:
-    case DG_U16: return MPI_UINT16_T;
+    case DG_U16:
+        return MPI_UINT16_T;
     }
     DG_ASSERTF(0, "dtype %d", (int)dt);
     return MPI_DATATYPE_NULL;
@@ -107,16 +112,23 @@ static dg_status_t exec_collective(cm_t *m, dg_comm_op_t *op) {
         break;
     case DG_OP_REDUCE_SCATTER:
         if (op->inplace)
-            DG_MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, (void *)op->send, n, T, mpi_op(m, op->dt), m->data));
-        else DG_MPI_CHECK(MPI_Reduce_scatter_block(op->send, op->recv, n, T, mpi_op(m, op->dt), m->data));
+            DG_MPI_CHECK(
+                MPI_Reduce_scatter_block(MPI_IN_PLACE, (void *)op->send, n, T, mpi_op(m, op->dt), m->data));
+        else
+            DG_MPI_CHECK(MPI_Reduce_scatter_block(op->send, op->recv, n, T, mpi_op(m, op->dt), m->data));
         break;
     case DG_OP_ALLREDUCE:
         DG_MPI_CHECK(
             MPI_Allreduce(op->inplace ? MPI_IN_PLACE : op->send, op->recv, n, T, mpi_op(m, op->dt), m->data));
         break;
-    case DG_OP_BROADCAST: DG_MPI_CHECK(MPI_Bcast(op->recv, n, T, op->peer, m->data)); break;
-    case DG_OP_BARRIER: DG_MPI_CHECK(MPI_Barrier(m->data)); break;
-    default: DG_ASSERTF(0, "%s is not a collective", dg_comm__op_name(op->kind));
+    case DG_OP_BROADCAST:
+        DG_MPI_CHECK(MPI_Bcast(op->recv, n, T, op->peer, m->data));
+        break;
+    case DG_OP_BARRIER:
+        DG_MPI_CHECK(MPI_Barrier(m->data));
+        break;
+    default:
+        DG_ASSERTF(0, "%s is not a collective", dg_comm__op_name(op->kind));
     }
     finish_host(m, op);
     return DG_OK;
@@ -133,8 +145,8 @@ static dg_status_t start_nb(cm_t *m, dg_comm_op_t *op) {
         break;
     case DG_OP_REDUCE_SCATTER:
         if (op->inplace)
-            DG_MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, (void *)op->send, n, T, mpi_op(m, op->dt), m->data,
-                                                   &op->mreq));
+            DG_MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, (void *)op->send, n, T, mpi_op(m, op->dt),
+                                                   m->data, &op->mreq));
         else
             DG_MPI_CHECK(
                 MPI_Ireduce_scatter_block(op->send, op->recv, n, T, mpi_op(m, op->dt), m->data, &op->mreq));
@@ -143,13 +155,20 @@ static dg_status_t start_nb(cm_t *m, dg_comm_op_t *op) {
         DG_MPI_CHECK(MPI_Iallreduce(op->inplace ? MPI_IN_PLACE : op->send, op->recv, n, T, mpi_op(m, op->dt),
                                     m->data, &op->mreq));
         break;
-    case DG_OP_BROADCAST: DG_MPI_CHECK(MPI_Ibcast(op->recv, n, T, op->peer, m->data, &op->mreq)); break;
-    case DG_OP_BARRIER: DG_MPI_CHECK(MPI_Ibarrier(m->data, &op->mreq)); break;
-    case DG_OP_SEND: DG_MPI_CHECK(MPI_Isend(op->send, n, T, op->peer, op->tag, m->data, &op->mreq)); break;
+    case DG_OP_BROADCAST:
+        DG_MPI_CHECK(MPI_Ibcast(op->recv, n, T, op->peer, m->data, &op->mreq));
+        break;
+    case DG_OP_BARRIER:
+        DG_MPI_CHECK(MPI_Ibarrier(m->data, &op->mreq));
+        break;
+    case DG_OP_SEND:
+        DG_MPI_CHECK(MPI_Isend(op->send, n, T, op->peer, op->tag, m->data, &op->mreq));
+        break;
     case DG_OP_RECV:
         DG_MPI_CHECK(MPI_Irecv(op->recv, n, T, op->peer, op->tag, m->data, &op->mreq));
         break;
-    default: DG_ASSERT(0);
+    default:
+        DG_ASSERT(0);
     }
     return DG_OK;
 }
@@ -163,7 +182,8 @@ static void exec_local(dg_comm_op_t *op) {
     case DG_OP_ALLREDUCE:
         if (!op->inplace && bytes) memcpy(op->recv, op->send, bytes);
         break; /* AVG over one rank divides by 1 */
-    default: break;
+    default:
+        break;
     }
 }
 
@@ -185,8 +205,10 @@ static void progress_mark_done(cm_t *m, dg_comm_op_t *op) {
 static void complete_locked(cm_t *m, dg_comm_op_t *op, dg_status_t s) {
     op->status = s;
     m->outstanding--;
-    if (op->abandoned) free(op);
-    else atomic_store_explicit(&op->state, DG_OPST_DONE, memory_order_release);
+    if (op->abandoned)
+        free(op);
+    else
+        atomic_store_explicit(&op->state, DG_OPST_DONE, memory_order_release);
     if (m->waiters) pthread_cond_broadcast(&m->cv_done);
 }
 
@@ -264,8 +286,8 @@ static void *worker_main(void *arg) {
             op->next = NULL;
             op->t_start = dg_now_s();
             if (atomic_load(&m->base.failed)) {
-                snprintf(op->msg, sizeof op->msg, "%s: not run after an earlier failure: %.400s", m->base.name,
-                         m->base.fail_msg);
+                snprintf(op->msg, sizeof op->msg, "%s: not run after an earlier failure: %.400s",
+                         m->base.name, m->base.fail_msg);
                 complete_locked(m, op, DG_ERR_PEER);
                 continue;
             }
@@ -317,7 +339,8 @@ static void *worker_main(void *arg) {
         if (m->base.spin_s > 0) {
             pthread_mutex_unlock(&m->mu);
             double t0 = dg_now_s();
-            while (atomic_load(&m->qgen) == gen && dg_now_s() - t0 < m->base.spin_s) sched_yield();
+            while (atomic_load(&m->qgen) == gen && dg_now_s() - t0 < m->base.spin_s)
+                sched_yield();
             pthread_mutex_lock(&m->mu);
         }
         if (!m->qhead && !m->stop && !m->p2p) {
@@ -433,10 +456,14 @@ static dg_status_t thread_flush(cm_t *m) {
 /* nonblocking mode                                                                                 */
 
 static void nb_unlink(cm_t *m, dg_comm_op_t *op) {
-    if (op->prev) op->prev->next = op->next;
-    else m->nb_head = op->next;
-    if (op->next) op->next->prev = op->prev;
-    else m->nb_tail = op->prev;
+    if (op->prev)
+        op->prev->next = op->next;
+    else
+        m->nb_head = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    else
+        m->nb_tail = op->prev;
     op->next = op->prev = NULL;
 }
 
@@ -500,8 +527,10 @@ static dg_status_t mpi_post(dg_comm_t *c, dg_comm_op_t *op) {
         if (op->seq) atomic_store(&c->coll_started, op->seq);
         op->prev = m->nb_tail;
         op->next = NULL;
-        if (m->nb_tail) m->nb_tail->next = op;
-        else m->nb_head = op;
+        if (m->nb_tail)
+            m->nb_tail->next = op;
+        else
+            m->nb_head = op;
         m->nb_tail = op;
         return DG_OK;
     }
@@ -529,8 +558,10 @@ static dg_status_t mpi_post(dg_comm_t *c, dg_comm_op_t *op) {
         return DG_OK;
     }
     op->next = NULL;
-    if (m->qtail) m->qtail->next = op;
-    else m->qhead = op;
+    if (m->qtail)
+        m->qtail->next = op;
+    else
+        m->qhead = op;
     m->qtail = op;
     m->outstanding++;
     atomic_fetch_add(&c->queued, 1);
@@ -555,8 +586,10 @@ static dg_status_t mpi_wait(dg_comm_t *c, dg_comm_op_t *op) {
 
 static dg_status_t mpi_test(dg_comm_t *c, dg_comm_op_t *op, int *done) {
     cm_t *m = (cm_t *)c;
-    if (m->mode == MODE_NB) nb_test_one(m, op, done);
-    else *done = atomic_load_explicit(&op->state, memory_order_acquire) == DG_OPST_DONE;
+    if (m->mode == MODE_NB)
+        nb_test_one(m, op, done);
+    else
+        *done = atomic_load_explicit(&op->state, memory_order_acquire) == DG_OPST_DONE;
     if (*done) return release_done(op);
     return DG_OK;
 }
@@ -565,12 +598,14 @@ static dg_status_t mpi_flush(dg_comm_t *c) {
     cm_t *m = (cm_t *)c;
     if (m->mode == MODE_THREAD) return thread_flush(m);
     if (m->mode == MODE_NB) {
-        while (m->nb_head) DG_TRY(nb_wait_done(m, m->nb_head, NULL));
+        while (m->nb_head)
+            DG_TRY(nb_wait_done(m, m->nb_head, NULL));
     }
     return DG_OK;
 }
 
-static dg_status_t mpi_split(dg_comm_t *parent, int color, int key, const dg_comm_opts_t *o, dg_comm_t **out) {
+static dg_status_t mpi_split(dg_comm_t *parent, int color, int key, const dg_comm_opts_t *o,
+                             dg_comm_t **out) {
     MPI_Comm nc = MPI_COMM_NULL;
     DG_MPI_CHECK(MPI_Comm_split(parent->ctl, color < 0 ? MPI_UNDEFINED : color, key, &nc));
     if (nc == MPI_COMM_NULL) return DG_OK;
@@ -667,14 +702,17 @@ static const dg_comm_vtbl_t k_vt_mpi = {
 static dg_status_t mpi_create_inner(cm_t *m, MPI_Comm group, const dg_comm_opts_t *o) {
     DG_TRY(dg_comm__base_init(&m->base, DG_COMM_MPI, group, o));
     dg_comm_t *c = &m->base;
-    if (c->size == 1) m->mode = MODE_LOCAL;
-    else if (o->progress == DG_COMM_PROGRESS_NONBLOCKING) m->mode = MODE_NB;
+    if (c->size == 1)
+        m->mode = MODE_LOCAL;
+    else if (o->progress == DG_COMM_PROGRESS_NONBLOCKING)
+        m->mode = MODE_NB;
     else if (o->progress == DG_COMM_PROGRESS_THREAD && !c->thread_multiple)
         return DG_ERR(DG_ERR_RUNTIME,
                       "comm %s: the communication thread needs MPI_THREAD_MULTIPLE, which MPI did not grant; "
                       "initialise MPI with MPI_Init_thread(MPI_THREAD_MULTIPLE) or use progress=NONBLOCKING",
                       c->name);
-    else m->mode = c->thread_multiple ? MODE_THREAD : MODE_NB;
+    else
+        m->mode = c->thread_multiple ? MODE_THREAD : MODE_NB;
     if (m->mode != MODE_LOCAL) {
         DG_MPI_CHECK(MPI_Comm_dup(group, &m->data));
         DG_MPI_CHECK(MPI_Comm_set_errhandler(m->data, MPI_ERRORS_RETURN));
@@ -689,7 +727,8 @@ static dg_status_t mpi_create_inner(cm_t *m, MPI_Comm group, const dg_comm_opts_
         m->sync_made = 1;
         int rc = pthread_create(&m->th, NULL, worker_main, m);
         if (rc != 0)
-            return DG_ERR(DG_ERR_RUNTIME, "comm %s: cannot start the communication thread: %s", c->name, strerror(rc));
+            return DG_ERR(DG_ERR_RUNTIME, "comm %s: cannot start the communication thread: %s", c->name,
+                          strerror(rc));
         m->th_started = 1;
     }
     return DG_OK;

@@ -42,7 +42,8 @@ static const void *field_cptr(const dg_config_t *cfg, int i) {
  * shortened with "...". */
 static void show(char *out, size_t cap, const char *s, size_t max) {
     size_t n = 0, i = 0;
-    for (; s[i] && n + 1 < cap && i < max; i++) out[n++] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
+    for (; s[i] && n + 1 < cap && i < max; i++)
+        out[n++] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? '?' : s[i];
     if (s[i] && cap > 4) {
         if (n > cap - 4) n = cap - 4;
         memcpy(out + n, "...", 3);
@@ -52,9 +53,11 @@ static void show(char *out, size_t cap, const char *s, size_t max) {
 }
 
 static char *trim(char *s) {
-    while (*s && isspace((unsigned char)*s)) s++;
+    while (*s && isspace((unsigned char)*s))
+        s++;
     size_t n = strlen(s);
-    while (n && isspace((unsigned char)s[n - 1])) s[--n] = 0;
+    while (n && isspace((unsigned char)s[n - 1]))
+        s[--n] = 0;
     return s;
 }
 
@@ -63,8 +66,10 @@ static int edit_distance(const char *a, const char *b) {
     size_t n = strlen(a), m = strlen(b);
     if (n > 64 || m > 64) return 1000;
     int d[65][65];
-    for (size_t i = 0; i <= n; i++) d[i][0] = (int)i;
-    for (size_t j = 0; j <= m; j++) d[0][j] = (int)j;
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = (int)j;
     for (size_t i = 1; i <= n; i++)
         for (size_t j = 1; j <= m; j++) {
             int cost = tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]);
@@ -87,7 +92,8 @@ static int close_enough(int dist, const char *typed) {
 static int suggest_key(const char *section, const char *key) {
     int best = -1, best_score = 1000;
     for (int i = 0; i < dg_cfg_nkeys; i++) {
-        int score = edit_distance(key, dg_cfg_schema[i].key) * 2 + (strcmp(dg_cfg_schema[i].section, section) != 0);
+        int score =
+            edit_distance(key, dg_cfg_schema[i].key) * 2 + (strcmp(dg_cfg_schema[i].section, section) != 0);
         if (score < best_score) {
             best_score = score;
             best = i;
@@ -119,9 +125,13 @@ static dg_status_t err_unknown_section(const char *where, const char *section) {
     char sh[80];
     show(sh, sizeof sh, section, 60);
     int s = suggest_section(section);
-    if (s >= 0) return DG_ERR(DG_ERR_USAGE, "%s: unknown section [%s]; did you mean [%s]?", where, sh, dg_cfg_sections[s]);
-    return DG_ERR(DG_ERR_USAGE, "%s: unknown section [%s]; expected one of [run] [model] [data] [train] [parallel] "
-                  "[checkpoint] [health] [topology]", where, sh);
+    if (s >= 0)
+        return DG_ERR(DG_ERR_USAGE, "%s: unknown section [%s]; did you mean [%s]?", where, sh,
+                      dg_cfg_sections[s]);
+    return DG_ERR(DG_ERR_USAGE,
+                  "%s: unknown section [%s]; expected one of [run] [model] [data] [train] [parallel] "
+                  "[checkpoint] [health] [topology]",
+                  where, sh);
 }
 
 static dg_status_t err_unknown_key(const char *where, const char *section, const char *key) {
@@ -140,6 +150,7 @@ static dg_status_t err_unknown_key(const char *where, const char *section, const
 static void fmt_double(char *buf, size_t cap, double v) {
     /* whole numbers as integers; otherwise the shortest text that reads back to the same double:
      * stable, readable, and hash-friendly */
+    DG_ASSERT(buf && cap > 0); /* also tells GCC's format checker, which otherwise sees a NULL path */
     if (v == floor(v) && fabs(v) < 1e15) {
         snprintf(buf, cap, "%.0f", v);
         return;
@@ -169,9 +180,15 @@ static void expectation(int i, char *buf, size_t cap) {
         else
             snprintf(buf, cap, "a number in %s..%s", lo, hi);
         return;
-    case DG_CFGT_BOOL: snprintf(buf, cap, "a boolean (true|false|yes|no|on|off|1|0)"); return;
-    case DG_CFGT_ENUM: snprintf(buf, cap, "one of %s", k->choices); return;
-    case DG_CFGT_STR: snprintf(buf, cap, "text of at most %zu characters", k->size - 1); return;
+    case DG_CFGT_BOOL:
+        snprintf(buf, cap, "a boolean (true|false|yes|no|on|off|1|0)");
+        return;
+    case DG_CFGT_ENUM:
+        snprintf(buf, cap, "one of %s", k->choices);
+        return;
+    case DG_CFGT_STR:
+        snprintf(buf, cap, "text of at most %zu characters", k->size - 1);
+        return;
     }
 }
 
@@ -255,7 +272,8 @@ static int parse_value(int i, const char *v, void *dst, char *why, size_t cap) {
         for (size_t j = 0; j < n; j++) {
             unsigned char c = (unsigned char)v[j];
             /* keep every value writable back as one INI line that reads the same */
-            if (c < 0x20 || c == 0x7f || c == '"' || (c == ';' && j > 0 && isspace((unsigned char)v[j - 1]))) {
+            if (c < 0x20 || c == 0x7f || c == '"' ||
+                (c == ';' && j > 0 && isspace((unsigned char)v[j - 1]))) {
                 snprintf(why, cap, "expected text without control characters, '\"' or ' ;', got '%s'", sh);
                 return 1;
             }
@@ -281,7 +299,8 @@ static dg_status_t set_key(dg_config_t *cfg, int i, const char *v, const char *w
     } scratch;
     DG_ASSERT(dg_cfg_schema[i].size <= sizeof scratch.s);
     if (parse_value(i, v, &scratch, why, sizeof why))
-        return DG_ERR(DG_ERR_USAGE, "%s: %s.%s: %s", where, dg_cfg_schema[i].section, dg_cfg_schema[i].key, why);
+        return DG_ERR(DG_ERR_USAGE, "%s: %s.%s: %s", where, dg_cfg_schema[i].section, dg_cfg_schema[i].key,
+                      why);
     int is_text = dg_cfg_schema[i].type == DG_CFGT_STR || dg_cfg_schema[i].type == DG_CFGT_ENUM;
     memset(field_ptr(cfg, i), 0, dg_cfg_schema[i].size);
     memcpy(field_ptr(cfg, i), &scratch, is_text ? strlen(scratch.s) + 1 : dg_cfg_schema[i].size);
@@ -301,7 +320,8 @@ static int unquote(char *v, int file_syntax, char **out, char *why, size_t cap) 
             return 1;
         }
         char *rest = close + 1;
-        while (*rest && isspace((unsigned char)*rest)) rest++;
+        while (*rest && isspace((unsigned char)*rest))
+            rest++;
         if (*rest && !(file_syntax && rest > close + 1 && *rest == '#')) {
             char sh[80];
             show(sh, sizeof sh, rest, 40);
@@ -375,8 +395,10 @@ static char *reader(char *str, int num, void *stream) {
     size_t n = nl ? (size_t)(nl - line) : st->len - st->pos;
     st->pos += n + (nl ? 1 : 0);
     st->lineno++;
-    while (n && (*line == ' ' || *line == '\t')) line++, n--;
-    while (n && (line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t')) n--;
+    while (n && (*line == ' ' || *line == '\t'))
+        line++, n--;
+    while (n && (line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t'))
+        n--;
     char where[DG_CFG_STR + 32];
     where_line(where, sizeof where, st->name, st->lineno);
 
@@ -424,7 +446,8 @@ static char *reader(char *str, int num, void *stream) {
     char sh[80], lt[DG_CFG_STR + 32];
     snprintf(lt, sizeof lt, "%.*s", (int)(n < 60 ? n : 60), line);
     show(sh, sizeof sh, lt, 50);
-    fail(st, DG_ERR(DG_ERR_USAGE, "%s: malformed line '%s': expected '[section]' or 'key = value'", where, sh));
+    fail(st,
+         DG_ERR(DG_ERR_USAGE, "%s: malformed line '%s': expected '[section]' or 'key = value'", where, sh));
     return NULL;
 }
 
@@ -440,8 +463,8 @@ static int on_key(void *user, const char *section_raw, const char *name, const c
     if (!*sec) {
         char sk[80];
         show(sk, sizeof sk, k, 60);
-        fail(st, DG_ERR(DG_ERR_USAGE, "%s: key '%s' is outside any [section]; expected a [section] line first",
-                        where, sk));
+        fail(st, DG_ERR(DG_ERR_USAGE,
+                        "%s: key '%s' is outside any [section]; expected a [section] line first", where, sk));
         return 0;
     }
     if (!known_section(sec)) { /* normally caught on the header line by the reader */
@@ -451,7 +474,8 @@ static int on_key(void *user, const char *section_raw, const char *name, const c
     if (!*k) {
         char sh[96];
         nth_line(st->text, st->len, st->lineno, sh, sizeof sh);
-        fail(st, DG_ERR(DG_ERR_USAGE, "%s: malformed line '%s': expected '[section]' or 'key = value'", where, sh));
+        fail(st, DG_ERR(DG_ERR_USAGE, "%s: malformed line '%s': expected '[section]' or 'key = value'", where,
+                        sh));
         return 0;
     }
     int i = dg_cfg_find(sec, k);
@@ -526,7 +550,8 @@ static dg_status_t parse_text(dg_config_t *cfg, const char *name, const char *te
     const char *nul = memchr(text, 0, len);
     if (nul) {
         int line = 1;
-        for (const char *p = text; p < nul; p++) line += *p == '\n';
+        for (const char *p = text; p < nul; p++)
+            line += *p == '\n';
         return DG_ERR(DG_ERR_USAGE, "%s:%d: contains a NUL byte: expected a text (INI) file", name, line);
     }
     int rc = ini_parse_stream(reader, &st, on_key, &st);
@@ -536,7 +561,8 @@ static dg_status_t parse_text(dg_config_t *cfg, const char *name, const char *te
     if (rc > 0 && (!st.err || rc < st.err_line)) {
         char sh[96];
         nth_line(text, len, rc, sh, sizeof sh);
-        return DG_ERR(DG_ERR_USAGE, "%s:%d: malformed line '%s': expected '[section]' or 'key = value'", name, rc, sh);
+        return DG_ERR(DG_ERR_USAGE, "%s:%d: malformed line '%s': expected '[section]' or 'key = value'", name,
+                      rc, sh);
     }
     if (st.err) return st.err;
     if (rc < 0) return DG_ERR(DG_ERR_RUNTIME, "%s: libinih failed (%d)", name, rc);
@@ -550,7 +576,8 @@ void dg_config_defaults(dg_config_t *cfg) {
     for (int i = 0; i < dg_cfg_nkeys; i++) {
         char why[256];
         int bad = parse_value(i, dg_cfg_schema[i].def, field_ptr(cfg, i), why, sizeof why);
-        DG_ASSERTF(!bad, "schema default of %s.%s is invalid: %s", dg_cfg_schema[i].section, dg_cfg_schema[i].key, why);
+        DG_ASSERTF(!bad, "schema default of %s.%s is invalid: %s", dg_cfg_schema[i].section,
+                   dg_cfg_schema[i].key, why);
         snprintf(cfg->source[i], sizeof cfg->source[i], "default");
     }
 }
@@ -630,7 +657,8 @@ dg_status_t dg_config_load_buffer(dg_config_t *cfg, const char *name, const char
         snprintf(cfg->path, sizeof cfg->path, "%s", name ? name : "<config>");
         DG_TRY(parse_text(cfg, name ? name : "<config>", text, len));
     }
-    for (int j = 0; j < nsets; j++) DG_TRY(apply_set(cfg, sets[j]));
+    for (int j = 0; j < nsets; j++)
+        DG_TRY(apply_set(cfg, sets[j]));
     return dg_config_validate(cfg);
 }
 
@@ -653,7 +681,8 @@ dg_status_t dg_config_load(dg_config_t *cfg, const char *path, int nsets, const 
             if (cap >= MAX_FILE_BYTES) {
                 fclose(f);
                 free(buf);
-                return DG_ERR(DG_ERR_USAGE, "cannot read config file '%s': larger than %u MiB, expected a small INI file",
+                return DG_ERR(DG_ERR_USAGE,
+                              "cannot read config file '%s': larger than %u MiB, expected a small INI file",
                               sp, MAX_FILE_BYTES >> 20);
             }
             cap *= 2;
@@ -681,11 +710,12 @@ dg_status_t dg_config_load(dg_config_t *cfg, const char *path, int nsets, const 
 dg_status_t dg_config_validate(const dg_config_t *cfg) {
 #define SRC(k) dg_config_source(cfg, k)
     if (cfg->train.global_batch % cfg->train.micro_batch != 0)
-        return DG_ERR(DG_ERR_USAGE,
-                      "train.global_batch = %lld (%s) is not a multiple of train.micro_batch = %lld (%s): expected "
-                      "global_batch = micro_batch x data-parallel ranks x accumulation steps",
-                      (long long)cfg->train.global_batch, SRC("train.global_batch"), (long long)cfg->train.micro_batch,
-                      SRC("train.micro_batch"));
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "train.global_batch = %lld (%s) is not a multiple of train.micro_batch = %lld (%s): expected "
+            "global_batch = micro_batch x data-parallel ranks x accumulation steps",
+            (long long)cfg->train.global_batch, SRC("train.global_batch"), (long long)cfg->train.micro_batch,
+            SRC("train.micro_batch"));
     if (cfg->model.n_head > 0 && cfg->model.d_model > 0 && cfg->model.d_model % cfg->model.n_head != 0)
         return DG_ERR(DG_ERR_USAGE, "model.d_model = %lld (%s) is not divisible by model.n_head = %lld (%s)",
                       (long long)cfg->model.d_model, SRC("model.d_model"), (long long)cfg->model.n_head,
@@ -697,21 +727,23 @@ dg_status_t dg_config_validate(const dg_config_t *cfg) {
                                 cfg->model.vocab_size};
         for (int j = 0; j < 5; j++)
             if (vals[j] <= 0)
-                return DG_ERR(DG_ERR_USAGE, "model.preset = custom (%s) needs %s > 0 (it is %lld)", SRC("model.preset"),
-                              sizes[j], (long long)vals[j]);
+                return DG_ERR(DG_ERR_USAGE, "model.preset = custom (%s) needs %s > 0 (it is %lld)",
+                              SRC("model.preset"), sizes[j], (long long)vals[j]);
     }
     if (!(cfg->health.timeout_s > cfg->health.heartbeat_s)) {
         char a[40], b[40];
         fmt_double(a, sizeof a, cfg->health.timeout_s);
         fmt_double(b, sizeof b, cfg->health.heartbeat_s);
-        return DG_ERR(DG_ERR_USAGE, "health.timeout_s = %s (%s) must be larger than health.heartbeat_s = %s (%s)", a,
+        return DG_ERR(DG_ERR_USAGE,
+                      "health.timeout_s = %s (%s) must be larger than health.heartbeat_s = %s (%s)", a,
                       SRC("health.timeout_s"), b, SRC("health.heartbeat_s"));
     }
     if (strcmp(cfg->parallel.comm, "nccl") == 0 && strcmp(cfg->parallel.backend, "cpu") == 0)
-        return DG_ERR(DG_ERR_USAGE,
-                      "parallel.comm = nccl (%s) needs GPU memory but parallel.backend = cpu (%s): expected comm = "
-                      "mpi or auto with the cpu backend",
-                      SRC("parallel.comm"), SRC("parallel.backend"));
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "parallel.comm = nccl (%s) needs GPU memory but parallel.backend = cpu (%s): expected comm = "
+            "mpi or auto with the cpu backend",
+            SRC("parallel.comm"), SRC("parallel.backend"));
 #undef SRC
     return DG_OK;
 }
@@ -721,11 +753,19 @@ int dg_config_get(const dg_config_t *cfg, const char *name, char *buf, size_t ca
     if (i < 0) return -1;
     const void *p = field_cptr(cfg, i);
     switch (dg_cfg_schema[i].type) {
-    case DG_CFGT_INT: snprintf(buf, cap, "%lld", (long long)*(const int64_t *)p); break;
-    case DG_CFGT_FLOAT: fmt_double(buf, cap, *(const double *)p); break;
-    case DG_CFGT_BOOL: snprintf(buf, cap, "%s", *(const int *)p ? "true" : "false"); break;
+    case DG_CFGT_INT:
+        snprintf(buf, cap, "%lld", (long long)*(const int64_t *)p);
+        break;
+    case DG_CFGT_FLOAT:
+        fmt_double(buf, cap, *(const double *)p);
+        break;
+    case DG_CFGT_BOOL:
+        snprintf(buf, cap, "%s", *(const int *)p ? "true" : "false");
+        break;
     case DG_CFGT_STR:
-    case DG_CFGT_ENUM: snprintf(buf, cap, "%s", (const char *)p); break;
+    case DG_CFGT_ENUM:
+        snprintf(buf, cap, "%s", (const char *)p);
+        break;
     }
     return 0;
 }

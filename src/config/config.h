@@ -46,14 +46,14 @@ typedef struct dg_config {
         double lr;
         int64_t warmup_steps;
         double min_lr_ratio, weight_decay, grad_clip, beta1, beta2, eps;
-        char precision[8];    /* fp32 | bf16 | fp16 */
-        char reduce_dtype[8]; /* fp32 | bf16 */
+        char precision[8];       /* fp32 | bf16 | fp16 */
+        char reduce_dtype[8];    /* fp32 | bf16 */
         char freeze[DG_CFG_STR]; /* comma-separated parameter-name patterns (fnmatch) */
         int64_t log_every;
         double loss_scale_init;
         int64_t loss_scale_growth_interval;
-        double spike_factor;        /* loss > spike_factor * moving average => skip the update; 0 = off */
-        int64_t spike_window;       /* moving-average window (steps) */
+        double spike_factor;           /* loss > spike_factor * moving average => skip the update; 0 = off */
+        int64_t spike_window;          /* moving-average window (steps) */
         int64_t spike_max_consecutive; /* that many spikes in a row => roll back to the last checkpoint */
     } train;
     struct {
@@ -79,8 +79,9 @@ typedef struct dg_config {
         double heartbeat_s, timeout_s;
     } health;
     struct {
-        char xml[DG_CFG_STR];     /* hwloc XML to use instead of the live machine ("" = live, or $HWLOC_XMLFILE) */
-        char bind[8];             /* auto | none */
+        char
+            xml[DG_CFG_STR]; /* hwloc XML to use instead of the live machine ("" = live, or $HWLOC_XMLFILE) */
+        char bind[8];        /* auto | none */
         char cluster[DG_CFG_STR]; /* cluster description file for planning clusters that are not here */
         int64_t world;            /* world size to plan for with `cluster` (0 = the real world size) */
     } topology;
@@ -107,7 +108,8 @@ void dg_config_defaults(dg_config_t *cfg);
 /* Set one key from text, as a file or --set would: `value` is parsed and checked against the schema;
  * `source` is recorded as the value's source and names it in the error message. Does not run the
  * cross-key checks (call dg_config_validate after a batch of sets). */
-dg_status_t dg_config_set(dg_config_t *cfg, const char *section_dot_key, const char *value, const char *source);
+dg_status_t dg_config_set(dg_config_t *cfg, const char *section_dot_key, const char *value,
+                          const char *source);
 
 /* The current value of one key as canonical text (what --print-config shows, strings unquoted).
  * Returns 0, or -1 for an unknown key. */

@@ -26,8 +26,8 @@ typedef struct dg_cfg_key {
     const char *section;
     const char *key;
     dg_cfg_type_t type;
-    size_t offset; /* offsetof(dg_config_t, ...) */
-    size_t size;   /* sizeof the field (capacity for strings) */
+    size_t offset;   /* offsetof(dg_config_t, ...) */
+    size_t size;     /* sizeof the field (capacity for strings) */
     const char *def; /* default, as text: parsed through the same path as file values */
     int64_t imin, imax;
     double fmin, fmax;

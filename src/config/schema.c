@@ -70,14 +70,20 @@ static int check_spike(const char *v, char *why, size_t cap) {
 
 #define OFF(f) offsetof(dg_config_t, f), sizeof(((dg_config_t *)0)->f)
 #define I64MAX INT64_MAX
-#define INT(sec, k, f, def, lo, hi, doc) {sec, k, DG_CFGT_INT, OFF(f), def, lo, hi, 0, 0, 0, NULL, NULL, doc}
-#define FLT(sec, k, f, def, lo, hi, doc) {sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 0, NULL, NULL, doc}
-#define FLTX(sec, k, f, def, lo, hi, doc) {sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 1, NULL, NULL, doc}
-#define FLTC(sec, k, f, def, lo, hi, chk, doc)                                                             \
-    {sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 0, NULL, chk, doc}
-#define BOOL(sec, k, f, def, doc) {sec, k, DG_CFGT_BOOL, OFF(f), def, 0, 1, 0, 0, 0, NULL, NULL, doc}
-#define STR(sec, k, f, def, chk, doc) {sec, k, DG_CFGT_STR, OFF(f), def, 0, 0, 0, 0, 0, NULL, chk, doc}
-#define ENUM(sec, k, f, def, choices, doc) {sec, k, DG_CFGT_ENUM, OFF(f), def, 0, 0, 0, 0, 0, choices, NULL, doc}
+#define INT(sec, k, f, def, lo, hi, doc)                                                                     \
+    { sec, k, DG_CFGT_INT, OFF(f), def, lo, hi, 0, 0, 0, NULL, NULL, doc }
+#define FLT(sec, k, f, def, lo, hi, doc)                                                                     \
+    { sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 0, NULL, NULL, doc }
+#define FLTX(sec, k, f, def, lo, hi, doc)                                                                    \
+    { sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 1, NULL, NULL, doc }
+#define FLTC(sec, k, f, def, lo, hi, chk, doc)                                                               \
+    { sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 0, NULL, chk, doc }
+#define BOOL(sec, k, f, def, doc)                                                                            \
+    { sec, k, DG_CFGT_BOOL, OFF(f), def, 0, 1, 0, 0, 0, NULL, NULL, doc }
+#define STR(sec, k, f, def, chk, doc)                                                                        \
+    { sec, k, DG_CFGT_STR, OFF(f), def, 0, 0, 0, 0, 0, NULL, chk, doc }
+#define ENUM(sec, k, f, def, choices, doc)                                                                   \
+    { sec, k, DG_CFGT_ENUM, OFF(f), def, 0, 0, 0, 0, 0, choices, NULL, doc }
 
 const dg_cfg_key_t dg_cfg_schema[] = {
     /* [run] */
@@ -98,7 +104,8 @@ const dg_cfg_key_t dg_cfg_schema[] = {
         "vocabulary size; tokens are uint16 (0 = the preset's)"),
 
     /* [data] */
-    STR("data", "train", data.train, "", NULL, "glob of llm.c .bin token shards (\"\" = embedded default data)"),
+    STR("data", "train", data.train, "", NULL,
+        "glob of llm.c .bin token shards (\"\" = embedded default data)"),
     STR("data", "val", data.val, "", NULL, "glob of validation shards (\"\" = embedded default data)"),
     INT("data", "val_every", data.val_every, "50", 0, I64MAX, "steps between validations (0 = never)"),
     INT("data", "val_batches", data.val_batches, "4", 1, 1000000, "global batches per validation"),
@@ -112,7 +119,8 @@ const dg_cfg_key_t dg_cfg_schema[] = {
         "sequences per rank per micro-step (gradient accumulation fills the rest)"),
     FLTX("train", "lr", train.lr, "3e-3", 0, 10, "peak learning rate"),
     INT("train", "warmup_steps", train.warmup_steps, "20", 0, I64MAX, "linear warmup steps"),
-    FLT("train", "min_lr_ratio", train.min_lr_ratio, "0.1", 0, 1, "final LR of the cosine decay, as a fraction of lr"),
+    FLT("train", "min_lr_ratio", train.min_lr_ratio, "0.1", 0, 1,
+        "final LR of the cosine decay, as a fraction of lr"),
     FLT("train", "weight_decay", train.weight_decay, "0.1", 0, 10, "AdamW decoupled weight decay"),
     FLT("train", "grad_clip", train.grad_clip, "1.0", 0, 1e9, "global gradient-norm clip (0 = off)"),
     FLT("train", "beta1", train.beta1, "0.9", 0, 0.999999, "AdamW beta1"),
@@ -129,7 +137,8 @@ const dg_cfg_key_t dg_cfg_schema[] = {
         "overflow-free steps before the loss scale doubles (fp16 only)"),
     FLTC("train", "spike_factor", train.spike_factor, "0", 0, 1e9, check_spike,
          "loss > spike_factor x moving average skips the update (0 = off, else > 1)"),
-    INT("train", "spike_window", train.spike_window, "50", 1, 1000000, "moving-average window of the loss, steps"),
+    INT("train", "spike_window", train.spike_window, "50", 1, 1000000,
+        "moving-average window of the loss, steps"),
     INT("train", "spike_max_consecutive", train.spike_max_consecutive, "3", 1, 1000000,
         "spikes in a row that roll back to the last checkpoint"),
 
@@ -147,15 +156,18 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     FLT("parallel", "prefetch_budget_mb", parallel.prefetch_budget_mb, "256", 0, 16777216,
         "MiB that early (hoisted) all-gathers may hold"),
     BOOL("parallel", "overlap", parallel.overlap, "true", "overlap collectives with compute"),
-    BOOL("parallel", "cuda_graph", parallel.cuda_graph, "true", "replay the step as one CUDA Graph (cuda backend)"),
-    INT("parallel", "threads", parallel.threads, "0", 0, 4096, "CPU threads per rank (0 = the cores it is bound to)"),
+    BOOL("parallel", "cuda_graph", parallel.cuda_graph, "true",
+         "replay the step as one CUDA Graph (cuda backend)"),
+    INT("parallel", "threads", parallel.threads, "0", 0, 4096,
+        "CPU threads per rank (0 = the cores it is bound to)"),
 
     /* [checkpoint] */
     STR("checkpoint", "dir", checkpoint.dir, "", NULL, "checkpoint directory (\"\" = <run.dir>/checkpoints)"),
     INT("checkpoint", "every", checkpoint.every, "0", 0, I64MAX,
         "steps between checkpoints (0 = only at the end and on signals)"),
     INT("checkpoint", "keep", checkpoint.keep, "3", 1, 1000000, "complete checkpoints kept"),
-    BOOL("checkpoint", "async", checkpoint.async, "false", "write checkpoints from a snapshot in the background"),
+    BOOL("checkpoint", "async", checkpoint.async, "false",
+         "write checkpoints from a snapshot in the background"),
     STR("checkpoint", "resume", checkpoint.resume, "auto", check_nonempty,
         "auto (newest complete checkpoint, if any) | never | PATH of a checkpoint file"),
     BOOL("checkpoint", "incremental", checkpoint.incremental, "false",
@@ -170,8 +182,10 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     STR("topology", "xml", topology.xml, "", NULL,
         "hwloc XML to use instead of the live machine (\"\" = live, or $HWLOC_XMLFILE)"),
     ENUM("topology", "bind", topology.bind, "auto", "auto|none",
-         "auto: bind each rank to the cores near its GPU (or an even share of the node); none: leave as launched"),
-    STR("topology", "cluster", topology.cluster, "", NULL, "cluster description file for planning clusters that are not here"),
+         "auto: bind each rank to the cores near its GPU (or an even share of the node); none: leave as "
+         "launched"),
+    STR("topology", "cluster", topology.cluster, "", NULL,
+        "cluster description file for planning clusters that are not here"),
     INT("topology", "world", topology.world, "0", 0, 1 << 24,
         "world size to plan for with topology.cluster (0 = the real world size)"),
 };
@@ -179,12 +193,14 @@ const dg_cfg_key_t dg_cfg_schema[] = {
 const int dg_cfg_nkeys = (int)(sizeof dg_cfg_schema / sizeof dg_cfg_schema[0]);
 _Static_assert(sizeof dg_cfg_schema / sizeof dg_cfg_schema[0] <= DG_CFG_MAX_KEYS, "raise DG_CFG_MAX_KEYS");
 
-const char *const dg_cfg_sections[] = {"run", "model", "data", "train", "parallel", "checkpoint", "health", "topology"};
+const char *const dg_cfg_sections[] = {"run",      "model",      "data",   "train",
+                                       "parallel", "checkpoint", "health", "topology"};
 const int dg_cfg_nsections = (int)(sizeof dg_cfg_sections / sizeof dg_cfg_sections[0]);
 
 int dg_cfg_find(const char *section, const char *key) {
     for (int i = 0; i < dg_cfg_nkeys; i++)
-        if (strcmp(dg_cfg_schema[i].section, section) == 0 && strcmp(dg_cfg_schema[i].key, key) == 0) return i;
+        if (strcmp(dg_cfg_schema[i].section, section) == 0 && strcmp(dg_cfg_schema[i].key, key) == 0)
+            return i;
     return -1;
 }
 

@@ -156,14 +156,16 @@ dg_status_t dg_autodiff(dg_graph_t *g, int n_out, dg_node_t *const *outs, dg_nod
         y->flags |= DG_NF_OUTPUT; /* the caller asked for it: keep it readable after the backward */
         if (seeds && seeds[o]) {
             if (!same_shape(seeds[o], y) || seeds[o]->dtype != y->dtype) {
-                st = DG_ERR(DG_ERR_USAGE, "autodiff: seed '%s' does not match output '%s'", seeds[o]->name, y->name);
+                st = DG_ERR(DG_ERR_USAGE, "autodiff: seed '%s' does not match output '%s'", seeds[o]->name,
+                            y->name);
                 goto done;
             }
             y->grad = seeds[o];
         } else {
             if (y->op != DG_OP_CROSSENTROPY) {
-                st = DG_ERR(DG_ERR_USAGE, "autodiff: output '%s' (%s) has no seed and is not a crossentropy loss",
-                            y->name, dg_op_name(y->op));
+                st = DG_ERR(DG_ERR_USAGE,
+                            "autodiff: output '%s' (%s) has no seed and is not a crossentropy loss", y->name,
+                            dg_op_name(y->op));
                 goto done;
             }
             ad.loss_seed[y->id] = 1;
@@ -173,7 +175,8 @@ dg_status_t dg_autodiff(dg_graph_t *g, int n_out, dg_node_t *const *outs, dg_nod
     for (int i = g->n - 1; i >= 0; i--) {
         dg_node_t *n = g->nodes[i];
         if (!ad.relevant[i] || n->op == DG_OP_LEAF || n->op == DG_OP_SIDE) continue;
-        for (int k = 0; k < n->n_src; k++) ad.relevant[n->src[k]->id] = 1;
+        for (int k = 0; k < n->n_src; k++)
+            ad.relevant[n->src[k]->id] = 1;
     }
 
     dg_phase_t saved = g->cur_phase;
@@ -213,8 +216,8 @@ done:
 
 /* ---------------- optimizer pass ---------------- */
 
-dg_status_t dg_graph_add_optimizer(dg_graph_t *g, int (*decay_of)(const dg_node_t *param, void *ctx), void *ctx,
-                                   dg_node_t **scalars_out) {
+dg_status_t dg_graph_add_optimizer(dg_graph_t *g, int (*decay_of)(const dg_node_t *param, void *ctx),
+                                   void *ctx, dg_node_t **scalars_out) {
     if (g->err) return g->err;
     int np = 0;
     for (int i = 0; i < g->n; i++)

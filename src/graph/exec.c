@@ -24,7 +24,8 @@ dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_plan_
         dg_status_t st = be->ops->alloc(be, plan->arena_bytes, &ex->arena);
         if (st != DG_OK) {
             free(ex);
-            return dg_err_prefix(st, "executor: cannot allocate the %zu-byte activation arena", plan->arena_bytes);
+            return dg_err_prefix(st, "executor: cannot allocate the %zu-byte activation arena",
+                                 plan->arena_bytes);
         }
     }
     ex->rt.dloss = 1.0f;
@@ -50,20 +51,27 @@ void *dg_exec_ptr(const dg_exec_t *ex, const dg_node_t *n) {
         DG_ASSERTF(r->data != NULL, "persistent tensor '%s' is not bound", r->name);
         return (char *)r->data + offs;
     }
-    DG_ASSERTF(r->storage == DG_STORE_ARENA && ex->plan->offset[r->id] != SIZE_MAX, "tensor '%s' has no storage",
-               r->name);
+    DG_ASSERTF(r->storage == DG_STORE_ARENA && ex->plan->offset[r->id] != SIZE_MAX,
+               "tensor '%s' has no storage", r->name);
     return (char *)ex->arena + ex->plan->offset[r->id] + offs;
 }
 
 dg_status_t dg_exec_run(dg_exec_t *ex, int first, int end) {
     const dg_graph_t *g = ex->graph;
-    DG_ASSERTF(dg_plan_matches(ex->plan, g), "executor: stale plan (graph generation %llu, plan made at %llu)",
+    DG_ASSERTF(dg_plan_matches(ex->plan, g),
+               "executor: stale plan (graph generation %llu, plan made at %llu)",
                (unsigned long long)g->generation, (unsigned long long)ex->plan->generation);
     DG_ASSERT(first >= 0 && end <= g->n && first <= end);
     for (int i = first; i < end; i++) {
         const dg_node_t *n = g->nodes[i];
         if (n->op == DG_OP_LEAF || n->op == DG_OP_SIDE) continue;
+        double t0 = ex->profile ? dg_now_s() : 0;
         dg_status_t st = dg_op_def(n->op)->exec(ex, n);
+        if (st == DG_OK && ex->profile) {
+            st = ex->be->ops->sync(ex->be);
+            ex->prof_s[n->op] += dg_now_s() - t0;
+            ex->prof_n[n->op]++;
+        }
         if (st != DG_OK) return dg_err_prefix(st, "op #%d %s '%s'", n->id, dg_op_name(n->op), n->name);
         ex->ops_run++;
     }

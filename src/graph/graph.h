@@ -136,10 +136,19 @@ dg_status_t dg_model_forward(dg_model_t *m, const int32_t *tokens_host, const in
  * Positions > pos do not influence the result (causal), so callers sampling may fill them with anything. */
 dg_status_t dg_model_logits(dg_model_t *m, const int32_t *tokens_host, int pos, float *host_out);
 
-/* Global-norm clipping then AdamW on every parameter, as graph ops through the backend (no host round
- * trip except reading the norm). t and lr etc. come from h; *grad_norm_out (may be NULL) receives the
- * global L2 norm of the (loss-scale-corrected) gradients before clipping. Gradients are not zeroed. */
+/* Global-norm clipping then AdamW on every trainable parameter, as graph ops through the backend. t and
+ * lr etc. come from h; *grad_norm_out (may be NULL) receives the global L2 norm of the (loss-scale-
+ * corrected) gradients of the trainable parameters, before clipping. The norm is read back to the host
+ * between the norm and the update (one small device-to-host copy per step): if it is not finite (fp16
+ * overflow, divergence) NO parameter or moment changes, the call returns DG_OK and the non-finite norm
+ * tells the caller that the update was skipped. Gradients are not zeroed. */
 dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, float *grad_norm_out);
+
+/* Freezes (frozen = 1) or unfreezes parameter i (train.freeze): a frozen tensor gets no AdamW update and
+ * does not count in the gradient norm; its gradient is still accumulated (the backward kernels produce
+ * it anyway) and zeroed. Takes effect at the next optimizer step; no replanning. DG_ERR_USAGE for a bad
+ * index. */
+dg_status_t dg_model_set_frozen(dg_model_t *m, int i, int frozen);
 
 /* Full f32 copy of one state of parameter i to/from the host (numel floats). Setting DG_STATE_PARAM
  * also refreshes the compute copy. DG_ERR_USAGE for a bad index or state. */
@@ -152,8 +161,14 @@ dg_status_t dg_model_set_tensor(dg_model_t *m, int i, int which, const float *ho
 dg_status_t dg_model_print_plan(const dg_model_t *m, FILE *out, int json);
 size_t dg_model_arena_bytes(const dg_model_t *m);          /* bytes of the activation arena */
 size_t dg_model_activation_bytes_sum(const dg_model_t *m); /* sum of every arena tensor's size */
-size_t dg_model_state_bytes(const dg_model_t *m);          /* params + grads + AdamW moments (+ compute copy) */
-int dg_model_n_ops(const dg_model_t *m);                   /* ops in the schedule (all phases) */
+size_t dg_model_state_bytes(const dg_model_t *m); /* params + grads + AdamW moments (+ compute copy) */
+int dg_model_n_ops(const dg_model_t *m);          /* ops in the schedule (all phases) */
+
+/* Per-op-kind timing of everything run while on (the backend is synchronised after every op, so this
+ * slows GPU runs down). dg_model_print_profile prints seconds, calls and share per op kind, largest
+ * first, and resets the counters. */
+void dg_model_set_profiling(dg_model_t *m, int on);
+void dg_model_print_profile(dg_model_t *m, FILE *out);
 
 #ifdef __cplusplus
 }

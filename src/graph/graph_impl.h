@@ -82,7 +82,13 @@ enum {
 };
 
 typedef enum { DG_STORE_NONE = 0, DG_STORE_ARENA = 1, DG_STORE_PERSISTENT = 2 } dg_storage_t;
-typedef enum { DG_PHASE_FWD = 0, DG_PHASE_BWD = 1, DG_PHASE_ZERO = 2, DG_PHASE_OPT = 3, DG_PHASE_COUNT } dg_phase_t;
+typedef enum {
+    DG_PHASE_FWD = 0,
+    DG_PHASE_BWD = 1,
+    DG_PHASE_ZERO = 2,
+    DG_PHASE_OPT = 3,
+    DG_PHASE_COUNT
+} dg_phase_t;
 enum { DG_STREAM_COMPUTE = 0, DG_STREAM_COMM = 1 };
 
 /* attribute slots (attr[]) per op kind */
@@ -93,6 +99,8 @@ enum {
     DG_A_DECAY = 1,    /* ADAMW: 1 = apply weight decay */
     DG_A_MESHDIM = 1,  /* collectives: DG_MESH_* dimension */
     DG_A_NO_DINP = 2,  /* MATMUL_BWD: no input gradient wanted */
+    DG_A_EPI = 1,      /* MATMUL: dg_epilogue_t; with DG_EPI_GELU the output is gelu(x.w^T + b) and side 0
+                          holds the pre-activation */
     DG_A_SIDE_IDX = 0, /* SIDE: which output of the producer */
 };
 
@@ -187,8 +195,9 @@ dg_node_t *dg_op_all_reduce(dg_graph_t *g, const char *name, dg_node_t *x, int m
 /* Generic constructor used by the above, autodiff and passes: fills a node of `kind` with the given
  * sources, persistent tensors it updates in place, and attributes; runs the op's shape rule; appends
  * it (and its side outputs) in the current phase. */
-dg_node_t *dg_graph_add_op(dg_graph_t *g, dg_op_kind_t kind, const char *name, int n_src, dg_node_t *const *src,
-                           int n_upd, dg_node_t *const *upd, const int64_t *attr, int n_attr);
+dg_node_t *dg_graph_add_op(dg_graph_t *g, dg_op_kind_t kind, const char *name, int n_src,
+                           dg_node_t *const *src, int n_upd, dg_node_t *const *upd, const int64_t *attr,
+                           int n_attr);
 
 size_t dg_node_numel(const dg_node_t *n);
 int64_t dg_node_rows(const dg_node_t *n); /* product of all dims but the last */
@@ -211,8 +220,8 @@ typedef struct dg_exec dg_exec_t;
 typedef struct dg_ad dg_ad_t;
 
 typedef enum {
-    DG_GRAD_BUILDER = 0,  /* differentiable: `backward` emits the backward ops */
-    DG_GRAD_NONE = 1,     /* a backward/optimizer op: never differentiated (autodiff asserts) */
+    DG_GRAD_BUILDER = 0, /* differentiable: `backward` emits the backward ops */
+    DG_GRAD_NONE = 1,    /* a backward/optimizer op: never differentiated (autodiff asserts) */
     DG_GRAD_STRUCTURAL = 2
 } dg_grad_kind_t;
 
@@ -248,13 +257,28 @@ typedef struct dg_pass {
 /* Runs the passes in order; verifies the graph after each and bumps the generation. */
 dg_status_t dg_graph_run_passes(dg_graph_t *g, const dg_pass_t *passes, int n);
 
+/* Editing helpers for passes (each renumbers ids and bumps the generation). */
+/* Moves node n (with its side outputs) to schedule position pos (counted without n). */
+void dg_graph_move(dg_graph_t *g, dg_node_t *n, int pos);
+/* Redirects every input and wait edge that refers to `from` to `to`. */
+void dg_graph_replace_uses(dg_graph_t *g, dg_node_t *from, dg_node_t *to);
+/* Removes node n (and its side outputs) and frees it; asserts that nothing refers to it any more. */
+void dg_graph_remove(dg_graph_t *g, dg_node_t *n);
+/* Number of nodes that read n (as an input). */
+int dg_graph_n_consumers(const dg_graph_t *g, const dg_node_t *n);
+
+/* Fusion pass (run before autodiff): a forward matmul whose only consumer is a gelu becomes one matmul
+ * with the GELU epilogue (the kernel applies it while the tile is in cache); its side output keeps the
+ * pre-activation for the backward. */
+dg_status_t dg_pass_fuse_gelu(dg_graph_t *g, void *ctx);
+
 /* Autodiff (reverse mode): appends, in phase BWD, the backward of every node that leads to one of
- * `outs` (which are flagged OUTPUT, so they stay readable after the backward). seeds[i] is the gradient of outs[i] (a node of the same shape), or NULL when outs[i] is a
- * per-token loss (DG_NF_LOSS, from CROSSENTROPY) whose seed is the runtime scalar dloss. Parameters
- * receive their gradient in their persistent f32 grad (accumulated, +=); inputs flagged
- * DG_NF_WANT_GRAD get an arena gradient flagged OUTPUT (read it with dg_node_grad_of).
- * A tensor with several consumers gets the sum of their contributions (accumulated in place when that
- * is safe, else through an extra add). */
+ * `outs` (which are flagged OUTPUT, so they stay readable after the backward). seeds[i] is the gradient of
+ * outs[i] (a node of the same shape), or NULL when outs[i] is a per-token loss (DG_NF_LOSS, from
+ * CROSSENTROPY) whose seed is the runtime scalar dloss. Parameters receive their gradient in their persistent
+ * f32 grad (accumulated, +=); inputs flagged DG_NF_WANT_GRAD get an arena gradient flagged OUTPUT (read it
+ * with dg_node_grad_of). A tensor with several consumers gets the sum of their contributions (accumulated in
+ * place when that is safe, else through an extra add). */
 dg_status_t dg_autodiff(dg_graph_t *g, int n_out, dg_node_t *const *outs, dg_node_t *const *seeds);
 dg_node_t *dg_node_grad_of(const dg_node_t *x);
 
@@ -327,6 +351,9 @@ typedef struct dg_runtime {
     float dloss; /* seed of every DG_NF_LOSS output */
     float lr, beta1, beta2, eps, weight_decay, grad_clip, grad_extra;
     int64_t t;
+    /* per param_index, 1 = frozen: its SUMSQ and ADAMW are skipped (NULL = none frozen) */
+    const unsigned char *frozen;
+    int n_frozen_slots;
 } dg_runtime_t;
 
 struct dg_exec {
@@ -336,6 +363,10 @@ struct dg_exec {
     void *arena; /* phase 2 (run): the arena allocated with the plan's size */
     dg_runtime_t rt;
     uint64_t ops_run;
+    /* optional per-op-kind timing (syncs the backend around every op while on) */
+    int profile;
+    double prof_s[DG_OP_COUNT];
+    uint64_t prof_n[DG_OP_COUNT];
 };
 
 /* Allocates the arena for `plan` (phase 2). Persistent nodes must be bound (data != NULL) before runs. */

@@ -40,7 +40,8 @@ dg_graph_t *dg_graph_create(dg_backend_t *be) {
 
 void dg_graph_free(dg_graph_t *g) {
     if (!g) return;
-    for (int i = 0; i < g->n; i++) free(g->nodes[i]);
+    for (int i = 0; i < g->n; i++)
+        free(g->nodes[i]);
     free(g->nodes);
     free(g);
 }
@@ -67,13 +68,15 @@ static void graph_append(dg_graph_t *g, dg_node_t *n) {
 
 size_t dg_node_numel(const dg_node_t *n) {
     size_t e = 1;
-    for (int d = 0; d < n->ndim; d++) e *= (size_t)n->shape[d];
+    for (int d = 0; d < n->ndim; d++)
+        e *= (size_t)n->shape[d];
     return e;
 }
 
 int64_t dg_node_rows(const dg_node_t *n) {
     int64_t r = 1;
-    for (int d = 0; d + 1 < n->ndim; d++) r *= n->shape[d];
+    for (int d = 0; d + 1 < n->ndim; d++)
+        r *= n->shape[d];
     return r;
 }
 
@@ -82,12 +85,14 @@ int64_t dg_node_cols(const dg_node_t *n) {
 }
 
 dg_node_t *dg_node_root(dg_node_t *n) {
-    while (n->view_src) n = n->view_src;
+    while (n->view_src)
+        n = n->view_src;
     return n;
 }
 
 const dg_node_t *dg_node_root_c(const dg_node_t *n) {
-    while (n->view_src) n = n->view_src;
+    while (n->view_src)
+        n = n->view_src;
     return n;
 }
 
@@ -134,8 +139,8 @@ dg_node_t *dg_graph_leaf(dg_graph_t *g, const char *name, dg_dtype_t dtype, int 
     if (g->err) return NULL;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] <= 0) {
-            g->err = DG_ERR(DG_ERR_USAGE, "graph: tensor '%s' has non-positive size %" PRId64 " in dim %d", name,
-                            shape[d], d);
+            g->err = DG_ERR(DG_ERR_USAGE, "graph: tensor '%s' has non-positive size %" PRId64 " in dim %d",
+                            name, shape[d], d);
             return NULL;
         }
     }
@@ -188,8 +193,9 @@ dg_node_t *dg_node_add_side(dg_graph_t *g, dg_node_t *n, const char *suffix, dg_
     return s;
 }
 
-dg_node_t *dg_graph_add_op(dg_graph_t *g, dg_op_kind_t kind, const char *name, int n_src, dg_node_t *const *src,
-                           int n_upd, dg_node_t *const *upd, const int64_t *attr, int n_attr) {
+dg_node_t *dg_graph_add_op(dg_graph_t *g, dg_op_kind_t kind, const char *name, int n_src,
+                           dg_node_t *const *src, int n_upd, dg_node_t *const *upd, const int64_t *attr,
+                           int n_attr) {
     if (g->err) return NULL;
     const dg_op_def_t *def = dg_op_def(kind);
     DG_ASSERT(def->grad_kind != DG_GRAD_STRUCTURAL);
@@ -217,27 +223,33 @@ dg_node_t *dg_graph_add_op(dg_graph_t *g, dg_op_kind_t kind, const char *name, i
     dg_node_t *n = node_new(name, kind, g->cur_phase);
     n->storage = DG_STORE_ARENA;
     n->n_src = n_src;
-    for (int i = 0; i < n_src; i++) n->src[i] = src[i];
+    for (int i = 0; i < n_src; i++)
+        n->src[i] = src[i];
     n->n_upd = n_upd;
-    for (int i = 0; i < n_upd; i++) n->upd[i] = upd[i];
-    for (int i = 0; i < n_attr; i++) n->attr[i] = attr[i];
+    for (int i = 0; i < n_upd; i++)
+        n->upd[i] = upd[i];
+    for (int i = 0; i < n_attr; i++)
+        n->attr[i] = attr[i];
     dg_status_t st = def->shape(g, n);
     if (st != DG_OK) {
-        for (int k = 0; k < n->n_side; k++) free(n->side[k]);
+        for (int k = 0; k < n->n_side; k++)
+            free(n->side[k]);
         free(n);
         g->err = st;
         return NULL;
     }
     if (n->storage != DG_STORE_NONE) {
         int64_t shape[DG_MAX_DIMS];
-        for (int d = 0; d < n->ndim; d++) shape[d] = n->shape[d];
+        for (int d = 0; d < n->ndim; d++)
+            shape[d] = n->shape[d];
         node_set_shape(n, n->dtype, n->ndim, shape);
     } else {
         n->ndim = 0;
         n->nbytes = 0;
     }
     graph_append(g, n);
-    for (int k = 0; k < n->n_side; k++) graph_append(g, n->side[k]);
+    for (int k = 0; k < n->n_side; k++)
+        graph_append(g, n->side[k]);
     return n;
 }
 
@@ -253,8 +265,8 @@ void dg_graph_phase_range(const dg_graph_t *g, dg_phase_t phase, int *first, int
     *end = e;
 }
 
-#define VERIFY_FAIL(n, ...)                                                                                    \
-    DG_ERR(DG_ERR_RUNTIME, "graph verify: node #%d '%s' (%s): %s", (n)->id, (n)->name, dg_op_name((n)->op),   \
+#define VERIFY_FAIL(n, ...)                                                                                  \
+    DG_ERR(DG_ERR_RUNTIME, "graph verify: node #%d '%s' (%s): %s", (n)->id, (n)->name, dg_op_name((n)->op),  \
            (dg_fmt(msg, sizeof msg, __VA_ARGS__), msg))
 
 dg_status_t dg_graph_verify(const dg_graph_t *g) {
@@ -285,7 +297,8 @@ dg_status_t dg_graph_verify(const dg_graph_t *g) {
         }
         if (n->op == DG_OP_SIDE) {
             const dg_node_t *p = n->src[0];
-            if (p->id + 1 + n->attr[DG_A_SIDE_IDX] != i) return VERIFY_FAIL(n, "side output separated from producer");
+            if (p->id + 1 + n->attr[DG_A_SIDE_IDX] != i)
+                return VERIFY_FAIL(n, "side output separated from producer");
         }
         /* a value produced on another stream may only be read after an explicit wait on it (or on a
          * later op of that stream) */
@@ -296,7 +309,8 @@ dg_status_t dg_graph_verify(const dg_graph_t *g) {
             int ok = 0;
             for (int w = 0; w < n->n_wait; w++)
                 if (n->wait[w]->stream == s->stream && n->wait[w]->id >= s->id) ok = 1;
-            if (!ok) return VERIFY_FAIL(n, "reads '%s' from stream %d without a wait edge", s->name, s->stream);
+            if (!ok)
+                return VERIFY_FAIL(n, "reads '%s' from stream %d without a wait edge", s->name, s->stream);
         }
         for (int k = 0; k < n->n_wait; k++) {
             const dg_node_t *w = n->wait[k];
@@ -318,6 +332,72 @@ dg_status_t dg_graph_verify(const dg_graph_t *g) {
             return VERIFY_FAIL(n, "op output marked persistent");
     }
     return DG_OK;
+}
+
+static void renumber(dg_graph_t *g) {
+    for (int i = 0; i < g->n; i++)
+        g->nodes[i]->id = i;
+    g->generation++;
+}
+
+/* Takes n and its side outputs out of the node array (without freeing); returns how many. */
+static int detach(dg_graph_t *g, dg_node_t *n) {
+    int k = 1 + n->n_side, at = n->id;
+    DG_ASSERT(g->nodes[at] == n);
+    memmove(g->nodes + at, g->nodes + at + k, (size_t)(g->n - at - k) * sizeof *g->nodes);
+    g->n -= k;
+    return k;
+}
+
+void dg_graph_move(dg_graph_t *g, dg_node_t *n, int pos) {
+    int k = detach(g, n);
+    DG_ASSERT(pos >= 0 && pos <= g->n);
+    memmove(g->nodes + pos + k, g->nodes + pos, (size_t)(g->n - pos) * sizeof *g->nodes);
+    g->nodes[pos] = n;
+    for (int s = 0; s < n->n_side; s++)
+        g->nodes[pos + 1 + s] = n->side[s];
+    g->n += k;
+    renumber(g);
+}
+
+void dg_graph_replace_uses(dg_graph_t *g, dg_node_t *from, dg_node_t *to) {
+    for (int i = 0; i < g->n; i++) {
+        dg_node_t *x = g->nodes[i];
+        if (x->op == DG_OP_SIDE) continue; /* a side output's src is its producer, not a use */
+        for (int k = 0; k < x->n_src; k++)
+            if (x->src[k] == from) x->src[k] = to;
+        for (int k = 0; k < x->n_wait; k++)
+            if (x->wait[k] == from) x->wait[k] = to;
+        if (x->view_src == from) x->view_src = to;
+    }
+    g->generation++;
+}
+
+int dg_graph_n_consumers(const dg_graph_t *g, const dg_node_t *n) {
+    int c = 0;
+    for (int i = 0; i < g->n; i++) {
+        const dg_node_t *x = g->nodes[i];
+        if (x->op == DG_OP_SIDE) continue;
+        for (int k = 0; k < x->n_src; k++)
+            c += x->src[k] == n;
+    }
+    return c;
+}
+
+void dg_graph_remove(dg_graph_t *g, dg_node_t *n) {
+    detach(g, n);
+    for (int i = 0; i < g->n; i++) {
+        const dg_node_t *x = g->nodes[i];
+        for (int k = 0; k < x->n_src; k++)
+            for (int s = -1; s < n->n_side; s++)
+                DG_ASSERTF(x->src[k] != (s < 0 ? n : n->side[s]), "removing '%s' still read by '%s'", n->name,
+                           x->name);
+        DG_ASSERTF(x->view_src != n, "removing '%s' still aliased by '%s'", n->name, x->name);
+    }
+    for (int s = 0; s < n->n_side; s++)
+        free(n->side[s]);
+    free(n);
+    renumber(g);
 }
 
 dg_status_t dg_graph_run_passes(dg_graph_t *g, const dg_pass_t *passes, int n) {
@@ -352,7 +432,8 @@ dg_status_t dg_graph_alloc_persistent(dg_graph_t *g, dg_backend_t *be, dg_alloc_
 }
 
 void dg_graph_free_persistent(dg_backend_t *be, dg_alloc_list_t *list) {
-    for (int i = 0; i < list->n; i++) be->ops->free(be, list->ptrs[i]);
+    for (int i = 0; i < list->n; i++)
+        be->ops->free(be, list->ptrs[i]);
     free(list->ptrs);
     memset(list, 0, sizeof *list);
 }
@@ -360,7 +441,10 @@ void dg_graph_free_persistent(dg_backend_t *be, dg_alloc_list_t *list) {
 /* ---------------- printing ---------------- */
 
 static const char *placement(const dg_node_t *n, const dg_plan_t *plan, char *buf, size_t cap) {
-    if (n->storage == DG_STORE_NONE) return "-";
+    if (n->storage == DG_STORE_NONE) {
+        dg_fmt(buf, cap, "-");
+        return buf;
+    }
     const dg_node_t *r = dg_node_root_c(n);
     if (r->storage == DG_STORE_PERSISTENT) {
         const char *what = (r->flags & DG_NF_PARAM)      ? "param"
@@ -370,18 +454,25 @@ static const char *placement(const dg_node_t *n, const dg_plan_t *plan, char *bu
                            : (r->flags & DG_NF_SCALAR)   ? "scalar"
                            : (r->flags & DG_NF_INPUT)    ? "input"
                                                          : "persistent";
-        if (r != n) dg_fmt(buf, cap, "%s(#%d)", what, r->id);
-        else dg_fmt(buf, cap, "%s", what);
+        if (r != n)
+            dg_fmt(buf, cap, "%s(#%d)", what, r->id);
+        else
+            dg_fmt(buf, cap, "%s", what);
         return buf;
     }
     if (plan && plan->offset[r->id] != SIZE_MAX) {
         size_t off = plan->offset[r->id];
-        for (const dg_node_t *v = n; v->view_src; v = v->view_src) off += v->view_offs;
-        if (r != n) dg_fmt(buf, cap, "arena@%zu(=#%d)", off, r->id);
-        else dg_fmt(buf, cap, "arena@%zu", off);
+        for (const dg_node_t *v = n; v->view_src; v = v->view_src)
+            off += v->view_offs;
+        if (r != n)
+            dg_fmt(buf, cap, "arena@%zu(=#%d)", off, r->id);
+        else
+            dg_fmt(buf, cap, "arena@%zu", off);
     } else {
-        if (r != n) dg_fmt(buf, cap, "arena(=#%d)", r->id);
-        else dg_fmt(buf, cap, "arena");
+        if (r != n)
+            dg_fmt(buf, cap, "arena(=#%d)", r->id);
+        else
+            dg_fmt(buf, cap, "arena");
     }
     return buf;
 }
@@ -397,7 +488,8 @@ static void json_str(FILE *out, const char *s) {
 
 void dg_graph_print(const dg_graph_t *g, const dg_plan_t *plan, FILE *out, int json) {
     char shp[96], plc[96];
-    if (json) fputs("[", out);
+    if (json)
+        fputs("[", out);
     else
         fprintf(out, "%5s %-4s %-4s %-18s %-36s %-16s %-5s %12s %-24s %s\n", "#", "ph", "strm", "op", "name",
                 "shape", "dtype", "bytes", "place", "inputs");
@@ -410,8 +502,8 @@ void dg_graph_print(const dg_graph_t *g, const dg_plan_t *plan, FILE *out, int j
         placement(n, plan, plc, sizeof plc);
         const char *dt = n->storage == DG_STORE_NONE ? "-" : dg_dtype_name(n->dtype);
         if (json) {
-            fprintf(out, "%s\n {\"id\":%d,\"phase\":\"%s\",\"stream\":%d,\"op\":\"%s\",\"name\":", first ? "" : ",",
-                    n->id, dg_phase_name(n->phase), n->stream, dg_op_name(n->op));
+            fprintf(out, "%s\n {\"id\":%d,\"phase\":\"%s\",\"stream\":%d,\"op\":\"%s\",\"name\":",
+                    first ? "" : ",", n->id, dg_phase_name(n->phase), n->stream, dg_op_name(n->op));
             json_str(out, n->name);
             fprintf(out, ",\"shape\":[");
             for (int d = 0; d < n->ndim && n->storage != DG_STORE_NONE; d++)
@@ -419,20 +511,27 @@ void dg_graph_print(const dg_graph_t *g, const dg_plan_t *plan, FILE *out, int j
             fprintf(out, "],\"dtype\":\"%s\",\"bytes\":%zu,\"place\":", dt, n->nbytes);
             json_str(out, plc);
             fprintf(out, ",\"inputs\":[");
-            for (int k = 0; k < n->n_src; k++) fprintf(out, "%s%d", k ? "," : "", n->src[k]->id);
+            for (int k = 0; k < n->n_src; k++)
+                fprintf(out, "%s%d", k ? "," : "", n->src[k]->id);
             fprintf(out, "],\"updates\":[");
-            for (int k = 0; k < n->n_upd; k++) fprintf(out, "%s%d", k ? "," : "", n->upd[k]->id);
+            for (int k = 0; k < n->n_upd; k++)
+                fprintf(out, "%s%d", k ? "," : "", n->upd[k]->id);
             fprintf(out, "],\"waits\":[");
-            for (int k = 0; k < n->n_wait; k++) fprintf(out, "%s%d", k ? "," : "", n->wait[k]->id);
+            for (int k = 0; k < n->n_wait; k++)
+                fprintf(out, "%s%d", k ? "," : "", n->wait[k]->id);
             fprintf(out, "]}");
             first = 0;
             continue;
         }
         fprintf(out, "%5d %-4s %-4s %-18s %-36s %-16s %-5s %12zu %-24s", n->id, dg_phase_name(n->phase),
-                n->stream == DG_STREAM_COMM ? "comm" : "comp", dg_op_name(n->op), n->name, shp, dt, n->nbytes, plc);
-        for (int k = 0; k < n->n_src; k++) fprintf(out, "%s#%d", k ? "," : "", n->src[k]->id);
-        for (int k = 0; k < n->n_upd; k++) fprintf(out, "%s+=#%d", (k || n->n_src) ? "," : "", n->upd[k]->id);
-        for (int k = 0; k < n->n_wait; k++) fprintf(out, " wait#%d", n->wait[k]->id);
+                n->stream == DG_STREAM_COMM ? "comm" : "comp", dg_op_name(n->op), n->name, shp, dt, n->nbytes,
+                plc);
+        for (int k = 0; k < n->n_src; k++)
+            fprintf(out, "%s#%d", k ? "," : "", n->src[k]->id);
+        for (int k = 0; k < n->n_upd; k++)
+            fprintf(out, "%s+=#%d", (k || n->n_src) ? "," : "", n->upd[k]->id);
+        for (int k = 0; k < n->n_wait; k++)
+            fprintf(out, " wait#%d", n->wait[k]->id);
         fputc('\n', out);
     }
     if (json) fputs("\n]", out);

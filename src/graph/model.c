@@ -38,6 +38,8 @@ struct dg_model {
 
     dg_node_t *tokens, *targets, *losses, *logits, *scalars;
     float *host_losses;
+    unsigned char *frozen; /* per tensor */
+    int opt_split;         /* first node of the update half of the OPT phase (after CLIP_SCALE) */
 };
 
 /* ---------------- descriptions ---------------- */
@@ -61,31 +63,36 @@ static int pad_vocab(int v) {
 dg_status_t dg_model_desc_preset(const char *name, dg_model_desc_t *out) {
     for (int i = 0; i < N_PRESETS; i++) {
         if (strcmp(name, presets[i].name) != 0) continue;
-        *out = (dg_model_desc_t){presets[i].n_layer, presets[i].n_head, presets[i].d_model, presets[i].seq_len,
-                                 presets[i].vocab_size, pad_vocab(presets[i].vocab_size)};
+        *out = (dg_model_desc_t){presets[i].n_layer, presets[i].n_head,     presets[i].d_model,
+                                 presets[i].seq_len, presets[i].vocab_size, pad_vocab(presets[i].vocab_size)};
         return DG_OK;
     }
-    return DG_ERR(DG_ERR_USAGE,
-                  "model.preset = '%s' is unknown; expected tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m "
-                  "or custom",
-                  name);
+    return DG_ERR(
+        DG_ERR_USAGE,
+        "model.preset = '%s' is unknown; expected tiny, gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1558m "
+        "or custom",
+        name);
 }
 
 dg_status_t dg_model_desc_validate(const dg_model_desc_t *d) {
     struct {
         const char *key;
         int v, lo, hi;
-    } r[] = {{"n_layer", d->n_layer, 1, 1024},        {"n_head", d->n_head, 1, 1024},
-             {"d_model", d->d_model, 1, 1 << 16},     {"seq_len", d->seq_len, 1, 1 << 17},
+    } r[] = {{"n_layer", d->n_layer, 1, 1024},
+             {"n_head", d->n_head, 1, 1024},
+             {"d_model", d->d_model, 1, 1 << 16},
+             {"seq_len", d->seq_len, 1, 1 << 17},
              {"vocab_size", d->vocab_size, 2, 1 << 24}};
     for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
         if (r[i].v < r[i].lo || r[i].v > r[i].hi)
-            return DG_ERR(DG_ERR_USAGE, "model.%s = %d is out of range (expected %d..%d)", r[i].key, r[i].v, r[i].lo,
-                          r[i].hi);
+            return DG_ERR(DG_ERR_USAGE, "model.%s = %d is out of range (expected %d..%d)", r[i].key, r[i].v,
+                          r[i].lo, r[i].hi);
     if (d->d_model % d->n_head != 0)
-        return DG_ERR(DG_ERR_USAGE, "model.d_model = %d is not divisible by model.n_head = %d", d->d_model, d->n_head);
+        return DG_ERR(DG_ERR_USAGE, "model.d_model = %d is not divisible by model.n_head = %d", d->d_model,
+                      d->n_head);
     if (d->padded_vocab < d->vocab_size || d->padded_vocab > (1 << 24) + 64)
-        return DG_ERR(DG_ERR_USAGE, "padded vocabulary %d must be >= model.vocab_size = %d (and <= 2^24 + 64)",
+        return DG_ERR(DG_ERR_USAGE,
+                      "padded vocabulary %d must be >= model.vocab_size = %d (and <= 2^24 + 64)",
                       d->padded_vocab, d->vocab_size);
     return DG_OK;
 }
@@ -107,7 +114,8 @@ dg_status_t dg_model_desc_from_config(const dg_config_t *cfg, dg_model_desc_t *o
     for (size_t i = 0; i < sizeof o / sizeof o[0]; i++) {
         if (o[i].v < 0 || o[i].v > INT_MAX)
             return DG_ERR(DG_ERR_USAGE, "model.%s = %" PRId64 " is out of range", o[i].key, o[i].v);
-        if (o[i].v > 0) *o[i].dst = (int)o[i].v;
+        if (o[i].v > 0)
+            *o[i].dst = (int)o[i].v;
         else if (custom) {
             size_t l = strlen(missing);
             snprintf(missing + l, sizeof missing - l, "%s%s", l ? ", " : "", o[i].key);
@@ -250,15 +258,18 @@ static void init_tensor(const dg_model_t *m, int i, float *h) {
     if (ends_with(name, ".bias") || ends_with(name, "ln_1.weight") || ends_with(name, "ln_2.weight") ||
         strcmp(name, "ln_f.weight") == 0) {
         float v = ends_with(name, ".weight") ? 1.0f : 0.0f; /* layernorm gain 1, every bias 0 */
-        for (size_t e = 0; e < n; e++) h[e] = v;
+        for (size_t e = 0; e < n; e++)
+            h[e] = v;
         return;
     }
     double std = 0.02;
     if (ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight"))
         std = 0.02 / sqrt(2.0 * m->d.n_layer); /* residual projections: keep the stream's variance flat */
     size_t valid = n;
-    if (strcmp(name, "wte") == 0) valid = (size_t)m->d.vocab_size * (size_t)m->d.d_model; /* padded rows stay 0 */
-    for (size_t e = 0; e < n; e++) h[e] = e < valid ? (float)(std * normal(m->seed, (uint64_t)i, e)) : 0.0f;
+    if (strcmp(name, "wte") == 0)
+        valid = (size_t)m->d.vocab_size * (size_t)m->d.d_model; /* padded rows stay 0 */
+    for (size_t e = 0; e < n; e++)
+        h[e] = e < valid ? (float)(std * normal(m->seed, (uint64_t)i, e)) : 0.0f;
 }
 
 /* ---------------- create / free ---------------- */
@@ -325,7 +336,8 @@ dg_status_t dg_model_create_ex(const dg_model_desc_t *d, dg_backend_t *be, int m
     DG_TRY(dg_model_desc_validate(d));
     if (!be) return DG_ERR(DG_ERR_USAGE, "model: no compute backend given");
     if (micro_batch < 1 || (int64_t)micro_batch * d->seq_len > INT_MAX / 4)
-        return DG_ERR(DG_ERR_USAGE, "train.micro_batch = %d is out of range for seq_len %d", micro_batch, d->seq_len);
+        return DG_ERR(DG_ERR_USAGE, "train.micro_batch = %d is out of range for seq_len %d", micro_batch,
+                      d->seq_len);
     dg_model_t *m = dg_xcalloc(1, sizeof *m);
     m->d = *d;
     m->be = be;
@@ -344,13 +356,15 @@ dg_status_t dg_model_create_ex(const dg_model_desc_t *d, dg_backend_t *be, int m
     if (st == DG_OK) {
         m->losses->flags |= DG_NF_OUTPUT;
         dg_pass_t pipeline[] = {
+            {"fuse_gelu", dg_pass_fuse_gelu, NULL},
             {"autodiff", pass_autodiff, m},
             {"optimizer", pass_optimizer, m},
             {"inplace", dg_pass_inplace, NULL},
         };
         st = dg_graph_run_passes(m->g, pipeline, (int)(sizeof pipeline / sizeof pipeline[0]));
     }
-    if (st == DG_OK) st = dg_plan_create(m->g, (flags & DG_MODEL_NO_ARENA_REUSE) ? DG_PLAN_NO_REUSE : 0, &m->plan);
+    if (st == DG_OK)
+        st = dg_plan_create(m->g, (flags & DG_MODEL_NO_ARENA_REUSE) ? DG_PLAN_NO_REUSE : 0, &m->plan);
     if (st == DG_OK) {
         size_t t = 0;
         for (int i = 0; i < m->np; i++) {
@@ -359,9 +373,17 @@ dg_status_t dg_model_create_ex(const dg_model_desc_t *d, dg_backend_t *be, int m
         }
         m->total = t;
         m->host_losses = dg_xmalloc((size_t)m->B * (size_t)m->T * sizeof(float));
+        m->frozen = dg_xcalloc((size_t)m->np + 1, 1);
+        for (int i = 0; i < m->g->n; i++)
+            if (m->g->nodes[i]->op == DG_OP_CLIP_SCALE) m->opt_split = i + 1;
+        DG_ASSERT(m->opt_split > 0);
     }
     if (st == DG_OK && !(flags & DG_MODEL_PLAN_ONLY)) {
         st = bind_and_alloc(m);
+        if (st == DG_OK) {
+            m->ex->rt.frozen = m->frozen;
+            m->ex->rt.n_frozen_slots = m->np;
+        }
         if (st == DG_OK) st = init_weights(m);
     }
     if (st != DG_OK) {
@@ -376,8 +398,8 @@ void dg_model_free(dg_model_t *m) {
     if (!m) return;
     dg_backend_t *be = m->be;
     dg_exec_free(m->ex);
-    void *bufs[] = {m->master, m->grad, m->adam_m, m->adam_v, m->compute, m->tokens_dev, m->targets_dev,
-                    m->scalars_dev};
+    void *bufs[] = {m->master,  m->grad,       m->adam_m,      m->adam_v,
+                    m->compute, m->tokens_dev, m->targets_dev, m->scalars_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     dg_plan_free(m->plan);
@@ -387,6 +409,7 @@ void dg_model_free(dg_model_t *m) {
     free(m->pnode);
     free(m->off);
     free(m->host_losses);
+    free(m->frozen);
     free(m);
 }
 
@@ -456,8 +479,10 @@ static dg_status_t check_ids(const dg_model_t *m, const int32_t *ids, const char
     size_t n = (size_t)m->B * (size_t)m->T;
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= m->d.vocab_size)
-            return DG_ERR(DG_ERR_USAGE, "model: %s[%zu] (sequence %zu, position %zu) = %d is outside the vocabulary [0, %d)",
-                          what, i, i / (size_t)m->T, i % (size_t)m->T, (int)ids[i], m->d.vocab_size);
+            return DG_ERR(
+                DG_ERR_USAGE,
+                "model: %s[%zu] (sequence %zu, position %zu) = %d is outside the vocabulary [0, %d)", what, i,
+                i / (size_t)m->T, i % (size_t)m->T, (int)ids[i], m->d.vocab_size);
     return DG_OK;
 }
 
@@ -475,7 +500,8 @@ static dg_status_t read_mean_loss(dg_model_t *m, float *mean_out) {
     if (!mean_out) return DG_OK;
     DG_TRY(m->be->ops->to_host(m->be, m->host_losses, dg_exec_ptr(m->ex, m->losses), n * sizeof(float)));
     double s = 0;
-    for (size_t i = 0; i < n; i++) s += m->host_losses[i];
+    for (size_t i = 0; i < n; i++)
+        s += m->host_losses[i];
     *mean_out = (float)(s / (double)n);
     return DG_OK;
 }
@@ -538,7 +564,8 @@ dg_status_t dg_model_logits(dg_model_t *m, const int32_t *tokens_host, int pos, 
             st = m->be->ops->to_host(m->be, dst, row, V * sizeof(float));
         } else {
             st = m->be->ops->to_host(m->be, tmp, row, V * as);
-            for (size_t j = 0; j < V && st == DG_OK; j++) dst[j] = half_to_f32(tmp[j], at == DG_BF16);
+            for (size_t j = 0; j < V && st == DG_OK; j++)
+                dst[j] = half_to_f32(tmp[j], at == DG_BF16);
         }
     }
     free(tmp);
@@ -552,15 +579,17 @@ dg_status_t dg_model_zero_grad(dg_model_t *m) {
 
 dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, float *grad_norm_out) {
     DG_TRY(need_memory(m, "optimizer_step"));
-    if (!(h->lr >= 0 && isfinite(h->lr)) || !(h->beta1 >= 0 && h->beta1 < 1) || !(h->beta2 >= 0 && h->beta2 < 1) ||
-        !(h->eps > 0 && isfinite(h->eps)) || !(h->weight_decay >= 0 && isfinite(h->weight_decay)) ||
-        !isfinite(h->grad_clip) || h->t < 1 || !(h->inv_loss_scale >= 0 && isfinite(h->inv_loss_scale)))
-        return DG_ERR(DG_ERR_USAGE,
-                      "model: bad AdamW hyper-parameters (lr %g, beta1 %g, beta2 %g, eps %g, weight_decay %g, "
-                      "grad_clip %g, t %" PRId64 ", inv_loss_scale %g); expected lr >= 0, betas in [0, 1), eps > 0, "
-                      "t >= 1",
-                      (double)h->lr, (double)h->beta1, (double)h->beta2, (double)h->eps, (double)h->weight_decay,
-                      (double)h->grad_clip, h->t, (double)h->inv_loss_scale);
+    if (!(h->lr >= 0 && isfinite(h->lr)) || !(h->beta1 >= 0 && h->beta1 < 1) ||
+        !(h->beta2 >= 0 && h->beta2 < 1) || !(h->eps > 0 && isfinite(h->eps)) ||
+        !(h->weight_decay >= 0 && isfinite(h->weight_decay)) || !isfinite(h->grad_clip) || h->t < 1 ||
+        !(h->inv_loss_scale >= 0 && isfinite(h->inv_loss_scale)))
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "model: bad AdamW hyper-parameters (lr %g, beta1 %g, beta2 %g, eps %g, weight_decay %g, "
+            "grad_clip %g, t %" PRId64 ", inv_loss_scale %g); expected lr >= 0, betas in [0, 1), eps > 0, "
+            "t >= 1",
+            (double)h->lr, (double)h->beta1, (double)h->beta2, (double)h->eps, (double)h->weight_decay,
+            (double)h->grad_clip, h->t, (double)h->inv_loss_scale);
     dg_runtime_t *rt = &m->ex->rt;
     float extra = h->inv_loss_scale > 0 ? h->inv_loss_scale : 1.0f;
     rt->lr = h->lr;
@@ -572,13 +601,22 @@ dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, 
     rt->grad_extra = extra;
     /* the norm is measured on loss-scaled gradients: scale the threshold the same way */
     rt->grad_clip = h->grad_clip > 0 ? h->grad_clip / extra : 0.0f;
-    DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_OPT));
+    int first, end;
+    dg_graph_phase_range(m->g, DG_PHASE_OPT, &first, &end);
+    DG_ASSERT(first < m->opt_split && m->opt_split <= end);
+    DG_TRY(dg_exec_run(m->ex, first, m->opt_split)); /* norm and clip factor */
     DG_TRY(m->be->ops->sync(m->be));
-    if (grad_norm_out) {
-        float norm;
-        DG_TRY(m->be->ops->to_host(m->be, &norm, m->scalars_dev + DG_SCALAR_NORM, sizeof norm));
-        *grad_norm_out = norm * extra;
-    }
+    float norm;
+    DG_TRY(m->be->ops->to_host(m->be, &norm, m->scalars_dev + DG_SCALAR_NORM, sizeof norm));
+    if (grad_norm_out) *grad_norm_out = norm * extra;
+    if (!isfinite(norm)) return DG_OK; /* skip: an update with inf/NaN gradients would poison the state */
+    DG_TRY(dg_exec_run(m->ex, m->opt_split, end));
+    return m->be->ops->sync(m->be);
+}
+
+dg_status_t dg_model_set_frozen(dg_model_t *m, int i, int frozen) {
+    if (i < 0 || i >= m->np) return DG_ERR(DG_ERR_USAGE, "model: tensor index %d outside [0, %d)", i, m->np);
+    m->frozen[i] = frozen != 0;
     return DG_OK;
 }
 
@@ -614,6 +652,35 @@ dg_status_t dg_model_set_tensor(dg_model_t *m, int i, int which, const float *ho
     return DG_OK;
 }
 
+/* ---------------- profiling ---------------- */
+
+void dg_model_set_profiling(dg_model_t *m, int on) {
+    if (m->ex) m->ex->profile = on;
+}
+
+void dg_model_print_profile(dg_model_t *m, FILE *out) {
+    if (!m->ex) return;
+    double total = 0;
+    int order[DG_OP_COUNT], n = 0;
+    for (int k = 0; k < DG_OP_COUNT; k++) {
+        total += m->ex->prof_s[k];
+        if (m->ex->prof_n[k]) order[n++] = k;
+    }
+    for (int i = 1; i < n; i++) /* insertion sort by time, largest first */
+        for (int j = i; j > 0 && m->ex->prof_s[order[j]] > m->ex->prof_s[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    for (int i = 0; i < n; i++) {
+        int k = order[i];
+        fprintf(out, "  %-18s %9.3f s %8llu calls %5.1f%%\n", dg_op_name((dg_op_kind_t)k), m->ex->prof_s[k],
+                (unsigned long long)m->ex->prof_n[k], total > 0 ? 100.0 * m->ex->prof_s[k] / total : 0.0);
+        m->ex->prof_s[k] = 0;
+        m->ex->prof_n[k] = 0;
+    }
+}
+
 /* ---------------- plan printing ---------------- */
 
 static void human(size_t b, char *buf, size_t cap) {
@@ -634,29 +701,32 @@ dg_status_t dg_model_print_plan(const dg_model_t *m, FILE *out, int json) {
     size_t arena = m->plan->arena_bytes, sum = m->plan->act_bytes_sum;
     int nops[DG_PHASE_COUNT] = {0};
     for (int i = 0; i < m->g->n; i++)
-        if (m->g->nodes[i]->op != DG_OP_LEAF && m->g->nodes[i]->op != DG_OP_SIDE) nops[m->g->nodes[i]->phase]++;
+        if (m->g->nodes[i]->op != DG_OP_LEAF && m->g->nodes[i]->op != DG_OP_SIDE)
+            nops[m->g->nodes[i]->phase]++;
     if (json) {
         fprintf(out,
                 "{\"model\":{\"n_layer\":%d,\"n_head\":%d,\"d_model\":%d,\"seq_len\":%d,\"vocab_size\":%d,"
                 "\"padded_vocab\":%d,\"n_params\":%" PRIu64 ",\"flops_per_token\":%.6g},\"micro_batch\":%d,"
                 "\"act_dtype\":\"%s\",\"schedule\":",
-                d->n_layer, d->n_head, d->d_model, d->seq_len, d->vocab_size, d->padded_vocab, dg_model_n_params(d),
-                dg_model_flops_per_token(d), m->B, dg_dtype_name(m->g->act_dtype));
+                d->n_layer, d->n_head, d->d_model, d->seq_len, d->vocab_size, d->padded_vocab,
+                dg_model_n_params(d), dg_model_flops_per_token(d), m->B, dg_dtype_name(m->g->act_dtype));
         dg_graph_print(m->g, m->plan, out, 1);
-        fprintf(out,
-                ",\n\"ops\":{\"fwd\":%d,\"bwd\":%d,\"zero\":%d,\"opt\":%d},\"arena_bytes\":%zu,"
-                "\"activation_bytes_sum\":%zu,\"param_bytes\":%zu,\"compute_copy_bytes\":%zu,\"grad_bytes\":%zu,"
-                "\"optimizer_bytes\":%zu}\n",
-                nops[DG_PHASE_FWD], nops[DG_PHASE_BWD], nops[DG_PHASE_ZERO], nops[DG_PHASE_OPT], arena, sum, pbytes,
-                cbytes, pbytes, 2 * pbytes);
+        fprintf(
+            out,
+            ",\n\"ops\":{\"fwd\":%d,\"bwd\":%d,\"zero\":%d,\"opt\":%d},\"arena_bytes\":%zu,"
+            "\"activation_bytes_sum\":%zu,\"param_bytes\":%zu,\"compute_copy_bytes\":%zu,\"grad_bytes\":%zu,"
+            "\"optimizer_bytes\":%zu}\n",
+            nops[DG_PHASE_FWD], nops[DG_PHASE_BWD], nops[DG_PHASE_ZERO], nops[DG_PHASE_OPT], arena, sum,
+            pbytes, cbytes, pbytes, 2 * pbytes);
         return ferror(out) ? DG_ERR(DG_ERR_RUNTIME, "model: writing the plan failed") : DG_OK;
     }
     char a[32], s[32], p[32], c[32], o[32];
-    fprintf(out,
-            "graph schedule: n_layer=%d n_head=%d d_model=%d seq_len=%d vocab=%d (padded %d), micro_batch=%d, "
-            "act dtype %s, %" PRIu64 " params, %.3g FLOPs/token\n",
-            d->n_layer, d->n_head, d->d_model, d->seq_len, d->vocab_size, d->padded_vocab, m->B,
-            dg_dtype_name(m->g->act_dtype), dg_model_n_params(d), dg_model_flops_per_token(d));
+    fprintf(
+        out,
+        "graph schedule: n_layer=%d n_head=%d d_model=%d seq_len=%d vocab=%d (padded %d), micro_batch=%d, "
+        "act dtype %s, %" PRIu64 " params, %.3g FLOPs/token\n",
+        d->n_layer, d->n_head, d->d_model, d->seq_len, d->vocab_size, d->padded_vocab, m->B,
+        dg_dtype_name(m->g->act_dtype), dg_model_n_params(d), dg_model_flops_per_token(d));
     dg_graph_print(m->g, m->plan, out, 0);
     human(arena, a, sizeof a);
     human(sum, s, sizeof s);
@@ -665,8 +735,9 @@ dg_status_t dg_model_print_plan(const dg_model_t *m, FILE *out, int json) {
     human(2 * pbytes, o, sizeof o);
     fprintf(out, "ops: %d forward, %d backward, %d zero-grad, %d optimizer\n", nops[DG_PHASE_FWD],
             nops[DG_PHASE_BWD], nops[DG_PHASE_ZERO], nops[DG_PHASE_OPT]);
-    fprintf(out, "activation arena: %zu bytes (%s) for %zu bytes (%s) of activations: %.1f%% of the sum\n", arena, a,
-            sum, s, sum ? 100.0 * (double)arena / (double)sum : 0.0);
-    fprintf(out, "params (f32 master): %s, compute copy: %s, grads (f32): %s, AdamW m+v (f32): %s\n", p, c, p, o);
+    fprintf(out, "activation arena: %zu bytes (%s) for %zu bytes (%s) of activations: %.1f%% of the sum\n",
+            arena, a, sum, s, sum ? 100.0 * (double)arena / (double)sum : 0.0);
+    fprintf(out, "params (f32 master): %s, compute copy: %s, grads (f32): %s, AdamW m+v (f32): %s\n", p, c, p,
+            o);
     return ferror(out) ? DG_ERR(DG_ERR_RUNTIME, "model: writing the plan failed") : DG_OK;
 }

@@ -24,15 +24,16 @@ static dg_status_t shape_err(const dg_node_t *n, const char *fmt, ...) {
     return DG_ERR(DG_ERR_USAGE, "graph: op %s '%s': %s", dg_op_name(n->op), n->name, msg);
 }
 
-#define CHECK(cond, ...)                                                                                       \
-    do {                                                                                                       \
-        if (!(cond)) return shape_err(n, __VA_ARGS__);                                                         \
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        if (!(cond)) return shape_err(n, __VA_ARGS__);                                                       \
     } while (0)
 
 static void set_out(dg_node_t *n, dg_dtype_t dtype, int ndim, const int64_t *shape) {
     n->dtype = dtype;
     n->ndim = ndim;
-    for (int d = 0; d < ndim; d++) n->shape[d] = shape[d];
+    for (int d = 0; d < ndim; d++)
+        n->shape[d] = shape[d];
 }
 
 static void set_like(dg_node_t *n, const dg_node_t *x) {
@@ -77,8 +78,9 @@ static dg_status_t shape_encoder(dg_graph_t *g, dg_node_t *n) {
     CHECK(wte->ndim == 2 && wpe->ndim == 2 && wte->shape[1] == wpe->shape[1],
           "wte [Vp, C] and wpe [T, C] must share C");
     CHECK(wte->dtype == g->act_dtype && wpe->dtype == g->act_dtype, "embeddings must be in the act dtype");
-    CHECK(tok->shape[1] <= wpe->shape[0], "sequence length %" PRId64 " exceeds the %" PRId64 " positions of '%s'",
-          tok->shape[1], wpe->shape[0], wpe->name);
+    CHECK(tok->shape[1] <= wpe->shape[0],
+          "sequence length %" PRId64 " exceeds the %" PRId64 " positions of '%s'", tok->shape[1],
+          wpe->shape[0], wpe->name);
     int64_t s[3] = {tok->shape[0], tok->shape[1], wte->shape[1]};
     set_out(n, g->act_dtype, 3, s);
     return DG_OK;
@@ -100,13 +102,16 @@ static dg_status_t shape_matmul(dg_graph_t *g, dg_node_t *n) {
     const dg_node_t *x = n->src[0], *w = n->src[1];
     CHECK(x->dtype == g->act_dtype && w->dtype == g->act_dtype, "inputs must be in the act dtype");
     CHECK(w->ndim == 2 && x->ndim >= 1 && dg_node_cols(x) == w->shape[1],
-          "input [..., %" PRId64 "] does not match weight [OC, C] = [%" PRId64 ", %" PRId64 "]", dg_node_cols(x),
-          w->ndim == 2 ? w->shape[0] : -1, w->ndim == 2 ? w->shape[1] : -1);
+          "input [..., %" PRId64 "] does not match weight [OC, C] = [%" PRId64 ", %" PRId64 "]",
+          dg_node_cols(x), w->ndim == 2 ? w->shape[0] : -1, w->ndim == 2 ? w->shape[1] : -1);
     if (n->n_src == 3)
-        CHECK(is_vec(n->src[2], w->shape[0]) && n->src[2]->dtype == g->act_dtype, "bias must be [%" PRId64 "]",
-              w->shape[0]);
+        CHECK(is_vec(n->src[2], w->shape[0]) && n->src[2]->dtype == g->act_dtype,
+              "bias must be [%" PRId64 "]", w->shape[0]);
+    CHECK(n->attr[DG_A_EPI] == DG_EPI_NONE || n->attr[DG_A_EPI] == DG_EPI_GELU, "unknown epilogue %" PRId64,
+          n->attr[DG_A_EPI]);
     set_like(n, x);
     n->shape[n->ndim - 1] = w->shape[0];
+    if (n->attr[DG_A_EPI] == DG_EPI_GELU) dg_node_add_side(g, n, "pre", g->act_dtype, n->ndim, n->shape);
     return DG_OK;
 }
 
@@ -133,7 +138,8 @@ static dg_status_t shape_attention(dg_graph_t *g, dg_node_t *n) {
 
 static dg_status_t shape_add(dg_graph_t *g, dg_node_t *n) {
     const dg_node_t *a = n->src[0], *b = n->src[1];
-    CHECK(a->dtype == g->act_dtype && same_shape(a, b) && a->dtype == b->dtype, "inputs must match in shape and dtype");
+    CHECK(a->dtype == g->act_dtype && same_shape(a, b) && a->dtype == b->dtype,
+          "inputs must match in shape and dtype");
     set_like(n, a);
     return DG_OK;
 }
@@ -155,10 +161,12 @@ static dg_status_t shape_encoder_bwd(dg_graph_t *g, dg_node_t *n) {
     CHECK(n->n_upd == 2, "needs dwte and dwpe");
     const dg_node_t *dwte = n->upd[0], *dwpe = n->upd[1];
     CHECK(dout->ndim == 3 && dout->dtype == g->act_dtype, "dout must be [B, T, C]");
-    CHECK(tok->dtype == DG_I32 && tok->ndim == 2 && tok->shape[0] == dout->shape[0] && tok->shape[1] == dout->shape[1],
+    CHECK(tok->dtype == DG_I32 && tok->ndim == 2 && tok->shape[0] == dout->shape[0] &&
+              tok->shape[1] == dout->shape[1],
           "tokens must be int32 [B, T]");
     CHECK(dwte->dtype == DG_F32 && dwpe->dtype == DG_F32 && dwte->ndim == 2 && dwpe->ndim == 2 &&
-              dwte->shape[1] == dout->shape[2] && dwpe->shape[1] == dout->shape[2] && dwpe->shape[0] >= dout->shape[1],
+              dwte->shape[1] == dout->shape[2] && dwpe->shape[1] == dout->shape[2] &&
+              dwpe->shape[0] >= dout->shape[1],
           "dwte/dwpe must be f32 [*, C]");
     n->storage = DG_STORE_NONE;
     return DG_OK;
@@ -168,7 +176,8 @@ static dg_status_t shape_layernorm_bwd(dg_graph_t *g, dg_node_t *n) {
     const dg_node_t *dout = n->src[0], *x = n->src[1], *w = n->src[2], *mean = n->src[3], *rstd = n->src[4];
     int64_t C = dg_node_cols(x), N = dg_node_rows(x);
     CHECK(same_shape(dout, x) && dout->dtype == g->act_dtype, "dout must match the input");
-    CHECK(is_vec(w, C) && is_vec(mean, N) && is_vec(rstd, N) && mean->dtype == DG_F32 && rstd->dtype == DG_F32,
+    CHECK(is_vec(w, C) && is_vec(mean, N) && is_vec(rstd, N) && mean->dtype == DG_F32 &&
+              rstd->dtype == DG_F32,
           "weight [C] and f32 statistics [N] expected");
     CHECK(n->n_upd == 2 && is_vec(n->upd[0], C) && is_vec(n->upd[1], C) && n->upd[0]->dtype == DG_F32 &&
               n->upd[1]->dtype == DG_F32,
@@ -187,7 +196,8 @@ static dg_status_t shape_matmul_bwd(dg_graph_t *g, dg_node_t *n) {
           dg_node_cols(dout), dg_node_cols(x), OC, C);
     CHECK(n->n_upd >= 1 && n->n_upd <= 2 && is_mat(n->upd[0], OC, C) && n->upd[0]->dtype == DG_F32,
           "needs an f32 dw of [%" PRId64 ", %" PRId64 "]", OC, C);
-    if (n->n_upd == 2) CHECK(is_vec(n->upd[1], OC) && n->upd[1]->dtype == DG_F32, "dbias must be f32 [%" PRId64 "]", OC);
+    if (n->n_upd == 2)
+        CHECK(is_vec(n->upd[1], OC) && n->upd[1]->dtype == DG_F32, "dbias must be f32 [%" PRId64 "]", OC);
     if (n->attr[DG_A_NO_DINP]) {
         CHECK(!n->attr[DG_A_ACC] && n->n_src == 3, "no_dinp excludes acc");
         n->storage = DG_STORE_NONE;
@@ -199,7 +209,8 @@ static dg_status_t shape_matmul_bwd(dg_graph_t *g, dg_node_t *n) {
 
 static dg_status_t shape_gelu_bwd(dg_graph_t *g, dg_node_t *n) {
     const dg_node_t *x = n->src[0], *dout = n->src[1];
-    CHECK(same_shape(x, dout) && x->dtype == g->act_dtype && dout->dtype == g->act_dtype, "input and dout must match");
+    CHECK(same_shape(x, dout) && x->dtype == g->act_dtype && dout->dtype == g->act_dtype,
+          "input and dout must match");
     set_like(n, x);
     return acc_rule(n, 2);
 }
@@ -284,7 +295,8 @@ static int64_t mesh_size(const dg_graph_t *g, const dg_node_t *n) {
 
 static dg_status_t shape_all_gather(dg_graph_t *g, dg_node_t *n) {
     int64_t k = mesh_size(g, n);
-    CHECK(k >= 1, "mesh dimension %" PRId64 " is not one of dp_replicate, dp_shard, tp", n->attr[DG_A_MESHDIM]);
+    CHECK(k >= 1, "mesh dimension %" PRId64 " is not one of dp_replicate, dp_shard, tp",
+          n->attr[DG_A_MESHDIM]);
     CHECK(n->src[0]->ndim >= 1, "needs at least one dimension to gather along");
     set_like(n, n->src[0]);
     n->shape[0] *= k; /* pieces are concatenated along dim 0 in mesh-coordinate order */
@@ -293,10 +305,11 @@ static dg_status_t shape_all_gather(dg_graph_t *g, dg_node_t *n) {
 
 static dg_status_t shape_reduce_scatter(dg_graph_t *g, dg_node_t *n) {
     int64_t k = mesh_size(g, n);
-    CHECK(k >= 1, "mesh dimension %" PRId64 " is not one of dp_replicate, dp_shard, tp", n->attr[DG_A_MESHDIM]);
-    CHECK(n->src[0]->ndim >= 1 && n->src[0]->shape[0] % k == 0, "dim 0 (%" PRId64 ") is not divisible by the %" PRId64
-          " ranks of mesh dimension %s", n->src[0]->ndim ? n->src[0]->shape[0] : 0, k,
-          dg_mesh_dim_name((int)n->attr[DG_A_MESHDIM]));
+    CHECK(k >= 1, "mesh dimension %" PRId64 " is not one of dp_replicate, dp_shard, tp",
+          n->attr[DG_A_MESHDIM]);
+    CHECK(n->src[0]->ndim >= 1 && n->src[0]->shape[0] % k == 0,
+          "dim 0 (%" PRId64 ") is not divisible by the %" PRId64 " ranks of mesh dimension %s",
+          n->src[0]->ndim ? n->src[0]->shape[0] : 0, k, dg_mesh_dim_name((int)n->attr[DG_A_MESHDIM]));
     set_like(n, n->src[0]);
     n->shape[0] /= k;
     return DG_OK;
@@ -304,7 +317,8 @@ static dg_status_t shape_reduce_scatter(dg_graph_t *g, dg_node_t *n) {
 
 static dg_status_t shape_all_reduce(dg_graph_t *g, dg_node_t *n) {
     int64_t k = mesh_size(g, n);
-    CHECK(k >= 1, "mesh dimension %" PRId64 " is not one of dp_replicate, dp_shard, tp", n->attr[DG_A_MESHDIM]);
+    CHECK(k >= 1, "mesh dimension %" PRId64 " is not one of dp_replicate, dp_shard, tp",
+          n->attr[DG_A_MESHDIM]);
     set_like(n, n->src[0]);
     return DG_OK;
 }
@@ -317,8 +331,8 @@ static const char *bname(char *buf, size_t cap, const dg_node_t *n, const char *
 }
 
 /* The weight gradient every backward kernel accumulates into. */
-#define PGRAD(var, w)                                                                                          \
-    dg_node_t *var = dg_ad_param_grad(ad, (w), dg_op_name(n->op));                                             \
+#define PGRAD(var, w)                                                                                        \
+    dg_node_t *var = dg_ad_param_grad(ad, (w), dg_op_name(n->op));                                           \
     if (!var) return dg_graph_error(g)
 
 static dg_status_t bwd_encoder(dg_ad_t *ad, dg_node_t *n) {
@@ -342,8 +356,8 @@ static dg_status_t bwd_layernorm(dg_ad_t *ad, dg_node_t *n) {
     dg_node_t *src[6] = {n->grad, x, n->src[1], n->side[0], n->side[1], t}, *upd[2] = {dw, db};
     int64_t attr[1] = {t != NULL};
     /* the kernel always writes dinp; without a consumer it is a dead temporary */
-    dg_node_t *dx = dg_graph_add_op(g, DG_OP_LAYERNORM_BWD, bname(nm, sizeof nm, n, "bwd"), t ? 6 : 5, src, 2, upd,
-                                    attr, 1);
+    dg_node_t *dx = dg_graph_add_op(g, DG_OP_LAYERNORM_BWD, bname(nm, sizeof nm, n, "bwd"), t ? 6 : 5, src, 2,
+                                    upd, attr, 1);
     if (dx && wants) dg_ad_contribute(ad, x, dx, t != NULL);
     return dg_graph_error(g);
 }
@@ -351,7 +365,13 @@ static dg_status_t bwd_layernorm(dg_ad_t *ad, dg_node_t *n) {
 static dg_status_t bwd_matmul(dg_ad_t *ad, dg_node_t *n) {
     dg_graph_t *g = dg_ad_graph(ad);
     char nm[96];
-    dg_node_t *x = n->src[0];
+    dg_node_t *x = n->src[0], *dout = n->grad;
+    if (n->attr[DG_A_EPI] == DG_EPI_GELU) { /* out = gelu(pre): first back through the GELU */
+        dg_node_t *gsrc[2] = {n->side[0], n->grad};
+        dout = dg_graph_add_op(g, DG_OP_GELU_BWD, bname(nm, sizeof nm, n, "gelu_bwd"), 2, gsrc, 0, NULL, NULL,
+                               0);
+        if (!dout) return dg_graph_error(g);
+    }
     PGRAD(dw, n->src[1]);
     dg_node_t *db = NULL;
     if (n->n_src == 3) {
@@ -360,10 +380,10 @@ static dg_status_t bwd_matmul(dg_ad_t *ad, dg_node_t *n) {
     }
     int wants = dg_ad_wants(ad, x);
     dg_node_t *t = wants ? dg_ad_acc_target(ad, x) : NULL;
-    dg_node_t *src[4] = {n->grad, x, n->src[1], t}, *upd[2] = {dw, db};
+    dg_node_t *src[4] = {dout, x, n->src[1], t}, *upd[2] = {dw, db};
     int64_t attr[3] = {t != NULL, 0, !wants};
-    dg_node_t *dx = dg_graph_add_op(g, DG_OP_MATMUL_BWD, bname(nm, sizeof nm, n, "bwd"), t ? 4 : 3, src, db ? 2 : 1,
-                                    upd, attr, 3);
+    dg_node_t *dx = dg_graph_add_op(g, DG_OP_MATMUL_BWD, bname(nm, sizeof nm, n, "bwd"), t ? 4 : 3, src,
+                                    db ? 2 : 1, upd, attr, 3);
     if (dx && wants) dg_ad_contribute(ad, x, dx, t != NULL);
     return dg_graph_error(g);
 }
@@ -376,7 +396,8 @@ static dg_status_t bwd_gelu(dg_ad_t *ad, dg_node_t *n) {
     dg_node_t *t = dg_ad_acc_target(ad, x);
     dg_node_t *src[3] = {x, n->grad, t};
     int64_t attr[1] = {t != NULL};
-    dg_node_t *dx = dg_graph_add_op(g, DG_OP_GELU_BWD, bname(nm, sizeof nm, n, "bwd"), t ? 3 : 2, src, 0, NULL, attr, 1);
+    dg_node_t *dx =
+        dg_graph_add_op(g, DG_OP_GELU_BWD, bname(nm, sizeof nm, n, "bwd"), t ? 3 : 2, src, 0, NULL, attr, 1);
     if (dx) dg_ad_contribute(ad, x, dx, t != NULL);
     return dg_graph_error(g);
 }
@@ -389,7 +410,8 @@ static dg_status_t bwd_attention(dg_ad_t *ad, dg_node_t *n) {
     dg_node_t *src[4] = {n->grad, qkv, n, n->side[0]};
     int64_t attr[2] = {0, n->attr[DG_A_NH]};
     /* the kernel overwrites dqkv (no acc), so a second consumer's gradient is summed by contribute */
-    dg_node_t *d = dg_graph_add_op(g, DG_OP_ATTENTION_BWD, bname(nm, sizeof nm, n, "bwd"), 4, src, 0, NULL, attr, 2);
+    dg_node_t *d =
+        dg_graph_add_op(g, DG_OP_ATTENTION_BWD, bname(nm, sizeof nm, n, "bwd"), 4, src, 0, NULL, attr, 2);
     if (d) dg_ad_contribute(ad, qkv, d, 0);
     return dg_graph_error(g);
 }
@@ -405,15 +427,17 @@ static dg_status_t bwd_crossentropy(dg_ad_t *ad, dg_node_t *n) {
     dg_graph_t *g = dg_ad_graph(ad);
     char nm[96];
     if (!dg_ad_is_loss_seed(ad, n))
-        return g->err = DG_ERR(DG_ERR_USAGE,
-                               "graph: crossentropy '%s' must be a loss output (its gradient is the runtime dloss); "
-                               "using its losses in further ops is not supported",
-                               n->name);
+        return g->err = DG_ERR(
+                   DG_ERR_USAGE,
+                   "graph: crossentropy '%s' must be a loss output (its gradient is the runtime dloss); "
+                   "using its losses in further ops is not supported",
+                   n->name);
     dg_node_t *lg = n->src[0];
     if (!dg_ad_wants(ad, lg)) return DG_OK;
     dg_node_t *src[3] = {lg, n->side[0], n->src[1]};
     int64_t attr[2] = {0, n->attr[DG_A_V]};
-    dg_node_t *d = dg_graph_add_op(g, DG_OP_CROSSENTROPY_BWD, bname(nm, sizeof nm, n, "bwd"), 3, src, 0, NULL, attr, 2);
+    dg_node_t *d =
+        dg_graph_add_op(g, DG_OP_CROSSENTROPY_BWD, bname(nm, sizeof nm, n, "bwd"), 3, src, 0, NULL, attr, 2);
     if (d) dg_ad_contribute(ad, lg, d, 0);
     return dg_graph_error(g);
 }
@@ -449,8 +473,8 @@ static dg_status_t bwd_all_reduce(dg_ad_t *ad, dg_node_t *n) {
 
 static dg_status_t ex_encoder(dg_exec_t *ex, const dg_node_t *n) {
     const dg_node_t *tok = n->src[0];
-    return BE->ops->encoder_fwd(BE, P(n), P(tok), P(n->src[1]), P(n->src[2]), I(tok->shape[0]), I(tok->shape[1]),
-                                I(dg_node_cols(n)));
+    return BE->ops->encoder_fwd(BE, P(n), P(tok), P(n->src[1]), P(n->src[2]), I(tok->shape[0]),
+                                I(tok->shape[1]), I(dg_node_cols(n)));
 }
 
 static dg_status_t ex_layernorm(dg_exec_t *ex, const dg_node_t *n) {
@@ -461,8 +485,10 @@ static dg_status_t ex_layernorm(dg_exec_t *ex, const dg_node_t *n) {
 
 static dg_status_t ex_matmul(dg_exec_t *ex, const dg_node_t *n) {
     const dg_node_t *x = n->src[0], *w = n->src[1];
-    return BE->ops->matmul_fwd(BE, P(n), NULL, P(x), P(w), n->n_src == 3 ? P(n->src[2]) : NULL, I(dg_node_rows(x)),
-                               I(w->shape[1]), I(w->shape[0]), DG_EPI_NONE);
+    int gelu = n->attr[DG_A_EPI] == DG_EPI_GELU;
+    return BE->ops->matmul_fwd(BE, P(n), gelu ? P(n->side[0]) : NULL, P(x), P(w),
+                               n->n_src == 3 ? P(n->src[2]) : NULL, I(dg_node_rows(x)), I(w->shape[1]),
+                               I(w->shape[0]), gelu ? DG_EPI_GELU : DG_EPI_NONE);
 }
 
 static dg_status_t ex_gelu(dg_exec_t *ex, const dg_node_t *n) {
@@ -500,8 +526,9 @@ static dg_status_t ex_layernorm_bwd(dg_exec_t *ex, const dg_node_t *n) {
 static dg_status_t ex_matmul_bwd(dg_exec_t *ex, const dg_node_t *n) {
     const dg_node_t *x = n->src[1], *w = n->src[2];
     void *dinp = n->storage == DG_STORE_NONE ? NULL : P(n);
-    return BE->ops->matmul_bwd(BE, dinp, P(n->upd[0]), n->n_upd == 2 ? P(n->upd[1]) : NULL, P(n->src[0]), P(x), P(w),
-                               I(dg_node_rows(x)), I(w->shape[1]), I(w->shape[0]), I(n->attr[DG_A_ACC]));
+    return BE->ops->matmul_bwd(BE, dinp, P(n->upd[0]), n->n_upd == 2 ? P(n->upd[1]) : NULL, P(n->src[0]),
+                               P(x), P(w), I(dg_node_rows(x)), I(w->shape[1]), I(w->shape[0]),
+                               I(n->attr[DG_A_ACC]));
 }
 
 static dg_status_t ex_gelu_bwd(dg_exec_t *ex, const dg_node_t *n) {
@@ -510,8 +537,8 @@ static dg_status_t ex_gelu_bwd(dg_exec_t *ex, const dg_node_t *n) {
 
 static dg_status_t ex_attention_bwd(dg_exec_t *ex, const dg_node_t *n) {
     const dg_node_t *out = n->src[2];
-    return BE->ops->attention_bwd(BE, P(n), P(n->src[0]), P(n->src[1]), P(out), P(n->src[3]), I(out->shape[0]),
-                                  I(out->shape[1]), I(out->shape[2]), I(n->attr[DG_A_NH]));
+    return BE->ops->attention_bwd(BE, P(n), P(n->src[0]), P(n->src[1]), P(out), P(n->src[3]),
+                                  I(out->shape[0]), I(out->shape[1]), I(out->shape[2]), I(n->attr[DG_A_NH]));
 }
 
 static dg_status_t ex_crossentropy_bwd(dg_exec_t *ex, const dg_node_t *n) {
@@ -528,17 +555,25 @@ static dg_status_t ex_zero(dg_exec_t *ex, const dg_node_t *n) {
     return BE->ops->memset0(BE, P(n->upd[0]), n->upd[0]->nbytes);
 }
 
+static int frozen(const dg_exec_t *ex, const dg_node_t *t) {
+    int i = t->param_index;
+    return ex->rt.frozen && i >= 0 && i < ex->rt.n_frozen_slots && ex->rt.frozen[i];
+}
+
 static dg_status_t ex_sumsq(dg_exec_t *ex, const dg_node_t *n) {
-    return BE->ops->sumsq_f32(BE, (float *)P(n->upd[0]) + DG_SCALAR_SUMSQ, P(n->src[0]), dg_node_numel(n->src[0]));
+    if (frozen(ex, n->src[0])) return DG_OK;
+    return BE->ops->sumsq_f32(BE, (float *)P(n->upd[0]) + DG_SCALAR_SUMSQ, P(n->src[0]),
+                              dg_node_numel(n->src[0]));
 }
 
 static dg_status_t ex_clip_scale(dg_exec_t *ex, const dg_node_t *n) {
     float *s = P(n->upd[0]);
-    return BE->ops->clip_scale(BE, s + DG_SCALAR_GSCALE, s + DG_SCALAR_NORM, s + DG_SCALAR_SUMSQ, ex->rt.grad_clip,
-                               ex->rt.grad_extra);
+    return BE->ops->clip_scale(BE, s + DG_SCALAR_GSCALE, s + DG_SCALAR_NORM, s + DG_SCALAR_SUMSQ,
+                               ex->rt.grad_clip, ex->rt.grad_extra);
 }
 
 static dg_status_t ex_adamw(dg_exec_t *ex, const dg_node_t *n) {
+    if (frozen(ex, n->upd[0])) return DG_OK;
     float *master = P(n->upd[0]);
     void *param = P(n->upd[3]);
     const float *sc = P(n->src[1]);
@@ -568,10 +603,12 @@ static dg_status_t ex_collective(dg_exec_t *ex, const dg_node_t *n) {
 static const dg_op_def_t op_table[DG_OP_COUNT] = {
     [DG_OP_LEAF] = {DG_OP_LEAF, "leaf", 0, 0, NULL, DG_GRAD_STRUCTURAL, NULL, NULL, 0, 0},
     [DG_OP_SIDE] = {DG_OP_SIDE, "side", 1, 1, NULL, DG_GRAD_STRUCTURAL, NULL, NULL, 0, 0},
-    [DG_OP_ENCODER] = {DG_OP_ENCODER, "encoder", 3, 3, shape_encoder, DG_GRAD_BUILDER, bwd_encoder, ex_encoder, 0, 0},
+    [DG_OP_ENCODER] = {DG_OP_ENCODER, "encoder", 3, 3, shape_encoder, DG_GRAD_BUILDER, bwd_encoder,
+                       ex_encoder, 0, 0},
     [DG_OP_LAYERNORM] = {DG_OP_LAYERNORM, "layernorm", 3, 3, shape_layernorm, DG_GRAD_BUILDER, bwd_layernorm,
                          ex_layernorm, 0, 0},
-    [DG_OP_MATMUL] = {DG_OP_MATMUL, "matmul", 2, 3, shape_matmul, DG_GRAD_BUILDER, bwd_matmul, ex_matmul, 0, 0},
+    [DG_OP_MATMUL] = {DG_OP_MATMUL, "matmul", 2, 3, shape_matmul, DG_GRAD_BUILDER, bwd_matmul, ex_matmul, 0,
+                      0},
     [DG_OP_GELU] = {DG_OP_GELU, "gelu", 1, 1, shape_gelu, DG_GRAD_BUILDER, bwd_gelu, ex_gelu, 0, 0},
     [DG_OP_ATTENTION] = {DG_OP_ATTENTION, "attention", 1, 1, shape_attention, DG_GRAD_BUILDER, bwd_attention,
                          ex_attention, 0, 0},
@@ -580,33 +617,35 @@ static const dg_op_def_t op_table[DG_OP_COUNT] = {
                             bwd_crossentropy, ex_crossentropy, 0, 0},
     [DG_OP_ENCODER_BWD] = {DG_OP_ENCODER_BWD, "encoder_bwd", 2, 2, shape_encoder_bwd, DG_GRAD_NONE, NULL,
                            ex_encoder_bwd, 0, 0},
-    [DG_OP_LAYERNORM_BWD] = {DG_OP_LAYERNORM_BWD, "layernorm_bwd", 5, 6, shape_layernorm_bwd, DG_GRAD_NONE, NULL,
-                             ex_layernorm_bwd, 0, 0},
-    [DG_OP_MATMUL_BWD] = {DG_OP_MATMUL_BWD, "matmul_bwd", 3, 4, shape_matmul_bwd, DG_GRAD_NONE, NULL, ex_matmul_bwd,
-                          0, 0},
-    [DG_OP_GELU_BWD] = {DG_OP_GELU_BWD, "gelu_bwd", 2, 3, shape_gelu_bwd, DG_GRAD_NONE, NULL, ex_gelu_bwd, 0, 0},
-    [DG_OP_ATTENTION_BWD] = {DG_OP_ATTENTION_BWD, "attention_bwd", 4, 4, shape_attention_bwd, DG_GRAD_NONE, NULL,
-                             ex_attention_bwd, 0, 0},
+    [DG_OP_LAYERNORM_BWD] = {DG_OP_LAYERNORM_BWD, "layernorm_bwd", 5, 6, shape_layernorm_bwd, DG_GRAD_NONE,
+                             NULL, ex_layernorm_bwd, 0, 0},
+    [DG_OP_MATMUL_BWD] = {DG_OP_MATMUL_BWD, "matmul_bwd", 3, 4, shape_matmul_bwd, DG_GRAD_NONE, NULL,
+                          ex_matmul_bwd, 0, 0},
+    [DG_OP_GELU_BWD] = {DG_OP_GELU_BWD, "gelu_bwd", 2, 3, shape_gelu_bwd, DG_GRAD_NONE, NULL, ex_gelu_bwd, 0,
+                        0},
+    [DG_OP_ATTENTION_BWD] = {DG_OP_ATTENTION_BWD, "attention_bwd", 4, 4, shape_attention_bwd, DG_GRAD_NONE,
+                             NULL, ex_attention_bwd, 0, 0},
     /* the kernel allows dlogits to overwrite logits */
-    [DG_OP_CROSSENTROPY_BWD] = {DG_OP_CROSSENTROPY_BWD, "crossentropy_bwd", 3, 3, shape_crossentropy_bwd, DG_GRAD_NONE,
-                                NULL, ex_crossentropy_bwd, 0x1, 0},
-    [DG_OP_ACCUMULATE] = {DG_OP_ACCUMULATE, "accumulate", 2, 2, shape_accumulate, DG_GRAD_NONE, NULL, ex_accumulate,
-                          0, 0},
+    [DG_OP_CROSSENTROPY_BWD] = {DG_OP_CROSSENTROPY_BWD, "crossentropy_bwd", 3, 3, shape_crossentropy_bwd,
+                                DG_GRAD_NONE, NULL, ex_crossentropy_bwd, 0x1, 0},
+    [DG_OP_ACCUMULATE] = {DG_OP_ACCUMULATE, "accumulate", 2, 2, shape_accumulate, DG_GRAD_NONE, NULL,
+                          ex_accumulate, 0, 0},
     [DG_OP_ZERO] = {DG_OP_ZERO, "zero", 0, 0, shape_zero, DG_GRAD_NONE, NULL, ex_zero, 0, 0},
     [DG_OP_SUMSQ] = {DG_OP_SUMSQ, "sumsq", 1, 1, shape_sumsq, DG_GRAD_NONE, NULL, ex_sumsq, 0, 0},
-    [DG_OP_CLIP_SCALE] = {DG_OP_CLIP_SCALE, "clip_scale", 0, 0, shape_clip_scale, DG_GRAD_NONE, NULL, ex_clip_scale, 0,
-                          0},
+    [DG_OP_CLIP_SCALE] = {DG_OP_CLIP_SCALE, "clip_scale", 0, 0, shape_clip_scale, DG_GRAD_NONE, NULL,
+                          ex_clip_scale, 0, 0},
     [DG_OP_ADAMW] = {DG_OP_ADAMW, "adamw", 2, 2, shape_adamw, DG_GRAD_NONE, NULL, ex_adamw, 0, 0},
-    [DG_OP_ALL_GATHER] = {DG_OP_ALL_GATHER, "all_gather", 1, 1, shape_all_gather, DG_GRAD_BUILDER, bwd_all_gather,
-                          ex_collective, 0, 1},
-    [DG_OP_REDUCE_SCATTER] = {DG_OP_REDUCE_SCATTER, "reduce_scatter", 1, 1, shape_reduce_scatter, DG_GRAD_BUILDER,
-                              bwd_reduce_scatter, ex_collective, 0, 1},
-    [DG_OP_ALL_REDUCE] = {DG_OP_ALL_REDUCE, "all_reduce", 1, 1, shape_all_reduce, DG_GRAD_BUILDER, bwd_all_reduce,
-                          ex_collective, 0x1, 1},
+    [DG_OP_ALL_GATHER] = {DG_OP_ALL_GATHER, "all_gather", 1, 1, shape_all_gather, DG_GRAD_BUILDER,
+                          bwd_all_gather, ex_collective, 0, 1},
+    [DG_OP_REDUCE_SCATTER] = {DG_OP_REDUCE_SCATTER, "reduce_scatter", 1, 1, shape_reduce_scatter,
+                              DG_GRAD_BUILDER, bwd_reduce_scatter, ex_collective, 0, 1},
+    [DG_OP_ALL_REDUCE] = {DG_OP_ALL_REDUCE, "all_reduce", 1, 1, shape_all_reduce, DG_GRAD_BUILDER,
+                          bwd_all_reduce, ex_collective, 0x1, 1},
 };
 
 const dg_op_def_t *dg_op_def(dg_op_kind_t kind) {
-    DG_ASSERTF(kind >= 0 && kind < DG_OP_COUNT && op_table[kind].name != NULL, "unknown op kind %d", (int)kind);
+    DG_ASSERTF(kind >= 0 && kind < DG_OP_COUNT && op_table[kind].name != NULL, "unknown op kind %d",
+               (int)kind);
     DG_ASSERT(op_table[kind].kind == kind);
     return &op_table[kind];
 }
@@ -669,4 +708,31 @@ dg_node_t *dg_op_reduce_scatter(dg_graph_t *g, const char *name, dg_node_t *x, i
 
 dg_node_t *dg_op_all_reduce(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim) {
     return collective(g, DG_OP_ALL_REDUCE, name, x, mesh_dim);
+}
+
+/* ================= fusion ================= */
+
+dg_status_t dg_pass_fuse_gelu(dg_graph_t *g, void *ctx) {
+    (void)ctx;
+    for (int i = 0; i < g->n; i++) {
+        dg_node_t *ge = g->nodes[i];
+        if (ge->op != DG_OP_GELU || ge->phase != DG_PHASE_FWD) continue;
+        dg_node_t *mm = ge->src[0];
+        if (mm->op != DG_OP_MATMUL || mm->attr[DG_A_EPI] != DG_EPI_NONE || mm->view_src ||
+            (mm->flags & DG_NF_OUTPUT) || dg_graph_n_consumers(g, mm) != 1)
+            continue; /* the pre-activation is needed elsewhere: keep the two ops */
+        int64_t attr[2] = {0, DG_EPI_GELU};
+        dg_phase_t saved = g->cur_phase;
+        g->cur_phase = DG_PHASE_FWD;
+        dg_node_t *f = dg_graph_add_op(g, DG_OP_MATMUL, mm->name, mm->n_src, mm->src, 0, NULL, attr, 2);
+        g->cur_phase = saved;
+        if (!f) return dg_graph_error(g);
+        f->flags = ge->flags;
+        dg_graph_move(g, f, mm->id); /* where the matmul was: after its inputs, before every use */
+        dg_graph_replace_uses(g, ge, f);
+        dg_graph_remove(g, ge);
+        dg_graph_remove(g, mm);
+        i = f->id; /* continue after the fused op */
+    }
+    return DG_OK;
 }

@@ -50,7 +50,8 @@ size_t dg_plan_intervals(int n, const size_t *size, const int *start, const int 
     int *order = dg_xmalloc((size_t)n * sizeof *order);
     int *conf = dg_xmalloc((size_t)n * sizeof *conf);
     int *placed = dg_xmalloc((size_t)n * sizeof *placed);
-    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 0; i < n; i++)
+        order[i] = i;
     order_ctx = (order_ctx_t){size, start};
     qsort(order, (size_t)n, sizeof *order, by_size_desc);
     offset_ctx = offset_out;
@@ -133,11 +134,12 @@ dg_status_t dg_pass_inplace(dg_graph_t *g, void *ctx) {
             dg_node_t *s = x->src[k];
             dg_node_t *r = dg_node_root(s);
             /* the source's storage must die exactly here, hold exactly this tensor, and not be an output */
-            if (r->storage != DG_STORE_ARENA || end[r->id] != i || s->nbytes != x->nbytes || r->nbytes != x->nbytes ||
-                s->dtype != x->dtype)
+            if (r->storage != DG_STORE_ARENA || end[r->id] != i || s->nbytes != x->nbytes ||
+                r->nbytes != x->nbytes || s->dtype != x->dtype)
                 continue;
             int offs = 0;
-            for (dg_node_t *v = s; v->view_src; v = v->view_src) offs += (int)v->view_offs;
+            for (dg_node_t *v = s; v->view_src; v = v->view_src)
+                offs += (int)v->view_offs;
             if (offs) continue;
             x->view_src = s;
             x->view_offs = 0;
@@ -174,7 +176,8 @@ dg_status_t dg_plan_create(const dg_graph_t *g, int flags, dg_plan_t **out) {
         DG_ASSERTF(p->live_start[i] != INT_MAX, "arena tensor '%s' is never written", x->name);
         ids[nr++] = i;
     }
-    size_t *size = dg_xmalloc(((size_t)nr + 1) * sizeof *size), *off = dg_xmalloc(((size_t)nr + 1) * sizeof *off);
+    size_t *size = dg_xmalloc(((size_t)nr + 1) * sizeof *size),
+           *off = dg_xmalloc(((size_t)nr + 1) * sizeof *off);
     int *st = dg_xmalloc(((size_t)nr + 1) * sizeof *st), *en = dg_xmalloc(((size_t)nr + 1) * sizeof *en);
     for (int k = 0; k < nr; k++) {
         size[k] = g->nodes[ids[k]]->nbytes;
@@ -192,7 +195,8 @@ dg_status_t dg_plan_create(const dg_graph_t *g, int flags, dg_plan_t **out) {
     } else {
         p->arena_bytes = dg_plan_intervals(nr, size, st, en, DG_ARENA_ALIGN, off);
     }
-    for (int k = 0; k < nr; k++) p->offset[ids[k]] = off[k];
+    for (int k = 0; k < nr; k++)
+        p->offset[ids[k]] = off[k];
     free(ids);
     free(size);
     free(off);
@@ -223,20 +227,22 @@ dg_status_t dg_plan_check(const dg_plan_t *p, const dg_graph_t *g) {
         lo[i] = INT_MAX;
         hi[i] = -1;
     }
-#define TOUCH(node, at)                                                                                        \
-    do {                                                                                                       \
-        const dg_node_t *r_ = dg_node_root_c(node);                                                            \
-        if (r_->storage == DG_STORE_ARENA) {                                                                   \
-            if ((at) < lo[r_->id]) lo[r_->id] = (at);                                                          \
-            if ((at) > hi[r_->id]) hi[r_->id] = (at);                                                          \
-        }                                                                                                      \
+#define TOUCH(node, at)                                                                                      \
+    do {                                                                                                     \
+        const dg_node_t *r_ = dg_node_root_c(node);                                                          \
+        if (r_->storage == DG_STORE_ARENA) {                                                                 \
+            if ((at) < lo[r_->id]) lo[r_->id] = (at);                                                        \
+            if ((at) > hi[r_->id]) hi[r_->id] = (at);                                                        \
+        }                                                                                                    \
     } while (0)
     for (int i = 0; i < n; i++) {
         const dg_node_t *x = g->nodes[i];
         if (x->op == DG_OP_LEAF || x->op == DG_OP_SIDE) continue;
-        for (int k = 0; k < x->n_src; k++) TOUCH(x->src[k], i);
+        for (int k = 0; k < x->n_src; k++)
+            TOUCH(x->src[k], i);
         if (x->storage != DG_STORE_NONE) TOUCH(x, i);
-        for (int k = 0; k < x->n_side; k++) TOUCH(x->side[k], i);
+        for (int k = 0; k < x->n_side; k++)
+            TOUCH(x->side[k], i);
         if ((x->flags & DG_NF_OUTPUT) && x->storage != DG_STORE_NONE) TOUCH(x, n);
         for (int k = 0; k < x->n_side; k++)
             if (x->side[k]->flags & DG_NF_OUTPUT) TOUCH(x->side[k], n);
@@ -249,15 +255,17 @@ dg_status_t dg_plan_check(const dg_plan_t *p, const dg_graph_t *g) {
         if (!is_arena_root(x)) continue;
         if (lo[i] == INT_MAX) continue; /* never accessed: needs no memory at any time */
         roots[nr++] = i;
-        if (p->offset[i] == SIZE_MAX) st = DG_ERR(DG_ERR_RUNTIME, "plan check: '%s' has no offset", x->name);
+        if (p->offset[i] == SIZE_MAX)
+            st = DG_ERR(DG_ERR_RUNTIME, "plan check: '%s' has no offset", x->name);
         else if (p->offset[i] % DG_ARENA_ALIGN)
             st = DG_ERR(DG_ERR_RUNTIME, "plan check: '%s' offset %zu not aligned", x->name, p->offset[i]);
         else if (p->offset[i] + x->nbytes > p->arena_bytes)
             st = DG_ERR(DG_ERR_RUNTIME, "plan check: '%s' [%zu, %zu) exceeds the arena (%zu bytes)", x->name,
                         p->offset[i], p->offset[i] + x->nbytes, p->arena_bytes);
         else if (p->live_start[i] > lo[i] || p->live_end[i] < hi[i])
-            st = DG_ERR(DG_ERR_RUNTIME, "plan check: '%s' is accessed over [%d, %d] but planned live over [%d, %d]",
-                        x->name, lo[i], hi[i], p->live_start[i], p->live_end[i]);
+            st = DG_ERR(DG_ERR_RUNTIME,
+                        "plan check: '%s' is accessed over [%d, %d] but planned live over [%d, %d]", x->name,
+                        lo[i], hi[i], p->live_start[i], p->live_end[i]);
     }
     for (int a = 0; a < nr && st == DG_OK; a++) {
         int i = roots[a];
@@ -267,14 +275,16 @@ dg_status_t dg_plan_check(const dg_plan_t *p, const dg_graph_t *g) {
             size_t ai = p->offset[i], bi = ai + g->nodes[i]->nbytes;
             size_t aj = p->offset[j], bj = aj + g->nodes[j]->nbytes;
             if (ai < bj && aj < bi)
-                st = DG_ERR(DG_ERR_RUNTIME,
-                            "plan check: '%s' [%zu, %zu) live [%d, %d] overlaps '%s' [%zu, %zu) live [%d, %d]",
-                            g->nodes[i]->name, ai, bi, lo[i], hi[i], g->nodes[j]->name, aj, bj, lo[j], hi[j]);
+                st =
+                    DG_ERR(DG_ERR_RUNTIME,
+                           "plan check: '%s' [%zu, %zu) live [%d, %d] overlaps '%s' [%zu, %zu) live [%d, %d]",
+                           g->nodes[i]->name, ai, bi, lo[i], hi[i], g->nodes[j]->name, aj, bj, lo[j], hi[j]);
         }
     }
     if (st == DG_OK && p->arena_bytes > 0) {
         size_t sum = 0;
-        for (int a = 0; a < nr; a++) sum += align_up(g->nodes[roots[a]]->nbytes, DG_ARENA_ALIGN);
+        for (int a = 0; a < nr; a++)
+            sum += align_up(g->nodes[roots[a]]->nbytes, DG_ARENA_ALIGN);
         if (p->arena_bytes > sum)
             st = DG_ERR(DG_ERR_RUNTIME, "plan check: arena %zu bytes exceeds the sum of tensor sizes %zu",
                         p->arena_bytes, sum);

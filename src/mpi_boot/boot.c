@@ -11,10 +11,14 @@
 
 const char *dg_boot_thread_level_name(int level) {
     switch (level) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    case MPI_THREAD_SINGLE:
+        return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+        return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+        return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+        return "MPI_THREAD_MULTIPLE";
     }
     return "unknown";
 }
@@ -56,7 +60,8 @@ static dg_status_t init_comms(dg_boot_t *b) {
     if (rpn > 0)
         DG_MPI_CHECK(MPI_Comm_split(b->world, b->world_rank / rpn, b->world_rank, &b->node));
     else
-        DG_MPI_CHECK(MPI_Comm_split_type(b->world, MPI_COMM_TYPE_SHARED, b->world_rank, MPI_INFO_NULL, &b->node));
+        DG_MPI_CHECK(
+            MPI_Comm_split_type(b->world, MPI_COMM_TYPE_SHARED, b->world_rank, MPI_INFO_NULL, &b->node));
     DG_MPI_CHECK(MPI_Comm_set_errhandler(b->node, MPI_ERRORS_RETURN));
     DG_MPI_CHECK(MPI_Comm_rank(b->node, &b->local_rank));
     DG_MPI_CHECK(MPI_Comm_size(b->node, &b->local_size));
@@ -112,10 +117,11 @@ dg_status_t dg_boot_init(int *argc, char ***argv, dg_boot_t **out) {
         MPI_Query_thread(&b->provided_thread_level);
     }
     if (b->provided_thread_level < MPI_THREAD_MULTIPLE)
-        return DG_ERR(DG_ERR_RUNTIME,
-                      "the MPI library provides only %s; dgtrain needs MPI_THREAD_MULTIPLE (background checkpoint "
-                      "and health threads call MPI); hint: use an MPI built with thread support (Debian's Open MPI is)",
-                      dg_boot_thread_level_name(b->provided_thread_level));
+        return DG_ERR(
+            DG_ERR_RUNTIME,
+            "the MPI library provides only %s; dgtrain needs MPI_THREAD_MULTIPLE (background checkpoint "
+            "and health threads call MPI); hint: use an MPI built with thread support (Debian's Open MPI is)",
+            dg_boot_thread_level_name(b->provided_thread_level));
     return init_comms(b);
 }
 
@@ -135,7 +141,8 @@ dg_status_t dg_boot_topology(dg_boot_t *b, const dg_config_t *cfg) {
     int bind_auto = !cfg || strcmp(cfg->topology.bind, "auto") == 0;
 
     hwloc_bitmap_t set = hwloc_bitmap_alloc();
-    dg_status_t s = dg_topo_choose(b->hwtopo, &b->topo, b->local_rank, b->local_size, bind_auto, &b->gpu, set, &b->numa);
+    dg_status_t s =
+        dg_topo_choose(b->hwtopo, &b->topo, b->local_rank, b->local_size, bind_auto, &b->gpu, set, &b->numa);
     if (s == DG_OK) {
         char want[256];
         dg_boot_bitmap_list(want, sizeof want, set);
@@ -164,10 +171,12 @@ dg_status_t dg_boot_topology(dg_boot_t *b, const dg_config_t *cfg) {
     hwloc_bitmap_free(set);
     if (s == DG_OK && b->gpu >= 0 && b->local_size > 1) {
         int nvis = 0;
-        for (int g = 0; g < b->topo.n_gpus; g++) nvis += b->topo.gpus[g].cuda_index >= 0;
+        for (int g = 0; g < b->topo.n_gpus; g++)
+            nvis += b->topo.gpus[g].cuda_index >= 0;
         if (b->local_size > nvis && b->local_rank == 0)
-            DG_LOG_WARN("%d ranks share %d GPU(s) on %s: fine with comm=mpi, NCCL refuses two ranks on one GPU",
-                        b->local_size, nvis, b->host);
+            DG_LOG_WARN(
+                "%d ranks share %d GPU(s) on %s: fine with comm=mpi, NCCL refuses two ranks on one GPU",
+                b->local_size, nvis, b->host);
     }
     return s;
 }
@@ -176,11 +185,16 @@ dg_status_t dg_boot_topology(dg_boot_t *b, const dg_config_t *cfg) {
 
 static int severity(dg_status_t s) {
     switch (s) {
-    case DG_OK: return 0;
-    case DG_ERR_SIGNAL: return 1;
-    case DG_ERR_PEER: return 2;
-    case DG_ERR_USAGE: return 3;
-    default: return 4; /* DG_ERR_RUNTIME and anything unexpected */
+    case DG_OK:
+        return 0;
+    case DG_ERR_SIGNAL:
+        return 1;
+    case DG_ERR_PEER:
+        return 2;
+    case DG_ERR_USAGE:
+        return 3;
+    default:
+        return 4; /* DG_ERR_RUNTIME and anything unexpected */
     }
 }
 

@@ -10,8 +10,8 @@
  *
  * GPU choice: the GPUs visible to this process (all GPUs of the node, narrowed by CUDA_VISIBLE_DEVICES
  * when it lists indices and the topology is this machine's) in CUDA index order; local rank r takes
- * visible GPU r % n_visible. A rank should open its device with cudaDeviceGetByPCIBusId(gpus[gpu].pci_busid); with
- * CUDA_DEVICE_ORDER=PCI_BUS_ID, cuda_index is the same device.
+ * visible GPU r % n_visible. A rank should open its device with cudaDeviceGetByPCIBusId(gpus[gpu].pci_busid);
+ * with CUDA_DEVICE_ORDER=PCI_BUS_ID, cuda_index is the same device.
  *
  * Binding (`[topology] bind = auto`): the local ranks that chose GPUs with the same CPU locality
  * share that locality's cores in equal, contiguous parts (ordered by local rank); with no GPU, the
@@ -52,7 +52,7 @@ typedef struct dg_gpu_info {
 } dg_gpu_info_t;
 
 typedef struct dg_nic_info {
-    char name[32];      /* "mlx5_0", "ib0", "eth0", or "pci:<busid>" when no OS device is known */
+    char name[32]; /* "mlx5_0", "ib0", "eth0", or "pci:<busid>" when no OS device is known */
     char pci_busid[32];
     int numa;
     char kind[16]; /* "ib" (OpenFabrics/InfiniBand), "eth", or "net" */
@@ -113,7 +113,7 @@ typedef struct dg_boot {
     int gpu;                      /* index into topo.gpus bound to this rank, -1 none */
     int numa;                     /* NUMA node of the bound cpuset, -1 if several */
     char bound_cpuset[256];       /* hwloc list syntax */
-    char bind_status[64];         /* "applied", "none (launcher's)", "computed, not applied (XML)", "failed: ..." */
+    char bind_status[64]; /* "applied", "none (launcher's)", "computed, not applied (XML)", "failed: ..." */
 
     double agree_timeout_s; /* dg_boot_agree aborts the job when peers do not arrive within this (0 = wait) */
     dg_status_t agreed_code; /* the last failure dg_boot_agree settled, and its message: passing it on */

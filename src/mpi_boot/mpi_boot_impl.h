@@ -10,15 +10,15 @@
 
 /* hwloc calls return -1 (or NULL) and set errno. Evaluate `call` once; on a negative result return
  * DG_ERR(DG_ERR_RUNTIME, ...) naming the call, errno's text and `hint`. */
-#define DG_HWLOC_CHECK(call, hint)                                                                         \
-    do {                                                                                                   \
-        errno = 0;                                                                                         \
-        int dg_hw_rc_ = (call);                                                                            \
-        if (dg_hw_rc_ < 0) {                                                                               \
-            int dg_hw_e_ = errno;                                                                          \
-            return DG_ERR(DG_ERR_RUNTIME, "hwloc call `%s` failed: %s; hint: %s", #call,                   \
-                          dg_hw_e_ ? strerror(dg_hw_e_) : "unknown error", (hint));                        \
-        }                                                                                                  \
+#define DG_HWLOC_CHECK(call, hint)                                                                           \
+    do {                                                                                                     \
+        errno = 0;                                                                                           \
+        int dg_hw_rc_ = (call);                                                                              \
+        if (dg_hw_rc_ < 0) {                                                                                 \
+            int dg_hw_e_ = errno;                                                                            \
+            return DG_ERR(DG_ERR_RUNTIME, "hwloc call `%s` failed: %s; hint: %s", #call,                     \
+                          dg_hw_e_ ? strerror(dg_hw_e_) : "unknown error", (hint));                          \
+        }                                                                                                    \
     } while (0)
 
 /* "0-3,8" list text of a bitmap into a fixed buffer (truncated safely). */

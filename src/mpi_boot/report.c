@@ -22,6 +22,14 @@ typedef struct {
     char source[DG_CFG_STR];
 } node_rec_t;
 
+/* "3", or `none` for a negative value (no GPU, several NUMA nodes) */
+static void num_or(char *buf, size_t cap, int v, const char *none) {
+    if (v >= 0)
+        snprintf(buf, cap, "%d", v);
+    else
+        snprintf(buf, cap, "%s", none);
+}
+
 static void print_rank_table(FILE *out, const rank_rec_t *r, int n) {
     int wh = 4, wc = 6, wb = 7;
     for (int i = 0; i < n; i++) {
@@ -32,54 +40,55 @@ static void print_rank_table(FILE *out, const rank_rec_t *r, int n) {
         l = (int)strlen(r[i].bind);
         if (l > wb) wb = l;
     }
-    fprintf(out, "%5s  %-*s  %4s  %5s  %4s  %-12s  %4s  %-*s  %s\n", "rank", wh, "host", "node", "local", "gpu",
-            "pci bus id", "numa", wc, "cpuset", "binding");
+    fprintf(out, "%5s  %-*s  %4s  %5s  %4s  %-12s  %4s  %-*s  %s\n", "rank", wh, "host", "node", "local",
+            "gpu", "pci bus id", "numa", wc, "cpuset", "binding");
     for (int i = 0; i < n; i++) {
         char gpu[16], numa[16];
-        if (r[i].gpu >= 0)
-            snprintf(gpu, sizeof gpu, "%d", r[i].gpu);
-        else
-            snprintf(gpu, sizeof gpu, "-");
-        if (r[i].numa >= 0)
-            snprintf(numa, sizeof numa, "%d", r[i].numa);
-        else
-            snprintf(numa, sizeof numa, "many");
-        fprintf(out, "%5d  %-*s  %4d  %5d  %4s  %-12s  %4s  %-*s  %s\n", r[i].rank, wh, r[i].host, r[i].node_id,
-                r[i].local_rank, gpu, r[i].gpu >= 0 ? r[i].busid : "-", numa, wc, r[i].cpuset, r[i].bind);
+        num_or(gpu, sizeof gpu, r[i].gpu, "-");
+        num_or(numa, sizeof numa, r[i].numa, "many");
+        fprintf(out, "%5d  %-*s  %4d  %5d  %4s  %-12s  %4s  %-*s  %s\n", r[i].rank, wh, r[i].host,
+                r[i].node_id, r[i].local_rank, gpu, r[i].gpu >= 0 ? r[i].busid : "-", numa, wc, r[i].cpuset,
+                r[i].bind);
     }
 }
 
 static void print_node(FILE *out, int id, const char *host, const node_rec_t *nr) {
     const dg_node_topo_t *t = &nr->topo;
     int live = strcmp(nr->source, "live") == 0;
-    fprintf(out, "node %d (%s): %d socket%s, %d cores, %d PUs, %d NUMA node%s, %d GPU%s, %d NIC%s; topology ", id, host,
-            t->n_sockets, t->n_sockets == 1 ? "" : "s", t->n_cores, t->n_pus, t->n_numa, t->n_numa == 1 ? "" : "s",
-            t->n_gpus, t->n_gpus == 1 ? "" : "s", t->n_nics, t->n_nics == 1 ? "" : "s");
+    fprintf(out, "node %d (%s): %d socket%s, %d cores, %d PUs, %d NUMA node%s, %d GPU%s, %d NIC%s; topology ",
+            id, host, t->n_sockets, t->n_sockets == 1 ? "" : "s", t->n_cores, t->n_pus, t->n_numa,
+            t->n_numa == 1 ? "" : "s", t->n_gpus, t->n_gpus == 1 ? "" : "s", t->n_nics,
+            t->n_nics == 1 ? "" : "s");
     if (live)
         fprintf(out, "live\n");
     else
         fprintf(out, "from %s (host %s)\n", nr->source, t->host);
+    int wc = 4;
+    for (int g = 0; g < t->n_gpus; g++)
+        if ((int)strlen(t->gpus[g].cpuset) > wc) wc = (int)strlen(t->gpus[g].cpuset);
     for (int g = 0; g < t->n_gpus; g++) {
         const dg_gpu_info_t *x = &t->gpus[g];
         char cuda[16], numa[16];
-        snprintf(cuda, sizeof cuda, x->cuda_index >= 0 ? "%d" : "-", x->cuda_index);
-        snprintf(numa, sizeof numa, x->numa >= 0 ? "%d" : "many", x->numa);
-        fprintf(out, "  gpu %-2d %s  cuda %-2s numa %-4s cpus %-20s %s\n", g, x->pci_busid, cuda, numa, x->cpuset,
-                x->name);
+        num_or(cuda, sizeof cuda, x->cuda_index, "-");
+        num_or(numa, sizeof numa, x->numa, "many");
+        fprintf(out, "  gpu %-2d %s  cuda %-2s numa %-4s cpus %-*s  %s\n", g, x->pci_busid, cuda, numa, wc,
+                x->cpuset, x->name);
     }
     for (int k = 0; k < t->n_nics; k++) {
         const dg_nic_info_t *x = &t->nics[k];
         char numa[16];
-        snprintf(numa, sizeof numa, x->numa >= 0 ? "%d" : "many", x->numa);
+        num_or(numa, sizeof numa, x->numa, "many");
         fprintf(out, "  nic %-2d %s  %-4s numa %-4s %s\n", k, x->pci_busid, x->kind, numa, x->name);
     }
     if (nr->has_nvlink) {
         fprintf(out, "  nvlink GB/s:");
-        for (int b = 0; b < t->n_gpus; b++) fprintf(out, " %5d", b);
+        for (int b = 0; b < t->n_gpus; b++)
+            fprintf(out, " %5d", b);
         fprintf(out, "\n");
         for (int a = 0; a < t->n_gpus; a++) {
             fprintf(out, "  %11d:", a);
-            for (int b = 0; b < t->n_gpus; b++) fprintf(out, " %5.0f", nr->nvlink[a * t->n_gpus + b]);
+            for (int b = 0; b < t->n_gpus; b++)
+                fprintf(out, " %5.0f", nr->nvlink[a * t->n_gpus + b]);
             fprintf(out, "\n");
         }
     }
@@ -93,8 +102,8 @@ static void json_node(FILE *out, int id, const char *host, const node_rec_t *nr)
     dg_boot_json_string(out, nr->source);
     fprintf(out, ",\"topology_host\":");
     dg_boot_json_string(out, t->host);
-    fprintf(out, ",\"sockets\":%d,\"cores\":%d,\"pus\":%d,\"numa_nodes\":%d,\"gpus\":[", t->n_sockets, t->n_cores,
-            t->n_pus, t->n_numa);
+    fprintf(out, ",\"sockets\":%d,\"cores\":%d,\"pus\":%d,\"numa_nodes\":%d,\"gpus\":[", t->n_sockets,
+            t->n_cores, t->n_pus, t->n_numa);
     for (int g = 0; g < t->n_gpus; g++) {
         const dg_gpu_info_t *x = &t->gpus[g];
         fprintf(out, "%s{\"index\":%d,\"pci_busid\":", g ? "," : "", g);
@@ -123,7 +132,8 @@ static void json_node(FILE *out, int id, const char *host, const node_rec_t *nr)
         fprintf(out, "[");
         for (int a = 0; a < t->n_gpus; a++) {
             fprintf(out, "%s[", a ? "," : "");
-            for (int b = 0; b < t->n_gpus; b++) fprintf(out, "%s%.17g", b ? "," : "", nr->nvlink[a * t->n_gpus + b]);
+            for (int b = 0; b < t->n_gpus; b++)
+                fprintf(out, "%s%.17g", b ? "," : "", nr->nvlink[a * t->n_gpus + b]);
             fprintf(out, "]");
         }
         fprintf(out, "]");
@@ -174,7 +184,8 @@ dg_status_t dg_boot_report(dg_boot_t *b, int json, FILE *out) {
         }
         nodes = dg_xcalloc((size_t)b->n_nodes, sizeof *nodes);
     }
-    int rc = MPI_Gatherv(nmine, leader ? (int)sizeof *nmine : 0, MPI_BYTE, nodes, counts, displs, MPI_BYTE, 0, b->world);
+    int rc = MPI_Gatherv(nmine, leader ? (int)sizeof *nmine : 0, MPI_BYTE, nodes, counts, displs, MPI_BYTE, 0,
+                         b->world);
     free(nmine);
     free(counts);
     free(displs);
@@ -189,10 +200,12 @@ dg_status_t dg_boot_report(dg_boot_t *b, int json, FILE *out) {
         for (int r = 0; r < n; r++)
             if (b->local_ranks[r] == 0) nhost[b->node_ids[r]] = b->hosts[r];
         if (!json) {
-            fprintf(out, "world: %d rank%s on %d node%s; MPI: %s; thread level %s\n", n, n == 1 ? "" : "s", b->n_nodes,
-                    b->n_nodes == 1 ? "" : "s", b->mpi_version, dg_boot_thread_level_name(b->provided_thread_level));
+            fprintf(out, "world: %d rank%s on %d node%s; MPI: %s; thread level %s\n", n, n == 1 ? "" : "s",
+                    b->n_nodes, b->n_nodes == 1 ? "" : "s", b->mpi_version,
+                    dg_boot_thread_level_name(b->provided_thread_level));
             print_rank_table(out, all, n);
-            for (int k = 0; k < b->n_nodes; k++) print_node(out, k, nhost[k], &nodes[k]);
+            for (int k = 0; k < b->n_nodes; k++)
+                print_node(out, k, nhost[k], &nodes[k]);
         } else {
             fprintf(out, "{\"world_size\":%d,\"n_nodes\":%d,\"mpi_version\":", n, b->n_nodes);
             dg_boot_json_string(out, b->mpi_version);

@@ -47,8 +47,8 @@ static int pci_is_gpu(hwloc_obj_t pci) {
 
 static int pci_is_nic(hwloc_obj_t pci) {
     for (hwloc_obj_t c = pci->io_first_child; c; c = c->next_sibling)
-        if (c->type == HWLOC_OBJ_OS_DEVICE &&
-            (c->attr->osdev.type == HWLOC_OBJ_OSDEV_NETWORK || c->attr->osdev.type == HWLOC_OBJ_OSDEV_OPENFABRICS))
+        if (c->type == HWLOC_OBJ_OS_DEVICE && (c->attr->osdev.type == HWLOC_OBJ_OSDEV_NETWORK ||
+                                               c->attr->osdev.type == HWLOC_OBJ_OSDEV_OPENFABRICS))
             return 1;
     return (pci->attr->pcidev.class_id >> 8) == 0x02; /* network controller class */
 }
@@ -60,7 +60,8 @@ static void pci_busid(hwloc_obj_t pci, char *buf, size_t cap) {
 
 static unsigned long pci_key(hwloc_obj_t pci) {
     const struct hwloc_pcidev_attr_s *a = &pci->attr->pcidev;
-    return ((unsigned long)a->domain << 24) | ((unsigned long)a->bus << 16) | ((unsigned long)a->dev << 8) | a->func;
+    return ((unsigned long)a->domain << 24) | ((unsigned long)a->bus << 16) | ((unsigned long)a->dev << 8) |
+           a->func;
 }
 
 static int cmp_pci(const void *a, const void *b) {
@@ -84,7 +85,8 @@ static void locality(hwloc_topology_t topo, hwloc_obj_t pci, int *numa, char *cp
 
 /* The PCI device an object belongs to (itself, or the parent of an OS device), or NULL. */
 static hwloc_obj_t pci_of(hwloc_obj_t o) {
-    while (o && o->type == HWLOC_OBJ_OS_DEVICE) o = o->parent;
+    while (o && o->type == HWLOC_OBJ_OS_DEVICE)
+        o = o->parent;
     return o && o->type == HWLOC_OBJ_PCI_DEVICE ? o : NULL;
 }
 
@@ -93,7 +95,8 @@ static hwloc_obj_t pci_of(hwloc_obj_t o) {
 static void fill_nvlink(hwloc_topology_t topo, dg_node_topo_t *t, hwloc_obj_t *gpu_pci) {
     unsigned nr = 1;
     struct hwloc_distances_s *d = NULL;
-    if (t->n_gpus == 0 || hwloc_distances_get_by_name(topo, "NVLinkBandwidth", &nr, &d, 0) < 0 || nr == 0 || !d)
+    if (t->n_gpus == 0 || hwloc_distances_get_by_name(topo, "NVLinkBandwidth", &nr, &d, 0) < 0 || nr == 0 ||
+        !d)
         return;
     unsigned n = d->nbobjs;
     int *gidx = dg_xmalloc(n * sizeof *gidx);
@@ -104,7 +107,8 @@ static void fill_nvlink(hwloc_topology_t topo, dg_node_topo_t *t, hwloc_obj_t *g
         for (int g = 0; p && g < t->n_gpus; g++)
             if (gpu_pci[g] == p) gidx[i] = g;
         /* anything else that is an I/O object (NVSwitch) relays traffic; CPU packages do not */
-        if (gidx[i] < 0 && d->objs[i] && (d->objs[i]->type == HWLOC_OBJ_PCI_DEVICE || d->objs[i]->type == HWLOC_OBJ_OS_DEVICE))
+        if (gidx[i] < 0 && d->objs[i] &&
+            (d->objs[i]->type == HWLOC_OBJ_PCI_DEVICE || d->objs[i]->type == HWLOC_OBJ_OS_DEVICE))
             is_switch[i] = 1;
     }
     int G = t->n_gpus;
@@ -116,13 +120,16 @@ static void fill_nvlink(hwloc_topology_t topo, dg_node_topo_t *t, hwloc_obj_t *g
     /* switches: union-find over switch-to-switch links, then per component each GPU's total link
      * bandwidth into it; a pair of GPUs on one fabric gets the smaller of the two */
     int *comp = dg_xmalloc(n * sizeof *comp);
-    for (unsigned i = 0; i < n; i++) comp[i] = (int)i;
+    for (unsigned i = 0; i < n; i++)
+        comp[i] = (int)i;
     for (unsigned i = 0; i < n; i++)
         for (unsigned j = 0; j < n; j++)
             if (is_switch[i] && is_switch[j] && (d->values[i * n + j] || d->values[j * n + i])) {
                 int a = (int)i, b = (int)j;
-                while (comp[a] != a) a = comp[a];
-                while (comp[b] != b) b = comp[b];
+                while (comp[a] != a)
+                    a = comp[a];
+                while (comp[b] != b)
+                    b = comp[b];
                 if (a != b) comp[a < b ? b : a] = a < b ? a : b;
             }
     double *into = dg_xcalloc((size_t)G * n, sizeof *into); /* into[g*n + component root] */
@@ -132,7 +139,8 @@ static void fill_nvlink(hwloc_topology_t topo, dg_node_topo_t *t, hwloc_obj_t *g
         for (unsigned s = 0; s < n; s++) {
             if (!is_switch[s] || !d->values[i * n + s]) continue;
             int r = (int)s;
-            while (comp[r] != r) r = comp[r];
+            while (comp[r] != r)
+                r = comp[r];
             into[gidx[i] * n + (unsigned)r] += (double)d->values[i * n + s] / 1000.0;
             any_switch = 1;
         }
@@ -169,7 +177,8 @@ static void apply_cuda_visible(dg_node_topo_t *t) {
         char *end = NULL;
         long v = strtol(tok, &end, 10);
         if (end == tok || *end || v < 0) {
-            DG_LOG_DEBUG("CUDA_VISIBLE_DEVICES='%s' is not a list of indices; GPU indices left as enumerated", env);
+            DG_LOG_DEBUG("CUDA_VISIBLE_DEVICES='%s' is not a list of indices; GPU indices left as enumerated",
+                         env);
             return;
         }
         if (n < DG_TOPO_MAX_GPUS) map[n++] = (int)v;
@@ -212,10 +221,12 @@ static dg_status_t summarize(hwloc_topology_t topo, const char *xml, dg_node_top
     if (t->n_cores <= 0) t->n_cores = t->n_pus; /* some descriptions have no Core level */
 
     int npci = 0;
-    for (hwloc_obj_t p = NULL; (p = hwloc_get_next_pcidev(topo, p));) npci++;
+    for (hwloc_obj_t p = NULL; (p = hwloc_get_next_pcidev(topo, p));)
+        npci++;
     hwloc_obj_t *pcis = dg_xcalloc((size_t)npci, sizeof *pcis);
     int k = 0;
-    for (hwloc_obj_t p = NULL; (p = hwloc_get_next_pcidev(topo, p));) pcis[k++] = p;
+    for (hwloc_obj_t p = NULL; (p = hwloc_get_next_pcidev(topo, p));)
+        pcis[k++] = p;
     qsort(pcis, (size_t)npci, sizeof *pcis, cmp_pci);
 
     hwloc_obj_t gpu_pci[DG_TOPO_MAX_GPUS];
@@ -248,7 +259,8 @@ static dg_status_t summarize(hwloc_topology_t topo, const char *xml, dg_node_top
             if (model)
                 snprintf(g->name, sizeof g->name, "%s", model);
             else
-                snprintf(g->name, sizeof g->name, "PCI %04x:%04x", p->attr->pcidev.vendor_id, p->attr->pcidev.device_id);
+                snprintf(g->name, sizeof g->name, "PCI %04x:%04x", p->attr->pcidev.vendor_id,
+                         p->attr->pcidev.device_id);
             /* without a CUDA OS device: the index CUDA gives with CUDA_DEVICE_ORDER=PCI_BUS_ID */
             int v = p->attr->pcidev.vendor_id == 0x10de ? 0 : 1;
             g->cuda_index = cuda >= 0 ? cuda : per_vendor[v];
@@ -276,9 +288,13 @@ static dg_status_t summarize(hwloc_topology_t topo, const char *xml, dg_node_top
             }
             unsigned cls = p->attr->pcidev.class_id;
             if (ofed)
-                snprintf(nic->kind, sizeof nic->kind, "%s", link && strcmp(link, "Ethernet") == 0 ? "roce" : "ib");
+                snprintf(nic->kind, sizeof nic->kind, "%s",
+                         link && strcmp(link, "Ethernet") == 0 ? "roce" : "ib");
             else
-                snprintf(nic->kind, sizeof nic->kind, "%s", cls == 0x0207 ? "ib" : cls == 0x0200 ? "eth" : "net");
+                snprintf(nic->kind, sizeof nic->kind, "%s",
+                         cls == 0x0207   ? "ib"
+                         : cls == 0x0200 ? "eth"
+                                         : "net");
             if (ofed || net)
                 snprintf(nic->name, sizeof nic->name, "%s", ofed ? ofed : net);
             else
@@ -287,12 +303,13 @@ static dg_status_t summarize(hwloc_topology_t topo, const char *xml, dg_node_top
     }
     /* when CUDA's own enumeration is in the topology, a GPU it did not list is not a CUDA device here */
     int any_cuda = 0;
-    for (int g = 0; g < t->n_gpus; g++) any_cuda |= cuda_listed[g];
+    for (int g = 0; g < t->n_gpus; g++)
+        any_cuda |= cuda_listed[g];
     for (int g = 0; any_cuda && g < t->n_gpus; g++)
         if (!cuda_listed[g]) t->gpus[g].cuda_index = -1;
     if (dropped_gpus || dropped_nics)
-        DG_LOG_WARN("topology of %s: %d GPU(s) and %d NIC(s) beyond the first %d/%d are not reported", t->host,
-                    dropped_gpus, dropped_nics, DG_TOPO_MAX_GPUS, DG_TOPO_MAX_NICS);
+        DG_LOG_WARN("topology of %s: %d GPU(s) and %d NIC(s) beyond the first %d/%d are not reported",
+                    t->host, dropped_gpus, dropped_nics, DG_TOPO_MAX_GPUS, DG_TOPO_MAX_NICS);
     fill_nvlink(topo, t, gpu_pci);
     free(pcis);
     return DG_OK;
@@ -318,11 +335,14 @@ dg_status_t dg_topo_load(const char *xml_path_or_null, dg_node_topo_t *out, hwlo
         int e = errno;
         hwloc_topology_destroy(topo);
         if (xml)
-            return DG_ERR(DG_ERR_USAGE,
-                          "cannot load hwloc topology XML '%s': %s; expected an hwloc 2.x XML file (lstopo --of xml)",
-                          xml, e ? strerror(e) : "invalid topology");
-        return DG_ERR(DG_ERR_RUNTIME, "hwloc could not discover this machine's topology: %s; hint: set "
-                      "[topology] xml to an exported description", e ? strerror(e) : "unknown error");
+            return DG_ERR(
+                DG_ERR_USAGE,
+                "cannot load hwloc topology XML '%s': %s; expected an hwloc 2.x XML file (lstopo --of xml)",
+                xml, e ? strerror(e) : "invalid topology");
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "hwloc could not discover this machine's topology: %s; hint: set "
+                      "[topology] xml to an exported description",
+                      e ? strerror(e) : "unknown error");
     }
     dg_status_t s = summarize(topo, xml, out);
     /* CUDA_VISIBLE_DEVICES describes this machine: it applies to the live topology, or to an XML file
@@ -352,8 +372,10 @@ dg_status_t dg_topo_export_xml(const char *xml_in_or_null, const char *out_path)
     dg_status_t s = DG_OK;
     errno = 0;
     if (hwloc_topology_export_xmlbuffer(topo, &buf, &len, 0) < 0 || len < 1)
-        s = DG_ERR(DG_ERR_RUNTIME, "hwloc call `hwloc_topology_export_xmlbuffer` failed: %s; hint: was hwloc built "
-                   "with XML support?", strerror(errno));
+        s = DG_ERR(DG_ERR_RUNTIME,
+                   "hwloc call `hwloc_topology_export_xmlbuffer` failed: %s; hint: was hwloc built "
+                   "with XML support?",
+                   strerror(errno));
     else
         s = dg_write_file_atomic(out_path, buf, (size_t)len - 1); /* len counts the final NUL */
     if (buf) hwloc_free_xmlbuffer(topo, buf);

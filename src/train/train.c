@@ -23,6 +23,7 @@
 #include "dg_mpi.h"
 #include "graph.h"
 #include "health.h"
+#include "planner.h"
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Setup helpers                                                                                     */
@@ -36,6 +37,7 @@ typedef struct trainer {
     int dp_rank, dp_size;
     dg_mesh_shape_t mesh;
     char mesh_str[128];
+    char plan_reason[512]; /* why mesh = auto chose this mesh ("" when given explicitly) */
 
     dg_backend_t *be;
     char backend_name[16];
@@ -59,6 +61,7 @@ typedef struct trainer {
     dg_ckpt_tensor_t *ckpt_t;
     char **ckpt_paths;
     int *frozen; /* per parameter: matched train.freeze */
+    float *grad_flat; /* all gradients, for the data-parallel all-reduce */
 
     int64_t step;   /* optimizer steps completed */
     int64_t tokens; /* global tokens consumed */
@@ -105,14 +108,79 @@ static dg_status_t pick_backend(trainer_t *tr) {
     return DG_OK;
 }
 
-/* The mesh this build can run: until the FSDP passes land every rank is one data-parallel replica of the
- * whole model (dp over the world); tp and dp_shard > 1 are refused with a clear message. */
+/* The planner's inputs for this run: the workload from the model and batch config. */
+static void plan_workload(const dg_config_t *c, const dg_model_desc_t *d, dg_plan_workload_t *w) {
+    memset(w, 0, sizeof *w);
+    w->n_layer = d->n_layer;
+    w->n_head = d->n_head;
+    w->d_model = d->d_model;
+    w->seq_len = d->seq_len;
+    w->vocab = d->padded_vocab;
+    w->n_params = (int64_t)dg_model_n_params(d);
+    w->micro_batch = (int)c->train.micro_batch;
+    w->global_batch = c->train.global_batch;
+    w->param_bytes = strcmp(c->train.precision, "fp32") == 0 ? 4 : 2;
+    w->grad_bytes = strcmp(c->train.reduce_dtype, "bf16") == 0 ? 2 : 4;
+    w->reshard_after_forward = c->parallel.reshard_after_forward;
+}
+
+/* The cluster to plan for: topology.cluster describes one that is not here (planning only); otherwise
+ * this job's nodes, as hwloc saw rank 0's node, with world / nodes ranks on each. */
+static dg_status_t plan_cluster(dg_boot_t *boot, const dg_config_t *c, dg_cluster_t *cl) {
+    if (c->topology.cluster[0]) return dg_cluster_load(c->topology.cluster, (int)c->topology.world, cl);
+    if (!boot->have_topo) return DG_ERR(DG_ERR_RUNTIME, "planner: the node topology was not loaded");
+    if (boot->world_size % boot->n_nodes)
+        return DG_ERR(DG_ERR_USAGE, "parallel.mesh=auto: %d ranks over %d nodes is uneven; give parallel.mesh explicitly",
+                      boot->world_size, boot->n_nodes);
+    int rpn = boot->world_size / boot->n_nodes;
+    dg_node_topo_t t = boot->topo;
+    if (t.n_gpus > 0 && rpn > t.n_gpus) t.n_gpus = 0; /* more ranks than GPUs: plan them as CPU ranks */
+    return dg_cluster_from_topo(&t, boot->hwtopo, boot->n_nodes, rpn, cl);
+}
+
+/* Runs the topology-SLA scorer (collective inputs are identical on every rank, so every rank computes
+ * the same answer). max_tp caps tensor parallelism at what this build can run. */
+static dg_status_t run_planner(dg_boot_t *boot, const dg_config_t *c, const dg_model_desc_t *d, int max_tp,
+                               dg_cluster_t *cl, dg_plan_result_t *res) {
+    DG_TRY(plan_cluster(boot, c, cl));
+    if (max_tp > 0 && cl->max_tp > max_tp) cl->max_tp = max_tp;
+    dg_plan_workload_t w;
+    plan_workload(c, d, &w);
+    dg_status_t s = dg_plan_run(cl, &w, res);
+    if (s) {
+        dg_plan_result_free(res);
+        dg_cluster_free(cl);
+    }
+    return s;
+}
+
+/* Tensor parallelism the executor can run today. */
+#define DG_TRAIN_MAX_TP 1
+
+/* The mesh this build can run: until the FSDP passes land every rank holds a whole replica of the model
+ * (dp_shard and dp_replicate are both data parallelism with identical numbers); tp > 1 is refused. With
+ * mesh = auto the topology-SLA planner chooses among the shapes that are runnable. */
 static dg_status_t pick_mesh(trainer_t *tr) {
     int is_auto = 0;
     DG_TRY(dg_mesh_parse(tr->cfg->parallel.mesh, tr->world, &tr->mesh, &is_auto));
     if (is_auto) {
-        dg_mesh_shape_t s = {{1, tr->world, 1}, {DG_MESH_DP_REPLICATE, DG_MESH_DP_SHARD, DG_MESH_TP}};
-        tr->mesh = s;
+        dg_cluster_t cl;
+        dg_plan_result_t pr;
+        dg_model_desc_t d;
+        DG_TRY(dg_model_desc_from_config(tr->cfg, &d));
+        if (tr->world == 1 || tr->cfg->topology.cluster[0]) {
+            dg_mesh_shape_t s = {{1, tr->world, 1}, {DG_MESH_DP_REPLICATE, DG_MESH_DP_SHARD, DG_MESH_TP}};
+            tr->mesh = s;
+            snprintf(tr->plan_reason, sizeof tr->plan_reason, "%s",
+                     tr->world == 1 ? "one rank: nothing to plan"
+                                    : "topology.cluster describes another cluster (planning only): all ranks in dp_shard");
+        } else {
+            DG_TRY(run_planner(tr->boot, tr->cfg, &d, DG_TRAIN_MAX_TP, &cl, &pr));
+            tr->mesh = pr.plans[pr.chosen].mesh;
+            snprintf(tr->plan_reason, sizeof tr->plan_reason, "%s", pr.reason);
+            dg_plan_result_free(&pr);
+            dg_cluster_free(&cl);
+        }
     }
     if (tr->mesh.size[DG_MESH_TP] != 1)
         return DG_ERR(DG_ERR_USAGE, "parallel.mesh=%s: tensor parallelism is not available in this build",
@@ -415,12 +483,39 @@ static void trainer_free(trainer_t *tr) {
     free(tr->ckpt_paths);
     free(tr->ckpt_t);
     free(tr->frozen);
+    free(tr->grad_flat);
     if (tr->val_ld) dg_loader_free(tr->val_ld);
     if (tr->train_ld) dg_loader_free(tr->train_ld);
     if (tr->val_ds) dg_dataset_free(tr->val_ds);
     if (tr->train_ds) dg_dataset_free(tr->train_ds);
     if (tr->model) dg_model_free(tr->model);
     dg_backend_free(tr->be);
+}
+
+/* Data parallelism without sharding: every rank holds the whole model, so the gradients (already scaled
+ * by 1 / global tokens) are summed over the data-parallel ranks in one flat all-reduce. Used until the
+ * FSDP passes insert the collectives into the graph. */
+static dg_status_t allreduce_grads(trainer_t *tr, int64_t step) {
+    size_t total = 0;
+    for (int i = 0; i < tr->n_params; i++) total += dg_model_param(tr->model, i)->numel;
+    if (!tr->grad_flat) tr->grad_flat = dg_xmalloc(total * sizeof(float));
+    size_t off = 0;
+    for (int i = 0; i < tr->n_params; i++) {
+        DG_TRY(dg_model_get_tensor(tr->model, i, DG_STATE_GRAD, tr->grad_flat + off));
+        off += dg_model_param(tr->model, i)->numel;
+    }
+    dg_health_set_activity(tr->health, step, "all-reduce gradients");
+    for (size_t done = 0; done < total;) {
+        int n = total - done > (size_t)1 << 30 ? 1 << 30 : (int)(total - done);
+        DG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tr->grad_flat + done, n, MPI_FLOAT, MPI_SUM, tr->comm));
+        done += (size_t)n;
+    }
+    off = 0;
+    for (int i = 0; i < tr->n_params; i++) {
+        DG_TRY(dg_model_set_tensor(tr->model, i, DG_STATE_GRAD, tr->grad_flat + off));
+        off += dg_model_param(tr->model, i)->numel;
+    }
+    return DG_OK;
 }
 
 /* Health events go to metrics.jsonl. */
@@ -502,6 +597,7 @@ static dg_status_t train_loop(trainer_t *tr) {
             if (!st) st = dg_model_forward_backward(tr->model, tok, tgt, dloss, &l);
             loss_sum += l;
         }
+        if (!st && tr->dp_size > 1) st = allreduce_grads(tr, step);
         if (st) continue; /* agreed at the top of the next iteration */
 
         double loss_pair[1] = {loss_sum / tr->accum}, loss_glob[1];
@@ -675,7 +771,8 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
                      DG_JI("state_bytes_per_rank", (int64_t)dg_model_state_bytes(tr.model)),
                      DG_JI("arena_bytes", (int64_t)dg_model_arena_bytes(tr.model)),
                      DG_JI("start_step", tr.step), DG_JI("steps", cfg->train.steps),
-                     DG_JS("version", DG_VERSION_STRING));
+                     DG_JS("version", DG_VERSION_STRING),
+                     DG_JS("plan", tr.plan_reason[0] ? tr.plan_reason : "mesh given by parallel.mesh"));
     DG_LOG_INFO("training %s (%.2fM params) on %d rank(s), mesh %s, backend %s, %lld steps of %lld x %d tokens",
                 cfg->model.preset, dg_model_n_params(&tr.desc) / 1e6, tr.world, tr.mesh_str, tr.backend_name,
                 (long long)cfg->train.steps, (long long)tr.global_batch, tr.desc.seq_len);
@@ -709,8 +806,33 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
 /* --plan-only and --dry-run                                                                         */
 /* ------------------------------------------------------------------------------------------------ */
 
-/* Each rank renders its text; rank 0 prints them in rank order. */
-static dg_status_t gather_print(dg_boot_t *boot, const char *text, FILE *out, int json) {
+/* The planner's table (or JSON object) for --plan-only / --dry-run, rendered by rank 0 into a malloc'd
+ * string; "" on other ranks. Planning for a described cluster (topology.cluster) needs no real ranks. */
+static dg_status_t planner_text(dg_boot_t *boot, const dg_config_t *cfg, int json, char **text_out) {
+    *text_out = dg_xstrdup("");
+    if (boot->world_rank != 0) return DG_OK;
+    dg_model_desc_t d;
+    DG_TRY(dg_model_desc_from_config(cfg, &d));
+    dg_cluster_t cl;
+    dg_plan_result_t pr;
+    DG_TRY(run_planner(boot, cfg, &d, DG_TRAIN_MAX_TP, &cl, &pr));
+    char *buf = NULL;
+    size_t cap = 0;
+    FILE *mem = open_memstream(&buf, &cap);
+    DG_ASSERT(mem != NULL);
+    dg_plan_print(&pr, &cl, mem, json, json ? 0 : 12);
+    if (!json && DG_TRAIN_MAX_TP == 1)
+        fprintf(mem, "  (this build runs tp = 1; larger tp is planned once tensor parallelism lands)\n");
+    fclose(mem);
+    free(*text_out);
+    *text_out = buf;
+    dg_plan_result_free(&pr);
+    dg_cluster_free(&cl);
+    return DG_OK;
+}
+
+/* Each rank renders its text; rank 0 prints them in rank order, after `head` (JSON: the planner object). */
+static dg_status_t gather_print(dg_boot_t *boot, const char *head, const char *text, FILE *out, int json) {
     int len = (int)strlen(text) + 1;
     int *lens = NULL, *displs = NULL;
     char *all = NULL;
@@ -726,7 +848,8 @@ static dg_status_t gather_print(dg_boot_t *boot, const char *text, FILE *out, in
     }
     DG_MPI_CHECK(MPI_Gatherv(text, len, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, boot->world));
     if (boot->world_rank == 0) {
-        if (json) fprintf(out, "{\"ranks\":[");
+        if (json) fprintf(out, "{\"planner\":%s,\"ranks\":[", head && head[0] ? head : "null");
+        else if (head) fputs(head, out);
         for (int r = 0; r < boot->world_size; r++) {
             if (json)
                 fprintf(out, "%s{\"rank\":%d,\"plan\":%s}", r ? "," : "", r, all + displs[r]);
@@ -774,7 +897,10 @@ dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json
         fclose(mem);
     }
     s = dg_boot_agree(boot, s);
-    if (s == DG_OK) s = gather_print(boot, buf, out, json);
+    char *head = NULL;
+    if (s == DG_OK) s = dg_boot_agree(boot, planner_text(boot, cfg, json, &head));
+    if (s == DG_OK) s = gather_print(boot, head, buf, out, json);
+    free(head);
     free(buf);
     if (tr.model) dg_model_free(tr.model);
     dg_backend_free(be);
@@ -794,7 +920,7 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
                     "\"vocab_size\":%d,\"padded_vocab\":%d,\"n_params\":%llu,\"flops_per_token\":%.6g},"
                     "\"mesh\":\"%s\",\"global_batch\":%lld,\"micro_batch\":%d,\"grad_accum\":%d,"
                     "\"per_rank_bytes\":{\"params_grads_optimizer\":%zu,\"activation_arena\":%zu,"
-                    "\"activations_unplanned\":%zu}}\n",
+                    "\"activations_unplanned\":%zu}",
                     cfg->model.preset, tr.desc.n_layer, tr.desc.n_head, tr.desc.d_model, tr.desc.seq_len,
                     tr.desc.vocab_size, tr.desc.padded_vocab, (unsigned long long)dg_model_n_params(&tr.desc),
                     dg_model_flops_per_token(&tr.desc), tr.mesh_str, (long long)tr.global_batch, tr.micro_batch,
@@ -811,9 +937,16 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
             fprintf(out, "  per rank     params+grads+AdamW %.2f MB; activation arena %.2f MB (%.2f MB unplanned)\n",
                     state / 1e6, arena / 1e6, act / 1e6);
         }
+    }
+    char *head = NULL;
+    s = dg_boot_agree(boot, s);
+    if (s == DG_OK) s = dg_boot_agree(boot, planner_text(boot, cfg, json, &head));
+    if (boot->world_rank == 0 && tr.model) {
+        if (json) fprintf(out, ",\"planner\":%s}\n", s == DG_OK ? head : "null");
+        else if (s == DG_OK) fputs(head, out);
         fflush(out);
     }
-    s = dg_boot_agree(boot, s);
+    free(head);
     if (tr.model) dg_model_free(tr.model);
     dg_backend_free(be);
     return s;

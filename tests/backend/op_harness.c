@@ -47,7 +47,8 @@ static const tol_row_t k_tols[] = {
 
 double dg_op_harness_tolerance(const char *op, dg_dtype_t act) {
     for (size_t i = 0; i < sizeof k_tols / sizeof k_tols[0]; i++)
-        if (strcmp(k_tols[i].op, op) == 0) return act == DG_BF16 ? k_tols[i].bf16 : act == DG_F16 ? k_tols[i].f16 : k_tols[i].f32;
+        if (strcmp(k_tols[i].op, op) == 0)
+            return act == DG_BF16 ? k_tols[i].bf16 : act == DG_F16 ? k_tols[i].f16 : k_tols[i].f32;
     return -1.0;
 }
 
@@ -69,10 +70,14 @@ static double round_fmt(double x, int p, int emin, double maxv) {
 
 static double h_round(double x, dg_dtype_t dt) {
     switch (dt) {
-    case DG_BF16: return round_fmt(x, 8, -126, ldexp(255.0 / 128.0, 127));
-    case DG_F16: return round_fmt(x, 11, -14, 65504.0);
-    case DG_F32: return round_fmt(x, 24, -126, FLT_MAX);
-    default: return x;
+    case DG_BF16:
+        return round_fmt(x, 8, -126, ldexp(255.0 / 128.0, 127));
+    case DG_F16:
+        return round_fmt(x, 11, -14, 65504.0);
+    case DG_F32:
+        return round_fmt(x, 24, -126, FLT_MAX);
+    default:
+        return x;
     }
 }
 
@@ -220,7 +225,8 @@ static double *hrand(H *h, size_t n, double lo, double hi) {
     return p;
 }
 static void hround(double *v, size_t n, dg_dtype_t dt) {
-    for (size_t i = 0; i < n; i++) v[i] = h_round(v[i], dt);
+    for (size_t i = 0; i < n; i++)
+        v[i] = h_round(v[i], dt);
 }
 
 static void *dalloc(H *h, dg_dtype_t dt, size_t n) {
@@ -250,10 +256,12 @@ static int poison(H *h, void *dev, dg_dtype_t dt, size_t n) {
     unsigned char *tmp = hraw(h, bytes);
     if (dt_size(dt) == 4) {
         uint32_t pat = 0x7FC0DEADu;
-        for (size_t i = 0; i < n; i++) memcpy(tmp + 4 * i, &pat, 4);
+        for (size_t i = 0; i < n; i++)
+            memcpy(tmp + 4 * i, &pat, 4);
     } else {
         uint16_t pat = dt == DG_BF16 ? 0x7FC1 : 0x7E01;
-        for (size_t i = 0; i < n; i++) memcpy(tmp + 2 * i, &pat, 2);
+        for (size_t i = 0; i < n; i++)
+            memcpy(tmp + 2 * i, &pat, 2);
     }
     return CALL(h, "to_device", to_device(h->be, dev, tmp, bytes));
 }
@@ -267,7 +275,8 @@ static double *download(H *h, const void *dev, dg_dtype_t dt, size_t n) {
     void *raw = download_raw(h, dev, n * dt_size(dt));
     if (!raw) return NULL;
     double *v = hnew(h, n);
-    for (size_t i = 0; i < n; i++) v[i] = h_decode1(dt, raw, i);
+    for (size_t i = 0; i < n; i++)
+        v[i] = h_decode1(dt, raw, i);
     return v;
 }
 
@@ -296,8 +305,10 @@ static int case_begin(H *h, const char *fmt, ...) {
     return 1;
 }
 static void case_end(H *h) {
-    for (int i = 0; i < h->ndev; i++) h->be->ops->free(h->be, h->dev[i]);
-    for (int i = 0; i < h->nhost; i++) free(h->host[i]);
+    for (int i = 0; i < h->ndev; i++)
+        h->be->ops->free(h->be, h->dev[i]);
+    for (int i = 0; i < h->nhost; i++)
+        free(h->host[i]);
     h->ndev = h->nhost = 0;
     if (h->o->digests) fprintf(h->o->digests, "%s %016llx\n", h->cname, (unsigned long long)h->digest);
 }
@@ -312,7 +323,8 @@ static double tol_of(H *h, const char *op) {
 
 static double rms(const double *v, size_t n) {
     double s = 0;
-    for (size_t i = 0; i < n; i++) s += v[i] * v[i];
+    for (size_t i = 0; i < n; i++)
+        s += v[i] * v[i];
     return n ? sqrt(s / (double)n) : 0.0;
 }
 
@@ -339,13 +351,13 @@ static void check_close(H *h, const char *what, const double *got, const double 
         }
     }
     if (nan_count) {
-        fail(h, "%s: %zu of %zu elements not finite (unwritten poison?), first at [%zu] = %g", what, nan_count, n,
-             first_nan, got[first_nan]);
+        fail(h, "%s: %zu of %zu elements not finite (unwritten poison?), first at [%zu] = %g", what,
+             nan_count, n, first_nan, got[first_nan]);
         return;
     }
     if (!(worst <= tol))
-        fail(h, "%s: max rel err %.3g > tol %.3g at [%zu]: got %.9g, ref %.9g (n=%zu)", what, worst, tol, wi, got[wi],
-             ref[wi], n);
+        fail(h, "%s: max rel err %.3g > tol %.3g at [%zu]: got %.9g, ref %.9g (n=%zu)", what, worst, tol, wi,
+             got[wi], ref[wi], n);
     else
         pass(h, "%s: max rel err %.3g <= tol %.3g (n=%zu)", what, worst, tol, n);
 }
@@ -364,7 +376,8 @@ static void check_bits(H *h, const char *what, const void *a, const void *b, siz
     if (h->bad || !a || !b) return;
     if (memcmp(a, b, bytes) != 0) {
         size_t i = 0;
-        while (((const unsigned char *)a)[i] == ((const unsigned char *)b)[i]) i++;
+        while (((const unsigned char *)a)[i] == ((const unsigned char *)b)[i])
+            i++;
         fail(h, "%s: not bitwise identical (first differing byte %zu of %zu)", what, i, bytes);
     } else {
         pass(h, "%s: bitwise identical (%zu bytes)", what, bytes);
@@ -375,8 +388,8 @@ static void check_bits(H *h, const char *what, const void *a, const void *b, siz
  * the backend gradient `got`: a sample of single elements, and directional derivatives along random
  * +-1 vectors, which involve every element. `ref` (the analytic float64 gradient) sets the scale. */
 typedef double (*objective_fn)(void *ctx);
-static void check_fd(H *h, const char *what, objective_fn f, void *ctx, double *x, size_t n, const double *got,
-                     const double *ref, double tol) {
+static void check_fd(H *h, const char *what, objective_fn f, void *ctx, double *x, size_t n,
+                     const double *got, const double *ref, double tol) {
     if (h->bad || !got || h->o->skip_fd) return;
     const double floor = rms(ref, n) > 0 ? rms(ref, n) : 1e-30;
     const int samples = n <= 48 ? (int)n : 40;
@@ -401,8 +414,8 @@ static void check_fd(H *h, const char *what, objective_fn f, void *ctx, double *
         }
     }
     if (!(worst <= tol))
-        fail(h, "%s vs finite differences: rel err %.3g > tol %.3g at [%zu]: got %.9g, fd %.9g", what, worst, tol, wi,
-             wg, wf);
+        fail(h, "%s vs finite differences: rel err %.3g > tol %.3g at [%zu]: got %.9g, fd %.9g", what, worst,
+             tol, wi, wg, wf);
     else
         pass(h, "%s vs finite differences: %d elements, max rel err %.3g", what, samples, worst);
     /* Directional derivatives: an error anywhere in the tensor moves the dot product. */
@@ -415,16 +428,18 @@ static void check_fd(H *h, const char *what, objective_fn f, void *ctx, double *
             dot += got[i] * u[i];
         }
         const double step = 1e-5;
-        for (size_t i = 0; i < n; i++) x[i] = x0[i] + step * u[i];
+        for (size_t i = 0; i < n; i++)
+            x[i] = x0[i] + step * u[i];
         double fp = f(ctx);
-        for (size_t i = 0; i < n; i++) x[i] = x0[i] - step * u[i];
+        for (size_t i = 0; i < n; i++)
+            x[i] = x0[i] - step * u[i];
         double fm = f(ctx);
         memcpy(x, x0, n * sizeof(double));
         double fd = (fp - fm) / (2 * step);
         double e = fabs(dot - fd) / (fabs(fd) + sqrt((double)n) * floor);
         if (!(e <= tol))
-            fail(h, "%s directional derivative %d: got %.9g, fd %.9g, rel err %.3g > tol %.3g", what, d, dot, fd, e,
-                 tol);
+            fail(h, "%s directional derivative %d: got %.9g, fd %.9g, rel err %.3g > tol %.3g", what, d, dot,
+                 fd, e, tol);
         else
             pass(h, "%s directional derivative %d: rel err %.3g", what, d, e);
     }
@@ -432,47 +447,56 @@ static void check_fd(H *h, const char *what, objective_fn f, void *ctx, double *
 
 static double dotd(const double *a, const double *b, size_t n) {
     double s = 0;
-    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
     return s;
 }
 static double *add_arrays(H *h, const double *a, const double *b, size_t n) {
     double *r = hnew(h, n);
-    for (size_t i = 0; i < n; i++) r[i] = a[i] + b[i];
+    for (size_t i = 0; i < n; i++)
+        r[i] = a[i] + b[i];
     return r;
 }
 
 /* ======================= float64 references ======================= */
 
-static void ref_encoder(double *out, const int32_t *tok, const double *wte, const double *wpe, int B, int T, int C) {
+static void ref_encoder(double *out, const int32_t *tok, const double *wte, const double *wpe, int B, int T,
+                        int C) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int c = 0; c < C; c++)
-                out[((size_t)b * T + t) * C + c] = wte[(size_t)tok[b * T + t] * C + c] + wpe[(size_t)t * C + c];
+                out[((size_t)b * T + t) * C + c] =
+                    wte[(size_t)tok[b * T + t] * C + c] + wpe[(size_t)t * C + c];
 }
 
-static void ref_layernorm(double *out, double *mean, double *rstd, const double *x, const double *w, const double *b,
-                          int N, int C) {
+static void ref_layernorm(double *out, double *mean, double *rstd, const double *x, const double *w,
+                          const double *b, int N, int C) {
     for (int r = 0; r < N; r++) {
         const double *xr = x + (size_t)r * C;
         double m = 0, v = 0;
-        for (int c = 0; c < C; c++) m += xr[c];
+        for (int c = 0; c < C; c++)
+            m += xr[c];
         m /= C;
-        for (int c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
+        for (int c = 0; c < C; c++)
+            v += (xr[c] - m) * (xr[c] - m);
         v /= C;
         double rs = 1.0 / sqrt(v + 1e-5);
-        for (int c = 0; c < C; c++) out[(size_t)r * C + c] = (xr[c] - m) * rs * w[c] + b[c];
+        for (int c = 0; c < C; c++)
+            out[(size_t)r * C + c] = (xr[c] - m) * rs * w[c] + b[c];
         if (mean) mean[r] = m;
         if (rstd) rstd[r] = rs;
     }
 }
-static void ref_layernorm_bwd(double *dx, double *dw, double *db, const double *dy, const double *x, const double *w,
-                              int N, int C) {
+static void ref_layernorm_bwd(double *dx, double *dw, double *db, const double *dy, const double *x,
+                              const double *w, int N, int C) {
     for (int r = 0; r < N; r++) {
         const double *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
         double m = 0, v = 0;
-        for (int c = 0; c < C; c++) m += xr[c];
+        for (int c = 0; c < C; c++)
+            m += xr[c];
         m /= C;
-        for (int c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
+        for (int c = 0; c < C; c++)
+            v += (xr[c] - m) * (xr[c] - m);
         double rs = 1.0 / sqrt(v / C + 1e-5);
         double mg = 0, mgx = 0;
         for (int c = 0; c < C; c++) {
@@ -500,32 +524,36 @@ static double ref_gelu_grad1(double x) {
 }
 
 /* out = x·wᵀ + bias; with gelu, pre gets the linear part and out its GELU. */
-static void ref_matmul(double *out, double *pre, const double *x, const double *w, const double *bias, int N, int C,
-                       int OC, int gelu) {
+static void ref_matmul(double *out, double *pre, const double *x, const double *w, const double *bias, int N,
+                       int C, int OC, int gelu) {
     for (int r = 0; r < N; r++)
         for (int o = 0; o < OC; o++) {
             double s = bias ? bias[o] : 0.0;
-            for (int c = 0; c < C; c++) s += x[(size_t)r * C + c] * w[(size_t)o * C + c];
+            for (int c = 0; c < C; c++)
+                s += x[(size_t)r * C + c] * w[(size_t)o * C + c];
             if (pre) pre[(size_t)r * OC + o] = s;
             out[(size_t)r * OC + o] = gelu ? ref_gelu1(s) : s;
         }
 }
-static void ref_matmul_bwd(double *dx, double *dw, double *db, const double *dy, const double *x, const double *w,
-                           int N, int C, int OC) {
+static void ref_matmul_bwd(double *dx, double *dw, double *db, const double *dy, const double *x,
+                           const double *w, int N, int C, int OC) {
     for (int r = 0; r < N; r++)
         for (int c = 0; c < C; c++) {
             double s = 0;
-            for (int o = 0; o < OC; o++) s += dy[(size_t)r * OC + o] * w[(size_t)o * C + c];
+            for (int o = 0; o < OC; o++)
+                s += dy[(size_t)r * OC + o] * w[(size_t)o * C + c];
             dx[(size_t)r * C + c] = s;
         }
     for (int o = 0; o < OC; o++) {
         for (int c = 0; c < C; c++) {
             double s = 0;
-            for (int r = 0; r < N; r++) s += dy[(size_t)r * OC + o] * x[(size_t)r * C + c];
+            for (int r = 0; r < N; r++)
+                s += dy[(size_t)r * OC + o] * x[(size_t)r * C + c];
             dw[(size_t)o * C + c] = s;
         }
         double s = 0;
-        for (int r = 0; r < N; r++) s += dy[(size_t)r * OC + o];
+        for (int r = 0; r < N; r++)
+            s += dy[(size_t)r * OC + o];
         db[o] = s;
     }
 }
@@ -538,13 +566,16 @@ static void att_probs(double *p, const double *qkv, int b, int h, int t, int T, 
     for (int j = 0; j <= t; j++) {
         const double *k = qkv + ((size_t)b * T + j) * 3 * C + C + (size_t)h * hs;
         double s = 0;
-        for (int d = 0; d < hs; d++) s += q[d] * k[d];
+        for (int d = 0; d < hs; d++)
+            s += q[d] * k[d];
         p[j] = s * scale;
         if (p[j] > mx) mx = p[j];
     }
     double sum = 0;
-    for (int j = 0; j <= t; j++) sum += (p[j] = exp(p[j] - mx));
-    for (int j = 0; j <= t; j++) p[j] /= sum;
+    for (int j = 0; j <= t; j++)
+        sum += (p[j] = exp(p[j] - mx));
+    for (int j = 0; j <= t; j++)
+        p[j] /= sum;
 }
 static void ref_attention(double *out, const double *qkv, int B, int T, int C, int NH, double *p) {
     int hs = C / NH;
@@ -555,13 +586,14 @@ static void ref_attention(double *out, const double *qkv, int B, int T, int C, i
                 double *o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
                 for (int d = 0; d < hs; d++) {
                     double s = 0;
-                    for (int j = 0; j <= t; j++) s += p[j] * qkv[((size_t)b * T + j) * 3 * C + 2 * C + (size_t)h * hs + d];
+                    for (int j = 0; j <= t; j++)
+                        s += p[j] * qkv[((size_t)b * T + j) * 3 * C + 2 * C + (size_t)h * hs + d];
                     o[d] = s;
                 }
             }
 }
-static void ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, int B, int T, int C, int NH,
-                              double *p, double *dp) {
+static void ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, int B, int T, int C,
+                              int NH, double *p, double *dp) {
     int hs = C / NH;
     double scale = 1.0 / sqrt((double)hs);
     memset(dqkv, 0, (size_t)B * T * 3 * C * sizeof(double));
@@ -600,8 +632,10 @@ static void ref_ce(double *loss, double *lse, const double *z, const int32_t *tg
     for (int i = 0; i < N; i++) {
         const double *row = z + (size_t)i * Vp;
         double mx = -INFINITY, s = 0;
-        for (int j = 0; j < V; j++) mx = row[j] > mx ? row[j] : mx;
-        for (int j = 0; j < V; j++) s += exp(row[j] - mx);
+        for (int j = 0; j < V; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        for (int j = 0; j < V; j++)
+            s += exp(row[j] - mx);
         double l = mx + log(s);
         if (lse) lse[i] = l;
         loss[i] = l - row[tg[i]];
@@ -611,8 +645,10 @@ static void ref_ce_bwd(double *dz, const double *z, const int32_t *tg, int N, in
     for (int i = 0; i < N; i++) {
         const double *row = z + (size_t)i * Vp;
         double mx = -INFINITY, s = 0;
-        for (int j = 0; j < V; j++) mx = row[j] > mx ? row[j] : mx;
-        for (int j = 0; j < V; j++) s += exp(row[j] - mx);
+        for (int j = 0; j < V; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        for (int j = 0; j < V; j++)
+            s += exp(row[j] - mx);
         for (int j = 0; j < Vp; j++)
             dz[(size_t)i * Vp + j] = j < V ? (exp(row[j] - mx) / s - (j == tg[i] ? 1.0 : 0.0)) * dloss : 0.0;
     }
@@ -643,7 +679,8 @@ static void *ddup(H *h, const void *src, size_t bytes) {
 }
 static int32_t *rand_tokens(H *h, size_t n, int V) {
     int32_t *t = hraw(h, n * sizeof(int32_t));
-    for (size_t i = 0; i < n; i++) t[i] = rng_int(h, V);
+    for (size_t i = 0; i < n; i++)
+        t[i] = rng_int(h, V);
     if (n >= 4) t[3] = t[1] = t[0]; /* repeated ids: gradient rows that several positions add into */
     return t;
 }
@@ -660,7 +697,8 @@ static void case_memory(H *h) {
             continue;
         }
         unsigned char *src = hraw(h, n);
-        for (size_t i = 0; i < n; i++) src[i] = (unsigned char)((i * 131u + 7u) | 1u);
+        for (size_t i = 0; i < n; i++)
+            src[i] = (unsigned char)((i * 131u + 7u) | 1u);
         CALL(h, "to_device", to_device(h->be, a, src, n));
         CALL(h, "copy", copy(h->be, b, a, n));
         unsigned char *back = download_raw(h, b, n);
@@ -672,7 +710,8 @@ static void case_memory(H *h) {
         unsigned char *z = download_raw(h, b, n);
         if (z) {
             size_t nz = 0;
-            for (size_t i = 0; i < n; i++) nz += z[i] != 0;
+            for (size_t i = 0; i < n; i++)
+                nz += z[i] != 0;
             if (nz)
                 fail(h, "memset0 of %zu bytes left %zu non-zero bytes", n, nz);
             else
@@ -717,7 +756,8 @@ static double cast_src_value(H *h, size_t i) {
 static void case_cast(H *h, dg_dtype_t st, dg_dtype_t dt, size_t n) {
     if (!case_begin(h, "cast[%s->%s,n=%zu]", dg_dtype_name(st), dg_dtype_name(dt), n)) return;
     double *v = hnew(h, n);
-    for (size_t i = 0; i < n; i++) v[i] = h_round(cast_src_value(h, i), st);
+    for (size_t i = 0; i < n; i++)
+        v[i] = h_round(cast_src_value(h, i), st);
     void *src = dalloc(h, st, n), *dst = dalloc(h, dt, n);
     upload(h, src, st, v, n);
     poison(h, dst, dt, n);
@@ -725,17 +765,22 @@ static void case_cast(H *h, dg_dtype_t st, dg_dtype_t dt, size_t n) {
     unsigned char *got = download_raw(h, dst, n * dt_size(dt));
     if (got) {
         double *ref = hnew(h, n);
-        for (size_t i = 0; i < n; i++) ref[i] = h_round(v[i], dt);
+        for (size_t i = 0; i < n; i++)
+            ref[i] = h_round(v[i], dt);
         unsigned char *want = hraw(h, n * dt_size(dt));
         h_encode(dt, ref, want, n);
         size_t bad = 0, first = 0;
         for (size_t i = 0; i < n; i++) {
             double g = h_decode1(dt, got, i);
-            int same = isnan(ref[i]) ? isnan(g) : memcmp(got + i * dt_size(dt), want + i * dt_size(dt), dt_size(dt)) == 0;
+            int same = isnan(ref[i])
+                           ? isnan(g)
+                           : memcmp(got + i * dt_size(dt), want + i * dt_size(dt), dt_size(dt)) == 0;
             if (!same && !bad++) first = i;
         }
         if (bad)
-            fail(h, "%zu of %zu elements differ from round-to-nearest-even; first [%zu]: src %.10g -> got %.10g, want %.10g",
+            fail(h,
+                 "%zu of %zu elements differ from round-to-nearest-even; first [%zu]: src %.10g -> got "
+                 "%.10g, want %.10g",
                  bad, n, first, v[first], h_decode1(dt, got, first), ref[first]);
         else
             pass(h, "bit-exact round-to-nearest-even (edge values included)");
@@ -776,7 +821,8 @@ static void case_elementwise(H *h, size_t n) {
     /* scale_f32 */
     double *x = hrand(h, n, 0.05, 2.0), *xs = hnew(h, n);
     hround(x, n, DG_F32);
-    for (size_t i = 0; i < n; i++) xs[i] = x[i] * (double)0.37f;
+    for (size_t i = 0; i < n; i++)
+        xs[i] = x[i] * (double)0.37f;
     void *dx = dalloc(h, DG_F32, n);
     upload(h, dx, DG_F32, x, n);
     if (!h->bad) CALL(h, "scale_f32", scale_f32(h->be, dx, n, 0.37f));
@@ -831,14 +877,16 @@ static void case_adamw(H *h, size_t n, int64_t t, int with_compute) {
     const double lr = 0.05, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gsc = 0.8;
     double *p = hrand(h, n, 0.1, 2.0), *g = hrand(h, n, 0.01, 1.0), *m = hrand(h, n, 0.001, 0.2),
            *v = hrand(h, n, 0.001, 0.2);
-    for (size_t i = 0; i < n; i++) v[i] = fabs(v[i]) * 0.1; /* second moments are non-negative */
+    for (size_t i = 0; i < n; i++)
+        v[i] = fabs(v[i]) * 0.1; /* second moments are non-negative */
     hround(p, n, DG_F32);
     hround(g, n, DG_F32);
     hround(m, n, DG_F32);
     hround(v, n, DG_F32);
     /* float64 reference step, with the float32 hyper-parameters the backend receives */
     double *rp = hnew(h, n), *rm = hnew(h, n), *rv = hnew(h, n), *rdelta = hnew(h, n);
-    const double fb1 = (float)b1, fb2 = (float)b2, flr = (float)lr, feps = (float)eps, fwd = (float)wd, fgs = (float)gsc;
+    const double fb1 = (float)b1, fb2 = (float)b2, flr = (float)lr, feps = (float)eps, fwd = (float)wd,
+                 fgs = (float)gsc;
     const double bc1 = 1.0 - pow(fb1, (double)t), bc2 = 1.0 - pow(fb2, (double)t);
     for (size_t i = 0; i < n; i++) {
         double gg = g[i] * fgs;
@@ -858,15 +906,17 @@ static void case_adamw(H *h, size_t n, int64_t t, int with_compute) {
     upload(h, dgs, DG_F32, &gsr, 1);
     if (dc) poison(h, dc, h->act, n);
     if (!h->bad)
-        CALL(h, "adamw", adamw(h->be, dp, dc, dg, dm, dv, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t,
-                               dgs));
+        CALL(h, "adamw",
+             adamw(h->be, dp, dc, dg, dm, dv, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, t,
+                   dgs));
     const double tol = tol_of(h, "adamw");
     double *gp = download(h, dp, DG_F32, n);
     check_close(h, "m", download(h, dm, DG_F32, n), rm, n, tol, NULL);
     check_close(h, "v", download(h, dv, DG_F32, n), rv, n, tol, NULL);
     if (gp) {
         double *gdelta = hnew(h, n);
-        for (size_t i = 0; i < n; i++) gdelta[i] = gp[i] - p[i];
+        for (size_t i = 0; i < n; i++)
+            gdelta[i] = gp[i] - p[i];
         check_close(h, "master update (new - old)", gdelta, rdelta, n, tol, NULL);
         check_close(h, "master", gp, rp, n, tol * 0.1, NULL);
     }
@@ -874,7 +924,8 @@ static void case_adamw(H *h, size_t n, int64_t t, int with_compute) {
         /* compute = the new master rounded to the act dtype, exactly */
         unsigned char *gc = download_raw(h, dc, n * dt_size(h->act));
         double *want = hnew(h, n);
-        for (size_t i = 0; i < n; i++) want[i] = h_round(gp[i], h->act);
+        for (size_t i = 0; i < n; i++)
+            want[i] = h_round(gp[i], h->act);
         unsigned char *wb = hraw(h, n * dt_size(h->act));
         h_encode(h->act, want, wb, n);
         check_bits(h, "compute copy == act-dtype cast of new master", gc, wb, n * dt_size(h->act));
@@ -889,8 +940,9 @@ static void case_adamw(H *h, size_t n, int64_t t, int with_compute) {
     upload(h, dm2, DG_F32, m, n);
     upload(h, dv2, DG_F32, v, n);
     if (!h->bad)
-        CALL(h, "adamw", adamw(h->be, dp2, NULL, dg, dm2, dv2, n, (float)lr, (float)b1, (float)b2, (float)eps,
-                               (float)wd, t, dgs));
+        CALL(h, "adamw",
+             adamw(h->be, dp2, NULL, dg, dm2, dv2, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd,
+                   t, dgs));
     check_bits(h, "repeat: master", download_raw(h, dp2, n * 4), download_raw(h, dp, n * 4), n * 4);
     check_bits(h, "repeat: v", download_raw(h, dv2, n * 4), download_raw(h, dv, n * 4), n * 4);
     case_end(h);
@@ -922,7 +974,8 @@ static void case_encoder(H *h, int B, int T, int C, int V, int Vp, int fd) {
     hround(dout, no, A);
     double *ref = hnew(h, no);
     ref_encoder(ref, tok, wte, wpe, B, T, C);
-    void *dtok = dalloc(h, DG_I32, N), *dte = dalloc(h, A, nte), *dpe = dalloc(h, A, npe), *dy = dalloc(h, A, no);
+    void *dtok = dalloc(h, DG_I32, N), *dte = dalloc(h, A, nte), *dpe = dalloc(h, A, npe),
+         *dy = dalloc(h, A, no);
     void *o1 = dalloc(h, A, no), *o2 = dalloc(h, A, no);
     upload_i32(h, dtok, tok, N);
     upload(h, dte, A, wte, nte);
@@ -968,10 +1021,10 @@ static void case_encoder(H *h, int B, int T, int C, int V, int Vp, int fd) {
     upload(h, gte2, DG_F32, pre_te, nte);
     upload(h, gpe2, DG_F32, pre_pe, npe);
     if (!h->bad) CALL(h, "encoder_bwd", encoder_bwd(h->be, gte2, gpe2, dy, dtok, B, T, C));
-    check_close(h, "bwd dwte accumulates (+=)", download(h, gte2, DG_F32, nte), add_arrays(h, pre_te, gte, nte), nte, tb,
-                gte);
-    check_close(h, "bwd dwpe accumulates (+=)", download(h, gpe2, DG_F32, npe), add_arrays(h, pre_pe, gpe, npe), npe, tb,
-                gpe);
+    check_close(h, "bwd dwte accumulates (+=)", download(h, gte2, DG_F32, nte),
+                add_arrays(h, pre_te, gte, nte), nte, tb, gte);
+    check_close(h, "bwd dwpe accumulates (+=)", download(h, gpe2, DG_F32, npe),
+                add_arrays(h, pre_pe, gpe, npe), npe, tb, gpe);
     /* run 3 = run 1 */
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gte2, nte * 4));
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gpe2, npe * 4));
@@ -1000,7 +1053,8 @@ static void case_layernorm(H *h, int N, int C, double offset, int fd) {
     const size_t n = (size_t)N * C;
     double *x = hrand(h, n, 0.05, 1.5), *w = hrand(h, C, 0.2, 1.5), *b = hrand(h, C, 0.05, 1.0);
     double *dout = hrand(h, n, 0.05, 1.0);
-    for (size_t i = 0; i < n; i++) x[i] += offset; /* rows with |mean| >> std test the variance formula */
+    for (size_t i = 0; i < n; i++)
+        x[i] += offset; /* rows with |mean| >> std test the variance formula */
     hround(x, n, A);
     hround(w, C, A);
     hround(b, C, A);
@@ -1066,15 +1120,17 @@ static void case_layernorm(H *h, int N, int C, double offset, int fd) {
     upload(h, gb2, DG_F32, pb, C);
     if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, m1, r1, N, C, 1));
     check_close(h, "bwd dinp (acc=1 adds)", download(h, gx2, A, n), add_arrays(h, px, rdx, n), n, tb, rdx);
-    check_close(h, "bwd dw accumulates (+=)", download(h, gw2, DG_F32, C), add_arrays(h, pw, rdw, C), C, tb, rdw);
-    check_close(h, "bwd db accumulates (+=)", download(h, gb2, DG_F32, C), add_arrays(h, pb, rdb, C), C, tb, rdb);
+    check_close(h, "bwd dw accumulates (+=)", download(h, gw2, DG_F32, C), add_arrays(h, pw, rdw, C), C, tb,
+                rdw);
+    check_close(h, "bwd db accumulates (+=)", download(h, gb2, DG_F32, C), add_arrays(h, pb, rdb, C), C, tb,
+                rdb);
     /* run 3 = run 1 */
     poison(h, gx2, A, n);
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, C * 4));
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gb2, C * 4));
     if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, m1, r1, N, C, 0));
-    check_bits(h, "bwd repeat dinp", download_raw(h, gx2, n * dt_size(A)), download_raw(h, gx1, n * dt_size(A)),
-               n * dt_size(A));
+    check_bits(h, "bwd repeat dinp", download_raw(h, gx2, n * dt_size(A)),
+               download_raw(h, gx1, n * dt_size(A)), n * dt_size(A));
     check_bits(h, "bwd repeat dw", download_raw(h, gw2, C * 4), download_raw(h, gw1, C * 4), C * 4);
     check_bits(h, "bwd repeat db", download_raw(h, gb2, C * 4), download_raw(h, gb1, C * 4), C * 4);
     case_end(h);
@@ -1139,7 +1195,8 @@ static void case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int 
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw1, nw * 4));
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gb1, OC * 4));
     if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, gx1, gw1, gb1, dy, dx, dw, N, C, OC, 0));
-    double *ax = download(h, gx1, A, nx), *aw = download(h, gw1, DG_F32, nw), *ab = download(h, gb1, DG_F32, OC);
+    double *ax = download(h, gx1, A, nx), *aw = download(h, gw1, DG_F32, nw),
+           *ab = download(h, gb1, DG_F32, OC);
     check_close(h, "bwd dinp (acc=0)", ax, rdx, nx, tb, NULL);
     check_close(h, "bwd dw", aw, rdw, nw, tb, NULL);
     check_close(h, "bwd dbias", ab, rdb, OC, tb, NULL);
@@ -1162,15 +1219,17 @@ static void case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int 
     upload(h, gb2, DG_F32, pb, OC);
     if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, N, C, OC, 1));
     check_close(h, "bwd dinp (acc=1 adds)", download(h, gx2, A, nx), add_arrays(h, px, rdx, nx), nx, tb, rdx);
-    check_close(h, "bwd dw accumulates (+=)", download(h, gw2, DG_F32, nw), add_arrays(h, pw, rdw, nw), nw, tb, rdw);
-    check_close(h, "bwd dbias accumulates (+=)", download(h, gb2, DG_F32, OC), add_arrays(h, pb, rdb, OC), OC, tb, rdb);
+    check_close(h, "bwd dw accumulates (+=)", download(h, gw2, DG_F32, nw), add_arrays(h, pw, rdw, nw), nw,
+                tb, rdw);
+    check_close(h, "bwd dbias accumulates (+=)", download(h, gb2, DG_F32, OC), add_arrays(h, pb, rdb, OC), OC,
+                tb, rdb);
     /* run 3 = run 1 */
     poison(h, gx2, A, nx);
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gb2, OC * 4));
     if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, N, C, OC, 0));
-    check_bits(h, "bwd repeat dinp", download_raw(h, gx2, nx * dt_size(A)), download_raw(h, gx1, nx * dt_size(A)),
-               nx * dt_size(A));
+    check_bits(h, "bwd repeat dinp", download_raw(h, gx2, nx * dt_size(A)),
+               download_raw(h, gx1, nx * dt_size(A)), nx * dt_size(A));
     check_bits(h, "bwd repeat dw", download_raw(h, gw2, nw * 4), download_raw(h, gw1, nw * 4), nw * 4);
     check_bits(h, "bwd repeat dbias", download_raw(h, gb2, OC * 4), download_raw(h, gb1, OC * 4), OC * 4);
     /* run 4: no input gradient and no bias gradient wanted */
@@ -1190,7 +1249,8 @@ typedef struct {
 static double gelu_obj(void *p) {
     gelu_ctx_t *c = p;
     double s = 0;
-    for (size_t i = 0; i < c->n; i++) s += c->dout[i] * ref_gelu1(c->x[i]);
+    for (size_t i = 0; i < c->n; i++)
+        s += c->dout[i] * ref_gelu1(c->x[i]);
     return s;
 }
 
@@ -1198,7 +1258,8 @@ static void case_gelu(H *h, size_t n, int fd) {
     if (!case_begin(h, "gelu[n=%zu]", n)) return;
     const dg_dtype_t A = h->act;
     double *x = hrand(h, n, 0.01, 5.0), *dout = hrand(h, n, 0.05, 1.0);
-    for (size_t i = 0; i < n; i += 17) x[i] *= 3.0; /* some tails, out to |x| = 15 */
+    for (size_t i = 0; i < n; i += 17)
+        x[i] *= 3.0; /* some tails, out to |x| = 15 */
     hround(x, n, A);
     hround(dout, n, A);
     double *ref = hnew(h, n), *rdx = hnew(h, n);
@@ -1308,7 +1369,8 @@ static double ce_obj(void *p) {
     ce_ctx_t *c = p;
     ref_ce(c->loss, NULL, c->z, c->tg, c->N, c->V, c->Vp);
     double s = 0;
-    for (int i = 0; i < c->N; i++) s += c->loss[i];
+    for (int i = 0; i < c->N; i++)
+        s += c->loss[i];
     return s * c->dloss;
 }
 
@@ -1324,7 +1386,8 @@ static void case_crossentropy(H *h, int N, int V, int Vp, int fd) {
     ref_ce(rl, rlse, z, tg, N, V, Vp);
     ref_ce_bwd(rdz, z, tg, N, V, Vp, dloss);
     void *dz = dalloc(h, A, nz), *dtg = dalloc(h, DG_I32, N);
-    void *l1 = dalloc(h, DG_F32, N), *s1 = dalloc(h, DG_F32, N), *l2 = dalloc(h, DG_F32, N), *s2 = dalloc(h, DG_F32, N);
+    void *l1 = dalloc(h, DG_F32, N), *s1 = dalloc(h, DG_F32, N), *l2 = dalloc(h, DG_F32, N),
+         *s2 = dalloc(h, DG_F32, N);
     void *g1 = dalloc(h, A, nz), *g2 = dalloc(h, A, nz);
     upload(h, dz, A, z, nz);
     upload_i32(h, dtg, tg, N);
@@ -1342,7 +1405,8 @@ static void case_crossentropy(H *h, int N, int V, int Vp, int fd) {
     digest_dev(h, s1, N * 4);
     const double tb = tol_of(h, "crossentropy_bwd");
     poison(h, g1, A, nz);
-    if (!h->bad) CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g1, dz, s1, dtg, N, V, Vp, (float)dloss));
+    if (!h->bad)
+        CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g1, dz, s1, dtg, N, V, Vp, (float)dloss));
     double *a = download(h, g1, A, nz);
     check_close(h, "bwd dlogits (padded columns = 0)", a, rdz, nz, tb, NULL);
     if (fd) {
@@ -1351,13 +1415,15 @@ static void case_crossentropy(H *h, int N, int V, int Vp, int fd) {
     }
     digest_dev(h, g1, nz * dt_size(A));
     poison(h, g2, A, nz);
-    if (!h->bad) CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g2, dz, s1, dtg, N, V, Vp, (float)dloss));
+    if (!h->bad)
+        CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g2, dz, s1, dtg, N, V, Vp, (float)dloss));
     check_bits(h, "bwd repeat", download_raw(h, g2, nz * dt_size(A)), download_raw(h, g1, nz * dt_size(A)),
                nz * dt_size(A));
     /* in place: dlogits aliasing logits */
     void *inplace = ddup(h, dz, nz * dt_size(A));
     if (!h->bad)
-        CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, inplace, inplace, s1, dtg, N, V, Vp, (float)dloss));
+        CALL(h, "crossentropy_bwd",
+             crossentropy_bwd(h->be, inplace, inplace, s1, dtg, N, V, Vp, (float)dloss));
     check_bits(h, "bwd in place (dlogits == logits)", download_raw(h, inplace, nz * dt_size(A)),
                download_raw(h, g1, nz * dt_size(A)), nz * dt_size(A));
     case_end(h);
@@ -1389,7 +1455,8 @@ int dg_op_harness_run(dg_backend_t *be, const dg_harness_opts_t *opts) {
     case_memory(h);
     const dg_dtype_t fl[] = {DG_F32, DG_BF16, DG_F16};
     for (int i = 0; i < 3; i++)
-        for (int j = 0; j < 3; j++) case_cast(h, fl[i], fl[j], 1000);
+        for (int j = 0; j < 3; j++)
+            case_cast(h, fl[i], fl[j], 1000);
     case_cast(h, DG_F32, DG_BF16, 50000);
     case_elementwise(h, 1001);
     case_elementwise(h, 70001);

@@ -19,13 +19,13 @@
 
 static int g_fail = 0;
 
-#define EXPECT(cond, ...)                                                                                  \
-    do {                                                                                                   \
-        if (!(cond)) {                                                                                     \
-            g_fail++;                                                                                      \
-            printf("FAIL errors: " __VA_ARGS__);                                                           \
-            printf("\n");                                                                                  \
-        }                                                                                                  \
+#define EXPECT(cond, ...)                                                                                    \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            g_fail++;                                                                                        \
+            printf("FAIL errors: " __VA_ARGS__);                                                             \
+            printf("\n");                                                                                    \
+        }                                                                                                    \
     } while (0)
 
 static dg_backend_t *make(int threads) {
@@ -63,7 +63,8 @@ static void error_checks(void) {
     const dg_backend_ops_t *op = be->ops;
     float *buf = NULL;
     DG_ASSERT(op->alloc(be, 4096 * sizeof(float), (void **)&buf) == DG_OK);
-    for (int i = 0; i < 4096; i++) buf[i] = 0.5f + (float)i * 1e-3f;
+    for (int i = 0; i < 4096; i++)
+        buf[i] = 0.5f + (float)i * 1e-3f;
     int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
 
     expect_err(op->attention_fwd(be, buf, buf, buf, 1, 2, 10, 3), "not divisible", "attention C % NH != 0");
@@ -76,16 +77,19 @@ static void error_checks(void) {
     int32_t neg[4] = {0, 1, -5, 2};
     expect_err(op->encoder_fwd(be, buf, neg, buf, buf, 2, 2, 4), "negative", "encoder_fwd negative token");
     expect_err(op->encoder_bwd(be, buf, buf, buf, neg, 2, 2, 4), "negative", "encoder_bwd negative token");
-    expect_err(op->matmul_fwd(be, buf, NULL, buf, NULL, NULL, 4, 4, 4, DG_EPI_NONE), "NULL", "matmul_fwd w = NULL");
+    expect_err(op->matmul_fwd(be, buf, NULL, buf, NULL, NULL, 4, 4, 4, DG_EPI_NONE), "NULL",
+               "matmul_fwd w = NULL");
     expect_err(op->matmul_fwd(be, buf, NULL, buf, buf, NULL, 4, 4, 4, DG_EPI_GELU), "pre",
                "matmul_fwd GELU without pre");
     expect_err(op->matmul_fwd(be, buf, buf, buf, buf, NULL, 4, 4, 4, DG_EPI_GELU), "different",
                "matmul_fwd GELU with pre == out");
-    expect_err(op->matmul_bwd(be, buf, buf, NULL, buf, buf, buf, -1, 4, 4, 0), "positive", "matmul_bwd N = -1");
-    expect_err(op->layernorm_fwd(be, buf, NULL, buf, buf, buf, buf, 4, 4), "mean", "layernorm_fwd mean = NULL");
+    expect_err(op->matmul_bwd(be, buf, buf, NULL, buf, buf, buf, -1, 4, 4, 0), "positive",
+               "matmul_bwd N = -1");
+    expect_err(op->layernorm_fwd(be, buf, NULL, buf, buf, buf, buf, 4, 4), "mean",
+               "layernorm_fwd mean = NULL");
     expect_err(op->cast(be, buf, DG_I32, buf, DG_F32, 4), "cast", "cast to i32");
-    expect_err(op->adamw(be, buf, NULL, buf, buf, buf, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.f, 0, buf), "t must be",
-               "adamw t = 0");
+    expect_err(op->adamw(be, buf, NULL, buf, buf, buf, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.f, 0, buf),
+               "t must be", "adamw t = 0");
     expect_err(op->adamw(be, buf, NULL, buf, buf, buf, 4, 1e-3f, 1.5f, 0.95f, 1e-8f, 0.f, 1, buf), "betas",
                "adamw beta1 = 1.5");
     expect_err(op->to_host(be, NULL, buf, 16), "NULL", "to_host to NULL");
@@ -95,7 +99,8 @@ static void error_checks(void) {
     /* A NaN gradient norm must not be hidden by clipping: the scale becomes NaN. */
     buf[0] = NAN;
     EXPECT(op->clip_scale(be, buf + 1, buf + 2, buf, 1.0f, 1.0f) == DG_OK, "clip_scale NaN");
-    EXPECT(isnan(buf[1]) && isnan(buf[2]), "clip_scale of a NaN sumsq gave scale %g, norm %g", buf[1], buf[2]);
+    EXPECT(isnan(buf[1]) && isnan(buf[2]), "clip_scale of a NaN sumsq gave scale %g, norm %g", buf[1],
+           buf[2]);
     op->free(be, buf);
     dg_backend_free(be);
     printf("cpu backend error checks: %s\n", g_fail ? "FAILED" : "passed");
@@ -136,11 +141,13 @@ static int threads_compare(const char *list, const dg_harness_opts_t *base) {
         char *a = strdup(texts[0]), *b = strdup(texts[i]);
         char *la = strtok_r(a, "\n", &sa), *lb = strtok_r(b, "\n", &sb);
         for (; la && lb; la = strtok_r(NULL, "\n", &sa), lb = strtok_r(NULL, "\n", &sb))
-            if (strcmp(la, lb) != 0) printf("FAIL threads=%d vs %d differ: %s | %s\n", counts[0], counts[i], la, lb);
+            if (strcmp(la, lb) != 0)
+                printf("FAIL threads=%d vs %d differ: %s | %s\n", counts[0], counts[i], la, lb);
         free(a);
         free(b);
     }
-    for (int i = 0; i < n; i++) free(texts[i]);
+    for (int i = 0; i < n; i++)
+        free(texts[i]);
     return fails ? 1 : 0;
 }
 
@@ -166,10 +173,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--errors"))
             errors_only = 1;
         else {
-            fprintf(stderr,
-                    "usage: %s [--threads N] [--only SUBSTR] [--verbose] [--no-fd] [--digests FILE] | --errors | "
-                    "--threads-compare 1,2,3\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--threads N] [--only SUBSTR] [--verbose] [--no-fd] [--digests FILE] | --errors | "
+                "--threads-compare 1,2,3\n",
+                argv[0]);
             return 1;
         }
     }

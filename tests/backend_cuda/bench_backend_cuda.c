@@ -15,13 +15,13 @@
 
 #include "backend.h"
 
-#define MUST(call)                                                                                         \
-    do {                                                                                                   \
-        dg_status_t must_s_ = (call);                                                                      \
-        if (must_s_ != DG_OK) {                                                                            \
-            fprintf(stderr, "bench: %s failed: %s (%s)\n", #call, dg_last_error(), dg_last_error_where());  \
-            exit(1);                                                                                       \
-        }                                                                                                  \
+#define MUST(call)                                                                                           \
+    do {                                                                                                     \
+        dg_status_t must_s_ = (call);                                                                        \
+        if (must_s_ != DG_OK) {                                                                              \
+            fprintf(stderr, "bench: %s failed: %s (%s)\n", #call, dg_last_error(), dg_last_error_where());   \
+            exit(1);                                                                                         \
+        }                                                                                                    \
     } while (0)
 
 typedef struct {
@@ -64,19 +64,21 @@ static void *dev_rand(size_t n, dg_dtype_t dt, float lo, float hi, uint64_t seed
     return d;
 }
 
-#define TIME(NAME, FLOP, BYTES, PER_STEP, CALL)                                                            \
-    do {                                                                                                   \
-        for (int w_ = 0; w_ < 3; w_++) MUST(CALL);                                                         \
-        MUST(g_be->ops->sync(g_be));                                                                       \
-        double t0_ = dg_now_s();                                                                           \
-        for (int i_ = 0; i_ < g_iters; i_++) MUST(CALL);                                                   \
-        MUST(g_be->ops->sync(g_be));                                                                       \
-        row_t *r_ = &g_rows[g_nrows++];                                                                    \
-        r_->name = NAME;                                                                                   \
-        r_->ms = (dg_now_s() - t0_) * 1e3 / g_iters;                                                       \
-        r_->flop = (FLOP);                                                                                 \
-        r_->bytes = (BYTES);                                                                               \
-        r_->per_step = (PER_STEP);                                                                         \
+#define TIME(NAME, FLOP, BYTES, PER_STEP, CALL)                                                              \
+    do {                                                                                                     \
+        for (int w_ = 0; w_ < 3; w_++)                                                                       \
+            MUST(CALL);                                                                                      \
+        MUST(g_be->ops->sync(g_be));                                                                         \
+        double t0_ = dg_now_s();                                                                             \
+        for (int i_ = 0; i_ < g_iters; i_++)                                                                 \
+            MUST(CALL);                                                                                      \
+        MUST(g_be->ops->sync(g_be));                                                                         \
+        row_t *r_ = &g_rows[g_nrows++];                                                                      \
+        r_->name = NAME;                                                                                     \
+        r_->ms = (dg_now_s() - t0_) * 1e3 / g_iters;                                                         \
+        r_->flop = (FLOP);                                                                                   \
+        r_->bytes = (BYTES);                                                                                 \
+        r_->per_step = (PER_STEP);                                                                           \
     } while (0)
 
 int main(int argc, char **argv) {
@@ -96,7 +98,8 @@ int main(int argc, char **argv) {
             const char *d = argv[++i];
             act = !strcmp(d, "f32") ? DG_F32 : !strcmp(d, "f16") ? DG_F16 : DG_BF16;
         } else {
-            fprintf(stderr, "usage: %s [--B 8] [--T 1024] [--dtype bf16|f16|f32] [--iters 20] [--json FILE]\n",
+            fprintf(stderr,
+                    "usage: %s [--B 8] [--T 1024] [--dtype bf16|f16|f32] [--iters 20] [--json FILE]\n",
                     argv[0]);
             return 2;
         }
@@ -116,21 +119,27 @@ int main(int argc, char **argv) {
     const double nparam = 124475904.0; /* GPT-2 124M with Vp = 50304 */
 
     int32_t *htok = malloc((size_t)N * 4);
-    for (int i = 0; i < N; i++) htok[i] = (int32_t)((i * 7919u + 13u) % (unsigned)V);
+    for (int i = 0; i < N; i++)
+        htok[i] = (int32_t)((i * 7919u + 13u) % (unsigned)V);
     int32_t *tok = dev((size_t)N * 4);
     MUST(op->to_device(g_be, tok, htok, (size_t)N * 4));
     free(htok);
-    void *wte = dev_rand((size_t)Vp * C, act, 0.01f, 0.05f, 1), *wpe = dev_rand((size_t)T * C, act, 0.01f, 0.05f, 2);
+    void *wte = dev_rand((size_t)Vp * C, act, 0.01f, 0.05f, 1),
+         *wpe = dev_rand((size_t)T * C, act, 0.01f, 0.05f, 2);
     void *x = dev_rand(nc, act, 0.1f, 1.f, 3), *dy = dev_rand(nc, act, 0.01f, 0.1f, 4), *out = dev(nc * as);
     void *dx = dev(nc * as);
     void *lnw = dev_rand(C, act, 0.8f, 1.2f, 5), *lnb = dev_rand(C, act, 0.0f, 0.1f, 6);
     float *mean = dev((size_t)N * 4), *rstd = dev((size_t)N * 4), *gC = dev((size_t)4 * C * 4 * 3);
-    void *w3 = dev_rand((size_t)3 * C * C, act, 0.01f, 0.03f, 7), *b3 = dev_rand((size_t)3 * C, act, 0.f, 0.02f, 8);
-    void *w4 = dev_rand((size_t)4 * C * C, act, 0.01f, 0.03f, 9), *b4 = dev_rand((size_t)4 * C, act, 0.f, 0.02f, 10);
-    void *wp = dev_rand((size_t)C * 4 * C, act, 0.01f, 0.03f, 11), *w1 = dev_rand((size_t)C * C, act, 0.01f, 0.03f, 12);
+    void *w3 = dev_rand((size_t)3 * C * C, act, 0.01f, 0.03f, 7),
+         *b3 = dev_rand((size_t)3 * C, act, 0.f, 0.02f, 8);
+    void *w4 = dev_rand((size_t)4 * C * C, act, 0.01f, 0.03f, 9),
+         *b4 = dev_rand((size_t)4 * C, act, 0.f, 0.02f, 10);
+    void *wp = dev_rand((size_t)C * 4 * C, act, 0.01f, 0.03f, 11),
+         *w1 = dev_rand((size_t)C * C, act, 0.01f, 0.03f, 12);
     float *gw = dev((size_t)4 * C * C * 4), *gte = dev((size_t)Vp * C * 4), *gpe = dev((size_t)T * C * 4);
     void *qkv = dev_rand(nc * 3, act, 0.1f, 1.f, 13), *dqkv = dev(nc * 3 * as);
-    void *h4 = dev_rand(nc * 4, act, 0.1f, 1.f, 14), *pre4 = dev(nc * 4 * as), *dh4 = dev_rand(nc * 4, act, 0.01f, 0.1f, 15);
+    void *h4 = dev_rand(nc * 4, act, 0.1f, 1.f, 14), *pre4 = dev(nc * 4 * as),
+         *dh4 = dev_rand(nc * 4, act, 0.01f, 0.1f, 15);
     void *aux = dev(op->attention_aux_bytes(g_be, B, T, C, NH));
     void *logits = dev((size_t)N * Vp * as);
     float *losses = dev((size_t)N * 4), *lse = dev((size_t)N * 4);
@@ -149,13 +158,16 @@ int main(int argc, char **argv) {
          op->layernorm_bwd(g_be, dx, gC, gC + C, dy, x, lnw, mean, rstd, N, C, 1));
     /* GEMMs of one block */
     const double f1 = 2.0 * N * C * (double)C;
-    TIME("matmul_fwd qkv", 3 * f1, 0, L, op->matmul_fwd(g_be, qkv, NULL, x, w3, b3, N, C, 3 * C, DG_EPI_NONE));
+    TIME("matmul_fwd qkv", 3 * f1, 0, L,
+         op->matmul_fwd(g_be, qkv, NULL, x, w3, b3, N, C, 3 * C, DG_EPI_NONE));
     TIME("matmul_bwd qkv", 6 * f1, 0, L, op->matmul_bwd(g_be, dx, gw, gC, qkv, x, w3, N, C, 3 * C, 0));
     TIME("matmul_fwd attproj", f1, 0, L, op->matmul_fwd(g_be, out, NULL, x, w1, b3, N, C, C, DG_EPI_NONE));
     TIME("matmul_bwd attproj", 2 * f1, 0, L, op->matmul_bwd(g_be, dx, gw, gC, dy, x, w1, N, C, C, 0));
-    TIME("matmul_fwd fc+gelu", 4 * f1, 0, L, op->matmul_fwd(g_be, h4, pre4, x, w4, b4, N, C, 4 * C, DG_EPI_GELU));
+    TIME("matmul_fwd fc+gelu", 4 * f1, 0, L,
+         op->matmul_fwd(g_be, h4, pre4, x, w4, b4, N, C, 4 * C, DG_EPI_GELU));
     TIME("matmul_bwd fc", 8 * f1, 0, L, op->matmul_bwd(g_be, dx, gw, gC, dh4, x, w4, N, C, 4 * C, 0));
-    TIME("matmul_fwd fcproj", 4 * f1, 0, L, op->matmul_fwd(g_be, out, NULL, h4, wp, b3, N, 4 * C, C, DG_EPI_NONE));
+    TIME("matmul_fwd fcproj", 4 * f1, 0, L,
+         op->matmul_fwd(g_be, out, NULL, h4, wp, b3, N, 4 * C, C, DG_EPI_NONE));
     TIME("matmul_bwd fcproj", 8 * f1, 0, L, op->matmul_bwd(g_be, dh4, gw, gC, dy, h4, wp, N, 4 * C, C, 0));
     TIME("gelu_bwd", 0, nc * 4 * 3.0 * as, L, op->gelu_bwd(g_be, dh4, pre4, dh4, nc * 4, 0));
     TIME("add (residual)", 0, nc * 3.0 * as, 2 * L, op->add(g_be, out, x, dy, nc));
@@ -166,11 +178,14 @@ int main(int argc, char **argv) {
     TIME("attention_bwd", 2.5 * fatt, 0, L, op->attention_bwd(g_be, dqkv, dy, qkv, out, aux, B, T, C, NH));
     /* classifier */
     const double flm = 2.0 * N * C * (double)Vp;
-    TIME("matmul_fwd lm_head", flm, 0, 1, op->matmul_fwd(g_be, logits, NULL, x, wte, NULL, N, C, Vp, DG_EPI_NONE));
-    TIME("crossentropy_fwd", 0, (double)N * Vp * as, 1, op->crossentropy_fwd(g_be, losses, lse, logits, tok, N, V, Vp));
+    TIME("matmul_fwd lm_head", flm, 0, 1,
+         op->matmul_fwd(g_be, logits, NULL, x, wte, NULL, N, C, Vp, DG_EPI_NONE));
+    TIME("crossentropy_fwd", 0, (double)N * Vp * as, 1,
+         op->crossentropy_fwd(g_be, losses, lse, logits, tok, N, V, Vp));
     TIME("crossentropy_bwd", 0, (double)N * Vp * a2, 1,
          op->crossentropy_bwd(g_be, logits, logits, lse, tok, N, V, Vp, 1.0f / N));
-    TIME("matmul_bwd lm_head", 2 * flm, 0, 1, op->matmul_bwd(g_be, dx, gte, NULL, logits, x, wte, N, C, Vp, 0));
+    TIME("matmul_bwd lm_head", 2 * flm, 0, 1,
+         op->matmul_bwd(g_be, dx, gte, NULL, logits, x, wte, N, C, Vp, 0));
     /* optimizer over all parameters */
     const size_t np = (size_t)nparam;
     g_be->ops->free(g_be, logits);
@@ -198,18 +213,20 @@ int main(int argc, char **argv) {
         printf("%-28s %10.4f %10s %10s %6d\n", r->name, r->ms, tf, gb, r->per_step);
         step_ms += r->ms * r->per_step;
     }
-    printf("sum of one step's kernels: %.2f ms -> %.0f tokens/s (kernel time only, B*T = %d tokens)\n", step_ms,
-           N / (step_ms * 1e-3), N);
+    printf("sum of one step's kernels: %.2f ms -> %.0f tokens/s (kernel time only, B*T = %d tokens)\n",
+           step_ms, N / (step_ms * 1e-3), N);
     if (json) {
         FILE *f = fopen(json, "w");
         if (!f) {
             fprintf(stderr, "bench: cannot write %s\n", json);
             return 1;
         }
-        fprintf(f, "{\"B\":%d,\"T\":%d,\"act\":\"%s\",\"step_ms\":%.4f,\"ops\":[", B, T, dg_dtype_name(act), step_ms);
+        fprintf(f, "{\"B\":%d,\"T\":%d,\"act\":\"%s\",\"step_ms\":%.4f,\"ops\":[", B, T, dg_dtype_name(act),
+                step_ms);
         for (int i = 0; i < g_nrows; i++)
-            fprintf(f, "%s{\"name\":\"%s\",\"ms\":%.5f,\"flop\":%.6g,\"bytes\":%.6g,\"per_step\":%d}", i ? "," : "",
-                    g_rows[i].name, g_rows[i].ms, g_rows[i].flop, g_rows[i].bytes, g_rows[i].per_step);
+            fprintf(f, "%s{\"name\":\"%s\",\"ms\":%.5f,\"flop\":%.6g,\"bytes\":%.6g,\"per_step\":%d}",
+                    i ? "," : "", g_rows[i].name, g_rows[i].ms, g_rows[i].flop, g_rows[i].bytes,
+                    g_rows[i].per_step);
         fprintf(f, "]}\n");
         fclose(f);
     }

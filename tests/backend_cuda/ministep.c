@@ -5,8 +5,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_PROJW, P_PROJB, P_LN2W, P_LN2B,
-       P_FCW, P_FCB, P_FCPW, P_FCPB, P_LNFW, P_LNFB, P_COUNT };
+enum {
+    P_WTE,
+    P_WPE,
+    P_LN1W,
+    P_LN1B,
+    P_QKVW,
+    P_QKVB,
+    P_PROJW,
+    P_PROJB,
+    P_LN2W,
+    P_LN2B,
+    P_FCW,
+    P_FCB,
+    P_FCPW,
+    P_FCPB,
+    P_LNFW,
+    P_LNFB,
+    P_COUNT
+};
 
 struct ministep {
     dg_backend_t *be;
@@ -57,9 +74,22 @@ dg_status_t ministep_create(dg_backend_t *be, const ministep_cfg_t *cfg, ministe
     ms->act = be->act_dtype;
     const int B = cfg->B, T = cfg->T, C = cfg->C, Vp = cfg->Vp;
     const size_t N = (size_t)B * T, as = dg_dtype_size(ms->act);
-    const size_t lens[P_COUNT] = {(size_t)Vp * C, (size_t)T * C, C, C, (size_t)3 * C * C, 3 * (size_t)C,
-                                  (size_t)C * C, C, C, C, (size_t)4 * C * C, 4 * (size_t)C,
-                                  (size_t)4 * C * C, C, C, C};
+    const size_t lens[P_COUNT] = {(size_t)Vp * C,
+                                  (size_t)T * C,
+                                  C,
+                                  C,
+                                  (size_t)3 * C * C,
+                                  3 * (size_t)C,
+                                  (size_t)C * C,
+                                  C,
+                                  C,
+                                  C,
+                                  (size_t)4 * C * C,
+                                  4 * (size_t)C,
+                                  (size_t)4 * C * C,
+                                  C,
+                                  C,
+                                  C};
     size_t o = 0;
     for (int i = 0; i < P_COUNT; i++) {
         ms->off[i] = o;
@@ -68,9 +98,9 @@ dg_status_t ministep_create(dg_backend_t *be, const ministep_cfg_t *cfg, ministe
     }
     ms->np = o;
     dg_status_t s = DG_OK;
-#define A(ptr, bytes)                                                                                      \
-    do {                                                                                                   \
-        if ((s = balloc(ms, (bytes), (void **)&(ptr))) != DG_OK) goto fail;                                \
+#define A(ptr, bytes)                                                                                        \
+    do {                                                                                                     \
+        if ((s = balloc(ms, (bytes), (void **)&(ptr))) != DG_OK) goto fail;                                  \
     } while (0)
     A(ms->master, o * 4);
     A(ms->grad, o * 4);
@@ -122,12 +152,15 @@ dg_status_t ministep_create(dg_backend_t *be, const ministep_cfg_t *cfg, ministe
         for (int p = 0; p < P_COUNT; p++) {
             float *t = h + ms->off[p];
             const int is_ln_w = p == P_LN1W || p == P_LN2W || p == P_LNFW;
-            for (size_t i = 0; i < ms->len[p]; i++) t[i] = is_ln_w ? 1.f + rng_sym(&r, 0.1f) : rng_sym(&r, 0.05f);
+            for (size_t i = 0; i < ms->len[p]; i++)
+                t[i] = is_ln_w ? 1.f + rng_sym(&r, 0.1f) : rng_sym(&r, 0.05f);
         }
         memset(h + ms->off[P_WTE] + (size_t)cfg->V * C, 0, (size_t)(Vp - cfg->V) * C * sizeof(float));
         int32_t *tk = dg_xmalloc(N * 4), *tg = dg_xmalloc(N * 4);
-        for (size_t i = 0; i < N; i++) tk[i] = (int32_t)(rng_next(&r) % (uint64_t)cfg->V);
-        for (size_t i = 0; i < N; i++) tg[i] = i + 1 < N ? tk[i + 1] : tk[0];
+        for (size_t i = 0; i < N; i++)
+            tk[i] = (int32_t)(rng_next(&r) % (uint64_t)cfg->V);
+        for (size_t i = 0; i < N; i++)
+            tg[i] = i + 1 < N ? tk[i + 1] : tk[0];
         s = be->ops->to_device(be, ms->master, h, o * 4);
         if (!s) s = be->ops->to_device(be, ms->tok, tk, N * 4);
         if (!s) s = be->ops->to_device(be, ms->tgt, tg, N * 4);
@@ -150,7 +183,8 @@ fail:
 
 void ministep_free(ministep_t *ms) {
     if (!ms) return;
-    for (int i = 0; i < ms->nbufs; i++) ms->be->ops->free(ms->be, ms->bufs[i]);
+    for (int i = 0; i < ms->nbufs; i++)
+        ms->be->ops->free(ms->be, ms->bufs[i]);
     free(ms->host_losses);
     free(ms);
 }
@@ -170,36 +204,48 @@ dg_status_t ministep_fwd_bwd(ministep_t *ms) {
     DG_TRY(op->memset0(be, ms->grad, ms->np * 4));
     /* forward */
     DG_TRY(op->encoder_fwd(be, ms->x0, ms->tok, cp(ms, P_WTE), cp(ms, P_WPE), B, T, C));
-    DG_TRY(op->layernorm_fwd(be, ms->ln1, ms->mean1, ms->rstd1, ms->x0, cp(ms, P_LN1W), cp(ms, P_LN1B), N, C));
-    DG_TRY(op->matmul_fwd(be, ms->qkv, NULL, ms->ln1, cp(ms, P_QKVW), cp(ms, P_QKVB), N, C, 3 * C, DG_EPI_NONE));
+    DG_TRY(
+        op->layernorm_fwd(be, ms->ln1, ms->mean1, ms->rstd1, ms->x0, cp(ms, P_LN1W), cp(ms, P_LN1B), N, C));
+    DG_TRY(
+        op->matmul_fwd(be, ms->qkv, NULL, ms->ln1, cp(ms, P_QKVW), cp(ms, P_QKVB), N, C, 3 * C, DG_EPI_NONE));
     DG_TRY(op->attention_fwd(be, ms->att, ms->aux, ms->qkv, B, T, C, NH));
-    DG_TRY(op->matmul_fwd(be, ms->proj, NULL, ms->att, cp(ms, P_PROJW), cp(ms, P_PROJB), N, C, C, DG_EPI_NONE));
+    DG_TRY(
+        op->matmul_fwd(be, ms->proj, NULL, ms->att, cp(ms, P_PROJW), cp(ms, P_PROJB), N, C, C, DG_EPI_NONE));
     DG_TRY(op->add(be, ms->x1, ms->x0, ms->proj, nc));
-    DG_TRY(op->layernorm_fwd(be, ms->ln2, ms->mean2, ms->rstd2, ms->x1, cp(ms, P_LN2W), cp(ms, P_LN2B), N, C));
-    DG_TRY(op->matmul_fwd(be, ms->fc, ms->fcpre, ms->ln2, cp(ms, P_FCW), cp(ms, P_FCB), N, C, 4 * C, DG_EPI_GELU));
-    DG_TRY(op->matmul_fwd(be, ms->fcproj, NULL, ms->fc, cp(ms, P_FCPW), cp(ms, P_FCPB), N, 4 * C, C, DG_EPI_NONE));
+    DG_TRY(
+        op->layernorm_fwd(be, ms->ln2, ms->mean2, ms->rstd2, ms->x1, cp(ms, P_LN2W), cp(ms, P_LN2B), N, C));
+    DG_TRY(op->matmul_fwd(be, ms->fc, ms->fcpre, ms->ln2, cp(ms, P_FCW), cp(ms, P_FCB), N, C, 4 * C,
+                          DG_EPI_GELU));
+    DG_TRY(op->matmul_fwd(be, ms->fcproj, NULL, ms->fc, cp(ms, P_FCPW), cp(ms, P_FCPB), N, 4 * C, C,
+                          DG_EPI_NONE));
     DG_TRY(op->add(be, ms->x2, ms->x1, ms->fcproj, nc));
-    DG_TRY(op->layernorm_fwd(be, ms->lnf, ms->meanf, ms->rstdf, ms->x2, cp(ms, P_LNFW), cp(ms, P_LNFB), N, C));
+    DG_TRY(
+        op->layernorm_fwd(be, ms->lnf, ms->meanf, ms->rstdf, ms->x2, cp(ms, P_LNFW), cp(ms, P_LNFB), N, C));
     DG_TRY(op->matmul_fwd(be, ms->logits, NULL, ms->lnf, cp(ms, P_WTE), NULL, N, C, Vp, DG_EPI_NONE));
     DG_TRY(op->crossentropy_fwd(be, ms->losses, ms->lse, ms->logits, ms->tgt, N, V, Vp));
     /* backward (dlogits overwrite the logits in place) */
     DG_TRY(op->crossentropy_bwd(be, ms->logits, ms->logits, ms->lse, ms->tgt, N, V, Vp, 1.0f / (float)N));
-    DG_TRY(op->matmul_bwd(be, ms->dlnf, gp(ms, P_WTE), NULL, ms->logits, ms->lnf, cp(ms, P_WTE), N, C, Vp, 0));
-    DG_TRY(op->layernorm_bwd(be, ms->dx2, gp(ms, P_LNFW), gp(ms, P_LNFB), ms->dlnf, ms->x2, cp(ms, P_LNFW), ms->meanf,
-                             ms->rstdf, N, C, 0));
-    DG_TRY(op->matmul_bwd(be, ms->dfc, gp(ms, P_FCPW), gp(ms, P_FCPB), ms->dx2, ms->fc, cp(ms, P_FCPW), N, 4 * C, C, 0));
+    DG_TRY(
+        op->matmul_bwd(be, ms->dlnf, gp(ms, P_WTE), NULL, ms->logits, ms->lnf, cp(ms, P_WTE), N, C, Vp, 0));
+    DG_TRY(op->layernorm_bwd(be, ms->dx2, gp(ms, P_LNFW), gp(ms, P_LNFB), ms->dlnf, ms->x2, cp(ms, P_LNFW),
+                             ms->meanf, ms->rstdf, N, C, 0));
+    DG_TRY(op->matmul_bwd(be, ms->dfc, gp(ms, P_FCPW), gp(ms, P_FCPB), ms->dx2, ms->fc, cp(ms, P_FCPW), N,
+                          4 * C, C, 0));
     DG_TRY(op->gelu_bwd(be, ms->dfcpre, ms->fcpre, ms->dfc, (size_t)N * 4 * C, 0));
-    DG_TRY(op->matmul_bwd(be, ms->dln2, gp(ms, P_FCW), gp(ms, P_FCB), ms->dfcpre, ms->ln2, cp(ms, P_FCW), N, C, 4 * C, 0));
+    DG_TRY(op->matmul_bwd(be, ms->dln2, gp(ms, P_FCW), gp(ms, P_FCB), ms->dfcpre, ms->ln2, cp(ms, P_FCW), N,
+                          C, 4 * C, 0));
     /* the residual stream: dx1 = dx2 + layernorm-2 input gradient */
     DG_TRY(op->copy(be, ms->dx1, ms->dx2, nc * as));
-    DG_TRY(op->layernorm_bwd(be, ms->dx1, gp(ms, P_LN2W), gp(ms, P_LN2B), ms->dln2, ms->x1, cp(ms, P_LN2W), ms->mean2,
-                             ms->rstd2, N, C, 1));
-    DG_TRY(op->matmul_bwd(be, ms->datt, gp(ms, P_PROJW), gp(ms, P_PROJB), ms->dx1, ms->att, cp(ms, P_PROJW), N, C, C, 0));
+    DG_TRY(op->layernorm_bwd(be, ms->dx1, gp(ms, P_LN2W), gp(ms, P_LN2B), ms->dln2, ms->x1, cp(ms, P_LN2W),
+                             ms->mean2, ms->rstd2, N, C, 1));
+    DG_TRY(op->matmul_bwd(be, ms->datt, gp(ms, P_PROJW), gp(ms, P_PROJB), ms->dx1, ms->att, cp(ms, P_PROJW),
+                          N, C, C, 0));
     DG_TRY(op->attention_bwd(be, ms->dqkv, ms->datt, ms->qkv, ms->att, ms->aux, B, T, C, NH));
-    DG_TRY(op->matmul_bwd(be, ms->dln1, gp(ms, P_QKVW), gp(ms, P_QKVB), ms->dqkv, ms->ln1, cp(ms, P_QKVW), N, C, 3 * C, 0));
+    DG_TRY(op->matmul_bwd(be, ms->dln1, gp(ms, P_QKVW), gp(ms, P_QKVB), ms->dqkv, ms->ln1, cp(ms, P_QKVW), N,
+                          C, 3 * C, 0));
     DG_TRY(op->accumulate(be, ms->dx0, ms->dx1, nc, 0));
-    DG_TRY(op->layernorm_bwd(be, ms->dx0, gp(ms, P_LN1W), gp(ms, P_LN1B), ms->dln1, ms->x0, cp(ms, P_LN1W), ms->mean1,
-                             ms->rstd1, N, C, 1));
+    DG_TRY(op->layernorm_bwd(be, ms->dx0, gp(ms, P_LN1W), gp(ms, P_LN1B), ms->dln1, ms->x0, cp(ms, P_LN1W),
+                             ms->mean1, ms->rstd1, N, C, 1));
     DG_TRY(op->encoder_bwd(be, gp(ms, P_WTE), gp(ms, P_WPE), ms->dx0, ms->tok, B, T, C));
     return DG_OK;
 }
@@ -212,11 +258,12 @@ dg_status_t ministep_step(ministep_t *ms, int64_t t, double *loss) {
     DG_TRY(op->memset0(be, ms->sumsq, 4));
     DG_TRY(op->sumsq_f32(be, ms->sumsq, ms->grad, ms->np));
     DG_TRY(op->clip_scale(be, ms->gscale, ms->norm, ms->sumsq, ms->c.clip, 1.0f));
-    DG_TRY(op->adamw(be, ms->master, ms->comp, ms->grad, ms->m, ms->v, ms->np, ms->c.lr, 0.9f, 0.95f, 1e-8f, 0.01f, t,
-                     ms->gscale));
+    DG_TRY(op->adamw(be, ms->master, ms->comp, ms->grad, ms->m, ms->v, ms->np, ms->c.lr, 0.9f, 0.95f, 1e-8f,
+                     0.01f, t, ms->gscale));
     DG_TRY(op->to_host(be, ms->host_losses, ms->losses, (size_t)N * 4));
     double s = 0;
-    for (int i = 0; i < N; i++) s += ms->host_losses[i];
+    for (int i = 0; i < N; i++)
+        s += ms->host_losses[i];
     *loss = s / N;
     return DG_OK;
 }

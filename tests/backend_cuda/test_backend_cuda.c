@@ -12,6 +12,8 @@
  *       the same training run twice: losses, gradient norms and all parameters bitwise equal;
  *   test_backend_cuda --mode errors
  *       bad input gives clear errors (never a crash); no GPU gives "no CUDA device".
+ *   --under-test-cpu runs the CPU backend in place of the CUDA one (f32): a check of this program on
+ *   machines without a GPU.
  *   test_backend_cuda --mode probe
  *       exit 0 when a GPU is usable, 77 otherwise (for the compute-sanitizer wrappers).
  * Exit status: 0 all passed, 1 a check failed, 77 skipped (no GPU).
@@ -71,14 +73,14 @@ static dg_backend_t *make_cuda(dg_dtype_t act, int *skip) {
     exit(1);
 }
 
-#define MUST(call)                                                                                         \
-    do {                                                                                                   \
-        dg_status_t must_s_ = (call);                                                                      \
-        if (must_s_ != DG_OK) {                                                                            \
-            fprintf(stderr, "FAIL %s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, dg_last_error(),       \
-                    dg_last_error_where());                                                                \
-            exit(1);                                                                                       \
-        }                                                                                                  \
+#define MUST(call)                                                                                           \
+    do {                                                                                                     \
+        dg_status_t must_s_ = (call);                                                                        \
+        if (must_s_ != DG_OK) {                                                                              \
+            fprintf(stderr, "FAIL %s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #call, dg_last_error(),         \
+                    dg_last_error_where());                                                                  \
+            exit(1);                                                                                         \
+        }                                                                                                    \
     } while (0)
 
 /* ======================= CUDA vs CPU ======================= */
@@ -125,9 +127,12 @@ static void *calloc_c(cmp_t *x, size_t bytes) {
     return x->cb[x->nc++] = p;
 }
 static void cmp_reset(cmp_t *x) {
-    for (int i = 0; i < x->ng; i++) x->g->ops->free(x->g, x->gb[i]);
-    for (int i = 0; i < x->nc; i++) x->c->ops->free(x->c, x->cb[i]);
-    for (int i = 0; i < x->nh; i++) free(x->hb[i]);
+    for (int i = 0; i < x->ng; i++)
+        x->g->ops->free(x->g, x->gb[i]);
+    for (int i = 0; i < x->nc; i++)
+        x->c->ops->free(x->c, x->cb[i]);
+    for (int i = 0; i < x->nh; i++)
+        free(x->hb[i]);
     x->ng = x->nc = x->nh = 0;
 }
 
@@ -192,9 +197,11 @@ static float *down_c(cmp_t *x, const void *dev, size_t n) {
 }
 
 /* Elementwise |g - r| / (|r| + rms(r)) <= tol; NaN/inf fail. */
-static void compare(const char *cname, const char *what, const float *g, const float *r, size_t n, double tol) {
+static void compare(const char *cname, const char *what, const float *g, const float *r, size_t n,
+                    double tol) {
     double ss = 0;
-    for (size_t i = 0; i < n; i++) ss += (double)r[i] * r[i];
+    for (size_t i = 0; i < n; i++)
+        ss += (double)r[i] * r[i];
     double floor = n ? sqrt(ss / n) : 0;
     if (floor == 0) floor = 1e-30;
     double worst = 0;
@@ -213,8 +220,8 @@ static void compare(const char *cname, const char *what, const float *g, const f
     if (bad)
         check(0, "%s %s: %zu of %zu elements not finite (first [%zu] = %g)", cname, what, bad, n, wi, g[wi]);
     else
-        check(worst <= tol, "%s %s: max rel err %.3g (tol %.3g) at [%zu]: cuda %.8g cpu %.8g (n=%zu)", cname, what,
-              worst, tol, wi, g[wi], r[wi], n);
+        check(worst <= tol, "%s %s: max rel err %.3g (tol %.3g) at [%zu]: cuda %.8g cpu %.8g (n=%zu)", cname,
+              what, worst, tol, wi, g[wi], r[wi], n);
 }
 
 static double tol(const char *op, dg_dtype_t act) {
@@ -229,7 +236,8 @@ static int want(const char *name) {
 
 static void cmp_matmul(cmp_t *x, int N, int C, int OC, int bias, int gelu) {
     char nm[128];
-    snprintf(nm, sizeof nm, "matmul[N=%d,C=%d,OC=%d%s%s]", N, C, OC, bias ? ",bias" : "", gelu ? ",gelu" : "");
+    snprintf(nm, sizeof nm, "matmul[N=%d,C=%d,OC=%d%s%s]", N, C, OC, bias ? ",bias" : "",
+             gelu ? ",gelu" : "");
     if (!want(nm)) return;
     const dg_dtype_t A = x->act;
     const size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
@@ -237,8 +245,10 @@ static void cmp_matmul(cmp_t *x, int N, int C, int OC, int bias, int gelu) {
     pair_t b = pair_act(x, hrand(x, OC, 0.05f, 0.5f), OC), dy = pair_act(x, hrand(x, no, 0.05f, 1.f), no);
     pair_t out = pair_out(x, no, A), pre = pair_out(x, no, A);
     const dg_epilogue_t epi = gelu ? DG_EPI_GELU : DG_EPI_NONE;
-    MUST(x->g->ops->matmul_fwd(x->g, out.g, gelu ? pre.g : NULL, in.g, w.g, bias ? b.g : NULL, N, C, OC, epi));
-    MUST(x->c->ops->matmul_fwd(x->c, out.c, gelu ? pre.c : NULL, in.c, w.c, bias ? b.c : NULL, N, C, OC, epi));
+    MUST(
+        x->g->ops->matmul_fwd(x->g, out.g, gelu ? pre.g : NULL, in.g, w.g, bias ? b.g : NULL, N, C, OC, epi));
+    MUST(
+        x->c->ops->matmul_fwd(x->c, out.c, gelu ? pre.c : NULL, in.c, w.c, bias ? b.c : NULL, N, C, OC, epi));
     compare(nm, "fwd out", down_g(x, out.g, A, no), down_c(x, out.c, no), no, tol("matmul_fwd", A));
     if (gelu) compare(nm, "fwd pre", down_g(x, pre.g, A, no), down_c(x, pre.c, no), no, tol("matmul_fwd", A));
     /* backward: dinp overwrite, dw and dbias added into non-zero gradients */
@@ -248,7 +258,9 @@ static void cmp_matmul(cmp_t *x, int N, int C, int OC, int bias, int gelu) {
     MUST(x->c->ops->matmul_bwd(x->c, dx.c, dw.c, bias ? db.c : NULL, dy.c, in.c, w.c, N, C, OC, 0));
     compare(nm, "bwd dinp", down_g(x, dx.g, A, nx), down_c(x, dx.c, nx), nx, tol("matmul_bwd", A));
     compare(nm, "bwd dw (+=)", down_g(x, dw.g, DG_F32, nw), down_c(x, dw.c, nw), nw, tol("matmul_bwd", A));
-    if (bias) compare(nm, "bwd dbias (+=)", down_g(x, db.g, DG_F32, OC), down_c(x, db.c, OC), OC, tol("matmul_bwd", A));
+    if (bias)
+        compare(nm, "bwd dbias (+=)", down_g(x, db.g, DG_F32, OC), down_c(x, db.c, OC), OC,
+                tol("matmul_bwd", A));
     /* acc = 1 on the input gradient (into the dinp just computed) */
     pair_t dw2 = pair_f32(x, hrand(x, nw, 0.01f, 0.1f), nw);
     MUST(x->g->ops->matmul_bwd(x->g, dx.g, dw2.g, NULL, dy.g, in.g, w.g, N, C, OC, 1));
@@ -264,7 +276,8 @@ static void cmp_layernorm(cmp_t *x, int N, int C) {
     const dg_dtype_t A = x->act;
     const size_t n = (size_t)N * C;
     float *hx = hrand(x, n, 0.05f, 1.5f);
-    for (size_t i = 0; i < n; i++) hx[i] += 0.7f; /* non-zero row means */
+    for (size_t i = 0; i < n; i++)
+        hx[i] += 0.7f; /* non-zero row means */
     pair_t in = pair_act(x, hx, n), w = pair_act(x, hrand(x, C, 0.5f, 1.5f), C);
     pair_t b = pair_act(x, hrand(x, C, 0.05f, 0.5f), C), dy = pair_act(x, hrand(x, n, 0.05f, 1.f), n);
     pair_t out = pair_out(x, n, A), mean = pair_out(x, N, DG_F32), rstd = pair_out(x, N, DG_F32);
@@ -312,19 +325,24 @@ static void cmp_encoder(cmp_t *x, int B, int T, int C, int V) {
     const dg_dtype_t A = x->act;
     const size_t N = (size_t)B * T, nte = (size_t)V * C, npe = (size_t)T * C;
     int32_t *tok = malloc(N * 4);
-    for (size_t i = 0; i < N; i++) tok[i] = (int32_t)(rnext(x) % (uint64_t)(i % 3 ? V : 17)); /* hot ids */
+    for (size_t i = 0; i < N; i++)
+        tok[i] = (int32_t)(rnext(x) % (uint64_t)(i % 3 ? V : 17)); /* hot ids */
     pair_t tk = pair_i32(x, tok, N);
     free(tok);
-    pair_t wte = pair_act(x, hrand(x, nte, 0.05f, 1.f), nte), wpe = pair_act(x, hrand(x, npe, 0.05f, 1.f), npe);
+    pair_t wte = pair_act(x, hrand(x, nte, 0.05f, 1.f), nte),
+           wpe = pair_act(x, hrand(x, npe, 0.05f, 1.f), npe);
     pair_t dy = pair_act(x, hrand(x, N * C, 0.05f, 1.f), N * C), out = pair_out(x, N * C, A);
     MUST(x->g->ops->encoder_fwd(x->g, out.g, tk.g, wte.g, wpe.g, B, T, C));
     MUST(x->c->ops->encoder_fwd(x->c, out.c, tk.c, wte.c, wpe.c, B, T, C));
     compare(nm, "fwd out", down_g(x, out.g, A, N * C), down_c(x, out.c, N * C), N * C, tol("encoder_fwd", A));
-    pair_t dte = pair_f32(x, hrand(x, nte, 0.01f, 0.1f), nte), dpe = pair_f32(x, hrand(x, npe, 0.01f, 0.1f), npe);
+    pair_t dte = pair_f32(x, hrand(x, nte, 0.01f, 0.1f), nte),
+           dpe = pair_f32(x, hrand(x, npe, 0.01f, 0.1f), npe);
     MUST(x->g->ops->encoder_bwd(x->g, dte.g, dpe.g, dy.g, tk.g, B, T, C));
     MUST(x->c->ops->encoder_bwd(x->c, dte.c, dpe.c, dy.c, tk.c, B, T, C));
-    compare(nm, "bwd dwte (+=)", down_g(x, dte.g, DG_F32, nte), down_c(x, dte.c, nte), nte, tol("encoder_bwd", A));
-    compare(nm, "bwd dwpe (+=)", down_g(x, dpe.g, DG_F32, npe), down_c(x, dpe.c, npe), npe, tol("encoder_bwd", A));
+    compare(nm, "bwd dwte (+=)", down_g(x, dte.g, DG_F32, nte), down_c(x, dte.c, nte), nte,
+            tol("encoder_bwd", A));
+    compare(nm, "bwd dwpe (+=)", down_g(x, dpe.g, DG_F32, npe), down_c(x, dpe.c, npe), npe,
+            tol("encoder_bwd", A));
     cmp_reset(x);
 }
 
@@ -335,7 +353,8 @@ static void cmp_ce(cmp_t *x, int N, int V, int Vp) {
     const dg_dtype_t A = x->act;
     const size_t nz = (size_t)N * Vp;
     int32_t *tg = malloc(N * 4);
-    for (int i = 0; i < N; i++) tg[i] = (int32_t)(rnext(x) % (uint64_t)V);
+    for (int i = 0; i < N; i++)
+        tg[i] = (int32_t)(rnext(x) % (uint64_t)V);
     tg[0] = V - 1;
     pair_t t = pair_i32(x, tg, N);
     free(tg);
@@ -343,7 +362,8 @@ static void cmp_ce(cmp_t *x, int N, int V, int Vp) {
     pair_t loss = pair_out(x, N, DG_F32), lse = pair_out(x, N, DG_F32), dz = pair_out(x, nz, A);
     MUST(x->g->ops->crossentropy_fwd(x->g, loss.g, lse.g, z.g, t.g, N, V, Vp));
     MUST(x->c->ops->crossentropy_fwd(x->c, loss.c, lse.c, z.c, t.c, N, V, Vp));
-    compare(nm, "fwd losses", down_g(x, loss.g, DG_F32, N), down_c(x, loss.c, N), N, tol("crossentropy_fwd", A));
+    compare(nm, "fwd losses", down_g(x, loss.g, DG_F32, N), down_c(x, loss.c, N), N,
+            tol("crossentropy_fwd", A));
     compare(nm, "fwd lse", down_g(x, lse.g, DG_F32, N), down_c(x, lse.c, N), N, tol("crossentropy_fwd", A));
     const float dl = 1.0f / (float)N;
     MUST(x->g->ops->crossentropy_bwd(x->g, dz.g, z.g, lse.g, t.g, N, V, Vp, dl));
@@ -371,7 +391,8 @@ static void cmp_misc(cmp_t *x, size_t n) {
     compare(nm, "gelu bwd", down_g(x, dx.g, A, n), down_c(x, dx.c, n), n, tol("gelu_bwd", A));
     /* AdamW with a device grad scale, then the gradient norm and clip factor */
     float *hv = hrand(x, n, 0.001f, 0.1f);
-    for (size_t i = 0; i < n; i++) hv[i] = fabsf(hv[i]);
+    for (size_t i = 0; i < n; i++)
+        hv[i] = fabsf(hv[i]);
     pair_t p = pair_f32(x, hrand(x, n, 0.1f, 2.f), n), g = pair_f32(x, hrand(x, n, 0.01f, 1.f), n);
     pair_t m = pair_f32(x, hrand(x, n, 0.001f, 0.1f), n), v = pair_f32(x, hv, n);
     const float gsv = 0.7f;
@@ -382,7 +403,9 @@ static void cmp_misc(cmp_t *x, size_t n) {
     compare(nm, "adamw m", down_g(x, m.g, DG_F32, n), down_c(x, m.c, n), n, tol("adamw", A));
     compare(nm, "adamw v", down_g(x, v.g, DG_F32, n), down_c(x, v.c, n), n, tol("adamw", A));
     compare(nm, "adamw compute copy", down_g(x, comp.g, A, n), down_c(x, comp.c, n), n,
-            A == DG_F32 ? tol("adamw", A) : A == DG_BF16 ? 8e-3 : 1e-3);
+            A == DG_F32    ? tol("adamw", A)
+            : A == DG_BF16 ? 8e-3
+                           : 1e-3);
     const float zero = 0.f;
     pair_t ss = pair_f32(x, &zero, 1), sc = pair_out(x, 1, DG_F32), nr = pair_out(x, 1, DG_F32);
     MUST(x->g->ops->sumsq_f32(x->g, ss.g, g.g, n));
@@ -399,8 +422,15 @@ static void cmp_misc(cmp_t *x, size_t n) {
 static void cmp_ministep(dg_backend_t *g, dg_backend_t *c, dg_dtype_t act, int small) {
     const char *nm = "train-3-steps";
     if (!want(nm)) return;
-    ministep_cfg_t cfg = {.B = 2, .T = small ? 64 : 128, .C = 128, .NH = 2, .V = 500, .Vp = 512, .lr = 3e-3f,
-                          .clip = 1.0f, .seed = 7};
+    ministep_cfg_t cfg = {.B = 2,
+                          .T = small ? 64 : 128,
+                          .C = 128,
+                          .NH = 2,
+                          .V = 500,
+                          .Vp = 512,
+                          .lr = 3e-3f,
+                          .clip = 1.0f,
+                          .seed = 7};
     ministep_t *mg = NULL, *mc = NULL;
     MUST(ministep_create(g, &cfg, &mg));
     MUST(ministep_create(c, &cfg, &mc));
@@ -415,8 +445,9 @@ static void cmp_ministep(dg_backend_t *g, dg_backend_t *c, dg_dtype_t act, int s
         MUST(ministep_grad_norm(mg, &ng));
         MUST(ministep_grad_norm(mc, &nc));
         if (t == 1) l0 = lc;
-        check(isfinite(lg) && fabs(lg - lc) <= tl * fabs(lc), "%s step %d: loss cuda %.8f cpu %.8f (rel %.2g, tol %.2g)",
-              nm, t, lg, lc, fabs(lg - lc) / fabs(lc), tl);
+        check(isfinite(lg) && fabs(lg - lc) <= tl * fabs(lc),
+              "%s step %d: loss cuda %.8f cpu %.8f (rel %.2g, tol %.2g)", nm, t, lg, lc,
+              fabs(lg - lc) / fabs(lc), tl);
         check(isfinite(ng) && fabs(ng - nc) <= 10 * tl * fabs(nc) + 1e-6,
               "%s step %d: grad norm cuda %.8g cpu %.8g", nm, t, ng, nc);
         if (t == 3) check(lc < l0, "%s: cpu loss decreases (%.6f -> %.6f)", nm, l0, lc);
@@ -474,8 +505,15 @@ static int run_cpu_compare(dg_backend_t *g, int small) {
 /* ======================= determinism ======================= */
 
 static void run_determinism(dg_backend_t *g, int small) {
-    ministep_cfg_t cfg = {.B = small ? 2 : 4, .T = small ? 64 : 256, .C = small ? 128 : 256, .NH = small ? 2 : 4,
-                          .V = 1000, .Vp = 1024, .lr = 3e-3f, .clip = 1.0f, .seed = 11};
+    ministep_cfg_t cfg = {.B = small ? 2 : 4,
+                          .T = small ? 64 : 256,
+                          .C = small ? 128 : 256,
+                          .NH = small ? 2 : 4,
+                          .V = 1000,
+                          .Vp = 1024,
+                          .lr = 3e-3f,
+                          .clip = 1.0f,
+                          .seed = 11};
     const int steps = small ? 2 : 4;
     double loss[2][8];
     float norm[2][8];
@@ -495,11 +533,12 @@ static void run_determinism(dg_backend_t *g, int small) {
     for (int t = 0; t < steps; t++) {
         check(memcmp(&loss[0][t], &loss[1][t], sizeof(double)) == 0 && isfinite(loss[0][t]),
               "determinism step %d: loss %.10f vs %.10f", t + 1, loss[0][t], loss[1][t]);
-        check(memcmp(&norm[0][t], &norm[1][t], sizeof(float)) == 0, "determinism step %d: grad norm %.9g vs %.9g",
-              t + 1, norm[0][t], norm[1][t]);
+        check(memcmp(&norm[0][t], &norm[1][t], sizeof(float)) == 0,
+              "determinism step %d: grad norm %.9g vs %.9g", t + 1, norm[0][t], norm[1][t]);
     }
     size_t diff = 0;
-    for (size_t i = 0; i < np; i++) diff += memcmp(&params[0][i], &params[1][i], 4) != 0;
+    for (size_t i = 0; i < np; i++)
+        diff += memcmp(&params[0][i], &params[1][i], 4) != 0;
     check(diff == 0, "determinism: %zu of %zu parameters differ after %d steps", diff, np, steps);
     check(loss[0][steps - 1] < loss[0][0], "determinism run trains: loss %.6f -> %.6f", loss[0][0],
           loss[0][steps - 1]);
@@ -512,8 +551,8 @@ static void run_determinism(dg_backend_t *g, int small) {
 /* ======================= errors ======================= */
 
 static void expect_err(dg_status_t s, const char *needle, const char *what) {
-    check(s != DG_OK && strstr(dg_last_error(), needle) != NULL, "errors: %s -> status %d \"%s\" (want \"%s\")", what,
-          s, dg_last_error(), needle);
+    check(s != DG_OK && strstr(dg_last_error(), needle) != NULL,
+          "errors: %s -> status %d \"%s\" (want \"%s\")", what, s, dg_last_error(), needle);
     dg_clear_error();
 }
 
@@ -540,14 +579,16 @@ static int run_errors(void) {
     MUST(op->memset0(be, buf, 1 << 20));
     expect_err(op->attention_fwd(be, buf, buf, buf, 1, 4, 10, 3), "multiple", "attention C % NH != 0");
     expect_err(op->attention_bwd(be, buf, buf, buf, buf, buf, 1, 0, 12, 3), "T = 0", "attention T = 0");
-    expect_err(op->matmul_fwd(be, buf, NULL, buf, NULL, NULL, 4, 4, 4, DG_EPI_NONE), "NULL", "matmul_fwd w NULL");
+    expect_err(op->matmul_fwd(be, buf, NULL, buf, NULL, NULL, 4, 4, 4, DG_EPI_NONE), "NULL",
+               "matmul_fwd w NULL");
     expect_err(op->matmul_fwd(be, buf, buf, buf, buf, NULL, 4, 4, 4, DG_EPI_GELU), "different",
                "matmul_fwd GELU pre == out");
     expect_err(op->matmul_bwd(be, buf, buf, NULL, buf, buf, buf, -1, 4, 4, 0), "N = -1", "matmul_bwd N = -1");
     expect_err(op->cast(be, buf, DG_I32, buf, DG_F32, 4), "not supported", "cast to i32");
     expect_err(op->adamw(be, buf, NULL, buf, buf, buf, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.f, 0, NULL), "t = 0",
                "adamw t = 0");
-    expect_err(op->crossentropy_fwd(be, buf, buf, buf, buf, 2, 9, 8), "Vp = 8 < V = 9", "crossentropy Vp < V");
+    expect_err(op->crossentropy_fwd(be, buf, buf, buf, buf, 2, 9, 8), "Vp = 8 < V = 9",
+               "crossentropy Vp < V");
     /* device-resident bad data: flagged by the kernel, reported by the next sync, no fault */
     int32_t bad_tg[2] = {3, 9};
     int32_t *dtg = (int32_t *)((char *)buf + 4096);
@@ -568,7 +609,8 @@ static int run_errors(void) {
     MUST(op->clip_scale(be, (float *)buf + 1, (float *)buf + 2, (float *)buf, 1.0f, 1.0f));
     float got[3];
     MUST(op->to_host(be, got, buf, sizeof got));
-    check(isnan(got[1]) && isnan(got[2]), "errors: clip_scale of NaN sumsq -> scale %g norm %g", got[1], got[2]);
+    check(isnan(got[1]) && isnan(got[2]), "errors: clip_scale of NaN sumsq -> scale %g norm %g", got[1],
+          got[2]);
     /* a huge allocation fails with a message, not a crash */
     void *huge = NULL;
     expect_err(op->alloc(be, (size_t)1 << 50, &huge), "cudaMalloc", "alloc of 1 PiB");
@@ -584,7 +626,7 @@ static int run_errors(void) {
 int main(int argc, char **argv) {
     const char *mode = "harness";
     dg_dtype_t act = DG_F32;
-    int small = 0, no_fd = 0;
+    int small = 0, no_fd = 0, under_test_cpu = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mode") && i + 1 < argc)
             mode = argv[++i];
@@ -598,9 +640,13 @@ int main(int argc, char **argv) {
             no_fd = 1;
         else if (!strcmp(argv[i], "--verbose"))
             g_verbose = 1;
+        else if (!strcmp(argv[i], "--under-test-cpu"))
+            under_test_cpu = 1;
         else {
-            fprintf(stderr, "usage: %s --mode harness|cpu|determinism|errors [--dtype f32|bf16|f16] [--only S] "
-                            "[--small] [--no-fd] [--verbose]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s --mode harness|cpu|determinism|errors [--dtype f32|bf16|f16] [--only S] "
+                    "[--small] [--no-fd] [--verbose]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -616,8 +662,20 @@ int main(int argc, char **argv) {
         return rc;
     }
     int skip = 0;
-    dg_backend_t *be = make_cuda(act, &skip);
-    if (skip) return SKIP;
+    dg_backend_t *be = NULL;
+    if (under_test_cpu) {
+#ifdef DG_TEST_HAVE_CPU
+        /* the CPU backend as the backend under test: checks this program itself where there is no GPU */
+        dg_backend_config_t cc = {.act_dtype = DG_F32, .threads = 0, .seed = 1};
+        MUST(dg_backend_cpu_create(&cc, &be));
+#else
+        fprintf(stderr, "test_backend_cuda: --under-test-cpu needs the CPU backend\n");
+        return 2;
+#endif
+    } else {
+        be = make_cuda(act, &skip);
+        if (skip) return SKIP;
+    }
     int rc = 0;
     if (!strcmp(mode, "harness")) {
         dg_harness_opts_t o;

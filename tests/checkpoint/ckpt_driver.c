@@ -336,11 +336,11 @@ static int cmd_save(opts_t *o) {
 }
 
 static int cmd_load(const char *file, opts_t *o) {
+    if (o->bump) /* the model changed shape since the checkpoint (e.g. another d_model) */
+        for (int i = 0; i < g_np; i++)
+            if (!strcmp(g_params[i].name, o->bump)) g_params[i].g[g_params[i].ndim - 1]++;
     state_t s;
     state_build(&s, o->layout, 1);
-    if (o->bump)
-        for (int i = 0; i < s.n; i++)
-            if (!strcmp(s.t[i].path, o->bump)) s.t[i].gshape[s.t[i].ndim - 1]++;
     for (int i = 0; i < s.n; i++) memset(s.t[i].data, 0xa5, (size_t)numel(s.t[i].ndim, s.t[i].count) * 4);
     dg_ckpt_meta_t m;
     dg_status_t st = dg_ckpt_load(MPI_COMM_WORLD, file, &m, s.t, s.n);
@@ -646,13 +646,14 @@ static int cmd_async_stress(opts_t *o) {
     MPI_Allreduce(&failed, &allfailed, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!allfailed) DIE("the injected failure was not reported on every rank");
     if (g_rank == 0) printf("injected failure reported: %s\n", res.error);
-    if ((f = fopen(p, "r")) == NULL && errno != EISDIR) DIE("%s vanished", p);
-    if (f) fclose(f);
+    struct stat sb;
+    if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode)) DIE("%s was replaced by the failed write", p);
     snprintf(p, sizeof p, "%s/LATEST", o->dir);
     if ((f = fopen(p, "r"))) fgets(after, sizeof after, f), fclose(f);
     if (strcmp(before, after) != 0) DIE("LATEST changed after a failed write: '%s' -> '%s'", before, after);
     /* and the writer still works afterwards */
     snprintf(p, sizeof p, "%s/step_%08lld.h5.partial", o->dir, (long long)o->rounds + 1);
+    MPI_Barrier(MPI_COMM_WORLD);
     if (g_rank == 0) rmdir(p);
     MPI_Barrier(MPI_COMM_WORLD);
     fill_values(&s, 77, "");
@@ -727,14 +728,16 @@ static int cmd_corrupt(const char *file, const char *dset, int chunk) {
     hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
     if (d < 0) return fprintf(stderr, "corrupt: no dataset %s\n", dset), 2;
     hsize_t nchunks = 0;
-    H5Dget_num_chunks(d, H5S_ALL, &nchunks);
+    hid_t fsp = H5Dget_space(d);
+    H5Dget_num_chunks(d, fsp, &nchunks);
     if ((hsize_t)chunk >= nchunks) return fprintf(stderr, "corrupt: %s has %llu chunks\n", dset, (unsigned long long)nchunks), 2;
     hsize_t off[4];
     unsigned mask;
     haddr_t addr;
     hsize_t size;
-    if (H5Dget_chunk_info(d, H5S_ALL, (hsize_t)chunk, off, &mask, &addr, &size) < 0)
+    if (H5Dget_chunk_info(d, fsp, (hsize_t)chunk, off, &mask, &addr, &size) < 0)
         return fprintf(stderr, "corrupt: no chunk info\n"), 2;
+    H5Sclose(fsp);
     H5Dclose(d);
     H5Fclose(f);
     FILE *fp = fopen(file, "r+b");

@@ -14,20 +14,20 @@
 static int g_fail = 0;
 static int g_wrank = 0;
 
-#define CHECK(cond, ...)                                                                                   \
-    do {                                                                                                   \
-        if (!(cond)) {                                                                                     \
-            g_fail++;                                                                                      \
-            fprintf(stderr, "[rank %d] CHECK failed at %s:%d: %s: ", g_wrank, __FILE__, __LINE__, #cond);   \
-            fprintf(stderr, __VA_ARGS__);                                                                  \
-            fprintf(stderr, "\n");                                                                         \
-        }                                                                                                  \
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            g_fail++;                                                                                        \
+            fprintf(stderr, "[rank %d] CHECK failed at %s:%d: %s: ", g_wrank, __FILE__, __LINE__, #cond);    \
+            fprintf(stderr, __VA_ARGS__);                                                                    \
+            fprintf(stderr, "\n");                                                                           \
+        }                                                                                                    \
     } while (0)
 
-#define CHECK_OK(expr)                                                                                     \
-    do {                                                                                                   \
-        dg_status_t s_ = (expr);                                                                           \
-        CHECK(s_ == DG_OK, "%s -> %d: %s", #expr, s_, dg_last_error());                                    \
+#define CHECK_OK(expr)                                                                                       \
+    do {                                                                                                     \
+        dg_status_t s_ = (expr);                                                                             \
+        CHECK(s_ == DG_OK, "%s -> %d: %s", #expr, s_, dg_last_error());                                      \
     } while (0)
 
 static inline uint64_t tu_mix(uint64_t x) {
@@ -79,8 +79,10 @@ static inline int tu_finish(const char *name) {
     int total = 0;
     MPI_Allreduce(&g_fail, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (g_wrank == 0) {
-        if (total) fprintf(stderr, "%s: %d check(s) FAILED\n", name, total);
-        else printf("%s: all checks passed\n", name);
+        if (total)
+            fprintf(stderr, "%s: %d check(s) FAILED\n", name, total);
+        else
+            printf("%s: all checks passed\n", name);
     }
     return total ? 1 : 0;
 }

@@ -22,26 +22,41 @@ static void poison(void *p, size_t bytes) {
 }
 
 /* input element i of `rank` as the given dtype */
-static void make_input(void *buf, size_t n, dg_dtype_t dt, int rank, size_t offset, int exact, uint64_t seed) {
+static void make_input(void *buf, size_t n, dg_dtype_t dt, int rank, size_t offset, int exact,
+                       uint64_t seed) {
     for (size_t i = 0; i < n; i++) {
         float v = exact ? tu_exact(rank, offset + i, seed) : tu_rand(rank, offset + i, seed);
         switch (dt) {
-        case DG_F32: ((float *)buf)[i] = v; break;
-        case DG_BF16: ((uint16_t *)buf)[i] = tu_f32_to_bf16(v); break;
-        case DG_F64: ((double *)buf)[i] = (double)v; break;
-        case DG_I32: ((int32_t *)buf)[i] = (int32_t)tu_exact(rank, offset + i, seed); break;
-        default: abort();
+        case DG_F32:
+            ((float *)buf)[i] = v;
+            break;
+        case DG_BF16:
+            ((uint16_t *)buf)[i] = tu_f32_to_bf16(v);
+            break;
+        case DG_F64:
+            ((double *)buf)[i] = (double)v;
+            break;
+        case DG_I32:
+            ((int32_t *)buf)[i] = (int32_t)tu_exact(rank, offset + i, seed);
+            break;
+        default:
+            abort();
         }
     }
 }
 
 static double elem_as_double(const void *buf, size_t i, dg_dtype_t dt) {
     switch (dt) {
-    case DG_F32: return ((const float *)buf)[i];
-    case DG_BF16: return tu_bf16_to_f32(((const uint16_t *)buf)[i]);
-    case DG_F64: return ((const double *)buf)[i];
-    case DG_I32: return ((const int32_t *)buf)[i];
-    default: abort();
+    case DG_F32:
+        return ((const float *)buf)[i];
+    case DG_BF16:
+        return tu_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case DG_F64:
+        return ((const double *)buf)[i];
+    case DG_I32:
+        return ((const int32_t *)buf)[i];
+    default:
+        abort();
     }
 }
 
@@ -88,9 +103,12 @@ static int check_reduced(const void *got, size_t n, dg_dtype_t dt, dg_redop_t re
             }
         } else {
             double e = sum[i], tol;
-            if (dt == DG_BF16) tol = (nranks + 1) * mag[i] / 256.0 + 1e-30;
-            else if (dt == DG_F32) tol = (nranks + 1) * mag[i] * 1.2e-7 + 1e-30;
-            else tol = (nranks + 1) * mag[i] * 2.3e-16 + 1e-300;
+            if (dt == DG_BF16)
+                tol = (nranks + 1) * mag[i] / 256.0 + 1e-30;
+            else if (dt == DG_F32)
+                tol = (nranks + 1) * mag[i] * 1.2e-7 + 1e-30;
+            else
+                tol = (nranks + 1) * mag[i] * 2.3e-16 + 1e-300;
             if (red == DG_RED_AVG) {
                 e /= nranks;
                 tol /= nranks;
@@ -141,8 +159,9 @@ static void test_allreduce(dg_comm_t *c, dg_comm_progress_t mode) {
                     }
                     char what[160];
                     snprintf(what, sizeof what, "[%s] allreduce %s %s n=%zu %s%s%s", mode_name(mode),
-                             dg_dtype_name(dt), red ? "AVG" : "SUM", cnt, nonblocking ? "nonblocking" : "blocking",
-                             inplace ? " in-place" : "", exact ? " exact" : " random");
+                             dg_dtype_name(dt), red ? "AVG" : "SUM", cnt,
+                             nonblocking ? "nonblocking" : "blocking", inplace ? " in-place" : "",
+                             exact ? " exact" : " random");
                     CHECK(s == DG_OK, "%s: %s", what, dg_last_error());
                     if (s == DG_OK) check_reduced(recv, cnt, dt, (dg_redop_t)red, n, 0, exact, seed, what);
                     free(send);
@@ -176,9 +195,10 @@ static void test_reduce_scatter(dg_comm_t *c, dg_comm_progress_t mode) {
                         s = dg_comm_reduce_scatter(c, send, out, cnt, dt, (dg_redop_t)red);
                     }
                     char what[160];
-                    snprintf(what, sizeof what, "[%s] reduce_scatter %s %s n=%zu/rank %s%s%s", mode_name(mode),
-                             dg_dtype_name(dt), red ? "AVG" : "SUM", cnt, nonblocking ? "nonblocking" : "blocking",
-                             inplace ? " in-place" : "", exact ? " exact" : " random");
+                    snprintf(what, sizeof what, "[%s] reduce_scatter %s %s n=%zu/rank %s%s%s",
+                             mode_name(mode), dg_dtype_name(dt), red ? "AVG" : "SUM", cnt,
+                             nonblocking ? "nonblocking" : "blocking", inplace ? " in-place" : "",
+                             exact ? " exact" : " random");
                     CHECK(s == DG_OK, "%s: %s", what, dg_last_error());
                     if (s == DG_OK)
                         check_reduced(out, cnt, dt, (dg_redop_t)red, n, (size_t)me * cnt, exact, seed, what);
@@ -201,7 +221,8 @@ static void test_allgather(dg_comm_t *c, dg_comm_progress_t mode) {
                 unsigned char *send = malloc(cnt * esz + 8), *recv = malloc((size_t)n * cnt * esz + 8),
                               *want = malloc((size_t)n * cnt * esz + 8);
                 make_input(send, cnt, dt, me, 0, 0, seed);
-                for (int r = 0; r < n; r++) make_input(want + (size_t)r * cnt * esz, cnt, dt, r, 0, 0, seed);
+                for (int r = 0; r < n; r++)
+                    make_input(want + (size_t)r * cnt * esz, cnt, dt, r, 0, 0, seed);
                 poison(recv, (size_t)n * cnt * esz);
                 const void *src = send;
                 if (inplace) {
@@ -219,8 +240,9 @@ static void test_allgather(dg_comm_t *c, dg_comm_progress_t mode) {
                 CHECK(s == DG_OK, "[%s] allgather %s n=%zu: %s", mode_name(mode), dg_dtype_name(dt), cnt,
                       dg_last_error());
                 CHECK(memcmp(recv, want, (size_t)n * cnt * esz) == 0,
-                      "[%s] allgather %s n=%zu/rank %s%s: result differs from the concatenation", mode_name(mode),
-                      dg_dtype_name(dt), cnt, nonblocking ? "nonblocking" : "blocking", inplace ? " in-place" : "");
+                      "[%s] allgather %s n=%zu/rank %s%s: result differs from the concatenation",
+                      mode_name(mode), dg_dtype_name(dt), cnt, nonblocking ? "nonblocking" : "blocking",
+                      inplace ? " in-place" : "");
                 free(send);
                 free(recv);
                 free(want);
@@ -238,8 +260,10 @@ static void test_broadcast(dg_comm_t *c, dg_comm_progress_t mode) {
                 size_t cnt = k_counts[ci], esz = dg_dtype_size(dt);
                 unsigned char *buf = malloc(cnt * esz + 8), *want = malloc(cnt * esz + 8);
                 make_input(want, cnt, dt, root, 0, 0, 300 + (uint64_t)root);
-                if (me == root) memcpy(buf, want, cnt * esz);
-                else poison(buf, cnt * esz);
+                if (me == root)
+                    memcpy(buf, want, cnt * esz);
+                else
+                    poison(buf, cnt * esz);
                 dg_status_t s;
                 if (ci % 2) {
                     dg_comm_req_t *r = NULL;
@@ -273,7 +297,8 @@ static void test_p2p(dg_comm_t *c, dg_comm_progress_t mode) {
         CHECK_OK(dg_comm_irecv(c, in, cnt, DG_F32, prev, 5, &rr));
         if (rr) CHECK_OK(dg_comm_wait(c, rr));
         if (rs) CHECK_OK(dg_comm_wait(c, rs));
-        CHECK(memcmp(in, want, cnt * 4) == 0, "[%s] isend/irecv ring n=%zu: wrong data", mode_name(mode), cnt);
+        CHECK(memcmp(in, want, cnt * 4) == 0, "[%s] isend/irecv ring n=%zu: wrong data", mode_name(mode),
+              cnt);
         /* blocking ring: rank 0 sends first, everyone else receives first */
         poison(in, cnt * 4);
         if (me == 0) {
@@ -333,7 +358,8 @@ static void test_fifo(dg_comm_t *c, dg_comm_progress_t mode) {
         snprintf(what, sizeof what, "[%s] fifo op %d", mode_name(mode), k);
         if (k % 3 == 2) {
             float *want = malloc(cnts[k] * (size_t)n * 4);
-            for (int r = 0; r < n; r++) make_input(want + (size_t)r * cnts[k], cnts[k], DG_F32, r, 0, 1, 500 + (uint64_t)k);
+            for (int r = 0; r < n; r++)
+                make_input(want + (size_t)r * cnts[k], cnts[k], DG_F32, r, 0, 1, 500 + (uint64_t)k);
             CHECK(memcmp(want, bufs[k], cnts[k] * (size_t)n * 4) == 0, "%s: allgather data wrong", what);
             free(want);
         } else {
@@ -372,7 +398,8 @@ static void test_split_and_mesh(dg_comm_t *c, dg_comm_progress_t mode) {
         int v = me, sum = 0;
         CHECK_OK(dg_comm_allreduce(sub, &v, &sum, 1, DG_I32, DG_RED_SUM));
         int want = 0;
-        for (int r = me % 2; r < n; r += 2) want += r;
+        for (int r = me % 2; r < n; r += 2)
+            want += r;
         CHECK(sum == want, "sum over parity group %d, expected %d", sum, want);
         /* highest parent rank first (key = -rank) */
         int first = 0;
@@ -406,7 +433,8 @@ static void test_split_and_mesh(dg_comm_t *c, dg_comm_progress_t mode) {
         dg_mesh_coords(&sh, g_wrank, coord);
         for (int d = 0; d < DG_MESH_NDIM; d++) {
             dg_comm_t *dc = mesh->dim[d];
-            CHECK(dg_comm_size(dc) == sh.size[d], "mesh dim %s size %d", dg_mesh_dim_name(d), dg_comm_size(dc));
+            CHECK(dg_comm_size(dc) == sh.size[d], "mesh dim %s size %d", dg_mesh_dim_name(d),
+                  dg_comm_size(dc));
             CHECK(dg_comm_rank(dc) == coord[d], "mesh dim %s rank %d, coord %d", dg_mesh_dim_name(d),
                   dg_comm_rank(dc), coord[d]);
             CHECK(strcmp(dg_comm_name(dc), dg_mesh_dim_name(d)) == 0, "mesh dim name %s", dg_comm_name(dc));
@@ -440,11 +468,11 @@ static void test_bad_input(dg_comm_t *c) {
     float buf[16] = {0};
     uint16_t h[4] = {0};
     dg_comm_req_t *r = NULL;
-#define BAD(expr, needle)                                                                                  \
-    do {                                                                                                   \
-        dg_status_t s_ = (expr);                                                                           \
-        CHECK(s_ == DG_ERR_USAGE && strstr(dg_last_error(), needle) && !strchr(dg_last_error(), '\n'),     \
-              "%s -> %d '%s' (expected '%s')", #expr, s_, dg_last_error(), needle);                        \
+#define BAD(expr, needle)                                                                                    \
+    do {                                                                                                     \
+        dg_status_t s_ = (expr);                                                                             \
+        CHECK(s_ == DG_ERR_USAGE && strstr(dg_last_error(), needle) && !strchr(dg_last_error(), '\n'),       \
+              "%s -> %d '%s' (expected '%s')", #expr, s_, dg_last_error(), needle);                          \
     } while (0)
     BAD(dg_comm_allreduce(c, h, h, 4, DG_F16, DG_RED_SUM), "reductions support f32, bf16, f64 and i32");
     BAD(dg_comm_allreduce(c, buf, buf, 4, DG_I32, DG_RED_AVG), "AVG of i32");

@@ -71,15 +71,18 @@ static int run_determinism(void) {
         size_t cnt = sizes[si];
         float *in = malloc(cnt * (size_t)n * 4), *out = malloc(cnt * (size_t)n * 4), *ref = malloc(cnt * 4);
         uint16_t *hin = malloc(cnt * 2), *hout = malloc(cnt * 2);
-        for (size_t i = 0; i < cnt * (size_t)n; i++) in[i] = tu_rand(me, i, 77 + si);
-        for (size_t i = 0; i < cnt; i++) hin[i] = tu_f32_to_bf16(tu_rand(me, i, 91 + si));
+        for (size_t i = 0; i < cnt * (size_t)n; i++)
+            in[i] = tu_rand(me, i, 77 + si);
+        for (size_t i = 0; i < cnt; i++)
+            hin[i] = tu_f32_to_bf16(tu_rand(me, i, 91 + si));
         PMPI_Allreduce(in, ref, (int)cnt, MPI_FLOAT, MPI_SUM, raw);
         uint64_t first[5] = {0};
         for (int rep = 0; rep < 3; rep++) {
             uint64_t h[5];
             CHECK_OK(dg_comm_allreduce(c, in, out, cnt, DG_F32, DG_RED_SUM));
             if (rep == 0)
-                CHECK(memcmp(out, ref, cnt * 4) == 0, "allreduce of %zu f32 differs from raw MPI_Allreduce", cnt);
+                CHECK(memcmp(out, ref, cnt * 4) == 0, "allreduce of %zu f32 differs from raw MPI_Allreduce",
+                      cnt);
             h[0] = tu_hash(out, cnt * 4, 0);
             CHECK(agree_u64(h[0]), "ranks disagree on allreduce of %zu f32 (rep %d)", cnt, rep);
             CHECK_OK(dg_comm_allreduce(c, in, out, cnt, DG_F32, DG_RED_AVG));
@@ -99,11 +102,14 @@ static int run_determinism(void) {
             h[4] = tu_hash(out, cnt * 4, 0);
             CHECK(h[4] == h[0], "in-place non-blocking allreduce of %zu differs from the blocking one", cnt);
             for (int k = 0; k < 5; k++) {
-                if (rep == 0) first[k] = h[k];
-                else CHECK(h[k] == first[k], "result %d of size %zu changed on repetition %d", k, cnt, rep);
+                if (rep == 0)
+                    first[k] = h[k];
+                else
+                    CHECK(h[k] == first[k], "result %d of size %zu changed on repetition %d", k, cnt, rep);
             }
         }
-        for (int k = 0; k < 5; k++) digest = tu_hash(&first[k], 8, digest);
+        for (int k = 0; k < 5; k++)
+            digest = tu_hash(&first[k], 8, digest);
         free(in);
         free(out);
         free(ref);
@@ -138,7 +144,8 @@ static int run_overlap(void) {
     int n = dg_comm_size(c);
     const size_t cnt = (size_t)4 << 20; /* 16 MiB of f32 */
     float *buf = malloc(cnt * 4);
-    for (size_t i = 0; i < cnt; i++) buf[i] = 1.0f;
+    for (size_t i = 0; i < cnt; i++)
+        buf[i] = 1.0f;
     /* communication alone (after a warm-up) */
     CHECK_OK(dg_comm_allreduce(c, buf, buf, cnt, DG_F32, DG_RED_AVG));
     CHECK_OK(dg_comm_barrier(c));
@@ -147,19 +154,22 @@ static int run_overlap(void) {
     double t_comm = dg_now_s() - t0;
     /* compute alone: size the compute to several times the communication */
     t0 = dg_now_s();
-    for (int i = 0; i < 20; i++) compute_chunk();
+    for (int i = 0; i < 20; i++)
+        compute_chunk();
     double t_chunk = (dg_now_s() - t0) / 20;
     int nchunks = (int)(6 * t_comm / t_chunk) + 50;
     if (nchunks > 5000) nchunks = 5000;
     PMPI_Allreduce(MPI_IN_PLACE, &nchunks, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     CHECK_OK(dg_comm_barrier(c));
     t0 = dg_now_s();
-    for (int i = 0; i < nchunks; i++) compute_chunk();
+    for (int i = 0; i < nchunks; i++)
+        compute_chunk();
     double t_compute = dg_now_s() - t0;
     CHECK_OK(dg_comm_barrier(c));
 
     /* overlapped: post, compute (testing between chunks), then wait */
-    for (size_t i = 0; i < cnt; i++) buf[i] = (float)(dg_comm_rank(c) + 1);
+    for (size_t i = 0; i < cnt; i++)
+        buf[i] = (float)(dg_comm_rank(c) + 1);
     dg_comm_req_t *r = NULL;
     t0 = dg_now_s();
     CHECK_OK(dg_comm_iallreduce(c, buf, buf, cnt, DG_F32, DG_RED_SUM, &r));
@@ -181,10 +191,12 @@ static int run_overlap(void) {
     double t_overlap = dg_now_s() - t0;
     float want = (float)(n * (n + 1) / 2);
     size_t bad = 0;
-    for (size_t i = 0; i < cnt; i++) bad += buf[i] != want;
+    for (size_t i = 0; i < cnt; i++)
+        bad += buf[i] != want;
     CHECK(bad == 0, "%zu elements of the overlapped allreduce are wrong", bad);
-    CHECK(done_at >= 0, "the all-reduce did not complete during %d compute chunks (%.3f s): no progress without "
-                        "MPI calls",
+    CHECK(done_at >= 0,
+          "the all-reduce did not complete during %d compute chunks (%.3f s): no progress without "
+          "MPI calls",
           nchunks, t_compute);
     CHECK(calls == 0, "the caller made %ld progress-making MPI calls while computing", calls);
     printf("[rank %d] overlap: comm alone %.3f s, compute alone %.3f s, compute+comm overlapped %.3f s "
@@ -201,9 +213,12 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &g_wrank);
     dg_log_init(g_wrank, "", DG_LOG_WARN, NULL);
     int rc = 2;
-    if (argc > 1 && strcmp(argv[1], "determinism") == 0) rc = run_determinism();
-    else if (argc > 1 && strcmp(argv[1], "overlap") == 0) rc = run_overlap();
-    else if (g_wrank == 0) fprintf(stderr, "usage: %s determinism|overlap\n", argv[0]);
+    if (argc > 1 && strcmp(argv[1], "determinism") == 0)
+        rc = run_determinism();
+    else if (argc > 1 && strcmp(argv[1], "overlap") == 0)
+        rc = run_overlap();
+    else if (g_wrank == 0)
+        fprintf(stderr, "usage: %s determinism|overlap\n", argv[0]);
     MPI_Finalize();
     return rc;
 }

@@ -76,9 +76,12 @@ int main(int argc, char **argv) {
     dg_comm_req_t *r = NULL;
     dg_status_t s;
     const char *opname = kind;
-    if (strcmp(kind, "reduce_scatter") == 0) s = dg_comm_ireduce_scatter(c, send, recv, n, DG_F32, DG_RED_SUM, &r);
-    else if (strcmp(kind, "allgather") == 0) s = dg_comm_iallgather(c, send, recv, n, DG_F32, &r);
-    else if (strcmp(kind, "recv") == 0) s = dg_comm_irecv(c, recv, n, DG_F32, stall, 9, &r);
+    if (strcmp(kind, "reduce_scatter") == 0)
+        s = dg_comm_ireduce_scatter(c, send, recv, n, DG_F32, DG_RED_SUM, &r);
+    else if (strcmp(kind, "allgather") == 0)
+        s = dg_comm_iallgather(c, send, recv, n, DG_F32, &r);
+    else if (strcmp(kind, "recv") == 0)
+        s = dg_comm_irecv(c, recv, n, DG_F32, stall, 9, &r);
     else {
         opname = "allreduce";
         s = dg_comm_iallreduce(c, send, recv, n, DG_F32, DG_RED_SUM, &r);
@@ -99,17 +102,20 @@ int main(int argc, char **argv) {
     if (strcmp(kind, "recv") == 0) {
         snprintf(want, sizeof want, "peer %d (world %d) is idle after collective #1", stall, stall);
     } else if (strcmp(kind, "mismatch") == 0) {
-        snprintf(want, sizeof want, "MISMATCHED collective #2 (schedules differ): rank %d (world %d) posted broadcast",
-                 stall, stall);
+        snprintf(want, sizeof want,
+                 "MISMATCHED collective #2 (schedules differ): rank %d (world %d) posted broadcast", stall,
+                 stall);
     } else {
-        snprintf(want, sizeof want, "ranks that did not arrive: %d (world %d, at collective #1, step 7)", stall, stall);
+        snprintf(want, sizeof want, "ranks that did not arrive: %d (world %d, at collective #1, step 7)",
+                 stall, stall);
     }
     CHECK(strstr(msg, want) != NULL, "message lacks '%s': %s", want, msg);
     /* the comm is now unusable, and says so at once */
     float x = 0;
     double t1 = dg_now_s();
     dg_status_t s2 = dg_comm_allreduce(c, &x, &x, 1, DG_F32, DG_RED_SUM);
-    CHECK(s2 == DG_ERR_PEER && dg_now_s() - t1 < 1.0 && strstr(dg_last_error(), "unusable after an earlier failure"),
+    CHECK(s2 == DG_ERR_PEER && dg_now_s() - t1 < 1.0 &&
+              strstr(dg_last_error(), "unusable after an earlier failure"),
           "post after failure: %d %s", s2, dg_last_error());
     CHECK(dg_comm_poll(c) == DG_ERR_PEER, "poll after failure");
     char st[512];
@@ -120,6 +126,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "rank %d: BAD TIMEOUT REPORT (%d failed checks)\n", g_wrank, g_fail);
         dg_comm_abort(c, 2);
     }
-    fprintf(stderr, "rank %d: timeout detected after %.2f s as expected; aborting the job with exit 3\n", g_wrank, el);
+    fprintf(stderr, "rank %d: timeout detected after %.2f s as expected; aborting the job with exit 3\n",
+            g_wrank, el);
     dg_comm_abort(c, DG_ERR_PEER);
 }

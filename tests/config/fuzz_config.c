@@ -5,8 +5,8 @@
  * ASan/UBSan in the sanitizer build, so any out-of-bounds access or UB is a failure.
  *
  * Invariants checked on every input: the status is 0 or 1; a failure has a non-empty one-line message
- * (no control characters) naming the input ("fuzz.ini:LINE" or "--set ...") or the keys of a cross-key rule; a success
- * round-trips: its INI text loads back to the same INI text and hash.
+ * (no control characters) naming the input ("fuzz.ini:LINE" or "--set ...") or the keys of a cross-key rule;
+ * a success round-trips: its INI text loads back to the same INI text and hash.
  *
  *   fuzz_config CORPUS_DIR [ITERATIONS_PER_FILE] [SEED]
  *
@@ -59,8 +59,10 @@ static void check_one(const char *buf, size_t len, int nsets, const char *const 
     if (s != DG_OK) {
         g_err++;
         int ctrl = 0;
-        for (const char *p = m; *p; p++) ctrl |= (unsigned char)*p < 0x20;
-        if (!*m || ctrl || !known_prefix(m)) report("bad error message (empty, control characters or no location)", buf, len, m);
+        for (const char *p = m; *p; p++)
+            ctrl |= (unsigned char)*p < 0x20;
+        if (!*m || ctrl || !known_prefix(m))
+            report("bad error message (empty, control characters or no location)", buf, len, m);
         return;
     }
     g_ok++;
@@ -102,15 +104,37 @@ typedef struct {
 } blob_t;
 
 static const char k_special[] = "[]=:;#\"\n\r\t .,-_0123456789eE+\\\x01\xff\xef\xbb\xbf";
-static const char *k_words[] = {"[train]", "[run]", "[parallel]", "[topology]", "steps", "lr", "mesh", "=",
-                                "dp_shard=2,tp=2", "order=tp,dp_shard,dp_replicate", "true", "1e308", "-0",
-                                "0x10", "\"", "\"\"", " ; c", " # c", "nan", "inf", "99999999999999999999",
-                                "global_batch = 24", "micro_batch = 8", "preset = custom", "\xc3\xa9"};
+static const char *k_words[] = {"[train]",
+                                "[run]",
+                                "[parallel]",
+                                "[topology]",
+                                "steps",
+                                "lr",
+                                "mesh",
+                                "=",
+                                "dp_shard=2,tp=2",
+                                "order=tp,dp_shard,dp_replicate",
+                                "true",
+                                "1e308",
+                                "-0",
+                                "0x10",
+                                "\"",
+                                "\"\"",
+                                " ; c",
+                                " # c",
+                                "nan",
+                                "inf",
+                                "99999999999999999999",
+                                "global_batch = 24",
+                                "micro_batch = 8",
+                                "preset = custom",
+                                "\xc3\xa9"};
 
 /* move b[at..n) up by k bytes (caller checked n + k < cap); a plain loop, because GCC's object-size
  * warnings cannot see the `at <= n` bound through memmove here */
 static void open_gap(char *b, size_t n, size_t at, size_t k) {
-    for (size_t i = n; i > at; i--) b[i - 1 + k] = b[i - 1];
+    for (size_t i = n; i > at; i--)
+        b[i - 1 + k] = b[i - 1];
 }
 
 /* one random edit of b (len may grow up to cap) */
@@ -158,9 +182,11 @@ static void mutate(char *b, size_t *len, size_t cap, const blob_t *corpus, int n
     case 5: { /* duplicate a line */
         if (!n) break;
         size_t s = rndn(n);
-        while (s && b[s - 1] != '\n') s--;
+        while (s && b[s - 1] != '\n')
+            s--;
         size_t e = s;
-        while (e < n && b[e] != '\n') e++;
+        while (e < n && b[e] != '\n')
+            e++;
         if (e < n) e++;
         size_t k = e - s;
         if (k && n + k < cap) {
@@ -243,19 +269,22 @@ int main(int argc, char **argv) {
             size_t len = corpus[i].len;
             memcpy(buf, corpus[i].data, len);
             int edits = 1 + (int)rndn(6);
-            for (int k = 0; k < edits; k++) mutate(buf, &len, cap, corpus, nn);
+            for (int k = 0; k < edits; k++)
+                mutate(buf, &len, cap, corpus, nn);
             int nsets = 0;
             if (rndn(4) == 0) { /* random --set arguments, mutated the same way */
                 nsets = 1 + (int)rndn(3);
                 for (int k = 0; k < nsets; k++) {
-                    const char *base[] = {"train.steps=10", "run.dir=runs/x", "parallel.mesh=tp=2", "train.lr=1e-3",
-                                          "data.shuffle=yes", "steps=4", "topology.bind=none"};
+                    const char *base[] = {"train.steps=10",    "run.dir=runs/x",   "parallel.mesh=tp=2",
+                                          "train.lr=1e-3",     "data.shuffle=yes", "steps=4",
+                                          "topology.bind=none"};
                     const char *pick = base[rndn(7)];
                     char tmp[256];
                     size_t sl = strlen(pick);
                     memcpy(tmp, pick, sl + 1);
                     int e2 = (int)rndn(3);
-                    for (int q = 0; q < e2; q++) mutate(tmp, &sl, 200, corpus, nn);
+                    for (int q = 0; q < e2; q++)
+                        mutate(tmp, &sl, 200, corpus, nn);
                     tmp[sl] = 0;
                     memcpy(setbuf[k], tmp, sl + 1);
                     sets[k] = setbuf[k];
@@ -264,8 +293,8 @@ int main(int argc, char **argv) {
             check_one(buf, len, nsets, sets);
         }
     }
-    printf("fuzz_config: %d corpus files, %ld inputs: %ld accepted, %ld rejected, %ld invariant failures\n", nn,
-           g_ok + g_err, g_ok, g_err, g_fail);
+    printf("fuzz_config: %d corpus files, %ld inputs: %ld accepted, %ld rejected, %ld invariant failures\n",
+           nn, g_ok + g_err, g_ok, g_err, g_fail);
     for (int i = 0; i < nn; i++) {
         free(corpus[i].data);
         free(names[i]);

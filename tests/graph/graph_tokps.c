@@ -4,8 +4,8 @@
  *    into forward, backward and optimizer phases, and the model FLOP rate.
  * 2. --train: the default training recipe (global batch 16 = 2 micro-batches of 8, lr 3e-3, 20 warmup
  *    steps then cosine to 10%, weight decay 0.1, clip 1.0, betas 0.9/0.95) on byte-level text read from
- *    --text files (default: every file in /usr/share/common-licenses), printing the loss as it goes and the wall time
- *    at which it first drops below --target (2.5). It samples random windows with a fixed seed.
+ *    --text files (default: every file in /usr/share/common-licenses), printing the loss as it goes and the
+ * wall time at which it first drops below --target (2.5). It samples random windows with a fixed seed.
  *
  * usage: graph_tokps [--preset NAME] [--micro-batch B] [--seconds S] [--train] [--steps N] [--target L]
  *                    [--text FILE ...]
@@ -63,16 +63,25 @@ int main(int argc, char **argv) {
     char *files[64];
     int nfiles = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
-        else if (!strcmp(argv[i], "--micro-batch") && i + 1 < argc) B = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) seconds = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--target") && i + 1 < argc) target = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--train")) train = 1;
-        else if (!strcmp(argv[i], "--text") && i + 1 < argc && nfiles < 64) files[nfiles++] = argv[++i];
+        if (!strcmp(argv[i], "--preset") && i + 1 < argc)
+            preset = argv[++i];
+        else if (!strcmp(argv[i], "--micro-batch") && i + 1 < argc)
+            B = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
+            seconds = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--target") && i + 1 < argc)
+            target = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--train"))
+            train = 1;
+        else if (!strcmp(argv[i], "--text") && i + 1 < argc && nfiles < 64)
+            files[nfiles++] = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--preset NAME] [--micro-batch B] [--seconds S] [--train] [--steps N] "
-                            "[--target L] [--text FILE ...]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--preset NAME] [--micro-batch B] [--seconds S] [--train] [--steps N] "
+                    "[--target L] [--text FILE ...]\n",
+                    argv[0]);
             return 1;
         }
     }
@@ -88,7 +97,8 @@ int main(int argc, char **argv) {
     int32_t *tok = malloc(ntok * sizeof *tok), *tgt = malloc(ntok * sizeof *tgt);
     double flops_tok = dg_model_flops_per_token(&d);
     printf("%s: %llu params, micro_batch %d x seq_len %d, arena %.1f MiB, %.2f MFLOP/token\n", preset,
-           (unsigned long long)dg_model_n_params(&d), B, T, dg_model_arena_bytes(m) / 1048576.0, flops_tok / 1e6);
+           (unsigned long long)dg_model_n_params(&d), B, T, dg_model_arena_bytes(m) / 1048576.0,
+           flops_tok / 1e6);
 
     if (!train) {
         uint64_t s = 5;
@@ -97,8 +107,13 @@ int main(int argc, char **argv) {
             tok[i] = (int32_t)((s >> 33) % (uint64_t)d.vocab_size);
             tgt[i] = (int32_t)((s >> 13) % (uint64_t)d.vocab_size);
         }
-        dg_optim_hparams_t h = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                                .grad_clip = 1.0f, .t = 1};
+        dg_optim_hparams_t h = {.lr = 1e-4f,
+                                .beta1 = 0.9f,
+                                .beta2 = 0.95f,
+                                .eps = 1e-8f,
+                                .weight_decay = 0.1f,
+                                .grad_clip = 1.0f,
+                                .t = 1};
         float loss, norm;
         for (int w = 0; w < 2; w++) { /* warm-up: page in the arena and the BLAS buffers */
             if (dg_model_zero_grad(m) || dg_model_forward_backward(m, tok, tgt, 1.0f / (float)ntok, &loss) ||
@@ -125,6 +140,14 @@ int main(int argc, char **argv) {
         /* a training step is forward+backward+optimizer; the separate forward only splits the time */
         double step = (tf + tb + to) / (double)it;
         double tps = (double)ntok / step;
+        /* where the time goes: one more step with per-op timing */
+        dg_model_set_profiling(m, 1);
+        if (dg_model_zero_grad(m) || dg_model_forward_backward(m, tok, tgt, 1.0f / (float)ntok, &loss) ||
+            dg_model_optimizer_step(m, &h, &norm))
+            die("profiled step");
+        printf("per-op time of one profiled step:\n");
+        dg_model_print_profile(m, stdout);
+        dg_model_set_profiling(m, 0);
         printf("%ld steps: %.1f ms/step (forward %.1f, backward %.1f, optimizer %.1f) -> %.0f tokens/s, "
                "%.1f GFLOP/s\n",
                it, 1e3 * step, 1e3 * tf / (double)it, 1e3 * tb / (double)it, 1e3 * to / (double)it, tps,
@@ -136,7 +159,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "graph_tokps: not enough text (%zu bytes)\n", len);
             return 1;
         }
-        printf("training on %zu bytes of text, global batch %d sequences (%d micro-batches)\n", len, 2 * B, 2);
+        printf("training on %zu bytes of text, global batch %d sequences (%d micro-batches)\n", len, 2 * B,
+               2);
         uint64_t s = 1337;
         double t0 = dg_now_s(), hit = -1;
         float ema = 0;
@@ -152,14 +176,22 @@ int main(int argc, char **argv) {
                         tgt[b * T + t] = text[off + t + 1];
                     }
                 }
-                if (dg_model_forward_backward(m, tok, tgt, 1.0f / (2.0f * (float)ntok), &loss)) die("fwd/bwd");
+                if (dg_model_forward_backward(m, tok, tgt, 1.0f / (2.0f * (float)ntok), &loss))
+                    die("fwd/bwd");
                 lsum += loss / 2;
             }
             double lr = 3e-3;
-            if (st <= 20) lr *= (double)st / 20;
-            else lr *= 0.1 + 0.9 * 0.5 * (1 + cos(M_PI * (double)(st - 20) / (double)(steps - 20)));
-            dg_optim_hparams_t h = {.lr = (float)lr, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                                    .weight_decay = 0.1f, .grad_clip = 1.0f, .t = st};
+            if (st <= 20)
+                lr *= (double)st / 20;
+            else
+                lr *= 0.1 + 0.9 * 0.5 * (1 + cos(M_PI * (double)(st - 20) / (double)(steps - 20)));
+            dg_optim_hparams_t h = {.lr = (float)lr,
+                                    .beta1 = 0.9f,
+                                    .beta2 = 0.95f,
+                                    .eps = 1e-8f,
+                                    .weight_decay = 0.1f,
+                                    .grad_clip = 1.0f,
+                                    .t = st};
             float norm;
             if (dg_model_optimizer_step(m, &h, &norm)) die("optimizer");
             ema = st == 1 ? lsum : 0.9f * ema + 0.1f * lsum;
@@ -170,8 +202,10 @@ int main(int argc, char **argv) {
                        (double)ema, (double)norm, lr, now);
             if (now > seconds) break;
         }
-        if (hit >= 0) printf("loss first below %.2f after %.1f s\n", target, hit);
-        else printf("loss did not reach %.2f\n", target);
+        if (hit >= 0)
+            printf("loss first below %.2f after %.1f s\n", target, hit);
+        else
+            printf("loss did not reach %.2f\n", target);
         free(text);
     }
     free(tok);

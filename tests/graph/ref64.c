@@ -10,19 +10,23 @@ void ref_encoder(double *out, const int32_t *tok, const double *wte, const doubl
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int c = 0; c < C; c++)
-                out[((size_t)b * T + t) * C + c] = wte[(size_t)tok[b * T + t] * C + c] + wpe[(size_t)t * C + c];
+                out[((size_t)b * T + t) * C + c] =
+                    wte[(size_t)tok[b * T + t] * C + c] + wpe[(size_t)t * C + c];
 }
 
 void ref_layernorm(double *out, const double *x, const double *w, const double *b, int N, int C) {
     for (int i = 0; i < N; i++) {
         const double *r = x + (size_t)i * C;
         double mean = 0, var = 0;
-        for (int c = 0; c < C; c++) mean += r[c];
+        for (int c = 0; c < C; c++)
+            mean += r[c];
         mean /= C;
-        for (int c = 0; c < C; c++) var += (r[c] - mean) * (r[c] - mean);
+        for (int c = 0; c < C; c++)
+            var += (r[c] - mean) * (r[c] - mean);
         var /= C;
         double rstd = 1.0 / sqrt(var + 1e-5);
-        for (int c = 0; c < C; c++) out[(size_t)i * C + c] = (r[c] - mean) * rstd * w[c] + b[c];
+        for (int c = 0; c < C; c++)
+            out[(size_t)i * C + c] = (r[c] - mean) * rstd * w[c] + b[c];
     }
 }
 
@@ -30,14 +34,16 @@ void ref_matmul(double *out, const double *x, const double *w, const double *bia
     for (int i = 0; i < N; i++)
         for (int o = 0; o < OC; o++) {
             double s = bias ? bias[o] : 0.0;
-            for (int c = 0; c < C; c++) s += x[(size_t)i * C + c] * w[(size_t)o * C + c];
+            for (int c = 0; c < C; c++)
+                s += x[(size_t)i * C + c] * w[(size_t)o * C + c];
             out[(size_t)i * OC + o] = s;
         }
 }
 
 void ref_gelu(double *out, const double *x, size_t n) {
     const double k = sqrt(2.0 / M_PI);
-    for (size_t i = 0; i < n; i++) out[i] = 0.5 * x[i] * (1.0 + tanh(k * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
+    for (size_t i = 0; i < n; i++)
+        out[i] = 0.5 * x[i] * (1.0 + tanh(k * (x[i] + 0.044715 * x[i] * x[i] * x[i])));
 }
 
 void ref_attention(double *out, const double *qkv, int B, int T, int C, int NH) {
@@ -52,15 +58,18 @@ void ref_attention(double *out, const double *qkv, int B, int T, int C, int NH) 
                 for (int s = 0; s <= t; s++) {
                     const double *k = qkv + ((size_t)b * T + s) * 3 * C + C + h * hs;
                     double d = 0;
-                    for (int i = 0; i < hs; i++) d += q[i] * k[i];
+                    for (int i = 0; i < hs; i++)
+                        d += q[i] * k[i];
                     p[s] = d * scale;
                     if (p[s] > mx) mx = p[s];
                 }
                 double z = 0;
-                for (int s = 0; s <= t; s++) z += (p[s] = exp(p[s] - mx));
+                for (int s = 0; s <= t; s++)
+                    z += (p[s] = exp(p[s] - mx));
                 for (int i = 0; i < hs; i++) {
                     double acc = 0;
-                    for (int s = 0; s <= t; s++) acc += p[s] / z * qkv[((size_t)b * T + s) * 3 * C + 2 * C + h * hs + i];
+                    for (int s = 0; s <= t; s++)
+                        acc += p[s] / z * qkv[((size_t)b * T + s) * 3 * C + 2 * C + h * hs + i];
                     out[((size_t)b * T + t) * C + h * hs + i] = acc;
                 }
             }
@@ -73,7 +82,8 @@ void ref_crossentropy(double *losses, const double *logits, const int32_t *targe
         double mx = -INFINITY, z = 0;
         for (int j = 0; j < V; j++)
             if (r[j] > mx) mx = r[j];
-        for (int j = 0; j < V; j++) z += exp(r[j] - mx);
+        for (int j = 0; j < V; j++)
+            z += exp(r[j] - mx);
         losses[i] = mx + log(z) - r[targets[i]];
     }
 }
@@ -93,18 +103,21 @@ double ref_gpt_loss_sum(const ref_gpt_t *m, double *const *P, const int32_t *tok
         ref_matmul(qkv, h, q[2], q[3], N, C, 3 * C);
         ref_attention(a, qkv, B, T, C, m->NH);
         ref_matmul(pr, a, q[4], q[5], N, C, C);
-        for (size_t i = 0; i < nc; i++) x[i] += pr[i];
+        for (size_t i = 0; i < nc; i++)
+            x[i] += pr[i];
         ref_layernorm(h, x, q[6], q[7], N, C);
         ref_matmul(f, h, q[8], q[9], N, C, 4 * C);
         ref_gelu(ge, f, 4 * nc);
         ref_matmul(pr, ge, q[10], q[11], N, 4 * C, C);
-        for (size_t i = 0; i < nc; i++) x[i] += pr[i];
+        for (size_t i = 0; i < nc; i++)
+            x[i] += pr[i];
     }
     ref_layernorm(h, x, P[2 + 12 * m->L], P[3 + 12 * m->L], N, C);
     ref_matmul(lg, h, P[0], NULL, N, C, m->Vp);
     ref_crossentropy(ls, lg, targets, N, m->V, m->Vp);
     double s = 0;
-    for (int i = 0; i < N; i++) s += ls[i];
+    for (int i = 0; i < N; i++)
+        s += ls[i];
     if (logits_out) memcpy(logits_out, lg, (size_t)N * m->Vp * sizeof *lg);
     free(x), free(h), free(qkv), free(a), free(pr), free(f), free(ge), free(lg), free(ls);
     return s;
@@ -122,5 +135,6 @@ double ref_rng_uniform(uint64_t *s) {
 }
 
 void ref_fill(float *x, size_t n, double lo, double hi, uint64_t *s) {
-    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * ref_rng_uniform(s));
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(lo + (hi - lo) * ref_rng_uniform(s));
 }

@@ -18,8 +18,8 @@ void ref_crossentropy(double *losses, const double *logits, const int32_t *targe
 typedef struct ref_gpt {
     int L, NH, C, T, V, Vp, B;
 } ref_gpt_t;
-double ref_gpt_loss_sum(const ref_gpt_t *m, double *const *params, const int32_t *tokens, const int32_t *targets,
-                        double *logits_out /* NULL or [B*T, Vp] */);
+double ref_gpt_loss_sum(const ref_gpt_t *m, double *const *params, const int32_t *tokens,
+                        const int32_t *targets, double *logits_out /* NULL or [B*T, Vp] */);
 
 /* deterministic test data */
 uint64_t ref_rng_next(uint64_t *s);

@@ -1,1 +1,605 @@
-int main(void){return 1;}
+/* test_graph_model.c — the GPT model API of graph.h on the CPU backend.
+ *  - descriptions: presets, parameter counts, FLOPs, config overrides and their errors;
+ *  - gradients of a small GPT (2 layers, d=32, 4 heads, T=16, V=67 padded to 72, micro-batch 2) against
+ *    float64 central differences of an independent float64 GPT forward (ref64.c), on sampled elements of
+ *    every parameter tensor; the loss and the logits against the same reference;
+ *  - gradient accumulation: two micro-batches of 2 == one micro-batch of 4 (same init);
+ *  - 50 AdamW steps on one fixed batch drive the loss below 0.1;
+ *  - determinism: two runs give bitwise-equal losses and weights, and so does a run without arena reuse
+ *    (which also checks the memory planner end to end);
+ *  - non-finite gradients skip the whole update; frozen tensors are not updated and not in the norm;
+ *  - the --plan-only printer (text and JSON) and one-line errors for bad input.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph.h"
+#include "graph_impl.h"
+#include "ref64.h"
+
+static int failures;
+#define EXPECT(cond, ...)                                                                                    \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            failures++;                                                                                      \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
+            fprintf(stderr, __VA_ARGS__);                                                                    \
+            fputc('\n', stderr);                                                                             \
+        }                                                                                                    \
+    } while (0)
+#define OK(expr)                                                                                             \
+    do {                                                                                                     \
+        dg_status_t s_ = (expr);                                                                             \
+        if (s_ != DG_OK) {                                                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, s_, dg_last_error());   \
+            exit(1);                                                                                         \
+        }                                                                                                    \
+    } while (0)
+
+static dg_backend_t *be;
+
+static const dg_model_desc_t small = {
+    .n_layer = 2, .n_head = 4, .d_model = 32, .seq_len = 16, .vocab_size = 67, .padded_vocab = 72};
+
+static void random_ids(int32_t *x, size_t n, int v, uint64_t *s) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = (int32_t)(ref_rng_next(s) % (uint64_t)v);
+}
+
+/* ---------------- descriptions ---------------- */
+
+static void test_desc(void) {
+    dg_model_desc_t d;
+    OK(dg_model_desc_preset("gpt2-124m", &d));
+    EXPECT(d.n_layer == 12 && d.n_head == 12 && d.d_model == 768 && d.seq_len == 1024 &&
+               d.vocab_size == 50257 && d.padded_vocab == 50304,
+           "gpt2-124m preset sizes");
+    EXPECT(dg_model_n_params(&d) == 124439808ull, "gpt2-124m has 124,439,808 parameters, got %llu",
+           (unsigned long long)dg_model_n_params(&d));
+    /* 6N + 12LCT with N = 124,439,808 - 1024*768 (wpe) + 47*768 (padded wte rows) */
+    double N = 124439808.0 - 1024.0 * 768 + 47.0 * 768;
+    EXPECT(fabs(dg_model_flops_per_token(&d) - (6 * N + 12.0 * 12 * 768 * 1024)) < 1.0, "flops per token");
+    const char *names[] = {"gpt2-350m", "gpt2-774m", "gpt2-1558m"};
+    int layers[] = {24, 36, 48}, heads[] = {16, 20, 25}, dm[] = {1024, 1280, 1600};
+    for (int i = 0; i < 3; i++) {
+        OK(dg_model_desc_preset(names[i], &d));
+        EXPECT(d.n_layer == layers[i] && d.n_head == heads[i] && d.d_model == dm[i], "%s sizes", names[i]);
+    }
+    OK(dg_model_desc_preset("gpt2-1558m", &d));
+    EXPECT(llabs((long long)dg_model_n_params(&d) - 1557611200ll) == 0, "gpt2-1558m params %llu",
+           (unsigned long long)dg_model_n_params(&d));
+
+    dg_config_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    strcpy(cfg.model.preset, "tiny");
+    OK(dg_model_desc_from_config(&cfg, &d));
+    EXPECT(d.n_layer == 4 && d.n_head == 4 && d.d_model == 128 && d.seq_len == 128 && d.vocab_size == 256 &&
+               d.padded_vocab == 256,
+           "tiny preset sizes");
+    cfg.model.n_layer = 2;
+    cfg.model.vocab_size = 300;
+    OK(dg_model_desc_from_config(&cfg, &d));
+    EXPECT(d.n_layer == 2 && d.vocab_size == 300 && d.padded_vocab == 320 && d.d_model == 128,
+           "overrides: n_layer 2, vocab 300 padded to 320");
+    cfg.model.n_head = 5;
+    EXPECT(dg_model_desc_from_config(&cfg, &d) == DG_ERR_USAGE && strstr(dg_last_error(), "divisible"),
+           "d_model 128 with 5 heads must be refused: %s", dg_last_error());
+    memset(&cfg, 0, sizeof cfg);
+    strcpy(cfg.model.preset, "custom");
+    cfg.model.n_layer = 3;
+    cfg.model.n_head = 2;
+    EXPECT(dg_model_desc_from_config(&cfg, &d) == DG_ERR_USAGE && strstr(dg_last_error(), "d_model") &&
+               strstr(dg_last_error(), "seq_len") && strstr(dg_last_error(), "vocab_size"),
+           "custom with missing sizes must name them: %s", dg_last_error());
+    strcpy(cfg.model.preset, "gpt5");
+    EXPECT(dg_model_desc_from_config(&cfg, &d) == DG_ERR_USAGE && strstr(dg_last_error(), "gpt5"),
+           "unknown preset must be named: %s", dg_last_error());
+    dg_model_desc_t bad = small;
+    bad.padded_vocab = 60;
+    EXPECT(dg_model_desc_validate(&bad) == DG_ERR_USAGE, "padded vocab below vocab must be refused");
+}
+
+/* ---------------- gradients against float64 finite differences ---------------- */
+
+typedef struct {
+    ref_gpt_t r;
+    double **P;
+    const int32_t *tok, *tgt;
+} gctx_t;
+
+static double mean_loss(gctx_t *c) {
+    return ref_gpt_loss_sum(&c->r, c->P, c->tok, c->tgt, NULL) / (double)(c->r.B * c->r.T);
+}
+
+static void test_gradients(void) {
+    const int B = 2;
+    dg_model_t *m;
+    OK(dg_model_create(&small, be, B, 42, &m));
+    int nt = dg_model_n_tensors(m);
+    EXPECT(nt == 2 + 12 * small.n_layer + 2, "tensor count %d", nt);
+    /* move every tensor away from its structured init (zero biases, unit gains) so that each gradient
+     * entry is generic; keep padded wte rows at zero as the model requires */
+    uint64_t rs = 3;
+    double **P = calloc((size_t)nt, sizeof *P);
+    for (int i = 0; i < nt; i++) {
+        const dg_param_info_t *pi = dg_model_param(m, i);
+        float *h = malloc(pi->numel * sizeof *h);
+        OK(dg_model_get_tensor(m, i, DG_STATE_PARAM, h));
+        size_t valid = strcmp(pi->name, "wte") == 0 ? (size_t)small.vocab_size * small.d_model : pi->numel;
+        double amp = strstr(pi->name, "ln_") ? 0.2 : (pi->ndim == 1 ? 0.05 : 0.1);
+        for (size_t e = 0; e < valid; e++)
+            h[e] += (float)(amp * (2 * ref_rng_uniform(&rs) - 1));
+        OK(dg_model_set_tensor(m, i, DG_STATE_PARAM, h));
+        P[i] = malloc(pi->numel * sizeof **P);
+        for (size_t e = 0; e < pi->numel; e++)
+            P[i][e] = h[e];
+        free(h);
+    }
+    size_t n = (size_t)B * small.seq_len;
+    int32_t tok[64], tgt[64];
+    uint64_t s = 77;
+    random_ids(tok, n, small.vocab_size, &s);
+    random_ids(tgt, n, small.vocab_size, &s);
+    float loss;
+    OK(dg_model_zero_grad(m));
+    OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)n, &loss));
+    gctx_t c = {
+        {small.n_layer, small.n_head, small.d_model, small.seq_len, small.vocab_size, small.padded_vocab, B},
+        P,
+        tok,
+        tgt};
+    double ref = mean_loss(&c);
+    EXPECT(fabs(loss - ref) <= 1e-5 * ref, "loss %.8f vs float64 reference %.8f", (double)loss, ref);
+
+    /* logits at a position against the reference logits */
+    double *lg = malloc(n * small.padded_vocab * sizeof *lg);
+    ref_gpt_loss_sum(&c.r, P, tok, tgt, lg);
+    float lgot[2 * 67];
+    OK(dg_model_logits(m, tok, 9, lgot));
+    double maxe = 0, maxr = 0;
+    for (int b = 0; b < B; b++)
+        for (int v = 0; v < small.vocab_size; v++) {
+            double r = lg[((size_t)b * small.seq_len + 9) * small.padded_vocab + v];
+            maxe = fmax(maxe, fabs(lgot[b * small.vocab_size + v] - r));
+            maxr = fmax(maxr, fabs(r));
+        }
+    EXPECT(maxe <= 1e-5 * maxr, "logits at position 9: max error %.3g of max %.3g", maxe, maxr);
+    free(lg);
+
+    /* Sampled elements of every tensor. The fp32 model's gradient carries rounding of ~1e-6 relative per
+     * op over a few dozen ops; the central difference of the float64 reference at h = 1e-5 is accurate to
+     * ~1e-9. Tolerance: |g - fd| <= 1e-4 * max|fd| over the tensor's samples + 1e-8 (observed: ~1e-6). Wiring
+     * mistakes (wrong transpose, missing accumulation, wrong tie) give errors of the order of the gradient.
+     */
+    double worst = 0;
+    int checked = 0;
+    for (int i = 0; i < nt; i++) {
+        const dg_param_info_t *pi = dg_model_param(m, i);
+        float *g = malloc(pi->numel * sizeof *g);
+        OK(dg_model_get_tensor(m, i, DG_STATE_GRAD, g));
+        size_t idx[10];
+        int ns = 0;
+        if (strcmp(pi->name, "wte") == 0) {
+            idx[ns++] = (size_t)tok[0] * small.d_model + 3;  /* a looked-up row (embedding + head) */
+            idx[ns++] = (size_t)tgt[5] * small.d_model + 17; /* a target row */
+            size_t nz = 0;
+            for (size_t e = (size_t)small.vocab_size * small.d_model; e < pi->numel; e++)
+                nz += g[e] != 0.0f;
+            EXPECT(nz == 0, "wte: %zu padded-row gradient entries are not zero", nz);
+        }
+        while (ns < 8) {
+            size_t e = (size_t)(ref_rng_next(&s) % pi->numel);
+            if (strcmp(pi->name, "wte") == 0 && e >= (size_t)small.vocab_size * small.d_model) continue;
+            idx[ns++] = e;
+        }
+        double fd[10], maxfd = 0, maxerr = 0;
+        for (int k = 0; k < ns; k++) {
+            double save = P[i][idx[k]], h = 1e-5;
+            P[i][idx[k]] = save + h;
+            double lp = mean_loss(&c);
+            P[i][idx[k]] = save - h;
+            double lm = mean_loss(&c);
+            P[i][idx[k]] = save;
+            fd[k] = (lp - lm) / (2 * h);
+            maxfd = fmax(maxfd, fabs(fd[k]));
+        }
+        for (int k = 0; k < ns; k++)
+            maxerr = fmax(maxerr, fabs(fd[k] - g[idx[k]]));
+        EXPECT(maxerr <= 1e-4 * maxfd + 1e-8, "%s: gradient error %.3g vs max |fd| %.3g", pi->name, maxerr,
+               maxfd);
+        EXPECT(maxfd > 0, "%s: sampled gradients all zero", pi->name);
+        if (maxfd > 0 && maxerr / maxfd > worst) worst = maxerr / maxfd;
+        checked += ns;
+        free(g);
+    }
+    printf("gradients: %d sampled entries of %d tensors vs float64 finite differences, worst error %.2e of "
+           "the tensor's max; loss %.6f (ref %.6f)\n",
+           checked, nt, worst, (double)loss, ref);
+    for (int i = 0; i < nt; i++)
+        free(P[i]);
+    free(P);
+    dg_model_free(m);
+}
+
+/* ---------------- accumulation over micro-batches ---------------- */
+
+static void test_accumulation(void) {
+    dg_model_t *m2, *m4;
+    OK(dg_model_create(&small, be, 2, 9, &m2));
+    OK(dg_model_create(&small, be, 4, 9, &m4));
+    size_t T = (size_t)small.seq_len;
+    int32_t tok[64], tgt[64];
+    uint64_t s = 5;
+    random_ids(tok, 4 * T, small.vocab_size, &s);
+    random_ids(tgt, 4 * T, small.vocab_size, &s);
+    float l1, l2, l4;
+    float dl = 1.0f / (float)(4 * T);
+    OK(dg_model_zero_grad(m2));
+    OK(dg_model_forward_backward(m2, tok, tgt, dl, &l1));
+    OK(dg_model_forward_backward(m2, tok + 2 * T, tgt + 2 * T, dl, &l2));
+    OK(dg_model_zero_grad(m4));
+    OK(dg_model_forward_backward(m4, tok, tgt, dl, &l4));
+    EXPECT(fabs((l1 + l2) / 2 - l4) <= 1e-5 * l4, "mean loss of two halves %.7f vs whole %.7f",
+           (double)(l1 + l2) / 2, (double)l4);
+    double worst = 0;
+    for (int i = 0; i < dg_model_n_tensors(m2); i++) {
+        size_t ne = dg_model_param(m2, i)->numel;
+        float *a = malloc(ne * sizeof *a), *b = malloc(ne * sizeof *b);
+        OK(dg_model_get_tensor(m2, i, DG_STATE_GRAD, a));
+        OK(dg_model_get_tensor(m4, i, DG_STATE_GRAD, b));
+        double mx = 0, err = 0;
+        for (size_t e = 0; e < ne; e++) {
+            mx = fmax(mx, fabs(b[e]));
+            err = fmax(err, fabs(a[e] - b[e]));
+        }
+        EXPECT(err <= 1e-4 * mx + 1e-9, "%s: accumulated gradient differs from the big batch (%.3g of %.3g)",
+               dg_model_param(m2, i)->name, err, mx);
+        if (mx > 0) worst = fmax(worst, err / mx);
+        free(a), free(b);
+    }
+    printf("accumulation: 2 micro-batches of 2 == 1 of 4 (worst relative difference %.2e)\n", worst);
+    dg_model_free(m2);
+    dg_model_free(m4);
+}
+
+/* ---------------- training: overfit, determinism ---------------- */
+
+/* Runs `steps` AdamW steps on one fixed batch; returns the final mean loss; losses[] gets each step's
+ * loss; weights (if non-NULL) receives a copy of all parameters. */
+static float train_fixed(const dg_model_desc_t *d, int B, int flags, int steps, float lr, float *losses,
+                         float **weights, size_t *nweights) {
+    dg_model_t *m;
+    OK(dg_model_create_ex(d, be, B, 1234, flags, &m));
+    size_t n = (size_t)B * d->seq_len;
+    int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
+    uint64_t s = 8;
+    random_ids(tok, n, d->vocab_size, &s);
+    random_ids(tgt, n, d->vocab_size, &s);
+    float loss = 0;
+    for (int st = 1; st <= steps; st++) {
+        OK(dg_model_zero_grad(m));
+        OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)n, &loss));
+        if (losses) losses[st - 1] = loss;
+        dg_optim_hparams_t h = {.lr = lr,
+                                .beta1 = 0.9f,
+                                .beta2 = 0.95f,
+                                .eps = 1e-8f,
+                                .weight_decay = 0.0f,
+                                .grad_clip = 1.0f,
+                                .t = st};
+        float norm;
+        OK(dg_model_optimizer_step(m, &h, &norm));
+        EXPECT(isfinite(norm) && norm > 0, "step %d: gradient norm %g", st, (double)norm);
+    }
+    OK(dg_model_forward(m, tok, tgt, &loss));
+    if (weights) {
+        size_t tot = 0;
+        for (int i = 0; i < dg_model_n_tensors(m); i++)
+            tot += dg_model_param(m, i)->numel;
+        *weights = malloc(tot * sizeof **weights);
+        *nweights = tot;
+        size_t o = 0;
+        for (int i = 0; i < dg_model_n_tensors(m); i++) {
+            OK(dg_model_get_tensor(m, i, DG_STATE_PARAM, *weights + o));
+            o += dg_model_param(m, i)->numel;
+        }
+    }
+    free(tok);
+    free(tgt);
+    dg_model_free(m);
+    return loss;
+}
+
+static void test_overfit(void) {
+    /* 4 sequences x 32 random byte tokens; 50 steps at lr 1e-2 memorize them */
+    dg_model_desc_t d = {
+        .n_layer = 2, .n_head = 4, .d_model = 64, .seq_len = 32, .vocab_size = 256, .padded_vocab = 256};
+    float losses[50];
+    double t0 = dg_now_s();
+    float final = train_fixed(&d, 4, 0, 50, 1e-2f, losses, NULL, NULL);
+    printf("overfit: loss %.4f -> %.4f (step 25 %.4f) after 50 steps, final eval %.4f, %.1f s\n",
+           (double)losses[0], (double)losses[49], (double)losses[24], (double) final, dg_now_s() - t0);
+    EXPECT(fabs(losses[0] - logf(256.0f)) < 0.3f, "initial loss %.3f should be near ln(256) = 5.545",
+           (double)losses[0]);
+    EXPECT(final < 0.1f, "50 steps on one batch should drive the loss below 0.1, got %.4f", (double) final);
+}
+
+static void test_determinism(void) {
+    float la[6], lb[6], lc[6];
+    float *wa, *wb, *wc;
+    size_t na, nb, nc;
+    train_fixed(&small, 2, 0, 6, 3e-3f, la, &wa, &na);
+    train_fixed(&small, 2, 0, 6, 3e-3f, lb, &wb, &nb);
+    train_fixed(&small, 2, DG_MODEL_NO_ARENA_REUSE, 6, 3e-3f, lc, &wc, &nc);
+    EXPECT(memcmp(la, lb, sizeof la) == 0, "two runs: losses differ");
+    EXPECT(na == nb && memcmp(wa, wb, na * sizeof *wa) == 0, "two runs: final weights differ");
+    EXPECT(memcmp(la, lc, sizeof la) == 0, "planned arena vs no reuse: losses differ");
+    EXPECT(na == nc && memcmp(wa, wc, na * sizeof *wa) == 0, "planned arena vs no reuse: weights differ");
+    EXPECT(la[5] < la[0], "loss should fall over 6 steps (%.4f -> %.4f)", (double)la[0], (double)la[5]);
+    printf("determinism: 3 runs x 6 steps bitwise equal (losses %.6f .. %.6f, %zu weights)\n", (double)la[0],
+           (double)la[5], na);
+    free(wa), free(wb), free(wc);
+}
+
+/* ---------------- plan printing ---------------- */
+
+static int count(const char *s, const char *needle) {
+    int c = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p++)
+        c++;
+    return c;
+}
+
+static void test_print(void) {
+    dg_model_t *m;
+    OK(dg_model_create_ex(&small, be, 2, 1, DG_MODEL_PLAN_ONLY, &m));
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    OK(dg_model_print_plan(m, f, 0));
+    fclose(f);
+    int nops = dg_model_n_ops(m);
+    /* one row per op and per side output, a header and 4 summary lines */
+    int side = 0;
+    const dg_graph_t *g = dg_model_graph(m);
+    for (int i = 0; i < g->n; i++)
+        side += g->nodes[i]->op == DG_OP_SIDE;
+    EXPECT(count(buf, "\n") == nops + side + 2 + 3, "text plan: %d lines for %d ops + %d side outputs",
+           count(buf, "\n"), nops, side);
+    EXPECT(count(buf, " adamw ") == dg_model_n_tensors(m), "text plan: one adamw per tensor");
+    EXPECT(strstr(buf, "lm_head") && strstr(buf, "encoder_bwd") && strstr(buf, "crossentropy_bwd") &&
+               strstr(buf, "arena@") && strstr(buf, "activation arena:"),
+           "text plan misses expected entries");
+    char want[128];
+    snprintf(want, sizeof want, "activation arena: %zu bytes", dg_model_arena_bytes(m));
+    EXPECT(strstr(buf, want), "text plan should report '%s'", want);
+    free(buf);
+    f = open_memstream(&buf, &len);
+    OK(dg_model_print_plan(m, f, 1));
+    fclose(f);
+    int depth = 0, bad = 0;
+    for (char *p = buf; *p; p++) {
+        if (*p == '{' || *p == '[') depth++;
+        if (*p == '}' || *p == ']') bad |= --depth < 0;
+    }
+    EXPECT(!bad && depth == 0 && buf[0] == '{', "JSON plan brackets unbalanced");
+    EXPECT(count(buf, "\"id\":") == nops + side, "JSON plan: %d entries for %d ops + %d sides",
+           count(buf, "\"id\":"), nops, side);
+    snprintf(want, sizeof want, "\"arena_bytes\":%zu", dg_model_arena_bytes(m));
+    EXPECT(strstr(buf, want) != NULL, "JSON plan should contain %s", want);
+    free(buf);
+    /* a plan-only model cannot run */
+    int32_t tok[32] = {0};
+    EXPECT(dg_model_forward(m, tok, tok, NULL) == DG_ERR_USAGE, "plan-only model must refuse to run");
+    dg_model_free(m);
+}
+
+/* ---------------- bad input ---------------- */
+
+static void test_errors(void) {
+    dg_model_t *m;
+    EXPECT(dg_model_create(&small, be, 0, 1, &m) == DG_ERR_USAGE, "micro_batch 0 must be refused");
+    OK(dg_model_create(&small, be, 2, 1, &m));
+    int32_t tok[32], tgt[32];
+    uint64_t s = 1;
+    random_ids(tok, 32, small.vocab_size, &s);
+    random_ids(tgt, 32, small.vocab_size, &s);
+    tok[17] = 67; /* == vocab_size: a padded row, never valid input */
+    EXPECT(dg_model_forward_backward(m, tok, tgt, 1.0f, NULL) == DG_ERR_USAGE &&
+               strstr(dg_last_error(), "tokens[17]") && strstr(dg_last_error(), "sequence 1, position 1"),
+           "out-of-range token: %s", dg_last_error());
+    tok[17] = 1;
+    tgt[3] = -2;
+    EXPECT(dg_model_forward(m, tok, tgt, NULL) == DG_ERR_USAGE && strstr(dg_last_error(), "targets[3]"),
+           "negative target: %s", dg_last_error());
+    dg_optim_hparams_t h = {.lr = 1e-3f, .beta1 = 1.0f, .beta2 = 0.95f, .eps = 1e-8f, .t = 1};
+    EXPECT(dg_model_optimizer_step(m, &h, NULL) == DG_ERR_USAGE, "beta1 = 1 must be refused");
+    h.beta1 = 0.9f;
+    h.t = 0;
+    EXPECT(dg_model_optimizer_step(m, &h, NULL) == DG_ERR_USAGE, "t = 0 must be refused");
+    float x[4];
+    EXPECT(dg_model_get_tensor(m, 99, DG_STATE_PARAM, x) == DG_ERR_USAGE, "bad tensor index must be refused");
+    EXPECT(dg_model_get_tensor(m, 0, 7, x) == DG_ERR_USAGE, "bad state must be refused");
+    EXPECT(dg_model_logits(m, tok, 16, x) == DG_ERR_USAGE, "logits position out of range must be refused");
+    EXPECT(dg_model_find_param(m, "h.1.mlp.fc.weight") == 2 + 12 + 8, "find_param");
+    const dg_param_info_t *pi = dg_model_param(m, 2 + 12 + 8);
+    EXPECT(pi && pi->decay == 1 && pi->shape[0] == 128 && pi->shape[1] == 32 && pi->numel == 4096,
+           "mlp.fc.weight info");
+    pi = dg_model_param(m, 0);
+    EXPECT(pi->decay == 0 && pi->shape[0] == 72 && pi->numel == 72 * 32, "wte info (padded, no decay)");
+    /* state round trip */
+    size_t ne = dg_model_param(m, 4)->numel;
+    float *a = malloc(ne * sizeof *a), *b = malloc(ne * sizeof *b);
+    for (size_t e = 0; e < ne; e++)
+        a[e] = (float)e * 0.5f;
+    OK(dg_model_set_tensor(m, 4, DG_STATE_ADAM_V, a));
+    OK(dg_model_get_tensor(m, 4, DG_STATE_ADAM_V, b));
+    EXPECT(memcmp(a, b, ne * sizeof *a) == 0, "set/get round trip of adam_v");
+    free(a), free(b);
+    dg_model_free(m);
+}
+
+/* Non-finite gradients skip the update entirely; frozen tensors are not updated and not in the norm. */
+static float *snapshot(dg_model_t *m, int which) {
+    size_t tot = 0;
+    for (int i = 0; i < dg_model_n_tensors(m); i++)
+        tot += dg_model_param(m, i)->numel;
+    float *h = malloc(tot * sizeof *h);
+    size_t o = 0;
+    for (int i = 0; i < dg_model_n_tensors(m); i++) {
+        OK(dg_model_get_tensor(m, i, which, h + o));
+        o += dg_model_param(m, i)->numel;
+    }
+    return h;
+}
+
+static void test_skip_and_freeze(void) {
+    dg_model_t *m;
+    OK(dg_model_create(&small, be, 2, 3, &m));
+    size_t n = 2 * (size_t)small.seq_len, tot = 0;
+    for (int i = 0; i < dg_model_n_tensors(m); i++)
+        tot += dg_model_param(m, i)->numel;
+    int32_t tok[32], tgt[32];
+    uint64_t s = 4;
+    random_ids(tok, n, small.vocab_size, &s);
+    random_ids(tgt, n, small.vocab_size, &s);
+    dg_optim_hparams_t h = {.lr = 1e-2f,
+                            .beta1 = 0.9f,
+                            .beta2 = 0.95f,
+                            .eps = 1e-8f,
+                            .weight_decay = 0.1f,
+                            .grad_clip = 1.0f,
+                            .t = 1};
+    float loss, norm;
+    /* one normal step so that the moments are non-zero */
+    OK(dg_model_zero_grad(m));
+    OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)n, &loss));
+    OK(dg_model_optimizer_step(m, &h, &norm));
+    float bad[2] = {INFINITY, NAN};
+    for (int k = 0; k < 2; k++) {
+        OK(dg_model_zero_grad(m));
+        OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)n, &loss));
+        size_t ne = dg_model_param(m, 5)->numel;
+        float *g = malloc(ne * sizeof *g);
+        OK(dg_model_get_tensor(m, 5, DG_STATE_GRAD, g));
+        g[ne / 2] = bad[k];
+        OK(dg_model_set_tensor(m, 5, DG_STATE_GRAD, g));
+        free(g);
+        float *p0 = snapshot(m, DG_STATE_PARAM), *m0 = snapshot(m, DG_STATE_ADAM_M),
+              *v0 = snapshot(m, DG_STATE_ADAM_V);
+        h.t++;
+        dg_status_t st = dg_model_optimizer_step(m, &h, &norm);
+        float *p1 = snapshot(m, DG_STATE_PARAM), *m1 = snapshot(m, DG_STATE_ADAM_M),
+              *v1 = snapshot(m, DG_STATE_ADAM_V);
+        EXPECT(st == DG_OK && !isfinite(norm),
+               "%s gradient: step should succeed and report a non-finite norm (%g)", k ? "NaN" : "inf",
+               (double)norm);
+        EXPECT(!memcmp(p0, p1, tot * 4) && !memcmp(m0, m1, tot * 4) && !memcmp(v0, v1, tot * 4),
+               "%s gradient: parameters or moments changed although the update must be skipped",
+               k ? "NaN" : "inf");
+        free(p0), free(m0), free(v0), free(p1), free(m1), free(v1);
+    }
+    /* freeze wte and h.0.attn.proj.weight */
+    int fz[2] = {0, dg_model_find_param(m, "h.0.attn.proj.weight")};
+    for (int k = 0; k < 2; k++)
+        OK(dg_model_set_frozen(m, fz[k], 1));
+    EXPECT(dg_model_set_frozen(m, 99, 1) == DG_ERR_USAGE, "freezing a bad index must be refused");
+    OK(dg_model_zero_grad(m));
+    OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)n, &loss));
+    double ss = 0;
+    for (int i = 0; i < dg_model_n_tensors(m); i++) {
+        if (i == fz[0] || i == fz[1]) continue;
+        size_t ne = dg_model_param(m, i)->numel;
+        float *g = malloc(ne * sizeof *g);
+        OK(dg_model_get_tensor(m, i, DG_STATE_GRAD, g));
+        for (size_t e = 0; e < ne; e++)
+            ss += (double)g[e] * g[e];
+        free(g);
+    }
+    float *p0 = snapshot(m, DG_STATE_PARAM);
+    h.t++;
+    OK(dg_model_optimizer_step(m, &h, &norm));
+    float *p1 = snapshot(m, DG_STATE_PARAM);
+    EXPECT(fabs(norm - sqrt(ss)) <= 1e-5 * sqrt(ss),
+           "frozen: norm %.7g should cover only trainable tensors (%.7g)", (double)norm, sqrt(ss));
+    size_t o = 0;
+    for (int i = 0; i < dg_model_n_tensors(m); i++) {
+        size_t ne = dg_model_param(m, i)->numel;
+        int same = !memcmp(p0 + o, p1 + o, ne * 4);
+        int is_frozen = i == fz[0] || i == fz[1];
+        EXPECT(same == is_frozen, "%s: %s", dg_model_param(m, i)->name,
+               is_frozen ? "frozen tensor was updated" : "trainable tensor was not updated");
+        o += ne;
+    }
+    free(p0), free(p1);
+    dg_model_free(m);
+}
+
+/* Initialisation: GPT-2 statistics, padded rows zero, and independence of the micro-batch. */
+static void test_init(void) {
+    dg_model_desc_t d = {
+        .n_layer = 4, .n_head = 4, .d_model = 64, .seq_len = 32, .vocab_size = 250, .padded_vocab = 256};
+    dg_model_t *m, *m2;
+    OK(dg_model_create(&d, be, 1, 7, &m));
+    OK(dg_model_create(&d, be, 3, 7, &m2));
+    for (int i = 0; i < dg_model_n_tensors(m); i++) {
+        const dg_param_info_t *pi = dg_model_param(m, i);
+        float *h = malloc(pi->numel * sizeof *h), *h2 = malloc(pi->numel * sizeof *h);
+        OK(dg_model_get_tensor(m, i, DG_STATE_PARAM, h));
+        OK(dg_model_get_tensor(m2, i, DG_STATE_PARAM, h2));
+        EXPECT(memcmp(h, h2, pi->numel * sizeof *h) == 0, "%s: init depends on micro_batch", pi->name);
+        size_t n = pi->numel;
+        if (!strcmp(pi->name, "wte")) {
+            size_t nz = 0;
+            for (size_t e = 250 * 64; e < n; e++)
+                nz += h[e] != 0;
+            EXPECT(nz == 0, "wte padded rows must start at zero");
+            n = 250 * 64;
+        }
+        double s1 = 0, s2 = 0;
+        for (size_t e = 0; e < n; e++)
+            s1 += h[e], s2 += (double)h[e] * h[e];
+        double mean = s1 / (double)n, sd = sqrt(s2 / (double)n - mean * mean);
+        double want = -1;
+        if (strstr(pi->name, "proj.weight"))
+            want = 0.02 / sqrt(8.0);
+        else if (pi->ndim == 2)
+            want = 0.02;
+        if (want > 0)
+            EXPECT(fabs(sd - want) < 0.1 * want && fabs(mean) < 0.1 * want,
+                   "%s: std %.5f (want %.5f), mean %.2g", pi->name, sd, want, mean);
+        else if (strstr(pi->name, "ln_") && strstr(pi->name, ".weight"))
+            EXPECT(mean == 1.0 && sd == 0.0, "%s: layernorm gains start at 1", pi->name);
+        else
+            EXPECT(mean == 0.0 && sd == 0.0, "%s: biases start at 0", pi->name);
+        free(h), free(h2);
+    }
+    dg_model_free(m);
+    dg_model_free(m2);
+}
+
+int main(void) {
+    dg_backend_config_t bc = {.act_dtype = DG_F32};
+    OK(dg_backend_cpu_create(&bc, &be));
+    double t0 = dg_now_s();
+    test_desc();
+    test_init();
+    test_gradients();
+    test_accumulation();
+    test_overfit();
+    test_determinism();
+    test_print();
+    test_errors();
+    test_skip_and_freeze();
+    dg_backend_free(be);
+    printf("model tests took %.1f s\n", dg_now_s() - t0);
+    if (failures) {
+        fprintf(stderr, "%d failure(s)\n", failures);
+        return 1;
+    }
+    printf("all model tests passed\n");
+    return 0;
+}

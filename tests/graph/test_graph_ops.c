@@ -21,23 +21,23 @@
 static int failures;
 static uint64_t covered; /* bit per op kind executed in a case that passed its checks */
 
-#define EXPECT(cond, ...)                                                                                      \
-    do {                                                                                                       \
-        if (!(cond)) {                                                                                         \
-            failures++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                               \
-            fprintf(stderr, __VA_ARGS__);                                                                      \
-            fputc('\n', stderr);                                                                               \
-        }                                                                                                      \
+#define EXPECT(cond, ...)                                                                                    \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            failures++;                                                                                      \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
+            fprintf(stderr, __VA_ARGS__);                                                                    \
+            fputc('\n', stderr);                                                                             \
+        }                                                                                                    \
     } while (0)
 
-#define OK(expr)                                                                                               \
-    do {                                                                                                       \
-        dg_status_t s_ = (expr);                                                                               \
-        if (s_ != DG_OK) {                                                                                     \
-            fprintf(stderr, "FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, s_, dg_last_error());     \
-            exit(1);                                                                                           \
-        }                                                                                                      \
+#define OK(expr)                                                                                             \
+    do {                                                                                                     \
+        dg_status_t s_ = (expr);                                                                             \
+        if (s_ != DG_OK) {                                                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, s_, dg_last_error());   \
+            exit(1);                                                                                         \
+        }                                                                                                    \
     } while (0)
 
 /* ---------------- a small harness around one test graph ---------------- */
@@ -86,7 +86,8 @@ static dg_node_t *tg_i(tg_t *t, const char *name, int ndim, const int64_t *shape
     leaf_t *l = &t->leaves[t->nl++];
     l->n = n;
     l->i = malloc(dg_node_numel(n) * sizeof(int32_t));
-    for (size_t k = 0; k < dg_node_numel(n); k++) l->i[k] = (int32_t)(ref_rng_next(&t->rng) % (uint64_t)maxv);
+    for (size_t k = 0; k < dg_node_numel(n); k++)
+        l->i[k] = (int32_t)(ref_rng_next(&t->rng) % (uint64_t)maxv);
     return n;
 }
 
@@ -98,7 +99,8 @@ static leaf_t *tg_leaf(tg_t *t, const dg_node_t *n) {
 
 static double *to_f64(const float *f, size_t n) {
     double *d = malloc(n * sizeof *d);
-    for (size_t i = 0; i < n; i++) d[i] = f[i];
+    for (size_t i = 0; i < n; i++)
+        d[i] = f[i];
     return d;
 }
 
@@ -128,6 +130,10 @@ static void tg_run(tg_t *t, dg_phase_t ph) {
 }
 
 static float *tg_get(tg_t *t, const dg_node_t *n) {
+    if (!n) { /* e.g. a gradient autodiff did not produce */
+        fprintf(stderr, "FAIL: a tensor the test reads does not exist (missing gradient?)\n");
+        exit(1);
+    }
     float *h = malloc(n->nbytes);
     OK(t->be->ops->to_host(t->be, h, dg_exec_ptr(t->ex, n), n->nbytes));
     return h;
@@ -135,7 +141,8 @@ static float *tg_get(tg_t *t, const dg_node_t *n) {
 
 static void tg_cover(tg_t *t, int failures_before) {
     if (failures != failures_before) return;
-    for (int i = 0; i < t->g->n; i++) covered |= 1ull << t->g->nodes[i]->op;
+    for (int i = 0; i < t->g->n; i++)
+        covered |= 1ull << t->g->nodes[i]->op;
 }
 
 static int tg_count(tg_t *t, dg_op_kind_t k, int acc) {
@@ -169,8 +176,8 @@ static void check_close(const char *what, const float *got, const double *ref, s
             at = i;
         }
     }
-    EXPECT(maxerr <= rtol * maxref + 1e-6, "%s: max error %.3g at %zu (got %.8g, ref %.8g), max |ref| %.3g", what,
-           maxerr, at, (double)got[at], ref[at], maxref);
+    EXPECT(maxerr <= rtol * maxref + 1e-6, "%s: max error %.3g at %zu (got %.8g, ref %.8g), max |ref| %.3g",
+           what, maxerr, at, (double)got[at], ref[at], maxref);
     EXPECT(maxref > 0, "%s: reference is all zero (test would be vacuous)", what);
 }
 
@@ -197,14 +204,17 @@ static void check_fd(const char *what, double *x, size_t n, const float *g, obje
             fd_at = fd;
         }
     }
-    EXPECT(maxerr <= 1e-3 * maxfd + 1e-6, "%s: gradient error %.3g at %zu (graph %.8g, finite difference %.8g), "
-           "max |fd| %.3g", what, maxerr, at, (double)g[at], fd_at, maxfd);
+    EXPECT(maxerr <= 1e-3 * maxfd + 1e-6,
+           "%s: gradient error %.3g at %zu (graph %.8g, finite difference %.8g), "
+           "max |fd| %.3g",
+           what, maxerr, at, (double)g[at], fd_at, maxfd);
     EXPECT(maxfd > 0, "%s: finite-difference gradient is all zero (vacuous)", what);
 }
 
 static double dot(const double *a, const double *b, size_t n) {
     double s = 0;
-    for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+    for (size_t i = 0; i < n; i++)
+        s += a[i] * b[i];
     return s;
 }
 
@@ -271,7 +281,10 @@ static void case_encoder(dg_backend_t *be) {
     dg_node_t *dout = tg_f(&t, "dout", 3, sy, DG_NF_INPUT, -1, 1);
     tg_finish(&t, 1, &y, &dout);
     tg_run(&t, DG_PHASE_FWD);
-    ctx_t c = {.in = {tg_d(&t, wte), tg_d(&t, wpe)}, .tok = tg_leaf(&t, tok)->i, .dout = tg_d(&t, dout), .d = {B, T, C}};
+    ctx_t c = {.in = {tg_d(&t, wte), tg_d(&t, wpe)},
+               .tok = tg_leaf(&t, tok)->i,
+               .dout = tg_d(&t, dout),
+               .d = {B, T, C}};
     size_t n = (size_t)B * T * C;
     double *yr = malloc(n * sizeof *yr);
     ref_encoder(yr, c.tok, c.in[0], c.in[1], B, T, C);
@@ -406,6 +419,60 @@ static void case_matmul_nobias(dg_backend_t *be) {
     tg_free(&t);
 }
 
+/* matmul + gelu fused by the fuse_gelu pass into one matmul with the GELU epilogue */
+static double obj_matmul_gelu(void *p) {
+    ctx_t *c = p;
+    int N = c->d[0], C = c->d[1], OC = c->d[2];
+    size_t n = (size_t)N * OC;
+    double *y = malloc(n * sizeof *y), *z = malloc(n * sizeof *z);
+    ref_matmul(y, c->in[0], c->in[1], c->in[2], N, C, OC);
+    ref_gelu(z, y, n);
+    double s = dot(z, c->dout, n);
+    free(y), free(z);
+    return s;
+}
+
+static void case_matmul_gelu(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 25);
+    int N = 6, C = 8, OC = 12;
+    int64_t sx[3] = {2, 3, C}, sw[2] = {OC, C}, sb[1] = {OC}, sy[3] = {2, 3, OC};
+    dg_node_t *x = tg_f(&t, "x", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    dg_node_t *w = tg_f(&t, "w", 2, sw, DG_NF_PARAM, -1, 1);
+    dg_node_t *b = tg_f(&t, "b", 1, sb, DG_NF_PARAM, -1, 1);
+    dg_node_t *m = dg_op_matmul(t.g, "fc", x, w, b);
+    dg_node_t *y0 = dg_op_gelu(t.g, "gelu", m);
+    (void)y0;
+    dg_pass_t fuse[] = {{"fuse_gelu", dg_pass_fuse_gelu, NULL}};
+    OK(dg_graph_run_passes(t.g, fuse, 1));
+    dg_node_t *y = NULL;
+    for (int i = 0; i < t.g->n; i++)
+        if (t.g->nodes[i]->op == DG_OP_MATMUL) y = t.g->nodes[i];
+    EXPECT(tg_count(&t, DG_OP_GELU, -1) == 0 && y && y->attr[DG_A_EPI] == DG_EPI_GELU && y->n_side == 1,
+           "matmul_gelu: the pass should fuse gelu into the matmul");
+    if (!y) return;
+    dg_node_t *dout = tg_f(&t, "dout", 3, sy, DG_NF_INPUT, -1, 1);
+    tg_finish(&t, 1, &y, &dout);
+    tg_run(&t, DG_PHASE_FWD);
+    ctx_t c = {.in = {tg_d(&t, x), tg_d(&t, w), tg_d(&t, b)}, .dout = tg_d(&t, dout), .d = {N, C, OC}};
+    double pre[72], yr[72];
+    ref_matmul(pre, c.in[0], c.in[1], c.in[2], N, C, OC);
+    ref_gelu(yr, pre, 72);
+    float *yg = tg_get(&t, y), *pg = tg_get(&t, y->side[0]);
+    check_close("matmul+gelu forward", yg, yr, 72, 1e-5);
+    check_close("matmul+gelu pre-activation", pg, pre, 72, 1e-5);
+    tg_run(&t, DG_PHASE_BWD);
+    float *gx = tg_get(&t, dg_node_grad_of(x)), *gw = tg_get(&t, w->grad), *gb = tg_get(&t, b->grad);
+    check_fd("matmul+gelu d/dx", c.in[0], 48, gx, obj_matmul_gelu, &c);
+    check_fd("matmul+gelu d/dw", c.in[1], 96, gw, obj_matmul_gelu, &c);
+    check_fd("matmul+gelu d/dbias", c.in[2], 12, gb, obj_matmul_gelu, &c);
+    tg_cover(&t, f0);
+    free(yg), free(pg), free(gx), free(gw), free(gb), free(c.in[0]), free(c.in[1]), free(c.in[2]),
+        free(c.dout);
+    tg_free(&t);
+}
+
 /* gelu */
 static double obj_gelu(void *p) {
     ctx_t *c = p;
@@ -488,7 +555,8 @@ static double obj_add(void *p) {
     ctx_t *c = p;
     size_t n = (size_t)c->d[0];
     double s = 0;
-    for (size_t i = 0; i < n; i++) s += (c->in[0][i] + c->in[1][i]) * c->dout[i];
+    for (size_t i = 0; i < n; i++)
+        s += (c->in[0][i] + c->in[1][i]) * c->dout[i];
     return s;
 }
 
@@ -505,7 +573,8 @@ static void case_add(dg_backend_t *be) {
     tg_run(&t, DG_PHASE_FWD);
     ctx_t c = {.in = {tg_d(&t, a), tg_d(&t, b)}, .dout = tg_d(&t, dout), .d = {12}};
     double yr[12];
-    for (int i = 0; i < 12; i++) yr[i] = c.in[0][i] + c.in[1][i];
+    for (int i = 0; i < 12; i++)
+        yr[i] = c.in[0][i] + c.in[1][i];
     float *yg = tg_get(&t, y);
     check_close("add forward", yg, yr, 12, 1e-6);
     tg_run(&t, DG_PHASE_BWD);
@@ -524,7 +593,8 @@ static double obj_ce(void *p) {
     double *l = malloc((size_t)N * sizeof *l);
     ref_crossentropy(l, c->in[0], c->tok, N, V, Vp);
     double s = 0;
-    for (int i = 0; i < N; i++) s += l[i];
+    for (int i = 0; i < N; i++)
+        s += l[i];
     free(l);
     return (double)c->dloss * s;
 }
@@ -551,7 +621,8 @@ static void case_crossentropy(dg_backend_t *be) {
     check_fd("crossentropy d/dlogits", c.in[0], (size_t)N * Vp, gl, obj_ce, &c);
     int pad_nonzero = 0;
     for (int i = 0; i < N; i++)
-        for (int j = V; j < Vp; j++) pad_nonzero += gl[i * Vp + j] != 0.0f;
+        for (int j = V; j < Vp; j++)
+            pad_nonzero += gl[i * Vp + j] != 0.0f;
     EXPECT(pad_nonzero == 0, "crossentropy: %d padded logit gradients are not exactly zero", pad_nonzero);
     tg_cover(&t, f0);
     free(lgot), free(gl), free(c.in[0]);
@@ -568,7 +639,8 @@ static double obj_fanout1(void *p) {
     ref_gelu(a, c->in[0], n);
     ref_layernorm(b, c->in[0], c->in[2], c->in[3], N, C);
     ref_matmul(m, c->in[0], c->in[1], NULL, N, C, C);
-    for (size_t i = 0; i < n; i++) a[i] = a[i] + b[i] + m[i] + c->in[0][i];
+    for (size_t i = 0; i < n; i++)
+        a[i] = a[i] + b[i] + m[i] + c->in[0][i];
     ref_gelu(b, a, n);
     double s = dot(b, c->dout, n);
     free(a), free(b), free(m);
@@ -599,7 +671,8 @@ static void case_fanout1(dg_backend_t *be) {
            "fanout1: expected in-place (acc=1) layernorm_bwd and gelu_bwd");
     tg_run(&t, DG_PHASE_FWD);
     tg_run(&t, DG_PHASE_BWD);
-    ctx_t c = {.in = {tg_d(&t, x), tg_d(&t, w), tg_d(&t, lw), tg_d(&t, lb)}, .dout = tg_d(&t, dout), .d = {N, C}};
+    ctx_t c = {
+        .in = {tg_d(&t, x), tg_d(&t, w), tg_d(&t, lw), tg_d(&t, lb)}, .dout = tg_d(&t, dout), .d = {N, C}};
     float *gx = tg_get(&t, dg_node_grad_of(x)), *gw = tg_get(&t, w->grad), *glw = tg_get(&t, lw->grad);
     float *glb = tg_get(&t, lb->grad);
     check_fd("fanout1 d/dx", c.in[0], 64, gx, obj_fanout1, &c);
@@ -611,7 +684,8 @@ static void case_fanout1(dg_backend_t *be) {
     check_accumulation(&t, 0, NULL, NULL, 1, act, a1);
     tg_cover(&t, f0);
     free(gx), free(gw), free(glw), free(glb);
-    for (int k = 0; k < 4; k++) free(c.in[k]);
+    for (int k = 0; k < 4; k++)
+        free(c.in[k]);
     free(c.dout);
     tg_free(&t);
 }
@@ -625,7 +699,8 @@ static double obj_fanout2(void *p) {
     double *m1 = malloc(n * sizeof *m1), *m2 = malloc(n * sizeof *m2), *y = malloc(n * sizeof *y);
     ref_matmul(m1, c->in[0], c->in[1], c->in[2], N, C, C);
     ref_matmul(m2, c->in[0], c->in[3], NULL, N, C, C);
-    for (size_t i = 0; i < n; i++) m1[i] = m1[i] + m2[i] + 2.0 * c->in[0][i];
+    for (size_t i = 0; i < n; i++)
+        m1[i] = m1[i] + m2[i] + 2.0 * c->in[0][i];
     ref_gelu(y, m1, n);
     double s = dot(y, c->dout, n);
     free(m1), free(m2), free(y);
@@ -651,12 +726,15 @@ static void case_fanout2(dg_backend_t *be) {
     dg_node_t *dout = tg_f(&t, "dout", 2, sx, DG_NF_INPUT, -1, 1);
     tg_finish(&t, 1, &y, &dout);
     int bwd_adds = 0;
-    for (int i = 0; i < t.g->n; i++) bwd_adds += t.g->nodes[i]->op == DG_OP_ADD && t.g->nodes[i]->phase == DG_PHASE_BWD;
+    for (int i = 0; i < t.g->n; i++)
+        bwd_adds += t.g->nodes[i]->op == DG_OP_ADD && t.g->nodes[i]->phase == DG_PHASE_BWD;
     EXPECT(bwd_adds == 1, "fanout2: expected one gradient-sum add in the backward, found %d", bwd_adds);
-    EXPECT(tg_count(&t, DG_OP_MATMUL_BWD, 1) == 2, "fanout2: expected both matmul_bwd to accumulate in place");
+    EXPECT(tg_count(&t, DG_OP_MATMUL_BWD, 1) == 2,
+           "fanout2: expected both matmul_bwd to accumulate in place");
     tg_run(&t, DG_PHASE_FWD);
     tg_run(&t, DG_PHASE_BWD);
-    ctx_t c = {.in = {tg_d(&t, x), tg_d(&t, w1), tg_d(&t, b1), tg_d(&t, w2)}, .dout = tg_d(&t, dout), .d = {N, C}};
+    ctx_t c = {
+        .in = {tg_d(&t, x), tg_d(&t, w1), tg_d(&t, b1), tg_d(&t, w2)}, .dout = tg_d(&t, dout), .d = {N, C}};
     float *gx = tg_get(&t, dg_node_grad_of(x)), *gw1 = tg_get(&t, w1->grad), *gb1 = tg_get(&t, b1->grad);
     float *gw2 = tg_get(&t, w2->grad);
     check_fd("fanout2 d/dx", c.in[0], 48, gx, obj_fanout2, &c);
@@ -668,7 +746,8 @@ static void case_fanout2(dg_backend_t *be) {
     check_accumulation(&t, 3, par, g1, 1, act, a1);
     tg_cover(&t, f0);
     free(gx), free(gw1), free(gb1), free(gw2);
-    for (int k = 0; k < 4; k++) free(c.in[k]);
+    for (int k = 0; k < 4; k++)
+        free(c.in[k]);
     free(c.dout);
     tg_free(&t);
 }
@@ -781,12 +860,15 @@ static void case_optimizer(dg_backend_t *be) {
     for (int step = 1; step <= 2; step++) {
         dg_runtime_t *rt = &t.ex->rt;
         rt->lr = (float)lr, rt->beta1 = (float)b1, rt->beta2 = (float)b2, rt->eps = (float)eps;
-        rt->weight_decay = (float)wd, rt->grad_clip = (float)clips[step - 1], rt->grad_extra = 1.0f, rt->t = step;
+        rt->weight_decay = (float)wd, rt->grad_clip = (float)clips[step - 1], rt->grad_extra = 1.0f,
+        rt->t = step;
         tg_run(&t, DG_PHASE_OPT);
         double ss = 0;
         for (int k = 0; k < 2; k++)
-            for (size_t i = 0; i < nel[k]; i++) ss += (double)G[k][i] * G[k][i];
-        double norm = sqrt(ss), scale = clips[step - 1] > 0 ? fmin(1.0, clips[step - 1] / (norm + 1e-6)) : 1.0;
+            for (size_t i = 0; i < nel[k]; i++)
+                ss += (double)G[k][i] * G[k][i];
+        double norm = sqrt(ss),
+               scale = clips[step - 1] > 0 ? fmin(1.0, clips[step - 1] / (norm + 1e-6)) : 1.0;
         float *scal = tg_get(&t, sc);
         EXPECT(fabs(scal[DG_SCALAR_NORM] - norm) <= 1e-5 * norm, "optimizer: grad norm %.8g, reference %.8g",
                (double)scal[DG_SCALAR_NORM], norm);
@@ -815,12 +897,14 @@ static void case_optimizer(dg_backend_t *be) {
     for (int k = 0; k < 2; k++) {
         float *gg = tg_get(&t, p[k]->grad);
         size_t nz = 0;
-        for (size_t i = 0; i < nel[k]; i++) nz += gg[i] != 0.0f;
+        for (size_t i = 0; i < nel[k]; i++)
+            nz += gg[i] != 0.0f;
         EXPECT(nz == 0, "zero phase left %zu non-zero gradient elements in %s", nz, p[k]->name);
         free(gg);
     }
     tg_cover(&t, f0);
-    for (int k = 0; k < 2; k++) free(P[k]), free(M[k]), free(V[k]), free(G[k]);
+    for (int k = 0; k < 2; k++)
+        free(P[k]), free(M[k]), free(V[k]), free(G[k]);
     tg_free(&t);
 }
 
@@ -829,12 +913,17 @@ static void case_shape_errors(dg_backend_t *be) {
     struct {
         const char *what;
         int which;
-    } cases[] = {{"layernorm weight size", 0}, {"matmul inner dimension", 1}, {"attention heads", 2},
-                 {"crossentropy vocabulary", 3}, {"add shapes", 4}, {"encoder sequence length", 5}};
+    } cases[] = {{"layernorm weight size", 0},
+                 {"matmul inner dimension", 1},
+                 {"attention heads", 2},
+                 {"crossentropy vocabulary", 3},
+                 {"add shapes", 4},
+                 {"encoder sequence length", 5}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         tg_t t;
         tg_init(&t, be, 30 + k);
-        int64_t s[3] = {2, 3, 8}, s7[1] = {7}, sw[2] = {4, 7}, sq[3] = {2, 3, 30}, st[2] = {2, 3}, sv[2] = {9, 8};
+        int64_t s[3] = {2, 3, 8}, s7[1] = {7}, sw[2] = {4, 7}, sq[3] = {2, 3, 30}, st[2] = {2, 3},
+                sv[2] = {9, 8};
         int64_t sp[2] = {2, 8};
         dg_node_t *x = tg_f(&t, "x", 3, s, DG_NF_INPUT, -1, 1), *r = NULL;
         const char *opname = "";
@@ -868,7 +957,8 @@ static void case_shape_errors(dg_backend_t *be) {
         }
         EXPECT(r == NULL && dg_graph_error(t.g) == DG_ERR_USAGE && strstr(dg_last_error(), opname) &&
                    !strchr(dg_last_error(), '\n'),
-               "%s: expected a one-line usage error naming '%s', got '%s'", cases[k].what, opname, dg_last_error());
+               "%s: expected a one-line usage error naming '%s', got '%s'", cases[k].what, opname,
+               dg_last_error());
         /* the error is sticky: later constructors return NULL instead of building on a broken graph */
         EXPECT(dg_op_gelu(t.g, "after", x) == NULL, "%s: builder error is not sticky", cases[k].what);
         tg_free(&t);
@@ -901,6 +991,7 @@ static const op_case_t cases[] = {
     {"layernorm", case_layernorm},
     {"matmul", case_matmul},
     {"matmul_nobias", case_matmul_nobias},
+    {"matmul_gelu", case_matmul_gelu},
     {"gelu", case_gelu},
     {"attention", case_attention},
     {"add", case_add},

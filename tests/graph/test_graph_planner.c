@@ -21,22 +21,22 @@
 #include "ref64.h"
 
 static int failures;
-#define EXPECT(cond, ...)                                                                                      \
-    do {                                                                                                       \
-        if (!(cond)) {                                                                                         \
-            failures++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                               \
-            fprintf(stderr, __VA_ARGS__);                                                                      \
-            fputc('\n', stderr);                                                                               \
-        }                                                                                                      \
+#define EXPECT(cond, ...)                                                                                    \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            failures++;                                                                                      \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
+            fprintf(stderr, __VA_ARGS__);                                                                    \
+            fputc('\n', stderr);                                                                             \
+        }                                                                                                    \
     } while (0)
-#define OK(expr)                                                                                               \
-    do {                                                                                                       \
-        dg_status_t s_ = (expr);                                                                               \
-        if (s_ != DG_OK) {                                                                                     \
-            fprintf(stderr, "FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, s_, dg_last_error());     \
-            exit(1);                                                                                           \
-        }                                                                                                      \
+#define OK(expr)                                                                                             \
+    do {                                                                                                     \
+        dg_status_t s_ = (expr);                                                                             \
+        if (s_ != DG_OK) {                                                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, s_, dg_last_error());   \
+            exit(1);                                                                                         \
+        }                                                                                                    \
     } while (0)
 
 static size_t up(size_t x) {
@@ -59,8 +59,8 @@ static void check_intervals(int n, const size_t *size, const int *st, const int 
         for (int j = 0; j < i; j++) {
             if (en[i] < st[j] || en[j] < st[i]) continue;
             int disjoint = off[i] + size[i] <= off[j] || off[j] + size[j] <= off[i];
-            EXPECT(disjoint, "%s: buffers %d [%d,%d] and %d [%d,%d] are live together and overlap", what, i, st[i],
-                   en[i], j, st[j], en[j]);
+            EXPECT(disjoint, "%s: buffers %d [%d,%d] and %d [%d,%d] are live together and overlap", what, i,
+                   st[i], en[i], j, st[j], en[j]);
         }
     }
     EXPECT(arena <= sum, "%s: arena %zu exceeds the sum of sizes %zu", what, arena, sum);
@@ -89,7 +89,8 @@ static void test_intervals(void) {
     /* all live together: the sum */
     int st2[4] = {0, 0, 0, 0}, en2[4] = {5, 5, 5, 5};
     check_intervals(4, s1, st2, en2, "overlapping", &a);
-    EXPECT(a == up(1000) + up(300) + up(5000) + up(256), "all-live plan should be the aligned sum, got %zu", a);
+    EXPECT(a == up(1000) + up(300) + up(5000) + up(256), "all-live plan should be the aligned sum, got %zu",
+           a);
 
     uint64_t rng = 7;
     double worst = 0;
@@ -107,7 +108,8 @@ static void test_intervals(void) {
         snprintf(what, sizeof what, "random trial %d", trial);
         check_intervals(n, size, st, en, what, &a);
         size_t sum = 0;
-        for (int i = 0; i < n; i++) sum += up(size[i] ? size[i] : 1);
+        for (int i = 0; i < n; i++)
+            sum += up(size[i] ? size[i] : 1);
         if (sum && (double)a / (double)sum > worst) worst = (double)a / (double)sum;
         free(size), free(st), free(en);
     }
@@ -152,11 +154,21 @@ static void test_random_graphs(dg_backend_t *be) {
             snprintf(nm, sizeof nm, "op%d", k);
             dg_node_t *y = NULL;
             switch (ref_rng_next(&rng) % 5) {
-            case 0: y = dg_op_gelu(g, nm, a); break;
-            case 1: y = dg_op_add(g, nm, a, b); break;
-            case 2: y = dg_op_matmul(g, nm, a, params[ref_rng_next(&rng) % 4], NULL); break;
-            case 3: y = dg_op_layernorm(g, nm, a, params[4], params[5]); break;
-            default: y = dg_op_matmul(g, nm, b, params[ref_rng_next(&rng) % 4], NULL); break;
+            case 0:
+                y = dg_op_gelu(g, nm, a);
+                break;
+            case 1:
+                y = dg_op_add(g, nm, a, b);
+                break;
+            case 2:
+                y = dg_op_matmul(g, nm, a, params[ref_rng_next(&rng) % 4], NULL);
+                break;
+            case 3:
+                y = dg_op_layernorm(g, nm, a, params[4], params[5]);
+                break;
+            default:
+                y = dg_op_matmul(g, nm, b, params[ref_rng_next(&rng) % 4], NULL);
+                break;
             }
             OK(dg_graph_error(g));
             pool[np++] = y;
@@ -166,7 +178,8 @@ static void test_random_graphs(dg_backend_t *be) {
         seeds[1] = dg_graph_leaf(g, "seed1", DG_F32, 2, sx, DG_NF_INPUT);
         int nout = 2;
         OK(dg_autodiff(g, nout, outs, seeds));
-        for (int k = 0; k < nout; k++) outs[k]->flags |= DG_NF_OUTPUT;
+        for (int k = 0; k < nout; k++)
+            outs[k]->flags |= DG_NF_OUTPUT;
         dg_pass_t passes[] = {{"inplace", dg_pass_inplace, NULL}};
         OK(dg_graph_run_passes(g, passes, 1));
         dg_plan_t *pa, *pb;
@@ -189,17 +202,20 @@ static void test_random_graphs(dg_backend_t *be) {
         /* results to compare: outputs, input gradients, parameter gradients */
         const dg_node_t *res[16];
         int nres = 0;
-        for (int k = 0; k < nout; k++) res[nres++] = outs[k];
+        for (int k = 0; k < nout; k++)
+            res[nres++] = outs[k];
         for (int k = 0; k < 2; k++)
             if (dg_node_grad_of(inputs[k])) res[nres++] = dg_node_grad_of(inputs[k]);
-        for (int k = 0; k < 6; k++) res[nres++] = params[k]->grad;
+        for (int k = 0; k < 6; k++)
+            res[nres++] = params[k]->grad;
         float *out[2][16];
         dg_plan_t *plans[2] = {pa, pb};
         for (int v = 0; v < 2; v++) {
             dg_exec_t *ex;
             OK(dg_exec_create(be, g, plans[v], &ex));
             poison(be, ex);
-            for (int k = 0; k < 6; k++) OK(be->ops->memset0(be, params[k]->grad->data, params[k]->grad->nbytes));
+            for (int k = 0; k < 6; k++)
+                OK(be->ops->memset0(be, params[k]->grad->data, params[k]->grad->nbytes));
             OK(dg_exec_run_phase(ex, DG_PHASE_FWD));
             OK(dg_exec_run_phase(ex, DG_PHASE_BWD));
             for (int r = 0; r < nres; r++) {
@@ -210,9 +226,10 @@ static void test_random_graphs(dg_backend_t *be) {
         }
         for (int r = 0; r < nres; r++) {
             size_t n = dg_node_numel(res[r]), nonfinite = 0;
-            for (size_t i = 0; i < n; i++) nonfinite += !isfinite(out[1][r][i]);
-            EXPECT(nonfinite == 0, "trial %d: '%s' has %zu non-finite values (read of unwritten memory?)", trial,
-                   res[r]->name, nonfinite);
+            for (size_t i = 0; i < n; i++)
+                nonfinite += !isfinite(out[1][r][i]);
+            EXPECT(nonfinite == 0, "trial %d: '%s' has %zu non-finite values (read of unwritten memory?)",
+                   trial, res[r]->name, nonfinite);
             EXPECT(memcmp(out[0][r], out[1][r], res[r]->nbytes) == 0,
                    "trial %d: '%s' differs between the planned arena and no reuse", trial, res[r]->name);
             free(out[0][r]), free(out[1][r]);
@@ -253,9 +270,10 @@ static void test_model_plans(dg_backend_t *be) {
             if (live > peak) peak = live;
         }
         EXPECT(arena >= peak && arena <= peak + peak / 20,
-               "%s: arena %zu should be within 5%% above the peak of live bytes %zu", presets[k], arena, peak);
-        EXPECT(arena < sum * 3 / 4, "%s: arena %zu should be well below the activation sum %zu", presets[k], arena,
-               sum);
+               "%s: arena %zu should be within 5%% above the peak of live bytes %zu", presets[k], arena,
+               peak);
+        EXPECT(arena < sum * 3 / 4, "%s: arena %zu should be well below the activation sum %zu", presets[k],
+               arena, sum);
         printf("%s (micro_batch %d): %d ops, arena %.1f MiB = %.1f%% of the %.1f MiB sum of activations, "
                "%.2fx the peak live %.1f MiB\n",
                presets[k], mbs[k], dg_model_n_ops(m), arena / 1048576.0, 100.0 * (double)arena / (double)sum,
@@ -278,7 +296,8 @@ static void test_stale_abort(dg_backend_t *be) {
         dg_plan_t *p;
         dg_alloc_list_t al = {0};
         dg_exec_t *ex;
-        if (dg_plan_create(g, 0, &p) || dg_graph_alloc_persistent(g, be, &al) || dg_exec_create(be, g, p, &ex))
+        if (dg_plan_create(g, 0, &p) || dg_graph_alloc_persistent(g, be, &al) ||
+            dg_exec_create(be, g, p, &ex))
             _exit(3);
         if (dg_exec_run_phase(ex, DG_PHASE_FWD)) _exit(4);
         freopen("/dev/null", "w", stderr); /* the expected assertion message */

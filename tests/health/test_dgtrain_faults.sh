@@ -1,8 +1,8 @@
 #!/bin/bash
 # test_dgtrain_faults.sh — failure handling of the real dgtrain under mpiexec, without Slurm:
-#   kill    SIGKILL one rank at a random step (3 trials): the job ends on every rank within
-#           health.timeout_s + a few seconds; rerunning the same command resumes from the last
-#           checkpoint and ends with final weights bitwise equal to an uninterrupted run (dgckpt diff).
+#   kill    SIGKILL a random rank at a random step, 3 times in a row: each time the job ends on every
+#           rank within health.timeout_s + a few seconds, and rerunning the same command resumes from
+#           the last checkpoint; the end is bitwise equal to an uninterrupted run (dgckpt diff).
 #   stop    SIGSTOP one rank: the watchdog aborts the job within timeout_s + a few seconds with exit
 #           code 3 and a line naming the stopped rank.
 # Skips (77) with the reason while dgtrain cannot train yet.
@@ -14,8 +14,8 @@ DGTRAIN=${1:-}
 DGCKPT=${2:-}
 shift 2
 MPI=("$@")
-STEPS=${DGT_FAULT_STEPS:-30}
-TIMEOUT=8
+STEPS=${DGT_FAULT_STEPS:-24}
+TIMEOUT=6
 SLACK=5
 WORK=$(mktemp -d /tmp/dgt-faults-XXXXXX)
 JOB=
@@ -77,9 +77,12 @@ wait_step() { # wait_step METRICS N
     done
 }
 
-# reference, uninterrupted
+# reference, uninterrupted (checkpoints only at the end: how often a run checkpoints must not change
+# its numbers)
 T0=$(now)
-launch "$WORK/ref" "$WORK/ref.out"
+"${MPI[@]}" -n 2 "$DGTRAIN" "$WORK/cfg.ini" "${SETS[@]}" --set checkpoint.every=0 --set run.dir="$WORK/ref" \
+    >"$WORK/ref.out" 2>&1 &
+JOB=$!
 wait_job 600 || exit 1
 [ "$RC" = 0 ] || {
     fail "uninterrupted run failed (exit $RC): $(tail -n 3 "$WORK/ref.out")"
@@ -88,11 +91,16 @@ wait_job 600 || exit 1
 REF=$(latest_ckpt "$WORK/ref")
 tlog "uninterrupted run: $STEPS steps in ${DT}s -> $(basename "$REF")"
 
+# One run, killed three times at random steps (a random rank each time) and restarted with the same
+# command after each kill: every restart resumes from the last complete checkpoint (checkpoint.every=5),
+# and the end must be bitwise equal to the uninterrupted run.
+run=$WORK/kill
+resumed_at=5 # the first kill comes after the first checkpoint
+launch "$run" "$WORK/kill0.out"
 for trial in 1 2 3; do
-    run=$WORK/kill$trial
     victim=$((RANDOM % 2))
-    at=$((6 + RANDOM % (STEPS - 11)))
-    launch "$run" "$WORK/kill$trial.out"
+    at=$((resumed_at + 1 + RANDOM % 5))
+    [ "$at" -le $((STEPS - 2)) ] || at=$((STEPS - 2))
     wait_step "$run/metrics.jsonl" "$at" || exit 1
     pid=$(rank_pid $victim) || {
         fail "cannot find rank $victim's pid"
@@ -102,20 +110,36 @@ for trial in 1 2 3; do
     T0=$(now)
     wait_job $((TIMEOUT + SLACK)) || exit 1
     [ "$RC" = 0 ] && fail "trial $trial: exit 0 after rank $victim was killed"
+    killed_rc=$RC
     ended=$DT
-    # rerun the same command: resume=auto picks the last complete checkpoint
-    T0=$(now)
+    prev=$(grep -c '"event":"resume"' "$run/metrics.jsonl")
     launch "$run" "$WORK/kill$trial.resume.out"
-    wait_job 600 || exit 1
-    [ "$RC" = 0 ] || fail "trial $trial: resumed run failed (exit $RC): $(tail -n 3 "$WORK/kill$trial.resume.out")"
-    from=$(grep '"event":"resume"' "$run/metrics.jsonl" | tail -n 1 | sed -E 's/.*"step":([0-9]+).*/\1/')
-    if "$DGCKPT" diff "$REF" "$(latest_ckpt "$run")" >"$WORK/diff$trial.txt" 2>&1; then
-        echo "PASS kill trial $trial: SIGKILL rank $victim after step $at -> job ended (exit $RC) in ${ended}s; resumed at step ${from:-?} -> final weights identical"
-    else
-        fail "trial $trial: final weights differ from the uninterrupted run: $(head -n 5 "$WORK/diff$trial.txt")"
-    fi
+    t0=$(now)
+    while [ "$(grep -c '"event":"resume"' "$run/metrics.jsonl")" = "$prev" ]; do
+        kill -0 "$JOB" 2>/dev/null && le "$(elapsed "$t0")" 120 || {
+            fail "trial $trial: the restart did not resume from a checkpoint: $(tail -n 3 "$WORK/kill$trial.resume.out")"
+            exit 1
+        }
+        sleep 0.1
+    done
+    resumed_at=$(grep '"event":"resume"' "$run/metrics.jsonl" | tail -n 1 | sed -E 's/.*"step":([0-9]+).*/\1/')
+    [ "$resumed_at" -ge 5 ] && [ "$resumed_at" -le "$at" ] ||
+        fail "trial $trial: resumed at step $resumed_at after a kill at step $at"
+    echo "PASS kill trial $trial: SIGKILL of rank $victim after step $at -> job ended (exit $killed_rc) in ${ended}s; restart resumed at step $resumed_at"
     [ "$FAILED" = 0 ] || exit 1
 done
+T0=$(now)
+wait_job 600 || exit 1
+[ "$RC" = 0 ] || {
+    fail "final restart failed (exit $RC): $(tail -n 3 "$WORK/kill3.resume.out")"
+    exit 1
+}
+if "$DGCKPT" diff "$REF" "$(latest_ckpt "$run")" >"$WORK/diff.txt" 2>&1; then
+    echo "PASS kill: after 3 kills and restarts the final weights equal the uninterrupted run's ($(basename "$REF"), dgckpt diff)"
+else
+    fail "final weights differ from the uninterrupted run: $(head -n 5 "$WORK/diff.txt")"
+    exit 1
+fi
 
 run=$WORK/stop
 launch "$run" "$WORK/stop.out"

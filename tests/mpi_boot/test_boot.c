@@ -19,13 +19,13 @@
 
 static int g_fail, g_checks, g_rank;
 
-#define CHECK(cond)                                                                                        \
-    do {                                                                                                   \
-        g_checks++;                                                                                        \
-        if (!(cond)) {                                                                                     \
-            g_fail++;                                                                                      \
-            fprintf(stderr, "FAIL rank %d %s:%d: %s\n", g_rank, __FILE__, __LINE__, #cond);                \
-        }                                                                                                  \
+#define CHECK(cond)                                                                                          \
+    do {                                                                                                     \
+        g_checks++;                                                                                          \
+        if (!(cond)) {                                                                                       \
+            g_fail++;                                                                                        \
+            fprintf(stderr, "FAIL rank %d %s:%d: %s\n", g_rank, __FILE__, __LINE__, #cond);                  \
+        }                                                                                                    \
     } while (0)
 
 static void test_boot(dg_boot_t *b, int want_size, int rpn) {
@@ -81,8 +81,8 @@ static void test_binding(dg_boot_t *b) {
     char all[64][256];
     int ls = b->local_size > 64 ? 64 : b->local_size;
     CHECK(MPI_Allgather(b->bound_cpuset, 256, MPI_CHAR, all, 256, MPI_CHAR, b->node) == MPI_SUCCESS);
-    int ncores = hwloc_get_nbobjs_inside_cpuset_by_type(b->hwtopo, hwloc_topology_get_allowed_cpuset(b->hwtopo),
-                                                        HWLOC_OBJ_CORE);
+    int ncores = hwloc_get_nbobjs_inside_cpuset_by_type(
+        b->hwtopo, hwloc_topology_get_allowed_cpuset(b->hwtopo), HWLOC_OBJ_CORE);
     hwloc_bitmap_t uni = hwloc_bitmap_alloc(), other = hwloc_bitmap_alloc();
     for (int q = 0; q < ls; q++) {
         hwloc_bitmap_list_sscanf(other, all[q]);
@@ -120,7 +120,8 @@ static void test_binding(dg_boot_t *b) {
     fclose(f);
     if (b->world_rank == 0) {
         int lines = 0;
-        for (char *p = buf; *p; p++) lines += *p == '\n';
+        for (char *p = buf; *p; p++)
+            lines += *p == '\n';
         CHECK(strncmp(buf, "world: ", 7) == 0);
         CHECK(lines >= 2 + b->world_size + b->n_nodes);
         CHECK(strstr(buf, "MPI_THREAD_MULTIPLE") != NULL);
@@ -146,7 +147,8 @@ static void agree_case(dg_boot_t *b, const int *codes, int ncodes, dg_status_t w
         snprintf(prefix, sizeof prefix, "rank %d (%s) and %d other rank%s: local failure %d on rank %d", who,
                  b->hosts[who], nother, nother > 1 ? "s" : "", want, who);
     else
-        snprintf(prefix, sizeof prefix, "rank %d (%s): local failure %d on rank %d", who, b->hosts[who], want, who);
+        snprintf(prefix, sizeof prefix, "rank %d (%s): local failure %d on rank %d", who, b->hosts[who], want,
+                 who);
     CHECK(strncmp(dg_last_error(), prefix, strlen(prefix)) == 0);
     if (strncmp(dg_last_error(), prefix, strlen(prefix)) != 0)
         fprintf(stderr, "  rank %d got '%s'\n  want prefix '%s'\n", r, dg_last_error(), prefix);
@@ -166,7 +168,8 @@ static void test_agree(dg_boot_t *b) {
     int only0[1] = {DG_ERR_USAGE};
     agree_case(b, only0, 1, DG_ERR_USAGE, 0, 0);
     int all1[64];
-    for (int i = 0; i < 64; i++) all1[i] = DG_ERR_USAGE;
+    for (int i = 0; i < 64; i++)
+        all1[i] = DG_ERR_USAGE;
     agree_case(b, all1, 64, DG_ERR_USAGE, 0, n - 1);
     if (n >= 2) {
         int one[2] = {0, DG_ERR_USAGE};

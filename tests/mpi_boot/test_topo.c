@@ -16,13 +16,13 @@
 
 static int g_fail, g_checks;
 
-#define CHECK(cond)                                                                                        \
-    do {                                                                                                   \
-        g_checks++;                                                                                        \
-        if (!(cond)) {                                                                                     \
-            g_fail++;                                                                                      \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                                \
-        }                                                                                                  \
+#define CHECK(cond)                                                                                          \
+    do {                                                                                                     \
+        g_checks++;                                                                                          \
+        if (!(cond)) {                                                                                       \
+            g_fail++;                                                                                        \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                                  \
+        }                                                                                                    \
     } while (0)
 
 static void check_str(const char *got, const char *want, int line) {
@@ -45,8 +45,8 @@ static const char *path_of(const char *name) {
 }
 
 /* what local rank lr of ls gets: gpu index, cpuset list text, numa */
-static void choose(hwloc_topology_t topo, const dg_node_topo_t *t, int lr, int ls, int bind, int *gpu, char *cpus,
-                   int *numa) {
+static void choose(hwloc_topology_t topo, const dg_node_topo_t *t, int lr, int ls, int bind, int *gpu,
+                   char *cpus, int *numa) {
     hwloc_bitmap_t set = hwloc_bitmap_alloc();
     CHECK(dg_topo_choose(topo, t, lr, ls, bind, gpu, set, numa) == DG_OK);
     hwloc_bitmap_list_snprintf(cpus, 256, set);
@@ -61,8 +61,10 @@ static void expect_rank(hwloc_topology_t topo, const dg_node_topo_t *t, int lr, 
     g_checks++;
     if (gpu != want_gpu || strcmp(cpus, want_cpus) != 0 || numa != want_numa) {
         g_fail++;
-        fprintf(stderr, "FAIL test_topo.c:%d: local rank %d/%d got gpu %d cpus %s numa %d, want gpu %d cpus %s numa %d\n",
-                line, lr, ls, gpu, cpus, numa, want_gpu, want_cpus, want_numa);
+        fprintf(
+            stderr,
+            "FAIL test_topo.c:%d: local rank %d/%d got gpu %d cpus %s numa %d, want gpu %d cpus %s numa %d\n",
+            line, lr, ls, gpu, cpus, numa, want_gpu, want_cpus, want_numa);
     }
 }
 #define EXPECT_RANK(topo, t, lr, ls, g, c, n) expect_rank(topo, t, lr, ls, g, c, n, __LINE__)
@@ -129,7 +131,8 @@ static void test_node_a(void) {
     dg_node_topo_t t2;
     CHECK(dg_topo_load(out, &t2, NULL) == DG_OK);
     CHECK(t2.n_gpus == 8 && t2.n_nics == 5 && t2.n_cores == 32 && t2.n_numa == 2);
-    for (int g = 0; g < 8 && g < t2.n_gpus; g++) CHECK_STR(t2.gpus[g].cpuset, t.gpus[g].cpuset);
+    for (int g = 0; g < 8 && g < t2.n_gpus; g++)
+        CHECK_STR(t2.gpus[g].cpuset, t.gpus[g].cpuset);
     CHECK(t2.nvlink_bw && t2.nvlink_bw[1] == 100);
     CHECK_STR(t2.host, "gpunode-a");
     dg_topo_free(&t2);
@@ -213,16 +216,20 @@ static void test_env_and_errors(void) {
     dg_topo_free(&t);
     setenv("HWLOC_XMLFILE", "/nonexistent/topo.xml", 1);
     CHECK(dg_topo_load(NULL, &t, NULL) == DG_ERR_USAGE);
-    CHECK_STR(dg_last_error(), "cannot open hwloc topology XML '/nonexistent/topo.xml' ($HWLOC_XMLFILE): No such file or "
-                               "directory");
+    CHECK_STR(dg_last_error(),
+              "cannot open hwloc topology XML '/nonexistent/topo.xml' ($HWLOC_XMLFILE): No such file or "
+              "directory");
     unsetenv("HWLOC_XMLFILE");
 
     CHECK(dg_topo_load("/nonexistent/t.xml", &t, NULL) == DG_ERR_USAGE);
-    CHECK_STR(dg_last_error(), "cannot open hwloc topology XML '/nonexistent/t.xml' (topology.xml): No such file or directory");
+    CHECK_STR(
+        dg_last_error(),
+        "cannot open hwloc topology XML '/nonexistent/t.xml' (topology.xml): No such file or directory");
     char bad[256];
     snprintf(bad, sizeof bad, "/tmp/dg_topo_bad.%d.xml", (int)getpid());
     FILE *f = fopen(bad, "w");
-    fputs("<?xml version=\"1.0\"?>\n<topology version=\"2.0\">\n  <object type=\"Machine\" cpuset=\"0x1\"", f);
+    fputs("<?xml version=\"1.0\"?>\n<topology version=\"2.0\">\n  <object type=\"Machine\" cpuset=\"0x1\"",
+          f);
     fclose(f);
     CHECK(dg_topo_load(bad, &t, NULL) == DG_ERR_USAGE);
     char want[512];
@@ -253,7 +260,8 @@ static int test_shared(const char *dir) {
     if (access(p, R_OK) != 0) return 0;
     CHECK(dg_topo_load(p, &t, NULL) == DG_OK);
     CHECK(t.n_gpus == 16 && t.n_sockets == 2 && t.n_nics == 0);
-    for (int g = 0; g < t.n_gpus; g++) CHECK(t.gpus[g].numa == g / 8);
+    for (int g = 0; g < t.n_gpus; g++)
+        CHECK(t.gpus[g].numa == g / 8);
     /* 6 NVSwitches per board, 25 GB/s from each GPU to each: 150 GB/s between GPUs of a board; the
      * file has no switch-to-switch links, so none across boards */
     CHECK(t.nvlink_bw && t.nvlink_bw[0 * 16 + 7] == 150 && t.nvlink_bw[8 * 16 + 15] == 150 &&
@@ -265,7 +273,8 @@ static int test_shared(const char *dir) {
     CHECK(t.n_gpus == 4 && t.n_numa == 2);
     CHECK(t.gpus[0].numa == 0 && t.gpus[1].numa == 0 && t.gpus[2].numa == 1 && t.gpus[3].numa == 1);
     /* GPU-to-CPU NVLinks (to the Package objects) are not GPU-to-GPU bandwidth */
-    CHECK(t.nvlink_bw && t.nvlink_bw[0 * 4 + 1] == 40 && t.nvlink_bw[2 * 4 + 3] == 40 && t.nvlink_bw[0 * 4 + 2] == 0);
+    CHECK(t.nvlink_bw && t.nvlink_bw[0 * 4 + 1] == 40 && t.nvlink_bw[2 * 4 + 3] == 40 &&
+          t.nvlink_bw[0 * 4 + 2] == 0);
     dg_topo_free(&t);
 
     snprintf(p, sizeof p, "%s/xeon-2socket-ib-nic.xml", dir);

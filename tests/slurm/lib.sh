@@ -135,7 +135,10 @@ probe_dgtrain() {
     out=$(cd "$work" && timeout 300 "$@" -n 1 "$dgtrain" "$work/probe.ini" --set run.dir="$work/probe" 2>&1)
     rc=$?
     if [ $rc != 0 ] || [ ! -s "$work/probe/checkpoints/LATEST" ]; then
-        echo "SKIP [$SLURM_TEST_NAME]: dgtrain cannot train yet (2-step probe: exit $rc, checkpoint $( [ -s "$work/probe/checkpoints/LATEST" ] && echo written || echo missing)): $(echo "$out" | grep -v '^[[:space:]]*$' | tail -n 1)"
+        local why
+        why=$(printf '%s\n' "$out" | grep -m1 -E 'dgtrain: |error' ||
+            printf '%s\n' "$out" | grep -v -E '^[[:space:]]*$|^-+$' | tail -n 1)
+        echo "SKIP [$SLURM_TEST_NAME]: dgtrain cannot train yet (2-step probe at 1 rank: exit $rc, checkpoint $( [ -s "$work/probe/checkpoints/LATEST" ] && echo written || echo missing)): $why"
         exit 77
     fi
     rm -rf "$work/probe"
@@ -147,6 +150,7 @@ metrics_last_step() {
     n=$(grep -o '"event":"step","step":[0-9]*' "$1" 2>/dev/null | sed 's/.*://' | sort -n | tail -n 1)
     echo "${n:--1}"
 }
+step_reached() { [ "$(metrics_last_step "$1")" -ge "$2" ]; }
 # metrics_loss_at FILE STEP: the loss of the last step event for STEP
 metrics_loss_at() {
     grep "\"event\":\"step\",\"step\":$2," "$1" 2>/dev/null | tail -n 1 | sed -E 's/.*"loss":([^,}]*).*/\1/'

@@ -9,7 +9,9 @@
 #   maxrest   DGT_MAX_RESTARTS=0: exit 75 is not requeued
 #   resize    the requeued job is resized to 1 task while pending -> resumes with 1 rank
 #   cancel    a plain scancel: dgtrain still checkpoints within KillWait, and the job is NOT requeued
-# The job scenarios run side by side on the 8-CPU test node.
+#   killrank  SIGKILL of one rank: srun ends the step (137) -> requeue -> finish
+#   mpirun    the mpirun fallback launcher (DGT_LAUNCHER=mpirun): USR1 -> exit 75 -> requeue -> finish
+# The job scenarios run side by side on the test node (it claims 16 CPUs).
 # Usage: test_harness.sh HEALTH_DRIVER
 set -u
 SLURM_TEST_NAME=slurm_harness
@@ -21,6 +23,7 @@ DRIVER=$(readlink -f "${1:?usage: test_harness.sh HEALTH_DRIVER}")
 }
 export FAKE_DRIVER=$DRIVER
 export DGTRAIN_BIN=$HERE/fake_dgtrain.sh
+export DGT_SLURM_CPUS=16
 WORK=$(mktemp -d /tmp/dgt-slurm-test-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT # start_cluster replaces this with a trap that also stops the cluster
 
@@ -186,9 +189,48 @@ scenario_cancel() {
     [ "$FAILED" = 0 ] && echo "PASS cancel job $jid: scancel -> checkpoint at step $(cat "$run/fake/checkpoint") -> CANCELLED, not requeued"
 }
 
+scenario_killrank() {
+    local d=$WORK/killrank jid run pid
+    mkdir -p "$d"
+    run=$d/run
+    printf '[run]\ndir = %s\n[fake]\nsteps = 60\nstep_ms = 50\n' "$run" >"$d/cfg.ini"
+    jid=$(submit "$d" "$TRAIN_SH" cfg.ini) || return 1
+    wait_progress "$run" 5 40 || return 1
+    pid=$(cat "$run/fake/rank-1.pid")
+    grep -q health_driver "/proc/$pid/cmdline" 2>/dev/null || {
+        fail "killrank: $pid is not rank 1 of the job"
+        return 1
+    }
+    kill -KILL "$pid"
+    wait_job_state "$jid" 60 COMPLETED FAILED || return 1
+    [ "$(job_field "$jid" JobState)" = COMPLETED ] || fail "killrank: job ended $(job_field "$jid" JobState)"
+    [ "$(job_field "$jid" Restarts)" = 1 ] || fail "killrank: restarts $(job_field "$jid" Restarts), expected 1"
+    need "$d/job.out" "dgtrain exit 137 \(a rank was killed" "killrank: exit 137 not explained"
+    need "$d/job.out" "dgtrain finished \(exit 0\)" "killrank: did not finish after the requeue"
+    [ "$FAILED" = 0 ] && echo "PASS killrank job $jid: SIGKILL of rank 1 -> srun exit 137 -> requeued -> finished"
+}
+
+scenario_mpirun() {
+    local d=$WORK/mpirun jid run
+    mkdir -p "$d"
+    run=$d/run
+    printf '[run]\ndir = %s\n[fake]\nsteps = 60\nstep_ms = 50\n' "$run" >"$d/cfg.ini"
+    jid=$(DGT_LAUNCHER=mpirun DGT_MPIRUN_ARGS="--oversubscribe --bind-to none" submit "$d" "$TRAIN_SH" cfg.ini) || return 1
+    wait_progress "$run" 8 40 || return 1
+    scancel --signal=USR1 --batch "$jid"
+    wait_until 30 "requeue of job $jid" bash -c "[ \"\$(scontrol show job -o $jid | grep -o 'Restarts=[0-9]*')\" = Restarts=1 ]" || return 1
+    wait_job_state "$jid" 60 COMPLETED FAILED || return 1
+    [ "$(job_field "$jid" JobState)" = COMPLETED ] || fail "mpirun: job ended $(job_field "$jid" JobState)"
+    need "$d/job.out" "launcher mpirun" "mpirun: not launched with mpirun"
+    need "$d/job.out" "dgtrain exit 75 \(stopped on a signal after a checkpoint\): requeueing" "mpirun: no requeue on 75"
+    need "$d/job.out" "resuming at step [1-9][0-9]* of 60 with 2 rank" "mpirun: did not resume"
+    need "$d/job.out" "dgtrain finished \(exit 0\)" "mpirun: did not finish"
+    [ "$FAILED" = 0 ] && echo "PASS mpirun job $jid: mpirun launcher: USR1 -> exit 75 -> requeued -> resumed -> finished"
+}
+
 T0=$(now)
 declare -A PIDS
-for s in badargs requeue watchdog maxrest resize cancel; do
+for s in badargs requeue watchdog maxrest resize cancel killrank mpirun; do
     (
         FAILED=0
         scenario_$s
@@ -199,7 +241,7 @@ for s in badargs requeue watchdog maxrest resize cancel; do
     ) >"$WORK/$s.log" 2>&1 &
     PIDS[$s]=$!
 done
-for s in badargs requeue watchdog maxrest resize cancel; do
+for s in badargs requeue watchdog maxrest resize cancel killrank mpirun; do
     wait "${PIDS[$s]}" || FAILED=1
     cat "$WORK/$s.log"
 done

@@ -16,9 +16,6 @@
 
 #define DG_CPU_ALIGN 256
 
-/* Element-wise loops below this size run on one thread: waking the team costs more than it saves. */
-#define DG_CPU_PAR_MIN 16384
-
 /* sumsq partial-sum chunk; a constant so the summation order never depends on the thread count. */
 #define DG_CPU_SUMSQ_CHUNK 32768
 
@@ -26,13 +23,19 @@ static size_t round_up(size_t n, size_t a) {
     return (n + a - 1) / a * a;
 }
 
+void dg_cpu_blas_single_thread(void) {
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
 void *dg_cpu_scratch(dg_cpu_t *cpu, size_t bytes) {
     if (bytes <= cpu->scratch_bytes) return cpu->scratch;
     size_t cap = round_up(bytes + bytes / 4, DG_CPU_ALIGN); /* headroom so slowly growing asks don't churn */
     void *p = aligned_alloc(DG_CPU_ALIGN, cap);
     if (!p) {
-        DG_ERR(DG_ERR_RUNTIME, "cpu backend: cannot allocate %zu bytes of scratch memory; hint: lower "
-                               "train.micro_batch or model.seq_len", cap);
+        DG_ERR(DG_ERR_RUNTIME,
+               "cpu backend: cannot allocate %zu bytes of scratch memory; hint: lower "
+               "train.micro_batch or model.seq_len",
+               cap);
         return NULL;
     }
     free(cpu->scratch);
@@ -60,8 +63,9 @@ static dg_status_t cpu_alloc(dg_backend_t *be, size_t bytes, void **out) {
     /* 0 bytes still gets a real, freeable block so callers need no special case. */
     void *p = aligned_alloc(DG_CPU_ALIGN, round_up(bytes ? bytes : 1, DG_CPU_ALIGN));
     if (!p)
-        return DG_ERR(DG_ERR_RUNTIME, "cpu backend: out of host memory allocating %zu bytes; hint: lower "
-                                      "train.micro_batch or use more ranks",
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "cpu backend: out of host memory allocating %zu bytes; hint: lower "
+                      "train.micro_batch or use more ranks",
                       bytes);
     *out = p;
     return DG_OK;
@@ -128,14 +132,26 @@ static dg_status_t cpu_cast(dg_backend_t *be, void *dst, dg_dtype_t dst_t, const
     for (size_t i = 0; i < n; i++) {
         float v;
         switch (src_t) {
-        case DG_F32: v = ((const float *)src)[i]; break;
-        case DG_BF16: v = dg_cpu_bf16_to_f32(((const uint16_t *)src)[i]); break;
-        default: v = dg_cpu_f16_to_f32(((const uint16_t *)src)[i]); break;
+        case DG_F32:
+            v = ((const float *)src)[i];
+            break;
+        case DG_BF16:
+            v = dg_cpu_bf16_to_f32(((const uint16_t *)src)[i]);
+            break;
+        default:
+            v = dg_cpu_f16_to_f32(((const uint16_t *)src)[i]);
+            break;
         }
         switch (dst_t) {
-        case DG_F32: ((float *)dst)[i] = v; break;
-        case DG_BF16: ((uint16_t *)dst)[i] = dg_cpu_f32_to_bf16(v); break;
-        default: ((uint16_t *)dst)[i] = dg_cpu_f32_to_f16(v); break;
+        case DG_F32:
+            ((float *)dst)[i] = v;
+            break;
+        case DG_BF16:
+            ((uint16_t *)dst)[i] = dg_cpu_f32_to_bf16(v);
+            break;
+        default:
+            ((uint16_t *)dst)[i] = dg_cpu_f32_to_f16(v);
+            break;
         }
     }
     return DG_OK;
@@ -150,7 +166,8 @@ static dg_status_t cpu_add(dg_backend_t *be, void *out, const void *a, const voi
     const float *x = a, *y = b;
     int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
 #pragma omp parallel for simd schedule(static) num_threads(nt)
-    for (size_t i = 0; i < n; i++) o[i] = x[i] + y[i];
+    for (size_t i = 0; i < n; i++)
+        o[i] = x[i] + y[i];
     return DG_OK;
 }
 
@@ -163,7 +180,8 @@ static dg_status_t cpu_accumulate(dg_backend_t *be, void *dst, const void *src, 
     const float *s = src;
     int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
 #pragma omp parallel for simd schedule(static) num_threads(nt)
-    for (size_t i = 0; i < n; i++) d[i] += s[i];
+    for (size_t i = 0; i < n; i++)
+        d[i] += s[i];
     return DG_OK;
 }
 
@@ -182,11 +200,13 @@ static dg_status_t cpu_sumsq_f32(dg_backend_t *be, float *out_dev, const float *
         size_t lo = c * DG_CPU_SUMSQ_CHUNK, hi = lo + DG_CPU_SUMSQ_CHUNK < n ? lo + DG_CPU_SUMSQ_CHUNK : n;
         double s = 0.0;
 #pragma omp simd reduction(+ : s)
-        for (size_t i = lo; i < hi; i++) s += (double)x[i] * (double)x[i];
+        for (size_t i = lo; i < hi; i++)
+            s += (double)x[i] * (double)x[i];
         part[c] = s;
     }
     double total = 0.0;
-    for (size_t c = 0; c < nchunks; c++) total += part[c];
+    for (size_t c = 0; c < nchunks; c++)
+        total += part[c];
     *out_dev = (float)((double)*out_dev + total);
     return DG_OK;
 }
@@ -196,11 +216,41 @@ static dg_status_t cpu_scale_f32(dg_backend_t *be, float *x, size_t n, float s) 
     DG_CPU_NONNULL("scale_f32", x);
     int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
 #pragma omp parallel for simd schedule(static) num_threads(nt)
-    for (size_t i = 0; i < n; i++) x[i] *= s;
+    for (size_t i = 0; i < n; i++)
+        x[i] *= s;
     return DG_OK;
 }
 
 /* ---------------- optimizer ---------------- */
+
+DG_CPU_VEC static void adamw_range(float *master, float *cw, const float *grad, float *m, float *v, size_t n,
+                                   float lr, float b1, float b2, float eps, float wd, float inv_bc1,
+                                   float inv_bc2, float gs) {
+    const float ob1 = 1.0f - b1, ob2 = 1.0f - b2;
+    /* Two copies of the loop so the optional compute-copy store does not stop vectorisation. */
+#define DG_CPU_ADAMW_BODY                                                                                    \
+    float g = grad[i] * gs;                                                                                  \
+    float mi = b1 * m[i] + ob1 * g;                                                                          \
+    float vi = b2 * v[i] + ob2 * (g * g);                                                                    \
+    m[i] = mi;                                                                                               \
+    v[i] = vi;                                                                                               \
+    float p = master[i];                                                                                     \
+    p -= lr * ((mi * inv_bc1) / (sqrtf(vi * inv_bc2) + eps) + wd * p);                                       \
+    master[i] = p;
+    if (cw) {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) {
+            DG_CPU_ADAMW_BODY
+            cw[i] = p;
+        }
+    } else {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++) {
+            DG_CPU_ADAMW_BODY
+        }
+    }
+#undef DG_CPU_ADAMW_BODY
+}
 
 static dg_status_t cpu_adamw(dg_backend_t *be, float *master, void *compute, const float *grad, float *m,
                              float *v, size_t n, float lr, float beta1, float beta2, float eps, float wd,
@@ -213,41 +263,26 @@ static dg_status_t cpu_adamw(dg_backend_t *be, float *master, void *compute, con
     DG_CPU_NONNULL("adamw", gscale_dev);
     if (t < 1) return DG_ERR(DG_ERR_USAGE, "cpu backend: adamw: step t must be >= 1, got %lld", (long long)t);
     if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
-        return DG_ERR(DG_ERR_USAGE, "cpu backend: adamw: betas must be in [0, 1), got %g and %g", beta1, beta2);
+        return DG_ERR(DG_ERR_USAGE, "cpu backend: adamw: betas must be in [0, 1), got %g and %g", beta1,
+                      beta2);
     /* Bias corrections once per call in double: pow(beta, t) for large t underflows gracefully to 0. */
     const float inv_bc1 = (float)(1.0 / (1.0 - pow((double)beta1, (double)t)));
     const float inv_bc2 = (float)(1.0 / (1.0 - pow((double)beta2, (double)t)));
-    const float gs = *gscale_dev, b1 = beta1, b2 = beta2, ob1 = 1.0f - beta1, ob2 = 1.0f - beta2;
+    const float gs = *gscale_dev;
     float *cw = compute;
+    const size_t nb = (n + DG_CPU_EW_BLOCK - 1) / DG_CPU_EW_BLOCK;
     int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-    /* Two copies of the loop so the optional compute-copy store does not stop vectorisation. */
-#define DG_CPU_ADAMW_BODY                                                                                  \
-    float g = grad[i] * gs;                                                                                \
-    float mi = b1 * m[i] + ob1 * g;                                                                        \
-    float vi = b2 * v[i] + ob2 * (g * g);                                                                  \
-    m[i] = mi;                                                                                             \
-    v[i] = vi;                                                                                             \
-    float p = master[i];                                                                                   \
-    p -= lr * ((mi * inv_bc1) / (sqrtf(vi * inv_bc2) + eps) + wd * p);                                     \
-    master[i] = p;
-    if (cw) {
-#pragma omp parallel for simd schedule(static) num_threads(nt)
-        for (size_t i = 0; i < n; i++) {
-            DG_CPU_ADAMW_BODY
-            cw[i] = p;
-        }
-    } else {
-#pragma omp parallel for simd schedule(static) num_threads(nt)
-        for (size_t i = 0; i < n; i++) {
-            DG_CPU_ADAMW_BODY
-        }
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (size_t k = 0; k < nb; k++) {
+        size_t lo = k * DG_CPU_EW_BLOCK, len = n - lo < DG_CPU_EW_BLOCK ? n - lo : DG_CPU_EW_BLOCK;
+        adamw_range(master + lo, cw ? cw + lo : NULL, grad + lo, m + lo, v + lo, len, lr, beta1, beta2, eps,
+                    wd, inv_bc1, inv_bc2, gs);
     }
-#undef DG_CPU_ADAMW_BODY
     return DG_OK;
 }
 
-static dg_status_t cpu_clip_scale(dg_backend_t *be, float *gscale_dev, float *norm_dev, const float *sumsq_dev,
-                                  float clip, float extra) {
+static dg_status_t cpu_clip_scale(dg_backend_t *be, float *gscale_dev, float *norm_dev,
+                                  const float *sumsq_dev, float clip, float extra) {
     (void)be;
     DG_CPU_NONNULL("clip_scale", gscale_dev);
     DG_CPU_NONNULL("clip_scale", norm_dev);
@@ -303,17 +338,13 @@ dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t *
     *out = NULL;
     DG_CPU_NONNULL("create", cfg);
     if (cfg->act_dtype != DG_F32)
-        return DG_ERR(DG_ERR_USAGE, "cpu backend computes in fp32 only, but activation dtype %s was asked for; "
-                                    "hint: set train.precision=fp32 or parallel.backend=cuda",
+        return DG_ERR(DG_ERR_USAGE,
+                      "cpu backend computes in fp32 only, but activation dtype %s was asked for; "
+                      "hint: set train.precision=fp32 or parallel.backend=cuda",
                       dg_dtype_name(cfg->act_dtype));
     if (cfg->threads < 0)
         return DG_ERR(DG_ERR_USAGE, "cpu backend: threads must be >= 0 (0 = OpenMP default), got %d",
                       cfg->threads);
-    /* One threading model: OpenMP owns the cores, OpenBLAS runs single-threaded inside our parallel
-     * regions. Two pools (OpenBLAS pthreads spinning after each call, OpenMP workers spinning between
-     * regions) would fight over the same cores, and OpenBLAS's own split would tie results to the thread
-     * count. This setting is process-wide; nothing else in dgtrain calls BLAS. */
-    openblas_set_num_threads(1);
     dg_backend_t *be = calloc(1, sizeof *be);
     dg_cpu_t *cpu = calloc(1, sizeof *cpu);
     if (!be || !cpu) {
@@ -321,8 +352,15 @@ dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t *
         free(cpu);
         return DG_ERR(DG_ERR_RUNTIME, "cpu backend: out of host memory creating the backend");
     }
+    /* Read OpenMP's default before touching OpenBLAS: an OpenMP-flavoured OpenBLAS implements
+     * openblas_set_num_threads with omp_set_num_threads. */
     cpu->nt = cfg->threads > 0 ? cfg->threads : omp_get_max_threads();
     if (cpu->nt < 1) cpu->nt = 1;
+    /* One threading model: OpenMP owns the cores, OpenBLAS runs single-threaded inside our parallel
+     * regions. Two pools (OpenBLAS pthreads spinning after each call, OpenMP workers spinning between
+     * regions) would fight over the same cores, and OpenBLAS's own split would tie results to the thread
+     * count. The setting is process-wide; nothing else in dgtrain calls BLAS. */
+    dg_cpu_blas_single_thread();
     be->ops = &cpu_ops;
     be->act_dtype = DG_F32;
     be->impl = cpu;

@@ -29,12 +29,18 @@ static inline dg_cpu_t *dg_cpu_of(dg_backend_t *be) {
  * The same arena is reused by every call, so one backend object must not run two kernels at once. */
 void *dg_cpu_scratch(dg_cpu_t *cpu, size_t bytes);
 
+/* Make sure OpenBLAS runs single-threaded (cheap when it already does): something else in the process
+ * may have changed the process-wide setting after the backend was created, and an OpenBLAS that threads
+ * inside our parallel regions would oversubscribe the cores and split GEMMs by its thread count. */
+void dg_cpu_blas_single_thread(void);
+
 /* Row-major C[M,N] = alpha * op(A) op(B) + beta * C, split into tiles of a size that depends only on
  * (M, N), computed in parallel with single-threaded OpenBLAS. `epi` (may be NULL) runs on each tile
  * right after its GEMM, while the tile is still in cache. */
 typedef void (*dg_cpu_tile_fn)(void *arg, int m0, int m1, int n0, int n1);
 void dg_cpu_gemm(dg_cpu_t *cpu, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
-                 int lda, const float *B, int ldb, float beta, float *C, int ldc, dg_cpu_tile_fn epi, void *arg);
+                 int lda, const float *B, int ldb, float beta, float *C, int ldc, dg_cpu_tile_fn epi,
+                 void *arg);
 
 /* Kernels living in other translation units (signatures as in dg_backend_ops_t). */
 dg_status_t dg_cpu_matmul_fwd(dg_backend_t *be, void *out, void *pre, const void *inp, const void *w,
@@ -56,22 +62,23 @@ dg_status_t dg_cpu_layernorm_bwd(dg_backend_t *be, void *dinp, float *dw, float 
                                  const void *inp, const void *w, const float *mean, const float *rstd, int N,
                                  int C, int acc);
 dg_status_t dg_cpu_gelu_fwd(dg_backend_t *be, void *out, const void *inp, size_t n);
-dg_status_t dg_cpu_gelu_bwd(dg_backend_t *be, void *dinp, const void *inp, const void *dout, size_t n, int acc);
+dg_status_t dg_cpu_gelu_bwd(dg_backend_t *be, void *dinp, const void *inp, const void *dout, size_t n,
+                            int acc);
 dg_status_t dg_cpu_crossentropy_fwd(dg_backend_t *be, float *losses, float *lse, const void *logits,
                                     const int32_t *targets, int N, int V, int Vp);
 dg_status_t dg_cpu_crossentropy_bwd(dg_backend_t *be, void *dlogits, const void *logits, const float *lse,
                                     const int32_t *targets, int N, int V, int Vp, float dloss);
 
 /* ---- shared argument checks: one-line DG_ERR_USAGE messages naming the kernel and argument ---- */
-#define DG_CPU_NONNULL(op, p)                                                                              \
-    do {                                                                                                   \
-        if (!(p)) return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: argument `%s` is NULL", (op), #p);         \
+#define DG_CPU_NONNULL(op, p)                                                                                \
+    do {                                                                                                     \
+        if (!(p)) return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: argument `%s` is NULL", (op), #p);           \
     } while (0)
-#define DG_CPU_POSITIVE(op, v)                                                                             \
-    do {                                                                                                   \
-        if ((v) <= 0)                                                                                      \
-            return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: `%s` must be positive, got %lld", (op), #v,      \
-                          (long long)(v));                                                                 \
+#define DG_CPU_POSITIVE(op, v)                                                                               \
+    do {                                                                                                     \
+        if ((v) <= 0)                                                                                        \
+            return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: `%s` must be positive, got %lld", (op), #v,        \
+                          (long long)(v));                                                                   \
     } while (0)
 
 /* Split [0, n) into `parts` near-equal contiguous ranges whose inner bounds are multiples of `align`;
@@ -83,6 +90,24 @@ static inline void dg_cpu_split(int n, int parts, int i, int align, int *lo, int
     *lo = a * align < n ? a * align : n;
     *hi = b * align < n ? b * align : n;
 }
+
+/* Hot loops are compiled for three x86-64 levels (SSE4.2, the build's baseline; AVX2; AVX-512) and the
+ * best one the CPU has is picked once, at load time (GCC target_clones). Element-wise results are the
+ * same bits on every level (same operations, no FMA contraction); sums vectorised along a row
+ * (layernorm, softmax, cross-entropy) follow the vector width, so they can differ between machines of
+ * different levels, as OpenBLAS's kernels do, but never between runs or thread counts on one machine.
+ * OpenMP-outlined loop bodies do not inherit the attribute, so parallel loops call such functions. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define DG_CPU_VEC __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DG_CPU_VEC
+#endif
+
+/* Loops over fewer elements than this run on one thread: waking the team costs more than it saves. */
+#define DG_CPU_PAR_MIN 16384
+
+/* Element-wise kernels hand each thread blocks of this many elements (any split gives the same bits). */
+#define DG_CPU_EW_BLOCK 8192
 
 /* ---- bit casts ---- */
 static inline uint32_t dg_cpu_f2u(float f) {

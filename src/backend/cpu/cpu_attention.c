@@ -33,10 +33,11 @@ size_t dg_cpu_attention_aux_bytes(dg_backend_t *be, int B, int T, int C, int NH)
 }
 
 /* In place over row[0..t]: softmax; row[t+1..T) := 0. */
-static void causal_softmax_row(float *row, int t, int T) {
+DG_CPU_VEC static void causal_softmax_row(float *row, int t, int T) {
     float mx = row[0];
 #pragma omp simd reduction(max : mx)
-    for (int j = 0; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+    for (int j = 0; j <= t; j++)
+        mx = row[j] > mx ? row[j] : mx;
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j <= t; j++) {
@@ -46,8 +47,27 @@ static void causal_softmax_row(float *row, int t, int T) {
     }
     float inv = 1.0f / sum;
 #pragma omp simd
-    for (int j = 0; j <= t; j++) row[j] *= inv;
-    for (int j = t + 1; j < T; j++) row[j] = 0.0f;
+    for (int j = 0; j <= t; j++)
+        row[j] *= inv;
+    for (int j = t + 1; j < T; j++)
+        row[j] = 0.0f;
+}
+
+/* Softmax backward of one row, with the score scale folded in: dS = scale · P ∘ (dP - rowsum(P ∘ dP)),
+ * in place over drow (which holds dP). Entries past the diagonal up to the block edge are zeroed because
+ * the block GEMMs read them. */
+DG_CPU_VEC static void softmax_bwd_row(float *drow, const float *prow, int t, int T, float scale) {
+    int edge = (t / DG_CPU_ATT_BLOCK + 1) * DG_CPU_ATT_BLOCK;
+    if (edge > T) edge = T;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int j = 0; j <= t; j++)
+        dot += prow[j] * drow[j];
+#pragma omp simd
+    for (int j = 0; j <= t; j++)
+        drow[j] = scale * prow[j] * (drow[j] - dot);
+    for (int j = t + 1; j < edge; j++)
+        drow[j] = 0.0f;
 }
 
 dg_status_t dg_cpu_attention_fwd(dg_backend_t *be, void *out, void *aux, const void *qkv, int B, int T, int C,
@@ -63,6 +83,7 @@ dg_status_t dg_cpu_attention_fwd(dg_backend_t *be, void *out, void *aux, const v
     const int nt = cpu->nt < pairs ? cpu->nt : pairs;
     const float *x = qkv;
     float *o_all = out, *p_all = aux;
+    dg_cpu_blas_single_thread();
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
     for (int bh = 0; bh < pairs; bh++) {
         const int b = bh / NH, h = bh % NH;
@@ -72,12 +93,13 @@ dg_status_t dg_cpu_attention_fwd(dg_backend_t *be, void *out, void *aux, const v
         for (int r0 = 0; r0 < T; r0 += DG_CPU_ATT_BLOCK) {
             int r1 = r0 + DG_CPU_ATT_BLOCK < T ? r0 + DG_CPU_ATT_BLOCK : T;
             /* S[r0:r1, 0:r1] = scale · Q[r0:r1] · K[0:r1]ᵀ (keys past r1 are all masked) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale, Q + (size_t)r0 * ld, ld, K,
-                        ld, 0.0f, P + (size_t)r0 * T, T);
-            for (int t = r0; t < r1; t++) causal_softmax_row(P + (size_t)t * T, t, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale, Q + (size_t)r0 * ld,
+                        ld, K, ld, 0.0f, P + (size_t)r0 * T, T);
+            for (int t = r0; t < r1; t++)
+                causal_softmax_row(P + (size_t)t * T, t, T);
             /* O[r0:r1] = P[r0:r1, 0:r1] · V[0:r1] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, P + (size_t)r0 * T, T, V,
-                        ld, 0.0f, O + (size_t)r0 * C, C);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, P + (size_t)r0 * T,
+                        T, V, ld, 0.0f, O + (size_t)r0 * C, C);
         }
     }
     return DG_OK;
@@ -101,6 +123,7 @@ dg_status_t dg_cpu_attention_bwd(dg_backend_t *be, void *dqkv, const void *dout,
     if (!scratch) return dg_last_error_code();
     const float *x = qkv, *dy = dout, *p_all = aux;
     float *dx = dqkv;
+    dg_cpu_blas_single_thread();
 #pragma omp parallel num_threads(nt)
     {
         float *dS = scratch + (size_t)omp_get_thread_num() * T * T;
@@ -115,34 +138,26 @@ dg_status_t dg_cpu_attention_bwd(dg_backend_t *be, void *dqkv, const void *dout,
             /* dP[r0:r1, 0:r1] = dO[r0:r1] · V[0:r1]ᵀ */
             for (int r0 = 0; r0 < T; r0 += DG_CPU_ATT_BLOCK) {
                 int r1 = r0 + DG_CPU_ATT_BLOCK < T ? r0 + DG_CPU_ATT_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f, dO + (size_t)r0 * C, C,
-                            V, ld, 0.0f, dS + (size_t)r0 * T, T);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f,
+                            dO + (size_t)r0 * C, C, V, ld, 0.0f, dS + (size_t)r0 * T, T);
             }
             /* Softmax backward, with the score scale folded in: dS = scale · P ∘ (dP - rowsum(P ∘ dP)).
              * Entries past the diagonal up to the block edge are zeroed because the block GEMMs read them. */
-            for (int t = 0; t < T; t++) {
-                const float *prow = P + (size_t)t * T;
-                float *drow = dS + (size_t)t * T;
-                int edge = (t / DG_CPU_ATT_BLOCK + 1) * DG_CPU_ATT_BLOCK;
-                if (edge > T) edge = T;
-                float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                for (int j = 0; j <= t; j++) dot += prow[j] * drow[j];
-#pragma omp simd
-                for (int j = 0; j <= t; j++) drow[j] = scale * prow[j] * (drow[j] - dot);
-                for (int j = t + 1; j < edge; j++) drow[j] = 0.0f;
-            }
+            for (int t = 0; t < T; t++)
+                softmax_bwd_row(dS + (size_t)t * T, P + (size_t)t * T, t, T, scale);
             for (int r0 = 0; r0 < T; r0 += DG_CPU_ATT_BLOCK) {
                 int r1 = r0 + DG_CPU_ATT_BLOCK < T ? r0 + DG_CPU_ATT_BLOCK : T;
                 /* dQ[r0:r1] = dS[r0:r1, 0:r1] · K[0:r1] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, dS + (size_t)r0 * T, T,
-                            K, ld, 0.0f, dQ + (size_t)r0 * ld, ld);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f,
+                            dS + (size_t)r0 * T, T, K, ld, 0.0f, dQ + (size_t)r0 * ld, ld);
                 /* Keys j in [r0, r1) are seen by queries t >= r0 only:
                  * dK[r0:r1] = dS[r0:T, r0:r1]ᵀ · Q[r0:T],  dV[r0:r1] = P[r0:T, r0:r1]ᵀ · dO[r0:T] */
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, 1.0f,
-                            dS + (size_t)r0 * T + r0, T, Q + (size_t)r0 * ld, ld, 0.0f, dK + (size_t)r0 * ld, ld);
+                            dS + (size_t)r0 * T + r0, T, Q + (size_t)r0 * ld, ld, 0.0f, dK + (size_t)r0 * ld,
+                            ld);
                 cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, 1.0f,
-                            P + (size_t)r0 * T + r0, T, dO + (size_t)r0 * C, C, 0.0f, dV + (size_t)r0 * ld, ld);
+                            P + (size_t)r0 * T + r0, T, dO + (size_t)r0 * C, C, 0.0f, dV + (size_t)r0 * ld,
+                            ld);
             }
         }
     }

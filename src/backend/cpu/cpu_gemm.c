@@ -18,25 +18,37 @@ static int round16(int v) {
     return (v + 15) / 16 * 16;
 }
 
-/* Tile shape for an [M, N] output: big enough that OpenBLAS runs near its peak (measured here: 256-row
- * panels reach ~95% of a whole-matrix call), split further, down to 64 x 128, until there are at least
- * 8 tiles so that a few threads have work. A function of (M, N) only. */
+/* Tile shape for an [M, N] output, a function of (M, N) only. Measured here (single-thread OpenBLAS
+ * 0.3.21, SkylakeX kernels, GPT shapes): 512-row tiles of the full width run at ~95% of one whole-matrix
+ * call, 256-row ones at ~91%, 128-row ones at ~83%, and splitting the width costs about as much as
+ * halving the rows. So tiles start at up to 512 x 2048 and are split, in near-equal parts, only until
+ * there are DG_CPU_GEMM_MIN_TILES of them: rows first while they stay >= 128, then columns while they
+ * stay >= 256, then rows down to 64 and columns down to 128. A GEMM thus keeps at most that many threads
+ * busy when it is small; large ones (many rows, or a wide vocabulary) have many more tiles. */
+#define DG_CPU_GEMM_MIN_TILES 4
 static void gemm_tiles(int M, int N, int *tm, int *tn) {
-    int a = M < 256 ? M : 256, b = N < 512 ? N : 512;
-    while ((long long)cdiv(M, a) * cdiv(N, b) < 8) {
-        if (a >= 128 && a >= b / 4)
-            a = round16(a / 2);
-        else if (b >= 256)
-            b = round16(b / 2);
+    int nm = cdiv(M, 512), nn = cdiv(N, 2048);
+    while ((long long)nm * nn < DG_CPU_GEMM_MIN_TILES) {
+        int rows = cdiv(M, nm), cols = cdiv(N, nn);
+        if (rows >= 256)
+            nm *= 2;
+        else if (cols >= 512)
+            nn *= 2;
+        else if (rows >= 128)
+            nm *= 2;
+        else if (cols >= 256)
+            nn *= 2;
         else
             break;
     }
-    *tm = a;
-    *tn = b;
+    *tm = round16(cdiv(M, nm));
+    *tn = round16(cdiv(N, nn));
 }
 
 void dg_cpu_gemm(dg_cpu_t *cpu, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
-                 int lda, const float *B, int ldb, float beta, float *C, int ldc, dg_cpu_tile_fn epi, void *arg) {
+                 int lda, const float *B, int ldb, float beta, float *C, int ldc, dg_cpu_tile_fn epi,
+                 void *arg) {
+    dg_cpu_blas_single_thread();
     int tm, tn;
     gemm_tiles(M, N, &tm, &tn);
     const int tiles_n = cdiv(N, tn), ntiles = cdiv(M, tm) * tiles_n;
@@ -63,30 +75,37 @@ typedef struct {
     int OC;
 } fwd_epi_t;
 
+DG_CPU_VEC static void bias_gelu_row(float *p, float *o, const float *bias, int n) {
+    if (bias) {
+#pragma omp simd
+        for (int c = 0; c < n; c++) {
+            float v = p[c] + bias[c];
+            p[c] = v;
+            o[c] = dg_cpu_gelu(v);
+        }
+    } else {
+#pragma omp simd
+        for (int c = 0; c < n; c++)
+            o[c] = dg_cpu_gelu(p[c]);
+    }
+}
+/* o[0..n) += b[0..n) */
+DG_CPU_VEC static void add_row(float *o, const float *b, int n) {
+#pragma omp simd
+    for (int c = 0; c < n; c++)
+        o[c] += b[c];
+}
+
 /* GEMM wrote `pre` (GELU) or `out` (no GELU); add the bias and apply GELU on the hot tile. */
 static void fwd_epilogue(void *argp, int m0, int m1, int n0, int n1) {
     const fwd_epi_t *e = argp;
-    const float *bias = e->bias;
+    const float *bias = e->bias ? e->bias + n0 : NULL;
     for (int r = m0; r < m1; r++) {
-        size_t row = (size_t)r * e->OC;
-        if (e->pre) {
-            float *p = e->pre + row, *o = e->out + row;
-            if (bias) {
-#pragma omp simd
-                for (int c = n0; c < n1; c++) {
-                    float v = p[c] + bias[c];
-                    p[c] = v;
-                    o[c] = dg_cpu_gelu(v);
-                }
-            } else {
-#pragma omp simd
-                for (int c = n0; c < n1; c++) o[c] = dg_cpu_gelu(p[c]);
-            }
-        } else {
-            float *o = e->out + row;
-#pragma omp simd
-            for (int c = n0; c < n1; c++) o[c] += bias[c];
-        }
+        size_t at = (size_t)r * e->OC + n0;
+        if (e->pre)
+            bias_gelu_row(e->pre + at, e->out + at, bias, n1 - n0);
+        else
+            add_row(e->out + at, bias, n1 - n0);
     }
 }
 
@@ -146,13 +165,12 @@ dg_status_t dg_cpu_matmul_bwd(dg_backend_t *be, void *dinp, float *dw, float *db
             int lo, hi;
             dg_cpu_split(OC, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
             float *a = accum;
-            for (int c = lo; c < hi; c++) a[c] = 0.0f;
-            for (int r = 0; r < N; r++) {
-                const float *row = d + (size_t)r * OC;
-#pragma omp simd
-                for (int c = lo; c < hi; c++) a[c] += row[c];
-            }
-            for (int c = lo; c < hi; c++) dbias[c] += a[c];
+            for (int c = lo; c < hi; c++)
+                a[c] = 0.0f;
+            for (int r = 0; r < N; r++)
+                add_row(a + lo, d + (size_t)r * OC + lo, hi - lo);
+            for (int c = lo; c < hi; c++)
+                dbias[c] += a[c];
         }
     }
     return DG_OK;

@@ -14,9 +14,6 @@
 /* Rows per layernorm-backward partial: a constant, so the dw/db summation order is fixed. */
 #define DG_CPU_LN_CHUNK 32
 
-/* Element-wise loops below this many elements stay on one thread. */
-#define DG_CPU_PAR_MIN 16384
-
 static int min_int(int a, int b) {
     return a < b ? a : b;
 }
@@ -26,8 +23,9 @@ static int min_int(int a, int b) {
 static dg_status_t check_tokens(const char *op, const int32_t *tokens, size_t n, int T) {
     for (size_t i = 0; i < n; i++)
         if (tokens[i] < 0)
-            return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: token %d at batch row %zu, position %zu is negative",
-                          op, (int)tokens[i], i / (size_t)T, i % (size_t)T);
+            return DG_ERR(DG_ERR_USAGE,
+                          "cpu backend: %s: token %d at batch row %zu, position %zu is negative", op,
+                          (int)tokens[i], i / (size_t)T, i % (size_t)T);
     return DG_OK;
 }
 
@@ -51,7 +49,8 @@ dg_status_t dg_cpu_encoder_fwd(dg_backend_t *be, void *out, const int32_t *token
         float *orow = o + i * C;
         const float *a = te + (size_t)tokens[i] * C, *p = pe + (i % (size_t)T) * C;
 #pragma omp simd
-        for (int c = 0; c < C; c++) orow[c] = a[c] + p[c];
+        for (int c = 0; c < C; c++)
+            orow[c] = a[c] + p[c];
     }
     return DG_OK;
 }
@@ -92,6 +91,57 @@ dg_status_t dg_cpu_encoder_bwd(dg_backend_t *be, float *dwte, float *dwpe, const
 
 /* ---------------- layernorm ---------------- */
 
+DG_CPU_VEC static void ln_fwd_row(float *orow, float *mean, float *rstd, const float *xr, const float *wt,
+                                  const float *bs, int C) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int c = 0; c < C; c++)
+        s += xr[c];
+    const float m = s / (float)C;
+    float v = 0.0f; /* two passes: no cancellation when |mean| >> std */
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; c++) {
+        float dx = xr[c] - m;
+        v += dx * dx;
+    }
+    const float rs = 1.0f / sqrtf(v / (float)C + 1e-5f);
+#pragma omp simd
+    for (int c = 0; c < C; c++)
+        orow[c] = (xr[c] - m) * rs * wt[c] + bs[c];
+    *mean = m;
+    *rstd = rs;
+}
+
+/* One row of the backward pass; adds this row's dw/db terms to the chunk partials pw/pb. Everything
+ * reading dout happens before dinp is written, so dinp may alias dout. */
+DG_CPU_VEC static void ln_bwd_row(float *dxr, float *pw, float *pb, const float *dyr, const float *xr,
+                                  const float *wt, float m, float rs, int C, int acc) {
+    float sum_g = 0.0f, sum_gx = 0.0f;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
+    for (int c = 0; c < C; c++) {
+        float xhat = (xr[c] - m) * rs;
+        float g = dyr[c] * wt[c];
+        sum_g += g;
+        sum_gx += g * xhat;
+        pw[c] += dyr[c] * xhat;
+        pb[c] += dyr[c];
+    }
+    const float mg = sum_g / (float)C, mgx = sum_gx / (float)C;
+    if (acc) {
+#pragma omp simd
+        for (int c = 0; c < C; c++) {
+            float xhat = (xr[c] - m) * rs;
+            dxr[c] += (dyr[c] * wt[c] - mg - xhat * mgx) * rs;
+        }
+    } else {
+#pragma omp simd
+        for (int c = 0; c < C; c++) {
+            float xhat = (xr[c] - m) * rs;
+            dxr[c] = (dyr[c] * wt[c] - mg - xhat * mgx) * rs;
+        }
+    }
+}
+
 dg_status_t dg_cpu_layernorm_fwd(dg_backend_t *be, void *out, float *mean, float *rstd, const void *inp,
                                  const void *w, const void *b, int N, int C) {
     const char *op = "layernorm_fwd";
@@ -107,25 +157,8 @@ dg_status_t dg_cpu_layernorm_fwd(dg_backend_t *be, void *out, float *mean, float
     const float *x = inp, *wt = w, *bs = b;
     int nt = (size_t)N * C >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
 #pragma omp parallel for schedule(static) num_threads(nt)
-    for (int r = 0; r < N; r++) {
-        const float *xr = x + (size_t)r * C;
-        float *orow = o + (size_t)r * C;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int c = 0; c < C; c++) s += xr[c];
-        const float m = s / (float)C;
-        float v = 0.0f; /* two passes: no cancellation when |mean| >> std */
-#pragma omp simd reduction(+ : v)
-        for (int c = 0; c < C; c++) {
-            float dx = xr[c] - m;
-            v += dx * dx;
-        }
-        const float rs = 1.0f / sqrtf(v / (float)C + 1e-5f);
-#pragma omp simd
-        for (int c = 0; c < C; c++) orow[c] = (xr[c] - m) * rs * wt[c] + bs[c];
-        mean[r] = m;
-        rstd[r] = rs;
-    }
+    for (int r = 0; r < N; r++)
+        ln_fwd_row(o + (size_t)r * C, mean + r, rstd + r, x + (size_t)r * C, wt, bs, C);
     return DG_OK;
 }
 
@@ -156,45 +189,20 @@ dg_status_t dg_cpu_layernorm_bwd(dg_backend_t *be, void *dinp, float *dw, float 
 #pragma omp for schedule(static)
         for (int k = 0; k < nchunks; k++) {
             float *pw = part + (size_t)k * 2 * C, *pb = pw + C;
-            for (int c = 0; c < C; c++) pw[c] = pb[c] = 0.0f;
+            for (int c = 0; c < C; c++)
+                pw[c] = pb[c] = 0.0f;
             const int r1 = min_int(N, (k + 1) * DG_CPU_LN_CHUNK);
-            for (int r = k * DG_CPU_LN_CHUNK; r < r1; r++) {
-                const float *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
-                float *dxr = dx + (size_t)r * C;
-                const float m = mean[r], rs = rstd[r];
-                /* Everything reading dout happens before dinp is written, so dinp may alias dout. */
-                float sum_g = 0.0f, sum_gx = 0.0f;
-#pragma omp simd reduction(+ : sum_g, sum_gx)
-                for (int c = 0; c < C; c++) {
-                    float xhat = (xr[c] - m) * rs;
-                    float g = dyr[c] * wt[c];
-                    sum_g += g;
-                    sum_gx += g * xhat;
-                    pw[c] += dyr[c] * xhat;
-                    pb[c] += dyr[c];
-                }
-                const float mg = sum_g / (float)C, mgx = sum_gx / (float)C;
-                if (acc) {
-#pragma omp simd
-                    for (int c = 0; c < C; c++) {
-                        float xhat = (xr[c] - m) * rs;
-                        dxr[c] += (dyr[c] * wt[c] - mg - xhat * mgx) * rs;
-                    }
-                } else {
-#pragma omp simd
-                    for (int c = 0; c < C; c++) {
-                        float xhat = (xr[c] - m) * rs;
-                        dxr[c] = (dyr[c] * wt[c] - mg - xhat * mgx) * rs;
-                    }
-                }
-            }
+            for (int r = k * DG_CPU_LN_CHUNK; r < r1; r++)
+                ln_bwd_row(dx + (size_t)r * C, pw, pb, dy + (size_t)r * C, x + (size_t)r * C, wt, mean[r],
+                           rstd[r], C, acc);
         }
         /* Implicit barrier above; now each thread adds up the chunk partials of its own columns, in
          * chunk order, into sums kept after the partials. */
         int lo, hi;
         dg_cpu_split(C, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
         float *sw = part + (size_t)nchunks * 2 * C, *sb = sw + C;
-        for (int c = lo; c < hi; c++) sw[c] = sb[c] = 0.0f;
+        for (int c = lo; c < hi; c++)
+            sw[c] = sb[c] = 0.0f;
         for (int k = 0; k < nchunks; k++) {
             const float *pw = part + (size_t)k * 2 * C, *pb = pw + C;
 #pragma omp simd
@@ -213,45 +221,92 @@ dg_status_t dg_cpu_layernorm_bwd(dg_backend_t *be, void *dinp, float *dw, float 
 
 /* ---------------- GELU ---------------- */
 
+DG_CPU_VEC static void gelu_fwd_range(float *o, const float *x, size_t n) {
+#pragma omp simd
+    for (size_t i = 0; i < n; i++)
+        o[i] = dg_cpu_gelu(x[i]);
+}
+DG_CPU_VEC static void gelu_bwd_range(float *dx, const float *x, const float *dy, size_t n, int acc) {
+    if (acc) {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++)
+            dx[i] += dy[i] * dg_cpu_gelu_grad(x[i]);
+    } else {
+#pragma omp simd
+        for (size_t i = 0; i < n; i++)
+            dx[i] = dy[i] * dg_cpu_gelu_grad(x[i]);
+    }
+}
+
 dg_status_t dg_cpu_gelu_fwd(dg_backend_t *be, void *out, const void *inp, size_t n) {
     if (n == 0) return DG_OK;
     DG_CPU_NONNULL("gelu_fwd", out);
     DG_CPU_NONNULL("gelu_fwd", inp);
     float *o = out;
     const float *x = inp;
+    const size_t nb = (n + DG_CPU_EW_BLOCK - 1) / DG_CPU_EW_BLOCK;
     int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-#pragma omp parallel for simd schedule(static) num_threads(nt)
-    for (size_t i = 0; i < n; i++) o[i] = dg_cpu_gelu(x[i]);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (size_t k = 0; k < nb; k++) {
+        size_t lo = k * DG_CPU_EW_BLOCK, len = n - lo < DG_CPU_EW_BLOCK ? n - lo : DG_CPU_EW_BLOCK;
+        gelu_fwd_range(o + lo, x + lo, len);
+    }
     return DG_OK;
 }
 
-dg_status_t dg_cpu_gelu_bwd(dg_backend_t *be, void *dinp, const void *inp, const void *dout, size_t n, int acc) {
+dg_status_t dg_cpu_gelu_bwd(dg_backend_t *be, void *dinp, const void *inp, const void *dout, size_t n,
+                            int acc) {
     if (n == 0) return DG_OK;
     DG_CPU_NONNULL("gelu_bwd", dinp);
     DG_CPU_NONNULL("gelu_bwd", inp);
     DG_CPU_NONNULL("gelu_bwd", dout);
     float *dx = dinp;
     const float *x = inp, *dy = dout;
+    const size_t nb = (n + DG_CPU_EW_BLOCK - 1) / DG_CPU_EW_BLOCK;
     int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-    if (acc) {
-#pragma omp parallel for simd schedule(static) num_threads(nt)
-        for (size_t i = 0; i < n; i++) dx[i] += dy[i] * dg_cpu_gelu_grad(x[i]);
-    } else {
-#pragma omp parallel for simd schedule(static) num_threads(nt)
-        for (size_t i = 0; i < n; i++) dx[i] = dy[i] * dg_cpu_gelu_grad(x[i]);
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (size_t k = 0; k < nb; k++) {
+        size_t lo = k * DG_CPU_EW_BLOCK, len = n - lo < DG_CPU_EW_BLOCK ? n - lo : DG_CPU_EW_BLOCK;
+        gelu_bwd_range(dx + lo, x + lo, dy + lo, len, acc);
     }
     return DG_OK;
 }
 
 /* ---------------- cross-entropy ---------------- */
 
+DG_CPU_VEC static float ce_lse_row(const float *row, int V) {
+    float mx = row[0];
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j < V; j++)
+        mx = row[j] > mx ? row[j] : mx;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < V; j++)
+        s += dg_cpu_expf(row[j] - mx);
+    return mx + logf(s);
+}
+
+/* Element by element, read before write: drow may alias row. */
+DG_CPU_VEC static void ce_bwd_row(float *drow, const float *row, float l, int tg, int V, int Vp,
+                                  float dloss) {
+    const float p_t = dg_cpu_expf(row[tg] - l); /* read before the row is overwritten */
+#pragma omp simd
+    for (int j = 0; j < V; j++)
+        drow[j] = dg_cpu_expf(row[j] - l) * dloss;
+    for (int j = V; j < Vp; j++)
+        drow[j] = 0.0f;
+    drow[tg] = (p_t - 1.0f) * dloss;
+}
+
 static dg_status_t check_ce(const char *op, const int32_t *targets, int N, int V, int Vp) {
     DG_CPU_POSITIVE(op, N);
     DG_CPU_POSITIVE(op, V);
-    if (Vp < V) return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: padded vocab Vp=%d is smaller than V=%d", op, Vp, V);
+    if (Vp < V)
+        return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: padded vocab Vp=%d is smaller than V=%d", op, Vp, V);
     for (int i = 0; i < N; i++)
         if (targets[i] < 0 || targets[i] >= V)
-            return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: target %d at row %d is outside the vocabulary [0, %d)", op,
+            return DG_ERR(DG_ERR_USAGE,
+                          "cpu backend: %s: target %d at row %d is outside the vocabulary [0, %d)", op,
                           (int)targets[i], i, V);
     return DG_OK;
 }
@@ -269,13 +324,7 @@ dg_status_t dg_cpu_crossentropy_fwd(dg_backend_t *be, float *losses, float *lse,
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int i = 0; i < N; i++) {
         const float *row = z + (size_t)i * Vp;
-        float mx = row[0];
-#pragma omp simd reduction(max : mx)
-        for (int j = 0; j < V; j++) mx = row[j] > mx ? row[j] : mx;
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int j = 0; j < V; j++) s += dg_cpu_expf(row[j] - mx);
-        const float l = mx + logf(s);
+        const float l = ce_lse_row(row, V);
         lse[i] = l;
         losses[i] = l - row[targets[i]];
     }
@@ -295,16 +344,7 @@ dg_status_t dg_cpu_crossentropy_bwd(dg_backend_t *be, void *dlogits, const void 
     int nt = (size_t)N * Vp >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
 #pragma omp parallel for schedule(static) num_threads(nt)
     for (int i = 0; i < N; i++) {
-        const float *row = z + (size_t)i * Vp;
-        float *drow = d + (size_t)i * Vp;
-        const float l = lse[i];
-        const int tg = targets[i];
-        const float p_t = dg_cpu_expf(row[tg] - l); /* read before the row is overwritten (aliasing) */
-        /* Element by element, read before write: dlogits may alias logits. */
-#pragma omp simd
-        for (int j = 0; j < V; j++) drow[j] = dg_cpu_expf(row[j] - l) * dloss;
-        for (int j = V; j < Vp; j++) drow[j] = 0.0f;
-        drow[tg] = (p_t - 1.0f) * dloss;
+        ce_bwd_row(d + (size_t)i * Vp, z + (size_t)i * Vp, lse[i], targets[i], V, Vp, dloss);
     }
     return DG_OK;
 }

@@ -42,11 +42,13 @@ __global__ void __launch_bounds__(32 * GEN_WARPS)
     const size_t C3 = 3 * (size_t)C;
     const T *base = qkv + (size_t)b * Tn * C3 + h * HS;
     float *q = qs[warp];
-    for (int d = lane; d < HS; d += 32) q[d] = dg_to_f(base[(size_t)t * C3 + d]) * scale;
+    for (int d = lane; d < HS; d += 32)
+        q[d] = dg_to_f(base[(size_t)t * C3 + d]) * scale;
     __syncwarp();
     float acc[GEN_MAXD];
 #pragma unroll
-    for (int i = 0; i < GEN_MAXD; i++) acc[i] = 0.f;
+    for (int i = 0; i < GEN_MAXD; i++)
+        acc[i] = 0.f;
     float m = -INFINITY, l = 0.f;
     for (int j0 = 0; j0 <= t; j0 += 32) {
         const int j = j0 + lane;
@@ -54,7 +56,8 @@ __global__ void __launch_bounds__(32 * GEN_WARPS)
         if (j <= t) {
             const T *k = base + (size_t)j * C3 + C;
             float dot = 0.f;
-            for (int d = 0; d < HS; d++) dot += q[d] * dg_to_f(k[d]);
+            for (int d = 0; d < HS; d++)
+                dot += q[d] * dg_to_f(k[d]);
             s = dot;
         }
         const float mn = fmaxf(m, dg_warp_max(s));
@@ -62,7 +65,8 @@ __global__ void __launch_bounds__(32 * GEN_WARPS)
         const float corr = expf(m - mn);
         l = l * corr + dg_warp_sum(p);
 #pragma unroll
-        for (int i = 0; i < GEN_MAXD; i++) acc[i] *= corr;
+        for (int i = 0; i < GEN_MAXD; i++)
+            acc[i] *= corr;
         const int jn = min(32, t - j0 + 1);
         for (int jj = 0; jj < jn; jj++) {
             const float pj = __shfl_sync(0xffffffffu, p, jj);
@@ -95,7 +99,8 @@ __global__ void __launch_bounds__(32 * GEN_WARPS)
     if (t >= Tn) return;
     const size_t off = ((size_t)b * Tn + t) * C + h * HS;
     float s = 0.f;
-    for (int d = lane; d < HS; d += 32) s += dg_to_f(dout[off + d]) * dg_to_f(out[off + d]);
+    for (int d = lane; d < HS; d += 32)
+        s += dg_to_f(dout[off + d]) * dg_to_f(out[off + d]);
     s = dg_warp_sum(s);
     if (lane == 0) delta[(size_t)bh * Tn + t] = s;
 }
@@ -103,8 +108,8 @@ __global__ void __launch_bounds__(32 * GEN_WARPS)
 /* dQ: one warp per query row. */
 template <typename T>
 __global__ void __launch_bounds__(32 * GEN_WARPS)
-    attn_bwd_q_generic(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C,
-                       int NH, float scale) {
+    attn_bwd_q_generic(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn,
+                       int C, int NH, float scale) {
     __shared__ float qs[GEN_WARPS][32 * GEN_MAXD], dos[GEN_WARPS][32 * GEN_MAXD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
@@ -122,7 +127,8 @@ __global__ void __launch_bounds__(32 * GEN_WARPS)
     const float L = lse[(size_t)bh * Tn + t], D = delta[(size_t)bh * Tn + t];
     float dq[GEN_MAXD];
 #pragma unroll
-    for (int i = 0; i < GEN_MAXD; i++) dq[i] = 0.f;
+    for (int i = 0; i < GEN_MAXD; i++)
+        dq[i] = 0.f;
     for (int j0 = 0; j0 <= t; j0 += 32) {
         const int j = j0 + lane;
         float ds = 0.f;
@@ -157,8 +163,8 @@ __global__ void __launch_bounds__(32 * GEN_WARPS)
 /* dK, dV: one warp per key row, looping over the queries t >= j. */
 template <typename T>
 __global__ void __launch_bounds__(32 * GEN_WARPS)
-    attn_bwd_kv_generic(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C,
-                        int NH, float scale) {
+    attn_bwd_kv_generic(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn,
+                        int C, int NH, float scale) {
     __shared__ float ks[GEN_WARPS][32 * GEN_MAXD], vs[GEN_WARPS][32 * GEN_MAXD];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
@@ -175,7 +181,8 @@ __global__ void __launch_bounds__(32 * GEN_WARPS)
     __syncwarp();
     float dk[GEN_MAXD], dv[GEN_MAXD];
 #pragma unroll
-    for (int i = 0; i < GEN_MAXD; i++) dk[i] = dv[i] = 0.f;
+    for (int i = 0; i < GEN_MAXD; i++)
+        dk[i] = dv[i] = 0.f;
     const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
     for (int t0 = j; t0 < Tn; t0 += 32) {
         const int t = t0 + lane;
@@ -222,11 +229,13 @@ __global__ void __launch_bounds__(32 * GEN_WARPS)
 
 template <typename T> struct MmaOp;
 template <> struct MmaOp<dg_bf16> {
-    static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
     static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
         __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -234,11 +243,13 @@ template <> struct MmaOp<dg_bf16> {
     }
 };
 template <> struct MmaOp<dg_f16> {
-    static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     }
     static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
         __half2 v = __floats2half2_rn(lo, hi);
@@ -249,14 +260,31 @@ template <> struct MmaOp<dg_f16> {
 static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     const int n = valid ? 16 : 0; /* 0 bytes read: the 16 destination bytes are zero-filled */
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(__cvta_generic_to_global(gmem)),
-                 "r"(n));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s),
+                 "l"(__cvta_generic_to_global(gmem)), "r"(n));
 }
 static __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::);
 }
 template <int N> static __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+/* Four 8x8 tiles of 16-bit elements from shared memory: lanes 8i..8i+7 give the row addresses of tile i;
+ * register i receives, in each lane, the pair (row lane/4, columns 2*(lane%4), +1) of tile i; with
+ * .trans the pair (rows 2*(lane%4), +1; column lane/4). */
+static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const uint16_t *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
 }
 
 /* Copy rows [0, 64) of a tile (rows >= `valid` zero-filled) of HS 16-bit elements, global row stride
@@ -281,8 +309,8 @@ static __device__ __forceinline__ uint32_t ld_pair_rows(const uint16_t *p, int l
 
 /* A-operand fragments of 16 rows starting at row r (rows >= Tn are zero) of a row-major global matrix. */
 template <int HS>
-static __device__ __forceinline__ void load_a_frags(uint32_t (&a)[HS / 16][4], const uint16_t *g, size_t stride, int r,
-                                                    int Tn) {
+static __device__ __forceinline__ void load_a_frags(uint32_t (&a)[HS / 16][4], const uint16_t *g,
+                                                    size_t stride, int r, int Tn) {
     const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     const int r0 = r + gq, r1 = r + gq + 8;
 #pragma unroll
@@ -295,26 +323,43 @@ static __device__ __forceinline__ void load_a_frags(uint32_t (&a)[HS / 16][4], c
     }
 }
 
-/* acc[16 x 64] = A[16 x HS] · tileᵀ, tile = 64 rows x HS in shared memory (B[k][n] = tile[n][k]). */
-template <typename T, int HS>
-static __device__ __forceinline__ void mma_abt(float (&acc)[8][4], const uint32_t (&a)[HS / 16][4], const uint16_t *tile) {
+/* acc[16 x 64] = A[16 x HS] · tileᵀ, tile = 64 rows x HS in shared memory (B[k][n] = tile[n][k]).
+ * LDM: B fragments through ldmatrix (one instruction per two n-tiles) instead of 32-bit loads. */
+template <typename T, int HS, bool LDM>
+static __device__ __forceinline__ void mma_abt(float (&acc)[8][4], const uint32_t (&a)[HS / 16][4],
+                                               const uint16_t *tile) {
     constexpr int LDS = HS + 8;
     const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
+    for (int nt = 0; nt < 8; nt++)
         acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    if constexpr (LDM) {
+        const int mi = lane >> 3, mr = lane & 7;
 #pragma unroll
-        for (int kk = 0; kk < HS / 16; kk++) {
-            const uint16_t *p = tile + (nt * 8 + gq) * LDS + kk * 16 + 2 * tq;
-            MmaOp<T>::run(acc[nt], a[kk], ld32(p), ld32(p + 8));
-        }
+        for (int nt = 0; nt < 8; nt += 2)
+#pragma unroll
+            for (int kk = 0; kk < HS / 16; kk++) {
+                uint32_t r[4];
+                ldsm_x4(r, tile + ((nt + (mi >> 1)) * 8 + mr) * LDS + kk * 16 + (mi & 1) * 8);
+                MmaOp<T>::run(acc[nt], a[kk], r[0], r[1]);
+                MmaOp<T>::run(acc[nt + 1], a[kk], r[2], r[3]);
+            }
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int kk = 0; kk < HS / 16; kk++) {
+                const uint16_t *p = tile + (nt * 8 + gq) * LDS + kk * 16 + 2 * tq;
+                MmaOp<T>::run(acc[nt], a[kk], ld32(p), ld32(p + 8));
+            }
     }
 }
 
 /* acc[16 x HS] += P[16 x 64] · tile, P given as f32 accumulator fragments, tile = 64 rows x HS in shared
- * memory (B[k][n] = tile[k][n]). */
-template <typename T, int HS>
-static __device__ __forceinline__ void mma_pv(float (&acc)[HS / 8][4], const float (&p)[8][4], const uint16_t *tile) {
+ * memory (B[k][n] = tile[k][n]: pairs along k are a row apart, hence ldmatrix.trans or two 16-bit loads). */
+template <typename T, int HS, bool LDM>
+static __device__ __forceinline__ void mma_pv(float (&acc)[HS / 8][4], const float (&p)[8][4],
+                                              const uint16_t *tile) {
     constexpr int LDS = HS + 8;
     const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
 #pragma unroll
@@ -324,31 +369,45 @@ static __device__ __forceinline__ void mma_pv(float (&acc)[HS / 8][4], const flo
         a[1] = MmaOp<T>::pack(p[2 * kk][2], p[2 * kk][3]);
         a[2] = MmaOp<T>::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]);
         a[3] = MmaOp<T>::pack(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+        if constexpr (LDM) {
+            const int mi = lane >> 3, mr = lane & 7;
 #pragma unroll
-        for (int dt = 0; dt < HS / 8; dt++) {
-            const uint16_t *q = tile + (kk * 16 + 2 * tq) * LDS + dt * 8 + gq;
-            MmaOp<T>::run(acc[dt], a, ld_pair_rows(q, LDS), ld_pair_rows(q + 8 * LDS, LDS));
+            for (int dt = 0; dt < HS / 8; dt += 2) {
+                uint32_t r[4];
+                ldsm_x4_t(r, tile + (kk * 16 + (mi & 1) * 8 + mr) * LDS + (dt + (mi >> 1)) * 8);
+                MmaOp<T>::run(acc[dt], a, r[0], r[1]);
+                MmaOp<T>::run(acc[dt + 1], a, r[2], r[3]);
+            }
+        } else {
+#pragma unroll
+            for (int dt = 0; dt < HS / 8; dt++) {
+                const uint16_t *q = tile + (kk * 16 + 2 * tq) * LDS + dt * 8 + gq;
+                MmaOp<T>::run(acc[dt], a, ld_pair_rows(q, LDS), ld_pair_rows(q + 8 * LDS, LDS));
+            }
         }
     }
 }
 
 template <typename T, int HS>
-static __device__ __forceinline__ void store_rows(T *g, size_t stride, int r, int Tn, const float (&acc)[HS / 8][4],
-                                                  float s0, float s1) {
+static __device__ __forceinline__ void store_rows(T *g, size_t stride, int r, int Tn,
+                                                  const float (&acc)[HS / 8][4], float s0, float s1) {
     const int lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     const int r0 = r + gq, r1 = r + gq + 8;
 #pragma unroll
     for (int dt = 0; dt < HS / 8; dt++) {
         const int col = dt * 8 + 2 * tq;
         if (r0 < Tn)
-            *reinterpret_cast<uint32_t *>(g + (size_t)r0 * stride + col) = MmaOp<T>::pack(acc[dt][0] * s0, acc[dt][1] * s0);
+            *reinterpret_cast<uint32_t *>(g + (size_t)r0 * stride + col) =
+                MmaOp<T>::pack(acc[dt][0] * s0, acc[dt][1] * s0);
         if (r1 < Tn)
-            *reinterpret_cast<uint32_t *>(g + (size_t)r1 * stride + col) = MmaOp<T>::pack(acc[dt][2] * s1, acc[dt][3] * s1);
+            *reinterpret_cast<uint32_t *>(g + (size_t)r1 * stride + col) =
+                MmaOp<T>::pack(acc[dt][2] * s1, acc[dt][3] * s1);
     }
 }
 
-template <typename T, int HS>
-__global__ void __launch_bounds__(128) attn_fwd_mma(T *out, float *lse, const T *qkv, int Tn, int C, int NH, float sl2) {
+template <typename T, int HS, bool LDM>
+__global__ void __launch_bounds__(128)
+    attn_fwd_mma(T *out, float *lse, const T *qkv, int Tn, int C, int NH, float sl2) {
     constexpr int LDS = HS + 8;
     __shared__ __align__(16) uint16_t ks[2][MMA_BC * LDS];
     __shared__ __align__(16) uint16_t vs[2][MMA_BC * LDS];
@@ -364,7 +423,8 @@ __global__ void __launch_bounds__(128) attn_fwd_mma(T *out, float *lse, const T 
     load_a_frags<HS>(qa, base, C3, qw, Tn);
     float o[HS / 8][4];
 #pragma unroll
-    for (int dt = 0; dt < HS / 8; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+    for (int dt = 0; dt < HS / 8; dt++)
+        o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     const int row0 = qw + gq, row1 = qw + gq + 8;
 
@@ -385,17 +445,20 @@ __global__ void __launch_bounds__(128) attn_fwd_mma(T *out, float *lse, const T 
         }
         __syncthreads();
         float s[8][4];
-        mma_abt<T, HS>(s, qa, ks[buf]);
+        mma_abt<T, HS, LDM>(s, qa, ks[buf]);
         const int kbase = kb * MMA_BC;
+        /* only the diagonal tile and the tile past the end need the causal / length mask */
+        const bool masked = kbase + MMA_BC > q0 || kbase + MMA_BC > Tn;
         float mx0 = m0, mx1 = m1;
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int key = kbase + nt * 8 + 2 * tq + (e & 1);
-                const int row = e < 2 ? row0 : row1;
                 float v = s[nt][e] * sl2;
-                if (key > row || key >= Tn) v = -INFINITY;
+                if (masked) {
+                    const int key = kbase + nt * 8 + 2 * tq + (e & 1);
+                    if (key > (e < 2 ? row0 : row1) || key >= Tn) v = -INFINITY;
+                }
                 s[nt][e] = v;
                 if (e < 2)
                     mx0 = fmaxf(mx0, v);
@@ -429,7 +492,7 @@ __global__ void __launch_bounds__(128) attn_fwd_mma(T *out, float *lse, const T 
             l0 += s[nt][0] + s[nt][1];
             l1 += s[nt][2] + s[nt][3];
         }
-        mma_pv<T, HS>(o, s, vs[buf]);
+        mma_pv<T, HS, LDM>(o, s, vs[buf]);
         __syncthreads(); /* the next iteration refills the other buffer; the one after, this one */
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -446,10 +509,10 @@ __global__ void __launch_bounds__(128) attn_fwd_mma(T *out, float *lse, const T 
 
 /* Key/value pass: the block owns keys [kb*64, kb*64+64); warp w owns 16 of them and computes
  * Sᵀ = K·Qᵀ, Pᵀ, dPᵀ = V·dOᵀ and dSᵀ for every query block at or after its keys. */
-template <typename T, int HS>
+template <typename T, int HS, bool LDM>
 __global__ void __launch_bounds__(128)
-    attn_bwd_kv_mma(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C, int NH,
-                    float sl2, float scale) {
+    attn_bwd_kv_mma(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C,
+                    int NH, float sl2, float scale) {
     constexpr int LDS = HS + 8;
     __shared__ __align__(16) uint16_t qs[2][MMA_BR * LDS];
     __shared__ __align__(16) uint16_t ds_[2][MMA_BR * LDS];
@@ -471,7 +534,8 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int dt = 0; dt < HS / 8; dt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.f;
+        for (int e = 0; e < 4; e++)
+            dk[dt][e] = dv[dt][e] = 0.f;
 
     const int nqb = (Tn + MMA_BR - 1) / MMA_BR;
     tile_load<HS>(qs[0], base + (size_t)k0 * C3, C3, Tn - k0);
@@ -502,20 +566,24 @@ __global__ void __launch_bounds__(128)
         const uint16_t *Q = qs[buf], *DO = ds_[buf];
         const float *Ls = ls[buf], *Ds = dl[buf];
         const int qbase = qb * MMA_BR;
+        const bool masked = qb == kb || qbase + MMA_BR > Tn || k0 + MMA_BC > Tn;
         float p[8][4];
-        mma_abt<T, HS>(p, ka, Q);
+        mma_abt<T, HS, LDM>(p, ka, Q);
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int qi = nt * 8 + 2 * tq + (e & 1), q = qbase + qi;
-                const int key = e < 2 ? key0 : key1;
-                const bool ok = q >= key && q < Tn && key < Tn;
-                p[nt][e] = ok ? exp2f(p[nt][e] * sl2 - Ls[qi]) : 0.f;
+                const int qi = nt * 8 + 2 * tq + (e & 1);
+                float v = exp2f(fmaf(p[nt][e], sl2, -Ls[qi]));
+                if (masked) {
+                    const int q = qbase + qi, key = e < 2 ? key0 : key1;
+                    if (!(q >= key && q < Tn && key < Tn)) v = 0.f;
+                }
+                p[nt][e] = v;
             }
-        mma_pv<T, HS>(dv, p, DO);
+        mma_pv<T, HS, LDM>(dv, p, DO);
         float dp[8][4];
-        mma_abt<T, HS>(dp, va, DO);
+        mma_abt<T, HS, LDM>(dp, va, DO);
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
@@ -523,7 +591,7 @@ __global__ void __launch_bounds__(128)
                 const int qi = nt * 8 + 2 * tq + (e & 1);
                 dp[nt][e] = p[nt][e] * (dp[nt][e] - Ds[qi]);
             }
-        mma_pv<T, HS>(dk, dp, Q);
+        mma_pv<T, HS, LDM>(dk, dp, Q);
         __syncthreads();
     }
     T *dst = dqkv + (size_t)b * Tn * C3 + h * HS;
@@ -532,10 +600,10 @@ __global__ void __launch_bounds__(128)
 }
 
 /* Query pass: the block owns 64 queries; warp w owns 16 and accumulates dQ = dS·K over its key blocks. */
-template <typename T, int HS>
+template <typename T, int HS, bool LDM>
 __global__ void __launch_bounds__(128)
-    attn_bwd_q_mma(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C, int NH,
-                   float sl2, float scale) {
+    attn_bwd_q_mma(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C,
+                   int NH, float sl2, float scale) {
     constexpr int LDS = HS + 8;
     __shared__ __align__(16) uint16_t ks[2][MMA_BC * LDS];
     __shared__ __align__(16) uint16_t vs[2][MMA_BC * LDS];
@@ -557,7 +625,8 @@ __global__ void __launch_bounds__(128)
     const float D0 = row0 < Tn ? D[row0] : 0.f, D1 = row1 < Tn ? D[row1] : 0.f;
     float dq[HS / 8][4];
 #pragma unroll
-    for (int dt = 0; dt < HS / 8; dt++) dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
+    for (int dt = 0; dt < HS / 8; dt++)
+        dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
 
     const int nkb = min(q0 + MMA_BR - 1, Tn - 1) / MMA_BC + 1;
     tile_load<HS>(ks[0], kg, C3, Tn);
@@ -576,20 +645,24 @@ __global__ void __launch_bounds__(128)
         }
         __syncthreads();
         const int kbase = kb * MMA_BC;
+        /* rows past Tn are never stored, so only the diagonal tile and the last key tile need masks */
+        const bool masked = kbase + MMA_BC > q0 || kbase + MMA_BC > Tn;
         float p[8][4], dp[8][4];
-        mma_abt<T, HS>(p, qa, ks[buf]);
-        mma_abt<T, HS>(dp, da, vs[buf]);
+        mma_abt<T, HS, LDM>(p, qa, ks[buf]);
+        mma_abt<T, HS, LDM>(dp, da, vs[buf]);
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int key = kbase + nt * 8 + 2 * tq + (e & 1);
-                const int row = e < 2 ? row0 : row1;
-                const bool ok = key <= row && key < Tn && row < Tn;
-                const float pe = ok ? exp2f(p[nt][e] * sl2 - (e < 2 ? L0 : L1)) : 0.f;
+                float pe = exp2f(fmaf(p[nt][e], sl2, -(e < 2 ? L0 : L1)));
+                if (masked) {
+                    const int key = kbase + nt * 8 + 2 * tq + (e & 1);
+                    const int row = e < 2 ? row0 : row1;
+                    if (!(key <= row && key < Tn && row < Tn)) pe = 0.f;
+                }
                 dp[nt][e] = pe * (dp[nt][e] - (e < 2 ? D0 : D1));
             }
-        mma_pv<T, HS>(dq, dp, ks[buf]);
+        mma_pv<T, HS, LDM>(dq, dp, ks[buf]);
         __syncthreads();
     }
     store_rows<T, HS>(dqkv + (size_t)b * Tn * C3 + h * HS, C3, qw, Tn, dq, scale, scale);
@@ -601,24 +674,25 @@ static bool use_mma(const dg_cuda_t *c, int HS) {
     return c->fast_attention && c->act != DG_F32 && (HS == 64 || HS == 32);
 }
 
-template <typename T, int HS>
-static dg_status_t fwd_mma_launch(dg_cuda_t *c, void *out, float *lse, const void *qkv, int B, int Tn, int C, int NH,
-                                  float sl2) {
+template <typename T, int HS, bool LDM>
+static dg_status_t fwd_mma_launch(dg_cuda_t *c, void *out, float *lse, const void *qkv, int B, int Tn, int C,
+                                  int NH, float sl2) {
     dim3 grid((Tn + MMA_BR - 1) / MMA_BR, B * NH);
-    attn_fwd_mma<T, HS><<<grid, 128, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, sl2);
+    attn_fwd_mma<T, HS, LDM><<<grid, 128, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, sl2);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
 
-template <typename T, int HS>
-static dg_status_t bwd_mma_launch(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv, const float *lse,
-                                  const float *delta, int B, int Tn, int C, int NH, float sl2, float scale) {
+template <typename T, int HS, bool LDM>
+static dg_status_t bwd_mma_launch(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv,
+                                  const float *lse, const float *delta, int B, int Tn, int C, int NH,
+                                  float sl2, float scale) {
     dim3 grid((Tn + MMA_BR - 1) / MMA_BR, B * NH);
-    attn_bwd_kv_mma<T, HS><<<grid, 128, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta, Tn, C,
-                                                        NH, sl2, scale);
+    attn_bwd_kv_mma<T, HS, LDM><<<grid, 128, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse,
+                                                             delta, Tn, C, NH, sl2, scale);
     DG_CUDA_LAUNCH_CHECK();
-    attn_bwd_q_mma<T, HS><<<grid, 128, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta, Tn, C,
-                                                       NH, sl2, scale);
+    attn_bwd_q_mma<T, HS, LDM><<<grid, 128, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse,
+                                                            delta, Tn, C, NH, sl2, scale);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
@@ -630,19 +704,24 @@ static dg_status_t fwd_t(dg_cuda_t *c, void *out, void *aux, const void *qkv, in
     float *lse = (float *)aux;
     if constexpr (sizeof(T) == 2) {
         if (use_mma(c, HS) && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(out, 16)) {
-            if (HS == 64) return fwd_mma_launch<T, 64>(c, out, lse, qkv, B, Tn, C, NH, scale * ATT_LOG2E);
-            return fwd_mma_launch<T, 32>(c, out, lse, qkv, B, Tn, C, NH, scale * ATT_LOG2E);
+            const float sl2 = scale * ATT_LOG2E;
+            if (HS == 64)
+                return c->attn_ldmatrix ? fwd_mma_launch<T, 64, true>(c, out, lse, qkv, B, Tn, C, NH, sl2)
+                                        : fwd_mma_launch<T, 64, false>(c, out, lse, qkv, B, Tn, C, NH, sl2);
+            return c->attn_ldmatrix ? fwd_mma_launch<T, 32, true>(c, out, lse, qkv, B, Tn, C, NH, sl2)
+                                    : fwd_mma_launch<T, 32, false>(c, out, lse, qkv, B, Tn, C, NH, sl2);
         }
     }
     dim3 grid((Tn + GEN_WARPS - 1) / GEN_WARPS, B * NH);
-    attn_fwd_generic<T><<<grid, 32 * GEN_WARPS, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, scale);
+    attn_fwd_generic<T>
+        <<<grid, 32 * GEN_WARPS, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, scale);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
 
 template <typename T>
-static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv, const void *out, const void *aux,
-                         int B, int Tn, int C, int NH) {
+static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv, const void *out,
+                         const void *aux, int B, int Tn, int C, int NH) {
     const int HS = C / NH;
     const float scale = 1.f / sqrtf((float)HS);
     const float *lse = (const float *)aux;
@@ -650,29 +729,39 @@ static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void 
     DG_TRY(dg_cuda_scratch(c, (size_t)B * NH * Tn * sizeof(float), &scr));
     float *delta = (float *)scr;
     dim3 ggrid((Tn + GEN_WARPS - 1) / GEN_WARPS, B * NH);
-    attn_delta_kernel<T><<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>(delta, (const T *)dout, (const T *)out, Tn, C, NH);
+    attn_delta_kernel<T>
+        <<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>(delta, (const T *)dout, (const T *)out, Tn, C, NH);
     DG_CUDA_LAUNCH_CHECK();
     if constexpr (sizeof(T) == 2) {
-        if (use_mma(c, HS) && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(dout, 16) && dg_ptr_aligned(dqkv, 16)) {
+        if (use_mma(c, HS) && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(dout, 16) &&
+            dg_ptr_aligned(dqkv, 16)) {
+            const float sl2 = scale * ATT_LOG2E;
             if (HS == 64)
-                return bwd_mma_launch<T, 64>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, scale * ATT_LOG2E, scale);
-            return bwd_mma_launch<T, 32>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, scale * ATT_LOG2E, scale);
+                return c->attn_ldmatrix ? bwd_mma_launch<T, 64, true>(c, dqkv, dout, qkv, lse, delta, B, Tn,
+                                                                      C, NH, sl2, scale)
+                                        : bwd_mma_launch<T, 64, false>(c, dqkv, dout, qkv, lse, delta, B, Tn,
+                                                                       C, NH, sl2, scale);
+            return c->attn_ldmatrix
+                       ? bwd_mma_launch<T, 32, true>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                       : bwd_mma_launch<T, 32, false>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2,
+                                                      scale);
         }
     }
-    attn_bwd_kv_generic<T><<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse,
-                                                                    delta, Tn, C, NH, scale);
+    attn_bwd_kv_generic<T><<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>(
+        (T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta, Tn, C, NH, scale);
     DG_CUDA_LAUNCH_CHECK();
-    attn_bwd_q_generic<T><<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse,
-                                                                   delta, Tn, C, NH, scale);
+    attn_bwd_q_generic<T><<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv,
+                                                                   lse, delta, Tn, C, NH, scale);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
 
-dg_status_t dg_cuda_attention_fwd(dg_cuda_t *c, void *out, void *aux, const void *qkv, int B, int T, int C, int NH) {
+dg_status_t dg_cuda_attention_fwd(dg_cuda_t *c, void *out, void *aux, const void *qkv, int B, int T, int C,
+                                  int NH) {
     return DG_CUDA_DISPATCH_ACT(c->act, fwd_t, c, out, aux, qkv, B, T, C, NH);
 }
 
-dg_status_t dg_cuda_attention_bwd(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv, const void *out,
-                                  const void *aux, int B, int T, int C, int NH) {
+dg_status_t dg_cuda_attention_bwd(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv,
+                                  const void *out, const void *aux, int B, int T, int C, int NH) {
     return DG_CUDA_DISPATCH_ACT(c->act, bwd_t, c, dqkv, dout, qkv, out, aux, B, T, C, NH);
 }

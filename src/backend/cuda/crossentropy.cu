@@ -19,7 +19,8 @@ static __device__ __forceinline__ void lse_combine(float &m, float &s, float m2,
 
 template <typename T, int V>
 __global__ void __launch_bounds__(CE_THREADS)
-    ce_fwd_kernel(float *losses, float *lse_out, const T *logits, const int32_t *targets, int Vv, int Vp, int *err) {
+    ce_fwd_kernel(float *losses, float *lse_out, const T *logits, const int32_t *targets, int Vv, int Vp,
+                  int *err) {
     __shared__ float shm[32], shs[32];
     const int row = blockIdx.x;
     const T *x = logits + (size_t)row * Vp;
@@ -27,17 +28,19 @@ __global__ void __launch_bounds__(CE_THREADS)
     for (int c = threadIdx.x * V; c < Vv; c += blockDim.x * V) {
         float f[V];
         dg_ldv<V>(f, x + c);
+        /* one rescale per vector, then V independent exponentials */
+        const int nv = min(V, Vv - c);
+        float vm = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < V; j++) {
-            if (c + j >= Vv) break;
-            const float v = f[j];
-            if (v > m) {
-                s = s * expf(m - v) + 1.f;
-                m = v;
-            } else {
-                s += expf(v - m);
-            }
+        for (int j = 0; j < V; j++)
+            if (j < nv) vm = fmaxf(vm, f[j]);
+        if (vm > m) {
+            s *= expf(m - vm);
+            m = vm;
         }
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            if (j < nv) s += expf(f[j] - m);
     }
     for (int o = 16; o > 0; o >>= 1) {
         float m2 = __shfl_down_sync(0xffffffffu, m, o), s2 = __shfl_down_sync(0xffffffffu, s, o);
@@ -72,8 +75,9 @@ __global__ void __launch_bounds__(CE_THREADS)
 }
 
 template <typename T, int V>
-__global__ void __launch_bounds__(CE_THREADS) ce_bwd_kernel(T *dlogits, const T *logits, const float *lse,
-                                                            const int32_t *targets, int Vv, int Vp, float dloss) {
+__global__ void __launch_bounds__(CE_THREADS)
+    ce_bwd_kernel(T *dlogits, const T *logits, const float *lse, const int32_t *targets, int Vv, int Vp,
+                  float dloss) {
     const int row = blockIdx.x;
     const T *x = logits + (size_t)row * Vp;
     T *d = dlogits + (size_t)row * Vp;
@@ -92,25 +96,29 @@ __global__ void __launch_bounds__(CE_THREADS) ce_bwd_kernel(T *dlogits, const T 
 }
 
 template <typename T>
-static dg_status_t ce_fwd_t(dg_cuda_t *c, float *losses, float *lse, const void *logits, const int32_t *targets, int N,
-                            int V, int Vp) {
+static dg_status_t ce_fwd_t(dg_cuda_t *c, float *losses, float *lse, const void *logits,
+                            const int32_t *targets, int N, int V, int Vp) {
     constexpr int VE = 16 / sizeof(T);
     if (Vp % VE == 0 && dg_ptr_aligned(logits, 16))
-        ce_fwd_kernel<T, VE><<<N, CE_THREADS, 0, c->stream>>>(losses, lse, (const T *)logits, targets, V, Vp, c->err_dev);
+        ce_fwd_kernel<T, VE>
+            <<<N, CE_THREADS, 0, c->stream>>>(losses, lse, (const T *)logits, targets, V, Vp, c->err_dev);
     else
-        ce_fwd_kernel<T, 1><<<N, CE_THREADS, 0, c->stream>>>(losses, lse, (const T *)logits, targets, V, Vp, c->err_dev);
+        ce_fwd_kernel<T, 1>
+            <<<N, CE_THREADS, 0, c->stream>>>(losses, lse, (const T *)logits, targets, V, Vp, c->err_dev);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
 
 template <typename T>
-static dg_status_t ce_bwd_t(dg_cuda_t *c, void *dlogits, const void *logits, const float *lse, const int32_t *targets,
-                            int N, int V, int Vp, float dloss) {
+static dg_status_t ce_bwd_t(dg_cuda_t *c, void *dlogits, const void *logits, const float *lse,
+                            const int32_t *targets, int N, int V, int Vp, float dloss) {
     constexpr int VE = 16 / sizeof(T);
     if (Vp % VE == 0 && dg_ptr_aligned(logits, 16) && dg_ptr_aligned(dlogits, 16))
-        ce_bwd_kernel<T, VE><<<N, CE_THREADS, 0, c->stream>>>((T *)dlogits, (const T *)logits, lse, targets, V, Vp, dloss);
+        ce_bwd_kernel<T, VE>
+            <<<N, CE_THREADS, 0, c->stream>>>((T *)dlogits, (const T *)logits, lse, targets, V, Vp, dloss);
     else
-        ce_bwd_kernel<T, 1><<<N, CE_THREADS, 0, c->stream>>>((T *)dlogits, (const T *)logits, lse, targets, V, Vp, dloss);
+        ce_bwd_kernel<T, 1>
+            <<<N, CE_THREADS, 0, c->stream>>>((T *)dlogits, (const T *)logits, lse, targets, V, Vp, dloss);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }

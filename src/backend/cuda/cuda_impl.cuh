@@ -26,15 +26,15 @@
 dg_status_t dg_cuda_fail(cudaError_t e, const char *call, const char *file, int line);
 dg_status_t dg_cublas_fail(cublasStatus_t s, const char *call, const char *file, int line);
 
-#define DG_CUDA_CHECK(call)                                                                                \
-    do {                                                                                                   \
-        cudaError_t dg_cu_e_ = (call);                                                                     \
-        if (dg_cu_e_ != cudaSuccess) return dg_cuda_fail(dg_cu_e_, #call, __FILE__, __LINE__);             \
+#define DG_CUDA_CHECK(call)                                                                                  \
+    do {                                                                                                     \
+        cudaError_t dg_cu_e_ = (call);                                                                       \
+        if (dg_cu_e_ != cudaSuccess) return dg_cuda_fail(dg_cu_e_, #call, __FILE__, __LINE__);               \
     } while (0)
-#define DG_CUBLAS_CHECK(call)                                                                              \
-    do {                                                                                                   \
-        cublasStatus_t dg_cb_s_ = (call);                                                                  \
-        if (dg_cb_s_ != CUBLAS_STATUS_SUCCESS) return dg_cublas_fail(dg_cb_s_, #call, __FILE__, __LINE__);  \
+#define DG_CUBLAS_CHECK(call)                                                                                \
+    do {                                                                                                     \
+        cublasStatus_t dg_cb_s_ = (call);                                                                    \
+        if (dg_cb_s_ != CUBLAS_STATUS_SUCCESS) return dg_cublas_fail(dg_cb_s_, #call, __FILE__, __LINE__);   \
     } while (0)
 /* After every kernel launch: catches bad launch configurations at once (execution errors surface at
  * the next sync, as with any asynchronous work). */
@@ -71,9 +71,11 @@ typedef struct dg_cuda {
     size_t lt_ws_bytes;
     void *scratch;
     size_t scratch_bytes;
-    int *err_dev;         /* device flags, read back in sync() */
-    int fused_epilogues;  /* 0 when DG_CUDA_FUSED_EPILOGUES=0: GEMM + separate kernels (for testing) */
-    int fast_attention;   /* 0 when DG_CUDA_FAST_ATTENTION=0: the generic attention kernels only */
+    int *err_dev;        /* device flags, read back in sync() */
+    int fused_epilogues; /* 0 when DG_CUDA_FUSED_EPILOGUES=0: GEMM + separate kernels (for testing) */
+    int fast_attention;  /* 0 when DG_CUDA_FAST_ATTENTION=0: the generic attention kernels only */
+    int attn_ldmatrix;   /* tensor-core attention loads fragments with ldmatrix (DG_CUDA_ATTN_LDMATRIX=0: not)
+                          */
     dg_gemm_plan_t *plans;
     int n_plans, cap_plans;
 } dg_cuda_t;
@@ -124,8 +126,8 @@ void dg_cuda_gemm_plans_free(dg_cuda_t *c);
 size_t dg_cuda_attention_aux_bytes(int B, int T, int C, int NH);
 dg_status_t dg_cuda_attention_fwd(dg_cuda_t *c, void *out, void *aux, const void *qkv, int B, int T, int C,
                                   int NH);
-dg_status_t dg_cuda_attention_bwd(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv, const void *out,
-                                  const void *aux, int B, int T, int C, int NH);
+dg_status_t dg_cuda_attention_bwd(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv,
+                                  const void *out, const void *aux, int B, int T, int C, int NH);
 /* crossentropy.cu */
 dg_status_t dg_cuda_crossentropy_fwd(dg_cuda_t *c, float *losses, float *lse, const void *logits,
                                      const int32_t *targets, int N, int V, int Vp);
@@ -159,11 +161,13 @@ template <> __device__ __forceinline__ dg_f16 dg_from_f<dg_f16>(float x) {
 
 /* Fixed-order reductions: the same butterfly every call, so results are bitwise reproducible. */
 static __device__ __forceinline__ float dg_warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 static __device__ __forceinline__ float dg_warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 /* Sum over a block of blockDim.x (a multiple of 32, at most 1024) threads; every thread gets the total.
@@ -179,9 +183,9 @@ static __device__ __forceinline__ float dg_block_sum(float v, float *sh) {
 }
 
 /* Dispatch a templated launcher on the activation dtype. */
-#define DG_CUDA_DISPATCH_ACT(act, FN, ...)                                                                 \
-    ((act) == DG_F32    ? FN<float>(__VA_ARGS__)                                                           \
-     : (act) == DG_BF16 ? FN<dg_bf16>(__VA_ARGS__)                                                         \
+#define DG_CUDA_DISPATCH_ACT(act, FN, ...)                                                                   \
+    ((act) == DG_F32    ? FN<float>(__VA_ARGS__)                                                             \
+     : (act) == DG_BF16 ? FN<dg_bf16>(__VA_ARGS__)                                                           \
                         : FN<dg_f16>(__VA_ARGS__))
 
 static inline unsigned dg_cuda_blocks(size_t work, unsigned per_block, unsigned max_blocks) {

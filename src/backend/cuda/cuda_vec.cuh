@@ -12,15 +12,18 @@ template <int V, typename T> static __device__ __forceinline__ void dg_ldv(float
         uint4 u = *reinterpret_cast<const uint4 *>(p);
         const T *t = reinterpret_cast<const T *>(&u);
 #pragma unroll
-        for (int j = 0; j < V; j++) f[j] = dg_to_f(t[j]);
+        for (int j = 0; j < V; j++)
+            f[j] = dg_to_f(t[j]);
     } else if constexpr (bytes == 8) {
         uint2 u = *reinterpret_cast<const uint2 *>(p);
         const T *t = reinterpret_cast<const T *>(&u);
 #pragma unroll
-        for (int j = 0; j < V; j++) f[j] = dg_to_f(t[j]);
+        for (int j = 0; j < V; j++)
+            f[j] = dg_to_f(t[j]);
     } else {
 #pragma unroll
-        for (int j = 0; j < V; j++) f[j] = dg_to_f(p[j]);
+        for (int j = 0; j < V; j++)
+            f[j] = dg_to_f(p[j]);
     }
 }
 
@@ -30,17 +33,20 @@ template <int V, typename T> static __device__ __forceinline__ void dg_stv(T *p,
         uint4 u;
         T *t = reinterpret_cast<T *>(&u);
 #pragma unroll
-        for (int j = 0; j < V; j++) t[j] = dg_from_f<T>(f[j]);
+        for (int j = 0; j < V; j++)
+            t[j] = dg_from_f<T>(f[j]);
         *reinterpret_cast<uint4 *>(p) = u;
     } else if constexpr (bytes == 8) {
         uint2 u;
         T *t = reinterpret_cast<T *>(&u);
 #pragma unroll
-        for (int j = 0; j < V; j++) t[j] = dg_from_f<T>(f[j]);
+        for (int j = 0; j < V; j++)
+            t[j] = dg_from_f<T>(f[j]);
         *reinterpret_cast<uint2 *>(p) = u;
     } else {
 #pragma unroll
-        for (int j = 0; j < V; j++) p[j] = dg_from_f<T>(f[j]);
+        for (int j = 0; j < V; j++)
+            p[j] = dg_from_f<T>(f[j]);
     }
 }
 

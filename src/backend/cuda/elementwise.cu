@@ -18,7 +18,8 @@ template <int V, typename Op> __global__ void ew_kernel(Op op, size_t start, siz
 }
 
 /* Runs op.apply<V> over [0, n): vector part when `aligned`, then the scalar tail. */
-template <int V, typename Op> static dg_status_t ew_launch(dg_cuda_t *c, const Op &op, size_t n, bool aligned) {
+template <int V, typename Op>
+static dg_status_t ew_launch(dg_cuda_t *c, const Op &op, size_t n, bool aligned) {
     size_t done = 0;
     if (aligned && n >= (size_t)V) {
         size_t nv = n / V;
@@ -49,12 +50,14 @@ template <typename D, typename S> struct CastOp {
     }
 };
 
-template <typename D, typename S> static dg_status_t cast_t(dg_cuda_t *c, void *dst, const void *src, size_t n) {
+template <typename D, typename S>
+static dg_status_t cast_t(dg_cuda_t *c, void *dst, const void *src, size_t n) {
     CastOp<D, S> op{(D *)dst, (const S *)src};
     return ew_launch<4>(c, op, n, al16(dst, src));
 }
 
-template <typename D> static dg_status_t cast_to(dg_cuda_t *c, void *dst, const void *src, dg_dtype_t st, size_t n) {
+template <typename D>
+static dg_status_t cast_to(dg_cuda_t *c, void *dst, const void *src, dg_dtype_t st, size_t n) {
     if (st == DG_F32) return cast_t<D, float>(c, dst, src, n);
     if (st == DG_BF16) return cast_t<D, dg_bf16>(c, dst, src, n);
     return cast_t<D, dg_f16>(c, dst, src, n);
@@ -62,7 +65,9 @@ template <typename D> static dg_status_t cast_to(dg_cuda_t *c, void *dst, const 
 
 dg_status_t dg_cuda_cast(dg_cuda_t *c, void *dst, dg_dtype_t dt, const void *src, dg_dtype_t st, size_t n) {
     if (dt == st) {
-        if (dst != src) DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * dg_dtype_size(dt), cudaMemcpyDeviceToDevice, c->stream));
+        if (dst != src)
+            DG_CUDA_CHECK(
+                cudaMemcpyAsync(dst, src, n * dg_dtype_size(dt), cudaMemcpyDeviceToDevice, c->stream));
         return DG_OK;
     }
     if (dt == DG_F32) return cast_to<float>(c, dst, src, st, n);
@@ -79,12 +84,14 @@ template <typename T> struct AddOp {
         float x[V], y[V];
         dg_ldv<V>(x, a + i);
         dg_ldv<V>(y, b + i);
-        for (int j = 0; j < V; j++) x[j] += y[j];
+        for (int j = 0; j < V; j++)
+            x[j] += y[j];
         dg_stv<V>(out + i, x);
     }
 };
 
-template <typename T> static dg_status_t add_t(dg_cuda_t *c, void *out, const void *a, const void *b, size_t n) {
+template <typename T>
+static dg_status_t add_t(dg_cuda_t *c, void *out, const void *a, const void *b, size_t n) {
     AddOp<T> op{(T *)out, (const T *)a, (const T *)b};
     return ew_launch<16 / sizeof(T)>(c, op, n, al16(out, a, b));
 }
@@ -96,7 +103,8 @@ dg_status_t dg_cuda_add(dg_cuda_t *c, void *out, const void *a, const void *b, s
 dg_status_t dg_cuda_accumulate(dg_cuda_t *c, void *dst, const void *src, size_t n, int acc) {
     if (!acc) {
         if (dst != src)
-            DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * dg_dtype_size(c->act), cudaMemcpyDeviceToDevice, c->stream));
+            DG_CUDA_CHECK(
+                cudaMemcpyAsync(dst, src, n * dg_dtype_size(c->act), cudaMemcpyDeviceToDevice, c->stream));
         return DG_OK;
     }
     return dg_cuda_add(c, dst, dst, src, n);
@@ -109,7 +117,8 @@ struct AddF32Op {
         float x[V], y[V];
         dg_ldv<V>(x, dst + i);
         dg_ldv<V>(y, src + i);
-        for (int j = 0; j < V; j++) x[j] += y[j];
+        for (int j = 0; j < V; j++)
+            x[j] += y[j];
         dg_stv<V>(dst + i, x);
     }
 };
@@ -124,7 +133,8 @@ struct ScaleOp {
     template <int V> __device__ void apply(size_t i) const {
         float f[V];
         dg_ldv<V>(f, x + i);
-        for (int j = 0; j < V; j++) f[j] *= s;
+        for (int j = 0; j < V; j++)
+            f[j] *= s;
         dg_stv<V>(x + i, f);
     }
 };
@@ -153,7 +163,8 @@ template <typename T> struct GeluFwdOp {
     template <int V> __device__ void apply(size_t i) const {
         float f[V];
         dg_ldv<V>(f, inp + i);
-        for (int j = 0; j < V; j++) f[j] = gelu_f(f[j]);
+        for (int j = 0; j < V; j++)
+            f[j] = gelu_f(f[j]);
         dg_stv<V>(out + i, f);
     }
 };
@@ -167,7 +178,8 @@ template <typename T> struct GeluBwdOp {
         dg_ldv<V>(x, inp + i);
         dg_ldv<V>(d, dout + i);
         if (acc) dg_ldv<V>(o, dinp + i);
-        for (int j = 0; j < V; j++) o[j] = (acc ? o[j] : 0.f) + d[j] * gelu_grad_f(x[j]);
+        for (int j = 0; j < V; j++)
+            o[j] = (acc ? o[j] : 0.f) + d[j] * gelu_grad_f(x[j]);
         dg_stv<V>(dinp + i, o);
     }
 };
@@ -176,7 +188,8 @@ template <typename T> static dg_status_t gelu_fwd_t(dg_cuda_t *c, void *out, con
     return ew_launch<16 / sizeof(T)>(c, GeluFwdOp<T>{(T *)out, (const T *)inp}, n, al16(out, inp));
 }
 template <typename T>
-static dg_status_t gelu_bwd_t(dg_cuda_t *c, void *dinp, const void *inp, const void *dout, size_t n, int acc) {
+static dg_status_t gelu_bwd_t(dg_cuda_t *c, void *dinp, const void *inp, const void *dout, size_t n,
+                              int acc) {
     return ew_launch<16 / sizeof(T)>(c, GeluBwdOp<T>{(T *)dinp, (const T *)inp, (const T *)dout, acc}, n,
                                      al16(dinp, inp, dout));
 }
@@ -191,7 +204,8 @@ dg_status_t dg_cuda_gelu_bwd(dg_cuda_t *c, void *dinp, const void *inp, const vo
 /* ---------------- unfused GEMM epilogues ---------------- */
 
 /* out[N,OC] += bias (if any); with gelu: pre = that, out = gelu(pre). */
-template <typename T> __global__ void bias_gelu_kernel(T *out, T *pre, const T *bias, size_t total, int OC, int gelu) {
+template <typename T>
+__global__ void bias_gelu_kernel(T *out, T *pre, const T *bias, size_t total, int OC, int gelu) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
         float x = dg_to_f(out[i]);
@@ -207,10 +221,11 @@ template <typename T> __global__ void bias_gelu_kernel(T *out, T *pre, const T *
 }
 
 template <typename T>
-static dg_status_t bias_gelu_t(dg_cuda_t *c, void *out, void *pre, const void *bias, int N, int OC, int gelu) {
+static dg_status_t bias_gelu_t(dg_cuda_t *c, void *out, void *pre, const void *bias, int N, int OC,
+                               int gelu) {
     size_t total = (size_t)N * OC;
-    bias_gelu_kernel<T><<<dg_cuda_blocks(total, 256, 65535), 256, 0, c->stream>>>((T *)out, (T *)pre, (const T *)bias,
-                                                                                 total, OC, gelu);
+    bias_gelu_kernel<T><<<dg_cuda_blocks(total, 256, 65535), 256, 0, c->stream>>>(
+        (T *)out, (T *)pre, (const T *)bias, total, OC, gelu);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
@@ -232,12 +247,14 @@ template <typename T> __global__ void colsum_partial_kernel(float *part, const T
     const int r1 = min(N, r0 + COLSUM_ROWS);
     float s = 0.f;
     if (col < C)
-        for (int r = r0 + threadIdx.y; r < r1; r += COLSUM_TY) s += dg_to_f(src[(size_t)r * C + col]);
+        for (int r = r0 + threadIdx.y; r < r1; r += COLSUM_TY)
+            s += dg_to_f(src[(size_t)r * C + col]);
     sh[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && col < C) {
         float t = 0.f;
-        for (int y = 0; y < COLSUM_TY; y++) t += sh[y][threadIdx.x];
+        for (int y = 0; y < COLSUM_TY; y++)
+            t += sh[y][threadIdx.x];
         part[(size_t)blockIdx.y * C + col] = t;
     }
 }
@@ -246,7 +263,8 @@ __global__ void colsum_final_kernel(float *dst, const float *part, int chunks, i
     const int col = blockIdx.x * blockDim.x + threadIdx.x;
     if (col >= C) return;
     float s = 0.f;
-    for (int k = 0; k < chunks; k++) s += part[(size_t)k * C + col];
+    for (int k = 0; k < chunks; k++)
+        s += part[(size_t)k * C + col];
     dst[col] += s;
 }
 
@@ -283,9 +301,11 @@ __global__ void sumsq_partial_kernel(float *part, const float *x, size_t n, int 
             float4 v = x4[i];
             acc += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
-        for (size_t i = n4 * 4 + tid; i < n; i += stride) acc += x[i] * x[i];
+        for (size_t i = n4 * 4 + tid; i < n; i += stride)
+            acc += x[i] * x[i];
     } else {
-        for (size_t i = tid; i < n; i += stride) acc += x[i] * x[i];
+        for (size_t i = tid; i < n; i += stride)
+            acc += x[i] * x[i];
     }
     float t = dg_block_sum(acc, sh);
     if (threadIdx.x == 0) part[blockIdx.x] = t;
@@ -311,7 +331,8 @@ dg_status_t dg_cuda_sumsq_f32(dg_cuda_t *c, float *out, const float *x, size_t n
 
 /* Computed in double like the CPU reference, and written so that a NaN norm gives a NaN scale (the
  * divergence stays visible) instead of min() hiding it. */
-__global__ void clip_scale_kernel(float *gscale, float *norm_out, const float *sumsq, float clip, float extra) {
+__global__ void clip_scale_kernel(float *gscale, float *norm_out, const float *sumsq, float clip,
+                                  float extra) {
     const double norm = sqrt((double)*sumsq);
     double f = 1.0;
     if (clip > 0.f) {
@@ -362,8 +383,8 @@ template <typename T> struct AdamOp {
 };
 
 template <typename T>
-static dg_status_t adamw_t(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m, float *v, size_t n,
-                           const AdamHyper &h, const float *gscale) {
+static dg_status_t adamw_t(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m, float *v,
+                           size_t n, const AdamHyper &h, const float *gscale) {
     AdamOp<T> op{master, m, v, (T *)compute, grad, gscale, h};
     bool al = al16(master, grad, m, v) && dg_ptr_aligned(compute, 16);
     return ew_launch<4>(c, op, n, al);

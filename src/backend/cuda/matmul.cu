@@ -25,7 +25,8 @@ static int align_class(const void *p) {
     if (!p) return 256;
     uintptr_t a = (uintptr_t)p;
     int c = 256;
-    while (c > 1 && (a % (uintptr_t)c) != 0) c >>= 1;
+    while (c > 1 && (a % (uintptr_t)c) != 0)
+        c >>= 1;
     return c;
 }
 
@@ -67,34 +68,39 @@ static dg_status_t plan_build(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t
     uint32_t epi = (uint32_t)g->epi;
     DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (g->bias)
-        DG_CUBLAS_CHECK(
-            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+        DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                                       sizeof g->bias));
     if (g->aux) {
         int64_t ld = g->aux_ld;
+        DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                       &g->aux, sizeof g->aux));
         DG_CUBLAS_CHECK(
-            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));
-        DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
     }
-    DG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, g->abtype, g->transa ? g->k : g->m, g->transa ? g->m : g->k,
-                                               g->lda));
-    DG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, g->abtype, g->transb ? g->n : g->k, g->transb ? g->k : g->n,
-                                               g->ldb));
+    DG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, g->abtype, g->transa ? g->k : g->m,
+                                               g->transa ? g->m : g->k, g->lda));
+    DG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, g->abtype, g->transb ? g->n : g->k,
+                                               g->transb ? g->k : g->n, g->ldb));
     DG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lc, g->dtype, g->m, g->n, g->ldd));
 
     cublasLtMatmulPreference_t pref = NULL;
     DG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     uint64_t ws = c->lt_ws_bytes;
     uint32_t aa = (uint32_t)k->align_a, ab = (uint32_t)k->align_b, ac = (uint32_t)k->align_c;
-    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                             sizeof ws);
+    cublasStatus_t st =
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa, sizeof aa);
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aa,
+                                                  sizeof aa);
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab, sizeof ab);
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ab,
+                                                  sizeof ab);
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac, sizeof ac);
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ac,
+                                                  sizeof ac);
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac, sizeof ac);
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ac,
+                                                  sizeof ac);
     if (st != CUBLAS_STATUS_SUCCESS) {
         cublasLtMatmulPreferenceDestroy(pref);
         return dg_cublas_fail(st, "cublasLtMatmulPreferenceSetAttribute", __FILE__, __LINE__);
@@ -109,8 +115,8 @@ static dg_status_t plan_build(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t
         p->algo = res.algo;
         p->ws_bytes = res.workspaceSize;
     }
-    DG_LOG_DEBUG("cuda backend: GEMM plan m=%d n=%d k=%d ta=%d tb=%d epi=%d -> %s", g->m, g->n, g->k, g->transa,
-                 g->transb, (int)g->epi, p->supported ? "cuBLASLt" : "unsupported");
+    DG_LOG_DEBUG("cuda backend: GEMM plan m=%d n=%d k=%d ta=%d tb=%d epi=%d -> %s", g->m, g->n, g->k,
+                 g->transa, g->transb, (int)g->epi, p->supported ? "cuBLASLt" : "unsupported");
     return DG_OK;
 }
 
@@ -171,32 +177,88 @@ static dg_status_t gemm_try(dg_cuda_t *c, const gemm_call_t *g, int *ran) {
     DG_TRY(plan_get(c, g, &p));
     if (!p->supported) return DG_OK;
     if (g->bias)
-        DG_CUBLAS_CHECK(
-            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+        DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                                       sizeof g->bias));
     if (g->aux)
-        DG_CUBLAS_CHECK(
-            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));
+        DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                       &g->aux, sizeof g->aux));
     const float alpha = 1.f, beta = g->beta;
-    DG_CUBLAS_CHECK(cublasLtMatmul(c->lt, p->desc, &alpha, g->A, p->la, g->B, p->lb, &beta, g->D, p->lc, g->D, p->lc,
-                                   &p->algo, c->lt_ws, c->lt_ws_bytes, c->stream));
+    cublasStatus_t st = cublasLtMatmul(c->lt, p->desc, &alpha, g->A, p->la, g->B, p->lb, &beta, g->D, p->lc,
+                                       g->D, p->lc, &p->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) { /* the heuristic's pick refused this call: remember, fall back */
+        DG_LOG_DEBUG("cuda backend: cuBLASLt refused m=%d n=%d k=%d epi=%d at run time", g->m, g->n, g->k,
+                     (int)g->epi);
+        p->supported = 0;
+        return DG_OK;
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) return dg_cublas_fail(st, "cublasLtMatmul", __FILE__, __LINE__);
     *ran = 1;
     return DG_OK;
+}
+
+/* Last resort when cuBLASLt offers no algorithm (exotic leading dimensions or alignments): a plain
+ * shared-memory tiled GEMM, column-major like cuBLAS, f32 accumulation, fixed order. Slow but exact. */
+#define FB_TILE 16
+template <typename TA, typename TD>
+__global__ void gemm_fallback_kernel(int m, int n, int k, int ta, int tb, const TA *A, int lda, const TA *B,
+                                     int ldb, TD *D, int ldd, float beta) {
+    __shared__ float as[FB_TILE][FB_TILE + 1], bs[FB_TILE][FB_TILE + 1];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int i = blockIdx.x * FB_TILE + tx, j = blockIdx.y * FB_TILE + ty;
+    float acc = 0.f;
+    for (int p0 = 0; p0 < k; p0 += FB_TILE) {
+        /* as[r][q] = op(A)[blockrow + r][p0 + q], bs[q][cidx] = op(B)[p0 + q][blockcol + cidx] */
+        const int ar = blockIdx.x * FB_TILE + tx, ap = p0 + ty;
+        float av = 0.f;
+        if (ar < m && ap < k) av = dg_to_f(ta ? A[(size_t)ar * lda + ap] : A[(size_t)ap * lda + ar]);
+        as[tx][ty] = av;
+        const int bp = p0 + tx, bc = blockIdx.y * FB_TILE + ty;
+        float bv = 0.f;
+        if (bp < k && bc < n) bv = dg_to_f(tb ? B[(size_t)bp * ldb + bc] : B[(size_t)bc * ldb + bp]);
+        bs[tx][ty] = bv;
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < FB_TILE; q++)
+            acc += as[tx][q] * bs[q][ty];
+        __syncthreads();
+    }
+    if (i < m && j < n) {
+        TD *d = D + (size_t)j * ldd + i;
+        *d = dg_from_f<TD>(beta != 0.f ? acc + beta * dg_to_f(*d) : acc);
+    }
+}
+
+template <typename TA, typename TD> static dg_status_t gemm_fallback_t(dg_cuda_t *c, const gemm_call_t *g) {
+    dim3 grid((g->m + FB_TILE - 1) / FB_TILE, (g->n + FB_TILE - 1) / FB_TILE), block(FB_TILE, FB_TILE);
+    gemm_fallback_kernel<TA, TD><<<grid, block, 0, c->stream>>>(g->m, g->n, g->k, g->transa, g->transb,
+                                                                (const TA *)g->A, g->lda, (const TA *)g->B,
+                                                                g->ldb, (TD *)g->D, g->ldd, g->beta);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
+template <typename TA> static dg_status_t gemm_fallback_a(dg_cuda_t *c, const gemm_call_t *g) {
+    if (g->dtype == CUDA_R_32F) return gemm_fallback_t<TA, float>(c, g);
+    return gemm_fallback_t<TA, TA>(c, g);
 }
 
 static dg_status_t gemm_must(dg_cuda_t *c, const gemm_call_t *g, const char *what) {
     int ran = 0;
     DG_TRY(gemm_try(c, g, &ran));
-    if (!ran)
-        return DG_ERR(DG_ERR_RUNTIME,
-                      "cuda backend %s: cuBLASLt has no algorithm for m=%d n=%d k=%d (%s inputs, %s output); hint: "
-                      "check that the shapes are sane and the buffers aligned",
-                      what, g->m, g->n, g->k, g->abtype == CUDA_R_32F ? "f32" : "16-bit",
-                      g->dtype == CUDA_R_32F ? "f32" : "16-bit");
-    return DG_OK;
+    if (ran) return DG_OK;
+    if (g->m > 65535 * FB_TILE || g->n > 65535 * FB_TILE)
+        return DG_ERR(
+            DG_ERR_RUNTIME,
+            "cuda backend %s: cuBLASLt has no algorithm for m=%d n=%d k=%d and the shape is too large for "
+            "the fallback kernel; hint: check the shapes and the buffers' alignment",
+            what, g->m, g->n, g->k);
+    if (g->abtype == CUDA_R_32F) return gemm_fallback_t<float, float>(c, g);
+    if (g->abtype == CUDA_R_16BF) return gemm_fallback_a<dg_bf16>(c, g);
+    return gemm_fallback_a<dg_f16>(c, g);
 }
 
-dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *inp, const void *w, const void *bias,
-                               int N, int C, int OC, dg_epilogue_t epi) {
+dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *inp, const void *w,
+                               const void *bias, int N, int C, int OC, dg_epilogue_t epi) {
     const int gelu = epi == DG_EPI_GELU;
     gemm_call_t g;
     memset(&g, 0, sizeof g);
@@ -238,8 +300,8 @@ dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *i
     return dg_cuda_bias_gelu(c, out, pre, bias, N, OC, gelu);
 }
 
-dg_status_t dg_cuda_matmul_bwd(dg_cuda_t *c, void *dinp, float *dw, float *dbias, const void *dout, const void *inp,
-                               const void *w, int N, int C, int OC, int acc) {
+dg_status_t dg_cuda_matmul_bwd(dg_cuda_t *c, void *dinp, float *dw, float *dbias, const void *dout,
+                               const void *inp, const void *w, int N, int C, int OC, int acc) {
     const cudaDataType_t at = cuda_type(c->act);
     if (dinp) {
         /* dinp(C x N) = w(C x OC) · dout(OC x N), column-major */

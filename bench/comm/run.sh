@@ -1,0 +1,27 @@
+#!/bin/bash
+# run.sh — the comm benchmark at 2 and 4 ranks: dg_comm (mpi backend) against raw MPI in the same run.
+#   bench/comm/run.sh [BUILD_DIR] [-- extra bench_comm options, e.g. --rounds 7 --dtype bf16]
+# BUILD_DIR defaults to ./build (configured with the top-level CMakeLists.txt); bench_comm is built if
+# missing. Tables go to stdout and to BUILD_DIR/bench-comm-<N>ranks.txt. Oversubscribed runs (more
+# ranks than cores) measure scheduling as much as the network: read the ratio columns, which compare
+# both sides in the same run, rather than the absolute numbers.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+build="${1:-$root/build}"
+[ $# -gt 0 ] && shift
+[ "${1:-}" = "--" ] && shift
+if [ ! -x "$build/bench/comm/bench_comm" ]; then
+  [ -f "$build/CMakeCache.txt" ] || cmake -S "$root" -B "$build" -G Ninja
+  cmake --build "$build" --target bench_comm
+fi
+mpiexec="${MPIEXEC:-mpiexec}"
+flags=(--oversubscribe --bind-to none)
+[ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
+status=0
+for n in 2 4; do
+  echo "== bench_comm, $n ranks ($(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg))"
+  "$mpiexec" "${flags[@]}" -n "$n" "$build/bench/comm/bench_comm" "$@" | tee "$build/bench-comm-${n}ranks.txt" ||
+    status=$?
+done
+exit $status

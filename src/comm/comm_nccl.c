@@ -1,0 +1,524 @@
+/* comm_nccl.c — the nccl comm backend: collectives on device memory, enqueued on a CUDA stream.
+ *
+ * A communicator is created from a unique id that group rank 0 makes and broadcasts over MPI, with
+ * the non-blocking configuration (blocking = 0): initialisation, splits and enqueues may return
+ * ncclInProgress and are then polled through ncclCommGetAsyncError against the comm's timeout, so a
+ * missing peer can never hang creation. Mesh dimensions come from ncclCommSplit of the world comm
+ * (an MPI_Comm_split with the same color/key gives each child the MPI group its side channels use).
+ *
+ * Every operation records a CUDA event on the comm stream after it; that event is the schedule's wait
+ * edge: dg_comm_wait polls it (with ncclCommGetAsyncError, and the timeout), dg_comm_stream_wait hands
+ * it to a compute stream (cudaStreamWaitEvent, no host block), dg_comm_begin_after makes the comm
+ * stream wait for a compute stream. On any failure the comm is marked failed; ncclCommAbort runs in
+ * dg_comm_abort and in dg_comm_free of a failed comm (a plain destroy would wait for stuck kernels).
+ *
+ * Buffers are device pointers; the owner thread must have the comm's CUDA device current. NCCL refuses
+ * two ranks on one GPU: multi-rank runs on one GPU use the mpi backend with host staging instead.
+ */
+#define _GNU_SOURCE
+#include "comm_impl.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "dgtrain's nccl comm backend needs NCCL >= 2.18 (ncclCommSplit, non-blocking communicators)"
+#endif
+
+/* The one check macro per library (DESIGN.md §3), private to this file. */
+#define DG_CUDA_CHECK(call)                                                                                  \
+    do {                                                                                                     \
+        cudaError_t dg_cu_e_ = (call);                                                                       \
+        if (dg_cu_e_ != cudaSuccess)                                                                         \
+            return DG_ERR(DG_ERR_RUNTIME, "CUDA call `%s` failed: %s; hint: check the device and driver",    \
+                          #call, cudaGetErrorString(dg_cu_e_));                                              \
+    } while (0)
+#define DG_NCCL_CHECK(comm, call)                                                                            \
+    do {                                                                                                     \
+        ncclResult_t dg_nc_r_ = (call);                                                                      \
+        if (dg_nc_r_ != ncclSuccess && dg_nc_r_ != ncclInProgress) return nccl_error(comm, dg_nc_r_, #call); \
+    } while (0)
+
+typedef struct {
+    dg_comm_t base;
+    ncclComm_t nc;
+    int device;
+    cudaStream_t stream;
+    int own_stream;
+    cudaEvent_t dep_ev;
+    cudaEvent_t flush_ev;
+    float *scratch; /* barrier = all-reduce of one float */
+    cudaEvent_t *pool;
+    int npool, cappool;
+    dg_comm_op_t *head, *tail; /* posted, not yet seen complete, in posting order */
+    _Atomic int aborted;
+} cn_t;
+
+static const dg_comm_vtbl_t k_vt_nccl;
+
+static dg_status_t nccl_error(ncclComm_t comm, ncclResult_t r, const char *call) {
+    const char *last = comm ? ncclGetLastError(comm) : NULL;
+    return DG_ERR(r == ncclRemoteError || r == ncclSystemError ? DG_ERR_PEER : DG_ERR_RUNTIME,
+                  "NCCL call `%s` failed: %s%s%s; hint: NCCL_DEBUG=WARN shows details", call,
+                  ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
+}
+
+static void nap(double elapsed, double spin_s) {
+    if (elapsed < spin_s) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {0, 50000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Polls a non-blocking communicator until its pending call (init, split, enqueue, finalize) is done. */
+static dg_status_t settle(cn_t *m, ncclComm_t comm, const char *what) {
+    double t0 = dg_now_s();
+    for (;;) {
+        ncclResult_t st = ncclInProgress;
+        ncclResult_t r = ncclCommGetAsyncError(comm, &st);
+        if (r != ncclSuccess) return nccl_error(comm, r, "ncclCommGetAsyncError");
+        if (st == ncclSuccess) return DG_OK;
+        if (st != ncclInProgress) {
+            dg_status_t s = nccl_error(comm, st, what);
+            char msg[1024];
+            dg_comm__strlcpy(msg, sizeof msg, dg_last_error());
+            return dg_comm__fail(&m->base, s, msg);
+        }
+        double el = dg_now_s() - t0;
+        if (el > m->base.opts.timeout_s) {
+            char msg[512];
+            snprintf(msg, sizeof msg,
+                     "%s on %s (nccl) did not finish within %.1f s: a peer is missing or stuck", what,
+                     m->base.name, el);
+            return dg_comm__fail(&m->base, DG_ERR_PEER, msg);
+        }
+        nap(el, m->base.spin_s);
+    }
+}
+
+static ncclDataType_t nccl_type(dg_dtype_t dt) {
+    switch (dt) {
+    case DG_F32:
+        return ncclFloat32;
+    case DG_BF16:
+        return ncclBfloat16;
+    case DG_F64:
+        return ncclFloat64;
+    case DG_I32:
+        return ncclInt32;
+    case DG_F16:
+        return ncclFloat16;
+    case DG_U16:
+        return ncclUint8; /* never reduced: moved as bytes */
+    }
+    DG_ASSERTF(0, "dtype %d", (int)dt);
+    return ncclUint8;
+}
+
+static dg_status_t get_event(cn_t *m, cudaEvent_t *ev) {
+    if (m->npool) {
+        *ev = m->pool[--m->npool];
+        return DG_OK;
+    }
+    DG_CUDA_CHECK(cudaEventCreateWithFlags(ev, cudaEventDisableTiming));
+    return DG_OK;
+}
+
+static void put_event(cn_t *m, cudaEvent_t ev) {
+    if (m->npool == m->cappool) {
+        int cap = m->cappool ? 2 * m->cappool : 16;
+        cudaEvent_t *p = realloc(m->pool, (size_t)cap * sizeof *p);
+        DG_ASSERT(p);
+        m->pool = p;
+        m->cappool = cap;
+    }
+    m->pool[m->npool++] = ev;
+}
+
+static void unlink_op(cn_t *m, dg_comm_op_t *op) {
+    if (op->prev)
+        op->prev->next = op->next;
+    else if (m->head == op)
+        m->head = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    else if (m->tail == op)
+        m->tail = op->prev;
+    op->next = op->prev = NULL;
+}
+
+static void mark_done(cn_t *m, dg_comm_op_t *op) {
+    unlink_op(m, op);
+    if (op->event) put_event(m, (cudaEvent_t)op->event);
+    op->event = NULL;
+    if (op->seq > atomic_load(&m->base.coll_done)) atomic_store(&m->base.coll_done, op->seq);
+    atomic_store(&op->state, DG_OPST_DONE);
+}
+
+/* NCCL's own asynchronous failure (a peer died, a network error): fatal for the comm. */
+static dg_status_t check_async(cn_t *m) {
+    ncclResult_t st = ncclSuccess;
+    if (ncclCommGetAsyncError(m->nc, &st) != ncclSuccess) st = ncclInternalError;
+    if (st == ncclSuccess || st == ncclInProgress) return DG_OK;
+    char msg[1024];
+    const char *last = ncclGetLastError(m->nc);
+    snprintf(msg, sizeof msg, "NCCL reported an asynchronous error on %s: %s%s%.600s", m->base.name,
+             ncclGetErrorString(st), last && *last ? ": " : "", last ? last : "");
+    return dg_comm__fail(&m->base, DG_ERR_PEER, msg);
+}
+
+/* One look at op: done, failed, or still running. */
+static dg_status_t query(cn_t *m, dg_comm_op_t *op, int *done) {
+    *done = atomic_load(&op->state) == DG_OPST_DONE;
+    if (*done) return DG_OK;
+    cudaError_t e = cudaEventQuery((cudaEvent_t)op->event);
+    if (e == cudaSuccess) {
+        mark_done(m, op);
+        *done = 1;
+        return DG_OK;
+    }
+    if (e != cudaErrorNotReady) {
+        char d[256], msg[512];
+        dg_comm__describe(&m->base, op, d, sizeof d);
+        snprintf(msg, sizeof msg, "%s failed on the device: %s", d, cudaGetErrorString(e));
+        return dg_comm__fail(&m->base, DG_ERR_RUNTIME, msg);
+    }
+    return check_async(m);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static dg_status_t enqueue(cn_t *m, dg_comm_op_t *op) {
+    size_t esz = dg_dtype_size(op->dt);
+    ncclRedOp_t red = op->red == DG_RED_AVG ? ncclAvg : ncclSum;
+    ncclDataType_t T = nccl_type(op->dt);
+    ncclComm_t nc = m->nc;
+    switch (op->kind) {
+    case DG_OP_ALLGATHER:
+        /* in place (NCCL's definition matches ours): send == recv + rank * count */
+        DG_NCCL_CHECK(nc, ncclAllGather(op->send, op->recv, op->count * esz, ncclUint8, nc, m->stream));
+        break;
+    case DG_OP_REDUCE_SCATTER:
+        DG_NCCL_CHECK(nc, ncclReduceScatter(op->send, op->recv, op->count, T, red, nc, m->stream));
+        break;
+    case DG_OP_ALLREDUCE:
+        DG_NCCL_CHECK(nc, ncclAllReduce(op->send, op->recv, op->count, T, red, nc, m->stream));
+        break;
+    case DG_OP_BROADCAST:
+        DG_NCCL_CHECK(nc,
+                      ncclBroadcast(op->recv, op->recv, op->count * esz, ncclUint8, op->peer, nc, m->stream));
+        break;
+    case DG_OP_BARRIER:
+        DG_NCCL_CHECK(nc, ncclAllReduce(m->scratch, m->scratch, 1, ncclFloat32, ncclSum, nc, m->stream));
+        break;
+    case DG_OP_SEND:
+        DG_NCCL_CHECK(nc, ncclSend(op->send, op->count * esz, ncclUint8, op->peer, nc, m->stream));
+        break;
+    case DG_OP_RECV:
+        DG_NCCL_CHECK(nc, ncclRecv(op->recv, op->count * esz, ncclUint8, op->peer, nc, m->stream));
+        break;
+    default:
+        DG_ASSERT(0);
+    }
+    /* a non-blocking comm may still be enqueueing: it must settle before the event is recorded */
+    return settle(m, nc, dg_comm__op_name(op->kind));
+}
+
+static dg_status_t nccl_post(dg_comm_t *c, dg_comm_op_t *op) {
+    cn_t *m = (cn_t *)c;
+    DG_TRY(enqueue(m, op));
+    cudaEvent_t ev;
+    DG_TRY(get_event(m, &ev));
+    cudaError_t e = cudaEventRecord(ev, m->stream);
+    if (e != cudaSuccess) {
+        put_event(m, ev);
+        return DG_ERR(DG_ERR_RUNTIME, "CUDA call `cudaEventRecord` after %s on %s failed: %s",
+                      dg_comm__op_name(op->kind), c->name, cudaGetErrorString(e));
+    }
+    op->event = ev;
+    op->t_start = op->t_post;
+    atomic_store(&op->state, DG_OPST_STARTED);
+    if (op->seq) atomic_store(&c->coll_started, op->seq);
+    op->prev = m->tail;
+    op->next = NULL;
+    if (m->tail)
+        m->tail->next = op;
+    else
+        m->head = op;
+    m->tail = op;
+    return DG_OK;
+}
+
+static dg_status_t release(dg_comm_op_t *op) {
+    dg_status_t s = op->status;
+    if (s != DG_OK) DG_ERR(s, "%s", op->msg);
+    free(op);
+    return s;
+}
+
+/* Waits until `op` is done (or `op` == NULL: until the stream has drained up to flush_ev). */
+static dg_status_t wait_until(cn_t *m, dg_comm_op_t *op, dg_comm_op_t *waited) {
+    double t0 = dg_now_s();
+    for (;;) {
+        int done = 0;
+        if (op) {
+            DG_TRY(query(m, op, &done));
+        } else {
+            cudaError_t e = cudaEventQuery(m->flush_ev);
+            if (e == cudaSuccess)
+                done = 1;
+            else if (e != cudaErrorNotReady)
+                return dg_comm__fail(&m->base, DG_ERR_RUNTIME, cudaGetErrorString(e));
+            else
+                DG_TRY(check_async(m));
+        }
+        if (done) return DG_OK;
+        double el = dg_now_s() - t0;
+        if (el >= m->base.opts.timeout_s) {
+            /* the stream runs in order: the oldest unfinished op is the one that is stuck */
+            dg_comm_op_t *stuck = op ? op : m->head;
+            for (dg_comm_op_t *p = m->head; p && p != op; p = p->next) {
+                int d = 0;
+                if (query(m, p, &d) == DG_OK && !d) {
+                    stuck = p;
+                    break;
+                }
+            }
+            if (!stuck) {
+                char msg[256];
+                snprintf(msg, sizeof msg, "flush of %s (nccl) timed out after %.1f s at step %lld",
+                         m->base.name, el, (long long)atomic_load(&m->base.step));
+                return dg_comm__fail(&m->base, DG_ERR_PEER, msg);
+            }
+            dg_comm_op_t s_copy = *stuck;
+            return dg_comm__timeout(&m->base, &s_copy, waited, el);
+        }
+        nap(el, m->base.spin_s);
+    }
+}
+
+static dg_status_t nccl_wait(dg_comm_t *c, dg_comm_op_t *op) {
+    cn_t *m = (cn_t *)c;
+    dg_status_t s = wait_until(m, op, op);
+    if (s != DG_OK) return s; /* the op stays on the failed comm's list: NCCL may still touch it */
+    return release(op);
+}
+
+static dg_status_t nccl_test(dg_comm_t *c, dg_comm_op_t *op, int *done) {
+    cn_t *m = (cn_t *)c;
+    DG_TRY(query(m, op, done));
+    if (*done) return release(op);
+    return DG_OK;
+}
+
+static dg_status_t nccl_flush(dg_comm_t *c) {
+    cn_t *m = (cn_t *)c;
+    DG_CUDA_CHECK(cudaEventRecord(m->flush_ev, m->stream));
+    DG_TRY(wait_until(m, NULL, NULL));
+    while (m->head)
+        mark_done(m, m->head); /* everything before the flush event has finished */
+    return DG_OK;
+}
+
+static dg_status_t nccl_begin_after(dg_comm_t *c, void *stream) {
+    cn_t *m = (cn_t *)c;
+    if (!stream || (cudaStream_t)stream == m->stream) return DG_OK;
+    DG_CUDA_CHECK(cudaEventRecord(m->dep_ev, (cudaStream_t)stream));
+    DG_CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->dep_ev, 0));
+    return DG_OK;
+}
+
+static dg_status_t nccl_stream_wait(dg_comm_t *c, dg_comm_op_t *op, void *stream) {
+    cn_t *m = (cn_t *)c;
+    if (atomic_load(&op->state) != DG_OPST_DONE) {
+        if (atomic_load(&c->failed)) return dg_comm__failed_error(c);
+        /* the stream captures the event's current record: the event may be reused right after */
+        DG_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)op->event, 0));
+        unlink_op(m, op);
+        put_event(m, (cudaEvent_t)op->event);
+        op->event = NULL;
+    }
+    return release(op);
+}
+
+static void nccl_state(dg_comm_t *c, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s (nccl): collectives enqueued up to #%lld, seen complete up to #%lld", c->name,
+             (long long)atomic_load(&c->coll_started), (long long)atomic_load(&c->coll_done));
+}
+
+static dg_status_t nccl_poll(dg_comm_t *c) {
+    cn_t *m = (cn_t *)c;
+    if (!m->nc) return DG_OK;
+    return check_async(m);
+}
+
+static void nccl_abort_backend(dg_comm_t *c) {
+    cn_t *m = (cn_t *)c;
+    if (m->nc && !atomic_exchange(&m->aborted, 1)) ncclCommAbort(m->nc);
+}
+
+static void nccl_destroy(dg_comm_t *c) {
+    cn_t *m = (cn_t *)c;
+    if (m->nc && !atomic_load(&m->aborted)) {
+        int clean = !atomic_load(&c->failed) && nccl_flush(c) == DG_OK;
+        if (clean) {
+            ncclResult_t r = ncclCommFinalize(m->nc);
+            clean = r == ncclSuccess || r == ncclInProgress;
+        }
+        if (clean) clean = settle(m, m->nc, "ncclCommFinalize") == DG_OK;
+        if (clean)
+            ncclCommDestroy(m->nc);
+        else {
+            DG_LOG_WARN("comm %s (nccl): freed after a failure; aborting the NCCL communicator", c->name);
+            ncclCommAbort(m->nc);
+        }
+    }
+    m->nc = NULL;
+    for (dg_comm_op_t *p = m->head; p; p = p->next)
+        p->event = NULL; /* their events die with the pool */
+    for (int i = 0; i < m->npool; i++)
+        cudaEventDestroy(m->pool[i]);
+    free(m->pool);
+    if (m->dep_ev) cudaEventDestroy(m->dep_ev);
+    if (m->flush_ev) cudaEventDestroy(m->flush_ev);
+    if (m->scratch) cudaFree(m->scratch);
+    if (m->own_stream && m->stream) cudaStreamDestroy(m->stream);
+    dg_comm__base_destroy(c);
+    free(m);
+}
+
+static dg_status_t nccl_split(dg_comm_t *parent, int color, int key, const dg_comm_opts_t *o,
+                              dg_comm_t **out);
+
+static const dg_comm_vtbl_t k_vt_nccl = {
+    .name = "nccl",
+    .post = nccl_post,
+    .wait = nccl_wait,
+    .test = nccl_test,
+    .flush = nccl_flush,
+    .split = nccl_split,
+    .begin_after = nccl_begin_after,
+    .stream_wait = nccl_stream_wait,
+    .state = nccl_state,
+    .poll = nccl_poll,
+    .abort_backend = nccl_abort_backend,
+    .destroy = nccl_destroy,
+};
+
+/* The parts every nccl comm has besides its ncclComm_t. */
+static dg_status_t setup_common(cn_t *m, MPI_Comm group, int device, void *stream, const dg_comm_opts_t *o) {
+    DG_TRY(dg_comm__base_init(&m->base, DG_COMM_NCCL, group, o));
+    m->device = device;
+    DG_CUDA_CHECK(cudaSetDevice(device));
+    if (stream) {
+        m->stream = (cudaStream_t)stream;
+    } else {
+        DG_CUDA_CHECK(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking));
+        m->own_stream = 1;
+    }
+    DG_CUDA_CHECK(cudaEventCreateWithFlags(&m->dep_ev, cudaEventDisableTiming));
+    DG_CUDA_CHECK(cudaEventCreateWithFlags(&m->flush_ev, cudaEventDisableTiming));
+    DG_CUDA_CHECK(cudaMalloc((void **)&m->scratch, 16));
+    DG_CUDA_CHECK(cudaMemset(m->scratch, 0, 16));
+    return DG_OK;
+}
+
+static ncclConfig_t make_config(const char *name) {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+    cfg.commName = name;
+#else
+    (void)name;
+#endif
+    return cfg;
+}
+
+static dg_status_t create_inner(cn_t *m, MPI_Comm group, int device, void *stream, const dg_comm_opts_t *o) {
+    DG_TRY(setup_common(m, group, device, stream, o));
+    dg_comm_t *c = &m->base;
+    /* rank 0 makes the id; the broadcast also carries whether that worked, so no rank hangs */
+    struct {
+        int ok;
+        ncclUniqueId id;
+    } msg;
+    memset(&msg, 0, sizeof msg);
+    if (c->rank == 0) msg.ok = ncclGetUniqueId(&msg.id) == ncclSuccess;
+    DG_MPI_CHECK(MPI_Bcast(&msg, (int)sizeof msg, MPI_BYTE, 0, c->ctl));
+    if (!msg.ok)
+        return DG_ERR(DG_ERR_RUNTIME, "comm %s: ncclGetUniqueId failed on group rank 0 (world %d)", c->name,
+                      c->world_ranks[0]);
+    ncclConfig_t cfg = make_config(c->name);
+    DG_NCCL_CHECK(NULL, ncclCommInitRankConfig(&m->nc, c->size, msg.id, c->rank, &cfg));
+    return settle(m, m->nc, "ncclCommInitRankConfig");
+}
+
+dg_status_t dg_comm__nccl_create(MPI_Comm group, int cuda_device, void *cuda_stream, const dg_comm_opts_t *o,
+                                 dg_comm_t **out) {
+    cn_t *m = dg_xcalloc(1, sizeof *m);
+    m->base.vt = &k_vt_nccl;
+    m->base.ctl = m->base.probe = MPI_COMM_NULL;
+    atomic_init(&m->aborted, 0);
+    dg_status_t s = create_inner(m, group, cuda_device, cuda_stream, o);
+    if (s != DG_OK) {
+        char msg[1024];
+        dg_comm__strlcpy(msg, sizeof msg, dg_last_error());
+        if (m->nc) {
+            ncclCommAbort(m->nc);
+            m->nc = NULL;
+        }
+        nccl_destroy(&m->base);
+        return DG_ERR(s, "%s", msg);
+    }
+    DG_LOG_DEBUG("comm %s: nccl backend, %d ranks, device %d", m->base.name, m->base.size, cuda_device);
+    *out = &m->base;
+    return DG_OK;
+}
+
+static dg_status_t nccl_split(dg_comm_t *pc, int color, int key, const dg_comm_opts_t *o, dg_comm_t **out) {
+    cn_t *p = (cn_t *)pc;
+    MPI_Comm sub = MPI_COMM_NULL;
+    DG_MPI_CHECK(MPI_Comm_split(pc->ctl, color < 0 ? MPI_UNDEFINED : color, key, &sub));
+    ncclComm_t child = NULL;
+    ncclConfig_t cfg = make_config(o->name ? o->name : pc->name);
+    ncclResult_t r = ncclCommSplit(p->nc, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &cfg);
+    dg_status_t s = DG_OK;
+    if (r != ncclSuccess && r != ncclInProgress) s = nccl_error(p->nc, r, "ncclCommSplit");
+    if (s == DG_OK) s = settle(p, p->nc, "ncclCommSplit");
+    if (s == DG_OK && child) s = settle(p, child, "ncclCommSplit (new communicator)");
+    if (s != DG_OK || sub == MPI_COMM_NULL) {
+        char msg[1024];
+        dg_comm__strlcpy(msg, sizeof msg, dg_last_error());
+        if (child) ncclCommAbort(child);
+        if (sub != MPI_COMM_NULL) MPI_Comm_free(&sub);
+        return s == DG_OK ? DG_OK : DG_ERR(s, "%s", msg);
+    }
+    cn_t *m = dg_xcalloc(1, sizeof *m);
+    m->base.vt = &k_vt_nccl;
+    m->base.ctl = m->base.probe = MPI_COMM_NULL;
+    atomic_init(&m->aborted, 0);
+    m->nc = child;
+    /* children share the parent's stream, so the parent must outlive them (dg_comm_mesh_free does) */
+    s = setup_common(m, sub, p->device, p->stream, o);
+    MPI_Comm_free(&sub);
+    int nrank = -1;
+    if (s == DG_OK && ncclCommUserRank(child, &nrank) == ncclSuccess && nrank != m->base.rank)
+        s = DG_ERR(DG_ERR_RUNTIME, "comm %s: NCCL split rank %d differs from MPI split rank %d", m->base.name,
+                   nrank, m->base.rank);
+    if (s != DG_OK) {
+        char msg[1024];
+        dg_comm__strlcpy(msg, sizeof msg, dg_last_error());
+        ncclCommAbort(child);
+        m->nc = NULL;
+        nccl_destroy(&m->base);
+        return DG_ERR(s, "%s", msg);
+    }
+    *out = &m->base;
+    return DG_OK;
+}
