@@ -390,6 +390,7 @@ static dg_status_t write_file(save_ctx_t *c) {
     }
     c->dxpl = H5Pcreate(H5P_DATASET_XFER);
     c->lcpl = H5Pcreate(H5P_LINK_CREATE);
+    if (getenv("DG_CKPT_EXP_INDIVIDUAL")) H5Pset_dxpl_mpio_collective_opt(c->dxpl, H5FD_MPIO_INDIVIDUAL_IO);
     if (c->dxpl < 0 || c->lcpl < 0 || H5Pset_dxpl_mpio(c->dxpl, H5FD_MPIO_COLLECTIVE) < 0 ||
         H5Pset_create_intermediate_group(c->lcpl, 1) < 0)
         s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Pcreate()", "%s: transfer properties",
@@ -470,7 +471,9 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
                        (long long)meta->step, (long long)c.meta.step);
         s = ckpt_agree(comm, s);
     }
+    double t_hash = dg_now_s();
     if (!s) s = ckpt_table_hash(comm, t, &c.tab);
+    double t_prep = dg_now_s();
     if (!s) {
         ckpt_step_name(c.meta.step, c.final_name, sizeof c.final_name);
         snprintf(c.final_path, sizeof c.final_path, "%s/%s", c.dir, c.final_name);
@@ -485,10 +488,12 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
         if (rc != MPI_SUCCESS) s = DG_ERR(DG_ERR_RUNTIME, "MPI_Bcast of the incremental plan failed");
     }
     int wrote = 0;
+    double t_write = dg_now_s();
     if (!s) {
         s = write_file(&c);
         wrote = 1;
     }
+    double t_commit = dg_now_s();
     if (!s) s = ckpt_bcast_status(comm, 0, c.rank == 0 ? commit_rank0(&c) : DG_OK);
     if (s && wrote && c.rank == 0) unlink(c.partial_path); /* best effort: retention also sweeps these */
     if (!s && c.rank == 0) retention(c.dir, c.o.keep);
@@ -518,6 +523,11 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
         res->stall_ms = res->seconds * 1e3;
         snprintf(res->base, sizeof res->base, "%s", c.base);
     }
+    if (!s)
+        DG_LOG_DEBUG("checkpoint %s phases: validate %.3f s, hash %.3f s, plan %.3f s, write+close+fsync %.3f s, "
+                     "commit+retention %.3f s",
+                     c.final_name, t_hash - t0, t_prep - t_hash, t_write - t_prep, t_commit - t_write,
+                     dg_now_s() - t_commit);
     if (!s)
         DG_LOG_INFO("checkpoint: wrote %s (%.1f MB, %d of %d tensors linked to older checkpoints) in %.2f s",
                     c.final_path, (double)bytes / 1e6, res ? res->n_linked : 0, c.tab.n, dg_now_s() - t0);

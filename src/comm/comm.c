@@ -252,7 +252,7 @@ static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, char *out, s
     }
     /* long enough for a healthy responder (polls every 5 ms) even on an oversubscribed node */
     double grace = c->opts.timeout_s * 0.25;
-    if (grace < 0.3) grace = 0.3;
+    if (grace < 1.0) grace = 1.0;
     if (grace > 5.0) grace = 5.0;
     double t0 = dg_now_s();
     for (;;) {

@@ -38,10 +38,12 @@
  *     bf16 (nearest-even) at every combining step: an element of an n-rank reduction is rounded n-1
  *     times, so its error is bounded by about (n-1) bf16 ulps of the partial sums (NCCL behaves alike).
  *     AVG is the SUM followed by one division by the group size (f32: x / n; bf16: bf16(f32(x) / n)).
- *   - Determinism: the mpi backend's result depends only on the inputs, the group size and the message
- *     size (Open MPI chooses its algorithm from those); repeated runs are bitwise identical and every
- *     rank of an all-reduce receives the same bits (tests/comm verifies both, and that the result equals
- *     a raw MPI_Allreduce of the same data bit for bit). NCCL is deterministic for a fixed topology and
+ *   - Determinism: the mpi backend's result depends only on the inputs, the group size, the message
+ *     size (Open MPI picks its algorithm from those) and the progress mode (NONBLOCKING runs MPI's
+ *     non-blocking algorithms, which may add in another order than the blocking ones that the thread
+ *     mode and inline calls use). Repeated runs are bitwise identical and every rank of an all-reduce
+ *     receives the same bits (tests/comm verifies both, and that the result equals a raw MPI_Allreduce
+ *     of the same data bit for bit). NCCL is deterministic for a fixed topology and
  *     NCCL_ALGO/NCCL_PROTO; its AVG may pre-scale, so mpi and nccl AVG can differ in the last bit.
  *   - Buffers: counts are elements (at most INT_MAX per call and per rank). In-place forms:
  *       allreduce        send == recv;

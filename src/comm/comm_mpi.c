@@ -248,8 +248,9 @@ static int progress_p2p(cm_t *m) {
     return ncomplete;
 }
 
+/* condition variables use CLOCK_MONOTONIC, so a wall-clock step cannot stretch a timed wait */
 static void abs_deadline(double rel_s, struct timespec *ts) {
-    clock_gettime(CLOCK_REALTIME, ts);
+    clock_gettime(CLOCK_MONOTONIC, ts);
     double w = (double)ts->tv_sec + ts->tv_nsec * 1e-9 + (rel_s > 0 ? rel_s : 0);
     ts->tv_sec = (time_t)w;
     ts->tv_nsec = (long)((w - (double)ts->tv_sec) * 1e9);
@@ -722,8 +723,12 @@ static dg_status_t mpi_create_inner(cm_t *m, MPI_Comm group, const dg_comm_opts_
     if (m->mode == MODE_THREAD) {
         m->watch_period_s = o->timeout_s / 4 < 1.0 ? o->timeout_s / 4 : 1.0;
         pthread_mutex_init(&m->mu, NULL);
-        pthread_cond_init(&m->cv_work, NULL);
-        pthread_cond_init(&m->cv_done, NULL);
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&m->cv_work, &ca);
+        pthread_cond_init(&m->cv_done, &ca);
+        pthread_condattr_destroy(&ca);
         m->sync_made = 1;
         int rc = pthread_create(&m->th, NULL, worker_main, m);
         if (rc != 0)

@@ -6,6 +6,10 @@
  * in checkpoints. To add a key: add the field here and ONE row to the table in schema.c.
  *
  * Units and meanings that are not obvious from the name are documented in the schema rows.
+ *
+ * INI syntax (README.md): `key = value` (or `key: value`) under `[section]`; `;`/`#` comments at line
+ * start or after whitespace; optional double quotes around a value; booleans true/false/yes/no/on/off/1/0;
+ * indentation is ignored (no continuation lines); no line-length limit below the field sizes.
  */
 #ifndef DG_CONFIG_H
 #define DG_CONFIG_H

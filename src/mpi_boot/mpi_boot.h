@@ -115,7 +115,9 @@ typedef struct dg_boot {
     char bound_cpuset[256];       /* hwloc list syntax */
     char bind_status[64]; /* "applied", "none (launcher's)", "computed, not applied (XML)", "failed: ..." */
 
-    double agree_timeout_s; /* dg_boot_agree aborts the job when peers do not arrive within this (0 = wait) */
+    /* dg_boot_agree aborts the job (exit 3) when peers do not arrive within this many seconds; 0 = wait
+     * forever (the default); dgtrain sets it to health.timeout_s */
+    double agree_timeout_s;
     dg_status_t agreed_code; /* the last failure dg_boot_agree settled, and its message: passing it on */
     char agreed_msg[2048];   /* again (from an outer caller) is recognised and not reported twice */
 } dg_boot_t;

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fnmatch.h>
 #include <math.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,13 @@ static dg_status_t pick_backend(trainer_t *tr) {
                    : strcmp(c->train.precision, "fp16") == 0 ? DG_F16
                                                               : DG_F32;
     bc.threads = (int)c->parallel.threads;
+    if (bc.threads == 0) {
+        /* the cores this rank is bound to (mpi_boot bound it before we got here); OpenMP's own default
+         * was fixed at process start, before the binding, and would oversubscribe */
+        cpu_set_t set;
+        bc.threads = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+        if (bc.threads < 1) bc.threads = 1;
+    }
     bc.seed = (uint64_t)c->run.seed;
     bc.device = tr->boot->gpu >= 0 ? tr->boot->topo.gpus[tr->boot->gpu].cuda_index : 0;
     if (bc.device < 0) bc.device = 0;
@@ -253,6 +261,8 @@ static dg_status_t match_frozen(trainer_t *tr) {
                                         "'h.0.attn.qkv.weight', 'wte', 'ln_f.bias')",
                           pat);
     }
+    for (int i = 0; i < tr->n_params; i++)
+        if (tr->frozen[i]) DG_TRY(dg_model_set_frozen(tr->model, i, 1));
     return DG_OK;
 }
 

@@ -1,6 +1,6 @@
 /* check_compute.c — compute throughput and memory bandwidth, and stragglers:
  *   compute.cpu_gemm    fp32 GEMM through OpenBLAS (cblas_sgemm) with the rank's bound cores; the node's
- *                       figure is all its ranks running together: work / the slowest rank's time
+ *                       figure is the sum over its ranks running together of each rank's median rate
  *   compute.cpu_stream  STREAM triad a = b + s*c (OpenMP over the bound cores), 24 bytes per element
  *   compute.gpu_gemm    bf16 GEMM through cuBLASLt per GPU (DG_HAVE_CUDA and a GPU at run time)
  *   compute.gpu_stream  triad in device memory per GPU
@@ -9,8 +9,9 @@
  *                       node take turns, the others sleep), so a slow core or a badly bound rank shows
  *                       up instead of drowning in contention; GPUs are measured all at once (each its own
  *                       device), which is also how training loads them.
- * Each figure is the best of validate.*_reps timed repetitions (after one warm-up): the best is what
- * the hardware can do; interference only ever makes a repetition slower.
+ * A rank's own figure is the best of validate.*_reps timed repetitions (after one warm-up): the best is
+ * what the hardware can do, interference only ever makes a repetition slower. Node and GPU figures
+ * compared with references use the median repetition, which is what a job gets.
  *
  * Test hook (tests only): DG_VALIDATE_SLOW_RANK=R makes world rank R really slow in these checks: after
  * each timed repetition it busy-waits (DG_VALIDATE_SLOW_FACTOR - 1, default 9) times as long inside
@@ -186,9 +187,8 @@ static int reps_of(const vctx_t *c, int kind) {
 
 /* One measurement: the kernel's reps, with the slow-rank hook applied inside each timed repetition. */
 typedef struct {
-    double best_rate; /* work / fastest rep */
-    double elapsed;   /* all reps back to back */
-    double work_total;
+    double best_rate;   /* work / fastest rep */
+    double median_rate; /* work / median rep */
     long long wrong;
 } meas_t;
 
@@ -198,18 +198,17 @@ static dg_status_t measure(const vctx_t *c, int kind, int dev, meas_t *m) {
     long long wrong = 0;
     memset(m, 0, sizeof *m);
     DG_TRY(run_kind(c, kind, dev, reps, times, &work, &wrong));
-    double f = slow_factor(c), best = INFINITY, el = 0;
+    double f = slow_factor(c), best = INFINITY;
     for (int r = 0; r < reps; r++) {
         if (f > 1) {
             busy_wait((f - 1) * times[r]);
             times[r] *= f;
         }
         if (times[r] < best) best = times[r];
-        el += times[r];
     }
+    double med = vc_median(times, reps);
     m->best_rate = best > 0 ? work / best : 0;
-    m->elapsed = el;
-    m->work_total = work * reps;
+    m->median_rate = med > 0 ? work / med : 0;
     m->wrong = wrong;
     return DG_OK;
 }
@@ -234,7 +233,7 @@ typedef struct {
     int has;          /* took part (a GPU for the GPU kinds) */
     int expected;     /* its node type expects GPUs (GPU kinds) */
     double alone;     /* best rate measured alone (CPU) or with the others (GPU) */
-    double elapsed, work;
+    double together;  /* median rate while all ranks of the node run (CPU) */
     long long wrong;
     char why[160];    /* why it did not take part */
 } rec_t;
@@ -263,16 +262,12 @@ static void judge_throughput(vctx_t *c, int kind, const rec_t *all, double secon
         int rank_of_e;
         if (gpu) {
             if (!all[e].has) continue;
-            v = all[e].alone;
+            v = all[e].together;
             rank_of_e = e;
         } else {
-            double work = 0, el = 0;
+            v = 0;
             for (int r = 0; r < c->size; r++)
-                if (b->node_ids[r] == e) {
-                    work += all[r].work;
-                    if (all[r].elapsed > el) el = all[r].elapsed;
-                }
-            v = el > 0 ? work / el : 0;
+                if (b->node_ids[r] == e) v += all[r].together;
             rank_of_e = c->leader_of_node[e];
         }
         vbuf_printf(&det, "%s{\"%s\": %d, \"host\": ", first ? "" : ", ", gpu ? "rank" : "node", e);
@@ -435,8 +430,7 @@ static dg_status_t run_one(vctx_t *c, int kind) {
             alone = together;
         }
         rec.alone = alone.best_rate;
-        rec.elapsed = together.elapsed;
-        rec.work = together.work_total;
+        rec.together = together.median_rate;
         rec.wrong = alone.wrong + together.wrong;
     }
     DG_TRY(vc_quiet_barrier(c, c->b->world, k_names[kind]));

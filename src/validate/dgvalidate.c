@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "mpi_boot.h"
 #include "validate.h"
 
@@ -32,6 +33,8 @@ static void usage(FILE *out) {
             "                          compute.cpu_gemm.stragglers); default: the SLA's validate.checks\n"
             "  --set validate.KEY=VAL  override a [validate] setting of the SLA file (repeatable)\n"
             "  --set SECTION.KEY=VAL   a dgtrain config key, e.g. topology.bind=none or topology.xml=FILE\n"
+            "  --check                 only check the SLA file and the options (no MPI, nothing runs); exit 0\n"
+            "                          or 1 with the first problem\n"
             "  --list                  list the checks' reference metrics and exit\n"
             "  --help, --version\n"
             "\n"
@@ -52,7 +55,7 @@ static int launcher_rank(void) {
 typedef struct {
     dg_validate_opts_t o;
     const char **sets;
-    int help, version, list;
+    int help, version, list, check;
     char err[512];
 } cli_t;
 
@@ -72,6 +75,8 @@ static int parse(int argc, char **argv, cli_t *c) {
             c->version = 1;
         } else if (strcmp(a, "--list") == 0) {
             c->list = 1;
+        } else if (strcmp(a, "--check") == 0) {
+            c->check = 1;
         } else if (OPT("--run-dir")) {
             c->o.run_dir = val;
         } else if (OPT("--checks")) {
@@ -102,9 +107,50 @@ static int parse(int argc, char **argv, cli_t *c) {
     return 0;
 }
 
+/* --check: what dg_validate_run would reject as bad input, without MPI (slurm/validate.sh runs it on
+ * the batch host before launching anything). The dgtrain keys of --set are checked by the config
+ * schema the same way. */
+static int check_only(const cli_t *c) {
+    dg_sla_t *sla = NULL;
+    dg_status_t s = dg_sla_load(c->o.sla_path, &sla);
+    const char **cfg_sets = calloc((size_t)c->o.nsets + 1, sizeof *cfg_sets);
+    int n = 0;
+    for (int i = 0; s == DG_OK && i < c->o.nsets; i++) {
+        if (strncmp(c->o.sets[i], "validate.", 9) == 0)
+            s = dg_sla_set(sla, c->o.sets[i]);
+        else
+            cfg_sets[n++] = c->o.sets[i];
+    }
+    if (s == DG_OK && c->o.checks) {
+        char kv[600];
+        snprintf(kv, sizeof kv, "validate.checks=%.500s", c->o.checks);
+        s = dg_sla_set(sla, kv);
+    }
+    if (s == DG_OK) {
+        dg_config_t *cfg = calloc(1, sizeof *cfg);
+        s = cfg ? dg_config_load(cfg, NULL, n, cfg_sets) : DG_ERR(DG_ERR_RUNTIME, "out of memory");
+        free(cfg);
+    }
+    free(cfg_sets);
+    if (s != DG_OK) {
+        fprintf(stderr, "dgvalidate: error: %s\n", dg_last_error());
+        dg_sla_free(sla);
+        return DG_ERR_USAGE;
+    }
+    printf("dgvalidate: %s is valid: %d node type%s, checks '%s'\n", c->o.sla_path, dg_sla_n_types(sla),
+           dg_sla_n_types(sla) == 1 ? "" : "s", dg_sla_settings(sla)->checks);
+    dg_sla_free(sla);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     cli_t cli;
     int bad = parse(argc, argv, &cli);
+    if (!bad && cli.check) {
+        int rc = launcher_rank() == 0 ? check_only(&cli) : 0;
+        free(cli.sets);
+        return rc;
+    }
     if (!bad && (cli.help || cli.version || cli.list)) {
         if (launcher_rank() == 0) {
             if (cli.version) {

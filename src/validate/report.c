@@ -199,6 +199,7 @@ static void xml_str(vbuf_t *b, const char *s) {
         case '\'': vbuf_printf(b, "&apos;"); break;
         case '\n': vbuf_printf(b, "&#10;"); break;
         case '\t': vbuf_printf(b, "&#9;"); break;
+        case '\r': vbuf_printf(b, "&#13;"); break;
         default:
             if (*p >= 0x20) vbuf_printf(b, "%c", *p); /* other control characters are not allowed in XML 1.0 */
         }
@@ -211,10 +212,10 @@ dg_status_t dg_vreport_write_junit(const dg_vreport_t *r, const char *path) {
     counts(r, n);
     vbuf_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     vbuf_printf(&b, "<testsuites name=\"dgvalidate\" tests=\"%d\" failures=\"%d\" errors=\"%d\" skipped=\"%d\" time=\"%.3f\">\n",
-                r->n, n[DG_VERDICT_FAIL], n[DG_VERDICT_ERROR] + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_SKIP],
+                r->n + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_FAIL], n[DG_VERDICT_ERROR] + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_SKIP],
                 r->seconds);
     vbuf_printf(&b, "  <testsuite name=\"dgvalidate\" tests=\"%d\" failures=\"%d\" errors=\"%d\" skipped=\"%d\" time=\"%.3f\" timestamp=\"",
-                r->n, n[DG_VERDICT_FAIL], n[DG_VERDICT_ERROR] + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_SKIP],
+                r->n + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_FAIL], n[DG_VERDICT_ERROR] + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_SKIP],
                 r->seconds);
     xml_str(&b, r->started);
     vbuf_printf(&b, "\">\n    <properties>\n");

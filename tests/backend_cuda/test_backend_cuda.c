@@ -224,10 +224,12 @@ static void compare(const char *cname, const char *what, const float *g, const f
               what, worst, tol, wi, g[wi], r[wi], n);
 }
 
+/* The harness's bound against float64, doubled: CUDA and CPU are each within it of the exact result, so
+ * their difference is within twice it (e.g. dwte sums of ~80 rows in f32 come out in different orders). */
 static double tol(const char *op, dg_dtype_t act) {
     double t = dg_op_harness_tolerance(op, act);
     DG_ASSERT(t >= 0);
-    return t;
+    return 2.0 * t;
 }
 
 static int want(const char *name) {

@@ -10,8 +10,11 @@
  *
  *   fuzz_config CORPUS_DIR [ITERATIONS_PER_FILE] [SEED]
  *
- * libFuzzer: building this file with -DDG_LIBFUZZER and clang -fsanitize=fuzzer,address,undefined
- * (linking dg_config, dg_common, inih and xxhash) gives a coverage-guided fuzzer over the same checks.
+ * libFuzzer: the same checks as a coverage-guided fuzzer (not part of ctest), from the repository root:
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -DDG_LIBFUZZER -Isrc/config -Isrc/common \
+ *     tests/config/fuzz_config.c src/config/schema.c src/config/config.c src/common/common.c \
+ *     src/common/mesh.c -linih -lxxhash -lpthread -lm -o libfuzz_config
+ *   ./libfuzz_config -max_len=4096 CORPUS_COPY_DIR
  */
 #define _GNU_SOURCE
 #include <dirent.h>

@@ -139,7 +139,7 @@ hang)
 sigkill)
     # Several trials at random steps: the job must end everywhere within timeout + slack.
     for trial in 1 2 3; do
-        rm -rf "$WORK"/* 2>/dev/null
+        rm -rf "${WORK:?}"/* 2>/dev/null
         VICTIM=$((RANDOM % 3))
         AT=$((2 + RANDOM % 8))
         start 3 --steps 100000 --step-ms 40

@@ -31,7 +31,7 @@ trap cleanup EXIT
 
 probe_dgtrain "$WORK" "$DGTRAIN" "$DGCKPT" "${MPI[@]}"
 write_tiny_config "$WORK/cfg.ini" "$STEPS"
-SETS=(--set checkpoint.every=5 --set health.heartbeat_s=0.5 --set health.timeout_s=$TIMEOUT)
+SETS=(--set checkpoint.every=5 --set health.heartbeat_s=0.5 --set "health.timeout_s=$TIMEOUT")
 
 # rank_pid RANK: the pid of that rank among the launcher's children
 rank_pid() {

@@ -1,8 +1,8 @@
 /* test_topo.c — topology discovery and per-rank choice on machines that are not here: the project's two
- * hwloc XML descriptions (tests/mpi_boot/data), and when present the real machines of
- * ../shared/topologies. Checks sockets/cores/NUMA counts, which PCI devices are GPUs and NICs, each
- * GPU's NUMA node and nearby cores, NVLink bandwidth, the GPU and cpuset each local rank gets,
- * $HWLOC_XMLFILE, CUDA_VISIBLE_DEVICES, XML export, and bad XML input. No MPI.
+ * hand-written hwloc XML descriptions and one exported from the GPU machine (tests/mpi_boot/data), and
+ * when present the real machines of ../shared/topologies. Checks sockets/cores/NUMA counts, which PCI devices
+ * are GPUs and NICs, each GPU's NUMA node and nearby cores, NVLink bandwidth, the GPU and cpuset each local
+ * rank gets, $HWLOC_XMLFILE, CUDA_VISIBLE_DEVICES, XML export, and bad XML input. No MPI.
  *
  *   test_topo DATA_DIR [SHARED_TOPOLOGIES_DIR]
  */
@@ -204,6 +204,28 @@ static void test_node_b(void) {
     hwloc_topology_destroy(topo);
 }
 
+/* A real machine: the H200 GPU VM dgtrain ran on, exported there with --export-topology (hwloc 2.10, no
+ * vendor plugins: the GPU is known by its PCI class only). */
+static void test_h200(void) {
+    dg_node_topo_t t;
+    hwloc_topology_t topo;
+    CHECK(dg_topo_load(path_of("h200-vm-1gpu.xml"), &t, &topo) == DG_OK);
+    CHECK_STR(t.host, "vm");
+    CHECK(t.n_sockets == 1 && t.n_cores == 16 && t.n_pus == 16 && t.n_numa == 1);
+    CHECK(t.n_gpus == 1 && t.n_nics == 1);
+    if (t.n_gpus == 1) {
+        CHECK_STR(t.gpus[0].pci_busid, "0000:00:06.0");
+        CHECK_STR(t.gpus[0].name, "PCI 10de:2335");
+        CHECK(t.gpus[0].cuda_index == 0 && t.gpus[0].numa == 0);
+        CHECK_STR(t.gpus[0].cpuset, "0-15");
+    }
+    /* two ranks share the one GPU and split its 16 cores */
+    EXPECT_RANK(topo, &t, 0, 2, 0, "0-7", 0);
+    EXPECT_RANK(topo, &t, 1, 2, 0, "8-15", 0);
+    dg_topo_free(&t);
+    hwloc_topology_destroy(topo);
+}
+
 static void test_env_and_errors(void) {
     dg_node_topo_t t;
     setenv("HWLOC_XMLFILE", path_of("node-2s-8gpu-4ib.xml"), 1);
@@ -312,6 +334,7 @@ int main(int argc, char **argv) {
     unsetenv("HWLOC_THISSYSTEM");
     test_node_a();
     test_node_b();
+    test_h200();
     test_env_and_errors();
     int shared = argc > 2 ? test_shared(argv[2]) : 0;
     printf("topology tests: %d checks, %d failed%s\n", g_checks, g_fail,

@@ -46,8 +46,8 @@ stray_pids() {
 }
 
 free_port() {
-    local p tries
-    for tries in $(seq 1 50); do
+    local p
+    for _ in $(seq 1 50); do
         p=$((20000 + RANDOM % 40000))
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
             echo "$p"

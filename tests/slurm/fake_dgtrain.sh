@@ -33,7 +33,7 @@ done
     exit 1
 }
 get() { # get SECTION KEY DEFAULT -> value; sets SRC to where it came from
-    local sec=$1 key=$2 v line cur= n=0 s
+    local sec=$1 key=$2 v line cur='' n=0 s
     SRC=default
     v=$3
     while IFS= read -r line || [ -n "$line" ]; do

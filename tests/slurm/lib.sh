@@ -1,5 +1,6 @@
 # lib.sh — helpers shared by the Slurm tests (sourced): start a private cluster for this test, wait for
-# job states and files, report failures with the job's output.
+# job states and files, report failures with the job's output; probe and drive the real dgtrain.
+# shellcheck shell=bash
 # Expects: SLURM_TEST_NAME set by the caller.
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -88,7 +88,7 @@ scenario_badargs() {
 }
 
 scenario_requeue() {
-    local d=$WORK/requeue jid run k
+    local d=$WORK/requeue jid run
     mkdir -p "$d"
     # shell metacharacters, spaces and quotes in run.dir: must be used literally, never evaluated
     run="$d/run \$(touch $d/PWNED) \`touch $d/PWNED2\`;'x'"

@@ -14,6 +14,7 @@ the mpi_boot tests to check the GPU/NIC discovery, GPU-to-NUMA and GPU-to-core l
                         Ethernet and one InfiniBand NIC without OS devices.
 
 The files are checked in; run this only to change them:  python3 gen_topologies.py [outdir]
+(h200-vm-1gpu.xml beside them is not generated: `dgtrain --export-topology` wrote it on the GPU machine.)
 """
 import os
 import sys
