@@ -72,11 +72,15 @@ int main(int argc, char **argv) {
     dg_log_init(g_rank, "", getenv("BENCH_DEBUG") ? DG_LOG_DEBUG : DG_LOG_WARN, NULL);
     dg_log_set_stderr_all_ranks(getenv("BENCH_DEBUG") != NULL);
     const char *dir = NULL;
-    int layers = 12, reps = 2;
+    int layers = 12, reps = 2, save_only = 0;
     int64_t d = 768, vocab = 50257, ctx = 1024, chunk_mb = 4, align_kb = 64, tokens_per_step = 16384;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) break;
+        if (!v && strcmp(a, "--save-only")) break;
+        if (!strcmp(a, "--save-only")) {
+            save_only = 1;
+            continue;
+        }
         if (!strcmp(a, "--dir")) dir = v;
         else if (!strcmp(a, "--layers")) layers = atoi(v);
         else if (!strcmp(a, "--d")) d = atoll(v);
@@ -138,7 +142,7 @@ int main(int argc, char **argv) {
     dg_ckpt_meta_set_config(&m, "[model]\npreset = gpt2-124m\n");
     dg_ckpt_save_opts_t o;
     dg_ckpt_save_opts_default(&o);
-    o.keep = 1;
+    o.keep = 0; /* no retention: measure the write itself (run.sh cleans up) */
     o.chunk_bytes = chunk_mb << 20;
     o.align_bytes = align_kb > 0 ? align_kb << 10 : -1;
     for (int r = 0; r < reps; r++) {
@@ -155,6 +159,7 @@ int main(int argc, char **argv) {
             printf("RESULT kind=save rep=%d seconds=%.3f bytes=%lld gbps=%.3f\n", r, s, (long long)res.bytes,
                    state_bytes / s / 1e9);
         fflush(stdout);
+        if (save_only) continue;
         if (getenv("BENCH_DROP_CACHES") && !g_rank) { /* cold read: flush, then drop the page cache */
             sync();
             FILE *f = fopen("/proc/sys/vm/drop_caches", "w");
@@ -172,6 +177,7 @@ int main(int argc, char **argv) {
         if (!g_rank) printf("RESULT kind=load rep=%d seconds=%.3f gbps=%.3f\n", r, s, state_bytes / s / 1e9);
         fflush(stdout);
     }
+    if (save_only) reps = 0;
     /* async: the stall is the snapshot copy; the write then overlaps with "training" */
     dg_ckpt_writer_t *w = NULL;
     if (dg_ckpt_writer_create(MPI_COMM_WORLD, dir, &o, &w)) {

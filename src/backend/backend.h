@@ -29,6 +29,9 @@
  *   v1 (2026-11-29) initial contract.
  *   v1.1 (2026-11-29, cuda) dg_backend_cuda_stream(): the CUDA stream the CUDA backend queues all its work
  *        on, for CUDA Graph capture and for event edges with a communication stream. Additive.
+ *   v1.2 (2026-11-29, cuda-e2e) dg_backend_cuda_device_name() (the GPU's name, for the MFU peak) and
+ *        dg_backend_cuda_mem_stats() (the backend's allocated bytes and their peak; device memory in use).
+ *        Additive.
  */
 #ifndef DG_BACKEND_H
 #define DG_BACKEND_H
@@ -147,6 +150,19 @@ dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg_backend_t 
  * a CUDA backend. Capture it (cudaStreamBeginCapture) to record a step as one CUDA Graph: no backend op
  * synchronises or allocates during a step once one eager step has run (it sizes the backend's scratch). */
 void *dg_backend_cuda_stream(dg_backend_t *be);
+/* The device's name as cudaGetDeviceProperties gives it ("NVIDIA H200"); NULL when `be` is not a CUDA
+ * backend. Owned by the backend. */
+const char *dg_backend_cuda_device_name(dg_backend_t *be);
+/* Device memory of a CUDA backend. alloc_bytes / peak_alloc_bytes count every allocation the backend
+ * made (the vtable's alloc, its scratch, the cuBLASLt workspace): comparable to PyTorch's
+ * torch.cuda.max_memory_allocated(). device_used_bytes = total - free from cudaMemGetInfo now (the CUDA
+ * context, library handles and any other process on the GPU included). DG_ERR_USAGE when `be` is not a
+ * CUDA backend. */
+typedef struct dg_cuda_mem_stats {
+    size_t alloc_bytes, peak_alloc_bytes;
+    size_t device_used_bytes, device_total_bytes;
+} dg_cuda_mem_stats_t;
+dg_status_t dg_backend_cuda_mem_stats(dg_backend_t *be, dg_cuda_mem_stats_t *out);
 #endif
 static inline void dg_backend_free(dg_backend_t *be) {
     if (be) be->ops->destroy(be);

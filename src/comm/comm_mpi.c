@@ -217,7 +217,8 @@ static void fail_from_worker(cm_t *m, const char *msg) {
     dg_comm__fail(&m->base, DG_ERR_PEER, msg);
 }
 
-/* Tests the started point-to-point ops; returns how many completed. Called without mu. */
+/* Tests the started point-to-point ops; returns how many completed. Called without mu; only the comm
+ * thread changes the list. */
 static int progress_p2p(cm_t *m) {
     int ncomplete = 0;
     dg_comm_op_t **pp = &m->p2p;
@@ -236,8 +237,9 @@ static int progress_p2p(cm_t *m) {
                 snprintf(op->msg, sizeof op->msg, "%s failed: %s", d, es);
                 s = DG_ERR_PEER;
             }
-            *pp = op->next;
+            /* waiters read the list under mu (stuck_op_locked): unlink under it too */
             pthread_mutex_lock(&m->mu);
+            *pp = op->next;
             complete_locked(m, op, s);
             pthread_mutex_unlock(&m->mu);
             ncomplete++;

@@ -249,6 +249,7 @@ dg_status_t dg_graph_add_optimizer(dg_graph_t *g, int (*decay_of)(const dg_node_
     g->cur_phase = DG_PHASE_OPT;
     if (!g->err) dg_graph_add_op(g, DG_OP_ZERO, "zero.optim.scalars", 0, NULL, 1, &sc, NULL, 0);
     for (int i = 0; i < np && !g->err; i++) {
+        if (params[i]->flags & DG_NF_NORM_SKIP) continue; /* a replica another rank counts */
         dg_fmt(nm, sizeof nm, "sumsq.%.80s", params[i]->name);
         dg_graph_add_op(g, DG_OP_SUMSQ, nm, 1, &params[i]->grad, 1, &sc, NULL, 0);
     }

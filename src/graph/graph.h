@@ -22,6 +22,7 @@
 #include <stdio.h>
 
 #include "dg_common.h"
+#include "dg_mesh.h"
 #include "backend.h"
 #include "config.h"
 
@@ -73,6 +74,7 @@ typedef struct dg_param_info {
     int64_t shape[2];
     size_t numel;
     int decay;
+    int tp_dim; /* the dim split over tp (heads / MLP columns), -1 when replicated over tp */
 } dg_param_info_t;
 
 /* Which state of a parameter dg_model_get_tensor / dg_model_set_tensor move (always full f32). */
@@ -109,7 +111,84 @@ dg_status_t dg_model_create(const dg_model_desc_t *d, dg_backend_t *be, int micr
                             dg_model_t **out);
 dg_status_t dg_model_create_ex(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
                                int flags, dg_model_t **out);
+
+/* ---------------- distributed models (FSDP / HSDP / tensor parallelism) ----------------
+ *
+ * The same model on a device mesh dp_replicate x dp_shard x tp (dg_mesh.h). Each rank builds ITS graph:
+ *  - tp > 1 (Megatron-style): attention heads are split over tp (QKV column-parallel, the output
+ *    projection row-parallel), the MLP column- then row-parallel; the partial sums of the row-parallel
+ *    products are all-reduced in the forward ("to replicate"), the gradients of the replicated inputs
+ *    of column-parallel products in the backward ("from replicate"). Embeddings, the tied output head,
+ *    layer norms and the row-parallel biases are replicated over tp (the biases are added by tp rank 0;
+ *    their gradients are summed over tp before the update). n_head must be divisible by tp.
+ *  - dp_shard > 1 (FSDP2-style): every parameter's tp-local tensor is sharded on dim 0 over dp_shard;
+ *    rows that do not divide evenly are padded (each rank holds ceil(rows / dp_shard) rows; padding
+ *    rows are zero and never read). Gradients and AdamW moments are sharded with it and AdamW updates
+ *    only the local shard. Passes (shard.c) insert the all-gathers before a parameter's use (bucketed
+ *    per transformer block up to bucket_bytes; issued one bucket ahead within prefetch_bytes), the
+ *    reduce-scatter of its gradient, and explicit wait edges; see docs/fsdp.md.
+ *  - dp_replicate > 1 (HSDP, or plain DDP when dp_shard = 1): the gradient shards are all-reduced over
+ *    dp_replicate before the update.
+ *  - the global gradient norm for clipping sums the local squares over dp_shard and tp (tp-replicated
+ *    tensors counted once).
+ * Gradients are SUMMED over the data-parallel ranks: pass dloss = 1 / (global tokens per step) so that
+ * the sum is the mean over the global batch. All ranks of the mesh must create the model with the
+ * same description, micro-batch, seed and options, and run the same calls in the same order. */
+struct dg_comm;
+typedef struct dg_model_parallel {
+    dg_mesh_shape_t mesh;        /* sizes of dp_replicate, dp_shard, tp */
+    int coord[DG_MESH_NDIM];     /* this rank's coordinates */
+    struct dg_comm *comm[DG_MESH_NDIM]; /* the group of each dimension of size > 1 (comm.h; its group rank
+                                           = the coordinate); may be NULL with DG_MODEL_PLAN_ONLY */
+    size_t bucket_bytes;         /* all-gather / reduce-scatter bucket size (unsharded bytes); 0 = one
+                                    parameter per bucket; buckets never span two transformer blocks */
+    size_t prefetch_bytes;       /* hoist the next bucket's all-gather while the current one computes
+                                    when its gathered buffer fits in this many bytes; 0 = no prefetch */
+    int overlap;                 /* 1: collectives run on the comm stream and are waited for where their
+                                    result is needed; 0: each is waited for right after it is issued */
+    int reshard_after_forward;   /* 1: free the unsharded parameters after their forward use and gather
+                                    them again for the backward (the last block's stay) */
+} dg_model_parallel_t;
+
+/* Defaults: mesh 1 x 1 x 1, 25 MB buckets, 256 MB prefetch budget, overlap on, reshard on. */
+void dg_model_parallel_default(dg_model_parallel_t *p);
+
+/* dg_model_create_ex on a mesh. par = NULL is a single rank. DG_ERR_USAGE for a mesh the model cannot
+ * use (n_head not divisible by tp, a missing comm, a comm of the wrong size). */
+dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
+                                     int flags, const dg_model_parallel_t *par, dg_model_t **out);
 void dg_model_free(dg_model_t *m);
+
+/* ---- this rank's piece of each tensor (checkpoints, tests) ----
+ * Parameter i's local tensor (the same layout for DG_STATE_PARAM, ADAM_M, ADAM_V and GRAD) holds
+ * dg_model_local_numel() floats, row-major: the rows of this rank's dp_shard shard of its tp-local
+ * tensor, padding rows (zero) included. It covers up to DG_MODEL_MAX_PIECES hyperslabs of the global
+ * tensor (tp splits QKV into its q, k and v rows); piece j's count[0] x count[1] floats start at
+ * element `offset` of the local tensor. A rank whose shard lies entirely in the padding has none. */
+#define DG_MODEL_MAX_PIECES 4
+typedef struct dg_model_piece {
+    int64_t start[2], count[2]; /* in the global tensor; count[1] = 1 for 1-D tensors */
+    size_t offset;              /* element offset in the local tensor */
+} dg_model_piece_t;
+size_t dg_model_local_numel(const dg_model_t *m, int i);
+/* The pieces (at most DG_MODEL_MAX_PIECES) of parameter i held here; returns how many. */
+int dg_model_local_pieces(const dg_model_t *m, int i, dg_model_piece_t *out);
+/* 1 when this rank is the one that writes parameter i's pieces (replicas over dp_replicate and over tp
+ * for tp-replicated tensors have exactly one writer). */
+int dg_model_piece_owner(const dg_model_t *m, int i);
+dg_status_t dg_model_get_local(dg_model_t *m, int i, int which, float *host_out);
+dg_status_t dg_model_set_local(dg_model_t *m, int i, int which, const float *host_in);
+/* The mesh the model was built for, and this rank's coordinates. */
+const dg_model_parallel_t *dg_model_parallel(const dg_model_t *m);
+/* The training step named by collective timeout messages from now on. */
+void dg_model_set_step(dg_model_t *m, int64_t step);
+/* Communication accounting since the last reset: seconds blocked waiting for asynchronous collectives
+ * (the exposed communication), seconds in blocking collectives, and collectives run. */
+typedef struct dg_model_comm_stats {
+    double wait_s, blocking_s;
+    uint64_t collectives;
+} dg_model_comm_stats_t;
+void dg_model_comm_stats(dg_model_t *m, dg_model_comm_stats_t *out, int reset);
 
 const dg_model_desc_t *dg_model_desc(const dg_model_t *m);
 int dg_model_micro_batch(const dg_model_t *m);
@@ -151,7 +230,8 @@ dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, 
 dg_status_t dg_model_set_frozen(dg_model_t *m, int i, int frozen);
 
 /* Full f32 copy of one state of parameter i to/from the host (numel floats). Setting DG_STATE_PARAM
- * also refreshes the compute copy. DG_ERR_USAGE for a bad index or state. */
+ * also refreshes the compute copy. DG_ERR_USAGE for a bad index or state, or when the model is
+ * distributed (tp or dp_shard > 1: use dg_model_get_local / dg_model_set_local). */
 dg_status_t dg_model_get_tensor(dg_model_t *m, int i, int which, float *host_out);
 dg_status_t dg_model_set_tensor(dg_model_t *m, int i, int which, const float *host_in);
 
@@ -161,7 +241,8 @@ dg_status_t dg_model_set_tensor(dg_model_t *m, int i, int which, const float *ho
 dg_status_t dg_model_print_plan(const dg_model_t *m, FILE *out, int json);
 size_t dg_model_arena_bytes(const dg_model_t *m);          /* bytes of the activation arena */
 size_t dg_model_activation_bytes_sum(const dg_model_t *m); /* sum of every arena tensor's size */
-size_t dg_model_state_bytes(const dg_model_t *m); /* params + grads + AdamW moments (+ compute copy) */
+size_t dg_model_state_bytes(const dg_model_t *m); /* params + grads + AdamW moments (+ compute copy) held by
+                                                     THIS rank (sharded: about 1 / dp_shard of the model) */
 int dg_model_n_ops(const dg_model_t *m);          /* ops in the schedule (all phases) */
 
 /* Per-op-kind timing of everything run while on (the backend is synchronised after every op, so this

@@ -32,7 +32,7 @@
 #define DG_MAX_UPD 4
 #define DG_MAX_SIDE 2
 #define DG_MAX_WAIT 4
-#define DG_MAX_ATTR 6
+#define DG_MAX_ATTR 8
 #define DG_ARENA_ALIGN 256
 
 typedef enum dg_op_kind {
@@ -60,11 +60,19 @@ typedef enum dg_op_kind {
     DG_OP_SUMSQ,
     DG_OP_CLIP_SCALE,
     DG_OP_ADAMW,
-    /* collectives (issue 4 executes them over a comm backend; with a mesh dimension of size 1 they are
-     * local copies) */
+    /* collectives: run through the comm backend attached to the executor (dg_exec_attach_comm); over a
+     * mesh dimension of size 1 they are local copies. On DG_STREAM_COMM they are posted non-blocking
+     * and complete at the first node that waits on them (a wait edge); on the compute stream they block. */
     DG_OP_ALL_GATHER,
     DG_OP_REDUCE_SCATTER,
     DG_OP_ALL_REDUCE,
+    /* sharding support (passes of shard.c): a zero-filled arena tensor (unsharded gradient buffers),
+     * the copy-in of unsharded gradients into a bucket's rank-major send buffer, the copy-out of one
+     * parameter from a bucket's gathered buffer, and an explicit wait point for comm-stream ops */
+    DG_OP_FILL0,
+    DG_OP_SHARD_PACK,
+    DG_OP_SHARD_UNPACK,
+    DG_OP_WAIT,
     DG_OP_COUNT
 } dg_op_kind_t;
 
@@ -78,7 +86,10 @@ enum {
     DG_NF_OPTSTATE = 1u << 5, /* AdamW moment (f32, PERSISTENT) */
     DG_NF_MASTER = 1u << 6,   /* f32 master copy of a parameter (PERSISTENT) */
     DG_NF_SCALAR = 1u << 7,   /* device scalar (f32, PERSISTENT) */
-    DG_NF_WANT_GRAD = 1u << 8 /* an input whose gradient the caller wants (kept as an OUTPUT) */
+    DG_NF_WANT_GRAD = 1u << 8, /* an input whose gradient the caller wants (kept as an OUTPUT) */
+    DG_NF_BUCKET = 1u << 9,    /* a bucket's flat local shard (PERSISTENT view over the flat buffers) */
+    DG_NF_NORM_SKIP = 1u << 10 /* param: its gradient is a replica counted by another rank in the global
+                                  norm (tp-replicated tensors on tp ranks > 0): no SUMSQ here */
 };
 
 typedef enum { DG_STORE_NONE = 0, DG_STORE_ARENA = 1, DG_STORE_PERSISTENT = 2 } dg_storage_t;
@@ -102,7 +113,24 @@ enum {
     DG_A_EPI = 1,      /* MATMUL: dg_epilogue_t; with DG_EPI_GELU the output is gelu(x.w^T + b) and side 0
                           holds the pre-activation */
     DG_A_SIDE_IDX = 0, /* SIDE: which output of the producer */
+    DG_A_ARMODE = 2,   /* ALL_REDUCE: dg_armode_t (how the backward treats it) */
+    DG_A_COUNT = 3,    /* ALL_REDUCE over a persistent tensor in place: elements (0 = all) */
+    /* SHARD_PACK / SHARD_UNPACK: the bucket geometry (see shard.c) */
+    DG_A_K = 1,     /* ranks in the group */
+    DG_A_S = 2,     /* elements of one rank's block of the bucket */
+    DG_A_OFF = 3,   /* element offset of this parameter inside a rank's block */
+    DG_A_RS = 4,    /* rows of this parameter per rank (the padded shard) */
+    DG_A_ROWS = 5,  /* SHARD_UNPACK: rows of the unsharded parameter */
+    DG_A_COLS = 6,  /* SHARD_UNPACK: columns (0 = a 1-D parameter) */
+    DG_A_NDIM0 = 1, /* FILL0: ndim, then the dims in the next slots */
 };
+
+/* ALL_REDUCE flavours. SUM: y = sum over ranks of x, adjoint the same (a Partial result of partial
+ * inputs). TO_REPLICATE ("g" of Megatron): forward sum of partial sums into a tensor every rank then
+ * uses redundantly; its gradient is replicated already, so the backward is the identity. FROM_REPLICATE
+ * ("f"): forward identity (the output aliases the input) where a replicated tensor enters rank-local
+ * (column-parallel) compute; the backward sums the ranks' partial gradients. */
+typedef enum { DG_AR_SUM = 0, DG_AR_TO_REPLICATE = 1, DG_AR_FROM_REPLICATE = 2 } dg_armode_t;
 
 typedef struct dg_node dg_node_t;
 struct dg_node {
@@ -191,6 +219,8 @@ dg_node_t *dg_op_crossentropy(dg_graph_t *g, const char *name, dg_node_t *logits
 dg_node_t *dg_op_all_gather(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim);
 dg_node_t *dg_op_reduce_scatter(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim);
 dg_node_t *dg_op_all_reduce(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim);
+/* An all_reduce of a given flavour (dg_armode_t; dg_op_all_reduce is DG_AR_SUM). */
+dg_node_t *dg_op_all_reduce_mode(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim, dg_armode_t mode);
 
 /* Generic constructor used by the above, autodiff and passes: fills a node of `kind` with the given
  * sources, persistent tensors it updates in place, and attributes; runs the op's shape rule; appends
@@ -310,6 +340,48 @@ dg_status_t dg_graph_add_optimizer(dg_graph_t *g, int (*decay_of)(const dg_node_
                                    void *ctx, dg_node_t **scalars_out);
 enum { DG_SCALAR_SUMSQ = 0, DG_SCALAR_GSCALE = 1, DG_SCALAR_NORM = 2, DG_SCALAR_COUNT = 4 };
 
+/* ---------------- sharding passes (shard.c) ---------------- */
+/* What the FSDP pass needs to know about each parameter (filled by the model builder). */
+typedef struct dg_shard_param {
+    dg_node_t *p;        /* the parameter leaf (act dtype), built with its unsharded (tp-local) shape */
+    int group;           /* buckets never mix groups (0 embeddings, 1 + l layer l, L + 1 final norm) */
+    int64_t rows, cols;  /* unsharded (tp-local) shape; cols = 1 and ndim 1 for vectors */
+    int64_t Rs;          /* rows per dp_shard rank: ceil(rows / k) */
+    int64_t row0;        /* this rank's first row (= dp_shard coord * Rs) */
+    size_t off;          /* element offset of its local shard in the flat parameter buffers */
+} dg_shard_param_t;
+
+/* A bucket: consecutive parameters of one group whose local shards are contiguous in the flat buffers
+ * ([off of first, off of first + S)); one all-gather and one reduce-scatter move all of them. */
+typedef struct dg_bucket {
+    int first, last;     /* parameter indices, inclusive */
+    int64_t S;           /* elements of one rank's block (alignment gaps included) */
+    dg_node_t *pleaf;    /* PERSISTENT [S] act dtype over the parameters' local shards */
+    dg_node_t *gleaf;    /* PERSISTENT [S] f32 over their gradient shards */
+} dg_bucket_t;
+
+typedef struct dg_shard_plan {
+    int n;
+    dg_shard_param_t *params;
+    int k;                 /* dp_shard size (1: buckets only, for the dp_replicate all-reduce) */
+    size_t bucket_bytes, prefetch_bytes;
+    int overlap, reshard;
+    /* out */
+    int n_buckets;
+    dg_bucket_t *buckets;
+} dg_shard_plan_t;
+
+/* FSDP pass (after autodiff, before the optimizer pass): groups the parameters into buckets and, when
+ * k > 1, shards them on dim 0: all-gather + unpack before the first forward use (and again before the
+ * first backward use when resharding), unsharded gradient buffers (FILL0) that the backward kernels
+ * accumulate into, pack + reduce-scatter into the persistent gradient shards after a bucket's last
+ * gradient contribution, waits, prefetch, and the parameter leaves reshaped to their local shards. */
+dg_status_t dg_pass_fsdp(dg_graph_t *g, void *ctx);
+void dg_shard_plan_free(dg_shard_plan_t *sp);
+
+/* Reshapes a leaf (a sharding pass turning a parameter into its local shard); keeps gshape. */
+void dg_node_reshape(dg_node_t *n, int ndim, const int64_t *shape);
+
 /* In-place pass: lets an op's output share the storage of a source whose last use it is, where the
  * kernel allows it (inplace_mask). Saves arena space (e.g. dlogits over logits). */
 dg_status_t dg_pass_inplace(dg_graph_t *g, void *ctx);
@@ -356,6 +428,9 @@ typedef struct dg_runtime {
     int n_frozen_slots;
 } dg_runtime_t;
 
+struct dg_comm;
+struct dg_comm_req;
+
 struct dg_exec {
     dg_backend_t *be;
     const dg_graph_t *graph;
@@ -367,6 +442,15 @@ struct dg_exec {
     int profile;
     double prof_s[DG_OP_COUNT];
     uint64_t prof_n[DG_OP_COUNT];
+
+    /* collectives: one comm per mesh dimension of size > 1 (dg_exec_attach_comm), the request of every
+     * comm-stream op in flight (by node id), and time accounting */
+    struct dg_comm *comm[DG_MESH_NDIM];
+    struct dg_comm_req **req;
+    int n_pending;
+    double wait_s;      /* blocked waiting for comm-stream collectives: the exposed communication */
+    double blocking_s;  /* in compute-stream (blocking) collectives */
+    uint64_t n_coll;    /* collectives run over a comm */
 };
 
 /* Allocates the arena for `plan` (phase 2). Persistent nodes must be bound (data != NULL) before runs. */
@@ -377,6 +461,15 @@ dg_status_t dg_exec_run(dg_exec_t *ex, int first, int end);
 dg_status_t dg_exec_run_phase(dg_exec_t *ex, dg_phase_t phase);
 /* Device address of a node's storage (arena or persistent). */
 void *dg_exec_ptr(const dg_exec_t *ex, const dg_node_t *n);
+/* Attaches the comm for mesh dimension `dim` (its size must equal graph->mesh.size[dim]). The mpi comm
+ * works on host memory: only host-memory compute backends (cpu) can use it without staging;
+ * DG_ERR_USAGE otherwise. */
+dg_status_t dg_exec_attach_comm(dg_exec_t *ex, int dim, struct dg_comm *c);
+/* Runs collective node n: over a size-1 dimension a copy; on DG_STREAM_COMM posted non-blocking (its
+ * request completes at the first node that waits on it, or at the end of dg_exec_run); else blocking. */
+dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n);
+/* Completes every request still in flight (in schedule order). */
+dg_status_t dg_exec_drain(dg_exec_t *ex);
 
 /* Allocates device memory for every PERSISTENT root that has none yet (tests and small graphs); the
  * allocations are recorded in *list (free with dg_graph_free_persistent). */

@@ -120,6 +120,13 @@ static void node_set_shape(dg_node_t *n, dg_dtype_t dtype, int ndim, const int64
     n->nbytes = dg_node_numel(n) * dg_dtype_size(dtype);
 }
 
+void dg_node_reshape(dg_node_t *n, int ndim, const int64_t *shape) {
+    int64_t g[DG_MAX_DIMS];
+    memcpy(g, n->gshape, sizeof g);
+    node_set_shape(n, n->dtype, ndim, shape);
+    memcpy(n->gshape, g, sizeof g);
+}
+
 static dg_node_t *node_new(const char *name, dg_op_kind_t op, dg_phase_t phase) {
     dg_node_t *n = dg_xcalloc(1, sizeof *n);
     size_t len = name ? strlen(name) : 0;
@@ -214,9 +221,10 @@ dg_node_t *dg_graph_add_op(dg_graph_t *g, dg_op_kind_t kind, const char *name, i
         DG_ASSERT(src[i]->id < g->n && g->nodes[src[i]->id] == src[i]);
     }
     for (int i = 0; i < n_upd; i++) {
-        if (!upd[i] || dg_node_root(upd[i])->storage != DG_STORE_PERSISTENT) {
-            g->err = DG_ERR(DG_ERR_USAGE, "graph: op %s '%s': in-place update %d is not a persistent tensor",
-                            def->name, name, i);
+        /* persistent state, or an arena buffer written earlier (an unsharded gradient being summed) */
+        if (!upd[i] || dg_node_root(upd[i])->storage == DG_STORE_NONE) {
+            g->err = DG_ERR(DG_ERR_USAGE, "graph: op %s '%s': in-place update %d has no storage", def->name,
+                            name, i);
             return NULL;
         }
     }
@@ -287,9 +295,11 @@ dg_status_t dg_graph_verify(const dg_graph_t *g) {
             if (!s || s->id >= i || g->nodes[s->id] != s)
                 return VERIFY_FAIL(n, "input %d is not an earlier node (topological order broken)", k);
         }
-        for (int k = 0; k < n->n_upd; k++)
-            if (dg_node_root_c(n->upd[k])->storage != DG_STORE_PERSISTENT)
-                return VERIFY_FAIL(n, "in-place update %d is not persistent", k);
+        for (int k = 0; k < n->n_upd; k++) {
+            const dg_node_t *r = dg_node_root_c(n->upd[k]);
+            if (r->storage == DG_STORE_NONE || (r->storage == DG_STORE_ARENA && r->id >= i))
+                return VERIFY_FAIL(n, "in-place update %d is neither persistent nor an earlier arena tensor", k);
+        }
         for (int k = 0; k < n->n_side; k++) {
             const dg_node_t *s = n->side[k];
             if (s->id != i + 1 + k || s->op != DG_OP_SIDE || s->src[0] != n)
@@ -325,6 +335,16 @@ dg_status_t dg_graph_verify(const dg_graph_t *g) {
             if (n->view_offs + n->nbytes > dg_node_root_c(n)->nbytes)
                 return VERIFY_FAIL(n, "view (%zu bytes at %zu) exceeds its storage (%zu bytes)", n->nbytes,
                                    n->view_offs, r->nbytes);
+        }
+        /* an asynchronous collective must be waited for inside its own phase: its buffers live until
+         * the wait, and the next phase must not start with it in flight */
+        if (n->stream == DG_STREAM_COMM && n->op != DG_OP_LEAF && n->op != DG_OP_SIDE) {
+            int waited = 0;
+            for (int j = i + 1; j < g->n && !waited && g->nodes[j]->phase == n->phase; j++)
+                for (int w = 0; w < g->nodes[j]->n_wait; w++)
+                    if (g->nodes[j]->wait[w] == n) waited = 1;
+            if (!waited) return VERIFY_FAIL(n, "comm-stream op is never waited for in phase %s",
+                                            dg_phase_name(n->phase));
         }
         if (n->op == DG_OP_LEAF && n->storage != DG_STORE_PERSISTENT)
             return VERIFY_FAIL(n, "leaf without persistent storage");
@@ -519,7 +539,10 @@ void dg_graph_print(const dg_graph_t *g, const dg_plan_t *plan, FILE *out, int j
             fprintf(out, "],\"waits\":[");
             for (int k = 0; k < n->n_wait; k++)
                 fprintf(out, "%s%d", k ? "," : "", n->wait[k]->id);
-            fprintf(out, "]}");
+            fprintf(out, "]");
+            if (dg_op_def(n->op)->is_collective)
+                fprintf(out, ",\"mesh_dim\":\"%s\"", dg_mesh_dim_name((int)n->attr[DG_A_MESHDIM]));
+            fprintf(out, "}");
             first = 0;
             continue;
         }
@@ -530,6 +553,8 @@ void dg_graph_print(const dg_graph_t *g, const dg_plan_t *plan, FILE *out, int j
             fprintf(out, "%s#%d", k ? "," : "", n->src[k]->id);
         for (int k = 0; k < n->n_upd; k++)
             fprintf(out, "%s+=#%d", (k || n->n_src) ? "," : "", n->upd[k]->id);
+        if (dg_op_def(n->op)->is_collective)
+            fprintf(out, " over %s", dg_mesh_dim_name((int)n->attr[DG_A_MESHDIM]));
         for (int k = 0; k < n->n_wait; k++)
             fprintf(out, " wait#%d", n->wait[k]->id);
         fputc('\n', out);

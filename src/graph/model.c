@@ -9,10 +9,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm.h"
 #include "graph.h"
 #include "graph_impl.h"
 
 #define PARAM_ALIGN_ELEMS 64 /* 256 bytes of f32: every tensor starts aligned in the flat buffers */
+
+/* Where this rank's piece of a parameter sits in the global tensor.
+ * Tensor parallelism: the tp-local tensor is the concatenation, along tp_dim, of n_seg segments of the
+ * global tensor (QKV: its q, k and v rows for this rank's heads); tp_dim = -1 means replicated.
+ * FSDP: this rank holds rows [row0, row0 + nrows) of the tp-local tensor, stored as Rs rows (the rest
+ * zero padding). */
+typedef struct {
+    int ndim;
+    int64_t gshape[2];
+    int tp_dim, n_seg;
+    int64_t seg_start[3], seg_len[3];
+    int tp_rank0_only; /* replicated over tp, but only tp rank 0 uses it (row-parallel bias) */
+    int64_t lrows, lcols; /* tp-local shape (lcols = 1 for vectors) */
+    int64_t Rs, row0, nrows;
+    size_t local_numel; /* Rs * lcols */
+} place_t;
 
 struct dg_model {
     dg_model_desc_t d;
@@ -40,6 +57,12 @@ struct dg_model {
     float *host_losses;
     unsigned char *frozen; /* per tensor */
     int opt_split;         /* first node of the update half of the OPT phase (after CLIP_SCALE) */
+
+    /* distribution */
+    dg_model_parallel_t par;
+    int tp, tp_rank, k, shard_rank, rep, rep_rank;
+    place_t *place;         /* per tensor */
+    dg_shard_plan_t *shard; /* buckets (NULL on one data-parallel rank) */
 };
 
 /* ---------------- descriptions ---------------- */
@@ -148,16 +171,58 @@ static int decay_of(const dg_node_t *p, void *ctx) {
     return m->info[p->param_index].decay;
 }
 
-static dg_node_t *add_param(dg_model_t *m, const char *name, int ndim, int64_t r, int64_t c, int decay) {
-    int64_t shape[2] = {r, c};
+/* tp placements of the builder */
+enum { TP_REPL = 0, TP_ROWS = 1, TP_COLS = 2, TP_QKV = 3, TP_REPL_RANK0 = 4 };
+
+/* A parameter of global shape [r, c] (c unused for vectors) split over tp as `how`; the graph leaf gets
+ * the tp-local shape. */
+static dg_node_t *add_param_tp(dg_model_t *m, const char *name, int ndim, int64_t r, int64_t c, int decay,
+                               int how) {
+    place_t pl = {.ndim = ndim, .gshape = {r, ndim == 2 ? c : 1}, .tp_dim = -1, .n_seg = 0};
+    int64_t T = m->tp, t = m->tp_rank;
+    if (T > 1 && (how == TP_ROWS || how == TP_QKV)) {
+        pl.tp_dim = 0;
+        int parts = how == TP_QKV ? 3 : 1;
+        int64_t blk = r / parts, len = blk / T;
+        for (int s = 0; s < parts; s++) {
+            pl.seg_start[s] = s * blk + t * len;
+            pl.seg_len[s] = len;
+        }
+        pl.n_seg = parts;
+    } else if (T > 1 && how == TP_COLS) {
+        pl.tp_dim = 1;
+        pl.n_seg = 1;
+        pl.seg_len[0] = c / T;
+        pl.seg_start[0] = t * pl.seg_len[0];
+    }
+    pl.tp_rank0_only = T > 1 && how == TP_REPL_RANK0;
+    pl.lrows = pl.tp_dim == 0 ? pl.seg_len[0] * pl.n_seg : r;
+    pl.lcols = ndim == 2 ? (pl.tp_dim == 1 ? pl.seg_len[0] : c) : 1;
+    int64_t shape[2] = {pl.lrows, pl.lcols};
     dg_node_t *p = dg_graph_param(m->g, name, ndim, shape);
     if (!p) return NULL;
     int i = m->np++;
     DG_ASSERT(p->param_index == i);
+    p->gshape[0] = r;
+    if (ndim == 2) p->gshape[1] = c;
+    p->shard_dim = pl.tp_dim;
+    if (m->tp_rank != 0 && pl.tp_dim < 0) p->flags |= DG_NF_NORM_SKIP; /* tp rank 0 counts the replica */
+    /* FSDP rows of the tp-local tensor (k = 1: all of them) */
+    pl.Rs = (pl.lrows + m->k - 1) / m->k;
+    pl.row0 = (int64_t)m->shard_rank * pl.Rs;
+    int64_t hi = pl.row0 + pl.Rs < pl.lrows ? pl.row0 + pl.Rs : pl.lrows;
+    pl.nrows = hi > pl.row0 ? hi - pl.row0 : 0;
+    pl.local_numel = (size_t)(pl.Rs * pl.lcols);
+    m->place[i] = pl;
     snprintf(m->names[i], sizeof m->names[i], "%s", name);
     m->pnode[i] = p;
-    m->info[i] = (dg_param_info_t){m->names[i], ndim, {r, ndim == 2 ? c : 0}, dg_node_numel(p), decay};
+    m->info[i] = (dg_param_info_t){m->names[i], ndim, {r, ndim == 2 ? c : 0},
+                                   (size_t)r * (size_t)(ndim == 2 ? c : 1), decay, pl.tp_dim};
     return p;
+}
+
+static dg_node_t *add_param(dg_model_t *m, const char *name, int ndim, int64_t r, int64_t c, int decay) {
+    return add_param_tp(m, name, ndim, r, c, decay, TP_REPL);
 }
 
 typedef struct {
@@ -179,32 +244,41 @@ static dg_status_t build_forward(dg_model_t *m) {
 #define PN(suffix) (dg_fmt(nm, sizeof nm, "h.%d.%s", l, suffix), nm)
         lp[l].ln1w = add_param(m, PN("ln_1.weight"), 1, C, 0, 0);
         lp[l].ln1b = add_param(m, PN("ln_1.bias"), 1, C, 0, 0);
-        lp[l].qkvw = add_param(m, PN("attn.qkv.weight"), 2, 3 * C, C, 1);
-        lp[l].qkvb = add_param(m, PN("attn.qkv.bias"), 1, 3 * C, 0, 0);
-        lp[l].projw = add_param(m, PN("attn.proj.weight"), 2, C, C, 1);
-        lp[l].projb = add_param(m, PN("attn.proj.bias"), 1, C, 0, 0);
+        lp[l].qkvw = add_param_tp(m, PN("attn.qkv.weight"), 2, 3 * C, C, 1, TP_QKV);
+        lp[l].qkvb = add_param_tp(m, PN("attn.qkv.bias"), 1, 3 * C, 0, 0, TP_QKV);
+        lp[l].projw = add_param_tp(m, PN("attn.proj.weight"), 2, C, C, 1, TP_COLS);
+        lp[l].projb = add_param_tp(m, PN("attn.proj.bias"), 1, C, 0, 0, TP_REPL_RANK0);
         lp[l].ln2w = add_param(m, PN("ln_2.weight"), 1, C, 0, 0);
         lp[l].ln2b = add_param(m, PN("ln_2.bias"), 1, C, 0, 0);
-        lp[l].fcw = add_param(m, PN("mlp.fc.weight"), 2, 4 * C, C, 1);
-        lp[l].fcb = add_param(m, PN("mlp.fc.bias"), 1, 4 * C, 0, 0);
-        lp[l].mprojw = add_param(m, PN("mlp.proj.weight"), 2, C, 4 * C, 1);
-        lp[l].mprojb = add_param(m, PN("mlp.proj.bias"), 1, C, 0, 0);
+        lp[l].fcw = add_param_tp(m, PN("mlp.fc.weight"), 2, 4 * C, C, 1, TP_ROWS);
+        lp[l].fcb = add_param_tp(m, PN("mlp.fc.bias"), 1, 4 * C, 0, 0, TP_ROWS);
+        lp[l].mprojw = add_param_tp(m, PN("mlp.proj.weight"), 2, C, 4 * C, 1, TP_COLS);
+        lp[l].mprojb = add_param_tp(m, PN("mlp.proj.bias"), 1, C, 0, 0, TP_REPL_RANK0);
     }
     dg_node_t *lnfw = add_param(m, "ln_f.weight", 1, C, 0, 0);
     dg_node_t *lnfb = add_param(m, "ln_f.bias", 1, C, 0, 0);
 
+    /* tp > 1: column-parallel products read the replicated activation through a "from replicate" op
+     * (identity; its backward sums the partial input gradients), row-parallel products' partial sums
+     * become replicated through a "to replicate" all-reduce; the row-parallel bias is added once (tp
+     * rank 0). With tp = 1 the graph is the plain single-rank one. */
+    int tpar = m->tp > 1, r0 = m->tp_rank == 0;
     dg_node_t *x = dg_op_encoder(g, "encoder", m->tokens, wte, wpe);
     for (int l = 0; l < L && !g->err; l++) {
         layer_params_t *p = &lp[l];
         dg_node_t *h = dg_op_layernorm(g, PN("ln_1"), x, p->ln1w, p->ln1b);
+        if (tpar) h = dg_op_all_reduce_mode(g, PN("attn.tp_in"), h, DG_MESH_TP, DG_AR_FROM_REPLICATE);
         dg_node_t *qkv = dg_op_matmul(g, PN("attn.qkv"), h, p->qkvw, p->qkvb);
-        dg_node_t *a = dg_op_attention(g, PN("attn"), qkv, d->n_head);
-        dg_node_t *pr = dg_op_matmul(g, PN("attn.proj"), a, p->projw, p->projb);
+        dg_node_t *a = dg_op_attention(g, PN("attn"), qkv, d->n_head / m->tp);
+        dg_node_t *pr = dg_op_matmul(g, PN("attn.proj"), a, p->projw, r0 ? p->projb : NULL);
+        if (tpar) pr = dg_op_all_reduce_mode(g, PN("attn.tp_out"), pr, DG_MESH_TP, DG_AR_TO_REPLICATE);
         x = dg_op_add(g, PN("res_1"), x, pr);
         dg_node_t *h2 = dg_op_layernorm(g, PN("ln_2"), x, p->ln2w, p->ln2b);
+        if (tpar) h2 = dg_op_all_reduce_mode(g, PN("mlp.tp_in"), h2, DG_MESH_TP, DG_AR_FROM_REPLICATE);
         dg_node_t *f = dg_op_matmul(g, PN("mlp.fc"), h2, p->fcw, p->fcb);
         dg_node_t *ge = dg_op_gelu(g, PN("mlp.gelu"), f);
-        dg_node_t *mp = dg_op_matmul(g, PN("mlp.proj"), ge, p->mprojw, p->mprojb);
+        dg_node_t *mp = dg_op_matmul(g, PN("mlp.proj"), ge, p->mprojw, r0 ? p->mprojb : NULL);
+        if (tpar) mp = dg_op_all_reduce_mode(g, PN("mlp.tp_out"), mp, DG_MESH_TP, DG_AR_TO_REPLICATE);
         x = dg_op_add(g, PN("res_2"), x, mp);
 #undef PN
     }
@@ -223,6 +297,81 @@ static dg_status_t pass_autodiff(dg_graph_t *g, void *ctx) {
 static dg_status_t pass_optimizer(dg_graph_t *g, void *ctx) {
     dg_model_t *m = ctx;
     return dg_graph_add_optimizer(g, decay_of, m, &m->scalars);
+}
+
+/* Optimizer-phase collectives, run to completion on the compute stream (a few per step): gradient
+ * shards summed over dp_replicate (HSDP / DDP) and tp-rank-0-only gradients summed over tp, before the
+ * norm; the local sum of squares summed over dp_shard and tp, before the clip factor. */
+static dg_status_t pass_grad_sync(dg_graph_t *g, void *ctx) {
+    dg_model_t *m = ctx;
+    dg_node_t *zs = NULL, *clip = NULL;
+    for (int i = 0; i < g->n; i++) {
+        dg_node_t *x = g->nodes[i];
+        if (x->phase != DG_PHASE_OPT || x->op == DG_OP_LEAF) continue;
+        if (x->op == DG_OP_ZERO && x->upd[0] == m->scalars) zs = x;
+        if (x->op == DG_OP_CLIP_SCALE) clip = x;
+    }
+    DG_ASSERT(zs && clip);
+    dg_phase_t saved = g->cur_phase;
+    g->cur_phase = DG_PHASE_OPT;
+    char nm[96];
+    dg_node_t *after = zs;
+#define INPLACE_AR(name, target, dim, count)                                                                 \
+    do {                                                                                                     \
+        int64_t a_[4] = {0, (dim), DG_AR_SUM, (count)};                                                      \
+        dg_node_t *t_ = (target);                                                                            \
+        dg_node_t *n_ = dg_graph_add_op(g, DG_OP_ALL_REDUCE, (name), 0, NULL, 1, &t_, a_, 4);                \
+        if (!n_) break;                                                                                      \
+        dg_graph_move(g, n_, after->id + 1 + after->n_side);                                                 \
+        after = n_;                                                                                          \
+    } while (0)
+    if (m->rep > 1 && m->shard)
+        for (int j = 0; j < m->shard->n_buckets && !g->err; j++) {
+            dg_fmt(nm, sizeof nm, "ar.grad.%.80s", m->shard->buckets[j].gleaf->name);
+            INPLACE_AR(nm, m->shard->buckets[j].gleaf, DG_MESH_DP_REPLICATE, 0);
+        }
+    for (int i = 0; i < m->np && !g->err; i++)
+        if (m->place[i].tp_rank0_only) {
+            dg_fmt(nm, sizeof nm, "ar.tp.%.80s", m->pnode[i]->grad->name);
+            INPLACE_AR(nm, m->pnode[i]->grad, DG_MESH_TP, 0);
+        }
+    after = g->nodes[clip->id - 1];
+    if (m->k > 1 && !g->err) INPLACE_AR("ar.sumsq.dp_shard", m->scalars, DG_MESH_DP_SHARD, 1);
+    if (m->tp > 1 && !g->err) INPLACE_AR("ar.sumsq.tp", m->scalars, DG_MESH_TP, 1);
+#undef INPLACE_AR
+    g->cur_phase = saved;
+    return g->err;
+}
+
+/* Flat-buffer layout of the local shards (parameter order, so a bucket's shards are contiguous) and the
+ * shard plan for the FSDP pass. */
+static void layout(dg_model_t *m) {
+    size_t t = 0;
+    for (int i = 0; i < m->np; i++) {
+        m->off[i] = t;
+        t += (m->place[i].local_numel + PARAM_ALIGN_ELEMS - 1) / PARAM_ALIGN_ELEMS * PARAM_ALIGN_ELEMS;
+    }
+    m->total = t;
+    if (m->k == 1 && m->rep == 1) return;
+    dg_shard_plan_t *sp = dg_xcalloc(1, sizeof *sp);
+    sp->n = m->np;
+    sp->params = dg_xcalloc((size_t)m->np, sizeof *sp->params);
+    for (int i = 0; i < m->np; i++) {
+        const char *nm = m->info[i].name;
+        int group = 0;
+        if (strncmp(nm, "h.", 2) == 0)
+            group = 1 + atoi(nm + 2);
+        else if (strncmp(nm, "ln_f.", 5) == 0)
+            group = m->d.n_layer + 1;
+        const place_t *pl = &m->place[i];
+        sp->params[i] = (dg_shard_param_t){m->pnode[i], group, pl->lrows, pl->lcols, pl->Rs, pl->row0, m->off[i]};
+    }
+    sp->k = m->k;
+    sp->bucket_bytes = m->par.bucket_bytes;
+    sp->prefetch_bytes = m->par.prefetch_bytes;
+    sp->overlap = m->par.overlap;
+    sp->reshard = m->par.reshard_after_forward;
+    m->shard = sp;
 }
 
 /* ---------------- initialisation ---------------- */
@@ -251,25 +400,46 @@ static int ends_with(const char *s, const char *suffix) {
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
+/* Global row of row `lr` of this rank's local piece (-1 in the padding). */
+static int64_t global_row(const place_t *pl, int64_t lr) {
+    if (lr >= pl->nrows) return -1;
+    int64_t t = pl->row0 + lr; /* row of the tp-local tensor */
+    if (pl->tp_dim != 0) return t;
+    for (int s = 0; s < pl->n_seg; s++) {
+        if (t < pl->seg_len[s]) return pl->seg_start[s] + t;
+        t -= pl->seg_len[s];
+    }
+    DG_ASSERT(0);
+    return -1;
+}
+
+/* Fills this rank's local piece of tensor i (local_numel floats, padding rows zero) with the values
+ * the whole tensor would have at those global positions. */
 static void init_tensor(const dg_model_t *m, int i, float *h) {
     const dg_param_info_t *pi = &m->info[i];
+    const place_t *pl = &m->place[i];
     const char *name = pi->name;
-    size_t n = pi->numel;
-    if (ends_with(name, ".bias") || ends_with(name, "ln_1.weight") || ends_with(name, "ln_2.weight") ||
-        strcmp(name, "ln_f.weight") == 0) {
-        float v = ends_with(name, ".weight") ? 1.0f : 0.0f; /* layernorm gain 1, every bias 0 */
-        for (size_t e = 0; e < n; e++)
-            h[e] = v;
-        return;
-    }
+    int64_t lc = pl->lcols, gcols = pl->gshape[1], col0 = pl->tp_dim == 1 ? pl->seg_start[0] : 0;
+    memset(h, 0, pl->local_numel * sizeof(float));
+    int constant = ends_with(name, ".bias") || ends_with(name, "ln_1.weight") ||
+                   ends_with(name, "ln_2.weight") || strcmp(name, "ln_f.weight") == 0;
+    float cval = ends_with(name, ".weight") ? 1.0f : 0.0f; /* layernorm gain 1, every bias 0 */
     double std = 0.02;
     if (ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight"))
         std = 0.02 / sqrt(2.0 * m->d.n_layer); /* residual projections: keep the stream's variance flat */
-    size_t valid = n;
-    if (strcmp(name, "wte") == 0)
-        valid = (size_t)m->d.vocab_size * (size_t)m->d.d_model; /* padded rows stay 0 */
-    for (size_t e = 0; e < n; e++)
-        h[e] = e < valid ? (float)(std * normal(m->seed, (uint64_t)i, e)) : 0.0f;
+    int64_t valid_rows = strcmp(name, "wte") == 0 ? m->d.vocab_size : pl->gshape[0]; /* padded rows: 0 */
+    for (int64_t lr = 0; lr < pl->nrows; lr++) {
+        int64_t gr = global_row(pl, lr);
+        float *row = h + lr * lc;
+        for (int64_t c = 0; c < lc; c++) {
+            if (constant) {
+                row[c] = cval;
+                continue;
+            }
+            uint64_t e = (uint64_t)gr * (uint64_t)gcols + (uint64_t)(col0 + c);
+            row[c] = gr < valid_rows ? (float)(std * normal(m->seed, (uint64_t)i, e)) : 0.0f;
+        }
+    }
 }
 
 /* ---------------- create / free ---------------- */
@@ -301,6 +471,12 @@ static dg_status_t bind_and_alloc(dg_model_t *m) {
         if (p->master != p) p->data = (char *)m->compute + m->off[i] * as;
         p->grad->data = m->grad + m->off[i];
     }
+    for (int j = 0; m->shard && j < m->shard->n_buckets; j++) { /* views over the flat buffers */
+        dg_bucket_t *b = &m->shard->buckets[j];
+        size_t o = m->off[b->first];
+        b->pleaf->data = m->compute ? (void *)((char *)m->compute + o * as) : (void *)(m->master + o);
+        b->gleaf->data = m->grad + o;
+    }
     for (int j = 0; j < m->g->n; j++) {
         dg_node_t *x = m->g->nodes[j];
         if (!(x->flags & DG_NF_OPTSTATE)) continue;
@@ -308,18 +484,26 @@ static dg_status_t bind_and_alloc(dg_model_t *m) {
         float *base = strncmp(x->name, "adam_m.", 7) == 0 ? m->adam_m : m->adam_v;
         x->data = base + m->off[x->param_index];
     }
-    return dg_exec_create(be, m->g, m->plan, &m->ex);
+    DG_TRY(dg_exec_create(be, m->g, m->plan, &m->ex));
+    for (int d = 0; d < DG_MESH_NDIM; d++) {
+        if (m->par.mesh.size[d] == 1) continue;
+        if (!m->par.comm[d])
+            return DG_ERR(DG_ERR_USAGE, "model: mesh dimension %s has %d ranks but no comm was given",
+                          dg_mesh_dim_name(d), m->par.mesh.size[d]);
+        DG_TRY(dg_exec_attach_comm(m->ex, d, m->par.comm[d]));
+    }
+    return DG_OK;
 }
 
 static dg_status_t init_weights(dg_model_t *m) {
-    size_t maxn = 0;
+    size_t maxn = 1;
     for (int i = 0; i < m->np; i++)
-        if (m->info[i].numel > maxn) maxn = m->info[i].numel;
+        if (m->place[i].local_numel > maxn) maxn = m->place[i].local_numel;
     float *h = dg_xmalloc(maxn * sizeof(float));
     dg_status_t st = DG_OK;
     for (int i = 0; i < m->np && st == DG_OK; i++) {
         init_tensor(m, i, h);
-        st = dg_model_set_tensor(m, i, DG_STATE_PARAM, h);
+        st = dg_model_set_local(m, i, DG_STATE_PARAM, h);
     }
     free(h);
     return st;
@@ -332,12 +516,49 @@ dg_status_t dg_model_create(const dg_model_desc_t *d, dg_backend_t *be, int micr
 
 dg_status_t dg_model_create_ex(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
                                int flags, dg_model_t **out) {
+    return dg_model_create_parallel(d, be, micro_batch, seed, flags, NULL, out);
+}
+
+void dg_model_parallel_default(dg_model_parallel_t *p) {
+    memset(p, 0, sizeof *p);
+    for (int d = 0; d < DG_MESH_NDIM; d++) {
+        p->mesh.size[d] = 1;
+        p->mesh.order[d] = d;
+    }
+    p->bucket_bytes = (size_t)25 << 20;
+    p->prefetch_bytes = (size_t)256 << 20;
+    p->overlap = 1;
+    p->reshard_after_forward = 1;
+}
+
+static dg_status_t check_parallel(const dg_model_desc_t *d, const dg_model_parallel_t *p) {
+    for (int k = 0; k < DG_MESH_NDIM; k++) {
+        if (p->mesh.size[k] < 1 || p->coord[k] < 0 || p->coord[k] >= p->mesh.size[k])
+            return DG_ERR(DG_ERR_USAGE, "model: mesh dimension %s: size %d, coordinate %d is out of range",
+                          dg_mesh_dim_name(k), p->mesh.size[k], p->coord[k]);
+    }
+    int tp = p->mesh.size[DG_MESH_TP];
+    if (d->n_head % tp != 0)
+        return DG_ERR(DG_ERR_USAGE,
+                      "parallel.mesh: tp = %d must divide model.n_head = %d (attention heads are split over tp)",
+                      tp, d->n_head);
+    return DG_OK;
+}
+
+dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
+                                     int flags, const dg_model_parallel_t *par, dg_model_t **out) {
     *out = NULL;
     DG_TRY(dg_model_desc_validate(d));
     if (!be) return DG_ERR(DG_ERR_USAGE, "model: no compute backend given");
     if (micro_batch < 1 || (int64_t)micro_batch * d->seq_len > INT_MAX / 4)
         return DG_ERR(DG_ERR_USAGE, "train.micro_batch = %d is out of range for seq_len %d", micro_batch,
                       d->seq_len);
+    dg_model_parallel_t one;
+    if (!par) {
+        dg_model_parallel_default(&one);
+        par = &one;
+    }
+    DG_TRY(check_parallel(d, par));
     dg_model_t *m = dg_xcalloc(1, sizeof *m);
     m->d = *d;
     m->be = be;
@@ -345,33 +566,44 @@ dg_status_t dg_model_create_ex(const dg_model_desc_t *d, dg_backend_t *be, int m
     m->T = d->seq_len;
     m->flags = flags;
     m->seed = seed;
+    m->par = *par;
+    m->tp = par->mesh.size[DG_MESH_TP];
+    m->tp_rank = par->coord[DG_MESH_TP];
+    m->k = par->mesh.size[DG_MESH_DP_SHARD];
+    m->shard_rank = par->coord[DG_MESH_DP_SHARD];
+    m->rep = par->mesh.size[DG_MESH_DP_REPLICATE];
+    m->rep_rank = par->coord[DG_MESH_DP_REPLICATE];
     int cap = 4 + 12 * d->n_layer;
     m->info = dg_xcalloc((size_t)cap, sizeof *m->info);
     m->names = dg_xcalloc((size_t)cap, sizeof *m->names);
     m->pnode = dg_xcalloc((size_t)cap, sizeof *m->pnode);
     m->off = dg_xcalloc((size_t)cap + 1, sizeof *m->off);
+    m->place = dg_xcalloc((size_t)cap, sizeof *m->place);
     m->g = dg_graph_create(be);
+    m->g->mesh = par->mesh;
 
     dg_status_t st = build_forward(m);
     if (st == DG_OK) {
+        layout(m);
         m->losses->flags |= DG_NF_OUTPUT;
         dg_pass_t pipeline[] = {
             {"fuse_gelu", dg_pass_fuse_gelu, NULL},
             {"autodiff", pass_autodiff, m},
+            {"fsdp", dg_pass_fsdp, m->shard},
             {"optimizer", pass_optimizer, m},
+            {"grad_sync", pass_grad_sync, m},
             {"inplace", dg_pass_inplace, NULL},
         };
-        st = dg_graph_run_passes(m->g, pipeline, (int)(sizeof pipeline / sizeof pipeline[0]));
+        int np = (int)(sizeof pipeline / sizeof pipeline[0]);
+        if (!m->shard) { /* one data-parallel rank: no buckets */
+            memmove(&pipeline[2], &pipeline[3], (size_t)(np - 3) * sizeof pipeline[0]);
+            np--;
+        }
+        st = dg_graph_run_passes(m->g, pipeline, np);
     }
     if (st == DG_OK)
         st = dg_plan_create(m->g, (flags & DG_MODEL_NO_ARENA_REUSE) ? DG_PLAN_NO_REUSE : 0, &m->plan);
     if (st == DG_OK) {
-        size_t t = 0;
-        for (int i = 0; i < m->np; i++) {
-            m->off[i] = t;
-            t += (m->info[i].numel + PARAM_ALIGN_ELEMS - 1) / PARAM_ALIGN_ELEMS * PARAM_ALIGN_ELEMS;
-        }
-        m->total = t;
         m->host_losses = dg_xmalloc((size_t)m->B * (size_t)m->T * sizeof(float));
         m->frozen = dg_xcalloc((size_t)m->np + 1, 1);
         for (int i = 0; i < m->g->n; i++)
@@ -404,6 +636,8 @@ void dg_model_free(dg_model_t *m) {
         if (bufs[i]) be->ops->free(be, bufs[i]);
     dg_plan_free(m->plan);
     dg_graph_free(m->g);
+    dg_shard_plan_free(m->shard);
+    free(m->place);
     free(m->info);
     free(m->names);
     free(m->pnode);
@@ -633,9 +867,19 @@ static dg_status_t state_ptr(dg_model_t *m, int i, int which, float **p) {
     return DG_OK;
 }
 
+static dg_status_t need_whole(const dg_model_t *m, int i) {
+    if (m->tp > 1 || m->k > 1)
+        return DG_ERR(DG_ERR_USAGE,
+                      "model: tensor '%s' is distributed over the mesh (this rank holds %zu of %zu elements); "
+                      "use dg_model_get_local / dg_model_set_local",
+                      m->info[i].name, m->place[i].local_numel, m->info[i].numel);
+    return DG_OK;
+}
+
 dg_status_t dg_model_get_tensor(dg_model_t *m, int i, int which, float *host_out) {
     float *p = NULL;
     DG_TRY(state_ptr(m, i, which, &p));
+    DG_TRY(need_whole(m, i));
     DG_TRY(m->be->ops->sync(m->be));
     return m->be->ops->to_host(m->be, host_out, p, m->info[i].numel * sizeof(float));
 }
@@ -643,13 +887,77 @@ dg_status_t dg_model_get_tensor(dg_model_t *m, int i, int which, float *host_out
 dg_status_t dg_model_set_tensor(dg_model_t *m, int i, int which, const float *host_in) {
     float *p = NULL;
     DG_TRY(state_ptr(m, i, which, &p));
-    size_t n = m->info[i].numel;
+    DG_TRY(need_whole(m, i));
+    return dg_model_set_local(m, i, which, host_in);
+}
+
+size_t dg_model_local_numel(const dg_model_t *m, int i) {
+    return (i >= 0 && i < m->np) ? m->place[i].local_numel : 0;
+}
+
+dg_status_t dg_model_get_local(dg_model_t *m, int i, int which, float *host_out) {
+    float *p = NULL;
+    DG_TRY(state_ptr(m, i, which, &p));
+    DG_TRY(m->be->ops->sync(m->be));
+    return m->be->ops->to_host(m->be, host_out, p, m->place[i].local_numel * sizeof(float));
+}
+
+dg_status_t dg_model_set_local(dg_model_t *m, int i, int which, const float *host_in) {
+    float *p = NULL;
+    DG_TRY(state_ptr(m, i, which, &p));
+    size_t n = m->place[i].local_numel;
     DG_TRY(m->be->ops->to_device(m->be, p, host_in, n * sizeof(float)));
     if (which == DG_STATE_PARAM && m->compute) {
         dg_dtype_t at = m->g->act_dtype;
         DG_TRY(m->be->ops->cast(m->be, (char *)m->compute + m->off[i] * dg_dtype_size(at), at, p, DG_F32, n));
     }
     return DG_OK;
+}
+
+int dg_model_local_pieces(const dg_model_t *m, int i, dg_model_piece_t *out) {
+    if (i < 0 || i >= m->np) return 0;
+    const place_t *pl = &m->place[i];
+    int n = 0;
+    int64_t lr = 0;
+    while (lr < pl->nrows) { /* runs of local rows that are contiguous global rows */
+        int64_t gr = global_row(pl, lr), len = 1;
+        while (lr + len < pl->nrows && global_row(pl, lr + len) == gr + len) len++;
+        DG_ASSERT(n < DG_MODEL_MAX_PIECES);
+        dg_model_piece_t *p = &out[n++];
+        p->start[0] = gr;
+        p->count[0] = len;
+        p->start[1] = pl->tp_dim == 1 ? pl->seg_start[0] : 0;
+        p->count[1] = pl->lcols;
+        p->offset = (size_t)(lr * pl->lcols);
+        lr += len;
+    }
+    return n;
+}
+
+int dg_model_piece_owner(const dg_model_t *m, int i) {
+    if (i < 0 || i >= m->np) return 0;
+    return m->rep_rank == 0 && (m->place[i].tp_dim >= 0 || m->tp_rank == 0);
+}
+
+const dg_model_parallel_t *dg_model_parallel(const dg_model_t *m) {
+    return &m->par;
+}
+
+void dg_model_set_step(dg_model_t *m, int64_t step) {
+    for (int d = 0; d < DG_MESH_NDIM; d++)
+        if (m->par.comm[d] && m->par.mesh.size[d] > 1) dg_comm_set_step(m->par.comm[d], step);
+}
+
+void dg_model_comm_stats(dg_model_t *m, dg_model_comm_stats_t *out, int reset) {
+    memset(out, 0, sizeof *out);
+    if (!m->ex) return;
+    out->wait_s = m->ex->wait_s;
+    out->blocking_s = m->ex->blocking_s;
+    out->collectives = m->ex->n_coll;
+    if (reset) {
+        m->ex->wait_s = m->ex->blocking_s = 0;
+        m->ex->n_coll = 0;
+    }
 }
 
 /* ---------------- profiling ---------------- */

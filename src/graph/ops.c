@@ -307,6 +307,16 @@ static dg_status_t shape_reduce_scatter(dg_graph_t *g, dg_node_t *n) {
     int64_t k = mesh_size(g, n);
     CHECK(k >= 1, "mesh dimension %" PRId64 " is not one of dp_replicate, dp_shard, tp",
           n->attr[DG_A_MESHDIM]);
+    if (n->attr[DG_A_ACC]) { /* scatter in place over the input, then add this rank's block into upd[0] */
+        CHECK(n->n_upd == 1 && n->upd[0]->dtype == DG_F32 && n->src[0]->dtype == DG_F32,
+              "acc=1 adds into exactly one f32 persistent tensor");
+        CHECK(dg_node_numel(n->src[0]) == (size_t)k * dg_node_numel(n->upd[0]),
+              "input of %zu elements is not %" PRId64 " blocks of '%s' (%zu)", dg_node_numel(n->src[0]), k,
+              n->upd[0]->name, dg_node_numel(n->upd[0]));
+        n->storage = DG_STORE_NONE;
+        return DG_OK;
+    }
+    CHECK(n->n_upd == 0, "only acc=1 updates a persistent tensor");
     CHECK(n->src[0]->ndim >= 1 && n->src[0]->shape[0] % k == 0,
           "dim 0 (%" PRId64 ") is not divisible by the %" PRId64 " ranks of mesh dimension %s",
           n->src[0]->ndim ? n->src[0]->shape[0] : 0, k, dg_mesh_dim_name((int)n->attr[DG_A_MESHDIM]));
@@ -319,7 +329,83 @@ static dg_status_t shape_all_reduce(dg_graph_t *g, dg_node_t *n) {
     int64_t k = mesh_size(g, n);
     CHECK(k >= 1, "mesh dimension %" PRId64 " is not one of dp_replicate, dp_shard, tp",
           n->attr[DG_A_MESHDIM]);
+    int64_t mode = n->attr[DG_A_ARMODE];
+    CHECK(mode >= DG_AR_SUM && mode <= DG_AR_FROM_REPLICATE, "unknown all_reduce mode %" PRId64, mode);
+    if (n->n_src == 0) { /* in place over a persistent tensor (gradient buckets, the norm accumulator) */
+        CHECK(n->n_upd == 1 && mode == DG_AR_SUM, "an in-place all_reduce updates exactly one tensor (sum)");
+        CHECK(n->attr[DG_A_COUNT] >= 0 && (size_t)n->attr[DG_A_COUNT] <= dg_node_numel(n->upd[0]),
+              "count %" PRId64 " exceeds the %zu elements of '%s'", n->attr[DG_A_COUNT],
+              dg_node_numel(n->upd[0]), n->upd[0]->name);
+        n->storage = DG_STORE_NONE;
+        return DG_OK;
+    }
+    CHECK(n->n_upd == 0, "an all_reduce with an input writes its own output");
     set_like(n, n->src[0]);
+    if (mode == DG_AR_FROM_REPLICATE) n->view_src = n->src[0]; /* identity forward: no copy */
+    return DG_OK;
+}
+
+static int64_t rows_of(const dg_node_t *x) {
+    return x->ndim ? x->shape[0] : 1;
+}
+
+static int64_t cols_of(const dg_node_t *x) {
+    return x->ndim >= 2 ? (int64_t)(dg_node_numel(x) / (size_t)x->shape[0]) : 1;
+}
+
+/* Geometry shared by pack/unpack: k rank blocks of S elements; this parameter's piece of Rs rows x cols
+ * starts at element OFF of each block; rank r holds rows [r*Rs, (r+1)*Rs) of the unsharded tensor. */
+static dg_status_t check_bucket_geometry(const dg_node_t *n, int64_t rows, int64_t cols) {
+    int64_t k = n->attr[DG_A_K], S = n->attr[DG_A_S], off = n->attr[DG_A_OFF], Rs = n->attr[DG_A_RS];
+    CHECK(k >= 1 && S >= 1 && off >= 0 && Rs >= 1 && cols >= 1, "bad bucket geometry");
+    CHECK(off + Rs * cols <= S, "piece [%" PRId64 ", %" PRId64 ") exceeds the rank block of %" PRId64, off,
+          off + Rs * cols, S);
+    CHECK(Rs * k >= rows && Rs * (k - 1) < rows + Rs, "%" PRId64 " rows over %" PRId64
+          " ranks do not fit shards of %" PRId64 " rows", rows, k, Rs);
+    return DG_OK;
+}
+
+static dg_status_t shape_fill0(dg_graph_t *g, dg_node_t *n) {
+    (void)g;
+    int64_t nd = n->attr[DG_A_NDIM0];
+    CHECK(nd >= 1 && nd <= 4 && DG_A_NDIM0 + nd < DG_MAX_ATTR, "ndim %" PRId64 " outside 1..4", nd);
+    int64_t s[DG_MAX_DIMS];
+    for (int d = 0; d < nd; d++) {
+        s[d] = n->attr[DG_A_NDIM0 + 1 + d];
+        CHECK(s[d] >= 1, "dim %d has size %" PRId64, d, s[d]);
+    }
+    set_out(n, DG_F32, (int)nd, s);
+    return DG_OK;
+}
+
+static dg_status_t shape_shard_pack(dg_graph_t *g, dg_node_t *n) {
+    (void)g;
+    const dg_node_t *x = n->src[0];
+    CHECK(x->dtype == DG_F32, "packs f32 gradients");
+    dg_status_t st = check_bucket_geometry(n, rows_of(x), cols_of(x));
+    if (st != DG_OK) return st;
+    int64_t s[1] = {n->attr[DG_A_K] * n->attr[DG_A_S]};
+    set_out(n, DG_F32, 1, s);
+    return acc_rule(n, 1); /* later pieces of the same bucket write into the first one's buffer */
+}
+
+static dg_status_t shape_shard_unpack(dg_graph_t *g, dg_node_t *n) {
+    (void)g;
+    const dg_node_t *x = n->src[0];
+    int64_t R = n->attr[DG_A_ROWS], Cc = n->attr[DG_A_COLS];
+    CHECK(x->ndim == 1 && x->shape[0] == n->attr[DG_A_K] * n->attr[DG_A_S],
+          "the gathered bucket must be [k * S] = [%" PRId64 "]", n->attr[DG_A_K] * n->attr[DG_A_S]);
+    CHECK(R >= 1 && Cc >= 0, "bad output shape");
+    dg_status_t st = check_bucket_geometry(n, R, Cc ? Cc : 1);
+    if (st != DG_OK) return st;
+    int64_t s[2] = {R, Cc};
+    set_out(n, x->dtype, Cc ? 2 : 1, s);
+    return DG_OK;
+}
+
+static dg_status_t shape_wait(dg_graph_t *g, dg_node_t *n) {
+    (void)g;
+    n->storage = DG_STORE_NONE; /* the wait edges are added by the pass that creates it */
     return DG_OK;
 }
 
@@ -462,6 +548,13 @@ static dg_status_t bwd_reduce_scatter(dg_ad_t *ad, dg_node_t *n) {
     return bwd_collective(ad, n, DG_OP_ALL_GATHER);
 }
 static dg_status_t bwd_all_reduce(dg_ad_t *ad, dg_node_t *n) {
+    if (n->attr[DG_A_ARMODE] == DG_AR_TO_REPLICATE) {
+        /* every rank computes the same loss from the replicated sum: each partial input's gradient is
+         * the output's gradient as it is */
+        if (dg_ad_wants(ad, n->src[0])) dg_ad_contribute_shared(ad, n->src[0], n->grad);
+        return dg_graph_error(dg_ad_graph(ad));
+    }
+    /* SUM: adjoint is the sum; FROM_REPLICATE: the ranks' partial gradients of a replicated input add up */
     return bwd_collective(ad, n, DG_OP_ALL_REDUCE);
 }
 
@@ -583,19 +676,59 @@ static dg_status_t ex_adamw(dg_exec_t *ex, const dg_node_t *n) {
                           n->attr[DG_A_DECAY] ? rt->weight_decay : 0.0f, rt->t, sc + DG_SCALAR_GSCALE);
 }
 
-/* Collectives: over a mesh dimension of size 1 every variant is the identity, i.e. a copy (none when
- * the output shares the input's storage). Larger groups run through the comm backend (issue 4). */
+/* Collectives go through the executor's comm layer (exec.c): posted non-blocking on the comm stream,
+ * run to completion on the compute stream; copies over a mesh dimension of size 1. */
 static dg_status_t ex_collective(dg_exec_t *ex, const dg_node_t *n) {
-    int64_t d = n->attr[DG_A_MESHDIM];
-    int64_t k = ex->graph->mesh.size[d];
-    if (k != 1)
-        return DG_ERR(DG_ERR_RUNTIME,
-                      "graph: %s '%s' over mesh dimension %s of size %" PRId64
-                      " needs a comm backend, and none is attached to this executor",
-                      dg_op_name(n->op), n->name, dg_mesh_dim_name((int)d), k);
-    void *dst = P(n), *src = P(n->src[0]);
-    if (dst == src) return DG_OK;
-    return BE->ops->copy(BE, dst, src, n->nbytes);
+    return dg_exec_collective(ex, n);
+}
+
+static dg_status_t ex_fill0(dg_exec_t *ex, const dg_node_t *n) {
+    return BE->ops->memset0(BE, P(n), n->nbytes);
+}
+
+/* rows of rank r's piece that exist in the unsharded tensor (the last ranks' may be short or empty) */
+static int64_t piece_rows(int64_t R, int64_t Rs, int64_t r) {
+    int64_t lo = r * Rs, hi = lo + Rs < R ? lo + Rs : R;
+    return hi > lo ? hi - lo : 0;
+}
+
+static dg_status_t ex_shard_pack(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *x = n->src[0];
+    int64_t k = n->attr[DG_A_K], S = n->attr[DG_A_S], off = n->attr[DG_A_OFF], Rs = n->attr[DG_A_RS];
+    int64_t R = rows_of(x), cols = cols_of(x);
+    char *out = P(n);
+    const char *in = P(x);
+    /* the first piece clears the whole buffer: padding rows and alignment gaps must reduce to zeros */
+    if (!n->attr[DG_A_ACC]) DG_TRY(BE->ops->memset0(BE, out, n->nbytes));
+    for (int64_t r = 0; r < k; r++) {
+        int64_t rows = piece_rows(R, Rs, r);
+        if (rows)
+            DG_TRY(BE->ops->copy(BE, out + (size_t)(r * S + off) * 4, in + (size_t)(r * Rs * cols) * 4,
+                                 (size_t)(rows * cols) * 4));
+    }
+    return DG_OK;
+}
+
+static dg_status_t ex_shard_unpack(dg_exec_t *ex, const dg_node_t *n) {
+    int64_t k = n->attr[DG_A_K], S = n->attr[DG_A_S], off = n->attr[DG_A_OFF], Rs = n->attr[DG_A_RS];
+    int64_t R = n->shape[0], cols = n->attr[DG_A_COLS] ? n->attr[DG_A_COLS] : 1;
+    size_t es = dg_dtype_size(n->dtype);
+    char *out = P(n);
+    const char *in = P(n->src[0]);
+    for (int64_t r = 0; r < k; r++) {
+        int64_t rows = piece_rows(R, Rs, r);
+        if (rows)
+            DG_TRY(BE->ops->copy(BE, out + (size_t)(r * Rs * cols) * es, in + (size_t)(r * S + off) * es,
+                                 (size_t)(rows * cols) * es));
+    }
+    return DG_OK;
+}
+
+/* the executor completes the waited-on requests before running any node with wait edges */
+static dg_status_t ex_wait(dg_exec_t *ex, const dg_node_t *n) {
+    (void)ex;
+    (void)n;
+    return DG_OK;
 }
 
 /* ================= the table ================= */
@@ -639,8 +772,14 @@ static const dg_op_def_t op_table[DG_OP_COUNT] = {
                           bwd_all_gather, ex_collective, 0, 1},
     [DG_OP_REDUCE_SCATTER] = {DG_OP_REDUCE_SCATTER, "reduce_scatter", 1, 1, shape_reduce_scatter,
                               DG_GRAD_BUILDER, bwd_reduce_scatter, ex_collective, 0, 1},
-    [DG_OP_ALL_REDUCE] = {DG_OP_ALL_REDUCE, "all_reduce", 1, 1, shape_all_reduce, DG_GRAD_BUILDER,
+    [DG_OP_ALL_REDUCE] = {DG_OP_ALL_REDUCE, "all_reduce", 0, 1, shape_all_reduce, DG_GRAD_BUILDER,
                           bwd_all_reduce, ex_collective, 0x1, 1},
+    [DG_OP_FILL0] = {DG_OP_FILL0, "fill0", 0, 0, shape_fill0, DG_GRAD_NONE, NULL, ex_fill0, 0, 0},
+    [DG_OP_SHARD_PACK] = {DG_OP_SHARD_PACK, "shard_pack", 1, 2, shape_shard_pack, DG_GRAD_NONE, NULL,
+                          ex_shard_pack, 0, 0},
+    [DG_OP_SHARD_UNPACK] = {DG_OP_SHARD_UNPACK, "shard_unpack", 1, 1, shape_shard_unpack, DG_GRAD_NONE, NULL,
+                            ex_shard_unpack, 0, 0},
+    [DG_OP_WAIT] = {DG_OP_WAIT, "wait", 0, 0, shape_wait, DG_GRAD_NONE, NULL, ex_wait, 0, 0},
 };
 
 const dg_op_def_t *dg_op_def(dg_op_kind_t kind) {
@@ -708,6 +847,11 @@ dg_node_t *dg_op_reduce_scatter(dg_graph_t *g, const char *name, dg_node_t *x, i
 
 dg_node_t *dg_op_all_reduce(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim) {
     return collective(g, DG_OP_ALL_REDUCE, name, x, mesh_dim);
+}
+
+dg_node_t *dg_op_all_reduce_mode(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim, dg_armode_t mode) {
+    int64_t attr[3] = {0, mesh_dim, mode};
+    return dg_graph_add_op(g, DG_OP_ALL_REDUCE, name, 1, &x, 0, NULL, attr, 3);
 }
 
 /* ================= fusion ================= */

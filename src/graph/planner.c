@@ -111,6 +111,22 @@ static void liveness(const dg_graph_t *g, int *start, int *end) {
             const dg_node_t *r = dg_node_root_c(x->src[k]);
             if (r->storage == DG_STORE_ARENA && i > end[r->id]) end[r->id] = i;
         }
+        for (int k = 0; k < x->n_upd; k++) { /* an arena tensor updated in place is read and written */
+            const dg_node_t *r = dg_node_root_c(x->upd[k]);
+            if (r->storage == DG_STORE_ARENA && i > end[r->id]) end[r->id] = i;
+        }
+        /* an asynchronous op reads its inputs and writes its output until it is waited for */
+        for (int k = 0; k < x->n_wait; k++) {
+            const dg_node_t *w = x->wait[k];
+            if (w->storage != DG_STORE_NONE) {
+                const dg_node_t *r = dg_node_root_c(w);
+                if (r->storage == DG_STORE_ARENA && i > end[r->id]) end[r->id] = i;
+            }
+            for (int j = 0; j < w->n_src; j++) {
+                const dg_node_t *r = dg_node_root_c(w->src[j]);
+                if (r->storage == DG_STORE_ARENA && i > end[r->id]) end[r->id] = i;
+            }
+        }
     }
 }
 
@@ -240,6 +256,13 @@ dg_status_t dg_plan_check(const dg_plan_t *p, const dg_graph_t *g) {
         if (x->op == DG_OP_LEAF || x->op == DG_OP_SIDE) continue;
         for (int k = 0; k < x->n_src; k++)
             TOUCH(x->src[k], i);
+        for (int k = 0; k < x->n_upd; k++)
+            TOUCH(x->upd[k], i);
+        for (int k = 0; k < x->n_wait; k++) { /* the async op's buffers are in use until here */
+            if (x->wait[k]->storage != DG_STORE_NONE) TOUCH(x->wait[k], i);
+            for (int j = 0; j < x->wait[k]->n_src; j++)
+                TOUCH(x->wait[k]->src[j], i);
+        }
         if (x->storage != DG_STORE_NONE) TOUCH(x, i);
         for (int k = 0; k < x->n_side; k++)
             TOUCH(x->side[k], i);

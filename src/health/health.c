@@ -595,6 +595,8 @@ dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double 
     h->sum.silent_rank = -1;
     h->stall_rank = -1;
     h->stall_step = -1;
+    /* Until the loop says otherwise, whatever comes after creation (resume, data setup) is "startup". */
+    dg_health_set_activity(h, 0, "startup");
     const char *sr = getenv("DG_TEST_STALL_RANK"), *ss = getenv("DG_TEST_STALL_STEP");
     if (sr && ss && *sr && *ss) {
         h->stall_rank = atoi(sr);

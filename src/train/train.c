@@ -22,6 +22,7 @@
 #include "data.h"
 #include "dg_mesh.h"
 #include "dg_mpi.h"
+#include "fsdp.h"
 #include "graph.h"
 #include "health.h"
 #include "planner.h"
@@ -43,6 +44,7 @@ typedef struct trainer {
     dg_backend_t *be;
     char backend_name[16];
     dg_model_desc_t desc;
+    dg_fsdp_t *fsdp; /* the mesh's communicators; the model shards itself over them */
     dg_model_t *model;
     int micro_batch, accum;
     int64_t global_batch;
@@ -56,13 +58,17 @@ typedef struct trainer {
     dg_health_t *health;
     dg_ckpt_writer_t *writer;
 
-    /* checkpoint staging: host copies of every parameter's state */
+    /* checkpoint staging: host copies of this rank's local piece of every parameter's state */
     int n_params;
-    float **host_state; /* [n_params * 3]: param, m, v */
-    dg_ckpt_tensor_t *ckpt_t;
+    float **host_state; /* [n_params * 3]: param, m, v (local pieces, dg_model_get_local) */
+    dg_ckpt_tensor_t *ckpt_t; /* one entry per hyperslab piece of a global tensor */
+    int n_ckpt;
     char **ckpt_paths;
     int *frozen; /* per parameter: matched train.freeze */
-    float *grad_flat; /* all gradients, for the data-parallel all-reduce */
+
+    /* loss-spike detector: moving window of accepted losses (float: what the checkpoint stores) */
+    float *window;
+    int64_t win_n, win_pos, consecutive_spikes;
 
     int64_t step;   /* optimizer steps completed */
     int64_t tokens; /* global tokens consumed */
@@ -162,12 +168,11 @@ static dg_status_t run_planner(dg_boot_t *boot, const dg_config_t *c, const dg_m
     return s;
 }
 
-/* Tensor parallelism the executor can run today. */
-#define DG_TRAIN_MAX_TP 1
+/* Largest tensor parallelism the planner may choose (one node's GPUs; n_head must divide by it). */
+#define DG_TRAIN_MAX_TP 8
 
-/* The mesh this build can run: until the FSDP passes land every rank holds a whole replica of the model
- * (dp_shard and dp_replicate are both data parallelism with identical numbers); tp > 1 is refused. With
- * mesh = auto the topology-SLA planner chooses among the shapes that are runnable. */
+/* The mesh: given by parallel.mesh, or chosen by the topology-SLA planner (mesh = auto). FSDP shards over
+ * dp_shard, HSDP replicates over dp_replicate, tensor parallelism splits heads / MLP over tp (fsdp.h). */
 static dg_status_t pick_mesh(trainer_t *tr) {
     int is_auto = 0;
     DG_TRY(dg_mesh_parse(tr->cfg->parallel.mesh, tr->world, &tr->mesh, &is_auto));
@@ -190,9 +195,6 @@ static dg_status_t pick_mesh(trainer_t *tr) {
             dg_cluster_free(&cl);
         }
     }
-    if (tr->mesh.size[DG_MESH_TP] != 1)
-        return DG_ERR(DG_ERR_USAGE, "parallel.mesh=%s: tensor parallelism is not available in this build",
-                      tr->cfg->parallel.mesh);
     tr->dp_size = tr->mesh.size[DG_MESH_DP_REPLICATE] * tr->mesh.size[DG_MESH_DP_SHARD];
     int coord[DG_MESH_NDIM];
     dg_mesh_coords(&tr->mesh, tr->rank, coord);
@@ -266,33 +268,43 @@ static dg_status_t match_frozen(trainer_t *tr) {
     return DG_OK;
 }
 
+/* The checkpoint's view of this rank's state: every parameter and both AdamW moments are global
+ * datasets; this rank contributes the hyperslab pieces of its local shard (FSDP rows, tp segments), and
+ * exactly one rank writes each piece (replicas over dp_replicate and tp-replicated tensors are read by
+ * all but written once). A rank with no piece of a tensor lists an empty one, so every rank names the
+ * tensors in the same order. Any mesh can load what any other wrote. */
 static void build_ckpt_tensors(trainer_t *tr) {
     int n = tr->n_params;
     tr->host_state = dg_xcalloc((size_t)n * 3, sizeof(float *));
-    tr->ckpt_t = dg_xcalloc((size_t)n * 3, sizeof(dg_ckpt_tensor_t));
+    tr->ckpt_t = dg_xcalloc((size_t)n * 3 * DG_MODEL_MAX_PIECES, sizeof(dg_ckpt_tensor_t));
     tr->ckpt_paths = dg_xcalloc((size_t)n * 3, sizeof(char *));
+    tr->n_ckpt = 0;
     for (int i = 0; i < n; i++) {
         const dg_param_info_t *p = dg_model_param(tr->model, i);
+        dg_model_piece_t pc[DG_MODEL_MAX_PIECES];
+        int np = dg_model_local_pieces(tr->model, i, pc);
+        int owner = dg_model_piece_owner(tr->model, i);
         for (int w = 0; w < 3; w++) {
             int k = i * 3 + w;
-            tr->host_state[k] = dg_xmalloc(p->numel * sizeof(float));
+            tr->host_state[k] = dg_xcalloc(dg_model_local_numel(tr->model, i) + 1, sizeof(float));
             char path[512];
             if (w == 0)
                 snprintf(path, sizeof path, "model/%s", p->name);
             else
                 snprintf(path, sizeof path, "optim/%s/%s", p->name, w == 1 ? "m" : "v");
             tr->ckpt_paths[k] = dg_xstrdup(path);
-            dg_ckpt_tensor_t *t = &tr->ckpt_t[k];
-            t->path = tr->ckpt_paths[k];
-            t->ndim = p->ndim;
-            for (int d = 0; d < p->ndim; d++) {
-                t->gshape[d] = p->shape[d];
-                t->start[d] = 0;
-                t->count[d] = p->shape[d];
+            for (int j = 0; j < (np ? np : 1); j++) {
+                dg_ckpt_tensor_t *t = &tr->ckpt_t[tr->n_ckpt++];
+                t->path = tr->ckpt_paths[k];
+                t->ndim = p->ndim;
+                for (int d = 0; d < p->ndim; d++) {
+                    t->gshape[d] = p->shape[d];
+                    t->start[d] = np ? pc[j].start[d] : 0;
+                    t->count[d] = np ? pc[j].count[d] : 0;
+                }
+                t->owner = owner && np > 0;
+                t->data = tr->host_state[k] + (np ? pc[j].offset : 0);
             }
-            /* every rank holds the whole (replicated) tensor; rank 0 writes it */
-            t->owner = tr->rank == 0;
-            t->data = tr->host_state[k];
         }
     }
 }
@@ -301,14 +313,76 @@ static const int k_state_of[3] = {DG_STATE_PARAM, DG_STATE_ADAM_M, DG_STATE_ADAM
 
 static dg_status_t pull_state(trainer_t *tr) {
     for (int i = 0; i < tr->n_params; i++)
-        for (int w = 0; w < 3; w++) DG_TRY(dg_model_get_tensor(tr->model, i, k_state_of[w], tr->host_state[i * 3 + w]));
+        for (int w = 0; w < 3; w++) DG_TRY(dg_model_get_local(tr->model, i, k_state_of[w], tr->host_state[i * 3 + w]));
     return DG_OK;
 }
 
 static dg_status_t push_state(trainer_t *tr) {
     for (int i = 0; i < tr->n_params; i++)
-        for (int w = 0; w < 3; w++) DG_TRY(dg_model_set_tensor(tr->model, i, k_state_of[w], tr->host_state[i * 3 + w]));
+        for (int w = 0; w < 3; w++) DG_TRY(dg_model_set_local(tr->model, i, k_state_of[w], tr->host_state[i * 3 + w]));
     return DG_OK;
+}
+
+/* The loss-spike detector's state travels in the checkpoint's key/value table so that a resumed run
+ * makes the same skip decisions: "spike_state" = "window n pos consecutive", then the window's float32
+ * values as hex words, SPIKE_PER_KV per "spike_window_K" entry. */
+#define SPIKE_PER_KV 48
+static void save_spike_state(trainer_t *tr, dg_ckpt_meta_t *m) {
+    int64_t W = tr->cfg->train.spike_window;
+    if (tr->cfg->train.spike_factor <= 0 || W <= 0) return;
+    char buf[448];
+    snprintf(buf, sizeof buf, "%lld %lld %lld %lld", (long long)W, (long long)tr->win_n, (long long)tr->win_pos,
+             (long long)tr->consecutive_spikes);
+    if (dg_ckpt_meta_set_kv(m, "spike_state", buf) != DG_OK) return;
+    for (int64_t k = 0; k * SPIKE_PER_KV < W; k++) {
+        size_t len = 0;
+        for (int64_t i = k * SPIKE_PER_KV; i < W && i < (k + 1) * SPIKE_PER_KV; i++) {
+            uint32_t u;
+            memcpy(&u, &tr->window[i], sizeof u);
+            len += (size_t)snprintf(buf + len, sizeof buf - len, "%08x", u);
+        }
+        char key[32];
+        snprintf(key, sizeof key, "spike_window_%lld", (long long)k);
+        if (dg_ckpt_meta_set_kv(m, key, buf) != DG_OK) {
+            DG_LOG_WARN("checkpoint: loss-spike window too long to store (%s); a resume starts it empty",
+                        dg_last_error());
+            dg_ckpt_meta_set_kv(m, "spike_state", "");
+            return;
+        }
+    }
+}
+
+/* Restores what save_spike_state wrote; a missing or mismatching state leaves the detector empty. */
+static void load_spike_state(trainer_t *tr, const dg_ckpt_meta_t *m) {
+    int64_t W = tr->cfg->train.spike_window;
+    const char *st = dg_ckpt_meta_get_kv(m, "spike_state");
+    if (tr->cfg->train.spike_factor <= 0 || W <= 0 || !st || !st[0]) return;
+    long long w, n, pos, cons;
+    if (sscanf(st, "%lld %lld %lld %lld", &w, &n, &pos, &cons) != 4 || w != W || n < 0 || n > W || pos < 0 ||
+        pos >= W) {
+        DG_LOG_WARN("checkpoint: loss-spike state '%s' does not fit train.spike_window=%lld; starting it empty", st,
+                    (long long)W);
+        return;
+    }
+    for (int64_t k = 0; k * SPIKE_PER_KV < W; k++) {
+        char key[32];
+        snprintf(key, sizeof key, "spike_window_%lld", (long long)k);
+        const char *hex = dg_ckpt_meta_get_kv(m, key);
+        for (int64_t i = k * SPIKE_PER_KV; i < W && i < (k + 1) * SPIKE_PER_KV; i++) {
+            unsigned u = 0;
+            size_t at = (size_t)(8 * (i - k * SPIKE_PER_KV));
+            if (!hex || strlen(hex) < at + 8 || sscanf(hex + at, "%8x", &u) != 1) {
+                DG_LOG_WARN("checkpoint: loss-spike window entry %s is damaged; starting it empty", key);
+                tr->win_n = tr->win_pos = tr->consecutive_spikes = 0;
+                return;
+            }
+            uint32_t u32 = u;
+            memcpy(&tr->window[i], &u32, sizeof u32);
+        }
+    }
+    tr->win_n = n;
+    tr->win_pos = pos;
+    tr->consecutive_spikes = cons;
 }
 
 static void fill_meta(trainer_t *tr, dg_ckpt_meta_t *m) {
@@ -331,6 +405,7 @@ static void fill_meta(trainer_t *tr, dg_ckpt_meta_t *m) {
     dg_ckpt_meta_set_kv(m, "data_fingerprint", fp);
     dg_ckpt_meta_set_kv(m, "backend", tr->backend_name);
     dg_ckpt_meta_set_kv(m, "precision", tr->cfg->train.precision);
+    save_spike_state(tr, m);
 }
 
 static void emit_ckpt_event(trainer_t *tr, const dg_ckpt_save_result_t *r, double stall_ms, int async) {
@@ -363,7 +438,7 @@ static dg_status_t save_checkpoint(trainer_t *tr, int sync_only) {
     if (tr->writer && !sync_only) {
         double stall = 0;
         dg_ckpt_async_result_t prev = {0};
-        s = dg_ckpt_writer_submit(tr->writer, &meta, tr->ckpt_t, tr->n_params * 3, &stall, &prev);
+        s = dg_ckpt_writer_submit(tr->writer, &meta, tr->ckpt_t, tr->n_ckpt, &stall, &prev);
         report_async(tr, &prev);
     } else {
         if (tr->writer) {
@@ -376,7 +451,7 @@ static dg_status_t save_checkpoint(trainer_t *tr, int sync_only) {
         o.keep = (int)tr->cfg->checkpoint.keep;
         o.incremental = tr->cfg->checkpoint.incremental;
         dg_ckpt_save_result_t r;
-        s = dg_ckpt_save(tr->comm, tr->ckpt_dir, &meta, tr->ckpt_t, tr->n_params * 3, &o, &r);
+        s = dg_ckpt_save(tr->comm, tr->ckpt_dir, &meta, tr->ckpt_t, tr->n_ckpt, &o, &r);
         if (s == DG_OK) emit_ckpt_event(tr, &r, (dg_now_s() - t0) * 1e3, 0);
     }
     dg_ckpt_meta_destroy(&meta);
@@ -389,7 +464,7 @@ static dg_status_t maybe_resume(trainer_t *tr) {
     dg_ckpt_meta_init(&meta);
     char path[4096] = "";
     dg_status_t s = dg_ckpt_resume(tr->comm, tr->ckpt_dir, tr->cfg->checkpoint.resume, &meta, tr->ckpt_t,
-                                   tr->n_params * 3, path, sizeof path);
+                                   tr->n_ckpt, path, sizeof path);
     if (s != DG_OK || !path[0]) {
         dg_ckpt_meta_destroy(&meta);
         return s;
@@ -412,6 +487,7 @@ static dg_status_t maybe_resume(trainer_t *tr) {
                        dg_last_error());
         tr->loss_scale = meta.scaler.scale > 0 ? meta.scaler.scale : tr->loss_scale;
         tr->good_steps = meta.scaler.good_steps;
+        load_spike_state(tr, &meta);
     }
     if (s == DG_OK) {
         DG_METRICS_EVENT(tr->metrics, "resume", DG_JI("step", tr->step), DG_JS("path", path),
@@ -436,7 +512,7 @@ static dg_status_t rollback(trainer_t *tr) {
     dg_ckpt_meta_t meta;
     dg_ckpt_meta_init(&meta);
     char path[4096] = "";
-    DG_TRY(dg_ckpt_resume(tr->comm, tr->ckpt_dir, "auto", &meta, tr->ckpt_t, tr->n_params * 3, path, sizeof path));
+    DG_TRY(dg_ckpt_resume(tr->comm, tr->ckpt_dir, "auto", &meta, tr->ckpt_t, tr->n_ckpt, path, sizeof path));
     if (!path[0]) {
         dg_ckpt_meta_destroy(&meta);
         return DG_ERR(DG_ERR_RUNTIME, "loss spikes: %lld in a row and no checkpoint to roll back to "
@@ -493,39 +569,28 @@ static void trainer_free(trainer_t *tr) {
     free(tr->ckpt_paths);
     free(tr->ckpt_t);
     free(tr->frozen);
-    free(tr->grad_flat);
     if (tr->val_ld) dg_loader_free(tr->val_ld);
     if (tr->train_ld) dg_loader_free(tr->train_ld);
     if (tr->val_ds) dg_dataset_free(tr->val_ds);
     if (tr->train_ds) dg_dataset_free(tr->train_ds);
     if (tr->model) dg_model_free(tr->model);
+    dg_fsdp_free(tr->fsdp); /* after the model: its executor holds the comms */
     dg_backend_free(tr->be);
 }
 
-/* Data parallelism without sharding: every rank holds the whole model, so the gradients (already scaled
- * by 1 / global tokens) are summed over the data-parallel ranks in one flat all-reduce. Used until the
- * FSDP passes insert the collectives into the graph. */
-static dg_status_t allreduce_grads(trainer_t *tr, int64_t step) {
-    size_t total = 0;
-    for (int i = 0; i < tr->n_params; i++) total += dg_model_param(tr->model, i)->numel;
-    if (!tr->grad_flat) tr->grad_flat = dg_xmalloc(total * sizeof(float));
-    size_t off = 0;
-    for (int i = 0; i < tr->n_params; i++) {
-        DG_TRY(dg_model_get_tensor(tr->model, i, DG_STATE_GRAD, tr->grad_flat + off));
-        off += dg_model_param(tr->model, i)->numel;
-    }
-    dg_health_set_activity(tr->health, step, "all-reduce gradients");
-    for (size_t done = 0; done < total;) {
-        int n = total - done > (size_t)1 << 30 ? 1 << 30 : (int)(total - done);
-        DG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tr->grad_flat + done, n, MPI_FLOAT, MPI_SUM, tr->comm));
-        done += (size_t)n;
-    }
-    off = 0;
-    for (int i = 0; i < tr->n_params; i++) {
-        DG_TRY(dg_model_set_tensor(tr->model, i, DG_STATE_GRAD, tr->grad_flat + off));
-        off += dg_model_param(tr->model, i)->numel;
-    }
-    return DG_OK;
+/* A collective that failed or timed out inside the model (DG_ERR_PEER, naming the collective, the
+ * group, the step and the ranks that did not arrive) leaves its communicator unusable and peers possibly
+ * stuck inside it: no agreement can follow, so the job ends here on every rank with exit code 3. */
+static void comm_failure(trainer_t *tr, dg_status_t st) {
+    if (st != DG_ERR_PEER) return;
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", dg_last_error());
+    DG_LOG_ERROR("%s; ending the job on every rank (exit 3)", msg);
+    DG_METRICS_EVENT(tr->metrics, "done", DG_JI("step", tr->step), DG_JS("reason", "error"), DG_JS("error", msg),
+                     DG_JI("exit_code", DG_ERR_PEER));
+    dg_metrics_close(tr->metrics);
+    tr->metrics = NULL;
+    dg_fsdp_abort(tr->fsdp, DG_ERR_PEER);
 }
 
 /* Health events go to metrics.jsonl. */
@@ -542,6 +607,14 @@ static dg_status_t setup(trainer_t *tr) {
     DG_TRY(pick_mesh(tr));
     DG_TRY(dg_model_desc_from_config(c, &tr->desc));
     DG_TRY(batch_arithmetic(tr));
+    if (tr->desc.n_head % tr->mesh.size[DG_MESH_TP] != 0)
+        return DG_ERR(DG_ERR_USAGE, "parallel.mesh=%s: tp = %d must divide model.n_head = %d", tr->mesh_str,
+                      tr->mesh.size[DG_MESH_TP], tr->desc.n_head);
+    /* collective (communicator splits): before anything that can fail on one rank only, since every
+     * failure so far (mesh, model sizes, batch arithmetic) is the same on every rank */
+    dg_fsdp_opts_t fo;
+    dg_fsdp_opts_from_config(c, &fo);
+    DG_TRY(dg_fsdp_create(tr->comm, &tr->mesh, &fo, &tr->fsdp));
     if (c->checkpoint.dir[0])
         snprintf(tr->ckpt_dir, sizeof tr->ckpt_dir, "%s", c->checkpoint.dir);
     else
@@ -549,11 +622,13 @@ static dg_status_t setup(trainer_t *tr) {
     DG_TRY(dg_metrics_open(c->run.dir, tr->rank, &tr->metrics));
     DG_TRY(open_data(tr));
     DG_TRY(pick_backend(tr));
-    DG_TRY(dg_model_create(&tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, &tr->model));
+    DG_TRY(dg_fsdp_model_create(tr->fsdp, &tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, 0,
+                                &tr->model));
     tr->n_params = dg_model_n_tensors(tr->model);
     DG_TRY(match_frozen(tr));
     build_ckpt_tensors(tr);
     tr->flops_per_token = dg_model_flops_per_token(&tr->desc);
+    tr->window = dg_xcalloc((size_t)(c->train.spike_window > 0 ? c->train.spike_window : 1), sizeof(float));
     tr->loss_scale = is_fp16(c) ? c->train.loss_scale_init : 1.0;
     if (strcmp(tr->backend_name, "cpu") == 0) {
         int threads = c->parallel.threads > 0 ? (int)c->parallel.threads : 0;
@@ -563,6 +638,15 @@ static dg_status_t setup(trainer_t *tr) {
         }
         tr->peak_flops = dg_peak_flops_cpu(threads);
     }
+#ifdef DG_HAVE_CUDA
+    if (strcmp(tr->backend_name, "cuda") == 0) {
+        /* dense peak of this GPU at the run's precision (0, so MFU null, for a GPU not in the table) */
+        const char *gpu = dg_backend_cuda_device_name(tr->be);
+        tr->peak_flops = dg_peak_flops_gpu(gpu, c->train.precision);
+        DG_LOG_INFO("GPU %s: peak %.0f TFLOP/s at %s for MFU", gpu ? gpu : "?", tr->peak_flops / 1e12,
+                    c->train.precision);
+    }
+#endif
     return DG_OK;
 }
 
@@ -572,8 +656,6 @@ static dg_status_t train_loop(trainer_t *tr) {
     size_t n_tok = (size_t)tr->micro_batch * T;
     int32_t *tok = dg_xmalloc(n_tok * sizeof(int32_t)), *tgt = dg_xmalloc(n_tok * sizeof(int32_t));
     const double dloss_base = 1.0 / ((double)tr->global_batch * T);
-    double *window = dg_xcalloc((size_t)(c->train.spike_window > 0 ? c->train.spike_window : 1), sizeof(double));
-    int64_t win_n = 0, win_pos = 0, consecutive_spikes = 0;
     dg_status_t st = DG_OK;
     int stop_sig = 0;
 
@@ -596,6 +678,7 @@ static dg_status_t train_loop(trainer_t *tr) {
 
         double t0 = dg_now_s();
         int64_t step = tr->step; /* 0-based index of the step being taken */
+        dg_model_set_step(tr->model, step + 1); /* named by collective timeouts */
         dg_health_set_activity(tr->health, step, "zero_grad");
         st = dg_model_zero_grad(tr->model);
         double loss_sum = 0;
@@ -607,7 +690,7 @@ static dg_status_t train_loop(trainer_t *tr) {
             if (!st) st = dg_model_forward_backward(tr->model, tok, tgt, dloss, &l);
             loss_sum += l;
         }
-        if (!st && tr->dp_size > 1) st = allreduce_grads(tr, step);
+        comm_failure(tr, st);
         if (st) continue; /* agreed at the top of the next iteration */
 
         double loss_pair[1] = {loss_sum / tr->accum}, loss_glob[1];
@@ -621,21 +704,21 @@ static dg_status_t train_loop(trainer_t *tr) {
         /* spike handling: compare with the moving average of accepted losses */
         int skip = !isfinite(loss);
         int spike = 0;
-        if (!skip && c->train.spike_factor > 0 && win_n >= (c->train.spike_window < 5 ? c->train.spike_window : 5)) {
-            double avg = 0;
-            for (int64_t i = 0; i < win_n; i++) avg += window[i];
-            avg /= (double)win_n;
+        if (!skip && c->train.spike_factor > 0 && tr->win_n >= (c->train.spike_window < 5 ? c->train.spike_window : 5)) {
+            double avg = 0; /* summed in double in a fixed order */
+            for (int64_t i = 0; i < tr->win_n; i++) avg += tr->window[i];
+            avg /= (double)tr->win_n;
             if (loss > c->train.spike_factor * avg) spike = skip = 1;
             if (spike) {
-                consecutive_spikes++;
+                tr->consecutive_spikes++;
                 DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "loss_spike"), DG_JI("step", step + 1),
                                  DG_JF("loss", loss), DG_JF("moving_avg", avg),
-                                 DG_JI("consecutive", consecutive_spikes));
+                                 DG_JI("consecutive", tr->consecutive_spikes));
                 DG_LOG_WARN("step %lld: loss %.4f > %.2f x moving average %.4f: update skipped",
                             (long long)step + 1, loss, c->train.spike_factor, avg);
             }
         }
-        if (!spike) consecutive_spikes = 0;
+        if (!spike) tr->consecutive_spikes = 0;
 
         double lr = dg_lr_at(step, c->train.steps, c->train.lr, c->train.warmup_steps, c->train.min_lr_ratio);
         float gnorm = NAN;
@@ -650,6 +733,7 @@ static dg_status_t train_loop(trainer_t *tr) {
                                     .inv_loss_scale = (float)(1.0 / tr->loss_scale)};
             dg_health_set_activity(tr->health, step, "optimizer");
             st = dg_model_optimizer_step(tr->model, &h, &gnorm);
+            comm_failure(tr, st);
             if (st) continue;
             if (!isfinite(gnorm)) skip = 1; /* the model skipped the update (non-finite gradients) */
         } else if (!isfinite(loss)) {
@@ -669,9 +753,9 @@ static dg_status_t train_loop(trainer_t *tr) {
             DG_LOG_WARN("step %lld: non-finite gradient norm; update skipped", (long long)step + 1);
         }
         if (!skip && c->train.spike_window > 0) {
-            window[win_pos] = loss;
-            win_pos = (win_pos + 1) % c->train.spike_window;
-            if (win_n < c->train.spike_window) win_n++;
+            tr->window[tr->win_pos] = (float)loss;
+            tr->win_pos = (tr->win_pos + 1) % c->train.spike_window;
+            if (tr->win_n < c->train.spike_window) tr->win_n++;
         }
 
         dg_loader_advance(tr->train_ld, tr->global_batch);
@@ -690,10 +774,10 @@ static dg_status_t train_loop(trainer_t *tr) {
         dg_metrics_step(tr->metrics, &sm);
         dg_progress_step(tr->progress, tr->step, loss, tps, dt);
 
-        if (spike && c->train.spike_max_consecutive > 0 && consecutive_spikes >= c->train.spike_max_consecutive) {
+        if (spike && c->train.spike_max_consecutive > 0 && tr->consecutive_spikes >= c->train.spike_max_consecutive) {
             st = rollback(tr);
-            consecutive_spikes = 0;
-            win_n = win_pos = 0;
+            tr->consecutive_spikes = 0;
+            tr->win_n = tr->win_pos = 0;
             if (st) continue;
         }
         if (tr->val_ld && c->data.val_every > 0 && (tr->step % c->data.val_every == 0 || tr->step == c->train.steps)) {
@@ -715,7 +799,6 @@ static dg_status_t train_loop(trainer_t *tr) {
     }
     free(tok);
     free(tgt);
-    free(window);
     dg_progress_finish(tr->progress);
     /* an error after the last step's agreement (validation, checkpoint) must be agreed before the final
      * collective save, or the failing rank would leave the others waiting in it */
@@ -800,9 +883,22 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
     s = dg_boot_agree(boot, s);
     if (s == DG_OK) {
         double el = dg_now_s() - t_start;
+        /* GPU memory of this rank (rank 0 writes the line): the backend's peak allocation, comparable to
+         * PyTorch's max_memory_allocated, and the device's use now; null on the CPU backend */
+        double gpu_peak = NAN, gpu_used = NAN;
+#ifdef DG_HAVE_CUDA
+        dg_cuda_mem_stats_t ms;
+        if (strcmp(tr.backend_name, "cuda") == 0 && dg_backend_cuda_mem_stats(tr.be, &ms) == DG_OK) {
+            gpu_peak = (double)ms.peak_alloc_bytes;
+            gpu_used = (double)ms.device_used_bytes;
+            DG_LOG_INFO("GPU memory: peak allocated %.2f GiB, device in use %.2f of %.2f GiB", gpu_peak / 1073741824.0,
+                        gpu_used / 1073741824.0, ms.device_total_bytes / 1073741824.0);
+        }
+#endif
         DG_METRICS_EVENT(tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "finished"),
                          DG_JI("tokens", tr.tokens), DG_JF("seconds", el),
                          DG_JF("tok_per_s", el > 0 ? (double)(tr.step - step0) * tr.global_batch * tr.desc.seq_len / el : 0),
+                         DG_JF("gpu_peak_alloc_bytes", gpu_peak), DG_JF("gpu_used_bytes", gpu_used),
                          DG_JI("exit_code", 0));
     } else if (s != DG_ERR_SIGNAL) {
         DG_METRICS_EVENT(tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "error"),
@@ -831,8 +927,6 @@ static dg_status_t planner_text(dg_boot_t *boot, const dg_config_t *cfg, int jso
     FILE *mem = open_memstream(&buf, &cap);
     DG_ASSERT(mem != NULL);
     dg_plan_print(&pr, &cl, mem, json, json ? 0 : 12);
-    if (!json && DG_TRAIN_MAX_TP == 1)
-        fprintf(mem, "  (this build runs tp = 1; larger tp is planned once tensor parallelism lands)\n");
     fclose(mem);
     free(*text_out);
     *text_out = buf;
@@ -887,8 +981,13 @@ static dg_status_t plan_model(dg_boot_t *boot, const dg_config_t *cfg, trainer_t
     dg_backend_config_t bc = {0};
     bc.act_dtype = DG_F32;
     DG_TRY(dg_backend_cpu_create(&bc, be));
-    return dg_model_create_ex(&tr->desc, *be, tr->micro_batch, (uint64_t)cfg->run.seed, DG_MODEL_PLAN_ONLY,
-                              &tr->model);
+    /* this rank's graph on the mesh (collectives, waits, local shard sizes), without communicators */
+    dg_fsdp_opts_t fo;
+    dg_fsdp_opts_from_config(cfg, &fo);
+    fo.plan_only = 1;
+    DG_TRY(dg_fsdp_create(tr->comm, &tr->mesh, &fo, &tr->fsdp));
+    return dg_fsdp_model_create(tr->fsdp, &tr->desc, *be, tr->micro_batch, (uint64_t)cfg->run.seed,
+                                DG_MODEL_PLAN_ONLY, &tr->model);
 }
 
 dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json, FILE *out) {
@@ -901,9 +1000,16 @@ dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json
         FILE *mem = open_memstream(&buf, &cap);
         DG_ASSERT(mem != NULL);
         if (!json)
-            fprintf(mem, "mesh %s, data-parallel rank %d of %d, micro_batch %d x %d accumulation steps\n",
-                    tr.mesh_str, tr.dp_rank, tr.dp_size, tr.micro_batch, tr.accum);
+            fprintf(mem, "mesh %s, coordinates dp_replicate %d, dp_shard %d, tp %d; data-parallel rank %d of %d, "
+                         "micro_batch %d x %d accumulation steps\n",
+                    tr.mesh_str, tr.fsdp->coord[DG_MESH_DP_REPLICATE], tr.fsdp->coord[DG_MESH_DP_SHARD],
+                    tr.fsdp->coord[DG_MESH_TP], tr.dp_rank, tr.dp_size, tr.micro_batch, tr.accum);
         s = dg_model_print_plan(tr.model, mem, json);
+        if (s == DG_OK && !json) {
+            fprintf(mem, "placements (global shape; dp_replicate, dp_shard, tp; local elements; this rank's "
+                         "pieces of the global tensor):\n");
+            s = dg_fsdp_print_placements(tr.model, mem, 0);
+        }
         fclose(mem);
     }
     s = dg_boot_agree(boot, s);
@@ -913,6 +1019,7 @@ dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json
     free(head);
     free(buf);
     if (tr.model) dg_model_free(tr.model);
+    dg_fsdp_free(tr.fsdp);
     dg_backend_free(be);
     return s;
 }
@@ -924,17 +1031,19 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
     if (s == DG_OK && boot->world_rank == 0) {
         size_t state = dg_model_state_bytes(tr.model), arena = dg_model_arena_bytes(tr.model);
         size_t act = dg_model_activation_bytes_sum(tr.model);
+        size_t whole = 0; /* the same state unsharded: f32 master, grad, m, v of every global tensor */
+        for (int i = 0; i < dg_model_n_tensors(tr.model); i++) whole += 16 * dg_model_param(tr.model, i)->numel;
         if (json) {
             fprintf(out,
                     "{\"model\":{\"preset\":\"%s\",\"n_layer\":%d,\"n_head\":%d,\"d_model\":%d,\"seq_len\":%d,"
                     "\"vocab_size\":%d,\"padded_vocab\":%d,\"n_params\":%llu,\"flops_per_token\":%.6g},"
                     "\"mesh\":\"%s\",\"global_batch\":%lld,\"micro_batch\":%d,\"grad_accum\":%d,"
                     "\"per_rank_bytes\":{\"params_grads_optimizer\":%zu,\"activation_arena\":%zu,"
-                    "\"activations_unplanned\":%zu}",
+                    "\"activations_unplanned\":%zu,\"params_grads_optimizer_unsharded\":%zu}",
                     cfg->model.preset, tr.desc.n_layer, tr.desc.n_head, tr.desc.d_model, tr.desc.seq_len,
                     tr.desc.vocab_size, tr.desc.padded_vocab, (unsigned long long)dg_model_n_params(&tr.desc),
                     dg_model_flops_per_token(&tr.desc), tr.mesh_str, (long long)tr.global_batch, tr.micro_batch,
-                    tr.accum, state, arena, act);
+                    tr.accum, state, arena, act, whole);
         } else {
             fprintf(out, "\nModel and memory plan\n");
             fprintf(out, "  model        %s: %d layers, %d heads, d_model %d, seq_len %d, vocab %d (padded %d)\n",
@@ -944,8 +1053,9 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
                     dg_model_n_params(&tr.desc) / 1e6, dg_model_flops_per_token(&tr.desc) / 1e9);
             fprintf(out, "  mesh         %s; global batch %lld = micro_batch %d x %d ranks x %d accumulation\n",
                     tr.mesh_str, (long long)tr.global_batch, tr.micro_batch, tr.dp_size, tr.accum);
-            fprintf(out, "  per rank     params+grads+AdamW %.2f MB; activation arena %.2f MB (%.2f MB unplanned)\n",
-                    state / 1e6, arena / 1e6, act / 1e6);
+            fprintf(out, "  per rank     params+grads+AdamW %.2f MB (unsharded %.2f MB); activation arena %.2f MB "
+                         "(%.2f MB unplanned)\n",
+                    state / 1e6, whole / 1e6, arena / 1e6, act / 1e6);
         }
     }
     char *head = NULL;
@@ -958,6 +1068,7 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
     }
     free(head);
     if (tr.model) dg_model_free(tr.model);
+    dg_fsdp_free(tr.fsdp);
     dg_backend_free(be);
     return s;
 }

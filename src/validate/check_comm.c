@@ -272,7 +272,7 @@ static void judge(vctx_t *c, const char *name, int op, int grp, const rec_t *all
                 op == OP_ALLREDUCE ? "2(n-1)/n" : (op == OP_ALLGATHER || op == OP_REDUCE_SCATTER) ? "(n-1)/n" : "1");
     /* per group: busbw at the largest size against the reference of the group's node types */
     double worst_bw = INFINITY;
-    int worst_root = root0, n_below = 0, n_ref = 0, one_rank_groups = 0;
+    int worst_root = root0, n_below = 0, n_ref = 0, one_rank_groups = 0, too_small = 0;
     int *below = dg_xmalloc((size_t)c->size * sizeof(int));
     const dg_sla_ref_t *shown = NULL;
     char metric[96];
@@ -290,6 +290,7 @@ static void judge(vctx_t *c, const char *name, int op, int grp, const rec_t *all
         for (int p = 0; p < g->npts; p++)
             if (g->pts[p].bytes > 0) last = p;
         double bw = last >= 0 ? g->pts[last].busbw : 0;
+        int measured = last >= 0;
         vbuf_printf(&det, "%s{\"group_id\": %d, \"host\": ", r == root0 ? "" : ", ", g->group_id);
         vbuf_json_str(&det, c->b->hosts[r]);
         vbuf_printf(&det, ", \"ranks\": %d, \"wrong\": %lld, \"sweep\": [", g->gsize, g->group_wrong);
@@ -307,6 +308,10 @@ static void judge(vctx_t *c, const char *name, int op, int grp, const rec_t *all
         if (g->gsize == 1) {
             one_rank_groups++;
             continue; /* no bus traffic in a group of one: data check only */
+        }
+        if (!measured) {
+            too_small++;
+            continue; /* every size of the sweep is below one element per rank */
         }
         if (bw < worst_bw) worst_bw = bw, worst_root = r;
         if (ref) {
@@ -358,6 +363,9 @@ static void judge(vctx_t *c, const char *name, int op, int grp, const rec_t *all
     if (why.n) {
         k->verdict = DG_VERDICT_FAIL;
         snprintf(k->message, sizeof k->message, "%s", why.s);
+    } else if (too_small && !isfinite(worst_bw)) {
+        snprintf(k->message, sizeof k->message,
+                 "every size of validate.comm_sizes is below one fp32 element per rank for %s: data check only", k_ops[op]);
     } else if (one_rank_groups && !isfinite(worst_bw)) {
         snprintf(k->message, sizeof k->message, "groups of 1 rank: no bus traffic, data check only");
     } else if (!n_ref) {

@@ -140,7 +140,7 @@ static int my_gpu(const vctx_t *c, char *why, size_t cap) {
     }
     char err[256];
     if (dg_vgpu_count(err, sizeof err) <= 0) {
-        snprintf(why, cap, "%s", err);
+        snprintf(why, cap, "%.150s", err);
         return -1;
     }
     const dg_gpu_info_t *g = &c->b->topo.gpus[c->b->gpu];
@@ -173,7 +173,10 @@ static dg_status_t run_kind(const vctx_t *c, int kind, int dev, int reps, double
         return s;
     }
 #endif
-    default: (void)dev; return DG_ERR(DG_ERR_RUNTIME, "%s is not available in this build", k_names[kind]);
+    default:
+        (void)dev;
+        return DG_ERR(DG_ERR_RUNTIME, "%s is not available in this build",
+                      kind >= 0 && kind < N_KINDS ? k_names[kind] : "this check");
     }
 }
 
@@ -213,17 +216,41 @@ static dg_status_t measure(const vctx_t *c, int kind, int dev, meas_t *m) {
     return DG_OK;
 }
 
-/* The ranks of each node take turns (in local-rank order); the others sleep in a receive. */
-static dg_status_t measure_alone(vctx_t *c, int kind, int dev, meas_t *m, dg_status_t *local) {
+/* The ranks of each node take turns (in local-rank order); the others sleep in a receive. A rank that
+ * does not take part (no GPU) only passes the turn on. The wait allows every earlier rank of the node
+ * its share of the timeout. */
+static dg_status_t measure_alone(vctx_t *c, int kind, int dev, int run, meas_t *m, dg_status_t *local) {
     dg_boot_t *b = c->b;
     int token = 0;
+    memset(m, 0, sizeof *m);
+    *local = DG_OK;
     if (b->local_rank > 0) {
         MPI_Request req;
         DG_MPI_CHECK(MPI_Irecv(&token, 1, MPI_INT, b->local_rank - 1, 7401, b->node, &req));
-        DG_TRY(vc_quiet_wait(c, &req, k_names[kind]));
+        double t = c->timeout_s;
+        c->timeout_s = t * b->local_rank;
+        dg_status_t s = vc_quiet_wait(c, &req, k_names[kind]);
+        c->timeout_s = t;
+        DG_TRY(s);
     }
-    *local = measure(c, kind, dev, m);
+    if (run) *local = measure(c, kind, dev, m);
     if (b->local_rank + 1 < b->local_size) DG_MPI_CHECK(MPI_Send(&token, 1, MPI_INT, b->local_rank + 1, 7401, b->node));
+    return DG_OK;
+}
+
+/* 1 on every rank of a node when two of its ranks chose the same GPU. */
+static dg_status_t gpu_shared_on_node(vctx_t *c, int *shared) {
+    dg_boot_t *b = c->b;
+    char bus[32] = "";
+    if (b->gpu >= 0) snprintf(bus, sizeof bus, "%s", b->topo.gpus[b->gpu].pci_busid);
+    char *all = dg_xmalloc((size_t)b->local_size * sizeof bus);
+    int mpi_rc = MPI_Allgather(bus, sizeof bus, MPI_CHAR, all, sizeof bus, MPI_CHAR, b->node);
+    int mine = 0;
+    for (int q = 0; q < b->local_size && mpi_rc == MPI_SUCCESS; q++)
+        if (q != b->local_rank && bus[0] && strcmp(all + (size_t)q * sizeof bus, bus) == 0) mine = 1;
+    free(all);
+    if (mpi_rc != MPI_SUCCESS) return DG_ERR(DG_ERR_RUNTIME, "compute: all-gather of the GPU choices failed");
+    DG_MPI_CHECK(MPI_Allreduce(&mine, shared, 1, MPI_INT, MPI_MAX, b->node));
     return DG_OK;
 }
 
@@ -419,14 +446,21 @@ static dg_status_t run_one(vctx_t *c, int kind) {
     if (any) {
         meas_t alone = {0}, together = {0};
         if (!gpu) {
-            DG_TRY(measure_alone(c, kind, dev, &alone, &local));
+            DG_TRY(measure_alone(c, kind, dev, 1, &alone, &local));
             DG_TRY(vc_quiet_barrier(c, c->b->node, k_names[kind]));
             if (c->b->local_size > 1 && local == DG_OK)
                 local = measure(c, kind, dev, &together);
             else
                 together = alone;
-        } else if (rec.has) {
-            local = measure(c, kind, dev, &together);
+        } else {
+            /* each GPU on its own, all at once; ranks that share a GPU take turns instead, or each would
+             * measure a fraction of it */
+            int shared = 0;
+            DG_TRY(gpu_shared_on_node(c, &shared));
+            if (shared)
+                DG_TRY(measure_alone(c, kind, dev, rec.has, &together, &local));
+            else if (rec.has)
+                local = measure(c, kind, dev, &together);
             alone = together;
         }
         rec.alone = alone.best_rate;

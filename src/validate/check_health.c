@@ -93,8 +93,8 @@ static dg_status_t check_rtt(vctx_t *c) {
         vbuf_printf(&det, "]}");
         char v[32];
         vc_fmt_value(v, sizeof v, med[worst], DG_DIM_TIME);
-        snprintf(k->measured, sizeof k->measured, "worst median %s (rank %d, %s) over %d ranks", v, worst,
-                 c->b->hosts[worst], c->size - 1);
+        snprintf(k->measured, sizeof k->measured, "worst median %s (rank %d, %s) over %d rank%s", v, worst,
+                 c->b->hosts[worst], c->size - 1, c->size == 2 ? "" : "s");
         k->has_value = 1;
         k->value = med[worst];
         snprintf(k->unit, sizeof k->unit, "s");
@@ -153,7 +153,8 @@ static dg_status_t check_monitor(vctx_t *c) {
     DG_TRY(vc_quiet_barrier(c, c->b->world, "health.monitor"));
     dg_vcheck_t *k = vc_add(c, "health.monitor");
     if (k) {
-        snprintf(k->measured, sizeof k->measured, "%d ranks, heartbeat %.2g s for %.2g s, no fault", c->size, hb, 4 * hb);
+        snprintf(k->measured, sizeof k->measured, "%d rank%s, heartbeat %.2g s for %.2g s, no fault", c->size,
+                 c->size == 1 ? "" : "s", hb, 4 * hb);
         snprintf(k->reference, sizeof k->reference, "no silent rank within %.3g s", timeout);
         k->seconds = dg_now_s() - t0;
     }

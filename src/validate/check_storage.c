@@ -89,7 +89,8 @@ static void judge_bw(vctx_t *c, const char *name, double bytes, double seconds, 
         if (!dg_sla_ref_ok(ref, bw)) {
             char lim[200];
             dg_sla_ref_format(ref, lim, sizeof lim);
-            vbuf_printf(&why, "%s aggregate over %d ranks on %d nodes, want %s", v, c->size, c->b->n_nodes, lim);
+            vbuf_printf(&why, "%s aggregate over %d rank%s on %d node%s, want %s", v, c->size, c->size == 1 ? "" : "s",
+                        c->b->n_nodes, c->b->n_nodes == 1 ? "" : "s", lim);
         }
     } else {
         snprintf(k->message, sizeof k->message, "no reference ref.%s in the SLA: measured only", name);

@@ -25,13 +25,13 @@ typedef struct {
     char gpu_busid[32];
     char gpu_name[64];
     int near;             /* 1 bound within the GPU's cores, 0 not, -1 no GPU or locality unknown */
-    char gpu_cpuset[128];
+    char gpu_cpuset[256];
     char bound[256];
     char bind_status[64];
     char versions[512];
 } topo_rec_t;
 
-/* "mpi=..;hwloc=..;openblas=..;dgtrain=..[;cuda_driver=..;cuda_runtime=..;nccl=..]" (';' separates) */
+/* "mpi=..;hwloc_api=..;openblas=..;dgtrain=..[;cuda_driver=..;cuda_runtime=..;nccl=..]" (';' separates) */
 static void versions(const char *mpi, char *buf, size_t cap) {
     unsigned hv = hwloc_get_api_version();
     /* openblas_get_config() is e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64": the
@@ -43,7 +43,7 @@ static void versions(const char *mpi, char *buf, size_t cap) {
         if (*p == ';') *p = ',';
     for (char *p = mv; *p; p++)
         if (*p == ';') *p = ',';
-    size_t o = (size_t)snprintf(buf, cap, "mpi=%s;hwloc=%u.%u.%u;openblas=%s;dgtrain=%s", mv, (hv >> 16) & 0xff,
+    size_t o = (size_t)snprintf(buf, cap, "mpi=%s;hwloc_api=%u.%u.%u;openblas=%s;dgtrain=%s", mv, (hv >> 16) & 0xff,
                                 (hv >> 8) & 0xff, hv & 0xff, ob, DG_VERSION_STRING);
 #ifdef DG_HAVE_CUDA
     if (o + 2 < cap) {
@@ -344,7 +344,7 @@ static void field(const char *s, const char *key, char *out, size_t cap) {
 static void check_versions(vctx_t *c, const topo_rec_t *all) {
     dg_vcheck_t *k = vc_add(c, "topology.versions");
     if (!k) return;
-    static const char *keys[] = {"mpi", "hwloc", "openblas", "dgtrain", "cuda_driver", "cuda_runtime", "nccl"};
+    static const char *keys[] = {"mpi", "hwloc_api", "openblas", "dgtrain", "cuda_driver", "cuda_runtime", "nccl"};
     const int nk = (int)(sizeof keys / sizeof *keys);
     vbuf_t why = {0}, det = {0}, summary = {0};
     vbuf_printf(&det, "{");

@@ -163,7 +163,13 @@ dg_status_t vc_check_train(vctx_t *c) {
             if (sb.world != MPI_COMM_NULL) MPI_Comm_free(&sb.world);
             if (sb.node != MPI_COMM_NULL) MPI_Comm_free(&sb.node);
         }
-        DG_TRY(vc_quiet_barrier(c, c->b->world, "train reference"));
+        /* the reference takes as long as it takes (world_size micro-batches per step on one rank); a
+         * hang inside it is the business of its own watchdog (health.timeout_s), not of this wait */
+        double t = c->timeout_s;
+        c->timeout_s = 0;
+        dg_status_t bs = vc_quiet_barrier(c, c->b->world, "train reference");
+        c->timeout_s = t;
+        DG_TRY(bs);
         ag = vc_agree(c, st, msg, sizeof msg);
     }
     /* 3. resume from the half-way checkpoint */
@@ -227,8 +233,8 @@ dg_status_t vc_check_train(vctx_t *c) {
                         W.loss[i], R.loss[i]);
         }
         vbuf_printf(&det, "]}");
-        snprintf(k->measured, sizeof k->measured, "max rel. loss diff %.3g (step %d) over %d steps, %d ranks vs 1",
-                 worst, worst_step, steps, c->size);
+        snprintf(k->measured, sizeof k->measured, "max rel. loss diff %.3g (step %d) over %d steps, %d rank%s vs 1",
+                 worst, worst_step, steps, c->size, c->size == 1 ? "" : "s");
         snprintf(k->reference, sizeof k->reference, "<= %.3g", s->train_loss_rtol);
         k->has_value = 1;
         k->value = worst;
@@ -242,9 +248,9 @@ dg_status_t vc_check_train(vctx_t *c) {
         } else if (worst > s->train_loss_rtol) {
             k->verdict = DG_VERDICT_FAIL;
             snprintf(k->message, sizeof k->message,
-                     "the %d-rank run (ranks 0-%d on %d nodes) diverges from the 1-rank reference at step %d: loss %.9g vs "
+                     "the %d-rank run (ranks 0-%d on %d node%s) diverges from the 1-rank reference at step %d: loss %.9g vs "
                      "%.9g (relative %.3g > %.3g)",
-                     c->size, c->size - 1, c->b->n_nodes, worst_step, W.loss[worst_step], R.loss[worst_step], worst,
+                     c->size, c->size - 1, c->b->n_nodes, c->b->n_nodes == 1 ? "" : "s", worst_step, W.loss[worst_step], R.loss[worst_step], worst,
                      s->train_loss_rtol);
         }
         dg_vcheck_set_details(k, det.s);

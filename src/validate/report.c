@@ -102,10 +102,26 @@ void dg_vreport_print_table(const dg_vreport_t *r, FILE *out) {
     int n[4];
     counts(r, n);
     if (n[DG_VERDICT_FAIL] + n[DG_VERDICT_ERROR] + n[DG_VERDICT_SKIP]) fputc('\n', out);
-    for (int i = 0; i < r->n; i++) {
+    /* skips often share their reason (a CPU-only build skips 15 NCCL checks): one line per reason */
+    int *done = r->n ? calloc((size_t)r->n, sizeof(int)) : NULL;
+    for (int i = 0; i < r->n && done; i++) {
         const dg_vcheck_t *c = &r->checks[i];
-        if (c->verdict == DG_VERDICT_SKIP) fprintf(out, "SKIP %s: %s\n", c->name, c->message);
+        if (c->verdict != DG_VERDICT_SKIP || done[i]) continue;
+        int n = 0, last = i;
+        for (int j = i; j < r->n; j++)
+            if (r->checks[j].verdict == DG_VERDICT_SKIP && strcmp(r->checks[j].message, c->message) == 0) {
+                done[j] = 1;
+                n++;
+                last = j;
+            }
+        if (n == 1)
+            fprintf(out, "SKIP %s: %s\n", c->name, c->message);
+        else if (n == 2)
+            fprintf(out, "SKIP %s, %s: %s\n", c->name, r->checks[last].name, c->message);
+        else
+            fprintf(out, "SKIP %d checks (%s ... %s): %s\n", n, c->name, r->checks[last].name, c->message);
     }
+    free(done);
     for (int i = 0; i < r->n; i++) {
         const dg_vcheck_t *c = &r->checks[i];
         if (c->verdict == DG_VERDICT_FAIL || c->verdict == DG_VERDICT_ERROR)

@@ -163,6 +163,31 @@ int dg_validate_run(dg_boot_t *b, const dg_validate_opts_t *o) {
         code = s == DG_ERR_USAGE ? DG_ERR_USAGE : DG_ERR_RUNTIME;
         goto out;
     }
+    /* a relative train_config is relative to the SLA file, which usually sits beside it */
+    if (c->set->train_config[0] && c->set->train_config[0] != '/' && strchr(o->sla_path, '/')) {
+        char kv[2300];
+        snprintf(kv, sizeof kv, "validate.train_config=%.*s/%.1000s", (int)(strrchr(o->sla_path, '/') - o->sla_path),
+                 o->sla_path, c->set->train_config);
+        if (dg_sla_set(c->sla, kv) != DG_OK) {
+            print_error(b, DG_ERR_USAGE);
+            code = DG_ERR_USAGE;
+            goto out;
+        }
+    }
+    if (vc_selected(c, "train") && c->set->train_config[0]) {
+        /* a broken base config is bad input: say so now, not after the other checks ran */
+        dg_config_t *tc = dg_xcalloc(1, sizeof *tc);
+        s = dg_config_load(tc, c->set->train_config, 0, NULL);
+        free(tc);
+        if (s != DG_OK) {
+            char m[1500];
+            snprintf(m, sizeof m, "%s", dg_last_error());
+            s = DG_ERR(DG_ERR_USAGE, "validate.train_config: %s", m);
+            print_error(b, s);
+            code = DG_ERR_USAGE;
+            goto out;
+        }
+    }
     c->timeout_s = c->set->comm_timeout_s;
     b->agree_timeout_s = c->set->comm_timeout_s;
 

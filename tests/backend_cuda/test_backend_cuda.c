@@ -16,6 +16,10 @@
  *   machines without a GPU.
  *   test_backend_cuda --mode probe
  *       exit 0 when a GPU is usable, 77 otherwise (for the compute-sanitizer wrappers).
+ *   test_backend_cuda --mode attn-rows   [--dtype bf16|f16] [--small]
+ *       the tensor-core attention with 64-row and with 128-row blocks (DG_CUDA_ATTN_ROWS) on the same
+ *       random inputs at several shapes: out, logsumexp and dqkv bitwise equal (+0 = -0), every element
+ *       written (outputs poisoned with NaN first).
  * Exit status: 0 all passed, 1 a check failed, 77 skipped (no GPU).
  */
 #define _GNU_SOURCE
@@ -623,6 +627,111 @@ static int run_errors(void) {
     return g_fails ? 1 : 0;
 }
 
+/* ======================= attention block rows: 64 vs 128 ======================= */
+
+static dg_backend_t *make_cuda_rows(dg_dtype_t act, const char *rows, int *skip) {
+    setenv("DG_CUDA_ATTN_ROWS", rows, 1);
+    dg_backend_t *be = make_cuda(act, skip);
+    unsetenv("DG_CUDA_ATTN_ROWS");
+    return be;
+}
+
+/* Values of a and b that differ (equal bits, or zeros of either sign, count as equal); *nonfinite_a
+ * counts the inf/NaN elements of a (exponent all ones: 0x7f80 in bf16, 0x7c00 in f16). */
+static size_t cmp_bits16(const uint16_t *a, const uint16_t *b, size_t n, dg_dtype_t t, size_t *nonfinite_a) {
+    const unsigned expmask = t == DG_BF16 ? 0x7f80u : 0x7c00u;
+    size_t bad = 0;
+    *nonfinite_a = 0;
+    for (size_t i = 0; i < n; i++) {
+        if ((a[i] & expmask) == expmask) (*nonfinite_a)++;
+        if (a[i] != b[i] && !((a[i] & 0x7fff) == 0 && (b[i] & 0x7fff) == 0)) bad++;
+    }
+    return bad;
+}
+
+static int run_attn_rows(dg_dtype_t act, int small) {
+    if (act == DG_F32) act = DG_BF16; /* the tensor-core kernels are the 16-bit ones */
+    int skip = 0;
+    dg_backend_t *b64 = make_cuda_rows(act, "64", &skip);
+    if (skip) return SKIP;
+    dg_backend_t *b128 = make_cuda_rows(act, "128", &skip);
+    const struct {
+        int B, T, C, NH;
+    } shapes[] = {{2, 1024, 768, 12}, {3, 200, 256, 8}, {2, 13, 128, 2}, {1, 333, 128, 2}, {1, 129, 64, 2}};
+    uint64_t rng = 0x5eed;
+    for (size_t si = small ? 1 : 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int B = shapes[si].B, T = shapes[si].T, C = shapes[si].C, NH = shapes[si].NH;
+        const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
+        float *h = dg_xmalloc(nqkv * sizeof(float));
+        uint16_t *poison = dg_xmalloc(nqkv * sizeof(uint16_t));
+        for (size_t i = 0; i < nqkv; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            float v = 0.05f + 0.95f * (float)((rng >> 40) / 16777216.0);
+            h[i] = (rng >> 20) & 1 ? v : -v;
+            poison[i] = 0xffff; /* NaN in bf16 and f16 */
+        }
+        dg_backend_t *bes[2] = {b64, b128};
+        uint16_t *out_h[2], *dq_h[2];
+        float *lse_h[2];
+        for (int k = 0; k < 2; k++) {
+            dg_backend_t *be = bes[k];
+            const dg_backend_ops_t *op = be->ops;
+            void *f = NULL, *qkv = NULL, *dout = NULL, *out = NULL, *dqkv = NULL, *aux = NULL;
+            MUST(op->alloc(be, nqkv * sizeof(float), &f));
+            MUST(op->alloc(be, nqkv * 2, &qkv));
+            MUST(op->alloc(be, nout * 2, &dout));
+            MUST(op->alloc(be, nout * 2, &out));
+            MUST(op->alloc(be, nqkv * 2, &dqkv));
+            MUST(op->alloc(be, op->attention_aux_bytes(be, B, T, C, NH), &aux));
+            MUST(op->to_device(be, f, h, nqkv * sizeof(float)));
+            MUST(op->cast(be, qkv, act, f, DG_F32, nqkv));
+            MUST(op->cast(be, dout, act, (float *)f + nout, DG_F32, nout)); /* other values than q's */
+            MUST(op->to_device(be, out, poison, nout * 2));
+            MUST(op->to_device(be, dqkv, poison, nqkv * 2));
+            MUST(op->to_device(be, aux, poison, nl * sizeof(float))); /* 0xffffffff: NaN as f32 too */
+            MUST(op->attention_fwd(be, out, aux, qkv, B, T, C, NH));
+            MUST(op->attention_bwd(be, dqkv, dout, qkv, out, aux, B, T, C, NH));
+            out_h[k] = dg_xmalloc(nout * 2);
+            dq_h[k] = dg_xmalloc(nqkv * 2);
+            lse_h[k] = dg_xmalloc(nl * sizeof(float));
+            MUST(op->to_host(be, out_h[k], out, nout * 2));
+            MUST(op->to_host(be, dq_h[k], dqkv, nqkv * 2));
+            MUST(op->to_host(be, lse_h[k], aux, nl * sizeof(float)));
+            void *bufs[] = {f, qkv, dout, out, dqkv, aux};
+            for (int j = 0; j < 6; j++)
+                op->free(be, bufs[j]);
+        }
+        size_t nan_o = 0, nan_d = 0, nan_l = 0, bad_l = 0;
+        size_t bad_o = cmp_bits16(out_h[0], out_h[1], nout, act, &nan_o);
+        size_t bad_d = cmp_bits16(dq_h[0], dq_h[1], nqkv, act, &nan_d);
+        for (size_t i = 0; i < nl; i++) {
+            if (!isfinite(lse_h[0][i]) || !isfinite(lse_h[1][i])) nan_l++;
+            if (memcmp(&lse_h[0][i], &lse_h[1][i], sizeof(float)) != 0) bad_l++;
+        }
+        size_t nan_o1 = 0, nan_d1 = 0;
+        cmp_bits16(out_h[1], out_h[1], nout, act, &nan_o1);
+        cmp_bits16(dq_h[1], dq_h[1], nqkv, act, &nan_d1);
+        check(bad_o == 0 && bad_l == 0 && bad_d == 0,
+              "attn-rows [%s] B=%d T=%d C=%d NH=%d (head %d): 64 vs 128-row blocks differ in %zu of %zu out, %zu of "
+              "%zu lse, %zu of %zu dqkv values",
+              dg_dtype_name(act), B, T, C, NH, C / NH, bad_o, nout, bad_l, nl, bad_d, nqkv);
+        check(nan_o + nan_o1 + nan_d + nan_d1 + nan_l == 0,
+              "attn-rows [%s] B=%d T=%d C=%d NH=%d: unwritten or non-finite values: out %zu/%zu, dqkv %zu/%zu, lse %zu",
+              dg_dtype_name(act), B, T, C, NH, nan_o, nan_o1, nan_d, nan_d1, nan_l);
+        for (int k = 0; k < 2; k++) {
+            free(out_h[k]);
+            free(dq_h[k]);
+            free(lse_h[k]);
+        }
+        free(h);
+        free(poison);
+    }
+    dg_backend_free(b64);
+    dg_backend_free(b128);
+    printf("attn-rows [%s]: %d checks, %d failed\n", dg_dtype_name(act), g_checks, g_fails);
+    return g_fails ? 1 : 0;
+}
+
 /* ======================= main ======================= */
 
 int main(int argc, char **argv) {
@@ -646,7 +755,7 @@ int main(int argc, char **argv) {
             under_test_cpu = 1;
         else {
             fprintf(stderr,
-                    "usage: %s --mode harness|cpu|determinism|errors [--dtype f32|bf16|f16] [--only S] "
+                    "usage: %s --mode harness|cpu|determinism|errors|attn-rows|probe [--dtype f32|bf16|f16] [--only S] "
                     "[--small] [--no-fd] [--verbose]\n",
                     argv[0]);
             return 2;
@@ -658,6 +767,7 @@ int main(int argc, char **argv) {
         dg_backend_free(be);
         return skip ? SKIP : 0;
     }
+    if (!strcmp(mode, "attn-rows")) return run_attn_rows(act, small);
     if (!strcmp(mode, "errors")) {
         int rc = run_errors();
         printf("cuda backend errors: %d checks, %d failed\n", g_checks, g_fails);

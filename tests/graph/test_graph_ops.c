@@ -820,6 +820,78 @@ static void case_collectives(dg_backend_t *be) {
     tg_free(&t);
 }
 
+/* Sharding support ops on one rank: shard_pack lays a tensor's rows out rank-major (k blocks of S
+ * elements, the piece at OFF; rows past the tensor and the gaps zero) and a second pack adds into the
+ * same buffer; shard_unpack inverts both; fill0 zeroes (through a poisoned arena); a comm-stream
+ * reduce_scatter that accumulates into a persistent tensor completes at its wait (k = 1: q += packed). */
+static void case_shard_ops(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 31);
+    int64_t sx[2] = {5, 4}, sy[1] = {3}, sq[1] = {33};
+    dg_node_t *x = tg_f(&t, "x", 2, sx, DG_NF_INPUT, -1, 1);
+    dg_node_t *y = tg_f(&t, "y", 1, sy, DG_NF_INPUT, -1, 1);
+    dg_node_t *q = tg_f(&t, "q", 1, sq, DG_NF_INPUT, -1, 1);
+    enum { K = 3, S = 11 };
+    int64_t ax[5] = {0, K, S, 1, 2}; /* x: 2 rows x 4 per rank at offset 1 (rank 2 gets row 4 + padding) */
+    int64_t ay[5] = {1, K, S, 9, 1}; /* y: 1 element per rank at offset 9; offset 10 is a gap */
+    dg_node_t *p1 = dg_graph_add_op(t.g, DG_OP_SHARD_PACK, "pack.x", 1, &x, 0, NULL, ax, 5);
+    dg_node_t *src2[2] = {y, p1};
+    dg_node_t *p2 = dg_graph_add_op(t.g, DG_OP_SHARD_PACK, "pack.y", 2, src2, 0, NULL, ay, 5);
+    int64_t aux[7] = {0, K, S, 1, 2, 5, 4}, auy[7] = {0, K, S, 9, 1, 3, 0};
+    dg_node_t *ux = dg_graph_add_op(t.g, DG_OP_SHARD_UNPACK, "unpack.x", 1, &p2, 0, NULL, aux, 7);
+    dg_node_t *uy = dg_graph_add_op(t.g, DG_OP_SHARD_UNPACK, "unpack.y", 1, &p2, 0, NULL, auy, 7);
+    int64_t az[4] = {0, 2, 5, 4};
+    dg_node_t *z = dg_graph_add_op(t.g, DG_OP_FILL0, "z", 0, NULL, 0, NULL, az, 4);
+    dg_node_t *zx = dg_op_add(t.g, "zx", z, x);
+    int64_t ar[2] = {1, DG_MESH_DP_SHARD};
+    dg_node_t *rs = dg_graph_add_op(t.g, DG_OP_REDUCE_SCATTER, "rs", 1, &p2, 1, &q, ar, 2);
+    EXPECT(p1 && p2 && ux && uy && z && zx && rs, "shard ops: construction failed: %s", dg_last_error());
+    if (!rs) {
+        tg_free(&t);
+        return;
+    }
+    rs->stream = DG_STREAM_COMM;
+    rs->wait[rs->n_wait++] = p2;
+    dg_node_t *w = dg_graph_add_op(t.g, DG_OP_WAIT, "wait.rs", 0, NULL, 0, NULL, NULL, 0);
+    w->wait[w->n_wait++] = rs;
+    p2->flags |= DG_NF_OUTPUT;
+    ux->flags |= DG_NF_OUTPUT;
+    uy->flags |= DG_NF_OUTPUT;
+    zx->flags |= DG_NF_OUTPUT;
+    dg_graph_touch(t.g);
+    tg_finish(&t, 0, NULL, NULL);
+    unsigned char *poison = malloc(t.plan->arena_bytes);
+    memset(poison, 0xff, t.plan->arena_bytes); /* NaN everywhere: unwritten elements show */
+    OK(be->ops->to_device(be, t.ex->arena, poison, t.plan->arena_bytes));
+    free(poison);
+    tg_run(&t, DG_PHASE_FWD);
+    const float *hx = tg_leaf(&t, x)->f, *hy = tg_leaf(&t, y)->f, *hq = tg_leaf(&t, q)->f;
+    double pk[K * S], xr[20], yr[3], qr[K * S];
+    memset(pk, 0, sizeof pk);
+    for (int r = 0; r < K; r++) {
+        for (int row = 2 * r; row < 2 * r + 2 && row < 5; row++)
+            for (int c = 0; c < 4; c++)
+                pk[r * S + 1 + (row - 2 * r) * 4 + c] = hx[row * 4 + c];
+        pk[r * S + 9] = hy[r];
+    }
+    for (int i = 0; i < 20; i++)
+        xr[i] = hx[i];
+    for (int i = 0; i < 3; i++)
+        yr[i] = hy[i];
+    for (int i = 0; i < K * S; i++)
+        qr[i] = (double)hq[i] + pk[i];
+    float *gp = tg_get(&t, p2), *gx = tg_get(&t, ux), *gy = tg_get(&t, uy), *gz = tg_get(&t, zx), *gq = tg_get(&t, q);
+    check_close("shard_pack (rank-major, zero padding and gaps)", gp, pk, K * S, 0);
+    check_close("shard_unpack of a matrix", gx, xr, 20, 0);
+    check_close("shard_unpack of a vector", gy, yr, 3, 0);
+    check_close("fill0 + x", gz, xr, 20, 0);
+    check_close("reduce_scatter (acc, one rank) at its wait", gq, qr, K * S, 1e-6);
+    tg_cover(&t, f0);
+    free(gp), free(gx), free(gy), free(gz), free(gq);
+    tg_free(&t);
+}
+
 /* Optimizer ops: ZERO (grads), ZERO + SUMSQ + CLIP_SCALE + ADAMW (opt phase) against float64 AdamW with
  * global-norm clipping and per-tensor weight decay, over two steps. */
 static int decay_by_name(const dg_node_t *p, void *ctx) {
@@ -999,6 +1071,7 @@ static const op_case_t cases[] = {
     {"fanout1", case_fanout1},
     {"fanout2", case_fanout2},
     {"collectives", case_collectives},
+    {"shard_ops", case_shard_ops},
     {"optimizer", case_optimizer},
     {"shape_errors", case_shape_errors},
     {"stale_plan", case_stale_plan},

@@ -37,9 +37,15 @@ start_cluster() {
 }
 on_exit() {
     local rc=$?
-    if [ "$FAILED" != 0 ] && [ -n "${DGT_SLURM_DIR:-}" ]; then
+    if { [ "$FAILED" != 0 ] || [ "$rc" != 0 ]; } && [ -n "${DGT_SLURM_DIR:-}" ]; then
         echo "----- slurmctld log (tail)"
         tail -n 30 "$DGT_SLURM_DIR/log/slurmctld.log" 2>/dev/null
+        echo "----- slurmd log (tail)"
+        tail -n 30 "$DGT_SLURM_DIR/log/slurmd.log" 2>/dev/null
+    fi
+    if [ "${KEEP_WORK:-0}" = 1 ]; then
+        echo "KEEP_WORK=1: leaving the cluster running in $DGT_SLURM_DIR (stop: tests/slurm/cluster.sh stop $DGT_SLURM_DIR) and $WORK"
+        exit $rc
     fi
     bash "$HERE/cluster.sh" stop >/dev/null 2>&1
     [ -n "${WORK:-}" ] && [ "${KEEP_WORK:-0}" != 1 ] && rm -rf "$WORK"

@@ -90,7 +90,8 @@ for job in same:0 resize:1; do
     PIDS[$name]=$!
 done
 wait "$REF_PID" || {
-    fail "reference run failed: $(tail -n 3 "$WORK/ref.out")"
+    fail "the uninterrupted reference run failed; its output:"
+    cat "$WORK/ref.out"
 }
 for name in same resize; do
     wait "${PIDS[$name]}" || FAILED=1

@@ -224,8 +224,11 @@ __global__ void __launch_bounds__(32 * GEN_WARPS)
 
 /* ======================= tensor-core kernels ======================= */
 
-#define MMA_BR 64 /* rows (queries or keys) per block: 4 warps x 16 */
-#define MMA_BC 64 /* columns per tile */
+/* A block owns BR = 16 x NW rows (queries, or keys in the key/value pass; NW = 4 or 8 warps, one warp
+ * per 16 rows) and streams the other side in tiles of MMA_BC rows. 128-row blocks (NW = 8) load each
+ * K/V (or Q/dO) tile into shared memory once for twice the rows; per-row arithmetic and its order are
+ * the same for both, so the two give the same bits (DG_CUDA_ATTN_ROWS picks; see dg_cuda_t). */
+#define MMA_BC 64 /* rows per streamed tile */
 
 template <typename T> struct MmaOp;
 template <> struct MmaOp<dg_bf16> {
@@ -288,11 +291,11 @@ static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const uint16_
 }
 
 /* Copy rows [0, 64) of a tile (rows >= `valid` zero-filled) of HS 16-bit elements, global row stride
- * `gstride` elements, into shared memory rows of HS + 8 elements. All 128 threads take part. */
-template <int HS>
+ * `gstride` elements, into shared memory rows of HS + 8 elements. All NT threads of the block take part. */
+template <int HS, int NT>
 static __device__ __forceinline__ void tile_load(uint16_t *sm, const uint16_t *g, size_t gstride, int valid) {
     constexpr int CH = HS / 8, LDS = HS + 8;
-    for (int i = threadIdx.x; i < MMA_BR * CH; i += 128) {
+    for (int i = threadIdx.x; i < MMA_BC * CH; i += NT) {
         const int r = i / CH, ch = i % CH;
         const bool ok = r < valid;
         cp_async16(sm + r * LDS + ch * 8, ok ? g + (size_t)r * gstride + ch * 8 : g, ok);
@@ -405,10 +408,10 @@ static __device__ __forceinline__ void store_rows(T *g, size_t stride, int r, in
     }
 }
 
-template <typename T, int HS, bool LDM>
-__global__ void __launch_bounds__(128)
+template <typename T, int HS, bool LDM, int NW>
+__global__ void __launch_bounds__(32 * NW)
     attn_fwd_mma(T *out, float *lse, const T *qkv, int Tn, int C, int NH, float sl2) {
-    constexpr int LDS = HS + 8;
+    constexpr int LDS = HS + 8, BR = 16 * NW, NT = 32 * NW;
     __shared__ __align__(16) uint16_t ks[2][MMA_BC * LDS];
     __shared__ __align__(16) uint16_t vs[2][MMA_BC * LDS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
@@ -417,7 +420,7 @@ __global__ void __launch_bounds__(128)
     const size_t C3 = 3 * (size_t)C;
     const uint16_t *base = reinterpret_cast<const uint16_t *>(qkv) + (size_t)b * Tn * C3 + h * HS;
     const uint16_t *kg = base + C, *vg = base + 2 * C;
-    const int q0 = qb * MMA_BR, qw = q0 + warp * 16;
+    const int q0 = qb * BR, qw = q0 + warp * 16;
 
     uint32_t qa[HS / 16][4];
     load_a_frags<HS>(qa, base, C3, qw, Tn);
@@ -428,25 +431,28 @@ __global__ void __launch_bounds__(128)
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
     const int row0 = qw + gq, row1 = qw + gq + 8;
 
-    const int nkb = min(q0 + MMA_BR - 1, Tn - 1) / MMA_BC + 1;
-    tile_load<HS>(ks[0], kg, C3, Tn);
-    tile_load<HS>(vs[0], vg, C3, Tn);
+    const int nkb = min(q0 + BR - 1, Tn - 1) / MMA_BC + 1;
+    tile_load<HS, NT>(ks[0], kg, C3, Tn);
+    tile_load<HS, NT>(vs[0], vg, C3, Tn);
     cp_async_commit();
     for (int kb = 0; kb < nkb; kb++) {
         const int buf = kb & 1;
         if (kb + 1 < nkb) {
             const int k1 = (kb + 1) * MMA_BC;
-            tile_load<HS>(ks[buf ^ 1], kg + (size_t)k1 * C3, C3, Tn - k1);
-            tile_load<HS>(vs[buf ^ 1], vg + (size_t)k1 * C3, C3, Tn - k1);
+            tile_load<HS, NT>(ks[buf ^ 1], kg + (size_t)k1 * C3, C3, Tn - k1);
+            tile_load<HS, NT>(vs[buf ^ 1], vg + (size_t)k1 * C3, C3, Tn - k1);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
+        const int kbase = kb * MMA_BC;
+        /* a tile wholly after this warp's last row adds nothing (every score masked: scale 1, p = 0); the
+         * barriers stay outside the branch, which differs between warps */
+        if (kbase <= qw + 15) {
         float s[8][4];
         mma_abt<T, HS, LDM>(s, qa, ks[buf]);
-        const int kbase = kb * MMA_BC;
         /* only the diagonal tile and the tile past the end need the causal / length mask */
         const bool masked = kbase + MMA_BC > q0 || kbase + MMA_BC > Tn;
         float mx0 = m0, mx1 = m1;
@@ -493,6 +499,7 @@ __global__ void __launch_bounds__(128)
             l1 += s[nt][2] + s[nt][3];
         }
         mma_pv<T, HS, LDM>(o, s, vs[buf]);
+        }
         __syncthreads(); /* the next iteration refills the other buffer; the one after, this one */
     }
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -509,14 +516,14 @@ __global__ void __launch_bounds__(128)
 
 /* Key/value pass: the block owns keys [kb*64, kb*64+64); warp w owns 16 of them and computes
  * Sᵀ = K·Qᵀ, Pᵀ, dPᵀ = V·dOᵀ and dSᵀ for every query block at or after its keys. */
-template <typename T, int HS, bool LDM>
-__global__ void __launch_bounds__(128)
+template <typename T, int HS, bool LDM, int NW>
+__global__ void __launch_bounds__(32 * NW)
     attn_bwd_kv_mma(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C,
                     int NH, float sl2, float scale) {
-    constexpr int LDS = HS + 8;
-    __shared__ __align__(16) uint16_t qs[2][MMA_BR * LDS];
-    __shared__ __align__(16) uint16_t ds_[2][MMA_BR * LDS];
-    __shared__ float ls[2][MMA_BR], dl[2][MMA_BR];
+    constexpr int LDS = HS + 8, BR = 16 * NW, NT = 32 * NW;
+    __shared__ __align__(16) uint16_t qs[2][MMA_BC * LDS];
+    __shared__ __align__(16) uint16_t ds_[2][MMA_BC * LDS];
+    __shared__ float ls[2][MMA_BC], dl[2][MMA_BC];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     const int kb = blockIdx.x; /* low key blocks see the most queries: they start first */
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
@@ -524,7 +531,7 @@ __global__ void __launch_bounds__(128)
     const uint16_t *base = reinterpret_cast<const uint16_t *>(qkv) + (size_t)b * Tn * C3 + h * HS;
     const uint16_t *dob = reinterpret_cast<const uint16_t *>(dout) + (size_t)b * Tn * C + h * HS;
     const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
-    const int k0 = kb * MMA_BC, kw = k0 + warp * 16;
+    const int k0 = kb * BR, kw = k0 + warp * 16;
     const int key0 = kw + gq, key1 = kw + gq + 8;
 
     uint32_t ka[HS / 16][4], va[HS / 16][4];
@@ -537,23 +544,24 @@ __global__ void __launch_bounds__(128)
         for (int e = 0; e < 4; e++)
             dk[dt][e] = dv[dt][e] = 0.f;
 
-    const int nqb = (Tn + MMA_BR - 1) / MMA_BR;
-    tile_load<HS>(qs[0], base + (size_t)k0 * C3, C3, Tn - k0);
-    tile_load<HS>(ds_[0], dob + (size_t)k0 * C, C, Tn - k0);
+    /* query tiles from the one holding this block's first key (earlier queries see none of its keys) */
+    const int nqb = (Tn + MMA_BC - 1) / MMA_BC;
+    tile_load<HS, NT>(qs[0], base + (size_t)k0 * C3, C3, Tn - k0);
+    tile_load<HS, NT>(ds_[0], dob + (size_t)k0 * C, C, Tn - k0);
     cp_async_commit();
-    if (threadIdx.x < MMA_BR) {
+    if (threadIdx.x < MMA_BC) {
         const int q = k0 + threadIdx.x;
         ls[0][threadIdx.x] = q < Tn ? L[q] * ATT_LOG2E : 0.f;
         dl[0][threadIdx.x] = q < Tn ? D[q] : 0.f;
     }
-    for (int qb = kb, it = 0; qb < nqb; qb++, it++) {
+    for (int qb = k0 / MMA_BC, it = 0; qb < nqb; qb++, it++) {
         const int buf = it & 1;
         if (qb + 1 < nqb) {
-            const int q1 = (qb + 1) * MMA_BR;
-            tile_load<HS>(qs[buf ^ 1], base + (size_t)q1 * C3, C3, Tn - q1);
-            tile_load<HS>(ds_[buf ^ 1], dob + (size_t)q1 * C, C, Tn - q1);
+            const int q1 = (qb + 1) * MMA_BC;
+            tile_load<HS, NT>(qs[buf ^ 1], base + (size_t)q1 * C3, C3, Tn - q1);
+            tile_load<HS, NT>(ds_[buf ^ 1], dob + (size_t)q1 * C, C, Tn - q1);
             cp_async_commit();
-            if (threadIdx.x < MMA_BR) {
+            if (threadIdx.x < MMA_BC) {
                 const int q = q1 + threadIdx.x;
                 ls[buf ^ 1][threadIdx.x] = q < Tn ? L[q] * ATT_LOG2E : 0.f;
                 dl[buf ^ 1][threadIdx.x] = q < Tn ? D[q] : 0.f;
@@ -565,8 +573,10 @@ __global__ void __launch_bounds__(128)
         __syncthreads();
         const uint16_t *Q = qs[buf], *DO = ds_[buf];
         const float *Ls = ls[buf], *Ds = dl[buf];
-        const int qbase = qb * MMA_BR;
-        const bool masked = qb == kb || qbase + MMA_BR > Tn || k0 + MMA_BC > Tn;
+        const int qbase = qb * MMA_BC;
+        /* a tile wholly before this warp's first key sees none of them: p = 0, nothing to add */
+        if (kw <= qbase + MMA_BC - 1) {
+        const bool masked = qbase < k0 + BR || qbase + MMA_BC > Tn || k0 + BR > Tn;
         float p[8][4];
         mma_abt<T, HS, LDM>(p, ka, Q);
 #pragma unroll
@@ -592,6 +602,7 @@ __global__ void __launch_bounds__(128)
                 dp[nt][e] = p[nt][e] * (dp[nt][e] - Ds[qi]);
             }
         mma_pv<T, HS, LDM>(dk, dp, Q);
+        }
         __syncthreads();
     }
     T *dst = dqkv + (size_t)b * Tn * C3 + h * HS;
@@ -600,11 +611,11 @@ __global__ void __launch_bounds__(128)
 }
 
 /* Query pass: the block owns 64 queries; warp w owns 16 and accumulates dQ = dS·K over its key blocks. */
-template <typename T, int HS, bool LDM>
-__global__ void __launch_bounds__(128)
+template <typename T, int HS, bool LDM, int NW>
+__global__ void __launch_bounds__(32 * NW)
     attn_bwd_q_mma(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C,
                    int NH, float sl2, float scale) {
-    constexpr int LDS = HS + 8;
+    constexpr int LDS = HS + 8, BR = 16 * NW, NT = 32 * NW;
     __shared__ __align__(16) uint16_t ks[2][MMA_BC * LDS];
     __shared__ __align__(16) uint16_t vs[2][MMA_BC * LDS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
@@ -614,7 +625,7 @@ __global__ void __launch_bounds__(128)
     const uint16_t *base = reinterpret_cast<const uint16_t *>(qkv) + (size_t)b * Tn * C3 + h * HS;
     const uint16_t *dob = reinterpret_cast<const uint16_t *>(dout) + (size_t)b * Tn * C + h * HS;
     const uint16_t *kg = base + C, *vg = base + 2 * C;
-    const int q0 = qb * MMA_BR, qw = q0 + warp * 16;
+    const int q0 = qb * BR, qw = q0 + warp * 16;
     const int row0 = qw + gq, row1 = qw + gq + 8;
 
     uint32_t qa[HS / 16][4], da[HS / 16][4];
@@ -628,16 +639,16 @@ __global__ void __launch_bounds__(128)
     for (int dt = 0; dt < HS / 8; dt++)
         dq[dt][0] = dq[dt][1] = dq[dt][2] = dq[dt][3] = 0.f;
 
-    const int nkb = min(q0 + MMA_BR - 1, Tn - 1) / MMA_BC + 1;
-    tile_load<HS>(ks[0], kg, C3, Tn);
-    tile_load<HS>(vs[0], vg, C3, Tn);
+    const int nkb = min(q0 + BR - 1, Tn - 1) / MMA_BC + 1;
+    tile_load<HS, NT>(ks[0], kg, C3, Tn);
+    tile_load<HS, NT>(vs[0], vg, C3, Tn);
     cp_async_commit();
     for (int kb = 0; kb < nkb; kb++) {
         const int buf = kb & 1;
         if (kb + 1 < nkb) {
             const int k1 = (kb + 1) * MMA_BC;
-            tile_load<HS>(ks[buf ^ 1], kg + (size_t)k1 * C3, C3, Tn - k1);
-            tile_load<HS>(vs[buf ^ 1], vg + (size_t)k1 * C3, C3, Tn - k1);
+            tile_load<HS, NT>(ks[buf ^ 1], kg + (size_t)k1 * C3, C3, Tn - k1);
+            tile_load<HS, NT>(vs[buf ^ 1], vg + (size_t)k1 * C3, C3, Tn - k1);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -645,6 +656,7 @@ __global__ void __launch_bounds__(128)
         }
         __syncthreads();
         const int kbase = kb * MMA_BC;
+        if (kbase <= qw + 15) { /* else every key of the tile is after this warp's rows: dS = 0 */
         /* rows past Tn are never stored, so only the diagonal tile and the last key tile need masks */
         const bool masked = kbase + MMA_BC > q0 || kbase + MMA_BC > Tn;
         float p[8][4], dp[8][4];
@@ -663,6 +675,7 @@ __global__ void __launch_bounds__(128)
                 dp[nt][e] = pe * (dp[nt][e] - (e < 2 ? D0 : D1));
             }
         mma_pv<T, HS, LDM>(dq, dp, ks[buf]);
+        }
         __syncthreads();
     }
     store_rows<T, HS>(dqkv + (size_t)b * Tn * C3 + h * HS, C3, qw, Tn, dq, scale, scale);
@@ -674,11 +687,31 @@ static bool use_mma(const dg_cuda_t *c, int HS) {
     return c->fast_attention && c->act != DG_F32 && (HS == 64 || HS == 32);
 }
 
+template <typename T, int HS, bool LDM, int NW>
+static dg_status_t fwd_mma_nw(dg_cuda_t *c, void *out, float *lse, const void *qkv, int B, int Tn, int C, int NH,
+                              float sl2) {
+    dim3 grid((Tn + 16 * NW - 1) / (16 * NW), B * NH);
+    attn_fwd_mma<T, HS, LDM, NW><<<grid, 32 * NW, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, sl2);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
 template <typename T, int HS, bool LDM>
 static dg_status_t fwd_mma_launch(dg_cuda_t *c, void *out, float *lse, const void *qkv, int B, int Tn, int C,
                                   int NH, float sl2) {
-    dim3 grid((Tn + MMA_BR - 1) / MMA_BR, B * NH);
-    attn_fwd_mma<T, HS, LDM><<<grid, 128, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, sl2);
+    return c->attn_rows == 128 ? fwd_mma_nw<T, HS, LDM, 8>(c, out, lse, qkv, B, Tn, C, NH, sl2)
+                               : fwd_mma_nw<T, HS, LDM, 4>(c, out, lse, qkv, B, Tn, C, NH, sl2);
+}
+
+template <typename T, int HS, bool LDM, int NW>
+static dg_status_t bwd_mma_nw(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv, const float *lse,
+                              const float *delta, int B, int Tn, int C, int NH, float sl2, float scale) {
+    dim3 grid((Tn + 16 * NW - 1) / (16 * NW), B * NH);
+    attn_bwd_kv_mma<T, HS, LDM, NW><<<grid, 32 * NW, 0, c->stream>>>(
+        (T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta, Tn, C, NH, sl2, scale);
+    DG_CUDA_LAUNCH_CHECK();
+    attn_bwd_q_mma<T, HS, LDM, NW><<<grid, 32 * NW, 0, c->stream>>>(
+        (T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta, Tn, C, NH, sl2, scale);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
@@ -687,14 +720,9 @@ template <typename T, int HS, bool LDM>
 static dg_status_t bwd_mma_launch(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv,
                                   const float *lse, const float *delta, int B, int Tn, int C, int NH,
                                   float sl2, float scale) {
-    dim3 grid((Tn + MMA_BR - 1) / MMA_BR, B * NH);
-    attn_bwd_kv_mma<T, HS, LDM><<<grid, 128, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse,
-                                                             delta, Tn, C, NH, sl2, scale);
-    DG_CUDA_LAUNCH_CHECK();
-    attn_bwd_q_mma<T, HS, LDM><<<grid, 128, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse,
-                                                            delta, Tn, C, NH, sl2, scale);
-    DG_CUDA_LAUNCH_CHECK();
-    return DG_OK;
+    return c->attn_rows == 128
+               ? bwd_mma_nw<T, HS, LDM, 8>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+               : bwd_mma_nw<T, HS, LDM, 4>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
 }
 
 template <typename T>

@@ -7,7 +7,10 @@
  *   DG_CUDA_FAST_ATTENTION=0   the generic attention kernels instead of the tensor-core ones
  *   DG_CUDA_ATTN_LDMATRIX=0    tensor-core attention loads shared-memory fragments with plain 32/16-bit
  *                              loads instead of ldmatrix (ldmatrix, the default, measured 10-20% faster)
+ *   DG_CUDA_ATTN_ROWS=64|128   rows (queries, or keys in the backward's key/value pass) per block of the
+ *                              tensor-core attention kernels: 4 or 8 warps of 16 rows
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +18,9 @@
 
 #define DG_CUDA_LT_WORKSPACE (32u << 20) /* cuBLASLt's recommendation for Hopper */
 #define DG_CUDA_SCRATCH_INIT (8u << 20)
+/* rows per block of the tensor-core attention kernels (both give the same bits; 128 loads each K/V tile
+ * once for twice the queries) */
+#define DG_CUDA_ATTN_ROWS_DEFAULT 64
 
 /* ---------------- error reporting ---------------- */
 
@@ -55,6 +61,46 @@ dg_status_t dg_cublas_fail(cublasStatus_t s, const char *call, const char *file,
                        cublasLtGetStatusString(s), cublasLtGetStatusName(s), hint);
 }
 
+/* ---------------- memory accounting ---------------- */
+
+void dg_cuda_mem_add(dg_cuda_t *c, size_t bytes) {
+    c->mem_now += bytes;
+    if (c->mem_now > c->mem_peak) c->mem_peak = c->mem_now;
+}
+
+void dg_cuda_mem_sub(dg_cuda_t *c, size_t bytes) {
+    c->mem_now = bytes > c->mem_now ? 0 : c->mem_now - bytes;
+}
+
+/* The vtable's allocations are few (the model's flat buffers, the arena, a handful of small ones), so a
+ * linear table is enough; free() looks the size up to keep the running total exact. */
+static void mem_track(dg_cuda_t *c, void *p, size_t bytes) {
+    if (c->mem_n == c->mem_cap) {
+        int cap = c->mem_cap ? 2 * c->mem_cap : 32;
+        void **np = (void **)realloc(c->mem_ptr, (size_t)cap * sizeof *np);
+        size_t *ns = (size_t *)realloc(c->mem_size, (size_t)cap * sizeof *ns);
+        DG_ASSERT(np != NULL && ns != NULL);
+        c->mem_ptr = np;
+        c->mem_size = ns;
+        c->mem_cap = cap;
+    }
+    c->mem_ptr[c->mem_n] = p;
+    c->mem_size[c->mem_n] = bytes;
+    c->mem_n++;
+    dg_cuda_mem_add(c, bytes);
+}
+
+static void mem_untrack(dg_cuda_t *c, void *p) {
+    for (int i = c->mem_n - 1; i >= 0; i--) {
+        if (c->mem_ptr[i] != p) continue;
+        dg_cuda_mem_sub(c, c->mem_size[i]);
+        c->mem_ptr[i] = c->mem_ptr[c->mem_n - 1];
+        c->mem_size[i] = c->mem_size[c->mem_n - 1];
+        c->mem_n--;
+        return;
+    }
+}
+
 /* ---------------- scratch ---------------- */
 
 dg_status_t dg_cuda_scratch(dg_cuda_t *c, size_t bytes, void **out) {
@@ -74,10 +120,12 @@ dg_status_t dg_cuda_scratch(dg_cuda_t *c, size_t bytes, void **out) {
     want = (want + (1u << 20) - 1) & ~(size_t)((1u << 20) - 1);
     /* queued kernels may still read the old scratch: cudaFree waits for them */
     if (c->scratch) DG_CUDA_CHECK(cudaFree(c->scratch));
+    dg_cuda_mem_sub(c, c->scratch_bytes);
     c->scratch = NULL;
     c->scratch_bytes = 0;
     DG_CUDA_CHECK(cudaMalloc(&c->scratch, want));
     c->scratch_bytes = want;
+    dg_cuda_mem_add(c, want);
     *out = c->scratch;
     return DG_OK;
 }
@@ -108,6 +156,8 @@ static void cu_destroy(dg_backend_t *be) {
         cudaFree(c->scratch);
         cudaFree(c->err_dev);
         if (c->stream) cudaStreamDestroy(c->stream);
+        free(c->mem_ptr);
+        free(c->mem_size);
         free(c);
     }
     free(be);
@@ -130,12 +180,13 @@ static dg_status_t cu_alloc(dg_backend_t *be, size_t bytes, void **out) {
             bytes / 1048576.0, dg_cuda_of(be)->device, cudaGetErrorString(e), fr / 1048576.0,
             tot / 1048576.0);
     }
+    mem_track(dg_cuda_of(be), *out, bytes);
     return DG_OK;
 }
 
 static void cu_free(dg_backend_t *be, void *p) {
-    (void)be;
     if (!p) return;
+    mem_untrack(dg_cuda_of(be), p);
     cudaError_t e = cudaFree(p);
     if (e != cudaSuccess) DG_LOG_WARN("cuda backend: cudaFree failed: %s", cudaGetErrorString(e));
 }
@@ -469,6 +520,9 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
                       cfg->device, n);
     c->device = cfg->device;
     DG_CUDA_CHECK(cudaSetDevice(c->device));
+    cudaDeviceProp prop;
+    DG_CUDA_CHECK(cudaGetDeviceProperties(&prop, c->device));
+    snprintf(c->name, sizeof c->name, "%s", prop.name);
     DG_CUDA_CHECK(cudaDeviceGetAttribute(&c->sm_count, cudaDevAttrMultiProcessorCount, c->device));
     DG_CUDA_CHECK(cudaDeviceGetAttribute(&c->cc_major, cudaDevAttrComputeCapabilityMajor, c->device));
     DG_CUDA_CHECK(cudaDeviceGetAttribute(&c->cc_minor, cudaDevAttrComputeCapabilityMinor, c->device));
@@ -491,14 +545,24 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
     DG_CUBLAS_CHECK(cublasLtCreate(&c->lt));
     c->lt_ws_bytes = DG_CUDA_LT_WORKSPACE;
     DG_CUDA_CHECK(cudaMalloc(&c->lt_ws, c->lt_ws_bytes));
+    dg_cuda_mem_add(c, c->lt_ws_bytes);
     DG_CUDA_CHECK(cudaMalloc(&c->scratch, DG_CUDA_SCRATCH_INIT));
     c->scratch_bytes = DG_CUDA_SCRATCH_INIT;
+    dg_cuda_mem_add(c, c->scratch_bytes);
     DG_CUDA_CHECK(cudaMalloc(&c->err_dev, 4 * sizeof(int)));
+    dg_cuda_mem_add(c, 4 * sizeof(int));
     DG_CUDA_CHECK(cudaMemset(c->err_dev, 0, 4 * sizeof(int)));
     DG_CUDA_CHECK(cudaDeviceSynchronize());
     c->fused_epilogues = env_flag("DG_CUDA_FUSED_EPILOGUES", 1);
     c->fast_attention = env_flag("DG_CUDA_FAST_ATTENTION", 1);
     c->attn_ldmatrix = env_flag("DG_CUDA_ATTN_LDMATRIX", 1);
+    const char *rows = getenv("DG_CUDA_ATTN_ROWS");
+    c->attn_rows = DG_CUDA_ATTN_ROWS_DEFAULT;
+    if (rows && *rows) {
+        if (strcmp(rows, "64") != 0 && strcmp(rows, "128") != 0)
+            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_ROWS=%s: expected 64 or 128", rows);
+        c->attn_rows = atoi(rows);
+    }
     return DG_OK;
 }
 
@@ -520,14 +584,38 @@ extern "C" dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg
         cu_destroy(be);
         return s;
     }
-    DG_LOG_DEBUG("cuda backend: device %d (sm_%d%d, %d SMs), act %s, fused epilogues %s, fast attention %s",
-                 c->device, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
-                 c->fused_epilogues ? "on" : "off", c->fast_attention ? "on" : "off");
+    DG_LOG_DEBUG("cuda backend: device %d %s (sm_%d%d, %d SMs), act %s, fused epilogues %s, fast attention %s "
+                 "(%d-row blocks)",
+                 c->device, c->name, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
+                 c->fused_epilogues ? "on" : "off", c->fast_attention ? "on" : "off", c->attn_rows);
     *out = be;
     return DG_OK;
 }
 
+static int is_cuda(const dg_backend_t *be) {
+    return be && be->ops && strcmp(be->ops->name, "cuda") == 0;
+}
+
 extern "C" void *dg_backend_cuda_stream(dg_backend_t *be) {
-    if (!be || !be->ops || strcmp(be->ops->name, "cuda") != 0) return NULL;
+    if (!is_cuda(be)) return NULL;
     return (void *)dg_cuda_of(be)->stream;
+}
+
+extern "C" const char *dg_backend_cuda_device_name(dg_backend_t *be) {
+    if (!is_cuda(be)) return NULL;
+    return dg_cuda_of(be)->name;
+}
+
+extern "C" dg_status_t dg_backend_cuda_mem_stats(dg_backend_t *be, dg_cuda_mem_stats_t *out) {
+    if (!out) return DG_ERR(DG_ERR_USAGE, "dg_backend_cuda_mem_stats: `out` is NULL");
+    memset(out, 0, sizeof *out);
+    if (!is_cuda(be)) return DG_ERR(DG_ERR_USAGE, "dg_backend_cuda_mem_stats: not a CUDA backend");
+    dg_cuda_t *c = dg_cuda_of(be);
+    out->alloc_bytes = c->mem_now;
+    out->peak_alloc_bytes = c->mem_peak;
+    size_t fr = 0, tot = 0;
+    DG_CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+    out->device_used_bytes = tot - fr;
+    out->device_total_bytes = tot;
+    return DG_OK;
 }

@@ -76,8 +76,18 @@ typedef struct dg_cuda {
     int fast_attention;  /* 0 when DG_CUDA_FAST_ATTENTION=0: the generic attention kernels only */
     int attn_ldmatrix;   /* tensor-core attention loads fragments with ldmatrix (DG_CUDA_ATTN_LDMATRIX=0: not)
                           */
+    int attn_rows;       /* rows per tensor-core attention block: 64 (4 warps) or 128 (8 warps);
+                            DG_CUDA_ATTN_ROWS=64|128 */
     dg_gemm_plan_t *plans;
     int n_plans, cap_plans;
+    /* memory accounting (dg_backend_cuda_mem_stats): every cudaMalloc of the backend, the vtable's
+     * alloc, the scratch and the cuBLASLt workspace, so the peak compares with PyTorch's
+     * max_memory_allocated; the (pointer, size) table lets free() subtract */
+    char name[256];
+    size_t mem_now, mem_peak;
+    void **mem_ptr;
+    size_t *mem_size;
+    int mem_n, mem_cap;
 } dg_cuda_t;
 
 static inline dg_cuda_t *dg_cuda_of(dg_backend_t *be) {
@@ -87,6 +97,9 @@ static inline dg_cuda_t *dg_cuda_of(dg_backend_t *be) {
 /* Temporary device memory valid until the next backend call (all work is ordered on one stream).
  * Grows (re-allocates) when too small; refuses to grow during stream capture. */
 dg_status_t dg_cuda_scratch(dg_cuda_t *c, size_t bytes, void **out);
+/* Memory accounting: call after every successful cudaMalloc / before every cudaFree of the backend. */
+void dg_cuda_mem_add(dg_cuda_t *c, size_t bytes);
+void dg_cuda_mem_sub(dg_cuda_t *c, size_t bytes);
 
 /* ---- entry points implemented in the kernel files ---- */
 /* elementwise.cu */

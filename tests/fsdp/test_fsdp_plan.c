@@ -1,0 +1,264 @@
+/* test_fsdp_plan.c — the parallel plan without communication (plan-only models, one process):
+ *   - memory: parameters + gradients + AdamW state per rank scale as 1 / dp_shard (gpt2-124m, k = 1..8);
+ *   - placements: on every coordinate of several meshes (uneven sizes included) the owned pieces of
+ *     every global tensor cover it exactly once, and each rank's pieces fit its local tensor;
+ *   - schedule: the FSDP pass's collectives (one all-gather per bucket and phase, unpacks waiting on
+ *     them, one reduce-scatter per bucket with a wait), prefetch (the next block's all-gather issued
+ *     before the current block computes) and its absence with overlap = 0; bucket sizes;
+ *   - bad meshes fail with one clear line.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fsdp.h"
+#include "graph_impl.h"
+
+static int failures;
+#define EXPECT(cond, ...)                                                                                    \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            failures++;                                                                                      \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
+            fprintf(stderr, __VA_ARGS__);                                                                    \
+            fputc('\n', stderr);                                                                             \
+        }                                                                                                    \
+    } while (0)
+
+static dg_backend_t *be;
+
+static dg_model_t *plan(const dg_model_desc_t *d, const char *mesh, const int coord[3], size_t bucket_bytes,
+                        int overlap, int reshard) {
+    dg_model_parallel_t p;
+    dg_model_parallel_default(&p);
+    int is_auto = 0;
+    if (dg_mesh_parse(mesh, 0, &p.mesh, &is_auto) != DG_OK) {
+        fprintf(stderr, "bad mesh %s: %s\n", mesh, dg_last_error());
+        exit(1);
+    }
+    memcpy(p.coord, coord, sizeof p.coord);
+    p.bucket_bytes = bucket_bytes;
+    p.overlap = overlap;
+    p.reshard_after_forward = reshard;
+    dg_model_t *m = NULL;
+    dg_status_t st = dg_model_create_parallel(d, be, 2, 7, DG_MODEL_PLAN_ONLY, &p, &m);
+    if (st != DG_OK) {
+        fprintf(stderr, "FAIL: plan %s at (%d,%d,%d): %s\n", mesh, coord[0], coord[1], coord[2], dg_last_error());
+        exit(1);
+    }
+    return m;
+}
+
+static void test_memory(void) {
+    dg_model_desc_t d;
+    if (dg_model_desc_preset("gpt2-124m", &d) != DG_OK) exit(1);
+    d.seq_len = 64; /* the state does not depend on it; keeps the plan small */
+    int c0[3] = {0, 0, 0};
+    dg_model_t *m1 = plan(&d, "dp_shard=1", c0, 25u << 20, 1, 1);
+    size_t b1 = dg_model_state_bytes(m1);
+    dg_model_free(m1);
+    for (int k = 2; k <= 8; k *= 2) {
+        char mesh[32];
+        snprintf(mesh, sizeof mesh, "dp_shard=%d", k);
+        for (int r = 0; r < k; r += k - 1) { /* first and last rank: padding makes them equal */
+            int c[3] = {0, r, 0};
+            dg_model_t *m = plan(&d, mesh, c, 25u << 20, 1, 1);
+            size_t bk = dg_model_state_bytes(m);
+            double ratio = (double)bk * k / (double)b1;
+            printf("gpt2-124m dp_shard=%d rank %d: %.2f MB per rank (1 rank %.2f MB), x k = %.4f\n", k, r, bk / 1e6,
+                   b1 / 1e6, ratio);
+            EXPECT(ratio >= 1.0 && ratio <= 1.01, "dp_shard=%d: state bytes x k / unsharded = %.4f, expected 1..1.01",
+                   k, ratio);
+            dg_model_free(m);
+        }
+    }
+}
+
+/* Every owned piece of every tensor, over all coordinates, covers the tensor exactly once. */
+static void test_cover(const dg_model_desc_t *d, const char *mesh) {
+    dg_mesh_shape_t s;
+    int is_auto = 0;
+    if (dg_mesh_parse(mesh, 0, &s, &is_auto) != DG_OK) exit(1);
+    int world = dg_mesh_world(&s), nt = 0;
+    unsigned char **cnt = NULL;
+    size_t *numel = NULL;
+    for (int r = 0; r < world; r++) {
+        int c[3];
+        dg_mesh_coords(&s, r, c);
+        dg_model_t *m = plan(d, mesh, c, 25u << 20, 1, 1);
+        if (!cnt) {
+            nt = dg_model_n_tensors(m);
+            cnt = calloc((size_t)nt, sizeof *cnt);
+            numel = calloc((size_t)nt, sizeof *numel);
+            for (int i = 0; i < nt; i++) {
+                numel[i] = dg_model_param(m, i)->numel;
+                cnt[i] = calloc(numel[i], 1);
+            }
+        }
+        for (int i = 0; i < nt; i++) {
+            const dg_param_info_t *pi = dg_model_param(m, i);
+            dg_model_piece_t pc[DG_MODEL_MAX_PIECES];
+            int np = dg_model_local_pieces(m, i, pc);
+            size_t ln = dg_model_local_numel(m, i), used = 0;
+            int64_t gc = pi->ndim == 2 ? pi->shape[1] : 1;
+            for (int j = 0; j < np; j++) {
+                EXPECT(pc[j].start[0] >= 0 && pc[j].start[0] + pc[j].count[0] <= pi->shape[0] && pc[j].start[1] >= 0 &&
+                           pc[j].start[1] + pc[j].count[1] <= gc,
+                       "%s rank %d: '%s' piece %d outside the tensor", mesh, r, pi->name, j);
+                EXPECT(pc[j].offset + (size_t)(pc[j].count[0] * pc[j].count[1]) <= ln,
+                       "%s rank %d: '%s' piece %d outside the local tensor", mesh, r, pi->name, j);
+                used += (size_t)(pc[j].count[0] * pc[j].count[1]);
+                if (!dg_model_piece_owner(m, i)) continue;
+                for (int64_t a = 0; a < pc[j].count[0]; a++)
+                    for (int64_t b = 0; b < pc[j].count[1]; b++) {
+                        size_t e = (size_t)((pc[j].start[0] + a) * gc + pc[j].start[1] + b);
+                        if (e < numel[i] && cnt[i][e] < 255) cnt[i][e]++;
+                    }
+            }
+            EXPECT(used <= ln, "%s rank %d: '%s' pieces hold %zu elements, local tensor %zu", mesh, r, pi->name, used,
+                   ln);
+        }
+        dg_model_free(m);
+    }
+    int bad = 0;
+    for (int i = 0; i < nt; i++) {
+        for (size_t e = 0; e < numel[i] && !bad; e++)
+            if (cnt[i][e] != 1) {
+                EXPECT(0, "%s: element %zu of tensor %d is owned %d times", mesh, e, i, cnt[i][e]);
+                bad = 1;
+            }
+        free(cnt[i]);
+    }
+    free(cnt);
+    free(numel);
+    printf("%-28s %d ranks: owned pieces cover all %d tensors exactly once\n", mesh, world, nt);
+}
+
+static int count_op(const dg_graph_t *g, dg_op_kind_t k, dg_phase_t ph) {
+    int c = 0;
+    for (int i = 0; i < g->n; i++)
+        c += g->nodes[i]->op == k && g->nodes[i]->phase == ph;
+    return c;
+}
+
+static const dg_node_t *find(const dg_graph_t *g, const char *name) {
+    for (int i = 0; i < g->n; i++)
+        if (strcmp(g->nodes[i]->name, name) == 0) return g->nodes[i];
+    return NULL;
+}
+
+static void test_schedule(void) {
+    dg_model_desc_t d = {3, 4, 64, 32, 128, 128};
+    int c[3] = {0, 1, 0};
+    /* default buckets: one per block + embeddings + final norm */
+    dg_model_t *m = plan(&d, "dp_shard=2", c, 25u << 20, 1, 1);
+    const dg_graph_t *g = dg_model_graph(m);
+    int nb = 1 + d.n_layer + 1;
+    EXPECT(count_op(g, DG_OP_ALL_GATHER, DG_PHASE_FWD) == nb, "forward all-gathers: %d, expected %d buckets",
+           count_op(g, DG_OP_ALL_GATHER, DG_PHASE_FWD), nb);
+    /* reshard: every bucket but the one used last in the forward (the embeddings, tied head) is gathered again */
+    EXPECT(count_op(g, DG_OP_ALL_GATHER, DG_PHASE_BWD) == nb - 1, "backward all-gathers: %d, expected %d",
+           count_op(g, DG_OP_ALL_GATHER, DG_PHASE_BWD), nb - 1);
+    EXPECT(count_op(g, DG_OP_REDUCE_SCATTER, DG_PHASE_BWD) == nb, "reduce-scatters: %d, expected %d",
+           count_op(g, DG_OP_REDUCE_SCATTER, DG_PHASE_BWD), nb);
+    EXPECT(count_op(g, DG_OP_WAIT, DG_PHASE_BWD) == nb, "waits for reduce-scatters: %d, expected %d",
+           count_op(g, DG_OP_WAIT, DG_PHASE_BWD), nb);
+    EXPECT(count_op(g, DG_OP_ALL_REDUCE, DG_PHASE_OPT) == 1, "one all-reduce of the sum of squares over dp_shard");
+    for (int i = 0; i < g->n; i++) {
+        const dg_node_t *x = g->nodes[i];
+        if (x->op == DG_OP_ALL_GATHER || x->op == DG_OP_REDUCE_SCATTER)
+            EXPECT(x->stream == DG_STREAM_COMM, "'%s' should be on the comm stream", x->name);
+        if (x->op == DG_OP_SHARD_UNPACK)
+            EXPECT(x->n_wait == 1 && x->wait[0] == x->src[0], "'%s' must wait for its all-gather", x->name);
+    }
+    /* prefetch: block 1's all-gather is issued before block 0 starts computing */
+    const dg_node_t *ag1 = find(g, "ag.fwd.h.1.ln_1.weight..h.1.mlp.proj.bias"), *ln0 = find(g, "h.0.ln_1");
+    EXPECT(ag1 && ln0 && ag1->id < ln0->id, "prefetch: the all-gather of block 1 (#%d) should precede h.0.ln_1 (#%d)",
+           ag1 ? ag1->id : -1, ln0 ? ln0->id : -1);
+    char *txt = NULL;
+    size_t cap = 0;
+    FILE *mem = open_memstream(&txt, &cap);
+    dg_model_print_plan(m, mem, 0);
+    fclose(mem);
+    EXPECT(strstr(txt, "all_gather") && strstr(txt, "over dp_shard") && strstr(txt, " wait#"),
+           "the plan printout should show the collectives, their mesh dimension and the wait edges");
+    free(txt);
+    dg_model_free(m);
+
+    /* overlap off: no prefetch, every reduce-scatter waited for right after it */
+    m = plan(&d, "dp_shard=2", c, 25u << 20, 0, 1);
+    g = dg_model_graph(m);
+    ag1 = find(g, "ag.fwd.h.1.ln_1.weight..h.1.mlp.proj.bias");
+    const dg_node_t *res0 = find(g, "h.0.res_2");
+    EXPECT(ag1 && res0 && ag1->id > res0->id, "overlap=0: block 1's all-gather must follow block 0's compute");
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->op == DG_OP_REDUCE_SCATTER)
+            EXPECT(i + 1 < g->n && g->nodes[i + 1]->op == DG_OP_WAIT && g->nodes[i + 1]->wait[0] == g->nodes[i],
+                   "overlap=0: '%s' must be waited for at once", g->nodes[i]->name);
+    dg_model_free(m);
+
+    /* no buckets (bucket_mb = 0): one all-gather per parameter, no backward re-gather without reshard */
+    m = plan(&d, "dp_shard=2", c, 0, 1, 0);
+    g = dg_model_graph(m);
+    int np = dg_model_n_tensors(m);
+    EXPECT(count_op(g, DG_OP_ALL_GATHER, DG_PHASE_FWD) == np, "bucket_mb=0: %d forward all-gathers, expected %d",
+           count_op(g, DG_OP_ALL_GATHER, DG_PHASE_FWD), np);
+    EXPECT(count_op(g, DG_OP_ALL_GATHER, DG_PHASE_BWD) == 0, "reshard=0: no backward all-gather");
+    dg_model_free(m);
+
+    /* tp: two all-reduces in the forward per layer (attention and MLP outputs), two in the backward */
+    m = plan(&d, "tp=2", (int[3]){0, 0, 1}, 25u << 20, 1, 1);
+    g = dg_model_graph(m);
+    int arf = 0;
+    for (int i = 0; i < g->n; i++)
+        arf += g->nodes[i]->op == DG_OP_ALL_REDUCE && g->nodes[i]->phase == DG_PHASE_FWD &&
+               g->nodes[i]->attr[DG_A_ARMODE] == DG_AR_TO_REPLICATE;
+    EXPECT(arf == 2 * d.n_layer, "tp=2: %d forward all-reduces, expected %d", arf, 2 * d.n_layer);
+    EXPECT(count_op(g, DG_OP_ALL_REDUCE, DG_PHASE_BWD) == 2 * d.n_layer, "tp=2: %d backward all-reduces, expected %d",
+           count_op(g, DG_OP_ALL_REDUCE, DG_PHASE_BWD), 2 * d.n_layer);
+    const dg_node_t *at = find(g, "h.0.attn");
+    EXPECT(at && at->attr[DG_A_NH] == 2 && at->shape[2] == 32, "tp=2: attention runs 2 of 4 heads on [.., 32]");
+    dg_model_free(m);
+}
+
+static void test_errors(void) {
+    dg_model_desc_t d = {2, 4, 64, 32, 128, 128};
+    dg_model_parallel_t p;
+    dg_model_parallel_default(&p);
+    p.mesh.size[DG_MESH_TP] = 3;
+    dg_model_t *m = NULL;
+    dg_status_t st = dg_model_create_parallel(&d, be, 2, 1, DG_MODEL_PLAN_ONLY, &p, &m);
+    EXPECT(st == DG_ERR_USAGE && strstr(dg_last_error(), "tp = 3 must divide model.n_head = 4"),
+           "tp=3 with 4 heads: got %d '%s'", st, dg_last_error());
+    dg_model_parallel_default(&p);
+    p.mesh.size[DG_MESH_DP_SHARD] = 2;
+    st = dg_model_create_parallel(&d, be, 2, 1, 0, &p, &m);
+    EXPECT(st == DG_ERR_USAGE && strstr(dg_last_error(), "no comm was given"),
+           "a sharded model without communicators: got %d '%s'", st, dg_last_error());
+    p.coord[DG_MESH_DP_SHARD] = 2;
+    st = dg_model_create_parallel(&d, be, 2, 1, DG_MODEL_PLAN_ONLY, &p, &m);
+    EXPECT(st == DG_ERR_USAGE && strstr(dg_last_error(), "out of range"), "coordinate 2 of 2: got %d '%s'", st,
+           dg_last_error());
+}
+
+int main(void) {
+    dg_backend_config_t bc = {.act_dtype = DG_F32, .threads = 1};
+    if (dg_backend_cpu_create(&bc, &be) != DG_OK) return 1;
+    test_memory();
+    dg_model_desc_t small = {2, 4, 64, 32, 128, 128}, uneven = {2, 2, 30, 24, 97, 128};
+    const char *meshes[] = {"dp_shard=4", "dp_replicate=2,dp_shard=2", "tp=2", "dp_shard=2,tp=2",
+                            "dp_replicate=2,dp_shard=3,tp=2"};
+    for (size_t i = 0; i < sizeof meshes / sizeof meshes[0]; i++) {
+        test_cover(&small, meshes[i]);
+        test_cover(&uneven, meshes[i]);
+    }
+    test_schedule();
+    test_errors();
+    dg_backend_free(be);
+    if (failures) {
+        fprintf(stderr, "%d failure(s)\n", failures);
+        return 1;
+    }
+    printf("all fsdp plan tests passed\n");
+    return 0;
+}
