@@ -726,6 +726,57 @@ static int run_attn_rows(dg_dtype_t act, int small) {
         free(h);
         free(poison);
     }
+    if (!small) { /* timing at GPT-2 124M's shape, one micro-batch of 32 x 1024 (not a pass/fail) */
+        const int B = 32, T = 1024, C = 768, NH = 12, iters = 10;
+        const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
+        double ms[2][2];
+        dg_backend_t *bes[2] = {b64, b128};
+        for (int k = 0; k < 2; k++) {
+            dg_backend_t *be = bes[k];
+            const dg_backend_ops_t *op = be->ops;
+            void *f = NULL, *qkv = NULL, *dout = NULL, *out = NULL, *dqkv = NULL, *aux = NULL;
+            float *h = dg_xmalloc(nqkv * sizeof(float));
+            for (size_t i = 0; i < nqkv; i++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                h[i] = (float)((int64_t)(rng >> 40) - (1 << 23)) / (float)(1 << 23);
+            }
+            MUST(op->alloc(be, nqkv * sizeof(float), &f));
+            MUST(op->alloc(be, nqkv * 2, &qkv));
+            MUST(op->alloc(be, nout * 2, &dout));
+            MUST(op->alloc(be, nout * 2, &out));
+            MUST(op->alloc(be, nqkv * 2, &dqkv));
+            MUST(op->alloc(be, op->attention_aux_bytes(be, B, T, C, NH), &aux));
+            MUST(op->to_device(be, f, h, nqkv * sizeof(float)));
+            MUST(op->cast(be, qkv, act, f, DG_F32, nqkv));
+            MUST(op->cast(be, dout, act, f, DG_F32, nout));
+            for (int w = 0; w < 2; w++) {
+                MUST(op->attention_fwd(be, out, aux, qkv, B, T, C, NH));
+                MUST(op->attention_bwd(be, dqkv, dout, qkv, out, aux, B, T, C, NH));
+            }
+            MUST(op->sync(be));
+            double t0 = dg_now_s();
+            for (int i = 0; i < iters; i++)
+                MUST(op->attention_fwd(be, out, aux, qkv, B, T, C, NH));
+            MUST(op->sync(be));
+            double t1 = dg_now_s();
+            for (int i = 0; i < iters; i++)
+                MUST(op->attention_bwd(be, dqkv, dout, qkv, out, aux, B, T, C, NH));
+            MUST(op->sync(be));
+            double t2 = dg_now_s();
+            ms[k][0] = (t1 - t0) * 1e3 / iters;
+            ms[k][1] = (t2 - t1) * 1e3 / iters;
+            void *bufs[] = {f, qkv, dout, out, dqkv, aux};
+            for (int j = 0; j < 6; j++)
+                op->free(be, bufs[j]);
+            free(h);
+        }
+        /* causal attention FLOPs: QK^T and PV over half the T x T matrix, forward; backward 2.5 x */
+        const double fl = 4.0 * B * NH * (double)T * T * (C / NH) / 2;
+        printf("attn-rows timing [%s] B=%d T=%d C=%d NH=%d: 64-row blocks fwd %.4f ms (%.0f TFLOP/s) bwd %.4f ms "
+               "(%.0f TFLOP/s); 128-row blocks fwd %.4f ms (%.0f TFLOP/s) bwd %.4f ms (%.0f TFLOP/s)\n",
+               dg_dtype_name(act), B, T, C, NH, ms[0][0], fl / ms[0][0] / 1e9, ms[0][1], 2.5 * fl / ms[0][1] / 1e9,
+               ms[1][0], fl / ms[1][0] / 1e9, ms[1][1], 2.5 * fl / ms[1][1] / 1e9);
+    }
     dg_backend_free(b64);
     dg_backend_free(b128);
     printf("attn-rows [%s]: %d checks, %d failed\n", dg_dtype_name(act), g_checks, g_fails);

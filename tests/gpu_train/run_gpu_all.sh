@@ -41,13 +41,28 @@ else
 fi
 dgtrain=$bdir/src/cli/dgtrain dgckpt=$bdir/src/checkpoint_hdf5/dgckpt tbc=$bdir/tests/backend_cuda/test_backend_cuda
 
+# ---- the 64- vs 128-row attention blocks: bitwise equal, then timed at B=32 T=1024 (alone on the GPU) ----
+"$tbc" --mode attn-rows --dtype bf16 >"$out/attn_rows.log" 2>&1
+rows_rc=$?
+log "attn-rows bf16 rc=$rows_rc: $(grep -h 'attn-rows' "$out/attn_rows.log" | cut -c1-400 | tr '\n' ' ')"
+rows_best=$(python3 - "$out/attn_rows.log" $rows_rc <<'PY'
+import re, sys
+m = re.search(r"64-row blocks fwd ([0-9.]+) ms.*bwd ([0-9.]+) ms.*128-row blocks fwd ([0-9.]+) ms.*bwd ([0-9.]+) ms",
+              open(sys.argv[1]).read())
+print(128 if m and sys.argv[2] == "0" and float(m.group(3)) + float(m.group(4)) < float(m.group(1)) + float(m.group(2)) else 64)
+PY
+)
+log "attention block rows for the benchmark: $rows_best"
+
 # ---- phase A: correctness, all at once (the GPU is shared; nothing here is timed) ----
 pids=()
 for c in fp32 bf16 determinism multirank; do
   python3 "$root/tests/gpu_train/gpu_e2e.py" "$c" "$dgtrain" "$dgckpt" "${mpi[@]}" >"$out/gpu_train_$c.log" 2>&1 &
   pids+=($!)
 done
-("$tbc" --mode attn-rows --dtype bf16 && "$tbc" --mode attn-rows --dtype f16) >"$out/attn_rows.log" 2>&1 &
+DG_CUDA_ATTN_ROWS=$rows_best "$tbc" --mode cpu --dtype bf16 --only attention >"$out/attn_vs_cpu.log" 2>&1 &
+pid_vs=$!
+"$tbc" --mode attn-rows --dtype f16 --small >"$out/attn_rows_f16.log" 2>&1 &
 pid_rows=$!
 tmp=$(mktemp -d)
 for p in fp32 bf16; do
@@ -57,8 +72,9 @@ for p in fp32 bf16; do
   pids+=($!)
 done
 wait $pid_rows
-rows_rc=$?
-log "attn-rows (64 vs 128-row blocks bitwise) rc=$rows_rc: $(grep -h 'attn-rows \[' "$out/attn_rows.log" | tr '\n' ' ')"
+log "attn-rows f16 rc=$?: $(grep -h 'attn-rows \[' "$out/attn_rows_f16.log" | tr '\n' ' ')"
+wait $pid_vs
+log "attention vs CPU, $rows_best-row blocks, rc=$?: $(grep -h 'cuda vs cpu' "$out/attn_vs_cpu.log" | tr '\n' ' ')"
 for p in "${pids[@]}"; do wait "$p"; done
 for c in fp32 bf16 determinism multirank; do
   log "gpu_train_$c: $(grep -hE '^(PASS|FAIL|SKIP)' "$out/gpu_train_$c.log" | cut -c1-400 | tr '\n' ' ')"
@@ -68,19 +84,12 @@ for p in fp32 bf16; do
 done
 
 # ---- phase B: the benchmark, alone on the GPU ----
-rows_best=64
-for r in 64 128; do
-  [ "$(left)" -gt 60 ] || { log "skip bench_step rows=$r: budget"; continue; }
-  [ $r = 128 ] && [ $rows_rc -ne 0 ] && { log "skip rows=128: the bitwise check failed"; continue; }
-  DG_CUDA_ATTN_ROWS=$r "$bdir/bench/gpu/bench_step" --B 32 --precision bf16 --steps 5 --warmup 2 \
-    --json "$out/bench_step_rows$r.json" >"$out/bench_step_rows$r.log" 2>&1
-  log "bench_step rows=$r rc=$?"; cat "$out/bench_step_rows$r.log" | tee -a "$out/summary.log"
-done
-if [ -f "$out/bench_step_rows128.json" ] && [ -f "$out/bench_step_rows64.json" ]; then
-  rows_best=$(python3 -c "import json;a=json.load(open('$out/bench_step_rows64.json'));b=json.load(open('$out/bench_step_rows128.json'));print(128 if b['graph_ms']<a['graph_ms'] else 64)")
+if [ "$(left)" -gt 40 ]; then
+  DG_CUDA_ATTN_ROWS=$rows_best "$bdir/bench/gpu/bench_step" --B 32 --precision bf16 --steps 5 --warmup 2 \
+    --json "$out/bench_step.json" >"$out/bench_step.log" 2>&1
+  log "bench_step rc=$?"
+  tee -a "$out/summary.log" <"$out/bench_step.log"
 fi
-[ -f "$out/bench_step_rows$rows_best.json" ] && cp "$out/bench_step_rows$rows_best.json" "$out/bench_step.json"
-log "attention block rows for the end-to-end run: $rows_best"
 if [ "$(left)" -gt 45 ]; then
   rd=$tmp/gpt2
   t_launch=$(date +%s.%N)

@@ -474,6 +474,31 @@ def case_async(env):
           "/".join("%.0f" % ev[st]["stall_ms"] for st in (2, 4, 6)))
 
 
+def case_spike_resume(env):
+    """Loss-spike handling on: the detector's window travels in the checkpoint, so a run resumed just
+    before a skipped step skips it too and ends bitwise equal. The factor is set low enough that the
+    uninterrupted run skips several steps (asserted, so the case cannot pass vacuously)."""
+    n = 30
+    sets = ["train.steps=%d" % n, "checkpoint.every=1", "checkpoint.keep=100", "train.spike_factor=1.02",
+            "train.spike_window=3", "train.spike_max_consecutive=1000"]
+    a = env.train(1, "full", sets)
+    spikes = [e["step"] for e in events(a, "health") if e.get("kind") == "loss_spike"]
+    check(len(spikes) >= 2, "uninterrupted run flagged only %d spike(s) (%s): the case tests nothing" %
+          (len(spikes), spikes))
+    k = spikes[-1] - 2  # resume two steps before the last skipped step
+    check(k >= 1, "last spike at step %d is too early" % spikes[-1])
+    ck = lambda d, st: os.path.join(d, "checkpoints", ckname(st))
+    b = seed_dir_with(env, "resumed", ck(a, k))
+    env.train(1, "resumed", sets)
+    later = [e["step"] for e in events(b, "health") if e.get("kind") == "loss_spike"]
+    check([x for x in spikes if x > k] == later, "spikes after step %d: uninterrupted %s, resumed %s" %
+          (k, [x for x in spikes if x > k], later))
+    assert_steps_bitwise(a, b, range(k + 1, n + 1), "resume with spike handling from step %d" % k)
+    nd = env.assert_identical(ck(a, n), ck(b, n), "final checkpoint with spike handling")
+    print("PASS spike handling: %d spikes %s; resumed from step %d, skipped the same steps %s; %d datasets "
+          "identical" % (len(spikes), spikes, k, later, nd))
+
+
 def rank_pids(mpirun_pid):
     """rank -> pid of the launcher's children (Open MPI sets OMPI_COMM_WORLD_RANK in their environment)."""
     out = {}
@@ -655,6 +680,8 @@ def main():
             case_async(env)
         elif name == "sigkill":
             case_sigkill(env)
+        elif name == "spike_resume":
+            case_spike_resume(env)
         else:
             print("e2e.py: unknown case '%s'" % case, file=sys.stderr)
             return 2
