@@ -25,6 +25,7 @@ DG_PACKAGES=(
 )
 # Packages other parts of dgtrain need: each module adds one line here, saying what it is for.
 # DG_PACKAGES+=(package ...)   # module: why
+DG_PACKAGES+=(slurmctld slurmd slurm-client munge) # health/slurm: the one-node test cluster (tests/slurm/cluster.sh)
 
 # shellcheck disable=SC2206
 DG_PACKAGES+=(${DG_EXTRA_PACKAGES:-})

@@ -9,13 +9,12 @@
  *   reduce-scatter  busbw = algbw * (n-1)/n
  * Three variants per size: raw MPI, the blocking dg_comm call (which runs inline when nothing else is
  * outstanding), and dg_comm_i* + dg_comm_wait (through the communication thread, the overlapped path).
- * Each size is measured in R rounds, the variants in rotating order within a round, each a timed loop
- * after a barrier whose time is the slowest rank's; the table reports each variant's best round (the
- * least disturbed by other load on a shared machine; --stat median for the median round).
+ * The three are measured call by call, interleaved in rotating order (so that the changing load of a
+ * shared machine hits all alike); each variant's time is its median call on the slowest rank.
  * Ratios are dg_comm busbw / raw busbw (target >= 0.95). Each size's result is checked once.
  *
- * usage: bench_comm [--min BYTES] [--max BYTES] [--factor F] [--rounds R] [--target-s S] [--stat min|median]
- *                   [--dtype f32|bf16] [--progress thread|nonblocking] [--check RATIO]
+ * usage: bench_comm [--min BYTES] [--max BYTES] [--factor F] [--seconds S] [--min-calls N]
+ *                   [--stat median|min] [--dtype f32|bf16] [--progress thread|nonblocking] [--check RATIO]
  *   --check RATIO: exit 1 if any geometric-mean-per-op ratio is below RATIO (default: report only)
  */
 #include <math.h>
@@ -124,6 +123,38 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Per-call durations of the three variants, interleaved call by call in rotating order, so that
+ * changes in the load of a shared machine hit all three alike. Each variant's time is its median (or
+ * fastest) call, taken on the slowest rank. */
+static void paired(bench_t *b, int op, size_t count, int ncalls, int use_min, double out[3]) {
+    double *d[3];
+    for (int v = 0; v < 3; v++)
+        d[v] = malloc((size_t)ncalls * sizeof(double));
+    MPI_Barrier(b->raw);
+    for (int i = 0; i < ncalls; i++)
+        for (int k = 0; k < 3; k++) {
+            int v = (k + i) % 3;
+            double t0 = MPI_Wtime();
+            if (v) {
+                if (run_dg(b, op, count, v == 2) != DG_OK) {
+                    fprintf(stderr, "dg_comm %s failed: %s\n", k_names[op], dg_last_error());
+                    MPI_Abort(MPI_COMM_WORLD, 2);
+                }
+            } else if (run_raw(b, op, count) != MPI_SUCCESS) {
+                fprintf(stderr, "MPI %s failed\n", k_names[op]);
+                MPI_Abort(MPI_COMM_WORLD, 2);
+            }
+            d[v][i] = MPI_Wtime() - t0;
+        }
+    double local[3];
+    for (int v = 0; v < 3; v++) {
+        qsort(d[v], (size_t)ncalls, sizeof(double), cmp_double);
+        local[v] = use_min ? d[v][0] : d[v][ncalls / 2];
+        free(d[v]);
+    }
+    MPI_Allreduce(local, out, 3, MPI_DOUBLE, MPI_MAX, b->raw);
+}
+
 static float elem(bench_t *b, const void *p, size_t i) {
     if (b->dt == DG_F32) return ((const float *)p)[i];
     uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
@@ -167,8 +198,8 @@ int main(int argc, char **argv) {
     int prov = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
     size_t min_b = 4096, max_b = (size_t)64 << 20;
-    int factor = 4, rounds = 9, use_min = 1;
-    double target = 0.05, check = 0;
+    int factor = 4, min_calls = 9, use_min = 0;
+    double budget = 0.6, check = 0;
     dg_dtype_t dt = DG_F32;
     dg_comm_progress_t prog = DG_COMM_PROGRESS_AUTO;
     for (int i = 1; i < argc; i++) {
@@ -183,14 +214,14 @@ int main(int argc, char **argv) {
             max_b = strtoull(v, NULL, 0);
         else if (!strcmp(a, "--factor"))
             factor = atoi(v);
-        else if (!strcmp(a, "--rounds"))
-            rounds = atoi(v);
-        else if (!strcmp(a, "--target-s"))
-            target = atof(v);
+        else if (!strcmp(a, "--min-calls"))
+            min_calls = atoi(v);
+        else if (!strcmp(a, "--seconds"))
+            budget = atof(v);
         else if (!strcmp(a, "--check"))
             check = atof(v);
         else if (!strcmp(a, "--stat"))
-            use_min = strcmp(v, "median") != 0;
+            use_min = strcmp(v, "min") == 0;
         else if (!strcmp(a, "--dtype"))
             dt = !strcmp(v, "bf16") ? DG_BF16 : DG_F32;
         else if (!strcmp(a, "--progress"))
@@ -201,7 +232,7 @@ int main(int argc, char **argv) {
         }
         i++;
     }
-    if (factor < 2 || rounds < 1 || rounds > 99 || min_b < 4 || max_b < min_b) {
+    if (factor < 2 || min_calls < 1 || !(budget > 0) || min_b < 4 || max_b < min_b) {
         fprintf(stderr, "bench_comm: bad option values\n");
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
@@ -230,10 +261,10 @@ int main(int argc, char **argv) {
     char st[256];
     dg_comm_state(b.c, st, sizeof st);
     if (b.me == 0) {
-        printf(
-            "# bench_comm: %d ranks, dtype %s, %d rounds per size (%s round), target %.2f s per timed loop; "
-            "comm %s\n",
-            b.n, dg_dtype_name(dt), rounds, use_min ? "best" : "median", target, st);
+        printf("# bench_comm: %d ranks, dtype %s, about %.2f s per size, >= %d calls per variant (%s call); "
+               "comm "
+               "%s\n",
+               b.n, dg_dtype_name(dt), budget, min_calls, use_min ? "fastest" : "median", st);
         printf(
             "# busbw in GB/s; 'dg' = blocking dg_comm call, 'async' = dg_comm_i* + dg_comm_wait (through the "
             "communication thread); ratios are busbw over raw MPI's\n");
@@ -254,25 +285,15 @@ int main(int argc, char **argv) {
             int ok = check_result(&b, op, count), okall = 0;
             MPI_Allreduce(&ok, &okall, 1, MPI_INT, MPI_MIN, b.raw);
             all_ok &= okall;
-            /* warm up both, then choose iterations for about `target` seconds per timed loop */
+            /* warm up, then size the measurement to about `budget` seconds for the three variants */
             for (int v = 0; v < 3; v++)
                 timed(&b, v, op, count, 2);
             double t1 = timed(&b, 0, op, count, 3) / 3;
-            int iters = (int)(target / (t1 > 1e-7 ? t1 : 1e-7));
-            if (iters < 3) iters = 3;
-            if (iters > 5000) iters = 5000;
-            double t[3][99];
-            for (int r = 0; r < rounds; r++)
-                for (int k = 0; k < 3; k++) {
-                    /* rotate which variant goes first so slow drifts in machine load favour none */
-                    int v = (k + r) % 3;
-                    t[v][r] = timed(&b, v, op, count, iters) / iters;
-                }
+            int ncalls = (int)(budget / (3 * (t1 > 1e-7 ? t1 : 1e-7)));
+            if (ncalls < min_calls) ncalls = min_calls;
+            if (ncalls > 4000) ncalls = 4000;
             double med[3];
-            for (int v = 0; v < 3; v++) {
-                qsort(t[v], (size_t)rounds, sizeof(double), cmp_double);
-                med[v] = use_min ? t[v][0] : t[v][rounds / 2];
-            }
+            paired(&b, op, count, ncalls, use_min, med);
             double f = op == OP_ALLREDUCE ? 2.0 * (b.n - 1) / b.n : (double)(b.n - 1) / b.n;
             double alg_r = size / med[0] / 1e9;
             double ratio = med[0] / med[1], ratio_a = med[0] / med[2]; /* busbw_dg / busbw_raw */

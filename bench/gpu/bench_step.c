@@ -33,7 +33,8 @@
     do {                                                                                                     \
         dg_status_t must_s_ = (call);                                                                        \
         if (must_s_ != DG_OK) {                                                                              \
-            fprintf(stderr, "bench_step: %s failed: %s (%s)\n", #call, dg_last_error(), dg_last_error_where()); \
+            fprintf(stderr, "bench_step: %s failed: %s (%s)\n", #call, dg_last_error(),                      \
+                    dg_last_error_where());                                                                  \
             exit(1);                                                                                         \
         }                                                                                                    \
     } while (0)
@@ -69,16 +70,23 @@ int main(int argc, char **argv) {
     int B = 32, steps = 10, warmup = 3;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--preset") && v) preset = argv[++i];
-        else if (!strcmp(a, "--B") && v) B = atoi(argv[++i]);
-        else if (!strcmp(a, "--precision") && v) precision = argv[++i];
-        else if (!strcmp(a, "--steps") && v) steps = atoi(argv[++i]);
-        else if (!strcmp(a, "--warmup") && v) warmup = atoi(argv[++i]);
-        else if (!strcmp(a, "--json") && v) json = argv[++i];
+        if (!strcmp(a, "--preset") && v)
+            preset = argv[++i];
+        else if (!strcmp(a, "--B") && v)
+            B = atoi(argv[++i]);
+        else if (!strcmp(a, "--precision") && v)
+            precision = argv[++i];
+        else if (!strcmp(a, "--steps") && v)
+            steps = atoi(argv[++i]);
+        else if (!strcmp(a, "--warmup") && v)
+            warmup = atoi(argv[++i]);
+        else if (!strcmp(a, "--json") && v)
+            json = argv[++i];
         else {
-            fprintf(stderr,
-                    "usage: bench_step [--preset gpt2-124m] [--B 32] [--precision fp32|bf16|fp16] [--steps 10] "
-                    "[--warmup 3] [--json FILE]\n");
+            fprintf(
+                stderr,
+                "usage: bench_step [--preset gpt2-124m] [--B 32] [--precision fp32|bf16|fp16] [--steps 10] "
+                "[--warmup 3] [--json FILE]\n");
             return 2;
         }
     }
@@ -108,8 +116,14 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < ntok; i++)
         tgt[i] = i + 1 < ntok ? tok[i + 1] : tok[0];
     const float dloss = 1.0f / (float)ntok;
-    dg_optim_hparams_t h = {.lr = 6e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                            .grad_clip = 1.0f, .t = 1, .inv_loss_scale = 0};
+    dg_optim_hparams_t h = {.lr = 6e-4f,
+                            .beta1 = 0.9f,
+                            .beta2 = 0.95f,
+                            .eps = 1e-8f,
+                            .weight_decay = 0.1f,
+                            .grad_clip = 1.0f,
+                            .t = 1,
+                            .inv_loss_scale = 0};
     cudaStream_t st = (cudaStream_t)dg_backend_cuda_stream(be);
     cudaEvent_t e0, e1;
     CU(cudaEventCreate(&e0));
@@ -206,17 +220,19 @@ int main(int argc, char **argv) {
     printf("bench_step: %s, %s, B=%d T=%d (%zu tokens/step), %d ops/step, %zu graph nodes, GPU %s\n", preset,
            precision, B, T, ntok, dg_model_n_ops(m), n_nodes, dg_backend_cuda_device_name(be));
     printf("  loss %.4f (first %.4f), grad norm %.4f\n", (double)loss, (double)first_loss, (double)norm);
-    printf("  %-34s %9.3f ms  %9.0f tok/s  MFU %.3f\n", "api (dgtrain's loop, eager)", api, ntok / (api * 1e-3),
-           peak > 0 ? ntok / (api * 1e-3) * fpt / peak : NAN);
-    printf("  %-34s %9.3f ms  (zero+fwd+bwd %.3f ms, clip+AdamW %.3f ms, host clock)\n", "  of which", fb + opt, fb,
-           opt);
-    printf("  %-34s %9.3f ms  %9.0f tok/s\n", "eager, no host sync in the step", eager, ntok / (eager * 1e-3));
+    printf("  %-34s %9.3f ms  %9.0f tok/s  MFU %.3f\n", "api (dgtrain's loop, eager)", api,
+           ntok / (api * 1e-3), peak > 0 ? ntok / (api * 1e-3) * fpt / peak : NAN);
+    printf("  %-34s %9.3f ms  (zero+fwd+bwd %.3f ms, clip+AdamW %.3f ms, host clock)\n", "  of which",
+           fb + opt, fb, opt);
+    printf("  %-34s %9.3f ms  %9.0f tok/s\n", "eager, no host sync in the step", eager,
+           ntok / (eager * 1e-3));
     printf("  %-34s %9.3f ms  %9.0f tok/s  MFU %.3f\n", "CUDA Graph replay", gr, ntok / (gr * 1e-3),
            peak > 0 ? ntok / (gr * 1e-3) * fpt / peak : NAN);
     printf("  host syncs cost %.3f ms/step, launch gaps %.3f ms/step (%.1f%% of the eager step); capture + "
            "instantiate %.1f ms once\n",
            api - eager, eager - gr, 100.0 * (eager - gr) / eager, capture_ms);
-    printf("  backend memory: peak allocated %.2f GiB (two executors' arenas: the model's and this bench's), device "
+    printf("  backend memory: peak allocated %.2f GiB (two executors' arenas: the model's and this bench's), "
+           "device "
            "in use %.2f GiB\n",
            mem.peak_alloc_bytes / 1073741824.0, mem.device_used_bytes / 1073741824.0);
     if (json) {
@@ -225,13 +241,14 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_step: cannot write %s\n", json);
             return 1;
         }
-        fprintf(f,
-                "{\"preset\":\"%s\",\"precision\":\"%s\",\"B\":%d,\"T\":%d,\"tokens_per_step\":%zu,\"ops\":%d,"
-                "\"graph_nodes\":%zu,\"gpu\":\"%s\",\"api_ms\":%.4f,\"api_fwdbwd_ms\":%.4f,\"api_opt_ms\":%.4f,"
-                "\"eager_ms\":%.4f,\"graph_ms\":%.4f,\"capture_ms\":%.2f,\"flops_per_token\":%.6g,"
-                "\"peak_flops\":%.6g,\"loss\":%.6f,\"peak_alloc_bytes\":%zu}\n",
-                preset, precision, B, T, ntok, dg_model_n_ops(m), n_nodes, dg_backend_cuda_device_name(be), api, fb,
-                opt, eager, gr, capture_ms, fpt, peak, (double)loss, mem.peak_alloc_bytes);
+        fprintf(
+            f,
+            "{\"preset\":\"%s\",\"precision\":\"%s\",\"B\":%d,\"T\":%d,\"tokens_per_step\":%zu,\"ops\":%d,"
+            "\"graph_nodes\":%zu,\"gpu\":\"%s\",\"api_ms\":%.4f,\"api_fwdbwd_ms\":%.4f,\"api_opt_ms\":%.4f,"
+            "\"eager_ms\":%.4f,\"graph_ms\":%.4f,\"capture_ms\":%.2f,\"flops_per_token\":%.6g,"
+            "\"peak_flops\":%.6g,\"loss\":%.6f,\"peak_alloc_bytes\":%zu}\n",
+            preset, precision, B, T, ntok, dg_model_n_ops(m), n_nodes, dg_backend_cuda_device_name(be), api,
+            fb, opt, eager, gr, capture_ms, fpt, peak, (double)loss, mem.peak_alloc_bytes);
         fclose(f);
     }
     cudaGraphExecDestroy(gexec);

@@ -147,7 +147,22 @@ hid_t ckpt_fapl(MPI_Comm comm, int64_t align) {
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
     if (fapl < 0) return fapl;
     if (comm != MPI_COMM_NULL) {
-        if (H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL) < 0 || H5Pset_all_coll_metadata_ops(fapl, 1) < 0 ||
+        /* Site tuning without a rebuild: DG_CKPT_MPIIO_HINTS="key=value,..." become MPI-IO hints (e.g.
+         * romio_cb_write=disable, striping_factor=8 on Lustre). Unknown hints are ignored by MPI. */
+        MPI_Info info = MPI_INFO_NULL;
+        const char *ev = getenv("DG_CKPT_MPIIO_HINTS");
+        if (ev && *ev) {
+            MPI_Info_create(&info);
+            char buf[512];
+            snprintf(buf, sizeof buf, "%s", ev);
+            for (char *sv = NULL, *kv = strtok_r(buf, ",", &sv); kv; kv = strtok_r(NULL, ",", &sv)) {
+                char *eq = strchr(kv, '=');
+                if (eq) *eq = 0, MPI_Info_set(info, kv, eq + 1);
+            }
+        }
+        herr_t fr = H5Pset_fapl_mpio(fapl, comm, info);
+        if (info != MPI_INFO_NULL) MPI_Info_free(&info);
+        if (fr < 0 || H5Pset_all_coll_metadata_ops(fapl, 1) < 0 ||
             H5Pset_coll_metadata_write(fapl, 1) < 0) {
             H5Pclose(fapl);
             return -1;

@@ -22,7 +22,10 @@ void dg_fsdp_opts_default(dg_fsdp_opts_t *o) {
 
 void dg_fsdp_opts_from_config(const dg_config_t *cfg, dg_fsdp_opts_t *o) {
     dg_fsdp_opts_default(o);
-    o->timeout_s = cfg->health.timeout_s;
+    /* a little below the watchdog's limit: a peer stuck while the others wait inside a collective is
+     * then reported by the collective (naming it, the step and the ranks that did not arrive) rather
+     * than by the watchdog's generic "no progress" (which still catches stalls outside collectives) */
+    o->timeout_s = 0.9 * cfg->health.timeout_s;
     o->bucket_mb = cfg->parallel.bucket_mb;
     o->prefetch_budget_mb = cfg->parallel.prefetch_budget_mb;
     o->overlap = cfg->parallel.overlap;

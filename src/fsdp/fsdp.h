@@ -11,7 +11,7 @@
  *   dg_fsdp_model_create(f, &desc, be, micro_batch, seed, 0, &model);
  *   ... dg_model_forward_backward / dg_model_optimizer_step on every rank ...
  *   dg_model_free(model); dg_fsdp_free(f);                // before MPI_Finalize
- * A collective that times out (health.timeout_s) fails the model call with DG_ERR_PEER and a message
+ * A collective that times out (0.9 x health.timeout_s) fails the model call with DG_ERR_PEER and a message
  * naming the collective, the group, the step and the ranks that did not arrive; the caller then ends
  * the job on every rank with dg_fsdp_abort (exit code 3).
  */
@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 typedef struct dg_fsdp_opts {
-    double timeout_s;          /* every collective wait (health.timeout_s; <= 0: a year) */
+    double timeout_s;          /* every collective wait (0.9 x health.timeout_s; <= 0: a year) */
     double bucket_mb;          /* parallel.bucket_mb */
     double prefetch_budget_mb; /* parallel.prefetch_budget_mb */
     int overlap;               /* parallel.overlap */

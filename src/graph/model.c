@@ -6,8 +6,10 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm.h"
 #include "graph.h"
@@ -63,6 +65,9 @@ struct dg_model {
     int tp, tp_rank, k, shard_rank, rep, rep_rank;
     place_t *place;         /* per tensor */
     dg_shard_plan_t *shard; /* buckets (NULL on one data-parallel rank) */
+    int64_t step;           /* dg_model_set_step */
+    int stall_rank;         /* test hook DG_TEST_STALL_COLLECTIVE_RANK/_STEP (-1: off) */
+    int64_t stall_step;
 };
 
 /* ---------------- descriptions ---------------- */
@@ -610,6 +615,12 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
             if (m->g->nodes[i]->op == DG_OP_CLIP_SCALE) m->opt_split = i + 1;
         DG_ASSERT(m->opt_split > 0);
     }
+    m->stall_rank = -1;
+    const char *sr = getenv("DG_TEST_STALL_COLLECTIVE_RANK"), *ss = getenv("DG_TEST_STALL_COLLECTIVE_STEP");
+    if (sr && ss && *sr && *ss) {
+        m->stall_rank = atoi(sr);
+        m->stall_step = atoll(ss);
+    }
     if (st == DG_OK && !(flags & DG_MODEL_PLAN_ONLY)) {
         st = bind_and_alloc(m);
         if (st == DG_OK) {
@@ -740,9 +751,24 @@ static dg_status_t read_mean_loss(dg_model_t *m, float *mean_out) {
     return DG_OK;
 }
 
+/* Test hook for the collective timeouts: with DG_TEST_STALL_COLLECTIVE_RANK=R and _STEP=S (the value
+ * given to dg_model_set_step), world rank R of a distributed model hangs before the forward of step S,
+ * so its peers block in their first collective of the step. */
+static void maybe_stall(const dg_model_t *m) {
+    if (m->stall_rank < 0 || m->step != m->stall_step || (m->tp == 1 && m->k == 1 && m->rep == 1)) return;
+    int wr = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    if (wr != m->stall_rank) return;
+    DG_LOG_WARN("test hook DG_TEST_STALL_COLLECTIVE_RANK=%d _STEP=%lld: rank %d hangs before its collectives",
+                m->stall_rank, (long long)m->stall_step, wr);
+    for (;;)
+        sleep(1);
+}
+
 dg_status_t dg_model_forward_backward(dg_model_t *m, const int32_t *tokens_host, const int32_t *targets_host,
                                       float dloss, float *mean_loss_out) {
     DG_TRY(need_memory(m, "forward_backward"));
+    maybe_stall(m);
     if (!isfinite(dloss)) return DG_ERR(DG_ERR_USAGE, "model: dloss = %g is not finite", (double)dloss);
     DG_TRY(upload(m, tokens_host, targets_host));
     m->ex->rt.dloss = dloss;
@@ -944,6 +970,7 @@ const dg_model_parallel_t *dg_model_parallel(const dg_model_t *m) {
 }
 
 void dg_model_set_step(dg_model_t *m, int64_t step) {
+    m->step = step;
     for (int d = 0; d < DG_MESH_NDIM; d++)
         if (m->par.comm[d] && m->par.mesh.size[d] > 1) dg_comm_set_step(m->par.comm[d], step);
 }

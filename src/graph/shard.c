@@ -6,7 +6,8 @@
  *   forward   all_gather(bucket shard) on the comm stream -> shard_unpack per parameter (waits on it)
  *             -> every forward reader of the parameter reads the unpacked tensor instead;
  *   backward  the same again before the first backward reader when resharding (FSDP2's
- *             reshard_after_forward; the bucket used last in the forward keeps its tensors instead);
+ *             reshard_after_forward; the tail of the forward — the bucket used last, the final norm and
+ *             the last block, which the backward needs first — keeps its tensors instead);
  *             fill0 of an unsharded f32 gradient buffer before the first kernel that accumulates into
  *             it; after the bucket's last contribution shard_pack (rank-major copy-in, zero padding)
  *             and a reduce_scatter on the comm stream that adds this rank's block into the persistent
@@ -298,10 +299,16 @@ dg_status_t dg_pass_fsdp(dg_graph_t *g, void *ctx) {
             if (l > last_pos) last_pos = l, last_bucket = j;
         }
 
-    /* backward: gather again (reshard) or keep the forward's unsharded tensors */
+    /* backward: gather again (reshard) or keep the forward's unsharded tensors. The tail of the forward
+     * is needed first by the backward: the bucket used last (the tied embedding / head), the final norm
+     * and the last transformer block keep theirs (FSDP2's advice for the last block) */
+    int max_group = 0;
+    for (int i = 0; i < n; i++)
+        if (sp->params[i].group > max_group) max_group = sp->params[i].group;
     for (int j = 0; j < nb && st == DG_OK; j++) {
         dg_bucket_t *b = &sp->buckets[j];
-        if (sp->reshard && j != last_bucket) {
+        int tail = j == last_bucket || sp->params[b->first].group >= max_group - 1;
+        if (sp->reshard && !tail) {
             dg_node_t *ag = gather(g, sp, b, DG_PHASE_BWD, bfull);
             if (ag)
                 bags[nbk++] = ag;

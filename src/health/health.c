@@ -558,6 +558,26 @@ static void *health_main(void *arg) {
 
 /* ---------------------------------------------------------------- public API */
 
+/* Cancel what is still posted and free everything (the thread is not running). */
+static void release(dg_health_t *h) {
+    if (h->rreq != MPI_REQUEST_NULL) {
+        MPI_Cancel(&h->rreq);
+        MPI_Wait(&h->rreq, MPI_STATUS_IGNORE);
+    }
+    if (h->areq != MPI_REQUEST_NULL) {
+        MPI_Cancel(&h->areq);
+        MPI_Wait(&h->areq, MPI_STATUS_IGNORE);
+    }
+    if (h->comm != MPI_COMM_NULL) MPI_Comm_free(&h->comm);
+    pthread_mutex_destroy(&h->mu);
+    free(h->bye_sent_to);
+    free(h->sreq);
+    free(h->sbuf);
+    free(h->peers);
+    free(h->hosts);
+    free(h);
+}
+
 dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double heartbeat_s, double timeout_s,
                              dg_health_t **out) {
     *out = NULL;
@@ -603,18 +623,20 @@ dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double 
         h->stall_step = atoll(ss);
     }
 
+    h->comm = MPI_COMM_NULL;
+    h->rreq = MPI_REQUEST_NULL;
+    h->areq = MPI_REQUEST_NULL;
     int rc = MPI_Comm_dup(world, &h->comm);
     if (rc != MPI_SUCCESS) {
-        free(h);
+        h->comm = MPI_COMM_NULL;
+        release(h);
         DG_MPI_CHECK(rc);
     }
     MPI_Comm_set_errhandler(h->comm, MPI_ERRORS_RETURN);
     h->hosts = dg_xcalloc((size_t)wsize, sizeof *h->hosts);
     rc = MPI_Allgather(h->host, HOST_CAP, MPI_CHAR, h->hosts, HOST_CAP, MPI_CHAR, h->comm);
     if (rc != MPI_SUCCESS) {
-        MPI_Comm_free(&h->comm);
-        free(h->hosts);
-        free(h);
+        release(h);
         DG_MPI_CHECK(rc);
     }
     for (int r = 0; r < wsize; r++)
@@ -632,13 +654,14 @@ dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double 
     for (int i = 0; i < nsend; i++)
         h->sreq[i] = MPI_REQUEST_NULL;
     h->bye_sent_to = dg_xcalloc((size_t)wsize, sizeof *h->bye_sent_to);
-    h->rreq = MPI_REQUEST_NULL;
     if (wsize > 1) post_recv(h);
     rc = MPI_Irecv(&h->abuf, (int)sizeof h->abuf, MPI_BYTE, MPI_ANY_SOURCE, TAG_ABORT, h->comm, &h->areq);
     if (rc != MPI_SUCCESS) {
         char es[MPI_MAX_ERROR_STRING];
         int n = 0;
         MPI_Error_string(rc, es, &n);
+        h->areq = MPI_REQUEST_NULL;
+        release(h);
         return DG_ERR(DG_ERR_RUNTIME, "health monitor: MPI_Irecv(abort notice) failed: %s", es);
     }
 
@@ -652,8 +675,7 @@ dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double 
     int e = pthread_create(&h->thr, NULL, health_main, h);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (e != 0) {
-        MPI_Cancel(&h->areq);
-        MPI_Wait(&h->areq, MPI_STATUS_IGNORE);
+        release(h);
         return DG_ERR(DG_ERR_RUNTIME, "cannot start the health thread: %s", strerror(e));
     }
     h->thr_started = 1;
@@ -669,22 +691,7 @@ void dg_health_free(dg_health_t *h) {
         atomic_store(&h->stopping, 1);
         pthread_join(h->thr, NULL);
     }
-    if (h->rreq != MPI_REQUEST_NULL) {
-        MPI_Cancel(&h->rreq);
-        MPI_Wait(&h->rreq, MPI_STATUS_IGNORE);
-    }
-    if (h->areq != MPI_REQUEST_NULL) {
-        MPI_Cancel(&h->areq);
-        MPI_Wait(&h->areq, MPI_STATUS_IGNORE);
-    }
-    MPI_Comm_free(&h->comm);
-    pthread_mutex_destroy(&h->mu);
-    free(h->bye_sent_to);
-    free(h->sreq);
-    free(h->sbuf);
-    free(h->peers);
-    free(h->hosts);
-    free(h);
+    release(h);
 }
 
 void dg_health_set_activity(dg_health_t *h, int64_t step, const char *what) {

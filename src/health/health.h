@@ -70,7 +70,9 @@ const char *dg_signal_name(int sig);
  * `rank` must be this process's rank in `world`, `host` its host name (used in messages).
  * heartbeat_s > 0 is the heartbeat period; timeout_s >= 3 * heartbeat_s is how long a rank may make no
  * progress, or a peer may stay silent, before the job is aborted. Returns DG_ERR_USAGE for bad
- * periods and DG_ERR_RUNTIME when MPI is not at MPI_THREAD_MULTIPLE or a call fails. */
+ * periods and DG_ERR_RUNTIME when MPI is not at MPI_THREAD_MULTIPLE or a call fails. The stall timer
+ * starts at creation with the activity (step 0, "startup"): whatever the caller does next (resume,
+ * data setup) must set an activity or finish within timeout_s. */
 dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double heartbeat_s, double timeout_s,
                              dg_health_t **out);
 

@@ -569,6 +569,7 @@ static void trainer_free(trainer_t *tr) {
     free(tr->ckpt_paths);
     free(tr->ckpt_t);
     free(tr->frozen);
+    free(tr->window);
     if (tr->val_ld) dg_loader_free(tr->val_ld);
     if (tr->train_ld) dg_loader_free(tr->train_ld);
     if (tr->val_ds) dg_dataset_free(tr->val_ds);

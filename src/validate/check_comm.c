@@ -60,7 +60,8 @@ static void sum_table(sum_table_t *t, int n) {
     int m = n % 11;
     for (int i = 0; i < 11; i++) {
         double s = t->full;
-        for (int r = 0; r < m; r++) s += (double)pat(r, (size_t)i);
+        for (int r = 0; r < m; r++)
+            s += (double)pat(r, (size_t)i);
         t->partial[i] = (float)s;
     }
 }
@@ -94,14 +95,18 @@ static dg_status_t run_op(group_t *g, int op, size_t cnt) {
     dg_comm_t *c = g->comm;
     void *s = g->nccl ? g->dsend : (void *)g->send, *r = g->nccl ? g->drecv : (void *)g->recv;
     switch (op) {
-    case OP_ALLREDUCE: return dg_comm_allreduce(c, s, r, cnt, DG_F32, DG_RED_SUM);
-    case OP_ALLGATHER: return dg_comm_allgather(c, s, r, cnt, DG_F32);
-    case OP_REDUCE_SCATTER: return dg_comm_reduce_scatter(c, s, r, cnt, DG_F32, DG_RED_SUM);
+    case OP_ALLREDUCE:
+        return dg_comm_allreduce(c, s, r, cnt, DG_F32, DG_RED_SUM);
+    case OP_ALLGATHER:
+        return dg_comm_allgather(c, s, r, cnt, DG_F32);
+    case OP_REDUCE_SCATTER:
+        return dg_comm_reduce_scatter(c, s, r, cnt, DG_F32, DG_RED_SUM);
     case OP_BROADCAST:
         /* broadcast is in place: the root's buffer is its input, the others' their output; the root
          * re-broadcasts the same data every iteration, so it stays valid */
         return dg_comm_broadcast(c, g->rank == 0 ? s : r, cnt, DG_F32, 0);
-    case OP_SENDRECV: break; /* two requests: run_sendrecv */
+    case OP_SENDRECV:
+        break; /* two requests: run_sendrecv */
     }
     return DG_ERR(DG_ERR_RUNTIME, "unknown op %d", op);
 }
@@ -133,22 +138,27 @@ static long long verify(group_t *g, int op, size_t cnt, const sum_table_t *st) {
     long long wrong = 0;
     switch (op) {
     case OP_ALLREDUCE:
-        for (size_t i = 0; i < cnt; i++) wrong += r[i] != st->partial[i % 11];
+        for (size_t i = 0; i < cnt; i++)
+            wrong += r[i] != st->partial[i % 11];
         break;
     case OP_ALLGATHER:
         for (int s = 0; s < n; s++)
-            for (size_t j = 0; j < cnt; j++) wrong += r[(size_t)s * cnt + j] != pat(s, j);
+            for (size_t j = 0; j < cnt; j++)
+                wrong += r[(size_t)s * cnt + j] != pat(s, j);
         break;
     case OP_REDUCE_SCATTER:
-        for (size_t j = 0; j < cnt; j++) wrong += r[j] != st->partial[((size_t)me * cnt + j) % 11];
+        for (size_t j = 0; j < cnt; j++)
+            wrong += r[j] != st->partial[((size_t)me * cnt + j) % 11];
         break;
     case OP_BROADCAST:
         if (me == 0) break; /* the root's buffer is its input */
-        for (size_t i = 0; i < cnt; i++) wrong += r[i] != pat(0, i);
+        for (size_t i = 0; i < cnt; i++)
+            wrong += r[i] != pat(0, i);
         break;
     case OP_SENDRECV: {
         int prev = (me - 1 + n) % n;
-        for (size_t i = 0; i < cnt; i++) wrong += r[i] != pat(prev, i);
+        for (size_t i = 0; i < cnt; i++)
+            wrong += r[i] != pat(prev, i);
         break;
     }
     }
@@ -195,8 +205,8 @@ static void comm_fatal(group_t *g, const char *check, dg_status_t s) {
     dg_comm_abort(g->comm, DG_ERR_PEER);
 }
 
-static void measure_point(vctx_t *c, group_t *g, int op, double size, const sum_table_t *st, const char *check,
-                          point_t *pt) {
+static void measure_point(vctx_t *c, group_t *g, int op, double size, const sum_table_t *st,
+                          const char *check, point_t *pt) {
     const dg_sla_settings_t *set = c->set;
     int n = g->size;
     size_t cnt = op_count(op, size, n);
@@ -207,7 +217,8 @@ static void measure_point(vctx_t *c, group_t *g, int op, double size, const sum_
     }
     size_t sn = send_elems(op, cnt, n), rn = recv_elems(op, cnt, n);
     pt->bytes = (double)(op == OP_ALLGATHER ? rn : sn) * sizeof(float);
-    for (size_t i = 0; i < sn; i++) g->send[i] = pat(g->rank, i);
+    for (size_t i = 0; i < sn; i++)
+        g->send[i] = pat(g->rank, i);
     /* poison the output: a collective that writes nothing must not pass the data check */
     memset(g->recv, 0xff, rn * sizeof(float));
     if (op == OP_BROADCAST && g->rank == 0) memcpy(g->recv, g->send, cnt * sizeof(float));
@@ -218,12 +229,14 @@ static void measure_point(vctx_t *c, group_t *g, int op, double size, const sum_
     if (s != DG_OK) comm_fatal(g, check, s);
     pt->wrong = verify(g, op, cnt, st);
 
-    for (int i = 0; i < set->comm_warmup && s == DG_OK; i++) s = do_op(g, op, cnt);
+    for (int i = 0; i < set->comm_warmup && s == DG_OK; i++)
+        s = do_op(g, op, cnt);
     if (s == DG_OK) s = dg_comm_flush(g->comm);
     if (s == DG_OK) s = dg_comm_barrier(g->comm);
     if (s != DG_OK) comm_fatal(g, check, s);
     double t0 = dg_now_s();
-    for (int i = 0; i < set->comm_iters && s == DG_OK; i++) s = do_op(g, op, cnt);
+    for (int i = 0; i < set->comm_iters && s == DG_OK; i++)
+        s = do_op(g, op, cnt);
     if (s == DG_OK) s = dg_comm_flush(g->comm);
     double dt = (dg_now_s() - t0) / set->comm_iters;
     if (s != DG_OK) comm_fatal(g, check, s);
@@ -248,7 +261,8 @@ typedef struct {
     long long group_wrong;  /* root: the group's total */
 } rec_t;
 
-static void judge(vctx_t *c, const char *name, int op, int grp, const rec_t *all, double seconds, const char *backend) {
+static void judge(vctx_t *c, const char *name, int op, int grp, const rec_t *all, double seconds,
+                  const char *backend) {
     dg_vcheck_t *k = vc_add(c, name);
     if (!k) return;
     k->seconds = seconds;
@@ -267,9 +281,13 @@ static void judge(vctx_t *c, const char *name, int op, int grp, const rec_t *all
     const rec_t *R = &all[root0];
     int npts = R->npts;
     vbuf_t det = {0}, why = {0};
-    vbuf_printf(&det, "{\"backend\": \"%s\", \"op\": \"%s\", \"group\": \"%s\", \"bus_factor_formula\": \"%s\", \"groups\": [",
+    vbuf_printf(&det,
+                "{\"backend\": \"%s\", \"op\": \"%s\", \"group\": \"%s\", \"bus_factor_formula\": \"%s\", "
+                "\"groups\": [",
                 backend, k_ops[op], k_groups[grp],
-                op == OP_ALLREDUCE ? "2(n-1)/n" : (op == OP_ALLGATHER || op == OP_REDUCE_SCATTER) ? "(n-1)/n" : "1");
+                op == OP_ALLREDUCE                                ? "2(n-1)/n"
+                : (op == OP_ALLGATHER || op == OP_REDUCE_SCATTER) ? "(n-1)/n"
+                                                                  : "1");
     /* per group: busbw at the largest size against the reference of the group's node types */
     double worst_bw = INFINITY;
     int worst_root = root0, n_below = 0, n_ref = 0, one_rank_groups = 0, too_small = 0;
@@ -353,8 +371,8 @@ static void judge(vctx_t *c, const char *name, int op, int grp, const rec_t *all
         k->value = worst_bw;
         snprintf(k->unit, sizeof k->unit, "B/s");
     } else {
-        snprintf(k->measured, sizeof k->measured, "%d point%s up to %.0f B, %lld wrong", npts, npts == 1 ? "" : "s",
-                 last >= 0 ? R->pts[last].bytes : 0, wrong);
+        snprintf(k->measured, sizeof k->measured, "%d point%s up to %.0f B, %lld wrong", npts,
+                 npts == 1 ? "" : "s", last >= 0 ? R->pts[last].bytes : 0, wrong);
     }
     if (shown)
         dg_sla_ref_format(shown, k->reference, sizeof k->reference);
@@ -364,12 +382,15 @@ static void judge(vctx_t *c, const char *name, int op, int grp, const rec_t *all
         k->verdict = DG_VERDICT_FAIL;
         snprintf(k->message, sizeof k->message, "%s", why.s);
     } else if (too_small && !isfinite(worst_bw)) {
-        snprintf(k->message, sizeof k->message,
-                 "every size of validate.comm_sizes is below one fp32 element per rank for %s: data check only", k_ops[op]);
+        snprintf(
+            k->message, sizeof k->message,
+            "every size of validate.comm_sizes is below one fp32 element per rank for %s: data check only",
+            k_ops[op]);
     } else if (one_rank_groups && !isfinite(worst_bw)) {
         snprintf(k->message, sizeof k->message, "groups of 1 rank: no bus traffic, data check only");
     } else if (!n_ref) {
-        snprintf(k->message, sizeof k->message, "no reference ref.%s in the SLA: bandwidth measured only", metric);
+        snprintf(k->message, sizeof k->message, "no reference ref.%s in the SLA: bandwidth measured only",
+                 metric);
     }
     dg_vcheck_set_details(k, det.s);
     vbuf_free(&det);
@@ -402,8 +423,10 @@ static dg_status_t run_group(vctx_t *c, const char *backend, int grp, MPI_Comm m
         g.recv = dg_xmalloc(g.cap_elems * sizeof(float));
 #ifdef DG_HAVE_CUDA
         if (nccl) {
-            int dev = dg_vgpu_device(c->b->topo.gpus[c->b->gpu].pci_busid, c->b->topo.gpus[c->b->gpu].cuda_index);
-            s = dev < 0 ? DG_ERR(DG_ERR_RUNTIME, "no CUDA device for GPU %s", c->b->topo.gpus[c->b->gpu].pci_busid)
+            int dev =
+                dg_vgpu_device(c->b->topo.gpus[c->b->gpu].pci_busid, c->b->topo.gpus[c->b->gpu].cuda_index);
+            s = dev < 0 ? DG_ERR(DG_ERR_RUNTIME, "no CUDA device for GPU %s",
+                                 c->b->topo.gpus[c->b->gpu].pci_busid)
                         : DG_OK;
             if (s == DG_OK) s = dg_vgpu_alloc(dev, g.cap_elems * sizeof(float), &g.dsend);
             if (s == DG_OK) s = dg_vgpu_alloc(dev, g.cap_elems * sizeof(float), &g.drecv);
@@ -423,7 +446,8 @@ static dg_status_t run_group(vctx_t *c, const char *backend, int grp, MPI_Comm m
             dg_vcheck_t *k = vc_add(c, name);
             if (k) {
                 k->verdict = DG_VERDICT_ERROR;
-                snprintf(k->message, sizeof k->message, "could not create the %s comm: %.1900s", backend, msg);
+                snprintf(k->message, sizeof k->message, "could not create the %s comm: %.1900s", backend,
+                         msg);
             }
         }
         /* a half-created group cannot be freed collectively: leak it (the suite continues) */
@@ -467,7 +491,8 @@ static dg_status_t run_group(vctx_t *c, const char *backend, int grp, MPI_Comm m
             continue;
         }
         rec_t *all = c->rank == 0 ? dg_xmalloc((size_t)c->size * sizeof *all) : NULL;
-        DG_MPI_CHECK(MPI_Gather(&rec, (int)sizeof rec, MPI_BYTE, all, (int)sizeof rec, MPI_BYTE, 0, c->b->world));
+        DG_MPI_CHECK(
+            MPI_Gather(&rec, (int)sizeof rec, MPI_BYTE, all, (int)sizeof rec, MPI_BYTE, 0, c->b->world));
         if (c->rank == 0) {
             /* a sendrecv group of 1 rank takes no part: drop it from the judging */
             if (op == OP_SENDRECV)
@@ -524,7 +549,8 @@ static int nccl_possible(vctx_t *c, char *why, size_t cap) {
     for (int q = 0; q < c->b->local_size && ok; q++)
         if (q != c->b->local_rank && bus[0] && strcmp(all + q * sizeof bus, bus) == 0) {
             ok = 0;
-            snprintf(err, sizeof err, "GPU %s is shared with local rank %d (NCCL needs one rank per GPU)", bus, q);
+            snprintf(err, sizeof err, "GPU %s is shared with local rank %d (NCCL needs one rank per GPU)",
+                     bus, q);
         }
     free(all);
     int all_ok = 0;
@@ -539,8 +565,9 @@ static int nccl_possible(vctx_t *c, char *why, size_t cap) {
     return all_ok;
 #else
     (void)c;
-    snprintf(why, cap, "built without CUDA: the NCCL collectives are not measured (rebuild with -DDGT_CUDA=ON on a GPU "
-                       "cluster)");
+    snprintf(why, cap,
+             "built without CUDA: the NCCL collectives are not measured (rebuild with -DDGT_CUDA=ON on a GPU "
+             "cluster)");
     return 0;
 #endif
 }
@@ -555,13 +582,16 @@ dg_status_t vc_check_comm(vctx_t *c) {
         if (be == 0 && !use_mpi) continue;
         if (be == 1 && !ask_nccl) continue;
         int any = 0;
-        for (int grp = 0; grp < N_GROUPS; grp++) any |= group_selected(c, backend, grp);
+        for (int grp = 0; grp < N_GROUPS; grp++)
+            any |= group_selected(c, backend, grp);
         if (!any) continue;
         if (be == 1) {
             char why[512] = "";
             if (!nccl_possible(c, why, sizeof why)) {
-                /* auto: silently mpi-only on CPU builds would hide the note the admin needs; say it once per check */
-                for (int grp = 0; grp < N_GROUPS; grp++) skip_group(c, backend, grp, why);
+                /* auto: silently mpi-only on CPU builds would hide the note the admin needs; say it once per
+                 * check */
+                for (int grp = 0; grp < N_GROUPS; grp++)
+                    skip_group(c, backend, grp, why);
                 continue;
             }
         }
@@ -573,7 +603,8 @@ dg_status_t vc_check_comm(vctx_t *c) {
             }
             if (grp == G_WORLD && b->n_nodes == 1) {
                 char why[160];
-                snprintf(why, sizeof why, "one node: the world is the intra-node group (see comm.%s.*.intra)", backend);
+                snprintf(why, sizeof why, "one node: the world is the intra-node group (see comm.%s.*.intra)",
+                         backend);
                 skip_group(c, backend, grp, why);
                 continue;
             }

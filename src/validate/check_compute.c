@@ -48,7 +48,8 @@ static void busy_wait(double seconds) {
     double end = dg_now_s() + seconds;
     volatile double sink = 0;
     while (dg_now_s() < end)
-        for (int i = 0; i < 1000; i++) sink += i * 1e-9;
+        for (int i = 0; i < 1000; i++)
+            sink += i * 1e-9;
 }
 
 /* ---------------------------------------------------------------- CPU kernels */
@@ -70,7 +71,8 @@ static dg_status_t cpu_gemm(const vctx_t *c, int reps, double *times, double *wo
     float *A = malloc(nn * sizeof(float)), *B = malloc(nn * sizeof(float)), *C = malloc(nn * sizeof(float));
     if (!A || !B || !C) {
         free(A), free(B), free(C);
-        return DG_ERR(DG_ERR_RUNTIME, "compute.cpu_gemm: cannot allocate 3 x %d x %d floats (validate.cpu_gemm_n)", n, n);
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "compute.cpu_gemm: cannot allocate 3 x %d x %d floats (validate.cpu_gemm_n)", n, n);
     }
     for (int i = 0; i < n; i++)
         for (int k = 0; k < n; k++) {
@@ -88,7 +90,8 @@ static dg_status_t cpu_gemm(const vctx_t *c, int reps, double *times, double *wo
     for (int s = 0; s < 64; s++) {
         int i = (int)((s * 7919u) % (unsigned)n), j = (int)((s * 104729u + 17) % (unsigned)n);
         double ref = 0;
-        for (int k = 0; k < n; k++) ref += (double)A[(size_t)i * n + k] * B[(size_t)k * n + j];
+        for (int k = 0; k < n; k++)
+            ref += (double)A[(size_t)i * n + k] * B[(size_t)k * n + j];
         bad += C[(size_t)i * n + j] != (float)ref;
     }
     *wrong = bad;
@@ -118,12 +121,14 @@ static dg_status_t cpu_stream(const vctx_t *c, int reps, double *times, double *
     for (int r = -1; r < reps; r++) {
         double t0 = dg_now_s();
 #pragma omp parallel for num_threads(th) schedule(static)
-        for (size_t i = 0; i < n; i++) a[i] = b[i] + s * cc[i];
+        for (size_t i = 0; i < n; i++)
+            a[i] = b[i] + s * cc[i];
         if (r >= 0) times[r] = dg_now_s() - t0;
     }
     *work = 3.0 * sizeof(double) * (double)n;
     long long bad = 0;
-    for (size_t i = 0; i < n; i++) bad += a[i] != (double)(i % 1000) + s * (double)(i % 7);
+    for (size_t i = 0; i < n; i++)
+        bad += a[i] != (double)(i % 1000) + s * (double)(i % 7);
     *wrong = bad;
     free(a), free(b), free(cc);
     return DG_OK;
@@ -157,8 +162,10 @@ static int my_gpu(const vctx_t *c, char *why, size_t cap) {
 static dg_status_t run_kind(const vctx_t *c, int kind, int dev, int reps, double *times, double *work,
                             long long *wrong) {
     switch (kind) {
-    case K_CPU_GEMM: return cpu_gemm(c, reps, times, work, wrong);
-    case K_CPU_STREAM: return cpu_stream(c, reps, times, work, wrong);
+    case K_CPU_GEMM:
+        return cpu_gemm(c, reps, times, work, wrong);
+    case K_CPU_STREAM:
+        return cpu_stream(c, reps, times, work, wrong);
 #ifdef DG_HAVE_CUDA
     case K_GPU_GEMM: {
         int64_t w = 0;
@@ -181,7 +188,7 @@ static dg_status_t run_kind(const vctx_t *c, int kind, int dev, int reps, double
 }
 
 static int reps_of(const vctx_t *c, int kind) {
-    int r = kind == K_CPU_GEMM ? c->set->cpu_gemm_reps
+    int r = kind == K_CPU_GEMM     ? c->set->cpu_gemm_reps
             : kind == K_CPU_STREAM ? c->set->cpu_stream_reps
             : kind == K_GPU_GEMM   ? c->set->gpu_gemm_reps
                                    : c->set->gpu_stream_reps;
@@ -234,7 +241,8 @@ static dg_status_t measure_alone(vctx_t *c, int kind, int dev, int run, meas_t *
         DG_TRY(s);
     }
     if (run) *local = measure(c, kind, dev, m);
-    if (b->local_rank + 1 < b->local_size) DG_MPI_CHECK(MPI_Send(&token, 1, MPI_INT, b->local_rank + 1, 7401, b->node));
+    if (b->local_rank + 1 < b->local_size)
+        DG_MPI_CHECK(MPI_Send(&token, 1, MPI_INT, b->local_rank + 1, 7401, b->node));
     return DG_OK;
 }
 
@@ -257,12 +265,12 @@ static dg_status_t gpu_shared_on_node(vctx_t *c, int *shared) {
 /* ---------------------------------------------------------------- judging */
 
 typedef struct {
-    int has;          /* took part (a GPU for the GPU kinds) */
-    int expected;     /* its node type expects GPUs (GPU kinds) */
-    double alone;     /* best rate measured alone (CPU) or with the others (GPU) */
-    double together;  /* median rate while all ranks of the node run (CPU) */
+    int has;         /* took part (a GPU for the GPU kinds) */
+    int expected;    /* its node type expects GPUs (GPU kinds) */
+    double alone;    /* best rate measured alone (CPU) or with the others (GPU) */
+    double together; /* median rate while all ranks of the node run (CPU) */
     long long wrong;
-    char why[160];    /* why it did not take part */
+    char why[160]; /* why it did not take part */
 } rec_t;
 
 static void judge_throughput(vctx_t *c, int kind, const rec_t *all, double seconds) {
@@ -312,7 +320,8 @@ static void judge_throughput(vctx_t *c, int kind, const rec_t *all, double secon
                 vc_fmt_value(vs, sizeof vs, v, k_dims[kind]);
                 dg_sla_ref_format(ref, lim, sizeof lim);
                 if (gpu)
-                    vbuf_printf(&why, "%srank %d (%s) GPU: %s, want %s", why.n ? "; " : "", e, b->hosts[e], vs, lim);
+                    vbuf_printf(&why, "%srank %d (%s) GPU: %s, want %s", why.n ? "; " : "", e, b->hosts[e],
+                                vs, lim);
                 else
                     vbuf_printf(&why, "%snode %d (%s, ranks from %d): %s, want %s", why.n ? "; " : "", e,
                                 b->hosts[rank_of_e], rank_of_e, vs, lim);
@@ -329,8 +338,8 @@ static void judge_throughput(vctx_t *c, int kind, const rec_t *all, double secon
     char vs[32];
     vc_fmt_value(vs, sizeof vs, worst, k_dims[kind]);
     if (gpu)
-        snprintf(k->measured, sizeof k->measured, "%s (slowest GPU: rank %d, %s)%s", vs, worst_e, b->hosts[worst_e],
-                 wrong ? ", wrong results" : "");
+        snprintf(k->measured, sizeof k->measured, "%s (slowest GPU: rank %d, %s)%s", vs, worst_e,
+                 b->hosts[worst_e], wrong ? ", wrong results" : "");
     else
         snprintf(k->measured, sizeof k->measured, "%s per node (slowest: node %d, %s)%s", vs, worst_e,
                  b->hosts[c->leader_of_node[worst_e]], wrong ? ", wrong results" : "");
@@ -358,7 +367,8 @@ static void judge_stragglers(vctx_t *c, int kind, const rec_t *all, double secon
     k->seconds = seconds;
     double frac = c->set->straggler_fraction;
     int ntypes = dg_sla_n_types(c->sla);
-    double *med = dg_xmalloc((size_t)ntypes * sizeof(double)), *v = dg_xmalloc((size_t)c->size * sizeof(double));
+    double *med = dg_xmalloc((size_t)ntypes * sizeof(double)),
+           *v = dg_xmalloc((size_t)c->size * sizeof(double));
     for (int t = 0; t < ntypes; t++) {
         int n = 0;
         for (int r = 0; r < c->size; r++)
@@ -369,7 +379,8 @@ static void judge_stragglers(vctx_t *c, int kind, const rec_t *all, double secon
     double worst_ratio = INFINITY;
     int worst_r = -1;
     vbuf_t det = {0}, why = {0};
-    vbuf_printf(&det, "{\"fraction\": %.6g, \"measured_alone\": %s, \"ranks\": [", frac, kind < K_GPU_GEMM ? "true" : "false");
+    vbuf_printf(&det, "{\"fraction\": %.6g, \"measured_alone\": %s, \"ranks\": [", frac,
+                kind < K_GPU_GEMM ? "true" : "false");
     int first = 1;
     for (int r = 0; r < c->size; r++) {
         if (!all[r].has) continue;
@@ -398,8 +409,8 @@ static void judge_stragglers(vctx_t *c, int kind, const rec_t *all, double secon
             int r = slow[i];
             vc_fmt_value(vs, sizeof vs, all[r].alone, k_dims[kind]);
             vc_fmt_value(ms, sizeof ms, med[c->type_of_rank[r]], k_dims[kind]);
-            vbuf_printf(&why, "%srank %d (%s) at %s = %.2f of the median %s", why.n ? "; " : "", r, c->b->hosts[r], vs,
-                        all[r].alone / med[c->type_of_rank[r]], ms);
+            vbuf_printf(&why, "%srank %d (%s) at %s = %.2f of the median %s", why.n ? "; " : "", r,
+                        c->b->hosts[r], vs, all[r].alone / med[c->type_of_rank[r]], ms);
         }
         if (nslow > 8) vbuf_printf(&why, " and %d more ranks", nslow - 8);
         vbuf_printf(&why, " (straggler_fraction %.2f)", frac);
@@ -498,8 +509,9 @@ static dg_status_t run_one(vctx_t *c, int kind) {
                     vc_fmt_ranks(c, exp, ne, who, sizeof who);
                     dg_vcheck_t *k = vc_add(c, w ? sname : k_names[kind]);
                     k->verdict = DG_VERDICT_FAIL;
-                    snprintf(k->message, sizeof k->message, "the SLA expects GPUs on %s, but no GPU could be used: %s",
-                             who, all[exp[0]].why);
+                    snprintf(k->message, sizeof k->message,
+                             "the SLA expects GPUs on %s, but no GPU could be used: %s", who,
+                             all[exp[0]].why);
                 } else {
                     vc_skip(c, w ? sname : k_names[kind], "no GPU to measure (%s)", all[0].why);
                 }
@@ -516,8 +528,8 @@ static dg_status_t run_one(vctx_t *c, int kind) {
                 char who[1024];
                 vc_fmt_ranks(c, miss, nm, who, sizeof who);
                 size_t o = strlen(k->message);
-                snprintf(k->message + o, sizeof k->message - o, "%sno usable GPU on %s (%s)", o ? "; " : "", who,
-                         all[miss[0]].why);
+                snprintf(k->message + o, sizeof k->message - o, "%sno usable GPU on %s (%s)", o ? "; " : "",
+                         who, all[miss[0]].why);
                 k->verdict = DG_VERDICT_FAIL;
             }
             if (want_st) judge_stragglers(c, kind, all, dt);

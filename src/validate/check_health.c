@@ -64,7 +64,8 @@ static dg_status_t check_rtt(vctx_t *c) {
     if (c->rank == 0) {
         med = dg_xcalloc((size_t)c->size, sizeof(double));
         mx = dg_xcalloc((size_t)c->size, sizeof(double));
-        for (int r = 1; r < c->size && s == DG_OK; r++) s = ping(c, r, reps, &med[r], &mx[r]);
+        for (int r = 1; r < c->size && s == DG_OK; r++)
+            s = ping(c, r, reps, &med[r], &mx[r]);
     } else {
         s = pong(c, reps);
     }
@@ -105,8 +106,8 @@ static dg_status_t check_rtt(vctx_t *c) {
             dg_sla_ref_format(dg_sla_ref(c->sla, c->type_of_rank[bad[0]], "health.rtt"), lim, sizeof lim);
             vc_fmt_value(v, sizeof v, med[bad[0]], DG_DIM_TIME);
             k->verdict = DG_VERDICT_FAIL;
-            snprintf(k->message, sizeof k->message, "heartbeat round trip to rank 0 too slow on %s (e.g. %s, want %s)",
-                     who, v, lim);
+            snprintf(k->message, sizeof k->message,
+                     "heartbeat round trip to rank 0 too slow on %s (e.g. %s, want %s)", who, v, lim);
         } else if (!nref) {
             snprintf(k->message, sizeof k->message, "no reference ref.health.rtt in the SLA: measured only");
         }

@@ -69,15 +69,15 @@ static void fail_check(vctx_t *c, const char *name, dg_verdict_t v, const char *
 
 /* ---------------------------------------------------------------- write + read */
 
-static void judge_bw(vctx_t *c, const char *name, double bytes, double seconds, long long wrong, const char *extra,
-                     const char *details) {
+static void judge_bw(vctx_t *c, const char *name, double bytes, double seconds, long long wrong,
+                     const char *extra, const char *details) {
     dg_vcheck_t *k = vc_add(c, name);
     if (!k) return;
     double bw = seconds > 0 ? bytes / seconds : 0;
     char v[32];
     vc_fmt_value(v, sizeof v, bw, DG_DIM_BANDWIDTH);
-    snprintf(k->measured, sizeof k->measured, "%s (%.1f MB in %.3f s%s%s)", v, bytes / 1e6, seconds, extra ? ", " : "",
-             extra ? extra : "");
+    snprintf(k->measured, sizeof k->measured, "%s (%.1f MB in %.3f s%s%s)", v, bytes / 1e6, seconds,
+             extra ? ", " : "", extra ? extra : "");
     k->has_value = 1;
     k->value = bw;
     snprintf(k->unit, sizeof k->unit, "B/s");
@@ -89,13 +89,16 @@ static void judge_bw(vctx_t *c, const char *name, double bytes, double seconds, 
         if (!dg_sla_ref_ok(ref, bw)) {
             char lim[200];
             dg_sla_ref_format(ref, lim, sizeof lim);
-            vbuf_printf(&why, "%s aggregate over %d rank%s on %d node%s, want %s", v, c->size, c->size == 1 ? "" : "s",
-                        c->b->n_nodes, c->b->n_nodes == 1 ? "" : "s", lim);
+            char where[1024];
+            vc_fmt_all_nodes(c, where, sizeof where);
+            vbuf_printf(&why, "%s aggregate over %d rank%s on %s, want %s", v, c->size,
+                        c->size == 1 ? "" : "s", where, lim);
         }
     } else {
         snprintf(k->message, sizeof k->message, "no reference ref.%s in the SLA: measured only", name);
     }
-    if (wrong) vbuf_printf(&why, "%s%lld elements read back differ from what was written", why.n ? "; " : "", wrong);
+    if (wrong)
+        vbuf_printf(&why, "%s%lld elements read back differ from what was written", why.n ? "; " : "", wrong);
     if (why.n) {
         k->verdict = DG_VERDICT_FAIL;
         snprintf(k->message, sizeof k->message, "%s", why.s);
@@ -109,7 +112,8 @@ static dg_status_t write_read(vctx_t *c, const char *dir, int want_write, int wa
     int64_t per = (int64_t)(c->set->storage_mb * 1e6 / sizeof(float) / c->size);
     if (per < 1) per = 1;
     float *data = dg_xmalloc((size_t)per * sizeof(float));
-    for (int64_t i = 0; i < per; i++) data[i] = pat(c->rank, i);
+    for (int64_t i = 0; i < per; i++)
+        data[i] = pat(c->rank, i);
     dg_ckpt_tensor_t t = {.path = "validate/data", .ndim = 2, .owner = 1, .data = data};
     t.gshape[0] = c->size;
     t.gshape[1] = per;
@@ -148,7 +152,8 @@ static dg_status_t write_read(vctx_t *c, const char *dir, int want_write, int wa
         vbuf_t det = {0};
         vbuf_printf(&det, "{\"file\": ");
         vbuf_json_str(&det, res.path);
-        vbuf_printf(&det, ", \"file_bytes\": %lld, \"logical_bytes\": %.0f, \"seconds\": %.6f, \"ranks\": %d}",
+        vbuf_printf(&det,
+                    ", \"file_bytes\": %lld, \"logical_bytes\": %.0f, \"seconds\": %.6f, \"ranks\": %d}",
                     (long long)res.bytes, bytes, wt, c->size);
         char extra[64];
         snprintf(extra, sizeof extra, "incl. fsync + commit");
@@ -179,7 +184,8 @@ static dg_status_t write_read(vctx_t *c, const char *dir, int want_write, int wa
     DG_MPI_CHECK(MPI_Allreduce(&dt, &rt, 1, MPI_DOUBLE, MPI_MAX, w));
     long long wrong = 0, total_wrong = 0;
     if (s == DG_OK)
-        for (int64_t i = 0; i < per; i++) wrong += data[i] != pat(c->rank, i);
+        for (int64_t i = 0; i < per; i++)
+            wrong += data[i] != pat(c->rank, i);
     DG_MPI_CHECK(MPI_Reduce(&wrong, &total_wrong, 1, MPI_LONG_LONG, MPI_SUM, 0, w));
     if (s != DG_OK) {
         name_host(c, dg_last_error(), msg, sizeof msg);
@@ -224,7 +230,8 @@ static dg_status_t meta_local(vctx_t *c, const char *dir, double *create_med, do
         tc[i] = dg_now_s() - t0;
         t0 = dg_now_s();
         if (rename(tmp, fin) != 0 || fsync(dfd) != 0) {
-            s = DG_ERR(DG_ERR_RUNTIME, "cannot rename %s (+ fsync of its directory): %s", tmp, strerror(errno));
+            s = DG_ERR(DG_ERR_RUNTIME, "cannot rename %s (+ fsync of its directory): %s", tmp,
+                       strerror(errno));
             break;
         }
         tr[i] = dg_now_s() - t0;
@@ -294,8 +301,10 @@ static dg_status_t metadata(vctx_t *c, const char *dir) {
     DG_TRY(vc_gather_doubles(c, mine, 2, all));
     if (c->rank == 0) {
         if (ag != DG_OK) {
-            fail_check(c, "storage.create", DG_VERDICT_FAIL, "metadata operations in %s failed: %s", dir, msg);
-            fail_check(c, "storage.rename", DG_VERDICT_FAIL, "metadata operations in %s failed: %s", dir, msg);
+            fail_check(c, "storage.create", DG_VERDICT_FAIL, "metadata operations in %s failed: %s", dir,
+                       msg);
+            fail_check(c, "storage.rename", DG_VERDICT_FAIL, "metadata operations in %s failed: %s", dir,
+                       msg);
         } else {
             if (vc_selected_leaf(c, "storage.create")) judge_latency(c, "storage.create", all, 0);
             if (vc_selected_leaf(c, "storage.rename")) judge_latency(c, "storage.rename", all, 1);
@@ -326,7 +335,8 @@ dg_status_t vc_check_storage(vctx_t *c) {
     dg_status_t ag = vc_agree(c, s, msg, sizeof msg);
     if (ag != DG_OK) {
         /* every storage check fails the same way: the directory is not usable */
-        if (want_w) fail_check(c, "storage.write", DG_VERDICT_FAIL, "storage directory not writable: %s", msg);
+        if (want_w)
+            fail_check(c, "storage.write", DG_VERDICT_FAIL, "storage directory not writable: %s", msg);
         if (want_r) fail_check(c, "storage.read", DG_VERDICT_FAIL, "storage directory not writable: %s", msg);
         if (vc_selected_leaf(c, "storage.create"))
             fail_check(c, "storage.create", DG_VERDICT_FAIL, "storage directory not writable: %s", msg);

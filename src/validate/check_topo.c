@@ -19,12 +19,12 @@
 typedef struct {
     int node_id, local_rank, local_size;
     int n_gpus, n_numa, n_cores, n_pus, n_nics, n_ib;
-    int cuda_visible; /* CUDA devices this rank sees; -1 when built without CUDA */
+    int cuda_visible;      /* CUDA devices this rank sees; -1 when built without CUDA */
     char bad_gpu_name[64]; /* first GPU whose name does not match the type's gpu_model ("" = all match) */
-    int gpu;              /* index into the node's GPUs, -1 none */
+    int gpu;               /* index into the node's GPUs, -1 none */
     char gpu_busid[32];
     char gpu_name[64];
-    int near;             /* 1 bound within the GPU's cores, 0 not, -1 no GPU or locality unknown */
+    int near; /* 1 bound within the GPU's cores, 0 not, -1 no GPU or locality unknown */
     char gpu_cpuset[256];
     char bound[256];
     char bind_status[64];
@@ -43,8 +43,8 @@ static void versions(const char *mpi, char *buf, size_t cap) {
         if (*p == ';') *p = ',';
     for (char *p = mv; *p; p++)
         if (*p == ';') *p = ',';
-    size_t o = (size_t)snprintf(buf, cap, "mpi=%s;hwloc_api=%u.%u.%u;openblas=%s;dgtrain=%s", mv, (hv >> 16) & 0xff,
-                                (hv >> 8) & 0xff, hv & 0xff, ob, DG_VERSION_STRING);
+    size_t o = (size_t)snprintf(buf, cap, "mpi=%s;hwloc_api=%u.%u.%u;openblas=%s;dgtrain=%s", mv,
+                                (hv >> 16) & 0xff, (hv >> 8) & 0xff, hv & 0xff, ob, DG_VERSION_STRING);
 #ifdef DG_HAVE_CUDA
     if (o + 2 < cap) {
         buf[o++] = ';';
@@ -66,10 +66,14 @@ static void fill_record(vctx_t *c, topo_rec_t *t) {
     t->n_cores = b->topo.n_cores;
     t->n_pus = b->topo.n_pus;
     t->n_nics = b->topo.n_nics;
-    for (int i = 0; i < b->topo.n_nics; i++) t->n_ib += strcmp(b->topo.nics[i].kind, "ib") == 0;
+    for (int i = 0; i < b->topo.n_nics; i++)
+        t->n_ib += strcmp(b->topo.nics[i].kind, "ib") == 0;
+    /* GPU names: hwloc knows the model only with its NVML/CUDA plugins ("PCI 10de:2335" otherwise, which
+     * says nothing either way); CUDA knows the name of this rank's own device */
     const dg_sla_node_t *nt = dg_sla_node(c->sla, c->type_of_rank[c->rank]);
     for (int i = 0; i < b->topo.n_gpus; i++)
-        if (fnmatch(nt->gpu_model, b->topo.gpus[i].name, 0) != 0) {
+        if (strncmp(b->topo.gpus[i].name, "PCI ", 4) != 0 &&
+            fnmatch(nt->gpu_model, b->topo.gpus[i].name, 0) != 0) {
             snprintf(t->bad_gpu_name, sizeof t->bad_gpu_name, "%s", b->topo.gpus[i].name);
             break;
         }
@@ -77,6 +81,13 @@ static void fill_record(vctx_t *c, topo_rec_t *t) {
 #ifdef DG_HAVE_CUDA
     char err[256];
     t->cuda_visible = dg_vgpu_count(err, sizeof err);
+    if (b->gpu >= 0 && t->cuda_visible > 0 && !t->bad_gpu_name[0]) {
+        char name[64];
+        const dg_gpu_info_t *g = &b->topo.gpus[b->gpu];
+        dg_vgpu_name(dg_vgpu_device(g->pci_busid, g->cuda_index), name, sizeof name);
+        if (name[0] && fnmatch(nt->gpu_model, name, 0) != 0)
+            snprintf(t->bad_gpu_name, sizeof t->bad_gpu_name, "%s", name);
+    }
 #endif
     t->gpu = b->gpu;
     t->near = -1;
@@ -114,10 +125,11 @@ static void check_devices(vctx_t *c, const topo_rec_t *all) {
         char probs[512] = "";
         size_t o = 0;
         char ex[32];
-#define DEV(cnt, val, what)                                                                                        \
-    if (!dg_sla_count_ok(&e->cnt, val) && o < sizeof probs) {                                                      \
-        dg_sla_count_format(&e->cnt, ex, sizeof ex);                                                               \
-        o += (size_t)snprintf(probs + o, sizeof probs - o, "%s%d %s, expected %s", o ? "; " : "", val, what, ex);  \
+#define DEV(cnt, val, what)                                                                                  \
+    if (!dg_sla_count_ok(&e->cnt, val) && o < sizeof probs) {                                                \
+        dg_sla_count_format(&e->cnt, ex, sizeof ex);                                                         \
+        o += (size_t)snprintf(probs + o, sizeof probs - o, "%s%d %s, expected %s", o ? "; " : "", val, what, \
+                              ex);                                                                           \
     }
         DEV(gpus, t->n_gpus, "GPUs")
         DEV(numa_nodes, t->n_numa, "NUMA nodes")
@@ -126,8 +138,8 @@ static void check_devices(vctx_t *c, const topo_rec_t *all) {
         DEV(ib_nics, t->n_ib, "InfiniBand NICs")
 #undef DEV
         if (t->bad_gpu_name[0] && o < sizeof probs)
-            o += (size_t)snprintf(probs + o, sizeof probs - o, "%sGPU '%s' does not match gpu_model '%s'", o ? "; " : "",
-                                  t->bad_gpu_name, e->gpu_model);
+            o += (size_t)snprintf(probs + o, sizeof probs - o, "%sGPU '%s' does not match gpu_model '%s'",
+                                  o ? "; " : "", t->bad_gpu_name, e->gpu_model);
         /* every rank of the node must see GPUs through CUDA when hwloc sees them */
         for (int r = 0; r < c->size && o < sizeof probs; r++)
             if (b->node_ids[r] == n && all[r].cuda_visible == 0 && t->n_gpus > 0) {
@@ -141,10 +153,11 @@ static void check_devices(vctx_t *c, const topo_rec_t *all) {
         vbuf_json_str(&det, b->hosts[lead]);
         vbuf_printf(&det, ", \"type\": ");
         vbuf_json_str(&det, dg_sla_type_name(c->sla, type));
-        vbuf_printf(&det,
-                    ", \"gpus\": %d, \"numa_nodes\": %d, \"cores\": %d, \"pus\": %d, \"nics\": %d, \"ib_nics\": %d, "
-                    "\"cuda_visible\": %d, \"problems\": ",
-                    t->n_gpus, t->n_numa, t->n_cores, t->n_pus, t->n_nics, t->n_ib, t->cuda_visible);
+        vbuf_printf(
+            &det,
+            ", \"gpus\": %d, \"numa_nodes\": %d, \"cores\": %d, \"pus\": %d, \"nics\": %d, \"ib_nics\": %d, "
+            "\"cuda_visible\": %d, \"problems\": ",
+            t->n_gpus, t->n_numa, t->n_cores, t->n_pus, t->n_nics, t->n_ib, t->cuda_visible);
         vbuf_json_str(&det, probs);
         vbuf_printf(&det, "}");
         if (probs[0]) {
@@ -156,8 +169,9 @@ static void check_devices(vctx_t *c, const topo_rec_t *all) {
     vbuf_printf(&det, "]}");
     if (k) {
         const topo_rec_t *t0 = &all[0];
-        snprintf(k->measured, sizeof k->measured, "%d/%d nodes as expected (node 0: %d GPUs, %d NUMA, %d cores, %d NICs)",
-                 b->n_nodes - nbad, b->n_nodes, t0->n_gpus, t0->n_numa, t0->n_cores, t0->n_nics);
+        snprintf(k->measured, sizeof k->measured,
+                 "%d/%d nodes as expected (node 0: %d GPUs, %d NUMA, %d cores, %d NICs)", b->n_nodes - nbad,
+                 b->n_nodes, t0->n_gpus, t0->n_numa, t0->n_cores, t0->n_nics);
         const dg_sla_node_t *e = dg_sla_node(c->sla, c->type_of_rank[0]);
         char g[16], nu[16], co[16], ni[16];
         dg_sla_count_format(&e->gpus, g, sizeof g);
@@ -219,7 +233,8 @@ static void check_binding(vctx_t *c, const topo_rec_t *all) {
     if (nfar) {
         vc_fmt_ranks(c, far, nfar, who, sizeof who);
         vbuf_printf(&why, "%s%s bound away from its GPU (e.g. rank %d: cpuset %s, GPU %s is near %s)",
-                    why.n ? "; " : "", who, far[0], all[far[0]].bound, all[far[0]].gpu_busid, all[far[0]].gpu_cpuset);
+                    why.n ? "; " : "", who, far[0], all[far[0]].bound, all[far[0]].gpu_busid,
+                    all[far[0]].gpu_cpuset);
     }
     /* ranks of one node sharing PUs while the node has enough for all of them */
     int nshare = 0;
@@ -228,25 +243,27 @@ static void check_binding(vctx_t *c, const topo_rec_t *all) {
         for (int q = r + 1; q < c->size; q++) {
             if (b->node_ids[q] != b->node_ids[r]) continue;
             const topo_rec_t *t = &all[r];
-            if (hwloc_bitmap_list_sscanf(a, t->bound) != 0 || hwloc_bitmap_list_sscanf(bb, all[q].bound) != 0) continue;
+            if (hwloc_bitmap_list_sscanf(a, t->bound) != 0 || hwloc_bitmap_list_sscanf(bb, all[q].bound) != 0)
+                continue;
             if (!hwloc_bitmap_intersects(a, bb)) continue;
             if (t->local_size > t->n_pus) {
                 if (!note.n)
-                    vbuf_printf(&note, "node %d (%s) runs %d ranks on %d PUs: ranks share PUs", b->node_ids[r],
-                                b->hosts[r], t->local_size, t->n_pus);
+                    vbuf_printf(&note, "node %d (%s) runs %d ranks on %d PUs: ranks share PUs",
+                                b->node_ids[r], b->hosts[r], t->local_size, t->n_pus);
                 continue;
             }
             if (nshare++ < 4)
-                vbuf_printf(&why, "%srank %d (%s) and rank %d share PUs (%s / %s)", why.n ? "; " : "", r, b->hosts[r],
-                            q, t->bound, all[q].bound);
+                vbuf_printf(&why, "%srank %d (%s) and rank %d share PUs (%s / %s)", why.n ? "; " : "", r,
+                            b->hosts[r], q, t->bound, all[q].bound);
         }
     }
     hwloc_bitmap_free(a);
     hwloc_bitmap_free(bb);
     if (nshare > 4) vbuf_printf(&why, " and %d more pairs", nshare - 4);
     if (nshare)
-        vbuf_printf(&why, " (dgtrain binds each rank itself with topology.bind=auto; with bind=none the launcher's "
-                          "binding is used)");
+        vbuf_printf(&why,
+                    " (dgtrain binds each rank itself with topology.bind=auto; with bind=none the launcher's "
+                    "binding is used)");
     snprintf(k->measured, sizeof k->measured, "%d/%d ranks bound (%.40s on rank 0: %.60s)%s", nbound, c->size,
              all[0].bind_status, all[0].bound, n_with_gpu ? "" : ", no GPUs");
     snprintf(k->reference, sizeof k->reference, "near own GPU, no shared PUs");
@@ -272,7 +289,8 @@ static void check_gpu_sharing(vctx_t *c, const topo_rec_t *all) {
     if (!c->rep) return;
     dg_boot_t *b = c->b;
     int any = 0;
-    for (int r = 0; r < c->size; r++) any |= all[r].gpu >= 0;
+    for (int r = 0; r < c->size; r++)
+        any |= all[r].gpu >= 0;
     if (!any) {
         vc_skip(c, "topology.gpu_sharing", "no rank has a GPU (hwloc found none on any node)");
         return;
@@ -312,7 +330,8 @@ static void check_gpu_sharing(vctx_t *c, const topo_rec_t *all) {
         vbuf_printf(&why, "%s%s got no GPU although the node has some", why.n ? "; " : "", who);
     }
     snprintf(k->measured, sizeof k->measured, "at most %d rank%s per GPU", worst, worst == 1 ? "" : "s");
-    snprintf(k->reference, sizeof k->reference, "<= %d (ranks_per_gpu)", dg_sla_node(c->sla, c->type_of_rank[0])->ranks_per_gpu);
+    snprintf(k->reference, sizeof k->reference, "<= %d (ranks_per_gpu)",
+             dg_sla_node(c->sla, c->type_of_rank[0])->ranks_per_gpu);
     k->has_value = 1;
     k->value = worst;
     if (why.n) {
@@ -344,24 +363,28 @@ static void field(const char *s, const char *key, char *out, size_t cap) {
 static void check_versions(vctx_t *c, const topo_rec_t *all) {
     dg_vcheck_t *k = vc_add(c, "topology.versions");
     if (!k) return;
-    static const char *keys[] = {"mpi", "hwloc_api", "openblas", "dgtrain", "cuda_driver", "cuda_runtime", "nccl"};
+    static const char *keys[] = {"mpi",         "hwloc_api",    "openblas", "dgtrain",
+                                 "cuda_driver", "cuda_runtime", "nccl"};
     const int nk = (int)(sizeof keys / sizeof *keys);
     vbuf_t why = {0}, det = {0}, summary = {0};
     vbuf_printf(&det, "{");
-    char (*vals)[256] = dg_xmalloc((size_t)c->size * sizeof *vals);
+    char(*vals)[256] = dg_xmalloc((size_t)c->size * sizeof *vals);
     int *odd = dg_xmalloc((size_t)c->size * sizeof(int));
     int fields = 0;
     for (int i = 0; i < nk; i++) {
-        for (int r = 0; r < c->size; r++) field(all[r].versions, keys[i], vals[r], sizeof vals[r]);
+        for (int r = 0; r < c->size; r++)
+            field(all[r].versions, keys[i], vals[r], sizeof vals[r]);
         int present = 0;
-        for (int r = 0; r < c->size; r++) present |= vals[r][0] != 0;
+        for (int r = 0; r < c->size; r++)
+            present |= vals[r][0] != 0;
         if (!present) continue;
         fields++;
         /* the majority value is "right"; the others are named */
         int best = 0, best_n = 0;
         for (int r = 0; r < c->size; r++) {
             int n = 0;
-            for (int q = 0; q < c->size; q++) n += strcmp(vals[q], vals[r]) == 0;
+            for (int q = 0; q < c->size; q++)
+                n += strcmp(vals[q], vals[r]) == 0;
             if (n > best_n) best_n = n, best = r;
         }
         vbuf_printf(&det, "%s\"%s\": ", det.n > 1 ? ", " : "", keys[i]);
@@ -373,8 +396,8 @@ static void check_versions(vctx_t *c, const topo_rec_t *all) {
             if (strcmp(vals[r], vals[best]) != 0) odd[n++] = r;
         char who[1024];
         vc_fmt_ranks(c, odd, n, who, sizeof who);
-        vbuf_printf(&why, "%s%s differs on %s: '%s' instead of '%s'", why.n ? "; " : "", keys[i], who, vals[odd[0]],
-                    vals[best]);
+        vbuf_printf(&why, "%s%s differs on %s: '%s' instead of '%s'", why.n ? "; " : "", keys[i], who,
+                    vals[odd[0]], vals[best]);
     }
     vbuf_printf(&det, "}");
     snprintf(k->measured, sizeof k->measured, "%s", summary.s ? summary.s : "-");
@@ -398,7 +421,8 @@ dg_status_t vc_check_topology(vctx_t *c) {
     topo_rec_t mine;
     fill_record(c, &mine);
     topo_rec_t *all = c->rank == 0 ? dg_xmalloc((size_t)c->size * sizeof *all) : NULL;
-    DG_MPI_CHECK(MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, 0, c->b->world));
+    DG_MPI_CHECK(
+        MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, 0, c->b->world));
     if (c->rank == 0) {
         int first = c->rep->n;
         if (vc_selected(c, "topology.devices")) check_devices(c, all);
@@ -406,7 +430,8 @@ dg_status_t vc_check_topology(vctx_t *c) {
         if (vc_selected(c, "topology.gpu_sharing")) check_gpu_sharing(c, all);
         if (vc_selected(c, "topology.versions")) check_versions(c, all);
         double dt = (dg_now_s() - t0) / (c->rep->n - first > 0 ? c->rep->n - first : 1);
-        for (int i = first; i < c->rep->n; i++) c->rep->checks[i].seconds = dt;
+        for (int i = first; i < c->rep->n; i++)
+            c->rep->checks[i].seconds = dt;
     }
     free(all);
     return DG_OK;

@@ -37,7 +37,8 @@ static dg_status_t read_losses(const char *path, int max_step, losses_t *out) {
     memset(out, 0, sizeof *out);
     out->resumed_at = -1;
     out->loss = dg_xmalloc((size_t)(max_step + 1) * sizeof(double));
-    for (int i = 0; i <= max_step; i++) out->loss[i] = NAN;
+    for (int i = 0; i <= max_step; i++)
+        out->loss[i] = NAN;
     FILE *f = fopen(path, "r");
     if (!f) return DG_ERR(DG_ERR_RUNTIME, "cannot read %s (the training run wrote no metrics)", path);
     char line[8192];
@@ -62,8 +63,8 @@ static dg_status_t read_losses(const char *path, int max_step, losses_t *out) {
 
 #ifdef DG_VALIDATE_HAVE_TRAIN
 
-static dg_status_t make_config(vctx_t *c, dg_config_t *cfg, const char *dir, int global_batch, const char *resume,
-                               int ckpt_every) {
+static dg_status_t make_config(vctx_t *c, dg_config_t *cfg, const char *dir, int global_batch,
+                               const char *resume, int ckpt_every) {
     const dg_sla_settings_t *s = c->set;
     /* validate.train_config (or dgtrain's defaults with the tiny preset), then what the check needs */
     DG_TRY(dg_config_load(cfg, s->train_config[0] ? s->train_config : NULL, 0, NULL));
@@ -88,7 +89,8 @@ static dg_status_t make_config(vctx_t *c, dg_config_t *cfg, const char *dir, int
     KV("topology.xml", "%s", c->cfg->topology.xml);
     KV("topology.bind", "%s", c->cfg->topology.bind);
 #undef KV
-    for (int i = 0; i < n; i++) DG_TRY(dg_config_set(cfg, kv[i].k, kv[i].val, "dgvalidate"));
+    for (int i = 0; i < n; i++)
+        DG_TRY(dg_config_set(cfg, kv[i].k, kv[i].val, "dgvalidate"));
     return dg_config_validate(cfg);
 }
 
@@ -142,7 +144,8 @@ dg_status_t vc_check_train(vctx_t *c) {
     dg_status_t ag = vc_agree(c, st, msg, sizeof msg);
     if (ag == DG_OK) {
         stage = "the K-rank run";
-        if (c->rank == 0) DG_LOG_INFO("train: %d steps of global batch %d on %d ranks -> %s", steps, gb, c->size, dw);
+        if (c->rank == 0)
+            DG_LOG_INFO("train: %d steps of global batch %d on %d ranks -> %s", steps, gb, c->size, dw);
         ag = dg_train_run(c->b, cfg); /* agreed inside */
         if (ag != DG_OK) snprintf(msg, sizeof msg, "%s", dg_last_error());
         fail_v = ag == DG_ERR_USAGE ? DG_VERDICT_ERROR : DG_VERDICT_FAIL;
@@ -233,8 +236,9 @@ dg_status_t vc_check_train(vctx_t *c) {
                         W.loss[i], R.loss[i]);
         }
         vbuf_printf(&det, "]}");
-        snprintf(k->measured, sizeof k->measured, "max rel. loss diff %.3g (step %d) over %d steps, %d rank%s vs 1",
-                 worst, worst_step, steps, c->size, c->size == 1 ? "" : "s");
+        snprintf(k->measured, sizeof k->measured,
+                 "max rel. loss diff %.3g (step %d) over %d steps, %d rank%s vs 1", worst, worst_step, steps,
+                 c->size, c->size == 1 ? "" : "s");
         snprintf(k->reference, sizeof k->reference, "<= %.3g", s->train_loss_rtol);
         k->has_value = 1;
         k->value = worst;
@@ -243,20 +247,25 @@ dg_status_t vc_check_train(vctx_t *c) {
             snprintf(k->message, sizeof k->message, "%s", dg_last_error());
         } else if (missing) {
             k->verdict = DG_VERDICT_FAIL;
-            snprintf(k->message, sizeof k->message, "%d of %d steps have no loss in one of the runs' metrics.jsonl",
-                     missing, steps);
+            snprintf(k->message, sizeof k->message,
+                     "%d of %d steps have no loss in one of the runs' metrics.jsonl", missing, steps);
         } else if (worst > s->train_loss_rtol) {
             k->verdict = DG_VERDICT_FAIL;
+            char where[1024];
+            vc_fmt_all_nodes(c, where, sizeof where);
             snprintf(k->message, sizeof k->message,
-                     "the %d-rank run (ranks 0-%d on %d node%s) diverges from the 1-rank reference at step %d: loss %.9g vs "
-                     "%.9g (relative %.3g > %.3g)",
-                     c->size, c->size - 1, c->b->n_nodes, c->b->n_nodes == 1 ? "" : "s", worst_step, W.loss[worst_step], R.loss[worst_step], worst,
-                     s->train_loss_rtol);
+                     "the %d-rank run (ranks 0-%d on %.900s) diverges from the 1-rank reference (rank 0, %s) "
+                     "at step %d: "
+                     "loss %.9g vs %.9g (relative %.3g > %.3g)",
+                     c->size, c->size - 1, where, c->b->hosts[0], worst_step, W.loss[worst_step],
+                     R.loss[worst_step], worst, s->train_loss_rtol);
         }
         dg_vcheck_set_details(k, det.s);
         vbuf_free(&det);
     }
     if (want_r) {
+        char where_all[1024];
+        vc_fmt_all_nodes(c, where_all, sizeof where_all);
         dg_vcheck_t *k = vc_add(c, "train.resume");
         k->seconds = dt;
         double worst = 0;
@@ -269,8 +278,9 @@ dg_status_t vc_check_train(vctx_t *c) {
             double e = rel(X.loss[i], W.loss[i]);
             if (e > worst) worst = e, worst_step = i;
         }
-        snprintf(k->measured, sizeof k->measured, "resumed at step %d; max rel. loss diff %.3g over steps %d-%d",
-                 X.resumed_at, worst, half + 1, steps);
+        snprintf(k->measured, sizeof k->measured,
+                 "resumed at step %d; max rel. loss diff %.3g over steps %d-%d", X.resumed_at, worst,
+                 half + 1, steps);
         snprintf(k->reference, sizeof k->reference, s->train_resume_rtol == 0 ? "bitwise equal" : "<= %.3g",
                  s->train_resume_rtol);
         k->has_value = 1;
@@ -280,16 +290,19 @@ dg_status_t vc_check_train(vctx_t *c) {
             snprintf(k->message, sizeof k->message, "%s", dg_last_error());
         } else if (X.resumed_at != half) {
             k->verdict = DG_VERDICT_FAIL;
-            snprintf(k->message, sizeof k->message, "the run did not resume from %s (resume event at step %d)", ck,
-                     X.resumed_at);
+            snprintf(k->message, sizeof k->message,
+                     "the run did not resume from %s (resume event at step %d)", ck, X.resumed_at);
         } else if (missing) {
             k->verdict = DG_VERDICT_FAIL;
             snprintf(k->message, sizeof k->message, "%d steps after the resume have no loss", missing);
         } else if (worst > s->train_resume_rtol) {
             k->verdict = DG_VERDICT_FAIL;
-            snprintf(k->message, sizeof k->message,
-                     "after resuming from %s, step %d has loss %.17g instead of %.17g (relative %.3g)", ck, worst_step,
-                     X.loss[worst_step], W.loss[worst_step], worst);
+            snprintf(
+                k->message, sizeof k->message,
+                "the %d-rank run (ranks 0-%d on %.600s), resumed from %.900s: step %d has loss %.17g instead of "
+                "%.17g (relative %.3g)",
+                c->size, c->size - 1, where_all, ck, worst_step, X.loss[worst_step], W.loss[worst_step],
+                worst);
         }
     }
     free(W.loss);
@@ -302,8 +315,9 @@ dg_status_t vc_check_train(vctx_t *c) {
 
 dg_status_t vc_check_train(vctx_t *c) {
     (void)read_losses;
-    static const char *why = "the training loop is not built into this dgvalidate (no dg_train library when it was "
-                             "configured): rebuild once src/train provides it";
+    static const char *why =
+        "the training loop is not built into this dgvalidate (no dg_train library when it was "
+        "configured): rebuild once src/train provides it";
     if (vc_selected_leaf(c, "train.match")) vc_skip(c, "train.match", "%s", why);
     if (vc_selected_leaf(c, "train.resume")) vc_skip(c, "train.resume", "%s", why);
     return DG_OK;

@@ -18,29 +18,30 @@
 #define DEFAULT_SLA "validation/sla.ini"
 
 static void usage(FILE *out) {
-    fprintf(out,
-            "usage: mpirun -n N dgvalidate [SLA.ini] [options]     (default SLA: " DEFAULT_SLA ")\n"
-            "       sbatch slurm/validate.sh [SLA.ini] [options]\n"
-            "\n"
-            "Qualifies a cluster or a repaired node for dgtrain: topology and binding, collectives (mpi, and\n"
-            "nccl when built with CUDA), GEMM and memory bandwidth with stragglers, checkpoint storage, a short\n"
-            "distributed training run against a 1-rank reference with checkpoint + resume, and heartbeats.\n"
-            "Thresholds come from the SLA file (docs/validation.md).\n"
-            "\n"
-            "options:\n"
-            "  --run-dir DIR           where the reports go (default runs/validate-<UTC time>)\n"
-            "  --checks LIST           comma-separated check names or prefixes (e.g. topology,comm.mpi,\n"
-            "                          compute.cpu_gemm.stragglers); default: the SLA's validate.checks\n"
-            "  --set validate.KEY=VAL  override a [validate] setting of the SLA file (repeatable)\n"
-            "  --set SECTION.KEY=VAL   a dgtrain config key, e.g. topology.bind=none or topology.xml=FILE\n"
-            "  --check                 only check the SLA file and the options (no MPI, nothing runs); exit 0\n"
-            "                          or 1 with the first problem\n"
-            "  --list                  list the checks' reference metrics and exit\n"
-            "  --help, --version\n"
-            "\n"
-            "outputs: a table on stdout, DIR/validation.json, DIR/validation-junit.xml\n"
-            "exit codes: 0 every check passed or was skipped; 1 bad input; 2 a check harness failed (ERROR);\n"
-            "            3 aborted (a peer failed or timed out); 4 at least one check FAILED\n");
+    fprintf(
+        out,
+        "usage: mpirun -n N dgvalidate [SLA.ini] [options]     (default SLA: " DEFAULT_SLA ")\n"
+        "       sbatch slurm/validate.sh [SLA.ini] [options]\n"
+        "\n"
+        "Qualifies a cluster or a repaired node for dgtrain: topology and binding, collectives (mpi, and\n"
+        "nccl when built with CUDA), GEMM and memory bandwidth with stragglers, checkpoint storage, a short\n"
+        "distributed training run against a 1-rank reference with checkpoint + resume, and heartbeats.\n"
+        "Thresholds come from the SLA file (docs/validation.md).\n"
+        "\n"
+        "options:\n"
+        "  --run-dir DIR           where the reports go (default runs/validate-<UTC time>)\n"
+        "  --checks LIST           comma-separated check names or prefixes (e.g. topology,comm.mpi,\n"
+        "                          compute.cpu_gemm.stragglers); default: the SLA's validate.checks\n"
+        "  --set validate.KEY=VAL  override a [validate] setting of the SLA file (repeatable)\n"
+        "  --set SECTION.KEY=VAL   a dgtrain config key, e.g. topology.bind=none or topology.xml=FILE\n"
+        "  --check                 only check the SLA file and the options (no MPI, nothing runs); exit 0\n"
+        "                          or 1 with the first problem\n"
+        "  --list                  list the checks' reference metrics and exit\n"
+        "  --help, --version\n"
+        "\n"
+        "outputs: a table on stdout, DIR/validation.json, DIR/validation-junit.xml\n"
+        "exit codes: 0 every check passed or was skipped; 1 bad input; 2 a check harness failed (ERROR);\n"
+        "            3 aborted (a peer failed or timed out); 4 at least one check FAILED\n");
 }
 
 static int launcher_rank(void) {
@@ -66,8 +67,8 @@ static int parse(int argc, char **argv, cli_t *c) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = NULL;
-#define OPT(name)                                                                                                  \
-    ((strcmp(a, name) == 0 && i + 1 < argc && (val = argv[++i], 1)) ||                                             \
+#define OPT(name)                                                                                            \
+    ((strcmp(a, name) == 0 && i + 1 < argc && (val = argv[++i], 1)) ||                                       \
      (strncmp(a, name "=", strlen(name) + 1) == 0 && (val = a + strlen(name) + 1, 1)))
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             c->help = 1;
@@ -178,7 +179,8 @@ int main(int argc, char **argv) {
     int code;
     if (bad) {
         /* every rank parsed the same command line; rank 0 says it once */
-        if (b->world_rank == 0) fprintf(stderr, "dgvalidate: error: %s\n", cli.err[0] ? cli.err : "out of memory");
+        if (b->world_rank == 0)
+            fprintf(stderr, "dgvalidate: error: %s\n", cli.err[0] ? cli.err : "out of memory");
         code = DG_ERR_USAGE;
     } else {
         code = dg_validate_run(b, &cli.o);

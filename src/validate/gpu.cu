@@ -14,24 +14,25 @@
 
 #include "validate_gpu.h"
 
-#define VG_CUDA(call)                                                                                              \
-    do {                                                                                                           \
-        cudaError_t e_ = (call);                                                                                   \
-        if (e_ != cudaSuccess) {                                                                                   \
-            st = DG_ERR(DG_ERR_RUNTIME, "CUDA call `%s` failed: %s; hint: check the GPU with nvidia-smi", #call,   \
-                        cudaGetErrorString(e_));                                                                   \
-            goto done;                                                                                             \
-        }                                                                                                          \
+#define VG_CUDA(call)                                                                                        \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess) {                                                                             \
+            st = DG_ERR(DG_ERR_RUNTIME, "CUDA call `%s` failed: %s; hint: check the GPU with nvidia-smi",    \
+                        #call, cudaGetErrorString(e_));                                                      \
+            goto done;                                                                                       \
+        }                                                                                                    \
     } while (0)
 
-#define VG_LT(call)                                                                                                \
-    do {                                                                                                           \
-        cublasStatus_t e_ = (call);                                                                                \
-        if (e_ != CUBLAS_STATUS_SUCCESS) {                                                                         \
-            st = DG_ERR(DG_ERR_RUNTIME, "cuBLASLt call `%s` failed: status %d; hint: library/driver mismatch?",    \
-                        #call, (int)e_);                                                                           \
-            goto done;                                                                                             \
-        }                                                                                                          \
+#define VG_LT(call)                                                                                          \
+    do {                                                                                                     \
+        cublasStatus_t e_ = (call);                                                                          \
+        if (e_ != CUBLAS_STATUS_SUCCESS) {                                                                   \
+            st = DG_ERR(DG_ERR_RUNTIME,                                                                      \
+                        "cuBLASLt call `%s` failed: status %d; hint: library/driver mismatch?", #call,       \
+                        (int)e_);                                                                            \
+            goto done;                                                                                       \
+        }                                                                                                    \
     } while (0)
 
 extern "C" int dg_vgpu_count(char *err, size_t cap) {
@@ -51,6 +52,12 @@ extern "C" int dg_vgpu_device(const char *busid, int fallback) {
     cudaGetLastError(); /* clear the sticky-free error of a failed lookup */
     if (cudaGetDeviceCount(&n) != cudaSuccess) return -1;
     return fallback >= 0 && fallback < n ? fallback : -1;
+}
+
+extern "C" void dg_vgpu_name(int dev, char *buf, size_t cap) {
+    cudaDeviceProp p;
+    if (cap) buf[0] = 0;
+    if (dev >= 0 && cudaGetDeviceProperties(&p, dev) == cudaSuccess) snprintf(buf, cap, "%s", p.name);
 }
 
 extern "C" void dg_vgpu_versions(char *buf, size_t cap) {
@@ -77,7 +84,8 @@ __global__ static void fill_bf16(__nv_bfloat16 *p, size_t n, uint32_t seed) {
         p[i] = __float2bfloat16(patv(seed, i));
 }
 
-extern "C" dg_status_t dg_vgpu_gemm_bf16(int dev, int n, int reps, double *times, double *work, int64_t *wrong) {
+extern "C" dg_status_t dg_vgpu_gemm_bf16(int dev, int n, int reps, double *times, double *work,
+                                         int64_t *wrong) {
     dg_status_t st = DG_OK;
     cublasLtHandle_t lt = NULL;
     cublasLtMatmulDesc_t op = NULL;
@@ -136,7 +144,8 @@ extern "C" dg_status_t dg_vgpu_gemm_bf16(int dev, int n, int reps, double *times
     for (int k = 0; k < 64; k++) {
         size_t i = (size_t)(k * 7919u) % (size_t)n, j = (size_t)(k * 104729u + 13) % (size_t)n;
         double ref = 0;
-        for (size_t q = 0; q < (size_t)n; q++) ref += (double)patv(sa, i + q * n) * patv(sb, q + j * n);
+        for (size_t q = 0; q < (size_t)n; q++)
+            ref += (double)patv(sa, i + q * n) * patv(sb, q + j * n);
         double got = (double)__bfloat162float(hc[i + j * n]);
         if (fabs(got - ref) > fabs(ref) * (1.0 / 128) + 1e-6) (*wrong)++;
     }
@@ -159,7 +168,8 @@ done:
 /* ---------------------------------------------------------------- triad */
 
 __global__ static void triad_init(float *b, float *c, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         b[i] = (float)(i % 1000);
         c[i] = (float)(i % 7);
     }
@@ -171,7 +181,8 @@ __global__ static void triad(float *__restrict__ a, const float *__restrict__ b,
         a[i] = b[i] + s * c[i];
 }
 
-extern "C" dg_status_t dg_vgpu_stream(int dev, size_t bytes, int reps, double *times, double *work, int64_t *wrong) {
+extern "C" dg_status_t dg_vgpu_stream(int dev, size_t bytes, int reps, double *times, double *work,
+                                      int64_t *wrong) {
     dg_status_t st = DG_OK;
     size_t n = bytes / (3 * sizeof(float));
     float *a = NULL, *b = NULL, *c = NULL, *h = NULL;

@@ -13,10 +13,14 @@
 
 const char *dg_verdict_name(dg_verdict_t v) {
     switch (v) {
-    case DG_VERDICT_PASS: return "PASS";
-    case DG_VERDICT_SKIP: return "SKIP";
-    case DG_VERDICT_FAIL: return "FAIL";
-    case DG_VERDICT_ERROR: return "ERROR";
+    case DG_VERDICT_PASS:
+        return "PASS";
+    case DG_VERDICT_SKIP:
+        return "SKIP";
+    case DG_VERDICT_FAIL:
+        return "FAIL";
+    case DG_VERDICT_ERROR:
+        return "ERROR";
     }
     return "?";
 }
@@ -26,7 +30,8 @@ void dg_vreport_init(dg_vreport_t *r) {
 }
 
 void dg_vreport_destroy(dg_vreport_t *r) {
-    for (int i = 0; i < r->n; i++) free(r->checks[i].details);
+    for (int i = 0; i < r->n; i++)
+        free(r->checks[i].details);
     free(r->checks);
     memset(r, 0, sizeof *r);
 }
@@ -56,7 +61,8 @@ void dg_vcheck_set_details(dg_vcheck_t *c, const char *json) {
 
 static void counts(const dg_vreport_t *r, int n[4]) {
     n[0] = n[1] = n[2] = n[3] = 0;
-    for (int i = 0; i < r->n; i++) n[r->checks[i].verdict]++;
+    for (int i = 0; i < r->n; i++)
+        n[r->checks[i].verdict]++;
 }
 
 int dg_vreport_exit_code(const dg_vreport_t *r) {
@@ -129,9 +135,11 @@ void dg_vreport_print_table(const dg_vreport_t *r, FILE *out) {
     }
     int code = dg_vreport_exit_code(r);
     if (r->aborted_exit) fprintf(out, "ABORTED: %s\n", r->aborted_msg);
-    fprintf(out, "\ndgvalidate: %d checks: %d passed, %d failed, %d errors, %d skipped in %.1f s -> %s (exit %d)\n",
-            r->n, n[DG_VERDICT_PASS], n[DG_VERDICT_FAIL], n[DG_VERDICT_ERROR], n[DG_VERDICT_SKIP], r->seconds,
-            code == 0 ? "PASS" : "FAIL", code);
+    fprintf(
+        out,
+        "\ndgvalidate: %d checks: %d passed, %d failed, %d errors, %d skipped in %.1f s -> %s (exit %d)\n",
+        r->n, n[DG_VERDICT_PASS], n[DG_VERDICT_FAIL], n[DG_VERDICT_ERROR], n[DG_VERDICT_SKIP], r->seconds,
+        code == 0 ? "PASS" : "FAIL", code);
     fflush(out);
 }
 
@@ -152,7 +160,8 @@ dg_status_t dg_vreport_write_json(const dg_vreport_t *r, const char *path) {
     vbuf_json_str(&b, r->sla);
     vbuf_printf(&b, ",\n  \"run_dir\": ");
     vbuf_json_str(&b, r->run_dir);
-    vbuf_printf(&b, ",\n  \"world_size\": %d,\n  \"n_nodes\": %d,\n  \"hosts\": [", r->world_size, r->n_nodes);
+    vbuf_printf(&b, ",\n  \"world_size\": %d,\n  \"n_nodes\": %d,\n  \"hosts\": [", r->world_size,
+                r->n_nodes);
     /* r->hosts is a space-separated list */
     char hosts[sizeof r->hosts];
     snprintf(hosts, sizeof hosts, "%s", r->hosts);
@@ -164,10 +173,13 @@ dg_status_t dg_vreport_write_json(const dg_vreport_t *r, const char *path) {
         first = 0;
     }
     vbuf_printf(&b, "],\n  \"complete\": %s,\n", r->complete ? "true" : "false");
-    vbuf_printf(&b, "  \"result\": \"%s\",\n  \"exit_code\": %d,\n", !r->complete ? "INCOMPLETE" : code ? "FAIL" : "PASS",
+    vbuf_printf(&b, "  \"result\": \"%s\",\n  \"exit_code\": %d,\n",
+                !r->complete ? "INCOMPLETE"
+                : code       ? "FAIL"
+                             : "PASS",
                 code);
-    vbuf_printf(&b, "  \"counts\": {\"pass\": %d, \"fail\": %d, \"error\": %d, \"skip\": %d},\n", n[DG_VERDICT_PASS],
-                n[DG_VERDICT_FAIL], n[DG_VERDICT_ERROR], n[DG_VERDICT_SKIP]);
+    vbuf_printf(&b, "  \"counts\": {\"pass\": %d, \"fail\": %d, \"error\": %d, \"skip\": %d},\n",
+                n[DG_VERDICT_PASS], n[DG_VERDICT_FAIL], n[DG_VERDICT_ERROR], n[DG_VERDICT_SKIP]);
     if (r->aborted_exit) {
         vbuf_printf(&b, "  \"aborted\": ");
         vbuf_json_str(&b, r->aborted_msg);
@@ -208,16 +220,33 @@ dg_status_t dg_vreport_write_json(const dg_vreport_t *r, const char *path) {
 static void xml_str(vbuf_t *b, const char *s) {
     for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
         switch (*p) {
-        case '&': vbuf_printf(b, "&amp;"); break;
-        case '<': vbuf_printf(b, "&lt;"); break;
-        case '>': vbuf_printf(b, "&gt;"); break;
-        case '"': vbuf_printf(b, "&quot;"); break;
-        case '\'': vbuf_printf(b, "&apos;"); break;
-        case '\n': vbuf_printf(b, "&#10;"); break;
-        case '\t': vbuf_printf(b, "&#9;"); break;
-        case '\r': vbuf_printf(b, "&#13;"); break;
+        case '&':
+            vbuf_printf(b, "&amp;");
+            break;
+        case '<':
+            vbuf_printf(b, "&lt;");
+            break;
+        case '>':
+            vbuf_printf(b, "&gt;");
+            break;
+        case '"':
+            vbuf_printf(b, "&quot;");
+            break;
+        case '\'':
+            vbuf_printf(b, "&apos;");
+            break;
+        case '\n':
+            vbuf_printf(b, "&#10;");
+            break;
+        case '\t':
+            vbuf_printf(b, "&#9;");
+            break;
+        case '\r':
+            vbuf_printf(b, "&#13;");
+            break;
         default:
-            if (*p >= 0x20) vbuf_printf(b, "%c", *p); /* other control characters are not allowed in XML 1.0 */
+            if (*p >= 0x20)
+                vbuf_printf(b, "%c", *p); /* other control characters are not allowed in XML 1.0 */
         }
     }
 }
@@ -227,12 +256,16 @@ dg_status_t dg_vreport_write_junit(const dg_vreport_t *r, const char *path) {
     int n[4];
     counts(r, n);
     vbuf_printf(&b, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
-    vbuf_printf(&b, "<testsuites name=\"dgvalidate\" tests=\"%d\" failures=\"%d\" errors=\"%d\" skipped=\"%d\" time=\"%.3f\">\n",
-                r->n + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_FAIL], n[DG_VERDICT_ERROR] + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_SKIP],
-                r->seconds);
-    vbuf_printf(&b, "  <testsuite name=\"dgvalidate\" tests=\"%d\" failures=\"%d\" errors=\"%d\" skipped=\"%d\" time=\"%.3f\" timestamp=\"",
-                r->n + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_FAIL], n[DG_VERDICT_ERROR] + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_SKIP],
-                r->seconds);
+    vbuf_printf(&b,
+                "<testsuites name=\"dgvalidate\" tests=\"%d\" failures=\"%d\" errors=\"%d\" skipped=\"%d\" "
+                "time=\"%.3f\">\n",
+                r->n + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_FAIL],
+                n[DG_VERDICT_ERROR] + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_SKIP], r->seconds);
+    vbuf_printf(&b,
+                "  <testsuite name=\"dgvalidate\" tests=\"%d\" failures=\"%d\" errors=\"%d\" skipped=\"%d\" "
+                "time=\"%.3f\" timestamp=\"",
+                r->n + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_FAIL],
+                n[DG_VERDICT_ERROR] + (r->aborted_exit ? 1 : 0), n[DG_VERDICT_SKIP], r->seconds);
     xml_str(&b, r->started);
     vbuf_printf(&b, "\">\n    <properties>\n");
     const char *pk[] = {"sla", "run_dir", "hosts", "version"};
@@ -279,7 +312,8 @@ dg_status_t dg_vreport_write_junit(const dg_vreport_t *r, const char *path) {
         vbuf_printf(&b, "</system-out>\n    </testcase>\n");
     }
     if (r->aborted_exit) {
-        vbuf_printf(&b, "    <testcase classname=\"dgvalidate.suite\" name=\"suite\" time=\"0\">\n      <error message=\"");
+        vbuf_printf(&b, "    <testcase classname=\"dgvalidate.suite\" name=\"suite\" time=\"0\">\n      "
+                        "<error message=\"");
         xml_str(&b, r->aborted_msg);
         vbuf_printf(&b, "\" type=\"aborted\"/>\n    </testcase>\n");
     }

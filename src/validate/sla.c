@@ -58,7 +58,8 @@ const dg_validate_metric_t *dg_validate_metrics(void) {
                     g_metrics[k].doc = "nccl-tests bus bandwidth at the largest size of the sweep";
                     k++;
                 }
-        for (size_t i = 0; i < sizeof k_fixed_metrics / sizeof *k_fixed_metrics; i++) g_metrics[k++] = k_fixed_metrics[i];
+        for (size_t i = 0; i < sizeof k_fixed_metrics / sizeof *k_fixed_metrics; i++)
+            g_metrics[k++] = k_fixed_metrics[i];
         g_metrics[k].name = NULL;
         built = 1;
     }
@@ -80,16 +81,26 @@ typedef struct {
 } unit_t;
 
 static const unit_t k_units[] = {
-    {"B/s", 1, DG_DIM_BANDWIDTH},         {"KB/s", 1e3, DG_DIM_BANDWIDTH},
-    {"MB/s", 1e6, DG_DIM_BANDWIDTH},      {"GB/s", 1e9, DG_DIM_BANDWIDTH},
-    {"TB/s", 1e12, DG_DIM_BANDWIDTH},     {"KiB/s", 1024.0, DG_DIM_BANDWIDTH},
-    {"MiB/s", 1048576.0, DG_DIM_BANDWIDTH}, {"GiB/s", 1073741824.0, DG_DIM_BANDWIDTH},
-    {"TiB/s", 1099511627776.0, DG_DIM_BANDWIDTH}, {"Gbit/s", 1e9 / 8, DG_DIM_BANDWIDTH},
-    {"FLOP/s", 1, DG_DIM_FLOPS},          {"KFLOP/s", 1e3, DG_DIM_FLOPS},
-    {"MFLOP/s", 1e6, DG_DIM_FLOPS},       {"GFLOP/s", 1e9, DG_DIM_FLOPS},
-    {"TFLOP/s", 1e12, DG_DIM_FLOPS},      {"PFLOP/s", 1e15, DG_DIM_FLOPS},
-    {"s", 1, DG_DIM_TIME},                {"ms", 1e-3, DG_DIM_TIME},
-    {"us", 1e-6, DG_DIM_TIME},            {"ns", 1e-9, DG_DIM_TIME},
+    {"B/s", 1, DG_DIM_BANDWIDTH},
+    {"KB/s", 1e3, DG_DIM_BANDWIDTH},
+    {"MB/s", 1e6, DG_DIM_BANDWIDTH},
+    {"GB/s", 1e9, DG_DIM_BANDWIDTH},
+    {"TB/s", 1e12, DG_DIM_BANDWIDTH},
+    {"KiB/s", 1024.0, DG_DIM_BANDWIDTH},
+    {"MiB/s", 1048576.0, DG_DIM_BANDWIDTH},
+    {"GiB/s", 1073741824.0, DG_DIM_BANDWIDTH},
+    {"TiB/s", 1099511627776.0, DG_DIM_BANDWIDTH},
+    {"Gbit/s", 1e9 / 8, DG_DIM_BANDWIDTH},
+    {"FLOP/s", 1, DG_DIM_FLOPS},
+    {"KFLOP/s", 1e3, DG_DIM_FLOPS},
+    {"MFLOP/s", 1e6, DG_DIM_FLOPS},
+    {"GFLOP/s", 1e9, DG_DIM_FLOPS},
+    {"TFLOP/s", 1e12, DG_DIM_FLOPS},
+    {"PFLOP/s", 1e15, DG_DIM_FLOPS},
+    {"s", 1, DG_DIM_TIME},
+    {"ms", 1e-3, DG_DIM_TIME},
+    {"us", 1e-6, DG_DIM_TIME},
+    {"ns", 1e-9, DG_DIM_TIME},
 };
 
 double dg_validate_unit_factor(const char *unit, dg_dim_t *dim) {
@@ -103,9 +114,12 @@ double dg_validate_unit_factor(const char *unit, dg_dim_t *dim) {
 
 static const char *dim_units(dg_dim_t d) {
     switch (d) {
-    case DG_DIM_BANDWIDTH: return "B/s, KB/s, MB/s, GB/s, TB/s, KiB/s .. TiB/s, Gbit/s";
-    case DG_DIM_FLOPS: return "FLOP/s, KFLOP/s, MFLOP/s, GFLOP/s, TFLOP/s, PFLOP/s";
-    case DG_DIM_TIME: return "s, ms, us, ns";
+    case DG_DIM_BANDWIDTH:
+        return "B/s, KB/s, MB/s, GB/s, TB/s, KiB/s .. TiB/s, Gbit/s";
+    case DG_DIM_FLOPS:
+        return "FLOP/s, KFLOP/s, MFLOP/s, GFLOP/s, TFLOP/s, PFLOP/s";
+    case DG_DIM_TIME:
+        return "s, ms, us, ns";
     }
     return "?";
 }
@@ -165,9 +179,20 @@ void dg_sla_count_format(const dg_sla_count_t *c, char *buf, size_t cap) {
 
 /* ---------------------------------------------------------------- the SLA object */
 
-enum { NK_MATCH, NK_GPUS, NK_GPU_MODEL, NK_NUMA, NK_CORES, NK_NICS, NK_IB_NICS, NK_RANKS_PER_GPU, NK_BIND, NK_N };
-static const char *const k_node_keys[NK_N] = {"match",  "gpus",    "gpu_model",     "numa_nodes",   "cores",
-                                               "nics",   "ib_nics", "ranks_per_gpu", "bind_near_gpu"};
+enum {
+    NK_MATCH,
+    NK_GPUS,
+    NK_GPU_MODEL,
+    NK_NUMA,
+    NK_CORES,
+    NK_NICS,
+    NK_IB_NICS,
+    NK_RANKS_PER_GPU,
+    NK_BIND,
+    NK_N
+};
+static const char *const k_node_keys[NK_N] = {"match", "gpus",    "gpu_model",     "numa_nodes",   "cores",
+                                              "nics",  "ib_nics", "ranks_per_gpu", "bind_near_gpu"};
 
 typedef struct {
     char name[64];
@@ -211,7 +236,8 @@ static void settings_defaults(dg_sla_settings_t *s) {
     snprintf(s->comm_backends, sizeof s->comm_backends, "auto");
     const long long sizes[] = {8, 1024, 65536, 1 << 20, 16 << 20, 128 << 20};
     s->n_comm_sizes = 6;
-    for (int i = 0; i < 6; i++) s->comm_sizes[i] = sizes[i];
+    for (int i = 0; i < 6; i++)
+        s->comm_sizes[i] = sizes[i];
     s->comm_iters = 20;
     s->comm_warmup = 5;
     s->comm_timeout_s = 300;
@@ -280,9 +306,11 @@ const dg_sla_ref_t *dg_sla_ref(const dg_sla_t *s, int type, const char *metric) 
 /* ---------------------------------------------------------------- value parsers */
 
 static char *trim(char *s) {
-    while (isspace((unsigned char)*s)) s++;
+    while (isspace((unsigned char)*s))
+        s++;
     size_t n = strlen(s);
-    while (n && isspace((unsigned char)s[n - 1])) s[--n] = 0;
+    while (n && isspace((unsigned char)s[n - 1]))
+        s[--n] = 0;
     return s;
 }
 
@@ -319,7 +347,8 @@ static int parse_count(const char *v, dg_sla_count_t *c) {
     if (v[0] == '>' && v[1] == '=') {
         c->at_least = 1;
         v += 2;
-        while (isspace((unsigned char)*v)) v++;
+        while (isspace((unsigned char)*v))
+            v++;
     }
     return parse_int(v, 0, 1 << 20, &c->n);
 }
@@ -332,10 +361,17 @@ static int parse_size(const char *v, long long *out) {
     if (end == v || errno || !(d > 0)) return -1;
     double mul = 1;
     switch (toupper((unsigned char)*end)) {
-    case 'K': mul = 1024.0, end++; break;
-    case 'M': mul = 1048576.0, end++; break;
-    case 'G': mul = 1073741824.0, end++; break;
-    default: break;
+    case 'K':
+        mul = 1024.0, end++;
+        break;
+    case 'M':
+        mul = 1048576.0, end++;
+        break;
+    case 'G':
+        mul = 1073741824.0, end++;
+        break;
+    default:
+        break;
     }
     if (toupper((unsigned char)*end) == 'B') end++;
     if (*trim(end)) return -1;
@@ -362,8 +398,10 @@ static int edit_distance(const char *a, const char *b) {
     size_t n = strlen(a), m = strlen(b);
     if (n > 63 || m > 63) return 99;
     int d[64][64];
-    for (size_t i = 0; i <= n; i++) d[i][0] = (int)i;
-    for (size_t j = 0; j <= m; j++) d[0][j] = (int)j;
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = (int)j;
     for (size_t i = 1; i <= n; i++)
         for (size_t j = 1; j <= m; j++) {
             int v = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
@@ -374,7 +412,8 @@ static int edit_distance(const char *a, const char *b) {
     return d[n][m];
 }
 
-static void suggest(const char *word, const char *const *cands, int n, const char *prefix, char *buf, size_t cap) {
+static void suggest(const char *word, const char *const *cands, int n, const char *prefix, char *buf,
+                    size_t cap) {
     int best = -1, bd = 99;
     for (int i = 0; i < n; i++) {
         int d = edit_distance(word, cands[i]);
@@ -390,7 +429,17 @@ static void suggest(const char *word, const char *const *cands, int n, const cha
 
 /* ---------------------------------------------------------------- [validate] settings */
 
-typedef enum { ST_STR, ST_INT, ST_POS_INT, ST_FRAC, ST_POS_DBL, ST_NONNEG_DBL, ST_SIZES, ST_CHECKS, ST_BACKENDS } st_kind_t;
+typedef enum {
+    ST_STR,
+    ST_INT,
+    ST_POS_INT,
+    ST_FRAC,
+    ST_POS_DBL,
+    ST_NONNEG_DBL,
+    ST_SIZES,
+    ST_CHECKS,
+    ST_BACKENDS
+} st_kind_t;
 
 typedef struct {
     const char *key;
@@ -439,7 +488,8 @@ static dg_status_t set_setting(dg_sla_t *s, const char *where, const char *key, 
         if (strcmp(k_settings[i].key, key) == 0) break;
     if (i == N_SETTINGS) {
         const char *names[N_SETTINGS];
-        for (int j = 0; j < N_SETTINGS; j++) names[j] = k_settings[j].key;
+        for (int j = 0; j < N_SETTINGS; j++)
+            names[j] = k_settings[j].key;
         char sg[128];
         suggest(key, names, N_SETTINGS, "validate.", sg, sizeof sg);
         return DG_ERR(DG_ERR_USAGE, "%s: unknown key validate.%s%s", where, key, sg);
@@ -449,7 +499,8 @@ static dg_status_t set_setting(dg_sla_t *s, const char *where, const char *key, 
     switch (st->kind) {
     case ST_STR:
         if (strlen(v) >= st->cap)
-            return DG_ERR(DG_ERR_USAGE, "%s: validate.%s: value longer than %zu characters", where, key, st->cap - 1);
+            return DG_ERR(DG_ERR_USAGE, "%s: validate.%s: value longer than %zu characters", where, key,
+                          st->cap - 1);
         snprintf(p, st->cap, "%s", v);
         return DG_OK;
     case ST_INT:
@@ -463,7 +514,8 @@ static dg_status_t set_setting(dg_sla_t *s, const char *where, const char *key, 
     case ST_FRAC: {
         double d;
         if (parse_double(v, &d) || d <= 0 || d > 1)
-            return DG_ERR(DG_ERR_USAGE, "%s: validate.%s = '%s': expected a fraction in (0, 1]", where, key, v);
+            return DG_ERR(DG_ERR_USAGE, "%s: validate.%s = '%s': expected a fraction in (0, 1]", where, key,
+                          v);
         *(double *)p = d;
         return DG_OK;
     }
@@ -481,44 +533,48 @@ static dg_status_t set_setting(dg_sla_t *s, const char *where, const char *key, 
         char *items[40];
         int n = split_list(v, items, 40);
         if (n <= 0 || n > 32)
-            return DG_ERR(DG_ERR_USAGE, "%s: validate.%s: expected 1 to 32 comma-separated sizes (e.g. 8, 64K, 1M)",
-                          where, key);
+            return DG_ERR(DG_ERR_USAGE,
+                          "%s: validate.%s: expected 1 to 32 comma-separated sizes (e.g. 8, 64K, 1M)", where,
+                          key);
         for (int k = 0; k < n; k++) {
             long long b;
             if (parse_size(items[k], &b))
-                return DG_ERR(DG_ERR_USAGE,
-                              "%s: validate.%s: '%s' is not a size: expected bytes with an optional K, M or G "
-                              "(binary), 1 byte to 64G",
-                              where, key, items[k]);
+                return DG_ERR(
+                    DG_ERR_USAGE,
+                    "%s: validate.%s: '%s' is not a size: expected bytes with an optional K, M or G "
+                    "(binary), 1 byte to 64G",
+                    where, key, items[k]);
             if (k && b <= s->set.comm_sizes[k - 1])
-                return DG_ERR(DG_ERR_USAGE, "%s: validate.%s: sizes must increase ('%s' after %lld bytes)", where,
-                              key, items[k], s->set.comm_sizes[k - 1]);
+                return DG_ERR(DG_ERR_USAGE, "%s: validate.%s: sizes must increase ('%s' after %lld bytes)",
+                              where, key, items[k], s->set.comm_sizes[k - 1]);
             s->set.comm_sizes[k] = b;
         }
         s->set.n_comm_sizes = n;
         return DG_OK;
     }
     case ST_CHECKS: {
-        if (strlen(v) >= st->cap)
-            return DG_ERR(DG_ERR_USAGE, "%s: validate.%s: value too long", where, key);
+        if (strlen(v) >= st->cap) return DG_ERR(DG_ERR_USAGE, "%s: validate.%s: value too long", where, key);
         char copy[512];
         snprintf(copy, sizeof copy, "%s", v);
         char *items[64];
         int n = split_list(copy, items, 64);
-        if (n <= 0) return DG_ERR(DG_ERR_USAGE, "%s: validate.%s: expected 'all' or a list of checks", where, key);
+        if (n <= 0)
+            return DG_ERR(DG_ERR_USAGE, "%s: validate.%s: expected 'all' or a list of checks", where, key);
         for (int k = 0; k < n; k++) {
             if (strcmp(items[k], "all") == 0) continue;
             char grp[64];
             snprintf(grp, sizeof grp, "%.*s", (int)strcspn(items[k], "."), items[k]);
             int ok = 0;
-            for (int g = 0; g < 6; g++) ok |= strcmp(grp, k_groups[g]) == 0;
+            for (int g = 0; g < 6; g++)
+                ok |= strcmp(grp, k_groups[g]) == 0;
             if (!ok) {
                 char sg[128];
                 suggest(grp, k_groups, 6, "", sg, sizeof sg);
-                return DG_ERR(DG_ERR_USAGE,
-                              "%s: validate.%s: unknown check '%s': expected 'all' or names starting with topology, "
-                              "comm, compute, storage, train or health%s",
-                              where, key, items[k], sg);
+                return DG_ERR(
+                    DG_ERR_USAGE,
+                    "%s: validate.%s: unknown check '%s': expected 'all' or names starting with topology, "
+                    "comm, compute, storage, train or health%s",
+                    where, key, items[k], sg);
             }
         }
         snprintf(p, st->cap, "%s", v);
@@ -531,9 +587,12 @@ static dg_status_t set_setting(dg_sla_t *s, const char *where, const char *key, 
         int n = split_list(copy, items, 4);
         int ok = n > 0;
         for (int k = 0; k < n && ok; k++)
-            ok = strcmp(items[k], "auto") == 0 ? n == 1 : (strcmp(items[k], "mpi") == 0 || strcmp(items[k], "nccl") == 0);
+            ok = strcmp(items[k], "auto") == 0
+                     ? n == 1
+                     : (strcmp(items[k], "mpi") == 0 || strcmp(items[k], "nccl") == 0);
         if (!ok || strlen(v) >= st->cap)
-            return DG_ERR(DG_ERR_USAGE, "%s: validate.%s = '%s': expected auto, mpi, nccl or mpi,nccl", where, key, v);
+            return DG_ERR(DG_ERR_USAGE, "%s: validate.%s = '%s': expected auto, mpi, nccl or mpi,nccl", where,
+                          key, v);
         snprintf(p, st->cap, "%s", v);
         return DG_OK;
     }
@@ -549,10 +608,11 @@ static dg_status_t parse_ref(const char *where, const char *key, char *v, dg_sla
     char *f[8];
     int n = split_list(copy, f, 8);
     if (n != 4)
-        return DG_ERR(DG_ERR_USAGE,
-                      "%s: %s = '%s': expected 'target, lower, upper, unit' (e.g. '10, -0.2, none, GB/s'), got %d "
-                      "field(s)",
-                      where, key, v, n < 0 ? 9 : n);
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "%s: %s = '%s': expected 'target, lower, upper, unit' (e.g. '10, -0.2, none, GB/s'), got %d "
+            "field(s)",
+            where, key, v, n < 0 ? 9 : n);
     memset(r, 0, sizeof *r);
     if (parse_double(f[0], &r->target) || r->target <= 0)
         return DG_ERR(DG_ERR_USAGE, "%s: %s: target '%s' must be a number > 0", where, key, f[0]);
@@ -565,15 +625,18 @@ static dg_status_t parse_ref(const char *where, const char *key, char *v, dg_sla
             continue;
         }
         if (parse_double(t, val))
-            return DG_ERR(DG_ERR_USAGE, "%s: %s: %s threshold '%s' must be a fraction of the target or 'none'", where,
-                          key, b ? "upper" : "lower", t);
-        if (b == 0 && (*val > 0 || *val < -1))
             return DG_ERR(DG_ERR_USAGE,
-                          "%s: %s: lower threshold %s must be in [-1, 0] (a fraction below the target, e.g. -0.2)",
-                          where, key, t);
+                          "%s: %s: %s threshold '%s' must be a fraction of the target or 'none'", where, key,
+                          b ? "upper" : "lower", t);
+        if (b == 0 && (*val > 0 || *val < -1))
+            return DG_ERR(
+                DG_ERR_USAGE,
+                "%s: %s: lower threshold %s must be in [-1, 0] (a fraction below the target, e.g. -0.2)",
+                where, key, t);
         if (b == 1 && *val < 0)
-            return DG_ERR(DG_ERR_USAGE, "%s: %s: upper threshold %s must be >= 0 (a fraction above the target)",
-                          where, key, t);
+            return DG_ERR(DG_ERR_USAGE,
+                          "%s: %s: upper threshold %s must be >= 0 (a fraction above the target)", where, key,
+                          t);
         *has = 1;
     }
     if (strlen(f[3]) >= sizeof r->unit)
@@ -596,17 +659,19 @@ static dg_status_t set_node_key(dg_sla_t *s, int t, const char *where, int line,
         if (!m) {
             const char *names[64];
             int n = 0;
-            for (const dg_validate_metric_t *mm = dg_validate_metrics(); mm->name && n < 64; mm++) names[n++] = mm->name;
+            for (const dg_validate_metric_t *mm = dg_validate_metrics(); mm->name && n < 64; mm++)
+                names[n++] = mm->name;
             char sg[160];
             suggest(metric, names, n, "ref.", sg, sizeof sg);
-            return DG_ERR(DG_ERR_USAGE, "%s: unknown metric '%s'%s (docs/validation.md lists the metrics)", where, key,
-                          sg);
+            return DG_ERR(DG_ERR_USAGE, "%s: unknown metric '%s'%s (docs/validation.md lists the metrics)",
+                          where, key, sg);
         }
         for (int i = 0; i < s->n_refs; i++)
             if (s->refs[i].type == t && strcmp(s->refs[i].metric, metric) == 0)
-                return DG_ERR(DG_ERR_USAGE, "%s: duplicate key %s in [node:%s] (first set at line %d)", where, key,
-                              nt->name, s->refs[i].line);
-        if (s->n_refs == SLA_MAX_REFS) return DG_ERR(DG_ERR_USAGE, "%s: more than %d references", where, SLA_MAX_REFS);
+                return DG_ERR(DG_ERR_USAGE, "%s: duplicate key %s in [node:%s] (first set at line %d)", where,
+                              key, nt->name, s->refs[i].line);
+        if (s->n_refs == SLA_MAX_REFS)
+            return DG_ERR(DG_ERR_USAGE, "%s: more than %d references", where, SLA_MAX_REFS);
         ref_entry_t *e = &s->refs[s->n_refs];
         DG_TRY(parse_ref(where, key, v, &e->ref, m->dim));
         e->type = t;
@@ -623,28 +688,31 @@ static dg_status_t set_node_key(dg_sla_t *s, int t, const char *where, int line,
     if (k == NK_N) {
         char sg[128];
         suggest(key, k_node_keys, NK_N, "", sg, sizeof sg);
-        return DG_ERR(DG_ERR_USAGE, "%s: unknown key '%s' in [node:%s]%s (expected %s, or ref.<metric>)", where, key,
-                      nt->name, sg,
-                      "match, gpus, gpu_model, numa_nodes, cores, nics, ib_nics, ranks_per_gpu, bind_near_gpu");
+        return DG_ERR(
+            DG_ERR_USAGE, "%s: unknown key '%s' in [node:%s]%s (expected %s, or ref.<metric>)", where, key,
+            nt->name, sg,
+            "match, gpus, gpu_model, numa_nodes, cores, nics, ib_nics, ranks_per_gpu, bind_near_gpu");
     }
     if (nt->set[k])
-        return DG_ERR(DG_ERR_USAGE, "%s: duplicate key %s in [node:%s] (first set at line %d)", where, key, nt->name,
-                      nt->set[k]);
+        return DG_ERR(DG_ERR_USAGE, "%s: duplicate key %s in [node:%s] (first set at line %d)", where, key,
+                      nt->name, nt->set[k]);
     nt->set[k] = line;
     dg_sla_node_t *n = &nt->node;
     dg_sla_count_t *cnt = NULL;
     switch (k) {
     case NK_MATCH: {
         if (t == 0)
-            return DG_ERR(DG_ERR_USAGE, "%s: [node:*] matches every host not matched by another type; 'match' is only "
-                                        "for named types",
+            return DG_ERR(DG_ERR_USAGE,
+                          "%s: [node:*] matches every host not matched by another type; 'match' is only "
+                          "for named types",
                           where);
         char copy[1024];
         snprintf(copy, sizeof copy, "%s", v);
         char *items[SLA_MAX_MATCH + 1];
         int m = split_list(copy, items, SLA_MAX_MATCH);
         if (m <= 0)
-            return DG_ERR(DG_ERR_USAGE, "%s: match: expected 1 to %d comma-separated host globs (e.g. gpu-h200-*)", where,
+            return DG_ERR(DG_ERR_USAGE,
+                          "%s: match: expected 1 to %d comma-separated host globs (e.g. gpu-h200-*)", where,
                           SLA_MAX_MATCH);
         for (int j = 0; j < m; j++) {
             if (!*items[j] || strlen(items[j]) >= sizeof nt->match[0])
@@ -654,14 +722,25 @@ static dg_status_t set_node_key(dg_sla_t *s, int t, const char *where, int line,
         nt->n_match = m;
         return DG_OK;
     }
-    case NK_GPUS: cnt = &n->gpus; break;
-    case NK_NUMA: cnt = &n->numa_nodes; break;
-    case NK_CORES: cnt = &n->cores; break;
-    case NK_NICS: cnt = &n->nics; break;
-    case NK_IB_NICS: cnt = &n->ib_nics; break;
+    case NK_GPUS:
+        cnt = &n->gpus;
+        break;
+    case NK_NUMA:
+        cnt = &n->numa_nodes;
+        break;
+    case NK_CORES:
+        cnt = &n->cores;
+        break;
+    case NK_NICS:
+        cnt = &n->nics;
+        break;
+    case NK_IB_NICS:
+        cnt = &n->ib_nics;
+        break;
     case NK_GPU_MODEL:
         if (!*v || strlen(v) >= sizeof n->gpu_model)
-            return DG_ERR(DG_ERR_USAGE, "%s: gpu_model: expected a glob on the GPU name (e.g. '*H200*') or 'any'", where);
+            return DG_ERR(DG_ERR_USAGE,
+                          "%s: gpu_model: expected a glob on the GPU name (e.g. '*H200*') or 'any'", where);
         snprintf(n->gpu_model, sizeof n->gpu_model, "%s", strcasecmp(v, "any") == 0 ? "*" : v);
         return DG_OK;
     case NK_RANKS_PER_GPU:
@@ -705,11 +784,14 @@ static dg_status_t open_section(parse_t *p, const char *where, char *sec) {
     if (strncmp(sec, "node:", 5) == 0) {
         char *name = trim(sec + 5);
         if (!*name || strlen(name) >= sizeof s->types[0].name)
-            return DG_ERR(DG_ERR_USAGE, "%s: [node:%s]: expected a node type name of 1 to 63 characters", where, name);
+            return DG_ERR(DG_ERR_USAGE, "%s: [node:%s]: expected a node type name of 1 to 63 characters",
+                          where, name);
         for (const char *c = name; *c; c++)
-            if (!(isalnum((unsigned char)*c) || *c == '-' || *c == '_' || *c == '.' || (*c == '*' && !c[1] && c == name)))
-                return DG_ERR(DG_ERR_USAGE, "%s: [node:%s]: node type names use letters, digits, '-', '_' and '.'",
-                              where, name);
+            if (!(isalnum((unsigned char)*c) || *c == '-' || *c == '_' || *c == '.' ||
+                  (*c == '*' && !c[1] && c == name)))
+                return DG_ERR(DG_ERR_USAGE,
+                              "%s: [node:%s]: node type names use letters, digits, '-', '_' and '.'", where,
+                              name);
         for (int t = 0; t < s->n_types; t++)
             if (strcmp(s->types[t].name, name) == 0) {
                 if (t == 0 && s->types[0].header_line == 0) { /* first explicit [node:*] */
@@ -732,7 +814,8 @@ static dg_status_t open_section(parse_t *p, const char *where, char *sec) {
     static const char *const secs[] = {"validate", "node:"};
     char sg[128];
     suggest(sec, secs, 2, "", sg, sizeof sg);
-    return DG_ERR(DG_ERR_USAGE, "%s: unknown section [%s]: expected [validate] or [node:TYPE]%s", where, sec, sg);
+    return DG_ERR(DG_ERR_USAGE, "%s: unknown section [%s]: expected [validate] or [node:TYPE]%s", where, sec,
+                  sg);
 }
 
 static char *reader(char *str, int num, void *stream) {
@@ -743,8 +826,10 @@ static char *reader(char *str, int num, void *stream) {
     size_t n = nl ? (size_t)(nl - line) : p->len - p->pos;
     p->pos += n + (nl ? 1 : 0);
     p->lineno++;
-    while (n && (*line == ' ' || *line == '\t')) line++, n--;
-    while (n && (line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t')) n--;
+    while (n && (*line == ' ' || *line == '\t'))
+        line++, n--;
+    while (n && (line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t'))
+        n--;
     char where[1200];
     snprintf(where, sizeof where, "%s:%d", p->s->name, p->lineno);
     if (n + 2 > (size_t)num) {
@@ -758,7 +843,8 @@ static char *reader(char *str, int num, void *stream) {
     if (n && line[0] == '[') {
         const char *close = memchr(line, ']', n);
         if (!close) {
-            fail(p, DG_ERR(DG_ERR_USAGE, "%s: malformed section header: expected '[validate]' or '[node:TYPE]'", where));
+            fail(p, DG_ERR(DG_ERR_USAGE,
+                           "%s: malformed section header: expected '[validate]' or '[node:TYPE]'", where));
             return NULL;
         }
         char sec[256];
@@ -794,8 +880,9 @@ static int on_key(void *user, const char *section, const char *name, const char 
         v++;
     }
     if (!*section || !p->in_section) {
-        fail(p, DG_ERR(DG_ERR_USAGE, "%s: key '%s' is outside any section; expected [validate] or [node:TYPE] first",
-                       where, k));
+        fail(p, DG_ERR(DG_ERR_USAGE,
+                       "%s: key '%s' is outside any section; expected [validate] or [node:TYPE] first", where,
+                       k));
         return 0;
     }
     if (!*k) {
@@ -836,7 +923,8 @@ dg_status_t dg_sla_parse(const char *name, const char *text, size_t len, dg_sla_
     const char *nul = memchr(text, 0, len);
     if (nul) {
         int line = 1;
-        for (const char *c = text; c < nul; c++) line += *c == '\n';
+        for (const char *c = text; c < nul; c++)
+            line += *c == '\n';
         free(s);
         return DG_ERR(DG_ERR_USAGE, "%s:%d: contains a NUL byte: expected a text (INI) file", name, line);
     }
@@ -858,8 +946,9 @@ dg_status_t dg_sla_parse(const char *name, const char *text, size_t len, dg_sla_
     for (int t = 1; t < s->n_types; t++) {
         node_type_t *nt = &s->types[t];
         if (nt->n_match == 0) {
-            dg_status_t e = DG_ERR(DG_ERR_USAGE, "%s:%d: [node:%s] has no 'match' (host globs, e.g. match = gpu-*)",
-                                   name, nt->header_line, nt->name);
+            dg_status_t e =
+                DG_ERR(DG_ERR_USAGE, "%s:%d: [node:%s] has no 'match' (host globs, e.g. match = gpu-*)", name,
+                       nt->header_line, nt->name);
             free(s);
             return e;
         }

@@ -25,7 +25,8 @@ void vbuf_printf(vbuf_t *b, const char *fmt, ...) {
     DG_ASSERT(need >= 0);
     if (b->n + (size_t)need + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + (size_t)need + 1) cap *= 2;
+        while (cap < b->n + (size_t)need + 1)
+            cap *= 2;
         char *s = realloc(b->s, cap);
         DG_ASSERT(s != NULL);
         b->s = s;
@@ -40,11 +41,21 @@ void vbuf_json_str(vbuf_t *b, const char *s) {
     vbuf_printf(b, "\"");
     for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
         switch (*p) {
-        case '"': vbuf_printf(b, "\\\""); break;
-        case '\\': vbuf_printf(b, "\\\\"); break;
-        case '\n': vbuf_printf(b, "\\n"); break;
-        case '\r': vbuf_printf(b, "\\r"); break;
-        case '\t': vbuf_printf(b, "\\t"); break;
+        case '"':
+            vbuf_printf(b, "\\\"");
+            break;
+        case '\\':
+            vbuf_printf(b, "\\\\");
+            break;
+        case '\n':
+            vbuf_printf(b, "\\n");
+            break;
+        case '\r':
+            vbuf_printf(b, "\\r");
+            break;
+        case '\t':
+            vbuf_printf(b, "\\t");
+            break;
         default:
             /* other control characters are dropped, as in the JUnit file (XML 1.0 cannot carry them),
              * so both reports say the same thing */
@@ -111,9 +122,11 @@ static int selected(const vctx_t *c, const char *name, int leaf) {
     snprintf(copy, sizeof copy, "%s", c->checks);
     char *save = NULL;
     for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        while (*t == ' ') t++;
+        while (*t == ' ')
+            t++;
         size_t n = strlen(t);
-        while (n && t[n - 1] == ' ') t[--n] = 0;
+        while (n && t[n - 1] == ' ')
+            t[--n] = 0;
         if (strcmp(t, "all") == 0 || prefix_matches(t, name, leaf)) return 1;
     }
     return 0;
@@ -202,6 +215,15 @@ void vc_fmt_nodes(const vctx_t *c, const int *nodes, int n, char *buf, size_t ca
         o += (size_t)w;
     }
     if (n > show) snprintf(buf + o, cap - o, " and %d more node%s", n - show, n - show == 1 ? "" : "s");
+}
+
+void vc_fmt_all_nodes(const vctx_t *c, char *buf, size_t cap) {
+    int n = c->b->n_nodes;
+    int *ids = dg_xmalloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++)
+        ids[i] = i;
+    vc_fmt_nodes(c, ids, n, buf, cap);
+    free(ids);
 }
 
 /* ---------------------------------------------------------------- agreement */
@@ -293,6 +315,7 @@ void vc_fmt_value(char *buf, size_t cap, double v, dg_dim_t dim) {
     }
     const char **u = dim == DG_DIM_FLOPS ? fl : bw;
     int nu = dim == DG_DIM_FLOPS ? 6 : 5, k = 0;
-    while (k + 1 < nu && fabs(v) >= 1000) v /= 1000, k++;
+    while (k + 1 < nu && fabs(v) >= 1000)
+        v /= 1000, k++;
     snprintf(buf, cap, "%.3g %s", v, u[k]);
 }

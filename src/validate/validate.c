@@ -67,11 +67,13 @@ static dg_status_t setup_ctx(vctx_t *c) {
     c->rank = b->world_rank;
     c->size = b->world_size;
     c->type_of_rank = dg_xcalloc((size_t)c->size, sizeof(int));
-    for (int r = 0; r < c->size; r++) c->type_of_rank[r] = dg_sla_node_type(c->sla, b->hosts[r]);
+    for (int r = 0; r < c->size; r++)
+        c->type_of_rank[r] = dg_sla_node_type(c->sla, b->hosts[r]);
     c->leader_of_node = dg_xcalloc((size_t)b->n_nodes, sizeof(int));
     for (int r = 0; r < c->size; r++)
         if (b->local_ranks[r] == 0) c->leader_of_node[b->node_ids[r]] = r;
-    DG_MPI_CHECK(MPI_Comm_split(b->world, b->local_rank == 0 ? 0 : MPI_UNDEFINED, b->world_rank, &c->leaders));
+    DG_MPI_CHECK(
+        MPI_Comm_split(b->world, b->local_rank == 0 ? 0 : MPI_UNDEFINED, b->world_rank, &c->leaders));
     if (c->leaders != MPI_COMM_NULL) DG_MPI_CHECK(MPI_Comm_set_errhandler(c->leaders, MPI_ERRORS_RETURN));
     return DG_OK;
 }
@@ -129,7 +131,8 @@ int dg_validate_run(dg_boot_t *b, const dg_validate_opts_t *o) {
 
     /* ---- the SLA file and overrides (bad input: exit 1) ---- */
     dg_status_t s = DG_OK;
-    if (!o->sla_path || !*o->sla_path) s = DG_ERR(DG_ERR_USAGE, "no SLA file given (usage: dgvalidate SLA.ini)");
+    if (!o->sla_path || !*o->sla_path)
+        s = DG_ERR(DG_ERR_USAGE, "no SLA file given (usage: dgvalidate SLA.ini)");
     if (s == DG_OK) s = load_sla(b, o->sla_path, &c->sla);
     const char **cfg_sets = dg_xcalloc((size_t)o->nsets + 2, sizeof *cfg_sets);
     int n_cfg_sets = 0;
@@ -166,8 +169,8 @@ int dg_validate_run(dg_boot_t *b, const dg_validate_opts_t *o) {
     /* a relative train_config is relative to the SLA file, which usually sits beside it */
     if (c->set->train_config[0] && c->set->train_config[0] != '/' && strchr(o->sla_path, '/')) {
         char kv[2300];
-        snprintf(kv, sizeof kv, "validate.train_config=%.*s/%.1000s", (int)(strrchr(o->sla_path, '/') - o->sla_path),
-                 o->sla_path, c->set->train_config);
+        snprintf(kv, sizeof kv, "validate.train_config=%.*s/%.1000s",
+                 (int)(strrchr(o->sla_path, '/') - o->sla_path), o->sla_path, c->set->train_config);
         if (dg_sla_set(c->sla, kv) != DG_OK) {
             print_error(b, DG_ERR_USAGE);
             code = DG_ERR_USAGE;
@@ -247,9 +250,10 @@ int dg_validate_run(dg_boot_t *b, const dg_validate_opts_t *o) {
         for (int n = 0; n < b->n_nodes; n++) {
             int lead = c->leader_of_node[n];
             int ranks = 0;
-            for (int r = 0; r < c->size; r++) ranks += b->node_ids[r] == n;
-            printf("  node %d: %s, %d rank%s, node type '%s'\n", n, b->hosts[lead], ranks, ranks == 1 ? "" : "s",
-                   dg_sla_type_name(c->sla, c->type_of_rank[lead]));
+            for (int r = 0; r < c->size; r++)
+                ranks += b->node_ids[r] == n;
+            printf("  node %d: %s, %d rank%s, node type '%s'\n", n, b->hosts[lead], ranks,
+                   ranks == 1 ? "" : "s", dg_sla_type_name(c->sla, c->type_of_rank[lead]));
         }
         printf("  checks: %s\n\n", c->checks);
         fflush(stdout);

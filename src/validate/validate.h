@@ -52,8 +52,8 @@ typedef struct dg_sla_ref {
     int has_lower, has_upper;
     char unit[16];
     dg_dim_t dim;
-    double factor;     /* unit -> canonical */
-    char source[96];   /* "FILE:LINE" */
+    double factor;   /* unit -> canonical */
+    char source[96]; /* "FILE:LINE" */
     char node_type[64];
 } dg_sla_ref_t;
 
@@ -111,10 +111,10 @@ const dg_sla_node_t *dg_sla_node(const dg_sla_t *s, int type);
 
 /* Suite settings ([validate]). */
 typedef struct dg_sla_settings {
-    char checks[512];           /* "all" or comma-separated check-name prefixes */
-    double straggler_fraction;  /* a rank below this fraction of its node type's median is named */
-    char comm_backends[32];     /* auto | mpi | nccl | mpi,nccl */
-    long long comm_sizes[32];   /* bytes (nccl-tests "size") */
+    char checks[512];          /* "all" or comma-separated check-name prefixes */
+    double straggler_fraction; /* a rank below this fraction of its node type's median is named */
+    char comm_backends[32];    /* auto | mpi | nccl | mpi,nccl */
+    long long comm_sizes[32];  /* bytes (nccl-tests "size") */
     int n_comm_sizes;
     int comm_iters, comm_warmup;
     double comm_timeout_s;
@@ -141,7 +141,12 @@ dg_status_t dg_sla_set(dg_sla_t *s, const char *key_eq_value);
 
 /* ---------------------------------------------------------------- results and reports */
 
-typedef enum { DG_VERDICT_PASS = 0, DG_VERDICT_SKIP = 1, DG_VERDICT_FAIL = 2, DG_VERDICT_ERROR = 3 } dg_verdict_t;
+typedef enum {
+    DG_VERDICT_PASS = 0,
+    DG_VERDICT_SKIP = 1,
+    DG_VERDICT_FAIL = 2,
+    DG_VERDICT_ERROR = 3
+} dg_verdict_t;
 const char *dg_verdict_name(dg_verdict_t v); /* "PASS" ... */
 
 typedef struct dg_vcheck {
@@ -165,7 +170,7 @@ typedef struct dg_vreport {
     char sla[1024], run_dir[1024], started[32], hosts[4096];
     int world_size, n_nodes;
     double seconds;
-    int complete; /* 0 while the suite is still running (reports written between checks) */
+    int complete;     /* 0 while the suite is still running (reports written between checks) */
     int aborted_exit; /* nonzero: the suite stopped early with this exit code */
     char aborted_msg[1024];
 } dg_vreport_t;
@@ -194,10 +199,10 @@ dg_status_t dg_vreport_write_junit(const dg_vreport_t *r, const char *path);
 double dg_validate_bus_factor(const char *op, int n);
 
 typedef struct dg_validate_opts {
-    const char *sla_path;    /* the SLA file (required) */
-    const char *run_dir;     /* NULL or "": runs/validate-<UTC time> */
-    const char *checks;      /* NULL: the SLA's [validate] checks */
-    int nsets;               /* --set overrides: "validate.key=value" or dgtrain "section.key=value" */
+    const char *sla_path; /* the SLA file (required) */
+    const char *run_dir;  /* NULL or "": runs/validate-<UTC time> */
+    const char *checks;   /* NULL: the SLA's [validate] checks */
+    int nsets;            /* --set overrides: "validate.key=value" or dgtrain "section.key=value" */
     const char *const *sets;
     const char *topology_xml; /* NULL: config/topology from the dgtrain defaults */
 } dg_validate_opts_t;

@@ -18,6 +18,8 @@ extern "C" {
 int dg_vgpu_count(char *err, size_t cap);
 /* The CUDA device of a PCI bus id ("0000:07:00.0"), else `fallback` when it is a valid index; -1. */
 int dg_vgpu_device(const char *pci_busid, int fallback);
+/* The device's name as CUDA reports it ("NVIDIA H200"); "" when unavailable. */
+void dg_vgpu_name(int dev, char *buf, size_t cap);
 /* "cuda_driver=12040;cuda_runtime=13000;nccl=22703" (0 where unavailable). */
 void dg_vgpu_versions(char *buf, size_t cap);
 /* bf16 GEMM n x n x n through cuBLASLt (fp32 accumulation, bf16 output): one warm-up, then `reps` timed

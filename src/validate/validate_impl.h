@@ -19,13 +19,13 @@ typedef struct vctx {
     const dg_sla_settings_t *set;
     const dg_config_t *cfg; /* dgtrain config: topology source, binding, and the base of the training check */
     char run_dir[1024];
-    char checks[512];   /* the selection ("all" or a list of name prefixes) */
-    dg_vreport_t *rep;  /* rank 0: the report being built; NULL elsewhere */
+    char checks[512];  /* the selection ("all" or a list of name prefixes) */
+    dg_vreport_t *rep; /* rank 0: the report being built; NULL elsewhere */
     int rank, size;
-    int *type_of_rank;  /* [size] SLA node type of every world rank (by its host) */
+    int *type_of_rank;   /* [size] SLA node type of every world rank (by its host) */
     int *leader_of_node; /* [n_nodes] world rank of each node's local rank 0 */
-    MPI_Comm leaders;   /* the local-rank-0 ranks, one per node (MPI_COMM_NULL on the others) */
-    double timeout_s;   /* quiet waits give up (and abort the job, exit 3) after this long */
+    MPI_Comm leaders;    /* the local-rank-0 ranks, one per node (MPI_COMM_NULL on the others) */
+    double timeout_s;    /* quiet waits give up (and abort the job, exit 3) after this long */
 } vctx_t;
 
 /* ---- growable text buffer (JSON details, messages) ---- */
@@ -66,8 +66,10 @@ dg_status_t vc_agree(vctx_t *c, dg_status_t local, char *msg, size_t cap);
 
 /* "rank 3 (node2), rank 7 (node4)" for a list of world ranks (long lists shortened). */
 void vc_fmt_ranks(const vctx_t *c, const int *ranks, int n, char *buf, size_t cap);
-/* "node2 (node 1)" for nodes, by node id. */
+/* "node 1 (node2, ranks from 4)" for nodes, by node id. */
 void vc_fmt_nodes(const vctx_t *c, const int *nodes, int n, char *buf, size_t cap);
+/* Every node of the job, as vc_fmt_nodes (for checks whose result belongs to the whole allocation). */
+void vc_fmt_all_nodes(const vctx_t *c, char *buf, size_t cap);
 
 /* Gather `n` doubles from every world rank to rank 0 (all[size * n], rank-major; NULL on others). */
 dg_status_t vc_gather_doubles(vctx_t *c, const double *local, int n, double *all);

@@ -712,11 +712,13 @@ static int run_attn_rows(dg_dtype_t act, int small) {
         cmp_bits16(out_h[1], out_h[1], nout, act, &nan_o1);
         cmp_bits16(dq_h[1], dq_h[1], nqkv, act, &nan_d1);
         check(bad_o == 0 && bad_l == 0 && bad_d == 0,
-              "attn-rows [%s] B=%d T=%d C=%d NH=%d (head %d): 64 vs 128-row blocks differ in %zu of %zu out, %zu of "
+              "attn-rows [%s] B=%d T=%d C=%d NH=%d (head %d): 64 vs 128-row blocks differ in %zu of %zu out, "
+              "%zu of "
               "%zu lse, %zu of %zu dqkv values",
               dg_dtype_name(act), B, T, C, NH, C / NH, bad_o, nout, bad_l, nl, bad_d, nqkv);
         check(nan_o + nan_o1 + nan_d + nan_d1 + nan_l == 0,
-              "attn-rows [%s] B=%d T=%d C=%d NH=%d: unwritten or non-finite values: out %zu/%zu, dqkv %zu/%zu, lse %zu",
+              "attn-rows [%s] B=%d T=%d C=%d NH=%d: unwritten or non-finite values: out %zu/%zu, dqkv "
+              "%zu/%zu, lse %zu",
               dg_dtype_name(act), B, T, C, NH, nan_o, nan_o1, nan_d, nan_d1, nan_l);
         for (int k = 0; k < 2; k++) {
             free(out_h[k]);
@@ -772,10 +774,11 @@ static int run_attn_rows(dg_dtype_t act, int small) {
         }
         /* causal attention FLOPs: QK^T and PV over half the T x T matrix, forward; backward 2.5 x */
         const double fl = 4.0 * B * NH * (double)T * T * (C / NH) / 2;
-        printf("attn-rows timing [%s] B=%d T=%d C=%d NH=%d: 64-row blocks fwd %.4f ms (%.0f TFLOP/s) bwd %.4f ms "
+        printf("attn-rows timing [%s] B=%d T=%d C=%d NH=%d: 64-row blocks fwd %.4f ms (%.0f TFLOP/s) bwd "
+               "%.4f ms "
                "(%.0f TFLOP/s); 128-row blocks fwd %.4f ms (%.0f TFLOP/s) bwd %.4f ms (%.0f TFLOP/s)\n",
-               dg_dtype_name(act), B, T, C, NH, ms[0][0], fl / ms[0][0] / 1e9, ms[0][1], 2.5 * fl / ms[0][1] / 1e9,
-               ms[1][0], fl / ms[1][0] / 1e9, ms[1][1], 2.5 * fl / ms[1][1] / 1e9);
+               dg_dtype_name(act), B, T, C, NH, ms[0][0], fl / ms[0][0] / 1e9, ms[0][1],
+               2.5 * fl / ms[0][1] / 1e9, ms[1][0], fl / ms[1][0] / 1e9, ms[1][1], 2.5 * fl / ms[1][1] / 1e9);
     }
     dg_backend_free(b64);
     dg_backend_free(b128);
@@ -806,7 +809,8 @@ int main(int argc, char **argv) {
             under_test_cpu = 1;
         else {
             fprintf(stderr,
-                    "usage: %s --mode harness|cpu|determinism|errors|attn-rows|probe [--dtype f32|bf16|f16] [--only S] "
+                    "usage: %s --mode harness|cpu|determinism|errors|attn-rows|probe [--dtype f32|bf16|f16] "
+                    "[--only S] "
                     "[--small] [--no-fd] [--verbose]\n",
                     argv[0]);
             return 2;

@@ -156,9 +156,12 @@ static void test_schedule(void) {
     int nb = 1 + d.n_layer + 1;
     EXPECT(count_op(g, DG_OP_ALL_GATHER, DG_PHASE_FWD) == nb, "forward all-gathers: %d, expected %d buckets",
            count_op(g, DG_OP_ALL_GATHER, DG_PHASE_FWD), nb);
-    /* reshard: every bucket but the one used last in the forward (the embeddings, tied head) is gathered again */
-    EXPECT(count_op(g, DG_OP_ALL_GATHER, DG_PHASE_BWD) == nb - 1, "backward all-gathers: %d, expected %d",
-           count_op(g, DG_OP_ALL_GATHER, DG_PHASE_BWD), nb - 1);
+    /* reshard: every bucket but the forward's tail (embeddings / tied head used last, final norm, last
+     * block) is gathered again */
+    EXPECT(count_op(g, DG_OP_ALL_GATHER, DG_PHASE_BWD) == nb - 3, "backward all-gathers: %d, expected %d",
+           count_op(g, DG_OP_ALL_GATHER, DG_PHASE_BWD), nb - 3);
+    EXPECT(find(g, "ag.bwd.h.1.ln_1.weight..h.1.mlp.proj.bias") && !find(g, "ag.bwd.h.2.ln_1.weight..h.2.mlp.proj.bias"),
+           "reshard: block 1 is gathered again for the backward, the last block (2) is kept");
     EXPECT(count_op(g, DG_OP_REDUCE_SCATTER, DG_PHASE_BWD) == nb, "reduce-scatters: %d, expected %d",
            count_op(g, DG_OP_REDUCE_SCATTER, DG_PHASE_BWD), nb);
     EXPECT(count_op(g, DG_OP_WAIT, DG_PHASE_BWD) == nb, "waits for reduce-scatters: %d, expected %d",

@@ -14,6 +14,15 @@ SLACK=4 # "timeout_s plus a few seconds": launcher teardown on a loaded 2-core C
 
 WORK=$(mktemp -d /tmp/dg-health-XXXXXX)
 JOB=
+# Open MPI's shared-memory segments outlive killed ranks: note them while the ranks run, and at the
+# end remove those that no live process maps any more.
+record_shm() {
+    local f
+    for f in "$WORK"/rank-*.pid; do
+        [ -f "$f" ] && grep -o '/dev/shm/vader_segment[^ ]*' "/proc/$(cat "$f")/maps" 2>/dev/null
+    done >>"$SHM_LIST"
+}
+SHM_LIST=$(mktemp /tmp/dg-health-shm-XXXXXX)
 cleanup() {
     if [ -n "$JOB" ] && kill -0 "$JOB" 2>/dev/null; then kill -KILL "$JOB" 2>/dev/null; fi
     # A SIGSTOPped rank that outlived its launcher must not linger: continue and kill it by pid.
@@ -26,6 +35,11 @@ cleanup() {
         fi
     done
     rm -rf "$WORK"
+    sleep 0.3
+    sort -u "$SHM_LIST" | while read -r f; do
+        [ -e "$f" ] && ! grep -qsF "$f" /proc/[0-9]*/maps && rm -f "$f"
+    done
+    rm -f "$SHM_LIST"
 }
 trap cleanup EXIT
 
@@ -106,6 +120,7 @@ sigstop | sigstop0)
     if [ "$CASE" = sigstop ]; then NP=4; VICTIM=2; else NP=3; VICTIM=0; fi
     start "$NP" --steps 100000 --step-ms 40
     wait_step 5
+    record_shm
     kill -STOP "$(pid_of $VICTIM)"
     T0=$(now)
     finish $((TIMEOUT + SLACK))
@@ -127,6 +142,8 @@ hang)
     export DG_TEST_STALL_RANK=1 DG_TEST_STALL_STEP=8
     T0=$(now)
     start 3 --steps 100000 --step-ms 40
+    wait_step 2
+    record_shm
     finish $((TIMEOUT + SLACK + 3))
     unset DG_TEST_STALL_RANK DG_TEST_STALL_STEP
     [ "$RC" = 3 ] || fail "exit code $RC, expected 3"
@@ -144,6 +161,7 @@ sigkill)
         AT=$((2 + RANDOM % 8))
         start 3 --steps 100000 --step-ms 40
         wait_step "$AT"
+        record_shm
         kill -KILL "$(pid_of $VICTIM)"
         T0=$(now)
         finish $((TIMEOUT + SLACK))

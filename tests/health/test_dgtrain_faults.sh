@@ -29,6 +29,8 @@ cleanup() {
         kill -KILL "$p" 2>/dev/null
         kill -CONT "$p" 2>/dev/null
     done
+    sleep 0.5
+    clean_shm
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -113,6 +115,7 @@ for trial in 1 2 3; do
         fail "cannot find rank $victim's pid"
         exit 1
     }
+    record_shm "$(rank_pid 0)" "$(rank_pid 1)"
     kill -KILL "$pid"
     T0=$(now)
     wait_job $((KILL_TIMEOUT + SLACK)) || exit 1
@@ -157,6 +160,7 @@ pid=$(rank_pid 1) || {
     fail "cannot find rank 1's pid"
     exit 1
 }
+record_shm "$(rank_pid 0)" "$pid"
 kill -STOP "$pid"
 STOPPED=$pid
 T0=$(now)

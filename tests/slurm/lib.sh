@@ -48,6 +48,7 @@ on_exit() {
         exit $rc
     fi
     bash "$HERE/cluster.sh" stop >/dev/null 2>&1
+    clean_shm
     [ -n "${WORK:-}" ] && [ "${KEEP_WORK:-0}" != 1 ] && rm -rf "$WORK"
     exit $rc
 }
@@ -80,6 +81,22 @@ wait_until() {
         sleep 0.2
     done
     fail "timed out after ${limit}s waiting for: $what"
+}
+
+# Open MPI's shared-memory segments (/dev/shm/vader_segment.*) outlive ranks that are killed. The tests
+# that kill ranks note the segments of their ranks while they run (record_shm PID...) and remove, at
+# the end, those that no live process maps any more (clean_shm).
+record_shm() {
+    local p
+    for p in "$@"; do grep -o '/dev/shm/vader_segment[^ ]*' "/proc/$p/maps" 2>/dev/null; done >>"$WORK/shm.list"
+}
+clean_shm() {
+    local f
+    [ -s "${WORK:-}/shm.list" ] || return 0
+    sort -u "$WORK/shm.list" | while read -r f; do
+        [ -e "$f" ] || continue
+        grep -qsF "$f" /proc/[0-9]*/maps || rm -f "$f"
+    done
 }
 
 show_output() { # show_output FILE

@@ -65,11 +65,14 @@ submit() {
     (cd "$d" && sbatch --parsable -o "$d/job.out" "$@")
 }
 progress() { cat "$1/fake/progress" 2>/dev/null || echo -1; }
-wait_progress() { # wait_progress RUN_DIR N SECONDS
+wait_progress() { # wait_progress RUN_DIR N SECONDS (and note the ranks' shared-memory segments)
     local t0
     t0=$(now)
     while le "$(elapsed "$t0")" "$3"; do
-        [ "$(progress "$1")" -ge "$2" ] 2>/dev/null && return 0
+        if [ "$(progress "$1")" -ge "$2" ] 2>/dev/null; then
+            record_shm $(cat "$1"/fake/rank-*.pid 2>/dev/null)
+            return 0
+        fi
         sleep 0.1
     done
     fail "run in $1 did not reach step $2 in $3 s"

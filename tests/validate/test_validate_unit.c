@@ -12,12 +12,12 @@
 #include "validate.h"
 
 static int failures = 0;
-#define CHECK(cond)                                                                                                \
-    do {                                                                                                           \
-        if (!(cond)) {                                                                                             \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                                        \
-            failures++;                                                                                            \
-        }                                                                                                          \
+#define CHECK(cond)                                                                                          \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                                  \
+            failures++;                                                                                      \
+        }                                                                                                    \
     } while (0)
 
 static dg_sla_t *parse_ok(const char *text) {
@@ -36,7 +36,8 @@ static void parse_bad(const char *text, const char *want) {
     dg_sla_t *s = NULL;
     dg_status_t st = dg_sla_parse("t.ini", text, strlen(text), &s);
     if (st != DG_ERR_USAGE || !strstr(dg_last_error(), want) || s != NULL || strchr(dg_last_error(), '\n')) {
-        fprintf(stderr, "FAIL: input %s\n  status %d, message '%s'\n  expected '%s'\n", text, st, dg_last_error(), want);
+        fprintf(stderr, "FAIL: input %s\n  status %d, message '%s'\n  expected '%s'\n", text, st,
+                dg_last_error(), want);
         failures++;
     }
     dg_sla_free(s);
@@ -62,7 +63,8 @@ static void test_units_and_refs(void) {
     double lo, hi;
     dg_sla_ref_bounds(w, &lo, &hi);
     CHECK(fabs(lo - 8e9) < 1 && isinf(hi));
-    CHECK(dg_sla_ref_ok(w, 8.0e9) && dg_sla_ref_ok(w, 1e12) && !dg_sla_ref_ok(w, 7.99e9) && !dg_sla_ref_ok(w, NAN));
+    CHECK(dg_sla_ref_ok(w, 8.0e9) && dg_sla_ref_ok(w, 1e12) && !dg_sla_ref_ok(w, 7.99e9) &&
+          !dg_sla_ref_ok(w, NAN));
     const dg_sla_ref_t *r = dg_sla_ref(s, 0, "health.rtt");
     CHECK(r && dg_sla_ref_ok(r, 30e-6) && !dg_sla_ref_ok(r, 31e-6) && dg_sla_ref_ok(r, 0));
     const dg_sla_ref_t *g = dg_sla_ref(s, 0, "compute.cpu_gemm");
@@ -110,7 +112,8 @@ static void test_types_and_settings(void) {
     CHECK(st->train_loss_rtol == 1e-6);
     CHECK(st->comm_iters == 20); /* default kept */
     CHECK(dg_sla_n_types(s) == 3);
-    int h = dg_sla_node_type(s, "gpu-h200-017"), h2 = dg_sla_node_type(s, "h200n3"), c = dg_sla_node_type(s, "cpu-1");
+    int h = dg_sla_node_type(s, "gpu-h200-017"), h2 = dg_sla_node_type(s, "h200n3"),
+        c = dg_sla_node_type(s, "cpu-1");
     CHECK(h == 1 && h2 == 1 && c == 2 && dg_sla_node_type(s, "login1") == 0);
     CHECK(strcmp(dg_sla_type_name(s, h), "h200") == 0 && strcmp(dg_sla_type_name(s, 0), "*") == 0);
     const dg_sla_node_t *nh = dg_sla_node(s, h), *nc = dg_sla_node(s, c);
@@ -128,7 +131,8 @@ static void test_types_and_settings(void) {
     CHECK(strstr(dg_sla_ref(s, h, "compute.cpu_stream")->source, "t.ini:18") != NULL);
     /* overrides */
     CHECK(dg_sla_set(s, "validate.comm_iters=7") == DG_OK && dg_sla_settings(s)->comm_iters == 7);
-    CHECK(dg_sla_set(s, "validate.comm_iters=0") == DG_ERR_USAGE && strstr(dg_last_error(), "--set 'validate.comm_iters=0'"));
+    CHECK(dg_sla_set(s, "validate.comm_iters=0") == DG_ERR_USAGE &&
+          strstr(dg_last_error(), "--set 'validate.comm_iters=0'"));
     CHECK(dg_sla_set(s, "comm_iters=3") == DG_ERR_USAGE);
     CHECK(dg_sla_set(s, "validate.stragler_fraction=0.5") == DG_ERR_USAGE &&
           strstr(dg_last_error(), "did you mean 'validate.straggler_fraction'"));
@@ -143,21 +147,29 @@ static void test_types_and_settings(void) {
 }
 
 static void test_bad_input(void) {
-    parse_bad("[validate]\ncomm_iter = 5\n", "t.ini:2: unknown key validate.comm_iter; did you mean 'validate.comm_iters'?");
+    parse_bad("[validate]\ncomm_iter = 5\n",
+              "t.ini:2: unknown key validate.comm_iter; did you mean 'validate.comm_iters'?");
     parse_bad("comm_iters = 5\n", "t.ini:1: key 'comm_iters' is outside any section");
-    parse_bad("[validate]\ncomm_iters = -1\n", "t.ini:2: validate.comm_iters = '-1': expected an integer >= 1");
+    parse_bad("[validate]\ncomm_iters = -1\n",
+              "t.ini:2: validate.comm_iters = '-1': expected an integer >= 1");
     parse_bad("[validate]\ncomm_iters = 5x\n", "expected an integer >= 1");
-    parse_bad("[validate]\nstraggler_fraction = 1.5\n", "t.ini:2: validate.straggler_fraction = '1.5': expected a fraction");
+    parse_bad("[validate]\nstraggler_fraction = 1.5\n",
+              "t.ini:2: validate.straggler_fraction = '1.5': expected a fraction");
     parse_bad("[validate]\ncomm_sizes = 8, 1K, 1K\n", "sizes must increase");
     parse_bad("[validate]\ncomm_sizes = 8, lots\n", "'lots' is not a size");
     parse_bad("[validate]\ncomm_backends = gloo\n", "expected auto, mpi, nccl or mpi,nccl");
     parse_bad("[validate]\nchecks = topology, comms\n", "unknown check 'comms'");
-    parse_bad("[validate]\n\n[validat]\n", "t.ini:3: unknown section [validat]: expected [validate] or [node:TYPE]; did you mean 'validate'?");
-    parse_bad("[node:*]\nref.compute.gpu_gem = 1, -0.1, none, TFLOP/s\n", "did you mean 'ref.compute.gpu_gemm'?");
-    parse_bad("[node:*]\nref.compute.gpu_gemm = 1, -0.1, none, TB/s\n", "unit 'TB/s' measures something else");
+    parse_bad(
+        "[validate]\n\n[validat]\n",
+        "t.ini:3: unknown section [validat]: expected [validate] or [node:TYPE]; did you mean 'validate'?");
+    parse_bad("[node:*]\nref.compute.gpu_gem = 1, -0.1, none, TFLOP/s\n",
+              "did you mean 'ref.compute.gpu_gemm'?");
+    parse_bad("[node:*]\nref.compute.gpu_gemm = 1, -0.1, none, TB/s\n",
+              "unit 'TB/s' measures something else");
     parse_bad("[node:*]\nref.compute.gpu_gemm = 1, -0.1, none, parsecs\n", "unit 'parsecs' is unknown");
     parse_bad("[node:*]\nref.compute.gpu_gemm = 0, -0.1, none, TFLOP/s\n", "target '0' must be a number > 0");
-    parse_bad("[node:*]\nref.compute.gpu_gemm = 1, -1.5, none, TFLOP/s\n", "lower threshold -1.5 must be in [-1, 0]");
+    parse_bad("[node:*]\nref.compute.gpu_gemm = 1, -1.5, none, TFLOP/s\n",
+              "lower threshold -1.5 must be in [-1, 0]");
     parse_bad("[node:*]\nref.health.rtt = 1, none, -0.5, us\n", "upper threshold -0.5 must be >= 0");
     parse_bad("[node:*]\nref.health.rtt = 1, none, us\n", "got 3 field(s)");
     parse_bad("[node:*]\nref.health.rtt = 1, none, lots, us\n", "upper threshold 'lots' must be a fraction");
@@ -165,7 +177,8 @@ static void test_bad_input(void) {
               "t.ini:3: duplicate key ref.health.rtt in [node:*] (first set at line 2)");
     parse_bad("[node:*]\nmatch = *\n", "t.ini:2: [node:*] matches every host");
     parse_bad("[node:a]\ngpus = 1\n", "t.ini:1: [node:a] has no 'match'");
-    parse_bad("[node:a]\nmatch=x\n[node:a]\nmatch=y\n", "t.ini:3: duplicate section [node:a] (first at line 1)");
+    parse_bad("[node:a]\nmatch=x\n[node:a]\nmatch=y\n",
+              "t.ini:3: duplicate section [node:a] (first at line 1)");
     parse_bad("[node:a b]\nmatch=x\n", "node type names use letters");
     parse_bad("[node:a]\nmatch=x\ngpus = >=x\n", "t.ini:3: gpus = '>=x': expected 'any', a count N or '>=N'");
     parse_bad("[node:a]\nmatch=x\nbind_near_gpu = maybe\n", "bind_near_gpu = 'maybe': expected yes or no");
@@ -179,8 +192,10 @@ static void test_bad_input(void) {
     parse_bad(longline, "t.ini:2: line longer than");
     const char nul[] = "[validate]\ncomm_iters = 3\0\n";
     dg_sla_t *s = NULL;
-    CHECK(dg_sla_parse("t.ini", nul, sizeof nul - 1, &s) == DG_ERR_USAGE && strstr(dg_last_error(), "t.ini:2: contains a NUL"));
-    CHECK(dg_sla_load("/nonexistent/x.ini", &s) == DG_ERR_USAGE && strstr(dg_last_error(), "/nonexistent/x.ini"));
+    CHECK(dg_sla_parse("t.ini", nul, sizeof nul - 1, &s) == DG_ERR_USAGE &&
+          strstr(dg_last_error(), "t.ini:2: contains a NUL"));
+    CHECK(dg_sla_load("/nonexistent/x.ini", &s) == DG_ERR_USAGE &&
+          strstr(dg_last_error(), "/nonexistent/x.ini"));
 }
 
 static void test_bus_factors(void) {
@@ -192,7 +207,8 @@ static void test_bus_factors(void) {
     CHECK(dg_validate_bus_factor("sendrecv", 2) == 1);
     CHECK(dg_validate_bus_factor("alltoall", 2) == -1);
     int n = 0;
-    for (const dg_validate_metric_t *m = dg_validate_metrics(); m->name; m++) n++;
+    for (const dg_validate_metric_t *m = dg_validate_metrics(); m->name; m++)
+        n++;
     CHECK(n == 30 + 9);
 }
 

@@ -451,54 +451,54 @@ __global__ void __launch_bounds__(32 * NW)
         /* a tile wholly after this warp's last row adds nothing (every score masked: scale 1, p = 0); the
          * barriers stay outside the branch, which differs between warps */
         if (kbase <= qw + 15) {
-        float s[8][4];
-        mma_abt<T, HS, LDM>(s, qa, ks[buf]);
-        /* only the diagonal tile and the tile past the end need the causal / length mask */
-        const bool masked = kbase + MMA_BC > q0 || kbase + MMA_BC > Tn;
-        float mx0 = m0, mx1 = m1;
+            float s[8][4];
+            mma_abt<T, HS, LDM>(s, qa, ks[buf]);
+            /* only the diagonal tile and the tile past the end need the causal / length mask */
+            const bool masked = kbase + MMA_BC > q0 || kbase + MMA_BC > Tn;
+            float mx0 = m0, mx1 = m1;
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+            for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = s[nt][e] * sl2;
-                if (masked) {
-                    const int key = kbase + nt * 8 + 2 * tq + (e & 1);
-                    if (key > (e < 2 ? row0 : row1) || key >= Tn) v = -INFINITY;
+                for (int e = 0; e < 4; e++) {
+                    float v = s[nt][e] * sl2;
+                    if (masked) {
+                        const int key = kbase + nt * 8 + 2 * tq + (e & 1);
+                        if (key > (e < 2 ? row0 : row1) || key >= Tn) v = -INFINITY;
+                    }
+                    s[nt][e] = v;
+                    if (e < 2)
+                        mx0 = fmaxf(mx0, v);
+                    else
+                        mx1 = fmaxf(mx1, v);
                 }
-                s[nt][e] = v;
-                if (e < 2)
-                    mx0 = fmaxf(mx0, v);
-                else
-                    mx1 = fmaxf(mx1, v);
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            /* a row with no visible key yet keeps max -inf: use 0 as its base so nothing becomes NaN */
+            const float b0 = mx0 == -INFINITY ? 0.f : mx0, b1 = mx1 == -INFINITY ? 0.f : mx1;
+            const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
+            m0 = mx0;
+            m1 = mx1;
+            l0 *= c0;
+            l1 *= c1;
+#pragma unroll
+            for (int dt = 0; dt < HS / 8; dt++) {
+                o[dt][0] *= c0;
+                o[dt][1] *= c0;
+                o[dt][2] *= c1;
+                o[dt][3] *= c1;
             }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        /* a row with no visible key yet keeps max -inf: use 0 as its base so nothing becomes NaN */
-        const float b0 = mx0 == -INFINITY ? 0.f : mx0, b1 = mx1 == -INFINITY ? 0.f : mx1;
-        const float c0 = exp2f(m0 - b0), c1 = exp2f(m1 - b1);
-        m0 = mx0;
-        m1 = mx1;
-        l0 *= c0;
-        l1 *= c1;
 #pragma unroll
-        for (int dt = 0; dt < HS / 8; dt++) {
-            o[dt][0] *= c0;
-            o[dt][1] *= c0;
-            o[dt][2] *= c1;
-            o[dt][3] *= c1;
-        }
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - b0);
-            s[nt][1] = exp2f(s[nt][1] - b0);
-            s[nt][2] = exp2f(s[nt][2] - b1);
-            s[nt][3] = exp2f(s[nt][3] - b1);
-            l0 += s[nt][0] + s[nt][1];
-            l1 += s[nt][2] + s[nt][3];
-        }
-        mma_pv<T, HS, LDM>(o, s, vs[buf]);
+            for (int nt = 0; nt < 8; nt++) {
+                s[nt][0] = exp2f(s[nt][0] - b0);
+                s[nt][1] = exp2f(s[nt][1] - b0);
+                s[nt][2] = exp2f(s[nt][2] - b1);
+                s[nt][3] = exp2f(s[nt][3] - b1);
+                l0 += s[nt][0] + s[nt][1];
+                l1 += s[nt][2] + s[nt][3];
+            }
+            mma_pv<T, HS, LDM>(o, s, vs[buf]);
         }
         __syncthreads(); /* the next iteration refills the other buffer; the one after, this one */
     }
@@ -576,32 +576,32 @@ __global__ void __launch_bounds__(32 * NW)
         const int qbase = qb * MMA_BC;
         /* a tile wholly before this warp's first key sees none of them: p = 0, nothing to add */
         if (kw <= qbase + MMA_BC - 1) {
-        const bool masked = qbase < k0 + BR || qbase + MMA_BC > Tn || k0 + BR > Tn;
-        float p[8][4];
-        mma_abt<T, HS, LDM>(p, ka, Q);
+            const bool masked = qbase < k0 + BR || qbase + MMA_BC > Tn || k0 + BR > Tn;
+            float p[8][4];
+            mma_abt<T, HS, LDM>(p, ka, Q);
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+            for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int qi = nt * 8 + 2 * tq + (e & 1);
-                float v = exp2f(fmaf(p[nt][e], sl2, -Ls[qi]));
-                if (masked) {
-                    const int q = qbase + qi, key = e < 2 ? key0 : key1;
-                    if (!(q >= key && q < Tn && key < Tn)) v = 0.f;
+                for (int e = 0; e < 4; e++) {
+                    const int qi = nt * 8 + 2 * tq + (e & 1);
+                    float v = exp2f(fmaf(p[nt][e], sl2, -Ls[qi]));
+                    if (masked) {
+                        const int q = qbase + qi, key = e < 2 ? key0 : key1;
+                        if (!(q >= key && q < Tn && key < Tn)) v = 0.f;
+                    }
+                    p[nt][e] = v;
                 }
-                p[nt][e] = v;
-            }
-        mma_pv<T, HS, LDM>(dv, p, DO);
-        float dp[8][4];
-        mma_abt<T, HS, LDM>(dp, va, DO);
+            mma_pv<T, HS, LDM>(dv, p, DO);
+            float dp[8][4];
+            mma_abt<T, HS, LDM>(dp, va, DO);
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+            for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int qi = nt * 8 + 2 * tq + (e & 1);
-                dp[nt][e] = p[nt][e] * (dp[nt][e] - Ds[qi]);
-            }
-        mma_pv<T, HS, LDM>(dk, dp, Q);
+                for (int e = 0; e < 4; e++) {
+                    const int qi = nt * 8 + 2 * tq + (e & 1);
+                    dp[nt][e] = p[nt][e] * (dp[nt][e] - Ds[qi]);
+                }
+            mma_pv<T, HS, LDM>(dk, dp, Q);
         }
         __syncthreads();
     }
@@ -657,24 +657,24 @@ __global__ void __launch_bounds__(32 * NW)
         __syncthreads();
         const int kbase = kb * MMA_BC;
         if (kbase <= qw + 15) { /* else every key of the tile is after this warp's rows: dS = 0 */
-        /* rows past Tn are never stored, so only the diagonal tile and the last key tile need masks */
-        const bool masked = kbase + MMA_BC > q0 || kbase + MMA_BC > Tn;
-        float p[8][4], dp[8][4];
-        mma_abt<T, HS, LDM>(p, qa, ks[buf]);
-        mma_abt<T, HS, LDM>(dp, da, vs[buf]);
+            /* rows past Tn are never stored, so only the diagonal tile and the last key tile need masks */
+            const bool masked = kbase + MMA_BC > q0 || kbase + MMA_BC > Tn;
+            float p[8][4], dp[8][4];
+            mma_abt<T, HS, LDM>(p, qa, ks[buf]);
+            mma_abt<T, HS, LDM>(dp, da, vs[buf]);
 #pragma unroll
-        for (int nt = 0; nt < 8; nt++)
+            for (int nt = 0; nt < 8; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float pe = exp2f(fmaf(p[nt][e], sl2, -(e < 2 ? L0 : L1)));
-                if (masked) {
-                    const int key = kbase + nt * 8 + 2 * tq + (e & 1);
-                    const int row = e < 2 ? row0 : row1;
-                    if (!(key <= row && key < Tn && row < Tn)) pe = 0.f;
+                for (int e = 0; e < 4; e++) {
+                    float pe = exp2f(fmaf(p[nt][e], sl2, -(e < 2 ? L0 : L1)));
+                    if (masked) {
+                        const int key = kbase + nt * 8 + 2 * tq + (e & 1);
+                        const int row = e < 2 ? row0 : row1;
+                        if (!(key <= row && key < Tn && row < Tn)) pe = 0.f;
+                    }
+                    dp[nt][e] = pe * (dp[nt][e] - (e < 2 ? D0 : D1));
                 }
-                dp[nt][e] = pe * (dp[nt][e] - (e < 2 ? D0 : D1));
-            }
-        mma_pv<T, HS, LDM>(dq, dp, ks[buf]);
+            mma_pv<T, HS, LDM>(dq, dp, ks[buf]);
         }
         __syncthreads();
     }
@@ -688,10 +688,11 @@ static bool use_mma(const dg_cuda_t *c, int HS) {
 }
 
 template <typename T, int HS, bool LDM, int NW>
-static dg_status_t fwd_mma_nw(dg_cuda_t *c, void *out, float *lse, const void *qkv, int B, int Tn, int C, int NH,
-                              float sl2) {
+static dg_status_t fwd_mma_nw(dg_cuda_t *c, void *out, float *lse, const void *qkv, int B, int Tn, int C,
+                              int NH, float sl2) {
     dim3 grid((Tn + 16 * NW - 1) / (16 * NW), B * NH);
-    attn_fwd_mma<T, HS, LDM, NW><<<grid, 32 * NW, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, sl2);
+    attn_fwd_mma<T, HS, LDM, NW>
+        <<<grid, 32 * NW, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, sl2);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }

@@ -584,10 +584,11 @@ extern "C" dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg
         cu_destroy(be);
         return s;
     }
-    DG_LOG_DEBUG("cuda backend: device %d %s (sm_%d%d, %d SMs), act %s, fused epilogues %s, fast attention %s "
-                 "(%d-row blocks)",
-                 c->device, c->name, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
-                 c->fused_epilogues ? "on" : "off", c->fast_attention ? "on" : "off", c->attn_rows);
+    DG_LOG_DEBUG(
+        "cuda backend: device %d %s (sm_%d%d, %d SMs), act %s, fused epilogues %s, fast attention %s "
+        "(%d-row blocks)",
+        c->device, c->name, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
+        c->fused_epilogues ? "on" : "off", c->fast_attention ? "on" : "off", c->attn_rows);
     *out = be;
     return DG_OK;
 }
