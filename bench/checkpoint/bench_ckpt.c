@@ -54,11 +54,13 @@ static int build(param_t *p, int layers, int64_t d, int64_t vocab, int64_t ctx) 
 static double sgemm_gflops(void) {
     int n = 1024;
     float *a = malloc((size_t)n * n * 4), *b = malloc((size_t)n * n * 4), *c = malloc((size_t)n * n * 4);
-    for (int i = 0; i < n * n; i++) a[i] = (float)(i % 7) * 0.1f, b[i] = (float)(i % 5) * 0.1f;
+    for (int i = 0; i < n * n; i++)
+        a[i] = (float)(i % 7) * 0.1f, b[i] = (float)(i % 5) * 0.1f;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);
     double t = MPI_Wtime();
     int reps = 4;
-    for (int r = 0; r < reps; r++) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);
+    for (int r = 0; r < reps; r++)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a, n, b, n, 0, c, n);
     t = MPI_Wtime() - t;
     free(a), free(b), free(c);
     return 2.0 * n * n * n * reps / t / 1e9;
@@ -81,15 +83,24 @@ int main(int argc, char **argv) {
             save_only = 1;
             continue;
         }
-        if (!strcmp(a, "--dir")) dir = v;
-        else if (!strcmp(a, "--layers")) layers = atoi(v);
-        else if (!strcmp(a, "--d")) d = atoll(v);
-        else if (!strcmp(a, "--vocab")) vocab = atoll(v);
-        else if (!strcmp(a, "--ctx")) ctx = atoll(v);
-        else if (!strcmp(a, "--reps")) reps = atoi(v);
-        else if (!strcmp(a, "--chunk-mb")) chunk_mb = atoll(v);
-        else if (!strcmp(a, "--align-kb")) align_kb = atoll(v);
-        else if (!strcmp(a, "--tokens-per-step")) tokens_per_step = atoll(v);
+        if (!strcmp(a, "--dir"))
+            dir = v;
+        else if (!strcmp(a, "--layers"))
+            layers = atoi(v);
+        else if (!strcmp(a, "--d"))
+            d = atoll(v);
+        else if (!strcmp(a, "--vocab"))
+            vocab = atoll(v);
+        else if (!strcmp(a, "--ctx"))
+            ctx = atoll(v);
+        else if (!strcmp(a, "--reps"))
+            reps = atoi(v);
+        else if (!strcmp(a, "--chunk-mb"))
+            chunk_mb = atoll(v);
+        else if (!strcmp(a, "--align-kb"))
+            align_kb = atoll(v);
+        else if (!strcmp(a, "--tokens-per-step"))
+            tokens_per_step = atoll(v);
         else {
             if (!g_rank) fprintf(stderr, "bench_ckpt: unknown option %s\n", a);
             MPI_Abort(MPI_COMM_WORLD, 2);
@@ -97,7 +108,8 @@ int main(int argc, char **argv) {
         i++;
     }
     if (!dir || layers < 0 || reps < 1) {
-        if (!g_rank) fprintf(stderr, "usage: bench_ckpt --dir DIR [--layers N] [--d D] [--vocab V] [--reps R]\n");
+        if (!g_rank)
+            fprintf(stderr, "usage: bench_ckpt --dir DIR [--layers N] [--d D] [--vocab V] [--reps R]\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     param_t *p = calloc((size_t)(layers * 12 + 8), sizeof *p);
@@ -122,7 +134,8 @@ int main(int argc, char **argv) {
             x->owner = 1;
             int64_t ne = x->count[0] * (x->ndim == 2 ? x->count[1] : 1);
             x->data = malloc((size_t)(ne > 0 ? ne : 1) * 4);
-            for (int64_t e = 0; e < ne; e++) x->data[e] = (float)((e * 2654435761u + (uint64_t)i * 97u) % 100003) * 1e-5f;
+            for (int64_t e = 0; e < ne; e++)
+                x->data[e] = (float)((e * 2654435761u + (uint64_t)i * 97u) % 100003) * 1e-5f;
             local += ne;
             if (k == 0) nparams += p[i].g[0] * (p[i].ndim == 2 ? p[i].g[1] : 1);
         }
@@ -196,13 +209,14 @@ int main(int argc, char **argv) {
         double total = MPI_Wtime() - t0, maxstall = 0;
         MPI_Allreduce(&stall, &maxstall, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         if (!g_rank)
-            printf("RESULT kind=async rep=%d stall_ms=%.1f write_seconds=%.3f step_estimate_s=%.3f\n", r, maxstall,
-                   total, step_s);
+            printf("RESULT kind=async rep=%d stall_ms=%.1f write_seconds=%.3f step_estimate_s=%.3f\n", r,
+                   maxstall, total, step_s);
         fflush(stdout);
     }
     dg_ckpt_writer_free(w);
     dg_ckpt_meta_destroy(&m);
-    for (int i = 0; i < nt; i++) free(t[i].data);
+    for (int i = 0; i < nt; i++)
+        free(t[i].data);
     free(t), free(paths), free(p);
     (void)local;
     MPI_Finalize();

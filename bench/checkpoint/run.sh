@@ -45,6 +45,7 @@ for n in ${RANKS:-1 2 4}; do
             n, st / 1e9, s, st / s / 1e9, ddb / w, (st / s) / (b / w), l, st / l / 1e9, ddb / r, (st / l) / (b / r),
             a, s * 1000, a / 1000 / step }'
 done
+rm -rf "$WORK/ck"
 echo
 echo "step estimate (lower bound of one gpt2-124m training step on these ranks, 6*N*tokens at the measured sgemm rate): $(grep kind=setup "$WORK"/bench_np*.log | sed 's/.*step_estimate_s=\([^ ]*\).*/\1/' | tr '\n' ' ')s"
 echo "logs: $WORK/bench_np*.log"

@@ -25,6 +25,10 @@
  * write is in flight waits for it. Nothing else in the process may call HDF5 directly.
  * MPI: communicators must allow MPI_ERRORS_RETURN semantics for clean errors; the async writer needs
  * MPI_THREAD_MULTIPLE.
+ * Process-wide effect: the first use sets glibc's malloc mmap/trim thresholds (32 MiB / 512 MiB) so that
+ * HDF5's per-chunk buffers are reused instead of faulted in afresh; DG_CKPT_NO_MALLOPT=1 opts out.
+ * Environment: DG_CKPT_MPIIO_HINTS="key=value,..." adds MPI-IO hints; DG_CKPT_TEST_FAIL is a test hook
+ * (docs/checkpoints.md).
  */
 #ifndef DG_CHECKPOINT_H
 #define DG_CHECKPOINT_H
@@ -42,9 +46,9 @@ extern "C" {
 #define DG_CKPT_FORMAT_NAME "dgtrain-checkpoint"
 #define DG_CKPT_FORMAT_VERSION 1
 #define DG_CKPT_MAX_NDIM 4
-#define DG_CKPT_MAX_PATH 255   /* longest tensor path (bytes) */
-#define DG_CKPT_MAX_RNG 64     /* RNG state words stored in the meta */
-#define DG_CKPT_MAX_KV 32      /* free-form key/value pairs stored in the meta */
+#define DG_CKPT_MAX_PATH 255 /* longest tensor path (bytes) */
+#define DG_CKPT_MAX_RNG 64   /* RNG state words stored in the meta */
+#define DG_CKPT_MAX_KV 32    /* free-form key/value pairs stored in the meta */
 #define DG_CKPT_DEFAULT_CHUNK_BYTES (4 << 20)
 
 /* One piece of one global fp32 tensor held by this rank.
@@ -71,7 +75,7 @@ typedef struct dg_ckpt_tensor {
 } dg_ckpt_tensor_t;
 
 typedef struct dg_ckpt_kv {
-    char key[64];    /* [A-Za-z0-9._-] */
+    char key[64]; /* [A-Za-z0-9._-] */
     char value[448];
 } dg_ckpt_kv_t;
 
@@ -80,9 +84,9 @@ typedef struct dg_ckpt_kv {
  * by load and ignored by save, which stamps its own. Initialise with dg_ckpt_meta_init, release with
  * dg_ckpt_meta_destroy. */
 typedef struct dg_ckpt_meta {
-    int64_t step;   /* optimizer steps completed */
-    int64_t tokens; /* global tokens consumed */
-    char mesh[128]; /* e.g. "dp_replicate=1,dp_shard=4,tp=1" */
+    int64_t step;      /* optimizer steps completed */
+    int64_t tokens;    /* global tokens consumed */
+    char mesh[128];    /* e.g. "dp_replicate=1,dp_shard=4,tp=1" */
     char *config_text; /* effective config (INI text); owned: set with dg_ckpt_meta_set_config */
     struct {
         int64_t epoch, cursor; /* world-size-independent data-loader position */
@@ -97,11 +101,11 @@ typedef struct dg_ckpt_meta {
     int n_kv;
     dg_ckpt_kv_t kv[DG_CKPT_MAX_KV];
     /* (load) */
-    int world_size;         /* ranks that wrote it */
-    char version[32];       /* dgtrain version that wrote it */
-    char created[32];       /* creation time, ISO 8601 UTC */
-    int64_t created_unix;   /* creation time, seconds since the epoch */
-    int format_version;     /* DG_CKPT_FORMAT_VERSION of the writer */
+    int world_size;       /* ranks that wrote it */
+    char version[32];     /* dgtrain version that wrote it */
+    char created[32];     /* creation time, ISO 8601 UTC */
+    int64_t created_unix; /* creation time, seconds since the epoch */
+    int format_version;   /* DG_CKPT_FORMAT_VERSION of the writer */
 } dg_ckpt_meta_t;
 
 void dg_ckpt_meta_init(dg_ckpt_meta_t *m);
@@ -112,25 +116,25 @@ dg_status_t dg_ckpt_meta_set_kv(dg_ckpt_meta_t *m, const char *key, const char *
 const char *dg_ckpt_meta_get_kv(const dg_ckpt_meta_t *m, const char *key); /* NULL when absent */
 
 typedef struct dg_ckpt_save_opts {
-    int keep;           /* retention: keep the newest `keep` checkpoints (0 = keep all) */
-    int incremental;    /* link tensors unchanged since the base checkpoint instead of writing them */
-    const char *base;   /* incremental base: a file path; NULL or "" = the checkpoint LATEST names */
+    int keep;            /* retention: keep the newest `keep` checkpoints (0 = keep all) */
+    int incremental;     /* link tensors unchanged since the base checkpoint instead of writing them */
+    const char *base;    /* incremental base: a file path; NULL or "" = the checkpoint LATEST names */
     int64_t chunk_bytes; /* target HDF5 chunk size; 0 = DG_CKPT_DEFAULT_CHUNK_BYTES */
     int64_t align_bytes; /* file-space alignment of chunks >= this size; 0 = default (see docs); -1 = off */
 } dg_ckpt_save_opts_t;
 void dg_ckpt_save_opts_default(dg_ckpt_save_opts_t *o);
 
 typedef struct dg_ckpt_save_result {
-    char path[4096];       /* the committed file */
+    char path[4096]; /* the committed file */
     int64_t step;
     int64_t bytes;         /* size of the file on disk */
     int64_t logical_bytes; /* bytes of all tensors (what a full checkpoint stores) */
     int64_t linked_bytes;  /* tensor bytes stored as links to older checkpoints */
     int n_tensors, n_linked;
-    double seconds;        /* wall time of the write and commit */
-    double stall_ms;       /* time the caller was blocked: the whole save when synchronous, the
-                              snapshot copy (plus any wait for the previous write) when async */
-    char base[256];        /* incremental base file name ("" for a full checkpoint) */
+    double seconds;  /* wall time of the write and commit */
+    double stall_ms; /* time the caller was blocked: the whole save when synchronous, the
+                        snapshot copy (plus any wait for the previous write) when async */
+    char base[256];  /* incremental base file name ("" for a full checkpoint) */
 } dg_ckpt_save_result_t;
 
 /* Collective over `comm`. Write a checkpoint of step meta->step into ckpt_dir (created if needed) as

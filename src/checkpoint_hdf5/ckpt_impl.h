@@ -26,9 +26,9 @@ dg_status_t ckpt_h5_fail(dg_status_t code, const char *src, int line, const char
 /* The one HDF5 check macro: evaluates `call` once; a negative result (hid_t, herr_t, htri_t) returns
  * DG_H5_FAIL_CODE with the context printf-formatted from the remaining arguments (name the file and
  * dataset). Release handles through a ckpt_hbag_t so that an early return leaks nothing. */
-#define DG_H5_CHECK(call, ...)                                                                             \
-    do {                                                                                                   \
-        if ((call) < 0) return ckpt_h5_fail(DG_H5_FAIL_CODE, __FILE__, __LINE__, #call, __VA_ARGS__);      \
+#define DG_H5_CHECK(call, ...)                                                                               \
+    do {                                                                                                     \
+        if ((call) < 0) return ckpt_h5_fail(DG_H5_FAIL_CODE, __FILE__, __LINE__, #call, __VA_ARGS__);        \
     } while (0)
 
 /* HDF5's error stack as one line (innermost message first); clears the stack. */
@@ -85,8 +85,8 @@ int ckpt_attr_exists(hid_t obj, const char *name);
 
 #define CKPT_HASH_ALGO "xxh3-tile1024-sum-v1"
 /* Write / read the root attributes and the /state group. `file` names the file in messages. */
-dg_status_t ckpt_meta_write(hid_t fid, const dg_ckpt_meta_t *m, int world, const char *base, const char *bases,
-                            const char *file);
+dg_status_t ckpt_meta_write(hid_t fid, const dg_ckpt_meta_t *m, int world, const char *base,
+                            const char *bases, const char *file);
 dg_status_t ckpt_meta_read(hid_t fid, dg_ckpt_meta_t *m, char *base, size_t base_cap, char *bases,
                            size_t bases_cap, const char *file);
 /* Pack rank 0's meta and broadcast it (config text included) so every rank writes the same bytes. */
@@ -112,10 +112,10 @@ typedef struct ckpt_tdesc {
     int ndim;
     int64_t gshape[DG_CKPT_MAX_NDIM];
     int64_t numel;
-    int npieces;    /* this rank's pieces */
-    int *pieces;    /* indices into the caller's array */
-    int maxpieces;  /* max over ranks (after agree) */
-    uint64_t hash;  /* content hash (after hashing) */
+    int npieces;   /* this rank's pieces */
+    int *pieces;   /* indices into the caller's array */
+    int maxpieces; /* max over ranks (after agree) */
+    uint64_t hash; /* content hash (after hashing) */
 } ckpt_tdesc_t;
 
 typedef struct ckpt_table {
@@ -206,8 +206,9 @@ const char *ckpt_basename(const char *path);
 
 /* ---------------- internal entry points (lock held) ---------------- */
 
-dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_t *meta, const dg_ckpt_tensor_t *t,
-                             int n, const dg_ckpt_save_opts_t *o, dg_ckpt_save_result_t *res);
+dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_t *meta,
+                             const dg_ckpt_tensor_t *t, int n, const dg_ckpt_save_opts_t *o,
+                             dg_ckpt_save_result_t *res);
 dg_status_t ckpt_check_locked(const char *path);
 dg_status_t ckpt_verify_locked(const char *path, FILE *report, int *n_bad, int rank, int nranks);
 dg_status_t ckpt_info_read_locked(const char *path, dg_ckpt_info_t *info);

@@ -14,27 +14,34 @@
 enum { EX_OK = 0, EX_BAD = 1, EX_ERR = 2 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: dgckpt COMMAND ...\n"
-               "  list DIR                 checkpoints in DIR, newest first, with a structural check\n"
-               "  show FILE [--config]     attributes, state, datasets (shape, bytes, hash, where stored), base chain\n"
-               "  verify FILE [--quiet]    read everything: chunk checksums, content hashes, links; exit 1 if damaged\n"
-               "  diff A B                 max |a-b| per dataset; exit 0 only when every dataset is bitwise identical\n"
-               "  export FILE OUT [--all]  write the model/ weights (every tensor with --all) as safetensors (F32)\n"
-               "  resolve DIR|FILE [--full] print the checkpoint resume=auto would take (\"\" when none)\n"
-               "exit codes: 0 ok/identical, 1 damaged/different, 2 usage or I/O error\n");
+    fprintf(
+        f,
+        "usage: dgckpt COMMAND ...\n"
+        "  list DIR                 checkpoints in DIR, newest first, with a structural check\n"
+        "  show FILE [--config]     attributes, state, datasets (shape, bytes, hash, where stored), base "
+        "chain\n"
+        "  verify FILE [--quiet]    read everything: chunk checksums, content hashes, links; exit 1 if "
+        "damaged\n"
+        "  diff A B                 max |a-b| per dataset; exit 0 only when every dataset is bitwise "
+        "identical\n"
+        "  export FILE OUT [--all]  write the model/ weights (every tensor with --all) as safetensors (F32)\n"
+        "  resolve DIR|FILE [--full] print the checkpoint resume=auto would take (\"\" when none)\n"
+        "exit codes: 0 ok/identical, 1 damaged/different, 2 usage or I/O error\n");
 }
 
 static void human(double b, char *buf, size_t cap) {
     const char *u[] = {"B", "kB", "MB", "GB", "TB"};
     int i = 0;
-    while (b >= 1000 && i < 4) b /= 1000, i++;
+    while (b >= 1000 && i < 4)
+        b /= 1000, i++;
     snprintf(buf, cap, i ? "%.1f %s" : "%.0f %s", b, u[i]);
 }
 
 static void shape_str(int nd, const int64_t *s, char *buf, size_t cap) {
     size_t o = 0;
     o += (size_t)snprintf(buf, cap, "[");
-    for (int d = 0; d < nd && o < cap; d++) o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)s[d]);
+    for (int d = 0; d < nd && o < cap; d++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)s[d]);
     if (o < cap) snprintf(buf + o, cap - o, "]");
 }
 
@@ -70,7 +77,8 @@ static int cmd_list(const char *dir) {
             dg_ckpt_info_t info;
             if (dg_ckpt_info_read(path, &info) == DG_OK) {
                 int linked = 0;
-                for (int k = 0; k < info.n_entries; k++) linked += info.entries[k].origin[0] != 0;
+                for (int k = 0; k < info.n_entries; k++)
+                    linked += info.entries[k].origin[0] != 0;
                 if (linked)
                     snprintf(kind, sizeof kind, "incr (%d linked)", linked);
                 else
@@ -83,8 +91,8 @@ static int cmd_list(const char *dir) {
             else
                 snprintf(status, sizeof status, "DAMAGED: %.500s", dg_last_error());
         }
-        printf("%10lld  %-26s %10s %6s  %-16s %s%s\n", (long long)e[i].step, e[i].name, sz, world, kind, status,
-               strcmp(e[i].name, latest) == 0 ? "  <- LATEST" : "");
+        printf("%10lld  %-26s %10s %6s  %-16s %s%s\n", (long long)e[i].step, e[i].name, sz, world, kind,
+               status, strcmp(e[i].name, latest) == 0 ? "  <- LATEST" : "");
     }
     if (!latest[0]) printf("(no usable LATEST file in %s)\n", dir);
     free(e);
@@ -104,7 +112,8 @@ static void print_links(const char *file, const dg_ckpt_info_t *info) {
     snprintf(bases, sizeof bases, "%s", info->bases);
     for (char *save = NULL, *b = strtok_r(bases, " ", &save); b; b = strtok_r(NULL, " ", &save)) {
         int cnt = 0;
-        for (int i = 0; i < info->n_entries; i++) cnt += strcmp(info->entries[i].origin, b) == 0;
+        for (int i = 0; i < info->n_entries; i++)
+            cnt += strcmp(info->entries[i].origin, b) == 0;
         char p[4400], state[700];
         snprintf(p, sizeof p, "%s/%s", dir, b);
         dg_ckpt_info_t bi;
@@ -129,17 +138,19 @@ static int cmd_show(const char *file, int show_config) {
     char b1[32], b2[32], b3[32];
     human((double)info.file_bytes, b1, sizeof b1);
     printf("file       %s (%s on disk)\n", file, b1);
-    printf("format     %s v%d, written by dgtrain %s at %s\n", DG_CKPT_FORMAT_NAME, m->format_version, m->version,
-           m->created);
+    printf("format     %s v%d, written by dgtrain %s at %s\n", DG_CKPT_FORMAT_NAME, m->format_version,
+           m->version, m->created);
     printf("step       %lld\ntokens     %lld\n", (long long)m->step, (long long)m->tokens);
     printf("world      %d ranks, mesh %s\n", m->world_size, m->mesh[0] ? m->mesh : "(none)");
     printf("loader     epoch %lld, cursor %lld, samples seen %llu\n", (long long)m->loader.epoch,
            (long long)m->loader.cursor, (unsigned long long)m->loader.samples_seen);
     printf("scaler     scale %g, good steps %lld\n", m->scaler.scale, (long long)m->scaler.good_steps);
     printf("rng        %d words", m->n_rng);
-    for (int i = 0; i < m->n_rng; i++) printf("%s%016llx", i ? " " : ": ", (unsigned long long)m->rng[i]);
+    for (int i = 0; i < m->n_rng; i++)
+        printf("%s%016llx", i ? " " : ": ", (unsigned long long)m->rng[i]);
     printf("\n");
-    for (int i = 0; i < m->n_kv; i++) printf("kv         %s = %s\n", m->kv[i].key, m->kv[i].value);
+    for (int i = 0; i < m->n_kv; i++)
+        printf("kv         %s = %s\n", m->kv[i].key, m->kv[i].value);
     if (info.base[0]) {
         printf("base       %s (incremental: unchanged datasets are links)\n", info.base);
         print_links(file, &info);
@@ -147,13 +158,15 @@ static int cmd_show(const char *file, int show_config) {
         printf("base       (none: a full checkpoint)\n");
     }
     int lines = 0;
-    for (const char *c = m->config_text; c && *c; c++) lines += *c == '\n';
+    for (const char *c = m->config_text; c && *c; c++)
+        lines += *c == '\n';
     printf("config     %d lines%s\n", lines, show_config ? ":" : " (show --config prints them)");
     if (show_config && m->config_text) printf("%s%s", m->config_text, lines ? "" : "\n");
     int64_t tot = 0, linked = 0;
     for (int i = 0; i < info.n_entries; i++) {
         int64_t nb = 4;
-        for (int d = 0; d < info.entries[i].ndim; d++) nb *= info.entries[i].shape[d];
+        for (int d = 0; d < info.entries[i].ndim; d++)
+            nb *= info.entries[i].shape[d];
         tot += nb;
         if (info.entries[i].origin[0]) linked += nb;
     }
@@ -165,7 +178,8 @@ static int cmd_show(const char *file, int show_config) {
         const dg_ckpt_entry_t *e = &info.entries[i];
         char shp[128], sz[32];
         int64_t nb = 4;
-        for (int d = 0; d < e->ndim; d++) nb *= e->shape[d];
+        for (int d = 0; d < e->ndim; d++)
+            nb *= e->shape[d];
         shape_str(e->ndim, e->shape, shp, sizeof shp);
         human((double)nb, sz, sizeof sz);
         printf("  /%-46s %-18s %10s  xxh3 %016llx  %s%s\n", e->path, shp, sz, (unsigned long long)e->hash,
@@ -206,7 +220,9 @@ static int cmd_diff(const char *a, const char *b) {
     int ndiff = 0, nsame = 0, err = 0;
     int i = 0, j = 0;
     while (i < ia.n_entries || j < ib.n_entries) {
-        int c = i >= ia.n_entries ? 1 : j >= ib.n_entries ? -1 : strcmp(ia.entries[i].path, ib.entries[j].path);
+        int c = i >= ia.n_entries   ? 1
+                : j >= ib.n_entries ? -1
+                                    : strcmp(ia.entries[i].path, ib.entries[j].path);
         if (c < 0) {
             printf("/%-48s only in %s\n", ia.entries[i++].path, a);
             ndiff++;
@@ -219,7 +235,8 @@ static int cmd_diff(const char *a, const char *b) {
         }
         const dg_ckpt_entry_t *ea = &ia.entries[i++], *eb = &ib.entries[j++];
         int same_shape = ea->ndim == eb->ndim;
-        for (int d = 0; same_shape && d < ea->ndim; d++) same_shape = ea->shape[d] == eb->shape[d];
+        for (int d = 0; same_shape && d < ea->ndim; d++)
+            same_shape = ea->shape[d] == eb->shape[d];
         if (!same_shape) {
             char sa[128], sb[128];
             shape_str(ea->ndim, ea->shape, sa, sizeof sa);
@@ -230,7 +247,8 @@ static int cmd_diff(const char *a, const char *b) {
         }
         float *da = NULL, *db = NULL;
         int64_t na = 0, nb = 0;
-        if (dg_ckpt_read_dataset(a, ea->path, &da, &na) != DG_OK || dg_ckpt_read_dataset(b, eb->path, &db, &nb) != DG_OK) {
+        if (dg_ckpt_read_dataset(a, ea->path, &da, &na) != DG_OK ||
+            dg_ckpt_read_dataset(b, eb->path, &db, &nb) != DG_OK) {
             fprintf(stderr, "dgckpt: %s\n", dg_last_error());
             free(da), free(db);
             err = 1;
@@ -253,21 +271,23 @@ static int cmd_diff(const char *a, const char *b) {
             printf("/%-48s max|a-b| = 0 (identical)\n", ea->path);
         } else {
             ndiff++;
-            printf("/%-48s max|a-b| = %.6g  (%lld of %lld elements differ%s)\n", ea->path, maxd, (long long)nd,
-                   (long long)na, nan_mismatch ? ", some NaN" : "");
+            printf("/%-48s max|a-b| = %.6g  (%lld of %lld elements differ%s)\n", ea->path, maxd,
+                   (long long)nd, (long long)na, nan_mismatch ? ", some NaN" : "");
         }
         free(da), free(db);
     }
     const dg_ckpt_meta_t *ma = &ia.meta, *mb = &ib.meta;
     if (ma->step != mb->step) printf("note: step %lld vs %lld\n", (long long)ma->step, (long long)mb->step);
-    if (ma->tokens != mb->tokens) printf("note: tokens %lld vs %lld\n", (long long)ma->tokens, (long long)mb->tokens);
+    if (ma->tokens != mb->tokens)
+        printf("note: tokens %lld vs %lld\n", (long long)ma->tokens, (long long)mb->tokens);
     if (ma->loader.epoch != mb->loader.epoch || ma->loader.cursor != mb->loader.cursor ||
         ma->loader.samples_seen != mb->loader.samples_seen)
         printf("note: loader state differs (epoch %lld/%lld, cursor %lld/%lld, samples %llu/%llu)\n",
                (long long)ma->loader.epoch, (long long)mb->loader.epoch, (long long)ma->loader.cursor,
                (long long)mb->loader.cursor, (unsigned long long)ma->loader.samples_seen,
                (unsigned long long)mb->loader.samples_seen);
-    if (ma->world_size != mb->world_size) printf("note: written by %d vs %d ranks\n", ma->world_size, mb->world_size);
+    if (ma->world_size != mb->world_size)
+        printf("note: written by %d vs %d ranks\n", ma->world_size, mb->world_size);
     dg_ckpt_info_destroy(&ia);
     dg_ckpt_info_destroy(&ib);
     if (err) return EX_ERR;

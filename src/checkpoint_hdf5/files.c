@@ -16,8 +16,7 @@ dg_status_t ckpt_files_open(ckpt_files_t *fs, const char *path, MPI_Comm comm) {
     memset(fs, 0, sizeof *fs);
     fs->fapl = fs->lapl = -1;
     struct stat st;
-    if (stat(path, &st) != 0)
-        return DG_ERR(DG_ERR_USAGE, "checkpoint %s: %s", path, strerror(errno));
+    if (stat(path, &st) != 0) return DG_ERR(DG_ERR_USAGE, "checkpoint %s: %s", path, strerror(errno));
     if (!S_ISREG(st.st_mode)) return DG_ERR(DG_ERR_USAGE, "checkpoint %s is not a regular file", path);
     ckpt_dirname(path, fs->dir, sizeof fs->dir);
     if (!realpath(fs->dir, fs->realdir))
@@ -30,8 +29,9 @@ dg_status_t ckpt_files_open(ckpt_files_t *fs, const char *path, MPI_Comm comm) {
     if (fid < 0) {
         char h5[1024];
         ckpt_h5_error_text(h5, sizeof h5);
-        return DG_ERR(DG_ERR_USAGE, "checkpoint %s cannot be opened as HDF5 (truncated, damaged or not HDF5): %s",
-                      path, h5);
+        return DG_ERR(DG_ERR_USAGE,
+                      "checkpoint %s cannot be opened as HDF5 (truncated, damaged or not HDF5): %s", path,
+                      h5);
     }
     snprintf(fs->name[0], sizeof fs->name[0], "%s", path);
     fs->fid[0] = fid;
@@ -40,7 +40,8 @@ dg_status_t ckpt_files_open(ckpt_files_t *fs, const char *path, MPI_Comm comm) {
 }
 
 void ckpt_files_close(ckpt_files_t *fs) {
-    for (int i = fs->n - 1; i >= 0; i--) H5Fclose(fs->fid[i]);
+    for (int i = fs->n - 1; i >= 0; i--)
+        H5Fclose(fs->fid[i]);
     fs->n = 0;
     if (fs->lapl >= 0) H5Pclose(fs->lapl);
     if (fs->fapl >= 0) H5Pclose(fs->fapl);
@@ -52,21 +53,24 @@ static dg_status_t check_target(ckpt_files_t *fs, const char *tfile, const char 
     int plain = tfile[0] && !strchr(tfile, '/') && strcmp(tfile, ".") != 0 && strcmp(tfile, "..") != 0 &&
                 strlen(tfile) < 256;
     if (!plain)
-        return DG_ERR(DG_ERR_USAGE,
-                      "%s is an external link to '%s', outside the checkpoint directory %s; refused (links must name "
-                      "a file in the same directory)",
-                      where, tfile, fs->dir);
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "%s is an external link to '%s', outside the checkpoint directory %s; refused (links must name "
+            "a file in the same directory)",
+            where, tfile, fs->dir);
     char full[PATH_MAX + 300], real[PATH_MAX], rdir[PATH_MAX];
     snprintf(full, sizeof full, "%s/%s", fs->dir, tfile);
     if (!realpath(full, real))
-        return DG_ERR(DG_ERR_USAGE, "%s links to %s, which cannot be opened: %s (the base checkpoint is missing)",
-                      where, full, strerror(errno));
+        return DG_ERR(DG_ERR_USAGE,
+                      "%s links to %s, which cannot be opened: %s (the base checkpoint is missing)", where,
+                      full, strerror(errno));
     ckpt_dirname(real, rdir, sizeof rdir);
     if (strcmp(rdir, fs->realdir) != 0)
-        return DG_ERR(DG_ERR_USAGE,
-                      "%s is an external link to %s, which resolves to %s outside the checkpoint directory %s; "
-                      "refused",
-                      where, tfile, real, fs->realdir);
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "%s is an external link to %s, which resolves to %s outside the checkpoint directory %s; "
+            "refused",
+            where, tfile, real, fs->realdir);
     return DG_OK;
 }
 
@@ -121,8 +125,8 @@ dg_status_t ckpt_resolve(ckpt_files_t *fs, const char *dpath, hid_t *dset, int *
             H5L_info_t li;
             DG_H5_CHECK(H5Lget_info(fid, pre, &li, fs->lapl), "%s:/%s", fname, pre);
             if (li.type != H5L_TYPE_HARD)
-                return DG_ERR(DG_ERR_USAGE, "%s:/%s is a %s link where a group is expected; refused", fname, pre,
-                              li.type == H5L_TYPE_EXTERNAL ? "external" : "soft");
+                return DG_ERR(DG_ERR_USAGE, "%s:/%s is a %s link where a group is expected; refused", fname,
+                              pre, li.type == H5L_TYPE_EXTERNAL ? "external" : "soft");
         }
         htri_t ex = H5Lexists(fid, path, fs->lapl);
         if (ex <= 0) {
@@ -140,19 +144,22 @@ dg_status_t ckpt_resolve(ckpt_files_t *fs, const char *dpath, hid_t *dset, int *
             return DG_OK;
         }
         if (li.type != H5L_TYPE_EXTERNAL)
-            return DG_ERR(DG_ERR_USAGE, "%s:/%s is a soft link; checkpoints only use external links", fname, path);
+            return DG_ERR(DG_ERR_USAGE, "%s:/%s is a soft link; checkpoints only use external links", fname,
+                          path);
         if (li.u.val_size == 0 || li.u.val_size > 8192)
             return DG_ERR(DG_ERR_USAGE, "%s:/%s: malformed external link", fname, path);
         char val[8192];
-        DG_H5_CHECK(H5Lget_val(fid, path, val, li.u.val_size, fs->lapl), "%s:/%s: reading the link", fname, path);
+        DG_H5_CHECK(H5Lget_val(fid, path, val, li.u.val_size, fs->lapl), "%s:/%s: reading the link", fname,
+                    path);
         unsigned flags = 0;
         const char *tfile = NULL, *tobj = NULL;
-        DG_H5_CHECK(H5Lunpack_elink_val(val, li.u.val_size, &flags, &tfile, &tobj), "%s:/%s: decoding the link",
-                    fname, path);
+        DG_H5_CHECK(H5Lunpack_elink_val(val, li.u.val_size, &flags, &tfile, &tobj),
+                    "%s:/%s: decoding the link", fname, path);
         char where[1100];
         snprintf(where, sizeof where, "%s:/%s", fname, path);
         DG_TRY(check_target(fs, tfile, where));
-        while (*tobj == '/') tobj++;
+        while (*tobj == '/')
+            tobj++;
         if (!*tobj || strlen(tobj) > DG_CKPT_MAX_PATH)
             return DG_ERR(DG_ERR_USAGE, "%s: external link with a bad object path", where);
         snprintf(seen_file[nseen], sizeof seen_file[0], "%s", ckpt_basename(fname));
@@ -164,7 +171,8 @@ dg_status_t ckpt_resolve(ckpt_files_t *fs, const char *dpath, hid_t *dset, int *
             if (strcmp(seen_file[i], tfile) == 0 && strcmp(seen_path[i], tobj) == 0)
                 return DG_ERR(DG_ERR_USAGE, "external links loop: %s; refused", trail);
         if (nseen >= MAX_HOPS)
-            return DG_ERR(DG_ERR_USAGE, "external link chain longer than %d hops: %s; refused", MAX_HOPS, trail);
+            return DG_ERR(DG_ERR_USAGE, "external link chain longer than %d hops: %s; refused", MAX_HOPS,
+                          trail);
         DG_TRY(open_target(fs, tfile, &cur, where));
         snprintf(path, sizeof path, "%s", tobj);
     }
@@ -183,15 +191,18 @@ dg_status_t ckpt_check_dataset(hid_t dset, int ndim, const int64_t *shape, const
         hsize_t dims[H5S_MAX_RANK];
         int nd = H5Sget_simple_extent_dims(sp, dims, NULL);
         int same = nd == ndim;
-        for (int d = 0; same && d < nd; d++) same = (int64_t)dims[d] == shape[d];
+        for (int d = 0; same && d < nd; d++)
+            same = (int64_t)dims[d] == shape[d];
         if (!same) {
             char got[256] = "", want[256] = "";
             size_t o = 0;
             for (int d = 0; d < nd && d < H5S_MAX_RANK && o < sizeof got; d++)
-                o += (size_t)snprintf(got + o, sizeof got - o, "%s%llu", d ? ", " : "", (unsigned long long)dims[d]);
+                o += (size_t)snprintf(got + o, sizeof got - o, "%s%llu", d ? ", " : "",
+                                      (unsigned long long)dims[d]);
             o = 0;
             for (int d = 0; d < ndim && o < sizeof want; d++)
-                o += (size_t)snprintf(want + o, sizeof want - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
+                o +=
+                    (size_t)snprintf(want + o, sizeof want - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
             s = DG_ERR(DG_ERR_USAGE, "%s has shape [%s], expected [%s]", where, got, want);
         }
     }

@@ -39,7 +39,8 @@ static void frag_push(ckh_t *h, int ti, int64_t row, int64_t tile, int64_t off, 
     size_t need = frag_size(len);
     if (h->frag_len + need > h->frag_cap) {
         size_t cap = h->frag_cap ? h->frag_cap * 2 : 65536;
-        while (cap < h->frag_len + need) cap *= 2;
+        while (cap < h->frag_len + need)
+            cap *= 2;
         h->frag = realloc(h->frag, cap);
         DG_ASSERTF(h->frag != NULL, "out of memory for hash fragments");
         h->frag_cap = cap;
@@ -60,14 +61,16 @@ void ckh_add(ckh_t *h, int ti, int ndim, const int64_t *gshape, const int64_t *s
     int64_t nrows = 1;
     for (int d = 0; d < ndim; d++)
         if (count[d] <= 0) return;
-    for (int d = 0; d < ndim - 1; d++) nrows *= count[d];
+    for (int d = 0; d < ndim - 1; d++)
+        nrows *= count[d];
     const int64_t C = gshape[ndim - 1], c0 = start[ndim - 1], cn = count[ndim - 1], c1 = c0 + cn;
     const int64_t T = (C + CKH_TILE - 1) / CKH_TILE;
     int64_t idx[DG_CKPT_MAX_NDIM] = {0}; /* position among the leading dims of the piece */
     uint64_t sum = 0;
     for (int64_t lr = 0; lr < nrows; lr++) {
         int64_t grow = 0; /* global row index over gshape[0..ndim-2] */
-        for (int d = 0; d < ndim - 1; d++) grow = grow * gshape[d] + start[d] + idx[d];
+        for (int d = 0; d < ndim - 1; d++)
+            grow = grow * gshape[d] + start[d] + idx[d];
         const float *row = data + lr * cn;
         for (int64_t t = c0 / CKH_TILE; t * CKH_TILE < c1; t++) {
             int64_t a = t * CKH_TILE, b = a + CKH_TILE < C ? a + CKH_TILE : C;
@@ -88,7 +91,8 @@ void ckh_add(ckh_t *h, int ti, int ndim, const int64_t *gshape, const int64_t *s
 uint64_t ckh_final(uint64_t sum, int ndim, const int64_t *gshape) {
     uint64_t desc[1 + DG_CKPT_MAX_NDIM];
     desc[0] = (uint64_t)ndim;
-    for (int d = 0; d < ndim; d++) desc[1 + d] = (uint64_t)gshape[d];
+    for (int d = 0; d < ndim; d++)
+        desc[1 + d] = (uint64_t)gshape[d];
     return XXH3_64bits_withSeed(desc, sizeof(uint64_t) * (size_t)(1 + ndim), sum);
 }
 
@@ -104,7 +108,8 @@ static int frag_cmp(const void *a, const void *b) {
 /* Assemble the fragments in buf[0..len) tile by tile and add the tile hashes to sum[]. */
 static dg_status_t assemble(const char *buf, size_t len, const ckpt_table_t *tab, uint64_t *sum) {
     size_t nf = 0;
-    for (size_t o = 0; o < len; nf++) o += frag_size(((const frag_hdr_t *)(buf + o))->len);
+    for (size_t o = 0; o < len; nf++)
+        o += frag_size(((const frag_hdr_t *)(buf + o))->len);
     if (!nf) return DG_OK;
     const frag_hdr_t **f = dg_xmalloc(nf * sizeof *f);
     size_t i = 0;
@@ -121,7 +126,8 @@ static dg_status_t assemble(const char *buf, size_t len, const ckpt_table_t *tab
         const int64_t tl = (f[a]->tile + 1) * CKH_TILE < C ? CKH_TILE : C - f[a]->tile * CKH_TILE;
         int64_t have = 0;
         size_t b = a;
-        for (; b < nf && f[b]->tensor == f[a]->tensor && f[b]->row == f[a]->row && f[b]->tile == f[a]->tile; b++) {
+        for (; b < nf && f[b]->tensor == f[a]->tensor && f[b]->row == f[a]->row && f[b]->tile == f[a]->tile;
+             b++) {
             if (f[b]->off != have) {
                 s = DG_ERR(DG_ERR_USAGE,
                            "tensor %s: the owned pieces %s at row %lld, columns %lld.. (each element needs "
@@ -171,7 +177,8 @@ static dg_status_t exchange(ckh_t *h, MPI_Comm comm, char **rbuf_out, size_t *rl
     dg_status_t s = DG_OK;
     size_t tot = 0;
     for (int r = 0; r < size; r++) {
-        if (tot + bytes[r] > (size_t)INT32_MAX) s = DG_ERR(DG_ERR_RUNTIME, "hash fragments exceed 2 GiB per rank");
+        if (tot + bytes[r] > (size_t)INT32_MAX)
+            s = DG_ERR(DG_ERR_RUNTIME, "hash fragments exceed 2 GiB per rank");
         sdis[r] = (int)tot;
         scnt[r] = (int)bytes[r];
         tot += bytes[r];
@@ -193,7 +200,8 @@ static dg_status_t exchange(ckh_t *h, MPI_Comm comm, char **rbuf_out, size_t *rl
         size_t rtot = 0;
         dg_status_t ls = DG_OK;
         for (int r = 0; r < size; r++) {
-            if (rtot + (size_t)rcnt[r] > (size_t)INT32_MAX) ls = DG_ERR(DG_ERR_RUNTIME, "hash fragments exceed 2 GiB");
+            if (rtot + (size_t)rcnt[r] > (size_t)INT32_MAX)
+                ls = DG_ERR(DG_ERR_RUNTIME, "hash fragments exceed 2 GiB");
             rdis[r] = (int)rtot;
             rtot += (size_t)rcnt[r];
         }
@@ -246,7 +254,8 @@ dg_status_t ckh_finish(ckh_t *h, MPI_Comm comm, const ckpt_table_t *tab, uint64_
         }
     }
     if (!s)
-        for (int i = 0; i < h->n; i++) out[i] = ckh_final(sum[i], tab->t[i].ndim, tab->t[i].gshape);
+        for (int i = 0; i < h->n; i++)
+            out[i] = ckh_final(sum[i], tab->t[i].ndim, tab->t[i].gshape);
     free(sum);
     return s;
 }

@@ -18,17 +18,19 @@
 
 /* Read `dset` in blocks of at most ~64 MiB aligned to its chunks (each chunk is read and checksummed
  * once) and compute its content hash. */
-static dg_status_t hash_dataset(hid_t dset, const char *where, const char *path, int ndim, const int64_t *shape,
-                                uint64_t *hash_out, ckpt_hbag_t *b) {
+static dg_status_t hash_dataset(hid_t dset, const char *where, const char *path, int ndim,
+                                const int64_t *shape, uint64_t *hash_out, ckpt_hbag_t *b) {
     const int64_t budget = 16 << 20; /* elements */
     int k = 0;
     for (; k < ndim - 1; k++) {
         int64_t inner = 1;
-        for (int d = k + 1; d < ndim; d++) inner *= shape[d];
+        for (int d = k + 1; d < ndim; d++)
+            inner *= shape[d];
         if (inner <= budget) break;
     }
     int64_t inner = 1;
-    for (int d = k + 1; d < ndim; d++) inner *= shape[d];
+    for (int d = k + 1; d < ndim; d++)
+        inner *= shape[d];
     int64_t B = budget / inner;
     if (B < 1) B = 1;
     hid_t dcpl = ckpt_hbag_add(b, H5Dget_create_plist(dset));
@@ -69,9 +71,11 @@ static dg_status_t hash_dataset(hid_t dset, const char *where, const char *path,
             if (ms >= 0) H5Sclose(ms);
             if (rc < 0) {
                 if (strstr(h5, "Fletcher32") || strstr(h5, "checksum"))
-                    s = DG_ERR(DG_ERR_USAGE, "%s: checksum mismatch (Fletcher32) in the block at index %lld of dim %d: the file "
-                                             "is damaged [%s]",
-                               where, (long long)b0, k, h5);
+                    s = DG_ERR(
+                        DG_ERR_USAGE,
+                        "%s: checksum mismatch (Fletcher32) in the block at index %lld of dim %d: the file "
+                        "is damaged [%s]",
+                        where, (long long)b0, k, h5);
                 else
                     s = DG_ERR(DG_ERR_USAGE, "%s: cannot read: %s", where, h5);
                 break;
@@ -108,8 +112,8 @@ static dg_status_t check_row(ckpt_files_t *fs, const ckpt_mrow_t *r, int full, i
         snprintf(where, sizeof where, "%s:/%s (linked from %s)", fs->name[fidx], r->path, fs->name[0]);
     const char *actual = fidx == 0 ? "" : fs->name[fidx];
     if (strcmp(actual, r->origin) != 0)
-        return DG_ERR(DG_ERR_USAGE, "%s:/%s is stored in %s but the manifest says %s; refused", fs->name[0], r->path,
-                      actual[0] ? actual : "this file", r->origin[0] ? r->origin : "this file");
+        return DG_ERR(DG_ERR_USAGE, "%s:/%s is stored in %s but the manifest says %s; refused", fs->name[0],
+                      r->path, actual[0] ? actual : "this file", r->origin[0] ? r->origin : "this file");
     DG_TRY(ckpt_check_dataset(dset, r->ndim, r->shape, where));
     uint64_t h = 0;
     DG_TRY(ckpt_attr_get_u64(dset, "xxh3", &h, where));
@@ -121,7 +125,8 @@ static dg_status_t check_row(ckpt_files_t *fs, const ckpt_mrow_t *r, int full, i
     uint64_t got = 0;
     DG_TRY(hash_dataset(dset, where, r->path, r->ndim, r->shape, &got, b));
     if (got != r->hash)
-        return DG_ERR(DG_ERR_USAGE, "%s: content hash mismatch (stored %016llx, data gives %016llx): the data changed",
+        return DG_ERR(DG_ERR_USAGE,
+                      "%s: content hash mismatch (stored %016llx, data gives %016llx): the data changed",
                       where, (unsigned long long)r->hash, (unsigned long long)got);
     return DG_OK;
 }
@@ -221,7 +226,8 @@ static dg_status_t verify_impl(const char *path, FILE *report, int *n_bad, int r
                 size_t o = 0;
                 shp[0] = 0;
                 for (int d = 0; d < rows[i].ndim; d++)
-                    o += (size_t)snprintf(shp + o, sizeof shp - o, "%s%lld", d ? ", " : "", (long long)rows[i].shape[d]);
+                    o += (size_t)snprintf(shp + o, sizeof shp - o, "%s%lld", d ? ", " : "",
+                                          (long long)rows[i].shape[d]);
                 fprintf(report, "ok    /%-48s [%s] %lld bytes%s%s\n", rows[i].path, shp, (long long)nb,
                         linked ? ", linked -> " : "", linked ? rows[i].origin : "");
             }
@@ -229,8 +235,8 @@ static dg_status_t verify_impl(const char *path, FILE *report, int *n_bad, int r
     }
     if (report)
         fprintf(report, "%s: %d datasets checked, %d bad%s, %.1f MB %s in %.2f s\n", path, nchecked, bad,
-                bad ? "" : " (checksums and content hashes match)", (double)bytes / 1e6, full ? "read" : "checked",
-                dg_now_s() - t0);
+                bad ? "" : " (checksums and content hashes match)", (double)bytes / 1e6,
+                full ? "read" : "checked", dg_now_s() - t0);
     free(rows);
     ckpt_files_close(&fs);
     if (n_bad) *n_bad = bad;
@@ -272,7 +278,8 @@ dg_status_t ckpt_info_read_locked(const char *path, dg_ckpt_info_t *info) {
         if (fs.fapl >= 0) H5Pclose(fs.fapl);
         return s;
     }
-    s = ckpt_meta_read(fs.fid[0], &info->meta, info->base, sizeof info->base, info->bases, sizeof info->bases, path);
+    s = ckpt_meta_read(fs.fid[0], &info->meta, info->base, sizeof info->base, info->bases, sizeof info->bases,
+                       path);
     ckpt_mrow_t *rows = NULL;
     int n = 0;
     if (!s) s = ckpt_manifest_read(fs.fid[0], &rows, &n, path);
@@ -312,8 +319,10 @@ void dg_ckpt_info_destroy(dg_ckpt_info_t *info) {
 
 /* ---------------- whole datasets ---------------- */
 
-static dg_status_t read_whole(ckpt_files_t *fs, const char *dset_path, float **data, int64_t *numel, ckpt_hbag_t *b) {
-    while (*dset_path == '/') dset_path++;
+static dg_status_t read_whole(ckpt_files_t *fs, const char *dset_path, float **data, int64_t *numel,
+                              ckpt_hbag_t *b) {
+    while (*dset_path == '/')
+        dset_path++;
     hid_t d = -1;
     int fidx = 0;
     DG_TRY(ckpt_resolve(fs, dset_path, &d, &fidx));
@@ -334,7 +343,8 @@ static dg_status_t read_whole(ckpt_files_t *fs, const char *dset_path, float **d
         char h5[1024];
         ckpt_h5_error_text(h5, sizeof h5);
         if (strstr(h5, "Fletcher32") || strstr(h5, "checksum"))
-            return DG_ERR(DG_ERR_USAGE, "%s: checksum mismatch (Fletcher32): the file is damaged [%s]", where, h5);
+            return DG_ERR(DG_ERR_USAGE, "%s: checksum mismatch (Fletcher32): the file is damaged [%s]", where,
+                          h5);
         return DG_ERR(DG_ERR_USAGE, "%s: cannot read: %s", where, h5);
     }
     *data = buf;
@@ -386,8 +396,8 @@ static dg_status_t write_all(int fd, const void *p, size_t n, const char *path) 
     return DG_OK;
 }
 
-static dg_status_t export_impl(const char *path, const char *out, int all, ckpt_files_t *fs, dg_ckpt_info_t *info,
-                               const char *tmp, int fd) {
+static dg_status_t export_impl(const char *path, const char *out, int all, ckpt_files_t *fs,
+                               dg_ckpt_info_t *info, const char *tmp, int fd) {
     st_item_t *it = dg_xcalloc((size_t)(info->n_entries > 0 ? info->n_entries : 1), sizeof *it);
     int n = 0;
     for (int i = 0; i < info->n_entries; i++) {
@@ -399,16 +409,18 @@ static dg_status_t export_impl(const char *path, const char *out, int all, ckpt_
     }
     if (n == 0) {
         free(it);
-        return DG_ERR(DG_ERR_USAGE, "%s has no model/ tensors to export (use --all to export every tensor)", path);
+        return DG_ERR(DG_ERR_USAGE, "%s has no model/ tensors to export (use --all to export every tensor)",
+                      path);
     }
     qsort(it, (size_t)n, sizeof *it, st_cmp);
     /* header: JSON with dtype, shape and [begin, end) byte offsets into the data block */
     size_t cap = 256 + (size_t)n * 400, len = 0;
     char *h = dg_xmalloc(cap);
-    len += (size_t)snprintf(h + len, cap - len,
-                            "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"dgtrain %s\",\"step\":\"%lld\","
-                            "\"checkpoint\":\"%s\"}",
-                            DG_VERSION_STRING, (long long)info->meta.step, ckpt_basename(path));
+    len +=
+        (size_t)snprintf(h + len, cap - len,
+                         "{\"__metadata__\":{\"format\":\"pt\",\"producer\":\"dgtrain %s\",\"step\":\"%lld\","
+                         "\"checkpoint\":\"%s\"}",
+                         DG_VERSION_STRING, (long long)info->meta.step, ckpt_basename(path));
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {
         const dg_ckpt_entry_t *e = it[i].e;
@@ -416,15 +428,17 @@ static dg_status_t export_impl(const char *path, const char *out, int all, ckpt_
         len += (size_t)snprintf(h + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[", it[i].name);
         for (int d = 0; d < e->ndim; d++)
             len += (size_t)snprintf(h + len, cap - len, "%s%lld", d ? "," : "", (long long)e->shape[d]);
-        len += (size_t)snprintf(h + len, cap - len, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
-                                (unsigned long long)(off + nb));
+        len += (size_t)snprintf(h + len, cap - len, "],\"data_offsets\":[%llu,%llu]}",
+                                (unsigned long long)off, (unsigned long long)(off + nb));
         off += nb;
     }
     len += (size_t)snprintf(h + len, cap - len, "}");
     DG_ASSERT(len + 8 < cap);
-    while (len % 8) h[len++] = ' '; /* the data block starts 8-byte aligned */
+    while (len % 8)
+        h[len++] = ' '; /* the data block starts 8-byte aligned */
     uint8_t le[8];
-    for (int i = 0; i < 8; i++) le[i] = (uint8_t)((uint64_t)len >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        le[i] = (uint8_t)((uint64_t)len >> (8 * i));
     dg_status_t s = write_all(fd, le, 8, tmp);
     if (!s) s = write_all(fd, h, len, tmp);
     free(h);
@@ -468,7 +482,8 @@ dg_status_t dg_ckpt_export_safetensors(const char *path, const char *out, int al
     } else {
         s = export_impl(path, out, all_tensors, &fs, &info, tmp, fd);
         close(fd);
-        if (!s && rename(tmp, out) != 0) s = DG_ERR(DG_ERR_RUNTIME, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
+        if (!s && rename(tmp, out) != 0)
+            s = DG_ERR(DG_ERR_RUNTIME, "cannot rename %s to %s: %s", tmp, out, strerror(errno));
         if (s) unlink(tmp);
     }
     ckpt_files_close(&fs);

@@ -18,7 +18,8 @@ static int row_cmp(const void *a, const void *b) {
 static void shape_str(int nd, const int64_t *s, char *buf, size_t cap) {
     size_t o = 0;
     buf[0] = 0;
-    for (int d = 0; d < nd && o < cap; d++) o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)s[d]);
+    for (int d = 0; d < nd && o < cap; d++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)s[d]);
 }
 
 /* Open, validate and read one tensor's pieces. Collective in its metadata calls. */
@@ -30,12 +31,14 @@ static dg_status_t load_tensor(ckpt_files_t *fs, const ckpt_mrow_t *rows, int nr
     const ckpt_mrow_t *r = bsearch(&key, rows, (size_t)nrows, sizeof key, row_cmp);
     if (!r) return DG_ERR(DG_ERR_USAGE, "%s: dataset /%s is missing (not in the manifest)", file, td->path);
     int same = r->ndim == td->ndim;
-    for (int d = 0; same && d < td->ndim; d++) same = r->shape[d] == td->gshape[d];
+    for (int d = 0; same && d < td->ndim; d++)
+        same = r->shape[d] == td->gshape[d];
     if (!same) {
         char got[200], want[200];
         shape_str(r->ndim, r->shape, got, sizeof got);
         shape_str(td->ndim, td->gshape, want, sizeof want);
-        return DG_ERR(DG_ERR_USAGE, "%s: dataset /%s has shape [%s], expected [%s]", file, td->path, got, want);
+        return DG_ERR(DG_ERR_USAGE, "%s: dataset /%s has shape [%s], expected [%s]", file, td->path, got,
+                      want);
     }
     hid_t dset = -1;
     int fidx = 0;
@@ -48,23 +51,25 @@ static dg_status_t load_tensor(ckpt_files_t *fs, const ckpt_mrow_t *rows, int nr
         snprintf(where, sizeof where, "%s:/%s (linked from %s)", fs->name[fidx], td->path, file);
     const char *actual = fidx == 0 ? "" : fs->name[fidx];
     if (strcmp(actual, r->origin) != 0)
-        return DG_ERR(DG_ERR_USAGE, "%s:/%s is stored in %s but the manifest says %s; refused", file, td->path,
-                      actual[0] ? actual : "this file", r->origin[0] ? r->origin : "this file");
+        return DG_ERR(DG_ERR_USAGE, "%s:/%s is stored in %s but the manifest says %s; refused", file,
+                      td->path, actual[0] ? actual : "this file", r->origin[0] ? r->origin : "this file");
     DG_TRY(ckpt_check_dataset(dset, td->ndim, td->gshape, where));
     if (fidx != 0) {
         uint64_t h = 0;
         DG_TRY(ckpt_attr_get_u64(dset, "xxh3", &h, where));
         if (h != r->hash)
-            return DG_ERR(DG_ERR_USAGE,
-                          "%s: content hash %016llx differs from the %016llx that %s expects (the base was replaced "
-                          "or damaged)",
-                          where, (unsigned long long)h, (unsigned long long)r->hash, file);
+            return DG_ERR(
+                DG_ERR_USAGE,
+                "%s: content hash %016llx differs from the %016llx that %s expects (the base was replaced "
+                "or damaged)",
+                where, (unsigned long long)h, (unsigned long long)r->hash, file);
     }
     for (int k = 0; k < td->npieces; k++) {
         dg_ckpt_tensor_t *p = &t[td->pieces[k]];
         if (ckpt_numel(p->ndim, p->count) == 0) continue;
         hsize_t st[DG_CKPT_MAX_NDIM], cn[DG_CKPT_MAX_NDIM];
-        for (int d = 0; d < td->ndim; d++) st[d] = (hsize_t)p->start[d], cn[d] = (hsize_t)p->count[d];
+        for (int d = 0; d < td->ndim; d++)
+            st[d] = (hsize_t)p->start[d], cn[d] = (hsize_t)p->count[d];
         hid_t fsp = ckpt_hbag_add(b, H5Dget_space(dset));
         DG_H5_CHECK(fsp, "%s", where);
         DG_H5_CHECK(H5Sselect_hyperslab(fsp, H5S_SELECT_SET, st, NULL, cn, NULL), "%s: selection", where);
@@ -74,7 +79,8 @@ static dg_status_t load_tensor(ckpt_files_t *fs, const ckpt_mrow_t *rows, int nr
             char h5[1024];
             ckpt_h5_error_text(h5, sizeof h5);
             if (strstr(h5, "Fletcher32") || strstr(h5, "checksum"))
-                return DG_ERR(DG_ERR_USAGE, "%s: checksum mismatch (Fletcher32): the file is damaged [%s]", where, h5);
+                return DG_ERR(DG_ERR_USAGE, "%s: checksum mismatch (Fletcher32): the file is damaged [%s]",
+                              where, h5);
             return DG_ERR(DG_ERR_USAGE, "%s: cannot read: %s", where, h5);
         }
         H5Sclose(ms);
@@ -91,8 +97,10 @@ static dg_status_t load_locked(MPI_Comm comm, const char *path, dg_ckpt_meta_t *
     ckpt_table_t tab;
     dg_status_t s = DG_OK;
     if (!path || !*path) s = DG_ERR(DG_ERR_USAGE, "checkpoint load: empty path");
-    if (!s) s = ckpt_table_build(t, n, 1, &tab);
-    else memset(&tab, 0, sizeof tab);
+    if (!s)
+        s = ckpt_table_build(t, n, 1, &tab);
+    else
+        memset(&tab, 0, sizeof tab);
     s = ckpt_agree(comm, s);
     if (!s) s = ckpt_table_agree(comm, t, &tab);
     if (s) {
@@ -127,12 +135,14 @@ static dg_status_t load_locked(MPI_Comm comm, const char *path, dg_ckpt_meta_t *
         const ckpt_mrow_t *r = bsearch(&key, rows, (size_t)nrows, sizeof key, row_cmp);
         DG_ASSERT(r != NULL);
         if (r->hash != tab.t[i].hash)
-            s = DG_ERR(DG_ERR_USAGE,
-                       "%s:/%s: content hash mismatch (manifest %016llx, data read %016llx): the data or its link "
-                       "target changed",
-                       path, tab.t[i].path, (unsigned long long)r->hash, (unsigned long long)tab.t[i].hash);
+            s = DG_ERR(
+                DG_ERR_USAGE,
+                "%s:/%s: content hash mismatch (manifest %016llx, data read %016llx): the data or its link "
+                "target changed",
+                path, tab.t[i].path, (unsigned long long)r->hash, (unsigned long long)tab.t[i].hash);
     }
-    if (fs.n > 0) ckpt_files_close(&fs);
+    if (fs.n > 0)
+        ckpt_files_close(&fs);
     else {
         if (fs.lapl >= 0) H5Pclose(fs.lapl);
         if (fs.fapl >= 0) H5Pclose(fs.fapl);
@@ -147,7 +157,8 @@ static dg_status_t load_locked(MPI_Comm comm, const char *path, dg_ckpt_meta_t *
     return s;
 }
 
-dg_status_t dg_ckpt_load(MPI_Comm comm, const char *path, dg_ckpt_meta_t *meta_out, dg_ckpt_tensor_t *t, int n) {
+dg_status_t dg_ckpt_load(MPI_Comm comm, const char *path, dg_ckpt_meta_t *meta_out, dg_ckpt_tensor_t *t,
+                         int n) {
     ckpt_lock();
     dg_status_t s = load_locked(comm, path, meta_out, t, n);
     ckpt_unlock();

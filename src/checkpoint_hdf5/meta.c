@@ -39,7 +39,8 @@ dg_status_t dg_ckpt_meta_set_kv(dg_ckpt_meta_t *m, const char *key, const char *
         return DG_ERR(DG_ERR_USAGE, "checkpoint meta value for '%s' is missing or longer than %zu bytes", key,
                       sizeof(m->kv[0].value) - 1);
     int i = 0;
-    while (i < m->n_kv && strcmp(m->kv[i].key, key) != 0) i++;
+    while (i < m->n_kv && strcmp(m->kv[i].key, key) != 0)
+        i++;
     if (i == m->n_kv) {
         if (m->n_kv >= DG_CKPT_MAX_KV)
             return DG_ERR(DG_ERR_USAGE, "checkpoint meta: more than %d key/value pairs", DG_CKPT_MAX_KV);
@@ -58,8 +59,8 @@ const char *dg_ckpt_meta_get_kv(const dg_ckpt_meta_t *m, const char *key) {
 
 /* ---------------- writing ---------------- */
 
-static dg_status_t meta_write(hid_t fid, const dg_ckpt_meta_t *m, int world, const char *base, const char *bases,
-                              const char *file, ckpt_hbag_t *b) {
+static dg_status_t meta_write(hid_t fid, const dg_ckpt_meta_t *m, int world, const char *base,
+                              const char *bases, const char *file, ckpt_hbag_t *b) {
     char where[4200];
     snprintf(where, sizeof where, "%s:/", file);
     DG_TRY(ckpt_attr_put_str(fid, "format", DG_CKPT_FORMAT_NAME, where));
@@ -88,12 +89,13 @@ static dg_status_t meta_write(hid_t fid, const dg_ckpt_meta_t *m, int world, con
     snprintf(where, sizeof where, "%s:/state/kv", file);
     hid_t kv = ckpt_hbag_add(b, H5Gcreate2(g, "kv", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
     DG_H5_CHECK(kv, "%s: cannot create the group", where);
-    for (int i = 0; i < m->n_kv; i++) DG_TRY(ckpt_attr_put_str(kv, m->kv[i].key, m->kv[i].value, where));
+    for (int i = 0; i < m->n_kv; i++)
+        DG_TRY(ckpt_attr_put_str(kv, m->kv[i].key, m->kv[i].value, where));
     return DG_OK;
 }
 
-dg_status_t ckpt_meta_write(hid_t fid, const dg_ckpt_meta_t *m, int world, const char *base, const char *bases,
-                            const char *file) {
+dg_status_t ckpt_meta_write(hid_t fid, const dg_ckpt_meta_t *m, int world, const char *base,
+                            const char *bases, const char *file) {
     ckpt_hbag_t b = {0};
     dg_status_t s = meta_write(fid, m, world, base, bases, file, &b);
     ckpt_hbag_close(&b);
@@ -134,7 +136,8 @@ static dg_status_t meta_read(hid_t fid, dg_ckpt_meta_t *m, char *base, size_t ba
     snprintf(where, sizeof where, "%s", file);
     char fmt[64] = "";
     if (!ckpt_attr_exists(fid, "format"))
-        return DG_ERR(DG_ERR_USAGE, "%s is an HDF5 file but not a dgtrain checkpoint (no 'format' attribute)", file);
+        return DG_ERR(DG_ERR_USAGE, "%s is an HDF5 file but not a dgtrain checkpoint (no 'format' attribute)",
+                      file);
     DG_TRY(ckpt_attr_get_str(fid, "format", fmt, sizeof fmt, where));
     if (strcmp(fmt, DG_CKPT_FORMAT_NAME) != 0)
         return DG_ERR(DG_ERR_USAGE, "%s is not a dgtrain checkpoint (format '%s', expected '%s')", file, fmt,
@@ -142,7 +145,8 @@ static dg_status_t meta_read(hid_t fid, dg_ckpt_meta_t *m, char *base, size_t ba
     int64_t v = 0;
     DG_TRY(ckpt_attr_get_i64(fid, "format_version", &v, where));
     if (v < 1 || v > DG_CKPT_FORMAT_VERSION)
-        return DG_ERR(DG_ERR_USAGE, "%s has checkpoint format version %lld; this dgtrain reads versions 1..%d", file,
+        return DG_ERR(DG_ERR_USAGE,
+                      "%s has checkpoint format version %lld; this dgtrain reads versions 1..%d", file,
                       (long long)v, DG_CKPT_FORMAT_VERSION);
     m->format_version = (int)v;
     DG_TRY(ckpt_attr_get_i64(fid, "step", &m->step, where));
@@ -160,7 +164,8 @@ static dg_status_t meta_read(hid_t fid, dg_ckpt_meta_t *m, char *base, size_t ba
     char algo[64];
     DG_TRY(ckpt_attr_get_str(fid, "hash_algo", algo, sizeof algo, where));
     if (strcmp(algo, CKPT_HASH_ALGO) != 0)
-        return DG_ERR(DG_ERR_USAGE, "%s: unknown content hash '%s' (expected %s)", file, algo, CKPT_HASH_ALGO);
+        return DG_ERR(DG_ERR_USAGE, "%s: unknown content hash '%s' (expected %s)", file, algo,
+                      CKPT_HASH_ALGO);
     if (base) DG_TRY(ckpt_attr_get_str(fid, "base", base, base_cap, where));
     if (bases) DG_TRY(ckpt_attr_get_str(fid, "bases", bases, bases_cap, where));
 
@@ -178,7 +183,8 @@ static dg_status_t meta_read(hid_t fid, dg_ckpt_meta_t *m, char *base, size_t ba
     DG_TRY(ckpt_attr_get_f64(g, "scaler_scale", &m->scaler.scale, where));
     DG_TRY(ckpt_attr_get_i64(g, "scaler_good_steps", &m->scaler.good_steps, where));
     m->n_rng = 0;
-    if (ckpt_attr_exists(g, "rng")) DG_TRY(ckpt_attr_get_u64v(g, "rng", m->rng, DG_CKPT_MAX_RNG, &m->n_rng, where));
+    if (ckpt_attr_exists(g, "rng"))
+        DG_TRY(ckpt_attr_get_u64v(g, "rng", m->rng, DG_CKPT_MAX_RNG, &m->n_rng, where));
     m->n_kv = 0;
     snprintf(where, sizeof where, "%s:/state/kv", file);
     e = H5Lexists(g, "kv", H5P_DEFAULT);
@@ -257,7 +263,8 @@ static dg_status_t manifest_read(hid_t fid, ckpt_mrow_t **rows, int *n, const ch
     htri_t e = H5Lexists(fid, "manifest", H5P_DEFAULT);
     if (e <= 0) {
         H5Eclear2(H5E_DEFAULT);
-        return DG_ERR(DG_ERR_USAGE, "%s: dataset /manifest is missing (not a complete dgtrain checkpoint)", file);
+        return DG_ERR(DG_ERR_USAGE, "%s: dataset /manifest is missing (not a complete dgtrain checkpoint)",
+                      file);
     }
     hid_t d = ckpt_hbag_add(b, H5Dopen2(fid, "manifest", H5P_DEFAULT));
     DG_H5_CHECK(d, "%s:/manifest: cannot open", file);
@@ -277,7 +284,8 @@ static dg_status_t manifest_read(hid_t fid, ckpt_mrow_t **rows, int *n, const ch
         r[i].path[DG_CKPT_MAX_PATH] = 0;
         r[i].origin[255] = 0;
         int ok = r[i].ndim >= 1 && r[i].ndim <= DG_CKPT_MAX_NDIM && r[i].path[0];
-        for (int k = 0; ok && k < r[i].ndim; k++) ok = r[i].shape[k] >= 1;
+        for (int k = 0; ok && k < r[i].ndim; k++)
+            ok = r[i].shape[k] >= 1;
         if (!ok) {
             free(r);
             return DG_ERR(DG_ERR_USAGE, "%s:/manifest row %lld is malformed", file, (long long)i);

@@ -38,7 +38,8 @@ static void cands_rank0(const char *dir, cands_t *c) {
         struct stat st;
         snprintf(p, sizeof p, "%s/%s", dir, latest);
         if (stat(p, &st) != 0) {
-            snprintf(c->note, sizeof c->note, "%s/LATEST names %s, which is missing: %s", dir, latest, strerror(errno));
+            snprintf(c->note, sizeof c->note, "%s/LATEST names %s, which is missing: %s", dir, latest,
+                     strerror(errno));
             latest[0] = 0;
         }
     }
@@ -56,7 +57,8 @@ static dg_status_t cands_get(MPI_Comm comm, const char *dir, cands_t *c) {
     DG_MPI_CHECK(MPI_Bcast(c->note, sizeof c->note, MPI_CHAR, 0, comm));
     if (rank != 0) c->name = dg_xcalloc((size_t)c->n + 1, 256);
     if (c->n > 0) DG_MPI_CHECK(MPI_Bcast(c->name, c->n * 256, MPI_CHAR, 0, comm));
-    if (rank == 0 && c->note[0]) DG_LOG_WARN("checkpoint: %s; falling back to the newest complete checkpoint", c->note);
+    if (rank == 0 && c->note[0])
+        DG_LOG_WARN("checkpoint: %s; falling back to the newest complete checkpoint", c->note);
     return DG_OK;
 }
 
@@ -83,7 +85,8 @@ static dg_status_t check_one(MPI_Comm comm, const char *path, int full) {
 typedef enum { MODE_NEVER, MODE_AUTO, MODE_FILE } mode_t_;
 
 static dg_status_t parse_mode(const char *dir, const char *mode, mode_t_ *m, char *adir, size_t cap) {
-    if (!mode || !*mode) return DG_ERR(DG_ERR_USAGE, "checkpoint.resume: expected auto, never or a path, got ''");
+    if (!mode || !*mode)
+        return DG_ERR(DG_ERR_USAGE, "checkpoint.resume: expected auto, never or a path, got ''");
     if (!strcmp(mode, "never")) {
         *m = MODE_NEVER;
         return DG_OK;
@@ -96,8 +99,8 @@ static dg_status_t parse_mode(const char *dir, const char *mode, mode_t_ *m, cha
     }
     struct stat st;
     if (stat(mode, &st) != 0)
-        return DG_ERR(DG_ERR_USAGE, "checkpoint.resume=%s: %s (expected auto, never or an existing path)", mode,
-                      strerror(errno));
+        return DG_ERR(DG_ERR_USAGE, "checkpoint.resume=%s: %s (expected auto, never or an existing path)",
+                      mode, strerror(errno));
     if (S_ISDIR(st.st_mode)) {
         snprintf(adir, cap, "%s", mode);
         *m = MODE_AUTO;
@@ -109,7 +112,8 @@ static dg_status_t parse_mode(const char *dir, const char *mode, mode_t_ *m, cha
 
 static dg_status_t set_out(char *out, size_t cap, const char *dir, const char *name) {
     int n = dir ? snprintf(out, cap, "%s/%s", dir, name) : snprintf(out, cap, "%s", name);
-    if (n < 0 || (size_t)n >= cap) return DG_ERR(DG_ERR_USAGE, "checkpoint path longer than %zu bytes", cap - 1);
+    if (n < 0 || (size_t)n >= cap)
+        return DG_ERR(DG_ERR_USAGE, "checkpoint path longer than %zu bytes", cap - 1);
     return DG_OK;
 }
 
@@ -153,10 +157,11 @@ dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const ch
     free(c.name);
     if (s) return s;
     if (!found && n > 0)
-        return DG_ERR(DG_ERR_USAGE,
-                      "no usable checkpoint in %s: all %d rejected (newest: %s); use checkpoint.resume=never to start "
-                      "over",
-                      dir, n, first_err);
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "no usable checkpoint in %s: all %d rejected (newest: %s); use checkpoint.resume=never to start "
+            "over",
+            dir, n, first_err);
     return DG_OK;
 }
 
@@ -190,7 +195,8 @@ dg_status_t dg_ckpt_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode
             s = set_out(path_out, cap, dir, c.name[i]);
         } else if (s == DG_ERR_USAGE) {
             if (!first_err[0]) snprintf(first_err, sizeof first_err, "%s", dg_last_error());
-            if (rank == 0) DG_LOG_WARN("checkpoint: cannot resume from %s: %s; trying an older one", p, dg_last_error());
+            if (rank == 0)
+                DG_LOG_WARN("checkpoint: cannot resume from %s: %s; trying an older one", p, dg_last_error());
             s = DG_OK;
         } else {
             break;
@@ -200,9 +206,10 @@ dg_status_t dg_ckpt_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode
     free(c.name);
     if (s) return s;
     if (!found && nc > 0)
-        return DG_ERR(DG_ERR_USAGE,
-                      "no usable checkpoint in %s: all %d rejected (newest: %s); use checkpoint.resume=never to start "
-                      "over",
-                      dir, nc, first_err);
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "no usable checkpoint in %s: all %d rejected (newest: %s); use checkpoint.resume=never to start "
+            "over",
+            dir, nc, first_err);
     return DG_OK;
 }

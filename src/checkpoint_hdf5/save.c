@@ -48,10 +48,12 @@ typedef struct save_ctx {
 static void chunk_dims(int nd, const int64_t *g, int64_t target_bytes, hsize_t *ch) {
     int64_t target = target_bytes / 4;
     if (target < 1) target = 1;
-    for (int d = 0; d < nd; d++) ch[d] = (hsize_t)g[d];
+    for (int d = 0; d < nd; d++)
+        ch[d] = (hsize_t)g[d];
     for (int d = 0; d < nd; d++) {
         int64_t inner = 1;
-        for (int k = d + 1; k < nd; k++) inner *= g[k];
+        for (int k = d + 1; k < nd; k++)
+            inner *= g[k];
         if (inner >= target && d < nd - 1) {
             ch[d] = 1;
             continue;
@@ -78,9 +80,10 @@ static dg_status_t decide_links(save_ctx_t *c) {
         char bdir[4096], r1[PATH_MAX], r2[PATH_MAX];
         ckpt_dirname(c->o.base, bdir, sizeof bdir);
         if (!realpath(bdir, r1) || !realpath(c->dir, r2) || strcmp(r1, r2) != 0)
-            return DG_ERR(DG_ERR_USAGE,
-                          "incremental base %s is not in the checkpoint directory %s (links must stay inside it)",
-                          c->o.base, c->dir);
+            return DG_ERR(
+                DG_ERR_USAGE,
+                "incremental base %s is not in the checkpoint directory %s (links must stay inside it)",
+                c->o.base, c->dir);
         snprintf(base_path, sizeof base_path, "%s", c->o.base);
     } else {
         char latest[256];
@@ -112,7 +115,8 @@ static dg_status_t decide_links(save_ctx_t *c) {
         const dg_ckpt_entry_t *e = bsearch(&key, info.entries, (size_t)info.n_entries, sizeof key, entry_cmp);
         if (!e || e->ndim != td->ndim || e->hash != td->hash) continue;
         int same = 1;
-        for (int d = 0; d < td->ndim; d++) same &= e->shape[d] == td->gshape[d];
+        for (int d = 0; d < td->ndim; d++)
+            same &= e->shape[d] == td->gshape[d];
         if (!same) continue;
         const char *org = e->origin[0] ? e->origin : bname;
         if (strcmp(org, c->final_name) == 0) continue; /* would point at the file being replaced */
@@ -130,13 +134,15 @@ static dg_status_t decide_links(save_ctx_t *c) {
         for (int i = 0; i < c->tab.n; i++) {
             if (!c->origin[i][0]) continue;
             int dup = 0;
-            for (int k = 0; k < i && !dup; k++) dup = strcmp(c->origin[k], c->origin[i]) == 0;
+            for (int k = 0; k < i && !dup; k++)
+                dup = strcmp(c->origin[k], c->origin[i]) == 0;
             if (dup) continue;
             if (len + strlen(c->origin[i]) + 2 >= sizeof c->bases) {
                 dg_ckpt_info_destroy(&info);
                 return DG_ERR(DG_ERR_USAGE, "checkpoint %s would link to too many base files", c->final_name);
             }
-            len += (size_t)snprintf(c->bases + len, sizeof c->bases - len, "%s%s", len ? " " : "", c->origin[i]);
+            len +=
+                (size_t)snprintf(c->bases + len, sizeof c->bases - len, "%s%s", len ? " " : "", c->origin[i]);
         }
     }
     dg_ckpt_info_destroy(&info);
@@ -155,7 +161,8 @@ static dg_status_t write_tensor(save_ctx_t *c, int i, ckpt_hbag_t *b) {
         return DG_OK;
     }
     hsize_t dims[DG_CKPT_MAX_NDIM], ch[DG_CKPT_MAX_NDIM];
-    for (int d = 0; d < td->ndim; d++) dims[d] = (hsize_t)td->gshape[d];
+    for (int d = 0; d < td->ndim; d++)
+        dims[d] = (hsize_t)td->gshape[d];
     chunk_dims(td->ndim, td->gshape, c->o.chunk_bytes, ch);
     hid_t space = ckpt_hbag_add(b, H5Screate_simple(td->ndim, dims, NULL));
     DG_H5_CHECK(space, "%s:/%s: dataspace", c->partial_path, td->path);
@@ -165,7 +172,8 @@ static dg_status_t write_tensor(save_ctx_t *c, int i, ckpt_hbag_t *b) {
     DG_H5_CHECK(H5Pset_fletcher32(dcpl), "%s:/%s: Fletcher32 filter", c->partial_path, td->path);
     /* every byte gets written: filling first would write the file twice */
     DG_H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "%s:/%s", c->partial_path, td->path);
-    hid_t dset = ckpt_hbag_add(b, H5Dcreate2(c->fid, td->path, H5T_IEEE_F32LE, space, c->lcpl, dcpl, H5P_DEFAULT));
+    hid_t dset =
+        ckpt_hbag_add(b, H5Dcreate2(c->fid, td->path, H5T_IEEE_F32LE, space, c->lcpl, dcpl, H5P_DEFAULT));
     DG_H5_CHECK(dset, "%s: cannot create dataset /%s", c->partial_path, td->path);
     float dummy = 0;
     for (int k = 0; k < td->maxpieces; k++) {
@@ -176,7 +184,8 @@ static dg_status_t write_tensor(save_ctx_t *c, int i, ckpt_hbag_t *b) {
         hid_t ms;
         if (mine) {
             hsize_t st[DG_CKPT_MAX_NDIM], cn[DG_CKPT_MAX_NDIM];
-            for (int d = 0; d < td->ndim; d++) st[d] = (hsize_t)p->start[d], cn[d] = (hsize_t)p->count[d];
+            for (int d = 0; d < td->ndim; d++)
+                st[d] = (hsize_t)p->start[d], cn[d] = (hsize_t)p->count[d];
             DG_H5_CHECK(H5Sselect_hyperslab(fs, H5S_SELECT_SET, st, NULL, cn, NULL), "%s:/%s: selection",
                         c->partial_path, td->path);
             ms = ckpt_hbag_add(b, H5Screate_simple(td->ndim, cn, NULL));
@@ -205,7 +214,8 @@ static dg_status_t write_manifest(save_ctx_t *c, ckpt_hbag_t *b) {
         const ckpt_tdesc_t *td = &c->tab.t[i];
         snprintf(rows[i].path, sizeof rows[i].path, "%s", td->path);
         rows[i].ndim = td->ndim;
-        for (int d = 0; d < DG_CKPT_MAX_NDIM; d++) rows[i].shape[d] = d < td->ndim ? td->gshape[d] : 0;
+        for (int d = 0; d < DG_CKPT_MAX_NDIM; d++)
+            rows[i].shape[d] = d < td->ndim ? td->gshape[d] : 0;
         rows[i].hash = td->hash;
         snprintf(rows[i].origin, sizeof rows[i].origin, "%s", c->origin[i]);
     }
@@ -217,12 +227,14 @@ static dg_status_t write_manifest(save_ctx_t *c, ckpt_hbag_t *b) {
     if (mt < 0 || space < 0 || dcpl < 0)
         s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Tcreate()", "%s:/manifest", c->partial_path);
     if (!s && n > 0 && (H5Pset_chunk(dcpl, 1, &ch) < 0 || H5Pset_fletcher32(dcpl) < 0))
-        s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Pset_chunk()", "%s:/manifest", c->partial_path);
+        s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Pset_chunk()", "%s:/manifest",
+                         c->partial_path);
     hid_t d = -1;
     if (!s) {
         d = ckpt_hbag_add(b, H5Dcreate2(c->fid, "manifest", mt, space, H5P_DEFAULT, dcpl, H5P_DEFAULT));
         if (d < 0)
-            s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Dcreate2()", "%s:/manifest", c->partial_path);
+            s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Dcreate2()", "%s:/manifest",
+                             c->partial_path);
     }
     if (!s && n > 0) {
         hid_t fs = ckpt_hbag_add(b, H5Scopy(space));
@@ -300,8 +312,8 @@ static void retention(const char *dir, int keep) {
     for (int q = 0; q < nlive; q++) {
         char bases[4096];
         if (read_bases(dir, live[q], bases, sizeof bases) != DG_OK) {
-            DG_LOG_WARN("checkpoint retention: cannot tell what %s/%s links to (%s); deleting nothing", dir, live[q],
-                        dg_last_error());
+            DG_LOG_WARN("checkpoint retention: cannot tell what %s/%s links to (%s); deleting nothing", dir,
+                        live[q], dg_last_error());
             free(live), free(e);
             return;
         }
@@ -343,7 +355,8 @@ static dg_status_t prepare_rank0(save_ctx_t *c) {
         /* e.g. a directory of that name: H5Fcreate would fail less clearly */
         struct stat st;
         if (stat(c->partial_path, &st) == 0 && S_ISDIR(st.st_mode))
-            return DG_ERR(DG_ERR_RUNTIME, "cannot write checkpoint: %s exists and is a directory", c->partial_path);
+            return DG_ERR(DG_ERR_RUNTIME, "cannot write checkpoint: %s exists and is a directory",
+                          c->partial_path);
     }
     if (c->o.incremental) DG_TRY(decide_links(c));
     return DG_OK;
@@ -369,7 +382,8 @@ static dg_status_t commit_rank0(save_ctx_t *c) {
     if ((st.st_mode & S_IWOTH) && chmod(c->partial_path, st.st_mode & 07775) != 0)
         return DG_ERR(DG_ERR_RUNTIME, "chmod %s: %s", c->partial_path, strerror(errno));
     if (rename(c->partial_path, c->final_path) != 0)
-        return DG_ERR(DG_ERR_RUNTIME, "cannot rename %s to %s: %s", c->partial_path, c->final_path, strerror(errno));
+        return DG_ERR(DG_ERR_RUNTIME, "cannot rename %s to %s: %s", c->partial_path, c->final_path,
+                      strerror(errno));
     DG_TRY(ckpt_fsync_dir(c->dir));
     return ckpt_write_latest(c->dir, c->final_name);
 }
@@ -438,19 +452,21 @@ static dg_status_t write_file(save_ctx_t *c) {
     herr_t cr = H5Fclose(c->fid);
     c->fid = -1;
     if (!s && cr < 0)
-        s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Fclose()", "closing checkpoint %s", c->partial_path);
+        s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Fclose()", "closing checkpoint %s",
+                         c->partial_path);
     if (!s) s = ckpt_test_fail("close", c->rank);
     s = ckpt_agree(c->comm, s);
     /* each rank flushes what it wrote (on parallel file systems one client's fsync is not enough) */
     double t_sync = dg_now_s();
     if (!s) s = ckpt_agree(c->comm, fsync_file(c->partial_path));
-    DG_LOG_DEBUG("checkpoint %s: create+write %.3f s, close %.3f s, fsync %.3f s", c->final_name, t_close - t_create,
-                 t_sync - t_close, dg_now_s() - t_sync);
+    DG_LOG_DEBUG("checkpoint %s: create+write %.3f s, close %.3f s, fsync %.3f s", c->final_name,
+                 t_close - t_create, t_sync - t_close, dg_now_s() - t_sync);
     return s;
 }
 
-dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_t *meta, const dg_ckpt_tensor_t *t,
-                             int n, const dg_ckpt_save_opts_t *opts, dg_ckpt_save_result_t *res) {
+dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_t *meta,
+                             const dg_ckpt_tensor_t *t, int n, const dg_ckpt_save_opts_t *opts,
+                             dg_ckpt_save_result_t *res) {
     double t0 = dg_now_s();
     save_ctx_t c;
     memset(&c, 0, sizeof c);
@@ -549,10 +565,11 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
         snprintf(res->base, sizeof res->base, "%s", c.base);
     }
     if (!s)
-        DG_LOG_DEBUG("checkpoint %s phases: validate %.3f s, hash %.3f s, plan %.3f s, write+close+fsync %.3f s, "
-                     "commit+retention %.3f s",
-                     c.final_name, t_hash - t0, t_prep - t_hash, t_write - t_prep, t_commit - t_write,
-                     dg_now_s() - t_commit);
+        DG_LOG_DEBUG(
+            "checkpoint %s phases: validate %.3f s, hash %.3f s, plan %.3f s, write+close+fsync %.3f s, "
+            "commit+retention %.3f s",
+            c.final_name, t_hash - t0, t_prep - t_hash, t_write - t_prep, t_commit - t_write,
+            dg_now_s() - t_commit);
     if (!s)
         DG_LOG_INFO("checkpoint: wrote %s (%.1f MB, %d of %d tensors linked to older checkpoints) in %.2f s",
                     c.final_path, (double)bytes / 1e6, res ? res->n_linked : 0, c.tab.n, dg_now_s() - t0);
@@ -562,8 +579,9 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
     return s;
 }
 
-dg_status_t dg_ckpt_save(MPI_Comm comm, const char *ckpt_dir, const dg_ckpt_meta_t *meta, const dg_ckpt_tensor_t *t,
-                         int n, const dg_ckpt_save_opts_t *opts, dg_ckpt_save_result_t *res) {
+dg_status_t dg_ckpt_save(MPI_Comm comm, const char *ckpt_dir, const dg_ckpt_meta_t *meta,
+                         const dg_ckpt_tensor_t *t, int n, const dg_ckpt_save_opts_t *opts,
+                         dg_ckpt_save_result_t *res) {
     /* background writes submitted earlier commit first, so LATEST follows submission order */
     ckpt_inflight_wait_zero();
     ckpt_lock();

@@ -14,25 +14,27 @@
 
 int64_t ckpt_numel(int ndim, const int64_t *shape) {
     int64_t n = 1;
-    for (int d = 0; d < ndim; d++) n *= shape[d];
+    for (int d = 0; d < ndim; d++)
+        n *= shape[d];
     return n;
 }
 
 static int path_char_ok(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-           c == '-' || c == '/';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-' || c == '/';
 }
 
 static dg_status_t check_path(const char *p, int i) {
     if (!p || !*p) return DG_ERR(DG_ERR_USAGE, "checkpoint tensor %d: empty path", i);
     size_t len = strlen(p);
     if (len > DG_CKPT_MAX_PATH)
-        return DG_ERR(DG_ERR_USAGE, "checkpoint tensor path '%.40s...' is longer than %d bytes", p, DG_CKPT_MAX_PATH);
+        return DG_ERR(DG_ERR_USAGE, "checkpoint tensor path '%.40s...' is longer than %d bytes", p,
+                      DG_CKPT_MAX_PATH);
     for (size_t k = 0; k < len; k++)
         if (!path_char_ok(p[k]))
             return DG_ERR(DG_ERR_USAGE,
-                          "checkpoint tensor path '%s': character '%c' not allowed (use A-Z a-z 0-9 . _ - /)", p,
-                          p[k]);
+                          "checkpoint tensor path '%s': character '%c' not allowed (use A-Z a-z 0-9 . _ - /)",
+                          p, p[k]);
     const char *c = p;
     int first = 1;
     while (1) {
@@ -41,8 +43,8 @@ static dg_status_t check_path(const char *p, int i) {
         if (n == 0 || (n == 1 && c[0] == '.') || (n == 2 && c[0] == '.' && c[1] == '.'))
             return DG_ERR(DG_ERR_USAGE, "checkpoint tensor path '%s': empty, '.' or '..' component", p);
         if (first && ((n == 5 && !strncmp(c, "state", 5)) || (n == 8 && !strncmp(c, "manifest", 8))))
-            return DG_ERR(DG_ERR_USAGE, "checkpoint tensor path '%s': top-level name '%.*s' is reserved", p, (int)n,
-                          c);
+            return DG_ERR(DG_ERR_USAGE, "checkpoint tensor path '%s': top-level name '%.*s' is reserved", p,
+                          (int)n, c);
         first = 0;
         if (!e) break;
         c = e + 1;
@@ -53,27 +55,29 @@ static dg_status_t check_path(const char *p, int i) {
 static dg_status_t check_piece(const dg_ckpt_tensor_t *t, int i, int for_load) {
     DG_TRY(check_path(t->path, i));
     if (t->ndim < 1 || t->ndim > DG_CKPT_MAX_NDIM)
-        return DG_ERR(DG_ERR_USAGE, "checkpoint tensor %s: ndim %d outside 1..%d", t->path, t->ndim, DG_CKPT_MAX_NDIM);
+        return DG_ERR(DG_ERR_USAGE, "checkpoint tensor %s: ndim %d outside 1..%d", t->path, t->ndim,
+                      DG_CKPT_MAX_NDIM);
     if (t->owner != 0 && t->owner != 1)
         return DG_ERR(DG_ERR_USAGE, "checkpoint tensor %s: owner must be 0 or 1, got %d", t->path, t->owner);
     int64_t numel = 1, local = 1;
     for (int d = 0; d < t->ndim; d++) {
         if (t->gshape[d] < 1 || t->gshape[d] > ((int64_t)1 << 40))
-            return DG_ERR(DG_ERR_USAGE, "checkpoint tensor %s: global dim %d is %lld (expected 1..2^40)", t->path, d,
-                          (long long)t->gshape[d]);
+            return DG_ERR(DG_ERR_USAGE, "checkpoint tensor %s: global dim %d is %lld (expected 1..2^40)",
+                          t->path, d, (long long)t->gshape[d]);
         if (t->start[d] < 0 || t->count[d] < 0 || t->start[d] > t->gshape[d] - t->count[d])
-            return DG_ERR(DG_ERR_USAGE,
-                          "checkpoint tensor %s: piece start %lld count %lld on dim %d is outside the global size "
-                          "%lld",
-                          t->path, (long long)t->start[d], (long long)t->count[d], d, (long long)t->gshape[d]);
+            return DG_ERR(
+                DG_ERR_USAGE,
+                "checkpoint tensor %s: piece start %lld count %lld on dim %d is outside the global size "
+                "%lld",
+                t->path, (long long)t->start[d], (long long)t->count[d], d, (long long)t->gshape[d]);
         if (numel > ((int64_t)1 << 50) / t->gshape[d])
             return DG_ERR(DG_ERR_USAGE, "checkpoint tensor %s: more than 2^50 elements", t->path);
         numel *= t->gshape[d];
         local *= t->count[d];
     }
     if (local > 0 && !t->data && (for_load || t->owner))
-        return DG_ERR(DG_ERR_USAGE, "checkpoint tensor %s: data is NULL for a piece of %lld elements", t->path,
-                      (long long)local);
+        return DG_ERR(DG_ERR_USAGE, "checkpoint tensor %s: data is NULL for a piece of %lld elements",
+                      t->path, (long long)local);
     return DG_OK;
 }
 
@@ -96,9 +100,11 @@ static int group_cmp(const void *a, const void *b) {
 dg_status_t ckpt_table_build(const dg_ckpt_tensor_t *t, int n, int for_load, ckpt_table_t *tab) {
     memset(tab, 0, sizeof *tab);
     if (n < 0 || (n > 0 && !t)) return DG_ERR(DG_ERR_USAGE, "checkpoint: bad tensor list (n = %d)", n);
-    for (int i = 0; i < n; i++) DG_TRY(check_piece(&t[i], i, for_load));
+    for (int i = 0; i < n; i++)
+        DG_TRY(check_piece(&t[i], i, for_load));
     int *ord = dg_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(int));
-    for (int i = 0; i < n; i++) ord[i] = i;
+    for (int i = 0; i < n; i++)
+        ord[i] = i;
     qsort_r(ord, (size_t)n, sizeof(int), idx_cmp, (void *)t);
     group_t *g = dg_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(group_t));
     int ng = 0;
@@ -108,8 +114,11 @@ dg_status_t ckpt_table_build(const dg_ckpt_tensor_t *t, int n, int for_load, ckp
         while (j < n && strcmp(t[ord[j]].path, t[ord[i]].path) == 0) {
             const dg_ckpt_tensor_t *a = &t[ord[i]], *b = &t[ord[j]];
             int same = a->ndim == b->ndim;
-            for (int d = 0; same && d < a->ndim; d++) same = a->gshape[d] == b->gshape[d];
-            if (!same) s = DG_ERR(DG_ERR_USAGE, "checkpoint tensor %s: pieces disagree on the global shape", a->path);
+            for (int d = 0; same && d < a->ndim; d++)
+                same = a->gshape[d] == b->gshape[d];
+            if (!same)
+                s = DG_ERR(DG_ERR_USAGE, "checkpoint tensor %s: pieces disagree on the global shape",
+                           a->path);
             j++;
         }
         g[ng++] = (group_t){ord[i], i, j};
@@ -139,11 +148,13 @@ dg_status_t ckpt_table_build(const dg_ckpt_tensor_t *t, int n, int for_load, ckp
         d->path = f->path;
         d->ndim = f->ndim;
         memcpy(d->gshape, f->gshape, sizeof d->gshape);
-        for (int x = f->ndim; x < DG_CKPT_MAX_NDIM; x++) d->gshape[x] = 0;
+        for (int x = f->ndim; x < DG_CKPT_MAX_NDIM; x++)
+            d->gshape[x] = 0;
         d->numel = ckpt_numel(f->ndim, f->gshape);
         d->pieces = tab->piece_idx + pos;
         /* pieces in caller order: the sorted range holds them ascending by index already */
-        for (int r = g[k].begin; r < g[k].end; r++) tab->piece_idx[pos++] = ord[r];
+        for (int r = g[k].begin; r < g[k].end; r++)
+            tab->piece_idx[pos++] = ord[r];
         d->npieces = g[k].end - g[k].begin;
         d->maxpieces = d->npieces;
     }
@@ -185,18 +196,21 @@ dg_status_t ckpt_table_agree(MPI_Comm comm, const dg_ckpt_tensor_t *t, ckpt_tabl
         } mine = {sig, tab->n}, *all = dg_xmalloc(sizeof mine * (size_t)size);
         int rc = MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, comm);
         int bad = 1;
-        while (bad < size && all[bad].sig == all[0].sig) bad++;
-        dg_status_t s = DG_ERR(DG_ERR_USAGE,
-                               "checkpoint: ranks disagree on the tensor list (rank %d lists %lld tensors, rank 0 "
-                               "lists %lld, or their names or shapes differ)",
-                               bad < size ? bad : -1, bad < size ? (long long)all[bad].n : -1LL, (long long)all[0].n);
+        while (bad < size && all[bad].sig == all[0].sig)
+            bad++;
+        dg_status_t s =
+            DG_ERR(DG_ERR_USAGE,
+                   "checkpoint: ranks disagree on the tensor list (rank %d lists %lld tensors, rank 0 "
+                   "lists %lld, or their names or shapes differ)",
+                   bad < size ? bad : -1, bad < size ? (long long)all[bad].n : -1LL, (long long)all[0].n);
         free(all);
         if (rc != MPI_SUCCESS) return DG_ERR(DG_ERR_RUNTIME, "MPI_Allgather failed");
         return s;
     }
     if (tab->n == 0) return DG_OK;
     int *mp = dg_xmalloc((size_t)tab->n * sizeof(int)), *mpall = dg_xmalloc((size_t)tab->n * sizeof(int));
-    int64_t *own = dg_xcalloc((size_t)tab->n, sizeof(int64_t)), *ownall = dg_xcalloc((size_t)tab->n, sizeof(int64_t));
+    int64_t *own = dg_xcalloc((size_t)tab->n, sizeof(int64_t)),
+            *ownall = dg_xcalloc((size_t)tab->n, sizeof(int64_t));
     for (int i = 0; i < tab->n; i++) {
         mp[i] = tab->t[i].npieces;
         for (int k = 0; k < tab->t[i].npieces; k++) {
@@ -207,14 +221,16 @@ dg_status_t ckpt_table_agree(MPI_Comm comm, const dg_ckpt_tensor_t *t, ckpt_tabl
     int rc1 = MPI_Allreduce(mp, mpall, tab->n, MPI_INT, MPI_MAX, comm);
     int rc2 = MPI_Allreduce(own, ownall, tab->n, MPI_INT64_T, MPI_SUM, comm);
     dg_status_t s = DG_OK;
-    if (rc1 != MPI_SUCCESS || rc2 != MPI_SUCCESS) s = DG_ERR(DG_ERR_RUNTIME, "MPI_Allreduce failed (tensor table)");
+    if (rc1 != MPI_SUCCESS || rc2 != MPI_SUCCESS)
+        s = DG_ERR(DG_ERR_RUNTIME, "MPI_Allreduce failed (tensor table)");
     for (int i = 0; i < tab->n && !s; i++) {
         tab->t[i].maxpieces = mpall[i];
         if (ownall[i] != tab->t[i].numel)
-            s = DG_ERR(DG_ERR_USAGE,
-                       "checkpoint tensor %s: the owned pieces cover %lld elements, the tensor has %lld (each "
-                       "element needs exactly one owner)",
-                       tab->t[i].path, (long long)ownall[i], (long long)tab->t[i].numel);
+            s = DG_ERR(
+                DG_ERR_USAGE,
+                "checkpoint tensor %s: the owned pieces cover %lld elements, the tensor has %lld (each "
+                "element needs exactly one owner)",
+                tab->t[i].path, (long long)ownall[i], (long long)tab->t[i].numel);
     }
     free(mp), free(mpall), free(own), free(ownall);
     return s;
@@ -231,7 +247,8 @@ dg_status_t ckpt_table_hash(MPI_Comm comm, const dg_ckpt_tensor_t *t, ckpt_table
     uint64_t *out = dg_xcalloc((size_t)(tab->n > 0 ? tab->n : 1), sizeof(uint64_t));
     dg_status_t s = ckh_finish(&h, comm, tab, out);
     if (!s)
-        for (int i = 0; i < tab->n; i++) tab->t[i].hash = out[i];
+        for (int i = 0; i < tab->n; i++)
+            tab->t[i].hash = out[i];
     free(out);
     ckh_free(&h);
     return s;

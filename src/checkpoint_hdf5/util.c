@@ -53,7 +53,8 @@ void ckpt_h5_error_text(char *buf, size_t cap) {
         snprintf(buf, cap, "%s (%s)", w.inner, w.minor[0] ? w.minor : "HDF5");
 }
 
-dg_status_t ckpt_h5_fail(dg_status_t code, const char *src, int line, const char *call, const char *fmt, ...) {
+dg_status_t ckpt_h5_fail(dg_status_t code, const char *src, int line, const char *call, const char *fmt,
+                         ...) {
     char ctx[1024], h5[1024];
     va_list ap;
     va_start(ap, fmt);
@@ -110,7 +111,8 @@ void ckpt_inflight_add(int delta) {
 
 void ckpt_inflight_wait_zero(void) {
     pthread_mutex_lock(&g_if_mu);
-    while (g_inflight > 0) pthread_cond_wait(&g_if_cv, &g_if_mu);
+    while (g_inflight > 0)
+        pthread_cond_wait(&g_if_cv, &g_if_mu);
     pthread_mutex_unlock(&g_if_mu);
 }
 
@@ -128,14 +130,27 @@ void ckpt_hbag_close(ckpt_hbag_t *b) {
     for (int i = b->n - 1; i >= 0; i--) {
         hid_t id = b->h[i];
         switch (H5Iget_type(id)) {
-        case H5I_FILE: H5Fclose(id); break;
+        case H5I_FILE:
+            H5Fclose(id);
+            break;
         case H5I_GROUP:
-        case H5I_DATASET: H5Oclose(id); break;
-        case H5I_DATATYPE: H5Tclose(id); break;
-        case H5I_DATASPACE: H5Sclose(id); break;
-        case H5I_ATTR: H5Aclose(id); break;
-        case H5I_GENPROP_LST: H5Pclose(id); break;
-        default: break;
+        case H5I_DATASET:
+            H5Oclose(id);
+            break;
+        case H5I_DATATYPE:
+            H5Tclose(id);
+            break;
+        case H5I_DATASPACE:
+            H5Sclose(id);
+            break;
+        case H5I_ATTR:
+            H5Aclose(id);
+            break;
+        case H5I_GENPROP_LST:
+            H5Pclose(id);
+            break;
+        default:
+            break;
         }
     }
     b->n = 0;
@@ -162,8 +177,7 @@ hid_t ckpt_fapl(MPI_Comm comm, int64_t align) {
         }
         herr_t fr = H5Pset_fapl_mpio(fapl, comm, info);
         if (info != MPI_INFO_NULL) MPI_Info_free(&info);
-        if (fr < 0 || H5Pset_all_coll_metadata_ops(fapl, 1) < 0 ||
-            H5Pset_coll_metadata_write(fapl, 1) < 0) {
+        if (fr < 0 || H5Pset_all_coll_metadata_ops(fapl, 1) < 0 || H5Pset_coll_metadata_write(fapl, 1) < 0) {
             H5Pclose(fapl);
             return -1;
         }
@@ -214,7 +228,8 @@ static dg_status_t attr_put(hid_t obj, const char *name, hid_t type, hid_t space
     return s;
 }
 
-static dg_status_t attr_put_scalar(hid_t obj, const char *name, hid_t type, const void *v, const char *where) {
+static dg_status_t attr_put_scalar(hid_t obj, const char *name, hid_t type, const void *v,
+                                   const char *where) {
     hid_t sp = H5Screate(H5S_SCALAR);
     if (sp < 0) return ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Screate()", "%s", where);
     dg_status_t s = attr_put(obj, name, type, sp, v, where);
@@ -264,11 +279,13 @@ static dg_status_t attr_open(hid_t obj, const char *name, H5T_class_t cls, hssiz
     if (!ckpt_attr_exists(obj, name))
         return DG_ERR(DG_ERR_USAGE, "%s: attribute '%s' is missing", where, name);
     hid_t a = ckpt_hbag_add(b, H5Aopen(obj, name, H5P_DEFAULT));
-    if (a < 0) return ckpt_h5_fail(DG_ERR_USAGE, __FILE__, __LINE__, "H5Aopen()", "%s: attribute %s", where, name);
+    if (a < 0)
+        return ckpt_h5_fail(DG_ERR_USAGE, __FILE__, __LINE__, "H5Aopen()", "%s: attribute %s", where, name);
     hid_t t = ckpt_hbag_add(b, H5Aget_type(a));
     hid_t sp = ckpt_hbag_add(b, H5Aget_space(a));
     if (t < 0 || sp < 0)
-        return ckpt_h5_fail(DG_ERR_USAGE, __FILE__, __LINE__, "H5Aget_type()", "%s: attribute %s", where, name);
+        return ckpt_h5_fail(DG_ERR_USAGE, __FILE__, __LINE__, "H5Aget_type()", "%s: attribute %s", where,
+                            name);
     hssize_t n = H5Sget_simple_extent_npoints(sp);
     if (H5Tget_class(t) != cls || n < 0 || (want_n >= 0 && n != want_n))
         return DG_ERR(DG_ERR_USAGE, "%s: attribute '%s' has an unexpected type or size", where, name);
@@ -327,7 +344,8 @@ dg_status_t ckpt_attr_get_str(hid_t obj, const char *name, char *buf, size_t cap
     return DG_OK;
 }
 
-static dg_status_t attr_get_num(hid_t obj, const char *name, H5T_class_t cls, hid_t mt, void *v, const char *where) {
+static dg_status_t attr_get_num(hid_t obj, const char *name, H5T_class_t cls, hid_t mt, void *v,
+                                const char *where) {
     ckpt_hbag_t b = {0};
     hid_t a = -1;
     dg_status_t s = attr_open(obj, name, cls, 1, &a, NULL, where, &b);
@@ -428,7 +446,8 @@ int64_t ckpt_parse_name(const char *name, int *partial) {
 
 dg_status_t ckpt_fsync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return DG_ERR(DG_ERR_RUNTIME, "cannot open directory %s to fsync it: %s", dir, strerror(errno));
+    if (fd < 0)
+        return DG_ERR(DG_ERR_RUNTIME, "cannot open directory %s to fsync it: %s", dir, strerror(errno));
     int rc = fsync(fd);
     int e = errno;
     close(fd);
@@ -480,8 +499,8 @@ dg_status_t ckpt_read_latest(const char *dir, char *name, size_t cap) {
     if (nl) *nl = 0;
     int partial = 0;
     if (ckpt_parse_name(line, &partial) < 0 || partial || strlen(line) >= cap)
-        return DG_ERR(DG_ERR_USAGE, "%s does not name a checkpoint file (expected a line like step_00000100.h5)",
-                      path);
+        return DG_ERR(DG_ERR_USAGE,
+                      "%s does not name a checkpoint file (expected a line like step_00000100.h5)", path);
     strcpy(name, line);
     return DG_OK;
 }

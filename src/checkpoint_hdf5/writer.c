@@ -39,7 +39,8 @@ static void *writer_main(void *arg) {
     dg_ckpt_writer_t *w = arg;
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        while (!w->pending && !w->stop) pthread_cond_wait(&w->cv, &w->mu);
+        while (!w->pending && !w->stop)
+            pthread_cond_wait(&w->cv, &w->mu);
         if (!w->pending) break;
         pthread_mutex_unlock(&w->mu);
         dg_ckpt_save_result_t res;
@@ -79,10 +80,11 @@ dg_status_t dg_ckpt_writer_create(MPI_Comm comm, const char *ckpt_dir, const dg_
     if (inited) DG_MPI_CHECK(MPI_Query_thread(&level));
     dg_status_t s = DG_OK;
     if (level != MPI_THREAD_MULTIPLE)
-        s = DG_ERR(DG_ERR_RUNTIME,
-                   "asynchronous checkpoints need MPI_THREAD_MULTIPLE (MPI granted level %d); hint: initialise MPI "
-                   "with MPI_Init_thread(MPI_THREAD_MULTIPLE) or set checkpoint.async=false",
-                   level);
+        s = DG_ERR(
+            DG_ERR_RUNTIME,
+            "asynchronous checkpoints need MPI_THREAD_MULTIPLE (MPI granted level %d); hint: initialise MPI "
+            "with MPI_Init_thread(MPI_THREAD_MULTIPLE) or set checkpoint.async=false",
+            level);
     else if (!ckpt_dir || !*ckpt_dir || strlen(ckpt_dir) >= 4000)
         s = DG_ERR(DG_ERR_USAGE, "checkpoint writer: empty or too long directory");
     DG_TRY(ckpt_agree(comm, s));
@@ -135,7 +137,8 @@ dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *met
                                   int n, double *stall_ms, dg_ckpt_async_result_t *prev) {
     double t0 = dg_now_s();
     pthread_mutex_lock(&w->mu);
-    while (w->pending) pthread_cond_wait(&w->cv, &w->mu);
+    while (w->pending)
+        pthread_cond_wait(&w->cv, &w->mu);
     take_result(w, prev, "collected at the next submit");
     pthread_mutex_unlock(&w->mu);
     /* The thread is idle now, so this thread may use the writer's communicator. Every rank must submit
@@ -143,8 +146,10 @@ dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *met
     ckpt_table_t tab;
     dg_status_t s = DG_OK;
     if (!meta) s = DG_ERR(DG_ERR_USAGE, "checkpoint submit: meta is NULL");
-    if (!s) s = ckpt_table_build(t, n, 0, &tab);
-    else memset(&tab, 0, sizeof tab);
+    if (!s)
+        s = ckpt_table_build(t, n, 0, &tab);
+    else
+        memset(&tab, 0, sizeof tab);
     ckpt_table_free(&tab);
     DG_TRY(ckpt_agree(w->comm, s));
 
@@ -197,10 +202,12 @@ dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *met
         if (!t[i].owner) continue;
         size_t k = (size_t)ckpt_numel(t[i].ndim, t[i].count);
         for (size_t o = 0; o < k; o += SNAP_BLOCK)
-            bl[nb++] = (struct blk){t[i].data + o, w->pieces[i].data + o, k - o < SNAP_BLOCK ? k - o : SNAP_BLOCK};
+            bl[nb++] =
+                (struct blk){t[i].data + o, w->pieces[i].data + o, k - o < SNAP_BLOCK ? k - o : SNAP_BLOCK};
     }
 #pragma omp parallel for schedule(dynamic, 1) if (fo > 4 * SNAP_BLOCK)
-    for (size_t b = 0; b < nb; b++) memcpy(bl[b].dst, bl[b].src, bl[b].n * sizeof(float));
+    for (size_t b = 0; b < nb; b++)
+        memcpy(bl[b].dst, bl[b].src, bl[b].n * sizeof(float));
     free(bl);
     w->n = n;
     char *cfg = w->meta.config_text;
@@ -235,7 +242,8 @@ dg_status_t dg_ckpt_writer_wait(dg_ckpt_writer_t *w, dg_ckpt_async_result_t *out
     dg_ckpt_async_result_t tmp;
     if (!out) out = &tmp;
     pthread_mutex_lock(&w->mu);
-    while (w->pending) pthread_cond_wait(&w->cv, &w->mu);
+    while (w->pending)
+        pthread_cond_wait(&w->cv, &w->mu);
     take_result(w, out, "waited");
     pthread_mutex_unlock(&w->mu);
     if (!out->valid) return DG_OK;
@@ -246,7 +254,8 @@ dg_status_t dg_ckpt_writer_wait(dg_ckpt_writer_t *w, dg_ckpt_async_result_t *out
 void dg_ckpt_writer_free(dg_ckpt_writer_t *w) {
     if (!w) return;
     pthread_mutex_lock(&w->mu);
-    while (w->pending) pthread_cond_wait(&w->cv, &w->mu);
+    while (w->pending)
+        pthread_cond_wait(&w->cv, &w->mu);
     take_result(w, NULL, "at shutdown");
     w->stop = 1;
     pthread_cond_broadcast(&w->cv);

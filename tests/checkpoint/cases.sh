@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # cases.sh — checkpoint test scenarios (ctest label ckpt), played with ckpt_driver and dgckpt.
 # usage: cases.sh CASE DRIVER DGCKPT MPIEXEC [MPIFLAGS...]
-# Each case works in a fresh temporary directory (kept on failure, path printed) and exits 0 on
+# Each case works in a fresh directory under $CKPT_WORK_DIR (or $TMPDIR; kept on failure, path printed), exits 0 on
 # success, 1 on failure, 77 when a prerequisite is missing (with the reason).
 set -u
 CASE=$1 DRV=$2 CK=$3
 shift 3
 MPI=("$@")
 HERE=$(cd "$(dirname "$0")" && pwd)
-W=$(mktemp -d "${TMPDIR:-/tmp}/dgckpt_${CASE}_XXXXXX")
+W=$(mktemp -d "${CKPT_WORK_DIR:-${TMPDIR:-/tmp}}/dgckpt_${CASE}_XXXXXX")
 cd "$W" || exit 1
 FAILED=0
 
@@ -219,7 +219,7 @@ case_sigkill() {
         mpi 3 sim --dir k --steps 100000 --every 1 --layout mixed --keep 3 --pids pids >/dev/null 2>&1 &
         local job=$!
         local waited=0
-        while [ ! -f k/LATEST ] && [ $waited -lt 300 ]; do
+        while [ ! -f k/LATEST ] && [ $waited -lt 600 ]; do
             sleep 0.1
             waited=$((waited + 1))
         done

@@ -31,12 +31,12 @@
 
 static int g_rank, g_size;
 
-#define DIE(...)                                                                                           \
-    do {                                                                                                   \
-        fprintf(stderr, "ckpt_driver[rank %d]: ", g_rank);                                                 \
-        fprintf(stderr, __VA_ARGS__);                                                                      \
-        fprintf(stderr, "\n");                                                                             \
-        MPI_Abort(MPI_COMM_WORLD, 3);                                                                      \
+#define DIE(...)                                                                                             \
+    do {                                                                                                     \
+        fprintf(stderr, "ckpt_driver[rank %d]: ", g_rank);                                                   \
+        fprintf(stderr, __VA_ARGS__);                                                                        \
+        fprintf(stderr, "\n");                                                                               \
+        MPI_Abort(MPI_COMM_WORLD, 3);                                                                        \
     } while (0)
 
 /* ---------------- the synthetic model ---------------- */
@@ -76,7 +76,8 @@ static void build_model(void) {
 
 static uint32_t fnv1a(const char *s) {
     uint32_t h = 2166136261u;
-    for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 16777619u;
     return h;
 }
 
@@ -102,7 +103,8 @@ static void split(int64_t n, int parts, int k, int64_t *st, int64_t *cnt) {
 static int layout_boxes(const char *layout, int i, const param_t *p, int rank, int size, box_t *out) {
     box_t b;
     memset(&b, 0, sizeof b);
-    for (int d = 0; d < p->ndim; d++) b.count[d] = p->g[d];
+    for (int d = 0; d < p->ndim; d++)
+        b.count[d] = p->g[d];
     b.owner = 1;
     char kind[16];
     if (!strcmp(layout, "mixed"))
@@ -152,7 +154,8 @@ typedef struct {
 
 static int64_t numel(int nd, const int64_t *c) {
     int64_t n = 1;
-    for (int d = 0; d < nd; d++) n *= c[d];
+    for (int d = 0; d < nd; d++)
+        n *= c[d];
     return n;
 }
 
@@ -188,24 +191,26 @@ static void state_build(state_t *s, const char *layout, int with_optim) {
 }
 
 static void state_free(state_t *s) {
-    for (int i = 0; i < s->n; i++) free(s->t[i].data);
+    for (int i = 0; i < s->n; i++)
+        free(s->t[i].data);
     free(s->t), free(s->paths), free(s->param), free(s->kind);
 }
 
 /* Call fn(piece, local index, global flat index) for every element of every piece. */
-#define FOR_EACH_ELEMENT(t, li, gi, BODY)                                                                  \
-    do {                                                                                                   \
-        int64_t idx_[4] = {0, 0, 0, 0};                                                                    \
-        int64_t n_ = numel((t)->ndim, (t)->count);                                                         \
-        for (int64_t li = 0; li < n_; li++) {                                                              \
-            int64_t gi = 0;                                                                                \
-            for (int d_ = 0; d_ < (t)->ndim; d_++) gi = gi * (t)->gshape[d_] + (t)->start[d_] + idx_[d_];  \
-            BODY;                                                                                          \
-            for (int d_ = (t)->ndim - 1; d_ >= 0; d_--) {                                                  \
-                if (++idx_[d_] < (t)->count[d_]) break;                                                    \
-                idx_[d_] = 0;                                                                              \
-            }                                                                                              \
-        }                                                                                                  \
+#define FOR_EACH_ELEMENT(t, li, gi, BODY)                                                                    \
+    do {                                                                                                     \
+        int64_t idx_[4] = {0, 0, 0, 0};                                                                      \
+        int64_t n_ = numel((t)->ndim, (t)->count);                                                           \
+        for (int64_t li = 0; li < n_; li++) {                                                                \
+            int64_t gi = 0;                                                                                  \
+            for (int d_ = 0; d_ < (t)->ndim; d_++)                                                           \
+                gi = gi * (t)->gshape[d_] + (t)->start[d_] + idx_[d_];                                       \
+            BODY;                                                                                            \
+            for (int d_ = (t)->ndim - 1; d_ >= 0; d_--) {                                                    \
+                if (++idx_[d_] < (t)->count[d_]) break;                                                      \
+                idx_[d_] = 0;                                                                                \
+            }                                                                                                \
+        }                                                                                                    \
     } while (0)
 
 static int frozen(const char *name, const char *pats) {
@@ -250,23 +255,40 @@ static void parse_opts(int argc, char **argv, int first, opts_t *o) {
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
 #define NEXT() (i + 1 < argc ? argv[++i] : need_value(a))
-        if (!strcmp(a, "--dir")) o->dir = NEXT();
-        else if (!strcmp(a, "--layout")) o->layout = NEXT();
-        else if (!strcmp(a, "--freeze")) o->freeze = NEXT();
-        else if (!strcmp(a, "--resume")) o->resume = NEXT();
-        else if (!strcmp(a, "--out")) o->out = NEXT();
-        else if (!strcmp(a, "--pids")) o->pids = NEXT();
-        else if (!strcmp(a, "--bump-shape")) o->bump = NEXT();
-        else if (!strcmp(a, "--step")) o->step = atoll(NEXT());
-        else if (!strcmp(a, "--steps")) o->steps = atoll(NEXT());
-        else if (!strcmp(a, "--every")) o->every = atoll(NEXT());
-        else if (!strcmp(a, "--stop-after")) o->stop_after = atoll(NEXT());
-        else if (!strcmp(a, "--rounds")) o->rounds = atoll(NEXT());
-        else if (!strcmp(a, "--seed")) o->seed = (uint32_t)atoll(NEXT());
-        else if (!strcmp(a, "--keep")) o->keep = atoi(NEXT());
-        else if (!strcmp(a, "--incremental")) o->incremental = 1;
-        else if (!strcmp(a, "--async")) o->async = 1;
-        else DIE("unknown option %s", a);
+        if (!strcmp(a, "--dir"))
+            o->dir = NEXT();
+        else if (!strcmp(a, "--layout"))
+            o->layout = NEXT();
+        else if (!strcmp(a, "--freeze"))
+            o->freeze = NEXT();
+        else if (!strcmp(a, "--resume"))
+            o->resume = NEXT();
+        else if (!strcmp(a, "--out"))
+            o->out = NEXT();
+        else if (!strcmp(a, "--pids"))
+            o->pids = NEXT();
+        else if (!strcmp(a, "--bump-shape"))
+            o->bump = NEXT();
+        else if (!strcmp(a, "--step"))
+            o->step = atoll(NEXT());
+        else if (!strcmp(a, "--steps"))
+            o->steps = atoll(NEXT());
+        else if (!strcmp(a, "--every"))
+            o->every = atoll(NEXT());
+        else if (!strcmp(a, "--stop-after"))
+            o->stop_after = atoll(NEXT());
+        else if (!strcmp(a, "--rounds"))
+            o->rounds = atoll(NEXT());
+        else if (!strcmp(a, "--seed"))
+            o->seed = (uint32_t)atoll(NEXT());
+        else if (!strcmp(a, "--keep"))
+            o->keep = atoi(NEXT());
+        else if (!strcmp(a, "--incremental"))
+            o->incremental = 1;
+        else if (!strcmp(a, "--async"))
+            o->async = 1;
+        else
+            DIE("unknown option %s", a);
 #undef NEXT
     }
 }
@@ -312,7 +334,8 @@ static int cmd_save(opts_t *o) {
         double stall = 0;
         if (!st) st = dg_ckpt_writer_submit(w, &m, s.t, s.n, &stall, NULL);
         /* the snapshot is ours to change now: scribble over the live state */
-        for (int i = 0; i < s.n; i++) memset(s.t[i].data, 0xff, (size_t)numel(s.t[i].ndim, s.t[i].count) * 4);
+        for (int i = 0; i < s.n; i++)
+            memset(s.t[i].data, 0xff, (size_t)numel(s.t[i].ndim, s.t[i].count) * 4);
         dg_ckpt_async_result_t ar;
         if (!st) st = dg_ckpt_writer_wait(w, &ar);
         if (!st) res = ar.res;
@@ -341,7 +364,8 @@ static int cmd_load(const char *file, opts_t *o) {
             if (!strcmp(g_params[i].name, o->bump)) g_params[i].g[g_params[i].ndim - 1]++;
     state_t s;
     state_build(&s, o->layout, 1);
-    for (int i = 0; i < s.n; i++) memset(s.t[i].data, 0xa5, (size_t)numel(s.t[i].ndim, s.t[i].count) * 4);
+    for (int i = 0; i < s.n; i++)
+        memset(s.t[i].data, 0xa5, (size_t)numel(s.t[i].ndim, s.t[i].count) * 4);
     dg_ckpt_meta_t m;
     dg_status_t st = dg_ckpt_load(MPI_COMM_WORLD, file, &m, s.t, s.n);
     if (st) {
@@ -358,8 +382,8 @@ static int cmd_load(const char *file, opts_t *o) {
             total++;
             if (memcmp(&want, &t->data[li], 4) != 0) {
                 if (bad < 5)
-                    fprintf(stderr, "rank %d: %s[%lld] = %.9g, expected %.9g\n", g_rank, t->path, (long long)gi,
-                            t->data[li], want);
+                    fprintf(stderr, "rank %d: %s[%lld] = %.9g, expected %.9g\n", g_rank, t->path,
+                            (long long)gi, t->data[li], want);
                 bad++;
             }
         });
@@ -371,7 +395,8 @@ static int cmd_load(const char *file, opts_t *o) {
                   m.scaler.scale == ref.scaler.scale && m.scaler.good_steps == ref.scaler.good_steps &&
                   m.n_rng == ref.n_rng && !memcmp(m.rng, ref.rng, sizeof(uint64_t) * 3) && m.config_text &&
                   !strcmp(m.config_text, ref.config_text) && dg_ckpt_meta_get_kv(&m, "note") &&
-                  !strcmp(dg_ckpt_meta_get_kv(&m, "note"), "synthetic state") && !strcmp(m.version, DG_VERSION_STRING);
+                  !strcmp(dg_ckpt_meta_get_kv(&m, "note"), "synthetic state") &&
+                  !strcmp(m.version, DG_VERSION_STRING);
     int64_t badall = 0, totall = 0;
     int meta_all = 0;
     MPI_Allreduce(&bad, &badall, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
@@ -426,8 +451,8 @@ static void sim_step(state_t *s, simstate_t *ss, const char *freeze, int64_t sam
         if (s->kind[i] != 0 || frozen(g_params[s->param[i]].name, freeze)) continue;
         dg_ckpt_tensor_t *p = &s->t[i], *m = NULL, *v = NULL;
         for (int k = 0; k < s->n; k++) /* the moments with the same box */
-            if (s->param[k] == s->param[i] && s->kind[k] && !memcmp(s->t[k].start, p->start, sizeof p->start))
-            {
+            if (s->param[k] == s->param[i] && s->kind[k] &&
+                !memcmp(s->t[k].start, p->start, sizeof p->start)) {
                 if (s->kind[k] == 1)
                     m = &s->t[k];
                 else
@@ -435,7 +460,8 @@ static void sim_step(state_t *s, simstate_t *ss, const char *freeze, int64_t sam
             }
         FOR_EACH_ELEMENT(p, li, gi, {
             float g = 0;
-            for (int j = 0; j < GB; j++) g += d[j] * (float)((gi * 31 + j * 17) % 13 - 6) * 0.01f;
+            for (int j = 0; j < GB; j++)
+                g += d[j] * (float)((gi * 31 + j * 17) % 13 - 6) * 0.01f;
             uint64_t h = xorshift(ss->rng ^ (uint64_t)gi);
             g = g * sc + (float)((int64_t)(h % 1000) - 500) * 1e-6f;
             m->data[li] = 0.9f * m->data[li] + 0.1f * g;
@@ -459,7 +485,8 @@ static double sim_loss(state_t *s) {
     for (int i = 0; i < s->n; i++) {
         if (s->kind[i] != 0 || !s->t[i].owner) continue;
         int64_t n = numel(s->t[i].ndim, s->t[i].count);
-        for (int64_t k = 0; k < n; k++) l += (double)s->t[i].data[k] * s->t[i].data[k];
+        for (int64_t k = 0; k < n; k++)
+            l += (double)s->t[i].data[k] * s->t[i].data[k];
     }
     MPI_Allreduce(&l, &tot, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     return tot;
@@ -521,8 +548,12 @@ static int cmd_sim(opts_t *o) {
         ss.good = m.scaler.good_steps;
         ss.rng = m.rng[0];
         if (m.n_rng != 1 || m.tokens != (int64_t)ss.samples_seen * SEQ) DIE("resumed meta is inconsistent");
-        if (out) fprintf(out, "resume step %lld from_world %d to_world %d %s\n", (long long)m.step, m.world_size, g_size, from);
-        if (g_rank == 0) printf("resumed from %s at step %lld (written by %d ranks)\n", from, (long long)m.step, m.world_size);
+        if (out)
+            fprintf(out, "resume step %lld from_world %d to_world %d %s\n", (long long)m.step, m.world_size,
+                    g_size, from);
+        if (g_rank == 0)
+            printf("resumed from %s at step %lld (written by %d ranks)\n", from, (long long)m.step,
+                   m.world_size);
         dg_ckpt_meta_destroy(&m);
     }
     dg_ckpt_save_opts_t so;
@@ -530,7 +561,8 @@ static int cmd_sim(opts_t *o) {
     so.keep = o->keep;
     so.incremental = o->incremental;
     dg_ckpt_writer_t *w = NULL;
-    if (o->async && dg_ckpt_writer_create(MPI_COMM_WORLD, o->dir, &so, &w)) DIE("writer: %s", dg_last_error());
+    if (o->async && dg_ckpt_writer_create(MPI_COMM_WORLD, o->dir, &so, &w))
+        DIE("writer: %s", dg_last_error());
     int rc = 0;
     while (ss.step < o->steps) {
         int64_t samples[GB];
@@ -541,14 +573,17 @@ static int cmd_sim(opts_t *o) {
         split(GB, g_size, g_rank, &lo, &cnt);
         int64_t mine[GB], all[GB * 64];
         int counts[64], displs[64], c = (int)cnt;
-        for (int j = 0; j < cnt; j++) mine[j] = samples[lo + j];
+        for (int j = 0; j < cnt; j++)
+            mine[j] = samples[lo + j];
         MPI_Gather(&c, 1, MPI_INT, counts, 1, MPI_INT, 0, MPI_COMM_WORLD);
-        for (int r = 0, acc = 0; g_rank == 0 && r < g_size; r++) displs[r] = acc, acc += counts[r];
+        for (int r = 0, acc = 0; g_rank == 0 && r < g_size; r++)
+            displs[r] = acc, acc += counts[r];
         MPI_Gatherv(mine, c, MPI_INT64_T, all, counts, displs, MPI_INT64_T, 0, MPI_COMM_WORLD);
         if (out) {
             fprintf(out, "step %lld loss %a %.17g tokens %lld samples", (long long)ss.step, loss, loss,
                     (long long)(ss.samples_seen * SEQ));
-            for (int j = 0; j < GB; j++) fprintf(out, " %lld", (long long)all[j]);
+            for (int j = 0; j < GB; j++)
+                fprintf(out, " %lld", (long long)all[j]);
             fprintf(out, "\n");
         }
         if (ss.step % o->every == 0 || ss.step == o->steps) {
@@ -615,14 +650,16 @@ static int cmd_async_stress(opts_t *o) {
             if (y != want) DIE("all-reduce beside the writer gave %g, expected %g", y, want);
             reductions++;
         }
-        for (int i = 0; i < s.n; i++) memset(s.t[i].data, 0x7f, (size_t)numel(s.t[i].ndim, s.t[i].count) * 4);
+        for (int i = 0; i < s.n; i++)
+            memset(s.t[i].data, 0x7f, (size_t)numel(s.t[i].ndim, s.t[i].count) * 4);
     }
     dg_ckpt_async_result_t res;
     if (dg_ckpt_writer_wait(w, &res)) DIE("last write: %s", dg_last_error());
     if (fails) DIE("%d background writes failed", fails);
     /* the newest checkpoint holds round R's values */
     char latest[4096];
-    if (dg_ckpt_resolve_resume(MPI_COMM_WORLD, o->dir, "auto", 1, latest, sizeof latest)) DIE("%s", dg_last_error());
+    if (dg_ckpt_resolve_resume(MPI_COMM_WORLD, o->dir, "auto", 1, latest, sizeof latest))
+        DIE("%s", dg_last_error());
     opts_t lo = *o;
     lo.layout = "fsdp";
     lo.seed = (uint32_t)o->rounds;
@@ -682,8 +719,10 @@ static int cmd_compare(const char *a, const char *b, double tol) {
     double worst = 0;
     for (;;) {
         char *ra, *rb;
-        while ((ra = fgets(la, sizeof la, fa)) && strncmp(la, "step ", 5)) {}
-        while ((rb = fgets(lb, sizeof lb, fb)) && strncmp(lb, "step ", 5)) {}
+        while ((ra = fgets(la, sizeof la, fa)) && strncmp(la, "step ", 5)) {
+        }
+        while ((rb = fgets(lb, sizeof lb, fb)) && strncmp(lb, "step ", 5)) {
+        }
         if (!ra || !rb) {
             if (ra || rb) {
                 fprintf(stderr, "compare: %s has more steps\n", ra ? a : b);
@@ -702,8 +741,8 @@ static int cmd_compare(const char *a, const char *b, double tol) {
             return 2;
         }
         if (sa != sb || ta != tb || strcmp(sma, smb) != 0) {
-            fprintf(stderr, "compare: step %lld/%lld: tokens %lld/%lld or samples differ:\n  %s  %s", sa, sb, ta, tb,
-                    la, lb);
+            fprintf(stderr, "compare: step %lld/%lld: tokens %lld/%lld or samples differ:\n  %s  %s", sa, sb,
+                    ta, tb, la, lb);
             bad++;
             continue;
         }
@@ -730,7 +769,8 @@ static int cmd_corrupt(const char *file, const char *dset, int chunk) {
     hsize_t nchunks = 0;
     hid_t fsp = H5Dget_space(d);
     H5Dget_num_chunks(d, fsp, &nchunks);
-    if ((hsize_t)chunk >= nchunks) return fprintf(stderr, "corrupt: %s has %llu chunks\n", dset, (unsigned long long)nchunks), 2;
+    if ((hsize_t)chunk >= nchunks)
+        return fprintf(stderr, "corrupt: %s has %llu chunks\n", dset, (unsigned long long)nchunks), 2;
     hsize_t off[4];
     unsigned mask;
     haddr_t addr;
@@ -779,14 +819,18 @@ static int cmd_tamper(const char *what, const char *file, const char *dset, cons
 
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: ckpt_driver save|load|sim|async-stress|corrupt|delete|reshape|link|compare ...\n");
+        fprintf(stderr,
+                "usage: ckpt_driver save|load|sim|async-stress|corrupt|delete|reshape|link|compare ...\n");
         return 2;
     }
     const char *cmd = argv[1];
-    if (!strcmp(cmd, "corrupt") && argc >= 4) return cmd_corrupt(argv[2], argv[3], argc >= 6 ? atoi(argv[5]) : 0);
-    if ((!strcmp(cmd, "delete") || !strcmp(cmd, "reshape")) && argc == 4) return cmd_tamper(cmd, argv[2], argv[3], NULL);
+    if (!strcmp(cmd, "corrupt") && argc >= 4)
+        return cmd_corrupt(argv[2], argv[3], argc >= 6 ? atoi(argv[5]) : 0);
+    if ((!strcmp(cmd, "delete") || !strcmp(cmd, "reshape")) && argc == 4)
+        return cmd_tamper(cmd, argv[2], argv[3], NULL);
     if (!strcmp(cmd, "link") && argc == 5) return cmd_tamper(cmd, argv[2], argv[3], argv[4]);
-    if (!strcmp(cmd, "compare") && argc >= 4) return cmd_compare(argv[2], argv[3], argc >= 6 ? atof(argv[5]) : 0);
+    if (!strcmp(cmd, "compare") && argc >= 4)
+        return cmd_compare(argv[2], argv[3], argc >= 6 ? atof(argv[5]) : 0);
     int provided = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);

@@ -13,15 +13,15 @@
 
 static int g_fail, g_checks;
 
-#define CHECK(cond, ...)                                                                                   \
-    do {                                                                                                   \
-        g_checks++;                                                                                        \
-        if (!(cond)) {                                                                                     \
-            g_fail++;                                                                                      \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                \
-            fprintf(stderr, __VA_ARGS__);                                                                  \
-            fprintf(stderr, "\n");                                                                         \
-        }                                                                                                  \
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        g_checks++;                                                                                          \
+        if (!(cond)) {                                                                                       \
+            g_fail++;                                                                                        \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
+            fprintf(stderr, __VA_ARGS__);                                                                    \
+            fprintf(stderr, "\n");                                                                           \
+        }                                                                                                    \
     } while (0)
 
 static uint64_t rng_state = 12345;
@@ -40,7 +40,8 @@ static uint64_t hash_boxes(int nd, const int64_t *g, const float *full, int maxc
         nc[d] = 1 + (int)(rnd() % (uint64_t)maxcuts);
         if (nc[d] > g[d]) nc[d] = (int)g[d];
         cut[d][0] = 0;
-        for (int k = 1; k < nc[d]; k++) cut[d][k] = 1 + (int64_t)(rnd() % (uint64_t)(g[d] - 1 > 0 ? g[d] - 1 : 1));
+        for (int k = 1; k < nc[d]; k++)
+            cut[d][k] = 1 + (int64_t)(rnd() % (uint64_t)(g[d] - 1 > 0 ? g[d] - 1 : 1));
         /* sort the cut points */
         for (int a = 1; a < nc[d]; a++)
             for (int b = a; b > 0 && cut[d][b] < cut[d][b - 1]; b--) {
@@ -60,14 +61,16 @@ static uint64_t hash_boxes(int nd, const int64_t *g, const float *full, int maxc
     int idx[4] = {0, 0, 0, 0}, n = 0;
     for (;;) {
         int64_t st[4], cn[4];
-        for (int d = 0; d < nd; d++) st[d] = cut[d][idx[d]], cn[d] = cut[d][idx[d] + 1] - st[d];
+        for (int d = 0; d < nd; d++)
+            st[d] = cut[d][idx[d]], cn[d] = cut[d][idx[d] + 1] - st[d];
         int64_t cnt = ckpt_numel(nd, cn);
         float *piece = malloc((size_t)(cnt > 0 ? cnt : 1) * 4);
         /* gather the box out of the full row-major tensor */
         int64_t li = 0, p[4] = {0, 0, 0, 0};
         for (li = 0; li < cnt; li++) {
             int64_t gi = 0;
-            for (int d = 0; d < nd; d++) gi = gi * g[d] + st[d] + p[d];
+            for (int d = 0; d < nd; d++)
+                gi = gi * g[d] + st[d] + p[d];
             piece[li] = full[gi];
             for (int d = nd - 1; d >= 0; d--) {
                 if (++p[d] < cn[d]) break;
@@ -96,27 +99,28 @@ static void test_hash(void) {
     struct {
         int nd;
         int64_t g[4];
-    } shapes[] = {{1, {1}},          {1, {1024}},      {1, {4097}},       {2, {3, 1024}},
-                  {2, {2, 1025}},    {2, {5, 3000}},   {2, {64, 7}},      {3, {2, 3, 2100}},
-                  {4, {2, 2, 3, 1500}}};
+    } shapes[] = {{1, {1}},       {1, {1024}},  {1, {4097}},       {2, {3, 1024}},      {2, {2, 1025}},
+                  {2, {5, 3000}}, {2, {64, 7}}, {3, {2, 3, 2100}}, {4, {2, 2, 3, 1500}}};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int nd = shapes[si].nd;
         const int64_t *g = shapes[si].g;
         int64_t n = ckpt_numel(nd, g);
         float *a = malloc((size_t)n * 4);
-        for (int64_t i = 0; i < n; i++) a[i] = (float)((int64_t)(rnd() % 2000001) - 1000000) * 1e-3f;
+        for (int64_t i = 0; i < n; i++)
+            a[i] = (float)((int64_t)(rnd() % 2000001) - 1000000) * 1e-3f;
         int nb = 0;
         uint64_t ref = hash_boxes(nd, g, a, 1, &nb);
         for (int trial = 0; trial < 12; trial++) {
             uint64_t h = hash_boxes(nd, g, a, 7, &nb);
-            CHECK(h == ref, "shape #%zu: %d boxes give %016llx, one box %016llx", si, nb, (unsigned long long)h,
-                  (unsigned long long)ref);
+            CHECK(h == ref, "shape #%zu: %d boxes give %016llx, one box %016llx", si, nb,
+                  (unsigned long long)h, (unsigned long long)ref);
         }
         /* any change of one element changes the hash */
         int64_t k = (int64_t)(rnd() % (uint64_t)n);
         float keep = a[k];
         a[k] = keep + 1.0f;
-        CHECK(hash_boxes(nd, g, a, 5, &nb) != ref, "shape #%zu: changed element %lld, same hash", si, (long long)k);
+        CHECK(hash_boxes(nd, g, a, 5, &nb) != ref, "shape #%zu: changed element %lld, same hash", si,
+              (long long)k);
         a[k] = keep;
         if (n > 1) { /* so does swapping two different elements (position matters) */
             int64_t j = (k + 1) % n;
@@ -159,8 +163,8 @@ static void test_hash(void) {
     free(z);
 }
 
-static dg_ckpt_tensor_t mk(const char *path, int nd, int64_t g0, int64_t g1, int64_t s0, int64_t c0, float *data,
-                           int owner) {
+static dg_ckpt_tensor_t mk(const char *path, int nd, int64_t g0, int64_t g1, int64_t s0, int64_t c0,
+                           float *data, int owner) {
     dg_ckpt_tensor_t t;
     memset(&t, 0, sizeof t);
     t.path = path;
@@ -176,8 +180,8 @@ static dg_ckpt_tensor_t mk(const char *path, int nd, int64_t g0, int64_t g1, int
 static void expect_table_error(dg_ckpt_tensor_t *t, int n, const char *needle, const char *what) {
     ckpt_table_t tab;
     dg_status_t s = ckpt_table_build(t, n, 0, &tab);
-    CHECK(s == DG_ERR_USAGE && strstr(dg_last_error(), needle), "%s: expected an error containing '%s', got %d '%s'",
-          what, needle, s, dg_last_error());
+    CHECK(s == DG_ERR_USAGE && strstr(dg_last_error(), needle),
+          "%s: expected an error containing '%s', got %d '%s'", what, needle, s, dg_last_error());
     if (s == DG_OK) ckpt_table_free(&tab);
 }
 
@@ -219,7 +223,8 @@ static void test_table(void) {
     dg_status_t s = ckpt_table_build(t, 3, 0, &tab);
     CHECK(s == DG_OK, "build: %s", dg_last_error());
     if (!s) {
-        CHECK(tab.n == 2 && !strcmp(tab.t[0].path, "model/b") && tab.t[0].npieces == 2 && tab.t[1].npieces == 1,
+        CHECK(tab.n == 2 && !strcmp(tab.t[0].path, "model/b") && tab.t[0].npieces == 2 &&
+                  tab.t[1].npieces == 1,
               "grouping wrong");
         s = ckpt_table_agree(MPI_COMM_SELF, t, &tab);
         CHECK(s == DG_OK, "agree: %s", dg_last_error());
@@ -268,7 +273,8 @@ static void test_roundtrip(void) {
     snprintf(m.mesh, sizeof m.mesh, "dp_replicate=1,dp_shard=1,tp=1");
     size_t big = 100000; /* more than a compact attribute can hold (64 KiB) */
     char *cfg = malloc(big + 1);
-    for (size_t i = 0; i < big; i++) cfg[i] = (char)('a' + i % 26);
+    for (size_t i = 0; i < big; i++)
+        cfg[i] = (char)('a' + i % 26);
     cfg[big] = 0;
     dg_ckpt_meta_set_config(&m, cfg);
     m.loader.epoch = 3, m.loader.cursor = 77, m.loader.samples_seen = 1ULL << 40;
@@ -289,12 +295,14 @@ static void test_roundtrip(void) {
         CHECK(!memcmp(a, r, sizeof a), "data");
         CHECK(got.step == m.step && got.tokens == m.tokens && !strcmp(got.mesh, m.mesh), "step/tokens/mesh");
         CHECK(got.config_text && !strcmp(got.config_text, cfg), "config text (100 kB)");
-        CHECK(got.loader.epoch == 3 && got.loader.cursor == 77 && got.loader.samples_seen == 1ULL << 40, "loader");
+        CHECK(got.loader.epoch == 3 && got.loader.cursor == 77 && got.loader.samples_seen == 1ULL << 40,
+              "loader");
         CHECK(got.scaler.scale == 0.5 && got.scaler.good_steps == 9, "scaler");
         CHECK(got.n_rng == 2 && got.rng[0] == 1 && got.rng[1] == UINT64_MAX, "rng");
         CHECK(got.n_kv == 1 && !strcmp(dg_ckpt_meta_get_kv(&got, "k1"), "hello world"), "kv");
-        CHECK(got.world_size == 1 && !strcmp(got.version, DG_VERSION_STRING) && got.created_unix > 1600000000 &&
-                  strlen(got.created) == 20 && got.format_version == DG_CKPT_FORMAT_VERSION,
+        CHECK(got.world_size == 1 && !strcmp(got.version, DG_VERSION_STRING) &&
+                  got.created_unix > 1600000000 && strlen(got.created) == 20 &&
+                  got.format_version == DG_CKPT_FORMAT_VERSION,
               "stamped fields: world %d version %s created %s", got.world_size, got.version, got.created);
         dg_ckpt_meta_destroy(&got);
     }

@@ -332,7 +332,7 @@ int main(int argc, char **argv) {
 
     if (rank == 0) {
         double worst_l = 0, worst_n = 0, worst_w = 0;
-        const char *worst_name = "";
+        char worst_name[96] = "";
         for (int s = 0; s < a.steps; s++) {
             double el = rel(runs[0].loss[s], ref.loss[s]), en = rel(runs[0].norm[s], ref.norm[s]);
             if (el > worst_l) worst_l = el;
@@ -365,7 +365,10 @@ int main(int argc, char **argv) {
             }
             if (!(kmax <= 1e-4)) FAIL("final weights '%s': key-bias difference %.3g > 1e-4", pi->name, kmax);
             double e = sqrt(num) / fmax(sqrt(den), 1e-30);
-            if (e > worst_w) worst_w = e, worst_name = pi->name;
+            if (e > worst_w) {
+                worst_w = e;
+                snprintf(worst_name, sizeof worst_name, "%s", pi->name);
+            }
             if (!(e <= a.tol)) FAIL("final weights '%s': relative L2 difference %.3g > %g", pi->name, e, a.tol);
             if (a.repeat > 1 && memcmp(runs[0].w[i], runs[1].w[i], pi->numel * sizeof(float)) != 0)
                 FAIL("'%s': two runs on the same mesh differ (not deterministic)", pi->name);

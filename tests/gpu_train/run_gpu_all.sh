@@ -7,7 +7,9 @@
 #   tests/gpu_train/run_gpu_all.sh [BUILD_DIR]
 # BUILD_DIR (default build-gpu) is used as it is when its binaries run here (e.g. carried from a build
 # machine), else built. Environment: OUT (default ./gpu-out), BUDGET_S (default 540: phases that would
-# start later are skipped, so everything already written comes back), CUDA_ARCH (90).
+# start later are skipped, so everything already written comes back), CUDA_ARCH (90), PACK_TO (a folder:
+# on exit, OUT is packed into PACK_TO/gpu_logs.tgz and summary.log copied beside it, for transports that
+# bring back only a few files).
 set -uo pipefail
 t_start=$(date +%s)
 here=$(cd "$(dirname "$0")" && pwd)
@@ -18,6 +20,12 @@ mkdir -p "$out"
 budget=${BUDGET_S:-540}
 left() { echo $((budget - ($(date +%s) - t_start))); }
 log() { echo "== [$(($(date +%s) - t_start))s] $*" | tee -a "$out/summary.log"; }
+pack() {
+  [ -n "${PACK_TO:-}" ] || return 0
+  mkdir -p "$PACK_TO" && tar -czf "$PACK_TO/gpu_logs.tgz" -C "$(dirname "$out")" "$(basename "$out")" &&
+    cp "$out/summary.log" "$PACK_TO/summary.log"
+}
+trap pack EXIT
 mpi=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 
