@@ -14,7 +14,8 @@
  * Ratios are dg_comm busbw / raw busbw (target >= 0.95). Each size's result is checked once.
  *
  * usage: bench_comm [--min BYTES] [--max BYTES] [--factor F] [--seconds S] [--min-calls N]
- *                   [--stat median|min] [--dtype f32|bf16] [--progress thread|nonblocking] [--check RATIO]
+ *                   [--stat median|min] [--dtype f32|bf16] [--progress thread|nonblocking] [--spin-us US]
+ *                   [--check RATIO]
  *   --check RATIO: exit 1 if any geometric-mean-per-op ratio is below RATIO (default: report only)
  */
 #include <math.h>
@@ -199,7 +200,7 @@ int main(int argc, char **argv) {
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
     size_t min_b = 4096, max_b = (size_t)64 << 20;
     int factor = 4, min_calls = 9, use_min = 0;
-    double budget = 0.6, check = 0;
+    double budget = 0.6, check = 0, spin_us = -1;
     dg_dtype_t dt = DG_F32;
     dg_comm_progress_t prog = DG_COMM_PROGRESS_AUTO;
     for (int i = 1; i < argc; i++) {
@@ -214,6 +215,8 @@ int main(int argc, char **argv) {
             max_b = strtoull(v, NULL, 0);
         else if (!strcmp(a, "--factor"))
             factor = atoi(v);
+        else if (!strcmp(a, "--spin-us"))
+            spin_us = atof(v);
         else if (!strcmp(a, "--min-calls"))
             min_calls = atoi(v);
         else if (!strcmp(a, "--seconds"))
@@ -249,6 +252,7 @@ int main(int argc, char **argv) {
     o.name = "bench";
     o.timeout_s = 300;
     o.progress = prog;
+    if (spin_us >= 0) o.spin_us = spin_us;
     if (dg_comm_create_mpi(MPI_COMM_WORLD, &o, &b.c) != DG_OK) {
         fprintf(stderr, "bench_comm: %s\n", dg_last_error());
         MPI_Abort(MPI_COMM_WORLD, 2);

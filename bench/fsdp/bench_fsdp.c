@@ -7,11 +7,13 @@
  *   no-overlap   parallel.overlap = false (every collective waited for right after it is issued)
  *   compute-only the reference measured in the same run: every rank trains an unsharded replica on its
  *                micro-batches at the same time (same CPU contention, no communication at all)
- * Reported per mode: step time (slowest rank, mean over the timed steps), exposed communication (time a
- * rank was blocked in collective waits and blocking collectives, max over ranks) and its share of the
- * step, and the step time relative to compute-only. The target (issue 4): with overlap, exposed
- * communication < 10% of the step at 2 ranks for the 6-layer, 384-wide model.
- * Output: a table on stdout, and with --json FILE one JSON object per mode (one per line).
+ * The modes run interleaved (one step of each in turn), so that the load of a shared machine changes
+ * all of them alike. Reported per mode, as medians over the steps: step time (slowest rank), exposed
+ * communication (time a rank was blocked in collective waits and blocking collectives, max over ranks)
+ * and its share of the step, and the step time relative to compute-only. The target (issue 4): with overlap,
+ * exposed communication < 10% of the step at 2 ranks for the 6-layer, 384-wide model. Output: a table on
+ * stdout, and with --json FILE one JSON object per mode (one per line); --profile 1 adds rank 0's time per op
+ * kind in the overlap mode (waits counted in the op that waits).
  */
 #include <math.h>
 #include <mpi.h>
@@ -22,7 +24,7 @@
 #include "fsdp.h"
 
 typedef struct {
-    int layers, d_model, heads, seq, micro, accum, steps, warmup, threads;
+    int layers, d_model, heads, seq, micro, accum, steps, warmup, threads, profile;
     char mesh[128];
     char json[512];
     double bucket_mb, prefetch_mb;
@@ -43,6 +45,9 @@ typedef struct {
     const char *mode;
     double step_s, exposed_s, exposed_frac;
     uint64_t collectives;
+    double exposed_min_s, exposed_min_frac;
+    double *steps, *exposed, *exposed_min; /* per timed step: slowest rank / most / least exposed rank */
+    int n;
 } result_t;
 
 static uint64_t rng(uint64_t *s) {
@@ -50,17 +55,16 @@ static uint64_t rng(uint64_t *s) {
     return *s >> 33;
 }
 
-/* Runs warmup + steps optimizer steps; returns the mean step time of the slowest rank and the mean
- * exposed communication of the most exposed rank. */
-static void run(dg_model_t *m, const opts_t *o, const dg_model_desc_t *d, result_t *r) {
+/* Runs `count` optimizer steps of m; records each step's time on the slowest rank and the exposed
+ * communication of the most exposed rank when `rec` is given. */
+static void run(dg_model_t *m, const opts_t *o, const dg_model_desc_t *d, int count, int64_t *t,
+                result_t *rec) {
     size_t n = (size_t)o->micro * d->seq_len;
     int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
-    uint64_t seed = 12345 + (uint64_t)rank;
-    dg_optim_hparams_t h = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                            .grad_clip = 1.0f};
-    double sum_step = 0, sum_exp = 0;
-    uint64_t coll = 0;
-    for (int s = 0; s < o->warmup + o->steps; s++) {
+    uint64_t seed = 12345 + (uint64_t)rank * 7919 + (uint64_t)*t;
+    dg_optim_hparams_t h = {
+        .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
+    for (int s = 0; s < count; s++) {
         MPI_Barrier(MPI_COMM_WORLD);
         dg_model_comm_stats_t cs;
         dg_model_comm_stats(m, &cs, 1);
@@ -71,47 +75,76 @@ static void run(dg_model_t *m, const opts_t *o, const dg_model_desc_t *d, result
                 tok[i] = (int32_t)(rng(&seed) % (uint64_t)d->vocab_size);
                 tgt[i] = (int32_t)(rng(&seed) % (uint64_t)d->vocab_size);
             }
-            CHECK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(n * (size_t)o->accum * (size_t)world), NULL));
+            CHECK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(n * (size_t)o->accum * (size_t)world),
+                                            NULL));
         }
-        h.t = s + 1;
+        h.t = ++*t;
         float norm;
         CHECK(dg_model_optimizer_step(m, &h, &norm));
         double dt = MPI_Wtime() - t0;
         dg_model_comm_stats(m, &cs, 1);
-        double loc[2] = {dt, cs.wait_s + cs.blocking_s}, mx[2];
+        double loc[2] = {dt, cs.wait_s + cs.blocking_s}, mx[2], mn = 0;
         MPI_Allreduce(loc, mx, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        if (s >= o->warmup) {
-            sum_step += mx[0];
-            sum_exp += mx[1];
-            coll += cs.collectives;
+        MPI_Allreduce(&loc[1], &mn, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+        if (rec) {
+            rec->steps[rec->n] = mx[0];
+            rec->exposed[rec->n] = mx[1];
+            rec->exposed_min[rec->n] = mn;
+            rec->n++;
+            rec->collectives = cs.collectives;
         }
     }
-    r->step_s = sum_step / o->steps;
-    r->exposed_s = sum_exp / o->steps;
-    r->exposed_frac = r->step_s > 0 ? r->exposed_s / r->step_s : 0;
-    r->collectives = coll / (uint64_t)o->steps;
     free(tok);
     free(tgt);
 }
 
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    double *c = malloc((size_t)n * sizeof *c);
+    memcpy(c, v, (size_t)n * sizeof *c);
+    qsort(c, (size_t)n, sizeof *c, cmp_d);
+    double r = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
+    free(c);
+    return r;
+}
+
 static void parse(int argc, char **argv, opts_t *o) {
-    *o = (opts_t){6, 384, 6, 256, 2, 1, 5, 2, 1, "", "", 25, 256};
+    *o = (opts_t){6, 384, 6, 256, 2, 1, 9, 1, 1, 0, "", "", 25, 256};
     snprintf(o->mesh, sizeof o->mesh, "dp_shard=%d", world);
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
-        if (!strcmp(k, "--layers")) o->layers = atoi(v);
-        else if (!strcmp(k, "--d-model")) o->d_model = atoi(v);
-        else if (!strcmp(k, "--heads")) o->heads = atoi(v);
-        else if (!strcmp(k, "--seq")) o->seq = atoi(v);
-        else if (!strcmp(k, "--micro")) o->micro = atoi(v);
-        else if (!strcmp(k, "--accum")) o->accum = atoi(v);
-        else if (!strcmp(k, "--steps")) o->steps = atoi(v);
-        else if (!strcmp(k, "--warmup")) o->warmup = atoi(v);
-        else if (!strcmp(k, "--threads")) o->threads = atoi(v);
-        else if (!strcmp(k, "--mesh")) snprintf(o->mesh, sizeof o->mesh, "%s", v);
-        else if (!strcmp(k, "--json")) snprintf(o->json, sizeof o->json, "%s", v);
-        else if (!strcmp(k, "--bucket-mb")) o->bucket_mb = atof(v);
-        else if (!strcmp(k, "--prefetch-mb")) o->prefetch_mb = atof(v);
+        if (!strcmp(k, "--layers"))
+            o->layers = atoi(v);
+        else if (!strcmp(k, "--d-model"))
+            o->d_model = atoi(v);
+        else if (!strcmp(k, "--heads"))
+            o->heads = atoi(v);
+        else if (!strcmp(k, "--seq"))
+            o->seq = atoi(v);
+        else if (!strcmp(k, "--micro"))
+            o->micro = atoi(v);
+        else if (!strcmp(k, "--accum"))
+            o->accum = atoi(v);
+        else if (!strcmp(k, "--steps"))
+            o->steps = atoi(v);
+        else if (!strcmp(k, "--warmup"))
+            o->warmup = atoi(v);
+        else if (!strcmp(k, "--threads"))
+            o->threads = atoi(v);
+        else if (!strcmp(k, "--profile"))
+            o->profile = atoi(v);
+        else if (!strcmp(k, "--mesh"))
+            snprintf(o->mesh, sizeof o->mesh, "%s", v);
+        else if (!strcmp(k, "--json"))
+            snprintf(o->json, sizeof o->json, "%s", v);
+        else if (!strcmp(k, "--bucket-mb"))
+            o->bucket_mb = atof(v);
+        else if (!strcmp(k, "--prefetch-mb"))
+            o->prefetch_mb = atof(v);
         else {
             if (rank == 0) fprintf(stderr, "bench_fsdp: unknown option %s\n", k);
             MPI_Abort(MPI_COMM_WORLD, 1);
@@ -135,42 +168,75 @@ int main(int argc, char **argv) {
     dg_backend_t *be = NULL;
     CHECK(dg_backend_cpu_create(&bc, &be));
 
-    result_t res[3] = {{"overlap", 0, 0, 0, 0}, {"no-overlap", 0, 0, 0, 0}, {"compute-only", 0, 0, 0, 0}};
+    /* the three modes run interleaved, `steps` rounds of one step each, so that a change of the
+     * machine's load hits all of them alike; medians over the rounds */
+    result_t res[3] = {{.mode = "overlap"}, {.mode = "no-overlap"}, {.mode = "compute-only"}};
     size_t state_bytes[3] = {0};
+    dg_model_t *models[3] = {NULL};
+    dg_fsdp_t *fs[2] = {NULL};
+    int64_t t[3] = {0};
     for (int mode = 0; mode < 3; mode++) {
-        dg_model_t *m = NULL;
-        dg_fsdp_t *f = NULL;
         if (mode < 2) {
             dg_fsdp_opts_t fo;
             dg_fsdp_opts_default(&fo);
             fo.overlap = mode == 0;
             fo.bucket_mb = o.bucket_mb;
             fo.prefetch_budget_mb = o.prefetch_mb;
-            CHECK(dg_fsdp_create(MPI_COMM_WORLD, &mesh, &fo, &f));
-            CHECK(dg_fsdp_model_create(f, &d, be, o.micro, 1, 0, &m));
+            CHECK(dg_fsdp_create(MPI_COMM_WORLD, &mesh, &fo, &fs[mode]));
+            CHECK(dg_fsdp_model_create(fs[mode], &d, be, o.micro, 1, 0, &models[mode]));
         } else {
-            CHECK(dg_model_create(&d, be, o.micro, 1, &m));
+            CHECK(dg_model_create(&d, be, o.micro, 1, &models[mode]));
         }
-        state_bytes[mode] = dg_model_state_bytes(m);
-        run(m, &o, &d, &res[mode]);
-        dg_model_free(m);
-        dg_fsdp_free(f);
+        state_bytes[mode] = dg_model_state_bytes(models[mode]);
+        res[mode].steps = calloc((size_t)o.steps, sizeof(double));
+        res[mode].exposed = calloc((size_t)o.steps, sizeof(double));
+        res[mode].exposed_min = calloc((size_t)o.steps, sizeof(double));
+        run(models[mode], &o, &d, o.warmup, &t[mode], NULL);
+    }
+    for (int r = 0; r < o.steps; r++)
+        for (int mode = 0; mode < 3; mode++)
+            run(models[mode], &o, &d, 1, &t[mode], &res[mode]);
+    for (int mode = 0; mode < 3; mode++) {
+        res[mode].step_s = median(res[mode].steps, res[mode].n);
+        res[mode].exposed_s = median(res[mode].exposed, res[mode].n);
+        res[mode].exposed_frac = res[mode].exposed_s / res[mode].step_s;
+        res[mode].exposed_min_s = median(res[mode].exposed_min, res[mode].n);
+        res[mode].exposed_min_frac = res[mode].exposed_min_s / res[mode].step_s;
+    }
+    if (o.profile) { /* per op kind, waits included in the op that waits (syncs after every op) */
+        dg_model_set_profiling(models[0], 1);
+        run(models[0], &o, &d, 2, &t[0], NULL);
+        if (rank == 0) {
+            printf("profile of the overlap mode, rank 0, 2 steps (an op's time includes its waits):\n");
+            dg_model_print_profile(models[0], stdout);
+        }
+        dg_model_set_profiling(models[0], 0);
+    }
+    for (int mode = 0; mode < 3; mode++) {
+        dg_model_free(models[mode]);
+        if (mode < 2) dg_fsdp_free(fs[mode]);
     }
     if (rank == 0) {
         char mstr[128];
         dg_mesh_format(&mesh, mstr, sizeof mstr);
-        printf("bench_fsdp: %d ranks, mesh %s; model %d layers x d_model %d (%d heads), seq %d, micro-batch %d x %d; "
-               "%d timed steps after %d warm-up\n",
+        printf("bench_fsdp: %d ranks, mesh %s; model %d layers x d_model %d (%d heads), seq %d, micro-batch "
+               "%d x %d; "
+               "medians of %d interleaved steps per mode after %d warm-up\n",
                world, mstr, o.layers, o.d_model, o.heads, o.seq, o.micro, o.accum, o.steps, o.warmup);
-        printf("%-13s %10s %12s %9s %14s %12s %14s\n", "mode", "step_ms", "exposed_ms", "exposed", "vs_compute", "colls/step",
-               "state_MB/rank");
+        printf("%-13s %10s %12s %9s %12s %9s %11s %11s %14s\n", "mode", "step_ms", "exposed_ms", "exposed",
+               "exp_min_ms", "exp_min", "vs_compute", "colls/step", "state_MB/rank");
         for (int i = 0; i < 3; i++)
-            printf("%-13s %10.1f %12.2f %8.1f%% %13.2fx %12llu %14.1f\n", res[i].mode, res[i].step_s * 1e3,
-                   res[i].exposed_s * 1e3, 100 * res[i].exposed_frac, res[i].step_s / res[2].step_s,
+            printf("%-13s %10.1f %12.2f %8.1f%% %12.2f %8.1f%% %10.2fx %11llu %14.1f\n", res[i].mode,
+                   res[i].step_s * 1e3, res[i].exposed_s * 1e3, 100 * res[i].exposed_frac,
+                   res[i].exposed_min_s * 1e3, 100 * res[i].exposed_min_frac, res[i].step_s / res[2].step_s,
                    (unsigned long long)res[i].collectives, state_bytes[i] / 1e6);
-        printf("overlap speed-up: %.2fx (no-overlap step / overlap step); exposed communication with overlap %.1f%% of "
-               "the step (target < 10%% at 2 ranks)\n",
-               res[1].step_s / res[0].step_s, 100 * res[0].exposed_frac);
+        printf("exposed = time blocked on collectives on the most exposed rank (includes waiting for a "
+               "slower peer); "
+               "exp_min = on the least exposed rank\n");
+        printf("overlap speed-up: %.2fx (no-overlap step / overlap step); exposed communication with overlap "
+               "%.1f%% of "
+               "the step (least exposed rank %.1f%%; target < 10%% at 2 ranks)\n",
+               res[1].step_s / res[0].step_s, 100 * res[0].exposed_frac, 100 * res[0].exposed_min_frac);
         if (o.json[0]) {
             FILE *js = fopen(o.json, "a");
             if (!js) {
@@ -178,15 +244,25 @@ int main(int argc, char **argv) {
             } else {
                 for (int i = 0; i < 3; i++)
                     fprintf(js,
-                            "{\"bench\":\"fsdp\",\"ranks\":%d,\"mesh\":\"%s\",\"layers\":%d,\"d_model\":%d,\"seq\":%d,"
-                            "\"micro\":%d,\"mode\":\"%s\",\"step_ms\":%.3f,\"exposed_ms\":%.3f,\"exposed_frac\":%.4f,"
-                            "\"vs_compute_only\":%.4f,\"collectives_per_step\":%llu,\"state_bytes_per_rank\":%zu}\n",
-                            world, mstr, o.layers, o.d_model, o.seq, o.micro, res[i].mode, res[i].step_s * 1e3,
-                            res[i].exposed_s * 1e3, res[i].exposed_frac, res[i].step_s / res[2].step_s,
+                            "{\"bench\":\"fsdp\",\"ranks\":%d,\"mesh\":\"%s\",\"layers\":%d,\"d_model\":%d,"
+                            "\"seq\":%d,"
+                            "\"micro\":%d,\"mode\":\"%s\",\"step_ms\":%.3f,\"exposed_ms\":%.3f,\"exposed_"
+                            "frac\":%.4f,"
+                            "\"exposed_min_ms\":%.3f,"
+                            "\"vs_compute_only\":%.4f,\"collectives_per_step\":%llu,\"state_bytes_per_rank\":"
+                            "%zu}\n",
+                            world, mstr, o.layers, o.d_model, o.seq, o.micro, res[i].mode,
+                            res[i].step_s * 1e3, res[i].exposed_s * 1e3, res[i].exposed_frac,
+                            res[i].exposed_min_s * 1e3, res[i].step_s / res[2].step_s,
                             (unsigned long long)res[i].collectives, state_bytes[i]);
                 fclose(js);
             }
         }
+    }
+    for (int mode = 0; mode < 3; mode++) {
+        free(res[mode].steps);
+        free(res[mode].exposed);
+        free(res[mode].exposed_min);
     }
     dg_backend_free(be);
     MPI_Finalize();

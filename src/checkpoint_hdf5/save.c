@@ -17,10 +17,10 @@
 
 #include "dg_mpi.h"
 
-/* Chunks of 4 MiB or more start on 64 KiB boundaries: aligned enough for the page cache and for
- * RAID/Lustre stripes that are multiples of it, while wasting at most 1.6% of a 4 MiB chunk (a
- * Fletcher32 chunk is 4 bytes longer than its data, so 1 MiB alignment would waste up to 20%).
- * Measured in bench/checkpoint (see bench/RESULTS.md). */
+/* Objects of 64 KiB or more (in practice: chunks) start on 64 KiB boundaries: aligned for the page cache
+ * and for stripes that are multiples of it, while wasting at most 1.6% of a 4 MiB chunk (a Fletcher32
+ * chunk is 4 bytes longer than its data, so 1 MiB alignment would waste up to 20%). No alignment and
+ * 1 MiB were both slower in bench/checkpoint (bench/RESULTS.md). */
 #define CKPT_DEFAULT_ALIGN (64 << 10)
 
 void dg_ckpt_save_opts_default(dg_ckpt_save_opts_t *o) {

@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -615,16 +616,21 @@ static int ranges_overlap(const void *a, size_t na, const void *b, size_t nb) {
     return na && nb && pa < pb + nb && pb < pa + na;
 }
 
-static dg_status_t check_common(dg_comm_t *c, dg_op_kind_t k, size_t count, dg_dtype_t dt, void *req) {
+static dg_status_t check_common(dg_comm_t *c, dg_op_kind_t k, size_t count, dg_dtype_t dt) {
     if (!c) return DG_ERR(DG_ERR_USAGE, "dg_comm_%s: comm is NULL", dg_comm__op_name(k));
-    if (!req) return DG_ERR(DG_ERR_USAGE, "dg_comm_i%s on %s: req is NULL", dg_comm__op_name(k), c->name);
-    if (atomic_load(&c->failed)) return dg_comm__failed_error(c);
+    if (atomic_load_explicit(&c->failed, memory_order_acquire)) return dg_comm__failed_error(c);
     if ((int)dt < DG_F32 || (int)dt > DG_F64)
         return DG_ERR(DG_ERR_USAGE, "%s on %s: unknown dtype %d", dg_comm__op_name(k), c->name, (int)dt);
     if (count > (size_t)INT_MAX)
         return DG_ERR(DG_ERR_USAGE, "%s on %s: count %zu exceeds %d elements per call; split the buffer",
                       dg_comm__op_name(k), c->name, count, INT_MAX);
     return DG_OK;
+}
+
+static dg_status_t check_req(dg_comm_t *c, dg_op_kind_t k, dg_comm_req_t **req) {
+    if (req) return DG_OK;
+    return DG_ERR(DG_ERR_USAGE, "dg_comm_i%s on %s: req is NULL", dg_comm__op_name(k),
+                  c ? c->name : "(null)");
 }
 
 static dg_status_t check_reduction(dg_comm_t *c, dg_op_kind_t k, dg_dtype_t dt, dg_redop_t red) {
@@ -640,36 +646,53 @@ static dg_status_t check_reduction(dg_comm_t *c, dg_op_kind_t k, dg_dtype_t dt, 
     return DG_OK;
 }
 
-/* set by the blocking forms around their post, so a backend may run the op inline (the request is
- * then already complete when post returns, and the blocking form's wait only releases it) */
-static _Thread_local int tl_blocking;
+/* Numbers a collective and publishes it for the arrival probe's mismatch check. */
+static void number(dg_comm_t *c, dg_comm_op_t *t) {
+    t->step = atomic_load_explicit(&c->step, memory_order_relaxed);
+    if (!dg_comm__is_collective(t->kind)) return;
+    t->seq = ++c->coll_posted;
+    atomic_store_explicit(&c->last_posted_count, (int64_t)t->count, memory_order_relaxed);
+    atomic_store_explicit(&c->last_posted_kind, (int)t->kind, memory_order_relaxed);
+    atomic_store_explicit(&c->last_posted_seq, t->seq, memory_order_release);
+}
 
-static dg_status_t post(dg_comm_t *c, dg_comm_op_t *tmpl, dg_comm_req_t **req) {
-    dg_comm_op_t *op = dg_xcalloc(1, sizeof *op);
-    *op = *tmpl;
-    op->mreq = MPI_REQUEST_NULL;
-    atomic_init(&op->state, DG_OPST_QUEUED);
-    op->step = atomic_load(&c->step);
-    op->t_post = dg_now_s();
-    op->blocking = tl_blocking;
-    int coll = dg_comm__is_collective(op->kind);
-    if (coll) {
-        op->seq = ++c->coll_posted;
-        atomic_store(&c->last_posted_count, (int64_t)op->count);
-        atomic_store(&c->last_posted_kind, (int)op->kind);
-        atomic_store(&c->last_posted_seq, op->seq);
+static void unnumber(dg_comm_t *c, const dg_comm_op_t *t) {
+    if (!dg_comm__is_collective(t->kind)) return;
+    c->coll_posted--;
+    atomic_store(&c->last_posted_seq, c->coll_posted);
+}
+
+/* req != NULL: post the validated operation `t` and return its request. req == NULL (a blocking form):
+ * let the backend run it inline if it can (no allocation, no hand-off), else post and wait. */
+static dg_status_t submit(dg_comm_t *c, dg_comm_op_t *t, dg_comm_req_t **req) {
+    number(c, t);
+    if (!req && c->vt->run_inline && dg_comm__is_collective(t->kind)) {
+        int ran = 0;
+        dg_status_t s = c->vt->run_inline(c, t, &ran);
+        if (ran) return s;
     }
+    dg_comm_op_t *op = dg_xmalloc(sizeof *op);
+    memcpy(op, t, offsetof(dg_comm_op_t, msg)); /* the message buffer needs no clearing */
+    op->msg[0] = 0;
+    op->next = op->prev = NULL;
+    op->mreq = MPI_REQUEST_NULL;
+    op->event = NULL;
+    op->abandoned = 0;
+    op->status = DG_OK;
+    atomic_init(&op->state, DG_OPST_QUEUED);
+    op->t_post = dg_now_s();
+    op->t_start = 0;
     dg_status_t s = c->vt->post(c, op);
     if (s != DG_OK) {
-        if (coll) {
-            c->coll_posted--;
-            atomic_store(&c->last_posted_seq, c->coll_posted);
-        }
+        unnumber(c, t);
         free(op);
         return s;
     }
-    *req = op;
-    return DG_OK;
+    if (req) {
+        *req = op;
+        return DG_OK;
+    }
+    return c->vt->wait(c, op);
 }
 
 #define NEED_BUF(p, bytes, what)                                                                             \
@@ -679,9 +702,9 @@ static dg_status_t post(dg_comm_t *c, dg_comm_op_t *tmpl, dg_comm_req_t **req) {
                           what);                                                                             \
     } while (0)
 
-dg_status_t dg_comm_iallgather(dg_comm_t *c, const void *send, void *recv, size_t count_per_rank,
-                               dg_dtype_t dt, dg_comm_req_t **req) {
-    DG_TRY(check_common(c, DG_OP_ALLGATHER, count_per_rank, dt, req));
+static dg_status_t do_allgather(dg_comm_t *c, const void *send, void *recv, size_t count_per_rank,
+                                dg_dtype_t dt, dg_comm_req_t **req) {
+    DG_TRY(check_common(c, DG_OP_ALLGATHER, count_per_rank, dt));
     dg_comm_op_t t = {.kind = DG_OP_ALLGATHER, .send = send, .recv = recv, .count = count_per_rank, .dt = dt};
     size_t blk = count_per_rank * dg_dtype_size(dt);
     NEED_BUF(send, blk, "send");
@@ -693,12 +716,12 @@ dg_status_t dg_comm_iallgather(dg_comm_t *c, const void *send, void *recv, size_
             DG_ERR_USAGE,
             "allgather on %s: send overlaps recv; in place needs send == recv + rank * count_per_rank",
             c->name);
-    return post(c, &t, req);
+    return submit(c, &t, req);
 }
 
-dg_status_t dg_comm_ireduce_scatter(dg_comm_t *c, const void *send, void *recv, size_t count_per_rank,
-                                    dg_dtype_t dt, dg_redop_t red, dg_comm_req_t **req) {
-    DG_TRY(check_common(c, DG_OP_REDUCE_SCATTER, count_per_rank, dt, req));
+static dg_status_t do_reduce_scatter(dg_comm_t *c, const void *send, void *recv, size_t count_per_rank,
+                                     dg_dtype_t dt, dg_redop_t red, dg_comm_req_t **req) {
+    DG_TRY(check_common(c, DG_OP_REDUCE_SCATTER, count_per_rank, dt));
     DG_TRY(check_reduction(c, DG_OP_REDUCE_SCATTER, dt, red));
     dg_comm_op_t t = {.kind = DG_OP_REDUCE_SCATTER,
                       .send = send,
@@ -716,12 +739,12 @@ dg_status_t dg_comm_ireduce_scatter(dg_comm_t *c, const void *send, void *recv, 
             DG_ERR_USAGE,
             "reduce_scatter on %s: recv overlaps send; in place needs recv == send + rank * count_per_rank",
             c->name);
-    return post(c, &t, req);
+    return submit(c, &t, req);
 }
 
-dg_status_t dg_comm_iallreduce(dg_comm_t *c, const void *send, void *recv, size_t count, dg_dtype_t dt,
-                               dg_redop_t red, dg_comm_req_t **req) {
-    DG_TRY(check_common(c, DG_OP_ALLREDUCE, count, dt, req));
+static dg_status_t do_allreduce(dg_comm_t *c, const void *send, void *recv, size_t count, dg_dtype_t dt,
+                                dg_redop_t red, dg_comm_req_t **req) {
+    DG_TRY(check_common(c, DG_OP_ALLREDUCE, count, dt));
     DG_TRY(check_reduction(c, DG_OP_ALLREDUCE, dt, red));
     dg_comm_op_t t = {
         .kind = DG_OP_ALLREDUCE, .send = send, .recv = recv, .count = count, .dt = dt, .red = red};
@@ -733,19 +756,19 @@ dg_status_t dg_comm_iallreduce(dg_comm_t *c, const void *send, void *recv, size_
     else if (ranges_overlap(send, bytes, recv, bytes))
         return DG_ERR(DG_ERR_USAGE,
                       "allreduce on %s: send and recv partly overlap (in place needs send == recv)", c->name);
-    return post(c, &t, req);
+    return submit(c, &t, req);
 }
 
-dg_status_t dg_comm_ibroadcast(dg_comm_t *c, void *buf, size_t count, dg_dtype_t dt, int root,
-                               dg_comm_req_t **req) {
-    DG_TRY(check_common(c, DG_OP_BROADCAST, count, dt, req));
+static dg_status_t do_broadcast(dg_comm_t *c, void *buf, size_t count, dg_dtype_t dt, int root,
+                                dg_comm_req_t **req) {
+    DG_TRY(check_common(c, DG_OP_BROADCAST, count, dt));
     dg_comm_op_t t = {
         .kind = DG_OP_BROADCAST, .send = buf, .recv = buf, .count = count, .dt = dt, .peer = root};
     NEED_BUF(buf, count * dg_dtype_size(dt), "");
     if (root < 0 || root >= c->size)
         return DG_ERR(DG_ERR_USAGE, "broadcast on %s: root %d is not a rank of this %d-rank group", c->name,
                       root, c->size);
-    return post(c, &t, req);
+    return submit(c, &t, req);
 }
 
 static dg_status_t check_peer(dg_comm_t *c, dg_op_kind_t k, int peer, int tag) {
@@ -759,22 +782,77 @@ static dg_status_t check_peer(dg_comm_t *c, dg_op_kind_t k, int peer, int tag) {
     return DG_OK;
 }
 
-dg_status_t dg_comm_isend(dg_comm_t *c, const void *buf, size_t count, dg_dtype_t dt, int peer, int tag,
-                          dg_comm_req_t **req) {
-    DG_TRY(check_common(c, DG_OP_SEND, count, dt, req));
-    DG_TRY(check_peer(c, DG_OP_SEND, peer, tag));
-    dg_comm_op_t t = {.kind = DG_OP_SEND, .send = buf, .count = count, .dt = dt, .peer = peer, .tag = tag};
-    NEED_BUF(buf, count * dg_dtype_size(dt), "send");
-    return post(c, &t, req);
+static dg_status_t do_p2p(dg_comm_t *c, dg_op_kind_t k, void *buf, size_t count, dg_dtype_t dt, int peer,
+                          int tag, dg_comm_req_t **req) {
+    DG_TRY(check_common(c, k, count, dt));
+    DG_TRY(check_peer(c, k, peer, tag));
+    dg_comm_op_t t = {.kind = k, .count = count, .dt = dt, .peer = peer, .tag = tag};
+    if (k == DG_OP_SEND)
+        t.send = buf;
+    else
+        t.recv = buf;
+    NEED_BUF(buf, count * dg_dtype_size(dt), k == DG_OP_SEND ? "send" : "recv");
+    return submit(c, &t, req);
 }
 
+/* non-blocking forms */
+dg_status_t dg_comm_iallgather(dg_comm_t *c, const void *send, void *recv, size_t count_per_rank,
+                               dg_dtype_t dt, dg_comm_req_t **req) {
+    DG_TRY(check_req(c, DG_OP_ALLGATHER, req));
+    return do_allgather(c, send, recv, count_per_rank, dt, req);
+}
+dg_status_t dg_comm_ireduce_scatter(dg_comm_t *c, const void *send, void *recv, size_t count_per_rank,
+                                    dg_dtype_t dt, dg_redop_t red, dg_comm_req_t **req) {
+    DG_TRY(check_req(c, DG_OP_REDUCE_SCATTER, req));
+    return do_reduce_scatter(c, send, recv, count_per_rank, dt, red, req);
+}
+dg_status_t dg_comm_iallreduce(dg_comm_t *c, const void *send, void *recv, size_t count, dg_dtype_t dt,
+                               dg_redop_t red, dg_comm_req_t **req) {
+    DG_TRY(check_req(c, DG_OP_ALLREDUCE, req));
+    return do_allreduce(c, send, recv, count, dt, red, req);
+}
+dg_status_t dg_comm_ibroadcast(dg_comm_t *c, void *buf, size_t count, dg_dtype_t dt, int root,
+                               dg_comm_req_t **req) {
+    DG_TRY(check_req(c, DG_OP_BROADCAST, req));
+    return do_broadcast(c, buf, count, dt, root, req);
+}
+dg_status_t dg_comm_isend(dg_comm_t *c, const void *buf, size_t count, dg_dtype_t dt, int peer, int tag,
+                          dg_comm_req_t **req) {
+    DG_TRY(check_req(c, DG_OP_SEND, req));
+    return do_p2p(c, DG_OP_SEND, (void *)buf, count, dt, peer, tag, req);
+}
 dg_status_t dg_comm_irecv(dg_comm_t *c, void *buf, size_t count, dg_dtype_t dt, int peer, int tag,
                           dg_comm_req_t **req) {
-    DG_TRY(check_common(c, DG_OP_RECV, count, dt, req));
-    DG_TRY(check_peer(c, DG_OP_RECV, peer, tag));
-    dg_comm_op_t t = {.kind = DG_OP_RECV, .recv = buf, .count = count, .dt = dt, .peer = peer, .tag = tag};
-    NEED_BUF(buf, count * dg_dtype_size(dt), "recv");
-    return post(c, &t, req);
+    DG_TRY(check_req(c, DG_OP_RECV, req));
+    return do_p2p(c, DG_OP_RECV, buf, count, dt, peer, tag, req);
+}
+
+/* Blocking forms: the backend may run a collective inline when nothing else is outstanding; otherwise
+ * post + wait, so they share the timeout and the FIFO with the non-blocking ones. */
+dg_status_t dg_comm_allgather(dg_comm_t *c, const void *send, void *recv, size_t n, dg_dtype_t dt) {
+    return do_allgather(c, send, recv, n, dt, NULL);
+}
+dg_status_t dg_comm_reduce_scatter(dg_comm_t *c, const void *send, void *recv, size_t n, dg_dtype_t dt,
+                                   dg_redop_t op) {
+    return do_reduce_scatter(c, send, recv, n, dt, op, NULL);
+}
+dg_status_t dg_comm_allreduce(dg_comm_t *c, const void *send, void *recv, size_t n, dg_dtype_t dt,
+                              dg_redop_t op) {
+    return do_allreduce(c, send, recv, n, dt, op, NULL);
+}
+dg_status_t dg_comm_broadcast(dg_comm_t *c, void *buf, size_t n, dg_dtype_t dt, int root) {
+    return do_broadcast(c, buf, n, dt, root, NULL);
+}
+dg_status_t dg_comm_send(dg_comm_t *c, const void *buf, size_t n, dg_dtype_t dt, int peer, int tag) {
+    return do_p2p(c, DG_OP_SEND, (void *)buf, n, dt, peer, tag, NULL);
+}
+dg_status_t dg_comm_recv(dg_comm_t *c, void *buf, size_t n, dg_dtype_t dt, int peer, int tag) {
+    return do_p2p(c, DG_OP_RECV, buf, n, dt, peer, tag, NULL);
+}
+dg_status_t dg_comm_barrier(dg_comm_t *c) {
+    DG_TRY(check_common(c, DG_OP_BARRIER, 0, DG_F32));
+    dg_comm_op_t t = {.kind = DG_OP_BARRIER, .dt = DG_F32};
+    return submit(c, &t, NULL);
 }
 
 dg_status_t dg_comm_wait(dg_comm_t *c, dg_comm_req_t *req) {
@@ -792,64 +870,6 @@ dg_status_t dg_comm_flush(dg_comm_t *c) {
     if (!c) return DG_ERR(DG_ERR_USAGE, "dg_comm_flush: comm is NULL");
     if (atomic_load(&c->failed)) return dg_comm__failed_error(c);
     return c->vt->flush(c);
-}
-
-/* Blocking forms: the backend may run the operation inline when nothing else is outstanding; otherwise
- * post + wait, so they share the timeout and the FIFO with the non-blocking ones. */
-dg_status_t dg_comm_allgather(dg_comm_t *c, const void *send, void *recv, size_t n, dg_dtype_t dt) {
-    dg_comm_req_t *r;
-    tl_blocking = 1;
-    dg_status_t s = dg_comm_iallgather(c, send, recv, n, dt, &r);
-    tl_blocking = 0;
-    DG_TRY(s);
-    return c->vt->wait(c, r);
-}
-dg_status_t dg_comm_reduce_scatter(dg_comm_t *c, const void *send, void *recv, size_t n, dg_dtype_t dt,
-                                   dg_redop_t op) {
-    dg_comm_req_t *r;
-    tl_blocking = 1;
-    dg_status_t s = dg_comm_ireduce_scatter(c, send, recv, n, dt, op, &r);
-    tl_blocking = 0;
-    DG_TRY(s);
-    return c->vt->wait(c, r);
-}
-dg_status_t dg_comm_allreduce(dg_comm_t *c, const void *send, void *recv, size_t n, dg_dtype_t dt,
-                              dg_redop_t op) {
-    dg_comm_req_t *r;
-    tl_blocking = 1;
-    dg_status_t s = dg_comm_iallreduce(c, send, recv, n, dt, op, &r);
-    tl_blocking = 0;
-    DG_TRY(s);
-    return c->vt->wait(c, r);
-}
-dg_status_t dg_comm_broadcast(dg_comm_t *c, void *buf, size_t n, dg_dtype_t dt, int root) {
-    dg_comm_req_t *r;
-    tl_blocking = 1;
-    dg_status_t s = dg_comm_ibroadcast(c, buf, n, dt, root, &r);
-    tl_blocking = 0;
-    DG_TRY(s);
-    return c->vt->wait(c, r);
-}
-dg_status_t dg_comm_send(dg_comm_t *c, const void *buf, size_t n, dg_dtype_t dt, int peer, int tag) {
-    dg_comm_req_t *r;
-    DG_TRY(dg_comm_isend(c, buf, n, dt, peer, tag, &r));
-    return c->vt->wait(c, r);
-}
-dg_status_t dg_comm_recv(dg_comm_t *c, void *buf, size_t n, dg_dtype_t dt, int peer, int tag) {
-    dg_comm_req_t *r;
-    DG_TRY(dg_comm_irecv(c, buf, n, dt, peer, tag, &r));
-    return c->vt->wait(c, r);
-}
-dg_status_t dg_comm_barrier(dg_comm_t *c) {
-    dg_comm_req_t *r;
-    int dummy = 0;
-    DG_TRY(check_common(c, DG_OP_BARRIER, 0, DG_F32, &dummy));
-    dg_comm_op_t t = {.kind = DG_OP_BARRIER, .dt = DG_F32};
-    tl_blocking = 1;
-    dg_status_t s = post(c, &t, &r);
-    tl_blocking = 0;
-    DG_TRY(s);
-    return c->vt->wait(c, r);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

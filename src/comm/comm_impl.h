@@ -36,7 +36,6 @@ struct dg_comm_req {
     int peer; /* broadcast root, or send/recv peer */
     int tag;
     int inplace;
-    int blocking; /* posted by a blocking form: the backend may execute it inline */
     int64_t seq;  /* collective sequence number in this group (1, 2, ...), 0 for point-to-point */
     int64_t step; /* dg_comm_set_step value when posted */
     double t_post, t_start;
@@ -57,6 +56,9 @@ typedef struct dg_comm_vtbl {
     /* start or enqueue a validated op (op->seq/step/t_post set); on failure the op is not retained */
     dg_status_t (*post)(dg_comm_t *c, dg_comm_op_t *op);
     dg_status_t (*wait)(dg_comm_t *c, dg_comm_op_t *op); /* releases op */
+    /* optional, blocking collectives only: execute the numbered op (a caller-owned copy) right here and
+     * set *ran, or leave *ran = 0 to have it posted and waited for */
+    dg_status_t (*run_inline)(dg_comm_t *c, dg_comm_op_t *op, int *ran);
     dg_status_t (*test)(dg_comm_t *c, dg_comm_op_t *op, int *done);
     dg_status_t (*flush)(dg_comm_t *c);
     dg_status_t (*split)(dg_comm_t *parent, int color, int key, const dg_comm_opts_t *o, dg_comm_t **out);

@@ -44,8 +44,11 @@ typedef struct {
     dg_comm_op_t *qhead, *qtail; /* posted, not started */
     dg_comm_op_t *cur;           /* the collective being executed */
     dg_comm_op_t *p2p;           /* started point-to-point ops: the comm thread's list */
-    int outstanding;             /* posted and not yet complete */
-    dg_comm_op_t *inline_op;     /* a blocking collective running on the caller's thread */
+    _Atomic int outstanding;     /* posted and not yet complete (changed under mu, read lock-free) */
+    /* a blocking collective running on the caller's thread, published lock-free for the watchdog */
+    _Atomic int64_t inline_seq; /* its collective number, 0 when none */
+    _Atomic int inl_kind, inl_dt, inl_peer;
+    _Atomic int64_t inl_count, inl_step, inl_start_ns;
     int inline_fired;
     int waiters, worker_sleeping, stop;
     _Atomic uint64_t qgen;
@@ -204,7 +207,7 @@ static void progress_mark_done(cm_t *m, dg_comm_op_t *op) {
 /* Caller holds mu. Publishes the result; an abandoned op has no owner left, so it is freed here. */
 static void complete_locked(cm_t *m, dg_comm_op_t *op, dg_status_t s) {
     op->status = s;
-    m->outstanding--;
+    atomic_fetch_sub_explicit(&m->outstanding, 1, memory_order_release);
     if (op->abandoned)
         free(op);
     else
@@ -353,10 +356,20 @@ static void *worker_main(void *arg) {
             m->worker_sleeping = 1;
             pthread_cond_timedwait(&m->cv_work, &m->mu, &ts);
             m->worker_sleeping = 0;
-            if (m->inline_op && !m->inline_fired) {
-                double el = dg_now_s() - m->inline_op->t_start;
-                if (el >= m->base.opts.timeout_s) {
-                    dg_comm_op_t copy = *m->inline_op;
+            int64_t seq = atomic_load_explicit(&m->inline_seq, memory_order_acquire);
+            if (seq && !m->inline_fired) {
+                double el =
+                    (dg_comm__now_ns() - atomic_load_explicit(&m->inl_start_ns, memory_order_relaxed)) * 1e-9;
+                dg_comm_op_t copy = {
+                    .kind = (dg_op_kind_t)atomic_load_explicit(&m->inl_kind, memory_order_relaxed),
+                    .count = (size_t)atomic_load_explicit(&m->inl_count, memory_order_relaxed),
+                    .dt = (dg_dtype_t)atomic_load_explicit(&m->inl_dt, memory_order_relaxed),
+                    .peer = atomic_load_explicit(&m->inl_peer, memory_order_relaxed),
+                    .step = atomic_load_explicit(&m->inl_step, memory_order_relaxed),
+                    .seq = seq};
+                /* the description is consistent only if the same call is still running */
+                if (el >= m->base.opts.timeout_s &&
+                    atomic_load_explicit(&m->inline_seq, memory_order_acquire) == seq) {
                     m->inline_fired = 1;
                     pthread_mutex_unlock(&m->mu);
                     inline_timed_out(m, &copy, el); /* does not return */
@@ -432,7 +445,7 @@ static dg_status_t thread_flush(cm_t *m) {
     double t_wait = dg_now_s();
     pthread_mutex_lock(&m->mu);
     m->waiters++;
-    while (m->outstanding > 0) {
+    while (atomic_load(&m->outstanding) > 0) {
         if (atomic_load(&m->base.failed)) {
             m->waiters--;
             pthread_mutex_unlock(&m->mu);
@@ -538,39 +551,57 @@ static dg_status_t mpi_post(dg_comm_t *c, dg_comm_op_t *op) {
         return DG_OK;
     }
     pthread_mutex_lock(&m->mu);
-    if (op->blocking && c->opts.inline_blocking && m->outstanding == 0 && dg_comm__is_collective(op->kind) &&
-        !atomic_load(&c->failed)) {
-        /* nothing ahead of it: run it here, the same MPI call the comm thread would make */
-        op->t_start = dg_now_s();
-        atomic_store(&op->state, DG_OPST_STARTED);
-        m->inline_op = op;
-        progress_mark_start(m, op);
-        pthread_mutex_unlock(&m->mu);
-        dg_status_t s = exec_collective(m, op);
-        if (s != DG_OK) {
-            set_msg(op, s);
-            fail_from_worker(m, op->msg);
-            s = DG_ERR_PEER;
-        }
-        pthread_mutex_lock(&m->mu);
-        m->inline_op = NULL;
-        progress_mark_done(m, op);
-        op->status = s;
-        atomic_store_explicit(&op->state, DG_OPST_DONE, memory_order_release);
-        pthread_mutex_unlock(&m->mu);
-        return DG_OK;
-    }
     op->next = NULL;
     if (m->qtail)
         m->qtail->next = op;
     else
         m->qhead = op;
     m->qtail = op;
-    m->outstanding++;
+    atomic_fetch_add(&m->outstanding, 1);
     atomic_fetch_add(&c->queued, 1);
     atomic_fetch_add(&m->qgen, 1);
     if (m->worker_sleeping) pthread_cond_signal(&m->cv_work);
     pthread_mutex_unlock(&m->mu);
+    return DG_OK;
+}
+
+/* A blocking collective with nothing ahead of it runs here, on the caller's thread: the same MPI call
+ * the comm thread would make (so the same bits), without allocation, locks or a thread hand-off. The
+ * comm thread only watches its deadline. Only the owner thread posts, so once `outstanding` reads 0
+ * nothing else can start on the data communicator until this call returns. */
+static dg_status_t mpi_run_inline(dg_comm_t *c, dg_comm_op_t *op, int *ran) {
+    cm_t *m = (cm_t *)c;
+    if (m->mode == MODE_LOCAL) {
+        exec_local(op);
+        atomic_store_explicit(&c->coll_started, op->seq, memory_order_relaxed);
+        atomic_store_explicit(&c->coll_done, op->seq, memory_order_relaxed);
+        *ran = 1;
+        return DG_OK;
+    }
+    if (m->mode != MODE_THREAD || !c->opts.inline_blocking ||
+        atomic_load_explicit(&m->outstanding, memory_order_acquire) != 0)
+        return DG_OK;
+    *ran = 1;
+    int64_t now = dg_comm__now_ns();
+    atomic_store_explicit(&m->inl_kind, (int)op->kind, memory_order_relaxed);
+    atomic_store_explicit(&m->inl_dt, (int)op->dt, memory_order_relaxed);
+    atomic_store_explicit(&m->inl_peer, op->peer, memory_order_relaxed);
+    atomic_store_explicit(&m->inl_count, (int64_t)op->count, memory_order_relaxed);
+    atomic_store_explicit(&m->inl_step, op->step, memory_order_relaxed);
+    atomic_store_explicit(&m->inl_start_ns, now, memory_order_relaxed);
+    atomic_store_explicit(&m->inline_seq, op->seq, memory_order_release);
+    atomic_store_explicit(&c->cur_start_ns, now, memory_order_relaxed);
+    atomic_store_explicit(&c->cur_kind, (int)op->kind, memory_order_relaxed);
+    atomic_store_explicit(&c->coll_started, op->seq, memory_order_release);
+    dg_status_t s = exec_collective(m, op);
+    atomic_store_explicit(&c->cur_kind, -1, memory_order_relaxed);
+    atomic_store_explicit(&c->coll_done, op->seq, memory_order_relaxed);
+    atomic_store_explicit(&m->inline_seq, 0, memory_order_release);
+    if (s != DG_OK) {
+        char msg[1024];
+        dg_comm__strlcpy(msg, sizeof msg, dg_last_error());
+        return dg_comm__fail(c, DG_ERR_PEER, msg);
+    }
     return DG_OK;
 }
 
@@ -692,6 +723,7 @@ static const dg_comm_vtbl_t k_vt_mpi = {
     .name = "mpi",
     .post = mpi_post,
     .wait = mpi_wait,
+    .run_inline = mpi_run_inline,
     .test = mpi_test,
     .flush = mpi_flush,
     .split = mpi_split,

@@ -46,19 +46,22 @@ dg_status_t dg_fsdp_create(MPI_Comm world, const dg_mesh_shape_t *mesh, const dg
         o = &def;
     }
     if (strcmp(o->comm, "auto") != 0 && strcmp(o->comm, "mpi") != 0)
-        return DG_ERR(DG_ERR_USAGE,
-                      "parallel.comm = %s: sharded and tensor-parallel training run their collectives through "
-                      "the mpi comm backend in this build (use auto or mpi)",
-                      o->comm);
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "parallel.comm = %s: sharded and tensor-parallel training run their collectives through "
+            "the mpi comm backend in this build (use auto or mpi)",
+            o->comm);
     if (!(o->bucket_mb >= 0) || !(o->prefetch_budget_mb >= 0))
-        return DG_ERR(DG_ERR_USAGE, "parallel.bucket_mb = %g and parallel.prefetch_budget_mb = %g must be >= 0",
+        return DG_ERR(DG_ERR_USAGE,
+                      "parallel.bucket_mb = %g and parallel.prefetch_budget_mb = %g must be >= 0",
                       o->bucket_mb, o->prefetch_budget_mb);
     int rank = 0, world_size = 1;
     DG_MPI_CHECK(MPI_Comm_rank(world, &rank));
     DG_MPI_CHECK(MPI_Comm_size(world, &world_size));
     for (int d = 0; d < DG_MESH_NDIM; d++)
         if (mesh->size[d] < 1)
-            return DG_ERR(DG_ERR_USAGE, "parallel.mesh: %s = %d must be >= 1", dg_mesh_dim_name(d), mesh->size[d]);
+            return DG_ERR(DG_ERR_USAGE, "parallel.mesh: %s = %d must be >= 1", dg_mesh_dim_name(d),
+                          mesh->size[d]);
     if (dg_mesh_world(mesh) != world_size) {
         char buf[128];
         dg_mesh_format(mesh, buf, sizeof buf);
@@ -103,7 +106,8 @@ void dg_fsdp_free(dg_fsdp_t *f) {
 dg_status_t dg_fsdp_model_create(dg_fsdp_t *f, const dg_model_desc_t *d, dg_backend_t *be, int micro_batch,
                                  uint64_t seed, int flags, dg_model_t **out) {
     if (f->opts.plan_only && f->world > 1 && !(flags & DG_MODEL_PLAN_ONLY))
-        return DG_ERR(DG_ERR_USAGE, "fsdp: created plan-only (no communicators): the model can only be planned");
+        return DG_ERR(DG_ERR_USAGE,
+                      "fsdp: created plan-only (no communicators): the model can only be planned");
     return dg_model_create_parallel(d, be, micro_batch, seed, flags, &f->par, out);
 }
 
@@ -128,9 +132,15 @@ void dg_fsdp_placements(const dg_model_t *m, int i, dg_placement_t out[DG_MESH_N
 
 void dg_fsdp_placement_str(const dg_placement_t *p, char *buf, size_t cap) {
     switch (p->kind) {
-    case DG_PLACE_SHARD: snprintf(buf, cap, "Shard(%d)", p->dim); break;
-    case DG_PLACE_PARTIAL: snprintf(buf, cap, "Partial(sum)"); break;
-    default: snprintf(buf, cap, "Replicate"); break;
+    case DG_PLACE_SHARD:
+        snprintf(buf, cap, "Shard(%d)", p->dim);
+        break;
+    case DG_PLACE_PARTIAL:
+        snprintf(buf, cap, "Partial(sum)");
+        break;
+    default:
+        snprintf(buf, cap, "Replicate");
+        break;
     }
 }
 
@@ -160,19 +170,23 @@ dg_status_t dg_fsdp_print_placements(const dg_model_t *m, FILE *out, int json) {
                 k += (size_t)snprintf(pieces + k, sizeof pieces - k,
                                       json ? "%s[[%" PRId64 ",%" PRId64 "],[%" PRId64 ",%" PRId64 "]]"
                                            : "%s[%" PRId64 ":%" PRId64 ", %" PRId64 ":%" PRId64 "]",
-                                      j ? (json ? "," : " ") : "", pc[j].start[0], pc[j].start[0] + pc[j].count[0],
-                                      pc[j].start[1], pc[j].start[1] + pc[j].count[1]);
+                                      j ? (json ? "," : " ") : "", pc[j].start[0],
+                                      pc[j].start[0] + pc[j].count[0], pc[j].start[1],
+                                      pc[j].start[1] + pc[j].count[1]);
             else
                 k += (size_t)snprintf(pieces + k, sizeof pieces - k,
                                       json ? "%s[[%" PRId64 ",%" PRId64 "]]" : "%s[%" PRId64 ":%" PRId64 "]",
-                                      j ? (json ? "," : " ") : "", pc[j].start[0], pc[j].start[0] + pc[j].count[0]);
+                                      j ? (json ? "," : " ") : "", pc[j].start[0],
+                                      pc[j].start[0] + pc[j].count[0]);
         }
         if (json)
-            fprintf(out,
-                    "%s\n {\"name\":\"%s\",\"shape\":%s,\"placements\":{\"dp_replicate\":\"%s\",\"dp_shard\":\"%s\","
-                    "\"tp\":\"%s\"},\"local_elems\":%zu,\"owner\":%d,\"pieces\":[%s]}",
-                    i ? "," : "", pi->name, shape, ps[0], ps[1], ps[2], dg_model_local_numel(m, i),
-                    dg_model_piece_owner(m, i), pieces);
+            fprintf(
+                out,
+                "%s\n "
+                "{\"name\":\"%s\",\"shape\":%s,\"placements\":{\"dp_replicate\":\"%s\",\"dp_shard\":\"%s\","
+                "\"tp\":\"%s\"},\"local_elems\":%zu,\"owner\":%d,\"pieces\":[%s]}",
+                i ? "," : "", pi->name, shape, ps[0], ps[1], ps[2], dg_model_local_numel(m, i),
+                dg_model_piece_owner(m, i), pieces);
         else
             fprintf(out, "  %-26s %-12s %-10s %-10s %-10s %9zu  %s%s\n", pi->name, shape, ps[0], ps[1], ps[2],
                     dg_model_local_numel(m, i), np ? pieces : "(padding only)",

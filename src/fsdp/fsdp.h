@@ -47,9 +47,9 @@ void dg_fsdp_opts_from_config(const dg_config_t *cfg, dg_fsdp_opts_t *o);
 typedef struct dg_fsdp {
     dg_mesh_shape_t mesh;
     int rank, world;
-    int coord[DG_MESH_NDIM];  /* this rank's mesh coordinates */
-    dg_comm_mesh_t *comms;    /* NULL with plan_only */
-    dg_model_parallel_t par;  /* what dg_fsdp_model_create passes to the model */
+    int coord[DG_MESH_NDIM]; /* this rank's mesh coordinates */
+    dg_comm_mesh_t *comms;   /* NULL with plan_only */
+    dg_model_parallel_t par; /* what dg_fsdp_model_create passes to the model */
     dg_fsdp_opts_t opts;
 } dg_fsdp_t;
 

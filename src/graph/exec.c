@@ -92,7 +92,7 @@ dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n) {
     int inplace_ar = n->op == DG_OP_ALL_REDUCE && n->n_src == 0;
     if (n->op == DG_OP_ALL_REDUCE && n->attr[DG_A_ARMODE] == DG_AR_FROM_REPLICATE)
         return DG_OK; /* identity forward: the output is a view of the input */
-    if (k == 1) { /* every collective over one rank is the identity */
+    if (k == 1) {     /* every collective over one rank is the identity */
         if (inplace_ar) return DG_OK;
         if (acc_rs)
             return be->ops->accumulate(be, dg_exec_ptr(ex, n->upd[0]), dg_exec_ptr(ex, n->src[0]),
@@ -130,8 +130,8 @@ dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n) {
         DG_TRY(dg_comm_iallreduce(c, p, p, cnt, t->dtype, DG_RED_SUM, &req));
     } else {
         DG_ASSERT(n->op == DG_OP_ALL_REDUCE);
-        DG_TRY(dg_comm_iallreduce(c, dg_exec_ptr(ex, n->src[0]), dg_exec_ptr(ex, n), dg_node_numel(n), n->dtype,
-                                  DG_RED_SUM, &req));
+        DG_TRY(dg_comm_iallreduce(c, dg_exec_ptr(ex, n->src[0]), dg_exec_ptr(ex, n), dg_node_numel(n),
+                                  n->dtype, DG_RED_SUM, &req));
     }
     ex->n_coll++;
     if (n->stream == DG_STREAM_COMM) {

@@ -136,18 +136,18 @@ dg_status_t dg_model_create_ex(const dg_model_desc_t *d, dg_backend_t *be, int m
  * same description, micro-batch, seed and options, and run the same calls in the same order. */
 struct dg_comm;
 typedef struct dg_model_parallel {
-    dg_mesh_shape_t mesh;        /* sizes of dp_replicate, dp_shard, tp */
-    int coord[DG_MESH_NDIM];     /* this rank's coordinates */
+    dg_mesh_shape_t mesh;               /* sizes of dp_replicate, dp_shard, tp */
+    int coord[DG_MESH_NDIM];            /* this rank's coordinates */
     struct dg_comm *comm[DG_MESH_NDIM]; /* the group of each dimension of size > 1 (comm.h; its group rank
                                            = the coordinate); may be NULL with DG_MODEL_PLAN_ONLY */
-    size_t bucket_bytes;         /* all-gather / reduce-scatter bucket size (unsharded bytes); 0 = one
-                                    parameter per bucket; buckets never span two transformer blocks */
-    size_t prefetch_bytes;       /* hoist the next bucket's all-gather while the current one computes
-                                    when its gathered buffer fits in this many bytes; 0 = no prefetch */
-    int overlap;                 /* 1: collectives run on the comm stream and are waited for where their
-                                    result is needed; 0: each is waited for right after it is issued */
-    int reshard_after_forward;   /* 1: free the unsharded parameters after their forward use and gather
-                                    them again for the backward (the last block's stay) */
+    size_t bucket_bytes;                /* all-gather / reduce-scatter bucket size (unsharded bytes); 0 = one
+                                           parameter per bucket; buckets never span two transformer blocks */
+    size_t prefetch_bytes;              /* hoist the next bucket's all-gather while the current one computes
+                                           when its gathered buffer fits in this many bytes; 0 = no prefetch */
+    int overlap;               /* 1: collectives run on the comm stream and are waited for where their
+                                  result is needed; 0: each is waited for right after it is issued */
+    int reshard_after_forward; /* 1: free the unsharded parameters after their forward use and gather
+                                  them again for the backward (the last block's stay) */
 } dg_model_parallel_t;
 
 /* Defaults: mesh 1 x 1 x 1, 25 MB buckets, 256 MB prefetch budget, overlap on, reshard on. */
@@ -155,8 +155,9 @@ void dg_model_parallel_default(dg_model_parallel_t *p);
 
 /* dg_model_create_ex on a mesh. par = NULL is a single rank. DG_ERR_USAGE for a mesh the model cannot
  * use (n_head not divisible by tp, a missing comm, a comm of the wrong size). */
-dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
-                                     int flags, const dg_model_parallel_t *par, dg_model_t **out);
+dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch,
+                                     uint64_t seed, int flags, const dg_model_parallel_t *par,
+                                     dg_model_t **out);
 void dg_model_free(dg_model_t *m);
 
 /* ---- this rank's piece of each tensor (checkpoints, tests) ----

@@ -78,14 +78,14 @@ typedef enum dg_op_kind {
 
 /* node flags */
 enum {
-    DG_NF_PARAM = 1u << 0,    /* trainable parameter (compute copy; PERSISTENT) */
-    DG_NF_INPUT = 1u << 1,    /* fed from the host before a run (PERSISTENT) */
-    DG_NF_OUTPUT = 1u << 2,   /* must survive to the end of the schedule (read back by the host) */
-    DG_NF_LOSS = 1u << 3,     /* per-token losses whose sum is the objective */
-    DG_NF_GRAD = 1u << 4,     /* parameter gradient (f32, PERSISTENT) */
-    DG_NF_OPTSTATE = 1u << 5, /* AdamW moment (f32, PERSISTENT) */
-    DG_NF_MASTER = 1u << 6,   /* f32 master copy of a parameter (PERSISTENT) */
-    DG_NF_SCALAR = 1u << 7,   /* device scalar (f32, PERSISTENT) */
+    DG_NF_PARAM = 1u << 0,     /* trainable parameter (compute copy; PERSISTENT) */
+    DG_NF_INPUT = 1u << 1,     /* fed from the host before a run (PERSISTENT) */
+    DG_NF_OUTPUT = 1u << 2,    /* must survive to the end of the schedule (read back by the host) */
+    DG_NF_LOSS = 1u << 3,      /* per-token losses whose sum is the objective */
+    DG_NF_GRAD = 1u << 4,      /* parameter gradient (f32, PERSISTENT) */
+    DG_NF_OPTSTATE = 1u << 5,  /* AdamW moment (f32, PERSISTENT) */
+    DG_NF_MASTER = 1u << 6,    /* f32 master copy of a parameter (PERSISTENT) */
+    DG_NF_SCALAR = 1u << 7,    /* device scalar (f32, PERSISTENT) */
     DG_NF_WANT_GRAD = 1u << 8, /* an input whose gradient the caller wants (kept as an OUTPUT) */
     DG_NF_BUCKET = 1u << 9,    /* a bucket's flat local shard (PERSISTENT view over the flat buffers) */
     DG_NF_NORM_SKIP = 1u << 10 /* param: its gradient is a replica counted by another rank in the global
@@ -220,7 +220,8 @@ dg_node_t *dg_op_all_gather(dg_graph_t *g, const char *name, dg_node_t *x, int m
 dg_node_t *dg_op_reduce_scatter(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim);
 dg_node_t *dg_op_all_reduce(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim);
 /* An all_reduce of a given flavour (dg_armode_t; dg_op_all_reduce is DG_AR_SUM). */
-dg_node_t *dg_op_all_reduce_mode(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim, dg_armode_t mode);
+dg_node_t *dg_op_all_reduce_mode(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim,
+                                 dg_armode_t mode);
 
 /* Generic constructor used by the above, autodiff and passes: fills a node of `kind` with the given
  * sources, persistent tensors it updates in place, and attributes; runs the op's shape rule; appends
@@ -343,27 +344,27 @@ enum { DG_SCALAR_SUMSQ = 0, DG_SCALAR_GSCALE = 1, DG_SCALAR_NORM = 2, DG_SCALAR_
 /* ---------------- sharding passes (shard.c) ---------------- */
 /* What the FSDP pass needs to know about each parameter (filled by the model builder). */
 typedef struct dg_shard_param {
-    dg_node_t *p;        /* the parameter leaf (act dtype), built with its unsharded (tp-local) shape */
-    int group;           /* buckets never mix groups (0 embeddings, 1 + l layer l, L + 1 final norm) */
-    int64_t rows, cols;  /* unsharded (tp-local) shape; cols = 1 and ndim 1 for vectors */
-    int64_t Rs;          /* rows per dp_shard rank: ceil(rows / k) */
-    int64_t row0;        /* this rank's first row (= dp_shard coord * Rs) */
-    size_t off;          /* element offset of its local shard in the flat parameter buffers */
+    dg_node_t *p;       /* the parameter leaf (act dtype), built with its unsharded (tp-local) shape */
+    int group;          /* buckets never mix groups (0 embeddings, 1 + l layer l, L + 1 final norm) */
+    int64_t rows, cols; /* unsharded (tp-local) shape; cols = 1 and ndim 1 for vectors */
+    int64_t Rs;         /* rows per dp_shard rank: ceil(rows / k) */
+    int64_t row0;       /* this rank's first row (= dp_shard coord * Rs) */
+    size_t off;         /* element offset of its local shard in the flat parameter buffers */
 } dg_shard_param_t;
 
 /* A bucket: consecutive parameters of one group whose local shards are contiguous in the flat buffers
  * ([off of first, off of first + S)); one all-gather and one reduce-scatter move all of them. */
 typedef struct dg_bucket {
-    int first, last;     /* parameter indices, inclusive */
-    int64_t S;           /* elements of one rank's block (alignment gaps included) */
-    dg_node_t *pleaf;    /* PERSISTENT [S] act dtype over the parameters' local shards */
-    dg_node_t *gleaf;    /* PERSISTENT [S] f32 over their gradient shards */
+    int first, last;  /* parameter indices, inclusive */
+    int64_t S;        /* elements of one rank's block (alignment gaps included) */
+    dg_node_t *pleaf; /* PERSISTENT [S] act dtype over the parameters' local shards */
+    dg_node_t *gleaf; /* PERSISTENT [S] f32 over their gradient shards */
 } dg_bucket_t;
 
 typedef struct dg_shard_plan {
     int n;
     dg_shard_param_t *params;
-    int k;                 /* dp_shard size (1: buckets only, for the dp_replicate all-reduce) */
+    int k; /* dp_shard size (1: buckets only, for the dp_replicate all-reduce) */
     size_t bucket_bytes, prefetch_bytes;
     int overlap, reshard;
     /* out */
@@ -448,9 +449,9 @@ struct dg_exec {
     struct dg_comm *comm[DG_MESH_NDIM];
     struct dg_comm_req **req;
     int n_pending;
-    double wait_s;      /* blocked waiting for comm-stream collectives: the exposed communication */
-    double blocking_s;  /* in compute-stream (blocking) collectives */
-    uint64_t n_coll;    /* collectives run over a comm */
+    double wait_s;     /* blocked waiting for comm-stream collectives: the exposed communication */
+    double blocking_s; /* in compute-stream (blocking) collectives */
+    uint64_t n_coll;   /* collectives run over a comm */
 };
 
 /* Allocates the arena for `plan` (phase 2). Persistent nodes must be bound (data != NULL) before runs. */

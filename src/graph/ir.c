@@ -298,7 +298,8 @@ dg_status_t dg_graph_verify(const dg_graph_t *g) {
         for (int k = 0; k < n->n_upd; k++) {
             const dg_node_t *r = dg_node_root_c(n->upd[k]);
             if (r->storage == DG_STORE_NONE || (r->storage == DG_STORE_ARENA && r->id >= i))
-                return VERIFY_FAIL(n, "in-place update %d is neither persistent nor an earlier arena tensor", k);
+                return VERIFY_FAIL(n, "in-place update %d is neither persistent nor an earlier arena tensor",
+                                   k);
         }
         for (int k = 0; k < n->n_side; k++) {
             const dg_node_t *s = n->side[k];
@@ -343,8 +344,9 @@ dg_status_t dg_graph_verify(const dg_graph_t *g) {
             for (int j = i + 1; j < g->n && !waited && g->nodes[j]->phase == n->phase; j++)
                 for (int w = 0; w < g->nodes[j]->n_wait; w++)
                     if (g->nodes[j]->wait[w] == n) waited = 1;
-            if (!waited) return VERIFY_FAIL(n, "comm-stream op is never waited for in phase %s",
-                                            dg_phase_name(n->phase));
+            if (!waited)
+                return VERIFY_FAIL(n, "comm-stream op is never waited for in phase %s",
+                                   dg_phase_name(n->phase));
         }
         if (n->op == DG_OP_LEAF && n->storage != DG_STORE_PERSISTENT)
             return VERIFY_FAIL(n, "leaf without persistent storage");

@@ -27,7 +27,7 @@ typedef struct {
     int64_t gshape[2];
     int tp_dim, n_seg;
     int64_t seg_start[3], seg_len[3];
-    int tp_rank0_only; /* replicated over tp, but only tp rank 0 uses it (row-parallel bias) */
+    int tp_rank0_only;    /* replicated over tp, but only tp rank 0 uses it (row-parallel bias) */
     int64_t lrows, lcols; /* tp-local shape (lcols = 1 for vectors) */
     int64_t Rs, row0, nrows;
     size_t local_numel; /* Rs * lcols */
@@ -221,8 +221,8 @@ static dg_node_t *add_param_tp(dg_model_t *m, const char *name, int ndim, int64_
     m->place[i] = pl;
     snprintf(m->names[i], sizeof m->names[i], "%s", name);
     m->pnode[i] = p;
-    m->info[i] = (dg_param_info_t){m->names[i], ndim, {r, ndim == 2 ? c : 0},
-                                   (size_t)r * (size_t)(ndim == 2 ? c : 1), decay, pl.tp_dim};
+    m->info[i] = (dg_param_info_t){
+        m->names[i], ndim, {r, ndim == 2 ? c : 0}, (size_t)r * (size_t)(ndim == 2 ? c : 1), decay, pl.tp_dim};
     return p;
 }
 
@@ -369,7 +369,8 @@ static void layout(dg_model_t *m) {
         else if (strncmp(nm, "ln_f.", 5) == 0)
             group = m->d.n_layer + 1;
         const place_t *pl = &m->place[i];
-        sp->params[i] = (dg_shard_param_t){m->pnode[i], group, pl->lrows, pl->lcols, pl->Rs, pl->row0, m->off[i]};
+        sp->params[i] =
+            (dg_shard_param_t){m->pnode[i], group, pl->lrows, pl->lcols, pl->Rs, pl->row0, m->off[i]};
     }
     sp->k = m->k;
     sp->bucket_bytes = m->par.bucket_bytes;
@@ -544,14 +545,16 @@ static dg_status_t check_parallel(const dg_model_desc_t *d, const dg_model_paral
     }
     int tp = p->mesh.size[DG_MESH_TP];
     if (d->n_head % tp != 0)
-        return DG_ERR(DG_ERR_USAGE,
-                      "parallel.mesh: tp = %d must divide model.n_head = %d (attention heads are split over tp)",
-                      tp, d->n_head);
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "parallel.mesh: tp = %d must divide model.n_head = %d (attention heads are split over tp)", tp,
+            d->n_head);
     return DG_OK;
 }
 
-dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
-                                     int flags, const dg_model_parallel_t *par, dg_model_t **out) {
+dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch,
+                                     uint64_t seed, int flags, const dg_model_parallel_t *par,
+                                     dg_model_t **out) {
     *out = NULL;
     DG_TRY(dg_model_desc_validate(d));
     if (!be) return DG_ERR(DG_ERR_USAGE, "model: no compute backend given");
@@ -592,12 +595,9 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         layout(m);
         m->losses->flags |= DG_NF_OUTPUT;
         dg_pass_t pipeline[] = {
-            {"fuse_gelu", dg_pass_fuse_gelu, NULL},
-            {"autodiff", pass_autodiff, m},
-            {"fsdp", dg_pass_fsdp, m->shard},
-            {"optimizer", pass_optimizer, m},
-            {"grad_sync", pass_grad_sync, m},
-            {"inplace", dg_pass_inplace, NULL},
+            {"fuse_gelu", dg_pass_fuse_gelu, NULL}, {"autodiff", pass_autodiff, m},
+            {"fsdp", dg_pass_fsdp, m->shard},       {"optimizer", pass_optimizer, m},
+            {"grad_sync", pass_grad_sync, m},       {"inplace", dg_pass_inplace, NULL},
         };
         int np = (int)(sizeof pipeline / sizeof pipeline[0]);
         if (!m->shard) { /* one data-parallel rank: no buckets */
@@ -895,10 +895,11 @@ static dg_status_t state_ptr(dg_model_t *m, int i, int which, float **p) {
 
 static dg_status_t need_whole(const dg_model_t *m, int i) {
     if (m->tp > 1 || m->k > 1)
-        return DG_ERR(DG_ERR_USAGE,
-                      "model: tensor '%s' is distributed over the mesh (this rank holds %zu of %zu elements); "
-                      "use dg_model_get_local / dg_model_set_local",
-                      m->info[i].name, m->place[i].local_numel, m->info[i].numel);
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "model: tensor '%s' is distributed over the mesh (this rank holds %zu of %zu elements); "
+            "use dg_model_get_local / dg_model_set_local",
+            m->info[i].name, m->place[i].local_numel, m->info[i].numel);
     return DG_OK;
 }
 
@@ -947,7 +948,8 @@ int dg_model_local_pieces(const dg_model_t *m, int i, dg_model_piece_t *out) {
     int64_t lr = 0;
     while (lr < pl->nrows) { /* runs of local rows that are contiguous global rows */
         int64_t gr = global_row(pl, lr), len = 1;
-        while (lr + len < pl->nrows && global_row(pl, lr + len) == gr + len) len++;
+        while (lr + len < pl->nrows && global_row(pl, lr + len) == gr + len)
+            len++;
         DG_ASSERT(n < DG_MODEL_MAX_PIECES);
         dg_model_piece_t *p = &out[n++];
         p->start[0] = gr;
@@ -1050,9 +1052,17 @@ dg_status_t dg_model_print_plan(const dg_model_t *m, FILE *out, int json) {
             out,
             ",\n\"ops\":{\"fwd\":%d,\"bwd\":%d,\"zero\":%d,\"opt\":%d},\"arena_bytes\":%zu,"
             "\"activation_bytes_sum\":%zu,\"param_bytes\":%zu,\"compute_copy_bytes\":%zu,\"grad_bytes\":%zu,"
-            "\"optimizer_bytes\":%zu}\n",
+            "\"optimizer_bytes\":%zu,",
             nops[DG_PHASE_FWD], nops[DG_PHASE_BWD], nops[DG_PHASE_ZERO], nops[DG_PHASE_OPT], arena, sum,
             pbytes, cbytes, pbytes, 2 * pbytes);
+        char mesh[128];
+        dg_mesh_format(&m->par.mesh, mesh, sizeof mesh);
+        fprintf(out,
+                "\"parallel\":{\"mesh\":\"%s\",\"coord\":[%d,%d,%d],\"buckets\":%d,\"bucket_bytes\":%zu,"
+                "\"overlap\":%s,\"prefetch_bytes\":%zu,\"reshard_after_forward\":%s}}\n",
+                mesh, m->rep_rank, m->shard_rank, m->tp_rank, m->shard ? m->shard->n_buckets : 0,
+                m->par.bucket_bytes, m->par.overlap ? "true" : "false", m->par.prefetch_bytes,
+                m->par.reshard_after_forward ? "true" : "false");
         return ferror(out) ? DG_ERR(DG_ERR_RUNTIME, "model: writing the plan failed") : DG_OK;
     }
     char a[32], s[32], p[32], c[32], o[32];
@@ -1074,5 +1084,16 @@ dg_status_t dg_model_print_plan(const dg_model_t *m, FILE *out, int json) {
             arena, a, sum, s, sum ? 100.0 * (double)arena / (double)sum : 0.0);
     fprintf(out, "params (f32 master): %s, compute copy: %s, grads (f32): %s, AdamW m+v (f32): %s\n", p, c, p,
             o);
+    if (m->tp > 1 || m->k > 1 || m->rep > 1) {
+        char mesh[128];
+        dg_mesh_format(&m->par.mesh, mesh, sizeof mesh);
+        fprintf(out,
+                "parallel: mesh %s at (%d, %d, %d); %d buckets of <= %.1f MB; overlap %s; prefetch budget "
+                "%.1f MB; "
+                "reshard after forward %s; the state above is this rank's shard\n",
+                mesh, m->rep_rank, m->shard_rank, m->tp_rank, m->shard ? m->shard->n_buckets : 0,
+                m->par.bucket_bytes / 1048576.0, m->par.overlap ? "on" : "off",
+                m->par.prefetch_bytes / 1048576.0, m->par.reshard_after_forward ? "on" : "off");
+    }
     return ferror(out) ? DG_ERR(DG_ERR_RUNTIME, "model: writing the plan failed") : DG_OK;
 }

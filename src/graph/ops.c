@@ -360,8 +360,8 @@ static dg_status_t check_bucket_geometry(const dg_node_t *n, int64_t rows, int64
     CHECK(k >= 1 && S >= 1 && off >= 0 && Rs >= 1 && cols >= 1, "bad bucket geometry");
     CHECK(off + Rs * cols <= S, "piece [%" PRId64 ", %" PRId64 ") exceeds the rank block of %" PRId64, off,
           off + Rs * cols, S);
-    CHECK(Rs * k >= rows && Rs * (k - 1) < rows + Rs, "%" PRId64 " rows over %" PRId64
-          " ranks do not fit shards of %" PRId64 " rows", rows, k, Rs);
+    CHECK(Rs * k >= rows && Rs * (k - 1) < rows + Rs,
+          "%" PRId64 " rows over %" PRId64 " ranks do not fit shards of %" PRId64 " rows", rows, k, Rs);
     return DG_OK;
 }
 
@@ -849,7 +849,8 @@ dg_node_t *dg_op_all_reduce(dg_graph_t *g, const char *name, dg_node_t *x, int m
     return collective(g, DG_OP_ALL_REDUCE, name, x, mesh_dim);
 }
 
-dg_node_t *dg_op_all_reduce_mode(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim, dg_armode_t mode) {
+dg_node_t *dg_op_all_reduce_mode(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim,
+                                 dg_armode_t mode) {
     int64_t attr[3] = {0, mesh_dim, mode};
     return dg_graph_add_op(g, DG_OP_ALL_REDUCE, name, 1, &x, 0, NULL, attr, 3);
 }

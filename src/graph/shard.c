@@ -43,7 +43,8 @@ static void place_after(dg_graph_t *g, dg_node_t *n, const dg_node_t *x) {
 }
 
 static dg_node_t *new_op(dg_graph_t *g, dg_phase_t ph, dg_op_kind_t k, const char *name, int n_src,
-                         dg_node_t *const *src, int n_upd, dg_node_t *const *upd, const int64_t *attr, int n_attr) {
+                         dg_node_t *const *src, int n_upd, dg_node_t *const *upd, const int64_t *attr,
+                         int n_attr) {
     dg_phase_t saved = g->cur_phase;
     g->cur_phase = ph;
     dg_node_t *n = dg_graph_add_op(g, k, name, n_src, src, n_upd, upd, attr, n_attr);
@@ -145,7 +146,8 @@ static void bucket_name(char *buf, size_t cap, const dg_shard_plan_t *sp, const 
 /* all_gather of bucket b + one unpack per parameter read in phase ph, placed before the first reader;
  * the readers of phase ph are redirected to the unpacked tensors (full[i]). Returns the all_gather (NULL
  * when nothing of the bucket is read in ph). */
-static dg_node_t *gather(dg_graph_t *g, dg_shard_plan_t *sp, dg_bucket_t *b, dg_phase_t ph, dg_node_t **full) {
+static dg_node_t *gather(dg_graph_t *g, dg_shard_plan_t *sp, dg_bucket_t *b, dg_phase_t ph,
+                         dg_node_t **full) {
     int first = INT_MAX;
     for (int i = b->first; i <= b->last; i++) {
         int f, l;
@@ -167,7 +169,12 @@ static dg_node_t *gather(dg_graph_t *g, dg_shard_plan_t *sp, dg_bucket_t *b, dg_
         int f, l;
         readers(g, q->p, ph, &f, &l);
         if (f < 0) continue;
-        int64_t ua[7] = {0, sp->k, b->S, (int64_t)(q->off - sp->params[b->first].off), q->Rs, q->rows,
+        int64_t ua[7] = {0,
+                         sp->k,
+                         b->S,
+                         (int64_t)(q->off - sp->params[b->first].off),
+                         q->Rs,
+                         q->rows,
                          q->p->ndim == 2 ? q->cols : 0};
         dg_fmt(nm, sizeof nm, "unshard.%.80s", q->p->name);
         dg_node_t *u = new_op(g, ph, DG_OP_SHARD_UNPACK, nm, 1, &ag, 0, NULL, ua, 7);
@@ -233,18 +240,43 @@ static int by_id(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
-/* Prefetch: issue all-gather j where the compute of bucket j-1 starts (after j-1's unpacks). */
-static void hoist(dg_graph_t *g, dg_node_t **ags, int n, size_t budget) {
-    qsort(ags, (size_t)n, sizeof *ags, by_id);
-    for (int j = 1; j < n; j++) {
-        if (ags[j]->nbytes > budget) continue;
-        const dg_node_t *prev = ags[j - 1];
-        int t = prev->id + 1;
-        while (t < g->n && (g->nodes[t]->op == DG_OP_SHARD_UNPACK || g->nodes[t]->op == DG_OP_ALL_GATHER ||
-                            !is_op(g->nodes[t])))
-            t++;
-        if (t < ags[j]->id) place_before(g, ags[j], g->nodes[t]);
+/* Prefetch in phase ph: the buckets in the order the phase first uses them (a read of one of their
+ * unsharded tensors); the all-gather of bucket j is moved to where the compute of the bucket used
+ * before it starts (whether that one was gathered or kept), so one bucket is in flight while the
+ * previous one computes. Decided on the schedule before any move, so that hoists do not chain. */
+static void hoist(dg_graph_t *g, dg_shard_plan_t *sp, dg_phase_t ph, dg_node_t **ags, dg_node_t *const *full,
+                  size_t budget) {
+    int nb = sp->n_buckets;
+    int *first = dg_xcalloc((size_t)nb + 1, sizeof *first),
+        *order = dg_xcalloc((size_t)nb + 1, sizeof *order);
+    const dg_node_t **at = dg_xcalloc((size_t)nb + 1, sizeof *at);
+    int n = 0;
+    for (int j = 0; j < nb; j++) {
+        first[j] = -1;
+        for (int i = sp->buckets[j].first; i <= sp->buckets[j].last; i++) {
+            int f, l;
+            if (!full[i]) continue;
+            readers(g, full[i], ph, &f, &l);
+            if (f >= 0 && (first[j] < 0 || f < first[j])) first[j] = f;
+        }
+        if (first[j] >= 0) order[n++] = j;
     }
+    for (int a = 1; a < n; a++) /* insertion sort by first use */
+        for (int b = a; b > 0 && first[order[b]] < first[order[b - 1]]; b--) {
+            int t = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = t;
+        }
+    for (int a = 0; a < n; a++)
+        at[order[a]] = g->nodes[first[order[a]]];
+    for (int a = 1; a < n; a++) {
+        dg_node_t *ag = ags[order[a]];
+        const dg_node_t *t = at[order[a - 1]];
+        if (ag && ag->nbytes <= budget && t->id < ag->id) place_before(g, ag, t);
+    }
+    free(first);
+    free(order);
+    free(at);
 }
 
 static const dg_node_t *last_of_phase(const dg_graph_t *g, dg_phase_t ph, const dg_node_t *except) {
@@ -260,8 +292,6 @@ dg_status_t dg_pass_fsdp(dg_graph_t *g, void *ctx) {
     make_buckets(sp);
     for (int j = 0; j < sp->n_buckets; j++) {
         dg_bucket_t *b = &sp->buckets[j];
-        char bn[80];
-        bucket_name(bn, sizeof bn, sp, b);
         int64_t s[1] = {b->S};
         dg_fmt(nm, sizeof nm, "bucket.%d.param", j);
         b->pleaf = dg_graph_leaf(g, nm, g->act_dtype, 1, s, DG_NF_BUCKET);
@@ -274,22 +304,21 @@ dg_status_t dg_pass_fsdp(dg_graph_t *g, void *ctx) {
     if (sp->k == 1) return DG_OK; /* buckets serve the dp_replicate all-reduce only */
 
     int n = sp->n, nb = sp->n_buckets;
-    dg_node_t **ffull = dg_xcalloc((size_t)n + 1, sizeof *ffull), **bfull = dg_xcalloc((size_t)n + 1, sizeof *bfull);
+    dg_node_t **ffull = dg_xcalloc((size_t)n + 1, sizeof *ffull),
+              **bfull = dg_xcalloc((size_t)n + 1, sizeof *bfull);
     dg_node_t **gfull = dg_xcalloc((size_t)n + 1, sizeof *gfull);
-    dg_node_t **fags = dg_xcalloc((size_t)nb + 1, sizeof *fags), **bags = dg_xcalloc((size_t)nb + 1, sizeof *bags);
+    /* per bucket: its forward and backward all-gathers (NULL where there is none) */
+    dg_node_t **fags = dg_xcalloc((size_t)nb + 1, sizeof *fags),
+              **bags = dg_xcalloc((size_t)nb + 1, sizeof *bags);
     dg_node_t **rss = dg_xcalloc((size_t)nb + 1, sizeof *rss);
-    int nf = 0, nbk = 0, nrs = 0;
+    int nrs = 0;
     dg_status_t st = DG_OK;
 
     /* forward gathers; remember which bucket's forward use ends last (it is the backward's first) */
     int last_bucket = -1, last_pos = -1;
     for (int j = 0; j < nb && st == DG_OK; j++) {
-        dg_node_t *ag = gather(g, sp, &sp->buckets[j], DG_PHASE_FWD, ffull);
-        if (!ag) {
-            st = dg_graph_error(g);
-            continue;
-        }
-        fags[nf++] = ag;
+        fags[j] = gather(g, sp, &sp->buckets[j], DG_PHASE_FWD, ffull);
+        if (!fags[j]) st = dg_graph_error(g);
     }
     for (int j = 0; j < nb && st == DG_OK; j++)
         for (int i = sp->buckets[j].first; i <= sp->buckets[j].last; i++) {
@@ -309,11 +338,8 @@ dg_status_t dg_pass_fsdp(dg_graph_t *g, void *ctx) {
         dg_bucket_t *b = &sp->buckets[j];
         int tail = j == last_bucket || sp->params[b->first].group >= max_group - 1;
         if (sp->reshard && !tail) {
-            dg_node_t *ag = gather(g, sp, b, DG_PHASE_BWD, bfull);
-            if (ag)
-                bags[nbk++] = ag;
-            else
-                st = dg_graph_error(g);
+            bags[j] = gather(g, sp, b, DG_PHASE_BWD, bfull);
+            if (!bags[j]) st = dg_graph_error(g);
         } else {
             for (int i = b->first; i <= b->last; i++) {
                 int f, l;
@@ -322,6 +348,7 @@ dg_status_t dg_pass_fsdp(dg_graph_t *g, void *ctx) {
                 DG_ASSERTF(ffull[i], "'%s' is read in the backward but not in the forward",
                            sp->params[i].p->name);
                 replace_src(g, DG_PHASE_BWD, sp->params[i].p, ffull[i]);
+                bfull[i] = ffull[i];
             }
         }
     }
@@ -350,15 +377,16 @@ dg_status_t dg_pass_fsdp(dg_graph_t *g, void *ctx) {
         else if (j + 1 < nrs) {
             /* before the next bucket's pack chain starts reusing memory for its send buffer */
             const dg_node_t *nx = rss[j + 1]->src[0];
-            while (nx->op == DG_OP_SHARD_PACK && nx->attr[DG_A_ACC]) nx = nx->src[1];
+            while (nx->op == DG_OP_SHARD_PACK && nx->attr[DG_A_ACC])
+                nx = nx->src[1];
             place_before(g, w, nx);
         } else
             place_after(g, w, last_of_phase(g, DG_PHASE_BWD, w));
     }
 
     if (st == DG_OK && sp->overlap && sp->prefetch_bytes > 0) {
-        hoist(g, fags, nf, sp->prefetch_bytes);
-        hoist(g, bags, nbk, sp->prefetch_bytes);
+        hoist(g, sp, DG_PHASE_FWD, fags, ffull, sp->prefetch_bytes);
+        hoist(g, sp, DG_PHASE_BWD, bags, bfull, sp->prefetch_bytes);
     }
 
     /* the parameters, their masters and gradients become this rank's local shards */

@@ -75,6 +75,7 @@ struct dg_health {
     _Atomic uint32_t act_ver;
     _Atomic int64_t act_step;
     _Atomic uint64_t act_words[WHAT_WORDS];
+    _Atomic int64_t act_budget_us; /* dg_health_expect: longer stall allowed for this activity (0 = none) */
     atomic_flag act_lock;
 
     /* The health thread's view of its own activity. */
@@ -455,7 +456,8 @@ static void check_peers(dg_health_t *h, double now) {
 
 static void check_self(dg_health_t *h, double now) {
     double age = own_age(h, now);
-    if (age <= h->timeout_s) return;
+    double budget = 1e-6 * (double)atomic_load_explicit(&h->act_budget_us, memory_order_relaxed);
+    if (age <= h->timeout_s || age <= budget) return;
     int64_t step;
     char what[WHAT_CAP];
     read_activity(h, &step, what);
@@ -709,6 +711,7 @@ void dg_health_set_activity(dg_health_t *h, int64_t step, const char *what) {
     for (int i = 0; i < WHAT_WORDS; i++)
         atomic_store_explicit(&h->act_words[i], words[i], memory_order_relaxed);
     atomic_store_explicit(&h->act_step, step, memory_order_relaxed);
+    atomic_store_explicit(&h->act_budget_us, 0, memory_order_relaxed);
     atomic_store_explicit(&h->act_ver, v + 2, memory_order_release);
     atomic_fetch_add_explicit(&h->act_seq, 1, memory_order_release);
     atomic_flag_clear_explicit(&h->act_lock, memory_order_release);
@@ -718,6 +721,12 @@ void dg_health_set_activity(dg_health_t *h, int64_t step, const char *what) {
         for (;;)
             sleep_s(1.0);
     }
+}
+
+void dg_health_expect(dg_health_t *h, double seconds) {
+    if (!h || !(seconds > 0)) return;
+    double us = fmin(seconds, 1e9) * 1e6;
+    atomic_store_explicit(&h->act_budget_us, (int64_t)us, memory_order_relaxed);
 }
 
 void dg_health_set_event_sink(dg_health_t *h, void (*fn)(void *ctx, const char *json_fields), void *ctx) {

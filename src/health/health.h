@@ -89,6 +89,13 @@ void dg_health_free(dg_health_t *h);
  * step and label repeat. Cheap enough to call many times per step. NULL h is a no-op. */
 void dg_health_set_activity(dg_health_t *h, int64_t step, const char *what);
 
+/* The current activity (the last dg_health_set_activity) may legitimately take up to `seconds`, e.g. a
+ * synchronous checkpoint write of a big model on a slow file system: this rank's stall limit becomes
+ * max(timeout_s, seconds) until the next dg_health_set_activity. Heartbeats go on meanwhile, so a rank
+ * that dies or is stopped is still noticed within timeout_s. Every rank that takes part in the long
+ * activity should call it (a rank waiting for it in a collective is judged by timeout_s). */
+void dg_health_expect(dg_health_t *h, double seconds);
+
 /* Where `health` events go: fn(ctx, fields) with `fields` a comma-separated list of JSON members without
  * braces, e.g. "kind":"watchdog","culprit_rank":2,... ; the caller wraps it as {"event":"health",...}.
  * Called from the health thread (or the thread calling dg_health_agree_stop / dg_health_abort), right

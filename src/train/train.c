@@ -427,9 +427,16 @@ static void report_async(trainer_t *tr, const dg_ckpt_async_result_t *ar) {
     }
 }
 
+/* How long a checkpoint write or read of this rank's state may take before the watchdog calls it a
+ * stall: a floor for metadata work and busy file systems, plus the state at a pessimistic 50 MB/s. */
+static double ckpt_io_allowance_s(const trainer_t *tr) {
+    return 120.0 + (double)dg_model_state_bytes(tr->model) / 50e6;
+}
+
 /* Save the current state. sync_only forces a synchronous write (signals, the end of the run). */
 static dg_status_t save_checkpoint(trainer_t *tr, int sync_only) {
     dg_health_set_activity(tr->health, tr->step, "checkpoint");
+    dg_health_expect(tr->health, ckpt_io_allowance_s(tr));
     double t0 = dg_now_s();
     DG_TRY(pull_state(tr));
     dg_ckpt_meta_t meta;
@@ -460,6 +467,8 @@ static dg_status_t save_checkpoint(trainer_t *tr, int sync_only) {
 
 /* Resume per checkpoint.resume. Collective; sets step/tokens/loader/scaler and the model state. */
 static dg_status_t maybe_resume(trainer_t *tr) {
+    dg_health_set_activity(tr->health, tr->step, "resume: reading checkpoint");
+    dg_health_expect(tr->health, ckpt_io_allowance_s(tr));
     dg_ckpt_meta_t meta;
     dg_ckpt_meta_init(&meta);
     char path[4096] = "";

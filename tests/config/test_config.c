@@ -509,7 +509,8 @@ int main(int argc, char **argv) {
     test_syntax();
     test_round_trip_and_hash();
     test_help();
-    for (int i = 1; i < argc; i++) test_shipped(argv[i]);
+    for (int i = 1; i < argc; i++)
+        test_shipped(argv[i]);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", g_dir);

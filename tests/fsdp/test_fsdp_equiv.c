@@ -100,7 +100,8 @@ static void train(dg_model_t *m, const args_t *a, const dg_model_desc_t *d, int 
         CHECK_OK(dg_model_zero_grad(m));
         double lsum = 0;
         for (int j = 0; j < accum; j++) {
-            fill_micro(step * G + (int64_t)dp_rank * per_rank + (int64_t)j * B, B, T, d->vocab_size, tok, tgt);
+            fill_micro(step * G + (int64_t)dp_rank * per_rank + (int64_t)j * B, B, T, d->vocab_size, tok,
+                       tgt);
             float l = 0;
             CHECK_OK(dg_model_forward_backward(m, tok, tgt, dloss, &l));
             lsum += l;
@@ -150,7 +151,8 @@ static void gather_weights(dg_model_t *m, result_t *r) {
                 }
         for (size_t e = 0; e < ln; e++)
             if (!covered[e] && loc[e] != 0.0f) {
-                FAIL("rank %d: '%s' padding element %zu is %g, expected 0", rank, pi->name, e, (double)loc[e]);
+                FAIL("rank %d: '%s' padding element %zu is %g, expected 0", rank, pi->name, e,
+                     (double)loc[e]);
                 break;
             }
         if (rank == 0) {
@@ -158,7 +160,8 @@ static void gather_weights(dg_model_t *m, result_t *r) {
             MPI_Reduce(MPI_IN_PLACE, cnt, (int)pi->numel, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
             for (size_t e = 0; e < pi->numel; e++)
                 if (cnt[e] != 1.0f) {
-                    FAIL("'%s' element %zu is owned %g times (expected exactly once)", pi->name, e, (double)cnt[e]);
+                    FAIL("'%s' element %zu is owned %g times (expected exactly once)", pi->name, e,
+                         (double)cnt[e]);
                     break;
                 }
             r->w[i] = glob;
@@ -188,9 +191,10 @@ static void result_free(result_t *r, int n) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: test_fsdp_equiv --mesh SPEC [--model small|uneven] [--steps N] [--global-batch G]\n"
-                    "       [--micro B] [--overlap 0|1] [--reshard 0|1] [--bucket-mb X] [--prefetch-mb X]\n"
-                    "       [--tol T] [--clip C] [--repeat 1|2]\n");
+    fprintf(stderr,
+            "usage: test_fsdp_equiv --mesh SPEC [--model small|uneven] [--steps N] [--global-batch G]\n"
+            "       [--micro B] [--overlap 0|1] [--reshard 0|1] [--bucket-mb X] [--prefetch-mb X]\n"
+            "       [--tol T] [--clip C] [--repeat 1|2]\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
@@ -210,19 +214,32 @@ static void parse(int argc, char **argv, args_t *a) {
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) usage();
         const char *k = argv[i], *v = argv[++i];
-        if (!strcmp(k, "--mesh")) snprintf(a->mesh, sizeof a->mesh, "%s", v);
-        else if (!strcmp(k, "--model")) snprintf(a->model, sizeof a->model, "%s", v);
-        else if (!strcmp(k, "--steps")) a->steps = atoi(v);
-        else if (!strcmp(k, "--global-batch")) a->global_batch = atoi(v);
-        else if (!strcmp(k, "--micro")) a->micro = atoi(v);
-        else if (!strcmp(k, "--overlap")) a->overlap = atoi(v);
-        else if (!strcmp(k, "--reshard")) a->reshard = atoi(v);
-        else if (!strcmp(k, "--repeat")) a->repeat = atoi(v);
-        else if (!strcmp(k, "--bucket-mb")) a->bucket_mb = atof(v);
-        else if (!strcmp(k, "--prefetch-mb")) a->prefetch_mb = atof(v);
-        else if (!strcmp(k, "--tol")) a->tol = atof(v);
-        else if (!strcmp(k, "--clip")) a->clip = atof(v);
-        else usage();
+        if (!strcmp(k, "--mesh"))
+            snprintf(a->mesh, sizeof a->mesh, "%s", v);
+        else if (!strcmp(k, "--model"))
+            snprintf(a->model, sizeof a->model, "%s", v);
+        else if (!strcmp(k, "--steps"))
+            a->steps = atoi(v);
+        else if (!strcmp(k, "--global-batch"))
+            a->global_batch = atoi(v);
+        else if (!strcmp(k, "--micro"))
+            a->micro = atoi(v);
+        else if (!strcmp(k, "--overlap"))
+            a->overlap = atoi(v);
+        else if (!strcmp(k, "--reshard"))
+            a->reshard = atoi(v);
+        else if (!strcmp(k, "--repeat"))
+            a->repeat = atoi(v);
+        else if (!strcmp(k, "--bucket-mb"))
+            a->bucket_mb = atof(v);
+        else if (!strcmp(k, "--prefetch-mb"))
+            a->prefetch_mb = atof(v);
+        else if (!strcmp(k, "--tol"))
+            a->tol = atof(v);
+        else if (!strcmp(k, "--clip"))
+            a->clip = atof(v);
+        else
+            usage();
     }
 }
 
@@ -261,7 +278,9 @@ int main(int argc, char **argv) {
     CHECK_OK(dg_model_desc_validate(&d));
     int dp = mesh.size[DG_MESH_DP_REPLICATE] * mesh.size[DG_MESH_DP_SHARD];
     if (a.global_batch % (dp * a.micro) != 0) {
-        if (rank == 0) fprintf(stderr, "global batch %d not divisible by %d dp ranks x micro %d\n", a.global_batch, dp, a.micro);
+        if (rank == 0)
+            fprintf(stderr, "global batch %d not divisible by %d dp ranks x micro %d\n", a.global_batch, dp,
+                    a.micro);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
 
@@ -287,7 +306,8 @@ int main(int argc, char **argv) {
         }
         ref_bytes = dg_model_state_bytes(m1);
         if (getenv("FSDP_TEST_VERBOSE"))
-            for (int s = 0; s < a.steps; s++) printf("  step %d loss %.5f norm %.4f\n", s + 1, ref.loss[s], ref.norm[s]);
+            for (int s = 0; s < a.steps; s++)
+                printf("  step %d loss %.5f norm %.4f\n", s + 1, ref.loss[s], ref.norm[s]);
         printf("reference: 1 rank, %d steps in %.2f s, loss %.5f -> %.5f\n", a.steps, MPI_Wtime() - t0,
                ref.loss[0], ref.loss[a.steps - 1]);
         dg_model_free(m1);
@@ -320,10 +340,11 @@ int main(int argc, char **argv) {
         dg_model_comm_stats_t cs;
         dg_model_comm_stats(m, &cs, 1);
         if (rank == 0) {
-            printf("mesh %s (run %d): %d steps in %.2f s, %llu collectives, %.3f s waiting; state bytes/rank %zu "
+            printf("mesh %s (run %d): %d steps in %.2f s, %llu collectives, %.3f s waiting; state bytes/rank "
+                   "%zu "
                    "(1 rank: %zu, ratio %.3f)\n",
-                   a.mesh, rep + 1, a.steps, el, (unsigned long long)cs.collectives, cs.wait_s, maxb, ref_bytes,
-                   (double)maxb / (double)ref_bytes);
+                   a.mesh, rep + 1, a.steps, el, (unsigned long long)cs.collectives, cs.wait_s, maxb,
+                   ref_bytes, (double)maxb / (double)ref_bytes);
             if (mesh.size[DG_MESH_DP_SHARD] > 1 && !(maxb < ref_bytes))
                 FAIL("sharded state bytes per rank %zu not below the unsharded %zu", maxb, ref_bytes);
         }
@@ -337,11 +358,16 @@ int main(int argc, char **argv) {
             double el = rel(runs[0].loss[s], ref.loss[s]), en = rel(runs[0].norm[s], ref.norm[s]);
             if (el > worst_l) worst_l = el;
             if (en > worst_n) worst_n = en;
-            if (!(el <= a.tol)) FAIL("step %d: loss %.9g vs 1-rank %.9g (rel %.3g > %g)", s + 1, runs[0].loss[s], ref.loss[s], el, a.tol);
-            if (!(en <= a.tol)) FAIL("step %d: grad norm %.9g vs 1-rank %.9g (rel %.3g > %g)", s + 1, runs[0].norm[s], ref.norm[s], en, a.tol);
+            if (!(el <= a.tol))
+                FAIL("step %d: loss %.9g vs 1-rank %.9g (rel %.3g > %g)", s + 1, runs[0].loss[s], ref.loss[s],
+                     el, a.tol);
+            if (!(en <= a.tol))
+                FAIL("step %d: grad norm %.9g vs 1-rank %.9g (rel %.3g > %g)", s + 1, runs[0].norm[s],
+                     ref.norm[s], en, a.tol);
         }
         int clipped = 0;
-        for (int s = 0; s < a.steps; s++) clipped += ref.norm[s] > a.clip;
+        for (int s = 0; s < a.steps; s++)
+            clipped += ref.norm[s] > a.clip;
         /* the reference model is freed: the sizes from a plan-only twin */
         dg_model_t *mp = NULL;
         CHECK_OK(dg_model_create_ex(&d, be, a.micro, seed, DG_MODEL_PLAN_ONLY, &mp));
@@ -369,24 +395,31 @@ int main(int argc, char **argv) {
                 worst_w = e;
                 snprintf(worst_name, sizeof worst_name, "%s", pi->name);
             }
-            if (!(e <= a.tol)) FAIL("final weights '%s': relative L2 difference %.3g > %g", pi->name, e, a.tol);
+            if (!(e <= a.tol))
+                FAIL("final weights '%s': relative L2 difference %.3g > %g", pi->name, e, a.tol);
             if (a.repeat > 1 && memcmp(runs[0].w[i], runs[1].w[i], pi->numel * sizeof(float)) != 0)
                 FAIL("'%s': two runs on the same mesh differ (not deterministic)", pi->name);
         }
         if (a.repeat > 1)
             for (int s = 0; s < a.steps; s++)
                 if (runs[0].loss[s] != runs[1].loss[s]) {
-                    FAIL("step %d: two runs give losses %.17g and %.17g", s + 1, runs[0].loss[s], runs[1].loss[s]);
+                    FAIL("step %d: two runs give losses %.17g and %.17g", s + 1, runs[0].loss[s],
+                         runs[1].loss[s]);
                     break;
                 }
         dg_model_free(mp);
-        if (clipped == 0) FAIL("gradient clipping never engaged (norms below %g): the clipping path is untested", a.clip);
-        if (!(ref.loss[a.steps - 1] < ref.loss[0] - 0.05)) FAIL("the reference loss did not decrease (%.4f -> %.4f)", ref.loss[0], ref.loss[a.steps - 1]);
-        printf("mesh %s model %s: max rel diff vs 1 rank: loss %.3g, grad norm %.3g, weights %.3g (%s); clipped %d/%d "
+        if (clipped == 0)
+            FAIL("gradient clipping never engaged (norms below %g): the clipping path is untested", a.clip);
+        if (!(ref.loss[a.steps - 1] < ref.loss[0] - 0.05))
+            FAIL("the reference loss did not decrease (%.4f -> %.4f)", ref.loss[0], ref.loss[a.steps - 1]);
+        printf("mesh %s model %s: max rel diff vs 1 rank: loss %.3g, grad norm %.3g, weights %.3g (%s); "
+               "clipped %d/%d "
                "steps; %s\n",
-               a.mesh, a.model, worst_l, worst_n, worst_w, worst_name, clipped, a.steps, failures ? "FAILED" : "ok");
+               a.mesh, a.model, worst_l, worst_n, worst_w, worst_name, clipped, a.steps,
+               failures ? "FAILED" : "ok");
     }
-    for (int r = 0; r < 2; r++) result_free(&runs[r], ntens);
+    for (int r = 0; r < 2; r++)
+        result_free(&runs[r], ntens);
     result_free(&ref, ntens);
     dg_fsdp_free(f);
     dg_backend_free(be);

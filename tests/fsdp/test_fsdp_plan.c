@@ -43,7 +43,8 @@ static dg_model_t *plan(const dg_model_desc_t *d, const char *mesh, const int co
     dg_model_t *m = NULL;
     dg_status_t st = dg_model_create_parallel(d, be, 2, 7, DG_MODEL_PLAN_ONLY, &p, &m);
     if (st != DG_OK) {
-        fprintf(stderr, "FAIL: plan %s at (%d,%d,%d): %s\n", mesh, coord[0], coord[1], coord[2], dg_last_error());
+        fprintf(stderr, "FAIL: plan %s at (%d,%d,%d): %s\n", mesh, coord[0], coord[1], coord[2],
+                dg_last_error());
         exit(1);
     }
     return m;
@@ -65,10 +66,10 @@ static void test_memory(void) {
             dg_model_t *m = plan(&d, mesh, c, 25u << 20, 1, 1);
             size_t bk = dg_model_state_bytes(m);
             double ratio = (double)bk * k / (double)b1;
-            printf("gpt2-124m dp_shard=%d rank %d: %.2f MB per rank (1 rank %.2f MB), x k = %.4f\n", k, r, bk / 1e6,
-                   b1 / 1e6, ratio);
-            EXPECT(ratio >= 1.0 && ratio <= 1.01, "dp_shard=%d: state bytes x k / unsharded = %.4f, expected 1..1.01",
-                   k, ratio);
+            printf("gpt2-124m dp_shard=%d rank %d: %.2f MB per rank (1 rank %.2f MB), x k = %.4f\n", k, r,
+                   bk / 1e6, b1 / 1e6, ratio);
+            EXPECT(ratio >= 1.0 && ratio <= 1.01,
+                   "dp_shard=%d: state bytes x k / unsharded = %.4f, expected 1..1.01", k, ratio);
             dg_model_free(m);
         }
     }
@@ -102,8 +103,8 @@ static void test_cover(const dg_model_desc_t *d, const char *mesh) {
             size_t ln = dg_model_local_numel(m, i), used = 0;
             int64_t gc = pi->ndim == 2 ? pi->shape[1] : 1;
             for (int j = 0; j < np; j++) {
-                EXPECT(pc[j].start[0] >= 0 && pc[j].start[0] + pc[j].count[0] <= pi->shape[0] && pc[j].start[1] >= 0 &&
-                           pc[j].start[1] + pc[j].count[1] <= gc,
+                EXPECT(pc[j].start[0] >= 0 && pc[j].start[0] + pc[j].count[0] <= pi->shape[0] &&
+                           pc[j].start[1] >= 0 && pc[j].start[1] + pc[j].count[1] <= gc,
                        "%s rank %d: '%s' piece %d outside the tensor", mesh, r, pi->name, j);
                 EXPECT(pc[j].offset + (size_t)(pc[j].count[0] * pc[j].count[1]) <= ln,
                        "%s rank %d: '%s' piece %d outside the local tensor", mesh, r, pi->name, j);
@@ -115,8 +116,8 @@ static void test_cover(const dg_model_desc_t *d, const char *mesh) {
                         if (e < numel[i] && cnt[i][e] < 255) cnt[i][e]++;
                     }
             }
-            EXPECT(used <= ln, "%s rank %d: '%s' pieces hold %zu elements, local tensor %zu", mesh, r, pi->name, used,
-                   ln);
+            EXPECT(used <= ln, "%s rank %d: '%s' pieces hold %zu elements, local tensor %zu", mesh, r,
+                   pi->name, used, ln);
         }
         dg_model_free(m);
     }
@@ -160,13 +161,15 @@ static void test_schedule(void) {
      * block) is gathered again */
     EXPECT(count_op(g, DG_OP_ALL_GATHER, DG_PHASE_BWD) == nb - 3, "backward all-gathers: %d, expected %d",
            count_op(g, DG_OP_ALL_GATHER, DG_PHASE_BWD), nb - 3);
-    EXPECT(find(g, "ag.bwd.h.1.ln_1.weight..h.1.mlp.proj.bias") && !find(g, "ag.bwd.h.2.ln_1.weight..h.2.mlp.proj.bias"),
+    EXPECT(find(g, "ag.bwd.h.1.ln_1.weight..h.1.mlp.proj.bias") &&
+               !find(g, "ag.bwd.h.2.ln_1.weight..h.2.mlp.proj.bias"),
            "reshard: block 1 is gathered again for the backward, the last block (2) is kept");
     EXPECT(count_op(g, DG_OP_REDUCE_SCATTER, DG_PHASE_BWD) == nb, "reduce-scatters: %d, expected %d",
            count_op(g, DG_OP_REDUCE_SCATTER, DG_PHASE_BWD), nb);
     EXPECT(count_op(g, DG_OP_WAIT, DG_PHASE_BWD) == nb, "waits for reduce-scatters: %d, expected %d",
            count_op(g, DG_OP_WAIT, DG_PHASE_BWD), nb);
-    EXPECT(count_op(g, DG_OP_ALL_REDUCE, DG_PHASE_OPT) == 1, "one all-reduce of the sum of squares over dp_shard");
+    EXPECT(count_op(g, DG_OP_ALL_REDUCE, DG_PHASE_OPT) == 1,
+           "one all-reduce of the sum of squares over dp_shard");
     for (int i = 0; i < g->n; i++) {
         const dg_node_t *x = g->nodes[i];
         if (x->op == DG_OP_ALL_GATHER || x->op == DG_OP_REDUCE_SCATTER)
@@ -176,8 +179,9 @@ static void test_schedule(void) {
     }
     /* prefetch: block 1's all-gather is issued before block 0 starts computing */
     const dg_node_t *ag1 = find(g, "ag.fwd.h.1.ln_1.weight..h.1.mlp.proj.bias"), *ln0 = find(g, "h.0.ln_1");
-    EXPECT(ag1 && ln0 && ag1->id < ln0->id, "prefetch: the all-gather of block 1 (#%d) should precede h.0.ln_1 (#%d)",
-           ag1 ? ag1->id : -1, ln0 ? ln0->id : -1);
+    EXPECT(ag1 && ln0 && ag1->id < ln0->id,
+           "prefetch: the all-gather of block 1 (#%d) should precede h.0.ln_1 (#%d)", ag1 ? ag1->id : -1,
+           ln0 ? ln0->id : -1);
     char *txt = NULL;
     size_t cap = 0;
     FILE *mem = open_memstream(&txt, &cap);
@@ -193,10 +197,12 @@ static void test_schedule(void) {
     g = dg_model_graph(m);
     ag1 = find(g, "ag.fwd.h.1.ln_1.weight..h.1.mlp.proj.bias");
     const dg_node_t *res0 = find(g, "h.0.res_2");
-    EXPECT(ag1 && res0 && ag1->id > res0->id, "overlap=0: block 1's all-gather must follow block 0's compute");
+    EXPECT(ag1 && res0 && ag1->id > res0->id,
+           "overlap=0: block 1's all-gather must follow block 0's compute");
     for (int i = 0; i < g->n; i++)
         if (g->nodes[i]->op == DG_OP_REDUCE_SCATTER)
-            EXPECT(i + 1 < g->n && g->nodes[i + 1]->op == DG_OP_WAIT && g->nodes[i + 1]->wait[0] == g->nodes[i],
+            EXPECT(i + 1 < g->n && g->nodes[i + 1]->op == DG_OP_WAIT &&
+                       g->nodes[i + 1]->wait[0] == g->nodes[i],
                    "overlap=0: '%s' must be waited for at once", g->nodes[i]->name);
     dg_model_free(m);
 
@@ -204,8 +210,9 @@ static void test_schedule(void) {
     m = plan(&d, "dp_shard=2", c, 0, 1, 0);
     g = dg_model_graph(m);
     int np = dg_model_n_tensors(m);
-    EXPECT(count_op(g, DG_OP_ALL_GATHER, DG_PHASE_FWD) == np, "bucket_mb=0: %d forward all-gathers, expected %d",
-           count_op(g, DG_OP_ALL_GATHER, DG_PHASE_FWD), np);
+    EXPECT(count_op(g, DG_OP_ALL_GATHER, DG_PHASE_FWD) == np,
+           "bucket_mb=0: %d forward all-gathers, expected %d", count_op(g, DG_OP_ALL_GATHER, DG_PHASE_FWD),
+           np);
     EXPECT(count_op(g, DG_OP_ALL_GATHER, DG_PHASE_BWD) == 0, "reshard=0: no backward all-gather");
     dg_model_free(m);
 
@@ -217,10 +224,12 @@ static void test_schedule(void) {
         arf += g->nodes[i]->op == DG_OP_ALL_REDUCE && g->nodes[i]->phase == DG_PHASE_FWD &&
                g->nodes[i]->attr[DG_A_ARMODE] == DG_AR_TO_REPLICATE;
     EXPECT(arf == 2 * d.n_layer, "tp=2: %d forward all-reduces, expected %d", arf, 2 * d.n_layer);
-    EXPECT(count_op(g, DG_OP_ALL_REDUCE, DG_PHASE_BWD) == 2 * d.n_layer, "tp=2: %d backward all-reduces, expected %d",
-           count_op(g, DG_OP_ALL_REDUCE, DG_PHASE_BWD), 2 * d.n_layer);
+    EXPECT(count_op(g, DG_OP_ALL_REDUCE, DG_PHASE_BWD) == 2 * d.n_layer,
+           "tp=2: %d backward all-reduces, expected %d", count_op(g, DG_OP_ALL_REDUCE, DG_PHASE_BWD),
+           2 * d.n_layer);
     const dg_node_t *at = find(g, "h.0.attn");
-    EXPECT(at && at->attr[DG_A_NH] == 2 && at->shape[2] == 32, "tp=2: attention runs 2 of 4 heads on [.., 32]");
+    EXPECT(at && at->attr[DG_A_NH] == 2 && at->shape[2] == 32,
+           "tp=2: attention runs 2 of 4 heads on [.., 32]");
     dg_model_free(m);
 }
 
@@ -240,8 +249,8 @@ static void test_errors(void) {
            "a sharded model without communicators: got %d '%s'", st, dg_last_error());
     p.coord[DG_MESH_DP_SHARD] = 2;
     st = dg_model_create_parallel(&d, be, 2, 1, DG_MODEL_PLAN_ONLY, &p, &m);
-    EXPECT(st == DG_ERR_USAGE && strstr(dg_last_error(), "out of range"), "coordinate 2 of 2: got %d '%s'", st,
-           dg_last_error());
+    EXPECT(st == DG_ERR_USAGE && strstr(dg_last_error(), "out of range"), "coordinate 2 of 2: got %d '%s'",
+           st, dg_last_error());
 }
 
 int main(void) {

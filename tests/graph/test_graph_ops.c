@@ -881,7 +881,8 @@ static void case_shard_ops(dg_backend_t *be) {
         yr[i] = hy[i];
     for (int i = 0; i < K * S; i++)
         qr[i] = (double)hq[i] + pk[i];
-    float *gp = tg_get(&t, p2), *gx = tg_get(&t, ux), *gy = tg_get(&t, uy), *gz = tg_get(&t, zx), *gq = tg_get(&t, q);
+    float *gp = tg_get(&t, p2), *gx = tg_get(&t, ux), *gy = tg_get(&t, uy), *gz = tg_get(&t, zx),
+          *gq = tg_get(&t, q);
     check_close("shard_pack (rank-major, zero padding and gaps)", gp, pk, K * S, 0);
     check_close("shard_unpack of a matrix", gx, xr, 20, 0);
     check_close("shard_unpack of a vector", gy, yr, 3, 0);

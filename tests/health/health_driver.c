@@ -4,6 +4,7 @@
  *
  * Usage: health_driver --dir DIR [--steps N] [--step-ms M] [--heartbeat S] [--timeout S]
  *                      [--slow-rank R --slow-step K --slow-ms M] [--ckpt-ms M] [--resume-file F]
+ *                      [--long-step K --long-ms M --expect S]
  * With --resume-file, the "checkpoint" is the number of completed steps written to F (by rank 0, on a
  * signal stop and at the end) and a run starts from the number found there: enough to stand in for
  * dgtrain in the Slurm requeue tests.
@@ -51,7 +52,8 @@ static void event_sink(void *ctx, const char *fields) {
 int main(int argc, char **argv) {
     const char *dir = NULL, *resume_file = NULL;
     long long steps = 50;
-    double step_ms = 50, hb = 0.2, timeout = 3, ckpt_ms = 300, slow_ms = 0;
+    double step_ms = 50, hb = 0.2, timeout = 3, ckpt_ms = 300, slow_ms = 0, long_ms = 0, expect_s = 0;
+    long long long_step = -1;
     int slow_rank = -1;
     long long slow_step = -1;
     for (int i = 1; i < argc; i++) {
@@ -81,6 +83,12 @@ int main(int argc, char **argv) {
             slow_ms = atof(v);
         else if (!strcmp(a, "--resume-file"))
             resume_file = v;
+        else if (!strcmp(a, "--long-step"))
+            long_step = atoll(v);
+        else if (!strcmp(a, "--long-ms"))
+            long_ms = atof(v);
+        else if (!strcmp(a, "--expect"))
+            expect_s = atof(v);
         else {
             fprintf(stderr, "health_driver: unknown option %s\n", a);
             return 1;
@@ -148,6 +156,12 @@ int main(int argc, char **argv) {
         if (rank == slow_rank && step == slow_step) {
             dg_health_set_activity(h, step, "slow compute");
             sleep_ms(slow_ms);
+        }
+        if (step == long_step) {
+            /* every rank: one long phase without progress reports, announced with dg_health_expect */
+            dg_health_set_activity(h, step, "long write");
+            dg_health_expect(h, expect_s);
+            sleep_ms(long_ms);
         }
         dg_health_set_activity(h, step, "all-reduce grads");
         for (int k = 0; k < 4; k++)

@@ -107,14 +107,15 @@ check_all_exit3() {
 case "$CASE" in
 clean)
     # Short heartbeat and timeout, a slow step (1.5 s, below the timeout) on one rank while the others
-    # wait in the all-reduce: no false positive, clean collective shutdown.
+    # wait in the all-reduce, and a 4.5 s phase on every rank announced with dg_health_expect(8 s): no
+    # false positive, clean collective shutdown.
     T0=$(now)
-    start 3 --steps 40 --step-ms 50 --slow-rank 1 --slow-step 10 --slow-ms 1500
+    start 3 --steps 40 --step-ms 50 --slow-rank 1 --slow-step 10 --slow-ms 1500 --long-step 20 --long-ms 4500 --expect 8
     finish 60
     [ "$RC" = 0 ] || fail "exit code $RC, expected 0"
     grep -qi watchdog "$WORK/out" && fail "watchdog fired on a healthy job"
     for r in 0 1 2; do grep -q "finished 40 steps" "$WORK/logs/rank-$r.log" || fail "rank $r did not finish"; done
-    echo "PASS clean: 3 ranks, 40 steps incl. a 1.5 s slow step, heartbeat ${HB}s timeout ${TIMEOUT}s, exit 0 in ${DT}s"
+    echo "PASS clean: 3 ranks, 40 steps incl. a 1.5 s slow step and a 4.5 s expected phase, heartbeat ${HB}s timeout ${TIMEOUT}s, exit 0 in ${DT}s"
     ;;
 sigstop | sigstop0)
     if [ "$CASE" = sigstop ]; then NP=4; VICTIM=2; else NP=3; VICTIM=0; fi

@@ -1,8 +1,9 @@
 #!/bin/bash
 # test_dgtrain_faults.sh — failure handling of the real dgtrain under mpiexec, without Slurm:
 #   kill    SIGKILL a random rank at a random step, 3 times in a row: each time the job ends on every
-#           rank within health.timeout_s + a few seconds, and rerunning the same command resumes from
-#           the last checkpoint; the end is bitwise equal to an uninterrupted run (dgckpt diff).
+#           rank within a few seconds (mpirun ends it; the heartbeat would within health.timeout_s),
+#           and rerunning the same command resumes from the last checkpoint; the end is bitwise equal
+#           to an uninterrupted run (dgckpt diff).
 #   stop    SIGSTOP one rank: the watchdog aborts the job within timeout_s + a few seconds with exit
 #           code 3 and a line naming the stopped rank.
 # Skips (77) with the reason while dgtrain cannot train yet.
@@ -15,10 +16,12 @@ DGCKPT=${2:-}
 shift 2
 MPI=("$@")
 STEPS=${DGT_FAULT_STEPS:-24}
-# The kill runs write checkpoints, and one synchronous checkpoint write on a loaded 2-core CI box has
-# been seen to take over 10 s (it is a single watchdog activity): give them a long timeout. The SIGSTOP
-# run writes no checkpoint before it is stopped, so it can use a short one.
-KILL_TIMEOUT=30
+# The kill runs write checkpoints, and one synchronous checkpoint write (a single watchdog activity)
+# has been seen to take over 30 s in the sanitizer build on a loaded 2-core box: their watchdog gets a
+# long timeout, and the launcher's reaction to the kill (about 2 s) is held to KILL_END instead. The
+# SIGSTOP run writes no checkpoint before it is stopped, so it can use a short timeout.
+KILL_TIMEOUT=300
+KILL_END=20
 TIMEOUT=6
 SLACK=5
 WORK=$(mktemp -d /tmp/dgt-faults-XXXXXX)
@@ -106,7 +109,10 @@ tlog "uninterrupted run: $STEPS steps in ${DT}s -> $(basename "$REF")"
 run=$WORK/kill
 resumed_at=5 # the first kill comes after the first checkpoint
 launch "$run" "$WORK/kill0.out"
-for trial in 1 2 3; do
+TRIALS=3
+# The sanitizer build trains several times slower: one kill and restart there.
+[ -n "${ASAN_OPTIONS:-}" ] && TRIALS=1
+for trial in $(seq 1 "$TRIALS"); do
     victim=$((RANDOM % 2))
     at=$((resumed_at + 1 + RANDOM % 5))
     [ "$at" -le $((STEPS - 2)) ] || at=$((STEPS - 2))
@@ -118,7 +124,7 @@ for trial in 1 2 3; do
     record_shm "$(rank_pid 0)" "$(rank_pid 1)"
     kill -KILL "$pid"
     T0=$(now)
-    wait_job $((KILL_TIMEOUT + SLACK)) || exit 1
+    wait_job $((KILL_END + SLACK)) || exit 1
     [ "$RC" = 0 ] && fail "trial $trial: exit 0 after rank $victim was killed"
     killed_rc=$RC
     ended=$DT
@@ -143,11 +149,11 @@ T0=$(now)
 wait_job 600 || exit 1
 [ "$RC" = 0 ] || {
     fail "final restart failed (exit $RC); its output:"
-    cat "$WORK/kill3.resume.out"
+    cat "$WORK/kill$TRIALS.resume.out"
     exit 1
 }
 if "$DGCKPT" diff "$REF" "$(latest_ckpt "$run")" >"$WORK/diff.txt" 2>&1; then
-    echo "PASS kill: after 3 kills and restarts the final weights equal the uninterrupted run's ($(basename "$REF"), dgckpt diff)"
+    echo "PASS kill: after $TRIALS kill(s) and restart(s) the final weights equal the uninterrupted run's ($(basename "$REF"), dgckpt diff)"
 else
     fail "final weights differ from the uninterrupted run: $(head -n 5 "$WORK/diff.txt")"
     exit 1

@@ -134,7 +134,8 @@ every = 0
 resume = auto
 [health]
 heartbeat_s = 1
-timeout_s = 60
+; long: a synchronous checkpoint write in the sanitizer build on a loaded box has taken over 30 s
+timeout_s = 300
 INI
 }
 

@@ -3,7 +3,7 @@
  * cpu_attention.c and cpu_kernels.c. This backend is the fp32 reference the others are tested against.
  *
  * Determinism: every kernel gives the same bits for the same inputs whatever the thread count. Element-
- * wise kernels compute each element in one thread with the same code; reductions (sumsq) sum fixed
+ * wise kernels compute each element in one task with the same code; reductions (sumsq) sum fixed
  * chunks and then the chunk partials in chunk order. See README.md for the full statement.
  */
 #include <cblas.h>
@@ -49,7 +49,10 @@ void *dg_cpu_scratch(dg_cpu_t *cpu, size_t bytes) {
 static void cpu_destroy(dg_backend_t *be) {
     if (!be) return;
     dg_cpu_t *cpu = dg_cpu_of(be);
-    if (cpu) free(cpu->scratch);
+    if (cpu) {
+        dg_cpu_pool_free(cpu->pool);
+        free(cpu->scratch);
+    }
     free(cpu);
     free(be);
 }
@@ -113,6 +116,48 @@ static int is_float_dtype(dg_dtype_t t) {
     return t == DG_F32 || t == DG_BF16 || t == DG_F16;
 }
 
+/* Each element passes through f32, which holds every bf16 and f16 value exactly, so there is one
+ * rounding whatever the pair. */
+typedef struct {
+    void *dst;
+    const void *src;
+    dg_dtype_t dst_t, src_t;
+    size_t n;
+    int tasks;
+} cast_arg_t;
+
+static void cast_task(void *argp, int task, int worker) {
+    (void)worker;
+    const cast_arg_t *a = argp;
+    size_t lo, hi;
+    dg_cpu_range(a->n, a->tasks, task, &lo, &hi);
+    for (size_t i = lo; i < hi; i++) {
+        float v;
+        switch (a->src_t) {
+        case DG_F32:
+            v = ((const float *)a->src)[i];
+            break;
+        case DG_BF16:
+            v = dg_cpu_bf16_to_f32(((const uint16_t *)a->src)[i]);
+            break;
+        default:
+            v = dg_cpu_f16_to_f32(((const uint16_t *)a->src)[i]);
+            break;
+        }
+        switch (a->dst_t) {
+        case DG_F32:
+            ((float *)a->dst)[i] = v;
+            break;
+        case DG_BF16:
+            ((uint16_t *)a->dst)[i] = dg_cpu_f32_to_bf16(v);
+            break;
+        default:
+            ((uint16_t *)a->dst)[i] = dg_cpu_f32_to_f16(v);
+            break;
+        }
+    }
+}
+
 static dg_status_t cpu_cast(dg_backend_t *be, void *dst, dg_dtype_t dst_t, const void *src, dg_dtype_t src_t,
                             size_t n) {
     if (!is_float_dtype(dst_t) || !is_float_dtype(src_t))
@@ -125,36 +170,54 @@ static dg_status_t cpu_cast(dg_backend_t *be, void *dst, dg_dtype_t dst_t, const
         memmove(dst, src, n * dg_dtype_size(dst_t));
         return DG_OK;
     }
-    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-    /* Each element passes through f32, which holds every bf16 and f16 value exactly, so there is one
-     * rounding whatever the pair. */
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (size_t i = 0; i < n; i++) {
-        float v;
-        switch (src_t) {
-        case DG_F32:
-            v = ((const float *)src)[i];
-            break;
-        case DG_BF16:
-            v = dg_cpu_bf16_to_f32(((const uint16_t *)src)[i]);
-            break;
-        default:
-            v = dg_cpu_f16_to_f32(((const uint16_t *)src)[i]);
-            break;
-        }
-        switch (dst_t) {
-        case DG_F32:
-            ((float *)dst)[i] = v;
-            break;
-        case DG_BF16:
-            ((uint16_t *)dst)[i] = dg_cpu_f32_to_bf16(v);
-            break;
-        default:
-            ((uint16_t *)dst)[i] = dg_cpu_f32_to_f16(v);
-            break;
-        }
-    }
+    cast_arg_t a = {dst, src, dst_t, src_t, n, dg_cpu_ew_tasks(dg_cpu_of(be), n)};
+    dg_cpu_run(dg_cpu_of(be), a.tasks, cast_task, &a);
     return DG_OK;
+}
+
+/* The element-wise kernels that have no function of their own: one task body, switched on `kind`. */
+enum { EW_ADD, EW_ACC, EW_SCALE };
+typedef struct {
+    int kind;
+    float *out;
+    const float *a, *b;
+    float s;
+    size_t n;
+    int tasks;
+} ew_arg_t;
+
+DG_CPU_VEC static void ew_range(int kind, float *o, const float *x, const float *y, float s, size_t n) {
+    switch (kind) {
+    case EW_ADD:
+#pragma omp simd
+        for (size_t i = 0; i < n; i++)
+            o[i] = x[i] + y[i];
+        break;
+    case EW_ACC:
+#pragma omp simd
+        for (size_t i = 0; i < n; i++)
+            o[i] += x[i];
+        break;
+    default:
+#pragma omp simd
+        for (size_t i = 0; i < n; i++)
+            o[i] *= s;
+        break;
+    }
+}
+
+static void ew_task(void *argp, int task, int worker) {
+    (void)worker;
+    const ew_arg_t *a = argp;
+    size_t lo, hi;
+    dg_cpu_range(a->n, a->tasks, task, &lo, &hi);
+    ew_range(a->kind, a->out + lo, a->a ? a->a + lo : NULL, a->b ? a->b + lo : NULL, a->s, hi - lo);
+}
+
+static void ew_run(dg_backend_t *be, int kind, float *out, const float *x, const float *y, float s,
+                   size_t n) {
+    ew_arg_t a = {kind, out, x, y, s, n, dg_cpu_ew_tasks(dg_cpu_of(be), n)};
+    dg_cpu_run(dg_cpu_of(be), a.tasks, ew_task, &a);
 }
 
 static dg_status_t cpu_add(dg_backend_t *be, void *out, const void *a, const void *b, size_t n) {
@@ -162,12 +225,7 @@ static dg_status_t cpu_add(dg_backend_t *be, void *out, const void *a, const voi
     DG_CPU_NONNULL("add", out);
     DG_CPU_NONNULL("add", a);
     DG_CPU_NONNULL("add", b);
-    float *o = out;
-    const float *x = a, *y = b;
-    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-#pragma omp parallel for simd schedule(static) num_threads(nt)
-    for (size_t i = 0; i < n; i++)
-        o[i] = x[i] + y[i];
+    ew_run(be, EW_ADD, out, a, b, 0.0f, n);
     return DG_OK;
 }
 
@@ -176,13 +234,30 @@ static dg_status_t cpu_accumulate(dg_backend_t *be, void *dst, const void *src, 
     DG_CPU_NONNULL("accumulate", dst);
     DG_CPU_NONNULL("accumulate", src);
     if (!acc) return cpu_memcpy("accumulate", dst, src, n * sizeof(float));
-    float *d = dst;
-    const float *s = src;
-    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-#pragma omp parallel for simd schedule(static) num_threads(nt)
-    for (size_t i = 0; i < n; i++)
-        d[i] += s[i];
+    ew_run(be, EW_ACC, dst, src, NULL, 0.0f, n);
     return DG_OK;
+}
+
+/* Double partials: a gradient norm summed over 10^9 floats must not lose the small ones. */
+typedef struct {
+    double *part;
+    const float *x;
+    size_t n;
+} sumsq_arg_t;
+
+static double sumsq_range(const float *x, size_t n) {
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (size_t i = 0; i < n; i++)
+        s += (double)x[i] * (double)x[i];
+    return s;
+}
+
+static void sumsq_task(void *argp, int c, int worker) {
+    (void)worker;
+    const sumsq_arg_t *a = argp;
+    size_t lo = (size_t)c * DG_CPU_SUMSQ_CHUNK, hi = lo + DG_CPU_SUMSQ_CHUNK < a->n ? lo + DG_CPU_SUMSQ_CHUNK : a->n;
+    a->part[c] = sumsq_range(a->x + lo, hi - lo);
 }
 
 static dg_status_t cpu_sumsq_f32(dg_backend_t *be, float *out_dev, const float *x, size_t n) {
@@ -193,17 +268,8 @@ static dg_status_t cpu_sumsq_f32(dg_backend_t *be, float *out_dev, const float *
     size_t nchunks = (n + DG_CPU_SUMSQ_CHUNK - 1) / DG_CPU_SUMSQ_CHUNK;
     double *part = dg_cpu_scratch(cpu, nchunks * sizeof(double));
     if (!part) return dg_last_error_code();
-    int nt = nchunks > 1 ? cpu->nt : 1;
-    /* Double partials: a gradient norm summed over 10^9 floats must not lose the small ones. */
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (size_t c = 0; c < nchunks; c++) {
-        size_t lo = c * DG_CPU_SUMSQ_CHUNK, hi = lo + DG_CPU_SUMSQ_CHUNK < n ? lo + DG_CPU_SUMSQ_CHUNK : n;
-        double s = 0.0;
-#pragma omp simd reduction(+ : s)
-        for (size_t i = lo; i < hi; i++)
-            s += (double)x[i] * (double)x[i];
-        part[c] = s;
-    }
+    sumsq_arg_t a = {part, x, n};
+    dg_cpu_run(cpu, (int)nchunks, sumsq_task, &a);
     double total = 0.0;
     for (size_t c = 0; c < nchunks; c++)
         total += part[c];
@@ -214,10 +280,7 @@ static dg_status_t cpu_sumsq_f32(dg_backend_t *be, float *out_dev, const float *
 static dg_status_t cpu_scale_f32(dg_backend_t *be, float *x, size_t n, float s) {
     if (n == 0) return DG_OK;
     DG_CPU_NONNULL("scale_f32", x);
-    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-#pragma omp parallel for simd schedule(static) num_threads(nt)
-    for (size_t i = 0; i < n; i++)
-        x[i] *= s;
+    ew_run(be, EW_SCALE, x, NULL, NULL, s, n);
     return DG_OK;
 }
 
@@ -252,6 +315,24 @@ DG_CPU_VEC static void adamw_range(float *master, float *cw, const float *grad, 
 #undef DG_CPU_ADAMW_BODY
 }
 
+typedef struct {
+    float *master, *cw;
+    const float *grad;
+    float *m, *v;
+    size_t n;
+    float lr, b1, b2, eps, wd, inv_bc1, inv_bc2, gs;
+    int tasks;
+} adamw_arg_t;
+
+static void adamw_task(void *argp, int task, int worker) {
+    (void)worker;
+    const adamw_arg_t *a = argp;
+    size_t lo, hi;
+    dg_cpu_range(a->n, a->tasks, task, &lo, &hi);
+    adamw_range(a->master + lo, a->cw ? a->cw + lo : NULL, a->grad + lo, a->m + lo, a->v + lo, hi - lo, a->lr,
+                a->b1, a->b2, a->eps, a->wd, a->inv_bc1, a->inv_bc2, a->gs);
+}
+
 static dg_status_t cpu_adamw(dg_backend_t *be, float *master, void *compute, const float *grad, float *m,
                              float *v, size_t n, float lr, float beta1, float beta2, float eps, float wd,
                              int64_t t, const float *gscale_dev) {
@@ -269,15 +350,9 @@ static dg_status_t cpu_adamw(dg_backend_t *be, float *master, void *compute, con
     const float inv_bc1 = (float)(1.0 / (1.0 - pow((double)beta1, (double)t)));
     const float inv_bc2 = (float)(1.0 / (1.0 - pow((double)beta2, (double)t)));
     const float gs = *gscale_dev;
-    float *cw = compute;
-    const size_t nb = (n + DG_CPU_EW_BLOCK - 1) / DG_CPU_EW_BLOCK;
-    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (size_t k = 0; k < nb; k++) {
-        size_t lo = k * DG_CPU_EW_BLOCK, len = n - lo < DG_CPU_EW_BLOCK ? n - lo : DG_CPU_EW_BLOCK;
-        adamw_range(master + lo, cw ? cw + lo : NULL, grad + lo, m + lo, v + lo, len, lr, beta1, beta2, eps,
-                    wd, inv_bc1, inv_bc2, gs);
-    }
+    adamw_arg_t a = {master, compute, grad, m, v, n, lr, beta1, beta2, eps, wd, inv_bc1, inv_bc2, gs,
+                     dg_cpu_ew_tasks(dg_cpu_of(be), n)};
+    dg_cpu_run(dg_cpu_of(be), a.tasks, adamw_task, &a);
     return DG_OK;
 }
 
@@ -361,6 +436,14 @@ dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t *
      * regions) would fight over the same cores, and OpenBLAS's own split would tie results to the thread
      * count. The setting is process-wide; nothing else in dgtrain calls BLAS. */
     dg_cpu_blas_single_thread();
+    if (cpu->nt > 1) {
+        dg_status_t s = dg_cpu_pool_create(cpu->nt, &cpu->pool);
+        if (s != DG_OK) {
+            free(be);
+            free(cpu);
+            return s;
+        }
+    }
     be->ops = &cpu_ops;
     be->act_dtype = DG_F32;
     be->impl = cpu;

@@ -15,11 +15,28 @@
 
 #include "backend.h"
 
+/* The worker pool (cpu_pool.c): a job is `ntasks` independent tasks; the calling thread and the pool's
+ * workers claim them one at a time, and the call returns when all have run. `worker` is 0 for the
+ * calling thread and 1..threads-1 for the others (an index for per-thread scratch). Tasks must not
+ * start jobs themselves. */
+typedef struct dg_cpu_pool dg_cpu_pool_t;
+typedef void (*dg_cpu_task_fn)(void *arg, int task, int worker);
+dg_status_t dg_cpu_pool_create(int nthreads, dg_cpu_pool_t **out);
+void dg_cpu_pool_free(dg_cpu_pool_t *pool);
+void dg_cpu_pool_run(dg_cpu_pool_t *pool, int ntasks, dg_cpu_task_fn fn, void *arg);
+int dg_cpu_pool_threads(const dg_cpu_pool_t *pool);
+
 typedef struct dg_cpu {
-    int nt;               /* OpenMP threads used by every parallel region */
+    int nt;               /* threads (the caller plus nt - 1 pool workers) */
+    dg_cpu_pool_t *pool;  /* NULL when nt == 1 */
     void *scratch;        /* grow-only arena for partial sums and per-thread buffers */
     size_t scratch_bytes; /* capacity of `scratch` */
 } dg_cpu_t;
+
+/* Run fn over tasks [0, ntasks) on the backend's threads. */
+static inline void dg_cpu_run(dg_cpu_t *cpu, int ntasks, dg_cpu_task_fn fn, void *arg) {
+    dg_cpu_pool_run(cpu->pool, ntasks, fn, arg);
+}
 
 static inline dg_cpu_t *dg_cpu_of(dg_backend_t *be) {
     return (dg_cpu_t *)be->impl;
@@ -106,8 +123,20 @@ static inline void dg_cpu_split(int n, int parts, int i, int align, int *lo, int
 /* Loops over fewer elements than this run on one thread: waking the team costs more than it saves. */
 #define DG_CPU_PAR_MIN 16384
 
-/* Element-wise kernels hand each thread blocks of this many elements (any split gives the same bits). */
-#define DG_CPU_EW_BLOCK 8192
+/* Tasks for an element-wise kernel over n elements (any split gives the same bits there): one below
+ * DG_CPU_PAR_MIN, else up to 4 per thread for balance, none under DG_CPU_PAR_MIN / 2 elements. */
+static inline int dg_cpu_ew_tasks(const dg_cpu_t *cpu, size_t n) {
+    if (cpu->nt == 1 || n < DG_CPU_PAR_MIN) return 1;
+    size_t t = n / (DG_CPU_PAR_MIN / 2), cap = 4 * (size_t)cpu->nt;
+    return (int)(t < cap ? t : cap);
+}
+
+/* Part i of [0, n) cut into `parts` near-equal ranges [*lo, *hi) whose inner bounds are multiples of 16
+ * (whole 64-byte lines of floats for each task). */
+static inline void dg_cpu_range(size_t n, int parts, int i, size_t *lo, size_t *hi) {
+    *lo = i == 0 ? 0 : (n * (size_t)i / (size_t)parts) & ~(size_t)15;
+    *hi = i == parts - 1 ? n : (n * (size_t)(i + 1) / (size_t)parts) & ~(size_t)15;
+}
 
 /* ---- bit casts ---- */
 static inline uint32_t dg_cpu_f2u(float f) {

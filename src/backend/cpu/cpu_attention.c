@@ -8,7 +8,6 @@
  */
 #include <cblas.h>
 #include <math.h>
-#include <omp.h>
 
 #include "backend_cpu_impl.h"
 
@@ -70,6 +69,36 @@ DG_CPU_VEC static void softmax_bwd_row(float *drow, const float *prow, int t, in
         drow[j] = 0.0f;
 }
 
+typedef struct {
+    float *out, *p_all, *dqkv;
+    const float *qkv, *dout;
+    int B, T, C, NH;
+    float *scratch; /* backward: one T x T buffer per thread */
+} att_arg_t;
+
+/* One (batch, head) pair. */
+static void att_fwd_task(void *argp, int bh, int worker) {
+    (void)worker;
+    const att_arg_t *a = argp;
+    const int T = a->T, C = a->C, hs = C / a->NH, ld = 3 * C;
+    const int b = bh / a->NH, h = bh % a->NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const float *Q = a->qkv + (size_t)b * T * ld + (size_t)h * hs, *K = Q + C, *V = Q + 2 * C;
+    float *P = a->p_all + (size_t)bh * T * T;
+    float *O = a->out + (size_t)b * T * C + (size_t)h * hs;
+    for (int r0 = 0; r0 < T; r0 += DG_CPU_ATT_BLOCK) {
+        int r1 = r0 + DG_CPU_ATT_BLOCK < T ? r0 + DG_CPU_ATT_BLOCK : T;
+        /* S[r0:r1, 0:r1] = scale · Q[r0:r1] · K[0:r1]ᵀ (keys past r1 are all masked) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale, Q + (size_t)r0 * ld, ld, K,
+                    ld, 0.0f, P + (size_t)r0 * T, T);
+        for (int t = r0; t < r1; t++)
+            causal_softmax_row(P + (size_t)t * T, t, T);
+        /* O[r0:r1] = P[r0:r1, 0:r1] · V[0:r1] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, P + (size_t)r0 * T, T, V,
+                    ld, 0.0f, O + (size_t)r0 * C, C);
+    }
+}
+
 dg_status_t dg_cpu_attention_fwd(dg_backend_t *be, void *out, void *aux, const void *qkv, int B, int T, int C,
                                  int NH) {
     const char *op = "attention_fwd";
@@ -77,32 +106,45 @@ dg_status_t dg_cpu_attention_fwd(dg_backend_t *be, void *out, void *aux, const v
     DG_CPU_NONNULL(op, aux);
     DG_CPU_NONNULL(op, qkv);
     DG_TRY(check_shape(op, B, T, C, NH));
-    dg_cpu_t *cpu = dg_cpu_of(be);
-    const int hs = C / NH, ld = 3 * C, pairs = B * NH;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const int nt = cpu->nt < pairs ? cpu->nt : pairs;
-    const float *x = qkv;
-    float *o_all = out, *p_all = aux;
+    att_arg_t a = {out, aux, NULL, qkv, NULL, B, T, C, NH, NULL};
     dg_cpu_blas_single_thread();
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-    for (int bh = 0; bh < pairs; bh++) {
-        const int b = bh / NH, h = bh % NH;
-        const float *Q = x + (size_t)b * T * ld + (size_t)h * hs, *K = Q + C, *V = Q + 2 * C;
-        float *P = p_all + (size_t)bh * T * T;
-        float *O = o_all + (size_t)b * T * C + (size_t)h * hs;
-        for (int r0 = 0; r0 < T; r0 += DG_CPU_ATT_BLOCK) {
-            int r1 = r0 + DG_CPU_ATT_BLOCK < T ? r0 + DG_CPU_ATT_BLOCK : T;
-            /* S[r0:r1, 0:r1] = scale · Q[r0:r1] · K[0:r1]ᵀ (keys past r1 are all masked) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale, Q + (size_t)r0 * ld,
-                        ld, K, ld, 0.0f, P + (size_t)r0 * T, T);
-            for (int t = r0; t < r1; t++)
-                causal_softmax_row(P + (size_t)t * T, t, T);
-            /* O[r0:r1] = P[r0:r1, 0:r1] · V[0:r1] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, P + (size_t)r0 * T,
-                        T, V, ld, 0.0f, O + (size_t)r0 * C, C);
-        }
-    }
+    dg_cpu_run(dg_cpu_of(be), B * NH, att_fwd_task, &a);
     return DG_OK;
+}
+
+static void att_bwd_task(void *argp, int bh, int worker) {
+    const att_arg_t *a = argp;
+    const int T = a->T, C = a->C, hs = C / a->NH, ld = 3 * C;
+    const int b = bh / a->NH, h = bh % a->NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    float *dS = a->scratch + (size_t)worker * T * T;
+    const size_t qoff = (size_t)b * T * ld + (size_t)h * hs;
+    const float *Q = a->qkv + qoff, *K = Q + C, *V = Q + 2 * C;
+    float *dQ = a->dqkv + qoff, *dK = dQ + C, *dV = dQ + 2 * C;
+    const float *P = a->p_all + (size_t)bh * T * T;
+    const float *dO = a->dout + (size_t)b * T * C + (size_t)h * hs;
+    /* dP[r0:r1, 0:r1] = dO[r0:r1] · V[0:r1]ᵀ */
+    for (int r0 = 0; r0 < T; r0 += DG_CPU_ATT_BLOCK) {
+        int r1 = r0 + DG_CPU_ATT_BLOCK < T ? r0 + DG_CPU_ATT_BLOCK : T;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f, dO + (size_t)r0 * C, C, V, ld,
+                    0.0f, dS + (size_t)r0 * T, T);
+    }
+    /* Softmax backward, with the score scale folded in: dS = scale · P ∘ (dP - rowsum(P ∘ dP)).
+     * Entries past the diagonal up to the block edge are zeroed because the block GEMMs read them. */
+    for (int t = 0; t < T; t++)
+        softmax_bwd_row(dS + (size_t)t * T, P + (size_t)t * T, t, T, scale);
+    for (int r0 = 0; r0 < T; r0 += DG_CPU_ATT_BLOCK) {
+        int r1 = r0 + DG_CPU_ATT_BLOCK < T ? r0 + DG_CPU_ATT_BLOCK : T;
+        /* dQ[r0:r1] = dS[r0:r1, 0:r1] · K[0:r1] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f, dS + (size_t)r0 * T, T, K,
+                    ld, 0.0f, dQ + (size_t)r0 * ld, ld);
+        /* Keys j in [r0, r1) are seen by queries t >= r0 only:
+         * dK[r0:r1] = dS[r0:T, r0:r1]ᵀ · Q[r0:T],  dV[r0:r1] = P[r0:T, r0:r1]ᵀ · dO[r0:T] */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, 1.0f, dS + (size_t)r0 * T + r0, T,
+                    Q + (size_t)r0 * ld, ld, 0.0f, dK + (size_t)r0 * ld, ld);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, 1.0f, P + (size_t)r0 * T + r0, T,
+                    dO + (size_t)r0 * C, C, 0.0f, dV + (size_t)r0 * ld, ld);
+    }
 }
 
 dg_status_t dg_cpu_attention_bwd(dg_backend_t *be, void *dqkv, const void *dout, const void *qkv,
@@ -115,51 +157,12 @@ dg_status_t dg_cpu_attention_bwd(dg_backend_t *be, void *dqkv, const void *dout,
     DG_CPU_NONNULL(op, aux);
     DG_TRY(check_shape(op, B, T, C, NH));
     dg_cpu_t *cpu = dg_cpu_of(be);
-    const int hs = C / NH, ld = 3 * C, pairs = B * NH;
-    const float scale = 1.0f / sqrtf((float)hs);
-    const int nt = cpu->nt < pairs ? cpu->nt : pairs;
-    /* One T x T buffer per thread for dP, turned into dS in place. */
-    float *scratch = dg_cpu_scratch(cpu, (size_t)nt * T * T * sizeof(float));
+    /* One T x T buffer per thread (indexed by the worker running the task) for dP, turned into dS in
+     * place. */
+    float *scratch = dg_cpu_scratch(cpu, (size_t)cpu->nt * T * T * sizeof(float));
     if (!scratch) return dg_last_error_code();
-    const float *x = qkv, *dy = dout, *p_all = aux;
-    float *dx = dqkv;
+    att_arg_t a = {NULL, (float *)aux, dqkv, qkv, dout, B, T, C, NH, scratch};
     dg_cpu_blas_single_thread();
-#pragma omp parallel num_threads(nt)
-    {
-        float *dS = scratch + (size_t)omp_get_thread_num() * T * T;
-#pragma omp for schedule(dynamic, 1)
-        for (int bh = 0; bh < pairs; bh++) {
-            const int b = bh / NH, h = bh % NH;
-            const size_t qoff = (size_t)b * T * ld + (size_t)h * hs;
-            const float *Q = x + qoff, *K = Q + C, *V = Q + 2 * C;
-            float *dQ = dx + qoff, *dK = dQ + C, *dV = dQ + 2 * C;
-            const float *P = p_all + (size_t)bh * T * T;
-            const float *dO = dy + (size_t)b * T * C + (size_t)h * hs;
-            /* dP[r0:r1, 0:r1] = dO[r0:r1] · V[0:r1]ᵀ */
-            for (int r0 = 0; r0 < T; r0 += DG_CPU_ATT_BLOCK) {
-                int r1 = r0 + DG_CPU_ATT_BLOCK < T ? r0 + DG_CPU_ATT_BLOCK : T;
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, 1.0f,
-                            dO + (size_t)r0 * C, C, V, ld, 0.0f, dS + (size_t)r0 * T, T);
-            }
-            /* Softmax backward, with the score scale folded in: dS = scale · P ∘ (dP - rowsum(P ∘ dP)).
-             * Entries past the diagonal up to the block edge are zeroed because the block GEMMs read them. */
-            for (int t = 0; t < T; t++)
-                softmax_bwd_row(dS + (size_t)t * T, P + (size_t)t * T, t, T, scale);
-            for (int r0 = 0; r0 < T; r0 += DG_CPU_ATT_BLOCK) {
-                int r1 = r0 + DG_CPU_ATT_BLOCK < T ? r0 + DG_CPU_ATT_BLOCK : T;
-                /* dQ[r0:r1] = dS[r0:r1, 0:r1] · K[0:r1] */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1, 1.0f,
-                            dS + (size_t)r0 * T, T, K, ld, 0.0f, dQ + (size_t)r0 * ld, ld);
-                /* Keys j in [r0, r1) are seen by queries t >= r0 only:
-                 * dK[r0:r1] = dS[r0:T, r0:r1]ᵀ · Q[r0:T],  dV[r0:r1] = P[r0:T, r0:r1]ᵀ · dO[r0:T] */
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, 1.0f,
-                            dS + (size_t)r0 * T + r0, T, Q + (size_t)r0 * ld, ld, 0.0f, dK + (size_t)r0 * ld,
-                            ld);
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1 - r0, hs, T - r0, 1.0f,
-                            P + (size_t)r0 * T + r0, T, dO + (size_t)r0 * C, C, 0.0f, dV + (size_t)r0 * ld,
-                            ld);
-            }
-        }
-    }
+    dg_cpu_run(cpu, B * NH, att_bwd_task, &a);
     return DG_OK;
 }

@@ -7,7 +7,6 @@
  * sgemm call with arguments that depend only on (M, N, K); threads just pick tiles.
  */
 #include <cblas.h>
-#include <omp.h>
 
 #include "backend_cpu_impl.h"
 
@@ -45,25 +44,57 @@ static void gemm_tiles(int M, int N, int *tm, int *tn) {
     *tn = round16(cdiv(N, nn));
 }
 
+/* One GEMM cut into tiles. `pro` (may be NULL) fills a tile of C before its sgemm (then beta must be
+ * 1); `epi` (may be NULL) runs on the tile right after it, while the tile is still in cache. */
+typedef struct {
+    int trans_a, trans_b, M, N, K;
+    float alpha;
+    const float *A;
+    int lda;
+    const float *B;
+    int ldb;
+    float beta;
+    float *C;
+    int ldc;
+    int tm, tn, tiles_n, ntiles;
+    dg_cpu_tile_fn pro, epi;
+    void *arg;
+} gemm_job_t;
+
+static void gemm_job_init(gemm_job_t *g, int trans_a, int trans_b, int M, int N, int K, float alpha,
+                          const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc,
+                          dg_cpu_tile_fn pro, dg_cpu_tile_fn epi, void *arg) {
+    *g = (gemm_job_t){trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, 0, 0, 0, pro, epi, arg};
+    gemm_tiles(M, N, &g->tm, &g->tn);
+    g->tiles_n = cdiv(N, g->tn);
+    g->ntiles = cdiv(M, g->tm) * g->tiles_n;
+}
+
+static void gemm_tile(const gemm_job_t *g, int t) {
+    int m0 = (t / g->tiles_n) * g->tm, n0 = (t % g->tiles_n) * g->tn;
+    int m1 = m0 + g->tm < g->M ? m0 + g->tm : g->M, n1 = n0 + g->tn < g->N ? n0 + g->tn : g->N;
+    /* op(A) rows m0.. : stored [M,K] (offset by rows) or, transposed, [K,M] (offset by columns). */
+    const float *a = g->trans_a ? g->A + m0 : g->A + (size_t)m0 * g->lda;
+    const float *b = g->trans_b ? g->B + (size_t)n0 * g->ldb : g->B + n0;
+    if (g->pro) g->pro(g->arg, m0, m1, n0, n1);
+    cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans, g->trans_b ? CblasTrans : CblasNoTrans,
+                m1 - m0, n1 - n0, g->K, g->alpha, a, g->lda, b, g->ldb, g->beta, g->C + (size_t)m0 * g->ldc + n0,
+                g->ldc);
+    if (g->epi) g->epi(g->arg, m0, m1, n0, n1);
+}
+
+static void gemm_task(void *argp, int t, int worker) {
+    (void)worker;
+    gemm_tile(argp, t);
+}
+
 void dg_cpu_gemm(dg_cpu_t *cpu, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                  int lda, const float *B, int ldb, float beta, float *C, int ldc, dg_cpu_tile_fn epi,
                  void *arg) {
     dg_cpu_blas_single_thread();
-    int tm, tn;
-    gemm_tiles(M, N, &tm, &tn);
-    const int tiles_n = cdiv(N, tn), ntiles = cdiv(M, tm) * tiles_n;
-    const int nt = cpu->nt < ntiles ? cpu->nt : ntiles;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nt)
-    for (int t = 0; t < ntiles; t++) {
-        int m0 = (t / tiles_n) * tm, n0 = (t % tiles_n) * tn;
-        int m1 = m0 + tm < M ? m0 + tm : M, n1 = n0 + tn < N ? n0 + tn : N;
-        /* op(A) rows m0.. : stored [M,K] (offset by rows) or, transposed, [K,M] (offset by columns). */
-        const float *a = trans_a ? A + m0 : A + (size_t)m0 * lda;
-        const float *b = trans_b ? B + (size_t)n0 * ldb : B + n0;
-        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                    m1 - m0, n1 - n0, K, alpha, a, lda, b, ldb, beta, C + (size_t)m0 * ldc + n0, ldc);
-        if (epi) epi(arg, m0, m1, n0, n1);
-    }
+    gemm_job_t g;
+    gemm_job_init(&g, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, epi, arg);
+    dg_cpu_run(cpu, g.ntiles, gemm_task, &g);
 }
 
 /* ---------------- matmul_fwd ---------------- */
@@ -75,20 +106,6 @@ typedef struct {
     int OC;
 } fwd_epi_t;
 
-DG_CPU_VEC static void bias_gelu_row(float *p, float *o, const float *bias, int n) {
-    if (bias) {
-#pragma omp simd
-        for (int c = 0; c < n; c++) {
-            float v = p[c] + bias[c];
-            p[c] = v;
-            o[c] = dg_cpu_gelu(v);
-        }
-    } else {
-#pragma omp simd
-        for (int c = 0; c < n; c++)
-            o[c] = dg_cpu_gelu(p[c]);
-    }
-}
 /* o[0..n) += b[0..n) */
 DG_CPU_VEC static void add_row(float *o, const float *b, int n) {
 #pragma omp simd
@@ -96,16 +113,33 @@ DG_CPU_VEC static void add_row(float *o, const float *b, int n) {
         o[c] += b[c];
 }
 
-/* GEMM wrote `pre` (GELU) or `out` (no GELU); add the bias and apply GELU on the hot tile. */
+/* Before the tile's GEMM: its rows of the GEMM's destination (`pre` with GELU, else `out`) start as the
+ * bias, and the GEMM adds into them (beta = 1). That saves OpenBLAS's zeroing of the tile for beta = 0
+ * and a separate pass adding the bias. */
+DG_CPU_VEC static void copy_row(float *o, const float *b, int n) {
+#pragma omp simd
+    for (int c = 0; c < n; c++)
+        o[c] = b[c];
+}
+DG_CPU_VEC static void gelu_row(float *o, const float *p, int n) {
+#pragma omp simd
+    for (int c = 0; c < n; c++)
+        o[c] = dg_cpu_gelu(p[c]);
+}
+
+static void fwd_prologue(void *argp, int m0, int m1, int n0, int n1) {
+    const fwd_epi_t *e = argp;
+    float *dst = e->pre ? e->pre : e->out;
+    for (int r = m0; r < m1; r++)
+        copy_row(dst + (size_t)r * e->OC + n0, e->bias + n0, n1 - n0);
+}
+
+/* After the tile's GEMM, while the tile is in cache: out = gelu(pre). */
 static void fwd_epilogue(void *argp, int m0, int m1, int n0, int n1) {
     const fwd_epi_t *e = argp;
-    const float *bias = e->bias ? e->bias + n0 : NULL;
     for (int r = m0; r < m1; r++) {
         size_t at = (size_t)r * e->OC + n0;
-        if (e->pre)
-            bias_gelu_row(e->pre + at, e->out + at, bias, n1 - n0);
-        else
-            add_row(e->out + at, bias, n1 - n0);
+        gelu_row(e->out + at, e->pre + at, n1 - n0);
     }
 }
 
@@ -128,13 +162,51 @@ dg_status_t dg_cpu_matmul_fwd(dg_backend_t *be, void *out, void *pre, const void
     }
     fwd_epi_t e = {out, epi == DG_EPI_GELU ? pre : NULL, bias, OC};
     float *dst = e.pre ? e.pre : e.out;
-    dg_cpu_tile_fn fn = (e.pre || bias) ? fwd_epilogue : NULL;
+    dg_cpu_t *cpu = dg_cpu_of(be);
+    dg_cpu_blas_single_thread();
     /* out[N,OC] = inp[N,C] · w[OC,C]ᵀ: the transposed view comes from the BLAS flag, not a copy. */
-    dg_cpu_gemm(dg_cpu_of(be), 0, 1, N, OC, C, 1.0f, inp, C, w, C, 0.0f, dst, OC, fn, &e);
+    gemm_job_t g;
+    gemm_job_init(&g, 0, 1, N, OC, C, 1.0f, inp, C, w, C, bias ? 1.0f : 0.0f, dst, OC, bias ? fwd_prologue : NULL,
+                  e.pre ? fwd_epilogue : NULL, &e);
+    dg_cpu_run(cpu, g.ntiles, gemm_task, &g);
     return DG_OK;
 }
 
 /* ---------------- matmul_bwd ---------------- */
+
+typedef struct {
+    gemm_job_t dw, dinp; /* dinp.ntiles == 0 when there is no input gradient */
+    float *dbias, *accum;
+    const float *dout;
+    int N, OC, nbias; /* nbias: tasks for the bias gradient (0 without one) */
+} bwd_job_t;
+
+/* Tasks: the dw tiles (the longest, K = N), then the dinp tiles, then the bias-gradient column blocks. */
+static void bwd_task(void *argp, int t, int worker) {
+    (void)worker;
+    const bwd_job_t *j = argp;
+    if (t < j->dw.ntiles) {
+        gemm_tile(&j->dw, t);
+        return;
+    }
+    t -= j->dw.ntiles;
+    if (t < j->dinp.ntiles) {
+        gemm_tile(&j->dinp, t);
+        return;
+    }
+    t -= j->dinp.ntiles;
+    /* Column sums: each task owns whole columns and walks the rows in order, so every sum has the same
+     * order whatever the split. Sums start from 0 in scratch, then add into dbias once. */
+    int lo, hi;
+    dg_cpu_split(j->OC, j->nbias, t, 16, &lo, &hi);
+    float *a = j->accum;
+    for (int c = lo; c < hi; c++)
+        a[c] = 0.0f;
+    for (int r = 0; r < j->N; r++)
+        add_row(a + lo, j->dout + (size_t)r * j->OC + lo, hi - lo);
+    for (int c = lo; c < hi; c++)
+        j->dbias[c] += a[c];
+}
 
 dg_status_t dg_cpu_matmul_bwd(dg_backend_t *be, void *dinp, float *dw, float *dbias, const void *dout,
                               const void *inp, const void *w, int N, int C, int OC, int acc) {
@@ -146,32 +218,25 @@ dg_status_t dg_cpu_matmul_bwd(dg_backend_t *be, void *dinp, float *dw, float *db
     DG_CPU_POSITIVE(op, C);
     DG_CPU_POSITIVE(op, OC);
     dg_cpu_t *cpu = dg_cpu_of(be);
-    if (dinp) {
-        DG_CPU_NONNULL(op, w);
-        /* dinp[N,C] (=|+=) dout[N,OC] · w[OC,C]; beta = 0 never reads dinp, so poison there is harmless. */
-        dg_cpu_gemm(cpu, 0, 0, N, C, OC, 1.0f, dout, OC, w, C, acc ? 1.0f : 0.0f, dinp, C, NULL, NULL);
+    if (dinp) DG_CPU_NONNULL(op, w);
+    bwd_job_t j = {0};
+    j.dbias = dbias;
+    j.dout = dout;
+    j.N = N;
+    j.OC = OC;
+    if (dbias) {
+        j.accum = dg_cpu_scratch(cpu, (size_t)OC * sizeof(float));
+        if (!j.accum) return dg_last_error_code();
+        j.nbias = cpu->nt < cdiv(OC, 16) ? cpu->nt : cdiv(OC, 16);
     }
     /* dw[OC,C] += dout[N,OC]ᵀ · inp[N,C]: each dw element is one dot product over N inside one tile. */
-    dg_cpu_gemm(cpu, 1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C, NULL, NULL);
-    if (dbias) {
-        /* Column sums: each thread owns whole columns and walks the rows in order, so every sum has the
-         * same order whatever the split. Sums start from 0 in scratch, then add into dbias once. */
-        float *accum = dg_cpu_scratch(cpu, (size_t)OC * sizeof(float));
-        if (!accum) return dg_last_error_code();
-        const float *d = dout;
-        int parts = cpu->nt < cdiv(OC, 16) ? cpu->nt : cdiv(OC, 16);
-#pragma omp parallel num_threads(parts)
-        {
-            int lo, hi;
-            dg_cpu_split(OC, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
-            float *a = accum;
-            for (int c = lo; c < hi; c++)
-                a[c] = 0.0f;
-            for (int r = 0; r < N; r++)
-                add_row(a + lo, d + (size_t)r * OC + lo, hi - lo);
-            for (int c = lo; c < hi; c++)
-                dbias[c] += a[c];
-        }
-    }
+    gemm_job_init(&j.dw, 1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C, NULL, NULL, NULL);
+    /* dinp[N,C] (=|+=) dout[N,OC] · w[OC,C]; beta = 0 never reads dinp, so poison there is harmless. */
+    if (dinp)
+        gemm_job_init(&j.dinp, 0, 0, N, C, OC, 1.0f, dout, OC, w, C, acc ? 1.0f : 0.0f, dinp, C, NULL, NULL,
+                      NULL);
+    /* One job for the three independent products: one wake-up of the workers instead of three. */
+    dg_cpu_blas_single_thread();
+    dg_cpu_run(cpu, j.dw.ntiles + j.dinp.ntiles + j.nbias, bwd_task, &j);
     return DG_OK;
 }

@@ -7,7 +7,6 @@
  * in chunks of a constant size and the chunk partials are added in chunk order.
  */
 #include <math.h>
-#include <omp.h>
 
 #include "backend_cpu_impl.h"
 
@@ -29,6 +28,30 @@ static dg_status_t check_tokens(const char *op, const int32_t *tokens, size_t n,
     return DG_OK;
 }
 
+typedef struct {
+    float *out;
+    const int32_t *tokens;
+    const float *wte, *wpe;
+    int T, C;
+    size_t N;
+    int tasks;
+} enc_arg_t;
+
+static void enc_fwd_task(void *argp, int task, int worker) {
+    (void)worker;
+    const enc_arg_t *a = argp;
+    const int C = a->C;
+    size_t lo, hi;
+    dg_cpu_range(a->N, a->tasks, task, &lo, &hi);
+    for (size_t i = lo; i < hi; i++) {
+        float *orow = a->out + i * C;
+        const float *te = a->wte + (size_t)a->tokens[i] * C, *pe = a->wpe + (i % (size_t)a->T) * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++)
+            orow[c] = te[c] + pe[c];
+    }
+}
+
 dg_status_t dg_cpu_encoder_fwd(dg_backend_t *be, void *out, const int32_t *tokens, const void *wte,
                                const void *wpe, int B, int T, int C) {
     const char *op = "encoder_fwd";
@@ -41,18 +64,35 @@ dg_status_t dg_cpu_encoder_fwd(dg_backend_t *be, void *out, const int32_t *token
     DG_CPU_POSITIVE(op, C);
     const size_t N = (size_t)B * T;
     DG_TRY(check_tokens(op, tokens, N, T));
-    float *o = out;
-    const float *te = wte, *pe = wpe;
-    int nt = N * C >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (size_t i = 0; i < N; i++) {
-        float *orow = o + i * C;
-        const float *a = te + (size_t)tokens[i] * C, *p = pe + (i % (size_t)T) * C;
-#pragma omp simd
-        for (int c = 0; c < C; c++)
-            orow[c] = a[c] + p[c];
-    }
+    enc_arg_t a = {out, tokens, wte, wpe, T, C, N, dg_cpu_ew_tasks(dg_cpu_of(be), N * C)};
+    dg_cpu_run(dg_cpu_of(be), a.tasks, enc_fwd_task, &a);
     return DG_OK;
+}
+
+typedef struct {
+    float *dwte, *dwpe;
+    const float *dout;
+    const int32_t *tokens;
+    int T, C;
+    size_t N;
+    int parts;
+} enc_bwd_arg_t;
+
+static void enc_bwd_task(void *argp, int task, int worker) {
+    (void)worker;
+    const enc_bwd_arg_t *a = argp;
+    const int C = a->C;
+    int lo, hi;
+    dg_cpu_split(C, a->parts, task, 16, &lo, &hi);
+    for (size_t i = 0; i < a->N; i++) {
+        const float *drow = a->dout + i * C;
+        float *te = a->dwte + (size_t)a->tokens[i] * C, *pe = a->dwpe + (i % (size_t)a->T) * C;
+#pragma omp simd
+        for (int c = lo; c < hi; c++) {
+            te[c] += drow[c];
+            pe[c] += drow[c];
+        }
+    }
 }
 
 dg_status_t dg_cpu_encoder_bwd(dg_backend_t *be, float *dwte, float *dwpe, const void *dout,
@@ -67,25 +107,12 @@ dg_status_t dg_cpu_encoder_bwd(dg_backend_t *be, float *dwte, float *dwpe, const
     DG_CPU_POSITIVE(op, C);
     const size_t N = (size_t)B * T;
     DG_TRY(check_tokens(op, tokens, N, T));
-    const float *d = dout;
-    /* Each thread owns a column range of dwte and dwpe and visits every position in order: repeated
+    /* Each task owns a column range of dwte and dwpe and visits every position in order: repeated
      * tokens need no atomics and every sum has one fixed order. */
-    int parts = min_int(dg_cpu_of(be)->nt, (C + 15) / 16);
-    if (N * C < DG_CPU_PAR_MIN) parts = 1;
-#pragma omp parallel num_threads(parts)
-    {
-        int lo, hi;
-        dg_cpu_split(C, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
-        for (size_t i = 0; i < N; i++) {
-            const float *drow = d + i * C;
-            float *te = dwte + (size_t)tokens[i] * C, *pe = dwpe + (i % (size_t)T) * C;
-#pragma omp simd
-            for (int c = lo; c < hi; c++) {
-                te[c] += drow[c];
-                pe[c] += drow[c];
-            }
-        }
-    }
+    dg_cpu_t *cpu = dg_cpu_of(be);
+    int parts = N * C < DG_CPU_PAR_MIN ? 1 : min_int(cpu->nt, (C + 15) / 16);
+    enc_bwd_arg_t a = {dwte, dwpe, dout, tokens, T, C, N, parts};
+    dg_cpu_run(cpu, parts, enc_bwd_task, &a);
     return DG_OK;
 }
 
@@ -142,6 +169,22 @@ DG_CPU_VEC static void ln_bwd_row(float *dxr, float *pw, float *pb, const float 
     }
 }
 
+typedef struct {
+    float *out, *mean, *rstd;
+    const float *x, *w, *b;
+    int N, C, tasks;
+} ln_fwd_arg_t;
+
+static void ln_fwd_task(void *argp, int task, int worker) {
+    (void)worker;
+    const ln_fwd_arg_t *a = argp;
+    const int C = a->C;
+    size_t lo, hi;
+    dg_cpu_range((size_t)a->N, a->tasks, task, &lo, &hi);
+    for (size_t r = lo; r < hi; r++)
+        ln_fwd_row(a->out + r * C, a->mean + r, a->rstd + r, a->x + r * C, a->w, a->b, C);
+}
+
 dg_status_t dg_cpu_layernorm_fwd(dg_backend_t *be, void *out, float *mean, float *rstd, const void *inp,
                                  const void *w, const void *b, int N, int C) {
     const char *op = "layernorm_fwd";
@@ -153,13 +196,52 @@ dg_status_t dg_cpu_layernorm_fwd(dg_backend_t *be, void *out, float *mean, float
     DG_CPU_NONNULL(op, b);
     DG_CPU_POSITIVE(op, N);
     DG_CPU_POSITIVE(op, C);
-    float *o = out;
-    const float *x = inp, *wt = w, *bs = b;
-    int nt = (size_t)N * C >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int r = 0; r < N; r++)
-        ln_fwd_row(o + (size_t)r * C, mean + r, rstd + r, x + (size_t)r * C, wt, bs, C);
+    ln_fwd_arg_t a = {out, mean, rstd, inp, w, b, N, C, dg_cpu_ew_tasks(dg_cpu_of(be), (size_t)N * C)};
+    dg_cpu_run(dg_cpu_of(be), a.tasks, ln_fwd_task, &a);
     return DG_OK;
+}
+
+typedef struct {
+    float *dx, *dw, *db, *part;
+    const float *dy, *x, *w, *mean, *rstd;
+    int N, C, acc, nchunks, parts;
+} ln_bwd_arg_t;
+
+/* Chunk k: rows [32k, 32k + 32); dw/db partials of the chunk go to part[k]. */
+static void ln_bwd_chunk_task(void *argp, int k, int worker) {
+    (void)worker;
+    const ln_bwd_arg_t *a = argp;
+    const int C = a->C;
+    float *pw = a->part + (size_t)k * 2 * C, *pb = pw + C;
+    for (int c = 0; c < C; c++)
+        pw[c] = pb[c] = 0.0f;
+    const int r1 = min_int(a->N, (k + 1) * DG_CPU_LN_CHUNK);
+    for (int r = k * DG_CPU_LN_CHUNK; r < r1; r++)
+        ln_bwd_row(a->dx + (size_t)r * C, pw, pb, a->dy + (size_t)r * C, a->x + (size_t)r * C, a->w, a->mean[r],
+                   a->rstd[r], C, a->acc);
+}
+
+static void ln_bwd_sum_task(void *argp, int task, int worker) {
+    (void)worker;
+    const ln_bwd_arg_t *a = argp;
+    const int C = a->C;
+    int lo, hi;
+    dg_cpu_split(C, a->parts, task, 16, &lo, &hi);
+    float *sw = a->part + (size_t)a->nchunks * 2 * C, *sb = sw + C;
+    for (int c = lo; c < hi; c++)
+        sw[c] = sb[c] = 0.0f;
+    for (int k = 0; k < a->nchunks; k++) {
+        const float *pw = a->part + (size_t)k * 2 * C, *pb = pw + C;
+#pragma omp simd
+        for (int c = lo; c < hi; c++) {
+            sw[c] += pw[c];
+            sb[c] += pb[c];
+        }
+    }
+    for (int c = lo; c < hi; c++) {
+        a->dw[c] += sw[c];
+        a->db[c] += sb[c];
+    }
 }
 
 dg_status_t dg_cpu_layernorm_bwd(dg_backend_t *be, void *dinp, float *dw, float *db, const void *dout,
@@ -181,41 +263,11 @@ dg_status_t dg_cpu_layernorm_bwd(dg_backend_t *be, void *dinp, float *dw, float 
     /* Per chunk: dw partial [C] then db partial [C]; one more such pair holds the column sums. */
     float *part = dg_cpu_scratch(cpu, (size_t)(nchunks + 1) * 2 * C * sizeof(float));
     if (!part) return dg_last_error_code();
-    float *dx = dinp;
-    const float *dy = dout, *x = inp, *wt = w;
-    int nt = (size_t)N * C >= DG_CPU_PAR_MIN ? cpu->nt : 1;
-#pragma omp parallel num_threads(nt)
-    {
-#pragma omp for schedule(static)
-        for (int k = 0; k < nchunks; k++) {
-            float *pw = part + (size_t)k * 2 * C, *pb = pw + C;
-            for (int c = 0; c < C; c++)
-                pw[c] = pb[c] = 0.0f;
-            const int r1 = min_int(N, (k + 1) * DG_CPU_LN_CHUNK);
-            for (int r = k * DG_CPU_LN_CHUNK; r < r1; r++)
-                ln_bwd_row(dx + (size_t)r * C, pw, pb, dy + (size_t)r * C, x + (size_t)r * C, wt, mean[r],
-                           rstd[r], C, acc);
-        }
-        /* Implicit barrier above; now each thread adds up the chunk partials of its own columns, in
-         * chunk order, into sums kept after the partials. */
-        int lo, hi;
-        dg_cpu_split(C, omp_get_num_threads(), omp_get_thread_num(), 16, &lo, &hi);
-        float *sw = part + (size_t)nchunks * 2 * C, *sb = sw + C;
-        for (int c = lo; c < hi; c++)
-            sw[c] = sb[c] = 0.0f;
-        for (int k = 0; k < nchunks; k++) {
-            const float *pw = part + (size_t)k * 2 * C, *pb = pw + C;
-#pragma omp simd
-            for (int c = lo; c < hi; c++) {
-                sw[c] += pw[c];
-                sb[c] += pb[c];
-            }
-        }
-        for (int c = lo; c < hi; c++) {
-            dw[c] += sw[c];
-            db[c] += sb[c];
-        }
-    }
+    ln_bwd_arg_t a = {dinp, dw, db, part, dout, inp, w, mean, rstd, N, C, acc, nchunks, 0};
+    dg_cpu_run(cpu, nchunks, ln_bwd_chunk_task, &a);
+    /* Column sums of the chunk partials, in chunk order, each column by one task. */
+    a.parts = (size_t)nchunks * C < DG_CPU_PAR_MIN ? 1 : min_int(cpu->nt, (C + 15) / 16);
+    dg_cpu_run(cpu, a.parts, ln_bwd_sum_task, &a);
     return DG_OK;
 }
 
@@ -238,19 +290,34 @@ DG_CPU_VEC static void gelu_bwd_range(float *dx, const float *x, const float *dy
     }
 }
 
+typedef struct {
+    float *out;
+    const float *x, *dy;
+    size_t n;
+    int acc, tasks;
+} gelu_arg_t;
+
+static void gelu_fwd_task(void *argp, int task, int worker) {
+    (void)worker;
+    const gelu_arg_t *a = argp;
+    size_t lo, hi;
+    dg_cpu_range(a->n, a->tasks, task, &lo, &hi);
+    gelu_fwd_range(a->out + lo, a->x + lo, hi - lo);
+}
+static void gelu_bwd_task(void *argp, int task, int worker) {
+    (void)worker;
+    const gelu_arg_t *a = argp;
+    size_t lo, hi;
+    dg_cpu_range(a->n, a->tasks, task, &lo, &hi);
+    gelu_bwd_range(a->out + lo, a->x + lo, a->dy + lo, hi - lo, a->acc);
+}
+
 dg_status_t dg_cpu_gelu_fwd(dg_backend_t *be, void *out, const void *inp, size_t n) {
     if (n == 0) return DG_OK;
     DG_CPU_NONNULL("gelu_fwd", out);
     DG_CPU_NONNULL("gelu_fwd", inp);
-    float *o = out;
-    const float *x = inp;
-    const size_t nb = (n + DG_CPU_EW_BLOCK - 1) / DG_CPU_EW_BLOCK;
-    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (size_t k = 0; k < nb; k++) {
-        size_t lo = k * DG_CPU_EW_BLOCK, len = n - lo < DG_CPU_EW_BLOCK ? n - lo : DG_CPU_EW_BLOCK;
-        gelu_fwd_range(o + lo, x + lo, len);
-    }
+    gelu_arg_t a = {out, inp, NULL, n, 0, dg_cpu_ew_tasks(dg_cpu_of(be), n)};
+    dg_cpu_run(dg_cpu_of(be), a.tasks, gelu_fwd_task, &a);
     return DG_OK;
 }
 
@@ -260,15 +327,8 @@ dg_status_t dg_cpu_gelu_bwd(dg_backend_t *be, void *dinp, const void *inp, const
     DG_CPU_NONNULL("gelu_bwd", dinp);
     DG_CPU_NONNULL("gelu_bwd", inp);
     DG_CPU_NONNULL("gelu_bwd", dout);
-    float *dx = dinp;
-    const float *x = inp, *dy = dout;
-    const size_t nb = (n + DG_CPU_EW_BLOCK - 1) / DG_CPU_EW_BLOCK;
-    int nt = n >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (size_t k = 0; k < nb; k++) {
-        size_t lo = k * DG_CPU_EW_BLOCK, len = n - lo < DG_CPU_EW_BLOCK ? n - lo : DG_CPU_EW_BLOCK;
-        gelu_bwd_range(dx + lo, x + lo, dy + lo, len, acc);
-    }
+    gelu_arg_t a = {dinp, inp, dout, n, acc, dg_cpu_ew_tasks(dg_cpu_of(be), n)};
+    dg_cpu_run(dg_cpu_of(be), a.tasks, gelu_bwd_task, &a);
     return DG_OK;
 }
 
@@ -298,6 +358,39 @@ DG_CPU_VEC static void ce_bwd_row(float *drow, const float *row, float l, int tg
     drow[tg] = (p_t - 1.0f) * dloss;
 }
 
+typedef struct {
+    float *losses, *lse, *dlogits; /* forward: losses, lse; backward: dlogits */
+    const float *lse_in;            /* backward */
+    const float *logits;
+    const int32_t *targets;
+    int N, V, Vp;
+    float dloss;
+    int tasks;
+} ce_arg_t;
+
+static void ce_fwd_task(void *argp, int task, int worker) {
+    (void)worker;
+    const ce_arg_t *a = argp;
+    size_t lo, hi;
+    dg_cpu_range((size_t)a->N, a->tasks, task, &lo, &hi);
+    for (size_t i = lo; i < hi; i++) {
+        const float *row = a->logits + i * a->Vp;
+        const float l = ce_lse_row(row, a->V);
+        a->lse[i] = l;
+        a->losses[i] = l - row[a->targets[i]];
+    }
+}
+
+static void ce_bwd_task(void *argp, int task, int worker) {
+    (void)worker;
+    const ce_arg_t *a = argp;
+    size_t lo, hi;
+    dg_cpu_range((size_t)a->N, a->tasks, task, &lo, &hi);
+    for (size_t i = lo; i < hi; i++)
+        ce_bwd_row(a->dlogits + i * a->Vp, a->logits + i * a->Vp, a->lse_in[i], a->targets[i], a->V, a->Vp,
+                   a->dloss);
+}
+
 static dg_status_t check_ce(const char *op, const int32_t *targets, int N, int V, int Vp) {
     DG_CPU_POSITIVE(op, N);
     DG_CPU_POSITIVE(op, V);
@@ -319,15 +412,9 @@ dg_status_t dg_cpu_crossentropy_fwd(dg_backend_t *be, float *losses, float *lse,
     DG_CPU_NONNULL(op, logits);
     DG_CPU_NONNULL(op, targets);
     DG_TRY(check_ce(op, targets, N, V, Vp));
-    const float *z = logits;
-    int nt = (size_t)N * V >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int i = 0; i < N; i++) {
-        const float *row = z + (size_t)i * Vp;
-        const float l = ce_lse_row(row, V);
-        lse[i] = l;
-        losses[i] = l - row[targets[i]];
-    }
+    ce_arg_t a = {losses, lse, NULL, NULL, logits, targets, N, V, Vp, 0.0f,
+                  dg_cpu_ew_tasks(dg_cpu_of(be), (size_t)N * V)};
+    dg_cpu_run(dg_cpu_of(be), a.tasks, ce_fwd_task, &a);
     return DG_OK;
 }
 
@@ -339,12 +426,8 @@ dg_status_t dg_cpu_crossentropy_bwd(dg_backend_t *be, void *dlogits, const void 
     DG_CPU_NONNULL(op, lse);
     DG_CPU_NONNULL(op, targets);
     DG_TRY(check_ce(op, targets, N, V, Vp));
-    float *d = dlogits;
-    const float *z = logits;
-    int nt = (size_t)N * Vp >= DG_CPU_PAR_MIN ? dg_cpu_of(be)->nt : 1;
-#pragma omp parallel for schedule(static) num_threads(nt)
-    for (int i = 0; i < N; i++) {
-        ce_bwd_row(d + (size_t)i * Vp, z + (size_t)i * Vp, lse[i], targets[i], V, Vp, dloss);
-    }
+    ce_arg_t a = {NULL, NULL, dlogits, lse, logits, targets, N, V, Vp, dloss,
+                  dg_cpu_ew_tasks(dg_cpu_of(be), (size_t)N * Vp)};
+    dg_cpu_run(dg_cpu_of(be), a.tasks, ce_bwd_task, &a);
     return DG_OK;
 }

@@ -1,0 +1,218 @@
+/* cpu_pool.c — the CPU backend's worker threads: a small fork-join pool in which the calling thread
+ * never waits for a worker that has not started.
+ *
+ * Why not OpenMP parallel regions: at the end of a region every team thread must reach the barrier,
+ * so a worker that the kernel scheduler has not run yet (a loaded node, a thread woken from sleep)
+ * holds the whole region up even when the caller has done all the work itself. A training step of a
+ * small model is a few hundred short kernels, and on a busy machine those waits cost more than the
+ * kernels. Here a job is a list of independent tasks that threads claim one at a time from a shared
+ * counter; the caller claims too, and waits only for tasks that another thread has actually claimed.
+ * A worker that wakes late finds nothing left and goes back to sleep.
+ *
+ * Determinism: which thread runs a task never matters, because every task writes its own outputs
+ * and the task list depends only on the problem shape (README.md).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "backend_cpu_impl.h"
+
+/* Idle polls of the job counter before a worker sleeps, and of the completion counter before the
+ * caller sleeps. Kernels of one step follow each other within microseconds, so a short poll saves
+ * the sleep/wake system calls between them; it is kept short (a few microseconds, each poll being a
+ * `pause`) so that idle workers do not take cores from other processes on a shared node. */
+#define DG_POOL_WORKER_SPINS 2000
+#define DG_POOL_CALLER_SPINS 4000
+
+struct dg_cpu_pool {
+    int nthreads; /* including the calling thread */
+    int nstarted; /* worker threads running (nthreads - 1 once created) */
+    pthread_t *threads;
+    uint32_t gen; /* caller-private: generation of the last job */
+    int worker_spins;
+
+    /* The current job. `claim` holds (generation << 32) | next unclaimed task; fn/arg/ntasks are read
+     * by a worker only for a generation it then claims a task of (see claim_and_run). */
+    _Alignas(64) _Atomic uint64_t claim;
+    _Atomic(dg_cpu_task_fn) fn;
+    _Atomic(void *) arg;
+    _Atomic uint32_t ntasks;
+
+    _Alignas(64) _Atomic uint32_t done; /* tasks of the current job finished; futex word of the caller */
+    _Atomic uint32_t caller_sleeping;
+
+    _Alignas(64) _Atomic uint32_t ticket; /* bumped once per job; futex word of idle workers */
+    _Atomic uint32_t sleepers;
+    _Atomic uint32_t stop;
+};
+
+typedef struct {
+    dg_cpu_pool_t *pool;
+    int id;
+} worker_arg_t;
+
+static void futex_wait(_Atomic uint32_t *word, uint32_t expect) {
+    /* Returns at once if *word != expect; spurious returns are fine, every caller re-checks. */
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, expect, NULL, NULL, 0);
+}
+static void futex_wake(_Atomic uint32_t *word, int n) {
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Claim and run tasks of the current job until none is left. Safety of the plain reads: a successful
+ * CAS from (g, i) proves task i of generation g was unclaimed, so job g cannot have finished and the
+ * caller cannot have overwritten fn/arg/ntasks for a later job; and the acquire that produced (g, i)
+ * (directly, or through the release sequence of the caller's store) makes job g's fields visible. */
+static void claim_and_run(dg_cpu_pool_t *p, int worker) {
+    uint64_t s = atomic_load_explicit(&p->claim, memory_order_acquire);
+    for (;;) {
+        uint32_t i = (uint32_t)s, n = atomic_load_explicit(&p->ntasks, memory_order_relaxed);
+        if (i >= n) return;
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &s, s + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue; /* s now holds the current value */
+        dg_cpu_task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+        void *arg = atomic_load_explicit(&p->arg, memory_order_relaxed);
+        fn(arg, (int)i, worker);
+        /* seq_cst pairs with the caller's store to caller_sleeping: one of the two sees the other */
+        uint32_t d = atomic_fetch_add(&p->done, 1) + 1;
+        if (d == n && atomic_load(&p->caller_sleeping)) futex_wake(&p->done, 1);
+        s = atomic_load_explicit(&p->claim, memory_order_acquire);
+    }
+}
+
+static void *worker_main(void *argp) {
+    worker_arg_t wa = *(worker_arg_t *)argp;
+    free(argp);
+    dg_cpu_pool_t *p = wa.pool;
+    uint32_t seen = 0; /* the pool is created with ticket 0 and no job */
+    for (;;) {
+        uint32_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
+        for (int s = 0; t == seen && s < p->worker_spins; s++) {
+            cpu_relax();
+            t = atomic_load_explicit(&p->ticket, memory_order_acquire);
+        }
+        while (t == seen) {
+            /* Announce, then re-check (both seq_cst), so a caller that bumps the ticket either sees a
+             * sleeper and wakes it, or is seen here. */
+            atomic_fetch_add(&p->sleepers, 1);
+            t = atomic_load(&p->ticket);
+            if (t == seen) futex_wait(&p->ticket, seen);
+            atomic_fetch_sub(&p->sleepers, 1);
+            t = atomic_load(&p->ticket);
+        }
+        seen = t;
+        if (atomic_load(&p->stop)) break;
+        claim_and_run(p, wa.id);
+    }
+    return NULL;
+}
+
+dg_status_t dg_cpu_pool_create(int nthreads, dg_cpu_pool_t **out) {
+    *out = NULL;
+    if (nthreads < 1) nthreads = 1;
+    dg_cpu_pool_t *p = calloc(1, sizeof *p);
+    if (!p) return DG_ERR(DG_ERR_RUNTIME, "cpu backend: out of host memory creating the thread pool");
+    p->nthreads = nthreads;
+    p->worker_spins = DG_POOL_WORKER_SPINS;
+    /* OMP_WAIT_POLICY is the knob users already set for OpenMP programs: honour its intent. */
+    const char *wp = getenv("OMP_WAIT_POLICY");
+    if (wp && !strcasecmp(wp, "passive")) p->worker_spins = 0;
+    if (wp && !strcasecmp(wp, "active")) p->worker_spins = 100 * DG_POOL_WORKER_SPINS;
+    atomic_init(&p->claim, 0);
+    atomic_init(&p->fn, NULL);
+    atomic_init(&p->arg, NULL);
+    atomic_init(&p->ntasks, 0);
+    atomic_init(&p->done, 0);
+    atomic_init(&p->caller_sleeping, 0);
+    atomic_init(&p->ticket, 0);
+    atomic_init(&p->sleepers, 0);
+    atomic_init(&p->stop, 0);
+    if (nthreads > 1) {
+        p->threads = calloc((size_t)nthreads - 1, sizeof *p->threads);
+        if (!p->threads) {
+            free(p);
+            return DG_ERR(DG_ERR_RUNTIME, "cpu backend: out of host memory creating the thread pool");
+        }
+    }
+    for (int k = 1; k < nthreads; k++) {
+        worker_arg_t *wa = malloc(sizeof *wa);
+        int rc = ENOMEM;
+        if (wa) {
+            wa->pool = p;
+            wa->id = k;
+            rc = pthread_create(&p->threads[k - 1], NULL, worker_main, wa);
+        }
+        if (rc != 0) {
+            free(wa);
+            dg_cpu_pool_free(p);
+            return DG_ERR(DG_ERR_RUNTIME,
+                          "cpu backend: cannot start worker thread %d of %d (%s); hint: lower "
+                          "parallel.threads or OMP_NUM_THREADS",
+                          k, nthreads - 1, strerror(rc));
+        }
+        p->nstarted++;
+    }
+    *out = p;
+    return DG_OK;
+}
+
+void dg_cpu_pool_free(dg_cpu_pool_t *p) {
+    if (!p) return;
+    atomic_store(&p->stop, 1);
+    atomic_fetch_add(&p->ticket, 1);
+    futex_wake(&p->ticket, p->nthreads);
+    for (int k = 0; k < p->nstarted; k++)
+        pthread_join(p->threads[k], NULL);
+    free(p->threads);
+    free(p);
+}
+
+int dg_cpu_pool_threads(const dg_cpu_pool_t *p) {
+    return p ? p->nthreads : 1;
+}
+
+void dg_cpu_pool_run(dg_cpu_pool_t *p, int ntasks, dg_cpu_task_fn fn, void *arg) {
+    if (ntasks <= 0) return;
+    if (!p || p->nthreads == 1 || ntasks == 1) {
+        for (int i = 0; i < ntasks; i++)
+            fn(arg, i, 0);
+        return;
+    }
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
+    atomic_store_explicit(&p->ntasks, (uint32_t)ntasks, memory_order_relaxed);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    p->gen++;
+    atomic_store_explicit(&p->claim, (uint64_t)p->gen << 32, memory_order_release);
+    atomic_fetch_add(&p->ticket, 1);
+    if (atomic_load(&p->sleepers) > 0) {
+        int want = ntasks - 1 < p->nthreads - 1 ? ntasks - 1 : p->nthreads - 1;
+        futex_wake(&p->ticket, want);
+    }
+    claim_and_run(p, 0);
+    /* Every task is claimed; wait only for those still running on workers. */
+    const uint32_t n = (uint32_t)ntasks;
+    for (int s = 0; s < DG_POOL_CALLER_SPINS; s++) {
+        if (atomic_load_explicit(&p->done, memory_order_acquire) == n) return;
+        cpu_relax();
+    }
+    atomic_store(&p->caller_sleeping, 1);
+    uint32_t d;
+    while ((d = atomic_load(&p->done)) != n)
+        futex_wait(&p->done, d);
+    atomic_store(&p->caller_sleeping, 0);
+}
