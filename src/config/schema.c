@@ -165,7 +165,7 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     STR("checkpoint", "dir", checkpoint.dir, "", NULL, "checkpoint directory (\"\" = <run.dir>/checkpoints)"),
     INT("checkpoint", "every", checkpoint.every, "0", 0, I64MAX,
         "steps between checkpoints (0 = only at the end and on signals)"),
-    INT("checkpoint", "keep", checkpoint.keep, "3", 1, 1000000, "complete checkpoints kept"),
+    INT("checkpoint", "keep", checkpoint.keep, "3", 0, 1000000, "complete checkpoints kept (0 = all)"),
     BOOL("checkpoint", "async", checkpoint.async, "false",
          "write checkpoints from a snapshot in the background"),
     STR("checkpoint", "resume", checkpoint.resume, "auto", check_nonempty,
