@@ -91,7 +91,7 @@ void dg_comm_opts_default(dg_comm_opts_t *o) {
     o->timeout_s = 120.0;
     o->progress = DG_COMM_PROGRESS_AUTO;
     o->arrival_probe = 1;
-    o->spin_us = 200.0;
+    o->spin_us = 50.0;
     o->inline_blocking = 1;
 }
 
@@ -347,7 +347,7 @@ dg_status_t dg_comm__base_init(dg_comm_t *c, dg_comm_kind_t kind, MPI_Comm group
     c->opts = *o;
     snprintf(c->name, sizeof c->name, "%s", o->name ? o->name : "comm");
     c->opts.name = NULL; /* the copy lives in c->name */
-    c->spin_s = (o->spin_us < 0 ? 200.0 : o->spin_us) * 1e-6;
+    c->spin_s = (o->spin_us < 0 ? 50.0 : o->spin_us) * 1e-6;
     c->ctl = c->probe = MPI_COMM_NULL;
     atomic_init(&c->step, 0);
     atomic_init(&c->coll_started, 0);
@@ -447,7 +447,7 @@ static dg_status_t resolve_opts(const dg_comm_opts_t *o, dg_comm_opts_t *out) {
     else
         dg_comm_opts_default(out);
     if (!out->name) out->name = "comm";
-    if (out->spin_us < 0) out->spin_us = 200.0;
+    if (out->spin_us < 0) out->spin_us = 50.0;
     return check_opts(out);
 }
 

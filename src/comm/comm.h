@@ -89,13 +89,13 @@ typedef struct dg_comm_opts {
     dg_comm_progress_t progress; /* mpi backend only */
     int arrival_probe;           /* 1: on a timeout, ask the group who did not arrive (needs MULTIPLE) */
     double spin_us;              /* mpi thread mode: how long the comm thread and a waiter poll before
-                                    sleeping (low latency for back-to-back small ops); < 0: default 200 */
+                                    sleeping (low latency for back-to-back small ops); < 0: default 50 */
     int inline_blocking;         /* mpi thread mode: a BLOCKING collective posted while nothing else is
                                     outstanding runs on the caller's thread (the same MPI call, so the
                                     same bits; no hand-off latency). See "Timeouts" above. */
 } dg_comm_opts_t;
 
-/* Defaults: name "comm", timeout 120 s, progress AUTO, arrival probe on, spin 200 us, inline on. */
+/* Defaults: name "comm", timeout 120 s, progress AUTO, arrival probe on, spin 50 us, inline on. */
 void dg_comm_opts_default(dg_comm_opts_t *o);
 
 /* ---- creation ---- */

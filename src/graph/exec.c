@@ -2,6 +2,11 @@
  * the schedule, dispatching each node through its registry entry into the backend vtable, and
  * collectives through the comm backend (comm.h), one comm per mesh dimension.
  *
+ * The mpi comm moves host memory: with a backend whose tensors live on a device, a collective copies its
+ * send data to a host buffer when it is posted (to_host is ordered after the work queued before it)
+ * and its result back when it completes ("staging"); the sharded-gradient accumulate then runs on the
+ * host in f32, so any activation dtype works.
+ *
  * Streams: a collective on DG_STREAM_COMM is posted non-blocking where it stands in the schedule (the
  * comm layer's thread runs it while the following compute ops execute) and completes at the first node
  * that carries a wait edge to it; the time spent blocked there is the exposed communication
@@ -46,6 +51,9 @@ void dg_exec_free(dg_exec_t *ex) {
     /* requests still in flight belong to a failed run: the comm is unusable then and the job is being
      * ended; waiting here could block for the whole timeout */
     if (ex->arena) ex->be->ops->free(ex->be, ex->arena);
+    for (int i = 0; ex->stage && i < ex->graph->n; i++)
+        free(ex->stage[i]);
+    free(ex->stage);
     free(ex->req);
     free(ex);
 }
@@ -59,28 +67,105 @@ dg_status_t dg_exec_attach_comm(dg_exec_t *ex, int dim, struct dg_comm *c) {
     if (dg_comm_size(c) != ex->graph->mesh.size[dim])
         return DG_ERR(DG_ERR_USAGE, "executor: the %s comm '%s' has %d ranks but the graph was built for %d",
                       dg_mesh_dim_name(dim), dg_comm_name(c), dg_comm_size(c), ex->graph->mesh.size[dim]);
-    if (dg_comm_kind(c) == DG_COMM_MPI && strcmp(ex->be->ops->name, "cpu") != 0)
-        return DG_ERR(DG_ERR_USAGE,
-                      "executor: the mpi comm backend works on host memory but the %s backend keeps tensors "
-                      "on the device; use parallel.comm=nccl with it",
-                      ex->be->ops->name);
+    /* the mpi comm moves host memory: with a device backend every collective goes through host copies
+     * (DG_TEST_FORCE_STAGING=1 takes that path on the cpu backend too, for the tests) */
+    const char *force = getenv("DG_TEST_FORCE_STAGING");
+    if (dg_comm_kind(c) == DG_COMM_MPI && (strcmp(ex->be->ops->name, "cpu") != 0 || (force && *force == '1')))
+        ex->staged = 1;
     ex->comm[dim] = c;
     return DG_OK;
 }
 
-/* After the request of n completed: the accumulate of a reduce-scatter into a persistent shard. */
+/* Host staging buffer of node n (kept for the next runs). */
+static char *stage_buf(dg_exec_t *ex, const dg_node_t *n, size_t bytes) {
+    if (!ex->stage) ex->stage = dg_xcalloc((size_t)ex->graph->n + 1, sizeof *ex->stage);
+    if (!ex->stage[n->id]) ex->stage[n->id] = dg_xmalloc(bytes ? bytes : 1);
+    return ex->stage[n->id];
+}
+
+/* dst (device, f32) += src (host, f32), n elements: the sharded gradient accumulate on the staged path,
+ * where the backend's accumulate (activation dtype) may not be f32. Deterministic. */
+static dg_status_t acc_f32_from_host(dg_exec_t *ex, float *dst_dev, const float *src_host, size_t n,
+                                     float *tmp) {
+    DG_TRY(ex->be->ops->to_host(ex->be, tmp, dst_dev, n * sizeof(float)));
+    for (size_t i = 0; i < n; i++)
+        tmp[i] += src_host[i];
+    return ex->be->ops->to_device(ex->be, dst_dev, tmp, n * sizeof(float));
+}
+
+static size_t count_of(const dg_node_t *n) { /* elements an in-place all-reduce covers */
+    return n->attr[DG_A_COUNT] ? (size_t)n->attr[DG_A_COUNT] : dg_node_numel(n->upd[0]);
+}
+
+/* After the request of n completed: the reduce-scatter's accumulate into the persistent shard and, when
+ * staging, the copy of the result back to the device. */
 static dg_status_t finish(dg_exec_t *ex, const dg_node_t *n, struct dg_comm_req *req, dg_comm_t *c) {
+    dg_backend_t *be = ex->be;
     DG_TRY(dg_comm_wait(c, req));
+    int r = dg_comm_rank(c), k = dg_comm_size(c);
     if (n->op == DG_OP_REDUCE_SCATTER && n->attr[DG_A_ACC]) {
         size_t S = dg_node_numel(n->upd[0]);
-        char *blk = (char *)dg_exec_ptr(ex, n->src[0]) + (size_t)dg_comm_rank(c) * S * sizeof(float);
-        DG_TRY(ex->be->ops->accumulate(ex->be, dg_exec_ptr(ex, n->upd[0]), blk, S, 1));
+        if (ex->staged) {
+            float *h = (float *)stage_buf(ex, n, 0); /* [k * S] send/result, then [S] scratch */
+            return acc_f32_from_host(ex, dg_exec_ptr(ex, n->upd[0]), h + (size_t)r * S, S, h + (size_t)k * S);
+        }
+        char *blk = (char *)dg_exec_ptr(ex, n->src[0]) + (size_t)r * S * sizeof(float);
+        return be->ops->accumulate(be, dg_exec_ptr(ex, n->upd[0]), blk, S, 1);
     }
-    return DG_OK;
+    if (!ex->staged) return DG_OK;
+    char *h = stage_buf(ex, n, 0);
+    if (n->op == DG_OP_ALL_REDUCE && n->n_src == 0)
+        return be->ops->to_device(be, dg_exec_ptr(ex, n->upd[0]), h,
+                                  count_of(n) * dg_dtype_size(n->upd[0]->dtype));
+    if (n->op == DG_OP_REDUCE_SCATTER) h += n->src[0]->nbytes; /* the result follows the send copy */
+    return be->ops->to_device(be, dg_exec_ptr(ex, n), h, n->nbytes);
 }
 
 static dg_comm_t *comm_of(const dg_exec_t *ex, const dg_node_t *n) {
     return ex->comm[n->attr[DG_A_MESHDIM]];
+}
+
+/* Posts n's collective on c: on device memory directly, or through host copies when staging (the
+ * send data is copied to the host now; finish() copies the result back). */
+static dg_status_t post(dg_exec_t *ex, const dg_node_t *n, dg_comm_t *c, struct dg_comm_req **req) {
+    dg_backend_t *be = ex->be;
+    int r = dg_comm_rank(c), k = dg_comm_size(c), st = ex->staged;
+    if (n->op == DG_OP_ALL_GATHER) {
+        size_t cnt = dg_node_numel(n->src[0]), blk = n->src[0]->nbytes;
+        if (!st)
+            return dg_comm_iallgather(c, dg_exec_ptr(ex, n->src[0]), dg_exec_ptr(ex, n), cnt, n->dtype, req);
+        char *h = stage_buf(ex, n, n->nbytes); /* in place: this rank's block already where it belongs */
+        DG_TRY(be->ops->to_host(be, h + (size_t)r * blk, dg_exec_ptr(ex, n->src[0]), blk));
+        return dg_comm_iallgather(c, h + (size_t)r * blk, h, cnt, n->dtype, req);
+    }
+    if (n->op == DG_OP_REDUCE_SCATTER && n->attr[DG_A_ACC]) {
+        size_t S = dg_node_numel(n->upd[0]);
+        char *send = dg_exec_ptr(ex, n->src[0]);
+        if (st) {
+            send = stage_buf(ex, n, ((size_t)k + 1) * S * sizeof(float));
+            DG_TRY(be->ops->to_host(be, send, dg_exec_ptr(ex, n->src[0]), (size_t)k * S * sizeof(float)));
+        }
+        /* in place: the sum lands on this rank's block of the send buffer */
+        return dg_comm_ireduce_scatter(c, send, send + (size_t)r * S * sizeof(float), S, DG_F32, DG_RED_SUM,
+                                       req);
+    }
+    if (n->op == DG_OP_REDUCE_SCATTER) {
+        if (!st)
+            return dg_comm_ireduce_scatter(c, dg_exec_ptr(ex, n->src[0]), dg_exec_ptr(ex, n),
+                                           dg_node_numel(n), n->dtype, DG_RED_SUM, req);
+        char *h = stage_buf(ex, n, n->src[0]->nbytes + n->nbytes);
+        DG_TRY(be->ops->to_host(be, h, dg_exec_ptr(ex, n->src[0]), n->src[0]->nbytes));
+        return dg_comm_ireduce_scatter(c, h, h + n->src[0]->nbytes, dg_node_numel(n), n->dtype, DG_RED_SUM,
+                                       req);
+    }
+    DG_ASSERT(n->op == DG_OP_ALL_REDUCE);
+    const dg_node_t *t = n->n_src == 0 ? n->upd[0] : n;
+    size_t cnt = n->n_src == 0 ? count_of(n) : dg_node_numel(n);
+    void *src = dg_exec_ptr(ex, n->n_src == 0 ? n->upd[0] : n->src[0]), *dst = dg_exec_ptr(ex, t);
+    if (!st) return dg_comm_iallreduce(c, src, dst, cnt, t->dtype, DG_RED_SUM, req);
+    char *h = stage_buf(ex, n, cnt * dg_dtype_size(t->dtype));
+    DG_TRY(be->ops->to_host(be, h, src, cnt * dg_dtype_size(t->dtype)));
+    return dg_comm_iallreduce(c, h, h, cnt, t->dtype, DG_RED_SUM, req);
 }
 
 dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n) {
@@ -89,14 +174,18 @@ dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n) {
     DG_ASSERT(d >= 0 && d < DG_MESH_NDIM);
     int k = ex->graph->mesh.size[d];
     int acc_rs = n->op == DG_OP_REDUCE_SCATTER && n->attr[DG_A_ACC];
-    int inplace_ar = n->op == DG_OP_ALL_REDUCE && n->n_src == 0;
     if (n->op == DG_OP_ALL_REDUCE && n->attr[DG_A_ARMODE] == DG_AR_FROM_REPLICATE)
         return DG_OK; /* identity forward: the output is a view of the input */
     if (k == 1) {     /* every collective over one rank is the identity */
-        if (inplace_ar) return DG_OK;
-        if (acc_rs)
-            return be->ops->accumulate(be, dg_exec_ptr(ex, n->upd[0]), dg_exec_ptr(ex, n->src[0]),
-                                       dg_node_numel(n->upd[0]), 1);
+        if (n->op == DG_OP_ALL_REDUCE && n->n_src == 0) return DG_OK;
+        if (acc_rs) {
+            size_t S = dg_node_numel(n->upd[0]);
+            if (be->act_dtype == DG_F32)
+                return be->ops->accumulate(be, dg_exec_ptr(ex, n->upd[0]), dg_exec_ptr(ex, n->src[0]), S, 1);
+            float *h = (float *)stage_buf(ex, n, 2 * S * sizeof(float)); /* f32 sum on the host */
+            DG_TRY(be->ops->to_host(be, h, dg_exec_ptr(ex, n->src[0]), S * sizeof(float)));
+            return acc_f32_from_host(ex, dg_exec_ptr(ex, n->upd[0]), h, S, h + S);
+        }
         void *dst = dg_exec_ptr(ex, n), *src = dg_exec_ptr(ex, n->src[0]);
         return dst == src ? DG_OK : be->ops->copy(be, dst, src, n->nbytes);
     }
@@ -106,33 +195,13 @@ dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n) {
                       "graph: %s '%s' over mesh dimension %s of size %d needs a comm backend, and none is "
                       "attached to this executor",
                       dg_op_name(n->op), n->name, dg_mesh_dim_name(d), k);
-    if (acc_rs && be->act_dtype != DG_F32)
+    if (acc_rs && !ex->staged && be->act_dtype != DG_F32)
         return DG_ERR(DG_ERR_USAGE,
-                      "graph: '%s' accumulates an f32 gradient shard, which the backend's accumulate (act "
-                      "dtype %s) cannot do; sharded training needs fp32 activations on this backend",
+                      "graph: '%s' accumulates an f32 gradient shard in device memory, which the backend's "
+                      "accumulate (act dtype %s) cannot do",
                       n->name, dg_dtype_name(be->act_dtype));
     struct dg_comm_req *req = NULL;
-    if (n->op == DG_OP_ALL_GATHER) {
-        DG_TRY(dg_comm_iallgather(c, dg_exec_ptr(ex, n->src[0]), dg_exec_ptr(ex, n), dg_node_numel(n->src[0]),
-                                  n->dtype, &req));
-    } else if (acc_rs) {
-        char *send = dg_exec_ptr(ex, n->src[0]);
-        size_t S = dg_node_numel(n->upd[0]);
-        DG_TRY(dg_comm_ireduce_scatter(c, send, send + (size_t)dg_comm_rank(c) * S * sizeof(float), S, DG_F32,
-                                       DG_RED_SUM, &req));
-    } else if (n->op == DG_OP_REDUCE_SCATTER) {
-        DG_TRY(dg_comm_ireduce_scatter(c, dg_exec_ptr(ex, n->src[0]), dg_exec_ptr(ex, n), dg_node_numel(n),
-                                       n->dtype, DG_RED_SUM, &req));
-    } else if (inplace_ar) {
-        const dg_node_t *t = n->upd[0];
-        void *p = dg_exec_ptr(ex, t);
-        size_t cnt = n->attr[DG_A_COUNT] ? (size_t)n->attr[DG_A_COUNT] : dg_node_numel(t);
-        DG_TRY(dg_comm_iallreduce(c, p, p, cnt, t->dtype, DG_RED_SUM, &req));
-    } else {
-        DG_ASSERT(n->op == DG_OP_ALL_REDUCE);
-        DG_TRY(dg_comm_iallreduce(c, dg_exec_ptr(ex, n->src[0]), dg_exec_ptr(ex, n), dg_node_numel(n),
-                                  n->dtype, DG_RED_SUM, &req));
-    }
+    DG_TRY(post(ex, n, c, &req));
     ex->n_coll++;
     if (n->stream == DG_STREAM_COMM) {
         DG_ASSERT(ex->req[n->id] == NULL);

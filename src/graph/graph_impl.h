@@ -449,6 +449,8 @@ struct dg_exec {
     struct dg_comm *comm[DG_MESH_NDIM];
     struct dg_comm_req **req;
     int n_pending;
+    int staged;        /* device memory with the mpi comm: collectives copy through host buffers */
+    char **stage;      /* per node id: its host staging buffer */
     double wait_s;     /* blocked waiting for comm-stream collectives: the exposed communication */
     double blocking_s; /* in compute-stream (blocking) collectives */
     uint64_t n_coll;   /* collectives run over a comm */
@@ -462,9 +464,9 @@ dg_status_t dg_exec_run(dg_exec_t *ex, int first, int end);
 dg_status_t dg_exec_run_phase(dg_exec_t *ex, dg_phase_t phase);
 /* Device address of a node's storage (arena or persistent). */
 void *dg_exec_ptr(const dg_exec_t *ex, const dg_node_t *n);
-/* Attaches the comm for mesh dimension `dim` (its size must equal graph->mesh.size[dim]). The mpi comm
- * works on host memory: only host-memory compute backends (cpu) can use it without staging;
- * DG_ERR_USAGE otherwise. */
+/* Attaches the comm for mesh dimension `dim` (its size must equal graph->mesh.size[dim]; DG_ERR_USAGE
+ * otherwise). The mpi comm works on host memory: with a device backend (anything but cpu) collectives
+ * are staged through host copies. */
 dg_status_t dg_exec_attach_comm(dg_exec_t *ex, int dim, struct dg_comm *c);
 /* Runs collective node n: over a size-1 dimension a copy; on DG_STREAM_COMM posted non-blocking (its
  * request completes at the first node that waits on it, or at the end of dg_exec_run); else blocking. */

@@ -39,12 +39,13 @@ struct dg_cpu_pool {
     uint32_t gen; /* caller-private: generation of the last job */
     int worker_spins;
 
-    /* The current job. `claim` holds (generation << 32) | next unclaimed task; fn/arg/ntasks are read
-     * by a worker only for a generation it then claims a task of (see claim_and_run). */
+    /* The current job. `claim` holds (generation << 32) | next unclaimed task and `job` holds
+     * (generation << 32) | number of tasks; fn/arg are read by a worker only after it has claimed a task
+     * of the generation it read them for (see claim_and_run). */
     _Alignas(64) _Atomic uint64_t claim;
+    _Atomic uint64_t job;
     _Atomic(dg_cpu_task_fn) fn;
     _Atomic(void *) arg;
-    _Atomic uint32_t ntasks;
 
     _Alignas(64) _Atomic uint32_t done; /* tasks of the current job finished; futex word of the caller */
     _Atomic uint32_t caller_sleeping;
@@ -72,14 +73,26 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* Claim and run tasks of the current job until none is left. Safety of the plain reads: a successful
- * CAS from (g, i) proves task i of generation g was unclaimed, so job g cannot have finished and the
- * caller cannot have overwritten fn/arg/ntasks for a later job; and the acquire that produced (g, i)
- * (directly, or through the release sequence of the caller's store) makes job g's fields visible. */
+/* Claim and run tasks of the current job until none is left.
+ * Why this is safe against a worker that reads a job just as the caller replaces it: the task count used
+ * to validate a claim is read together with its generation (`job`), and a claim is a CAS of `claim` from
+ * the (generation, index) that was validated, so it succeeds only while that job is current and that
+ * task unclaimed. A job cannot finish while one of its tasks is claimed and unfinished, so the caller
+ * cannot overwrite fn/arg before the claimant has read them; and the acquire that produced the claimed
+ * value (directly, or through the release sequence of the caller's store) makes them visible. */
 static void claim_and_run(dg_cpu_pool_t *p, int worker) {
     uint64_t s = atomic_load_explicit(&p->claim, memory_order_acquire);
     for (;;) {
-        uint32_t i = (uint32_t)s, n = atomic_load_explicit(&p->ntasks, memory_order_relaxed);
+        const uint64_t j = atomic_load_explicit(&p->job, memory_order_acquire);
+        if ((uint32_t)(j >> 32) != (uint32_t)(s >> 32)) {
+            /* the job descriptor belongs to another generation than the claim word we read: the caller
+             * is publishing a new job (or has finished ours); read both again */
+            uint64_t s2 = atomic_load_explicit(&p->claim, memory_order_acquire);
+            if (s2 == s) return; /* a newer descriptor ahead of its claim word: not ours to run yet */
+            s = s2;
+            continue;
+        }
+        const uint32_t i = (uint32_t)s, n = (uint32_t)j;
         if (i >= n) return;
         if (!atomic_compare_exchange_weak_explicit(&p->claim, &s, s + 1, memory_order_acq_rel,
                                                    memory_order_acquire))
@@ -133,9 +146,9 @@ dg_status_t dg_cpu_pool_create(int nthreads, dg_cpu_pool_t **out) {
     if (wp && !strcasecmp(wp, "passive")) p->worker_spins = 0;
     if (wp && !strcasecmp(wp, "active")) p->worker_spins = 100 * DG_POOL_WORKER_SPINS;
     atomic_init(&p->claim, 0);
+    atomic_init(&p->job, 0);
     atomic_init(&p->fn, NULL);
     atomic_init(&p->arg, NULL);
-    atomic_init(&p->ntasks, 0);
     atomic_init(&p->done, 0);
     atomic_init(&p->caller_sleeping, 0);
     atomic_init(&p->ticket, 0);
@@ -192,11 +205,12 @@ void dg_cpu_pool_run(dg_cpu_pool_t *p, int ntasks, dg_cpu_task_fn fn, void *arg)
             fn(arg, i, 0);
         return;
     }
+    /* Order matters (claim_and_run): descriptor, then the job word, then the claim word that opens it. */
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&p->arg, arg, memory_order_relaxed);
-    atomic_store_explicit(&p->ntasks, (uint32_t)ntasks, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     p->gen++;
+    atomic_store_explicit(&p->job, ((uint64_t)p->gen << 32) | (uint32_t)ntasks, memory_order_release);
     atomic_store_explicit(&p->claim, (uint64_t)p->gen << 32, memory_order_release);
     atomic_fetch_add(&p->ticket, 1);
     if (atomic_load(&p->sleepers) > 0) {
