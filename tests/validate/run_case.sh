@@ -89,7 +89,7 @@ np4)
         --require 'comm.mpi.allreduce.inter' --require 'comm.mpi.sendrecv.world' || FAILED=1
     ;;
 slow)
-    run 4 "DG_BOOT_RANKS_PER_NODE=2 DG_VALIDATE_SLOW_RANK=2" "$SLA" --run-dir "$WORK/run" \
+    run 4 "DG_BOOT_RANKS_PER_NODE=2 DG_VALIDATE_SLOW_RANK=2 DG_VALIDATE_SLOW_FACTOR=100" "$SLA" --run-dir "$WORK/run" \
         --checks compute.cpu_gemm,compute.cpu_stream
     expect_rc 4
     for k in cpu_gemm cpu_stream; do
