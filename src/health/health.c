@@ -530,9 +530,11 @@ static void run_polls(dg_health_t *h) {
         char msg[ABORT_TEXT_CAP - 128] = "";
         if (fns[i](ctxs[i], msg, sizeof msg) == 0) continue;
         char text[ABORT_TEXT_CAP];
-        snprintf(text, sizeof text,
-                 "health check failed on rank %d (host %s): %s; aborting the job with exit code 3", h->rank,
-                 h->host, msg[0] ? msg : "(no reason given)");
+        /* a long host name or reason is cut: the start of the line says what happened */
+        int len = snprintf(text, sizeof text,
+                           "health check failed on rank %d (host %s): %s; aborting the job with exit code 3",
+                           h->rank, h->host, msg[0] ? msg : "(no reason given)");
+        (void)len;
         abort_job(h, h->rank, text);
     }
 }
