@@ -105,7 +105,8 @@ typedef struct dg_backend_ops {
                               const void *inp, const void *w, int N, int C, int OC, int acc);
     /* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
     dg_status_t (*gelu_fwd)(dg_backend_t *be, void *out, const void *inp, size_t n);
-    dg_status_t (*gelu_bwd)(dg_backend_t *be, void *dinp, const void *inp, const void *dout, size_t n, int acc);
+    dg_status_t (*gelu_bwd)(dg_backend_t *be, void *dinp, const void *inp, const void *dout, size_t n,
+                            int acc);
     /* Causal multi-head self-attention, scale 1/sqrt(C/NH). aux is backend scratch saved for backward
      * of attention_aux_bytes() bytes (e.g. the logsumexp per row, or the full probability matrix on CPU). */
     size_t (*attention_aux_bytes)(dg_backend_t *be, int B, int T, int C, int NH);
@@ -126,9 +127,9 @@ typedef struct dg_backend_ops {
      * + wd * master); if compute != NULL it receives the new master cast to act dtype.
      * gscale_dev is a device f32 scalar (clip factor x loss-scale inverse), so no host sync is needed.
      * t is the 1-based step for bias correction. */
-    dg_status_t (*adamw)(dg_backend_t *be, float *master, void *compute, const float *grad, float *m, float *v,
-                         size_t n, float lr, float beta1, float beta2, float eps, float wd, int64_t t,
-                         const float *gscale_dev);
+    dg_status_t (*adamw)(dg_backend_t *be, float *master, void *compute, const float *grad, float *m,
+                         float *v, size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                         int64_t t, const float *gscale_dev);
     /* *gscale_dev = min(1, clip / (sqrt(*sumsq_dev) + 1e-6)) * extra   (clip <= 0 means no clipping);
      * also writes the norm (sqrt(sumsq)) to *norm_dev. */
     dg_status_t (*clip_scale)(dg_backend_t *be, float *gscale_dev, float *norm_dev, const float *sumsq_dev,

@@ -31,19 +31,23 @@ dg_status_t dg_mesh_parse(const char *text, int world, dg_mesh_shape_t *shape, i
     int seen[DG_MESH_NDIM] = {0};
     char buf[256];
     if (strlen(text) >= sizeof buf || !*text)
-        return DG_ERR(DG_ERR_USAGE, "parallel.mesh: expected 'auto' or e.g. 'dp_replicate=2,dp_shard=4,tp=2', got '%s'",
+        return DG_ERR(DG_ERR_USAGE,
+                      "parallel.mesh: expected 'auto' or e.g. 'dp_replicate=2,dp_shard=4,tp=2', got '%s'",
                       text);
     strcpy(buf, text);
     /* "order=" takes a comma list, so split on ',' but let order consume following dim names */
     char *save = NULL;
     int in_order = 0, norder = 0, order_inner_first[DG_MESH_NDIM];
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        while (*tok == ' ') tok++;
+        while (*tok == ' ')
+            tok++;
         char *eq = strchr(tok, '=');
         if (!eq && in_order) {
             int d = dim_index(tok, strlen(tok));
             if (d < 0 || norder >= DG_MESH_NDIM)
-                return DG_ERR(DG_ERR_USAGE, "parallel.mesh: bad dimension '%s' in order= (expected dp_replicate, dp_shard, tp)", tok);
+                return DG_ERR(
+                    DG_ERR_USAGE,
+                    "parallel.mesh: bad dimension '%s' in order= (expected dp_replicate, dp_shard, tp)", tok);
             order_inner_first[norder++] = d;
             continue;
         }
@@ -54,32 +58,41 @@ dg_status_t dg_mesh_parse(const char *text, int world, dg_mesh_shape_t *shape, i
             in_order = 1;
             int d = dim_index(eq + 1, strlen(eq + 1));
             if (d < 0)
-                return DG_ERR(DG_ERR_USAGE, "parallel.mesh: bad dimension '%s' in order= (expected dp_replicate, dp_shard, tp)", eq + 1);
+                return DG_ERR(
+                    DG_ERR_USAGE,
+                    "parallel.mesh: bad dimension '%s' in order= (expected dp_replicate, dp_shard, tp)",
+                    eq + 1);
             order_inner_first[norder++] = d;
             continue;
         }
         in_order = 0;
         int d = dim_index(tok, (size_t)(eq - tok));
         if (d < 0)
-            return DG_ERR(DG_ERR_USAGE,
-                          "parallel.mesh: unknown dimension '%.*s' in '%s' (expected dp_replicate, dp_shard, tp)",
-                          (int)(eq - tok), tok, text);
+            return DG_ERR(
+                DG_ERR_USAGE,
+                "parallel.mesh: unknown dimension '%.*s' in '%s' (expected dp_replicate, dp_shard, tp)",
+                (int)(eq - tok), tok, text);
         char *end = NULL;
         long v = strtol(eq + 1, &end, 10);
         if (!*(eq + 1) || *end || v < 1 || v > 1 << 20)
-            return DG_ERR(DG_ERR_USAGE, "parallel.mesh: %s must be a positive integer, got '%s'", k_dim_names[d], eq + 1);
-        if (seen[d]) return DG_ERR(DG_ERR_USAGE, "parallel.mesh: %s given twice in '%s'", k_dim_names[d], text);
+            return DG_ERR(DG_ERR_USAGE, "parallel.mesh: %s must be a positive integer, got '%s'",
+                          k_dim_names[d], eq + 1);
+        if (seen[d])
+            return DG_ERR(DG_ERR_USAGE, "parallel.mesh: %s given twice in '%s'", k_dim_names[d], text);
         seen[d] = 1;
         s.size[d] = (int)v;
     }
     if (norder) {
         if (norder != DG_MESH_NDIM)
-            return DG_ERR(DG_ERR_USAGE, "parallel.mesh: order= must list all three dimensions, innermost first");
+            return DG_ERR(DG_ERR_USAGE,
+                          "parallel.mesh: order= must list all three dimensions, innermost first");
         for (int i = 0; i < DG_MESH_NDIM; i++)
             for (int j = i + 1; j < DG_MESH_NDIM; j++)
                 if (order_inner_first[i] == order_inner_first[j])
-                    return DG_ERR(DG_ERR_USAGE, "parallel.mesh: order= lists %s twice", k_dim_names[order_inner_first[i]]);
-        for (int i = 0; i < DG_MESH_NDIM; i++) s.order[i] = order_inner_first[DG_MESH_NDIM - 1 - i];
+                    return DG_ERR(DG_ERR_USAGE, "parallel.mesh: order= lists %s twice",
+                                  k_dim_names[order_inner_first[i]]);
+        for (int i = 0; i < DG_MESH_NDIM; i++)
+            s.order[i] = order_inner_first[DG_MESH_NDIM - 1 - i];
     }
     if (world > 0 && dg_mesh_world(&s) != world)
         return DG_ERR(DG_ERR_USAGE, "parallel.mesh: %s has %d ranks but the world size is %d", text,

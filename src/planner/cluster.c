@@ -72,7 +72,8 @@ static int socket_of_numa(hwloc_topology_t topo, int numa_os) {
     hwloc_obj_t n = hwloc_get_numanode_obj_by_os_index(topo, (unsigned)numa_os);
     if (!n) return 0;
     hwloc_obj_t p = hwloc_get_ancestor_obj_by_type(topo, HWLOC_OBJ_PACKAGE, n);
-    if (!p && n->cpuset) p = hwloc_get_next_obj_covering_cpuset_by_type(topo, n->cpuset, HWLOC_OBJ_PACKAGE, NULL);
+    if (!p && n->cpuset)
+        p = hwloc_get_next_obj_covering_cpuset_by_type(topo, n->cpuset, HWLOC_OBJ_PACKAGE, NULL);
     return p ? (int)p->logical_index : 0;
 }
 
@@ -83,7 +84,8 @@ static void apply_nic_share(dg_cluster_t *c) {
     c->link[DG_LINK_NETWORK].bw_GBps = share < c->nic_GBps * 0.9 ? share : c->nic_GBps * 0.9;
 }
 
-dg_status_t dg_cluster_from_topo(const dg_node_topo_t *t, void *hwtopo_v, int n_nodes, int rpn, dg_cluster_t *c) {
+dg_status_t dg_cluster_from_topo(const dg_node_topo_t *t, void *hwtopo_v, int n_nodes, int rpn,
+                                 dg_cluster_t *c) {
     hwloc_topology_t topo = (hwloc_topology_t)hwtopo_v;
     memset(c, 0, sizeof *c);
     c->gpu_mode = t->n_gpus > 0;
@@ -94,8 +96,8 @@ dg_status_t dg_cluster_from_topo(const dg_node_topo_t *t, void *hwtopo_v, int n_
         return DG_ERR(DG_ERR_USAGE, "cluster: %d ranks per node is more than the planner supports (%d)", rpn,
                       DG_PLAN_MAX_LOCAL);
     if (c->gpu_mode && rpn > t->n_gpus)
-        return DG_ERR(DG_ERR_USAGE, "cluster: %d ranks per node but the node has %d GPUs (one rank per GPU)", rpn,
-                      t->n_gpus);
+        return DG_ERR(DG_ERR_USAGE, "cluster: %d ranks per node but the node has %d GPUs (one rank per GPU)",
+                      rpn, t->n_gpus);
     c->n_nodes = n_nodes;
     c->ranks_per_node = rpn;
     c->world = n_nodes * rpn;
@@ -138,8 +140,9 @@ dg_status_t dg_cluster_from_topo(const dg_node_topo_t *t, void *hwtopo_v, int n_
         c->peak_flops_per_rank = 50e9 * cores_per_rank;
         c->max_tp = rpn;
     }
-    snprintf(c->node_desc, sizeof c->node_desc, "%d socket(s), %d cores, %d GPU(s)%s%s, %d NIC(s)", t->n_sockets,
-             t->n_cores, t->n_gpus, c->gpu_mode ? " " : "", c->gpu_mode ? t->gpus[0].name : "", t->n_nics);
+    snprintf(c->node_desc, sizeof c->node_desc, "%d socket(s), %d cores, %d GPU(s)%s%s, %d NIC(s)",
+             t->n_sockets, t->n_cores, t->n_gpus, c->gpu_mode ? " " : "", c->gpu_mode ? t->gpus[0].name : "",
+             t->n_nics);
     return DG_OK;
 }
 
@@ -156,7 +159,8 @@ int dg_cluster_link(const dg_cluster_t *c, int a, int b) {
     if (c->gpu_mode) {
         int ga = c->local_gpu[la], gb = c->local_gpu[lb];
         if (c->nvlink_bw && c->nvlink_bw[ga * c->n_gpus + gb] > 0) return DG_LINK_NVLINK;
-        if (c->local_switch[la] >= 0 && c->local_switch[la] == c->local_switch[lb]) return DG_LINK_PCIE_SWITCH;
+        if (c->local_switch[la] >= 0 && c->local_switch[la] == c->local_switch[lb])
+            return DG_LINK_PCIE_SWITCH;
     }
     return c->local_socket[la] == c->local_socket[lb] ? DG_LINK_SAME_SOCKET : DG_LINK_CROSS_SOCKET;
 }
@@ -192,25 +196,34 @@ static int cluster_ini_handler(void *user, const char *section, const char *name
         }
         if (strcmp(name, "nvlink") == 0) {
             if (strcmp(value, "auto") && strcmp(value, "all") && strcmp(value, "none")) {
-                snprintf(f->err, sizeof f->err, "[cluster] nvlink: expected auto, all or none, got '%s'", value);
+                snprintf(f->err, sizeof f->err, "[cluster] nvlink: expected auto, all or none, got '%s'",
+                         value);
                 return 0;
             }
             snprintf(f->nvlink, sizeof f->nvlink, "%s", value);
             return 1;
         }
         if (!parse_num(value, &d)) {
-            snprintf(f->err, sizeof f->err, "[cluster] %s: expected a non-negative number, got '%s'", name, value);
+            snprintf(f->err, sizeof f->err, "[cluster] %s: expected a non-negative number, got '%s'", name,
+                     value);
             return 0;
         }
-        if (strcmp(name, "nodes") == 0) f->nodes = (int)d;
-        else if (strcmp(name, "ranks_per_node") == 0) f->rpn = (int)d;
-        else if (strcmp(name, "nics_per_node") == 0) f->nics = (int)d;
-        else if (strcmp(name, "nic_gbps") == 0) f->nic_gbps = d;
-        else if (strcmp(name, "mem_gib") == 0) f->mem_gib = d;
-        else if (strcmp(name, "peak_tflops") == 0) f->peak_tflops = d;
+        if (strcmp(name, "nodes") == 0)
+            f->nodes = (int)d;
+        else if (strcmp(name, "ranks_per_node") == 0)
+            f->rpn = (int)d;
+        else if (strcmp(name, "nics_per_node") == 0)
+            f->nics = (int)d;
+        else if (strcmp(name, "nic_gbps") == 0)
+            f->nic_gbps = d;
+        else if (strcmp(name, "mem_gib") == 0)
+            f->mem_gib = d;
+        else if (strcmp(name, "peak_tflops") == 0)
+            f->peak_tflops = d;
         else {
             snprintf(f->err, sizeof f->err,
-                     "unknown key [cluster] %s (expected node_xml, nodes, ranks_per_node, nics_per_node, nic_gbps, "
+                     "unknown key [cluster] %s (expected node_xml, nodes, ranks_per_node, nics_per_node, "
+                     "nic_gbps, "
                      "nvlink, mem_gib, peak_tflops)",
                      name);
             return 0;
@@ -222,18 +235,23 @@ static int cluster_ini_handler(void *user, const char *section, const char *name
             size_t L = strlen(k_link_names[k]);
             if (strncmp(name, k_link_names[k], L) != 0 || name[L] != '_') continue;
             if (!parse_num(value, &d) || d <= 0) {
-                snprintf(f->err, sizeof f->err, "[links] %s: expected a positive number, got '%s'", name, value);
+                snprintf(f->err, sizeof f->err, "[links] %s: expected a positive number, got '%s'", name,
+                         value);
                 return 0;
             }
-            if (strcmp(name + L + 1, "gbps") == 0) f->link_gbps[k] = d;
-            else if (strcmp(name + L + 1, "us") == 0) f->link_us[k] = d;
-            else break;
+            if (strcmp(name + L + 1, "gbps") == 0)
+                f->link_gbps[k] = d;
+            else if (strcmp(name + L + 1, "us") == 0)
+                f->link_us[k] = d;
+            else
+                break;
             return 1;
         }
-        snprintf(f->err, sizeof f->err,
-                 "unknown key [links] %s (expected <class>_gbps or <class>_us, class one of nvlink, pcie_switch, "
-                 "same_socket, cross_socket, network)",
-                 name);
+        snprintf(
+            f->err, sizeof f->err,
+            "unknown key [links] %s (expected <class>_gbps or <class>_us, class one of nvlink, pcie_switch, "
+            "same_socket, cross_socket, network)",
+            name);
         return 0;
     }
     snprintf(f->err, sizeof f->err, "unknown section [%s] (expected [cluster] or [links])", section);
@@ -250,7 +268,8 @@ dg_status_t dg_cluster_load(const char *path, int world, dg_cluster_t *out) {
     int rc = ini_parse_file(fp, cluster_ini_handler, &f);
     fclose(fp);
     if (f.err[0]) return DG_ERR(DG_ERR_USAGE, "%s:%d: %s", path, rc > 0 ? rc : 0, f.err);
-    if (rc != 0) return DG_ERR(DG_ERR_USAGE, "%s:%d: malformed line (expected key = value or [section])", path, rc);
+    if (rc != 0)
+        return DG_ERR(DG_ERR_USAGE, "%s:%d: malformed line (expected key = value or [section])", path, rc);
     if (!f.node_xml[0]) return DG_ERR(DG_ERR_USAGE, "%s: [cluster] node_xml is required", path);
     char xml[2 * DG_CFG_STR + 2];
     if (f.node_xml[0] == '/') {
@@ -268,7 +287,8 @@ dg_status_t dg_cluster_load(const char *path, int world, dg_cluster_t *out) {
     int nodes = f.nodes;
     if (world > 0) {
         if (world % rpn)
-            s = DG_ERR(DG_ERR_USAGE, "%s: world size %d does not fill whole nodes of %d ranks", path, world, rpn);
+            s = DG_ERR(DG_ERR_USAGE, "%s: world size %d does not fill whole nodes of %d ranks", path, world,
+                       rpn);
         nodes = world / rpn;
     }
     if (!s) s = dg_cluster_from_topo(&t, topo, nodes, rpn, out);

@@ -54,7 +54,7 @@ typedef struct dg_cluster {
     int n_gpus;        /* GPUs per node */
     double *nvlink_bw; /* n_gpus x n_gpus GB/s or NULL (owned) */
     int nics_per_node;
-    double nic_GBps;   /* bandwidth of one NIC, GB/s */
+    double nic_GBps; /* bandwidth of one NIC, GB/s */
     dg_link_param_t link[DG_LINK_NCLASS];
     double mem_per_rank_bytes; /* device memory budget per rank */
     double peak_flops_per_rank;
@@ -95,15 +95,15 @@ typedef struct dg_plan_workload {
 typedef struct dg_plan {
     dg_mesh_shape_t mesh;
     int feasible;
-    char why[160];          /* infeasibility reason, "" when feasible */
+    char why[160];                /* infeasibility reason, "" when feasible */
     double comm_ms[DG_MESH_NDIM]; /* per step, per dimension */
     double comm_bytes[DG_MESH_NDIM];
-    int hops[DG_MESH_NDIM];       /* worst link class in the dimension's groups */
+    int hops[DG_MESH_NDIM]; /* worst link class in the dimension's groups */
     double comm_total_ms, compute_ms, step_ms;
-    double mem_bytes;       /* per rank */
-    double hop_variance;    /* normalised to [0, 1] */
-    double recovery_cost;   /* [0, 1] */
-    double score;           /* [0, 1], 1 = best; 0 for infeasible plans */
+    double mem_bytes;     /* per rank */
+    double hop_variance;  /* normalised to [0, 1] */
+    double recovery_cost; /* [0, 1] */
+    double score;         /* [0, 1], 1 = best; 0 for infeasible plans */
 } dg_plan_t;
 
 typedef struct dg_plan_result {

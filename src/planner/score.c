@@ -19,7 +19,7 @@ double dg_plan_collective_s(int kind, double bytes, int n, dg_link_param_t lp) {
     double bw = lp.bw_GBps * 1e9, a = lp.lat_us * 1e-6;
     double f = (double)(n - 1) / n;
     if (kind == 0) return 2.0 * (n - 1) * a + 2.0 * f * bytes / bw; /* ring all-reduce */
-    return (n - 1) * a + f * bytes / bw;                              /* ring all-gather / reduce-scatter */
+    return (n - 1) * a + f * bytes / bw;                            /* ring all-gather / reduce-scatter */
 }
 
 /* Every group of dimension `dim`: ranks that share all other coordinates, in coordinate order. Fills
@@ -131,7 +131,8 @@ static void evaluate(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_plan
     if (p->hop_variance > 1) p->hop_variance = 1;
     p->comm_total_ms = p->comm_ms[0] + p->comm_ms[1] + p->comm_ms[2];
     double flops = (6.0 * P + 12.0 * L * C * T) * (double)w->global_batch * T / world;
-    p->compute_ms = c->peak_flops_per_rank > 0 ? flops / (c->peak_flops_per_rank * DG_PLAN_COMPUTE_EFF) * 1e3 : 0;
+    p->compute_ms =
+        c->peak_flops_per_rank > 0 ? flops / (c->peak_flops_per_rank * DG_PLAN_COMPUTE_EFF) * 1e3 : 0;
     p->step_ms = p->compute_ms + p->comm_total_ms;
 
     /* ---- memory per rank (docs/planning.md §Memory) ---- */
@@ -140,7 +141,8 @@ static void evaluate(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_plan
     double block = 12.0 * C * C / K;
     double gathered = S > 1 ? (2.0 * block + V * C / K) * pb : 0; /* current + prefetched block, embedding */
     double act_layer = mb * T * C * (10.0 + 24.0 / K) * (pb / 2.0);
-    if (!c->gpu_mode) act_layer += mb * ((double)w->n_head / K) * T * T * 4.0 * 2.0; /* CPU keeps attention probs */
+    if (!c->gpu_mode)
+        act_layer += mb * ((double)w->n_head / K) * T * T * 4.0 * 2.0; /* CPU keeps attention probs */
     double act = L * act_layer + mb * T * (V / K) * (pb + 4.0);
     p->mem_bytes = state + gathered + act;
     double budget = c->mem_per_rank_bytes * 0.9;
@@ -232,10 +234,12 @@ dg_status_t dg_plan_run(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_p
                 p.mesh.size[DG_MESH_DP_REPLICATE] = R;
                 p.mesh.size[DG_MESH_DP_SHARD] = S;
                 p.mesh.size[DG_MESH_TP] = K;
-                for (int i = 0; i < 3; i++) p.mesh.order[i] = perms[pi][i];
+                for (int i = 0; i < 3; i++)
+                    p.mesh.order[i] = perms[pi][i];
                 int dup = 0;
                 for (int j = 0; j < n && !dup; j++)
-                    if (!memcmp(plans[j].mesh.size, p.mesh.size, sizeof p.mesh.size) && same_layout(&plans[j].mesh, &p.mesh))
+                    if (!memcmp(plans[j].mesh.size, p.mesh.size, sizeof p.mesh.size) &&
+                        same_layout(&plans[j].mesh, &p.mesh))
                         dup = 1;
                 if (dup) continue;
                 evaluate(c, w, &p);
@@ -273,11 +277,12 @@ dg_status_t dg_plan_run(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_p
         double need = INFINITY;
         for (int i = 0; i < n; i++)
             if (plans[i].mem_bytes < need) need = plans[i].mem_bytes;
-        return DG_ERR(DG_ERR_USAGE,
-                      "no feasible parallel plan for %d ranks: the smallest needs %.1f GiB per rank, the budget is "
-                      "%.1f GiB (%s)",
-                      world, need / 1073741824.0, c->mem_per_rank_bytes * 0.9 / 1073741824.0,
-                      n ? plans[0].why : "no candidate divides the world");
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "no feasible parallel plan for %d ranks: the smallest needs %.1f GiB per rank, the budget is "
+            "%.1f GiB (%s)",
+            world, need / 1073741824.0, c->mem_per_rank_bytes * 0.9 / 1073741824.0,
+            n ? plans[0].why : "no candidate divides the world");
     }
     out->chosen = 0;
     dg_plan_t *ch = &plans[0];
@@ -286,10 +291,11 @@ dg_status_t dg_plan_run(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_p
     int within = 0;
     for (int i = 0; i < n; i++)
         if (plans[i].feasible && plans[i].step_ms <= best_t * (1 + DG_PLAN_SLA_SLACK) + 1e-12) within++;
-    snprintf(out->reason, sizeof out->reason,
-             "%s: best robustness score among the %d feasible plan(s) within %.0f%% of the fastest estimated step "
-             "(%.2f ms; this plan %.2f ms): hop variance %.3f, recovery cost %.3f",
-             ms, within, DG_PLAN_SLA_SLACK * 100, best_t, ch->step_ms, ch->hop_variance, ch->recovery_cost);
+    snprintf(
+        out->reason, sizeof out->reason,
+        "%s: best robustness score among the %d feasible plan(s) within %.0f%% of the fastest estimated step "
+        "(%.2f ms; this plan %.2f ms): hop variance %.3f, recovery cost %.3f",
+        ms, within, DG_PLAN_SLA_SLACK * 100, best_t, ch->step_ms, ch->hop_variance, ch->recovery_cost);
     return DG_OK;
 }
 
@@ -329,12 +335,14 @@ void dg_plan_print(const dg_plan_result_t *r, const dg_cluster_t *c, FILE *out, 
             order_str(&p->mesh, os, sizeof os);
             fprintf(out,
                     "%s{\"mesh\":\"%s\",\"order\":\"%s\",\"dp_replicate\":%d,\"dp_shard\":%d,\"tp\":%d,"
-                    "\"comm_ms\":%.6g,\"comm_ms_dp_replicate\":%.6g,\"comm_ms_dp_shard\":%.6g,\"comm_ms_tp\":%.6g,"
+                    "\"comm_ms\":%.6g,\"comm_ms_dp_replicate\":%.6g,\"comm_ms_dp_shard\":%.6g,\"comm_ms_tp\":"
+                    "%.6g,"
                     "\"step_ms\":%.6g,\"mem_bytes\":%.0f,\"hop_variance\":%.6g,\"recovery_cost\":%.6g,"
                     "\"hops\":[%d,%d,%d],\"score\":%.6g,\"feasible\":%s,\"why\":",
                     i ? "," : "", ms, os, p->mesh.size[0], p->mesh.size[1], p->mesh.size[2], p->comm_total_ms,
                     p->comm_ms[0], p->comm_ms[1], p->comm_ms[2], p->step_ms, p->mem_bytes, p->hop_variance,
-                    p->recovery_cost, p->hops[0], p->hops[1], p->hops[2], p->score, p->feasible ? "true" : "false");
+                    p->recovery_cost, p->hops[0], p->hops[1], p->hops[2], p->score,
+                    p->feasible ? "true" : "false");
             dg_boot_json_string(out, p->why);
             fprintf(out, "}");
         }
@@ -342,8 +350,8 @@ void dg_plan_print(const dg_plan_result_t *r, const dg_cluster_t *c, FILE *out, 
         return;
     }
     fprintf(out, "\nParallel plans for %d rank(s): %s\n", c->world, c->node_desc);
-    fprintf(out, "  %-4s %-5s %-4s %-4s %-7s %10s %10s %11s %7s %8s %6s  %s\n", "rank", "R", "S", "T", "order",
-            "comm ms", "step ms", "mem/rank", "hop var", "recovery", "score", "feasible");
+    fprintf(out, "  %-4s %-5s %-4s %-4s %-7s %10s %10s %11s %7s %8s %6s  %s\n", "rank", "R", "S", "T",
+            "order", "comm ms", "step ms", "mem/rank", "hop var", "recovery", "score", "feasible");
     for (int i = 0; i < rows; i++) {
         const dg_plan_t *p = &r->plans[i];
         char os[16];

@@ -60,7 +60,7 @@ typedef struct trainer {
 
     /* checkpoint staging: host copies of this rank's local piece of every parameter's state */
     int n_params;
-    float **host_state; /* [n_params * 3]: param, m, v (local pieces, dg_model_get_local) */
+    float **host_state;       /* [n_params * 3]: param, m, v (local pieces, dg_model_get_local) */
     dg_ckpt_tensor_t *ckpt_t; /* one entry per hyperslab piece of a global tensor */
     int n_ckpt;
     char **ckpt_paths;
@@ -85,7 +85,7 @@ static dg_status_t pick_backend(trainer_t *tr) {
     dg_backend_config_t bc = {0};
     bc.act_dtype = strcmp(c->train.precision, "bf16") == 0   ? DG_BF16
                    : strcmp(c->train.precision, "fp16") == 0 ? DG_F16
-                                                              : DG_F32;
+                                                             : DG_F32;
     bc.threads = (int)c->parallel.threads;
     if (bc.threads == 0) {
         /* the cores this rank is bound to (mpi_boot bound it before we got here); OpenMP's own default
@@ -144,7 +144,8 @@ static dg_status_t plan_cluster(dg_boot_t *boot, const dg_config_t *c, dg_cluste
     if (c->topology.cluster[0]) return dg_cluster_load(c->topology.cluster, (int)c->topology.world, cl);
     if (!boot->have_topo) return DG_ERR(DG_ERR_RUNTIME, "planner: the node topology was not loaded");
     if (boot->world_size % boot->n_nodes)
-        return DG_ERR(DG_ERR_USAGE, "parallel.mesh=auto: %d ranks over %d nodes is uneven; give parallel.mesh explicitly",
+        return DG_ERR(DG_ERR_USAGE,
+                      "parallel.mesh=auto: %d ranks over %d nodes is uneven; give parallel.mesh explicitly",
                       boot->world_size, boot->n_nodes);
     int rpn = boot->world_size / boot->n_nodes;
     dg_node_topo_t t = boot->topo;
@@ -184,9 +185,11 @@ static dg_status_t pick_mesh(trainer_t *tr) {
         if (tr->world == 1 || tr->cfg->topology.cluster[0]) {
             dg_mesh_shape_t s = {{1, tr->world, 1}, {DG_MESH_DP_REPLICATE, DG_MESH_DP_SHARD, DG_MESH_TP}};
             tr->mesh = s;
-            snprintf(tr->plan_reason, sizeof tr->plan_reason, "%s",
-                     tr->world == 1 ? "one rank: nothing to plan"
-                                    : "topology.cluster describes another cluster (planning only): all ranks in dp_shard");
+            snprintf(
+                tr->plan_reason, sizeof tr->plan_reason, "%s",
+                tr->world == 1
+                    ? "one rank: nothing to plan"
+                    : "topology.cluster describes another cluster (planning only): all ranks in dp_shard");
         } else {
             DG_TRY(run_planner(tr->boot, tr->cfg, &d, DG_TRAIN_MAX_TP, &cl, &pr));
             tr->mesh = pr.plans[pr.chosen].mesh;
@@ -251,16 +254,19 @@ static dg_status_t match_frozen(trainer_t *tr) {
     snprintf(buf, sizeof buf, "%s", spec);
     char *save = NULL;
     for (char *pat = strtok_r(buf, ",", &save); pat; pat = strtok_r(NULL, ",", &save)) {
-        while (*pat == ' ') pat++;
+        while (*pat == ' ')
+            pat++;
         size_t L = strlen(pat);
-        while (L && pat[L - 1] == ' ') pat[--L] = 0;
+        while (L && pat[L - 1] == ' ')
+            pat[--L] = 0;
         if (!L) continue;
         int hits = 0;
         for (int i = 0; i < tr->n_params; i++)
             if (fnmatch(pat, dg_model_param(tr->model, i)->name, 0) == 0) tr->frozen[i] = 1, hits++;
         if (!hits)
-            return DG_ERR(DG_ERR_USAGE, "train.freeze: pattern '%s' matches no parameter (names look like "
-                                        "'h.0.attn.qkv.weight', 'wte', 'ln_f.bias')",
+            return DG_ERR(DG_ERR_USAGE,
+                          "train.freeze: pattern '%s' matches no parameter (names look like "
+                          "'h.0.attn.qkv.weight', 'wte', 'ln_f.bias')",
                           pat);
     }
     for (int i = 0; i < tr->n_params; i++)
@@ -313,13 +319,15 @@ static const int k_state_of[3] = {DG_STATE_PARAM, DG_STATE_ADAM_M, DG_STATE_ADAM
 
 static dg_status_t pull_state(trainer_t *tr) {
     for (int i = 0; i < tr->n_params; i++)
-        for (int w = 0; w < 3; w++) DG_TRY(dg_model_get_local(tr->model, i, k_state_of[w], tr->host_state[i * 3 + w]));
+        for (int w = 0; w < 3; w++)
+            DG_TRY(dg_model_get_local(tr->model, i, k_state_of[w], tr->host_state[i * 3 + w]));
     return DG_OK;
 }
 
 static dg_status_t push_state(trainer_t *tr) {
     for (int i = 0; i < tr->n_params; i++)
-        for (int w = 0; w < 3; w++) DG_TRY(dg_model_set_local(tr->model, i, k_state_of[w], tr->host_state[i * 3 + w]));
+        for (int w = 0; w < 3; w++)
+            DG_TRY(dg_model_set_local(tr->model, i, k_state_of[w], tr->host_state[i * 3 + w]));
     return DG_OK;
 }
 
@@ -331,8 +339,8 @@ static void save_spike_state(trainer_t *tr, dg_ckpt_meta_t *m) {
     int64_t W = tr->cfg->train.spike_window;
     if (tr->cfg->train.spike_factor <= 0 || W <= 0) return;
     char buf[448];
-    snprintf(buf, sizeof buf, "%lld %lld %lld %lld", (long long)W, (long long)tr->win_n, (long long)tr->win_pos,
-             (long long)tr->consecutive_spikes);
+    snprintf(buf, sizeof buf, "%lld %lld %lld %lld", (long long)W, (long long)tr->win_n,
+             (long long)tr->win_pos, (long long)tr->consecutive_spikes);
     if (dg_ckpt_meta_set_kv(m, "spike_state", buf) != DG_OK) return;
     for (int64_t k = 0; k * SPIKE_PER_KV < W; k++) {
         size_t len = 0;
@@ -360,8 +368,9 @@ static void load_spike_state(trainer_t *tr, const dg_ckpt_meta_t *m) {
     long long w, n, pos, cons;
     if (sscanf(st, "%lld %lld %lld %lld", &w, &n, &pos, &cons) != 4 || w != W || n < 0 || n > W || pos < 0 ||
         pos >= W) {
-        DG_LOG_WARN("checkpoint: loss-spike state '%s' does not fit train.spike_window=%lld; starting it empty", st,
-                    (long long)W);
+        DG_LOG_WARN(
+            "checkpoint: loss-spike state '%s' does not fit train.spike_window=%lld; starting it empty", st,
+            (long long)W);
         return;
     }
     for (int64_t k = 0; k * SPIKE_PER_KV < W; k++) {
@@ -482,9 +491,10 @@ static dg_status_t maybe_resume(trainer_t *tr) {
     char now_fp[32];
     snprintf(now_fp, sizeof now_fp, "%016llx", (unsigned long long)dg_dataset_fingerprint(tr->train_ds));
     if (fp && strcmp(fp, now_fp) != 0)
-        DG_LOG_WARN("resuming from %s: the training data changed since it was written (fingerprint %s, now %s); "
-                    "the sample order continues from the saved cursor",
-                    path, fp, now_fp);
+        DG_LOG_WARN(
+            "resuming from %s: the training data changed since it was written (fingerprint %s, now %s); "
+            "the sample order continues from the saved cursor",
+            path, fp, now_fp);
     s = push_state(tr);
     if (s == DG_OK) {
         tr->step = meta.step;
@@ -524,8 +534,9 @@ static dg_status_t rollback(trainer_t *tr) {
     DG_TRY(dg_ckpt_resume(tr->comm, tr->ckpt_dir, "auto", &meta, tr->ckpt_t, tr->n_ckpt, path, sizeof path));
     if (!path[0]) {
         dg_ckpt_meta_destroy(&meta);
-        return DG_ERR(DG_ERR_RUNTIME, "loss spikes: %lld in a row and no checkpoint to roll back to "
-                                      "(set checkpoint.every)",
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "loss spikes: %lld in a row and no checkpoint to roll back to "
+                      "(set checkpoint.every)",
                       (long long)tr->cfg->train.spike_max_consecutive);
     }
     DG_TRY(push_state(tr));
@@ -596,8 +607,8 @@ static void comm_failure(trainer_t *tr, dg_status_t st) {
     char msg[2048];
     snprintf(msg, sizeof msg, "%s", dg_last_error());
     DG_LOG_ERROR("%s; ending the job on every rank (exit 3)", msg);
-    DG_METRICS_EVENT(tr->metrics, "done", DG_JI("step", tr->step), DG_JS("reason", "error"), DG_JS("error", msg),
-                     DG_JI("exit_code", DG_ERR_PEER));
+    DG_METRICS_EVENT(tr->metrics, "done", DG_JI("step", tr->step), DG_JS("reason", "error"),
+                     DG_JS("error", msg), DG_JI("exit_code", DG_ERR_PEER));
     dg_metrics_close(tr->metrics);
     tr->metrics = NULL;
     dg_fsdp_abort(tr->fsdp, DG_ERR_PEER);
@@ -678,7 +689,8 @@ static dg_status_t train_loop(trainer_t *tr) {
             break;
         }
         if (agreed[0]) {
-            if (!st) st = DG_ERR(agreed[0], "another rank failed at step %lld (see its log)", (long long)tr->step);
+            if (!st)
+                st = DG_ERR(agreed[0], "another rank failed at step %lld (see its log)", (long long)tr->step);
             break;
         }
         if (agreed[1]) {
@@ -687,7 +699,7 @@ static dg_status_t train_loop(trainer_t *tr) {
         }
 
         double t0 = dg_now_s();
-        int64_t step = tr->step; /* 0-based index of the step being taken */
+        int64_t step = tr->step;                /* 0-based index of the step being taken */
         dg_model_set_step(tr->model, step + 1); /* named by collective timeouts */
         dg_health_set_activity(tr->health, step, "zero_grad");
         st = dg_model_zero_grad(tr->model);
@@ -714,9 +726,11 @@ static dg_status_t train_loop(trainer_t *tr) {
         /* spike handling: compare with the moving average of accepted losses */
         int skip = !isfinite(loss);
         int spike = 0;
-        if (!skip && c->train.spike_factor > 0 && tr->win_n >= (c->train.spike_window < 5 ? c->train.spike_window : 5)) {
+        if (!skip && c->train.spike_factor > 0 &&
+            tr->win_n >= (c->train.spike_window < 5 ? c->train.spike_window : 5)) {
             double avg = 0; /* summed in double in a fixed order */
-            for (int64_t i = 0; i < tr->win_n; i++) avg += tr->window[i];
+            for (int64_t i = 0; i < tr->win_n; i++)
+                avg += tr->window[i];
             avg /= (double)tr->win_n;
             if (loss > c->train.spike_factor * avg) spike = skip = 1;
             if (spike) {
@@ -784,13 +798,15 @@ static dg_status_t train_loop(trainer_t *tr) {
         dg_metrics_step(tr->metrics, &sm);
         dg_progress_step(tr->progress, tr->step, loss, tps, dt);
 
-        if (spike && c->train.spike_max_consecutive > 0 && tr->consecutive_spikes >= c->train.spike_max_consecutive) {
+        if (spike && c->train.spike_max_consecutive > 0 &&
+            tr->consecutive_spikes >= c->train.spike_max_consecutive) {
             st = rollback(tr);
             tr->consecutive_spikes = 0;
             tr->win_n = tr->win_pos = 0;
             if (st) continue;
         }
-        if (tr->val_ld && c->data.val_every > 0 && (tr->step % c->data.val_every == 0 || tr->step == c->train.steps)) {
+        if (tr->val_ld && c->data.val_every > 0 &&
+            (tr->step % c->data.val_every == 0 || tr->step == c->train.steps)) {
             double vl = 0;
             st = run_validation(tr, &vl);
             if (st) continue;
@@ -847,7 +863,8 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
         trainer_free(&tr);
         return s;
     }
-    s = dg_health_create(tr.comm, tr.rank, boot->host, cfg->health.heartbeat_s, cfg->health.timeout_s, &tr.health);
+    s = dg_health_create(tr.comm, tr.rank, boot->host, cfg->health.heartbeat_s, cfg->health.timeout_s,
+                         &tr.health);
     if (s == DG_OK) dg_health_set_event_sink(tr.health, health_sink, tr.metrics);
     if (s == DG_OK && cfg->checkpoint.async) {
         dg_ckpt_save_opts_t o;
@@ -865,21 +882,23 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
 
     char cfg_hash[32];
     snprintf(cfg_hash, sizeof cfg_hash, "%016llx", (unsigned long long)dg_config_hash(cfg));
-    DG_METRICS_EVENT(tr.metrics, "start", DG_JI("world_size", tr.world), DG_JS("mesh", tr.mesh_str),
-                     DG_JS("backend", tr.backend_name), DG_JS("config_hash", cfg_hash),
-                     DG_JS("precision", cfg->train.precision), DG_JI("n_params", (int64_t)dg_model_n_params(&tr.desc)),
-                     DG_JI("n_layer", tr.desc.n_layer), DG_JI("d_model", tr.desc.d_model),
-                     DG_JI("seq_len", tr.desc.seq_len), DG_JI("global_batch", tr.global_batch),
-                     DG_JI("micro_batch", tr.micro_batch), DG_JI("grad_accum", tr.accum),
-                     DG_JI("state_bytes_per_rank", (int64_t)dg_model_state_bytes(tr.model)),
-                     DG_JI("arena_bytes", (int64_t)dg_model_arena_bytes(tr.model)),
-                     DG_JI("start_step", tr.step), DG_JI("steps", cfg->train.steps),
-                     DG_JS("version", DG_VERSION_STRING),
-                     DG_JS("plan", tr.plan_reason[0] ? tr.plan_reason : "mesh given by parallel.mesh"));
-    DG_LOG_INFO("training %s (%.2fM params) on %d rank(s), mesh %s, backend %s, %lld steps of %lld x %d tokens",
-                cfg->model.preset, dg_model_n_params(&tr.desc) / 1e6, tr.world, tr.mesh_str, tr.backend_name,
-                (long long)cfg->train.steps, (long long)tr.global_batch, tr.desc.seq_len);
-    tr.progress = dg_progress_create(stderr, tr.rank, cfg->train.steps, cfg->train.log_every, DG_PROGRESS_AUTO);
+    DG_METRICS_EVENT(
+        tr.metrics, "start", DG_JI("world_size", tr.world), DG_JS("mesh", tr.mesh_str),
+        DG_JS("backend", tr.backend_name), DG_JS("config_hash", cfg_hash),
+        DG_JS("precision", cfg->train.precision), DG_JI("n_params", (int64_t)dg_model_n_params(&tr.desc)),
+        DG_JI("n_layer", tr.desc.n_layer), DG_JI("d_model", tr.desc.d_model),
+        DG_JI("seq_len", tr.desc.seq_len), DG_JI("global_batch", tr.global_batch),
+        DG_JI("micro_batch", tr.micro_batch), DG_JI("grad_accum", tr.accum),
+        DG_JI("state_bytes_per_rank", (int64_t)dg_model_state_bytes(tr.model)),
+        DG_JI("arena_bytes", (int64_t)dg_model_arena_bytes(tr.model)), DG_JI("start_step", tr.step),
+        DG_JI("steps", cfg->train.steps), DG_JS("version", DG_VERSION_STRING),
+        DG_JS("plan", tr.plan_reason[0] ? tr.plan_reason : "mesh given by parallel.mesh"));
+    DG_LOG_INFO(
+        "training %s (%.2fM params) on %d rank(s), mesh %s, backend %s, %lld steps of %lld x %d tokens",
+        cfg->model.preset, dg_model_n_params(&tr.desc) / 1e6, tr.world, tr.mesh_str, tr.backend_name,
+        (long long)cfg->train.steps, (long long)tr.global_batch, tr.desc.seq_len);
+    tr.progress =
+        dg_progress_create(stderr, tr.rank, cfg->train.steps, cfg->train.log_every, DG_PROGRESS_AUTO);
 
     double t_start = dg_now_s();
     int64_t step0 = tr.step;
@@ -901,15 +920,18 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
         if (strcmp(tr.backend_name, "cuda") == 0 && dg_backend_cuda_mem_stats(tr.be, &ms) == DG_OK) {
             gpu_peak = (double)ms.peak_alloc_bytes;
             gpu_used = (double)ms.device_used_bytes;
-            DG_LOG_INFO("GPU memory: peak allocated %.2f GiB, device in use %.2f of %.2f GiB", gpu_peak / 1073741824.0,
-                        gpu_used / 1073741824.0, ms.device_total_bytes / 1073741824.0);
+            DG_LOG_INFO("GPU memory: peak allocated %.2f GiB, device in use %.2f of %.2f GiB",
+                        gpu_peak / 1073741824.0, gpu_used / 1073741824.0,
+                        ms.device_total_bytes / 1073741824.0);
         }
 #endif
-        DG_METRICS_EVENT(tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "finished"),
-                         DG_JI("tokens", tr.tokens), DG_JF("seconds", el),
-                         DG_JF("tok_per_s", el > 0 ? (double)(tr.step - step0) * tr.global_batch * tr.desc.seq_len / el : 0),
-                         DG_JF("gpu_peak_alloc_bytes", gpu_peak), DG_JF("gpu_used_bytes", gpu_used),
-                         DG_JI("exit_code", 0));
+        DG_METRICS_EVENT(
+            tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "finished"),
+            DG_JI("tokens", tr.tokens), DG_JF("seconds", el),
+            DG_JF("tok_per_s",
+                  el > 0 ? (double)(tr.step - step0) * tr.global_batch * tr.desc.seq_len / el : 0),
+            DG_JF("gpu_peak_alloc_bytes", gpu_peak), DG_JF("gpu_used_bytes", gpu_used),
+            DG_JI("exit_code", 0));
     } else if (s != DG_ERR_SIGNAL) {
         DG_METRICS_EVENT(tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "error"),
                          DG_JS("error", dg_last_error()), DG_JI("exit_code", s));
@@ -957,13 +979,16 @@ static dg_status_t gather_print(dg_boot_t *boot, const char *head, const char *t
     DG_MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens, 1, MPI_INT, 0, boot->world));
     if (boot->world_rank == 0) {
         int tot = 0;
-        for (int r = 0; r < boot->world_size; r++) displs[r] = tot, tot += lens[r];
+        for (int r = 0; r < boot->world_size; r++)
+            displs[r] = tot, tot += lens[r];
         all = dg_xmalloc((size_t)tot);
     }
     DG_MPI_CHECK(MPI_Gatherv(text, len, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, boot->world));
     if (boot->world_rank == 0) {
-        if (json) fprintf(out, "{\"planner\":%s,\"ranks\":[", head && head[0] ? head : "null");
-        else if (head) fputs(head, out);
+        if (json)
+            fprintf(out, "{\"planner\":%s,\"ranks\":[", head && head[0] ? head : "null");
+        else if (head)
+            fputs(head, out);
         for (int r = 0; r < boot->world_size; r++) {
             if (json)
                 fprintf(out, "%s{\"rank\":%d,\"plan\":%s}", r ? "," : "", r, all + displs[r]);
@@ -1010,8 +1035,9 @@ dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json
         FILE *mem = open_memstream(&buf, &cap);
         DG_ASSERT(mem != NULL);
         if (!json)
-            fprintf(mem, "mesh %s, coordinates dp_replicate %d, dp_shard %d, tp %d; data-parallel rank %d of %d, "
-                         "micro_batch %d x %d accumulation steps\n",
+            fprintf(mem,
+                    "mesh %s, coordinates dp_replicate %d, dp_shard %d, tp %d; data-parallel rank %d of %d, "
+                    "micro_batch %d x %d accumulation steps\n",
                     tr.mesh_str, tr.fsdp->coord[DG_MESH_DP_REPLICATE], tr.fsdp->coord[DG_MESH_DP_SHARD],
                     tr.fsdp->coord[DG_MESH_TP], tr.dp_rank, tr.dp_size, tr.micro_batch, tr.accum);
         s = dg_model_print_plan(tr.model, mem, json);
@@ -1042,29 +1068,34 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
         size_t state = dg_model_state_bytes(tr.model), arena = dg_model_arena_bytes(tr.model);
         size_t act = dg_model_activation_bytes_sum(tr.model);
         size_t whole = 0; /* the same state unsharded: f32 master, grad, m, v of every global tensor */
-        for (int i = 0; i < dg_model_n_tensors(tr.model); i++) whole += 16 * dg_model_param(tr.model, i)->numel;
+        for (int i = 0; i < dg_model_n_tensors(tr.model); i++)
+            whole += 16 * dg_model_param(tr.model, i)->numel;
         if (json) {
-            fprintf(out,
-                    "{\"model\":{\"preset\":\"%s\",\"n_layer\":%d,\"n_head\":%d,\"d_model\":%d,\"seq_len\":%d,"
-                    "\"vocab_size\":%d,\"padded_vocab\":%d,\"n_params\":%llu,\"flops_per_token\":%.6g},"
-                    "\"mesh\":\"%s\",\"global_batch\":%lld,\"micro_batch\":%d,\"grad_accum\":%d,"
-                    "\"per_rank_bytes\":{\"params_grads_optimizer\":%zu,\"activation_arena\":%zu,"
-                    "\"activations_unplanned\":%zu,\"params_grads_optimizer_unsharded\":%zu}",
-                    cfg->model.preset, tr.desc.n_layer, tr.desc.n_head, tr.desc.d_model, tr.desc.seq_len,
-                    tr.desc.vocab_size, tr.desc.padded_vocab, (unsigned long long)dg_model_n_params(&tr.desc),
-                    dg_model_flops_per_token(&tr.desc), tr.mesh_str, (long long)tr.global_batch, tr.micro_batch,
-                    tr.accum, state, arena, act, whole);
+            fprintf(
+                out,
+                "{\"model\":{\"preset\":\"%s\",\"n_layer\":%d,\"n_head\":%d,\"d_model\":%d,\"seq_len\":%d,"
+                "\"vocab_size\":%d,\"padded_vocab\":%d,\"n_params\":%llu,\"flops_per_token\":%.6g},"
+                "\"mesh\":\"%s\",\"global_batch\":%lld,\"micro_batch\":%d,\"grad_accum\":%d,"
+                "\"per_rank_bytes\":{\"params_grads_optimizer\":%zu,\"activation_arena\":%zu,"
+                "\"activations_unplanned\":%zu,\"params_grads_optimizer_unsharded\":%zu}",
+                cfg->model.preset, tr.desc.n_layer, tr.desc.n_head, tr.desc.d_model, tr.desc.seq_len,
+                tr.desc.vocab_size, tr.desc.padded_vocab, (unsigned long long)dg_model_n_params(&tr.desc),
+                dg_model_flops_per_token(&tr.desc), tr.mesh_str, (long long)tr.global_batch, tr.micro_batch,
+                tr.accum, state, arena, act, whole);
         } else {
             fprintf(out, "\nModel and memory plan\n");
-            fprintf(out, "  model        %s: %d layers, %d heads, d_model %d, seq_len %d, vocab %d (padded %d)\n",
+            fprintf(out,
+                    "  model        %s: %d layers, %d heads, d_model %d, seq_len %d, vocab %d (padded %d)\n",
                     cfg->model.preset, tr.desc.n_layer, tr.desc.n_head, tr.desc.d_model, tr.desc.seq_len,
                     tr.desc.vocab_size, tr.desc.padded_vocab);
             fprintf(out, "  parameters   %.3fM (%.3g GFLOP per token for training)\n",
                     dg_model_n_params(&tr.desc) / 1e6, dg_model_flops_per_token(&tr.desc) / 1e9);
-            fprintf(out, "  mesh         %s; global batch %lld = micro_batch %d x %d ranks x %d accumulation\n",
+            fprintf(out,
+                    "  mesh         %s; global batch %lld = micro_batch %d x %d ranks x %d accumulation\n",
                     tr.mesh_str, (long long)tr.global_batch, tr.micro_batch, tr.dp_size, tr.accum);
-            fprintf(out, "  per rank     params+grads+AdamW %.2f MB (unsharded %.2f MB); activation arena %.2f MB "
-                         "(%.2f MB unplanned)\n",
+            fprintf(out,
+                    "  per rank     params+grads+AdamW %.2f MB (unsharded %.2f MB); activation arena %.2f MB "
+                    "(%.2f MB unplanned)\n",
                     state / 1e6, whole / 1e6, arena / 1e6, act / 1e6);
         }
     }
@@ -1072,8 +1103,10 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
     s = dg_boot_agree(boot, s);
     if (s == DG_OK) s = dg_boot_agree(boot, planner_text(boot, cfg, json, &head));
     if (boot->world_rank == 0 && tr.model) {
-        if (json) fprintf(out, ",\"planner\":%s}\n", s == DG_OK ? head : "null");
-        else if (s == DG_OK) fputs(head, out);
+        if (json)
+            fprintf(out, ",\"planner\":%s}\n", s == DG_OK ? head : "null");
+        else if (s == DG_OK)
+            fputs(head, out);
         fflush(out);
     }
     free(head);

@@ -297,12 +297,12 @@ dg_status_t vc_check_train(vctx_t *c) {
             snprintf(k->message, sizeof k->message, "%d steps after the resume have no loss", missing);
         } else if (worst > s->train_resume_rtol) {
             k->verdict = DG_VERDICT_FAIL;
-            snprintf(
-                k->message, sizeof k->message,
-                "the %d-rank run (ranks 0-%d on %.600s), resumed from %.900s: step %d has loss %.17g instead of "
-                "%.17g (relative %.3g)",
-                c->size, c->size - 1, where_all, ck, worst_step, X.loss[worst_step], W.loss[worst_step],
-                worst);
+            snprintf(k->message, sizeof k->message,
+                     "the %d-rank run (ranks 0-%d on %.600s), resumed from %.900s: step %d has loss %.17g "
+                     "instead of "
+                     "%.17g (relative %.3g)",
+                     c->size, c->size - 1, where_all, ck, worst_step, X.loss[worst_step], W.loss[worst_step],
+                     worst);
         }
     }
     free(W.loss);

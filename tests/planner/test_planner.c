@@ -17,14 +17,14 @@
 #include "planner.h"
 
 static int fails;
-#define CHECK(cond, ...)                                                                                   \
-    do {                                                                                                   \
-        if (!(cond)) {                                                                                     \
-            fails++;                                                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                \
-            fprintf(stderr, __VA_ARGS__);                                                                  \
-            fprintf(stderr, "\n");                                                                         \
-        }                                                                                                  \
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            fails++;                                                                                         \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
+            fprintf(stderr, __VA_ARGS__);                                                                    \
+            fprintf(stderr, "\n");                                                                           \
+        }                                                                                                    \
     } while (0)
 
 static const char *g_dir;
@@ -88,16 +88,19 @@ int main(int argc, char **argv) {
     }
     /* 1b: NVLink only within each socket's quad: tp=4 fits a quad when tp is innermost, tp=8 cannot */
     if (load("hybrid-1x8.ini", 0, &c)) {
-        CHECK(dg_cluster_link(&c, 0, 1) == DG_LINK_NVLINK && dg_cluster_link(&c, 0, 5) == DG_LINK_CROSS_SOCKET,
+        CHECK(dg_cluster_link(&c, 0, 1) == DG_LINK_NVLINK &&
+                  dg_cluster_link(&c, 0, 5) == DG_LINK_CROSS_SOCKET,
               "link classes %d %d", dg_cluster_link(&c, 0, 1), dg_cluster_link(&c, 0, 5));
         dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 8, 16);
         CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
         const dg_plan_t *t4 = find(&r, 2, 1, 4, DG_MESH_TP), *t4x = find(&r, 2, 1, 4, DG_MESH_DP_REPLICATE);
         CHECK(t4 && t4->hops[DG_MESH_TP] == DG_LINK_NVLINK, "tp=4 innermost should stay on NVLink");
-        CHECK(t4x && t4x->hops[DG_MESH_TP] > DG_LINK_NVLINK && t4x->comm_ms[DG_MESH_TP] > t4->comm_ms[DG_MESH_TP],
+        CHECK(t4x && t4x->hops[DG_MESH_TP] > DG_LINK_NVLINK &&
+                  t4x->comm_ms[DG_MESH_TP] > t4->comm_ms[DG_MESH_TP],
               "tp=4 outermost should leave NVLink and be slower");
         const dg_plan_t *p = &r.plans[r.chosen];
-        if (p->mesh.size[DG_MESH_TP] > 1) CHECK(p->hops[DG_MESH_TP] == DG_LINK_NVLINK, "chosen tp off NVLink");
+        if (p->mesh.size[DG_MESH_TP] > 1)
+            CHECK(p->hops[DG_MESH_TP] == DG_LINK_NVLINK, "chosen tp off NVLink");
         dg_plan_result_free(&r);
         dg_cluster_free(&c);
     }
@@ -134,9 +137,17 @@ int main(int argc, char **argv) {
     /* 4 */
     if (load("cpu-2socket.ini", 0, &c)) {
         CHECK(!c.gpu_mode && c.world == 4, "gpu_mode %d world %d", c.gpu_mode, c.world);
-        dg_plan_workload_t w = {.n_layer = 4, .n_head = 4, .d_model = 128, .seq_len = 128, .vocab = 256,
-                                .n_params = 826368, .micro_batch = 4, .global_batch = 16, .param_bytes = 4,
-                                .grad_bytes = 4, .reshard_after_forward = 1};
+        dg_plan_workload_t w = {.n_layer = 4,
+                                .n_head = 4,
+                                .d_model = 128,
+                                .seq_len = 128,
+                                .vocab = 256,
+                                .n_params = 826368,
+                                .micro_batch = 4,
+                                .global_batch = 16,
+                                .param_bytes = 4,
+                                .grad_bytes = 4,
+                                .reshard_after_forward = 1};
         CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
         show("2-socket CPU node, 4 ranks, tiny", &r, &c);
         const dg_plan_t *p = &r.plans[r.chosen];
@@ -159,7 +170,8 @@ int main(int argc, char **argv) {
         CHECK(ddp && !ddp->feasible && strstr(ddp->why, "GiB"), "pure DP should be infeasible (%s)",
               ddp ? ddp->why : "missing");
         const dg_plan_t *p = &r.plans[r.chosen];
-        CHECK(p->feasible && p->mesh.size[DG_MESH_DP_SHARD] * p->mesh.size[DG_MESH_TP] >= 2, "chose unsharded");
+        CHECK(p->feasible && p->mesh.size[DG_MESH_DP_SHARD] * p->mesh.size[DG_MESH_TP] >= 2,
+              "chose unsharded");
         /* far too small a budget: no plan, and the error says why */
         c.mem_per_rank_bytes = 0.5 * 1073741824.0;
         dg_plan_result_free(&r);
@@ -186,7 +198,8 @@ int main(int argc, char **argv) {
         FILE *f = fopen(path, "w");
         fprintf(f, "[cluster]\nnode_xml = data/cpu-2socket.xml\nnodez = 2\n");
         fclose(f);
-        CHECK(dg_cluster_load(path, 0, &c) == DG_ERR_USAGE && strstr(dg_last_error(), "unknown key [cluster] nodez"),
+        CHECK(dg_cluster_load(path, 0, &c) == DG_ERR_USAGE &&
+                  strstr(dg_last_error(), "unknown key [cluster] nodez"),
               "%s", dg_last_error());
         f = fopen(path, "w");
         fprintf(f, "[cluster]\nnode_xml = data/cpu-2socket.xml\nranks_per_node = 4\n");

@@ -2,9 +2,9 @@
  * comm layer (the mpi backend: what training uses) on this machine's MPI (CPU ranks, shared memory). Run
  * under mpiexec with 2 (or more) ranks on one node. Raw MPI times are printed beside them.
  *
- * Documented tolerance: the estimate must be within a factor of 10 of the measured minimum over 40 runs, either way.
- * The defaults table describes a dedicated socket; a CI machine with 2 cores shared by other work can be
- * several times slower or faster than that, so the check only catches estimates that are wrong in kind
+ * Documented tolerance: the estimate must be within a factor of 10 of the measured minimum over 40 runs,
+ * either way. The defaults table describes a dedicated socket; a CI machine with 2 cores shared by other work
+ * can be several times slower or faster than that, so the check only catches estimates that are wrong in kind
  * (units, a missing factor of n, a latency term that dominates when it should not). The measured and
  * estimated figures are printed so the ratio can be read in the test log. */
 #include <math.h>
@@ -52,9 +52,10 @@ int main(int argc, char **argv) {
         }
         if (floor > 50e-6) {
             if (rank == 0)
-                printf("SKIP: the fastest 8-byte all-reduce took %.1f us (> 50 us): the machine is too loaded "
-                       "to compare estimates with measurements\n",
-                       floor * 1e6);
+                printf(
+                    "SKIP: the fastest 8-byte all-reduce took %.1f us (> 50 us): the machine is too loaded "
+                    "to compare estimates with measurements\n",
+                    floor * 1e6);
             dg_comm_free(comm);
             MPI_Finalize();
             return 77;
@@ -65,7 +66,8 @@ int main(int argc, char **argv) {
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
         size_t bytes = sizes[si], count = bytes / 4;
         float *a = malloc(bytes), *b = malloc(bytes);
-        for (size_t i = 0; i < count; i++) a[i] = (float)(i % 97) * 0.5f + rank;
+        for (size_t i = 0; i < count; i++)
+            a[i] = (float)(i % 97) * 0.5f + rank;
         for (int kind = 0; kind < 3; kind++) {
             enum { ITERS = 40 };
             double t[ITERS], traw[ITERS];
@@ -76,13 +78,19 @@ int main(int argc, char **argv) {
                     double t0 = MPI_Wtime();
                     dg_status_t s = DG_OK;
                     if (raw) {
-                        if (kind == 0) MPI_Allreduce(a, b, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-                        else if (kind == 1) MPI_Allgather(a, (int)per, MPI_FLOAT, b, (int)per, MPI_FLOAT, MPI_COMM_WORLD);
-                        else MPI_Reduce_scatter_block(a, b, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                        if (kind == 0)
+                            MPI_Allreduce(a, b, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                        else if (kind == 1)
+                            MPI_Allgather(a, (int)per, MPI_FLOAT, b, (int)per, MPI_FLOAT, MPI_COMM_WORLD);
+                        else
+                            MPI_Reduce_scatter_block(a, b, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
                     } else {
-                        if (kind == 0) s = dg_comm_allreduce(comm, a, b, count, DG_F32, DG_RED_SUM);
-                        else if (kind == 1) s = dg_comm_allgather(comm, a, b, per, DG_F32);
-                        else s = dg_comm_reduce_scatter(comm, a, b, per, DG_F32, DG_RED_SUM);
+                        if (kind == 0)
+                            s = dg_comm_allreduce(comm, a, b, count, DG_F32, DG_RED_SUM);
+                        else if (kind == 1)
+                            s = dg_comm_allgather(comm, a, b, per, DG_F32);
+                        else
+                            s = dg_comm_reduce_scatter(comm, a, b, per, DG_F32, DG_RED_SUM);
                     }
                     if (s != DG_OK) {
                         fprintf(stderr, "collective failed: %s\n", dg_last_error());
@@ -96,7 +104,8 @@ int main(int argc, char **argv) {
             qsort(t, ITERS, sizeof t[0], cmp_d);
             qsort(traw, ITERS, sizeof traw[0], cmp_d);
             double meas = t[0]; /* the fastest run: other load on a shared machine only adds time */
-            double est = dg_plan_collective_s(kind, (double)(count / n) * n * 4, n, links[DG_LINK_SAME_SOCKET]);
+            double est =
+                dg_plan_collective_s(kind, (double)(count / n) * n * 4, n, links[DG_LINK_SAME_SOCKET]);
             double ratio = meas / est;
             /* Open MPI 4.1's MPI_Reduce_scatter_block on shared memory (which the comm layer calls) runs
              * 3-50x slower than a ring here (4 MiB between 2 ranks: ~3 ms against 0.9 ms for a whole
@@ -107,14 +116,20 @@ int main(int argc, char **argv) {
             if (rank == 0)
                 printf("%-14s %9zu bytes, %d ranks: dg_comm %9.1f us (raw MPI %9.1f us), estimated %9.1f us, "
                        "ratio %6.2f %s\n",
-                       kind == 0 ? "all-reduce" : kind == 1 ? "all-gather" : "reduce-scatter", bytes, n, meas * 1e6,
-                       traw[0] * 1e6, est * 1e6, ratio, !judged ? "(not judged)" : ok ? "ok" : "OUT OF BOUNDS");
+                       kind == 0   ? "all-reduce"
+                       : kind == 1 ? "all-gather"
+                                   : "reduce-scatter",
+                       bytes, n, meas * 1e6, traw[0] * 1e6, est * 1e6, ratio,
+                       !judged ? "(not judged)"
+                       : ok    ? "ok"
+                               : "OUT OF BOUNDS");
             fails += !ok;
         }
         free(a);
         free(b);
     }
-    if (rank == 0) printf("%s: %d estimate(s) outside a factor of %.0f\n", fails ? "FAILED" : "OK", fails, FACTOR);
+    if (rank == 0)
+        printf("%s: %d estimate(s) outside a factor of %.0f\n", fails ? "FAILED" : "OK", fails, FACTOR);
     dg_comm_free(comm);
     MPI_Finalize();
     return fails ? 1 : 0;
