@@ -20,7 +20,7 @@ flags=(--oversubscribe --bind-to none)
 [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
 status=0
 for n in 2 4; do
-  echo "== bench_comm, $n ranks ($(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg))"
+  echo "== bench_comm, $n ranks ($(nproc --all) cores, load: $(cut -d' ' -f1-3 /proc/loadavg))"
   "$mpiexec" "${flags[@]}" -n "$n" "$build/bench/comm/bench_comm" "$@" | tee "$build/bench-comm-${n}ranks.txt" ||
     status=$?
 done

@@ -23,7 +23,7 @@ flags=(--oversubscribe --bind-to none)
 [ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
 status=0
 for n in 2 4; do
-  echo "== bench_fsdp, $n ranks ($(nproc) cores, load: $(cut -d' ' -f1-3 /proc/loadavg))"
+  echo "== bench_fsdp, $n ranks ($(nproc --all) cores, load: $(cut -d' ' -f1-3 /proc/loadavg))"
   "$mpiexec" "${flags[@]}" -n "$n" "$build/bench/fsdp/bench_fsdp" --json "$build/bench-fsdp.jsonl" "$@" |
     tee "$build/bench-fsdp-${n}ranks.txt" || status=$?
 done
