@@ -13,7 +13,8 @@
  * and its share of the step, and the step time relative to compute-only. The target (issue 4): with overlap,
  * exposed communication < 10% of the step at 2 ranks for the 6-layer, 384-wide model. Output: a table on
  * stdout, and with --json FILE one JSON object per mode (one per line); --profile 1 adds rank 0's time per op
- * kind in the overlap mode (waits counted in the op that waits).
+ * kind in the overlap mode (waits counted in the op that waits). --reduce-scatter ring|mpi picks the comm
+ * layer's reduce-scatter (parallel.reduce_scatter; default ring).
  */
 #include <math.h>
 #include <mpi.h>
@@ -24,7 +25,7 @@
 #include "fsdp.h"
 
 typedef struct {
-    int layers, d_model, heads, seq, micro, accum, steps, warmup, threads, profile;
+    int layers, d_model, heads, seq, micro, accum, steps, warmup, threads, profile, rs_mpi;
     char mesh[128];
     char json[512];
     double bucket_mb, prefetch_mb;
@@ -113,7 +114,7 @@ static double median(double *v, int n) {
 }
 
 static void parse(int argc, char **argv, opts_t *o) {
-    *o = (opts_t){6, 384, 6, 256, 2, 1, 9, 1, 1, 0, "", "", 25, 256};
+    *o = (opts_t){6, 384, 6, 256, 2, 1, 9, 1, 1, 0, 0, "", "", 25, 256};
     snprintf(o->mesh, sizeof o->mesh, "dp_shard=%d", world);
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
@@ -145,6 +146,8 @@ static void parse(int argc, char **argv, opts_t *o) {
             o->bucket_mb = atof(v);
         else if (!strcmp(k, "--prefetch-mb"))
             o->prefetch_mb = atof(v);
+        else if (!strcmp(k, "--reduce-scatter") && (!strcmp(v, "ring") || !strcmp(v, "mpi")))
+            o->rs_mpi = !strcmp(v, "mpi");
         else {
             if (rank == 0) fprintf(stderr, "bench_fsdp: unknown option %s\n", k);
             MPI_Abort(MPI_COMM_WORLD, 1);
@@ -182,6 +185,7 @@ int main(int argc, char **argv) {
             fo.overlap = mode == 0;
             fo.bucket_mb = o.bucket_mb;
             fo.prefetch_budget_mb = o.prefetch_mb;
+            fo.rs_mpi = o.rs_mpi;
             CHECK(dg_fsdp_create(MPI_COMM_WORLD, &mesh, &fo, &fs[mode]));
             CHECK(dg_fsdp_model_create(fs[mode], &d, be, o.micro, 1, 0, &models[mode]));
         } else {
@@ -220,9 +224,10 @@ int main(int argc, char **argv) {
         char mstr[128];
         dg_mesh_format(&mesh, mstr, sizeof mstr);
         printf("bench_fsdp: %d ranks, mesh %s; model %d layers x d_model %d (%d heads), seq %d, micro-batch "
-               "%d x %d; "
+               "%d x %d; %s reduce-scatter; "
                "medians of %d interleaved steps per mode after %d warm-up\n",
-               world, mstr, o.layers, o.d_model, o.heads, o.seq, o.micro, o.accum, o.steps, o.warmup);
+               world, mstr, o.layers, o.d_model, o.heads, o.seq, o.micro, o.accum,
+               o.rs_mpi ? "MPI's" : "ring", o.steps, o.warmup);
         printf("%-13s %10s %12s %9s %12s %9s %11s %11s %14s\n", "mode", "step_ms", "exposed_ms", "exposed",
                "exp_min_ms", "exp_min", "vs_compute", "colls/step", "state_MB/rank");
         for (int i = 0; i < 3; i++)

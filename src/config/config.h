@@ -61,9 +61,10 @@ typedef struct dg_config {
         int64_t spike_max_consecutive; /* that many spikes in a row => roll back to the last checkpoint */
     } train;
     struct {
-        char backend[8]; /* auto | cpu | cuda */
-        char comm[8];    /* auto | mpi | nccl */
-        char mesh[128];  /* auto | e.g. dp_replicate=2,dp_shard=4,tp=2 */
+        char backend[8];        /* auto | cpu | cuda */
+        char comm[8];           /* auto | mpi | nccl */
+        char reduce_scatter[8]; /* ring | mpi: the mpi comm backend's reduce-scatter algorithm */
+        char mesh[128];         /* auto | e.g. dp_replicate=2,dp_shard=4,tp=2 */
         int reshard_after_forward;
         double bucket_mb;
         double prefetch_budget_mb;

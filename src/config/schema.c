@@ -147,6 +147,8 @@ const dg_cfg_key_t dg_cfg_schema[] = {
          "compute backend (auto = cuda when a GPU is bound, else cpu)"),
     ENUM("parallel", "comm", parallel.comm, "auto", "auto|mpi|nccl",
          "communication backend (auto = nccl with the cuda backend, else mpi)"),
+    ENUM("parallel", "reduce_scatter", parallel.reduce_scatter, "ring", "ring|mpi",
+         "mpi comm backend's reduce-scatter: dg_comm's ring, or MPI_Reduce_scatter_block"),
     STR("parallel", "mesh", parallel.mesh, "auto", check_mesh,
         "device mesh: auto, or e.g. dp_replicate=2,dp_shard=4,tp=2"),
     BOOL("parallel", "reshard_after_forward", parallel.reshard_after_forward, "true",

@@ -31,6 +31,7 @@ void dg_fsdp_opts_from_config(const dg_config_t *cfg, dg_fsdp_opts_t *o) {
     o->overlap = cfg->parallel.overlap;
     o->reshard_after_forward = cfg->parallel.reshard_after_forward;
     snprintf(o->comm, sizeof o->comm, "%s", cfg->parallel.comm);
+    o->rs_mpi = strcmp(cfg->parallel.reduce_scatter, "mpi") == 0;
 }
 
 static size_t mb_bytes(double mb) {
@@ -85,6 +86,7 @@ dg_status_t dg_fsdp_create(MPI_Comm world, const dg_mesh_shape_t *mesh, const dg
         dg_comm_opts_t co;
         dg_comm_opts_default(&co);
         co.timeout_s = o->timeout_s > 0 ? o->timeout_s : 365.0 * 86400.0;
+        co.rs_mpi = o->rs_mpi;
         dg_status_t st = dg_comm_mesh_create(world, mesh, DG_COMM_MPI, -1, NULL, &co, &f->comms);
         if (st != DG_OK) {
             free(f);

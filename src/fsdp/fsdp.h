@@ -38,6 +38,7 @@ typedef struct dg_fsdp_opts {
     int overlap;               /* parallel.overlap */
     int reshard_after_forward; /* parallel.reshard_after_forward */
     char comm[8];              /* parallel.comm: auto | mpi | nccl */
+    int rs_mpi;                /* parallel.reduce_scatter = mpi (else dg_comm's ring) */
     int plan_only;             /* no communicators (--plan-only / --dry-run): the model can only be planned */
 } dg_fsdp_opts_t;
 

@@ -500,7 +500,12 @@ static void check_self(dg_health_t *h, double now) {
     }
     if (S->worst_rank >= 0 && S->worst_rank != h->rank && h->sum_at > 0) {
         double wage = S->worst_age + since;
-        if (wage > age + h->poll_s) {
+        /* A rank that has been stuck longer in another step or activity is the one we wait for, however
+         * small the difference (the waiters entered their collective only after it stopped, and every
+         * rank's check may fire on the same poll tick). Among ranks stuck in the same place, blame
+         * another only when it has clearly been stuck longer (beyond the summary's poll granularity). */
+        double margin = (S->worst_step != step || strcmp(S->worst_what, what) != 0) ? 0.0 : h->poll_s;
+        if (wage > age + margin) {
             snprintf(
                 text, sizeof text,
                 "watchdog: rank %d (host %s) has made no progress for %.1f s in step %lld doing '%s'; rank "

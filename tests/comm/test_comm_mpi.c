@@ -195,8 +195,8 @@ static void test_reduce_scatter(dg_comm_t *c, dg_comm_progress_t mode) {
                         s = dg_comm_reduce_scatter(c, send, out, cnt, dt, (dg_redop_t)red);
                     }
                     char what[160];
-                    snprintf(what, sizeof what, "[%s] reduce_scatter %s %s n=%zu/rank %s%s%s",
-                             mode_name(mode), dg_dtype_name(dt), red ? "AVG" : "SUM", cnt,
+                    snprintf(what, sizeof what, "[%s %s] reduce_scatter %s %s n=%zu/rank %s%s%s",
+                             mode_name(mode), dg_comm_name(c), dg_dtype_name(dt), red ? "AVG" : "SUM", cnt,
                              nonblocking ? "nonblocking" : "blocking", inplace ? " in-place" : "",
                              exact ? " exact" : " random");
                     CHECK(s == DG_OK, "%s: %s", what, dg_last_error());
@@ -540,6 +540,25 @@ int main(int argc, char **argv) {
         test_bad_input(c);
         test_split_and_mesh(c, modes[mi]);
         if (g_wrank == 0) printf("mode %s: %.2f s\n", mode_name(modes[mi]), MPI_Wtime() - t0);
+        dg_comm_free(c);
+    }
+    /* the reduce-scatter's two algorithms in thread mode: MPI's, and the ring in 1 KiB segments (so that
+     * every count above 256 f32 crosses segment boundaries) */
+    for (int variant = 0; variant < 2; variant++) {
+        dg_comm_opts_t o;
+        dg_comm_opts_default(&o);
+        o.name = variant ? "ring1k" : "rsmpi";
+        o.timeout_s = 60;
+        o.rs_mpi = variant == 0;
+        if (variant) setenv("DG_COMM_RING_SEG_KB", "1", 1);
+        dg_comm_t *c = NULL;
+        dg_status_t s = dg_comm_create_mpi(MPI_COMM_WORLD, &o, &c);
+        if (variant) unsetenv("DG_COMM_RING_SEG_KB");
+        CHECK(s == DG_OK, "create (%s): %s", o.name, dg_last_error());
+        if (s != DG_OK) break;
+        dg_comm_set_step(c, 3);
+        test_reduce_scatter(c, DG_COMM_PROGRESS_AUTO);
+        test_fifo(c, DG_COMM_PROGRESS_AUTO);
         dg_comm_free(c);
     }
     int rc = tu_finish("test_comm_mpi");

@@ -184,6 +184,7 @@ static void test_defaults(void) {
     CHECK(c->train.spike_factor == 0 && c->train.spike_window == 50 && c->train.spike_max_consecutive == 3);
     CHECK_STR(c->parallel.backend, "auto");
     CHECK_STR(c->parallel.comm, "auto");
+    CHECK_STR(c->parallel.reduce_scatter, "ring");
     CHECK_STR(c->parallel.mesh, "auto");
     CHECK(c->parallel.reshard_after_forward == 1 && c->parallel.bucket_mb == 25 &&
           c->parallel.prefetch_budget_mb == 256);
