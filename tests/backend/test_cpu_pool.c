@@ -3,23 +3,29 @@
  * only after all of them have finished, for any thread count, with job sizes that grow and shrink from
  * one job to the next (the case where a late worker could mistake a new job for the old one).
  *
- *   test_cpu_pool [--threads N] [--jobs J]     exit 0 when every check passed
+ *   test_cpu_pool [--threads N[,N...]] [--jobs J]     exit 0 when every check passed
+ *
+ * The ctest builds cpu_pool.c with DG_CPU_POOL_TEST_DELAY, which widens the windows where two jobs could
+ * be mixed up; a protocol error then shows as a task run twice or never, or as a hang, which the alarm
+ * below turns into a failure.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend_cpu_impl.h"
 
 #define MAX_TASKS 97
 
 typedef struct {
-    int id;                /* which job this argument belongs to */
-    int ntasks;            /* its task count */
-    int runs[MAX_TASKS];   /* runs of each task: written only by the thread running that task */
-    int workers;           /* threads in the pool */
-    int bad_worker;        /* a task saw a worker index outside [0, workers) */
-    volatile float sink;
+    int id;                         /* which job this argument belongs to */
+    int ntasks;                     /* its task count */
+    int runs[MAX_TASKS];            /* runs of each task: written only by the thread running that task */
+    int workers;                    /* threads in the pool */
+    int bad_worker;                 /* a task saw a worker index outside [0, workers) */
+    volatile float sink[MAX_TASKS]; /* keeps the busy work; one slot per task, like `runs` */
 } job_t;
 
 static void task(void *argp, int i, int worker) {
@@ -33,29 +39,26 @@ static void task(void *argp, int i, int worker) {
     float s = 0.0f;
     for (int k = 0; k < 40 * (1 + (i * 7 + j->id) % 5); k++)
         s += (float)k * 0.5f;
-    j->sink = s;
+    j->sink[i] = s;
     j->runs[i]++;
 }
 
-int main(int argc, char **argv) {
-    int threads = 4, jobs = 20000;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--threads"))
-            threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--jobs"))
-            jobs = atoi(argv[i + 1]);
-        else {
-            fprintf(stderr, "usage: %s [--threads N] [--jobs J]\n", argv[0]);
-            return 2;
-        }
-    }
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char msg[] = "FAIL pool: a job did not finish within 60 s (lost task or wake-up)\n";
+    if (write(1, msg, sizeof msg - 1) < 0) _exit(1);
+    _exit(1);
+}
+
+static long stress(int threads, int jobs) {
     dg_cpu_pool_t *pool = NULL;
     if (dg_cpu_pool_create(threads, &pool) != DG_OK) {
-        fprintf(stderr, "test_cpu_pool: %s\n", dg_last_error());
+        printf("FAIL pool: %s\n", dg_last_error());
         return 1;
     }
     if (dg_cpu_pool_threads(pool) != threads) {
         printf("FAIL pool: %d threads asked, %d reported\n", threads, dg_cpu_pool_threads(pool));
+        dg_cpu_pool_free(pool);
         return 1;
     }
     /* Two argument blocks used alternately: a task of job k run with job k+1's argument (or twice, or
@@ -78,7 +81,8 @@ int main(int argc, char **argv) {
             int want = i < j->ntasks ? 1 : 0;
             if (j->runs[i] != want) {
                 if (failures < 10)
-                    printf("FAIL pool: job %d (%d tasks): task %d ran %d times\n", k, j->ntasks, i, j->runs[i]);
+                    printf("FAIL pool: job %d (%d tasks): task %d ran %d times\n", k, j->ntasks, i,
+                           j->runs[i]);
                 failures++;
             }
         }
@@ -89,10 +93,38 @@ int main(int argc, char **argv) {
     }
     dg_cpu_pool_free(pool);
     free(a);
-    if (failures) {
+    if (failures)
         printf("pool stress [%d threads, %d jobs]: %ld failures\n", threads, jobs, failures);
-        return 1;
+    else
+        printf("pool stress [%d threads, %d jobs]: every task ran exactly once\n", threads, jobs);
+    return failures;
+}
+
+int main(int argc, char **argv) {
+    const char *list = "4";
+    int jobs = 20000;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--threads"))
+            list = argv[i + 1];
+        else if (!strcmp(argv[i], "--jobs"))
+            jobs = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "usage: %s [--threads N[,N...]] [--jobs J]\n", argv[0]);
+            return 2;
+        }
     }
-    printf("pool stress [%d threads, %d jobs]: every task ran exactly once\n", threads, jobs);
-    return 0;
+    signal(SIGALRM, on_alarm);
+    alarm(60);
+    long failures = 0;
+    for (const char *p = list; *p;) {
+        char *end;
+        long t = strtol(p, &end, 10);
+        if (end == p || t < 1 || t > 64) {
+            fprintf(stderr, "test_cpu_pool: bad thread count list '%s'\n", list);
+            return 2;
+        }
+        failures += stress((int)t, jobs);
+        p = *end == ',' ? end + 1 : end;
+    }
+    return failures ? 1 : 0;
 }

@@ -256,7 +256,8 @@ static double sumsq_range(const float *x, size_t n) {
 static void sumsq_task(void *argp, int c, int worker) {
     (void)worker;
     const sumsq_arg_t *a = argp;
-    size_t lo = (size_t)c * DG_CPU_SUMSQ_CHUNK, hi = lo + DG_CPU_SUMSQ_CHUNK < a->n ? lo + DG_CPU_SUMSQ_CHUNK : a->n;
+    size_t lo = (size_t)c * DG_CPU_SUMSQ_CHUNK,
+           hi = lo + DG_CPU_SUMSQ_CHUNK < a->n ? lo + DG_CPU_SUMSQ_CHUNK : a->n;
     a->part[c] = sumsq_range(a->x + lo, hi - lo);
 }
 
@@ -350,8 +351,9 @@ static dg_status_t cpu_adamw(dg_backend_t *be, float *master, void *compute, con
     const float inv_bc1 = (float)(1.0 / (1.0 - pow((double)beta1, (double)t)));
     const float inv_bc2 = (float)(1.0 / (1.0 - pow((double)beta2, (double)t)));
     const float gs = *gscale_dev;
-    adamw_arg_t a = {master, compute, grad, m, v, n, lr, beta1, beta2, eps, wd, inv_bc1, inv_bc2, gs,
-                     dg_cpu_ew_tasks(dg_cpu_of(be), n)};
+    adamw_arg_t a = {master, compute, grad,    m,     v,
+                     n,      lr,      beta1,   beta2, eps,
+                     wd,     inv_bc1, inv_bc2, gs,    dg_cpu_ew_tasks(dg_cpu_of(be), n)};
     dg_cpu_run(dg_cpu_of(be), a.tasks, adamw_task, &a);
     return DG_OK;
 }
@@ -431,19 +433,11 @@ dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t *
      * openblas_set_num_threads with omp_set_num_threads. */
     cpu->nt = cfg->threads > 0 ? cfg->threads : omp_get_max_threads();
     if (cpu->nt < 1) cpu->nt = 1;
-    /* One threading model: OpenMP owns the cores, OpenBLAS runs single-threaded inside our parallel
-     * regions. Two pools (OpenBLAS pthreads spinning after each call, OpenMP workers spinning between
-     * regions) would fight over the same cores, and OpenBLAS's own split would tie results to the thread
-     * count. The setting is process-wide; nothing else in dgtrain calls BLAS. */
+    /* One threading model: the backend's pool owns the cores, OpenBLAS runs single-threaded inside its
+     * tasks. Two pools (OpenBLAS pthreads spinning after each call, our workers between jobs) would
+     * fight over the same cores, and OpenBLAS's own split would tie results to the thread count. The
+     * setting is process-wide; nothing else in dgtrain calls BLAS during training. */
     dg_cpu_blas_single_thread();
-    if (cpu->nt > 1) {
-        dg_status_t s = dg_cpu_pool_create(cpu->nt, &cpu->pool);
-        if (s != DG_OK) {
-            free(be);
-            free(cpu);
-            return s;
-        }
-    }
     be->ops = &cpu_ops;
     be->act_dtype = DG_F32;
     be->impl = cpu;

@@ -2,9 +2,10 @@
  * decompositions that keep results independent of the thread count, and the small inline math
  * (exp, GELU, fp16/bf16 conversion) shared by its translation units. Not part of any public API.
  *
- * Threading model (see README.md in this folder): all parallelism is OpenMP, with num_threads(nt) on
- * every parallel region; OpenBLAS is forced to one thread and called from inside those regions on
- * work tiles whose shapes depend only on the problem shape, never on nt.
+ * Threading model (see README.md in this folder): every kernel runs as one job of independent tasks on
+ * the backend's own worker pool (cpu_pool.c), nt threads including the caller; OpenBLAS is forced to
+ * one thread and called from inside tasks on work tiles whose shapes depend only on the problem shape,
+ * never on nt. OpenMP is used only for `omp simd` loops and for its default thread count.
  */
 #ifndef DG_BACKEND_CPU_IMPL_H
 #define DG_BACKEND_CPU_IMPL_H
@@ -28,15 +29,16 @@ int dg_cpu_pool_threads(const dg_cpu_pool_t *pool);
 
 typedef struct dg_cpu {
     int nt;               /* threads (the caller plus nt - 1 pool workers) */
-    dg_cpu_pool_t *pool;  /* NULL when nt == 1 */
+    dg_cpu_pool_t *pool;  /* started by the first job with more than one task; NULL before, or when nt == 1 */
+    int pool_failed;      /* the workers could not be started: every job runs on the calling thread */
     void *scratch;        /* grow-only arena for partial sums and per-thread buffers */
     size_t scratch_bytes; /* capacity of `scratch` */
 } dg_cpu_t;
 
-/* Run fn over tasks [0, ntasks) on the backend's threads. */
-static inline void dg_cpu_run(dg_cpu_t *cpu, int ntasks, dg_cpu_task_fn fn, void *arg) {
-    dg_cpu_pool_run(cpu->pool, ntasks, fn, arg);
-}
+/* Run fn over tasks [0, ntasks) on the backend's threads. The workers start on first use (a backend that
+ * only plans runs no threads); if they cannot start, jobs run on the calling thread with the same
+ * results, after one warning. */
+void dg_cpu_run(dg_cpu_t *cpu, int ntasks, dg_cpu_task_fn fn, void *arg);
 
 static inline dg_cpu_t *dg_cpu_of(dg_backend_t *be) {
     return (dg_cpu_t *)be->impl;
@@ -51,13 +53,8 @@ void *dg_cpu_scratch(dg_cpu_t *cpu, size_t bytes);
  * inside our parallel regions would oversubscribe the cores and split GEMMs by its thread count. */
 void dg_cpu_blas_single_thread(void);
 
-/* Row-major C[M,N] = alpha * op(A) op(B) + beta * C, split into tiles of a size that depends only on
- * (M, N), computed in parallel with single-threaded OpenBLAS. `epi` (may be NULL) runs on each tile
- * right after its GEMM, while the tile is still in cache. */
+/* A function run on one tile [m0, m1) x [n0, n1) of a GEMM's output, before or after its sgemm call. */
 typedef void (*dg_cpu_tile_fn)(void *arg, int m0, int m1, int n0, int n1);
-void dg_cpu_gemm(dg_cpu_t *cpu, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
-                 int lda, const float *B, int ldb, float beta, float *C, int ldc, dg_cpu_tile_fn epi,
-                 void *arg);
 
 /* Kernels living in other translation units (signatures as in dg_backend_ops_t). */
 dg_status_t dg_cpu_matmul_fwd(dg_backend_t *be, void *out, void *pre, const void *inp, const void *w,

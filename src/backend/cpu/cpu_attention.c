@@ -48,8 +48,8 @@ size_t dg_cpu_attention_aux_bytes(dg_backend_t *be, int B, int T, int C, int NH)
  * rows <= DG_CPU_ATT_RB. Rows past `rows` are computed from a copy of the last row and not stored, so the
  * kernels never read outside the operands. */
 
-DG_CPU_VEC static void scores_portable(float *out, int ldo, const float *X, int ldx, int rows, const float *Yt, int ldy,
-                            int ncols, int K, float scale) {
+DG_CPU_VEC static void scores_portable(float *out, int ldo, const float *X, int ldx, int rows,
+                                       const float *Yt, int ldy, int ncols, int K, float scale) {
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < ncols; j++) {
             float acc = 0.0f;
@@ -59,8 +59,8 @@ DG_CPU_VEC static void scores_portable(float *out, int ldo, const float *X, int 
         }
 }
 
-DG_CPU_VEC static void wsum_portable(float *out, int ldo, const float *W, size_t wrs, size_t wis, int rows, int i0, int i1,
-                          const float *Z, int ldz, int width) {
+DG_CPU_VEC static void wsum_portable(float *out, int ldo, const float *W, size_t wrs, size_t wis, int rows,
+                                     int i0, int i1, const float *Z, int ldz, int width) {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < width; c++) {
             float acc = 0.0f;
@@ -111,8 +111,8 @@ DG_AVX512 static void scores_avx512(float *out, int ldo, const float *X, int ldx
     }
 }
 
-DG_AVX512 static void wsum_avx512(float *out, int ldo, const float *W, size_t wrs, size_t wis, int rows, int i0,
-                                  int i1, const float *Z, int ldz, int width) {
+DG_AVX512 static void wsum_avx512(float *out, int ldo, const float *W, size_t wrs, size_t wis, int rows,
+                                  int i0, int i1, const float *Z, int ldz, int width) {
     const float *w[DG_CPU_ATT_RB];
     for (int r = 0; r < DG_CPU_ATT_RB; r++)
         w[r] = W + (size_t)(r < rows ? r : rows - 1) * wrs;
@@ -155,8 +155,8 @@ static int have_avx512(void) {
 #endif
 }
 
-static void scores(int avx512, float *out, int ldo, const float *X, int ldx, int rows, const float *Yt, int ldy,
-                   int ncols, int K, float scale) {
+static void scores(int avx512, float *out, int ldo, const float *X, int ldx, int rows, const float *Yt,
+                   int ldy, int ncols, int K, float scale) {
 #ifdef DG_CPU_HAVE_AVX512_ATT
     if (avx512) {
         scores_avx512(out, ldo, X, ldx, rows, Yt, ldy, ncols, K, scale);
@@ -279,7 +279,8 @@ DG_AVX512 static inline __m512 expf_avx512(__m512 x) {
 
 /* lanes_total on a register: lane l + lane l+8, then l+4, l+2, l+1. */
 DG_AVX512 static inline float lanes_total_avx512(__m512 v) {
-    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     b = _mm_add_ps(b, _mm_movehl_ps(b, b));
     b = _mm_add_ss(b, _mm_shuffle_ps(b, b, 1));
@@ -298,7 +299,8 @@ DG_AVX512 static void causal_softmax_row_avx512(float *row, int t, int edge) {
     __m512 acc = _mm512_setzero_ps();
     for (int j0 = 0; j0 < n; j0 += 16) {
         const __mmask16 m = lane_mask(n - j0);
-        const __m512 e = _mm512_maskz_mov_ps(m, expf_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j0), vm)));
+        const __m512 e =
+            _mm512_maskz_mov_ps(m, expf_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j0), vm)));
         _mm512_mask_storeu_ps(row + j0, m, e);
         acc = _mm512_add_ps(acc, e);
     }
@@ -316,7 +318,8 @@ DG_AVX512 static void softmax_bwd_row_avx512(float *drow, const float *prow, int
     __m512 acc = _mm512_setzero_ps();
     for (int j0 = 0; j0 < n; j0 += 16) {
         const __mmask16 m = lane_mask(n - j0);
-        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, prow + j0), _mm512_maskz_loadu_ps(m, drow + j0)));
+        acc = _mm512_add_ps(
+            acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, prow + j0), _mm512_maskz_loadu_ps(m, drow + j0)));
     }
     const __m512 dot = _mm512_set1_ps(lanes_total_avx512(acc)), vs = _mm512_set1_ps(scale);
     for (int j0 = 0; j0 < n; j0 += 16) {
@@ -356,7 +359,7 @@ typedef struct {
     const float *qkv, *dout;
     int B, T, C, NH, Tp; /* Tp: T rounded up to 16, the row length of a transposed head */
     int avx512;
-    float *scratch;      /* per thread: a transposed head [hs, Tp], then (backward) dS [T, T] */
+    float *scratch; /* per thread: see att_fwd_scratch and att_bwd_scratch */
     size_t scratch_per_thread;
 } att_arg_t;
 
@@ -382,6 +385,12 @@ static void att_fwd_task(void *argp, int bh, int worker) {
     }
 }
 
+/* Floats of per-thread scratch: K transposed [hs, Tp], rounded to whole 64-byte lines. */
+static size_t att_fwd_scratch(int T, int Tp, int hs) {
+    (void)T;
+    return ((size_t)hs * Tp + 15) / 16 * 16;
+}
+
 dg_status_t dg_cpu_attention_fwd(dg_backend_t *be, void *out, void *aux, const void *qkv, int B, int T, int C,
                                  int NH) {
     const char *op = "attention_fwd";
@@ -391,7 +400,7 @@ dg_status_t dg_cpu_attention_fwd(dg_backend_t *be, void *out, void *aux, const v
     DG_TRY(check_shape(op, B, T, C, NH));
     dg_cpu_t *cpu = dg_cpu_of(be);
     const int hs = C / NH, Tp = (T + 15) / 16 * 16;
-    const size_t per = (size_t)hs * Tp;
+    const size_t per = att_fwd_scratch(T, Tp, hs);
     float *scratch = dg_cpu_scratch(cpu, (size_t)cpu->nt * per * sizeof(float));
     if (!scratch) return dg_last_error_code();
     att_arg_t a = {out, aux, NULL, qkv, NULL, B, T, C, NH, Tp, have_avx512(), scratch, per};
@@ -404,8 +413,9 @@ static void att_bwd_task(void *argp, int bh, int worker) {
     const int T = a->T, C = a->C, hs = C / a->NH, ld = 3 * C;
     const int b = bh / a->NH, h = bh % a->NH;
     const float scale = 1.0f / sqrtf((float)hs);
+    /* this thread's scratch: V transposed [hs, Tp], then dP turned into dS in place [T, T] */
     float *Vt = a->scratch + (size_t)worker * a->scratch_per_thread;
-    float *dS = Vt + (size_t)hs * a->Tp;
+    float *dS = Vt + ((size_t)hs * a->Tp + 15) / 16 * 16;
     const size_t qoff = (size_t)b * T * ld + (size_t)h * hs;
     const float *Q = a->qkv + qoff, *K = Q + C, *V = Q + 2 * C;
     float *dQ = a->dqkv + qoff, *dK = dQ + C, *dV = dQ + 2 * C;
@@ -430,6 +440,11 @@ static void att_bwd_task(void *argp, int bh, int worker) {
     }
 }
 
+/* Floats of per-thread scratch: V transposed [hs, Tp] (rounded to whole 64-byte lines), then dS [T, T]. */
+static size_t att_bwd_scratch(int T, int Tp, int hs) {
+    return ((size_t)hs * Tp + 15) / 16 * 16 + ((size_t)T * T + 15) / 16 * 16;
+}
+
 dg_status_t dg_cpu_attention_bwd(dg_backend_t *be, void *dqkv, const void *dout, const void *qkv,
                                  const void *out, const void *aux, int B, int T, int C, int NH) {
     const char *op = "attention_bwd";
@@ -441,8 +456,8 @@ dg_status_t dg_cpu_attention_bwd(dg_backend_t *be, void *dqkv, const void *dout,
     DG_TRY(check_shape(op, B, T, C, NH));
     dg_cpu_t *cpu = dg_cpu_of(be);
     const int hs = C / NH, Tp = (T + 15) / 16 * 16;
-    /* Per thread (indexed by the worker running the task): V transposed, and dP turned into dS in place. */
-    const size_t per = (size_t)hs * Tp + (size_t)T * T;
+    /* per thread, indexed by the worker running the task */
+    const size_t per = att_bwd_scratch(T, Tp, hs);
     float *scratch = dg_cpu_scratch(cpu, (size_t)cpu->nt * per * sizeof(float));
     if (!scratch) return dg_last_error_code();
     att_arg_t a = {NULL, (float *)aux, dqkv, qkv, dout, B, T, C, NH, Tp, have_avx512(), scratch, per};

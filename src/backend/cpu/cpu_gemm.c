@@ -1,5 +1,6 @@
-/* cpu_gemm.c — GEMMs of the CPU backend: the tiled, OpenMP-parallel wrapper around single-threaded
- * OpenBLAS sgemm, and the linear layer (matmul_fwd with its bias/GELU epilogue, matmul_bwd).
+/* cpu_gemm.c — the linear layer of the CPU backend (matmul_fwd with its bias/GELU epilogue, matmul_bwd)
+ * as GEMMs cut into tiles, each tile one single-threaded OpenBLAS sgemm call, the tiles run as tasks
+ * on the backend's worker pool.
  *
  * Why tiles of a fixed, shape-only size: OpenBLAS results for an output element depend on how the call
  * that produced it was shaped (its small-matrix kernels and edge kernels round differently), so
@@ -21,13 +22,13 @@ static int round16(int v) {
  * 0.3.21, SkylakeX kernels, GPT shapes): 512-row tiles of the full width run at ~95% of one whole-matrix
  * call, 256-row ones at ~91%, 128-row ones at ~83%, and splitting the width costs about as much as
  * halving the rows. So tiles start at up to 512 x 2048 and are split, in near-equal parts, only until
- * there are DG_CPU_GEMM_MIN_TILES of them: rows first while they stay >= 128, then columns while they
- * stay >= 256, then rows down to 64 and columns down to 128. A GEMM thus keeps at most that many threads
- * busy when it is small; large ones (many rows, or a wide vocabulary) have many more tiles. */
+ * there are `min_tiles` of them: rows first while they stay >= 128, then columns while they stay >= 256,
+ * then rows down to 64 and columns down to 128. A GEMM thus keeps at most that many threads busy when it
+ * is small; large ones (many rows, or a wide vocabulary) have many more tiles. */
 #define DG_CPU_GEMM_MIN_TILES 4
-static void gemm_tiles(int M, int N, int *tm, int *tn) {
+static void gemm_tiles(int M, int N, int min_tiles, int *tm, int *tn) {
     int nm = cdiv(M, 512), nn = cdiv(N, 2048);
-    while ((long long)nm * nn < DG_CPU_GEMM_MIN_TILES) {
+    while ((long long)nm * nn < min_tiles) {
         int rows = cdiv(M, nm), cols = cdiv(N, nn);
         if (rows >= 256)
             nm *= 2;
@@ -61,11 +62,12 @@ typedef struct {
     void *arg;
 } gemm_job_t;
 
-static void gemm_job_init(gemm_job_t *g, int trans_a, int trans_b, int M, int N, int K, float alpha,
-                          const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc,
-                          dg_cpu_tile_fn pro, dg_cpu_tile_fn epi, void *arg) {
-    *g = (gemm_job_t){trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0, 0, 0, 0, pro, epi, arg};
-    gemm_tiles(M, N, &g->tm, &g->tn);
+static void gemm_job_init(gemm_job_t *g, int min_tiles, int trans_a, int trans_b, int M, int N, int K,
+                          float alpha, const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                          int ldc, dg_cpu_tile_fn pro, dg_cpu_tile_fn epi, void *arg) {
+    *g = (gemm_job_t){trans_a, trans_b, M,   N, K, alpha, A, lda, B,   ldb,
+                      beta,    C,       ldc, 0, 0, 0,     0, pro, epi, arg};
+    gemm_tiles(M, N, min_tiles, &g->tm, &g->tn);
     g->tiles_n = cdiv(N, g->tn);
     g->ntiles = cdiv(M, g->tm) * g->tiles_n;
 }
@@ -78,23 +80,14 @@ static void gemm_tile(const gemm_job_t *g, int t) {
     const float *b = g->trans_b ? g->B + (size_t)n0 * g->ldb : g->B + n0;
     if (g->pro) g->pro(g->arg, m0, m1, n0, n1);
     cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans, g->trans_b ? CblasTrans : CblasNoTrans,
-                m1 - m0, n1 - n0, g->K, g->alpha, a, g->lda, b, g->ldb, g->beta, g->C + (size_t)m0 * g->ldc + n0,
-                g->ldc);
+                m1 - m0, n1 - n0, g->K, g->alpha, a, g->lda, b, g->ldb, g->beta,
+                g->C + (size_t)m0 * g->ldc + n0, g->ldc);
     if (g->epi) g->epi(g->arg, m0, m1, n0, n1);
 }
 
 static void gemm_task(void *argp, int t, int worker) {
     (void)worker;
     gemm_tile(argp, t);
-}
-
-void dg_cpu_gemm(dg_cpu_t *cpu, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
-                 int lda, const float *B, int ldb, float beta, float *C, int ldc, dg_cpu_tile_fn epi,
-                 void *arg) {
-    dg_cpu_blas_single_thread();
-    gemm_job_t g;
-    gemm_job_init(&g, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, epi, arg);
-    dg_cpu_run(cpu, g.ntiles, gemm_task, &g);
 }
 
 /* ---------------- matmul_fwd ---------------- */
@@ -166,8 +159,8 @@ dg_status_t dg_cpu_matmul_fwd(dg_backend_t *be, void *out, void *pre, const void
     dg_cpu_blas_single_thread();
     /* out[N,OC] = inp[N,C] · w[OC,C]ᵀ: the transposed view comes from the BLAS flag, not a copy. */
     gemm_job_t g;
-    gemm_job_init(&g, 0, 1, N, OC, C, 1.0f, inp, C, w, C, bias ? 1.0f : 0.0f, dst, OC, bias ? fwd_prologue : NULL,
-                  e.pre ? fwd_epilogue : NULL, &e);
+    gemm_job_init(&g, DG_CPU_GEMM_MIN_TILES, 0, 1, N, OC, C, 1.0f, inp, C, w, C, bias ? 1.0f : 0.0f, dst, OC,
+                  bias ? fwd_prologue : NULL, e.pre ? fwd_epilogue : NULL, &e);
     dg_cpu_run(cpu, g.ntiles, gemm_task, &g);
     return DG_OK;
 }
@@ -229,12 +222,16 @@ dg_status_t dg_cpu_matmul_bwd(dg_backend_t *be, void *dinp, float *dw, float *db
         if (!j.accum) return dg_last_error_code();
         j.nbias = cpu->nt < cdiv(OC, 16) ? cpu->nt : cdiv(OC, 16);
     }
-    /* dw[OC,C] += dout[N,OC]ᵀ · inp[N,C]: each dw element is one dot product over N inside one tile. */
-    gemm_job_init(&j.dw, 1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C, NULL, NULL, NULL);
+    /* dw[OC,C] += dout[N,OC]ᵀ · inp[N,C]: each dw element is one dot product over N inside one tile.
+     * Its tiles are as large as gemm_tiles allows (no minimum count): OpenBLAS packs all N rows of dout
+     * and inp again for every tile, so each extra tile costs another pass over both, while parallelism
+     * comes from running this product beside the dinp tiles in the same job. (Tiny preset: 5-8% less
+     * CPU time per training step than with four dw tiles.) */
+    gemm_job_init(&j.dw, 1, 1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C, NULL, NULL, NULL);
     /* dinp[N,C] (=|+=) dout[N,OC] · w[OC,C]; beta = 0 never reads dinp, so poison there is harmless. */
     if (dinp)
-        gemm_job_init(&j.dinp, 0, 0, N, C, OC, 1.0f, dout, OC, w, C, acc ? 1.0f : 0.0f, dinp, C, NULL, NULL,
-                      NULL);
+        gemm_job_init(&j.dinp, DG_CPU_GEMM_MIN_TILES, 0, 0, N, C, OC, 1.0f, dout, OC, w, C, acc ? 1.0f : 0.0f,
+                      dinp, C, NULL, NULL, NULL);
     /* One job for the three independent products: one wake-up of the workers instead of three. */
     dg_cpu_blas_single_thread();
     dg_cpu_run(cpu, j.dw.ntiles + j.dinp.ntiles + j.nbias, bwd_task, &j);

@@ -217,8 +217,8 @@ static void ln_bwd_chunk_task(void *argp, int k, int worker) {
         pw[c] = pb[c] = 0.0f;
     const int r1 = min_int(a->N, (k + 1) * DG_CPU_LN_CHUNK);
     for (int r = k * DG_CPU_LN_CHUNK; r < r1; r++)
-        ln_bwd_row(a->dx + (size_t)r * C, pw, pb, a->dy + (size_t)r * C, a->x + (size_t)r * C, a->w, a->mean[r],
-                   a->rstd[r], C, a->acc);
+        ln_bwd_row(a->dx + (size_t)r * C, pw, pb, a->dy + (size_t)r * C, a->x + (size_t)r * C, a->w,
+                   a->mean[r], a->rstd[r], C, a->acc);
 }
 
 static void ln_bwd_sum_task(void *argp, int task, int worker) {
@@ -360,7 +360,7 @@ DG_CPU_VEC static void ce_bwd_row(float *drow, const float *row, float l, int tg
 
 typedef struct {
     float *losses, *lse, *dlogits; /* forward: losses, lse; backward: dlogits */
-    const float *lse_in;            /* backward */
+    const float *lse_in;           /* backward */
     const float *logits;
     const int32_t *targets;
     int N, V, Vp;
@@ -412,7 +412,16 @@ dg_status_t dg_cpu_crossentropy_fwd(dg_backend_t *be, float *losses, float *lse,
     DG_CPU_NONNULL(op, logits);
     DG_CPU_NONNULL(op, targets);
     DG_TRY(check_ce(op, targets, N, V, Vp));
-    ce_arg_t a = {losses, lse, NULL, NULL, logits, targets, N, V, Vp, 0.0f,
+    ce_arg_t a = {losses,
+                  lse,
+                  NULL,
+                  NULL,
+                  logits,
+                  targets,
+                  N,
+                  V,
+                  Vp,
+                  0.0f,
                   dg_cpu_ew_tasks(dg_cpu_of(be), (size_t)N * V)};
     dg_cpu_run(dg_cpu_of(be), a.tasks, ce_fwd_task, &a);
     return DG_OK;
@@ -426,7 +435,16 @@ dg_status_t dg_cpu_crossentropy_bwd(dg_backend_t *be, void *dlogits, const void 
     DG_CPU_NONNULL(op, lse);
     DG_CPU_NONNULL(op, targets);
     DG_TRY(check_ce(op, targets, N, V, Vp));
-    ce_arg_t a = {NULL, NULL, dlogits, lse, logits, targets, N, V, Vp, dloss,
+    ce_arg_t a = {NULL,
+                  NULL,
+                  dlogits,
+                  lse,
+                  logits,
+                  targets,
+                  N,
+                  V,
+                  Vp,
+                  dloss,
                   dg_cpu_ew_tasks(dg_cpu_of(be), (size_t)N * Vp)};
     dg_cpu_run(dg_cpu_of(be), a.tasks, ce_bwd_task, &a);
     return DG_OK;

@@ -27,10 +27,24 @@
 
 /* Idle polls of the job counter before a worker sleeps, and of the completion counter before the
  * caller sleeps. Kernels of one step follow each other within microseconds, so a short poll saves
- * the sleep/wake system calls between them; it is kept short (a few microseconds, each poll being a
- * `pause`) so that idle workers do not take cores from other processes on a shared node. */
+ * the sleep/wake system calls between them; it is kept short (each poll is one `pause`, 10 ns on the
+ * development machine and up to ~45 ns on other Xeons: 20-90 us for a worker) so that idle workers do
+ * not take cores from other processes on a shared node. */
 #define DG_POOL_WORKER_SPINS 2000
 #define DG_POOL_CALLER_SPINS 4000
+
+/* Test builds only (tests/backend/test_cpu_pool.c compiles this file with DG_CPU_POOL_TEST_DELAY=N):
+ * widen the windows between publishing a job and opening its claims, and between a worker reading the
+ * claim word and the job word, where a mix-up of two jobs would happen if the protocol allowed it. */
+#ifdef DG_CPU_POOL_TEST_DELAY
+#define DG_POOL_TEST_PAUSE()                                                                                 \
+    do {                                                                                                     \
+        for (volatile int z_ = 0; z_ < DG_CPU_POOL_TEST_DELAY; z_++)                                         \
+            ;                                                                                                \
+    } while (0)
+#else
+#define DG_POOL_TEST_PAUSE() ((void)0)
+#endif
 
 struct dg_cpu_pool {
     int nthreads; /* including the calling thread */
@@ -83,6 +97,7 @@ static inline void cpu_relax(void) {
 static void claim_and_run(dg_cpu_pool_t *p, int worker) {
     uint64_t s = atomic_load_explicit(&p->claim, memory_order_acquire);
     for (;;) {
+        DG_POOL_TEST_PAUSE();
         const uint64_t j = atomic_load_explicit(&p->job, memory_order_acquire);
         if ((uint32_t)(j >> 32) != (uint32_t)(s >> 32)) {
             /* the job descriptor belongs to another generation than the claim word we read: the caller
@@ -211,6 +226,7 @@ void dg_cpu_pool_run(dg_cpu_pool_t *p, int ntasks, dg_cpu_task_fn fn, void *arg)
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     p->gen++;
     atomic_store_explicit(&p->job, ((uint64_t)p->gen << 32) | (uint32_t)ntasks, memory_order_release);
+    DG_POOL_TEST_PAUSE();
     atomic_store_explicit(&p->claim, (uint64_t)p->gen << 32, memory_order_release);
     atomic_fetch_add(&p->ticket, 1);
     if (atomic_load(&p->sleepers) > 0) {
@@ -229,4 +245,16 @@ void dg_cpu_pool_run(dg_cpu_pool_t *p, int ntasks, dg_cpu_task_fn fn, void *arg)
     while ((d = atomic_load(&p->done)) != n)
         futex_wait(&p->done, d);
     atomic_store(&p->caller_sleeping, 0);
+}
+
+void dg_cpu_run(dg_cpu_t *cpu, int ntasks, dg_cpu_task_fn fn, void *arg) {
+    if (ntasks > 1 && cpu->nt > 1 && !cpu->pool && !cpu->pool_failed) {
+        if (dg_cpu_pool_create(cpu->nt, &cpu->pool) != DG_OK) {
+            DG_LOG_WARN("%s; the CPU backend runs on 1 thread instead of %d (same results, slower)",
+                        dg_last_error(), cpu->nt);
+            dg_clear_error();
+            cpu->pool_failed = 1;
+        }
+    }
+    dg_cpu_pool_run(cpu->pool, ntasks, fn, arg);
 }
