@@ -19,7 +19,8 @@ Cases (ARG is a number of ranks, or A:B for a resume from A ranks at B ranks):
   retention          checkpoint.every=1 keep=2: two step files and LATEST naming the newest
   async              checkpoint.async=true: events with stall_ms; async files and a resume from one are
                      bitwise like the synchronous run
-  dist:K             a K-rank run matches the 1-rank run of the same global batch (losses 1e-5 relative)
+  dist:K[:MESH]      a K-rank run (parallel.mesh = MESH, default auto) matches the 1-rank run of the same
+                     global batch (losses 1e-5 relative)
 Environment: DGT_TEST_KEEP=1 keeps the work directory; DGT_TEST_SEED fixes the random choices of the
 sigkill case (the seed used is always printed).
 """
@@ -347,12 +348,19 @@ def case_resume_ws(env, from_ws, to_ws):
                                                 from_ws, w2, k + 1, n, ld, model[worst_d], worst_d, WEIGHT_ATOL))
 
 
-def case_dist(env, k_ranks):
+def case_dist(env, k_ranks, mesh=None):
     n = 20
     ref = env.train(1, "ref1", ["train.steps=%d" % n])
-    run = env.train(k_ranks, "dist%d" % k_ranks, ["train.steps=%d" % n])
+    sets = ["train.steps=%d" % n] + (["parallel.mesh=" + mesh] if mesh else [])
+    run = env.train(k_ranks, "dist%d" % k_ranks, sets)
     st = only_event(run, "start", "K-rank run")
     check(st.get("world_size") == k_ranks, "start event world_size %s, expected %d" % (st.get("world_size"), k_ranks))
+    if mesh:
+        want = dict(kv.split("=") for kv in mesh.split(","))
+        got = st.get("mesh")
+        got_d = dict(kv.split("=") for kv in got.split(",")) if isinstance(got, str) else got
+        check(all(str(got_d.get(k)) == v for k, v in want.items()),
+              "start event mesh %s, expected %s" % (got, mesh))
     check_tokens(run, range(1, n + 1), "%d-rank run" % k_ranks)
     worst = max_loss_rel(ref, run, range(1, n + 1), "%d ranks vs 1 rank" % k_ranks)
     r, d = step_lines(ref), step_lines(run)
@@ -671,7 +679,8 @@ def main():
             a, b = arg.split(":")
             case_resume_ws(env, int(a), int(b))
         elif name == "dist":
-            case_dist(env, int(arg))
+            k, _, mesh = arg.partition(":")
+            case_dist(env, int(k), mesh or None)
         elif name == "retention":
             case_retention(env)
         elif name == "incremental":
