@@ -78,15 +78,6 @@ static const dg_comm_vtbl_t k_vt_mpi;
 
 /* ---------------------------------------------------------------------------------------------- */
 
-static void bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
-    (void)dt;
-    const uint16_t *a = in;
-    uint16_t *b = inout;
-    int n = *len;
-    for (int i = 0; i < n; i++)
-        b[i] = dg_comm__f32_to_bf16(dg_comm__bf16_to_f32(a[i]) + dg_comm__bf16_to_f32(b[i]));
-}
-
 static MPI_Datatype mpi_type(dg_dtype_t dt) {
     switch (dt) {
     case DG_F32:
@@ -156,6 +147,12 @@ static void ring_add(void *dst, const void *a, const void *b, size_t n, dg_dtype
     default:
         DG_ASSERTF(0, "ring reduce-scatter of dtype %d", (int)dt);
     }
+}
+
+/* The user MPI_Op for bf16 sums (MPI_Reduce_scatter_block / MPI_Allreduce): the same add as the ring. */
+static void bf16_sum_fn(void *in, void *inout, int *len, MPI_Datatype *dt) {
+    (void)dt;
+    ring_add(inout, in, inout, (size_t)*len, DG_BF16);
 }
 
 /* The ring reduce-scatter (see the header comment). Runs on the comm thread or inline on the caller's
