@@ -248,6 +248,16 @@ dg_status_t dg_ckpt_writer_wait(dg_ckpt_writer_t *w, dg_ckpt_async_result_t *out
 /* Collective. Waits for a pending write (logging its outcome if uncollected) and frees the writer. */
 void dg_ckpt_writer_free(dg_ckpt_writer_t *w);
 
+/* Fletcher32 (fletcher32.c): this library defines HDF5's H5_checksum_fletcher32 with a faster,
+ * bit-identical implementation that the Fletcher32 filter then calls (executables linking this library
+ * export the symbol). 1 when HDF5's calls really reach it (and its self-test against HDF5's own passed);
+ * 0 when HDF5's version runs. */
+int dg_ckpt_fletcher32_interposed(void);
+/* How many checksums this implementation has computed in this process (for tests). */
+uint64_t dg_ckpt_fletcher32_calls(void);
+/* The checksum computed without the vectorised path (for tests). */
+uint32_t dg_ckpt_fletcher32_portable(const void *data, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -459,8 +459,9 @@ static dg_status_t write_file(save_ctx_t *c) {
     /* each rank flushes what it wrote (on parallel file systems one client's fsync is not enough) */
     double t_sync = dg_now_s();
     if (!s) s = ckpt_agree(c->comm, fsync_file(c->partial_path));
-    DG_LOG_DEBUG("checkpoint %s: create+write %.3f s, close %.3f s, fsync %.3f s", c->final_name,
-                 t_close - t_create, t_sync - t_close, dg_now_s() - t_sync);
+    DG_LOG_DEBUG("checkpoint %s: create+write %.3f s, close %.3f s, fsync %.3f s (Fletcher32: %s)",
+                 c->final_name, t_close - t_create, t_sync - t_close, dg_now_s() - t_sync,
+                 dg_ckpt_fletcher32_interposed() ? "dgtrain's" : "HDF5's");
     return s;
 }
 
