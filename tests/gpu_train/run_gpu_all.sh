@@ -2,7 +2,8 @@
 # run_gpu_all.sh — issue 7 on a GPU machine in one call, within a wall-clock budget: the end-to-end GPU
 # training tests (tests/gpu_train), the 64- vs 128-row attention check, the issue's two dgtrain commands,
 # then the benchmark (bench_step at both attention block sizes, dgtrain GPT-2 124M, PyTorch eager and, if
-# time is left, torch.compile), then compute-sanitizer memcheck if time is left. Logs go to $OUT.
+# time is left, torch.compile), then compute-sanitizer memcheck and the checkpoint benchmark
+# (bench/checkpoint/run.sh) if time is left. Logs go to $OUT.
 #
 #   tests/gpu_train/run_gpu_all.sh [BUILD_DIR]
 # BUILD_DIR (default build-gpu) is used as it is when its binaries run here (e.g. carried from a build
@@ -31,7 +32,8 @@ export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 
 log "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1); $(nvcc --version 2>/dev/null | tail -1)"
 usable() { [ -x "$1" ] && ! ldd "$1" 2>/dev/null | grep -q 'not found'; }
-bins=(src/cli/dgtrain src/checkpoint_hdf5/dgckpt tests/backend_cuda/test_backend_cuda bench/gpu/bench_step)
+bins=(src/cli/dgtrain src/checkpoint_hdf5/dgckpt tests/backend_cuda/test_backend_cuda bench/gpu/bench_step
+  bench/checkpoint/bench_ckpt)
 ok=1
 for b in "${bins[@]}"; do usable "$bdir/$b" || ok=0; done
 if [ $ok = 1 ]; then
@@ -42,7 +44,7 @@ else
   bdir=$root/build-gpu
   cmake -S "$root" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDGT_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" >"$out/build.log" 2>&1 &&
-    cmake --build "$bdir" -j "$(nproc)" --target dgtrain dgckpt test_backend_cuda bench_step >>"$out/build.log" 2>&1
+    cmake --build "$bdir" -j "$(nproc)" --target dgtrain dgckpt test_backend_cuda bench_step bench_ckpt >>"$out/build.log" 2>&1
   rc=$?
   log "build rc=$rc in $(($(date +%s) - t0)) s"
   [ $rc -eq 0 ] || { tail -30 "$out/build.log"; exit 1; }
@@ -129,6 +131,16 @@ if [ "$l" -gt 30 ]; then
   log "gpu_train_memcheck rc=$?: $(grep -hE '^(PASS|FAIL|SKIP)' "$out/gpu_train_memcheck.log" | tr '\n' ' ')"
 else
   log "skip memcheck: budget"
+fi
+
+# ---- phase D: the checkpoint benchmark (issue 5: save vs dd on this host's disk), if time is left ----
+l=$(left)
+if [ "$l" -gt 100 ]; then
+  timeout $((l - 5)) bash "$root/bench/checkpoint/run.sh" "$bdir" "$tmp/bck" >"$out/bench_ckpt.log" 2>&1
+  log "bench/checkpoint rc=$?"
+  grep '^|' "$out/bench_ckpt.log" | tee -a "$out/summary.log"
+else
+  log "skip checkpoint bench: budget"
 fi
 rm -rf "$tmp"
 log "done"
