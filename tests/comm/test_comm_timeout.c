@@ -5,7 +5,8 @@
  * promptly (long before the stalled rank would wake up), and that the message was printed.
  *
  * usage: test_comm_timeout KIND TIMEOUT_S STALL_RANK [thread|nonblocking]
- *   KIND: allreduce | reduce_scatter | allgather | mismatch | recv
+ *   KIND: allreduce | reduce_scatter | reduce_scatter_ring | allgather | mismatch | recv
+ *   reduce_scatter_ring: 64 Ki floats per rank, so that the comm layer's ring runs at any group size
  *   mismatch: the stalled rank posts a broadcast where the others post an all-reduce (then stalls)
  *   recv: every rank but STALL_RANK waits for a message that STALL_RANK never sends
  *   blocking: the others call the BLOCKING all-reduce, which runs inline inside MPI and cannot return;
@@ -55,7 +56,7 @@ int main(int argc, char **argv) {
     }
     dg_comm_set_step(c, 7);
 
-    size_t n = 1000;
+    size_t n = strcmp(kind, "reduce_scatter_ring") == 0 ? 65536 : 1000;
     float *send = calloc(n * (size_t)wsize, sizeof(float)), *recv = calloc(n * (size_t)wsize, sizeof(float));
     if (g_wrank == stall) {
         if (strcmp(kind, "mismatch") == 0) {
@@ -76,9 +77,10 @@ int main(int argc, char **argv) {
     dg_comm_req_t *r = NULL;
     dg_status_t s;
     const char *opname = kind;
-    if (strcmp(kind, "reduce_scatter") == 0)
+    if (strncmp(kind, "reduce_scatter", 14) == 0) {
+        opname = "reduce_scatter";
         s = dg_comm_ireduce_scatter(c, send, recv, n, DG_F32, DG_RED_SUM, &r);
-    else if (strcmp(kind, "allgather") == 0)
+    } else if (strcmp(kind, "allgather") == 0)
         s = dg_comm_iallgather(c, send, recv, n, DG_F32, &r);
     else if (strcmp(kind, "recv") == 0)
         s = dg_comm_irecv(c, recv, n, DG_F32, stall, 9, &r);
