@@ -185,6 +185,13 @@ static void emit(dg_health_t *h, const char *fields) {
 /* ---------------------------------------------------------------- abort paths */
 
 /* Tell everybody, then bring the job down with exit code 3. Never returns. */
+/* How long a rank that sent or received an abort notice waits before it leaves: the launcher ends the
+ * whole job as soon as one rank exits, so every rank's health thread (polling every poll_s) must have had
+ * time to take its notice, log it and leave with exit code 3 on its own. */
+static double notice_grace_s(const dg_health_t *h) {
+    return fmin(1.0, fmax(0.3, 3 * h->poll_s));
+}
+
 static void __attribute__((noreturn)) abort_job(dg_health_t *h, int culprit, const char *text) {
     if (atomic_exchange(&h->aborting, 1)) {
         /* Another thread of this rank is already taking the job down; let it finish. */
@@ -226,7 +233,7 @@ static void __attribute__((noreturn)) abort_job(dg_health_t *h, int culprit, con
             if (!done) sleep_s(0.01);
         }
         /* Give receivers a moment to log and exit 3 themselves before the launcher starts killing. */
-        sleep_s(0.2);
+        sleep_s(notice_grace_s(h));
     }
     fflush(stdout);
     fflush(stderr);
@@ -261,6 +268,7 @@ static void __attribute__((noreturn)) notified(dg_health_t *h, const abort_msg_t
     }
     fflush(stdout);
     fflush(stderr);
+    sleep_s(notice_grace_s(h)); /* the other ranks take their notices before the launcher kills them */
     _exit(DG_ERR_PEER);
 }
 
