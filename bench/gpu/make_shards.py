@@ -17,7 +17,7 @@ import sys
 
 def write(path, tokens):
     with open(path + ".tmp", "wb") as f:
-        f.write(struct.pack("<256i", *([20240520, 1, len(tokens)] + [0] * 253)))
+        f.write(struct.pack("<256i", *([20240520, 1, len(tokens) // 2] + [0] * 253)))  # uint16 tokens
         f.write(tokens)
     os.replace(path + ".tmp", path)
 
