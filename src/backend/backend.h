@@ -32,6 +32,12 @@
  *   v1.2 (2026-11-29, cuda-e2e) dg_backend_cuda_device_name() (the GPU's name, for the MFU peak) and
  *        dg_backend_cuda_mem_stats() (the backend's allocated bytes and their peak; device memory in use).
  *        Additive.
+ *   v1.3 (2026-11-29, cuda-graph) host_alloc / host_free / upload_async (capturable host-to-device copies
+ *        from page-locked memory), adamw_dev (AdamW whose lr and bias corrections come from a device
+ *        scalar block, and which skips itself when the gradient norm there is not finite), and
+ *        graph_begin / graph_end / graph_launch / graph_free (record the ops queued between begin and end
+ *        once, replay them). Entries appended at the end; graph_* are NULL on backends that cannot
+ *        record. Additive.
  */
 #ifndef DG_BACKEND_H
 #define DG_BACKEND_H
@@ -48,6 +54,17 @@ extern "C" {
 typedef struct dg_backend dg_backend_t;
 
 typedef enum { DG_EPI_NONE = 0, DG_EPI_GELU = 1 } dg_epilogue_t;
+
+/* The device scalar block (f32) that adamw_dev and the executor share, index by index. */
+enum {
+    DG_DS_SUMSQ = 0,   /* sum of squares of all gradients (sumsq_f32 accumulates here) */
+    DG_DS_GSCALE = 1,  /* gradient factor: clip factor x loss-scale inverse (clip_scale writes it) */
+    DG_DS_NORM = 2,    /* gradient norm (clip_scale writes it); AdamW is skipped when not finite */
+    DG_DS_LR = 4,      /* learning rate of this step */
+    DG_DS_INV_BC1 = 5, /* 1 / (1 - beta1^t), computed in double on the host */
+    DG_DS_INV_BC2 = 6, /* 1 / (1 - beta2^t) */
+    DG_DS_COUNT = 8
+};
 
 typedef struct dg_backend_config {
     dg_dtype_t act_dtype; /* DG_F32 | DG_BF16 | DG_F16 */
@@ -134,6 +151,29 @@ typedef struct dg_backend_ops {
      * also writes the norm (sqrt(sumsq)) to *norm_dev. */
     dg_status_t (*clip_scale)(dg_backend_t *be, float *gscale_dev, float *norm_dev, const float *sumsq_dev,
                               float clip, float extra);
+
+    /* ---- v1.3: device-side step scalars and graph replay ---- */
+    /* Host memory the device can copy from asynchronously (page-locked on CUDA; plain malloc on CPU). */
+    dg_status_t (*host_alloc)(dg_backend_t *be, size_t bytes, void **out);
+    void (*host_free)(dg_backend_t *be, void *p);
+    /* dst (device) = host_src[0, bytes), ordered after the work queued before it; host_src comes from
+     * host_alloc and must not change until the copy has run (the next sync). The copy reads host_src
+     * when it runs: recorded in a graph, every replay copies what host_src holds at that moment. */
+    dg_status_t (*upload_async)(dg_backend_t *be, void *dst, const void *host_src, size_t bytes);
+    /* adamw with lr = sc[DG_DS_LR], the bias corrections sc[DG_DS_INV_BC1], sc[DG_DS_INV_BC2] and the
+     * gradient factor sc[DG_DS_GSCALE] read on the device (sc: device f32[DG_DS_COUNT]); the same
+     * arithmetic as adamw given those values, bit for bit. Changes nothing when sc[DG_DS_NORM] is not
+     * finite (the step is skipped). */
+    dg_status_t (*adamw_dev)(dg_backend_t *be, float *master, void *compute, const float *grad, float *m,
+                             float *v, size_t n, float beta1, float beta2, float eps, float wd,
+                             const float *sc);
+    /* Graph replay (NULL where the backend cannot record): between graph_begin and graph_end the ops
+     * are recorded, not run; graph_end returns the instantiated graph in *graph (NULL and an error when
+     * recording or instantiation failed; recording is over either way). graph_launch queues one replay. */
+    dg_status_t (*graph_begin)(dg_backend_t *be);
+    dg_status_t (*graph_end)(dg_backend_t *be, void **graph);
+    dg_status_t (*graph_launch)(dg_backend_t *be, void *graph);
+    void (*graph_free)(dg_backend_t *be, void *graph);
 } dg_backend_ops_t;
 
 struct dg_backend {

@@ -159,7 +159,8 @@ const dg_cfg_key_t dg_cfg_schema[] = {
         "MiB that early (hoisted) all-gathers may hold"),
     BOOL("parallel", "overlap", parallel.overlap, "true", "overlap collectives with compute"),
     BOOL("parallel", "cuda_graph", parallel.cuda_graph, "true",
-         "replay the step as one CUDA Graph (cuda backend; not implemented yet: steps run eagerly)"),
+         "record the step once as CUDA Graphs and replay them (cuda backend; falls back to op by op with a "
+         "fallback event when it cannot)"),
     INT("parallel", "threads", parallel.threads, "0", 0, 4096,
         "CPU threads per rank (0 = the cores it is bound to)"),
 

@@ -13,6 +13,8 @@
  * (wait_s). A collective on the compute stream runs to completion where it stands. Whatever is still in
  * flight when a run ends is completed then, so a phase never leaks requests into the next.
  */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +43,13 @@ dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_plan_
     }
     ex->rt.dloss = 1.0f;
     ex->rt.grad_extra = 1.0f;
+    dg_status_t st = be->ops->host_alloc(be, DG_DS_COUNT * sizeof(float), (void **)&ex->sc_host);
+    if (st != DG_OK) {
+        if (ex->arena) be->ops->free(be, ex->arena);
+        free(ex);
+        return dg_err_prefix(st, "executor: cannot allocate the host mirror of the step scalars");
+    }
+    memset(ex->sc_host, 0, DG_DS_COUNT * sizeof(float));
     ex->req = dg_xcalloc((size_t)g->n + 1, sizeof *ex->req);
     *out = ex;
     return DG_OK;
@@ -51,6 +60,7 @@ void dg_exec_free(dg_exec_t *ex) {
     /* requests still in flight belong to a failed run: the comm is unusable then and the job is being
      * ended; waiting here could block for the whole timeout */
     if (ex->arena) ex->be->ops->free(ex->be, ex->arena);
+    if (ex->sc_host) ex->be->ops->host_free(ex->be, ex->sc_host);
     for (int i = 0; ex->stage && i < ex->graph->n; i++)
         free(ex->stage[i]);
     free(ex->stage);
@@ -283,4 +293,48 @@ dg_status_t dg_exec_run_phase(dg_exec_t *ex, dg_phase_t phase) {
     int first, end;
     dg_graph_phase_range(ex->graph, phase, &first, &end);
     return dg_exec_run(ex, first, end);
+}
+
+dg_status_t dg_exec_stage_scalars(dg_exec_t *ex) {
+    const dg_runtime_t *rt = &ex->rt;
+    if (rt->t < 1)
+        return DG_ERR(DG_ERR_USAGE, "executor: AdamW step t = %lld, expected >= 1 (1-based)", (long long)rt->t);
+    if (!(rt->beta1 >= 0.0f && rt->beta1 < 1.0f) || !(rt->beta2 >= 0.0f && rt->beta2 < 1.0f))
+        return DG_ERR(DG_ERR_USAGE, "executor: AdamW betas (%g, %g) must lie in [0, 1)", (double)rt->beta1,
+                      (double)rt->beta2);
+    /* bias corrections once per step in double (pow(beta, t) for large t underflows gracefully to 0),
+     * the values both backends' adamw compute from t */
+    ex->sc_host[DG_DS_LR] = rt->lr;
+    ex->sc_host[DG_DS_INV_BC1] = (float)(1.0 / (1.0 - pow((double)rt->beta1, (double)rt->t)));
+    ex->sc_host[DG_DS_INV_BC2] = (float)(1.0 / (1.0 - pow((double)rt->beta2, (double)rt->t)));
+    return DG_OK;
+}
+
+const char *dg_exec_capture_blocker(dg_exec_t *ex, int first, int end) {
+    if (!ex->be->ops->graph_begin) {
+        snprintf(ex->why, sizeof ex->why, "the %s backend cannot record graphs", ex->be->ops->name);
+        return ex->why;
+    }
+    if (ex->profile) {
+        snprintf(ex->why, sizeof ex->why, "per-op profiling synchronises after every op");
+        return ex->why;
+    }
+    for (int i = first; i < end; i++) {
+        const dg_node_t *n = ex->graph->nodes[i];
+        if (n->op != DG_OP_ALL_GATHER && n->op != DG_OP_REDUCE_SCATTER && n->op != DG_OP_ALL_REDUCE) continue;
+        int d = (int)n->attr[DG_A_MESHDIM];
+        int k = ex->graph->mesh.size[d];
+        if (n->op == DG_OP_ALL_REDUCE && n->attr[DG_A_ARMODE] == DG_AR_FROM_REPLICATE) continue;
+        if (k > 1) {
+            snprintf(ex->why, sizeof ex->why,
+                     "%s '%s' runs over the %s comm backend, which the executor drives from the host",
+                     dg_op_name(n->op), n->name, ex->comm[d] ? dg_comm_name(ex->comm[d]) : "(none)");
+            return ex->why;
+        }
+        if (n->op == DG_OP_REDUCE_SCATTER && n->attr[DG_A_ACC] && ex->be->act_dtype != DG_F32) {
+            snprintf(ex->why, sizeof ex->why, "'%s' sums an f32 gradient shard on the host", n->name);
+            return ex->why;
+        }
+    }
+    return NULL;
 }

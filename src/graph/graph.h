@@ -179,10 +179,33 @@ int dg_model_local_pieces(const dg_model_t *m, int i, dg_model_piece_t *out);
 int dg_model_piece_owner(const dg_model_t *m, int i);
 dg_status_t dg_model_get_local(dg_model_t *m, int i, int which, float *host_out);
 dg_status_t dg_model_set_local(dg_model_t *m, int i, int which, const float *host_in);
+/* All local tensors of one state (DG_STATE_PARAM, ADAM_M, ADAM_V, GRAD) at once: the model's flat
+ * buffer of dg_model_flat_numel() floats, in which parameter i's local tensor starts at element
+ * dg_model_flat_offset(m, i) (alignment gaps between tensors hold zeros). One copy instead of one per
+ * tensor; into page-locked memory (the backend's host_alloc) it runs at the link's full speed. */
+size_t dg_model_flat_numel(const dg_model_t *m);
+size_t dg_model_flat_offset(const dg_model_t *m, int i);
+dg_status_t dg_model_get_flat(dg_model_t *m, int which, float *host_out);
+dg_status_t dg_model_set_flat(dg_model_t *m, int which, const float *host_in);
 /* The mesh the model was built for, and this rank's coordinates. */
 const dg_model_parallel_t *dg_model_parallel(const dg_model_t *m);
 /* The training step named by collective timeout messages from now on. */
 void dg_model_set_step(dg_model_t *m, int64_t step);
+/* Graph replay of the training step (parallel.cuda_graph; backends with graph_begin, i.e. CUDA). Once
+ * one eager step has run (it sizes the backend's scratch and fills its plan caches), the ZERO phase, the
+ * FWD+BWD phases with the micro-batch's token upload, and the OPT phase are each recorded on first use
+ * and replayed from then on. What a recording bakes in (dloss; grad_clip, the loss-scale inverse, betas,
+ * eps, weight decay; the frozen set) is compared at every call and a change records again. The step's lr
+ * and bias corrections travel through the device scalar block, so they need no new recording. When
+ * recording is impossible (a collective driven from the host, per-op profiling) or fails (capture or
+ * instantiation error), the model runs op by op for the rest of its life, logs a warning and calls
+ * cb(ctx, "fallback", reason) once; every recording calls cb(ctx, "captured", which). Both paths queue
+ * the same kernels with the same arguments: the numbers are bitwise the same. No effect (and no
+ * callback) on a backend that cannot record. cb may be NULL. */
+typedef void (*dg_model_graph_cb_t)(void *ctx, const char *what, const char *detail);
+void dg_model_set_graph_replay(dg_model_t *m, int on, dg_model_graph_cb_t cb, void *ctx);
+/* Graph launches so far (replays, not recordings). */
+uint64_t dg_model_graph_launches(const dg_model_t *m);
 /* Communication accounting since the last reset: seconds blocked waiting for asynchronous collectives
  * (the exposed communication), seconds in blocking collectives, and collectives run. */
 typedef struct dg_model_comm_stats {

@@ -335,11 +335,19 @@ dg_node_t *dg_ad_param_grad(dg_ad_t *ad, dg_node_t *w, const char *op_name);
 
 /* Optimizer pass: appends ZERO ops for every param grad (phase ZERO) and, in phase OPT, zero the
  * norm accumulator, SUMSQ of every grad, CLIP_SCALE, and one ADAMW per parameter (the creation order of
- * params). decay_of(param, ctx) says whether a param gets weight decay. The scalars node (f32 [4]:
- * sumsq, gscale, norm, spare) is created and returned through *scalars_out. */
+ * params). decay_of(param, ctx) says whether a param gets weight decay. The scalars node
+ * (f32 [DG_SCALAR_COUNT]: the DG_DS_* slots) is created and returned through *scalars_out. */
 dg_status_t dg_graph_add_optimizer(dg_graph_t *g, int (*decay_of)(const dg_node_t *param, void *ctx),
                                    void *ctx, dg_node_t **scalars_out);
-enum { DG_SCALAR_SUMSQ = 0, DG_SCALAR_GSCALE = 1, DG_SCALAR_NORM = 2, DG_SCALAR_COUNT = 4 };
+/* The graph's scalars node is the backend's device scalar block (backend.h DG_DS_*, same indices): OPT
+ * zeroes it, SUMSQ accumulates, CLIP_SCALE writes the factor and norm and uploads the step's lr and bias
+ * corrections (from ex->sc_host), ADAMW reads them. */
+enum {
+    DG_SCALAR_SUMSQ = DG_DS_SUMSQ,
+    DG_SCALAR_GSCALE = DG_DS_GSCALE,
+    DG_SCALAR_NORM = DG_DS_NORM,
+    DG_SCALAR_COUNT = DG_DS_COUNT
+};
 
 /* ---------------- sharding passes (shard.c) ---------------- */
 /* What the FSDP pass needs to know about each parameter (filled by the model builder). */
@@ -454,6 +462,8 @@ struct dg_exec {
     double wait_s;     /* blocked waiting for comm-stream collectives: the exposed communication */
     double blocking_s; /* in compute-stream (blocking) collectives */
     uint64_t n_coll;   /* collectives run over a comm */
+    float *sc_host;    /* page-locked mirror of the device scalar block's step slots (DG_DS_LR..) */
+    char why[256];     /* dg_exec_capture_blocker's answer */
 };
 
 /* Allocates the arena for `plan` (phase 2). Persistent nodes must be bound (data != NULL) before runs. */
@@ -473,6 +483,13 @@ dg_status_t dg_exec_attach_comm(dg_exec_t *ex, int dim, struct dg_comm *c);
 dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n);
 /* Completes every request still in flight (in schedule order). */
 dg_status_t dg_exec_drain(dg_exec_t *ex);
+/* Writes the step's lr and AdamW bias corrections (from ex->rt: lr, beta1, beta2, t) into the host
+ * mirror ex->sc_host, which CLIP_SCALE uploads into the device scalar block. DG_ERR_USAGE for t < 1 or
+ * betas outside [0, 1). */
+dg_status_t dg_exec_stage_scalars(dg_exec_t *ex);
+/* Why nodes [first, end) cannot be recorded as a graph and replayed (the backend cannot record,
+ * profiling is on, a collective needs the host), or NULL when they can. The answer lives in ex. */
+const char *dg_exec_capture_blocker(dg_exec_t *ex, int first, int end);
 
 /* Allocates device memory for every PERSISTENT root that has none yet (tests and small graphs); the
  * allocations are recorded in *list (free with dg_graph_free_persistent). */

@@ -65,10 +65,20 @@ struct dg_model {
     int tp, tp_rank, k, shard_rank, rep, rep_rank;
     place_t *place;         /* per tensor */
     dg_shard_plan_t *shard; /* buckets (NULL on one data-parallel rank) */
+    int32_t *tok_host, *tgt_host; /* page-locked staging of the micro-batch's ids (upload_async) */
+    /* graph replay (dg_model_set_graph_replay) */
+    int gr_on, gr_warm;
+    void *gr[3];        /* GR_ZERO, GR_FB, GR_OPT: instantiated graphs, NULL until recorded */
+    float gr_key[3][8]; /* the values each recording baked in */
+    uint64_t gr_launches;
+    dg_model_graph_cb_t gr_cb;
+    void *gr_ctx;
     int64_t step;           /* dg_model_set_step */
     int stall_rank;         /* test hook DG_TEST_STALL_COLLECTIVE_RANK/_STEP (-1: off) */
     int64_t stall_step;
 };
+
+static void gr_drop(dg_model_t *m);
 
 /* ---------------- descriptions ---------------- */
 
@@ -468,6 +478,8 @@ static dg_status_t bind_and_alloc(dg_model_t *m) {
     DG_TRY(alloc_zero(be, ntok * sizeof(int32_t), (void **)&m->tokens_dev));
     DG_TRY(alloc_zero(be, ntok * sizeof(int32_t), (void **)&m->targets_dev));
     DG_TRY(alloc_zero(be, DG_SCALAR_COUNT * sizeof(float), (void **)&m->scalars_dev));
+    DG_TRY(be->ops->host_alloc(be, ntok * sizeof(int32_t), (void **)&m->tok_host));
+    DG_TRY(be->ops->host_alloc(be, ntok * sizeof(int32_t), (void **)&m->tgt_host));
     m->tokens->data = m->tokens_dev;
     m->targets->data = m->targets_dev;
     m->scalars->data = m->scalars_dev;
@@ -640,6 +652,9 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
 void dg_model_free(dg_model_t *m) {
     if (!m) return;
     dg_backend_t *be = m->be;
+    gr_drop(m);
+    if (m->tok_host) be->ops->host_free(be, m->tok_host);
+    if (m->tgt_host) be->ops->host_free(be, m->tgt_host);
     dg_exec_free(m->ex);
     void *bufs[] = {m->master,  m->grad,       m->adam_m,      m->adam_v,
                     m->compute, m->tokens_dev, m->targets_dev, m->scalars_dev};
@@ -731,12 +746,124 @@ static dg_status_t check_ids(const dg_model_t *m, const int32_t *ids, const char
     return DG_OK;
 }
 
-static dg_status_t upload(dg_model_t *m, const int32_t *tokens, const int32_t *targets) {
+/* Checks the ids and puts them in the page-locked staging buffers; upload_ids() queues the copies. The
+ * staging is free again after the sync that ends every forward (read_mean_loss). */
+static dg_status_t stage_ids(dg_model_t *m, const int32_t *tokens, const int32_t *targets) {
     size_t bytes = (size_t)m->B * (size_t)m->T * sizeof(int32_t);
     DG_TRY(check_ids(m, tokens, "tokens"));
     DG_TRY(check_ids(m, targets, "targets"));
-    DG_TRY(m->be->ops->to_device(m->be, m->tokens_dev, tokens, bytes));
-    return m->be->ops->to_device(m->be, m->targets_dev, targets, bytes);
+    memcpy(m->tok_host, tokens, bytes);
+    memcpy(m->tgt_host, targets, bytes);
+    return DG_OK;
+}
+
+static dg_status_t upload_ids(dg_model_t *m) {
+    size_t bytes = (size_t)m->B * (size_t)m->T * sizeof(int32_t);
+    DG_TRY(m->be->ops->upload_async(m->be, m->tokens_dev, m->tok_host, bytes));
+    return m->be->ops->upload_async(m->be, m->targets_dev, m->tgt_host, bytes);
+}
+
+/* ---------------- graph replay ---------------- */
+
+enum { GR_ZERO, GR_FB, GR_OPT };
+static const char *const gr_name[3] = {"zero_grad", "forward_backward", "optimizer"};
+
+static void gr_drop(dg_model_t *m) {
+    for (int i = 0; i < 3; i++) {
+        if (m->gr[i]) m->be->ops->graph_free(m->be, m->gr[i]);
+        m->gr[i] = NULL;
+    }
+}
+
+static void gr_give_up(dg_model_t *m, const char *why) {
+    gr_drop(m);
+    m->gr_on = 0;
+    DG_LOG_WARN("CUDA Graph replay is off for the rest of the run, steps run op by op: %s", why);
+    if (m->gr_cb) m->gr_cb(m->gr_ctx, "fallback", why);
+}
+
+typedef dg_status_t (*gr_body_t)(dg_model_t *m);
+
+static dg_status_t body_zero(dg_model_t *m) {
+    return dg_exec_run_phase(m->ex, DG_PHASE_ZERO);
+}
+
+static dg_status_t body_fb(dg_model_t *m) {
+    DG_TRY(upload_ids(m));
+    DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_FWD));
+    return dg_exec_run_phase(m->ex, DG_PHASE_BWD);
+}
+
+static dg_status_t body_opt(dg_model_t *m) {
+    return dg_exec_run_phase(m->ex, DG_PHASE_OPT);
+}
+
+static int gr_active(const dg_model_t *m) {
+    return m->gr_on && m->gr_warm && !m->ex->profile;
+}
+
+/* Runs body eagerly, or replays its recording (recording it first when there is none, or when the
+ * values it baked in, key[0..nk), have changed). */
+static dg_status_t gr_run(dg_model_t *m, int which, const float *key, int nk, gr_body_t body) {
+    if (!gr_active(m)) return body(m);
+    dg_backend_t *be = m->be;
+    DG_ASSERT(nk <= 8);
+    float k8[8] = {0};
+    memcpy(k8, key, (size_t)nk * sizeof(float));
+    int again = m->gr[which] != NULL && memcmp(k8, m->gr_key[which], sizeof k8) != 0;
+    if (again) {
+        be->ops->graph_free(be, m->gr[which]);
+        m->gr[which] = NULL;
+    }
+    if (!m->gr[which]) {
+        const char *why = dg_exec_capture_blocker(m->ex, 0, m->g->n);
+        if (why) {
+            char reason[320];
+            snprintf(reason, sizeof reason, "%s", why);
+            gr_give_up(m, reason);
+            return body(m);
+        }
+        double t0 = dg_now_s();
+        char reason[600] = "";
+        dg_status_t st = be->ops->graph_begin(be);
+        if (st != DG_OK) {
+            snprintf(reason, sizeof reason, "%s", dg_last_error());
+        } else {
+            dg_status_t sb = body(m); /* recorded, not run */
+            if (sb != DG_OK) snprintf(reason, sizeof reason, "recording %s: %s", gr_name[which], dg_last_error());
+            void *gx = NULL;
+            dg_status_t se = be->ops->graph_end(be, &gx);
+            if (se != DG_OK && sb == DG_OK) snprintf(reason, sizeof reason, "%s", dg_last_error());
+            if (sb == DG_OK && se == DG_OK) {
+                m->gr[which] = gx;
+                memcpy(m->gr_key[which], k8, sizeof k8);
+            } else if (gx) {
+                be->ops->graph_free(be, gx);
+            }
+        }
+        if (!m->gr[which]) {
+            gr_give_up(m, reason);
+            return body(m); /* recording ran nothing: run the same ops now */
+        }
+        char what[160];
+        snprintf(what, sizeof what, "%s%s in %.1f ms", gr_name[which], again ? " (again: a baked value changed)" : "",
+                 (dg_now_s() - t0) * 1e3);
+        DG_LOG_DEBUG("CUDA Graph recorded: %s", what);
+        if (m->gr_cb) m->gr_cb(m->gr_ctx, "captured", what);
+    }
+    m->gr_launches++;
+    return be->ops->graph_launch(be, m->gr[which]);
+}
+
+void dg_model_set_graph_replay(dg_model_t *m, int on, dg_model_graph_cb_t cb, void *ctx) {
+    gr_drop(m);
+    m->gr_on = on && m->be->ops->graph_begin != NULL && !(m->flags & DG_MODEL_PLAN_ONLY);
+    m->gr_cb = cb;
+    m->gr_ctx = ctx;
+}
+
+uint64_t dg_model_graph_launches(const dg_model_t *m) {
+    return m->gr_launches;
 }
 
 static dg_status_t read_mean_loss(dg_model_t *m, float *mean_out) {
@@ -770,17 +897,17 @@ dg_status_t dg_model_forward_backward(dg_model_t *m, const int32_t *tokens_host,
     DG_TRY(need_memory(m, "forward_backward"));
     maybe_stall(m);
     if (!isfinite(dloss)) return DG_ERR(DG_ERR_USAGE, "model: dloss = %g is not finite", (double)dloss);
-    DG_TRY(upload(m, tokens_host, targets_host));
+    DG_TRY(stage_ids(m, tokens_host, targets_host));
     m->ex->rt.dloss = dloss;
-    DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_FWD));
-    DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_BWD));
+    DG_TRY(gr_run(m, GR_FB, &dloss, 1, body_fb));
     return read_mean_loss(m, mean_loss_out);
 }
 
 dg_status_t dg_model_forward(dg_model_t *m, const int32_t *tokens_host, const int32_t *targets_host,
                              float *mean_loss_out) {
     DG_TRY(need_memory(m, "forward"));
-    DG_TRY(upload(m, tokens_host, targets_host));
+    DG_TRY(stage_ids(m, tokens_host, targets_host));
+    DG_TRY(upload_ids(m));
     DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_FWD));
     return read_mean_loss(m, mean_loss_out);
 }
@@ -834,7 +961,7 @@ dg_status_t dg_model_logits(dg_model_t *m, const int32_t *tokens_host, int pos, 
 
 dg_status_t dg_model_zero_grad(dg_model_t *m) {
     DG_TRY(need_memory(m, "zero_grad"));
-    return dg_exec_run_phase(m->ex, DG_PHASE_ZERO);
+    return gr_run(m, GR_ZERO, NULL, 0, body_zero);
 }
 
 dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, float *grad_norm_out) {
@@ -861,12 +988,23 @@ dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, 
     rt->grad_extra = extra;
     /* the norm is measured on loss-scaled gradients: scale the threshold the same way */
     rt->grad_clip = h->grad_clip > 0 ? h->grad_clip / extra : 0.0f;
+    DG_TRY(dg_exec_stage_scalars(m->ex)); /* lr, bias corrections: also what a replay uploads */
+    float norm;
+    if (m->gr_on) {
+        /* the whole phase at once: AdamW skips itself on the device when the norm is not finite */
+        float key[6] = {rt->grad_clip, rt->grad_extra, rt->beta1, rt->beta2, rt->eps, rt->weight_decay};
+        DG_TRY(gr_run(m, GR_OPT, key, 6, body_opt));
+        DG_TRY(m->be->ops->sync(m->be));
+        DG_TRY(m->be->ops->to_host(m->be, &norm, m->scalars_dev + DG_SCALAR_NORM, sizeof norm));
+        if (grad_norm_out) *grad_norm_out = norm * extra;
+        m->gr_warm = 1;
+        return DG_OK;
+    }
     int first, end;
     dg_graph_phase_range(m->g, DG_PHASE_OPT, &first, &end);
     DG_ASSERT(first < m->opt_split && m->opt_split <= end);
     DG_TRY(dg_exec_run(m->ex, first, m->opt_split)); /* norm and clip factor */
     DG_TRY(m->be->ops->sync(m->be));
-    float norm;
     DG_TRY(m->be->ops->to_host(m->be, &norm, m->scalars_dev + DG_SCALAR_NORM, sizeof norm));
     if (grad_norm_out) *grad_norm_out = norm * extra;
     if (!isfinite(norm)) return DG_OK; /* skip: an update with inf/NaN gradients would poison the state */
@@ -876,6 +1014,7 @@ dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, 
 
 dg_status_t dg_model_set_frozen(dg_model_t *m, int i, int frozen) {
     if (i < 0 || i >= m->np) return DG_ERR(DG_ERR_USAGE, "model: tensor index %d outside [0, %d)", i, m->np);
+    if (m->frozen[i] != (frozen != 0)) gr_drop(m); /* the frozen set is baked into recordings */
     m->frozen[i] = frozen != 0;
     return DG_OK;
 }
@@ -927,6 +1066,34 @@ dg_status_t dg_model_get_local(dg_model_t *m, int i, int which, float *host_out)
     DG_TRY(state_ptr(m, i, which, &p));
     DG_TRY(m->be->ops->sync(m->be));
     return m->be->ops->to_host(m->be, host_out, p, m->place[i].local_numel * sizeof(float));
+}
+
+size_t dg_model_flat_numel(const dg_model_t *m) {
+    return m->total;
+}
+
+size_t dg_model_flat_offset(const dg_model_t *m, int i) {
+    DG_ASSERT(i >= 0 && i < m->np);
+    return m->off[i];
+}
+
+dg_status_t dg_model_get_flat(dg_model_t *m, int which, float *host_out) {
+    float *p = NULL;
+    if (m->np == 0) return DG_OK;
+    DG_TRY(state_ptr(m, 0, which, &p));
+    DG_TRY(m->be->ops->sync(m->be));
+    return m->be->ops->to_host(m->be, host_out, p - m->off[0], m->total * sizeof(float));
+}
+
+dg_status_t dg_model_set_flat(dg_model_t *m, int which, const float *host_in) {
+    float *p = NULL;
+    if (m->np == 0) return DG_OK;
+    DG_TRY(state_ptr(m, 0, which, &p));
+    DG_TRY(m->be->ops->sync(m->be));
+    DG_TRY(m->be->ops->to_device(m->be, p - m->off[0], host_in, m->total * sizeof(float)));
+    if (which == DG_STATE_PARAM && m->compute) /* the act-dtype compute copy follows the master */
+        DG_TRY(m->be->ops->cast(m->be, m->compute, m->g->act_dtype, m->master, DG_F32, m->total));
+    return m->be->ops->sync(m->be);
 }
 
 dg_status_t dg_model_set_local(dg_model_t *m, int i, int which, const float *host_in) {

@@ -661,8 +661,13 @@ static dg_status_t ex_sumsq(dg_exec_t *ex, const dg_node_t *n) {
 
 static dg_status_t ex_clip_scale(dg_exec_t *ex, const dg_node_t *n) {
     float *s = P(n->upd[0]);
-    return BE->ops->clip_scale(BE, s + DG_SCALAR_GSCALE, s + DG_SCALAR_NORM, s + DG_SCALAR_SUMSQ,
-                               ex->rt.grad_clip, ex->rt.grad_extra);
+    DG_TRY(BE->ops->clip_scale(BE, s + DG_SCALAR_GSCALE, s + DG_SCALAR_NORM, s + DG_SCALAR_SUMSQ,
+                               ex->rt.grad_clip, ex->rt.grad_extra));
+    /* the step's lr and bias corrections into the scalar block, for adamw_dev; recorded in a CUDA
+     * Graph, the upload copies whatever the mirror holds at each replay (dg_exec_stage_scalars) */
+    DG_TRY(dg_exec_stage_scalars(ex));
+    return BE->ops->upload_async(BE, s + DG_DS_LR, ex->sc_host + DG_DS_LR,
+                                 (DG_DS_INV_BC2 - DG_DS_LR + 1) * sizeof(float));
 }
 
 static dg_status_t ex_adamw(dg_exec_t *ex, const dg_node_t *n) {
@@ -671,9 +676,11 @@ static dg_status_t ex_adamw(dg_exec_t *ex, const dg_node_t *n) {
     void *param = P(n->upd[3]);
     const float *sc = P(n->src[1]);
     const dg_runtime_t *rt = &ex->rt;
-    return BE->ops->adamw(BE, master, param == (void *)master ? NULL : param, P(n->src[0]), P(n->upd[1]),
-                          P(n->upd[2]), dg_node_numel(n->src[0]), rt->lr, rt->beta1, rt->beta2, rt->eps,
-                          n->attr[DG_A_DECAY] ? rt->weight_decay : 0.0f, rt->t, sc + DG_SCALAR_GSCALE);
+    /* lr and bias corrections from the scalar block (CLIP_SCALE uploaded them): nothing of the step
+     * count is baked into the launch, so a recorded graph replays correctly at every step */
+    return BE->ops->adamw_dev(BE, master, param == (void *)master ? NULL : param, P(n->src[0]), P(n->upd[1]),
+                              P(n->upd[2]), dg_node_numel(n->src[0]), rt->beta1, rt->beta2, rt->eps,
+                              n->attr[DG_A_DECAY] ? rt->weight_decay : 0.0f, sc);
 }
 
 /* Collectives go through the executor's comm layer (exec.c): posted non-blocking on the comm stream,

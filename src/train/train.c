@@ -60,7 +60,8 @@ typedef struct trainer {
 
     /* checkpoint staging: host copies of this rank's local piece of every parameter's state */
     int n_params;
-    float **host_state;       /* [n_params * 3]: param, m, v (local pieces, dg_model_get_local) */
+    float **host_state;       /* [n_params * 3]: param, m, v (local pieces) inside host_flat */
+    float *host_flat[3];      /* param, m, v: the model's flat buffers, page-locked (dg_model_get_flat) */
     dg_ckpt_tensor_t *ckpt_t; /* one entry per hyperslab piece of a global tensor */
     int n_ckpt;
     char **ckpt_paths;
@@ -279,8 +280,13 @@ static dg_status_t match_frozen(trainer_t *tr) {
  * exactly one rank writes each piece (replicas over dp_replicate and tp-replicated tensors are read by
  * all but written once). A rank with no piece of a tensor lists an empty one, so every rank names the
  * tensors in the same order. Any mesh can load what any other wrote. */
-static void build_ckpt_tensors(trainer_t *tr) {
+static dg_status_t build_ckpt_tensors(trainer_t *tr) {
     int n = tr->n_params;
+    size_t flat = dg_model_flat_numel(tr->model);
+    for (int w = 0; w < 3; w++) { /* zeroed: alignment gaps stay zero on a resume, and the pages exist */
+        DG_TRY(tr->be->ops->host_alloc(tr->be, (flat + 1) * sizeof(float), (void **)&tr->host_flat[w]));
+        memset(tr->host_flat[w], 0, (flat + 1) * sizeof(float));
+    }
     tr->host_state = dg_xcalloc((size_t)n * 3, sizeof(float *));
     tr->ckpt_t = dg_xcalloc((size_t)n * 3 * DG_MODEL_MAX_PIECES, sizeof(dg_ckpt_tensor_t));
     tr->ckpt_paths = dg_xcalloc((size_t)n * 3, sizeof(char *));
@@ -292,7 +298,7 @@ static void build_ckpt_tensors(trainer_t *tr) {
         int owner = dg_model_piece_owner(tr->model, i);
         for (int w = 0; w < 3; w++) {
             int k = i * 3 + w;
-            tr->host_state[k] = dg_xcalloc(dg_model_local_numel(tr->model, i) + 1, sizeof(float));
+            tr->host_state[k] = tr->host_flat[w] + dg_model_flat_offset(tr->model, i);
             char path[512];
             if (w == 0)
                 snprintf(path, sizeof path, "model/%s", p->name);
@@ -313,21 +319,21 @@ static void build_ckpt_tensors(trainer_t *tr) {
             }
         }
     }
+    return DG_OK;
 }
 
 static const int k_state_of[3] = {DG_STATE_PARAM, DG_STATE_ADAM_M, DG_STATE_ADAM_V};
 
+/* The whole local state in three copies (one per flat buffer) into page-locked memory. */
 static dg_status_t pull_state(trainer_t *tr) {
-    for (int i = 0; i < tr->n_params; i++)
-        for (int w = 0; w < 3; w++)
-            DG_TRY(dg_model_get_local(tr->model, i, k_state_of[w], tr->host_state[i * 3 + w]));
+    for (int w = 0; w < 3; w++)
+        DG_TRY(dg_model_get_flat(tr->model, k_state_of[w], tr->host_flat[w]));
     return DG_OK;
 }
 
 static dg_status_t push_state(trainer_t *tr) {
-    for (int i = 0; i < tr->n_params; i++)
-        for (int w = 0; w < 3; w++)
-            DG_TRY(dg_model_set_local(tr->model, i, k_state_of[w], tr->host_state[i * 3 + w]));
+    for (int w = 0; w < 3; w++)
+        DG_TRY(dg_model_set_flat(tr->model, k_state_of[w], tr->host_flat[w]));
     return DG_OK;
 }
 
@@ -581,10 +587,10 @@ static void trainer_free(trainer_t *tr) {
     dg_health_free(tr->health);
     if (tr->progress) dg_progress_free(tr->progress);
     if (tr->metrics) dg_metrics_close(tr->metrics);
-    for (int k = 0; tr->host_state && k < tr->n_params * 3; k++) {
-        free(tr->host_state[k]);
+    for (int k = 0; tr->ckpt_paths && k < tr->n_params * 3; k++)
         free(tr->ckpt_paths[k]);
-    }
+    for (int w = 0; w < 3; w++)
+        if (tr->host_flat[w]) tr->be->ops->host_free(tr->be, tr->host_flat[w]);
     free(tr->host_state);
     free(tr->ckpt_paths);
     free(tr->ckpt_t);
@@ -623,6 +629,20 @@ static void health_sink(void *ctx, const char *fields) {
 /* The loop                                                                                          */
 /* ------------------------------------------------------------------------------------------------ */
 
+/* Graph replay reports from the model: a recording (log), or the one-time fallback to op-by-op
+ * execution (event + warning, which the model logs). */
+static void graph_event(void *ctx, const char *what, const char *detail) {
+    trainer_t *tr = ctx;
+    if (strcmp(what, "fallback") == 0) {
+        DG_METRICS_EVENT(tr->metrics, "fallback", DG_JS("kind", "cuda_graph"), DG_JI("step", tr->step + 1),
+                         DG_JS("reason", detail));
+    } else {
+        DG_METRICS_EVENT(tr->metrics, "cuda_graph", DG_JS("status", what), DG_JI("step", tr->step + 1),
+                         DG_JS("graph", detail));
+        DG_LOG_INFO("step %lld: CUDA Graph recorded: %s", (long long)tr->step + 1, detail);
+    }
+}
+
 static dg_status_t setup(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     DG_TRY(pick_mesh(tr));
@@ -647,10 +667,11 @@ static dg_status_t setup(trainer_t *tr) {
                                 &tr->model));
     tr->n_params = dg_model_n_tensors(tr->model);
     DG_TRY(match_frozen(tr));
-    build_ckpt_tensors(tr);
+    DG_TRY(build_ckpt_tensors(tr));
     tr->flops_per_token = dg_model_flops_per_token(&tr->desc);
     tr->window = dg_xcalloc((size_t)(c->train.spike_window > 0 ? c->train.spike_window : 1), sizeof(float));
     tr->loss_scale = is_fp16(c) ? c->train.loss_scale_init : 1.0;
+    dg_model_set_graph_replay(tr->model, c->parallel.cuda_graph, graph_event, tr);
     if (strcmp(tr->backend_name, "cpu") == 0) {
         int threads = c->parallel.threads > 0 ? (int)c->parallel.threads : 0;
         if (!threads) {

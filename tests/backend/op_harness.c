@@ -945,6 +945,46 @@ static void case_adamw(H *h, size_t n, int64_t t, int with_compute) {
                    t, dgs));
     check_bits(h, "repeat: master", download_raw(h, dp2, n * 4), download_raw(h, dp, n * 4), n * 4);
     check_bits(h, "repeat: v", download_raw(h, dv2, n * 4), download_raw(h, dv, n * 4), n * 4);
+    /* adamw_dev from the same state, lr and bias corrections through the device scalar block (uploaded
+     * from page-locked memory with upload_async): the same bits as adamw */
+    float *sch = NULL;
+    void *dsc = dalloc(h, DG_F32, DG_DS_COUNT);
+    if (!h->bad && CALL(h, "host_alloc", host_alloc(h->be, DG_DS_COUNT * sizeof(float), (void **)&sch))) {
+        memset(sch, 0, DG_DS_COUNT * sizeof(float));
+        sch[DG_DS_GSCALE] = (float)gsc;
+        sch[DG_DS_NORM] = 1.5f;
+        sch[DG_DS_LR] = (float)lr;
+        sch[DG_DS_INV_BC1] = (float)(1.0 / (1.0 - pow((double)(float)b1, (double)t)));
+        sch[DG_DS_INV_BC2] = (float)(1.0 / (1.0 - pow((double)(float)b2, (double)t)));
+        void *dp3 = dalloc(h, DG_F32, n), *dm3 = dalloc(h, DG_F32, n), *dv3 = dalloc(h, DG_F32, n);
+        void *dc3 = with_compute ? dalloc(h, h->act, n) : NULL;
+        upload(h, dp3, DG_F32, p, n);
+        upload(h, dm3, DG_F32, m, n);
+        upload(h, dv3, DG_F32, v, n);
+        if (dc3) poison(h, dc3, h->act, n);
+        if (!h->bad && CALL(h, "upload_async", upload_async(h->be, dsc, sch, DG_DS_COUNT * sizeof(float))))
+            CALL(h, "adamw_dev",
+                 adamw_dev(h->be, dp3, dc3, dg, dm3, dv3, n, (float)b1, (float)b2, (float)eps, (float)wd, dsc));
+        if (!h->bad) CALL(h, "sync", sync(h->be));
+        check_bits(h, "adamw_dev == adamw: master", download_raw(h, dp3, n * 4), download_raw(h, dp, n * 4),
+                   n * 4);
+        check_bits(h, "adamw_dev == adamw: m", download_raw(h, dm3, n * 4), download_raw(h, dm, n * 4), n * 4);
+        check_bits(h, "adamw_dev == adamw: v", download_raw(h, dv3, n * 4), download_raw(h, dv, n * 4), n * 4);
+        if (dc3)
+            check_bits(h, "adamw_dev == adamw: compute", download_raw(h, dc3, n * dt_size(h->act)),
+                       download_raw(h, dc, n * dt_size(h->act)), n * dt_size(h->act));
+        /* a non-finite norm in the block skips the step: nothing changes */
+        sch[DG_DS_NORM] = NAN;
+        if (!h->bad && CALL(h, "upload_async", upload_async(h->be, dsc, sch, DG_DS_COUNT * sizeof(float))))
+            CALL(h, "adamw_dev",
+                 adamw_dev(h->be, dp3, dc3, dg, dm3, dv3, n, (float)b1, (float)b2, (float)eps, (float)wd, dsc));
+        if (!h->bad) CALL(h, "sync", sync(h->be));
+        check_bits(h, "adamw_dev with a NaN norm leaves master", download_raw(h, dp3, n * 4),
+                   download_raw(h, dp, n * 4), n * 4);
+        check_bits(h, "adamw_dev with a NaN norm leaves v", download_raw(h, dv3, n * 4),
+                   download_raw(h, dv, n * 4), n * 4);
+        h->be->ops->host_free(h->be, sch);
+    }
     case_end(h);
 }
 

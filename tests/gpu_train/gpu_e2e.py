@@ -13,6 +13,9 @@ Cases:
   determinism two CUDA runs each in fp32 and bf16: step lines and final checkpoints bitwise equal
   multirank   2 ranks sharing the GPU (gradients all-reduced over MPI with host staging) vs 1 rank at
               the same global batch: losses within 1e-5 relative, final weights within 1e-4
+  graph       CUDA Graph replay vs op-by-op (bf16; fp16 with a growing loss scale, which records again): step
+              lines and final checkpoints bitwise equal; a forced recording failure falls back with one
+              `fallback` event and the same numbers
   memcheck    compute-sanitizer memcheck over a short bf16 and fp32 dgtrain run: 0 errors
 Exit 77 (ctest: skipped) when no CUDA device is usable (or, for memcheck, no compute-sanitizer).
 Environment: DGT_TEST_KEEP=1 keeps the work directory.
@@ -330,6 +333,62 @@ def case_multirank(env):
           (st.get("mesh"), GLOBAL_BATCH, STEPS, worst, DIST_LOSS_RTOL, gn, wv, wd, first, last))
 
 
+def events(run_dir, name):
+    return [j for j, _ in metrics(run_dir) if j.get("event") == name]
+
+
+def check_same_run(env, a, b, what):
+    """Step lines (loss, grad_norm, lr, tokens) as written and the final checkpoints bitwise equal."""
+    sa, sb = step_lines(a), step_lines(b)
+    for s in range(1, STEPS + 1):
+        for k in ("loss", "grad_norm", "lr", "tokens"):
+            check(sa[s][1].get(k) == sb[s][1].get(k), "%s: step %d %s differs: %s vs %s" %
+                  (what, s, k, sa[s][1].get(k), sb[s][1].get(k)))
+    rc, per = env.diff(final_ckpt(a), final_ckpt(b))
+    bad = {k: v for k, v in per.items() if v != 0}
+    check(rc == 0 and not bad, "%s: final checkpoints differ (dgckpt diff exit %d): %s" %
+          (what, rc, ", ".join("%s %.3g" % kv for kv in sorted(bad.items())[:6])))
+    return sa, len(per)
+
+
+GRAPHS = ("zero_grad", "forward_backward", "optimizer")
+
+
+def case_graph(env):
+    """CUDA Graph replay (parallel.cuda_graph) against op-by-op execution, and the forced fallback."""
+    notes = []
+    # bf16, and fp16 whose loss scale grows every 4 steps (dloss and the scale inverse are baked into the
+    # recordings, so each change must record again); global batch 8 = 2 micro-batches of 4 (the
+    # forward/backward graph replays twice per step)
+    for prec, extra in (("bf16", []), ("fp16", ["train.loss_scale_init=1024", "train.loss_scale_growth_interval=4"])):
+        on = env.train(1, prec + "_graph", ["train.precision=" + prec] + extra)
+        off = env.train(1, prec + "_eager", ["train.precision=" + prec, "parallel.cuda_graph=false"] + extra)
+        rec = events(on, "cuda_graph")
+        check(not events(on, "fallback"), "%s: graph replay fell back: %s" % (prec, events(on, "fallback")))
+        kinds = {e.get("graph", "").split(" ")[0] for e in rec}
+        check(set(GRAPHS) <= kinds, "%s: recordings %s, expected all of %s" % (prec, sorted(kinds), GRAPHS))
+        check(all(e.get("step", 0) >= 2 for e in rec), "%s: a recording before the first eager step finished" % prec)
+        check(not events(off, "cuda_graph") and not events(off, "fallback"),
+              "%s: parallel.cuda_graph=false still recorded or fell back" % prec)
+        again = [e for e in rec if "again" in e.get("graph", "")]
+        if prec == "fp16":
+            check(again, "fp16: the loss scale changed (growth interval 4) but nothing was recorded again")
+        sa, nd = check_same_run(env, on, off, "%s graph replay vs op by op" % prec)
+        check_learns(sa, "%s graph run" % prec)
+        notes.append("%s: %d recordings (%d again after a baked value changed), step lines and %d datasets bitwise "
+                     "equal to op-by-op, last loss %s" % (prec, len(rec), len(again), nd, sa[STEPS][1]["loss"]))
+    # a recording that fails: the run falls back to op-by-op with a fallback event and the same numbers
+    forced = env.train(1, "bf16_forced", ["train.precision=bf16"], prefix=["env", "DG_TEST_CUDA_GRAPH_FAIL=1"])
+    fb = events(forced, "fallback")
+    check(len(fb) == 1 and fb[0].get("kind") == "cuda_graph" and "test hook" in fb[0].get("reason", ""),
+          "forced failure: fallback events %s, expected one of kind cuda_graph naming the test hook" % fb)
+    check(not events(forced, "cuda_graph"), "forced failure: recordings reported although every recording fails")
+    check_same_run(env, forced, os.path.join(env.work, "bf16_eager"), "forced fallback vs op by op")
+    notes.append("forced failure: one fallback event (step %s, reason '%s'), numbers bitwise equal to op-by-op" %
+                 (fb[0].get("step"), fb[0].get("reason")))
+    print("PASS CUDA Graph replay: " + "; ".join(notes))
+
+
 def case_memcheck(env):
     san = shutil.which("compute-sanitizer") or (
         "/usr/local/cuda/bin/compute-sanitizer" if os.path.exists("/usr/local/cuda/bin/compute-sanitizer") else None)
@@ -357,7 +416,7 @@ def main():
         return 2
     case, dgtrain, dgckpt, mpi = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     cases = {"fp32": case_fp32, "bf16": case_bf16, "determinism": case_determinism, "multirank": case_multirank,
-             "memcheck": case_memcheck}
+             "graph": case_graph, "memcheck": case_memcheck}
     if case not in cases:
         print("gpu_e2e.py: unknown case '%s' (expected %s)" % (case, ", ".join(cases)), file=sys.stderr)
         return 2

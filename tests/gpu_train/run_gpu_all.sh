@@ -66,7 +66,7 @@ log "attention block rows for the benchmark: $rows_best"
 
 # ---- phase A: correctness, all at once (the GPU is shared; nothing here is timed) ----
 pids=()
-for c in fp32 bf16 determinism multirank; do
+for c in fp32 bf16 determinism multirank graph; do
   python3 "$root/tests/gpu_train/gpu_e2e.py" "$c" "$dgtrain" "$dgckpt" "${mpi[@]}" >"$out/gpu_train_$c.log" 2>&1 &
   pids+=($!)
 done
@@ -86,7 +86,7 @@ log "attn-rows f16 rc=$?: $(grep -h 'attn-rows \[' "$out/attn_rows_f16.log" | tr
 wait $pid_vs
 log "attention vs CPU, $rows_best-row blocks, rc=$?: $(grep -h 'cuda vs cpu' "$out/attn_vs_cpu.log" | tr '\n' ' ')"
 for p in "${pids[@]}"; do wait "$p"; done
-for c in fp32 bf16 determinism multirank; do
+for c in fp32 bf16 determinism multirank graph; do
   log "gpu_train_$c: $(grep -hE '^(PASS|FAIL|SKIP)' "$out/gpu_train_$c.log" | cut -c1-400 | tr '\n' ' ')"
 done
 for p in fp32 bf16; do

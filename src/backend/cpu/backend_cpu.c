@@ -358,6 +358,51 @@ static dg_status_t cpu_adamw(dg_backend_t *be, float *master, void *compute, con
     return DG_OK;
 }
 
+/* adamw with lr and bias corrections from the scalar block: the same loop with the same float values */
+static dg_status_t cpu_adamw_dev(dg_backend_t *be, float *master, void *compute, const float *grad, float *m,
+                                 float *v, size_t n, float beta1, float beta2, float eps, float wd,
+                                 const float *sc) {
+    if (n == 0) return DG_OK;
+    DG_CPU_NONNULL("adamw_dev", master);
+    DG_CPU_NONNULL("adamw_dev", grad);
+    DG_CPU_NONNULL("adamw_dev", m);
+    DG_CPU_NONNULL("adamw_dev", v);
+    DG_CPU_NONNULL("adamw_dev", sc);
+    if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
+        return DG_ERR(DG_ERR_USAGE, "cpu backend: adamw_dev: betas must be in [0, 1), got %g and %g", beta1,
+                      beta2);
+    if (!isfinite(sc[DG_DS_NORM])) return DG_OK; /* skipped step: non-finite gradients */
+    adamw_arg_t a = {master,
+                     compute,
+                     grad,
+                     m,
+                     v,
+                     n,
+                     sc[DG_DS_LR],
+                     beta1,
+                     beta2,
+                     eps,
+                     wd,
+                     sc[DG_DS_INV_BC1],
+                     sc[DG_DS_INV_BC2],
+                     sc[DG_DS_GSCALE],
+                     dg_cpu_ew_tasks(dg_cpu_of(be), n)};
+    dg_cpu_run(dg_cpu_of(be), a.tasks, adamw_task, &a);
+    return DG_OK;
+}
+
+static dg_status_t cpu_host_alloc(dg_backend_t *be, size_t bytes, void **out) {
+    return cpu_alloc(be, bytes, out);
+}
+static void cpu_host_free(dg_backend_t *be, void *p) {
+    cpu_free(be, p);
+}
+/* the CPU backend runs every op when it is called: the copy happens now */
+static dg_status_t cpu_upload_async(dg_backend_t *be, void *dst, const void *host_src, size_t bytes) {
+    (void)be;
+    return cpu_memcpy("upload_async", dst, host_src, bytes);
+}
+
 static dg_status_t cpu_clip_scale(dg_backend_t *be, float *gscale_dev, float *norm_dev,
                                   const float *sumsq_dev, float clip, float extra) {
     (void)be;
@@ -408,6 +453,11 @@ static const dg_backend_ops_t cpu_ops = {
     .crossentropy_bwd = dg_cpu_crossentropy_bwd,
     .adamw = cpu_adamw,
     .clip_scale = cpu_clip_scale,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
+    .upload_async = cpu_upload_async,
+    .adamw_dev = cpu_adamw_dev,
+    /* graph_*: NULL, the CPU backend cannot record */
 };
 
 dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t **out) {

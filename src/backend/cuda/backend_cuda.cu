@@ -118,9 +118,16 @@ dg_status_t dg_cuda_scratch(dg_cuda_t *c, size_t bytes, void **out) {
             bytes, c->scratch_bytes);
     size_t want = bytes + bytes / 4;
     want = (want + (1u << 20) - 1) & ~(size_t)((1u << 20) - 1);
-    /* queued kernels may still read the old scratch: cudaFree waits for them */
-    if (c->scratch) DG_CUDA_CHECK(cudaFree(c->scratch));
-    dg_cuda_mem_sub(c, c->scratch_bytes);
+    /* queued kernels may still read the old scratch: cudaFree waits for them. A recorded graph keeps
+     * using the old address, so while graphs exist it stays allocated until the backend is destroyed */
+    if (c->scratch && c->graphs_alive > 0) {
+        c->retired = (void **)realloc(c->retired, (size_t)(c->n_retired + 1) * sizeof(void *));
+        if (!c->retired) return DG_ERR(DG_ERR_RUNTIME, "cuda backend: out of host memory");
+        c->retired[c->n_retired++] = c->scratch;
+    } else if (c->scratch) {
+        DG_CUDA_CHECK(cudaFree(c->scratch));
+        dg_cuda_mem_sub(c, c->scratch_bytes); /* a retired block still counts */
+    }
     c->scratch = NULL;
     c->scratch_bytes = 0;
     DG_CUDA_CHECK(cudaMalloc(&c->scratch, want));
@@ -154,6 +161,9 @@ static void cu_destroy(dg_backend_t *be) {
         if (c->lt) cublasLtDestroy(c->lt);
         cudaFree(c->lt_ws);
         cudaFree(c->scratch);
+        for (int i = 0; i < c->n_retired; i++)
+            cudaFree(c->retired[i]);
+        free(c->retired);
         cudaFree(c->err_dev);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c->mem_ptr);
@@ -459,6 +469,97 @@ static dg_status_t cu_clip_scale(dg_backend_t *be, float *gscale, float *norm, c
     return dg_cuda_clip_scale(dg_cuda_of(be), gscale, norm, sumsq, clip, extra);
 }
 
+static dg_status_t cu_adamw_dev(dg_backend_t *be, float *master, void *compute, const float *grad, float *m,
+                                float *v, size_t n, float beta1, float beta2, float eps, float wd,
+                                const float *sc) {
+    if (n == 0) return DG_OK;
+    REQ_PTR(master, "adamw_dev");
+    REQ_PTR(grad, "adamw_dev");
+    REQ_PTR(m, "adamw_dev");
+    REQ_PTR(v, "adamw_dev");
+    REQ_PTR(sc, "adamw_dev");
+    REQ(beta1 >= 0.f && beta1 < 1.f && beta2 >= 0.f && beta2 < 1.f,
+        "cuda backend adamw_dev: betas (%g, %g) must lie in [0, 1)", beta1, beta2);
+    return dg_cuda_adamw_dev(dg_cuda_of(be), master, compute, grad, m, v, n, beta1, beta2, eps, wd, sc);
+}
+
+/* ---------------- page-locked host memory, capturable uploads, graph replay ---------------- */
+
+static dg_status_t cu_host_alloc(dg_backend_t *be, size_t bytes, void **out) {
+    (void)be;
+    *out = NULL;
+    cudaError_t e = cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *out = NULL;
+        return DG_ERR(DG_ERR_RUNTIME, "cuda backend: cudaHostAlloc of %zu bytes failed: %s", bytes,
+                      cudaGetErrorString(e));
+    }
+    return DG_OK;
+}
+
+static void cu_host_free(dg_backend_t *be, void *p) {
+    (void)be;
+    if (p) cudaFreeHost(p);
+}
+
+static dg_status_t cu_upload_async(dg_backend_t *be, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return DG_OK;
+    REQ_PTR(dst, "upload_async");
+    REQ_PTR(src, "upload_async");
+    DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, dg_cuda_of(be)->stream));
+    return DG_OK;
+}
+
+static dg_status_t cu_graph_begin(dg_backend_t *be) {
+    dg_cuda_t *c = dg_cuda_of(be);
+    /* thread-local: another thread's CUDA calls (a checkpoint writer, a comm thread) neither end up in
+     * the graph nor break the recording */
+    DG_CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    return DG_OK;
+}
+
+static dg_status_t cu_graph_end(dg_backend_t *be, void **out) {
+    dg_cuda_t *c = dg_cuda_of(be);
+    *out = NULL;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+    if (e != cudaSuccess || !g) {
+        (void)cudaGetLastError(); /* capture errors are not sticky: clear them for the eager path */
+        if (g) cudaGraphDestroy(g);
+        return DG_ERR(DG_ERR_RUNTIME, "cuda backend: CUDA Graph capture failed: %s",
+                      e != cudaSuccess ? cudaGetErrorString(e) : "no graph recorded");
+    }
+    const char *hook = getenv("DG_TEST_CUDA_GRAPH_FAIL");
+    if (hook && *hook && strcmp(hook, "0") != 0) {
+        cudaGraphDestroy(g);
+        return DG_ERR(DG_ERR_RUNTIME, "cuda backend: CUDA Graph capture refused by the test hook "
+                                      "DG_TEST_CUDA_GRAPH_FAIL");
+    }
+    cudaGraphExec_t x = NULL;
+    e = cudaGraphInstantiate(&x, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess || !x) {
+        (void)cudaGetLastError();
+        return DG_ERR(DG_ERR_RUNTIME, "cuda backend: cudaGraphInstantiate failed: %s", cudaGetErrorString(e));
+    }
+    *out = (void *)x;
+    c->graphs_alive++;
+    return DG_OK;
+}
+
+static dg_status_t cu_graph_launch(dg_backend_t *be, void *graph) {
+    REQ_PTR(graph, "graph_launch");
+    DG_CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, dg_cuda_of(be)->stream));
+    return DG_OK;
+}
+
+static void cu_graph_free(dg_backend_t *be, void *graph) {
+    if (!graph) return;
+    cudaGraphExecDestroy((cudaGraphExec_t)graph);
+    dg_cuda_of(be)->graphs_alive--;
+}
+
 static const dg_backend_ops_t cuda_ops = {
     "cuda",
     cu_destroy,
@@ -489,6 +590,14 @@ static const dg_backend_ops_t cuda_ops = {
     cu_ce_bwd,
     cu_adamw,
     cu_clip_scale,
+    cu_host_alloc,
+    cu_host_free,
+    cu_upload_async,
+    cu_adamw_dev,
+    cu_graph_begin,
+    cu_graph_end,
+    cu_graph_launch,
+    cu_graph_free,
 };
 
 /* ---------------- construction ---------------- */

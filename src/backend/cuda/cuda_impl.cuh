@@ -78,6 +78,9 @@ typedef struct dg_cuda {
                           */
     int attn_rows;       /* rows per tensor-core attention block: 64 (4 warps) or 128 (8 warps);
                             DG_CUDA_ATTN_ROWS=64|128 */
+    int graphs_alive;    /* instantiated graphs not yet freed: they hold the scratch's address */
+    void **retired;      /* scratch blocks outgrown while graphs were alive (freed at destroy) */
+    int n_retired;
     dg_gemm_plan_t *plans;
     int n_plans, cap_plans;
     /* memory accounting (dg_backend_cuda_mem_stats): every cudaMalloc of the backend, the vtable's
@@ -118,6 +121,8 @@ dg_status_t dg_cuda_adamw(dg_cuda_t *c, float *master, void *compute, const floa
                           const float *gscale_dev);
 dg_status_t dg_cuda_clip_scale(dg_cuda_t *c, float *gscale, float *norm, const float *sumsq, float clip,
                                float extra);
+dg_status_t dg_cuda_adamw_dev(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m, float *v,
+                              size_t n, float beta1, float beta2, float eps, float wd, const float *sc);
 /* encoder.cu */
 dg_status_t dg_cuda_encoder_fwd(dg_cuda_t *c, void *out, const int32_t *tokens, const void *wte,
                                 const void *wpe, int B, int T, int C);

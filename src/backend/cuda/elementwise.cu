@@ -361,13 +361,22 @@ template <typename T> struct AdamOp {
     T *compute;
     const float *grad, *gscale;
     AdamHyper h;
+    const float *sc; /* adamw_dev: lr, bias corrections and gradient factor from the device scalar block */
     template <int V> __device__ void apply(size_t i) const {
+        AdamHyper h = this->h;
+        float gs = gscale ? *gscale : 1.f;
+        if (sc) {
+            if (!isfinite(sc[DG_DS_NORM])) return; /* skipped step */
+            h.lr = sc[DG_DS_LR];
+            h.inv_bc1 = sc[DG_DS_INV_BC1];
+            h.inv_bc2 = sc[DG_DS_INV_BC2];
+            gs = sc[DG_DS_GSCALE];
+        }
         float p[V], g[V], mm[V], vv[V];
         dg_ldv<V>(p, master + i);
         dg_ldv<V>(g, grad + i);
         dg_ldv<V>(mm, m + i);
         dg_ldv<V>(vv, v + i);
-        const float gs = gscale ? *gscale : 1.f;
         for (int j = 0; j < V; j++) {
             float gj = g[j] * gs;
             mm[j] = h.b1 * mm[j] + (1.f - h.b1) * gj;
@@ -384,8 +393,8 @@ template <typename T> struct AdamOp {
 
 template <typename T>
 static dg_status_t adamw_t(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m, float *v,
-                           size_t n, const AdamHyper &h, const float *gscale) {
-    AdamOp<T> op{master, m, v, (T *)compute, grad, gscale, h};
+                           size_t n, const AdamHyper &h, const float *gscale, const float *sc) {
+    AdamOp<T> op{master, m, v, (T *)compute, grad, gscale, h, sc};
     bool al = al16(master, grad, m, v) && dg_ptr_aligned(compute, 16);
     return ew_launch<4>(c, op, n, al);
 }
@@ -402,5 +411,18 @@ dg_status_t dg_cuda_adamw(dg_cuda_t *c, float *master, void *compute, const floa
     h.wd = wd;
     h.inv_bc1 = (float)(1.0 / (1.0 - pow((double)beta1, (double)t)));
     h.inv_bc2 = (float)(1.0 / (1.0 - pow((double)beta2, (double)t)));
-    return DG_CUDA_DISPATCH_ACT(c->act, adamw_t, c, master, compute, grad, m, v, n, h, gscale_dev);
+    return DG_CUDA_DISPATCH_ACT(c->act, adamw_t, c, master, compute, grad, m, v, n, h, gscale_dev,
+                                (const float *)NULL);
+}
+
+dg_status_t dg_cuda_adamw_dev(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m, float *v,
+                              size_t n, float beta1, float beta2, float eps, float wd, const float *sc) {
+    AdamHyper h;
+    h.lr = 0.f; /* read from sc */
+    h.b1 = beta1;
+    h.b2 = beta2;
+    h.eps = eps;
+    h.wd = wd;
+    h.inv_bc1 = h.inv_bc2 = 0.f;
+    return DG_CUDA_DISPATCH_ACT(c->act, adamw_t, c, master, compute, grad, m, v, n, h, (const float *)NULL, sc);
 }
