@@ -78,6 +78,8 @@ typedef struct dg_cuda {
                           */
     int attn_rows;       /* rows per tensor-core attention block: 64 (4 warps) or 128 (8 warps);
                             DG_CUDA_ATTN_ROWS=64|128 */
+    int attn_impl;       /* tensor-core attention kernels: 1 (16 rows per warp) or 2 (32 rows per warp);
+                            DG_CUDA_ATTN_IMPL=1|2 */
     dg_gemm_plan_t *plans;
     int n_plans, cap_plans;
     /* memory accounting (dg_backend_cuda_mem_stats): every cudaMalloc of the backend, the vtable's
