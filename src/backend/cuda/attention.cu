@@ -692,8 +692,8 @@ __global__ void __launch_bounds__(32 * NW)
  *   backward: one launch runs both passes (alternate blocks), 73 KiB of dynamic shared memory each:
  *     key/value pass: the block's 128 K and V rows stay in shared memory (A operands via ldmatrix);
  *       registers hold dK, dV (128) and Sᵀ, dPᵀ of half a query tile (32 x 32: 64);
- *     query pass: the block's 128 Q and dO rows stay in shared memory; registers hold dQ (64) and S, dP
- *       of half a key tile (64).
+ *     query pass: Q fragments (32) in registers, the block's 128 dO rows in shared memory; registers
+ *       also hold dQ (64) and S, dP of half a key tile (64).
  * Causal load balance: within each head the heaviest blocks have the lowest blockIdx.x (they start
  * first). No atomics; every sum has a fixed order, so results are bitwise reproducible. */
 #define A2_MT 2                 /* m-tiles (of 16 rows) per warp */
@@ -940,8 +940,9 @@ template <int HS> struct Attn2Smem {
 };
 
 /* Query pass: the block owns 128 queries, warp w 32 of them; dQ = dS·K accumulates over the key tiles,
- * each processed as two halves of 32 keys (to bound the registers S and dP take). The block's Q and dO
- * rows stay in shared memory (A operands read with ldmatrix), so registers hold only dQ, S and dP. */
+ * each processed as two halves of 32 keys (to bound the registers S and dP take). Q fragments stay in
+ * registers; the block's dO rows stay in shared memory (the A operand of dP, read with ldmatrix); the
+ * first 128-row region of the shared layout (Qb) is left unused. */
 template <typename T, int HS>
 static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int qb, int bh, T *dqkv, const T *dout,
                                                    const T *qkv, const float *lse, const float *delta, int Tn,
@@ -958,12 +959,14 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
     const uint16_t *dob = reinterpret_cast<const uint16_t *>(dout) + (size_t)b * Tn * C + h * HS;
     const uint16_t *kg = base + C, *vg = base + 2 * C;
     const int q0 = qb * A2_BR, qw = q0 + warp * 16 * MT; /* this warp: rows [qw, qw + 32) */
-    const uint16_t *Qw = Qb + (size_t)(qw - q0) * LDS, *Ow = Ob + (size_t)(qw - q0) * LDS;
+    const uint16_t *Ow = Ob + (size_t)(qw - q0) * LDS;
 
+    uint32_t qa[MT][HS / 16][4];
     float Lr[MT][2], Dr[MT][2], dq[MT][HS / 8][4];
     const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
 #pragma unroll
     for (int m = 0; m < MT; m++) {
+        load_a_frags<HS>(qa[m], base, C3, qw + 16 * m, Tn);
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int row = qw + 16 * m + gq + 8 * i;
@@ -977,7 +980,6 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
 
     /* the first cp.async group carries the block's Q and dO rows with the first K and V tiles */
     const int nkb = min(q0 + A2_BR - 1, Tn - 1) / A2_BC + 1;
-    tile_load_rows<HS, NT, A2_BR>(Qb, base + (size_t)q0 * C3, C3, Tn - q0);
     tile_load_rows<HS, NT, A2_BR>(Ob, dob + (size_t)q0 * C, C, Tn - q0);
     tile_load_rows<HS, NT, A2_BC>(Ks, kg, C3, Tn);
     tile_load_rows<HS, NT, A2_BC>(Vs, vg, C3, Tn);
@@ -1001,7 +1003,7 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
                 const bool masked = kbase + HB - 1 > qw || kbase + HB > Tn;
                 const uint16_t *K = Ks + buf * SM::tile + hf * HB * LDS, *V = Vs + buf * SM::tile + hf * HB * LDS;
                 float p[MT][HB / 8][4], dp[MT][HB / 8][4];
-                mma2_abt_s<T, HS, MT, HB / 8>(p, Qw, K);
+                mma2_abt_r<T, HS, MT, HB / 8>(p, qa, K);
                 mma2_abt_s<T, HS, MT, HB / 8>(dp, Ow, V);
 #pragma unroll
                 for (int m = 0; m < MT; m++)
@@ -1160,6 +1162,44 @@ __global__ void __launch_bounds__(32 * A2_NW)
         attn2_bwd_q<T, HS>(a2_smem, nb - 1 - j, bh, dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale);
 }
 
+/* delta[bh, t] = rowsum(dO ∘ O) for implementation 2: HS / 8 lanes per (b, t, h) row (rows in memory
+ * order), one 16-byte load of each operand per lane, then a fixed shuffle tree. */
+template <typename T, int HS>
+__global__ void __launch_bounds__(256)
+    attn2_delta(float *delta, const T *dout, const T *out, int Tn, int NH, size_t nrows) {
+    constexpr int LPR = HS / 8; /* lanes per row: 8 or 4, aligned groups within the warp */
+    const size_t gt = (size_t)blockIdx.x * 256 + threadIdx.x, row = gt / LPR;
+    const int part = (int)(gt % LPR);
+    float s = 0.f;
+    if (row < nrows) {
+        const uint4 a = *reinterpret_cast<const uint4 *>(dout + row * HS + part * 8);
+        const uint4 o = *reinterpret_cast<const uint4 *>(out + row * HS + part * 8);
+        const T *pa = reinterpret_cast<const T *>(&a), *po = reinterpret_cast<const T *>(&o);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            s = fmaf(dg_to_f(pa[i]), dg_to_f(po[i]), s);
+    }
+#pragma unroll
+    for (int off = LPR / 2; off > 0; off >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (row < nrows && part == 0) {
+        const size_t bt = row / NH;
+        const int h = (int)(row % NH), t = (int)(bt % Tn);
+        const size_t b = bt / Tn;
+        delta[(b * NH + h) * Tn + t] = s;
+    }
+}
+
+template <typename T, int HS>
+static dg_status_t delta2_launch(dg_cuda_t *c, float *delta, const void *dout, const void *out, int B, int Tn,
+                                 int NH) {
+    const size_t nrows = (size_t)B * Tn * NH, nthreads = nrows * (HS / 8);
+    attn2_delta<T, HS><<<(unsigned)((nthreads + 255) / 256), 256, 0, c->stream>>>(delta, (const T *)dout,
+                                                                                 (const T *)out, Tn, NH, nrows);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
 template <typename T, int HS>
 static dg_status_t fwd2_launch(dg_cuda_t *c, void *out, float *lse, const void *qkv, int B, int Tn, int C,
                                int NH, float sl2) {
@@ -1262,6 +1302,17 @@ static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void 
     DG_TRY(dg_cuda_scratch(c, (size_t)B * NH * Tn * sizeof(float), &scr));
     float *delta = (float *)scr;
     dim3 ggrid((Tn + GEN_WARPS - 1) / GEN_WARPS, B * NH);
+    if constexpr (sizeof(T) == 2) {
+        if (use_mma(c, HS) && c->attn_impl == 2 && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(dout, 16) &&
+            dg_ptr_aligned(dqkv, 16) && dg_ptr_aligned(out, 16)) {
+            const float sl2 = scale * ATT_LOG2E;
+            const dg_status_t ds = HS == 64 ? delta2_launch<T, 64>(c, delta, dout, out, B, Tn, NH)
+                                            : delta2_launch<T, 32>(c, delta, dout, out, B, Tn, NH);
+            if (ds != DG_OK) return ds;
+            return HS == 64 ? bwd2_launch<T, 64>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                            : bwd2_launch<T, 32>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
+        }
+    }
     attn_delta_kernel<T>
         <<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>(delta, (const T *)dout, (const T *)out, Tn, C, NH);
     DG_CUDA_LAUNCH_CHECK();
@@ -1269,9 +1320,6 @@ static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void 
         if (use_mma(c, HS) && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(dout, 16) &&
             dg_ptr_aligned(dqkv, 16)) {
             const float sl2 = scale * ATT_LOG2E;
-            if (c->attn_impl == 2)
-                return HS == 64 ? bwd2_launch<T, 64>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
-                                : bwd2_launch<T, 32>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
             if (HS == 64)
                 return c->attn_ldmatrix ? bwd_mma_launch<T, 64, true>(c, dqkv, dout, qkv, lse, delta, B, Tn,
                                                                       C, NH, sl2, scale)

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 #include <algorithm>
+#include <memory>
 using std::min; using std::max;
 struct dim3 { unsigned x = 1, y = 1, z = 1; dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {} };
 thread_local dim3 threadIdx, blockIdx;
@@ -32,9 +33,10 @@ alignas(16) unsigned char g_dyn_smem[200000];
 
 struct dg_bf16 { uint16_t v; };
 struct dg_f16 { uint16_t v; };
+struct uint4 { uint32_t x, y, z, w; };
 
 static std::barrier<> *g_block_bar;
-static std::barrier<> *g_warp_bar[4];
+static std::barrier<> *g_warp_bar[8];
 static void __syncthreads() { g_block_bar->arrive_and_wait(); }
 static void warp_sync() { g_warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
 
@@ -44,7 +46,7 @@ struct WarpX {
     const uint16_t *p[32];
     float f[32];
 };
-static WarpX g_wx[4];
+static WarpX g_wx[8];
 
 static float bf2f(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, 4); return f; }
 static uint16_t f2bf(float f) { uint32_t u; memcpy(&u, &f, 4); if ((u & 0x7fffffff) > 0x7f800000) return 0x7fc0; u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
@@ -127,18 +129,23 @@ template <int N> static void cp_async_wait() {
 }
 static uint32_t ld32(const uint16_t *p) { if ((uintptr_t)p & 3) abort(); uint32_t v; memcpy(&v, p, 4); return v; }
 
+static float dg_to_f(dg_bf16 x) { return bf2f(x.v); }
+static float dg_to_f(dg_f16 x) { return h2f(x.v); }
+
 #include "impl2_extracted.inc"
 
 // poison-detecting memory: outputs start as NaN bit patterns
-template <typename F> static void launch(dim3 grid, F f) {
+template <typename F> static void launch(dim3 grid, F f, int nt = 128) {
     gridDim = grid;
     for (unsigned by = 0; by < grid.y; by++)
         for (unsigned bx = 0; bx < grid.x; bx++) {
-            std::barrier<> bb(128), w0(32), w1(32), w2(32), w3(32);
-            g_block_bar = &bb; g_warp_bar[0] = &w0; g_warp_bar[1] = &w1; g_warp_bar[2] = &w2; g_warp_bar[3] = &w3;
+            std::barrier<> bb(nt);
+            std::vector<std::unique_ptr<std::barrier<>>> wb;
+            for (int w = 0; w < nt / 32; w++) { wb.emplace_back(new std::barrier<>(32)); g_warp_bar[w] = wb.back().get(); }
+            g_block_bar = &bb;
             memset(g_dyn_smem, 0xAB, sizeof g_dyn_smem);
             std::vector<std::thread> th;
-            for (int t = 0; t < 128; t++)
+            for (int t = 0; t < nt; t++)
                 th.emplace_back([&, t] { threadIdx = dim3(t); blockIdx = dim3(bx, by); t_pending.clear(); t_groups.clear(); f(); });
             for (auto &t : th) t.join();
         }
@@ -155,9 +162,13 @@ static int test(int B, int Tn, int NH) {
     for (auto &v : dout) { rng = rng * 6364136223846793005ull + 1442695040888963407ull; float f = ((int64_t)(rng >> 40) - (1 << 23)) / (float)(1 << 23); v = Cvt<T>::from(f); }
     const float scale = 1.f / sqrtf((float)HS), sl2 = scale * ATT_LOG2E;
     launch(dim3((Tn + A2_BR - 1) / A2_BR, B * NH), [&] { attn2_fwd<T, HS>((T *)out.data(), lse.data(), (const T *)qkv.data(), Tn, C, NH, sl2); });
+    std::fill(delta.begin(), delta.end(), NAN);
+    const size_t nrows = (size_t)B * Tn * NH;
+    launch(dim3((unsigned)((nrows * (HS / 8) + 255) / 256)), [&] { attn2_delta<T, HS>(delta.data(), (const T *)dout.data(), (const T *)out.data(), Tn, NH, nrows); }, 256);
     for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < Tn; t++) {
-        float s = 0; for (int d = 0; d < HS; d++) { size_t o = ((size_t)b * Tn + t) * C + h * HS + d; s += Cvt<T>::to(dout[o]) * Cvt<T>::to(out[o]); }
-        delta[((size_t)b * NH + h) * Tn + t] = s;
+        double s = 0; for (int d = 0; d < HS; d++) { size_t o = ((size_t)b * Tn + t) * C + h * HS + d; s += (double)Cvt<T>::to(dout[o]) * Cvt<T>::to(out[o]); }
+        const float g = delta[((size_t)b * NH + h) * Tn + t];
+        if (!(fabs(g - s) <= 1e-4 * (1 + fabs(s)))) { printf("FAIL delta [%d,%d,%d]: %g vs %g\n", b, h, t, g, s); return 0; }
     }
     launch(dim3(2 * ((Tn + A2_BR - 1) / A2_BR), B * NH), [&] { attn2_bwd<T, HS>((T *)dqkv.data(), (const T *)dout.data(), (const T *)qkv.data(), lse.data(), delta.data(), Tn, C, NH, sl2, scale); });
     // reference in double

@@ -12,7 +12,7 @@ parts=[]
 parts.append(func("static __device__ __forceinline__ void load_a_frags"))
 parts.append(func("static __device__ __forceinline__ void store_rows"))
 a=s.index("/* ======================= tensor-core kernels, implementation 2")
-b=s.index("template <typename T, int HS>\nstatic dg_status_t fwd2_launch")
+b=s.index("template <typename T, int HS>\nstatic dg_status_t delta2_launch")
 k=s[a:b]
 k=k.replace("extern __shared__ __align__(16) unsigned char a2_smem[];","unsigned char *a2_smem = g_dyn_smem;")
 parts.append(k)
