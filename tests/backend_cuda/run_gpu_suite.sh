@@ -35,7 +35,7 @@ t0=$(date +%s)
 (cd "$bdir" && ctest -R '^backend_cuda_' -LE bench -j "${CTEST_JOBS:-4}" --timeout 150 -V) >"$out/ctest.log" 2>&1
 log "ctest rc=$? in $(($(date +%s) - t0)) s: $(grep -E 'tests passed|tests failed' "$out/ctest.log")"
 grep -E '^ *[0-9]+/[0-9]+ Test' "$out/ctest.log" | tee -a "$out/summary.log"
-grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|op harness \[|cuda vs cpu \[|^[0-9]+: determinism \[' "$out/ctest.log" |
+grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|op harness \[|cuda vs cpu \[|attn-impl|^[0-9]+: determinism \[' "$out/ctest.log" |
   sort | uniq -c | tee -a "$out/summary.log"
 
 # The figures behind the pass/fail: every comparison with its error, per dtype.

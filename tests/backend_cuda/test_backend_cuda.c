@@ -20,6 +20,11 @@
  *       the tensor-core attention with 64-row and with 128-row blocks (DG_CUDA_ATTN_ROWS) on the same
  *       random inputs at several shapes: out, logsumexp and dqkv bitwise equal (+0 = -0), every element
  *       written (outputs poisoned with NaN first).
+ *   test_backend_cuda --mode attn-impl   [--dtype bf16|f16] [--small] [--verbose]
+ *       the tensor-core attention implementations 1 and 2 (DG_CUDA_ATTN_IMPL) on the same random inputs
+ *       (B,T in (2,1024) (2,200) (3,13) (1,333) (2,129), head sizes 64 and 32): out, logsumexp and dqkv
+ *       within the vs-CPU tolerances of each other, every element written (NaN poison), impl 2 bitwise
+ *       reproducible run to run; without --small, a timing line of both at B=32 T=1024 C=768 NH=12.
  * Exit status: 0 all passed, 1 a check failed, 77 skipped (no GPU).
  */
 #define _GNU_SOURCE
@@ -28,6 +33,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cuda_runtime_api.h>
 
 #include "backend.h"
 #include "ministep.h"
@@ -786,6 +793,216 @@ static int run_attn_rows(dg_dtype_t act, int small) {
     return g_fails ? 1 : 0;
 }
 
+/* ======================= attention implementations: 1 vs 2 ======================= */
+
+static dg_backend_t *make_cuda_impl(dg_dtype_t act, const char *impl, int *skip) {
+    setenv("DG_CUDA_ATTN_IMPL", impl, 1);
+    dg_backend_t *be = make_cuda(act, skip);
+    unsetenv("DG_CUDA_ATTN_IMPL");
+    return be;
+}
+
+/* 16-bit activations to f32 on the host (bf16: the high half; f16: IEEE half, subnormals included). */
+static float act16_to_f32(uint16_t v, dg_dtype_t t) {
+    if (t == DG_BF16) {
+        uint32_t u = (uint32_t)v << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    const int e = (v >> 10) & 0x1f, m = v & 0x3ff;
+    float f = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 0x400), e - 25);
+    return (v & 0x8000) ? -f : f;
+}
+static float *act16_array(const uint16_t *a, size_t n, dg_dtype_t t) {
+    float *f = dg_xmalloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        f[i] = act16_to_f32(a[i], t);
+    return f;
+}
+
+typedef struct {
+    uint16_t *out, *dq;
+    float *lse;
+} attn_res_t;
+
+/* One forward + backward on `be` from host inputs (f32, cast on the device), outputs poisoned first. */
+static attn_res_t attn_run(dg_backend_t *be, dg_dtype_t act, const float *h, int B, int T, int C, int NH) {
+    const dg_backend_ops_t *op = be->ops;
+    const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    uint16_t *poison = dg_xmalloc(nqkv * sizeof(uint16_t));
+    memset(poison, 0xff, nqkv * sizeof(uint16_t)); /* NaN in bf16, f16 and (for aux) f32 */
+    void *f = NULL, *qkv = NULL, *dout = NULL, *out = NULL, *dqkv = NULL, *aux = NULL;
+    MUST(op->alloc(be, nqkv * sizeof(float), &f));
+    MUST(op->alloc(be, nqkv * 2, &qkv));
+    MUST(op->alloc(be, nout * 2, &dout));
+    MUST(op->alloc(be, nout * 2, &out));
+    MUST(op->alloc(be, nqkv * 2, &dqkv));
+    MUST(op->alloc(be, op->attention_aux_bytes(be, B, T, C, NH), &aux));
+    MUST(op->to_device(be, f, h, nqkv * sizeof(float)));
+    MUST(op->cast(be, qkv, act, f, DG_F32, nqkv));
+    MUST(op->cast(be, dout, act, (float *)f + nout, DG_F32, nout)); /* other values than q's */
+    MUST(op->to_device(be, out, poison, nout * 2));
+    MUST(op->to_device(be, dqkv, poison, nqkv * 2));
+    MUST(op->to_device(be, aux, poison, nl * sizeof(float)));
+    MUST(op->attention_fwd(be, out, aux, qkv, B, T, C, NH));
+    MUST(op->attention_bwd(be, dqkv, dout, qkv, out, aux, B, T, C, NH));
+    attn_res_t r = {dg_xmalloc(nout * 2), dg_xmalloc(nqkv * 2), dg_xmalloc(nl * sizeof(float))};
+    MUST(op->to_host(be, r.out, out, nout * 2));
+    MUST(op->to_host(be, r.dq, dqkv, nqkv * 2));
+    MUST(op->to_host(be, r.lse, aux, nl * sizeof(float)));
+    void *bufs[] = {f, qkv, dout, out, dqkv, aux};
+    for (int j = 0; j < 6; j++)
+        op->free(be, bufs[j]);
+    free(poison);
+    return r;
+}
+static void attn_res_free(attn_res_t *r) {
+    free(r->out);
+    free(r->dq);
+    free(r->lse);
+}
+
+/* Times `iters` forward and `iters` backward calls between CUDA events on the backend's stream, after
+ * two warm-up calls of each. ms[0] = forward, ms[1] = backward, per call. */
+static void attn_time(dg_backend_t *be, dg_dtype_t act, int B, int T, int C, int NH, int iters, uint64_t *rng,
+                      double ms[2]) {
+    const dg_backend_ops_t *op = be->ops;
+    const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
+    void *f = NULL, *qkv = NULL, *dout = NULL, *out = NULL, *dqkv = NULL, *aux = NULL;
+    float *h = dg_xmalloc(nqkv * sizeof(float));
+    for (size_t i = 0; i < nqkv; i++) {
+        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (float)((int64_t)(*rng >> 40) - (1 << 23)) / (float)(1 << 23);
+    }
+    MUST(op->alloc(be, nqkv * sizeof(float), &f));
+    MUST(op->alloc(be, nqkv * 2, &qkv));
+    MUST(op->alloc(be, nout * 2, &dout));
+    MUST(op->alloc(be, nout * 2, &out));
+    MUST(op->alloc(be, nqkv * 2, &dqkv));
+    MUST(op->alloc(be, op->attention_aux_bytes(be, B, T, C, NH), &aux));
+    MUST(op->to_device(be, f, h, nqkv * sizeof(float)));
+    MUST(op->cast(be, qkv, act, f, DG_F32, nqkv));
+    MUST(op->cast(be, dout, act, f, DG_F32, nout));
+    for (int w = 0; w < 2; w++) {
+        MUST(op->attention_fwd(be, out, aux, qkv, B, T, C, NH));
+        MUST(op->attention_bwd(be, dqkv, dout, qkv, out, aux, B, T, C, NH));
+    }
+    MUST(op->sync(be));
+    cudaStream_t st = (cudaStream_t)dg_backend_cuda_stream(be);
+    cudaEvent_t ev[3];
+    for (int i = 0; i < 3; i++)
+        if (cudaEventCreate(&ev[i]) != cudaSuccess) {
+            fprintf(stderr, "FAIL cudaEventCreate\n");
+            exit(1);
+        }
+    cudaEventRecord(ev[0], st);
+    for (int i = 0; i < iters; i++)
+        MUST(op->attention_fwd(be, out, aux, qkv, B, T, C, NH));
+    cudaEventRecord(ev[1], st);
+    for (int i = 0; i < iters; i++)
+        MUST(op->attention_bwd(be, dqkv, dout, qkv, out, aux, B, T, C, NH));
+    cudaEventRecord(ev[2], st);
+    MUST(op->sync(be));
+    float e01 = 0.f, e12 = 0.f;
+    cudaEventElapsedTime(&e01, ev[0], ev[1]);
+    cudaEventElapsedTime(&e12, ev[1], ev[2]);
+    ms[0] = e01 / iters;
+    ms[1] = e12 / iters;
+    for (int i = 0; i < 3; i++)
+        cudaEventDestroy(ev[i]);
+    void *bufs[] = {f, qkv, dout, out, dqkv, aux};
+    for (int j = 0; j < 6; j++)
+        op->free(be, bufs[j]);
+    free(h);
+}
+
+static int run_attn_impl(dg_dtype_t act, int small) {
+    if (act == DG_F32) act = DG_BF16; /* the tensor-core kernels are the 16-bit ones */
+    int skip = 0;
+    dg_backend_t *b1 = make_cuda_impl(act, "1", &skip);
+    if (skip) return SKIP;
+    dg_backend_t *b2 = make_cuda_impl(act, "2", &skip);
+    const struct {
+        int B, T;
+    } bt[] = {{2, 1024}, {2, 200}, {3, 13}, {1, 333}, {2, 129}};
+    const double tol_f = tol("attention_fwd", act), tol_b = tol("attention_bwd", act);
+    uint64_t rng = 0xa77e;
+    for (size_t si = small ? 1 : 0; si < sizeof bt / sizeof bt[0]; si++)
+        for (int hs = 64; hs >= 32; hs /= 2) {
+            const int B = bt[si].B, T = bt[si].T, NH = T >= 1024 ? 12 : 4, C = hs * NH;
+            const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
+            float *h = dg_xmalloc(nqkv * sizeof(float));
+            for (size_t i = 0; i < nqkv; i++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                float v = 0.05f + 0.95f * (float)((rng >> 40) / 16777216.0);
+                h[i] = (rng >> 20) & 1 ? v : -v;
+            }
+            attn_res_t r1 = attn_run(b1, act, h, B, T, C, NH);
+            attn_res_t r2 = attn_run(b2, act, h, B, T, C, NH);
+            attn_res_t r2b = attn_run(b2, act, h, B, T, C, NH);
+            char nm[128];
+            snprintf(nm, sizeof nm, "attn-impl [%s] B=%d T=%d C=%d NH=%d (head %d): impl 2 vs 1", dg_dtype_name(act),
+                     B, T, C, NH, hs);
+            float *o1 = act16_array(r1.out, nout, act), *o2 = act16_array(r2.out, nout, act);
+            float *d1 = act16_array(r1.dq, nqkv, act), *d2 = act16_array(r2.dq, nqkv, act);
+            size_t nf1 = 0;
+            for (size_t i = 0; i < nout; i++)
+                nf1 += !isfinite(o1[i]);
+            for (size_t i = 0; i < nqkv; i++)
+                nf1 += !isfinite(d1[i]);
+            for (size_t i = 0; i < nl; i++)
+                nf1 += !isfinite(r1.lse[i]);
+            check(nf1 == 0, "%s: impl 1 has %zu unwritten or non-finite values", nm, nf1);
+            /* compare() fails on any non-finite impl 2 value: every element written */
+            compare(nm, "fwd out", o2, o1, nout, tol_f);
+            compare(nm, "fwd logsumexp", r2.lse, r1.lse, nl, tol_f);
+            compare(nm, "bwd dqkv", d2, d1, nqkv, tol_b);
+            size_t rep = 0, same = 0;
+            for (size_t i = 0; i < nout; i++) {
+                rep += r2.out[i] != r2b.out[i];
+                same += r2.out[i] == r1.out[i];
+            }
+            for (size_t i = 0; i < nqkv; i++) {
+                rep += r2.dq[i] != r2b.dq[i];
+                same += r2.dq[i] == r1.dq[i];
+            }
+            for (size_t i = 0; i < nl; i++) {
+                rep += memcmp(&r2.lse[i], &r2b.lse[i], 4) != 0;
+                same += memcmp(&r2.lse[i], &r1.lse[i], 4) == 0;
+            }
+            check(rep == 0, "%s: impl 2 run twice differs in %zu of %zu values (must be bitwise reproducible)", nm,
+                  rep, nout + nqkv + nl);
+            if (g_verbose)
+                printf("info %s: %zu of %zu values bitwise equal to impl 1\n", nm, same, nout + nqkv + nl);
+            free(o1);
+            free(o2);
+            free(d1);
+            free(d2);
+            attn_res_free(&r1);
+            attn_res_free(&r2);
+            attn_res_free(&r2b);
+            free(h);
+        }
+    if (!small) { /* timing at GPT-2 124M's shape, one micro-batch of 32 x 1024 (not a pass/fail) */
+        const int B = 32, T = 1024, C = 768, NH = 12, iters = 20;
+        double ms[2][2];
+        attn_time(b1, act, B, T, C, NH, iters, &rng, ms[0]);
+        attn_time(b2, act, B, T, C, NH, iters, &rng, ms[1]);
+        /* causal attention FLOPs: QK^T and PV over half the T x T matrix, forward; backward 2.5 x */
+        const double fl = 4.0 * B * NH * (double)T * T * (C / NH) / 2;
+        printf("attn-impl timing [%s] B=%d T=%d C=%d NH=%d: impl1 fwd %.4f ms bwd %.4f ms; impl2 fwd %.4f ms bwd "
+               "%.4f ms (impl1 %.0f / %.0f TFLOP/s, impl2 %.0f / %.0f TFLOP/s; speed-up fwd %.2fx bwd %.2fx)\n",
+               dg_dtype_name(act), B, T, C, NH, ms[0][0], ms[0][1], ms[1][0], ms[1][1], fl / ms[0][0] / 1e9,
+               2.5 * fl / ms[0][1] / 1e9, fl / ms[1][0] / 1e9, 2.5 * fl / ms[1][1] / 1e9, ms[0][0] / ms[1][0],
+               ms[0][1] / ms[1][1]);
+    }
+    dg_backend_free(b1);
+    dg_backend_free(b2);
+    printf("attn-impl [%s]: %d checks, %d failed\n", dg_dtype_name(act), g_checks, g_fails);
+    return g_fails ? 1 : 0;
+}
+
 /* ======================= main ======================= */
 
 int main(int argc, char **argv) {
@@ -809,7 +1026,7 @@ int main(int argc, char **argv) {
             under_test_cpu = 1;
         else {
             fprintf(stderr,
-                    "usage: %s --mode harness|cpu|determinism|errors|attn-rows|probe [--dtype f32|bf16|f16] "
+                    "usage: %s --mode harness|cpu|determinism|errors|attn-rows|attn-impl|probe [--dtype f32|bf16|f16] "
                     "[--only S] "
                     "[--small] [--no-fd] [--verbose]\n",
                     argv[0]);
@@ -823,6 +1040,7 @@ int main(int argc, char **argv) {
         return skip ? SKIP : 0;
     }
     if (!strcmp(mode, "attn-rows")) return run_attn_rows(act, small);
+    if (!strcmp(mode, "attn-impl")) return run_attn_impl(act, small);
     if (!strcmp(mode, "errors")) {
         int rc = run_errors();
         printf("cuda backend errors: %d checks, %d failed\n", g_checks, g_fails);

@@ -681,6 +681,547 @@ __global__ void __launch_bounds__(32 * NW)
     store_rows<T, HS>(dqkv + (size_t)b * Tn * C3 + h * HS, C3, qw, Tn, dq, scale, scale);
 }
 
+/* ======================= tensor-core kernels, implementation 2 ======================= */
+
+/* DG_CUDA_ATTN_IMPL=2. Same arithmetic as above (fp32 accumulators, exp2 with log2(e) folded into the
+ * scale, probabilities rounded to the activation dtype before they enter an MMA, P kept in registers as
+ * the A operand of the next MMA), but each warp owns A2_MT = 2 m-tiles (32 rows), so every fragment read
+ * from shared memory with ldmatrix feeds two MMAs instead of one: half the shared-memory traffic per MMA.
+ * Blocks are 4 warps = 128 rows; streamed tiles are 64 rows (cp.async, double-buffered).
+ *   forward: Q fragments in registers (32 regs at head size 64), O 64, S of a 32 x 64 tile 64;
+ *   backward: one launch runs both passes (alternate blocks), 73 KiB of dynamic shared memory each:
+ *     key/value pass: the block's 128 K and V rows stay in shared memory (A operands via ldmatrix);
+ *       registers hold dK, dV (128) and Sᵀ, dPᵀ of half a query tile (32 x 32: 64);
+ *     query pass: Q fragments (32) in registers, the block's 128 dO rows in shared memory; registers
+ *       also hold dQ (64) and S, dP of half a key tile (64).
+ * Causal load balance: within each head the heaviest blocks have the lowest blockIdx.x (they start
+ * first). No atomics; every sum has a fixed order, so results are bitwise reproducible. */
+#define A2_MT 2                 /* m-tiles (of 16 rows) per warp */
+#define A2_NW 4                 /* warps per block */
+#define A2_BR (16 * A2_MT * A2_NW) /* 128 rows per block */
+#define A2_BC 64                /* rows per streamed tile */
+
+/* Copy rows [0, ROWS) of a tile (rows >= `valid` zero-filled) of HS 16-bit elements, global row stride
+ * `gstride`, into shared memory rows of HS + 8 elements. All NT threads take part. */
+template <int HS, int NT, int ROWS>
+static __device__ __forceinline__ void tile_load_rows(uint16_t *sm, const uint16_t *g, size_t gstride,
+                                                      int valid) {
+    constexpr int CH = HS / 8, LDS = HS + 8;
+    for (int i = threadIdx.x; i < ROWS * CH; i += NT) {
+        const int r = i / CH, ch = i % CH;
+        const bool ok = r < valid;
+        cp_async16(sm + r * LDS + ch * 8, ok ? g + (size_t)r * gstride + ch * 8 : g, ok);
+    }
+}
+
+/* acc[m][n] (16 x 8 each) = A_m · Bᵀ over k in [0, HS): A_m = a[m] (register fragments of 16 rows),
+ * B = shared-memory rows [0, 8 NN) of `tile` (row stride HS + 8). One ldmatrix.x4 gives the fragments of
+ * two n-tiles and feeds 2 MT MMAs. */
+template <typename T, int HS, int MT, int NN>
+static __device__ __forceinline__ void mma2_abt_r(float (&acc)[MT][NN][4], const uint32_t (&a)[MT][HS / 16][4],
+                                                  const uint16_t *tile) {
+    static_assert(NN % 2 == 0, "n-tiles come in pairs");
+    constexpr int LDS = HS + 8;
+    const int lane = threadIdx.x & 31, mi = lane >> 3, mr = lane & 7;
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int n = 0; n < NN; n++)
+            acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++)
+#pragma unroll
+        for (int n = 0; n < NN; n += 2) {
+            uint32_t r[4];
+            ldsm_x4(r, tile + ((n + (mi >> 1)) * 8 + mr) * LDS + kk * 16 + (mi & 1) * 8);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                MmaOp<T>::run(acc[m][n], a[m][kk], r[0], r[1]);
+                MmaOp<T>::run(acc[m][n + 1], a[m][kk], r[2], r[3]);
+            }
+        }
+}
+
+/* The same with A read from shared memory too: A_m = rows [16 m, 16 m + 16) of `atile` (row stride
+ * HS + 8), loaded one k-step at a time with ldmatrix (matrices: rows 0-7 / 8-15 x columns 0-7 / 8-15 of
+ * the k-step give a0 / a1 / a2 / a3). */
+template <typename T, int HS, int MT, int NN>
+static __device__ __forceinline__ void mma2_abt_s(float (&acc)[MT][NN][4], const uint16_t *atile,
+                                                  const uint16_t *tile) {
+    static_assert(NN % 2 == 0, "n-tiles come in pairs");
+    constexpr int LDS = HS + 8;
+    const int lane = threadIdx.x & 31, mi = lane >> 3, mr = lane & 7;
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int n = 0; n < NN; n++)
+            acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HS / 16; kk++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+            ldsm_x4(a[m], atile + (m * 16 + (mi & 1) * 8 + mr) * LDS + kk * 16 + (mi >> 1) * 8);
+#pragma unroll
+        for (int n = 0; n < NN; n += 2) {
+            uint32_t r[4];
+            ldsm_x4(r, tile + ((n + (mi >> 1)) * 8 + mr) * LDS + kk * 16 + (mi & 1) * 8);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                MmaOp<T>::run(acc[m][n], a[m], r[0], r[1]);
+                MmaOp<T>::run(acc[m][n + 1], a[m], r[2], r[3]);
+            }
+        }
+    }
+}
+
+/* acc[m] (16 x HS) += P_m · tile rows [0, 16 NK): P_m given as f32 accumulator fragments p[m][2 NK] (16 x
+ * 16 NK), reused as A fragments after rounding; B pairs along k are a row apart: ldmatrix.trans. */
+template <typename T, int HS, int MT, int NK>
+static __device__ __forceinline__ void mma2_pv(float (&acc)[MT][HS / 8][4], const float (&p)[MT][2 * NK][4],
+                                               const uint16_t *tile) {
+    constexpr int LDS = HS + 8;
+    const int lane = threadIdx.x & 31, mi = lane >> 3, mr = lane & 7;
+#pragma unroll
+    for (int kk = 0; kk < NK; kk++) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            a[m][0] = MmaOp<T>::pack(p[m][2 * kk][0], p[m][2 * kk][1]);
+            a[m][1] = MmaOp<T>::pack(p[m][2 * kk][2], p[m][2 * kk][3]);
+            a[m][2] = MmaOp<T>::pack(p[m][2 * kk + 1][0], p[m][2 * kk + 1][1]);
+            a[m][3] = MmaOp<T>::pack(p[m][2 * kk + 1][2], p[m][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dt = 0; dt < HS / 8; dt += 2) {
+            uint32_t r[4];
+            ldsm_x4_t(r, tile + (kk * 16 + (mi & 1) * 8 + mr) * LDS + (dt + (mi >> 1)) * 8);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                MmaOp<T>::run(acc[m][dt], a[m], r[0], r[1]);
+                MmaOp<T>::run(acc[m][dt + 1], a[m], r[2], r[3]);
+            }
+        }
+    }
+}
+
+template <typename T, int HS>
+__global__ void __launch_bounds__(32 * A2_NW)
+    attn2_fwd(T *out, float *lse, const T *qkv, int Tn, int C, int NH, float sl2) {
+    constexpr int LDS = HS + 8, NT = 32 * A2_NW, MT = A2_MT;
+    __shared__ __align__(16) uint16_t ks[2][A2_BC * LDS];
+    __shared__ __align__(16) uint16_t vs[2][A2_BC * LDS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    /* grid = (query blocks, B * NH): the blocks of one head run together (they share its K/V tiles in
+     * L2), the longest rows first */
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const size_t C3 = 3 * (size_t)C;
+    const uint16_t *base = reinterpret_cast<const uint16_t *>(qkv) + (size_t)b * Tn * C3 + h * HS;
+    const uint16_t *kg = base + C, *vg = base + 2 * C;
+    const int q0 = qb * A2_BR, qw = q0 + warp * 16 * MT; /* this warp: rows [qw, qw + 32) */
+
+    uint32_t qa[MT][HS / 16][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+        load_a_frags<HS>(qa[m], base, C3, qw + 16 * m, Tn);
+    float o[MT][HS / 8][4];
+    float mx[MT][2], l[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+#pragma unroll
+        for (int dt = 0; dt < HS / 8; dt++)
+            o[m][dt][0] = o[m][dt][1] = o[m][dt][2] = o[m][dt][3] = 0.f;
+        mx[m][0] = mx[m][1] = -INFINITY;
+        l[m][0] = l[m][1] = 0.f;
+    }
+
+    const int nkb = min(q0 + A2_BR - 1, Tn - 1) / A2_BC + 1;
+    tile_load_rows<HS, NT, A2_BC>(ks[0], kg, C3, Tn);
+    tile_load_rows<HS, NT, A2_BC>(vs[0], vg, C3, Tn);
+    cp_async_commit();
+    for (int kb = 0; kb < nkb; kb++) {
+        const int buf = kb & 1;
+        if (kb + 1 < nkb) {
+            const int k1 = (kb + 1) * A2_BC;
+            tile_load_rows<HS, NT, A2_BC>(ks[buf ^ 1], kg + (size_t)k1 * C3, C3, Tn - k1);
+            tile_load_rows<HS, NT, A2_BC>(vs[buf ^ 1], vg + (size_t)k1 * C3, C3, Tn - k1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int kbase = kb * A2_BC;
+        /* a tile wholly after this warp's last row adds nothing; the barriers stay outside the branch */
+        if (kbase <= qw + 16 * MT - 1) {
+            float s[MT][A2_BC / 8][4];
+            mma2_abt_r<T, HS, MT, A2_BC / 8>(s, qa, ks[buf]);
+            /* masks: some key of the tile after this warp's first row, or keys past the end */
+            const bool masked = kbase + A2_BC - 1 > qw || kbase + A2_BC > Tn;
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                const int row0 = qw + 16 * m + gq, row1 = row0 + 8;
+                float m0 = mx[m][0], m1 = mx[m][1];
+#pragma unroll
+                for (int nt = 0; nt < A2_BC / 8; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float v = s[m][nt][e] * sl2;
+                        if (masked) {
+                            const int key = kbase + nt * 8 + 2 * tq + (e & 1);
+                            if (key > (e < 2 ? row0 : row1) || key >= Tn) v = -INFINITY;
+                        }
+                        s[m][nt][e] = v;
+                        if (e < 2)
+                            m0 = fmaxf(m0, v);
+                        else
+                            m1 = fmaxf(m1, v);
+                    }
+                m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+                m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+                m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+                m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+                /* a row with no visible key yet keeps max -inf: base 0 so nothing becomes NaN */
+                const float b0 = m0 == -INFINITY ? 0.f : m0, b1 = m1 == -INFINITY ? 0.f : m1;
+                const float c0 = exp2f(mx[m][0] - b0), c1 = exp2f(mx[m][1] - b1);
+                mx[m][0] = m0;
+                mx[m][1] = m1;
+                float l0 = l[m][0] * c0, l1 = l[m][1] * c1;
+#pragma unroll
+                for (int dt = 0; dt < HS / 8; dt++) {
+                    o[m][dt][0] *= c0;
+                    o[m][dt][1] *= c0;
+                    o[m][dt][2] *= c1;
+                    o[m][dt][3] *= c1;
+                }
+#pragma unroll
+                for (int nt = 0; nt < A2_BC / 8; nt++) {
+                    s[m][nt][0] = exp2f(s[m][nt][0] - b0);
+                    s[m][nt][1] = exp2f(s[m][nt][1] - b0);
+                    s[m][nt][2] = exp2f(s[m][nt][2] - b1);
+                    s[m][nt][3] = exp2f(s[m][nt][3] - b1);
+                    l0 += s[m][nt][0] + s[m][nt][1];
+                    l1 += s[m][nt][2] + s[m][nt][3];
+                }
+                l[m][0] = l0;
+                l[m][1] = l1;
+            }
+            mma2_pv<T, HS, MT, A2_BC / 16>(o, s, vs[buf]);
+        }
+        __syncthreads(); /* the next iteration refills the other buffer; the one after, this one */
+    }
+    T *og = out + (size_t)b * Tn * C + h * HS;
+    float *L = lse + (size_t)bh * Tn;
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        float l0 = l[m][0], l1 = l[m][1];
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+        const int r = qw + 16 * m, row0 = r + gq, row1 = row0 + 8;
+        store_rows<T, HS>(og, C, r, Tn, o[m], 1.f / l0, 1.f / l1);
+        if (tq == 0) {
+            if (row0 < Tn) L[row0] = (mx[m][0] + log2f(l0)) * ATT_LN2;
+            if (row1 < Tn) L[row1] = (mx[m][1] + log2f(l1)) * ATT_LN2;
+        }
+    }
+}
+
+/* Dynamic shared memory of both backward passes: two 128-row blocks (the block's own rows: K and V, or Q
+ * and dO), four 64-row streamed tiles (two operands, double-buffered), and two f32 values per streamed row
+ * and buffer (the key/value pass's logsumexp and delta). 73 KiB at head size 64. */
+template <int HS> struct Attn2Smem {
+    static constexpr int LDS = HS + 8;
+    static constexpr size_t kv = (size_t)A2_BR * LDS;  /* elements of the block's 128 rows of K (or V, Q, dO) */
+    static constexpr size_t tile = (size_t)A2_BC * LDS; /* elements of one streamed tile */
+    static constexpr size_t bytes = (2 * kv + 4 * tile) * sizeof(uint16_t) + 4 * A2_BC * sizeof(float);
+};
+
+/* Query pass: the block owns 128 queries, warp w 32 of them; dQ = dS·K accumulates over the key tiles,
+ * each processed as two halves of 32 keys (to bound the registers S and dP take). Q fragments stay in
+ * registers; the block's dO rows stay in shared memory (the A operand of dP, read with ldmatrix); the
+ * first 128-row region of the shared layout (Qb) is left unused. */
+template <typename T, int HS>
+static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int qb, int bh, T *dqkv, const T *dout,
+                                                   const T *qkv, const float *lse, const float *delta, int Tn,
+                                                   int C, int NH, float sl2, float scale) {
+    using SM = Attn2Smem<HS>;
+    constexpr int LDS = HS + 8, NT = 32 * A2_NW, MT = A2_MT, HB = A2_BC / 2;
+    uint16_t *Qb = reinterpret_cast<uint16_t *>(a2_smem), *Ob = Qb + SM::kv; /* the block's Q, dO rows */
+    uint16_t *Ks = Ob + SM::kv;                                               /* [2][tile]: K tiles */
+    uint16_t *Vs = Ob + SM::kv + 2 * SM::tile;                                /* [2][tile]: V tiles */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const int b = bh / NH, h = bh % NH;
+    const size_t C3 = 3 * (size_t)C;
+    const uint16_t *base = reinterpret_cast<const uint16_t *>(qkv) + (size_t)b * Tn * C3 + h * HS;
+    const uint16_t *dob = reinterpret_cast<const uint16_t *>(dout) + (size_t)b * Tn * C + h * HS;
+    const uint16_t *kg = base + C, *vg = base + 2 * C;
+    const int q0 = qb * A2_BR, qw = q0 + warp * 16 * MT; /* this warp: rows [qw, qw + 32) */
+    const uint16_t *Ow = Ob + (size_t)(qw - q0) * LDS;
+
+    uint32_t qa[MT][HS / 16][4];
+    float Lr[MT][2], Dr[MT][2], dq[MT][HS / 8][4];
+    const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        load_a_frags<HS>(qa[m], base, C3, qw + 16 * m, Tn);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int row = qw + 16 * m + gq + 8 * i;
+            Lr[m][i] = row < Tn ? L[row] * ATT_LOG2E : 0.f;
+            Dr[m][i] = row < Tn ? D[row] : 0.f;
+        }
+#pragma unroll
+        for (int dt = 0; dt < HS / 8; dt++)
+            dq[m][dt][0] = dq[m][dt][1] = dq[m][dt][2] = dq[m][dt][3] = 0.f;
+    }
+
+    /* the first cp.async group carries the block's Q and dO rows with the first K and V tiles */
+    const int nkb = min(q0 + A2_BR - 1, Tn - 1) / A2_BC + 1;
+    tile_load_rows<HS, NT, A2_BR>(Ob, dob + (size_t)q0 * C, C, Tn - q0);
+    tile_load_rows<HS, NT, A2_BC>(Ks, kg, C3, Tn);
+    tile_load_rows<HS, NT, A2_BC>(Vs, vg, C3, Tn);
+    cp_async_commit();
+    for (int kb = 0; kb < nkb; kb++) {
+        const int buf = kb & 1;
+        if (kb + 1 < nkb) {
+            const int k1 = (kb + 1) * A2_BC;
+            tile_load_rows<HS, NT, A2_BC>(Ks + (buf ^ 1) * SM::tile, kg + (size_t)k1 * C3, C3, Tn - k1);
+            tile_load_rows<HS, NT, A2_BC>(Vs + (buf ^ 1) * SM::tile, vg + (size_t)k1 * C3, C3, Tn - k1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+#pragma unroll 1
+        for (int hf = 0; hf < 2; hf++) {
+            const int kbase = kb * A2_BC + hf * HB;
+            if (kbase <= qw + 16 * MT - 1) { /* else every key of the half is after this warp's rows */
+                const bool masked = kbase + HB - 1 > qw || kbase + HB > Tn;
+                const uint16_t *K = Ks + buf * SM::tile + hf * HB * LDS, *V = Vs + buf * SM::tile + hf * HB * LDS;
+                float p[MT][HB / 8][4], dp[MT][HB / 8][4];
+                mma2_abt_r<T, HS, MT, HB / 8>(p, qa, K);
+                mma2_abt_s<T, HS, MT, HB / 8>(dp, Ow, V);
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int nt = 0; nt < HB / 8; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            float pe = exp2f(fmaf(p[m][nt][e], sl2, -Lr[m][e >> 1]));
+                            if (masked) {
+                                const int key = kbase + nt * 8 + 2 * tq + (e & 1);
+                                const int row = qw + 16 * m + gq + 8 * (e >> 1);
+                                if (!(key <= row && key < Tn && row < Tn)) pe = 0.f;
+                            }
+                            dp[m][nt][e] = pe * (dp[m][nt][e] - Dr[m][e >> 1]);
+                        }
+                mma2_pv<T, HS, MT, HB / 16>(dq, dp, K);
+            }
+        }
+        __syncthreads();
+    }
+    T *dst = dqkv + (size_t)b * Tn * C3 + h * HS;
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+        store_rows<T, HS>(dst, C3, qw + 16 * m, Tn, dq[m], scale, scale);
+}
+
+/* Key/value pass: the block owns keys [kb*128, kb*128+128) (kept in shared memory: K and V are the A
+ * operands), warp w 32 of them; it computes Sᵀ = K·Qᵀ, Pᵀ, dPᵀ = V·dOᵀ and dSᵀ for every query tile at or
+ * after its keys, half a tile (32 queries) at a time, and accumulates dV += Pᵀ·dO, dK += dSᵀ·Q. */
+
+template <typename T, int HS>
+static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int kb, int bh, T *dqkv,
+                                                    const T *dout, const T *qkv, const float *lse,
+                                                    const float *delta, int Tn, int C, int NH, float sl2,
+                                                    float scale) {
+    using SM = Attn2Smem<HS>;
+    constexpr int LDS = HS + 8, NT = 32 * A2_NW, MT = A2_MT, HB = A2_BC / 2;
+    uint16_t *Ks = reinterpret_cast<uint16_t *>(a2_smem), *Vs = Ks + SM::kv;
+    uint16_t *Qs = Vs + SM::kv;             /* [2][tile]: Q tiles, double-buffered */
+    uint16_t *Os = Vs + SM::kv + 2 * SM::tile; /* [2][tile]: dO tiles */
+    float *lsb = reinterpret_cast<float *>(Vs + SM::kv + 4 * SM::tile); /* [2][A2_BC] */
+    float *dlb = lsb + 2 * A2_BC;                                         /* [2][A2_BC] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+    const int b = bh / NH, h = bh % NH;
+    const size_t C3 = 3 * (size_t)C;
+    const uint16_t *base = reinterpret_cast<const uint16_t *>(qkv) + (size_t)b * Tn * C3 + h * HS;
+    const uint16_t *dob = reinterpret_cast<const uint16_t *>(dout) + (size_t)b * Tn * C + h * HS;
+    const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
+    const int k0 = kb * A2_BR, kw = k0 + warp * 16 * MT; /* this warp: keys [kw, kw + 32) */
+    const uint16_t *Kw = Ks + (size_t)(kw - k0) * LDS, *Vw = Vs + (size_t)(kw - k0) * LDS;
+
+    float dk[MT][HS / 8][4], dv[MT][HS / 8][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int dt = 0; dt < HS / 8; dt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dk[m][dt][e] = dv[m][dt][e] = 0.f;
+
+    /* query tiles from the one holding this block's first key (earlier queries see none of its keys);
+     * the first cp.async group carries the block's K and V with the first Q and dO tiles */
+    const int nqb = (Tn + A2_BC - 1) / A2_BC, qb0 = k0 / A2_BC;
+    tile_load_rows<HS, NT, A2_BR>(Ks, base + C + (size_t)k0 * C3, C3, Tn - k0);
+    tile_load_rows<HS, NT, A2_BR>(Vs, base + 2 * C + (size_t)k0 * C3, C3, Tn - k0);
+    {
+        const int q1 = qb0 * A2_BC;
+        tile_load_rows<HS, NT, A2_BC>(Qs, base + (size_t)q1 * C3, C3, Tn - q1);
+        tile_load_rows<HS, NT, A2_BC>(Os, dob + (size_t)q1 * C, C, Tn - q1);
+        cp_async_commit();
+        if (threadIdx.x < A2_BC) {
+            const int q = q1 + threadIdx.x;
+            lsb[threadIdx.x] = q < Tn ? L[q] * ATT_LOG2E : 0.f;
+            dlb[threadIdx.x] = q < Tn ? D[q] : 0.f;
+        }
+    }
+    for (int qb = qb0, it = 0; qb < nqb; qb++, it++) {
+        const int buf = it & 1;
+        if (qb + 1 < nqb) {
+            const int q1 = (qb + 1) * A2_BC;
+            tile_load_rows<HS, NT, A2_BC>(Qs + (buf ^ 1) * SM::tile, base + (size_t)q1 * C3, C3, Tn - q1);
+            tile_load_rows<HS, NT, A2_BC>(Os + (buf ^ 1) * SM::tile, dob + (size_t)q1 * C, C, Tn - q1);
+            cp_async_commit();
+            if (threadIdx.x < A2_BC) {
+                const int q = q1 + threadIdx.x;
+                lsb[(buf ^ 1) * A2_BC + threadIdx.x] = q < Tn ? L[q] * ATT_LOG2E : 0.f;
+                dlb[(buf ^ 1) * A2_BC + threadIdx.x] = q < Tn ? D[q] : 0.f;
+            }
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const float *Ls = lsb + buf * A2_BC, *Ds = dlb + buf * A2_BC;
+#pragma unroll 1
+        for (int hf = 0; hf < 2; hf++) {
+            const int qbase = qb * A2_BC + hf * HB;
+            /* a half wholly before this warp's first key sees none of its keys: nothing to add */
+            if (qbase + HB - 1 >= kw) {
+                const bool masked = qbase < kw + 16 * MT - 1 || qbase + HB > Tn || kw + 16 * MT > Tn;
+                const uint16_t *Q = Qs + buf * SM::tile + hf * HB * LDS, *DO = Os + buf * SM::tile + hf * HB * LDS;
+                float p[MT][HB / 8][4];
+                mma2_abt_s<T, HS, MT, HB / 8>(p, Kw, Q);
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int nt = 0; nt < HB / 8; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int qi = hf * HB + nt * 8 + 2 * tq + (e & 1); /* query within the tile */
+                            float v = exp2f(fmaf(p[m][nt][e], sl2, -Ls[qi]));
+                            if (masked) {
+                                const int q = qb * A2_BC + qi, key = kw + 16 * m + gq + 8 * (e >> 1);
+                                if (!(q >= key && q < Tn && key < Tn)) v = 0.f;
+                            }
+                            p[m][nt][e] = v;
+                        }
+                mma2_pv<T, HS, MT, HB / 16>(dv, p, DO);
+                float dp[MT][HB / 8][4];
+                mma2_abt_s<T, HS, MT, HB / 8>(dp, Vw, DO);
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int nt = 0; nt < HB / 8; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int qi = hf * HB + nt * 8 + 2 * tq + (e & 1);
+                            dp[m][nt][e] = p[m][nt][e] * (dp[m][nt][e] - Ds[qi]);
+                        }
+                mma2_pv<T, HS, MT, HB / 16>(dk, dp, Q);
+            }
+        }
+        __syncthreads();
+    }
+    T *dst = dqkv + (size_t)b * Tn * C3 + h * HS;
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        store_rows<T, HS>(dst + C, C3, kw + 16 * m, Tn, dk[m], scale, scale);
+        store_rows<T, HS>(dst + 2 * C, C3, kw + 16 * m, Tn, dv[m], 1.f, 1.f);
+    }
+}
+
+/* Both backward passes in one launch (they are independent: dK, dV and dQ are disjoint parts of dqkv), so
+ * neither waits for the other's tail. grid = (2 * nb, B * NH): the blocks of one head run together (they
+ * share its tiles in L2), heaviest first, alternating a key/value block (key block j: the most queries
+ * for j = 0) and a query block (query block nb - 1 - j: the most keys). */
+template <typename T, int HS>
+__global__ void __launch_bounds__(32 * A2_NW)
+    attn2_bwd(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C, int NH,
+              float sl2, float scale) {
+    extern __shared__ __align__(16) unsigned char a2_smem[];
+    const int bh = blockIdx.y, j = blockIdx.x >> 1, nb = gridDim.x >> 1;
+    if ((blockIdx.x & 1) == 0)
+        attn2_bwd_kv<T, HS>(a2_smem, j, bh, dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale);
+    else
+        attn2_bwd_q<T, HS>(a2_smem, nb - 1 - j, bh, dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale);
+}
+
+/* delta[bh, t] = rowsum(dO ∘ O) for implementation 2: HS / 8 lanes per (b, t, h) row (rows in memory
+ * order), one 16-byte load of each operand per lane, then a fixed shuffle tree. */
+template <typename T, int HS>
+__global__ void __launch_bounds__(256)
+    attn2_delta(float *delta, const T *dout, const T *out, int Tn, int NH, size_t nrows) {
+    constexpr int LPR = HS / 8; /* lanes per row: 8 or 4, aligned groups within the warp */
+    const size_t gt = (size_t)blockIdx.x * 256 + threadIdx.x, row = gt / LPR;
+    const int part = (int)(gt % LPR);
+    float s = 0.f;
+    if (row < nrows) {
+        const uint4 a = *reinterpret_cast<const uint4 *>(dout + row * HS + part * 8);
+        const uint4 o = *reinterpret_cast<const uint4 *>(out + row * HS + part * 8);
+        const T *pa = reinterpret_cast<const T *>(&a), *po = reinterpret_cast<const T *>(&o);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            s = fmaf(dg_to_f(pa[i]), dg_to_f(po[i]), s);
+    }
+#pragma unroll
+    for (int off = LPR / 2; off > 0; off >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (row < nrows && part == 0) {
+        const size_t bt = row / NH;
+        const int h = (int)(row % NH), t = (int)(bt % Tn);
+        const size_t b = bt / Tn;
+        delta[(b * NH + h) * Tn + t] = s;
+    }
+}
+
+template <typename T, int HS>
+static dg_status_t delta2_launch(dg_cuda_t *c, float *delta, const void *dout, const void *out, int B, int Tn,
+                                 int NH) {
+    const size_t nrows = (size_t)B * Tn * NH, nthreads = nrows * (HS / 8);
+    attn2_delta<T, HS><<<(unsigned)((nthreads + 255) / 256), 256, 0, c->stream>>>(delta, (const T *)dout,
+                                                                                 (const T *)out, Tn, NH, nrows);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
+template <typename T, int HS>
+static dg_status_t fwd2_launch(dg_cuda_t *c, void *out, float *lse, const void *qkv, int B, int Tn, int C,
+                               int NH, float sl2) {
+    dim3 grid((Tn + A2_BR - 1) / A2_BR, B * NH);
+    attn2_fwd<T, HS><<<grid, 32 * A2_NW, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, sl2);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
+template <typename T, int HS>
+static dg_status_t bwd2_launch(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv, const float *lse,
+                               const float *delta, int B, int Tn, int C, int NH, float sl2, float scale) {
+    dim3 grid(2 * ((Tn + A2_BR - 1) / A2_BR), B * NH);
+    const size_t smem = Attn2Smem<HS>::bytes;
+    /* more than the 48 KiB default: opt in (every call: cheap, and right for any device of the process) */
+    DG_CUDA_CHECK(cudaFuncSetAttribute(attn2_bwd<T, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attn2_bwd<T, HS><<<grid, 32 * A2_NW, smem, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta,
+                                                           Tn, C, NH, sl2, scale);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
 /* ======================= dispatch ======================= */
 
 static bool use_mma(const dg_cuda_t *c, int HS) {
@@ -734,6 +1275,9 @@ static dg_status_t fwd_t(dg_cuda_t *c, void *out, void *aux, const void *qkv, in
     if constexpr (sizeof(T) == 2) {
         if (use_mma(c, HS) && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(out, 16)) {
             const float sl2 = scale * ATT_LOG2E;
+            if (c->attn_impl == 2)
+                return HS == 64 ? fwd2_launch<T, 64>(c, out, lse, qkv, B, Tn, C, NH, sl2)
+                                : fwd2_launch<T, 32>(c, out, lse, qkv, B, Tn, C, NH, sl2);
             if (HS == 64)
                 return c->attn_ldmatrix ? fwd_mma_launch<T, 64, true>(c, out, lse, qkv, B, Tn, C, NH, sl2)
                                         : fwd_mma_launch<T, 64, false>(c, out, lse, qkv, B, Tn, C, NH, sl2);
@@ -758,6 +1302,17 @@ static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void 
     DG_TRY(dg_cuda_scratch(c, (size_t)B * NH * Tn * sizeof(float), &scr));
     float *delta = (float *)scr;
     dim3 ggrid((Tn + GEN_WARPS - 1) / GEN_WARPS, B * NH);
+    if constexpr (sizeof(T) == 2) {
+        if (use_mma(c, HS) && c->attn_impl == 2 && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(dout, 16) &&
+            dg_ptr_aligned(dqkv, 16) && dg_ptr_aligned(out, 16)) {
+            const float sl2 = scale * ATT_LOG2E;
+            const dg_status_t ds = HS == 64 ? delta2_launch<T, 64>(c, delta, dout, out, B, Tn, NH)
+                                            : delta2_launch<T, 32>(c, delta, dout, out, B, Tn, NH);
+            if (ds != DG_OK) return ds;
+            return HS == 64 ? bwd2_launch<T, 64>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                            : bwd2_launch<T, 32>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
+        }
+    }
     attn_delta_kernel<T>
         <<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>(delta, (const T *)dout, (const T *)out, Tn, C, NH);
     DG_CUDA_LAUNCH_CHECK();

@@ -9,6 +9,9 @@
  *                              loads instead of ldmatrix (ldmatrix, the default, measured 10-20% faster)
  *   DG_CUDA_ATTN_ROWS=64|128   rows (queries, or keys in the backward's key/value pass) per block of the
  *                              tensor-core attention kernels: 4 or 8 warps of 16 rows
+ *   DG_CUDA_ATTN_IMPL=1|2      tensor-core attention kernels: 1 = 16 rows per warp (DG_CUDA_ATTN_ROWS,
+ *                              DG_CUDA_ATTN_LDMATRIX apply), 2 = 32 rows per warp, 128-row blocks
+ *                              (attention.cu); same results within rounding, not the same bits
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +24,8 @@
 /* rows per block of the tensor-core attention kernels (both give the same bits; 128 loads each K/V tile
  * once for twice the queries) */
 #define DG_CUDA_ATTN_ROWS_DEFAULT 64
+/* tensor-core attention implementation (DG_CUDA_ATTN_IMPL): 2 becomes the default once measured faster */
+#define DG_CUDA_ATTN_IMPL_DEFAULT 1
 
 /* ---------------- error reporting ---------------- */
 
@@ -672,6 +677,13 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
             return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_ROWS=%s: expected 64 or 128", rows);
         c->attn_rows = atoi(rows);
     }
+    const char *impl = getenv("DG_CUDA_ATTN_IMPL");
+    c->attn_impl = DG_CUDA_ATTN_IMPL_DEFAULT;
+    if (impl && *impl) {
+        if (strcmp(impl, "1") != 0 && strcmp(impl, "2") != 0)
+            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_IMPL=%s: expected 1 or 2", impl);
+        c->attn_impl = atoi(impl);
+    }
     return DG_OK;
 }
 
@@ -695,9 +707,10 @@ extern "C" dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg
     }
     DG_LOG_DEBUG(
         "cuda backend: device %d %s (sm_%d%d, %d SMs), act %s, fused epilogues %s, fast attention %s "
-        "(%d-row blocks)",
+        "(impl %d, %d-row blocks)",
         c->device, c->name, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
-        c->fused_epilogues ? "on" : "off", c->fast_attention ? "on" : "off", c->attn_rows);
+        c->fused_epilogues ? "on" : "off", c->fast_attention ? "on" : "off", c->attn_impl,
+        c->attn_rows);
     *out = be;
     return DG_OK;
 }
