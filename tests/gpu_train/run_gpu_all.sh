@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # run_gpu_all.sh — issue 7 on a GPU machine in one call, within a wall-clock budget: the end-to-end GPU
-# training tests (tests/gpu_train), the 64- vs 128-row attention check, the issue's two dgtrain commands,
-# then the benchmark (bench_step at both attention block sizes, dgtrain GPT-2 124M, PyTorch eager and, if
-# time is left, torch.compile), then compute-sanitizer memcheck and the checkpoint benchmark
-# (bench/checkpoint/run.sh) if time is left. Logs go to $OUT.
+# training tests (tests/gpu_train, including dgtrain vs PyTorch on gpt2-124m), the 64- vs 128-row
+# attention check, the issue's two dgtrain commands, then the benchmark (bench_step at both attention
+# block sizes, dgtrain GPT-2 124M, PyTorch eager and, if time is left, torch.compile), then
+# compute-sanitizer memcheck and the checkpoint benchmark (bench/checkpoint/run.sh) if time is left.
+# Logs go to $OUT.
 #
 #   tests/gpu_train/run_gpu_all.sh [BUILD_DIR]
 # BUILD_DIR (default build-gpu) is used as it is when its binaries run here (e.g. carried from a build
@@ -66,7 +67,7 @@ log "attention block rows for the benchmark: $rows_best"
 
 # ---- phase A: correctness, all at once (the GPU is shared; nothing here is timed) ----
 pids=()
-for c in fp32 bf16 determinism multirank graph; do
+for c in fp32 bf16 determinism multirank graph torch; do
   python3 "$root/tests/gpu_train/gpu_e2e.py" "$c" "$dgtrain" "$dgckpt" "${mpi[@]}" >"$out/gpu_train_$c.log" 2>&1 &
   pids+=($!)
 done
@@ -86,7 +87,7 @@ log "attn-rows f16 rc=$?: $(grep -h 'attn-rows \[' "$out/attn_rows_f16.log" | tr
 wait $pid_vs
 log "attention vs CPU, $rows_best-row blocks, rc=$?: $(grep -h 'cuda vs cpu' "$out/attn_vs_cpu.log" | tr '\n' ' ')"
 for p in "${pids[@]}"; do wait "$p"; done
-for c in fp32 bf16 determinism multirank graph; do
+for c in fp32 bf16 determinism multirank graph torch; do
   log "gpu_train_$c: $(grep -hE '^(PASS|FAIL|SKIP)' "$out/gpu_train_$c.log" | cut -c1-400 | tr '\n' ' ')"
 done
 for p in fp32 bf16; do
