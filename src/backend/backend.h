@@ -32,6 +32,9 @@
  *   v1.2 (2026-11-29, cuda-e2e) dg_backend_cuda_device_name() (the GPU's name, for the MFU peak) and
  *        dg_backend_cuda_mem_stats() (the backend's allocated bytes and their peak; device memory in use).
  *        Additive.
+ *   v1.3 (2026-11-29, gelu) matmul_bwd_dgelu(): the backward of a linear layer whose input is a GELU
+ *        output, with GELU's derivative applied to the input gradient in the same call (cuBLASLt's DGELU
+ *        epilogue on CUDA). Placed after gelu_bwd in the table. Additive.
  */
 #ifndef DG_BACKEND_H
 #define DG_BACKEND_H
@@ -107,6 +110,18 @@ typedef struct dg_backend_ops {
     dg_status_t (*gelu_fwd)(dg_backend_t *be, void *out, const void *inp, size_t n);
     dg_status_t (*gelu_bwd)(dg_backend_t *be, void *dinp, const void *inp, const void *dout, size_t n,
                             int acc);
+    /* The backward of out[N,OC] = inp[N,C] · w[OC,C]ᵀ + bias where inp = gelu(pre) (pre, inp: act [N,C];
+     * inp is the GELU output, saved or recomputed), through the GELU in one call:
+     *   dw[OC,C] += doutᵀ · inp;   dbias[OC] += column sums of dout (NULL = none);
+     *   dpre[N,C] (acc) = (dout · w) ⊙ gelu'(pre)
+     * i.e. matmul_bwd's input gradient fed through gelu_bwd, without materialising it. With acc = 1 the
+     * product is added to dpre AFTER the GELU derivative (dpre += (dout · w) ⊙ gelu'(pre)).
+     * In-place: with acc = 0, dpre MAY alias inp (the weight gradient is taken first); it must not alias
+     * pre, dout or w. Results equal matmul_bwd followed by gelu_bwd within the matmul_bwd tolerance; on
+     * f32 (CPU, and CUDA's exact f32 mode) they are bitwise the same. */
+    dg_status_t (*matmul_bwd_dgelu)(dg_backend_t *be, void *dpre, float *dw, float *dbias, const void *dout,
+                                    const void *inp, const void *w, const void *pre, int N, int C, int OC,
+                                    int acc);
     /* Causal multi-head self-attention, scale 1/sqrt(C/NH). aux is backend scratch saved for backward
      * of attention_aux_bytes() bytes (e.g. the logsumexp per row, or the full probability matrix on CPU). */
     size_t (*attention_aux_bytes)(dg_backend_t *be, int B, int T, int C, int NH);
