@@ -9,8 +9,9 @@
  *                              loads instead of ldmatrix (ldmatrix, the default, measured 10-20% faster)
  *   DG_CUDA_ATTN_ROWS=64|128   rows (queries, or keys in the backward's key/value pass) per block of the
  *                              tensor-core attention kernels: 4 or 8 warps of 16 rows
- *   DG_CUDA_ATTN_IMPL=1|2      tensor-core attention kernels: 1 = 16 rows per warp (DG_CUDA_ATTN_ROWS,
- *                              DG_CUDA_ATTN_LDMATRIX apply), 2 = 32 rows per warp, 128-row blocks
+ *   DG_CUDA_ATTN_IMPL=1|2|3    tensor-core attention kernels: 1 = 16 rows per warp (DG_CUDA_ATTN_ROWS,
+ *                              DG_CUDA_ATTN_LDMATRIX apply), 2 = 32 rows per warp, 128-row blocks,
+ *                              3 = 2 with single-instruction exp2 and mask tests only in diagonal tiles
  *                              (attention.cu); same results within rounding, not the same bits
  */
 #include <stdio.h>
@@ -377,6 +378,31 @@ static dg_status_t cu_matmul_bwd(dg_backend_t *be, void *dinp, float *dw, float 
     return dg_cuda_matmul_bwd(dg_cuda_of(be), dinp, dw, dbias, dout, inp, w, N, C, OC, acc);
 }
 
+static int ranges_overlap(const void *a, size_t na, const void *b, size_t nb) {
+    const char *pa = (const char *)a, *pb = (const char *)b;
+    return pa < pb + nb && pb < pa + na;
+}
+
+static dg_status_t cu_matmul_bwd_dgelu(dg_backend_t *be, void *dpre, float *dw, float *dbias,
+                                       const void *dout, const void *inp, const void *w, const void *pre,
+                                       int N, int C, int OC, int acc) {
+    REQ_POS(N, "matmul_bwd_dgelu");
+    REQ_POS(C, "matmul_bwd_dgelu");
+    REQ_POS(OC, "matmul_bwd_dgelu");
+    REQ_PTR(dpre, "matmul_bwd_dgelu");
+    REQ_PTR(dw, "matmul_bwd_dgelu");
+    REQ_PTR(dout, "matmul_bwd_dgelu");
+    REQ_PTR(inp, "matmul_bwd_dgelu");
+    REQ_PTR(w, "matmul_bwd_dgelu");
+    REQ_PTR(pre, "matmul_bwd_dgelu");
+    const size_t es = dg_dtype_size(be->act_dtype), nin = (size_t)N * C * es;
+    REQ(!ranges_overlap(dpre, nin, pre, nin) && !ranges_overlap(dpre, nin, dout, (size_t)N * OC * es),
+        "cuda backend matmul_bwd_dgelu: dpre must not overlap pre or dout");
+    REQ(!acc || !ranges_overlap(dpre, nin, inp, nin),
+        "cuda backend matmul_bwd_dgelu: dpre may alias inp only with acc = 0");
+    return dg_cuda_matmul_bwd_dgelu(dg_cuda_of(be), dpre, dw, dbias, dout, inp, w, pre, N, C, OC, acc);
+}
+
 static dg_status_t cu_gelu_fwd(dg_backend_t *be, void *out, const void *inp, size_t n) {
     if (n == 0) return DG_OK;
     REQ_PTR(out, "gelu_fwd");
@@ -588,6 +614,7 @@ static const dg_backend_ops_t cuda_ops = {
     cu_matmul_bwd,
     cu_gelu_fwd,
     cu_gelu_bwd,
+    cu_matmul_bwd_dgelu,
     cu_attention_aux_bytes,
     cu_attention_fwd,
     cu_attention_bwd,
@@ -668,6 +695,7 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
     DG_CUDA_CHECK(cudaMemset(c->err_dev, 0, 4 * sizeof(int)));
     DG_CUDA_CHECK(cudaDeviceSynchronize());
     c->fused_epilogues = env_flag("DG_CUDA_FUSED_EPILOGUES", 1);
+    c->fused_dgelu = env_flag("DG_CUDA_FUSED_DGELU", 1);
     c->fast_attention = env_flag("DG_CUDA_FAST_ATTENTION", 1);
     c->attn_ldmatrix = env_flag("DG_CUDA_ATTN_LDMATRIX", 1);
     const char *rows = getenv("DG_CUDA_ATTN_ROWS");
@@ -680,8 +708,8 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
     const char *impl = getenv("DG_CUDA_ATTN_IMPL");
     c->attn_impl = DG_CUDA_ATTN_IMPL_DEFAULT;
     if (impl && *impl) {
-        if (strcmp(impl, "1") != 0 && strcmp(impl, "2") != 0)
-            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_IMPL=%s: expected 1 or 2", impl);
+        if (strcmp(impl, "1") != 0 && strcmp(impl, "2") != 0 && strcmp(impl, "3") != 0)
+            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_IMPL=%s: expected 1, 2 or 3", impl);
         c->attn_impl = atoi(impl);
     }
     return DG_OK;
@@ -705,12 +733,11 @@ extern "C" dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg
         cu_destroy(be);
         return s;
     }
-    DG_LOG_DEBUG(
-        "cuda backend: device %d %s (sm_%d%d, %d SMs), act %s, fused epilogues %s, fast attention %s "
-        "(impl %d, %d-row blocks)",
-        c->device, c->name, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
-        c->fused_epilogues ? "on" : "off", c->fast_attention ? "on" : "off", c->attn_impl,
-        c->attn_rows);
+    DG_LOG_DEBUG("cuda backend: device %d %s (sm_%d%d, %d SMs), act %s, fused epilogues %s (DGELU %s), fast "
+                 "attention %s (impl %d, %d-row blocks)",
+                 c->device, c->name, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
+                 c->fused_epilogues ? "on" : "off", c->fused_dgelu ? "on" : "off",
+                 c->fast_attention ? "on" : "off", c->attn_impl, c->attn_rows);
     *out = be;
     return DG_OK;
 }
