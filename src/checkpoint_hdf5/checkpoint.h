@@ -268,6 +268,15 @@ dg_status_t dg_ckpt_writer_reserve(dg_ckpt_writer_t *w, size_t bytes);
  * (may be NULL: then it is only logged). The caller may change its tensors as soon as this returns. */
 dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *meta, const dg_ckpt_tensor_t *t,
                                   int n, double *stall_ms, dg_ckpt_async_result_t *prev);
+/* As submit, without the snapshot copy: the background write reads the owned pieces where t points, so
+ * the caller must leave that memory unchanged until the write has finished (the next submit, wait, or a
+ * poll that returns 1). For a caller that already copies its state into a buffer of its own (a GPU's
+ * state into page-locked memory), after waiting for the previous write. The stall (*stall_ms and the
+ * result's stall_ms) is counted from t_start (dg_now_s() when the caller began its wait and copy; 0 =
+ * now). */
+dg_status_t dg_ckpt_writer_submit_borrowed(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *meta,
+                                           const dg_ckpt_tensor_t *t, int n, double t_start, double *stall_ms,
+                                           dg_ckpt_async_result_t *prev);
 /* Local, non-blocking: 1 and `out` filled when the last write finished and had not been collected;
  * 0 while one is in flight; -1 when there is nothing to collect. Ranks may see completion at slightly
  * different times: use it for reporting, and wait() for decisions that must agree. */

@@ -197,9 +197,8 @@ dg_status_t dg_ckpt_writer_reserve(dg_ckpt_writer_t *w, size_t bytes) {
     return snap_grow(w, (bytes + sizeof(float) - 1) / sizeof(float), 1);
 }
 
-dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *meta, const dg_ckpt_tensor_t *t,
-                                  int n, double *stall_ms, dg_ckpt_async_result_t *prev) {
-    double t0 = dg_now_s();
+static dg_status_t submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *meta, const dg_ckpt_tensor_t *t, int n,
+                          int borrow, double t0, double *stall_ms, dg_ckpt_async_result_t *prev) {
     pthread_mutex_lock(&w->mu);
     while (w->pending)
         pthread_cond_wait(&w->cv, &w->mu);
@@ -223,7 +222,7 @@ dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *met
         plen += strlen(t[i].path) + 1;
     }
     /* no prefault here: the copy threads fault the pages in as they write them */
-    DG_TRY(ckpt_agree(w->comm, snap_grow(w, floats, 0)));
+    DG_TRY(ckpt_agree(w->comm, borrow ? DG_OK : snap_grow(w, floats, 0)));
     if (plen > w->paths_cap) {
         free(w->paths);
         w->paths = dg_xmalloc(plen);
@@ -242,7 +241,9 @@ dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *met
         memcpy(w->paths + po, t[i].path, l);
         p->path = w->paths + po;
         po += l;
-        if (t[i].owner) {
+        if (t[i].owner && borrow) {
+            p->data = t[i].data; /* the caller's buffer: left alone until this write has finished */
+        } else if (t[i].owner) {
             size_t k = (size_t)ckpt_numel(t[i].ndim, t[i].count);
             p->data = w->snap + fo;
             fo += k;
@@ -257,7 +258,7 @@ dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *met
     double t_copy = dg_now_s();
     struct blk *bl = dg_xmalloc((nblk ? nblk : 1) * sizeof *bl);
     size_t nb = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n && !borrow; i++) {
         if (!t[i].owner) continue;
         size_t k = (size_t)ckpt_numel(t[i].ndim, t[i].count);
         for (size_t o = 0; o < k; o += SNAP_BLOCK)
@@ -280,6 +281,17 @@ dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *met
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     return DG_OK;
+}
+
+dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *meta, const dg_ckpt_tensor_t *t,
+                                  int n, double *stall_ms, dg_ckpt_async_result_t *prev) {
+    return submit(w, meta, t, n, 0, dg_now_s(), stall_ms, prev);
+}
+
+dg_status_t dg_ckpt_writer_submit_borrowed(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *meta,
+                                           const dg_ckpt_tensor_t *t, int n, double t_start, double *stall_ms,
+                                           dg_ckpt_async_result_t *prev) {
+    return submit(w, meta, t, n, 1, t_start > 0 ? t_start : dg_now_s(), stall_ms, prev);
 }
 
 int dg_ckpt_writer_poll(dg_ckpt_writer_t *w, dg_ckpt_async_result_t *out) {

@@ -453,21 +453,23 @@ static dg_status_t save_checkpoint(trainer_t *tr, int sync_only) {
     dg_health_set_activity(tr->health, tr->step, "checkpoint");
     dg_health_expect(tr->health, ckpt_io_allowance_s(tr));
     double t0 = dg_now_s();
+    /* the background write of the previous checkpoint reads host_flat: it must finish before the pull
+     * (its failure is reported, never fatal here) */
+    if (tr->writer) {
+        dg_ckpt_async_result_t prev = {0};
+        dg_ckpt_writer_wait(tr->writer, &prev);
+        report_async(tr, &prev);
+    }
     DG_TRY(pull_state(tr));
     dg_ckpt_meta_t meta;
     fill_meta(tr, &meta);
     dg_status_t s = DG_OK;
     if (tr->writer && !sync_only) {
+        /* no second copy: the writer reads the page-locked host_flat, which nothing touches until the
+         * next save (which waits above), a rollback (waits first) or the end (waits) */
         double stall = 0;
-        dg_ckpt_async_result_t prev = {0};
-        s = dg_ckpt_writer_submit(tr->writer, &meta, tr->ckpt_t, tr->n_ckpt, &stall, &prev);
-        report_async(tr, &prev);
+        s = dg_ckpt_writer_submit_borrowed(tr->writer, &meta, tr->ckpt_t, tr->n_ckpt, t0, &stall, NULL);
     } else {
-        if (tr->writer) {
-            dg_ckpt_async_result_t prev = {0};
-            dg_ckpt_writer_wait(tr->writer, &prev); /* its failure is reported, never fatal here */
-            report_async(tr, &prev);
-        }
         dg_ckpt_save_opts_t o;
         dg_ckpt_save_opts_default(&o);
         o.keep = (int)tr->cfg->checkpoint.keep;
