@@ -290,6 +290,14 @@ static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const uint16_
                  : "memory");
 }
 
+/* 2^x as one MUFU.EX2 (ex2.approx.ftz: results below 2^-126 flush to zero); exp2f adds a range check and
+ * two multiplies around the same instruction for denormal results. Used by implementation 3. */
+static __device__ __forceinline__ float ex2_approx_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 /* Copy rows [0, 64) of a tile (rows >= `valid` zero-filled) of HS 16-bit elements, global row stride
  * `gstride` elements, into shared memory rows of HS + 8 elements. All NT threads of the block take part. */
 template <int HS, int NT>
@@ -701,6 +709,25 @@ __global__ void __launch_bounds__(32 * NW)
 #define A2_BR (16 * A2_MT * A2_NW) /* 128 rows per block */
 #define A2_BC 64                /* rows per streamed tile */
 
+/* Implementation 3 (DG_CUDA_ATTN_IMPL=3) is the same kernels instantiated with V = 3: the V template
+ * parameter below selects (a) 2^x as a single ex2.approx.ftz instead of exp2f (which wraps the same
+ * instruction in a denormal-range fix-up: 3 more instructions per score), and (b) separate code for tiles
+ * that cross the diagonal and tiles that do not, the former testing the causal condition only (one
+ * compare per score instead of three, and none at all elsewhere: with V = 2 the mask tests stay in every
+ * tile's code as predicated instructions). Keys or queries past Tn need no test of their own: a valid
+ * row never sees a key past Tn (it is after the row), rows past Tn are never stored, and a query past Tn
+ * adds exactly zero to dK and dV (its Q and dO rows are zero-filled, its logsumexp and delta read as 0,
+ * so P = 1 and dS = 0 for it). */
+template <bool B> struct A2Bool {
+    static constexpr bool value = B;
+};
+template <int V> static __device__ __forceinline__ float a2_exp2(float x) {
+    if constexpr (V >= 3)
+        return ex2_approx_ftz(x);
+    else
+        return exp2f(x);
+}
+
 /* Copy rows [0, ROWS) of a tile (rows >= `valid` zero-filled) of HS 16-bit elements, global row stride
  * `gstride`, into shared memory rows of HS + 8 elements. All NT threads take part. */
 template <int HS, int NT, int ROWS>
@@ -805,7 +832,7 @@ static __device__ __forceinline__ void mma2_pv(float (&acc)[MT][HS / 8][4], cons
     }
 }
 
-template <typename T, int HS>
+template <typename T, int HS, int V>
 __global__ void __launch_bounds__(32 * A2_NW)
     attn2_fwd(T *out, float *lse, const T *qkv, int Tn, int C, int NH, float sl2) {
     constexpr int LDS = HS + 8, NT = 32 * A2_NW, MT = A2_MT;
@@ -857,56 +884,67 @@ __global__ void __launch_bounds__(32 * A2_NW)
         if (kbase <= qw + 16 * MT - 1) {
             float s[MT][A2_BC / 8][4];
             mma2_abt_r<T, HS, MT, A2_BC / 8>(s, qa, ks[buf]);
-            /* masks: some key of the tile after this warp's first row, or keys past the end */
-            const bool masked = kbase + A2_BC - 1 > qw || kbase + A2_BC > Tn;
+            /* masks: some key of the tile after this warp's first row, or (V = 2) keys past the end */
+            const bool masked =
+                V >= 3 ? kbase + A2_BC - 1 > qw : (kbase + A2_BC - 1 > qw || kbase + A2_BC > Tn);
+            const int dkr = kbase + 2 * tq - qw - gq; /* key - row of element (m, nt, e) = dkr + const */
+            auto softmax = [&](auto mk) {
 #pragma unroll
-            for (int m = 0; m < MT; m++) {
-                const int row0 = qw + 16 * m + gq, row1 = row0 + 8;
-                float m0 = mx[m][0], m1 = mx[m][1];
+                for (int m = 0; m < MT; m++) {
+                    float m0 = mx[m][0], m1 = mx[m][1];
 #pragma unroll
-                for (int nt = 0; nt < A2_BC / 8; nt++)
+                    for (int nt = 0; nt < A2_BC / 8; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float v = s[m][nt][e] * sl2;
-                        if (masked) {
-                            const int key = kbase + nt * 8 + 2 * tq + (e & 1);
-                            if (key > (e < 2 ? row0 : row1) || key >= Tn) v = -INFINITY;
+                        for (int e = 0; e < 4; e++) {
+                            float v = s[m][nt][e] * sl2;
+                            if constexpr (V >= 3) {
+                                if (decltype(mk)::value && dkr + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) > 0)
+                                    v = -INFINITY;
+                            } else if (masked) {
+                                const int key = kbase + nt * 8 + 2 * tq + (e & 1);
+                                const int row = qw + 16 * m + gq + 8 * (e >> 1);
+                                if (key > row || key >= Tn) v = -INFINITY;
+                            }
+                            s[m][nt][e] = v;
+                            if (e < 2)
+                                m0 = fmaxf(m0, v);
+                            else
+                                m1 = fmaxf(m1, v);
                         }
-                        s[m][nt][e] = v;
-                        if (e < 2)
-                            m0 = fmaxf(m0, v);
-                        else
-                            m1 = fmaxf(m1, v);
+                    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+                    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+                    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+                    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+                    /* a row with no visible key yet keeps max -inf: base 0 so nothing becomes NaN */
+                    const float b0 = m0 == -INFINITY ? 0.f : m0, b1 = m1 == -INFINITY ? 0.f : m1;
+                    const float c0 = a2_exp2<V>(mx[m][0] - b0), c1 = a2_exp2<V>(mx[m][1] - b1);
+                    mx[m][0] = m0;
+                    mx[m][1] = m1;
+                    float l0 = l[m][0] * c0, l1 = l[m][1] * c1;
+#pragma unroll
+                    for (int dt = 0; dt < HS / 8; dt++) {
+                        o[m][dt][0] *= c0;
+                        o[m][dt][1] *= c0;
+                        o[m][dt][2] *= c1;
+                        o[m][dt][3] *= c1;
                     }
-                m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
-                m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
-                m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
-                m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-                /* a row with no visible key yet keeps max -inf: base 0 so nothing becomes NaN */
-                const float b0 = m0 == -INFINITY ? 0.f : m0, b1 = m1 == -INFINITY ? 0.f : m1;
-                const float c0 = exp2f(mx[m][0] - b0), c1 = exp2f(mx[m][1] - b1);
-                mx[m][0] = m0;
-                mx[m][1] = m1;
-                float l0 = l[m][0] * c0, l1 = l[m][1] * c1;
 #pragma unroll
-                for (int dt = 0; dt < HS / 8; dt++) {
-                    o[m][dt][0] *= c0;
-                    o[m][dt][1] *= c0;
-                    o[m][dt][2] *= c1;
-                    o[m][dt][3] *= c1;
+                    for (int nt = 0; nt < A2_BC / 8; nt++) {
+                        s[m][nt][0] = a2_exp2<V>(s[m][nt][0] - b0);
+                        s[m][nt][1] = a2_exp2<V>(s[m][nt][1] - b0);
+                        s[m][nt][2] = a2_exp2<V>(s[m][nt][2] - b1);
+                        s[m][nt][3] = a2_exp2<V>(s[m][nt][3] - b1);
+                        l0 += s[m][nt][0] + s[m][nt][1];
+                        l1 += s[m][nt][2] + s[m][nt][3];
+                    }
+                    l[m][0] = l0;
+                    l[m][1] = l1;
                 }
-#pragma unroll
-                for (int nt = 0; nt < A2_BC / 8; nt++) {
-                    s[m][nt][0] = exp2f(s[m][nt][0] - b0);
-                    s[m][nt][1] = exp2f(s[m][nt][1] - b0);
-                    s[m][nt][2] = exp2f(s[m][nt][2] - b1);
-                    s[m][nt][3] = exp2f(s[m][nt][3] - b1);
-                    l0 += s[m][nt][0] + s[m][nt][1];
-                    l1 += s[m][nt][2] + s[m][nt][3];
-                }
-                l[m][0] = l0;
-                l[m][1] = l1;
-            }
+            };
+            if (V >= 3 && masked)
+                softmax(A2Bool<true>());
+            else
+                softmax(A2Bool<false>());
             mma2_pv<T, HS, MT, A2_BC / 16>(o, s, vs[buf]);
         }
         __syncthreads(); /* the next iteration refills the other buffer; the one after, this one */
@@ -943,7 +981,7 @@ template <int HS> struct Attn2Smem {
  * each processed as two halves of 32 keys (to bound the registers S and dP take). Q fragments stay in
  * registers; the block's dO rows stay in shared memory (the A operand of dP, read with ldmatrix); the
  * first 128-row region of the shared layout (Qb) is left unused. */
-template <typename T, int HS>
+template <typename T, int HS, int V>
 static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int qb, int bh, T *dqkv, const T *dout,
                                                    const T *qkv, const float *lse, const float *delta, int Tn,
                                                    int C, int NH, float sl2, float scale) {
@@ -1000,25 +1038,34 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
         for (int hf = 0; hf < 2; hf++) {
             const int kbase = kb * A2_BC + hf * HB;
             if (kbase <= qw + 16 * MT - 1) { /* else every key of the half is after this warp's rows */
-                const bool masked = kbase + HB - 1 > qw || kbase + HB > Tn;
-                const uint16_t *K = Ks + buf * SM::tile + hf * HB * LDS, *V = Vs + buf * SM::tile + hf * HB * LDS;
+                const bool masked = V >= 3 ? kbase + HB - 1 > qw : (kbase + HB - 1 > qw || kbase + HB > Tn);
+                const uint16_t *K = Ks + buf * SM::tile + hf * HB * LDS, *Vt = Vs + buf * SM::tile + hf * HB * LDS;
                 float p[MT][HB / 8][4], dp[MT][HB / 8][4];
                 mma2_abt_r<T, HS, MT, HB / 8>(p, qa, K);
-                mma2_abt_s<T, HS, MT, HB / 8>(dp, Ow, V);
+                mma2_abt_s<T, HS, MT, HB / 8>(dp, Ow, Vt);
+                const int dkr = kbase + 2 * tq - qw - gq; /* key - row of element (m, nt, e) = dkr + const */
+                auto ds = [&](auto mk) {
 #pragma unroll
-                for (int m = 0; m < MT; m++)
+                    for (int m = 0; m < MT; m++)
 #pragma unroll
-                    for (int nt = 0; nt < HB / 8; nt++)
+                        for (int nt = 0; nt < HB / 8; nt++)
 #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            float pe = exp2f(fmaf(p[m][nt][e], sl2, -Lr[m][e >> 1]));
-                            if (masked) {
-                                const int key = kbase + nt * 8 + 2 * tq + (e & 1);
-                                const int row = qw + 16 * m + gq + 8 * (e >> 1);
-                                if (!(key <= row && key < Tn && row < Tn)) pe = 0.f;
+                            for (int e = 0; e < 4; e++) {
+                                float pe = a2_exp2<V>(fmaf(p[m][nt][e], sl2, -Lr[m][e >> 1]));
+                                if constexpr (V >= 3) {
+                                    if (decltype(mk)::value && dkr + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) > 0) pe = 0.f;
+                                } else if (masked) {
+                                    const int key = kbase + nt * 8 + 2 * tq + (e & 1);
+                                    const int row = qw + 16 * m + gq + 8 * (e >> 1);
+                                    if (!(key <= row && key < Tn && row < Tn)) pe = 0.f;
+                                }
+                                dp[m][nt][e] = pe * (dp[m][nt][e] - Dr[m][e >> 1]);
                             }
-                            dp[m][nt][e] = pe * (dp[m][nt][e] - Dr[m][e >> 1]);
-                        }
+                };
+                if (V >= 3 && masked)
+                    ds(A2Bool<true>());
+                else
+                    ds(A2Bool<false>());
                 mma2_pv<T, HS, MT, HB / 16>(dq, dp, K);
             }
         }
@@ -1034,7 +1081,7 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
  * operands), warp w 32 of them; it computes Sᵀ = K·Qᵀ, Pᵀ, dPᵀ = V·dOᵀ and dSᵀ for every query tile at or
  * after its keys, half a tile (32 queries) at a time, and accumulates dV += Pᵀ·dO, dK += dSᵀ·Q. */
 
-template <typename T, int HS>
+template <typename T, int HS, int V>
 static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int kb, int bh, T *dqkv,
                                                     const T *dout, const T *qkv, const float *lse,
                                                     const float *delta, int Tn, int C, int NH, float sl2,
@@ -1103,24 +1150,34 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
             const int qbase = qb * A2_BC + hf * HB;
             /* a half wholly before this warp's first key sees none of its keys: nothing to add */
             if (qbase + HB - 1 >= kw) {
-                const bool masked = qbase < kw + 16 * MT - 1 || qbase + HB > Tn || kw + 16 * MT > Tn;
+                const bool masked =
+                    V >= 3 ? qbase < kw + 16 * MT - 1 : (qbase < kw + 16 * MT - 1 || qbase + HB > Tn || kw + 16 * MT > Tn);
                 const uint16_t *Q = Qs + buf * SM::tile + hf * HB * LDS, *DO = Os + buf * SM::tile + hf * HB * LDS;
                 float p[MT][HB / 8][4];
                 mma2_abt_s<T, HS, MT, HB / 8>(p, Kw, Q);
+                const int dqk = qbase + 2 * tq - kw - gq; /* query - key of element (m, nt, e) = dqk + const */
+                auto probs = [&](auto mk) {
 #pragma unroll
-                for (int m = 0; m < MT; m++)
+                    for (int m = 0; m < MT; m++)
 #pragma unroll
-                    for (int nt = 0; nt < HB / 8; nt++)
+                        for (int nt = 0; nt < HB / 8; nt++)
 #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int qi = hf * HB + nt * 8 + 2 * tq + (e & 1); /* query within the tile */
-                            float v = exp2f(fmaf(p[m][nt][e], sl2, -Ls[qi]));
-                            if (masked) {
-                                const int q = qb * A2_BC + qi, key = kw + 16 * m + gq + 8 * (e >> 1);
-                                if (!(q >= key && q < Tn && key < Tn)) v = 0.f;
+                            for (int e = 0; e < 4; e++) {
+                                const int qi = hf * HB + nt * 8 + 2 * tq + (e & 1); /* query within the tile */
+                                float v = a2_exp2<V>(fmaf(p[m][nt][e], sl2, -Ls[qi]));
+                                if constexpr (V >= 3) {
+                                    if (decltype(mk)::value && dqk + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) < 0) v = 0.f;
+                                } else if (masked) {
+                                    const int q = qb * A2_BC + qi, key = kw + 16 * m + gq + 8 * (e >> 1);
+                                    if (!(q >= key && q < Tn && key < Tn)) v = 0.f;
+                                }
+                                p[m][nt][e] = v;
                             }
-                            p[m][nt][e] = v;
-                        }
+                };
+                if (V >= 3 && masked)
+                    probs(A2Bool<true>());
+                else
+                    probs(A2Bool<false>());
                 mma2_pv<T, HS, MT, HB / 16>(dv, p, DO);
                 float dp[MT][HB / 8][4];
                 mma2_abt_s<T, HS, MT, HB / 8>(dp, Vw, DO);
@@ -1150,16 +1207,16 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
  * neither waits for the other's tail. grid = (2 * nb, B * NH): the blocks of one head run together (they
  * share its tiles in L2), heaviest first, alternating a key/value block (key block j: the most queries
  * for j = 0) and a query block (query block nb - 1 - j: the most keys). */
-template <typename T, int HS>
+template <typename T, int HS, int V>
 __global__ void __launch_bounds__(32 * A2_NW)
     attn2_bwd(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C, int NH,
               float sl2, float scale) {
     extern __shared__ __align__(16) unsigned char a2_smem[];
     const int bh = blockIdx.y, j = blockIdx.x >> 1, nb = gridDim.x >> 1;
     if ((blockIdx.x & 1) == 0)
-        attn2_bwd_kv<T, HS>(a2_smem, j, bh, dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale);
+        attn2_bwd_kv<T, HS, V>(a2_smem, j, bh, dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale);
     else
-        attn2_bwd_q<T, HS>(a2_smem, nb - 1 - j, bh, dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale);
+        attn2_bwd_q<T, HS, V>(a2_smem, nb - 1 - j, bh, dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale);
 }
 
 /* delta[bh, t] = rowsum(dO ∘ O) for implementation 2: HS / 8 lanes per (b, t, h) row (rows in memory
@@ -1200,23 +1257,23 @@ static dg_status_t delta2_launch(dg_cuda_t *c, float *delta, const void *dout, c
     return DG_OK;
 }
 
-template <typename T, int HS>
+template <typename T, int HS, int V>
 static dg_status_t fwd2_launch(dg_cuda_t *c, void *out, float *lse, const void *qkv, int B, int Tn, int C,
                                int NH, float sl2) {
     dim3 grid((Tn + A2_BR - 1) / A2_BR, B * NH);
-    attn2_fwd<T, HS><<<grid, 32 * A2_NW, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, sl2);
+    attn2_fwd<T, HS, V><<<grid, 32 * A2_NW, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, sl2);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
 
-template <typename T, int HS>
+template <typename T, int HS, int V>
 static dg_status_t bwd2_launch(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv, const float *lse,
                                const float *delta, int B, int Tn, int C, int NH, float sl2, float scale) {
     dim3 grid(2 * ((Tn + A2_BR - 1) / A2_BR), B * NH);
     const size_t smem = Attn2Smem<HS>::bytes;
     /* more than the 48 KiB default: opt in (every call: cheap, and right for any device of the process) */
-    DG_CUDA_CHECK(cudaFuncSetAttribute(attn2_bwd<T, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attn2_bwd<T, HS><<<grid, 32 * A2_NW, smem, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta,
+    DG_CUDA_CHECK(cudaFuncSetAttribute(attn2_bwd<T, HS, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attn2_bwd<T, HS, V><<<grid, 32 * A2_NW, smem, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta,
                                                            Tn, C, NH, sl2, scale);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
@@ -1275,9 +1332,12 @@ static dg_status_t fwd_t(dg_cuda_t *c, void *out, void *aux, const void *qkv, in
     if constexpr (sizeof(T) == 2) {
         if (use_mma(c, HS) && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(out, 16)) {
             const float sl2 = scale * ATT_LOG2E;
+            if (c->attn_impl == 3)
+                return HS == 64 ? fwd2_launch<T, 64, 3>(c, out, lse, qkv, B, Tn, C, NH, sl2)
+                                : fwd2_launch<T, 32, 3>(c, out, lse, qkv, B, Tn, C, NH, sl2);
             if (c->attn_impl == 2)
-                return HS == 64 ? fwd2_launch<T, 64>(c, out, lse, qkv, B, Tn, C, NH, sl2)
-                                : fwd2_launch<T, 32>(c, out, lse, qkv, B, Tn, C, NH, sl2);
+                return HS == 64 ? fwd2_launch<T, 64, 2>(c, out, lse, qkv, B, Tn, C, NH, sl2)
+                                : fwd2_launch<T, 32, 2>(c, out, lse, qkv, B, Tn, C, NH, sl2);
             if (HS == 64)
                 return c->attn_ldmatrix ? fwd_mma_launch<T, 64, true>(c, out, lse, qkv, B, Tn, C, NH, sl2)
                                         : fwd_mma_launch<T, 64, false>(c, out, lse, qkv, B, Tn, C, NH, sl2);
@@ -1303,14 +1363,17 @@ static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void 
     float *delta = (float *)scr;
     dim3 ggrid((Tn + GEN_WARPS - 1) / GEN_WARPS, B * NH);
     if constexpr (sizeof(T) == 2) {
-        if (use_mma(c, HS) && c->attn_impl == 2 && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(dout, 16) &&
+        if (use_mma(c, HS) && c->attn_impl >= 2 && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(dout, 16) &&
             dg_ptr_aligned(dqkv, 16) && dg_ptr_aligned(out, 16)) {
             const float sl2 = scale * ATT_LOG2E;
             const dg_status_t ds = HS == 64 ? delta2_launch<T, 64>(c, delta, dout, out, B, Tn, NH)
                                             : delta2_launch<T, 32>(c, delta, dout, out, B, Tn, NH);
             if (ds != DG_OK) return ds;
-            return HS == 64 ? bwd2_launch<T, 64>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
-                            : bwd2_launch<T, 32>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
+            if (c->attn_impl == 3)
+                return HS == 64 ? bwd2_launch<T, 64, 3>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                                : bwd2_launch<T, 32, 3>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
+            return HS == 64 ? bwd2_launch<T, 64, 2>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                            : bwd2_launch<T, 32, 2>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
         }
     }
     attn_delta_kernel<T>
