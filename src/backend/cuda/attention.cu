@@ -741,6 +741,29 @@ static __device__ __forceinline__ void tile_load_rows(uint16_t *sm, const uint16
     }
 }
 
+/* The same for implementation 3: thread t always copies chunk t % (HS / 8) of rows t / (HS / 8) + k NT /
+ * (HS / 8), so the loop is unrolled and the addresses advance by a constant (no division, no 64-bit
+ * multiply per chunk). */
+template <int V, int HS, int NT, int ROWS>
+static __device__ __forceinline__ void a2_tile_load(uint16_t *sm, const uint16_t *g, size_t gstride, int valid) {
+    if constexpr (V >= 3) {
+        constexpr int CH = HS / 8, LDS = HS + 8, RPI = NT / CH; /* rows per pass of the block */
+        static_assert(NT % CH == 0 && ROWS % RPI == 0, "whole passes");
+        const int r0 = threadIdx.x / CH, ch = threadIdx.x % CH;
+        uint16_t *s = sm + r0 * LDS + ch * 8;
+        const uint16_t *p = g + (size_t)r0 * gstride + ch * 8;
+        const size_t step = (size_t)RPI * gstride;
+#pragma unroll
+        for (int k = 0; k < ROWS / RPI; k++) {
+            const bool ok = r0 + k * RPI < valid;
+            cp_async16(s + k * RPI * LDS, ok ? p : g, ok);
+            p += step;
+        }
+    } else {
+        tile_load_rows<HS, NT, ROWS>(sm, g, gstride, valid);
+    }
+}
+
 /* acc[m][n] (16 x 8 each) = A_m · Bᵀ over k in [0, HS): A_m = a[m] (register fragments of 16 rows),
  * B = shared-memory rows [0, 8 NN) of `tile` (row stride HS + 8). One ldmatrix.x4 gives the fragments of
  * two n-tiles and feeds 2 MT MMAs. */
@@ -864,15 +887,15 @@ __global__ void __launch_bounds__(32 * A2_NW)
     }
 
     const int nkb = min(q0 + A2_BR - 1, Tn - 1) / A2_BC + 1;
-    tile_load_rows<HS, NT, A2_BC>(ks[0], kg, C3, Tn);
-    tile_load_rows<HS, NT, A2_BC>(vs[0], vg, C3, Tn);
+    a2_tile_load<V, HS, NT, A2_BC>(ks[0], kg, C3, Tn);
+    a2_tile_load<V, HS, NT, A2_BC>(vs[0], vg, C3, Tn);
     cp_async_commit();
     for (int kb = 0; kb < nkb; kb++) {
         const int buf = kb & 1;
         if (kb + 1 < nkb) {
             const int k1 = (kb + 1) * A2_BC;
-            tile_load_rows<HS, NT, A2_BC>(ks[buf ^ 1], kg + (size_t)k1 * C3, C3, Tn - k1);
-            tile_load_rows<HS, NT, A2_BC>(vs[buf ^ 1], vg + (size_t)k1 * C3, C3, Tn - k1);
+            a2_tile_load<V, HS, NT, A2_BC>(ks[buf ^ 1], kg + (size_t)k1 * C3, C3, Tn - k1);
+            a2_tile_load<V, HS, NT, A2_BC>(vs[buf ^ 1], vg + (size_t)k1 * C3, C3, Tn - k1);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -1018,16 +1041,16 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
 
     /* the first cp.async group carries the block's Q and dO rows with the first K and V tiles */
     const int nkb = min(q0 + A2_BR - 1, Tn - 1) / A2_BC + 1;
-    tile_load_rows<HS, NT, A2_BR>(Ob, dob + (size_t)q0 * C, C, Tn - q0);
-    tile_load_rows<HS, NT, A2_BC>(Ks, kg, C3, Tn);
-    tile_load_rows<HS, NT, A2_BC>(Vs, vg, C3, Tn);
+    a2_tile_load<V, HS, NT, A2_BR>(Ob, dob + (size_t)q0 * C, C, Tn - q0);
+    a2_tile_load<V, HS, NT, A2_BC>(Ks, kg, C3, Tn);
+    a2_tile_load<V, HS, NT, A2_BC>(Vs, vg, C3, Tn);
     cp_async_commit();
     for (int kb = 0; kb < nkb; kb++) {
         const int buf = kb & 1;
         if (kb + 1 < nkb) {
             const int k1 = (kb + 1) * A2_BC;
-            tile_load_rows<HS, NT, A2_BC>(Ks + (buf ^ 1) * SM::tile, kg + (size_t)k1 * C3, C3, Tn - k1);
-            tile_load_rows<HS, NT, A2_BC>(Vs + (buf ^ 1) * SM::tile, vg + (size_t)k1 * C3, C3, Tn - k1);
+            a2_tile_load<V, HS, NT, A2_BC>(Ks + (buf ^ 1) * SM::tile, kg + (size_t)k1 * C3, C3, Tn - k1);
+            a2_tile_load<V, HS, NT, A2_BC>(Vs + (buf ^ 1) * SM::tile, vg + (size_t)k1 * C3, C3, Tn - k1);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -1114,12 +1137,12 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
     /* query tiles from the one holding this block's first key (earlier queries see none of its keys);
      * the first cp.async group carries the block's K and V with the first Q and dO tiles */
     const int nqb = (Tn + A2_BC - 1) / A2_BC, qb0 = k0 / A2_BC;
-    tile_load_rows<HS, NT, A2_BR>(Ks, base + C + (size_t)k0 * C3, C3, Tn - k0);
-    tile_load_rows<HS, NT, A2_BR>(Vs, base + 2 * C + (size_t)k0 * C3, C3, Tn - k0);
+    a2_tile_load<V, HS, NT, A2_BR>(Ks, base + C + (size_t)k0 * C3, C3, Tn - k0);
+    a2_tile_load<V, HS, NT, A2_BR>(Vs, base + 2 * C + (size_t)k0 * C3, C3, Tn - k0);
     {
         const int q1 = qb0 * A2_BC;
-        tile_load_rows<HS, NT, A2_BC>(Qs, base + (size_t)q1 * C3, C3, Tn - q1);
-        tile_load_rows<HS, NT, A2_BC>(Os, dob + (size_t)q1 * C, C, Tn - q1);
+        a2_tile_load<V, HS, NT, A2_BC>(Qs, base + (size_t)q1 * C3, C3, Tn - q1);
+        a2_tile_load<V, HS, NT, A2_BC>(Os, dob + (size_t)q1 * C, C, Tn - q1);
         cp_async_commit();
         if (threadIdx.x < A2_BC) {
             const int q = q1 + threadIdx.x;
@@ -1131,8 +1154,8 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
         const int buf = it & 1;
         if (qb + 1 < nqb) {
             const int q1 = (qb + 1) * A2_BC;
-            tile_load_rows<HS, NT, A2_BC>(Qs + (buf ^ 1) * SM::tile, base + (size_t)q1 * C3, C3, Tn - q1);
-            tile_load_rows<HS, NT, A2_BC>(Os + (buf ^ 1) * SM::tile, dob + (size_t)q1 * C, C, Tn - q1);
+            a2_tile_load<V, HS, NT, A2_BC>(Qs + (buf ^ 1) * SM::tile, base + (size_t)q1 * C3, C3, Tn - q1);
+            a2_tile_load<V, HS, NT, A2_BC>(Os + (buf ^ 1) * SM::tile, dob + (size_t)q1 * C, C, Tn - q1);
             cp_async_commit();
             if (threadIdx.x < A2_BC) {
                 const int q = q1 + threadIdx.x;
