@@ -914,12 +914,14 @@ __global__ void __launch_bounds__(32 * A2_NW)
             auto softmax = [&](auto mk) {
 #pragma unroll
                 for (int m = 0; m < MT; m++) {
-                    float m0 = mx[m][0], m1 = mx[m][1];
+                    /* V >= 3: the tile's maximum of the raw scores, scaled afterwards (the scale is positive:
+                     * the same value), and the scale folded into the exponent's FFMA: one FMUL less per score */
+                    float m0 = V >= 3 ? -INFINITY : mx[m][0], m1 = V >= 3 ? -INFINITY : mx[m][1];
 #pragma unroll
                     for (int nt = 0; nt < A2_BC / 8; nt++)
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
-                            float v = s[m][nt][e] * sl2;
+                            float v = V >= 3 ? s[m][nt][e] : s[m][nt][e] * sl2;
                             if constexpr (V >= 3) {
                                 if (decltype(mk)::value && dkr + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) > 0)
                                     v = -INFINITY;
@@ -938,6 +940,10 @@ __global__ void __launch_bounds__(32 * A2_NW)
                     m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
                     m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
                     m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+                    if constexpr (V >= 3) {
+                        m0 = fmaxf(mx[m][0], m0 * sl2);
+                        m1 = fmaxf(mx[m][1], m1 * sl2);
+                    }
                     /* a row with no visible key yet keeps max -inf: base 0 so nothing becomes NaN */
                     const float b0 = m0 == -INFINITY ? 0.f : m0, b1 = m1 == -INFINITY ? 0.f : m1;
                     const float c0 = a2_exp2<V>(mx[m][0] - b0), c1 = a2_exp2<V>(mx[m][1] - b1);
@@ -953,10 +959,17 @@ __global__ void __launch_bounds__(32 * A2_NW)
                     }
 #pragma unroll
                     for (int nt = 0; nt < A2_BC / 8; nt++) {
-                        s[m][nt][0] = a2_exp2<V>(s[m][nt][0] - b0);
-                        s[m][nt][1] = a2_exp2<V>(s[m][nt][1] - b0);
-                        s[m][nt][2] = a2_exp2<V>(s[m][nt][2] - b1);
-                        s[m][nt][3] = a2_exp2<V>(s[m][nt][3] - b1);
+                        if constexpr (V >= 3) {
+                            s[m][nt][0] = a2_exp2<V>(fmaf(s[m][nt][0], sl2, -b0));
+                            s[m][nt][1] = a2_exp2<V>(fmaf(s[m][nt][1], sl2, -b0));
+                            s[m][nt][2] = a2_exp2<V>(fmaf(s[m][nt][2], sl2, -b1));
+                            s[m][nt][3] = a2_exp2<V>(fmaf(s[m][nt][3], sl2, -b1));
+                        } else {
+                            s[m][nt][0] = a2_exp2<V>(s[m][nt][0] - b0);
+                            s[m][nt][1] = a2_exp2<V>(s[m][nt][1] - b0);
+                            s[m][nt][2] = a2_exp2<V>(s[m][nt][2] - b1);
+                            s[m][nt][3] = a2_exp2<V>(s[m][nt][3] - b1);
+                        }
                         l0 += s[m][nt][0] + s[m][nt][1];
                         l1 += s[m][nt][2] + s[m][nt][3];
                     }
@@ -1057,7 +1070,7 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
             cp_async_wait<0>();
         }
         __syncthreads();
-#pragma unroll 1
+#pragma unroll (V >= 4 ? 2 : 1)
         for (int hf = 0; hf < 2; hf++) {
             const int kbase = kb * A2_BC + hf * HB;
             if (kbase <= qw + 16 * MT - 1) { /* else every key of the half is after this warp's rows */
@@ -1168,7 +1181,7 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
         }
         __syncthreads();
         const float *Ls = lsb + buf * A2_BC, *Ds = dlb + buf * A2_BC;
-#pragma unroll 1
+#pragma unroll (V >= 4 ? 2 : 1)
         for (int hf = 0; hf < 2; hf++) {
             const int qbase = qb * A2_BC + hf * HB;
             /* a half wholly before this warp's first key sees none of its keys: nothing to add */
@@ -1178,6 +1191,9 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
                 const uint16_t *Q = Qs + buf * SM::tile + hf * HB * LDS, *DO = Os + buf * SM::tile + hf * HB * LDS;
                 float p[MT][HB / 8][4];
                 mma2_abt_s<T, HS, MT, HB / 8>(p, Kw, Q);
+                /* V >= 3: dPᵀ's MMAs issue before the exponentials, so the tensor cores work during them */
+                float dp[MT][HB / 8][4];
+                if constexpr (V >= 3) mma2_abt_s<T, HS, MT, HB / 8>(dp, Vw, DO);
                 const int dqk = qbase + 2 * tq - kw - gq; /* query - key of element (m, nt, e) = dqk + const */
                 auto probs = [&](auto mk) {
 #pragma unroll
@@ -1202,8 +1218,7 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
                 else
                     probs(A2Bool<false>());
                 mma2_pv<T, HS, MT, HB / 16>(dv, p, DO);
-                float dp[MT][HB / 8][4];
-                mma2_abt_s<T, HS, MT, HB / 8>(dp, Vw, DO);
+                if constexpr (V < 3) mma2_abt_s<T, HS, MT, HB / 8>(dp, Vw, DO);
 #pragma unroll
                 for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -1355,7 +1370,7 @@ static dg_status_t fwd_t(dg_cuda_t *c, void *out, void *aux, const void *qkv, in
     if constexpr (sizeof(T) == 2) {
         if (use_mma(c, HS) && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(out, 16)) {
             const float sl2 = scale * ATT_LOG2E;
-            if (c->attn_impl == 3)
+            if (c->attn_impl >= 3) /* implementation 4 differs in the backward only */
                 return HS == 64 ? fwd2_launch<T, 64, 3>(c, out, lse, qkv, B, Tn, C, NH, sl2)
                                 : fwd2_launch<T, 32, 3>(c, out, lse, qkv, B, Tn, C, NH, sl2);
             if (c->attn_impl == 2)
@@ -1392,6 +1407,9 @@ static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void 
             const dg_status_t ds = HS == 64 ? delta2_launch<T, 64>(c, delta, dout, out, B, Tn, NH)
                                             : delta2_launch<T, 32>(c, delta, dout, out, B, Tn, NH);
             if (ds != DG_OK) return ds;
+            if (c->attn_impl == 4)
+                return HS == 64 ? bwd2_launch<T, 64, 4>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                                : bwd2_launch<T, 32, 4>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
             if (c->attn_impl == 3)
                 return HS == 64 ? bwd2_launch<T, 64, 3>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
                                 : bwd2_launch<T, 32, 3>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);

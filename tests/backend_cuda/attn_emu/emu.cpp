@@ -1,5 +1,5 @@
-// Host emulation of attention.cu's implementation-2 and -3 kernels (DG_CUDA_ATTN_IMPL=2|3: the same source,
-// template parameter V = 2 or 3), for machines without a
+// Host emulation of attention.cu's implementation-2, -3 and -4 kernels (DG_CUDA_ATTN_IMPL=2|3|4: the same
+// source, template parameter V = 2, 3 or 4; implementation 4's forward is 3's), for machines without a
 // GPU: the kernel source itself (extracted by extract.py) runs with one std::thread per CUDA thread; the
 // warp collectives (mma.sync m16n8k16, ldmatrix .x4 / .x4.trans, shfl.xor) go through a per-warp exchange
 // between barriers, following the PTX ISA's fragment layouts; cp.async copies are queued per thread and
@@ -168,7 +168,7 @@ static int test(int B, int Tn, int NH) {
     for (auto &v : qkv) { rng = rng * 6364136223846793005ull + 1442695040888963407ull; float f = ((int64_t)(rng >> 40) - (1 << 23)) / (float)(1 << 23); v = Cvt<T>::from(f); }
     for (auto &v : dout) { rng = rng * 6364136223846793005ull + 1442695040888963407ull; float f = ((int64_t)(rng >> 40) - (1 << 23)) / (float)(1 << 23); v = Cvt<T>::from(f); }
     const float scale = 1.f / sqrtf((float)HS), sl2 = scale * ATT_LOG2E;
-    launch(dim3((Tn + A2_BR - 1) / A2_BR, B * NH), [&] { attn2_fwd<T, HS, V>((T *)out.data(), lse.data(), (const T *)qkv.data(), Tn, C, NH, sl2); });
+    launch(dim3((Tn + A2_BR - 1) / A2_BR, B * NH), [&] { attn2_fwd<T, HS, (V >= 3 ? 3 : V)>((T *)out.data(), lse.data(), (const T *)qkv.data(), Tn, C, NH, sl2); });
     std::fill(delta.begin(), delta.end(), NAN);
     const size_t nrows = (size_t)B * Tn * NH;
     launch(dim3((unsigned)((nrows * (HS / 8) + 255) / 256)), [&] { attn2_delta<T, HS>(delta.data(), (const T *)dout.data(), (const T *)out.data(), Tn, NH, nrows); }, 256);
@@ -223,20 +223,19 @@ int main(int argc, char **argv) {
     int ok = 1;
     const int shapes[][3] = {{2, 13, 2}, {1, 129, 1}, {1, 200, 2}, {1, 333, 1}, {1, 64, 1}, {1, 1, 1}};
     int n = argc > 1 ? atoi(argv[1]) : 6;
-    const char *ev = getenv("EMU_IMPL"); /* 2 or 3: only that implementation (default both) */
+    const char *ev = getenv("EMU_IMPL"); /* 2, 3 or 4: only that implementation (default all) */
     const int only_v = ev ? atoi(ev) : 0;
     for (int i = 0; i < n; i++) {
         const int B = shapes[i][0], T = shapes[i][1], NH = shapes[i][2];
-        for (int v = 2; v <= 3; v++) {
-            if (only_v && v != only_v) continue;
-            ok &= v == 2 ? test<dg_bf16, 64, 2>(B, T, NH) : test<dg_bf16, 64, 3>(B, T, NH);
-            ok &= v == 2 ? test<dg_f16, 32, 2>(B, T, NH) : test<dg_f16, 32, 3>(B, T, NH);
-        }
+        if (!only_v || only_v == 2) { ok &= test<dg_bf16, 64, 2>(B, T, NH); ok &= test<dg_f16, 32, 2>(B, T, NH); }
+        if (!only_v || only_v == 3) { ok &= test<dg_bf16, 64, 3>(B, T, NH); ok &= test<dg_f16, 32, 3>(B, T, NH); }
+        if (!only_v || only_v == 4) { ok &= test<dg_bf16, 64, 4>(B, T, NH); ok &= test<dg_f16, 32, 4>(B, T, NH); }
         fflush(stdout);
     }
     if (argc > 2) {
-        if (only_v != 3) { ok &= test<dg_f16, 64, 2>(1, 200, 1); ok &= test<dg_bf16, 32, 2>(1, 333, 1); }
-        if (only_v != 2) { ok &= test<dg_f16, 64, 3>(1, 200, 1); ok &= test<dg_bf16, 32, 3>(1, 333, 1); }
+        if (!only_v || only_v == 2) { ok &= test<dg_f16, 64, 2>(1, 200, 1); ok &= test<dg_bf16, 32, 2>(1, 333, 1); }
+        if (!only_v || only_v == 3) { ok &= test<dg_f16, 64, 3>(1, 200, 1); ok &= test<dg_bf16, 32, 3>(1, 333, 1); }
+        if (!only_v || only_v == 4) { ok &= test<dg_f16, 64, 4>(1, 200, 1); ok &= test<dg_bf16, 32, 4>(1, 333, 1); }
     }
     printf(ok ? "ALL OK\n" : "SOME FAILED\n");
     return !ok;
