@@ -950,12 +950,16 @@ __global__ void __launch_bounds__(32 * A2_NW)
                     mx[m][0] = m0;
                     mx[m][1] = m1;
                     float l0 = l[m][0] * c0, l1 = l[m][1] * c1;
+                    /* V >= 3: skipped when no row of the m-tile has a new maximum (every factor is exactly 1,
+                     * the products would be the same bits); after the first tiles that is the common case */
+                    if (V < 3 || __any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
 #pragma unroll
-                    for (int dt = 0; dt < HS / 8; dt++) {
-                        o[m][dt][0] *= c0;
-                        o[m][dt][1] *= c0;
-                        o[m][dt][2] *= c1;
-                        o[m][dt][3] *= c1;
+                        for (int dt = 0; dt < HS / 8; dt++) {
+                            o[m][dt][0] *= c0;
+                            o[m][dt][1] *= c0;
+                            o[m][dt][2] *= c1;
+                            o[m][dt][3] *= c1;
+                        }
                     }
 #pragma unroll
                     for (int nt = 0; nt < A2_BC / 8; nt++) {

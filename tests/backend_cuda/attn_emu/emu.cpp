@@ -111,6 +111,15 @@ static float __shfl_xor_sync(unsigned, float v, int m) {
     warp_sync();
     return r;
 }
+static bool __any_sync(unsigned, bool v) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    g_wx[w].f[l] = v ? 1.f : 0.f;
+    warp_sync();
+    bool r = false;
+    for (int i = 0; i < 32; i++) r |= g_wx[w].f[i] != 0.f;
+    warp_sync();
+    return r;
+}
 // cp.async: per-thread groups of pending copies, performed at wait
 struct Cp { void *s; const void *g; bool valid; };
 thread_local std::vector<Cp> t_pending;
