@@ -21,10 +21,10 @@
  *       random inputs at several shapes: out, logsumexp and dqkv bitwise equal (+0 = -0), every element
  *       written (outputs poisoned with NaN first).
  *   test_backend_cuda --mode attn-impl   [--dtype bf16|f16] [--small] [--verbose]
- *       the tensor-core attention implementations 1 to 4 (DG_CUDA_ATTN_IMPL) on the same random inputs
+ *       the tensor-core attention implementations 1 to 5 (DG_CUDA_ATTN_IMPL) on the same random inputs
  *       (B,T in (2,1024) (2,200) (3,13) (1,333) (2,129), head sizes 64 and 32): out, logsumexp and dqkv of
- *       each of impl 2, 3, 4 within the vs-CPU tolerances of impl 1's, every element written (NaN poison),
- *       bitwise reproducible run to run; without --small, a timing line of all four at B=32 T=1024
+ *       each of impl 2 to 5 within the vs-CPU tolerances of impl 1's, every element written (NaN poison),
+ *       bitwise reproducible run to run; without --small, a timing line of all five at B=32 T=1024
  *       C=768 NH=12.
  * Exit status: 0 all passed, 1 a check failed, 77 skipped (no GPU).
  */
@@ -920,7 +920,7 @@ static void attn_time(dg_backend_t *be, dg_dtype_t act, int B, int T, int C, int
 
 static int run_attn_impl(dg_dtype_t act, int small) {
     if (act == DG_F32) act = DG_BF16; /* the tensor-core kernels are the 16-bit ones */
-    enum { NIMPL = 4 };                /* implementations 1..NIMPL; each of 2..NIMPL is checked against 1 */
+    enum { NIMPL = 5 };                /* implementations 1..NIMPL; each of 2..NIMPL is checked against 1 */
     int skip = 0;
     dg_backend_t *be[NIMPL + 1] = {0};
     for (int k = 1; k <= NIMPL; k++) {

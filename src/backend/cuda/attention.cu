@@ -1040,11 +1040,14 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
     const uint16_t *Ow = Ob + (size_t)(qw - q0) * LDS;
 
     uint32_t qa[MT][HS / 16][4];
+    /* V >= 5: the warp's dO rows as register fragments too (no ldmatrix of them per half tile) */
+    uint32_t oa[V >= 5 ? MT : 1][HS / 16][4];
     float Lr[MT][2], Dr[MT][2], dq[MT][HS / 8][4];
     const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
 #pragma unroll
     for (int m = 0; m < MT; m++) {
         load_a_frags<HS>(qa[m], base, C3, qw + 16 * m, Tn);
+        if constexpr (V >= 5) load_a_frags<HS>(oa[m], dob, C, qw + 16 * m, Tn);
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int row = qw + 16 * m + gq + 8 * i;
@@ -1058,7 +1061,7 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
 
     /* the first cp.async group carries the block's Q and dO rows with the first K and V tiles */
     const int nkb = min(q0 + A2_BR - 1, Tn - 1) / A2_BC + 1;
-    a2_tile_load<V, HS, NT, A2_BR>(Ob, dob + (size_t)q0 * C, C, Tn - q0);
+    if constexpr (V < 5) a2_tile_load<V, HS, NT, A2_BR>(Ob, dob + (size_t)q0 * C, C, Tn - q0);
     a2_tile_load<V, HS, NT, A2_BC>(Ks, kg, C3, Tn);
     a2_tile_load<V, HS, NT, A2_BC>(Vs, vg, C3, Tn);
     cp_async_commit();
@@ -1074,7 +1077,7 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
             cp_async_wait<0>();
         }
         __syncthreads();
-#pragma unroll (V >= 4 ? 2 : 1)
+#pragma unroll (V == 4 ? 2 : 1)
         for (int hf = 0; hf < 2; hf++) {
             const int kbase = kb * A2_BC + hf * HB;
             if (kbase <= qw + 16 * MT - 1) { /* else every key of the half is after this warp's rows */
@@ -1082,7 +1085,10 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
                 const uint16_t *K = Ks + buf * SM::tile + hf * HB * LDS, *Vt = Vs + buf * SM::tile + hf * HB * LDS;
                 float p[MT][HB / 8][4], dp[MT][HB / 8][4];
                 mma2_abt_r<T, HS, MT, HB / 8>(p, qa, K);
-                mma2_abt_s<T, HS, MT, HB / 8>(dp, Ow, Vt);
+                if constexpr (V >= 5)
+                    mma2_abt_r<T, HS, MT, HB / 8>(dp, oa, Vt);
+                else
+                    mma2_abt_s<T, HS, MT, HB / 8>(dp, Ow, Vt);
                 const int dkr = kbase + 2 * tq - qw - gq; /* key - row of element (m, nt, e) = dkr + const */
                 auto ds = [&](auto mk) {
 #pragma unroll
@@ -1185,7 +1191,7 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
         }
         __syncthreads();
         const float *Ls = lsb + buf * A2_BC, *Ds = dlb + buf * A2_BC;
-#pragma unroll (V >= 4 ? 2 : 1)
+#pragma unroll (V == 4 ? 2 : 1)
         for (int hf = 0; hf < 2; hf++) {
             const int qbase = qb * A2_BC + hf * HB;
             /* a half wholly before this warp's first key sees none of its keys: nothing to add */
@@ -1411,6 +1417,9 @@ static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void 
             const dg_status_t ds = HS == 64 ? delta2_launch<T, 64>(c, delta, dout, out, B, Tn, NH)
                                             : delta2_launch<T, 32>(c, delta, dout, out, B, Tn, NH);
             if (ds != DG_OK) return ds;
+            if (c->attn_impl == 5)
+                return HS == 64 ? bwd2_launch<T, 64, 5>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                                : bwd2_launch<T, 32, 5>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
             if (c->attn_impl == 4)
                 return HS == 64 ? bwd2_launch<T, 64, 4>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
                                 : bwd2_launch<T, 32, 4>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);

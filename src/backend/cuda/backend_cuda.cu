@@ -9,12 +9,12 @@
  *                              loads instead of ldmatrix (ldmatrix, the default, measured 10-20% faster)
  *   DG_CUDA_ATTN_ROWS=64|128   rows (queries, or keys in the backward's key/value pass) per block of the
  *                              tensor-core attention kernels: 4 or 8 warps of 16 rows
- *   DG_CUDA_ATTN_IMPL=1|2|3|4  tensor-core attention kernels: 1 = 16 rows per warp (DG_CUDA_ATTN_ROWS,
+ *   DG_CUDA_ATTN_IMPL=1..5     tensor-core attention kernels: 1 = 16 rows per warp (DG_CUDA_ATTN_ROWS,
  *                              DG_CUDA_ATTN_LDMATRIX apply), 2 = 32 rows per warp, 128-row blocks,
  *                              3 = 2 with fewer instructions per score (single-instruction exp2, mask
  *                              tests only in diagonal tiles, ...), 4 = 3 with the backward's two half
- *                              tiles unrolled (attention.cu); same results within rounding, not the
- *                              same bits
+ *                              tiles unrolled, 5 = 3 with the backward's dO fragments in registers
+ *                              (attention.cu); same results within rounding, not the same bits
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +27,7 @@
 /* rows per block of the tensor-core attention kernels (both give the same bits; 128 loads each K/V tile
  * once for twice the queries) */
 #define DG_CUDA_ATTN_ROWS_DEFAULT 64
-/* tensor-core attention implementation (DG_CUDA_ATTN_IMPL): 2, 3 or 4 becomes the default once measured faster */
+/* tensor-core attention implementation (DG_CUDA_ATTN_IMPL): 2, 3, 4 or 5 becomes the default once measured faster */
 #define DG_CUDA_ATTN_IMPL_DEFAULT 1
 
 /* ---------------- error reporting ---------------- */
@@ -683,8 +683,9 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
     const char *impl = getenv("DG_CUDA_ATTN_IMPL");
     c->attn_impl = DG_CUDA_ATTN_IMPL_DEFAULT;
     if (impl && *impl) {
-        if (strcmp(impl, "1") != 0 && strcmp(impl, "2") != 0 && strcmp(impl, "3") != 0 && strcmp(impl, "4") != 0)
-            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_IMPL=%s: expected 1, 2, 3 or 4", impl);
+        if (strcmp(impl, "1") != 0 && strcmp(impl, "2") != 0 && strcmp(impl, "3") != 0 && strcmp(impl, "4") != 0 &&
+            strcmp(impl, "5") != 0)
+            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_IMPL=%s: expected 1, 2, 3, 4 or 5", impl);
         c->attn_impl = atoi(impl);
     }
     return DG_OK;

@@ -1,5 +1,5 @@
-// Host emulation of attention.cu's implementation-2, -3 and -4 kernels (DG_CUDA_ATTN_IMPL=2|3|4: the same
-// source, template parameter V = 2, 3 or 4; implementation 4's forward is 3's), for machines without a
+// Host emulation of attention.cu's implementation-2 to -5 kernels (DG_CUDA_ATTN_IMPL=2..5: the same
+// source, template parameter V = 2..5; the forward of 4 and 5 is 3's), for machines without a
 // GPU: the kernel source itself (extracted by extract.py) runs with one std::thread per CUDA thread; the
 // warp collectives (mma.sync m16n8k16, ldmatrix .x4 / .x4.trans, shfl.xor) go through a per-warp exchange
 // between barriers, following the PTX ISA's fragment layouts; cp.async copies are queued per thread and
@@ -232,19 +232,21 @@ int main(int argc, char **argv) {
     int ok = 1;
     const int shapes[][3] = {{2, 13, 2}, {1, 129, 1}, {1, 200, 2}, {1, 333, 1}, {1, 64, 1}, {1, 1, 1}};
     int n = argc > 1 ? atoi(argv[1]) : 6;
-    const char *ev = getenv("EMU_IMPL"); /* 2, 3 or 4: only that implementation (default all) */
+    const char *ev = getenv("EMU_IMPL"); /* 2, 3, 4 or 5: only that implementation (default all) */
     const int only_v = ev ? atoi(ev) : 0;
     for (int i = 0; i < n; i++) {
         const int B = shapes[i][0], T = shapes[i][1], NH = shapes[i][2];
         if (!only_v || only_v == 2) { ok &= test<dg_bf16, 64, 2>(B, T, NH); ok &= test<dg_f16, 32, 2>(B, T, NH); }
         if (!only_v || only_v == 3) { ok &= test<dg_bf16, 64, 3>(B, T, NH); ok &= test<dg_f16, 32, 3>(B, T, NH); }
         if (!only_v || only_v == 4) { ok &= test<dg_bf16, 64, 4>(B, T, NH); ok &= test<dg_f16, 32, 4>(B, T, NH); }
+        if (!only_v || only_v == 5) { ok &= test<dg_bf16, 64, 5>(B, T, NH); ok &= test<dg_f16, 32, 5>(B, T, NH); }
         fflush(stdout);
     }
     if (argc > 2) {
         if (!only_v || only_v == 2) { ok &= test<dg_f16, 64, 2>(1, 200, 1); ok &= test<dg_bf16, 32, 2>(1, 333, 1); }
         if (!only_v || only_v == 3) { ok &= test<dg_f16, 64, 3>(1, 200, 1); ok &= test<dg_bf16, 32, 3>(1, 333, 1); }
         if (!only_v || only_v == 4) { ok &= test<dg_f16, 64, 4>(1, 200, 1); ok &= test<dg_bf16, 32, 4>(1, 333, 1); }
+        if (!only_v || only_v == 5) { ok &= test<dg_f16, 64, 5>(1, 200, 1); ok &= test<dg_bf16, 32, 5>(1, 333, 1); }
     }
     printf(ok ? "ALL OK\n" : "SOME FAILED\n");
     return !ok;
