@@ -266,6 +266,13 @@ static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s),
                  "l"(__cvta_generic_to_global(gmem)), "r"(n));
 }
+/* 4 bytes (0 read and zero-filled when !valid) */
+static __device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(__cvta_generic_to_global(gmem)),
+                 "r"(n));
+}
 static __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::);
 }
@@ -1123,6 +1130,26 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
         store_rows<T, HS>(dst, C3, qw + 16 * m, Tn, dq[m], scale, scale);
 }
 
+/* The key/value pass's per-query f32 values of one streamed tile (queries q1 + [0, 64)): logsumexp and
+ * delta, 0 past Tn. V = 2: plain loads, the logsumexp stored times log2(e) (the threads wait for the
+ * loads before the barrier); V >= 3: cp.async into the tile's group (no wait), the logsumexp stored as is
+ * and multiplied by log2(e) where it is read (the same product). */
+template <int V>
+static __device__ __forceinline__ void a2_rows_f32(float *lsb, float *dlb, const float *L, const float *D, int q1,
+                                                   int Tn) {
+    if (threadIdx.x < A2_BC) {
+        const int q = q1 + threadIdx.x;
+        if constexpr (V >= 3) {
+            const bool ok = q < Tn;
+            cp_async4(lsb + threadIdx.x, ok ? L + q : L, ok);
+            cp_async4(dlb + threadIdx.x, ok ? D + q : D, ok);
+        } else {
+            lsb[threadIdx.x] = q < Tn ? L[q] * ATT_LOG2E : 0.f;
+            dlb[threadIdx.x] = q < Tn ? D[q] : 0.f;
+        }
+    }
+}
+
 /* Key/value pass: the block owns keys [kb*128, kb*128+128) (kept in shared memory: K and V are the A
  * operands), warp w 32 of them; it computes Sᵀ = K·Qᵀ, Pᵀ, dPᵀ = V·dOᵀ and dSᵀ for every query tile at or
  * after its keys, half a tile (32 queries) at a time, and accumulates dV += Pᵀ·dO, dK += dSᵀ·Q. */
@@ -1166,12 +1193,9 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
         const int q1 = qb0 * A2_BC;
         a2_tile_load<V, HS, NT, A2_BC>(Qs, base + (size_t)q1 * C3, C3, Tn - q1);
         a2_tile_load<V, HS, NT, A2_BC>(Os, dob + (size_t)q1 * C, C, Tn - q1);
+        if (V >= 3) a2_rows_f32<V>(lsb, dlb, L, D, q1, Tn);
         cp_async_commit();
-        if (threadIdx.x < A2_BC) {
-            const int q = q1 + threadIdx.x;
-            lsb[threadIdx.x] = q < Tn ? L[q] * ATT_LOG2E : 0.f;
-            dlb[threadIdx.x] = q < Tn ? D[q] : 0.f;
-        }
+        if (V < 3) a2_rows_f32<V>(lsb, dlb, L, D, q1, Tn);
     }
     for (int qb = qb0, it = 0; qb < nqb; qb++, it++) {
         const int buf = it & 1;
@@ -1179,12 +1203,9 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
             const int q1 = (qb + 1) * A2_BC;
             a2_tile_load<V, HS, NT, A2_BC>(Qs + (buf ^ 1) * SM::tile, base + (size_t)q1 * C3, C3, Tn - q1);
             a2_tile_load<V, HS, NT, A2_BC>(Os + (buf ^ 1) * SM::tile, dob + (size_t)q1 * C, C, Tn - q1);
+            if (V >= 3) a2_rows_f32<V>(lsb + (buf ^ 1) * A2_BC, dlb + (buf ^ 1) * A2_BC, L, D, q1, Tn);
             cp_async_commit();
-            if (threadIdx.x < A2_BC) {
-                const int q = q1 + threadIdx.x;
-                lsb[(buf ^ 1) * A2_BC + threadIdx.x] = q < Tn ? L[q] * ATT_LOG2E : 0.f;
-                dlb[(buf ^ 1) * A2_BC + threadIdx.x] = q < Tn ? D[q] : 0.f;
-            }
+            if (V < 3) a2_rows_f32<V>(lsb + (buf ^ 1) * A2_BC, dlb + (buf ^ 1) * A2_BC, L, D, q1, Tn);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -1213,7 +1234,8 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
 #pragma unroll
                             for (int e = 0; e < 4; e++) {
                                 const int qi = hf * HB + nt * 8 + 2 * tq + (e & 1); /* query within the tile */
-                                float v = a2_exp2<V>(fmaf(p[m][nt][e], sl2, -Ls[qi]));
+                                const float lq = V >= 3 ? Ls[qi] * ATT_LOG2E : Ls[qi];
+                                float v = a2_exp2<V>(fmaf(p[m][nt][e], sl2, -lq));
                                 if constexpr (V >= 3) {
                                     if (decltype(mk)::value && dqk + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) < 0) v = 0.f;
                                 } else if (masked) {

@@ -121,18 +121,22 @@ static bool __any_sync(unsigned, bool v) {
     return r;
 }
 // cp.async: per-thread groups of pending copies, performed at wait
-struct Cp { void *s; const void *g; bool valid; };
+struct Cp { void *s; const void *g; bool valid; int n = 16; };
 thread_local std::vector<Cp> t_pending;
 thread_local std::vector<std::vector<Cp>> t_groups;
 static void cp_async16(void *smem, const void *gmem, bool valid) {
     if (((uintptr_t)smem & 15) || ((uintptr_t)gmem & 15)) { fprintf(stderr, "misaligned cp.async\n"); abort(); }
     t_pending.push_back({smem, gmem, valid});
 }
+static void cp_async4(void *smem, const void *gmem, bool valid) {
+    if (((uintptr_t)smem & 3) || ((uintptr_t)gmem & 3)) { fprintf(stderr, "misaligned cp.async 4\n"); abort(); }
+    t_pending.push_back({smem, gmem, valid, 4});
+}
 static void cp_async_commit() { t_groups.push_back(t_pending); t_pending.clear(); }
 template <int N> static void cp_async_wait() {
     while ((int)t_groups.size() > N) {
         for (auto &c : t_groups.front()) {
-            if (c.valid) memcpy(c.s, c.g, 16); else memset(c.s, 0, 16);
+            if (c.valid) memcpy(c.s, c.g, c.n); else memset(c.s, 0, c.n);
         }
         t_groups.erase(t_groups.begin());
     }
