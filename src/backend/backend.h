@@ -38,6 +38,9 @@
  *        graph_begin / graph_end / graph_launch / graph_free (record the ops queued between begin and end
  *        once, replay them). Entries appended at the end; graph_* are NULL on backends that cannot
  *        record. Additive.
+ *   v1.4 (2026-11-29, gelu) matmul_bwd_dgelu(): the backward of a linear layer whose input is a GELU
+ *        output, with GELU's derivative applied to the input gradient in the same call (cuBLASLt's DGELU
+ *        epilogue on CUDA). Placed after gelu_bwd in the table. Additive.
  */
 #ifndef DG_BACKEND_H
 #define DG_BACKEND_H
@@ -124,6 +127,18 @@ typedef struct dg_backend_ops {
     dg_status_t (*gelu_fwd)(dg_backend_t *be, void *out, const void *inp, size_t n);
     dg_status_t (*gelu_bwd)(dg_backend_t *be, void *dinp, const void *inp, const void *dout, size_t n,
                             int acc);
+    /* The backward of out[N,OC] = inp[N,C] · w[OC,C]ᵀ + bias where inp = gelu(pre) (pre, inp: act [N,C];
+     * inp is the GELU output, saved or recomputed), through the GELU in one call:
+     *   dw[OC,C] += doutᵀ · inp;   dbias[OC] += column sums of dout (NULL = none);
+     *   dpre[N,C] (acc) = (dout · w) ⊙ gelu'(pre)
+     * i.e. matmul_bwd's input gradient fed through gelu_bwd, without materialising it. With acc = 1 the
+     * product is added to dpre AFTER the GELU derivative (dpre += (dout · w) ⊙ gelu'(pre)).
+     * In-place: with acc = 0, dpre MAY alias inp (the weight gradient is taken first); it must not alias
+     * pre, dout or w. Results equal matmul_bwd followed by gelu_bwd within the matmul_bwd tolerance; on
+     * f32 (CPU, and CUDA's exact f32 mode) they are bitwise the same. */
+    dg_status_t (*matmul_bwd_dgelu)(dg_backend_t *be, void *dpre, float *dw, float *dbias, const void *dout,
+                                    const void *inp, const void *w, const void *pre, int N, int C, int OC,
+                                    int acc);
     /* Causal multi-head self-attention, scale 1/sqrt(C/NH). aux is backend scratch saved for backward
      * of attention_aux_bytes() bytes (e.g. the logsumexp per row, or the full probability matrix on CPU). */
     size_t (*attention_aux_bytes)(dg_backend_t *be, int B, int T, int C, int NH);

@@ -4,7 +4,8 @@
  * ("this rank holds the hyperslab start/count of the global tensor PATH of shape gshape") plus a few
  * scalars (dg_ckpt_meta_t). A save writes ONE HDF5 file in which every tensor is one chunked,
  * Fletcher32-checksummed dataset with its full global shape; each rank writes its own hyperslab with
- * collective I/O. A load reads any decomposition of the same tensors, so a checkpoint written by one
+ * collective I/O (chunks a rank holds whole it checksums and writes itself at the place HDF5 allocated
+ * for them: the same bytes, see save.c and docs/checkpoints.md). A load reads any decomposition of the same tensors, so a checkpoint written by one
  * world size or mesh loads into any other. The file layout is documented in docs/checkpoint-format.md,
  * the user-facing behaviour (resume, retention, incremental, dgckpt) in docs/checkpoints.md.
  *
@@ -27,7 +28,8 @@
  * MPI_THREAD_MULTIPLE.
  * Process-wide effect: the first use sets glibc's malloc mmap/trim thresholds (32 MiB / 512 MiB) so that
  * HDF5's per-chunk buffers are reused instead of faulted in afresh; DG_CKPT_NO_MALLOPT=1 opts out.
- * Environment: DG_CKPT_MPIIO_HINTS="key=value,..." adds MPI-IO hints; DG_CKPT_TEST_FAIL is a test hook
+ * Environment: DG_CKPT_MPIIO_HINTS="key=value,..." adds MPI-IO hints; DG_CKPT_THREADS=N sets the
+ * worker threads per rank when opts.threads is 0; DG_CKPT_TEST_FAIL is a test hook
  * (docs/checkpoints.md).
  */
 #ifndef DG_CHECKPOINT_H
@@ -121,8 +123,29 @@ typedef struct dg_ckpt_save_opts {
     const char *base;    /* incremental base: a file path; NULL or "" = the checkpoint LATEST names */
     int64_t chunk_bytes; /* target HDF5 chunk size; 0 = DG_CKPT_DEFAULT_CHUNK_BYTES */
     int64_t align_bytes; /* file-space alignment of chunks >= this size; 0 = default (see docs); -1 = off */
+    int threads;         /* worker threads per rank for content hashing and the async snapshot copy;
+                            0 = auto (DG_CKPT_THREADS, else this rank's share of the node's cores, <= 16) */
 } dg_ckpt_save_opts_t;
 void dg_ckpt_save_opts_default(dg_ckpt_save_opts_t *o);
+
+/* Where one save's time went on this rank (seconds, wall clock; each phase ends in an agreement, so a
+ * phase includes waiting for the slowest rank). */
+typedef struct dg_ckpt_phases {
+    double validate; /* tensor table checks and agreement, meta broadcast */
+    double hash;     /* content hashes (threads: `threads`) incl. the fragment exchange */
+    double plan;     /* rank 0: directory, stale partial file, incremental decision */
+    double create;   /* H5Fcreate + root attributes and /state */
+    double write;    /* dataset creation, collective H5Dwrite of every tensor, xxh3 attributes, manifest,
+                        and the direct chunk writes */
+    double direct;   /* of which: the chunks this rank checksummed and wrote itself (`threads` threads) */
+    int64_t direct_bytes; /* bytes this rank wrote as direct chunks */
+    double close;    /* H5Fclose (metadata flush) */
+    double fsync;    /* fsync of the file on every rank */
+    double commit;   /* rank 0: rename, directory fsync, LATEST */
+    double retention;
+    double cpu;      /* CPU seconds of this process during the save (all its threads; getrusage) */
+    int threads;     /* hashing threads used */
+} dg_ckpt_phases_t;
 
 typedef struct dg_ckpt_save_result {
     char path[4096]; /* the committed file */
@@ -135,6 +158,9 @@ typedef struct dg_ckpt_save_result {
     double stall_ms; /* time the caller was blocked: the whole save when synchronous, the
                         snapshot copy (plus any wait for the previous write) when async */
     char base[256];  /* incremental base file name ("" for a full checkpoint) */
+    dg_ckpt_phases_t phases; /* this rank's breakdown of `seconds` */
+    double snapshot_ms;      /* async: the snapshot copy alone (stall_ms adds the wait for the previous
+                                write); 0 for a synchronous save */
 } dg_ckpt_save_result_t;
 
 /* Collective over `comm`. Write a checkpoint of step meta->step into ckpt_dir (created if needed) as
@@ -232,6 +258,10 @@ typedef struct dg_ckpt_async_result {
  * comm. Needs MPI_THREAD_MULTIPLE (DG_ERR_RUNTIME otherwise). */
 dg_status_t dg_ckpt_writer_create(MPI_Comm comm, const char *ckpt_dir, const dg_ckpt_save_opts_t *opts,
                                   dg_ckpt_writer_t **out);
+/* Local. Allocate the snapshot buffer for `bytes` of owned tensor data and fault it in now (in
+ * parallel), so that the first submit() pays only the copy. Optional: submit grows the buffer itself
+ * when needed (and that first copy then also pays the page faults). */
+dg_status_t dg_ckpt_writer_reserve(dg_ckpt_writer_t *w, size_t bytes);
 /* Every rank calls it at the same step. Waits for the previous write, copies the owned pieces into a
  * host snapshot (that copy, plus the wait, is the stall: *stall_ms) and returns; the write happens in
  * the background. If the previous write finished but was not yet collected, it is returned in `prev`

@@ -45,6 +45,20 @@ void ckpt_unlock(void);
 void ckpt_inflight_add(int delta);
 void ckpt_inflight_wait_zero(void);
 
+/* ---------------- worker threads ---------------- */
+
+/* Run fn(ctx, i) for every i in [0, n) on up to `threads` threads, the caller being one of them; items
+ * are taken in order from a shared counter. Threads are started per call (a call does tens of
+ * milliseconds of work or more); if one cannot be started the others do its share. fn must not call
+ * HDF5 or MPI. */
+void ckpt_parallel_for(int threads, size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
+/* Collective over comm: the worker threads per rank. requested > 0 is taken as is; else
+ * DG_CKPT_THREADS; else the CPUs this rank may run on, divided by the ranks of comm on this node when
+ * the rank is not bound to a subset; 1..16. */
+int ckpt_threads(MPI_Comm comm, int requested);
+/* CPU seconds used by this process so far (user + system, all threads). */
+double ckpt_cpu_seconds(void);
+
 /* ---------------- handle bag ---------------- */
 
 typedef struct ckpt_hbag {
@@ -132,8 +146,9 @@ dg_status_t ckpt_table_build(const dg_ckpt_tensor_t *t, int n, int for_load, ckp
 dg_status_t ckpt_table_agree(MPI_Comm comm, const dg_ckpt_tensor_t *t, ckpt_table_t *tab);
 void ckpt_table_free(ckpt_table_t *tab);
 int64_t ckpt_numel(int ndim, const int64_t *shape);
-/* Collective: content hash of every tensor from the owned pieces -> tab->t[i].hash. Agreed status. */
-dg_status_t ckpt_table_hash(MPI_Comm comm, const dg_ckpt_tensor_t *t, ckpt_table_t *tab);
+/* Collective: content hash of every tensor from the owned pieces -> tab->t[i].hash, the local part on
+ * `threads` threads (same result for any count). Agreed status. */
+dg_status_t ckpt_table_hash(MPI_Comm comm, const dg_ckpt_tensor_t *t, ckpt_table_t *tab, int threads);
 
 /* ---------------- content hash ----------------
  * A tensor is seen as rows of its last dimension (C elements; one row for 1-D). Each row is cut into
@@ -153,6 +168,8 @@ void ckh_init(ckh_t *h, int ntensors);
 void ckh_free(ckh_t *h);
 void ckh_add(ckh_t *h, int ti, int ndim, const int64_t *gshape, const int64_t *start, const int64_t *count,
              const float *data);
+/* Add ckh_t `src` (same tensor count) into `dst`: sums and fragments; src is left empty. */
+void ckh_merge(ckh_t *dst, ckh_t *src);
 /* Assemble the fragments (after exchanging them over comm when comm != MPI_COMM_NULL) and write each
  * tensor's final hash to out[i]. `tab` gives the shapes and names. Agreed status when comm given. */
 dg_status_t ckh_finish(ckh_t *h, MPI_Comm comm, const ckpt_table_t *tab, uint64_t *out);

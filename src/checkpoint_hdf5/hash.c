@@ -88,6 +88,24 @@ void ckh_add(ckh_t *h, int ti, int ndim, const int64_t *gshape, const int64_t *s
     h->sum[ti] += sum;
 }
 
+void ckh_merge(ckh_t *dst, ckh_t *src) {
+    DG_ASSERT(dst->n == src->n);
+    for (int i = 0; i < dst->n; i++)
+        dst->sum[i] += src->sum[i];
+    if (src->frag_len) {
+        if (dst->frag_len + src->frag_len > dst->frag_cap) {
+            size_t cap = dst->frag_len + src->frag_len;
+            dst->frag = realloc(dst->frag, cap);
+            DG_ASSERTF(dst->frag != NULL, "out of memory for hash fragments");
+            dst->frag_cap = cap;
+        }
+        memcpy(dst->frag + dst->frag_len, src->frag, src->frag_len);
+        dst->frag_len += src->frag_len;
+    }
+    memset(src->sum, 0, (size_t)src->n * sizeof(uint64_t));
+    src->frag_len = 0;
+}
+
 uint64_t ckh_final(uint64_t sum, int ndim, const int64_t *gshape) {
     uint64_t desc[1 + DG_CKPT_MAX_NDIM];
     desc[0] = (uint64_t)ndim;

@@ -128,7 +128,7 @@ static dg_status_t load_locked(MPI_Comm comm, const char *path, dg_ckpt_meta_t *
         ckpt_hbag_close(&b);
         s = ckpt_agree(comm, ls);
     }
-    if (!s) s = ckpt_table_hash(comm, t, &tab);
+    if (!s) s = ckpt_table_hash(comm, t, &tab, ckpt_threads(comm, 0));
     for (int i = 0; i < tab.n && !s; i++) {
         ckpt_mrow_t key;
         snprintf(key.path, sizeof key.path, "%s", tab.t[i].path);

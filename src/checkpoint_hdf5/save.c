@@ -1,5 +1,6 @@
 /* save.c — writing a checkpoint: validation and agreement, content hashes, the incremental decision,
- * the collective parallel-HDF5 write (each rank its hyperslabs, empty selections for the rest), and
+ * the collective parallel-HDF5 write (each rank its hyperslabs, empty selections for the rest; chunks a
+ * rank holds whole are checksummed and written by the rank itself, see "direct chunk writes"), and
  * the atomic commit (partial file, close, fsync on every rank, rename, directory fsync, LATEST),
  * followed by retention. Every phase ends in an agreement so that no rank is left in a collective. */
 #define _GNU_SOURCE
@@ -9,9 +10,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -41,7 +45,25 @@ typedef struct save_ctx {
     char base[256], bases[4096];
     dg_ckpt_save_opts_t o;
     hid_t fid, dxpl, lcpl;
+    dg_ckpt_phases_t ph;
+    /* direct chunk writes (see direct_plan): the jobs collected while the datasets are created */
+    int direct;
+    int wfd; /* the partial file, opened for writing by this rank */
+    struct dchunk *dj;
+    size_t ndj, capdj;
+    int64_t *rows; /* per tensor: dim-0 chunk rows aligned to the ranks' pieces; 0 = chunk_dims' choice */
 } save_ctx_t;
+
+/* One chunk this rank writes itself: rows [row0, row1) of dim 0 (the chunk's part inside the extent),
+ * taken from `src` (contiguous), stored at file offset `addr` as `nbytes` bytes of data (padded with
+ * zeros past the extent) followed by the 4-byte Fletcher32 checksum. */
+typedef struct dchunk {
+    const float *src;
+    size_t data_bytes; /* bytes of src */
+    size_t nbytes;     /* stored data bytes (the full chunk) */
+    haddr_t addr;
+    int ti;
+} dchunk_t;
 
 /* Chunk shape: whole trailing dimensions, as many leading slices as fit in the target, with the
  * leading dimension split into equal chunks (so no mostly-empty edge chunk is stored). */
@@ -66,6 +88,76 @@ static void chunk_dims(int nd, const int64_t *g, int64_t target_bytes, hsize_t *
         }
         break;
     }
+}
+
+/* ---------------- chunks aligned to the pieces ----------------
+ * Only chunks wholly inside one rank's piece can be written directly (below). With the default equal
+ * chunks, FSDP pieces of a gpt2-124m layer ([768, 2304] cut in 4 = 192 rows; chunks of 384 rows) hold no
+ * whole chunk from 4 ranks on. When every rank's owned pieces of a tensor cut it along dim 0 only, the
+ * chunk rows are instead the largest divisor of the gcd of the interior cut rows that fits the target
+ * chunk size, provided that chunk is still at least a quarter of the target (so a tiny piece never makes
+ * tiny chunks): every piece then holds whole chunks only. The file records the chunk shape, so readers
+ * need nothing; what changes with the world size is only the chunking. */
+
+static int64_t gcd64(int64_t a, int64_t b) {
+    while (b) {
+        int64_t t = a % b;
+        a = b, b = t;
+    }
+    return a;
+}
+
+/* The largest divisor of g that is <= cap (g, cap >= 1). */
+static int64_t divisor_le(int64_t g, int64_t cap) {
+    int64_t best = 1;
+    for (int64_t d = 1; d * d <= g; d++)
+        if (g % d == 0) {
+            if (d <= cap && d > best) best = d;
+            if (g / d <= cap && g / d > best) best = g / d;
+        }
+    return best;
+}
+
+/* Collective: fill c->rows. */
+static dg_status_t align_rows(save_ctx_t *c) {
+    int n = c->tab.n;
+    c->rows = dg_xcalloc((size_t)(n > 0 ? n : 1), sizeof(int64_t));
+    if (!c->direct || n == 0) return DG_OK;
+    /* per tensor: gcd of this rank's interior cut rows (0 = none yet), or -1 when a piece is not a
+     * dim-0 cut; then combined over ranks */
+    int64_t *g = dg_xcalloc((size_t)n, sizeof(int64_t)), *bad = dg_xcalloc((size_t)n, sizeof(int64_t));
+    for (int i = 0; i < n; i++) {
+        const ckpt_tdesc_t *td = &c->tab.t[i];
+        for (int k = 0; k < td->npieces; k++) {
+            const dg_ckpt_tensor_t *p = &c->t[td->pieces[k]];
+            if (!p->owner || ckpt_numel(p->ndim, p->count) <= 0) continue;
+            for (int d = 1; d < td->ndim; d++)
+                if (p->count[d] != td->gshape[d]) bad[i] = 1;
+            int64_t cut[2] = {p->start[0], p->start[0] + p->count[0]};
+            for (int e = 0; e < 2; e++)
+                if (cut[e] > 0 && cut[e] < td->gshape[0]) g[i] = gcd64(g[i], cut[e]);
+        }
+    }
+    int64_t *gall = dg_xcalloc((size_t)n, sizeof(int64_t)), *badall = dg_xcalloc((size_t)n, sizeof(int64_t));
+    int size = c->size;
+    int64_t *every = dg_xmalloc((size_t)n * (size_t)size * sizeof(int64_t));
+    int rc = MPI_Allgather(g, n, MPI_INT64_T, every, n, MPI_INT64_T, c->comm);
+    rc |= MPI_Allreduce(bad, badall, n, MPI_INT64_T, MPI_MAX, c->comm);
+    dg_status_t s = rc == MPI_SUCCESS ? DG_OK : DG_ERR(DG_ERR_RUNTIME, "MPI_Allgather failed (chunk rows)");
+    for (int i = 0; i < n && !s; i++) {
+        const ckpt_tdesc_t *td = &c->tab.t[i];
+        for (int r = 0; r < size; r++)
+            gall[i] = gcd64(gall[i], every[(size_t)r * (size_t)n + (size_t)i]);
+        if (badall[i] || gall[i] <= 0) continue; /* not dim-0 cuts, or one piece: the default */
+        int64_t inner = ckpt_numel(td->ndim - 1, td->gshape + 1);
+        if (td->ndim == 1) inner = 1;
+        int64_t cap = c->o.chunk_bytes / 4 / inner;
+        if (cap < 1) continue; /* a slice is larger than a chunk: chunk_dims cuts further dims */
+        int64_t R = divisor_le(gall[i], cap);
+        if (R * inner * 4 * 4 >= c->o.chunk_bytes) c->rows[i] = R;
+    }
+    free(g), free(bad), free(gall), free(badall), free(every);
+    return s;
 }
 
 /* ---------------- incremental decision (rank 0) ---------------- */
@@ -151,6 +243,207 @@ static dg_status_t decide_links(save_ctx_t *c) {
 
 /* ---------------- the HDF5 write ---------------- */
 
+/* Data written between two writeback kicks. */
+#define CKPT_WRITEBACK_BYTES ((int64_t)128 << 20)
+
+static void kick_writeback(int fd) {
+#ifdef __linux__
+    sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); /* asynchronous: starts I/O, does not wait */
+#else
+    (void)fd;
+#endif
+}
+
+/* ---------------- direct chunk writes ----------------
+ * HDF5 1.10's collective filtered write copies every chunk three times in user space (gathers the
+ * caller's data, scatters it into a chunk buffer, and the Fletcher32 filter copies it once more to
+ * append the checksum) on one thread, between the collective steps. But in parallel HDF5 every chunk
+ * of a dataset is allocated when the dataset is created (early allocation), at its filtered size: for
+ * Fletcher32, the chunk's bytes + 4. So a chunk that lies wholly inside one rank's piece can be written
+ * by that rank itself, outside HDF5: the bytes HDF5 would have stored (the data, zero padding past the
+ * extent, then the checksum, little-endian, as H5Z_filter_fletcher32 appends it) at the address HDF5
+ * allocated, and nothing in the file's metadata changes. The chunks are written after all datasets
+ * exist, by `threads` threads that checksum and pwrite in parallel (checksums overlap the page-cache
+ * copy). Chunks shared by several ranks' pieces still go through HDF5's collective write, as does any
+ * tensor whose layout does not qualify (chunks or pieces not cut along dim 0 only) or whose chunk
+ * index does not look exactly as expected. Readers see a standard file: the same layout, sizes and
+ * checksums a fully HDF5-written file has. DG_CKPT_DIRECT_CHUNKS=0 turns this off. */
+
+/* The chunks (of R rows along dim 0) that lie wholly inside piece p: [*k0, *k1) (empty when k1 == k0). */
+static void whole_chunks(const dg_ckpt_tensor_t *p, int64_t R, int64_t *k0, int64_t *k1) {
+    int64_t s = p->start[0], e = s + p->count[0], g = p->gshape[0];
+    *k0 = (s + R - 1) / R;
+    *k1 = *k0;
+    while (*k1 * R < g && ((*k1 + 1) * R < g ? (*k1 + 1) * R : g) <= e)
+        (*k1)++;
+}
+
+/* Rows of piece p outside its whole chunks: rem[0] = [start, first whole chunk), rem[1] = [end of the
+ * last whole chunk, end); the whole piece in rem[0] when it holds no whole chunk. */
+static void direct_remainder(const dg_ckpt_tensor_t *p, int64_t R, int64_t rem[2][2]) {
+    int64_t k0, k1, s = p->start[0], e = s + p->count[0], g = p->gshape[0];
+    whole_chunks(p, R, &k0, &k1);
+    if (k1 == k0) {
+        rem[0][0] = s, rem[0][1] = e, rem[1][0] = rem[1][1] = 0;
+        return;
+    }
+    rem[0][0] = s, rem[0][1] = k0 * R;
+    rem[1][0] = k1 * R < g ? k1 * R : g, rem[1][1] = e;
+}
+
+static dg_status_t direct_push(save_ctx_t *c, dchunk_t j) {
+    if (c->ndj == c->capdj) {
+        c->capdj = c->capdj ? 2 * c->capdj : 1024;
+        c->dj = realloc(c->dj, c->capdj * sizeof *c->dj);
+        if (!c->dj) return DG_ERR(DG_ERR_RUNTIME, "out of memory for the chunk write list");
+    }
+    c->dj[c->ndj++] = j;
+    return DG_OK;
+}
+
+/* Collective (every rank queries the same chunks in the same order: metadata reads are collective).
+ * Sets *direct when tensor i qualifies, and queues this rank's whole chunks. */
+static dg_status_t direct_plan(save_ctx_t *c, int i, hid_t dset, const hsize_t *ch, int *direct) {
+    const ckpt_tdesc_t *td = &c->tab.t[i];
+    *direct = 0;
+    if (!c->direct) return DG_OK;
+    int64_t inner = 1;
+    for (int d = 1; d < td->ndim; d++) {
+        if ((int64_t)ch[d] != td->gshape[d]) return DG_OK;
+        inner *= td->gshape[d];
+    }
+    /* (the checks above depend only on the shape, the same on every rank; from here every rank takes
+     * part in the queries and the agreement, whatever its own pieces look like) */
+    int good = 1, all = 0;
+    for (int k = 0; k < td->npieces; k++) {
+        const dg_ckpt_tensor_t *p = &c->t[td->pieces[k]];
+        for (int d = 1; d < td->ndim; d++)
+            if (p->owner && ckpt_numel(p->ndim, p->count) > 0 && p->count[d] != td->gshape[d]) good = 0;
+    }
+    const int64_t R = (int64_t)ch[0], nchunks = (td->gshape[0] + R - 1) / R;
+    const size_t nbytes = (size_t)(R * inner) * sizeof(float);
+    haddr_t *addr = dg_xmalloc((size_t)nchunks * sizeof *addr);
+    for (int64_t k = 0; k < nchunks; k++) {
+        hsize_t off[DG_CKPT_MAX_NDIM] = {0}, size = 0;
+        unsigned mask = 1;
+        haddr_t a = HADDR_UNDEF;
+        off[0] = (hsize_t)(k * R);
+        /* the same answers on every rank (collective metadata reads), so every rank stops at the same k */
+        if (H5Dget_chunk_info_by_coord(dset, off, &mask, &a, &size) < 0) {
+            H5Eclear2(H5E_DEFAULT);
+            good = 0;
+            break;
+        }
+        if (mask != 0 || a == HADDR_UNDEF || size != nbytes + 4) {
+            good = 0;
+            break;
+        }
+        addr[k] = a;
+    }
+    /* the chunk index is the same on every rank; the layout check above may differ: agree */
+    int mine = good;
+    if (MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, c->comm) != MPI_SUCCESS) {
+        free(addr);
+        return DG_ERR(DG_ERR_RUNTIME, "MPI_Allreduce failed (chunk plan)");
+    }
+    dg_status_t s = DG_OK;
+    if (all) {
+        *direct = 1;
+        for (int q = 0; q < td->npieces && !s; q++) {
+            const dg_ckpt_tensor_t *p = &c->t[td->pieces[q]];
+            if (!p->owner || ckpt_numel(p->ndim, p->count) <= 0) continue;
+            int64_t k0, k1;
+            whole_chunks(p, R, &k0, &k1);
+            for (int64_t k = k0; k < k1 && !s; k++) {
+                int64_t r0 = k * R, r1 = r0 + R < td->gshape[0] ? r0 + R : td->gshape[0];
+                dchunk_t j = {p->data + (r0 - p->start[0]) * inner, (size_t)((r1 - r0) * inner) * sizeof(float),
+                              nbytes, addr[k], i};
+                s = direct_push(c, j);
+            }
+        }
+    }
+    free(addr);
+    return s;
+}
+
+uint32_t H5_checksum_fletcher32(const void *data, size_t len);
+
+typedef struct direct_job {
+    save_ctx_t *c;
+    pthread_mutex_t mu;
+    int err;
+    char msg[512];
+    atomic_llong since_kick;
+} direct_job_t;
+
+static int pwrite_all(int fd, struct iovec *iov, int n, off_t off) {
+    while (n > 0) {
+        ssize_t w = pwritev(fd, iov, n, off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        off += w;
+        while (n > 0 && (size_t)w >= iov->iov_len)
+            w -= (ssize_t)iov->iov_len, iov++, n--;
+        if (n > 0) iov->iov_base = (char *)iov->iov_base + w, iov->iov_len -= (size_t)w;
+    }
+    return 0;
+}
+
+static void direct_write_one(void *ctx, size_t idx) {
+    direct_job_t *J = ctx;
+    save_ctx_t *c = J->c;
+    const dchunk_t *j = &c->dj[idx];
+    const void *data = j->src;
+    void *pad = NULL;
+    if (j->data_bytes < j->nbytes) { /* the edge chunk: HDF5 stores it whole */
+        pad = malloc(j->nbytes);
+        if (!pad) {
+            pthread_mutex_lock(&J->mu);
+            if (!J->err) J->err = 1, snprintf(J->msg, sizeof J->msg, "out of memory for an edge chunk");
+            pthread_mutex_unlock(&J->mu);
+            return;
+        }
+        memcpy(pad, j->src, j->data_bytes);
+        memset((char *)pad + j->data_bytes, 0, j->nbytes - j->data_bytes);
+        data = pad;
+    }
+    uint32_t f = H5_checksum_fletcher32(data, j->nbytes);
+    uint8_t le[4] = {(uint8_t)f, (uint8_t)(f >> 8), (uint8_t)(f >> 16), (uint8_t)(f >> 24)};
+    struct iovec iov[2] = {{(void *)data, j->nbytes}, {le, 4}};
+    if (pwrite_all(c->wfd, iov, 2, (off_t)j->addr) != 0) {
+        int e = errno;
+        pthread_mutex_lock(&J->mu);
+        if (!J->err)
+            J->err = 1, snprintf(J->msg, sizeof J->msg, "%.200s:/%.200s: writing a chunk at offset %llu: %.60s",
+                                 c->partial_path, c->tab.t[j->ti].path, (unsigned long long)j->addr,
+                                 strerror(e));
+        pthread_mutex_unlock(&J->mu);
+    }
+    free(pad);
+    if (atomic_fetch_add(&J->since_kick, (long long)j->nbytes) + (long long)j->nbytes >= CKPT_WRITEBACK_BYTES) {
+        atomic_store(&J->since_kick, 0);
+        kick_writeback(c->wfd);
+    }
+}
+
+/* Local: write every queued chunk (checksum + pwrite) on c->ph.threads threads. */
+static dg_status_t direct_write_all(save_ctx_t *c) {
+    if (!c->ndj) return DG_OK;
+    direct_job_t J;
+    memset(&J, 0, sizeof J);
+    J.c = c;
+    pthread_mutex_init(&J.mu, NULL);
+    atomic_init(&J.since_kick, 0);
+    ckpt_parallel_for(c->ph.threads, c->ndj, direct_write_one, &J);
+    for (size_t k = 0; k < c->ndj; k++)
+        c->ph.direct_bytes += (int64_t)c->dj[k].nbytes + 4;
+    pthread_mutex_destroy(&J.mu);
+    if (J.err) return DG_ERR(DG_ERR_RUNTIME, "%s", J.msg);
+    return DG_OK;
+}
+
 static dg_status_t write_tensor(save_ctx_t *c, int i, ckpt_hbag_t *b) {
     const ckpt_tdesc_t *td = &c->tab.t[i];
     if (c->origin[i][0]) {
@@ -164,6 +457,11 @@ static dg_status_t write_tensor(save_ctx_t *c, int i, ckpt_hbag_t *b) {
     for (int d = 0; d < td->ndim; d++)
         dims[d] = (hsize_t)td->gshape[d];
     chunk_dims(td->ndim, td->gshape, c->o.chunk_bytes, ch);
+    if (c->rows && c->rows[i] > 0) { /* aligned to the pieces (align_rows): whole trailing dims */
+        ch[0] = (hsize_t)c->rows[i];
+        for (int d = 1; d < td->ndim; d++)
+            ch[d] = (hsize_t)td->gshape[d];
+    }
     hid_t space = ckpt_hbag_add(b, H5Screate_simple(td->ndim, dims, NULL));
     DG_H5_CHECK(space, "%s:/%s: dataspace", c->partial_path, td->path);
     hid_t dcpl = ckpt_hbag_add(b, H5Pcreate(H5P_DATASET_CREATE));
@@ -175,14 +473,43 @@ static dg_status_t write_tensor(save_ctx_t *c, int i, ckpt_hbag_t *b) {
     hid_t dset =
         ckpt_hbag_add(b, H5Dcreate2(c->fid, td->path, H5T_IEEE_F32LE, space, c->lcpl, dcpl, H5P_DEFAULT));
     DG_H5_CHECK(dset, "%s: cannot create dataset /%s", c->partial_path, td->path);
+    int direct = 0;
+    DG_TRY(direct_plan(c, i, dset, ch, &direct));
     float dummy = 0;
     for (int k = 0; k < td->maxpieces; k++) {
         const dg_ckpt_tensor_t *p = k < td->npieces ? &c->t[td->pieces[k]] : NULL;
         int mine = p && p->owner && ckpt_numel(p->ndim, p->count) > 0;
+        /* with direct chunks, HDF5 writes only the rows outside this piece's whole chunks */
+        int64_t rem[2][2] = {{0, 0}, {0, 0}};
+        if (mine && direct) {
+            direct_remainder(p, (int64_t)ch[0], rem);
+            if (rem[0][1] <= rem[0][0] && rem[1][1] <= rem[1][0]) mine = 0;
+        }
         hid_t fs = ckpt_hbag_add(b, H5Scopy(space));
         DG_H5_CHECK(fs, "%s:/%s", c->partial_path, td->path);
         hid_t ms;
-        if (mine) {
+        if (mine && direct) {
+            hsize_t cn[DG_CKPT_MAX_NDIM];
+            for (int d = 0; d < td->ndim; d++)
+                cn[d] = (hsize_t)p->count[d];
+            ms = ckpt_hbag_add(b, H5Screate_simple(td->ndim, cn, NULL));
+            DG_H5_CHECK(ms, "%s:/%s: memory dataspace", c->partial_path, td->path);
+            DG_H5_CHECK(H5Sselect_none(fs), "%s:/%s", c->partial_path, td->path);
+            DG_H5_CHECK(H5Sselect_none(ms), "%s:/%s", c->partial_path, td->path);
+            for (int r = 0; r < 2; r++) {
+                if (rem[r][1] <= rem[r][0]) continue;
+                hsize_t st[DG_CKPT_MAX_NDIM] = {0}, mst[DG_CKPT_MAX_NDIM] = {0}, rc[DG_CKPT_MAX_NDIM];
+                for (int d = 0; d < td->ndim; d++)
+                    rc[d] = cn[d];
+                st[0] = (hsize_t)rem[r][0];
+                mst[0] = (hsize_t)(rem[r][0] - p->start[0]);
+                rc[0] = (hsize_t)(rem[r][1] - rem[r][0]);
+                DG_H5_CHECK(H5Sselect_hyperslab(fs, H5S_SELECT_OR, st, NULL, rc, NULL), "%s:/%s: selection",
+                            c->partial_path, td->path);
+                DG_H5_CHECK(H5Sselect_hyperslab(ms, H5S_SELECT_OR, mst, NULL, rc, NULL), "%s:/%s: selection",
+                            c->partial_path, td->path);
+            }
+        } else if (mine) {
             hsize_t st[DG_CKPT_MAX_NDIM], cn[DG_CKPT_MAX_NDIM];
             for (int d = 0; d < td->ndim; d++)
                 st[d] = (hsize_t)p->start[d], cn[d] = (hsize_t)p->count[d];
@@ -338,16 +665,6 @@ static void retention(const char *dir, int keep) {
 
 /* ---------------- phases ---------------- */
 
-/* Data written between two writeback kicks. */
-#define CKPT_WRITEBACK_BYTES ((int64_t)128 << 20)
-
-static void kick_writeback(int fd) {
-#ifdef __linux__
-    sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE); /* asynchronous: starts I/O, does not wait */
-#else
-    (void)fd;
-#endif
-}
 
 static dg_status_t prepare_rank0(save_ctx_t *c) {
     DG_TRY(dg_mkdir_p(c->dir));
@@ -421,7 +738,14 @@ static dg_status_t write_file(save_ctx_t *c) {
         s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Pcreate()", "%s: transfer properties",
                          c->partial_path);
     if (!s) s = ckpt_meta_write(c->fid, &c->meta, c->size, c->base, c->bases, c->partial_path);
+    if (!s && c->direct) {
+        c->wfd = open(c->partial_path, O_WRONLY);
+        if (c->wfd < 0)
+            s = DG_ERR(DG_ERR_RUNTIME, "cannot open %s for writing chunks: %s", c->partial_path, strerror(errno));
+    }
     s = ckpt_agree(c->comm, s);
+    double t_data = dg_now_s();
+    c->ph.create = t_data - t_create;
     /* Start writeback while we keep writing: the kernel would otherwise hold everything dirty (below
      * its background threshold) until the final fsync, which then waits for the whole file. */
     int wb_fd = open(c->partial_path, O_RDONLY);
@@ -432,7 +756,11 @@ static dg_status_t write_file(save_ctx_t *c) {
         ckpt_hbag_close(&b);
         if (!s) s = ckpt_test_fail("write", c->rank);
         s = ckpt_agree(c->comm, s);
-        since_kick += c->origin[i][0] ? 0 : c->tab.t[i].numel * 4;
+        /* Parallel HDF5 1.10 writes every chunk of a Fletcher32 dataset at creation (the filtered fill
+         * value, whatever the fill time: seen with strace), before the data. With direct chunk writes
+         * the data comes after all datasets exist: writeback started now would send those zeros to the
+         * disk only for them to be overwritten, so only the direct writer kicks it then. */
+        since_kick += c->origin[i][0] || c->direct ? 0 : c->tab.t[i].numel * 4;
         if (wb_fd >= 0 && since_kick >= CKPT_WRITEBACK_BYTES) {
             kick_writeback(wb_fd);
             since_kick = 0;
@@ -445,10 +773,18 @@ static dg_status_t write_file(save_ctx_t *c) {
         ckpt_hbag_close(&b);
         s = ckpt_agree(c->comm, s);
     }
+    /* the chunks this rank writes itself, all at once over the worker threads */
+    double t_direct = dg_now_s();
+    if (!s && c->ndj) s = direct_write_all(c);
+    if (c->direct) s = ckpt_agree(c->comm, s);
+    c->ph.direct = dg_now_s() - t_direct;
+    if (c->wfd >= 0) close(c->wfd);
+    c->wfd = -1;
     if (c->dxpl >= 0) H5Pclose(c->dxpl);
     if (c->lcpl >= 0) H5Pclose(c->lcpl);
     c->dxpl = c->lcpl = -1;
     double t_close = dg_now_s();
+    c->ph.write = t_close - t_data;
     herr_t cr = H5Fclose(c->fid);
     c->fid = -1;
     if (!s && cr < 0)
@@ -458,9 +794,12 @@ static dg_status_t write_file(save_ctx_t *c) {
     s = ckpt_agree(c->comm, s);
     /* each rank flushes what it wrote (on parallel file systems one client's fsync is not enough) */
     double t_sync = dg_now_s();
+    c->ph.close = t_sync - t_close;
     if (!s) s = ckpt_agree(c->comm, fsync_file(c->partial_path));
-    DG_LOG_DEBUG("checkpoint %s: create+write %.3f s, close %.3f s, fsync %.3f s (Fletcher32: %s)",
-                 c->final_name, t_close - t_create, t_sync - t_close, dg_now_s() - t_sync,
+    c->ph.fsync = dg_now_s() - t_sync;
+    DG_LOG_DEBUG("checkpoint %s: create %.3f s, write %.3f s (of which direct chunks %.3f s, %zu chunks), "
+                 "close %.3f s, fsync %.3f s (Fletcher32: %s)",
+                 c->final_name, c->ph.create, c->ph.write, c->ph.direct, c->ndj, c->ph.close, c->ph.fsync,
                  dg_ckpt_fletcher32_interposed() ? "dgtrain's" : "HDF5's");
     return s;
 }
@@ -468,11 +807,16 @@ static dg_status_t write_file(save_ctx_t *c) {
 dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_t *meta,
                              const dg_ckpt_tensor_t *t, int n, const dg_ckpt_save_opts_t *opts,
                              dg_ckpt_save_result_t *res) {
-    double t0 = dg_now_s();
+    double t0 = dg_now_s(), cpu0 = ckpt_cpu_seconds();
     save_ctx_t c;
     memset(&c, 0, sizeof c);
     c.comm = comm;
     c.fid = c.dxpl = c.lcpl = -1;
+    c.wfd = -1;
+    {
+        const char *ev = getenv("DG_CKPT_DIRECT_CHUNKS");
+        c.direct = !(ev && ev[0] == '0');
+    }
     DG_MPI_CHECK(MPI_Comm_rank(comm, &c.rank));
     DG_MPI_CHECK(MPI_Comm_size(comm, &c.size));
     if (opts)
@@ -513,8 +857,13 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
                        (long long)meta->step, (long long)c.meta.step);
         s = ckpt_agree(comm, s);
     }
+    c.ph.threads = ckpt_threads(comm, c.o.threads); /* collective: called on every path */
+    {
+        int d = c.direct; /* every rank must take the same path: the environment could differ */
+        if (MPI_Allreduce(&d, &c.direct, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS) c.direct = 0;
+    }
     double t_hash = dg_now_s();
-    if (!s) s = ckpt_table_hash(comm, t, &c.tab);
+    if (!s) s = ckpt_table_hash(comm, t, &c.tab, c.ph.threads);
     double t_prep = dg_now_s();
     if (!s) {
         ckpt_step_name(c.meta.step, c.final_name, sizeof c.final_name);
@@ -529,6 +878,7 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
         rc |= MPI_Bcast(c.bases, sizeof c.bases, MPI_CHAR, 0, comm);
         if (rc != MPI_SUCCESS) s = DG_ERR(DG_ERR_RUNTIME, "MPI_Bcast of the incremental plan failed");
     }
+    if (!s) s = ckpt_agree(comm, align_rows(&c));
     int wrote = 0;
     double t_write = dg_now_s();
     if (!s) {
@@ -538,7 +888,9 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
     double t_commit = dg_now_s();
     if (!s) s = ckpt_bcast_status(comm, 0, c.rank == 0 ? commit_rank0(&c) : DG_OK);
     if (s && wrote && c.rank == 0) unlink(c.partial_path); /* best effort: retention also sweeps these */
+    double t_ret = dg_now_s();
     if (!s && c.rank == 0) retention(c.dir, c.o.keep);
+    double t_end = dg_now_s();
     int64_t bytes = 0;
     if (!s && c.rank == 0) {
         struct stat st;
@@ -564,17 +916,25 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
         res->seconds = dg_now_s() - t0;
         res->stall_ms = res->seconds * 1e3;
         snprintf(res->base, sizeof res->base, "%s", c.base);
+        c.ph.validate = t_hash - t0;
+        c.ph.hash = t_prep - t_hash;
+        c.ph.plan = t_write - t_prep;
+        c.ph.commit = t_ret - t_commit;
+        c.ph.retention = t_end - t_ret;
+        c.ph.cpu = ckpt_cpu_seconds() - cpu0;
+        res->phases = c.ph;
     }
     if (!s)
-        DG_LOG_DEBUG(
-            "checkpoint %s phases: validate %.3f s, hash %.3f s, plan %.3f s, write+close+fsync %.3f s, "
-            "commit+retention %.3f s",
-            c.final_name, t_hash - t0, t_prep - t_hash, t_write - t_prep, t_commit - t_write,
-            dg_now_s() - t_commit);
+        DG_LOG_DEBUG("checkpoint %s phases: validate %.3f s, hash %.3f s (%d threads), plan %.3f s, create "
+                     "%.3f s, write %.3f s, close %.3f s, fsync %.3f s, commit %.3f s, retention %.3f s",
+                     c.final_name, t_hash - t0, t_prep - t_hash, c.ph.threads, t_write - t_prep, c.ph.create,
+                     c.ph.write, c.ph.close, c.ph.fsync, t_ret - t_commit, t_end - t_ret);
     if (!s)
         DG_LOG_INFO("checkpoint: wrote %s (%.1f MB, %d of %d tensors linked to older checkpoints) in %.2f s",
                     c.final_path, (double)bytes / 1e6, res ? res->n_linked : 0, c.tab.n, dg_now_s() - t0);
     free(c.origin);
+    free(c.dj);
+    free(c.rows);
     dg_ckpt_meta_destroy(&c.meta);
     ckpt_table_free(&c.tab);
     return s;

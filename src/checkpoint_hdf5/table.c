@@ -7,6 +7,7 @@
 
 #include "ckpt_impl.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -236,14 +237,105 @@ dg_status_t ckpt_table_agree(MPI_Comm comm, const dg_ckpt_tensor_t *t, ckpt_tabl
     return s;
 }
 
-dg_status_t ckpt_table_hash(MPI_Comm comm, const dg_ckpt_tensor_t *t, ckpt_table_t *tab) {
+/* The local part of the hash is cut into items of about HASH_ITEM elements: pieces of 2+ dimensions
+ * along dim 0 (whole rows, so no new fragments), 1-D pieces at global multiples of HASH_ITEM (a multiple
+ * of the tile, so again no new fragments). Each worker hashes items into its own ckh_t; the sums add
+ * (order-free) and the fragments are sorted before assembly, so any thread count gives the same hash. */
+#define HASH_ITEM ((int64_t)1 << 20)
+
+typedef struct hash_item {
+    int ti;
+    int ndim;
+    const int64_t *gshape;
+    int64_t start[DG_CKPT_MAX_NDIM], count[DG_CKPT_MAX_NDIM];
+    const float *data;
+} hash_item_t;
+
+typedef struct hash_job {
+    hash_item_t *items;
+    size_t n;
+    atomic_size_t next;
+    ckh_t *h; /* one per worker */
+} hash_job_t;
+
+static void hash_worker(void *ctx, size_t w) {
+    hash_job_t *j = ctx;
+    for (size_t i; (i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n;) {
+        const hash_item_t *it = &j->items[i];
+        ckh_add(&j->h[w], it->ti, it->ndim, it->gshape, it->start, it->count, it->data);
+    }
+}
+
+static size_t add_items(hash_item_t *out, int ti, const dg_ckpt_tensor_t *p) {
+    size_t n = 0;
+    if (ckpt_numel(p->ndim, p->count) <= 0) return 0;
+    hash_item_t base;
+    memset(&base, 0, sizeof base);
+    base.ti = ti;
+    base.ndim = p->ndim;
+    base.gshape = p->gshape;
+    memcpy(base.start, p->start, sizeof base.start);
+    memcpy(base.count, p->count, sizeof base.count);
+    if (p->ndim == 1) {
+        int64_t s = p->start[0], e = s + p->count[0];
+        for (int64_t a = s; a < e;) {
+            int64_t b = (a / HASH_ITEM + 1) * HASH_ITEM;
+            if (b > e) b = e;
+            if (out) {
+                out[n] = base;
+                out[n].start[0] = a, out[n].count[0] = b - a;
+                out[n].data = p->data + (a - s);
+            }
+            n++;
+            a = b;
+        }
+        return n;
+    }
+    int64_t inner = ckpt_numel(p->ndim - 1, p->count + 1);
+    int64_t rows = HASH_ITEM / inner > 0 ? HASH_ITEM / inner : 1;
+    for (int64_t r = 0; r < p->count[0]; r += rows) {
+        if (out) {
+            out[n] = base;
+            out[n].start[0] = p->start[0] + r;
+            out[n].count[0] = r + rows < p->count[0] ? rows : p->count[0] - r;
+            out[n].data = p->data + r * inner;
+        }
+        n++;
+    }
+    return n;
+}
+
+dg_status_t ckpt_table_hash(MPI_Comm comm, const dg_ckpt_tensor_t *t, ckpt_table_t *tab, int threads) {
     ckh_t h;
     ckh_init(&h, tab->n);
-    for (int i = 0; i < tab->n; i++)
-        for (int k = 0; k < tab->t[i].npieces; k++) {
-            const dg_ckpt_tensor_t *p = &t[tab->t[i].pieces[k]];
-            if (p->owner) ckh_add(&h, i, p->ndim, p->gshape, p->start, p->count, p->data);
+    size_t nitems = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        hash_item_t *items = NULL;
+        if (pass == 1) items = dg_xmalloc((nitems ? nitems : 1) * sizeof *items);
+        size_t k = 0;
+        for (int i = 0; i < tab->n; i++)
+            for (int q = 0; q < tab->t[i].npieces; q++) {
+                const dg_ckpt_tensor_t *p = &t[tab->t[i].pieces[q]];
+                if (p->owner) k += add_items(items ? items + k : NULL, i, p);
+            }
+        if (pass == 0) {
+            nitems = k;
+            continue;
         }
+        if (threads < 1) threads = 1;
+        if ((size_t)threads > nitems) threads = nitems > 0 ? (int)nitems : 1;
+        hash_job_t job = {items, nitems, 0, NULL};
+        job.h = dg_xmalloc((size_t)threads * sizeof *job.h);
+        for (int w = 0; w < threads; w++)
+            ckh_init(&job.h[w], tab->n);
+        ckpt_parallel_for(threads, (size_t)threads, hash_worker, &job);
+        for (int w = 0; w < threads; w++) {
+            ckh_merge(&h, &job.h[w]);
+            ckh_free(&job.h[w]);
+        }
+        free(job.h);
+        free(items);
+    }
     uint64_t *out = dg_xcalloc((size_t)(tab->n > 0 ? tab->n : 1), sizeof(uint64_t));
     dg_status_t s = ckh_finish(&h, comm, tab, out);
     if (!s)

@@ -12,6 +12,9 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -114,6 +117,67 @@ void ckpt_inflight_wait_zero(void) {
     while (g_inflight > 0)
         pthread_cond_wait(&g_if_cv, &g_if_mu);
     pthread_mutex_unlock(&g_if_mu);
+}
+
+/* ---------------- worker threads ---------------- */
+
+typedef struct pfor {
+    void (*fn)(void *ctx, size_t i);
+    void *ctx;
+    size_t n;
+    atomic_size_t next;
+} pfor_t;
+
+static void *pfor_main(void *arg) {
+    pfor_t *p = arg;
+    for (size_t i; (i = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed)) < p->n;)
+        p->fn(p->ctx, i);
+    return NULL;
+}
+
+void ckpt_parallel_for(int threads, size_t n, void (*fn)(void *ctx, size_t i), void *ctx) {
+    pfor_t p = {fn, ctx, n, 0};
+    if (threads > (int)n) threads = (int)n;
+    if (threads > 64) threads = 64;
+    pthread_t th[64];
+    int started = 0;
+    for (int k = 1; k < threads; k++)
+        if (pthread_create(&th[started], NULL, pfor_main, &p) == 0) started++;
+    pfor_main(&p);
+    for (int k = 0; k < started; k++)
+        pthread_join(th[k], NULL);
+}
+
+int ckpt_threads(MPI_Comm comm, int requested) {
+    /* collective in every case, so that ranks taking different branches never strand each other */
+    int local = 1;
+    MPI_Comm node = MPI_COMM_NULL;
+    if (comm != MPI_COMM_NULL && MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) ==
+                                     MPI_SUCCESS) {
+        MPI_Comm_size(node, &local);
+        MPI_Comm_free(&node);
+    }
+    int n = requested;
+    const char *ev = getenv("DG_CKPT_THREADS");
+    if (n <= 0 && ev && *ev) n = atoi(ev);
+    if (n <= 0) {
+        long online = sysconf(_SC_NPROCESSORS_ONLN);
+        int mine = (int)online;
+#ifdef __linux__
+        cpu_set_t set;
+        if (sched_getaffinity(0, sizeof set, &set) == 0) mine = CPU_COUNT(&set);
+#endif
+        /* bound to a subset: those cores are this rank's; unbound: share the node with its peers */
+        n = mine < online ? mine : (int)(online / (local > 0 ? local : 1));
+    }
+    return n < 1 ? 1 : n > 16 ? 16 : n;
+}
+
+double ckpt_cpu_seconds(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)ru.ru_stime.tv_usec;
 }
 
 /* ---------------- handle bag ---------------- */

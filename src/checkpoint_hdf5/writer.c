@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dg_mpi.h"
 
@@ -32,8 +33,61 @@ struct dg_ckpt_writer {
     size_t paths_cap;
     float *snap;
     size_t snap_cap; /* floats */
-    double stall_ms;
+    double stall_ms, snapshot_ms;
+    int threads; /* copy threads (opts.threads or automatic) */
 };
+
+/* ---- the snapshot buffer: allocated once and kept, faulted in ahead by several threads at once
+ * (dg_ckpt_writer_reserve): faulting in and zeroing fresh pages cost 3-6x the copy itself on the
+ * development VM, so a buffer faulted in during a submit multiplies that checkpoint's stall. Not
+ * madvise(MADV_HUGEPAGE): with the usual defrag=madvise setting a fault may compact memory first, which
+ * took 0.2-1.9 s for 640 MB there. ---- */
+
+#define SNAP_ALIGN ((size_t)2 << 20)
+
+typedef struct touch_job {
+    char *p;
+    size_t bytes;
+} touch_job_t;
+
+static void touch_block(void *ctx, size_t b) {
+    touch_job_t *j = ctx;
+    size_t lo = b * SNAP_BLOCK * sizeof(float), hi = lo + SNAP_BLOCK * sizeof(float);
+    if (hi > j->bytes) hi = j->bytes;
+    size_t page = 4096;
+    for (size_t o = lo; o < hi; o += page)
+        ((volatile char *)j->p)[o] = 0;
+}
+
+static dg_status_t snap_grow(dg_ckpt_writer_t *w, size_t floats, int prefault) {
+    if (floats <= w->snap_cap) return DG_OK;
+    free(w->snap);
+    w->snap = NULL;
+    w->snap_cap = 0;
+    size_t bytes = (floats * sizeof(float) + SNAP_ALIGN - 1) / SNAP_ALIGN * SNAP_ALIGN;
+    void *p = NULL;
+    if (posix_memalign(&p, SNAP_ALIGN, bytes) != 0 || !p)
+        return DG_ERR(DG_ERR_RUNTIME, "out of memory for the checkpoint snapshot (%.1f MB)", (double)bytes / 1e6);
+    w->snap = p;
+    w->snap_cap = bytes / sizeof(float);
+    if (prefault) {
+        touch_job_t j = {p, bytes};
+        size_t nb = (bytes + SNAP_BLOCK * sizeof(float) - 1) / (SNAP_BLOCK * sizeof(float));
+        ckpt_parallel_for(w->threads, nb, touch_block, &j);
+    }
+    return DG_OK;
+}
+
+struct blk {
+    const float *src;
+    float *dst;
+    size_t n;
+};
+
+static void copy_block(void *ctx, size_t b) {
+    const struct blk *bl = ctx;
+    memcpy(bl[b].dst, bl[b].src, bl[b].n * sizeof(float));
+}
 
 static void *writer_main(void *arg) {
     dg_ckpt_writer_t *w = arg;
@@ -63,6 +117,7 @@ static void *writer_main(void *arg) {
         w->result.res = res;
         w->result.res.step = w->meta.step;
         w->result.res.stall_ms = w->stall_ms;
+        w->result.res.snapshot_ms = w->snapshot_ms;
         w->pending = 0;
         w->ready = 1;
         ckpt_inflight_add(-1);
@@ -108,6 +163,7 @@ dg_status_t dg_ckpt_writer_create(MPI_Comm comm, const char *ckpt_dir, const dg_
     }
     MPI_Comm_set_errhandler(w->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(w->comm, &w->rank);
+    w->threads = ckpt_threads(w->comm, w->opts.threads);
     s = pthread_create(&w->th, NULL, writer_main, w) == 0
             ? DG_OK
             : DG_ERR(DG_ERR_RUNTIME, "cannot start the checkpoint writer thread");
@@ -131,6 +187,14 @@ static void take_result(dg_ckpt_writer_t *w, dg_ckpt_async_result_t *out, const 
     else if (w->rank == 0 && w->result.status == DG_OK)
         DG_LOG_INFO("asynchronous checkpoint %s completed (%s)", w->result.res.path, why);
     w->ready = 0;
+}
+
+dg_status_t dg_ckpt_writer_reserve(dg_ckpt_writer_t *w, size_t bytes) {
+    pthread_mutex_lock(&w->mu);
+    while (w->pending) /* the thread reads the buffer while a write is in flight */
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    return snap_grow(w, (bytes + sizeof(float) - 1) / sizeof(float), 1);
 }
 
 dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *meta, const dg_ckpt_tensor_t *t,
@@ -158,11 +222,8 @@ dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *met
         if (t[i].owner) floats += (size_t)ckpt_numel(t[i].ndim, t[i].count);
         plen += strlen(t[i].path) + 1;
     }
-    if (floats > w->snap_cap) {
-        free(w->snap);
-        w->snap = dg_xmalloc(floats * sizeof(float));
-        w->snap_cap = floats;
-    }
+    /* no prefault here: the copy threads fault the pages in as they write them */
+    DG_TRY(ckpt_agree(w->comm, snap_grow(w, floats, 0)));
     if (plen > w->paths_cap) {
         free(w->paths);
         w->paths = dg_xmalloc(plen);
@@ -190,13 +251,11 @@ dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *met
             p->data = NULL; /* replicas are not written */
         }
     }
-    /* The copy is the stall: spread it over the OpenMP threads in blocks (one thread cannot saturate
-     * memory bandwidth; a gpt2-124m state is 1.5 GB). */
-    struct blk {
-        const float *src;
-        float *dst;
-        size_t n;
-    } *bl = dg_xmalloc((nblk ? nblk : 1) * sizeof *bl);
+    /* The copy is the stall: spread it in blocks over `threads` threads of our own (one thread cannot
+     * saturate memory bandwidth; a gpt2-124m state is 1.5 GB; OpenMP's pool may be limited to one thread
+     * per rank, as OMP_NUM_THREADS=1 runs are). */
+    double t_copy = dg_now_s();
+    struct blk *bl = dg_xmalloc((nblk ? nblk : 1) * sizeof *bl);
     size_t nb = 0;
     for (int i = 0; i < n; i++) {
         if (!t[i].owner) continue;
@@ -205,10 +264,9 @@ dg_status_t dg_ckpt_writer_submit(dg_ckpt_writer_t *w, const dg_ckpt_meta_t *met
             bl[nb++] =
                 (struct blk){t[i].data + o, w->pieces[i].data + o, k - o < SNAP_BLOCK ? k - o : SNAP_BLOCK};
     }
-#pragma omp parallel for schedule(dynamic, 1) if (fo > 4 * SNAP_BLOCK)
-    for (size_t b = 0; b < nb; b++)
-        memcpy(bl[b].dst, bl[b].src, bl[b].n * sizeof(float));
+    ckpt_parallel_for(fo > 4 * SNAP_BLOCK ? w->threads : 1, nb, copy_block, bl);
     free(bl);
+    w->snapshot_ms = (dg_now_s() - t_copy) * 1e3;
     w->n = n;
     char *cfg = w->meta.config_text;
     w->meta = *meta;

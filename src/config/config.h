@@ -52,6 +52,7 @@ typedef struct dg_config {
         double min_lr_ratio, weight_decay, grad_clip, beta1, beta2, eps;
         char precision[8];       /* fp32 | bf16 | fp16 */
         char reduce_dtype[8];    /* fp32 | bf16 */
+        char recompute[8];       /* none | gelu: activations recomputed in the backward instead of kept */
         char freeze[DG_CFG_STR]; /* comma-separated parameter-name patterns (fnmatch) */
         int64_t log_every;
         double loss_scale_init;

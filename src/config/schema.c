@@ -128,6 +128,8 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     FLTX("train", "eps", train.eps, "1e-8", 0, 1, "AdamW epsilon"),
     ENUM("train", "precision", train.precision, "fp32", "fp32|bf16|fp16", "compute dtype of activations"),
     ENUM("train", "reduce_dtype", train.reduce_dtype, "fp32", "fp32|bf16", "dtype of gradient reductions"),
+    ENUM("train", "recompute", train.recompute, "none", "none|gelu",
+         "activations recomputed in the backward instead of kept (gelu: the MLP's GELU output)"),
     STR("train", "freeze", train.freeze, "", NULL,
         "comma-separated parameter-name patterns (fnmatch) that are not trained"),
     INT("train", "log_every", train.log_every, "1", 1, I64MAX, "steps between progress lines"),

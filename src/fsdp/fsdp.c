@@ -32,6 +32,7 @@ void dg_fsdp_opts_from_config(const dg_config_t *cfg, dg_fsdp_opts_t *o) {
     o->reshard_after_forward = cfg->parallel.reshard_after_forward;
     snprintf(o->comm, sizeof o->comm, "%s", cfg->parallel.comm);
     o->rs_mpi = strcmp(cfg->parallel.reduce_scatter, "mpi") == 0;
+    if (strcmp(cfg->train.recompute, "gelu") == 0) o->model_flags |= DG_MODEL_RECOMPUTE_GELU;
 }
 
 static size_t mb_bytes(double mb) {
@@ -110,7 +111,7 @@ dg_status_t dg_fsdp_model_create(dg_fsdp_t *f, const dg_model_desc_t *d, dg_back
     if (f->opts.plan_only && f->world > 1 && !(flags & DG_MODEL_PLAN_ONLY))
         return DG_ERR(DG_ERR_USAGE,
                       "fsdp: created plan-only (no communicators): the model can only be planned");
-    return dg_model_create_parallel(d, be, micro_batch, seed, flags, &f->par, out);
+    return dg_model_create_parallel(d, be, micro_batch, seed, flags | f->opts.model_flags, &f->par, out);
 }
 
 void dg_fsdp_abort(dg_fsdp_t *f, int code) {

@@ -40,6 +40,8 @@ typedef struct dg_fsdp_opts {
     char comm[8];              /* parallel.comm: auto | mpi | nccl */
     int rs_mpi;                /* parallel.reduce_scatter = mpi (else dg_comm's ring) */
     int plan_only;             /* no communicators (--plan-only / --dry-run): the model can only be planned */
+    int model_flags;           /* DG_MODEL_* graph options from the config that dg_fsdp_model_create adds
+                                  (train.recompute = gelu: DG_MODEL_RECOMPUTE_GELU) */
 } dg_fsdp_opts_t;
 
 void dg_fsdp_opts_default(dg_fsdp_opts_t *o);

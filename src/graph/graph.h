@@ -98,7 +98,15 @@ enum {
     DG_MODEL_PLAN_ONLY = 1,
     /* Debugging: give every activation its own memory instead of sharing the arena by liveness (the
      * reference the memory planner is tested against; needs the sum of all activation sizes). */
-    DG_MODEL_NO_ARENA_REUSE = 2
+    DG_MODEL_NO_ARENA_REUSE = 2,
+    /* Do not keep the MLP's GELU output from the forward to the backward: recompute it from the saved
+     * pre-activation just before mlp.proj's backward needs it (train.recompute = gelu). Saves
+     * 4 * d_model * micro_batch * seq_len activation elements per layer for one elementwise kernel per
+     * layer; the numbers do not change on the CPU backend (bitwise) and on CUDA in fp32. */
+    DG_MODEL_RECOMPUTE_GELU = 4,
+    /* Tests and A/B timing: keep mlp.proj's backward and GELU's backward as two ops (matmul_bwd, then
+     * gelu_bwd over a materialised [N, 4C] gradient) instead of one matmul_bwd_dgelu. */
+    DG_MODEL_UNFUSED_GELU_BWD = 8
 };
 
 /* Builds the graph (forward + backward + optimizer) for micro-batches of [micro_batch, seq_len] tokens,

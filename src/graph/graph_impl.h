@@ -52,6 +52,9 @@ typedef enum dg_op_kind {
     DG_OP_LAYERNORM_BWD,
     DG_OP_MATMUL_BWD,
     DG_OP_GELU_BWD,
+    DG_OP_MATMUL_BWD_DGELU, /* matmul_bwd whose input is gelu(pre), with gelu_bwd fused into the input
+                               gradient: src {dout, inp, w, pre[, acc target]}, upd {dw[, db]}, output dpre
+                               (pass fuse_gelu_bwd) */
     DG_OP_ATTENTION_BWD,
     DG_OP_CROSSENTROPY_BWD,
     DG_OP_ACCUMULATE,
@@ -302,6 +305,21 @@ int dg_graph_n_consumers(const dg_graph_t *g, const dg_node_t *n);
  * with the GELU epilogue (the kernel applies it while the tile is in cache); its side output keeps the
  * pre-activation for the backward. */
 dg_status_t dg_pass_fuse_gelu(dg_graph_t *g, void *ctx);
+
+/* Fusion pass (after autodiff): a MATMUL_BWD whose input gradient feeds only a GELU_BWD of the GELU that
+ * produced the matmul's input (the MLP: mlp.proj's backward, then mlp.fc's GELU epilogue backward)
+ * becomes one MATMUL_BWD_DGELU (backend matmul_bwd_dgelu: the derivative applied inside the input-gradient
+ * GEMM). The intermediate [N, 4C] gradient and the gelu_bwd node disappear; the inplace pass may then let
+ * dpre take over the GELU output's storage, which dies there. */
+dg_status_t dg_pass_fuse_gelu_bwd(dg_graph_t *g, void *ctx);
+
+/* Recompute pass (after autodiff and fuse_gelu_bwd, before the sharding passes): the GELU output of every
+ * matmul with the GELU epilogue is no longer kept from forward to backward; a GELU op (phase BWD) right
+ * before its first backward reader recomputes it from the saved pre-activation into a temporary, which
+ * every backward reader then uses. Saves a [N, 4C] activation per layer for one elementwise kernel per
+ * layer; the numbers do not change where gelu_fwd and the forward epilogue compute GELU identically (the
+ * CPU backend and CUDA f32: bitwise). */
+dg_status_t dg_pass_recompute_gelu(dg_graph_t *g, void *ctx);
 
 /* Autodiff (reverse mode): appends, in phase BWD, the backward of every node that leads to one of
  * `outs` (which are flagged OUTPUT, so they stay readable after the backward). seeds[i] is the gradient of

@@ -606,16 +606,19 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
     if (st == DG_OK) {
         layout(m);
         m->losses->flags |= DG_NF_OUTPUT;
-        dg_pass_t pipeline[] = {
-            {"fuse_gelu", dg_pass_fuse_gelu, NULL}, {"autodiff", pass_autodiff, m},
-            {"fsdp", dg_pass_fsdp, m->shard},       {"optimizer", pass_optimizer, m},
-            {"grad_sync", pass_grad_sync, m},       {"inplace", dg_pass_inplace, NULL},
-        };
-        int np = (int)(sizeof pipeline / sizeof pipeline[0]);
-        if (!m->shard) { /* one data-parallel rank: no buckets */
-            memmove(&pipeline[2], &pipeline[3], (size_t)(np - 3) * sizeof pipeline[0]);
-            np--;
-        }
+        dg_pass_t pipeline[10];
+        int np = 0;
+        pipeline[np++] = (dg_pass_t){"fuse_gelu", dg_pass_fuse_gelu, NULL};
+        pipeline[np++] = (dg_pass_t){"autodiff", pass_autodiff, m};
+        if (!(flags & DG_MODEL_UNFUSED_GELU_BWD))
+            pipeline[np++] = (dg_pass_t){"fuse_gelu_bwd", dg_pass_fuse_gelu_bwd, NULL};
+        if (flags & DG_MODEL_RECOMPUTE_GELU)
+            pipeline[np++] = (dg_pass_t){"recompute_gelu", dg_pass_recompute_gelu, NULL};
+        if (m->shard) /* a data-parallel mesh: buckets (one data-parallel rank: none) */
+            pipeline[np++] = (dg_pass_t){"fsdp", dg_pass_fsdp, m->shard};
+        pipeline[np++] = (dg_pass_t){"optimizer", pass_optimizer, m};
+        pipeline[np++] = (dg_pass_t){"grad_sync", pass_grad_sync, m};
+        pipeline[np++] = (dg_pass_t){"inplace", dg_pass_inplace, NULL};
         st = dg_graph_run_passes(m->g, pipeline, np);
     }
     if (st == DG_OK)

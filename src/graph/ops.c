@@ -207,6 +207,25 @@ static dg_status_t shape_matmul_bwd(dg_graph_t *g, dg_node_t *n) {
     return acc_rule(n, 3);
 }
 
+static dg_status_t shape_matmul_bwd_dgelu(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *dout = n->src[0], *x = n->src[1], *w = n->src[2], *pre = n->src[3];
+    CHECK(w->ndim == 2, "weight must be [OC, C]");
+    int64_t OC = w->shape[0], C = w->shape[1];
+    CHECK(dg_node_cols(x) == C && dg_node_cols(dout) == OC && dg_node_rows(x) == dg_node_rows(dout) &&
+              dout->dtype == g->act_dtype && x->dtype == g->act_dtype,
+          "dout [..., %" PRId64 "] / input [..., %" PRId64 "] do not match weight [%" PRId64 ", %" PRId64 "]",
+          dg_node_cols(dout), dg_node_cols(x), OC, C);
+    CHECK(same_shape(pre, x) && pre->dtype == g->act_dtype,
+          "the pre-activation must have the shape and dtype of the input (its GELU)");
+    CHECK(n->n_upd >= 1 && n->n_upd <= 2 && is_mat(n->upd[0], OC, C) && n->upd[0]->dtype == DG_F32,
+          "needs an f32 dw of [%" PRId64 ", %" PRId64 "]", OC, C);
+    if (n->n_upd == 2)
+        CHECK(is_vec(n->upd[1], OC) && n->upd[1]->dtype == DG_F32, "dbias must be f32 [%" PRId64 "]", OC);
+    CHECK(!n->attr[DG_A_NO_DINP], "always computes the input gradient");
+    set_like(n, x);
+    return acc_rule(n, 4);
+}
+
 static dg_status_t shape_gelu_bwd(dg_graph_t *g, dg_node_t *n) {
     const dg_node_t *x = n->src[0], *dout = n->src[1];
     CHECK(same_shape(x, dout) && x->dtype == g->act_dtype && dout->dtype == g->act_dtype,
@@ -624,6 +643,13 @@ static dg_status_t ex_matmul_bwd(dg_exec_t *ex, const dg_node_t *n) {
                                I(n->attr[DG_A_ACC]));
 }
 
+static dg_status_t ex_matmul_bwd_dgelu(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *x = n->src[1], *w = n->src[2];
+    return BE->ops->matmul_bwd_dgelu(BE, P(n), P(n->upd[0]), n->n_upd == 2 ? P(n->upd[1]) : NULL,
+                                     P(n->src[0]), P(x), P(w), P(n->src[3]), I(dg_node_rows(x)),
+                                     I(w->shape[1]), I(w->shape[0]), I(n->attr[DG_A_ACC]));
+}
+
 static dg_status_t ex_gelu_bwd(dg_exec_t *ex, const dg_node_t *n) {
     return BE->ops->gelu_bwd(BE, P(n), P(n->src[0]), P(n->src[1]), dg_node_numel(n), I(n->attr[DG_A_ACC]));
 }
@@ -763,6 +789,9 @@ static const dg_op_def_t op_table[DG_OP_COUNT] = {
                           ex_matmul_bwd, 0, 0},
     [DG_OP_GELU_BWD] = {DG_OP_GELU_BWD, "gelu_bwd", 2, 3, shape_gelu_bwd, DG_GRAD_NONE, NULL, ex_gelu_bwd, 0,
                         0},
+    /* the kernel takes the weight gradient before it writes dpre: dpre may take over the GELU output */
+    [DG_OP_MATMUL_BWD_DGELU] = {DG_OP_MATMUL_BWD_DGELU, "matmul_bwd_dgelu", 4, 5, shape_matmul_bwd_dgelu,
+                                DG_GRAD_NONE, NULL, ex_matmul_bwd_dgelu, 0x2, 0},
     [DG_OP_ATTENTION_BWD] = {DG_OP_ATTENTION_BWD, "attention_bwd", 4, 4, shape_attention_bwd, DG_GRAD_NONE,
                              NULL, ex_attention_bwd, 0, 0},
     /* the kernel allows dlogits to overwrite logits */
@@ -885,6 +914,89 @@ dg_status_t dg_pass_fuse_gelu(dg_graph_t *g, void *ctx) {
         dg_graph_remove(g, ge);
         dg_graph_remove(g, mm);
         i = f->id; /* continue after the fused op */
+    }
+    return DG_OK;
+}
+
+/* the GELU whose output is `act`, given its input `pre`: a matmul with the GELU epilogue (pre is its side
+ * output) or a standalone gelu */
+static int is_gelu_of(const dg_node_t *act, const dg_node_t *pre) {
+    if (act->op == DG_OP_MATMUL && act->attr[DG_A_EPI] == DG_EPI_GELU)
+        return act->n_side >= 1 && act->side[0] == pre;
+    return act->op == DG_OP_GELU && act->src[0] == pre;
+}
+
+dg_status_t dg_pass_fuse_gelu_bwd(dg_graph_t *g, void *ctx) {
+    (void)ctx;
+    for (int i = 0; i < g->n; i++) {
+        dg_node_t *gb = g->nodes[i];
+        if (gb->op != DG_OP_GELU_BWD || gb->phase != DG_PHASE_BWD) continue;
+        dg_node_t *pre = gb->src[0], *mb = gb->src[1];
+        /* the gelu_bwd's dout must be a matmul's input gradient that nothing else reads or keeps */
+        if (mb->op != DG_OP_MATMUL_BWD || mb->attr[DG_A_NO_DINP] || mb->attr[DG_A_ACC] || mb->view_src ||
+            (mb->flags & DG_NF_OUTPUT) || dg_graph_n_consumers(g, mb) != 1)
+            continue;
+        dg_node_t *act = mb->src[1]; /* that matmul's input: must be this GELU's output */
+        if (!is_gelu_of(act, pre)) continue;
+        int acc = gb->attr[DG_A_ACC] != 0;
+        dg_node_t *src[5] = {mb->src[0], act, mb->src[2], pre, acc ? gb->src[2] : NULL};
+        int64_t attr[1] = {acc};
+        char nm[96];
+        dg_fmt(nm, sizeof nm, "%.80s_dgelu", mb->name);
+        dg_phase_t saved = g->cur_phase;
+        g->cur_phase = DG_PHASE_BWD;
+        dg_node_t *f =
+            dg_graph_add_op(g, DG_OP_MATMUL_BWD_DGELU, nm, acc ? 5 : 4, src, mb->n_upd, mb->upd, attr, 1);
+        g->cur_phase = saved;
+        if (!f) return dg_graph_error(g);
+        f->flags = gb->flags;
+        /* where the gelu_bwd was: after every input (mb's come earlier still), before every reader */
+        dg_graph_move(g, f, gb->id);
+        dg_graph_replace_uses(g, gb, f);
+        /* gradient bookkeeping (read back for DG_NF_WANT_GRAD inputs): the GELU input's gradient is now
+         * f; the GELU output's gradient is no longer materialised */
+        for (int j = 0; j < g->n; j++) {
+            if (g->nodes[j]->grad == gb) g->nodes[j]->grad = f;
+            if (g->nodes[j]->grad == mb) g->nodes[j]->grad = NULL;
+        }
+        dg_graph_remove(g, gb);
+        dg_graph_remove(g, mb);
+        i = f->id;
+    }
+    return DG_OK;
+}
+
+dg_status_t dg_pass_recompute_gelu(dg_graph_t *g, void *ctx) {
+    (void)ctx;
+    for (int i = 0; i < g->n; i++) {
+        dg_node_t *f = g->nodes[i];
+        if (f->op != DG_OP_MATMUL || f->phase != DG_PHASE_FWD || f->attr[DG_A_EPI] != DG_EPI_GELU ||
+            (f->flags & DG_NF_OUTPUT))
+            continue;
+        int first = -1, aliased = 0;
+        for (int j = i + 1; j < g->n; j++) {
+            const dg_node_t *x = g->nodes[j];
+            if (x->view_src == f) aliased = 1;
+            if (x->phase != DG_PHASE_BWD || x->op == DG_OP_SIDE || first >= 0) continue;
+            for (int k = 0; k < x->n_src; k++)
+                if (x->src[k] == f) first = j;
+        }
+        if (first < 0 || aliased) continue; /* not read by the backward, or its storage is shared */
+        char nm[96];
+        dg_fmt(nm, sizeof nm, "%.80s.recompute", f->name);
+        dg_phase_t saved = g->cur_phase;
+        g->cur_phase = DG_PHASE_BWD;
+        dg_node_t *r = dg_op_gelu(g, nm, f->side[0]);
+        g->cur_phase = saved;
+        if (!r) return dg_graph_error(g);
+        dg_graph_move(g, r, first);
+        for (int j = r->id + 1; j < g->n; j++) {
+            dg_node_t *x = g->nodes[j];
+            if (x->phase != DG_PHASE_BWD || x->op == DG_OP_SIDE) continue;
+            for (int k = 0; k < x->n_src; k++)
+                if (x->src[k] == f) x->src[k] = r;
+        }
+        dg_graph_touch(g);
     }
     return DG_OK;
 }

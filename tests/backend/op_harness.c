@@ -39,6 +39,9 @@ static const tol_row_t k_tols[] = {
     {"matmul_bwd", 5e-5, 3e-2, 8e-3},
     {"gelu_fwd", 5e-6, 1e-2, 3e-3},
     {"gelu_bwd", 1e-5, 2e-2, 5e-3},
+    /* the input gradient is matmul_bwd's times gelu'(pre): its bound plus gelu_bwd's, relative to a result
+     * whose RMS is smaller than the product's (|gelu'| < 1.13, often small) */
+    {"matmul_bwd_dgelu", 1e-4, 4e-2, 1e-2},
     {"attention_fwd", 5e-5, 3e-2, 8e-3},
     {"attention_bwd", 1e-4, 6e-2, 2e-2},
     {"crossentropy_fwd", 2e-5, 2e-2, 5e-3},
@@ -1279,6 +1282,141 @@ static void case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int 
     case_end(h);
 }
 
+/* ---- matmul_bwd_dgelu: matmul_bwd through a GELU ---- */
+
+typedef struct {
+    double *pre, *w, *bias, *act, *out;
+    const double *inp, *dout;
+    int N, C, OC;
+} mmg_ctx_t;
+/* through the GELU: sum(dout * (gelu(pre)·wᵀ + b)); what dpre differentiates */
+static double mmg_obj_pre(void *p) {
+    mmg_ctx_t *c = p;
+    for (size_t i = 0; i < (size_t)c->N * c->C; i++)
+        c->act[i] = ref_gelu1(c->pre[i]);
+    ref_matmul(c->out, NULL, c->act, c->w, c->bias, c->N, c->C, c->OC, 0);
+    return dotd(c->out, c->dout, (size_t)c->N * c->OC);
+}
+/* with the GELU output fixed to the act-dtype values the backend reads (what dw and dbias differentiate) */
+static double mmg_obj_w(void *p) {
+    mmg_ctx_t *c = p;
+    ref_matmul(c->out, NULL, c->inp, c->w, c->bias, c->N, c->C, c->OC, 0);
+    return dotd(c->out, c->dout, (size_t)c->N * c->OC);
+}
+
+static void case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
+    if (!case_begin(h, "matmul_bwd_dgelu[N=%d,C=%d,OC=%d%s]", N, C, OC, has_bias ? ",bias" : "")) return;
+    const dg_dtype_t A = h->act;
+    const size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    double *pre = hrand(h, nx, 0.01, 3.0), *w = hrand(h, nw, 0.02, 0.3), *bias = hrand(h, OC, 0.05, 0.5),
+           *dout = hrand(h, no, 0.05, 1.0);
+    for (size_t i = 0; i < nx; i += 13)
+        pre[i] *= 2.5; /* some tails */
+    hround(pre, nx, A);
+    hround(w, nw, A);
+    hround(bias, OC, A);
+    hround(dout, no, A);
+    double *inp = hnew(h, nx);
+    for (size_t i = 0; i < nx; i++)
+        inp[i] = h_round(ref_gelu1(pre[i]), A); /* the saved (or recomputed) GELU output */
+    /* float64 references: dpre = (dout·w) ⊙ gelu'(pre), dw = doutᵀ·inp, dbias = colsum(dout) */
+    double *rdx = hnew(h, nx), *rdw = hnew(h, nw), *rdb = hnew(h, OC);
+    ref_matmul_bwd(rdx, rdw, rdb, dout, inp, w, N, C, OC);
+    for (size_t i = 0; i < nx; i++)
+        rdx[i] *= ref_gelu_grad1(pre[i]);
+    const double tb = tol_of(h, "matmul_bwd_dgelu");
+    void *dpre_ = dalloc(h, A, nx), *dinp = dalloc(h, A, nx), *dw = dalloc(h, A, nw), *dy = dalloc(h, A, no);
+    void *gx1 = dalloc(h, A, nx), *gw1 = dalloc(h, DG_F32, nw), *gb1 = dalloc(h, DG_F32, OC);
+    void *gx2 = dalloc(h, A, nx), *gw2 = dalloc(h, DG_F32, nw), *gb2 = dalloc(h, DG_F32, OC);
+    upload(h, dpre_, A, pre, nx);
+    upload(h, dinp, A, inp, nx);
+    upload(h, dw, A, w, nw);
+    upload(h, dy, A, dout, no);
+    /* run 1: acc = 0 into poison, parameter gradients from zero */
+    poison(h, gx1, A, nx);
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw1, nw * 4));
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gb1, OC * 4));
+    if (!h->bad)
+        CALL(h, "matmul_bwd_dgelu",
+             matmul_bwd_dgelu(h->be, gx1, gw1, has_bias ? gb1 : NULL, dy, dinp, dw, dpre_, N, C, OC, 0));
+    double *ax = download(h, gx1, A, nx), *aw = download(h, gw1, DG_F32, nw),
+           *ab = download(h, gb1, DG_F32, OC);
+    check_close(h, "dpre (acc=0)", ax, rdx, nx, tb, NULL);
+    check_close(h, "dw", aw, rdw, nw, tb, NULL);
+    if (has_bias) check_close(h, "dbias", ab, rdb, OC, tb, NULL);
+    if (fd) {
+        mmg_ctx_t cx = {pre, w, bias, hnew(h, nx), hnew(h, no), inp, dout, N, C, OC};
+        check_fd(h, "dpre", mmg_obj_pre, &cx, pre, nx, ax, rdx, tb);
+        check_fd(h, "dw", mmg_obj_w, &cx, w, nw, aw, rdw, tb);
+        if (has_bias) check_fd(h, "dbias", mmg_obj_w, &cx, bias, OC, ab, rdb, tb);
+    }
+    digest_dev(h, gx1, nx * dt_size(A));
+    digest_dev(h, gw1, nw * 4);
+    /* the unfused composition on the same backend: matmul_bwd, then gelu_bwd. f32: the same bits (the
+     * contract); bf16/f16: within the bound (the fused epilogue rounds once, not twice). */
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gb2, OC * 4));
+    if (!h->bad)
+        CALL(h, "matmul_bwd", matmul_bwd(h->be, gx2, gw2, has_bias ? gb2 : NULL, dy, dinp, dw, N, C, OC, 0));
+    if (!h->bad) CALL(h, "gelu_bwd", gelu_bwd(h->be, gx2, dpre_, gx2, nx, 0));
+    if (A == DG_F32) {
+        check_bits(h, "dpre == matmul_bwd + gelu_bwd", download_raw(h, gx1, nx * 4),
+                   download_raw(h, gx2, nx * 4), nx * 4);
+    } else {
+        check_close(h, "dpre vs matmul_bwd + gelu_bwd", ax, download(h, gx2, A, nx), nx, 2 * tb, rdx);
+    }
+    check_bits(h, "dw == matmul_bwd's", download_raw(h, gw1, nw * 4), download_raw(h, gw2, nw * 4), nw * 4);
+    /* run 2: acc = 1 adds after the derivative; parameter gradients accumulate */
+    double *px = hrand(h, nx, 0.05, 1.0), *pw = hrand(h, nw, 0.05, 1.0), *pb = hrand(h, OC, 0.05, 1.0);
+    hround(px, nx, A);
+    hround(pw, nw, DG_F32);
+    hround(pb, OC, DG_F32);
+    upload(h, gx2, A, px, nx);
+    upload(h, gw2, DG_F32, pw, nw);
+    upload(h, gb2, DG_F32, pb, OC);
+    if (!h->bad)
+        CALL(h, "matmul_bwd_dgelu",
+             matmul_bwd_dgelu(h->be, gx2, gw2, has_bias ? gb2 : NULL, dy, dinp, dw, dpre_, N, C, OC, 1));
+    check_close(h, "dpre (acc=1 adds)", download(h, gx2, A, nx), add_arrays(h, px, rdx, nx), nx, tb, rdx);
+    check_close(h, "dw accumulates (+=)", download(h, gw2, DG_F32, nw), add_arrays(h, pw, rdw, nw), nw, tb,
+                rdw);
+    if (has_bias)
+        check_close(h, "dbias accumulates (+=)", download(h, gb2, DG_F32, OC), add_arrays(h, pb, rdb, OC), OC,
+                    tb, rdb);
+    /* run 3: dpre aliasing inp (acc = 0), no bias gradient: the same bits as run 1 */
+    void *alias = dalloc(h, A, nx);
+    upload(h, alias, A, inp, nx);
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
+    if (!h->bad)
+        CALL(h, "matmul_bwd_dgelu",
+             matmul_bwd_dgelu(h->be, alias, gw2, NULL, dy, alias, dw, dpre_, N, C, OC, 0));
+    check_bits(h, "dpre in place over inp == run 1", download_raw(h, alias, nx * dt_size(A)),
+               download_raw(h, gx1, nx * dt_size(A)), nx * dt_size(A));
+    check_bits(h, "dw in place == run 1", download_raw(h, gw2, nw * 4), download_raw(h, gw1, nw * 4), nw * 4);
+    /* run 4 = run 1, repeated */
+    poison(h, gx2, A, nx);
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gb2, OC * 4));
+    if (!h->bad)
+        CALL(h, "matmul_bwd_dgelu",
+             matmul_bwd_dgelu(h->be, gx2, gw2, has_bias ? gb2 : NULL, dy, dinp, dw, dpre_, N, C, OC, 0));
+    check_bits(h, "repeat dpre", download_raw(h, gx2, nx * dt_size(A)), download_raw(h, gx1, nx * dt_size(A)),
+               nx * dt_size(A));
+    check_bits(h, "repeat dw", download_raw(h, gw2, nw * 4), download_raw(h, gw1, nw * 4), nw * 4);
+    if (has_bias)
+        check_bits(h, "repeat dbias", download_raw(h, gb2, OC * 4), download_raw(h, gb1, OC * 4), OC * 4);
+    /* bad aliasing is refused, not computed */
+    if (!h->bad) {
+        dg_status_t st =
+            h->be->ops->matmul_bwd_dgelu(h->be, dpre_, gw2, NULL, dy, dinp, dw, dpre_, N, C, OC, 0);
+        if (st == DG_OK)
+            fail(h, "dpre aliasing pre was accepted");
+        else
+            pass(h, "dpre aliasing pre refused: %s", dg_last_error());
+    }
+    case_end(h);
+}
+
 /* ---- gelu ---- */
 
 typedef struct {
@@ -1522,6 +1660,11 @@ int dg_op_harness_run(dg_backend_t *be, const dg_harness_opts_t *opts) {
     case_matmul(h, 7, 72, 259, 0, 1, 1);
     case_matmul(h, 300, 160, 576, 1, 1, 0);
     case_matmul(h, 520, 96, 300, 1, 0, 0);
+
+    case_matmul_dgelu(h, 26, 72, 24, 1, 1);
+    case_matmul_dgelu(h, 13, 37, 19, 0, 1); /* C not a multiple of 8: no DGELU epilogue on CUDA */
+    case_matmul_dgelu(h, 7, 288, 72, 1, 1);
+    case_matmul_dgelu(h, 300, 576, 160, 1, 0);
 
     case_gelu(h, 1000, 1);
     case_gelu(h, 7, 1);

@@ -85,6 +85,10 @@ static void error_checks(void) {
                "matmul_fwd GELU with pre == out");
     expect_err(op->matmul_bwd(be, buf, buf, NULL, buf, buf, buf, -1, 4, 4, 0), "positive",
                "matmul_bwd N = -1");
+    expect_err(op->matmul_bwd_dgelu(be, buf, buf, NULL, buf, buf, buf, NULL, 4, 4, 4, 0), "pre",
+               "matmul_bwd_dgelu pre = NULL");
+    expect_err(op->matmul_bwd_dgelu(be, buf, buf, NULL, buf, buf, buf, buf, 4, 4, 4, 0), "overlap",
+               "matmul_bwd_dgelu dpre == pre");
     expect_err(op->layernorm_fwd(be, buf, NULL, buf, buf, buf, buf, 4, 4), "mean",
                "layernorm_fwd mean = NULL");
     expect_err(op->cast(be, buf, DG_I32, buf, DG_F32, 4), "cast", "cast to i32");

@@ -170,6 +170,13 @@ int main(int argc, char **argv) {
          op->matmul_fwd(g_be, out, NULL, h4, wp, b3, N, 4 * C, C, DG_EPI_NONE));
     TIME("matmul_bwd fcproj", 8 * f1, 0, L, op->matmul_bwd(g_be, dh4, gw, gC, dy, h4, wp, N, 4 * C, C, 0));
     TIME("gelu_bwd", 0, nc * 4 * 3.0 * as, L, op->gelu_bwd(g_be, dh4, pre4, dh4, nc * 4, 0));
+    /* what the graph runs instead of the two rows above (fcproj's matmul_bwd + gelu_bwd): one call with
+     * the DGELU epilogue (DG_CUDA_FUSED_DGELU=0: the same call as GEMM + gelu_bwd). x/step 0: the step sum
+     * keeps the unfused rows, so it stays comparable with earlier runs and with PyTorch's */
+    TIME("matmul_bwd_dgelu fcproj", 8 * f1, 0, 0,
+         op->matmul_bwd_dgelu(g_be, dh4, gw, gC, dy, h4, wp, pre4, N, 4 * C, C, 0));
+    /* train.recompute = gelu: one gelu_fwd of the pre-activation per layer in the backward */
+    TIME("gelu_fwd (recompute)", 0, nc * 4 * 2.0 * as, 0, op->gelu_fwd(g_be, h4, pre4, nc * 4));
     TIME("add (residual)", 0, nc * 3.0 * as, 2 * L, op->add(g_be, out, x, dy, nc));
     TIME("accumulate (residual grad)", 0, nc * 3.0 * as, 2 * L, op->accumulate(g_be, dx, dy, nc, 1));
     /* attention: causal, so half the T x T products */

@@ -229,9 +229,9 @@ dg_status_t ministep_fwd_bwd(ministep_t *ms) {
         op->matmul_bwd(be, ms->dlnf, gp(ms, P_WTE), NULL, ms->logits, ms->lnf, cp(ms, P_WTE), N, C, Vp, 0));
     DG_TRY(op->layernorm_bwd(be, ms->dx2, gp(ms, P_LNFW), gp(ms, P_LNFB), ms->dlnf, ms->x2, cp(ms, P_LNFW),
                              ms->meanf, ms->rstdf, N, C, 0));
-    DG_TRY(op->matmul_bwd(be, ms->dfc, gp(ms, P_FCPW), gp(ms, P_FCPB), ms->dx2, ms->fc, cp(ms, P_FCPW), N,
-                          4 * C, C, 0));
-    DG_TRY(op->gelu_bwd(be, ms->dfcpre, ms->fcpre, ms->dfc, (size_t)N * 4 * C, 0));
+    /* the MLP's projection backward through the GELU in one call, as the graph schedules it */
+    DG_TRY(op->matmul_bwd_dgelu(be, ms->dfcpre, gp(ms, P_FCPW), gp(ms, P_FCPB), ms->dx2, ms->fc,
+                                cp(ms, P_FCPW), ms->fcpre, N, 4 * C, C, 0));
     DG_TRY(op->matmul_bwd(be, ms->dln2, gp(ms, P_FCW), gp(ms, P_FCB), ms->dfcpre, ms->ln2, cp(ms, P_FCW), N,
                           C, 4 * C, 0));
     /* the residual stream: dx1 = dx2 + layernorm-2 input gradient */

@@ -7,7 +7,8 @@
  *   test_backend_cuda --mode cpu         [--dtype ...] [--only S] [--small]
  *       every op against the CPU backend at GPT-2-like shapes (head size 64 and 32, which take the
  *       tensor-core attention path; C = 768 and 1600; V = 50257 padded to 50304; multiples of 8 that take
- *       the fused GEMM epilogues), then a 3-step one-block training run on both backends;
+ *       the fused GEMM epilogues, the DGELU one of matmul_bwd_dgelu included), then a 3-step one-block
+ *       training run on both backends;
  *   test_backend_cuda --mode determinism [--dtype ...] [--small]
  *       the same training run twice: losses, gradient norms and all parameters bitwise equal;
  *   test_backend_cuda --mode errors
@@ -283,6 +284,40 @@ static void cmp_matmul(cmp_t *x, int N, int C, int OC, int bias, int gelu) {
     cmp_reset(x);
 }
 
+/* matmul_bwd_dgelu (mlp.proj's backward through fc's GELU) against the CPU backend: C % 8 == 0 takes
+ * cuBLASLt's DGELU epilogue in bf16/f16 (unless DG_CUDA_FUSED_EPILOGUES=0 or DG_CUDA_FUSED_DGELU=0),
+ * other C the GEMM + gelu_bwd fallback; then acc = 1 (always the fallback) and dpre in place over inp. */
+static void cmp_matmul_dgelu(cmp_t *x, int N, int C, int OC, int bias) {
+    char nm[128];
+    snprintf(nm, sizeof nm, "matmul_bwd_dgelu[N=%d,C=%d,OC=%d%s]", N, C, OC, bias ? ",bias" : "");
+    if (!want(nm)) return;
+    const dg_dtype_t A = x->act;
+    const size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    pair_t pre = pair_act(x, hrand(x, nx, 0.01f, 4.f), nx), w = pair_act(x, hrand(x, nw, 0.01f, 0.1f), nw);
+    pair_t dy = pair_act(x, hrand(x, no, 0.05f, 1.f), no);
+    /* the GELU output as each backend computes it (the CUDA one rounded to the act dtype) */
+    pair_t in = pair_out(x, nx, A);
+    MUST(x->g->ops->gelu_fwd(x->g, in.g, pre.g, nx));
+    MUST(x->c->ops->gelu_fwd(x->c, in.c, pre.c, nx));
+    pair_t dp = pair_out(x, nx, A);
+    pair_t dw = pair_f32(x, hrand(x, nw, 0.01f, 0.1f), nw), db = pair_f32(x, hrand(x, OC, 0.01f, 0.1f), OC);
+    MUST(x->g->ops->matmul_bwd_dgelu(x->g, dp.g, dw.g, bias ? db.g : NULL, dy.g, in.g, w.g, pre.g, N, C, OC,
+                                     0));
+    MUST(x->c->ops->matmul_bwd_dgelu(x->c, dp.c, dw.c, bias ? db.c : NULL, dy.c, in.c, w.c, pre.c, N, C, OC,
+                                     0));
+    const double t = tol("matmul_bwd_dgelu", A);
+    compare(nm, "dpre", down_g(x, dp.g, A, nx), down_c(x, dp.c, nx), nx, t);
+    compare(nm, "dw (+=)", down_g(x, dw.g, DG_F32, nw), down_c(x, dw.c, nw), nw, t);
+    if (bias) compare(nm, "dbias (+=)", down_g(x, db.g, DG_F32, OC), down_c(x, db.c, OC), OC, t);
+    MUST(x->g->ops->matmul_bwd_dgelu(x->g, dp.g, dw.g, NULL, dy.g, in.g, w.g, pre.g, N, C, OC, 1));
+    MUST(x->c->ops->matmul_bwd_dgelu(x->c, dp.c, dw.c, NULL, dy.c, in.c, w.c, pre.c, N, C, OC, 1));
+    compare(nm, "dpre (acc=1)", down_g(x, dp.g, A, nx), down_c(x, dp.c, nx), nx, t);
+    MUST(x->g->ops->matmul_bwd_dgelu(x->g, in.g, dw.g, NULL, dy.g, in.g, w.g, pre.g, N, C, OC, 0));
+    MUST(x->c->ops->matmul_bwd_dgelu(x->c, in.c, dw.c, NULL, dy.c, in.c, w.c, pre.c, N, C, OC, 0));
+    compare(nm, "dpre in place over inp", down_g(x, in.g, A, nx), down_c(x, in.c, nx), nx, t);
+    cmp_reset(x);
+}
+
 static void cmp_layernorm(cmp_t *x, int N, int C) {
     char nm[96];
     snprintf(nm, sizeof nm, "layernorm[N=%d,C=%d]", N, C);
@@ -479,6 +514,8 @@ static int run_cpu_compare(dg_backend_t *g, int small) {
     if (small) {
         cmp_matmul(&x, 128, 256, 768, 1, 1);
         cmp_matmul(&x, 37, 72, 100, 1, 0);
+        cmp_matmul_dgelu(&x, 128, 768, 192, 1);
+        cmp_matmul_dgelu(&x, 37, 100, 72, 1);
         cmp_layernorm(&x, 64, 768);
         cmp_attention(&x, 2, 130, 256, 4);
         cmp_attention(&x, 1, 70, 64, 2);
@@ -486,11 +523,13 @@ static int run_cpu_compare(dg_backend_t *g, int small) {
         cmp_ce(&x, 8, 50257, 50304);
         cmp_misc(&x, 10007);
     } else {
-        cmp_matmul(&x, 1024, 768, 2304, 1, 0); /* qkv */
-        cmp_matmul(&x, 1024, 768, 3072, 1, 1); /* fc + GELU */
-        cmp_matmul(&x, 1024, 3072, 768, 1, 0); /* fc proj */
-        cmp_matmul(&x, 256, 768, 8192, 0, 0);  /* LM-head-like, no bias */
-        cmp_matmul(&x, 100, 200, 300, 1, 1);   /* odd sizes: unfused paths */
+        cmp_matmul(&x, 1024, 768, 2304, 1, 0);    /* qkv */
+        cmp_matmul(&x, 1024, 768, 3072, 1, 1);    /* fc + GELU */
+        cmp_matmul(&x, 1024, 3072, 768, 1, 0);    /* fc proj */
+        cmp_matmul(&x, 256, 768, 8192, 0, 0);     /* LM-head-like, no bias */
+        cmp_matmul(&x, 100, 200, 300, 1, 1);      /* odd sizes: unfused paths */
+        cmp_matmul_dgelu(&x, 1024, 3072, 768, 1); /* mlp.proj through fc's GELU: the DGELU epilogue */
+        cmp_matmul_dgelu(&x, 100, 300, 200, 1);   /* C % 8 != 0: GEMM + gelu_bwd */
         cmp_layernorm(&x, 1024, 768);
         cmp_layernorm(&x, 300, 1600); /* > 48 KiB of shared memory in the backward */
         cmp_layernorm(&x, 77, 100);
@@ -598,6 +637,10 @@ static int run_errors(void) {
     expect_err(op->matmul_fwd(be, buf, buf, buf, buf, NULL, 4, 4, 4, DG_EPI_GELU), "different",
                "matmul_fwd GELU pre == out");
     expect_err(op->matmul_bwd(be, buf, buf, NULL, buf, buf, buf, -1, 4, 4, 0), "N = -1", "matmul_bwd N = -1");
+    expect_err(op->matmul_bwd_dgelu(be, buf, buf, NULL, buf, buf, buf, NULL, 4, 4, 4, 0), "`pre` is NULL",
+               "matmul_bwd_dgelu pre NULL");
+    expect_err(op->matmul_bwd_dgelu(be, buf, buf, NULL, buf, buf, buf, buf, 4, 4, 4, 0), "overlap",
+               "matmul_bwd_dgelu dpre == pre");
     expect_err(op->cast(be, buf, DG_I32, buf, DG_F32, 4), "not supported", "cast to i32");
     expect_err(op->adamw(be, buf, NULL, buf, buf, buf, 4, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.f, 0, NULL), "t = 0",
                "adamw t = 0");

@@ -11,6 +11,7 @@
  *       fed by a data cursor and an RNG) that checkpoints and resumes; rank 0 appends one line per step
  *   async-stress --dir D --rounds R        background writes beside main-thread all-reduces, plus an
  *                                          injected failure that must be reported and leave LATEST alone
+ *   (save and sim take --chunk-bytes N: the target chunk size, to get many chunks from small tensors)
  *   corrupt FILE DSET [--chunk K]          flip one byte in the middle of chunk K of DSET (no MPI)
  *   delete FILE DSET | reshape FILE DSET | link FILE DSET TARGET_FILE     tamper with a file (no MPI)
  *   compare A B [--tol REL]                compare two sim outputs (bitwise, or losses within REL)
@@ -237,6 +238,7 @@ typedef struct {
     int64_t step, steps, every, stop_after, rounds;
     uint32_t seed;
     int keep, incremental, async;
+    int64_t chunk_bytes; /* 0 = the library's default */
 } opts_t;
 
 static const char *need_value(const char *opt) {
@@ -287,6 +289,8 @@ static void parse_opts(int argc, char **argv, int first, opts_t *o) {
             o->incremental = 1;
         else if (!strcmp(a, "--async"))
             o->async = 1;
+        else if (!strcmp(a, "--chunk-bytes"))
+            o->chunk_bytes = atoll(NEXT());
         else
             DIE("unknown option %s", a);
 #undef NEXT
@@ -326,6 +330,7 @@ static int cmd_save(opts_t *o) {
     dg_ckpt_save_opts_default(&so);
     so.keep = o->keep;
     so.incremental = o->incremental;
+    if (o->chunk_bytes) so.chunk_bytes = o->chunk_bytes;
     dg_ckpt_save_result_t res;
     dg_status_t st;
     if (o->async) {
@@ -349,10 +354,12 @@ static int cmd_save(opts_t *o) {
         state_free(&s);
         return 1;
     }
+    long long direct = 0, mine = (long long)res.phases.direct_bytes;
+    MPI_Allreduce(&mine, &direct, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
     if (g_rank == 0)
-        printf("saved %s bytes=%lld logical=%lld linked=%lld n_linked=%d base=%s seconds=%.3f\n", res.path,
-               (long long)res.bytes, (long long)res.logical_bytes, (long long)res.linked_bytes, res.n_linked,
-               res.base[0] ? res.base : "-", res.seconds);
+        printf("saved %s bytes=%lld logical=%lld linked=%lld n_linked=%d base=%s seconds=%.3f direct_bytes=%lld\n",
+               res.path, (long long)res.bytes, (long long)res.logical_bytes, (long long)res.linked_bytes,
+               res.n_linked, res.base[0] ? res.base : "-", res.seconds, direct);
     dg_ckpt_meta_destroy(&m);
     state_free(&s);
     return 0;
@@ -560,6 +567,7 @@ static int cmd_sim(opts_t *o) {
     dg_ckpt_save_opts_default(&so);
     so.keep = o->keep;
     so.incremental = o->incremental;
+    if (o->chunk_bytes) so.chunk_bytes = o->chunk_bytes;
     dg_ckpt_writer_t *w = NULL;
     if (o->async && dg_ckpt_writer_create(MPI_COMM_WORLD, o->dir, &so, &w))
         DIE("writer: %s", dg_last_error());

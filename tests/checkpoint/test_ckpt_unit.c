@@ -177,6 +177,63 @@ static dg_ckpt_tensor_t mk(const char *path, int nd, int64_t g0, int64_t g1, int
     return t;
 }
 
+/* The local hash work is split into items and spread over threads (table.c): any thread count must give
+ * the serial result, for pieces of 1, 2 and 3 dimensions large enough to be split into several items,
+ * with fragments (tiles split between pieces) among them. */
+static void test_hash_threads(void) {
+    const int64_t R = 1500, C = 1100, V = 2500000; /* 1.65 M and 2.5 M floats: several 1 Mi-element items */
+    float *a = malloc((size_t)(R * C) * 4), *v = malloc((size_t)V * 4), *q = malloc((size_t)(12 * 300 * 700) * 4);
+    for (int64_t i = 0; i < R * C; i++)
+        a[i] = (float)(rnd() % 100000) * 1e-3f;
+    for (int64_t i = 0; i < V; i++)
+        v[i] = (float)(rnd() % 100000) * 1e-3f;
+    for (int64_t i = 0; i < 12 * 300 * 700; i++)
+        q[i] = (float)(rnd() % 100000) * 1e-3f;
+    /* a: rows split 0..700 / 700..1500; v: 1-D split at 1,234,567 (not a tile boundary: fragments);
+     * q: [12, 300, 700] as one piece */
+    dg_ckpt_tensor_t t[5];
+    t[0] = mk("a", 2, R, C, 0, 700, a, 1);
+    t[1] = mk("a", 2, R, C, 700, R - 700, a + 700 * C, 1);
+    t[2] = mk("v", 1, V, 0, 0, 1234567, v, 1);
+    t[3] = mk("v", 1, V, 0, 1234567, V - 1234567, v + 1234567, 1);
+    memset(&t[4], 0, sizeof t[4]);
+    t[4].path = "q", t[4].ndim = 3, t[4].owner = 1, t[4].data = q;
+    t[4].gshape[0] = t[4].count[0] = 12, t[4].gshape[1] = t[4].count[1] = 300, t[4].gshape[2] = t[4].count[2] = 700;
+    uint64_t ref[3] = {0};
+    for (int threads = 1; threads <= 8; threads *= 2) {
+        ckpt_table_t tab;
+        CHECK(ckpt_table_build(t, 5, 0, &tab) == DG_OK, "table: %s", dg_last_error());
+        CHECK(ckpt_table_agree(MPI_COMM_SELF, t, &tab) == DG_OK, "agree: %s", dg_last_error());
+        CHECK(ckpt_table_hash(MPI_COMM_SELF, t, &tab, threads) == DG_OK, "hash: %s", dg_last_error());
+        for (int i = 0; i < 3; i++) {
+            if (threads == 1)
+                ref[i] = tab.t[i].hash;
+            else
+                CHECK(tab.t[i].hash == ref[i], "tensor %d: %d threads give %016llx, 1 thread %016llx", i, threads,
+                      (unsigned long long)tab.t[i].hash, (unsigned long long)ref[i]);
+        }
+        ckpt_table_free(&tab);
+    }
+    /* and the serial definition (ckh_add over whole pieces, no items) agrees */
+    ckpt_tdesc_t td[3];
+    memset(td, 0, sizeof td);
+    td[0].path = "a", td[0].ndim = 2, td[0].gshape[0] = R, td[0].gshape[1] = C;
+    td[1].path = "v", td[1].ndim = 1, td[1].gshape[0] = V;
+    td[2].path = "q", td[2].ndim = 3, td[2].gshape[0] = 12, td[2].gshape[1] = 300, td[2].gshape[2] = 700;
+    ckpt_table_t tab = {3, td, NULL};
+    ckh_t h;
+    ckh_init(&h, 3);
+    for (int k = 0; k < 5; k++)
+        ckh_add(&h, k < 2 ? 0 : k < 4 ? 1 : 2, t[k].ndim, t[k].gshape, t[k].start, t[k].count, t[k].data);
+    uint64_t out[3];
+    CHECK(ckh_finish(&h, MPI_COMM_NULL, &tab, out) == DG_OK, "finish: %s", dg_last_error());
+    for (int i = 0; i < 3; i++)
+        CHECK(out[i] == ref[i], "tensor %d: serial %016llx, table %016llx", i, (unsigned long long)out[i],
+              (unsigned long long)ref[i]);
+    ckh_free(&h);
+    free(a), free(v), free(q);
+}
+
 static void expect_table_error(dg_ckpt_tensor_t *t, int n, const char *needle, const char *what) {
     ckpt_table_t tab;
     dg_status_t s = ckpt_table_build(t, n, 0, &tab);
@@ -331,6 +388,7 @@ int main(int argc, char **argv) {
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     dg_log_set_level(DG_LOG_WARN);
     test_hash();
+    test_hash_threads();
     test_table();
     test_names();
     test_roundtrip();

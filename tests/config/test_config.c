@@ -179,6 +179,7 @@ static void test_defaults(void) {
           c->train.beta2 == 0.95 && c->train.eps == 1e-8);
     CHECK_STR(c->train.precision, "fp32");
     CHECK_STR(c->train.reduce_dtype, "fp32");
+    CHECK_STR(c->train.recompute, "none");
     CHECK(c->train.log_every == 1 && c->train.loss_scale_init == 65536 &&
           c->train.loss_scale_growth_interval == 1000);
     CHECK(c->train.spike_factor == 0 && c->train.spike_window == 50 && c->train.spike_max_consecutive == 3);

@@ -65,6 +65,14 @@ PY
 )
 log "attention block rows for the benchmark: $rows_best"
 
+# ---- the attention implementations against each other (checks, then timed alone at B=32 T=1024) ----
+"$tbc" --mode attn-impl --dtype bf16 >"$out/attn_impl.log" 2>&1
+log "attn-impl bf16 rc=$?: $(grep -h 'attn-impl' "$out/attn_impl.log" | cut -c1-700 | tr '\n' ' ')"
+for dt in bf16 f16 f32; do # the fused MLP backward op against float64
+  "$tbc" --mode harness --dtype $dt --only dgelu >"$out/harness_dgelu_$dt.log" 2>&1
+  log "harness dgelu $dt rc=$?: $(tail -1 "$out/harness_dgelu_$dt.log") $(grep -h '^FAIL' "$out/harness_dgelu_$dt.log" | head -3 | cut -c1-300 | tr '\n' ' ')"
+done
+
 # ---- phase A: correctness, all at once (the GPU is shared; nothing here is timed) ----
 pids=()
 for c in fp32 bf16 determinism multirank graph torch; do
@@ -102,18 +110,21 @@ if [ "$(left)" -gt 40 ]; then
   tee -a "$out/summary.log" <"$out/bench_step.log"
 fi
 if [ "$(left)" -gt 45 ]; then
-  rd=$tmp/gpt2
-  t_launch=$(date +%s.%N)
   python3 "$root/bench/gpu/make_shards.py" "$tmp/data" --tokens $((24 * 32 * 1025 + 1)) >/dev/null
-  DG_CUDA_ATTN_ROWS=$rows_best "${mpi[@]}" -n 1 "$dgtrain" "$root/configs/gpt2-124m.ini" --set run.dir="$rd" \
-    --set data.train="$tmp/data/bench_train_*.bin" --set data.val="$tmp/data/bench_val_*.bin" --set data.val_every=0 \
-    --set train.steps=20 --set train.global_batch=32 --set train.micro_batch=32 --set train.log_every=5 \
-    --set parallel.backend=cuda --set checkpoint.every=0 --set checkpoint.async=false --set checkpoint.resume=never \
-    >"$out/dgtrain_cold.log" 2>&1
-  log "dgtrain gpt2-124m bf16 B=32 rc=$?"
-  echo "$t_launch" >"$out/dgtrain_cold_launch.txt"
-  cp "$rd/metrics.jsonl" "$out/dgtrain_cold_metrics.jsonl" 2>/dev/null
-  tail -3 "$out/dgtrain_cold.log" | tee -a "$out/summary.log"
+  for run in cold warm; do # warm: the same launch again (page cache, driver and loader state warm)
+    [ "$run" = warm ] && [ "$(left)" -lt 60 ] && break
+    rd=$tmp/gpt2_$run
+    t_launch=$(date +%s.%N)
+    DG_CUDA_ATTN_ROWS=$rows_best "${mpi[@]}" -n 1 "$dgtrain" "$root/configs/gpt2-124m.ini" --set run.dir="$rd" \
+      --set data.train="$tmp/data/bench_train_*.bin" --set data.val="$tmp/data/bench_val_*.bin" --set data.val_every=0 \
+      --set train.steps=20 --set train.global_batch=32 --set train.micro_batch=32 --set train.log_every=5 \
+      --set parallel.backend=cuda --set checkpoint.every=0 --set checkpoint.async=false --set checkpoint.resume=never \
+      >"$out/dgtrain_$run.log" 2>&1
+    log "dgtrain gpt2-124m bf16 B=32 ($run launch) rc=$?"
+    echo "$t_launch" >"$out/dgtrain_${run}_launch.txt"
+    cp "$rd/metrics.jsonl" "$out/dgtrain_${run}_metrics.jsonl" 2>/dev/null
+    tail -3 "$out/dgtrain_$run.log" | tee -a "$out/summary.log"
+  done
 fi
 for mode in eager compile; do
   l=$(left)

@@ -7,6 +7,8 @@
  *  - 50 AdamW steps on one fixed batch drive the loss below 0.1;
  *  - determinism: two runs give bitwise-equal losses and weights, and so does a run without arena reuse
  *    (which also checks the memory planner end to end);
+ *  - the GELU backward variants (fused matmul_bwd_dgelu, unfused, GELU recomputed): schedules, arena
+ *    sizes, and bitwise-equal training;
  *  - non-finite gradients skip the whole update; frozen tensors are not updated and not in the norm;
  *  - the --plan-only printer (text and JSON) and one-line errors for bad input.
  */
@@ -114,10 +116,10 @@ static double mean_loss(gctx_t *c) {
     return ref_gpt_loss_sum(&c->r, c->P, c->tok, c->tgt, NULL) / (double)(c->r.B * c->r.T);
 }
 
-static void test_gradients(void) {
+static void test_gradients(int flags) {
     const int B = 2;
     dg_model_t *m;
-    OK(dg_model_create(&small, be, B, 42, &m));
+    OK(dg_model_create_ex(&small, be, B, 42, flags, &m));
     int nt = dg_model_n_tensors(m);
     EXPECT(nt == 2 + 12 * small.n_layer + 2, "tensor count %d", nt);
     /* move every tensor away from its structured init (zero biases, unit gains) so that each gradient
@@ -215,8 +217,11 @@ static void test_gradients(void) {
         checked += ns;
         free(g);
     }
-    printf("gradients: %d sampled entries of %d tensors vs float64 finite differences, worst error %.2e of "
-           "the tensor's max; loss %.6f (ref %.6f)\n",
+    printf("gradients (%s): %d sampled entries of %d tensors vs float64 finite differences, worst error "
+           "%.2e of the tensor's max; loss %.6f (ref %.6f)\n",
+           flags & DG_MODEL_UNFUSED_GELU_BWD ? "matmul_bwd + gelu_bwd"
+           : flags & DG_MODEL_RECOMPUTE_GELU ? "fused GELU backward, GELU recomputed"
+                                             : "fused GELU backward",
            checked, nt, worst, (double)loss, ref);
     for (int i = 0; i < nt; i++)
         free(P[i]);
@@ -342,6 +347,72 @@ static void test_determinism(void) {
     printf("determinism: 3 runs x 6 steps bitwise equal (losses %.6f .. %.6f, %zu weights)\n", (double)la[0],
            (double)la[5], na);
     free(wa), free(wb), free(wc);
+}
+
+/* ---------------- GELU backward fusion and recompute ---------------- */
+
+static int count_ops(const dg_model_t *m, dg_op_kind_t k, int phase) {
+    const dg_graph_t *g = dg_model_graph(m);
+    int c = 0;
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->op == k && (phase < 0 || (int)g->nodes[i]->phase == phase)) c++;
+    return c;
+}
+
+/* The schedule of each variant, and its numbers: on the CPU backend the fused op computes exactly what
+ * matmul_bwd + gelu_bwd compute (same GEMM tiles, same elementwise code), and the recomputed GELU is the
+ * forward epilogue's GELU of the same pre-activation, so all four variants give bitwise-equal losses and
+ * weights (with and without arena reuse). */
+static void test_gelu_variants(void) {
+    const int L = small.n_layer;
+    const int variants[] = {0, DG_MODEL_RECOMPUTE_GELU, DG_MODEL_UNFUSED_GELU_BWD,
+                            DG_MODEL_UNFUSED_GELU_BWD | DG_MODEL_RECOMPUTE_GELU,
+                            DG_MODEL_RECOMPUTE_GELU | DG_MODEL_NO_ARENA_REUSE};
+    const char *names[] = {"fused", "fused+recompute", "unfused", "unfused+recompute", "recompute, no reuse"};
+    size_t arena[5] = {0};
+    for (int v = 0; v < 5; v++) {
+        int f = variants[v];
+        dg_model_t *m;
+        OK(dg_model_create_ex(&small, be, 2, 1, f | DG_MODEL_PLAN_ONLY, &m));
+        int fused = !(f & DG_MODEL_UNFUSED_GELU_BWD), rec = (f & DG_MODEL_RECOMPUTE_GELU) != 0;
+        EXPECT(count_ops(m, DG_OP_MATMUL_BWD_DGELU, DG_PHASE_BWD) == (fused ? L : 0),
+               "%s: %d matmul_bwd_dgelu ops", names[v], count_ops(m, DG_OP_MATMUL_BWD_DGELU, -1));
+        EXPECT(count_ops(m, DG_OP_GELU_BWD, -1) == (fused ? 0 : L), "%s: %d gelu_bwd ops", names[v],
+               count_ops(m, DG_OP_GELU_BWD, -1));
+        EXPECT(count_ops(m, DG_OP_GELU, DG_PHASE_BWD) == (rec ? L : 0), "%s: %d recompute gelu ops", names[v],
+               count_ops(m, DG_OP_GELU, DG_PHASE_BWD));
+        /* with recompute, no backward op reads a forward GELU output any more */
+        const dg_graph_t *g = dg_model_graph(m);
+        int late = 0;
+        for (int i = 0; i < g->n; i++) {
+            const dg_node_t *x = g->nodes[i];
+            if (x->phase != DG_PHASE_BWD || x->op == DG_OP_SIDE || x->op == DG_OP_LEAF) continue;
+            for (int k = 0; k < x->n_src; k++)
+                late += x->src[k]->op == DG_OP_MATMUL && x->src[k]->attr[DG_A_EPI] == DG_EPI_GELU;
+        }
+        EXPECT(late == (rec ? 0 : L), "%s: %d backward reads of forward GELU outputs", names[v], late);
+        EXPECT(dg_plan_check(dg_model_plan(m), g) == DG_OK, "%s: plan check: %s", names[v], dg_last_error());
+        arena[v] = dg_model_arena_bytes(m);
+        dg_model_free(m);
+    }
+    EXPECT(arena[1] < arena[0] && arena[0] <= arena[2], "arena: recompute %zu < fused %zu <= unfused %zu",
+           arena[1], arena[0], arena[2]);
+
+    float lf[6], l[6];
+    float *wf, *w;
+    size_t nf, n;
+    train_fixed(&small, 2, 0, 6, 3e-3f, lf, &wf, &nf);
+    for (int v = 1; v < 5; v++) {
+        train_fixed(&small, 2, variants[v], 6, 3e-3f, l, &w, &n);
+        EXPECT(memcmp(lf, l, sizeof l) == 0, "%s vs fused: losses differ (step 6: %.9g vs %.9g)", names[v],
+               (double)l[5], (double)lf[5]);
+        EXPECT(n == nf && memcmp(w, wf, n * sizeof *w) == 0, "%s vs fused: final weights differ", names[v]);
+        free(w);
+    }
+    free(wf);
+    printf("gelu variants: fused / recompute / unfused / unfused+recompute / recompute without reuse: 6 "
+           "steps bitwise equal; arena (micro-batch 2) %zu / %zu / %zu bytes\n",
+           arena[0], arena[1], arena[2]);
 }
 
 /* ---------------- plan printing ---------------- */
@@ -587,10 +658,13 @@ int main(void) {
     double t0 = dg_now_s();
     test_desc();
     test_init();
-    test_gradients();
+    test_gradients(0);
+    test_gradients(DG_MODEL_RECOMPUTE_GELU);
+    test_gradients(DG_MODEL_UNFUSED_GELU_BWD);
     test_accumulation();
     test_overfit();
     test_determinism();
+    test_gelu_variants();
     test_print();
     test_errors();
     test_skip_and_freeze();

@@ -473,6 +473,129 @@ static void case_matmul_gelu(dg_backend_t *be) {
     tg_free(&t);
 }
 
+/* The MLP: fc with the GELU epilogue, then proj. After autodiff, fuse_gelu_bwd turns proj's matmul_bwd +
+ * fc's gelu_bwd into one matmul_bwd_dgelu; with `recompute`, recompute_gelu feeds proj's backward from a
+ * GELU op in the backward instead of the forward's GELU output. Finite differences through everything. */
+static double obj_mlp(void *p) {
+    ctx_t *c = p;
+    int N = c->d[0], C = c->d[1], H = c->d[2];
+    double *a = malloc((size_t)N * H * sizeof *a), *y = malloc((size_t)N * C * sizeof *y);
+    ref_matmul(a, c->in[0], c->in[1], c->in[2], N, C, H);
+    ref_gelu(a, a, (size_t)N * H);
+    ref_matmul(y, a, c->in[3], c->in[4], N, H, C);
+    double s = dot(y, c->dout, (size_t)N * C);
+    free(a), free(y);
+    return s;
+}
+
+static void case_mlp(dg_backend_t *be, int recompute) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, recompute ? 41 : 40);
+    int N = 6, C = 8, H = 16;
+    int64_t sx[3] = {2, 3, C}, s1[2] = {H, C}, sb1[1] = {H}, s2[2] = {C, H}, sb2[1] = {C};
+    dg_node_t *x = tg_f(&t, "x", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    dg_node_t *w1 = tg_f(&t, "w1", 2, s1, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *b1 = tg_f(&t, "b1", 1, sb1, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *w2 = tg_f(&t, "w2", 2, s2, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *b2 = tg_f(&t, "b2", 1, sb2, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *h = dg_op_gelu(t.g, "gelu", dg_op_matmul(t.g, "fc", x, w1, b1));
+    dg_node_t *y = dg_op_matmul(t.g, "proj", h, w2, b2);
+    dg_node_t *dout = tg_f(&t, "dout", 3, sx, DG_NF_INPUT, -1, 1);
+    OK(dg_graph_error(t.g));
+    dg_pass_t fuse[] = {{"fuse_gelu", dg_pass_fuse_gelu, NULL}};
+    OK(dg_graph_run_passes(t.g, fuse, 1));
+    OK(dg_autodiff(t.g, 1, &y, &dout));
+    dg_pass_t post[] = {{"fuse_gelu_bwd", dg_pass_fuse_gelu_bwd, NULL},
+                        {"recompute_gelu", dg_pass_recompute_gelu, NULL}};
+    OK(dg_graph_run_passes(t.g, post, recompute ? 2 : 1));
+    EXPECT(tg_count(&t, DG_OP_MATMUL_BWD_DGELU, 0) == 1 && tg_count(&t, DG_OP_GELU_BWD, -1) == 0,
+           "mlp: expected one matmul_bwd_dgelu and no gelu_bwd");
+    EXPECT(tg_count(&t, DG_OP_GELU, -1) == (recompute ? 1 : 0), "mlp: %d gelu ops (recompute %d)",
+           tg_count(&t, DG_OP_GELU, -1), recompute);
+    tg_finish(&t, 0, NULL, NULL);
+    /* the inplace pass lets dpre take over the storage of the GELU output (or of its recomputed copy) */
+    int aliased = 0;
+    for (int i = 0; i < t.g->n; i++)
+        if (t.g->nodes[i]->op == DG_OP_MATMUL_BWD_DGELU)
+            aliased = t.g->nodes[i]->view_src == t.g->nodes[i]->src[1];
+    EXPECT(aliased, "mlp: dpre should alias the GELU output it replaces");
+    tg_run(&t, DG_PHASE_FWD);
+    tg_run(&t, DG_PHASE_BWD);
+    ctx_t c = {.in = {tg_d(&t, x), tg_d(&t, w1), tg_d(&t, b1), tg_d(&t, w2), tg_d(&t, b2)},
+               .dout = tg_d(&t, dout),
+               .d = {N, C, H}};
+    float *g[5] = {tg_get(&t, dg_node_grad_of(x)), tg_get(&t, w1->grad), tg_get(&t, b1->grad),
+                   tg_get(&t, w2->grad), tg_get(&t, b2->grad)};
+    const char *nm[5] = {"mlp d/dx", "mlp d/dw1", "mlp d/db1", "mlp d/dw2", "mlp d/db2"};
+    size_t n[5] = {(size_t)N * C, (size_t)H * C, (size_t)H, (size_t)C * H, (size_t)C};
+    for (int k = 0; k < 5; k++)
+        check_fd(nm[k], c.in[k], n[k], g[k], obj_mlp, &c);
+    dg_node_t *par[4] = {w1, b1, w2, b2}, *act[1] = {x};
+    float *a1[1] = {g[0]};
+    check_accumulation(&t, 4, par, g + 1, 1, act, a1);
+    tg_cover(&t, f0);
+    for (int k = 0; k < 5; k++)
+        free(g[k]), free(c.in[k]);
+    free(c.dout);
+    tg_free(&t);
+}
+static void case_mlp_saved(dg_backend_t *be) {
+    case_mlp(be, 0);
+}
+static void case_mlp_recompute(dg_backend_t *be) {
+    case_mlp(be, 1);
+}
+
+/* A standalone gelu of an input whose gradient already has a contribution: the fused op accumulates
+ * (acc = 1) into it, and the input's gradient (read back) is the fused op's output. */
+static double obj_gelu_acc(void *p) {
+    ctx_t *c = p;
+    int N = c->d[0], C = c->d[1];
+    size_t n = (size_t)N * C;
+    double *a = malloc(n * sizeof *a), *y = malloc(n * sizeof *y), *z = malloc(n * sizeof *z);
+    ref_gelu(a, c->in[0], n);
+    ref_matmul(y, a, c->in[1], NULL, N, C, C);
+    ref_matmul(z, c->in[0], c->in[2], NULL, N, C, C);
+    double s = dot(y, c->dout, n) + dot(z, c->dout, n);
+    free(a), free(y), free(z);
+    return s;
+}
+
+static void case_gelu_acc(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 42);
+    int N = 6, C = 8;
+    int64_t sx[2] = {N, C}, sw[2] = {C, C};
+    dg_node_t *x = tg_f(&t, "x", 2, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -2, 2);
+    dg_node_t *w = tg_f(&t, "w", 2, sw, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *w3 = tg_f(&t, "w3", 2, sw, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *y1 = dg_op_matmul(t.g, "y1", dg_op_gelu(t.g, "gelu", x), w, NULL);
+    dg_node_t *y2 = dg_op_matmul(t.g, "y2", x, w3, NULL);
+    dg_node_t *y = dg_op_add(t.g, "y", y1, y2);
+    dg_node_t *dout = tg_f(&t, "dout", 2, sx, DG_NF_INPUT, -1, 1);
+    OK(dg_graph_error(t.g));
+    OK(dg_autodiff(t.g, 1, &y, &dout));
+    dg_pass_t post[] = {{"fuse_gelu_bwd", dg_pass_fuse_gelu_bwd, NULL}};
+    OK(dg_graph_run_passes(t.g, post, 1));
+    EXPECT(tg_count(&t, DG_OP_MATMUL_BWD_DGELU, 1) == 1 && tg_count(&t, DG_OP_GELU_BWD, -1) == 0,
+           "gelu_acc: expected one matmul_bwd_dgelu with acc = 1");
+    EXPECT(dg_node_grad_of(x) && dg_node_grad_of(x)->op == DG_OP_MATMUL_BWD_DGELU,
+           "gelu_acc: x's gradient should be the fused op's output");
+    tg_finish(&t, 0, NULL, NULL);
+    tg_run(&t, DG_PHASE_FWD);
+    tg_run(&t, DG_PHASE_BWD);
+    ctx_t c = {.in = {tg_d(&t, x), tg_d(&t, w), tg_d(&t, w3)}, .dout = tg_d(&t, dout), .d = {N, C}};
+    float *gx = tg_get(&t, dg_node_grad_of(x)), *gw = tg_get(&t, w->grad), *gw3 = tg_get(&t, w3->grad);
+    check_fd("gelu_acc d/dx", c.in[0], (size_t)N * C, gx, obj_gelu_acc, &c);
+    check_fd("gelu_acc d/dw", c.in[1], (size_t)C * C, gw, obj_gelu_acc, &c);
+    check_fd("gelu_acc d/dw3", c.in[2], (size_t)C * C, gw3, obj_gelu_acc, &c);
+    tg_cover(&t, f0);
+    free(gx), free(gw), free(gw3), free(c.in[0]), free(c.in[1]), free(c.in[2]), free(c.dout);
+    tg_free(&t);
+}
+
 /* gelu */
 static double obj_gelu(void *p) {
     ctx_t *c = p;
@@ -1066,6 +1189,9 @@ static const op_case_t cases[] = {
     {"matmul_nobias", case_matmul_nobias},
     {"matmul_gelu", case_matmul_gelu},
     {"gelu", case_gelu},
+    {"mlp_saved", case_mlp_saved},
+    {"mlp_recompute", case_mlp_recompute},
+    {"gelu_acc", case_gelu_acc},
     {"attention", case_attention},
     {"add", case_add},
     {"crossentropy", case_crossentropy},

@@ -249,11 +249,15 @@ static void test_random_graphs(dg_backend_t *be) {
 static void test_model_plans(dg_backend_t *be) {
     const char *presets[] = {"tiny", "gpt2-124m"};
     int mbs[] = {8, 4};
-    for (int k = 0; k < 2; k++) {
+    /* the schedule as built (fused GELU backward), and the unfused one: matmul_bwd + gelu_bwd keep one
+     * more [N, 4C] gradient per layer in the sum of activations, which the planner must reuse */
+    for (int v = 0; v < 4; v++) {
+        int k = v / 2, unfused = v % 2;
+        int flags = DG_MODEL_PLAN_ONLY | (unfused ? DG_MODEL_UNFUSED_GELU_BWD : 0);
         dg_model_desc_t d;
         OK(dg_model_desc_preset(presets[k], &d));
         dg_model_t *m;
-        OK(dg_model_create_ex(&d, be, mbs[k], 1, DG_MODEL_PLAN_ONLY, &m));
+        OK(dg_model_create_ex(&d, be, mbs[k], 1, flags, &m));
         const dg_plan_t *p = dg_model_plan(m);
         dg_status_t st = dg_plan_check(p, dg_model_graph(m));
         EXPECT(st == DG_OK, "%s: plan check failed: %s", presets[k], dg_last_error());
@@ -272,13 +276,66 @@ static void test_model_plans(dg_backend_t *be) {
         EXPECT(arena >= peak && arena <= peak + peak / 20,
                "%s: arena %zu should be within 5%% above the peak of live bytes %zu", presets[k], arena,
                peak);
-        EXPECT(arena < sum * 3 / 4, "%s: arena %zu should be well below the activation sum %zu", presets[k],
-               arena, sum);
-        printf("%s (micro_batch %d): %d ops, arena %.1f MiB = %.1f%% of the %.1f MiB sum of activations, "
+        /* the fused schedule has fewer, larger-lived tensors: its sum is closer to its peak */
+        EXPECT(arena < (unfused ? sum * 3 / 4 : sum * 9 / 10),
+               "%s: arena %zu should be well below the activation sum %zu", presets[k], arena, sum);
+        printf("%s (micro_batch %d, %s GELU backward): %d ops, arena %.1f MiB = %.1f%% of the %.1f MiB sum "
+               "of activations, "
                "%.2fx the peak live %.1f MiB\n",
-               presets[k], mbs[k], dg_model_n_ops(m), arena / 1048576.0, 100.0 * (double)arena / (double)sum,
-               sum / 1048576.0, (double)arena / (double)peak, peak / 1048576.0);
+               presets[k], mbs[k], unfused ? "unfused" : "fused", dg_model_n_ops(m), arena / 1048576.0,
+               100.0 * (double)arena / (double)sum, sum / 1048576.0, (double)arena / (double)peak,
+               peak / 1048576.0);
         dg_model_free(m);
+    }
+}
+
+/* ---------------- 3b. what the GELU backward fusion and recompute save ---------------- */
+
+/* The CUDA backend's attention scratch (one f32 logsumexp per row and head); used to plan the model as
+ * the GPU would run it, without a GPU. */
+static size_t cuda_like_aux_bytes(dg_backend_t *be, int B, int T, int C, int NH) {
+    (void)be;
+    (void)C;
+    return (size_t)B * NH * T * sizeof(float);
+}
+
+/* gpt2-124m at micro-batch 32 x 1024, plan only: the CPU backend's plan (f32; its attention keeps the
+ * full probability matrix) and a bf16 plan with the CUDA backend's attention scratch (the GPU's arena).
+ * Recompute must save at least (L - 1) GELU outputs of [B*T, 4C] (the last layer's backward starts while
+ * its recomputed copy is live); the fused backward must not need more than the unfused one. */
+static void test_gelu_memory(dg_backend_t *cpu) {
+    dg_backend_ops_t ops16 = *cpu->ops;
+    ops16.attention_aux_bytes = cuda_like_aux_bytes;
+    dg_backend_t be16 = {&ops16, DG_BF16, cpu->impl};
+    dg_backend_t *bes[2] = {cpu, &be16};
+    const char *what[2] = {"cpu f32", "bf16, CUDA attention scratch"};
+    const int flags[3] = {DG_MODEL_UNFUSED_GELU_BWD, 0, DG_MODEL_RECOMPUTE_GELU};
+    const char *fname[3] = {"unfused gelu_bwd", "fused matmul_bwd_dgelu", "fused + recompute gelu"};
+    dg_model_desc_t d;
+    OK(dg_model_desc_preset("gpt2-124m", &d));
+    const int B = 32;
+    for (int b = 0; b < 2; b++) {
+        size_t arena[3];
+        for (int f = 0; f < 3; f++) {
+            dg_model_t *m;
+            OK(dg_model_create_ex(&d, bes[b], B, 1, flags[f] | DG_MODEL_PLAN_ONLY, &m));
+            EXPECT(dg_plan_check(dg_model_plan(m), dg_model_graph(m)) == DG_OK, "%s %s: plan check: %s",
+                   what[b], fname[f], dg_last_error());
+            arena[f] = dg_model_arena_bytes(m);
+            printf("gpt2-124m micro_batch %d, %s, %s: arena %zu bytes (%.2f GiB), %d ops\n", B, what[b],
+                   fname[f], arena[f], arena[f] / 1073741824.0, dg_model_n_ops(m));
+            dg_model_free(m);
+        }
+        size_t es = b ? 2 : 4, gelu_out = (size_t)B * d.seq_len * 4 * d.d_model * es;
+        EXPECT(arena[1] <= arena[0], "%s: the fused backward needs more arena (%zu) than the unfused (%zu)",
+               what[b], arena[1], arena[0]);
+        EXPECT(arena[1] - arena[2] >= (size_t)(d.n_layer - 1) * gelu_out,
+               "%s: recompute saves %zd bytes, expected at least %d GELU outputs of %zu", what[b],
+               (ssize_t)(arena[1] - arena[2]), d.n_layer - 1, gelu_out);
+        printf("  %s: fused saves %.3f GiB, recompute another %.3f GiB (%.1f GELU outputs of %.3f GiB)\n",
+               what[b], (double)(arena[0] - arena[1]) / 1073741824.0,
+               (double)(arena[1] - arena[2]) / 1073741824.0, (double)(arena[1] - arena[2]) / (double)gelu_out,
+               gelu_out / 1073741824.0);
     }
 }
 
@@ -318,6 +375,7 @@ int main(void) {
     test_intervals();
     test_random_graphs(be);
     test_model_plans(be);
+    test_gelu_memory(be);
     test_stale_abort(be);
     dg_backend_free(be);
     if (failures) {

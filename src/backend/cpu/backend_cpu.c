@@ -446,6 +446,7 @@ static const dg_backend_ops_t cpu_ops = {
     .matmul_bwd = dg_cpu_matmul_bwd,
     .gelu_fwd = dg_cpu_gelu_fwd,
     .gelu_bwd = dg_cpu_gelu_bwd,
+    .matmul_bwd_dgelu = dg_cpu_matmul_bwd_dgelu,
     .attention_aux_bytes = dg_cpu_attention_aux_bytes,
     .attention_fwd = dg_cpu_attention_fwd,
     .attention_bwd = dg_cpu_attention_bwd,

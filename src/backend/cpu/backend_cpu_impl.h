@@ -61,6 +61,9 @@ dg_status_t dg_cpu_matmul_fwd(dg_backend_t *be, void *out, void *pre, const void
                               const void *bias, int N, int C, int OC, dg_epilogue_t epi);
 dg_status_t dg_cpu_matmul_bwd(dg_backend_t *be, void *dinp, float *dw, float *dbias, const void *dout,
                               const void *inp, const void *w, int N, int C, int OC, int acc);
+dg_status_t dg_cpu_matmul_bwd_dgelu(dg_backend_t *be, void *dpre, float *dw, float *dbias, const void *dout,
+                                    const void *inp, const void *w, const void *pre, int N, int C, int OC,
+                                    int acc);
 size_t dg_cpu_attention_aux_bytes(dg_backend_t *be, int B, int T, int C, int NH);
 dg_status_t dg_cpu_attention_fwd(dg_backend_t *be, void *out, void *aux, const void *qkv, int B, int T, int C,
                                  int NH);

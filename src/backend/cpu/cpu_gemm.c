@@ -1,4 +1,5 @@
-/* cpu_gemm.c — the linear layer of the CPU backend (matmul_fwd with its bias/GELU epilogue, matmul_bwd)
+/* cpu_gemm.c — the linear layer of the CPU backend (matmul_fwd with its bias/GELU epilogue, matmul_bwd, and
+ * matmul_bwd_dgelu: matmul_bwd with the GELU derivative applied to the input gradient tile by tile)
  * as GEMMs cut into tiles, each tile one single-threaded OpenBLAS sgemm call, the tiles run as tasks
  * on the backend's worker pool.
  *
@@ -235,5 +236,98 @@ dg_status_t dg_cpu_matmul_bwd(dg_backend_t *be, void *dinp, float *dw, float *db
     /* One job for the three independent products: one wake-up of the workers instead of three. */
     dg_cpu_blas_single_thread();
     dg_cpu_run(cpu, j.dw.ntiles + j.dinp.ntiles + j.nbias, bwd_task, &j);
+    return DG_OK;
+}
+
+/* ---------------- matmul_bwd_dgelu ---------------- */
+
+/* The input-gradient GEMM of matmul_bwd with gelu_bwd as its tile epilogue: each tile of dout · w is
+ * multiplied by gelu'(pre) while it is still in cache. acc = 0: the GEMM writes dpre and the epilogue
+ * scales it in place; acc = 1: the GEMM writes scratch and the epilogue adds the scaled tile into dpre.
+ * The per-element arithmetic is gelu_bwd's (same expression, same vectorisation), and the tiles are
+ * matmul_bwd's, so the result is bitwise that of matmul_bwd followed by gelu_bwd. */
+typedef struct {
+    float *dpre;
+    const float *prod; /* the GEMM's output: dpre itself (acc = 0) or scratch (acc = 1) */
+    const float *pre;
+    int C, acc;
+} dgelu_epi_t;
+
+DG_CPU_VEC static void dgelu_row(float *dp, const float *d, const float *pre, int n, int acc) {
+    if (acc) {
+#pragma omp simd
+        for (int c = 0; c < n; c++)
+            dp[c] += d[c] * dg_cpu_gelu_grad(pre[c]);
+    } else {
+#pragma omp simd
+        for (int c = 0; c < n; c++)
+            dp[c] = d[c] * dg_cpu_gelu_grad(pre[c]);
+    }
+}
+
+static void dgelu_epilogue(void *argp, int m0, int m1, int n0, int n1) {
+    const dgelu_epi_t *e = argp;
+    for (int r = m0; r < m1; r++) {
+        size_t at = (size_t)r * e->C + n0;
+        dgelu_row(e->dpre + at, e->prod + at, e->pre + at, n1 - n0, e->acc);
+    }
+}
+
+static int overlaps(const void *a, const void *b, size_t bytes) {
+    const char *pa = a, *pb = b;
+    return pa < pb + bytes && pb < pa + bytes;
+}
+
+dg_status_t dg_cpu_matmul_bwd_dgelu(dg_backend_t *be, void *dpre, float *dw, float *dbias, const void *dout,
+                                    const void *inp, const void *w, const void *pre, int N, int C, int OC,
+                                    int acc) {
+    const char *op = "matmul_bwd_dgelu";
+    DG_CPU_NONNULL(op, dpre);
+    DG_CPU_NONNULL(op, dw);
+    DG_CPU_NONNULL(op, dout);
+    DG_CPU_NONNULL(op, inp);
+    DG_CPU_NONNULL(op, w);
+    DG_CPU_NONNULL(op, pre);
+    DG_CPU_POSITIVE(op, N);
+    DG_CPU_POSITIVE(op, C);
+    DG_CPU_POSITIVE(op, OC);
+    const size_t nbytes = (size_t)N * C * sizeof(float);
+    if (overlaps(dpre, pre, nbytes) || overlaps(dpre, dout, (size_t)N * OC * sizeof(float)))
+        return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: dpre must not overlap pre or dout", op);
+    const int aliased = overlaps(dpre, inp, nbytes);
+    if (aliased && acc)
+        return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: dpre may alias inp only with acc = 0", op);
+    dg_cpu_t *cpu = dg_cpu_of(be);
+    /* one scratch block: the bias column sums, then (acc = 1) the product before the GELU derivative */
+    const size_t bias_bytes = dbias ? ((size_t)OC * sizeof(float) + 255) / 256 * 256 : 0;
+    char *scr = NULL;
+    if (dbias || acc) {
+        scr = dg_cpu_scratch(cpu, bias_bytes + (acc ? nbytes : 0));
+        if (!scr) return dg_last_error_code();
+    }
+    bwd_job_t j = {0};
+    j.dbias = dbias;
+    j.accum = dbias ? (float *)scr : NULL;
+    j.dout = dout;
+    j.N = N;
+    j.OC = OC;
+    if (dbias) j.nbias = cpu->nt < cdiv(OC, 16) ? cpu->nt : cdiv(OC, 16);
+    dgelu_epi_t e = {dpre, acc ? (const float *)(scr + bias_bytes) : dpre, pre, C, acc};
+    /* the same tiles as matmul_bwd */
+    gemm_job_init(&j.dw, 1, 1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C, NULL, NULL, NULL);
+    gemm_job_init(&j.dinp, DG_CPU_GEMM_MIN_TILES, 0, 0, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, (float *)e.prod,
+                  C, NULL, dgelu_epilogue, &e);
+    dg_cpu_blas_single_thread();
+    if (!aliased) {
+        dg_cpu_run(cpu, j.dw.ntiles + j.dinp.ntiles + j.nbias, bwd_task, &j);
+        return DG_OK;
+    }
+    /* dpre overwrites inp: every read of inp (the weight gradient) finishes before the first write */
+    bwd_job_t first = j, second = j;
+    first.dinp.ntiles = 0;
+    second.dw.ntiles = 0;
+    second.nbias = 0;
+    dg_cpu_run(cpu, first.dw.ntiles + first.nbias, bwd_task, &first);
+    dg_cpu_run(cpu, second.dinp.ntiles, bwd_task, &second);
     return DG_OK;
 }

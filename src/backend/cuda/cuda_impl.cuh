@@ -73,6 +73,8 @@ typedef struct dg_cuda {
     size_t scratch_bytes;
     int *err_dev;        /* device flags, read back in sync() */
     int fused_epilogues; /* 0 when DG_CUDA_FUSED_EPILOGUES=0: GEMM + separate kernels (for testing) */
+    int fused_dgelu;     /* 0 when DG_CUDA_FUSED_DGELU=0: matmul_bwd_dgelu as GEMM + gelu_bwd kernel even
+                            where the DGELU epilogue applies (A/B timing of the epilogue alone) */
     int fast_attention;  /* 0 when DG_CUDA_FAST_ATTENTION=0: the generic attention kernels only */
     int attn_ldmatrix;   /* tensor-core attention loads fragments with ldmatrix (DG_CUDA_ATTN_LDMATRIX=0: not)
                           */
@@ -142,6 +144,9 @@ dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *i
                                const void *bias, int N, int C, int OC, dg_epilogue_t epi);
 dg_status_t dg_cuda_matmul_bwd(dg_cuda_t *c, void *dinp, float *dw, float *dbias, const void *dout,
                                const void *inp, const void *w, int N, int C, int OC, int acc);
+dg_status_t dg_cuda_matmul_bwd_dgelu(dg_cuda_t *c, void *dpre, float *dw, float *dbias, const void *dout,
+                                     const void *inp, const void *w, const void *pre, int N, int C, int OC,
+                                     int acc);
 void dg_cuda_gemm_plans_free(dg_cuda_t *c);
 /* attention.cu */
 size_t dg_cuda_attention_aux_bytes(int B, int T, int C, int NH);

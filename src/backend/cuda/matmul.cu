@@ -10,6 +10,9 @@
  * the epilogue is done by the kernels in elementwise.cu. BGRADB overwrites its output, so it writes to
  * scratch and a separate kernel adds that into dbias (the contract's +=).
  *
+ * matmul_bwd_dgelu (the MLP's second linear layer, whose input is a GELU output) takes the input gradient
+ * through GELU's derivative with the DGELU epilogue (aux = the saved pre-activation).
+ *
  * Row-major to column-major: a row-major [R, K] matrix is a column-major K x R one, so
  * out[N,OC] = inp[N,C]·w[OC,C]ᵀ is the column-major D(OC x N) = wᵀ(OC x C) · inp(C x N).
  */
@@ -357,4 +360,53 @@ dg_status_t dg_cuda_matmul_bwd(dg_cuda_t *c, void *dinp, float *dw, float *dbias
     }
     if (dbias && !bias_done) DG_TRY(dg_cuda_colsum_acc(c, dbias, dout, N, OC));
     return DG_OK;
+}
+
+/* dpre[N,C] (acc) = (dout · w) ⊙ gelu'(pre), dw += doutᵀ · inp, dbias += colsum(dout).
+ * The weight (and bias) gradient runs first, so dpre may overwrite inp (the GELU output, dead after it).
+ * bf16 with acc = 0 and C % 8 == 0 (the aux leading dimension must be a multiple of 8): the input
+ * gradient is one GEMM with the DGELU epilogue, aux = pre (same layout as D: column-major C x N, ld C,
+ * in the act dtype, which is cuBLASLt's default aux type). Elsewhere — f16 (its first GPU run failed 2
+ * of the harness's 77 checks for this op, not yet explained: kept on the two-kernel path), f32 (the
+ * exact reference mode, as in the forward: our tanh-form kernel, not cuBLASLt's GELU), acc = 1 (cuBLASLt would apply the
+ * derivative to dout·w + beta·C, not add after it), DG_CUDA_FUSED_EPILOGUES=0, DG_CUDA_FUSED_DGELU=0,
+ * or when cuBLASLt has no algorithm — the plain GEMM writes dpre (acc = 1: scratch) and the gelu_bwd
+ * kernel applies the derivative in place (acc = 1: adds into dpre). DGELU_BGRAD is not used: it would
+ * give the NEXT layer's (mlp.fc's) bias gradient, which that layer's weight-gradient GEMM already gets
+ * from its BGRADB epilogue. */
+dg_status_t dg_cuda_matmul_bwd_dgelu(dg_cuda_t *c, void *dpre, float *dw, float *dbias, const void *dout,
+                                     const void *inp, const void *w, const void *pre, int N, int C, int OC,
+                                     int acc) {
+    DG_TRY(dg_cuda_matmul_bwd(c, NULL, dw, dbias, dout, inp, w, N, C, OC, 0));
+    /* dpre(C x N) = w(C x OC) · dout(OC x N), column-major */
+    gemm_call_t g;
+    memset(&g, 0, sizeof g);
+    g.m = C;
+    g.n = N;
+    g.k = OC;
+    g.A = w;
+    g.lda = C;
+    g.B = dout;
+    g.ldb = OC;
+    g.D = dpre;
+    g.ldd = C;
+    g.abtype = g.dtype = cuda_type(c->act);
+    g.beta = 0.f;
+    g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+    if (c->fused_epilogues && c->fused_dgelu && c->act == DG_BF16 && !acc && C % 8 == 0) {
+        gemm_call_t f = g;
+        f.epi = CUBLASLT_EPILOGUE_DGELU;
+        f.aux = (void *)pre;
+        f.aux_ld = C;
+        int ran = 0;
+        DG_TRY(gemm_try(c, &f, &ran));
+        if (ran) return DG_OK;
+    }
+    if (acc) {
+        void *scr = NULL;
+        DG_TRY(dg_cuda_scratch(c, (size_t)N * C * dg_dtype_size(c->act), &scr));
+        g.D = scr;
+    }
+    DG_TRY(gemm_must(c, &g, "matmul_bwd_dgelu (input gradient)"));
+    return dg_cuda_gelu_bwd(c, dpre, pre, g.D, (size_t)N * C, acc);
 }
