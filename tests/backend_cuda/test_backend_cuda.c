@@ -22,10 +22,11 @@
  *       random inputs at several shapes: out, logsumexp and dqkv bitwise equal (+0 = -0), every element
  *       written (outputs poisoned with NaN first).
  *   test_backend_cuda --mode attn-impl   [--dtype bf16|f16] [--small] [--verbose]
- *       the tensor-core attention implementations 1 and 2 (DG_CUDA_ATTN_IMPL) on the same random inputs
- *       (B,T in (2,1024) (2,200) (3,13) (1,333) (2,129), head sizes 64 and 32): out, logsumexp and dqkv
- *       within the vs-CPU tolerances of each other, every element written (NaN poison), impl 2 bitwise
- *       reproducible run to run; without --small, a timing line of both at B=32 T=1024 C=768 NH=12.
+ *       the tensor-core attention implementations 1 to 5 (DG_CUDA_ATTN_IMPL) on the same random inputs
+ *       (B,T in (2,1024) (2,200) (3,13) (1,333) (2,129), head sizes 64 and 32): out, logsumexp and dqkv of
+ *       each of impl 2 to 5 within the vs-CPU tolerances of impl 1's, every element written (NaN poison),
+ *       bitwise reproducible run to run; without --small, a timing line of all five at B=32 T=1024
+ *       C=768 NH=12.
  * Exit status: 0 all passed, 1 a check failed, 77 skipped (no GPU).
  */
 #define _GNU_SOURCE
@@ -836,7 +837,7 @@ static int run_attn_rows(dg_dtype_t act, int small) {
     return g_fails ? 1 : 0;
 }
 
-/* ======================= attention implementations: 1 vs 2 ======================= */
+/* ======================= attention implementations: 2 and 3 vs 1 ======================= */
 
 static dg_backend_t *make_cuda_impl(dg_dtype_t act, const char *impl, int *skip) {
     setenv("DG_CUDA_ATTN_IMPL", impl, 1);
@@ -962,10 +963,19 @@ static void attn_time(dg_backend_t *be, dg_dtype_t act, int B, int T, int C, int
 
 static int run_attn_impl(dg_dtype_t act, int small) {
     if (act == DG_F32) act = DG_BF16; /* the tensor-core kernels are the 16-bit ones */
+    enum { NIMPL = 5 };                /* implementations 1..NIMPL; each of 2..NIMPL is checked against 1 */
     int skip = 0;
-    dg_backend_t *b1 = make_cuda_impl(act, "1", &skip);
-    if (skip) return SKIP;
-    dg_backend_t *b2 = make_cuda_impl(act, "2", &skip);
+    dg_backend_t *be[NIMPL + 1] = {0};
+    for (int k = 1; k <= NIMPL; k++) {
+        char nm[8];
+        snprintf(nm, sizeof nm, "%d", k);
+        be[k] = make_cuda_impl(act, nm, &skip);
+        if (skip) {
+            for (int j = 1; j < k; j++)
+                dg_backend_free(be[j]);
+            return SKIP;
+        }
+    }
     const struct {
         int B, T;
     } bt[] = {{2, 1024}, {2, 200}, {3, 13}, {1, 333}, {2, 129}};
@@ -981,14 +991,8 @@ static int run_attn_impl(dg_dtype_t act, int small) {
                 float v = 0.05f + 0.95f * (float)((rng >> 40) / 16777216.0);
                 h[i] = (rng >> 20) & 1 ? v : -v;
             }
-            attn_res_t r1 = attn_run(b1, act, h, B, T, C, NH);
-            attn_res_t r2 = attn_run(b2, act, h, B, T, C, NH);
-            attn_res_t r2b = attn_run(b2, act, h, B, T, C, NH);
-            char nm[128];
-            snprintf(nm, sizeof nm, "attn-impl [%s] B=%d T=%d C=%d NH=%d (head %d): impl 2 vs 1", dg_dtype_name(act),
-                     B, T, C, NH, hs);
-            float *o1 = act16_array(r1.out, nout, act), *o2 = act16_array(r2.out, nout, act);
-            float *d1 = act16_array(r1.dq, nqkv, act), *d2 = act16_array(r2.dq, nqkv, act);
+            attn_res_t r1 = attn_run(be[1], act, h, B, T, C, NH);
+            float *o1 = act16_array(r1.out, nout, act), *d1 = act16_array(r1.dq, nqkv, act);
             size_t nf1 = 0;
             for (size_t i = 0; i < nout; i++)
                 nf1 += !isfinite(o1[i]);
@@ -996,52 +1000,66 @@ static int run_attn_impl(dg_dtype_t act, int small) {
                 nf1 += !isfinite(d1[i]);
             for (size_t i = 0; i < nl; i++)
                 nf1 += !isfinite(r1.lse[i]);
-            check(nf1 == 0, "%s: impl 1 has %zu unwritten or non-finite values", nm, nf1);
-            /* compare() fails on any non-finite impl 2 value: every element written */
-            compare(nm, "fwd out", o2, o1, nout, tol_f);
-            compare(nm, "fwd logsumexp", r2.lse, r1.lse, nl, tol_f);
-            compare(nm, "bwd dqkv", d2, d1, nqkv, tol_b);
-            size_t rep = 0, same = 0;
-            for (size_t i = 0; i < nout; i++) {
-                rep += r2.out[i] != r2b.out[i];
-                same += r2.out[i] == r1.out[i];
+            check(nf1 == 0, "attn-impl [%s] B=%d T=%d C=%d NH=%d (head %d): impl 1 has %zu unwritten or non-finite values",
+                  dg_dtype_name(act), B, T, C, NH, hs, nf1);
+            for (int k = 2; k <= NIMPL; k++) {
+                attn_res_t r2 = attn_run(be[k], act, h, B, T, C, NH);
+                attn_res_t r2b = attn_run(be[k], act, h, B, T, C, NH);
+                char nm[128];
+                snprintf(nm, sizeof nm, "attn-impl [%s] B=%d T=%d C=%d NH=%d (head %d): impl %d vs 1",
+                         dg_dtype_name(act), B, T, C, NH, hs, k);
+                float *o2 = act16_array(r2.out, nout, act), *d2 = act16_array(r2.dq, nqkv, act);
+                /* compare() fails on any non-finite value of impl k: every element written */
+                compare(nm, "fwd out", o2, o1, nout, tol_f);
+                compare(nm, "fwd logsumexp", r2.lse, r1.lse, nl, tol_f);
+                compare(nm, "bwd dqkv", d2, d1, nqkv, tol_b);
+                size_t rep = 0, same = 0;
+                for (size_t i = 0; i < nout; i++) {
+                    rep += r2.out[i] != r2b.out[i];
+                    same += r2.out[i] == r1.out[i];
+                }
+                for (size_t i = 0; i < nqkv; i++) {
+                    rep += r2.dq[i] != r2b.dq[i];
+                    same += r2.dq[i] == r1.dq[i];
+                }
+                for (size_t i = 0; i < nl; i++) {
+                    rep += memcmp(&r2.lse[i], &r2b.lse[i], 4) != 0;
+                    same += memcmp(&r2.lse[i], &r1.lse[i], 4) == 0;
+                }
+                check(rep == 0, "%s: impl %d run twice differs in %zu of %zu values (must be bitwise reproducible)", nm,
+                      k, rep, nout + nqkv + nl);
+                if (g_verbose)
+                    printf("info %s: %zu of %zu values bitwise equal to impl 1\n", nm, same, nout + nqkv + nl);
+                free(o2);
+                free(d2);
+                attn_res_free(&r2);
+                attn_res_free(&r2b);
             }
-            for (size_t i = 0; i < nqkv; i++) {
-                rep += r2.dq[i] != r2b.dq[i];
-                same += r2.dq[i] == r1.dq[i];
-            }
-            for (size_t i = 0; i < nl; i++) {
-                rep += memcmp(&r2.lse[i], &r2b.lse[i], 4) != 0;
-                same += memcmp(&r2.lse[i], &r1.lse[i], 4) == 0;
-            }
-            check(rep == 0, "%s: impl 2 run twice differs in %zu of %zu values (must be bitwise reproducible)", nm,
-                  rep, nout + nqkv + nl);
-            if (g_verbose)
-                printf("info %s: %zu of %zu values bitwise equal to impl 1\n", nm, same, nout + nqkv + nl);
             free(o1);
-            free(o2);
             free(d1);
-            free(d2);
             attn_res_free(&r1);
-            attn_res_free(&r2);
-            attn_res_free(&r2b);
             free(h);
         }
     if (!small) { /* timing at GPT-2 124M's shape, one micro-batch of 32 x 1024 (not a pass/fail) */
         const int B = 32, T = 1024, C = 768, NH = 12, iters = 20;
-        double ms[2][2];
-        attn_time(b1, act, B, T, C, NH, iters, &rng, ms[0]);
-        attn_time(b2, act, B, T, C, NH, iters, &rng, ms[1]);
+        double ms[NIMPL + 1][2];
+        for (int k = 1; k <= NIMPL; k++)
+            attn_time(be[k], act, B, T, C, NH, iters, &rng, ms[k]);
         /* causal attention FLOPs: QK^T and PV over half the T x T matrix, forward; backward 2.5 x */
         const double fl = 4.0 * B * NH * (double)T * T * (C / NH) / 2;
-        printf("attn-impl timing [%s] B=%d T=%d C=%d NH=%d: impl1 fwd %.4f ms bwd %.4f ms; impl2 fwd %.4f ms bwd "
-               "%.4f ms (impl1 %.0f / %.0f TFLOP/s, impl2 %.0f / %.0f TFLOP/s; speed-up fwd %.2fx bwd %.2fx)\n",
-               dg_dtype_name(act), B, T, C, NH, ms[0][0], ms[0][1], ms[1][0], ms[1][1], fl / ms[0][0] / 1e9,
-               2.5 * fl / ms[0][1] / 1e9, fl / ms[1][0] / 1e9, 2.5 * fl / ms[1][1] / 1e9, ms[0][0] / ms[1][0],
-               ms[0][1] / ms[1][1]);
+        printf("attn-impl timing [%s] B=%d T=%d C=%d NH=%d:", dg_dtype_name(act), B, T, C, NH);
+        for (int k = 1; k <= NIMPL; k++)
+            printf("%s impl%d fwd %.4f ms bwd %.4f ms", k > 1 ? ";" : "", k, ms[k][0], ms[k][1]);
+        printf(" (TFLOP/s fwd / bwd:");
+        for (int k = 1; k <= NIMPL; k++)
+            printf(" impl%d %.0f / %.0f", k, fl / ms[k][0] / 1e9, 2.5 * fl / ms[k][1] / 1e9);
+        printf("; speed-up vs impl1 fwd / bwd:");
+        for (int k = 2; k <= NIMPL; k++)
+            printf(" impl%d %.2fx / %.2fx", k, ms[1][0] / ms[k][0], ms[1][1] / ms[k][1]);
+        printf(")\n");
     }
-    dg_backend_free(b1);
-    dg_backend_free(b2);
+    for (int k = 1; k <= NIMPL; k++)
+        dg_backend_free(be[k]);
     printf("attn-impl [%s]: %d checks, %d failed\n", dg_dtype_name(act), g_checks, g_fails);
     return g_fails ? 1 : 0;
 }

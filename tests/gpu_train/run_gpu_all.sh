@@ -67,7 +67,7 @@ log "attention block rows for the benchmark: $rows_best"
 
 # ---- the attention implementations against each other (checks, then timed alone at B=32 T=1024) ----
 "$tbc" --mode attn-impl --dtype bf16 >"$out/attn_impl.log" 2>&1
-log "attn-impl bf16 rc=$?: $(grep -h 'attn-impl' "$out/attn_impl.log" | cut -c1-400 | tr '\n' ' ')"
+log "attn-impl bf16 rc=$?: $(grep -h 'attn-impl' "$out/attn_impl.log" | cut -c1-700 | tr '\n' ' ')"
 for dt in bf16 f16 f32; do # the fused MLP backward op against float64
   "$tbc" --mode harness --dtype $dt --only dgelu >"$out/harness_dgelu_$dt.log" 2>&1
   log "harness dgelu $dt rc=$?: $(tail -1 "$out/harness_dgelu_$dt.log") $(grep -h '^FAIL' "$out/harness_dgelu_$dt.log" | head -3 | cut -c1-300 | tr '\n' ' ')"

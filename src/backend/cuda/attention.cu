@@ -266,6 +266,13 @@ static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s),
                  "l"(__cvta_generic_to_global(gmem)), "r"(n));
 }
+/* 4 bytes (0 read and zero-filled when !valid) */
+static __device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(__cvta_generic_to_global(gmem)),
+                 "r"(n));
+}
 static __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::);
 }
@@ -288,6 +295,14 @@ static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const uint16_
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(a)
                  : "memory");
+}
+
+/* 2^x as one MUFU.EX2 (ex2.approx.ftz: results below 2^-126 flush to zero); exp2f adds a range check and
+ * two multiplies around the same instruction for denormal results. Used by implementation 3. */
+static __device__ __forceinline__ float ex2_approx_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 /* Copy rows [0, 64) of a tile (rows >= `valid` zero-filled) of HS 16-bit elements, global row stride
@@ -701,6 +716,25 @@ __global__ void __launch_bounds__(32 * NW)
 #define A2_BR (16 * A2_MT * A2_NW) /* 128 rows per block */
 #define A2_BC 64                /* rows per streamed tile */
 
+/* Implementation 3 (DG_CUDA_ATTN_IMPL=3) is the same kernels instantiated with V = 3: the V template
+ * parameter below selects (a) 2^x as a single ex2.approx.ftz instead of exp2f (which wraps the same
+ * instruction in a denormal-range fix-up: 3 more instructions per score), and (b) separate code for tiles
+ * that cross the diagonal and tiles that do not, the former testing the causal condition only (one
+ * compare per score instead of three, and none at all elsewhere: with V = 2 the mask tests stay in every
+ * tile's code as predicated instructions). Keys or queries past Tn need no test of their own: a valid
+ * row never sees a key past Tn (it is after the row), rows past Tn are never stored, and a query past Tn
+ * adds exactly zero to dK and dV (its Q and dO rows are zero-filled, its logsumexp and delta read as 0,
+ * so P = 1 and dS = 0 for it). */
+template <bool B> struct A2Bool {
+    static constexpr bool value = B;
+};
+template <int V> static __device__ __forceinline__ float a2_exp2(float x) {
+    if constexpr (V >= 3)
+        return ex2_approx_ftz(x);
+    else
+        return exp2f(x);
+}
+
 /* Copy rows [0, ROWS) of a tile (rows >= `valid` zero-filled) of HS 16-bit elements, global row stride
  * `gstride`, into shared memory rows of HS + 8 elements. All NT threads take part. */
 template <int HS, int NT, int ROWS>
@@ -711,6 +745,29 @@ static __device__ __forceinline__ void tile_load_rows(uint16_t *sm, const uint16
         const int r = i / CH, ch = i % CH;
         const bool ok = r < valid;
         cp_async16(sm + r * LDS + ch * 8, ok ? g + (size_t)r * gstride + ch * 8 : g, ok);
+    }
+}
+
+/* The same for implementation 3: thread t always copies chunk t % (HS / 8) of rows t / (HS / 8) + k NT /
+ * (HS / 8), so the loop is unrolled and the addresses advance by a constant (no division, no 64-bit
+ * multiply per chunk). */
+template <int V, int HS, int NT, int ROWS>
+static __device__ __forceinline__ void a2_tile_load(uint16_t *sm, const uint16_t *g, size_t gstride, int valid) {
+    if constexpr (V >= 3) {
+        constexpr int CH = HS / 8, LDS = HS + 8, RPI = NT / CH; /* rows per pass of the block */
+        static_assert(NT % CH == 0 && ROWS % RPI == 0, "whole passes");
+        const int r0 = threadIdx.x / CH, ch = threadIdx.x % CH;
+        uint16_t *s = sm + r0 * LDS + ch * 8;
+        const uint16_t *p = g + (size_t)r0 * gstride + ch * 8;
+        const size_t step = (size_t)RPI * gstride;
+#pragma unroll
+        for (int k = 0; k < ROWS / RPI; k++) {
+            const bool ok = r0 + k * RPI < valid;
+            cp_async16(s + k * RPI * LDS, ok ? p : g, ok);
+            p += step;
+        }
+    } else {
+        tile_load_rows<HS, NT, ROWS>(sm, g, gstride, valid);
     }
 }
 
@@ -805,7 +862,7 @@ static __device__ __forceinline__ void mma2_pv(float (&acc)[MT][HS / 8][4], cons
     }
 }
 
-template <typename T, int HS>
+template <typename T, int HS, int V>
 __global__ void __launch_bounds__(32 * A2_NW)
     attn2_fwd(T *out, float *lse, const T *qkv, int Tn, int C, int NH, float sl2) {
     constexpr int LDS = HS + 8, NT = 32 * A2_NW, MT = A2_MT;
@@ -837,15 +894,15 @@ __global__ void __launch_bounds__(32 * A2_NW)
     }
 
     const int nkb = min(q0 + A2_BR - 1, Tn - 1) / A2_BC + 1;
-    tile_load_rows<HS, NT, A2_BC>(ks[0], kg, C3, Tn);
-    tile_load_rows<HS, NT, A2_BC>(vs[0], vg, C3, Tn);
+    a2_tile_load<V, HS, NT, A2_BC>(ks[0], kg, C3, Tn);
+    a2_tile_load<V, HS, NT, A2_BC>(vs[0], vg, C3, Tn);
     cp_async_commit();
     for (int kb = 0; kb < nkb; kb++) {
         const int buf = kb & 1;
         if (kb + 1 < nkb) {
             const int k1 = (kb + 1) * A2_BC;
-            tile_load_rows<HS, NT, A2_BC>(ks[buf ^ 1], kg + (size_t)k1 * C3, C3, Tn - k1);
-            tile_load_rows<HS, NT, A2_BC>(vs[buf ^ 1], vg + (size_t)k1 * C3, C3, Tn - k1);
+            a2_tile_load<V, HS, NT, A2_BC>(ks[buf ^ 1], kg + (size_t)k1 * C3, C3, Tn - k1);
+            a2_tile_load<V, HS, NT, A2_BC>(vs[buf ^ 1], vg + (size_t)k1 * C3, C3, Tn - k1);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -857,56 +914,84 @@ __global__ void __launch_bounds__(32 * A2_NW)
         if (kbase <= qw + 16 * MT - 1) {
             float s[MT][A2_BC / 8][4];
             mma2_abt_r<T, HS, MT, A2_BC / 8>(s, qa, ks[buf]);
-            /* masks: some key of the tile after this warp's first row, or keys past the end */
-            const bool masked = kbase + A2_BC - 1 > qw || kbase + A2_BC > Tn;
+            /* masks: some key of the tile after this warp's first row, or (V = 2) keys past the end */
+            const bool masked =
+                V >= 3 ? kbase + A2_BC - 1 > qw : (kbase + A2_BC - 1 > qw || kbase + A2_BC > Tn);
+            const int dkr = kbase + 2 * tq - qw - gq; /* key - row of element (m, nt, e) = dkr + const */
+            auto softmax = [&](auto mk) {
 #pragma unroll
-            for (int m = 0; m < MT; m++) {
-                const int row0 = qw + 16 * m + gq, row1 = row0 + 8;
-                float m0 = mx[m][0], m1 = mx[m][1];
+                for (int m = 0; m < MT; m++) {
+                    /* V >= 3: the tile's maximum of the raw scores, scaled afterwards (the scale is positive:
+                     * the same value), and the scale folded into the exponent's FFMA: one FMUL less per score */
+                    float m0 = V >= 3 ? -INFINITY : mx[m][0], m1 = V >= 3 ? -INFINITY : mx[m][1];
 #pragma unroll
-                for (int nt = 0; nt < A2_BC / 8; nt++)
+                    for (int nt = 0; nt < A2_BC / 8; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float v = s[m][nt][e] * sl2;
-                        if (masked) {
-                            const int key = kbase + nt * 8 + 2 * tq + (e & 1);
-                            if (key > (e < 2 ? row0 : row1) || key >= Tn) v = -INFINITY;
+                        for (int e = 0; e < 4; e++) {
+                            float v = V >= 3 ? s[m][nt][e] : s[m][nt][e] * sl2;
+                            if constexpr (V >= 3) {
+                                if (decltype(mk)::value && dkr + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) > 0)
+                                    v = -INFINITY;
+                            } else if (masked) {
+                                const int key = kbase + nt * 8 + 2 * tq + (e & 1);
+                                const int row = qw + 16 * m + gq + 8 * (e >> 1);
+                                if (key > row || key >= Tn) v = -INFINITY;
+                            }
+                            s[m][nt][e] = v;
+                            if (e < 2)
+                                m0 = fmaxf(m0, v);
+                            else
+                                m1 = fmaxf(m1, v);
                         }
-                        s[m][nt][e] = v;
-                        if (e < 2)
-                            m0 = fmaxf(m0, v);
-                        else
-                            m1 = fmaxf(m1, v);
+                    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
+                    m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
+                    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
+                    m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
+                    if constexpr (V >= 3) {
+                        m0 = fmaxf(mx[m][0], m0 * sl2);
+                        m1 = fmaxf(mx[m][1], m1 * sl2);
                     }
-                m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 1));
-                m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, 2));
-                m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 1));
-                m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, 2));
-                /* a row with no visible key yet keeps max -inf: base 0 so nothing becomes NaN */
-                const float b0 = m0 == -INFINITY ? 0.f : m0, b1 = m1 == -INFINITY ? 0.f : m1;
-                const float c0 = exp2f(mx[m][0] - b0), c1 = exp2f(mx[m][1] - b1);
-                mx[m][0] = m0;
-                mx[m][1] = m1;
-                float l0 = l[m][0] * c0, l1 = l[m][1] * c1;
+                    /* a row with no visible key yet keeps max -inf: base 0 so nothing becomes NaN */
+                    const float b0 = m0 == -INFINITY ? 0.f : m0, b1 = m1 == -INFINITY ? 0.f : m1;
+                    const float c0 = a2_exp2<V>(mx[m][0] - b0), c1 = a2_exp2<V>(mx[m][1] - b1);
+                    mx[m][0] = m0;
+                    mx[m][1] = m1;
+                    float l0 = l[m][0] * c0, l1 = l[m][1] * c1;
+                    /* V >= 3: skipped when no row of the m-tile has a new maximum (every factor is exactly 1,
+                     * the products would be the same bits); after the first tiles that is the common case */
+                    if (V < 3 || __any_sync(0xffffffffu, c0 != 1.f || c1 != 1.f)) {
 #pragma unroll
-                for (int dt = 0; dt < HS / 8; dt++) {
-                    o[m][dt][0] *= c0;
-                    o[m][dt][1] *= c0;
-                    o[m][dt][2] *= c1;
-                    o[m][dt][3] *= c1;
-                }
+                        for (int dt = 0; dt < HS / 8; dt++) {
+                            o[m][dt][0] *= c0;
+                            o[m][dt][1] *= c0;
+                            o[m][dt][2] *= c1;
+                            o[m][dt][3] *= c1;
+                        }
+                    }
 #pragma unroll
-                for (int nt = 0; nt < A2_BC / 8; nt++) {
-                    s[m][nt][0] = exp2f(s[m][nt][0] - b0);
-                    s[m][nt][1] = exp2f(s[m][nt][1] - b0);
-                    s[m][nt][2] = exp2f(s[m][nt][2] - b1);
-                    s[m][nt][3] = exp2f(s[m][nt][3] - b1);
-                    l0 += s[m][nt][0] + s[m][nt][1];
-                    l1 += s[m][nt][2] + s[m][nt][3];
+                    for (int nt = 0; nt < A2_BC / 8; nt++) {
+                        if constexpr (V >= 3) {
+                            s[m][nt][0] = a2_exp2<V>(fmaf(s[m][nt][0], sl2, -b0));
+                            s[m][nt][1] = a2_exp2<V>(fmaf(s[m][nt][1], sl2, -b0));
+                            s[m][nt][2] = a2_exp2<V>(fmaf(s[m][nt][2], sl2, -b1));
+                            s[m][nt][3] = a2_exp2<V>(fmaf(s[m][nt][3], sl2, -b1));
+                        } else {
+                            s[m][nt][0] = a2_exp2<V>(s[m][nt][0] - b0);
+                            s[m][nt][1] = a2_exp2<V>(s[m][nt][1] - b0);
+                            s[m][nt][2] = a2_exp2<V>(s[m][nt][2] - b1);
+                            s[m][nt][3] = a2_exp2<V>(s[m][nt][3] - b1);
+                        }
+                        l0 += s[m][nt][0] + s[m][nt][1];
+                        l1 += s[m][nt][2] + s[m][nt][3];
+                    }
+                    l[m][0] = l0;
+                    l[m][1] = l1;
                 }
-                l[m][0] = l0;
-                l[m][1] = l1;
-            }
+            };
+            if (V >= 3 && masked)
+                softmax(A2Bool<true>());
+            else
+                softmax(A2Bool<false>());
             mma2_pv<T, HS, MT, A2_BC / 16>(o, s, vs[buf]);
         }
         __syncthreads(); /* the next iteration refills the other buffer; the one after, this one */
@@ -943,7 +1028,7 @@ template <int HS> struct Attn2Smem {
  * each processed as two halves of 32 keys (to bound the registers S and dP take). Q fragments stay in
  * registers; the block's dO rows stay in shared memory (the A operand of dP, read with ldmatrix); the
  * first 128-row region of the shared layout (Qb) is left unused. */
-template <typename T, int HS>
+template <typename T, int HS, int V>
 static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int qb, int bh, T *dqkv, const T *dout,
                                                    const T *qkv, const float *lse, const float *delta, int Tn,
                                                    int C, int NH, float sl2, float scale) {
@@ -962,11 +1047,14 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
     const uint16_t *Ow = Ob + (size_t)(qw - q0) * LDS;
 
     uint32_t qa[MT][HS / 16][4];
+    /* V >= 5: the warp's dO rows as register fragments too (no ldmatrix of them per half tile) */
+    uint32_t oa[V >= 5 ? MT : 1][HS / 16][4];
     float Lr[MT][2], Dr[MT][2], dq[MT][HS / 8][4];
     const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
 #pragma unroll
     for (int m = 0; m < MT; m++) {
         load_a_frags<HS>(qa[m], base, C3, qw + 16 * m, Tn);
+        if constexpr (V >= 5) load_a_frags<HS>(oa[m], dob, C, qw + 16 * m, Tn);
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             const int row = qw + 16 * m + gq + 8 * i;
@@ -980,45 +1068,57 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
 
     /* the first cp.async group carries the block's Q and dO rows with the first K and V tiles */
     const int nkb = min(q0 + A2_BR - 1, Tn - 1) / A2_BC + 1;
-    tile_load_rows<HS, NT, A2_BR>(Ob, dob + (size_t)q0 * C, C, Tn - q0);
-    tile_load_rows<HS, NT, A2_BC>(Ks, kg, C3, Tn);
-    tile_load_rows<HS, NT, A2_BC>(Vs, vg, C3, Tn);
+    if constexpr (V < 5) a2_tile_load<V, HS, NT, A2_BR>(Ob, dob + (size_t)q0 * C, C, Tn - q0);
+    a2_tile_load<V, HS, NT, A2_BC>(Ks, kg, C3, Tn);
+    a2_tile_load<V, HS, NT, A2_BC>(Vs, vg, C3, Tn);
     cp_async_commit();
     for (int kb = 0; kb < nkb; kb++) {
         const int buf = kb & 1;
         if (kb + 1 < nkb) {
             const int k1 = (kb + 1) * A2_BC;
-            tile_load_rows<HS, NT, A2_BC>(Ks + (buf ^ 1) * SM::tile, kg + (size_t)k1 * C3, C3, Tn - k1);
-            tile_load_rows<HS, NT, A2_BC>(Vs + (buf ^ 1) * SM::tile, vg + (size_t)k1 * C3, C3, Tn - k1);
+            a2_tile_load<V, HS, NT, A2_BC>(Ks + (buf ^ 1) * SM::tile, kg + (size_t)k1 * C3, C3, Tn - k1);
+            a2_tile_load<V, HS, NT, A2_BC>(Vs + (buf ^ 1) * SM::tile, vg + (size_t)k1 * C3, C3, Tn - k1);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
-#pragma unroll 1
+#pragma unroll (V == 4 ? 2 : 1)
         for (int hf = 0; hf < 2; hf++) {
             const int kbase = kb * A2_BC + hf * HB;
             if (kbase <= qw + 16 * MT - 1) { /* else every key of the half is after this warp's rows */
-                const bool masked = kbase + HB - 1 > qw || kbase + HB > Tn;
-                const uint16_t *K = Ks + buf * SM::tile + hf * HB * LDS, *V = Vs + buf * SM::tile + hf * HB * LDS;
+                const bool masked = V >= 3 ? kbase + HB - 1 > qw : (kbase + HB - 1 > qw || kbase + HB > Tn);
+                const uint16_t *K = Ks + buf * SM::tile + hf * HB * LDS, *Vt = Vs + buf * SM::tile + hf * HB * LDS;
                 float p[MT][HB / 8][4], dp[MT][HB / 8][4];
                 mma2_abt_r<T, HS, MT, HB / 8>(p, qa, K);
-                mma2_abt_s<T, HS, MT, HB / 8>(dp, Ow, V);
+                if constexpr (V >= 5)
+                    mma2_abt_r<T, HS, MT, HB / 8>(dp, oa, Vt);
+                else
+                    mma2_abt_s<T, HS, MT, HB / 8>(dp, Ow, Vt);
+                const int dkr = kbase + 2 * tq - qw - gq; /* key - row of element (m, nt, e) = dkr + const */
+                auto ds = [&](auto mk) {
 #pragma unroll
-                for (int m = 0; m < MT; m++)
+                    for (int m = 0; m < MT; m++)
 #pragma unroll
-                    for (int nt = 0; nt < HB / 8; nt++)
+                        for (int nt = 0; nt < HB / 8; nt++)
 #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            float pe = exp2f(fmaf(p[m][nt][e], sl2, -Lr[m][e >> 1]));
-                            if (masked) {
-                                const int key = kbase + nt * 8 + 2 * tq + (e & 1);
-                                const int row = qw + 16 * m + gq + 8 * (e >> 1);
-                                if (!(key <= row && key < Tn && row < Tn)) pe = 0.f;
+                            for (int e = 0; e < 4; e++) {
+                                float pe = a2_exp2<V>(fmaf(p[m][nt][e], sl2, -Lr[m][e >> 1]));
+                                if constexpr (V >= 3) {
+                                    if (decltype(mk)::value && dkr + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) > 0) pe = 0.f;
+                                } else if (masked) {
+                                    const int key = kbase + nt * 8 + 2 * tq + (e & 1);
+                                    const int row = qw + 16 * m + gq + 8 * (e >> 1);
+                                    if (!(key <= row && key < Tn && row < Tn)) pe = 0.f;
+                                }
+                                dp[m][nt][e] = pe * (dp[m][nt][e] - Dr[m][e >> 1]);
                             }
-                            dp[m][nt][e] = pe * (dp[m][nt][e] - Dr[m][e >> 1]);
-                        }
+                };
+                if (V >= 3 && masked)
+                    ds(A2Bool<true>());
+                else
+                    ds(A2Bool<false>());
                 mma2_pv<T, HS, MT, HB / 16>(dq, dp, K);
             }
         }
@@ -1030,11 +1130,31 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
         store_rows<T, HS>(dst, C3, qw + 16 * m, Tn, dq[m], scale, scale);
 }
 
+/* The key/value pass's per-query f32 values of one streamed tile (queries q1 + [0, 64)): logsumexp and
+ * delta, 0 past Tn. V = 2: plain loads, the logsumexp stored times log2(e) (the threads wait for the
+ * loads before the barrier); V >= 3: cp.async into the tile's group (no wait), the logsumexp stored as is
+ * and multiplied by log2(e) where it is read (the same product). */
+template <int V>
+static __device__ __forceinline__ void a2_rows_f32(float *lsb, float *dlb, const float *L, const float *D, int q1,
+                                                   int Tn) {
+    if (threadIdx.x < A2_BC) {
+        const int q = q1 + threadIdx.x;
+        if constexpr (V >= 3) {
+            const bool ok = q < Tn;
+            cp_async4(lsb + threadIdx.x, ok ? L + q : L, ok);
+            cp_async4(dlb + threadIdx.x, ok ? D + q : D, ok);
+        } else {
+            lsb[threadIdx.x] = q < Tn ? L[q] * ATT_LOG2E : 0.f;
+            dlb[threadIdx.x] = q < Tn ? D[q] : 0.f;
+        }
+    }
+}
+
 /* Key/value pass: the block owns keys [kb*128, kb*128+128) (kept in shared memory: K and V are the A
  * operands), warp w 32 of them; it computes Sᵀ = K·Qᵀ, Pᵀ, dPᵀ = V·dOᵀ and dSᵀ for every query tile at or
  * after its keys, half a tile (32 queries) at a time, and accumulates dV += Pᵀ·dO, dK += dSᵀ·Q. */
 
-template <typename T, int HS>
+template <typename T, int HS, int V>
 static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int kb, int bh, T *dqkv,
                                                     const T *dout, const T *qkv, const float *lse,
                                                     const float *delta, int Tn, int C, int NH, float sl2,
@@ -1067,63 +1187,70 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
     /* query tiles from the one holding this block's first key (earlier queries see none of its keys);
      * the first cp.async group carries the block's K and V with the first Q and dO tiles */
     const int nqb = (Tn + A2_BC - 1) / A2_BC, qb0 = k0 / A2_BC;
-    tile_load_rows<HS, NT, A2_BR>(Ks, base + C + (size_t)k0 * C3, C3, Tn - k0);
-    tile_load_rows<HS, NT, A2_BR>(Vs, base + 2 * C + (size_t)k0 * C3, C3, Tn - k0);
+    a2_tile_load<V, HS, NT, A2_BR>(Ks, base + C + (size_t)k0 * C3, C3, Tn - k0);
+    a2_tile_load<V, HS, NT, A2_BR>(Vs, base + 2 * C + (size_t)k0 * C3, C3, Tn - k0);
     {
         const int q1 = qb0 * A2_BC;
-        tile_load_rows<HS, NT, A2_BC>(Qs, base + (size_t)q1 * C3, C3, Tn - q1);
-        tile_load_rows<HS, NT, A2_BC>(Os, dob + (size_t)q1 * C, C, Tn - q1);
+        a2_tile_load<V, HS, NT, A2_BC>(Qs, base + (size_t)q1 * C3, C3, Tn - q1);
+        a2_tile_load<V, HS, NT, A2_BC>(Os, dob + (size_t)q1 * C, C, Tn - q1);
+        if (V >= 3) a2_rows_f32<V>(lsb, dlb, L, D, q1, Tn);
         cp_async_commit();
-        if (threadIdx.x < A2_BC) {
-            const int q = q1 + threadIdx.x;
-            lsb[threadIdx.x] = q < Tn ? L[q] * ATT_LOG2E : 0.f;
-            dlb[threadIdx.x] = q < Tn ? D[q] : 0.f;
-        }
+        if (V < 3) a2_rows_f32<V>(lsb, dlb, L, D, q1, Tn);
     }
     for (int qb = qb0, it = 0; qb < nqb; qb++, it++) {
         const int buf = it & 1;
         if (qb + 1 < nqb) {
             const int q1 = (qb + 1) * A2_BC;
-            tile_load_rows<HS, NT, A2_BC>(Qs + (buf ^ 1) * SM::tile, base + (size_t)q1 * C3, C3, Tn - q1);
-            tile_load_rows<HS, NT, A2_BC>(Os + (buf ^ 1) * SM::tile, dob + (size_t)q1 * C, C, Tn - q1);
+            a2_tile_load<V, HS, NT, A2_BC>(Qs + (buf ^ 1) * SM::tile, base + (size_t)q1 * C3, C3, Tn - q1);
+            a2_tile_load<V, HS, NT, A2_BC>(Os + (buf ^ 1) * SM::tile, dob + (size_t)q1 * C, C, Tn - q1);
+            if (V >= 3) a2_rows_f32<V>(lsb + (buf ^ 1) * A2_BC, dlb + (buf ^ 1) * A2_BC, L, D, q1, Tn);
             cp_async_commit();
-            if (threadIdx.x < A2_BC) {
-                const int q = q1 + threadIdx.x;
-                lsb[(buf ^ 1) * A2_BC + threadIdx.x] = q < Tn ? L[q] * ATT_LOG2E : 0.f;
-                dlb[(buf ^ 1) * A2_BC + threadIdx.x] = q < Tn ? D[q] : 0.f;
-            }
+            if (V < 3) a2_rows_f32<V>(lsb + (buf ^ 1) * A2_BC, dlb + (buf ^ 1) * A2_BC, L, D, q1, Tn);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();
         const float *Ls = lsb + buf * A2_BC, *Ds = dlb + buf * A2_BC;
-#pragma unroll 1
+#pragma unroll (V == 4 ? 2 : 1)
         for (int hf = 0; hf < 2; hf++) {
             const int qbase = qb * A2_BC + hf * HB;
             /* a half wholly before this warp's first key sees none of its keys: nothing to add */
             if (qbase + HB - 1 >= kw) {
-                const bool masked = qbase < kw + 16 * MT - 1 || qbase + HB > Tn || kw + 16 * MT > Tn;
+                const bool masked =
+                    V >= 3 ? qbase < kw + 16 * MT - 1 : (qbase < kw + 16 * MT - 1 || qbase + HB > Tn || kw + 16 * MT > Tn);
                 const uint16_t *Q = Qs + buf * SM::tile + hf * HB * LDS, *DO = Os + buf * SM::tile + hf * HB * LDS;
                 float p[MT][HB / 8][4];
                 mma2_abt_s<T, HS, MT, HB / 8>(p, Kw, Q);
-#pragma unroll
-                for (int m = 0; m < MT; m++)
-#pragma unroll
-                    for (int nt = 0; nt < HB / 8; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int qi = hf * HB + nt * 8 + 2 * tq + (e & 1); /* query within the tile */
-                            float v = exp2f(fmaf(p[m][nt][e], sl2, -Ls[qi]));
-                            if (masked) {
-                                const int q = qb * A2_BC + qi, key = kw + 16 * m + gq + 8 * (e >> 1);
-                                if (!(q >= key && q < Tn && key < Tn)) v = 0.f;
-                            }
-                            p[m][nt][e] = v;
-                        }
-                mma2_pv<T, HS, MT, HB / 16>(dv, p, DO);
+                /* V >= 3: dPᵀ's MMAs issue before the exponentials, so the tensor cores work during them */
                 float dp[MT][HB / 8][4];
-                mma2_abt_s<T, HS, MT, HB / 8>(dp, Vw, DO);
+                if constexpr (V >= 3) mma2_abt_s<T, HS, MT, HB / 8>(dp, Vw, DO);
+                const int dqk = qbase + 2 * tq - kw - gq; /* query - key of element (m, nt, e) = dqk + const */
+                auto probs = [&](auto mk) {
+#pragma unroll
+                    for (int m = 0; m < MT; m++)
+#pragma unroll
+                        for (int nt = 0; nt < HB / 8; nt++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                const int qi = hf * HB + nt * 8 + 2 * tq + (e & 1); /* query within the tile */
+                                const float lq = V >= 3 ? Ls[qi] * ATT_LOG2E : Ls[qi];
+                                float v = a2_exp2<V>(fmaf(p[m][nt][e], sl2, -lq));
+                                if constexpr (V >= 3) {
+                                    if (decltype(mk)::value && dqk + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) < 0) v = 0.f;
+                                } else if (masked) {
+                                    const int q = qb * A2_BC + qi, key = kw + 16 * m + gq + 8 * (e >> 1);
+                                    if (!(q >= key && q < Tn && key < Tn)) v = 0.f;
+                                }
+                                p[m][nt][e] = v;
+                            }
+                };
+                if (V >= 3 && masked)
+                    probs(A2Bool<true>());
+                else
+                    probs(A2Bool<false>());
+                mma2_pv<T, HS, MT, HB / 16>(dv, p, DO);
+                if constexpr (V < 3) mma2_abt_s<T, HS, MT, HB / 8>(dp, Vw, DO);
 #pragma unroll
                 for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -1150,16 +1277,16 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
  * neither waits for the other's tail. grid = (2 * nb, B * NH): the blocks of one head run together (they
  * share its tiles in L2), heaviest first, alternating a key/value block (key block j: the most queries
  * for j = 0) and a query block (query block nb - 1 - j: the most keys). */
-template <typename T, int HS>
+template <typename T, int HS, int V>
 __global__ void __launch_bounds__(32 * A2_NW)
     attn2_bwd(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C, int NH,
               float sl2, float scale) {
     extern __shared__ __align__(16) unsigned char a2_smem[];
     const int bh = blockIdx.y, j = blockIdx.x >> 1, nb = gridDim.x >> 1;
     if ((blockIdx.x & 1) == 0)
-        attn2_bwd_kv<T, HS>(a2_smem, j, bh, dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale);
+        attn2_bwd_kv<T, HS, V>(a2_smem, j, bh, dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale);
     else
-        attn2_bwd_q<T, HS>(a2_smem, nb - 1 - j, bh, dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale);
+        attn2_bwd_q<T, HS, V>(a2_smem, nb - 1 - j, bh, dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale);
 }
 
 /* delta[bh, t] = rowsum(dO ∘ O) for implementation 2: HS / 8 lanes per (b, t, h) row (rows in memory
@@ -1200,23 +1327,23 @@ static dg_status_t delta2_launch(dg_cuda_t *c, float *delta, const void *dout, c
     return DG_OK;
 }
 
-template <typename T, int HS>
+template <typename T, int HS, int V>
 static dg_status_t fwd2_launch(dg_cuda_t *c, void *out, float *lse, const void *qkv, int B, int Tn, int C,
                                int NH, float sl2) {
     dim3 grid((Tn + A2_BR - 1) / A2_BR, B * NH);
-    attn2_fwd<T, HS><<<grid, 32 * A2_NW, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, sl2);
+    attn2_fwd<T, HS, V><<<grid, 32 * A2_NW, 0, c->stream>>>((T *)out, lse, (const T *)qkv, Tn, C, NH, sl2);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
 
-template <typename T, int HS>
+template <typename T, int HS, int V>
 static dg_status_t bwd2_launch(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv, const float *lse,
                                const float *delta, int B, int Tn, int C, int NH, float sl2, float scale) {
     dim3 grid(2 * ((Tn + A2_BR - 1) / A2_BR), B * NH);
     const size_t smem = Attn2Smem<HS>::bytes;
     /* more than the 48 KiB default: opt in (every call: cheap, and right for any device of the process) */
-    DG_CUDA_CHECK(cudaFuncSetAttribute(attn2_bwd<T, HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attn2_bwd<T, HS><<<grid, 32 * A2_NW, smem, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta,
+    DG_CUDA_CHECK(cudaFuncSetAttribute(attn2_bwd<T, HS, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attn2_bwd<T, HS, V><<<grid, 32 * A2_NW, smem, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta,
                                                            Tn, C, NH, sl2, scale);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
@@ -1275,9 +1402,12 @@ static dg_status_t fwd_t(dg_cuda_t *c, void *out, void *aux, const void *qkv, in
     if constexpr (sizeof(T) == 2) {
         if (use_mma(c, HS) && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(out, 16)) {
             const float sl2 = scale * ATT_LOG2E;
+            if (c->attn_impl >= 3) /* implementation 4 differs in the backward only */
+                return HS == 64 ? fwd2_launch<T, 64, 3>(c, out, lse, qkv, B, Tn, C, NH, sl2)
+                                : fwd2_launch<T, 32, 3>(c, out, lse, qkv, B, Tn, C, NH, sl2);
             if (c->attn_impl == 2)
-                return HS == 64 ? fwd2_launch<T, 64>(c, out, lse, qkv, B, Tn, C, NH, sl2)
-                                : fwd2_launch<T, 32>(c, out, lse, qkv, B, Tn, C, NH, sl2);
+                return HS == 64 ? fwd2_launch<T, 64, 2>(c, out, lse, qkv, B, Tn, C, NH, sl2)
+                                : fwd2_launch<T, 32, 2>(c, out, lse, qkv, B, Tn, C, NH, sl2);
             if (HS == 64)
                 return c->attn_ldmatrix ? fwd_mma_launch<T, 64, true>(c, out, lse, qkv, B, Tn, C, NH, sl2)
                                         : fwd_mma_launch<T, 64, false>(c, out, lse, qkv, B, Tn, C, NH, sl2);
@@ -1303,14 +1433,23 @@ static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void 
     float *delta = (float *)scr;
     dim3 ggrid((Tn + GEN_WARPS - 1) / GEN_WARPS, B * NH);
     if constexpr (sizeof(T) == 2) {
-        if (use_mma(c, HS) && c->attn_impl == 2 && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(dout, 16) &&
+        if (use_mma(c, HS) && c->attn_impl >= 2 && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(dout, 16) &&
             dg_ptr_aligned(dqkv, 16) && dg_ptr_aligned(out, 16)) {
             const float sl2 = scale * ATT_LOG2E;
             const dg_status_t ds = HS == 64 ? delta2_launch<T, 64>(c, delta, dout, out, B, Tn, NH)
                                             : delta2_launch<T, 32>(c, delta, dout, out, B, Tn, NH);
             if (ds != DG_OK) return ds;
-            return HS == 64 ? bwd2_launch<T, 64>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
-                            : bwd2_launch<T, 32>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
+            if (c->attn_impl == 5)
+                return HS == 64 ? bwd2_launch<T, 64, 5>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                                : bwd2_launch<T, 32, 5>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
+            if (c->attn_impl == 4)
+                return HS == 64 ? bwd2_launch<T, 64, 4>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                                : bwd2_launch<T, 32, 4>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
+            if (c->attn_impl == 3)
+                return HS == 64 ? bwd2_launch<T, 64, 3>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                                : bwd2_launch<T, 32, 3>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
+            return HS == 64 ? bwd2_launch<T, 64, 2>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                            : bwd2_launch<T, 32, 2>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
         }
     }
     attn_delta_kernel<T>

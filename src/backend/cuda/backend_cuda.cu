@@ -9,9 +9,11 @@
  *                              loads instead of ldmatrix (ldmatrix, the default, measured 10-20% faster)
  *   DG_CUDA_ATTN_ROWS=64|128   rows (queries, or keys in the backward's key/value pass) per block of the
  *                              tensor-core attention kernels: 4 or 8 warps of 16 rows
- *   DG_CUDA_ATTN_IMPL=1|2|3    tensor-core attention kernels: 1 = 16 rows per warp (DG_CUDA_ATTN_ROWS,
+ *   DG_CUDA_ATTN_IMPL=1..5     tensor-core attention kernels: 1 = 16 rows per warp (DG_CUDA_ATTN_ROWS,
  *                              DG_CUDA_ATTN_LDMATRIX apply), 2 = 32 rows per warp, 128-row blocks,
- *                              3 = 2 with single-instruction exp2 and mask tests only in diagonal tiles
+ *                              3 = 2 with fewer instructions per score (single-instruction exp2, mask
+ *                              tests only in diagonal tiles, ...), 4 = 3 with the backward's two half
+ *                              tiles unrolled, 5 = 3 with the backward's dO fragments in registers
  *                              (attention.cu); same results within rounding, not the same bits
  */
 #include <stdio.h>
@@ -28,6 +30,7 @@
 /* tensor-core attention implementation (DG_CUDA_ATTN_IMPL): 2, measured faster on the H200 (2026-11-29:
  * fwd 0.307 vs 0.312 ms, bwd 0.933 vs 1.014 ms at B=32 T=1024 head 64 bf16) */
 #define DG_CUDA_ATTN_IMPL_DEFAULT 2
+/* (3, 4, 5: not yet measured; the default moves to the fastest once they are) */
 
 /* ---------------- error reporting ---------------- */
 
@@ -709,8 +712,9 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
     const char *impl = getenv("DG_CUDA_ATTN_IMPL");
     c->attn_impl = DG_CUDA_ATTN_IMPL_DEFAULT;
     if (impl && *impl) {
-        if (strcmp(impl, "1") != 0 && strcmp(impl, "2") != 0 && strcmp(impl, "3") != 0)
-            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_IMPL=%s: expected 1, 2 or 3", impl);
+        if (strcmp(impl, "1") != 0 && strcmp(impl, "2") != 0 && strcmp(impl, "3") != 0 && strcmp(impl, "4") != 0 &&
+            strcmp(impl, "5") != 0)
+            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_IMPL=%s: expected 1, 2, 3, 4 or 5", impl);
         c->attn_impl = atoi(impl);
     }
     return DG_OK;

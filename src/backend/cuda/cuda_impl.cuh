@@ -83,8 +83,9 @@ typedef struct dg_cuda {
     int graphs_alive;    /* instantiated graphs not yet freed: they hold the scratch's address */
     void **retired;      /* scratch blocks outgrown while graphs were alive (freed at destroy) */
     int n_retired;
-    int attn_impl;       /* tensor-core attention kernels: 1 (16 rows per warp) or 2 (32 rows per warp);
-                            DG_CUDA_ATTN_IMPL=1|2 */
+    int attn_impl;       /* tensor-core attention kernels: 1 (16 rows per warp), 2 (32 rows per warp), 3
+                            (2 with fewer instructions per score), 4 (3, backward half tiles unrolled),
+                            5 (3, backward dO fragments in registers); DG_CUDA_ATTN_IMPL=1..5 */
     dg_gemm_plan_t *plans;
     int n_plans, cap_plans;
     /* memory accounting (dg_backend_cuda_mem_stats): every cudaMalloc of the backend, the vtable's

@@ -1,4 +1,5 @@
-// Host emulation of attention.cu's implementation-2 kernels (DG_CUDA_ATTN_IMPL=2), for machines without a
+// Host emulation of attention.cu's implementation-2 to -5 kernels (DG_CUDA_ATTN_IMPL=2..5: the same
+// source, template parameter V = 2..5; the forward of 4 and 5 is 3's), for machines without a
 // GPU: the kernel source itself (extracted by extract.py) runs with one std::thread per CUDA thread; the
 // warp collectives (mma.sync m16n8k16, ldmatrix .x4 / .x4.trans, shfl.xor) go through a per-warp exchange
 // between barriers, following the PTX ISA's fragment layouts; cp.async copies are queued per thread and
@@ -110,22 +111,41 @@ static float __shfl_xor_sync(unsigned, float v, int m) {
     warp_sync();
     return r;
 }
+static bool __any_sync(unsigned, bool v) {
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    g_wx[w].f[l] = v ? 1.f : 0.f;
+    warp_sync();
+    bool r = false;
+    for (int i = 0; i < 32; i++) r |= g_wx[w].f[i] != 0.f;
+    warp_sync();
+    return r;
+}
 // cp.async: per-thread groups of pending copies, performed at wait
-struct Cp { void *s; const void *g; bool valid; };
+struct Cp { void *s; const void *g; bool valid; int n = 16; };
 thread_local std::vector<Cp> t_pending;
 thread_local std::vector<std::vector<Cp>> t_groups;
 static void cp_async16(void *smem, const void *gmem, bool valid) {
     if (((uintptr_t)smem & 15) || ((uintptr_t)gmem & 15)) { fprintf(stderr, "misaligned cp.async\n"); abort(); }
     t_pending.push_back({smem, gmem, valid});
 }
+static void cp_async4(void *smem, const void *gmem, bool valid) {
+    if (((uintptr_t)smem & 3) || ((uintptr_t)gmem & 3)) { fprintf(stderr, "misaligned cp.async 4\n"); abort(); }
+    t_pending.push_back({smem, gmem, valid, 4});
+}
 static void cp_async_commit() { t_groups.push_back(t_pending); t_pending.clear(); }
 template <int N> static void cp_async_wait() {
     while ((int)t_groups.size() > N) {
         for (auto &c : t_groups.front()) {
-            if (c.valid) memcpy(c.s, c.g, 16); else memset(c.s, 0, 16);
+            if (c.valid) memcpy(c.s, c.g, c.n); else memset(c.s, 0, c.n);
         }
         t_groups.erase(t_groups.begin());
     }
+}
+// ex2.approx.ftz.f32: 2^x, results below 2^-126 (and denormal inputs) flushed to zero
+static float ex2_approx_ftz(float x) {
+    if (std::fpclassify(x) == FP_SUBNORMAL) x = 0.f;
+    const float y = exp2f(x);
+    return std::fpclassify(y) == FP_SUBNORMAL ? 0.f : y;
 }
 static uint32_t ld32(const uint16_t *p) { if ((uintptr_t)p & 3) abort(); uint32_t v; memcpy(&v, p, 4); return v; }
 
@@ -151,7 +171,7 @@ template <typename F> static void launch(dim3 grid, F f, int nt = 128) {
         }
 }
 
-template <typename T, int HS>
+template <typename T, int HS, int V>
 static int test(int B, int Tn, int NH) {
     const int C = HS * NH;
     const size_t C3 = 3 * (size_t)C, nqkv = (size_t)B * Tn * C3, nout = (size_t)B * Tn * C, nl = (size_t)B * NH * Tn;
@@ -161,7 +181,7 @@ static int test(int B, int Tn, int NH) {
     for (auto &v : qkv) { rng = rng * 6364136223846793005ull + 1442695040888963407ull; float f = ((int64_t)(rng >> 40) - (1 << 23)) / (float)(1 << 23); v = Cvt<T>::from(f); }
     for (auto &v : dout) { rng = rng * 6364136223846793005ull + 1442695040888963407ull; float f = ((int64_t)(rng >> 40) - (1 << 23)) / (float)(1 << 23); v = Cvt<T>::from(f); }
     const float scale = 1.f / sqrtf((float)HS), sl2 = scale * ATT_LOG2E;
-    launch(dim3((Tn + A2_BR - 1) / A2_BR, B * NH), [&] { attn2_fwd<T, HS>((T *)out.data(), lse.data(), (const T *)qkv.data(), Tn, C, NH, sl2); });
+    launch(dim3((Tn + A2_BR - 1) / A2_BR, B * NH), [&] { attn2_fwd<T, HS, (V >= 3 ? 3 : V)>((T *)out.data(), lse.data(), (const T *)qkv.data(), Tn, C, NH, sl2); });
     std::fill(delta.begin(), delta.end(), NAN);
     const size_t nrows = (size_t)B * Tn * NH;
     launch(dim3((unsigned)((nrows * (HS / 8) + 255) / 256)), [&] { attn2_delta<T, HS>(delta.data(), (const T *)dout.data(), (const T *)out.data(), Tn, NH, nrows); }, 256);
@@ -170,7 +190,7 @@ static int test(int B, int Tn, int NH) {
         const float g = delta[((size_t)b * NH + h) * Tn + t];
         if (!(fabs(g - s) <= 1e-4 * (1 + fabs(s)))) { printf("FAIL delta [%d,%d,%d]: %g vs %g\n", b, h, t, g, s); return 0; }
     }
-    launch(dim3(2 * ((Tn + A2_BR - 1) / A2_BR), B * NH), [&] { attn2_bwd<T, HS>((T *)dqkv.data(), (const T *)dout.data(), (const T *)qkv.data(), lse.data(), delta.data(), Tn, C, NH, sl2, scale); });
+    launch(dim3(2 * ((Tn + A2_BR - 1) / A2_BR), B * NH), [&] { attn2_bwd<T, HS, V>((T *)dqkv.data(), (const T *)dout.data(), (const T *)qkv.data(), lse.data(), delta.data(), Tn, C, NH, sl2, scale); });
     // reference in double
     std::vector<double> rout(nout), rl(nl), rdq(nqkv, 0.0);
     auto X = [&](int b, int t, int part, int h, int d) { return (double)Cvt<T>::to(qkv[((size_t)b * Tn + t) * C3 + part * C + h * HS + d]); };
@@ -202,7 +222,7 @@ static int test(int B, int Tn, int NH) {
         double ss = 0; for (double v : r) ss += v * v; double fl = sqrt(ss / r.size()); double worst = 0; size_t bad = 0, wi = 0;
         for (size_t i = 0; i < r.size(); i++) { double g = get(i); if (!std::isfinite(g)) { bad++; continue; } double e = fabs(g - r[i]) / (fabs(r[i]) + fl); if (e > worst) { worst = e; wi = i; } }
         int ok = bad == 0 && worst <= tol;
-        printf("%s %s HS=%d B=%d T=%d NH=%d %s: nonfinite %zu, max rel err %.3g at %zu (got %.6g ref %.6g)\n", ok ? "ok  " : "FAIL", sizeof(T) == 2 && std::is_same<T, dg_bf16>::value ? "bf16" : "f16", HS, B, Tn, NH, what, bad, worst, wi, get(wi), r[wi]);
+        printf("%s impl%d %s HS=%d B=%d T=%d NH=%d %s: nonfinite %zu, max rel err %.3g at %zu (got %.6g ref %.6g)\n", ok ? "ok  " : "FAIL", V, sizeof(T) == 2 && std::is_same<T, dg_bf16>::value ? "bf16" : "f16", HS, B, Tn, NH, what, bad, worst, wi, get(wi), r[wi]);
         return ok;
     };
     int ok = 1;
@@ -216,13 +236,22 @@ int main(int argc, char **argv) {
     int ok = 1;
     const int shapes[][3] = {{2, 13, 2}, {1, 129, 1}, {1, 200, 2}, {1, 333, 1}, {1, 64, 1}, {1, 1, 1}};
     int n = argc > 1 ? atoi(argv[1]) : 6;
+    const char *ev = getenv("EMU_IMPL"); /* 2, 3, 4 or 5: only that implementation (default all) */
+    const int only_v = ev ? atoi(ev) : 0;
     for (int i = 0; i < n; i++) {
         const int B = shapes[i][0], T = shapes[i][1], NH = shapes[i][2];
-        ok &= test<dg_bf16, 64>(B, T, NH);
-        ok &= test<dg_f16, 32>(B, T, NH);
+        if (!only_v || only_v == 2) { ok &= test<dg_bf16, 64, 2>(B, T, NH); ok &= test<dg_f16, 32, 2>(B, T, NH); }
+        if (!only_v || only_v == 3) { ok &= test<dg_bf16, 64, 3>(B, T, NH); ok &= test<dg_f16, 32, 3>(B, T, NH); }
+        if (!only_v || only_v == 4) { ok &= test<dg_bf16, 64, 4>(B, T, NH); ok &= test<dg_f16, 32, 4>(B, T, NH); }
+        if (!only_v || only_v == 5) { ok &= test<dg_bf16, 64, 5>(B, T, NH); ok &= test<dg_f16, 32, 5>(B, T, NH); }
         fflush(stdout);
     }
-    if (argc > 2) { ok &= test<dg_f16, 64>(1, 200, 1); ok &= test<dg_bf16, 32>(1, 333, 1); }
+    if (argc > 2) {
+        if (!only_v || only_v == 2) { ok &= test<dg_f16, 64, 2>(1, 200, 1); ok &= test<dg_bf16, 32, 2>(1, 333, 1); }
+        if (!only_v || only_v == 3) { ok &= test<dg_f16, 64, 3>(1, 200, 1); ok &= test<dg_bf16, 32, 3>(1, 333, 1); }
+        if (!only_v || only_v == 4) { ok &= test<dg_f16, 64, 4>(1, 200, 1); ok &= test<dg_bf16, 32, 4>(1, 333, 1); }
+        if (!only_v || only_v == 5) { ok &= test<dg_f16, 64, 5>(1, 200, 1); ok &= test<dg_bf16, 32, 5>(1, 333, 1); }
+    }
     printf(ok ? "ALL OK\n" : "SOME FAILED\n");
     return !ok;
 }
