@@ -24,10 +24,15 @@ Diagnostics (not registered with ctest):
   torch-fp32           the torch case in fp32 on both sides (no TF32)
   torch-cpu-selfcheck  the torch case's machinery without a GPU: dgtrain's CPU backend vs PyTorch on the
                        CPU, both fp32, small custom model (2 layers, d_model 128, seq_len 256, vocab 250),
-                       10 steps with gradient accumulation and an epoch boundary: losses within 1e-5
+                       gradient accumulation, on two data sets: the torch case's sample arithmetic (320
+                       samples, batch 8, 50 steps, its seed: step 41 is epoch 1's first step, the same
+                       sample ids) and 50 samples over 10 steps (epoch 1 starts inside a micro-batch):
+                       losses within 1e-5
 Exit 77 (ctest: skipped) when no CUDA device is usable (or, for memcheck, no compute-sanitizer; for
 torch, no PyTorch with CUDA; for torch-cpu-selfcheck, no PyTorch).
-Environment: DGT_TEST_KEEP=1 keeps the work directory.
+Environment: DGT_TEST_KEEP=1 keeps the work directory. DGT_TEST_ARTIFACTS=DIR: the torch cases also write
+both curves (per step: losses, grad norms, lr, epoch, sample ids) to DIR/CASE_curves.txt (always to the
+work directory, which a failure keeps).
 """
 import ctypes
 import json
@@ -154,6 +159,7 @@ class Env:
         with open(self.cfg, "w") as f:
             f.write(CONFIG.format(seq_len=SEQ_LEN, vocab=VOCAB, data=data, steps=STEPS, global_batch=GLOBAL_BATCH))
         self.outputs = []
+        self.case = case
 
     def cmd(self, ranks, run_dir, sets, cfg=None):
         c = list(self.mpi) + ["-n", str(ranks), self.dgtrain, cfg or self.cfg, "--set", "run.dir=" + run_dir]
@@ -504,6 +510,22 @@ def data_permute(index, n, seed, epoch):
             return x
 
 
+def batch_ids(s, gb, n, seed, shuffle):
+    """The global sample ids of 0-based step s as dgtrain's loader reads them (docs/data.md: position p =
+    s*gb + i is sample perm_{p // n}(p mod n)), and the epoch of each position."""
+    pos = [s * gb + i for i in range(gb)]
+    ids = [data_permute(p % n, n, seed, p // n) if shuffle else p % n for p in pos]
+    return ids, [p // n for p in pos]
+
+
+def batch_desc(s, gb, n, seed, shuffle):
+    """'samples [..] at positions a..b (epoch e)' for 0-based step s."""
+    ids, ep = batch_ids(s, gb, n, seed, shuffle)
+    eps = sorted(set(ep))
+    return "samples %s at positions %d..%d (epoch %s)" % (ids, s * gb, s * gb + gb - 1,
+                                                           " and ".join(str(e) for e in eps))
+
+
 def lr_at(step, steps, base, warmup, min_ratio):
     """dg_lr_at (src/train/lr.c) for the 0-based step."""
     min_lr = min_ratio * base
@@ -634,10 +656,7 @@ def torch_train(torch, ec, weights, samples, dev, precision):
     S, params = len(samples), list(model.p.values())
     out = []
     for s in range(steps):
-        ids = []
-        for i in range(gb):
-            pos = s * gb + i
-            ids.append(data_permute(pos % S, S, seed, pos // S) if shuffle else pos % S)
+        ids, _ = batch_ids(s, gb, S, seed, shuffle)
         batch = torch.tensor([samples[j] for j in ids], dtype=torch.int64, device=dev)
         idx, tgt = batch[:, :T], batch[:, 1:T + 1]
         lr = lr_at(s, steps, base_lr, warmup, min_ratio)
@@ -663,24 +682,50 @@ def torch_train(torch, ec, weights, samples, dev, precision):
     return out, {n: t.detach().float().cpu() for n, t in model.p.items()}
 
 
+def loader_state(env, ckpt):
+    """(epoch, cursor, samples seen) of the data loader stored in a checkpoint (`dgckpt show`)."""
+    rc, text = env.ckpt("show", ckpt)
+    check(rc == 0, "dgckpt show %s exited %d: %s" % (ckpt, rc, text.strip()[-500:]))
+    m = re.search(r"^loader\s+epoch (\d+), cursor (\d+), samples seen (\d+)", text, re.M)
+    check(m, "dgckpt show %s: no loader line in %r" % (ckpt, text[:400]))
+    return tuple(int(x) for x in m.groups())
+
+
+def save_artifact(env, name, text):
+    """Writes text to the work directory (kept on failure) and, when DGT_TEST_ARTIFACTS names a directory,
+    there too (tests/gpu_train/run_gpu_all.sh points it at its log folder): what a GPU run leaves behind
+    survives the machine. Returns the paths written."""
+    paths = [os.path.join(env.work, name)]
+    art = os.environ.get("DGT_TEST_ARTIFACTS")
+    if art:
+        os.makedirs(art, exist_ok=True)
+        paths.append(os.path.join(art, name))
+    for q in paths:
+        with open(q, "w") as f:
+            f.write(text)
+    return paths
+
+
 def export_weights(env, ckpt, out, torch):
     rc, text = env.ckpt("export", ckpt, out)
     check(rc == 0, "dgckpt export %s exited %d: %s" % (ckpt, rc, text.strip()[-500:]))
     return load_safetensors(out, torch)
 
 
-def compare_with_torch(env, torch, dev, precision, cfg, sets, samples, backend):
+def compare_with_torch(env, torch, dev, precision, cfg, sets, samples, backend, tag=""):
     """Runs dgtrain (freeze run for the initial weights, then the real run) and the PyTorch replica,
-    prints both curves and returns (dgtrain steps, torch steps, relative loss differences, weights)."""
+    prints both curves and returns (dgtrain steps, torch steps, relative loss differences, weights, info,
+    where(step): a description of that step's batch). tag names this comparison's files in the work
+    directory (several in one case)."""
     ec = print_config(env, cfg, sets)
     L, H, C, T, V = model_desc(ec)
     steps = int(ec["train.steps"])
     gb, mb = int(ec["train.global_batch"]), int(ec["train.micro_batch"])
-    init = env.train(1, "init", list(sets) + ["train.freeze=*", "train.steps=1"], cfg=cfg, timeout=400)
-    run = env.train(1, "run", sets, cfg=cfg, timeout=400)
+    init = env.train(1, "init" + tag, list(sets) + ["train.freeze=*", "train.steps=1"], cfg=cfg, timeout=400)
+    run = env.train(1, "run" + tag, sets, cfg=cfg, timeout=400)
     check_backend(run, backend, precision)
     w0 = export_weights(env, os.path.join(init, "checkpoints", "step_%08d.h5" % 1),
-                        os.path.join(env.work, "init.safetensors"), torch)
+                        os.path.join(env.work, "init%s.safetensors" % tag), torch)
     Vp = (V + 63) // 64 * 64
     check(tuple(w0["wte"].shape) == (Vp, C) and tuple(w0["wpe"].shape) == (T, C),
           "exported wte %s / wpe %s, expected [%d, %d] / [%d, %d]" %
@@ -701,36 +746,66 @@ def compare_with_torch(env, torch, dev, precision, cfg, sets, samples, backend):
     tr, wt = torch_train(torch, ec, w0, samples, dev, precision)
     print("  ran torch        %s %s %5.1f s  (torch %s)" % (dev.type, precision, time.time() - t0, torch.__version__))
     rels = [abs(tr[s - 1][0] - d[s][0]["loss"]) / abs(d[s][0]["loss"]) for s in range(1, steps + 1)]
-    print("  %4s %12s %12s %9s %11s %11s %11s" % ("step", "dgtrain", "torch", "rel", "gnorm dg", "gnorm torch",
-                                                   "lr"))
+    # both curves, with each step's epoch and sample ids (the replica's; dgtrain's loader state is checked
+    # below), printed and saved beside the logs so that a failure on a GPU machine keeps them
+    S, seed, shuffle = len(samples), int(ec["run.seed"]), ec["data.shuffle"] in ("true", "yes", "on", "1")
+    lines = ["# dgtrain (%s %s) vs PyTorch (%s %s): %d samples, global batch %d, seed %d, shuffle %s" %
+             (backend, precision, dev.type, precision, S, gb, seed, shuffle),
+             "# gap: the fewest steps since one of the step's samples was last read (a small gap: the loss also "
+             "measures how much of the last updates each side memorised)",
+             "%4s %12s %12s %9s %11s %11s %11s %5s %4s  %s" % ("step", "dgtrain", "torch", "rel", "gnorm dg",
+                                                              "gnorm torch", "lr", "epoch", "gap", "sample ids")]
+    seen = {}
     for s in range(1, steps + 1):
-        print("  %4d %12.6f %12.6f %9.2e %11.5g %11.5g %11.5g" % (s, d[s][0]["loss"], tr[s - 1][0], rels[s - 1],
-                                                               d[s][0]["grad_norm"], tr[s - 1][2], tr[s - 1][1]))
+        ids, ep = batch_ids(s - 1, gb, S, seed, shuffle)
+        gap = min([s - seen[j] for j in ids if j in seen] or [0])
+        seen.update((j, s) for j in ids)
+        lines.append("%4d %12.6f %12.6f %9.2e %11.5g %11.5g %11.5g %5s %4s  %s" % (
+            s, d[s][0]["loss"], tr[s - 1][0], rels[s - 1], d[s][0]["grad_norm"], tr[s - 1][2], tr[s - 1][1],
+            "/".join(str(e) for e in sorted(set(ep))), gap or "-", " ".join(map(str, ids))))
+    print("\n".join("  " + l for l in lines))
+    saved = save_artifact(env, "%s%s_curves.txt" % (env.case, tag), "\n".join(lines) + "\n")
+    print("  curves saved to %s" % ", ".join(saved))
     for s in range(1, steps + 1):
         lr_dg = d[s][0]["lr"]
         check(abs(lr_dg - tr[s - 1][1]) <= 1e-9 * max(abs(lr_dg), 1e-30),
               "step %d: dgtrain lr %.10g, PyTorch side (src/train/lr.c replica) %.10g" % (s, lr_dg, tr[s - 1][1]))
         check(d[s][0]["tokens"] == s * gb * T, "step %d: dgtrain tokens %s, expected %d" %
               (s, d[s][0]["tokens"], s * gb * T))
-    wf = export_weights(env, final_ckpt_of(run, steps), os.path.join(env.work, "final.safetensors"), torch)
+    # dgtrain's side of the sample order: its loader state after the last step (epoch, cursor, samples seen)
+    # must be the replica's, which pins dgtrain's sample count S and its epoch arithmetic
+    want = (steps * gb // S, steps * gb % S, steps * gb)
+    got = loader_state(env, final_ckpt_of(run, steps))
+    check(got == want, "dgtrain's loader state after %d steps is epoch %d, cursor %d, samples seen %d; the replica "
+          "(%d samples of %d tokens, batch %d) expects epoch %d, cursor %d, samples seen %d: the two sides do not "
+          "read the same sample order" % ((steps,) + got + (S, T + 1, gb) + want))
+    wf = export_weights(env, final_ckpt_of(run, steps), os.path.join(env.work, "final%s.safetensors" % tag), torch)
     check(sorted(wf) == sorted(wt), "tensor names differ: dgtrain %s vs torch %s" %
           (sorted(set(wf) - set(wt))[:4], sorted(set(wt) - set(wf))[:4]))
     wdiff = {n: float((wf[n] - wt[n]).abs().max()) if wf[n].numel() else 0.0 for n in wf}
     worst_w = max(wdiff, key=wdiff.get)
-    info = "model %d layers, %d heads, d_model %d, seq_len %d, vocab %d (padded %d); batch %d (micro %d), %d steps" % (
-        L, H, C, T, V, Vp, gb, mb, steps)
-    return d, tr, rels, (worst_w, wdiff[worst_w]), info
+    info = "model %d layers, %d heads, d_model %d, seq_len %d, vocab %d (padded %d); batch %d (micro %d), %d steps; " \
+        "%d samples, dgtrain's final loader state epoch %d cursor %d (as the replica's)" % (
+            L, H, C, T, V, Vp, gb, mb, steps, S, got[0], got[1])
+    where = lambda s: ("both sides read %s (the replica's ids; dgtrain's loader follows docs/data.md and ended "
+                       "in the replica's state epoch %d, cursor %d)" % (batch_desc(s - 1, gb, S, seed, shuffle),
+                                                                        got[0], got[1]))
+    return d, tr, rels, (worst_w, wdiff[worst_w]), info, where
 
 
-def judge_steps(d, tr, rels, bound, a, b):
+def judge_steps(d, tr, rels, bound, a, b, where=None):
     """Fails on the first step whose relative loss difference exceeds `bound`, naming the worst too: a
-    first bad step of 1 points at the forward pass (same weights, same batch), a later one at the update."""
+    first bad step of 1 points at the forward pass (same weights, same batch), a later one at the update.
+    where(step), if given, describes that step's batch."""
     bad = [s for s in range(1, len(rels) + 1) if rels[s - 1] > bound]
     if bad:
         s, w = bad[0], max(rels)
-        raise Fail("step %d: %s loss %.9g vs %s %.9g: relative %.3g > %g (%d of %d steps over the bound; worst %.3g "
-                   "at step %d)" % (s, a, d[s][0]["loss"], b, tr[s - 1][0], rels[s - 1], bound, len(bad), len(rels),
-                                    w, rels.index(w) + 1))
+        near = " ".join("%d:%.6g/%.6g" % (k, d[k][0]["loss"], tr[k - 1][0])
+                        for k in range(max(1, s - 2), min(len(rels), s + 2) + 1))
+        raise Fail("step %d: %s loss %.9g vs %s %.9g: relative %.3g > %g (%d of %d steps over the bound %s; worst "
+                   "%.3g at step %d); steps around it (dgtrain/PyTorch): %s%s" %
+                   (s, a, d[s][0]["loss"], b, tr[s - 1][0], rels[s - 1], bound, len(bad), len(rels), bad[:10], w,
+                    rels.index(w) + 1, near, "; step %d: %s" % (s, where(s)) if where else ""))
 
 
 def final_ckpt_of(run_dir, steps):
@@ -739,9 +814,10 @@ def final_ckpt_of(run_dir, steps):
     return p
 
 
-def write_torch_data(env, seq_len, vocab, n_samples, active):
-    """One train shard of exactly n_samples samples of seq_len + 1 tokens; returns the samples."""
-    data = os.path.join(env.work, "tdata")
+def write_torch_data(env, seq_len, vocab, n_samples, active, tag=""):
+    """One train shard of exactly n_samples samples of seq_len + 1 tokens (n_samples x seq_len + 1 tokens:
+    dgtrain cuts a shard of N tokens into (N-1)/seq_len samples); returns the samples."""
+    data = os.path.join(env.work, "tdata" + tag)
     os.makedirs(data, exist_ok=True)
     toks = markov_tokens(n_samples * seq_len + 1, vocab, active, 7)
     write_shard(os.path.join(data, "train_000.bin"), toks)
@@ -776,7 +852,7 @@ def case_torch(env, precision="bf16"):
             "train.micro_batch=%d" % TORCH_BATCH, "train.warmup_steps=10", "train.log_every=10",
             "train.precision=" + precision, "parallel.backend=cuda", "checkpoint.every=0", "checkpoint.async=false",
             "checkpoint.resume=never"]
-    d, tr, rels, (wn, wv), info = compare_with_torch(env, torch, dev, precision, cfg, sets, samples, "cuda")
+    d, tr, rels, (wn, wv), info, where = compare_with_torch(env, torch, dev, precision, cfg, sets, samples, "cuda")
     n = TORCH_STEPS
     worst, mean = max(rels), sum(rels) / n
     s_bad = rels.index(worst) + 1
@@ -788,16 +864,16 @@ def case_torch(env, precision="bf16"):
         check(g1 <= TORCH_BF16_GNORM1_RTOL,
               "step 1 (identical weights and batch): gradient norm dgtrain %.6g vs PyTorch %.6g: relative %.3g > %g"
               " (the backward passes disagree)" % (d[1][0]["grad_norm"], tr[0][2], g1, TORCH_BF16_GNORM1_RTOL))
-        judge_steps(d, tr, rels, TORCH_BF16_RTOL, "dgtrain bf16", "PyTorch bf16")
+        judge_steps(d, tr, rels, TORCH_BF16_RTOL, "dgtrain bf16", "PyTorch bf16", where)
         check(mean <= TORCH_BF16_MEAN_RTOL, "mean relative loss difference over %d steps %.3g > %g" %
               (n, mean, TORCH_BF16_MEAN_RTOL))
         bounds = "step 1 %.3g (bound %g), worst %.3g at step %d (bound %g), mean %.3g (bound %g)" % (
             rels[0], TORCH_BF16_STEP1_RTOL, worst, s_bad, TORCH_BF16_RTOL, mean, TORCH_BF16_MEAN_RTOL)
     else:
-        judge_steps(d, tr, rels[:1], TORCH_FP32_RTOL, "dgtrain fp32", "PyTorch fp32")
+        judge_steps(d, tr, rels[:1], TORCH_FP32_RTOL, "dgtrain fp32", "PyTorch fp32", where)
         check(g1 <= TORCH_FP32_GNORM_RTOL, "step 1: gradient norm dgtrain %.9g vs PyTorch %.9g: relative %.3g > %g" %
               (d[1][0]["grad_norm"], tr[0][2], g1, TORCH_FP32_GNORM_RTOL))
-        judge_steps(d, tr, rels, TORCH_FP32_GPU_RTOL, "dgtrain fp32", "PyTorch fp32")
+        judge_steps(d, tr, rels, TORCH_FP32_GPU_RTOL, "dgtrain fp32", "PyTorch fp32", where)
         bounds = "step 1 %.3g (bound %g), worst %.3g at step %d (bound %g), mean %.3g" % (
             rels[0], TORCH_FP32_RTOL, worst, s_bad, TORCH_FP32_GPU_RTOL, mean)
     first, last = d[1][0]["loss"], d[n][0]["loss"]
@@ -815,40 +891,73 @@ def case_torch_fp32(env):
     return case_torch(env, "fp32")
 
 
+def torch_case_seed():
+    """run.seed of the torch case's config (configs/gpt2-124m.ini): the self-check uses it so that its sample
+    ids are the torch case's (the order depends only on the sample count, the seed and the epoch)."""
+    import configparser
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cp = configparser.ConfigParser(inline_comment_prefixes=(";", "#"))
+    cp.read(os.path.join(root, "configs", "gpt2-124m.ini"))
+    return cp.getint("run", "seed")
+
+
 def case_torch_cpu_selfcheck(env):
     """The comparison pipeline without a GPU: dgtrain's CPU backend (fp32) against PyTorch on the CPU
-    (fp32) on a small custom model; agreement should be float rounding (DESIGN.md §4: 1e-5)."""
+    (fp32) on a small custom model; agreement should be float rounding (DESIGN.md §4: 1e-5). Two data
+    sets, both with gradient accumulation (2 micro-batches of 4): the torch case's sample arithmetic
+    (TORCH_SAMPLES samples, batch TORCH_BATCH, TORCH_STEPS steps, its seed: epoch 1 starts exactly at the
+    first sample of step 41, which reads the torch case's very sample ids), and an epoch boundary inside a
+    micro-batch (50 samples: step 7 reads positions 48..55, epoch 0's last two and epoch 1's first six)."""
     torch = import_torch()
     if torch is None:
         return SKIP
-    sc = SELFCHECK
-    glob, samples = write_torch_data(env, sc["seq_len"], sc["vocab"], sc["samples"], sc["active"])
-    cfg = os.path.join(env.work, "selfcheck.ini")
-    with open(cfg, "w") as f:
-        f.write("[model]\npreset = custom\nn_layer = %d\nn_head = %d\nd_model = %d\nseq_len = %d\nvocab_size = %d\n"
-                % (sc["n_layer"], sc["n_head"], sc["d_model"], sc["seq_len"], sc["vocab"]))
-    sets = ["run.seed=4242", "data.train=" + glob, "data.val=" + glob, "data.val_every=0", "data.shuffle=true",
-            "train.steps=%d" % sc["steps"], "train.global_batch=%d" % sc["global_batch"],
-            "train.micro_batch=%d" % sc["micro_batch"], "train.lr=%g" % sc["lr"],
-            "train.warmup_steps=%d" % sc["warmup"], "train.precision=fp32", "parallel.backend=cpu",
-            "parallel.threads=1", "checkpoint.every=0", "checkpoint.resume=never"]
-    d, tr, rels, (wn, wv), info = compare_with_torch(env, torch, torch.device("cpu"), "fp32", cfg, sets, samples,
-                                                     "cpu")
-    n = sc["steps"]
-    worst = max(rels)
-    gns = [abs(tr[s - 1][2] - d[s][0]["grad_norm"]) / d[s][0]["grad_norm"] for s in range(1, n + 1)]
-    judge_steps(d, tr, rels, TORCH_FP32_RTOL, "dgtrain CPU fp32", "PyTorch CPU fp32")
-    g_bad = gns.index(max(gns)) + 1
-    check(max(gns) <= TORCH_FP32_GNORM_RTOL, "step %d: gradient norm dgtrain %.9g vs PyTorch %.9g: relative %.3g > %g" %
-          (g_bad, d[g_bad][0]["grad_norm"], tr[g_bad - 1][2], max(gns), TORCH_FP32_GNORM_RTOL))
-    check(wv <= TORCH_FP32_WEIGHT_ATOL, "final weights: %s differs by %.3g (bound %g)" %
-          (wn, wv, TORCH_FP32_WEIGHT_ATOL))
-    check(d[n][0]["loss"] < d[1][0]["loss"] - 0.5, "the loss did not fall by > 0.5 (%.4f -> %.4f)" %
-          (d[1][0]["loss"], d[n][0]["loss"]))
-    print("PASS self-check: dgtrain CPU fp32 vs PyTorch %s CPU fp32, %s: losses within %.3g relative (bound %g; "
-          "per step: %s), grad norms %.3g (bound %g), final weights max|diff| %.3g (%s; bound %g); loss %.4f -> %.4f" %
-          (torch.__version__, info, worst, TORCH_FP32_RTOL, " ".join("%.1e" % x for x in rels), max(gns),
-           TORCH_FP32_GNORM_RTOL, wv, wn, TORCH_FP32_WEIGHT_ATOL, d[1][0]["loss"], d[n][0]["loss"]))
+    seed = torch_case_seed()
+    first_e1 = TORCH_SAMPLES // TORCH_BATCH + 1
+    check(TORCH_SAMPLES % TORCH_BATCH == 0 and first_e1 <= TORCH_STEPS,
+          "the torch case's arithmetic changed (%d samples, batch %d, %d steps): update the self-check" %
+          (TORCH_SAMPLES, TORCH_BATCH, TORCH_STEPS))
+    phases = [("step-start boundary", "_a", TORCH_SAMPLES, TORCH_STEPS, TORCH_BATCH, seed),
+              ("mid-micro-batch boundary", "_b", SELFCHECK["samples"], SELFCHECK["steps"],
+               SELFCHECK["global_batch"], 4242)]
+    sc, out = SELFCHECK, []
+    for what, tag, n_samples, n, gb, sd in phases:
+        glob, samples = write_torch_data(env, sc["seq_len"], sc["vocab"], n_samples, sc["active"], tag)
+        cfg = os.path.join(env.work, "selfcheck%s.ini" % tag)
+        with open(cfg, "w") as f:
+            f.write("[model]\npreset = custom\nn_layer = %d\nn_head = %d\nd_model = %d\nseq_len = %d\n"
+                    "vocab_size = %d\n" % (sc["n_layer"], sc["n_head"], sc["d_model"], sc["seq_len"], sc["vocab"]))
+        sets = ["run.seed=%d" % sd, "data.train=" + glob, "data.val=" + glob, "data.val_every=0",
+                "data.shuffle=true", "train.steps=%d" % n, "train.global_batch=%d" % gb,
+                "train.micro_batch=%d" % sc["micro_batch"], "train.lr=%g" % sc["lr"],
+                "train.warmup_steps=%d" % sc["warmup"], "train.precision=fp32", "parallel.backend=cpu",
+                "parallel.threads=1", "checkpoint.every=0", "checkpoint.resume=never"]
+        print("  %s: %d samples, batch %d, %d steps, seed %d" % (what, n_samples, gb, n, sd))
+        d, tr, rels, (wn, wv), info, where = compare_with_torch(env, torch, torch.device("cpu"), "fp32", cfg, sets,
+                                                                samples, "cpu", tag)
+        worst = max(rels)
+        gns = [abs(tr[s - 1][2] - d[s][0]["grad_norm"]) / d[s][0]["grad_norm"] for s in range(1, n + 1)]
+        judge_steps(d, tr, rels, TORCH_FP32_RTOL, "dgtrain CPU fp32", "PyTorch CPU fp32", where)
+        g_bad = gns.index(max(gns)) + 1
+        check(max(gns) <= TORCH_FP32_GNORM_RTOL, "step %d: gradient norm dgtrain %.9g vs PyTorch %.9g: relative "
+              "%.3g > %g" % (g_bad, d[g_bad][0]["grad_norm"], tr[g_bad - 1][2], max(gns), TORCH_FP32_GNORM_RTOL))
+        check(wv <= TORCH_FP32_WEIGHT_ATOL, "final weights: %s differs by %.3g (bound %g)" %
+              (wn, wv, TORCH_FP32_WEIGHT_ATOL))
+        check(d[n][0]["loss"] < d[1][0]["loss"] - 0.5, "the loss did not fall by > 0.5 (%.4f -> %.4f)" %
+              (d[1][0]["loss"], d[n][0]["loss"]))
+        if tag == "_a":
+            ids, ep = batch_ids(first_e1 - 1, gb, n_samples, sd, True)
+            prev, ep0 = batch_ids(first_e1 - 2, gb, n_samples, sd, True)
+            check(ep == [1] * gb and ep0 == [0] * gb, "step %d is not the first step of epoch 1" % first_e1)
+            bnd = "step %d (epoch 1's first, %s; step %d read %s) loss rel %.2g" % (
+                first_e1, ids, first_e1 - 1, prev, rels[first_e1 - 1])
+        else:
+            k = n_samples // gb + 1
+            bnd = "step %d (%s) loss rel %.2g" % (k, batch_desc(k - 1, gb, n_samples, sd, True), rels[k - 1])
+        out.append("%s [%s]: losses within %.3g relative (bound %g), grad norms %.3g (bound %g), final weights "
+                   "max|diff| %.3g (%s; bound %g); loss %.4f -> %.4f; %s" %
+                   (what, info, worst, TORCH_FP32_RTOL, max(gns), TORCH_FP32_GNORM_RTOL, wv, wn,
+                    TORCH_FP32_WEIGHT_ATOL, d[1][0]["loss"], d[n][0]["loss"], bnd))
+    print("PASS self-check: dgtrain CPU fp32 vs PyTorch %s CPU fp32; %s" % (torch.__version__, "; ".join(out)))
     return 0
 
 

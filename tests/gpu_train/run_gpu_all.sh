@@ -30,6 +30,7 @@ pack() {
 trap pack EXIT
 mpi=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+export DGT_TEST_ARTIFACTS=$out # gpu_e2e.py torch: both curves with sample ids, torch_curves.txt
 
 log "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1); $(nvcc --version 2>/dev/null | tail -1)"
 usable() { [ -x "$1" ] && ! ldd "$1" 2>/dev/null | grep -q 'not found'; }
@@ -96,8 +97,11 @@ wait $pid_vs
 log "attention vs CPU, $rows_best-row blocks, rc=$?: $(grep -h 'cuda vs cpu' "$out/attn_vs_cpu.log" | tr '\n' ' ')"
 for p in "${pids[@]}"; do wait "$p"; done
 for c in fp32 bf16 determinism multirank graph torch; do
-  log "gpu_train_$c: $(grep -hE '^(PASS|FAIL|SKIP)' "$out/gpu_train_$c.log" | cut -c1-400 | tr '\n' ' ')"
+  log "gpu_train_$c: $(grep -hE '^(PASS|FAIL|SKIP)' "$out/gpu_train_$c.log" | cut -c1-1500 | tr '
+' ' ')"
 done
+# both curves of the torch case, into summary.log too (it travels even when the packed logs do not)
+[ -f "$out/torch_curves.txt" ] && sed 's/^/   /' "$out/torch_curves.txt" >>"$out/summary.log"
 for p in fp32 bf16; do
   log "default.ini cuda $p: $(tail -1 "$out/default_ini_$p.log"); last step: $(grep '"step"' "$out/default_ini_${p}_metrics.jsonl" | tail -1 | cut -c1-200); val: $(grep '"val"' "$out/default_ini_${p}_metrics.jsonl" | tail -1 | cut -c1-120)"
 done
