@@ -68,7 +68,22 @@ log "attention block rows for the benchmark: $rows_best"
 
 # ---- the attention implementations against each other (checks, then timed alone at B=32 T=1024) ----
 "$tbc" --mode attn-impl --dtype bf16 >"$out/attn_impl.log" 2>&1
-log "attn-impl bf16 rc=$?: $(grep -h 'attn-impl' "$out/attn_impl.log" | cut -c1-700 | tr '\n' ' ')"
+impl_rc=$?
+log "attn-impl bf16 rc=$impl_rc: $(grep -h 'attn-impl' "$out/attn_impl.log" | cut -c1-900 | tr '\n' ' ')"
+"$tbc" --mode attn-impl --dtype f16 --small >"$out/attn_impl_f16.log" 2>&1
+impl_f16_rc=$?
+log "attn-impl f16 rc=$impl_f16_rc: $(grep -h 'attn-impl \[' "$out/attn_impl_f16.log" | tr '\n' ' ')"
+# the rest of the call (end-to-end tests, benchmark) runs with the fastest implementation whose checks
+# all passed (DG_CUDA_ATTN_IMPL; the built-in default when none is faster or a check failed)
+best_impl=$(python3 - "$out/attn_impl.log" $impl_rc $impl_f16_rc <<'PY'
+import re, sys
+t = dict((int(i), float(f) + float(b)) for i, f, b in
+         re.findall(r"impl(\d) fwd ([0-9.]+) ms bwd ([0-9.]+) ms", open(sys.argv[1]).read()))
+print(min(t, key=t.get) if t and sys.argv[2] == "0" and sys.argv[3] == "0" else "")
+PY
+)
+[ -n "$best_impl" ] && export DG_CUDA_ATTN_IMPL=$best_impl
+log "attention implementation for the rest of this call: ${DG_CUDA_ATTN_IMPL:-built-in default}"
 for dt in bf16 f16 f32; do # the fused MLP backward op against float64
   "$tbc" --mode harness --dtype $dt --only dgelu >"$out/harness_dgelu_$dt.log" 2>&1
   log "harness dgelu $dt rc=$?: $(tail -1 "$out/harness_dgelu_$dt.log") $(grep -h '^FAIL' "$out/harness_dgelu_$dt.log" | head -3 | cut -c1-300 | tr '\n' ' ')"
@@ -76,6 +91,12 @@ done
 
 # ---- phase A: correctness, all at once (the GPU is shared; nothing here is timed) ----
 pids=()
+san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -x "$san" ]; then
+  (timeout 240 "$san" --tool racecheck --error-exitcode 3 "$tbc" --mode attn-impl --dtype bf16 --small \
+     >"$out/racecheck_attn_impl.log" 2>&1; echo "rc=$?" >>"$out/racecheck_attn_impl.log") &
+  pid_race=$!
+fi
 for c in fp32 bf16 determinism multirank graph torch; do
   python3 "$root/tests/gpu_train/gpu_e2e.py" "$c" "$dgtrain" "$dgckpt" "${mpi[@]}" >"$out/gpu_train_$c.log" 2>&1 &
   pids+=($!)
@@ -96,6 +117,8 @@ log "attn-rows f16 rc=$?: $(grep -h 'attn-rows \[' "$out/attn_rows_f16.log" | tr
 wait $pid_vs
 log "attention vs CPU, $rows_best-row blocks, rc=$?: $(grep -h 'cuda vs cpu' "$out/attn_vs_cpu.log" | tr '\n' ' ')"
 for p in "${pids[@]}"; do wait "$p"; done
+[ -n "${pid_race:-}" ] && wait $pid_race &&
+  log "racecheck attn-impl: $(grep -hE 'RACECHECK SUMMARY|^rc=' "$out/racecheck_attn_impl.log" | tr '\n' ' ')"
 for c in fp32 bf16 determinism multirank graph torch; do
   log "gpu_train_$c: $(grep -hE '^(PASS|FAIL|SKIP)' "$out/gpu_train_$c.log" | cut -c1-1500 | tr '
 ' ' ')"
