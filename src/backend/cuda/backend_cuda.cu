@@ -27,9 +27,10 @@
 /* rows per block of the tensor-core attention kernels (both give the same bits; 128 loads each K/V tile
  * once for twice the queries) */
 #define DG_CUDA_ATTN_ROWS_DEFAULT 64
-/* tensor-core attention implementation (DG_CUDA_ATTN_IMPL): 2, measured faster on the H200 (2026-11-29:
- * fwd 0.307 vs 0.312 ms, bwd 0.933 vs 1.014 ms at B=32 T=1024 head 64 bf16) */
-#define DG_CUDA_ATTN_IMPL_DEFAULT 2
+/* tensor-core attention implementation (DG_CUDA_ATTN_IMPL): 4, the fastest on the H200 (2026-11-29, B=32
+ * T=1024 head 64 bf16, fwd / bwd ms: impl 1 0.312 / 1.016, 2 0.321 / 0.930, 3 0.259 / 0.713,
+ * 4 0.260 / 0.699, 5 0.260 / 0.715), all five passing the same checks */
+#define DG_CUDA_ATTN_IMPL_DEFAULT 4
 /* (3, 4, 5: not yet measured; the default moves to the fastest once they are) */
 
 /* ---------------- error reporting ---------------- */
