@@ -2,7 +2,8 @@
  * comm layer (the mpi backend: what training uses) on this machine's MPI (CPU ranks, shared memory). Run
  * under mpiexec with 2 (or more) ranks on one node. Raw MPI times are printed beside them.
  *
- * Documented tolerance: the estimate must be within a factor of 10 of the measured minimum over 40 runs,
+ * Documented tolerance: the estimate must be within a factor of 10 of the measured minimum over 40 runs
+ * (up to 3 rounds of 40 while it is not: a busy shared machine can slow a whole round down),
  * either way. The defaults table describes a dedicated socket; a CI machine with 2 cores shared by other work
  * can be several times slower or faster than that, so the check only catches estimates that are wrong in kind
  * (units, a missing factor of n, a latency term that dominates when it should not). The measured and
@@ -69,43 +70,51 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < count; i++)
             a[i] = (float)(i % 97) * 0.5f + rank;
         for (int kind = 0; kind < 3; kind++) {
-            enum { ITERS = 40 };
-            double t[ITERS], traw[ITERS];
+            enum { ITERS = 40, ROUNDS = 3 };
+            double t[ITERS], traw[ITERS], best = INFINITY, best_raw = INFINITY;
             size_t per = count / n;
-            for (int it = -2; it < ITERS; it++) {
-                for (int raw = 0; raw < 2; raw++) {
-                    MPI_Barrier(MPI_COMM_WORLD);
-                    double t0 = MPI_Wtime();
-                    dg_status_t s = DG_OK;
-                    if (raw) {
-                        if (kind == 0)
-                            MPI_Allreduce(a, b, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-                        else if (kind == 1)
-                            MPI_Allgather(a, (int)per, MPI_FLOAT, b, (int)per, MPI_FLOAT, MPI_COMM_WORLD);
-                        else
-                            MPI_Reduce_scatter_block(a, b, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-                    } else {
-                        if (kind == 0)
-                            s = dg_comm_allreduce(comm, a, b, count, DG_F32, DG_RED_SUM);
-                        else if (kind == 1)
-                            s = dg_comm_allgather(comm, a, b, per, DG_F32);
-                        else
-                            s = dg_comm_reduce_scatter(comm, a, b, per, DG_F32, DG_RED_SUM);
-                    }
-                    if (s != DG_OK) {
-                        fprintf(stderr, "collective failed: %s\n", dg_last_error());
-                        MPI_Abort(MPI_COMM_WORLD, 2);
-                    }
-                    double dt = MPI_Wtime() - t0, mx;
-                    MPI_Allreduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-                    if (it >= 0) (raw ? traw : t)[it] = mx;
-                }
-            }
-            qsort(t, ITERS, sizeof t[0], cmp_d);
-            qsort(traw, ITERS, sizeof traw[0], cmp_d);
-            double meas = t[0]; /* the fastest run: other load on a shared machine only adds time */
             double est =
                 dg_plan_collective_s(kind, (double)(count / n) * n * 4, n, links[DG_LINK_SAME_SOCKET]);
+            /* up to ROUNDS rounds of ITERS runs while the fastest is out of bounds: a busy shared machine
+             * can slow a whole round down (every rank's decision is the same: the times are MPI_MAX'd) */
+            for (int round = 0; round < ROUNDS; round++) {
+                for (int it = -2; it < ITERS; it++) {
+                    for (int raw = 0; raw < 2; raw++) {
+                        MPI_Barrier(MPI_COMM_WORLD);
+                        double t0 = MPI_Wtime();
+                        dg_status_t s = DG_OK;
+                        if (raw) {
+                            if (kind == 0)
+                                MPI_Allreduce(a, b, (int)count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                            else if (kind == 1)
+                                MPI_Allgather(a, (int)per, MPI_FLOAT, b, (int)per, MPI_FLOAT, MPI_COMM_WORLD);
+                            else
+                                MPI_Reduce_scatter_block(a, b, (int)per, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                        } else {
+                            if (kind == 0)
+                                s = dg_comm_allreduce(comm, a, b, count, DG_F32, DG_RED_SUM);
+                            else if (kind == 1)
+                                s = dg_comm_allgather(comm, a, b, per, DG_F32);
+                            else
+                                s = dg_comm_reduce_scatter(comm, a, b, per, DG_F32, DG_RED_SUM);
+                        }
+                        if (s != DG_OK) {
+                            fprintf(stderr, "collective failed: %s\n", dg_last_error());
+                            MPI_Abort(MPI_COMM_WORLD, 2);
+                        }
+                        double dt = MPI_Wtime() - t0, mx;
+                        MPI_Allreduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+                        if (it >= 0) (raw ? traw : t)[it] = mx;
+                    }
+                }
+                qsort(t, ITERS, sizeof t[0], cmp_d);
+                qsort(traw, ITERS, sizeof traw[0], cmp_d);
+                best = fmin(best, t[0]); /* the fastest run: other load on a shared machine only adds time */
+                best_raw = fmin(best_raw, traw[0]);
+                if (best / est <= FACTOR && best / est >= 1.0 / FACTOR) break;
+            }
+            double meas = best;
+            traw[0] = best_raw;
             double ratio = meas / est;
             /* All three are judged: the comm layer's reduce-scatter is its own ring (the planner's model);
              * the raw column shows Open MPI 4.1's MPI_Reduce_scatter_block, several times slower here. */
