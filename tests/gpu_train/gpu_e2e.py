@@ -11,8 +11,8 @@ Cases:
               final weights max|diff| <= 1e-3
   bf16        CUDA bf16 vs the CPU backend (fp32), 20 steps: losses within bf16 tolerance (see BF16_RTOL)
   determinism two CUDA runs each in fp32 and bf16: step lines and final checkpoints bitwise equal
-  multirank   2 ranks sharing the GPU (gradients all-reduced over MPI with host staging) vs 1 rank at
-              the same global batch: losses within 1e-5 relative, final weights within 1e-4
+  multirank   2 and 4 ranks sharing the GPU (gradients all-reduced over MPI with host staging) vs 1 rank
+              at the same global batch: losses within 1e-5 relative, final weights within 1e-4
   graph       CUDA Graph replay vs op-by-op (bf16; fp16 with a growing loss scale, which records again): step
               lines and final checkpoints bitwise equal; a forced recording failure falls back with one
               `fallback` event and the same numbers
@@ -329,24 +329,29 @@ def case_determinism(env):
 
 
 def case_multirank(env):
+    """2 and 4 ranks sharing the GPU (the mpi comm, host staging) against 1 rank at the same global batch."""
     one = env.train(1, "one", ["train.precision=fp32"])
-    two = env.train(2, "two", ["train.precision=fp32"])
-    st = start_event(two)
-    check(st.get("world_size") == 2 and st.get("backend") == "cuda",
-          "2-rank run: start event world_size %s backend %s" % (st.get("world_size"), st.get("backend")))
-    r, d, rels = rel_losses(one, two)
-    worst = max(rels)
-    check(worst <= DIST_LOSS_RTOL, "2 ranks vs 1 rank: losses differ by %.3g relative (bound %g) at step %d" %
-          (worst, DIST_LOSS_RTOL, rels.index(worst) + 1))
-    check(all(r[s][1]["tokens"] == d[s][1]["tokens"] for s in r), "tokens differ between 1 and 2 ranks")
-    gn = max(abs(d[s][0]["grad_norm"] - r[s][0]["grad_norm"]) / r[s][0]["grad_norm"] for s in range(1, STEPS + 1))
-    check(gn <= 1e-4, "grad norms differ by %.3g relative (bound 1e-4)" % gn)
-    first, last = check_learns(r, "1-rank run")
-    wd, wv = max_model_diff(env, one, two)
-    check(wv <= DIST_WEIGHT_ATOL, "final weights: %s differs by %.3g (bound %g)" % (wd, wv, DIST_WEIGHT_ATOL))
-    print("PASS 2 ranks on one GPU (mesh %s) vs 1 rank, global batch %d, %d steps: losses within %.3g relative "
-          "(bound %g), grad norms %.3g, final weights max|diff| %.3g (%s); loss %.4f -> %.4f" %
-          (st.get("mesh"), GLOBAL_BATCH, STEPS, worst, DIST_LOSS_RTOL, gn, wv, wd, first, last))
+    notes = []
+    for ranks, extra in ((2, []), (4, ["train.micro_batch=2"])):  # 4 x 2 = the global batch of 8
+        run = env.train(ranks, "ranks%d" % ranks, ["train.precision=fp32"] + extra)
+        st = start_event(run)
+        check(st.get("world_size") == ranks and st.get("backend") == "cuda",
+              "%d-rank run: start event world_size %s backend %s" % (ranks, st.get("world_size"), st.get("backend")))
+        r, d, rels = rel_losses(one, run)
+        worst = max(rels)
+        check(worst <= DIST_LOSS_RTOL, "%d ranks vs 1 rank: losses differ by %.3g relative (bound %g) at step %d" %
+              (ranks, worst, DIST_LOSS_RTOL, rels.index(worst) + 1))
+        check(all(r[s][1]["tokens"] == d[s][1]["tokens"] for s in r), "tokens differ between 1 and %d ranks" % ranks)
+        gn = max(abs(d[s][0]["grad_norm"] - r[s][0]["grad_norm"]) / r[s][0]["grad_norm"] for s in range(1, STEPS + 1))
+        check(gn <= 1e-4, "%d ranks: grad norms differ by %.3g relative (bound 1e-4)" % (ranks, gn))
+        first, last = check_learns(r, "1-rank run")
+        wd, wv = max_model_diff(env, one, run)
+        check(wv <= DIST_WEIGHT_ATOL, "%d ranks: final weights: %s differs by %.3g (bound %g)" %
+              (ranks, wd, wv, DIST_WEIGHT_ATOL))
+        notes.append("%d ranks (mesh %s): losses within %.3g relative (bound %g), grad norms %.3g, final weights "
+                     "max|diff| %.3g (%s)" % (ranks, st.get("mesh"), worst, DIST_LOSS_RTOL, gn, wv, wd))
+    print("PASS ranks sharing one GPU vs 1 rank, global batch %d, %d steps: %s; loss %.4f -> %.4f" %
+          (GLOBAL_BATCH, STEPS, "; ".join(notes), first, last))
 
 
 def events(run_dir, name):
