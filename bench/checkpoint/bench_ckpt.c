@@ -170,7 +170,7 @@ int main(int argc, char **argv) {
         double s = MPI_Wtime() - t0;
         /* the phases on the slowest rank; CPU time summed over ranks */
         const dg_ckpt_phases_t *ph = &res.phases;
-        double mine[10] = {ph->validate, ph->hash, ph->plan, ph->create, ph->write,
+        double mine[10] = {ph->validate, ph->hash,  ph->plan,   ph->create,    ph->write,
                            ph->close,    ph->fsync, ph->commit, ph->retention, ph->direct},
                mx[10], cpu = 0;
         MPI_Reduce(mine, mx, 10, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
@@ -178,12 +178,13 @@ int main(int argc, char **argv) {
         MPI_Reduce(&dbytes, &dall, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
         MPI_Reduce(&ph->cpu, &cpu, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
         if (!g_rank) {
-            printf("RESULT kind=save rep=%d seconds=%.3f bytes=%lld gbps=%.3f cpu_s=%.3f cpu_s_per_gb=%.3f\n", r,
-                   s, (long long)res.bytes, state_bytes / s / 1e9, cpu, cpu / (state_bytes / 1e9));
-            printf("RESULT kind=phases rep=%d validate=%.3f hash=%.3f threads=%d plan=%.3f create=%.3f "
-                   "write=%.3f direct=%.3f direct_share=%.2f close=%.3f fsync=%.3f commit=%.3f retention=%.3f\n",
-                   r, mx[0], mx[1], ph->threads, mx[2], mx[3], mx[4], mx[9], res.bytes > 0 ? dall / (double)res.bytes : 0,
-                   mx[5], mx[6], mx[7], mx[8]);
+            printf("RESULT kind=save rep=%d seconds=%.3f bytes=%lld gbps=%.3f cpu_s=%.3f cpu_s_per_gb=%.3f\n",
+                   r, s, (long long)res.bytes, state_bytes / s / 1e9, cpu, cpu / (state_bytes / 1e9));
+            printf(
+                "RESULT kind=phases rep=%d validate=%.3f hash=%.3f threads=%d plan=%.3f create=%.3f "
+                "write=%.3f direct=%.3f direct_share=%.2f close=%.3f fsync=%.3f commit=%.3f retention=%.3f\n",
+                r, mx[0], mx[1], ph->threads, mx[2], mx[3], mx[4], mx[9],
+                res.bytes > 0 ? dall / (double)res.bytes : 0, mx[5], mx[6], mx[7], mx[8]);
         }
         fflush(stdout);
         if (save_only) continue;
@@ -232,9 +233,10 @@ int main(int argc, char **argv) {
         double snap_bytes = (double)local * 4, snap_all = 0;
         MPI_Allreduce(&snap_bytes, &snap_all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         if (!g_rank)
-            printf("RESULT kind=async rep=%d stall_ms=%.1f snapshot_ms=%.1f snapshot_gbps=%.2f reserve_ms=%.1f "
-                   "write_seconds=%.3f step_estimate_s=%.3f\n",
-                   r, mx[0], mx[1], mx[1] > 0 ? snap_all / (mx[1] * 1e-3) / 1e9 : 0, mx[2], total, step_s);
+            printf(
+                "RESULT kind=async rep=%d stall_ms=%.1f snapshot_ms=%.1f snapshot_gbps=%.2f reserve_ms=%.1f "
+                "write_seconds=%.3f step_estimate_s=%.3f\n",
+                r, mx[0], mx[1], mx[1] > 0 ? snap_all / (mx[1] * 1e-3) / 1e9 : 0, mx[2], total, step_s);
         fflush(stdout);
     }
     dg_ckpt_writer_free(w);

@@ -5,9 +5,10 @@
  * scalars (dg_ckpt_meta_t). A save writes ONE HDF5 file in which every tensor is one chunked,
  * Fletcher32-checksummed dataset with its full global shape; each rank writes its own hyperslab with
  * collective I/O (chunks a rank holds whole it checksums and writes itself at the place HDF5 allocated
- * for them: the same bytes, see save.c and docs/checkpoints.md). A load reads any decomposition of the same tensors, so a checkpoint written by one
- * world size or mesh loads into any other. The file layout is documented in docs/checkpoint-format.md,
- * the user-facing behaviour (resume, retention, incremental, dgckpt) in docs/checkpoints.md.
+ * for them: the same bytes, see save.c and docs/checkpoints.md). A load reads any decomposition of the same
+ * tensors, so a checkpoint written by one world size or mesh loads into any other. The file layout is
+ * documented in docs/checkpoint-format.md, the user-facing behaviour (resume, retention, incremental, dgckpt)
+ * in docs/checkpoints.md.
  *
  * Guarantees:
  *  - Atomic commit: data goes to step_N.h5.partial; after close + fsync on every rank, rank 0 renames it
@@ -139,12 +140,12 @@ typedef struct dg_ckpt_phases {
                         and the direct chunk writes */
     double direct;   /* of which: the chunks this rank checksummed and wrote itself (`threads` threads) */
     int64_t direct_bytes; /* bytes this rank wrote as direct chunks */
-    double close;    /* H5Fclose (metadata flush) */
-    double fsync;    /* fsync of the file on every rank */
-    double commit;   /* rank 0: rename, directory fsync, LATEST */
+    double close;         /* H5Fclose (metadata flush) */
+    double fsync;         /* fsync of the file on every rank */
+    double commit;        /* rank 0: rename, directory fsync, LATEST */
     double retention;
-    double cpu;      /* CPU seconds of this process during the save (all its threads; getrusage) */
-    int threads;     /* hashing threads used */
+    double cpu;  /* CPU seconds of this process during the save (all its threads; getrusage) */
+    int threads; /* hashing threads used */
 } dg_ckpt_phases_t;
 
 typedef struct dg_ckpt_save_result {
@@ -154,10 +155,10 @@ typedef struct dg_ckpt_save_result {
     int64_t logical_bytes; /* bytes of all tensors (what a full checkpoint stores) */
     int64_t linked_bytes;  /* tensor bytes stored as links to older checkpoints */
     int n_tensors, n_linked;
-    double seconds;  /* wall time of the write and commit */
-    double stall_ms; /* time the caller was blocked: the whole save when synchronous, the
-                        snapshot copy (plus any wait for the previous write) when async */
-    char base[256];  /* incremental base file name ("" for a full checkpoint) */
+    double seconds;          /* wall time of the write and commit */
+    double stall_ms;         /* time the caller was blocked: the whole save when synchronous, the
+                                snapshot copy (plus any wait for the previous write) when async */
+    char base[256];          /* incremental base file name ("" for a full checkpoint) */
     dg_ckpt_phases_t phases; /* this rank's breakdown of `seconds` */
     double snapshot_ms;      /* async: the snapshot copy alone (stall_ms adds the wait for the previous
                                 write); 0 for a synchronous save */

@@ -356,8 +356,8 @@ static dg_status_t direct_plan(save_ctx_t *c, int i, hid_t dset, const hsize_t *
             whole_chunks(p, R, &k0, &k1);
             for (int64_t k = k0; k < k1 && !s; k++) {
                 int64_t r0 = k * R, r1 = r0 + R < td->gshape[0] ? r0 + R : td->gshape[0];
-                dchunk_t j = {p->data + (r0 - p->start[0]) * inner, (size_t)((r1 - r0) * inner) * sizeof(float),
-                              nbytes, addr[k], i};
+                dchunk_t j = {p->data + (r0 - p->start[0]) * inner,
+                              (size_t)((r1 - r0) * inner) * sizeof(float), nbytes, addr[k], i};
                 s = direct_push(c, j);
             }
         }
@@ -416,13 +416,14 @@ static void direct_write_one(void *ctx, size_t idx) {
         int e = errno;
         pthread_mutex_lock(&J->mu);
         if (!J->err)
-            J->err = 1, snprintf(J->msg, sizeof J->msg, "%.200s:/%.200s: writing a chunk at offset %llu: %.60s",
-                                 c->partial_path, c->tab.t[j->ti].path, (unsigned long long)j->addr,
-                                 strerror(e));
+            J->err = 1,
+            snprintf(J->msg, sizeof J->msg, "%.200s:/%.200s: writing a chunk at offset %llu: %.60s",
+                     c->partial_path, c->tab.t[j->ti].path, (unsigned long long)j->addr, strerror(e));
         pthread_mutex_unlock(&J->mu);
     }
     free(pad);
-    if (atomic_fetch_add(&J->since_kick, (long long)j->nbytes) + (long long)j->nbytes >= CKPT_WRITEBACK_BYTES) {
+    if (atomic_fetch_add(&J->since_kick, (long long)j->nbytes) + (long long)j->nbytes >=
+        CKPT_WRITEBACK_BYTES) {
         atomic_store(&J->since_kick, 0);
         kick_writeback(c->wfd);
     }
@@ -665,7 +666,6 @@ static void retention(const char *dir, int keep) {
 
 /* ---------------- phases ---------------- */
 
-
 static dg_status_t prepare_rank0(save_ctx_t *c) {
     DG_TRY(dg_mkdir_p(c->dir));
     if (unlink(c->partial_path) != 0 && errno != ENOENT) {
@@ -741,7 +741,8 @@ static dg_status_t write_file(save_ctx_t *c) {
     if (!s && c->direct) {
         c->wfd = open(c->partial_path, O_WRONLY);
         if (c->wfd < 0)
-            s = DG_ERR(DG_ERR_RUNTIME, "cannot open %s for writing chunks: %s", c->partial_path, strerror(errno));
+            s = DG_ERR(DG_ERR_RUNTIME, "cannot open %s for writing chunks: %s", c->partial_path,
+                       strerror(errno));
     }
     s = ckpt_agree(c->comm, s);
     double t_data = dg_now_s();

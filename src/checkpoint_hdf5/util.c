@@ -152,8 +152,8 @@ int ckpt_threads(MPI_Comm comm, int requested) {
     /* collective in every case, so that ranks taking different branches never strand each other */
     int local = 1;
     MPI_Comm node = MPI_COMM_NULL;
-    if (comm != MPI_COMM_NULL && MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) ==
-                                     MPI_SUCCESS) {
+    if (comm != MPI_COMM_NULL &&
+        MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
         MPI_Comm_size(node, &local);
         MPI_Comm_free(&node);
     }

@@ -67,7 +67,8 @@ static dg_status_t snap_grow(dg_ckpt_writer_t *w, size_t floats, int prefault) {
     size_t bytes = (floats * sizeof(float) + SNAP_ALIGN - 1) / SNAP_ALIGN * SNAP_ALIGN;
     void *p = NULL;
     if (posix_memalign(&p, SNAP_ALIGN, bytes) != 0 || !p)
-        return DG_ERR(DG_ERR_RUNTIME, "out of memory for the checkpoint snapshot (%.1f MB)", (double)bytes / 1e6);
+        return DG_ERR(DG_ERR_RUNTIME, "out of memory for the checkpoint snapshot (%.1f MB)",
+                      (double)bytes / 1e6);
     w->snap = p;
     w->snap_cap = bytes / sizeof(float);
     if (prefault) {

@@ -298,7 +298,8 @@ dg_status_t dg_exec_run_phase(dg_exec_t *ex, dg_phase_t phase) {
 dg_status_t dg_exec_stage_scalars(dg_exec_t *ex) {
     const dg_runtime_t *rt = &ex->rt;
     if (rt->t < 1)
-        return DG_ERR(DG_ERR_USAGE, "executor: AdamW step t = %lld, expected >= 1 (1-based)", (long long)rt->t);
+        return DG_ERR(DG_ERR_USAGE, "executor: AdamW step t = %lld, expected >= 1 (1-based)",
+                      (long long)rt->t);
     if (!(rt->beta1 >= 0.0f && rt->beta1 < 1.0f) || !(rt->beta2 >= 0.0f && rt->beta2 < 1.0f))
         return DG_ERR(DG_ERR_USAGE, "executor: AdamW betas (%g, %g) must lie in [0, 1)", (double)rt->beta1,
                       (double)rt->beta2);

@@ -63,8 +63,8 @@ struct dg_model {
     /* distribution */
     dg_model_parallel_t par;
     int tp, tp_rank, k, shard_rank, rep, rep_rank;
-    place_t *place;         /* per tensor */
-    dg_shard_plan_t *shard; /* buckets (NULL on one data-parallel rank) */
+    place_t *place;               /* per tensor */
+    dg_shard_plan_t *shard;       /* buckets (NULL on one data-parallel rank) */
     int32_t *tok_host, *tgt_host; /* page-locked staging of the micro-batch's ids (upload_async) */
     /* graph replay (dg_model_set_graph_replay) */
     int gr_on, gr_warm;
@@ -73,8 +73,8 @@ struct dg_model {
     uint64_t gr_launches;
     dg_model_graph_cb_t gr_cb;
     void *gr_ctx;
-    int64_t step;           /* dg_model_set_step */
-    int stall_rank;         /* test hook DG_TEST_STALL_COLLECTIVE_RANK/_STEP (-1: off) */
+    int64_t step;   /* dg_model_set_step */
+    int stall_rank; /* test hook DG_TEST_STALL_COLLECTIVE_RANK/_STEP (-1: off) */
     int64_t stall_step;
 };
 
@@ -833,7 +833,8 @@ static dg_status_t gr_run(dg_model_t *m, int which, const float *key, int nk, gr
             snprintf(reason, sizeof reason, "%s", dg_last_error());
         } else {
             dg_status_t sb = body(m); /* recorded, not run */
-            if (sb != DG_OK) snprintf(reason, sizeof reason, "recording %s: %s", gr_name[which], dg_last_error());
+            if (sb != DG_OK)
+                snprintf(reason, sizeof reason, "recording %s: %s", gr_name[which], dg_last_error());
             void *gx = NULL;
             dg_status_t se = be->ops->graph_end(be, &gx);
             if (se != DG_OK && sb == DG_OK) snprintf(reason, sizeof reason, "%s", dg_last_error());
@@ -849,8 +850,8 @@ static dg_status_t gr_run(dg_model_t *m, int which, const float *key, int nk, gr
             return body(m); /* recording ran nothing: run the same ops now */
         }
         char what[160];
-        snprintf(what, sizeof what, "%s%s in %.1f ms", gr_name[which], again ? " (again: a baked value changed)" : "",
-                 (dg_now_s() - t0) * 1e3);
+        snprintf(what, sizeof what, "%s%s in %.1f ms", gr_name[which],
+                 again ? " (again: a baked value changed)" : "", (dg_now_s() - t0) * 1e3);
         DG_LOG_DEBUG("CUDA Graph recorded: %s", what);
         if (m->gr_cb) m->gr_cb(m->gr_ctx, "captured", what);
     }

@@ -967,12 +967,15 @@ static void case_adamw(H *h, size_t n, int64_t t, int with_compute) {
         if (dc3) poison(h, dc3, h->act, n);
         if (!h->bad && CALL(h, "upload_async", upload_async(h->be, dsc, sch, DG_DS_COUNT * sizeof(float))))
             CALL(h, "adamw_dev",
-                 adamw_dev(h->be, dp3, dc3, dg, dm3, dv3, n, (float)b1, (float)b2, (float)eps, (float)wd, dsc));
+                 adamw_dev(h->be, dp3, dc3, dg, dm3, dv3, n, (float)b1, (float)b2, (float)eps, (float)wd,
+                           dsc));
         if (!h->bad) CALL(h, "sync", sync(h->be));
         check_bits(h, "adamw_dev == adamw: master", download_raw(h, dp3, n * 4), download_raw(h, dp, n * 4),
                    n * 4);
-        check_bits(h, "adamw_dev == adamw: m", download_raw(h, dm3, n * 4), download_raw(h, dm, n * 4), n * 4);
-        check_bits(h, "adamw_dev == adamw: v", download_raw(h, dv3, n * 4), download_raw(h, dv, n * 4), n * 4);
+        check_bits(h, "adamw_dev == adamw: m", download_raw(h, dm3, n * 4), download_raw(h, dm, n * 4),
+                   n * 4);
+        check_bits(h, "adamw_dev == adamw: v", download_raw(h, dv3, n * 4), download_raw(h, dv, n * 4),
+                   n * 4);
         if (dc3)
             check_bits(h, "adamw_dev == adamw: compute", download_raw(h, dc3, n * dt_size(h->act)),
                        download_raw(h, dc, n * dt_size(h->act)), n * dt_size(h->act));
@@ -980,7 +983,8 @@ static void case_adamw(H *h, size_t n, int64_t t, int with_compute) {
         sch[DG_DS_NORM] = NAN;
         if (!h->bad && CALL(h, "upload_async", upload_async(h->be, dsc, sch, DG_DS_COUNT * sizeof(float))))
             CALL(h, "adamw_dev",
-                 adamw_dev(h->be, dp3, dc3, dg, dm3, dv3, n, (float)b1, (float)b2, (float)eps, (float)wd, dsc));
+                 adamw_dev(h->be, dp3, dc3, dg, dm3, dv3, n, (float)b1, (float)b2, (float)eps, (float)wd,
+                           dsc));
         if (!h->bad) CALL(h, "sync", sync(h->be));
         check_bits(h, "adamw_dev with a NaN norm leaves master", download_raw(h, dp3, n * 4),
                    download_raw(h, dp, n * 4), n * 4);

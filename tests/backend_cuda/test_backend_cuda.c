@@ -855,7 +855,9 @@ static float act16_to_f32(uint16_t v, dg_dtype_t t) {
         return f;
     }
     const int e = (v >> 10) & 0x1f, m = v & 0x3ff;
-    float f = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 0x400), e - 25);
+    float f = e == 0    ? ldexpf((float)m, -24)
+              : e == 31 ? (m ? NAN : INFINITY)
+                        : ldexpf((float)(m | 0x400), e - 25);
     return (v & 0x8000) ? -f : f;
 }
 static float *act16_array(const uint16_t *a, size_t n, dg_dtype_t t) {
@@ -963,7 +965,7 @@ static void attn_time(dg_backend_t *be, dg_dtype_t act, int B, int T, int C, int
 
 static int run_attn_impl(dg_dtype_t act, int small) {
     if (act == DG_F32) act = DG_BF16; /* the tensor-core kernels are the 16-bit ones */
-    enum { NIMPL = 5 };                /* implementations 1..NIMPL; each of 2..NIMPL is checked against 1 */
+    enum { NIMPL = 5 };               /* implementations 1..NIMPL; each of 2..NIMPL is checked against 1 */
     int skip = 0;
     dg_backend_t *be[NIMPL + 1] = {0};
     for (int k = 1; k <= NIMPL; k++) {
@@ -976,9 +978,7 @@ static int run_attn_impl(dg_dtype_t act, int small) {
             return SKIP;
         }
     }
-    const struct {
-        int B, T;
-    } bt[] = {{2, 1024}, {2, 200}, {3, 13}, {1, 333}, {2, 129}};
+    const struct { int B, T; } bt[] = {{2, 1024}, {2, 200}, {3, 13}, {1, 333}, {2, 129}};
     const double tol_f = tol("attention_fwd", act), tol_b = tol("attention_bwd", act);
     uint64_t rng = 0xa77e;
     for (size_t si = small ? 1 : 0; si < sizeof bt / sizeof bt[0]; si++)
@@ -1000,7 +1000,9 @@ static int run_attn_impl(dg_dtype_t act, int small) {
                 nf1 += !isfinite(d1[i]);
             for (size_t i = 0; i < nl; i++)
                 nf1 += !isfinite(r1.lse[i]);
-            check(nf1 == 0, "attn-impl [%s] B=%d T=%d C=%d NH=%d (head %d): impl 1 has %zu unwritten or non-finite values",
+            check(nf1 == 0,
+                  "attn-impl [%s] B=%d T=%d C=%d NH=%d (head %d): impl 1 has %zu unwritten or non-finite "
+                  "values",
                   dg_dtype_name(act), B, T, C, NH, hs, nf1);
             for (int k = 2; k <= NIMPL; k++) {
                 attn_res_t r2 = attn_run(be[k], act, h, B, T, C, NH);
@@ -1026,10 +1028,12 @@ static int run_attn_impl(dg_dtype_t act, int small) {
                     rep += memcmp(&r2.lse[i], &r2b.lse[i], 4) != 0;
                     same += memcmp(&r2.lse[i], &r1.lse[i], 4) == 0;
                 }
-                check(rep == 0, "%s: impl %d run twice differs in %zu of %zu values (must be bitwise reproducible)", nm,
+                check(rep == 0,
+                      "%s: impl %d run twice differs in %zu of %zu values (must be bitwise reproducible)", nm,
                       k, rep, nout + nqkv + nl);
                 if (g_verbose)
-                    printf("info %s: %zu of %zu values bitwise equal to impl 1\n", nm, same, nout + nqkv + nl);
+                    printf("info %s: %zu of %zu values bitwise equal to impl 1\n", nm, same,
+                           nout + nqkv + nl);
                 free(o2);
                 free(d2);
                 attn_res_free(&r2);
@@ -1087,7 +1091,8 @@ int main(int argc, char **argv) {
             under_test_cpu = 1;
         else {
             fprintf(stderr,
-                    "usage: %s --mode harness|cpu|determinism|errors|attn-rows|attn-impl|probe [--dtype f32|bf16|f16] "
+                    "usage: %s --mode harness|cpu|determinism|errors|attn-rows|attn-impl|probe [--dtype "
+                    "f32|bf16|f16] "
                     "[--only S] "
                     "[--small] [--no-fd] [--verbose]\n",
                     argv[0]);

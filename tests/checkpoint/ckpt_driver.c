@@ -357,7 +357,8 @@ static int cmd_save(opts_t *o) {
     long long direct = 0, mine = (long long)res.phases.direct_bytes;
     MPI_Allreduce(&mine, &direct, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
     if (g_rank == 0)
-        printf("saved %s bytes=%lld logical=%lld linked=%lld n_linked=%d base=%s seconds=%.3f direct_bytes=%lld\n",
+        printf("saved %s bytes=%lld logical=%lld linked=%lld n_linked=%d base=%s seconds=%.3f "
+               "direct_bytes=%lld\n",
                res.path, (long long)res.bytes, (long long)res.logical_bytes, (long long)res.linked_bytes,
                res.n_linked, res.base[0] ? res.base : "-", res.seconds, direct);
     dg_ckpt_meta_destroy(&m);

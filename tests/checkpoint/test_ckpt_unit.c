@@ -182,7 +182,8 @@ static dg_ckpt_tensor_t mk(const char *path, int nd, int64_t g0, int64_t g1, int
  * with fragments (tiles split between pieces) among them. */
 static void test_hash_threads(void) {
     const int64_t R = 1500, C = 1100, V = 2500000; /* 1.65 M and 2.5 M floats: several 1 Mi-element items */
-    float *a = malloc((size_t)(R * C) * 4), *v = malloc((size_t)V * 4), *q = malloc((size_t)(12 * 300 * 700) * 4);
+    float *a = malloc((size_t)(R * C) * 4), *v = malloc((size_t)V * 4),
+          *q = malloc((size_t)(12 * 300 * 700) * 4);
     for (int64_t i = 0; i < R * C; i++)
         a[i] = (float)(rnd() % 100000) * 1e-3f;
     for (int64_t i = 0; i < V; i++)
@@ -198,7 +199,8 @@ static void test_hash_threads(void) {
     t[3] = mk("v", 1, V, 0, 1234567, V - 1234567, v + 1234567, 1);
     memset(&t[4], 0, sizeof t[4]);
     t[4].path = "q", t[4].ndim = 3, t[4].owner = 1, t[4].data = q;
-    t[4].gshape[0] = t[4].count[0] = 12, t[4].gshape[1] = t[4].count[1] = 300, t[4].gshape[2] = t[4].count[2] = 700;
+    t[4].gshape[0] = t[4].count[0] = 12, t[4].gshape[1] = t[4].count[1] = 300,
+    t[4].gshape[2] = t[4].count[2] = 700;
     uint64_t ref[3] = {0};
     for (int threads = 1; threads <= 8; threads *= 2) {
         ckpt_table_t tab;
@@ -209,8 +211,8 @@ static void test_hash_threads(void) {
             if (threads == 1)
                 ref[i] = tab.t[i].hash;
             else
-                CHECK(tab.t[i].hash == ref[i], "tensor %d: %d threads give %016llx, 1 thread %016llx", i, threads,
-                      (unsigned long long)tab.t[i].hash, (unsigned long long)ref[i]);
+                CHECK(tab.t[i].hash == ref[i], "tensor %d: %d threads give %016llx, 1 thread %016llx", i,
+                      threads, (unsigned long long)tab.t[i].hash, (unsigned long long)ref[i]);
         }
         ckpt_table_free(&tab);
     }

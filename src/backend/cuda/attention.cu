@@ -270,8 +270,8 @@ static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, 
 static __device__ __forceinline__ void cp_async4(void *smem, const void *gmem, bool valid) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
     const int n = valid ? 4 : 0;
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(__cvta_generic_to_global(gmem)),
-                 "r"(n));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s),
+                 "l"(__cvta_generic_to_global(gmem)), "r"(n));
 }
 static __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::);
@@ -711,10 +711,10 @@ __global__ void __launch_bounds__(32 * NW)
  *       also hold dQ (64) and S, dP of half a key tile (64).
  * Causal load balance: within each head the heaviest blocks have the lowest blockIdx.x (they start
  * first). No atomics; every sum has a fixed order, so results are bitwise reproducible. */
-#define A2_MT 2                 /* m-tiles (of 16 rows) per warp */
-#define A2_NW 4                 /* warps per block */
+#define A2_MT 2                    /* m-tiles (of 16 rows) per warp */
+#define A2_NW 4                    /* warps per block */
 #define A2_BR (16 * A2_MT * A2_NW) /* 128 rows per block */
-#define A2_BC 64                /* rows per streamed tile */
+#define A2_BC 64                   /* rows per streamed tile */
 
 /* Implementation 3 (DG_CUDA_ATTN_IMPL=3) is the same kernels instantiated with V = 3: the V template
  * parameter below selects (a) 2^x as a single ex2.approx.ftz instead of exp2f (which wraps the same
@@ -725,9 +725,7 @@ __global__ void __launch_bounds__(32 * NW)
  * row never sees a key past Tn (it is after the row), rows past Tn are never stored, and a query past Tn
  * adds exactly zero to dK and dV (its Q and dO rows are zero-filled, its logsumexp and delta read as 0,
  * so P = 1 and dS = 0 for it). */
-template <bool B> struct A2Bool {
-    static constexpr bool value = B;
-};
+template <bool B> struct A2Bool { static constexpr bool value = B; };
 template <int V> static __device__ __forceinline__ float a2_exp2(float x) {
     if constexpr (V >= 3)
         return ex2_approx_ftz(x);
@@ -752,7 +750,8 @@ static __device__ __forceinline__ void tile_load_rows(uint16_t *sm, const uint16
  * (HS / 8), so the loop is unrolled and the addresses advance by a constant (no division, no 64-bit
  * multiply per chunk). */
 template <int V, int HS, int NT, int ROWS>
-static __device__ __forceinline__ void a2_tile_load(uint16_t *sm, const uint16_t *g, size_t gstride, int valid) {
+static __device__ __forceinline__ void a2_tile_load(uint16_t *sm, const uint16_t *g, size_t gstride,
+                                                    int valid) {
     if constexpr (V >= 3) {
         constexpr int CH = HS / 8, LDS = HS + 8, RPI = NT / CH; /* rows per pass of the block */
         static_assert(NT % CH == 0 && ROWS % RPI == 0, "whole passes");
@@ -775,8 +774,8 @@ static __device__ __forceinline__ void a2_tile_load(uint16_t *sm, const uint16_t
  * B = shared-memory rows [0, 8 NN) of `tile` (row stride HS + 8). One ldmatrix.x4 gives the fragments of
  * two n-tiles and feeds 2 MT MMAs. */
 template <typename T, int HS, int MT, int NN>
-static __device__ __forceinline__ void mma2_abt_r(float (&acc)[MT][NN][4], const uint32_t (&a)[MT][HS / 16][4],
-                                                  const uint16_t *tile) {
+static __device__ __forceinline__ void mma2_abt_r(float (&acc)[MT][NN][4],
+                                                  const uint32_t (&a)[MT][HS / 16][4], const uint16_t *tile) {
     static_assert(NN % 2 == 0, "n-tiles come in pairs");
     constexpr int LDS = HS + 8;
     const int lane = threadIdx.x & 31, mi = lane >> 3, mr = lane & 7;
@@ -922,7 +921,8 @@ __global__ void __launch_bounds__(32 * A2_NW)
 #pragma unroll
                 for (int m = 0; m < MT; m++) {
                     /* V >= 3: the tile's maximum of the raw scores, scaled afterwards (the scale is positive:
-                     * the same value), and the scale folded into the exponent's FFMA: one FMUL less per score */
+                     * the same value), and the scale folded into the exponent's FFMA: one FMUL less per score
+                     */
                     float m0 = V >= 3 ? -INFINITY : mx[m][0], m1 = V >= 3 ? -INFINITY : mx[m][1];
 #pragma unroll
                     for (int nt = 0; nt < A2_BC / 8; nt++)
@@ -1019,7 +1019,8 @@ __global__ void __launch_bounds__(32 * A2_NW)
  * and buffer (the key/value pass's logsumexp and delta). 73 KiB at head size 64. */
 template <int HS> struct Attn2Smem {
     static constexpr int LDS = HS + 8;
-    static constexpr size_t kv = (size_t)A2_BR * LDS;  /* elements of the block's 128 rows of K (or V, Q, dO) */
+    static constexpr size_t kv =
+        (size_t)A2_BR * LDS; /* elements of the block's 128 rows of K (or V, Q, dO) */
     static constexpr size_t tile = (size_t)A2_BC * LDS; /* elements of one streamed tile */
     static constexpr size_t bytes = (2 * kv + 4 * tile) * sizeof(uint16_t) + 4 * A2_BC * sizeof(float);
 };
@@ -1029,14 +1030,14 @@ template <int HS> struct Attn2Smem {
  * registers; the block's dO rows stay in shared memory (the A operand of dP, read with ldmatrix); the
  * first 128-row region of the shared layout (Qb) is left unused. */
 template <typename T, int HS, int V>
-static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int qb, int bh, T *dqkv, const T *dout,
-                                                   const T *qkv, const float *lse, const float *delta, int Tn,
-                                                   int C, int NH, float sl2, float scale) {
+static __device__ __forceinline__ void
+attn2_bwd_q(unsigned char *a2_smem, int qb, int bh, T *dqkv, const T *dout, const T *qkv, const float *lse,
+            const float *delta, int Tn, int C, int NH, float sl2, float scale) {
     using SM = Attn2Smem<HS>;
     constexpr int LDS = HS + 8, NT = 32 * A2_NW, MT = A2_MT, HB = A2_BC / 2;
     uint16_t *Qb = reinterpret_cast<uint16_t *>(a2_smem), *Ob = Qb + SM::kv; /* the block's Q, dO rows */
-    uint16_t *Ks = Ob + SM::kv;                                               /* [2][tile]: K tiles */
-    uint16_t *Vs = Ob + SM::kv + 2 * SM::tile;                                /* [2][tile]: V tiles */
+    uint16_t *Ks = Ob + SM::kv;                                              /* [2][tile]: K tiles */
+    uint16_t *Vs = Ob + SM::kv + 2 * SM::tile;                               /* [2][tile]: V tiles */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     const int b = bh / NH, h = bh % NH;
     const size_t C3 = 3 * (size_t)C;
@@ -1084,12 +1085,13 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
             cp_async_wait<0>();
         }
         __syncthreads();
-#pragma unroll (V == 4 ? 2 : 1)
+#pragma unroll(V == 4 ? 2 : 1)
         for (int hf = 0; hf < 2; hf++) {
             const int kbase = kb * A2_BC + hf * HB;
             if (kbase <= qw + 16 * MT - 1) { /* else every key of the half is after this warp's rows */
                 const bool masked = V >= 3 ? kbase + HB - 1 > qw : (kbase + HB - 1 > qw || kbase + HB > Tn);
-                const uint16_t *K = Ks + buf * SM::tile + hf * HB * LDS, *Vt = Vs + buf * SM::tile + hf * HB * LDS;
+                const uint16_t *K = Ks + buf * SM::tile + hf * HB * LDS,
+                               *Vt = Vs + buf * SM::tile + hf * HB * LDS;
                 float p[MT][HB / 8][4], dp[MT][HB / 8][4];
                 mma2_abt_r<T, HS, MT, HB / 8>(p, qa, K);
                 if constexpr (V >= 5)
@@ -1106,7 +1108,9 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
                             for (int e = 0; e < 4; e++) {
                                 float pe = a2_exp2<V>(fmaf(p[m][nt][e], sl2, -Lr[m][e >> 1]));
                                 if constexpr (V >= 3) {
-                                    if (decltype(mk)::value && dkr + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) > 0) pe = 0.f;
+                                    if (decltype(mk)::value &&
+                                        dkr + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) > 0)
+                                        pe = 0.f;
                                 } else if (masked) {
                                     const int key = kbase + nt * 8 + 2 * tq + (e & 1);
                                     const int row = qw + 16 * m + gq + 8 * (e >> 1);
@@ -1135,8 +1139,8 @@ static __device__ __forceinline__ void attn2_bwd_q(unsigned char *a2_smem, int q
  * loads before the barrier); V >= 3: cp.async into the tile's group (no wait), the logsumexp stored as is
  * and multiplied by log2(e) where it is read (the same product). */
 template <int V>
-static __device__ __forceinline__ void a2_rows_f32(float *lsb, float *dlb, const float *L, const float *D, int q1,
-                                                   int Tn) {
+static __device__ __forceinline__ void a2_rows_f32(float *lsb, float *dlb, const float *L, const float *D,
+                                                   int q1, int Tn) {
     if (threadIdx.x < A2_BC) {
         const int q = q1 + threadIdx.x;
         if constexpr (V >= 3) {
@@ -1155,17 +1159,16 @@ static __device__ __forceinline__ void a2_rows_f32(float *lsb, float *dlb, const
  * after its keys, half a tile (32 queries) at a time, and accumulates dV += Pᵀ·dO, dK += dSᵀ·Q. */
 
 template <typename T, int HS, int V>
-static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int kb, int bh, T *dqkv,
-                                                    const T *dout, const T *qkv, const float *lse,
-                                                    const float *delta, int Tn, int C, int NH, float sl2,
-                                                    float scale) {
+static __device__ __forceinline__ void
+attn2_bwd_kv(unsigned char *a2_smem, int kb, int bh, T *dqkv, const T *dout, const T *qkv, const float *lse,
+             const float *delta, int Tn, int C, int NH, float sl2, float scale) {
     using SM = Attn2Smem<HS>;
     constexpr int LDS = HS + 8, NT = 32 * A2_NW, MT = A2_MT, HB = A2_BC / 2;
     uint16_t *Ks = reinterpret_cast<uint16_t *>(a2_smem), *Vs = Ks + SM::kv;
-    uint16_t *Qs = Vs + SM::kv;             /* [2][tile]: Q tiles, double-buffered */
+    uint16_t *Qs = Vs + SM::kv;                /* [2][tile]: Q tiles, double-buffered */
     uint16_t *Os = Vs + SM::kv + 2 * SM::tile; /* [2][tile]: dO tiles */
     float *lsb = reinterpret_cast<float *>(Vs + SM::kv + 4 * SM::tile); /* [2][A2_BC] */
-    float *dlb = lsb + 2 * A2_BC;                                         /* [2][A2_BC] */
+    float *dlb = lsb + 2 * A2_BC;                                       /* [2][A2_BC] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
     const int b = bh / NH, h = bh % NH;
     const size_t C3 = 3 * (size_t)C;
@@ -1212,20 +1215,23 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
         }
         __syncthreads();
         const float *Ls = lsb + buf * A2_BC, *Ds = dlb + buf * A2_BC;
-#pragma unroll (V == 4 ? 2 : 1)
+#pragma unroll(V == 4 ? 2 : 1)
         for (int hf = 0; hf < 2; hf++) {
             const int qbase = qb * A2_BC + hf * HB;
             /* a half wholly before this warp's first key sees none of its keys: nothing to add */
             if (qbase + HB - 1 >= kw) {
-                const bool masked =
-                    V >= 3 ? qbase < kw + 16 * MT - 1 : (qbase < kw + 16 * MT - 1 || qbase + HB > Tn || kw + 16 * MT > Tn);
-                const uint16_t *Q = Qs + buf * SM::tile + hf * HB * LDS, *DO = Os + buf * SM::tile + hf * HB * LDS;
+                const bool masked = V >= 3
+                                        ? qbase < kw + 16 * MT - 1
+                                        : (qbase < kw + 16 * MT - 1 || qbase + HB > Tn || kw + 16 * MT > Tn);
+                const uint16_t *Q = Qs + buf * SM::tile + hf * HB * LDS,
+                               *DO = Os + buf * SM::tile + hf * HB * LDS;
                 float p[MT][HB / 8][4];
                 mma2_abt_s<T, HS, MT, HB / 8>(p, Kw, Q);
                 /* V >= 3: dPᵀ's MMAs issue before the exponentials, so the tensor cores work during them */
                 float dp[MT][HB / 8][4];
                 if constexpr (V >= 3) mma2_abt_s<T, HS, MT, HB / 8>(dp, Vw, DO);
-                const int dqk = qbase + 2 * tq - kw - gq; /* query - key of element (m, nt, e) = dqk + const */
+                const int dqk =
+                    qbase + 2 * tq - kw - gq; /* query - key of element (m, nt, e) = dqk + const */
                 auto probs = [&](auto mk) {
 #pragma unroll
                     for (int m = 0; m < MT; m++)
@@ -1233,11 +1239,14 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
                         for (int nt = 0; nt < HB / 8; nt++)
 #pragma unroll
                             for (int e = 0; e < 4; e++) {
-                                const int qi = hf * HB + nt * 8 + 2 * tq + (e & 1); /* query within the tile */
+                                const int qi =
+                                    hf * HB + nt * 8 + 2 * tq + (e & 1); /* query within the tile */
                                 const float lq = V >= 3 ? Ls[qi] * ATT_LOG2E : Ls[qi];
                                 float v = a2_exp2<V>(fmaf(p[m][nt][e], sl2, -lq));
                                 if constexpr (V >= 3) {
-                                    if (decltype(mk)::value && dqk + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) < 0) v = 0.f;
+                                    if (decltype(mk)::value &&
+                                        dqk + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) < 0)
+                                        v = 0.f;
                                 } else if (masked) {
                                     const int q = qb * A2_BC + qi, key = kw + 16 * m + gq + 8 * (e >> 1);
                                     if (!(q >= key && q < Tn && key < Tn)) v = 0.f;
@@ -1279,8 +1288,8 @@ static __device__ __forceinline__ void attn2_bwd_kv(unsigned char *a2_smem, int 
  * for j = 0) and a query block (query block nb - 1 - j: the most keys). */
 template <typename T, int HS, int V>
 __global__ void __launch_bounds__(32 * A2_NW)
-    attn2_bwd(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C, int NH,
-              float sl2, float scale) {
+    attn2_bwd(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn, int C,
+              int NH, float sl2, float scale) {
     extern __shared__ __align__(16) unsigned char a2_smem[];
     const int bh = blockIdx.y, j = blockIdx.x >> 1, nb = gridDim.x >> 1;
     if ((blockIdx.x & 1) == 0)
@@ -1321,8 +1330,8 @@ template <typename T, int HS>
 static dg_status_t delta2_launch(dg_cuda_t *c, float *delta, const void *dout, const void *out, int B, int Tn,
                                  int NH) {
     const size_t nrows = (size_t)B * Tn * NH, nthreads = nrows * (HS / 8);
-    attn2_delta<T, HS><<<(unsigned)((nthreads + 255) / 256), 256, 0, c->stream>>>(delta, (const T *)dout,
-                                                                                 (const T *)out, Tn, NH, nrows);
+    attn2_delta<T, HS><<<(unsigned)((nthreads + 255) / 256), 256, 0, c->stream>>>(
+        delta, (const T *)dout, (const T *)out, Tn, NH, nrows);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
@@ -1342,9 +1351,10 @@ static dg_status_t bwd2_launch(dg_cuda_t *c, void *dqkv, const void *dout, const
     dim3 grid(2 * ((Tn + A2_BR - 1) / A2_BR), B * NH);
     const size_t smem = Attn2Smem<HS>::bytes;
     /* more than the 48 KiB default: opt in (every call: cheap, and right for any device of the process) */
-    DG_CUDA_CHECK(cudaFuncSetAttribute(attn2_bwd<T, HS, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attn2_bwd<T, HS, V><<<grid, 32 * A2_NW, smem, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta,
-                                                           Tn, C, NH, sl2, scale);
+    DG_CUDA_CHECK(
+        cudaFuncSetAttribute(attn2_bwd<T, HS, V>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attn2_bwd<T, HS, V><<<grid, 32 * A2_NW, smem, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv,
+                                                               lse, delta, Tn, C, NH, sl2, scale);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
@@ -1440,14 +1450,17 @@ static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void 
                                             : delta2_launch<T, 32>(c, delta, dout, out, B, Tn, NH);
             if (ds != DG_OK) return ds;
             if (c->attn_impl == 5)
-                return HS == 64 ? bwd2_launch<T, 64, 5>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
-                                : bwd2_launch<T, 32, 5>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
+                return HS == 64
+                           ? bwd2_launch<T, 64, 5>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                           : bwd2_launch<T, 32, 5>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
             if (c->attn_impl == 4)
-                return HS == 64 ? bwd2_launch<T, 64, 4>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
-                                : bwd2_launch<T, 32, 4>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
+                return HS == 64
+                           ? bwd2_launch<T, 64, 4>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                           : bwd2_launch<T, 32, 4>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
             if (c->attn_impl == 3)
-                return HS == 64 ? bwd2_launch<T, 64, 3>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
-                                : bwd2_launch<T, 32, 3>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
+                return HS == 64
+                           ? bwd2_launch<T, 64, 3>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
+                           : bwd2_launch<T, 32, 3>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
             return HS == 64 ? bwd2_launch<T, 64, 2>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale)
                             : bwd2_launch<T, 32, 2>(c, dqkv, dout, qkv, lse, delta, B, Tn, C, NH, sl2, scale);
         }

@@ -713,8 +713,8 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
     const char *impl = getenv("DG_CUDA_ATTN_IMPL");
     c->attn_impl = DG_CUDA_ATTN_IMPL_DEFAULT;
     if (impl && *impl) {
-        if (strcmp(impl, "1") != 0 && strcmp(impl, "2") != 0 && strcmp(impl, "3") != 0 && strcmp(impl, "4") != 0 &&
-            strcmp(impl, "5") != 0)
+        if (strcmp(impl, "1") != 0 && strcmp(impl, "2") != 0 && strcmp(impl, "3") != 0 &&
+            strcmp(impl, "4") != 0 && strcmp(impl, "5") != 0)
             return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_IMPL=%s: expected 1, 2, 3, 4 or 5", impl);
         c->attn_impl = atoi(impl);
     }

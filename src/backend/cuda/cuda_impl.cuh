@@ -83,9 +83,9 @@ typedef struct dg_cuda {
     int graphs_alive;    /* instantiated graphs not yet freed: they hold the scratch's address */
     void **retired;      /* scratch blocks outgrown while graphs were alive (freed at destroy) */
     int n_retired;
-    int attn_impl;       /* tensor-core attention kernels: 1 (16 rows per warp), 2 (32 rows per warp), 3
-                            (2 with fewer instructions per score), 4 (3, backward half tiles unrolled),
-                            5 (3, backward dO fragments in registers); DG_CUDA_ATTN_IMPL=1..5 */
+    int attn_impl; /* tensor-core attention kernels: 1 (16 rows per warp), 2 (32 rows per warp), 3
+                      (2 with fewer instructions per score), 4 (3, backward half tiles unrolled),
+                      5 (3, backward dO fragments in registers); DG_CUDA_ATTN_IMPL=1..5 */
     dg_gemm_plan_t *plans;
     int n_plans, cap_plans;
     /* memory accounting (dg_backend_cuda_mem_stats): every cudaMalloc of the backend, the vtable's
@@ -126,8 +126,9 @@ dg_status_t dg_cuda_adamw(dg_cuda_t *c, float *master, void *compute, const floa
                           const float *gscale_dev);
 dg_status_t dg_cuda_clip_scale(dg_cuda_t *c, float *gscale, float *norm, const float *sumsq, float clip,
                                float extra);
-dg_status_t dg_cuda_adamw_dev(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m, float *v,
-                              size_t n, float beta1, float beta2, float eps, float wd, const float *sc);
+dg_status_t dg_cuda_adamw_dev(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m,
+                              float *v, size_t n, float beta1, float beta2, float eps, float wd,
+                              const float *sc);
 /* encoder.cu */
 dg_status_t dg_cuda_encoder_fwd(dg_cuda_t *c, void *out, const int32_t *tokens, const void *wte,
                                 const void *wpe, int B, int T, int C);

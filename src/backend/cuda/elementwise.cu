@@ -415,8 +415,9 @@ dg_status_t dg_cuda_adamw(dg_cuda_t *c, float *master, void *compute, const floa
                                 (const float *)NULL);
 }
 
-dg_status_t dg_cuda_adamw_dev(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m, float *v,
-                              size_t n, float beta1, float beta2, float eps, float wd, const float *sc) {
+dg_status_t dg_cuda_adamw_dev(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m,
+                              float *v, size_t n, float beta1, float beta2, float eps, float wd,
+                              const float *sc) {
     AdamHyper h;
     h.lr = 0.f; /* read from sc */
     h.b1 = beta1;
@@ -424,5 +425,6 @@ dg_status_t dg_cuda_adamw_dev(dg_cuda_t *c, float *master, void *compute, const 
     h.eps = eps;
     h.wd = wd;
     h.inv_bc1 = h.inv_bc2 = 0.f;
-    return DG_CUDA_DISPATCH_ACT(c->act, adamw_t, c, master, compute, grad, m, v, n, h, (const float *)NULL, sc);
+    return DG_CUDA_DISPATCH_ACT(c->act, adamw_t, c, master, compute, grad, m, v, n, h, (const float *)NULL,
+                                sc);
 }
