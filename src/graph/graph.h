@@ -212,8 +212,6 @@ void dg_model_set_step(dg_model_t *m, int64_t step);
  * callback) on a backend that cannot record. cb may be NULL. */
 typedef void (*dg_model_graph_cb_t)(void *ctx, const char *what, const char *detail);
 void dg_model_set_graph_replay(dg_model_t *m, int on, dg_model_graph_cb_t cb, void *ctx);
-/* Graph launches so far (replays, not recordings). */
-uint64_t dg_model_graph_launches(const dg_model_t *m);
 /* Communication accounting since the last reset: seconds blocked waiting for asynchronous collectives
  * (the exposed communication), seconds in blocking collectives, and collectives run. */
 typedef struct dg_model_comm_stats {

@@ -58,7 +58,6 @@ struct dg_model {
     dg_node_t *tokens, *targets, *losses, *logits, *scalars;
     float *host_losses;
     unsigned char *frozen; /* per tensor */
-    int opt_split;         /* first node of the update half of the OPT phase (after CLIP_SCALE) */
 
     /* distribution */
     dg_model_parallel_t par;
@@ -70,7 +69,6 @@ struct dg_model {
     int gr_on, gr_warm;
     void *gr[3];        /* GR_ZERO, GR_FB, GR_OPT: instantiated graphs, NULL until recorded */
     float gr_key[3][8]; /* the values each recording baked in */
-    uint64_t gr_launches;
     dg_model_graph_cb_t gr_cb;
     void *gr_ctx;
     int64_t step;   /* dg_model_set_step */
@@ -626,9 +624,6 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
     if (st == DG_OK) {
         m->host_losses = dg_xmalloc((size_t)m->B * (size_t)m->T * sizeof(float));
         m->frozen = dg_xcalloc((size_t)m->np + 1, 1);
-        for (int i = 0; i < m->g->n; i++)
-            if (m->g->nodes[i]->op == DG_OP_CLIP_SCALE) m->opt_split = i + 1;
-        DG_ASSERT(m->opt_split > 0);
     }
     m->stall_rank = -1;
     const char *sr = getenv("DG_TEST_STALL_COLLECTIVE_RANK"), *ss = getenv("DG_TEST_STALL_COLLECTIVE_STEP");
@@ -855,7 +850,6 @@ static dg_status_t gr_run(dg_model_t *m, int which, const float *key, int nk, gr
         DG_LOG_DEBUG("CUDA Graph recorded: %s", what);
         if (m->gr_cb) m->gr_cb(m->gr_ctx, "captured", what);
     }
-    m->gr_launches++;
     return be->ops->graph_launch(be, m->gr[which]);
 }
 
@@ -864,10 +858,6 @@ void dg_model_set_graph_replay(dg_model_t *m, int on, dg_model_graph_cb_t cb, vo
     m->gr_on = on && m->be->ops->graph_begin != NULL && !(m->flags & DG_MODEL_PLAN_ONLY);
     m->gr_cb = cb;
     m->gr_ctx = ctx;
-}
-
-uint64_t dg_model_graph_launches(const dg_model_t *m) {
-    return m->gr_launches;
 }
 
 static dg_status_t read_mean_loss(dg_model_t *m, float *mean_out) {
@@ -993,27 +983,16 @@ dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, 
     /* the norm is measured on loss-scaled gradients: scale the threshold the same way */
     rt->grad_clip = h->grad_clip > 0 ? h->grad_clip / extra : 0.0f;
     DG_TRY(dg_exec_stage_scalars(m->ex)); /* lr, bias corrections: also what a replay uploads */
-    float norm;
-    if (m->gr_on) {
-        /* the whole phase at once: AdamW skips itself on the device when the norm is not finite */
-        float key[6] = {rt->grad_clip, rt->grad_extra, rt->beta1, rt->beta2, rt->eps, rt->weight_decay};
-        DG_TRY(gr_run(m, GR_OPT, key, 6, body_opt));
-        DG_TRY(m->be->ops->sync(m->be));
-        DG_TRY(m->be->ops->to_host(m->be, &norm, m->scalars_dev + DG_SCALAR_NORM, sizeof norm));
-        if (grad_norm_out) *grad_norm_out = norm * extra;
-        m->gr_warm = 1;
-        return DG_OK;
-    }
-    int first, end;
-    dg_graph_phase_range(m->g, DG_PHASE_OPT, &first, &end);
-    DG_ASSERT(first < m->opt_split && m->opt_split <= end);
-    DG_TRY(dg_exec_run(m->ex, first, m->opt_split)); /* norm and clip factor */
+    /* the whole phase at once, op by op or replayed: with an inf/NaN norm AdamW (adamw_dev) skips itself
+     * on the device, so such gradients never reach the state */
+    float key[6] = {rt->grad_clip, rt->grad_extra, rt->beta1, rt->beta2, rt->eps, rt->weight_decay};
+    DG_TRY(gr_run(m, GR_OPT, key, 6, body_opt));
     DG_TRY(m->be->ops->sync(m->be));
+    float norm;
     DG_TRY(m->be->ops->to_host(m->be, &norm, m->scalars_dev + DG_SCALAR_NORM, sizeof norm));
     if (grad_norm_out) *grad_norm_out = norm * extra;
-    if (!isfinite(norm)) return DG_OK; /* skip: an update with inf/NaN gradients would poison the state */
-    DG_TRY(dg_exec_run(m->ex, m->opt_split, end));
-    return m->be->ops->sync(m->be);
+    m->gr_warm = 1; /* one step has run: scratch sized, plans cached */
+    return DG_OK;
 }
 
 dg_status_t dg_model_set_frozen(dg_model_t *m, int i, int frozen) {

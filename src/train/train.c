@@ -60,7 +60,6 @@ typedef struct trainer {
 
     /* checkpoint staging: host copies of this rank's local piece of every parameter's state */
     int n_params;
-    float **host_state;       /* [n_params * 3]: param, m, v (local pieces) inside host_flat */
     float *host_flat[3];      /* param, m, v: the model's flat buffers, page-locked (dg_model_get_flat) */
     dg_ckpt_tensor_t *ckpt_t; /* one entry per hyperslab piece of a global tensor */
     int n_ckpt;
@@ -287,7 +286,6 @@ static dg_status_t build_ckpt_tensors(trainer_t *tr) {
         DG_TRY(tr->be->ops->host_alloc(tr->be, (flat + 1) * sizeof(float), (void **)&tr->host_flat[w]));
         memset(tr->host_flat[w], 0, (flat + 1) * sizeof(float));
     }
-    tr->host_state = dg_xcalloc((size_t)n * 3, sizeof(float *));
     tr->ckpt_t = dg_xcalloc((size_t)n * 3 * DG_MODEL_MAX_PIECES, sizeof(dg_ckpt_tensor_t));
     tr->ckpt_paths = dg_xcalloc((size_t)n * 3, sizeof(char *));
     tr->n_ckpt = 0;
@@ -298,7 +296,7 @@ static dg_status_t build_ckpt_tensors(trainer_t *tr) {
         int owner = dg_model_piece_owner(tr->model, i);
         for (int w = 0; w < 3; w++) {
             int k = i * 3 + w;
-            tr->host_state[k] = tr->host_flat[w] + dg_model_flat_offset(tr->model, i);
+            float *local = tr->host_flat[w] + dg_model_flat_offset(tr->model, i); /* this rank's piece */
             char path[512];
             if (w == 0)
                 snprintf(path, sizeof path, "model/%s", p->name);
@@ -315,7 +313,7 @@ static dg_status_t build_ckpt_tensors(trainer_t *tr) {
                     t->count[d] = np ? pc[j].count[d] : 0;
                 }
                 t->owner = owner && np > 0;
-                t->data = tr->host_state[k] + (np ? pc[j].offset : 0);
+                t->data = local + (np ? pc[j].offset : 0);
             }
         }
     }
@@ -593,7 +591,6 @@ static void trainer_free(trainer_t *tr) {
         free(tr->ckpt_paths[k]);
     for (int w = 0; w < 3; w++)
         if (tr->host_flat[w]) tr->be->ops->host_free(tr->be, tr->host_flat[w]);
-    free(tr->host_state);
     free(tr->ckpt_paths);
     free(tr->ckpt_t);
     free(tr->frozen);

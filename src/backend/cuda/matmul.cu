@@ -303,25 +303,31 @@ dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *i
     return dg_cuda_bias_gelu(c, out, pre, bias, N, OC, gelu);
 }
 
+/* The input-gradient GEMM of a linear layer: dinp(C x N) = w(C x OC) · dout(OC x N), column-major. */
+static gemm_call_t dinp_call(const dg_cuda_t *c, void *dinp, const void *dout, const void *w, int N, int C,
+                             int OC, float beta) {
+    gemm_call_t g;
+    memset(&g, 0, sizeof g);
+    g.m = C;
+    g.n = N;
+    g.k = OC;
+    g.A = w;
+    g.lda = C;
+    g.B = dout;
+    g.ldb = OC;
+    g.D = dinp;
+    g.ldd = C;
+    g.abtype = g.dtype = cuda_type(c->act);
+    g.beta = beta;
+    g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+    return g;
+}
+
 dg_status_t dg_cuda_matmul_bwd(dg_cuda_t *c, void *dinp, float *dw, float *dbias, const void *dout,
                                const void *inp, const void *w, int N, int C, int OC, int acc) {
     const cudaDataType_t at = cuda_type(c->act);
     if (dinp) {
-        /* dinp(C x N) = w(C x OC) · dout(OC x N), column-major */
-        gemm_call_t g;
-        memset(&g, 0, sizeof g);
-        g.m = C;
-        g.n = N;
-        g.k = OC;
-        g.A = w;
-        g.lda = C;
-        g.B = dout;
-        g.ldb = OC;
-        g.D = dinp;
-        g.ldd = C;
-        g.abtype = g.dtype = at;
-        g.beta = acc ? 1.f : 0.f;
-        g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+        gemm_call_t g = dinp_call(c, dinp, dout, w, N, C, OC, acc ? 1.f : 0.f);
         DG_TRY(gemm_must(c, &g, "matmul_bwd (input gradient)"));
     }
     int bias_done = 0;
@@ -377,21 +383,7 @@ dg_status_t dg_cuda_matmul_bwd_dgelu(dg_cuda_t *c, void *dpre, float *dw, float 
                                      const void *inp, const void *w, const void *pre, int N, int C, int OC,
                                      int acc) {
     DG_TRY(dg_cuda_matmul_bwd(c, NULL, dw, dbias, dout, inp, w, N, C, OC, 0));
-    /* dpre(C x N) = w(C x OC) · dout(OC x N), column-major */
-    gemm_call_t g;
-    memset(&g, 0, sizeof g);
-    g.m = C;
-    g.n = N;
-    g.k = OC;
-    g.A = w;
-    g.lda = C;
-    g.B = dout;
-    g.ldb = OC;
-    g.D = dpre;
-    g.ldd = C;
-    g.abtype = g.dtype = cuda_type(c->act);
-    g.beta = 0.f;
-    g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+    gemm_call_t g = dinp_call(c, dpre, dout, w, N, C, OC, 0.f);
     if (c->fused_epilogues && c->fused_dgelu && c->act != DG_F32 && !acc && C % 8 == 0) {
         gemm_call_t f = g;
         f.epi = CUBLASLT_EPILOGUE_DGELU;
