@@ -67,7 +67,7 @@ fi
 
 # ---- bus bandwidth through the comm layer (nccl and mpi), and a raw NCCL reference ----
 if [ "$(left)" -gt 120 ]; then
-  timeout 100 "${mpi[@]}" -n 2 "$dgvalidate" --checks comm --run-dir "$out/validate_comm" \
+  timeout 100 "${mpi[@]}" -n 2 "$dgvalidate" "$root/validation/sla.ini" --checks comm --run-dir "$out/validate_comm" \
     --set validate.comm_backends=mpi,nccl --set validate.comm_sizes=1M,16M,128M,512M >"$out/comm.log" 2>&1
   log "dgvalidate comm rc=$?: $(grep -E 'comm\.(nccl|mpi)\.(allreduce|allgather|reduce_scatter)' "$out/comm.log" | grep -iE 'bus|GB/s' | head -8 | cut -c1-160 | tr '\n' '|')"
   if python3 -c 'import torch, torch.distributed; assert torch.cuda.device_count() >= 2' 2>/dev/null &&
