@@ -41,6 +41,10 @@
  *   v1.4 (2026-11-29, gelu) matmul_bwd_dgelu(): the backward of a linear layer whose input is a GELU
  *        output, with GELU's derivative applied to the input gradient in the same call (cuBLASLt's DGELU
  *        epilogue on CUDA). Placed after gelu_bwd in the table. Additive.
+ *   v1.5 (2026-11-29, nccl) add_f32(): dst (f32) += src (f32) on the backend's queue, whatever the act
+ *        dtype (accumulate works in the act dtype): the executor adds a reduce-scatter's result into the
+ *        f32 gradient shard on the device, without a host round trip, so the step stays capturable.
+ *        Appended at the end of the table. Additive.
  */
 #ifndef DG_BACKEND_H
 #define DG_BACKEND_H
@@ -189,6 +193,11 @@ typedef struct dg_backend_ops {
     dg_status_t (*graph_end)(dg_backend_t *be, void **graph);
     dg_status_t (*graph_launch)(dg_backend_t *be, void *graph);
     void (*graph_free)(dg_backend_t *be, void *graph);
+
+    /* ---- v1.5 ---- */
+    /* dst[i] += src[i], n f32 values (any act dtype), queued in order with every other op: no host sync,
+     * capturable. dst and src must not overlap unless equal. Deterministic (one add per element). */
+    dg_status_t (*add_f32)(dg_backend_t *be, float *dst, const float *src, size_t n);
 } dg_backend_ops_t;
 
 struct dg_backend {

@@ -148,7 +148,8 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     ENUM("parallel", "backend", parallel.backend, "auto", "auto|cpu|cuda",
          "compute backend (auto = cuda when a GPU is bound, else cpu)"),
     ENUM("parallel", "comm", parallel.comm, "auto", "auto|mpi|nccl",
-         "communication backend (auto = nccl with the cuda backend, else mpi)"),
+         "communication backend (auto = nccl when every rank has a GPU of its own on the cuda backend, "
+         "else mpi)"),
     ENUM("parallel", "reduce_scatter", parallel.reduce_scatter, "ring", "ring|mpi",
          "mpi comm backend's reduce-scatter: dg_comm's ring, or MPI_Reduce_scatter_block"),
     STR("parallel", "mesh", parallel.mesh, "auto", check_mesh,

@@ -17,6 +17,7 @@ void dg_fsdp_opts_default(dg_fsdp_opts_t *o) {
     o->prefetch_budget_mb = 256;
     o->overlap = 1;
     o->reshard_after_forward = 1;
+    o->cuda_device = -1;
     snprintf(o->comm, sizeof o->comm, "auto");
 }
 
@@ -35,6 +36,65 @@ void dg_fsdp_opts_from_config(const dg_config_t *cfg, dg_fsdp_opts_t *o) {
     if (strcmp(cfg->train.recompute, "gelu") == 0) o->model_flags |= DG_MODEL_RECOMPUTE_GELU;
 }
 
+/* parallel.comm -> the comm backend, the same answer on every rank: nccl needs every rank on the CUDA
+ * backend with a GPU no other rank of its node uses (NCCL refuses two ranks on one GPU) and a build with
+ * NCCL. Collective over world. *nccl_out = 1 for nccl; why receives the reason for the log. */
+static dg_status_t choose_comm(MPI_Comm world, const dg_fsdp_opts_t *o, int *nccl_out, char *why,
+                               size_t cap) {
+    *nccl_out = 0;
+    if (strcmp(o->comm, "mpi") == 0) {
+        snprintf(why, cap, "parallel.comm = mpi");
+        return DG_OK;
+    }
+    int rank = 0;
+    DG_MPI_CHECK(MPI_Comm_rank(world, &rank));
+    MPI_Comm node = MPI_COMM_NULL;
+    DG_MPI_CHECK(MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+    int nl = 1;
+    MPI_Comm_size(node, &nl);
+    char mine[80];
+    if (o->gpu_id[0])
+        snprintf(mine, sizeof mine, "%s", o->gpu_id);
+    else
+        snprintf(mine, sizeof mine, "cuda:%d", o->cuda_device);
+    char *all = dg_xcalloc((size_t)nl, sizeof mine);
+    int rc = MPI_Allgather(mine, (int)sizeof mine, MPI_CHAR, all, (int)sizeof mine, MPI_CHAR, node);
+    MPI_Comm_free(&node);
+    if (rc != MPI_SUCCESS) {
+        free(all);
+        DG_MPI_CHECK(rc);
+    }
+    int shared = 0;
+    for (int i = 0; i < nl && o->cuda_device >= 0; i++)
+        for (int j = i + 1; j < nl; j++)
+            if (strcmp(all + (size_t)i * sizeof mine, all + (size_t)j * sizeof mine) == 0) shared = 1;
+    free(all);
+#ifdef DG_HAVE_CUDA
+    int built = 1;
+#else
+    int built = 0;
+#endif
+    /* ranks not on the CUDA backend, ranks sharing a GPU (counted per rank that sees a duplicate) */
+    int local[2] = {o->cuda_device < 0, shared}, sum[2] = {0, 0};
+    DG_MPI_CHECK(MPI_Allreduce(local, sum, 2, MPI_INT, MPI_SUM, world));
+    if (!built)
+        snprintf(why, cap, "this dgtrain was built without CUDA/NCCL");
+    else if (sum[0])
+        snprintf(why, cap, "%d rank(s) do not run on the CUDA backend", sum[0]);
+    else if (sum[1])
+        snprintf(why, cap, "%d rank(s) share their GPU with another rank of the node (NCCL refuses that)",
+                 sum[1]);
+    else {
+        snprintf(why, cap, "every rank has a GPU of its own");
+        *nccl_out = 1;
+        return DG_OK;
+    }
+    if (strcmp(o->comm, "nccl") == 0)
+        return DG_ERR(DG_ERR_USAGE,
+                      "parallel.comm = nccl cannot run here: %s; hint: parallel.comm = mpi (or auto)", why);
+    return DG_OK;
+}
+
 static size_t mb_bytes(double mb) {
     return mb > 0 ? (size_t)(mb * 1048576.0) : 0;
 }
@@ -47,12 +107,8 @@ dg_status_t dg_fsdp_create(MPI_Comm world, const dg_mesh_shape_t *mesh, const dg
         dg_fsdp_opts_default(&def);
         o = &def;
     }
-    if (strcmp(o->comm, "auto") != 0 && strcmp(o->comm, "mpi") != 0)
-        return DG_ERR(
-            DG_ERR_USAGE,
-            "parallel.comm = %s: sharded and tensor-parallel training run their collectives through "
-            "the mpi comm backend in this build (use auto or mpi)",
-            o->comm);
+    if (strcmp(o->comm, "auto") != 0 && strcmp(o->comm, "mpi") != 0 && strcmp(o->comm, "nccl") != 0)
+        return DG_ERR(DG_ERR_USAGE, "parallel.comm = %s: expected auto, mpi or nccl", o->comm);
     if (!(o->bucket_mb >= 0) || !(o->prefetch_budget_mb >= 0))
         return DG_ERR(DG_ERR_USAGE,
                       "parallel.bucket_mb = %g and parallel.prefetch_budget_mb = %g must be >= 0",
@@ -83,16 +139,30 @@ dg_status_t dg_fsdp_create(MPI_Comm world, const dg_mesh_shape_t *mesh, const dg
     f->par.prefetch_bytes = mb_bytes(o->prefetch_budget_mb);
     f->par.overlap = o->overlap != 0;
     f->par.reshard_after_forward = o->reshard_after_forward != 0;
+    snprintf(f->comm_backend, sizeof f->comm_backend, "none");
     if (!o->plan_only && world_size > 1) {
-        dg_comm_opts_t co;
-        dg_comm_opts_default(&co);
-        co.timeout_s = o->timeout_s > 0 ? o->timeout_s : 365.0 * 86400.0;
-        co.rs_mpi = o->rs_mpi;
-        dg_status_t st = dg_comm_mesh_create(world, mesh, DG_COMM_MPI, -1, NULL, &co, &f->comms);
+        int nccl = 0;
+        dg_status_t st = choose_comm(world, o, &nccl, f->comm_why, sizeof f->comm_why);
         if (st != DG_OK) {
             free(f);
             return st;
         }
+        dg_comm_opts_t co;
+        dg_comm_opts_default(&co);
+        co.timeout_s = o->timeout_s > 0 ? o->timeout_s : 365.0 * 86400.0;
+        co.rs_mpi = o->rs_mpi;
+        /* nccl: the world comm makes its own stream (NULL) on this rank's device, and its per-dimension
+         * splits share it; the executor links it to the compute backend's stream with event edges */
+        st = dg_comm_mesh_create(world, mesh, nccl ? DG_COMM_NCCL : DG_COMM_MPI, nccl ? o->cuda_device : -1,
+                                 NULL, &co, &f->comms);
+        if (st != DG_OK) {
+            free(f);
+            return st;
+        }
+        snprintf(f->comm_backend, sizeof f->comm_backend, "%s", nccl ? "nccl" : "mpi");
+        if (rank == 0)
+            DG_LOG_INFO("parallel.comm = %s: collectives over %s (%s)", o->comm, f->comm_backend,
+                        f->comm_why);
         for (int d = 0; d < DG_MESH_NDIM; d++)
             f->par.comm[d] = mesh->size[d] > 1 ? f->comms->dim[d] : NULL;
     }

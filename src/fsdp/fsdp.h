@@ -38,6 +38,9 @@ typedef struct dg_fsdp_opts {
     int overlap;               /* parallel.overlap */
     int reshard_after_forward; /* parallel.reshard_after_forward */
     char comm[8];              /* parallel.comm: auto | mpi | nccl */
+    int cuda_device;           /* this rank's CUDA device when the compute backend is cuda, else -1 */
+    char gpu_id[64];           /* names this rank's physical GPU on its node (PCI bus id); "" = unknown,
+                                  then the device ordinal stands for it */
     int rs_mpi;                /* parallel.reduce_scatter = mpi (else dg_comm's ring) */
     int plan_only;             /* no communicators (--plan-only / --dry-run): the model can only be planned */
     int model_flags;           /* DG_MODEL_* graph options from the config that dg_fsdp_model_create adds
@@ -53,12 +56,18 @@ typedef struct dg_fsdp {
     int coord[DG_MESH_NDIM]; /* this rank's mesh coordinates */
     dg_comm_mesh_t *comms;   /* NULL with plan_only */
     dg_model_parallel_t par; /* what dg_fsdp_model_create passes to the model */
+    char comm_backend[8];    /* what the comms run on: "mpi" | "nccl" | "none" (one rank, plan only) */
+    char comm_why[160];      /* why parallel.comm = auto chose it */
     dg_fsdp_opts_t opts;
 } dg_fsdp_t;
 
 /* Collective over `world` (whose size must equal the mesh's product): coordinates, and one comm per mesh
- * dimension (mpi backend; its communication thread gives the overlap). DG_ERR_USAGE for a mesh that
- * does not fit the world or an unsupported parallel.comm. With o->plan_only nothing is collective. */
+ * dimension. The comm backend: parallel.comm = mpi (host memory; its communication thread gives the
+ * overlap), nccl (device memory on a CUDA stream the world comm creates, shared by its per-dimension
+ * splits; needs o->cuda_device >= 0 on every rank and no two ranks of a node on one GPU, which NCCL
+ * refuses), or auto = nccl when that holds on every rank, else mpi. Every rank reaches the same choice
+ * (agreed over `world`). DG_ERR_USAGE for a mesh that does not fit the world or a parallel.comm that
+ * cannot run (the same message on every rank). With o->plan_only nothing is collective. */
 dg_status_t dg_fsdp_create(MPI_Comm world, const dg_mesh_shape_t *mesh, const dg_fsdp_opts_t *o,
                            dg_fsdp_t **out);
 void dg_fsdp_free(dg_fsdp_t *f);

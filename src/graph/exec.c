@@ -12,14 +12,38 @@
  * that carries a wait edge to it; the time spent blocked there is the exposed communication
  * (wait_s). A collective on the compute stream runs to completion where it stands. Whatever is still in
  * flight when a run ends is completed then, so a phase never leaks requests into the next.
+ *
+ * Device-side waits (the nccl comm; ex->dev_waits): nothing is staged and the host never waits. Every
+ * post is preceded by dg_comm_begin_after(c, compute stream), so the collective starts after all the
+ * compute work queued before it (its send data is written). "Completing" a request at a wait edge (and
+ * at the end of a run, and right after a compute-stream collective) is dg_comm_stream_wait: the compute
+ * stream waits for the collective's event, and everything queued on it afterwards runs after the
+ * collective. That is the same order the host waits give, stream-side: the memory planner keeps a
+ * comm-stream op's send and receive buffers live up to its last waiter (planner.c), every compute op
+ * that could reuse that memory is queued after the first waiter's stream wait, and the comm stream only
+ * runs collectives posted after the compute work that last used their buffers. The reduce-scatter's
+ * accumulate into the f32 gradient shard is add_f32 on the compute stream after the wait. Nothing here
+ * records host-side state that a CUDA Graph replay would have to redo: recorded, the begin_after and
+ * stream_wait event edges fork the comm stream into the capture and join it back.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "comm.h"
 #include "graph_impl.h"
+
+/* The stream the backend queues its ops on (NULL on the CPU backend), for the comm's event edges. */
+static void *compute_stream(dg_exec_t *ex) {
+#ifdef DG_HAVE_CUDA
+    return dg_backend_cuda_stream(ex->be);
+#else
+    (void)ex;
+    return NULL;
+#endif
+}
 
 dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_plan_t *plan, dg_exec_t **out) {
     *out = NULL;
@@ -78,10 +102,33 @@ dg_status_t dg_exec_attach_comm(dg_exec_t *ex, int dim, struct dg_comm *c) {
         return DG_ERR(DG_ERR_USAGE, "executor: the %s comm '%s' has %d ranks but the graph was built for %d",
                       dg_mesh_dim_name(dim), dg_comm_name(c), dg_comm_size(c), ex->graph->mesh.size[dim]);
     /* the mpi comm moves host memory: with a device backend every collective goes through host copies
-     * (DG_TEST_FORCE_STAGING=1 takes that path on the cpu backend too, for the tests) */
-    const char *force = getenv("DG_TEST_FORCE_STAGING");
-    if (dg_comm_kind(c) == DG_COMM_MPI && (strcmp(ex->be->ops->name, "cpu") != 0 || (force && *force == '1')))
-        ex->staged = 1;
+     * (DG_TEST_FORCE_STAGING=1 takes that path on the cpu backend too, for the tests). The nccl comm
+     * moves device memory on its own stream: device-side waits, no staging. DG_TEST_STREAM_WAITS=1 runs
+     * the device-wait bookkeeping with the mpi comm on the cpu backend (begin_after is then a no-op and
+     * stream_wait a host wait), so the CPU tests cover that path's order of operations. */
+    const char *force = getenv("DG_TEST_FORCE_STAGING"), *sw = getenv("DG_TEST_STREAM_WAITS");
+    int staged = 0, dev = 0;
+    if (dg_comm_kind(c) == DG_COMM_NCCL) {
+        ex->cstream = compute_stream(ex);
+        if (!ex->cstream)
+            return DG_ERR(DG_ERR_USAGE,
+                          "executor: the %s comm '%s' is nccl (device memory, CUDA streams) but the compute "
+                          "backend is %s; hint: parallel.backend=cuda, or parallel.comm=mpi",
+                          dg_mesh_dim_name(dim), dg_comm_name(c), ex->be->ops->name);
+        dev = 1;
+    } else if (strcmp(ex->be->ops->name, "cpu") != 0 || (force && *force == '1')) {
+        staged = 1;
+    } else if (sw && *sw == '1') {
+        dev = 1;
+    }
+    if ((staged && ex->dev_waits) || (dev && ex->staged))
+        return DG_ERR(DG_ERR_USAGE,
+                      "executor: the %s comm '%s' (%s) cannot be mixed with the other dimensions' comms "
+                      "(host staging and device-side waits in one executor); give every dimension the same "
+                      "comm backend",
+                      dg_mesh_dim_name(dim), dg_comm_name(c), dg_comm_backend_name(c));
+    ex->staged |= staged;
+    ex->dev_waits |= dev;
     ex->comm[dim] = c;
     return DG_OK;
 }
@@ -107,11 +154,15 @@ static size_t count_of(const dg_node_t *n) { /* elements an in-place all-reduce 
     return n->attr[DG_A_COUNT] ? (size_t)n->attr[DG_A_COUNT] : dg_node_numel(n->upd[0]);
 }
 
-/* After the request of n completed: the reduce-scatter's accumulate into the persistent shard and, when
- * staging, the copy of the result back to the device. */
+/* Completes the request of n: the host waits for it, or (device-side waits) the compute stream does.
+ * Then the reduce-scatter's accumulate into the persistent f32 shard (on the compute stream, after the
+ * wait) and, when staging, the copy of the result back to the device. */
 static dg_status_t finish(dg_exec_t *ex, const dg_node_t *n, struct dg_comm_req *req, dg_comm_t *c) {
     dg_backend_t *be = ex->be;
-    DG_TRY(dg_comm_wait(c, req));
+    if (ex->dev_waits)
+        DG_TRY(dg_comm_stream_wait(c, req, ex->cstream));
+    else
+        DG_TRY(dg_comm_wait(c, req));
     int r = dg_comm_rank(c), k = dg_comm_size(c);
     if (n->op == DG_OP_REDUCE_SCATTER && n->attr[DG_A_ACC]) {
         size_t S = dg_node_numel(n->upd[0]);
@@ -119,9 +170,11 @@ static dg_status_t finish(dg_exec_t *ex, const dg_node_t *n, struct dg_comm_req 
             float *h = (float *)stage_buf(ex, n, 0); /* [k * S] send/result, then [S] scratch */
             return acc_f32_from_host(ex, dg_exec_ptr(ex, n->upd[0]), h + (size_t)r * S, S, h + (size_t)k * S);
         }
+        /* the gradient buckets are f32 whatever the act dtype: add_f32, not accumulate */
         char *blk = (char *)dg_exec_ptr(ex, n->src[0]) + (size_t)r * S * sizeof(float);
-        return be->ops->accumulate(be, dg_exec_ptr(ex, n->upd[0]), blk, S, 1);
+        return be->ops->add_f32(be, dg_exec_ptr(ex, n->upd[0]), (const float *)blk, S);
     }
+    if (ex->dev_waits) return DG_OK;
     if (!ex->staged) return DG_OK;
     char *h = stage_buf(ex, n, 0);
     if (n->op == DG_OP_ALL_REDUCE && n->n_src == 0)
@@ -140,6 +193,8 @@ static dg_comm_t *comm_of(const dg_exec_t *ex, const dg_node_t *n) {
 static dg_status_t post(dg_exec_t *ex, const dg_node_t *n, dg_comm_t *c, struct dg_comm_req **req) {
     dg_backend_t *be = ex->be;
     int r = dg_comm_rank(c), k = dg_comm_size(c), st = ex->staged;
+    /* device-side: the collective starts after the compute work queued so far (its inputs) */
+    if (ex->dev_waits) DG_TRY(dg_comm_begin_after(c, ex->cstream));
     if (n->op == DG_OP_ALL_GATHER) {
         size_t cnt = dg_node_numel(n->src[0]), blk = n->src[0]->nbytes;
         if (!st)
@@ -188,14 +243,9 @@ dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n) {
         return DG_OK; /* identity forward: the output is a view of the input */
     if (k == 1) {     /* every collective over one rank is the identity */
         if (n->op == DG_OP_ALL_REDUCE && n->n_src == 0) return DG_OK;
-        if (acc_rs) {
-            size_t S = dg_node_numel(n->upd[0]);
-            if (be->act_dtype == DG_F32)
-                return be->ops->accumulate(be, dg_exec_ptr(ex, n->upd[0]), dg_exec_ptr(ex, n->src[0]), S, 1);
-            float *h = (float *)stage_buf(ex, n, 2 * S * sizeof(float)); /* f32 sum on the host */
-            DG_TRY(be->ops->to_host(be, h, dg_exec_ptr(ex, n->src[0]), S * sizeof(float)));
-            return acc_f32_from_host(ex, dg_exec_ptr(ex, n->upd[0]), h, S, h + S);
-        }
+        if (acc_rs) /* f32 shard += f32 gradient bucket, on the device whatever the act dtype */
+            return be->ops->add_f32(be, dg_exec_ptr(ex, n->upd[0]), dg_exec_ptr(ex, n->src[0]),
+                                    dg_node_numel(n->upd[0]));
         void *dst = dg_exec_ptr(ex, n), *src = dg_exec_ptr(ex, n->src[0]);
         return dst == src ? DG_OK : be->ops->copy(be, dst, src, n->nbytes);
     }
@@ -205,11 +255,6 @@ dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n) {
                       "graph: %s '%s' over mesh dimension %s of size %d needs a comm backend, and none is "
                       "attached to this executor",
                       dg_op_name(n->op), n->name, dg_mesh_dim_name(d), k);
-    if (acc_rs && !ex->staged && be->act_dtype != DG_F32)
-        return DG_ERR(DG_ERR_USAGE,
-                      "graph: '%s' accumulates an f32 gradient shard in device memory, which the backend's "
-                      "accumulate (act dtype %s) cannot do",
-                      n->name, dg_dtype_name(be->act_dtype));
     struct dg_comm_req *req = NULL;
     DG_TRY(post(ex, n, c, &req));
     ex->n_coll++;
@@ -326,14 +371,17 @@ const char *dg_exec_capture_blocker(dg_exec_t *ex, int first, int end) {
         int d = (int)n->attr[DG_A_MESHDIM];
         int k = ex->graph->mesh.size[d];
         if (n->op == DG_OP_ALL_REDUCE && n->attr[DG_A_ARMODE] == DG_AR_FROM_REPLICATE) continue;
-        if (k > 1) {
+        /* over one rank a collective is a device copy or add_f32: capturable. Over several, only the
+         * nccl comm's: it enqueues on a CUDA stream that begin_after forks into the capture and
+         * stream_wait joins back (every request is completed by a stream wait, within the phase). The
+         * mpi comm runs on a host thread, with host staging on a device backend: nothing to record. */
+        dg_comm_t *c = ex->comm[d];
+        if (k > 1 && !(c && dg_comm_kind(c) == DG_COMM_NCCL && ex->dev_waits && ex->cstream)) {
             snprintf(ex->why, sizeof ex->why,
-                     "%s '%s' runs over the %s comm backend, which the executor drives from the host",
-                     dg_op_name(n->op), n->name, ex->comm[d] ? dg_comm_name(ex->comm[d]) : "(none)");
-            return ex->why;
-        }
-        if (n->op == DG_OP_REDUCE_SCATTER && n->attr[DG_A_ACC] && ex->be->act_dtype != DG_F32) {
-            snprintf(ex->why, sizeof ex->why, "'%s' sums an f32 gradient shard on the host", n->name);
+                     "%s '%s' runs over the %s comm backend (group %s), which the executor drives from the "
+                     "host",
+                     dg_op_name(n->op), n->name, c ? dg_comm_backend_name(c) : "(none)",
+                     c ? dg_comm_name(c) : dg_mesh_dim_name(d));
             return ex->why;
         }
     }

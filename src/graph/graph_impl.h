@@ -476,6 +476,8 @@ struct dg_exec {
     struct dg_comm_req **req;
     int n_pending;
     int staged;        /* device memory with the mpi comm: collectives copy through host buffers */
+    int dev_waits;     /* nccl comm: posts after begin_after(cstream), completion by stream waits */
+    void *cstream;     /* the backend's stream (cudaStream_t) for those event edges; NULL on cpu */
     char **stage;      /* per node id: its host staging buffer */
     double wait_s;     /* blocked waiting for comm-stream collectives: the exposed communication */
     double blocking_s; /* in compute-stream (blocking) collectives */
@@ -494,7 +496,9 @@ dg_status_t dg_exec_run_phase(dg_exec_t *ex, dg_phase_t phase);
 void *dg_exec_ptr(const dg_exec_t *ex, const dg_node_t *n);
 /* Attaches the comm for mesh dimension `dim` (its size must equal graph->mesh.size[dim]; DG_ERR_USAGE
  * otherwise). The mpi comm works on host memory: with a device backend (anything but cpu) collectives
- * are staged through host copies. */
+ * are staged through host copies. The nccl comm (CUDA backend only) works on device memory with
+ * device-side waits: event edges between the backend's stream and the comm's, no host blocking. All
+ * dimensions of one executor must take the same path (DG_ERR_USAGE otherwise). */
 dg_status_t dg_exec_attach_comm(dg_exec_t *ex, int dim, struct dg_comm *c);
 /* Runs collective node n: over a size-1 dimension a copy; on DG_STREAM_COMM posted non-blocking (its
  * request completes at the first node that waits on it, or at the end of dg_exec_run); else blocking. */

@@ -69,6 +69,7 @@ struct dg_model {
     int gr_on, gr_warm;
     void *gr[3];        /* GR_ZERO, GR_FB, GR_OPT: instantiated graphs, NULL until recorded */
     float gr_key[3][8]; /* the values each recording baked in */
+    void *gr_agree_dev; /* one f32 on the device: the recording agreement over nccl comms */
     dg_model_graph_cb_t gr_cb;
     void *gr_ctx;
     int64_t step;   /* dg_model_set_step */
@@ -654,8 +655,8 @@ void dg_model_free(dg_model_t *m) {
     if (m->tok_host) be->ops->host_free(be, m->tok_host);
     if (m->tgt_host) be->ops->host_free(be, m->tgt_host);
     dg_exec_free(m->ex);
-    void *bufs[] = {m->master,  m->grad,       m->adam_m,      m->adam_v,
-                    m->compute, m->tokens_dev, m->targets_dev, m->scalars_dev};
+    void *bufs[] = {m->master,     m->grad,        m->adam_m,      m->adam_v,      m->compute,
+                    m->tokens_dev, m->targets_dev, m->scalars_dev, m->gr_agree_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     dg_plan_free(m->plan);
@@ -800,6 +801,35 @@ static int gr_active(const dg_model_t *m) {
     return m->gr_on && m->gr_warm && !m->ex->profile;
 }
 
+/* The step's collectives run over nccl comms (recorded into the graphs with the compute). */
+static int gr_nccl(const dg_model_t *m) {
+    for (int d = 0; d < DG_MESH_NDIM; d++)
+        if (m->par.mesh.size[d] > 1 && m->par.comm[d] && dg_comm_kind(m->par.comm[d]) == DG_COMM_NCCL)
+            return 1;
+    return 0;
+}
+
+/* NCCL's rule for CUDA Graphs: whether a collective is captured must be the same on every rank of its
+ * communicator, and a captured one is launched by every rank's graph. A recording can fail on one rank
+ * only (scratch that would have to grow, instantiation), so with nccl collectives the ranks agree on each
+ * recording: failures are summed along each mesh dimension in turn (= the sum over the whole mesh); any
+ * failure makes every rank drop its recording and run op by op. Runs after the recording, not captured. */
+static dg_status_t gr_agree(dg_model_t *m, int failed, int *any_failed) {
+    dg_backend_t *be = m->be;
+    *any_failed = failed;
+    if (!m->gr_agree_dev) DG_TRY(be->ops->alloc(be, 256, &m->gr_agree_dev));
+    float v = failed ? 1.0f : 0.0f;
+    DG_TRY(be->ops->to_device(be, m->gr_agree_dev, &v, sizeof v));
+    DG_TRY(be->ops->sync(be)); /* the blocking collective below is not ordered after the backend's stream */
+    for (int d = 0; d < DG_MESH_NDIM; d++)
+        if (m->par.mesh.size[d] > 1 && m->par.comm[d])
+            DG_TRY(
+                dg_comm_allreduce(m->par.comm[d], m->gr_agree_dev, m->gr_agree_dev, 1, DG_F32, DG_RED_SUM));
+    DG_TRY(be->ops->to_host(be, &v, m->gr_agree_dev, sizeof v));
+    *any_failed = v > 0.5f;
+    return DG_OK;
+}
+
 /* Runs body eagerly, or replays its recording (recording it first when there is none, or when the
  * values it baked in, key[0..nk), have changed). */
 static dg_status_t gr_run(dg_model_t *m, int which, const float *key, int nk, gr_body_t body) {
@@ -838,6 +868,23 @@ static dg_status_t gr_run(dg_model_t *m, int which, const float *key, int nk, gr
                 memcpy(m->gr_key[which], k8, sizeof k8);
             } else if (gx) {
                 be->ops->graph_free(be, gx);
+            }
+        }
+        if (gr_nccl(m)) {
+            int any = 0;
+            dg_status_t sa = gr_agree(m, m->gr[which] == NULL, &any);
+            if (sa != DG_OK) {
+                if (m->gr[which]) be->ops->graph_free(be, m->gr[which]);
+                m->gr[which] = NULL;
+                return dg_err_prefix(sa, "agreeing on the recording of %s", gr_name[which]);
+            }
+            if (any && m->gr[which]) {
+                be->ops->graph_free(be, m->gr[which]);
+                m->gr[which] = NULL;
+                snprintf(reason, sizeof reason,
+                         "another rank could not record %s (NCCL needs every rank to capture the same "
+                         "collectives; see that rank's log)",
+                         gr_name[which]);
             }
         }
         if (!m->gr[which]) {

@@ -43,6 +43,7 @@ typedef struct trainer {
 
     dg_backend_t *be;
     char backend_name[16];
+    int cuda_device; /* the backend's CUDA device, -1 on the CPU backend */
     dg_model_desc_t desc;
     dg_fsdp_t *fsdp; /* the mesh's communicators; the model shards itself over them */
     dg_model_t *model;
@@ -103,6 +104,7 @@ static dg_status_t pick_backend(trainer_t *tr) {
         dg_status_t s = dg_backend_cuda_create(&bc, &tr->be);
         if (s == DG_OK) {
             snprintf(tr->backend_name, sizeof tr->backend_name, "cuda");
+            tr->cuda_device = bc.device;
             return DG_OK;
         }
         if (strcmp(want, "cuda") == 0) return s;
@@ -119,6 +121,7 @@ static dg_status_t pick_backend(trainer_t *tr) {
                       c->train.precision);
     DG_TRY(dg_backend_cpu_create(&bc, &tr->be));
     snprintf(tr->backend_name, sizeof tr->backend_name, "cpu");
+    tr->cuda_device = -1;
     return DG_OK;
 }
 
@@ -650,10 +653,18 @@ static dg_status_t setup(trainer_t *tr) {
     if (tr->desc.n_head % tr->mesh.size[DG_MESH_TP] != 0)
         return DG_ERR(DG_ERR_USAGE, "parallel.mesh=%s: tp = %d must divide model.n_head = %d", tr->mesh_str,
                       tr->mesh.size[DG_MESH_TP], tr->desc.n_head);
+    /* the backend first (parallel.comm = auto picks nccl only when every rank got a GPU of its own);
+     * creating it can fail on one rank only, so the ranks agree before the collective comm setup */
+    tr->cuda_device = -1;
+    DG_TRY(dg_boot_agree(tr->boot, pick_backend(tr)));
     /* collective (communicator splits): before anything that can fail on one rank only, since every
-     * failure so far (mesh, model sizes, batch arithmetic) is the same on every rank */
+     * failure so far (mesh, model sizes, batch arithmetic, the agreed backend) is the same on every rank */
     dg_fsdp_opts_t fo;
     dg_fsdp_opts_from_config(c, &fo);
+    fo.cuda_device = tr->cuda_device;
+    if (tr->cuda_device >= 0 && tr->boot->gpu >= 0 &&
+        tr->boot->topo.gpus[tr->boot->gpu].cuda_index == tr->cuda_device)
+        snprintf(fo.gpu_id, sizeof fo.gpu_id, "%s", tr->boot->topo.gpus[tr->boot->gpu].pci_busid);
     DG_TRY(dg_fsdp_create(tr->comm, &tr->mesh, &fo, &tr->fsdp));
     if (c->checkpoint.dir[0])
         snprintf(tr->ckpt_dir, sizeof tr->ckpt_dir, "%s", c->checkpoint.dir);
@@ -661,7 +672,6 @@ static dg_status_t setup(trainer_t *tr) {
         snprintf(tr->ckpt_dir, sizeof tr->ckpt_dir, "%s/checkpoints", c->run.dir);
     DG_TRY(dg_metrics_open(c->run.dir, tr->rank, &tr->metrics));
     DG_TRY(open_data(tr));
-    DG_TRY(pick_backend(tr));
     DG_TRY(dg_fsdp_model_create(tr->fsdp, &tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, 0,
                                 &tr->model));
     tr->n_params = dg_model_n_tensors(tr->model);
@@ -904,12 +914,12 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
     snprintf(cfg_hash, sizeof cfg_hash, "%016llx", (unsigned long long)dg_config_hash(cfg));
     DG_METRICS_EVENT(
         tr.metrics, "start", DG_JI("world_size", tr.world), DG_JS("mesh", tr.mesh_str),
-        DG_JS("backend", tr.backend_name), DG_JS("config_hash", cfg_hash),
-        DG_JS("precision", cfg->train.precision), DG_JI("n_params", (int64_t)dg_model_n_params(&tr.desc)),
-        DG_JI("n_layer", tr.desc.n_layer), DG_JI("d_model", tr.desc.d_model),
-        DG_JI("seq_len", tr.desc.seq_len), DG_JI("global_batch", tr.global_batch),
-        DG_JI("micro_batch", tr.micro_batch), DG_JI("grad_accum", tr.accum),
-        DG_JI("state_bytes_per_rank", (int64_t)dg_model_state_bytes(tr.model)),
+        DG_JS("backend", tr.backend_name), DG_JS("comm", tr.fsdp ? tr.fsdp->comm_backend : "none"),
+        DG_JS("config_hash", cfg_hash), DG_JS("precision", cfg->train.precision),
+        DG_JI("n_params", (int64_t)dg_model_n_params(&tr.desc)), DG_JI("n_layer", tr.desc.n_layer),
+        DG_JI("d_model", tr.desc.d_model), DG_JI("seq_len", tr.desc.seq_len),
+        DG_JI("global_batch", tr.global_batch), DG_JI("micro_batch", tr.micro_batch),
+        DG_JI("grad_accum", tr.accum), DG_JI("state_bytes_per_rank", (int64_t)dg_model_state_bytes(tr.model)),
         DG_JI("arena_bytes", (int64_t)dg_model_arena_bytes(tr.model)), DG_JI("start_step", tr.step),
         DG_JI("steps", cfg->train.steps), DG_JS("version", DG_VERSION_STRING),
         DG_JS("plan", tr.plan_reason[0] ? tr.plan_reason : "mesh given by parallel.mesh"));

@@ -28,6 +28,7 @@ static const tol_row_t k_tols[] = {
     {"add", 2e-7, 5e-3, 1e-3},
     {"accumulate", 2e-7, 5e-3, 1e-3},
     {"scale_f32", 2e-7, 2e-7, 2e-7},
+    {"add_f32", 0, 0, 0}, /* one f32 add per element: bit-exact against the double reference rounded */
     {"sumsq_f32", 1e-5, 1e-5, 1e-5},
     {"clip_scale", 1e-6, 1e-6, 1e-6},
     {"adamw", 2e-5, 2e-5, 2e-5},
@@ -830,6 +831,19 @@ static void case_elementwise(H *h, size_t n) {
     upload(h, dx, DG_F32, x, n);
     if (!h->bad) CALL(h, "scale_f32", scale_f32(h->be, dx, n, 0.37f));
     check_close(h, "scale_f32", download(h, dx, DG_F32, n), xs, n, tol_of(h, "scale_f32"), NULL);
+    /* add_f32 (v1.5): f32 whatever the act dtype; one rounding per element, so the result must equal
+     * float(x + y) exactly; the source stays untouched */
+    double *y = hrand(h, n, 0.05, 2.0), *xy = hnew(h, n);
+    hround(y, n, DG_F32);
+    for (size_t i = 0; i < n; i++)
+        xy[i] = (double)((float)x[i] + (float)y[i]);
+    void *dy = dalloc(h, DG_F32, n), *dz = dalloc(h, DG_F32, n);
+    upload(h, dy, DG_F32, y, n);
+    upload(h, dz, DG_F32, x, n);
+    void *yraw = download_raw(h, dy, n * sizeof(float));
+    if (!h->bad) CALL(h, "add_f32", add_f32(h->be, (float *)dz, (const float *)dy, n));
+    check_close(h, "add_f32", download(h, dz, DG_F32, n), xy, n, tol_of(h, "add_f32"), NULL);
+    check_bits(h, "add_f32 leaves src", download_raw(h, dy, n * sizeof(float)), yraw, n * sizeof(float));
     case_end(h);
 }
 

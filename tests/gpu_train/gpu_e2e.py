@@ -17,6 +17,13 @@ Cases:
               lines and final checkpoints bitwise equal; a forced recording failure falls back with one
               `fallback` event and the same numbers
   memcheck    compute-sanitizer memcheck over a short bf16 and fp32 dgtrain run: 0 errors
+  nccl        (needs >= 2 GPUs) 2 ranks, one GPU each, parallel.comm=nccl, on the meshes dp_shard=2,
+              dp_replicate=2 and tp=2 against 1 rank at the same global batch: fp32 losses within 1e-5
+              relative, grad norms 1e-4, final weights 1e-4; bf16 within the bf16 bounds; the start event
+              says comm nccl; CUDA Graph replay recorded all three graphs (or the test fails naming the
+              fallback reason); fp32 dp_shard=2 with replay bitwise equal to op by op and close to
+              parallel.comm=mpi (host staging); a checkpoint written at 2 ranks (step 10) resumed at 1 rank
+              matches the 1-rank run's steps 11-20 within 1e-5
   torch       dgtrain CUDA bf16 vs PyTorch bf16 (autocast) on the gpt2-124m preset (configs/gpt2-124m.ini,
               seq_len 1024, batch 8, 50 steps) from identical initial weights and batches: per-step
               losses within bf16 tolerance (see TORCH_BF16_*), the same lr and tokens, the loss falls
@@ -28,7 +35,7 @@ Diagnostics (not registered with ctest):
                        samples, batch 8, 50 steps, its seed: step 41 is epoch 1's first step, the same
                        sample ids) and 50 samples over 10 steps (epoch 1 starts inside a micro-batch):
                        losses within 1e-5
-Exit 77 (ctest: skipped) when no CUDA device is usable (or, for memcheck, no compute-sanitizer; for
+Exit 77 (ctest: skipped) when no CUDA device is usable (for nccl: fewer than 2; or, for memcheck, no compute-sanitizer; for
 torch, no PyTorch with CUDA; for torch-cpu-selfcheck, no PyTorch).
 Environment: DGT_TEST_KEEP=1 keeps the work directory. DGT_TEST_ARTIFACTS=DIR: the torch cases also write
 both curves (per step: losses, grad norms, lr, epoch, sample ids) to DIR/CASE_curves.txt (always to the
@@ -408,6 +415,98 @@ def case_graph(env):
     notes.append("forced failure: one fallback event (step %s, reason '%s'), numbers bitwise equal to op-by-op" %
                  (fb[0].get("step"), fb[0].get("reason")))
     print("PASS CUDA Graph replay: " + "; ".join(notes))
+
+
+def steps_of(run_dir):
+    """step -> (parsed line, {field: number text}) for whatever steps the run wrote."""
+    out = {}
+    for j, raw in metrics(run_dir):
+        if j.get("event") == "step":
+            out[j["step"]] = (j, dict(re.findall(r'"(loss|lr|grad_norm|tokens)":([-+0-9.eE]+|null)', raw)))
+    return out
+
+
+def compare_steps(ref, run, steps, loss_rtol, gn_rtol, what, mean_rtol=None):
+    """Worst relative loss and grad-norm differences over `steps`; fails beyond the bounds."""
+    r, d = steps_of(ref), steps_of(run)
+    check(all(s in d for s in steps), "%s: step lines %s, expected %d..%d" % (what, sorted(d), steps[0], steps[-1]))
+    rels = [abs(d[s][0]["loss"] - r[s][0]["loss"]) / abs(r[s][0]["loss"]) for s in steps]
+    gns = [abs(d[s][0]["grad_norm"] - r[s][0]["grad_norm"]) / r[s][0]["grad_norm"] for s in steps]
+    worst, s_bad = max(rels), steps[rels.index(max(rels))]
+    check(worst <= loss_rtol, "%s: step %d loss %.9g vs 1 rank %.9g: relative %.3g > %g" %
+          (what, s_bad, d[s_bad][0]["loss"], r[s_bad][0]["loss"], worst, loss_rtol))
+    if mean_rtol is not None:
+        check(sum(rels) / len(rels) <= mean_rtol, "%s: mean relative loss difference %.3g > %g" %
+              (what, sum(rels) / len(rels), mean_rtol))
+    check(max(gns) <= gn_rtol, "%s: grad norms differ by %.3g relative (bound %g)" % (what, max(gns), gn_rtol))
+    check(all(r[s][1]["tokens"] == d[s][1]["tokens"] and r[s][1]["lr"] == d[s][1]["lr"] for s in steps),
+          "%s: tokens or lr differ from the 1-rank run" % what)
+    return worst, max(gns)
+
+
+def graph_status(run_dir, what):
+    """All three graphs recorded and no fallback; a fallback fails with its reason."""
+    fb = events(run_dir, "fallback")
+    check(not fb, "%s: CUDA Graph replay fell back: %s" % (what, "; ".join(str(e.get("reason")) for e in fb)))
+    kinds = {e.get("graph", "").split(" ")[0] for e in events(run_dir, "cuda_graph")}
+    check(set(GRAPHS) <= kinds, "%s: recordings %s, expected all of %s" % (what, sorted(kinds), GRAPHS))
+    return "graphs recorded"
+
+
+def case_nccl(env):
+    """2 ranks, one GPU each, collectives over NCCL inside the executor (issue 10 prerequisite)."""
+    n = cuda_devices()
+    if n < 2:
+        print("SKIP: the nccl case needs 2 GPUs, the driver reports %d" % n)
+        return SKIP
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on these hosts
+    notes = []
+    steps = list(range(1, STEPS + 1))
+    meshes = ("dp_shard=2", "dp_replicate=2", "tp=2")
+    for prec in ("fp32", "bf16"):
+        one = env.train(1, "one_" + prec, ["train.precision=" + prec, "checkpoint.every=10"])
+        for mesh in meshes:
+            name = "nccl_%s_%s" % (prec, mesh.split("=")[0])
+            sets = ["train.precision=" + prec, "parallel.mesh=" + mesh, "parallel.comm=nccl", "checkpoint.every=10"]
+            run = env.train(2, name, sets)
+            st = start_event(run)
+            check(st.get("world_size") == 2 and st.get("backend") == "cuda" and st.get("comm") == "nccl",
+                  "%s: start event world_size %s backend %s comm %s, expected 2 cuda nccl" %
+                  (name, st.get("world_size"), st.get("backend"), st.get("comm")))
+            if prec == "fp32":
+                worst, gn = compare_steps(one, run, steps, DIST_LOSS_RTOL, 1e-4, name)
+                wd, wv = max_model_diff(env, one, run)
+                check(wv <= DIST_WEIGHT_ATOL, "%s: final weights: %s differs by %.3g (bound %g)" %
+                      (name, wd, wv, DIST_WEIGHT_ATOL))
+            else:
+                worst, gn = compare_steps(one, run, steps, BF16_RTOL, 5e-2, name, BF16_MEAN_RTOL)
+                wd, wv = max_model_diff(env, one, run)
+            g = graph_status(run, name)
+            notes.append("%s %s: losses %.3g, grad norms %.3g, weights %.3g (%s), %s" %
+                         (prec, mesh, worst, gn, wv, wd, g))
+    # replay vs op by op with NCCL: the same kernels and collectives, so the same bits
+    base = os.path.join(env.work, "nccl_fp32_dp_shard")
+    eager = env.train(2, "nccl_fp32_dp_shard_eager", ["train.precision=fp32", "parallel.mesh=dp_shard=2",
+                                                      "parallel.comm=nccl", "checkpoint.every=10",
+                                                      "parallel.cuda_graph=false"])
+    check(not events(eager, "cuda_graph"), "parallel.cuda_graph=false still recorded")
+    check_same_run(env, base, eager, "nccl dp_shard=2: graph replay vs op by op")
+    notes.append("dp_shard=2 fp32: replay bitwise equal to op by op")
+    # the mpi comm (host staging, op by op) on the same two GPUs: the same model within rounding
+    mpi = env.train(2, "mpi_fp32_dp_shard", ["train.precision=fp32", "parallel.mesh=dp_shard=2", "parallel.comm=mpi"])
+    check(start_event(mpi).get("comm") == "mpi", "parallel.comm=mpi: start event comm %s" % start_event(mpi).get("comm"))
+    worst, _ = compare_steps(mpi, base, steps, DIST_LOSS_RTOL, 1e-4, "nccl vs mpi dp_shard=2")
+    notes.append("nccl vs mpi comm %.3g" % worst)
+    # a checkpoint written by 2 ranks (dp_shard=2, nccl) at step 10, resumed on 1 rank
+    ck = os.path.join(base, "checkpoints", "step_%08d.h5" % 10)
+    check(os.path.exists(ck), "no step-10 checkpoint in %s" % base)
+    res = env.train(1, "resume_1", ["train.precision=fp32", "checkpoint.resume=" + ck])
+    rs = events(res, "resume")
+    check(rs, "resume at 1 rank: no resume event")
+    worst, gn = compare_steps(os.path.join(env.work, "one_fp32"), res, list(range(11, STEPS + 1)), DIST_LOSS_RTOL,
+                              1e-4, "2-rank checkpoint resumed at 1 rank")
+    notes.append("step-10 checkpoint of 2 ranks resumed at 1: steps 11-20 within %.3g" % worst)
+    print("PASS nccl (2 GPUs): " + "; ".join(notes))
 
 
 def case_memcheck(env):
@@ -978,7 +1077,7 @@ def main():
         return 2
     case, dgtrain, dgckpt, mpi = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     cases = {"fp32": case_fp32, "bf16": case_bf16, "determinism": case_determinism, "multirank": case_multirank,
-             "graph": case_graph, "memcheck": case_memcheck, "torch": case_torch, "torch-fp32": case_torch_fp32,
+             "graph": case_graph, "memcheck": case_memcheck, "nccl": case_nccl, "torch": case_torch, "torch-fp32": case_torch_fp32,
              "torch-cpu-selfcheck": case_torch_cpu_selfcheck}
     if case not in cases:
         print("gpu_e2e.py: unknown case '%s' (expected %s)" % (case, ", ".join(cases)), file=sys.stderr)

@@ -238,6 +238,14 @@ static dg_status_t cpu_accumulate(dg_backend_t *be, void *dst, const void *src, 
     return DG_OK;
 }
 
+static dg_status_t cpu_add_f32(dg_backend_t *be, float *dst, const float *src, size_t n) {
+    if (n == 0) return DG_OK;
+    DG_CPU_NONNULL("add_f32", dst);
+    DG_CPU_NONNULL("add_f32", src);
+    ew_run(be, EW_ACC, dst, src, NULL, 0.0f, n);
+    return DG_OK;
+}
+
 /* Double partials: a gradient norm summed over 10^9 floats must not lose the small ones. */
 typedef struct {
     double *part;
@@ -459,6 +467,7 @@ static const dg_backend_ops_t cpu_ops = {
     .upload_async = cpu_upload_async,
     .adamw_dev = cpu_adamw_dev,
     /* graph_*: NULL, the CPU backend cannot record */
+    .add_f32 = cpu_add_f32,
 };
 
 dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t **out) {

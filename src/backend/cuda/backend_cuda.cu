@@ -295,6 +295,13 @@ static dg_status_t cu_accumulate(dg_backend_t *be, void *dst, const void *src, s
     return dg_cuda_accumulate(dg_cuda_of(be), dst, src, n, acc);
 }
 
+static dg_status_t cu_add_f32(dg_backend_t *be, float *dst, const float *src, size_t n) {
+    if (n == 0) return DG_OK;
+    REQ_PTR(dst, "add_f32");
+    REQ_PTR(src, "add_f32");
+    return dg_cuda_add_f32(dg_cuda_of(be), dst, src, n);
+}
+
 static dg_status_t cu_sumsq(dg_backend_t *be, float *out, const float *x, size_t n) {
     REQ_PTR(out, "sumsq_f32");
     if (n == 0) return DG_OK;
@@ -635,6 +642,7 @@ static const dg_backend_ops_t cuda_ops = {
     cu_graph_end,
     cu_graph_launch,
     cu_graph_free,
+    cu_add_f32,
 };
 
 /* ---------------- construction ---------------- */
