@@ -109,7 +109,7 @@ void dg_vreport_print_table(const dg_vreport_t *r, FILE *out) {
     counts(r, n);
     if (n[DG_VERDICT_FAIL] + n[DG_VERDICT_ERROR] + n[DG_VERDICT_SKIP]) fputc('\n', out);
     /* skips often share their reason (a CPU-only build skips 15 NCCL checks): one line per reason */
-    int *done = r->n ? calloc((size_t)r->n, sizeof(int)) : NULL;
+    int *done = r->n > 0 ? calloc((size_t)(unsigned)r->n, sizeof(int)) : NULL;
     for (int i = 0; i < r->n && done; i++) {
         const dg_vcheck_t *c = &r->checks[i];
         if (c->verdict != DG_VERDICT_SKIP || done[i]) continue;

@@ -38,7 +38,7 @@ if [ $ok = 1 ]; then
 else
   t0=$(date +%s)
   bdir=$root/build-gpu
-  cmake -S "$root" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDGT_CUDA=ON -DDGT_WERROR=ON \
+  cmake -S "$root" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDGT_CUDA=ON -DDGT_WERROR=OFF \
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" >"$out/build.log" 2>&1 &&
     cmake --build "$bdir" -j "$(nproc)" --target dgtrain dgckpt dgvalidate test_backend_cuda >>"$out/build.log" 2>&1
   rc=$?
@@ -147,7 +147,7 @@ print("   %-22s rc=%s comm=%s mesh=%s median tok/s %.0f step_ms %.1f loss %s gra
 open(sys.argv[1] + ".tps", "w").write("%f\n" % tps)
 PY
   }
-  log "weak scaling gpt2-124m bf16, micro-batch $B x 1024 per GPU, $steps steps"
+  log "weak scaling bf16, micro-batch $B x 1024 per GPU, $steps steps: gpt2-124m, then gpt2-350m"
   run124 g1 1 "$B" --set checkpoint.every=0
   [ "$(left)" -gt 60 ] && run124 g2_shard_nccl 2 $((2 * B)) --set parallel.mesh=dp_shard=2 --set parallel.comm=nccl \
     --set checkpoint.every=10
@@ -155,6 +155,11 @@ PY
     --set checkpoint.every=0
   [ "$(left)" -gt 60 ] && run124 g2_shard_mpi 2 $((2 * B)) --set parallel.mesh=dp_shard=2 --set parallel.comm=mpi \
     --set checkpoint.every=0
+  [ "$(left)" -gt 60 ] && run124 m350_g1 1 "$B" --set model.preset=gpt2-350m --set checkpoint.every=0
+  [ "$(left)" -gt 60 ] && run124 m350_g2_shard_nccl 2 $((2 * B)) --set model.preset=gpt2-350m \
+    --set parallel.mesh=dp_shard=2 --set parallel.comm=nccl --set checkpoint.every=0
+  [ "$(left)" -gt 60 ] && run124 m350_g2_repl_nccl 2 $((2 * B)) --set model.preset=gpt2-350m \
+    --set parallel.mesh=dp_replicate=2 --set parallel.comm=nccl --set checkpoint.every=0
   python3 - "$work" <<'PY' | tee -a "$out/summary.log"
 import os, sys
 def t(n):
@@ -162,9 +167,11 @@ def t(n):
         return float(open(os.path.join(sys.argv[1], n, "metrics.jsonl.tps")).read())
     except (OSError, ValueError):
         return 0.0
-g1 = t("g1")
-for n in ("g2_shard_nccl", "g2_repl_nccl", "g2_shard_mpi"):
-    print("   weak-scaling efficiency %-16s %s" % (n, "%.3f (tok/s %.0f vs 2 x %.0f)" % (t(n) / (2 * g1), t(n), g1) if g1 and t(n) else "n/a"))
+for base, runs in (("g1", ("g2_shard_nccl", "g2_repl_nccl", "g2_shard_mpi")),
+                   ("m350_g1", ("m350_g2_shard_nccl", "m350_g2_repl_nccl"))):
+    g1 = t(base)
+    for n in runs:
+        print("   weak-scaling efficiency %-20s %s" % (n, "%.3f (tok/s %.0f vs 2 x %.0f)" % (t(n) / (2 * g1), t(n), g1) if g1 and t(n) else "n/a"))
 PY
   # ---- a gpt2-124m checkpoint written by 2 ranks (dp_shard=2, nccl) at step 10, resumed on 1 rank ----
   ck=$work/g2_shard_nccl/checkpoints/step_00000010.h5
@@ -181,5 +188,15 @@ PY
   fi
 else
   log "skipped the weak-scaling runs (budget or make_shards.py failed)"
+fi
+# ---- issue 7: 2 and 4 ranks sharing GPU 0 over the mpi comm (gpu_e2e.py multirank) ----
+if [ "$(left)" -gt 100 ]; then
+  CUDA_VISIBLE_DEVICES=0 timeout $(($(left) - 10)) python3 "$here/gpu_e2e.py" multirank "$dgtrain" "$dgckpt" "${mpi[@]}" \
+    >"$out/gpu_train_multirank.log" 2>&1
+  rc=$?
+  log "gpu_e2e.py multirank (GPU 0 shared) rc=$rc: $(grep -E '^(PASS|FAIL|SKIP)' "$out/gpu_train_multirank.log" | cut -c1-600)"
+  [ $rc -eq 0 ] || tail -25 "$out/gpu_train_multirank.log" >>"$out/summary.log"
+else
+  log "skipped gpu_e2e.py multirank (budget)"
 fi
 log "done in $(($(date +%s) - t_start)) s"
