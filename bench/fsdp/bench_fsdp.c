@@ -191,6 +191,7 @@ int main(int argc, char **argv) {
         } else {
             CHECK(dg_model_create(&d, be, o.micro, 1, &models[mode]));
         }
+        CHECK(dg_model_set_grad_accum(models[mode], o.accum));
         state_bytes[mode] = dg_model_state_bytes(models[mode]);
         res[mode].steps = calloc((size_t)o.steps, sizeof(double));
         res[mode].exposed = calloc((size_t)o.steps, sizeof(double));

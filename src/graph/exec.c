@@ -318,6 +318,7 @@ dg_status_t dg_exec_run(dg_exec_t *ex, int first, int end) {
     for (int i = first; i < end; i++) {
         const dg_node_t *n = g->nodes[i];
         if (n->op == DG_OP_LEAF || n->op == DG_OP_SIDE) continue;
+        if ((n->flags & DG_NF_GRAD_SYNC) && ex->rt.skip_grad_sync) continue;
         double t0 = ex->profile ? dg_now_s() : 0;
         dg_status_t st = DG_OK;
         for (int w = 0; w < n->n_wait && st == DG_OK; w++)

@@ -230,6 +230,14 @@ int dg_model_find_param(const dg_model_t *m, const char *name);
 /* Zeroes every parameter gradient (graph ops through the backend). */
 dg_status_t dg_model_zero_grad(dg_model_t *m);
 
+/* Micro-batches per optimizer step (gradient accumulation; default 1). With dp_replicate > 1 the
+ * gradients are summed over dp_replicate inside the backward of the step's LAST micro-batch (bucket by
+ * bucket on the communication stream, overlapped with the rest of that backward), so the model counts
+ * forward_backward calls since the last zero_grad / optimizer_step: call n of n syncs, calls 1..n-1 do
+ * not. A call beyond n, or an optimizer step after 1..n-1 calls, is DG_ERR_USAGE (the gradients would
+ * be summed twice, or not at all). Without dp_replicate the count is not enforced. n >= 1. */
+dg_status_t dg_model_set_grad_accum(dg_model_t *m, int n);
+
 /* One micro-batch: tokens and targets are host arrays of micro_batch * seq_len ids in [0, vocab_size).
  * Runs forward and backward; parameter gradients ACCUMULATE. dloss scales the gradient of the SUM of
  * the token losses (pass 1 / (tokens per optimizer step) so that accumulation yields the gradient of

@@ -91,8 +91,10 @@ enum {
     DG_NF_SCALAR = 1u << 7,    /* device scalar (f32, PERSISTENT) */
     DG_NF_WANT_GRAD = 1u << 8, /* an input whose gradient the caller wants (kept as an OUTPUT) */
     DG_NF_BUCKET = 1u << 9,    /* a bucket's flat local shard (PERSISTENT view over the flat buffers) */
-    DG_NF_NORM_SKIP = 1u << 10 /* param: its gradient is a replica counted by another rank in the global
-                                  norm (tp-replicated tensors on tp ranks > 0): no SUMSQ here */
+    DG_NF_NORM_SKIP = 1u << 10, /* param: its gradient is a replica counted by another rank in the global
+                                   norm (tp-replicated tensors on tp ranks > 0): no SUMSQ here */
+    DG_NF_GRAD_SYNC = 1u << 11  /* op: part of the data-parallel gradient sync (the backward's dp_replicate
+                                   all-reduces and their waits); skipped while dg_runtime_t.skip_grad_sync */
 };
 
 typedef enum { DG_STORE_NONE = 0, DG_STORE_ARENA = 1, DG_STORE_PERSISTENT = 2 } dg_storage_t;
@@ -453,6 +455,9 @@ typedef struct dg_runtime {
     /* per param_index, 1 = frozen: its SUMSQ and ADAMW are skipped (NULL = none frozen) */
     const unsigned char *frozen;
     int n_frozen_slots;
+    /* 1: ops flagged DG_NF_GRAD_SYNC are skipped (a micro-batch of a gradient accumulation that is not
+     * the step's last: its gradients are summed over dp_replicate once, after the last one) */
+    int skip_grad_sync;
 } dg_runtime_t;
 
 struct dg_comm;

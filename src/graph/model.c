@@ -67,8 +67,9 @@ struct dg_model {
     int32_t *tok_host, *tgt_host; /* page-locked staging of the micro-batch's ids (upload_async) */
     /* graph replay (dg_model_set_graph_replay) */
     int gr_on, gr_warm;
-    void *gr[3];        /* GR_ZERO, GR_FB, GR_OPT: instantiated graphs, NULL until recorded */
-    float gr_key[3][8]; /* the values each recording baked in */
+    void *gr[4];        /* GR_*: instantiated graphs, NULL until recorded */
+    float gr_key[4][8]; /* the values each recording baked in */
+    int accum, fb_count; /* dg_model_set_grad_accum; forward_backward calls since zero_grad / the step */
     void *gr_agree_dev; /* one f32 on the device: the recording agreement over nccl comms */
     dg_model_graph_cb_t gr_cb;
     void *gr_ctx;
@@ -313,11 +314,85 @@ static dg_status_t pass_optimizer(dg_graph_t *g, void *ctx) {
     return dg_graph_add_optimizer(g, decay_of, m, &m->scalars);
 }
 
-/* Optimizer-phase collectives, run to completion on the compute stream (a few per step): gradient
- * shards summed over dp_replicate (HSDP / DDP) and tp-rank-0-only gradients summed over tp, before the
- * norm; the local sum of squares summed over dp_shard and tp, before the clip factor. */
+/* Schedule position right after node x (x's side outputs included), for a node n placed there. */
+static void move_after(dg_graph_t *g, dg_node_t *n, const dg_node_t *x) {
+    dg_graph_move(g, n, x->id + 1 + x->n_side - (n->id < x->id ? 1 + n->n_side : 0));
+}
+
+/* The dp_replicate gradient sum (HSDP / DDP), in the backward: per bucket an in-place all-reduce of its
+ * flat gradient (shard) on the communication stream, posted as soon as the bucket's gradients are final
+ * (after the last backward kernel that accumulates into one of them; with dp_shard > 1 after the wait of
+ * the bucket's reduce-scatter, whose accumulate into the shard runs there), so it overlaps the rest of
+ * the backward. Waited for at the end of the backward (at once with parallel.overlap = false). Flagged
+ * DG_NF_GRAD_SYNC: skipped on the micro-batches of an accumulation that are not the step's last. */
+static dg_status_t add_replicate_sync(dg_graph_t *g, dg_model_t *m) {
+    const dg_shard_plan_t *sp = m->shard;
+    int nb = sp->n_buckets, nar = 0;
+    dg_node_t **ars = dg_xcalloc((size_t)nb + 1, sizeof *ars);
+    char nm[96];
+    dg_phase_t saved = g->cur_phase;
+    g->cur_phase = DG_PHASE_BWD;
+    for (int j = 0; j < nb && !g->err; j++) {
+        const dg_bucket_t *b = &sp->buckets[j];
+        dg_node_t *after = NULL;
+        for (int i = 0; i < g->n; i++) {
+            dg_node_t *x = g->nodes[i];
+            if (x->phase != DG_PHASE_BWD || x->op == DG_OP_LEAF || x->op == DG_OP_SIDE) continue;
+            if (sp->k > 1) { /* the wait of the reduce-scatter into this bucket's shard */
+                if (x->op == DG_OP_WAIT && x->n_wait == 1 && x->wait[0]->op == DG_OP_REDUCE_SCATTER &&
+                    x->wait[0]->n_upd == 1 && x->wait[0]->upd[0] == b->gleaf)
+                    after = x;
+                continue;
+            }
+            for (int u = 0; u < x->n_upd; u++)
+                for (int p = b->first; p <= b->last; p++)
+                    if (x->upd[u] == sp->params[p].p->grad) after = x;
+        }
+        int64_t a[4] = {0, DG_MESH_DP_REPLICATE, DG_AR_SUM, 0};
+        dg_node_t *t = b->gleaf;
+        dg_fmt(nm, sizeof nm, "ar.grad.%.80s", b->gleaf->name);
+        dg_node_t *ar = dg_graph_add_op(g, DG_OP_ALL_REDUCE, nm, 0, NULL, 1, &t, a, 4);
+        if (!ar) break;
+        ar->stream = DG_STREAM_COMM;
+        ar->flags |= DG_NF_GRAD_SYNC;
+        /* no backward kernel touches this bucket (e.g. tp-rank-0-only biases on another tp rank): the
+         * sum still runs, at the end, so that every rank of the group posts the same collectives */
+        const dg_node_t *x = after;
+        if (!x)
+            for (int i = 0; i < g->n; i++)
+                if (g->nodes[i]->phase == DG_PHASE_BWD && g->nodes[i] != ar && g->nodes[i]->op != DG_OP_LEAF &&
+                    g->nodes[i]->op != DG_OP_SIDE)
+                    x = g->nodes[i];
+        DG_ASSERT(x);
+        move_after(g, ar, x);
+        ars[nar++] = ar;
+    }
+    for (int j = 0; j < nar && !g->err; j++) {
+        dg_fmt(nm, sizeof nm, "wait.%.80s", ars[j]->name);
+        dg_node_t *w = dg_graph_add_op(g, DG_OP_WAIT, nm, 0, NULL, 0, NULL, NULL, 0);
+        if (!w) break;
+        w->flags |= DG_NF_GRAD_SYNC;
+        w->wait[w->n_wait++] = ars[j];
+        const dg_node_t *x = ars[j];
+        if (m->par.overlap)
+            for (int i = 0; i < g->n; i++)
+                if (g->nodes[i]->phase == DG_PHASE_BWD && g->nodes[i] != w && g->nodes[i]->op != DG_OP_LEAF &&
+                    g->nodes[i]->op != DG_OP_SIDE)
+                    x = g->nodes[i];
+        move_after(g, w, x);
+    }
+    free(ars);
+    g->cur_phase = saved;
+    return g->err;
+}
+
+/* Optimizer-phase collectives, run to completion on the compute stream (a few per step):
+ * tp-rank-0-only gradients summed over tp, before the norm; the local sum of squares summed over
+ * dp_shard and tp, before the clip factor. The dp_replicate sum runs in the backward
+ * (add_replicate_sync). */
 static dg_status_t pass_grad_sync(dg_graph_t *g, void *ctx) {
     dg_model_t *m = ctx;
+    if (m->rep > 1 && m->shard) DG_TRY(add_replicate_sync(g, m));
     dg_node_t *zs = NULL, *clip = NULL;
     for (int i = 0; i < g->n; i++) {
         dg_node_t *x = g->nodes[i];
@@ -339,11 +414,6 @@ static dg_status_t pass_grad_sync(dg_graph_t *g, void *ctx) {
         dg_graph_move(g, n_, after->id + 1 + after->n_side);                                                 \
         after = n_;                                                                                          \
     } while (0)
-    if (m->rep > 1 && m->shard)
-        for (int j = 0; j < m->shard->n_buckets && !g->err; j++) {
-            dg_fmt(nm, sizeof nm, "ar.grad.%.80s", m->shard->buckets[j].gleaf->name);
-            INPLACE_AR(nm, m->shard->buckets[j].gleaf, DG_MESH_DP_REPLICATE, 0);
-        }
     for (int i = 0; i < m->np && !g->err; i++)
         if (m->place[i].tp_rank0_only) {
             dg_fmt(nm, sizeof nm, "ar.tp.%.80s", m->pnode[i]->grad->name);
@@ -591,6 +661,7 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
     m->k = par->mesh.size[DG_MESH_DP_SHARD];
     m->shard_rank = par->coord[DG_MESH_DP_SHARD];
     m->rep = par->mesh.size[DG_MESH_DP_REPLICATE];
+    m->accum = 1;
     m->rep_rank = par->coord[DG_MESH_DP_REPLICATE];
     int cap = 4 + 12 * d->n_layer;
     m->info = dg_xcalloc((size_t)cap, sizeof *m->info);
@@ -764,11 +835,12 @@ static dg_status_t upload_ids(dg_model_t *m) {
 
 /* ---------------- graph replay ---------------- */
 
-enum { GR_ZERO, GR_FB, GR_OPT };
-static const char *const gr_name[3] = {"zero_grad", "forward_backward", "optimizer"};
+enum { GR_ZERO, GR_FB, GR_FB_NOSYNC, GR_OPT, GR_COUNT };
+static const char *const gr_name[GR_COUNT] = {"zero_grad", "forward_backward",
+                                              "forward_backward (no gradient sync)", "optimizer"};
 
 static void gr_drop(dg_model_t *m) {
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < GR_COUNT; i++) {
         if (m->gr[i]) m->be->ops->graph_free(m->be, m->gr[i]);
         m->gr[i] = NULL;
     }
@@ -938,10 +1010,29 @@ dg_status_t dg_model_forward_backward(dg_model_t *m, const int32_t *tokens_host,
     DG_TRY(need_memory(m, "forward_backward"));
     maybe_stall(m);
     if (!isfinite(dloss)) return DG_ERR(DG_ERR_USAGE, "model: dloss = %g is not finite", (double)dloss);
+    if (m->rep > 1 && m->fb_count >= m->accum)
+        return DG_ERR(DG_ERR_USAGE,
+                      "model: forward_backward call %d since the last zero_grad / optimizer step, but the "
+                      "gradient accumulation is %d micro-batches (dg_model_set_grad_accum): the dp_replicate "
+                      "gradient sum already ran",
+                      m->fb_count + 1, m->accum);
     DG_TRY(stage_ids(m, tokens_host, targets_host));
     m->ex->rt.dloss = dloss;
-    DG_TRY(gr_run(m, GR_FB, &dloss, 1, body_fb));
+    /* the dp_replicate sum runs in the backward of the step's last micro-batch only */
+    int sync = m->fb_count + 1 >= m->accum;
+    m->ex->rt.skip_grad_sync = !sync;
+    dg_status_t st = gr_run(m, sync ? GR_FB : GR_FB_NOSYNC, &dloss, 1, body_fb);
+    m->ex->rt.skip_grad_sync = 0;
+    DG_TRY(st);
+    m->fb_count++;
     return read_mean_loss(m, mean_loss_out);
+}
+
+dg_status_t dg_model_set_grad_accum(dg_model_t *m, int n) {
+    if (n < 1) return DG_ERR(DG_ERR_USAGE, "model: gradient accumulation of %d micro-batches; expected >= 1", n);
+    m->accum = n;
+    m->fb_count = 0;
+    return DG_OK;
 }
 
 dg_status_t dg_model_forward(dg_model_t *m, const int32_t *tokens_host, const int32_t *targets_host,
@@ -1002,6 +1093,7 @@ dg_status_t dg_model_logits(dg_model_t *m, const int32_t *tokens_host, int pos, 
 
 dg_status_t dg_model_zero_grad(dg_model_t *m) {
     DG_TRY(need_memory(m, "zero_grad"));
+    m->fb_count = 0;
     return gr_run(m, GR_ZERO, NULL, 0, body_zero);
 }
 
@@ -1018,6 +1110,12 @@ dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, 
             "t >= 1",
             (double)h->lr, (double)h->beta1, (double)h->beta2, (double)h->eps, (double)h->weight_decay,
             (double)h->grad_clip, h->t, (double)h->inv_loss_scale);
+    if (m->rep > 1 && m->fb_count > 0 && m->fb_count < m->accum)
+        return DG_ERR(DG_ERR_USAGE,
+                      "model: optimizer step after %d of %d micro-batches (dg_model_set_grad_accum): the "
+                      "gradients have not been summed over dp_replicate yet",
+                      m->fb_count, m->accum);
+    m->fb_count = 0;
     dg_runtime_t *rt = &m->ex->rt;
     float extra = h->inv_loss_scale > 0 ? h->inv_loss_scale : 1.0f;
     rt->lr = h->lr;

@@ -133,7 +133,16 @@ static void evaluate(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_plan
     double flops = (6.0 * P + 12.0 * L * C * T) * (double)w->global_batch * T / world;
     p->compute_ms =
         c->peak_flops_per_rank > 0 ? flops / (c->peak_flops_per_rank * DG_PLAN_COMPUTE_EFF) * 1e3 : 0;
-    p->step_ms = p->compute_ms + p->comm_total_ms;
+    /* dp_shard's re-layout copies on the device (docs/planning.md): per micro-batch each gather is unpacked
+     * (read + write of the unsharded weights) and the gradients packed rank-major before the
+     * reduce-scatter (read + write), at the same-device copy rate. What separates sharding from
+     * replication when both move the same bytes (e.g. 2 GPUs: 2 all-gathers + a reduce-scatter vs one
+     * all-reduce) */
+    p->relayout_ms = 0;
+    if (S > 1 && c->link[0].bw_GBps > 0)
+        p->relayout_ms = k * 2.0 * P / K * ((1 + (w->reshard_after_forward ? 1 : 0)) * pb + gb) /
+                         (c->link[0].bw_GBps * 1e9) * 1e3;
+    p->step_ms = p->compute_ms + p->comm_total_ms + p->relayout_ms;
 
     /* ---- memory per rank (docs/planning.md §Memory) ---- */
     double state_per_param = 16.0 + (pb < 4 ? pb : 0); /* f32 master, grad, m, v (+ compute copy) */

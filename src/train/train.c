@@ -674,6 +674,7 @@ static dg_status_t setup(trainer_t *tr) {
     DG_TRY(open_data(tr));
     DG_TRY(dg_fsdp_model_create(tr->fsdp, &tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, 0,
                                 &tr->model));
+    DG_TRY(dg_model_set_grad_accum(tr->model, tr->accum));
     tr->n_params = dg_model_n_tensors(tr->model);
     DG_TRY(match_frozen(tr));
     DG_TRY(build_ckpt_tensors(tr));

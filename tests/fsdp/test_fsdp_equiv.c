@@ -329,6 +329,7 @@ int main(int argc, char **argv) {
     for (int rep = 0; rep < a.repeat && rep < 2; rep++) {
         dg_model_t *m = NULL;
         CHECK_OK(dg_fsdp_model_create(f, &d, be, a.micro, seed, 0, &m));
+        CHECK_OK(dg_model_set_grad_accum(m, a.global_batch / dp / a.micro));
         ntens = dg_model_n_tensors(m);
         result_init(&runs[rep], a.steps, ntens);
         double t0 = MPI_Wtime();
@@ -347,6 +348,25 @@ int main(int argc, char **argv) {
                    ref_bytes, (double)maxb / (double)ref_bytes);
             if (mesh.size[DG_MESH_DP_SHARD] > 1 && !(maxb < ref_bytes))
                 FAIL("sharded state bytes per rank %zu not below the unsharded %zu", maxb, ref_bytes);
+        }
+        if (rep == 0 && mesh.size[DG_MESH_DP_REPLICATE] > 1) {
+            /* the accumulation count guards the dp_replicate sum: an optimizer step before the last
+             * micro-batch, or one micro-batch too many, is refused (the same on every rank, before any
+             * collective) */
+            int n = (int)((size_t)a.micro * (size_t)d.seq_len);
+            int32_t *ids = calloc((size_t)n, sizeof *ids);
+            dg_optim_hparams_t h = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .t = 1};
+            CHECK_OK(dg_model_set_grad_accum(m, 2));
+            CHECK_OK(dg_model_zero_grad(m));
+            CHECK_OK(dg_model_forward_backward(m, ids, ids, 1e-3f, NULL));
+            if (dg_model_optimizer_step(m, &h, NULL) != DG_ERR_USAGE || !strstr(dg_last_error(), "1 of 2"))
+                FAIL("optimizer step after 1 of 2 micro-batches was not refused: %s", dg_last_error());
+            CHECK_OK(dg_model_forward_backward(m, ids, ids, 1e-3f, NULL));
+            if (dg_model_forward_backward(m, ids, ids, 1e-3f, NULL) != DG_ERR_USAGE)
+                FAIL("a third micro-batch of an accumulation of 2 was not refused");
+            if (dg_model_set_grad_accum(m, 0) != DG_ERR_USAGE) FAIL("dg_model_set_grad_accum(0) accepted");
+            CHECK_OK(dg_model_optimizer_step(m, &h, NULL));
+            free(ids);
         }
         dg_model_free(m);
     }
