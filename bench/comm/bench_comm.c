@@ -1,21 +1,37 @@
-/* bench_comm.c — bus bandwidth of the comm layer's all-reduce, all-gather and reduce-scatter (mpi
- * backend) against raw MPI calls of the same sizes in the same run: MPI_Allreduce, MPI_Allgather and
- * MPI_Reduce_scatter_block on a duplicate of the same group.
+/* bench_comm.c — bus bandwidth of the comm layer's all-reduce, all-gather and reduce-scatter against the
+ * raw library calls of the same sizes in the same run.
+ *
+ * --backend mpi (default): the mpi backend on host memory against MPI_Allreduce, MPI_Allgather and
+ * MPI_Reduce_scatter_block on a duplicate of the same group. Three variants per size: raw MPI, the
+ * blocking dg_comm call (which runs inline when nothing else is outstanding), and dg_comm_i* +
+ * dg_comm_wait (through the communication thread, the overlapped path). The three are measured call by
+ * call, interleaved in rotating order (so that the changing load of a shared machine hits all alike);
+ * each variant's time is its median call on the slowest rank. Ratios are dg_comm busbw / raw busbw
+ * (target >= 0.95); --check applies to the blocking variant.
+ *
+ * --backend nccl (builds with CUDA and NCCL only): one GPU per rank (local rank % device count; exit 77
+ * when some rank has no GPU of its own), cudaMalloc'd buffers, the dg_comm nccl backend (on a stream of
+ * its own) against a separate raw NCCL communicator (blocking config, its own stream). As nccl-tests
+ * times it, one measurement is `iters` operations launched back to back and then completed once:
+ *   raw NCCL   iters x ncclAllReduce/AllGather/ReduceScatter, then cudaStreamSynchronize;
+ *   async      iters x dg_comm_i*, then dg_comm_wait on each in order;
+ *   blocking   iters x the blocking dg_comm call (a host wait per operation).
+ * Measurements of the three are interleaved in rotating order; each variant's time is its median (or
+ * fastest) measurement / iters on the slowest rank. --check applies to the async variant, the path the
+ * executor and dgvalidate use.
  *
  * Bandwidth as nccl-tests computes it: size S is the larger buffer (all-reduce: count x type; all-gather:
  * the gathered output; reduce-scatter: the full input), algbw = S / t, and
  *   all-reduce      busbw = algbw * 2(n-1)/n
  *   all-gather      busbw = algbw * (n-1)/n
  *   reduce-scatter  busbw = algbw * (n-1)/n
- * Three variants per size: raw MPI, the blocking dg_comm call (which runs inline when nothing else is
- * outstanding), and dg_comm_i* + dg_comm_wait (through the communication thread, the overlapped path).
- * The three are measured call by call, interleaved in rotating order (so that the changing load of a
- * shared machine hits all alike); each variant's time is its median call on the slowest rank.
- * Ratios are dg_comm busbw / raw busbw (target >= 0.95). Each size's result is checked once.
+ * Each size's result is checked once (small integers: every algorithm's sum is exact).
  *
- * usage: bench_comm [--min BYTES] [--max BYTES] [--factor F] [--seconds S] [--min-calls N]
- *                   [--stat median|min] [--dtype f32|bf16] [--progress thread|nonblocking] [--spin-us US]
- *                   [--check RATIO]
+ * usage: bench_comm [--backend mpi|nccl] [--min BYTES] [--max BYTES] [--factor F] [--seconds S]
+ *                   [--min-calls N] [--iters N] [--stat median|min] [--dtype f32|bf16]
+ *                   [--progress thread|nonblocking] [--spin-us US] [--check RATIO]
+ *   sizes: mpi 4 KiB .. 64 MiB, nccl 1 MiB .. 256 MiB, by x4; --iters: operations per nccl measurement
+ *   (default 20); --min-calls: least calls (mpi) or measurements (nccl) per variant
  *   --check RATIO: exit 1 if any geometric-mean-per-op ratio is below RATIO (default: report only)
  */
 #include <math.h>
@@ -24,6 +40,11 @@
 #include <string.h>
 
 #include "comm.h"
+
+#ifdef DG_HAVE_CUDA
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
 
 enum { OP_ALLREDUCE = 0, OP_ALLGATHER = 1, OP_REDUCE_SCATTER = 2, NOPS = 3 };
 static const char *k_names[NOPS] = {"allreduce", "allgather", "reduce_scatter"};
@@ -156,53 +177,87 @@ static void paired(bench_t *b, int op, size_t count, int ncalls, int use_min, do
     MPI_Allreduce(local, out, 3, MPI_DOUBLE, MPI_MAX, b->raw);
 }
 
-static float elem(bench_t *b, const void *p, size_t i) {
-    if (b->dt == DG_F32) return ((const float *)p)[i];
+static float elem(dg_dtype_t dt, const void *p, size_t i) {
+    if (dt == DG_F32) return ((const float *)p)[i];
     uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
-/* inputs are small integers, so every algorithm's sum is exact: compare dg_comm with the expectation */
-static int check_result(bench_t *b, int op, size_t count) {
-    size_t total = op == OP_ALLREDUCE ? count : count * (size_t)b->n;
+/* elements of the send buffer for `count` per rank (allreduce: total) */
+static size_t send_total(int op, size_t count, int n) {
+    return op == OP_ALLREDUCE ? count : count * (size_t)n;
+}
+
+/* rank me's input: small integers, so every algorithm's sum is exact */
+static void fill_input(void *send, dg_dtype_t dt, int op, size_t count, int n, int me) {
+    size_t total = send_total(op, count, n);
     for (size_t i = 0; i < total; i++) {
-        float v = (float)((b->me + i) % 5);
-        if (b->dt == DG_F32)
-            ((float *)b->send)[i] = v;
+        float v = (float)((me + i) % 5);
+        if (dt == DG_F32)
+            ((float *)send)[i] = v;
         else {
             uint32_t u;
             memcpy(&u, &v, 4);
-            ((uint16_t *)b->send)[i] = (uint16_t)(u >> 16);
+            ((uint16_t *)send)[i] = (uint16_t)(u >> 16);
         }
     }
-    memset(b->recv, 0xff, total * b->esz);
-    if (run_dg(b, op, count, 0) != DG_OK) return 0;
-    size_t outn = op == OP_REDUCE_SCATTER ? count : total;
+}
+
+/* 1 when recv holds the exact result of `op` over fill_input's data */
+static int output_ok(const void *recv, dg_dtype_t dt, int op, size_t count, int n, int me) {
+    size_t outn = op == OP_ALLGATHER ? count * (size_t)n : count;
     for (size_t i = 0; i < outn; i++) {
         float want;
         if (op == OP_ALLGATHER)
             want = (float)((i / count + i % count) % 5);
         else {
-            size_t gi = op == OP_REDUCE_SCATTER ? (size_t)b->me * count + i : i;
+            size_t gi = op == OP_REDUCE_SCATTER ? (size_t)me * count + i : i;
             want = 0;
-            for (int r = 0; r < b->n; r++)
+            for (int r = 0; r < n; r++)
                 want += (float)((r + gi) % 5);
         }
-        if (elem(b, b->recv, i) != want) return 0;
+        if (elem(dt, recv, i) != want) return 0;
     }
     return 1;
 }
 
+/* the blocking dg_comm call's result, compared with the expectation */
+static int check_result(bench_t *b, int op, size_t count) {
+    fill_input(b->send, b->dt, op, count, b->n, b->me);
+    memset(b->recv, 0xff, send_total(op, count, b->n) * b->esz);
+    if (run_dg(b, op, count, 0) != DG_OK) return 0;
+    return output_ok(b->recv, b->dt, op, count, b->n, b->me);
+}
+
+typedef struct {
+    size_t min_b, max_b;
+    int min_set, max_set; /* given on the command line (else the backend's default range) */
+    int factor, min_calls, use_min, iters;
+    double budget, check, spin_us;
+    dg_dtype_t dt;
+    dg_comm_progress_t prog;
+} args_t;
+
+static int bench_mpi(const args_t *A);
+#ifdef DG_HAVE_CUDA
+static int bench_nccl(const args_t *A);
+#endif
+
 int main(int argc, char **argv) {
     int prov = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
-    size_t min_b = 4096, max_b = (size_t)64 << 20;
-    int factor = 4, min_calls = 9, use_min = 0;
-    double budget = 0.6, check = 0, spin_us = -1;
-    dg_dtype_t dt = DG_F32;
-    dg_comm_progress_t prog = DG_COMM_PROGRESS_AUTO;
+    args_t A = {.min_b = 4096,
+                .max_b = (size_t)64 << 20,
+                .factor = 4,
+                .min_calls = 9,
+                .iters = 20,
+                .budget = 0.6,
+                .spin_us = -1,
+                .dt = DG_F32,
+                .prog = DG_COMM_PROGRESS_AUTO};
+    int nccl = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -210,35 +265,77 @@ int main(int argc, char **argv) {
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
         if (!strcmp(a, "--min"))
-            min_b = strtoull(v, NULL, 0);
+            A.min_b = strtoull(v, NULL, 0), A.min_set = 1;
         else if (!strcmp(a, "--max"))
-            max_b = strtoull(v, NULL, 0);
+            A.max_b = strtoull(v, NULL, 0), A.max_set = 1;
         else if (!strcmp(a, "--factor"))
-            factor = atoi(v);
+            A.factor = atoi(v);
         else if (!strcmp(a, "--spin-us"))
-            spin_us = atof(v);
+            A.spin_us = atof(v);
         else if (!strcmp(a, "--min-calls"))
-            min_calls = atoi(v);
+            A.min_calls = atoi(v);
+        else if (!strcmp(a, "--iters"))
+            A.iters = atoi(v);
         else if (!strcmp(a, "--seconds"))
-            budget = atof(v);
+            A.budget = atof(v);
         else if (!strcmp(a, "--check"))
-            check = atof(v);
+            A.check = atof(v);
         else if (!strcmp(a, "--stat"))
-            use_min = strcmp(v, "min") == 0;
+            A.use_min = strcmp(v, "min") == 0;
         else if (!strcmp(a, "--dtype"))
-            dt = !strcmp(v, "bf16") ? DG_BF16 : DG_F32;
+            A.dt = !strcmp(v, "bf16") ? DG_BF16 : DG_F32;
         else if (!strcmp(a, "--progress"))
-            prog = !strcmp(v, "nonblocking") ? DG_COMM_PROGRESS_NONBLOCKING : DG_COMM_PROGRESS_THREAD;
-        else {
+            A.prog = !strcmp(v, "nonblocking") ? DG_COMM_PROGRESS_NONBLOCKING : DG_COMM_PROGRESS_THREAD;
+        else if (!strcmp(a, "--backend")) {
+            if (strcmp(v, "mpi") && strcmp(v, "nccl")) {
+                fprintf(stderr, "bench_comm: --backend must be mpi or nccl, not '%s'\n", v);
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
+            nccl = !strcmp(v, "nccl");
+        } else {
             fprintf(stderr, "bench_comm: unknown option %s\n", a);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
         i++;
     }
-    if (factor < 2 || min_calls < 1 || !(budget > 0) || min_b < 4 || max_b < min_b) {
+    if (nccl) {
+        if (!A.min_set) A.min_b = (size_t)1 << 20;
+        if (!A.max_set) A.max_b = (size_t)256 << 20;
+    }
+    if (A.factor < 2 || A.min_calls < 1 || A.iters < 1 || !(A.budget > 0) || A.min_b < 4 ||
+        A.max_b < A.min_b) {
         fprintf(stderr, "bench_comm: bad option values\n");
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    int rc;
+    if (nccl) {
+#ifdef DG_HAVE_CUDA
+        rc = bench_nccl(&A);
+#else
+        int me = 0;
+        MPI_Comm_rank(MPI_COMM_WORLD, &me);
+        if (me == 0)
+            fprintf(stderr,
+                    "bench_comm: --backend nccl needs a build with CUDA and NCCL (this one has neither; "
+                    "configure with -DDGT_CUDA=ON on a machine with the CUDA toolkit and NCCL)\n");
+        rc = 1;
+#endif
+    } else {
+        rc = bench_mpi(&A);
+    }
+    MPI_Finalize();
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* --backend mpi                                                                                    */
+
+static int bench_mpi(const args_t *A) {
+    size_t min_b = A->min_b, max_b = A->max_b;
+    int factor = A->factor, min_calls = A->min_calls, use_min = A->use_min;
+    double budget = A->budget, check = A->check, spin_us = A->spin_us;
+    dg_dtype_t dt = A->dt;
+    dg_comm_progress_t prog = A->prog;
     bench_t b = {0};
     b.dt = dt;
     b.esz = dg_dtype_size(dt);
@@ -332,6 +429,277 @@ int main(int argc, char **argv) {
     free(b.recv);
     MPI_Op_free(&b.raw_bf16);
     MPI_Comm_free(&b.raw);
-    MPI_Finalize();
     return (!all_ok || below) ? 1 : 0;
 }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* --backend nccl                                                                                   */
+
+#ifdef DG_HAVE_CUDA
+
+#define BN_CUDA(call)                                                                                        \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess) {                                                                             \
+            fprintf(stderr, "bench_comm: %s:%d: CUDA call `%s` failed: %s\n", __FILE__, __LINE__, #call,     \
+                    cudaGetErrorString(e_));                                                                 \
+            MPI_Abort(MPI_COMM_WORLD, 2);                                                                    \
+        }                                                                                                    \
+    } while (0)
+#define BN_NCCL(call)                                                                                        \
+    do {                                                                                                     \
+        ncclResult_t r_ = (call);                                                                            \
+        if (r_ != ncclSuccess) {                                                                             \
+            fprintf(stderr, "bench_comm: %s:%d: NCCL call `%s` failed: %s (NCCL_DEBUG=WARN says more)\n",    \
+                    __FILE__, __LINE__, #call, ncclGetErrorString(r_));                                      \
+            MPI_Abort(MPI_COMM_WORLD, 2);                                                                    \
+        }                                                                                                    \
+    } while (0)
+
+enum { NV_RAW = 0, NV_ASYNC = 1, NV_BLOCKING = 2, NV_N = 3 };
+
+typedef struct {
+    dg_comm_t *c;    /* dg_comm's nccl backend, on a stream it owns */
+    ncclComm_t raw;  /* a separate NCCL communicator: the reference */
+    cudaStream_t rs; /* the raw communicator's stream */
+    MPI_Comm mpi;    /* timing and agreement */
+    int n, me, iters;
+    dg_dtype_t dt;
+    size_t esz;
+    void *send, *recv;    /* device */
+    dg_comm_req_t **reqs; /* iters requests of the async variant */
+} nbench_t;
+
+static void bn_fail(const char *what, int op) {
+    fprintf(stderr, "bench_comm: dg_comm %s (%s) failed: %s\n", k_names[op], what, dg_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 2);
+}
+
+static void bn_raw(nbench_t *b, int op, size_t count) {
+    ncclDataType_t T = b->dt == DG_F32 ? ncclFloat32 : ncclBfloat16;
+    switch (op) {
+    case OP_ALLREDUCE:
+        BN_NCCL(ncclAllReduce(b->send, b->recv, count, T, ncclSum, b->raw, b->rs));
+        break;
+    case OP_ALLGATHER:
+        BN_NCCL(ncclAllGather(b->send, b->recv, count, T, b->raw, b->rs));
+        break;
+    default:
+        BN_NCCL(ncclReduceScatter(b->send, b->recv, count, T, ncclSum, b->raw, b->rs));
+        break;
+    }
+}
+
+static dg_status_t bn_post(nbench_t *b, int op, size_t count, dg_comm_req_t **r) {
+    switch (op) {
+    case OP_ALLREDUCE:
+        return dg_comm_iallreduce(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM, r);
+    case OP_ALLGATHER:
+        return dg_comm_iallgather(b->c, b->send, b->recv, count, b->dt, r);
+    default:
+        return dg_comm_ireduce_scatter(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM, r);
+    }
+}
+
+static dg_status_t bn_blocking(nbench_t *b, int op, size_t count) {
+    switch (op) {
+    case OP_ALLREDUCE:
+        return dg_comm_allreduce(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM);
+    case OP_ALLGATHER:
+        return dg_comm_allgather(b->c, b->send, b->recv, count, b->dt);
+    default:
+        return dg_comm_reduce_scatter(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM);
+    }
+}
+
+/* This rank's seconds for one measurement of variant v: b->iters operations, completed once. */
+static double bn_measure(nbench_t *b, int v, int op, size_t count) {
+    MPI_Barrier(b->mpi);
+    double t0 = MPI_Wtime();
+    if (v == NV_RAW) {
+        for (int i = 0; i < b->iters; i++)
+            bn_raw(b, op, count);
+        BN_CUDA(cudaStreamSynchronize(b->rs));
+    } else if (v == NV_ASYNC) {
+        for (int i = 0; i < b->iters; i++)
+            if (bn_post(b, op, count, &b->reqs[i]) != DG_OK) bn_fail("post", op);
+        for (int i = 0; i < b->iters; i++)
+            if (dg_comm_wait(b->c, b->reqs[i]) != DG_OK) bn_fail("wait", op);
+    } else {
+        for (int i = 0; i < b->iters; i++)
+            if (bn_blocking(b, op, count) != DG_OK) bn_fail("blocking", op);
+    }
+    return MPI_Wtime() - t0;
+}
+
+/* Measurements of the three variants interleaved in rotating order; out[v] = the median (or fastest)
+ * measurement / iters, on the slowest rank. */
+static void bn_rounds(nbench_t *b, int op, size_t count, int rounds, int use_min, double out[NV_N]) {
+    double *d[NV_N];
+    for (int v = 0; v < NV_N; v++)
+        d[v] = malloc((size_t)rounds * sizeof(double));
+    for (int i = 0; i < rounds; i++)
+        for (int k = 0; k < NV_N; k++) {
+            int v = (k + i) % NV_N;
+            d[v][i] = bn_measure(b, v, op, count) / b->iters;
+        }
+    double local[NV_N];
+    for (int v = 0; v < NV_N; v++) {
+        qsort(d[v], (size_t)rounds, sizeof(double), cmp_double);
+        local[v] = use_min ? d[v][0] : d[v][rounds / 2];
+        free(d[v]);
+    }
+    MPI_Allreduce(local, out, NV_N, MPI_DOUBLE, MPI_MAX, b->mpi);
+}
+
+/* One async dg_comm call on fill_input's data, copied back and compared with the expectation. */
+static int bn_check(nbench_t *b, int op, size_t count, void *h_send, void *h_recv) {
+    size_t in_n = send_total(op, count, b->n), out_n = op == OP_ALLGATHER ? count * (size_t)b->n : count;
+    fill_input(h_send, b->dt, op, count, b->n, b->me);
+    BN_CUDA(cudaMemcpy(b->send, h_send, in_n * b->esz, cudaMemcpyHostToDevice));
+    BN_CUDA(cudaMemset(b->recv, 0xff, out_n * b->esz)); /* poison: an op that writes nothing fails */
+    dg_comm_req_t *r = NULL;
+    if (bn_post(b, op, count, &r) != DG_OK || dg_comm_wait(b->c, r) != DG_OK) bn_fail("check", op);
+    BN_CUDA(cudaMemcpy(h_recv, b->recv, out_n * b->esz, cudaMemcpyDeviceToHost));
+    return output_ok(h_recv, b->dt, op, count, b->n, b->me);
+}
+
+static int bench_nccl(const args_t *A) {
+    nbench_t b = {0};
+    b.dt = A->dt;
+    b.esz = dg_dtype_size(A->dt);
+    b.iters = A->iters;
+    MPI_Comm_dup(MPI_COMM_WORLD, &b.mpi);
+    MPI_Comm_size(b.mpi, &b.n);
+    MPI_Comm_rank(b.mpi, &b.me);
+    dg_log_init(b.me, "", DG_LOG_WARN, NULL);
+
+    /* one GPU per rank: local rank % device count, and every rank of a node needs its own */
+    MPI_Comm node;
+    MPI_Comm_split_type(b.mpi, MPI_COMM_TYPE_SHARED, b.me, MPI_INFO_NULL, &node);
+    int lrank = 0, lsize = 1, ndev = 0;
+    MPI_Comm_rank(node, &lrank);
+    MPI_Comm_size(node, &lsize);
+    MPI_Comm_free(&node);
+    cudaError_t ce = cudaGetDeviceCount(&ndev);
+    if (ce != cudaSuccess) ndev = 0;
+    int have = ndev >= 1 && ndev >= lsize, all_have = 0;
+    MPI_Allreduce(&have, &all_have, 1, MPI_INT, MPI_MIN, b.mpi);
+    if (!all_have) {
+        if (!have)
+            printf("SKIP: bench_comm --backend nccl needs one GPU per rank: rank %d sees %d (%s) for %d "
+                   "ranks on "
+                   "its node\n",
+                   b.me, ndev, ce == cudaSuccess ? "ok" : cudaGetErrorString(ce), lsize);
+        fflush(stdout);
+        MPI_Comm_free(&b.mpi);
+        return 77;
+    }
+    int dev = lrank % ndev;
+    BN_CUDA(cudaSetDevice(dev));
+
+    dg_comm_opts_t o;
+    dg_comm_opts_default(&o);
+    o.name = "bench";
+    o.timeout_s = 300;
+    if (A->spin_us >= 0) o.spin_us = A->spin_us;
+    if (dg_comm_create_nccl(b.mpi, dev, NULL, &o, &b.c) != DG_OK) {
+        fprintf(stderr, "bench_comm: %s\n", dg_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (b.me == 0) BN_NCCL(ncclGetUniqueId(&id));
+    MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, b.mpi);
+    BN_CUDA(cudaStreamCreateWithFlags(&b.rs, cudaStreamNonBlocking));
+    BN_NCCL(ncclCommInitRank(&b.raw, b.n, id, b.me));
+
+    size_t maxbuf = A->max_b + (size_t)b.n * b.esz;
+    BN_CUDA(cudaMalloc(&b.send, maxbuf));
+    BN_CUDA(cudaMalloc(&b.recv, maxbuf));
+    BN_CUDA(cudaMemset(b.send, 0, maxbuf));
+    BN_CUDA(cudaMemset(b.recv, 0, maxbuf));
+    void *h_send = malloc(maxbuf), *h_recv = malloc(maxbuf);
+    b.reqs = malloc((size_t)b.iters * sizeof *b.reqs);
+    if (!h_send || !h_recv || !b.reqs) {
+        fprintf(stderr, "bench_comm: out of host memory for %zu-byte buffers\n", maxbuf);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    int nv = 0;
+    ncclGetVersion(&nv);
+    if (b.me == 0) {
+        printf(
+            "# bench_comm --backend nccl: %d ranks, dtype %s, NCCL %d, %d ops per measurement, about %.2f s "
+            "per size, >= %d measurements per variant (%s)\n",
+            b.n, dg_dtype_name(b.dt), nv, b.iters, A->budget, A->min_calls,
+            A->use_min ? "fastest" : "median");
+        printf("# busbw in GB/s; 'raw' = ncclX x iters + cudaStreamSynchronize on a separate communicator; "
+               "'async' = dg_comm_i* x iters, then wait each; 'block' = blocking dg_comm calls; ratios are "
+               "busbw "
+               "over raw NCCL's\n");
+        printf("# %-14s %10s %10s | %9s %8s %8s | %9s %8s %6s | %9s %8s %6s | %s\n", "op", "size(B)", "count",
+               "raw us", "algbw", "busbw", "async us", "busbw", "ratio", "block us", "busbw", "ratio",
+               "check");
+    }
+    double logsum_a[NOPS] = {0}, logsum_b[NOPS] = {0}, minratio = 1e9;
+    int nsz[NOPS] = {0}, all_ok = 1;
+    for (int op = 0; op < NOPS; op++) {
+        for (size_t bytes = A->min_b; bytes <= A->max_b; bytes *= (size_t)A->factor) {
+            size_t count = op == OP_ALLREDUCE ? bytes / b.esz : bytes / b.esz / (size_t)b.n;
+            if (!count) continue;
+            size_t size = op == OP_ALLREDUCE ? count * b.esz : count * b.esz * (size_t)b.n;
+            int ok = bn_check(&b, op, count, h_send, h_recv), okall = 0;
+            MPI_Allreduce(&ok, &okall, 1, MPI_INT, MPI_MIN, b.mpi);
+            all_ok &= okall;
+            /* warm up every variant, then size the rounds to about `budget` seconds */
+            for (int v = 0; v < NV_N; v++)
+                bn_measure(&b, v, op, count);
+            double t1 = bn_measure(&b, NV_RAW, op, count), t1max = 0;
+            MPI_Allreduce(&t1, &t1max, 1, MPI_DOUBLE, MPI_MAX, b.mpi);
+            int rounds = (int)(A->budget / (NV_N * (t1max > 1e-6 ? t1max : 1e-6)));
+            if (rounds < A->min_calls) rounds = A->min_calls;
+            if (rounds > 1000) rounds = 1000;
+            double t[NV_N];
+            bn_rounds(&b, op, count, rounds, A->use_min, t);
+            double f = op == OP_ALLREDUCE ? 2.0 * (b.n - 1) / b.n : (double)(b.n - 1) / b.n;
+            double alg_r = size / t[NV_RAW] / 1e9;
+            double ra = t[NV_RAW] / t[NV_ASYNC], rb = t[NV_RAW] / t[NV_BLOCKING]; /* busbw_dg / busbw_raw */
+            logsum_a[op] += log(ra);
+            logsum_b[op] += log(rb);
+            nsz[op]++;
+            if (ra < minratio) minratio = ra;
+            if (b.me == 0)
+                printf(
+                    "  %-14s %10zu %10zu | %9.1f %8.3f %8.3f | %9.1f %8.3f %6.3f | %9.1f %8.3f %6.3f | %s\n",
+                    k_names[op], size, count, t[NV_RAW] * 1e6, alg_r, alg_r * f, t[NV_ASYNC] * 1e6,
+                    size / t[NV_ASYNC] / 1e9 * f, ra, t[NV_BLOCKING] * 1e6, size / t[NV_BLOCKING] / 1e9 * f,
+                    rb, okall ? "ok" : "WRONG");
+            fflush(stdout);
+        }
+    }
+    int below = 0;
+    if (b.me == 0) {
+        printf("# summary (%d ranks, nccl): geometric-mean busbw ratio over raw NCCL, async dg_comm:", b.n);
+        for (int op = 0; op < NOPS; op++) {
+            double g = nsz[op] ? exp(logsum_a[op] / nsz[op]) : 0;
+            printf(" %s %.3f", k_names[op], g);
+            if (A->check > 0 && g < A->check) below = 1;
+        }
+        printf("; blocking:");
+        for (int op = 0; op < NOPS; op++)
+            printf(" %s %.3f", k_names[op], nsz[op] ? exp(logsum_b[op] / nsz[op]) : 0);
+        printf("; worst single size (async) %.3f; results %s\n", minratio, all_ok ? "correct" : "WRONG");
+    }
+    MPI_Bcast(&below, 1, MPI_INT, 0, b.mpi);
+    dg_comm_free(b.c);
+    BN_NCCL(ncclCommDestroy(b.raw));
+    BN_CUDA(cudaStreamDestroy(b.rs));
+    BN_CUDA(cudaFree(b.send));
+    BN_CUDA(cudaFree(b.recv));
+    free(h_send);
+    free(h_recv);
+    free(b.reqs);
+    MPI_Comm_free(&b.mpi);
+    return (!all_ok || below) ? 1 : 0;
+}
+#endif /* DG_HAVE_CUDA */

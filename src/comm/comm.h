@@ -190,7 +190,9 @@ dg_status_t dg_comm_ibroadcast(dg_comm_t *c, void *buf, size_t count, dg_dtype_t
 dg_status_t dg_comm_barrier(dg_comm_t *c);
 
 /* ---- point-to-point (peer is a group rank != own rank; tag >= 0; nccl ignores tags and matches in
- * posting order per peer) ---- */
+ * posting order per peer). nccl holds posted sends and receives back and enqueues them together, as one
+ * NCCL group, at the next collective post, wait, test, flush, stream_wait or begin_after on the comm,
+ * so the sends and receives of an exchange may be posted in any order without deadlock. ---- */
 dg_status_t dg_comm_send(dg_comm_t *c, const void *buf, size_t count, dg_dtype_t dt, int peer, int tag);
 dg_status_t dg_comm_isend(dg_comm_t *c, const void *buf, size_t count, dg_dtype_t dt, int peer, int tag,
                           dg_comm_req_t **req);

@@ -12,6 +12,21 @@
  * stream wait for a compute stream. On any failure the comm is marked failed; ncclCommAbort runs in
  * dg_comm_abort and in dg_comm_free of a failed comm (a plain destroy would wait for stuck kernels).
  *
+ * Point-to-point: NCCL runs a stream's work in order, so a receive enqueued on its own waits for the
+ * matching send, and two ranks that each post irecv then isend would each have their send stuck behind
+ * a receive that waits for the other's send (deadlock). So a posted send or receive is not enqueued: it
+ * joins the pending point-to-point batch (the tail of the op list, from `pend` on), and the whole batch
+ * is enqueued inside one ncclGroupStart/ncclGroupEnd — where NCCL may run its sends and receives
+ * concurrently — before anything that needs it: posting a collective, wait / test / flush /
+ * stream_wait / begin_after, split (through flush) and free. ncclGroupEnd of a non-blocking comm may
+ * return ncclInProgress: it is settled (polled with ncclCommGetAsyncError, against the timeout) before
+ * one event per op is recorded on the stream, all at the same point after the group. A failure while
+ * enqueuing a batch fails the comm (the batch's requests already belong to the caller). dg_comm_abort
+ * (any thread) leaves a pending batch alone: it is never enqueued, and the job is ending anyway.
+ *
+ * Host waits poll the event: sched_yield for the first 200 us (or opts.spin_us, if longer), then
+ * 50 us sleeps, so a short op is seen complete within microseconds without a core spinning for long.
+ *
  * Buffers are device pointers; the owner thread must have the comm's CUDA device current. NCCL refuses
  * two ranks on one GPU: multi-rank runs on one GPU use the mpi backend with host staging instead.
  */
@@ -55,6 +70,8 @@ typedef struct {
     cudaEvent_t *pool;
     int npool, cappool;
     dg_comm_op_t *head, *tail; /* posted, not yet seen complete, in posting order */
+    dg_comm_op_t *pend;        /* first op of the pending point-to-point batch (head..tail's suffix) */
+    _Atomic int npend;         /* its length, for dg_comm_state (any thread) */
     _Atomic int aborted;
 } cn_t;
 
@@ -67,8 +84,12 @@ static dg_status_t nccl_error(ncclComm_t comm, ncclResult_t r, const char *call)
                   ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
 }
 
+/* A host wait yields the core for at least this long before sleeping: an op of a few hundred
+ * microseconds is then seen complete at once instead of up to a sleep later. */
+static const double k_min_spin_s = 200e-6;
+
 static void nap(double elapsed, double spin_s) {
-    if (elapsed < spin_s) {
+    if (elapsed < (spin_s > k_min_spin_s ? spin_s : k_min_spin_s)) {
         sched_yield();
         return;
     }
@@ -177,6 +198,11 @@ static dg_status_t check_async(cn_t *m) {
 static dg_status_t query(cn_t *m, dg_comm_op_t *op, int *done) {
     *done = atomic_load(&op->state) == DG_OPST_DONE;
     if (*done) return DG_OK;
+    if (!op->event) {
+        /* a batched point-to-point op that a failed flush_p2p never enqueued */
+        DG_ASSERT(atomic_load(&m->base.failed));
+        return dg_comm__failed_error(&m->base);
+    }
     cudaError_t e = cudaEventQuery((cudaEvent_t)op->event);
     if (e == cudaSuccess) {
         mark_done(m, op);
@@ -194,7 +220,12 @@ static dg_status_t query(cn_t *m, dg_comm_op_t *op, int *done) {
 
 /* ---------------------------------------------------------------------------------------------- */
 
-static dg_status_t enqueue(cn_t *m, dg_comm_op_t *op) {
+static const char *const k_nccl_calls[DG_OP_NKINDS] = {
+    "ncclAllGather",           "ncclReduceScatter", "ncclAllReduce", "ncclBroadcast",
+    "ncclAllReduce (barrier)", "ncclSend",          "ncclRecv"};
+
+/* The NCCL call of one op, on the comm stream (inside a group for point-to-point). */
+static ncclResult_t nccl_call(cn_t *m, const dg_comm_op_t *op) {
     size_t esz = dg_dtype_size(op->dt);
     ncclRedOp_t red = op->red == DG_RED_AVG ? ncclAvg : ncclSum;
     ncclDataType_t T = nccl_type(op->dt);
@@ -202,49 +233,42 @@ static dg_status_t enqueue(cn_t *m, dg_comm_op_t *op) {
     switch (op->kind) {
     case DG_OP_ALLGATHER:
         /* in place (NCCL's definition matches ours): send == recv + rank * count */
-        DG_NCCL_CHECK(nc, ncclAllGather(op->send, op->recv, op->count * esz, ncclUint8, nc, m->stream));
-        break;
+        return ncclAllGather(op->send, op->recv, op->count * esz, ncclUint8, nc, m->stream);
     case DG_OP_REDUCE_SCATTER:
-        DG_NCCL_CHECK(nc, ncclReduceScatter(op->send, op->recv, op->count, T, red, nc, m->stream));
-        break;
+        return ncclReduceScatter(op->send, op->recv, op->count, T, red, nc, m->stream);
     case DG_OP_ALLREDUCE:
-        DG_NCCL_CHECK(nc, ncclAllReduce(op->send, op->recv, op->count, T, red, nc, m->stream));
-        break;
+        return ncclAllReduce(op->send, op->recv, op->count, T, red, nc, m->stream);
     case DG_OP_BROADCAST:
-        DG_NCCL_CHECK(nc,
-                      ncclBroadcast(op->recv, op->recv, op->count * esz, ncclUint8, op->peer, nc, m->stream));
-        break;
+        return ncclBroadcast(op->recv, op->recv, op->count * esz, ncclUint8, op->peer, nc, m->stream);
     case DG_OP_BARRIER:
-        DG_NCCL_CHECK(nc, ncclAllReduce(m->scratch, m->scratch, 1, ncclFloat32, ncclSum, nc, m->stream));
-        break;
+        return ncclAllReduce(m->scratch, m->scratch, 1, ncclFloat32, ncclSum, nc, m->stream);
     case DG_OP_SEND:
-        DG_NCCL_CHECK(nc, ncclSend(op->send, op->count * esz, ncclUint8, op->peer, nc, m->stream));
-        break;
+        return ncclSend(op->send, op->count * esz, ncclUint8, op->peer, nc, m->stream);
     case DG_OP_RECV:
-        DG_NCCL_CHECK(nc, ncclRecv(op->recv, op->count * esz, ncclUint8, op->peer, nc, m->stream));
-        break;
+        return ncclRecv(op->recv, op->count * esz, ncclUint8, op->peer, nc, m->stream);
     default:
         DG_ASSERT(0);
     }
-    /* a non-blocking comm may still be enqueueing: it must settle before the event is recorded */
-    return settle(m, nc, dg_comm__op_name(op->kind));
+    return ncclInternalError;
 }
 
-static dg_status_t nccl_post(dg_comm_t *c, dg_comm_op_t *op) {
-    cn_t *m = (cn_t *)c;
-    DG_TRY(enqueue(m, op));
+/* Records op's completion event at the current end of the comm stream and marks it started. */
+static dg_status_t record(cn_t *m, dg_comm_op_t *op) {
     cudaEvent_t ev;
     DG_TRY(get_event(m, &ev));
     cudaError_t e = cudaEventRecord(ev, m->stream);
     if (e != cudaSuccess) {
         put_event(m, ev);
         return DG_ERR(DG_ERR_RUNTIME, "CUDA call `cudaEventRecord` after %s on %s failed: %s",
-                      dg_comm__op_name(op->kind), c->name, cudaGetErrorString(e));
+                      dg_comm__op_name(op->kind), m->base.name, cudaGetErrorString(e));
     }
     op->event = ev;
-    op->t_start = op->t_post;
     atomic_store(&op->state, DG_OPST_STARTED);
-    if (op->seq) atomic_store(&c->coll_started, op->seq);
+    if (op->seq) atomic_store(&m->base.coll_started, op->seq);
+    return DG_OK;
+}
+
+static void append(cn_t *m, dg_comm_op_t *op) {
     op->prev = m->tail;
     op->next = NULL;
     if (m->tail)
@@ -252,6 +276,67 @@ static dg_status_t nccl_post(dg_comm_t *c, dg_comm_op_t *op) {
     else
         m->head = op;
     m->tail = op;
+}
+
+/* Marks the comm failed with the message of status s (already set by the failing call). */
+static dg_status_t fail_with(cn_t *m, dg_status_t s) {
+    char msg[1024];
+    dg_comm__strlcpy(msg, sizeof msg, dg_last_error());
+    return dg_comm__fail(&m->base, s, msg);
+}
+
+/* Enqueues the pending point-to-point batch (m->pend .. m->tail) as one NCCL group, then records one
+ * event per op after it. Any failure fails the comm: the ops stay on the list, their requests are the
+ * caller's, and those without an event report the failure when waited for. */
+static dg_status_t flush_p2p(cn_t *m) {
+    dg_comm_op_t *first = m->pend;
+    if (!first) return DG_OK;
+    if (atomic_load(&m->base.failed)) return dg_comm__failed_error(&m->base);
+    m->pend = NULL;
+    atomic_store(&m->npend, 0);
+    const char *call = "ncclGroupStart";
+    ncclResult_t r = ncclGroupStart();
+    if (r == ncclSuccess) {
+        for (dg_comm_op_t *p = first; p && (r == ncclSuccess || r == ncclInProgress); p = p->next) {
+            r = nccl_call(m, p);
+            call = k_nccl_calls[p->kind];
+        }
+        /* the group must be closed even after a failed call inside it */
+        ncclResult_t re = ncclGroupEnd();
+        if (r == ncclSuccess || r == ncclInProgress) {
+            r = re;
+            call = "ncclGroupEnd";
+        }
+    }
+    if (r != ncclSuccess && r != ncclInProgress) return fail_with(m, nccl_error(m->nc, r, call));
+    /* non-blocking comm: the group may still be enqueueing; events must come after all of it */
+    dg_status_t s = settle(m, m->nc, "point-to-point group");
+    if (s != DG_OK) return fail_with(m, s);
+    for (dg_comm_op_t *p = first; p; p = p->next) {
+        p->t_start = dg_now_s();
+        s = record(m, p);
+        if (s != DG_OK) return fail_with(m, s);
+    }
+    return DG_OK;
+}
+
+static dg_status_t nccl_post(dg_comm_t *c, dg_comm_op_t *op) {
+    cn_t *m = (cn_t *)c;
+    if (!dg_comm__is_collective(op->kind)) {
+        /* held back until something needs it (see the file comment); event NULL, state QUEUED */
+        append(m, op);
+        if (!m->pend) m->pend = op;
+        atomic_fetch_add(&m->npend, 1);
+        return DG_OK;
+    }
+    DG_TRY(flush_p2p(m));
+    ncclResult_t r = nccl_call(m, op);
+    if (r != ncclSuccess && r != ncclInProgress) return nccl_error(m->nc, r, k_nccl_calls[op->kind]);
+    /* a non-blocking comm may still be enqueueing: it must settle before the event is recorded */
+    DG_TRY(settle(m, m->nc, dg_comm__op_name(op->kind)));
+    DG_TRY(record(m, op));
+    op->t_start = op->t_post;
+    append(m, op);
     return DG_OK;
 }
 
@@ -305,13 +390,15 @@ static dg_status_t wait_until(cn_t *m, dg_comm_op_t *op, dg_comm_op_t *waited) {
 
 static dg_status_t nccl_wait(dg_comm_t *c, dg_comm_op_t *op) {
     cn_t *m = (cn_t *)c;
-    dg_status_t s = wait_until(m, op, op);
+    dg_status_t s = flush_p2p(m);
+    if (s == DG_OK) s = wait_until(m, op, op);
     if (s != DG_OK) return s; /* the op stays on the failed comm's list: NCCL may still touch it */
     return release(op);
 }
 
 static dg_status_t nccl_test(dg_comm_t *c, dg_comm_op_t *op, int *done) {
     cn_t *m = (cn_t *)c;
+    DG_TRY(flush_p2p(m));
     DG_TRY(query(m, op, done));
     if (*done) return release(op);
     return DG_OK;
@@ -319,6 +406,7 @@ static dg_status_t nccl_test(dg_comm_t *c, dg_comm_op_t *op, int *done) {
 
 static dg_status_t nccl_flush(dg_comm_t *c) {
     cn_t *m = (cn_t *)c;
+    DG_TRY(flush_p2p(m));
     DG_CUDA_CHECK(cudaEventRecord(m->flush_ev, m->stream));
     DG_TRY(wait_until(m, NULL, NULL));
     while (m->head)
@@ -328,6 +416,8 @@ static dg_status_t nccl_flush(dg_comm_t *c) {
 
 static dg_status_t nccl_begin_after(dg_comm_t *c, void *stream) {
     cn_t *m = (cn_t *)c;
+    /* ops posted before this call must not wait for `stream`: enqueue the batch first */
+    DG_TRY(flush_p2p(m));
     if (!stream || (cudaStream_t)stream == m->stream) return DG_OK;
     DG_CUDA_CHECK(cudaEventRecord(m->dep_ev, (cudaStream_t)stream));
     DG_CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->dep_ev, 0));
@@ -336,6 +426,7 @@ static dg_status_t nccl_begin_after(dg_comm_t *c, void *stream) {
 
 static dg_status_t nccl_stream_wait(dg_comm_t *c, dg_comm_op_t *op, void *stream) {
     cn_t *m = (cn_t *)c;
+    DG_TRY(flush_p2p(m));
     if (atomic_load(&op->state) != DG_OPST_DONE) {
         if (atomic_load(&c->failed)) return dg_comm__failed_error(c);
         /* the stream captures the event's current record: the event may be reused right after */
@@ -348,8 +439,14 @@ static dg_status_t nccl_stream_wait(dg_comm_t *c, dg_comm_op_t *op, void *stream
 }
 
 static void nccl_state(dg_comm_t *c, char *buf, size_t cap) {
-    snprintf(buf, cap, "%s (nccl): collectives enqueued up to #%lld, seen complete up to #%lld", c->name,
-             (long long)atomic_load(&c->coll_started), (long long)atomic_load(&c->coll_done));
+    cn_t *m = (cn_t *)c;
+    int np = atomic_load(&m->npend);
+    char extra[96] = "";
+    if (np)
+        snprintf(extra, sizeof extra, "; %d point-to-point op%s batched, not yet enqueued", np,
+                 np == 1 ? "" : "s");
+    snprintf(buf, cap, "%s (nccl): collectives enqueued up to #%lld, seen complete up to #%lld%s", c->name,
+             (long long)atomic_load(&c->coll_started), (long long)atomic_load(&c->coll_done), extra);
 }
 
 static dg_status_t nccl_poll(dg_comm_t *c) {
@@ -380,6 +477,7 @@ static void nccl_destroy(dg_comm_t *c) {
         }
     }
     m->nc = NULL;
+    m->pend = NULL; /* a batch left after a failure was never enqueued */
     for (dg_comm_op_t *p = m->head; p; p = p->next)
         p->event = NULL; /* their events die with the pool */
     for (int i = 0; i < m->npool; i++)
@@ -465,6 +563,7 @@ dg_status_t dg_comm__nccl_create(MPI_Comm group, int cuda_device, void *cuda_str
     m->base.vt = &k_vt_nccl;
     m->base.ctl = m->base.probe = MPI_COMM_NULL;
     atomic_init(&m->aborted, 0);
+    atomic_init(&m->npend, 0);
     dg_status_t s = create_inner(m, group, cuda_device, cuda_stream, o);
     if (s != DG_OK) {
         char msg[1024];
@@ -503,6 +602,7 @@ static dg_status_t nccl_split(dg_comm_t *pc, int color, int key, const dg_comm_o
     m->base.vt = &k_vt_nccl;
     m->base.ctl = m->base.probe = MPI_COMM_NULL;
     atomic_init(&m->aborted, 0);
+    atomic_init(&m->npend, 0);
     m->nc = child;
     /* children share the parent's stream, so the parent must outlive them (dg_comm_mesh_free does) */
     s = setup_common(m, sub, p->device, p->stream, o);

@@ -5,10 +5,16 @@
  * busbw, plus a data check that counts wrong elements (which must be 0).
  *
  * Sizes are nccl-tests' "size": the bytes of the full buffer (allreduce/broadcast/sendrecv: the
- * buffer; allgather: the gathered result; reduce_scatter: the input). time = the mean over the group
- * of each rank's time per iteration (as nccl-tests); algbw = size / time; busbw = algbw * factor with
- * factor 2(n-1)/n (allreduce), (n-1)/n (allgather, reduce_scatter), 1 (broadcast, sendrecv). The
- * reference of a check applies to busbw at the largest size.
+ * buffer; allgather: the gathered result; reduce_scatter: the input). Timing pipelines as nccl-tests
+ * does: after one blocking, verified call, comm_warmup and then comm_iters iterations are each posted
+ * back to back with the non-blocking calls (sendrecv: an irecv and an isend per iteration), and only
+ * then waited for, in posting order, plus a flush; so the nccl backend keeps its stream busy instead of
+ * paying a host round trip per call, and the mpi backend's communication thread runs its FIFO without
+ * gaps. (nccl holds posted sends and receives back and enqueues them as one NCCL group at the first
+ * wait: the timed sendrecv loop is one group.) time = the mean over the group of each rank's time for the
+ * timed loop divided by comm_iters; algbw = size / time; busbw = algbw * factor with factor 2(n-1)/n
+ * (allreduce), (n-1)/n (allgather, reduce_scatter), 1 (broadcast, sendrecv). The reference of a check applies
+ * to busbw at the largest size.
  *
  * Data: rank r's input element i is ((i + 3r) mod 11) + 1, small integers whose sums are exact in fp32
  * for any realistic rank count, and whose sum over ranks has a closed form (period 11 in r), so the
@@ -132,6 +138,55 @@ static dg_status_t do_op(group_t *g, int op, size_t cnt) {
     return op == OP_SENDRECV ? run_sendrecv(g, cnt) : run_op(g, op, cnt);
 }
 
+/* Posts one iteration with the non-blocking calls and appends its requests to reqs[*nreq..]: one, or
+ * two for sendrecv (irecv, then isend). *nreq counts every request posted, also on failure. */
+static dg_status_t post_op(group_t *g, int op, size_t cnt, dg_comm_req_t **reqs, int *nreq) {
+    dg_comm_t *c = g->comm;
+    void *s = g->nccl ? g->dsend : (void *)g->send, *r = g->nccl ? g->drecv : (void *)g->recv;
+    dg_status_t st;
+    switch (op) {
+    case OP_ALLREDUCE:
+        st = dg_comm_iallreduce(c, s, r, cnt, DG_F32, DG_RED_SUM, &reqs[*nreq]);
+        break;
+    case OP_ALLGATHER:
+        st = dg_comm_iallgather(c, s, r, cnt, DG_F32, &reqs[*nreq]);
+        break;
+    case OP_REDUCE_SCATTER:
+        st = dg_comm_ireduce_scatter(c, s, r, cnt, DG_F32, DG_RED_SUM, &reqs[*nreq]);
+        break;
+    case OP_BROADCAST:
+        st = dg_comm_ibroadcast(c, g->rank == 0 ? s : r, cnt, DG_F32, 0, &reqs[*nreq]);
+        break;
+    case OP_SENDRECV: {
+        int next = (g->rank + 1) % g->size, prev = (g->rank - 1 + g->size) % g->size;
+        DG_TRY(dg_comm_irecv(c, r, cnt, DG_F32, prev, 11, &reqs[*nreq]));
+        (*nreq)++;
+        st = dg_comm_isend(c, s, cnt, DG_F32, next, 11, &reqs[*nreq]);
+        break;
+    }
+    default:
+        return DG_ERR(DG_ERR_RUNTIME, "unknown op %d", op);
+    }
+    if (st == DG_OK) (*nreq)++;
+    return st;
+}
+
+/* nccl-tests' loop: `iters` iterations posted back to back, then waited for in posting order and
+ * flushed. reqs has room for 2 * iters requests. */
+static dg_status_t run_pipelined(group_t *g, int op, size_t cnt, int iters, dg_comm_req_t **reqs) {
+    int nreq = 0;
+    dg_status_t s = DG_OK;
+    for (int i = 0; i < iters && s == DG_OK; i++)
+        s = post_op(g, op, cnt, reqs, &nreq);
+    /* after a failed post, still complete what was posted (its buffers are in use) */
+    for (int i = 0; i < nreq; i++) {
+        dg_status_t w = dg_comm_wait(g->comm, reqs[i]);
+        if (w != DG_OK) return w; /* the comm failed: the caller ends the job */
+    }
+    if (s == DG_OK) s = dg_comm_flush(g->comm);
+    return s;
+}
+
 static long long verify(group_t *g, int op, size_t cnt, const sum_table_t *st) {
     const float *r = g->recv;
     int n = g->size, me = g->rank;
@@ -229,16 +284,15 @@ static void measure_point(vctx_t *c, group_t *g, int op, double size, const sum_
     if (s != DG_OK) comm_fatal(g, check, s);
     pt->wrong = verify(g, op, cnt, st);
 
-    for (int i = 0; i < set->comm_warmup && s == DG_OK; i++)
-        s = do_op(g, op, cnt);
-    if (s == DG_OK) s = dg_comm_flush(g->comm);
+    int most = set->comm_iters > set->comm_warmup ? set->comm_iters : set->comm_warmup;
+    dg_comm_req_t **reqs = dg_xmalloc(2 * (size_t)(most > 0 ? most : 1) * sizeof *reqs);
+    if (set->comm_warmup > 0) s = run_pipelined(g, op, cnt, set->comm_warmup, reqs);
     if (s == DG_OK) s = dg_comm_barrier(g->comm);
     if (s != DG_OK) comm_fatal(g, check, s);
     double t0 = dg_now_s();
-    for (int i = 0; i < set->comm_iters && s == DG_OK; i++)
-        s = do_op(g, op, cnt);
-    if (s == DG_OK) s = dg_comm_flush(g->comm);
+    s = run_pipelined(g, op, cnt, set->comm_iters, reqs);
     double dt = (dg_now_s() - t0) / set->comm_iters;
+    free(reqs);
     if (s != DG_OK) comm_fatal(g, check, s);
     double sum = 0;
     if (MPI_Allreduce(&dt, &sum, 1, MPI_DOUBLE, MPI_SUM, g->mpi) != MPI_SUCCESS) {

@@ -181,6 +181,68 @@ static void test_p2p(dg_comm_t *c) {
     cudaFree(d_in);
 }
 
+/* Every rank posts irecv before isend, several exchanges deep, then an all-reduce before waiting for
+ * any of them: enqueued one by one this deadlocks (each stream's receive waits for a send queued behind
+ * the peer's receive); the backend groups the batch (ncclGroupStart/End) before the collective. Then a
+ * blocking send/recv pair ordered by rank parity (each a group of one). */
+static void test_p2p_batch(dg_comm_t *c) {
+    if (g_n < 2) return;
+    enum { K = 3 };
+    size_t n = 4096;
+    float *h = malloc(n * 4), *want = malloc(n * 4), *d_out = NULL, *d_in[K], *d_sum = NULL;
+    CUDA_OK(cudaMalloc((void **)&d_out, n * 4));
+    CUDA_OK(cudaMalloc((void **)&d_sum, 4));
+    for (int k = 0; k < K; k++) {
+        CUDA_OK(cudaMalloc((void **)&d_in[k], n * 4));
+        CUDA_OK(cudaMemset(d_in[k], 0xff, n * 4));
+    }
+    float one = 1.0f;
+    CUDA_OK(cudaMemcpy(d_sum, &one, 4, cudaMemcpyHostToDevice));
+    fill(h, n, DG_F32, g_me, 0, 81);
+    CUDA_OK(cudaMemcpy(d_out, h, n * 4, cudaMemcpyHostToDevice));
+    int next = (g_me + 1) % g_n, prev = (g_me + g_n - 1) % g_n;
+    dg_comm_req_t *rr[K] = {0}, *rs[K] = {0}, *ra = NULL;
+    for (int k = 0; k < K; k++) {
+        CHECK_OK(dg_comm_irecv(c, d_in[k], n, DG_F32, prev, 0, &rr[k]));
+        CHECK_OK(dg_comm_isend(c, d_out, n, DG_F32, next, 0, &rs[k]));
+    }
+    char st[256];
+    dg_comm_state(c, st, sizeof st);
+    CHECK(strstr(st, "batched") != NULL, "state does not show the pending batch: %s", st);
+    CHECK_OK(dg_comm_iallreduce(c, d_sum, d_sum, 1, DG_F32, DG_RED_SUM, &ra));
+    for (int k = 0; k < K; k++) {
+        if (rr[k]) CHECK_OK(dg_comm_wait(c, rr[k]));
+        if (rs[k]) CHECK_OK(dg_comm_wait(c, rs[k]));
+    }
+    if (ra) CHECK_OK(dg_comm_wait(c, ra));
+    fill(want, n, DG_F32, prev, 0, 81);
+    for (int k = 0; k < K; k++) {
+        CUDA_OK(cudaMemcpy(h, d_in[k], n * 4, cudaMemcpyDeviceToHost));
+        CHECK(memcmp(h, want, n * 4) == 0, "batched send/recv exchange %d wrong", k);
+    }
+    float sum = 0;
+    CUDA_OK(cudaMemcpy(&sum, d_sum, 4, cudaMemcpyDeviceToHost));
+    CHECK(sum == (float)g_n, "all-reduce after the batch: %g, want %d", sum, g_n);
+    /* blocking forms: a one-op group each */
+    CUDA_OK(cudaMemset(d_in[0], 0xff, n * 4));
+    if (g_me % 2 == 0) {
+        CHECK_OK(dg_comm_send(c, d_out, n, DG_F32, next, 0));
+        CHECK_OK(dg_comm_recv(c, d_in[0], n, DG_F32, prev, 0));
+    } else {
+        CHECK_OK(dg_comm_recv(c, d_in[0], n, DG_F32, prev, 0));
+        CHECK_OK(dg_comm_send(c, d_out, n, DG_F32, next, 0));
+    }
+    CUDA_OK(cudaMemcpy(h, d_in[0], n * 4, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(h, want, n * 4) == 0, "blocking send/recv wrong");
+    CHECK_OK(dg_comm_flush(c));
+    free(h);
+    free(want);
+    cudaFree(d_out);
+    cudaFree(d_sum);
+    for (int k = 0; k < K; k++)
+        cudaFree(d_in[k]);
+}
+
 int main(int argc, char **argv) {
     int prov = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
@@ -218,6 +280,7 @@ int main(int argc, char **argv) {
         test_allreduce(c, user);
         test_gather_scatter(c);
         test_p2p(c);
+        test_p2p_batch(c);
         /* split: everyone in one group, reversed order */
         dg_comm_t *sub = NULL;
         o.name = "reversed";
