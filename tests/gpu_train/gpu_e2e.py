@@ -484,6 +484,14 @@ def case_nccl(env):
             g = graph_status(run, name)
             notes.append("%s %s: losses %.3g, grad norms %.3g, weights %.3g (%s), %s" %
                          (prec, mesh, worst, gn, wv, wd, g))
+    # DDP with gradient accumulation (2 micro-batches per rank): the dp_replicate sum runs in the backward
+    # of the second only (its own CUDA Graph recording)
+    acc = env.train(2, "nccl_fp32_dp_replicate_accum2", ["train.precision=fp32", "parallel.mesh=dp_replicate=2",
+                                                         "parallel.comm=nccl", "train.micro_batch=2"])
+    worst, gn = compare_steps(os.path.join(env.work, "one_fp32"), acc, steps, DIST_LOSS_RTOL, 1e-4,
+                              "nccl dp_replicate=2, 2 micro-batches")
+    notes.append("fp32 dp_replicate=2 with 2 micro-batches per rank: losses %.3g, grad norms %.3g, %s" %
+                 (worst, gn, graph_status(acc, "accum2")))
     # replay vs op by op with NCCL: the same kernels and collectives, so the same bits
     base = os.path.join(env.work, "nccl_fp32_dp_shard")
     eager = env.train(2, "nccl_fp32_dp_shard_eager", ["train.precision=fp32", "parallel.mesh=dp_shard=2",

@@ -30,7 +30,8 @@ mpi=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
 log "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tr '\n' ';'); $(nvcc --version 2>/dev/null | tail -1)"
 nvidia-smi topo -m >"$out/topo.txt" 2>&1
 usable() { [ -x "$1" ] && ! ldd "$1" 2>/dev/null | grep -q 'not found'; }
-bins=(src/cli/dgtrain src/checkpoint_hdf5/dgckpt src/validate/dgvalidate tests/backend_cuda/test_backend_cuda)
+bins=(src/cli/dgtrain src/checkpoint_hdf5/dgckpt src/validate/dgvalidate tests/backend_cuda/test_backend_cuda
+  bench/comm/bench_comm tests/comm/test_comm_nccl)
 ok=1
 for b in "${bins[@]}"; do usable "$bdir/$b" || ok=0; done
 if [ $ok = 1 ]; then
@@ -40,7 +41,7 @@ else
   bdir=$root/build-gpu
   cmake -S "$root" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDGT_CUDA=ON -DDGT_WERROR=OFF \
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" >"$out/build.log" 2>&1 &&
-    cmake --build "$bdir" -j "$(nproc)" --target dgtrain dgckpt dgvalidate test_backend_cuda >>"$out/build.log" 2>&1
+    cmake --build "$bdir" -j "$(nproc)" --target dgtrain dgckpt dgvalidate test_backend_cuda bench_comm test_comm_nccl >>"$out/build.log" 2>&1
   rc=$?
   log "build rc=$rc in $(($(date +%s) - t0)) s"
   [ $rc -eq 0 ] || { tail -30 "$out/build.log" | tee -a "$out/summary.log"; exit 1; }
@@ -65,11 +66,22 @@ else
   log "skipped gpu_e2e.py nccl (budget)"
 fi
 
+# ---- the nccl comm backend's own test at 2 ranks (collectives, point-to-point batches, failures) ----
+timeout 120 "${mpi[@]}" -n 2 "$bdir/tests/comm/test_comm_nccl" >"$out/test_comm_nccl.log" 2>&1
+log "test_comm_nccl (2 ranks, 2 GPUs) rc=$?: $(tail -2 "$out/test_comm_nccl.log" | tr '\n' ' ' | cut -c1-300)"
+
+# ---- issue 10's bandwidth check: dg_comm (nccl) against a raw NCCL communicator in the same run ----
+if [ "$(left)" -gt 240 ]; then
+  timeout 150 "${mpi[@]}" -n 2 "$bdir/bench/comm/bench_comm" --backend nccl --seconds 0.5 >"$out/bench_comm_nccl.log" 2>&1
+  log "bench_comm --backend nccl (2 GPUs) rc=$?"
+  cat "$out/bench_comm_nccl.log" >>"$out/summary.log"
+fi
+
 # ---- bus bandwidth through the comm layer (nccl and mpi), and a raw NCCL reference ----
 if [ "$(left)" -gt 170 ]; then
   timeout 120 "${mpi[@]}" -n 2 "$dgvalidate" "$root/validation/sla.ini" --checks comm --run-dir "$out/validate_comm" \
-    --set validate.comm_backends=mpi,nccl --set validate.comm_sizes=1M,16M,128M >"$out/comm.log" 2>&1
-  log "dgvalidate comm rc=$?: $(grep -E 'comm\.(nccl|mpi)\.(allreduce|allgather|reduce_scatter)' "$out/comm.log" | grep -iE 'bus|GB/s' | head -8 | cut -c1-160 | tr '\n' '|')"
+    --set validate.comm_backends=nccl --set validate.comm_sizes=1M,16M,128M >"$out/comm.log" 2>&1
+  log "dgvalidate comm rc=$?: $(grep -E 'comm\.(nccl|mpi)\.(allreduce|allgather|reduce_scatter|broadcast|sendrecv)' "$out/comm.log" | head -10 | cut -c1-160 | tr '\n' '|')"
   if python3 -c 'import torch, torch.distributed; assert torch.cuda.device_count() >= 2' 2>/dev/null &&
     command -v torchrun >/dev/null; then
     cat >"$out/torch_nccl_ref.py" <<'PY'
@@ -153,8 +165,13 @@ PY
     --set checkpoint.every=10
   [ "$(left)" -gt 60 ] && run124 g2_repl_nccl 2 $((2 * B)) --set parallel.mesh=dp_replicate=2 --set parallel.comm=nccl \
     --set checkpoint.every=0
-  [ "$(left)" -gt 60 ] && run124 g2_shard_mpi 2 $((2 * B)) --set parallel.mesh=dp_shard=2 --set parallel.comm=mpi \
+  # the mpi comm (host staging, no graphs) for comparison: MPI_ONE=1
+  [ "${MPI_ONE:-0}" = 1 ] && [ "$(left)" -gt 60 ] && run124 g2_shard_mpi 2 $((2 * B)) --set parallel.mesh=dp_shard=2 \
+    --set parallel.comm=mpi --set checkpoint.every=0
+  [ "$(left)" -gt 60 ] && run124 g2_auto_nccl 2 $((2 * B)) --set parallel.mesh=auto --set parallel.comm=nccl \
     --set checkpoint.every=0
+  [ "$(left)" -gt 60 ] && run124 g2_repl_nccl_accum2 2 $((4 * B)) --set parallel.mesh=dp_replicate=2 \
+    --set parallel.comm=nccl --set checkpoint.every=0
   [ "$(left)" -gt 60 ] && run124 m350_g1 1 "$B" --set model.preset=gpt2-350m --set checkpoint.every=0
   [ "$(left)" -gt 60 ] && run124 m350_g2_shard_nccl 2 $((2 * B)) --set model.preset=gpt2-350m \
     --set parallel.mesh=dp_shard=2 --set parallel.comm=nccl --set checkpoint.every=0
@@ -167,7 +184,7 @@ def t(n):
         return float(open(os.path.join(sys.argv[1], n, "metrics.jsonl.tps")).read())
     except (OSError, ValueError):
         return 0.0
-for base, runs in (("g1", ("g2_shard_nccl", "g2_repl_nccl", "g2_shard_mpi")),
+for base, runs in (("g1", ("g2_shard_nccl", "g2_repl_nccl", "g2_auto_nccl", "g2_repl_nccl_accum2", "g2_shard_mpi")),
                    ("m350_g1", ("m350_g2_shard_nccl", "m350_g2_repl_nccl"))):
     g1 = t(base)
     for n in runs:
