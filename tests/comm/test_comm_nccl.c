@@ -89,20 +89,23 @@ static void test_allreduce(dg_comm_t *c, cudaStream_t user) {
 }
 
 static void test_gather_scatter(dg_comm_t *c) {
+    /* group ranks (a split may order them differently from the world): each rank's data is keyed by its
+     * rank in c */
+    const int me = dg_comm_rank(c), nr = dg_comm_size(c);
     const size_t counts[] = {1, 333, 40000};
     for (size_t ci = 0; ci < 3; ci++)
         for (int inplace = 0; inplace < 2; inplace++) {
-            size_t n = counts[ci], all = n * (size_t)g_n;
+            size_t n = counts[ci], all = n * (size_t)nr;
             float *h = malloc(all * 4), *want = malloc(all * 4);
             float *d_send = NULL, *d_recv = NULL;
             CUDA_OK(cudaMalloc((void **)&d_send, all * 4));
             CUDA_OK(cudaMalloc((void **)&d_recv, all * 4));
             /* all-gather */
-            fill(h, n, DG_F32, g_me, 0, 50 + ci);
-            for (int r = 0; r < g_n; r++)
+            fill(h, n, DG_F32, me, 0, 50 + ci);
+            for (int r = 0; r < nr; r++)
                 fill(want + (size_t)r * n, n, DG_F32, r, 0, 50 + ci);
             CUDA_OK(cudaMemset(d_recv, 0xff, all * 4));
-            float *src = inplace ? d_recv + (size_t)g_me * n : d_send;
+            float *src = inplace ? d_recv + (size_t)me * n : d_send;
             CUDA_OK(cudaMemcpy(src, h, n * 4, cudaMemcpyHostToDevice));
             dg_comm_req_t *r = NULL;
             CHECK_OK(dg_comm_iallgather(c, src, d_recv, n, DG_F32, &r));
@@ -112,17 +115,17 @@ static void test_gather_scatter(dg_comm_t *c) {
             CHECK(memcmp(got, want, all * 4) == 0, "allgather n=%zu inplace=%d wrong", n, inplace);
             /* reduce-scatter (SUM and AVG) */
             for (int red = 0; red < 2; red++) {
-                fill(h, all, DG_F32, g_me, 0, 60 + ci);
+                fill(h, all, DG_F32, me, 0, 60 + ci);
                 CUDA_OK(cudaMemcpy(d_send, h, all * 4, cudaMemcpyHostToDevice));
-                float *out = inplace ? d_send + (size_t)g_me * n : d_recv;
+                float *out = inplace ? d_send + (size_t)me * n : d_recv;
                 CHECK_OK(dg_comm_reduce_scatter(c, d_send, out, n, DG_F32, (dg_redop_t)red));
                 CUDA_OK(cudaMemcpy(got, out, n * 4, cudaMemcpyDeviceToHost));
                 int bad = 0;
                 for (size_t i = 0; i < n && bad < 3; i++) {
                     double w = 0;
-                    for (int q = 0; q < g_n; q++)
-                        w += tu_exact(q, (size_t)g_me * n + i, 60 + ci);
-                    if (red) w /= g_n;
+                    for (int q = 0; q < nr; q++)
+                        w += tu_exact(q, (size_t)me * n + i, 60 + ci);
+                    if (red) w /= nr;
                     if (!close_to(got[i], w, DG_F32, (dg_redop_t)red)) {
                         bad++;
                         CHECK(0, "reduce_scatter n=%zu inplace=%d red=%d: [%zu] = %g, expected %g", n,
@@ -131,9 +134,9 @@ static void test_gather_scatter(dg_comm_t *c) {
                 }
             }
             /* broadcast from the last rank */
-            int root = g_n - 1;
+            int root = nr - 1;
             fill(want, n, DG_F32, root, 0, 70 + ci);
-            if (g_me == root)
+            if (me == root)
                 CUDA_OK(cudaMemcpy(d_recv, want, n * 4, cudaMemcpyHostToDevice));
             else
                 CUDA_OK(cudaMemset(d_recv, 0, n * 4));
