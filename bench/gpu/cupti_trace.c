@@ -56,7 +56,8 @@ static void CUPTIAPI buf_requested(uint8_t **buffer, size_t *size, size_t *max_r
     *max_records = 0;
 }
 
-static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid) {
+static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
+                                   size_t valid) {
     (void)ctx;
     (void)stream;
     (void)size;
@@ -128,8 +129,9 @@ static void at_exit(void) {
     }
     fprintf(f, "start_ns,end_ns,device,stream,kind,name\n");
     for (size_t i = 0; i < g_n; i++)
-        fprintf(f, "%llu,%llu,%u,%u,%c,%s\n", (unsigned long long)g_rec[i].start, (unsigned long long)g_rec[i].end,
-                g_rec[i].device, g_rec[i].stream, g_rec[i].kind, g_rec[i].name ? g_rec[i].name : "?");
+        fprintf(f, "%llu,%llu,%u,%u,%c,%s\n", (unsigned long long)g_rec[i].start,
+                (unsigned long long)g_rec[i].end, g_rec[i].device, g_rec[i].stream, g_rec[i].kind,
+                g_rec[i].name ? g_rec[i].name : "?");
     fclose(f);
     fprintf(stderr, "cupti_trace: %zu records%s -> %s\n", g_n, g_failed ? " (out of memory: incomplete)" : "",
             path);

@@ -81,16 +81,16 @@ typedef enum dg_op_kind {
 
 /* node flags */
 enum {
-    DG_NF_PARAM = 1u << 0,     /* trainable parameter (compute copy; PERSISTENT) */
-    DG_NF_INPUT = 1u << 1,     /* fed from the host before a run (PERSISTENT) */
-    DG_NF_OUTPUT = 1u << 2,    /* must survive to the end of the schedule (read back by the host) */
-    DG_NF_LOSS = 1u << 3,      /* per-token losses whose sum is the objective */
-    DG_NF_GRAD = 1u << 4,      /* parameter gradient (f32, PERSISTENT) */
-    DG_NF_OPTSTATE = 1u << 5,  /* AdamW moment (f32, PERSISTENT) */
-    DG_NF_MASTER = 1u << 6,    /* f32 master copy of a parameter (PERSISTENT) */
-    DG_NF_SCALAR = 1u << 7,    /* device scalar (f32, PERSISTENT) */
-    DG_NF_WANT_GRAD = 1u << 8, /* an input whose gradient the caller wants (kept as an OUTPUT) */
-    DG_NF_BUCKET = 1u << 9,    /* a bucket's flat local shard (PERSISTENT view over the flat buffers) */
+    DG_NF_PARAM = 1u << 0,      /* trainable parameter (compute copy; PERSISTENT) */
+    DG_NF_INPUT = 1u << 1,      /* fed from the host before a run (PERSISTENT) */
+    DG_NF_OUTPUT = 1u << 2,     /* must survive to the end of the schedule (read back by the host) */
+    DG_NF_LOSS = 1u << 3,       /* per-token losses whose sum is the objective */
+    DG_NF_GRAD = 1u << 4,       /* parameter gradient (f32, PERSISTENT) */
+    DG_NF_OPTSTATE = 1u << 5,   /* AdamW moment (f32, PERSISTENT) */
+    DG_NF_MASTER = 1u << 6,     /* f32 master copy of a parameter (PERSISTENT) */
+    DG_NF_SCALAR = 1u << 7,     /* device scalar (f32, PERSISTENT) */
+    DG_NF_WANT_GRAD = 1u << 8,  /* an input whose gradient the caller wants (kept as an OUTPUT) */
+    DG_NF_BUCKET = 1u << 9,     /* a bucket's flat local shard (PERSISTENT view over the flat buffers) */
     DG_NF_NORM_SKIP = 1u << 10, /* param: its gradient is a replica counted by another rank in the global
                                    norm (tp-replicated tensors on tp ranks > 0): no SUMSQ here */
     DG_NF_GRAD_SYNC = 1u << 11  /* op: part of the data-parallel gradient sync (the backward's dp_replicate

@@ -67,10 +67,10 @@ struct dg_model {
     int32_t *tok_host, *tgt_host; /* page-locked staging of the micro-batch's ids (upload_async) */
     /* graph replay (dg_model_set_graph_replay) */
     int gr_on, gr_warm;
-    void *gr[4];        /* GR_*: instantiated graphs, NULL until recorded */
-    float gr_key[4][8]; /* the values each recording baked in */
+    void *gr[4];         /* GR_*: instantiated graphs, NULL until recorded */
+    float gr_key[4][8];  /* the values each recording baked in */
     int accum, fb_count; /* dg_model_set_grad_accum; forward_backward calls since zero_grad / the step */
-    void *gr_agree_dev; /* one f32 on the device: the recording agreement over nccl comms */
+    void *gr_agree_dev;  /* one f32 on the device: the recording agreement over nccl comms */
     dg_model_graph_cb_t gr_cb;
     void *gr_ctx;
     int64_t step;   /* dg_model_set_step */
@@ -319,6 +319,16 @@ static void move_after(dg_graph_t *g, dg_node_t *n, const dg_node_t *x) {
     dg_graph_move(g, n, x->id + 1 + x->n_side - (n->id < x->id ? 1 + n->n_side : 0));
 }
 
+/* The last op of the backward other than `except` (which may not be in place yet). */
+static const dg_node_t *last_bwd_op(const dg_graph_t *g, const dg_node_t *except) {
+    const dg_node_t *l = NULL;
+    for (int i = 0; i < g->n; i++) {
+        const dg_node_t *x = g->nodes[i];
+        if (x->phase == DG_PHASE_BWD && x != except && x->op != DG_OP_LEAF && x->op != DG_OP_SIDE) l = x;
+    }
+    return l;
+}
+
 /* The dp_replicate gradient sum (HSDP / DDP), in the backward: per bucket an in-place all-reduce of its
  * flat gradient (shard) on the communication stream, posted as soon as the bucket's gradients are final
  * (after the last backward kernel that accumulates into one of them; with dp_shard > 1 after the wait of
@@ -357,12 +367,7 @@ static dg_status_t add_replicate_sync(dg_graph_t *g, dg_model_t *m) {
         ar->flags |= DG_NF_GRAD_SYNC;
         /* no backward kernel touches this bucket (e.g. tp-rank-0-only biases on another tp rank): the
          * sum still runs, at the end, so that every rank of the group posts the same collectives */
-        const dg_node_t *x = after;
-        if (!x)
-            for (int i = 0; i < g->n; i++)
-                if (g->nodes[i]->phase == DG_PHASE_BWD && g->nodes[i] != ar && g->nodes[i]->op != DG_OP_LEAF &&
-                    g->nodes[i]->op != DG_OP_SIDE)
-                    x = g->nodes[i];
+        const dg_node_t *x = after ? after : last_bwd_op(g, ar);
         DG_ASSERT(x);
         move_after(g, ar, x);
         ars[nar++] = ar;
@@ -373,13 +378,7 @@ static dg_status_t add_replicate_sync(dg_graph_t *g, dg_model_t *m) {
         if (!w) break;
         w->flags |= DG_NF_GRAD_SYNC;
         w->wait[w->n_wait++] = ars[j];
-        const dg_node_t *x = ars[j];
-        if (m->par.overlap)
-            for (int i = 0; i < g->n; i++)
-                if (g->nodes[i]->phase == DG_PHASE_BWD && g->nodes[i] != w && g->nodes[i]->op != DG_OP_LEAF &&
-                    g->nodes[i]->op != DG_OP_SIDE)
-                    x = g->nodes[i];
-        move_after(g, w, x);
+        move_after(g, w, m->par.overlap ? last_bwd_op(g, w) : ars[j]);
     }
     free(ars);
     g->cur_phase = saved;
@@ -1029,7 +1028,8 @@ dg_status_t dg_model_forward_backward(dg_model_t *m, const int32_t *tokens_host,
 }
 
 dg_status_t dg_model_set_grad_accum(dg_model_t *m, int n) {
-    if (n < 1) return DG_ERR(DG_ERR_USAGE, "model: gradient accumulation of %d micro-batches; expected >= 1", n);
+    if (n < 1)
+        return DG_ERR(DG_ERR_USAGE, "model: gradient accumulation of %d micro-batches; expected >= 1", n);
     m->accum = n;
     m->fb_count = 0;
     return DG_OK;

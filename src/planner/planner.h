@@ -98,12 +98,12 @@ typedef struct dg_plan {
     char why[160];                /* infeasibility reason, "" when feasible */
     double comm_ms[DG_MESH_NDIM]; /* per step, per dimension */
     double comm_bytes[DG_MESH_NDIM];
-    int hops[DG_MESH_NDIM]; /* worst link class in the dimension's groups */
+    int hops[DG_MESH_NDIM];                                 /* worst link class in the dimension's groups */
     double comm_total_ms, compute_ms, relayout_ms, step_ms; /* step = compute + comm + relayout */
-    double mem_bytes;     /* per rank */
-    double hop_variance;  /* normalised to [0, 1] */
-    double recovery_cost; /* [0, 1] */
-    double score;         /* [0, 1], 1 = best; 0 for infeasible plans */
+    double mem_bytes;                                       /* per rank */
+    double hop_variance;                                    /* normalised to [0, 1] */
+    double recovery_cost;                                   /* [0, 1] */
+    double score;                                           /* [0, 1], 1 = best; 0 for infeasible plans */
 } dg_plan_t;
 
 typedef struct dg_plan_result {
