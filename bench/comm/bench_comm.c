@@ -90,33 +90,29 @@ static int run_raw(bench_t *b, int op, size_t count) {
     }
 }
 
-/* async = 0: the blocking form (runs inline when nothing is outstanding); 1: the non-blocking form and
- * a wait, which goes through the communication thread (the path overlapped collectives take) */
-static dg_status_t run_dg(bench_t *b, int op, size_t count, int async) {
-    if (!async) {
-        switch (op) {
-        case OP_ALLREDUCE:
-            return dg_comm_allreduce(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM);
-        case OP_ALLGATHER:
-            return dg_comm_allgather(b->c, b->send, b->recv, count, b->dt);
-        default:
-            return dg_comm_reduce_scatter(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM);
-        }
-    }
-    dg_comm_req_t *r = NULL;
-    dg_status_t s;
+/* One dg_comm call of `op`: the non-blocking form when req is given (the request lands there), else
+ * the blocking form (which runs inline when nothing is outstanding). Both benches go through here. */
+static dg_status_t dg_op(dg_comm_t *c, int op, const void *send, void *recv, size_t count, dg_dtype_t dt,
+                         dg_comm_req_t **req) {
     switch (op) {
     case OP_ALLREDUCE:
-        s = dg_comm_iallreduce(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM, &r);
-        break;
+        return req ? dg_comm_iallreduce(c, send, recv, count, dt, DG_RED_SUM, req)
+                   : dg_comm_allreduce(c, send, recv, count, dt, DG_RED_SUM);
     case OP_ALLGATHER:
-        s = dg_comm_iallgather(b->c, b->send, b->recv, count, b->dt, &r);
-        break;
+        return req ? dg_comm_iallgather(c, send, recv, count, dt, req)
+                   : dg_comm_allgather(c, send, recv, count, dt);
     default:
-        s = dg_comm_ireduce_scatter(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM, &r);
-        break;
+        return req ? dg_comm_ireduce_scatter(c, send, recv, count, dt, DG_RED_SUM, req)
+                   : dg_comm_reduce_scatter(c, send, recv, count, dt, DG_RED_SUM);
     }
-    if (s != DG_OK) return s;
+}
+
+/* async = 0: the blocking form; 1: the non-blocking form and a wait, which goes through the
+ * communication thread (the path overlapped collectives take) */
+static dg_status_t run_dg(bench_t *b, int op, size_t count, int async) {
+    if (!async) return dg_op(b->c, op, b->send, b->recv, count, b->dt, NULL);
+    dg_comm_req_t *r = NULL;
+    DG_TRY(dg_op(b->c, op, b->send, b->recv, count, b->dt, &r));
     return dg_comm_wait(b->c, r);
 }
 
@@ -491,25 +487,11 @@ static void bn_raw(nbench_t *b, int op, size_t count) {
 }
 
 static dg_status_t bn_post(nbench_t *b, int op, size_t count, dg_comm_req_t **r) {
-    switch (op) {
-    case OP_ALLREDUCE:
-        return dg_comm_iallreduce(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM, r);
-    case OP_ALLGATHER:
-        return dg_comm_iallgather(b->c, b->send, b->recv, count, b->dt, r);
-    default:
-        return dg_comm_ireduce_scatter(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM, r);
-    }
+    return dg_op(b->c, op, b->send, b->recv, count, b->dt, r);
 }
 
 static dg_status_t bn_blocking(nbench_t *b, int op, size_t count) {
-    switch (op) {
-    case OP_ALLREDUCE:
-        return dg_comm_allreduce(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM);
-    case OP_ALLGATHER:
-        return dg_comm_allgather(b->c, b->send, b->recv, count, b->dt);
-    default:
-        return dg_comm_reduce_scatter(b->c, b->send, b->recv, count, b->dt, DG_RED_SUM);
-    }
+    return dg_op(b->c, op, b->send, b->recv, count, b->dt, NULL);
 }
 
 /* This rank's seconds for one measurement of variant v: b->iters operations, completed once. */
