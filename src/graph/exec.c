@@ -25,8 +25,18 @@
  * accumulate into the f32 gradient shard is add_f32 on the compute stream after the wait. Nothing here
  * records host-side state that a CUDA Graph replay would have to redo: recorded, the begin_after and
  * stream_wait event edges fork the comm stream into the capture and join it back.
+ *
+ * Fallbacks (issue 7; docs/cuda.md "Fallbacks"). Memory: when the arena cannot be allocated, every arena
+ * root is allocated on its own when its live range starts and freed after it ends (eager allocation,
+ * peak = the live set instead of the arena, which fragmentation-free placement can exceed); slower (a
+ * cudaMalloc and a device-synchronising cudaFree per tensor and run) and not recordable. Kernel: an op
+ * kind the backend has no kernel for runs on a host CPU backend through copies of every tensor it
+ * touches (its sources, the tensors it updates, itself and its side outputs); dg_exec_ptr returns the
+ * host copies while it runs. Both give the numbers of the planned path: the same kernels on the same
+ * values (bitwise on the CPU backend; with a device backend, the host kernel's own rounding).
  */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +55,294 @@ static void *compute_stream(dg_exec_t *ex) {
 #endif
 }
 
+static void add_fallback(dg_exec_t *ex, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void add_fallback(dg_exec_t *ex, const char *kind, const char *fmt, ...) {
+    DG_ASSERT(ex->n_fb < (int)(sizeof ex->fb / sizeof ex->fb[0]));
+    struct dg_exec_fallback *f = &ex->fb[ex->n_fb++];
+    snprintf(f->kind, sizeof f->kind, "%s", kind);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(f->reason, sizeof f->reason, fmt, ap);
+    va_end(ap);
+    DG_LOG_WARN("executor fallback (%s): %s", f->kind, f->reason);
+}
+
+/* ---------------- memory fallback: eager allocation ---------------- */
+
+/* Index of the arena roots by the position where their live range starts and ends (counting sort). */
+static void eager_setup(dg_exec_t *ex) {
+    const dg_graph_t *g = ex->graph;
+    const dg_plan_t *p = ex->plan;
+    int n = g->n;
+    ex->eager = 1;
+    ex->root_ptr = dg_xcalloc((size_t)n + 1, sizeof *ex->root_ptr);
+    ex->roots = dg_xmalloc(((size_t)n + 1) * sizeof *ex->roots);
+    ex->start_at = dg_xcalloc((size_t)n + 2, sizeof *ex->start_at);
+    ex->end_at = dg_xcalloc((size_t)n + 2, sizeof *ex->end_at);
+    for (int i = 0; i < n; i++) {
+        if (p->offset[i] == SIZE_MAX) continue;
+        DG_ASSERT(p->live_start[i] >= 0 && p->live_start[i] < n && p->live_end[i] >= p->live_start[i]);
+        ex->roots[ex->n_roots++] = i;
+        ex->start_at[p->live_start[i] + 1]++;
+        ex->end_at[(p->live_end[i] < n ? p->live_end[i] : n) + 1]++;
+    }
+    for (int i = 0; i <= n; i++) {
+        ex->start_at[i + 1] += ex->start_at[i];
+        ex->end_at[i + 1] += ex->end_at[i];
+    }
+    ex->by_start = dg_xmalloc(((size_t)ex->n_roots + 1) * sizeof *ex->by_start);
+    ex->by_end = dg_xmalloc(((size_t)ex->n_roots + 1) * sizeof *ex->by_end);
+    int *fs = dg_xmalloc(((size_t)n + 2) * sizeof *fs), *fe = dg_xmalloc(((size_t)n + 2) * sizeof *fe);
+    memcpy(fs, ex->start_at, ((size_t)n + 2) * sizeof *fs);
+    memcpy(fe, ex->end_at, ((size_t)n + 2) * sizeof *fe);
+    for (int k = 0; k < ex->n_roots; k++) {
+        int i = ex->roots[k], e = p->live_end[i] < n ? p->live_end[i] : n;
+        ex->by_start[fs[p->live_start[i]]++] = i;
+        ex->by_end[fe[e]++] = i;
+    }
+    free(fs);
+    free(fe);
+}
+
+static void eager_release(dg_exec_t *ex, int id) {
+    if (!ex->root_ptr[id]) return;
+    /* on CUDA, cudaFree waits for the device: the kernels queued on this tensor have run */
+    ex->be->ops->free(ex->be, ex->root_ptr[id]);
+    ex->root_ptr[id] = NULL;
+    ex->eager_bytes -= ex->graph->nodes[id]->nbytes;
+    ex->eager_live--;
+}
+
+static dg_status_t eager_acquire(dg_exec_t *ex, int id) {
+    if (ex->root_ptr[id]) return DG_OK;
+    const dg_node_t *x = ex->graph->nodes[id];
+    dg_status_t st = ex->be->ops->alloc(ex->be, x->nbytes ? x->nbytes : 1, &ex->root_ptr[id]);
+    if (st != DG_OK || !ex->root_ptr[id]) {
+        ex->root_ptr[id] = NULL;
+        return dg_err_prefix(
+            st != DG_OK ? st : DG_ERR_RUNTIME,
+            "executor (eager allocation after the arena fallback): cannot allocate %zu bytes "
+            "for '%s' with %zu bytes of activations live",
+            x->nbytes, x->name, ex->eager_bytes);
+    }
+    ex->eager_bytes += x->nbytes;
+    ex->eager_live++;
+    if (ex->eager_bytes > ex->eager_peak) ex->eager_peak = ex->eager_bytes;
+    return DG_OK;
+}
+
+/* A run starting at `first`: what is still allocated from a run over the same positions belongs to an
+ * older step (or to a forward-only run whose backward never came) and goes first. */
+static void eager_begin(dg_exec_t *ex, int first) {
+    for (int k = 0; k < ex->n_roots; k++) {
+        int i = ex->roots[k];
+        if (ex->root_ptr[i] && ex->plan->live_start[i] >= first) eager_release(ex, i);
+    }
+}
+
+static dg_status_t eager_before(dg_exec_t *ex, int pos) {
+    for (int k = ex->start_at[pos]; k < ex->start_at[pos + 1]; k++)
+        DG_TRY(eager_acquire(ex, ex->by_start[k]));
+    return DG_OK;
+}
+
+/* After the node at pos ran: free what dies there. Tensors live to the end of the schedule (outputs
+ * the host reads after the run) stay until the next run over their start, or dg_exec_free. */
+static void eager_after(dg_exec_t *ex, int pos) {
+    if (pos >= ex->graph->n - 1) return;
+    for (int k = ex->end_at[pos]; k < ex->end_at[pos + 1]; k++)
+        eager_release(ex, ex->by_end[k]);
+}
+
+void dg_exec_eager_stats(const dg_exec_t *ex, size_t *bytes, size_t *peak, int *live) {
+    if (bytes) *bytes = ex->eager_bytes;
+    if (peak) *peak = ex->eager_peak;
+    if (live) *live = ex->eager_live;
+}
+
+/* ---------------- kernel fallback: ops on the host ---------------- */
+
+static int is_collective_kind(dg_op_kind_t k) {
+    return k == DG_OP_ALL_GATHER || k == DG_OP_REDUCE_SCATTER || k == DG_OP_ALL_REDUCE;
+}
+
+/* Which op kinds run on the host: the backend lacks their kernel, or DG_TEST_NO_KERNEL names them. */
+static dg_status_t host_ops_setup(dg_exec_t *ex) {
+    const dg_graph_t *g = ex->graph;
+    const char *why[DG_OP_COUNT] = {0};
+    int hook[DG_OP_COUNT] = {0};
+    for (int k = 0; k < DG_OP_COUNT; k++) {
+        why[k] = dg_op_missing_kernel(ex->be, (dg_op_kind_t)k);
+        if (why[k]) ex->host_op[k] = 1;
+    }
+    const char *env = getenv("DG_TEST_NO_KERNEL");
+    if (env && *env) {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", env);
+        char *save = NULL;
+        for (char *t = strtok_r(buf, ", ", &save); t; t = strtok_r(NULL, ", ", &save)) {
+            int k = 0;
+            while (k < DG_OP_COUNT && strcmp(dg_op_name((dg_op_kind_t)k), t) != 0)
+                k++;
+            if (k == DG_OP_COUNT || k == DG_OP_LEAF || k == DG_OP_SIDE || k == DG_OP_WAIT ||
+                is_collective_kind((dg_op_kind_t)k))
+                return DG_ERR(
+                    DG_ERR_USAGE,
+                    "DG_TEST_NO_KERNEL: '%s' is not an op with a kernel of its own; hint: a comma-separated "
+                    "list of op names such as gelu,layernorm,attention,matmul_bwd (collectives, waits "
+                    "and structural kinds cannot run on the host)",
+                    t);
+            ex->host_op[k] = 1;
+            hook[k] = 1;
+        }
+    }
+    /* the attention scratch is backend-specific (CPU: the probabilities, CUDA: a logsumexp per row):
+     * the forward and the backward must run on the same side */
+    if (strcmp(ex->be->ops->name, "cpu") != 0 &&
+        (ex->host_op[DG_OP_ATTENTION] || ex->host_op[DG_OP_ATTENTION_BWD]))
+        ex->host_op[DG_OP_ATTENTION] = ex->host_op[DG_OP_ATTENTION_BWD] = 1;
+    int count[DG_OP_COUNT] = {0}, any = 0;
+    for (int i = 0; i < g->n; i++)
+        if (ex->host_op[g->nodes[i]->op]) {
+            count[g->nodes[i]->op]++;
+            any = 1;
+        }
+    if (!any) return DG_OK;
+    if (ex->be->act_dtype != DG_F32)
+        for (int k = 0; k < DG_OP_COUNT; k++)
+            if (count[k])
+                return DG_ERR(
+                    DG_ERR_USAGE,
+                    "executor: op %s has no kernel on the %s backend%s and the host fallback computes "
+                    "in fp32 only, but activations are %s; hint: train.precision=fp32, or a build "
+                    "of the backend with that kernel",
+                    dg_op_name((dg_op_kind_t)k), ex->be->ops->name,
+                    hook[k] ? " (test hook DG_TEST_NO_KERNEL)" : "", dg_dtype_name(ex->be->act_dtype));
+    dg_backend_config_t cfg = {.act_dtype = DG_F32, .threads = 0};
+    dg_status_t st = dg_backend_cpu_create(&cfg, &ex->host_be);
+    if (st != DG_OK)
+        return dg_err_prefix(st, "executor: cannot start the host backend for the kernel fallback");
+    for (int i = 0; i < g->n; i++) { /* the host kernel's scratch must fit the device's */
+        const dg_node_t *x = g->nodes[i];
+        if (x->op != DG_OP_ATTENTION || !ex->host_op[x->op]) continue;
+        size_t hb = ex->host_be->ops->attention_aux_bytes(ex->host_be, (int)x->shape[0], (int)x->shape[1],
+                                                          (int)x->shape[2], (int)x->attr[DG_A_NH]);
+        if (hb > x->side[0]->nbytes)
+            return DG_ERR(
+                DG_ERR_USAGE,
+                "executor: attention '%s' cannot run on the host: the cpu kernel needs %zu bytes of "
+                "scratch, the %s backend's plan holds %zu; hint: a build of the %s backend with "
+                "attention kernels",
+                x->name, hb, ex->be->ops->name, x->side[0]->nbytes, ex->be->ops->name);
+    }
+    for (int k = 0; k < DG_OP_COUNT; k++) {
+        if (!count[k]) continue;
+        const char *miss = dg_op_missing_kernel(ex->be, (dg_op_kind_t)k);
+        char cause[160];
+        if (miss)
+            snprintf(cause, sizeof cause, "the %s backend has no %s", ex->be->ops->name, miss);
+        else if (hook[k])
+            snprintf(cause, sizeof cause, "test hook DG_TEST_NO_KERNEL");
+        else
+            snprintf(cause, sizeof cause, "its %s counterpart runs on the host (backend-specific scratch)",
+                     k == DG_OP_ATTENTION ? "backward" : "forward");
+        add_fallback(ex, "kernel",
+                     "op %s (%d node%s): %s; runs on the host cpu backend, with copies of its tensors to the "
+                     "host and back around every call",
+                     dg_op_name((dg_op_kind_t)k), count[k], count[k] == 1 ? "" : "s", cause);
+    }
+    ex->ovr = dg_xcalloc((size_t)g->n + 1, sizeof *ex->ovr);
+    return DG_OK;
+}
+
+/* One tensor a host-run node touches: its device range, whether the op writes it, and its host copy. */
+typedef struct {
+    const dg_node_t *node;
+    char *dev;
+    size_t bytes;
+    int write;
+    int span; /* index of the merged device range it lies in */
+} host_use_t;
+
+static int add_use(dg_exec_t *ex, host_use_t *u, int nu, const dg_node_t *x, int write) {
+    if (!x || x->storage == DG_STORE_NONE) return nu;
+    u[nu] = (host_use_t){x, dg_exec_ptr(ex, x), x->nbytes, write, -1};
+    return nu + 1;
+}
+
+static int by_dev(const void *a, const void *b) {
+    const host_use_t *x = a, *y = b;
+    return x->dev < y->dev ? -1 : x->dev > y->dev;
+}
+
+/* Runs node n on the host backend. Overlapping device ranges (in-place views, an accumulation target
+ * and the output over it, the same tensor as source and update) share one host buffer, so aliasing
+ * behaves as on the device. */
+static dg_status_t run_on_host(dg_exec_t *ex, const dg_node_t *n) {
+    dg_backend_t *be = ex->be, *hb = ex->host_be;
+    host_use_t u[1 + DG_MAX_SIDE + DG_MAX_SRC + DG_MAX_UPD];
+    int nu = add_use(ex, u, 0, n, 1);
+    for (int k = 0; k < n->n_side; k++)
+        nu = add_use(ex, u, nu, n->side[k], 1);
+    for (int k = 0; k < n->n_upd; k++)
+        nu = add_use(ex, u, nu, n->upd[k], 1);
+    for (int k = 0; k < n->n_src; k++)
+        nu = add_use(ex, u, nu, n->src[k], 0);
+    qsort(u, (size_t)nu, sizeof u[0], by_dev);
+    struct {
+        char *lo, *hi, *host;
+        int write;
+    } sp[1 + DG_MAX_SIDE + DG_MAX_SRC + DG_MAX_UPD];
+    int ns = 0;
+    for (int k = 0; k < nu; k++) {
+        char *lo = u[k].dev, *hi = u[k].dev + u[k].bytes;
+        if (ns > 0 && lo < sp[ns - 1].hi) {
+            if (hi > sp[ns - 1].hi) sp[ns - 1].hi = hi;
+            sp[ns - 1].write |= u[k].write;
+        } else {
+            sp[ns].lo = lo;
+            sp[ns].hi = hi;
+            sp[ns].host = NULL;
+            sp[ns].write = u[k].write;
+            ns++;
+        }
+        u[k].span = ns - 1;
+    }
+    dg_status_t st = be->ops->sync(be); /* the device work that produced the inputs is done */
+    for (int s = 0; s < ns && st == DG_OK; s++) {
+        size_t bytes = (size_t)(sp[s].hi - sp[s].lo);
+        st = hb->ops->alloc(hb, bytes ? bytes : 1, (void **)&sp[s].host);
+        if (st == DG_OK) st = be->ops->to_host(be, sp[s].host, sp[s].lo, bytes);
+    }
+    if (st == DG_OK) {
+        for (int k = 0; k < nu; k++)
+            ex->ovr[u[k].node->id] = sp[u[k].span].host + (u[k].dev - sp[u[k].span].lo);
+        ex->ovr_on = 1;
+        ex->be = hb;
+        st = dg_op_def(n->op)->exec(ex, n);
+        ex->be = be;
+        ex->ovr_on = 0;
+        for (int k = 0; k < nu; k++)
+            ex->ovr[u[k].node->id] = NULL;
+        if (st == DG_OK) st = hb->ops->sync(hb);
+        if (st != DG_OK) st = dg_err_prefix(st, "on the host (kernel fallback)");
+    }
+    for (int s = 0; s < ns && st == DG_OK; s++)
+        if (sp[s].write) st = be->ops->to_device(be, sp[s].lo, sp[s].host, (size_t)(sp[s].hi - sp[s].lo));
+    /* the copies read the host buffers: done before they are freed */
+    if (st == DG_OK) st = be->ops->sync(be);
+    for (int s = 0; s < ns; s++)
+        if (sp[s].host) hb->ops->free(hb, sp[s].host);
+    return st;
+}
+
+static int on_host(const dg_exec_t *ex, const dg_node_t *n) {
+    return ex->host_be && ex->host_op[n->op] && !is_collective_kind(n->op) && n->op != DG_OP_WAIT;
+}
+
+/* ---------------- creation ---------------- */
+
 dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_plan_t *plan, dg_exec_t **out) {
     *out = NULL;
     DG_ASSERTF(dg_plan_matches(plan, g), "executor: the plan was made for another graph or an older version");
@@ -57,24 +355,42 @@ dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_plan_
     ex->be = be;
     ex->graph = g;
     ex->plan = plan;
+    ex->req = dg_xcalloc((size_t)g->n + 1, sizeof *ex->req);
     if (plan->arena_bytes) {
-        dg_status_t st = be->ops->alloc(be, plan->arena_bytes, &ex->arena);
+        const char *hook = getenv("DG_TEST_ARENA_FAIL");
+        dg_status_t st = DG_OK;
+        char msg[400] = "";
+        if (hook && strcmp(hook, "1") == 0) {
+            snprintf(msg, sizeof msg, "the test hook DG_TEST_ARENA_FAIL=1 refused it");
+            st = DG_ERR_RUNTIME;
+        } else {
+            st = be->ops->alloc(be, plan->arena_bytes, &ex->arena);
+            if (st != DG_OK) snprintf(msg, sizeof msg, "%s", dg_last_error());
+        }
         if (st != DG_OK) {
-            free(ex);
-            return dg_err_prefix(st, "executor: cannot allocate the %zu-byte activation arena",
-                                 plan->arena_bytes);
+            ex->arena = NULL;
+            eager_setup(ex);
+            add_fallback(
+                ex, "memory",
+                "cannot allocate the %zu-byte activation arena (%s); each activation is allocated on "
+                "its own over its live range instead (eager allocation: peak = the live set, one "
+                "alloc/free per tensor and run)",
+                plan->arena_bytes, msg);
         }
     }
     ex->rt.dloss = 1.0f;
     ex->rt.grad_extra = 1.0f;
-    dg_status_t st = be->ops->host_alloc(be, DG_DS_COUNT * sizeof(float), (void **)&ex->sc_host);
+    dg_status_t st = host_ops_setup(ex);
+    if (st == DG_OK) {
+        st = be->ops->host_alloc(be, DG_DS_COUNT * sizeof(float), (void **)&ex->sc_host);
+        if (st != DG_OK)
+            st = dg_err_prefix(st, "executor: cannot allocate the host mirror of the step scalars");
+    }
     if (st != DG_OK) {
-        if (ex->arena) be->ops->free(be, ex->arena);
-        free(ex);
-        return dg_err_prefix(st, "executor: cannot allocate the host mirror of the step scalars");
+        dg_exec_free(ex);
+        return st;
     }
     memset(ex->sc_host, 0, DG_DS_COUNT * sizeof(float));
-    ex->req = dg_xcalloc((size_t)g->n + 1, sizeof *ex->req);
     *out = ex;
     return DG_OK;
 }
@@ -84,6 +400,16 @@ void dg_exec_free(dg_exec_t *ex) {
     /* requests still in flight belong to a failed run: the comm is unusable then and the job is being
      * ended; waiting here could block for the whole timeout */
     if (ex->arena) ex->be->ops->free(ex->be, ex->arena);
+    for (int k = 0; k < ex->n_roots; k++)
+        eager_release(ex, ex->roots[k]);
+    free(ex->root_ptr);
+    free(ex->roots);
+    free(ex->by_start);
+    free(ex->start_at);
+    free(ex->by_end);
+    free(ex->end_at);
+    dg_backend_free(ex->host_be);
+    free(ex->ovr);
     if (ex->sc_host) ex->be->ops->host_free(ex->be, ex->sc_host);
     for (int i = 0; ex->stage && i < ex->graph->n; i++)
         free(ex->stage[i]);
@@ -294,6 +620,11 @@ dg_status_t dg_exec_drain(dg_exec_t *ex) {
 }
 
 void *dg_exec_ptr(const dg_exec_t *ex, const dg_node_t *n) {
+    if (ex->ovr_on) { /* a node running on the host: only the tensors copied for it are reachable */
+        DG_ASSERTF(ex->ovr[n->id] != NULL,
+                   "host fallback: the op reads '%s', which was not copied to the host", n->name);
+        return ex->ovr[n->id];
+    }
     size_t offs = 0;
     const dg_node_t *r = n;
     while (r->view_src) {
@@ -306,6 +637,12 @@ void *dg_exec_ptr(const dg_exec_t *ex, const dg_node_t *n) {
     }
     DG_ASSERTF(r->storage == DG_STORE_ARENA && ex->plan->offset[r->id] != SIZE_MAX,
                "tensor '%s' has no storage", r->name);
+    if (ex->eager) {
+        DG_ASSERTF(ex->root_ptr[r->id] != NULL,
+                   "eager allocation: '%s' is used outside its live range [%d, %d] (not allocated now)",
+                   r->name, ex->plan->live_start[r->id], ex->plan->live_end[r->id]);
+        return (char *)ex->root_ptr[r->id] + offs;
+    }
     return (char *)ex->arena + ex->plan->offset[r->id] + offs;
 }
 
@@ -315,21 +652,30 @@ dg_status_t dg_exec_run(dg_exec_t *ex, int first, int end) {
                "executor: stale plan (graph generation %llu, plan made at %llu)",
                (unsigned long long)g->generation, (unsigned long long)ex->plan->generation);
     DG_ASSERT(first >= 0 && end <= g->n && first <= end);
+    if (ex->eager) eager_begin(ex, first);
     for (int i = first; i < end; i++) {
         const dg_node_t *n = g->nodes[i];
-        if (n->op == DG_OP_LEAF || n->op == DG_OP_SIDE) continue;
-        if ((n->flags & DG_NF_GRAD_SYNC) && ex->rt.skip_grad_sync) continue;
+        if (ex->eager) {
+            dg_status_t sa = eager_before(ex, i);
+            if (sa != DG_OK) return dg_err_prefix(sa, "op #%d %s '%s'", n->id, dg_op_name(n->op), n->name);
+        }
+        if (n->op == DG_OP_LEAF || n->op == DG_OP_SIDE ||
+            ((n->flags & DG_NF_GRAD_SYNC) && ex->rt.skip_grad_sync)) {
+            if (ex->eager) eager_after(ex, i);
+            continue;
+        }
         double t0 = ex->profile ? dg_now_s() : 0;
         dg_status_t st = DG_OK;
         for (int w = 0; w < n->n_wait && st == DG_OK; w++)
             st = complete(ex, n->wait[w]);
-        if (st == DG_OK) st = dg_op_def(n->op)->exec(ex, n);
+        if (st == DG_OK) st = on_host(ex, n) ? run_on_host(ex, n) : dg_op_def(n->op)->exec(ex, n);
         if (st == DG_OK && ex->profile) {
             st = ex->be->ops->sync(ex->be);
             ex->prof_s[n->op] += dg_now_s() - t0;
             ex->prof_n[n->op]++;
         }
         if (st != DG_OK) return dg_err_prefix(st, "op #%d %s '%s'", n->id, dg_op_name(n->op), n->name);
+        if (ex->eager) eager_after(ex, i);
         ex->ops_run++;
     }
     return dg_exec_drain(ex);
@@ -364,6 +710,21 @@ const char *dg_exec_capture_blocker(dg_exec_t *ex, int first, int end) {
     }
     if (ex->profile) {
         snprintf(ex->why, sizeof ex->why, "per-op profiling synchronises after every op");
+        return ex->why;
+    }
+    if (ex->eager) {
+        snprintf(ex->why, sizeof ex->why,
+                 "the executor allocates each activation on its own (memory fallback: the %zu-byte arena "
+                 "could not be allocated), and allocations cannot be recorded",
+                 ex->plan->arena_bytes);
+        return ex->why;
+    }
+    for (int i = first; i < end; i++) {
+        const dg_node_t *n = ex->graph->nodes[i];
+        if (!on_host(ex, n)) continue;
+        snprintf(ex->why, sizeof ex->why,
+                 "op %s '%s' runs on the host (kernel fallback), with host copies that cannot be recorded",
+                 dg_op_name(n->op), n->name);
         return ex->why;
     }
     for (int i = first; i < end; i++) {

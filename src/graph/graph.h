@@ -212,6 +212,15 @@ void dg_model_set_step(dg_model_t *m, int64_t step);
  * callback) on a backend that cannot record. cb may be NULL. */
 typedef void (*dg_model_graph_cb_t)(void *ctx, const char *what, const char *detail);
 void dg_model_set_graph_replay(dg_model_t *m, int on, dg_model_graph_cb_t cb, void *ctx);
+/* Executor fallbacks (issue 7): when the activation arena cannot be allocated, activations are allocated
+ * one by one over their live ranges (kind "memory"); an op kind the backend has no kernel for runs on the
+ * host through copies of its tensors (kind "kernel", one report per op kind). The numbers are those of
+ * the planned path. Both are decided when the model is created (the test hooks DG_TEST_ARENA_FAIL=1 and
+ * DG_TEST_NO_KERNEL=<op>[,<op>...] force them), are logged as warnings then, and block CUDA Graph
+ * replay (which reports its own "fallback"). cb(ctx, kind, reason) is called once per report: at once
+ * for reports made before it was set, and for any later one. Each rank reports its own. cb may be NULL. */
+typedef void (*dg_model_fallback_cb_t)(void *ctx, const char *kind, const char *reason);
+void dg_model_set_fallback_cb(dg_model_t *m, dg_model_fallback_cb_t cb, void *ctx);
 /* Communication accounting since the last reset: seconds blocked waiting for asynchronous collectives
  * (the exposed communication), seconds in blocking collectives, and collectives run. */
 typedef struct dg_model_comm_stats {

@@ -489,9 +489,41 @@ struct dg_exec {
     uint64_t n_coll;   /* collectives run over a comm */
     float *sc_host;    /* page-locked mirror of the device scalar block's step slots (DG_DS_LR..) */
     char why[256];     /* dg_exec_capture_blocker's answer */
+
+    /* memory fallback (eager allocation): no arena; every arena root gets its own allocation from the
+     * backend over its live range. roots[] lists the arena roots; per schedule position, the roots whose
+     * live range starts there (by_start[start_at[i] .. start_at[i + 1])) and ends there (by_end, end_at) */
+    int eager;
+    void **root_ptr; /* per node id: the root's allocation, NULL while not allocated */
+    int *roots, n_roots;
+    int *by_start, *start_at, *by_end, *end_at;
+    size_t eager_bytes, eager_peak; /* bytes allocated now and at most (dg_exec_eager_stats) */
+    int eager_live;                 /* allocations outstanding */
+
+    /* host fallback: op kinds run on a CPU backend instance through host copies of their tensors */
+    unsigned char host_op[DG_OP_COUNT];
+    dg_backend_t *host_be;
+    void **ovr; /* per node id: the host copy dg_exec_ptr returns while a node runs on the host */
+    int ovr_on;
+
+    /* fallbacks decided when the executor was made, for the owner to report (dg_model_set_fallback_cb) */
+    int n_fb;
+    struct dg_exec_fallback {
+        char kind[16]; /* "memory" | "kernel" */
+        char reason[512];
+    } fb[DG_OP_COUNT + 1];
 };
 
-/* Allocates the arena for `plan` (phase 2). Persistent nodes must be bound (data != NULL) before runs. */
+/* Allocates the arena for `plan` (phase 2). Persistent nodes must be bound (data != NULL) before runs.
+ *
+ * Fallbacks (recorded in ex->fb, logged as warnings; both give the same numbers as the planned path):
+ *  - memory: when the arena cannot be allocated (or the test hook DG_TEST_ARENA_FAIL=1 is set), every
+ *    arena root is allocated on its own at the start of its live range and freed after its end (eager
+ *    allocation); the peak is the live set. Per-tensor alloc/free on every run: slow on CUDA
+ *    (cudaMalloc/cudaFree synchronise the device), and not recordable as a CUDA Graph.
+ *  - kernel: an op kind whose backend entry is NULL (dg_op_missing_kernel), or named in the test hook
+ *    DG_TEST_NO_KERNEL=<op>[,<op>...], runs on a host CPU backend: its tensors are copied to the host,
+ *    the op runs there, its outputs and updated tensors are copied back. Needs f32 activations. */
 dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_plan_t *plan, dg_exec_t **out);
 void dg_exec_free(dg_exec_t *ex);
 /* Runs nodes [first, end) of the schedule in order. Asserts that the plan still matches the graph. */
@@ -517,6 +549,12 @@ dg_status_t dg_exec_stage_scalars(dg_exec_t *ex);
 /* Why nodes [first, end) cannot be recorded as a graph and replayed (the backend cannot record,
  * profiling is on, a collective needs the host), or NULL when they can. The answer lives in ex. */
 const char *dg_exec_capture_blocker(dg_exec_t *ex, int first, int end);
+/* Eager allocation (memory fallback) accounting: bytes allocated now, their peak, and allocations
+ * outstanding; all 0 with the arena. */
+void dg_exec_eager_stats(const dg_exec_t *ex, size_t *bytes, size_t *peak, int *live);
+/* The name of the backend entry op kind `op` needs and `be` lacks (NULL: none missing, or an op that
+ * needs no kernel of its own: structural kinds, waits, collectives, which go through the comm layer). */
+const char *dg_op_missing_kernel(const dg_backend_t *be, dg_op_kind_t op);
 
 /* Allocates device memory for every PERSISTENT root that has none yet (tests and small graphs); the
  * allocations are recorded in *list (free with dg_graph_free_persistent). */
@@ -536,5 +574,6 @@ void dg_graph_print(const dg_graph_t *g, const dg_plan_t *plan, FILE *out, int j
 struct dg_model;
 dg_graph_t *dg_model_graph(const struct dg_model *m);
 const dg_plan_t *dg_model_plan(const struct dg_model *m);
+dg_exec_t *dg_model_exec(const struct dg_model *m); /* NULL for a plan-only model */
 
 #endif /* DG_GRAPH_IMPL_H */

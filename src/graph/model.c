@@ -73,6 +73,10 @@ struct dg_model {
     void *gr_agree_dev;  /* one f32 on the device: the recording agreement over nccl comms */
     dg_model_graph_cb_t gr_cb;
     void *gr_ctx;
+    /* executor fallbacks (dg_model_set_fallback_cb): reports delivered so far */
+    dg_model_fallback_cb_t fb_cb;
+    void *fb_ctx;
+    int fb_sent;
     int64_t step;   /* dg_model_set_step */
     int stall_rank; /* test hook DG_TEST_STALL_COLLECTIVE_RANK/_STEP (-1: off) */
     int64_t stall_step;
@@ -789,6 +793,22 @@ int dg_model_n_ops(const dg_model_t *m) {
 
 dg_graph_t *dg_model_graph(const dg_model_t *m) {
     return m->g;
+}
+
+dg_exec_t *dg_model_exec(const dg_model_t *m) {
+    return m->ex;
+}
+
+static void fb_flush(dg_model_t *m) {
+    if (!m->fb_cb || !m->ex) return;
+    for (; m->fb_sent < m->ex->n_fb; m->fb_sent++)
+        m->fb_cb(m->fb_ctx, m->ex->fb[m->fb_sent].kind, m->ex->fb[m->fb_sent].reason);
+}
+
+void dg_model_set_fallback_cb(dg_model_t *m, dg_model_fallback_cb_t cb, void *ctx) {
+    m->fb_cb = cb;
+    m->fb_ctx = ctx;
+    fb_flush(m);
 }
 
 const dg_plan_t *dg_model_plan(const dg_model_t *m) {

@@ -829,6 +829,68 @@ const char *dg_op_name(dg_op_kind_t kind) {
     return (kind >= 0 && kind < DG_OP_COUNT && op_table[kind].name) ? op_table[kind].name : "?";
 }
 
+/* ================= kernels per op kind ================= */
+
+/* The backend entries each op's exec function calls (the executor's host fallback runs an op on the host
+ * when one is NULL). Collectives are not listed: they run through the comm layer (exec.c), and over a
+ * mesh dimension of size 1 use copy / add_f32, which every backend has. */
+#define K(e) (be->ops->e == NULL ? #e : NULL)
+static const char *first_missing(const char *a, const char *b) {
+    return a ? a : b;
+}
+
+const char *dg_op_missing_kernel(const dg_backend_t *be, dg_op_kind_t op) {
+    switch (op) {
+    case DG_OP_ENCODER:
+        return K(encoder_fwd);
+    case DG_OP_LAYERNORM:
+        return K(layernorm_fwd);
+    case DG_OP_MATMUL:
+        return K(matmul_fwd);
+    case DG_OP_GELU:
+        return K(gelu_fwd);
+    case DG_OP_ATTENTION:
+        return K(attention_fwd);
+    case DG_OP_ADD:
+        return K(add);
+    case DG_OP_CROSSENTROPY:
+        return K(crossentropy_fwd);
+    case DG_OP_ENCODER_BWD:
+        return K(encoder_bwd);
+    case DG_OP_LAYERNORM_BWD:
+        return K(layernorm_bwd);
+    case DG_OP_MATMUL_BWD:
+        return K(matmul_bwd);
+    case DG_OP_GELU_BWD:
+        return K(gelu_bwd);
+    case DG_OP_MATMUL_BWD_DGELU:
+        return K(matmul_bwd_dgelu);
+    case DG_OP_ATTENTION_BWD:
+        return K(attention_bwd);
+    case DG_OP_CROSSENTROPY_BWD:
+        return K(crossentropy_bwd);
+    case DG_OP_ACCUMULATE:
+        return K(accumulate);
+    case DG_OP_ZERO:
+        return K(memset0);
+    case DG_OP_SUMSQ:
+        return K(sumsq_f32);
+    case DG_OP_CLIP_SCALE:
+        return first_missing(K(clip_scale), K(upload_async));
+    case DG_OP_ADAMW:
+        return K(adamw_dev);
+    case DG_OP_FILL0:
+        return K(memset0);
+    case DG_OP_SHARD_PACK:
+        return first_missing(K(memset0), K(copy));
+    case DG_OP_SHARD_UNPACK:
+        return K(copy);
+    default:
+        return NULL;
+    }
+}
+#undef K
+
 /* ================= typed constructors ================= */
 
 dg_node_t *dg_op_encoder(dg_graph_t *g, const char *name, dg_node_t *tokens, dg_node_t *wte, dg_node_t *wpe) {

@@ -645,6 +645,14 @@ static void graph_event(void *ctx, const char *what, const char *detail) {
     }
 }
 
+/* Executor fallbacks (memory: no arena; kernel: an op run on the host), reported once each when the
+ * model is set up (the executor logged the warning). */
+static void exec_fallback_event(void *ctx, const char *kind, const char *reason) {
+    trainer_t *tr = ctx;
+    DG_METRICS_EVENT(tr->metrics, "fallback", DG_JS("kind", kind), DG_JI("step", tr->step + 1),
+                     DG_JS("reason", reason));
+}
+
 static dg_status_t setup(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     DG_TRY(pick_mesh(tr));
@@ -681,6 +689,7 @@ static dg_status_t setup(trainer_t *tr) {
     tr->flops_per_token = dg_model_flops_per_token(&tr->desc);
     tr->window = dg_xcalloc((size_t)(c->train.spike_window > 0 ? c->train.spike_window : 1), sizeof(float));
     tr->loss_scale = is_fp16(c) ? c->train.loss_scale_init : 1.0;
+    dg_model_set_fallback_cb(tr->model, exec_fallback_event, tr);
     dg_model_set_graph_replay(tr->model, c->parallel.cuda_graph, graph_event, tr);
     if (strcmp(tr->backend_name, "cpu") == 0) {
         int threads = c->parallel.threads > 0 ? (int)c->parallel.threads : 0;

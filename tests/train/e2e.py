@@ -21,6 +21,8 @@ Cases (ARG is a number of ranks, or A:B for a resume from A ranks at B ranks):
                      bitwise like the synchronous run
   dist:K[:MESH]      a K-rank run (parallel.mesh = MESH, default auto) matches the 1-rank run of the same
                      global batch (losses 1e-5 relative)
+  fallback:K[:MESH]  the executor's fallbacks (test hooks: no arena, no gelu/layernorm/attention kernels):
+                     fallback events, and losses / grad norms bitwise equal to the planned run
 Environment: DGT_TEST_KEEP=1 keeps the work directory; DGT_TEST_SEED fixes the random choices of the
 sigkill case (the seed used is always printed).
 """
@@ -375,6 +377,37 @@ def case_dist(env, k_ranks, mesh=None):
           (k_ranks, n, GLOBAL_BATCH, st.get("mesh"), worst, LOSS_RTOL, gn, r[1][0]["loss"], r[n][0]["loss"]))
 
 
+def case_fallback(env, k_ranks, mesh=None):
+    """The executor's fallbacks through the real dgtrain (issue 7): the test hooks take away the arena
+    (DG_TEST_ARENA_FAIL=1) and the kernels of gelu, layernorm and attention (DG_TEST_NO_KERNEL); the run
+    must report one memory and one kernel fallback per op kind, and give the planned run's numbers."""
+    n = 3
+    sets = ["train.steps=%d" % n, "train.recompute=gelu"] + (["parallel.mesh=" + mesh] if mesh else [])
+    ref = env.train(k_ranks, "planned", sets)
+    hooks = {"DG_TEST_ARENA_FAIL": "1", "DG_TEST_NO_KERNEL": "gelu,layernorm,attention"}
+    os.environ.update(hooks)
+    try:
+        run = env.train(k_ranks, "fallback", sets)
+    finally:
+        for k in hooks:
+            del os.environ[k]
+    check(not events(ref, "fallback"), "the planned run reported a fallback: %s" % events(ref, "fallback"))
+    fb = events(run, "fallback")
+    mem = [e for e in fb if e.get("kind") == "memory"]
+    ker = [e for e in fb if e.get("kind") == "kernel"]
+    check(len(mem) == 1 and "byte" in mem[0].get("reason", "") and "DG_TEST_ARENA_FAIL" in mem[0]["reason"],
+          "expected one memory fallback naming the arena bytes and the hook, got %s" % mem)
+    for op in ("gelu", "layernorm", "attention"):
+        check(sum(1 for e in ker if e.get("reason", "").startswith("op %s " % op)) == 1,
+              "expected one kernel fallback for %s, got %s" % (op, [e.get("reason") for e in ker]))
+    check(len(fb) == len(mem) + len(ker), "unexpected fallback kinds: %s" % fb)
+    check(all(e.get("step") == 1 for e in fb), "fallback events should come before step 1: %s" % fb)
+    check_tokens(run, range(1, n + 1), "fallback run")
+    assert_steps_bitwise(ref, run, range(1, n + 1), "fallback vs planned")
+    print("PASS fallbacks at %d rank(s) (%s): %d events (memory + kernel: %s), %d steps bitwise equal to the "
+          "planned run" % (k_ranks, mesh or "auto", len(fb), ", ".join(e["reason"].split(" ")[1] for e in ker), n))
+
+
 def case_retention(env):
     n = 5
     run = env.train(2, "keep2", ["train.steps=%d" % n, "checkpoint.every=1", "checkpoint.keep=2"])
@@ -681,6 +714,9 @@ def main():
         elif name == "dist":
             k, _, mesh = arg.partition(":")
             case_dist(env, int(k), mesh or None)
+        elif name == "fallback":
+            k, _, mesh = arg.partition(":")
+            case_fallback(env, int(k), mesh or None)
         elif name == "retention":
             case_retention(env)
         elif name == "incremental":

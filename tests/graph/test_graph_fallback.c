@@ -1,0 +1,351 @@
+/* test_graph_fallback.c — the executor's fallbacks (issue 7) on the CPU backend:
+ *  - memory: the arena cannot be allocated (a real allocation failure from a counting backend, and the
+ *    test hook DG_TEST_ARENA_FAIL=1), so activations are allocated one by one over their live ranges;
+ *  - kernel: ops the backend has no kernel for (vtable entries set to NULL in a copy of the CPU backend's
+ *    table, and the test hook DG_TEST_NO_KERNEL) run on a host CPU backend through copies;
+ *  - both at once.
+ * Each trains a small GPT three steps of two micro-batches (with an evaluation forward and a logits call
+ * in between) and must give bitwise the losses, gradient norms, logits, weights and AdamW moments of the
+ * planned path; the fallback reports must name the right kind; eager allocation must peak below the
+ * arena and leave nothing allocated; the capture blocker must name the fallback; bad hook values are
+ * one-line errors.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph.h"
+#include "graph_impl.h"
+
+static int failures;
+#define EXPECT(cond, ...)                                                                                    \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            failures++;                                                                                      \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
+            fprintf(stderr, __VA_ARGS__);                                                                    \
+            fputc('\n', stderr);                                                                             \
+        }                                                                                                    \
+    } while (0)
+#define OK(expr)                                                                                             \
+    do {                                                                                                     \
+        dg_status_t s_ = (expr);                                                                             \
+        if (s_ != DG_OK) {                                                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, s_, dg_last_error());   \
+            exit(1);                                                                                         \
+        }                                                                                                    \
+    } while (0)
+
+static const dg_model_desc_t small = {
+    .n_layer = 2, .n_head = 4, .d_model = 32, .seq_len = 16, .vocab_size = 67, .padded_vocab = 72};
+enum { B = 2, STEPS = 3, ACCUM = 2 };
+
+/* ---------------- a counting wrapper around the CPU backend ---------------- */
+
+static dg_backend_t *inner;
+static dg_backend_ops_t wrap_ops;
+static dg_backend_t wrap;
+static struct {
+    void *p;
+    size_t bytes;
+} live[4096];
+static int n_live;
+static size_t fail_bytes; /* an allocation of exactly this size fails (0: none) */
+static int n_failed;
+
+static dg_status_t w_alloc(dg_backend_t *be, size_t bytes, void **out) {
+    (void)be;
+    if (fail_bytes && bytes == fail_bytes) {
+        n_failed++;
+        *out = NULL;
+        return DG_ERR(DG_ERR_RUNTIME, "test backend: refusing %zu bytes (simulated out of memory)", bytes);
+    }
+    DG_TRY(inner->ops->alloc(inner, bytes, out));
+    if (n_live >= (int)(sizeof live / sizeof live[0])) {
+        fprintf(stderr, "FAIL: the test's allocation table is full\n");
+        exit(1);
+    }
+    live[n_live].p = *out;
+    live[n_live].bytes = bytes;
+    n_live++;
+    return DG_OK;
+}
+
+static void w_free(dg_backend_t *be, void *p) {
+    (void)be;
+    if (!p) return;
+    for (int i = 0; i < n_live; i++)
+        if (live[i].p == p) {
+            live[i] = live[--n_live];
+            inner->ops->free(inner, p);
+            return;
+        }
+    failures++;
+    fprintf(stderr, "FAIL: free of %p, which the backend did not allocate (or freed twice)\n", p);
+}
+
+static void w_destroy(dg_backend_t *be) {
+    (void)be; /* the inner backend is freed by main */
+}
+
+static dg_status_t w_graph_begin(dg_backend_t *be) {
+    (void)be;
+    return DG_ERR(DG_ERR_RUNTIME, "test backend: no recording");
+}
+
+/* The wrapper with the kernels named in `missing` (vtable entry names) set to NULL; graph_begin set so
+ * that dg_exec_capture_blocker gets past "the backend cannot record". */
+static dg_backend_t *wrapper(const char *missing) {
+    wrap_ops = *inner->ops;
+    wrap_ops.alloc = w_alloc;
+    wrap_ops.free = w_free;
+    wrap_ops.destroy = w_destroy;
+    wrap_ops.graph_begin = w_graph_begin;
+#define DROP(e)                                                                                              \
+    if (strstr(missing, #e ",")) wrap_ops.e = NULL
+    DROP(encoder_fwd);
+    DROP(layernorm_fwd);
+    DROP(matmul_fwd);
+    DROP(gelu_fwd);
+    DROP(attention_fwd);
+    DROP(add);
+    DROP(crossentropy_fwd);
+    DROP(encoder_bwd);
+    DROP(layernorm_bwd);
+    DROP(matmul_bwd);
+    DROP(gelu_bwd);
+    DROP(matmul_bwd_dgelu);
+    DROP(attention_bwd);
+    DROP(crossentropy_bwd);
+    DROP(accumulate);
+    DROP(sumsq_f32);
+    DROP(clip_scale);
+    DROP(adamw_dev);
+#undef DROP
+    wrap = *inner;
+    wrap.ops = &wrap_ops;
+    return &wrap;
+}
+
+static size_t live_bytes(void) {
+    size_t s = 0;
+    for (int i = 0; i < n_live; i++)
+        s += live[i].bytes;
+    return s;
+}
+
+/* ---------------- one training run ---------------- */
+
+typedef struct {
+    float loss[STEPS * ACCUM], eval[STEPS], norm[STEPS];
+    float *logits, *w, *m;
+    size_t nw;
+    int n_memory, n_kernel;
+    char kernels[8192]; /* the kernel reports, ';'-separated */
+} run_t;
+
+static void on_fallback(void *ctx, const char *kind, const char *reason) {
+    run_t *r = ctx;
+    if (strcmp(kind, "memory") == 0) r->n_memory++;
+    if (strcmp(kind, "kernel") == 0) {
+        r->n_kernel++;
+        size_t len = strlen(r->kernels);
+        snprintf(r->kernels + len, sizeof r->kernels - len, "%s;", reason);
+    }
+    printf("  fallback %s: %s\n", kind, reason);
+}
+
+static void random_ids(int32_t *x, size_t n, int v, uint64_t *s) {
+    for (size_t i = 0; i < n; i++) {
+        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (int32_t)((*s >> 33) % (uint64_t)v);
+    }
+}
+
+/* Trains on `be` with the environment as set; checks eager allocation's accounting on the way. */
+static void train(dg_backend_t *be, int flags, run_t *r) {
+    memset(r, 0, sizeof *r);
+    dg_model_t *m;
+    OK(dg_model_create_ex(&small, be, B, 77, flags, &m));
+    dg_model_set_fallback_cb(m, on_fallback, r);
+    OK(dg_model_set_grad_accum(m, ACCUM));
+    size_t n = (size_t)B * small.seq_len;
+    int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
+    uint64_t s = 5;
+    for (int st = 1; st <= STEPS; st++) {
+        OK(dg_model_zero_grad(m));
+        for (int k = 0; k < ACCUM; k++) {
+            random_ids(tok, n, small.vocab_size, &s);
+            random_ids(tgt, n, small.vocab_size, &s);
+            OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(n * ACCUM),
+                                         &r->loss[(st - 1) * ACCUM + k]));
+        }
+        dg_optim_hparams_t h = {.lr = 3e-3f,
+                                .beta1 = 0.9f,
+                                .beta2 = 0.95f,
+                                .eps = 1e-8f,
+                                .weight_decay = 0.1f,
+                                .grad_clip = 1.0f,
+                                .t = st};
+        OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
+        OK(dg_model_forward(m, tok, tgt, &r->eval[st - 1])); /* a forward-only run between steps */
+    }
+    r->logits = malloc((size_t)B * small.vocab_size * sizeof(float));
+    OK(dg_model_logits(m, tok, small.seq_len / 2, r->logits));
+    r->nw = dg_model_flat_numel(m);
+    r->w = malloc(r->nw * sizeof(float));
+    r->m = malloc(r->nw * sizeof(float));
+    OK(dg_model_get_flat(m, DG_STATE_PARAM, r->w));
+    OK(dg_model_get_flat(m, DG_STATE_ADAM_M, r->m));
+
+    dg_exec_t *ex = dg_model_exec(m);
+    size_t bytes, peak;
+    int nlive;
+    dg_exec_eager_stats(ex, &bytes, &peak, &nlive);
+    const char *why = dg_exec_capture_blocker(ex, 0, dg_model_graph(m)->n);
+    if (ex->eager) {
+        printf("  eager allocation: peak %zu bytes (arena %zu), %d tensors (%zu bytes) still allocated\n",
+               peak, dg_model_arena_bytes(m), nlive, bytes);
+        EXPECT(peak > 0 && peak <= dg_model_arena_bytes(m), "eager peak %zu bytes vs the arena's %zu", peak,
+               dg_model_arena_bytes(m));
+        EXPECT(why && strstr(why, "memory fallback"), "capture blocker with eager allocation: %s",
+               why ? why : "(none)");
+    } else {
+        EXPECT(peak == 0 && nlive == 0, "no eager allocation expected");
+    }
+    if (!ex->eager && r->n_kernel && be == &wrap)
+        EXPECT(why && strstr(why, "runs on the host"), "capture blocker with host ops: %s",
+               why ? why : "(none)");
+    free(tok);
+    free(tgt);
+    dg_model_free(m);
+}
+
+static void run_free(run_t *r) {
+    free(r->logits);
+    free(r->w);
+    free(r->m);
+}
+
+static void expect_same(const run_t *a, const run_t *b, const char *what) {
+    EXPECT(memcmp(a->loss, b->loss, sizeof a->loss) == 0, "%s: micro-batch losses differ", what);
+    EXPECT(memcmp(a->eval, b->eval, sizeof a->eval) == 0, "%s: evaluation losses differ", what);
+    EXPECT(memcmp(a->norm, b->norm, sizeof a->norm) == 0, "%s: gradient norms differ (%g vs %g)", what,
+           (double)a->norm[0], (double)b->norm[0]);
+    EXPECT(memcmp(a->logits, b->logits, (size_t)B * small.vocab_size * sizeof(float)) == 0,
+           "%s: logits differ", what);
+    EXPECT(a->nw == b->nw && memcmp(a->w, b->w, a->nw * sizeof(float)) == 0, "%s: weights differ", what);
+    EXPECT(a->nw == b->nw && memcmp(a->m, b->m, a->nw * sizeof(float)) == 0, "%s: AdamW moments differ",
+           what);
+}
+
+/* Every allocation of the model (persistent buffers, arena or eager tensors) is returned. */
+static void expect_all_freed(const char *what) {
+    EXPECT(n_live == 0, "%s: %d allocations (%zu bytes) outstanding after dg_model_free", what, n_live,
+           live_bytes());
+}
+
+static void test_flags(int flags) {
+    printf("flags %d\n", flags);
+    run_t ref, r;
+    unsetenv("DG_TEST_ARENA_FAIL");
+    unsetenv("DG_TEST_NO_KERNEL");
+    train(wrapper(""), flags, &ref);
+    expect_all_freed("planned");
+    EXPECT(ref.n_memory == 0 && ref.n_kernel == 0, "planned path: no fallback expected");
+    printf("  planned: losses %.4f .. %.4f, norms %.4f .. %.4f\n", (double)ref.loss[0],
+           (double)ref.loss[STEPS * ACCUM - 1], (double)ref.norm[0], (double)ref.norm[STEPS - 1]);
+    fail_bytes = 0;
+
+    /* memory: the hook, then a real allocation failure of the arena */
+    setenv("DG_TEST_ARENA_FAIL", "1", 1);
+    train(wrapper(""), flags, &r);
+    unsetenv("DG_TEST_ARENA_FAIL");
+    expect_all_freed("DG_TEST_ARENA_FAIL");
+    EXPECT(r.n_memory == 1 && r.n_kernel == 0, "DG_TEST_ARENA_FAIL: %d memory, %d kernel reports", r.n_memory,
+           r.n_kernel);
+    expect_same(&ref, &r, "DG_TEST_ARENA_FAIL=1");
+    run_free(&r);
+
+    dg_model_t *m;
+    OK(dg_model_create_ex(&small, inner, B, 77, flags, &m));
+    fail_bytes = dg_model_arena_bytes(m);
+    dg_model_free(m);
+    n_failed = 0;
+    train(wrapper(""), flags, &r);
+    fail_bytes = 0;
+    expect_all_freed("arena allocation failure");
+    EXPECT(n_failed >= 1 && r.n_memory == 1, "arena allocation failure: %d refused, %d memory reports",
+           n_failed, r.n_memory);
+    expect_same(&ref, &r, "arena allocation failure");
+    run_free(&r);
+
+    /* kernel: the hook, then kernels really missing from the vtable (forward, backward, in-place
+     * cross-entropy backward, the optimizer's scalar block), then everything at once with eager allocation */
+    setenv("DG_TEST_NO_KERNEL", "gelu,layernorm,attention", 1);
+    train(wrapper(""), flags, &r);
+    unsetenv("DG_TEST_NO_KERNEL");
+    EXPECT(r.n_kernel >= 2 && r.n_memory == 0 && strstr(r.kernels, "layernorm") &&
+               strstr(r.kernels, "attention") && strstr(r.kernels, "DG_TEST_NO_KERNEL"),
+           "DG_TEST_NO_KERNEL: reports %s", r.kernels);
+    expect_same(&ref, &r, "DG_TEST_NO_KERNEL=gelu,layernorm,attention");
+    run_free(&r);
+
+    train(wrapper("gelu_fwd,layernorm_bwd,attention_fwd,crossentropy_bwd,matmul_bwd_dgelu,matmul_bwd,"
+                  "adamw_dev,clip_scale,sumsq_f32,accumulate,"),
+          flags, &r);
+    expect_all_freed("missing kernels");
+    EXPECT(r.n_kernel >= 6 && strstr(r.kernels, "has no adamw_dev") &&
+               strstr(r.kernels, "has no layernorm_bwd"),
+           "missing kernels: reports %s", r.kernels);
+    expect_same(&ref, &r, "missing kernels");
+    run_free(&r);
+
+    setenv("DG_TEST_ARENA_FAIL", "1", 1);
+    train(wrapper(
+              "encoder_fwd,layernorm_fwd,matmul_fwd,gelu_fwd,attention_fwd,add,crossentropy_fwd,encoder_bwd,"
+              "layernorm_bwd,matmul_bwd,gelu_bwd,matmul_bwd_dgelu,attention_bwd,crossentropy_bwd,accumulate,"
+              "sumsq_f32,clip_scale,adamw_dev,"),
+          flags, &r);
+    unsetenv("DG_TEST_ARENA_FAIL");
+    expect_all_freed("no kernels and no arena");
+    EXPECT(r.n_memory == 1 && r.n_kernel >= 10, "no kernels and no arena: %d memory, %d kernel reports",
+           r.n_memory, r.n_kernel);
+    expect_same(&ref, &r, "no kernels and no arena");
+    run_free(&r);
+    run_free(&ref);
+}
+
+static void test_hook_errors(void) {
+    const char *bad[] = {"bogus", "all_gather", "gelu,,nope"};
+    for (int i = 0; i < 3; i++) {
+        setenv("DG_TEST_NO_KERNEL", bad[i], 1);
+        dg_model_t *m = NULL;
+        dg_status_t st = dg_model_create(&small, wrapper(""), B, 1, &m);
+        EXPECT(st == DG_ERR_USAGE && strstr(dg_last_error(), "DG_TEST_NO_KERNEL") &&
+                   strstr(dg_last_error(), "hint") && !strchr(dg_last_error(), '\n'),
+               "DG_TEST_NO_KERNEL=%s: status %d, %s", bad[i], st, dg_last_error());
+        dg_model_free(m);
+        expect_all_freed("a failed create");
+    }
+    unsetenv("DG_TEST_NO_KERNEL");
+}
+
+int main(void) {
+    dg_backend_config_t bc = {.act_dtype = DG_F32};
+    OK(dg_backend_cpu_create(&bc, &inner));
+    double t0 = dg_now_s();
+    test_flags(0);
+    test_flags(DG_MODEL_RECOMPUTE_GELU | DG_MODEL_UNFUSED_GELU_BWD);
+    test_hook_errors();
+    dg_backend_free(inner);
+    printf("fallback tests took %.1f s\n", dg_now_s() - t0);
+    if (failures) {
+        fprintf(stderr, "%d failure(s)\n", failures);
+        return 1;
+    }
+    printf("all fallback tests passed\n");
+    return 0;
+}
