@@ -417,6 +417,32 @@ def case_graph(env):
     print("PASS CUDA Graph replay: " + "; ".join(notes))
 
 
+def case_fallback(env):
+    """The executor's memory and kernel fallbacks (issue 7) on the GPU: eager per-tensor allocation
+    (DG_TEST_ARENA_FAIL=1) gives the planned run's numbers bit for bit (same kernels, other addresses);
+    ops forced onto the host (DG_TEST_NO_KERNEL, fp32: the host backend computes in fp32) agree with the
+    planned run within the fp32 distributed bounds. Each writes its fallback events, and CUDA Graph
+    replay falls back too (allocation and host copies cannot be recorded)."""
+    notes = []
+    sets = ["train.precision=fp32", "train.recompute=gelu"]  # recompute: a standalone gelu op exists
+    base = env.train(1, "fb_base", sets + ["parallel.cuda_graph=false"])
+    mem = env.train(1, "fb_memory", sets, prefix=["env", "DG_TEST_ARENA_FAIL=1"])
+    kinds = sorted(e.get("kind") for e in events(mem, "fallback"))
+    check(kinds == ["cuda_graph", "memory"], "memory fallback: fallback events %s, expected cuda_graph and memory" %
+          kinds)
+    check_same_run(env, mem, base, "memory fallback (eager allocation) vs planned op by op")
+    notes.append("memory: events %s, bitwise equal to the planned run" % kinds)
+    host = env.train(1, "fb_kernel", sets, prefix=["env", "DG_TEST_NO_KERNEL=gelu,layernorm"])
+    fb = events(host, "fallback")
+    kinds = sorted(e.get("kind") for e in fb)
+    check(kinds == ["cuda_graph", "kernel", "kernel"], "kernel fallback: fallback events %s" % kinds)
+    worst, gn = compare_steps(base, host, list(range(1, STEPS + 1)), DIST_LOSS_RTOL, 1e-4, "kernel fallback")
+    wd, wv = max_model_diff(env, base, host)
+    check(wv <= DIST_WEIGHT_ATOL, "kernel fallback: final weights: %s differs by %.3g" % (wd, wv))
+    notes.append("kernel (gelu, layernorm on the host): losses %.3g, grad norms %.3g, weights %.3g" % (worst, gn, wv))
+    print("PASS executor fallbacks: " + "; ".join(notes))
+
+
 def steps_of(run_dir):
     """step -> (parsed line, {field: number text}) for whatever steps the run wrote."""
     out = {}
@@ -1085,7 +1111,7 @@ def main():
         return 2
     case, dgtrain, dgckpt, mpi = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     cases = {"fp32": case_fp32, "bf16": case_bf16, "determinism": case_determinism, "multirank": case_multirank,
-             "graph": case_graph, "memcheck": case_memcheck, "nccl": case_nccl, "torch": case_torch, "torch-fp32": case_torch_fp32,
+             "graph": case_graph, "fallback": case_fallback, "memcheck": case_memcheck, "nccl": case_nccl, "torch": case_torch, "torch-fp32": case_torch_fp32,
              "torch-cpu-selfcheck": case_torch_cpu_selfcheck}
     if case not in cases:
         print("gpu_e2e.py: unknown case '%s' (expected %s)" % (case, ", ".join(cases)), file=sys.stderr)

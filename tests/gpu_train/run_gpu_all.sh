@@ -97,7 +97,7 @@ if [ -x "$san" ]; then
      >"$out/racecheck_attn_impl.log" 2>&1; echo "rc=$?" >>"$out/racecheck_attn_impl.log") &
   pid_race=$!
 fi
-for c in fp32 bf16 determinism multirank graph torch; do
+for c in fp32 bf16 determinism multirank graph fallback torch; do
   python3 "$root/tests/gpu_train/gpu_e2e.py" "$c" "$dgtrain" "$dgckpt" "${mpi[@]}" >"$out/gpu_train_$c.log" 2>&1 &
   pids+=($!)
 done
@@ -119,7 +119,7 @@ log "attention vs CPU, $rows_best-row blocks, rc=$?: $(grep -h 'cuda vs cpu' "$o
 for p in "${pids[@]}"; do wait "$p"; done
 [ -n "${pid_race:-}" ] && wait $pid_race &&
   log "racecheck attn-impl: $(grep -hE 'RACECHECK SUMMARY|^rc=' "$out/racecheck_attn_impl.log" | tr '\n' ' ')"
-for c in fp32 bf16 determinism multirank graph torch; do
+for c in fp32 bf16 determinism multirank graph fallback torch; do
   log "gpu_train_$c: $(grep -hE '^(PASS|FAIL|SKIP)' "$out/gpu_train_$c.log" | cut -c1-1500 | tr '
 ' ' ')"
 done
