@@ -18,25 +18,7 @@
 
 #include "graph.h"
 #include "graph_impl.h"
-
-static int failures;
-#define EXPECT(cond, ...)                                                                                    \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            failures++;                                                                                      \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
-#define OK(expr)                                                                                             \
-    do {                                                                                                     \
-        dg_status_t s_ = (expr);                                                                             \
-        if (s_ != DG_OK) {                                                                                   \
-            fprintf(stderr, "FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, s_, dg_last_error());   \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
+#include "gtest.h"
 
 static const dg_model_desc_t small = {
     .n_layer = 2, .n_head = 4, .d_model = 32, .seq_len = 16, .vocab_size = 67, .padded_vocab = 72};

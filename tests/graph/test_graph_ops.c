@@ -17,28 +17,9 @@
 
 #include "graph_impl.h"
 #include "ref64.h"
+#include "gtest.h"
 
-static int failures;
 static uint64_t covered; /* bit per op kind executed in a case that passed its checks */
-
-#define EXPECT(cond, ...)                                                                                    \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            failures++;                                                                                      \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
-
-#define OK(expr)                                                                                             \
-    do {                                                                                                     \
-        dg_status_t s_ = (expr);                                                                             \
-        if (s_ != DG_OK) {                                                                                   \
-            fprintf(stderr, "FAIL %s:%d: %s -> %d: %s\n", __FILE__, __LINE__, #expr, s_, dg_last_error());   \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
 
 /* ---------------- a small harness around one test graph ---------------- */
 
