@@ -12,7 +12,8 @@
 #
 # BUILD_DIR (default build-gpu) is used as it is when its binaries run here, else built. Environment:
 # OUT (default ./gpu-multi-out), BUDGET_S (default 560: phases that would start later are skipped),
-# CUDA_ARCH (90), B (gpt2-124m micro-batch per GPU, default 16), STEPS (weak-scaling steps, default 30).
+# CUDA_ARCH (90), B (gpt2-124m micro-batch per GPU, default 16), STEPS (weak-scaling steps, default 30),
+# CTAS (NCCL_MAX_CTAS values for extra 2-GPU mesh=auto runs, default "8 16"; empty: none).
 set -uo pipefail
 t_start=$(date +%s)
 here=$(cd "$(dirname "$0")" && pwd)
@@ -170,6 +171,12 @@ PY
     --set parallel.comm=mpi --set checkpoint.every=0
   [ "$(left)" -gt 60 ] && run124 g2_auto_nccl 2 $((2 * B)) --set parallel.mesh=auto --set parallel.comm=nccl \
     --set checkpoint.every=0
+  # fewer NCCL blocks beside the backward's kernels (NCCL_MAX_CTAS, NCCL >= 2.17): less slowdown of the
+  # compute the all-reduces overlap, at a lower all-reduce bandwidth; CTAS="8 16" by default
+  for ctas in ${CTAS-8 16}; do
+    [ "$(left)" -gt 60 ] && NCCL_MAX_CTAS=$ctas run124 g2_auto_nccl_ctas$ctas 2 $((2 * B)) --set parallel.mesh=auto \
+      --set parallel.comm=nccl --set checkpoint.every=0
+  done
   [ "$(left)" -gt 60 ] && run124 g2_repl_nccl_accum2 2 $((4 * B)) --set parallel.mesh=dp_replicate=2 \
     --set parallel.comm=nccl --set checkpoint.every=0
   [ "$(left)" -gt 60 ] && run124 m350_g1 1 "$B" --set model.preset=gpt2-350m --set checkpoint.every=0
@@ -184,7 +191,8 @@ def t(n):
         return float(open(os.path.join(sys.argv[1], n, "metrics.jsonl.tps")).read())
     except (OSError, ValueError):
         return 0.0
-for base, runs in (("g1", ("g2_shard_nccl", "g2_repl_nccl", "g2_auto_nccl", "g2_repl_nccl_accum2", "g2_shard_mpi")),
+for base, runs in (("g1", ("g2_shard_nccl", "g2_repl_nccl", "g2_auto_nccl", "g2_auto_nccl_ctas8", "g2_auto_nccl_ctas16",
+                           "g2_repl_nccl_accum2", "g2_shard_mpi")),
                    ("m350_g1", ("m350_g2_shard_nccl", "m350_g2_repl_nccl"))):
     g1 = t(base)
     for n in runs:
