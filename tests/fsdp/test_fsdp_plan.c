@@ -13,17 +13,7 @@
 
 #include "fsdp.h"
 #include "graph_impl.h"
-
-static int failures;
-#define EXPECT(cond, ...)                                                                                    \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            failures++;                                                                                      \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
+#include "../graph/gtest.h"
 
 static dg_backend_t *be;
 

@@ -320,19 +320,11 @@ def case_determinism(env):
     for prec in ("fp32", "bf16"):
         a = env.train(1, "%s_a" % prec, ["train.precision=" + prec])
         b = env.train(1, "%s_b" % prec, ["train.precision=" + prec])
-        sa, sb = step_lines(a), step_lines(b)
-        for s in range(1, STEPS + 1):
-            for k in ("loss", "grad_norm", "lr", "tokens"):
-                check(sa[s][1].get(k) == sb[s][1].get(k), "%s: step %d %s differs between two runs: %s vs %s" %
-                      (prec, s, k, sa[s][1].get(k), sb[s][1].get(k)))
-        rc, per = env.diff(final_ckpt(a), final_ckpt(b))
-        bad = {k: v for k, v in per.items() if v != 0}
-        check(rc == 0 and not bad, "%s: final checkpoints differ (dgckpt diff exit %d): %s" %
-              (prec, rc, ", ".join("%s %.3g" % kv for kv in sorted(bad.items())[:6])))
+        sa, nd = check_same_run(env, a, b, "%s, two runs" % prec)
         check_learns(sa, "%s run" % prec)
         print("PASS determinism %s: two CUDA runs, %d step lines bitwise equal (loss, grad_norm, lr, tokens); final "
               "checkpoints identical (%d datasets, dgckpt diff exit 0); last loss %s" %
-              (prec, STEPS, len(per), sa[STEPS][1]["loss"]))
+              (prec, STEPS, nd, sa[STEPS][1]["loss"]))
 
 
 def case_multirank(env):
