@@ -45,6 +45,11 @@
  *        dtype (accumulate works in the act dtype): the executor adds a reduce-scatter's result into the
  *        f32 gradient shard on the device, without a host round trip, so the step stays capturable.
  *        Appended at the end of the table. Additive.
+ *   v1.6 (2026-11-29, adamw-multi) adamw_multi_dev(): adamw_dev over many tensors at once, each a segment
+ *        (dg_adamw_seg_t: offset, count, weight decay on/off, skip) of the same flat master / compute /
+ *        grad / m / v buffers, in one call (one kernel launch on CUDA); the same arithmetic as adamw_dev
+ *        per segment, bit for bit. Optional (NULL: the executor runs one adamw_dev per tensor). Appended
+ *        at the end of the table. Additive.
  */
 #ifndef DG_BACKEND_H
 #define DG_BACKEND_H
@@ -71,6 +76,18 @@ enum {
     DG_DS_INV_BC1 = 5, /* 1 / (1 - beta1^t), computed in double on the host */
     DG_DS_INV_BC2 = 6, /* 1 / (1 - beta2^t) */
     DG_DS_COUNT = 8
+};
+
+/* One tensor of adamw_multi_dev (v1.6): elements [off, off + count) of each flat buffer. 16 bytes; a table
+ * of them lives in device memory (the backend's alloc) and is read by the device when the op runs. */
+typedef struct dg_adamw_seg {
+    uint64_t off;   /* first element; a multiple of 4 (16 bytes of f32) */
+    uint32_t count; /* elements, >= 1 */
+    uint32_t flags; /* DG_ADAMW_SEG_* */
+} dg_adamw_seg_t;
+enum {
+    DG_ADAMW_SEG_DECAY = 1u, /* apply the weight decay (else wd = 0 for this tensor) */
+    DG_ADAMW_SEG_SKIP = 2u   /* leave this tensor alone (frozen) */
 };
 
 typedef struct dg_backend_config {
@@ -198,6 +215,20 @@ typedef struct dg_backend_ops {
     /* dst[i] += src[i], n f32 values (any act dtype), queued in order with every other op: no host sync,
      * capturable. dst and src must not overlap unless equal. Deterministic (one add per element). */
     dg_status_t (*add_f32)(dg_backend_t *be, float *dst, const float *src, size_t n);
+
+    /* ---- v1.6 (optional: NULL where the backend has none) ---- */
+    /* adamw_dev over every segment of a table at once: for each segs[i] without DG_ADAMW_SEG_SKIP, exactly
+     *   adamw_dev(master + off, compute ? compute + off : NULL, grad + off, m + off, v + off, count,
+     *             beta1, beta2, eps, (flags & DG_ADAMW_SEG_DECAY) ? wd : 0, sc)
+     * bit for bit (same float operations per element), in one call (CUDA: one kernel launch, whatever
+     * nseg). segs: nseg entries in DEVICE memory (from alloc; upload_async may fill it earlier on the
+     * queue: the table is read when the op runs, so a recorded graph replays whatever it holds then),
+     * sorted by off, not overlapping, off a multiple of 4, off + count <= span. span: elements of each
+     * flat buffer (compute in the act dtype, the others f32) that the segments lie in; elements of no
+     * segment (gaps) are not touched. Like adamw_dev, changes nothing when sc[DG_DS_NORM] is not finite. */
+    dg_status_t (*adamw_multi_dev)(dg_backend_t *be, const dg_adamw_seg_t *segs, int nseg, size_t span,
+                                   float *master, void *compute, const float *grad, float *m, float *v,
+                                   float beta1, float beta2, float eps, float wd, const float *sc);
 } dg_backend_ops_t;
 
 struct dg_backend {

@@ -1,4 +1,4 @@
-/* autodiff.c — reverse-mode differentiation over the IR, and the optimizer pass.
+/* autodiff.c — reverse-mode differentiation over the IR, the optimizer pass and the fused AdamW pass.
  *
  * dg_autodiff walks the forward nodes in reverse schedule order and calls each op's backward builder
  * (ops.c), which appends backward ops in phase BWD. The sum over several consumers of a tensor is
@@ -266,4 +266,103 @@ dg_status_t dg_graph_add_optimizer(dg_graph_t *g, int (*decay_of)(const dg_node_
     free(mv);
     if (scalars_out) *scalars_out = g->err ? NULL : sc;
     return g->err;
+}
+
+/* ---------------- fused AdamW pass ---------------- */
+
+static int seg_by_off(const void *a, const void *b) {
+    const dg_opt_seg_t *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+dg_status_t dg_pass_fuse_adamw(dg_graph_t *g, void *ctx) {
+    dg_fuse_adamw_t *f = ctx;
+    f->master = f->grad = f->m = f->v = f->param = f->segs = NULL;
+    if (g->err) return g->err;
+    int na = 0, last = -1;
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->op == DG_OP_ADAMW) {
+            na++;
+            last = i;
+        }
+    if (na == 0) return DG_OK;
+    if (g->opt_segs)
+        return DG_ERR(DG_ERR_USAGE,
+                      "graph: pass fuse_adamw: the graph has a fused AdamW already; hint: run the "
+                      "pass once, after the optimizer pass");
+    dg_opt_seg_t *segs = dg_xcalloc((size_t)na, sizeof *segs);
+    dg_node_t **ad = dg_xcalloc((size_t)na, sizeof *ad);
+    dg_status_t st = DG_OK;
+    int k = 0;
+    for (int i = 0; i < g->n && st == DG_OK; i++) {
+        dg_node_t *a = g->nodes[i];
+        if (a->op != DG_OP_ADAMW) continue;
+        int pi = a->upd[0]->param_index;
+        size_t count = dg_node_numel(a->src[0]);
+        if (pi < 0 || pi >= f->n) {
+            st = DG_ERR(DG_ERR_USAGE,
+                        "graph: pass fuse_adamw: '%s' updates parameter index %d, outside the %d "
+                        "offsets given",
+                        a->name, pi, f->n);
+            break;
+        }
+        size_t off = f->off[pi];
+        if (off % 4 != 0 || off > f->span || count > f->span - off || count > UINT32_MAX)
+            st = DG_ERR(
+                DG_ERR_USAGE,
+                "graph: pass fuse_adamw: '%s' (%zu elements at offset %zu) does not fit a segment of the "
+                "%zu-element flat buffers; hint: offsets must be multiples of 4 elements",
+                a->name, count, off, f->span);
+        segs[k] = (dg_opt_seg_t){pi, a->attr[DG_A_DECAY] != 0, off, count};
+        ad[k++] = a;
+    }
+    if (st == DG_OK) {
+        qsort(segs, (size_t)na, sizeof *segs, seg_by_off);
+        for (int j = 1; j < na && st == DG_OK; j++)
+            if (segs[j].off < segs[j - 1].off + segs[j - 1].count)
+                st = DG_ERR(
+                    DG_ERR_USAGE,
+                    "graph: pass fuse_adamw: parameters %d and %d overlap in the flat buffers (offsets "
+                    "%zu and %zu)",
+                    segs[j - 1].param_index, segs[j].param_index, segs[j - 1].off, segs[j].off);
+    }
+    if (st != DG_OK) {
+        free(segs);
+        free(ad);
+        return g->err = st;
+    }
+    /* the fused op takes the place of the last ADAMW: every input of every ADAMW is ready there */
+    int pos = last - (na - 1);
+    dg_node_t *sc = ad[0]->src[1];
+    for (int j = 0; j < na; j++)
+        dg_graph_remove(g, ad[j]);
+    free(ad);
+    g->opt_segs = segs;
+    g->n_opt_segs = na;
+
+    int64_t span = (int64_t)f->span, tshape[2] = {na, 4};
+    dg_node_t *leaf[6];
+    int nl = 0;
+    leaf[nl++] = f->master = dg_graph_leaf(g, "flat.master", DG_F32, 1, &span, DG_NF_FLAT);
+    leaf[nl++] = f->grad = dg_graph_leaf(g, "flat.grad", DG_F32, 1, &span, DG_NF_FLAT);
+    leaf[nl++] = f->m = dg_graph_leaf(g, "flat.adam_m", DG_F32, 1, &span, DG_NF_FLAT);
+    leaf[nl++] = f->v = dg_graph_leaf(g, "flat.adam_v", DG_F32, 1, &span, DG_NF_FLAT);
+    if (g->act_dtype != DG_F32)
+        leaf[nl++] = f->param = dg_graph_leaf(g, "flat.param", g->act_dtype, 1, &span, DG_NF_FLAT);
+    else
+        f->param = f->master;
+    _Static_assert(sizeof(dg_adamw_seg_t) == 4 * sizeof(int32_t), "segment table leaf: [nseg, 4] int32");
+    leaf[nl++] = f->segs = dg_graph_leaf(g, "optim.adamw_segs", DG_I32, 2, tshape, DG_NF_FLAT);
+    if (g->err) return g->err;
+    for (int j = 0; j < nl; j++)
+        dg_graph_move(g, leaf[j], pos++);
+    dg_phase_t saved = g->cur_phase;
+    g->cur_phase = DG_PHASE_OPT;
+    dg_node_t *src[3] = {f->grad, sc, f->segs}, *upd[4] = {f->master, f->m, f->v, f->param};
+    int64_t attr[2] = {0, na};
+    dg_node_t *op = dg_graph_add_op(g, DG_OP_ADAMW_ALL, "adamw.flat", 3, src, 4, upd, attr, 2);
+    g->cur_phase = saved;
+    if (!op) return g->err;
+    dg_graph_move(g, op, pos);
+    return DG_OK;
 }

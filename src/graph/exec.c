@@ -343,6 +343,21 @@ static int on_host(const dg_exec_t *ex, const dg_node_t *n) {
 
 /* ---------------- creation ---------------- */
 
+/* The fused AdamW's segment table for this step: the graph's segments, frozen parameters flagged skip. */
+static void stage_segs(dg_exec_t *ex) {
+    const dg_graph_t *g = ex->graph;
+    const dg_runtime_t *rt = &ex->rt;
+    if (!ex->seg_host) return;
+    for (int i = 0; i < g->n_opt_segs; i++) {
+        const dg_opt_seg_t *s = &g->opt_segs[i];
+        int pi = s->param_index;
+        int frozen = rt->frozen && pi >= 0 && pi < rt->n_frozen_slots && rt->frozen[pi];
+        ex->seg_host[i] =
+            (dg_adamw_seg_t){(uint64_t)s->off, (uint32_t)s->count,
+                             (s->decay ? DG_ADAMW_SEG_DECAY : 0u) | (frozen ? DG_ADAMW_SEG_SKIP : 0u)};
+    }
+}
+
 dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_plan_t *plan, dg_exec_t **out) {
     *out = NULL;
     DG_ASSERTF(dg_plan_matches(plan, g), "executor: the plan was made for another graph or an older version");
@@ -386,11 +401,18 @@ dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_plan_
         if (st != DG_OK)
             st = dg_err_prefix(st, "executor: cannot allocate the host mirror of the step scalars");
     }
+    if (st == DG_OK && g->n_opt_segs > 0) {
+        st = be->ops->host_alloc(be, (size_t)g->n_opt_segs * sizeof(dg_adamw_seg_t), (void **)&ex->seg_host);
+        if (st != DG_OK)
+            st = dg_err_prefix(
+                st, "executor: cannot allocate the host mirror of the fused AdamW's segment table");
+    }
     if (st != DG_OK) {
         dg_exec_free(ex);
         return st;
     }
     memset(ex->sc_host, 0, DG_DS_COUNT * sizeof(float));
+    stage_segs(ex);
     *out = ex;
     return DG_OK;
 }
@@ -411,6 +433,7 @@ void dg_exec_free(dg_exec_t *ex) {
     dg_backend_free(ex->host_be);
     free(ex->ovr);
     if (ex->sc_host) ex->be->ops->host_free(ex->be, ex->sc_host);
+    if (ex->seg_host) ex->be->ops->host_free(ex->be, ex->seg_host);
     for (int i = 0; ex->stage && i < ex->graph->n; i++)
         free(ex->stage[i]);
     free(ex->stage);
@@ -700,6 +723,7 @@ dg_status_t dg_exec_stage_scalars(dg_exec_t *ex) {
     ex->sc_host[DG_DS_LR] = rt->lr;
     ex->sc_host[DG_DS_INV_BC1] = (float)(1.0 / (1.0 - pow((double)rt->beta1, (double)rt->t)));
     ex->sc_host[DG_DS_INV_BC2] = (float)(1.0 / (1.0 - pow((double)rt->beta2, (double)rt->t)));
+    stage_segs(ex); /* the frozen set may have changed since the last step */
     return DG_OK;
 }
 

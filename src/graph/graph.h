@@ -106,7 +106,11 @@ enum {
     DG_MODEL_RECOMPUTE_GELU = 4,
     /* Tests and A/B timing: keep mlp.proj's backward and GELU's backward as two ops (matmul_bwd, then
      * gelu_bwd over a materialised [N, 4C] gradient) instead of one matmul_bwd_dgelu. */
-    DG_MODEL_UNFUSED_GELU_BWD = 8
+    DG_MODEL_UNFUSED_GELU_BWD = 8,
+    /* Tests and A/B timing: one AdamW op (backend adamw_dev) per parameter instead of one op over all of
+     * them (adamw_multi_dev, one kernel launch on CUDA). Same numbers, bit for bit. Also chosen when the
+     * backend has no adamw_multi_dev, or with the environment variable DG_TEST_ADAMW_PER_PARAM=1. */
+    DG_MODEL_ADAMW_PER_PARAM = 16
 };
 
 /* Builds the graph (forward + backward + optimizer) for micro-batches of [micro_batch, seq_len] tokens,

@@ -63,6 +63,8 @@ typedef enum dg_op_kind {
     DG_OP_SUMSQ,
     DG_OP_CLIP_SCALE,
     DG_OP_ADAMW,
+    DG_OP_ADAMW_ALL, /* AdamW of every parameter in one backend call (adamw_multi_dev) over the flat buffers:
+                        src {grad, scalars, segment table}, upd {master, m, v, param} (pass fuse_adamw) */
     /* collectives: run through the comm backend attached to the executor (dg_exec_attach_comm); over a
      * mesh dimension of size 1 they are local copies. On DG_STREAM_COMM they are posted non-blocking
      * and complete at the first node that waits on them (a wait edge); on the compute stream they block. */
@@ -93,8 +95,11 @@ enum {
     DG_NF_BUCKET = 1u << 9,     /* a bucket's flat local shard (PERSISTENT view over the flat buffers) */
     DG_NF_NORM_SKIP = 1u << 10, /* param: its gradient is a replica counted by another rank in the global
                                    norm (tp-replicated tensors on tp ranks > 0): no SUMSQ here */
-    DG_NF_GRAD_SYNC = 1u << 11  /* op: part of the data-parallel gradient sync (the backward's dp_replicate
+    DG_NF_GRAD_SYNC = 1u << 11, /* op: part of the data-parallel gradient sync (the backward's dp_replicate
                                    all-reduces and their waits); skipped while dg_runtime_t.skip_grad_sync */
+    DG_NF_FLAT = 1u << 12       /* a whole flat state buffer (master, grad, m, v or compute copy of every
+                                   parameter at its offset), or the fused AdamW's segment table: PERSISTENT,
+                                   bound by the owner (pass fuse_adamw) */
 };
 
 typedef enum { DG_STORE_NONE = 0, DG_STORE_ARENA = 1, DG_STORE_PERSISTENT = 2 } dg_storage_t;
@@ -113,6 +118,7 @@ enum {
     DG_A_NH = 1,       /* ATTENTION(_BWD): heads */
     DG_A_V = 1,        /* CROSSENTROPY(_BWD): real vocabulary (columns >= V are padding) */
     DG_A_DECAY = 1,    /* ADAMW: 1 = apply weight decay */
+    DG_A_NSEG = 1,     /* ADAMW_ALL: segments (= the graph's opt_segs) */
     DG_A_MESHDIM = 1,  /* collectives: DG_MESH_* dimension */
     DG_A_NO_DINP = 2,  /* MATMUL_BWD: no input gradient wanted */
     DG_A_EPI = 1,      /* MATMUL: dg_epilogue_t; with DG_EPI_GELU the output is gelu(x.w^T + b) and side 0
@@ -181,15 +187,25 @@ struct dg_node {
     int param_index;   /* params and their state: index in the owner's table, else -1 */
 };
 
+/* One parameter of the fused AdamW (DG_OP_ADAMW_ALL): where its tensors sit in the flat buffers. */
+typedef struct dg_opt_seg {
+    int param_index; /* rt.frozen[param_index] skips it */
+    int decay;       /* 1 = weight decay */
+    size_t off;      /* first element in the flat buffers (a multiple of 4) */
+    size_t count;    /* elements (the local tensor) */
+} dg_opt_seg_t;
+
 typedef struct dg_graph {
     dg_node_t **nodes;
     int n, cap;
     uint64_t generation; /* bumped by every mutation; plans are tied to it */
     dg_dtype_t act_dtype;
     dg_backend_t *be;
-    dg_mesh_shape_t mesh; /* sizes of the mesh dimensions collectives run over */
-    dg_status_t err;      /* sticky builder error (first one wins) */
-    dg_phase_t cur_phase; /* phase given to newly created ops */
+    dg_mesh_shape_t mesh;   /* sizes of the mesh dimensions collectives run over */
+    dg_status_t err;        /* sticky builder error (first one wins) */
+    dg_phase_t cur_phase;   /* phase given to newly created ops */
+    dg_opt_seg_t *opt_segs; /* the ADAMW_ALL node's parameters, sorted by offset (pass fuse_adamw) */
+    int n_opt_segs;
 } dg_graph_t;
 
 /* Re-raises the current error with a prefix: "<prefix>: <previous message>" (copies the previous
@@ -359,6 +375,22 @@ dg_node_t *dg_ad_param_grad(dg_ad_t *ad, dg_node_t *w, const char *op_name);
  * (f32 [DG_SCALAR_COUNT]: the DG_DS_* slots) is created and returned through *scalars_out. */
 dg_status_t dg_graph_add_optimizer(dg_graph_t *g, int (*decay_of)(const dg_node_t *param, void *ctx),
                                    void *ctx, dg_node_t **scalars_out);
+/* Fused AdamW pass (after the optimizer pass): the per-parameter ADAMW ops become ONE ADAMW_ALL op over
+ * leaves that span the whole flat buffers (flagged DG_NF_FLAT, for the owner to bind), where every
+ * parameter's master, gradient, m, v and compute copy sit at the same element offset (ctx->off, by
+ * param_index). The parameters' offsets, sizes and weight decay go to g->opt_segs; the executor turns them
+ * into the backend's segment table at every step (frozen parameters skipped) and uploads it into the
+ * table leaf just before the op. A graph without ADAMW ops is left alone. DG_ERR_USAGE when the offsets
+ * break the table rules (overlap, beyond span, not a multiple of 4). */
+typedef struct dg_fuse_adamw {
+    const size_t *off; /* per param_index: element offset of its tensors in the flat buffers */
+    int n;             /* entries of off */
+    size_t span;       /* elements of each flat buffer */
+    /* out: leaves to bind (param == master when the act dtype is f32; all NULL when nothing was fused) */
+    dg_node_t *master, *grad, *m, *v, *param, *segs;
+} dg_fuse_adamw_t;
+dg_status_t dg_pass_fuse_adamw(dg_graph_t *g, void *ctx);
+
 /* The graph's scalars node is the backend's device scalar block (backend.h DG_DS_*, same indices): OPT
  * zeroes it, SUMSQ accumulates, CLIP_SCALE writes the factor and norm and uploads the step's lr and bias
  * corrections (from ex->sc_host), ADAMW reads them. */
@@ -480,15 +512,16 @@ struct dg_exec {
     struct dg_comm *comm[DG_MESH_NDIM];
     struct dg_comm_req **req;
     int n_pending;
-    int staged;        /* device memory with the mpi comm: collectives copy through host buffers */
-    int dev_waits;     /* nccl comm: posts after begin_after(cstream), completion by stream waits */
-    void *cstream;     /* the backend's stream (cudaStream_t) for those event edges; NULL on cpu */
-    char **stage;      /* per node id: its host staging buffer */
-    double wait_s;     /* blocked waiting for comm-stream collectives: the exposed communication */
-    double blocking_s; /* in compute-stream (blocking) collectives */
-    uint64_t n_coll;   /* collectives run over a comm */
-    float *sc_host;    /* page-locked mirror of the device scalar block's step slots (DG_DS_LR..) */
-    char why[256];     /* dg_exec_capture_blocker's answer */
+    int staged;               /* device memory with the mpi comm: collectives copy through host buffers */
+    int dev_waits;            /* nccl comm: posts after begin_after(cstream), completion by stream waits */
+    void *cstream;            /* the backend's stream (cudaStream_t) for those event edges; NULL on cpu */
+    char **stage;             /* per node id: its host staging buffer */
+    double wait_s;            /* blocked waiting for comm-stream collectives: the exposed communication */
+    double blocking_s;        /* in compute-stream (blocking) collectives */
+    uint64_t n_coll;          /* collectives run over a comm */
+    float *sc_host;           /* page-locked mirror of the device scalar block's step slots (DG_DS_LR..) */
+    dg_adamw_seg_t *seg_host; /* page-locked: the ADAMW_ALL segment table of this step (graph->n_opt_segs) */
+    char why[256];            /* dg_exec_capture_blocker's answer */
 
     /* memory fallback (eager allocation): no arena; every arena root gets its own allocation from the
      * backend over its live range. roots[] lists the arena roots; per schedule position, the roots whose
@@ -543,7 +576,8 @@ dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n);
 /* Completes every request still in flight (in schedule order). */
 dg_status_t dg_exec_drain(dg_exec_t *ex);
 /* Writes the step's lr and AdamW bias corrections (from ex->rt: lr, beta1, beta2, t) into the host
- * mirror ex->sc_host, which CLIP_SCALE uploads into the device scalar block. DG_ERR_USAGE for t < 1 or
+ * mirror ex->sc_host, which CLIP_SCALE uploads into the device scalar block, and the fused AdamW's segment
+ * table with the frozen set of ex->rt into ex->seg_host, which ADAMW_ALL uploads. DG_ERR_USAGE for t < 1 or
  * betas outside [0, 1). */
 dg_status_t dg_exec_stage_scalars(dg_exec_t *ex);
 /* Why nodes [first, end) cannot be recorded as a graph and replayed (the backend cannot record,

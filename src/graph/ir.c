@@ -43,6 +43,7 @@ void dg_graph_free(dg_graph_t *g) {
     for (int i = 0; i < g->n; i++)
         free(g->nodes[i]);
     free(g->nodes);
+    free(g->opt_segs);
     free(g);
 }
 
@@ -475,6 +476,7 @@ static const char *placement(const dg_node_t *n, const dg_plan_t *plan, char *bu
                            : (r->flags & DG_NF_MASTER)   ? "master"
                            : (r->flags & DG_NF_SCALAR)   ? "scalar"
                            : (r->flags & DG_NF_INPUT)    ? "input"
+                           : (r->flags & DG_NF_FLAT)     ? "flat"
                                                          : "persistent";
         if (r != n)
             dg_fmt(buf, cap, "%s(#%d)", what, r->id);

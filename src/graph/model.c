@@ -77,6 +77,9 @@ struct dg_model {
     dg_model_fallback_cb_t fb_cb;
     void *fb_ctx;
     int fb_sent;
+    /* fused AdamW (pass fuse_adamw): the flat leaves it created, and the device segment table */
+    dg_fuse_adamw_t fuse;
+    void *segs_dev;
     int64_t step;   /* dg_model_set_step */
     int stall_rank; /* test hook DG_TEST_STALL_COLLECTIVE_RANK/_STEP (-1: off) */
     int64_t stall_step;
@@ -316,6 +319,14 @@ static dg_status_t pass_autodiff(dg_graph_t *g, void *ctx) {
 static dg_status_t pass_optimizer(dg_graph_t *g, void *ctx) {
     dg_model_t *m = ctx;
     return dg_graph_add_optimizer(g, decay_of, m, &m->scalars);
+}
+
+/* One AdamW op over the flat buffers (backend adamw_multi_dev), unless the backend has none or the
+ * per-parameter ops are asked for (DG_MODEL_ADAMW_PER_PARAM, or the test hook DG_TEST_ADAMW_PER_PARAM=1). */
+static int adamw_fused(const dg_model_t *m) {
+    const char *env = getenv("DG_TEST_ADAMW_PER_PARAM");
+    if (env && strcmp(env, "1") == 0) return 0;
+    return !(m->flags & DG_MODEL_ADAMW_PER_PARAM) && m->be->ops->adamw_multi_dev != NULL;
 }
 
 /* Schedule position right after node x (x's side outputs included), for a node n placed there. */
@@ -567,6 +578,23 @@ static dg_status_t bind_and_alloc(dg_model_t *m) {
         b->pleaf->data = m->compute ? (void *)((char *)m->compute + o * as) : (void *)(m->master + o);
         b->gleaf->data = m->grad + o;
     }
+    if (m->fuse.master) { /* the fused AdamW's leaves span the flat buffers */
+        m->fuse.master->data = m->master;
+        m->fuse.grad->data = m->grad;
+        m->fuse.m->data = m->adam_m;
+        m->fuse.v->data = m->adam_v;
+        if (m->fuse.param != m->fuse.master) m->fuse.param->data = m->compute;
+        DG_TRY(alloc_zero(be, m->fuse.segs->nbytes, &m->segs_dev));
+        m->fuse.segs->data = m->segs_dev;
+        for (int i = 0; i < m->g->n_opt_segs; i++) { /* the segments are the tensors bound above */
+            const dg_opt_seg_t *sg = &m->g->opt_segs[i];
+            DG_ASSERT(sg->param_index >= 0 && sg->param_index < m->np);
+            const dg_node_t *p = m->pnode[sg->param_index];
+            DG_ASSERT(p->master->data == (void *)(m->master + sg->off) &&
+                      p->grad->data == (void *)(m->grad + sg->off));
+            DG_ASSERT(sg->count == m->place[sg->param_index].local_numel);
+        }
+    }
     for (int j = 0; j < m->g->n; j++) {
         dg_node_t *x = m->g->nodes[j];
         if (!(x->flags & DG_NF_OPTSTATE)) continue;
@@ -690,6 +718,10 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         if (m->shard) /* a data-parallel mesh: buckets (one data-parallel rank: none) */
             pipeline[np++] = (dg_pass_t){"fsdp", dg_pass_fsdp, m->shard};
         pipeline[np++] = (dg_pass_t){"optimizer", pass_optimizer, m};
+        if (adamw_fused(m)) {
+            m->fuse = (dg_fuse_adamw_t){.off = m->off, .n = m->np, .span = m->total};
+            pipeline[np++] = (dg_pass_t){"fuse_adamw", dg_pass_fuse_adamw, &m->fuse};
+        }
         pipeline[np++] = (dg_pass_t){"grad_sync", pass_grad_sync, m};
         pipeline[np++] = (dg_pass_t){"inplace", dg_pass_inplace, NULL};
         st = dg_graph_run_passes(m->g, pipeline, np);
@@ -729,8 +761,8 @@ void dg_model_free(dg_model_t *m) {
     if (m->tok_host) be->ops->host_free(be, m->tok_host);
     if (m->tgt_host) be->ops->host_free(be, m->tgt_host);
     dg_exec_free(m->ex);
-    void *bufs[] = {m->master,     m->grad,        m->adam_m,      m->adam_v,      m->compute,
-                    m->tokens_dev, m->targets_dev, m->scalars_dev, m->gr_agree_dev};
+    void *bufs[] = {m->master,     m->grad,        m->adam_m,      m->adam_v,       m->compute,
+                    m->tokens_dev, m->targets_dev, m->scalars_dev, m->gr_agree_dev, m->segs_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     dg_plan_free(m->plan);

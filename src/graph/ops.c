@@ -307,6 +307,35 @@ static dg_status_t shape_adamw(dg_graph_t *g, dg_node_t *n) {
     return DG_OK;
 }
 
+/* The fused AdamW: every segment of g->opt_segs inside the flat leaves, which all have `span` elements. */
+static dg_status_t shape_adamw_all(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *grad = n->src[0], *sc = n->src[1], *tab = n->src[2];
+    CHECK(n->n_upd == 4, "updates master, m, v and the parameters");
+    size_t span = dg_node_numel(grad);
+    CHECK(grad->dtype == DG_F32 && sc->dtype == DG_F32 && dg_node_numel(sc) >= DG_SCALAR_COUNT,
+          "needs the f32 flat gradient and the scalars block");
+    for (int k = 0; k < 4; k++)
+        CHECK(dg_node_numel(n->upd[k]) == span, "flat state %d has %zu elements, the flat gradient %zu", k,
+              dg_node_numel(n->upd[k]), span);
+    CHECK(n->upd[0]->dtype == DG_F32 && n->upd[1]->dtype == DG_F32 && n->upd[2]->dtype == DG_F32 &&
+              n->upd[3]->dtype == g->act_dtype,
+          "master, m, v must be f32 and the parameters in the act dtype");
+    int ns = (int)n->attr[DG_A_NSEG];
+    CHECK(ns >= 1 && ns == g->n_opt_segs && g->opt_segs, "%d segments, the graph describes %d", ns,
+          g->n_opt_segs);
+    CHECK(tab->dtype == DG_I32 && tab->ndim == 2 && tab->shape[0] == ns && tab->shape[1] == 4 &&
+              tab->nbytes == (size_t)ns * sizeof(dg_adamw_seg_t),
+          "the segment table must be i32 [%d, 4]", ns);
+    for (int i = 0; i < ns; i++) {
+        const dg_opt_seg_t *sg = &g->opt_segs[i];
+        CHECK(sg->off % 4 == 0 && sg->count >= 1 && sg->count <= UINT32_MAX && sg->off <= span &&
+                  sg->count <= span - sg->off && (i == 0 || sg->off >= sg[-1].off + sg[-1].count),
+              "segment %d (%zu elements at %zu) breaks the table rules", i, sg->count, sg->off);
+    }
+    n->storage = DG_STORE_NONE;
+    return DG_OK;
+}
+
 static int64_t mesh_size(const dg_graph_t *g, const dg_node_t *n) {
     int64_t d = n->attr[DG_A_MESHDIM];
     return (d >= 0 && d < DG_MESH_NDIM) ? g->mesh.size[d] : -1;
@@ -709,6 +738,21 @@ static dg_status_t ex_adamw(dg_exec_t *ex, const dg_node_t *n) {
                               n->attr[DG_A_DECAY] ? rt->weight_decay : 0.0f, sc);
 }
 
+/* One backend call for every parameter. The segment table with this step's frozen set (staged on the
+ * host by dg_exec_stage_scalars) is uploaded into the table leaf first, on the same queue: recorded in a
+ * CUDA Graph, every replay copies what the page-locked mirror holds then, like CLIP_SCALE's scalars. */
+static dg_status_t ex_adamw_all(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_runtime_t *rt = &ex->rt;
+    int ns = ex->graph->n_opt_segs;
+    void *tab = P(n->src[2]);
+    DG_TRY(BE->ops->upload_async(BE, tab, ex->seg_host, (size_t)ns * sizeof(dg_adamw_seg_t)));
+    float *master = P(n->upd[0]);
+    void *param = P(n->upd[3]);
+    return BE->ops->adamw_multi_dev(
+        BE, tab, ns, dg_node_numel(n->upd[0]), master, param == (void *)master ? NULL : param, P(n->src[0]),
+        P(n->upd[1]), P(n->upd[2]), rt->beta1, rt->beta2, rt->eps, rt->weight_decay, P(n->src[1]));
+}
+
 /* Collectives go through the executor's comm layer (exec.c): posted non-blocking on the comm stream,
  * run to completion on the compute stream; copies over a mesh dimension of size 1. */
 static dg_status_t ex_collective(dg_exec_t *ex, const dg_node_t *n) {
@@ -804,6 +848,8 @@ static const dg_op_def_t op_table[DG_OP_COUNT] = {
     [DG_OP_CLIP_SCALE] = {DG_OP_CLIP_SCALE, "clip_scale", 0, 0, shape_clip_scale, DG_GRAD_NONE, NULL,
                           ex_clip_scale, 0, 0},
     [DG_OP_ADAMW] = {DG_OP_ADAMW, "adamw", 2, 2, shape_adamw, DG_GRAD_NONE, NULL, ex_adamw, 0, 0},
+    [DG_OP_ADAMW_ALL] = {DG_OP_ADAMW_ALL, "adamw_all", 3, 3, shape_adamw_all, DG_GRAD_NONE, NULL,
+                         ex_adamw_all, 0, 0},
     [DG_OP_ALL_GATHER] = {DG_OP_ALL_GATHER, "all_gather", 1, 1, shape_all_gather, DG_GRAD_BUILDER,
                           bwd_all_gather, ex_collective, 0, 1},
     [DG_OP_REDUCE_SCATTER] = {DG_OP_REDUCE_SCATTER, "reduce_scatter", 1, 1, shape_reduce_scatter,
@@ -879,6 +925,8 @@ const char *dg_op_missing_kernel(const dg_backend_t *be, dg_op_kind_t op) {
         return first_missing(K(clip_scale), K(upload_async));
     case DG_OP_ADAMW:
         return K(adamw_dev);
+    case DG_OP_ADAMW_ALL:
+        return first_missing(K(adamw_multi_dev), K(upload_async));
     case DG_OP_FILL0:
         return K(memset0);
     case DG_OP_SHARD_PACK:

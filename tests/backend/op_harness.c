@@ -1009,6 +1009,123 @@ static void case_adamw(H *h, size_t n, int64_t t, int with_compute) {
     case_end(h);
 }
 
+/* adamw_multi_dev (contract v1.6): one call over a table of segments of flat buffers (gaps between them,
+ * weight decay on and off, a skipped segment, counts that are not multiples of 4) against one adamw_dev
+ * per segment from the same state on the same backend: bitwise the same flat buffers, gaps and skipped
+ * segment untouched; a non-finite norm changes nothing. */
+static void case_adamw_multi(H *h, int with_compute) {
+    if (!case_begin(h, "adamw_multi_dev[%s]", with_compute ? "compute" : "no compute")) return;
+    if (!h->be->ops->adamw_multi_dev) { /* optional entry: the executor falls back to adamw_dev */
+        pass(h, "adamw_multi_dev: not provided by the %s backend (optional)", h->be->ops->name);
+        case_end(h);
+        return;
+    }
+    enum { NS = 5 };
+    const size_t counts[NS] = {1000, 7, 70001, 333, 64};
+    const uint32_t flags[NS] = {DG_ADAMW_SEG_DECAY, 0, DG_ADAMW_SEG_DECAY,
+                                DG_ADAMW_SEG_SKIP | DG_ADAMW_SEG_DECAY, 0};
+    dg_adamw_seg_t *tab = hraw(h, NS * sizeof *tab);
+    size_t span = 0;
+    for (int i = 0; i < NS; i++) { /* offsets: multiples of 64 with a gap of at least 64 before each */
+        tab[i].off = (span + 64 + 63) / 64 * 64;
+        tab[i].count = (uint32_t)counts[i];
+        tab[i].flags = flags[i];
+        span = tab[i].off + counts[i];
+    }
+    span += 5; /* a tail after the last segment */
+    const double b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    double *p = hrand(h, span, 0.1, 2.0), *g = hrand(h, span, 0.01, 1.0), *m = hrand(h, span, 0.001, 0.2),
+           *v = hrand(h, span, 0.001, 0.2);
+    for (size_t i = 0; i < span; i++)
+        v[i] = fabs(v[i]) * 0.1;
+    /* two copies of the state: [0] through adamw_multi_dev, [1] through adamw_dev per segment */
+    void *dp[2], *dm[2], *dv[2], *dc[2] = {NULL, NULL};
+    void *dg = dalloc(h, DG_F32, span);
+    upload(h, dg, DG_F32, g, span);
+    for (int k = 0; k < 2; k++) {
+        dp[k] = dalloc(h, DG_F32, span);
+        dm[k] = dalloc(h, DG_F32, span);
+        dv[k] = dalloc(h, DG_F32, span);
+        upload(h, dp[k], DG_F32, p, span);
+        upload(h, dm[k], DG_F32, m, span);
+        upload(h, dv[k], DG_F32, v, span);
+        if (with_compute) {
+            dc[k] = dalloc(h, h->act, span);
+            poison(h, dc[k], h->act, span);
+        }
+    }
+    unsigned char *p0 = download_raw(h, dp[0], span * 4);
+    void *dtab = dalloc_bytes(h, NS * sizeof *tab);
+    if (!h->bad) CALL(h, "to_device", to_device(h->be, dtab, tab, NS * sizeof *tab));
+    float *sch = NULL;
+    void *dsc = dalloc(h, DG_F32, DG_DS_COUNT);
+    if (!h->bad && CALL(h, "host_alloc", host_alloc(h->be, DG_DS_COUNT * sizeof(float), (void **)&sch))) {
+        memset(sch, 0, DG_DS_COUNT * sizeof(float));
+        sch[DG_DS_GSCALE] = 0.8f;
+        sch[DG_DS_NORM] = 1.5f;
+        sch[DG_DS_LR] = 0.05f;
+        sch[DG_DS_INV_BC1] = (float)(1.0 / (1.0 - pow((double)(float)b1, 3.0)));
+        sch[DG_DS_INV_BC2] = (float)(1.0 / (1.0 - pow((double)(float)b2, 3.0)));
+        if (!h->bad && CALL(h, "upload_async", upload_async(h->be, dsc, sch, DG_DS_COUNT * sizeof(float))))
+            CALL(h, "adamw_multi_dev",
+                 adamw_multi_dev(h->be, dtab, NS, span, dp[0], dc[0], dg, dm[0], dv[0], (float)b1, (float)b2,
+                                 (float)eps, (float)wd, dsc));
+        for (int i = 0; i < NS && !h->bad; i++) {
+            if (tab[i].flags & DG_ADAMW_SEG_SKIP) continue;
+            size_t o = tab[i].off;
+            char *c1 = dc[1] ? (char *)dc[1] + o * dt_size(h->act) : NULL;
+            CALL(h, "adamw_dev",
+                 adamw_dev(h->be, (float *)dp[1] + o, c1, (const float *)dg + o, (float *)dm[1] + o,
+                           (float *)dv[1] + o, tab[i].count, (float)b1, (float)b2, (float)eps,
+                           (tab[i].flags & DG_ADAMW_SEG_DECAY) ? (float)wd : 0.0f, dsc));
+        }
+        if (!h->bad) CALL(h, "sync", sync(h->be));
+        check_bits(h, "adamw_multi_dev == adamw_dev per segment: master", download_raw(h, dp[0], span * 4),
+                   download_raw(h, dp[1], span * 4), span * 4);
+        check_bits(h, "adamw_multi_dev == adamw_dev per segment: m", download_raw(h, dm[0], span * 4),
+                   download_raw(h, dm[1], span * 4), span * 4);
+        check_bits(h, "adamw_multi_dev == adamw_dev per segment: v", download_raw(h, dv[0], span * 4),
+                   download_raw(h, dv[1], span * 4), span * 4);
+        if (with_compute)
+            check_bits(h, "adamw_multi_dev == adamw_dev per segment: compute",
+                       download_raw(h, dc[0], span * dt_size(h->act)),
+                       download_raw(h, dc[1], span * dt_size(h->act)), span * dt_size(h->act));
+        /* the gaps and the skipped segment keep their values; the other segments moved */
+        unsigned char *p1 = download_raw(h, dp[0], span * 4);
+        if (p0 && p1 && !h->bad) {
+            size_t changed_gap = 0, unchanged_seg = 0, prev_end = 0;
+            for (int i = 0; i <= NS; i++) {
+                size_t lo = i < NS ? tab[i].off : span;
+                changed_gap += memcmp(p0 + prev_end * 4, p1 + prev_end * 4, (lo - prev_end) * 4) != 0;
+                if (i == NS) break;
+                int same = memcmp(p0 + lo * 4, p1 + lo * 4, tab[i].count * 4) == 0;
+                if (same != ((tab[i].flags & DG_ADAMW_SEG_SKIP) != 0)) unchanged_seg++;
+                prev_end = lo + tab[i].count;
+            }
+            if (changed_gap || unchanged_seg)
+                fail(h, "adamw_multi_dev: %zu gaps changed, %zu segments wrongly (un)changed", changed_gap,
+                     unchanged_seg);
+            else
+                pass(h, "adamw_multi_dev: gaps and the skipped segment untouched, %d segments updated",
+                     NS - 1);
+        }
+        if (p1) digest_add(h, p1, span * 4);
+        /* a non-finite norm: nothing changes */
+        sch[DG_DS_NORM] = INFINITY;
+        if (!h->bad && CALL(h, "upload_async", upload_async(h->be, dsc, sch, DG_DS_COUNT * sizeof(float))))
+            CALL(h, "adamw_multi_dev",
+                 adamw_multi_dev(h->be, dtab, NS, span, dp[0], dc[0], dg, dm[0], dv[0], (float)b1, (float)b2,
+                                 (float)eps, (float)wd, dsc));
+        if (!h->bad) CALL(h, "sync", sync(h->be));
+        check_bits(h, "adamw_multi_dev with an infinite norm leaves master", download_raw(h, dp[0], span * 4),
+                   p1, span * 4);
+        check_bits(h, "adamw_multi_dev with an infinite norm leaves m", download_raw(h, dm[0], span * 4),
+                   download_raw(h, dm[1], span * 4), span * 4);
+        h->be->ops->host_free(h->be, sch);
+    }
+    case_end(h);
+}
+
 /* ---- encoder ---- */
 
 typedef struct {
@@ -1669,6 +1786,8 @@ int dg_op_harness_run(dg_backend_t *be, const dg_harness_opts_t *opts) {
     case_adamw(h, 1000, 1, 1);
     case_adamw(h, 1001, 7, 0);
     case_adamw(h, 70001, 3, 1);
+    case_adamw_multi(h, 1);
+    case_adamw_multi(h, 0);
 
     case_encoder(h, 2, 13, 72, 259, 320, 1);
     case_encoder(h, 3, 5, 20, 7, 11, 1);

@@ -97,6 +97,15 @@ static void error_checks(void) {
     expect_err(op->adamw(be, buf, NULL, buf, buf, buf, 4, 1e-3f, 1.5f, 0.95f, 1e-8f, 0.f, 1, buf), "betas",
                "adamw beta1 = 1.5");
     expect_err(op->to_host(be, NULL, buf, 16), "NULL", "to_host to NULL");
+    /* adamw_multi_dev's table rules (v1.6): sorted, not overlapping, offsets multiples of 4, inside span */
+    dg_adamw_seg_t overlap[2] = {{0, 8, 0}, {4, 4, 0}}, odd[1] = {{2, 4, 0}}, beyond[1] = {{8, 4, 0}};
+    expect_err(
+        op->adamw_multi_dev(be, overlap, 2, 64, buf, NULL, buf, buf, buf, 0.9f, 0.95f, 1e-8f, 0.f, buf),
+        "table rules", "adamw_multi_dev overlapping segments");
+    expect_err(op->adamw_multi_dev(be, odd, 1, 64, buf, NULL, buf, buf, buf, 0.9f, 0.95f, 1e-8f, 0.f, buf),
+               "multiple of 4", "adamw_multi_dev offset 2");
+    expect_err(op->adamw_multi_dev(be, beyond, 1, 10, buf, NULL, buf, buf, buf, 0.9f, 0.95f, 1e-8f, 0.f, buf),
+               "inside the 10-element", "adamw_multi_dev segment beyond span");
 
     /* CPU layout promise: aux holds the full probability matrix. */
     EXPECT(op->attention_aux_bytes(be, 2, 13, 72, 3) == (size_t)2 * 3 * 13 * 13 * 4, "attention_aux_bytes");

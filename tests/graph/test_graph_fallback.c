@@ -105,6 +105,7 @@ static dg_backend_t *wrapper(const char *missing) {
     DROP(sumsq_f32);
     DROP(clip_scale);
     DROP(adamw_dev);
+    DROP(adamw_multi_dev);
 #undef DROP
     wrap = *inner;
     wrap.ops = &wrap_ops;
@@ -275,8 +276,17 @@ static void test_flags(int flags) {
     expect_same(&ref, &r, "DG_TEST_NO_KERNEL=gelu,layernorm,attention");
     run_free(&r);
 
+    /* the fused AdamW on the host: the flat buffers and the segment table copied there and back */
+    setenv("DG_TEST_NO_KERNEL", "adamw_all", 1);
+    train(wrapper(""), flags, &r);
+    unsetenv("DG_TEST_NO_KERNEL");
+    EXPECT(r.n_kernel == 1 && strstr(r.kernels, "op adamw_all (1 node)"),
+           "DG_TEST_NO_KERNEL=adamw_all: reports %s", r.kernels);
+    expect_same(&ref, &r, "DG_TEST_NO_KERNEL=adamw_all");
+    run_free(&r);
+
     train(wrapper("gelu_fwd,layernorm_bwd,attention_fwd,crossentropy_bwd,matmul_bwd_dgelu,matmul_bwd,"
-                  "adamw_dev,clip_scale,sumsq_f32,accumulate,"),
+                  "adamw_multi_dev,adamw_dev,clip_scale,sumsq_f32,accumulate,"),
           flags, &r);
     expect_all_freed("missing kernels");
     EXPECT(r.n_kernel >= 6 && strstr(r.kernels, "has no adamw_dev") &&
@@ -289,7 +299,7 @@ static void test_flags(int flags) {
     train(wrapper(
               "encoder_fwd,layernorm_fwd,matmul_fwd,gelu_fwd,attention_fwd,add,crossentropy_fwd,encoder_bwd,"
               "layernorm_bwd,matmul_bwd,gelu_bwd,matmul_bwd_dgelu,attention_bwd,crossentropy_bwd,accumulate,"
-              "sumsq_f32,clip_scale,adamw_dev,"),
+              "sumsq_f32,clip_scale,adamw_multi_dev,adamw_dev,"),
           flags, &r);
     unsetenv("DG_TEST_ARENA_FAIL");
     expect_all_freed("no kernels and no arena");

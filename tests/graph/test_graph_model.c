@@ -422,7 +422,7 @@ static void test_print(void) {
         side += g->nodes[i]->op == DG_OP_SIDE;
     EXPECT(count(buf, "\n") == nops + side + 2 + 3, "text plan: %d lines for %d ops + %d side outputs",
            count(buf, "\n"), nops, side);
-    EXPECT(count(buf, " adamw ") == dg_model_n_tensors(m), "text plan: one adamw per tensor");
+    EXPECT(count(buf, " adamw_all ") == 1 && count(buf, " adamw ") == 0, "text plan: one fused adamw_all");
     EXPECT(strstr(buf, "lm_head") && strstr(buf, "encoder_bwd") && strstr(buf, "crossentropy_bwd") &&
                strstr(buf, "arena@") && strstr(buf, "activation arena:"),
            "text plan misses expected entries");
@@ -591,6 +591,108 @@ static void test_skip_and_freeze(void) {
     dg_model_free(m);
 }
 
+/* ---------------- fused AdamW ---------------- */
+
+enum { FZ_STEPS = 5, FZ_ACCUM = 2 };
+typedef struct {
+    float loss[FZ_STEPS * FZ_ACCUM], norm[FZ_STEPS];
+    float *w, *m, *v; /* flat buffers, gaps included */
+    size_t n;
+    int n_adamw, n_adamw_all;
+} fz_run_t;
+
+/* Steps of 2 micro-batches with weight decay and clipping; h.1.mlp.fc.weight frozen at steps 2..3 and
+ * ln_f.bias from step 2 on; an infinite gradient at step 4 (the update is skipped). per_param: 0 the
+ * default (fused), 1 the model flag, 2 the environment hook. */
+static void fz_train(int per_param, fz_run_t *r) {
+    memset(r, 0, sizeof *r);
+    if (per_param == 2) setenv("DG_TEST_ADAMW_PER_PARAM", "1", 1);
+    dg_model_t *m;
+    OK(dg_model_create_ex(&small, be, 2, 99, per_param == 1 ? DG_MODEL_ADAMW_PER_PARAM : 0, &m));
+    unsetenv("DG_TEST_ADAMW_PER_PARAM");
+    r->n_adamw = count_ops(m, DG_OP_ADAMW, DG_PHASE_OPT);
+    r->n_adamw_all = count_ops(m, DG_OP_ADAMW_ALL, DG_PHASE_OPT);
+    OK(dg_model_set_grad_accum(m, FZ_ACCUM));
+    int fc = dg_model_find_param(m, "h.1.mlp.fc.weight"), lnfb = dg_model_find_param(m, "ln_f.bias");
+    EXPECT(fc >= 0 && lnfb >= 0, "fused adamw test: parameters not found");
+    size_t n = 2 * (size_t)small.seq_len;
+    int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
+    uint64_t s = 17;
+    for (int st = 1; st <= FZ_STEPS; st++) {
+        OK(dg_model_set_frozen(m, fc, st == 2 || st == 3));
+        OK(dg_model_set_frozen(m, lnfb, st >= 2));
+        OK(dg_model_zero_grad(m));
+        for (int k = 0; k < FZ_ACCUM; k++) {
+            random_ids(tok, n, small.vocab_size, &s);
+            random_ids(tgt, n, small.vocab_size, &s);
+            OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(FZ_ACCUM * n),
+                                         &r->loss[(st - 1) * FZ_ACCUM + k]));
+        }
+        if (st == 4) { /* a non-finite gradient: the whole update is skipped */
+            size_t ne = dg_model_param(m, 5)->numel;
+            float *g = malloc(ne * sizeof *g);
+            OK(dg_model_get_tensor(m, 5, DG_STATE_GRAD, g));
+            g[ne / 3] = INFINITY;
+            OK(dg_model_set_tensor(m, 5, DG_STATE_GRAD, g));
+            free(g);
+        }
+        dg_optim_hparams_t h = {.lr = 3e-3f,
+                                .beta1 = 0.9f,
+                                .beta2 = 0.95f,
+                                .eps = 1e-8f,
+                                .weight_decay = 0.1f,
+                                .grad_clip = 0.5f,
+                                .t = st};
+        OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
+    }
+    r->n = dg_model_flat_numel(m);
+    r->w = malloc(r->n * sizeof(float));
+    r->m = malloc(r->n * sizeof(float));
+    r->v = malloc(r->n * sizeof(float));
+    OK(dg_model_get_flat(m, DG_STATE_PARAM, r->w));
+    OK(dg_model_get_flat(m, DG_STATE_ADAM_M, r->m));
+    OK(dg_model_get_flat(m, DG_STATE_ADAM_V, r->v));
+    free(tok);
+    free(tgt);
+    dg_model_free(m);
+}
+
+/* One adamw_all op over the flat buffers against one adamw op per tensor (model flag, environment hook):
+ * bitwise the same losses, gradient norms, weights and moments, gaps included. */
+static void test_adamw_fused(void) {
+    fz_run_t r[3];
+    const char *names[3] = {"fused", "DG_MODEL_ADAMW_PER_PARAM", "DG_TEST_ADAMW_PER_PARAM=1"};
+    for (int k = 0; k < 3; k++)
+        fz_train(k, &r[k]);
+    int np = 0;
+    {
+        dg_model_t *m;
+        OK(dg_model_create_ex(&small, be, 2, 1, DG_MODEL_PLAN_ONLY, &m));
+        np = dg_model_n_tensors(m);
+        dg_model_free(m);
+    }
+    EXPECT(r[0].n_adamw == 0 && r[0].n_adamw_all == 1, "fused: %d adamw, %d adamw_all ops", r[0].n_adamw,
+           r[0].n_adamw_all);
+    for (int k = 1; k < 3; k++) {
+        EXPECT(r[k].n_adamw == np && r[k].n_adamw_all == 0, "%s: %d adamw (want %d), %d adamw_all ops",
+               names[k], r[k].n_adamw, np, r[k].n_adamw_all);
+        EXPECT(memcmp(r[k].loss, r[0].loss, sizeof r[0].loss) == 0, "%s: losses differ from fused", names[k]);
+        EXPECT(memcmp(r[k].norm, r[0].norm, sizeof r[0].norm) == 0, "%s: gradient norms differ from fused",
+               names[k]);
+        EXPECT(r[k].n == r[0].n && memcmp(r[k].w, r[0].w, r[0].n * sizeof(float)) == 0 &&
+                   memcmp(r[k].m, r[0].m, r[0].n * sizeof(float)) == 0 &&
+                   memcmp(r[k].v, r[0].v, r[0].n * sizeof(float)) == 0,
+               "%s: weights or moments differ from fused", names[k]);
+    }
+    EXPECT(!isfinite(r[0].norm[3]) && isfinite(r[0].norm[4]), "step 4 should have a non-finite norm");
+    printf(
+        "fused adamw: %d steps x %d micro-batches with frozen tensors and a skipped step, bitwise equal to "
+        "%d per-tensor adamw ops (losses %.6f .. %.6f)\n",
+        FZ_STEPS, FZ_ACCUM, np, (double)r[0].loss[0], (double)r[0].loss[FZ_STEPS * FZ_ACCUM - 1]);
+    for (int k = 0; k < 3; k++)
+        free(r[k].w), free(r[k].m), free(r[k].v);
+}
+
 /* Initialisation: GPT-2 statistics, padded rows zero, and independence of the micro-batch. */
 static void test_init(void) {
     dg_model_desc_t d = {
@@ -650,6 +752,7 @@ int main(void) {
     test_print();
     test_errors();
     test_skip_and_freeze();
+    test_adamw_fused();
     dg_backend_free(be);
     printf("model tests took %.1f s\n", dg_now_s() - t0);
     if (failures) {

@@ -998,13 +998,15 @@ static void case_shard_ops(dg_backend_t *be) {
 }
 
 /* Optimizer ops: ZERO (grads), ZERO + SUMSQ + CLIP_SCALE + ADAMW (opt phase) against float64 AdamW with
- * global-norm clipping and per-tensor weight decay, over two steps. */
+ * global-norm clipping and per-tensor weight decay, over two steps. fused = 1: the ADAMW ops fused into one
+ * ADAMW_ALL (pass fuse_adamw) over flat buffers with gaps between the tensors, which must stay as they
+ * are. */
 static int decay_by_name(const dg_node_t *p, void *ctx) {
     (void)ctx;
     return strcmp(p->name, "p1") == 0;
 }
 
-static void case_optimizer(dg_backend_t *be) {
+static void optimizer_run(dg_backend_t *be, int fused) {
     int f0 = failures;
     tg_t t;
     tg_init(&t, be, 24);
@@ -1014,13 +1016,44 @@ static void case_optimizer(dg_backend_t *be) {
     p[1] = tg_f(&t, "p2", 1, s2, DG_NF_PARAM, -1, 1);
     dg_node_t *sc = NULL;
     OK(dg_graph_add_optimizer(t.g, decay_by_name, NULL, &sc));
-    tg_finish(&t, 0, NULL, NULL);
     dg_node_t *mn[2] = {0}, *vn[2] = {0};
     for (int i = 0; i < t.g->n; i++) {
         dg_node_t *n = t.g->nodes[i];
         if (!(n->flags & DG_NF_OPTSTATE)) continue;
         (strncmp(n->name, "adam_m.", 7) == 0 ? mn : vn)[n->param_index] = n;
     }
+    /* fused: p1 at 0 (30 elements, gap 30..31), p2 at 32 (7 elements, gap 39), flat buffers of 40 */
+    enum { SPAN = 40 };
+    const size_t offs[2] = {0, 32};
+    dg_fuse_adamw_t fz = {.off = offs, .n = 2, .span = SPAN};
+    float *flat[4] = {0}; /* master (= param: f32), grad, m, v */
+    void *tab = NULL;
+    if (fused) {
+        dg_pass_t fp[] = {{"fuse_adamw", dg_pass_fuse_adamw, &fz}};
+        OK(dg_graph_run_passes(t.g, fp, 1));
+        EXPECT(tg_count(&t, DG_OP_ADAMW, -1) == 0 && tg_count(&t, DG_OP_ADAMW_ALL, -1) == 1 &&
+                   t.g->n_opt_segs == 2 && fz.param == fz.master,
+               "fuse_adamw: %d adamw, %d adamw_all, %d segments", tg_count(&t, DG_OP_ADAMW, -1),
+               tg_count(&t, DG_OP_ADAMW_ALL, -1), t.g->n_opt_segs);
+        float poison[SPAN];
+        for (int i = 0; i < SPAN; i++)
+            poison[i] = -777.0f;
+        for (int b = 0; b < 4; b++) {
+            OK(be->ops->alloc(be, SPAN * sizeof(float), (void **)&flat[b]));
+            OK(be->ops->to_device(be, flat[b], poison, sizeof poison)); /* the gaps keep -777 */
+        }
+        OK(be->ops->alloc(be, fz.segs->nbytes, &tab));
+        fz.master->data = flat[0], fz.grad->data = flat[1], fz.m->data = flat[2], fz.v->data = flat[3];
+        fz.segs->data = tab;
+        for (int k = 0; k < 2; k++) {
+            p[k]->data = flat[0] + offs[k], p[k]->grad->data = flat[1] + offs[k];
+            mn[k]->data = flat[2] + offs[k], vn[k]->data = flat[3] + offs[k];
+            OK(be->ops->memset0(be, p[k]->grad->data, dg_node_numel(p[k]) * sizeof(float)));
+            OK(be->ops->memset0(be, mn[k]->data, dg_node_numel(p[k]) * sizeof(float)));
+            OK(be->ops->memset0(be, vn[k]->data, dg_node_numel(p[k]) * sizeof(float)));
+        }
+    }
+    tg_finish(&t, 0, NULL, NULL);
     size_t nel[2] = {30, 7};
     double *P[2], *M[2], *V[2];
     float *G[2];
@@ -1079,10 +1112,31 @@ static void case_optimizer(dg_backend_t *be) {
         EXPECT(nz == 0, "zero phase left %zu non-zero gradient elements in %s", nz, p[k]->name);
         free(gg);
     }
+    if (fused) {
+        const int gaps[3] = {30, 31, 39};
+        for (int b = 0; b < 4; b++) {
+            float h[SPAN];
+            OK(be->ops->to_host(be, h, flat[b], sizeof h));
+            for (int j = 0; j < 3; j++)
+                EXPECT(h[gaps[j]] == -777.0f, "adamw_all wrote into the gap at %d of flat buffer %d: %g",
+                       gaps[j], b, (double)h[gaps[j]]);
+        }
+    }
     tg_cover(&t, f0);
     for (int k = 0; k < 2; k++)
         free(P[k]), free(M[k]), free(V[k]), free(G[k]);
     tg_free(&t);
+    for (int b = 0; b < 4; b++)
+        if (flat[b]) be->ops->free(be, flat[b]);
+    if (tab) be->ops->free(be, tab);
+}
+
+static void case_optimizer(dg_backend_t *be) {
+    optimizer_run(be, 0);
+}
+
+static void case_optimizer_fused(dg_backend_t *be) {
+    optimizer_run(be, 1);
 }
 
 /* Shape rules reject bad inputs with a one-line DG_ERR_USAGE naming the op, and never crash. */
@@ -1181,6 +1235,7 @@ static const op_case_t cases[] = {
     {"collectives", case_collectives},
     {"shard_ops", case_shard_ops},
     {"optimizer", case_optimizer},
+    {"optimizer_fused", case_optimizer_fused},
     {"shape_errors", case_shape_errors},
     {"stale_plan", case_stale_plan},
 };

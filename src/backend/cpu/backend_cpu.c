@@ -399,6 +399,44 @@ static dg_status_t cpu_adamw_dev(dg_backend_t *be, float *master, void *compute,
     return DG_OK;
 }
 
+/* adamw_dev over a segment table (v1.6): each segment goes through exactly what cpu_adamw_dev does for a
+ * tensor of its size (same task split, same loop), so the bits are those of one adamw_dev per tensor */
+static dg_status_t cpu_adamw_multi_dev(dg_backend_t *be, const dg_adamw_seg_t *segs, int nseg, size_t span,
+                                       float *master, void *compute, const float *grad, float *m, float *v,
+                                       float beta1, float beta2, float eps, float wd, const float *sc) {
+    if (nseg == 0) return DG_OK;
+    if (nseg < 0) return DG_ERR(DG_ERR_USAGE, "cpu backend: adamw_multi_dev: nseg = %d < 0", nseg);
+    DG_CPU_NONNULL("adamw_multi_dev", segs);
+    DG_CPU_NONNULL("adamw_multi_dev", master);
+    DG_CPU_NONNULL("adamw_multi_dev", grad);
+    DG_CPU_NONNULL("adamw_multi_dev", m);
+    DG_CPU_NONNULL("adamw_multi_dev", v);
+    DG_CPU_NONNULL("adamw_multi_dev", sc);
+    if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
+        return DG_ERR(DG_ERR_USAGE, "cpu backend: adamw_multi_dev: betas must be in [0, 1), got %g and %g",
+                      beta1, beta2);
+    uint64_t end = 0;
+    for (int i = 0; i < nseg; i++) { /* the contract, checked where the table is readable */
+        const dg_adamw_seg_t *s = &segs[i];
+        if (s->count == 0 || s->off % 4 != 0 || s->off < end || s->off + s->count > span)
+            return DG_ERR(DG_ERR_USAGE,
+                          "cpu backend: adamw_multi_dev: segment %d (off %llu, count %u) breaks the table "
+                          "rules; hint: segments sorted by offset, not overlapping, offsets a multiple of 4, "
+                          "count >= 1, inside the %zu-element buffers",
+                          i, (unsigned long long)s->off, (unsigned)s->count, span);
+        end = s->off + s->count;
+    }
+    if (!isfinite(sc[DG_DS_NORM])) return DG_OK; /* skipped step: non-finite gradients */
+    for (int i = 0; i < nseg; i++) {
+        const dg_adamw_seg_t *s = &segs[i];
+        if (s->flags & DG_ADAMW_SEG_SKIP) continue;
+        size_t o = (size_t)s->off, n = s->count;
+        DG_TRY(cpu_adamw_dev(be, master + o, compute ? (float *)compute + o : NULL, grad + o, m + o, v + o, n,
+                             beta1, beta2, eps, (s->flags & DG_ADAMW_SEG_DECAY) ? wd : 0.0f, sc));
+    }
+    return DG_OK;
+}
+
 static dg_status_t cpu_host_alloc(dg_backend_t *be, size_t bytes, void **out) {
     return cpu_alloc(be, bytes, out);
 }
@@ -468,6 +506,7 @@ static const dg_backend_ops_t cpu_ops = {
     .adamw_dev = cpu_adamw_dev,
     /* graph_*: NULL, the CPU backend cannot record */
     .add_f32 = cpu_add_f32,
+    .adamw_multi_dev = cpu_adamw_multi_dev,
 };
 
 dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t **out) {

@@ -526,6 +526,25 @@ static dg_status_t cu_adamw_dev(dg_backend_t *be, float *master, void *compute, 
     return dg_cuda_adamw_dev(dg_cuda_of(be), master, compute, grad, m, v, n, beta1, beta2, eps, wd, sc);
 }
 
+/* the table lives in device memory: its rules (sorted, offsets multiples of 4, inside span) are the
+ * caller's to keep; the CPU backend checks them */
+static dg_status_t cu_adamw_multi_dev(dg_backend_t *be, const dg_adamw_seg_t *segs, int nseg, size_t span,
+                                      float *master, void *compute, const float *grad, float *m, float *v,
+                                      float beta1, float beta2, float eps, float wd, const float *sc) {
+    REQ(nseg >= 0, "cuda backend adamw_multi_dev: nseg = %d < 0", nseg);
+    if (nseg == 0 || span == 0) return DG_OK;
+    REQ_PTR(segs, "adamw_multi_dev");
+    REQ_PTR(master, "adamw_multi_dev");
+    REQ_PTR(grad, "adamw_multi_dev");
+    REQ_PTR(m, "adamw_multi_dev");
+    REQ_PTR(v, "adamw_multi_dev");
+    REQ_PTR(sc, "adamw_multi_dev");
+    REQ(beta1 >= 0.f && beta1 < 1.f && beta2 >= 0.f && beta2 < 1.f,
+        "cuda backend adamw_multi_dev: betas (%g, %g) must lie in [0, 1)", beta1, beta2);
+    return dg_cuda_adamw_multi_dev(dg_cuda_of(be), segs, nseg, span, master, compute, grad, m, v, beta1,
+                                   beta2, eps, wd, sc);
+}
+
 /* ---------------- page-locked host memory, capturable uploads, graph replay ---------------- */
 
 static dg_status_t cu_host_alloc(dg_backend_t *be, size_t bytes, void **out) {
@@ -643,6 +662,7 @@ static const dg_backend_ops_t cuda_ops = {
     cu_graph_launch,
     cu_graph_free,
     cu_add_f32,
+    cu_adamw_multi_dev,
 };
 
 /* ---------------- construction ---------------- */

@@ -129,6 +129,9 @@ dg_status_t dg_cuda_clip_scale(dg_cuda_t *c, float *gscale, float *norm, const f
 dg_status_t dg_cuda_adamw_dev(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m,
                               float *v, size_t n, float beta1, float beta2, float eps, float wd,
                               const float *sc);
+dg_status_t dg_cuda_adamw_multi_dev(dg_cuda_t *c, const dg_adamw_seg_t *segs, int nseg, size_t span,
+                                    float *master, void *compute, const float *grad, float *m, float *v,
+                                    float beta1, float beta2, float eps, float wd, const float *sc);
 /* encoder.cu */
 dg_status_t dg_cuda_encoder_fwd(dg_cuda_t *c, void *out, const int32_t *tokens, const void *wte,
                                 const void *wpe, int B, int T, int C);

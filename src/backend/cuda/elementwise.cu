@@ -428,3 +428,76 @@ dg_status_t dg_cuda_adamw_dev(dg_cuda_t *c, float *master, void *compute, const 
     return DG_CUDA_DISPATCH_ACT(c->act, adamw_t, c, master, compute, grad, m, v, n, h, (const float *)NULL,
                                 sc);
 }
+
+/* ---------------- AdamW over a segment table (adamw_multi_dev) ---------------- */
+
+/* One launch for every tensor of the flat buffers. Thread u handles the group of elements [4u, 4u + 4)
+ * (grid-stride); it finds the segment holding its first group by binary search over the table, then walks
+ * forward (its groups only grow). Segment offsets are multiples of 4, so a group lies in at most one
+ * segment, at the same place relative to the segment's start as in adamw_dev's launch over that tensor:
+ * whole groups take the vector form (V = 4) when the buffers are 16-byte aligned, the last partial group
+ * of a segment runs element by element (V = 1) like ew_launch's tail. The arithmetic is AdamOp's, the
+ * same code as adamw_dev's, with the segment's weight decay. Groups in the gaps between segments and
+ * groups of skipped (frozen) segments are left alone. */
+template <typename T>
+__global__ void adamw_multi_kernel(AdamOp<T> op, const dg_adamw_seg_t *__restrict__ segs, int nseg,
+                                   size_t ngroups, bool vec, float wd) {
+    if (!isfinite(op.sc[DG_DS_NORM])) return; /* skipped step (AdamOp checks again, as in adamw_dev) */
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t u = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (u >= ngroups) return;
+    const uint64_t e0 = 4 * (uint64_t)u;
+    int lo = 0, hi = nseg; /* the first segment that ends after e0 */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (segs[mid].off + segs[mid].count <= e0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    int s = lo;
+    for (; u < ngroups; u += stride) {
+        const uint64_t e = 4 * (uint64_t)u;
+        while (s < nseg && segs[s].off + segs[s].count <= e)
+            s++;
+        if (s >= nseg) return;
+        const dg_adamw_seg_t sg = segs[s];
+        if (e < sg.off || (sg.flags & DG_ADAMW_SEG_SKIP)) continue; /* a gap, or a frozen tensor */
+        AdamOp<T> o = op;
+        o.h.wd = (sg.flags & DG_ADAMW_SEG_DECAY) ? wd : 0.f;
+        const uint64_t end = sg.off + sg.count;
+        if (vec && e + 4 <= end) {
+            o.template apply<4>((size_t)e);
+        } else {
+            for (uint64_t i = e; i < end && i < e + 4; i++)
+                o.template apply<1>((size_t)i);
+        }
+    }
+}
+
+template <typename T>
+static dg_status_t adamw_multi_t(dg_cuda_t *c, const dg_adamw_seg_t *segs, int nseg, size_t span,
+                                 float *master, void *compute, const float *grad, float *m, float *v,
+                                 const AdamHyper &h, float wd, const float *sc) {
+    AdamOp<T> op{master, m, v, (T *)compute, grad, (const float *)NULL, h, sc};
+    bool vec = al16(master, grad, m, v) && dg_ptr_aligned(compute, 16);
+    size_t ngroups = (span + 3) / 4;
+    adamw_multi_kernel<T>
+        <<<dg_cuda_blocks(ngroups, 256, 65535), 256, 0, c->stream>>>(op, segs, nseg, ngroups, vec, wd);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
+dg_status_t dg_cuda_adamw_multi_dev(dg_cuda_t *c, const dg_adamw_seg_t *segs, int nseg, size_t span,
+                                    float *master, void *compute, const float *grad, float *m, float *v,
+                                    float beta1, float beta2, float eps, float wd, const float *sc) {
+    AdamHyper h; /* as in dg_cuda_adamw_dev: lr and bias corrections come from sc */
+    h.lr = 0.f;
+    h.b1 = beta1;
+    h.b2 = beta2;
+    h.eps = eps;
+    h.wd = 0.f; /* per segment */
+    h.inv_bc1 = h.inv_bc2 = 0.f;
+    return DG_CUDA_DISPATCH_ACT(c->act, adamw_multi_t, c, segs, nseg, span, master, compute, grad, m, v, h,
+                                wd, sc);
+}
