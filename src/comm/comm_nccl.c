@@ -160,7 +160,15 @@ static void *mk_main(void *arg) {
     return NULL;
 }
 
-/* A creating call of `kind` for a comm named `name` on `device` (blocking communicators). */
+/* DG_NCCL_NONBLOCKING=1 brings back non-blocking communicators (blocking = 0): every call may return
+ * ncclInProgress and is settled by polling. Kept as a diagnostic: it costs the ~60 us per enqueue
+ * described above, but is the mode of dgtrain before 2026-11-29 (docs/cuda.md). */
+static int nonblocking_mode(void) {
+    const char *e = getenv("DG_NCCL_NONBLOCKING");
+    return e && e[0] == '1';
+}
+
+/* A creating call of `kind` for a comm named `name` on `device`. */
 static mk_call_t *new_call(int kind, int device, const char *name) {
     mk_call_t *c = dg_xcalloc(1, sizeof *c);
     c->kind = kind;
@@ -168,7 +176,7 @@ static mk_call_t *new_call(int kind, int device, const char *name) {
     atomic_init(&c->done, 0);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     c->cfg = cfg;
-    c->cfg.blocking = 1;
+    c->cfg.blocking = nonblocking_mode() ? 0 : 1;
     dg_comm__strlcpy(c->name, sizeof c->name, name);
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
     c->cfg.commName = c->name;
@@ -201,10 +209,21 @@ static dg_status_t timed_call(cn_t *m, mk_call_t *c, const char *what, ncclComm_
     pthread_join(th, NULL);
     ncclResult_t r = c->r;
     ncclComm_t made = c->out;
+    /* a non-blocking comm (c->cfg.blocking == 0) may still be working: the parent (split, finalize)
+     * and the new comm are polled until done */
+    int pending = c->cfg.blocking == 0 && r == ncclInProgress;
+    ncclComm_t parent = c->comm;
     free(c);
-    if (r != ncclSuccess) {
+    if (pending) r = ncclSuccess;
+    dg_status_t s = DG_OK;
+    if (r != ncclSuccess)
+        s = nccl_error(made, r, what);
+    else if (pending && parent)
+        s = settle(m, parent, what);
+    if (s == DG_OK && pending && made) s = settle(m, made, what);
+    if (s != DG_OK) {
         if (made) ncclCommAbort(made);
-        return nccl_error(made, r, what);
+        return s;
     }
     if (out) *out = made;
     return DG_OK;

@@ -17,13 +17,16 @@ Cases:
               lines and final checkpoints bitwise equal; a forced recording failure falls back with one
               `fallback` event and the same numbers
   memcheck    compute-sanitizer memcheck over a short bf16 and fp32 dgtrain run: 0 errors
-  nccl        (needs >= 2 GPUs) 2 ranks, one GPU each, parallel.comm=nccl, on the meshes dp_shard=2,
-              dp_replicate=2 and tp=2 against 1 rank at the same global batch: fp32 losses within 1e-5
+  nccl        (needs >= 2 GPUs) N ranks (the largest power of two <= the GPUs, at most 8; DGT_NCCL_RANKS
+              lowers it), one GPU each, parallel.comm=nccl, on the meshes dp_shard=N, dp_replicate=N,
+              tp=2 (x dp_shard=N/2) and, above 2, HSDP dp_replicate=2 x dp_shard=N/2, against 1 rank at
+              the same global batch: fp32 losses within 1e-5
               relative, grad norms 1e-4, final weights 1e-4; bf16 within the bf16 bounds; the start event
               says comm nccl; CUDA Graph replay recorded all three graphs (or the test fails naming the
-              fallback reason); fp32 dp_shard=2 with replay bitwise equal to op by op and close to
-              parallel.comm=mpi (host staging); a checkpoint written at 2 ranks (step 10) resumed at 1 rank
-              matches the 1-rank run's steps 11-20 within 1e-5
+              fallback reason); DDP with 2 micro-batches per rank; fp32 dp_shard=N with replay bitwise
+              equal to op by op and close to parallel.comm=mpi (host staging); a checkpoint written at N
+              ranks (step 10) resumed at N/2 ranks and at 1 rank matches the 1-rank run's steps 11-20
+              within 1e-5
   torch       dgtrain CUDA bf16 vs PyTorch bf16 (autocast) on the gpt2-124m preset (configs/gpt2-124m.ini,
               seq_len 1024, batch 8, 50 steps) from identical initial weights and batches: per-step
               losses within bf16 tolerance (see TORCH_BF16_*), the same lr and tokens, the loss falls
@@ -471,26 +474,45 @@ def graph_status(run_dir, what):
     return "graphs recorded"
 
 
+def nccl_ranks():
+    """Ranks of the nccl case: the largest power of two <= the GPUs the driver reports, at most 8
+    (DGT_NCCL_RANKS lowers it)."""
+    n = min(cuda_devices(), int(os.environ.get("DGT_NCCL_RANKS", "8")), GLOBAL_BATCH)
+    r = 1
+    while r * 2 <= n:
+        r *= 2
+    return r
+
+
 def case_nccl(env):
-    """2 ranks, one GPU each, collectives over NCCL inside the executor (issue 10 prerequisite)."""
-    n = cuda_devices()
+    """N ranks (2, 4 or 8), one GPU each, collectives over NCCL inside the executor (issue 10)."""
+    n = nccl_ranks()
     if n < 2:
-        print("SKIP: the nccl case needs 2 GPUs, the driver reports %d" % n)
+        print("SKIP: the nccl case needs 2 GPUs, the driver reports %d" % cuda_devices())
         return SKIP
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on these hosts
     notes = []
     steps = list(range(1, STEPS + 1))
-    meshes = ("dp_shard=2", "dp_replicate=2", "tp=2")
+    # (mesh, data-parallel ranks): FSDP, DDP, TP (with FSDP on the rest) and, above 2 ranks, HSDP 2 x N/2
+    meshes = [("dp_shard=%d" % n, n), ("dp_replicate=%d" % n, n),
+              ("tp=2" if n == 2 else "tp=2,dp_shard=%d" % (n // 2), n // 2)]
+    if n > 2:
+        meshes.append(("dp_replicate=2,dp_shard=%d" % (n // 2), n))
+
+    def mb(dp, split=1):  # the micro-batch that gives each rank `split` micro-batches
+        return "train.micro_batch=%d" % (GLOBAL_BATCH // dp // split)
+
     for prec in ("fp32", "bf16"):
         one = env.train(1, "one_" + prec, ["train.precision=" + prec, "checkpoint.every=10"])
-        for mesh in meshes:
-            name = "nccl_%s_%s" % (prec, mesh.split("=")[0])
-            sets = ["train.precision=" + prec, "parallel.mesh=" + mesh, "parallel.comm=nccl", "checkpoint.every=10"]
-            run = env.train(2, name, sets)
+        for mesh, dp in meshes:
+            name = "nccl_%s_%s" % (prec, re.sub(r"[=,]", "_", mesh))
+            sets = ["train.precision=" + prec, "parallel.mesh=" + mesh, "parallel.comm=nccl", "checkpoint.every=10",
+                    mb(dp)]
+            run = env.train(n, name, sets)
             st = start_event(run)
-            check(st.get("world_size") == 2 and st.get("backend") == "cuda" and st.get("comm") == "nccl",
-                  "%s: start event world_size %s backend %s comm %s, expected 2 cuda nccl" %
-                  (name, st.get("world_size"), st.get("backend"), st.get("comm")))
+            check(st.get("world_size") == n and st.get("backend") == "cuda" and st.get("comm") == "nccl",
+                  "%s: start event world_size %s backend %s comm %s, expected %d cuda nccl" %
+                  (name, st.get("world_size"), st.get("backend"), st.get("comm"), n))
             if prec == "fp32":
                 worst, gn = compare_steps(one, run, steps, DIST_LOSS_RTOL, 1e-4, name)
                 wd, wv = max_model_diff(env, one, run)
@@ -504,35 +526,45 @@ def case_nccl(env):
                          (prec, mesh, worst, gn, wv, wd, g))
     # DDP with gradient accumulation (2 micro-batches per rank): the dp_replicate sum runs in the backward
     # of the second only (its own CUDA Graph recording)
-    acc = env.train(2, "nccl_fp32_dp_replicate_accum2", ["train.precision=fp32", "parallel.mesh=dp_replicate=2",
-                                                         "parallel.comm=nccl", "train.micro_batch=2"])
-    worst, gn = compare_steps(os.path.join(env.work, "one_fp32"), acc, steps, DIST_LOSS_RTOL, 1e-4,
-                              "nccl dp_replicate=2, 2 micro-batches")
-    notes.append("fp32 dp_replicate=2 with 2 micro-batches per rank: losses %.3g, grad norms %.3g, %s" %
-                 (worst, gn, graph_status(acc, "accum2")))
+    if GLOBAL_BATCH // n >= 2:
+        acc = env.train(n, "nccl_fp32_dp_replicate_accum2", ["train.precision=fp32",
+                                                             "parallel.mesh=dp_replicate=%d" % n,
+                                                             "parallel.comm=nccl", mb(n, 2)])
+        worst, gn = compare_steps(os.path.join(env.work, "one_fp32"), acc, steps, DIST_LOSS_RTOL, 1e-4,
+                                  "nccl dp_replicate=%d, 2 micro-batches" % n)
+        notes.append("fp32 dp_replicate=%d with 2 micro-batches per rank: losses %.3g, grad norms %.3g, %s" %
+                     (n, worst, gn, graph_status(acc, "accum2")))
     # replay vs op by op with NCCL: the same kernels and collectives, so the same bits
-    base = os.path.join(env.work, "nccl_fp32_dp_shard")
-    eager = env.train(2, "nccl_fp32_dp_shard_eager", ["train.precision=fp32", "parallel.mesh=dp_shard=2",
-                                                      "parallel.comm=nccl", "checkpoint.every=10",
+    base = os.path.join(env.work, "nccl_fp32_dp_shard_%d" % n)
+    eager = env.train(n, "nccl_fp32_dp_shard_eager", ["train.precision=fp32", "parallel.mesh=dp_shard=%d" % n,
+                                                      "parallel.comm=nccl", "checkpoint.every=10", mb(n),
                                                       "parallel.cuda_graph=false"])
     check(not events(eager, "cuda_graph"), "parallel.cuda_graph=false still recorded")
-    check_same_run(env, base, eager, "nccl dp_shard=2: graph replay vs op by op")
-    notes.append("dp_shard=2 fp32: replay bitwise equal to op by op")
-    # the mpi comm (host staging, op by op) on the same two GPUs: the same model within rounding
-    mpi = env.train(2, "mpi_fp32_dp_shard", ["train.precision=fp32", "parallel.mesh=dp_shard=2", "parallel.comm=mpi"])
+    check_same_run(env, base, eager, "nccl dp_shard=%d: graph replay vs op by op" % n)
+    notes.append("dp_shard=%d fp32: replay bitwise equal to op by op" % n)
+    # the mpi comm (host staging, op by op) on the same GPUs: the same model within rounding
+    mpi = env.train(n, "mpi_fp32_dp_shard", ["train.precision=fp32", "parallel.mesh=dp_shard=%d" % n,
+                                             "parallel.comm=mpi", mb(n)])
     check(start_event(mpi).get("comm") == "mpi", "parallel.comm=mpi: start event comm %s" % start_event(mpi).get("comm"))
-    worst, _ = compare_steps(mpi, base, steps, DIST_LOSS_RTOL, 1e-4, "nccl vs mpi dp_shard=2")
+    worst, _ = compare_steps(mpi, base, steps, DIST_LOSS_RTOL, 1e-4, "nccl vs mpi dp_shard=%d" % n)
     notes.append("nccl vs mpi comm %.3g" % worst)
-    # a checkpoint written by 2 ranks (dp_shard=2, nccl) at step 10, resumed on 1 rank
+    # a checkpoint written by N ranks (dp_shard=N, nccl) at step 10, resumed at N/2 ranks (dp_shard, nccl;
+    # 1 rank when N = 2) and, above 2, at 1 rank too
     ck = os.path.join(base, "checkpoints", "step_%08d.h5" % 10)
     check(os.path.exists(ck), "no step-10 checkpoint in %s" % base)
-    res = env.train(1, "resume_1", ["train.precision=fp32", "checkpoint.resume=" + ck])
-    rs = events(res, "resume")
-    check(rs, "resume at 1 rank: no resume event")
-    worst, gn = compare_steps(os.path.join(env.work, "one_fp32"), res, list(range(11, STEPS + 1)), DIST_LOSS_RTOL,
-                              1e-4, "2-rank checkpoint resumed at 1 rank")
-    notes.append("step-10 checkpoint of 2 ranks resumed at 1: steps 11-20 within %.3g" % worst)
-    print("PASS nccl (2 GPUs): " + "; ".join(notes))
+    for k in sorted({n // 2, 1}, reverse=True):
+        sets = ["train.precision=fp32", "checkpoint.resume=" + ck]
+        if k > 1:
+            sets += ["parallel.mesh=dp_shard=%d" % k, "parallel.comm=nccl", mb(k)]
+        res = env.train(k, "resume_%d" % k, sets)
+        rs = events(res, "resume")
+        check(rs, "resume at %d rank(s): no resume event" % k)
+        check(rs[0].get("from_world_size") == n and rs[0].get("to_world_size") == k,
+              "resume at %d: resume event %s, expected from_world_size %d to_world_size %d" % (k, rs[0], n, k))
+        worst, gn = compare_steps(os.path.join(env.work, "one_fp32"), res, list(range(11, STEPS + 1)),
+                                  DIST_LOSS_RTOL, 1e-4, "%d-rank checkpoint resumed at %d rank(s)" % (n, k))
+        notes.append("step-10 checkpoint of %d ranks resumed at %d: steps 11-20 within %.3g" % (n, k, worst))
+    print("PASS nccl (%d GPUs): " % n + "; ".join(notes))
 
 
 def case_memcheck(env):
