@@ -69,6 +69,7 @@ typedef struct {
     dg_comm_t base;
     ncclComm_t nc;
     int device;
+    int nonblocking; /* DG_NCCL_NONBLOCKING=1 at creation: enqueues are settled by polling */
     cudaStream_t stream;
     int own_stream;
     cudaEvent_t dep_ev;
@@ -416,7 +417,7 @@ static dg_status_t flush_p2p(cn_t *m) {
     }
     if (r != ncclSuccess && r != ncclInProgress) return fail_with(m, nccl_error(m->nc, r, call));
     /* non-blocking comm: the group may still be enqueueing; events must come after all of it */
-    dg_status_t s = settle(m, m->nc, "point-to-point group");
+    dg_status_t s = m->nonblocking ? settle(m, m->nc, "point-to-point group") : DG_OK;
     if (s != DG_OK) return fail_with(m, s);
     for (dg_comm_op_t *p = first; p; p = p->next) {
         p->t_start = dg_now_s();
@@ -439,7 +440,7 @@ static dg_status_t nccl_post(dg_comm_t *c, dg_comm_op_t *op) {
     ncclResult_t r = nccl_call(m, op);
     if (r != ncclSuccess && r != ncclInProgress) return nccl_error(m->nc, r, k_nccl_calls[op->kind]);
     /* a non-blocking comm may still be enqueueing: it must settle before the event is recorded */
-    DG_TRY(settle(m, m->nc, dg_comm__op_name(op->kind)));
+    if (m->nonblocking) DG_TRY(settle(m, m->nc, dg_comm__op_name(op->kind)));
     DG_TRY(record(m, op));
     op->t_start = op->t_post;
     append(m, op);
@@ -619,6 +620,7 @@ static const dg_comm_vtbl_t k_vt_nccl = {
 static dg_status_t setup_common(cn_t *m, MPI_Comm group, int device, void *stream, const dg_comm_opts_t *o) {
     DG_TRY(dg_comm__base_init(&m->base, DG_COMM_NCCL, group, o));
     m->device = device;
+    m->nonblocking = nonblocking_mode();
     DG_CUDA_CHECK(cudaSetDevice(device));
     if (stream) {
         m->stream = (cudaStream_t)stream;

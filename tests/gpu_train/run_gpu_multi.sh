@@ -14,7 +14,8 @@
 # BUILD_DIR (default build-gpu) is used as it is when its binaries run here, else built. Environment:
 # OUT (default ./gpu-multi-out), BUDGET_S (default 560: phases that would start later are skipped),
 # CUDA_ARCH (90), B (gpt2-124m micro-batch per GPU, default 16), STEPS (weak-scaling steps, default 30),
-# CTAS (NCCL_MAX_CTAS values for extra mesh=auto runs on N GPUs, default "8"; empty: none), NGPU.
+# CTAS (NCCL_MAX_CTAS values for extra mesh=auto runs on N GPUs, default "8"; empty: none), NGPU,
+# PHASES (a comma list of harness, e2e, commtest, bench, validate, weak, multirank; default all).
 set -uo pipefail
 t_start=$(date +%s)
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,6 +25,8 @@ out=${OUT:-$PWD/gpu-multi-out}
 mkdir -p "$out"
 budget=${BUDGET_S:-560}
 left() { echo $((budget - ($(date +%s) - t_start))); }
+# PHASES: a comma list of harness,e2e,commtest,bench,validate,weak,multirank (default: all of them)
+want() { [ -z "${PHASES:-}" ] || [[ ",$PHASES," == *",$1,"* ]]; }
 log() { echo "== [$(($(date +%s) - t_start))s] $*" | tee -a "$out/summary.log"; }
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} # NVLink multicast stays off on these hosts
@@ -64,14 +67,14 @@ fi
 dgtrain=$bdir/src/cli/dgtrain dgckpt=$bdir/src/checkpoint_hdf5/dgckpt dgvalidate=$bdir/src/validate/dgvalidate
 
 # ---- the op harness on the GPU (backend contract v1.5: add_f32) ----
-for dt in f32 bf16 f16; do
+want harness && for dt in f32 bf16 f16; do
   timeout 60 "$bdir/tests/backend_cuda/test_backend_cuda" --mode harness --dtype $dt --only add --verbose \
     >"$out/op_harness_$dt.log" 2>&1
   log "op harness ($dt, elementwise case incl. add_f32) rc=$?: $(grep -h 'add_f32' "$out/op_harness_$dt.log" | head -2 | cut -c1-120 | tr '\n' ' ') $(grep -hiE 'fail' "$out/op_harness_$dt.log" | head -3 | tr '\n' ' ')"
 done
 
 # ---- N ranks x 1 GPU with NCCL against 1 rank (the correctness test) ----
-if [ "$(left)" -gt 250 ]; then
+if want e2e && [ "$(left)" -gt 250 ]; then
   DGT_TEST_KEEP=0 timeout $(($(left) - 150)) python3 "$here/gpu_e2e.py" nccl "$dgtrain" "$dgckpt" "${mpi[@]}" \
     >"$out/gpu_train_nccl.log" 2>&1
   rc=$?
@@ -88,18 +91,20 @@ else
 fi
 
 # ---- the nccl comm backend's own test at N ranks (collectives, point-to-point batches, failures) ----
-timeout 120 "${mpi[@]}" -n $NG "$bdir/tests/comm/test_comm_nccl" >"$out/test_comm_nccl.log" 2>&1
-log "test_comm_nccl ($NG ranks, $NG GPUs) rc=$?: $(tail -2 "$out/test_comm_nccl.log" | tr '\n' ' ' | cut -c1-300)"
+if want commtest; then
+  timeout 120 "${mpi[@]}" -n $NG "$bdir/tests/comm/test_comm_nccl" >"$out/test_comm_nccl.log" 2>&1
+  log "test_comm_nccl ($NG ranks, $NG GPUs) rc=$?: $(tail -2 "$out/test_comm_nccl.log" | tr '\n' ' ' | cut -c1-300)"
+fi
 
 # ---- issue 10's bandwidth check: dg_comm (nccl) against a raw NCCL communicator in the same run ----
-if [ "$(left)" -gt 240 ]; then
+if want bench && [ "$(left)" -gt 240 ]; then
   timeout 150 "${mpi[@]}" -n $NG "$bdir/bench/comm/bench_comm" --backend nccl --seconds 0.5 >"$out/bench_comm_nccl.log" 2>&1
   log "bench_comm --backend nccl ($NG GPUs) rc=$?"
   cat "$out/bench_comm_nccl.log" >>"$out/summary.log"
 fi
 
 # ---- bus bandwidth through the comm layer (nccl and mpi), and a raw NCCL reference ----
-if [ "$(left)" -gt 170 ]; then
+if want validate && [ "$(left)" -gt 170 ]; then
   timeout 120 "${mpi[@]}" -n $NG "$dgvalidate" "$root/validation/sla.ini" --checks comm --run-dir "$out/validate_comm" \
     --set validate.comm_backends=nccl --set validate.comm_sizes=1M,16M,128M >"$out/comm.log" 2>&1
   log "dgvalidate comm rc=$?: $(grep -E 'comm\.(nccl|mpi)\.(allreduce|allgather|reduce_scatter|broadcast|sendrecv)' "$out/comm.log" | head -10 | cut -c1-160 | tr '\n' '|')"
@@ -150,7 +155,7 @@ B=${B:-16}
 steps=${STEPS:-30}
 work=$out/work
 mkdir -p "$work"
-if [ "$(left)" -gt 90 ] && python3 "$root/bench/gpu/make_shards.py" "$work/data" --tokens $(((steps + 2) * NG * B * 1025 + 1)) \
+if want weak && [ "$(left)" -gt 90 ] && python3 "$root/bench/gpu/make_shards.py" "$work/data" --tokens $(((steps + 2) * NG * B * 1025 + 1)) \
   >"$out/make_shards.log" 2>&1; then
   run124() { # name ranks global_batch [--set ...]
     local name=$1 n=$2 gb=$3
@@ -251,7 +256,7 @@ else
   log "skipped the weak-scaling runs (budget or make_shards.py failed)"
 fi
 # ---- issue 7: 2 and 4 ranks sharing GPU 0 over the mpi comm (gpu_e2e.py multirank) ----
-if [ "$(left)" -gt 100 ]; then
+if want multirank && [ "$(left)" -gt 100 ]; then
   CUDA_VISIBLE_DEVICES=0 timeout $(($(left) - 10)) python3 "$here/gpu_e2e.py" multirank "$dgtrain" "$dgckpt" "${mpi[@]}" \
     >"$out/gpu_train_multirank.log" 2>&1
   rc=$?
