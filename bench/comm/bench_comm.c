@@ -14,9 +14,11 @@
  * its own) against a separate raw NCCL communicator (blocking config, its own stream). As nccl-tests
  * times it, one measurement is `iters` operations launched back to back and then completed once:
  *   raw NCCL   iters x ncclAllReduce/AllGather/ReduceScatter, then cudaStreamSynchronize;
+ *   raw + ev   the same with a CUDA event recorded after each operation (a diagnostic: the part of the
+ *              comm layer's cost that any per-operation completion tracking has);
  *   async      iters x dg_comm_i*, then dg_comm_wait on each in order;
  *   blocking   iters x the blocking dg_comm call (a host wait per operation).
- * Measurements of the three are interleaved in rotating order; each variant's time is its median (or
+ * Measurements of the four are interleaved in rotating order; each variant's time is its median (or
  * fastest) measurement / iters on the slowest rank. --check applies to the async variant, the path the
  * executor and dgvalidate use.
  *
@@ -452,7 +454,7 @@ static int bench_mpi(const args_t *A) {
         }                                                                                                    \
     } while (0)
 
-enum { NV_RAW = 0, NV_ASYNC = 1, NV_BLOCKING = 2, NV_N = 3 };
+enum { NV_RAW = 0, NV_ASYNC = 1, NV_BLOCKING = 2, NV_RAWEV = 3, NV_N = 4 };
 
 typedef struct {
     dg_comm_t *c;    /* dg_comm's nccl backend, on a stream it owns */
@@ -464,6 +466,7 @@ typedef struct {
     size_t esz;
     void *send, *recv;    /* device */
     dg_comm_req_t **reqs; /* iters requests of the async variant */
+    cudaEvent_t *evs;     /* iters events of the raw + event variant */
 } nbench_t;
 
 static void bn_fail(const char *what, int op) {
@@ -502,6 +505,14 @@ static double bn_measure(nbench_t *b, int v, int op, size_t count) {
         for (int i = 0; i < b->iters; i++)
             bn_raw(b, op, count);
         BN_CUDA(cudaStreamSynchronize(b->rs));
+    } else if (v == NV_RAWEV) {
+        /* raw NCCL plus what any comm layer that tracks completion per operation adds on the stream:
+         * one event recorded after each (torch.distributed's work objects do the same) */
+        for (int i = 0; i < b->iters; i++) {
+            bn_raw(b, op, count);
+            BN_CUDA(cudaEventRecord(b->evs[i], b->rs));
+        }
+        BN_CUDA(cudaStreamSynchronize(b->rs));
     } else if (v == NV_ASYNC) {
         for (int i = 0; i < b->iters; i++)
             if (bn_post(b, op, count, &b->reqs[i]) != DG_OK) bn_fail("post", op);
@@ -514,7 +525,7 @@ static double bn_measure(nbench_t *b, int v, int op, size_t count) {
     return MPI_Wtime() - t0;
 }
 
-/* Measurements of the three variants interleaved in rotating order; out[v] = the median (or fastest)
+/* Measurements of the four variants interleaved in rotating order; out[v] = the median (or fastest)
  * measurement / iters, on the slowest rank. */
 static void bn_rounds(nbench_t *b, int op, size_t count, int rounds, int use_min, double out[NV_N]) {
     double *d[NV_N];
@@ -603,10 +614,13 @@ static int bench_nccl(const args_t *A) {
     BN_CUDA(cudaMemset(b.recv, 0, maxbuf));
     void *h_send = malloc(maxbuf), *h_recv = malloc(maxbuf);
     b.reqs = malloc((size_t)b.iters * sizeof *b.reqs);
-    if (!h_send || !h_recv || !b.reqs) {
+    b.evs = malloc((size_t)b.iters * sizeof *b.evs);
+    if (!h_send || !h_recv || !b.reqs || !b.evs) {
         fprintf(stderr, "bench_comm: out of host memory for %zu-byte buffers\n", maxbuf);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
+    for (int i = 0; i < b.iters; i++)
+        BN_CUDA(cudaEventCreateWithFlags(&b.evs[i], cudaEventDisableTiming));
     int nv = 0;
     ncclGetVersion(&nv);
     if (b.me == 0) {
@@ -615,13 +629,14 @@ static int bench_nccl(const args_t *A) {
             "per size, >= %d measurements per variant (%s)\n",
             b.n, dg_dtype_name(b.dt), nv, b.iters, A->budget, A->min_calls,
             A->use_min ? "fastest" : "median");
-        printf("# busbw in GB/s; 'raw' = ncclX x iters + cudaStreamSynchronize on a separate communicator; "
-               "'async' = dg_comm_i* x iters, then wait each; 'block' = blocking dg_comm calls; ratios are "
-               "busbw "
-               "over raw NCCL's\n");
-        printf("# %-14s %10s %10s | %9s %8s %8s | %9s %8s %6s | %9s %8s %6s | %s\n", "op", "size(B)", "count",
-               "raw us", "algbw", "busbw", "async us", "busbw", "ratio", "block us", "busbw", "ratio",
-               "check");
+        printf(
+            "# busbw in GB/s; 'raw' = ncclX x iters + cudaStreamSynchronize on a separate communicator; "
+            "'raw+ev' = the same with a CUDA event recorded after each op (what per-op completion tracking "
+            "costs); 'async' = dg_comm_i* x iters, then wait each; 'block' = blocking dg_comm calls; ratios "
+            "are busbw over raw NCCL's\n");
+        printf("# %-14s %10s %10s | %9s %8s %8s | %9s %6s | %9s %8s %6s | %9s %8s %6s | %s\n", "op",
+               "size(B)", "count", "raw us", "algbw", "busbw", "raw+ev us", "ratio", "async us", "busbw",
+               "ratio", "block us", "busbw", "ratio", "check");
     }
     double logsum_a[NOPS] = {0}, logsum_b[NOPS] = {0}, minratio = 1e9;
     int nsz[NOPS] = {0}, all_ok = 1;
@@ -651,11 +666,12 @@ static int bench_nccl(const args_t *A) {
             nsz[op]++;
             if (ra < minratio) minratio = ra;
             if (b.me == 0)
-                printf(
-                    "  %-14s %10zu %10zu | %9.1f %8.3f %8.3f | %9.1f %8.3f %6.3f | %9.1f %8.3f %6.3f | %s\n",
-                    k_names[op], size, count, t[NV_RAW] * 1e6, alg_r, alg_r * f, t[NV_ASYNC] * 1e6,
-                    size / t[NV_ASYNC] / 1e9 * f, ra, t[NV_BLOCKING] * 1e6, size / t[NV_BLOCKING] / 1e9 * f,
-                    rb, okall ? "ok" : "WRONG");
+                printf("  %-14s %10zu %10zu | %9.1f %8.3f %8.3f | %9.1f %6.3f | %9.1f %8.3f %6.3f | %9.1f "
+                       "%8.3f %6.3f | "
+                       "%s\n",
+                       k_names[op], size, count, t[NV_RAW] * 1e6, alg_r, alg_r * f, t[NV_RAWEV] * 1e6,
+                       t[NV_RAW] / t[NV_RAWEV], t[NV_ASYNC] * 1e6, size / t[NV_ASYNC] / 1e9 * f, ra,
+                       t[NV_BLOCKING] * 1e6, size / t[NV_BLOCKING] / 1e9 * f, rb, okall ? "ok" : "WRONG");
             fflush(stdout);
         }
     }
@@ -674,6 +690,9 @@ static int bench_nccl(const args_t *A) {
     }
     MPI_Bcast(&below, 1, MPI_INT, 0, b.mpi);
     dg_comm_free(b.c);
+    for (int i = 0; i < b.iters; i++)
+        BN_CUDA(cudaEventDestroy(b.evs[i]));
+    free(b.evs);
     BN_NCCL(ncclCommDestroy(b.raw));
     BN_CUDA(cudaStreamDestroy(b.rs));
     BN_CUDA(cudaFree(b.send));
