@@ -23,7 +23,8 @@ Cases:
               the same global batch: fp32 losses within 1e-5
               relative, grad norms 1e-4, final weights 1e-4; bf16 within the bf16 bounds; the start event
               says comm nccl; CUDA Graph replay recorded all three graphs (or the test fails naming the
-              fallback reason); DDP with 2 micro-batches per rank; fp32 dp_shard=N with replay bitwise
+              fallback reason); DDP with 2 micro-batches per rank; train.reduce_dtype=bf16 on the
+              data-parallel meshes (bf16 bounds, and not the fp32 reductions' bits); fp32 dp_shard=N with replay bitwise
               equal to op by op and close to parallel.comm=mpi (host staging); a checkpoint written at N
               ranks (step 10) resumed at N/2 ranks and at 1 rank matches the 1-rank run's steps 11-20
               within 1e-5
@@ -534,6 +535,23 @@ def case_nccl(env):
                                   "nccl dp_replicate=%d, 2 micro-batches" % n)
         notes.append("fp32 dp_replicate=%d with 2 micro-batches per rank: losses %.3g, grad norms %.3g, %s" %
                      (n, worst, gn, graph_status(acc, "accum2")))
+    # gradient reductions in bf16 (train.reduce_dtype = bf16), fp32 compute: within the bf16 bounds of
+    # 1 rank, and not the bits of the fp32 reductions (the bf16 path really ran)
+    for mesh, dp in meshes:
+        if mesh.startswith("tp=2"):
+            continue
+        tag = re.sub(r"[=,]", "_", mesh)
+        rb = env.train(n, "nccl_fp32_%s_rbf16" % tag, ["train.precision=fp32", "parallel.mesh=" + mesh,
+                                                       "parallel.comm=nccl", "train.reduce_dtype=bf16", mb(dp)])
+        worst, gn = compare_steps(os.path.join(env.work, "one_fp32"), rb, steps, BF16_RTOL, 5e-2,
+                                  "%s, reduce_dtype=bf16" % mesh, BF16_MEAN_RTOL)
+        f32 = steps_of(os.path.join(env.work, "nccl_fp32_" + tag))
+        b16 = steps_of(rb)
+        check(any(f32[k][1]["grad_norm"] != b16[k][1]["grad_norm"] for k in steps),
+              "%s: reduce_dtype=bf16 gave bitwise the grad norms of the fp32 reductions: the bf16 path did not run"
+              % mesh)
+        notes.append("fp32 %s with bf16 gradient reductions: losses %.3g, grad norms %.3g, %s" %
+                     (mesh, worst, gn, graph_status(rb, mesh + " rbf16")))
     # replay vs op by op with NCCL: the same kernels and collectives, so the same bits
     base = os.path.join(env.work, "nccl_fp32_dp_shard_%d" % n)
     eager = env.train(n, "nccl_fp32_dp_shard_eager", ["train.precision=fp32", "parallel.mesh=dp_shard=%d" % n,

@@ -15,7 +15,9 @@
 # OUT (default ./gpu-multi-out), BUDGET_S (default 560: phases that would start later are skipped),
 # CUDA_ARCH (90), B (gpt2-124m micro-batch per GPU, default 16), STEPS (weak-scaling steps, default 30),
 # CTAS (NCCL_MAX_CTAS values for extra mesh=auto runs on N GPUs, default "8"; empty: none), NGPU,
-# PHASES (a comma list of harness, e2e, commtest, bench, validate, weak, multirank; default all).
+# PHASES (a comma list of harness, e2e, commtest, bench, validate, weak, multirank; default all),
+# WEAK_SET (full: the meshes above; rbf16: mesh=auto, FSDP and HSDP with train.reduce_dtype=bf16 against
+# fp32 gradient reductions).
 set -uo pipefail
 t_start=$(date +%s)
 here=$(cd "$(dirname "$0")" && pwd)
@@ -190,35 +192,53 @@ PY
   log "weak scaling bf16, micro-batch $B x 1024 per GPU, $steps steps, 1..$NG GPUs: gpt2-124m, then gpt2-350m"
   # names: g<N>_<mesh>; m350_ for gpt2-350m. The N-GPU dp_shard run writes checkpoints (resumed below).
   run124 g1 1 "$B" --set checkpoint.every=0
-  n=2
-  while [ $n -le "$NG" ]; do
-    if [ $n -eq "$NG" ]; then
-      run124 g${n}_shard $n $((n * B)) --set parallel.mesh=dp_shard=$n --set parallel.comm=nccl --set checkpoint.every=10
-    else
-      run124 g${n}_shard $n $((n * B)) --set parallel.mesh=dp_shard=$n "${nccl[@]}"
-    fi
-    run124 g${n}_repl $n $((n * B)) --set parallel.mesh=dp_replicate=$n "${nccl[@]}"
-    run124 g${n}_auto $n $((n * B)) --set parallel.mesh=auto "${nccl[@]}"
-    [ $n -gt 2 ] && run124 g${n}_hsdp $n $((n * B)) --set parallel.mesh=dp_replicate=2,dp_shard=$((n / 2)) "${nccl[@]}"
-    n=$((n * 2))
-  done
-  # fewer NCCL blocks beside the backward's kernels (NCCL_MAX_CTAS, NCCL >= 2.17): less slowdown of the
-  # compute the all-reduces overlap, at a lower all-reduce bandwidth
-  for ctas in ${CTAS-8}; do
-    NCCL_MAX_CTAS=$ctas run124 g${NG}_auto_ctas$ctas $NG $((NG * B)) --set parallel.mesh=auto "${nccl[@]}"
-  done
-  run124 g${NG}_repl_accum2 $NG $((2 * NG * B)) --set parallel.mesh=dp_replicate=$NG "${nccl[@]}"
-  # the mpi comm (host staging, no graphs) for comparison: MPI_ONE=1
-  [ "${MPI_ONE:-0}" = 1 ] && run124 g${NG}_shard_mpi $NG $((NG * B)) --set parallel.mesh=dp_shard=$NG \
-    --set parallel.comm=mpi --set checkpoint.every=0
-  run124 m350_g1 1 "$B" --set model.preset=gpt2-350m --set checkpoint.every=0
-  n=2
-  while [ $n -le "$NG" ]; do
-    [ $n -eq "$NG" ] && run124 m350_g${n}_shard $n $((n * B)) --set model.preset=gpt2-350m \
-      --set parallel.mesh=dp_shard=$n "${nccl[@]}"
-    run124 m350_g${n}_auto $n $((n * B)) --set model.preset=gpt2-350m --set parallel.mesh=auto "${nccl[@]}"
-    n=$((n * 2))
-  done
+  if [ "${WEAK_SET:-full}" = rbf16 ]; then
+    # gradient reductions in bf16 (train.reduce_dtype = bf16) against fp32, at 2 .. N GPUs
+    rb=(--set train.reduce_dtype=bf16)
+    n=2
+    while [ $n -le "$NG" ]; do
+      run124 g${n}_auto $n $((n * B)) --set parallel.mesh=auto "${nccl[@]}"
+      run124 g${n}_auto_rbf16 $n $((n * B)) --set parallel.mesh=auto "${nccl[@]}" "${rb[@]}"
+      n=$((n * 2))
+    done
+    run124 g${NG}_shard_rbf16 $NG $((NG * B)) --set parallel.mesh=dp_shard=$NG "${nccl[@]}" "${rb[@]}"
+    [ "$NG" -gt 2 ] && run124 g${NG}_hsdp_rbf16 $NG $((NG * B)) --set parallel.mesh=dp_replicate=2,dp_shard=$((NG / 2)) \
+      "${nccl[@]}" "${rb[@]}"
+    run124 m350_g1 1 "$B" --set model.preset=gpt2-350m --set checkpoint.every=0
+    run124 m350_g${NG}_auto $NG $((NG * B)) --set model.preset=gpt2-350m --set parallel.mesh=auto "${nccl[@]}"
+    run124 m350_g${NG}_auto_rbf16 $NG $((NG * B)) --set model.preset=gpt2-350m --set parallel.mesh=auto "${nccl[@]}" \
+      "${rb[@]}"
+  else
+    n=2
+    while [ $n -le "$NG" ]; do
+      if [ $n -eq "$NG" ]; then
+        run124 g${n}_shard $n $((n * B)) --set parallel.mesh=dp_shard=$n --set parallel.comm=nccl --set checkpoint.every=10
+      else
+        run124 g${n}_shard $n $((n * B)) --set parallel.mesh=dp_shard=$n "${nccl[@]}"
+      fi
+      run124 g${n}_repl $n $((n * B)) --set parallel.mesh=dp_replicate=$n "${nccl[@]}"
+      run124 g${n}_auto $n $((n * B)) --set parallel.mesh=auto "${nccl[@]}"
+      [ $n -gt 2 ] && run124 g${n}_hsdp $n $((n * B)) --set parallel.mesh=dp_replicate=2,dp_shard=$((n / 2)) "${nccl[@]}"
+      n=$((n * 2))
+    done
+    # fewer NCCL blocks beside the backward's kernels (NCCL_MAX_CTAS, NCCL >= 2.17): less slowdown of the
+    # compute the all-reduces overlap, at a lower all-reduce bandwidth
+    for ctas in ${CTAS-8}; do
+      NCCL_MAX_CTAS=$ctas run124 g${NG}_auto_ctas$ctas $NG $((NG * B)) --set parallel.mesh=auto "${nccl[@]}"
+    done
+    run124 g${NG}_repl_accum2 $NG $((2 * NG * B)) --set parallel.mesh=dp_replicate=$NG "${nccl[@]}"
+    # the mpi comm (host staging, no graphs) for comparison: MPI_ONE=1
+    [ "${MPI_ONE:-0}" = 1 ] && run124 g${NG}_shard_mpi $NG $((NG * B)) --set parallel.mesh=dp_shard=$NG \
+      --set parallel.comm=mpi --set checkpoint.every=0
+    run124 m350_g1 1 "$B" --set model.preset=gpt2-350m --set checkpoint.every=0
+    n=2
+    while [ $n -le "$NG" ]; do
+      [ $n -eq "$NG" ] && run124 m350_g${n}_shard $n $((n * B)) --set model.preset=gpt2-350m \
+        --set parallel.mesh=dp_shard=$n "${nccl[@]}"
+      run124 m350_g${n}_auto $n $((n * B)) --set model.preset=gpt2-350m --set parallel.mesh=auto "${nccl[@]}"
+      n=$((n * 2))
+    done
+  fi
   python3 - "$work" <<'PY' | tee -a "$out/summary.log"
 import os, re, sys
 def t(n):
