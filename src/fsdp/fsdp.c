@@ -34,6 +34,7 @@ void dg_fsdp_opts_from_config(const dg_config_t *cfg, dg_fsdp_opts_t *o) {
     snprintf(o->comm, sizeof o->comm, "%s", cfg->parallel.comm);
     o->rs_mpi = strcmp(cfg->parallel.reduce_scatter, "mpi") == 0;
     if (strcmp(cfg->train.recompute, "gelu") == 0) o->model_flags |= DG_MODEL_RECOMPUTE_GELU;
+    o->reduce_dtype = strcmp(cfg->train.reduce_dtype, "bf16") == 0 ? DG_BF16 : DG_F32;
 }
 
 /* parallel.comm -> the comm backend, the same answer on every rank: nccl needs every rank on the CUDA
@@ -109,6 +110,9 @@ dg_status_t dg_fsdp_create(MPI_Comm world, const dg_mesh_shape_t *mesh, const dg
     }
     if (strcmp(o->comm, "auto") != 0 && strcmp(o->comm, "mpi") != 0 && strcmp(o->comm, "nccl") != 0)
         return DG_ERR(DG_ERR_USAGE, "parallel.comm = %s: expected auto, mpi or nccl", o->comm);
+    if (o->reduce_dtype != DG_F32 && o->reduce_dtype != DG_BF16)
+        return DG_ERR(DG_ERR_USAGE, "train.reduce_dtype = %s: expected fp32 or bf16",
+                      dg_dtype_name(o->reduce_dtype));
     if (!(o->bucket_mb >= 0) || !(o->prefetch_budget_mb >= 0))
         return DG_ERR(DG_ERR_USAGE,
                       "parallel.bucket_mb = %g and parallel.prefetch_budget_mb = %g must be >= 0",
@@ -139,6 +143,17 @@ dg_status_t dg_fsdp_create(MPI_Comm world, const dg_mesh_shape_t *mesh, const dg
     f->par.prefetch_bytes = mb_bytes(o->prefetch_budget_mb);
     f->par.overlap = o->overlap != 0;
     f->par.reshard_after_forward = o->reshard_after_forward != 0;
+    f->par.reduce_dtype = o->reduce_dtype;
+    if (o->reduce_dtype != DG_F32 && rank == 0) {
+        if (mesh->size[DG_MESH_DP_REPLICATE] * mesh->size[DG_MESH_DP_SHARD] > 1)
+            DG_LOG_INFO("train.reduce_dtype = %s: the gradient reduce-scatters / all-reduces move %s (cast "
+                        "from and back to the f32 gradients around each)",
+                        dg_dtype_name(o->reduce_dtype), dg_dtype_name(o->reduce_dtype));
+        else
+            DG_LOG_INFO("train.reduce_dtype = %s has no effect: the mesh has no data-parallel dimension "
+                        "(no gradient reduction to make)",
+                        dg_dtype_name(o->reduce_dtype));
+    }
     snprintf(f->comm_backend, sizeof f->comm_backend, "none");
     if (!o->plan_only && world_size > 1) {
         int nccl = 0;

@@ -607,6 +607,14 @@ dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n) {
     struct dg_comm_req *req = NULL;
     DG_TRY(post(ex, n, c, &req));
     ex->n_coll++;
+    /* send bytes: what the reduce dtype halves (the gradient reductions: the backward's reduce-scatters
+     * and its dp_replicate all-reduces, flagged DG_NF_GRAD_SYNC) */
+    uint64_t bytes = n->op == DG_OP_ALL_REDUCE && n->n_src == 0
+                         ? (uint64_t)count_of(n) * dg_dtype_size(n->upd[0]->dtype)
+                         : (uint64_t)n->src[0]->nbytes;
+    ex->coll_bytes[d] += bytes;
+    if ((n->op == DG_OP_REDUCE_SCATTER && n->phase == DG_PHASE_BWD) || (n->flags & DG_NF_GRAD_SYNC))
+        ex->grad_coll_bytes += bytes;
     if (n->stream == DG_STREAM_COMM) {
         DG_ASSERT(ex->req[n->id] == NULL);
         ex->req[n->id] = req;

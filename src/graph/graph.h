@@ -160,9 +160,14 @@ typedef struct dg_model_parallel {
                                   result is needed; 0: each is waited for right after it is issued */
     int reshard_after_forward; /* 1: free the unsharded parameters after their forward use and gather
                                   them again for the backward (the last block's stay) */
+    dg_dtype_t reduce_dtype;   /* train.reduce_dtype: DG_F32, or DG_BF16 to move the data-parallel gradient
+                                  reductions (dp_shard reduce-scatters, dp_replicate all-reduces) in bf16:
+                                  cast ops around each one, gradients stay f32 (docs/fsdp.md, "Gradient
+                                  reduction dtype"). No effect without a data-parallel dimension. */
 } dg_model_parallel_t;
 
-/* Defaults: mesh 1 x 1 x 1, 25 MB buckets, 256 MB prefetch budget, overlap on, reshard on. */
+/* Defaults: mesh 1 x 1 x 1, 25 MB buckets, 256 MB prefetch budget, overlap on, reshard on, f32
+ * reductions. */
 void dg_model_parallel_default(dg_model_parallel_t *p);
 
 /* dg_model_create_ex on a mesh. par = NULL is a single rank. DG_ERR_USAGE for a mesh the model cannot
@@ -230,6 +235,12 @@ void dg_model_set_fallback_cb(dg_model_t *m, dg_model_fallback_cb_t cb, void *ct
 typedef struct dg_model_comm_stats {
     double wait_s, blocking_s;
     uint64_t collectives;
+    /* bytes each rank handed to the comm (a collective's send buffer: an all-gather's piece, a
+     * reduce-scatter's whole input, an all-reduce's tensor), per mesh dimension, and those of the
+     * data-parallel gradient reductions alone (the dp_shard reduce-scatters and the dp_replicate
+     * all-reduces of the backward): halved by train.reduce_dtype = bf16 */
+    uint64_t bytes[DG_MESH_NDIM];
+    uint64_t grad_bytes;
 } dg_model_comm_stats_t;
 void dg_model_comm_stats(dg_model_t *m, dg_model_comm_stats_t *out, int reset);
 

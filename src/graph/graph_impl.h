@@ -78,6 +78,11 @@ typedef enum dg_op_kind {
     DG_OP_SHARD_PACK,
     DG_OP_SHARD_UNPACK,
     DG_OP_WAIT,
+    /* dtype conversion (train.reduce_dtype = bf16: the gradient reductions in bf16). attr[DG_A_DTYPE] is
+     * the target dtype (f32 / bf16 / f16). Without upd the output is a new tensor; with upd[0] (same
+     * element count, target dtype) the result is written there, or with acc = 1 added to it (f32 only:
+     * the converted values land in the op's own output, an f32 temporary, then add_f32 into upd[0]) */
+    DG_OP_CAST,
     DG_OP_COUNT
 } dg_op_kind_t;
 
@@ -134,6 +139,7 @@ enum {
     DG_A_ROWS = 5,  /* SHARD_UNPACK: rows of the unsharded parameter */
     DG_A_COLS = 6,  /* SHARD_UNPACK: columns (0 = a 1-D parameter) */
     DG_A_NDIM0 = 1, /* FILL0: ndim, then the dims in the next slots */
+    DG_A_DTYPE = 1, /* CAST: the target dg_dtype_t */
 };
 
 /* ALL_REDUCE flavours. SUM: y = sum over ranks of x, adjoint the same (a Partial result of partial
@@ -427,6 +433,8 @@ typedef struct dg_shard_plan {
     int k; /* dp_shard size (1: buckets only, for the dp_replicate all-reduce) */
     size_t bucket_bytes, prefetch_bytes;
     int overlap, reshard;
+    dg_dtype_t reduce_dtype; /* DG_F32, or DG_BF16: the reduce-scatters move bf16 (cast before, cast and
+                                accumulate into the f32 shard after the wait) */
     /* out */
     int n_buckets;
     dg_bucket_t *buckets;
@@ -522,6 +530,11 @@ struct dg_exec {
     float *sc_host;           /* page-locked mirror of the device scalar block's step slots (DG_DS_LR..) */
     dg_adamw_seg_t *seg_host; /* page-locked: the ADAMW_ALL segment table of this step (graph->n_opt_segs) */
     char why[256];            /* dg_exec_capture_blocker's answer */
+
+    /* send bytes of the collectives run over a comm, per mesh dimension, and of those the data-parallel
+     * gradient reductions' (dg_model_comm_stats) */
+    uint64_t coll_bytes[DG_MESH_NDIM];
+    uint64_t grad_coll_bytes;
 
     /* memory fallback (eager allocation): no arena; every arena root gets its own allocation from the
      * backend over its live range. roots[] lists the arena roots; per schedule position, the roots whose

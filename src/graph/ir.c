@@ -546,6 +546,9 @@ void dg_graph_print(const dg_graph_t *g, const dg_plan_t *plan, FILE *out, int j
             fprintf(out, "]");
             if (dg_op_def(n->op)->is_collective)
                 fprintf(out, ",\"mesh_dim\":\"%s\"", dg_mesh_dim_name((int)n->attr[DG_A_MESHDIM]));
+            if (n->op == DG_OP_CAST)
+                fprintf(out, ",\"to\":\"%s\",\"acc\":%d", dg_dtype_name((dg_dtype_t)n->attr[DG_A_DTYPE]),
+                        (int)n->attr[DG_A_ACC]);
             fprintf(out, "}");
             first = 0;
             continue;
@@ -559,6 +562,9 @@ void dg_graph_print(const dg_graph_t *g, const dg_plan_t *plan, FILE *out, int j
             fprintf(out, "%s+=#%d", (k || n->n_src) ? "," : "", n->upd[k]->id);
         if (dg_op_def(n->op)->is_collective)
             fprintf(out, " over %s", dg_mesh_dim_name((int)n->attr[DG_A_MESHDIM]));
+        if (n->op == DG_OP_CAST) /* into a tensor of its own, over upd[0], or (acc) added to it */
+            fprintf(out, " %s %s", n->attr[DG_A_ACC] ? "add as" : "to",
+                    dg_dtype_name((dg_dtype_t)n->attr[DG_A_DTYPE]));
         for (int k = 0; k < n->n_wait; k++)
             fprintf(out, " wait#%d", n->wait[k]->id);
         fputc('\n', out);

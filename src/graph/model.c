@@ -367,23 +367,38 @@ static dg_status_t add_replicate_sync(dg_graph_t *g, dg_model_t *m) {
                 if (x->op == DG_OP_WAIT && x->n_wait == 1 && x->wait[0]->op == DG_OP_REDUCE_SCATTER &&
                     x->wait[0]->n_upd == 1 && x->wait[0]->upd[0] == b->gleaf)
                     after = x;
+                /* reduce_dtype bf16: the cast that adds the bf16 result into the shard, after that wait */
+                if (x->op == DG_OP_CAST && x->n_upd == 1 && x->upd[0] == b->gleaf) after = x;
                 continue;
             }
             for (int u = 0; u < x->n_upd; u++)
                 for (int p = b->first; p <= b->last; p++)
                     if (x->upd[u] == sp->params[p].p->grad) after = x;
         }
+        /* no backward kernel touches this bucket (e.g. tp-rank-0-only biases on another tp rank): the
+         * sum still runs, at the end, so that every rank of the group posts the same collectives */
+        const dg_node_t *x = after ? after : last_bwd_op(g, NULL);
+        DG_ASSERT(x);
         int64_t a[4] = {0, DG_MESH_DP_REPLICATE, DG_AR_SUM, 0};
-        dg_node_t *t = b->gleaf;
+        dg_node_t *t = b->gleaf, *cast = NULL;
+        if (m->par.reduce_dtype != DG_F32) {
+            /* reduce in bf16: the bucket's f32 gradients are cast into a bf16 arena temporary, which the
+             * all-reduce sums in place; the cast back into the f32 bucket follows the wait (the planner
+             * keeps the temporary live from the cast to there) */
+            int64_t ca[2] = {0, m->par.reduce_dtype};
+            dg_fmt(nm, sizeof nm, "ar.cast.%.80s", b->gleaf->name);
+            cast = dg_graph_add_op(g, DG_OP_CAST, nm, 1, &t, 0, NULL, ca, 2);
+            if (!cast) break;
+            cast->flags |= DG_NF_GRAD_SYNC;
+            move_after(g, cast, x);
+            x = t = cast;
+        }
         dg_fmt(nm, sizeof nm, "ar.grad.%.80s", b->gleaf->name);
         dg_node_t *ar = dg_graph_add_op(g, DG_OP_ALL_REDUCE, nm, 0, NULL, 1, &t, a, 4);
         if (!ar) break;
         ar->stream = DG_STREAM_COMM;
         ar->flags |= DG_NF_GRAD_SYNC;
-        /* no backward kernel touches this bucket (e.g. tp-rank-0-only biases on another tp rank): the
-         * sum still runs, at the end, so that every rank of the group posts the same collectives */
-        const dg_node_t *x = after ? after : last_bwd_op(g, ar);
-        DG_ASSERT(x);
+        if (cast) ar->wait[ar->n_wait++] = cast; /* the comm stream starts once the send buffer is cast */
         move_after(g, ar, x);
         ars[nar++] = ar;
     }
@@ -394,6 +409,17 @@ static dg_status_t add_replicate_sync(dg_graph_t *g, dg_model_t *m) {
         w->flags |= DG_NF_GRAD_SYNC;
         w->wait[w->n_wait++] = ars[j];
         move_after(g, w, m->par.overlap ? last_bwd_op(g, w) : ars[j]);
+        if (ars[j]->upd[0]->op != DG_OP_CAST) continue;
+        /* the bf16 sum back into the f32 bucket: on the compute stream after the wait (which joins the comm
+         * stream); flagged like the all-reduce, so accumulation micro-batches skip all four */
+        dg_node_t *bf = ars[j]->upd[0], *gl = bf->src[0];
+        int64_t ua[2] = {0, DG_F32};
+        dg_fmt(nm, sizeof nm, "ar.uncast.%.80s", gl->name);
+        dg_node_t *u = dg_graph_add_op(g, DG_OP_CAST, nm, 1, &bf, 1, &gl, ua, 2);
+        if (!u) break;
+        u->flags |= DG_NF_GRAD_SYNC;
+        u->wait[u->n_wait++] = ars[j]; /* reads the collective's result */
+        move_after(g, u, w);
     }
     free(ars);
     g->cur_phase = saved;
@@ -470,6 +496,7 @@ static void layout(dg_model_t *m) {
     sp->prefetch_bytes = m->par.prefetch_bytes;
     sp->overlap = m->par.overlap;
     sp->reshard = m->par.reshard_after_forward;
+    sp->reduce_dtype = m->par.reduce_dtype;
     m->shard = sp;
 }
 
@@ -655,6 +682,9 @@ static dg_status_t check_parallel(const dg_model_desc_t *d, const dg_model_paral
             return DG_ERR(DG_ERR_USAGE, "model: mesh dimension %s: size %d, coordinate %d is out of range",
                           dg_mesh_dim_name(k), p->mesh.size[k], p->coord[k]);
     }
+    if (p->reduce_dtype != DG_F32 && p->reduce_dtype != DG_BF16)
+        return DG_ERR(DG_ERR_USAGE, "model: gradient reduction dtype %s: expected f32 or bf16",
+                      dg_dtype_name(p->reduce_dtype));
     int tp = p->mesh.size[DG_MESH_TP];
     if (d->n_head % tp != 0)
         return DG_ERR(
@@ -1330,9 +1360,13 @@ void dg_model_comm_stats(dg_model_t *m, dg_model_comm_stats_t *out, int reset) {
     out->wait_s = m->ex->wait_s;
     out->blocking_s = m->ex->blocking_s;
     out->collectives = m->ex->n_coll;
+    memcpy(out->bytes, m->ex->coll_bytes, sizeof out->bytes);
+    out->grad_bytes = m->ex->grad_coll_bytes;
     if (reset) {
         m->ex->wait_s = m->ex->blocking_s = 0;
         m->ex->n_coll = 0;
+        memset(m->ex->coll_bytes, 0, sizeof m->ex->coll_bytes);
+        m->ex->grad_coll_bytes = 0;
     }
 }
 

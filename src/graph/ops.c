@@ -379,7 +379,8 @@ static dg_status_t shape_all_reduce(dg_graph_t *g, dg_node_t *n) {
           n->attr[DG_A_MESHDIM]);
     int64_t mode = n->attr[DG_A_ARMODE];
     CHECK(mode >= DG_AR_SUM && mode <= DG_AR_FROM_REPLICATE, "unknown all_reduce mode %" PRId64, mode);
-    if (n->n_src == 0) { /* in place over a persistent tensor (gradient buckets, the norm accumulator) */
+    if (n->n_src == 0) { /* in place over a persistent tensor (gradient buckets, the norm accumulator) or
+                            an arena one (a bucket's bf16 copy, train.reduce_dtype = bf16) */
         CHECK(n->n_upd == 1 && mode == DG_AR_SUM, "an in-place all_reduce updates exactly one tensor (sum)");
         CHECK(n->attr[DG_A_COUNT] >= 0 && (size_t)n->attr[DG_A_COUNT] <= dg_node_numel(n->upd[0]),
               "count %" PRId64 " exceeds the %zu elements of '%s'", n->attr[DG_A_COUNT],
@@ -448,6 +449,37 @@ static dg_status_t shape_shard_unpack(dg_graph_t *g, dg_node_t *n) {
     if (st != DG_OK) return st;
     int64_t s[2] = {R, Cc};
     set_out(n, x->dtype, Cc ? 2 : 1, s);
+    return DG_OK;
+}
+
+static int is_float(dg_dtype_t t) {
+    return t == DG_F32 || t == DG_BF16 || t == DG_F16;
+}
+
+/* CAST: x converted to attr[DG_A_DTYPE]; into a new tensor, into upd[0], or added to upd[0] (acc, f32:
+ * the op's own output is then the f32 temporary the converted values pass through). */
+static dg_status_t shape_cast(dg_graph_t *g, dg_node_t *n) {
+    (void)g;
+    const dg_node_t *x = n->src[0];
+    int64_t dt = n->attr[DG_A_DTYPE];
+    CHECK(is_float(x->dtype), "input must be f32, bf16 or f16, not %s", dg_dtype_name(x->dtype));
+    CHECK(dt == DG_F32 || dt == DG_BF16 || dt == DG_F16, "target dtype %" PRId64 " is not f32, bf16 or f16",
+          dt);
+    if (n->n_upd == 0) {
+        CHECK(!n->attr[DG_A_ACC], "acc=1 adds into a tensor given in upd");
+        set_out(n, (dg_dtype_t)dt, x->ndim, x->shape);
+        return DG_OK;
+    }
+    const dg_node_t *t = n->upd[0];
+    CHECK(n->n_upd == 1 && t->dtype == (dg_dtype_t)dt && dg_node_numel(t) == dg_node_numel(x),
+          "writes exactly one %s tensor of %zu elements, got '%s' (%s, %zu)", dg_dtype_name((dg_dtype_t)dt),
+          dg_node_numel(x), t->name, dg_dtype_name(t->dtype), dg_node_numel(t));
+    if (n->attr[DG_A_ACC]) {
+        CHECK(dt == DG_F32, "acc=1 adds into an f32 tensor (add_f32)");
+        set_out(n, DG_F32, x->ndim, x->shape);
+        return DG_OK;
+    }
+    n->storage = DG_STORE_NONE;
     return DG_OK;
 }
 
@@ -801,6 +833,16 @@ static dg_status_t ex_shard_unpack(dg_exec_t *ex, const dg_node_t *n) {
     return DG_OK;
 }
 
+static dg_status_t ex_cast(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *x = n->src[0];
+    dg_dtype_t dt = (dg_dtype_t)n->attr[DG_A_DTYPE];
+    size_t cnt = dg_node_numel(x);
+    if (n->n_upd == 0) return BE->ops->cast(BE, P(n), dt, P(x), x->dtype, cnt);
+    if (!n->attr[DG_A_ACC]) return BE->ops->cast(BE, P(n->upd[0]), dt, P(x), x->dtype, cnt);
+    DG_TRY(BE->ops->cast(BE, P(n), DG_F32, P(x), x->dtype, cnt));
+    return BE->ops->add_f32(BE, P(n->upd[0]), P(n), cnt);
+}
+
 /* the executor completes the waited-on requests before running any node with wait edges */
 static dg_status_t ex_wait(dg_exec_t *ex, const dg_node_t *n) {
     (void)ex;
@@ -862,6 +904,8 @@ static const dg_op_def_t op_table[DG_OP_COUNT] = {
     [DG_OP_SHARD_UNPACK] = {DG_OP_SHARD_UNPACK, "shard_unpack", 1, 1, shape_shard_unpack, DG_GRAD_NONE, NULL,
                             ex_shard_unpack, 0, 0},
     [DG_OP_WAIT] = {DG_OP_WAIT, "wait", 0, 0, shape_wait, DG_GRAD_NONE, NULL, ex_wait, 0, 0},
+    /* inserted by passes around the gradient reductions only: never differentiated */
+    [DG_OP_CAST] = {DG_OP_CAST, "cast", 1, 1, shape_cast, DG_GRAD_NONE, NULL, ex_cast, 0, 0},
 };
 
 const dg_op_def_t *dg_op_def(dg_op_kind_t kind) {
@@ -933,6 +977,8 @@ const char *dg_op_missing_kernel(const dg_backend_t *be, dg_op_kind_t op) {
         return first_missing(K(memset0), K(copy));
     case DG_OP_SHARD_UNPACK:
         return K(copy);
+    case DG_OP_CAST:
+        return first_missing(K(cast), K(add_f32));
     default:
         return NULL;
     }

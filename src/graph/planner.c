@@ -115,7 +115,9 @@ static void liveness(const dg_graph_t *g, int *start, int *end) {
             const dg_node_t *r = dg_node_root_c(x->upd[k]);
             if (r->storage == DG_STORE_ARENA && i > end[r->id]) end[r->id] = i;
         }
-        /* an asynchronous op reads its inputs and writes its output until it is waited for */
+        /* an asynchronous op reads its inputs and writes its output until it is waited for; so too the
+         * arena tensor it updates in place (the bf16 copy of a gradient bucket that a dp_replicate
+         * all-reduce sums in place, train.reduce_dtype = bf16) */
         for (int k = 0; k < x->n_wait; k++) {
             const dg_node_t *w = x->wait[k];
             if (w->storage != DG_STORE_NONE) {
@@ -124,6 +126,10 @@ static void liveness(const dg_graph_t *g, int *start, int *end) {
             }
             for (int j = 0; j < w->n_src; j++) {
                 const dg_node_t *r = dg_node_root_c(w->src[j]);
+                if (r->storage == DG_STORE_ARENA && i > end[r->id]) end[r->id] = i;
+            }
+            for (int j = 0; j < w->n_upd; j++) {
+                const dg_node_t *r = dg_node_root_c(w->upd[j]);
                 if (r->storage == DG_STORE_ARENA && i > end[r->id]) end[r->id] = i;
             }
         }
@@ -262,6 +268,8 @@ dg_status_t dg_plan_check(const dg_plan_t *p, const dg_graph_t *g) {
             if (x->wait[k]->storage != DG_STORE_NONE) TOUCH(x->wait[k], i);
             for (int j = 0; j < x->wait[k]->n_src; j++)
                 TOUCH(x->wait[k]->src[j], i);
+            for (int j = 0; j < x->wait[k]->n_upd; j++)
+                TOUCH(x->wait[k]->upd[j], i);
         }
         if (x->storage != DG_STORE_NONE) TOUCH(x, i);
         for (int k = 0; k < x->n_side; k++)

@@ -15,6 +15,8 @@
  *   prefetch  with overlap, the all-gather of the next bucket is moved to where the current bucket's
  *             compute starts, if its gathered buffer fits in prefetch_bytes.
  *   overlap=0 every collective is waited for right after it is issued (no hoisting).
+ *   reduce_dtype bf16: the packed buffer is cast to bf16 before the reduce-scatter, which then writes
+ *             this rank's bf16 block into a temporary; a cast after its wait adds that into the f32 shard.
  * Unpacking copies (one per parameter) are the price of per-parameter dim-0 shards (FSDP2) with bucketed
  * collectives: the gathered buffer is rank-major, a parameter's rows are spread over the k blocks.
  */
@@ -225,6 +227,31 @@ static dg_node_t *scatter_grads(dg_graph_t *g, dg_shard_plan_t *sp, dg_bucket_t 
         after = packed = pk;
     }
     bucket_name(bn, sizeof bn, sp, b);
+    if (sp->reduce_dtype != DG_F32) {
+        /* reduce in bf16: the packed f32 buffer is cast into a bf16 send buffer (the f32 one dies there),
+         * the reduce-scatter writes this rank's bf16 block into a temporary of its own, and after its wait
+         * a cast adds that block into the f32 shard (placed in dg_pass_fsdp). Half the bytes on the wire; the
+         * persistent shard and its accumulation over micro-batches stay f32. */
+        int64_t ca[2] = {0, sp->reduce_dtype};
+        dg_fmt(nm, sizeof nm, "rs.cast.%s", bn);
+        dg_node_t *c = new_op(g, DG_PHASE_BWD, DG_OP_CAST, nm, 1, &packed, 0, NULL, ca, 2);
+        if (!c) return NULL;
+        place_after(g, c, after);
+        dg_fmt(nm, sizeof nm, "rs.%s", bn);
+        int64_t ra[2] = {0, DG_MESH_DP_SHARD};
+        dg_node_t *rs = new_op(g, DG_PHASE_BWD, DG_OP_REDUCE_SCATTER, nm, 1, &c, 0, NULL, ra, 2);
+        if (!rs) return NULL;
+        rs->stream = DG_STREAM_COMM;
+        add_wait(rs, c); /* the comm stream starts once the send buffer is cast */
+        place_after(g, rs, c);
+        int64_t aa[2] = {1, DG_F32};
+        dg_fmt(nm, sizeof nm, "rs.acc.%s", bn);
+        dg_node_t *acc = new_op(g, DG_PHASE_BWD, DG_OP_CAST, nm, 1, &rs, 1, &b->gleaf, aa, 2);
+        if (!acc) return NULL;
+        add_wait(acc, rs); /* reads the collective's result (placed after its wait node too) */
+        place_after(g, acc, rs);
+        return rs;
+    }
     dg_fmt(nm, sizeof nm, "rs.%s", bn);
     int64_t ra[2] = {1, DG_MESH_DP_SHARD};
     dg_node_t *rs = new_op(g, DG_PHASE_BWD, DG_OP_REDUCE_SCATTER, nm, 1, &packed, 1, &b->gleaf, ra, 2);
@@ -233,6 +260,13 @@ static dg_node_t *scatter_grads(dg_graph_t *g, dg_shard_plan_t *sp, dg_bucket_t 
     add_wait(rs, packed); /* the comm stream starts once the send buffer is packed */
     place_after(g, rs, after);
     return rs;
+}
+
+/* The cast that adds reduce-scatter rs's bf16 result into the f32 shard (reduce_dtype bf16), or NULL. */
+static dg_node_t *acc_of(const dg_graph_t *g, const dg_node_t *rs) {
+    for (int i = rs->id + 1; i < g->n; i++)
+        if (g->nodes[i]->op == DG_OP_CAST && g->nodes[i]->src[0] == rs) return g->nodes[i];
+    return NULL;
 }
 
 static int by_id(const void *a, const void *b) {
@@ -279,10 +313,13 @@ static void hoist(dg_graph_t *g, dg_shard_plan_t *sp, dg_phase_t ph, dg_node_t *
     free(at);
 }
 
-static const dg_node_t *last_of_phase(const dg_graph_t *g, dg_phase_t ph, const dg_node_t *except) {
+/* The last op of phase ph other than x and y (nodes being placed; either may be NULL). */
+static const dg_node_t *last_of_phase(const dg_graph_t *g, dg_phase_t ph, const dg_node_t *x,
+                                      const dg_node_t *y) {
     const dg_node_t *l = NULL;
     for (int i = 0; i < g->n; i++)
-        if (is_op(g->nodes[i]) && g->nodes[i]->phase == ph && g->nodes[i] != except) l = g->nodes[i];
+        if (is_op(g->nodes[i]) && g->nodes[i]->phase == ph && g->nodes[i] != x && g->nodes[i] != y)
+            l = g->nodes[i];
     return l;
 }
 
@@ -372,16 +409,20 @@ dg_status_t dg_pass_fsdp(dg_graph_t *g, void *ctx) {
             break;
         }
         add_wait(w, rss[j]);
+        dg_node_t *acc = acc_of(g, rss[j]);
         if (!sp->overlap)
             place_after(g, w, rss[j]);
         else if (j + 1 < nrs) {
             /* before the next bucket's pack chain starts reusing memory for its send buffer */
             const dg_node_t *nx = rss[j + 1]->src[0];
+            if (nx->op == DG_OP_CAST) nx = nx->src[0]; /* reduce_dtype bf16: the cast of the packed buffer */
             while (nx->op == DG_OP_SHARD_PACK && nx->attr[DG_A_ACC])
                 nx = nx->src[1];
             place_before(g, w, nx);
         } else
-            place_after(g, w, last_of_phase(g, DG_PHASE_BWD, w));
+            place_after(g, w, last_of_phase(g, DG_PHASE_BWD, w, acc));
+        /* the bf16 result joins the f32 shard right after the wait, as add_f32 does for the f32 path */
+        if (acc) place_after(g, acc, w);
     }
 
     if (st == DG_OK && sp->overlap && sp->prefetch_bytes > 0) {

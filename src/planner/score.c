@@ -137,10 +137,12 @@ static void evaluate(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_plan
      * (read + write of the unsharded weights) and the gradients packed rank-major before the
      * reduce-scatter (read + write), at the same-device copy rate. What separates sharding from
      * replication when both move the same bytes (e.g. 2 GPUs: 2 all-gathers + a reduce-scatter vs one
-     * all-reduce) */
+     * all-reduce). Gradients are packed in f32 whatever the reduce dtype; with bf16 reductions
+     * (grad_bytes 2) the packed buffer is then cast to bf16 (read 4 + write 2 bytes an element) */
     p->relayout_ms = 0;
+    double pack_b = 4.0 + (gb < 4 ? (4.0 + gb) / 2.0 : 0.0);
     if (S > 1 && c->link[0].bw_GBps > 0)
-        p->relayout_ms = k * 2.0 * P / K * ((1 + (w->reshard_after_forward ? 1 : 0)) * pb + gb) /
+        p->relayout_ms = k * 2.0 * P / K * ((1 + (w->reshard_after_forward ? 1 : 0)) * pb + pack_b) /
                          (c->link[0].bw_GBps * 1e9) * 1e3;
     p->step_ms = p->compute_ms + p->comm_total_ms + p->relayout_ms;
 

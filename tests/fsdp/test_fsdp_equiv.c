@@ -8,7 +8,14 @@
  *     the key bias, whose true gradient is exactly zero, within 1e-4 absolute (see the check);
  *   - the pieces of every tensor cover it exactly once (owned pieces), and padding rows stay zero;
  *   - --repeat 2: a second distributed run is bitwise identical (determinism);
- *   - state bytes per rank against the reference (sharding shrinks them).
+ *   - state bytes per rank against the reference (sharding shrinks them);
+ *   - --reduce-dtype bf16: a third run with the gradient reductions in bf16 (train.reduce_dtype), checked
+ *     against the f32-reduction run on the same mesh: gradient norms and the final weights (relative L2
+ *     over all tensors) within --bf16-tol, losses within a tenth of it, yet NOT bitwise equal (the bf16
+ *     path ran); the gradient reductions' comm bytes exactly half; the plan holds cast ops (and the f32
+ *     plan none, with otherwise the same op count). Per-tensor weight differences are only printed: small
+ *     biases that start at zero follow AdamW's sign-like steps, and a rounding that flips the sign of a
+ *     near-zero gradient moves them by a whole step.
  * Data: token sequences that follow a per-sequence affine rule (learnable, so the loss moves), derived
  * from the sample index only, so any rank can produce any sample.
  * Exit 0 on success; 1 with "FAIL ..." lines otherwise (printed by rank 0).
@@ -25,8 +32,8 @@
 typedef struct {
     char mesh[128];
     char model[16];
-    int steps, global_batch, micro, overlap, reshard, repeat;
-    double bucket_mb, prefetch_mb, tol, clip;
+    int steps, global_batch, micro, overlap, reshard, repeat, bf16;
+    double bucket_mb, prefetch_mb, tol, clip, bf16_tol;
 } args_t;
 
 static int failures;
@@ -194,11 +201,12 @@ static void usage(void) {
     fprintf(stderr,
             "usage: test_fsdp_equiv --mesh SPEC [--model small|uneven] [--steps N] [--global-batch G]\n"
             "       [--micro B] [--overlap 0|1] [--reshard 0|1] [--bucket-mb X] [--prefetch-mb X]\n"
-            "       [--tol T] [--clip C] [--repeat 1|2]\n");
+            "       [--tol T] [--clip C] [--repeat 1|2] [--reduce-dtype fp32|bf16] [--bf16-tol T]\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
 static void parse(int argc, char **argv, args_t *a) {
+    memset(a, 0, sizeof *a);
     snprintf(a->mesh, sizeof a->mesh, "dp_shard=%d", world);
     snprintf(a->model, sizeof a->model, "small");
     a->steps = 20;
@@ -211,6 +219,7 @@ static void parse(int argc, char **argv, args_t *a) {
     a->prefetch_mb = 256;
     a->tol = 1e-5;
     a->clip = 1.3;
+    a->bf16_tol = 5e-2;
     for (int i = 1; i < argc; i++) {
         if (i + 1 >= argc) usage();
         const char *k = argv[i], *v = argv[++i];
@@ -238,6 +247,10 @@ static void parse(int argc, char **argv, args_t *a) {
             a->tol = atof(v);
         else if (!strcmp(k, "--clip"))
             a->clip = atof(v);
+        else if (!strcmp(k, "--reduce-dtype") && (!strcmp(v, "bf16") || !strcmp(v, "fp32")))
+            a->bf16 = !strcmp(v, "bf16");
+        else if (!strcmp(k, "--bf16-tol"))
+            a->bf16_tol = atof(v);
         else
             usage();
     }
@@ -256,6 +269,27 @@ static void lazy_barrier(void) {
 
 static double rel(double a, double b) {
     return fabs(a - b) / fmax(fabs(b), 1e-30);
+}
+
+/* Cast ops in m's plan (the JSON schedule). */
+static int count_casts(const dg_model_t *m) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mem = open_memstream(&buf, &len);
+    if (!mem) return -1;
+    CHECK_OK(dg_model_print_plan(m, mem, 1));
+    fclose(mem);
+    int n = 0;
+    for (const char *p = buf; (p = strstr(p, "\"op\":\"cast\"")) != NULL; p++)
+        n++;
+    free(buf);
+    return n;
+}
+
+/* The key bias (middle third of attn.qkv.bias) of a tensor, as an element range [*kb0, *kb1). */
+static void key_bias(const dg_param_info_t *pi, int64_t *kb0, int64_t *kb1) {
+    *kb0 = *kb1 = 0;
+    if (strstr(pi->name, "attn.qkv.bias")) *kb0 = pi->shape[0] / 3, *kb1 = 2 * *kb0;
 }
 
 int main(int argc, char **argv) {
@@ -325,10 +359,19 @@ int main(int argc, char **argv) {
     CHECK_OK(dg_fsdp_create(MPI_COMM_WORLD, &mesh, &o, &f));
     int dp_rank = f->coord[DG_MESH_DP_REPLICATE] * mesh.size[DG_MESH_DP_SHARD] + f->coord[DG_MESH_DP_SHARD];
 
-    result_t runs[2] = {{0}};
-    for (int rep = 0; rep < a.repeat && rep < 2; rep++) {
+    /* runs: 0 with f32 gradient reductions, 1 the same again (--repeat 2), 2 with bf16 reductions
+     * (--reduce-dtype bf16) */
+    result_t runs[3] = {{0}};
+    dg_model_comm_stats_t stats[3];
+    int n_ops[3] = {0}, casts[3] = {0};
+    memset(stats, 0, sizeof stats);
+    for (int rep = 0; rep < 3; rep++) {
+        if ((rep == 1 && a.repeat < 2) || (rep == 2 && !a.bf16)) continue;
+        f->par.reduce_dtype = rep == 2 ? DG_BF16 : DG_F32;
         dg_model_t *m = NULL;
         CHECK_OK(dg_fsdp_model_create(f, &d, be, a.micro, seed, 0, &m));
+        n_ops[rep] = dg_model_n_ops(m);
+        casts[rep] = count_casts(m);
         CHECK_OK(dg_model_set_grad_accum(m, a.global_batch / dp / a.micro));
         ntens = dg_model_n_tensors(m);
         result_init(&runs[rep], a.steps, ntens);
@@ -340,12 +383,15 @@ int main(int argc, char **argv) {
         MPI_Allreduce(&bytes, &maxb, 1, MPI_UNSIGNED_LONG, MPI_MAX, MPI_COMM_WORLD);
         dg_model_comm_stats_t cs;
         dg_model_comm_stats(m, &cs, 1);
+        stats[rep] = cs;
         if (rank == 0) {
-            printf("mesh %s (run %d): %d steps in %.2f s, %llu collectives, %.3f s waiting; state bytes/rank "
-                   "%zu "
-                   "(1 rank: %zu, ratio %.3f)\n",
-                   a.mesh, rep + 1, a.steps, el, (unsigned long long)cs.collectives, cs.wait_s, maxb,
-                   ref_bytes, (double)maxb / (double)ref_bytes);
+            printf(
+                "mesh %s (run %d%s): %d steps in %.2f s, %llu collectives, %.3f s waiting; state bytes/rank "
+                "%zu "
+                "(1 rank: %zu, ratio %.3f)\n",
+                a.mesh, rep + 1, rep == 2 ? ", bf16 reductions" : "", a.steps, el,
+                (unsigned long long)cs.collectives, cs.wait_s, maxb, ref_bytes,
+                (double)maxb / (double)ref_bytes);
             if (mesh.size[DG_MESH_DP_SHARD] > 1 && !(maxb < ref_bytes))
                 FAIL("sharded state bytes per rank %zu not below the unsharded %zu", maxb, ref_bytes);
         }
@@ -397,8 +443,8 @@ int main(int argc, char **argv) {
              * is invariant to adding a constant to every score of a query. Its values are rounding
              * noise amplified by AdamW's normalisation on both sides, so it is held to an absolute bound
              * (noise level, 1e-4, two orders below real weights) instead of the relative one. */
-            int64_t kb0 = 0, kb1 = 0;
-            if (strstr(pi->name, "attn.qkv.bias")) kb0 = pi->shape[0] / 3, kb1 = 2 * kb0;
+            int64_t kb0, kb1;
+            key_bias(pi, &kb0, &kb1);
             double num = 0, den = 0, kmax = 0;
             for (size_t e = 0; e < pi->numel; e++) {
                 double df = (double)runs[0].w[i][e] - ref.w[i][e];
@@ -427,6 +473,71 @@ int main(int argc, char **argv) {
                          runs[1].loss[s]);
                     break;
                 }
+        if (a.bf16) {
+            /* bf16 reductions against the f32 ones on this mesh: close (each reduced element is rounded
+             * to bf16, 2^-9 relative, before AdamW), but not the same bits */
+            double bl = 0, bn = 0, bw = 0, bk = 0, gnum = 0, gden = 0;
+            char bw_name[96] = "";
+            int same = 1;
+            for (int s = 0; s < a.steps; s++) {
+                double el = rel(runs[2].loss[s], runs[0].loss[s]), en = rel(runs[2].norm[s], runs[0].norm[s]);
+                bl = fmax(bl, el);
+                bn = fmax(bn, en);
+                if (!(el <= a.bf16_tol / 10))
+                    FAIL("bf16 reductions, step %d: loss %.9g vs f32 reductions %.9g (rel %.3g > %g)", s + 1,
+                         runs[2].loss[s], runs[0].loss[s], el, a.bf16_tol / 10);
+                if (!(en <= a.bf16_tol))
+                    FAIL("bf16 reductions, step %d: grad norm %.9g vs f32 reductions %.9g (rel %.3g > %g)",
+                         s + 1, runs[2].norm[s], runs[0].norm[s], en, a.bf16_tol);
+                same &= runs[2].loss[s] == runs[0].loss[s] && runs[2].norm[s] == runs[0].norm[s];
+            }
+            for (int i = 0; i < ntens; i++) {
+                const dg_param_info_t *pi = dg_model_param(mp, i);
+                int64_t kb0, kb1;
+                key_bias(pi, &kb0, &kb1);
+                double num = 0, den = 0;
+                for (size_t e = 0; e < pi->numel; e++) {
+                    double df = (double)runs[2].w[i][e] - runs[0].w[i][e];
+                    if ((int64_t)e >= kb0 && (int64_t)e < kb1) { /* noise on both sides: absolute bound */
+                        bk = fmax(bk, fabs(df));
+                        continue;
+                    }
+                    num += df * df;
+                    den += (double)runs[0].w[i][e] * runs[0].w[i][e];
+                }
+                double e = sqrt(num) / fmax(sqrt(den), 1e-30);
+                if (e > bw) {
+                    bw = e;
+                    snprintf(bw_name, sizeof bw_name, "%s", pi->name);
+                }
+                gnum += num;
+                gden += den;
+                same &= memcmp(runs[2].w[i], runs[0].w[i], pi->numel * sizeof(float)) == 0;
+            }
+            double ge = sqrt(gnum) / fmax(sqrt(gden), 1e-30);
+            if (!(ge <= a.bf16_tol))
+                FAIL("bf16 reductions: final weights differ from the f32 reductions' by %.3g (relative L2 "
+                     "over "
+                     "all tensors) > %g",
+                     ge, a.bf16_tol);
+            if (!(bk <= a.bf16_tol)) FAIL("bf16 reductions: key-bias difference %.3g > %g", bk, a.bf16_tol);
+            if (same)
+                FAIL("bf16 reductions gave bitwise the f32 reductions' losses and weights: no bf16 path ran");
+            if (!(stats[0].grad_bytes > 0 && 2 * stats[2].grad_bytes == stats[0].grad_bytes))
+                FAIL("gradient reductions moved %llu bytes with bf16, %llu with f32: expected exactly half",
+                     (unsigned long long)stats[2].grad_bytes, (unsigned long long)stats[0].grad_bytes);
+            if (casts[0] != 0) FAIL("the f32-reduction plan holds %d cast ops, expected none", casts[0]);
+            if (!(casts[2] > 0 && n_ops[2] == n_ops[0] + casts[2]))
+                FAIL("the bf16-reduction plan: %d ops with %d casts; the f32 one %d ops (expected the casts "
+                     "as the only additions)",
+                     n_ops[2], casts[2], n_ops[0]);
+            printf(
+                "mesh %s bf16 reductions vs f32 reductions: max rel diff loss %.3g, grad norm %.3g, "
+                "weights %.3g (worst tensor %.3g, %s), key bias %.3g abs; gradient reduction bytes %llu vs "
+                "%llu; %d cast ops\n",
+                a.mesh, bl, bn, ge, bw, bw_name, bk, (unsigned long long)stats[2].grad_bytes,
+                (unsigned long long)stats[0].grad_bytes, casts[2]);
+        }
         dg_model_free(mp);
         if (clipped == 0)
             FAIL("gradient clipping never engaged (norms below %g): the clipping path is untested", a.clip);
@@ -438,7 +549,7 @@ int main(int argc, char **argv) {
                a.mesh, a.model, worst_l, worst_n, worst_w, worst_name, clipped, a.steps,
                failures ? "FAILED" : "ok");
     }
-    for (int r = 0; r < 2; r++)
+    for (int r = 0; r < 3; r++)
         result_free(&runs[r], ntens);
     result_free(&ref, ntens);
     dg_fsdp_free(f);

@@ -5,6 +5,9 @@
  *   - schedule: the FSDP pass's collectives (one all-gather per bucket and phase, unpacks waiting on
  *     them, one reduce-scatter per bucket with a wait), prefetch (the next block's all-gather issued
  *     before the current block computes) and its absence with overlap = 0; bucket sizes;
+ *   - reduce dtype bf16: the cast ops around every gradient reduction (where they sit, their dtypes,
+ *     flags and wait edges, the bf16 temporaries' live ranges), none with f32 or without a
+ *     data-parallel dimension;
  *   - bad meshes fail with one clear line.
  */
 #include <stdio.h>
@@ -17,8 +20,8 @@
 
 static dg_backend_t *be;
 
-static dg_model_t *plan(const dg_model_desc_t *d, const char *mesh, const int coord[3], size_t bucket_bytes,
-                        int overlap, int reshard) {
+static dg_model_t *plan_rd(const dg_model_desc_t *d, const char *mesh, const int coord[3],
+                           size_t bucket_bytes, int overlap, int reshard, dg_dtype_t reduce_dtype) {
     dg_model_parallel_t p;
     dg_model_parallel_default(&p);
     int is_auto = 0;
@@ -30,6 +33,7 @@ static dg_model_t *plan(const dg_model_desc_t *d, const char *mesh, const int co
     p.bucket_bytes = bucket_bytes;
     p.overlap = overlap;
     p.reshard_after_forward = reshard;
+    p.reduce_dtype = reduce_dtype;
     dg_model_t *m = NULL;
     dg_status_t st = dg_model_create_parallel(d, be, 2, 7, DG_MODEL_PLAN_ONLY, &p, &m);
     if (st != DG_OK) {
@@ -38,6 +42,11 @@ static dg_model_t *plan(const dg_model_desc_t *d, const char *mesh, const int co
         exit(1);
     }
     return m;
+}
+
+static dg_model_t *plan(const dg_model_desc_t *d, const char *mesh, const int coord[3], size_t bucket_bytes,
+                        int overlap, int reshard) {
+    return plan_rd(d, mesh, coord, bucket_bytes, overlap, reshard, DG_F32);
 }
 
 static void test_memory(void) {
@@ -223,6 +232,121 @@ static void test_schedule(void) {
     dg_model_free(m);
 }
 
+/* The wait node of comm-stream op x, or NULL. */
+static const dg_node_t *wait_of(const dg_graph_t *g, const dg_node_t *x) {
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->op == DG_OP_WAIT && g->nodes[i]->n_wait == 1 && g->nodes[i]->wait[0] == x)
+            return g->nodes[i];
+    return NULL;
+}
+
+static int waits_on(const dg_node_t *x, const dg_node_t *on) {
+    for (int k = 0; k < x->n_wait; k++)
+        if (x->wait[k] == on) return 1;
+    return 0;
+}
+
+/* The cast reading `src` (with acc = 1 when acc), or NULL. */
+static const dg_node_t *cast_of(const dg_graph_t *g, const dg_node_t *src, int acc) {
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->op == DG_OP_CAST && g->nodes[i]->src[0] == src &&
+            (g->nodes[i]->attr[DG_A_ACC] != 0) == acc)
+            return g->nodes[i];
+    return NULL;
+}
+
+/* train.reduce_dtype = bf16 on one coordinate of `mesh`: against the f32-reduction plan, the only new
+ * nodes are casts; every dp_replicate all-reduce sums a bf16 cast of its bucket in place and is followed
+ * by its wait and then the cast back (all four flagged DG_NF_GRAD_SYNC, so accumulation micro-batches
+ * skip them); every reduce-scatter sends a bf16 cast of its packed buffer and its result is added into
+ * the f32 shard by a cast after its wait (every micro-batch); bf16 temporaries stay live until their last
+ * reader; the plan passes the independent check. Returns the number of casts. */
+static int check_bf16_plan(const dg_model_desc_t *d, const char *mesh, const int c[3], int overlap) {
+    dg_model_t *m32 = plan_rd(d, mesh, c, 25u << 20, overlap, 1, DG_F32);
+    dg_model_t *m16 = plan_rd(d, mesh, c, 25u << 20, overlap, 1, DG_BF16);
+    const dg_graph_t *g32 = dg_model_graph(m32), *g = dg_model_graph(m16);
+    const dg_plan_t *pl = dg_model_plan(m16);
+    int casts = 0, ars = 0, rss = 0;
+    for (int i = 0; i < g->n; i++)
+        casts += g->nodes[i]->op == DG_OP_CAST;
+    EXPECT(count_op(g32, DG_OP_CAST, DG_PHASE_BWD) == 0, "%s: the f32-reduction plan holds casts", mesh);
+    EXPECT(g->n == g32->n + casts, "%s: %d nodes with bf16 reductions (%d casts), %d with f32", mesh, g->n,
+           casts, g32->n);
+    OK(dg_plan_check(pl, g));
+    for (int i = 0; i < g->n; i++) {
+        const dg_node_t *x = g->nodes[i];
+        if (x->op == DG_OP_ALL_REDUCE && (x->flags & DG_NF_GRAD_SYNC)) {
+            ars++;
+            const dg_node_t *cs = x->upd[0], *w = wait_of(g, x);
+            const dg_node_t *un = cs->op == DG_OP_CAST ? cast_of(g, cs, 0) : NULL;
+            EXPECT(cs->op == DG_OP_CAST && cs->dtype == DG_BF16 && cs->storage == DG_STORE_ARENA &&
+                       (cs->flags & DG_NF_GRAD_SYNC) && cs->id < x->id && waits_on(x, cs) &&
+                       (cs->src[0]->flags & DG_NF_BUCKET) && cs->src[0]->dtype == DG_F32,
+                   "%s: '%s' must sum a bf16 arena cast of its f32 bucket, cast before it (GRAD_SYNC)", mesh,
+                   x->name);
+            EXPECT(w && (w->flags & DG_NF_GRAD_SYNC), "%s: '%s' has no GRAD_SYNC wait", mesh, x->name);
+            EXPECT(un && w && un->id > w->id && un->n_upd == 1 && un->upd[0] == cs->src[0] &&
+                       un->attr[DG_A_DTYPE] == DG_F32 && (un->flags & DG_NF_GRAD_SYNC) && waits_on(un, x),
+                   "%s: '%s' must be cast back into its bucket after its wait (GRAD_SYNC)", mesh, x->name);
+            if (un)
+                EXPECT(pl->live_start[cs->id] <= cs->id && pl->live_end[cs->id] >= un->id,
+                       "%s: '%s' live [%d, %d] must cover its cast #%d to the cast back #%d", mesh, cs->name,
+                       pl->live_start[cs->id], pl->live_end[cs->id], cs->id, un->id);
+            if (!overlap && w)
+                EXPECT(w->id == x->id + 1, "%s: overlap=0: '%s' waited for at once", mesh, x->name);
+        }
+        if (x->op == DG_OP_REDUCE_SCATTER) {
+            rss++;
+            const dg_node_t *cs = x->src[0], *w = wait_of(g, x), *acc = cast_of(g, x, 1);
+            EXPECT(x->n_upd == 0 && x->dtype == DG_BF16 && cs->op == DG_OP_CAST && cs->dtype == DG_BF16 &&
+                       cs->src[0]->op == DG_OP_SHARD_PACK && waits_on(x, cs) &&
+                       !(cs->flags & DG_NF_GRAD_SYNC),
+                   "%s: '%s' must scatter a bf16 cast of its packed buffer into a bf16 block", mesh, x->name);
+            EXPECT(w && acc && acc->id > w->id && acc->n_upd == 1 && (acc->upd[0]->flags & DG_NF_BUCKET) &&
+                       acc->upd[0]->dtype == DG_F32 && acc->attr[DG_A_DTYPE] == DG_F32 &&
+                       !(acc->flags & DG_NF_GRAD_SYNC) && waits_on(acc, x),
+                   "%s: '%s' must be added into its f32 shard by a cast after its wait", mesh, x->name);
+            if (w && acc)
+                EXPECT(pl->live_end[x->id] >= acc->id && pl->live_end[cs->id] >= w->id,
+                       "%s: '%s' buffers must live to their readers (result to #%d, send to #%d)", mesh,
+                       x->name, acc->id, w->id);
+            /* HSDP: the shard's all-reduce cast comes after the accumulate */
+            for (int j = 0; acc && j < g->n; j++)
+                if (g->nodes[j]->op == DG_OP_CAST && g->nodes[j]->src[0] == acc->upd[0])
+                    EXPECT(g->nodes[j]->id > acc->id, "%s: '%s' cast before the shard is complete", mesh,
+                           g->nodes[j]->name);
+        }
+    }
+    EXPECT(casts == 2 * (ars + rss), "%s: %d casts for %d all-reduces and %d reduce-scatters", mesh, casts,
+           ars, rss);
+    printf("%-28s reduce bf16: %d casts around %d all-reduces and %d reduce-scatters (overlap %d)\n", mesh,
+           casts, ars, rss, overlap);
+    dg_model_free(m32);
+    dg_model_free(m16);
+    return casts;
+}
+
+static void test_reduce_dtype(void) {
+    dg_model_desc_t d = {3, 4, 64, 32, 128, 128};
+    int c0[3] = {0, 0, 0}, cr[3] = {1, 0, 0}, cs[3] = {0, 1, 0}, ch[3] = {1, 1, 0}, c3[3] = {1, 1, 1};
+    EXPECT(check_bf16_plan(&d, "dp_replicate=2", cr, 1) > 0, "DDP: no casts");
+    EXPECT(check_bf16_plan(&d, "dp_replicate=2", cr, 0) > 0, "DDP, overlap=0: no casts");
+    EXPECT(check_bf16_plan(&d, "dp_shard=2", cs, 1) > 0, "FSDP: no casts");
+    EXPECT(check_bf16_plan(&d, "dp_shard=2", cs, 0) > 0, "FSDP, overlap=0: no casts");
+    EXPECT(check_bf16_plan(&d, "dp_replicate=2,dp_shard=2", ch, 1) > 0, "HSDP: no casts");
+    EXPECT(check_bf16_plan(&d, "dp_replicate=2,dp_shard=2,tp=2", c3, 1) > 0, "HSDP x TP: no casts");
+    /* no data-parallel reduction: nothing changes */
+    EXPECT(check_bf16_plan(&d, "tp=2", c0, 1) == 0, "tp only: casts where nothing is reduced over dp");
+    EXPECT(check_bf16_plan(&d, "dp_shard=1", c0, 1) == 0, "one rank: casts where nothing is reduced");
+    dg_model_parallel_t p;
+    dg_model_parallel_default(&p);
+    p.reduce_dtype = DG_F16;
+    dg_model_t *m = NULL;
+    dg_status_t st = dg_model_create_parallel(&d, be, 2, 1, DG_MODEL_PLAN_ONLY, &p, &m);
+    EXPECT(st == DG_ERR_USAGE && strstr(dg_last_error(), "expected f32 or bf16"),
+           "reduce dtype f16: got %d '%s'", st, dg_last_error());
+}
+
 static void test_errors(void) {
     dg_model_desc_t d = {2, 4, 64, 32, 128, 128};
     dg_model_parallel_t p;
@@ -255,6 +379,7 @@ int main(void) {
         test_cover(&uneven, meshes[i]);
     }
     test_schedule();
+    test_reduce_dtype();
     test_errors();
     dg_backend_free(be);
     if (failures) {

@@ -997,6 +997,96 @@ static void case_shard_ops(dg_backend_t *be) {
     tg_free(&t);
 }
 
+/* bf16 of an f32 (round to nearest even; no NaN in the test data), as a float */
+static float bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* CAST (train.reduce_dtype = bf16): f32 -> bf16 into an arena tensor (round to nearest even), that
+ * bf16 -> f32 over a persistent tensor, and bf16 -> f32 added into one (acc: the op's own output holds the
+ * converted values, then add_f32); all exact. Then the shape rule's refusals. */
+static void case_cast(dg_backend_t *be) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 41);
+    int64_t sx[2] = {7, 9};
+    dg_node_t *x = tg_f(&t, "x", 2, sx, DG_NF_INPUT, -3, 3);
+    dg_node_t *y = tg_f(&t, "y", 2, sx, DG_NF_INPUT, -1, 1);
+    dg_node_t *q = tg_f(&t, "q", 2, sx, DG_NF_INPUT, -1, 1);
+    int64_t a16[2] = {0, DG_BF16}, a32[2] = {0, DG_F32}, aacc[2] = {1, DG_F32};
+    dg_node_t *h = dg_graph_add_op(t.g, DG_OP_CAST, "x.bf16", 1, &x, 0, NULL, a16, 2);
+    dg_node_t *b = h ? dg_graph_add_op(t.g, DG_OP_CAST, "y=x.bf16", 1, &h, 1, &y, a32, 2) : NULL;
+    dg_node_t *c = b ? dg_graph_add_op(t.g, DG_OP_CAST, "q+=x.bf16", 1, &h, 1, &q, aacc, 2) : NULL;
+    EXPECT(c && h->dtype == DG_BF16 && h->storage == DG_STORE_ARENA && b->storage == DG_STORE_NONE &&
+               c->dtype == DG_F32 && c->storage == DG_STORE_ARENA,
+           "cast: construction failed or wrong storage: %s", dg_last_error());
+    if (!c) {
+        tg_free(&t);
+        return;
+    }
+    h->flags |= DG_NF_OUTPUT;
+    dg_graph_touch(t.g);
+    tg_finish(&t, 0, NULL, NULL);
+    unsigned char *poison = malloc(t.plan->arena_bytes);
+    memset(poison, 0xff, t.plan->arena_bytes);
+    OK(be->ops->to_device(be, t.ex->arena, poison, t.plan->arena_bytes));
+    free(poison);
+    tg_run(&t, DG_PHASE_FWD);
+    size_t n = dg_node_numel(x);
+    const float *hx = tg_leaf(&t, x)->f, *hq = tg_leaf(&t, q)->f;
+    uint16_t *gh = (uint16_t *)tg_get(&t, h);
+    float *gy = tg_get(&t, y), *gq = tg_get(&t, q);
+    size_t bad_h = n, bad_y = n, bad_q = n;
+    int inexact = 0;
+    for (size_t i = n; i-- > 0;) {
+        float r = bf16_round(hx[i]);
+        uint32_t u;
+        memcpy(&u, &r, 4);
+        inexact += r != hx[i];
+        if (gh[i] != (uint16_t)(u >> 16)) bad_h = i;
+        if (gy[i] != r) bad_y = i;
+        if (gq[i] != hq[i] + r) bad_q = i;
+    }
+    EXPECT(bad_h == n, "cast f32 -> bf16: element %zu is 0x%04x, expected bf16(%.9g)", bad_h,
+           bad_h < n ? gh[bad_h] : 0, bad_h < n ? (double)hx[bad_h] : 0.0);
+    EXPECT(bad_y == n, "cast bf16 -> f32 over a tensor: element %zu is %.9g", bad_y,
+           bad_y < n ? (double)gy[bad_y] : 0.0);
+    EXPECT(bad_q == n, "cast bf16 -> f32 added into a tensor: element %zu is %.9g", bad_q,
+           bad_q < n ? (double)gq[bad_q] : 0.0);
+    EXPECT(inexact > (int)n / 2, "cast: only %d of %zu inputs needed rounding (vacuous test)", inexact, n);
+    tg_cover(&t, f0);
+    free(gh), free(gy), free(gq);
+    tg_free(&t);
+
+    /* refusals, each on a fresh graph (builder errors are sticky) */
+    for (int k = 0; k < 3; k++) {
+        tg_init(&t, be, 42);
+        dg_node_t *u = tg_f(&t, "u", 2, sx, DG_NF_INPUT, -1, 1);
+        int64_t s1[1] = {5};
+        dg_node_t *v = tg_f(&t, "v", 1, s1, DG_NF_INPUT, -1, 1);
+        dg_node_t *r = NULL;
+        const char *want = "";
+        if (k == 0) { /* acc without a target */
+            r = dg_graph_add_op(t.g, DG_OP_CAST, "bad", 1, &u, 0, NULL, aacc, 2);
+            want = "acc=1 adds into a tensor given in upd";
+        } else if (k == 1) { /* a target of another size */
+            r = dg_graph_add_op(t.g, DG_OP_CAST, "bad", 1, &u, 1, &v, a32, 2);
+            want = "writes exactly one f32 tensor of 63 elements";
+        } else { /* to an integer dtype */
+            int64_t ai[2] = {0, DG_I32};
+            r = dg_graph_add_op(t.g, DG_OP_CAST, "bad", 1, &u, 0, NULL, ai, 2);
+            want = "is not f32, bf16 or f16";
+        }
+        EXPECT(r == NULL && dg_graph_error(t.g) == DG_ERR_USAGE && strstr(dg_last_error(), want),
+               "cast refusal %d: expected '%s', got '%s'", k, want, dg_last_error());
+        tg_free(&t);
+    }
+}
+
 /* Optimizer ops: ZERO (grads), ZERO + SUMSQ + CLIP_SCALE + ADAMW (opt phase) against float64 AdamW with
  * global-norm clipping and per-tensor weight decay, over two steps. fused = 1: the ADAMW ops fused into one
  * ADAMW_ALL (pass fuse_adamw) over flat buffers with gaps between the tensors, which must stay as they
@@ -1234,6 +1324,7 @@ static const op_case_t cases[] = {
     {"fanout2", case_fanout2},
     {"collectives", case_collectives},
     {"shard_ops", case_shard_ops},
+    {"cast", case_cast},
     {"optimizer", case_optimizer},
     {"optimizer_fused", case_optimizer_fused},
     {"shape_errors", case_shape_errors},
