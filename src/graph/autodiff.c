@@ -334,9 +334,30 @@ dg_status_t dg_pass_fuse_adamw(dg_graph_t *g, void *ctx) {
     /* the fused op takes the place of the last ADAMW: every input of every ADAMW is ready there */
     int pos = last - (na - 1);
     dg_node_t *sc = ad[0]->src[1];
+    /* the gradients the segments cover: their per-parameter ZEROs (phase ZERO) become one ZERO of the
+     * flat gradient buffer below (one memset instead of one per parameter) */
+    dg_node_t **grads = dg_xcalloc((size_t)na, sizeof *grads);
+    for (int j = 0; j < na; j++)
+        grads[j] = ad[j]->src[0];
     for (int j = 0; j < na; j++)
         dg_graph_remove(g, ad[j]);
     free(ad);
+    int zpos = -1; /* where the first of them was */
+    for (int i = 0; i < g->n;) {
+        dg_node_t *z = g->nodes[i];
+        int hit = 0;
+        if (z->op == DG_OP_ZERO && z->phase == DG_PHASE_ZERO && z->n_upd == 1)
+            for (int j = 0; j < na && !hit; j++)
+                hit = z->upd[0] == grads[j];
+        if (!hit) {
+            i++;
+            continue;
+        }
+        if (zpos < 0) zpos = i;
+        if (i < pos) pos--;
+        dg_graph_remove(g, z);
+    }
+    free(grads);
     g->opt_segs = segs;
     g->n_opt_segs = na;
 
@@ -361,8 +382,24 @@ dg_status_t dg_pass_fuse_adamw(dg_graph_t *g, void *ctx) {
     dg_node_t *src[3] = {f->grad, sc, f->segs}, *upd[4] = {f->master, f->m, f->v, f->param};
     int64_t attr[2] = {0, na};
     dg_node_t *op = dg_graph_add_op(g, DG_OP_ADAMW_ALL, "adamw.flat", 3, src, 4, upd, attr, 2);
-    g->cur_phase = saved;
-    if (!op) return g->err;
+    if (!op) {
+        g->cur_phase = saved;
+        return g->err;
+    }
     dg_graph_move(g, op, pos);
+    if (zpos < 0) {
+        g->cur_phase = saved;
+        return DG_OK;
+    }
+    /* zero_grad: one ZERO of the whole flat gradient buffer (every covered gradient, and the padding
+     * between segments, which nothing writes) where the per-parameter ZEROs were, after the flat leaves
+     * (moved there: leaves belong to no phase, and each phase's ops stay contiguous) */
+    for (int j = 0; j < nl; j++)
+        dg_graph_move(g, leaf[j], zpos + j);
+    g->cur_phase = DG_PHASE_ZERO;
+    dg_node_t *z = dg_graph_add_op(g, DG_OP_ZERO, "zero.flat.grad", 0, NULL, 1, &f->grad, NULL, 0);
+    g->cur_phase = saved;
+    if (!z) return g->err;
+    dg_graph_move(g, z, zpos + nl);
     return DG_OK;
 }

@@ -386,7 +386,9 @@ dg_status_t dg_graph_add_optimizer(dg_graph_t *g, int (*decay_of)(const dg_node_
  * parameter's master, gradient, m, v and compute copy sit at the same element offset (ctx->off, by
  * param_index). The parameters' offsets, sizes and weight decay go to g->opt_segs; the executor turns them
  * into the backend's segment table at every step (frozen parameters skipped) and uploads it into the
- * table leaf just before the op. A graph without ADAMW ops is left alone. DG_ERR_USAGE when the offsets
+ * table leaf just before the op. The covered gradients' per-parameter ZEROs (phase ZERO) become one ZERO
+ * of the flat gradient leaf, which also clears the padding between segments (the owner must keep nothing
+ * else there). A graph without ADAMW ops is left alone. DG_ERR_USAGE when the offsets
  * break the table rules (overlap, beyond span, not a multiple of 4). */
 typedef struct dg_fuse_adamw {
     const size_t *off; /* per param_index: element offset of its tensors in the flat buffers */

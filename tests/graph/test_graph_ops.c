@@ -1193,6 +1193,15 @@ static void optimizer_run(dg_backend_t *be, int fused) {
             free(pg), free(mg), free(vg);
         }
     }
+    const int gaps[3] = {30, 31, 39};
+    if (fused)
+        for (int b = 0; b < 4; b++) {
+            float h[SPAN];
+            OK(be->ops->to_host(be, h, flat[b], sizeof h));
+            for (int j = 0; j < 3; j++)
+                EXPECT(h[gaps[j]] == -777.0f, "adamw_all wrote into the gap at %d of flat buffer %d: %g",
+                       gaps[j], b, (double)h[gaps[j]]);
+        }
     tg_run(&t, DG_PHASE_ZERO);
     for (int k = 0; k < 2; k++) {
         float *gg = tg_get(&t, p[k]->grad);
@@ -1203,12 +1212,18 @@ static void optimizer_run(dg_backend_t *be, int fused) {
         free(gg);
     }
     if (fused) {
-        const int gaps[3] = {30, 31, 39};
+        /* fused, the zero phase is one ZERO of the whole flat gradient buffer (buffer 1): its gaps are
+         * cleared with it; the other flat buffers' gaps stay untouched */
+        int nzero = 0;
+        for (int i = 0; i < t.g->n; i++)
+            nzero += t.g->nodes[i]->op == DG_OP_ZERO && t.g->nodes[i]->phase == DG_PHASE_ZERO;
+        EXPECT(nzero == 1, "fused: %d ZERO ops in the zero phase, expected one over the flat gradient buffer",
+               nzero);
         for (int b = 0; b < 4; b++) {
             float h[SPAN];
             OK(be->ops->to_host(be, h, flat[b], sizeof h));
             for (int j = 0; j < 3; j++)
-                EXPECT(h[gaps[j]] == -777.0f, "adamw_all wrote into the gap at %d of flat buffer %d: %g",
+                EXPECT(h[gaps[j]] == (b == 1 ? 0.0f : -777.0f), "zero phase: gap at %d of flat buffer %d: %g",
                        gaps[j], b, (double)h[gaps[j]]);
         }
     }
