@@ -214,6 +214,10 @@ int64_t ckpt_parse_name(const char *name, int *partial);
 dg_status_t ckpt_fsync_dir(const char *dir);
 /* Atomically replace dir/LATEST with "name\n" (temp file, fsync, rename, fsync dir). */
 dg_status_t ckpt_write_latest(const char *dir, const char *name);
+/* LATEST in two halves, so that a commit can write and fsync the new LATEST before it renames the step
+ * file: prepare writes LATEST.tmp.<pid> (cap >= 4200), publish renames it over LATEST and fsyncs dir. */
+dg_status_t ckpt_latest_prepare(const char *dir, const char *name, char *tmp, size_t cap);
+dg_status_t ckpt_latest_publish(const char *dir, const char *tmp);
 /* What dir/LATEST names: DG_OK with name ("" when LATEST is absent), DG_ERR_USAGE when unreadable or
  * not a plain step file name. */
 dg_status_t ckpt_read_latest(const char *dir, char *name, size_t cap);

@@ -43,7 +43,18 @@ static void cands_rank0(const char *dir, cands_t *c) {
             latest[0] = 0;
         }
     }
-    if (latest[0]) snprintf(c->name[c->n++], 256, "%s", latest);
+    if (latest[0]) {
+        snprintf(c->name[c->n++], 256, "%s", latest);
+        int64_t ls = ckpt_parse_name(latest, NULL);
+        for (int i = 0; i < n; i++) /* newest first: a kill between the two renames of a commit */
+            if (!e[i].partial && e[i].step > ls) {
+                DG_LOG_INFO("checkpoint: %s is newer than %s, which LATEST names; resuming from LATEST "
+                            "(a save killed between its two renames leaves this; the next save of that "
+                            "step replaces the file)",
+                            e[i].name, latest);
+                break;
+            }
+    }
     for (int i = 0; i < n; i++)
         if (!e[i].partial && strcmp(e[i].name, latest) != 0) snprintf(c->name[c->n++], 256, "%s", e[i].name);
     free(e);

@@ -698,11 +698,24 @@ static dg_status_t commit_rank0(save_ctx_t *c) {
     /* the umask decides the mode; we only ever take world-write away */
     if ((st.st_mode & S_IWOTH) && chmod(c->partial_path, st.st_mode & 07775) != 0)
         return DG_ERR(DG_ERR_RUNTIME, "chmod %s: %s", c->partial_path, strerror(errno));
-    if (rename(c->partial_path, c->final_path) != 0)
+    /* LATEST's new content is written and flushed first, so that between the step file's rename and
+     * LATEST's only a directory fsync remains: a kill inside that window leaves a complete step file
+     * newer than LATEST, which resume ignores (LATEST decides) and the next save of that step replaces. */
+    char tmp[4200];
+    DG_TRY(ckpt_latest_prepare(c->dir, c->final_name, tmp, sizeof tmp));
+    if (rename(c->partial_path, c->final_path) != 0) {
+        int e = errno;
+        unlink(tmp);
         return DG_ERR(DG_ERR_RUNTIME, "cannot rename %s to %s: %s", c->partial_path, c->final_path,
-                      strerror(errno));
-    DG_TRY(ckpt_fsync_dir(c->dir));
-    return ckpt_write_latest(c->dir, c->final_name);
+                      strerror(e));
+    }
+    dg_status_t s = ckpt_fsync_dir(c->dir); /* the step file's name is durable before LATEST names it */
+    if (!s) s = ckpt_test_fail("renamed", c->rank);
+    if (s) {
+        unlink(tmp);
+        return s;
+    }
+    return ckpt_latest_publish(c->dir, tmp);
 }
 
 /* Create, fill and close the partial file. Every step is agreed. */

@@ -10,6 +10,7 @@
 #include <malloc.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
@@ -521,10 +522,9 @@ dg_status_t ckpt_fsync_dir(const char *dir) {
     return DG_OK;
 }
 
-dg_status_t ckpt_write_latest(const char *dir, const char *name) {
-    char tmp[4200], dst[4200], line[300];
-    snprintf(tmp, sizeof tmp, "%s/LATEST.tmp.%d", dir, (int)getpid());
-    snprintf(dst, sizeof dst, "%s/LATEST", dir);
+dg_status_t ckpt_latest_prepare(const char *dir, const char *name, char *tmp, size_t cap) {
+    char line[300];
+    snprintf(tmp, cap, "%s/LATEST.tmp.%d", dir, (int)getpid());
     int len = snprintf(line, sizeof line, "%s\n", name);
     /* 0666 so that the user's umask decides; group/other write is never added by us. */
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
@@ -538,12 +538,24 @@ dg_status_t ckpt_write_latest(const char *dir, const char *name) {
         return DG_ERR(DG_ERR_RUNTIME, "cannot write %s: %s", tmp, strerror(e));
     }
     close(fd);
+    return DG_OK;
+}
+
+dg_status_t ckpt_latest_publish(const char *dir, const char *tmp) {
+    char dst[4200];
+    snprintf(dst, sizeof dst, "%s/LATEST", dir);
     if (rename(tmp, dst) != 0) {
         int e = errno;
         unlink(tmp);
         return DG_ERR(DG_ERR_RUNTIME, "cannot rename %s to %s: %s", tmp, dst, strerror(e));
     }
     return ckpt_fsync_dir(dir);
+}
+
+dg_status_t ckpt_write_latest(const char *dir, const char *name) {
+    char tmp[4200];
+    DG_TRY(ckpt_latest_prepare(dir, name, tmp, sizeof tmp));
+    return ckpt_latest_publish(dir, tmp);
 }
 
 dg_status_t ckpt_read_latest(const char *dir, char *name, size_t cap) {
@@ -584,14 +596,24 @@ const char *ckpt_basename(const char *path) {
     return slash ? slash + 1 : path;
 }
 
-dg_status_t ckpt_test_fail(const char *phase, int rank) {
-    const char *v = getenv("DG_CKPT_TEST_FAIL");
-    if (!v || !*v) return DG_OK;
+/* "<phase>[@rank]" (rank 0 when left out) names this phase on this rank */
+static int test_hook_hits(const char *v, const char *phase, int rank) {
+    if (!v || !*v) return 0;
     char want[64];
     int want_rank = 0;
     const char *at = strchr(v, '@');
     snprintf(want, sizeof want, "%.*s", at ? (int)(at - v) : (int)strlen(v), v);
     if (at) want_rank = atoi(at + 1);
-    if (strcmp(want, phase) != 0 || rank != want_rank) return DG_OK;
+    return strcmp(want, phase) == 0 && rank == want_rank;
+}
+
+dg_status_t ckpt_test_fail(const char *phase, int rank) {
+    if (test_hook_hits(getenv("DG_CKPT_TEST_KILL"), phase, rank)) {
+        fprintf(stderr, "DG_CKPT_TEST_KILL: rank %d kills itself at checkpoint phase '%s'\n", rank, phase);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
+    const char *v = getenv("DG_CKPT_TEST_FAIL");
+    if (!test_hook_hits(v, phase, rank)) return DG_OK;
     return DG_ERR(DG_ERR_RUNTIME, "injected failure at phase '%s' (DG_CKPT_TEST_FAIL=%s)", phase, v);
 }

@@ -612,6 +612,53 @@ def rank_pids(mpirun_pid):
     return out
 
 
+def case_commit_kill(env):
+    """Rank 0 SIGKILLs itself between the step file's rename and LATEST's (DG_CKPT_TEST_KILL=renamed):
+    the complete newer file must be ignored by resume (LATEST decides), said so, and replaced by the next save."""
+    n, k, ranks = 8, 4, 2
+    sets = ["train.steps=%d" % n]
+    ref = env.train(ranks, "ref", sets + ["checkpoint.every=1"])
+    ck = lambda d, st: os.path.join(d, "checkpoints", ckname(st))
+    run = seed_dir_with(env, "killed", ck(ref, k))
+    cdir = os.path.join(run, "checkpoints")
+    out = run + ".1.out"
+    env.outputs.append(out)
+    c = env.cmd(ranks, run, sets + ["checkpoint.every=1"])
+    c[len(env.mpi):len(env.mpi)] = ["-x", "DG_CKPT_TEST_KILL"]
+    with open(out, "w") as f:
+        rc = subprocess.run(c, stdout=f, stderr=subprocess.STDOUT, timeout=240,
+                            env=dict(os.environ, DG_CKPT_TEST_KILL="renamed@0")).returncode
+    check(rc != 0, "the job whose rank 0 killed itself in the commit exited 0")
+    with open(out, errors="replace") as f:
+        check("kills itself at checkpoint phase 'renamed'" in f.read(), "the kill hook did not fire: %s" % tail(out))
+    with open(os.path.join(cdir, "LATEST")) as f:
+        latest = f.read().strip()
+    check(latest == ckname(k), "after a kill between the renames of step %d, LATEST names %s (expected %s)" %
+          (k + 1, latest, ckname(k)))
+    left = sorted(os.listdir(cdir))
+    check(ckname(k + 1) in left and not any(x.endswith(".partial") for x in left),
+          "after the kill checkpoints/ holds %s (expected %s complete, no .partial)" % (left, ckname(k + 1)))
+    rc2, vout = env.ckpt("verify", ck(run, k + 1), "--quiet")
+    check(rc2 == 0, "%s, renamed before the kill, fails dgckpt verify: %s" % (ckname(k + 1), vout[-300:]))
+    rc3, rout = env.ckpt("resolve", cdir)
+    check(rc3 == 0 and rout.strip().endswith(ckname(k)), "dgckpt resolve says '%s' (exit %d), expected LATEST's %s" %
+          (rout.strip(), rc3, ckname(k)))
+    env.train(ranks, "killed", sets + ["checkpoint.every=1"])
+    with open(run + ".out", errors="replace") as f:
+        said = f.read()
+    check("%s is newer than %s" % (ckname(k + 1), ckname(k)) in said,
+          "the restart did not say that %s is newer than LATEST's: %s" % (ckname(k + 1), tail(run + ".out")))
+    ev = events(run, "resume")
+    check(len(ev) == 2 and all(e.get("step") == k for e in ev),
+          "resume events %s: expected two resumes from step %d" % ([e.get("step") for e in ev], k))
+    assert_steps_bitwise(ref, run, range(k + 1, n + 1), "restart after a kill in the commit")
+    for st in (k + 1, n):
+        env.assert_identical(ck(ref, st), ck(run, st), "step %d after the restart" % st)
+    print("PASS commit_kill: a kill between the renames of %s and LATEST left LATEST at %s and a verified %s; "
+          "the restart resumed from LATEST, said so, replaced %s, and steps %d..%d are bitwise equal to the "
+          "uninterrupted run" % (ckname(k + 1), ckname(k), ckname(k + 1), ckname(k + 1), k + 1, n))
+
+
 def case_sigkill(env):
     # at least 3 kills; up to 5 until 2 of them landed while the save was still in progress
     n, ranks, min_trials, max_trials, want_in_save = 12, 2, 3, 5, 2
@@ -625,6 +672,7 @@ def case_sigkill(env):
     cdir = os.path.join(run, "checkpoints")
     latest_file = os.path.join(cdir, "LATEST")
     expected = []  # per restart: the file LATEST named after the kill before it
+    windows = []  # per restart: the step of a complete file newer than LATEST (a kill in the commit), or None
     resumed, in_save_hits, trial = 0, 0, 0
     while trial < min_trials or (in_save_hits < want_in_save and trial < max_trials and resumed < n - 4):
         trial += 1
@@ -685,10 +733,22 @@ def case_sigkill(env):
         teardown = time.time() - t_kill
         complete = sorted(int(x[5:13]) for x in os.listdir(cdir) if re.match(r"^step_\d{8}\.h5$", x))
         rc3, rout = env.ckpt("resolve", cdir)
-        if not os.path.exists(latest_file):
+        window = None  # a complete step file newer than LATEST: the kill fell between the commit's renames
+        if not os.path.exists(latest_file) and complete:
+            # the very first save's commit window: its step file is complete, resume takes it (no LATEST)
+            check(complete == [hit] and done_before == 0 and not in_save,
+                  "trial %d: no LATEST, but complete checkpoints %s exist (the save of step %d was under way)" %
+                  (trial, complete, hit))
+            window = hit
+            rc2, vout = env.ckpt("verify", os.path.join(cdir, ckname(hit)), "--quiet")
+            check(rc2 == 0, "trial %d: %s, renamed before the kill, fails dgckpt verify: %s" %
+                  (trial, ckname(hit), vout[-300:]))
+            check(rc3 == 0 and rout.strip().endswith(ckname(hit)), "trial %d: dgckpt resolve with no LATEST "
+                  "and %s complete says '%s' (exit %d)" % (trial, ckname(hit), rout.strip(), rc3))
+            latest, latest_step = ckname(hit), hit
+        elif not os.path.exists(latest_file):
             # killed during the very first save: nothing complete, and the restart must start afresh
-            check(not complete and done_before == 0, "trial %d: no LATEST, but complete checkpoints %s exist" %
-                  (trial, complete))
+            check(done_before == 0, "trial %d: no LATEST, but step %d was reported complete" % (trial, done_before))
             check(rc3 == 0 and rout.strip() in ("", '""'), "trial %d: dgckpt resolve with no LATEST says '%s' "
                   "(exit %d)" % (trial, rout.strip(), rc3))
             latest, latest_step = None, 0
@@ -703,15 +763,28 @@ def case_sigkill(env):
             rc2, vout = env.ckpt("verify", os.path.join(cdir, latest), "--quiet")
             check(rc2 == 0, "trial %d: the checkpoint LATEST names (%s) fails dgckpt verify: %s" %
                   (trial, latest, vout[-300:]))
-            check(latest_step == max(complete), "trial %d: LATEST names step %d but a newer step file exists (%s)"
-                  % (trial, latest_step, complete))
+            newer = [x for x in complete if x > latest_step]
+            if newer:
+                # allowed only as the commit window: one file, of the save under way at the kill (or the
+                # one after it), not yet reported, fully written (it verifies); resume must ignore it
+                check(len(newer) == 1 and newer[0] >= hit and newer[0] > done_before,
+                      "trial %d: LATEST names step %d but newer step files exist (%s; the kill came during the "
+                      "save of step %d, step %d was reported complete)" %
+                      (trial, latest_step, complete, hit, done_before))
+                window = newer[0]
+                rc2, vout = env.ckpt("verify", os.path.join(cdir, ckname(window)), "--quiet")
+                check(rc2 == 0, "trial %d: %s, renamed before the kill, fails dgckpt verify: %s" %
+                      (trial, ckname(window), vout[-300:]))
             check(rc3 == 0 and rout.strip().endswith(latest), "trial %d: dgckpt resolve says '%s', LATEST '%s'" %
                   (trial, rout.strip(), latest))
         print("  trial %d: SIGKILL rank %d %.0f ms after step_%08d.h5.partial appeared (%s); job ended in %.1f s "
-              "(exit %d); LATEST -> %s" % (trial, victim, delay * 1e3, hit, "save in progress" if in_save
-                                           else "that save had just finished", teardown, rc,
-                                           (latest + " (verified)") if latest else "none (fresh restart)"))
+              "(exit %d); LATEST -> %s%s" % (trial, victim, delay * 1e3, hit, "save in progress" if in_save
+                                             else "that save had just finished", teardown, rc,
+                                             (latest + " (verified)") if latest else "none (fresh restart)",
+                                             "; killed between the renames of %s and LATEST" % ckname(window)
+                                             if window is not None else ""))
         expected.append(latest)
+        windows.append(window)
         resumed = latest_step
     trials = trial
     check(in_save_hits >= 1, "none of %d kills landed while a save was in progress (saves too fast?)" % trials)
@@ -735,6 +808,14 @@ def case_sigkill(env):
             check(ev is not None and str(ev.get("path", "")).endswith("/" + want) and
                   ev.get("step") == int(want[5:13]) and st.get("start_step") == ev.get("step"),
                   "restart %d resumed from %s, expected %s" % (i + 1, ev and ev.get("path"), want))
+    for i, w in enumerate(windows):
+        if w is not None and expected[i] != ckname(w):  # LATEST was present: its restart says so
+            nxt = run + ".%d.out" % (i + 2) if i + 1 < trials else final + ".out"
+            with open(nxt, errors="replace") as f:
+                said = f.read()
+            check("%s is newer than %s" % (ckname(w), expected[i]) in said,
+                  "restart %d did not say that %s is newer than LATEST's %s: %s" % (i + 1, ckname(w), expected[i],
+                                                                                   tail(nxt)))
     check_tokens(final, range(1, n + 1), "killed and restarted run")
     env.assert_identical(os.path.join(ref, "checkpoints", ckname(n)), os.path.join(cdir, ckname(n)),
                          "final weights after %d kills" % trials)
@@ -778,6 +859,8 @@ def main():
             case_async(env)
         elif name == "sigkill":
             case_sigkill(env)
+        elif name == "commit_kill":
+            case_commit_kill(env)
         elif name == "spike_resume":
             case_spike_resume(env)
         else:
