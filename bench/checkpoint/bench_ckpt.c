@@ -174,17 +174,19 @@ int main(int argc, char **argv) {
                            ph->close,    ph->fsync, ph->commit, ph->retention, ph->direct},
                mx[10], cpu = 0;
         MPI_Reduce(mine, mx, 10, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
-        double dbytes = (double)ph->direct_bytes, dall = 0;
-        MPI_Reduce(&dbytes, &dall, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+        double dbytes[2] = {(double)ph->direct_bytes, (double)ph->fill_skipped_bytes}, dall[2] = {0, 0};
+        MPI_Reduce(dbytes, dall, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
         MPI_Reduce(&ph->cpu, &cpu, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
         if (!g_rank) {
             printf("RESULT kind=save rep=%d seconds=%.3f bytes=%lld gbps=%.3f cpu_s=%.3f cpu_s_per_gb=%.3f\n",
                    r, s, (long long)res.bytes, state_bytes / s / 1e9, cpu, cpu / (state_bytes / 1e9));
-            printf(
-                "RESULT kind=phases rep=%d validate=%.3f hash=%.3f threads=%d plan=%.3f create=%.3f "
-                "write=%.3f direct=%.3f direct_share=%.2f close=%.3f fsync=%.3f commit=%.3f retention=%.3f\n",
-                r, mx[0], mx[1], ph->threads, mx[2], mx[3], mx[4], mx[9],
-                res.bytes > 0 ? dall / (double)res.bytes : 0, mx[5], mx[6], mx[7], mx[8]);
+            printf("RESULT kind=phases rep=%d validate=%.3f hash=%.3f threads=%d plan=%.3f create=%.3f "
+                   "write=%.3f direct=%.3f direct_share=%.2f fill_skipped=%.2f close=%.3f fsync=%.3f "
+                   "commit=%.3f "
+                   "retention=%.3f\n",
+                   r, mx[0], mx[1], ph->threads, mx[2], mx[3], mx[4], mx[9],
+                   res.bytes > 0 ? dall[0] / (double)res.bytes : 0,
+                   res.bytes > 0 ? dall[1] / (double)res.bytes : 0, mx[5], mx[6], mx[7], mx[8]);
         }
         fflush(stdout);
         if (save_only) continue;

@@ -55,9 +55,10 @@ done
 rm -rf "$WORK/ck"
 echo
 echo "Where the fastest save's time went (seconds, slowest rank per phase; threads per rank; write includes"
-echo "direct = the chunks ranks checksummed and wrote themselves, direct share = their part of the file):"
-echo "| ranks | validate | hash | threads | plan | create | write | direct | direct share | close | fsync | commit | retention |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "direct = the chunks ranks checksummed and wrote themselves, direct share = their part of the file,"
+echo "fill skipped = the part of the file whose HDF5 creation fill was not written):"
+echo "| ranks | validate | hash | threads | plan | create | write | direct | direct share | fill skipped | close | fsync | commit | retention |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s' "$phases"
 echo
 echo "step estimate (lower bound of one gpt2-124m training step on these ranks, 6*N*tokens at the measured sgemm rate): $(grep kind=setup "$WORK"/bench_np*.log | sed 's/.*step_estimate_s=\([^ ]*\).*/\1/' | tr '\n' ' ')s"

@@ -139,10 +139,12 @@ typedef struct dg_ckpt_phases {
     double write;    /* dataset creation, collective H5Dwrite of every tensor, xxh3 attributes, manifest,
                         and the direct chunk writes */
     double direct;   /* of which: the chunks this rank checksummed and wrote itself (`threads` threads) */
-    int64_t direct_bytes; /* bytes this rank wrote as direct chunks */
-    double close;         /* H5Fclose (metadata flush) */
-    double fsync;         /* fsync of the file on every rank */
-    double commit;        /* rank 0: rename, directory fsync, LATEST */
+    int64_t direct_bytes;       /* bytes this rank wrote as direct chunks */
+    int64_t fill_skipped_bytes; /* bytes of HDF5's dataset-creation fill this rank did not write (their
+                                   chunks were all written directly) */
+    double close;               /* H5Fclose (metadata flush) */
+    double fsync;               /* fsync of the file on every rank */
+    double commit;              /* rank 0: rename, directory fsync, LATEST */
     double retention;
     double cpu;  /* CPU seconds of this process during the save (all its threads; getrusage) */
     int threads; /* hashing threads used */

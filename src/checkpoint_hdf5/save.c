@@ -51,7 +51,9 @@ typedef struct save_ctx {
     int wfd; /* the partial file, opened for writing by this rank */
     struct dchunk *dj;
     size_t ndj, capdj;
-    int64_t *rows; /* per tensor: dim-0 chunk rows aligned to the ranks' pieces; 0 = chunk_dims' choice */
+    int64_t *rows;   /* per tensor: dim-0 chunk rows aligned to the ranks' pieces; 0 = chunk_dims' choice */
+    int skip_fill;   /* agreed: datasets written wholly by direct chunks skip HDF5's fill (see fill_skip) */
+    int fill_broken; /* a skipped fill whose chunks then did not look as expected: retry without skipping */
 } save_ctx_t;
 
 /* One chunk this rank writes itself: rows [row0, row1) of dim 0 (the chunk's part inside the extent),
@@ -95,8 +97,9 @@ static void chunk_dims(int nd, const int64_t *g, int64_t target_bytes, hsize_t *
  * chunks, FSDP pieces of a gpt2-124m layer ([768, 2304] cut in 4 = 192 rows; chunks of 384 rows) hold no
  * whole chunk from 4 ranks on. When every rank's owned pieces of a tensor cut it along dim 0 only, the
  * chunk rows are instead the largest divisor of the gcd of the interior cut rows that fits the target
- * chunk size, provided that chunk is still at least a quarter of the target (so a tiny piece never makes
- * tiny chunks): every piece then holds whole chunks only. The file records the chunk shape, so readers
+ * chunk size, provided that chunk is still at least a sixteenth of the target, 256 KiB by default (so a
+ * tiny piece never makes tiny chunks; a quarter left the [768, 768] projections of gpt2-124m at 4 ranks,
+ * 590 KB a piece, to HDF5's collective write): every piece then holds whole chunks only. The file records the chunk shape, so readers
  * need nothing; what changes with the world size is only the chunking. */
 
 static int64_t gcd64(int64_t a, int64_t b) {
@@ -154,7 +157,7 @@ static dg_status_t align_rows(save_ctx_t *c) {
         int64_t cap = c->o.chunk_bytes / 4 / inner;
         if (cap < 1) continue; /* a slice is larger than a chunk: chunk_dims cuts further dims */
         int64_t R = divisor_le(gall[i], cap);
-        if (R * inner * 4 * 4 >= c->o.chunk_bytes) c->rows[i] = R;
+        if (R * inner * 4 * 16 >= c->o.chunk_bytes) c->rows[i] = R;
     }
     free(g), free(bad), free(gall), free(badall), free(every);
     return s;
@@ -334,7 +337,8 @@ static dg_status_t direct_plan(save_ctx_t *c, int i, hid_t dset, const hsize_t *
             good = 0;
             break;
         }
-        if (mask != 0 || a == HADDR_UNDEF || size != nbytes + 4) {
+        if (mask != 0 || a == HADDR_UNDEF || size != nbytes + 4 || ckpt_test_fail("chunkindex", c->rank)) {
+            dg_clear_error(); /* (the test hook: as if this rank found the index unexpected) */
             good = 0;
             break;
         }
@@ -445,6 +449,93 @@ static dg_status_t direct_write_all(save_ctx_t *c) {
     return DG_OK;
 }
 
+/* ---------------- skipping HDF5's fill of wholly direct datasets ----------------
+ * Parallel HDF5 1.10 allocates every chunk of a filtered dataset at H5Dcreate and writes the filtered
+ * fill value into all of them (H5D__chunk_allocate sets "should fill" whenever a filter is present;
+ * H5D__chunk_collective_fill then issues one MPI_File_write_at_all per dataset, the fill buffer repeated
+ * by a memory type that is an hvector of stride 0 over MPI_BYTE), whatever the fill time says. When the
+ * direct chunk writer is going to write every chunk of the dataset itself, those zeros are a second
+ * page-cache copy of the whole checkpoint for nothing.
+ *
+ * So this file defines MPI_File_write_at_all (exported from the executable, see CMakeLists.txt: the
+ * dynamic linker binds libhdf5's calls to it; every other call goes straight to PMPI_File_write_at_all).
+ * Only while a thread creates a dataset that every rank agreed is wholly direct (fill_skip_ok: every
+ * owned piece a dim-0 cut made of whole chunks, on every rank) does it act, and then without any
+ * collective call, so no rank can be left waiting in one:
+ *   - nothing to write on this rank (count 0): return;
+ *   - the fill's signature (hvector, stride 0, of MPI_BYTE): skip it, report the bytes as written;
+ *   - anything else (e.g. a collective metadata flush that fell inside H5Dcreate): write the same bytes
+ *     through the same file view with the independent PMPI_File_write_at.
+ * The skipped chunks are holes (or past the end of the file) until the direct writer fills them. A hole
+ * reads as zeros, which is exactly the fill HDF5 would have written (fill value 0, and HDF5's Fletcher32
+ * of zeros is 0), but HDF5 may also place a chunk in file space it freed earlier in the same file, which
+ * holds stale bytes; hence only datasets whose every chunk the direct writer overwrites skip the fill,
+ * and HDF5's collective write, which reads a chunk back before updating it, never sees a skipped one.
+ * direct_plan checks after creation that the chunk index is exactly what the direct writer expects; if
+ * it is not after a skipped fill, the save is redone without skipping (and never skipped again in this
+ * process). DG_CKPT_SKIP_FILL=0 turns the skip off. */
+static __thread int tl_fill_skip;              /* set around H5Dcreate2 of a wholly direct dataset */
+static __thread int64_t tl_fill_skipped_bytes; /* bytes of fill this thread did not write */
+static atomic_int g_fill_skip_off;             /* a redone save turned it off for this process */
+
+static int is_fill_type(MPI_Datatype t) {
+    int ni = 0, na = 0, nd = 0, comb = 0;
+    if (PMPI_Type_get_envelope(t, &ni, &na, &nd, &comb) != MPI_SUCCESS || comb != MPI_COMBINER_HVECTOR ||
+        ni != 2 || na != 1 || nd != 1)
+        return 0;
+    int ints[2];
+    MPI_Aint aints[1];
+    MPI_Datatype old[1];
+    if (PMPI_Type_get_contents(t, 2, 1, 1, ints, aints, old) != MPI_SUCCESS) return 0;
+    int oni, ona, ond, ocomb;
+    if (PMPI_Type_get_envelope(old[0], &oni, &ona, &ond, &ocomb) == MPI_SUCCESS &&
+        ocomb != MPI_COMBINER_NAMED)
+        PMPI_Type_free(&old[0]); /* get_contents hands back a copy of a derived old type */
+    return aints[0] == 0 && old[0] == MPI_BYTE;
+}
+
+int MPI_File_write_at_all(MPI_File fh, MPI_Offset offset, const void *buf, int count, MPI_Datatype datatype,
+                          MPI_Status *status) {
+    if (!tl_fill_skip) return PMPI_File_write_at_all(fh, offset, buf, count, datatype, status);
+    int tsz = 0;
+    if (PMPI_Type_size(datatype, &tsz) != MPI_SUCCESS) tsz = -1;
+    if (count == 0 || tsz == 0) {
+        if (status != MPI_STATUS_IGNORE) PMPI_Status_set_elements_x(status, datatype, 0);
+        return MPI_SUCCESS;
+    }
+    if (tsz > 0 && is_fill_type(datatype)) {
+        tl_fill_skipped_bytes += (int64_t)tsz * count;
+        if (status != MPI_STATUS_IGNORE) PMPI_Status_set_elements_x(status, datatype, (MPI_Count)tsz * count);
+        return MPI_SUCCESS;
+    }
+    return PMPI_File_write_at(fh, offset, buf, count, datatype, status);
+}
+
+/* Collective: may tensor i's fill be skipped? Every owned piece, on every rank, is a dim-0 cut that holds
+ * whole chunks only (so the direct writer writes every chunk and HDF5's collective write, which reads a
+ * chunk back before updating it, touches none). The chunk index itself is checked after creation. */
+static dg_status_t fill_skip_ok(save_ctx_t *c, int i, const hsize_t *ch, int *ok) {
+    const ckpt_tdesc_t *td = &c->tab.t[i];
+    *ok = 0;
+    if (!c->direct || !c->skip_fill || atomic_load(&g_fill_skip_off)) return DG_OK;
+    for (int d = 1; d < td->ndim; d++)
+        if ((int64_t)ch[d] != td->gshape[d]) return DG_OK; /* the same on every rank: no agreement needed */
+    int mine = 1, all = 0;
+    for (int k = 0; k < td->npieces && mine; k++) {
+        const dg_ckpt_tensor_t *p = &c->t[td->pieces[k]];
+        if (!p->owner || ckpt_numel(p->ndim, p->count) <= 0) continue;
+        for (int d = 1; d < td->ndim; d++)
+            if (p->count[d] != td->gshape[d]) mine = 0;
+        int64_t rem[2][2];
+        direct_remainder(p, (int64_t)ch[0], rem);
+        if (rem[0][1] > rem[0][0] || rem[1][1] > rem[1][0]) mine = 0;
+    }
+    if (MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, c->comm) != MPI_SUCCESS)
+        return DG_ERR(DG_ERR_RUNTIME, "MPI_Allreduce failed (fill plan)");
+    *ok = all;
+    return DG_OK;
+}
+
 static dg_status_t write_tensor(save_ctx_t *c, int i, ckpt_hbag_t *b) {
     const ckpt_tdesc_t *td = &c->tab.t[i];
     if (c->origin[i][0]) {
@@ -471,11 +562,22 @@ static dg_status_t write_tensor(save_ctx_t *c, int i, ckpt_hbag_t *b) {
     DG_H5_CHECK(H5Pset_fletcher32(dcpl), "%s:/%s: Fletcher32 filter", c->partial_path, td->path);
     /* every byte gets written: filling first would write the file twice */
     DG_H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "%s:/%s", c->partial_path, td->path);
+    int skip = 0;
+    DG_TRY(fill_skip_ok(c, i, ch, &skip));
+    tl_fill_skip = skip;
     hid_t dset =
         ckpt_hbag_add(b, H5Dcreate2(c->fid, td->path, H5T_IEEE_F32LE, space, c->lcpl, dcpl, H5P_DEFAULT));
+    tl_fill_skip = 0;
     DG_H5_CHECK(dset, "%s: cannot create dataset /%s", c->partial_path, td->path);
     int direct = 0;
     DG_TRY(direct_plan(c, i, dset, ch, &direct));
+    if (skip && !direct) { /* the same on every rank: both were agreed */
+        c->fill_broken = 1;
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "%s:/%s: its fill was skipped, but HDF5 did not allocate its chunks as the "
+                      "direct chunk writer expects",
+                      c->partial_path, td->path);
+    }
     float dummy = 0;
     for (int k = 0; k < td->maxpieces; k++) {
         const dg_ckpt_tensor_t *p = k < td->npieces ? &c->t[td->pieces[k]] : NULL;
@@ -818,10 +920,11 @@ static dg_status_t write_file(save_ctx_t *c) {
     return s;
 }
 
-dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_t *meta,
-                             const dg_ckpt_tensor_t *t, int n, const dg_ckpt_save_opts_t *opts,
-                             dg_ckpt_save_result_t *res) {
+static dg_status_t save_attempt(MPI_Comm comm, const char *dir, const dg_ckpt_meta_t *meta,
+                                const dg_ckpt_tensor_t *t, int n, const dg_ckpt_save_opts_t *opts,
+                                dg_ckpt_save_result_t *res, int allow_skip_fill, int *fill_broken) {
     double t0 = dg_now_s(), cpu0 = ckpt_cpu_seconds();
+    tl_fill_skipped_bytes = 0;
     save_ctx_t c;
     memset(&c, 0, sizeof c);
     c.comm = comm;
@@ -830,6 +933,8 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
     {
         const char *ev = getenv("DG_CKPT_DIRECT_CHUNKS");
         c.direct = !(ev && ev[0] == '0');
+        ev = getenv("DG_CKPT_SKIP_FILL");
+        c.skip_fill = allow_skip_fill && !(ev && ev[0] == '0');
     }
     DG_MPI_CHECK(MPI_Comm_rank(comm, &c.rank));
     DG_MPI_CHECK(MPI_Comm_size(comm, &c.size));
@@ -873,8 +978,10 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
     }
     c.ph.threads = ckpt_threads(comm, c.o.threads); /* collective: called on every path */
     {
-        int d = c.direct; /* every rank must take the same path: the environment could differ */
-        if (MPI_Allreduce(&d, &c.direct, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS) c.direct = 0;
+        int d[2] = {c.direct, c.skip_fill}, a[2]; /* every rank must take the same path: the environment
+                                                     could differ */
+        if (MPI_Allreduce(d, a, 2, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS) a[0] = a[1] = 0;
+        c.direct = a[0], c.skip_fill = a[1];
     }
     double t_hash = dg_now_s();
     if (!s) s = ckpt_table_hash(comm, t, &c.tab, c.ph.threads);
@@ -936,6 +1043,7 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
         c.ph.commit = t_ret - t_commit;
         c.ph.retention = t_end - t_ret;
         c.ph.cpu = ckpt_cpu_seconds() - cpu0;
+        c.ph.fill_skipped_bytes = tl_fill_skipped_bytes;
         res->phases = c.ph;
     }
     if (!s)
@@ -951,6 +1059,22 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
     free(c.rows);
     dg_ckpt_meta_destroy(&c.meta);
     ckpt_table_free(&c.tab);
+    *fill_broken = s && c.fill_broken;
+    return s;
+}
+
+dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_t *meta,
+                             const dg_ckpt_tensor_t *t, int n, const dg_ckpt_save_opts_t *opts,
+                             dg_ckpt_save_result_t *res) {
+    int broken = 0;
+    dg_status_t s = save_attempt(comm, dir, meta, t, n, opts, res, 1, &broken);
+    if (s && broken) { /* agreed: every rank saw the same chunk index */
+        DG_LOG_WARN("checkpoint: %s; writing it again with HDF5's fill, and filling from now on",
+                    dg_last_error());
+        atomic_store(&g_fill_skip_off, 1);
+        dg_clear_error();
+        s = save_attempt(comm, dir, meta, t, n, opts, res, 0, &broken);
+    }
     return s;
 }
 

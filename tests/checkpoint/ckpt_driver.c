@@ -354,13 +354,14 @@ static int cmd_save(opts_t *o) {
         state_free(&s);
         return 1;
     }
-    long long direct = 0, mine = (long long)res.phases.direct_bytes;
-    MPI_Allreduce(&mine, &direct, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    long long mine[2] = {(long long)res.phases.direct_bytes, (long long)res.phases.fill_skipped_bytes},
+              sum[2] = {0, 0};
+    MPI_Allreduce(mine, sum, 2, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
     if (g_rank == 0)
         printf("saved %s bytes=%lld logical=%lld linked=%lld n_linked=%d base=%s seconds=%.3f "
-               "direct_bytes=%lld\n",
+               "direct_bytes=%lld fill_skipped_bytes=%lld\n",
                res.path, (long long)res.bytes, (long long)res.logical_bytes, (long long)res.linked_bytes,
-               res.n_linked, res.base[0] ? res.base : "-", res.seconds, direct);
+               res.n_linked, res.base[0] ? res.base : "-", res.seconds, sum[0], sum[1]);
     dg_ckpt_meta_destroy(&m);
     state_free(&s);
     return 0;
