@@ -871,11 +871,15 @@ static void case_sumsq(H *h, size_t n) {
  * blocks of 4096 elements on CUDA: the block count is capped), misaligned offsets (no 16-byte vector loads
  * on CUDA), a single element, fewer elements than a block has threads, exactly one block, one overlapping
  * another, one ending at the buffer's end, one skipped. variant 1: 600 random segments (more than one
- * 256-segment chunk of the CUDA kernels' scans and of the ordered add), some skipped. Also: the skip flags
+ * 256-segment chunk of the CUDA kernels' scans and of the ordered add), some skipped. variant 2: three
+ * segments whose totals add to different bits in the reverse order (one above 2^24, where floats are 2
+ * apart, then two below 1 whose sum is above 1), so that the check sees the order of the additions (the
+ * case checks that it can: the reversed calls must give other bits). Also: the skip flags
  * are the device table's, a recorded call replays with the flags its table holds then (backends that
  * record graphs), an empty table leaves the accumulator alone, a repeat gives the same bits. */
 static void case_sumsq_multi(H *h, int variant) {
-    if (!case_begin(h, "sumsq_multi[%s]", variant ? "600 random segments" : "big, misaligned, tiny")) return;
+    static const char *const names[3] = {"big, misaligned, tiny", "600 random segments", "order"};
+    if (!case_begin(h, "sumsq_multi[%s]", names[variant])) return;
     if (!h->be->ops->sumsq_multi) { /* optional entry: the executor falls back to sumsq_f32 */
         pass(h, "sumsq_multi: not provided by the %s backend (optional)", h->be->ops->name);
         case_end(h);
@@ -883,8 +887,8 @@ static void case_sumsq_multi(H *h, int variant) {
     }
     enum { NR = 600 };
     const size_t big = 512u * 4096u + 102913u; /* 2200065: capped at 512 blocks, n % 4 == 1 */
-    size_t span = variant ? 1000003 : big + 8 + 11;
-    int ns = variant ? NR : 8;
+    size_t span = variant == 1 ? 1000003 : variant == 2 ? 64 : big + 8 + 11;
+    int ns = variant == 1 ? NR : variant == 2 ? 3 : 8;
     dg_sumsq_seg_t *tab = NULL;
     if (!h->bad && !CALL(h, "host_alloc", host_alloc(h->be, (size_t)ns * sizeof *tab, (void **)&tab))) {
         case_end(h);
@@ -900,6 +904,9 @@ static void case_sumsq_multi(H *h, int variant) {
                                          {50, 4096, 0},      /* exactly one block, misaligned (200 bytes) */
                                          {big + 8 + 11 - 37, 37, 0}}; /* up to the buffer's end, misaligned */
         memcpy(tab, fixed, sizeof fixed);
+    } else if (variant == 2) {
+        const dg_sumsq_seg_t fixed[3] = {{0, 15, 0}, {20, 9, 0}, {41, 4, 0}};
+        memcpy(tab, fixed, sizeof fixed);
     } else {
         for (int i = 0; i < ns; i++) {
             uint32_t n = 1 + (uint32_t)rng_int(h, i % 50 == 0 ? 20000 : 3000);
@@ -909,11 +916,21 @@ static void case_sumsq_multi(H *h, int variant) {
         }
     }
     double *x = hrand(h, span, 0.01, 2.0);
+    if (variant == 2) /* totals: 15 x 1100^2 = 18150000 (exact, even; above 2^24 floats are 2 apart), then
+                       * 9 x ~0.27^2 ~ 0.7 and 4 x 0.35^2 = 0.49: forward both vanish into the first total,
+                       * backward their sum 1.19 rounds it up to 18150002 */
+        for (int i = 0; i < 64; i++) {
+            double mag = i < 15                ? 1100.0
+                         : (i >= 20 && i < 29) ? 0.25 + 1e-3 * i
+                         : (i >= 41 && i < 45) ? 0.35
+                                               : 0;
+            if (mag > 0) x[i] = (i % 2 ? -mag : mag);
+        }
     hround(x, span, DG_F32);
-    const double pre = 1.5;
+    const double pre = variant == 2 ? 0.0 : 1.5;
     void *dx = dalloc(h, DG_F32, span), *dtab = dalloc_bytes(h, (size_t)ns * sizeof *tab);
-    void *dout[4];
-    for (int k = 0; k < 4; k++) {
+    void *dout[5];
+    for (int k = 0; k < 5; k++) {
         dout[k] = dalloc(h, DG_F32, 1);
         upload(h, dout[k], DG_F32, &pre, 1);
     }
@@ -940,7 +957,17 @@ static void case_sumsq_multi(H *h, int variant) {
     double *got = download(h, dout[0], DG_F32, 1);
     if (got) check_scalar(h, "*out += sum over the segments of x^2", got[0], ref, tol_of(h, "sumsq_f32"));
     if (r0) digest_add(h, r0, 4);
-    if (!h->bad && nskip == 0) fail(h, "sumsq_multi: the table has no skipped segment");
+    if (!h->bad && nskip == 0 && variant != 2) fail(h, "sumsq_multi: the table has no skipped segment");
+    if (variant == 2 && !h->bad) { /* [4]: the calls in reverse order must give other bits */
+        for (int i = ns - 1; i >= 0 && !h->bad; i--)
+            CALL(h, "sumsq_f32", sumsq_f32(h->be, dout[4], fx + tab[i].off, tab[i].count));
+        unsigned char *rr = download_raw(h, dout[4], 4);
+        if (r0 && rr && memcmp(r0, rr, 4) == 0)
+            fail(h,
+                 "sumsq_multi[order]: the reversed calls give the same bits: the case cannot see the order");
+        else
+            pass(h, "the reversed calls give other bits: the order of the additions is checked");
+    }
 
     /* the skip flags come from the device table: another skip set uploaded there (the host table, which
      * gives only the geometry, unchanged) changes the sum as the sequence of calls with that set would */
@@ -1909,6 +1936,7 @@ int dg_op_harness_run(dg_backend_t *be, const dg_harness_opts_t *opts) {
     case_sumsq(h, 100003);
     case_sumsq_multi(h, 0);
     case_sumsq_multi(h, 1);
+    case_sumsq_multi(h, 2);
     case_clip(h);
     case_adamw(h, 1000, 1, 1);
     case_adamw(h, 1001, 7, 0);

@@ -1266,7 +1266,8 @@ static void case_optimizer_fused(dg_backend_t *be) {
  * (after the accumulator's ZERO, right before CLIP_SCALE) over the flat gradient leaf; its segments are
  * the former SUMSQ ops' gradients in their order (the replica left out); the sum is bitwise the sequence of
  * sumsq_f32 calls over those gradients (the gaps of the flat buffer, filled with large values, never
- * count), with a frozen parameter left out at run time; and the pass's refusals. */
+ * count; the gradients chosen so that another order gives other bits), with a frozen parameter left out at
+ * run time; and the pass's refusals. */
 static void norm_params(tg_t *t, dg_node_t **p, dg_node_t **sc) {
     int64_t sa[2] = {5, 3}, sb[1] = {7}, sc9[1] = {9}, sd[2] = {2, 2};
     p[0] = tg_f(t, "a", 2, sa, DG_NF_PARAM, -1, 1);
@@ -1341,10 +1342,27 @@ static void case_norm_fused(dg_backend_t *be) {
         OK(be->ops->memset0(be, vn[k]->data, nel[k] * sizeof(float)));
     }
     tg_finish(&t, 0, NULL, NULL);
+    /* gradients whose sums of squares add to other bits in another order: a's is 15 x 1100^2 = 18150000
+     * (above 2^24 floats are 2 apart), c's ~0.7 and d's 0.49 vanish into it one by one, not together */
+    const float mag[NP] = {1100.0f, 1.0f, 0.27f, 0.35f};
     for (int k = 0; k < NP; k++) {
         float g[16];
-        ref_fill(g, nel[k], -3, 3, &t.rng);
+        for (size_t e = 0; e < nel[k]; e++)
+            g[e] = (e % 2 ? -mag[k] : mag[k]) * (k == 0 ? 1.0f : 1.0f + 0.01f * (float)e);
         OK(be->ops->to_device(be, p[k]->grad->data, g, nel[k] * sizeof(float)));
+    }
+    {
+        float fwd = 0.0f, bwd = 0.0f;
+        for (int i = 0; i < 3; i++) {
+            int kf = (int[3]){0, 2, 3}[i], kb = (int[3]){3, 2, 0}[i];
+            OK(be->ops->sumsq_f32(be, &fwd, p[kf]->grad->data, nel[kf]));
+            OK(be->ops->sumsq_f32(be, &bwd, p[kb]->grad->data, nel[kb]));
+        }
+        EXPECT(
+            memcmp(&fwd, &bwd, sizeof fwd) != 0,
+            "norm_fused: the gradients' sums add to the same bits in reverse (%.9g): the case cannot see the "
+            "order",
+            (double)fwd);
     }
     unsigned char frozen[NP] = {0};
     dg_runtime_t *rt = &t.ex->rt;
