@@ -50,6 +50,12 @@
  *        grad / m / v buffers, in one call (one kernel launch on CUDA); the same arithmetic as adamw_dev
  *        per segment, bit for bit. Optional (NULL: the executor runs one adamw_dev per tensor). Appended
  *        at the end of the table. Additive.
+ *   v1.7 (2026-11-29, sumsq-multi) sumsq_multi(): sumsq_f32 over many tensors at once, each a segment
+ *        (dg_sumsq_seg_t: offset, count, skip) of one flat buffer, accumulated into one device scalar in
+ *        table order; the same partial sums and the same sequence of float additions into *out as one
+ *        sumsq_f32 per segment, bit for bit (CUDA: 3 kernel launches whatever the number of segments,
+ *        instead of 2 per tensor). Optional (NULL: the executor runs one sumsq_f32 per tensor). Appended
+ *        at the end of the table. Additive.
  */
 #ifndef DG_BACKEND_H
 #define DG_BACKEND_H
@@ -88,6 +94,19 @@ typedef struct dg_adamw_seg {
 enum {
     DG_ADAMW_SEG_DECAY = 1u, /* apply the weight decay (else wd = 0 for this tensor) */
     DG_ADAMW_SEG_SKIP = 2u   /* leave this tensor alone (frozen) */
+};
+
+/* One tensor of sumsq_multi (v1.7): elements [off, off + count) of the flat buffer. 16 bytes, the layout
+ * of dg_adamw_seg_t; unlike AdamW's table the order is free (it is the order of the additions into *out)
+ * and offsets need no alignment. */
+typedef struct dg_sumsq_seg {
+    uint64_t off;   /* first element */
+    uint32_t count; /* elements, >= 1 */
+    uint32_t flags; /* DG_SUMSQ_SEG_* */
+} dg_sumsq_seg_t;
+enum {
+    DG_SUMSQ_SEG_SKIP =
+        1u /* leave this tensor out of the sum (frozen), as if its sumsq_f32 were not called */
 };
 
 typedef struct dg_backend_config {
@@ -229,6 +248,24 @@ typedef struct dg_backend_ops {
     dg_status_t (*adamw_multi_dev)(dg_backend_t *be, const dg_adamw_seg_t *segs, int nseg, size_t span,
                                    float *master, void *compute, const float *grad, float *m, float *v,
                                    float beta1, float beta2, float eps, float wd, const float *sc);
+
+    /* ---- v1.7 (optional: NULL where the backend has none) ---- */
+    /* sumsq_f32 over every segment of a table at once: for i = 0 .. nseg-1 in this order, each segment
+     * without DG_SUMSQ_SEG_SKIP does exactly
+     *   sumsq_f32(out_dev, base + off, count)
+     * bit for bit: the same per-segment reduction, and the per-segment totals added into *out_dev one at a
+     * time in table order (*out_dev + t_0 + t_1 + ..., left to right), as the sequence of calls would.
+     * The table comes twice, with the same entries: `segs` in host memory, read during the call (the
+     * backend sizes its launches and scratch from off and count: CUDA launches ONE partial-sum kernel
+     * over every segment's blocks, one final reduction per segment, one ordered add, whatever nseg), and
+     * `segs_dev` in DEVICE memory (from alloc; upload_async may fill it earlier on the queue), read when
+     * the op runs. In a recorded graph the launch geometry is baked in: replays must keep off and count,
+     * but see the flags the device table holds then (a segment skipped or not at each replay).
+     * Rules: count >= 1, off + count <= span (elements of base); segments may come in any order and may
+     * overlap (they are only read); no alignment asked (the vector path is chosen per segment, as
+     * sumsq_f32 chooses it per pointer). nseg = 0 does nothing. */
+    dg_status_t (*sumsq_multi)(dg_backend_t *be, float *out_dev, const float *base, size_t span,
+                               const dg_sumsq_seg_t *segs, const dg_sumsq_seg_t *segs_dev, int nseg);
 } dg_backend_ops_t;
 
 struct dg_backend {

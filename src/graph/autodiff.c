@@ -1,4 +1,5 @@
-/* autodiff.c — reverse-mode differentiation over the IR, the optimizer pass and the fused AdamW pass.
+/* autodiff.c — reverse-mode differentiation over the IR, the optimizer pass, and the passes that fuse
+ * its per-parameter ops: the fused AdamW (and zero_grad) and the fused gradient norm.
  *
  * dg_autodiff walks the forward nodes in reverse schedule order and calls each op's backward builder
  * (ops.c), which appends backward ops in phase BWD. The sum over several consumers of a tensor is
@@ -401,5 +402,95 @@ dg_status_t dg_pass_fuse_adamw(dg_graph_t *g, void *ctx) {
     g->cur_phase = saved;
     if (!z) return g->err;
     dg_graph_move(g, z, zpos + nl);
+    return DG_OK;
+}
+
+/* ---------------- fused gradient-norm pass ---------------- */
+
+dg_status_t dg_pass_fuse_sumsq(dg_graph_t *g, void *ctx) {
+    dg_fuse_adamw_t *f = ctx;
+    f->norm_segs = NULL;
+    if (g->err) return g->err;
+    if (!f->grad) return DG_OK; /* no fused AdamW, hence no flat gradient leaf: the SUMSQ ops stay */
+    int ns = 0, first = -1, last = -1;
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->op == DG_OP_SUMSQ) {
+            ns++;
+            if (first < 0) first = i;
+            last = i;
+        }
+    if (ns == 0) return DG_OK;
+    if (g->norm_segs)
+        return g->err = DG_ERR(DG_ERR_USAGE, "graph: pass fuse_sumsq: the graph has a fused norm already; "
+                                             "hint: run the pass once, right after fuse_adamw");
+    /* the fused op replaces them where they stand: only valid when nothing runs in between (an op there
+     * could write a gradient a later SUMSQ reads, or read the partial sum) */
+    for (int i = first; i <= last; i++) {
+        const dg_node_t *x = g->nodes[i];
+        if (x->op != DG_OP_SUMSQ && x->op != DG_OP_LEAF)
+            return g->err = DG_ERR(DG_ERR_USAGE,
+                                   "graph: pass fuse_sumsq: %s '%s' runs between two SUMSQ ops; hint: run "
+                                   "the pass right after the optimizer pass and fuse_adamw",
+                                   dg_op_name(x->op), x->name);
+    }
+    dg_opt_seg_t *segs = dg_xcalloc((size_t)ns, sizeof *segs);
+    dg_node_t **ops = dg_xcalloc((size_t)ns, sizeof *ops);
+    dg_node_t *sc = NULL;
+    dg_status_t st = DG_OK;
+    int k = 0;
+    for (int i = first; i <= last && st == DG_OK; i++) {
+        dg_node_t *s = g->nodes[i];
+        if (s->op != DG_OP_SUMSQ) continue;
+        const dg_node_t *gr = s->src[0];
+        int pi = gr->param_index;
+        size_t count = dg_node_numel(gr);
+        if (!sc) sc = s->upd[0];
+        /* the gradient must be where the fused AdamW found it: one of its segments, same offset and size
+         * (so inside the flat gradient buffer that the leaf spans) */
+        const dg_opt_seg_t *a = NULL;
+        for (int j = 0; j < g->n_opt_segs && !a; j++)
+            if (g->opt_segs[j].param_index == pi) a = &g->opt_segs[j];
+        if (s->upd[0] != sc)
+            st = DG_ERR(DG_ERR_USAGE,
+                        "graph: pass fuse_sumsq: '%s' accumulates into '%s', the others into '%s'", s->name,
+                        s->upd[0]->name, sc->name);
+        else if (pi < 0 || pi >= f->n || !a || a->off != f->off[pi] || a->count != count)
+            st =
+                DG_ERR(DG_ERR_USAGE,
+                       "graph: pass fuse_sumsq: '%s' reads '%s' (%zu elements, parameter index %d), which is "
+                       "not a tensor of the flat gradient buffer; hint: the fused norm covers the gradients "
+                       "of the fused AdamW",
+                       s->name, gr->name, count, pi);
+        else
+            segs[k] = (dg_opt_seg_t){pi, 0, a->off, count};
+        ops[k++] = s;
+    }
+    if (st != DG_OK) {
+        free(segs);
+        free(ops);
+        return g->err = st;
+    }
+    for (int j = 0; j < ns; j++)
+        dg_graph_remove(g, ops[j]);
+    free(ops);
+    g->norm_segs = segs;
+    g->n_norm_segs = ns;
+
+    int64_t tshape[2] = {ns, 4};
+    _Static_assert(sizeof(dg_sumsq_seg_t) == 4 * sizeof(int32_t), "segment table leaf: [nseg, 4] int32");
+    f->norm_segs = dg_graph_leaf(g, "optim.sumsq_segs", DG_I32, 2, tshape, DG_NF_FLAT);
+    if (!f->norm_segs) return g->err;
+    /* where the first SUMSQ was: after the norm accumulator's ZERO (and whatever the passes put before the
+     * SUMSQ ops), before what followed the last one (CLIP_SCALE, and the all-reduces of the sum that the
+     * grad_sync pass inserts right before it) */
+    dg_graph_move(g, f->norm_segs, first);
+    dg_phase_t saved = g->cur_phase;
+    g->cur_phase = DG_PHASE_OPT;
+    dg_node_t *src[2] = {f->grad, f->norm_segs};
+    int64_t attr[2] = {0, ns};
+    dg_node_t *op = dg_graph_add_op(g, DG_OP_SUMSQ_ALL, "sumsq.flat", 2, src, 1, &sc, attr, 2);
+    g->cur_phase = saved;
+    if (!op) return g->err;
+    dg_graph_move(g, op, first + 1);
     return DG_OK;
 }

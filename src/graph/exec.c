@@ -343,18 +343,24 @@ static int on_host(const dg_exec_t *ex, const dg_node_t *n) {
 
 /* ---------------- creation ---------------- */
 
-/* The fused AdamW's segment table for this step: the graph's segments, frozen parameters flagged skip. */
-static void stage_segs(dg_exec_t *ex) {
+/* The fused ops' segment tables for this step: the graph's segments, frozen parameters flagged skip. */
+void dg_exec_stage_segs(dg_exec_t *ex) {
     const dg_graph_t *g = ex->graph;
     const dg_runtime_t *rt = &ex->rt;
-    if (!ex->seg_host) return;
-    for (int i = 0; i < g->n_opt_segs; i++) {
+    for (int i = 0; ex->seg_host && i < g->n_opt_segs; i++) {
         const dg_opt_seg_t *s = &g->opt_segs[i];
         int pi = s->param_index;
         int frozen = rt->frozen && pi >= 0 && pi < rt->n_frozen_slots && rt->frozen[pi];
         ex->seg_host[i] =
             (dg_adamw_seg_t){(uint64_t)s->off, (uint32_t)s->count,
                              (s->decay ? DG_ADAMW_SEG_DECAY : 0u) | (frozen ? DG_ADAMW_SEG_SKIP : 0u)};
+    }
+    for (int i = 0; ex->norm_seg_host && i < g->n_norm_segs; i++) {
+        const dg_opt_seg_t *s = &g->norm_segs[i];
+        int pi = s->param_index;
+        int frozen = rt->frozen && pi >= 0 && pi < rt->n_frozen_slots && rt->frozen[pi];
+        ex->norm_seg_host[i] =
+            (dg_sumsq_seg_t){(uint64_t)s->off, (uint32_t)s->count, frozen ? DG_SUMSQ_SEG_SKIP : 0u};
     }
 }
 
@@ -407,12 +413,19 @@ dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_plan_
             st = dg_err_prefix(
                 st, "executor: cannot allocate the host mirror of the fused AdamW's segment table");
     }
+    if (st == DG_OK && g->n_norm_segs > 0) {
+        st = be->ops->host_alloc(be, (size_t)g->n_norm_segs * sizeof(dg_sumsq_seg_t),
+                                 (void **)&ex->norm_seg_host);
+        if (st != DG_OK)
+            st = dg_err_prefix(st,
+                               "executor: cannot allocate the host mirror of the fused norm's segment table");
+    }
     if (st != DG_OK) {
         dg_exec_free(ex);
         return st;
     }
     memset(ex->sc_host, 0, DG_DS_COUNT * sizeof(float));
-    stage_segs(ex);
+    dg_exec_stage_segs(ex);
     *out = ex;
     return DG_OK;
 }
@@ -434,6 +447,7 @@ void dg_exec_free(dg_exec_t *ex) {
     free(ex->ovr);
     if (ex->sc_host) ex->be->ops->host_free(ex->be, ex->sc_host);
     if (ex->seg_host) ex->be->ops->host_free(ex->be, ex->seg_host);
+    if (ex->norm_seg_host) ex->be->ops->host_free(ex->be, ex->norm_seg_host);
     for (int i = 0; ex->stage && i < ex->graph->n; i++)
         free(ex->stage[i]);
     free(ex->stage);
@@ -731,7 +745,7 @@ dg_status_t dg_exec_stage_scalars(dg_exec_t *ex) {
     ex->sc_host[DG_DS_LR] = rt->lr;
     ex->sc_host[DG_DS_INV_BC1] = (float)(1.0 / (1.0 - pow((double)rt->beta1, (double)rt->t)));
     ex->sc_host[DG_DS_INV_BC2] = (float)(1.0 / (1.0 - pow((double)rt->beta2, (double)rt->t)));
-    stage_segs(ex); /* the frozen set may have changed since the last step */
+    dg_exec_stage_segs(ex); /* the frozen set may have changed since the last step */
     return DG_OK;
 }
 

@@ -61,6 +61,9 @@ typedef enum dg_op_kind {
     /* optimizer and utility ops */
     DG_OP_ZERO,
     DG_OP_SUMSQ,
+    DG_OP_SUMSQ_ALL, /* the sum of squares of every gradient SUMSQ would read, in one backend call
+                        (sumsq_multi) over the flat gradient buffer: src {grad, segment table}, upd
+                        {scalars} (pass fuse_sumsq) */
     DG_OP_CLIP_SCALE,
     DG_OP_ADAMW,
     DG_OP_ADAMW_ALL, /* AdamW of every parameter in one backend call (adamw_multi_dev) over the flat buffers:
@@ -103,8 +106,9 @@ enum {
     DG_NF_GRAD_SYNC = 1u << 11, /* op: part of the data-parallel gradient sync (the backward's dp_replicate
                                    all-reduces and their waits); skipped while dg_runtime_t.skip_grad_sync */
     DG_NF_FLAT = 1u << 12       /* a whole flat state buffer (master, grad, m, v or compute copy of every
-                                   parameter at its offset), or the fused AdamW's segment table: PERSISTENT,
-                                   bound by the owner (pass fuse_adamw) */
+                                   parameter at its offset), or the segment table of a fused op (ADAMW_ALL,
+                                   SUMSQ_ALL): PERSISTENT, bound by the owner (passes fuse_adamw and
+                                   fuse_sumsq) */
 };
 
 typedef enum { DG_STORE_NONE = 0, DG_STORE_ARENA = 1, DG_STORE_PERSISTENT = 2 } dg_storage_t;
@@ -123,7 +127,7 @@ enum {
     DG_A_NH = 1,       /* ATTENTION(_BWD): heads */
     DG_A_V = 1,        /* CROSSENTROPY(_BWD): real vocabulary (columns >= V are padding) */
     DG_A_DECAY = 1,    /* ADAMW: 1 = apply weight decay */
-    DG_A_NSEG = 1,     /* ADAMW_ALL: segments (= the graph's opt_segs) */
+    DG_A_NSEG = 1,     /* ADAMW_ALL: segments (= the graph's opt_segs); SUMSQ_ALL: (= its norm_segs) */
     DG_A_MESHDIM = 1,  /* collectives: DG_MESH_* dimension */
     DG_A_NO_DINP = 2,  /* MATMUL_BWD: no input gradient wanted */
     DG_A_EPI = 1,      /* MATMUL: dg_epilogue_t; with DG_EPI_GELU the output is gelu(x.w^T + b) and side 0
@@ -193,11 +197,12 @@ struct dg_node {
     int param_index;   /* params and their state: index in the owner's table, else -1 */
 };
 
-/* One parameter of the fused AdamW (DG_OP_ADAMW_ALL): where its tensors sit in the flat buffers. */
+/* One parameter of the fused AdamW (DG_OP_ADAMW_ALL) or of the fused norm (DG_OP_SUMSQ_ALL): where its
+ * tensors sit in the flat buffers. */
 typedef struct dg_opt_seg {
     int param_index; /* rt.frozen[param_index] skips it */
-    int decay;       /* 1 = weight decay */
-    size_t off;      /* first element in the flat buffers (a multiple of 4) */
+    int decay;       /* 1 = weight decay (AdamW; 0 in norm segments) */
+    size_t off;      /* first element in the flat buffers (a multiple of 4 for AdamW) */
     size_t count;    /* elements (the local tensor) */
 } dg_opt_seg_t;
 
@@ -212,6 +217,10 @@ typedef struct dg_graph {
     dg_phase_t cur_phase;   /* phase given to newly created ops */
     dg_opt_seg_t *opt_segs; /* the ADAMW_ALL node's parameters, sorted by offset (pass fuse_adamw) */
     int n_opt_segs;
+    /* the SUMSQ_ALL node's gradients, in the order of the SUMSQ ops it replaced (= the order of the
+     * additions into the norm accumulator; pass fuse_sumsq) */
+    dg_opt_seg_t *norm_segs;
+    int n_norm_segs;
 } dg_graph_t;
 
 /* Re-raises the current error with a prefix: "<prefix>: <previous message>" (copies the previous
@@ -396,8 +405,21 @@ typedef struct dg_fuse_adamw {
     size_t span;       /* elements of each flat buffer */
     /* out: leaves to bind (param == master when the act dtype is f32; all NULL when nothing was fused) */
     dg_node_t *master, *grad, *m, *v, *param, *segs;
+    /* out of dg_pass_fuse_sumsq: the fused norm's segment table leaf (NULL when nothing was fused) */
+    dg_node_t *norm_segs;
 } dg_fuse_adamw_t;
 dg_status_t dg_pass_fuse_adamw(dg_graph_t *g, void *ctx);
+/* Fused gradient-norm pass, run right after fuse_adamw with the same context (whose flat gradient leaf
+ * ctx->grad it reads): the per-parameter SUMSQ ops become ONE SUMSQ_ALL op over ctx->grad, in the place of
+ * the SUMSQ ops (which must be consecutive: nothing may run between two of them), with a segment table
+ * leaf (flagged DG_NF_FLAT, for the owner to bind; i32 [nseg, 4] = dg_sumsq_seg_t). g->norm_segs keeps
+ * each gradient's parameter, offset (ctx->off) and size in the order of the SUMSQ ops, which is the order
+ * of the float additions into the accumulator, so the sum is bitwise the one of the SUMSQ ops; parameters
+ * without a SUMSQ (DG_NF_NORM_SKIP replicas) stay out. The executor stages the table (frozen gradients
+ * skipped) and uploads it into the leaf before the op, like ADAMW_ALL's. Nothing happens when fuse_adamw
+ * fused nothing (no flat gradient leaf) or there is no SUMSQ. DG_ERR_USAGE when a SUMSQ reads a gradient
+ * outside the flat buffer or of another size than its parameter's segment. */
+dg_status_t dg_pass_fuse_sumsq(dg_graph_t *g, void *ctx);
 
 /* The graph's scalars node is the backend's device scalar block (backend.h DG_DS_*, same indices): OPT
  * zeroes it, SUMSQ accumulates, CLIP_SCALE writes the factor and norm and uploads the step's lr and bias
@@ -531,7 +553,8 @@ struct dg_exec {
     uint64_t n_coll;          /* collectives run over a comm */
     float *sc_host;           /* page-locked mirror of the device scalar block's step slots (DG_DS_LR..) */
     dg_adamw_seg_t *seg_host; /* page-locked: the ADAMW_ALL segment table of this step (graph->n_opt_segs) */
-    char why[256];            /* dg_exec_capture_blocker's answer */
+    dg_sumsq_seg_t *norm_seg_host; /* page-locked: the SUMSQ_ALL segment table (graph->n_norm_segs) */
+    char why[256];                 /* dg_exec_capture_blocker's answer */
 
     /* send bytes of the collectives run over a comm, per mesh dimension, and of those the data-parallel
      * gradient reductions' (dg_model_comm_stats) */
@@ -591,10 +614,12 @@ dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n);
 /* Completes every request still in flight (in schedule order). */
 dg_status_t dg_exec_drain(dg_exec_t *ex);
 /* Writes the step's lr and AdamW bias corrections (from ex->rt: lr, beta1, beta2, t) into the host
- * mirror ex->sc_host, which CLIP_SCALE uploads into the device scalar block, and the fused AdamW's segment
- * table with the frozen set of ex->rt into ex->seg_host, which ADAMW_ALL uploads. DG_ERR_USAGE for t < 1 or
- * betas outside [0, 1). */
+ * mirror ex->sc_host, which CLIP_SCALE uploads into the device scalar block, and the segment tables with
+ * the frozen set of ex->rt (dg_exec_stage_segs). DG_ERR_USAGE for t < 1 or betas outside [0, 1). */
 dg_status_t dg_exec_stage_scalars(dg_exec_t *ex);
+/* Writes the fused ops' segment tables with the frozen set of ex->rt into their page-locked mirrors:
+ * ex->seg_host (ADAMW_ALL) and ex->norm_seg_host (SUMSQ_ALL), which those ops upload before their call. */
+void dg_exec_stage_segs(dg_exec_t *ex);
 /* Why nodes [first, end) cannot be recorded as a graph and replayed (the backend cannot record,
  * profiling is on, a collective needs the host), or NULL when they can. The answer lives in ex. */
 const char *dg_exec_capture_blocker(dg_exec_t *ex, int first, int end);

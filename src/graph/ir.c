@@ -44,6 +44,7 @@ void dg_graph_free(dg_graph_t *g) {
         free(g->nodes[i]);
     free(g->nodes);
     free(g->opt_segs);
+    free(g->norm_segs);
     free(g);
 }
 
@@ -549,6 +550,8 @@ void dg_graph_print(const dg_graph_t *g, const dg_plan_t *plan, FILE *out, int j
             if (n->op == DG_OP_CAST)
                 fprintf(out, ",\"to\":\"%s\",\"acc\":%d", dg_dtype_name((dg_dtype_t)n->attr[DG_A_DTYPE]),
                         (int)n->attr[DG_A_ACC]);
+            if (n->op == DG_OP_ADAMW_ALL || n->op == DG_OP_SUMSQ_ALL) /* tensors covered by the one call */
+                fprintf(out, ",\"segments\":%d", (int)n->attr[DG_A_NSEG]);
             fprintf(out, "}");
             first = 0;
             continue;
@@ -565,6 +568,8 @@ void dg_graph_print(const dg_graph_t *g, const dg_plan_t *plan, FILE *out, int j
         if (n->op == DG_OP_CAST) /* into a tensor of its own, over upd[0], or (acc) added to it */
             fprintf(out, " %s %s", n->attr[DG_A_ACC] ? "add as" : "to",
                     dg_dtype_name((dg_dtype_t)n->attr[DG_A_DTYPE]));
+        if (n->op == DG_OP_ADAMW_ALL || n->op == DG_OP_SUMSQ_ALL)
+            fprintf(out, " over %d tensors", (int)n->attr[DG_A_NSEG]);
         for (int k = 0; k < n->n_wait; k++)
             fprintf(out, " wait#%d", n->wait[k]->id);
         fputc('\n', out);

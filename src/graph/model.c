@@ -77,9 +77,10 @@ struct dg_model {
     dg_model_fallback_cb_t fb_cb;
     void *fb_ctx;
     int fb_sent;
-    /* fused AdamW (pass fuse_adamw): the flat leaves it created, and the device segment table */
+    /* fused AdamW (pass fuse_adamw) and fused norm (pass fuse_sumsq): the flat leaves they created, and
+     * the device segment tables */
     dg_fuse_adamw_t fuse;
-    void *segs_dev;
+    void *segs_dev, *norm_segs_dev;
     int64_t step;   /* dg_model_set_step */
     int stall_rank; /* test hook DG_TEST_STALL_COLLECTIVE_RANK/_STEP (-1: off) */
     int64_t stall_step;
@@ -327,6 +328,12 @@ static int adamw_fused(const dg_model_t *m) {
     const char *env = getenv("DG_TEST_ADAMW_PER_PARAM");
     if (env && strcmp(env, "1") == 0) return 0;
     return !(m->flags & DG_MODEL_ADAMW_PER_PARAM) && m->be->ops->adamw_multi_dev != NULL;
+}
+
+/* With the fused AdamW (whose flat gradient leaf it reads), the gradient norm is one op too (backend
+ * sumsq_multi), unless the backend has none. */
+static int sumsq_fused(const dg_model_t *m) {
+    return adamw_fused(m) && m->be->ops->sumsq_multi != NULL;
 }
 
 /* Schedule position right after node x (x's side outputs included), for a node n placed there. */
@@ -622,6 +629,16 @@ static dg_status_t bind_and_alloc(dg_model_t *m) {
             DG_ASSERT(sg->count == m->place[sg->param_index].local_numel);
         }
     }
+    if (m->fuse.norm_segs) { /* the fused norm reads the same flat gradient leaf */
+        DG_TRY(alloc_zero(be, m->fuse.norm_segs->nbytes, &m->norm_segs_dev));
+        m->fuse.norm_segs->data = m->norm_segs_dev;
+        for (int i = 0; i < m->g->n_norm_segs; i++) {
+            const dg_opt_seg_t *sg = &m->g->norm_segs[i];
+            DG_ASSERT(sg->param_index >= 0 && sg->param_index < m->np);
+            DG_ASSERT(m->pnode[sg->param_index]->grad->data == (void *)(m->grad + sg->off));
+            DG_ASSERT(sg->count == m->place[sg->param_index].local_numel);
+        }
+    }
     for (int j = 0; j < m->g->n; j++) {
         dg_node_t *x = m->g->nodes[j];
         if (!(x->flags & DG_NF_OPTSTATE)) continue;
@@ -737,7 +754,7 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
     if (st == DG_OK) {
         layout(m);
         m->losses->flags |= DG_NF_OUTPUT;
-        dg_pass_t pipeline[10];
+        dg_pass_t pipeline[12];
         int np = 0;
         pipeline[np++] = (dg_pass_t){"fuse_gelu", dg_pass_fuse_gelu, NULL};
         pipeline[np++] = (dg_pass_t){"autodiff", pass_autodiff, m};
@@ -751,6 +768,10 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         if (adamw_fused(m)) {
             m->fuse = (dg_fuse_adamw_t){.off = m->off, .n = m->np, .span = m->total};
             pipeline[np++] = (dg_pass_t){"fuse_adamw", dg_pass_fuse_adamw, &m->fuse};
+            /* before grad_sync: the optimizer-phase all-reduces it inserts (tp-rank-0 gradients after
+             * the accumulator's ZERO, the sum's over dp_shard and tp before CLIP_SCALE) then surround the
+             * fused op as they would the SUMSQ ops */
+            if (sumsq_fused(m)) pipeline[np++] = (dg_pass_t){"fuse_sumsq", dg_pass_fuse_sumsq, &m->fuse};
         }
         pipeline[np++] = (dg_pass_t){"grad_sync", pass_grad_sync, m};
         pipeline[np++] = (dg_pass_t){"inplace", dg_pass_inplace, NULL};
@@ -791,8 +812,9 @@ void dg_model_free(dg_model_t *m) {
     if (m->tok_host) be->ops->host_free(be, m->tok_host);
     if (m->tgt_host) be->ops->host_free(be, m->tgt_host);
     dg_exec_free(m->ex);
-    void *bufs[] = {m->master,     m->grad,        m->adam_m,      m->adam_v,       m->compute,
-                    m->tokens_dev, m->targets_dev, m->scalars_dev, m->gr_agree_dev, m->segs_dev};
+    void *bufs[] = {m->master,       m->grad,       m->adam_m,       m->adam_v,
+                    m->compute,      m->tokens_dev, m->targets_dev,  m->scalars_dev,
+                    m->gr_agree_dev, m->segs_dev,   m->norm_segs_dev};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     dg_plan_free(m->plan);

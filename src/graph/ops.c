@@ -283,6 +283,30 @@ static dg_status_t shape_sumsq(dg_graph_t *g, dg_node_t *n) {
     return DG_OK;
 }
 
+/* The fused norm: every segment of g->norm_segs inside the flat gradient leaf (any order, as the SUMSQ ops
+ * it replaced came), and the scalars block it accumulates into. */
+static dg_status_t shape_sumsq_all(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *grad = n->src[0], *tab = n->src[1];
+    size_t span = dg_node_numel(grad);
+    CHECK(grad->dtype == DG_F32, "sums squares of the f32 flat gradient");
+    CHECK(n->n_upd == 1 && n->upd[0]->dtype == DG_F32 && dg_node_numel(n->upd[0]) >= DG_SCALAR_COUNT,
+          "needs the f32 scalars block");
+    int ns = (int)n->attr[DG_A_NSEG];
+    CHECK(ns >= 1 && ns == g->n_norm_segs && g->norm_segs, "%d segments, the graph describes %d", ns,
+          g->n_norm_segs);
+    CHECK(tab->dtype == DG_I32 && tab->ndim == 2 && tab->shape[0] == ns && tab->shape[1] == 4 &&
+              tab->nbytes == (size_t)ns * sizeof(dg_sumsq_seg_t),
+          "the segment table must be i32 [%d, 4]", ns);
+    for (int i = 0; i < ns; i++) {
+        const dg_opt_seg_t *sg = &g->norm_segs[i];
+        CHECK(sg->count >= 1 && sg->count <= UINT32_MAX && sg->off <= span && sg->count <= span - sg->off,
+              "segment %d (%zu elements at %zu) lies outside the %zu-element flat gradient", i, sg->count,
+              sg->off, span);
+    }
+    n->storage = DG_STORE_NONE;
+    return DG_OK;
+}
+
 static dg_status_t shape_clip_scale(dg_graph_t *g, dg_node_t *n) {
     (void)g;
     CHECK(n->n_upd == 1 && n->upd[0]->dtype == DG_F32 && dg_node_numel(n->upd[0]) >= DG_SCALAR_COUNT,
@@ -746,6 +770,22 @@ static dg_status_t ex_sumsq(dg_exec_t *ex, const dg_node_t *n) {
                               dg_node_numel(n->src[0]));
 }
 
+/* The sum of squares of every gradient in one backend call, accumulated as the SUMSQ ops it replaced
+ * would (bitwise: the backend contract). The table is staged here with the frozen set of the moment (as
+ * ex_sumsq checks it at each call) and uploaded into the leaf on the same queue; recorded in a CUDA Graph,
+ * every replay copies what the page-locked mirror holds then, which dg_model_optimizer_step stages
+ * before it replays. The flat gradient is read here, in the OPT phase: every gradient collective of the
+ * backward has been waited for by then (waits inside BWD, the phase drained), and the optimizer-phase
+ * ones (tp-rank-0 gradients over tp) run blocking on the compute stream before this node. */
+static dg_status_t ex_sumsq_all(dg_exec_t *ex, const dg_node_t *n) {
+    int ns = ex->graph->n_norm_segs;
+    void *tab = P(n->src[1]);
+    dg_exec_stage_segs(ex);
+    DG_TRY(BE->ops->upload_async(BE, tab, ex->norm_seg_host, (size_t)ns * sizeof(dg_sumsq_seg_t)));
+    return BE->ops->sumsq_multi(BE, (float *)P(n->upd[0]) + DG_SCALAR_SUMSQ, P(n->src[0]),
+                                dg_node_numel(n->src[0]), ex->norm_seg_host, tab, ns);
+}
+
 static dg_status_t ex_clip_scale(dg_exec_t *ex, const dg_node_t *n) {
     float *s = P(n->upd[0]);
     DG_TRY(BE->ops->clip_scale(BE, s + DG_SCALAR_GSCALE, s + DG_SCALAR_NORM, s + DG_SCALAR_SUMSQ,
@@ -887,6 +927,8 @@ static const dg_op_def_t op_table[DG_OP_COUNT] = {
                           ex_accumulate, 0, 0},
     [DG_OP_ZERO] = {DG_OP_ZERO, "zero", 0, 0, shape_zero, DG_GRAD_NONE, NULL, ex_zero, 0, 0},
     [DG_OP_SUMSQ] = {DG_OP_SUMSQ, "sumsq", 1, 1, shape_sumsq, DG_GRAD_NONE, NULL, ex_sumsq, 0, 0},
+    [DG_OP_SUMSQ_ALL] = {DG_OP_SUMSQ_ALL, "sumsq_all", 2, 2, shape_sumsq_all, DG_GRAD_NONE, NULL,
+                         ex_sumsq_all, 0, 0},
     [DG_OP_CLIP_SCALE] = {DG_OP_CLIP_SCALE, "clip_scale", 0, 0, shape_clip_scale, DG_GRAD_NONE, NULL,
                           ex_clip_scale, 0, 0},
     [DG_OP_ADAMW] = {DG_OP_ADAMW, "adamw", 2, 2, shape_adamw, DG_GRAD_NONE, NULL, ex_adamw, 0, 0},
@@ -965,6 +1007,8 @@ const char *dg_op_missing_kernel(const dg_backend_t *be, dg_op_kind_t op) {
         return K(memset0);
     case DG_OP_SUMSQ:
         return K(sumsq_f32);
+    case DG_OP_SUMSQ_ALL:
+        return first_missing(K(sumsq_multi), K(upload_async));
     case DG_OP_CLIP_SCALE:
         return first_missing(K(clip_scale), K(upload_async));
     case DG_OP_ADAMW:

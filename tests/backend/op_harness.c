@@ -865,6 +865,158 @@ static void case_sumsq(H *h, size_t n) {
     case_end(h);
 }
 
+/* sumsq_multi (contract v1.7): one call over a segment table of one flat buffer against one sumsq_f32 per
+ * segment, in table order, into an accumulator that starts non-zero, on the same backend: bitwise the same
+ * value. variant 0: hand-picked segments, not in offset order: a big one (more than SUMSQ_MAX_BLOCKS = 512
+ * blocks of 4096 elements on CUDA: the block count is capped), misaligned offsets (no 16-byte vector loads
+ * on CUDA), a single element, fewer elements than a block has threads, exactly one block, one overlapping
+ * another, one ending at the buffer's end, one skipped. variant 1: 600 random segments (more than one
+ * 256-segment chunk of the CUDA kernels' scans and of the ordered add), some skipped. variant 2: three
+ * segments whose totals add to different bits in the reverse order (one above 2^24, where floats are 2
+ * apart, then two below 1 whose sum is above 1), so that the check sees the order of the additions (the
+ * case checks that it can: the reversed calls must give other bits). Also: the skip flags
+ * are the device table's, a recorded call replays with the flags its table holds then (backends that
+ * record graphs), an empty table leaves the accumulator alone, a repeat gives the same bits. */
+static void case_sumsq_multi(H *h, int variant) {
+    static const char *const names[3] = {"big, misaligned, tiny", "600 random segments", "order"};
+    if (!case_begin(h, "sumsq_multi[%s]", names[variant])) return;
+    if (!h->be->ops->sumsq_multi) { /* optional entry: the executor falls back to sumsq_f32 */
+        pass(h, "sumsq_multi: not provided by the %s backend (optional)", h->be->ops->name);
+        case_end(h);
+        return;
+    }
+    enum { NR = 600 };
+    const size_t big = 512u * 4096u + 102913u; /* 2200065: capped at 512 blocks, n % 4 == 1 */
+    size_t span = variant == 1 ? 1000003 : variant == 2 ? 64 : big + 8 + 11;
+    int ns = variant == 1 ? NR : variant == 2 ? 3 : 8;
+    dg_sumsq_seg_t *tab = NULL;
+    if (!h->bad && !CALL(h, "host_alloc", host_alloc(h->be, (size_t)ns * sizeof *tab, (void **)&tab))) {
+        case_end(h);
+        return;
+    }
+    if (variant == 0) {
+        const dg_sumsq_seg_t fixed[8] = {{3, 70001, 0},         /* misaligned (12 bytes), 18 blocks on CUDA */
+                                         {8, (uint32_t)big, 0}, /* the big one, 16-byte aligned */
+                                         {100, 1, 0},           /* one element */
+                                         {1001, 255, 0},        /* fewer elements than threads, misaligned */
+                                         {12, 4096 * 3 + 7, DG_SUMSQ_SEG_SKIP}, /* skipped */
+                                         {2000000, 5000, 0}, /* inside the big one (segments are only read) */
+                                         {50, 4096, 0},      /* exactly one block, misaligned (200 bytes) */
+                                         {big + 8 + 11 - 37, 37, 0}}; /* up to the buffer's end, misaligned */
+        memcpy(tab, fixed, sizeof fixed);
+    } else if (variant == 2) {
+        const dg_sumsq_seg_t fixed[3] = {{0, 15, 0}, {20, 9, 0}, {41, 4, 0}};
+        memcpy(tab, fixed, sizeof fixed);
+    } else {
+        for (int i = 0; i < ns; i++) {
+            uint32_t n = 1 + (uint32_t)rng_int(h, i % 50 == 0 ? 20000 : 3000);
+            tab[i].count = n;
+            tab[i].off = (uint64_t)rng_int(h, (int)(span - n + 1));
+            tab[i].flags = rng_int(h, 10) == 0 ? DG_SUMSQ_SEG_SKIP : 0u;
+        }
+    }
+    double *x = hrand(h, span, 0.01, 2.0);
+    if (variant == 2) /* totals: 15 x 1100^2 = 18150000 (exact, even; above 2^24 floats are 2 apart), then
+                       * 9 x ~0.27^2 ~ 0.7 and 4 x 0.35^2 = 0.49: forward both vanish into the first total,
+                       * backward their sum 1.19 rounds it up to 18150002 */
+        for (int i = 0; i < 64; i++) {
+            double mag = i < 15                ? 1100.0
+                         : (i >= 20 && i < 29) ? 0.25 + 1e-3 * i
+                         : (i >= 41 && i < 45) ? 0.35
+                                               : 0;
+            if (mag > 0) x[i] = (i % 2 ? -mag : mag);
+        }
+    hround(x, span, DG_F32);
+    const double pre = variant == 2 ? 0.0 : 1.5;
+    void *dx = dalloc(h, DG_F32, span), *dtab = dalloc_bytes(h, (size_t)ns * sizeof *tab);
+    void *dout[5];
+    for (int k = 0; k < 5; k++) {
+        dout[k] = dalloc(h, DG_F32, 1);
+        upload(h, dout[k], DG_F32, &pre, 1);
+    }
+    upload(h, dx, DG_F32, x, span);
+    const float *fx = dx;
+    /* [0] one call; [1] one sumsq_f32 per segment in table order; [2] the call repeated */
+    if (!h->bad) CALL(h, "upload_async", upload_async(h->be, dtab, tab, (size_t)ns * sizeof *tab));
+    if (!h->bad) CALL(h, "sumsq_multi", sumsq_multi(h->be, dout[0], fx, span, tab, dtab, ns));
+    if (!h->bad) CALL(h, "sumsq_multi", sumsq_multi(h->be, dout[2], fx, span, tab, dtab, ns));
+    double ref = pre;
+    int nskip = 0;
+    for (int i = 0; i < ns && !h->bad; i++) {
+        if (tab[i].flags & DG_SUMSQ_SEG_SKIP) {
+            nskip++;
+            continue;
+        }
+        CALL(h, "sumsq_f32", sumsq_f32(h->be, dout[1], fx + tab[i].off, tab[i].count));
+        ref += dotd(x + tab[i].off, x + tab[i].off, tab[i].count);
+    }
+    if (!h->bad) CALL(h, "sync", sync(h->be));
+    unsigned char *r0 = download_raw(h, dout[0], 4);
+    check_bits(h, "sumsq_multi == sumsq_f32 per segment in table order", r0, download_raw(h, dout[1], 4), 4);
+    check_bits(h, "repeat", download_raw(h, dout[2], 4), r0, 4);
+    double *got = download(h, dout[0], DG_F32, 1);
+    if (got) check_scalar(h, "*out += sum over the segments of x^2", got[0], ref, tol_of(h, "sumsq_f32"));
+    if (r0) digest_add(h, r0, 4);
+    if (!h->bad && nskip == 0 && variant != 2) fail(h, "sumsq_multi: the table has no skipped segment");
+    if (variant == 2 && !h->bad) { /* [4]: the calls in reverse order must give other bits */
+        for (int i = ns - 1; i >= 0 && !h->bad; i--)
+            CALL(h, "sumsq_f32", sumsq_f32(h->be, dout[4], fx + tab[i].off, tab[i].count));
+        unsigned char *rr = download_raw(h, dout[4], 4);
+        if (r0 && rr && memcmp(r0, rr, 4) == 0)
+            fail(h,
+                 "sumsq_multi[order]: the reversed calls give the same bits: the case cannot see the order");
+        else
+            pass(h, "the reversed calls give other bits: the order of the additions is checked");
+    }
+
+    /* the skip flags come from the device table: another skip set uploaded there (the host table, which
+     * gives only the geometry, unchanged) changes the sum as the sequence of calls with that set would */
+    dg_sumsq_seg_t *tab2 = hraw(h, (size_t)ns * sizeof *tab);
+    memcpy(tab2, tab, (size_t)ns * sizeof *tab);
+    for (int i = 0; i < ns; i++)
+        tab2[i].flags = (i % 3 == 1) ? DG_SUMSQ_SEG_SKIP : 0u;
+    void *dout2[2] = {dalloc(h, DG_F32, 1), dalloc(h, DG_F32, 1)};
+    for (int k = 0; k < 2; k++)
+        upload(h, dout2[k], DG_F32, &pre, 1);
+    if (!h->bad) CALL(h, "to_device", to_device(h->be, dtab, tab2, (size_t)ns * sizeof *tab));
+    if (!h->bad) CALL(h, "sumsq_multi", sumsq_multi(h->be, dout2[0], fx, span, tab, dtab, ns));
+    for (int i = 0; i < ns && !h->bad; i++)
+        if (!(tab2[i].flags & DG_SUMSQ_SEG_SKIP))
+            CALL(h, "sumsq_f32", sumsq_f32(h->be, dout2[1], fx + tab[i].off, tab[i].count));
+    if (!h->bad) CALL(h, "sync", sync(h->be));
+    check_bits(h, "sumsq_multi follows the device table's skip flags", download_raw(h, dout2[0], 4),
+               download_raw(h, dout2[1], 4), 4);
+
+    /* where the backend records graphs: the upload of the table and the call recorded once, then the
+     * page-locked host table's flags changed (its geometry kept, as the contract asks) and the recording
+     * replayed: the replay sums with the flags of the moment, bitwise as the sequence of calls does */
+    void *dout3 = h->be->ops->graph_begin ? dalloc(h, DG_F32, 1) : NULL;
+    if (dout3 && !h->bad && CALL(h, "graph_begin", graph_begin(h->be))) {
+        void *gr = NULL;
+        dg_status_t su = h->be->ops->upload_async(h->be, dtab, tab, (size_t)ns * sizeof *tab);
+        dg_status_t sm = su == DG_OK ? h->be->ops->sumsq_multi(h->be, dout3, fx, span, tab, dtab, ns) : su;
+        dg_status_t se = h->be->ops->graph_end(h->be, &gr);
+        if (call_ok(h, sm, "sumsq_multi (recorded)") && call_ok(h, se, "graph_end") && gr) {
+            for (int i = 0; i < ns; i++)
+                tab[i].flags = tab2[i].flags;
+            upload(h, dout3, DG_F32, &pre, 1);
+            if (!h->bad) CALL(h, "graph_launch", graph_launch(h->be, gr));
+            if (!h->bad) CALL(h, "sync", sync(h->be));
+            check_bits(h, "recorded sumsq_multi replayed with other skip flags", download_raw(h, dout3, 4),
+                       download_raw(h, dout2[1], 4), 4);
+        }
+        if (gr) h->be->ops->graph_free(h->be, gr);
+    }
+
+    /* an empty table: nothing happens */
+    if (!h->bad) CALL(h, "sumsq_multi", sumsq_multi(h->be, dout[3], fx, span, tab, dtab, 0));
+    if (!h->bad) CALL(h, "sync", sync(h->be));
+    float pre_f = (float)pre;
+    check_bits(h, "sumsq_multi over no segment leaves *out", download_raw(h, dout[3], 4), &pre_f, 4);
+    h->be->ops->host_free(h->be, tab);
+    case_end(h);
+}
+
 static void case_clip(H *h) {
     if (!case_begin(h, "clip_scale")) return;
     /* {sumsq, clip, extra}: clipping active, inactive, disabled */
@@ -1782,6 +1934,9 @@ int dg_op_harness_run(dg_backend_t *be, const dg_harness_opts_t *opts) {
     case_elementwise(h, 70001);
     case_sumsq(h, 1000);
     case_sumsq(h, 100003);
+    case_sumsq_multi(h, 0);
+    case_sumsq_multi(h, 1);
+    case_sumsq_multi(h, 2);
     case_clip(h);
     case_adamw(h, 1000, 1, 1);
     case_adamw(h, 1001, 7, 0);

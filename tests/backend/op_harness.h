@@ -14,7 +14,8 @@
  *   - checks accumulation: parameter gradients add into non-zero pre-filled buffers, acc=0 overwrites
  *     poisoned activation gradients and acc=1 adds into non-zero ones; dlogits aliasing logits;
  *   - checks determinism: each run repeated on fresh buffers must give identical bits;
- *   - checks adamw (bias correction, weight decay, device grad scale), clip_scale, sumsq, cast between
+ *   - checks adamw (bias correction, weight decay, device grad scale), clip_scale, sumsq (and sumsq_multi
+ *     against one sumsq_f32 per segment, bit for bit), cast between
  *     f32/bf16/f16 (bit-exact round-to-nearest-even, edge values included), add/accumulate/scale and the
  *     memory entry points (256-byte alignment, copies, memset0).
  *

@@ -106,6 +106,26 @@ static void error_checks(void) {
                "multiple of 4", "adamw_multi_dev offset 2");
     expect_err(op->adamw_multi_dev(be, beyond, 1, 10, buf, NULL, buf, buf, buf, 0.9f, 0.95f, 1e-8f, 0.f, buf),
                "inside the 10-element", "adamw_multi_dev segment beyond span");
+    /* sumsq_multi's table rules (v1.7): count >= 1, inside span, the device table holding the host one's
+     * geometry; any order and overlaps are fine */
+    dg_sumsq_seg_t empty[1] = {{0, 0, 0}}, past[1] = {{60, 8, 0}}, ok2[2] = {{8, 4, 0}, {0, 12, 0}},
+                   other[2] = {{8, 4, 0}, {0, 13, 0}};
+    expect_err(op->sumsq_multi(be, buf, buf + 1, 64, empty, empty, 1), "table rules", "sumsq_multi count 0");
+    expect_err(op->sumsq_multi(be, buf, buf + 1, 64, past, past, 1), "inside the 64-element",
+               "sumsq_multi segment beyond span");
+    expect_err(op->sumsq_multi(be, buf, buf + 1, 64, ok2, other, 2), "device table",
+               "sumsq_multi device table with another geometry");
+    expect_err(op->sumsq_multi(be, buf, buf + 1, 64, ok2, ok2, -1), "nseg", "sumsq_multi nseg = -1");
+    expect_err(op->sumsq_multi(be, NULL, buf + 1, 64, ok2, ok2, 2), "NULL", "sumsq_multi out = NULL");
+    buf[0] = 0.0f;
+    EXPECT(op->sumsq_multi(be, buf, buf + 1, 64, ok2, ok2, 2) == DG_OK,
+           "sumsq_multi unsorted overlapping: %s", dg_last_error());
+    float seq = 0.0f;
+    EXPECT(op->sumsq_f32(be, &seq, buf + 1 + 8, 4) == DG_OK && op->sumsq_f32(be, &seq, buf + 1, 12) == DG_OK,
+           "sumsq_f32");
+    EXPECT(memcmp(&seq, buf, sizeof seq) == 0,
+           "sumsq_multi over unsorted overlapping segments gave %.9g, the calls %.9g", (double)buf[0],
+           (double)seq);
 
     /* CPU layout promise: aux holds the full probability matrix. */
     EXPECT(op->attention_aux_bytes(be, 2, 13, 72, 3) == (size_t)2 * 3 * 13 * 13 * 4, "attention_aux_bytes");

@@ -8,6 +8,9 @@
  *   - reduce dtype bf16: the cast ops around every gradient reduction (where they sit, their dtypes,
  *     flags and wait edges, the bf16 temporaries' live ranges), none with f32 or without a
  *     data-parallel dimension;
+ *   - the fused gradient norm (sumsq_all) on every mesh: the SUMSQ ops' gradients in their order, every
+ *     gradient collective (and its wait) before it, the optimizer-phase all-reduces around it as around
+ *     the per-parameter SUMSQ ops;
  *   - bad meshes fail with one clear line.
  */
 #include <stdio.h>
@@ -347,6 +350,135 @@ static void test_reduce_dtype(void) {
            "reduce dtype f16: got %d '%s'", st, dg_last_error());
 }
 
+/* The OPT phase's ops between the norm accumulator's ZERO and CLIP_SCALE, as names, with the SUMSQ ops
+ * (per parameter) or the SUMSQ_ALL op (fused) written "<norm>" once; and the gradients the norm sums, in
+ * order (parameter indices). */
+static int norm_window(const dg_graph_t *g, const char **names, int cap, int *pis, int *npi) {
+    int n = 0, in = 0, norm_done = 0;
+    *npi = 0;
+    for (int i = 0; i < g->n; i++) {
+        const dg_node_t *x = g->nodes[i];
+        if (x->op == DG_OP_LEAF || x->phase != DG_PHASE_OPT) continue;
+        if (x->op == DG_OP_ZERO && (x->upd[0]->flags & DG_NF_SCALAR)) in = 1;
+        if (!in) continue;
+        if (x->op == DG_OP_SUMSQ) pis[(*npi)++] = x->src[0]->param_index;
+        if (x->op == DG_OP_SUMSQ_ALL)
+            for (int k = 0; k < g->n_norm_segs; k++)
+                pis[(*npi)++] = g->norm_segs[k].param_index;
+        if (x->op == DG_OP_SUMSQ || x->op == DG_OP_SUMSQ_ALL) {
+            if (norm_done++) continue;
+            if (n < cap) names[n++] = "<norm>";
+            continue;
+        }
+        if (n < cap) names[n++] = x->name;
+        if (x->op == DG_OP_CLIP_SCALE) break;
+    }
+    return n;
+}
+
+static void check_fused_norm(const dg_model_desc_t *d, const char *mesh, const int c[3]) {
+    dg_model_t *m = plan(d, mesh, c, 25u << 20, 1, 1);
+    setenv("DG_TEST_ADAMW_PER_PARAM", "1", 1);
+    dg_model_t *mp = plan(d, mesh, c, 25u << 20, 1, 1);
+    unsetenv("DG_TEST_ADAMW_PER_PARAM");
+    const dg_graph_t *g = dg_model_graph(m), *gp = dg_model_graph(mp);
+    char where[96];
+    snprintf(where, sizeof where, "%s at (%d,%d,%d)", mesh, c[0], c[1], c[2]);
+    EXPECT(count_op(g, DG_OP_SUMSQ_ALL, DG_PHASE_OPT) == 1 && count_op(g, DG_OP_SUMSQ, DG_PHASE_OPT) == 0,
+           "%s: %d sumsq_all, %d sumsq", where, count_op(g, DG_OP_SUMSQ_ALL, DG_PHASE_OPT),
+           count_op(g, DG_OP_SUMSQ, DG_PHASE_OPT));
+    EXPECT(count_op(gp, DG_OP_SUMSQ_ALL, DG_PHASE_OPT) == 0 && count_op(gp, DG_OP_SUMSQ, DG_PHASE_OPT) > 0,
+           "%s, DG_TEST_ADAMW_PER_PARAM=1: %d sumsq_all, %d sumsq", where,
+           count_op(gp, DG_OP_SUMSQ_ALL, DG_PHASE_OPT), count_op(gp, DG_OP_SUMSQ, DG_PHASE_OPT));
+    /* the same schedule around the norm, the same gradients in the same order */
+    const char *wn[256], *wp[256];
+    int pn[512], pp[512], npn = 0, npp = 0;
+    int nn = norm_window(g, wn, 256, pn, &npn), np_ = norm_window(gp, wp, 256, pp, &npp);
+    int same = nn == np_ && npn == npp;
+    for (int i = 0; same && i < nn; i++)
+        same = strcmp(wn[i], wp[i]) == 0;
+    for (int i = 0; same && i < npn; i++)
+        same = pn[i] == pp[i];
+    EXPECT(same,
+           "%s: the fused norm's window (%d ops, %d gradients) differs from the per-parameter one (%d ops, "
+           "%d gradients)",
+           where, nn, npn, np_, npp);
+    int skip = 0;
+    for (int i = 0; i < dg_model_n_tensors(m); i++) {
+        const dg_node_t *p = NULL;
+        for (int j = 0; j < g->n && !p; j++)
+            if ((g->nodes[j]->flags & DG_NF_PARAM) && g->nodes[j]->param_index == i) p = g->nodes[j];
+        skip += p && (p->flags & DG_NF_NORM_SKIP);
+    }
+    EXPECT(npn == dg_model_n_tensors(m) - skip,
+           "%s: the norm sums %d gradients, expected %d (%d replicas out)", where, npn,
+           dg_model_n_tensors(m) - skip, skip);
+    /* every gradient collective is complete before the fused op reads the flat gradient: comm-stream ops
+     * waited for before it, compute-stream all-reduces of a gradient placed before it; the all-reduces of
+     * the sum after it (and before CLIP_SCALE) */
+    const dg_node_t *op = NULL, *clip = NULL;
+    for (int i = 0; i < g->n; i++) {
+        if (g->nodes[i]->op == DG_OP_SUMSQ_ALL) op = g->nodes[i];
+        if (g->nodes[i]->op == DG_OP_CLIP_SCALE) clip = g->nodes[i];
+    }
+    if (!op || !clip) {
+        dg_model_free(m);
+        dg_model_free(mp);
+        return;
+    }
+    int bad = 0, n_before = 0, n_after = 0;
+    for (int i = 0; i < g->n; i++) {
+        const dg_node_t *x = g->nodes[i];
+        if (x->stream == DG_STREAM_COMM && x->op != DG_OP_LEAF) {
+            int waited = 0;
+            for (int j = 0; j < op->id; j++)
+                for (int w = 0; w < g->nodes[j]->n_wait; w++)
+                    waited |= g->nodes[j]->wait[w] == x;
+            if (!waited) {
+                bad++;
+                fprintf(stderr, "  %s: comm-stream '%s' is not waited for before the fused norm\n", where,
+                        x->name);
+            }
+        }
+        if (x->op == DG_OP_ALL_REDUCE && x->n_upd == 1 && x->phase == DG_PHASE_OPT) {
+            int grad = (x->upd[0]->flags & DG_NF_GRAD) != 0, sum = x->upd[0] == op->upd[0];
+            if (grad) n_before++;
+            if (sum) n_after++;
+            if ((grad && x->id > op->id) || (sum && (x->id < op->id || x->id > clip->id))) {
+                bad++;
+                fprintf(stderr, "  %s: '%s' (#%d) on the wrong side of the fused norm (#%d)\n", where,
+                        x->name, x->id, op->id);
+            }
+        }
+    }
+    EXPECT(bad == 0, "%s: %d collectives not complete before the fused norm or misplaced around it", where,
+           bad);
+    dg_mesh_shape_t ms;
+    int is_auto = 0;
+    if (dg_mesh_parse(mesh, 0, &ms, &is_auto) != DG_OK) exit(1);
+    int want_after =
+        (ms.size[DG_MESH_DP_SHARD] > 1) + (ms.size[DG_MESH_TP] > 1); /* ar.sumsq.dp_shard / .tp */
+    EXPECT(n_after == want_after,
+           "%s: %d all-reduces of the sum of squares after the fused norm, expected %d", where, n_after,
+           want_after);
+    printf("%-32s fused norm over %d gradients; %d tp gradient all-reduces before it, %d of the sum after\n",
+           where, npn, n_before, n_after);
+    dg_model_free(m);
+    dg_model_free(mp);
+}
+
+static void test_fused_norm(void) {
+    dg_model_desc_t small = {3, 4, 64, 32, 128, 128}, uneven = {2, 2, 30, 24, 97, 128};
+    check_fused_norm(&small, "dp_shard=1", (int[3]){0, 0, 0});
+    check_fused_norm(&small, "dp_shard=2", (int[3]){0, 1, 0});
+    check_fused_norm(&small, "dp_replicate=2", (int[3]){1, 0, 0});
+    check_fused_norm(&uneven, "dp_replicate=2,dp_shard=2", (int[3]){1, 1, 0});
+    check_fused_norm(&small, "tp=2", (int[3]){0, 0, 0});
+    check_fused_norm(&small, "tp=2", (int[3]){0, 0, 1});
+    check_fused_norm(&uneven, "dp_replicate=2,dp_shard=2,tp=2", (int[3]){1, 1, 1});
+    check_fused_norm(&uneven, "dp_shard=3,tp=2", (int[3]){0, 2, 0});
+}
+
 static void test_errors(void) {
     dg_model_desc_t d = {2, 4, 64, 32, 128, 128};
     dg_model_parallel_t p;
@@ -379,6 +511,7 @@ int main(void) {
         test_cover(&uneven, meshes[i]);
     }
     test_schedule();
+    test_fused_norm();
     test_reduce_dtype();
     test_errors();
     dg_backend_free(be);

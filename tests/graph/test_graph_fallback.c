@@ -106,6 +106,7 @@ static dg_backend_t *wrapper(const char *missing) {
     DROP(clip_scale);
     DROP(adamw_dev);
     DROP(adamw_multi_dev);
+    DROP(sumsq_multi);
 #undef DROP
     wrap = *inner;
     wrap.ops = &wrap_ops;
@@ -126,7 +127,8 @@ typedef struct {
     float *logits, *w, *m;
     size_t nw;
     int n_memory, n_kernel;
-    char kernels[8192]; /* the kernel reports, ';'-separated */
+    int n_sumsq, n_sumsq_all, n_adamw_all; /* the optimizer's ops in the plan */
+    char kernels[8192];                    /* the kernel reports, ';'-separated */
 } run_t;
 
 static void on_fallback(void *ctx, const char *kind, const char *reason) {
@@ -154,6 +156,12 @@ static void train(dg_backend_t *be, int flags, run_t *r) {
     OK(dg_model_create_ex(&small, be, B, 77, flags, &m));
     dg_model_set_fallback_cb(m, on_fallback, r);
     OK(dg_model_set_grad_accum(m, ACCUM));
+    const dg_graph_t *g = dg_model_graph(m);
+    for (int i = 0; i < g->n; i++) {
+        r->n_sumsq += g->nodes[i]->op == DG_OP_SUMSQ;
+        r->n_sumsq_all += g->nodes[i]->op == DG_OP_SUMSQ_ALL;
+        r->n_adamw_all += g->nodes[i]->op == DG_OP_ADAMW_ALL;
+    }
     size_t n = (size_t)B * small.seq_len;
     int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
     uint64_t s = 5;
@@ -285,6 +293,25 @@ static void test_flags(int flags) {
     expect_same(&ref, &r, "DG_TEST_NO_KERNEL=adamw_all");
     run_free(&r);
 
+    /* the fused norm on the host: the flat gradient buffer and its segment table copied there */
+    EXPECT(ref.n_sumsq_all == 1 && ref.n_sumsq == 0, "planned: %d sumsq_all, %d sumsq", ref.n_sumsq_all,
+           ref.n_sumsq);
+    setenv("DG_TEST_NO_KERNEL", "sumsq_all", 1);
+    train(wrapper(""), flags, &r);
+    unsetenv("DG_TEST_NO_KERNEL");
+    EXPECT(r.n_kernel == 1 && strstr(r.kernels, "op sumsq_all (1 node)"),
+           "DG_TEST_NO_KERNEL=sumsq_all: reports %s", r.kernels);
+    expect_same(&ref, &r, "DG_TEST_NO_KERNEL=sumsq_all");
+    run_free(&r);
+
+    /* a backend without sumsq_multi: the fused AdamW with one sumsq per tensor, no fallback, same bits */
+    train(wrapper("sumsq_multi,"), flags, &r);
+    EXPECT(r.n_kernel == 0 && r.n_adamw_all == 1 && r.n_sumsq_all == 0 && r.n_sumsq > 1,
+           "no sumsq_multi: %d kernel reports, %d adamw_all, %d sumsq_all, %d sumsq", r.n_kernel,
+           r.n_adamw_all, r.n_sumsq_all, r.n_sumsq);
+    expect_same(&ref, &r, "no sumsq_multi");
+    run_free(&r);
+
     train(wrapper("gelu_fwd,layernorm_bwd,attention_fwd,crossentropy_bwd,matmul_bwd_dgelu,matmul_bwd,"
                   "adamw_multi_dev,adamw_dev,clip_scale,sumsq_f32,accumulate,"),
           flags, &r);
@@ -299,7 +326,7 @@ static void test_flags(int flags) {
     train(wrapper(
               "encoder_fwd,layernorm_fwd,matmul_fwd,gelu_fwd,attention_fwd,add,crossentropy_fwd,encoder_bwd,"
               "layernorm_bwd,matmul_bwd,gelu_bwd,matmul_bwd_dgelu,attention_bwd,crossentropy_bwd,accumulate,"
-              "sumsq_f32,clip_scale,adamw_multi_dev,adamw_dev,"),
+              "sumsq_f32,clip_scale,adamw_multi_dev,adamw_dev,sumsq_multi,"),
           flags, &r);
     unsetenv("DG_TEST_ARENA_FAIL");
     expect_all_freed("no kernels and no arena");

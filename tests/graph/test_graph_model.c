@@ -423,6 +423,10 @@ static void test_print(void) {
     EXPECT(count(buf, "\n") == nops + side + 2 + 3, "text plan: %d lines for %d ops + %d side outputs",
            count(buf, "\n"), nops, side);
     EXPECT(count(buf, " adamw_all ") == 1 && count(buf, " adamw ") == 0, "text plan: one fused adamw_all");
+    EXPECT(count(buf, " sumsq_all ") == 1 && count(buf, " sumsq ") == 0, "text plan: one fused sumsq_all");
+    char segs[64];
+    snprintf(segs, sizeof segs, " over %d tensors", dg_model_n_tensors(m));
+    EXPECT(count(buf, segs) == 2, "text plan: adamw_all and sumsq_all should each say '%s'", segs);
     EXPECT(strstr(buf, "lm_head") && strstr(buf, "encoder_bwd") && strstr(buf, "crossentropy_bwd") &&
                strstr(buf, "arena@") && strstr(buf, "activation arena:"),
            "text plan misses expected entries");
@@ -443,6 +447,9 @@ static void test_print(void) {
            count(buf, "\"id\":"), nops, side);
     snprintf(want, sizeof want, "\"arena_bytes\":%zu", dg_model_arena_bytes(m));
     EXPECT(strstr(buf, want) != NULL, "JSON plan should contain %s", want);
+    snprintf(want, sizeof want, "\"segments\":%d", dg_model_n_tensors(m));
+    EXPECT(count(buf, want) == 2 && strstr(buf, "\"op\":\"sumsq_all\""),
+           "JSON plan: adamw_all and sumsq_all should carry %s", want);
     free(buf);
     /* a plan-only model cannot run */
     int32_t tok[32] = {0};
@@ -598,7 +605,11 @@ typedef struct {
     float loss[FZ_STEPS * FZ_ACCUM], norm[FZ_STEPS];
     float *w, *m, *v; /* flat buffers, gaps included */
     size_t n;
-    int n_adamw, n_adamw_all;
+    int n_adamw, n_adamw_all, n_sumsq, n_sumsq_all;
+    /* the gradients summed into the norm, in order: the SUMSQ ops' (per parameter) or the SUMSQ_ALL
+     * node's segments (fused) as parameter index, offset in the flat buffer and size */
+    int nseg, seg_pi[64];
+    size_t seg_off[64], seg_n[64];
 } fz_run_t;
 
 /* Steps of 2 micro-batches with weight decay and clipping; h.1.mlp.fc.weight frozen at steps 2..3 and
@@ -612,6 +623,27 @@ static void fz_train(int per_param, fz_run_t *r) {
     unsetenv("DG_TEST_ADAMW_PER_PARAM");
     r->n_adamw = count_ops(m, DG_OP_ADAMW, DG_PHASE_OPT);
     r->n_adamw_all = count_ops(m, DG_OP_ADAMW_ALL, DG_PHASE_OPT);
+    r->n_sumsq = count_ops(m, DG_OP_SUMSQ, DG_PHASE_OPT);
+    r->n_sumsq_all = count_ops(m, DG_OP_SUMSQ_ALL, DG_PHASE_OPT);
+    const dg_graph_t *g = dg_model_graph(m);
+    const float *gbase = NULL; /* the flat gradient buffer: where parameter 0's gradient starts */
+    for (int i = 0; i < g->n && !gbase; i++)
+        if ((g->nodes[i]->flags & DG_NF_PARAM) && g->nodes[i]->param_index == 0)
+            gbase = g->nodes[i]->grad->data;
+    for (int i = 0; i < g->n; i++) {
+        const dg_node_t *x = g->nodes[i];
+        if (x->op == DG_OP_SUMSQ && r->nseg < 64) {
+            r->seg_pi[r->nseg] = x->src[0]->param_index;
+            r->seg_off[r->nseg] = (size_t)((const float *)x->src[0]->data - gbase);
+            r->seg_n[r->nseg++] = dg_node_numel(x->src[0]);
+        }
+        if (x->op == DG_OP_SUMSQ_ALL)
+            for (int k = 0; k < g->n_norm_segs && r->nseg < 64; k++) {
+                r->seg_pi[r->nseg] = g->norm_segs[k].param_index;
+                r->seg_off[r->nseg] = g->norm_segs[k].off;
+                r->seg_n[r->nseg++] = g->norm_segs[k].count;
+            }
+    }
     OK(dg_model_set_grad_accum(m, FZ_ACCUM));
     int fc = dg_model_find_param(m, "h.1.mlp.fc.weight"), lnfb = dg_model_find_param(m, "ln_f.bias");
     EXPECT(fc >= 0 && lnfb >= 0, "fused adamw test: parameters not found");
@@ -658,7 +690,8 @@ static void fz_train(int per_param, fz_run_t *r) {
 }
 
 /* One adamw_all op over the flat buffers against one adamw op per tensor (model flag, environment hook):
- * bitwise the same losses, gradient norms, weights and moments, gaps included. */
+ * bitwise the same losses, gradient norms, weights and moments, gaps included. The gradient norm follows
+ * the AdamW choice: one sumsq_all over the SUMSQ ops' gradients, in their order, or one sumsq per tensor. */
 static void test_adamw_fused(void) {
     fz_run_t r[3];
     const char *names[3] = {"fused", "DG_MODEL_ADAMW_PER_PARAM", "DG_TEST_ADAMW_PER_PARAM=1"};
@@ -673,9 +706,21 @@ static void test_adamw_fused(void) {
     }
     EXPECT(r[0].n_adamw == 0 && r[0].n_adamw_all == 1, "fused: %d adamw, %d adamw_all ops", r[0].n_adamw,
            r[0].n_adamw_all);
+    /* the gradient norm follows: one sumsq_all with the fused AdamW, one sumsq per tensor without */
+    EXPECT(r[0].n_sumsq == 0 && r[0].n_sumsq_all == 1 && r[0].nseg == np,
+           "fused: %d sumsq, %d sumsq_all ops, %d segments", r[0].n_sumsq, r[0].n_sumsq_all, r[0].nseg);
     for (int k = 1; k < 3; k++) {
         EXPECT(r[k].n_adamw == np && r[k].n_adamw_all == 0, "%s: %d adamw (want %d), %d adamw_all ops",
                names[k], r[k].n_adamw, np, r[k].n_adamw_all);
+        EXPECT(r[k].n_sumsq == np && r[k].n_sumsq_all == 0, "%s: %d sumsq (want %d), %d sumsq_all ops",
+               names[k], r[k].n_sumsq, np, r[k].n_sumsq_all);
+        /* the fused op's segments are the SUMSQ ops' gradients, in their order */
+        int same = r[k].nseg == r[0].nseg;
+        for (int i = 0; same && i < r[0].nseg; i++)
+            same = r[k].seg_pi[i] == r[0].seg_pi[i] && r[k].seg_off[i] == r[0].seg_off[i] &&
+                   r[k].seg_n[i] == r[0].seg_n[i];
+        EXPECT(same, "%s: the %d SUMSQ ops do not read the %d segments of the fused sumsq_all, in order",
+               names[k], r[k].nseg, r[0].nseg);
         EXPECT(memcmp(r[k].loss, r[0].loss, sizeof r[0].loss) == 0, "%s: losses differ from fused", names[k]);
         EXPECT(memcmp(r[k].norm, r[0].norm, sizeof r[0].norm) == 0, "%s: gradient norms differ from fused",
                names[k]);
@@ -686,8 +731,8 @@ static void test_adamw_fused(void) {
     }
     EXPECT(!isfinite(r[0].norm[3]) && isfinite(r[0].norm[4]), "step 4 should have a non-finite norm");
     printf(
-        "fused adamw: %d steps x %d micro-batches with frozen tensors and a skipped step, bitwise equal to "
-        "%d per-tensor adamw ops (losses %.6f .. %.6f)\n",
+        "fused adamw and norm: %d steps x %d micro-batches with frozen tensors and a skipped step, bitwise "
+        "equal to %d per-tensor adamw and sumsq ops (losses %.6f .. %.6f)\n",
         FZ_STEPS, FZ_ACCUM, np, (double)r[0].loss[0], (double)r[0].loss[FZ_STEPS * FZ_ACCUM - 1]);
     for (int k = 0; k < 3; k++)
         free(r[k].w), free(r[k].m), free(r[k].v);

@@ -1090,7 +1090,8 @@ static void case_cast(dg_backend_t *be) {
 /* Optimizer ops: ZERO (grads), ZERO + SUMSQ + CLIP_SCALE + ADAMW (opt phase) against float64 AdamW with
  * global-norm clipping and per-tensor weight decay, over two steps. fused = 1: the ADAMW ops fused into one
  * ADAMW_ALL (pass fuse_adamw) over flat buffers with gaps between the tensors, which must stay as they
- * are. */
+ * are, and the SUMSQ ops into one SUMSQ_ALL (pass fuse_sumsq). Either way the norm accumulator must hold
+ * bitwise what one sumsq_f32 per gradient gives. */
 static int decay_by_name(const dg_node_t *p, void *ctx) {
     (void)ctx;
     return strcmp(p->name, "p1") == 0;
@@ -1119,12 +1120,22 @@ static void optimizer_run(dg_backend_t *be, int fused) {
     float *flat[4] = {0}; /* master (= param: f32), grad, m, v */
     void *tab = NULL;
     if (fused) {
-        dg_pass_t fp[] = {{"fuse_adamw", dg_pass_fuse_adamw, &fz}};
-        OK(dg_graph_run_passes(t.g, fp, 1));
+        dg_pass_t fp[] = {{"fuse_adamw", dg_pass_fuse_adamw, &fz}, {"fuse_sumsq", dg_pass_fuse_sumsq, &fz}};
+        OK(dg_graph_run_passes(t.g, fp, 2));
         EXPECT(tg_count(&t, DG_OP_ADAMW, -1) == 0 && tg_count(&t, DG_OP_ADAMW_ALL, -1) == 1 &&
                    t.g->n_opt_segs == 2 && fz.param == fz.master,
                "fuse_adamw: %d adamw, %d adamw_all, %d segments", tg_count(&t, DG_OP_ADAMW, -1),
                tg_count(&t, DG_OP_ADAMW_ALL, -1), t.g->n_opt_segs);
+        EXPECT(tg_count(&t, DG_OP_SUMSQ, -1) == 0 && tg_count(&t, DG_OP_SUMSQ_ALL, -1) == 1 &&
+                   t.g->n_norm_segs == 2 && fz.norm_segs,
+               "fuse_sumsq: %d sumsq, %d sumsq_all, %d segments", tg_count(&t, DG_OP_SUMSQ, -1),
+               tg_count(&t, DG_OP_SUMSQ_ALL, -1), t.g->n_norm_segs);
+    } else {
+        EXPECT(tg_count(&t, DG_OP_SUMSQ, -1) == 2 && tg_count(&t, DG_OP_SUMSQ_ALL, -1) == 0,
+               "per parameter: %d sumsq, %d sumsq_all", tg_count(&t, DG_OP_SUMSQ, -1),
+               tg_count(&t, DG_OP_SUMSQ_ALL, -1));
+    }
+    if (fused) {
         float poison[SPAN];
         for (int i = 0; i < SPAN; i++)
             poison[i] = -777.0f;
@@ -1172,6 +1183,12 @@ static void optimizer_run(dg_backend_t *be, int fused) {
         float *scal = tg_get(&t, sc);
         EXPECT(fabs(scal[DG_SCALAR_NORM] - norm) <= 1e-5 * norm, "optimizer: grad norm %.8g, reference %.8g",
                (double)scal[DG_SCALAR_NORM], norm);
+        float seq = 0.0f; /* one sumsq_f32 per gradient, in parameter order, from 0 */
+        for (int k = 0; k < 2; k++)
+            OK(be->ops->sumsq_f32(be, &seq, p[k]->grad->data, nel[k]));
+        EXPECT(memcmp(&scal[DG_SCALAR_SUMSQ], &seq, sizeof seq) == 0,
+               "optimizer%s: sum of squares %.9g, not bitwise the %.9g of one sumsq_f32 per gradient",
+               fused ? " (fused)" : "", (double)scal[DG_SCALAR_SUMSQ], (double)seq);
         free(scal);
         for (int k = 0; k < 2; k++) {
             double decay = k == 0 ? wd : 0.0;
@@ -1242,6 +1259,185 @@ static void case_optimizer(dg_backend_t *be) {
 
 static void case_optimizer_fused(dg_backend_t *be) {
     optimizer_run(be, 1);
+}
+
+/* The fused gradient norm (pass fuse_sumsq after fuse_adamw): four parameters whose flat offsets are not
+ * in parameter order, one of them a NORM_SKIP replica. Checked: one SUMSQ_ALL where the SUMSQ ops were
+ * (after the accumulator's ZERO, right before CLIP_SCALE) over the flat gradient leaf; its segments are
+ * the former SUMSQ ops' gradients in their order (the replica left out); the sum is bitwise the sequence of
+ * sumsq_f32 calls over those gradients (the gaps of the flat buffer, filled with large values, never
+ * count; the gradients chosen so that another order gives other bits), with a frozen parameter left out at
+ * run time; and the pass's refusals. */
+static void norm_params(tg_t *t, dg_node_t **p, dg_node_t **sc) {
+    int64_t sa[2] = {5, 3}, sb[1] = {7}, sc9[1] = {9}, sd[2] = {2, 2};
+    p[0] = tg_f(t, "a", 2, sa, DG_NF_PARAM, -1, 1);
+    p[1] = tg_f(t, "b", 1, sb, DG_NF_PARAM, -1, 1);
+    p[2] = tg_f(t, "c", 1, sc9, DG_NF_PARAM, -1, 1);
+    p[3] = tg_f(t, "d", 2, sd, DG_NF_PARAM, -1, 1);
+    p[1]->flags |= DG_NF_NORM_SKIP; /* a replica another rank counts: no SUMSQ */
+    OK(dg_graph_add_optimizer(t->g, NULL, NULL, sc));
+}
+
+static void case_norm_fused(dg_backend_t *be) {
+    int f0 = failures;
+    enum { NP = 4, SPAN = 40 };
+    /* b [0, 7), c [8, 17), a [20, 35), d [36, 40): parameter order is not offset order */
+    const size_t offs[NP] = {20, 0, 8, 36}, nel[NP] = {15, 7, 9, 4};
+    tg_t t;
+    tg_init(&t, be, 77);
+    dg_node_t *p[NP], *sc = NULL;
+    norm_params(&t, p, &sc);
+    dg_fuse_adamw_t fz = {.off = offs, .n = NP, .span = SPAN};
+    dg_pass_t fp[] = {{"fuse_adamw", dg_pass_fuse_adamw, &fz}, {"fuse_sumsq", dg_pass_fuse_sumsq, &fz}};
+    OK(dg_graph_run_passes(t.g, fp, 2));
+    EXPECT(tg_count(&t, DG_OP_SUMSQ, -1) == 0 && tg_count(&t, DG_OP_SUMSQ_ALL, -1) == 1,
+           "fuse_sumsq: %d sumsq, %d sumsq_all", tg_count(&t, DG_OP_SUMSQ, -1),
+           tg_count(&t, DG_OP_SUMSQ_ALL, -1));
+    /* the table: a, c, d (the SUMSQ order), b left out */
+    const int want_pi[3] = {0, 2, 3};
+    EXPECT(t.g->n_norm_segs == 3, "fuse_sumsq: %d segments, expected 3 (the replica b left out)",
+           t.g->n_norm_segs);
+    for (int i = 0; i < 3 && i < t.g->n_norm_segs; i++) {
+        const dg_opt_seg_t *s = &t.g->norm_segs[i];
+        int k = want_pi[i];
+        EXPECT(s->param_index == p[k]->param_index && s->off == offs[k] && s->count == nel[k],
+               "norm segment %d: parameter %d, %zu elements at %zu; expected %s: %zu at %zu", i,
+               s->param_index, s->count, s->off, p[k]->name, nel[k], offs[k]);
+    }
+    const dg_node_t *op = NULL, *zs = NULL, *clip = NULL;
+    for (int i = 0; i < t.g->n; i++) {
+        const dg_node_t *x = t.g->nodes[i];
+        if (x->op == DG_OP_SUMSQ_ALL) op = x;
+        if (x->op == DG_OP_ZERO && x->upd[0] == sc) zs = x;
+        if (x->op == DG_OP_CLIP_SCALE) clip = x;
+    }
+    EXPECT(op && zs && clip && op->src[0] == fz.grad && op->src[1] == fz.norm_segs && op->upd[0] == sc &&
+               op->phase == DG_PHASE_OPT && op->attr[DG_A_NSEG] == 3,
+           "sumsq_all: wrong sources, target, phase or segment count");
+    EXPECT(op && zs && clip && zs->id < fz.norm_segs->id && fz.norm_segs->id + 1 == op->id &&
+               op->id + 1 == clip->id,
+           "sumsq_all at #%d: expected after the accumulator's ZERO (#%d) and its table (#%d), right before "
+           "clip_scale (#%d)",
+           op ? op->id : -1, zs ? zs->id : -1, fz.norm_segs ? fz.norm_segs->id : -1, clip ? clip->id : -1);
+
+    /* flat buffers (every flat leaf bound, the parameters' tensors at their offsets); gaps hold 1000 */
+    float *flat[4] = {0};
+    dg_node_t *mn[NP] = {0}, *vn[NP] = {0};
+    for (int i = 0; i < t.g->n; i++) {
+        dg_node_t *n = t.g->nodes[i];
+        if (n->flags & DG_NF_OPTSTATE) (strncmp(n->name, "adam_m.", 7) == 0 ? mn : vn)[n->param_index] = n;
+    }
+    float fill[SPAN];
+    for (int i = 0; i < SPAN; i++)
+        fill[i] = 1000.0f;
+    for (int b = 0; b < 4; b++) {
+        OK(be->ops->alloc(be, SPAN * sizeof(float), (void **)&flat[b]));
+        OK(be->ops->to_device(be, flat[b], fill, sizeof fill));
+    }
+    fz.master->data = flat[0], fz.grad->data = flat[1], fz.m->data = flat[2], fz.v->data = flat[3];
+    for (int k = 0; k < NP; k++) {
+        p[k]->data = flat[0] + offs[k], p[k]->grad->data = flat[1] + offs[k];
+        mn[k]->data = flat[2] + offs[k], vn[k]->data = flat[3] + offs[k];
+        OK(be->ops->memset0(be, mn[k]->data, nel[k] * sizeof(float)));
+        OK(be->ops->memset0(be, vn[k]->data, nel[k] * sizeof(float)));
+    }
+    tg_finish(&t, 0, NULL, NULL);
+    /* gradients whose sums of squares add to other bits in another order: a's is 15 x 1100^2 = 18150000
+     * (above 2^24 floats are 2 apart), c's ~0.7 and d's 0.49 vanish into it one by one, not together */
+    const float mag[NP] = {1100.0f, 1.0f, 0.27f, 0.35f};
+    for (int k = 0; k < NP; k++) {
+        float g[16];
+        for (size_t e = 0; e < nel[k]; e++)
+            g[e] = (e % 2 ? -mag[k] : mag[k]) * (k == 0 ? 1.0f : 1.0f + 0.01f * (float)e);
+        OK(be->ops->to_device(be, p[k]->grad->data, g, nel[k] * sizeof(float)));
+    }
+    {
+        float fwd = 0.0f, bwd = 0.0f;
+        for (int i = 0; i < 3; i++) {
+            int kf = (int[3]){0, 2, 3}[i], kb = (int[3]){3, 2, 0}[i];
+            OK(be->ops->sumsq_f32(be, &fwd, p[kf]->grad->data, nel[kf]));
+            OK(be->ops->sumsq_f32(be, &bwd, p[kb]->grad->data, nel[kb]));
+        }
+        EXPECT(
+            memcmp(&fwd, &bwd, sizeof fwd) != 0,
+            "norm_fused: the gradients' sums add to the same bits in reverse (%.9g): the case cannot see the "
+            "order",
+            (double)fwd);
+    }
+    unsigned char frozen[NP] = {0};
+    dg_runtime_t *rt = &t.ex->rt;
+    rt->lr = 0.01f, rt->beta1 = 0.9f, rt->beta2 = 0.95f, rt->eps = 1e-8f, rt->grad_clip = 0.0f;
+    rt->grad_extra = 1.0f, rt->t = 1, rt->frozen = frozen, rt->n_frozen_slots = NP;
+    for (int run = 0; run < 2; run++) {
+        frozen[0] = run == 1; /* a frozen: left out of the norm at run time (the big total: it shows) */
+        tg_run(&t, DG_PHASE_OPT);
+        float seq = 0.0f;
+        double ref = 0;
+        for (int i = 0; i < 3; i++) {
+            int k = want_pi[i];
+            if (frozen[k]) continue;
+            OK(be->ops->sumsq_f32(be, &seq, p[k]->grad->data, nel[k]));
+            const float *g = p[k]->grad->data;
+            for (size_t e = 0; e < nel[k]; e++)
+                ref += (double)g[e] * g[e];
+        }
+        float *scal = tg_get(&t, sc);
+        EXPECT(memcmp(&scal[DG_SCALAR_SUMSQ], &seq, sizeof seq) == 0,
+               "sumsq_all%s: %.9g, not bitwise the %.9g of sumsq_f32 over a, c, d in order",
+               run ? " (a frozen)" : "", (double)scal[DG_SCALAR_SUMSQ], (double)seq);
+        EXPECT(fabs(scal[DG_SCALAR_SUMSQ] - ref) <= 1e-6 * ref, "sumsq_all%s: %.9g, float64 reference %.9g",
+               run ? " (a frozen)" : "", (double)scal[DG_SCALAR_SUMSQ], ref);
+        free(scal);
+    }
+    rt->frozen = NULL;
+    tg_cover(&t, f0);
+    tg_free(&t);
+    for (int b = 0; b < 4; b++)
+        be->ops->free(be, flat[b]);
+
+    /* without a fused AdamW (no flat gradient leaf) the pass leaves the SUMSQ ops alone */
+    tg_init(&t, be, 78);
+    norm_params(&t, p, &sc);
+    dg_fuse_adamw_t none = {.off = offs, .n = NP, .span = SPAN};
+    dg_pass_t only[] = {{"fuse_sumsq", dg_pass_fuse_sumsq, &none}};
+    OK(dg_graph_run_passes(t.g, only, 1));
+    EXPECT(tg_count(&t, DG_OP_SUMSQ, -1) == 3 && tg_count(&t, DG_OP_SUMSQ_ALL, -1) == 0 && !none.norm_segs,
+           "fuse_sumsq without fuse_adamw: %d sumsq, %d sumsq_all", tg_count(&t, DG_OP_SUMSQ, -1),
+           tg_count(&t, DG_OP_SUMSQ_ALL, -1));
+    tg_free(&t);
+
+    /* refusals: an op between two SUMSQ ops; a SUMSQ over a tensor outside the flat gradient buffer */
+    for (int bad = 0; bad < 2; bad++) {
+        tg_init(&t, be, 79);
+        norm_params(&t, p, &sc);
+        dg_fuse_adamw_t fb = {.off = offs, .n = NP, .span = SPAN};
+        dg_pass_t a1[] = {{"fuse_adamw", dg_pass_fuse_adamw, &fb}};
+        OK(dg_graph_run_passes(t.g, a1, 1));
+        int first = -1, last = -1;
+        for (int i = 0; i < t.g->n; i++)
+            if (t.g->nodes[i]->op == DG_OP_SUMSQ) {
+                if (first < 0) first = i;
+                last = i;
+            }
+        const char *want = NULL;
+        if (bad == 0) {
+            dg_graph_move(t.g, t.g->nodes[last + 1], first + 1); /* clip_scale between the first two */
+            want = "runs between two SUMSQ ops";
+        } else {
+            int64_t s3[1] = {3};
+            dg_node_t *stray = tg_f(&t, "stray", 1, s3, DG_NF_GRAD, -1, 1);
+            dg_node_t *x = dg_graph_add_op(t.g, DG_OP_SUMSQ, "sumsq.stray", 1, &stray, 1, &sc, NULL, 0);
+            OK(dg_graph_error(t.g));
+            dg_graph_move(t.g, x, last + 1);
+            want = "not a tensor of the flat gradient buffer";
+        }
+        dg_pass_t s1[] = {{"fuse_sumsq", dg_pass_fuse_sumsq, &fb}};
+        dg_status_t st = dg_graph_run_passes(t.g, s1, 1);
+        EXPECT(st == DG_ERR_USAGE && strstr(dg_last_error(), want) && !strchr(dg_last_error(), '\n'),
+               "fuse_sumsq refusal %d: expected a one-line '%s', got %d '%s'", bad, want, st,
+               dg_last_error());
+        tg_free(&t);
+    }
 }
 
 /* Shape rules reject bad inputs with a one-line DG_ERR_USAGE naming the op, and never crash. */
@@ -1342,6 +1538,7 @@ static const op_case_t cases[] = {
     {"cast", case_cast},
     {"optimizer", case_optimizer},
     {"optimizer_fused", case_optimizer_fused},
+    {"norm_fused", case_norm_fused},
     {"shape_errors", case_shape_errors},
     {"stale_plan", case_stale_plan},
 };

@@ -286,6 +286,41 @@ static dg_status_t cpu_sumsq_f32(dg_backend_t *be, float *out_dev, const float *
     return DG_OK;
 }
 
+/* sumsq_f32 over a segment table (v1.7): each segment goes through cpu_sumsq_f32 itself, in table order,
+ * so the chunk partials, their sum and the addition into *out_dev are those of one call per tensor. The
+ * host table gives the geometry and the device table (host memory here too) the flags, as on CUDA; they
+ * must agree on off and count, which only this backend can afford to check. */
+static dg_status_t cpu_sumsq_multi(dg_backend_t *be, float *out_dev, const float *base, size_t span,
+                                   const dg_sumsq_seg_t *segs, const dg_sumsq_seg_t *segs_dev, int nseg) {
+    if (nseg < 0) return DG_ERR(DG_ERR_USAGE, "cpu backend: sumsq_multi: nseg = %d < 0", nseg);
+    if (nseg == 0) return DG_OK;
+    DG_CPU_NONNULL("sumsq_multi", out_dev);
+    DG_CPU_NONNULL("sumsq_multi", base);
+    DG_CPU_NONNULL("sumsq_multi", segs);
+    DG_CPU_NONNULL("sumsq_multi", segs_dev);
+    for (int i = 0; i < nseg; i++) {
+        const dg_sumsq_seg_t *s = &segs[i], *d = &segs_dev[i];
+        if (s->count == 0 || s->off > span || s->count > span - s->off)
+            return DG_ERR(DG_ERR_USAGE,
+                          "cpu backend: sumsq_multi: segment %d (off %llu, count %u) breaks the table rules; "
+                          "hint: count >= 1, inside the %zu-element buffer",
+                          i, (unsigned long long)s->off, (unsigned)s->count, span);
+        if (d->off != s->off || d->count != s->count)
+            return DG_ERR(
+                DG_ERR_USAGE,
+                "cpu backend: sumsq_multi: segment %d is (off %llu, count %u) in the host table but "
+                "(off %llu, count %u) in the device table; hint: upload the host table into the "
+                "device one before the call",
+                i, (unsigned long long)s->off, (unsigned)s->count, (unsigned long long)d->off,
+                (unsigned)d->count);
+    }
+    for (int i = 0; i < nseg; i++) {
+        if (segs_dev[i].flags & DG_SUMSQ_SEG_SKIP) continue;
+        DG_TRY(cpu_sumsq_f32(be, out_dev, base + segs[i].off, segs[i].count));
+    }
+    return DG_OK;
+}
+
 static dg_status_t cpu_scale_f32(dg_backend_t *be, float *x, size_t n, float s) {
     if (n == 0) return DG_OK;
     DG_CPU_NONNULL("scale_f32", x);
@@ -507,6 +542,7 @@ static const dg_backend_ops_t cpu_ops = {
     /* graph_*: NULL, the CPU backend cannot record */
     .add_f32 = cpu_add_f32,
     .adamw_multi_dev = cpu_adamw_multi_dev,
+    .sumsq_multi = cpu_sumsq_multi,
 };
 
 dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t **out) {

@@ -309,6 +309,24 @@ static dg_status_t cu_sumsq(dg_backend_t *be, float *out, const float *x, size_t
     return dg_cuda_sumsq_f32(dg_cuda_of(be), out, x, n);
 }
 
+/* The host table is readable here: its rules are checked (the device table must hold the same entries,
+ * which only the CPU backend can afford to compare) */
+static dg_status_t cu_sumsq_multi(dg_backend_t *be, float *out, const float *base, size_t span,
+                                  const dg_sumsq_seg_t *segs, const dg_sumsq_seg_t *segs_dev, int nseg) {
+    REQ(nseg >= 0, "cuda backend sumsq_multi: nseg = %d < 0", nseg);
+    if (nseg == 0) return DG_OK;
+    REQ_PTR(out, "sumsq_multi");
+    REQ_PTR(base, "sumsq_multi");
+    REQ_PTR(segs, "sumsq_multi");
+    REQ_PTR(segs_dev, "sumsq_multi");
+    for (int i = 0; i < nseg; i++)
+        REQ(segs[i].count >= 1 && segs[i].off <= span && segs[i].count <= span - segs[i].off,
+            "cuda backend sumsq_multi: segment %d (off %llu, count %u) breaks the table rules; hint: count "
+            ">= 1, inside the %zu-element buffer",
+            i, (unsigned long long)segs[i].off, (unsigned)segs[i].count, span);
+    return dg_cuda_sumsq_multi(dg_cuda_of(be), out, base, segs, segs_dev, nseg);
+}
+
 static dg_status_t cu_scale(dg_backend_t *be, float *x, size_t n, float s) {
     if (n == 0) return DG_OK;
     REQ_PTR(x, "scale_f32");
@@ -663,6 +681,7 @@ static const dg_backend_ops_t cuda_ops = {
     cu_graph_free,
     cu_add_f32,
     cu_adamw_multi_dev,
+    cu_sumsq_multi,
 };
 
 /* ---------------- construction ---------------- */

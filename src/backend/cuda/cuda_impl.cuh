@@ -115,6 +115,8 @@ dg_status_t dg_cuda_cast(dg_cuda_t *c, void *dst, dg_dtype_t dt, const void *src
 dg_status_t dg_cuda_add(dg_cuda_t *c, void *out, const void *a, const void *b, size_t n);
 dg_status_t dg_cuda_accumulate(dg_cuda_t *c, void *dst, const void *src, size_t n, int acc);
 dg_status_t dg_cuda_sumsq_f32(dg_cuda_t *c, float *out, const float *x, size_t n);
+dg_status_t dg_cuda_sumsq_multi(dg_cuda_t *c, float *out, const float *base, const dg_sumsq_seg_t *segs,
+                                const dg_sumsq_seg_t *segs_dev, int nseg);
 dg_status_t dg_cuda_scale_f32(dg_cuda_t *c, float *x, size_t n, float s);
 dg_status_t dg_cuda_gelu_fwd(dg_cuda_t *c, void *out, const void *inp, size_t n);
 dg_status_t dg_cuda_gelu_bwd(dg_cuda_t *c, void *dinp, const void *inp, const void *dout, size_t n, int acc);

@@ -1,6 +1,6 @@
 /* elementwise.cu — memory-bound kernels of the CUDA backend: cast, add, accumulate, GELU, the unfused
- * GEMM epilogues (bias, bias+GELU, bias gradient), the gradient-norm reduction, clip factor and the
- * fused AdamW update.
+ * GEMM epilogues (bias, bias+GELU, bias gradient), the gradient-norm reduction (one tensor, or every
+ * tensor of a segment table in three launches), clip factor and the fused AdamW update.
  *
  * Elementwise kernels move 16 bytes per thread and access when every pointer allows it, with a scalar
  * tail. Reductions (sumsq, column sums) use a partition that depends only on the problem size and a
@@ -289,11 +289,23 @@ dg_status_t dg_cuda_colsum_acc(dg_cuda_t *c, float *dst, const void *src, int N,
 #define SUMSQ_THREADS 256
 #define SUMSQ_MAX_BLOCKS 512
 
-__global__ void sumsq_partial_kernel(float *part, const float *x, size_t n, int vec4) {
-    __shared__ float sh[32];
+/* The partition of sumsq_f32: blocks of the partial-sum kernel for n elements. One definition for the
+ * single-tensor launch (host) and the segment-table kernels (device), which must agree on it exactly. */
+static __host__ __device__ __forceinline__ unsigned sumsq_nblocks(size_t n) {
+    size_t b = (n + SUMSQ_THREADS * 16 - 1) / (SUMSQ_THREADS * 16);
+    if (b < 1) b = 1;
+    return b > SUMSQ_MAX_BLOCKS ? SUMSQ_MAX_BLOCKS : (unsigned)b;
+}
+
+/* Block `blk` of the `nblocks` blocks that reduce x[0, n): a grid-stride loop as if gridDim.x were
+ * nblocks and blockIdx.x were blk, then the block sum (every thread gets it). sumsq_f32's kernel and the
+ * segment-table kernel both compute their partials here, so a segment's partials are the very operations
+ * of a sumsq_f32 launch over that tensor. */
+static __device__ __forceinline__ float sumsq_block_partial(const float *x, size_t n, int vec4,
+                                                            unsigned nblocks, unsigned blk, float *sh) {
     float acc = 0.f;
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    const size_t tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t stride = (size_t)nblocks * blockDim.x;
+    const size_t tid = (size_t)blk * blockDim.x + threadIdx.x;
     if (vec4) {
         const size_t n4 = n / 4;
         const float4 *x4 = (const float4 *)x;
@@ -307,24 +319,164 @@ __global__ void sumsq_partial_kernel(float *part, const float *x, size_t n, int 
         for (size_t i = tid; i < n; i += stride)
             acc += x[i] * x[i];
     }
-    float t = dg_block_sum(acc, sh);
+    return dg_block_sum(acc, sh);
+}
+
+__global__ void sumsq_partial_kernel(float *part, const float *x, size_t n, int vec4) {
+    __shared__ float sh[32];
+    float t = sumsq_block_partial(x, n, vec4, gridDim.x, blockIdx.x, sh);
     if (threadIdx.x == 0) part[blockIdx.x] = t;
+}
+
+/* One block of SUMSQ_MAX_BLOCKS threads: the sum of a launch's nblocks partials. */
+static __device__ __forceinline__ float sumsq_final_sum(const float *part, int nblocks, float *sh) {
+    float v = (int)threadIdx.x < nblocks ? part[threadIdx.x] : 0.f;
+    return dg_block_sum(v, sh);
 }
 
 __global__ void sumsq_final_kernel(float *out, const float *part, int nblocks) {
     __shared__ float sh[32];
-    float v = (int)threadIdx.x < nblocks ? part[threadIdx.x] : 0.f;
-    float t = dg_block_sum(v, sh);
+    float t = sumsq_final_sum(part, nblocks, sh);
     if (threadIdx.x == 0) *out += t;
 }
 
 dg_status_t dg_cuda_sumsq_f32(dg_cuda_t *c, float *out, const float *x, size_t n) {
-    const unsigned nb = dg_cuda_blocks(n, SUMSQ_THREADS * 16, SUMSQ_MAX_BLOCKS);
+    const unsigned nb = sumsq_nblocks(n);
     void *scr = NULL;
     DG_TRY(dg_cuda_scratch(c, SUMSQ_MAX_BLOCKS * sizeof(float), &scr));
     sumsq_partial_kernel<<<nb, SUMSQ_THREADS, 0, c->stream>>>((float *)scr, x, n, dg_ptr_aligned(x, 16));
     DG_CUDA_LAUNCH_CHECK();
     sumsq_final_kernel<<<1, SUMSQ_MAX_BLOCKS, 0, c->stream>>>(out, (const float *)scr, (int)nb);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
+}
+
+/* ---------------- gradient norm over a segment table (sumsq_multi) ---------------- */
+
+/* Three launches for any number of segments, each step the same float operations as the two launches of
+ * sumsq_f32 per segment:
+ *   1. partials: the grid is every segment's sumsq_nblocks(count) blocks one after the other (segments
+ *      in table order); a block finds its segment and its index among that segment's blocks, then runs
+ *      sumsq_block_partial with that segment's block count and its own pointer alignment (vec4) — the
+ *      partial that sumsq_f32's block of the same index computes. Segment i's partials go to slots
+ *      [i * SUMSQ_MAX_BLOCKS, ...) of the scratch (a fixed stride: no prefix table to keep).
+ *   2. one SUMSQ_MAX_BLOCKS-thread block per segment: sumsq_final_sum of its partials, as
+ *      sumsq_final_kernel does, into a per-segment total;
+ *   3. one thread adds the totals into *out in table order (o = *out; o += t_0; o += t_1; ...): the
+ *      sequence of `*out += t` of the per-segment launches.
+ * Skipped segments (flag read from the device table when the kernels run) write nothing and add nothing.
+ * The launch geometry comes from the host copy of the table; the block-to-segment map is recomputed on
+ * the device from the device table, so nothing but the table has to be uploaded. */
+
+/* Which segment block g of the concatenated grid belongs to, and its index among that segment's blocks:
+ * an exclusive scan of the segments' block counts, blockDim.x segments at a time (one chunk for a GPT-2's
+ * 148 tensors), until the chunk holding g. *seg = -1 when g lies beyond the table's blocks (a device table
+ * that disagrees with the host one: the block then does nothing rather than read out of bounds). Every
+ * thread of the block must call it; every thread gets the same answer. */
+static __device__ void sumsq_locate(const dg_sumsq_seg_t *segs, int nseg, unsigned g, int *seg,
+                                    unsigned *blk) {
+    __shared__ unsigned wsum[32];
+    __shared__ unsigned s_base, s_blk;
+    __shared__ int s_seg;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (threadIdx.x == 0) {
+        s_base = 0;
+        s_seg = -1;
+        s_blk = 0;
+    }
+    for (int c0 = 0; c0 < nseg; c0 += blockDim.x) {
+        const int i = c0 + threadIdx.x;
+        const unsigned nb = i < nseg ? sumsq_nblocks(segs[i].count) : 0u;
+        unsigned incl = nb; /* inclusive scan within the warp */
+        for (int o = 1; o < 32; o <<= 1) {
+            unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += y;
+        }
+        __syncthreads(); /* s_base of the previous chunk is written; wsum is free again */
+        if (lane == 31) wsum[wid] = incl;
+        __syncthreads();
+        unsigned start = s_base + incl - nb;
+        for (int w = 0; w < wid; w++)
+            start += wsum[w];
+        if (nb > 0 && g >= start && g < start + nb) { /* one thread of one chunk, as nb >= 1 per segment */
+            s_seg = i;
+            s_blk = g - start;
+        }
+        __syncthreads();
+        if (s_seg >= 0) break; /* the same shared value for every thread: a uniform exit */
+        if (threadIdx.x == 0)
+            for (int w = 0; w < nw; w++)
+                s_base += wsum[w];
+    }
+    __syncthreads();
+    *seg = s_seg;
+    *blk = s_blk;
+}
+
+__global__ void sumsq_multi_partial_kernel(float *part, const float *base, const dg_sumsq_seg_t *segs,
+                                           int nseg) {
+    __shared__ float sh[32];
+    int s;
+    unsigned b;
+    sumsq_locate(segs, nseg, blockIdx.x, &s, &b);
+    if (s < 0) return;
+    const dg_sumsq_seg_t sg = segs[s];
+    if (sg.flags & DG_SUMSQ_SEG_SKIP) return; /* the whole block: before any barrier of the reduction */
+    const float *x = base + sg.off;
+    const int vec4 = ((uintptr_t)x & 15) == 0; /* what dg_ptr_aligned(x, 16) tells sumsq_f32 */
+    float t = sumsq_block_partial(x, sg.count, vec4, sumsq_nblocks(sg.count), b, sh);
+    if (threadIdx.x == 0) part[(size_t)s * SUMSQ_MAX_BLOCKS + b] = t;
+}
+
+__global__ void sumsq_multi_final_kernel(float *tot, const float *part, const dg_sumsq_seg_t *segs) {
+    __shared__ float sh[32];
+    const dg_sumsq_seg_t sg = segs[blockIdx.x];
+    if (sg.flags & DG_SUMSQ_SEG_SKIP) return;
+    float t = sumsq_final_sum(part + (size_t)blockIdx.x * SUMSQ_MAX_BLOCKS, (int)sumsq_nblocks(sg.count), sh);
+    if (threadIdx.x == 0) tot[blockIdx.x] = t;
+}
+
+/* The threads only stage totals and flags in shared memory (coalesced loads instead of one dependent
+ * load per segment); thread 0 alone adds them, in order. */
+__global__ void sumsq_multi_add_kernel(float *out, const float *tot, const dg_sumsq_seg_t *segs, int nseg) {
+    __shared__ float t[SUMSQ_THREADS];
+    __shared__ unsigned char skip[SUMSQ_THREADS];
+    float o = 0.f;
+    if (threadIdx.x == 0) o = *out;
+    for (int c0 = 0; c0 < nseg; c0 += SUMSQ_THREADS) {
+        const int i = c0 + threadIdx.x;
+        if (i < nseg) {
+            skip[threadIdx.x] = (segs[i].flags & DG_SUMSQ_SEG_SKIP) != 0;
+            t[threadIdx.x] = skip[threadIdx.x] ? 0.f : tot[i];
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const int m = nseg - c0 < SUMSQ_THREADS ? nseg - c0 : SUMSQ_THREADS;
+            for (int k = 0; k < m; k++)
+                if (!skip[k]) o += t[k];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *out = o;
+}
+
+dg_status_t dg_cuda_sumsq_multi(dg_cuda_t *c, float *out, const float *base, const dg_sumsq_seg_t *segs,
+                                const dg_sumsq_seg_t *segs_dev, int nseg) {
+    if (nseg <= 0) return DG_OK;
+    uint64_t total = 0;
+    for (int i = 0; i < nseg; i++)
+        total += sumsq_nblocks(segs[i].count);
+    if (total > 0x7fffffffu || (uint64_t)nseg > 0x7fffffffu / (SUMSQ_MAX_BLOCKS + 1))
+        return DG_ERR(DG_ERR_USAGE, "cuda backend sumsq_multi: %d segments need %llu blocks, beyond one grid",
+                      nseg, (unsigned long long)total);
+    void *scr = NULL;
+    DG_TRY(dg_cuda_scratch(c, (size_t)nseg * (SUMSQ_MAX_BLOCKS + 1) * sizeof(float), &scr));
+    float *part = (float *)scr, *tot = part + (size_t)nseg * SUMSQ_MAX_BLOCKS;
+    sumsq_multi_partial_kernel<<<(unsigned)total, SUMSQ_THREADS, 0, c->stream>>>(part, base, segs_dev, nseg);
+    DG_CUDA_LAUNCH_CHECK();
+    sumsq_multi_final_kernel<<<(unsigned)nseg, SUMSQ_MAX_BLOCKS, 0, c->stream>>>(tot, part, segs_dev);
+    DG_CUDA_LAUNCH_CHECK();
+    sumsq_multi_add_kernel<<<1, SUMSQ_THREADS, 0, c->stream>>>(out, tot, segs_dev, nseg);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
