@@ -617,6 +617,9 @@ static dg_status_t bind_and_alloc(dg_model_t *m) {
         *m->host_norm = NAN;
         DG_TRY(be->ops->fence_create(be, &m->loss_fence));
         DG_TRY(be->ops->fence_create(be, &m->norm_fence));
+        /* the node after which DG_DS_NORM holds the step's norm; a pass that replaced CLIP_SCALE by
+         * another op writing the norm would have to be found here too (none: the norm is read after a
+         * sync, correct but with the old wait) */
         for (int i = 0; i < m->g->n; i++)
             if (m->g->nodes[i]->op == DG_OP_CLIP_SCALE && m->g->nodes[i]->phase == DG_PHASE_OPT)
                 m->clip = m->g->nodes[i];
@@ -1050,7 +1053,7 @@ static dg_status_t gr_run(dg_model_t *m, int which, const float *key, int nk, gr
     dg_backend_t *be = m->be;
     DG_ASSERT(nk <= 8);
     float k8[8] = {0};
-    memcpy(k8, key, (size_t)nk * sizeof(float));
+    if (nk > 0) memcpy(k8, key, (size_t)nk * sizeof(float)); /* zero_grad passes no key (NULL) */
     int again = m->gr[which] != NULL && memcmp(k8, m->gr_key[which], sizeof k8) != 0;
     if (again) {
         be->ops->graph_free(be, m->gr[which]);
