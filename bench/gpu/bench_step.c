@@ -2,7 +2,9 @@
  * backward, clip + AdamW) run through the graph executor on the CUDA backend three ways:
  *
  *   api    the model API exactly as dgtrain's loop calls it (dg_model_zero_grad, _forward_backward,
- *          _optimizer_step): eager launches plus the loop's host syncs (loss read-back, norm read-back);
+ *          _optimizer_step): eager launches plus the loop's host waits for the loss and norm read-backs
+ *          (fence waits after the forward and after the clip factor; syncs after the backward and after
+ *          the AdamW with DG_SYNC_HOST_READS=1), then one wait for the step's end (the timing event);
  *   eager  the same schedule replayed eagerly with no host sync inside the step (a second executor on the
  *          model's graph and plan): launch-bound time;
  *   graph  that schedule captured once as one CUDA Graph on the backend's stream and replayed: what the
@@ -222,8 +224,9 @@ int main(int argc, char **argv) {
     printf("  loss %.4f (first %.4f), grad norm %.4f\n", (double)loss, (double)first_loss, (double)norm);
     printf("  %-34s %9.3f ms  %9.0f tok/s  MFU %.3f\n", "api (dgtrain's loop, eager)", api,
            ntok / (api * 1e-3), peak > 0 ? ntok / (api * 1e-3) * fpt / peak : NAN);
-    printf("  %-34s %9.3f ms  (zero+fwd+bwd %.3f ms, clip+AdamW %.3f ms, host clock)\n", "  of which",
-           fb + opt, fb, opt);
+    printf("  %-34s %9.3f ms  (to forward_backward's return %.3f ms, then to the step's end %.3f ms, host "
+           "clock)\n",
+           "  of which", fb + opt, fb, opt);
     printf("  %-34s %9.3f ms  %9.0f tok/s\n", "eager, no host sync in the step", eager,
            ntok / (eager * 1e-3));
     printf("  %-34s %9.3f ms  %9.0f tok/s  MFU %.3f\n", "CUDA Graph replay", gr, ntok / (gr * 1e-3),

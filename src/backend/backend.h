@@ -56,6 +56,13 @@
  *        sumsq_f32 per segment, bit for bit (CUDA: 3 kernel launches whatever the number of segments,
  *        instead of 2 per tensor). Optional (NULL: the executor runs one sumsq_f32 per tensor). Appended
  *        at the end of the table. Additive.
+ *   v1.8 (2026-11-29, async-host) download_async() and fence_create / fence_record / fence_wait /
+ *        fence_destroy: device-to-host copies into page-locked memory queued in order with the other ops,
+ *        and a marker the host can wait on that covers only the work queued before it (not the whole
+ *        queue, as sync does). Both are legal while a graph is being recorded (a recorded fence fires at
+ *        every replay). The model reads the step's losses and gradient norm through them, so the host
+ *        no longer waits for the backward or the AdamW. Optional (all five NULL: the model syncs as
+ *        before). Appended at the end of the table. Additive.
  */
 #ifndef DG_BACKEND_H
 #define DG_BACKEND_H
@@ -266,6 +273,27 @@ typedef struct dg_backend_ops {
      * sumsq_f32 chooses it per pointer). nseg = 0 does nothing. */
     dg_status_t (*sumsq_multi)(dg_backend_t *be, float *out_dev, const float *base, size_t span,
                                const dg_sumsq_seg_t *segs, const dg_sumsq_seg_t *segs_dev, int nseg);
+    /* ---- v1.8: host reads that do not drain the queue (optional: all NULL, or all set) ---- */
+    /* host_dst[0, bytes) = src (device), queued in order with every other op: the copy reads src when
+     * the work queued before it has run, and host_dst holds the data only once a fence recorded after
+     * this call has been waited on (or after sync). host_dst must come from host_alloc (page-locked:
+     * the copy is then asynchronous and capturable) and stay allocated until then. Recorded in a graph,
+     * every replay copies again into the same host_dst. CPU: a plain copy, done when it returns. */
+    dg_status_t (*download_async)(dg_backend_t *be, void *host_dst, const void *src, size_t bytes);
+    /* A fence: a marker in the backend's queue that the host can wait on. fence_create makes one
+     * (*fence != NULL; not yet recorded); fence_destroy frees it (NULL is fine) after its latest eager
+     * placement has been reached. A fence recorded into a graph must outlive every launch of it. */
+    dg_status_t (*fence_create)(dg_backend_t *be, void **fence);
+    void (*fence_destroy)(dg_backend_t *be, void *fence);
+    /* Places the fence after all the work queued so far (re-recording moves it). Legal during a graph
+     * recording: the recorded graph then places it again at its position at every replay (CUDA: an
+     * external event-record node). */
+    dg_status_t (*fence_record)(dg_backend_t *be, void *fence);
+    /* Blocks the host until the work queued before the fence's latest placement (eager, or in the
+     * latest replay launched) has run; a fence never recorded returns at once. Reports what sync
+     * reports for that work (asynchronous kernel faults, the device error flags: a bad target or token
+     * id) with a message naming the fence wait; work queued after the fence may still be running. */
+    dg_status_t (*fence_wait)(dg_backend_t *be, void *fence);
 } dg_backend_ops_t;
 
 struct dg_backend {

@@ -692,11 +692,16 @@ void *dg_exec_ptr(const dg_exec_t *ex, const dg_node_t *n) {
 }
 
 dg_status_t dg_exec_run(dg_exec_t *ex, int first, int end) {
+    return dg_exec_run_hook(ex, first, end, -1, NULL, NULL);
+}
+
+dg_status_t dg_exec_run_hook(dg_exec_t *ex, int first, int end, int at, dg_exec_hook_t hook, void *ctx) {
     const dg_graph_t *g = ex->graph;
     DG_ASSERTF(dg_plan_matches(ex->plan, g),
                "executor: stale plan (graph generation %llu, plan made at %llu)",
                (unsigned long long)g->generation, (unsigned long long)ex->plan->generation);
     DG_ASSERT(first >= 0 && end <= g->n && first <= end);
+    DG_ASSERT(at < 0 || (hook && at >= first && at < end));
     if (ex->eager) eager_begin(ex, first);
     for (int i = first; i < end; i++) {
         const dg_node_t *n = g->nodes[i];
@@ -704,24 +709,27 @@ dg_status_t dg_exec_run(dg_exec_t *ex, int first, int end) {
             dg_status_t sa = eager_before(ex, i);
             if (sa != DG_OK) return dg_err_prefix(sa, "op #%d %s '%s'", n->id, dg_op_name(n->op), n->name);
         }
-        if (n->op == DG_OP_LEAF || n->op == DG_OP_SIDE ||
-            ((n->flags & DG_NF_GRAD_SYNC) && ex->rt.skip_grad_sync)) {
-            if (ex->eager) eager_after(ex, i);
-            continue;
+        if (!(n->op == DG_OP_LEAF || n->op == DG_OP_SIDE ||
+              ((n->flags & DG_NF_GRAD_SYNC) && ex->rt.skip_grad_sync))) {
+            double t0 = ex->profile ? dg_now_s() : 0;
+            dg_status_t st = DG_OK;
+            for (int w = 0; w < n->n_wait && st == DG_OK; w++)
+                st = complete(ex, n->wait[w]);
+            if (st == DG_OK) st = on_host(ex, n) ? run_on_host(ex, n) : dg_op_def(n->op)->exec(ex, n);
+            if (st == DG_OK && ex->profile) {
+                st = ex->be->ops->sync(ex->be);
+                ex->prof_s[n->op] += dg_now_s() - t0;
+                ex->prof_n[n->op]++;
+            }
+            if (st != DG_OK) return dg_err_prefix(st, "op #%d %s '%s'", n->id, dg_op_name(n->op), n->name);
+            ex->ops_run++;
         }
-        double t0 = ex->profile ? dg_now_s() : 0;
-        dg_status_t st = DG_OK;
-        for (int w = 0; w < n->n_wait && st == DG_OK; w++)
-            st = complete(ex, n->wait[w]);
-        if (st == DG_OK) st = on_host(ex, n) ? run_on_host(ex, n) : dg_op_def(n->op)->exec(ex, n);
-        if (st == DG_OK && ex->profile) {
-            st = ex->be->ops->sync(ex->be);
-            ex->prof_s[n->op] += dg_now_s() - t0;
-            ex->prof_n[n->op]++;
+        if (i == at) { /* before eager_after: what node `at` wrote is still allocated */
+            dg_status_t sh = hook(ctx);
+            if (sh != DG_OK)
+                return dg_err_prefix(sh, "after op #%d %s '%s'", n->id, dg_op_name(n->op), n->name);
         }
-        if (st != DG_OK) return dg_err_prefix(st, "op #%d %s '%s'", n->id, dg_op_name(n->op), n->name);
         if (ex->eager) eager_after(ex, i);
-        ex->ops_run++;
     }
     return dg_exec_drain(ex);
 }

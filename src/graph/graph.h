@@ -266,7 +266,12 @@ dg_status_t dg_model_set_grad_accum(dg_model_t *m, int n);
  * Runs forward and backward; parameter gradients ACCUMULATE. dloss scales the gradient of the SUM of
  * the token losses (pass 1 / (tokens per optimizer step) so that accumulation yields the gradient of
  * the mean). *mean_loss_out (may be NULL) receives the mean token loss of this micro-batch.
- * Out-of-range ids give DG_ERR_USAGE naming the position. */
+ * Out-of-range ids give DG_ERR_USAGE naming the position.
+ * Host waits: on a backend with the v1.8 fences (backend.h) the call returns once the FORWARD has run
+ * and its token losses are on the host; the backward may still be running on the device (everything
+ * queued later runs after it, and every call that reads device state to the host syncs first). Without
+ * the fences, or with DG_SYNC_HOST_READS=1 in the environment when the model was created, it returns
+ * after the whole backward (a sync), as before. The loss is bitwise the same either way. */
 dg_status_t dg_model_forward_backward(dg_model_t *m, const int32_t *tokens_host, const int32_t *targets_host,
                                       float dloss, float *mean_loss_out);
 /* Forward only (evaluation); gradients untouched. */
@@ -279,10 +284,13 @@ dg_status_t dg_model_logits(dg_model_t *m, const int32_t *tokens_host, int pos, 
 
 /* Global-norm clipping then AdamW on every trainable parameter, as graph ops through the backend. t and
  * lr etc. come from h; *grad_norm_out (may be NULL) receives the global L2 norm of the (loss-scale-
- * corrected) gradients of the trainable parameters, before clipping. The norm is read back to the host
- * between the norm and the update (one small device-to-host copy per step): if it is not finite (fp16
- * overflow, divergence) NO parameter or moment changes, the call returns DG_OK and the non-finite norm
- * tells the caller that the update was skipped. Gradients are not zeroed. */
+ * corrected) gradients of the trainable parameters, before clipping. If it is not finite (fp16
+ * overflow, divergence) NO parameter or moment changes (the AdamW skips itself on the device), the call
+ * returns DG_OK and the non-finite norm tells the caller that the update was skipped. Gradients are not
+ * zeroed. Host waits: with the v1.8 fences the norm is copied to the host right after it is computed and
+ * the call returns once that copy has landed, while the AdamW may still run (later calls are queued
+ * behind it; dg_model_get_* / _set_flat sync first); otherwise (or DG_SYNC_HOST_READS=1 at creation) it
+ * returns after the AdamW (a sync). Same bits either way. */
 dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, float *grad_norm_out);
 
 /* Freezes (frozen = 1) or unfreezes parameter i (train.freeze): a frozen tensor gets no AdamW update and

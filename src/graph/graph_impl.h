@@ -600,6 +600,13 @@ void dg_exec_free(dg_exec_t *ex);
 /* Runs nodes [first, end) of the schedule in order. Asserts that the plan still matches the graph. */
 dg_status_t dg_exec_run(dg_exec_t *ex, int first, int end);
 dg_status_t dg_exec_run_phase(dg_exec_t *ex, dg_phase_t phase);
+/* dg_exec_run with hook(ctx) called once right after node `at` (first <= at < end) has been queued (or
+ * skipped, for a skipped node), before the rest: one run, so comm requests in flight across `at` stay in
+ * flight and a graph recording of [first, end) holds whatever the hook queues at that position. The
+ * hook may read node `at`'s output and anything else live there; it must queue only capturable work.
+ * Its error ends the run (prefixed with the node). at < 0: no hook (dg_exec_run). */
+typedef dg_status_t (*dg_exec_hook_t)(void *ctx);
+dg_status_t dg_exec_run_hook(dg_exec_t *ex, int first, int end, int at, dg_exec_hook_t hook, void *ctx);
 /* Device address of a node's storage (arena or persistent). */
 void *dg_exec_ptr(const dg_exec_t *ex, const dg_node_t *n);
 /* Attaches the comm for mesh dimension `dim` (its size must equal graph->mesh.size[dim]; DG_ERR_USAGE

@@ -56,7 +56,18 @@ struct dg_model {
     float *scalars_dev;
 
     dg_node_t *tokens, *targets, *losses, *logits, *scalars;
-    float *host_losses;
+    float *host_losses; /* page-locked (host_alloc): the micro-batch's token losses, B*T */
+    /* Host reads without draining the queue (backend contract v1.8): the forward's losses and the
+     * optimizer's gradient norm are copied (download_async) at the point where they are final and the
+     * host waits on a fence placed right after the copy, not for the backward or the AdamW behind it.
+     * async_reads = 0 (a backend without the ops, or DG_SYNC_HOST_READS=1 when the model was created):
+     * sync + to_host after each phase, as before. Both give the same bits. */
+    int async_reads;
+    void *loss_fence, *norm_fence;
+    float *host_norm;      /* page-locked: the gradient norm's copy */
+    const dg_node_t *clip; /* the OPT phase's CLIP_SCALE (the norm is final after it); NULL: sync path */
+    int opt_pending;       /* an optimizer step returned before its AdamW ran (async_reads): the host mirrors
+                              that the AdamW's queued uploads read are not free until a later fence or sync */
     unsigned char *frozen; /* per tensor */
 
     /* distribution */
@@ -582,6 +593,16 @@ static dg_status_t alloc_zero(dg_backend_t *be, size_t bytes, void **out) {
     return be->ops->memset0(be, *out, bytes);
 }
 
+/* The loss and norm go through download_async + fences when the backend has all five v1.8 entries,
+ * unless DG_SYNC_HOST_READS=1 asks for the old sync + to_host reads (A/B timing; same numbers). */
+static int want_async_reads(const dg_backend_t *be) {
+    const dg_backend_ops_t *o = be->ops;
+    if (!o->download_async || !o->fence_create || !o->fence_destroy || !o->fence_record || !o->fence_wait)
+        return 0;
+    const char *env = getenv("DG_SYNC_HOST_READS");
+    return !(env && *env && strcmp(env, "0") != 0);
+}
+
 static dg_status_t bind_and_alloc(dg_model_t *m) {
     dg_backend_t *be = m->be;
     size_t fb = m->total * sizeof(float);
@@ -597,6 +618,19 @@ static dg_status_t bind_and_alloc(dg_model_t *m) {
     DG_TRY(alloc_zero(be, DG_SCALAR_COUNT * sizeof(float), (void **)&m->scalars_dev));
     DG_TRY(be->ops->host_alloc(be, ntok * sizeof(int32_t), (void **)&m->tok_host));
     DG_TRY(be->ops->host_alloc(be, ntok * sizeof(int32_t), (void **)&m->tgt_host));
+    DG_TRY(be->ops->host_alloc(be, ntok * sizeof(float), (void **)&m->host_losses));
+    if (m->async_reads) {
+        DG_TRY(be->ops->host_alloc(be, sizeof(float), (void **)&m->host_norm));
+        *m->host_norm = NAN;
+        DG_TRY(be->ops->fence_create(be, &m->loss_fence));
+        DG_TRY(be->ops->fence_create(be, &m->norm_fence));
+        /* the node after which DG_DS_NORM holds the step's norm; a pass that replaced CLIP_SCALE by
+         * another op writing the norm would have to be found here too (none: the norm is read after a
+         * sync, correct but with the old wait) */
+        for (int i = 0; i < m->g->n; i++)
+            if (m->g->nodes[i]->op == DG_OP_CLIP_SCALE && m->g->nodes[i]->phase == DG_PHASE_OPT)
+                m->clip = m->g->nodes[i];
+    }
     m->tokens->data = m->tokens_dev;
     m->targets->data = m->targets_dev;
     m->scalars->data = m->scalars_dev;
@@ -779,10 +813,7 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
     }
     if (st == DG_OK)
         st = dg_plan_create(m->g, (flags & DG_MODEL_NO_ARENA_REUSE) ? DG_PLAN_NO_REUSE : 0, &m->plan);
-    if (st == DG_OK) {
-        m->host_losses = dg_xmalloc((size_t)m->B * (size_t)m->T * sizeof(float));
-        m->frozen = dg_xcalloc((size_t)m->np + 1, 1);
-    }
+    if (st == DG_OK) m->frozen = dg_xcalloc((size_t)m->np + 1, 1);
     m->stall_rank = -1;
     const char *sr = getenv("DG_TEST_STALL_COLLECTIVE_RANK"), *ss = getenv("DG_TEST_STALL_COLLECTIVE_STEP");
     if (sr && ss && *sr && *ss) {
@@ -790,6 +821,7 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         m->stall_step = atoll(ss);
     }
     if (st == DG_OK && !(flags & DG_MODEL_PLAN_ONLY)) {
+        m->async_reads = want_async_reads(be);
         st = bind_and_alloc(m);
         if (st == DG_OK) {
             m->ex->rt.frozen = m->frozen;
@@ -808,9 +840,16 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
 void dg_model_free(dg_model_t *m) {
     if (!m) return;
     dg_backend_t *be = m->be;
-    gr_drop(m);
+    /* with async_reads a step may return with its backward or AdamW still queued, and that work uses
+     * the buffers freed below (errors were reported, or the model is being torn down after one) */
+    if (m->ex && m->async_reads) (void)be->ops->sync(be);
+    gr_drop(m); /* the recordings hold the fences and the page-locked buffers: before those go */
+    if (m->loss_fence) be->ops->fence_destroy(be, m->loss_fence);
+    if (m->norm_fence) be->ops->fence_destroy(be, m->norm_fence);
     if (m->tok_host) be->ops->host_free(be, m->tok_host);
     if (m->tgt_host) be->ops->host_free(be, m->tgt_host);
+    if (m->host_losses) be->ops->host_free(be, m->host_losses);
+    if (m->host_norm) be->ops->host_free(be, m->host_norm);
     dg_exec_free(m->ex);
     void *bufs[] = {m->master,       m->grad,       m->adam_m,       m->adam_v,
                     m->compute,      m->tokens_dev, m->targets_dev,  m->scalars_dev,
@@ -825,7 +864,6 @@ void dg_model_free(dg_model_t *m) {
     free(m->names);
     free(m->pnode);
     free(m->off);
-    free(m->host_losses);
     free(m->frozen);
     free(m);
 }
@@ -920,7 +958,9 @@ static dg_status_t check_ids(const dg_model_t *m, const int32_t *ids, const char
 }
 
 /* Checks the ids and puts them in the page-locked staging buffers; upload_ids() queues the copies. The
- * staging is free again after the sync that ends every forward (read_mean_loss). */
+ * staging is free again once the forward that follows the copies has run: after the sync that ends
+ * dg_model_forward (read_mean_loss), and after dg_model_forward_backward's wait, which is either that
+ * sync or the loss fence placed after the forward (queue_loss_read), in both cases behind the uploads. */
 static dg_status_t stage_ids(dg_model_t *m, const int32_t *tokens, const int32_t *targets) {
     size_t bytes = (size_t)m->B * (size_t)m->T * sizeof(int32_t);
     DG_TRY(check_ids(m, tokens, "tokens"));
@@ -962,14 +1002,37 @@ static dg_status_t body_zero(dg_model_t *m) {
     return dg_exec_run_phase(m->ex, DG_PHASE_ZERO);
 }
 
+/* The token losses are final once the forward has run (an output: live to the end of the schedule, and
+ * nothing in the backward writes them): their copy and the loss fence go right there, so the host can
+ * read the loss while the backward runs. Recorded into the forward_backward graphs with the rest. */
+static dg_status_t queue_loss_read(dg_model_t *m) {
+    size_t n = (size_t)m->B * (size_t)m->T;
+    DG_TRY(
+        m->be->ops->download_async(m->be, m->host_losses, dg_exec_ptr(m->ex, m->losses), n * sizeof(float)));
+    return m->be->ops->fence_record(m->be, m->loss_fence);
+}
+
 static dg_status_t body_fb(dg_model_t *m) {
     DG_TRY(upload_ids(m));
     DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_FWD));
+    if (m->async_reads) DG_TRY(queue_loss_read(m));
     return dg_exec_run_phase(m->ex, DG_PHASE_BWD);
 }
 
+/* The gradient norm is final once CLIP_SCALE has run (after the sum of squares and its all-reduces over
+ * dp_shard and tp, which pass_grad_sync places before it): its copy and the norm fence go right after
+ * that node, inside the one OPT run (and so inside the one optimizer recording), ahead of the AdamW. */
+static dg_status_t queue_norm_read(void *ctx) {
+    dg_model_t *m = ctx;
+    DG_TRY(m->be->ops->download_async(m->be, m->host_norm, m->scalars_dev + DG_SCALAR_NORM, sizeof(float)));
+    return m->be->ops->fence_record(m->be, m->norm_fence);
+}
+
 static dg_status_t body_opt(dg_model_t *m) {
-    return dg_exec_run_phase(m->ex, DG_PHASE_OPT);
+    if (!m->async_reads || !m->clip) return dg_exec_run_phase(m->ex, DG_PHASE_OPT);
+    int first, end;
+    dg_graph_phase_range(m->g, DG_PHASE_OPT, &first, &end);
+    return dg_exec_run_hook(m->ex, first, end, m->clip->id, queue_norm_read, m);
 }
 
 static int gr_active(const dg_model_t *m) {
@@ -1012,7 +1075,7 @@ static dg_status_t gr_run(dg_model_t *m, int which, const float *key, int nk, gr
     dg_backend_t *be = m->be;
     DG_ASSERT(nk <= 8);
     float k8[8] = {0};
-    memcpy(k8, key, (size_t)nk * sizeof(float));
+    if (nk > 0) memcpy(k8, key, (size_t)nk * sizeof(float)); /* zero_grad passes no key (NULL) */
     int again = m->gr[which] != NULL && memcmp(k8, m->gr_key[which], sizeof k8) != 0;
     if (again) {
         be->ops->graph_free(be, m->gr[which]);
@@ -1082,15 +1145,34 @@ void dg_model_set_graph_replay(dg_model_t *m, int on, dg_model_graph_cb_t cb, vo
     m->gr_ctx = ctx;
 }
 
-static dg_status_t read_mean_loss(dg_model_t *m, float *mean_out) {
+/* The mean of host_losses, summed in double in token order: the same arithmetic whichever way the
+ * losses came to the host. */
+static float mean_host_losses(const dg_model_t *m) {
     size_t n = (size_t)m->B * (size_t)m->T;
-    DG_TRY(m->be->ops->sync(m->be));
-    if (!mean_out) return DG_OK;
-    DG_TRY(m->be->ops->to_host(m->be, m->host_losses, dg_exec_ptr(m->ex, m->losses), n * sizeof(float)));
     double s = 0;
     for (size_t i = 0; i < n; i++)
         s += m->host_losses[i];
-    *mean_out = (float)(s / (double)n);
+    return (float)(s / (double)n);
+}
+
+/* The sync path: waits for everything queued (the whole forward, and backward if any), then copies. */
+static dg_status_t read_mean_loss(dg_model_t *m, float *mean_out) {
+    size_t n = (size_t)m->B * (size_t)m->T;
+    DG_TRY(m->be->ops->sync(m->be));
+    m->opt_pending = 0;
+    if (!mean_out) return DG_OK;
+    DG_TRY(m->be->ops->to_host(m->be, m->host_losses, dg_exec_ptr(m->ex, m->losses), n * sizeof(float)));
+    *mean_out = mean_host_losses(m);
+    return DG_OK;
+}
+
+/* The async path: waits for the loss fence only (queue_loss_read); the backward may still be running.
+ * Waited for even when the caller wants no loss: the id staging is free only after it. */
+static dg_status_t wait_mean_loss(dg_model_t *m, float *mean_out) {
+    dg_status_t st = m->be->ops->fence_wait(m->be, m->loss_fence);
+    if (st != DG_OK) return dg_err_prefix(st, "model: reading the micro-batch's token losses");
+    m->opt_pending = 0; /* the fence lies behind the previous step's AdamW */
+    if (mean_out) *mean_out = mean_host_losses(m);
     return DG_OK;
 }
 
@@ -1128,7 +1210,7 @@ dg_status_t dg_model_forward_backward(dg_model_t *m, const int32_t *tokens_host,
     m->ex->rt.skip_grad_sync = 0;
     DG_TRY(st);
     m->fb_count++;
-    return read_mean_loss(m, mean_loss_out);
+    return m->async_reads ? wait_mean_loss(m, mean_loss_out) : read_mean_loss(m, mean_loss_out);
 }
 
 dg_status_t dg_model_set_grad_accum(dg_model_t *m, int n) {
@@ -1220,6 +1302,10 @@ dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, 
                       "gradients have not been summed over dp_replicate yet",
                       m->fb_count, m->accum);
     m->fb_count = 0;
+    /* back to back with the previous step and nothing waited for in between: its AdamW may still have
+     * to upload the segment table that dg_exec_stage_scalars is about to rewrite */
+    if (m->opt_pending) DG_TRY(m->be->ops->sync(m->be));
+    m->opt_pending = 0;
     dg_runtime_t *rt = &m->ex->rt;
     float extra = h->inv_loss_scale > 0 ? h->inv_loss_scale : 1.0f;
     rt->lr = h->lr;
@@ -1236,9 +1322,16 @@ dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, 
      * on the device, so such gradients never reach the state */
     float key[6] = {rt->grad_clip, rt->grad_extra, rt->beta1, rt->beta2, rt->eps, rt->weight_decay};
     DG_TRY(gr_run(m, GR_OPT, key, 6, body_opt));
-    DG_TRY(m->be->ops->sync(m->be));
     float norm;
-    DG_TRY(m->be->ops->to_host(m->be, &norm, m->scalars_dev + DG_SCALAR_NORM, sizeof norm));
+    if (m->async_reads && m->clip) { /* the norm fence (queue_norm_read): the AdamW may still run */
+        dg_status_t sw = m->be->ops->fence_wait(m->be, m->norm_fence);
+        if (sw != DG_OK) return dg_err_prefix(sw, "model: reading the gradient norm");
+        norm = *m->host_norm;
+        m->opt_pending = 1;
+    } else {
+        DG_TRY(m->be->ops->sync(m->be));
+        DG_TRY(m->be->ops->to_host(m->be, &norm, m->scalars_dev + DG_SCALAR_NORM, sizeof norm));
+    }
     if (grad_norm_out) *grad_norm_out = norm * extra;
     m->gr_warm = 1; /* one step has run: scratch sized, plans cached */
     return DG_OK;

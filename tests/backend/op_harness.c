@@ -1278,6 +1278,106 @@ static void case_adamw_multi(H *h, int with_compute) {
     case_end(h);
 }
 
+/* download_async + fences (contract v1.8): a kernel's result copied into page-locked memory and read on
+ * the host after fence_wait, with busy work queued before it (so that an unwaited read would still see
+ * the poison) and work queued after the fence that changes the source (the copy holds the value at its
+ * queue position; the wait does not need that later work). Then, where the backend records graphs, the
+ * same sequence recorded once and replayed twice: each replay copies again and fires the fence again. */
+static int dl_expect(H *h, const char *what, const float *host, const double *x0, size_t n, double factor) {
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; i++) {
+        float want = (float)(x0[i] * factor); /* exact: x0 is f32-representable, factor a power of two */
+        if (memcmp(&host[i], &want, sizeof want) != 0) {
+            bad++;
+            if (first == n) first = i;
+        }
+    }
+    if (bad)
+        fail(h, "%s: %zu of %zu values differ (first at %zu: %g, expected %g)", what, bad, n, first,
+             (double)host[first], x0[first] * factor);
+    else
+        pass(h, "%s: %zu values as expected", what, n);
+    return bad == 0;
+}
+
+static void host_poison(float *p, size_t n) {
+    uint32_t pat = 0x7FC0DEADu;
+    for (size_t i = 0; i < n; i++)
+        memcpy(&p[i], &pat, 4);
+}
+
+static void dl_queue(H *h, void *dx, float *hp, void *f, size_t n, int busy) {
+    for (int k = 0; k < busy && !h->bad; k++) /* time on the queue before the copy */
+        CALL(h, "scale_f32", scale_f32(h->be, dx, n, 1.0f));
+    if (!h->bad) CALL(h, "scale_f32", scale_f32(h->be, dx, n, 2.0f)); /* the value read back */
+    if (!h->bad) CALL(h, "download_async", download_async(h->be, hp, dx, n * sizeof(float)));
+    if (!h->bad) CALL(h, "fence_record", fence_record(h->be, f));
+    if (!h->bad) CALL(h, "scale_f32", scale_f32(h->be, dx, n, 4.0f)); /* behind the fence */
+}
+
+static void case_download_fence(H *h) {
+    if (!case_begin(h, "download_async+fence")) return;
+    const dg_backend_ops_t *o = h->be->ops;
+    if (!o->download_async || !o->fence_create || !o->fence_destroy || !o->fence_record || !o->fence_wait) {
+        pass(h, "download_async / fences: not provided by the %s backend (optional)", o->name);
+        case_end(h);
+        return;
+    }
+    const size_t n = (size_t)1 << 20;
+    const int busy = 32;
+    double *x0 = hrand(h, n, 0.5, 2.0);
+    hround(x0, n, DG_F32);
+    void *dx = dalloc(h, DG_F32, n);
+    upload(h, dx, DG_F32, x0, n);
+    float *hp = NULL;
+    void *f = NULL;
+    if (!h->bad) CALL(h, "host_alloc", host_alloc(h->be, n * sizeof(float), (void **)&hp));
+    if (!h->bad) CALL(h, "fence_create", fence_create(h->be, &f));
+    if (!h->bad && !f) fail(h, "fence_create returned DG_OK and a NULL fence");
+    if (!h->bad && f) CALL(h, "fence_wait (never recorded)", fence_wait(h->be, f));
+    if (!h->bad && hp && f) {
+        CALL(h, "sync", sync(h->be));
+        host_poison(hp, n);
+        dl_queue(h, dx, hp, f, n, busy);
+        if (!h->bad && CALL(h, "fence_wait", fence_wait(h->be, f)))
+            dl_expect(h, "eager: the copy after fence_wait", hp, x0, n, 2.0);
+        if (!h->bad) CALL(h, "sync", sync(h->be));
+        float *after = download_raw(h, dx, n * sizeof(float));
+        if (after) dl_expect(h, "eager: the source after the work behind the fence", after, x0, n, 8.0);
+        digest_add(h, hp, n * sizeof(float));
+    }
+    if (!h->bad && hp && f && o->graph_begin && o->graph_end && o->graph_launch && o->graph_free) {
+        upload(h, dx, DG_F32, x0, n);
+        void *g = NULL;
+        if (!h->bad) CALL(h, "sync", sync(h->be));
+        if (!h->bad && CALL(h, "graph_begin", graph_begin(h->be))) {
+            dl_queue(h, dx, hp, f, n, busy); /* recorded, not run */
+            int rec_ok = !h->bad;
+            h->bad = 0; /* graph_end must run either way */
+            if (CALL(h, "graph_end", graph_end(h->be, &g)) && !rec_ok) h->bad = 1;
+        }
+        double factor = 2.0;
+        for (int rep = 1; rep <= 2 && !h->bad && g; rep++) {
+            host_poison(hp, n);
+            char what[96];
+            snprintf(what, sizeof what, "graph replay %d: the copy after fence_wait", rep);
+            if (CALL(h, "graph_launch", graph_launch(h->be, g)) &&
+                CALL(h, "fence_wait", fence_wait(h->be, f)))
+                dl_expect(h, what, hp, x0, n, factor);
+            factor *= 8.0; /* each replay scales the source by 2 before its copy and by 4 after */
+        }
+        if (!h->bad) CALL(h, "sync", sync(h->be));
+        float *after = download_raw(h, dx, n * sizeof(float));
+        if (after) dl_expect(h, "graph: the source after two replays", after, x0, n, 64.0);
+        if (g) o->graph_free(h->be, g);
+    } else if (!h->bad) {
+        pass(h, "graph recording: not provided by the %s backend", o->name);
+    }
+    if (f) o->fence_destroy(h->be, f);
+    if (hp) o->host_free(h->be, hp);
+    case_end(h);
+}
+
 /* ---- encoder ---- */
 
 typedef struct {
@@ -1943,6 +2043,7 @@ int dg_op_harness_run(dg_backend_t *be, const dg_harness_opts_t *opts) {
     case_adamw(h, 70001, 3, 1);
     case_adamw_multi(h, 1);
     case_adamw_multi(h, 0);
+    case_download_fence(h);
 
     case_encoder(h, 2, 13, 72, 259, 320, 1);
     case_encoder(h, 3, 5, 20, 7, 11, 1);

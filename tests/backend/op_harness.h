@@ -17,7 +17,10 @@
  *   - checks adamw (bias correction, weight decay, device grad scale), clip_scale, sumsq (and sumsq_multi
  *     against one sumsq_f32 per segment, bit for bit), cast between
  *     f32/bf16/f16 (bit-exact round-to-nearest-even, edge values included), add/accumulate/scale and the
- *     memory entry points (256-byte alignment, copies, memset0).
+ *     memory entry points (256-byte alignment, copies, memset0);
+ *   - checks download_async + fences (contract v1.8; skipped where the backend has none): a kernel's
+ *     result read back after fence_wait while later work changes the source, eagerly and, where the
+ *     backend records graphs, in two replays of one recording.
  *
  * Link the static library dg_op_harness; see tests/backend/test_backend_cpu.c for a driver.
  */

@@ -97,6 +97,11 @@ static void error_checks(void) {
     expect_err(op->adamw(be, buf, NULL, buf, buf, buf, 4, 1e-3f, 1.5f, 0.95f, 1e-8f, 0.f, 1, buf), "betas",
                "adamw beta1 = 1.5");
     expect_err(op->to_host(be, NULL, buf, 16), "NULL", "to_host to NULL");
+    /* v1.8: read-backs and fences */
+    expect_err(op->download_async(be, NULL, buf, 16), "NULL", "download_async to NULL");
+    expect_err(op->fence_record(be, NULL), "NULL", "fence_record of NULL");
+    expect_err(op->fence_wait(be, NULL), "NULL", "fence_wait on NULL");
+    expect_err(op->fence_create(be, NULL), "NULL", "fence_create into NULL");
     /* adamw_multi_dev's table rules (v1.6): sorted, not overlapping, offsets multiples of 4, inside span */
     dg_adamw_seg_t overlap[2] = {{0, 8, 0}, {4, 4, 0}}, odd[1] = {{2, 4, 0}}, beyond[1] = {{8, 4, 0}};
     expect_err(

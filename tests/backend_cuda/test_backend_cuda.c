@@ -660,6 +660,24 @@ static int run_errors(void) {
     expect_err(op->sync(be), "negative token", "encoder_fwd negative token (reported at sync)");
     MUST(op->encoder_bwd(be, (float *)logits, (float *)logits + 64, buf, dtg, 2, 2, 4));
     expect_err(op->sync(be), "negative token", "encoder_bwd negative token (reported at sync)");
+    /* v1.8: a fence reports the flags raised by the work before it, as sync does, and only once; a
+     * download into pageable memory is refused by name */
+    void *fence = NULL;
+    float *pinned = NULL;
+    MUST(op->fence_create(be, &fence));
+    MUST(op->host_alloc(be, 64, (void **)&pinned));
+    MUST(op->to_device(be, dtg, bad_tg, sizeof bad_tg));
+    MUST(op->crossentropy_fwd(be, (float *)buf, (float *)buf + 16, logits, dtg, 2, 9, 10));
+    MUST(op->download_async(be, pinned, buf, 2 * sizeof(float)));
+    MUST(op->fence_record(be, fence));
+    expect_err(op->fence_wait(be, fence), "target outside [0, V)", "crossentropy target == V (fence_wait)");
+    check(op->fence_wait(be, fence) == DG_OK && op->sync(be) == DG_OK,
+          "errors: the flag is cleared after fence_wait reported it");
+    float pageable[2];
+    expect_err(op->download_async(be, pageable, buf, sizeof pageable), "page-locked",
+               "download_async into pageable memory");
+    op->host_free(be, pinned);
+    op->fence_destroy(be, fence);
     /* NaN gradient norm: the clip factor is NaN too, not hidden by min() */
     const float nan = NAN;
     MUST(op->to_device(be, buf, &nan, 4));

@@ -484,6 +484,34 @@ static dg_status_t cpu_upload_async(dg_backend_t *be, void *dst, const void *hos
     return cpu_memcpy("upload_async", dst, host_src, bytes);
 }
 
+/* v1.8: every op has run when its call returns, so the copy is done now and a fence has nothing to wait
+ * for; the fence is a real (tiny) allocation so that callers see a non-NULL handle as on any backend */
+static dg_status_t cpu_download_async(dg_backend_t *be, void *host_dst, const void *src, size_t bytes) {
+    (void)be;
+    return cpu_memcpy("download_async", host_dst, src, bytes);
+}
+static dg_status_t cpu_fence_create(dg_backend_t *be, void **fence) {
+    (void)be;
+    DG_CPU_NONNULL("fence_create", fence);
+    *fence = calloc(1, 1);
+    if (!*fence) return DG_ERR(DG_ERR_RUNTIME, "cpu backend: out of host memory creating a fence");
+    return DG_OK;
+}
+static void cpu_fence_destroy(dg_backend_t *be, void *fence) {
+    (void)be;
+    free(fence);
+}
+static dg_status_t cpu_fence_record(dg_backend_t *be, void *fence) {
+    (void)be;
+    DG_CPU_NONNULL("fence_record", fence);
+    return DG_OK;
+}
+static dg_status_t cpu_fence_wait(dg_backend_t *be, void *fence) {
+    (void)be;
+    DG_CPU_NONNULL("fence_wait", fence);
+    return DG_OK;
+}
+
 static dg_status_t cpu_clip_scale(dg_backend_t *be, float *gscale_dev, float *norm_dev,
                                   const float *sumsq_dev, float clip, float extra) {
     (void)be;
@@ -543,6 +571,11 @@ static const dg_backend_ops_t cpu_ops = {
     .add_f32 = cpu_add_f32,
     .adamw_multi_dev = cpu_adamw_multi_dev,
     .sumsq_multi = cpu_sumsq_multi,
+    .download_async = cpu_download_async,
+    .fence_create = cpu_fence_create,
+    .fence_destroy = cpu_fence_destroy,
+    .fence_record = cpu_fence_record,
+    .fence_wait = cpu_fence_wait,
 };
 
 dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t **out) {

@@ -212,12 +212,8 @@ static void cu_free(dg_backend_t *be, void *p) {
     if (e != cudaSuccess) DG_LOG_WARN("cuda backend: cudaFree failed: %s", cudaGetErrorString(e));
 }
 
-/* Reads (and clears) the device error flags; everything queued before is complete when it returns. */
-static dg_status_t check_flags(dg_cuda_t *c) {
-    int flags = 0;
-    DG_CUDA_CHECK(cudaMemcpyAsync(&flags, c->err_dev, sizeof flags, cudaMemcpyDeviceToHost, c->stream));
-    DG_CUDA_CHECK(cudaStreamSynchronize(c->stream));
-    if (!flags) return DG_OK;
+/* The one-line error for raised device error flags (nonzero), after queueing their reset. */
+static dg_status_t flags_error(dg_cuda_t *c, int flags) {
     DG_CUDA_CHECK(cudaMemsetAsync(c->err_dev, 0, sizeof(int), c->stream));
     if (flags & DG_CUDA_EF_TARGET)
         return DG_ERR(DG_ERR_RUNTIME,
@@ -225,6 +221,14 @@ static dg_status_t check_flags(dg_cuda_t *c) {
                       "loss NaN); hint: the token shards hold ids >= model.vocab_size");
     return DG_ERR(DG_ERR_RUNTIME, "cuda backend: encoder saw a negative token id (those rows were skipped); "
                                   "hint: the token shards are corrupt");
+}
+
+/* Reads (and clears) the device error flags; everything queued before is complete when it returns. */
+static dg_status_t check_flags(dg_cuda_t *c) {
+    int flags = 0;
+    DG_CUDA_CHECK(cudaMemcpyAsync(&flags, c->err_dev, sizeof flags, cudaMemcpyDeviceToHost, c->stream));
+    DG_CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    return flags ? flags_error(c, flags) : DG_OK;
 }
 
 static dg_status_t cu_sync(dg_backend_t *be) {
@@ -640,6 +644,103 @@ static void cu_graph_free(dg_backend_t *be, void *graph) {
     dg_cuda_of(be)->graphs_alive--;
 }
 
+/* ---------------- v1.8: asynchronous read-back and fences ---------------- */
+
+/* A fence is an event plus a page-locked copy of the device error flags taken at the same queue
+ * position, so fence_wait reports a bad target or token id of the work before it as sync would, without
+ * draining the stream. */
+typedef struct cu_fence {
+    cudaEvent_t ev;
+    int *flags_host; /* page-locked; written by the copy queued in fence_record */
+} cu_fence_t;
+
+static dg_status_t cu_download_async(dg_backend_t *be, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return DG_OK;
+    REQ_PTR(dst, "download_async");
+    REQ_PTR(src, "download_async");
+    dg_cuda_t *c = dg_cuda_of(be);
+    /* pageable memory would make the copy synchronous (and break a capture): refuse it by name. Checked
+     * on eager calls only (the same call runs eagerly before any recording of it), so that a capture
+     * makes no call beyond the copy itself */
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    DG_CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cap));
+    if (cap == cudaStreamCaptureStatusNone) {
+        cudaPointerAttributes a;
+        DG_CUDA_CHECK(cudaPointerGetAttributes(&a, dst));
+        REQ(a.type == cudaMemoryTypeHost,
+            "cuda backend download_async: the destination %p is not page-locked host memory; hint: allocate "
+            "it with host_alloc",
+            dst);
+    }
+    DG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    return DG_OK;
+}
+
+static void cu_fence_destroy(dg_backend_t *be, void *fence) {
+    (void)be;
+    cu_fence_t *f = (cu_fence_t *)fence;
+    if (!f) return;
+    /* the flag copy queued before the event may still be pending: the page-locked word it writes must
+     * outlive it (errors were reported by fence_wait or sync; nothing to do with them here) */
+    if (f->ev) {
+        (void)cudaEventSynchronize(f->ev);
+        cudaEventDestroy(f->ev);
+    }
+    (void)cudaGetLastError();
+    if (f->flags_host) cudaFreeHost(f->flags_host);
+    free(f);
+}
+
+static dg_status_t cu_fence_create(dg_backend_t *be, void **out) {
+    (void)be;
+    REQ_PTR(out, "fence_create");
+    *out = NULL;
+    cu_fence_t *f = (cu_fence_t *)dg_xcalloc(1, sizeof *f);
+    cudaError_t e = cudaEventCreateWithFlags(&f->ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaHostAlloc((void **)&f->flags_host, sizeof(int), cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (f->ev) cudaEventDestroy(f->ev);
+        free(f);
+        return DG_ERR(DG_ERR_RUNTIME, "cuda backend: creating a fence failed: %s", cudaGetErrorString(e));
+    }
+    *f->flags_host = 0;
+    *out = f;
+    return DG_OK;
+}
+
+static dg_status_t cu_fence_record(dg_backend_t *be, void *fence) {
+    REQ_PTR(fence, "fence_record");
+    dg_cuda_t *c = dg_cuda_of(be);
+    cu_fence_t *f = (cu_fence_t *)fence;
+    DG_CUDA_CHECK(cudaMemcpyAsync(f->flags_host, c->err_dev, sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+    /* during a capture a plain record would only be an internal dependency of the graph; the external
+     * flag makes it an event-record node that fires at every replay, which the host can wait on */
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    DG_CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cap));
+    if (cap == cudaStreamCaptureStatusActive)
+        DG_CUDA_CHECK(cudaEventRecordWithFlags(f->ev, c->stream, cudaEventRecordExternal));
+    else
+        DG_CUDA_CHECK(cudaEventRecord(f->ev, c->stream));
+    return DG_OK;
+}
+
+static dg_status_t cu_fence_wait(dg_backend_t *be, void *fence) {
+    REQ_PTR(fence, "fence_wait");
+    dg_cuda_t *c = dg_cuda_of(be);
+    cu_fence_t *f = (cu_fence_t *)fence;
+    cudaError_t e = cudaEventSynchronize(f->ev);
+    if (e != cudaSuccess)
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "cuda backend: waiting for a fence (a host read-back such as the step's losses or "
+                      "gradient norm): the work queued before it failed: %s (%s); hint: %s",
+                      cudaGetErrorString(e), cudaGetErrorName(e), cuda_hint(e));
+    int flags = *f->flags_host;
+    if (!flags) return DG_OK;
+    *f->flags_host = 0; /* reported once; the next record copies the (reset) flags again */
+    return flags_error(c, flags);
+}
+
 static const dg_backend_ops_t cuda_ops = {
     "cuda",
     cu_destroy,
@@ -682,6 +783,11 @@ static const dg_backend_ops_t cuda_ops = {
     cu_add_f32,
     cu_adamw_multi_dev,
     cu_sumsq_multi,
+    cu_download_async,
+    cu_fence_create,
+    cu_fence_destroy,
+    cu_fence_record,
+    cu_fence_wait,
 };
 
 /* ---------------- construction ---------------- */

@@ -3,12 +3,14 @@
  * (*.cu in this folder) offers to backend_cuda.cu, which fills the vtable.
  *
  * Rules every kernel file follows (they are what makes a whole step capturable as one CUDA Graph):
- *   - all work goes on impl->stream; nothing synchronises with the host except sync/to_host/to_device;
+ *   - all work goes on impl->stream; nothing synchronises with the host except sync/to_host/to_device
+ *     and fence_wait (which waits for one event, not for the stream);
  *   - nothing allocates during a step: temporary memory comes from dg_cuda_scratch(), which grows only
  *     outside stream capture (the first, eager step sizes it);
  *   - no floating-point atomics: every reduction has a fixed partition and a fixed order;
  *   - bad indices in device data (tokens, targets) never fault: kernels skip them and raise a flag in
- *     impl->err_dev that sync() turns into a one-line error.
+ *     impl->err_dev that sync() (or fence_wait(), from a copy taken at the fence) turns into a one-line
+ *     error.
  */
 #ifndef DG_CUDA_IMPL_CUH
 #define DG_CUDA_IMPL_CUH
