@@ -99,8 +99,8 @@ static void chunk_dims(int nd, const int64_t *g, int64_t target_bytes, hsize_t *
  * chunk rows are instead the largest divisor of the gcd of the interior cut rows that fits the target
  * chunk size, provided that chunk is still at least a sixteenth of the target, 256 KiB by default (so a
  * tiny piece never makes tiny chunks; a quarter left the [768, 768] projections of gpt2-124m at 4 ranks,
- * 590 KB a piece, to HDF5's collective write): every piece then holds whole chunks only. The file records the chunk shape, so readers
- * need nothing; what changes with the world size is only the chunking. */
+ * 590 KB a piece, to HDF5's collective write): every piece then holds whole chunks only. The file records the
+ * chunk shape, so readers need nothing; what changes with the world size is only the chunking. */
 
 static int64_t gcd64(int64_t a, int64_t b) {
     while (b) {
