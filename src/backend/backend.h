@@ -63,6 +63,13 @@
  *        every replay). The model reads the step's losses and gradient norm through them, so the host
  *        no longer waits for the backward or the AdamW. Optional (all five NULL: the model syncs as
  *        before). Appended at the end of the table. Additive.
+ *   v1.9 (2026-11-30, cudnn-attn) attention_bwd_ws_bytes() / attention_bwd_ws(): the attention backward
+ *        with a workspace the caller places (the graph puts it in the activation arena where memory is
+ *        free, for cuDNN's deterministic backward: B * NH * T^2 * 2 bytes); and
+ *        dg_backend_cuda_cudnn_attention_calls(): how many attention calls a CUDA backend served through
+ *        cuDNN's fused attention (attention_fwd / attention_bwd may now run on cuDNN for bf16 / f16; same
+ *        contract, bf16 / f16 tolerance). Optional (both NULL: attention_bwd as before). Appended at the
+ *        end of the table. Additive.
  */
 #ifndef DG_BACKEND_H
 #define DG_BACKEND_H
@@ -294,6 +301,18 @@ typedef struct dg_backend_ops {
      * reports for that work (asynchronous kernel faults, the device error flags: a bad target or token
      * id) with a message naming the fence wait; work queued after the fence may still be running. */
     dg_status_t (*fence_wait)(dg_backend_t *be, void *fence);
+    /* ---- v1.9: attention_bwd with a workspace from the caller (optional: both NULL, or both set) ---- */
+    /* Bytes of device memory attention_bwd_ws wants as `ws` for this shape (0: none). May plan the shape
+     * (CUDA: builds cuDNN's execution plans), so call it outside a graph recording. The graph gives the
+     * workspace a place in the activation arena, live only during the op, so it shares memory that is
+     * free at that point of the step (the logits, after the classifier's backward) instead of adding
+     * to the peak. */
+    size_t (*attention_bwd_ws_bytes)(dg_backend_t *be, int B, int T, int C, int NH);
+    /* attention_bwd, with `ws` (ws_bytes >= attention_bwd_ws_bytes of the shape, 256-byte aligned, or
+     * NULL / too small: the backend takes its own scratch) as temporary memory. Same results. */
+    dg_status_t (*attention_bwd_ws)(dg_backend_t *be, void *dqkv, const void *dout, const void *qkv,
+                                    const void *out, const void *aux, void *ws, size_t ws_bytes, int B, int T,
+                                    int C, int NH);
 } dg_backend_ops_t;
 
 struct dg_backend {
@@ -314,6 +333,9 @@ void *dg_backend_cuda_stream(dg_backend_t *be);
 /* The device's name as cudaGetDeviceProperties gives it ("NVIDIA H200"); NULL when `be` is not a CUDA
  * backend. Owned by the backend. */
 const char *dg_backend_cuda_device_name(dg_backend_t *be);
+/* How many attention_fwd / attention_bwd calls of this CUDA backend ran on cuDNN's fused attention engines
+ * (attn_cudnn.cu; DG_CUDA_ATTN_CUDNN) rather than its own kernels; -1 when `be` is not a CUDA backend. */
+long long dg_backend_cuda_cudnn_attention_calls(dg_backend_t *be);
 /* Device memory of a CUDA backend. alloc_bytes / peak_alloc_bytes count every allocation the backend
  * made (the vtable's alloc, its scratch, the cuBLASLt workspace): comparable to PyTorch's
  * torch.cuda.max_memory_allocated(). device_used_bytes = total - free from cudaMemGetInfo now (the CUDA

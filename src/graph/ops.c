@@ -242,6 +242,17 @@ static dg_status_t shape_attention_bwd(dg_graph_t *g, dg_node_t *n) {
     CHECK(aux->op == DG_OP_SIDE && aux->src[0] == out, "aux must be the forward attention's scratch");
     CHECK(out->op != DG_OP_ATTENTION || n->attr[DG_A_NH] == out->attr[DG_A_NH], "head count mismatch");
     set_like(n, qkv);
+    /* the backend's workspace (cuDNN's deterministic backward: B * NH * T^2 * 2 bytes), as a side output
+     * nobody reads: the planner gives it arena memory that is free while this op runs */
+    const dg_backend_ops_t *bo = g->be->ops;
+    if (bo->attention_bwd_ws_bytes && bo->attention_bwd_ws) {
+        size_t ws = bo->attention_bwd_ws_bytes(g->be, (int)out->shape[0], (int)out->shape[1],
+                                               (int)out->shape[2], (int)n->attr[DG_A_NH]);
+        if (ws > 0) {
+            int64_t ws_f = (int64_t)((ws + 3) / 4);
+            dg_node_add_side(g, n, "ws", DG_F32, 1, &ws_f); /* counted in f32 words */
+        }
+    }
     return DG_OK;
 }
 
@@ -741,6 +752,10 @@ static dg_status_t ex_gelu_bwd(dg_exec_t *ex, const dg_node_t *n) {
 
 static dg_status_t ex_attention_bwd(dg_exec_t *ex, const dg_node_t *n) {
     const dg_node_t *out = n->src[2];
+    if (n->n_side > 0 && BE->ops->attention_bwd_ws)
+        return BE->ops->attention_bwd_ws(BE, P(n), P(n->src[0]), P(n->src[1]), P(out), P(n->src[3]),
+                                         P(n->side[0]), n->side[0]->nbytes, I(out->shape[0]),
+                                         I(out->shape[1]), I(out->shape[2]), I(n->attr[DG_A_NH]));
     return BE->ops->attention_bwd(BE, P(n), P(n->src[0]), P(n->src[1]), P(out), P(n->src[3]),
                                   I(out->shape[0]), I(out->shape[1]), I(out->shape[2]), I(n->attr[DG_A_NH]));
 }

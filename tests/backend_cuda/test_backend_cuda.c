@@ -27,6 +27,11 @@
  *       each of impl 2 to 5 within the vs-CPU tolerances of impl 1's, every element written (NaN poison),
  *       bitwise reproducible run to run; without --small, a timing line of all five at B=32 T=1024
  *       C=768 NH=12.
+ *   test_backend_cuda --mode attn-cudnn  [--dtype bf16|f16] [--small]
+ *       cuDNN's fused attention (DG_CUDA_ATTN_CUDNN=1 deterministic, 2 atomic dQ) against the built-in
+ *       kernels (=0) on the same inputs: out, logsumexp, dqkv within the vs-CPU tolerances, mode 1 bitwise
+ *       reproducible, the GPT-2 shape served by cuDNN where cuDNN loads; then a timing line of the three at
+ *       B=32 T=1024 C=768 NH=12.
  * Exit status: 0 all passed, 1 a check failed, 77 skipped (no GPU).
  */
 #define _GNU_SOURCE
@@ -698,10 +703,13 @@ static int run_errors(void) {
 
 /* ======================= attention block rows: 64 vs 128 ======================= */
 
+/* The built-in kernels only (DG_CUDA_ATTN_CUDNN=0): the attn-rows and attn-impl modes test those. */
 static dg_backend_t *make_cuda_rows(dg_dtype_t act, const char *rows, int *skip) {
     setenv("DG_CUDA_ATTN_ROWS", rows, 1);
+    setenv("DG_CUDA_ATTN_CUDNN", "0", 1);
     dg_backend_t *be = make_cuda(act, skip);
     unsetenv("DG_CUDA_ATTN_ROWS");
+    unsetenv("DG_CUDA_ATTN_CUDNN");
     return be;
 }
 
@@ -859,8 +867,10 @@ static int run_attn_rows(dg_dtype_t act, int small) {
 
 static dg_backend_t *make_cuda_impl(dg_dtype_t act, const char *impl, int *skip) {
     setenv("DG_CUDA_ATTN_IMPL", impl, 1);
+    setenv("DG_CUDA_ATTN_CUDNN", "0", 1);
     dg_backend_t *be = make_cuda(act, skip);
     unsetenv("DG_CUDA_ATTN_IMPL");
+    unsetenv("DG_CUDA_ATTN_CUDNN");
     return be;
 }
 
@@ -1086,6 +1096,106 @@ static int run_attn_impl(dg_dtype_t act, int small) {
     return g_fails ? 1 : 0;
 }
 
+/* ======================= cuDNN's fused attention vs the built-in kernels ======================= */
+
+static dg_backend_t *make_cuda_cudnn(dg_dtype_t act, const char *mode, int *skip) {
+    setenv("DG_CUDA_ATTN_CUDNN", mode, 1);
+    dg_backend_t *be = make_cuda(act, skip);
+    unsetenv("DG_CUDA_ATTN_CUDNN");
+    return be;
+}
+
+static int run_attn_cudnn(dg_dtype_t act, int small) {
+    if (act == DG_F32) act = DG_BF16; /* cuDNN serves the 16-bit activations only */
+    int skip = 0;
+    dg_backend_t *ref = make_cuda_cudnn(act, "0", &skip);
+    if (skip) return SKIP;
+    dg_backend_t *det = make_cuda_cudnn(act, "1", &skip), *atom = make_cuda_cudnn(act, "2", &skip);
+    const struct {
+        int B, T, NH, hs;
+    } sh[] = {{2, 1024, 12, 64}, {2, 256, 12, 64}, {2, 200, 4, 64},
+              {3, 13, 4, 32},    {1, 333, 4, 64},  {2, 129, 4, 32}};
+    const double tol_f = tol("attention_fwd", act), tol_b = tol("attention_bwd", act);
+    uint64_t rng = 0xc0d17;
+    int any_cudnn = 0;
+    for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++) {
+        if (small && sh[si].T >= 1024) continue;
+        const int B = sh[si].B, T = sh[si].T, NH = sh[si].NH, C = sh[si].hs * NH;
+        const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
+        float *h = dg_xmalloc(nqkv * sizeof(float));
+        for (size_t i = 0; i < nqkv; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            float v = 0.05f + 0.95f * (float)((rng >> 40) / 16777216.0);
+            h[i] = (rng >> 20) & 1 ? v : -v;
+        }
+        attn_res_t r0 = attn_run(ref, act, h, B, T, C, NH);
+        float *o0 = act16_array(r0.out, nout, act), *d0 = act16_array(r0.dq, nqkv, act);
+        check(dg_backend_cuda_cudnn_attention_calls(ref) == 0, "attn-cudnn: DG_CUDA_ATTN_CUDNN=0 used cuDNN");
+        for (int m = 1; m <= 2; m++) {
+            dg_backend_t *be = m == 1 ? det : atom;
+            const long long c0 = dg_backend_cuda_cudnn_attention_calls(be);
+            attn_res_t r1 = attn_run(be, act, h, B, T, C, NH);
+            attn_res_t r1b = attn_run(be, act, h, B, T, C, NH);
+            const long long used = dg_backend_cuda_cudnn_attention_calls(be) - c0;
+            any_cudnn |= used > 0;
+            char nm[160];
+            snprintf(nm, sizeof nm,
+                     "attn-cudnn [%s] B=%d T=%d C=%d NH=%d (head %d): cuDNN mode %d (%lld calls) vs "
+                     "built-in",
+                     dg_dtype_name(act), B, T, C, NH, sh[si].hs, m, used);
+            float *o1 = act16_array(r1.out, nout, act), *d1 = act16_array(r1.dq, nqkv, act);
+            compare(nm, "fwd out", o1, o0, nout, tol_f);
+            compare(nm, "fwd logsumexp", r1.lse, r0.lse, nl, tol_f);
+            compare(nm, "bwd dqkv", d1, d0, nqkv, tol_b);
+            size_t rep = 0;
+            for (size_t i = 0; i < nout; i++)
+                rep += r1.out[i] != r1b.out[i];
+            for (size_t i = 0; i < nqkv; i++)
+                rep += r1.dq[i] != r1b.dq[i];
+            for (size_t i = 0; i < nl; i++)
+                rep += memcmp(&r1.lse[i], &r1b.lse[i], 4) != 0;
+            if (m == 1)
+                check(rep == 0, "%s: run twice differs in %zu of %zu values (must be bitwise reproducible)",
+                      nm, rep, nout + nqkv + nl);
+            printf("info %s: %zu of %zu values differ between two runs\n", nm, rep, nout + nqkv + nl);
+            if (m == 1 && T == 1024 && sh[si].hs == 64)
+                check(used == 4, "%s: the GPT-2 shape must run on cuDNN where it loads (4 calls, got %lld)",
+                      nm, used);
+            free(o1);
+            free(d1);
+            attn_res_free(&r1);
+            attn_res_free(&r1b);
+        }
+        free(o0);
+        free(d0);
+        attn_res_free(&r0);
+        free(h);
+    }
+    if (!small && any_cudnn) {
+        const int B = 32, T = 1024, C = 768, NH = 12, iters = 20;
+        double ms[3][2];
+        attn_time(ref, act, B, T, C, NH, iters, &rng, ms[0]);
+        attn_time(det, act, B, T, C, NH, iters, &rng, ms[1]);
+        attn_time(atom, act, B, T, C, NH, iters, &rng, ms[2]);
+        const double fl = 4.0 * B * NH * (double)T * T * (C / NH) / 2;
+        printf(
+            "attn-cudnn timing [%s] B=%d T=%d C=%d NH=%d: built-in fwd %.4f bwd %.4f ms; cuDNN deterministic "
+            "fwd %.4f bwd %.4f ms; cuDNN atomic fwd %.4f bwd %.4f ms (TFLOP/s fwd / bwd: %.0f / %.0f, %.0f / "
+            "%.0f, %.0f / %.0f); per step x12: %.2f / %.2f / %.2f ms\n",
+            dg_dtype_name(act), B, T, C, NH, ms[0][0], ms[0][1], ms[1][0], ms[1][1], ms[2][0], ms[2][1],
+            fl / ms[0][0] / 1e9, 2.5 * fl / ms[0][1] / 1e9, fl / ms[1][0] / 1e9, 2.5 * fl / ms[1][1] / 1e9,
+            fl / ms[2][0] / 1e9, 2.5 * fl / ms[2][1] / 1e9, 12 * (ms[0][0] + ms[0][1]),
+            12 * (ms[1][0] + ms[1][1]), 12 * (ms[2][0] + ms[2][1]));
+    }
+    if (!any_cudnn)
+        printf("attn-cudnn [%s]: cuDNN served no shape here (see the INFO lines)\n", dg_dtype_name(act));
+    dg_backend_free(ref);
+    dg_backend_free(det);
+    dg_backend_free(atom);
+    printf("attn-cudnn [%s]: %d checks, %d failed\n", dg_dtype_name(act), g_checks, g_fails);
+    return g_fails ? 1 : 0;
+}
+
 /* ======================= main ======================= */
 
 int main(int argc, char **argv) {
@@ -1109,7 +1219,8 @@ int main(int argc, char **argv) {
             under_test_cpu = 1;
         else {
             fprintf(stderr,
-                    "usage: %s --mode harness|cpu|determinism|errors|attn-rows|attn-impl|probe [--dtype "
+                    "usage: %s --mode harness|cpu|determinism|errors|attn-rows|attn-impl|attn-cudnn|probe "
+                    "[--dtype "
                     "f32|bf16|f16] "
                     "[--only S] "
                     "[--small] [--no-fd] [--verbose]\n",
@@ -1125,6 +1236,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(mode, "attn-rows")) return run_attn_rows(act, small);
     if (!strcmp(mode, "attn-impl")) return run_attn_impl(act, small);
+    if (!strcmp(mode, "attn-cudnn")) return run_attn_cudnn(act, small);
     if (!strcmp(mode, "errors")) {
         int rc = run_errors();
         printf("cuda backend errors: %d checks, %d failed\n", g_checks, g_fails);

@@ -84,6 +84,13 @@ PY
 )
 [ -n "$best_impl" ] && export DG_CUDA_ATTN_IMPL=$best_impl
 log "attention implementation for the rest of this call: ${DG_CUDA_ATTN_IMPL:-built-in default}"
+# cuDNN's fused attention (the default for bf16/f16 where it plans the shape) against the built-in kernels
+"$tbc" --mode attn-cudnn --dtype bf16 >"$out/attn_cudnn.log" 2>&1
+log "attn-cudnn bf16 rc=$?: $(grep -hE '^(FAIL|attn-cudnn)' "$out/attn_cudnn.log" | head -6 | cut -c1-600 | tr '\n' ' ')"
+for dt in bf16 f16; do # every op against float64, attention through cuDNN
+  "$tbc" --mode harness --dtype $dt >"$out/harness_$dt.log" 2>&1
+  log "harness $dt rc=$?: $(tail -1 "$out/harness_$dt.log") $(grep -h '^FAIL' "$out/harness_$dt.log" | head -3 | cut -c1-300 | tr '\n' ' ')"
+done
 for dt in bf16 f16 f32; do # the fused MLP backward op against float64
   "$tbc" --mode harness --dtype $dt --only dgelu >"$out/harness_dgelu_$dt.log" 2>&1
   log "harness dgelu $dt rc=$?: $(tail -1 "$out/harness_dgelu_$dt.log") $(grep -h '^FAIL' "$out/harness_dgelu_$dt.log" | head -3 | cut -c1-300 | tr '\n' ' ')"
@@ -101,7 +108,8 @@ for c in fp32 bf16 determinism multirank graph fallback torch; do
   python3 "$root/tests/gpu_train/gpu_e2e.py" "$c" "$dgtrain" "$dgckpt" "${mpi[@]}" >"$out/gpu_train_$c.log" 2>&1 &
   pids+=($!)
 done
-DG_CUDA_ATTN_ROWS=$rows_best "$tbc" --mode cpu --dtype bf16 --only attention >"$out/attn_vs_cpu.log" 2>&1 &
+(DG_CUDA_ATTN_CUDNN=0 DG_CUDA_ATTN_ROWS=$rows_best "$tbc" --mode cpu --dtype bf16 --only attention \
+   >"$out/attn_vs_cpu.log" 2>&1; "$tbc" --mode cpu --dtype bf16 --only attention >"$out/attn_vs_cpu_cudnn.log" 2>&1) &
 pid_vs=$!
 "$tbc" --mode attn-rows --dtype f16 --small >"$out/attn_rows_f16.log" 2>&1 &
 pid_rows=$!
@@ -115,7 +123,7 @@ done
 wait $pid_rows
 log "attn-rows f16 rc=$?: $(grep -h 'attn-rows \[' "$out/attn_rows_f16.log" | tr '\n' ' ')"
 wait $pid_vs
-log "attention vs CPU, $rows_best-row blocks, rc=$?: $(grep -h 'cuda vs cpu' "$out/attn_vs_cpu.log" | tr '\n' ' ')"
+log "attention vs CPU, built-in $rows_best-row blocks / cuDNN, rc=$?: $(grep -h 'cuda vs cpu' "$out/attn_vs_cpu.log" "$out/attn_vs_cpu_cudnn.log" | tr '\n' ' ')"
 for p in "${pids[@]}"; do wait "$p"; done
 [ -n "${pid_race:-}" ] && wait $pid_race &&
   log "racecheck attn-impl: $(grep -hE 'RACECHECK SUMMARY|^rc=' "$out/racecheck_attn_impl.log" | tr '\n' ' ')"

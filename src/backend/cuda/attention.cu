@@ -1410,6 +1410,11 @@ static dg_status_t fwd_t(dg_cuda_t *c, void *out, void *aux, const void *qkv, in
     const float scale = 1.f / sqrtf((float)HS);
     float *lse = (float *)aux;
     if constexpr (sizeof(T) == 2) {
+        if (c->fast_attention) {
+            int done = 0;
+            DG_TRY(dg_cuda_cudnn_attention(c, 0, out, aux, qkv, NULL, NULL, B, Tn, C, NH, &done));
+            if (done) return DG_OK;
+        }
         if (use_mma(c, HS) && dg_ptr_aligned(qkv, 16) && dg_ptr_aligned(out, 16)) {
             const float sl2 = scale * ATT_LOG2E;
             if (c->attn_impl >= 3) /* implementation 4 differs in the backward only */
@@ -1438,6 +1443,13 @@ static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void 
     const int HS = C / NH;
     const float scale = 1.f / sqrtf((float)HS);
     const float *lse = (const float *)aux;
+    if constexpr (sizeof(T) == 2) {
+        if (c->fast_attention) {
+            int done = 0;
+            DG_TRY(dg_cuda_cudnn_attention(c, 1, dqkv, (void *)dout, qkv, out, aux, B, Tn, C, NH, &done));
+            if (done) return DG_OK;
+        }
+    }
     void *scr = NULL;
     DG_TRY(dg_cuda_scratch(c, (size_t)B * NH * Tn * sizeof(float), &scr));
     float *delta = (float *)scr;

@@ -15,6 +15,10 @@
  *                              tests only in diagonal tiles, ...), 4 = 3 with the backward's two half
  *                              tiles unrolled, 5 = 3 with the backward's dO fragments in registers
  *                              (attention.cu); same results within rounding, not the same bits
+ *   DG_CUDA_ATTN_CUDNN=0|1|2   bf16/f16 attention through cuDNN's fused flash engines where cuDNN (loaded at
+ *                              run time) plans the shape, else the kernels above: 0 never, 1 deterministic
+ *                              engines only (default), 2 also cuDNN's atomic dQ accumulation (not bitwise
+ *                              reproducible; A/B timing) (attn_cudnn.cu)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,6 +172,7 @@ static void cu_destroy(dg_backend_t *be) {
     dg_cuda_t *c = dg_cuda_of(be);
     if (c) {
         if (c->stream) cudaStreamSynchronize(c->stream);
+        dg_cuda_cudnn_free(c);
         dg_cuda_gemm_plans_free(c);
         if (c->lt) cublasLtDestroy(c->lt);
         cudaFree(c->lt_ws);
@@ -488,6 +493,23 @@ static dg_status_t cu_attention_bwd(dg_backend_t *be, void *dqkv, const void *do
     return dg_cuda_attention_bwd(dg_cuda_of(be), dqkv, dout, qkv, out, aux, B, T, C, NH);
 }
 
+static size_t cu_attention_bwd_ws_bytes(dg_backend_t *be, int B, int T, int C, int NH) {
+    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || C % NH) return 0;
+    return dg_cuda_cudnn_attention_ws_bytes(dg_cuda_of(be), B, T, C, NH);
+}
+
+static dg_status_t cu_attention_bwd_ws(dg_backend_t *be, void *dqkv, const void *dout, const void *qkv,
+                                       const void *out, const void *aux, void *ws, size_t ws_bytes, int B,
+                                       int T, int C, int NH) {
+    dg_cuda_t *c = dg_cuda_of(be);
+    c->attn_ws = ws;
+    c->attn_ws_bytes = ws ? ws_bytes : 0;
+    dg_status_t s = cu_attention_bwd(be, dqkv, dout, qkv, out, aux, B, T, C, NH);
+    c->attn_ws = NULL;
+    c->attn_ws_bytes = 0;
+    return s;
+}
+
 static dg_status_t cu_ce_fwd(dg_backend_t *be, float *losses, float *lse, const void *logits,
                              const int32_t *targets, int N, int V, int Vp) {
     REQ_POS(N, "crossentropy_fwd");
@@ -788,6 +810,8 @@ static const dg_backend_ops_t cuda_ops = {
     cu_fence_destroy,
     cu_fence_record,
     cu_fence_wait,
+    cu_attention_bwd_ws_bytes,
+    cu_attention_bwd_ws,
 };
 
 /* ---------------- construction ---------------- */
@@ -863,6 +887,16 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
             return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_ROWS=%s: expected 64 or 128", rows);
         c->attn_rows = atoi(rows);
     }
+    const char *cdn = getenv("DG_CUDA_ATTN_CUDNN");
+    c->attn_cudnn = 1;
+    if (cdn && *cdn) {
+        if (strcmp(cdn, "0") != 0 && strcmp(cdn, "1") != 0 && strcmp(cdn, "2") != 0)
+            return DG_ERR(DG_ERR_USAGE,
+                          "DG_CUDA_ATTN_CUDNN=%s: expected 0 (off), 1 (deterministic) or 2 (atomic dQ "
+                          "allowed)",
+                          cdn);
+        c->attn_cudnn = atoi(cdn);
+    }
     const char *impl = getenv("DG_CUDA_ATTN_IMPL");
     c->attn_impl = DG_CUDA_ATTN_IMPL_DEFAULT;
     if (impl && *impl) {
@@ -908,6 +942,11 @@ static int is_cuda(const dg_backend_t *be) {
 extern "C" void *dg_backend_cuda_stream(dg_backend_t *be) {
     if (!is_cuda(be)) return NULL;
     return (void *)dg_cuda_of(be)->stream;
+}
+
+extern "C" long long dg_backend_cuda_cudnn_attention_calls(dg_backend_t *be) {
+    if (!is_cuda(be)) return -1;
+    return dg_cuda_cudnn_calls(dg_cuda_of(be));
 }
 
 extern "C" const char *dg_backend_cuda_device_name(dg_backend_t *be) {

@@ -61,6 +61,8 @@ typedef struct dg_gemm_plan {
     size_t ws_bytes;
 } dg_gemm_plan_t;
 
+typedef struct dg_cudnn dg_cudnn_t; /* attn_cudnn.cu's state: the loaded library, handle and plans */
+
 typedef struct dg_cuda {
     int device;
     int sm_count;
@@ -85,9 +87,14 @@ typedef struct dg_cuda {
     int graphs_alive;    /* instantiated graphs not yet freed: they hold the scratch's address */
     void **retired;      /* scratch blocks outgrown while graphs were alive (freed at destroy) */
     int n_retired;
-    int attn_impl; /* tensor-core attention kernels: 1 (16 rows per warp), 2 (32 rows per warp), 3
-                      (2 with fewer instructions per score), 4 (3, backward half tiles unrolled),
-                      5 (3, backward dO fragments in registers); DG_CUDA_ATTN_IMPL=1..5 */
+    int attn_impl;  /* tensor-core attention kernels: 1 (16 rows per warp), 2 (32 rows per warp), 3
+                       (2 with fewer instructions per score), 4 (3, backward half tiles unrolled),
+                       5 (3, backward dO fragments in registers); DG_CUDA_ATTN_IMPL=1..5 */
+    int attn_cudnn; /* attention through cuDNN's fused engines for bf16/f16 where it plans the shape: 0 off,
+                       1 deterministic (default), 2 atomic dQ allowed; DG_CUDA_ATTN_CUDNN=0|1|2 */
+    dg_cudnn_t *cudnn; /* loaded on first use; NULL before */
+    void *attn_ws;     /* during attention_bwd_ws: the caller's workspace (else NULL: the scratch) */
+    size_t attn_ws_bytes;
     dg_gemm_plan_t *plans;
     int n_plans, cap_plans;
     /* memory accounting (dg_backend_cuda_mem_stats): every cudaMalloc of the backend, the vtable's
@@ -162,6 +169,16 @@ dg_status_t dg_cuda_attention_fwd(dg_cuda_t *c, void *out, void *aux, const void
                                   int NH);
 dg_status_t dg_cuda_attention_bwd(dg_cuda_t *c, void *dqkv, const void *dout, const void *qkv,
                                   const void *out, const void *aux, int B, int T, int C, int NH);
+/* attn_cudnn.cu: *handled = 0 (and DG_OK) when cuDNN cannot serve the call: the caller runs its own
+ * kernels. Forward: (out, aux, qkv); backward: (dqkv, dout, qkv, out, aux). */
+dg_status_t dg_cuda_cudnn_attention(dg_cuda_t *c, int bwd, void *o_or_dqkv, void *aux_or_dout,
+                                    const void *qkv, const void *out, const void *aux, int B, int T, int C,
+                                    int NH, int *handled);
+void dg_cuda_cudnn_free(dg_cuda_t *c);
+/* Workspace bytes cuDNN's backward wants for this shape (plans it on first sight); 0 when cuDNN does not
+ * serve it. */
+size_t dg_cuda_cudnn_attention_ws_bytes(dg_cuda_t *c, int B, int T, int C, int NH);
+long long dg_cuda_cudnn_calls(dg_cuda_t *c);
 /* crossentropy.cu */
 dg_status_t dg_cuda_crossentropy_fwd(dg_cuda_t *c, float *losses, float *lse, const void *logits,
                                      const int32_t *targets, int N, int V, int Vp);

@@ -1,0 +1,186 @@
+/* test_graph_attn_ws.c — the attention backward's workspace in the activation arena (backend contract
+ * v1.9: attention_bwd_ws_bytes / attention_bwd_ws), on the CPU backend behind a wrapper that asks for a
+ * workspace the size cuDNN's deterministic backward asks for (B * NH * T^2 * 2 bytes) and fills it with
+ * NaN bytes before every call. A workspace placed over memory that anything else still needs would
+ * therefore change the numbers.
+ *
+ * Checked, for a small GPT trained three steps of two micro-batches (an evaluation forward and logits
+ * between and after):
+ *  - every attention backward gets a workspace of at least the asked size, 256-byte aligned, inside the
+ *    arena, and a different workspace per call is not needed: one per op;
+ *  - losses, gradient norms, evaluation losses, logits, weights and AdamW moments are bitwise those of
+ *    the same wrapper without the v1.9 entries (attention_bwd, the backend's own scratch);
+ *  - the arena does not grow: the workspace lives only while its op runs, in memory that is free then
+ *    (the logits', after the classifier's backward);
+ *  - the eager-allocation fallback (no arena) keeps the numbers.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph.h"
+#include "graph_impl.h"
+#include "gtest.h"
+
+/* head size 8, T = 64: the workspace (2 * 4 * 64 * 64 * 2 = 64 KiB) is as large as the logits
+ * (2 * 64 * 128 * 4 = 64 KiB): it must go where they were */
+static const dg_model_desc_t small = {
+    .n_layer = 2, .n_head = 4, .d_model = 32, .seq_len = 64, .vocab_size = 120, .padded_vocab = 128};
+enum { B = 2, STEPS = 3, ACCUM = 2 };
+
+static dg_backend_t *inner;
+static dg_backend_ops_t wrap_ops;
+static dg_backend_t wrap;
+static int n_asked, n_calls, n_bad;
+static size_t ws_min = SIZE_MAX;
+
+static size_t want(int Bn, int T, int C, int NH) {
+    (void)C;
+    return (size_t)Bn * NH * T * T * 2;
+}
+
+static size_t w_ws_bytes(dg_backend_t *be, int Bn, int T, int C, int NH) {
+    (void)be;
+    n_asked++;
+    return want(Bn, T, C, NH);
+}
+
+static dg_status_t w_bwd_ws(dg_backend_t *be, void *dqkv, const void *dout, const void *qkv, const void *out,
+                            const void *aux, void *ws, size_t ws_bytes, int Bn, int T, int C, int NH) {
+    (void)be;
+    n_calls++;
+    const size_t w = want(Bn, T, C, NH);
+    if (!ws || ws_bytes < w || (uintptr_t)ws % 256) {
+        n_bad++;
+        fprintf(stderr, "attention_bwd_ws: workspace %p of %zu bytes for %zu asked\n", ws, ws_bytes, w);
+    } else {
+        memset(ws, 0xff, w); /* NaN in f32: poisons whatever else lived there */
+        if (ws_bytes < ws_min) ws_min = ws_bytes;
+    }
+    return inner->ops->attention_bwd(inner, dqkv, dout, qkv, out, aux, Bn, T, C, NH);
+}
+
+static dg_backend_t *wrapper(int with_ws) {
+    wrap_ops = *inner->ops;
+    wrap_ops.attention_bwd_ws_bytes = with_ws ? w_ws_bytes : NULL;
+    wrap_ops.attention_bwd_ws = with_ws ? w_bwd_ws : NULL;
+    wrap.ops = &wrap_ops;
+    wrap.act_dtype = inner->act_dtype;
+    wrap.impl = inner->impl;
+    return &wrap;
+}
+
+typedef struct {
+    float loss[STEPS * ACCUM], norm[STEPS], eval[STEPS];
+    float *logits, *w, *m, *v;
+    size_t nw, arena;
+} run_t;
+
+static void random_ids(int32_t *x, size_t n, int v, uint64_t *s) {
+    for (size_t i = 0; i < n; i++) {
+        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = (int32_t)((*s >> 33) % (uint64_t)v);
+    }
+}
+
+static void train(int with_ws, run_t *r) {
+    memset(r, 0, sizeof *r);
+    dg_model_t *m;
+    OK(dg_model_create_ex(&small, wrapper(with_ws), B, 11, 0, &m));
+    OK(dg_model_set_grad_accum(m, ACCUM));
+    r->arena = dg_model_arena_bytes(m);
+    size_t n = (size_t)B * small.seq_len;
+    int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
+    uint64_t s = 9;
+    dg_optim_hparams_t h = {
+        .lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
+    for (int st = 1; st <= STEPS; st++) {
+        OK(dg_model_zero_grad(m));
+        for (int k = 0; k < ACCUM; k++) {
+            random_ids(tok, n, small.vocab_size, &s);
+            random_ids(tgt, n, small.vocab_size, &s);
+            OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(n * ACCUM),
+                                         &r->loss[(st - 1) * ACCUM + k]));
+        }
+        h.t = st;
+        OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
+        OK(dg_model_forward(m, tok, tgt, &r->eval[st - 1]));
+    }
+    r->logits = malloc((size_t)B * small.vocab_size * sizeof(float));
+    OK(dg_model_logits(m, tok, small.seq_len / 2, r->logits));
+    r->nw = dg_model_flat_numel(m);
+    r->w = malloc(r->nw * sizeof(float));
+    r->m = malloc(r->nw * sizeof(float));
+    r->v = malloc(r->nw * sizeof(float));
+    OK(dg_model_get_flat(m, DG_STATE_PARAM, r->w));
+    OK(dg_model_get_flat(m, DG_STATE_ADAM_M, r->m));
+    OK(dg_model_get_flat(m, DG_STATE_ADAM_V, r->v));
+    free(tok);
+    free(tgt);
+    dg_model_free(m);
+    for (int i = 0; i < STEPS * ACCUM; i++)
+        EXPECT(isfinite(r->loss[i]), "loss %d is %g", i, (double)r->loss[i]);
+}
+
+static void run_free(run_t *r) {
+    free(r->logits);
+    free(r->w);
+    free(r->m);
+    free(r->v);
+}
+
+static void expect_same(const run_t *a, const run_t *b, const char *what) {
+    EXPECT(memcmp(a->loss, b->loss, sizeof a->loss) == 0,
+           "%s: micro-batch losses differ (%.9g vs %.9g first)", what, (double)a->loss[0],
+           (double)b->loss[0]);
+    EXPECT(memcmp(a->norm, b->norm, sizeof a->norm) == 0, "%s: gradient norms differ", what);
+    EXPECT(memcmp(a->eval, b->eval, sizeof a->eval) == 0, "%s: evaluation losses differ", what);
+    EXPECT(memcmp(a->logits, b->logits, (size_t)B * small.vocab_size * sizeof(float)) == 0,
+           "%s: logits differ", what);
+    EXPECT(a->nw == b->nw && memcmp(a->w, b->w, a->nw * sizeof(float)) == 0, "%s: weights differ", what);
+    EXPECT(a->nw == b->nw && memcmp(a->m, b->m, a->nw * sizeof(float)) == 0, "%s: AdamW m differs", what);
+    EXPECT(a->nw == b->nw && memcmp(a->v, b->v, a->nw * sizeof(float)) == 0, "%s: AdamW v differs", what);
+}
+
+int main(void) {
+    dg_backend_config_t bc = {.act_dtype = DG_F32};
+    OK(dg_backend_cpu_create(&bc, &inner));
+    run_t ref, r;
+    train(0, &ref);
+    EXPECT(n_asked == 0 && n_calls == 0, "without the v1.9 entries nothing may call them (%d, %d)", n_asked,
+           n_calls);
+
+    train(1, &r);
+    const size_t w = want(B, small.seq_len, small.d_model, small.n_head);
+    printf(
+        "workspace %zu bytes per attention backward; asked %d times, called %d times; arena %zu bytes with "
+        "it, %zu without\n",
+        w, n_asked, n_calls, r.arena, ref.arena);
+    EXPECT(n_asked >= small.n_layer, "attention_bwd_ws_bytes asked %d times for %d layers", n_asked,
+           small.n_layer);
+    EXPECT(n_calls == small.n_layer * STEPS * ACCUM, "attention_bwd_ws called %d times, expected %d", n_calls,
+           small.n_layer * STEPS * ACCUM);
+    EXPECT(n_bad == 0, "%d calls got no usable workspace", n_bad);
+    EXPECT(ws_min >= w, "a workspace of %zu bytes, %zu asked", ws_min, w);
+    EXPECT(r.arena <= ref.arena, "the workspace made the arena grow: %zu bytes vs %zu without", r.arena,
+           ref.arena);
+    expect_same(&ref, &r, "workspace in the arena vs the backend's own");
+    run_free(&r);
+
+    /* no arena (the executor's eager-allocation fallback): each workspace is its own allocation */
+    setenv("DG_TEST_ARENA_FAIL", "1", 1);
+    n_calls = n_bad = 0;
+    train(1, &r);
+    unsetenv("DG_TEST_ARENA_FAIL");
+    EXPECT(n_calls == small.n_layer * STEPS * ACCUM && n_bad == 0, "eager allocation: %d calls, %d bad",
+           n_calls, n_bad);
+    expect_same(&ref, &r, "workspace with eager allocation");
+    run_free(&r);
+    run_free(&ref);
+    dg_backend_free(inner);
+    printf("graph attention workspace: %s\n", failures ? "FAILED" : "passed");
+    return failures != 0;
+}
