@@ -1162,7 +1162,8 @@ static void case_adamw(H *h, size_t n, int64_t t, int with_compute) {
 }
 
 /* adamw_multi_dev (contract v1.6): one call over a table of segments of flat buffers (gaps between them,
- * weight decay on and off, a skipped segment, counts that are not multiples of 4) against one adamw_dev
+ * weight decay on and off, a skipped segment, counts that are not multiples of 4, an offset that is an odd
+ * multiple of 4, two segments with no gap) against one adamw_dev
  * per segment from the same state on the same backend: bitwise the same flat buffers, gaps and skipped
  * segment untouched; a non-finite norm changes nothing. */
 static void case_adamw_multi(H *h, int with_compute) {
@@ -1178,8 +1179,13 @@ static void case_adamw_multi(H *h, int with_compute) {
                                 DG_ADAMW_SEG_SKIP | DG_ADAMW_SEG_DECAY, 0};
     dg_adamw_seg_t *tab = hraw(h, NS * sizeof *tab);
     size_t span = 0;
-    for (int i = 0; i < NS; i++) { /* offsets: multiples of 64 with a gap of at least 64 before each */
+    /* offsets: multiples of 64 with a gap of at least 64 before each, except segment 1 (4 past a multiple
+     * of 64: an odd multiple of 4) and segment 4, right after segment 3 (the next multiple of 4: the two
+     * share an 8-element group, as kernels working in groups of 8 see them) */
+    for (int i = 0; i < NS; i++) {
         tab[i].off = (span + 64 + 63) / 64 * 64;
+        if (i == 1) tab[i].off += 4;
+        if (i == 4) tab[i].off = (span + 3) / 4 * 4;
         tab[i].count = (uint32_t)counts[i];
         tab[i].flags = flags[i];
         span = tab[i].off + counts[i];
