@@ -2059,6 +2059,15 @@ int dg_op_harness_run(dg_backend_t *be, const dg_harness_opts_t *opts) {
     case_layernorm(h, 5, 3, 2.0, 1);
     case_layernorm(h, 97, 40, 30.0, 1);
     case_layernorm(h, 300, 200, 0.5, 0);
+    if (o->large) {
+        /* GPT-2's rows (N = B*T = 32768, C = 768): hundreds of per-block partial rows of dw/db */
+        case_layernorm(h, 32768, 768, 0.5, 0);
+        /* more rows than the CUDA backward's grid covers at once (rows per warp > 1 past its block cap),
+         * C = 72: most lanes of a warp own no column */
+        case_layernorm(h, 70001, 72, 1.0, 0);
+        /* C = 1600 (GPT-2 1.5B): the generic kernels there */
+        case_layernorm(h, 9001, 1600, 0.5, 0);
+    }
 
     case_matmul(h, 26, 72, 216, 1, 0, 1);
     case_matmul(h, 26, 72, 288, 1, 1, 1);
@@ -2066,6 +2075,8 @@ int dg_op_harness_run(dg_backend_t *be, const dg_harness_opts_t *opts) {
     case_matmul(h, 7, 72, 259, 0, 1, 1);
     case_matmul(h, 300, 160, 576, 1, 1, 0);
     case_matmul(h, 520, 96, 300, 1, 0, 0);
+    if (o->large) /* bias gradient over many row slabs, a last column tile of 8 columns */
+        case_matmul(h, 4099, 16, 2312, 1, 0, 0);
 
     case_matmul_dgelu(h, 26, 72, 24, 1, 1);
     case_matmul_dgelu(h, 13, 37, 19, 0, 1); /* C not a multiple of 8: no DGELU epilogue on CUDA */

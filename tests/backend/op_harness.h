@@ -42,7 +42,11 @@ typedef struct dg_harness_opts {
     const char *only; /* run only cases whose name contains this substring (NULL or "" = all) */
     double tol_scale; /* multiplies every tolerance (<= 0 means 1.0) */
     int skip_fd;      /* 1: skip finite differences (the analytic float64 gradients are still compared) */
-    FILE *log;        /* where lines go (NULL = stdout) */
+    /* 1: also the large cases (layernorm at N = 32768 x C = 768 and other many-row shapes, a 4099-row
+     * matmul with 2312 outputs), where GPU kernels partition rows into many blocks and reduce many partial
+     * rows; several GiB of host memory for the float64 references, so meant for GPU backends */
+    int large;
+    FILE *log; /* where lines go (NULL = stdout) */
     /* If non-NULL, one line "case-name hash" per case with a 64-bit FNV-1a hash of the bytes of every
      * output of that case's first run: two runs (thread counts, builds) can be compared bit for bit. */
     FILE *digests;

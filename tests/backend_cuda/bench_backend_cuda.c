@@ -6,12 +6,23 @@
  *   bench_backend_cuda [--B 8] [--T 1024] [--dtype bf16] [--iters 20] [--json FILE]
  * The JSON file (one object per op: name, ms, flop, bytes) is what tests/backend_cuda/torch_kernels.py
  * reads to print the same ops timed in PyTorch and the ratios. Exit 77 when there is no GPU.
+ *
+ *   bench_backend_cuda --mode lnbgrad [--B 32] [--T 1024] [--dtype bf16] [--iters 50]
+ * The layernorm and bias-gradient A/B (issue 7): per-call times from CUDA events (median of 5 runs of
+ * --iters back-to-back calls, after warm-up) at C = 768, N = B*T, of layernorm_fwd and layernorm_bwd
+ * (acc = 1, dw and db) with the register kernels and with the generic ones (DG_CUDA_LN_REG=0), and of
+ * matmul_bwd at the four GPT-2 layer shapes with the bias gradient from cuBLASLt's BGRADB epilogue
+ * (DG_CUDA_BGRAD=epilogue), from our column sums (DG_CUDA_BGRAD=colsum) and without a bias gradient; the
+ * dw/db and dbias of the two variants are compared (max relative difference). Ends with one line
+ * "LNBGRAD_SUMMARY ..." (the numbers, which bias-gradient path was faster and the per-step savings).
  */
 #define _GNU_SOURCE
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cuda_runtime_api.h>
 
 #include "backend.h"
 
@@ -81,31 +92,226 @@ static void *dev_rand(size_t n, dg_dtype_t dt, float lo, float hi, uint64_t seed
         r_->per_step = (PER_STEP);                                                                           \
     } while (0)
 
+/* ---------------- --mode lnbgrad ---------------- */
+
+#define CUDA_MUST(call)                                                                                      \
+    do {                                                                                                     \
+        cudaError_t cu_e_ = (call);                                                                          \
+        if (cu_e_ != cudaSuccess) {                                                                          \
+            fprintf(stderr, "bench: %s failed: %s\n", #call, cudaGetErrorString(cu_e_));                     \
+            exit(1);                                                                                         \
+        }                                                                                                    \
+    } while (0)
+
+#define LB_REPS 5
+static void *g_lb_ptrs[64]; /* this backend's buffers, freed before the next variant's backend */
+static int g_lb_n;
+static void *lb_track(void *p) {
+    g_lb_ptrs[g_lb_n++] = p;
+    return p;
+}
+static void lb_free_all(void) {
+    for (int i = 0; i < g_lb_n; i++)
+        g_be->ops->free(g_be, g_lb_ptrs[i]);
+    g_lb_n = 0;
+}
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+/* Median over LB_REPS runs of the per-call time of g_iters back-to-back calls, timed by CUDA events on
+ * the backend's stream, after 5 warm-up calls. */
+#define EV_TIME(OUT, CALL)                                                                                   \
+    do {                                                                                                     \
+        cudaStream_t st_ = (cudaStream_t)dg_backend_cuda_stream(g_be);                                       \
+        cudaEvent_t e0_, e1_;                                                                                \
+        CUDA_MUST(cudaEventCreate(&e0_));                                                                    \
+        CUDA_MUST(cudaEventCreate(&e1_));                                                                    \
+        for (int w_ = 0; w_ < 5; w_++)                                                                       \
+            MUST(CALL);                                                                                      \
+        MUST(g_be->ops->sync(g_be));                                                                         \
+        double t_[LB_REPS];                                                                                  \
+        for (int r_ = 0; r_ < LB_REPS; r_++) {                                                               \
+            CUDA_MUST(cudaEventRecord(e0_, st_));                                                            \
+            for (int i_ = 0; i_ < g_iters; i_++)                                                             \
+                MUST(CALL);                                                                                  \
+            CUDA_MUST(cudaEventRecord(e1_, st_));                                                            \
+            CUDA_MUST(cudaEventSynchronize(e1_));                                                            \
+            float ms_ = 0.f;                                                                                 \
+            CUDA_MUST(cudaEventElapsedTime(&ms_, e0_, e1_));                                                 \
+            t_[r_] = (double)ms_ / g_iters;                                                                  \
+        }                                                                                                    \
+        MUST(g_be->ops->sync(g_be));                                                                         \
+        qsort(t_, LB_REPS, sizeof t_[0], cmp_double);                                                        \
+        (OUT) = t_[LB_REPS / 2];                                                                             \
+        cudaEventDestroy(e0_);                                                                               \
+        cudaEventDestroy(e1_);                                                                               \
+    } while (0)
+
+static float *lb_download(const float *d, size_t n) {
+    float *h = malloc(n * sizeof(float));
+    MUST(g_be->ops->to_host(g_be, h, d, n * sizeof(float)));
+    return h;
+}
+/* max |a - b| / max(|b|, rms(b)) */
+static double lb_maxrel(const float *a, const float *b, size_t n) {
+    double ss = 0, worst = 0;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)b[i] * b[i];
+    const double rms = sqrt(ss / (double)n);
+    for (size_t i = 0; i < n; i++) {
+        double den = fabs(b[i]) > rms ? fabs(b[i]) : rms;
+        double e = den > 0 ? fabs((double)a[i] - b[i]) / den : fabs((double)a[i] - b[i]);
+        if (!(e <= worst)) worst = e; /* NaN counts as worst */
+    }
+    return worst;
+}
+
+static dg_status_t lb_create(dg_dtype_t act, const char *bgrad, const char *ln_reg) {
+    setenv("DG_CUDA_BGRAD", bgrad, 1);
+    setenv("DG_CUDA_LN_REG", ln_reg, 1);
+    dg_backend_config_t cfg = {.act_dtype = act, .device = 0};
+    dg_status_t s = dg_backend_cuda_create(&cfg, &g_be);
+    unsetenv("DG_CUDA_BGRAD");
+    unsetenv("DG_CUDA_LN_REG");
+    return s;
+}
+
+static int run_lnbgrad(int B, int T, dg_dtype_t act) {
+    const int C = 768, N = B * T, L = 12;
+    const size_t as = dg_dtype_size(act), nc = (size_t)N * C;
+    static const struct {
+        const char *name;
+        int C, OC;
+    } shp[4] = {{"qkv", 768, 2304}, {"attproj", 768, 768}, {"fc", 768, 3072}, {"fcproj", 3072, 768}};
+    /* [variant]: 0 = default backend (register layernorm, BGRADB epilogue), 1 = DG_CUDA_BGRAD=colsum,
+     * 2 = DG_CUDA_LN_REG=0 (generic layernorm kernels) */
+    double ln_f[3] = {0}, ln_b[3] = {0}, mm[3][4] = {{0}}, nob[4] = {0};
+    float *ln_dw[3] = {0}, *mm_db[3][4] = {{0}};
+    for (int v = 0; v < 3; v++) {
+        if (lb_create(act, v == 1 ? "colsum" : "epilogue", v == 2 ? "0" : "1") != DG_OK) {
+            printf("SKIP: %s\n", dg_last_error());
+            return strstr(dg_last_error(), "no CUDA device") ? 77 : 1;
+        }
+        const dg_backend_ops_t *op = g_be->ops;
+        if (v != 1) { /* layernorm (not affected by DG_CUDA_BGRAD) */
+            void *x = lb_track(dev_rand(nc, act, 0.1f, 1.f, 3)),
+                 *dy = lb_track(dev_rand(nc, act, 0.01f, 0.1f, 4));
+            void *out = lb_track(dev(nc * as)), *dx = lb_track(dev_rand(nc, act, 0.01f, 0.1f, 5));
+            void *lnw = lb_track(dev_rand(C, act, 0.8f, 1.2f, 6)),
+                 *lnb = lb_track(dev_rand(C, act, 0.f, 0.1f, 7));
+            float *mean = lb_track(dev((size_t)N * 4)), *rstd = lb_track(dev((size_t)N * 4));
+            float *g = lb_track(dev((size_t)2 * C * 4));
+            MUST(op->layernorm_fwd(g_be, out, mean, rstd, x, lnw, lnb, N, C));
+            MUST(op->memset0(g_be, g, (size_t)2 * C * 4));
+            MUST(op->layernorm_bwd(g_be, dx, g, g + C, dy, x, lnw, mean, rstd, N, C, 1));
+            ln_dw[v] = lb_download(g, (size_t)2 * C);
+            EV_TIME(ln_f[v], op->layernorm_fwd(g_be, out, mean, rstd, x, lnw, lnb, N, C));
+            EV_TIME(ln_b[v], op->layernorm_bwd(g_be, dx, g, g + C, dy, x, lnw, mean, rstd, N, C, 1));
+        }
+        if (v != 2) { /* matmul_bwd at the four shapes */
+            const size_t big = (size_t)N * 3072;
+            void *inp = lb_track(dev_rand(big, act, 0.1f, 1.f, 8)),
+                 *dout = lb_track(dev_rand(big, act, 0.01f, 0.1f, 9));
+            void *dinp = lb_track(dev(big * as)),
+                 *w = lb_track(dev_rand((size_t)3072 * 768, act, 0.01f, 0.03f, 10));
+            float *dw = lb_track(dev((size_t)3072 * 768 * 4)), *db = lb_track(dev((size_t)3072 * 4));
+            MUST(op->memset0(g_be, dw, (size_t)3072 * 768 * 4));
+            for (int k = 0; k < 4; k++) {
+                const int c = shp[k].C, oc = shp[k].OC;
+                MUST(op->memset0(g_be, db, (size_t)oc * 4));
+                MUST(op->matmul_bwd(g_be, dinp, dw, db, dout, inp, w, N, c, oc, 0));
+                mm_db[v][k] = lb_download(db, (size_t)oc);
+                EV_TIME(mm[v][k], op->matmul_bwd(g_be, dinp, dw, db, dout, inp, w, N, c, oc, 0));
+                if (v == 0) EV_TIME(nob[k], op->matmul_bwd(g_be, dinp, dw, NULL, dout, inp, w, N, c, oc, 0));
+            }
+        }
+        lb_free_all();
+        dg_backend_free(g_be);
+        g_be = NULL;
+    }
+
+    const double lnf_bytes = (double)nc * 2 * as, lnb_bytes = (double)nc * 4 * as;
+    printf("\nlayernorm and bias gradients, B=%d T=%d (N=%d) C=%d, act %s; per call, median of %d runs of %d "
+           "calls (CUDA events)\n",
+           B, T, N, C, dg_dtype_name(act), LB_REPS, g_iters);
+    printf("%-34s %10s %8s %12s %8s\n", "op", "register", "GB/s", "generic", "GB/s");
+    printf("%-34s %10.4f %8.0f %12.4f %8.0f\n", "layernorm_fwd", ln_f[0], lnf_bytes / (ln_f[0] * 1e6),
+           ln_f[2], lnf_bytes / (ln_f[2] * 1e6));
+    printf("%-34s %10.4f %8.0f %12.4f %8.0f\n", "layernorm_bwd (acc=1, dw, db)", ln_b[0],
+           lnb_bytes / (ln_b[0] * 1e6), ln_b[2], lnb_bytes / (ln_b[2] * 1e6));
+    size_t nC = (size_t)2 * C;
+    printf("%-34s %10.2g (register vs generic, from zero)\n", "layernorm_bwd dw/db max rel diff",
+           lb_maxrel(ln_dw[0], ln_dw[2], nC));
+    printf("\n%-22s %10s %10s %10s %10s %10s %9s %12s\n", "matmul_bwd", "epilogue", "colsum", "no bias",
+           "bgrad epi", "bgrad cs", "cs GB/s", "dbias rel");
+    double tot_e = 0, tot_c = 0, tot_n = 0;
+    for (int k = 0; k < 4; k++) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "%s (C=%d, OC=%d)", shp[k].name, shp[k].C, shp[k].OC);
+        /* the column sum's bandwidth, from its share of the call (0 when noise hides it) */
+        const double cs_ms = mm[1][k] - nob[k],
+                     cs_gbs = cs_ms > 0 ? (double)N * shp[k].OC * as / (cs_ms * 1e6) : 0;
+        printf("%-22s %10.4f %10.4f %10.4f %+10.4f %+10.4f %9.0f %12.2g\n", nm, mm[0][k], mm[1][k], nob[k],
+               mm[0][k] - nob[k], cs_ms, cs_gbs, lb_maxrel(mm_db[1][k], mm_db[0][k], (size_t)shp[k].OC));
+        tot_e += mm[0][k];
+        tot_c += mm[1][k];
+        tot_n += nob[k];
+    }
+    printf("%-22s %10.4f %10.4f %10.4f %+10.4f %+10.4f\n", "per layer", tot_e, tot_c, tot_n, tot_e - tot_n,
+           tot_c - tot_n);
+    const double ln_save = (2 * L + 1) * ((ln_f[2] - ln_f[0]) + (ln_b[2] - ln_b[0]));
+    printf("LNBGRAD_SUMMARY act=%s N=%d ln_fwd_ms=%.4f ln_fwd_generic_ms=%.4f ln_bwd_ms=%.4f "
+           "ln_bwd_generic_ms=%.4f ln_step_saving_ms=%.3f mm_bwd_layer_epilogue_ms=%.4f "
+           "mm_bwd_layer_colsum_ms=%.4f mm_bwd_layer_nobias_ms=%.4f bgrad_faster=%s "
+           "bgrad_colsum_step_saving_ms=%.3f\n",
+           dg_dtype_name(act), N, ln_f[0], ln_f[2], ln_b[0], ln_b[2], ln_save, tot_e, tot_c, tot_n,
+           tot_c < tot_e ? "colsum" : "epilogue", L * (tot_e - tot_c));
+    for (int v = 0; v < 3; v++) {
+        free(ln_dw[v]);
+        for (int k = 0; k < 4; k++)
+            free(mm_db[v][k]);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    int B = 8, T = 1024;
+    int B = 0, T = 1024, iters = 0;
     dg_dtype_t act = DG_BF16;
-    const char *json = NULL;
+    const char *json = NULL, *mode = "kernels";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--B") && i + 1 < argc)
+        if (!strcmp(argv[i], "--mode") && i + 1 < argc)
+            mode = argv[++i];
+        else if (!strcmp(argv[i], "--B") && i + 1 < argc)
             B = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--T") && i + 1 < argc)
             T = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
-            g_iters = atoi(argv[++i]);
+            iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json = argv[++i];
         else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
             const char *d = argv[++i];
             act = !strcmp(d, "f32") ? DG_F32 : !strcmp(d, "f16") ? DG_F16 : DG_BF16;
         } else {
-            fprintf(stderr,
-                    "usage: %s [--B 8] [--T 1024] [--dtype bf16|f16|f32] [--iters 20] [--json FILE]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--mode kernels|lnbgrad] [--B 8] [--T 1024] [--dtype bf16|f16|f32] [--iters 20] "
+                "[--json FILE]\n",
+                argv[0]);
             return 2;
         }
     }
+    const int lnbgrad = !strcmp(mode, "lnbgrad");
+    if (B == 0) B = lnbgrad ? 32 : 8;
+    g_iters = iters ? iters : lnbgrad ? 50 : 20;
     if (B < 1 || T < 1 || g_iters < 1) {
         fprintf(stderr, "bench: B, T and --iters must be positive\n");
+        return 2;
+    }
+    if (lnbgrad) return run_lnbgrad(B, T, act);
+    if (strcmp(mode, "kernels") != 0) {
+        fprintf(stderr, "bench: unknown --mode %s (kernels or lnbgrad)\n", mode);
         return 2;
     }
     dg_backend_config_t cfg = {.act_dtype = act, .device = 0};

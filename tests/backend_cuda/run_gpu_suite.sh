@@ -51,6 +51,9 @@ for B in ${BENCH_BS:-8 32}; do
   log "bench B=$B rc=$?: $(grep 'sum of one step' "$out/bench.log" | tail -1)"
 done
 grep -E 'attention|layernorm' "$out/bench.log" | tee -a "$out/summary.log"
+# layernorm register vs generic kernels, bias gradient by BGRADB epilogue vs our column sums (issue 7)
+"$bench" --mode lnbgrad --B 32 --T "${BENCH_T:-1024}" >"$out/lnbgrad.log" 2>&1
+log "lnbgrad rc=$?: $(grep LNBGRAD_SUMMARY "$out/lnbgrad.log")"
 PYTHONUNBUFFERED=1 timeout 200 python3 "$here/torch_kernels.py" --ours "$out/bench_b${BENCH_TORCH_B:-32}.json" \
   >>"$out/bench.log" 2>&1
 log "torch reference rc=$?"

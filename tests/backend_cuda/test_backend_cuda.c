@@ -3,7 +3,8 @@
  *
  *   test_backend_cuda --mode harness     [--dtype f32|bf16|f16] [--only S] [--verbose] [--no-fd]
  *       every op against the float64 references of tests/backend/op_harness (odd shapes, poison,
- *       accumulation, aliasing, finite differences, repeat-bitwise);
+ *       accumulation, aliasing, finite differences, repeat-bitwise), the large shapes included
+ *       (layernorm at N = 32768, C = 768, ...);
  *   test_backend_cuda --mode cpu         [--dtype ...] [--only S] [--small]
  *       every op against the CPU backend at GPT-2-like shapes (head size 64 and 32, which take the
  *       tensor-core attention path; C = 768 and 1600; V = 50257 padded to 50304; multiples of 8 that take
@@ -538,6 +539,7 @@ static int run_cpu_compare(dg_backend_t *g, int small) {
         cmp_layernorm(&x, 1024, 768);
         cmp_layernorm(&x, 300, 1600); /* > 48 KiB of shared memory in the backward */
         cmp_layernorm(&x, 77, 100);
+        cmp_layernorm(&x, 32768, 768);      /* GPT-2's B*T rows: many partial rows of dw/db */
         cmp_attention(&x, 2, 256, 768, 12); /* GPT-2 heads (64) */
         cmp_attention(&x, 2, 200, 256, 4);  /* T not a multiple of the 64-row tile */
         cmp_attention(&x, 3, 130, 128, 4);  /* head size 32 */
@@ -632,6 +634,20 @@ static int run_errors(void) {
         return g_fails ? 1 : 0;
     }
     const dg_backend_ops_t *op = be->ops;
+    {
+        const char *prev = getenv("DG_CUDA_BGRAD");
+        char *keep = prev ? strdup(prev) : NULL;
+        setenv("DG_CUDA_BGRAD", "bogus", 1);
+        dg_backend_t *be2 = NULL;
+        expect_err(dg_backend_cuda_create(&cfg, &be2), "expected epilogue or colsum",
+                   "create with DG_CUDA_BGRAD=bogus");
+        if (be2) dg_backend_free(be2);
+        if (keep)
+            setenv("DG_CUDA_BGRAD", keep, 1);
+        else
+            unsetenv("DG_CUDA_BGRAD");
+        free(keep);
+    }
     void *buf = NULL;
     MUST(op->alloc(be, 1 << 20, &buf));
     MUST(op->memset0(be, buf, 1 << 20));
@@ -1264,6 +1280,7 @@ int main(int argc, char **argv) {
         o.only = g_only;
         o.verbose = g_verbose;
         o.skip_fd = no_fd;
+        o.large = 1; /* many-row shapes: the row partitions and partial-row reductions of the kernels */
         rc = dg_op_harness_run(be, &o) ? 1 : 0;
     } else if (!strcmp(mode, "cpu")) {
         rc = run_cpu_compare(be, small);

@@ -4,6 +4,12 @@
  *
  * Environment knobs (read once at creation; for tests and debugging, not for users' configs):
  *   DG_CUDA_FUSED_EPILOGUES=0  GEMMs without cuBLASLt epilogues (bias/GELU/bias-grad as own kernels)
+ *   DG_CUDA_BGRAD=epilogue|colsum  matmul_bwd's bias gradient: cuBLASLt's BGRADB epilogue on the
+ *                              weight-gradient GEMM (default), or that GEMM without epilogue plus our
+ *                              deterministic column-sum kernels (elementwise.cu); A/B timing, same
+ *                              tolerances
+ *   DG_CUDA_LN_REG=0           layernorm forward/backward through the generic kernels only, not the
+ *                              register kernels (layernorm.cu); A/B timing, same tolerances
  *   DG_CUDA_FAST_ATTENTION=0   the generic attention kernels instead of the tensor-core ones
  *   DG_CUDA_ATTN_LDMATRIX=0    tensor-core attention loads shared-memory fragments with plain 32/16-bit
  *                              loads instead of ldmatrix (ldmatrix, the default, measured 10-20% faster)
@@ -878,6 +884,14 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
     DG_CUDA_CHECK(cudaDeviceSynchronize());
     c->fused_epilogues = env_flag("DG_CUDA_FUSED_EPILOGUES", 1);
     c->fused_dgelu = env_flag("DG_CUDA_FUSED_DGELU", 1);
+    c->ln_reg = env_flag("DG_CUDA_LN_REG", 1);
+    const char *bg = getenv("DG_CUDA_BGRAD");
+    c->bgrad_colsum = 0;
+    if (bg && *bg) {
+        if (strcmp(bg, "epilogue") != 0 && strcmp(bg, "colsum") != 0)
+            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_BGRAD=%s: expected epilogue or colsum", bg);
+        c->bgrad_colsum = strcmp(bg, "colsum") == 0;
+    }
     c->fast_attention = env_flag("DG_CUDA_FAST_ATTENTION", 1);
     c->attn_ldmatrix = env_flag("DG_CUDA_ATTN_LDMATRIX", 1);
     const char *rows = getenv("DG_CUDA_ATTN_ROWS");
@@ -926,11 +940,12 @@ extern "C" dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg
         cu_destroy(be);
         return s;
     }
-    DG_LOG_DEBUG("cuda backend: device %d %s (sm_%d%d, %d SMs), act %s, fused epilogues %s (DGELU %s), fast "
-                 "attention %s (impl %d, %d-row blocks)",
+    DG_LOG_DEBUG("cuda backend: device %d %s (sm_%d%d, %d SMs), act %s, fused epilogues %s (DGELU %s, bias "
+                 "gradient %s), fast attention %s (impl %d, %d-row blocks)",
                  c->device, c->name, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
                  c->fused_epilogues ? "on" : "off", c->fused_dgelu ? "on" : "off",
-                 c->fast_attention ? "on" : "off", c->attn_impl, c->attn_rows);
+                 c->bgrad_colsum ? "colsum" : "epilogue", c->fast_attention ? "on" : "off", c->attn_impl,
+                 c->attn_rows);
     *out = be;
     return DG_OK;
 }

@@ -79,6 +79,9 @@ typedef struct dg_cuda {
     int fused_epilogues; /* 0 when DG_CUDA_FUSED_EPILOGUES=0: GEMM + separate kernels (for testing) */
     int fused_dgelu;     /* 0 when DG_CUDA_FUSED_DGELU=0: matmul_bwd_dgelu as GEMM + gelu_bwd kernel even
                             where the DGELU epilogue applies (A/B timing of the epilogue alone) */
+    int bgrad_colsum;    /* 1 when DG_CUDA_BGRAD=colsum: matmul_bwd's bias gradient by our column-sum kernels
+                            after the plain weight-gradient GEMM, not by cuBLASLt's BGRADB epilogue */
+    int ln_reg;          /* 0 when DG_CUDA_LN_REG=0: layernorm by the generic kernels only (A/B timing) */
     int fast_attention;  /* 0 when DG_CUDA_FAST_ATTENTION=0: the generic attention kernels only */
     int attn_ldmatrix;   /* tensor-core attention loads fragments with ldmatrix (DG_CUDA_ATTN_LDMATRIX=0: not)
                           */
@@ -130,7 +133,13 @@ dg_status_t dg_cuda_scale_f32(dg_cuda_t *c, float *x, size_t n, float s);
 dg_status_t dg_cuda_gelu_fwd(dg_cuda_t *c, void *out, const void *inp, size_t n);
 dg_status_t dg_cuda_gelu_bwd(dg_cuda_t *c, void *dinp, const void *inp, const void *dout, size_t n, int acc);
 dg_status_t dg_cuda_bias_gelu(dg_cuda_t *c, void *out, void *pre, const void *bias, int N, int OC, int gelu);
+/* dst[c] += sum over the N rows of src[N, C] (act dtype): deterministic two-level column sum. */
 dg_status_t dg_cuda_colsum_acc(dg_cuda_t *c, float *dst, const void *src, int N, int C);
+/* The final level of the column sums: with part an f32 [P, W] matrix of partial rows, lo[c] += sum_p
+ * part[p, c] for c < split and hi[c - split] += sum_p part[p, c] for c >= split (lo or hi NULL: those
+ * columns are skipped). The order of the additions depends only on P. */
+dg_status_t dg_cuda_rowsum_acc(dg_cuda_t *c, float *lo, float *hi, int split, const float *part, int P,
+                               int W);
 dg_status_t dg_cuda_add_f32(dg_cuda_t *c, float *dst, const float *src, size_t n);
 dg_status_t dg_cuda_adamw(dg_cuda_t *c, float *master, void *compute, const float *grad, float *m, float *v,
                           size_t n, float lr, float beta1, float beta2, float eps, float wd, int64_t t,

@@ -68,4 +68,20 @@ template <int V, typename T> static __device__ __forceinline__ void dg_stv(T *p,
     }
 }
 
+/* 16-byte vectors kept raw: a kernel that holds whole rows in registers loads them as uint4 (4 registers for
+ * 8 bf16/f16 or 4 f32 elements) and converts element j where it is used, instead of holding V floats. */
+template <typename T> static __device__ __forceinline__ uint4 dg_ld16(const T *p) {
+    return *reinterpret_cast<const uint4 *>(p);
+}
+template <typename T> static __device__ __forceinline__ float dg_elem16(const uint4 &u, int j) {
+    return dg_to_f(reinterpret_cast<const T *>(&u)[j]);
+}
+/* bf16 -> f32 is a shift or a mask of the 32-bit word: plain integer operations, which the compiler may
+ * redo where a value is used instead of keeping both the packed word and the float live (the intrinsic is
+ * inline assembly it will not rematerialise). */
+template <> __device__ __forceinline__ float dg_elem16<dg_bf16>(const uint4 &u, int j) {
+    const unsigned w = j < 2 ? u.x : j < 4 ? u.y : j < 6 ? u.z : u.w;
+    return __uint_as_float(j & 1 ? (w & 0xffff0000u) : (w << 16));
+}
+
 #endif

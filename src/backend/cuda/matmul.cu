@@ -8,7 +8,11 @@
  * backend's own workspace on its one stream that makes every GEMM bitwise reproducible. Where cuBLASLt
  * offers no fused epilogue for a combination, or DG_CUDA_FUSED_EPILOGUES=0, the plain GEMM runs and
  * the epilogue is done by the kernels in elementwise.cu. BGRADB overwrites its output, so it writes to
- * scratch and a separate kernel adds that into dbias (the contract's +=).
+ * scratch and a separate kernel adds that into dbias (the contract's +=). With DG_CUDA_BGRAD=colsum the
+ * bias gradient is always our column sum (dg_cuda_colsum_acc: one read of dout at memory bandwidth plus a
+ * small final pass) after the plain weight-gradient GEMM: on the H200 cuBLASLt implements BGRADB as
+ * separate kernels (globalKernelBgradAB_v2 + splitKreduce_kernel, ~64 us per call at GPT-2 124M shapes,
+ * B*T = 32768), which the column sum may beat; the default stays the epilogue until measured.
  *
  * matmul_bwd_dgelu (the MLP's second linear layer, whose input is a GELU output) takes the input gradient
  * through GELU's derivative with the DGELU epilogue (aux = the saved pre-activation).
@@ -349,7 +353,7 @@ dg_status_t dg_cuda_matmul_bwd(dg_cuda_t *c, void *dinp, float *dw, float *dbias
         g.dtype = CUDA_R_32F;
         g.beta = 1.f;
         g.epi = CUBLASLT_EPILOGUE_DEFAULT;
-        if (dbias && c->fused_epilogues) {
+        if (dbias && c->fused_epilogues && !c->bgrad_colsum) {
             void *scr = NULL;
             DG_TRY(dg_cuda_scratch(c, (size_t)OC * sizeof(float), &scr));
             gemm_call_t f = g;
