@@ -70,6 +70,11 @@
  *        cuDNN's fused attention (attention_fwd / attention_bwd may now run on cuDNN for bf16 / f16; same
  *        contract, bf16 / f16 tolerance). Optional (both NULL: attention_bwd as before). Appended at the
  *        end of the table. Additive.
+ *   v1.10 (2026-11-30, ce-fused) crossentropy_fused(): crossentropy_fwd and crossentropy_bwd of the same
+ *        logits in one call (losses, lse and dlogits bit for bit what the two calls give), so the logits
+ *        are read once from memory instead of twice (CUDA: one block per row, the row staged in shared
+ *        memory). dlogits may alias logits. Optional (NULL: the graph keeps the two ops). Appended at the
+ *        end of the table. Additive.
  */
 #ifndef DG_BACKEND_H
 #define DG_BACKEND_H
@@ -313,6 +318,20 @@ typedef struct dg_backend_ops {
     dg_status_t (*attention_bwd_ws)(dg_backend_t *be, void *dqkv, const void *dout, const void *qkv,
                                     const void *out, const void *aux, void *ws, size_t ws_bytes, int B, int T,
                                     int C, int NH);
+
+    /* ---- v1.10 (optional: NULL where the backend has none) ---- */
+    /* The classifier loss and its gradient in one call, for a step whose backward follows:
+     *   crossentropy_fwd(losses, lse, logits, targets, N, V, Vp);
+     *   crossentropy_bwd(dlogits, logits, lse, targets, N, V, Vp, dloss);
+     * with the same results bit for bit (losses, lse, dlogits; a target outside [0, V) is handled as
+     * those two calls handle it), but each row of logits is read from memory once: its loss and
+     * logsumexp are computed, then its gradient is written while the row is still on chip (CUDA: one
+     * block per row, the row staged in shared memory when it fits). dlogits MAY alias logits (in place):
+     * the logits are then gone after the call. dloss is the backward's, typically loss_scale / (global
+     * tokens in the step). */
+    dg_status_t (*crossentropy_fused)(dg_backend_t *be, float *losses, float *lse, void *dlogits,
+                                      const void *logits, const int32_t *targets, int N, int V, int Vp,
+                                      float dloss);
 } dg_backend_ops_t;
 
 struct dg_backend {

@@ -2007,6 +2007,81 @@ static void case_crossentropy(H *h, int N, int V, int Vp, int fd) {
     case_end(h);
 }
 
+/* crossentropy_fused (contract v1.10): the same bits as crossentropy_fwd followed by crossentropy_bwd on
+ * this backend, out of place and in place (dlogits == logits), with every output poisoned first; and
+ * within the forward/backward tolerances of the float64 references. lg_off / dl_off shift logits /
+ * dlogits by that many elements from a 256-byte boundary (CUDA: misaligned logits take the scalar
+ * reduction; misaligned dlogits keep the vector reduction with scalar stores). A large Vp: rows that do
+ * not fit in GPU shared memory (CUDA's two-pass kernel). */
+static void case_crossentropy_fused(H *h, int N, int V, int Vp, int lg_off, int dl_off) {
+    if (!case_begin(h, "crossentropy_fused[N=%d,V=%d,Vp=%d,off=%d/%d]", N, V, Vp, lg_off, dl_off)) return;
+    if (!h->be->ops->crossentropy_fused) { /* optional entry: the graph keeps the two ops */
+        pass(h, "crossentropy_fused: not provided by the %s backend (optional)", h->be->ops->name);
+        case_end(h);
+        return;
+    }
+    const dg_dtype_t A = h->act;
+    const size_t es = dt_size(A), nz = (size_t)N * Vp, zb = nz * es;
+    double *z = hrand(h, nz, 0.05, 4.0); /* padded columns hold garbage too: they must be ignored */
+    int32_t *tg = rand_tokens(h, N, V);
+    tg[N - 1] = V - 1; /* the last real column (in a vector that reaches into the padding) */
+    hround(z, nz, A);
+    const double dloss = (double)(float)(0.7 / N);
+    double *rl = hnew(h, N), *rlse = hnew(h, N), *rdz = hnew(h, nz);
+    ref_ce(rl, rlse, z, tg, N, V, Vp);
+    ref_ce_bwd(rdz, z, tg, N, V, Vp, dloss);
+    char *zbase = dalloc_bytes(h, zb + 256), *gbase = dalloc_bytes(h, zb + 256),
+         *rbase = dalloc_bytes(h, zb + 256);
+    void *dtg = dalloc(h, DG_I32, N);
+    void *l1 = dalloc(h, DG_F32, N), *s1 = dalloc(h, DG_F32, N), *l2 = dalloc(h, DG_F32, N),
+         *s2 = dalloc(h, DG_F32, N);
+    if (h->bad) {
+        case_end(h);
+        return;
+    }
+    void *dz = zbase + (size_t)lg_off * es, *g1 = gbase + (size_t)dl_off * es,
+         *g0 = rbase + (size_t)dl_off * es;
+    upload(h, dz, A, z, nz);
+    upload_i32(h, dtg, tg, N);
+    void *zraw = download_raw(h, dz, zb);
+    /* the unfused pair on this backend: the reference bits */
+    poison(h, l1, DG_F32, N);
+    poison(h, s1, DG_F32, N);
+    poison(h, g0, A, nz);
+    if (!h->bad) CALL(h, "crossentropy_fwd", crossentropy_fwd(h->be, l1, s1, dz, dtg, N, V, Vp));
+    if (!h->bad)
+        CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g0, dz, s1, dtg, N, V, Vp, (float)dloss));
+    void *rl_bits = download_raw(h, l1, N * 4), *rs_bits = download_raw(h, s1, N * 4);
+    void *rg_bits = download_raw(h, g0, zb);
+    /* fused, out of place */
+    poison(h, l2, DG_F32, N);
+    poison(h, s2, DG_F32, N);
+    poison(h, g1, A, nz);
+    if (!h->bad)
+        CALL(h, "crossentropy_fused", crossentropy_fused(h->be, l2, s2, g1, dz, dtg, N, V, Vp, (float)dloss));
+    check_close(h, "fused losses", download(h, l2, DG_F32, N), rl, N, tol_of(h, "crossentropy_fwd"), NULL);
+    check_close(h, "fused lse", download(h, s2, DG_F32, N), rlse, N, tol_of(h, "crossentropy_fwd"), NULL);
+    check_close(h, "fused dlogits (padded columns = 0)", download(h, g1, A, nz), rdz, nz,
+                tol_of(h, "crossentropy_bwd"), NULL);
+    check_bits(h, "fused losses == crossentropy_fwd's", download_raw(h, l2, N * 4), rl_bits, N * 4);
+    check_bits(h, "fused lse == crossentropy_fwd's", download_raw(h, s2, N * 4), rs_bits, N * 4);
+    check_bits(h, "fused dlogits == crossentropy_bwd's", download_raw(h, g1, zb), rg_bits, zb);
+    check_bits(h, "fused out of place leaves the logits", download_raw(h, dz, zb), zraw, zb);
+    digest_dev(h, l2, N * 4);
+    digest_dev(h, s2, N * 4);
+    digest_dev(h, g1, zb);
+    /* fused, in place: dlogits over the logits */
+    poison(h, l2, DG_F32, N);
+    poison(h, s2, DG_F32, N);
+    if (!h->bad)
+        CALL(h, "crossentropy_fused", crossentropy_fused(h->be, l2, s2, dz, dz, dtg, N, V, Vp, (float)dloss));
+    check_bits(h, "fused in place: losses", download_raw(h, l2, N * 4), rl_bits, N * 4);
+    check_bits(h, "fused in place: lse", download_raw(h, s2, N * 4), rs_bits, N * 4);
+    check_bits(h, "fused in place: dlogits over the logits == crossentropy_bwd's", download_raw(h, dz, zb),
+               rg_bits, zb);
+    case_end(h);
+}
+
 /* ======================= driver ======================= */
 
 void dg_harness_opts_init(dg_harness_opts_t *o) {
@@ -2095,6 +2170,13 @@ int dg_op_harness_run(dg_backend_t *be, const dg_harness_opts_t *opts) {
     case_crossentropy(h, 26, 259, 320, 1);
     case_crossentropy(h, 3, 5, 5, 1);
     case_crossentropy(h, 40, 1000, 1024, 0);
+    case_crossentropy_fused(h, 26, 259, 320, 0, 0);
+    case_crossentropy_fused(h, 3, 5, 5, 0, 0);
+    case_crossentropy_fused(h, 40, 1000, 1024, 0, 0);
+    case_crossentropy_fused(h, 7, 259, 320, 1, 0); /* logits misaligned: the scalar reduction */
+    case_crossentropy_fused(h, 7, 259, 320, 0, 3); /* dlogits misaligned: vector reduction, scalar stores */
+    case_crossentropy_fused(h, 5, 1003, 1003, 0, 0);
+    case_crossentropy_fused(h, 3, 120000, 120064, 0, 0); /* rows beyond shared memory on every GPU */
 
     fprintf(h->log, "op harness [%s, act %s]: %d cases, %d checks, %d failed\n", be->ops->name,
             dg_dtype_name(h->act), h->cases, h->checks, h->failures);

@@ -14,6 +14,9 @@
  *   - checks accumulation: parameter gradients add into non-zero pre-filled buffers, acc=0 overwrites
  *     poisoned activation gradients and acc=1 adds into non-zero ones; dlogits aliasing logits;
  *   - checks determinism: each run repeated on fresh buffers must give identical bits;
+ *   - checks crossentropy_fused (contract v1.10) bit for bit against crossentropy_fwd + crossentropy_bwd
+ *     on the same backend, out of place and in place, with misaligned logits / dlogits and rows too large
+ *     for GPU shared memory;
  *   - checks adamw (bias correction, weight decay, device grad scale), clip_scale, sumsq (and sumsq_multi
  *     against one sumsq_f32 per segment, bit for bit), cast between
  *     f32/bf16/f16 (bit-exact round-to-nearest-even, edge values included), add/accumulate/scale and the

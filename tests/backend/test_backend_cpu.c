@@ -74,6 +74,15 @@ static void error_checks(void) {
                "crossentropy target == V");
     expect_err(op->crossentropy_bwd(be, buf, buf, buf, tok, 2, 9, 8, 1.0f), "smaller than V",
                "crossentropy Vp < V");
+    /* the fused op checks like the pair, before writing anything */
+    float before = buf[100];
+    expect_err(op->crossentropy_fused(be, buf, buf + 8, buf + 100, buf + 100, bad_tg, 2, 9, 10, 1.0f),
+               "outside the vocabulary", "crossentropy_fused target == V");
+    EXPECT(buf[100] == before, "crossentropy_fused with a bad target wrote the logits");
+    expect_err(op->crossentropy_fused(be, buf, buf, buf, buf, tok, 2, 9, 8, 1.0f), "smaller than V",
+               "crossentropy_fused Vp < V");
+    expect_err(op->crossentropy_fused(be, buf, buf, NULL, buf, tok, 2, 9, 10, 1.0f), "NULL",
+               "crossentropy_fused dlogits NULL");
     int32_t neg[4] = {0, 1, -5, 2};
     expect_err(op->encoder_fwd(be, buf, neg, buf, buf, 2, 2, 4), "negative", "encoder_fwd negative token");
     expect_err(op->encoder_bwd(be, buf, buf, buf, neg, 2, 2, 4), "negative", "encoder_bwd negative token");

@@ -397,6 +397,11 @@ int main(int argc, char **argv) {
          op->crossentropy_fwd(g_be, losses, lse, logits, tok, N, V, Vp));
     TIME("crossentropy_bwd", 0, (double)N * Vp * a2, 1,
          op->crossentropy_bwd(g_be, logits, logits, lse, tok, N, V, Vp, 1.0f / N));
+    /* what the graph runs instead of the two rows above (pass fuse_crossentropy, contract v1.10): both in
+     * one read and one write of the logits, in place (DG_CUDA_CE_SMEM=0: the two-pass kernel that
+     * re-reads each row through L2). x/step 0, as for matmul_bwd_dgelu: the step sum keeps the pair */
+    TIME("crossentropy_fused", 0, (double)N * Vp * a2, 0,
+         op->crossentropy_fused(g_be, losses, lse, logits, logits, tok, N, V, Vp, 1.0f / N));
     TIME("matmul_bwd lm_head", 2 * flm, 0, 1,
          op->matmul_bwd(g_be, dx, gte, NULL, logits, x, wte, N, C, Vp, 0));
     /* optimizer over all parameters */

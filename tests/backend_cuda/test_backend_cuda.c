@@ -401,6 +401,21 @@ static void cmp_encoder(cmp_t *x, int B, int T, int C, int V) {
     cmp_reset(x);
 }
 
+/* Two GPU buffers hold the same bytes. */
+static void same_bits(cmp_t *x, const char *cname, const char *what, const void *a, const void *b,
+                      size_t bytes) {
+    unsigned char *ha = malloc(bytes), *hb = malloc(bytes);
+    MUST(x->g->ops->to_host(x->g, ha, a, bytes));
+    MUST(x->g->ops->to_host(x->g, hb, b, bytes));
+    size_t i = 0;
+    while (i < bytes && ha[i] == hb[i])
+        i++;
+    check(i == bytes, "%s %s: bitwise equal (%zu bytes; first difference at byte %zu)", cname, what, bytes,
+          i);
+    free(ha);
+    free(hb);
+}
+
 static void cmp_ce(cmp_t *x, int N, int V, int Vp) {
     char nm[96];
     snprintf(nm, sizeof nm, "crossentropy[N=%d,V=%d,Vp=%d]", N, V, Vp);
@@ -425,6 +440,24 @@ static void cmp_ce(cmp_t *x, int N, int V, int Vp) {
     MUST(x->c->ops->crossentropy_bwd(x->c, dz.c, z.c, lse.c, t.c, N, V, Vp, dl));
     float *ref = down_c(x, dz.c, nz);
     compare(nm, "bwd dlogits", down_g(x, dz.g, A, nz), ref, nz, tol("crossentropy_bwd", A));
+    /* v1.10: the fused op, bitwise the pair above on the GPU (out of place, then in place over a copy of
+     * the logits), and close to the CPU's fused op */
+    pair_t loss2 = pair_out(x, N, DG_F32), lse2 = pair_out(x, N, DG_F32), dz2 = pair_out(x, nz, A);
+    MUST(x->g->ops->crossentropy_fused(x->g, loss2.g, lse2.g, dz2.g, z.g, t.g, N, V, Vp, dl));
+    MUST(x->c->ops->crossentropy_fused(x->c, loss2.c, lse2.c, dz2.c, z.c, t.c, N, V, Vp, dl));
+    same_bits(x, nm, "fused losses == crossentropy_fwd's", loss2.g, loss.g, (size_t)N * 4);
+    same_bits(x, nm, "fused lse == crossentropy_fwd's", lse2.g, lse.g, (size_t)N * 4);
+    same_bits(x, nm, "fused dlogits == crossentropy_bwd's", dz2.g, dz.g, nz * dg_dtype_size(A));
+    compare(nm, "fused losses vs cpu", down_g(x, loss2.g, DG_F32, N), down_c(x, loss2.c, N), N,
+            tol("crossentropy_fwd", A));
+    compare(nm, "fused dlogits vs cpu", down_g(x, dz2.g, A, nz), down_c(x, dz2.c, nz), nz,
+            tol("crossentropy_bwd", A));
+    void *zc = galloc(x, nz * dg_dtype_size(A));
+    MUST(x->g->ops->copy(x->g, zc, z.g, nz * dg_dtype_size(A)));
+    pair_t loss3 = pair_out(x, N, DG_F32), lse3 = pair_out(x, N, DG_F32);
+    MUST(x->g->ops->crossentropy_fused(x->g, loss3.g, lse3.g, zc, zc, t.g, N, V, Vp, dl));
+    same_bits(x, nm, "fused in place: losses", loss3.g, loss.g, (size_t)N * 4);
+    same_bits(x, nm, "fused in place: dlogits == crossentropy_bwd's", zc, dz.g, nz * dg_dtype_size(A));
     /* in place */
     MUST(x->g->ops->crossentropy_bwd(x->g, z.g, z.g, lse.g, t.g, N, V, Vp, dl));
     compare(nm, "bwd dlogits in place", down_g(x, z.g, A, nz), ref, nz, tol("crossentropy_bwd", A));
@@ -548,7 +581,8 @@ static int run_cpu_compare(dg_backend_t *g, int small) {
         cmp_attention(&x, 2, 100, 96, 2);   /* head size 48: generic kernels */
         cmp_encoder(&x, 4, 256, 768, 8192);
         cmp_ce(&x, 64, 50257, 50304);
-        cmp_ce(&x, 16, 1000, 1003); /* Vp not a multiple of 8: scalar path */
+        cmp_ce(&x, 16, 1000, 1003);    /* Vp not a multiple of 8: scalar path */
+        cmp_ce(&x, 8, 128000, 128256); /* rows beyond shared memory: the fused op's two-pass kernel */
         cmp_misc(&x, 1000003);
     }
     cmp_ministep(g, c, g->act_dtype, small);
@@ -667,6 +701,10 @@ static int run_errors(void) {
                "adamw t = 0");
     expect_err(op->crossentropy_fwd(be, buf, buf, buf, buf, 2, 9, 8), "Vp = 8 < V = 9",
                "crossentropy Vp < V");
+    expect_err(op->crossentropy_fused(be, buf, buf, buf, buf, buf, 2, 9, 8, 1.0f), "Vp = 8 < V = 9",
+               "crossentropy_fused Vp < V");
+    expect_err(op->crossentropy_fused(be, buf, buf, NULL, buf, buf, 2, 9, 10, 1.0f), "NULL",
+               "crossentropy_fused dlogits NULL");
     /* device-resident bad data: flagged by the kernel, reported by the next sync, no fault */
     int32_t bad_tg[2] = {3, 9};
     int32_t *dtg = (int32_t *)((char *)buf + 4096);
@@ -675,6 +713,13 @@ static int run_errors(void) {
     MUST(op->crossentropy_fwd(be, (float *)buf, (float *)buf + 16, logits, dtg, 2, 9, 10));
     expect_err(op->sync(be), "target outside [0, V)", "crossentropy target == V (reported at sync)");
     check(op->sync(be) == DG_OK, "errors: the flag is cleared after it was reported");
+    /* the fused op: the same flag, the row's loss NaN, the other row's finite */
+    MUST(op->crossentropy_fused(be, (float *)buf, (float *)buf + 16, logits, logits, dtg, 2, 9, 10, 0.5f));
+    expect_err(op->sync(be), "target outside [0, V)", "crossentropy_fused target == V (reported at sync)");
+    float fl[2];
+    MUST(op->to_host(be, fl, buf, sizeof fl));
+    check(isfinite(fl[0]) && isnan(fl[1]),
+          "errors: crossentropy_fused bad target: losses %g (finite), %g (NaN)", fl[0], fl[1]);
     int32_t neg[4] = {0, 1, -5, 2};
     MUST(op->to_device(be, dtg, neg, sizeof neg));
     MUST(op->encoder_fwd(be, logits, dtg, buf, buf, 2, 2, 4));

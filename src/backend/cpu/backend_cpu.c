@@ -576,6 +576,7 @@ static const dg_backend_ops_t cpu_ops = {
     .fence_destroy = cpu_fence_destroy,
     .fence_record = cpu_fence_record,
     .fence_wait = cpu_fence_wait,
+    .crossentropy_fused = dg_cpu_crossentropy_fused,
 };
 
 dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t **out) {

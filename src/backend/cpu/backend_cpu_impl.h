@@ -85,6 +85,9 @@ dg_status_t dg_cpu_crossentropy_fwd(dg_backend_t *be, float *losses, float *lse,
                                     const int32_t *targets, int N, int V, int Vp);
 dg_status_t dg_cpu_crossentropy_bwd(dg_backend_t *be, void *dlogits, const void *logits, const float *lse,
                                     const int32_t *targets, int N, int V, int Vp, float dloss);
+dg_status_t dg_cpu_crossentropy_fused(dg_backend_t *be, float *losses, float *lse, void *dlogits,
+                                      const void *logits, const int32_t *targets, int N, int V, int Vp,
+                                      float dloss);
 
 /* ---- shared argument checks: one-line DG_ERR_USAGE messages naming the kernel and argument ---- */
 #define DG_CPU_NONNULL(op, p)                                                                                \

@@ -359,7 +359,7 @@ DG_CPU_VEC static void ce_bwd_row(float *drow, const float *row, float l, int tg
 }
 
 typedef struct {
-    float *losses, *lse, *dlogits; /* forward: losses, lse; backward: dlogits */
+    float *losses, *lse, *dlogits; /* forward: losses, lse; backward: dlogits; fused: all three */
     const float *lse_in;           /* backward */
     const float *logits;
     const int32_t *targets;
@@ -389,6 +389,22 @@ static void ce_bwd_task(void *argp, int task, int worker) {
     for (size_t i = lo; i < hi; i++)
         ce_bwd_row(a->dlogits + i * a->Vp, a->logits + i * a->Vp, a->lse_in[i], a->targets[i], a->V, a->Vp,
                    a->dloss);
+}
+
+/* Forward then backward of each row while it is in cache: the same row functions as the two tasks
+ * above, so the same bits. The target logit is read before the row may be overwritten (in place). */
+static void ce_fused_task(void *argp, int task, int worker) {
+    (void)worker;
+    const ce_arg_t *a = argp;
+    size_t lo, hi;
+    dg_cpu_range((size_t)a->N, a->tasks, task, &lo, &hi);
+    for (size_t i = lo; i < hi; i++) {
+        const float *row = a->logits + i * a->Vp;
+        const float l = ce_lse_row(row, a->V);
+        a->lse[i] = l;
+        a->losses[i] = l - row[a->targets[i]];
+        ce_bwd_row(a->dlogits + i * a->Vp, row, l, a->targets[i], a->V, a->Vp, a->dloss);
+    }
 }
 
 static dg_status_t check_ce(const char *op, const int32_t *targets, int N, int V, int Vp) {
@@ -447,5 +463,30 @@ dg_status_t dg_cpu_crossentropy_bwd(dg_backend_t *be, void *dlogits, const void 
                   dloss,
                   dg_cpu_ew_tasks(dg_cpu_of(be), (size_t)N * Vp)};
     dg_cpu_run(dg_cpu_of(be), a.tasks, ce_bwd_task, &a);
+    return DG_OK;
+}
+
+dg_status_t dg_cpu_crossentropy_fused(dg_backend_t *be, float *losses, float *lse, void *dlogits,
+                                      const void *logits, const int32_t *targets, int N, int V, int Vp,
+                                      float dloss) {
+    const char *op = "crossentropy_fused";
+    DG_CPU_NONNULL(op, losses);
+    DG_CPU_NONNULL(op, lse);
+    DG_CPU_NONNULL(op, dlogits);
+    DG_CPU_NONNULL(op, logits);
+    DG_CPU_NONNULL(op, targets);
+    DG_TRY(check_ce(op, targets, N, V, Vp));
+    ce_arg_t a = {losses,
+                  lse,
+                  dlogits,
+                  NULL,
+                  logits,
+                  targets,
+                  N,
+                  V,
+                  Vp,
+                  dloss,
+                  dg_cpu_ew_tasks(dg_cpu_of(be), (size_t)N * Vp)};
+    dg_cpu_run(dg_cpu_of(be), a.tasks, ce_fused_task, &a);
     return DG_OK;
 }

@@ -540,6 +540,19 @@ static dg_status_t cu_ce_bwd(dg_backend_t *be, void *dlogits, const void *logits
     return dg_cuda_crossentropy_bwd(dg_cuda_of(be), dlogits, logits, lse, targets, N, V, Vp, dloss);
 }
 
+static dg_status_t cu_ce_fused(dg_backend_t *be, float *losses, float *lse, void *dlogits, const void *logits,
+                               const int32_t *targets, int N, int V, int Vp, float dloss) {
+    REQ_POS(N, "crossentropy_fused");
+    REQ_POS(V, "crossentropy_fused");
+    REQ(Vp >= V, "cuda backend crossentropy_fused: Vp = %d < V = %d", Vp, V);
+    REQ_PTR(losses, "crossentropy_fused");
+    REQ_PTR(lse, "crossentropy_fused");
+    REQ_PTR(dlogits, "crossentropy_fused");
+    REQ_PTR(logits, "crossentropy_fused");
+    REQ_PTR(targets, "crossentropy_fused");
+    return dg_cuda_crossentropy_fused(dg_cuda_of(be), losses, lse, dlogits, logits, targets, N, V, Vp, dloss);
+}
+
 static dg_status_t cu_adamw(dg_backend_t *be, float *master, void *compute, const float *grad, float *m,
                             float *v, size_t n, float lr, float beta1, float beta2, float eps, float wd,
                             int64_t t, const float *gscale_dev) {
@@ -818,6 +831,7 @@ static const dg_backend_ops_t cuda_ops = {
     cu_fence_wait,
     cu_attention_bwd_ws_bytes,
     cu_attention_bwd_ws,
+    cu_ce_fused,
 };
 
 /* ---------------- construction ---------------- */
@@ -894,6 +908,7 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
     }
     c->fast_attention = env_flag("DG_CUDA_FAST_ATTENTION", 1);
     c->attn_ldmatrix = env_flag("DG_CUDA_ATTN_LDMATRIX", 1);
+    c->ce_smem = env_flag("DG_CUDA_CE_SMEM", 1);
     const char *rows = getenv("DG_CUDA_ATTN_ROWS");
     c->attn_rows = DG_CUDA_ATTN_ROWS_DEFAULT;
     if (rows && *rows) {
@@ -940,12 +955,14 @@ extern "C" dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg
         cu_destroy(be);
         return s;
     }
-    DG_LOG_DEBUG("cuda backend: device %d %s (sm_%d%d, %d SMs), act %s, fused epilogues %s (DGELU %s, bias "
-                 "gradient %s), fast attention %s (impl %d, %d-row blocks)",
-                 c->device, c->name, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
-                 c->fused_epilogues ? "on" : "off", c->fused_dgelu ? "on" : "off",
-                 c->bgrad_colsum ? "colsum" : "epilogue", c->fast_attention ? "on" : "off", c->attn_impl,
-                 c->attn_rows);
+    DG_LOG_DEBUG(
+        "cuda backend: device %d %s (sm_%d%d, %d SMs), act %s, fused epilogues %s (DGELU %s, bias "
+        "gradient %s), fast attention %s (impl %d, %d-row blocks), fused cross-entropy rows in shared "
+        "memory %s",
+        c->device, c->name, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
+        c->fused_epilogues ? "on" : "off", c->fused_dgelu ? "on" : "off",
+        c->bgrad_colsum ? "colsum" : "epilogue", c->fast_attention ? "on" : "off", c->attn_impl, c->attn_rows,
+        c->ce_smem ? "on" : "off");
     *out = be;
     return DG_OK;
 }

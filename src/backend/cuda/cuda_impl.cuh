@@ -90,6 +90,8 @@ typedef struct dg_cuda {
     int graphs_alive;    /* instantiated graphs not yet freed: they hold the scratch's address */
     void **retired;      /* scratch blocks outgrown while graphs were alive (freed at destroy) */
     int n_retired;
+    int ce_smem;    /* crossentropy_fused stages each row in shared memory where it fits (DG_CUDA_CE_SMEM=0:
+                       never, the two-pass kernel that re-reads the row through L2; A/B timing) */
     int attn_impl;  /* tensor-core attention kernels: 1 (16 rows per warp), 2 (32 rows per warp), 3
                        (2 with fewer instructions per score), 4 (3, backward half tiles unrolled),
                        5 (3, backward dO fragments in registers); DG_CUDA_ATTN_IMPL=1..5 */
@@ -193,6 +195,9 @@ dg_status_t dg_cuda_crossentropy_fwd(dg_cuda_t *c, float *losses, float *lse, co
                                      const int32_t *targets, int N, int V, int Vp);
 dg_status_t dg_cuda_crossentropy_bwd(dg_cuda_t *c, void *dlogits, const void *logits, const float *lse,
                                      const int32_t *targets, int N, int V, int Vp, float dloss);
+dg_status_t dg_cuda_crossentropy_fused(dg_cuda_t *c, float *losses, float *lse, void *dlogits,
+                                       const void *logits, const int32_t *targets, int N, int V, int Vp,
+                                       float dloss);
 
 /* ---- device helpers shared by the kernel files ---- */
 #ifdef __CUDACC__
