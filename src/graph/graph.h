@@ -110,7 +110,13 @@ enum {
     /* Tests and A/B timing: one AdamW op (backend adamw_dev) per parameter instead of one op over all of
      * them (adamw_multi_dev, one kernel launch on CUDA). Same numbers, bit for bit. Also chosen when the
      * backend has no adamw_multi_dev, or with the environment variable DG_TEST_ADAMW_PER_PARAM=1. */
-    DG_MODEL_ADAMW_PER_PARAM = 16
+    DG_MODEL_ADAMW_PER_PARAM = 16,
+    /* Tests and A/B timing: keep the classifier loss as two ops, crossentropy in the forward and
+     * crossentropy_bwd in the backward (each reading the [tokens, Vp] logits), instead of one
+     * crossentropy_fused in the forward that reads them once and writes their gradient over them
+     * (backend crossentropy_fused). Same numbers, bit for bit. Also chosen when the backend has no
+     * crossentropy_fused, or with the environment variable DG_TEST_UNFUSED_CE=1. */
+    DG_MODEL_UNFUSED_CE = 32
 };
 
 /* Builds the graph (forward + backward + optimizer) for micro-batches of [micro_batch, seq_len] tokens,

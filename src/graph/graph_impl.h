@@ -57,6 +57,11 @@ typedef enum dg_op_kind {
                                (pass fuse_gelu_bwd) */
     DG_OP_ATTENTION_BWD,
     DG_OP_CROSSENTROPY_BWD,
+    DG_OP_CROSSENTROPY_FUSED, /* CROSSENTROPY and its CROSSENTROPY_BWD in one backend call
+                                 (crossentropy_fused) at the loss's place in the forward: src {logits,
+                                 targets}, output dlogits (over the logits: inplace), side outputs losses and
+                                 lse (pass fuse_crossentropy). A forward-only run (rt.forward_only) computes
+                                 the losses alone and leaves the logits as they are */
     DG_OP_ACCUMULATE,
     /* optimizer and utility ops */
     DG_OP_ZERO,
@@ -125,7 +130,7 @@ enum { DG_STREAM_COMPUTE = 0, DG_STREAM_COMM = 1 };
 enum {
     DG_A_ACC = 0,      /* *_BWD, ACCUMULATE: 1 = add into the acc target (last src) */
     DG_A_NH = 1,       /* ATTENTION(_BWD): heads */
-    DG_A_V = 1,        /* CROSSENTROPY(_BWD): real vocabulary (columns >= V are padding) */
+    DG_A_V = 1,        /* CROSSENTROPY(_BWD, _FUSED): real vocabulary (columns >= V are padding) */
     DG_A_DECAY = 1,    /* ADAMW: 1 = apply weight decay */
     DG_A_NSEG = 1,     /* ADAMW_ALL: segments (= the graph's opt_segs); SUMSQ_ALL: (= its norm_segs) */
     DG_A_MESHDIM = 1,  /* collectives: DG_MESH_* dimension */
@@ -421,6 +426,25 @@ dg_status_t dg_pass_fuse_adamw(dg_graph_t *g, void *ctx);
  * outside the flat buffer or of another size than its parameter's segment. */
 dg_status_t dg_pass_fuse_sumsq(dg_graph_t *g, void *ctx);
 
+/* Fused classifier-loss pass (after autodiff): each forward CROSSENTROPY whose losses are a loss output
+ * (DG_NF_LOSS: its gradient seed is the runtime dloss) and its CROSSENTROPY_BWD become ONE
+ * CROSSENTROPY_FUSED at the forward op's place (backend crossentropy_fused: the logits are read once).
+ * Its output is the logits' gradient (which the inplace pass then lays over the logits) and the lm_head
+ * backward reads it; its side outputs are the losses (the forward op's flags: OUTPUT, LOSS) and the lse.
+ * Only where that is safe: the logits (an arena tensor, no view, not an output) are read by the two ops
+ * and nothing else and aliased by nothing, the lse by the backward only, the backward's gradient is not
+ * a view, and nothing between the two ops writes the targets. The executor then uses ex->rt.dloss in the
+ * FORWARD phase: the owner sets it before the forward of a step whose backward follows, and runs a
+ * forward alone with rt.forward_only = 1 (the op then computes the losses only and leaves the logits).
+ * Nothing happens when the graph's backend has no crossentropy_fused. ctx (may be NULL): a
+ * dg_fuse_ce_t. */
+typedef struct dg_fuse_ce {
+    dg_node_t *loss; /* in/out: a CROSSENTROPY node the owner keeps; replaced by the losses side output of
+                        its fused op when it is fused */
+    int n_fused;     /* out: pairs fused */
+} dg_fuse_ce_t;
+dg_status_t dg_pass_fuse_crossentropy(dg_graph_t *g, void *ctx);
+
 /* The graph's scalars node is the backend's device scalar block (backend.h DG_DS_*, same indices): OPT
  * zeroes it, SUMSQ accumulates, CLIP_SCALE writes the factor and norm and uploads the step's lr and bias
  * corrections (from ex->sc_host), ADAMW reads them. */
@@ -513,7 +537,8 @@ dg_status_t dg_plan_check(const dg_plan_t *p, const dg_graph_t *g);
 /* ---------------- executor ---------------- */
 /* Values that change between runs without changing the graph. */
 typedef struct dg_runtime {
-    float dloss; /* seed of every DG_NF_LOSS output */
+    float dloss; /* seed of every DG_NF_LOSS output: read by CROSSENTROPY_BWD in the backward, and by
+                    CROSSENTROPY_FUSED in the forward */
     float lr, beta1, beta2, eps, weight_decay, grad_clip, grad_extra;
     int64_t t;
     /* per param_index, 1 = frozen: its SUMSQ and ADAMW are skipped (NULL = none frozen) */
@@ -522,6 +547,10 @@ typedef struct dg_runtime {
     /* 1: ops flagged DG_NF_GRAD_SYNC are skipped (a micro-batch of a gradient accumulation that is not
      * the step's last: its gradients are summed over dp_replicate once, after the last one) */
     int skip_grad_sync;
+    /* 1: no backward follows this forward in the step (evaluation, logits): CROSSENTROPY_FUSED computes the
+     * losses only (crossentropy_fwd) and leaves the logits intact; with 0 it writes the gradient with
+     * dloss over them */
+    int forward_only;
 } dg_runtime_t;
 
 struct dg_comm;

@@ -347,6 +347,15 @@ static int sumsq_fused(const dg_model_t *m) {
     return adamw_fused(m) && m->be->ops->sumsq_multi != NULL;
 }
 
+/* The classifier loss and its backward as one op (backend crossentropy_fused, pass fuse_crossentropy),
+ * unless the two ops are asked for (DG_MODEL_UNFUSED_CE, or the test hook DG_TEST_UNFUSED_CE=1) or the
+ * backend has none. */
+static int ce_fused(const dg_model_t *m) {
+    const char *env = getenv("DG_TEST_UNFUSED_CE");
+    if (env && strcmp(env, "1") == 0) return 0;
+    return !(m->flags & DG_MODEL_UNFUSED_CE) && m->be->ops->crossentropy_fused != NULL;
+}
+
 /* Schedule position right after node x (x's side outputs included), for a node n placed there. */
 static void move_after(dg_graph_t *g, dg_node_t *n, const dg_node_t *x) {
     dg_graph_move(g, n, x->id + 1 + x->n_side - (n->id < x->id ? 1 + n->n_side : 0));
@@ -796,6 +805,11 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
             pipeline[np++] = (dg_pass_t){"fuse_gelu_bwd", dg_pass_fuse_gelu_bwd, NULL};
         if (flags & DG_MODEL_RECOMPUTE_GELU)
             pipeline[np++] = (dg_pass_t){"recompute_gelu", dg_pass_recompute_gelu, NULL};
+        /* the loss becomes one op that also writes the logits' gradient, in the forward: every run of the
+         * forward that a backward follows must have the step's dloss set (dg_model_forward_backward), and
+         * a forward alone runs with rt.forward_only (dg_model_forward, dg_model_logits) */
+        dg_fuse_ce_t fce = {.loss = m->losses};
+        if (ce_fused(m)) pipeline[np++] = (dg_pass_t){"fuse_crossentropy", dg_pass_fuse_crossentropy, &fce};
         if (m->shard) /* a data-parallel mesh: buckets (one data-parallel rank: none) */
             pipeline[np++] = (dg_pass_t){"fsdp", dg_pass_fsdp, m->shard};
         pipeline[np++] = (dg_pass_t){"optimizer", pass_optimizer, m};
@@ -810,6 +824,7 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         pipeline[np++] = (dg_pass_t){"grad_sync", pass_grad_sync, m};
         pipeline[np++] = (dg_pass_t){"inplace", dg_pass_inplace, NULL};
         st = dg_graph_run_passes(m->g, pipeline, np);
+        m->losses = fce.loss; /* the fused op's losses when the pass fused the loss */
     }
     if (st == DG_OK)
         st = dg_plan_create(m->g, (flags & DG_MODEL_NO_ARENA_REUSE) ? DG_PLAN_NO_REUSE : 0, &m->plan);
@@ -1012,7 +1027,11 @@ static dg_status_t queue_loss_read(dg_model_t *m) {
     return m->be->ops->fence_record(m->be, m->loss_fence);
 }
 
+/* The forward and the backward of one micro-batch. rt.dloss is set before it (a fused classifier loss
+ * writes the logits' gradient in the forward), so a recording of it bakes in that dloss, which is the
+ * key of the forward_backward recordings (gr_run). */
 static dg_status_t body_fb(dg_model_t *m) {
+    DG_ASSERT(!m->ex->rt.forward_only);
     DG_TRY(upload_ids(m));
     DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_FWD));
     if (m->async_reads) DG_TRY(queue_loss_read(m));
@@ -1221,12 +1240,21 @@ dg_status_t dg_model_set_grad_accum(dg_model_t *m, int n) {
     return DG_OK;
 }
 
+/* The FWD phase with no backward to follow: a fused classifier loss computes the losses only, leaving
+ * the logits (and whatever the backward of the last forward_backward left) alone. Never recorded. */
+static dg_status_t run_forward_only(dg_model_t *m) {
+    m->ex->rt.forward_only = 1;
+    dg_status_t st = dg_exec_run_phase(m->ex, DG_PHASE_FWD);
+    m->ex->rt.forward_only = 0;
+    return st;
+}
+
 dg_status_t dg_model_forward(dg_model_t *m, const int32_t *tokens_host, const int32_t *targets_host,
                              float *mean_loss_out) {
     DG_TRY(need_memory(m, "forward"));
     DG_TRY(stage_ids(m, tokens_host, targets_host));
     DG_TRY(upload_ids(m));
-    DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_FWD));
+    DG_TRY(run_forward_only(m));
     return read_mean_loss(m, mean_loss_out);
 }
 
@@ -1255,7 +1283,7 @@ dg_status_t dg_model_logits(dg_model_t *m, const int32_t *tokens_host, int pos, 
     size_t ntok = (size_t)m->B * (size_t)m->T;
     DG_TRY(m->be->ops->to_device(m->be, m->tokens_dev, tokens_host, ntok * sizeof(int32_t)));
     DG_TRY(m->be->ops->memset0(m->be, m->targets_dev, ntok * sizeof(int32_t))); /* loss is ignored */
-    DG_TRY(dg_exec_run_phase(m->ex, DG_PHASE_FWD));
+    DG_TRY(run_forward_only(m));
     DG_TRY(m->be->ops->sync(m->be));
     dg_dtype_t at = m->g->act_dtype;
     size_t as = dg_dtype_size(at), Vp = (size_t)m->d.padded_vocab, V = (size_t)m->d.vocab_size;

@@ -268,6 +268,20 @@ static dg_status_t shape_crossentropy_bwd(dg_graph_t *g, dg_node_t *n) {
     return DG_OK;
 }
 
+/* the loss and its gradient in one op: output dlogits like the logits, side outputs losses and lse */
+static dg_status_t shape_crossentropy_fused(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *lg = n->src[0], *tg = n->src[1];
+    int64_t V = n->attr[DG_A_V];
+    CHECK(lg->dtype == g->act_dtype && lg->ndim >= 2, "logits must be [..., Vp] in the act dtype");
+    CHECK(tg->dtype == DG_I32 && (int64_t)dg_node_numel(tg) == dg_node_rows(lg),
+          "targets must be int32 with one id per logit row");
+    CHECK(V >= 1 && V <= dg_node_cols(lg), "vocabulary %" PRId64 " outside 1..%" PRId64, V, dg_node_cols(lg));
+    set_like(n, lg);
+    dg_node_add_side(g, n, "losses", DG_F32, lg->ndim - 1, lg->shape);
+    dg_node_add_side(g, n, "lse", DG_F32, lg->ndim - 1, lg->shape);
+    return DG_OK;
+}
+
 static dg_status_t shape_accumulate(dg_graph_t *g, dg_node_t *n) {
     (void)g;
     const dg_node_t *t = n->src[0], *x = n->src[1];
@@ -718,6 +732,18 @@ static dg_status_t ex_crossentropy(dg_exec_t *ex, const dg_node_t *n) {
                                      I(n->attr[DG_A_V]), I(dg_node_cols(lg)));
 }
 
+/* The forward of a step whose backward follows writes the gradient too, with the step's dloss (set
+ * before the forward); a forward alone (rt.forward_only: evaluation, logits) computes the losses only
+ * and leaves the logits for the host to read. */
+static dg_status_t ex_crossentropy_fused(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *lg = n->src[0];
+    const int N = I(dg_node_rows(lg)), V = I(n->attr[DG_A_V]), Vp = I(dg_node_cols(lg));
+    if (ex->rt.forward_only)
+        return BE->ops->crossentropy_fwd(BE, P(n->side[0]), P(n->side[1]), P(lg), P(n->src[1]), N, V, Vp);
+    return BE->ops->crossentropy_fused(BE, P(n->side[0]), P(n->side[1]), P(n), P(lg), P(n->src[1]), N, V, Vp,
+                                       ex->rt.dloss);
+}
+
 static dg_status_t ex_encoder_bwd(dg_exec_t *ex, const dg_node_t *n) {
     const dg_node_t *dout = n->src[0];
     return BE->ops->encoder_bwd(BE, P(n->upd[0]), P(n->upd[1]), P(dout), P(n->src[1]), I(dout->shape[0]),
@@ -938,6 +964,10 @@ static const dg_op_def_t op_table[DG_OP_COUNT] = {
     /* the kernel allows dlogits to overwrite logits */
     [DG_OP_CROSSENTROPY_BWD] = {DG_OP_CROSSENTROPY_BWD, "crossentropy_bwd", 3, 3, shape_crossentropy_bwd,
                                 DG_GRAD_NONE, NULL, ex_crossentropy_bwd, 0x1, 0},
+    /* created after autodiff (never differentiated); the kernel allows dlogits to overwrite logits */
+    [DG_OP_CROSSENTROPY_FUSED] = {DG_OP_CROSSENTROPY_FUSED, "crossentropy_fused", 2, 2,
+                                  shape_crossentropy_fused, DG_GRAD_NONE, NULL, ex_crossentropy_fused, 0x1,
+                                  0},
     [DG_OP_ACCUMULATE] = {DG_OP_ACCUMULATE, "accumulate", 2, 2, shape_accumulate, DG_GRAD_NONE, NULL,
                           ex_accumulate, 0, 0},
     [DG_OP_ZERO] = {DG_OP_ZERO, "zero", 0, 0, shape_zero, DG_GRAD_NONE, NULL, ex_zero, 0, 0},
@@ -1016,6 +1046,8 @@ const char *dg_op_missing_kernel(const dg_backend_t *be, dg_op_kind_t op) {
         return K(attention_bwd);
     case DG_OP_CROSSENTROPY_BWD:
         return K(crossentropy_bwd);
+    case DG_OP_CROSSENTROPY_FUSED: /* crossentropy_fwd: forward-only runs */
+        return first_missing(K(crossentropy_fused), K(crossentropy_fwd));
     case DG_OP_ACCUMULATE:
         return K(accumulate);
     case DG_OP_ZERO:
@@ -1176,6 +1208,77 @@ dg_status_t dg_pass_fuse_gelu_bwd(dg_graph_t *g, void *ctx) {
         }
         dg_graph_remove(g, gb);
         dg_graph_remove(g, mb);
+        i = f->id;
+    }
+    return DG_OK;
+}
+
+/* The CROSSENTROPY_BWD of loss `ce` (reads its lse), if there is exactly one. */
+static dg_node_t *ce_backward_of(dg_graph_t *g, const dg_node_t *ce) {
+    dg_node_t *bw = NULL;
+    for (int j = ce->id + 1; j < g->n; j++) {
+        dg_node_t *x = g->nodes[j];
+        if (x->op != DG_OP_CROSSENTROPY_BWD || x->src[1] != ce->side[0]) continue;
+        if (bw) return NULL;
+        bw = x;
+    }
+    return bw;
+}
+
+/* 1 if the pair (ce, bw) can become one op at ce's place: see graph_impl.h */
+static int ce_fusable(const dg_graph_t *g, const dg_node_t *ce, const dg_node_t *bw) {
+    const dg_node_t *lg = ce->src[0], *tg = ce->src[1], *lse = ce->side[0];
+    if (!(ce->flags & DG_NF_LOSS) || bw->phase != DG_PHASE_BWD || bw->src[0] != lg || bw->src[2] != tg ||
+        bw->attr[DG_A_V] != ce->attr[DG_A_V] || bw->view_src || ce->stream != bw->stream)
+        return 0;
+    /* the fused op overwrites the logits (inplace) as soon as the loss is known: nobody else may read,
+     * alias or keep them */
+    if (lg->storage != DG_STORE_ARENA || lg->view_src || (lg->flags & DG_NF_OUTPUT) ||
+        dg_graph_n_consumers(g, lg) != 2 || (lse->flags & DG_NF_OUTPUT) || dg_graph_n_consumers(g, lse) != 1)
+        return 0;
+    for (int j = 0; j < g->n; j++) {
+        const dg_node_t *x = g->nodes[j];
+        if (x->view_src == lg) return 0;
+        /* the backward would read the targets as they are when it runs; the fused op reads them earlier */
+        if (j > ce->id && j < bw->id)
+            for (int u = 0; u < x->n_upd; u++)
+                if (dg_node_root_c(x->upd[u]) == dg_node_root_c(tg)) return 0;
+    }
+    return 1;
+}
+
+dg_status_t dg_pass_fuse_crossentropy(dg_graph_t *g, void *ctx) {
+    dg_fuse_ce_t *fc = ctx;
+    if (fc) fc->n_fused = 0;
+    if (!g->be || !g->be->ops->crossentropy_fused) return DG_OK; /* the backend has none: keep the pair */
+    for (int i = 0; i < g->n; i++) {
+        dg_node_t *ce = g->nodes[i];
+        if (ce->op != DG_OP_CROSSENTROPY || ce->phase != DG_PHASE_FWD) continue;
+        dg_node_t *bw = ce_backward_of(g, ce);
+        if (!bw || !ce_fusable(g, ce, bw)) continue;
+        dg_node_t *src[2] = {ce->src[0], ce->src[1]};
+        int64_t attr[2] = {0, ce->attr[DG_A_V]};
+        char nm[96];
+        dg_fmt(nm, sizeof nm, "%.80s.fused", ce->name);
+        dg_phase_t saved = g->cur_phase;
+        g->cur_phase = DG_PHASE_FWD;
+        dg_node_t *f = dg_graph_add_op(g, DG_OP_CROSSENTROPY_FUSED, nm, 2, src, 0, NULL, attr, 2);
+        g->cur_phase = saved;
+        if (!f) return dg_graph_error(g);
+        f->flags = bw->flags;
+        f->stream = ce->stream;
+        f->side[0]->flags = ce->flags; /* the losses: OUTPUT, LOSS */
+        dg_graph_move(g, f, ce->id);   /* where the loss was: after the logits, before every reader */
+        dg_graph_replace_uses(g, bw, f);
+        dg_graph_replace_uses(g, ce, f->side[0]);
+        for (int j = 0; j < g->n; j++) /* gradient bookkeeping: the logits' gradient is now f */
+            if (g->nodes[j]->grad == bw) g->nodes[j]->grad = f;
+        if (fc) {
+            if (fc->loss == ce) fc->loss = f->side[0];
+            fc->n_fused++;
+        }
+        dg_graph_remove(g, bw);
+        dg_graph_remove(g, ce);
         i = f->id;
     }
     return DG_OK;

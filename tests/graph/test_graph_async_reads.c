@@ -19,7 +19,10 @@
  *  - two optimizer steps back to back (nothing waited for in between) sync once, before the second
  *    rewrites the host mirrors the first one's AdamW reads;
  *  - the executor's fallbacks (no arena; cross-entropy and clip_scale on the host) and a graph recording
- *    that fails (op-by-op fallback) keep the same numbers with the fences.
+ *    that fails (op-by-op fallback) keep the same numbers with the fences;
+ *  - with the fused classifier loss (the default: crossentropy_fused in the forward), the copy comes after
+ *    that op and before the backward's first matmul_bwd; with DG_MODEL_UNFUSED_CE, between the forward's
+ *    crossentropy_fwd and the backward's crossentropy_bwd.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -38,10 +41,23 @@ enum { B = 2, STEPS = 3, ACCUM = 2 };
 
 /* ---------------- the wrapper: a log of calls and queued read-backs ---------------- */
 
-enum { EV_SYNC, EV_TO_HOST, EV_CE_FWD, EV_CE_BWD, EV_CLIP, EV_ADAMW, EV_DOWNLOAD, EV_RECORD, EV_WAIT, EV_N };
-static const char *const ev_name[EV_N] = {"sync",      "to_host", "crossentropy_fwd", "crossentropy_bwd",
-                                          "clip",      "adamw",   "download_async",   "fence_record",
-                                          "fence_wait"};
+enum {
+    EV_SYNC,
+    EV_TO_HOST,
+    EV_CE_FWD,
+    EV_CE_BWD,
+    EV_CE_FUSED,
+    EV_MM_BWD,
+    EV_CLIP,
+    EV_ADAMW,
+    EV_DOWNLOAD,
+    EV_RECORD,
+    EV_WAIT,
+    EV_N
+};
+static const char *const ev_name[EV_N] = {
+    "sync", "to_host", "crossentropy_fwd", "crossentropy_bwd", "crossentropy_fused", "matmul_bwd",
+    "clip", "adamw",   "download_async",   "fence_record",     "fence_wait"};
 
 typedef struct {
     int kind;
@@ -120,6 +136,18 @@ static dg_status_t w_ce_bwd(dg_backend_t *be, void *dz, const void *z, const flo
     (void)be;
     log_ev(EV_CE_BWD, NULL, 0);
     return inner->ops->crossentropy_bwd(inner, dz, z, lse, t, N, V, Vp, dl);
+}
+static dg_status_t w_ce_fused(dg_backend_t *be, float *l, float *lse, void *dz, const void *z,
+                              const int32_t *t, int N, int V, int Vp, float dl) {
+    (void)be;
+    log_ev(EV_CE_FUSED, NULL, 0);
+    return inner->ops->crossentropy_fused(inner, l, lse, dz, z, t, N, V, Vp, dl);
+}
+static dg_status_t w_mm_bwd(dg_backend_t *be, void *dx, float *dw, float *db, const void *dy, const void *x,
+                            const void *w, int N, int C, int OC, int acc) {
+    (void)be;
+    log_ev(EV_MM_BWD, NULL, 0);
+    return inner->ops->matmul_bwd(inner, dx, dw, db, dy, x, w, N, C, OC, acc);
 }
 static dg_status_t w_clip(dg_backend_t *be, float *g, float *n, const float *s, float clip, float extra) {
     (void)be;
@@ -217,6 +245,8 @@ static dg_backend_t *wrapper(int with_fences, int can_record) {
     wrap_ops.to_host = w_to_host;
     wrap_ops.crossentropy_fwd = w_ce_fwd;
     wrap_ops.crossentropy_bwd = w_ce_bwd;
+    wrap_ops.crossentropy_fused = w_ce_fused;
+    wrap_ops.matmul_bwd = w_mm_bwd;
     wrap_ops.clip_scale = w_clip;
     wrap_ops.adamw_dev = w_adamw_dev;
     wrap_ops.adamw_multi_dev = w_adamw_multi;
@@ -261,11 +291,18 @@ static void dump_log(void) {
 typedef enum { MODE_FENCES, MODE_ENV_SYNC, MODE_NO_OPS } run_mode_t;
 static const char *const mode_name[] = {"fences", "DG_SYNC_HOST_READS=1", "no v1.8 ops"};
 
-/* forward_backward with fences: losses copied between the forward's and the backward's cross-entropy,
- * the fence right after the copy, the backward queued, then the wait on that fence; no sync. */
+/* forward_backward with fences: losses copied between the forward's and the backward's cross-entropy
+ * (fused: after the one cross-entropy op of the forward, before the backward's first matmul_bwd, the
+ * head's), the fence right after the copy, the backward queued, then the wait on that fence; no sync. */
 static void check_fb_log(const char *what, const void **loss_fence, size_t want_bytes) {
     int bad = failures;
     int dl = first_of(EV_DOWNLOAD), rec = first_of(EV_RECORD), wt = first_of(EV_WAIT);
+    const int fused = count(EV_CE_FUSED) > 0;
+    const int ev_fwd = fused ? EV_CE_FUSED : EV_CE_FWD, ev_bwd = fused ? EV_MM_BWD : EV_CE_BWD;
+    EXPECT(fused ? count(EV_CE_FUSED) == 1 && count(EV_CE_FWD) == 0 && count(EV_CE_BWD) == 0
+                 : count(EV_CE_FWD) == 1 && count(EV_CE_BWD) == 1,
+           "%s: %d crossentropy_fused, %d crossentropy_fwd, %d crossentropy_bwd calls", what,
+           count(EV_CE_FUSED), count(EV_CE_FWD), count(EV_CE_BWD));
     EXPECT(count(EV_SYNC) == 0 && count(EV_TO_HOST) == 0, "%s: %d syncs, %d to_host (expected none)", what,
            count(EV_SYNC), count(EV_TO_HOST));
     EXPECT(count(EV_DOWNLOAD) == 1 && count(EV_RECORD) == 1 && count(EV_WAIT) == 1,
@@ -274,10 +311,10 @@ static void check_fb_log(const char *what, const void **loss_fence, size_t want_
     if (dl >= 0)
         EXPECT(evlog[dl].bytes == want_bytes, "%s: download of %zu bytes, expected the %zu of the losses",
                what, evlog[dl].bytes, want_bytes);
-    EXPECT(dl > last_of(EV_CE_FWD) && rec == dl + 1 && first_of(EV_CE_BWD) > rec && wt > last_of(EV_CE_BWD),
-           "%s: expected crossentropy_fwd < download < fence_record < crossentropy_bwd < fence_wait "
-           "(positions %d %d %d %d %d)",
-           what, last_of(EV_CE_FWD), dl, rec, first_of(EV_CE_BWD), wt);
+    EXPECT(last_of(ev_fwd) >= 0 && dl > last_of(ev_fwd) && rec == dl + 1 && first_of(ev_bwd) > rec &&
+               wt > last_of(ev_bwd) && wt > last_of(EV_MM_BWD),
+           "%s: expected %s < download < fence_record < %s < fence_wait (positions %d %d %d %d %d)", what,
+           ev_name[ev_fwd], ev_name[ev_bwd], last_of(ev_fwd), dl, rec, first_of(ev_bwd), wt);
     if (rec >= 0 && wt >= 0)
         EXPECT(evlog[wt].fence == evlog[rec].fence, "%s: waits on another fence than the one recorded", what);
     if (rec >= 0) {
@@ -452,7 +489,7 @@ static void test_flags(int flags) {
     unsetenv("DG_TEST_ARENA_FAIL");
     expect_same(&ref, &r, "fences with eager allocation");
     run_free(&r);
-    setenv("DG_TEST_NO_KERNEL", "crossentropy,clip_scale", 1);
+    setenv("DG_TEST_NO_KERNEL", "crossentropy,crossentropy_fused,clip_scale", 1);
     train(MODE_FENCES, flags, 0, 0, &r);
     unsetenv("DG_TEST_NO_KERNEL");
     expect_same(&ref, &r, "fences with crossentropy and clip_scale on the host");
@@ -466,6 +503,7 @@ int main(void) {
     double t0 = dg_now_s();
     test_flags(0);
     test_flags(DG_MODEL_ADAMW_PER_PARAM);
+    test_flags(DG_MODEL_UNFUSED_CE); /* the loss copy between the two cross-entropy ops */
     dg_backend_free(inner);
     printf("async read tests took %.1f s\n", dg_now_s() - t0);
     if (failures) {

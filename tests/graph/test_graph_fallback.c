@@ -2,7 +2,9 @@
  *  - memory: the arena cannot be allocated (a real allocation failure from a counting backend, and the
  *    test hook DG_TEST_ARENA_FAIL=1), so activations are allocated one by one over their live ranges;
  *  - kernel: ops the backend has no kernel for (vtable entries set to NULL in a copy of the CPU backend's
- *    table, and the test hook DG_TEST_NO_KERNEL) run on a host CPU backend through copies;
+ *    table, and the test hook DG_TEST_NO_KERNEL) run on a host CPU backend through copies (among them the
+ *    fused classifier loss, whose output lies over its input); a backend without crossentropy_fused keeps
+ *    the unfused pair;
  *  - both at once.
  * Each trains a small GPT three steps of two micro-batches (with an evaluation forward and a logits call
  * in between) and must give bitwise the losses, gradient norms, logits, weights and AdamW moments of the
@@ -107,6 +109,7 @@ static dg_backend_t *wrapper(const char *missing) {
     DROP(adamw_dev);
     DROP(adamw_multi_dev);
     DROP(sumsq_multi);
+    DROP(crossentropy_fused);
 #undef DROP
     wrap = *inner;
     wrap.ops = &wrap_ops;
@@ -128,6 +131,7 @@ typedef struct {
     size_t nw;
     int n_memory, n_kernel;
     int n_sumsq, n_sumsq_all, n_adamw_all; /* the optimizer's ops in the plan */
+    int n_ce_fused, n_ce_bwd;              /* the classifier loss's */
     char kernels[8192];                    /* the kernel reports, ';'-separated */
 } run_t;
 
@@ -161,6 +165,8 @@ static void train(dg_backend_t *be, int flags, run_t *r) {
         r->n_sumsq += g->nodes[i]->op == DG_OP_SUMSQ;
         r->n_sumsq_all += g->nodes[i]->op == DG_OP_SUMSQ_ALL;
         r->n_adamw_all += g->nodes[i]->op == DG_OP_ADAMW_ALL;
+        r->n_ce_fused += g->nodes[i]->op == DG_OP_CROSSENTROPY_FUSED;
+        r->n_ce_bwd += g->nodes[i]->op == DG_OP_CROSSENTROPY_BWD;
     }
     size_t n = (size_t)B * small.seq_len;
     int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
@@ -304,6 +310,27 @@ static void test_flags(int flags) {
     expect_same(&ref, &r, "DG_TEST_NO_KERNEL=sumsq_all");
     run_free(&r);
 
+    /* the fused classifier loss on the host: the logits copied there, the losses, lse and dlogits (over
+     * the logits) back; the evaluation forwards and the logits call take its forward-only path there */
+    EXPECT(ref.n_ce_fused == 1 && ref.n_ce_bwd == 0, "planned: %d crossentropy_fused, %d crossentropy_bwd",
+           ref.n_ce_fused, ref.n_ce_bwd);
+    setenv("DG_TEST_NO_KERNEL", "crossentropy_fused", 1);
+    train(wrapper(""), flags, &r);
+    unsetenv("DG_TEST_NO_KERNEL");
+    EXPECT(r.n_kernel == 1 && strstr(r.kernels, "op crossentropy_fused (1 node)"),
+           "DG_TEST_NO_KERNEL=crossentropy_fused: reports %s", r.kernels);
+    expect_same(&ref, &r, "DG_TEST_NO_KERNEL=crossentropy_fused");
+    run_free(&r);
+
+    /* a backend without crossentropy_fused: the crossentropy + crossentropy_bwd pair, no fallback, same bits
+     */
+    train(wrapper("crossentropy_fused,"), flags, &r);
+    EXPECT(r.n_kernel == 0 && r.n_ce_fused == 0 && r.n_ce_bwd == 1,
+           "no crossentropy_fused: %d kernel reports, %d crossentropy_fused, %d crossentropy_bwd", r.n_kernel,
+           r.n_ce_fused, r.n_ce_bwd);
+    expect_same(&ref, &r, "no crossentropy_fused");
+    run_free(&r);
+
     /* a backend without sumsq_multi: the fused AdamW with one sumsq per tensor, no fallback, same bits */
     train(wrapper("sumsq_multi,"), flags, &r);
     EXPECT(r.n_kernel == 0 && r.n_adamw_all == 1 && r.n_sumsq_all == 0 && r.n_sumsq > 1,
@@ -313,7 +340,7 @@ static void test_flags(int flags) {
     run_free(&r);
 
     train(wrapper("gelu_fwd,layernorm_bwd,attention_fwd,crossentropy_bwd,matmul_bwd_dgelu,matmul_bwd,"
-                  "adamw_multi_dev,adamw_dev,clip_scale,sumsq_f32,accumulate,"),
+                  "adamw_multi_dev,adamw_dev,clip_scale,sumsq_f32,accumulate,crossentropy_fused,"),
           flags, &r);
     expect_all_freed("missing kernels");
     EXPECT(r.n_kernel >= 6 && strstr(r.kernels, "has no adamw_dev") &&
@@ -326,7 +353,7 @@ static void test_flags(int flags) {
     train(wrapper(
               "encoder_fwd,layernorm_fwd,matmul_fwd,gelu_fwd,attention_fwd,add,crossentropy_fwd,encoder_bwd,"
               "layernorm_bwd,matmul_bwd,gelu_bwd,matmul_bwd_dgelu,attention_bwd,crossentropy_bwd,accumulate,"
-              "sumsq_f32,clip_scale,adamw_multi_dev,adamw_dev,sumsq_multi,"),
+              "sumsq_f32,clip_scale,adamw_multi_dev,adamw_dev,sumsq_multi,crossentropy_fused,"),
           flags, &r);
     unsetenv("DG_TEST_ARENA_FAIL");
     expect_all_freed("no kernels and no arena");

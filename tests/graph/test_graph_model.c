@@ -9,6 +9,9 @@
  *    (which also checks the memory planner end to end);
  *  - the GELU backward variants (fused matmul_bwd_dgelu, unfused, GELU recomputed): schedules, arena
  *    sizes, and bitwise-equal training;
+ *  - the classifier loss fused with its backward (crossentropy_fused) against the unfused pair (model
+ *    flag, environment hook): bitwise-equal training with gradient accumulation, evaluation forwards,
+ *    a loss-scale change, logits and gradients;
  *  - non-finite gradients skip the whole update; frozen tensors are not updated and not in the norm;
  *  - the --plan-only printer (text and JSON) and one-line errors for bad input.
  */
@@ -427,7 +430,7 @@ static void test_print(void) {
     char segs[64];
     snprintf(segs, sizeof segs, " over %d tensors", dg_model_n_tensors(m));
     EXPECT(count(buf, segs) == 2, "text plan: adamw_all and sumsq_all should each say '%s'", segs);
-    EXPECT(strstr(buf, "lm_head") && strstr(buf, "encoder_bwd") && strstr(buf, "crossentropy_bwd") &&
+    EXPECT(strstr(buf, "lm_head") && strstr(buf, "encoder_bwd") && strstr(buf, "crossentropy_fused") &&
                strstr(buf, "arena@") && strstr(buf, "activation arena:"),
            "text plan misses expected entries");
     char want[128];
@@ -738,6 +741,130 @@ static void test_adamw_fused(void) {
         free(r[k].w), free(r[k].m), free(r[k].v);
 }
 
+/* ---------------- fused classifier loss ---------------- */
+
+enum { CE_STEPS = 4, CE_ACCUM = 2 };
+typedef struct {
+    float loss[CE_STEPS * CE_ACCUM], eval[CE_STEPS], norm[CE_STEPS];
+    float *logits, *w, *m, *g; /* logits at one position; flat weights, moments, last gradients */
+    size_t n;
+    int n_fused, n_ce, n_ce_bwd;
+    size_t arena;
+} ce_run_t;
+
+/* Steps of CE_ACCUM micro-batches, an evaluation forward after each step (other ids), the loss scale
+ * doubled at step 3 (another dloss), then a logits call and one more forward_backward whose gradients
+ * are read. how: 0 the default (fused), 1 DG_MODEL_UNFUSED_CE, 2 DG_TEST_UNFUSED_CE=1. */
+static void ce_train(int how, int flags, ce_run_t *r) {
+    memset(r, 0, sizeof *r);
+    if (how == 2) setenv("DG_TEST_UNFUSED_CE", "1", 1);
+    dg_model_t *m;
+    OK(dg_model_create_ex(&small, be, 2, 4242, flags | (how == 1 ? DG_MODEL_UNFUSED_CE : 0), &m));
+    unsetenv("DG_TEST_UNFUSED_CE");
+    r->n_fused = count_ops(m, DG_OP_CROSSENTROPY_FUSED, DG_PHASE_FWD);
+    r->n_ce = count_ops(m, DG_OP_CROSSENTROPY, DG_PHASE_FWD);
+    r->n_ce_bwd = count_ops(m, DG_OP_CROSSENTROPY_BWD, DG_PHASE_BWD);
+    r->arena = dg_model_arena_bytes(m);
+    EXPECT(dg_plan_check(dg_model_plan(m), dg_model_graph(m)) == DG_OK, "ce %d: plan check: %s", how,
+           dg_last_error());
+    OK(dg_model_set_grad_accum(m, CE_ACCUM));
+    size_t n = 2 * (size_t)small.seq_len;
+    int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
+    uint64_t s = 23;
+    for (int st = 1; st <= CE_STEPS; st++) {
+        const float scale = st == 3 ? 2.0f : 1.0f;
+        OK(dg_model_zero_grad(m));
+        for (int k = 0; k < CE_ACCUM; k++) {
+            random_ids(tok, n, small.vocab_size, &s);
+            random_ids(tgt, n, small.vocab_size, &s);
+            OK(dg_model_forward_backward(m, tok, tgt, scale / (float)(CE_ACCUM * n),
+                                         &r->loss[(st - 1) * CE_ACCUM + k]));
+        }
+        dg_optim_hparams_t h = {.lr = 3e-3f,
+                                .beta1 = 0.9f,
+                                .beta2 = 0.95f,
+                                .eps = 1e-8f,
+                                .weight_decay = 0.1f,
+                                .grad_clip = 1.0f,
+                                .t = st,
+                                .inv_loss_scale = 1.0f / scale};
+        OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
+        random_ids(tok, n, small.vocab_size, &s);
+        random_ids(tgt, n, small.vocab_size, &s);
+        OK(dg_model_forward(m, tok, tgt, &r->eval[st - 1])); /* validation: no backward follows */
+    }
+    r->logits = malloc(2 * (size_t)small.vocab_size * sizeof(float));
+    OK(dg_model_logits(m, tok, small.seq_len - 1, r->logits));
+    r->n = dg_model_flat_numel(m);
+    r->w = malloc(r->n * sizeof(float));
+    r->m = malloc(r->n * sizeof(float));
+    r->g = malloc(r->n * sizeof(float));
+    OK(dg_model_get_flat(m, DG_STATE_PARAM, r->w));
+    OK(dg_model_get_flat(m, DG_STATE_ADAM_M, r->m));
+    OK(dg_model_zero_grad(m));
+    OK(dg_model_set_grad_accum(m, 1));
+    float l;
+    OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)n, &l));
+    OK(dg_model_get_flat(m, DG_STATE_GRAD, r->g));
+    free(tok);
+    free(tgt);
+    dg_model_free(m);
+}
+
+static void ce_free(ce_run_t *r) {
+    free(r->logits), free(r->w), free(r->m), free(r->g);
+}
+
+/* crossentropy_fused (one op in the forward, over the logits) against the crossentropy + crossentropy_bwd
+ * pair (model flag, environment hook), also with the GELU recomputed and without arena reuse: bitwise the
+ * same micro-batch losses, evaluation losses, gradient norms, logits, weights, moments and gradients. */
+static void test_ce_fused(void) {
+    const int variants[][2] = {{0, 0},
+                               {1, 0},
+                               {2, 0},
+                               {0, DG_MODEL_RECOMPUTE_GELU | DG_MODEL_NO_ARENA_REUSE},
+                               {1, DG_MODEL_RECOMPUTE_GELU | DG_MODEL_NO_ARENA_REUSE}};
+    const char *names[] = {"fused", "DG_MODEL_UNFUSED_CE", "DG_TEST_UNFUSED_CE=1",
+                           "fused, recompute, no reuse", "unfused, recompute, no reuse"};
+    ce_run_t ref, r;
+    ce_train(0, 0, &ref);
+    EXPECT(ref.n_fused == 1 && ref.n_ce == 0 && ref.n_ce_bwd == 0,
+           "fused: %d crossentropy_fused, %d "
+           "crossentropy, %d crossentropy_bwd ops",
+           ref.n_fused, ref.n_ce, ref.n_ce_bwd);
+    for (int v = 1; v < 5; v++) {
+        ce_train(variants[v][0], variants[v][1], &r);
+        int fused = variants[v][0] == 0;
+        EXPECT(r.n_fused == fused && r.n_ce == !fused && r.n_ce_bwd == !fused,
+               "%s: %d crossentropy_fused, %d crossentropy, %d crossentropy_bwd ops", names[v], r.n_fused,
+               r.n_ce, r.n_ce_bwd);
+        if (v <= 2)
+            EXPECT(ref.arena <= r.arena, "%s: the fused loss needs more arena (%zu) than the pair (%zu)",
+                   names[v], ref.arena, r.arena);
+        EXPECT(memcmp(r.loss, ref.loss, sizeof ref.loss) == 0, "%s: micro-batch losses differ from fused",
+               names[v]);
+        EXPECT(memcmp(r.eval, ref.eval, sizeof ref.eval) == 0, "%s: evaluation losses differ from fused",
+               names[v]);
+        EXPECT(memcmp(r.norm, ref.norm, sizeof ref.norm) == 0, "%s: gradient norms differ from fused",
+               names[v]);
+        EXPECT(memcmp(r.logits, ref.logits, 2 * (size_t)small.vocab_size * sizeof(float)) == 0,
+               "%s: logits differ from fused", names[v]);
+        EXPECT(r.n == ref.n && memcmp(r.w, ref.w, ref.n * sizeof(float)) == 0 &&
+                   memcmp(r.m, ref.m, ref.n * sizeof(float)) == 0,
+               "%s: weights or moments differ from fused", names[v]);
+        EXPECT(r.n == ref.n && memcmp(r.g, ref.g, ref.n * sizeof(float)) == 0,
+               "%s: gradients differ from fused", names[v]);
+        ce_free(&r);
+    }
+    EXPECT(ref.loss[CE_STEPS * CE_ACCUM - 1] < ref.loss[0] || ref.eval[CE_STEPS - 1] < ref.eval[0],
+           "fused: the loss should fall");
+    printf(
+        "fused cross-entropy: %d steps x %d micro-batches with evaluations, a loss-scale change and logits, "
+        "bitwise equal to the unfused pair (losses %.6f .. %.6f; arena %zu bytes)\n",
+        CE_STEPS, CE_ACCUM, (double)ref.loss[0], (double)ref.loss[CE_STEPS * CE_ACCUM - 1], ref.arena);
+    ce_free(&ref);
+}
+
 /* Initialisation: GPT-2 statistics, padded rows zero, and independence of the micro-batch. */
 static void test_init(void) {
     dg_model_desc_t d = {
@@ -798,6 +925,7 @@ int main(void) {
     test_errors();
     test_skip_and_freeze();
     test_adamw_fused();
+    test_ce_fused();
     dg_backend_free(be);
     printf("model tests took %.1f s\n", dg_now_s() - t0);
     if (failures) {

@@ -733,6 +733,153 @@ static void case_crossentropy(dg_backend_t *be) {
     tg_free(&t);
 }
 
+/* sum over rows of dloss * crossentropy(x . w^T) */
+static double obj_head_ce(void *p) {
+    ctx_t *c = p;
+    int N = c->d[0], C = c->d[1], Vp = c->d[2];
+    double *z = malloc((size_t)N * Vp * sizeof *z), *l = malloc((size_t)N * sizeof *l);
+    ref_matmul(z, c->in[0], c->in[1], NULL, N, C, Vp);
+    ref_crossentropy(l, z, c->tok, N, 7, Vp);
+    double s = 0;
+    for (int i = 0; i < N; i++)
+        s += l[i];
+    free(z);
+    free(l);
+    return (double)c->dloss * s;
+}
+
+/* The classifier loss fused with its backward (pass fuse_crossentropy, op crossentropy_fused): a linear
+ * head then the loss, built twice from the same data, the pair kept in one graph and fused in the other.
+ * The fused graph has one op in the forward whose output (dlogits) lies over the logits; the losses, the
+ * input gradient and the accumulated weight gradient are bitwise those of the pair over two micro-batches
+ * with different dloss values; a forward-only run leaves the logits as the pair's forward does. The pass
+ * refuses when the logits have another reader or are an output, and with a backend without the entry. */
+typedef struct {
+    tg_t t;
+    dg_node_t *x, *w, *logits, *loss;
+    dg_fuse_ce_t fc;
+} ce_graph_t;
+
+enum { CEF_FUSE = 1, CEF_LOGITS_OUT = 2, CEF_SECOND_READER = 4 };
+
+static void ce_build(ce_graph_t *c, dg_backend_t *be, int how) {
+    memset(c, 0, sizeof *c);
+    tg_init(&c->t, be, 31);
+    const int C = 8, V = 7, Vp = 12;
+    int64_t sx[3] = {2, 3, C}, sw[2] = {Vp, C}, st[2] = {2, 3};
+    c->x = tg_f(&c->t, "x", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    c->w = tg_f(&c->t, "w", 2, sw, DG_NF_PARAM, -1, 1);
+    dg_node_t *tg = tg_i(&c->t, "targets", 2, st, V);
+    c->logits = dg_op_matmul(c->t.g, "head", c->x, c->w, NULL);
+    if (how & CEF_LOGITS_OUT) c->logits->flags |= DG_NF_OUTPUT;
+    c->loss = dg_op_crossentropy(c->t.g, "ce", c->logits, tg, V);
+    dg_node_t *outs[2] = {c->loss, NULL}, *seeds[2] = {NULL, NULL};
+    int nout = 1;
+    if (how & CEF_SECOND_READER) { /* the logits also feed a GELU whose output is wanted too */
+        outs[1] = dg_op_gelu(c->t.g, "act", c->logits);
+        int64_t sy[3] = {2, 3, Vp};
+        seeds[1] = tg_f(&c->t, "dact", 3, sy, DG_NF_INPUT, -1, 1);
+        nout = 2;
+    }
+    OK(dg_graph_error(c->t.g));
+    OK(dg_autodiff(c->t.g, nout, outs, seeds));
+    c->fc.loss = c->loss;
+    dg_pass_t passes[2] = {{"fuse_crossentropy", dg_pass_fuse_crossentropy, &c->fc},
+                           {"inplace", dg_pass_inplace, NULL}};
+    int first = (how & CEF_FUSE) ? 0 : 1;
+    OK(dg_graph_run_passes(c->t.g, passes + first, 2 - first));
+    c->loss = c->fc.loss;
+    OK(dg_plan_create(c->t.g, 0, &c->t.plan));
+    OK(dg_plan_check(c->t.plan, c->t.g));
+    OK(dg_graph_alloc_persistent(c->t.g, be, &c->t.al));
+    for (int k = 0; k < c->t.nl; k++) {
+        leaf_t *l = &c->t.leaves[k];
+        OK(be->ops->to_device(be, l->n->data, l->f ? (void *)l->f : (void *)l->i, l->n->nbytes));
+    }
+    OK(dg_exec_create(be, c->t.g, c->t.plan, &c->t.ex));
+}
+
+static int ce_same(ce_graph_t *a, ce_graph_t *b, const dg_node_t *na, const dg_node_t *nb, const char *what) {
+    float *x = tg_get(&a->t, na), *y = tg_get(&b->t, nb);
+    int same = na->nbytes == nb->nbytes && memcmp(x, y, na->nbytes) == 0;
+    EXPECT(same, "crossentropy_fused: %s differs from the unfused pair's", what);
+    free(x);
+    free(y);
+    return same;
+}
+
+static void case_crossentropy_fused(dg_backend_t *be) {
+    int f0 = failures;
+    ce_graph_t u, f;
+    ce_build(&u, be, 0);
+    ce_build(&f, be, CEF_FUSE);
+    EXPECT(f.fc.n_fused == 1 && tg_count(&f.t, DG_OP_CROSSENTROPY_FUSED, -1) == 1 &&
+               tg_count(&f.t, DG_OP_CROSSENTROPY, -1) == 0 && tg_count(&f.t, DG_OP_CROSSENTROPY_BWD, -1) == 0,
+           "fuse_crossentropy: %d fused, %d crossentropy_fused / %d crossentropy / %d crossentropy_bwd ops",
+           f.fc.n_fused, tg_count(&f.t, DG_OP_CROSSENTROPY_FUSED, -1), tg_count(&f.t, DG_OP_CROSSENTROPY, -1),
+           tg_count(&f.t, DG_OP_CROSSENTROPY_BWD, -1));
+    const dg_node_t *fo = dg_node_grad_of(f.logits);
+    EXPECT(fo && fo->op == DG_OP_CROSSENTROPY_FUSED && fo->phase == DG_PHASE_FWD &&
+               fo->view_src == f.logits && f.loss == fo->side[0] && (f.loss->flags & DG_NF_LOSS) &&
+               (f.loss->flags & DG_NF_OUTPUT),
+           "fuse_crossentropy: the logits' gradient must be the forward fused op, over the logits, and the "
+           "tracked loss its losses output");
+    /* the logits' storage (now dlogits too) stays live until the head's backward reads it */
+    int mb = -1;
+    for (int i = 0; i < f.t.g->n; i++)
+        if (f.t.g->nodes[i]->op == DG_OP_MATMUL_BWD) mb = i;
+    EXPECT(mb >= 0 && f.t.plan->live_end[f.logits->id] >= mb,
+           "the logits/dlogits storage dies at %d, before %d", f.t.plan->live_end[f.logits->id], mb);
+    const float dl[2] = {0.37f, 0.5f};
+    for (int r = 0; r < 2; r++) { /* two micro-batches: the weight gradient accumulates */
+        u.t.ex->rt.dloss = f.t.ex->rt.dloss = dl[r];
+        tg_run(&u.t, DG_PHASE_FWD);
+        tg_run(&f.t, DG_PHASE_FWD);
+        ce_same(&u, &f, u.loss, f.loss, "losses");
+        tg_run(&u.t, DG_PHASE_BWD);
+        tg_run(&f.t, DG_PHASE_BWD);
+        ce_same(&u, &f, dg_node_grad_of(u.x), dg_node_grad_of(f.x), "the input gradient");
+        ce_same(&u, &f, u.w->grad, f.w->grad, "the accumulated weight gradient");
+    }
+    /* a forward with no backward: the fused op computes the losses and leaves the logits */
+    f.t.ex->rt.forward_only = 1;
+    tg_run(&u.t, DG_PHASE_FWD);
+    tg_run(&f.t, DG_PHASE_FWD);
+    f.t.ex->rt.forward_only = 0;
+    ce_same(&u, &f, u.loss, f.loss, "forward-only losses");
+    ce_same(&u, &f, u.logits, f.logits, "the logits after a forward-only run");
+    /* the gradient against finite differences, through the fused graph */
+    ctx_t cx = {.in = {tg_d(&f.t, f.x), tg_d(&f.t, f.w)}, .d = {6, 8, 12}, .dloss = 0.37f};
+    f.t.ex->rt.dloss = 0.37f;
+    tg_run(&f.t, DG_PHASE_FWD);
+    tg_run(&f.t, DG_PHASE_BWD);
+    float *gx = tg_get(&f.t, dg_node_grad_of(f.x));
+    cx.tok = tg_leaf(&f.t, f.loss->src[0]->src[1])->i;
+    check_fd("crossentropy_fused d/dx", cx.in[0], 48, gx, obj_head_ce, &cx);
+    free(gx), free(cx.in[0]), free(cx.in[1]);
+    tg_cover(&f.t, f0);
+    tg_free(&u.t);
+    tg_free(&f.t);
+
+    /* refusals: logits read elsewhere, or kept as an output; a backend without the entry */
+    const int refuse[2] = {CEF_FUSE | CEF_SECOND_READER, CEF_FUSE | CEF_LOGITS_OUT};
+    for (int k = 0; k < 2; k++) {
+        ce_build(&f, be, refuse[k]);
+        EXPECT(f.fc.n_fused == 0 && tg_count(&f.t, DG_OP_CROSSENTROPY_FUSED, -1) == 0 &&
+                   tg_count(&f.t, DG_OP_CROSSENTROPY_BWD, -1) == 1,
+               "fuse_crossentropy must keep the pair when %s",
+               k == 0 ? "the logits have another reader" : "the logits are an output");
+        tg_free(&f.t);
+    }
+    dg_backend_ops_t ops = *be->ops;
+    ops.crossentropy_fused = NULL;
+    dg_backend_t nofuse = {&ops, be->act_dtype, be->impl};
+    ce_build(&f, &nofuse, CEF_FUSE);
+    EXPECT(f.fc.n_fused == 0 && tg_count(&f.t, DG_OP_CROSSENTROPY_BWD, -1) == 1,
+           "fuse_crossentropy must keep the pair on a backend without crossentropy_fused");
+    tg_free(&f.t);
+}
+
 /* A tensor with many consumers (I): later contributions accumulate in place (acc = 1 kernels) and
  * through ACCUMULATE when the first gradient storage is still needed. */
 static double obj_fanout1(void *p) {
@@ -1531,6 +1678,7 @@ static const op_case_t cases[] = {
     {"attention", case_attention},
     {"add", case_add},
     {"crossentropy", case_crossentropy},
+    {"crossentropy_fused", case_crossentropy_fused},
     {"fanout1", case_fanout1},
     {"fanout2", case_fanout2},
     {"collectives", case_collectives},

@@ -6,6 +6,7 @@
  *     arenas poisoned with NaN first (a read of memory that was never written shows up).
  *  3. Model graphs (tiny and gpt2-124m, plan only): plan check passes and the arena is well below the
  *     sum of activation sizes.
+ *     The fused classifier loss: dlogits over the logits, no more arena than the unfused pair.
  *  4. The executor refuses (aborts on) a plan made before the graph changed.
  */
 #include <math.h>
@@ -321,6 +322,49 @@ static void test_gelu_memory(dg_backend_t *cpu) {
     }
 }
 
+/* ---------------- 3c. the fused classifier loss ---------------- */
+
+/* gpt2-124m at micro-batch 32 x 1024, plan only (f32 CPU plan and the bf16 CUDA-like one): the fused
+ * loss's dlogits lies over the logits (one [B*T, Vp] buffer, live from lm_head's forward to its backward)
+ * and the arena is no larger than with the crossentropy + crossentropy_bwd pair. */
+static void test_ce_memory(dg_backend_t *cpu) {
+    dg_backend_ops_t ops16 = *cpu->ops;
+    ops16.attention_aux_bytes = cuda_like_aux_bytes;
+    dg_backend_t be16 = {&ops16, DG_BF16, cpu->impl};
+    dg_backend_t *bes[2] = {cpu, &be16};
+    const char *what[2] = {"cpu f32", "bf16, CUDA attention scratch"};
+    dg_model_desc_t d;
+    OK(dg_model_desc_preset("gpt2-124m", &d));
+    const int B = 32;
+    for (int b = 0; b < 2; b++) {
+        size_t arena[2];
+        for (int f = 0; f < 2; f++) {
+            dg_model_t *m;
+            OK(dg_model_create_ex(&d, bes[b], B, 1, (f ? DG_MODEL_UNFUSED_CE : 0) | DG_MODEL_PLAN_ONLY, &m));
+            const dg_graph_t *g = dg_model_graph(m);
+            const dg_plan_t *p = dg_model_plan(m);
+            EXPECT(dg_plan_check(p, g) == DG_OK, "%s: plan check: %s", what[b], dg_last_error());
+            arena[f] = dg_model_arena_bytes(m);
+            const dg_node_t *ce = NULL, *head_bwd = NULL;
+            for (int i = 0; i < g->n; i++) {
+                const dg_node_t *x = g->nodes[i];
+                if (x->op == DG_OP_CROSSENTROPY_FUSED) ce = x;
+                if (x->op == DG_OP_MATMUL_BWD && !head_bwd) head_bwd = x; /* the first: lm_head's */
+            }
+            if (f == 0) {
+                EXPECT(ce && ce->view_src == ce->src[0] && head_bwd && head_bwd->src[0] == ce &&
+                           p->live_end[ce->src[0]->id] == head_bwd->id,
+                       "%s: dlogits must lie over the logits and live until lm_head's backward", what[b]);
+            }
+            dg_model_free(m);
+        }
+        EXPECT(arena[0] <= arena[1], "%s: the fused loss needs more arena (%zu) than the pair (%zu)", what[b],
+               arena[0], arena[1]);
+        printf("gpt2-124m micro_batch %d, %s: arena %.3f GiB with the fused loss, %.3f GiB with the pair\n",
+               B, what[b], arena[0] / 1073741824.0, arena[1] / 1073741824.0);
+    }
+}
+
 /* ---------------- 4. stale plans abort ---------------- */
 
 static void test_stale_abort(dg_backend_t *be) {
@@ -358,6 +402,7 @@ int main(void) {
     test_random_graphs(be);
     test_model_plans(be);
     test_gelu_memory(be);
+    test_ce_memory(be);
     test_stale_abort(be);
     dg_backend_free(be);
     if (failures) {
