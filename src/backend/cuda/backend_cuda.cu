@@ -908,7 +908,8 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
     }
     c->fast_attention = env_flag("DG_CUDA_FAST_ATTENTION", 1);
     c->attn_ldmatrix = env_flag("DG_CUDA_ATTN_LDMATRIX", 1);
-    c->ce_smem = env_flag("DG_CUDA_CE_SMEM", 1);
+    /* the two-pass (L2) kernel by default: 2.76 ms against 3.02 ms staged, gpt2-124m B=32 on an H200 */
+    c->ce_smem = env_flag("DG_CUDA_CE_SMEM", 0);
     const char *rows = getenv("DG_CUDA_ATTN_ROWS");
     c->attn_rows = DG_CUDA_ATTN_ROWS_DEFAULT;
     if (rows && *rows) {

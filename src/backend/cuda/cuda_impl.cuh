@@ -90,8 +90,8 @@ typedef struct dg_cuda {
     int graphs_alive;    /* instantiated graphs not yet freed: they hold the scratch's address */
     void **retired;      /* scratch blocks outgrown while graphs were alive (freed at destroy) */
     int n_retired;
-    int ce_smem;    /* crossentropy_fused stages each row in shared memory where it fits (DG_CUDA_CE_SMEM=0:
-                       never, the two-pass kernel that re-reads the row through L2; A/B timing) */
+    int ce_smem;    /* DG_CUDA_CE_SMEM=1: crossentropy_fused stages each row in shared memory where it fits;
+                       0 (default, measured faster): the two-pass kernel that re-reads the row through L2 */
     int attn_impl;  /* tensor-core attention kernels: 1 (16 rows per warp), 2 (32 rows per warp), 3
                        (2 with fewer instructions per score), 4 (3, backward half tiles unrolled),
                        5 (3, backward dO fragments in registers); DG_CUDA_ATTN_IMPL=1..5 */
