@@ -184,8 +184,8 @@ static int run_lnbgrad(int B, int T, dg_dtype_t act) {
         const char *name;
         int C, OC;
     } shp[4] = {{"qkv", 768, 2304}, {"attproj", 768, 768}, {"fc", 768, 3072}, {"fcproj", 3072, 768}};
-    /* [variant]: 0 = register layernorm, DG_CUDA_BGRAD=epilogue (BGRADB), 1 = DG_CUDA_BGRAD=colsum (the default),
-     * 2 = DG_CUDA_LN_REG=0 (generic layernorm kernels) */
+    /* [variant]: 0 = register layernorm, DG_CUDA_BGRAD=epilogue (BGRADB), 1 = DG_CUDA_BGRAD=colsum (the
+     * default), 2 = DG_CUDA_LN_REG=0 (generic layernorm kernels) */
     double ln_f[3] = {0}, ln_b[3] = {0}, mm[3][4] = {{0}}, nob[4] = {0};
     float *ln_dw[3] = {0}, *mm_db[3][4] = {{0}};
     for (int v = 0; v < 3; v++) {
