@@ -46,7 +46,9 @@ trap 'rm -rf "$work"' EXIT
   { log "make_shards.py failed"; exit 1; }
 
 # dgtrain: the first launch after the build is "cold" (page cache, CUDA module load, cuBLASLt
-# heuristics); the second, identical one is "warm"
+# heuristics, and the GEMM algorithm timing: a fresh tuning file); the second, identical one is "warm"
+# (it reads the choices the cold run wrote, docs/cuda.md "GEMM algorithm tuning")
+export DG_CUDA_GEMM_TUNE_FILE=$work/gemm_tune.txt
 for run in cold warm; do
   rd=$work/run_$run
   t_launch=$(date +%s.%N)

@@ -899,6 +899,7 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
     c->fused_epilogues = env_flag("DG_CUDA_FUSED_EPILOGUES", 1);
     c->fused_dgelu = env_flag("DG_CUDA_FUSED_DGELU", 1);
     c->ln_reg = env_flag("DG_CUDA_LN_REG", 1);
+    c->gemm_tune = env_flag("DG_CUDA_GEMM_TUNE", 1);
     const char *bg = getenv("DG_CUDA_BGRAD");
     c->bgrad_colsum = 1; /* colsum: 0.79 ms per gpt2-124m step faster on the H200 (2026-11-30) */
     if (bg && *bg) {

@@ -59,7 +59,12 @@ typedef struct dg_gemm_plan {
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
     size_t ws_bytes;
+    int tuned;                   /* the algorithm was chosen by timing (DG_CUDA_GEMM_TUNE) */
+    int tune_pick;               /* its index in the heuristic's list (0: the heuristic's own pick) */
+    float tune_ms_first, tune_ms; /* measured ms per call: the heuristic's pick, the chosen one */
 } dg_gemm_plan_t;
+
+#define DG_GEMM_TUNE_MAX 16 /* candidates timed per shape with DG_CUDA_GEMM_TUNE=1 */
 
 typedef struct dg_cudnn dg_cudnn_t; /* attn_cudnn.cu's state: the loaded library, handle and plans */
 
@@ -81,6 +86,7 @@ typedef struct dg_cuda {
                             where the DGELU epilogue applies (A/B timing of the epilogue alone) */
     int bgrad_colsum;    /* 1 when DG_CUDA_BGRAD=colsum: matmul_bwd's bias gradient by our column-sum kernels
                             after the plain weight-gradient GEMM, not by cuBLASLt's BGRADB epilogue */
+    int gemm_tune;       /* 1 when DG_CUDA_GEMM_TUNE=1: each GEMM shape's algorithm chosen by timing (matmul.cu) */
     int ln_reg;          /* 0 when DG_CUDA_LN_REG=0: layernorm by the generic kernels only (A/B timing) */
     int fast_attention;  /* 0 when DG_CUDA_FAST_ATTENTION=0: the generic attention kernels only */
     int attn_ldmatrix;   /* tensor-core attention loads fragments with ldmatrix (DG_CUDA_ATTN_LDMATRIX=0: not)
@@ -106,6 +112,7 @@ typedef struct dg_cuda {
      * alloc, the scratch and the cuBLASLt workspace, so the peak compares with PyTorch's
      * max_memory_allocated; the (pointer, size) table lets free() subtract */
     char name[256];
+    char tune_tag[128]; /* the GEMM tuning table's device tag (matmul.cu), built on first use */
     size_t mem_now, mem_peak;
     void **mem_ptr;
     size_t *mem_size;

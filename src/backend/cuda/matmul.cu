@@ -3,9 +3,11 @@
  * f32 gradient buffer (bf16/f16 A and B, f32 C = D, beta = 1) and the bias gradient from the BGRADB
  * epilogue of that same GEMM.
  *
- * Plans (descriptors + the algorithm cuBLASLt's heuristic picks) are cached per shape, types, epilogue
- * and pointer alignment, so each shape is planned once and always runs the same algorithm: with the
- * backend's own workspace on its one stream that makes every GEMM bitwise reproducible. Where cuBLASLt
+ * Plans (descriptors + the algorithm: the measured fastest of cuBLASLt's candidates, kept in the tuning
+ * file of gemm_tune.h for later runs, or with DG_CUDA_GEMM_TUNE=0 the heuristic's first pick) are cached
+ * per shape, types, epilogue and pointer alignment, so each shape is planned once and always runs the
+ * same algorithm: with the backend's own workspace on its one stream that makes every GEMM bitwise
+ * reproducible. Where cuBLASLt
  * offers no fused epilogue for a combination, or DG_CUDA_FUSED_EPILOGUES=0, the plain GEMM runs and
  * the epilogue is done by the kernels in elementwise.cu. BGRADB overwrites its output, so it writes to
  * scratch and a separate kernel adds that into dbias (the contract's +=). With DG_CUDA_BGRAD=colsum the
@@ -20,9 +22,11 @@
  * Row-major to column-major: a row-major [R, K] matrix is a column-major K x R one, so
  * out[N,OC] = inp[N,C]·w[OC,C]ᵀ is the column-major D(OC x N) = wᵀ(OC x C) · inp(C x N).
  */
+#include <math.h>
 #include <string.h>
 
 #include "cuda_impl.cuh"
+#include "gemm_tune.h"
 
 static cudaDataType_t cuda_type(dg_dtype_t t) {
     return t == DG_F32 ? CUDA_R_32F : t == DG_BF16 ? CUDA_R_16BF : CUDA_R_16F;
@@ -64,6 +68,194 @@ void dg_cuda_gemm_plans_free(dg_cuda_t *c) {
     free(c->plans);
     c->plans = NULL;
     c->n_plans = c->cap_plans = 0;
+}
+
+/* ---- measured algorithm choice (DG_CUDA_GEMM_TUNE=1) ----
+ *
+ * cuBLASLt's heuristic ranks its algorithms by a model of the GPU, not by measurement. With tuning on,
+ * the plan asks for up to DG_GEMM_TUNE_MAX candidates and times each on the call's own operands the
+ * first time the shape is seen, outside any CUDA Graph capture (a shape first seen inside one keeps the
+ * heuristic's pick): two rounds over the candidates (forward, then backward, so clock drift favours
+ * none), the minimum per candidate, and the fastest is taken only when it beats the heuristic's first
+ * pick by at least 1 % (noise does not flip the choice between equally fast algorithms). The timing runs
+ * write D (and aux) with the real call's arguments, which the real call that follows overwrites; with
+ * beta != 0 (accumulating) D is saved before and restored after. A call whose output overlaps one of its
+ * inputs is not tuned. The choice is then cached with the plan like the heuristic's. */
+typedef struct {
+    uintptr_t lo, hi;
+} span_t;
+
+static span_t span_of(const void *p, int rows, int cols, int ld, size_t es) {
+    span_t s = {0, 0};
+    if (!p || rows <= 0 || cols <= 0) return s;
+    s.lo = (uintptr_t)p;
+    s.hi = s.lo + ((size_t)(cols - 1) * (size_t)ld + (size_t)rows) * es;
+    return s;
+}
+
+static int span_overlap(span_t a, span_t b) {
+    return a.lo < b.hi && b.lo < a.hi;
+}
+
+static size_t type_size(cudaDataType_t t) {
+    return t == CUDA_R_32F ? 4 : 2;
+}
+
+/* ms per call of `algo` over `reps` back-to-back calls; < 0 when cuBLASLt refuses it */
+static float gemm_time(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t *g, const cublasLtMatmulAlgo_t *algo,
+                       int reps, cudaEvent_t e0, cudaEvent_t e1) {
+    const float alpha = 1.f, beta = g->beta;
+    if (cudaEventRecord(e0, c->stream) != cudaSuccess) return -1.f;
+    for (int r = 0; r < reps; r++) {
+        cublasStatus_t st = cublasLtMatmul(c->lt, p->desc, &alpha, g->A, p->la, g->B, p->lb, &beta, g->D, p->lc,
+                                           g->D, p->lc, algo, c->lt_ws, c->lt_ws_bytes, c->stream);
+        if (st != CUBLAS_STATUS_SUCCESS) return -1.f;
+    }
+    float ms = -1.f;
+    if (cudaEventRecord(e1, c->stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+        return -1.f;
+    return ms / (float)reps;
+}
+
+/* The device tag of the tuning table: what makes cuBLASLt's candidate list the same (GPU model, compute
+ * capability, SM count, cuBLASLt version); no spaces. */
+static const char *tune_tag(dg_cuda_t *c) {
+    if (!c->tune_tag[0]) {
+        char nm[64];
+        const char *src = c->name[0] ? c->name : "gpu";
+        size_t len = strlen(src) < sizeof nm - 1 ? strlen(src) : sizeof nm - 1;
+        memcpy(nm, src, len);
+        nm[len] = 0;
+        for (char *q = nm; *q; q++)
+            if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') || *q == '-' ||
+                  *q == '.'))
+                *q = '_';
+        snprintf(c->tune_tag, sizeof c->tune_tag, "%s/sm%d%d/%dsms/cublasLt%zu", nm, c->cc_major, c->cc_minor,
+                 c->sm_count, (size_t)cublasLtGetVersion());
+    }
+    return c->tune_tag;
+}
+
+static void tune_key(const dg_cuda_t *c, const dg_gemm_plan_t *p, int *key) {
+    static_assert(sizeof(dg_gemm_key_t) == (DG_GEMM_TUNE_KEY_N - 1) * sizeof(int), "key layout");
+    memcpy(key, &p->key, sizeof p->key);
+    key[DG_GEMM_TUNE_KEY_N - 1] = (int)(c->lt_ws_bytes >> 20); /* the workspace bounds the candidates */
+}
+
+static void tune_take(dg_gemm_plan_t *p, const cublasLtMatmulHeuristicResult_t *res, int pick, float ms0,
+                      float ms) {
+    p->algo = res[pick].algo;
+    p->ws_bytes = res[pick].workspaceSize;
+    p->tuned = 1;
+    p->tune_pick = pick;
+    p->tune_ms_first = ms0;
+    p->tune_ms = ms;
+}
+
+static dg_status_t gemm_tune(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t *g,
+                             const cublasLtMatmulHeuristicResult_t *res, int found) {
+    int key[DG_GEMM_TUNE_KEY_N];
+    tune_key(c, p, key);
+    dg_gemm_tune_entry_t hit;
+    if (dg_gemm_tune_lookup(tune_tag(c), key, &hit)) {
+        if (hit.found == found && hit.pick < found && res[hit.pick].state == CUBLAS_STATUS_SUCCESS &&
+            res[hit.pick].workspaceSize <= c->lt_ws_bytes &&
+            dg_gemm_tune_hash(&res[hit.pick].algo, sizeof res[hit.pick].algo) == hit.algo_hash) {
+            tune_take(p, res, hit.pick, hit.ms_first, hit.ms_pick);
+            DG_LOG_DEBUG("cuda backend: GEMM m=%d n=%d k=%d: candidate %d of %d from the tuning table", g->m, g->n,
+                         g->k, hit.pick, found);
+            return DG_OK;
+        }
+        DG_LOG_INFO("cuda backend: GEMM m=%d n=%d k=%d: the tuning table's entry no longer matches cuBLASLt's "
+                    "candidates; timing again",
+                    g->m, g->n, g->k);
+    }
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    DG_CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone) {
+        DG_LOG_DEBUG("cuda backend: GEMM m=%d n=%d k=%d first seen during a CUDA Graph capture: not tuned", g->m,
+                     g->n, g->k);
+        return DG_OK;
+    }
+    const size_t es_ab = type_size(g->abtype), es_d = type_size(g->dtype);
+    const span_t sa = span_of(g->A, g->transa ? g->k : g->m, g->transa ? g->m : g->k, g->lda, es_ab);
+    const span_t sb = span_of(g->B, g->transb ? g->n : g->k, g->transb ? g->k : g->n, g->ldb, es_ab);
+    const span_t sd = span_of(g->D, g->m, g->n, g->ldd, es_d);
+    const span_t sx = span_of(g->aux, g->m, g->n, g->aux_ld, es_ab);
+    if (span_overlap(sd, sa) || span_overlap(sd, sb) || span_overlap(sx, sa) || span_overlap(sx, sb) ||
+        (g->aux && span_overlap(sd, sx))) {
+        DG_LOG_DEBUG("cuda backend: GEMM m=%d n=%d k=%d writes over an input: not tuned", g->m, g->n, g->k);
+        return DG_OK;
+    }
+    const size_t dbytes = sd.hi - sd.lo;
+    void *save = NULL;
+    if (g->beta != 0.f) {
+        DG_CUDA_CHECK(cudaMalloc(&save, dbytes));
+        dg_cuda_mem_add(c, dbytes);
+        DG_CUDA_CHECK(cudaMemcpyAsync(save, g->D, dbytes, cudaMemcpyDeviceToDevice, c->stream));
+    }
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    DG_CUDA_CHECK(cudaEventCreate(&e0));
+    DG_CUDA_CHECK(cudaEventCreate(&e1));
+    float best[DG_GEMM_TUNE_MAX];
+    int n = found < DG_GEMM_TUNE_MAX ? found : DG_GEMM_TUNE_MAX;
+    for (int i = 0; i < n; i++)
+        best[i] = res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= c->lt_ws_bytes ? INFINITY
+                                                                                                  : -1.f;
+    /* repetitions: enough for ~1 ms per measurement, from one warm-up call of the heuristic's pick */
+    float t0 = gemm_time(c, p, g, &res[0].algo, 1, e0, e1);
+    int reps = 2;
+    if (t0 > 0.f) reps = (int)fminf(50.f, fmaxf(2.f, ceilf(0.5f / t0)));
+    for (int round = 0; round < 2 && t0 > 0.f; round++)
+        for (int j = 0; j < n; j++) {
+            const int i = round == 0 ? j : n - 1 - j;
+            if (best[i] < 0.f) continue;
+            if (round == 0) (void)gemm_time(c, p, g, &res[i].algo, 1, e0, e1); /* first-use costs */
+            float t = gemm_time(c, p, g, &res[i].algo, reps, e0, e1);
+            if (t < 0.f) {
+                (void)cudaGetLastError();
+                best[i] = -1.f;
+            } else if (t < best[i]) {
+                best[i] = t;
+            }
+        }
+    int pick = 0;
+    if (t0 > 0.f && best[0] > 0.f)
+        for (int i = 1; i < n; i++)
+            if (best[i] > 0.f && best[i] < best[pick]) pick = i;
+    if (pick != 0 && !(best[pick] <= 0.99f * best[0])) pick = 0;
+    cudaError_t ee = cudaSuccess;
+    if (save) {
+        ee = cudaMemcpyAsync(g->D, save, dbytes, cudaMemcpyDeviceToDevice, c->stream);
+        if (ee == cudaSuccess) ee = cudaStreamSynchronize(c->stream);
+        cudaFree(save);
+        dg_cuda_mem_sub(c, dbytes);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    if (ee != cudaSuccess) return DG_ERR(DG_ERR_RUNTIME, "cuda backend: GEMM tuning: %s", cudaGetErrorString(ee));
+    if (!(t0 > 0.f) || !(best[0] > 0.f)) {
+        DG_LOG_DEBUG("cuda backend: GEMM m=%d n=%d k=%d: the heuristic's pick did not run in tuning", g->m, g->n,
+                     g->k);
+        return DG_OK;
+    }
+    tune_take(p, res, pick, best[0], best[pick]);
+    dg_gemm_tune_entry_t e;
+    memset(&e, 0, sizeof e);
+    snprintf(e.tag, sizeof e.tag, "%s", tune_tag(c));
+    memcpy(e.key, key, sizeof e.key);
+    e.pick = pick;
+    e.found = found;
+    e.algo_hash = dg_gemm_tune_hash(&res[pick].algo, sizeof res[pick].algo);
+    e.ms_first = best[0];
+    e.ms_pick = best[pick];
+    dg_gemm_tune_record(&e);
+    DG_LOG_INFO("cuda backend: GEMM tuned m=%d n=%d k=%d ta=%d tb=%d epi=%d beta=%d: heuristic pick %.4f ms, "
+                "candidate %d of %d %.4f ms (%.3fx)",
+                g->m, g->n, g->k, g->transa, g->transb, (int)g->epi, g->beta != 0.f, best[0], pick, n, best[pick],
+                best[0] / best[pick]);
+    return DG_OK;
 }
 
 static dg_status_t plan_build(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t *g) {
@@ -112,15 +304,17 @@ static dg_status_t plan_build(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t
         cublasLtMatmulPreferenceDestroy(pref);
         return dg_cublas_fail(st, "cublasLtMatmulPreferenceSetAttribute", __FILE__, __LINE__);
     }
-    cublasLtMatmulHeuristicResult_t res;
-    memset(&res, 0, sizeof res);
+    cublasLtMatmulHeuristicResult_t res[DG_GEMM_TUNE_MAX];
+    memset(res, 0, sizeof res);
     int found = 0;
-    st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found);
+    const int want = c->gemm_tune ? DG_GEMM_TUNE_MAX : 1;
+    st = cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref, want, res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    p->supported = (st == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS);
+    p->supported = (st == CUBLAS_STATUS_SUCCESS && found > 0 && res[0].state == CUBLAS_STATUS_SUCCESS);
     if (p->supported) {
-        p->algo = res.algo;
-        p->ws_bytes = res.workspaceSize;
+        p->algo = res[0].algo;
+        p->ws_bytes = res[0].workspaceSize;
+        if (c->gemm_tune && found > 1) DG_TRY(gemm_tune(c, p, g, res, found));
     }
     DG_LOG_DEBUG("cuda backend: GEMM plan m=%d n=%d k=%d ta=%d tb=%d epi=%d -> %s", g->m, g->n, g->k,
                  g->transa, g->transb, (int)g->epi, p->supported ? "cuBLASLt" : "unsupported");
