@@ -15,6 +15,16 @@
  * (DG_CUDA_BGRAD=epilogue), from our column sums (DG_CUDA_BGRAD=colsum) and without a bias gradient; the
  * dw/db and dbias of the two variants are compared (max relative difference). Ends with one line
  * "LNBGRAD_SUMMARY ..." (the numbers, which bias-gradient path was faster and the per-step savings).
+ *
+ *   bench_backend_cuda --mode ce [--B 32] [--T 1024] [--dtype bf16] [--iters 20]
+ * The classifier-loss A/B: at N = B*T, V = 50257, Vp = 50304, logits ~ N(0, 2^2), per-call times (CUDA
+ * events, median of 5 runs of --iters calls after warm-up) of crossentropy_fwd + crossentropy_bwd and of
+ * crossentropy_fused under each DG_CUDA_CE_IMPL (twopass, smem, reg, hybrid, and the default), each with
+ * DG_CUDA_CE_FASTEXP=1 and 0 (bf16/f16), and a few DG_CUDA_CE_OCC settings; switches set with setenv
+ * between runs (crossentropy.cu reads them at every launch). dlogits go to their own buffer, so every call
+ * sees the same logits. GB/s counts one read and one write of the logits. Each fused row also says
+ * whether its losses, lse and first/last 64 dlogits rows are bitwise the preceding pair's (same
+ * FASTEXP). Ends with "CE_SUMMARY act=... <variant>=<ms> ... best_fused=<variant>".
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -275,6 +285,164 @@ static int run_lnbgrad(int B, int T, dg_dtype_t act) {
     return 0;
 }
 
+/* ---------------- --mode ce ---------------- */
+
+/* one timed configuration: the unfused pair or the fused op, with the crossentropy.cu switches (NULL:
+ * unset, i.e. the default) */
+typedef struct {
+    int fused;
+    const char *impl, *fastexp, *occ;
+} ce_var_t;
+
+static void ce_setenv(const char *name, const char *v) {
+    if (v)
+        setenv(name, v, 1);
+    else
+        unsetenv(name);
+}
+static void ce_label(char *buf, size_t n, const ce_var_t *v) {
+    snprintf(buf, n, "%s%s%s%s%s%s", v->fused ? "fused_" : "pair",
+             v->fused ? (v->impl ? v->impl : "default") : "", v->fastexp ? "_fastexp" : "",
+             v->fastexp ? v->fastexp : "", v->occ ? "_occ" : "", v->occ ? v->occ : "");
+}
+static dg_status_t ce_pair(float *losses, float *lse, void *dl, const void *logits, const int32_t *tg, int N,
+                           int V, int Vp, float dloss) {
+    dg_status_t s = g_be->ops->crossentropy_fwd(g_be, losses, lse, logits, tg, N, V, Vp);
+    if (s != DG_OK) return s;
+    return g_be->ops->crossentropy_bwd(g_be, dl, logits, lse, tg, N, V, Vp, dloss);
+}
+
+/* losses, lse and the first and last CE_CHECK_ROWS rows of dlogits, as bytes on the host */
+#define CE_CHECK_ROWS 64
+typedef struct {
+    unsigned char *b;
+    size_t n;
+} ce_snap_t;
+static ce_snap_t ce_snap(const float *losses, const float *lse, const unsigned char *dl, int N, int Vp,
+                         size_t as) {
+    const int r = N < 2 * CE_CHECK_ROWS ? N : CE_CHECK_ROWS;
+    const size_t row = (size_t)Vp * as, nl = (size_t)N * 4;
+    ce_snap_t s = {malloc(2 * nl + 2 * (size_t)r * row), 2 * nl + 2 * (size_t)r * row};
+    MUST(g_be->ops->to_host(g_be, s.b, losses, nl));
+    MUST(g_be->ops->to_host(g_be, s.b + nl, lse, nl));
+    MUST(g_be->ops->to_host(g_be, s.b + 2 * nl, dl, (size_t)r * row));
+    MUST(g_be->ops->to_host(g_be, s.b + 2 * nl + (size_t)r * row, dl + (size_t)(N - r) * row,
+                            (size_t)r * row));
+    return s;
+}
+
+static int run_ce(int B, int T, dg_dtype_t act) {
+    dg_backend_config_t cfg = {.act_dtype = act, .device = 0};
+    if (dg_backend_cuda_create(&cfg, &g_be) != DG_OK) {
+        printf("SKIP: %s\n", dg_last_error());
+        return strstr(dg_last_error(), "no CUDA device") ? 77 : 1;
+    }
+    const dg_backend_ops_t *op = g_be->ops;
+    const int V = 50257, Vp = 50304, N = B * T, R = 256;
+    const size_t as = dg_dtype_size(act), nz = (size_t)N * Vp;
+    const float dloss = 1.0f / (float)N;
+    /* logits ~ N(0, 2^2) (Box-Muller over xorshift), padding columns 0; R distinct rows repeated */
+    float *h = malloc((size_t)R * Vp * sizeof(float));
+    uint64_t x = 0x2545F4914F6CDD1Dull;
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < Vp; c++) {
+            double u[2];
+            for (int k = 0; k < 2; k++) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                u[k] = ((x >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+            }
+            h[(size_t)r * Vp + c] =
+                c < V ? (float)(2.0 * sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1])) : 0.f;
+        }
+    float *tmp = dev((size_t)R * Vp * 4);
+    MUST(op->to_device(g_be, tmp, h, (size_t)R * Vp * 4));
+    free(h);
+    unsigned char *logits = dev(nz * as), *dl = dev(nz * as);
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const size_t n = (size_t)(N - r0 < R ? N - r0 : R) * Vp;
+        if (act == DG_F32)
+            MUST(op->copy(g_be, logits + (size_t)r0 * Vp * as, tmp, n * 4));
+        else
+            MUST(op->cast(g_be, logits + (size_t)r0 * Vp * as, act, tmp, DG_F32, n));
+    }
+    int32_t *htg = malloc((size_t)N * 4);
+    for (int i = 0; i < N; i++)
+        htg[i] = (int32_t)((i * 7919u + 13u) % (unsigned)V);
+    int32_t *tg = dev((size_t)N * 4);
+    MUST(op->to_device(g_be, tg, htg, (size_t)N * 4));
+    free(htg);
+    float *losses = dev((size_t)N * 4), *lse = dev((size_t)N * 4);
+    MUST(op->sync(g_be));
+    g_be->ops->free(g_be, tmp);
+
+    const int half = act != DG_F32; /* the cheap exponential exists for bf16/f16 only */
+    ce_var_t vars[24];
+    int nv = 0;
+    for (int f = 1; f >= (half ? 0 : 1); f--) {
+        const char *fe = half ? (f ? "1" : "0") : NULL;
+        vars[nv++] = (ce_var_t){0, NULL, fe, NULL};
+        if (f) vars[nv++] = (ce_var_t){1, NULL, NULL, NULL}; /* whatever no switch gives */
+        static const char *impls[] = {"twopass", "smem", "reg", "hybrid"};
+        for (int i = 0; i < 4; i++)
+            vars[nv++] = (ce_var_t){1, impls[i], fe, NULL};
+        if (f) {
+            vars[nv++] = (ce_var_t){1, "twopass", fe, "2"};
+            vars[nv++] = (ce_var_t){1, "twopass", fe, "3"};
+            vars[nv++] = (ce_var_t){1, "hybrid", fe, "3"};
+            vars[nv++] = (ce_var_t){1, "reg", fe, "1"};
+        }
+    }
+    const double bytes = 2.0 * (double)nz * as;
+    double ms[24];
+    char lab[24][64];
+    ce_snap_t ref = {0};
+    printf(
+        "\ncrossentropy at N=B*T=%d (B=%d, T=%d), V=%d, Vp=%d, act %s, logits ~ N(0, 4), dlogits out of "
+        "place; "
+        "per call, median of %d runs of %d calls (CUDA events); GB/s counts %.2f GB (one read + one write of "
+        "the logits)\n",
+        N, B, T, V, Vp, dg_dtype_name(act), LB_REPS, g_iters, bytes / 1e9);
+    printf("%-34s %10s %8s  %s\n", "variant", "ms/call", "GB/s",
+           "bits (losses, lse, dlogits rows vs the pair)");
+    for (int i = 0; i < nv; i++) {
+        const ce_var_t *v = &vars[i];
+        ce_label(lab[i], sizeof lab[i], v);
+        ce_setenv("DG_CUDA_CE_IMPL", v->impl);
+        ce_setenv("DG_CUDA_CE_FASTEXP", v->fastexp);
+        ce_setenv("DG_CUDA_CE_OCC", v->occ);
+        if (v->fused)
+            EV_TIME(ms[i], op->crossentropy_fused(g_be, losses, lse, dl, logits, tg, N, V, Vp, dloss));
+        else
+            EV_TIME(ms[i], ce_pair(losses, lse, dl, logits, tg, N, V, Vp, dloss));
+        ce_snap_t s = ce_snap(losses, lse, dl, N, Vp, as);
+        const char *bits = "reference";
+        if (!v->fused) {
+            free(ref.b);
+            ref = s;
+        } else {
+            bits = s.n == ref.n && memcmp(s.b, ref.b, s.n) == 0 ? "same" : "DIFFERENT";
+            free(s.b);
+        }
+        printf("%-34s %10.4f %8.0f  %s\n", lab[i], ms[i], bytes / (ms[i] * 1e6), bits);
+        fflush(stdout);
+    }
+    free(ref.b);
+    ce_setenv("DG_CUDA_CE_IMPL", NULL);
+    ce_setenv("DG_CUDA_CE_FASTEXP", NULL);
+    ce_setenv("DG_CUDA_CE_OCC", NULL);
+    int best = -1;
+    printf("CE_SUMMARY act=%s N=%d", dg_dtype_name(act), N);
+    for (int i = 0; i < nv; i++) {
+        printf(" %s=%.4f", lab[i], ms[i]);
+        if (vars[i].fused && (best < 0 || ms[i] < ms[best])) best = i;
+    }
+    printf(" best_fused=%s\n", best >= 0 ? lab[best] : "-");
+    dg_backend_free(g_be);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int B = 0, T = 1024, iters = 0;
     dg_dtype_t act = DG_BF16;
@@ -294,24 +462,25 @@ int main(int argc, char **argv) {
             const char *d = argv[++i];
             act = !strcmp(d, "f32") ? DG_F32 : !strcmp(d, "f16") ? DG_F16 : DG_BF16;
         } else {
-            fprintf(
-                stderr,
-                "usage: %s [--mode kernels|lnbgrad] [--B 8] [--T 1024] [--dtype bf16|f16|f32] [--iters 20] "
-                "[--json FILE]\n",
-                argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--mode kernels|lnbgrad|ce] [--B 8] [--T 1024] [--dtype bf16|f16|f32] "
+                    "[--iters 20] "
+                    "[--json FILE]\n",
+                    argv[0]);
             return 2;
         }
     }
-    const int lnbgrad = !strcmp(mode, "lnbgrad");
-    if (B == 0) B = lnbgrad ? 32 : 8;
+    const int lnbgrad = !strcmp(mode, "lnbgrad"), ce = !strcmp(mode, "ce");
+    if (B == 0) B = lnbgrad || ce ? 32 : 8;
     g_iters = iters ? iters : lnbgrad ? 50 : 20;
     if (B < 1 || T < 1 || g_iters < 1) {
         fprintf(stderr, "bench: B, T and --iters must be positive\n");
         return 2;
     }
     if (lnbgrad) return run_lnbgrad(B, T, act);
+    if (ce) return run_ce(B, T, act);
     if (strcmp(mode, "kernels") != 0) {
-        fprintf(stderr, "bench: unknown --mode %s (kernels or lnbgrad)\n", mode);
+        fprintf(stderr, "bench: unknown --mode %s (kernels, lnbgrad or ce)\n", mode);
         return 2;
     }
     dg_backend_config_t cfg = {.act_dtype = act, .device = 0};

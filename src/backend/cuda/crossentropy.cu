@@ -1,19 +1,46 @@
 /* crossentropy.cu — the classifier loss: the forward reads each row of logits once (online max and
  * sum of exponentials) and saves the row's logsumexp; the backward turns logits into dlogits in place
  * (it may alias them), so logits are never materialised twice nor in f32. The fused op (contract v1.10,
- * graph op crossentropy_fused) does both for a row in one block, reading the row from memory once.
+ * graph op crossentropy_fused) does both for a row in one block, reading the row from DRAM once.
  *
- * One block per row; reductions go lane -> warp -> block in a fixed order (deterministic). A target
- * outside [0, V) gives loss NaN for that row and raises a flag that sync() reports.
+ * One block of CE_THREADS per row; reductions go lane -> warp -> block in a fixed order (deterministic).
+ * A target outside [0, V) gives loss NaN for that row and raises a flag that sync() reports.
+ *
+ * Arithmetic. bf16/f16 take e^(x - m) as ex2.approx.ftz(x * log2e - m * log2e): one FFMA and one MUFU
+ * instruction, against ~10 for an accurate expf (the kernels were issue-bound on those, 2.76 ms for a
+ * 6.6 GB op at gpt2-124m B=32). Its error: ex2.approx is within 2^-22 relative; the argument
+ * t = fma(x, log2e, -m log2e) carries the rounding of m log2e and of t, ~2^-24 |m log2e| + 2^-24 |t|
+ * absolute (|t| <= ~40 here: ~5e-6 absolute, 4e-6 relative after ex2), as large as the rounding of
+ * x - m in the accurate expf(x - m). Both are far below a bf16 (2^-9) or f16 (2^-12) half-ulp of the
+ * stored dlogits and the 2e-2 / 5e-3 (bf16 / f16) bounds of the harness; the flush of results below
+ * 2^-126 to 0 only touches gradients that round to (near) zero anyway. f32, the exact reference mode
+ * compared tightly with the CPU backend, keeps expf; DG_CUDA_CE_FASTEXP=0 keeps it for bf16/f16 too.
+ * The block-level combine and log(sum) stay accurate (a few per row).
  *
  * Bitwise contract of the fused op: its losses, lse and dlogits are those of the forward kernel followed
- * by the backward kernel. So the three kernels share their per-thread code (ce_thread_lse: the same
- * columns per thread, the same vector width, the same online update), the block reduction
- * (ce_block_lse), and the per-element gradient (ce_grad), with the same block size (CE_THREADS). The
- * vector width of the reduction is the forward's choice (Vp a multiple of 16 bytes and logits 16-byte
- * aligned), whatever dlogits' alignment; the gradient is elementwise, so its store width does not
- * matter for the values.
+ * by the backward kernel, in every variant. All kernels give thread tid the vectors k = 0, 1, ... at
+ * columns tid*V + k*CE_THREADS*V (V = 16 bytes of elements where Vp is a multiple of it and the logits
+ * are 16-byte aligned, else V = 1), update the running (max, sum) once per vector in k order with the
+ * same code (ce_upd), reduce with ce_block_lse, and compute each element's gradient with ce_grad (the
+ * vector form skips the target and padding tests only where they are known false, which gives the same
+ * bits). The fused variants differ only in where a thread keeps its vectors between the two passes, so
+ * they all give the same bits, and the forward kernel serves every variant. The gradient is elementwise:
+ * the store width (dlogits' alignment) does not matter for the values.
+ *
+ * Fused variants (DG_CUDA_CE_IMPL; see ce_fused16 and docs/cuda.md):
+ *   twopass  the block re-reads its row from global memory for the gradient (L1/L2 hits while it stays)
+ *   smem     the row is copied into shared memory with cp.async (2 blocks per SM at bf16, Vp = 50304)
+ *   reg      a thread keeps its 13 vectors as packed registers (512 threads, 1 block per SM at bf16)
+ *   hybrid   4 vectors in registers, the rest staged in shared memory: the whole row on chip at 3 blocks
+ *            per SM (gpt2's rows at bf16/f16); the default for bf16/f16
+ * Where a variant cannot hold a row it falls back, with the same bits: smem and hybrid rows beyond the
+ * opt-in shared memory take twopass; reg re-reads vectors beyond 13 per thread from global memory; V = 1
+ * (logits not 16-byte aligned, Vp not a multiple of 16 bytes) takes the scalar two-pass kernel.
+ * DG_CUDA_CE_OCC=n makes the fused kernel persistent: n blocks per SM loop over the rows.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda_impl.cuh"
 #include "cuda_vec.cuh"
 
@@ -21,6 +48,20 @@
 /* shared memory the fused kernel keeps for itself besides the staged row (its static arrays), and the
  * margin below the opt-in limit it leaves for the runtime's own reservation */
 #define CE_SMEM_SLACK 1024
+/* vectors a thread loads from global memory before it uses the first: loads in flight per thread */
+#define CE_U 2
+/* vectors per thread held in registers by the reg and hybrid variants */
+#define CE_KR_REG 13
+#define CE_KR_HYB 4
+#define CE_LOG2E 1.4426950408889634f
+
+enum { CE_TWOPASS = 0, CE_SMEM = 1, CE_REG = 2, CE_HYBRID = 3 };
+
+static __device__ __forceinline__ float ce_ex2(float t) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(t));
+    return y;
+}
 
 static __device__ __forceinline__ void lse_combine(float &m, float &s, float m2, float s2) {
     const float M = fmaxf(m, m2);
@@ -29,28 +70,188 @@ static __device__ __forceinline__ void lse_combine(float &m, float &s, float m2,
     m = M;
 }
 
-/* This thread's running (max, sum of exp) over its columns c = tid*V, tid*V + blockDim*V, ... < Vv of
- * row x (global or shared memory). One rescale per vector, then V independent exponentials. (The stride
- * is blockDim.x, always CE_THREADS, as the kernels were first written: their code is unchanged.) */
-template <typename T, int V>
-static __device__ __forceinline__ void ce_thread_lse(float &m, float &s, const T *x, int Vv) {
-    m = -INFINITY;
-    s = 0.f;
-    for (int c = threadIdx.x * V; c < Vv; c += blockDim.x * V) {
-        float f[V];
-        dg_ldv<V>(f, x + c);
-        const int nv = min(V, Vv - c);
-        float vm = -INFINITY;
+/* A thread's running max m, sum s of e^(x - m), and mL = m * log2e (FAST only). The updates use
+ * explicit roundings (__fadd_rn, __fmul_rn) so no kernel's context can contract them differently. */
+struct ce_acc {
+    float m, s, mL;
+};
+static __device__ __forceinline__ void ce_acc_init(ce_acc &a) {
+    a.m = -INFINITY;
+    a.s = 0.f;
+    a.mL = -INFINITY;
+}
+
+/* One vector (the first nv of its V elements): one rescale where its max is new, then V exponentials. */
+template <bool FAST, int V>
+static __device__ __forceinline__ void ce_upd(ce_acc &a, const float (&f)[V], int nv) {
+    float vm = -INFINITY;
 #pragma unroll
-        for (int j = 0; j < V; j++)
-            if (j < nv) vm = fmaxf(vm, f[j]);
-        if (vm > m) {
-            s *= expf(m - vm);
-            m = vm;
+    for (int j = 0; j < V; j++)
+        if (j < nv) vm = fmaxf(vm, f[j]);
+    if (vm > a.m) {
+        if (FAST) {
+            const float vL = __fmul_rn(vm, CE_LOG2E);
+            a.s = __fmul_rn(a.s, ce_ex2(__fsub_rn(a.mL, vL)));
+            a.mL = vL;
+        } else {
+            a.s = __fmul_rn(a.s, expf(a.m - vm));
         }
+        a.m = vm;
+    }
+#pragma unroll
+    for (int j = 0; j < V; j++)
+        if (j < nv) a.s = __fadd_rn(a.s, FAST ? ce_ex2(fmaf(f[j], CE_LOG2E, -a.mL)) : expf(f[j] - a.m));
+}
+
+/* softmax of x given the row's logsumexp l (lL = l * log2e) */
+template <bool FAST> static __device__ __forceinline__ float ce_p(float x, float l, float lL) {
+    return FAST ? ce_ex2(fmaf(x, CE_LOG2E, -lL)) : expf(x - l);
+}
+/* d loss / d logit of column col: (softmax - onehot) * dloss inside the vocabulary, 0 in the padding. A
+ * target outside [0, Vv) matches no column. */
+template <bool FAST>
+static __device__ __forceinline__ float ce_grad(float x, int col, int Vv, int t, float l, float lL,
+                                                float dloss) {
+    return col < Vv ? __fmul_rn(__fsub_rn(ce_p<FAST>(x, l, lL), col == t ? 1.f : 0.f), dloss) : 0.f;
+}
+
+/* ---- 16-byte vectors kept packed (V = 8 bf16/f16 or 4 f32) ---- */
+template <typename T> struct ce_v { static constexpr int V = 16 / (int)sizeof(T); };
+static __device__ __forceinline__ void ce_unpack(float (&f)[8], const uint4 &u, dg_bf16 *) {
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) { /* bf16 -> f32 is the high half of the word: a shift or a mask */
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+static __device__ __forceinline__ void ce_unpack(float (&f)[8], const uint4 &u, dg_f16 *) {
+    const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        __half2 h;
+        memcpy(&h, &w[i], 4);
+        const float2 p = __half22float2(h);
+        f[2 * i] = p.x;
+        f[2 * i + 1] = p.y;
+    }
+}
+static __device__ __forceinline__ void ce_unpack(float (&f)[4], const uint4 &u, float *) {
+    f[0] = __uint_as_float(u.x);
+    f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z);
+    f[3] = __uint_as_float(u.w);
+}
+/* round to nearest even, as dg_from_f (the scalar path's stores) */
+static __device__ __forceinline__ uint4 ce_pack(const float (&f)[8], dg_bf16 *) {
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+        memcpy(&w[i], &h, 4);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+static __device__ __forceinline__ uint4 ce_pack(const float (&f)[8], dg_f16 *) {
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const __half2 h = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+        memcpy(&w[i], &h, 4);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+static __device__ __forceinline__ uint4 ce_pack(const float (&f)[4], float *) {
+    return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]),
+                      __float_as_uint(f[3]));
+}
+
+template <typename T> static __device__ __forceinline__ uint4 ce_ld(const T *p) {
+    return *reinterpret_cast<const uint4 *>(p);
+}
+/* 16-byte store where dlogits is 16-byte aligned (wvec), else element by element */
+template <typename T> static __device__ __forceinline__ void ce_st(T *p, const uint4 &o, int wvec) {
+    if (wvec) {
+        *reinterpret_cast<uint4 *>(p) = o;
+    } else {
+        const unsigned w[4] = {o.x, o.y, o.z, o.w};
+#pragma unroll
+        for (int j = 0; j < ce_v<T>::V; j++)
+            memcpy(p + j, reinterpret_cast<const unsigned char *>(w) + j * sizeof(T), sizeof(T));
+    }
+}
+
+/* the vector at column c in the running (max, sum): no per-element tests unless it holds Vv */
+template <typename T, bool FAST>
+static __device__ __forceinline__ void ce_upd16(ce_acc &a, const uint4 &u, int c, int Vv) {
+    constexpr int V = ce_v<T>::V;
+    float f[V];
+    ce_unpack(f, u, (T *)nullptr);
+    if (c + V <= Vv)
+        ce_upd<FAST, V>(a, f, V);
+    else
+        ce_upd<FAST, V>(a, f, Vv - c);
+}
+/* the gradient of the vector at column c (c < Vv): the target and padding tests only in the vector that
+ * holds the target or Vv (elsewhere (p - 0) * dloss == p * dloss: the same bits as ce_grad) */
+template <typename T, bool FAST>
+static __device__ __forceinline__ uint4 ce_grad16(const uint4 &u, int c, int Vv, int t, float l, float lL,
+                                                  float dloss) {
+    constexpr int V = ce_v<T>::V;
+    float f[V];
+    ce_unpack(f, u, (T *)nullptr);
+    if (c + V <= Vv && (unsigned)t - (unsigned)c >= (unsigned)V) {
 #pragma unroll
         for (int j = 0; j < V; j++)
-            if (j < nv) s += expf(f[j] - m);
+            f[j] = __fmul_rn(ce_p<FAST>(f[j], l, lL), dloss);
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            f[j] = ce_grad<FAST>(f[j], c + j, Vv, t, l, lL, dloss);
+    }
+    return ce_pack(f, (T *)nullptr);
+}
+
+/* how many of a thread's vectors (from column c0, stride S) start below n */
+static __device__ __forceinline__ int ce_nvec(int c0, int n, int S) {
+    return c0 < n ? (n - c0 + S - 1) / S : 0;
+}
+
+/* vectors k0 .. n-1 of this thread from global memory into the running (max, sum), CE_U loads at a time */
+template <typename T, bool FAST>
+static __device__ __forceinline__ void ce_lse_global(ce_acc &a, const T *g, int c0, int k0, int n, int Vv) {
+    constexpr int S = CE_THREADS * ce_v<T>::V;
+#pragma unroll 1
+    for (int k = k0; k < n; k += CE_U) {
+        uint4 b[CE_U];
+#pragma unroll
+        for (int i = 0; i < CE_U; i++)
+            if (k + i < n) b[i] = ce_ld(g + c0 + (k + i) * S);
+#pragma unroll
+        for (int i = 0; i < CE_U; i++)
+            if (k + i < n) ce_upd16<T, FAST>(a, b[i], c0 + (k + i) * S, Vv);
+    }
+}
+/* the gradient of vectors k0 .. ns-1 (those from nr on are padding: 0, not read), re-read from g */
+template <typename T, bool FAST>
+static __device__ __forceinline__ void ce_grad_global(T *d, const T *g, int c0, int k0, int nr, int ns,
+                                                      int Vv, int t, float l, float lL, float dloss,
+                                                      int wvec) {
+    constexpr int S = CE_THREADS * ce_v<T>::V;
+#pragma unroll 1
+    for (int k = k0; k < ns; k += CE_U) {
+        uint4 b[CE_U];
+#pragma unroll
+        for (int i = 0; i < CE_U; i++)
+            if (k + i < nr) b[i] = ce_ld(g + c0 + (k + i) * S);
+#pragma unroll
+        for (int i = 0; i < CE_U; i++) {
+            const int c = c0 + (k + i) * S;
+            if (k + i < ns)
+                ce_st(d + c,
+                      k + i < nr ? ce_grad16<T, FAST>(b[i], c, Vv, t, l, lL, dloss) : make_uint4(0, 0, 0, 0),
+                      wvec);
+        }
     }
 }
 
@@ -78,12 +279,6 @@ static __device__ __forceinline__ int ce_block_lse(float &m, float &s, float *sh
     return lane == 0;
 }
 
-/* d loss / d logit of column col: (softmax - onehot) * dloss inside the vocabulary, 0 in the padding. A
- * target outside [0, Vv) matches no column. */
-static __device__ __forceinline__ float ce_grad(float x, int col, int Vv, int t, float l, float dloss) {
-    return col < Vv ? (expf(x - l) - (col == t ? 1.f : 0.f)) * dloss : 0.f;
-}
-
 /* lse and loss of a row, given its logsumexp l, its target logit read through x (lane 0 of warp 0) */
 template <typename T>
 static __device__ __forceinline__ void ce_row_out(float *losses, float *lse_out, int row, float l, const T *x,
@@ -98,127 +293,260 @@ static __device__ __forceinline__ void ce_row_out(float *losses, float *lse_out,
     }
 }
 
-template <typename T, int V>
+/* ---- V = 1 (logits not 16-byte aligned, or Vp not a multiple of 16 bytes): element by element ---- */
+template <typename T, bool FAST>
+static __device__ __forceinline__ void ce_lse1(ce_acc &a, const T *x, int Vv) {
+    for (int c = threadIdx.x; c < Vv; c += CE_THREADS) {
+        const float f[1] = {dg_to_f(x[c])};
+        ce_upd<FAST, 1>(a, f, 1);
+    }
+}
+
+template <typename T, bool FAST>
 __global__ void __launch_bounds__(CE_THREADS)
-    ce_fwd_kernel(float *losses, float *lse_out, const T *logits, const int32_t *targets, int Vv, int Vp,
-                  int *err) {
+    ce_fwd1_kernel(float *losses, float *lse_out, const T *logits, const int32_t *targets, int Vv, int Vp,
+                   int *err) {
     __shared__ float shm[32], shs[32];
     const int row = blockIdx.x;
     const T *x = logits + (size_t)row * Vp;
-    float m, s;
-    ce_thread_lse<T, V>(m, s, x, Vv);
-    if (ce_block_lse(m, s, shm, shs)) ce_row_out(losses, lse_out, row, m + logf(s), x, targets, Vv, err);
+    ce_acc a;
+    ce_acc_init(a);
+    ce_lse1<T, FAST>(a, x, Vv);
+    if (ce_block_lse(a.m, a.s, shm, shs))
+        ce_row_out(losses, lse_out, row, a.m + logf(a.s), x, targets, Vv, err);
 }
 
-template <typename T, int V>
+template <typename T, bool FAST>
 __global__ void __launch_bounds__(CE_THREADS)
-    ce_bwd_kernel(T *dlogits, const T *logits, const float *lse, const int32_t *targets, int Vv, int Vp,
-                  float dloss) {
+    ce_bwd1_kernel(T *dlogits, const T *logits, const float *lse, const int32_t *targets, int Vv, int Vp,
+                   float dloss) {
     const int row = blockIdx.x;
     const T *x = logits + (size_t)row * Vp;
     T *d = dlogits + (size_t)row * Vp;
-    const float l = lse[row];
+    const float l = lse[row], lL = __fmul_rn(l, CE_LOG2E);
     const int t = targets[row];
-    for (int c = threadIdx.x * V; c < Vp; c += blockDim.x * V) {
-        float f[V];
-        dg_ldv<V>(f, x + c);
-#pragma unroll
-        for (int j = 0; j < V; j++)
-            f[j] = ce_grad(f[j], c + j, Vv, t, l, dloss);
-        dg_stv<V>(d + c, f);
+    for (int c = threadIdx.x; c < Vp; c += CE_THREADS)
+        d[c] = dg_from_f<T>(c < Vv ? ce_grad<FAST>(dg_to_f(x[c]), c, Vv, t, l, lL, dloss) : 0.f);
+}
+
+/* fused, V = 1: the two-pass form (the row re-read from global memory) */
+template <typename T, bool FAST>
+__global__ void __launch_bounds__(CE_THREADS)
+    ce_fused1_kernel(float *losses, float *lse_out, T *dlogits, const T *logits, const int32_t *targets,
+                     int N, int Vv, int Vp, float dloss, int *err) {
+    __shared__ float shm[32], shs[32], shl;
+    for (int row = blockIdx.x; row < N; row += gridDim.x) {
+        const T *x = logits + (size_t)row * Vp;
+        T *d = dlogits + (size_t)row * Vp;
+        ce_acc a;
+        ce_acc_init(a);
+        ce_lse1<T, FAST>(a, x, Vv);
+        const int t = targets[row];
+        if (ce_block_lse(a.m, a.s, shm, shs)) {
+            const float l = a.m + logf(a.s);
+            ce_row_out(losses, lse_out, row, l, x, targets, Vv, err); /* the target logit, before any store */
+            shl = l;
+        }
+        __syncthreads();
+        const float l = shl, lL = __fmul_rn(l, CE_LOG2E);
+        for (int c = threadIdx.x; c < Vp; c += CE_THREADS)
+            d[c] = dg_from_f<T>(c < Vv ? ce_grad<FAST>(dg_to_f(x[c]), c, Vv, t, l, lL, dloss) : 0.f);
     }
 }
 
-/* ---- the fused forward + backward (contract v1.10) ----
+/* ---- 16-byte vectors ---- */
+template <typename T, bool FAST>
+__global__ void __launch_bounds__(CE_THREADS, 4)
+    ce_fwd16_kernel(float *losses, float *lse_out, const T *logits, const int32_t *targets, int Vv, int Vp,
+                    int *err) {
+    __shared__ float shm[32], shs[32];
+    constexpr int V = ce_v<T>::V;
+    const int row = blockIdx.x, c0 = threadIdx.x * V;
+    const T *g = logits + (size_t)row * Vp;
+    ce_acc a;
+    ce_acc_init(a);
+    ce_lse_global<T, FAST>(a, g, c0, 0, ce_nvec(c0, Vv, CE_THREADS * V), Vv);
+    if (ce_block_lse(a.m, a.s, shm, shs))
+        ce_row_out(losses, lse_out, row, a.m + logf(a.s), g, targets, Vv, err);
+}
+
+/* logits 16-byte aligned (the forward's vector columns); dlogits stored 16 bytes at a time if aligned */
+template <typename T, bool FAST>
+__global__ void __launch_bounds__(CE_THREADS, 4)
+    ce_bwd16_kernel(T *dlogits, const T *logits, const float *lse, const int32_t *targets, int Vv, int Vp,
+                    float dloss, int wvec) {
+    constexpr int V = ce_v<T>::V, S = CE_THREADS * V;
+    const int row = blockIdx.x, c0 = threadIdx.x * V;
+    const float l = lse[row], lL = __fmul_rn(l, CE_LOG2E);
+    ce_grad_global<T, FAST>(dlogits + (size_t)row * Vp, logits + (size_t)row * Vp, c0, 0, ce_nvec(c0, Vv, S),
+                            ce_nvec(c0, Vp, S), Vv, targets[row], l, lL, dloss, wvec);
+}
+
+/* ---- the fused forward + backward (contract v1.10), 16-byte vectors ----
  *
- * Why shared memory (STAGE = true, the default wherever the row fits): the row is copied once from DRAM
- * into shared memory with cp.async (16 bytes per instruction, every copy of the thread in flight at once,
- * no registers held), reduced from there, and its gradient computed from there and stored: exactly one
- * DRAM read and one DRAM write of the row, whatever else runs. The alternative, a second pass over
- * global memory right after the first hoping for L2 hits, also needs no extra DRAM traffic while the
- * rows in flight fit in L2, but nothing bounds them: at bf16, GPT-2's 100 KB rows times the blocks that
- * registers alone would let reside (4 of 512 threads per SM, 132 SMs on an H100/H200) is ~53 MB, more
- * than the 50 MB L2 that the dlogits writes also pass through, so re-reads would partly miss and fall
- * back towards the unfused pair's three passes. Staging bounds the rows in flight by construction
- * (100.6 KB per block: 2 blocks of 512 threads per SM at bf16/f16, 1 at f32 for Vp = 50304) and the two
- * blocks on an SM overlap one's copy with the other's stores. Each thread reads back only the columns it
- * copied itself (the forward's column assignment), so the copy needs a cp.async wait but no barrier.
+ * A thread's vectors k < KR live in registers (packed, 4 registers each), loaded all at once before the
+ * reduction; with STAGE the others are copied into shared memory with cp.async (16 bytes per instruction,
+ * all in flight at once, no registers held); without, they are read from global memory for the reduction
+ * and again for the gradient (CE_U loads in flight per thread). Each thread reads back only what it loaded
+ * itself, so the copy needs a cp.async wait but no barrier. Either way one DRAM read and one write of the
+ * row where the re-reads hit L1/L2.
  *
- * Measured on the H200 (gpt2-124m, B = 32, bf16), the reasoning above lost: 3.02 ms staged against 2.76 ms
- * for STAGE = false, which is therefore the default (DG_CUDA_CE_SMEM=1 stages, where a row fits). Rows
- * larger than the opt-in shared memory (c->smem_optin less a small margin: at 227 KB, Vp > ~116k at
- * bf16/f16, ~58k at f32) and the default take STAGE = false: the same block reads
- * the row from global memory twice, back to back, so the second read is an L2 hit when the row is still
- * there (and at worst a DRAM re-read, never more traffic than the unfused pair). Both variants give the
- * same bits. */
-template <typename T, int V, bool STAGE>
-__global__ void __launch_bounds__(CE_THREADS)
-    ce_fused_kernel(float *losses, float *lse_out, T *dlogits, const T *logits, const int32_t *targets,
-                    int Vv, int Vp, float dloss, int wvec, int *err) {
+ * History (H200, gpt2-124m B = 32, bf16, accurate expf): STAGE with KR = 0 (smem) 3.02 ms, KR = 0
+ * without (twopass) 2.76 ms: both issue-bound on expf, the staged one with only 2 blocks per SM to hide
+ * it. With the cheap exponential the arithmetic is ~4.5 instructions per element and pass, below the
+ * memory time, so keeping the row on chip should pay again: hybrid (KR = 4 plus the staged rest, 40
+ * registers) holds gpt2's whole row at 3 blocks per SM (66 KB of shared memory each at bf16/f16), reg
+ * (KR = 13, 128 registers) at 1 block per SM with the whole row's loads in flight at once; twopass (4
+ * blocks per SM) depends on the re-read hitting L1 (its carveout prefers L1) or L2, and DG_CUDA_CE_OCC
+ * bounds the rows in flight for it. Which wins is for bench_backend_cuda --mode ce to say.
+ *
+ * The grid is either one block per row or (DG_CUDA_CE_OCC) persistent blocks striding over the rows; the
+ * row's lse crosses the barrier in shl, and the next row's first write of shl comes after a barrier that
+ * every thread reaches only after reading it. */
+template <typename T, bool FAST, int KR, bool STAGE, int MINB>
+__global__ void __launch_bounds__(CE_THREADS, MINB)
+    ce_fused16_kernel(float *losses, float *lse_out, T *dlogits, const T *logits, const int32_t *targets,
+                      int N, int Vv, int Vp, float dloss, int wvec, int *err) {
     extern __shared__ __align__(16) unsigned char ce_stage[];
     __shared__ float shm[32], shs[32], shl;
-    const int row = blockIdx.x;
-    const T *g = logits + (size_t)row * Vp;
-    T *d = dlogits + (size_t)row * Vp;
-    const T *x = g;
-    if constexpr (STAGE) {
-        T *sx = reinterpret_cast<T *>(ce_stage);
-        for (int c = threadIdx.x * V; c < Vv; c += blockDim.x * V) {
-            if constexpr (V * sizeof(T) == 16) {
-                const unsigned sa = (unsigned)__cvta_generic_to_shared(sx + c);
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa),
-                             "l"(__cvta_generic_to_global(g + c)));
-            } else {
+    constexpr int V = ce_v<T>::V, S = CE_THREADS * V;
+    const int tid = threadIdx.x, c0 = tid * V;
+    const int nr = ce_nvec(c0, Vv, S), ns = ce_nvec(c0, Vp, S); /* vectors read; vectors stored */
+    uint4 *sx = reinterpret_cast<uint4 *>(ce_stage) + tid;      /* slot of vector k: sx[(k - KR) * THREADS] */
+#pragma unroll 1
+    for (int row = blockIdx.x; row < N; row += gridDim.x) {
+        const T *g = logits + (size_t)row * Vp;
+        T *d = dlogits + (size_t)row * Vp;
+        uint4 r[KR > 0 ? KR : 1];
 #pragma unroll
-                for (int j = 0; j < V; j++)
-                    sx[c + j] = g[c + j];
+        for (int k = 0; k < KR; k++)
+            if (k < nr) r[k] = ce_ld(g + c0 + k * S);
+        if constexpr (STAGE) {
+#pragma unroll 1
+            for (int k = KR; k < nr; k++) {
+                const unsigned sa = (unsigned)__cvta_generic_to_shared(sx + (k - KR) * CE_THREADS);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa),
+                             "l"(__cvta_generic_to_global(g + c0 + k * S)));
             }
         }
-        if constexpr (V * sizeof(T) == 16) asm volatile("cp.async.wait_all;\n" ::: "memory");
-        x = sx;
-    }
-    float m, s;
-    ce_thread_lse<T, V>(m, s, x, Vv);
-    const int t = targets[row];
-    if (ce_block_lse(m, s, shm, shs)) {
-        const float l = m + logf(s);
-        ce_row_out(losses, lse_out, row, l, x, targets, Vv, err); /* the target logit, before any store */
-        shl = l;
-    }
-    __syncthreads();
-    const float l = shl;
-    for (int c = threadIdx.x * V; c < Vp; c += blockDim.x * V) {
-        float f[V];
-        if (STAGE && c >= Vv) { /* padding columns were not staged: their gradient is 0 */
+        ce_acc a;
+        ce_acc_init(a);
 #pragma unroll
-            for (int j = 0; j < V; j++)
-                f[j] = 0.f;
+        for (int k = 0; k < KR; k++)
+            if (k < nr) ce_upd16<T, FAST>(a, r[k], c0 + k * S, Vv);
+        if constexpr (STAGE) {
+            asm volatile("cp.async.wait_all;\n" ::: "memory");
+#pragma unroll 1
+            for (int k = KR; k < nr; k++)
+                ce_upd16<T, FAST>(a, sx[(k - KR) * CE_THREADS], c0 + k * S, Vv);
         } else {
-            dg_ldv<V>(f, x + c);
+            ce_lse_global<T, FAST>(a, g, c0, KR, nr, Vv);
         }
+        if (ce_block_lse(a.m, a.s, shm, shs)) {
+            const float l = a.m + logf(a.s);
+            ce_row_out(losses, lse_out, row, l, g, targets, Vv, err); /* the target logit, before any store */
+            shl = l;
+        }
+        __syncthreads();
+        const float l = shl, lL = __fmul_rn(l, CE_LOG2E);
+        const int t = targets[row];
 #pragma unroll
-        for (int j = 0; j < V; j++)
-            f[j] = ce_grad(f[j], c + j, Vv, t, l, dloss);
-        if (V == 1 || wvec) {
-            dg_stv<V>(d + c, f);
+        for (int k = 0; k < KR; k++) {
+            const int c = c0 + k * S;
+            if (k < ns)
+                ce_st(d + c,
+                      k < nr ? ce_grad16<T, FAST>(r[k], c, Vv, t, l, lL, dloss) : make_uint4(0, 0, 0, 0),
+                      wvec);
+        }
+        if constexpr (STAGE) {
+#pragma unroll 1
+            for (int k = KR; k < ns; k++) {
+                const int c = c0 + k * S;
+                ce_st(d + c,
+                      k < nr ? ce_grad16<T, FAST>(sx[(k - KR) * CE_THREADS], c, Vv, t, l, lL, dloss)
+                             : make_uint4(0, 0, 0, 0),
+                      wvec);
+            }
         } else {
-#pragma unroll
-            for (int j = 0; j < V; j++)
-                d[c + j] = dg_from_f<T>(f[j]);
+            ce_grad_global<T, FAST>(d, g, c0, KR, nr, ns, Vv, t, l, lL, dloss, wvec);
         }
     }
+}
+
+/* ---- host side ---- */
+
+/* The switches, read at every launch (cheap next to a millisecond kernel; lets one process A/B them). */
+typedef struct {
+    int impl; /* CE_TWOPASS .. CE_HYBRID */
+    int fast; /* cheap exponential (bf16/f16 only) */
+    int occ;  /* 0: a block per row; n: n persistent blocks per SM */
+} ce_cfg_t;
+
+static dg_status_t ce_cfg(const dg_cuda_t *c, ce_cfg_t *k) {
+    const char *s = getenv("DG_CUDA_CE_IMPL");
+    k->impl = c->ce_smem ? CE_SMEM : c->act == DG_F32 ? CE_TWOPASS : CE_HYBRID;
+    if (s && *s) {
+        static const char *names[] = {"twopass", "smem", "reg", "hybrid"};
+        k->impl = -1;
+        for (int i = 0; i < 4; i++)
+            if (strcmp(s, names[i]) == 0) k->impl = i;
+        if (k->impl < 0)
+            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_CE_IMPL=%s: expected twopass, smem, reg or hybrid", s);
+    }
+    s = getenv("DG_CUDA_CE_FASTEXP");
+    k->fast = 1;
+    if (s && *s) {
+        if (strcmp(s, "0") != 0 && strcmp(s, "1") != 0)
+            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_CE_FASTEXP=%s: expected 0 or 1", s);
+        k->fast = s[0] == '1';
+    }
+    if (c->act == DG_F32) k->fast = 0;
+    s = getenv("DG_CUDA_CE_OCC");
+    k->occ = 0;
+    if (s && *s) {
+        char *e = NULL;
+        const long v = strtol(s, &e, 10);
+        if (*e || v < 0 || v > 4)
+            return DG_ERR(DG_ERR_USAGE,
+                          "DG_CUDA_CE_OCC=%s: expected 0 (a block per row) to 4 (blocks per SM)", s);
+        k->occ = (int)v;
+    }
+    return DG_OK;
+}
+
+template <typename T, bool FAST>
+static dg_status_t ce_fwd_launch(dg_cuda_t *c, float *losses, float *lse, const void *logits,
+                                 const int32_t *targets, int N, int V, int Vp) {
+    if (Vp % ce_v<T>::V == 0 && dg_ptr_aligned(logits, 16))
+        ce_fwd16_kernel<T, FAST>
+            <<<N, CE_THREADS, 0, c->stream>>>(losses, lse, (const T *)logits, targets, V, Vp, c->err_dev);
+    else
+        ce_fwd1_kernel<T, FAST>
+            <<<N, CE_THREADS, 0, c->stream>>>(losses, lse, (const T *)logits, targets, V, Vp, c->err_dev);
+    DG_CUDA_LAUNCH_CHECK();
+    return DG_OK;
 }
 
 template <typename T>
 static dg_status_t ce_fwd_t(dg_cuda_t *c, float *losses, float *lse, const void *logits,
                             const int32_t *targets, int N, int V, int Vp) {
-    constexpr int VE = 16 / sizeof(T);
-    if (Vp % VE == 0 && dg_ptr_aligned(logits, 16))
-        ce_fwd_kernel<T, VE>
-            <<<N, CE_THREADS, 0, c->stream>>>(losses, lse, (const T *)logits, targets, V, Vp, c->err_dev);
+    ce_cfg_t k;
+    dg_status_t st = ce_cfg(c, &k);
+    if (st != DG_OK) return st;
+    if constexpr (sizeof(T) == 2)
+        if (k.fast) return ce_fwd_launch<T, true>(c, losses, lse, logits, targets, N, V, Vp);
+    return ce_fwd_launch<T, false>(c, losses, lse, logits, targets, N, V, Vp);
+}
+
+template <typename T, bool FAST>
+static dg_status_t ce_bwd_launch(dg_cuda_t *c, void *dlogits, const void *logits, const float *lse,
+                                 const int32_t *targets, int N, int V, int Vp, float dloss) {
+    if (Vp % ce_v<T>::V == 0 && dg_ptr_aligned(logits, 16))
+        ce_bwd16_kernel<T, FAST><<<N, CE_THREADS, 0, c->stream>>>(
+            (T *)dlogits, (const T *)logits, lse, targets, V, Vp, dloss, dg_ptr_aligned(dlogits, 16));
     else
-        ce_fwd_kernel<T, 1>
-            <<<N, CE_THREADS, 0, c->stream>>>(losses, lse, (const T *)logits, targets, V, Vp, c->err_dev);
+        ce_bwd1_kernel<T, FAST>
+            <<<N, CE_THREADS, 0, c->stream>>>((T *)dlogits, (const T *)logits, lse, targets, V, Vp, dloss);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
@@ -226,46 +554,94 @@ static dg_status_t ce_fwd_t(dg_cuda_t *c, float *losses, float *lse, const void 
 template <typename T>
 static dg_status_t ce_bwd_t(dg_cuda_t *c, void *dlogits, const void *logits, const float *lse,
                             const int32_t *targets, int N, int V, int Vp, float dloss) {
-    constexpr int VE = 16 / sizeof(T);
-    if (Vp % VE == 0 && dg_ptr_aligned(logits, 16) && dg_ptr_aligned(dlogits, 16))
-        ce_bwd_kernel<T, VE>
-            <<<N, CE_THREADS, 0, c->stream>>>((T *)dlogits, (const T *)logits, lse, targets, V, Vp, dloss);
-    else
-        ce_bwd_kernel<T, 1>
-            <<<N, CE_THREADS, 0, c->stream>>>((T *)dlogits, (const T *)logits, lse, targets, V, Vp, dloss);
+    ce_cfg_t k;
+    dg_status_t st = ce_cfg(c, &k);
+    if (st != DG_OK) return st;
+    if constexpr (sizeof(T) == 2)
+        if (k.fast) return ce_bwd_launch<T, true>(c, dlogits, logits, lse, targets, N, V, Vp, dloss);
+    return ce_bwd_launch<T, false>(c, dlogits, logits, lse, targets, N, V, Vp, dloss);
+}
+
+/* grid of the fused kernel: a block per row, or occ persistent blocks per SM */
+static unsigned ce_grid(const dg_cuda_t *c, int N, int occ) {
+    if (occ <= 0) return (unsigned)N;
+    const long g = (long)occ * c->sm_count;
+    return (unsigned)(g < N ? g : N);
+}
+
+template <typename T, bool FAST, int KR, bool STAGE, int MINB>
+static dg_status_t ce_fused16_go(dg_cuda_t *c, const ce_cfg_t *k, size_t smem, float *losses, float *lse,
+                                 void *dlogits, const void *logits, const int32_t *targets, int N, int Vv,
+                                 int Vp, float dloss) {
+    auto *fn = ce_fused16_kernel<T, FAST, KR, STAGE, MINB>;
+    /* Function attributes once per kernel and device (the first, eager launch; not again while a graph
+     * is being captured): a staged kernel may take up to the opt-in limit and wants the largest
+     * shared-memory carveout (blocks per SM); a kernel without a staged row re-reads it and wants as much
+     * L1 as possible for those hits. */
+    static unsigned done; /* bit d: device d */
+    const unsigned bit = c->device < 32 ? 1u << c->device : 0u;
+    if (!(done & bit)) {
+        if (STAGE) {
+            DG_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)(c->smem_optin - CE_SMEM_SLACK)));
+            DG_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               (int)cudaSharedmemCarveoutMaxShared));
+        } else {
+            DG_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               (int)cudaSharedmemCarveoutMaxL1));
+        }
+        done |= bit;
+    }
+    fn<<<ce_grid(c, N, k->occ), CE_THREADS, smem, c->stream>>>(losses, lse, (T *)dlogits, (const T *)logits,
+                                                               targets, N, Vv, Vp, dloss,
+                                                               dg_ptr_aligned(dlogits, 16), c->err_dev);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
 
-template <typename T, int V>
-static dg_status_t ce_fused_launch(dg_cuda_t *c, float *losses, float *lse, void *dlogits, const void *logits,
-                                   const int32_t *targets, int N, int Vv, int Vp, float dloss) {
-    const int wvec = dg_ptr_aligned(dlogits, 16);
-    /* the staged columns: every vector that starts below Vv (the last may reach into the padding) */
-    const size_t stage = ((size_t)(Vv + V - 1) / V) * V * sizeof(T);
-    const size_t bytes = (stage + 15) / 16 * 16;
-    if (c->ce_smem && bytes + CE_SMEM_SLACK <= c->smem_optin) {
-        if (bytes > 48 * 1024)
-            DG_CUDA_CHECK(cudaFuncSetAttribute(ce_fused_kernel<T, V, true>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-        ce_fused_kernel<T, V, true><<<N, CE_THREADS, bytes, c->stream>>>(
-            losses, lse, (T *)dlogits, (const T *)logits, targets, Vv, Vp, dloss, wvec, c->err_dev);
-    } else {
-        ce_fused_kernel<T, V, false><<<N, CE_THREADS, 0, c->stream>>>(
-            losses, lse, (T *)dlogits, (const T *)logits, targets, Vv, Vp, dloss, wvec, c->err_dev);
+template <typename T, bool FAST>
+static dg_status_t ce_fused_launch(dg_cuda_t *c, const ce_cfg_t *k, float *losses, float *lse, void *dlogits,
+                                   const void *logits, const int32_t *targets, int N, int Vv, int Vp,
+                                   float dloss) {
+    constexpr int V = ce_v<T>::V;
+    /* the forward's vector width (the reduction order depends on it), not the backward's */
+    if (Vp % V != 0 || !dg_ptr_aligned(logits, 16)) {
+        ce_fused1_kernel<T, FAST><<<ce_grid(c, N, k->occ), CE_THREADS, 0, c->stream>>>(
+            losses, lse, (T *)dlogits, (const T *)logits, targets, N, Vv, Vp, dloss, c->err_dev);
+        DG_CUDA_LAUNCH_CHECK();
+        return DG_OK;
     }
-    DG_CUDA_LAUNCH_CHECK();
-    return DG_OK;
+    /* staged bytes: the vectors that start below Vv, less the KR per thread kept in registers */
+    const long nvec = (Vv + V - 1) / V;
+    const int kr = k->impl == CE_HYBRID ? CE_KR_HYB : 0;
+    const size_t stage = nvec > (long)kr * CE_THREADS ? (size_t)(nvec - (long)kr * CE_THREADS) * 16 : 0;
+    const int fits = stage + CE_SMEM_SLACK <= c->smem_optin;
+#define CE_GO(KR, STAGE, MINB)                                                                               \
+    ce_fused16_go<T, FAST, KR, STAGE, MINB>(c, k, (STAGE) ? stage : 0, losses, lse, dlogits, logits,         \
+                                            targets, N, Vv, Vp, dloss)
+    switch (k->impl) {
+    case CE_SMEM:
+        return fits ? CE_GO(0, true, 1) : CE_GO(0, false, 4); /* too large: twopass, same bits */
+    case CE_REG:
+        return CE_GO(CE_KR_REG, false, 1); /* vectors beyond 13 per thread re-read from global memory */
+    case CE_HYBRID:
+        return fits ? CE_GO(CE_KR_HYB, true, 3) : CE_GO(0, false, 4); /* too large: twopass, same bits */
+    default:
+        return CE_GO(0, false, 4);
+    }
+#undef CE_GO
 }
 
 template <typename T>
 static dg_status_t ce_fused_t(dg_cuda_t *c, float *losses, float *lse, void *dlogits, const void *logits,
                               const int32_t *targets, int N, int V, int Vp, float dloss) {
-    constexpr int VE = 16 / sizeof(T);
-    /* the forward's vector width (the reduction order depends on it), not the backward's */
-    if (Vp % VE == 0 && dg_ptr_aligned(logits, 16))
-        return ce_fused_launch<T, VE>(c, losses, lse, dlogits, logits, targets, N, V, Vp, dloss);
-    return ce_fused_launch<T, 1>(c, losses, lse, dlogits, logits, targets, N, V, Vp, dloss);
+    ce_cfg_t k;
+    dg_status_t st = ce_cfg(c, &k);
+    if (st != DG_OK) return st;
+    if constexpr (sizeof(T) == 2)
+        if (k.fast)
+            return ce_fused_launch<T, true>(c, &k, losses, lse, dlogits, logits, targets, N, V, Vp, dloss);
+    return ce_fused_launch<T, false>(c, &k, losses, lse, dlogits, logits, targets, N, V, Vp, dloss);
 }
 
 dg_status_t dg_cuda_crossentropy_fwd(dg_cuda_t *c, float *losses, float *lse, const void *logits,
