@@ -25,6 +25,11 @@
  * sees the same logits. GB/s counts one read and one write of the logits. Each fused row also says
  * whether its losses, lse and first/last 64 dlogits rows are bitwise the preceding pair's (same
  * FASTEXP). Ends with "CE_SUMMARY act=... <variant>=<ms> ... best_fused=<variant>".
+ *
+ *   bench_backend_cuda --mode colsum [--B 32] [--T 1024] [--dtype bf16] [--iters 50]
+ * The bias-gradient column sums alone (matmul_bwd with only dbias) at the four GPT-2 layer shapes under
+ * each DG_CUDA_COLSUM=SLAB:UNROLL setting: per-call times, GB/s of the dout read, the per-step total and
+ * the dbias difference from the first setting. Ends with "COLSUM_SUMMARY act=... SLAB:UNROLL=<step ms>".
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -443,6 +448,74 @@ static int run_ce(int B, int T, dg_dtype_t act) {
     return 0;
 }
 
+/* ---------------- --mode colsum ---------------- */
+/* The bias-gradient column sums alone (matmul_bwd with only dbias: colsum + rowsum, DG_CUDA_BGRAD=colsum)
+ * at the four GPT-2 layer shapes, for each DG_CUDA_COLSUM=SLAB:UNROLL setting; GB/s counts one read of
+ * dout. dbias is compared with the default setting's (another slab size is another summation order). */
+static int run_colsum(int B, int T, dg_dtype_t act) {
+    const int N = B * T, L = 12;
+    static const int oc[4] = {2304, 768, 3072, 768};
+    static const char *nm[4] = {"qkv", "attproj", "fc", "fcproj"};
+    static const char *cfgs[] = {"128:4", "128:8", "256:4", "256:8", "512:8", "64:4"};
+    enum { NC = sizeof cfgs / sizeof *cfgs };
+    double ms[NC][4];
+    float *ref[4] = {0};
+    double rel[NC] = {0};
+    for (int v = 0; v < NC; v++) {
+        if (lb_create(act, "colsum", "1") != DG_OK) {
+            printf("SKIP: %s\n", dg_last_error());
+            return strstr(dg_last_error(), "no CUDA device") ? 77 : 1;
+        }
+        setenv("DG_CUDA_COLSUM", cfgs[v], 1);
+        const dg_backend_ops_t *op = g_be->ops;
+        void *dout = lb_track(dev_rand((size_t)N * 3072, act, 0.01f, 0.1f, 9));
+        float *db = lb_track(dev((size_t)3072 * 4));
+        for (int k = 0; k < 4; k++) {
+            MUST(op->memset0(g_be, db, (size_t)oc[k] * 4));
+            MUST(op->matmul_bwd(g_be, NULL, NULL, db, dout, NULL, NULL, N, 768, oc[k], 0));
+            float *h = lb_download(db, (size_t)oc[k]);
+            if (v == 0) {
+                ref[k] = h;
+            } else {
+                double r = lb_maxrel(h, ref[k], (size_t)oc[k]);
+                if (!(r <= rel[v])) rel[v] = r;
+                free(h);
+            }
+            EV_TIME(ms[v][k], op->matmul_bwd(g_be, NULL, NULL, db, dout, NULL, NULL, N, 768, oc[k], 0));
+        }
+        unsetenv("DG_CUDA_COLSUM");
+        lb_free_all();
+        dg_backend_free(g_be);
+        g_be = NULL;
+    }
+    printf("\nbias-gradient column sums, N=%d, act %s; per call, median of %d runs of %d calls\n", N,
+           dg_dtype_name(act), LB_REPS, g_iters);
+    printf("%-10s", "SLAB:UNR");
+    for (int k = 0; k < 4; k++)
+        printf(" %9s(%4d) %6s", nm[k], oc[k], "GB/s");
+    printf(" %9s %9s\n", "step ms", "dbias rel");
+    printf("COLSUM_SUMMARY act=%s N=%d", dg_dtype_name(act), N);
+    for (int v = 0; v < NC; v++) {
+        double step = 0;
+        for (int k = 0; k < 4; k++)
+            step += L * ms[v][k];
+        printf(" %s=%.4f", cfgs[v], step);
+    }
+    printf("\n");
+    for (int v = 0; v < NC; v++) {
+        double step = 0;
+        printf("%-10s", cfgs[v]);
+        for (int k = 0; k < 4; k++) {
+            step += L * ms[v][k];
+            printf(" %15.4f %6.0f", ms[v][k], (double)N * oc[k] * dg_dtype_size(act) / (ms[v][k] * 1e6));
+        }
+        printf(" %9.3f %9.2g\n", step, rel[v]);
+    }
+    for (int k = 0; k < 4; k++)
+        free(ref[k]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int B = 0, T = 1024, iters = 0;
     dg_dtype_t act = DG_BF16;
@@ -463,24 +536,25 @@ int main(int argc, char **argv) {
             act = !strcmp(d, "f32") ? DG_F32 : !strcmp(d, "f16") ? DG_F16 : DG_BF16;
         } else {
             fprintf(stderr,
-                    "usage: %s [--mode kernels|lnbgrad|ce] [--B 8] [--T 1024] [--dtype bf16|f16|f32] "
+                    "usage: %s [--mode kernels|lnbgrad|ce|colsum] [--B 8] [--T 1024] [--dtype bf16|f16|f32] "
                     "[--iters 20] "
                     "[--json FILE]\n",
                     argv[0]);
             return 2;
         }
     }
-    const int lnbgrad = !strcmp(mode, "lnbgrad"), ce = !strcmp(mode, "ce");
-    if (B == 0) B = lnbgrad || ce ? 32 : 8;
-    g_iters = iters ? iters : lnbgrad ? 50 : 20;
+    const int lnbgrad = !strcmp(mode, "lnbgrad"), ce = !strcmp(mode, "ce"), colsum = !strcmp(mode, "colsum");
+    if (B == 0) B = lnbgrad || ce || colsum ? 32 : 8;
+    g_iters = iters ? iters : lnbgrad || colsum ? 50 : 20;
     if (B < 1 || T < 1 || g_iters < 1) {
         fprintf(stderr, "bench: B, T and --iters must be positive\n");
         return 2;
     }
     if (lnbgrad) return run_lnbgrad(B, T, act);
     if (ce) return run_ce(B, T, act);
+    if (colsum) return run_colsum(B, T, act);
     if (strcmp(mode, "kernels") != 0) {
-        fprintf(stderr, "bench: unknown --mode %s (kernels, lnbgrad or ce)\n", mode);
+        fprintf(stderr, "bench: unknown --mode %s (kernels, lnbgrad, ce or colsum)\n", mode);
         return 2;
     }
     dg_backend_config_t cfg = {.act_dtype = act, .device = 0};
