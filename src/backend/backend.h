@@ -75,6 +75,11 @@
  *        are read once from memory instead of twice (CUDA: one block per row, the row staged in shared
  *        memory). dlogits may alias logits. Optional (NULL: the graph keeps the two ops). Appended at the
  *        end of the table. Additive.
+ *   v1.11 (2026-12-01, res-fused) matmul_fwd_res(): a linear layer and the residual add after it in one
+ *        call, out = inp·wᵀ + bias + res (CUDA: one cuBLASLt GEMM with beta = 1 and C = res, instead of
+ *        the GEMM and an add kernel that reads two [N, OC] tensors and writes one). out may alias res.
+ *        CPU: bitwise matmul_fwd followed by add. Optional (NULL: the graph keeps the matmul and the add).
+ *        Appended at the end of the table. Additive.
  */
 #ifndef DG_BACKEND_H
 #define DG_BACKEND_H
@@ -332,6 +337,20 @@ typedef struct dg_backend_ops {
     dg_status_t (*crossentropy_fused)(dg_backend_t *be, float *losses, float *lse, void *dlogits,
                                       const void *logits, const int32_t *targets, int N, int V, int Vp,
                                       float dloss);
+
+    /* ---- v1.11 (optional: NULL where the backend has none) ---- */
+    /* A linear layer followed by the residual add, in one call:
+     *   out[N,OC] = inp[N,C] · w[OC,C]ᵀ + bias[OC] + res[N,OC]      (bias may be NULL)
+     * i.e. matmul_fwd(tmp, NULL, inp, w, bias, N, C, OC, DG_EPI_NONE) then add(out, tmp, res, N * OC),
+     * without the [N, OC] product going through memory (CUDA: one GEMM with beta = 1 and C = res, the
+     * bias in the BIAS epilogue; GPT-2's two residual adds per block). CPU: bitwise that pair of calls.
+     * CUDA: within matmul_fwd's tolerance (bf16 / f16: the sum rounds once, in f32, rather than after
+     * the product and again after the add; cuBLASLt offering no algorithm, or DG_CUDA_FUSED_EPILOGUES=0:
+     * the pair of calls itself).
+     * In-place: out MAY alias res exactly (out == res: the residual stream updated in place); out must
+     * not overlap res partially, and must not overlap inp, w or bias. res is not changed otherwise. */
+    dg_status_t (*matmul_fwd_res)(dg_backend_t *be, void *out, const void *inp, const void *w,
+                                  const void *bias, const void *res, int N, int C, int OC);
 } dg_backend_ops_t;
 
 struct dg_backend {

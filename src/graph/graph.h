@@ -116,7 +116,14 @@ enum {
      * crossentropy_fused in the forward that reads them once and writes their gradient over them
      * (backend crossentropy_fused). Same numbers, bit for bit. Also chosen when the backend has no
      * crossentropy_fused, or with the environment variable DG_TEST_UNFUSED_CE=1. */
-    DG_MODEL_UNFUSED_CE = 32
+    DG_MODEL_UNFUSED_CE = 32,
+    /* Tests and A/B timing: keep each residual add as its own op after the linear layer before it
+     * (attn.proj, mlp.proj: a matmul writing its [tokens, C] product, then an add reading it and the
+     * residual stream) instead of one matmul_res that adds the residual inside the GEMM (backend
+     * matmul_fwd_res). The same numbers on the CPU backend, bit for bit (on CUDA within matmul_fwd's
+     * tolerance: the sum rounds once). Also chosen when the backend has no matmul_fwd_res, or with the
+     * environment variable DG_TEST_UNFUSED_RESID=1. */
+    DG_MODEL_UNFUSED_RESID = 64
 };
 
 /* Builds the graph (forward + backward + optimizer) for micro-batches of [micro_batch, seq_len] tokens,

@@ -47,6 +47,10 @@ typedef enum dg_op_kind {
     DG_OP_ATTENTION,
     DG_OP_ADD,
     DG_OP_CROSSENTROPY,
+    DG_OP_MATMUL_RES, /* a matmul (no epilogue) and the residual add of its output, in one backend call
+                         (matmul_fwd_res): src {x, w, res[, bias]}, output x·wᵀ + bias + res shaped like res
+                         (pass fuse_residual, before autodiff: its backward passes the gradient to res and
+                         emits the matmul's MATMUL_BWD) */
     /* backward ops (emitted by autodiff) */
     DG_OP_ENCODER_BWD,
     DG_OP_LAYERNORM_BWD,
@@ -256,6 +260,9 @@ dg_node_t *dg_op_matmul(dg_graph_t *g, const char *name, dg_node_t *x, dg_node_t
 dg_node_t *dg_op_gelu(dg_graph_t *g, const char *name, dg_node_t *x);
 dg_node_t *dg_op_attention(dg_graph_t *g, const char *name, dg_node_t *qkv, int n_head);
 dg_node_t *dg_op_add(dg_graph_t *g, const char *name, dg_node_t *a, dg_node_t *b);
+/* x·wᵀ + bias + res in one op (bias may be NULL); what fuse_residual makes of a matmul and an add. */
+dg_node_t *dg_op_matmul_res(dg_graph_t *g, const char *name, dg_node_t *x, dg_node_t *w, dg_node_t *bias,
+                            dg_node_t *res);
 dg_node_t *dg_op_crossentropy(dg_graph_t *g, const char *name, dg_node_t *logits, dg_node_t *targets, int V);
 dg_node_t *dg_op_all_gather(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim);
 dg_node_t *dg_op_reduce_scatter(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim);
@@ -343,6 +350,23 @@ int dg_graph_n_consumers(const dg_graph_t *g, const dg_node_t *n);
  * with the GELU epilogue (the kernel applies it while the tile is in cache); its side output keeps the
  * pre-activation for the backward. */
 dg_status_t dg_pass_fuse_gelu(dg_graph_t *g, void *ctx);
+
+/* Residual fusion pass (before autodiff, after fuse_gelu): a forward ADD one of whose operands is a MATMUL
+ * without epilogue becomes ONE MATMUL_RES (backend matmul_fwd_res: the residual read inside the GEMM, no
+ * [N, OC] product in memory, no add kernel), at the add's place and under its name, with its flags; the
+ * other operand is the residual. Autodiff then differentiates the fused op: the residual receives the
+ * output's gradient as the add gave it (shared, no kernel) and the matmul's MATMUL_BWD is the one the
+ * matmul would have had (it needs x and w only), so the backward is the unfused one op for op. Only where
+ * that is safe: the matmul's output (an arena tensor, not a view, not an output) is read by the add alone,
+ * anywhere in the graph, and aliased by nothing; the residual is another tensor than the product and
+ * shares no storage with the matmul's inputs (the output may later be laid over the residual in place);
+ * both ops run on the same stream. A matmul whose output goes through anything else first (tensor
+ * parallelism's all-reduce of the row-parallel partial sums) is left alone. Nothing happens when the
+ * graph's backend has no matmul_fwd_res. ctx (may be NULL): a dg_fuse_res_t. */
+typedef struct dg_fuse_res {
+    int n_fused; /* out: pairs fused */
+} dg_fuse_res_t;
+dg_status_t dg_pass_fuse_residual(dg_graph_t *g, void *ctx);
 
 /* Fusion pass (after autodiff): a MATMUL_BWD whose input gradient feeds only a GELU_BWD of the GELU that
  * produced the matmul's input (the MLP: mlp.proj's backward, then mlp.fc's GELU epilogue backward)

@@ -356,6 +356,15 @@ static int ce_fused(const dg_model_t *m) {
     return !(m->flags & DG_MODEL_UNFUSED_CE) && m->be->ops->crossentropy_fused != NULL;
 }
 
+/* Each residual add and the linear layer before it as one op (backend matmul_fwd_res, pass fuse_residual),
+ * unless the pair is asked for (DG_MODEL_UNFUSED_RESID, or the test hook DG_TEST_UNFUSED_RESID=1) or the
+ * backend has none. */
+static int res_fused(const dg_model_t *m) {
+    const char *env = getenv("DG_TEST_UNFUSED_RESID");
+    if (env && strcmp(env, "1") == 0) return 0;
+    return !(m->flags & DG_MODEL_UNFUSED_RESID) && m->be->ops->matmul_fwd_res != NULL;
+}
+
 /* Schedule position right after node x (x's side outputs included), for a node n placed there. */
 static void move_after(dg_graph_t *g, dg_node_t *n, const dg_node_t *x) {
     dg_graph_move(g, n, x->id + 1 + x->n_side - (n->id < x->id ? 1 + n->n_side : 0));
@@ -797,9 +806,13 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
     if (st == DG_OK) {
         layout(m);
         m->losses->flags |= DG_NF_OUTPUT;
-        dg_pass_t pipeline[12];
+        dg_pass_t pipeline[16];
         int np = 0;
         pipeline[np++] = (dg_pass_t){"fuse_gelu", dg_pass_fuse_gelu, NULL};
+        /* before autodiff, which then emits the fused op's backward (the residual's gradient shared, the
+         * matmul's MATMUL_BWD): with tp > 1 the row-parallel products reach their add through an
+         * all-reduce, and stay unfused */
+        if (res_fused(m)) pipeline[np++] = (dg_pass_t){"fuse_residual", dg_pass_fuse_residual, NULL};
         pipeline[np++] = (dg_pass_t){"autodiff", pass_autodiff, m};
         if (!(flags & DG_MODEL_UNFUSED_GELU_BWD))
             pipeline[np++] = (dg_pass_t){"fuse_gelu_bwd", dg_pass_fuse_gelu_bwd, NULL};

@@ -115,6 +115,24 @@ static dg_status_t shape_matmul(dg_graph_t *g, dg_node_t *n) {
     return DG_OK;
 }
 
+/* x·wᵀ + bias + res: src {x, w, res[, bias]}; the output has the matmul's shape, which res must have */
+static dg_status_t shape_matmul_res(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *x = n->src[0], *w = n->src[1], *res = n->src[2];
+    CHECK(x->dtype == g->act_dtype && w->dtype == g->act_dtype && res->dtype == g->act_dtype,
+          "inputs must be in the act dtype");
+    CHECK(w->ndim == 2 && x->ndim >= 1 && dg_node_cols(x) == w->shape[1],
+          "input [..., %" PRId64 "] does not match weight [OC, C] = [%" PRId64 ", %" PRId64 "]",
+          dg_node_cols(x), w->ndim == 2 ? w->shape[0] : -1, w->ndim == 2 ? w->shape[1] : -1);
+    if (n->n_src == 4)
+        CHECK(is_vec(n->src[3], w->shape[0]) && n->src[3]->dtype == g->act_dtype,
+              "bias must be [%" PRId64 "]", w->shape[0]);
+    set_like(n, x);
+    n->shape[n->ndim - 1] = w->shape[0];
+    CHECK(same_shape(res, n), "the residual '%s' must have the product's shape [..., %" PRId64 "]", res->name,
+          w->shape[0]);
+    return DG_OK;
+}
+
 static dg_status_t shape_gelu(dg_graph_t *g, dg_node_t *n) {
     CHECK(n->src[0]->dtype == g->act_dtype, "input must be in the act dtype");
     set_like(n, n->src[0]);
@@ -577,30 +595,50 @@ static dg_status_t bwd_layernorm(dg_ad_t *ad, dg_node_t *n) {
     return dg_graph_error(g);
 }
 
+/* The backward of the linear part x·wᵀ + bias of op n, given the gradient dout of that part: one
+ * MATMUL_BWD (MATMUL and MATMUL_RES share it). */
+static dg_status_t matmul_backward(dg_ad_t *ad, dg_node_t *n, dg_node_t *x, dg_node_t *w, dg_node_t *bias,
+                                   dg_node_t *dout) {
+    dg_graph_t *g = dg_ad_graph(ad);
+    char nm[96];
+    PGRAD(dw, w);
+    dg_node_t *db = NULL;
+    if (bias) {
+        db = dg_ad_param_grad(ad, bias, dg_op_name(n->op));
+        if (!db) return dg_graph_error(g);
+    }
+    int wants = dg_ad_wants(ad, x);
+    dg_node_t *t = wants ? dg_ad_acc_target(ad, x) : NULL;
+    dg_node_t *src[4] = {dout, x, w, t}, *upd[2] = {dw, db};
+    int64_t attr[3] = {t != NULL, 0, !wants};
+    dg_node_t *dx = dg_graph_add_op(g, DG_OP_MATMUL_BWD, bname(nm, sizeof nm, n, "bwd"), t ? 4 : 3, src,
+                                    db ? 2 : 1, upd, attr, 3);
+    if (dx && wants) dg_ad_contribute(ad, x, dx, t != NULL);
+    return dg_graph_error(g);
+}
+
 static dg_status_t bwd_matmul(dg_ad_t *ad, dg_node_t *n) {
     dg_graph_t *g = dg_ad_graph(ad);
     char nm[96];
-    dg_node_t *x = n->src[0], *dout = n->grad;
+    dg_node_t *dout = n->grad;
     if (n->attr[DG_A_EPI] == DG_EPI_GELU) { /* out = gelu(pre): first back through the GELU */
         dg_node_t *gsrc[2] = {n->side[0], n->grad};
         dout = dg_graph_add_op(g, DG_OP_GELU_BWD, bname(nm, sizeof nm, n, "gelu_bwd"), 2, gsrc, 0, NULL, NULL,
                                0);
         if (!dout) return dg_graph_error(g);
     }
-    PGRAD(dw, n->src[1]);
-    dg_node_t *db = NULL;
-    if (n->n_src == 3) {
-        db = dg_ad_param_grad(ad, n->src[2], dg_op_name(n->op));
-        if (!db) return dg_graph_error(g);
-    }
-    int wants = dg_ad_wants(ad, x);
-    dg_node_t *t = wants ? dg_ad_acc_target(ad, x) : NULL;
-    dg_node_t *src[4] = {dout, x, n->src[1], t}, *upd[2] = {dw, db};
-    int64_t attr[3] = {t != NULL, 0, !wants};
-    dg_node_t *dx = dg_graph_add_op(g, DG_OP_MATMUL_BWD, bname(nm, sizeof nm, n, "bwd"), t ? 4 : 3, src,
-                                    db ? 2 : 1, upd, attr, 3);
-    if (dx && wants) dg_ad_contribute(ad, x, dx, t != NULL);
-    return dg_graph_error(g);
+    return matmul_backward(ad, n, n->src[0], n->src[1], n->n_src == 3 ? n->src[2] : NULL, dout);
+}
+
+/* out = x·wᵀ + bias + res: the residual receives the output's gradient unchanged (shared, no kernel, as
+ * bwd_add gives it), then the linear part's backward reads that same gradient. This is the order in
+ * which the unfused pair's backward emits its ops (the add's, then the matmul's), so the backward of a
+ * fused graph is the unfused one op for op. */
+static dg_status_t bwd_matmul_res(dg_ad_t *ad, dg_node_t *n) {
+    dg_graph_t *g = dg_ad_graph(ad);
+    if (dg_ad_wants(ad, n->src[2])) dg_ad_contribute_shared(ad, n->src[2], n->grad);
+    if (g->err) return g->err;
+    return matmul_backward(ad, n, n->src[0], n->src[1], n->n_src == 4 ? n->src[3] : NULL, n->grad);
 }
 
 static dg_status_t bwd_gelu(dg_ad_t *ad, dg_node_t *n) {
@@ -711,6 +749,12 @@ static dg_status_t ex_matmul(dg_exec_t *ex, const dg_node_t *n) {
     return BE->ops->matmul_fwd(BE, P(n), gelu ? P(n->side[0]) : NULL, P(x), P(w),
                                n->n_src == 3 ? P(n->src[2]) : NULL, I(dg_node_rows(x)), I(w->shape[1]),
                                I(w->shape[0]), gelu ? DG_EPI_GELU : DG_EPI_NONE);
+}
+
+static dg_status_t ex_matmul_res(dg_exec_t *ex, const dg_node_t *n) {
+    const dg_node_t *x = n->src[0], *w = n->src[1];
+    return BE->ops->matmul_fwd_res(BE, P(n), P(x), P(w), n->n_src == 4 ? P(n->src[3]) : NULL, P(n->src[2]),
+                                   I(dg_node_rows(x)), I(w->shape[1]), I(w->shape[0]));
 }
 
 static dg_status_t ex_gelu(dg_exec_t *ex, const dg_node_t *n) {
@@ -948,6 +992,9 @@ static const dg_op_def_t op_table[DG_OP_COUNT] = {
     [DG_OP_ADD] = {DG_OP_ADD, "add", 2, 2, shape_add, DG_GRAD_BUILDER, bwd_add, ex_add, 0x3, 0},
     [DG_OP_CROSSENTROPY] = {DG_OP_CROSSENTROPY, "crossentropy", 2, 2, shape_crossentropy, DG_GRAD_BUILDER,
                             bwd_crossentropy, ex_crossentropy, 0, 0},
+    /* the kernel allows the output to overwrite the residual (the residual stream updated in place) */
+    [DG_OP_MATMUL_RES] = {DG_OP_MATMUL_RES, "matmul_res", 3, 4, shape_matmul_res, DG_GRAD_BUILDER,
+                          bwd_matmul_res, ex_matmul_res, 0x4, 0},
     [DG_OP_ENCODER_BWD] = {DG_OP_ENCODER_BWD, "encoder_bwd", 2, 2, shape_encoder_bwd, DG_GRAD_NONE, NULL,
                            ex_encoder_bwd, 0, 0},
     [DG_OP_LAYERNORM_BWD] = {DG_OP_LAYERNORM_BWD, "layernorm_bwd", 5, 6, shape_layernorm_bwd, DG_GRAD_NONE,
@@ -1032,6 +1079,8 @@ const char *dg_op_missing_kernel(const dg_backend_t *be, dg_op_kind_t op) {
         return K(add);
     case DG_OP_CROSSENTROPY:
         return K(crossentropy_fwd);
+    case DG_OP_MATMUL_RES:
+        return K(matmul_fwd_res);
     case DG_OP_ENCODER_BWD:
         return K(encoder_bwd);
     case DG_OP_LAYERNORM_BWD:
@@ -1107,6 +1156,12 @@ dg_node_t *dg_op_add(dg_graph_t *g, const char *name, dg_node_t *a, dg_node_t *b
     return dg_graph_add_op(g, DG_OP_ADD, name, 2, src, 0, NULL, NULL, 0);
 }
 
+dg_node_t *dg_op_matmul_res(dg_graph_t *g, const char *name, dg_node_t *x, dg_node_t *w, dg_node_t *bias,
+                            dg_node_t *res) {
+    dg_node_t *src[4] = {x, w, res, bias};
+    return dg_graph_add_op(g, DG_OP_MATMUL_RES, name, bias ? 4 : 3, src, 0, NULL, NULL, 0);
+}
+
 dg_node_t *dg_op_crossentropy(dg_graph_t *g, const char *name, dg_node_t *logits, dg_node_t *targets, int V) {
     dg_node_t *src[2] = {logits, targets};
     int64_t attr[2] = {0, V};
@@ -1161,6 +1216,57 @@ dg_status_t dg_pass_fuse_gelu(dg_graph_t *g, void *ctx) {
         dg_graph_remove(g, ge);
         dg_graph_remove(g, mm);
         i = f->id; /* continue after the fused op */
+    }
+    return DG_OK;
+}
+
+/* 1 if matmul mm and the add `ad` that reads its output can become one MATMUL_RES with residual r (the
+ * add's other operand): see graph_impl.h */
+static int res_fusable(const dg_graph_t *g, const dg_node_t *mm, const dg_node_t *ad, const dg_node_t *r) {
+    if (mm->op != DG_OP_MATMUL || mm->phase != DG_PHASE_FWD || mm->attr[DG_A_EPI] != DG_EPI_NONE ||
+        mm->stream != ad->stream || r == mm)
+        return 0;
+    /* the product is never materialised: nothing else may read, alias or keep it */
+    if (mm->storage != DG_STORE_ARENA || mm->view_src || (mm->flags & DG_NF_OUTPUT) ||
+        dg_graph_n_consumers(g, mm) != 1)
+        return 0;
+    /* the output may be laid over the residual (inplace): it must not share storage with the GEMM's
+     * operands, which the kernel reads while it writes */
+    const dg_node_t *rr = dg_node_root_c(r);
+    for (int k = 0; k < mm->n_src; k++)
+        if (dg_node_root_c(mm->src[k]) == rr) return 0;
+    for (int j = 0; j < g->n; j++)
+        if (g->nodes[j]->view_src == mm) return 0;
+    return 1;
+}
+
+dg_status_t dg_pass_fuse_residual(dg_graph_t *g, void *ctx) {
+    dg_fuse_res_t *fr = ctx;
+    if (fr) fr->n_fused = 0;
+    if (!g->be || !g->be->ops->matmul_fwd_res) return DG_OK; /* the backend has none: keep the pair */
+    for (int i = 0; i < g->n; i++) {
+        dg_node_t *ad = g->nodes[i];
+        if (ad->op != DG_OP_ADD || ad->phase != DG_PHASE_FWD || ad->view_src) continue;
+        int k = 0;
+        while (k < 2 && !res_fusable(g, ad->src[k], ad, ad->src[1 - k]))
+            k++;
+        if (k == 2) continue;
+        dg_node_t *mm = ad->src[k], *r = ad->src[1 - k];
+        dg_phase_t saved = g->cur_phase;
+        g->cur_phase = DG_PHASE_FWD;
+        dg_node_t *f =
+            dg_op_matmul_res(g, ad->name, mm->src[0], mm->src[1], mm->n_src == 3 ? mm->src[2] : NULL, r);
+        g->cur_phase = saved;
+        if (!f) return dg_graph_error(g);
+        f->flags = ad->flags;
+        f->stream = ad->stream;
+        /* where the add was: after every input (the matmul's and the residual), before every reader */
+        dg_graph_move(g, f, ad->id);
+        dg_graph_replace_uses(g, ad, f);
+        dg_graph_remove(g, ad);
+        dg_graph_remove(g, mm);
+        if (fr) fr->n_fused++;
+        i = f->id;
     }
     return DG_OK;
 }

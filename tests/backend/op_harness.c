@@ -37,6 +37,8 @@ static const tol_row_t k_tols[] = {
     {"layernorm_fwd", 2e-5, 2e-2, 5e-3},
     {"layernorm_bwd", 1e-4, 5e-2, 1e-2},
     {"matmul_fwd", 2e-5, 2e-2, 5e-3},
+    /* matmul_fwd then add, or one GEMM whose sum rounds once: matmul_fwd's bound */
+    {"matmul_fwd_res", 2e-5, 2e-2, 5e-3},
     {"matmul_bwd", 5e-5, 3e-2, 8e-3},
     {"gelu_fwd", 5e-6, 1e-2, 3e-3},
     {"gelu_bwd", 1e-5, 2e-2, 5e-3},
@@ -1675,6 +1677,59 @@ static void case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int 
     case_end(h);
 }
 
+/* ---- matmul_fwd_res (contract v1.11): the linear layer and the residual add in one call ---- */
+
+/* out = x·wᵀ + bias + res against float64, out of place (res untouched) and in place (out == res), every
+ * output poisoned first, repeated for bits; a residual buffer `off` elements past a 256-byte boundary
+ * (CUDA: C's alignment differs from D's). */
+static void case_matmul_res(H *h, int N, int C, int OC, int has_bias, int off) {
+    if (!case_begin(h, "matmul_fwd_res[N=%d,C=%d,OC=%d%s,off=%d]", N, C, OC, has_bias ? ",bias" : "", off))
+        return;
+    if (!h->be->ops->matmul_fwd_res) { /* optional entry: the graph keeps the matmul and the add */
+        pass(h, "matmul_fwd_res: not provided by the %s backend (optional)", h->be->ops->name);
+        case_end(h);
+        return;
+    }
+    const dg_dtype_t A = h->act;
+    const size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC, ob = no * dt_size(A);
+    double *x = hrand(h, nx, 0.05, 1.0), *w = hrand(h, nw, 0.02, 0.3), *bias = hrand(h, OC, 0.05, 0.5),
+           *res = hrand(h, no, -1.0, 1.0);
+    hround(x, nx, A);
+    hround(w, nw, A);
+    hround(bias, OC, A);
+    hround(res, no, A);
+    double *ref = hnew(h, no);
+    ref_matmul(ref, NULL, x, w, has_bias ? bias : NULL, N, C, OC, 0);
+    for (size_t i = 0; i < no; i++)
+        ref[i] += res[i];
+    void *dx = dalloc(h, A, nx), *dw = dalloc(h, A, nw), *db = has_bias ? dalloc(h, A, OC) : NULL;
+    char *rbase = dalloc_bytes(h, ob + 256);
+    void *o1 = dalloc(h, A, no), *o2 = dalloc(h, A, no);
+    if (h->bad) {
+        case_end(h);
+        return;
+    }
+    void *dr = rbase + (size_t)off * dt_size(A);
+    upload(h, dx, A, x, nx);
+    upload(h, dw, A, w, nw);
+    if (db) upload(h, db, A, bias, OC);
+    upload(h, dr, A, res, no);
+    void *rraw = download_raw(h, dr, ob);
+    poison(h, o1, A, no);
+    poison(h, o2, A, no);
+    if (!h->bad) CALL(h, "matmul_fwd_res", matmul_fwd_res(h->be, o1, dx, dw, db, dr, N, C, OC));
+    if (!h->bad) CALL(h, "matmul_fwd_res", matmul_fwd_res(h->be, o2, dx, dw, db, dr, N, C, OC));
+    const double tf = tol_of(h, "matmul_fwd_res");
+    check_close(h, "out = x·wᵀ + bias + res", download(h, o1, A, no), ref, no, tf, NULL);
+    check_bits(h, "repeat", download_raw(h, o1, ob), download_raw(h, o2, ob), ob);
+    check_bits(h, "out of place leaves res", download_raw(h, dr, ob), rraw, ob);
+    digest_dev(h, o1, ob);
+    /* in place: the residual stream updated where it lies */
+    if (!h->bad) CALL(h, "matmul_fwd_res", matmul_fwd_res(h->be, dr, dx, dw, db, dr, N, C, OC));
+    check_close(h, "in place (out == res)", download(h, dr, A, no), ref, no, tf, NULL);
+    case_end(h);
+}
+
 /* ---- matmul_bwd_dgelu: matmul_bwd through a GELU ---- */
 
 typedef struct {
@@ -2152,6 +2207,12 @@ int dg_op_harness_run(dg_backend_t *be, const dg_harness_opts_t *opts) {
     case_matmul(h, 520, 96, 300, 1, 0, 0);
     if (o->large) /* bias gradient over many row slabs, a last column tile of 8 columns */
         case_matmul(h, 4099, 16, 2312, 1, 0, 0);
+
+    case_matmul_res(h, 26, 72, 72, 1, 0);
+    case_matmul_res(h, 13, 37, 19, 0, 0); /* odd sizes: CUDA may have no algorithm (the unfused fallback) */
+    case_matmul_res(h, 7, 288, 72, 1, 1); /* the residual off the output's alignment */
+    case_matmul_res(h, 300, 576, 160, 1, 0);
+    case_matmul_res(h, 520, 96, 300, 0, 3);
 
     case_matmul_dgelu(h, 26, 72, 24, 1, 1);
     case_matmul_dgelu(h, 13, 37, 19, 0, 1); /* C not a multiple of 8: no DGELU epilogue on CUDA */

@@ -14,6 +14,8 @@
  *   - checks accumulation: parameter gradients add into non-zero pre-filled buffers, acc=0 overwrites
  *     poisoned activation gradients and acc=1 adds into non-zero ones; dlogits aliasing logits;
  *   - checks determinism: each run repeated on fresh buffers must give identical bits;
+ *   - checks matmul_fwd_res (contract v1.11) against float64 (x·wᵀ + bias + res), out of place and in
+ *     place (out == res), with a residual off the output's alignment;
  *   - checks crossentropy_fused (contract v1.10) bit for bit against crossentropy_fwd + crossentropy_bwd
  *     on the same backend, out of place and in place, with misaligned logits / dlogits and rows too large
  *     for GPU shared memory;

@@ -1,5 +1,7 @@
 /* test_backend_cpu.c — runs the op harness on the CPU backend, plus what is specific to the CPU backend:
- * bad input gives an error (never a crash), and results do not depend on the thread count.
+ * bad input gives an error (never a crash), results do not depend on the thread count, and matmul_fwd_res
+ * is bitwise matmul_fwd followed by add (contract v1.11: what makes the fused graph's training bitwise the
+ * unfused one's on CPU).
  *
  *   test_backend_cpu [--threads N] [--only SUBSTR] [--verbose] [--no-fd] [--digests FILE]
  *   test_backend_cpu --errors            only the bad-input checks
@@ -94,6 +96,21 @@ static void error_checks(void) {
                "matmul_fwd GELU with pre == out");
     expect_err(op->matmul_bwd(be, buf, buf, NULL, buf, buf, buf, -1, 4, 4, 0), "positive",
                "matmul_bwd N = -1");
+    /* v1.11: out may alias res exactly, nothing else */
+    expect_err(op->matmul_fwd_res(be, buf, buf + 100, buf + 200, NULL, NULL, 4, 4, 4), "NULL",
+               "matmul_fwd_res res = NULL");
+    expect_err(op->matmul_fwd_res(be, buf, buf + 100, NULL, NULL, buf, 4, 4, 4), "NULL",
+               "matmul_fwd_res w = NULL");
+    expect_err(op->matmul_fwd_res(be, buf, buf + 100, buf + 200, NULL, buf, 4, 0, 4), "positive",
+               "matmul_fwd_res C = 0");
+    expect_err(op->matmul_fwd_res(be, buf, buf + 100, buf + 200, NULL, buf + 8, 4, 4, 4), "partially",
+               "matmul_fwd_res out over half of res");
+    expect_err(op->matmul_fwd_res(be, buf, buf + 8, buf + 200, NULL, buf + 300, 4, 4, 4), "inp, w or bias",
+               "matmul_fwd_res out over inp");
+    expect_err(op->matmul_fwd_res(be, buf, buf + 100, buf + 200, buf + 12, buf + 300, 4, 4, 4),
+               "inp, w or bias", "matmul_fwd_res out over bias");
+    EXPECT(op->matmul_fwd_res(be, buf, buf + 100, buf + 200, buf + 16, buf, 4, 4, 4) == DG_OK,
+           "matmul_fwd_res in place next to its operands: %s", dg_last_error());
     expect_err(op->matmul_bwd_dgelu(be, buf, buf, NULL, buf, buf, buf, NULL, 4, 4, 4, 0), "pre",
                "matmul_bwd_dgelu pre = NULL");
     expect_err(op->matmul_bwd_dgelu(be, buf, buf, NULL, buf, buf, buf, buf, 4, 4, 4, 0), "overlap",
@@ -151,6 +168,60 @@ static void error_checks(void) {
     op->free(be, buf);
     dg_backend_free(be);
     printf("cpu backend error checks: %s\n", g_fail ? "FAILED" : "passed");
+}
+
+/* matmul_fwd_res against matmul_fwd + add on the same backend, bit for bit: out of place and in place
+ * (out == res), with and without bias, shapes of one tile and of many (rows and columns split), at 1 and 3
+ * threads. Runs with --errors (ctest backend_cpu_errors). */
+static void res_pair_checks(void) {
+    const int shapes[][4] = {
+        {26, 72, 72, 1}, {13, 37, 19, 0}, {300, 576, 160, 1}, {1100, 64, 2600, 1}, {520, 96, 300, 0}};
+    const int threads[2] = {1, 3};
+    for (int t = 0; t < 2; t++) {
+        dg_backend_t *be = make(threads[t]);
+        const dg_backend_ops_t *op = be->ops;
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+            const int N = shapes[k][0], C = shapes[k][1], OC = shapes[k][2], hb = shapes[k][3];
+            const size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+            float *x, *w, *b, *r, *o1, *o2, *tmp;
+            DG_ASSERT(
+                op->alloc(be, nx * 4, (void **)&x) == DG_OK && op->alloc(be, nw * 4, (void **)&w) == DG_OK &&
+                op->alloc(be, (size_t)OC * 4, (void **)&b) == DG_OK &&
+                op->alloc(be, no * 4, (void **)&r) == DG_OK && op->alloc(be, no * 4, (void **)&o1) == DG_OK &&
+                op->alloc(be, no * 4, (void **)&o2) == DG_OK &&
+                op->alloc(be, no * 4, (void **)&tmp) == DG_OK);
+            uint64_t s = 0x9E3779B97F4A7C15ull * (k + 1);
+            float *all[4] = {x, w, b, r};
+            size_t cnt[4] = {nx, nw, (size_t)OC, no};
+            for (int a = 0; a < 4; a++)
+                for (size_t i = 0; i < cnt[a]; i++) {
+                    s = s * 6364136223846793005ull + 1442695040888963407ull;
+                    all[a][i] = (float)((double)(s >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+                }
+            const float *bias = hb ? b : NULL;
+            EXPECT(op->matmul_fwd(be, tmp, NULL, x, w, bias, N, C, OC, DG_EPI_NONE) == DG_OK &&
+                       op->add(be, o1, tmp, r, no) == DG_OK,
+                   "matmul_fwd + add: %s", dg_last_error());
+            EXPECT(op->matmul_fwd_res(be, o2, x, w, bias, r, N, C, OC) == DG_OK, "matmul_fwd_res: %s",
+                   dg_last_error());
+            EXPECT(memcmp(o1, o2, no * 4) == 0,
+                   "matmul_fwd_res [N=%d,C=%d,OC=%d%s] (%d threads) is not bitwise matmul_fwd + add", N, C,
+                   OC, hb ? ",bias" : "", threads[t]);
+            /* in place: the graph's add order is (residual, product); float addition commutes */
+            EXPECT(op->add(be, o1, r, tmp, no) == DG_OK, "add");
+            EXPECT(op->matmul_fwd_res(be, r, x, w, bias, r, N, C, OC) == DG_OK, "matmul_fwd_res in place: %s",
+                   dg_last_error());
+            EXPECT(
+                memcmp(o1, r, no * 4) == 0,
+                "matmul_fwd_res in place [N=%d,C=%d,OC=%d%s] (%d threads) is not bitwise add(res, product)",
+                N, C, OC, hb ? ",bias" : "", threads[t]);
+            float *bufs[7] = {x, w, b, r, o1, o2, tmp};
+            for (int a = 0; a < 7; a++)
+                op->free(be, bufs[a]);
+        }
+        dg_backend_free(be);
+    }
+    printf("cpu backend matmul_fwd_res == matmul_fwd + add: %s\n", g_fail ? "FAILED" : "passed");
 }
 
 static int threads_compare(const char *list, const dg_harness_opts_t *base) {
@@ -230,6 +301,7 @@ int main(int argc, char **argv) {
     }
     if (errors_only) {
         error_checks();
+        res_pair_checks();
         return g_fail ? 1 : 0;
     }
     if (compare) return threads_compare(compare, &o);

@@ -290,6 +290,28 @@ static void cmp_matmul(cmp_t *x, int N, int C, int OC, int bias, int gelu) {
     cmp_reset(x);
 }
 
+/* matmul_fwd_res (contract v1.11: the residual add in the GEMM, beta = 1 and C = res) against the CPU
+ * backend (matmul_fwd + add), out of place (res left as it was) and in place (out == res). */
+static void cmp_matmul_res(cmp_t *x, int N, int C, int OC, int bias) {
+    char nm[128];
+    snprintf(nm, sizeof nm, "matmul_fwd_res[N=%d,C=%d,OC=%d%s]", N, C, OC, bias ? ",bias" : "");
+    if (!want(nm)) return;
+    const dg_dtype_t A = x->act;
+    const size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
+    pair_t in = pair_act(x, hrand(x, nx, 0.05f, 1.f), nx), w = pair_act(x, hrand(x, nw, 0.01f, 0.1f), nw);
+    pair_t b = pair_act(x, hrand(x, OC, 0.05f, 0.5f), OC), r = pair_act(x, hrand(x, no, 0.05f, 2.f), no);
+    pair_t out = pair_out(x, no, A);
+    MUST(x->g->ops->matmul_fwd_res(x->g, out.g, in.g, w.g, bias ? b.g : NULL, r.g, N, C, OC));
+    MUST(x->c->ops->matmul_fwd_res(x->c, out.c, in.c, w.c, bias ? b.c : NULL, r.c, N, C, OC));
+    const double t = tol("matmul_fwd_res", A);
+    compare(nm, "out", down_g(x, out.g, A, no), down_c(x, out.c, no), no, t);
+    compare(nm, "res unchanged (out of place)", down_g(x, r.g, A, no), r.h, no, 0.0);
+    MUST(x->g->ops->matmul_fwd_res(x->g, r.g, in.g, w.g, bias ? b.g : NULL, r.g, N, C, OC));
+    MUST(x->c->ops->matmul_fwd_res(x->c, r.c, in.c, w.c, bias ? b.c : NULL, r.c, N, C, OC));
+    compare(nm, "in place (out == res)", down_g(x, r.g, A, no), down_c(x, r.c, no), no, t);
+    cmp_reset(x);
+}
+
 /* matmul_bwd_dgelu (mlp.proj's backward through fc's GELU) against the CPU backend: C % 8 == 0 takes
  * cuBLASLt's DGELU epilogue in bf16/f16 (unless DG_CUDA_FUSED_EPILOGUES=0 or DG_CUDA_FUSED_DGELU=0),
  * other C the GEMM + gelu_bwd fallback; then acc = 1 (always the fallback) and dpre in place over inp. */
@@ -555,6 +577,8 @@ static int run_cpu_compare(dg_backend_t *g, int small) {
         cmp_matmul(&x, 37, 72, 100, 1, 0);
         cmp_matmul_dgelu(&x, 128, 768, 192, 1);
         cmp_matmul_dgelu(&x, 37, 100, 72, 1);
+        cmp_matmul_res(&x, 128, 256, 768, 1);
+        cmp_matmul_res(&x, 37, 72, 100, 0);
         cmp_layernorm(&x, 64, 768);
         cmp_attention(&x, 2, 130, 256, 4);
         cmp_attention(&x, 1, 70, 64, 2);
@@ -569,6 +593,10 @@ static int run_cpu_compare(dg_backend_t *g, int small) {
         cmp_matmul(&x, 100, 200, 300, 1, 1);      /* odd sizes: unfused paths */
         cmp_matmul_dgelu(&x, 1024, 3072, 768, 1); /* mlp.proj through fc's GELU: the DGELU epilogue */
         cmp_matmul_dgelu(&x, 100, 300, 200, 1);   /* C % 8 != 0: GEMM + gelu_bwd */
+        cmp_matmul_res(&x, 1024, 768, 768, 1);    /* attn.proj + residual */
+        cmp_matmul_res(&x, 1024, 3072, 768, 1);   /* mlp.proj + residual */
+        cmp_matmul_res(&x, 1024, 768, 768, 0);    /* no bias (tp ranks > 0) */
+        cmp_matmul_res(&x, 100, 203, 301, 1);     /* odd sizes: perhaps no algorithm (the unfused path) */
         cmp_layernorm(&x, 1024, 768);
         cmp_layernorm(&x, 300, 1600); /* > 48 KiB of shared memory in the backward */
         cmp_layernorm(&x, 77, 100);
@@ -692,6 +720,17 @@ static int run_errors(void) {
     expect_err(op->matmul_fwd(be, buf, buf, buf, buf, NULL, 4, 4, 4, DG_EPI_GELU), "different",
                "matmul_fwd GELU pre == out");
     expect_err(op->matmul_bwd(be, buf, buf, NULL, buf, buf, buf, -1, 4, 4, 0), "N = -1", "matmul_bwd N = -1");
+    {
+        char *b = (char *)buf;
+        expect_err(op->matmul_fwd_res(be, b, b + 4096, b + 8192, NULL, NULL, 4, 4, 4), "`res` is NULL",
+                   "matmul_fwd_res res NULL");
+        expect_err(op->matmul_fwd_res(be, b, b + 4096, b + 8192, NULL, b, 4, 0, 4), "C = 0",
+                   "matmul_fwd_res C = 0");
+        expect_err(op->matmul_fwd_res(be, b, b + 4096, b + 8192, NULL, b + 8, 4, 4, 4), "partially",
+                   "matmul_fwd_res out over half of res");
+        expect_err(op->matmul_fwd_res(be, b, b + 16, b + 8192, NULL, b + 12288, 4, 4, 4), "inp, w or bias",
+                   "matmul_fwd_res out over inp");
+    }
     expect_err(op->matmul_bwd_dgelu(be, buf, buf, NULL, buf, buf, buf, NULL, 4, 4, 4, 0), "`pre` is NULL",
                "matmul_bwd_dgelu pre NULL");
     expect_err(op->matmul_bwd_dgelu(be, buf, buf, NULL, buf, buf, buf, buf, 4, 4, 4, 0), "overlap",

@@ -232,6 +232,24 @@ static void test_schedule(void) {
     const dg_node_t *at = find(g, "h.0.attn");
     EXPECT(at && at->attr[DG_A_NH] == 2 && at->shape[2] == 32,
            "tp=2: attention runs 2 of 4 heads on [.., 32]");
+    /* the row-parallel products reach their residual add through the all-reduce: no fused residual add */
+    EXPECT(count_op(g, DG_OP_MATMUL_RES, DG_PHASE_FWD) == 0 &&
+               count_op(g, DG_OP_ADD, DG_PHASE_FWD) == 2 * d.n_layer,
+           "tp=2: %d matmul_res, %d forward adds (want 0, %d)", count_op(g, DG_OP_MATMUL_RES, DG_PHASE_FWD),
+           count_op(g, DG_OP_ADD, DG_PHASE_FWD), 2 * d.n_layer);
+    dg_model_free(m);
+
+    /* dp_shard only: every residual add fused, its weight and bias read from the gathered parameters */
+    m = plan(&d, "dp_shard=2", c, 25u << 20, 1, 1);
+    g = dg_model_graph(m);
+    int unpacked = 0;
+    for (int i = 0; i < g->n; i++)
+        if (g->nodes[i]->op == DG_OP_MATMUL_RES) unpacked += g->nodes[i]->src[1]->op == DG_OP_SHARD_UNPACK;
+    EXPECT(count_op(g, DG_OP_MATMUL_RES, DG_PHASE_FWD) == 2 * d.n_layer &&
+               count_op(g, DG_OP_ADD, DG_PHASE_FWD) == 0 && unpacked == 2 * d.n_layer,
+           "dp_shard=2: %d matmul_res (%d on gathered weights), %d forward adds (want %d, %d, 0)",
+           count_op(g, DG_OP_MATMUL_RES, DG_PHASE_FWD), unpacked, count_op(g, DG_OP_ADD, DG_PHASE_FWD),
+           2 * d.n_layer, 2 * d.n_layer);
     dg_model_free(m);
 }
 

@@ -3,8 +3,8 @@
  *    test hook DG_TEST_ARENA_FAIL=1), so activations are allocated one by one over their live ranges;
  *  - kernel: ops the backend has no kernel for (vtable entries set to NULL in a copy of the CPU backend's
  *    table, and the test hook DG_TEST_NO_KERNEL) run on a host CPU backend through copies (among them the
- *    fused classifier loss, whose output lies over its input); a backend without crossentropy_fused keeps
- *    the unfused pair;
+ *    fused classifier loss, whose output lies over its input, and the fused residual adds); a backend
+ *    without crossentropy_fused or matmul_fwd_res keeps the unfused pairs;
  *  - both at once.
  * Each trains a small GPT three steps of two micro-batches (with an evaluation forward and a logits call
  * in between) and must give bitwise the losses, gradient norms, logits, weights and AdamW moments of the
@@ -110,6 +110,7 @@ static dg_backend_t *wrapper(const char *missing) {
     DROP(adamw_multi_dev);
     DROP(sumsq_multi);
     DROP(crossentropy_fused);
+    DROP(matmul_fwd_res);
 #undef DROP
     wrap = *inner;
     wrap.ops = &wrap_ops;
@@ -132,6 +133,7 @@ typedef struct {
     int n_memory, n_kernel;
     int n_sumsq, n_sumsq_all, n_adamw_all; /* the optimizer's ops in the plan */
     int n_ce_fused, n_ce_bwd;              /* the classifier loss's */
+    int n_res;                             /* the fused residual adds (matmul_res) */
     char kernels[8192];                    /* the kernel reports, ';'-separated */
 } run_t;
 
@@ -167,6 +169,7 @@ static void train(dg_backend_t *be, int flags, run_t *r) {
         r->n_adamw_all += g->nodes[i]->op == DG_OP_ADAMW_ALL;
         r->n_ce_fused += g->nodes[i]->op == DG_OP_CROSSENTROPY_FUSED;
         r->n_ce_bwd += g->nodes[i]->op == DG_OP_CROSSENTROPY_BWD;
+        r->n_res += g->nodes[i]->op == DG_OP_MATMUL_RES;
     }
     size_t n = (size_t)B * small.seq_len;
     int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
@@ -331,6 +334,22 @@ static void test_flags(int flags) {
     expect_same(&ref, &r, "no crossentropy_fused");
     run_free(&r);
 
+    /* the fused residual adds on the host (the residual and the product's operands copied there, the
+     * output back), then a backend without matmul_fwd_res: the matmul + add pairs, no fallback, same bits */
+    EXPECT(ref.n_res == 2 * small.n_layer, "planned: %d matmul_res", ref.n_res);
+    setenv("DG_TEST_NO_KERNEL", "matmul_res", 1);
+    train(wrapper(""), flags, &r);
+    unsetenv("DG_TEST_NO_KERNEL");
+    EXPECT(r.n_kernel == 1 && strstr(r.kernels, "op matmul_res (4 nodes)"),
+           "DG_TEST_NO_KERNEL=matmul_res: reports %s", r.kernels);
+    expect_same(&ref, &r, "DG_TEST_NO_KERNEL=matmul_res");
+    run_free(&r);
+    train(wrapper("matmul_fwd_res,"), flags, &r);
+    EXPECT(r.n_kernel == 0 && r.n_res == 0, "no matmul_fwd_res: %d kernel reports, %d matmul_res", r.n_kernel,
+           r.n_res);
+    expect_same(&ref, &r, "no matmul_fwd_res");
+    run_free(&r);
+
     /* a backend without sumsq_multi: the fused AdamW with one sumsq per tensor, no fallback, same bits */
     train(wrapper("sumsq_multi,"), flags, &r);
     EXPECT(r.n_kernel == 0 && r.n_adamw_all == 1 && r.n_sumsq_all == 0 && r.n_sumsq > 1,
@@ -350,11 +369,12 @@ static void test_flags(int flags) {
     run_free(&r);
 
     setenv("DG_TEST_ARENA_FAIL", "1", 1);
-    train(wrapper(
-              "encoder_fwd,layernorm_fwd,matmul_fwd,gelu_fwd,attention_fwd,add,crossentropy_fwd,encoder_bwd,"
-              "layernorm_bwd,matmul_bwd,gelu_bwd,matmul_bwd_dgelu,attention_bwd,crossentropy_bwd,accumulate,"
-              "sumsq_f32,clip_scale,adamw_multi_dev,adamw_dev,sumsq_multi,crossentropy_fused,"),
-          flags, &r);
+    train(
+        wrapper(
+            "encoder_fwd,layernorm_fwd,matmul_fwd,gelu_fwd,attention_fwd,add,crossentropy_fwd,encoder_bwd,"
+            "layernorm_bwd,matmul_bwd,gelu_bwd,matmul_bwd_dgelu,attention_bwd,crossentropy_bwd,accumulate,"
+            "sumsq_f32,clip_scale,adamw_multi_dev,adamw_dev,sumsq_multi,crossentropy_fused,matmul_fwd_res,"),
+        flags, &r);
     unsetenv("DG_TEST_ARENA_FAIL");
     expect_all_freed("no kernels and no arena");
     EXPECT(r.n_memory == 1 && r.n_kernel >= 10, "no kernels and no arena: %d memory, %d kernel reports",

@@ -12,6 +12,8 @@
  *  - the classifier loss fused with its backward (crossentropy_fused) against the unfused pair (model
  *    flag, environment hook): bitwise-equal training with gradient accumulation, evaluation forwards,
  *    a loss-scale change, logits and gradients;
+ *  - the residual adds fused into the linear layers before them (matmul_res): 2 * n_layer of them, the
+ *    arena not larger, and the same bitwise-equal training against the matmul + add pairs;
  *  - non-finite gradients skip the whole update; frozen tensors are not updated and not in the norm;
  *  - the --plan-only printer (text and JSON) and one-line errors for bad input.
  */
@@ -749,24 +751,28 @@ typedef struct {
     float *logits, *w, *m, *g; /* logits at one position; flat weights, moments, last gradients */
     size_t n;
     int n_fused, n_ce, n_ce_bwd;
+    int n_res, n_fwd_add, n_ops; /* matmul_res and add ops in the forward; ops in all */
     size_t arena;
 } ce_run_t;
 
 /* Steps of CE_ACCUM micro-batches, an evaluation forward after each step (other ids), the loss scale
  * doubled at step 3 (another dloss), then a logits call and one more forward_backward whose gradients
- * are read. how: 0 the default (fused), 1 DG_MODEL_UNFUSED_CE, 2 DG_TEST_UNFUSED_CE=1. */
-static void ce_train(int how, int flags, ce_run_t *r) {
+ * are read. With `env` (may be NULL) set to 1 in the environment while the model is created. */
+static void train_env(const char *env, int flags, ce_run_t *r) {
     memset(r, 0, sizeof *r);
-    if (how == 2) setenv("DG_TEST_UNFUSED_CE", "1", 1);
+    if (env) setenv(env, "1", 1);
     dg_model_t *m;
-    OK(dg_model_create_ex(&small, be, 2, 4242, flags | (how == 1 ? DG_MODEL_UNFUSED_CE : 0), &m));
-    unsetenv("DG_TEST_UNFUSED_CE");
+    OK(dg_model_create_ex(&small, be, 2, 4242, flags, &m));
+    if (env) unsetenv(env);
     r->n_fused = count_ops(m, DG_OP_CROSSENTROPY_FUSED, DG_PHASE_FWD);
     r->n_ce = count_ops(m, DG_OP_CROSSENTROPY, DG_PHASE_FWD);
     r->n_ce_bwd = count_ops(m, DG_OP_CROSSENTROPY_BWD, DG_PHASE_BWD);
+    r->n_res = count_ops(m, DG_OP_MATMUL_RES, DG_PHASE_FWD);
+    r->n_fwd_add = count_ops(m, DG_OP_ADD, DG_PHASE_FWD);
+    r->n_ops = dg_model_graph(m)->n;
     r->arena = dg_model_arena_bytes(m);
-    EXPECT(dg_plan_check(dg_model_plan(m), dg_model_graph(m)) == DG_OK, "ce %d: plan check: %s", how,
-           dg_last_error());
+    EXPECT(dg_plan_check(dg_model_plan(m), dg_model_graph(m)) == DG_OK, "%s %d: plan check: %s",
+           env ? env : "-", flags, dg_last_error());
     OK(dg_model_set_grad_accum(m, CE_ACCUM));
     size_t n = 2 * (size_t)small.seq_len;
     int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
@@ -809,6 +815,11 @@ static void ce_train(int how, int flags, ce_run_t *r) {
     free(tok);
     free(tgt);
     dg_model_free(m);
+}
+
+/* how: 0 the default (fused), 1 DG_MODEL_UNFUSED_CE, 2 DG_TEST_UNFUSED_CE=1. */
+static void ce_train(int how, int flags, ce_run_t *r) {
+    train_env(how == 2 ? "DG_TEST_UNFUSED_CE" : NULL, flags | (how == 1 ? DG_MODEL_UNFUSED_CE : 0), r);
 }
 
 static void ce_free(ce_run_t *r) {
@@ -862,6 +873,65 @@ static void test_ce_fused(void) {
         "fused cross-entropy: %d steps x %d micro-batches with evaluations, a loss-scale change and logits, "
         "bitwise equal to the unfused pair (losses %.6f .. %.6f; arena %zu bytes)\n",
         CE_STEPS, CE_ACCUM, (double)ref.loss[0], (double)ref.loss[CE_STEPS * CE_ACCUM - 1], ref.arena);
+    ce_free(&ref);
+}
+
+/* Bitwise the same training as `ref` (micro-batch and evaluation losses, gradient norms, logits, weights,
+ * moments, gradients). */
+static void expect_same_run(const ce_run_t *ref, const ce_run_t *r, const char *what) {
+    EXPECT(memcmp(r->loss, ref->loss, sizeof ref->loss) == 0, "%s: micro-batch losses differ", what);
+    EXPECT(memcmp(r->eval, ref->eval, sizeof ref->eval) == 0, "%s: evaluation losses differ", what);
+    EXPECT(memcmp(r->norm, ref->norm, sizeof ref->norm) == 0, "%s: gradient norms differ", what);
+    EXPECT(memcmp(r->logits, ref->logits, 2 * (size_t)small.vocab_size * sizeof(float)) == 0,
+           "%s: logits differ", what);
+    EXPECT(r->n == ref->n && memcmp(r->w, ref->w, ref->n * sizeof(float)) == 0 &&
+               memcmp(r->m, ref->m, ref->n * sizeof(float)) == 0,
+           "%s: weights or moments differ", what);
+    EXPECT(r->n == ref->n && memcmp(r->g, ref->g, ref->n * sizeof(float)) == 0, "%s: gradients differ", what);
+}
+
+/* The residual adds fused into the linear layers before them (matmul_res, pass fuse_residual) against the
+ * matmul + add pairs (model flag, environment hook), also with the other fusions off, the GELU recomputed
+ * and no arena reuse: exactly the 2 * n_layer residual adds are fused, the arena does not grow, and the
+ * training is bitwise the same (losses, evaluation losses, gradient norms, logits, weights, moments,
+ * gradients). */
+static void test_res_fused(void) {
+    const struct {
+        const char *env;
+        int flags, fused;
+        const char *name;
+    } v[] = {
+        {NULL, DG_MODEL_UNFUSED_RESID, 0, "DG_MODEL_UNFUSED_RESID"},
+        {"DG_TEST_UNFUSED_RESID", 0, 0, "DG_TEST_UNFUSED_RESID=1"},
+        {NULL, DG_MODEL_UNFUSED_CE | DG_MODEL_UNFUSED_GELU_BWD, 1, "fused, the other fusions off"},
+        {NULL, DG_MODEL_UNFUSED_RESID | DG_MODEL_UNFUSED_CE | DG_MODEL_UNFUSED_GELU_BWD, 0,
+         "unfused, the other fusions off"},
+        {NULL, DG_MODEL_RECOMPUTE_GELU | DG_MODEL_NO_ARENA_REUSE, 1, "fused, recompute, no reuse"},
+        {NULL, DG_MODEL_UNFUSED_RESID | DG_MODEL_RECOMPUTE_GELU | DG_MODEL_NO_ARENA_REUSE, 0,
+         "unfused, recompute, no reuse"},
+    };
+    const int L = small.n_layer;
+    ce_run_t ref, r;
+    train_env(NULL, 0, &ref);
+    EXPECT(ref.n_res == 2 * L && ref.n_fwd_add == 0,
+           "fused: %d matmul_res, %d add ops in the forward (want %d, 0)", ref.n_res, ref.n_fwd_add, 2 * L);
+    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
+        train_env(v[k].env, v[k].flags, &r);
+        EXPECT(r.n_res == (v[k].fused ? 2 * L : 0) && r.n_fwd_add == (v[k].fused ? 0 : 2 * L),
+               "%s: %d matmul_res, %d add ops in the forward", v[k].name, r.n_res, r.n_fwd_add);
+        if (k < 2) {
+            EXPECT(r.n_ops == ref.n_ops + 2 * L, "%s: %d ops, the fused graph %d: expected %d more",
+                   v[k].name, r.n_ops, ref.n_ops, 2 * L);
+            EXPECT(ref.arena <= r.arena, "%s: the fused graph needs more arena (%zu) than the pairs (%zu)",
+                   v[k].name, ref.arena, r.arena);
+        }
+        expect_same_run(&ref, &r, v[k].name);
+        ce_free(&r);
+    }
+    printf(
+        "fused residual adds: %d of them, training bitwise equal to the matmul + add pairs (losses %.6f .. "
+        "%.6f; arena %zu bytes)\n",
+        ref.n_res, (double)ref.loss[0], (double)ref.loss[CE_STEPS * CE_ACCUM - 1], ref.arena);
     ce_free(&ref);
 }
 
@@ -926,6 +996,7 @@ int main(void) {
     test_skip_and_freeze();
     test_adamw_fused();
     test_ce_fused();
+    test_res_fused();
     dg_backend_free(be);
     printf("model tests took %.1f s\n", dg_now_s() - t0);
     if (failures) {

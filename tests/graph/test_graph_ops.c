@@ -880,6 +880,221 @@ static void case_crossentropy_fused(dg_backend_t *be) {
     tg_free(&f.t);
 }
 
+/* matmul_res: x·wᵀ + b + r in one op (what fuse_residual makes of a matmul and the residual add after
+ * it). d[3] = 1: the residual is gelu(in[3]) (an arena tensor dying at the op, so the inplace pass lays the
+ * output over it), else in[3] itself; d[4] = 1: no bias. */
+static double obj_matmul_res(void *p) {
+    ctx_t *c = p;
+    int N = c->d[0], C = c->d[1], OC = c->d[2];
+    size_t n = (size_t)N * OC;
+    double *y = malloc(n * sizeof *y), *r = malloc(n * sizeof *r);
+    ref_matmul(y, c->in[0], c->in[1], c->d[4] ? NULL : c->in[2], N, C, OC);
+    if (c->d[3])
+        ref_gelu(r, c->in[3], n);
+    else
+        memcpy(r, c->in[3], n * sizeof *r);
+    for (size_t i = 0; i < n; i++)
+        y[i] += r[i];
+    double s = dot(y, c->dout, n);
+    free(y), free(r);
+    return s;
+}
+
+static void case_matmul_res_run(dg_backend_t *be, int inplace) {
+    int f0 = failures;
+    tg_t t;
+    tg_init(&t, be, 41 + (uint64_t)inplace);
+    int N = 6, C = 8, OC = 5;
+    int64_t sx[3] = {2, 3, C}, sw[2] = {OC, C}, sb[1] = {OC}, sy[3] = {2, 3, OC};
+    dg_node_t *x = tg_f(&t, "x", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    dg_node_t *w = tg_f(&t, "w", 2, sw, DG_NF_PARAM, -1, 1);
+    dg_node_t *b = tg_f(&t, "b", 1, sb, DG_NF_PARAM, -1, 1);
+    dg_node_t *z = tg_f(&t, "z", 3, sy, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    dg_node_t *r = inplace ? dg_op_gelu(t.g, "r", z) : z;
+    dg_node_t *y = dg_op_matmul_res(t.g, "fc_res", x, w, inplace ? NULL : b, r);
+    dg_node_t *dout = tg_f(&t, "dout", 3, sy, DG_NF_INPUT, -1, 1);
+    tg_finish(&t, 1, &y, &dout);
+    EXPECT(inplace ? y->view_src == r : y->view_src == NULL,
+           "matmul_res: the output should %s the residual's storage", inplace ? "take over" : "not share");
+    tg_run(&t, DG_PHASE_FWD);
+    ctx_t c = {.in = {tg_d(&t, x), tg_d(&t, w), tg_d(&t, b), tg_d(&t, z)},
+               .dout = tg_d(&t, dout),
+               .d = {N, C, OC, inplace, inplace}};
+    double yr[30], rr[30];
+    ref_matmul(yr, c.in[0], c.in[1], inplace ? NULL : c.in[2], N, C, OC);
+    if (inplace)
+        ref_gelu(rr, c.in[3], 30);
+    else
+        memcpy(rr, c.in[3], sizeof rr);
+    for (int i = 0; i < 30; i++)
+        yr[i] += rr[i];
+    float *yg = tg_get(&t, y);
+    check_close(inplace ? "matmul_res (in place, no bias) forward" : "matmul_res forward", yg, yr, 30, 1e-5);
+    tg_run(&t, DG_PHASE_BWD);
+    float *gx = tg_get(&t, dg_node_grad_of(x)), *gw = tg_get(&t, w->grad),
+          *gz = tg_get(&t, dg_node_grad_of(z));
+    float *gb = inplace ? NULL : tg_get(&t, b->grad);
+    check_fd("matmul_res d/dx", c.in[0], 48, gx, obj_matmul_res, &c);
+    check_fd("matmul_res d/dw", c.in[1], 40, gw, obj_matmul_res, &c);
+    if (!inplace) check_fd("matmul_res d/dbias", c.in[2], 5, gb, obj_matmul_res, &c);
+    check_fd(inplace ? "matmul_res d/dz through r = gelu(z)" : "matmul_res d/dresidual", c.in[3], 30, gz,
+             obj_matmul_res, &c);
+    dg_node_t *par[2] = {w, b}, *act[2] = {x, z};
+    float *g1[2] = {gw, gb}, *a1[2] = {gx, gz};
+    check_accumulation(&t, inplace ? 1 : 2, par, g1, 2, act, a1);
+    tg_cover(&t, f0);
+    free(yg), free(gx), free(gw), free(gz), free(gb);
+    for (int k = 0; k < 4; k++)
+        free(c.in[k]);
+    free(c.dout);
+    tg_free(&t);
+}
+
+static void case_matmul_res(dg_backend_t *be) {
+    case_matmul_res_run(be, 0);
+    case_matmul_res_run(be, 1);
+}
+
+/* The residual fusion pass (fuse_residual, before autodiff): a linear layer and the residual add reading
+ * its output, built twice from the same data, the pair kept in one graph and fused in the other. The
+ * fused graph has one matmul_res at the add's place under its name, laid over the residual (which dies
+ * there), and a backward of the same op kinds in the same order; the output, the input and residual
+ * gradients and the accumulated weight gradients are bitwise the pair's over two runs. The pass refuses
+ * when the product has another reader or is an output, when it reaches the add through an all-reduce
+ * (tensor parallelism's row-parallel products), when the residual is the matmul's own input, and on a
+ * backend without the entry. */
+typedef struct {
+    tg_t t;
+    dg_node_t *x, *w, *b, *z, *r, *y;
+    dg_fuse_res_t fr;
+} res_graph_t;
+
+enum { RF_FUSE = 1, RF_SECOND_READER = 2, RF_ALLREDUCE = 4, RF_SWAP = 8, RF_MM_OUT = 16, RF_SELF = 32 };
+
+static void res_build(res_graph_t *c, dg_backend_t *be, int how) {
+    memset(c, 0, sizeof *c);
+    tg_init(&c->t, be, 43);
+    const int C = 8, OC = 8; /* OC = C: the residual may be the matmul's input (RF_SELF) */
+    int64_t sx[3] = {2, 3, C}, sw[2] = {OC, C}, sb[1] = {OC};
+    c->x = tg_f(&c->t, "x", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    c->w = tg_f(&c->t, "w", 2, sw, DG_NF_PARAM, -1, 1);
+    c->b = tg_f(&c->t, "b", 1, sb, DG_NF_PARAM, -1, 1);
+    c->z = tg_f(&c->t, "z", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    /* an arena residual whose storage dies at the add: the inplace pass may reuse it */
+    c->r = (how & RF_SELF) ? c->x : dg_op_gelu(c->t.g, "r", c->z);
+    dg_node_t *mm = dg_op_matmul(c->t.g, "proj", c->x, c->w, c->b), *p = mm;
+    if (how & RF_MM_OUT) mm->flags |= DG_NF_OUTPUT;
+    if (how & RF_ALLREDUCE) p = dg_op_all_reduce_mode(c->t.g, "tp_out", mm, DG_MESH_TP, DG_AR_TO_REPLICATE);
+    dg_node_t *y = (how & RF_SWAP) ? dg_op_add(c->t.g, "res", p, c->r) : dg_op_add(c->t.g, "res", c->r, p);
+    dg_node_t *act = (how & RF_SECOND_READER) ? dg_op_gelu(c->t.g, "act", mm) : NULL;
+    OK(dg_graph_error(c->t.g));
+    (void)y;
+    if (how & RF_FUSE) {
+        dg_pass_t fuse[] = {{"fuse_residual", dg_pass_fuse_residual, &c->fr}};
+        OK(dg_graph_run_passes(c->t.g, fuse, 1));
+    }
+    for (int i = 0; i < c->t.g->n; i++) /* the add, or the op that took its place and name */
+        if (strcmp(c->t.g->nodes[i]->name, "res") == 0) c->y = c->t.g->nodes[i];
+    int64_t sy[3] = {2, 3, OC};
+    dg_node_t *outs[2] = {c->y, act};
+    dg_node_t *seeds[2] = {tg_f(&c->t, "dy", 3, sy, DG_NF_INPUT, -1, 1),
+                           act ? tg_f(&c->t, "dact", 3, sy, DG_NF_INPUT, -1, 1) : NULL};
+    OK(dg_autodiff(c->t.g, act ? 2 : 1, outs, seeds));
+    dg_pass_t passes[] = {{"inplace", dg_pass_inplace, NULL}};
+    OK(dg_graph_run_passes(c->t.g, passes, 1));
+    OK(dg_plan_create(c->t.g, 0, &c->t.plan));
+    OK(dg_plan_check(c->t.plan, c->t.g));
+    OK(dg_graph_alloc_persistent(c->t.g, be, &c->t.al));
+    for (int k = 0; k < c->t.nl; k++) {
+        leaf_t *l = &c->t.leaves[k];
+        OK(be->ops->to_device(be, l->n->data, l->f ? (void *)l->f : (void *)l->i, l->n->nbytes));
+    }
+    OK(dg_exec_create(be, c->t.g, c->t.plan, &c->t.ex));
+}
+
+static int res_same(res_graph_t *a, res_graph_t *b, const dg_node_t *na, const dg_node_t *nb,
+                    const char *what) {
+    float *x = tg_get(&a->t, na), *y = tg_get(&b->t, nb);
+    int same = na->nbytes == nb->nbytes && memcmp(x, y, na->nbytes) == 0;
+    EXPECT(same, "fuse_residual: %s differs from the unfused pair's", what);
+    free(x);
+    free(y);
+    return same;
+}
+
+static int fwd_count(tg_t *t, dg_op_kind_t k) {
+    int c = 0;
+    for (int i = 0; i < t->g->n; i++)
+        c += t->g->nodes[i]->op == k && t->g->nodes[i]->phase == DG_PHASE_FWD;
+    return c;
+}
+
+static void case_fuse_residual(dg_backend_t *be) {
+    int f0 = failures;
+    for (int swap = 0; swap < 2; swap++) {
+        res_graph_t u, f;
+        res_build(&u, be, swap ? RF_SWAP : 0);
+        res_build(&f, be, RF_FUSE | (swap ? RF_SWAP : 0));
+        EXPECT(f.fr.n_fused == 1 && fwd_count(&f.t, DG_OP_MATMUL_RES) == 1 &&
+                   fwd_count(&f.t, DG_OP_MATMUL) == 0 && fwd_count(&f.t, DG_OP_ADD) == 0 &&
+                   fwd_count(&u.t, DG_OP_ADD) == 1,
+               "fuse_residual (%s): %d fused, %d matmul_res / %d matmul / %d add in the forward",
+               swap ? "add(p, r)" : "add(r, p)", f.fr.n_fused, fwd_count(&f.t, DG_OP_MATMUL_RES),
+               fwd_count(&f.t, DG_OP_MATMUL), fwd_count(&f.t, DG_OP_ADD));
+        EXPECT(
+            f.y && f.y->op == DG_OP_MATMUL_RES && f.y->src[2] == f.r && f.y->view_src == f.r &&
+                (f.y->flags & DG_NF_OUTPUT),
+            "fuse_residual: the add's name must be the fused op's, an output, over the residual's storage");
+        /* the backward: the same op kinds in the same order */
+        int ub, ue, fb, fe;
+        dg_graph_phase_range(u.t.g, DG_PHASE_BWD, &ub, &ue);
+        dg_graph_phase_range(f.t.g, DG_PHASE_BWD, &fb, &fe);
+        int same_bwd = ue - ub == fe - fb && ue > ub;
+        for (int i = 0; same_bwd && i < ue - ub; i++)
+            same_bwd = u.t.g->nodes[ub + i]->op == f.t.g->nodes[fb + i]->op;
+        EXPECT(same_bwd, "fuse_residual: the backward differs from the unfused pair's (%d vs %d ops)",
+               fe - fb, ue - ub);
+        for (int run = 0; run < 2; run++) { /* two runs: the weight gradients accumulate */
+            tg_run(&u.t, DG_PHASE_FWD);
+            tg_run(&f.t, DG_PHASE_FWD);
+            res_same(&u, &f, u.y, f.y, "the output");
+            tg_run(&u.t, DG_PHASE_BWD);
+            tg_run(&f.t, DG_PHASE_BWD);
+            res_same(&u, &f, dg_node_grad_of(u.x), dg_node_grad_of(f.x), "the input gradient");
+            res_same(&u, &f, dg_node_grad_of(u.z), dg_node_grad_of(f.z),
+                     "the residual's (gelu input's) gradient");
+            res_same(&u, &f, u.w->grad, f.w->grad, "the accumulated weight gradient");
+            res_same(&u, &f, u.b->grad, f.b->grad, "the accumulated bias gradient");
+        }
+        tg_cover(&f.t, f0);
+        tg_free(&u.t);
+        tg_free(&f.t);
+    }
+
+    /* refusals */
+    const int refuse[4] = {RF_FUSE | RF_SECOND_READER, RF_FUSE | RF_MM_OUT, RF_FUSE | RF_ALLREDUCE,
+                           RF_FUSE | RF_SELF};
+    const char *why[4] = {"the product has another reader", "the product is an output",
+                          "an all-reduce sits between the matmul and the add",
+                          "the residual is the matmul's input"};
+    for (int k = 0; k < 4; k++) {
+        res_graph_t f;
+        res_build(&f, be, refuse[k]);
+        EXPECT(f.fr.n_fused == 0 && fwd_count(&f.t, DG_OP_MATMUL_RES) == 0 &&
+                   fwd_count(&f.t, DG_OP_MATMUL) == 1 && fwd_count(&f.t, DG_OP_ADD) == 1,
+               "fuse_residual must keep the pair when %s", why[k]);
+        tg_free(&f.t);
+    }
+    dg_backend_ops_t ops = *be->ops;
+    ops.matmul_fwd_res = NULL;
+    dg_backend_t nofuse = {&ops, be->act_dtype, be->impl};
+    res_graph_t f;
+    res_build(&f, &nofuse, RF_FUSE);
+    EXPECT(f.fr.n_fused == 0 && fwd_count(&f.t, DG_OP_MATMUL_RES) == 0 && fwd_count(&f.t, DG_OP_ADD) == 1,
+           "fuse_residual must keep the pair on a backend without matmul_fwd_res");
+    tg_free(&f.t);
+}
+
 /* A tensor with many consumers (I): later contributions accumulate in place (acc = 1 kernels) and
  * through ACCUMULATE when the first gradient storage is still needed. */
 static double obj_fanout1(void *p) {
@@ -1679,6 +1894,8 @@ static const op_case_t cases[] = {
     {"add", case_add},
     {"crossentropy", case_crossentropy},
     {"crossentropy_fused", case_crossentropy_fused},
+    {"matmul_res", case_matmul_res},
+    {"fuse_residual", case_fuse_residual},
     {"fanout1", case_fanout1},
     {"fanout2", case_fanout2},
     {"collectives", case_collectives},

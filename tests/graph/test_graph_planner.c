@@ -365,6 +365,48 @@ static void test_ce_memory(dg_backend_t *cpu) {
     }
 }
 
+/* ---------------- 3d. the fused residual adds ---------------- */
+
+/* gpt2-124m at micro-batch 32 x 1024, plan only (f32 CPU plan and the bf16 CUDA-like one): the 24 residual
+ * adds fused into attn.proj / mlp.proj (matmul_res) leave the arena no larger than the matmul + add pairs
+ * (each pair's [B*T, C] product was dead after its add, which the inplace pass laid over it). */
+static void test_res_memory(dg_backend_t *cpu) {
+    dg_backend_ops_t ops16 = *cpu->ops;
+    ops16.attention_aux_bytes = cuda_like_aux_bytes;
+    dg_backend_t be16 = {&ops16, DG_BF16, cpu->impl};
+    dg_backend_t *bes[2] = {cpu, &be16};
+    const char *what[2] = {"cpu f32", "bf16, CUDA attention scratch"};
+    dg_model_desc_t d;
+    OK(dg_model_desc_preset("gpt2-124m", &d));
+    const int B = 32;
+    for (int b = 0; b < 2; b++) {
+        size_t arena[2];
+        int nres[2] = {0, 0}, nadd[2] = {0, 0};
+        for (int f = 0; f < 2; f++) {
+            dg_model_t *m;
+            OK(dg_model_create_ex(&d, bes[b], B, 1, (f ? DG_MODEL_UNFUSED_RESID : 0) | DG_MODEL_PLAN_ONLY,
+                                  &m));
+            const dg_graph_t *g = dg_model_graph(m);
+            EXPECT(dg_plan_check(dg_model_plan(m), g) == DG_OK, "%s: plan check: %s", what[b],
+                   dg_last_error());
+            arena[f] = dg_model_arena_bytes(m);
+            for (int i = 0; i < g->n; i++) {
+                nres[f] += g->nodes[i]->op == DG_OP_MATMUL_RES;
+                nadd[f] += g->nodes[i]->op == DG_OP_ADD && g->nodes[i]->phase == DG_PHASE_FWD;
+            }
+            dg_model_free(m);
+        }
+        EXPECT(nres[0] == 2 * d.n_layer && nadd[0] == 0 && nres[1] == 0 && nadd[1] == 2 * d.n_layer,
+               "%s: fused %d matmul_res / %d add, unfused %d / %d (want %d adds fused)", what[b], nres[0],
+               nadd[0], nres[1], nadd[1], 2 * d.n_layer);
+        EXPECT(arena[0] <= arena[1], "%s: the fused residual adds need more arena (%zu) than the pairs (%zu)",
+               what[b], arena[0], arena[1]);
+        printf("gpt2-124m micro_batch %d, %s: arena %.3f GiB with the fused residual adds, %.3f GiB with the "
+               "pairs\n",
+               B, what[b], arena[0] / 1073741824.0, arena[1] / 1073741824.0);
+    }
+}
+
 /* ---------------- 4. stale plans abort ---------------- */
 
 static void test_stale_abort(dg_backend_t *be) {
@@ -403,6 +445,7 @@ int main(void) {
     test_model_plans(be);
     test_gelu_memory(be);
     test_ce_memory(be);
+    test_res_memory(be);
     test_stale_abort(be);
     dg_backend_free(be);
     if (failures) {

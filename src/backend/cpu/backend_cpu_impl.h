@@ -59,6 +59,8 @@ typedef void (*dg_cpu_tile_fn)(void *arg, int m0, int m1, int n0, int n1);
 /* Kernels living in other translation units (signatures as in dg_backend_ops_t). */
 dg_status_t dg_cpu_matmul_fwd(dg_backend_t *be, void *out, void *pre, const void *inp, const void *w,
                               const void *bias, int N, int C, int OC, dg_epilogue_t epi);
+dg_status_t dg_cpu_matmul_fwd_res(dg_backend_t *be, void *out, const void *inp, const void *w,
+                                  const void *bias, const void *res, int N, int C, int OC);
 dg_status_t dg_cpu_matmul_bwd(dg_backend_t *be, void *dinp, float *dw, float *dbias, const void *dout,
                               const void *inp, const void *w, int N, int C, int OC, int acc);
 dg_status_t dg_cpu_matmul_bwd_dgelu(dg_backend_t *be, void *dpre, float *dw, float *dbias, const void *dout,

@@ -166,6 +166,82 @@ dg_status_t dg_cpu_matmul_fwd(dg_backend_t *be, void *out, void *pre, const void
     return DG_OK;
 }
 
+/* ---------------- matmul_fwd_res (contract v1.11) ---------------- */
+
+/* 1 if [a, a + na) and [b, b + nb) intersect */
+static int ranges_overlap(const void *a, size_t na, const void *b, size_t nb) {
+    const char *pa = a, *pb = b;
+    return pa < pb + nb && pb < pa + na;
+}
+static int overlaps(const void *a, const void *b, size_t bytes) {
+    return ranges_overlap(a, bytes, b, bytes);
+}
+
+typedef struct {
+    fwd_epi_t fwd;    /* the product's destination and bias: matmul_fwd's prologue runs on it */
+    float *out;       /* [N, OC] */
+    const float *res; /* [N, OC]; may be `out` itself */
+    int OC;
+} res_epi_t;
+
+/* o = p + r elementwise: the add entry's operation, so the pair (matmul_fwd, add) is matched bit for bit
+ * (float addition is commutative, so the operand order of the graph's add does not matter). o may be p. */
+DG_CPU_VEC static void add_rows(float *o, const float *p, const float *r, int n) {
+#pragma omp simd
+    for (int c = 0; c < n; c++)
+        o[c] = p[c] + r[c];
+}
+
+static void res_prologue(void *argp, int m0, int m1, int n0, int n1) {
+    fwd_prologue(&((res_epi_t *)argp)->fwd, m0, m1, n0, n1);
+}
+
+/* After the tile's GEMM, while its product is in cache: out = product + res. */
+static void res_epilogue(void *argp, int m0, int m1, int n0, int n1) {
+    const res_epi_t *e = argp;
+    for (int r = m0; r < m1; r++) {
+        size_t at = (size_t)r * e->OC + n0;
+        add_rows(e->out + at, e->fwd.out + at, e->res + at, n1 - n0);
+    }
+}
+
+dg_status_t dg_cpu_matmul_fwd_res(dg_backend_t *be, void *out, const void *inp, const void *w,
+                                  const void *bias, const void *res, int N, int C, int OC) {
+    const char *op = "matmul_fwd_res";
+    DG_CPU_NONNULL(op, out);
+    DG_CPU_NONNULL(op, inp);
+    DG_CPU_NONNULL(op, w);
+    DG_CPU_NONNULL(op, res);
+    DG_CPU_POSITIVE(op, N);
+    DG_CPU_POSITIVE(op, C);
+    DG_CPU_POSITIVE(op, OC);
+    const size_t ob = (size_t)N * OC * sizeof(float);
+    if (out != res && overlaps(out, res, ob))
+        return DG_ERR(DG_ERR_USAGE,
+                      "cpu backend: %s: out overlaps res partially (it may only alias it exactly, in place)",
+                      op);
+    if (ranges_overlap(out, ob, inp, (size_t)N * C * sizeof(float)) ||
+        ranges_overlap(out, ob, w, (size_t)OC * C * sizeof(float)) ||
+        (bias && ranges_overlap(out, ob, bias, (size_t)OC * sizeof(float))))
+        return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: out must not overlap inp, w or bias", op);
+    dg_cpu_t *cpu = dg_cpu_of(be);
+    /* The product goes where matmul_fwd would put it: into out, unless out is res (in place), whose
+     * values the epilogue still needs: then into scratch. Same tiles, same prologue, same sgemm calls as
+     * matmul_fwd, so the product has its bits; the epilogue then does the add's one float add. */
+    float *prod = out;
+    if (out == res) {
+        prod = dg_cpu_scratch(cpu, ob);
+        if (!prod) return dg_last_error_code();
+    }
+    res_epi_t e = {{prod, NULL, bias, OC}, out, res, OC};
+    dg_cpu_blas_single_thread();
+    gemm_job_t g;
+    gemm_job_init(&g, DG_CPU_GEMM_MIN_TILES, 0, 1, N, OC, C, 1.0f, inp, C, w, C, bias ? 1.0f : 0.0f, prod, OC,
+                  bias ? res_prologue : NULL, res_epilogue, &e);
+    dg_cpu_run(cpu, g.ntiles, gemm_task, &g);
+    return DG_OK;
+}
+
 /* ---------------- matmul_bwd ---------------- */
 
 typedef struct {
@@ -271,11 +347,6 @@ static void dgelu_epilogue(void *argp, int m0, int m1, int n0, int n1) {
         size_t at = (size_t)r * e->C + n0;
         dgelu_row(e->dpre + at, e->prod + at, e->pre + at, n1 - n0, e->acc);
     }
-}
-
-static int overlaps(const void *a, const void *b, size_t bytes) {
-    const char *pa = a, *pb = b;
-    return pa < pb + bytes && pb < pa + bytes;
 }
 
 dg_status_t dg_cpu_matmul_bwd_dgelu(dg_backend_t *be, void *dpre, float *dw, float *dbias, const void *dout,

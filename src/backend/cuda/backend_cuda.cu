@@ -428,6 +428,25 @@ static int ranges_overlap(const void *a, size_t na, const void *b, size_t nb) {
     return pa < pb + nb && pb < pa + na;
 }
 
+static dg_status_t cu_matmul_fwd_res(dg_backend_t *be, void *out, const void *inp, const void *w,
+                                     const void *bias, const void *res, int N, int C, int OC) {
+    REQ_POS(N, "matmul_fwd_res");
+    REQ_POS(C, "matmul_fwd_res");
+    REQ_POS(OC, "matmul_fwd_res");
+    REQ_PTR(out, "matmul_fwd_res");
+    REQ_PTR(inp, "matmul_fwd_res");
+    REQ_PTR(w, "matmul_fwd_res");
+    REQ_PTR(res, "matmul_fwd_res");
+    const size_t es = dg_dtype_size(be->act_dtype), no = (size_t)N * OC * es;
+    REQ(out == res || !ranges_overlap(out, no, res, no),
+        "cuda backend matmul_fwd_res: out overlaps res partially (it may only alias it exactly, in place)");
+    REQ(!ranges_overlap(out, no, inp, (size_t)N * C * es) &&
+            !ranges_overlap(out, no, w, (size_t)OC * C * es) &&
+            (!bias || !ranges_overlap(out, no, bias, (size_t)OC * es)),
+        "cuda backend matmul_fwd_res: out must not overlap inp, w or bias");
+    return dg_cuda_matmul_fwd_res(dg_cuda_of(be), out, inp, w, bias, res, N, C, OC);
+}
+
 static dg_status_t cu_matmul_bwd_dgelu(dg_backend_t *be, void *dpre, float *dw, float *dbias,
                                        const void *dout, const void *inp, const void *w, const void *pre,
                                        int N, int C, int OC, int acc) {
@@ -832,6 +851,7 @@ static const dg_backend_ops_t cuda_ops = {
     cu_attention_bwd_ws_bytes,
     cu_attention_bwd_ws,
     cu_ce_fused,
+    cu_matmul_fwd_res,
 };
 
 /* ---------------- construction ---------------- */

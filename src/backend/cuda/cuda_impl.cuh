@@ -175,6 +175,8 @@ dg_status_t dg_cuda_layernorm_bwd(dg_cuda_t *c, void *dinp, float *dw, float *db
 /* matmul.cu */
 dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *inp, const void *w,
                                const void *bias, int N, int C, int OC, dg_epilogue_t epi);
+dg_status_t dg_cuda_matmul_fwd_res(dg_cuda_t *c, void *out, const void *inp, const void *w, const void *bias,
+                                   const void *res, int N, int C, int OC);
 dg_status_t dg_cuda_matmul_bwd(dg_cuda_t *c, void *dinp, float *dw, float *dbias, const void *dout,
                                const void *inp, const void *w, int N, int C, int OC, int acc);
 dg_status_t dg_cuda_matmul_bwd_dgelu(dg_cuda_t *c, void *dpre, float *dw, float *dbias, const void *dout,

@@ -19,6 +19,10 @@
  * matmul_bwd_dgelu (the MLP's second linear layer, whose input is a GELU output) takes the input gradient
  * through GELU's derivative with the DGELU epilogue (aux = the saved pre-activation).
  *
+ * matmul_fwd_res (contract v1.11: a linear layer and the residual add after it) is one GEMM with beta = 1
+ * and the residual as cuBLASLt's C matrix, a different pointer from D (or the same one, in place), of D's
+ * layout: D = A·B + 1·C (+ bias in the BIAS epilogue).
+ *
  * Row-major to column-major: a row-major [R, K] matrix is a column-major K x R one, so
  * out[N,OC] = inp[N,C]·w[OC,C]ᵀ is the column-major D(OC x N) = wᵀ(OC x C) · inp(C x N).
  */
@@ -49,6 +53,7 @@ typedef struct gemm_call {
     int ldb;
     void *D;
     int ldd;
+    const void *C; /* cuBLASLt's C (read with beta): NULL means D itself (in place); same layout as D */
     cudaDataType_t abtype, dtype;
     float beta;
     cublasLtEpilogue_t epi;
@@ -56,6 +61,11 @@ typedef struct gemm_call {
     void *aux;
     int aux_ld;
 } gemm_call_t;
+
+/* The C matrix of a call: its own, or D (every call but matmul_fwd_res's accumulates in place, if at all). */
+static const void *gemm_c(const gemm_call_t *g) {
+    return g->C ? g->C : g->D;
+}
 
 void dg_cuda_gemm_plans_free(dg_cuda_t *c) {
     for (int i = 0; i < c->n_plans; i++) {
@@ -79,8 +89,10 @@ void dg_cuda_gemm_plans_free(dg_cuda_t *c) {
  * none), the minimum per candidate, and the fastest is taken only when it beats the heuristic's first
  * pick by at least 1 % (noise does not flip the choice between equally fast algorithms). The timing runs
  * write D (and aux) with the real call's arguments, which the real call that follows overwrites; with
- * beta != 0 (accumulating) D is saved before and restored after. A call whose output overlaps one of its
- * inputs is not tuned. The choice is then cached with the plan like the heuristic's. */
+ * beta != 0 and C = D (accumulating in place) D is saved before and restored after. With C != D
+ * (matmul_fwd_res out of place) C is an input like A and B: every timing run reads the same C and rewrites
+ * D, so nothing needs saving. A call whose output overlaps one of its inputs (A, B, or a C other than D)
+ * is not tuned. The choice is then cached with the plan like the heuristic's. */
 typedef struct {
     uintptr_t lo, hi;
 } span_t;
@@ -102,13 +114,13 @@ static size_t type_size(cudaDataType_t t) {
 }
 
 /* ms per call of `algo` over `reps` back-to-back calls; < 0 when cuBLASLt refuses it */
-static float gemm_time(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t *g, const cublasLtMatmulAlgo_t *algo,
-                       int reps, cudaEvent_t e0, cudaEvent_t e1) {
+static float gemm_time(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t *g,
+                       const cublasLtMatmulAlgo_t *algo, int reps, cudaEvent_t e0, cudaEvent_t e1) {
     const float alpha = 1.f, beta = g->beta;
     if (cudaEventRecord(e0, c->stream) != cudaSuccess) return -1.f;
     for (int r = 0; r < reps; r++) {
-        cublasStatus_t st = cublasLtMatmul(c->lt, p->desc, &alpha, g->A, p->la, g->B, p->lb, &beta, g->D, p->lc,
-                                           g->D, p->lc, algo, c->lt_ws, c->lt_ws_bytes, c->stream);
+        cublasStatus_t st = cublasLtMatmul(c->lt, p->desc, &alpha, g->A, p->la, g->B, p->lb, &beta, gemm_c(g),
+                                           p->lc, g->D, p->lc, algo, c->lt_ws, c->lt_ws_bytes, c->stream);
         if (st != CUBLAS_STATUS_SUCCESS) return -1.f;
     }
     float ms = -1.f;
@@ -128,8 +140,8 @@ static const char *tune_tag(dg_cuda_t *c) {
         memcpy(nm, src, len);
         nm[len] = 0;
         for (char *q = nm; *q; q++)
-            if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') || *q == '-' ||
-                  *q == '.'))
+            if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') ||
+                  *q == '-' || *q == '.'))
                 *q = '_';
         snprintf(c->tune_tag, sizeof c->tune_tag, "%s/sm%d%d/%dsms/cublasLt%zu", nm, c->cc_major, c->cc_minor,
                  c->sm_count, (size_t)cublasLtGetVersion());
@@ -163,19 +175,20 @@ static dg_status_t gemm_tune(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t 
             res[hit.pick].workspaceSize <= c->lt_ws_bytes &&
             dg_gemm_tune_hash(&res[hit.pick].algo, sizeof res[hit.pick].algo) == hit.algo_hash) {
             tune_take(p, res, hit.pick, hit.ms_first, hit.ms_pick);
-            DG_LOG_DEBUG("cuda backend: GEMM m=%d n=%d k=%d: candidate %d of %d from the tuning table", g->m, g->n,
-                         g->k, hit.pick, found);
+            DG_LOG_DEBUG("cuda backend: GEMM m=%d n=%d k=%d: candidate %d of %d from the tuning table", g->m,
+                         g->n, g->k, hit.pick, found);
             return DG_OK;
         }
-        DG_LOG_INFO("cuda backend: GEMM m=%d n=%d k=%d: the tuning table's entry no longer matches cuBLASLt's "
-                    "candidates; timing again",
-                    g->m, g->n, g->k);
+        DG_LOG_INFO(
+            "cuda backend: GEMM m=%d n=%d k=%d: the tuning table's entry no longer matches cuBLASLt's "
+            "candidates; timing again",
+            g->m, g->n, g->k);
     }
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     DG_CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cs));
     if (cs != cudaStreamCaptureStatusNone) {
-        DG_LOG_DEBUG("cuda backend: GEMM m=%d n=%d k=%d first seen during a CUDA Graph capture: not tuned", g->m,
-                     g->n, g->k);
+        DG_LOG_DEBUG("cuda backend: GEMM m=%d n=%d k=%d first seen during a CUDA Graph capture: not tuned",
+                     g->m, g->n, g->k);
         return DG_OK;
     }
     const size_t es_ab = type_size(g->abtype), es_d = type_size(g->dtype);
@@ -183,14 +196,17 @@ static dg_status_t gemm_tune(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t 
     const span_t sb = span_of(g->B, g->transb ? g->n : g->k, g->transb ? g->k : g->n, g->ldb, es_ab);
     const span_t sd = span_of(g->D, g->m, g->n, g->ldd, es_d);
     const span_t sx = span_of(g->aux, g->m, g->n, g->aux_ld, es_ab);
+    /* C other than D: an input the timing runs must not change (C = D with beta != 0 is saved below) */
+    const int c_in_place = gemm_c(g) == g->D;
+    const span_t sc = c_in_place ? span_t{0, 0} : span_of(gemm_c(g), g->m, g->n, g->ldd, es_d);
     if (span_overlap(sd, sa) || span_overlap(sd, sb) || span_overlap(sx, sa) || span_overlap(sx, sb) ||
-        (g->aux && span_overlap(sd, sx))) {
+        (g->aux && span_overlap(sd, sx)) || span_overlap(sd, sc) || span_overlap(sx, sc)) {
         DG_LOG_DEBUG("cuda backend: GEMM m=%d n=%d k=%d writes over an input: not tuned", g->m, g->n, g->k);
         return DG_OK;
     }
     const size_t dbytes = sd.hi - sd.lo;
     void *save = NULL;
-    if (g->beta != 0.f) {
+    if (g->beta != 0.f && c_in_place) {
         DG_CUDA_CHECK(cudaMalloc(&save, dbytes));
         dg_cuda_mem_add(c, dbytes);
         DG_CUDA_CHECK(cudaMemcpyAsync(save, g->D, dbytes, cudaMemcpyDeviceToDevice, c->stream));
@@ -201,8 +217,8 @@ static dg_status_t gemm_tune(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t 
     float best[DG_GEMM_TUNE_MAX];
     int n = found < DG_GEMM_TUNE_MAX ? found : DG_GEMM_TUNE_MAX;
     for (int i = 0; i < n; i++)
-        best[i] = res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= c->lt_ws_bytes ? INFINITY
-                                                                                                  : -1.f;
+        best[i] =
+            res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= c->lt_ws_bytes ? INFINITY : -1.f;
     /* repetitions: enough for ~1 ms per measurement, from one warm-up call of the heuristic's pick */
     float t0 = gemm_time(c, p, g, &res[0].algo, 1, e0, e1);
     int reps = 2;
@@ -234,10 +250,11 @@ static dg_status_t gemm_tune(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t 
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    if (ee != cudaSuccess) return DG_ERR(DG_ERR_RUNTIME, "cuda backend: GEMM tuning: %s", cudaGetErrorString(ee));
+    if (ee != cudaSuccess)
+        return DG_ERR(DG_ERR_RUNTIME, "cuda backend: GEMM tuning: %s", cudaGetErrorString(ee));
     if (!(t0 > 0.f) || !(best[0] > 0.f)) {
-        DG_LOG_DEBUG("cuda backend: GEMM m=%d n=%d k=%d: the heuristic's pick did not run in tuning", g->m, g->n,
-                     g->k);
+        DG_LOG_DEBUG("cuda backend: GEMM m=%d n=%d k=%d: the heuristic's pick did not run in tuning", g->m,
+                     g->n, g->k);
         return DG_OK;
     }
     tune_take(p, res, pick, best[0], best[pick]);
@@ -253,8 +270,8 @@ static dg_status_t gemm_tune(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t 
     dg_gemm_tune_record(&e);
     DG_LOG_INFO("cuda backend: GEMM tuned m=%d n=%d k=%d ta=%d tb=%d epi=%d beta=%d: heuristic pick %.4f ms, "
                 "candidate %d of %d %.4f ms (%.3fx)",
-                g->m, g->n, g->k, g->transa, g->transb, (int)g->epi, g->beta != 0.f, best[0], pick, n, best[pick],
-                best[0] / best[pick]);
+                g->m, g->n, g->k, g->transa, g->transb, (int)g->epi, g->beta != 0.f, best[0], pick, n,
+                best[pick], best[0] / best[pick]);
     return DG_OK;
 }
 
@@ -340,7 +357,8 @@ static dg_status_t plan_get(dg_cuda_t *c, const gemm_call_t *g, dg_gemm_plan_t *
     key.compute = (int)CUBLAS_COMPUTE_32F;
     key.align_a = align_class(g->A);
     key.align_b = align_class(g->B);
-    key.align_c = align_class(g->D);
+    /* C and D share one layout and one alignment preference: the weaker of the two (C = D: D's) */
+    key.align_c = align_class(g->D) < align_class(gemm_c(g)) ? align_class(g->D) : align_class(gemm_c(g));
     key.align_bias = g->bias ? align_class(g->bias) : 0;
     key.align_aux = g->aux ? align_class(g->aux) : 0;
     for (int i = 0; i < c->n_plans; i++)
@@ -384,8 +402,8 @@ static dg_status_t gemm_try(dg_cuda_t *c, const gemm_call_t *g, int *ran) {
         DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                        &g->aux, sizeof g->aux));
     const float alpha = 1.f, beta = g->beta;
-    cublasStatus_t st = cublasLtMatmul(c->lt, p->desc, &alpha, g->A, p->la, g->B, p->lb, &beta, g->D, p->lc,
-                                       g->D, p->lc, &p->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
+    cublasStatus_t st = cublasLtMatmul(c->lt, p->desc, &alpha, g->A, p->la, g->B, p->lb, &beta, gemm_c(g),
+                                       p->lc, g->D, p->lc, &p->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED) { /* the heuristic's pick refused this call: remember, fall back */
         DG_LOG_DEBUG("cuda backend: cuBLASLt refused m=%d n=%d k=%d epi=%d at run time", g->m, g->n, g->k,
                      (int)g->epi);
@@ -402,7 +420,7 @@ static dg_status_t gemm_try(dg_cuda_t *c, const gemm_call_t *g, int *ran) {
 #define FB_TILE 16
 template <typename TA, typename TD>
 __global__ void gemm_fallback_kernel(int m, int n, int k, int ta, int tb, const TA *A, int lda, const TA *B,
-                                     int ldb, TD *D, int ldd, float beta) {
+                                     int ldb, const TD *Cm, TD *D, int ldd, float beta) {
     __shared__ float as[FB_TILE][FB_TILE + 1], bs[FB_TILE][FB_TILE + 1];
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int i = blockIdx.x * FB_TILE + tx, j = blockIdx.y * FB_TILE + ty;
@@ -424,16 +442,16 @@ __global__ void gemm_fallback_kernel(int m, int n, int k, int ta, int tb, const 
         __syncthreads();
     }
     if (i < m && j < n) {
-        TD *d = D + (size_t)j * ldd + i;
-        *d = dg_from_f<TD>(beta != 0.f ? acc + beta * dg_to_f(*d) : acc);
+        const size_t at = (size_t)j * ldd + i;
+        D[at] = dg_from_f<TD>(beta != 0.f ? acc + beta * dg_to_f(Cm[at]) : acc);
     }
 }
 
 template <typename TA, typename TD> static dg_status_t gemm_fallback_t(dg_cuda_t *c, const gemm_call_t *g) {
     dim3 grid((g->m + FB_TILE - 1) / FB_TILE, (g->n + FB_TILE - 1) / FB_TILE), block(FB_TILE, FB_TILE);
-    gemm_fallback_kernel<TA, TD><<<grid, block, 0, c->stream>>>(g->m, g->n, g->k, g->transa, g->transb,
-                                                                (const TA *)g->A, g->lda, (const TA *)g->B,
-                                                                g->ldb, (TD *)g->D, g->ldd, g->beta);
+    gemm_fallback_kernel<TA, TD><<<grid, block, 0, c->stream>>>(
+        g->m, g->n, g->k, g->transa, g->transb, (const TA *)g->A, g->lda, (const TA *)g->B, g->ldb,
+        (const TD *)gemm_c(g), (TD *)g->D, g->ldd, g->beta);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
@@ -458,9 +476,9 @@ static dg_status_t gemm_must(dg_cuda_t *c, const gemm_call_t *g, const char *wha
     return gemm_fallback_a<dg_f16>(c, g);
 }
 
-dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *inp, const void *w,
-                               const void *bias, int N, int C, int OC, dg_epilogue_t epi) {
-    const int gelu = epi == DG_EPI_GELU;
+/* The forward GEMM of a linear layer: out(OC x N) = wᵀ(OC x C) · inp(C x N), column-major, beta = 0. */
+static gemm_call_t fwd_call(const dg_cuda_t *c, void *out, const void *inp, const void *w, int N, int C,
+                            int OC) {
     gemm_call_t g;
     memset(&g, 0, sizeof g);
     g.transa = 1;
@@ -476,6 +494,14 @@ dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *i
     g.ldd = OC;
     g.abtype = g.dtype = cuda_type(c->act);
     g.beta = 0.f;
+    g.epi = CUBLASLT_EPILOGUE_DEFAULT;
+    return g;
+}
+
+dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *inp, const void *w,
+                               const void *bias, int N, int C, int OC, dg_epilogue_t epi) {
+    const int gelu = epi == DG_EPI_GELU;
+    gemm_call_t g = fwd_call(c, out, inp, w, N, C, OC);
     /* f32 is the exact reference mode: there GELU runs as our own kernel (the tanh form of the CPU
      * backend) rather than cuBLASLt's epilogue, whose GELU formula is not documented precisely. */
     const int fuse_gelu = gelu && c->act != DG_F32 && OC % 8 == 0;
@@ -499,6 +525,30 @@ dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *i
     g.epi = CUBLASLT_EPILOGUE_DEFAULT;
     DG_TRY(gemm_must(c, &g, "matmul_fwd"));
     return dg_cuda_bias_gelu(c, out, pre, bias, N, OC, gelu);
+}
+
+/* out = inp·wᵀ + bias + res. The residual is cuBLASLt's C (beta = 1; C = D when out == res), the bias the
+ * BIAS epilogue's, which cuBLASLt adds to A·B + beta·C: one GEMM reads res as its tiles are written,
+ * instead of the product going to memory and an add kernel reading it and res back. f32 too (the exact
+ * reference mode stays a cuBLASLt f32 GEMM; only the rounding of the sum differs from matmul_fwd + add).
+ * Where cuBLASLt has no algorithm, or DG_CUDA_FUSED_EPILOGUES=0: matmul_fwd, then the add kernel (in
+ * place through scratch, since res is still needed after the product is written). */
+dg_status_t dg_cuda_matmul_fwd_res(dg_cuda_t *c, void *out, const void *inp, const void *w, const void *bias,
+                                   const void *res, int N, int C, int OC) {
+    if (c->fused_epilogues) {
+        gemm_call_t f = fwd_call(c, out, inp, w, N, C, OC);
+        f.C = res;
+        f.beta = 1.f;
+        f.epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        f.bias = (void *)bias;
+        int ran = 0;
+        DG_TRY(gemm_try(c, &f, &ran));
+        if (ran) return DG_OK;
+    }
+    void *prod = out;
+    if (out == res) DG_TRY(dg_cuda_scratch(c, (size_t)N * OC * dg_dtype_size(c->act), &prod));
+    DG_TRY(dg_cuda_matmul_fwd(c, prod, NULL, inp, w, bias, N, C, OC, DG_EPI_NONE));
+    return dg_cuda_add(c, out, prod, res, (size_t)N * OC);
 }
 
 /* The input-gradient GEMM of a linear layer: dinp(C x N) = w(C x OC) · dout(OC x N), column-major. */
