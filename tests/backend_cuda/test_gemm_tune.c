@@ -58,12 +58,14 @@ static int count_lines(const char *path, int *valid) {
 
 static void test_parse(void) {
     dg_gemm_tune_entry_t e;
-    const char *ok = "v1 NVIDIA_H200/sm90/132sms/cublasLt130100 2304 32768 768 1 0 768 768 2304 14 14 4 0 68 256 "
-                     "256 256 256 0 32 7 8 00ab12cd34ef5678 0.1733 0.1577\n";
+    const char *ok =
+        "v1 NVIDIA_H200/sm90/132sms/cublasLt130100 2304 32768 768 1 0 768 768 2304 14 14 4 0 68 256 "
+        "256 256 256 0 32 7 8 00ab12cd34ef5678 0.1733 0.1577\n";
     CHECK(dg_gemm_tune_parse(ok, &e) == 1, "a valid line parses");
     CHECK(e.key[0] == 2304 && e.key[1] == 32768 && e.key[18] == 32, "its key");
     CHECK(e.pick == 7 && e.found == 8 && e.algo_hash == 0x00ab12cd34ef5678ull, "its pick, count and hash");
-    CHECK(e.ms_first > 0.1732f && e.ms_first < 0.1734f && e.ms_pick > 0.1576f && e.ms_pick < 0.1578f, "times");
+    CHECK(e.ms_first > 0.1732f && e.ms_first < 0.1734f && e.ms_pick > 0.1576f && e.ms_pick < 0.1578f,
+          "times");
     CHECK(strcmp(e.tag, "NVIDIA_H200/sm90/132sms/cublasLt130100") == 0, "its tag");
     char buf[1024];
     /* torn: cut anywhere before the last field ends */
@@ -74,12 +76,12 @@ static void test_parse(void) {
     }
     CHECK(torn_ok == 0, "no truncation of a line parses (%d did)", torn_ok);
     const char *bad[] = {
-        "v2 tag 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 0 1 ff 1 1\n",  /* other version */
-        "v1 tag 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 8 8 ff 1 1\n",  /* pick >= found */
-        "v1 tag 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 -1 8 ff 1 1\n", /* negative pick */
-        "v1 tag 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 0 8 ff 0 1\n",  /* no time */
-        "v1 tag 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 0 8 ff 1 1 x\n", /* trailing garbage */
-        "v1 tag 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 0 8 ff 1 1\n",     /* key too short */
+        "v2 tag 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 0 1 ff 1 1\n",          /* other version */
+        "v1 tag 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 8 8 ff 1 1\n",          /* pick >= found */
+        "v1 tag 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 -1 8 ff 1 1\n",         /* negative pick */
+        "v1 tag 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 0 8 ff 0 1\n",          /* no time */
+        "v1 tag 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 0 8 ff 1 1 x\n",        /* trailing garbage */
+        "v1 tag 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 0 8 ff 1 1\n",             /* key too short */
         "v1 tag 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 99999999999 19 0 8 ff 1 1\n", /* overflow */
         "# a comment\n",
         "\n",

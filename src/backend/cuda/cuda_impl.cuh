@@ -59,9 +59,6 @@ typedef struct dg_gemm_plan {
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
     size_t ws_bytes;
-    int tuned;                   /* the algorithm was chosen by timing (DG_CUDA_GEMM_TUNE) */
-    int tune_pick;               /* its index in the heuristic's list (0: the heuristic's own pick) */
-    float tune_ms_first, tune_ms; /* measured ms per call: the heuristic's pick, the chosen one */
 } dg_gemm_plan_t;
 
 #define DG_GEMM_TUNE_MAX 16 /* candidates timed per shape with DG_CUDA_GEMM_TUNE=1 */
@@ -86,7 +83,7 @@ typedef struct dg_cuda {
                             where the DGELU epilogue applies (A/B timing of the epilogue alone) */
     int bgrad_colsum;    /* 1 when DG_CUDA_BGRAD=colsum: matmul_bwd's bias gradient by our column-sum kernels
                             after the plain weight-gradient GEMM, not by cuBLASLt's BGRADB epilogue */
-    int gemm_tune;       /* 1 when DG_CUDA_GEMM_TUNE=1: each GEMM shape's algorithm chosen by timing (matmul.cu) */
+    int gemm_tune;       /* 0 when DG_CUDA_GEMM_TUNE=0: no timing of GEMM algorithms (matmul.cu) */
     int ln_reg;          /* 0 when DG_CUDA_LN_REG=0: layernorm by the generic kernels only (A/B timing) */
     int fast_attention;  /* 0 when DG_CUDA_FAST_ATTENTION=0: the generic attention kernels only */
     int attn_ldmatrix;   /* tensor-core attention loads fragments with ldmatrix (DG_CUDA_ATTN_LDMATRIX=0: not)

@@ -312,15 +312,18 @@ static dg_status_t colsum_cfg(int *slab, int *unroll) {
     long sl = strtol(e, &end, 10), un = CS_UNROLL;
     if (end != e && *end == ':') un = strtol(end + 1, &end, 10);
     if (end == e || *end || sl <= 0 || sl % CS_WARPS || sl > (1 << 20) || (un != 4 && un != 8))
-        return DG_ERR(DG_ERR_USAGE, "DG_CUDA_COLSUM=%s: expected SLAB[:UNROLL], SLAB a positive multiple of %d, "
-                      "UNROLL 4 or 8", e, CS_WARPS);
+        return DG_ERR(DG_ERR_USAGE,
+                      "DG_CUDA_COLSUM=%s: expected SLAB[:UNROLL], SLAB a positive multiple of %d, "
+                      "UNROLL 4 or 8",
+                      e, CS_WARPS);
     *slab = (int)sl;
     *unroll = (int)un;
     return DG_OK;
 }
 
 template <typename T, int V>
-static void colsum_launch(dg_cuda_t *c, dim3 grid, int unroll, float *part, const T *src, int N, int C, int slab) {
+static void colsum_launch(dg_cuda_t *c, dim3 grid, int unroll, float *part, const T *src, int N, int C,
+                          int slab) {
     if (unroll == 8)
         colsum_partial_kernel<T, V, 8><<<grid, 32 * CS_WARPS, 0, c->stream>>>(part, src, N, C, slab);
     else
@@ -341,7 +344,8 @@ template <typename T> static dg_status_t colsum_t(dg_cuda_t *c, float *dst, cons
     DG_TRY(dg_cuda_scratch(c, (size_t)slabs * C * sizeof(float), &scr));
     float *part = (float *)scr;
     if (C % V == 0 && dg_ptr_aligned(src, 16))
-        colsum_launch<T, V>(c, dim3((C + 32 * V - 1) / (32 * V), slabs), unroll, part, (const T *)src, N, C, slab);
+        colsum_launch<T, V>(c, dim3((C + 32 * V - 1) / (32 * V), slabs), unroll, part, (const T *)src, N, C,
+                            slab);
     else
         colsum_launch<T, 1>(c, dim3((C + 31) / 32, slabs), unroll, part, (const T *)src, N, C, slab);
     DG_CUDA_LAUNCH_CHECK();

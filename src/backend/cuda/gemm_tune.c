@@ -181,8 +181,9 @@ static int file_write(const char *path) {
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     FILE *f = fopen(tmp, "w");
     if (!f) return -1;
-    int ok = fprintf(f, "# dgtrain GEMM algorithm choices (DG_CUDA_GEMM_TUNE): v1 tag key[%d] pick found "
-                        "algo_hash ms_first ms_pick\n",
+    int ok = fprintf(f,
+                     "# dgtrain GEMM algorithm choices (DG_CUDA_GEMM_TUNE): v1 tag key[%d] pick found "
+                     "algo_hash ms_first ms_pick\n",
                      DG_GEMM_TUNE_KEY_N) > 0;
     for (int i = 0; i < g_n && ok; i++) {
         const dg_gemm_tune_entry_t *e = &g_tab[i];
@@ -216,9 +217,10 @@ void dg_gemm_tune_record(const dg_gemm_tune_entry_t *e) {
     if (warn) g_warned = 1;
     pthread_mutex_unlock(&g_mu);
     if (warn)
-        DG_LOG_WARN("cuda backend: could not write the GEMM tuning file %s (%s); the choices hold for this run "
-                    "only (DG_CUDA_GEMM_TUNE_FILE sets another path, =none keeps none)",
-                    p, strerror(err));
+        DG_LOG_WARN(
+            "cuda backend: could not write the GEMM tuning file %s (%s); the choices hold for this run "
+            "only (DG_CUDA_GEMM_TUNE_FILE sets another path, =none keeps none)",
+            p, strerror(err));
 }
 
 void dg_gemm_tune_reset(void) {

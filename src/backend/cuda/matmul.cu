@@ -155,14 +155,9 @@ static void tune_key(const dg_cuda_t *c, const dg_gemm_plan_t *p, int *key) {
     key[DG_GEMM_TUNE_KEY_N - 1] = (int)(c->lt_ws_bytes >> 20); /* the workspace bounds the candidates */
 }
 
-static void tune_take(dg_gemm_plan_t *p, const cublasLtMatmulHeuristicResult_t *res, int pick, float ms0,
-                      float ms) {
+static void tune_take(dg_gemm_plan_t *p, const cublasLtMatmulHeuristicResult_t *res, int pick) {
     p->algo = res[pick].algo;
     p->ws_bytes = res[pick].workspaceSize;
-    p->tuned = 1;
-    p->tune_pick = pick;
-    p->tune_ms_first = ms0;
-    p->tune_ms = ms;
 }
 
 static dg_status_t gemm_tune(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t *g,
@@ -174,7 +169,7 @@ static dg_status_t gemm_tune(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t 
         if (hit.found == found && hit.pick < found && res[hit.pick].state == CUBLAS_STATUS_SUCCESS &&
             res[hit.pick].workspaceSize <= c->lt_ws_bytes &&
             dg_gemm_tune_hash(&res[hit.pick].algo, sizeof res[hit.pick].algo) == hit.algo_hash) {
-            tune_take(p, res, hit.pick, hit.ms_first, hit.ms_pick);
+            tune_take(p, res, hit.pick);
             DG_LOG_DEBUG("cuda backend: GEMM m=%d n=%d k=%d: candidate %d of %d from the tuning table", g->m,
                          g->n, g->k, hit.pick, found);
             return DG_OK;
@@ -219,7 +214,7 @@ static dg_status_t gemm_tune(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t 
     for (int i = 0; i < n; i++)
         best[i] =
             res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= c->lt_ws_bytes ? INFINITY : -1.f;
-    /* repetitions: enough for ~1 ms per measurement, from one warm-up call of the heuristic's pick */
+    /* repetitions: enough for ~0.5 ms per measurement, from one warm-up call of the heuristic's pick */
     float t0 = gemm_time(c, p, g, &res[0].algo, 1, e0, e1);
     int reps = 2;
     if (t0 > 0.f) reps = (int)fminf(50.f, fmaxf(2.f, ceilf(0.5f / t0)));
@@ -257,7 +252,7 @@ static dg_status_t gemm_tune(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t 
                      g->n, g->k);
         return DG_OK;
     }
-    tune_take(p, res, pick, best[0], best[pick]);
+    tune_take(p, res, pick);
     dg_gemm_tune_entry_t e;
     memset(&e, 0, sizeof e);
     snprintf(e.tag, sizeof e.tag, "%s", tune_tag(c));
