@@ -66,6 +66,16 @@ static void *dev(size_t bytes) {
     MUST(g_be->ops->alloc(g_be, bytes, &p));
     return p;
 }
+/* N int32 token ids (targets) in [0, V), a fixed spread over the vocabulary */
+static int32_t *dev_tokens(int N, int V) {
+    int32_t *h = malloc((size_t)N * 4);
+    for (int i = 0; i < N; i++)
+        h[i] = (int32_t)((i * 7919u + 13u) % (unsigned)V);
+    int32_t *d = dev((size_t)N * 4);
+    MUST(g_be->ops->to_device(g_be, d, h, (size_t)N * 4));
+    free(h);
+    return d;
+}
 /* act-dtype (or f32) buffer of random values in +-[lo, hi] */
 static void *dev_rand(size_t n, dg_dtype_t dt, float lo, float hi, uint64_t seed) {
     float *h = malloc(n * sizeof(float));
@@ -372,12 +382,7 @@ static int run_ce(int B, int T, dg_dtype_t act) {
         else
             MUST(op->cast(g_be, logits + (size_t)r0 * Vp * as, act, tmp, DG_F32, n));
     }
-    int32_t *htg = malloc((size_t)N * 4);
-    for (int i = 0; i < N; i++)
-        htg[i] = (int32_t)((i * 7919u + 13u) % (unsigned)V);
-    int32_t *tg = dev((size_t)N * 4);
-    MUST(op->to_device(g_be, tg, htg, (size_t)N * 4));
-    free(htg);
+    int32_t *tg = dev_tokens(N, V);
     float *losses = dev((size_t)N * 4), *lse = dev((size_t)N * 4);
     MUST(op->sync(g_be));
     g_be->ops->free(g_be, tmp);
@@ -567,12 +572,7 @@ int main(int argc, char **argv) {
     const size_t as = dg_dtype_size(act), nc = (size_t)N * C;
     const double nparam = 124475904.0; /* GPT-2 124M with Vp = 50304 */
 
-    int32_t *htok = malloc((size_t)N * 4);
-    for (int i = 0; i < N; i++)
-        htok[i] = (int32_t)((i * 7919u + 13u) % (unsigned)V);
-    int32_t *tok = dev((size_t)N * 4);
-    MUST(op->to_device(g_be, tok, htok, (size_t)N * 4));
-    free(htok);
+    int32_t *tok = dev_tokens(N, V);
     void *wte = dev_rand((size_t)Vp * C, act, 0.01f, 0.05f, 1),
          *wpe = dev_rand((size_t)T * C, act, 0.01f, 0.05f, 2);
     void *x = dev_rand(nc, act, 0.1f, 1.f, 3), *dy = dev_rand(nc, act, 0.01f, 0.1f, 4), *out = dev(nc * as);

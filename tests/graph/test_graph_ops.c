@@ -999,17 +999,7 @@ static void res_build(res_graph_t *c, dg_backend_t *be, int how) {
     dg_node_t *outs[2] = {c->y, act};
     dg_node_t *seeds[2] = {tg_f(&c->t, "dy", 3, sy, DG_NF_INPUT, -1, 1),
                            act ? tg_f(&c->t, "dact", 3, sy, DG_NF_INPUT, -1, 1) : NULL};
-    OK(dg_autodiff(c->t.g, act ? 2 : 1, outs, seeds));
-    dg_pass_t passes[] = {{"inplace", dg_pass_inplace, NULL}};
-    OK(dg_graph_run_passes(c->t.g, passes, 1));
-    OK(dg_plan_create(c->t.g, 0, &c->t.plan));
-    OK(dg_plan_check(c->t.plan, c->t.g));
-    OK(dg_graph_alloc_persistent(c->t.g, be, &c->t.al));
-    for (int k = 0; k < c->t.nl; k++) {
-        leaf_t *l = &c->t.leaves[k];
-        OK(be->ops->to_device(be, l->n->data, l->f ? (void *)l->f : (void *)l->i, l->n->nbytes));
-    }
-    OK(dg_exec_create(be, c->t.g, c->t.plan, &c->t.ex));
+    tg_finish(&c->t, act ? 2 : 1, outs, seeds);
 }
 
 static int res_same(res_graph_t *a, res_graph_t *b, const dg_node_t *na, const dg_node_t *nb,

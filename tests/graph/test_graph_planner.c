@@ -322,12 +322,17 @@ static void test_gelu_memory(dg_backend_t *cpu) {
     }
 }
 
-/* ---------------- 3c. the fused classifier loss ---------------- */
+/* ---------------- 3c/3d. fusions that must not grow the arena ---------------- */
 
-/* gpt2-124m at micro-batch 32 x 1024, plan only (f32 CPU plan and the bf16 CUDA-like one): the fused
- * loss's dlogits lies over the logits (one [B*T, Vp] buffer, live from lm_head's forward to its backward)
- * and the arena is no larger than with the crossentropy + crossentropy_bwd pair. */
-static void test_ce_memory(dg_backend_t *cpu) {
+/* The graph checks of one fusion: called for the fused (fused = 1) and the unfused model of each backend. */
+typedef void (*fuse_check_t)(const char *what, int fused, const dg_model_desc_t *d, const dg_graph_t *g,
+                             const dg_plan_t *p);
+
+/* gpt2-124m at micro-batch 32 x 1024, plan only, on the f32 CPU plan and the bf16 CUDA-like one: the model
+ * with the fusion (default) and with `unfused_flag`; each plan checks out, `check` looks at each graph, and
+ * the fused arena is no larger than the unfused one. */
+static void fused_arena(dg_backend_t *cpu, int unfused_flag, const char *fused_name, const char *pair_name,
+                        fuse_check_t check) {
     dg_backend_ops_t ops16 = *cpu->ops;
     ops16.attention_aux_bytes = cuda_like_aux_bytes;
     dg_backend_t be16 = {&ops16, DG_BF16, cpu->impl};
@@ -340,71 +345,61 @@ static void test_ce_memory(dg_backend_t *cpu) {
         size_t arena[2];
         for (int f = 0; f < 2; f++) {
             dg_model_t *m;
-            OK(dg_model_create_ex(&d, bes[b], B, 1, (f ? DG_MODEL_UNFUSED_CE : 0) | DG_MODEL_PLAN_ONLY, &m));
+            OK(dg_model_create_ex(&d, bes[b], B, 1, (f ? unfused_flag : 0) | DG_MODEL_PLAN_ONLY, &m));
             const dg_graph_t *g = dg_model_graph(m);
             const dg_plan_t *p = dg_model_plan(m);
             EXPECT(dg_plan_check(p, g) == DG_OK, "%s: plan check: %s", what[b], dg_last_error());
             arena[f] = dg_model_arena_bytes(m);
-            const dg_node_t *ce = NULL, *head_bwd = NULL;
-            for (int i = 0; i < g->n; i++) {
-                const dg_node_t *x = g->nodes[i];
-                if (x->op == DG_OP_CROSSENTROPY_FUSED) ce = x;
-                if (x->op == DG_OP_MATMUL_BWD && !head_bwd) head_bwd = x; /* the first: lm_head's */
-            }
-            if (f == 0) {
-                EXPECT(ce && ce->view_src == ce->src[0] && head_bwd && head_bwd->src[0] == ce &&
-                           p->live_end[ce->src[0]->id] == head_bwd->id,
-                       "%s: dlogits must lie over the logits and live until lm_head's backward", what[b]);
-            }
+            check(what[b], f == 0, &d, g, p);
             dg_model_free(m);
         }
-        EXPECT(arena[0] <= arena[1], "%s: the fused loss needs more arena (%zu) than the pair (%zu)", what[b],
-               arena[0], arena[1]);
-        printf("gpt2-124m micro_batch %d, %s: arena %.3f GiB with the fused loss, %.3f GiB with the pair\n",
-               B, what[b], arena[0] / 1073741824.0, arena[1] / 1073741824.0);
+        EXPECT(arena[0] <= arena[1], "%s: %s need more arena (%zu) than %s (%zu)", what[b], fused_name,
+               arena[0], pair_name, arena[1]);
+        printf("gpt2-124m micro_batch %d, %s: arena %.3f GiB with %s, %.3f GiB with %s\n", B, what[b],
+               arena[0] / 1073741824.0, fused_name, arena[1] / 1073741824.0, pair_name);
     }
 }
 
-/* ---------------- 3d. the fused residual adds ---------------- */
-
-/* gpt2-124m at micro-batch 32 x 1024, plan only (f32 CPU plan and the bf16 CUDA-like one): the 24 residual
- * adds fused into attn.proj / mlp.proj (matmul_res) leave the arena no larger than the matmul + add pairs
- * (each pair's [B*T, C] product was dead after its add, which the inplace pass laid over it). */
-static void test_res_memory(dg_backend_t *cpu) {
-    dg_backend_ops_t ops16 = *cpu->ops;
-    ops16.attention_aux_bytes = cuda_like_aux_bytes;
-    dg_backend_t be16 = {&ops16, DG_BF16, cpu->impl};
-    dg_backend_t *bes[2] = {cpu, &be16};
-    const char *what[2] = {"cpu f32", "bf16, CUDA attention scratch"};
-    dg_model_desc_t d;
-    OK(dg_model_desc_preset("gpt2-124m", &d));
-    const int B = 32;
-    for (int b = 0; b < 2; b++) {
-        size_t arena[2];
-        int nres[2] = {0, 0}, nadd[2] = {0, 0};
-        for (int f = 0; f < 2; f++) {
-            dg_model_t *m;
-            OK(dg_model_create_ex(&d, bes[b], B, 1, (f ? DG_MODEL_UNFUSED_RESID : 0) | DG_MODEL_PLAN_ONLY,
-                                  &m));
-            const dg_graph_t *g = dg_model_graph(m);
-            EXPECT(dg_plan_check(dg_model_plan(m), g) == DG_OK, "%s: plan check: %s", what[b],
-                   dg_last_error());
-            arena[f] = dg_model_arena_bytes(m);
-            for (int i = 0; i < g->n; i++) {
-                nres[f] += g->nodes[i]->op == DG_OP_MATMUL_RES;
-                nadd[f] += g->nodes[i]->op == DG_OP_ADD && g->nodes[i]->phase == DG_PHASE_FWD;
-            }
-            dg_model_free(m);
-        }
-        EXPECT(nres[0] == 2 * d.n_layer && nadd[0] == 0 && nres[1] == 0 && nadd[1] == 2 * d.n_layer,
-               "%s: fused %d matmul_res / %d add, unfused %d / %d (want %d adds fused)", what[b], nres[0],
-               nadd[0], nres[1], nadd[1], 2 * d.n_layer);
-        EXPECT(arena[0] <= arena[1], "%s: the fused residual adds need more arena (%zu) than the pairs (%zu)",
-               what[b], arena[0], arena[1]);
-        printf("gpt2-124m micro_batch %d, %s: arena %.3f GiB with the fused residual adds, %.3f GiB with the "
-               "pairs\n",
-               B, what[b], arena[0] / 1073741824.0, arena[1] / 1073741824.0);
+/* The fused classifier loss: its dlogits lies over the logits (one [B*T, Vp] buffer, live from lm_head's
+ * forward to its backward), and the arena is no larger than with the crossentropy + crossentropy_bwd
+ * pair. */
+static void ce_check(const char *what, int fused, const dg_model_desc_t *d, const dg_graph_t *g,
+                     const dg_plan_t *p) {
+    (void)d;
+    if (!fused) return;
+    const dg_node_t *ce = NULL, *head_bwd = NULL;
+    for (int i = 0; i < g->n; i++) {
+        const dg_node_t *x = g->nodes[i];
+        if (x->op == DG_OP_CROSSENTROPY_FUSED) ce = x;
+        if (x->op == DG_OP_MATMUL_BWD && !head_bwd) head_bwd = x; /* the first: lm_head's */
     }
+    EXPECT(ce && ce->view_src == ce->src[0] && head_bwd && head_bwd->src[0] == ce &&
+               p->live_end[ce->src[0]->id] == head_bwd->id,
+           "%s: dlogits must lie over the logits and live until lm_head's backward", what);
+}
+
+/* The fused residual adds: all 24 go into attn.proj / mlp.proj (matmul_res), and the arena is no larger
+ * than with the matmul + add pairs (each pair's [B*T, C] product was dead after its add, which the
+ * inplace pass laid over it). */
+static void res_check(const char *what, int fused, const dg_model_desc_t *d, const dg_graph_t *g,
+                      const dg_plan_t *p) {
+    (void)p;
+    int nres = 0, nadd = 0;
+    for (int i = 0; i < g->n; i++) {
+        nres += g->nodes[i]->op == DG_OP_MATMUL_RES;
+        nadd += g->nodes[i]->op == DG_OP_ADD && g->nodes[i]->phase == DG_PHASE_FWD;
+    }
+    const int want_res = fused ? 2 * d->n_layer : 0, want_add = fused ? 0 : 2 * d->n_layer;
+    EXPECT(nres == want_res && nadd == want_add, "%s, %s: %d matmul_res / %d add (want %d / %d)", what,
+           fused ? "fused" : "unfused", nres, nadd, want_res, want_add);
+}
+
+static void test_ce_memory(dg_backend_t *cpu) {
+    fused_arena(cpu, DG_MODEL_UNFUSED_CE, "the fused loss", "the pair", ce_check);
+}
+
+static void test_res_memory(dg_backend_t *cpu) {
+    fused_arena(cpu, DG_MODEL_UNFUSED_RESID, "the fused residual adds", "the pairs", res_check);
 }
 
 /* ---------------- 4. stale plans abort ---------------- */
