@@ -28,6 +28,8 @@ enum {
     DG_ERR_USAGE = 1,   /* usage or config error, bad input file */
     DG_ERR_RUNTIME = 2, /* I/O, divergence, internal */
     DG_ERR_PEER = 3,    /* a peer failed or the watchdog fired */
+    DG_ERR_STORAGE = 4, /* checkpoints could not be saved checkpoint.max_failures times in a row (full or
+                           failing storage): stop, and do not requeue into the same storage */
     DG_ERR_SIGNAL = 75  /* stopped on a signal after a complete checkpoint */
 };
 
