@@ -526,8 +526,11 @@ dg_status_t ckpt_latest_prepare(const char *dir, const char *name, char *tmp, si
     char line[300];
     snprintf(tmp, cap, "%s/LATEST.tmp.%d", dir, (int)getpid());
     int len = snprintf(line, sizeof line, "%s\n", name);
-    /* 0666 so that the user's umask decides; group/other write is never added by us. */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666);
+    /* 0666 so that the user's umask decides; group/other write is never added by us. O_EXCL|O_NOFOLLOW:
+     * a link planted at the temporary name is removed, never followed (docs/reliability.md). */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0666);
+    if (fd < 0 && errno == EEXIST && unlink(tmp) == 0)
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0666);
     if (fd < 0) return DG_ERR(DG_ERR_RUNTIME, "cannot create %s: %s", tmp, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) == 0 && (st.st_mode & S_IWOTH)) fchmod(fd, st.st_mode & 07775);

@@ -65,6 +65,9 @@ static const section_t k_sections[] = {
 
 dg_status_t dg_cli_dry_run(dg_boot_t *b, const dg_config_t *cfg, int json, FILE *out) {
     int root = b->world_rank == 0;
+    /* what training would refuse (a global batch larger than the data) is refused before any output */
+    dg_status_t cs = dg_boot_agree(b, dg_train_dry_run_check(b, cfg));
+    if (cs != DG_OK) return cs;
     if (json && root) fprintf(out, "{");
     for (size_t i = 0; i < sizeof k_sections / sizeof k_sections[0]; i++) {
         if (json && root) fprintf(out, "%s\"%s\":", i ? "," : "", k_sections[i].name);

@@ -12,7 +12,12 @@
 
 #include "cli_hooks.h"
 #include "config.h"
+#include "dg_fs.h"
 #include "mpi_boot.h"
+
+/* The run directory's lock (run.lock), held by rank 0 from before the first file is written into
+ * run.dir until the process ends; the kernel drops it when the process dies, however it dies. */
+static dg_fs_lock_t *g_rundir_lock;
 
 typedef struct {
     const char *config;
@@ -187,7 +192,19 @@ static dg_status_t run(dg_boot_t *b, const cli_opts_t *o, dg_config_t *cfg) {
         return DG_OK;
     }
 
-    dg_status_t s = dg_mkdir_p(cfg->run.dir);
+    /* One run per run directory: rank 0 takes the lock before anything is written into run.dir (logs
+     * included), and every rank leaves with its refusal (exit 1, naming the holder). Rank 0 alone: the
+     * lock file sits on the run directory's file system, which every node sees. */
+    dg_status_t s = DG_OK;
+    if (b->world_rank == 0) {
+        s = dg_mkdir_p(cfg->run.dir);
+        /* a requeued job may wait for its earlier incarnation's lock, but not past the other ranks'
+         * patience at the agreement below (health.timeout_s) */
+        if (s == DG_OK)
+            s = dg_fs_lock_rundir(cfg->run.dir, cfg->run.lock, 0.75 * b->agree_timeout_s, &g_rundir_lock);
+    }
+    DG_TRY(dg_boot_agree(b, s));
+    s = dg_mkdir_p(cfg->run.dir);
     char logdir[DG_CFG_STR + 16];
     snprintf(logdir, sizeof logdir, "%s/logs", cfg->run.dir);
     if (s == DG_OK) s = dg_log_init(b->world_rank, b->host, log_level(cfg->run.log_level), logdir);
@@ -219,6 +236,9 @@ static dg_status_t run(dg_boot_t *b, const cli_opts_t *o, dg_config_t *cfg) {
 }
 
 int main(int argc, char **argv) {
+    /* nothing dgtrain (or a library it calls: HDF5, hwloc) creates is world-writable, whatever the
+     * umask it was started with (docs/reliability.md, "Run directory") */
+    dg_fs_secure_umask();
     cli_opts_t o;
     dg_status_t ps = parse_args(argc, argv, &o);
     if (ps == DG_OK && (o.help || o.version)) {
@@ -250,6 +270,7 @@ int main(int argc, char **argv) {
     }
     dg_log_close();
     dg_boot_finalize(b);
+    dg_fs_lock_release(g_rundir_lock); /* last: every file of the run is closed */
     free(o.sets);
     return s;
 }

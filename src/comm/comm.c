@@ -123,6 +123,7 @@ typedef struct {
 
 typedef struct {
     int64_t nonce, started, done, step, running_ns, posted_seq, posted_count;
+    int64_t started_ago_ns; /* since the newest collective started (running or done); -1: not known */
     int32_t cur_kind, queued, posted_kind, pad;
 } probe_reply_t;
 
@@ -143,7 +144,9 @@ static void fill_reply(dg_comm_t *c, int64_t nonce, probe_reply_t *r) {
     r->step = atomic_load(&c->step);
     r->cur_kind = atomic_load(&c->cur_kind);
     r->queued = atomic_load(&c->queued);
-    r->running_ns = r->cur_kind >= 0 ? dg_comm__now_ns() - atomic_load(&c->cur_start_ns) : 0;
+    int64_t t0 = atomic_load(&c->cur_start_ns); /* set by the progress thread and inline runs only */
+    r->running_ns = r->cur_kind >= 0 ? dg_comm__now_ns() - t0 : 0;
+    r->started_ago_ns = t0 > 0 ? dg_comm__now_ns() - t0 : -1;
     r->posted_seq = atomic_load(&c->last_posted_seq);
     r->posted_kind = atomic_load(&c->last_posted_kind);
     r->posted_count = atomic_load(&c->last_posted_count);
@@ -228,8 +231,9 @@ static void responder_unregister(dg_comm_t *c) {
     if (do_join) pthread_join(join_th, NULL);
 }
 
-/* Asks every other group member what it has reached; writes a summary for a timeout message. */
-static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, char *out, size_t cap) {
+/* Asks every other group member what it has reached; writes a summary for a timeout message. waited_s:
+ * how long this rank has been in `stuck` (the deadline was opts.timeout_s into it). */
+static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, double waited_s, char *out, size_t cap) {
     out[0] = 0;
     int coll = dg_comm__is_collective(stuck->kind);
     if (c->size == 1) return;
@@ -243,6 +247,19 @@ static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, char *out, s
     probe_reply_t *rep = dg_xcalloc((size_t)n, sizeof *rep);
     MPI_Request *rr = dg_xcalloc((size_t)n, sizeof *rr), *sr = dg_xcalloc((size_t)n, sizeof *sr);
     int *got = dg_xcalloc((size_t)n, sizeof *got);
+    /* our own time in the stuck operation when each reply came: a peer that started it less than that
+     * minus the timeout ago arrived only after our deadline (durations only: no clocks compared) */
+    double *in_op = dg_xcalloc((size_t)n, sizeof *in_op);
+    /* test hook: the delay between a deadline and the answers (the responders poll every 5 ms; with a
+     * timeout of milliseconds a peer may arrive in between), made long enough to test */
+    const char *dly = getenv("DG_COMM_TEST_PROBE_DELAY_S");
+    if (dly && atof(dly) > 0) {
+        double d = atof(dly);
+        struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+        nanosleep(&ts, NULL);
+        waited_s += d;
+    }
+    double op_t0 = dg_now_s() - waited_s;
     static _Atomic int64_t nonce_ctr = 1;
     probe_query_t q = {atomic_fetch_add(&nonce_ctr, 1) + ((int64_t)c->rank << 40), stuck->seq};
     for (int p = 0; p < n; p++) {
@@ -262,9 +279,10 @@ static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, char *out, s
             if (rr[p] == MPI_REQUEST_NULL) continue;
             int flag = 0;
             MPI_Test(&rr[p], &flag, MPI_STATUS_IGNORE);
-            if (flag && rep[p].nonce == q.nonce)
+            if (flag && rep[p].nonce == q.nonce) {
                 got[p] = 1;
-            else if (!flag)
+                in_op[p] = dg_now_s() - op_t0;
+            } else if (!flag)
                 pending++;
         }
         if (!pending || dg_now_s() - t0 > grace) break;
@@ -291,21 +309,30 @@ static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, char *out, s
         }                                                                                                    \
     } while (0)
     if (coll) {
+        /* "did not arrive" means: not there when our wait timed out. A peer that reached the collective
+         * during the probe (after the deadline) is named as late, not counted as arrived: a timeout shorter
+         * than the peers' work before the collective used to print "ranks that did not arrive: none". */
         int nlate = 0;
-        APPEND("ranks that did not arrive:");
         for (int p = 0; p < n; p++) {
             if (p == c->rank) continue;
+            const char *sep = nlate ? "," : "ranks that did not arrive:";
             if (!got[p]) {
-                APPEND("%s %d (world %d, no answer: stopped or dead?)", nlate ? "," : "", p,
-                       c->world_ranks[p]);
+                APPEND("%s %d (world %d, no answer: stopped or dead?)", sep, p, c->world_ranks[p]);
                 nlate++;
             } else if (rep[p].started < stuck->seq) {
-                APPEND("%s %d (world %d, at collective #%lld, step %lld)", nlate ? "," : "", p,
-                       c->world_ranks[p], (long long)rep[p].started, (long long)rep[p].step);
+                APPEND("%s %d (world %d, at collective #%lld, step %lld)", sep, p, c->world_ranks[p],
+                       (long long)rep[p].started, (long long)rep[p].step);
+                nlate++;
+            } else if (rep[p].started == stuck->seq && rep[p].started_ago_ns >= 0 &&
+                       in_op[p] - rep[p].started_ago_ns / 1e9 > c->opts.timeout_s) {
+                APPEND("%s %d (world %d, arrived %.1f s after the %.1f s timeout: a timeout too short for "
+                       "the work before this collective?)",
+                       sep, p, c->world_ranks[p], in_op[p] - rep[p].started_ago_ns / 1e9 - c->opts.timeout_s,
+                       c->opts.timeout_s);
                 nlate++;
             }
         }
-        if (!nlate) APPEND(" none");
+        if (!nlate) APPEND("every rank had reached collective #%lld", (long long)stuck->seq);
         /* ranks that arrived with a different operation at the same position: mismatched schedules */
         int nmis = 0;
         for (int p = 0; p < n; p++) {
@@ -318,7 +345,7 @@ static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, char *out, s
                    dg_comm__op_name((dg_op_kind_t)rep[p].posted_kind), (long long)rep[p].posted_count);
             nmis++;
         }
-        if (!nlate && !nmis) APPEND(" (all arrived: a peer or the transport is stuck inside it)");
+        if (!nlate && !nmis) APPEND(" (a peer or the transport is stuck inside it)");
     } else {
         int p = stuck->peer;
         if (!got[p])
@@ -337,6 +364,7 @@ static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, char *out, s
     free(rr);
     free(sr);
     free(got);
+    free(in_op);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -426,7 +454,7 @@ dg_status_t dg_comm__timeout(dg_comm_t *c, const dg_comm_op_t *stuck, const dg_c
                              double waited_s) {
     char what[256], arrivals[1024], extra[300] = "";
     dg_comm__describe(c, stuck, what, sizeof what);
-    probe_arrivals(c, stuck, arrivals, sizeof arrivals);
+    probe_arrivals(c, stuck, waited_s, arrivals, sizeof arrivals);
     if (waited && waited != stuck && (waited->kind != stuck->kind || waited->seq != stuck->seq)) {
         char w[256];
         dg_comm__describe(c, waited, w, sizeof w);

@@ -96,9 +96,10 @@ const char *dg_dtype_name(dg_dtype_t t);
 
 /* ---- small helpers ---- */
 double dg_now_s(void); /* monotonic seconds */
-/* mkdir -p; returns DG_ERR_RUNTIME with a message naming the path on failure. */
+/* mkdir -p (mode 0775 at most, dg_fs.h); returns DG_ERR_RUNTIME with a message naming the path on failure. */
 dg_status_t dg_mkdir_p(const char *path);
-/* Write `len` bytes to `path` atomically: path.tmp, fsync, rename, fsync the directory. */
+/* Write `len` bytes to `path` atomically: path.tmp.PID (O_EXCL|O_NOFOLLOW under a handle of the
+ * directory), fsync, rename over path (a link there is replaced, never followed), fsync the directory. */
 dg_status_t dg_write_file_atomic(const char *path, const void *data, size_t len);
 /* Malloc that never returns NULL for n > 0 (asserts on OOM: not an environmental error we recover from). */
 void *dg_xmalloc(size_t n);

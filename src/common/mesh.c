@@ -35,12 +35,25 @@ dg_status_t dg_mesh_parse(const char *text, int world, dg_mesh_shape_t *shape, i
                       "parallel.mesh: expected 'auto' or e.g. 'dp_replicate=2,dp_shard=4,tp=2', got '%s'",
                       text);
     strcpy(buf, text);
-    /* "order=" takes a comma list, so split on ',' but let order consume following dim names */
-    char *save = NULL;
+    /* "order=" takes a comma list, so split on ',' but let order consume following dim names. Split by
+     * hand: strtok would skip empty entries and accept ",,," as the 1x1x1 mesh. */
     int in_order = 0, norder = 0, order_inner_first[DG_MESH_NDIM];
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    int entry = 0;
+    for (char *tok = buf, *next = NULL; tok; tok = next) {
+        char *comma = strchr(tok, ',');
+        next = comma ? comma + 1 : NULL;
+        if (comma) *comma = 0;
+        entry++;
         while (*tok == ' ')
             tok++;
+        size_t tl = strlen(tok);
+        while (tl && tok[tl - 1] == ' ')
+            tok[--tl] = 0;
+        if (!tl)
+            return DG_ERR(DG_ERR_USAGE,
+                          "parallel.mesh: entry %d of '%s' is empty (expected 'auto' or name=value entries "
+                          "separated by single commas, e.g. 'dp_replicate=2,dp_shard=4,tp=2')",
+                          entry, text);
         char *eq = strchr(tok, '=');
         if (!eq && in_order) {
             int d = dim_index(tok, strlen(tok));

@@ -32,6 +32,7 @@ typedef struct dg_config {
         char dir[DG_CFG_STR];
         int64_t seed;
         char log_level[16]; /* error | warn | info | debug */
+        char lock[8];       /* auto | fcntl | none: one run per run.dir (dg_fs.h) */
     } run;
     struct {
         char preset[32]; /* tiny | gpt2-124m | gpt2-350m | gpt2-774m | gpt2-1558m | custom */

@@ -92,6 +92,9 @@ const dg_cfg_key_t dg_cfg_schema[] = {
         "directory that holds everything the run writes (metrics.jsonl, checkpoints/, logs/)"),
     INT("run", "seed", run.seed, "1337", 0, I64MAX, "seed of every random choice (init, data order)"),
     ENUM("run", "log_level", run.log_level, "info", "error|warn|info|debug", "least severe log level shown"),
+    ENUM("run", "lock", run.lock, "auto", "auto|fcntl|none",
+         "one run per run.dir: auto = an fcntl lock on run.dir/dgtrain.lock (where the file system has no "
+         "locks: a same-host check), fcntl = the lock or an error, none = no lock"),
 
     /* [model] */
     ENUM("model", "preset", model.preset, "tiny", "tiny|gpt2-124m|gpt2-350m|gpt2-774m|gpt2-1558m|custom",
@@ -168,7 +171,8 @@ const dg_cfg_key_t dg_cfg_schema[] = {
         "CPU threads per rank (0 = the cores it is bound to)"),
 
     /* [checkpoint] */
-    STR("checkpoint", "dir", checkpoint.dir, "", NULL, "checkpoint directory (\"\" = <run.dir>/checkpoints)"),
+    STR("checkpoint", "dir", checkpoint.dir, "", NULL,
+        "checkpoint directory (\"\" = <run.dir>/checkpoints; a relative path is relative to run.dir)"),
     INT("checkpoint", "every", checkpoint.every, "0", 0, I64MAX,
         "steps between checkpoints (0 = only at the end and on signals)"),
     INT("checkpoint", "keep", checkpoint.keep, "3", 0, 1000000, "complete checkpoints kept (0 = all)"),

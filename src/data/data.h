@@ -17,7 +17,9 @@
  * consumes the next global_batch positions; see dg_loader_fill for which rank gets which.
  *
  * Shards are untrusted input: every defect is refused with DG_ERR_USAGE and a one-line message naming
- * the file and the byte or token offset; nothing is read out of bounds.
+ * the file and the byte or token offset; nothing is read out of bounds. Shards are read with pread and
+ * never memory-mapped, so a shard truncated or rewritten while a run reads it is a DG_ERR_RUNTIME
+ * naming the file and the offset, never a SIGBUS (docs/data.md, "Shards that change under a run").
  */
 #ifndef DG_DATA_H
 #define DG_DATA_H
@@ -38,18 +40,22 @@ extern "C" {
 /* uint16 tokens: no vocabulary can be larger than this. */
 #define DG_SHARD_MAX_VOCAB 65536
 
-/* ---------------- dataset: the validated, memory-mapped shards of one glob ---------------- */
+/* ---------------- dataset: the validated shards of one glob ---------------- */
 
 typedef struct dg_dataset dg_dataset_t;
 
-/* Open every file matching `glob` (sorted by name), memory-map it read-only and validate it: magic,
- * version, exact size, and every token < vocab_size (one sequential scan). seq_len >= 1,
+/* Open every file matching `glob` (sorted by name), read-only, and validate it: magic, version, exact
+ * size, and every token < vocab_size (one sequential scan). Each shard keeps its descriptor until
+ * dg_dataset_free (the soft limit on open files is raised to the hard one if the set needs it). seq_len >= 1,
  * 1 <= vocab_size <= 65536. Errors (DG_ERR_USAGE; DG_ERR_RUNTIME for mmap/IO failures): no file
  * matches, a file cannot be opened, is empty, is too short for the header, has a bad magic or
  * version, a negative token count, a size that disagrees with the header, a token out of range, or
  * the whole set yields no sample of seq_len+1 tokens. */
 dg_status_t dg_dataset_open(const char *glob, int seq_len, int vocab_size, dg_dataset_t **out);
 void dg_dataset_free(dg_dataset_t *ds);
+/* The number of samples `glob` yields at seq_len, from the headers and sizes alone (no token scan: cheap
+ * on any data set, for --dry-run). The same errors as dg_dataset_open except the token range. */
+dg_status_t dg_dataset_probe(const char *glob, int seq_len, int64_t *n_samples);
 
 int64_t dg_dataset_n_samples(const dg_dataset_t *ds);
 int64_t dg_dataset_n_tokens(const dg_dataset_t *ds); /* all tokens of all shards */
@@ -61,8 +67,11 @@ int dg_dataset_seq_len(const dg_dataset_t *ds);
 uint64_t dg_dataset_fingerprint(const dg_dataset_t *ds);
 
 /* Copy sample `sample` (0 <= sample < n_samples) as int32: tokens[0..seq_len) are the inputs and
- * targets[0..seq_len) the same window shifted by one. Either pointer may be NULL. */
-void dg_dataset_get_sample(const dg_dataset_t *ds, int64_t sample, int32_t *tokens, int32_t *targets);
+ * targets[0..seq_len) the same window shifted by one. Either pointer may be NULL. Reads the shard with
+ * pread and checks that it is still the file validated at open: DG_ERR_RUNTIME naming the file and the
+ * byte offset when it was truncated (a short read, or a size that changed), its header rewritten, a
+ * token is now >= vocab_size, or the read fails (EIO). */
+dg_status_t dg_dataset_get_sample(const dg_dataset_t *ds, int64_t sample, int32_t *tokens, int32_t *targets);
 
 /* ---------------- loader: which samples each rank reads at each step ---------------- */
 
@@ -96,7 +105,8 @@ void dg_loader_reset(dg_loader_t *ld);
  * together read positions cursor .. cursor+global_batch-1 — the same global batch at every dp_size.
  * A position p >= n_samples continues into the next epoch(s) (epoch + p / S, index p % S), so a
  * batch may straddle an epoch boundary. tokens and targets are [micro_batch, seq_len] int32.
- * DG_ERR_USAGE on bad arguments (negative indices, dp_rank >= dp_size, micro_batch < 1). */
+ * DG_ERR_USAGE on bad arguments (negative indices, dp_rank >= dp_size, micro_batch < 1); the errors of
+ * dg_dataset_get_sample (DG_ERR_RUNTIME) when a shard changed under the run. */
 dg_status_t dg_loader_fill(const dg_loader_t *ld, int micro_step, int dp_rank, int dp_size, int micro_batch,
                            int32_t *tokens, int32_t *targets);
 /* The global sample id at offset `offset` >= 0 from the cursor, and the epoch it belongs to (either

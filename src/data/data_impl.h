@@ -2,9 +2,19 @@
 #ifndef DG_DATA_IMPL_H
 #define DG_DATA_IMPL_H
 #include <stddef.h>
+#include <stdint.h>
+
+#include "data.h"
 
 /* Copy `in` to `out` with the glob metacharacters * ? [ ] \ backslash-escaped, so a glob built on a
  * directory name matches that directory literally. */
 void dg_data_glob_escape(const char *in, char *out, size_t cap);
+
+/* dg_dataset_get_sample in two halves, so that dg_loader_fill checks each shard it touched once per
+ * micro-batch rather than once per sample: read one sample (pread, token range checked; *shard_out is
+ * its shard), then check that shard's size and header against what was validated at open. */
+dg_status_t dg_dataset__read_sample(const dg_dataset_t *ds, int64_t sample, int32_t *tokens, int32_t *targets,
+                                    int *shard_out);
+dg_status_t dg_dataset__check_shard(const dg_dataset_t *ds, int shard);
 
 #endif

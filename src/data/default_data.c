@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #include "data.h"
 #include "data_impl.h"
+#include "dg_fs.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -167,10 +168,13 @@ dg_status_t dg_data_default_paths(const char *dir, char *train_glob, char *val_g
     }
     char lock_path[4096];
     dg_fmt(lock_path, sizeof lock_path, "%s/.%s.lock", dir, DEFAULT_NAME);
-    int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return DG_ERR(DG_ERR_RUNTIME, "default data: cannot create lock file %s: %s", lock_path,
-                      strerror(errno));
+    int fd = -1;
+    s = dg_fs_open_nofollow(lock_path, O_RDWR | O_CREAT, &fd); /* never through a planted link */
+    if (s != DG_OK) {
+        char why[2048];
+        dg_fmt(why, sizeof why, "%s", dg_last_error());
+        return DG_ERR(dg_last_error_code(), "default data: lock file: %s", why);
+    }
     /* Serialise builders on this machine. Where flock is unsupported (some network file systems) we
      * go on without it: the build is deterministic and every file appears by rename, so concurrent
      * builders only duplicate work. */

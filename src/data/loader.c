@@ -4,6 +4,7 @@
  * at another world size, on a billion-sample data set, costs nothing and needs no stored table.
  * Everything is integer arithmetic, so the order is identical on every machine. */
 #include "data.h"
+#include "data_impl.h"
 
 #include <stdlib.h>
 
@@ -108,11 +109,27 @@ dg_status_t dg_loader_fill(const dg_loader_t *ld, int micro_step, int dp_rank, i
                       micro_step, dp_rank, dp_size, micro_batch);
     int T = dg_dataset_seq_len(ld->ds);
     int64_t first = ((int64_t)micro_step * dp_size + dp_rank) * micro_batch;
+    /* each shard read from is re-checked (size, header) once per micro-batch, after its reads */
+    enum { MAX_TRACKED = 64 };
+    int touched[MAX_TRACKED], n_touched = 0;
     for (int i = 0; i < micro_batch; i++) {
         int64_t id = dg_loader_sample_at(ld, first + i, NULL);
-        dg_dataset_get_sample(ld->ds, id, tokens ? tokens + (size_t)i * T : NULL,
-                              targets ? targets + (size_t)i * T : NULL);
+        int shard = 0;
+        DG_TRY(dg_dataset__read_sample(ld->ds, id, tokens ? tokens + (size_t)i * T : NULL,
+                                       targets ? targets + (size_t)i * T : NULL, &shard));
+        int seen = 0;
+        for (int k = 0; k < n_touched && !seen; k++)
+            seen = touched[k] == shard;
+        if (seen) continue;
+        if (n_touched == MAX_TRACKED) {
+            for (int k = 0; k < n_touched; k++)
+                DG_TRY(dg_dataset__check_shard(ld->ds, touched[k]));
+            n_touched = 0;
+        }
+        touched[n_touched++] = shard;
     }
+    for (int k = 0; k < n_touched; k++)
+        DG_TRY(dg_dataset__check_shard(ld->ds, touched[k]));
     return DG_OK;
 }
 

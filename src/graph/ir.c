@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dg_json.h"
 #include "graph_impl.h"
 
 dg_status_t dg_err_prefix(dg_status_t st, const char *fmt, ...) {
@@ -502,13 +503,9 @@ static const char *placement(const dg_node_t *n, const dg_plan_t *plan, char *bu
     return buf;
 }
 
+/* The tree's one JSON escaper (dg_json.h). */
 static void json_str(FILE *out, const char *s) {
-    fputc('"', out);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fputc('\\', out);
-        fputc(*s, out);
-    }
-    fputc('"', out);
+    dg_json_fputs(out, s);
 }
 
 void dg_graph_print(const dg_graph_t *g, const dg_plan_t *plan, FILE *out, int json) {

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dg_json.h"
 #include "dg_mpi.h"
 #include "health.h"
 
@@ -123,20 +124,17 @@ static void sleep_s(double s) {
     }
 }
 
+/* The body of a JSON string (without its quotes, which the callers' formats add) by the tree's one
+ * escaper (dg_json.h), so health events stay valid JSON whatever a host name or message holds. */
 static void json_escape(char *out, size_t cap, const char *s) {
-    size_t n = 0;
-    for (; *s && n + 7 < cap; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') {
-            out[n++] = '\\';
-            out[n++] = (char)c;
-        } else if (c < 0x20) {
-            n += (size_t)snprintf(out + n, cap - n, "\\u%04x", c);
-        } else {
-            out[n++] = (char)c;
-        }
+    dg_json_quote(out, cap, s);
+    size_t len = strlen(out);
+    if (len >= 2) {
+        memmove(out, out + 1, len - 2);
+        out[len - 2] = 0;
+    } else {
+        out[0] = 0;
     }
-    out[n] = 0;
 }
 
 static void copy_label(char dst[WHAT_CAP], const char *src) {

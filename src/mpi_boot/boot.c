@@ -4,6 +4,8 @@
 #define _GNU_SOURCE
 #include "mpi_boot_impl.h"
 
+#include "dg_json.h"
+
 #include <limits.h>
 #include <stdlib.h>
 #include <time.h>
@@ -23,17 +25,10 @@ const char *dg_boot_thread_level_name(int level) {
     return "unknown";
 }
 
+/* The tree's one JSON escaper (dg_json.h): valid JSON and UTF-8 whatever bytes a host, path or
+ * config value holds. */
 void dg_boot_json_string(FILE *out, const char *s) {
-    fputc('"', out);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(out, "\\%c", *p);
-        else if (*p < 0x20)
-            fprintf(out, "\\u%04x", *p);
-        else
-            fputc(*p, out);
-    }
-    fputc('"', out);
+    dg_json_fputs(out, s);
 }
 
 static int env_ranks_per_node(void) {
@@ -241,12 +236,12 @@ dg_status_t dg_boot_agree(dg_boot_t *b, dg_status_t local) {
     } mine = {severity(local), b->world_rank}, top;
     /* a failure this function already settled, handed back up by a nested caller */
     int settled = local != DG_OK && local == b->agreed_code && strcmp(dg_last_error(), b->agreed_msg) == 0;
-    int counts[2] = {local != DG_OK, local != DG_OK && !settled}, sums[2] = {0, 0};
     MPI_Request req;
     /* MAXLOC picks the highest severity and, among equals, the lowest rank */
     DG_MPI_CHECK(MPI_Iallreduce(&mine, &top, 1, MPI_2INT, MPI_MAXLOC, b->world, &req));
     DG_TRY(wait_or_abort(b, &req, "failure-agreement point"));
     if (top.sev == 0) return DG_OK;
+    int counts[2] = {local != DG_OK, local != DG_OK && !settled}, sums[2] = {0, 0};
     DG_MPI_CHECK(MPI_Iallreduce(counts, sums, 2, MPI_INT, MPI_SUM, b->world, &req));
     DG_TRY(wait_or_abort(b, &req, "failure-agreement point"));
     int nfail = sums[0];

@@ -5,6 +5,9 @@
 #define _GNU_SOURCE
 #include "train_util.h"
 
+#include "dg_fs.h"
+#include "dg_json.h"
+
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -41,72 +44,18 @@ static void sb_puts(dg_strbuf_t *b, const char *s) {
 
 /* ---------------- JSON ---------------- */
 
-/* Length of the valid UTF-8 sequence at s (1-4), or 0 if the bytes there are not one (overlong
- * forms, surrogates and code points above U+10FFFF are invalid). */
-static int utf8_len(const unsigned char *s) {
-    unsigned c = s[0];
-    if (c < 0x80) return 1;
-    int n;
-    unsigned cp;
-    if (c >= 0xC2 && c <= 0xDF) {
-        n = 2;
-        cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0; /* also stops at the terminating NUL */
-        cp = cp << 6 | (s[i] & 0x3F);
-    }
-    if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10FFFF))) return 0;
-    if (cp >= 0xD800 && cp <= 0xDFFF) return 0;
-    return n;
-}
-
+/* The one escaper of the tree (src/common/dg_json.h): its rule is the one documented for
+ * metrics.jsonl. */
 void dg_json_append_string(dg_strbuf_t *b, const char *str) {
-    const unsigned char *s = (const unsigned char *)str;
-    sb_puts(b, "\"");
-    while (*s) {
-        unsigned c = *s;
-        char esc[8];
-        if (c == '"' || c == '\\') {
-            esc[0] = '\\';
-            esc[1] = (char)c;
-            dg_strbuf_append(b, esc, 2);
-            s++;
-        } else if (c < 0x20 || c == 0x7F) {
-            const char *named = c == '\n'   ? "\\n"
-                                : c == '\t' ? "\\t"
-                                : c == '\r' ? "\\r"
-                                : c == '\b' ? "\\b"
-                                : c == '\f' ? "\\f"
-                                            : NULL;
-            if (named) {
-                sb_puts(b, named);
-            } else {
-                snprintf(esc, sizeof esc, "\\u%04x", c);
-                sb_puts(b, esc);
-            }
-            s++;
-        } else {
-            int n = utf8_len(s);
-            if (n > 0) {
-                dg_strbuf_append(b, (const char *)s, (size_t)n);
-                s += n;
-            } else {
-                snprintf(esc, sizeof esc, "\\u%04x", c); /* not UTF-8: take the byte as Latin-1 */
-                sb_puts(b, esc);
-                s++;
-            }
-        }
+    char small[256];
+    size_t n = dg_json_quote(small, sizeof small, str);
+    if (n < sizeof small) {
+        dg_strbuf_append(b, small, n);
+        return;
     }
-    sb_puts(b, "\"");
+    char *q = dg_json_quote_dup(str);
+    dg_strbuf_append(b, q, n);
+    free(q);
 }
 
 void dg_json_append_number(dg_strbuf_t *b, double v) {
@@ -207,13 +156,15 @@ dg_status_t dg_metrics_open(const char *run_dir, int rank, dg_metrics_t **out) {
             dg_metrics_close(m);
             return s;
         }
-        m->f = fopen(m->path, "a");
-        if (!m->f) {
-            int e = errno;
+        /* never through a link planted at run.dir/metrics.jsonl (dg_fs.h) */
+        s = dg_fs_fopen_append(m->path, &m->f);
+        if (s != DG_OK) {
+            char why[2048];
+            snprintf(why, sizeof why, "%s", dg_last_error());
+            dg_status_t code = dg_last_error_code();
             dg_metrics_close(m);
-            return DG_ERR(DG_ERR_RUNTIME, "metrics: cannot open %s for appending: %s", m->path, strerror(e));
+            return DG_ERR(code, "metrics: %s", why);
         }
-        setvbuf(m->f, NULL, _IOLBF, 0);
     }
     *out = m;
     return DG_OK;

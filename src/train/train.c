@@ -51,7 +51,8 @@ typedef struct trainer {
     int64_t global_batch;
     double flops_per_token, peak_flops;
 
-    char ckpt_dir[DG_CFG_STR + 32];
+    char ckpt_dir[2 * DG_CFG_STR + 32];
+    int64_t val_batches; /* data.val_batches, or fewer when the validation set is smaller (open_data) */
     dg_dataset_t *train_ds, *val_ds;
     dg_loader_t *train_ld, *val_ld;
     dg_metrics_t *metrics;
@@ -223,28 +224,102 @@ static dg_status_t batch_arithmetic(trainer_t *tr) {
     return DG_OK;
 }
 
-static dg_status_t open_data(trainer_t *tr) {
-    const dg_config_t *c = tr->cfg;
-    char train_glob[4096], val_glob[4096];
-    snprintf(train_glob, sizeof train_glob, "%s", c->data.train);
-    snprintf(val_glob, sizeof val_glob, "%s", c->data.val);
+/* The globs of the training and validation shards ("" val: none). */
+static dg_status_t data_globs(const dg_config_t *c, char *train_glob, char *val_glob, size_t cap) {
+    snprintf(train_glob, cap, "%s", c->data.train);
+    snprintf(val_glob, cap, "%s", c->data.val);
     if (!c->data.train[0]) {
         char dir[DG_CFG_STR + 16];
         snprintf(dir, sizeof dir, "%s/data", c->run.dir);
         /* every rank may call it: the builder serialises on a lock file and renames atomically */
-        DG_TRY(dg_data_default_paths(dir, train_glob, val_glob, sizeof train_glob));
-        if (!c->data.val[0]) {
-            /* keep the embedded val split only when no val glob was given */
-        } else {
-            snprintf(val_glob, sizeof val_glob, "%s", c->data.val);
-        }
+        DG_TRY(dg_data_default_paths(dir, train_glob, val_glob, cap));
+        /* keep the embedded val split only when no val glob was given */
+        if (c->data.val[0]) snprintf(val_glob, cap, "%s", c->data.val);
     }
+    return DG_OK;
+}
+
+/* One step reads global_batch consecutive positions of the sample order; more than the data set holds
+ * would read samples twice within a step (train.global_batch = 1e9 on the default data planned a
+ * 192-day step). Validation must fit one batch; val_batches batches are cut to what the set holds, so
+ * an evaluation never counts a sample twice. n_val < 0: no validation. */
+static dg_status_t check_data_fits(const dg_config_t *c, int64_t global_batch, int seq_len, int64_t n_train,
+                                   int64_t n_val, int64_t *val_batches) {
+    const char *tname = c->data.train[0] ? c->data.train : "the embedded default data";
+    if (global_batch > n_train)
+        return DG_ERR(DG_ERR_USAGE,
+                      "train.global_batch = %lld is larger than the training data: data.train (%s) yields "
+                      "%lld samples of seq_len+1 = %d tokens, so one step would read every sample %.1f "
+                      "times; use train.global_batch <= %lld, more data, or a smaller model.seq_len",
+                      (long long)global_batch, tname, (long long)n_train, seq_len + 1,
+                      (double)global_batch / (double)n_train, (long long)n_train);
+    *val_batches = c->data.val_batches;
+    if (n_val < 0) return DG_OK;
+    const char *vname = c->data.val[0] ? c->data.val : "the embedded default data";
+    if (global_batch > n_val)
+        return DG_ERR(DG_ERR_USAGE,
+                      "train.global_batch = %lld is larger than the validation data: data.val (%s) yields "
+                      "%lld samples of seq_len+1 = %d tokens, so one validation batch would count samples "
+                      "twice; use train.global_batch <= %lld, more validation data, or data.val_every = 0",
+                      (long long)global_batch, vname, (long long)n_val, seq_len + 1, (long long)n_val);
+    if (c->data.val_batches * global_batch > n_val) *val_batches = n_val / global_batch;
+    return DG_OK;
+}
+
+static dg_status_t open_data(trainer_t *tr) {
+    const dg_config_t *c = tr->cfg;
+    char train_glob[4096], val_glob[4096];
+    DG_TRY(data_globs(c, train_glob, val_glob, sizeof train_glob));
     DG_TRY(dg_dataset_open(train_glob, tr->desc.seq_len, tr->desc.vocab_size, &tr->train_ds));
     DG_TRY(dg_loader_create(tr->train_ds, (uint64_t)c->run.seed, c->data.shuffle, &tr->train_ld));
     if (val_glob[0] && c->data.val_every > 0) {
         DG_TRY(dg_dataset_open(val_glob, tr->desc.seq_len, tr->desc.vocab_size, &tr->val_ds));
         DG_TRY(dg_loader_create(tr->val_ds, (uint64_t)c->run.seed, 0, &tr->val_ld));
     }
+    DG_TRY(check_data_fits(c, tr->global_batch, tr->desc.seq_len, dg_dataset_n_samples(tr->train_ds),
+                           tr->val_ds ? dg_dataset_n_samples(tr->val_ds) : -1, &tr->val_batches));
+    if (tr->val_batches < c->data.val_batches && tr->rank == 0)
+        DG_LOG_WARN(
+            "data.val_batches = %lld x train.global_batch = %lld needs %lld validation samples but the "
+            "validation data has %lld: each evaluation reads %lld batch%s (every sample at most once)",
+            (long long)c->data.val_batches, (long long)tr->global_batch,
+            (long long)(c->data.val_batches * tr->global_batch), (long long)dg_dataset_n_samples(tr->val_ds),
+            (long long)tr->val_batches, tr->val_batches == 1 ? "" : "es");
+    return DG_OK;
+}
+
+/* Micro-steps [j0, j0+n) of the current step into tok/tgt ([n][micro_batch][seq_len] each). The data of
+ * a step is read before the collectives that use it (dg_loader_fill can fail on one rank only: a shard
+ * truncated under the run), and the caller agrees on the result first, so no rank is left waiting in a
+ * model collective for one that stopped. */
+static dg_status_t fill_micro_steps(trainer_t *tr, const dg_loader_t *ld, int j0, int n, int32_t *tok,
+                                    int32_t *tgt) {
+    size_t per = (size_t)tr->micro_batch * tr->desc.seq_len;
+    for (int k = 0; k < n; k++)
+        DG_TRY(dg_loader_fill(ld, j0 + k, tr->dp_rank, tr->dp_size, tr->micro_batch, tok + k * per,
+                              tgt + k * per));
+    return DG_OK;
+}
+
+/* How many micro-steps of data are read ahead at once: the whole step, up to 64 MiB of tokens and
+ * targets per rank (beyond that, one extra agreement per chunk of micro-steps). */
+static int data_chunk(const trainer_t *tr) {
+    size_t per = (size_t)tr->micro_batch * tr->desc.seq_len * 2 * sizeof(int32_t);
+    size_t n = ((size_t)64 << 20) / (per ? per : 1);
+    if (n < 1) n = 1;
+    return n < (size_t)tr->accum ? (int)n : tr->accum;
+}
+
+/* Agreement on a data read that happened outside the step agreement (later chunks, validation): every
+ * rank learns whether any rank failed, before any of them enters the model's collectives. */
+static dg_status_t agree_data(trainer_t *tr, dg_status_t st) {
+    int local = st, global = 0;
+    if (MPI_Allreduce(&local, &global, 1, MPI_INT, MPI_MAX, tr->comm) != MPI_SUCCESS)
+        return DG_ERR(DG_ERR_PEER, "data agreement all-reduce failed at step %lld", (long long)tr->step);
+    if (st) return st;
+    if (global)
+        return DG_ERR(DG_ERR_PEER, "another rank failed reading its data at step %lld (see its log)",
+                      (long long)tr->step);
     return DG_OK;
 }
 
@@ -561,16 +636,23 @@ static dg_status_t rollback(trainer_t *tr) {
 static dg_status_t run_validation(trainer_t *tr, double *loss_out) {
     dg_health_set_activity(tr->health, tr->step, "validation");
     dg_loader_reset(tr->val_ld);
-    size_t n = (size_t)tr->micro_batch * tr->desc.seq_len;
-    int32_t *tok = dg_xmalloc(n * sizeof(int32_t)), *tgt = dg_xmalloc(n * sizeof(int32_t));
+    size_t per = (size_t)tr->micro_batch * tr->desc.seq_len;
+    int chunk = data_chunk(tr);
+    int32_t *tok = dg_xmalloc((size_t)chunk * per * sizeof(int32_t));
+    int32_t *tgt = dg_xmalloc((size_t)chunk * per * sizeof(int32_t));
     double sum = 0;
     int count = 0;
     dg_status_t s = DG_OK;
-    for (int64_t b = 0; b < tr->cfg->data.val_batches && s == DG_OK; b++) {
+    for (int64_t b = 0; b < tr->val_batches && s == DG_OK; b++) {
         for (int j = 0; j < tr->accum && s == DG_OK; j++) {
-            s = dg_loader_fill(tr->val_ld, j, tr->dp_rank, tr->dp_size, tr->micro_batch, tok, tgt);
+            if (j % chunk == 0) { /* read, and agree on the read, before the forward's collectives */
+                int n = tr->accum - j < chunk ? tr->accum - j : chunk;
+                s = agree_data(tr, fill_micro_steps(tr, tr->val_ld, j, n, tok, tgt));
+                if (s) break;
+            }
             float l = 0;
-            if (s == DG_OK) s = dg_model_forward(tr->model, tok, tgt, &l);
+            size_t at = (size_t)(j % chunk) * per;
+            s = dg_model_forward(tr->model, tok + at, tgt + at, &l);
             sum += l;
             count++;
         }
@@ -674,10 +756,14 @@ static dg_status_t setup(trainer_t *tr) {
         tr->boot->topo.gpus[tr->boot->gpu].cuda_index == tr->cuda_device)
         snprintf(fo.gpu_id, sizeof fo.gpu_id, "%s", tr->boot->topo.gpus[tr->boot->gpu].pci_busid);
     DG_TRY(dg_fsdp_create(tr->comm, &tr->mesh, &fo, &tr->fsdp));
-    if (c->checkpoint.dir[0])
+    /* checkpoint.dir: "" is run.dir/checkpoints, a relative path is relative to run.dir (not to the
+     * directory dgtrain happens to be started from: a requeued job may start elsewhere) */
+    if (!c->checkpoint.dir[0])
+        snprintf(tr->ckpt_dir, sizeof tr->ckpt_dir, "%s/checkpoints", c->run.dir);
+    else if (c->checkpoint.dir[0] == '/')
         snprintf(tr->ckpt_dir, sizeof tr->ckpt_dir, "%s", c->checkpoint.dir);
     else
-        snprintf(tr->ckpt_dir, sizeof tr->ckpt_dir, "%s/checkpoints", c->run.dir);
+        snprintf(tr->ckpt_dir, sizeof tr->ckpt_dir, "%s/%s", c->run.dir, c->checkpoint.dir);
     DG_TRY(dg_metrics_open(c->run.dir, tr->rank, &tr->metrics));
     DG_TRY(open_data(tr));
     DG_TRY(dg_fsdp_model_create(tr->fsdp, &tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, 0,
@@ -715,12 +801,20 @@ static dg_status_t train_loop(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     const int T = tr->desc.seq_len;
     size_t n_tok = (size_t)tr->micro_batch * T;
-    int32_t *tok = dg_xmalloc(n_tok * sizeof(int32_t)), *tgt = dg_xmalloc(n_tok * sizeof(int32_t));
+    const int chunk = data_chunk(tr);
+    int32_t *tok = dg_xmalloc((size_t)chunk * n_tok * sizeof(int32_t));
+    int32_t *tgt = dg_xmalloc((size_t)chunk * n_tok * sizeof(int32_t));
     const double dloss_base = 1.0 / ((double)tr->global_batch * T);
     dg_status_t st = DG_OK;
     int stop_sig = 0;
 
     while (tr->step < c->train.steps) {
+        /* this step's data (its first chunk: all of it unless the step is huge) is read before the step
+         * agreement, so a failed read stops every rank there, before any model collective */
+        if (!st) {
+            dg_health_set_activity(tr->health, tr->step, "reading data");
+            st = fill_micro_steps(tr, tr->train_ld, 0, chunk, tok, tgt);
+        }
         /* one agreement per step: [local error, pending signal] */
         int local[2] = {st, dg_signals_pending()}, agreed[2];
         dg_health_set_activity(tr->health, tr->step, "step agreement");
@@ -730,7 +824,10 @@ static dg_status_t train_loop(trainer_t *tr) {
         }
         if (agreed[0]) {
             if (!st)
-                st = DG_ERR(agreed[0], "another rank failed at step %lld (see its log)", (long long)tr->step);
+                /* DG_ERR_PEER: the failing rank's own error (of higher severity) is the one dg_boot_agree
+                 * reports, with its exit code */
+                st = DG_ERR(DG_ERR_PEER, "another rank failed at step %lld (see its log)",
+                            (long long)tr->step);
             break;
         }
         if (agreed[1]) {
@@ -746,10 +843,16 @@ static dg_status_t train_loop(trainer_t *tr) {
         double loss_sum = 0;
         float dloss = (float)(dloss_base * tr->loss_scale);
         for (int j = 0; j < tr->accum && !st; j++) {
-            st = dg_loader_fill(tr->train_ld, j, tr->dp_rank, tr->dp_size, tr->micro_batch, tok, tgt);
+            if (j > 0 && j % chunk == 0) {
+                dg_health_set_activity(tr->health, step, "reading data");
+                int n = tr->accum - j < chunk ? tr->accum - j : chunk;
+                st = agree_data(tr, fill_micro_steps(tr, tr->train_ld, j, n, tok, tgt));
+                if (st) break;
+            }
             float l = 0;
+            size_t at = (size_t)(j % chunk) * n_tok;
             dg_health_set_activity(tr->health, step, "forward_backward");
-            if (!st) st = dg_model_forward_backward(tr->model, tok, tgt, dloss, &l);
+            st = dg_model_forward_backward(tr->model, tok + at, tgt + at, dloss, &l);
             loss_sum += l;
         }
         comm_failure(tr, st);
@@ -851,7 +954,7 @@ static dg_status_t train_loop(trainer_t *tr) {
             st = run_validation(tr, &vl);
             if (st) continue;
             DG_METRICS_EVENT(tr->metrics, "val", DG_JI("step", tr->step), DG_JF("loss", vl),
-                             DG_JI("batches", c->data.val_batches));
+                             DG_JI("batches", tr->val_batches));
             dg_progress_note(tr->progress, "step %lld: val loss %.4f", (long long)tr->step, vl);
         }
         if (c->checkpoint.every > 0 && tr->step % c->checkpoint.every == 0 && tr->step < c->train.steps) {
@@ -872,7 +975,8 @@ static dg_status_t train_loop(trainer_t *tr) {
     if (MPI_Allreduce(&lerr, &gerr, 1, MPI_INT, MPI_MAX, tr->comm) != MPI_SUCCESS)
         return DG_ERR(DG_ERR_PEER, "final agreement all-reduce failed");
     if (st) return st;
-    if (gerr) return DG_ERR(gerr, "another rank failed at step %lld (see its log)", (long long)tr->step);
+    if (gerr)
+        return DG_ERR(DG_ERR_PEER, "another rank failed at step %lld (see its log)", (long long)tr->step);
 
     /* final (or signal-driven) checkpoint, synchronous */
     dg_status_t s = save_checkpoint(tr, 1);
@@ -1154,4 +1258,16 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
     dg_fsdp_free(tr.fsdp);
     dg_backend_free(be);
     return s;
+}
+
+dg_status_t dg_train_dry_run_check(dg_boot_t *boot, const dg_config_t *cfg) {
+    if (boot->world_rank != 0) return DG_OK;
+    dg_model_desc_t d;
+    DG_TRY(dg_model_desc_from_config(cfg, &d));
+    char train_glob[4096], val_glob[4096];
+    DG_TRY(data_globs(cfg, train_glob, val_glob, sizeof train_glob));
+    int64_t n_train = 0, n_val = -1, val_batches = 0;
+    DG_TRY(dg_dataset_probe(train_glob, d.seq_len, &n_train));
+    if (val_glob[0] && cfg->data.val_every > 0) DG_TRY(dg_dataset_probe(val_glob, d.seq_len, &n_val));
+    return check_data_fits(cfg, cfg->train.global_batch, d.seq_len, n_train, n_val, &val_batches);
 }

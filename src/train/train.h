@@ -32,6 +32,11 @@ dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json
  * global batch arithmetic. Collective; rank 0 prints. */
 dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int json, FILE *out);
 
+/* --dry-run's check of the data against the batch, before anything is printed: the shards' headers
+ * and sizes (no token scan; the default data is built if needed) must yield at least one global batch
+ * of training and of validation samples, as training requires. Rank 0 checks; the caller agrees. */
+dg_status_t dg_train_dry_run_check(dg_boot_t *boot, const dg_config_t *cfg);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dg_json.h"
 #include "validate_impl.h"
 
 /* ---------------------------------------------------------------- text buffer */
@@ -37,32 +38,19 @@ void vbuf_printf(vbuf_t *b, const char *fmt, ...) {
     b->n += (size_t)need;
 }
 
+/* Quoted by the tree's one JSON escaper (dg_json.h). Control characters other than \n \r \t are dropped
+ * first, as in the JUnit file (XML 1.0 cannot carry them), so both reports say the same thing. */
 void vbuf_json_str(vbuf_t *b, const char *s) {
-    vbuf_printf(b, "\"");
-    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        switch (*p) {
-        case '"':
-            vbuf_printf(b, "\\\"");
-            break;
-        case '\\':
-            vbuf_printf(b, "\\\\");
-            break;
-        case '\n':
-            vbuf_printf(b, "\\n");
-            break;
-        case '\r':
-            vbuf_printf(b, "\\r");
-            break;
-        case '\t':
-            vbuf_printf(b, "\\t");
-            break;
-        default:
-            /* other control characters are dropped, as in the JUnit file (XML 1.0 cannot carry them),
-             * so both reports say the same thing */
-            if (*p >= 0x20) vbuf_printf(b, "%c", *p);
-        }
-    }
-    vbuf_printf(b, "\"");
+    const char *in = s ? s : "";
+    char *kept = dg_xmalloc(strlen(in) + 1);
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p; p++)
+        if (*p >= 0x20 || *p == '\n' || *p == '\r' || *p == '\t') kept[n++] = (char)*p;
+    kept[n] = 0;
+    char *q = dg_json_quote_dup(kept);
+    vbuf_printf(b, "%s", q);
+    free(q);
+    free(kept);
 }
 
 void vbuf_json_num(vbuf_t *b, double v) {

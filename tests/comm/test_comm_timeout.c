@@ -11,6 +11,8 @@
  *   recv: every rank but STALL_RANK waits for a message that STALL_RANK never sends
  *   blocking: the others call the BLOCKING all-reduce, which runs inline inside MPI and cannot return;
  *     the comm thread must report the timeout and end the job with exit 3 by itself
+ *   late: STALL_RANK posts the all-reduce 0.3 s after the others' deadline, while they probe who is
+ *     missing: it must be named as late, not counted as arrived ("did not arrive: none")
  * Exit: 3 via MPI_Abort when the failure was detected and reported as expected; 2 when the message was
  * not what it should be; 0 must never happen.
  */
@@ -58,7 +60,13 @@ int main(int argc, char **argv) {
 
     size_t n = strcmp(kind, "reduce_scatter_ring") == 0 ? 65536 : 1000;
     float *send = calloc(n * (size_t)wsize, sizeof(float)), *recv = calloc(n * (size_t)wsize, sizeof(float));
+    int late = strcmp(kind, "late") == 0;
     if (g_wrank == stall) {
+        if (late) { /* arrive after the others' deadline, during their probe, then wait to be killed */
+            usleep((useconds_t)((timeout + 0.3) * 1e6));
+            dg_comm_req_t *r = NULL;
+            dg_comm_iallreduce(c, send, recv, n, DG_F32, DG_RED_SUM, &r);
+        }
         if (strcmp(kind, "mismatch") == 0) {
             dg_comm_req_t *r = NULL;
             dg_comm_ibroadcast(c, send, 5, DG_F32, 0, &r);
@@ -103,6 +111,8 @@ int main(int argc, char **argv) {
     char want[128];
     if (strcmp(kind, "recv") == 0) {
         snprintf(want, sizeof want, "peer %d (world %d) is idle after collective #1", stall, stall);
+    } else if (late) {
+        snprintf(want, sizeof want, "ranks that did not arrive: %d (world %d, arrived ", stall, stall);
     } else if (strcmp(kind, "mismatch") == 0) {
         snprintf(want, sizeof want,
                  "MISMATCHED collective #2 (schedules differ): rank %d (world %d) posted broadcast", stall,

@@ -237,6 +237,75 @@ static void case_shard_errors(void) {
     free(t);
 }
 
+/* A shard that changes under an open data set (what a run sees when a shard is truncated or rewritten
+ * while it trains): every read afterwards fails with DG_ERR_RUNTIME naming the file and the byte offset,
+ * never a signal (shards are read with pread, not mapped), and the unchanged shard stays readable. */
+static void case_shard_change(void) {
+    char p0[512], p1[512], g[512];
+    path_in_tmp(p0, sizeof p0, "c_000.bin");
+    path_in_tmp(p1, sizeof p1, "c_001.bin");
+    uint16_t *t = pattern(4001, 5, 200);
+    write_shard(p0, DG_SHARD_MAGIC, 1, 4001, t, 4001, 0);
+    write_shard(p1, DG_SHARD_MAGIC, 1, 4001, t, 4001, 0);
+    path_in_tmp(g, sizeof g, "c_*.bin");
+    int64_t n = 0;
+    CHECK(dg_dataset_probe(g, 16, &n) == DG_OK && n == 500, "probe: %lld %s", (long long)n, dg_last_error());
+    dg_dataset_t *ds = NULL;
+    dg_loader_t *ld = NULL;
+    CHECK(dg_dataset_open(g, 16, 256, &ds) == DG_OK, "open: %s", dg_last_error());
+    if (!ds) return;
+    CHECK(dg_loader_create(ds, 1, 0, &ld) == DG_OK, "loader");
+    int32_t x[16 * 4], y[16 * 4];
+    CHECK(dg_dataset_get_sample(ds, 249, x, y) == DG_OK, "%s", dg_last_error());
+    CHECK(dg_loader_fill(ld, 0, 0, 1, 4, x, y) == DG_OK, "%s", dg_last_error());
+    /* truncated to 3000 bytes: a sample beyond the new end is a short read */
+    DG_ASSERT(truncate(p0, 3000) == 0);
+    dg_status_t s = dg_dataset_get_sample(ds, 240, x, y);
+    CHECK(s == DG_ERR_RUNTIME && strstr(dg_last_error(), p0) && strstr(dg_last_error(), "truncated") &&
+              strstr(dg_last_error(), "byte offset 8704") && strstr(dg_last_error(), "now 3000 bytes"),
+          "short read: %d %s", s, dg_last_error());
+    /* a sample still inside the remaining bytes: refused too (the size check), naming the new end */
+    s = dg_dataset_get_sample(ds, 0, x, y);
+    CHECK(s == DG_ERR_RUNTIME && strstr(dg_last_error(), p0) && strstr(dg_last_error(), "byte offset 3000"),
+          "size check: %d %s", s, dg_last_error());
+    s = dg_loader_fill(ld, 0, 0, 1, 4, x, y);
+    CHECK(s == DG_ERR_RUNTIME && strstr(dg_last_error(), p0), "loader fill: %d %s", s, dg_last_error());
+    /* the other shard is still fine */
+    CHECK(dg_dataset_get_sample(ds, 250, x, y) == DG_OK, "%s", dg_last_error());
+    /* header rewritten in place (same size): the token count at byte offset 8 */
+    int fd = open(p1, O_WRONLY);
+    DG_ASSERT(fd >= 0);
+    uint8_t four[4];
+    put32(four, 123);
+    DG_ASSERT(pwrite(fd, four, 4, 8) == 4);
+    s = dg_dataset_get_sample(ds, 250, x, y);
+    CHECK(s == DG_ERR_RUNTIME && strstr(dg_last_error(), p1) && strstr(dg_last_error(), "header rewritten") &&
+              strstr(dg_last_error(), "byte offset 8 is now 123 (it was 4001"),
+          "header: %d %s", s, dg_last_error());
+    put32(four, 4001);
+    DG_ASSERT(pwrite(fd, four, 4, 8) == 4);
+    CHECK(dg_dataset_get_sample(ds, 250, x, y) == DG_OK, "restored header: %s", dg_last_error());
+    /* magic rewritten */
+    put32(four, 777);
+    DG_ASSERT(pwrite(fd, four, 4, 0) == 4);
+    s = dg_dataset_get_sample(ds, 251, x, y);
+    CHECK(s == DG_ERR_RUNTIME && strstr(dg_last_error(), "magic at byte offset 0 is now 777"), "magic: %s",
+          dg_last_error());
+    put32(four, DG_SHARD_MAGIC);
+    DG_ASSERT(pwrite(fd, four, 4, 0) == 4);
+    /* a token rewritten out of range: token offset 16*260 + 3 of shard 1 (sample 260, position 3) */
+    uint8_t bad[2] = {0x10, 0x27}; /* 10000 */
+    DG_ASSERT(pwrite(fd, bad, 2, 1024 + 2 * (16 * 10 + 3)) == 2);
+    s = dg_dataset_get_sample(ds, 260, x, y);
+    CHECK(s == DG_ERR_RUNTIME &&
+              strstr(dg_last_error(), "token id 10000 at token offset 163 (byte offset 1350)"),
+          "token: %d %s", s, dg_last_error());
+    close(fd);
+    dg_loader_free(ld);
+    dg_dataset_free(ds);
+    free(t);
+}
+
 /* Bounded random damage (deterministic seed): flipped header bytes, truncation, appended junk, random
  * token values. open must either succeed, after which every sample is readable (ASan/UBSan builds check
  * the reads), or fail with DG_ERR_USAGE and a message naming the file — never crash. */
@@ -788,6 +857,7 @@ int main(int argc, char **argv) {
     } cases[] = {{"shard_valid", case_shard_valid},
                  {"shard_errors", case_shard_errors},
                  {"shard_fuzz", case_shard_fuzz},
+                 {"shard_change", case_shard_change},
                  {"permutation", case_permutation},
                  {"order", case_order},
                  {"resume", case_resume},
