@@ -360,31 +360,29 @@ size_t tok_bpe_linear(const dg_tokenizer_t *t, const uint8_t *p, size_t n, int32
 }
 
 /* The same merge for long pieces: parts in a linked list, candidate pairs in a min-heap keyed by
- * (rank, position) — the leftmost lowest rank, as the scan above picks — with stale entries skipped. */
-typedef struct heap_ent {
-    uint64_t key; /* rank << 32 | left part's first byte */
-    uint32_t ver;
-} heap_ent_t;
-
-static void heap_push(heap_ent_t *h, size_t *hn, heap_ent_t e) {
+ * (rank, position) — the leftmost lowest rank, as the scan above picks. An entry is acted on only if
+ * the pair at its position still has its rank; otherwise it is stale and skipped (a pair's bytes only
+ * grow, and distinct byte strings have distinct ranks, so a consumed entry never matches again).
+ * Memory: about 40 bytes per byte of the piece. */
+static void heap_push(uint64_t *h, size_t *hn, uint64_t e) {
     size_t i = (*hn)++;
     while (i > 0) {
         size_t up = (i - 1) / 2;
-        if (h[up].key <= e.key) break;
+        if (h[up] <= e) break;
         h[i] = h[up];
         i = up;
     }
     h[i] = e;
 }
 
-static heap_ent_t heap_pop(heap_ent_t *h, size_t *hn) {
-    heap_ent_t top = h[0], last = h[--*hn];
+static uint64_t heap_pop(uint64_t *h, size_t *hn) {
+    uint64_t top = h[0], last = h[--*hn];
     size_t i = 0, n = *hn;
     for (;;) {
         size_t c = 2 * i + 1;
         if (c >= n) break;
-        if (c + 1 < n && h[c + 1].key < h[c].key) c++;
-        if (last.key <= h[c].key) break;
+        if (c + 1 < n && h[c + 1] < h[c]) c++;
+        if (last <= h[c]) break;
         h[i] = h[c];
         i = c;
     }
@@ -394,41 +392,34 @@ static heap_ent_t heap_pop(heap_ent_t *h, size_t *hn) {
 
 size_t tok_bpe_heap(const dg_tokenizer_t *t, const uint8_t *p, size_t n, int32_t *out) {
     DG_ASSERT(n >= 1 && n < UINT32_MAX);
-    /* Parts are named by their first byte; next[i] is the next part's first byte (n: none). */
+    /* Parts are named by their first byte; next[i] is the next part's first byte (n: none); prk[i] is
+     * part i's rank (TOK_NO_RANK: absorbed by its left neighbour); cur[i] the rank of i joined with next. */
     uint32_t *next = dg_xmalloc(n * sizeof *next), *prev = dg_xmalloc(n * sizeof *prev);
-    uint32_t *prk = dg_xmalloc(n * sizeof *prk), *ver = dg_xcalloc(n, sizeof *ver);
-    /* Each merge pushes at most two entries: n initial + 2n. */
-    heap_ent_t *h = dg_xmalloc(3 * n * sizeof *h);
+    uint32_t *prk = dg_xmalloc(n * sizeof *prk), *cur = dg_xmalloc(n * sizeof *cur);
+    uint64_t *h = dg_xmalloc(3 * n * sizeof *h); /* n initial entries, at most 2 per merge */
     size_t hn = 0;
     for (size_t i = 0; i < n; i++) {
         next[i] = (uint32_t)(i + 1);
         prev[i] = i ? (uint32_t)(i - 1) : UINT32_MAX;
         prk[i] = t->byte_rank[p[i]];
-        if (i + 1 < n) {
-            uint32_t r = t->pair_rank[(size_t)p[i] << 8 | p[i + 1]];
-            if (r != TOK_NO_RANK) heap_push(h, &hn, (heap_ent_t){(uint64_t)r << 32 | i, 0});
-        }
+        cur[i] = i + 1 < n ? t->pair_rank[(size_t)p[i] << 8 | p[i + 1]] : TOK_NO_RANK;
+        if (cur[i] != TOK_NO_RANK) heap_push(h, &hn, (uint64_t)cur[i] << 32 | i);
     }
     while (hn) {
-        heap_ent_t e = heap_pop(h, &hn);
-        uint32_t i = (uint32_t)e.key, r = (uint32_t)(e.key >> 32);
-        if (e.ver != ver[i] || prk[i] == TOK_NO_RANK) continue; /* stale: i or its right neighbour changed */
+        uint64_t e = heap_pop(h, &hn);
+        uint32_t i = (uint32_t)e, r = (uint32_t)(e >> 32);
+        if (prk[i] == TOK_NO_RANK || cur[i] != r) continue; /* stale */
         uint32_t j = next[i];
         prk[i] = r;
-        prk[j] = TOK_NO_RANK; /* j is gone */
+        prk[j] = TOK_NO_RANK;
         next[i] = next[j];
         if (next[j] < n) prev[next[j]] = i;
-        ver[i]++;
-        if (next[i] < n) {
-            uint32_t end = next[next[i]];
-            uint32_t rr = tok_rank(t, p + i, end - i);
-            if (rr != TOK_NO_RANK) heap_push(h, &hn, (heap_ent_t){(uint64_t)rr << 32 | i, ver[i]});
-        }
+        cur[i] = next[i] < n ? tok_rank(t, p + i, next[next[i]] - i) : TOK_NO_RANK;
+        if (cur[i] != TOK_NO_RANK) heap_push(h, &hn, (uint64_t)cur[i] << 32 | i);
         if (prev[i] != UINT32_MAX) {
             uint32_t q = prev[i];
-            ver[q]++;
-            uint32_t rr = tok_rank(t, p + q, next[i] - q);
-            if (rr != TOK_NO_RANK) heap_push(h, &hn, (heap_ent_t){(uint64_t)rr << 32 | q, ver[q]});
+            cur[q] = tok_rank(t, p + q, next[i] - q);
+            if (cur[q] != TOK_NO_RANK) heap_push(h, &hn, (uint64_t)cur[q] << 32 | q);
         }
     }
     size_t m = 0;
@@ -437,7 +428,7 @@ size_t tok_bpe_heap(const dg_tokenizer_t *t, const uint8_t *p, size_t n, int32_t
     free(next);
     free(prev);
     free(prk);
-    free(ver);
+    free(cur);
     free(h);
     return m;
 }

@@ -473,6 +473,8 @@ static int test_special(dg_tokenizer_t *t) {
         /* U+180E is not White_Space (PCRE2's own \s would take it); U+0085 is */
         {" \xe1\xa0\x8e\xe1\xa0\x8ex", 7, {28053, 254, 236, 157, 254, 236, 87}},
         {"\xc2\x85\xc2\x85x", 5, {126, 227, 126, 227, 87}},
+        {"a   \xe1\xa0\x8e", 6, {64, 220, 220, 28053, 254, 236}},
+        {"a\t\xe1\xa0\x8e\xe1\xa0\x8e", 8, {64, 197, 157, 254, 236, 157, 254, 236}},
     };
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
         int32_t ids[64];
