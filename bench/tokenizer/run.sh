@@ -6,7 +6,7 @@
 #
 # usage: bench/tokenizer/run.sh [DGPREP] [WORK_DIR]
 #   DGPREP default build/src/data/dgprep; WORK_DIR default build/bench-tokenizer
-# env: BENCH_MB (input size, default 64), BENCH_THREADS (default: the CPUs available),
+# env: BENCH_MB (input size, default 64), BENCH_THREADS (thread counts, default "1 <CPUs available>"),
 #      DG_TEST_VENV (default /opt/dgtrain/test-venv), DG_GPT2_TIKTOKEN (the ranks file)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
