@@ -138,7 +138,20 @@ typedef struct dg_prep_opts {
      * are skipped (a note on stderr unless quiet); a binary or empty file named explicitly is an error. */
     int quiet;       /* no progress or notes on stderr */
     const char *who; /* prefix of messages and errors; "dgprep" if NULL */
+    /* Tokenizer (src/tokenizer): NULL = byte-level, one token per byte. Otherwise (borrowed, vocabulary
+     * <= 65536) each document is <|endoftext|> then its ids, and no newline is appended to files. */
+    const struct dg_tokenizer *tokenizer;
+    int docs;            /* DG_PREP_DOCS_FILE or DG_PREP_DOCS_BLANK_LINE (tokenizer only) */
+    int threads;         /* encoding threads; <= 0 = the CPUs this process may run on */
+    int64_t chunk_bytes; /* a long document is cut (at safe points) into pieces of about this many bytes
+                          * that threads encode independently; <= 0 = 1 MiB */
 } dg_prep_opts_t;
+
+/* What a document is with a tokenizer (docs/data.md): the train part, and the val part, of each file
+ * (FILE); or, as llm.c's tinyshakespeare.py, each piece of those parts that ends after "\n\n" (the
+ * blank line stays with the text before it) or at the part's end (BLANK_LINE). Empty ones are dropped. */
+#define DG_PREP_DOCS_FILE 0
+#define DG_PREP_DOCS_BLANK_LINE 1
 
 typedef struct dg_prep_result {
     int n_files;      /* text files used */
@@ -147,12 +160,18 @@ typedef struct dg_prep_result {
     int64_t train_tokens, val_tokens;
     int train_shards, val_shards;
     uint64_t content_hash;                 /* xxh64 of the bytes used, in order; identifies the data set */
+    int vocab_size;                        /* 256, or the tokenizer's */
+    int64_t n_docs;                        /* documents (<|endoftext|> tokens written); 0 without tokenizer */
+    int64_t invalid_utf8;                  /* invalid UTF-8 sequences replaced by U+FFFD (tokenizer only) */
+    char first_invalid[4200];              /* "FILE at byte N" of the first of them, "" if none */
     char train_glob[4096], val_glob[4096]; /* val_glob is "" when there is no val split */
 } dg_prep_result_t;
 
 /* Turn text files into byte-level (vocab 256) shards OUT/NAME_train_000000.bin ... and
  * NAME_val_000000.bin ...: each file's bytes in order (a newline appended if the file lacks one), the
- * last val_fraction of each file (from the next line start) going to val. Shards are written to
+ * last val_fraction of each file (from the next line start) going to val. With opts->tokenizer, the
+ * same split into token ids instead: each document's <|endoftext|> and ids, documents encoded on
+ * opts->threads threads (the output does not depend on the thread count). Shards are written to
  * temporary names and renamed when complete; stale NAME_{train,val}_NNNNNN.bin beyond the new count
  * are removed. DG_ERR_USAGE for bad input (missing/unreadable/empty/binary file, nothing to read,
  * bad options), DG_ERR_RUNTIME when the output cannot be written. */

@@ -1,9 +1,11 @@
-/* prep.c — text files to byte-level llm.c shards (the engine of `dgprep` and of the default data).
+/* prep.c — text files to llm.c shards of bytes or of GPT-2 ids (the engine of `dgprep` and of the
+ * default data).
  *
  * Two passes over each file: the first classifies it (empty, binary, duplicate) and finds where its
- * val tail starts, without writing anything; the second streams its bytes into the train and val
- * shard writers. Shards are written under temporary names and renamed only when every input has been
- * read, so a failure (bad input, full disk) leaves any earlier output untouched. */
+ * val tail starts, without writing anything; the second streams its bytes (or, with a tokenizer, the
+ * ids of its documents, encoded on several threads) into the train and val shard writers. Shards are written
+ * under temporary names and renamed only when every input has been read, so a failure (bad input, full disk)
+ * leaves any earlier output untouched. */
 #define _GNU_SOURCE
 #include "data.h"
 #include "data_impl.h"
@@ -16,11 +18,15 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <sched.h>
 #include <xxhash.h>
+
+#include "tokenizer.h"
 
 #define PREP_DEFAULT_SHARD_TOKENS 100000000LL /* llm.c's shard size */
 #define PREP_CHUNK (1 << 20)
 #define PREP_PROGRESS_MIN_BYTES (32LL << 20)
+#define PREP_PROGRESS_MIN_BYTES_TOK (4LL << 20) /* encoding is ~50x slower than copying bytes */
 
 typedef struct in_file {
     char *path;
@@ -61,10 +67,12 @@ static int cmp_str(const void *a, const void *b) {
 typedef struct progress {
     const char *who;
     int on, tty;
-    int64_t total, done; /* bytes of both passes */
+    int64_t total, done; /* bytes of both passes (with a tokenizer: of the encoding pass only) */
     int64_t input;       /* bytes of the input files */
     double last;
     int last_decile;
+    int tok;   /* tokenizer mode: pass 1 is not counted, and the rate is shown */
+    double t0; /* start of the counted work */
 } progress_t;
 
 static void progress_tick(progress_t *p, int64_t add) {
@@ -76,13 +84,18 @@ static void progress_tick(progress_t *p, int64_t add) {
         if (now - p->last < 0.5 && p->done < p->total) return;
         p->last = now;
         fprintf(stderr, "\r%s: %5.1f%% of %.1f MB", p->who, pct, p->input / 1e6);
+        if (p->tok) fprintf(stderr, ", %.1f MB/s\033[K", (double)p->done / 1e6 / (now - p->t0 + 1e-9));
         if (p->done >= p->total) fputc('\n', stderr);
         fflush(stderr);
     } else {
         int decile = (int)(pct / 10);
         if (decile == p->last_decile) return;
         p->last_decile = decile;
-        fprintf(stderr, "%s: %d%% of %.1f MB\n", p->who, decile * 10, p->input / 1e6);
+        if (p->tok)
+            fprintf(stderr, "%s: %d%% of %.1f MB, %.1f MB/s\n", p->who, decile * 10, p->input / 1e6,
+                    (double)p->done / 1e6 / (dg_now_s() - p->t0 + 1e-9));
+        else
+            fprintf(stderr, "%s: %d%% of %.1f MB\n", p->who, decile * 10, p->input / 1e6);
     }
 }
 
@@ -181,6 +194,20 @@ static dg_status_t writer_put(writer_t *w, const uint8_t *bytes, size_t n) {
         if (w->fd < 0) DG_TRY(writer_open_shard(w));
         w->buf[w->nbuf++] = bytes[i]; /* uint16 little-endian: the byte, then 0 */
         w->buf[w->nbuf++] = 0;
+        w->cur_tok++;
+        w->total++;
+        if (w->nbuf == sizeof w->buf) DG_TRY(writer_flush(w));
+        if (w->cur_tok == w->max_tok) DG_TRY(writer_close_shard(w));
+    }
+    return DG_OK;
+}
+
+static dg_status_t writer_put_ids(writer_t *w, const int32_t *ids, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (w->fd < 0) DG_TRY(writer_open_shard(w));
+        DG_ASSERT(ids[i] >= 0 && ids[i] < DG_SHARD_MAX_VOCAB);
+        w->buf[w->nbuf++] = (uint8_t)ids[i]; /* uint16 little-endian */
+        w->buf[w->nbuf++] = (uint8_t)(ids[i] >> 8);
         w->cur_tok++;
         w->total++;
         if (w->nbuf == sizeof w->buf) DG_TRY(writer_flush(w));
@@ -323,7 +350,7 @@ static dg_status_t classify(const dg_prep_opts_t *o, const char *who, in_file_t 
             if (cut < 0 && c == '\n' && off + i >= cut0 - 1 && off + i + 1 < size) cut = off + i + 1;
         }
         off += r;
-        progress_tick(pr, r);
+        if (!pr->tok) progress_tick(pr, r);
     }
     close(fd);
     f->hash = XXH64_digest(h);
@@ -393,6 +420,193 @@ static dg_status_t emit(const char *who, in_file_t *f, writer_t *tr, writer_t *v
     return s;
 }
 
+/* ---------------- pass 2 with a tokenizer ---------------- */
+
+/* Documents and pieces of long ones (cut where dg_tokenizer_next_split says the ids cannot change) are
+ * collected from a batch buffer that spans files, encoded in parallel, and written in input order. */
+
+#define PREP_DEFAULT_CHUNK (1 << 20)
+#define PREP_BATCH_MIN (16 << 20)
+
+typedef struct tok_unit {
+    int file;       /* index in the file list */
+    int64_t off;    /* file offset of its first byte */
+    size_t at, len; /* in the batch buffer */
+    int val;        /* goes to the val split */
+    int starts_doc; /* <|endoftext|> first */
+    dg_tok_ids_t ids;
+    dg_tok_stats_t st;
+    dg_status_t rc;
+    char err[1024];
+} tok_unit_t;
+
+typedef struct tok_pass {
+    const dg_prep_opts_t *o;
+    const char *who;
+    const dg_tokenizer_t *tok;
+    int threads;
+    size_t chunk;
+    uint8_t *buf;
+    size_t cap, have;
+    tok_unit_t *u;
+    int nu, ucap;
+    file_list_t *l;
+    writer_t *tr, *va;
+    XXH64_state_t *all;
+    progress_t *pr;
+    dg_prep_result_t *res;
+} tok_pass_t;
+
+static void tok_add(tok_pass_t *p, int file, int64_t off, size_t at, size_t len, int val, int starts_doc) {
+    if (p->nu == p->ucap) {
+        int nc = p->ucap ? 2 * p->ucap : 64;
+        tok_unit_t *nu = realloc(p->u, (size_t)nc * sizeof *nu);
+        DG_ASSERTF(nu != NULL, "out of memory");
+        memset(nu + p->ucap, 0, (size_t)(nc - p->ucap) * sizeof *nu);
+        p->u = nu;
+        p->ucap = nc;
+    }
+    tok_unit_t *u = &p->u[p->nu++];
+    u->file = file, u->off = off, u->at = at, u->len = len, u->val = val, u->starts_doc = starts_doc;
+}
+
+static dg_status_t tok_flush(tok_pass_t *p) {
+    int nu = p->nu;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(p->threads)
+    for (int k = 0; k < nu; k++) {
+        tok_unit_t *u = &p->u[k];
+        u->ids.n = 0;
+        u->rc = dg_tokenizer_encode(p->tok, p->buf + u->at, u->len, &u->ids, &u->st);
+        if (u->rc != DG_OK) snprintf(u->err, sizeof u->err, "%s", dg_last_error()); /* per-thread message */
+#pragma omp critical(dg_prep_progress)
+        progress_tick(p->pr, (int64_t)u->len); /* encoding is the slow part: count it as it happens */
+    }
+    p->nu = 0;
+    const int32_t eot = dg_tokenizer_eot(p->tok);
+    for (int k = 0; k < nu; k++) {
+        tok_unit_t *u = &p->u[k];
+        const char *path = p->l->v[u->file].path;
+        if (u->rc != DG_OK) return DG_ERR(u->rc, "%s: %s: %s", p->who, path, u->err);
+        writer_t *w = u->val ? p->va : p->tr;
+        if (u->starts_doc) {
+            DG_TRY(writer_put_ids(w, &eot, 1));
+            p->res->n_docs++;
+        }
+        DG_TRY(writer_put_ids(w, u->ids.v, u->ids.n));
+        if (u->st.invalid_utf8) {
+            if (!p->res->invalid_utf8)
+                snprintf(p->res->first_invalid, sizeof p->res->first_invalid, "%s at byte %lld", path,
+                         (long long)(u->off + u->st.first_invalid));
+            p->res->invalid_utf8 += u->st.invalid_utf8;
+        }
+    }
+    return DG_OK;
+}
+
+/* Stream file `fi` into the batch: cut it into units, flushing the batch whenever the buffer fills. */
+static dg_status_t tok_file(tok_pass_t *p, int fi) {
+    in_file_t *f = &p->l->v[fi];
+    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return DG_ERR(DG_ERR_USAGE, "%s: cannot read %s: %s", p->who, f->path, strerror(errno));
+    const int64_t size = f->size, cut = f->cut;
+    int64_t fpos = 0, base = 0; /* bytes read; file offset of buf[reg] */
+    size_t reg = p->have, u = p->have;
+    int starts = 1;
+    dg_status_t s = DG_OK;
+    for (;;) {
+        while (p->have < p->cap && fpos < size) {
+            size_t want = p->cap - p->have;
+            if ((int64_t)want > size - fpos) want = (size_t)(size - fpos);
+            ssize_t r = read(fd, p->buf + p->have, want);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+                s = r < 0 ? DG_ERR(DG_ERR_USAGE, "%s: cannot read %s: %s", p->who, f->path, strerror(errno))
+                          : DG_ERR(DG_ERR_USAGE, "%s: %s changed while being read", p->who, f->path);
+                break;
+            }
+            XXH64_update(p->all, p->buf + p->have, (size_t)r);
+            p->have += (size_t)r;
+            fpos += r;
+        }
+        if (s != DG_OK) break;
+        while (u < p->have) {
+            int64_t abs = base + (int64_t)(u - reg);
+            int val = abs >= cut;
+            int64_t seg_end = val ? size : cut;
+            size_t lim = reg + (size_t)(seg_end - base);
+            int seg_done = lim <= p->have;
+            if (!seg_done) lim = p->have;
+            size_t end = SIZE_MAX;
+            int doc_end = 0;
+            if (p->o->docs == DG_PREP_DOCS_BLANK_LINE) {
+                const uint8_t *nn = memmem(p->buf + u, lim - u, "\n\n", 2);
+                if (nn) end = (size_t)(nn - p->buf) + 2, doc_end = 1;
+            }
+            if (!doc_end && seg_done) end = lim, doc_end = 1;
+            size_t avail = doc_end ? end : lim;
+            if (avail - u > p->chunk) {
+                size_t sp = dg_tokenizer_next_split(p->buf + u, avail - u, p->chunk);
+                if (sp < avail - u) end = u + sp, doc_end = 0;
+            }
+            if (end == SIZE_MAX) break; /* the unit goes on past the bytes read so far */
+            tok_add(p, fi, abs, u, end - u, val, starts);
+            starts = doc_end;
+            u = end;
+        }
+        if (fpos == size && u == p->have) break;
+        /* Buffer full: encode what is complete, keep this file's unfinished tail. */
+        s = tok_flush(p);
+        if (s != DG_OK) break;
+        memmove(p->buf, p->buf + u, p->have - u);
+        base += (int64_t)(u - reg);
+        p->have -= u;
+        reg = u = 0;
+        if (p->have == p->cap) { /* one unit larger than the buffer: no safe cut in a long document */
+            p->cap *= 2;
+            uint8_t *nb = realloc(p->buf, p->cap);
+            DG_ASSERTF(nb != NULL, "out of memory (%zu bytes for one document piece)", p->cap);
+            p->buf = nb;
+        }
+    }
+    close(fd);
+    return s;
+}
+
+static int cpus_available(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : 1;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+static dg_status_t emit_tokens(const dg_prep_opts_t *o, const char *who, file_list_t *l, writer_t *tr,
+                               writer_t *va, XXH64_state_t *all, progress_t *pr, dg_prep_result_t *res) {
+    tok_pass_t p = {.o = o,
+                    .who = who,
+                    .tok = o->tokenizer,
+                    .l = l,
+                    .tr = tr,
+                    .va = va,
+                    .all = all,
+                    .pr = pr,
+                    .res = res};
+    p.threads = o->threads > 0 ? o->threads : cpus_available();
+    p.chunk = o->chunk_bytes > 0 ? (size_t)o->chunk_bytes : PREP_DEFAULT_CHUNK;
+    /* Several units per thread so dynamic scheduling evens out documents of different sizes. */
+    p.cap = (size_t)p.threads * 4 * p.chunk;
+    if (p.cap < PREP_BATCH_MIN) p.cap = PREP_BATCH_MIN;
+    p.buf = dg_xmalloc(p.cap);
+    dg_status_t s = DG_OK;
+    for (int i = 0; s == DG_OK && i < l->n; i++)
+        if (l->v[i].use) s = tok_file(&p, i);
+    if (s == DG_OK) s = tok_flush(&p);
+    for (int k = 0; k < p.ucap; k++)
+        dg_tok_ids_free(&p.u[k].ids);
+    free(p.u);
+    free(p.buf);
+    return s;
+}
+
 static int valid_name(const char *s) {
     if (!*s || *s == '.') return 0;
     for (; *s; s++)
@@ -429,6 +643,21 @@ dg_status_t dg_data_prep(const dg_prep_opts_t *o, dg_prep_result_t *res) {
                       (long long)max_tok);
     if (strlen(o->out_dir) > 1900 || strlen(name) > 200)
         return DG_ERR(DG_ERR_USAGE, "%s: output path too long", who);
+    res->vocab_size = 256;
+    if (o->tokenizer) {
+        if (!dg_tokenizer_can_encode())
+            return DG_ERR(DG_ERR_USAGE,
+                          "%s: this build cannot encode GPT-2 text: it was built without PCRE2 (install "
+                          "libpcre2-dev, e.g. with scripts/setup.sh, and rebuild)",
+                          who);
+        res->vocab_size = dg_tokenizer_vocab_size(o->tokenizer);
+        if (res->vocab_size > DG_SHARD_MAX_VOCAB)
+            return DG_ERR(DG_ERR_USAGE,
+                          "%s: tokenizer %s has %d tokens; llm.c shards (uint16) hold at most %d", who,
+                          dg_tokenizer_source(o->tokenizer), res->vocab_size, DG_SHARD_MAX_VOCAB);
+        if (o->docs != DG_PREP_DOCS_FILE && o->docs != DG_PREP_DOCS_BLANK_LINE)
+            return DG_ERR(DG_ERR_USAGE, "%s: unknown document rule %d", who, o->docs);
+    }
 
     file_list_t l = {0};
     uint8_t *buf = dg_xmalloc(PREP_CHUNK);
@@ -440,7 +669,7 @@ dg_status_t dg_data_prep(const dg_prep_opts_t *o, dg_prep_result_t *res) {
     XXH64_state_t *all = XXH64_createState();
     DG_ASSERT(all != NULL);
     XXH64_reset(all, 0);
-    progress_t pr = {.who = who, .tty = isatty(2), .last_decile = -1};
+    progress_t pr = {.who = who, .tty = isatty(2), .last_decile = -1, .tok = o->tokenizer != NULL};
 
     dg_status_t s = collect(o, who, &l, &res->n_skipped);
     int64_t total = 0;
@@ -488,7 +717,13 @@ dg_status_t dg_data_prep(const dg_prep_opts_t *o, dg_prep_result_t *res) {
             s = DG_ERR(DG_ERR_RUNTIME, "%s: output directory %s is not usable: %s", who, o->out_dir, why);
         }
     }
-    for (int i = 0; s == DG_OK && i < l.n; i++)
+    if (s == DG_OK && o->tokenizer) {
+        pr.total = res->in_bytes;
+        pr.on = !o->quiet && res->in_bytes >= PREP_PROGRESS_MIN_BYTES_TOK;
+        pr.t0 = dg_now_s();
+        s = emit_tokens(o, who, &l, tr, va, all, &pr, res);
+    }
+    for (int i = 0; s == DG_OK && !o->tokenizer && i < l.n; i++)
         if (l.v[i].use) s = emit(who, &l.v[i], tr, va, buf, all, &pr);
     if (s == DG_OK) s = writer_close_shard(tr);
     if (s == DG_OK) s = writer_close_shard(va);
