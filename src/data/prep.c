@@ -141,7 +141,9 @@ static dg_status_t writer_open_shard(writer_t *w) {
     if (snprintf(path, sizeof path, "%s/.%s_%s_%06d.bin.tmp.%s.%d", w->dir, w->name, w->split, w->n_shards,
                  host, (int)getpid()) >= (int)sizeof path)
         return DG_ERR(DG_ERR_USAGE, "%s: output path too long in %s", w->who, w->dir);
-    w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* a stale temporary (or a link planted at its name) is removed, never followed or truncated */
+    unlink(path);
+    w->fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (w->fd < 0)
         return DG_ERR(DG_ERR_RUNTIME, "%s: output directory %s is not writable: cannot create %s: %s", w->who,
                       w->dir, path, strerror(errno));
