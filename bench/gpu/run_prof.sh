@@ -2,7 +2,7 @@
 # run_prof.sh — where one GPT-2 124M training step (bf16, micro-batch 32 x 1024) spends its time, on a GPU
 # machine in one call: dgtrain with CUDA Graph replay on and off (step times, medians of steps 6-20), then
 # a CUPTI kernel profile of each (bench/gpu/cupti_trace.c + timeline_steps.py), so the two can be compared
-# kernel by kernel. Extra environment for both runs: DGTRAIN_ENV (e.g. "DG_CUDA_BGRAD=colsum").
+# kernel by kernel. Extra environment for both runs: DGTRAIN_ENV (e.g. "DG_CUDA_ATTN_CUDNN=0").
 #
 #   bench/gpu/run_prof.sh BUILD_DIR
 # BUILD_DIR holds src/cli/dgtrain and bench/gpu/libdg_cupti_trace.so (or libdg_cupti_trace.so at its

@@ -2,8 +2,9 @@
  * every kernel. Implementations: backend_cpu (C + OpenMP + OpenBLAS, fp32, the reference) and
  * backend_cuda (CUDA C + cuBLASLt/cuDNN). The graph executor knows nothing else about a device.
  *
- * CONTRACT CHANGES: additive only, each noted in the change log at the end of this comment, because
- * two backends and the executor are written against it.
+ * Contract version: v1.11. Changes are additive only (new entries appended at the end of the table,
+ * optional ones NULL where a backend has none), because two backends and the executor are written
+ * against it; each is recorded in docs/backend.md, which also summarises the table.
  *
  * Dtype classes (fixed when the backend is created, from train.precision):
  *   act   — activations, their gradients, and the compute copy of parameters: be->act_dtype
@@ -24,62 +25,6 @@
  *
  * Determinism: every kernel gives bitwise-identical results for identical inputs run after run
  * (no atomics in reductions; fixed reduction orders).
- *
- * Change log:
- *   v1 (2026-11-29) initial contract.
- *   v1.1 (2026-11-29, cuda) dg_backend_cuda_stream(): the CUDA stream the CUDA backend queues all its work
- *        on, for CUDA Graph capture and for event edges with a communication stream. Additive.
- *   v1.2 (2026-11-29, cuda-e2e) dg_backend_cuda_device_name() (the GPU's name, for the MFU peak) and
- *        dg_backend_cuda_mem_stats() (the backend's allocated bytes and their peak; device memory in use).
- *        Additive.
- *   v1.3 (2026-11-29, cuda-graph) host_alloc / host_free / upload_async (capturable host-to-device copies
- *        from page-locked memory), adamw_dev (AdamW whose lr and bias corrections come from a device
- *        scalar block, and which skips itself when the gradient norm there is not finite), and
- *        graph_begin / graph_end / graph_launch / graph_free (record the ops queued between begin and end
- *        once, replay them). Entries appended at the end; graph_* are NULL on backends that cannot
- *        record. Additive.
- *   v1.4 (2026-11-29, gelu) matmul_bwd_dgelu(): the backward of a linear layer whose input is a GELU
- *        output, with GELU's derivative applied to the input gradient in the same call (cuBLASLt's DGELU
- *        epilogue on CUDA). Placed after gelu_bwd in the table. Additive.
- *   v1.5 (2026-11-29, nccl) add_f32(): dst (f32) += src (f32) on the backend's queue, whatever the act
- *        dtype (accumulate works in the act dtype): the executor adds a reduce-scatter's result into the
- *        f32 gradient shard on the device, without a host round trip, so the step stays capturable.
- *        Appended at the end of the table. Additive.
- *   v1.6 (2026-11-29, adamw-multi) adamw_multi_dev(): adamw_dev over many tensors at once, each a segment
- *        (dg_adamw_seg_t: offset, count, weight decay on/off, skip) of the same flat master / compute /
- *        grad / m / v buffers, in one call (one kernel launch on CUDA); the same arithmetic as adamw_dev
- *        per segment, bit for bit. Optional (NULL: the executor runs one adamw_dev per tensor). Appended
- *        at the end of the table. Additive.
- *   v1.7 (2026-11-29, sumsq-multi) sumsq_multi(): sumsq_f32 over many tensors at once, each a segment
- *        (dg_sumsq_seg_t: offset, count, skip) of one flat buffer, accumulated into one device scalar in
- *        table order; the same partial sums and the same sequence of float additions into *out as one
- *        sumsq_f32 per segment, bit for bit (CUDA: 3 kernel launches whatever the number of segments,
- *        instead of 2 per tensor). Optional (NULL: the executor runs one sumsq_f32 per tensor). Appended
- *        at the end of the table. Additive.
- *   v1.8 (2026-11-29, async-host) download_async() and fence_create / fence_record / fence_wait /
- *        fence_destroy: device-to-host copies into page-locked memory queued in order with the other ops,
- *        and a marker the host can wait on that covers only the work queued before it (not the whole
- *        queue, as sync does). Both are legal while a graph is being recorded (a recorded fence fires at
- *        every replay). The model reads the step's losses and gradient norm through them, so the host
- *        no longer waits for the backward or the AdamW. Optional (all five NULL: the model syncs as
- *        before). Appended at the end of the table. Additive.
- *   v1.9 (2026-11-30, cudnn-attn) attention_bwd_ws_bytes() / attention_bwd_ws(): the attention backward
- *        with a workspace the caller places (the graph puts it in the activation arena where memory is
- *        free, for cuDNN's deterministic backward: B * NH * T^2 * 2 bytes); and
- *        dg_backend_cuda_cudnn_attention_calls(): how many attention calls a CUDA backend served through
- *        cuDNN's fused attention (attention_fwd / attention_bwd may now run on cuDNN for bf16 / f16; same
- *        contract, bf16 / f16 tolerance). Optional (both NULL: attention_bwd as before). Appended at the
- *        end of the table. Additive.
- *   v1.10 (2026-11-30, ce-fused) crossentropy_fused(): crossentropy_fwd and crossentropy_bwd of the same
- *        logits in one call (losses, lse and dlogits bit for bit what the two calls give), so the logits
- *        are read once from memory instead of twice (CUDA: one block per row, the row staged in shared
- *        memory). dlogits may alias logits. Optional (NULL: the graph keeps the two ops). Appended at the
- *        end of the table. Additive.
- *   v1.11 (2026-12-01, res-fused) matmul_fwd_res(): a linear layer and the residual add after it in one
- *        call, out = inp·wᵀ + bias + res (CUDA: one cuBLASLt GEMM with beta = 1 and C = res, instead of
- *        the GEMM and an add kernel that reads two [N, OC] tensors and writes one). out may alias res.
- *        CPU: bitwise matmul_fwd followed by add. Optional (NULL: the graph keeps the matmul and the add).
- *        Appended at the end of the table. Additive.
  */
 #ifndef DG_BACKEND_H
 #define DG_BACKEND_H

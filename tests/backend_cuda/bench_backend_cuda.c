@@ -8,28 +8,19 @@
  * reads to print the same ops timed in PyTorch and the ratios. Exit 77 when there is no GPU.
  *
  *   bench_backend_cuda --mode lnbgrad [--B 32] [--T 1024] [--dtype bf16] [--iters 50]
- * The layernorm and bias-gradient A/B (issue 7): per-call times from CUDA events (median of 5 runs of
- * --iters back-to-back calls, after warm-up) at C = 768, N = B*T, of layernorm_fwd and layernorm_bwd
- * (acc = 1, dw and db) with the register kernels and with the generic ones (DG_CUDA_LN_REG=0), and of
- * matmul_bwd at the four GPT-2 layer shapes with the bias gradient from cuBLASLt's BGRADB epilogue
- * (DG_CUDA_BGRAD=epilogue), from our column sums (DG_CUDA_BGRAD=colsum) and without a bias gradient; the
- * dw/db and dbias of the two variants are compared (max relative difference). Ends with one line
- * "LNBGRAD_SUMMARY ..." (the numbers, which bias-gradient path was faster and the per-step savings).
+ * The layernorm and bias-gradient figures: per-call times from CUDA events (median of 5 runs of --iters
+ * back-to-back calls, after warm-up) at C = 768, N = B*T, of layernorm_fwd and layernorm_bwd (acc = 1, dw
+ * and db) with the register kernels and with the generic ones (DG_CUDA_LN_REG=0; their dw/db compared,
+ * max relative difference), and of matmul_bwd at the four GPT-2 layer shapes with the bias gradient (our
+ * column sums) and without it. Ends with one line "LNBGRAD_SUMMARY ..." (the numbers and the per-step
+ * costs).
  *
  *   bench_backend_cuda --mode ce [--B 32] [--T 1024] [--dtype bf16] [--iters 20]
- * The classifier-loss A/B: at N = B*T, V = 50257, Vp = 50304, logits ~ N(0, 2^2), per-call times (CUDA
- * events, median of 5 runs of --iters calls after warm-up) of crossentropy_fwd + crossentropy_bwd and of
- * crossentropy_fused under each DG_CUDA_CE_IMPL (twopass, smem, reg, hybrid, and the default), each with
- * DG_CUDA_CE_FASTEXP=1 and 0 (bf16/f16), and a few DG_CUDA_CE_OCC settings; switches set with setenv
- * between runs (crossentropy.cu reads them at every launch). dlogits go to their own buffer, so every call
- * sees the same logits. GB/s counts one read and one write of the logits. Each fused row also says
- * whether its losses, lse and first/last 64 dlogits rows are bitwise the preceding pair's (same
- * FASTEXP). Ends with "CE_SUMMARY act=... <variant>=<ms> ... best_fused=<variant>".
- *
- *   bench_backend_cuda --mode colsum [--B 32] [--T 1024] [--dtype bf16] [--iters 50]
- * The bias-gradient column sums alone (matmul_bwd with only dbias) at the four GPT-2 layer shapes under
- * each DG_CUDA_COLSUM=SLAB:UNROLL setting: per-call times, GB/s of the dout read, the per-step total and
- * the dbias difference from the first setting. Ends with "COLSUM_SUMMARY act=... SLAB:UNROLL=<step ms>".
+ * The classifier loss: at N = B*T, V = 50257, Vp = 50304, logits ~ N(0, 2^2), per-call times (CUDA
+ * events, median of 5 runs of --iters calls after warm-up) of crossentropy_fwd + crossentropy_bwd (the
+ * pair) and of crossentropy_fused. dlogits go to their own buffer, so every call sees the same logits.
+ * GB/s counts one read and one write of the logits. The fused row also says whether its losses, lse and
+ * first/last 64 dlogits rows are bitwise the pair's. Ends with "CE_SUMMARY act=... pair=<ms> fused=<ms>".
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -192,12 +183,10 @@ static double lb_maxrel(const float *a, const float *b, size_t n) {
     return worst;
 }
 
-static dg_status_t lb_create(dg_dtype_t act, const char *bgrad, const char *ln_reg) {
-    setenv("DG_CUDA_BGRAD", bgrad, 1);
+static dg_status_t lb_create(dg_dtype_t act, const char *ln_reg) {
     setenv("DG_CUDA_LN_REG", ln_reg, 1);
     dg_backend_config_t cfg = {.act_dtype = act, .device = 0};
     dg_status_t s = dg_backend_cuda_create(&cfg, &g_be);
-    unsetenv("DG_CUDA_BGRAD");
     unsetenv("DG_CUDA_LN_REG");
     return s;
 }
@@ -209,32 +198,29 @@ static int run_lnbgrad(int B, int T, dg_dtype_t act) {
         const char *name;
         int C, OC;
     } shp[4] = {{"qkv", 768, 2304}, {"attproj", 768, 768}, {"fc", 768, 3072}, {"fcproj", 3072, 768}};
-    /* [variant]: 0 = register layernorm, DG_CUDA_BGRAD=epilogue (BGRADB), 1 = DG_CUDA_BGRAD=colsum (the
-     * default), 2 = DG_CUDA_LN_REG=0 (generic layernorm kernels) */
-    double ln_f[3] = {0}, ln_b[3] = {0}, mm[3][4] = {{0}}, nob[4] = {0};
-    float *ln_dw[3] = {0}, *mm_db[3][4] = {{0}};
-    for (int v = 0; v < 3; v++) {
-        if (lb_create(act, v == 1 ? "colsum" : "epilogue", v == 2 ? "0" : "1") != DG_OK) {
+    /* [variant]: 0 = the default (register layernorm kernels), 1 = DG_CUDA_LN_REG=0 (generic kernels) */
+    double ln_f[2] = {0}, ln_b[2] = {0}, mm[4] = {0}, nob[4] = {0};
+    float *ln_dw[2] = {0};
+    for (int v = 0; v < 2; v++) {
+        if (lb_create(act, v == 1 ? "0" : "1") != DG_OK) {
             printf("SKIP: %s\n", dg_last_error());
             return strstr(dg_last_error(), "no CUDA device") ? 77 : 1;
         }
         const dg_backend_ops_t *op = g_be->ops;
-        if (v != 1) { /* layernorm (not affected by DG_CUDA_BGRAD) */
-            void *x = lb_track(dev_rand(nc, act, 0.1f, 1.f, 3)),
-                 *dy = lb_track(dev_rand(nc, act, 0.01f, 0.1f, 4));
-            void *out = lb_track(dev(nc * as)), *dx = lb_track(dev_rand(nc, act, 0.01f, 0.1f, 5));
-            void *lnw = lb_track(dev_rand(C, act, 0.8f, 1.2f, 6)),
-                 *lnb = lb_track(dev_rand(C, act, 0.f, 0.1f, 7));
-            float *mean = lb_track(dev((size_t)N * 4)), *rstd = lb_track(dev((size_t)N * 4));
-            float *g = lb_track(dev((size_t)2 * C * 4));
-            MUST(op->layernorm_fwd(g_be, out, mean, rstd, x, lnw, lnb, N, C));
-            MUST(op->memset0(g_be, g, (size_t)2 * C * 4));
-            MUST(op->layernorm_bwd(g_be, dx, g, g + C, dy, x, lnw, mean, rstd, N, C, 1));
-            ln_dw[v] = lb_download(g, (size_t)2 * C);
-            EV_TIME(ln_f[v], op->layernorm_fwd(g_be, out, mean, rstd, x, lnw, lnb, N, C));
-            EV_TIME(ln_b[v], op->layernorm_bwd(g_be, dx, g, g + C, dy, x, lnw, mean, rstd, N, C, 1));
-        }
-        if (v != 2) { /* matmul_bwd at the four shapes */
+        void *x = lb_track(dev_rand(nc, act, 0.1f, 1.f, 3)),
+             *dy = lb_track(dev_rand(nc, act, 0.01f, 0.1f, 4));
+        void *out = lb_track(dev(nc * as)), *dx = lb_track(dev_rand(nc, act, 0.01f, 0.1f, 5));
+        void *lnw = lb_track(dev_rand(C, act, 0.8f, 1.2f, 6)),
+             *lnb = lb_track(dev_rand(C, act, 0.f, 0.1f, 7));
+        float *mean = lb_track(dev((size_t)N * 4)), *rstd = lb_track(dev((size_t)N * 4));
+        float *g = lb_track(dev((size_t)2 * C * 4));
+        MUST(op->layernorm_fwd(g_be, out, mean, rstd, x, lnw, lnb, N, C));
+        MUST(op->memset0(g_be, g, (size_t)2 * C * 4));
+        MUST(op->layernorm_bwd(g_be, dx, g, g + C, dy, x, lnw, mean, rstd, N, C, 1));
+        ln_dw[v] = lb_download(g, (size_t)2 * C);
+        EV_TIME(ln_f[v], op->layernorm_fwd(g_be, out, mean, rstd, x, lnw, lnb, N, C));
+        EV_TIME(ln_b[v], op->layernorm_bwd(g_be, dx, g, g + C, dy, x, lnw, mean, rstd, N, C, 1));
+        if (v == 0) { /* matmul_bwd at the four shapes, with and without the bias gradient */
             const size_t big = (size_t)N * 3072;
             void *inp = lb_track(dev_rand(big, act, 0.1f, 1.f, 8)),
                  *dout = lb_track(dev_rand(big, act, 0.01f, 0.1f, 9));
@@ -242,13 +228,11 @@ static int run_lnbgrad(int B, int T, dg_dtype_t act) {
                  *w = lb_track(dev_rand((size_t)3072 * 768, act, 0.01f, 0.03f, 10));
             float *dw = lb_track(dev((size_t)3072 * 768 * 4)), *db = lb_track(dev((size_t)3072 * 4));
             MUST(op->memset0(g_be, dw, (size_t)3072 * 768 * 4));
+            MUST(op->memset0(g_be, db, (size_t)3072 * 4));
             for (int k = 0; k < 4; k++) {
                 const int c = shp[k].C, oc = shp[k].OC;
-                MUST(op->memset0(g_be, db, (size_t)oc * 4));
-                MUST(op->matmul_bwd(g_be, dinp, dw, db, dout, inp, w, N, c, oc, 0));
-                mm_db[v][k] = lb_download(db, (size_t)oc);
-                EV_TIME(mm[v][k], op->matmul_bwd(g_be, dinp, dw, db, dout, inp, w, N, c, oc, 0));
-                if (v == 0) EV_TIME(nob[k], op->matmul_bwd(g_be, dinp, dw, NULL, dout, inp, w, N, c, oc, 0));
+                EV_TIME(mm[k], op->matmul_bwd(g_be, dinp, dw, db, dout, inp, w, N, c, oc, 0));
+                EV_TIME(nob[k], op->matmul_bwd(g_be, dinp, dw, NULL, dout, inp, w, N, c, oc, 0));
             }
         }
         lb_free_all();
@@ -262,64 +246,36 @@ static int run_lnbgrad(int B, int T, dg_dtype_t act) {
            B, T, N, C, dg_dtype_name(act), LB_REPS, g_iters);
     printf("%-34s %10s %8s %12s %8s\n", "op", "register", "GB/s", "generic", "GB/s");
     printf("%-34s %10.4f %8.0f %12.4f %8.0f\n", "layernorm_fwd", ln_f[0], lnf_bytes / (ln_f[0] * 1e6),
-           ln_f[2], lnf_bytes / (ln_f[2] * 1e6));
+           ln_f[1], lnf_bytes / (ln_f[1] * 1e6));
     printf("%-34s %10.4f %8.0f %12.4f %8.0f\n", "layernorm_bwd (acc=1, dw, db)", ln_b[0],
-           lnb_bytes / (ln_b[0] * 1e6), ln_b[2], lnb_bytes / (ln_b[2] * 1e6));
-    size_t nC = (size_t)2 * C;
+           lnb_bytes / (ln_b[0] * 1e6), ln_b[1], lnb_bytes / (ln_b[1] * 1e6));
     printf("%-34s %10.2g (register vs generic, from zero)\n", "layernorm_bwd dw/db max rel diff",
-           lb_maxrel(ln_dw[0], ln_dw[2], nC));
-    printf("\n%-22s %10s %10s %10s %10s %10s %9s %12s\n", "matmul_bwd", "epilogue", "colsum", "no bias",
-           "bgrad epi", "bgrad cs", "cs GB/s", "dbias rel");
-    double tot_e = 0, tot_c = 0, tot_n = 0;
+           lb_maxrel(ln_dw[0], ln_dw[1], (size_t)2 * C));
+    printf("\n%-22s %10s %10s %10s %9s\n", "matmul_bwd", "bias grad", "no bias", "colsum", "cs GB/s");
+    double tot = 0, tot_n = 0;
     for (int k = 0; k < 4; k++) {
         char nm[64];
         snprintf(nm, sizeof nm, "%s (C=%d, OC=%d)", shp[k].name, shp[k].C, shp[k].OC);
         /* the column sum's bandwidth, from its share of the call (0 when noise hides it) */
-        const double cs_ms = mm[1][k] - nob[k],
+        const double cs_ms = mm[k] - nob[k],
                      cs_gbs = cs_ms > 0 ? (double)N * shp[k].OC * as / (cs_ms * 1e6) : 0;
-        printf("%-22s %10.4f %10.4f %10.4f %+10.4f %+10.4f %9.0f %12.2g\n", nm, mm[0][k], mm[1][k], nob[k],
-               mm[0][k] - nob[k], cs_ms, cs_gbs, lb_maxrel(mm_db[1][k], mm_db[0][k], (size_t)shp[k].OC));
-        tot_e += mm[0][k];
-        tot_c += mm[1][k];
+        printf("%-22s %10.4f %10.4f %+10.4f %9.0f\n", nm, mm[k], nob[k], cs_ms, cs_gbs);
+        tot += mm[k];
         tot_n += nob[k];
     }
-    printf("%-22s %10.4f %10.4f %10.4f %+10.4f %+10.4f\n", "per layer", tot_e, tot_c, tot_n, tot_e - tot_n,
-           tot_c - tot_n);
-    const double ln_save = (2 * L + 1) * ((ln_f[2] - ln_f[0]) + (ln_b[2] - ln_b[0]));
+    printf("%-22s %10.4f %10.4f %+10.4f\n", "per layer", tot, tot_n, tot - tot_n);
+    const double ln_save = (2 * L + 1) * ((ln_f[1] - ln_f[0]) + (ln_b[1] - ln_b[0]));
     printf("LNBGRAD_SUMMARY act=%s N=%d ln_fwd_ms=%.4f ln_fwd_generic_ms=%.4f ln_bwd_ms=%.4f "
-           "ln_bwd_generic_ms=%.4f ln_step_saving_ms=%.3f mm_bwd_layer_epilogue_ms=%.4f "
-           "mm_bwd_layer_colsum_ms=%.4f mm_bwd_layer_nobias_ms=%.4f bgrad_faster=%s "
-           "bgrad_colsum_step_saving_ms=%.3f\n",
-           dg_dtype_name(act), N, ln_f[0], ln_f[2], ln_b[0], ln_b[2], ln_save, tot_e, tot_c, tot_n,
-           tot_c < tot_e ? "colsum" : "epilogue", L * (tot_e - tot_c));
-    for (int v = 0; v < 3; v++) {
+           "ln_bwd_generic_ms=%.4f ln_step_saving_ms=%.3f mm_bwd_layer_ms=%.4f mm_bwd_layer_nobias_ms=%.4f "
+           "bgrad_step_ms=%.3f\n",
+           dg_dtype_name(act), N, ln_f[0], ln_f[1], ln_b[0], ln_b[1], ln_save, tot, tot_n, L * (tot - tot_n));
+    for (int v = 0; v < 2; v++)
         free(ln_dw[v]);
-        for (int k = 0; k < 4; k++)
-            free(mm_db[v][k]);
-    }
     return 0;
 }
 
 /* ---------------- --mode ce ---------------- */
 
-/* one timed configuration: the unfused pair or the fused op, with the crossentropy.cu switches (NULL:
- * unset, i.e. the default) */
-typedef struct {
-    int fused;
-    const char *impl, *fastexp, *occ;
-} ce_var_t;
-
-static void ce_setenv(const char *name, const char *v) {
-    if (v)
-        setenv(name, v, 1);
-    else
-        unsetenv(name);
-}
-static void ce_label(char *buf, size_t n, const ce_var_t *v) {
-    snprintf(buf, n, "%s%s%s%s%s%s", v->fused ? "fused_" : "pair",
-             v->fused ? (v->impl ? v->impl : "default") : "", v->fastexp ? "_fastexp" : "",
-             v->fastexp ? v->fastexp : "", v->occ ? "_occ" : "", v->occ ? v->occ : "");
-}
 static dg_status_t ce_pair(float *losses, float *lse, void *dl, const void *logits, const int32_t *tg, int N,
                            int V, int Vp, float dloss) {
     dg_status_t s = g_be->ops->crossentropy_fwd(g_be, losses, lse, logits, tg, N, V, Vp);
@@ -387,137 +343,25 @@ static int run_ce(int B, int T, dg_dtype_t act) {
     MUST(op->sync(g_be));
     g_be->ops->free(g_be, tmp);
 
-    const int half = act != DG_F32; /* the cheap exponential exists for bf16/f16 only */
-    ce_var_t vars[24];
-    int nv = 0;
-    for (int f = 1; f >= (half ? 0 : 1); f--) {
-        const char *fe = half ? (f ? "1" : "0") : NULL;
-        vars[nv++] = (ce_var_t){0, NULL, fe, NULL};
-        if (f) vars[nv++] = (ce_var_t){1, NULL, NULL, NULL}; /* whatever no switch gives */
-        static const char *impls[] = {"twopass", "smem", "reg", "hybrid"};
-        for (int i = 0; i < 4; i++)
-            vars[nv++] = (ce_var_t){1, impls[i], fe, NULL};
-        if (f) {
-            vars[nv++] = (ce_var_t){1, "twopass", fe, "2"};
-            vars[nv++] = (ce_var_t){1, "twopass", fe, "3"};
-            vars[nv++] = (ce_var_t){1, "hybrid", fe, "3"};
-            vars[nv++] = (ce_var_t){1, "reg", fe, "1"};
-        }
-    }
     const double bytes = 2.0 * (double)nz * as;
-    double ms[24];
-    char lab[24][64];
-    ce_snap_t ref = {0};
+    double ms[2];
     printf(
         "\ncrossentropy at N=B*T=%d (B=%d, T=%d), V=%d, Vp=%d, act %s, logits ~ N(0, 4), dlogits out of "
-        "place; "
-        "per call, median of %d runs of %d calls (CUDA events); GB/s counts %.2f GB (one read + one write of "
-        "the logits)\n",
+        "place; per call, median of %d runs of %d calls (CUDA events); GB/s counts %.2f GB (one read + one "
+        "write of the logits)\n",
         N, B, T, V, Vp, dg_dtype_name(act), LB_REPS, g_iters, bytes / 1e9);
-    printf("%-34s %10s %8s  %s\n", "variant", "ms/call", "GB/s",
-           "bits (losses, lse, dlogits rows vs the pair)");
-    for (int i = 0; i < nv; i++) {
-        const ce_var_t *v = &vars[i];
-        ce_label(lab[i], sizeof lab[i], v);
-        ce_setenv("DG_CUDA_CE_IMPL", v->impl);
-        ce_setenv("DG_CUDA_CE_FASTEXP", v->fastexp);
-        ce_setenv("DG_CUDA_CE_OCC", v->occ);
-        if (v->fused)
-            EV_TIME(ms[i], op->crossentropy_fused(g_be, losses, lse, dl, logits, tg, N, V, Vp, dloss));
-        else
-            EV_TIME(ms[i], ce_pair(losses, lse, dl, logits, tg, N, V, Vp, dloss));
-        ce_snap_t s = ce_snap(losses, lse, dl, N, Vp, as);
-        const char *bits = "reference";
-        if (!v->fused) {
-            free(ref.b);
-            ref = s;
-        } else {
-            bits = s.n == ref.n && memcmp(s.b, ref.b, s.n) == 0 ? "same" : "DIFFERENT";
-            free(s.b);
-        }
-        printf("%-34s %10.4f %8.0f  %s\n", lab[i], ms[i], bytes / (ms[i] * 1e6), bits);
-        fflush(stdout);
-    }
+    printf("%-34s %10s %8s  %s\n", "op", "ms/call", "GB/s", "bits (losses, lse, dlogits rows vs the pair)");
+    EV_TIME(ms[0], ce_pair(losses, lse, dl, logits, tg, N, V, Vp, dloss));
+    ce_snap_t ref = ce_snap(losses, lse, dl, N, Vp, as);
+    printf("%-34s %10.4f %8.0f  %s\n", "crossentropy_fwd + _bwd", ms[0], bytes / (ms[0] * 1e6), "reference");
+    EV_TIME(ms[1], op->crossentropy_fused(g_be, losses, lse, dl, logits, tg, N, V, Vp, dloss));
+    ce_snap_t fs = ce_snap(losses, lse, dl, N, Vp, as);
+    printf("%-34s %10.4f %8.0f  %s\n", "crossentropy_fused", ms[1], bytes / (ms[1] * 1e6),
+           fs.n == ref.n && memcmp(fs.b, ref.b, fs.n) == 0 ? "same" : "DIFFERENT");
     free(ref.b);
-    ce_setenv("DG_CUDA_CE_IMPL", NULL);
-    ce_setenv("DG_CUDA_CE_FASTEXP", NULL);
-    ce_setenv("DG_CUDA_CE_OCC", NULL);
-    int best = -1;
-    printf("CE_SUMMARY act=%s N=%d", dg_dtype_name(act), N);
-    for (int i = 0; i < nv; i++) {
-        printf(" %s=%.4f", lab[i], ms[i]);
-        if (vars[i].fused && (best < 0 || ms[i] < ms[best])) best = i;
-    }
-    printf(" best_fused=%s\n", best >= 0 ? lab[best] : "-");
+    free(fs.b);
+    printf("CE_SUMMARY act=%s N=%d pair=%.4f fused=%.4f\n", dg_dtype_name(act), N, ms[0], ms[1]);
     dg_backend_free(g_be);
-    return 0;
-}
-
-/* ---------------- --mode colsum ---------------- */
-/* The bias-gradient column sums alone (matmul_bwd with only dbias: colsum + rowsum, DG_CUDA_BGRAD=colsum)
- * at the four GPT-2 layer shapes, for each DG_CUDA_COLSUM=SLAB:UNROLL setting; GB/s counts one read of
- * dout. dbias is compared with the default setting's (another slab size is another summation order). */
-static int run_colsum(int B, int T, dg_dtype_t act) {
-    const int N = B * T, L = 12;
-    static const int oc[4] = {2304, 768, 3072, 768};
-    static const char *nm[4] = {"qkv", "attproj", "fc", "fcproj"};
-    static const char *cfgs[] = {"128:4", "128:8", "256:4", "256:8", "512:8", "64:4"};
-    enum { NC = sizeof cfgs / sizeof *cfgs };
-    double ms[NC][4];
-    float *ref[4] = {0};
-    double rel[NC] = {0};
-    for (int v = 0; v < NC; v++) {
-        if (lb_create(act, "colsum", "1") != DG_OK) {
-            printf("SKIP: %s\n", dg_last_error());
-            return strstr(dg_last_error(), "no CUDA device") ? 77 : 1;
-        }
-        setenv("DG_CUDA_COLSUM", cfgs[v], 1);
-        const dg_backend_ops_t *op = g_be->ops;
-        void *dout = lb_track(dev_rand((size_t)N * 3072, act, 0.01f, 0.1f, 9));
-        float *db = lb_track(dev((size_t)3072 * 4));
-        for (int k = 0; k < 4; k++) {
-            MUST(op->memset0(g_be, db, (size_t)oc[k] * 4));
-            MUST(op->matmul_bwd(g_be, NULL, NULL, db, dout, NULL, NULL, N, 768, oc[k], 0));
-            float *h = lb_download(db, (size_t)oc[k]);
-            if (v == 0) {
-                ref[k] = h;
-            } else {
-                double r = lb_maxrel(h, ref[k], (size_t)oc[k]);
-                if (!(r <= rel[v])) rel[v] = r;
-                free(h);
-            }
-            EV_TIME(ms[v][k], op->matmul_bwd(g_be, NULL, NULL, db, dout, NULL, NULL, N, 768, oc[k], 0));
-        }
-        unsetenv("DG_CUDA_COLSUM");
-        lb_free_all();
-        dg_backend_free(g_be);
-        g_be = NULL;
-    }
-    printf("\nbias-gradient column sums, N=%d, act %s; per call, median of %d runs of %d calls\n", N,
-           dg_dtype_name(act), LB_REPS, g_iters);
-    printf("%-10s", "SLAB:UNR");
-    for (int k = 0; k < 4; k++)
-        printf(" %9s(%4d) %6s", nm[k], oc[k], "GB/s");
-    printf(" %9s %9s\n", "step ms", "dbias rel");
-    printf("COLSUM_SUMMARY act=%s N=%d", dg_dtype_name(act), N);
-    for (int v = 0; v < NC; v++) {
-        double step = 0;
-        for (int k = 0; k < 4; k++)
-            step += L * ms[v][k];
-        printf(" %s=%.4f", cfgs[v], step);
-    }
-    printf("\n");
-    for (int v = 0; v < NC; v++) {
-        double step = 0;
-        printf("%-10s", cfgs[v]);
-        for (int k = 0; k < 4; k++) {
-            step += L * ms[v][k];
-            printf(" %15.4f %6.0f", ms[v][k], (double)N * oc[k] * dg_dtype_size(act) / (ms[v][k] * 1e6));
-        }
-        printf(" %9.3f %9.2g\n", step, rel[v]);
-    }
-    for (int k = 0; k < 4; k++)
-        free(ref[k]);
     return 0;
 }
 
@@ -541,25 +385,24 @@ int main(int argc, char **argv) {
             act = !strcmp(d, "f32") ? DG_F32 : !strcmp(d, "f16") ? DG_F16 : DG_BF16;
         } else {
             fprintf(stderr,
-                    "usage: %s [--mode kernels|lnbgrad|ce|colsum] [--B 8] [--T 1024] [--dtype bf16|f16|f32] "
+                    "usage: %s [--mode kernels|lnbgrad|ce] [--B 8] [--T 1024] [--dtype bf16|f16|f32] "
                     "[--iters 20] "
                     "[--json FILE]\n",
                     argv[0]);
             return 2;
         }
     }
-    const int lnbgrad = !strcmp(mode, "lnbgrad"), ce = !strcmp(mode, "ce"), colsum = !strcmp(mode, "colsum");
-    if (B == 0) B = lnbgrad || ce || colsum ? 32 : 8;
-    g_iters = iters ? iters : lnbgrad || colsum ? 50 : 20;
+    const int lnbgrad = !strcmp(mode, "lnbgrad"), ce = !strcmp(mode, "ce");
+    if (B == 0) B = lnbgrad || ce ? 32 : 8;
+    g_iters = iters ? iters : lnbgrad ? 50 : 20;
     if (B < 1 || T < 1 || g_iters < 1) {
         fprintf(stderr, "bench: B, T and --iters must be positive\n");
         return 2;
     }
     if (lnbgrad) return run_lnbgrad(B, T, act);
     if (ce) return run_ce(B, T, act);
-    if (colsum) return run_colsum(B, T, act);
     if (strcmp(mode, "kernels") != 0) {
-        fprintf(stderr, "bench: unknown --mode %s (kernels, lnbgrad, ce or colsum)\n", mode);
+        fprintf(stderr, "bench: unknown --mode %s (kernels, lnbgrad or ce)\n", mode);
         return 2;
     }
     dg_backend_config_t cfg = {.act_dtype = act, .device = 0};
@@ -641,8 +484,8 @@ int main(int argc, char **argv) {
     TIME("crossentropy_bwd", 0, (double)N * Vp * a2, 1,
          op->crossentropy_bwd(g_be, logits, logits, lse, tok, N, V, Vp, 1.0f / N));
     /* what the graph runs instead of the two rows above (pass fuse_crossentropy, contract v1.10): both in
-     * one read and one write of the logits, in place (DG_CUDA_CE_SMEM=0: the two-pass kernel that
-     * re-reads each row through L2). x/step 0, as for matmul_bwd_dgelu: the step sum keeps the pair */
+     * one read and one write of the logits, in place. x/step 0, as for matmul_bwd_dgelu: the step sum
+     * keeps the pair */
     TIME("crossentropy_fused", 0, (double)N * Vp * a2, 0,
          op->crossentropy_fused(g_be, losses, lse, logits, logits, tok, N, V, Vp, 1.0f / N));
     TIME("matmul_bwd lm_head", 2 * flm, 0, 1,

@@ -35,7 +35,7 @@ t0=$(date +%s)
 (cd "$bdir" && ctest -R '^backend_cuda_' -LE bench -j "${CTEST_JOBS:-4}" --timeout 150 -V) >"$out/ctest.log" 2>&1
 log "ctest rc=$? in $(($(date +%s) - t0)) s: $(grep -E 'tests passed|tests failed' "$out/ctest.log")"
 grep -E '^ *[0-9]+/[0-9]+ Test' "$out/ctest.log" | tee -a "$out/summary.log"
-grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|op harness \[|cuda vs cpu \[|attn-impl|^[0-9]+: determinism \[' "$out/ctest.log" |
+grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|op harness \[|cuda vs cpu \[|attn-builtin|attn-cudnn|^[0-9]+: determinism \[' "$out/ctest.log" |
   sort | uniq -c | tee -a "$out/summary.log"
 
 # The figures behind the pass/fail: every comparison with its error, per dtype.
@@ -51,7 +51,7 @@ for B in ${BENCH_BS:-8 32}; do
   log "bench B=$B rc=$?: $(grep 'sum of one step' "$out/bench.log" | tail -1)"
 done
 grep -E 'attention|layernorm' "$out/bench.log" | tee -a "$out/summary.log"
-# layernorm register vs generic kernels, bias gradient by BGRADB epilogue vs our column sums (issue 7)
+# layernorm register vs generic kernels, matmul_bwd with and without its bias gradient (the column sums)
 "$bench" --mode lnbgrad --B 32 --T "${BENCH_T:-1024}" >"$out/lnbgrad.log" 2>&1
 log "lnbgrad rc=$?: $(grep LNBGRAD_SUMMARY "$out/lnbgrad.log")"
 PYTHONUNBUFFERED=1 timeout 200 python3 "$here/torch_kernels.py" --ours "$out/bench_b${BENCH_TORCH_B:-32}.json" \

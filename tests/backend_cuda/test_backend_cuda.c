@@ -18,21 +18,18 @@
  *   machines without a GPU.
  *   test_backend_cuda --mode probe
  *       exit 0 when a GPU is usable, 77 otherwise (for the compute-sanitizer wrappers).
- *   test_backend_cuda --mode attn-rows   [--dtype bf16|f16] [--small]
- *       the tensor-core attention with 64-row and with 128-row blocks (DG_CUDA_ATTN_ROWS) on the same
- *       random inputs at several shapes: out, logsumexp and dqkv bitwise equal (+0 = -0), every element
- *       written (outputs poisoned with NaN first).
- *   test_backend_cuda --mode attn-impl   [--dtype bf16|f16] [--small] [--verbose]
- *       the tensor-core attention implementations 1 to 5 (DG_CUDA_ATTN_IMPL) on the same random inputs
- *       (B,T in (2,1024) (2,200) (3,13) (1,333) (2,129), head sizes 64 and 32): out, logsumexp and dqkv of
- *       each of impl 2 to 5 within the vs-CPU tolerances of impl 1's, every element written (NaN poison),
- *       bitwise reproducible run to run; without --small, a timing line of all five at B=32 T=1024
- *       C=768 NH=12.
+ *   test_backend_cuda --mode attn-builtin [--dtype bf16|f16] [--small] [--verbose]
+ *       the built-in attention (DG_CUDA_ATTN_CUDNN=0): the tensor-core kernels against the generic ones
+ *       (DG_CUDA_FAST_ATTENTION=0, the reference) on the same random inputs ((B,T) in (2,1024) (2,200)
+ *       (3,13) (1,333) (2,129), head sizes 64 and 32): out, logsumexp and dqkv within the vs-CPU
+ *       tolerances, every element written by both (outputs poisoned with NaN first), the tensor-core ones
+ *       bitwise reproducible run to run and not bitwise the generic ones everywhere (else they did not
+ *       run); without --small, a timing line of both at B=32 T=1024 C=768 NH=12.
  *   test_backend_cuda --mode attn-cudnn  [--dtype bf16|f16] [--small]
- *       cuDNN's fused attention (DG_CUDA_ATTN_CUDNN=1 deterministic, 2 atomic dQ) against the built-in
- *       kernels (=0) on the same inputs: out, logsumexp, dqkv within the vs-CPU tolerances, mode 1 bitwise
- *       reproducible, the GPT-2 shape served by cuDNN where cuDNN loads; then a timing line of the three at
- *       B=32 T=1024 C=768 NH=12.
+ *       cuDNN's fused attention (the bf16/f16 default) against the built-in kernels (DG_CUDA_ATTN_CUDNN=0)
+ *       on the same inputs: out, logsumexp, dqkv within the vs-CPU tolerances, bitwise reproducible, the
+ *       GPT-2 shape served by cuDNN where cuDNN loads; then a timing line of both at B=32 T=1024 C=768
+ *       NH=12.
  * Exit status: 0 all passed, 1 a check failed, 77 skipped (no GPU).
  */
 #define _GNU_SOURCE
@@ -544,7 +541,7 @@ static void cmp_ministep(dg_backend_t *g, dg_backend_t *c, dg_dtype_t act, int s
     ministep_t *mg = NULL, *mc = NULL;
     MUST(ministep_create(g, &cfg, &mg));
     MUST(ministep_create(c, &cfg, &mc));
-    /* fp32 is the exact reference mode: the DESIGN's 1e-5 relative bound on losses */
+    /* fp32 is the exact reference mode: losses within 1e-5 relative, the project's bound (docs/design.md) */
     const double tl = act == DG_F32 ? 1e-5 : act == DG_BF16 ? 2e-2 : 5e-3;
     double l0 = 0;
     for (int t = 1; t <= 3; t++) {
@@ -610,7 +607,8 @@ static int run_cpu_compare(dg_backend_t *g, int small) {
         cmp_encoder(&x, 4, 256, 768, 8192);
         cmp_ce(&x, 64, 50257, 50304);
         cmp_ce(&x, 16, 1000, 1003);    /* Vp not a multiple of 8: scalar path */
-        cmp_ce(&x, 8, 128000, 128256); /* rows beyond shared memory: the fused op's two-pass kernel */
+        cmp_ce(&x, 8, 128000, 128256); /* bf16/f16: the hybrid kernel's row near the shared-memory limit */
+        cmp_ce(&x, 8, 150000, 150016); /* bf16/f16 rows beyond it (up to 260 KB): two-pass */
         cmp_misc(&x, 1000003);
     }
     cmp_ministep(g, c, g->act_dtype, small);
@@ -697,17 +695,18 @@ static int run_errors(void) {
     }
     const dg_backend_ops_t *op = be->ops;
     {
-        const char *prev = getenv("DG_CUDA_BGRAD");
+        /* a knob's bad value is an error at creation, naming it (2 was cuDNN's atomic mode, removed) */
+        const char *prev = getenv("DG_CUDA_ATTN_CUDNN");
         char *keep = prev ? strdup(prev) : NULL;
-        setenv("DG_CUDA_BGRAD", "bogus", 1);
+        setenv("DG_CUDA_ATTN_CUDNN", "2", 1);
         dg_backend_t *be2 = NULL;
-        expect_err(dg_backend_cuda_create(&cfg, &be2), "expected epilogue or colsum",
-                   "create with DG_CUDA_BGRAD=bogus");
+        expect_err(dg_backend_cuda_create(&cfg, &be2), "DG_CUDA_ATTN_CUDNN=2: expected 0",
+                   "create with DG_CUDA_ATTN_CUDNN=2");
         if (be2) dg_backend_free(be2);
         if (keep)
-            setenv("DG_CUDA_BGRAD", keep, 1);
+            setenv("DG_CUDA_ATTN_CUDNN", keep, 1);
         else
-            unsetenv("DG_CUDA_BGRAD");
+            unsetenv("DG_CUDA_ATTN_CUDNN");
         free(keep);
     }
     void *buf = NULL;
@@ -801,176 +800,16 @@ static int run_errors(void) {
     return g_fails ? 1 : 0;
 }
 
-/* ======================= attention block rows: 64 vs 128 ======================= */
+/* ======================= attention: tensor-core vs generic kernels ======================= */
 
-/* The built-in kernels only (DG_CUDA_ATTN_CUDNN=0): the attn-rows and attn-impl modes test those. */
-static dg_backend_t *make_cuda_rows(dg_dtype_t act, const char *rows, int *skip) {
-    setenv("DG_CUDA_ATTN_ROWS", rows, 1);
+/* The built-in kernels only (DG_CUDA_ATTN_CUDNN=0): the tensor-core ones (fast = 1) or, with
+ * DG_CUDA_FAST_ATTENTION=0, the generic ones (the reference). */
+static dg_backend_t *make_cuda_builtin(dg_dtype_t act, int fast, int *skip) {
     setenv("DG_CUDA_ATTN_CUDNN", "0", 1);
+    setenv("DG_CUDA_FAST_ATTENTION", fast ? "1" : "0", 1);
     dg_backend_t *be = make_cuda(act, skip);
-    unsetenv("DG_CUDA_ATTN_ROWS");
     unsetenv("DG_CUDA_ATTN_CUDNN");
-    return be;
-}
-
-/* Values of a and b that differ (equal bits, or zeros of either sign, count as equal); *nonfinite_a
- * counts the inf/NaN elements of a (exponent all ones: 0x7f80 in bf16, 0x7c00 in f16). */
-static size_t cmp_bits16(const uint16_t *a, const uint16_t *b, size_t n, dg_dtype_t t, size_t *nonfinite_a) {
-    const unsigned expmask = t == DG_BF16 ? 0x7f80u : 0x7c00u;
-    size_t bad = 0;
-    *nonfinite_a = 0;
-    for (size_t i = 0; i < n; i++) {
-        if ((a[i] & expmask) == expmask) (*nonfinite_a)++;
-        if (a[i] != b[i] && !((a[i] & 0x7fff) == 0 && (b[i] & 0x7fff) == 0)) bad++;
-    }
-    return bad;
-}
-
-static int run_attn_rows(dg_dtype_t act, int small) {
-    if (act == DG_F32) act = DG_BF16; /* the tensor-core kernels are the 16-bit ones */
-    int skip = 0;
-    dg_backend_t *b64 = make_cuda_rows(act, "64", &skip);
-    if (skip) return SKIP;
-    dg_backend_t *b128 = make_cuda_rows(act, "128", &skip);
-    const struct {
-        int B, T, C, NH;
-    } shapes[] = {{2, 1024, 768, 12}, {3, 200, 256, 8}, {2, 13, 128, 2}, {1, 333, 128, 2}, {1, 129, 64, 2}};
-    uint64_t rng = 0x5eed;
-    for (size_t si = small ? 1 : 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        const int B = shapes[si].B, T = shapes[si].T, C = shapes[si].C, NH = shapes[si].NH;
-        const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
-        float *h = dg_xmalloc(nqkv * sizeof(float));
-        uint16_t *poison = dg_xmalloc(nqkv * sizeof(uint16_t));
-        for (size_t i = 0; i < nqkv; i++) {
-            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            float v = 0.05f + 0.95f * (float)((rng >> 40) / 16777216.0);
-            h[i] = (rng >> 20) & 1 ? v : -v;
-            poison[i] = 0xffff; /* NaN in bf16 and f16 */
-        }
-        dg_backend_t *bes[2] = {b64, b128};
-        uint16_t *out_h[2], *dq_h[2];
-        float *lse_h[2];
-        for (int k = 0; k < 2; k++) {
-            dg_backend_t *be = bes[k];
-            const dg_backend_ops_t *op = be->ops;
-            void *f = NULL, *qkv = NULL, *dout = NULL, *out = NULL, *dqkv = NULL, *aux = NULL;
-            MUST(op->alloc(be, nqkv * sizeof(float), &f));
-            MUST(op->alloc(be, nqkv * 2, &qkv));
-            MUST(op->alloc(be, nout * 2, &dout));
-            MUST(op->alloc(be, nout * 2, &out));
-            MUST(op->alloc(be, nqkv * 2, &dqkv));
-            MUST(op->alloc(be, op->attention_aux_bytes(be, B, T, C, NH), &aux));
-            MUST(op->to_device(be, f, h, nqkv * sizeof(float)));
-            MUST(op->cast(be, qkv, act, f, DG_F32, nqkv));
-            MUST(op->cast(be, dout, act, (float *)f + nout, DG_F32, nout)); /* other values than q's */
-            MUST(op->to_device(be, out, poison, nout * 2));
-            MUST(op->to_device(be, dqkv, poison, nqkv * 2));
-            MUST(op->to_device(be, aux, poison, nl * sizeof(float))); /* 0xffffffff: NaN as f32 too */
-            MUST(op->attention_fwd(be, out, aux, qkv, B, T, C, NH));
-            MUST(op->attention_bwd(be, dqkv, dout, qkv, out, aux, B, T, C, NH));
-            out_h[k] = dg_xmalloc(nout * 2);
-            dq_h[k] = dg_xmalloc(nqkv * 2);
-            lse_h[k] = dg_xmalloc(nl * sizeof(float));
-            MUST(op->to_host(be, out_h[k], out, nout * 2));
-            MUST(op->to_host(be, dq_h[k], dqkv, nqkv * 2));
-            MUST(op->to_host(be, lse_h[k], aux, nl * sizeof(float)));
-            void *bufs[] = {f, qkv, dout, out, dqkv, aux};
-            for (int j = 0; j < 6; j++)
-                op->free(be, bufs[j]);
-        }
-        size_t nan_o = 0, nan_d = 0, nan_l = 0, bad_l = 0;
-        size_t bad_o = cmp_bits16(out_h[0], out_h[1], nout, act, &nan_o);
-        size_t bad_d = cmp_bits16(dq_h[0], dq_h[1], nqkv, act, &nan_d);
-        for (size_t i = 0; i < nl; i++) {
-            if (!isfinite(lse_h[0][i]) || !isfinite(lse_h[1][i])) nan_l++;
-            if (memcmp(&lse_h[0][i], &lse_h[1][i], sizeof(float)) != 0) bad_l++;
-        }
-        size_t nan_o1 = 0, nan_d1 = 0;
-        cmp_bits16(out_h[1], out_h[1], nout, act, &nan_o1);
-        cmp_bits16(dq_h[1], dq_h[1], nqkv, act, &nan_d1);
-        check(bad_o == 0 && bad_l == 0 && bad_d == 0,
-              "attn-rows [%s] B=%d T=%d C=%d NH=%d (head %d): 64 vs 128-row blocks differ in %zu of %zu out, "
-              "%zu of "
-              "%zu lse, %zu of %zu dqkv values",
-              dg_dtype_name(act), B, T, C, NH, C / NH, bad_o, nout, bad_l, nl, bad_d, nqkv);
-        check(nan_o + nan_o1 + nan_d + nan_d1 + nan_l == 0,
-              "attn-rows [%s] B=%d T=%d C=%d NH=%d: unwritten or non-finite values: out %zu/%zu, dqkv "
-              "%zu/%zu, lse %zu",
-              dg_dtype_name(act), B, T, C, NH, nan_o, nan_o1, nan_d, nan_d1, nan_l);
-        for (int k = 0; k < 2; k++) {
-            free(out_h[k]);
-            free(dq_h[k]);
-            free(lse_h[k]);
-        }
-        free(h);
-        free(poison);
-    }
-    if (!small) { /* timing at GPT-2 124M's shape, one micro-batch of 32 x 1024 (not a pass/fail) */
-        const int B = 32, T = 1024, C = 768, NH = 12, iters = 10;
-        const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
-        double ms[2][2];
-        dg_backend_t *bes[2] = {b64, b128};
-        for (int k = 0; k < 2; k++) {
-            dg_backend_t *be = bes[k];
-            const dg_backend_ops_t *op = be->ops;
-            void *f = NULL, *qkv = NULL, *dout = NULL, *out = NULL, *dqkv = NULL, *aux = NULL;
-            float *h = dg_xmalloc(nqkv * sizeof(float));
-            for (size_t i = 0; i < nqkv; i++) {
-                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-                h[i] = (float)((int64_t)(rng >> 40) - (1 << 23)) / (float)(1 << 23);
-            }
-            MUST(op->alloc(be, nqkv * sizeof(float), &f));
-            MUST(op->alloc(be, nqkv * 2, &qkv));
-            MUST(op->alloc(be, nout * 2, &dout));
-            MUST(op->alloc(be, nout * 2, &out));
-            MUST(op->alloc(be, nqkv * 2, &dqkv));
-            MUST(op->alloc(be, op->attention_aux_bytes(be, B, T, C, NH), &aux));
-            MUST(op->to_device(be, f, h, nqkv * sizeof(float)));
-            MUST(op->cast(be, qkv, act, f, DG_F32, nqkv));
-            MUST(op->cast(be, dout, act, f, DG_F32, nout));
-            for (int w = 0; w < 2; w++) {
-                MUST(op->attention_fwd(be, out, aux, qkv, B, T, C, NH));
-                MUST(op->attention_bwd(be, dqkv, dout, qkv, out, aux, B, T, C, NH));
-            }
-            MUST(op->sync(be));
-            double t0 = dg_now_s();
-            for (int i = 0; i < iters; i++)
-                MUST(op->attention_fwd(be, out, aux, qkv, B, T, C, NH));
-            MUST(op->sync(be));
-            double t1 = dg_now_s();
-            for (int i = 0; i < iters; i++)
-                MUST(op->attention_bwd(be, dqkv, dout, qkv, out, aux, B, T, C, NH));
-            MUST(op->sync(be));
-            double t2 = dg_now_s();
-            ms[k][0] = (t1 - t0) * 1e3 / iters;
-            ms[k][1] = (t2 - t1) * 1e3 / iters;
-            void *bufs[] = {f, qkv, dout, out, dqkv, aux};
-            for (int j = 0; j < 6; j++)
-                op->free(be, bufs[j]);
-            free(h);
-        }
-        /* causal attention FLOPs: QK^T and PV over half the T x T matrix, forward; backward 2.5 x */
-        const double fl = 4.0 * B * NH * (double)T * T * (C / NH) / 2;
-        printf("attn-rows timing [%s] B=%d T=%d C=%d NH=%d: 64-row blocks fwd %.4f ms (%.0f TFLOP/s) bwd "
-               "%.4f ms "
-               "(%.0f TFLOP/s); 128-row blocks fwd %.4f ms (%.0f TFLOP/s) bwd %.4f ms (%.0f TFLOP/s)\n",
-               dg_dtype_name(act), B, T, C, NH, ms[0][0], fl / ms[0][0] / 1e9, ms[0][1],
-               2.5 * fl / ms[0][1] / 1e9, ms[1][0], fl / ms[1][0] / 1e9, ms[1][1], 2.5 * fl / ms[1][1] / 1e9);
-    }
-    dg_backend_free(b64);
-    dg_backend_free(b128);
-    printf("attn-rows [%s]: %d checks, %d failed\n", dg_dtype_name(act), g_checks, g_fails);
-    return g_fails ? 1 : 0;
-}
-
-/* ======================= attention implementations: 2 and 3 vs 1 ======================= */
-
-static dg_backend_t *make_cuda_impl(dg_dtype_t act, const char *impl, int *skip) {
-    setenv("DG_CUDA_ATTN_IMPL", impl, 1);
-    setenv("DG_CUDA_ATTN_CUDNN", "0", 1);
-    dg_backend_t *be = make_cuda(act, skip);
-    unsetenv("DG_CUDA_ATTN_IMPL");
-    unsetenv("DG_CUDA_ATTN_CUDNN");
+    unsetenv("DG_CUDA_FAST_ATTENTION");
     return be;
 }
 
@@ -1091,24 +930,24 @@ static void attn_time(dg_backend_t *be, dg_dtype_t act, int B, int T, int C, int
     free(h);
 }
 
-static int run_attn_impl(dg_dtype_t act, int small) {
+/* Values of a that are non-finite (unwritten: the outputs start as NaN) */
+static size_t count_nonfinite(const float *a, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += !isfinite(a[i]);
+    return k;
+}
+
+static int run_attn_builtin(dg_dtype_t act, int small) {
     if (act == DG_F32) act = DG_BF16; /* the tensor-core kernels are the 16-bit ones */
-    enum { NIMPL = 5 };               /* implementations 1..NIMPL; each of 2..NIMPL is checked against 1 */
     int skip = 0;
-    dg_backend_t *be[NIMPL + 1] = {0};
-    for (int k = 1; k <= NIMPL; k++) {
-        char nm[8];
-        snprintf(nm, sizeof nm, "%d", k);
-        be[k] = make_cuda_impl(act, nm, &skip);
-        if (skip) {
-            for (int j = 1; j < k; j++)
-                dg_backend_free(be[j]);
-            return SKIP;
-        }
-    }
+    dg_backend_t *ref = make_cuda_builtin(act, 0, &skip);
+    if (skip) return SKIP;
+    dg_backend_t *tc = make_cuda_builtin(act, 1, &skip);
     const struct { int B, T; } bt[] = {{2, 1024}, {2, 200}, {3, 13}, {1, 333}, {2, 129}};
     const double tol_f = tol("attention_fwd", act), tol_b = tol("attention_bwd", act);
     uint64_t rng = 0xa77e;
+    size_t same[2] = {0, 0}, total[2] = {0, 0}; /* per head size (64, 32): values bitwise the reference's */
     for (size_t si = small ? 1 : 0; si < sizeof bt / sizeof bt[0]; si++)
         for (int hs = 64; hs >= 32; hs /= 2) {
             const int B = bt[si].B, T = bt[si].T, NH = T >= 1024 ? 12 : 4, C = hs * NH;
@@ -1119,80 +958,73 @@ static int run_attn_impl(dg_dtype_t act, int small) {
                 float v = 0.05f + 0.95f * (float)((rng >> 40) / 16777216.0);
                 h[i] = (rng >> 20) & 1 ? v : -v;
             }
-            attn_res_t r1 = attn_run(be[1], act, h, B, T, C, NH);
+            char nm[128];
+            snprintf(nm, sizeof nm,
+                     "attn-builtin [%s] B=%d T=%d C=%d NH=%d (head %d): tensor-core vs generic",
+                     dg_dtype_name(act), B, T, C, NH, hs);
+            attn_res_t r0 = attn_run(ref, act, h, B, T, C, NH);
+            float *o0 = act16_array(r0.out, nout, act), *d0 = act16_array(r0.dq, nqkv, act);
+            const size_t nf0 =
+                count_nonfinite(o0, nout) + count_nonfinite(d0, nqkv) + count_nonfinite(r0.lse, nl);
+            check(nf0 == 0, "%s: the generic kernels left %zu unwritten or non-finite values", nm, nf0);
+            attn_res_t r1 = attn_run(tc, act, h, B, T, C, NH);
+            attn_res_t r1b = attn_run(tc, act, h, B, T, C, NH);
             float *o1 = act16_array(r1.out, nout, act), *d1 = act16_array(r1.dq, nqkv, act);
-            size_t nf1 = 0;
-            for (size_t i = 0; i < nout; i++)
-                nf1 += !isfinite(o1[i]);
-            for (size_t i = 0; i < nqkv; i++)
-                nf1 += !isfinite(d1[i]);
-            for (size_t i = 0; i < nl; i++)
-                nf1 += !isfinite(r1.lse[i]);
-            check(nf1 == 0,
-                  "attn-impl [%s] B=%d T=%d C=%d NH=%d (head %d): impl 1 has %zu unwritten or non-finite "
-                  "values",
-                  dg_dtype_name(act), B, T, C, NH, hs, nf1);
-            for (int k = 2; k <= NIMPL; k++) {
-                attn_res_t r2 = attn_run(be[k], act, h, B, T, C, NH);
-                attn_res_t r2b = attn_run(be[k], act, h, B, T, C, NH);
-                char nm[128];
-                snprintf(nm, sizeof nm, "attn-impl [%s] B=%d T=%d C=%d NH=%d (head %d): impl %d vs 1",
-                         dg_dtype_name(act), B, T, C, NH, hs, k);
-                float *o2 = act16_array(r2.out, nout, act), *d2 = act16_array(r2.dq, nqkv, act);
-                /* compare() fails on any non-finite value of impl k: every element written */
-                compare(nm, "fwd out", o2, o1, nout, tol_f);
-                compare(nm, "fwd logsumexp", r2.lse, r1.lse, nl, tol_f);
-                compare(nm, "bwd dqkv", d2, d1, nqkv, tol_b);
-                size_t rep = 0, same = 0;
-                for (size_t i = 0; i < nout; i++) {
-                    rep += r2.out[i] != r2b.out[i];
-                    same += r2.out[i] == r1.out[i];
-                }
-                for (size_t i = 0; i < nqkv; i++) {
-                    rep += r2.dq[i] != r2b.dq[i];
-                    same += r2.dq[i] == r1.dq[i];
-                }
-                for (size_t i = 0; i < nl; i++) {
-                    rep += memcmp(&r2.lse[i], &r2b.lse[i], 4) != 0;
-                    same += memcmp(&r2.lse[i], &r1.lse[i], 4) == 0;
-                }
-                check(rep == 0,
-                      "%s: impl %d run twice differs in %zu of %zu values (must be bitwise reproducible)", nm,
-                      k, rep, nout + nqkv + nl);
-                if (g_verbose)
-                    printf("info %s: %zu of %zu values bitwise equal to impl 1\n", nm, same,
-                           nout + nqkv + nl);
-                free(o2);
-                free(d2);
-                attn_res_free(&r2);
-                attn_res_free(&r2b);
+            /* compare() fails on any non-finite value of the tensor-core results: every element written */
+            compare(nm, "fwd out", o1, o0, nout, tol_f);
+            compare(nm, "fwd logsumexp", r1.lse, r0.lse, nl, tol_f);
+            compare(nm, "bwd dqkv", d1, d0, nqkv, tol_b);
+            size_t rep = 0, eq = 0;
+            for (size_t i = 0; i < nout; i++) {
+                rep += r1.out[i] != r1b.out[i];
+                eq += r1.out[i] == r0.out[i];
             }
+            for (size_t i = 0; i < nqkv; i++) {
+                rep += r1.dq[i] != r1b.dq[i];
+                eq += r1.dq[i] == r0.dq[i];
+            }
+            for (size_t i = 0; i < nl; i++) {
+                rep += memcmp(&r1.lse[i], &r1b.lse[i], 4) != 0;
+                eq += memcmp(&r1.lse[i], &r0.lse[i], 4) == 0;
+            }
+            check(rep == 0, "%s: run twice differs in %zu of %zu values (must be bitwise reproducible)", nm,
+                  rep, nout + nqkv + nl);
+            if (g_verbose)
+                printf("info %s: %zu of %zu values bitwise equal to the generic kernels'\n", nm, eq,
+                       nout + nqkv + nl);
+            same[hs == 32] += eq;
+            total[hs == 32] += nout + nqkv + nl;
+            free(o0);
+            free(d0);
             free(o1);
             free(d1);
+            attn_res_free(&r0);
             attn_res_free(&r1);
+            attn_res_free(&r1b);
             free(h);
         }
+    /* the tensor-core kernels round P to the activation dtype before P.V and add in another order: were
+     * every value the generic kernels' bit for bit, the tensor-core path would not have run at all */
+    for (int k = 0; k < 2; k++)
+        check(same[k] < total[k],
+              "attn-builtin [%s] head %d: all %zu values bitwise the generic kernels' (did the tensor-core "
+              "kernels run?)",
+              dg_dtype_name(act), k ? 32 : 64, total[k]);
     if (!small) { /* timing at GPT-2 124M's shape, one micro-batch of 32 x 1024 (not a pass/fail) */
         const int B = 32, T = 1024, C = 768, NH = 12, iters = 20;
-        double ms[NIMPL + 1][2];
-        for (int k = 1; k <= NIMPL; k++)
-            attn_time(be[k], act, B, T, C, NH, iters, &rng, ms[k]);
+        double ms[2][2];
+        attn_time(ref, act, B, T, C, NH, iters, &rng, ms[0]);
+        attn_time(tc, act, B, T, C, NH, iters, &rng, ms[1]);
         /* causal attention FLOPs: QK^T and PV over half the T x T matrix, forward; backward 2.5 x */
         const double fl = 4.0 * B * NH * (double)T * T * (C / NH) / 2;
-        printf("attn-impl timing [%s] B=%d T=%d C=%d NH=%d:", dg_dtype_name(act), B, T, C, NH);
-        for (int k = 1; k <= NIMPL; k++)
-            printf("%s impl%d fwd %.4f ms bwd %.4f ms", k > 1 ? ";" : "", k, ms[k][0], ms[k][1]);
-        printf(" (TFLOP/s fwd / bwd:");
-        for (int k = 1; k <= NIMPL; k++)
-            printf(" impl%d %.0f / %.0f", k, fl / ms[k][0] / 1e9, 2.5 * fl / ms[k][1] / 1e9);
-        printf("; speed-up vs impl1 fwd / bwd:");
-        for (int k = 2; k <= NIMPL; k++)
-            printf(" impl%d %.2fx / %.2fx", k, ms[1][0] / ms[k][0], ms[1][1] / ms[k][1]);
-        printf(")\n");
+        printf("attn-builtin timing [%s] B=%d T=%d C=%d NH=%d: generic fwd %.4f ms bwd %.4f ms; tensor-core "
+               "fwd %.4f ms bwd %.4f ms (TFLOP/s fwd / bwd: generic %.0f / %.0f, tensor-core %.0f / %.0f)\n",
+               dg_dtype_name(act), B, T, C, NH, ms[0][0], ms[0][1], ms[1][0], ms[1][1], fl / ms[0][0] / 1e9,
+               2.5 * fl / ms[0][1] / 1e9, fl / ms[1][0] / 1e9, 2.5 * fl / ms[1][1] / 1e9);
     }
-    for (int k = 1; k <= NIMPL; k++)
-        dg_backend_free(be[k]);
-    printf("attn-impl [%s]: %d checks, %d failed\n", dg_dtype_name(act), g_checks, g_fails);
+    dg_backend_free(ref);
+    dg_backend_free(tc);
+    printf("attn-builtin [%s]: %d checks, %d failed\n", dg_dtype_name(act), g_checks, g_fails);
     return g_fails ? 1 : 0;
 }
 
@@ -1210,7 +1042,7 @@ static int run_attn_cudnn(dg_dtype_t act, int small) {
     int skip = 0;
     dg_backend_t *ref = make_cuda_cudnn(act, "0", &skip);
     if (skip) return SKIP;
-    dg_backend_t *det = make_cuda_cudnn(act, "1", &skip), *atom = make_cuda_cudnn(act, "2", &skip);
+    dg_backend_t *det = make_cuda_cudnn(act, "1", &skip);
     const struct {
         int B, T, NH, hs;
     } sh[] = {{2, 1024, 12, 64}, {2, 256, 12, 64}, {2, 200, 4, 64},
@@ -1231,8 +1063,8 @@ static int run_attn_cudnn(dg_dtype_t act, int small) {
         attn_res_t r0 = attn_run(ref, act, h, B, T, C, NH);
         float *o0 = act16_array(r0.out, nout, act), *d0 = act16_array(r0.dq, nqkv, act);
         check(dg_backend_cuda_cudnn_attention_calls(ref) == 0, "attn-cudnn: DG_CUDA_ATTN_CUDNN=0 used cuDNN");
-        for (int m = 1; m <= 2; m++) {
-            dg_backend_t *be = m == 1 ? det : atom;
+        {
+            dg_backend_t *be = det;
             const long long c0 = dg_backend_cuda_cudnn_attention_calls(be);
             attn_res_t r1 = attn_run(be, act, h, B, T, C, NH);
             attn_res_t r1b = attn_run(be, act, h, B, T, C, NH);
@@ -1240,9 +1072,8 @@ static int run_attn_cudnn(dg_dtype_t act, int small) {
             any_cudnn |= used > 0;
             char nm[160];
             snprintf(nm, sizeof nm,
-                     "attn-cudnn [%s] B=%d T=%d C=%d NH=%d (head %d): cuDNN mode %d (%lld calls) vs "
-                     "built-in",
-                     dg_dtype_name(act), B, T, C, NH, sh[si].hs, m, used);
+                     "attn-cudnn [%s] B=%d T=%d C=%d NH=%d (head %d): cuDNN (%lld calls) vs built-in",
+                     dg_dtype_name(act), B, T, C, NH, sh[si].hs, used);
             float *o1 = act16_array(r1.out, nout, act), *d1 = act16_array(r1.dq, nqkv, act);
             compare(nm, "fwd out", o1, o0, nout, tol_f);
             compare(nm, "fwd logsumexp", r1.lse, r0.lse, nl, tol_f);
@@ -1254,11 +1085,9 @@ static int run_attn_cudnn(dg_dtype_t act, int small) {
                 rep += r1.dq[i] != r1b.dq[i];
             for (size_t i = 0; i < nl; i++)
                 rep += memcmp(&r1.lse[i], &r1b.lse[i], 4) != 0;
-            if (m == 1)
-                check(rep == 0, "%s: run twice differs in %zu of %zu values (must be bitwise reproducible)",
-                      nm, rep, nout + nqkv + nl);
-            printf("info %s: %zu of %zu values differ between two runs\n", nm, rep, nout + nqkv + nl);
-            if (m == 1 && T == 1024 && sh[si].hs == 64)
+            check(rep == 0, "%s: run twice differs in %zu of %zu values (must be bitwise reproducible)", nm,
+                  rep, nout + nqkv + nl);
+            if (T == 1024 && sh[si].hs == 64)
                 check(used == 4, "%s: the GPT-2 shape must run on cuDNN where it loads (4 calls, got %lld)",
                       nm, used);
             free(o1);
@@ -1273,25 +1102,21 @@ static int run_attn_cudnn(dg_dtype_t act, int small) {
     }
     if (!small && any_cudnn) {
         const int B = 32, T = 1024, C = 768, NH = 12, iters = 20;
-        double ms[3][2];
+        double ms[2][2];
         attn_time(ref, act, B, T, C, NH, iters, &rng, ms[0]);
         attn_time(det, act, B, T, C, NH, iters, &rng, ms[1]);
-        attn_time(atom, act, B, T, C, NH, iters, &rng, ms[2]);
         const double fl = 4.0 * B * NH * (double)T * T * (C / NH) / 2;
         printf(
-            "attn-cudnn timing [%s] B=%d T=%d C=%d NH=%d: built-in fwd %.4f bwd %.4f ms; cuDNN deterministic "
-            "fwd %.4f bwd %.4f ms; cuDNN atomic fwd %.4f bwd %.4f ms (TFLOP/s fwd / bwd: %.0f / %.0f, %.0f / "
-            "%.0f, %.0f / %.0f); per step x12: %.2f / %.2f / %.2f ms\n",
-            dg_dtype_name(act), B, T, C, NH, ms[0][0], ms[0][1], ms[1][0], ms[1][1], ms[2][0], ms[2][1],
-            fl / ms[0][0] / 1e9, 2.5 * fl / ms[0][1] / 1e9, fl / ms[1][0] / 1e9, 2.5 * fl / ms[1][1] / 1e9,
-            fl / ms[2][0] / 1e9, 2.5 * fl / ms[2][1] / 1e9, 12 * (ms[0][0] + ms[0][1]),
-            12 * (ms[1][0] + ms[1][1]), 12 * (ms[2][0] + ms[2][1]));
+            "attn-cudnn timing [%s] B=%d T=%d C=%d NH=%d: built-in fwd %.4f bwd %.4f ms; cuDNN fwd %.4f bwd "
+            "%.4f ms (TFLOP/s fwd / bwd: %.0f / %.0f, %.0f / %.0f); per step x12: %.2f / %.2f ms\n",
+            dg_dtype_name(act), B, T, C, NH, ms[0][0], ms[0][1], ms[1][0], ms[1][1], fl / ms[0][0] / 1e9,
+            2.5 * fl / ms[0][1] / 1e9, fl / ms[1][0] / 1e9, 2.5 * fl / ms[1][1] / 1e9,
+            12 * (ms[0][0] + ms[0][1]), 12 * (ms[1][0] + ms[1][1]));
     }
     if (!any_cudnn)
         printf("attn-cudnn [%s]: cuDNN served no shape here (see the INFO lines)\n", dg_dtype_name(act));
     dg_backend_free(ref);
     dg_backend_free(det);
-    dg_backend_free(atom);
     printf("attn-cudnn [%s]: %d checks, %d failed\n", dg_dtype_name(act), g_checks, g_fails);
     return g_fails ? 1 : 0;
 }
@@ -1319,11 +1144,8 @@ int main(int argc, char **argv) {
             under_test_cpu = 1;
         else {
             fprintf(stderr,
-                    "usage: %s --mode harness|cpu|determinism|errors|attn-rows|attn-impl|attn-cudnn|probe "
-                    "[--dtype "
-                    "f32|bf16|f16] "
-                    "[--only S] "
-                    "[--small] [--no-fd] [--verbose]\n",
+                    "usage: %s --mode harness|cpu|determinism|errors|attn-builtin|attn-cudnn|probe "
+                    "[--dtype f32|bf16|f16] [--only S] [--small] [--no-fd] [--verbose]\n",
                     argv[0]);
             return 2;
         }
@@ -1334,8 +1156,7 @@ int main(int argc, char **argv) {
         dg_backend_free(be);
         return skip ? SKIP : 0;
     }
-    if (!strcmp(mode, "attn-rows")) return run_attn_rows(act, small);
-    if (!strcmp(mode, "attn-impl")) return run_attn_impl(act, small);
+    if (!strcmp(mode, "attn-builtin")) return run_attn_builtin(act, small);
     if (!strcmp(mode, "attn-cudnn")) return run_attn_cudnn(act, small);
     if (!strcmp(mode, "errors")) {
         int rc = run_errors();

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# run_gpu_all.sh — issue 7 on a GPU machine in one call, within a wall-clock budget: the end-to-end GPU
-# training tests (tests/gpu_train, including dgtrain vs PyTorch on gpt2-124m), the 64- vs 128-row
-# attention check, the issue's two dgtrain commands, then the benchmark (bench_step at both attention
-# block sizes, dgtrain GPT-2 124M, PyTorch eager and, if time is left, torch.compile), then
+# run_gpu_all.sh — the GPU training work on a GPU machine in one call, within a wall-clock budget: the
+# end-to-end GPU training tests (tests/gpu_train, including dgtrain vs PyTorch on gpt2-124m), the built-in
+# and cuDNN attention checks, the two default.ini dgtrain commands of README, then the benchmark
+# (bench_step, dgtrain GPT-2 124M, PyTorch eager and, if time is left, torch.compile), then
 # compute-sanitizer memcheck and the checkpoint benchmark (bench/checkpoint/run.sh) if time is left.
 # Logs go to $OUT.
 #
@@ -53,37 +53,9 @@ else
 fi
 dgtrain=$bdir/src/cli/dgtrain dgckpt=$bdir/src/checkpoint_hdf5/dgckpt tbc=$bdir/tests/backend_cuda/test_backend_cuda
 
-# ---- the 64- vs 128-row attention blocks: bitwise equal, then timed at B=32 T=1024 (alone on the GPU) ----
-"$tbc" --mode attn-rows --dtype bf16 >"$out/attn_rows.log" 2>&1
-rows_rc=$?
-log "attn-rows bf16 rc=$rows_rc: $(grep -h 'attn-rows' "$out/attn_rows.log" | cut -c1-400 | tr '\n' ' ')"
-rows_best=$(python3 - "$out/attn_rows.log" $rows_rc <<'PY'
-import re, sys
-m = re.search(r"64-row blocks fwd ([0-9.]+) ms.*bwd ([0-9.]+) ms.*128-row blocks fwd ([0-9.]+) ms.*bwd ([0-9.]+) ms",
-              open(sys.argv[1]).read())
-print(128 if m and sys.argv[2] == "0" and float(m.group(3)) + float(m.group(4)) < float(m.group(1)) + float(m.group(2)) else 64)
-PY
-)
-log "attention block rows for the benchmark: $rows_best"
-
-# ---- the attention implementations against each other (checks, then timed alone at B=32 T=1024) ----
-"$tbc" --mode attn-impl --dtype bf16 >"$out/attn_impl.log" 2>&1
-impl_rc=$?
-log "attn-impl bf16 rc=$impl_rc: $(grep -h 'attn-impl' "$out/attn_impl.log" | cut -c1-900 | tr '\n' ' ')"
-"$tbc" --mode attn-impl --dtype f16 --small >"$out/attn_impl_f16.log" 2>&1
-impl_f16_rc=$?
-log "attn-impl f16 rc=$impl_f16_rc: $(grep -h 'attn-impl \[' "$out/attn_impl_f16.log" | tr '\n' ' ')"
-# the rest of the call (end-to-end tests, benchmark) runs with the fastest implementation whose checks
-# all passed (DG_CUDA_ATTN_IMPL; the built-in default when none is faster or a check failed)
-best_impl=$(python3 - "$out/attn_impl.log" $impl_rc $impl_f16_rc <<'PY'
-import re, sys
-t = dict((int(i), float(f) + float(b)) for i, f, b in
-         re.findall(r"impl(\d) fwd ([0-9.]+) ms bwd ([0-9.]+) ms", open(sys.argv[1]).read()))
-print(min(t, key=t.get) if t and sys.argv[2] == "0" and sys.argv[3] == "0" else "")
-PY
-)
-[ -n "$best_impl" ] && export DG_CUDA_ATTN_IMPL=$best_impl
-log "attention implementation for the rest of this call: ${DG_CUDA_ATTN_IMPL:-built-in default}"
+# ---- the built-in attention: tensor-core kernels vs the generic reference (checks, then timed alone) ----
+"$tbc" --mode attn-builtin --dtype bf16 >"$out/attn_builtin.log" 2>&1
+log "attn-builtin bf16 rc=$?: $(grep -h 'attn-builtin' "$out/attn_builtin.log" | grep -v '^ok' | cut -c1-600 | tr '\n' ' ')"
 # cuDNN's fused attention (the default for bf16/f16 where it plans the shape) against the built-in kernels
 "$tbc" --mode attn-cudnn --dtype bf16 >"$out/attn_cudnn.log" 2>&1
 log "attn-cudnn bf16 rc=$?: $(grep -hE '^(FAIL|attn-cudnn)' "$out/attn_cudnn.log" | head -6 | cut -c1-600 | tr '\n' ' ')"
@@ -100,19 +72,19 @@ done
 pids=()
 san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 if [ -x "$san" ]; then
-  (timeout 240 "$san" --tool racecheck --error-exitcode 3 "$tbc" --mode attn-impl --dtype bf16 --small \
-     >"$out/racecheck_attn_impl.log" 2>&1; echo "rc=$?" >>"$out/racecheck_attn_impl.log") &
+  (timeout 240 "$san" --tool racecheck --error-exitcode 3 "$tbc" --mode attn-builtin --dtype bf16 --small \
+     >"$out/racecheck_attn_builtin.log" 2>&1; echo "rc=$?" >>"$out/racecheck_attn_builtin.log") &
   pid_race=$!
 fi
 for c in fp32 bf16 determinism multirank graph fallback torch; do
   python3 "$root/tests/gpu_train/gpu_e2e.py" "$c" "$dgtrain" "$dgckpt" "${mpi[@]}" >"$out/gpu_train_$c.log" 2>&1 &
   pids+=($!)
 done
-(DG_CUDA_ATTN_CUDNN=0 DG_CUDA_ATTN_ROWS=$rows_best "$tbc" --mode cpu --dtype bf16 --only attention \
+(DG_CUDA_ATTN_CUDNN=0 "$tbc" --mode cpu --dtype bf16 --only attention \
    >"$out/attn_vs_cpu.log" 2>&1; "$tbc" --mode cpu --dtype bf16 --only attention >"$out/attn_vs_cpu_cudnn.log" 2>&1) &
 pid_vs=$!
-"$tbc" --mode attn-rows --dtype f16 --small >"$out/attn_rows_f16.log" 2>&1 &
-pid_rows=$!
+"$tbc" --mode attn-builtin --dtype f16 --small >"$out/attn_builtin_f16.log" 2>&1 &
+pid_builtin=$!
 tmp=$(mktemp -d)
 for p in fp32 bf16; do
   (cd "$tmp" && "${mpi[@]}" -n 1 "$dgtrain" "$root/configs/default.ini" --set parallel.backend=cuda \
@@ -120,13 +92,13 @@ for p in fp32 bf16; do
    echo "rc=$?" >>"$out/default_ini_$p.log"; cp "$tmp/default_$p/metrics.jsonl" "$out/default_ini_${p}_metrics.jsonl") &
   pids+=($!)
 done
-wait $pid_rows
-log "attn-rows f16 rc=$?: $(grep -h 'attn-rows \[' "$out/attn_rows_f16.log" | tr '\n' ' ')"
+wait $pid_builtin
+log "attn-builtin f16 rc=$?: $(grep -h 'attn-builtin \[' "$out/attn_builtin_f16.log" | tr '\n' ' ')"
 wait $pid_vs
-log "attention vs CPU, built-in $rows_best-row blocks / cuDNN, rc=$?: $(grep -h 'cuda vs cpu' "$out/attn_vs_cpu.log" "$out/attn_vs_cpu_cudnn.log" | tr '\n' ' ')"
+log "attention vs CPU, built-in / cuDNN, rc=$?: $(grep -h 'cuda vs cpu' "$out/attn_vs_cpu.log" "$out/attn_vs_cpu_cudnn.log" | tr '\n' ' ')"
 for p in "${pids[@]}"; do wait "$p"; done
 [ -n "${pid_race:-}" ] && wait $pid_race &&
-  log "racecheck attn-impl: $(grep -hE 'RACECHECK SUMMARY|^rc=' "$out/racecheck_attn_impl.log" | tr '\n' ' ')"
+  log "racecheck attn-builtin: $(grep -hE 'RACECHECK SUMMARY|^rc=' "$out/racecheck_attn_builtin.log" | tr '\n' ' ')"
 for c in fp32 bf16 determinism multirank graph fallback torch; do
   log "gpu_train_$c: $(grep -hE '^(PASS|FAIL|SKIP)' "$out/gpu_train_$c.log" | cut -c1-1500 | tr '
 ' ' ')"
@@ -139,7 +111,7 @@ done
 
 # ---- phase B: the benchmark, alone on the GPU ----
 if [ "$(left)" -gt 40 ]; then
-  DG_CUDA_ATTN_ROWS=$rows_best "$bdir/bench/gpu/bench_step" --B 32 --precision bf16 --steps 5 --warmup 2 \
+  "$bdir/bench/gpu/bench_step" --B 32 --precision bf16 --steps 5 --warmup 2 \
     --json "$out/bench_step.json" >"$out/bench_step.log" 2>&1
   log "bench_step rc=$?"
   tee -a "$out/summary.log" <"$out/bench_step.log"
@@ -152,7 +124,7 @@ if [ "$(left)" -gt 45 ]; then
     [ "$run" = warm ] && [ "$(left)" -lt 60 ] && break
     rd=$tmp/gpt2_$run
     t_launch=$(date +%s.%N)
-    DG_CUDA_ATTN_ROWS=$rows_best "${mpi[@]}" -n 1 "$dgtrain" "$root/configs/gpt2-124m.ini" --set run.dir="$rd" \
+    "${mpi[@]}" -n 1 "$dgtrain" "$root/configs/gpt2-124m.ini" --set run.dir="$rd" \
       --set data.train="$tmp/data/bench_train_*.bin" --set data.val="$tmp/data/bench_val_*.bin" --set data.val_every=0 \
       --set train.steps=20 --set train.global_batch=32 --set train.micro_batch=32 --set train.log_every=5 \
       --set parallel.backend=cuda --set checkpoint.every=0 --set checkpoint.async=false --set checkpoint.resume=never \

@@ -17,14 +17,12 @@
  * the [B, NH, T] f32 aux buffer. Stats is the natural-log logsumexp of the scaled scores, the same
  * quantity attention.cu keeps there.
  *
- * Determinism (DG_CUDA_ATTN_CUDNN):
- *   1 (default) the backward computes dQ without atomics: no dQ accumulator tensor in the graph, which
- *     selects cuDNN's dP-workspace decomposition (workspace B * NH * T^2 * 2 bytes, from the backend's
- *     scratch), and engines with the NONDETERMINISTIC numerical note are skipped. Two runs give the same
- *     bits, as everywhere else in this backend.
- *   2 also allow cuDNN's atomic dQ accumulation (an f32 [B, NH, T, hs] accumulator, faster and smaller,
- *     not bitwise reproducible): for A/B timing only.
- *   0 never use cuDNN.
+ * Determinism: the backward computes dQ without atomics: no dQ accumulator tensor in the graph, which
+ * selects cuDNN's dP-workspace decomposition (workspace B * NH * T^2 * 2 bytes: the caller's, see
+ * attention_bwd_ws, or the backend's scratch), and engines with the NONDETERMINISTIC numerical note are
+ * skipped. Two runs give the same bits, as everywhere else in this backend. (cuDNN's atomic dQ
+ * accumulation measured no faster per call: docs/cuda.md, "Why these implementations".)
+ * DG_CUDA_ATTN_CUDNN=0: never use cuDNN.
  */
 #include "cuda_impl.cuh"
 
@@ -182,7 +180,6 @@ enum {
     UID_SCALE,
     UID_ONE,
     UID_LOWEST,
-    UID_DQ_ACC,
     UID_VIRTUAL = 100
 };
 
@@ -344,7 +341,7 @@ static int build_fwd(gb_t *g, const shp_t *p, desc_t *ops) {
     return n;
 }
 
-static int build_bwd(gb_t *g, const shp_t *p, int atomic_dq, desc_t *ops) {
+static int build_bwd(gb_t *g, const shp_t *p, desc_t *ops) {
     int n = 0;
     const int64_t B = p->B, NH = p->NH, T = p->T, hs = p->hs;
     desc_t q = qkv_view(g, p, UID_Q, 0), kt = qkv_view(g, p, UID_K, 1), vtr = qkv_view(g, p, UID_V, 1);
@@ -387,21 +384,13 @@ static int build_bwd(gb_t *g, const shp_t *p, int atomic_dq, desc_t *ops) {
     const int64_t rs = 3 * p->C, kstr[4] = {T * rs, hs, rs, 1};
     desc_t k = vt(g, p->io, B, NH, T, hs, kstr);
     ops[n++] = reshape(g, kt, k);
-    if (atomic_dq) { /* f32 accumulator in the workspace, then converted: cuDNN's atomic dQ path */
-        const int64_t dim[4] = {B, NH, T, hs}, str[4] = {NH * T * hs, T * hs, hs, 1};
-        desc_t acc = tensor(g, UID_DQ_ACC, CUDNN_DATA_FLOAT, dim, str, false, false);
-        ops[n++] = matmul(g, ds, k, acc);
-        ops[n++] = pointwise(g, CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, -1, acc, NULL, NULL, dq);
-    } else {
-        ops[n++] = matmul(g, ds, k, dq);
-    }
+    ops[n++] = matmul(g, ds, k, dq); /* straight into dQ: no accumulator, no atomics */
     return n;
 }
 
-/* Heuristics for an operation graph, then the first engine configuration that finalizes into a plan (and,
- * when `deterministic`, carries no NONDETERMINISTIC note). */
-static desc_t plan_graph(build_t *b, desc_t *ops, int nops, int deterministic, int64_t *ws,
-                         int64_t *engine_id) {
+/* Heuristics for an operation graph, then the first engine configuration that finalizes into a plan and
+ * carries no NONDETERMINISTIC note. */
+static desc_t plan_graph(build_t *b, desc_t *ops, int nops, int64_t *ws, int64_t *engine_id) {
     dg_cudnn_t *k = b->k;
     desc_t graph = mk(b, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
     set(b, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, nops, ops, "graph ops");
@@ -450,7 +439,7 @@ static desc_t plan_graph(build_t *b, desc_t *ops, int nops, int deterministic, i
         int nondet = 0;
         for (int64_t j = 0; j < nn; j++)
             nondet |= notes[j] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
-        if (deterministic && nondet) {
+        if (nondet) {
             snprintf(why, sizeof why, "engine %lld is not deterministic", (long long)gid);
             continue;
         }
@@ -585,13 +574,12 @@ static cudnn_shape_t *shape_get(dg_cuda_t *c, int B, int T, int C, int NH) {
     }
     shp_t p = {B, NH, T, C / NH, C, c->act == DG_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF};
     build_t b = {k, s, ""};
-    const int det = c->attn_cudnn == 1;
     for (int dir = 0; dir < 2 && !b.err[0]; dir++) {
         gb_t g = {&b, UID_VIRTUAL};
         desc_t ops[48];
-        const int nops = dir == 0 ? build_fwd(&g, &p, ops) : build_bwd(&g, &p, !det, ops);
+        const int nops = dir == 0 ? build_fwd(&g, &p, ops) : build_bwd(&g, &p, ops);
         if (b.err[0]) break;
-        s->plan[dir] = plan_graph(&b, ops, nops, det, &s->ws[dir], &s->engine[dir]);
+        s->plan[dir] = plan_graph(&b, ops, nops, &s->ws[dir], &s->engine[dir]);
     }
     if (b.err[0]) {
         DG_LOG_INFO(
@@ -602,10 +590,11 @@ static cudnn_shape_t *shape_get(dg_cuda_t *c, int B, int T, int C, int NH) {
         return s;
     }
     s->ok = 1;
-    DG_LOG_INFO("cuda backend: attention B=%d T=%d C=%d NH=%d through cuDNN %zu (%s; engines %lld / %lld, "
-                "workspace %.1f / %.1f MiB)",
-                B, T, C, NH, k->version, det ? "deterministic" : "atomic dQ allowed", (long long)s->engine[0],
-                (long long)s->engine[1], s->ws[0] / 1048576.0, s->ws[1] / 1048576.0);
+    DG_LOG_INFO(
+        "cuda backend: attention B=%d T=%d C=%d NH=%d through cuDNN %zu (deterministic; engines %lld / "
+        "%lld, workspace %.1f / %.1f MiB)",
+        B, T, C, NH, k->version, (long long)s->engine[0], (long long)s->engine[1], s->ws[0] / 1048576.0,
+        s->ws[1] / 1048576.0);
     return s;
 }
 
@@ -614,15 +603,10 @@ static int shape_eligible(const dg_cuda_t *c, int C, int NH) {
            C / NH <= 128 && ((size_t)C * 2) % 16 == 0;
 }
 
-/* The atomic mode's f32 dQ accumulator, rounded to 256 bytes (0 in the deterministic mode). */
-static size_t acc_bytes(const dg_cuda_t *c, int B, int T, int C) {
-    return c->attn_cudnn != 1 ? ((size_t)B * T * C * sizeof(float) + 255) / 256 * 256 : 0;
-}
-
 size_t dg_cuda_cudnn_attention_ws_bytes(dg_cuda_t *c, int B, int T, int C, int NH) {
     if (!shape_eligible(c, C, NH) || !load(c)) return 0;
     cudnn_shape_t *s = shape_get(c, B, T, C, NH);
-    return s->ok ? acc_bytes(c, B, T, C) + (size_t)s->ws[1] : 0;
+    return s->ok ? (size_t)s->ws[1] : 0;
 }
 
 dg_status_t dg_cuda_cudnn_attention(dg_cuda_t *c, int bwd, void *o_or_dqkv, void *aux_or_dout,
@@ -639,16 +623,14 @@ dg_status_t dg_cuda_cudnn_attention(dg_cuda_t *c, int bwd, void *o_or_dqkv, void
     if (!s->ok) return DG_OK;
     dg_cudnn_t *k = c->cudnn;
     k->scale = 1.f / sqrtf((float)(C / NH));
-    /* [dQ accumulator (atomic mode's backward only, zeroed before each call) | plan workspace]: the caller's
-     * workspace (attention_bwd_ws) when it is large enough, else the backend's scratch */
-    const size_t acc = bwd ? acc_bytes(c, B, T, C) : 0, need = acc + (size_t)s->ws[bwd];
-    void *scr = NULL, *ws = NULL;
+    /* the plan's workspace: the caller's (attention_bwd_ws) when it is large enough, else the backend's
+     * scratch */
+    const size_t need = (size_t)s->ws[bwd];
+    void *ws = NULL;
     if (need > 0 && bwd && c->attn_ws && c->attn_ws_bytes >= need && dg_ptr_aligned(c->attn_ws, 256))
-        scr = c->attn_ws;
+        ws = c->attn_ws;
     else if (need > 0)
-        DG_TRY(dg_cuda_scratch(c, need, &scr));
-    if (s->ws[bwd] > 0) ws = (char *)scr + acc;
-    if (acc) DG_CUDA_CHECK(cudaMemsetAsync(scr, 0, acc, c->stream));
+        DG_TRY(dg_cuda_scratch(c, need, &ws));
     const char *q = (const char *)qkv;
     int64_t uids[16];
     void *ptrs[16];
@@ -672,7 +654,6 @@ dg_status_t dg_cuda_cudnn_attention(dg_cuda_t *c, int bwd, void *o_or_dqkv, void
         BIND(UID_DK, d + (size_t)C * es);
         BIND(UID_DV, d + 2 * (size_t)C * es);
         BIND(UID_ONE, &k->one);
-        if (acc) BIND(UID_DQ_ACC, scr);
     }
 #undef BIND
     desc_t vp = NULL;

@@ -2,29 +2,19 @@
  * on, error reporting for the CUDA and cuBLAS libraries, argument checks, and the vtable of backend.h.
  * The kernels themselves live in the other *.cu files of this folder (see cuda_impl.cuh).
  *
- * Environment knobs (read once at creation; for tests and debugging, not for users' configs):
- *   DG_CUDA_FUSED_EPILOGUES=0  GEMMs without cuBLASLt epilogues (bias/GELU/bias-grad as own kernels)
- *   DG_CUDA_BGRAD=epilogue|colsum  matmul_bwd's bias gradient: cuBLASLt's BGRADB epilogue on the
- *                              weight-gradient GEMM, or that GEMM without epilogue plus our
- *                              deterministic column-sum kernels (elementwise.cu; the default, measured
- *                              faster); A/B timing, same tolerances
+ * Environment knobs (read once at creation; for tests and debugging, not for users' configs). Each turns
+ * off one fast path, so that the tests reach the path behind it (the fallback, or the reference):
+ *   DG_CUDA_FUSED_EPILOGUES=0  GEMMs without cuBLASLt epilogues (bias/GELU as own kernels)
+ *   DG_CUDA_FUSED_DGELU=0      matmul_bwd_dgelu as GEMM + gelu_bwd even where the DGELU epilogue applies
  *   DG_CUDA_LN_REG=0           layernorm forward/backward through the generic kernels only, not the
- *                              register kernels (layernorm.cu); A/B timing, same tolerances
- *   DG_CUDA_FAST_ATTENTION=0   the generic attention kernels instead of the tensor-core ones
- *   DG_CUDA_ATTN_LDMATRIX=0    tensor-core attention loads shared-memory fragments with plain 32/16-bit
- *                              loads instead of ldmatrix (ldmatrix, the default, measured 10-20% faster)
- *   DG_CUDA_ATTN_ROWS=64|128   rows (queries, or keys in the backward's key/value pass) per block of the
- *                              tensor-core attention kernels: 4 or 8 warps of 16 rows
- *   DG_CUDA_ATTN_IMPL=1..5     tensor-core attention kernels: 1 = 16 rows per warp (DG_CUDA_ATTN_ROWS,
- *                              DG_CUDA_ATTN_LDMATRIX apply), 2 = 32 rows per warp, 128-row blocks,
- *                              3 = 2 with fewer instructions per score (single-instruction exp2, mask
- *                              tests only in diagonal tiles, ...), 4 = 3 with the backward's two half
- *                              tiles unrolled, 5 = 3 with the backward's dO fragments in registers
- *                              (attention.cu); same results within rounding, not the same bits
- *   DG_CUDA_ATTN_CUDNN=0|1|2   bf16/f16 attention through cuDNN's fused flash engines where cuDNN (loaded at
- *                              run time) plans the shape, else the kernels above: 0 never, 1 deterministic
- *                              engines only (default), 2 also cuDNN's atomic dQ accumulation (not bitwise
- *                              reproducible; A/B timing) (attn_cudnn.cu)
+ *                              register kernels (layernorm.cu); same tolerances
+ *   DG_CUDA_GEMM_TUNE=0        cuBLASLt's first pick, no timing of candidates (matmul.cu)
+ *   DG_CUDA_ATTN_CUDNN=0       bf16/f16 attention through the built-in tensor-core kernels, never cuDNN
+ *                              (default 1: cuDNN's deterministic fused engines where it loads and plans the
+ *                              shape; attn_cudnn.cu)
+ *   DG_CUDA_FAST_ATTENTION=0   attention through the generic kernels only (neither cuDNN nor tensor cores:
+ *                              the reference the tests check the other two against; attention.cu)
+ * Which implementation runs where, and the measurements that chose it: docs/cuda.md.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,14 +24,6 @@
 
 #define DG_CUDA_LT_WORKSPACE (32u << 20) /* cuBLASLt's recommendation for Hopper */
 #define DG_CUDA_SCRATCH_INIT (8u << 20)
-/* rows per block of the tensor-core attention kernels (both give the same bits; 128 loads each K/V tile
- * once for twice the queries) */
-#define DG_CUDA_ATTN_ROWS_DEFAULT 64
-/* tensor-core attention implementation (DG_CUDA_ATTN_IMPL): 4, the fastest on the H200 (2026-11-29, B=32
- * T=1024 head 64 bf16, fwd / bwd ms: impl 1 0.312 / 1.016, 2 0.321 / 0.930, 3 0.259 / 0.713,
- * 4 0.260 / 0.699, 5 0.260 / 0.715), all five passing the same checks */
-#define DG_CUDA_ATTN_IMPL_DEFAULT 4
-/* (3, 4, 5: not yet measured; the default moves to the fastest once they are) */
 
 /* ---------------- error reporting ---------------- */
 
@@ -920,41 +902,14 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
     c->fused_dgelu = env_flag("DG_CUDA_FUSED_DGELU", 1);
     c->ln_reg = env_flag("DG_CUDA_LN_REG", 1);
     c->gemm_tune = env_flag("DG_CUDA_GEMM_TUNE", 1);
-    const char *bg = getenv("DG_CUDA_BGRAD");
-    c->bgrad_colsum = 1; /* colsum: 0.79 ms per gpt2-124m step faster on the H200 (2026-11-30) */
-    if (bg && *bg) {
-        if (strcmp(bg, "epilogue") != 0 && strcmp(bg, "colsum") != 0)
-            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_BGRAD=%s: expected epilogue or colsum", bg);
-        c->bgrad_colsum = strcmp(bg, "colsum") == 0;
-    }
     c->fast_attention = env_flag("DG_CUDA_FAST_ATTENTION", 1);
-    c->attn_ldmatrix = env_flag("DG_CUDA_ATTN_LDMATRIX", 1);
-    /* the two-pass (L2) kernel by default: 2.76 ms against 3.02 ms staged, gpt2-124m B=32 on an H200 */
-    c->ce_smem = env_flag("DG_CUDA_CE_SMEM", 0);
-    const char *rows = getenv("DG_CUDA_ATTN_ROWS");
-    c->attn_rows = DG_CUDA_ATTN_ROWS_DEFAULT;
-    if (rows && *rows) {
-        if (strcmp(rows, "64") != 0 && strcmp(rows, "128") != 0)
-            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_ROWS=%s: expected 64 or 128", rows);
-        c->attn_rows = atoi(rows);
-    }
     const char *cdn = getenv("DG_CUDA_ATTN_CUDNN");
     c->attn_cudnn = 1;
     if (cdn && *cdn) {
-        if (strcmp(cdn, "0") != 0 && strcmp(cdn, "1") != 0 && strcmp(cdn, "2") != 0)
-            return DG_ERR(DG_ERR_USAGE,
-                          "DG_CUDA_ATTN_CUDNN=%s: expected 0 (off), 1 (deterministic) or 2 (atomic dQ "
-                          "allowed)",
+        if (strcmp(cdn, "0") != 0 && strcmp(cdn, "1") != 0)
+            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_CUDNN=%s: expected 0 (off) or 1 (cuDNN where it plans)",
                           cdn);
-        c->attn_cudnn = atoi(cdn);
-    }
-    const char *impl = getenv("DG_CUDA_ATTN_IMPL");
-    c->attn_impl = DG_CUDA_ATTN_IMPL_DEFAULT;
-    if (impl && *impl) {
-        if (strcmp(impl, "1") != 0 && strcmp(impl, "2") != 0 && strcmp(impl, "3") != 0 &&
-            strcmp(impl, "4") != 0 && strcmp(impl, "5") != 0)
-            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_IMPL=%s: expected 1, 2, 3, 4 or 5", impl);
-        c->attn_impl = atoi(impl);
+        c->attn_cudnn = cdn[0] == '1';
     }
     return DG_OK;
 }
@@ -977,14 +932,12 @@ extern "C" dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg
         cu_destroy(be);
         return s;
     }
-    DG_LOG_DEBUG(
-        "cuda backend: device %d %s (sm_%d%d, %d SMs), act %s, fused epilogues %s (DGELU %s, bias "
-        "gradient %s), fast attention %s (impl %d, %d-row blocks), fused cross-entropy rows in shared "
-        "memory %s",
-        c->device, c->name, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
-        c->fused_epilogues ? "on" : "off", c->fused_dgelu ? "on" : "off",
-        c->bgrad_colsum ? "colsum" : "epilogue", c->fast_attention ? "on" : "off", c->attn_impl, c->attn_rows,
-        c->ce_smem ? "on" : "off");
+    DG_LOG_DEBUG("cuda backend: device %d %s (sm_%d%d, %d SMs), act %s, fused epilogues %s (DGELU %s), "
+                 "fast attention %s (cuDNN %s), layernorm register kernels %s, GEMM tuning %s",
+                 c->device, c->name, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
+                 c->fused_epilogues ? "on" : "off", c->fused_dgelu ? "on" : "off",
+                 c->fast_attention ? "on" : "off", c->attn_cudnn ? "on" : "off", c->ln_reg ? "on" : "off",
+                 c->gemm_tune ? "on" : "off");
     *out = be;
     return DG_OK;
 }

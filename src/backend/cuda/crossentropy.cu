@@ -14,31 +14,27 @@
  * x - m in the accurate expf(x - m). Both are far below a bf16 (2^-9) or f16 (2^-12) half-ulp of the
  * stored dlogits and the 2e-2 / 5e-3 (bf16 / f16) bounds of the harness; the flush of results below
  * 2^-126 to 0 only touches gradients that round to (near) zero anyway. f32, the exact reference mode
- * compared tightly with the CPU backend, keeps expf; DG_CUDA_CE_FASTEXP=0 keeps it for bf16/f16 too.
- * The block-level combine and log(sum) stay accurate (a few per row).
+ * compared tightly with the CPU backend, keeps expf. The block-level combine and log(sum) stay accurate
+ * (a few per row).
  *
  * Bitwise contract of the fused op: its losses, lse and dlogits are those of the forward kernel followed
- * by the backward kernel, in every variant. All kernels give thread tid the vectors k = 0, 1, ... at
- * columns tid*V + k*CE_THREADS*V (V = 16 bytes of elements where Vp is a multiple of it and the logits
- * are 16-byte aligned, else V = 1), update the running (max, sum) once per vector in k order with the
- * same code (ce_upd), reduce with ce_block_lse, and compute each element's gradient with ce_grad (the
- * vector form skips the target and padding tests only where they are known false, which gives the same
- * bits). The fused variants differ only in where a thread keeps its vectors between the two passes, so
- * they all give the same bits, and the forward kernel serves every variant. The gradient is elementwise:
- * the store width (dlogits' alignment) does not matter for the values.
+ * by the backward kernel (the pair, which is also the reference the tests hold it to). All kernels give
+ * thread tid the vectors k = 0, 1, ... at columns tid*V + k*CE_THREADS*V (V = 16 bytes of elements where
+ * Vp is a multiple of it and the logits are 16-byte aligned, else V = 1), update the running (max, sum)
+ * once per vector in k order with the same code (ce_upd), reduce with ce_block_lse, and compute each
+ * element's gradient with ce_grad (the vector form skips the target and padding tests only where they
+ * are known false, which gives the same bits). The fused kernels differ only in where a thread keeps its
+ * vectors between the two passes, so they all give the same bits. The gradient is elementwise: the store
+ * width (dlogits' alignment) does not matter for the values.
  *
- * Fused variants (DG_CUDA_CE_IMPL; see ce_fused16 and docs/cuda.md):
- *   twopass  the block re-reads its row from global memory for the gradient (L1/L2 hits while it stays)
- *   smem     the row is copied into shared memory with cp.async (2 blocks per SM at bf16, Vp = 50304)
- *   reg      a thread keeps its 13 vectors as packed registers (512 threads, 1 block per SM at bf16)
- *   hybrid   4 vectors in registers, the rest staged in shared memory: the whole row on chip at 3 blocks
- *            per SM (gpt2's rows at bf16/f16); the default for bf16/f16
- * Where a variant cannot hold a row it falls back, with the same bits: smem and hybrid rows beyond the
- * opt-in shared memory take twopass; reg re-reads vectors beyond 13 per thread from global memory; V = 1
- * (logits not 16-byte aligned, Vp not a multiple of 16 bytes) takes the scalar two-pass kernel.
- * DG_CUDA_CE_OCC=n makes the fused kernel persistent: n blocks per SM loop over the rows.
+ * The fused kernels (ce_fused16; the measurements that chose them: docs/cuda.md, "Why these
+ * implementations"):
+ *   hybrid   bf16/f16: 4 vectors per thread in registers, the rest of the row staged in shared memory:
+ *            the whole row on chip at 3 blocks per SM (gpt2's rows), one DRAM read and one write;
+ *   twopass  f32, and bf16/f16 rows beyond the opt-in shared memory (the same bits): the block re-reads
+ *            its row from global memory for the gradient (L1/L2 hits while it stays there);
+ *   V = 1    (logits not 16-byte aligned, Vp not a multiple of 16 bytes): the scalar two-pass kernel.
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_impl.cuh"
@@ -50,12 +46,9 @@
 #define CE_SMEM_SLACK 1024
 /* vectors a thread loads from global memory before it uses the first: loads in flight per thread */
 #define CE_U 2
-/* vectors per thread held in registers by the reg and hybrid variants */
-#define CE_KR_REG 13
+/* vectors per thread the hybrid kernel holds in registers */
 #define CE_KR_HYB 4
 #define CE_LOG2E 1.4426950408889634f
-
-enum { CE_TWOPASS = 0, CE_SMEM = 1, CE_REG = 2, CE_HYBRID = 3 };
 
 static __device__ __forceinline__ float ce_ex2(float t) {
     float y;
@@ -391,18 +384,13 @@ __global__ void __launch_bounds__(CE_THREADS, 4)
  * itself, so the copy needs a cp.async wait but no barrier. Either way one DRAM read and one write of the
  * row where the re-reads hit L1/L2.
  *
- * History (H200, gpt2-124m B = 32, bf16, accurate expf): STAGE with KR = 0 (smem) 3.02 ms, KR = 0
- * without (twopass) 2.76 ms: both issue-bound on expf, the staged one with only 2 blocks per SM to hide
- * it. With the cheap exponential the arithmetic is ~4.5 instructions per element and pass, below the
- * memory time, so keeping the row on chip should pay again: hybrid (KR = 4 plus the staged rest, 40
- * registers) holds gpt2's whole row at 3 blocks per SM (66 KB of shared memory each at bf16/f16), reg
- * (KR = 13, 128 registers) at 1 block per SM with the whole row's loads in flight at once; twopass (4
- * blocks per SM) depends on the re-read hitting L1 (its carveout prefers L1) or L2, and DG_CUDA_CE_OCC
- * bounds the rows in flight for it. Which wins is for bench_backend_cuda --mode ce to say.
+ * Two instantiations run: hybrid (KR = 4 plus the staged rest, STAGE, 3 blocks per SM: gpt2's whole bf16/f16
+ * row on chip at 66 KB of shared memory per block) and twopass (KR = 0, no STAGE, 4 blocks per SM: the
+ * re-read hits L1, which its carveout prefers, or L2).
  *
- * The grid is either one block per row or (DG_CUDA_CE_OCC) persistent blocks striding over the rows; the
- * row's lse crosses the barrier in shl, and the next row's first write of shl comes after a barrier that
- * every thread reaches only after reading it. */
+ * The launch gives one block per row; the kernels keep the grid-stride loop over rows they were measured
+ * with (it runs once). Across the barrier the row's lse travels in shl; a next row's first write of shl
+ * would come after a barrier that every thread reaches only after reading it. */
 template <typename T, bool FAST, int KR, bool STAGE, int MINB>
 __global__ void __launch_bounds__(CE_THREADS, MINB)
     ce_fused16_kernel(float *losses, float *lse_out, T *dlogits, const T *logits, const int32_t *targets,
@@ -475,45 +463,6 @@ __global__ void __launch_bounds__(CE_THREADS, MINB)
 
 /* ---- host side ---- */
 
-/* The switches, read at every launch (cheap next to a millisecond kernel; lets one process A/B them). */
-typedef struct {
-    int impl; /* CE_TWOPASS .. CE_HYBRID */
-    int fast; /* cheap exponential (bf16/f16 only) */
-    int occ;  /* 0: a block per row; n: n persistent blocks per SM */
-} ce_cfg_t;
-
-static dg_status_t ce_cfg(const dg_cuda_t *c, ce_cfg_t *k) {
-    const char *s = getenv("DG_CUDA_CE_IMPL");
-    k->impl = c->ce_smem ? CE_SMEM : c->act == DG_F32 ? CE_TWOPASS : CE_HYBRID;
-    if (s && *s) {
-        static const char *names[] = {"twopass", "smem", "reg", "hybrid"};
-        k->impl = -1;
-        for (int i = 0; i < 4; i++)
-            if (strcmp(s, names[i]) == 0) k->impl = i;
-        if (k->impl < 0)
-            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_CE_IMPL=%s: expected twopass, smem, reg or hybrid", s);
-    }
-    s = getenv("DG_CUDA_CE_FASTEXP");
-    k->fast = 1;
-    if (s && *s) {
-        if (strcmp(s, "0") != 0 && strcmp(s, "1") != 0)
-            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_CE_FASTEXP=%s: expected 0 or 1", s);
-        k->fast = s[0] == '1';
-    }
-    if (c->act == DG_F32) k->fast = 0;
-    s = getenv("DG_CUDA_CE_OCC");
-    k->occ = 0;
-    if (s && *s) {
-        char *e = NULL;
-        const long v = strtol(s, &e, 10);
-        if (*e || v < 0 || v > 4)
-            return DG_ERR(DG_ERR_USAGE,
-                          "DG_CUDA_CE_OCC=%s: expected 0 (a block per row) to 4 (blocks per SM)", s);
-        k->occ = (int)v;
-    }
-    return DG_OK;
-}
-
 template <typename T, bool FAST>
 static dg_status_t ce_fwd_launch(dg_cuda_t *c, float *losses, float *lse, const void *logits,
                                  const int32_t *targets, int N, int V, int Vp) {
@@ -527,15 +476,13 @@ static dg_status_t ce_fwd_launch(dg_cuda_t *c, float *losses, float *lse, const 
     return DG_OK;
 }
 
+/* The cheap exponential for bf16/f16, expf for f32 (see the header). */
+template <typename T> struct ce_fast { static constexpr bool value = sizeof(T) == 2; };
+
 template <typename T>
 static dg_status_t ce_fwd_t(dg_cuda_t *c, float *losses, float *lse, const void *logits,
                             const int32_t *targets, int N, int V, int Vp) {
-    ce_cfg_t k;
-    dg_status_t st = ce_cfg(c, &k);
-    if (st != DG_OK) return st;
-    if constexpr (sizeof(T) == 2)
-        if (k.fast) return ce_fwd_launch<T, true>(c, losses, lse, logits, targets, N, V, Vp);
-    return ce_fwd_launch<T, false>(c, losses, lse, logits, targets, N, V, Vp);
+    return ce_fwd_launch<T, ce_fast<T>::value>(c, losses, lse, logits, targets, N, V, Vp);
 }
 
 template <typename T, bool FAST>
@@ -554,25 +501,13 @@ static dg_status_t ce_bwd_launch(dg_cuda_t *c, void *dlogits, const void *logits
 template <typename T>
 static dg_status_t ce_bwd_t(dg_cuda_t *c, void *dlogits, const void *logits, const float *lse,
                             const int32_t *targets, int N, int V, int Vp, float dloss) {
-    ce_cfg_t k;
-    dg_status_t st = ce_cfg(c, &k);
-    if (st != DG_OK) return st;
-    if constexpr (sizeof(T) == 2)
-        if (k.fast) return ce_bwd_launch<T, true>(c, dlogits, logits, lse, targets, N, V, Vp, dloss);
-    return ce_bwd_launch<T, false>(c, dlogits, logits, lse, targets, N, V, Vp, dloss);
-}
-
-/* grid of the fused kernel: a block per row, or occ persistent blocks per SM */
-static unsigned ce_grid(const dg_cuda_t *c, int N, int occ) {
-    if (occ <= 0) return (unsigned)N;
-    const long g = (long)occ * c->sm_count;
-    return (unsigned)(g < N ? g : N);
+    return ce_bwd_launch<T, ce_fast<T>::value>(c, dlogits, logits, lse, targets, N, V, Vp, dloss);
 }
 
 template <typename T, bool FAST, int KR, bool STAGE, int MINB>
-static dg_status_t ce_fused16_go(dg_cuda_t *c, const ce_cfg_t *k, size_t smem, float *losses, float *lse,
-                                 void *dlogits, const void *logits, const int32_t *targets, int N, int Vv,
-                                 int Vp, float dloss) {
+static dg_status_t ce_fused16_go(dg_cuda_t *c, size_t smem, float *losses, float *lse, void *dlogits,
+                                 const void *logits, const int32_t *targets, int N, int Vv, int Vp,
+                                 float dloss) {
     auto *fn = ce_fused16_kernel<T, FAST, KR, STAGE, MINB>;
     /* Function attributes once per kernel and device (the first, eager launch; not again while a graph
      * is being captured): a staged kernel may take up to the opt-in limit and wants the largest
@@ -592,56 +527,39 @@ static dg_status_t ce_fused16_go(dg_cuda_t *c, const ce_cfg_t *k, size_t smem, f
         }
         done |= bit;
     }
-    fn<<<ce_grid(c, N, k->occ), CE_THREADS, smem, c->stream>>>(losses, lse, (T *)dlogits, (const T *)logits,
-                                                               targets, N, Vv, Vp, dloss,
-                                                               dg_ptr_aligned(dlogits, 16), c->err_dev);
+    fn<<<(unsigned)N, CE_THREADS, smem, c->stream>>>(losses, lse, (T *)dlogits, (const T *)logits, targets, N,
+                                                     Vv, Vp, dloss, dg_ptr_aligned(dlogits, 16), c->err_dev);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }
 
 template <typename T, bool FAST>
-static dg_status_t ce_fused_launch(dg_cuda_t *c, const ce_cfg_t *k, float *losses, float *lse, void *dlogits,
-                                   const void *logits, const int32_t *targets, int N, int Vv, int Vp,
-                                   float dloss) {
+static dg_status_t ce_fused_launch(dg_cuda_t *c, float *losses, float *lse, void *dlogits, const void *logits,
+                                   const int32_t *targets, int N, int Vv, int Vp, float dloss) {
     constexpr int V = ce_v<T>::V;
     /* the forward's vector width (the reduction order depends on it), not the backward's */
     if (Vp % V != 0 || !dg_ptr_aligned(logits, 16)) {
-        ce_fused1_kernel<T, FAST><<<ce_grid(c, N, k->occ), CE_THREADS, 0, c->stream>>>(
+        ce_fused1_kernel<T, FAST><<<(unsigned)N, CE_THREADS, 0, c->stream>>>(
             losses, lse, (T *)dlogits, (const T *)logits, targets, N, Vv, Vp, dloss, c->err_dev);
         DG_CUDA_LAUNCH_CHECK();
         return DG_OK;
     }
-    /* staged bytes: the vectors that start below Vv, less the KR per thread kept in registers */
-    const long nvec = (Vv + V - 1) / V;
-    const int kr = k->impl == CE_HYBRID ? CE_KR_HYB : 0;
-    const size_t stage = nvec > (long)kr * CE_THREADS ? (size_t)(nvec - (long)kr * CE_THREADS) * 16 : 0;
-    const int fits = stage + CE_SMEM_SLACK <= c->smem_optin;
-#define CE_GO(KR, STAGE, MINB)                                                                               \
-    ce_fused16_go<T, FAST, KR, STAGE, MINB>(c, k, (STAGE) ? stage : 0, losses, lse, dlogits, logits,         \
-                                            targets, N, Vv, Vp, dloss)
-    switch (k->impl) {
-    case CE_SMEM:
-        return fits ? CE_GO(0, true, 1) : CE_GO(0, false, 4); /* too large: twopass, same bits */
-    case CE_REG:
-        return CE_GO(CE_KR_REG, false, 1); /* vectors beyond 13 per thread re-read from global memory */
-    case CE_HYBRID:
-        return fits ? CE_GO(CE_KR_HYB, true, 3) : CE_GO(0, false, 4); /* too large: twopass, same bits */
-    default:
-        return CE_GO(0, false, 4);
+    if constexpr (sizeof(T) == 2) {
+        /* staged bytes: the vectors that start below Vv, less the CE_KR_HYB per thread kept in registers */
+        const long nvec = (Vv + V - 1) / V;
+        const size_t stage =
+            nvec > (long)CE_KR_HYB * CE_THREADS ? (size_t)(nvec - (long)CE_KR_HYB * CE_THREADS) * 16 : 0;
+        if (stage + CE_SMEM_SLACK <= c->smem_optin) /* else twopass: the same bits */
+            return ce_fused16_go<T, FAST, CE_KR_HYB, true, 3>(c, stage, losses, lse, dlogits, logits, targets,
+                                                              N, Vv, Vp, dloss);
     }
-#undef CE_GO
+    return ce_fused16_go<T, FAST, 0, false, 4>(c, 0, losses, lse, dlogits, logits, targets, N, Vv, Vp, dloss);
 }
 
 template <typename T>
 static dg_status_t ce_fused_t(dg_cuda_t *c, float *losses, float *lse, void *dlogits, const void *logits,
                               const int32_t *targets, int N, int V, int Vp, float dloss) {
-    ce_cfg_t k;
-    dg_status_t st = ce_cfg(c, &k);
-    if (st != DG_OK) return st;
-    if constexpr (sizeof(T) == 2)
-        if (k.fast)
-            return ce_fused_launch<T, true>(c, &k, losses, lse, dlogits, logits, targets, N, V, Vp, dloss);
-    return ce_fused_launch<T, false>(c, &k, losses, lse, dlogits, logits, targets, N, V, Vp, dloss);
+    return ce_fused_launch<T, ce_fast<T>::value>(c, losses, lse, dlogits, logits, targets, N, V, Vp, dloss);
 }
 
 dg_status_t dg_cuda_crossentropy_fwd(dg_cuda_t *c, float *losses, float *lse, const void *logits,

@@ -81,25 +81,15 @@ typedef struct dg_cuda {
     int fused_epilogues; /* 0 when DG_CUDA_FUSED_EPILOGUES=0: GEMM + separate kernels (for testing) */
     int fused_dgelu;     /* 0 when DG_CUDA_FUSED_DGELU=0: matmul_bwd_dgelu as GEMM + gelu_bwd kernel even
                             where the DGELU epilogue applies (A/B timing of the epilogue alone) */
-    int bgrad_colsum;    /* 1 when DG_CUDA_BGRAD=colsum: matmul_bwd's bias gradient by our column-sum kernels
-                            after the plain weight-gradient GEMM, not by cuBLASLt's BGRADB epilogue */
     int gemm_tune;       /* 0 when DG_CUDA_GEMM_TUNE=0: no timing of GEMM algorithms (matmul.cu) */
     int ln_reg;          /* 0 when DG_CUDA_LN_REG=0: layernorm by the generic kernels only (A/B timing) */
-    int fast_attention;  /* 0 when DG_CUDA_FAST_ATTENTION=0: the generic attention kernels only */
-    int attn_ldmatrix;   /* tensor-core attention loads fragments with ldmatrix (DG_CUDA_ATTN_LDMATRIX=0: not)
-                          */
-    int attn_rows;       /* rows per tensor-core attention block: 64 (4 warps) or 128 (8 warps);
-                            DG_CUDA_ATTN_ROWS=64|128 */
+    int fast_attention;  /* 0 when DG_CUDA_FAST_ATTENTION=0: the generic attention kernels only (the reference
+                            the tests check the others against), neither cuDNN nor the tensor-core kernels */
     int graphs_alive;    /* instantiated graphs not yet freed: they hold the scratch's address */
     void **retired;      /* scratch blocks outgrown while graphs were alive (freed at destroy) */
     int n_retired;
-    int ce_smem;    /* DG_CUDA_CE_SMEM=1: crossentropy_fused stages each row in shared memory where it fits;
-                       0 (default, measured faster): the two-pass kernel that re-reads the row through L2 */
-    int attn_impl;  /* tensor-core attention kernels: 1 (16 rows per warp), 2 (32 rows per warp), 3
-                       (2 with fewer instructions per score), 4 (3, backward half tiles unrolled),
-                       5 (3, backward dO fragments in registers); DG_CUDA_ATTN_IMPL=1..5 */
-    int attn_cudnn; /* attention through cuDNN's fused engines for bf16/f16 where it plans the shape: 0 off,
-                       1 deterministic (default), 2 atomic dQ allowed; DG_CUDA_ATTN_CUDNN=0|1|2 */
+    int attn_cudnn;    /* bf16/f16 attention through cuDNN's fused engines (deterministic ones only) where it
+                          plans the shape: 1 (default), 0 never (DG_CUDA_ATTN_CUDNN=0: the built-in kernels) */
     dg_cudnn_t *cudnn; /* loaded on first use; NULL before */
     void *attn_ws;     /* during attention_bwd_ws: the caller's workspace (else NULL: the scratch) */
     size_t attn_ws_bytes;

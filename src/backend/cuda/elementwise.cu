@@ -251,7 +251,7 @@ dg_status_t dg_cuda_bias_gelu(dg_cuda_t *c, void *out, void *pre, const void *bi
 #define CS_ROWS 128 /* rows per slab: N = 32768 gives 256 slabs, 768-3072 blocks at C = 768-3072 */
 #define CS_UNROLL 4
 
-template <typename T, int V, int UNROLL>
+template <typename T, int V>
 __global__ void __launch_bounds__(32 * CS_WARPS)
     colsum_partial_kernel(float *part, const T *src, int N, int C, int slab) {
     __shared__ float sh[CS_WARPS][V][32];
@@ -265,13 +265,13 @@ __global__ void __launch_bounds__(32 * CS_WARPS)
     if (col < C) { /* C % V == 0 when V > 1: the whole vector is in */
         const T *p = src + col;
         int r = r0 + warp;
-        for (; r + (UNROLL - 1) * CS_WARPS < r1; r += UNROLL * CS_WARPS) {
-            float f[UNROLL][V];
+        for (; r + (CS_UNROLL - 1) * CS_WARPS < r1; r += CS_UNROLL * CS_WARPS) {
+            float f[CS_UNROLL][V];
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++)
+            for (int u = 0; u < CS_UNROLL; u++)
                 dg_ldv<V>(f[u], p + (size_t)(r + u * CS_WARPS) * C);
 #pragma unroll
-            for (int u = 0; u < UNROLL; u++)
+            for (int u = 0; u < CS_UNROLL; u++)
 #pragma unroll
                 for (int j = 0; j < V; j++)
                     s[j] += f[u][j];
@@ -300,54 +300,24 @@ __global__ void __launch_bounds__(32 * CS_WARPS)
     }
 }
 
-/* DG_CUDA_COLSUM=SLAB[:UNROLL] (A/B timing): rows per slab (a multiple of CS_WARPS, default CS_ROWS) and
- * row loads in flight per warp (4 or 8, default CS_UNROLL). Another slab size is another summation
- * order (still a function of N only); the unroll does not change the order. */
-static dg_status_t colsum_cfg(int *slab, int *unroll) {
-    *slab = CS_ROWS;
-    *unroll = CS_UNROLL;
-    const char *e = getenv("DG_CUDA_COLSUM");
-    if (!e || !*e) return DG_OK;
-    char *end = NULL;
-    long sl = strtol(e, &end, 10), un = CS_UNROLL;
-    if (end != e && *end == ':') un = strtol(end + 1, &end, 10);
-    if (end == e || *end || sl <= 0 || sl % CS_WARPS || sl > (1 << 20) || (un != 4 && un != 8))
-        return DG_ERR(DG_ERR_USAGE,
-                      "DG_CUDA_COLSUM=%s: expected SLAB[:UNROLL], SLAB a positive multiple of %d, "
-                      "UNROLL 4 or 8",
-                      e, CS_WARPS);
-    *slab = (int)sl;
-    *unroll = (int)un;
-    return DG_OK;
-}
-
-template <typename T, int V>
-static void colsum_launch(dg_cuda_t *c, dim3 grid, int unroll, float *part, const T *src, int N, int C,
-                          int slab) {
-    if (unroll == 8)
-        colsum_partial_kernel<T, V, 8><<<grid, 32 * CS_WARPS, 0, c->stream>>>(part, src, N, C, slab);
-    else
-        colsum_partial_kernel<T, V, 4><<<grid, 32 * CS_WARPS, 0, c->stream>>>(part, src, N, C, slab);
-}
-
 template <typename T> static dg_status_t colsum_t(dg_cuda_t *c, float *dst, const void *src, int N, int C) {
     constexpr int V = 16 / sizeof(T);
     if (N <= 0 || C <= 0) return DG_OK;
-    int base = CS_ROWS, unroll = CS_UNROLL;
-    DG_TRY(colsum_cfg(&base, &unroll));
-    int slab = base, slabs = (N + base - 1) / base;
+    int slab = CS_ROWS, slabs = (N + CS_ROWS - 1) / CS_ROWS;
     if (slabs > 65535) { /* grid.y limit: larger slabs (still a function of N only) */
-        slab = base * ((slabs + 65534) / 65535);
+        slab = CS_ROWS * ((slabs + 65534) / 65535);
         slabs = (N + slab - 1) / slab;
     }
     void *scr = NULL;
     DG_TRY(dg_cuda_scratch(c, (size_t)slabs * C * sizeof(float), &scr));
     float *part = (float *)scr;
     if (C % V == 0 && dg_ptr_aligned(src, 16))
-        colsum_launch<T, V>(c, dim3((C + 32 * V - 1) / (32 * V), slabs), unroll, part, (const T *)src, N, C,
-                            slab);
+        colsum_partial_kernel<T, V>
+            <<<dim3((C + 32 * V - 1) / (32 * V), slabs), 32 * CS_WARPS, 0, c->stream>>>(part, (const T *)src,
+                                                                                        N, C, slab);
     else
-        colsum_launch<T, 1>(c, dim3((C + 31) / 32, slabs), unroll, part, (const T *)src, N, C, slab);
+        colsum_partial_kernel<T, 1>
+            <<<dim3((C + 31) / 32, slabs), 32 * CS_WARPS, 0, c->stream>>>(part, (const T *)src, N, C, slab);
     DG_CUDA_LAUNCH_CHECK();
     return dg_cuda_rowsum_acc(c, dst, NULL, C, part, slabs, C);
 }

@@ -1,7 +1,6 @@
 /* matmul.cu — the linear layers through cuBLASLt: forward with fused bias / bias+GELU epilogues, backward
  * with the input gradient (optionally accumulated), the weight gradient accumulated straight into the
- * f32 gradient buffer (bf16/f16 A and B, f32 C = D, beta = 1) and the bias gradient from the BGRADB
- * epilogue of that same GEMM.
+ * f32 gradient buffer (bf16/f16 A and B, f32 C = D, beta = 1) and the bias gradient by our column sums.
  *
  * Plans (descriptors + the algorithm: the measured fastest of cuBLASLt's candidates, kept in the tuning
  * file of gemm_tune.h for later runs, or with DG_CUDA_GEMM_TUNE=0 the heuristic's first pick) are cached
@@ -9,12 +8,11 @@
  * same algorithm: with the backend's own workspace on its one stream that makes every GEMM bitwise
  * reproducible. Where cuBLASLt
  * offers no fused epilogue for a combination, or DG_CUDA_FUSED_EPILOGUES=0, the plain GEMM runs and
- * the epilogue is done by the kernels in elementwise.cu. BGRADB overwrites its output, so it writes to
- * scratch and a separate kernel adds that into dbias (the contract's +=). With DG_CUDA_BGRAD=colsum the
- * bias gradient is always our column sum (dg_cuda_colsum_acc: one read of dout at memory bandwidth plus a
- * small final pass) after the plain weight-gradient GEMM: on the H200 cuBLASLt implements BGRADB as
- * separate kernels (globalKernelBgradAB_v2 + splitKreduce_kernel, ~64 us per call at GPT-2 124M shapes,
- * B*T = 32768), which the column sum may beat; the default stays the epilogue until measured.
+ * the epilogue is done by the kernels in elementwise.cu. The bias gradient is always our column sum
+ * (dg_cuda_colsum_acc: one read of dout at memory bandwidth plus a small final pass, deterministic) after
+ * the plain weight-gradient GEMM, not cuBLASLt's BGRADB epilogue, which the H200 runs as separate kernels
+ * (globalKernelBgradAB_v2 + splitKreduce_kernel) and which measured slower (docs/cuda.md, "Why these
+ * implementations").
  *
  * matmul_bwd_dgelu (the MLP's second linear layer, whose input is a GELU output) takes the input gradient
  * through GELU's derivative with the DGELU epilogue (aux = the saved pre-activation).
@@ -57,7 +55,7 @@ typedef struct gemm_call {
     cudaDataType_t abtype, dtype;
     float beta;
     cublasLtEpilogue_t epi;
-    void *bias; /* bias (fwd) or bias-gradient output (BGRADB) */
+    void *bias; /* the BIAS / GELU_AUX_BIAS epilogues' bias */
     void *aux;
     int aux_ld;
 } gemm_call_t;
@@ -573,7 +571,6 @@ dg_status_t dg_cuda_matmul_bwd(dg_cuda_t *c, void *dinp, float *dw, float *dbias
         gemm_call_t g = dinp_call(c, dinp, dout, w, N, C, OC, acc ? 1.f : 0.f);
         DG_TRY(gemm_must(c, &g, "matmul_bwd (input gradient)"));
     }
-    int bias_done = 0;
     if (dw) {
         /* dw(C x OC) += inp(C x N) · dout(OC x N)ᵀ, f32 accumulate in place */
         gemm_call_t g;
@@ -592,22 +589,9 @@ dg_status_t dg_cuda_matmul_bwd(dg_cuda_t *c, void *dinp, float *dw, float *dbias
         g.dtype = CUDA_R_32F;
         g.beta = 1.f;
         g.epi = CUBLASLT_EPILOGUE_DEFAULT;
-        if (dbias && c->fused_epilogues && !c->bgrad_colsum) {
-            void *scr = NULL;
-            DG_TRY(dg_cuda_scratch(c, (size_t)OC * sizeof(float), &scr));
-            gemm_call_t f = g;
-            f.epi = CUBLASLT_EPILOGUE_BGRADB;
-            f.bias = scr;
-            int ran = 0;
-            DG_TRY(gemm_try(c, &f, &ran));
-            if (ran) {
-                DG_TRY(dg_cuda_add_f32(c, dbias, (const float *)scr, (size_t)OC));
-                bias_done = 1;
-            }
-        }
-        if (!bias_done) DG_TRY(gemm_must(c, &g, "matmul_bwd (weight gradient)"));
+        DG_TRY(gemm_must(c, &g, "matmul_bwd (weight gradient)"));
     }
-    if (dbias && !bias_done) DG_TRY(dg_cuda_colsum_acc(c, dbias, dout, N, OC));
+    if (dbias) DG_TRY(dg_cuda_colsum_acc(c, dbias, dout, N, OC));
     return DG_OK;
 }
 
@@ -620,8 +604,7 @@ dg_status_t dg_cuda_matmul_bwd(dg_cuda_t *c, void *dinp, float *dw, float *dbias
  * derivative to dout·w + beta·C, not add after it), DG_CUDA_FUSED_EPILOGUES=0, DG_CUDA_FUSED_DGELU=0,
  * or when cuBLASLt has no algorithm — the plain GEMM writes dpre (acc = 1: scratch) and the gelu_bwd
  * kernel applies the derivative in place (acc = 1: adds into dpre). DGELU_BGRAD is not used: it would
- * give the NEXT layer's (mlp.fc's) bias gradient, which that layer's weight-gradient GEMM already gets
- * from its BGRADB epilogue. */
+ * give the NEXT layer's (mlp.fc's) bias gradient, which that layer's matmul_bwd already computes. */
 dg_status_t dg_cuda_matmul_bwd_dgelu(dg_cuda_t *c, void *dpre, float *dw, float *dbias, const void *dout,
                                      const void *inp, const void *w, const void *pre, int N, int C, int OC,
                                      int acc) {

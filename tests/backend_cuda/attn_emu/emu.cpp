@@ -1,6 +1,5 @@
-// Host emulation of attention.cu's implementation-2 to -5 kernels (DG_CUDA_ATTN_IMPL=2..5: the same
-// source, template parameter V = 2..5; the forward of 4 and 5 is 3's), for machines without a
-// GPU: the kernel source itself (extracted by extract.py) runs with one std::thread per CUDA thread; the
+// Host emulation of attention.cu's tensor-core kernels (attn_fwd_mma, attn_delta_mma, attn_bwd_mma), for
+// machines without a GPU: the kernel source itself (extracted by extract.py) runs with one std::thread per CUDA thread; the
 // warp collectives (mma.sync m16n8k16, ldmatrix .x4 / .x4.trans, shfl.xor) go through a per-warp exchange
 // between barriers, following the PTX ISA's fragment layouts; cp.async copies are queued per thread and
 // done at cp.async.wait_group (shared memory starts as garbage); outputs start as NaN. Forward and
@@ -152,7 +151,7 @@ static uint32_t ld32(const uint16_t *p) { if ((uintptr_t)p & 3) abort(); uint32_
 static float dg_to_f(dg_bf16 x) { return bf2f(x.v); }
 static float dg_to_f(dg_f16 x) { return h2f(x.v); }
 
-#include "impl2_extracted.inc"
+#include "mma_extracted.inc"
 
 // poison-detecting memory: outputs start as NaN bit patterns
 template <typename F> static void launch(dim3 grid, F f, int nt = 128) {
@@ -171,7 +170,7 @@ template <typename F> static void launch(dim3 grid, F f, int nt = 128) {
         }
 }
 
-template <typename T, int HS, int V>
+template <typename T, int HS>
 static int test(int B, int Tn, int NH) {
     const int C = HS * NH;
     const size_t C3 = 3 * (size_t)C, nqkv = (size_t)B * Tn * C3, nout = (size_t)B * Tn * C, nl = (size_t)B * NH * Tn;
@@ -181,16 +180,16 @@ static int test(int B, int Tn, int NH) {
     for (auto &v : qkv) { rng = rng * 6364136223846793005ull + 1442695040888963407ull; float f = ((int64_t)(rng >> 40) - (1 << 23)) / (float)(1 << 23); v = Cvt<T>::from(f); }
     for (auto &v : dout) { rng = rng * 6364136223846793005ull + 1442695040888963407ull; float f = ((int64_t)(rng >> 40) - (1 << 23)) / (float)(1 << 23); v = Cvt<T>::from(f); }
     const float scale = 1.f / sqrtf((float)HS), sl2 = scale * ATT_LOG2E;
-    launch(dim3((Tn + A2_BR - 1) / A2_BR, B * NH), [&] { attn2_fwd<T, HS, (V >= 3 ? 3 : V)>((T *)out.data(), lse.data(), (const T *)qkv.data(), Tn, C, NH, sl2); });
+    launch(dim3((Tn + MMA_BR - 1) / MMA_BR, B * NH), [&] { attn_fwd_mma<T, HS>((T *)out.data(), lse.data(), (const T *)qkv.data(), Tn, C, NH, sl2); });
     std::fill(delta.begin(), delta.end(), NAN);
     const size_t nrows = (size_t)B * Tn * NH;
-    launch(dim3((unsigned)((nrows * (HS / 8) + 255) / 256)), [&] { attn2_delta<T, HS>(delta.data(), (const T *)dout.data(), (const T *)out.data(), Tn, NH, nrows); }, 256);
+    launch(dim3((unsigned)((nrows * (HS / 8) + 255) / 256)), [&] { attn_delta_mma<T, HS>(delta.data(), (const T *)dout.data(), (const T *)out.data(), Tn, NH, nrows); }, 256);
     for (int b = 0; b < B; b++) for (int h = 0; h < NH; h++) for (int t = 0; t < Tn; t++) {
         double s = 0; for (int d = 0; d < HS; d++) { size_t o = ((size_t)b * Tn + t) * C + h * HS + d; s += (double)Cvt<T>::to(dout[o]) * Cvt<T>::to(out[o]); }
         const float g = delta[((size_t)b * NH + h) * Tn + t];
         if (!(fabs(g - s) <= 1e-4 * (1 + fabs(s)))) { printf("FAIL delta [%d,%d,%d]: %g vs %g\n", b, h, t, g, s); return 0; }
     }
-    launch(dim3(2 * ((Tn + A2_BR - 1) / A2_BR), B * NH), [&] { attn2_bwd<T, HS, V>((T *)dqkv.data(), (const T *)dout.data(), (const T *)qkv.data(), lse.data(), delta.data(), Tn, C, NH, sl2, scale); });
+    launch(dim3(2 * ((Tn + MMA_BR - 1) / MMA_BR), B * NH), [&] { attn_bwd_mma<T, HS>((T *)dqkv.data(), (const T *)dout.data(), (const T *)qkv.data(), lse.data(), delta.data(), Tn, C, NH, sl2, scale); });
     // reference in double
     std::vector<double> rout(nout), rl(nl), rdq(nqkv, 0.0);
     auto X = [&](int b, int t, int part, int h, int d) { return (double)Cvt<T>::to(qkv[((size_t)b * Tn + t) * C3 + part * C + h * HS + d]); };
@@ -222,7 +221,7 @@ static int test(int B, int Tn, int NH) {
         double ss = 0; for (double v : r) ss += v * v; double fl = sqrt(ss / r.size()); double worst = 0; size_t bad = 0, wi = 0;
         for (size_t i = 0; i < r.size(); i++) { double g = get(i); if (!std::isfinite(g)) { bad++; continue; } double e = fabs(g - r[i]) / (fabs(r[i]) + fl); if (e > worst) { worst = e; wi = i; } }
         int ok = bad == 0 && worst <= tol;
-        printf("%s impl%d %s HS=%d B=%d T=%d NH=%d %s: nonfinite %zu, max rel err %.3g at %zu (got %.6g ref %.6g)\n", ok ? "ok  " : "FAIL", V, sizeof(T) == 2 && std::is_same<T, dg_bf16>::value ? "bf16" : "f16", HS, B, Tn, NH, what, bad, worst, wi, get(wi), r[wi]);
+        printf("%s %s HS=%d B=%d T=%d NH=%d %s: nonfinite %zu, max rel err %.3g at %zu (got %.6g ref %.6g)\n", ok ? "ok  " : "FAIL", sizeof(T) == 2 && std::is_same<T, dg_bf16>::value ? "bf16" : "f16", HS, B, Tn, NH, what, bad, worst, wi, get(wi), r[wi]);
         return ok;
     };
     int ok = 1;
@@ -236,21 +235,15 @@ int main(int argc, char **argv) {
     int ok = 1;
     const int shapes[][3] = {{2, 13, 2}, {1, 129, 1}, {1, 200, 2}, {1, 333, 1}, {1, 64, 1}, {1, 1, 1}};
     int n = argc > 1 ? atoi(argv[1]) : 6;
-    const char *ev = getenv("EMU_IMPL"); /* 2, 3, 4 or 5: only that implementation (default all) */
-    const int only_v = ev ? atoi(ev) : 0;
     for (int i = 0; i < n; i++) {
         const int B = shapes[i][0], T = shapes[i][1], NH = shapes[i][2];
-        if (!only_v || only_v == 2) { ok &= test<dg_bf16, 64, 2>(B, T, NH); ok &= test<dg_f16, 32, 2>(B, T, NH); }
-        if (!only_v || only_v == 3) { ok &= test<dg_bf16, 64, 3>(B, T, NH); ok &= test<dg_f16, 32, 3>(B, T, NH); }
-        if (!only_v || only_v == 4) { ok &= test<dg_bf16, 64, 4>(B, T, NH); ok &= test<dg_f16, 32, 4>(B, T, NH); }
-        if (!only_v || only_v == 5) { ok &= test<dg_bf16, 64, 5>(B, T, NH); ok &= test<dg_f16, 32, 5>(B, T, NH); }
+        ok &= test<dg_bf16, 64>(B, T, NH);
+        ok &= test<dg_f16, 32>(B, T, NH);
         fflush(stdout);
     }
     if (argc > 2) {
-        if (!only_v || only_v == 2) { ok &= test<dg_f16, 64, 2>(1, 200, 1); ok &= test<dg_bf16, 32, 2>(1, 333, 1); }
-        if (!only_v || only_v == 3) { ok &= test<dg_f16, 64, 3>(1, 200, 1); ok &= test<dg_bf16, 32, 3>(1, 333, 1); }
-        if (!only_v || only_v == 4) { ok &= test<dg_f16, 64, 4>(1, 200, 1); ok &= test<dg_bf16, 32, 4>(1, 333, 1); }
-        if (!only_v || only_v == 5) { ok &= test<dg_f16, 64, 5>(1, 200, 1); ok &= test<dg_bf16, 32, 5>(1, 333, 1); }
+        ok &= test<dg_f16, 64>(1, 200, 1);
+        ok &= test<dg_bf16, 32>(1, 333, 1);
     }
     printf(ok ? "ALL OK\n" : "SOME FAILED\n");
     return !ok;
