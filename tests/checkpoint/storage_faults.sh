@@ -171,10 +171,15 @@ full1 | full2 | fullcheck)
     fullcheck) NP=2 ENVV=(DG_CKPT_SPACE_CHECK=1 DG_CKPT_DIRECT_CHUNKS=1) ;;
     esac
     full_case "$NP" "$CASE" "${ENVV[@]}" || exit 1
-    if [ "$CASE" = fullcheck ]; then
-        grep -q "less than the [0-9.]* MB this checkpoint needs; nothing was written" "$WORK/$CASE.out" ||
-            fail "fullcheck: the space check did not refuse the save before writing"
-    fi
+    # the failure is caught where it happens, not later by luck (the commit's LATEST write): a short
+    # write that MPI-IO reports as a success would otherwise leave a checkpoint with missing data
+    case "$CASE" in
+    full1) where="writing a chunk at offset [0-9]+: No space left on device" ;;
+    full2) where="MPI_File_write_at_all \(offset [0-9]+ in its file view\) wrote [0-9]+ of [0-9]+ bytes and reported no error" ;;
+    fullcheck) where="less than the [0-9.]+ MB this checkpoint needs; nothing was written" ;;
+    esac
+    grep -qE "^dgtrain: error on rank .*$where" "$WORK/$CASE.out" ||
+        fail "$CASE: the error does not say where the write failed (/$where/): $(grep -m1 'dgtrain: error' "$WORK/$CASE.out")"
     # free the space (a bigger tmpfs over the same directory's content) and run the same command again
     ck=$MNT/ck_$CASE
     cp -a "$ck" "$WORK/saved_ck"
