@@ -9,6 +9,7 @@
 #                     failed saves in a row every rank exits 4 with one clear line; then, with space freed,
 #                     the same command resumes from that checkpoint and finishes
 #   fullcheck         the same full tmpfs with the space check on (2 ranks): refused before writing
+#   fullasync         as full1 at 2 ranks with checkpoint.async = true (the background writer fails)
 #   fullend           the final checkpoint does not fit: exit 4, not 0; and a SIGUSR1 stop whose checkpoint
 #                     does not fit: exit 4, not 75
 #   stall             one rank hangs inside a save while its heartbeats go on (DG_CKPT_TEST_STALL): every
@@ -124,7 +125,7 @@ full_case() { # full_case NP TAG [env...]
     local run=$WORK/run_$tag ck=$MNT/ck_$tag
     T0=$(now)
     env "$@" "${MPI[@]}" -n "$np" -x DG_CKPT_SPACE_CHECK -x DG_CKPT_DIRECT_CHUNKS "$DGTRAIN" "$WORK/cfg.ini" \
-        "${SETS[@]}" --set run.dir="$run" --set checkpoint.dir="$ck" --set checkpoint.max_failures=2 \
+        "${SETS[@]}" "${EXTRA[@]}" --set run.dir="$run" --set checkpoint.dir="$ck" --set checkpoint.max_failures=2 \
         >"$WORK/$tag.out" 2>&1 &
     JOB=$!
     wait_job 240 || return 1
@@ -137,8 +138,11 @@ full_case() { # full_case NP TAG [env...]
     [ "$(ls "$ck" | grep -c '^step_.*\.h5$')" = 1 ] || fail "$tag: expected one checkpoint in $ck: $(ls "$ck")"
     no_partial "$ck" "$tag"
     "$DGCKPT" verify -q "$ck/step_00000002.h5" >/dev/null || fail "$tag: step_00000002.h5 does not verify"
-    # training went on after the first failed save (step 4) up to the second one (step 6)
-    [ "$(metrics_last_step "$run/metrics.jsonl")" = 6 ] || fail "$tag: last step $(metrics_last_step "$run/metrics.jsonl"), expected 6 (training on after the failed save of step 4, stopped at the second failure)"
+    # training went on after the first failed save (step 4) up to the second one (step 6; with async
+    # saves its failure is known when the next save, at step 8, waits for it)
+    local last=6
+    [ "${#EXTRA[@]}" -gt 0 ] && last=8
+    [ "$(metrics_last_step "$run/metrics.jsonl")" = $last ] || fail "$tag: last step $(metrics_last_step "$run/metrics.jsonl"), expected $last (training on after the failed save of step 4, stopped at the second failure)"
     local ev
     ev=$(grep '"kind":"checkpoint_failed"' "$run/metrics.jsonl")
     [ "$(printf '%s\n' "$ev" | grep -c .)" = 2 ] || fail "$tag: expected 2 checkpoint_failed health events, got: $ev"
@@ -163,9 +167,11 @@ full_case() { # full_case NP TAG [env...]
 }
 
 case "$CASE" in
-full1 | full2 | fullcheck)
+full1 | full2 | fullcheck | fullasync)
     mount_small
+    EXTRA=()
     case "$CASE" in
+    fullasync) NP=2 ENVV=(DG_CKPT_SPACE_CHECK=0 DG_CKPT_DIRECT_CHUNKS=1) EXTRA=(--set checkpoint.async=true) ;;
     full1) NP=1 ENVV=(DG_CKPT_SPACE_CHECK=0 DG_CKPT_DIRECT_CHUNKS=1) ;; # ENOSPC in dgtrain's own chunk pwrite
     full2) NP=2 ENVV=(DG_CKPT_SPACE_CHECK=0 DG_CKPT_DIRECT_CHUNKS=0) ;; # a short write inside MPI-IO, under HDF5
     fullcheck) NP=2 ENVV=(DG_CKPT_SPACE_CHECK=1 DG_CKPT_DIRECT_CHUNKS=1) ;;
@@ -174,7 +180,7 @@ full1 | full2 | fullcheck)
     # the failure is caught where it happens, not later by luck (the commit's LATEST write): a short
     # write that MPI-IO reports as a success would otherwise leave a checkpoint with missing data
     case "$CASE" in
-    full1) where="writing a chunk at offset [0-9]+: No space left on device" ;;
+    full1 | fullasync) where="writing a chunk at offset [0-9]+: No space left on device" ;;
     full2) where="MPI_File_write_at_all \(offset [0-9]+ in its file view\) wrote [0-9]+ of [0-9]+ bytes and reported no error" ;;
     fullcheck) where="less than the [0-9.]+ MB this checkpoint needs; nothing was written" ;;
     esac
@@ -191,7 +197,7 @@ full1 | full2 | fullcheck)
     cp -a "$WORK/saved_ck" "$ck"
     T0=$(now)
     env "${ENVV[@]}" "${MPI[@]}" -n "$NP" -x DG_CKPT_SPACE_CHECK -x DG_CKPT_DIRECT_CHUNKS "$DGTRAIN" "$WORK/cfg.ini" \
-        "${SETS[@]}" --set run.dir="$WORK/run_$CASE" --set checkpoint.dir="$ck" --set checkpoint.max_failures=2 \
+        "${SETS[@]}" "${EXTRA[@]}" --set run.dir="$WORK/run_$CASE" --set checkpoint.dir="$ck" --set checkpoint.max_failures=2 \
         >"$WORK/$CASE.resume.out" 2>&1 &
     JOB=$!
     wait_job 240 || exit 1
