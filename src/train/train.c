@@ -464,7 +464,14 @@ static void note_save_failure(trainer_t *tr, int64_t step, const char *err, cons
     const int64_t max = tr->cfg->checkpoint.max_failures;
     /* every rank knows it (its log file says so); rank 0 says it on stderr */
     const dg_log_level_t lv = tr->rank == 0 ? DG_LOG_WARN : DG_LOG_INFO;
-    if (r && r->no_space)
+    if (r && r->no_space && r->free_bytes < 0)
+        dg_log(lv,
+               "checkpoint of step %lld not saved: %s ran out of space (%s); it needs about %.1f MB free; "
+               "LATEST still names %s; training goes on and the next checkpoint retries (%lld of "
+               "checkpoint.max_failures=%lld failed saves in a row)",
+               (long long)step, tr->ckpt_dir, err, r->needed_bytes / 1e6, latest,
+               (long long)tr->ckpt_failures, (long long)max);
+    else if (r && r->no_space)
         dg_log(
             lv,
             "checkpoint of step %lld not saved: %s needs about %.1f MB free, it has %.1f MB; free at least "
