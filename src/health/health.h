@@ -10,6 +10,9 @@
  * 2. Watchdog. dg_health_create() starts one background thread per rank, on its own MPI_Comm_dup of the
  *    world. The loop calls dg_health_set_activity() whenever it starts something (a step phase, a
  *    collective); if a rank's activity has not changed for timeout_s the watchdog aborts the whole job.
+ *    I/O activities (checkpoints: dg_health_set_io_activity) are judged by progress instead: bytes moved
+ *    and collectives reached reset the timer, and a rank waiting for a peer that still progresses is not
+ *    stalled; a job in which no rank progressed for timeout_s is.
  *
  * 3. Heartbeats. Every heartbeat_s each rank sends a tiny message to rank 0 and rank 0 sends one to every
  *    rank (a star: rank 0 drains them with one ANY_SOURCE receive, so its cost is O(world) messages per
