@@ -9,7 +9,8 @@
 # requeues the job (scontrol requeue), up to DGT_MAX_RESTARTS times, and the next run resumes from the
 # checkpoint (checkpoint.resume=auto, same run.dir) — at whatever node and task count it gets. dgtrain
 # exit 3 (a peer failed or the watchdog fired) and a rank killed by SIGKILL (launcher exit 137) are
-# requeued the same way. See slurm/README.md.
+# requeued the same way. Exit 4 (checkpoints could not be saved: full or failing storage) is not: the
+# requeued job would meet the same storage. See slurm/README.md.
 #
 # Defaults below are ordinary #SBATCH lines: override any of them on the sbatch command line, e.g.
 #   sbatch --nodes=4 --ntasks-per-node=8 --gpus-per-task=1 --time=24:00:00 slurm/train.sh cfg.ini
@@ -35,9 +36,10 @@
 #   DGT_SRUN_ARGS      extra srun arguments (split on whitespace)
 #   DGT_MPIRUN_ARGS    extra mpirun arguments (split on whitespace)
 #
-# Exit codes: those of dgtrain (0 done, 1 usage/config, 2 runtime, 3 peer failure, 75 stopped on a
-# signal after a checkpoint), or the launcher's (137: a rank was SIGKILLed); 3, 75 and 137 requeue the
-# job. This script's own usage errors exit 1 before anything is launched.
+# Exit codes: those of dgtrain (0 done, 1 usage/config, 2 runtime, 3 peer failure, 4 checkpoints could
+# not be saved, 75 stopped on a signal after a checkpoint), or the launcher's (137: a rank was
+# SIGKILLed); 3, 75 and 137 requeue the job, 4 never does. This script's own usage errors exit 1 before
+# anything is launched.
 set -u
 set -o pipefail
 
@@ -258,6 +260,10 @@ case "$RC" in
         note "scontrol requeue failed: $out"
     fi
     exit "$RC"
+    ;;
+4)
+    note "dgtrain exit 4: checkpoints could not be saved (full or failing storage; see the error above): not requeueing into the same storage; free space, then submit again to resume from LATEST"
+    exit 4
     ;;
 *)
     note "dgtrain exit $RC: not requeueing (1: usage/config, 2: runtime failure; see run.dir logs)"

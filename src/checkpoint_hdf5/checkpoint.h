@@ -30,8 +30,8 @@
  * Process-wide effect: the first use sets glibc's malloc mmap/trim thresholds (32 MiB / 512 MiB) so that
  * HDF5's per-chunk buffers are reused instead of faulted in afresh; DG_CKPT_NO_MALLOPT=1 opts out.
  * Environment: DG_CKPT_MPIIO_HINTS="key=value,..." adds MPI-IO hints; DG_CKPT_THREADS=N sets the
- * worker threads per rank when opts.threads is 0; DG_CKPT_TEST_FAIL is a test hook
- * (docs/checkpoints.md).
+ * worker threads per rank when opts.threads is 0; DG_CKPT_SPACE_CHECK=0 skips the free-space check
+ * before a save; DG_CKPT_TEST_FAIL, _KILL, _STALL and _THROTTLE_MS are test hooks (docs/checkpoints.md).
  */
 #ifndef DG_CHECKPOINT_H
 #define DG_CHECKPOINT_H
@@ -164,11 +164,23 @@ typedef struct dg_ckpt_save_result {
     dg_ckpt_phases_t phases; /* this rank's breakdown of `seconds` */
     double snapshot_ms;      /* async: the snapshot copy alone (stall_ms adds the wait for the previous
                                 write); 0 for a synchronous save */
+    /* Filled on failure too (the same on every rank): */
+    int no_space;         /* the save failed for lack of space (ENOSPC/EDQUOT on some rank, the space
+                             check before writing, or less free space than needed afterwards) */
+    int64_t needed_bytes; /* estimated size of the new file (0 when the save failed before knowing) */
+    int64_t free_bytes;   /* space available in the checkpoint directory after the save (-1: unknown) */
 } dg_ckpt_save_result_t;
 
 /* Collective over `comm`. Write a checkpoint of step meta->step into ckpt_dir (created if needed) as
  * step_<step, 8 digits>.h5, commit it atomically, update LATEST, then apply retention. `res` may be
- * NULL. On failure nothing under a final name changes and LATEST is untouched. */
+ * NULL. On failure nothing under a final name changes, LATEST is untouched, the .partial file is
+ * removed, and res says whether space ran out (no_space, needed_bytes, free_bytes).
+ * Space: before writing, rank 0 compares the estimated file size with the space statvfs reports
+ * (DG_CKPT_SPACE_CHECK=0 skips this). A write that fails anyway (ENOSPC from below HDF5, EIO...) never
+ * reaches HDF5 as an error: the failure is recorded, every rank stops writing at the next collective
+ * write or agreement, HDF5 closes the file as if all went well, and the save reports the failure. So
+ * HDF5 never takes an error path on some ranks only (which deadlocks its collective close) and never
+ * leaves a file open behind a failed close (which crashes MPI_Finalize). */
 dg_status_t dg_ckpt_save(MPI_Comm comm, const char *ckpt_dir, const dg_ckpt_meta_t *meta,
                          const dg_ckpt_tensor_t *t, int n, const dg_ckpt_save_opts_t *opts,
                          dg_ckpt_save_result_t *res);
@@ -196,6 +208,53 @@ dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const ch
  * to resume from (then neither meta_out nor t are touched). */
 dg_status_t dg_ckpt_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, dg_ckpt_meta_t *meta_out,
                            dg_ckpt_tensor_t *t, int n, char *path_out, size_t cap);
+
+/* A caller's check of a checkpoint's scalar state (step, tokens, loader, scaler, key/value pairs) against
+ * what it knows (its model, data, schedule): DG_OK, or DG_ERR_USAGE with a message naming the field, its
+ * value and the allowed range. Called on every rank with the same meta; must not call HDF5. */
+typedef dg_status_t (*dg_ckpt_meta_check_fn)(void *ctx, const char *path, const dg_ckpt_meta_t *meta);
+/* dg_ckpt_resume with `check` (may be NULL) run on each candidate's meta before its tensors are read: a
+ * rejected candidate is treated like a damaged one (a warning, then the next older one in auto mode; an
+ * error for an explicit file). */
+dg_status_t dg_ckpt_resume_checked(MPI_Comm comm, const char *ckpt_dir, const char *mode,
+                                   dg_ckpt_meta_check_fn check, void *ctx, dg_ckpt_meta_t *meta_out,
+                                   dg_ckpt_tensor_t *t, int n, char *path_out, size_t cap);
+
+/* ---- impossible contents ---- */
+
+/* One value of a checkpoint's scalar state outside what any run can produce. */
+typedef struct dg_ckpt_violation {
+    char field[64];    /* e.g. "step", "loader_cursor", "kv spike_state" */
+    char value[128];   /* the value found */
+    char allowed[320]; /* the allowed values and why, e.g. ">= 0" or "0 .. 299 (the data has 300 samples)" */
+} dg_ckpt_violation_t;
+/* Append a violation to v[*n] (ignored past cap; *n still counts it). */
+void dg_ckpt_violation_add(dg_ckpt_violation_t *v, int cap, int *n, const char *field, const char *allowed,
+                           const char *value_fmt, ...) __attribute__((format(printf, 6, 7)));
+/* The checks that hold for every checkpoint this module writes, whatever wrote it: step >= 0,
+ * tokens >= 0, loader epoch >= 0 and cursor >= 0 (and cursor <= samples_seen, epoch <= samples_seen),
+ * samples_seen <= 2^63 - 1, scaler scale finite and > 0, good_steps >= 0, world_size >= 1, n_rng in
+ * [0, DG_CKPT_MAX_RNG]. Returns the number of violations (the first `cap` in v). Loads (and so resume,
+ * which falls back past such a file), the structural check and dg_ckpt_verify apply them. */
+int dg_ckpt_meta_check(const dg_ckpt_meta_t *m, dg_ckpt_violation_t *v, int cap);
+/* The first DG_CKPT_MAX_VIOLATIONS of n violations as one DG_ERR_USAGE message naming `path`, each field,
+ * its value and the allowed range (returns DG_ERR_USAGE). */
+#define DG_CKPT_MAX_VIOLATIONS 16
+dg_status_t dg_ckpt_violations_error(const char *path, const dg_ckpt_violation_t *v, int n);
+
+/* ---- progress and aborts ---- */
+
+/* A process-wide counter that grows while checkpoint work moves forward: bytes this process wrote, read,
+ * hashed or flushed for a save or load, plus one for every agreement point a save or load reaches. A
+ * watchdog tells a slow file system (the counter moves) from a stuck rank (it does not) with it; see
+ * docs/checkpoints.md, "Stalls during checkpoints". Any thread. */
+uint64_t dg_ckpt_progress(void);
+/* 1 while a thread of this process waits in one of the collectives of a save or load (an agreement, a
+ * collective MPI-IO call), 0 otherwise: a rank that waits there is not the one the job waits for. */
+int dg_ckpt_waiting(void);
+/* Best effort, from any thread of a process about to end (a watchdog abort): remove the .partial file of
+ * every save in flight in this process, so that an aborted save leaves nothing half-written behind. */
+void dg_ckpt_abort_cleanup(void);
 
 /* ---- serial inspection (no MPI needed; used by dgckpt) ---- */
 

@@ -45,6 +45,15 @@ void ckpt_unlock(void);
 void ckpt_inflight_add(int delta);
 void ckpt_inflight_wait_zero(void);
 
+/* ---------------- progress and saves in flight ---------------- */
+
+/* Add to dg_ckpt_progress(): bytes written, read, hashed or flushed, or 1 per agreement point. */
+void ckpt_progress_add(uint64_t n);
+/* +1 when a thread starts waiting in a collective of a save or load, -1 when it is done (dg_ckpt_waiting). */
+void ckpt_waiting(int delta);
+/* Remember (on = 1) or forget (on = 0) the .partial file of a save in flight, for dg_ckpt_abort_cleanup. */
+void ckpt_partial_register(const char *path, int on);
+
 /* ---------------- worker threads ---------------- */
 
 /* Run fn(ctx, i) for every i in [0, n) on up to `threads` threads, the caller being one of them; items
@@ -105,6 +114,8 @@ dg_status_t ckpt_meta_read(hid_t fid, dg_ckpt_meta_t *m, char *base, size_t base
                            size_t bases_cap, const char *file);
 /* Pack rank 0's meta and broadcast it (config text included) so every rank writes the same bytes. */
 dg_status_t ckpt_meta_bcast(MPI_Comm comm, const dg_ckpt_meta_t *in, dg_ckpt_meta_t *out);
+
+#define CKPT_MAX_VIOLATIONS DG_CKPT_MAX_VIOLATIONS
 
 /* ---------------- manifest ---------------- */
 
@@ -231,11 +242,21 @@ dg_status_t ckpt_save_locked(MPI_Comm comm, const char *dir, const dg_ckpt_meta_
                              const dg_ckpt_tensor_t *t, int n, const dg_ckpt_save_opts_t *o,
                              dg_ckpt_save_result_t *res);
 dg_status_t ckpt_check_locked(const char *path);
+dg_status_t ckpt_load_locked(MPI_Comm comm, const char *path, dg_ckpt_meta_t *meta_out, dg_ckpt_tensor_t *t,
+                             int n, dg_ckpt_meta_check_fn check, void *ctx);
 dg_status_t ckpt_verify_locked(const char *path, FILE *report, int *n_bad, int rank, int nranks);
 dg_status_t ckpt_info_read_locked(const char *path, dg_ckpt_info_t *info);
 
 /* Test hook (documented in docs/checkpoints.md): DG_CKPT_TEST_FAIL="<phase>[@rank]" makes that rank
  * fail at `phase` (create, write, close, commit). Returns DG_ERR_RUNTIME with a message when it fires. */
 dg_status_t ckpt_test_fail(const char *phase, int rank);
+/* Test hook: DG_CKPT_TEST_STALL="<phase>[@rank][:N]" makes that rank hang forever the N-th time (default:
+ * the first) it reaches `phase` (write: after a tensor; close: after H5Fclose) (as a rank
+ * stuck in a collective would: its other threads, e.g. the health monitor's, keep running). */
+void ckpt_test_stall(const char *phase, int rank);
+/* Test hook: DG_CKPT_TEST_THROTTLE_MS="<ms>[@rank]" (every rank when @rank is left out): that rank
+ * sleeps `ms` before each write of a save (a chunk, an MPI-IO call): a slow file system that keeps
+ * writing. 0 when not set for this rank. */
+int ckpt_test_throttle_ms(int rank);
 
 #endif

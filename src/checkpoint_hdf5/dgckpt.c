@@ -10,6 +10,9 @@
 #include <sys/stat.h>
 
 #include "checkpoint.h"
+#include "ckpt_state.h"
+#include "config.h"
+#include "data.h"
 
 enum { EX_OK = 0, EX_BAD = 1, EX_ERR = 2 };
 
@@ -20,8 +23,11 @@ static void usage(FILE *f) {
         "  list DIR                 checkpoints in DIR, newest first, with a structural check\n"
         "  show FILE [--config]     attributes, state, datasets (shape, bytes, hash, where stored), base "
         "chain\n"
-        "  verify FILE [--quiet]    read everything: chunk checksums, content hashes, links; exit 1 if "
-        "damaged\n"
+        "  verify FILE [--quiet] [--data GLOB]\n"
+        "                           read everything: chunk checksums, content hashes, links, and the "
+        "training\n"
+        "                           state against its stored config and its data (found from the config, or\n"
+        "                           GLOB); exit 1 if damaged or impossible\n"
         "  diff A B                 max |a-b| per dataset; exit 0 only when every dataset is bitwise "
         "identical\n"
         "  export FILE OUT [--all]  write the model/ weights (every tensor with --all) as safetensors (F32)\n"
@@ -189,11 +195,106 @@ static int cmd_show(const char *file, int show_config) {
     return EX_OK;
 }
 
-static int cmd_verify(const char *file, int quiet) {
+/* The training data the checkpoint was written with, for the loader checks: --data GLOB, else the stored
+ * config's data.train, else the default data under its run.dir (or next to the checkpoint directory).
+ * A data set found on its own is used only when its fingerprint matches; --data is used anyway (as
+ * dgtrain would: the cursor must fit it). NULL with a note when none is usable. */
+static dg_dataset_t *find_data(const dg_ckpt_meta_t *m, const char *file, int seq_len, const char *given,
+                               char *name, size_t cap, char *note, size_t note_cap) {
+    note[0] = 0;
+    if (seq_len <= 0) {
+        snprintf(note, note_cap, "no /model/wpe to take seq_len from: loader not checked against the data");
+        return NULL;
+    }
+    dg_dataset_t *ds = NULL;
+    if (given) {
+        snprintf(name, cap, "%s", given);
+        if (dg_dataset_open(given, seq_len, DG_SHARD_MAX_VOCAB, &ds) != DG_OK) {
+            snprintf(note, note_cap, "--data %s: %s", given, dg_last_error());
+            return NULL;
+        }
+        return ds;
+    }
+    char cand[3][4200];
+    int nc = 0;
+    dg_config_t *cfg = dg_xcalloc(1, sizeof *cfg);
+    if (m->config_text && dg_config_load_buffer(cfg, "stored config", m->config_text, strlen(m->config_text),
+                                                0, NULL) == DG_OK) {
+        if (cfg->data.train[0]) {
+            snprintf(cand[nc++], sizeof cand[0], "%s", cfg->data.train);
+        } else {
+            snprintf(cand[nc++], sizeof cand[0], "%.4000s/data/default_train_*.bin", cfg->run.dir);
+            char dir[4096];
+            snprintf(dir, sizeof dir, "%s", file);
+            char *sl = strrchr(dir, '/');
+            snprintf(cand[nc++], sizeof cand[0], "%.4000s/../data/default_train_*.bin",
+                     sl ? (*sl = 0, dir) : ".");
+        }
+    }
+    dg_clear_error();
+    free(cfg);
+    const char *fp = dg_ckpt_meta_get_kv(m, "data_fingerprint");
+    for (int i = 0; i < nc; i++) {
+        if (dg_dataset_open(cand[i], seq_len, DG_SHARD_MAX_VOCAB, &ds) != DG_OK) {
+            dg_clear_error();
+            continue;
+        }
+        char now[32];
+        snprintf(now, sizeof now, "%016llx", (unsigned long long)dg_dataset_fingerprint(ds));
+        if (fp && strcmp(fp, now) == 0) {
+            snprintf(name, cap, "%.4100s", cand[i]);
+            return ds;
+        }
+        snprintf(note, note_cap, "%.900s is not the data it was written with (fingerprint %s, it says %.20s)",
+                 cand[i], now, fp ? fp : "none");
+        dg_dataset_free(ds);
+        ds = NULL;
+    }
+    if (!note[0])
+        snprintf(note, note_cap,
+                 "its training data is not reachable from here (%.900s): loader not checked against "
+                 "the data; give it with --data GLOB",
+                 nc ? cand[0] : "no stored config");
+    note[note_cap - 1] = 0;
+    return NULL;
+}
+
+static int cmd_verify(const char *file, int quiet, const char *data_glob) {
     int bad = 0;
     dg_status_t s = dg_ckpt_verify(file, quiet ? NULL : stdout, &bad);
-    if (s) {
-        fprintf(stderr, "dgckpt: verify failed: %s\n", dg_last_error());
+    char first[2048];
+    snprintf(first, sizeof first, "%s", s ? dg_last_error() : "");
+    /* the trainer's state against its stored config and, when reachable, its data */
+    dg_ckpt_info_t info;
+    int nv = 0;
+    if (dg_ckpt_info_read(file, &info) == DG_OK) {
+        int seq_len = 0;
+        for (int i = 0; i < info.n_entries; i++)
+            if (!strcmp(info.entries[i].path, "model/wpe") && info.entries[i].ndim == 2)
+                seq_len = (int)info.entries[i].shape[0];
+        char dname[4200] = "", dnote[1200] = "", note[1200] = "";
+        dg_dataset_t *ds =
+            find_data(&info.meta, file, seq_len, data_glob, dname, sizeof dname, dnote, sizeof dnote);
+        dg_train_ckpt_ref_t ref = {seq_len, ds, dname};
+        dg_ckpt_violation_t v[DG_CKPT_MAX_VIOLATIONS];
+        nv = dg_train_ckpt_check(&info.meta, &ref, v, DG_CKPT_MAX_VIOLATIONS, note, sizeof note);
+        for (int i = 0; i < nv && i < DG_CKPT_MAX_VIOLATIONS; i++)
+            printf("BAD   %s: state: %s = %s (allowed: %s)\n", file, v[i].field, v[i].value, v[i].allowed);
+        if (!quiet) {
+            if (dnote[0]) printf("note  %s: %s\n", file, dnote);
+            if (note[0]) printf("note  %s: %s\n", file, note);
+            printf("%s: training state against its stored config%s%s: %d impossible value%s\n", file,
+                   ds ? " and the data " : "", ds ? dname : "", nv, nv == 1 ? "" : "s");
+        }
+        if (nv && !s) {
+            dg_ckpt_violations_error(file, v, nv);
+            snprintf(first, sizeof first, "%s", dg_last_error());
+        }
+        if (ds) dg_dataset_free(ds);
+        dg_ckpt_info_destroy(&info);
+    }
+    if (s || nv) {
+        fprintf(stderr, "dgckpt: verify failed: %s\n", first);
         return EX_BAD;
     }
     if (quiet) printf("%s: ok\n", file);
@@ -336,9 +437,17 @@ int main(int argc, char **argv) {
     int nargs = argc - 2;
     char **a = argv + 2;
     int flag_config = 0, flag_quiet = 0, flag_all = 0, flag_full = 0, npos = 0;
-    const char *pos[4] = {0};
+    const char *pos[4] = {0}, *data_glob = NULL;
     for (int i = 0; i < nargs; i++) {
-        if (!strcmp(a[i], "--config"))
+        if (!strcmp(a[i], "--data") && !strcmp(cmd, "verify")) {
+            if (i + 1 >= nargs) {
+                fprintf(stderr, "dgckpt verify: --data needs a GLOB of token shards\n");
+                return EX_ERR;
+            }
+            data_glob = a[++i];
+        } else if (!strncmp(a[i], "--data=", 7) && !strcmp(cmd, "verify"))
+            data_glob = a[i] + 7;
+        else if (!strcmp(a[i], "--config"))
             flag_config = 1;
         else if (!strcmp(a[i], "--quiet") || !strcmp(a[i], "-q"))
             flag_quiet = 1;
@@ -376,7 +485,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(cmd, "list")) return cmd_list(pos[0]);
     if (!strcmp(cmd, "show")) return cmd_show(pos[0], flag_config);
-    if (!strcmp(cmd, "verify")) return cmd_verify(pos[0], flag_quiet);
+    if (!strcmp(cmd, "verify")) return cmd_verify(pos[0], flag_quiet, data_glob);
     if (!strcmp(cmd, "diff")) return cmd_diff(pos[0], pos[1]);
     if (!strcmp(cmd, "export")) return cmd_export(pos[0], pos[1], flag_all);
     return cmd_resolve(&argc, &argv, pos[0], flag_full);

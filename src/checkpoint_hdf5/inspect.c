@@ -177,6 +177,18 @@ static dg_status_t verify_impl(const char *path, FILE *report, int *n_bad, int r
     ckpt_mrow_t *rows = NULL;
     int nrows = 0;
     s = ckpt_meta_read(fs.fid[0], &meta, NULL, 0, NULL, 0, path);
+    /* impossible values in the state: reported, and the datasets are still checked */
+    dg_ckpt_violation_t viol[CKPT_MAX_VIOLATIONS];
+    int nviol = s ? 0 : dg_ckpt_meta_check(&meta, viol, CKPT_MAX_VIOLATIONS);
+    char viol_msg[2048] = "";
+    if (nviol) {
+        dg_ckpt_violations_error(path, viol, nviol);
+        snprintf(viol_msg, sizeof viol_msg, "%s", dg_last_error());
+        dg_clear_error();
+        for (int i = 0; report && i < nviol && i < CKPT_MAX_VIOLATIONS; i++)
+            fprintf(report, "BAD   %s: state: %s = %s (allowed: %s)\n", path, viol[i].field, viol[i].value,
+                    viol[i].allowed);
+    }
     if (!s) s = ckpt_manifest_read(fs.fid[0], &rows, &nrows, path);
     dg_ckpt_meta_destroy(&meta);
     if (!s) {
@@ -201,6 +213,11 @@ static dg_status_t verify_impl(const char *path, FILE *report, int *n_bad, int r
     dg_status_t first = s;
     char first_msg[2048];
     snprintf(first_msg, sizeof first_msg, "%s", s ? dg_last_error() : "");
+    if (!first && nviol) {
+        first = DG_ERR_USAGE;
+        snprintf(first_msg, sizeof first_msg, "%s", viol_msg);
+    }
+    bad += nviol;
     double t0 = dg_now_s();
     int64_t bytes = 0;
     int nchecked = 0;

@@ -90,8 +90,17 @@ static dg_status_t load_tensor(ckpt_files_t *fs, const ckpt_mrow_t *rows, int nr
     return DG_OK;
 }
 
-static dg_status_t load_locked(MPI_Comm comm, const char *path, dg_ckpt_meta_t *meta_out, dg_ckpt_tensor_t *t,
-                               int n) {
+/* The generic content checks, then the caller's. Local (every rank has the same meta). */
+static dg_status_t check_contents(const char *path, const dg_ckpt_meta_t *m, dg_ckpt_meta_check_fn check,
+                                  void *ctx) {
+    dg_ckpt_violation_t v[CKPT_MAX_VIOLATIONS];
+    int n = dg_ckpt_meta_check(m, v, CKPT_MAX_VIOLATIONS);
+    if (n) return dg_ckpt_violations_error(path, v, n);
+    return check ? check(ctx, path, m) : DG_OK;
+}
+
+dg_status_t ckpt_load_locked(MPI_Comm comm, const char *path, dg_ckpt_meta_t *meta_out, dg_ckpt_tensor_t *t,
+                             int n, dg_ckpt_meta_check_fn check, void *ctx) {
     int rank;
     DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     ckpt_table_t tab;
@@ -120,6 +129,8 @@ static dg_status_t load_locked(MPI_Comm comm, const char *path, dg_ckpt_meta_t *
     ckpt_mrow_t *rows = NULL;
     int nrows = 0;
     if (!s) s = ckpt_agree(comm, ckpt_meta_read(fs.fid[0], &meta, NULL, 0, NULL, 0, path));
+    /* before any tensor is read: an impossible state rejects the file like damage does */
+    if (!s) s = ckpt_agree(comm, check_contents(path, &meta, check, ctx));
     if (!s) s = ckpt_agree(comm, ckpt_manifest_read(fs.fid[0], &rows, &nrows, path));
     if (!s) qsort(rows, (size_t)nrows, sizeof *rows, row_cmp);
     for (int i = 0; i < tab.n && !s; i++) {
@@ -160,7 +171,7 @@ static dg_status_t load_locked(MPI_Comm comm, const char *path, dg_ckpt_meta_t *
 dg_status_t dg_ckpt_load(MPI_Comm comm, const char *path, dg_ckpt_meta_t *meta_out, dg_ckpt_tensor_t *t,
                          int n) {
     ckpt_lock();
-    dg_status_t s = load_locked(comm, path, meta_out, t, n);
+    dg_status_t s = ckpt_load_locked(comm, path, meta_out, t, n, NULL, NULL);
     ckpt_unlock();
     return s;
 }

@@ -2,6 +2,8 @@
  * /state group (writing and validated reading), its broadcast from rank 0, and the /manifest table. */
 #include "ckpt_impl.h"
 
+#include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,6 +57,75 @@ const char *dg_ckpt_meta_get_kv(const dg_ckpt_meta_t *m, const char *key) {
     for (int i = 0; i < m->n_kv; i++)
         if (strcmp(m->kv[i].key, key) == 0) return m->kv[i].value;
     return NULL;
+}
+
+/* ---------------- impossible contents ---------------- */
+
+void dg_ckpt_violation_add(dg_ckpt_violation_t *v, int cap, int *n, const char *field, const char *allowed,
+                           const char *value_fmt, ...) {
+    if (*n < cap) {
+        dg_ckpt_violation_t *x = &v[*n];
+        snprintf(x->field, sizeof x->field, "%s", field);
+        snprintf(x->allowed, sizeof x->allowed, "%s", allowed);
+        va_list ap;
+        va_start(ap, value_fmt);
+        vsnprintf(x->value, sizeof x->value, value_fmt, ap);
+        va_end(ap);
+    }
+    (*n)++;
+}
+
+int dg_ckpt_meta_check(const dg_ckpt_meta_t *m, dg_ckpt_violation_t *v, int cap) {
+    int n = 0;
+    if (m->step < 0) dg_ckpt_violation_add(v, cap, &n, "step", ">= 0", "%lld", (long long)m->step);
+    if (m->tokens < 0) dg_ckpt_violation_add(v, cap, &n, "tokens", ">= 0", "%lld", (long long)m->tokens);
+    if (m->loader.epoch < 0)
+        dg_ckpt_violation_add(v, cap, &n, "loader_epoch", ">= 0", "%lld", (long long)m->loader.epoch);
+    if (m->loader.cursor < 0)
+        dg_ckpt_violation_add(v, cap, &n, "loader_cursor", ">= 0", "%lld", (long long)m->loader.cursor);
+    uint64_t seen = m->loader.samples_seen;
+    if (seen > (uint64_t)INT64_MAX) {
+        dg_ckpt_violation_add(v, cap, &n, "loader_samples_seen", "0 .. 2^63-1", "%lld (as a signed value)",
+                              (long long)(int64_t)seen);
+    } else {
+        /* the loader adds every sample it hands out to samples_seen and moves the cursor (wrapping into the
+         * next epoch) by the same count, so neither can be ahead of it */
+        char why[160];
+        if (m->loader.cursor > 0 && (uint64_t)m->loader.cursor > seen) {
+            snprintf(why, sizeof why,
+                     "0 .. loader_samples_seen = %llu (the cursor never runs ahead of the samples seen)",
+                     (unsigned long long)seen);
+            dg_ckpt_violation_add(v, cap, &n, "loader_cursor", why, "%lld", (long long)m->loader.cursor);
+        }
+        if (m->loader.epoch > 0 && (uint64_t)m->loader.epoch > seen) {
+            snprintf(why, sizeof why,
+                     "0 .. loader_samples_seen = %llu (an epoch ends only after one sample or more)",
+                     (unsigned long long)seen);
+            dg_ckpt_violation_add(v, cap, &n, "loader_epoch", why, "%lld", (long long)m->loader.epoch);
+        }
+    }
+    if (!isfinite(m->scaler.scale) || !(m->scaler.scale > 0))
+        dg_ckpt_violation_add(v, cap, &n, "scaler_scale", "a finite number > 0", "%g", m->scaler.scale);
+    if (m->scaler.good_steps < 0)
+        dg_ckpt_violation_add(v, cap, &n, "scaler_good_steps", ">= 0", "%lld",
+                              (long long)m->scaler.good_steps);
+    if (m->world_size < 1) dg_ckpt_violation_add(v, cap, &n, "world_size", ">= 1", "%d", m->world_size);
+    if (m->n_rng < 0 || m->n_rng > DG_CKPT_MAX_RNG)
+        dg_ckpt_violation_add(v, cap, &n, "rng", "0 .. 64 words", "%d words", m->n_rng);
+    return n;
+}
+
+dg_status_t dg_ckpt_violations_error(const char *path, const dg_ckpt_violation_t *v, int n) {
+    char buf[1800];
+    size_t o = 0;
+    int shown = n < CKPT_MAX_VIOLATIONS ? n : CKPT_MAX_VIOLATIONS;
+    for (int i = 0; i < shown && o < sizeof buf; i++)
+        o += (size_t)snprintf(buf + o, sizeof buf - o, "%s%s = %s (allowed: %s)", i ? "; " : "", v[i].field,
+                              v[i].value, v[i].allowed);
+    if (n > shown && o < sizeof buf) snprintf(buf + o, sizeof buf - o, "; and %d more", n - shown);
+    return DG_ERR(DG_ERR_USAGE,
+                  "%s: impossible training state (its checksums pass, its values cannot be right): %s", path,
+                  buf);
 }
 
 /* ---------------- writing ---------------- */

@@ -176,8 +176,22 @@ dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const ch
     return DG_OK;
 }
 
+static dg_status_t load_checked(MPI_Comm comm, const char *path, dg_ckpt_meta_check_fn check, void *ctx,
+                                dg_ckpt_meta_t *meta_out, dg_ckpt_tensor_t *t, int n) {
+    ckpt_lock();
+    dg_status_t s = ckpt_load_locked(comm, path, meta_out, t, n, check, ctx);
+    ckpt_unlock();
+    return s;
+}
+
 dg_status_t dg_ckpt_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, dg_ckpt_meta_t *meta_out,
                            dg_ckpt_tensor_t *t, int n, char *path_out, size_t cap) {
+    return dg_ckpt_resume_checked(comm, ckpt_dir, mode, NULL, NULL, meta_out, t, n, path_out, cap);
+}
+
+dg_status_t dg_ckpt_resume_checked(MPI_Comm comm, const char *ckpt_dir, const char *mode,
+                                   dg_ckpt_meta_check_fn check, void *ctx, dg_ckpt_meta_t *meta_out,
+                                   dg_ckpt_tensor_t *t, int n, char *path_out, size_t cap) {
     int rank;
     DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     path_out[0] = 0;
@@ -188,7 +202,7 @@ dg_status_t dg_ckpt_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode
     DG_MPI_CHECK(MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, comm));
     if (m == MODE_NEVER) return DG_OK;
     if (m == MODE_FILE) {
-        DG_TRY(dg_ckpt_load(comm, mode, meta_out, t, n));
+        DG_TRY(load_checked(comm, mode, check, ctx, meta_out, t, n));
         return set_out(path_out, cap, NULL, mode);
     }
     cands_t c;
@@ -200,7 +214,7 @@ dg_status_t dg_ckpt_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode
         char p[4400];
         snprintf(p, sizeof p, "%s/%s", dir, c.name[i]);
         s = check_one(comm, p, 0);
-        if (!s) s = dg_ckpt_load(comm, p, meta_out, t, n);
+        if (!s) s = load_checked(comm, p, check, ctx, meta_out, t, n);
         if (s == DG_OK) {
             found = 1;
             s = set_out(path_out, cap, dir, c.name[i]);

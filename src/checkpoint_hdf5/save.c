@@ -11,10 +11,12 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,6 +33,62 @@ void dg_ckpt_save_opts_default(dg_ckpt_save_opts_t *o) {
     memset(o, 0, sizeof *o);
     o->keep = 3;
     o->chunk_bytes = DG_CKPT_DEFAULT_CHUNK_BYTES;
+}
+
+/* ---------------- write failures that HDF5 never sees ----------------
+ * A write that fails inside HDF5 (ENOSPC from below MPI-IO, EIO) sends HDF5 down an error path on the
+ * failing rank only: its collective metadata flush then skips a barrier the others wait in, and H5Fclose
+ * deadlocks (or, at one rank, fails and leaves a half-closed file that crashes MPI_Finalize). So while a
+ * save runs, this file's MPI-IO entry points (below, exported from the executable like
+ * MPI_File_write_at_all for the fill skip) report success to HDF5 whatever happened, and keep the truth
+ * here: a failed write sets `failed` on its rank; every collective write, and every agreement of the
+ * save, then agrees on it, and from there on every rank skips all further writes (`failed_all`), so HDF5
+ * runs its ordinary, symmetric path through the close of a file that is then thrown away. The save
+ * reports the first failure it recorded. */
+typedef struct ckpt_io {
+    MPI_Comm comm; /* the save's communicator (every rank of the file) */
+    int rank;
+    const char *path; /* the partial file, for messages */
+    int failed;       /* this rank: a write failed (msg says which) */
+    int failed_all;   /* agreed: every rank has stopped writing */
+    int nospace;      /* this rank saw ENOSPC or EDQUOT (or MPI's NO_SPACE / QUOTA classes) */
+    int throttle_ms;
+    char msg[600];
+} ckpt_io_t;
+static __thread ckpt_io_t *tl_io; /* the save running on this thread (HDF5 is called from it only) */
+
+static void io_fail(ckpt_io_t *io, int nospace, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void io_fail(ckpt_io_t *io, int nospace, const char *fmt, ...) {
+    if (nospace) io->nospace = 1;
+    if (io->failed) return;
+    io->failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(io->msg, sizeof io->msg, fmt, ap);
+    va_end(ap);
+}
+
+static void io_fail_mpi(ckpt_io_t *io, int rc, const char *call, MPI_Offset off) {
+    char es[MPI_MAX_ERROR_STRING] = "";
+    int len = 0, cls = MPI_ERR_OTHER;
+    PMPI_Error_string(rc, es, &len);
+    PMPI_Error_class(rc, &cls);
+    io_fail(io, cls == MPI_ERR_NO_SPACE || cls == MPI_ERR_QUOTA, "%.300s: %s at offset %lld failed: %s",
+            io->path ? io->path : "?", call, (long long)off, es);
+}
+
+static void io_throttle(const ckpt_io_t *io) {
+    if (io->throttle_ms > 0) {
+        struct timespec ts = {io->throttle_ms / 1000, (long)(io->throttle_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
+}
+
+/* The local failure flag as a status, for the save's agreement points. */
+static dg_status_t io_status(const ckpt_io_t *io) {
+    if (!io->failed) return DG_OK;
+    return DG_ERR(DG_ERR_RUNTIME, "%s", io->msg);
 }
 
 typedef struct save_ctx {
@@ -54,6 +112,8 @@ typedef struct save_ctx {
     int64_t *rows;   /* per tensor: dim-0 chunk rows aligned to the ranks' pieces; 0 = chunk_dims' choice */
     int skip_fill;   /* agreed: datasets written wholly by direct chunks skip HDF5's fill (see fill_skip) */
     int fill_broken; /* a skipped fill whose chunks then did not look as expected: retry without skipping */
+    ckpt_io_t io;
+    int64_t needed; /* estimated size of the file (rank 0 computes it, then every rank knows it) */
 } save_ctx_t;
 
 /* One chunk this rank writes itself: rows [row0, row1) of dim 0 (the chunk's part inside the extent),
@@ -375,9 +435,10 @@ uint32_t H5_checksum_fletcher32(const void *data, size_t len);
 typedef struct direct_job {
     save_ctx_t *c;
     pthread_mutex_t mu;
-    int err;
+    int err, nospace;
     char msg[512];
     atomic_llong since_kick;
+    atomic_int stop; /* a chunk failed: the others are not attempted */
 } direct_job_t;
 
 static int pwrite_all(int fd, struct iovec *iov, int n, off_t off) {
@@ -399,6 +460,8 @@ static void direct_write_one(void *ctx, size_t idx) {
     direct_job_t *J = ctx;
     save_ctx_t *c = J->c;
     const dchunk_t *j = &c->dj[idx];
+    if (atomic_load_explicit(&J->stop, memory_order_relaxed)) return;
+    io_throttle(&c->io);
     const void *data = j->src;
     void *pad = NULL;
     if (j->data_bytes < j->nbytes) { /* the edge chunk: HDF5 stores it whole */
@@ -418,12 +481,16 @@ static void direct_write_one(void *ctx, size_t idx) {
     struct iovec iov[2] = {{(void *)data, j->nbytes}, {le, 4}};
     if (pwrite_all(c->wfd, iov, 2, (off_t)j->addr) != 0) {
         int e = errno;
+        atomic_store(&J->stop, 1);
         pthread_mutex_lock(&J->mu);
+        if (e == ENOSPC || e == EDQUOT) J->nospace = 1;
         if (!J->err)
             J->err = 1,
             snprintf(J->msg, sizeof J->msg, "%.200s:/%.200s: writing a chunk at offset %llu: %.60s",
                      c->partial_path, c->tab.t[j->ti].path, (unsigned long long)j->addr, strerror(e));
         pthread_mutex_unlock(&J->mu);
+    } else {
+        ckpt_progress_add((uint64_t)j->nbytes + 4);
     }
     free(pad);
     if (atomic_fetch_add(&J->since_kick, (long long)j->nbytes) + (long long)j->nbytes >=
@@ -441,10 +508,12 @@ static dg_status_t direct_write_all(save_ctx_t *c) {
     J.c = c;
     pthread_mutex_init(&J.mu, NULL);
     atomic_init(&J.since_kick, 0);
+    atomic_init(&J.stop, 0);
     ckpt_parallel_for(c->ph.threads, c->ndj, direct_write_one, &J);
     for (size_t k = 0; k < c->ndj; k++)
         c->ph.direct_bytes += (int64_t)c->dj[k].nbytes + 4;
     pthread_mutex_destroy(&J.mu);
+    if (J.nospace) c->io.nospace = 1;
     if (J.err) return DG_ERR(DG_ERR_RUNTIME, "%s", J.msg);
     return DG_OK;
 }
@@ -494,11 +563,10 @@ static int is_fill_type(MPI_Datatype t) {
     return aints[0] == 0 && old[0] == MPI_BYTE;
 }
 
-int MPI_File_write_at_all(MPI_File fh, MPI_Offset offset, const void *buf, int count, MPI_Datatype datatype,
-                          MPI_Status *status) {
+/* What the fill skip does (see above) with one collective write, or the write itself. */
+static int write_at_all_or_skip(MPI_File fh, MPI_Offset offset, const void *buf, int count,
+                                MPI_Datatype datatype, MPI_Status *status, int tsz) {
     if (!tl_fill_skip) return PMPI_File_write_at_all(fh, offset, buf, count, datatype, status);
-    int tsz = 0;
-    if (PMPI_Type_size(datatype, &tsz) != MPI_SUCCESS) tsz = -1;
     if (count == 0 || tsz == 0) {
         if (status != MPI_STATUS_IGNORE) PMPI_Status_set_elements_x(status, datatype, 0);
         return MPI_SUCCESS;
@@ -509,6 +577,120 @@ int MPI_File_write_at_all(MPI_File fh, MPI_Offset offset, const void *buf, int c
         return MPI_SUCCESS;
     }
     return PMPI_File_write_at(fh, offset, buf, count, datatype, status);
+}
+
+/* A write MPI called a success may still have written less: Open MPI 4.1's ompio returns MPI_SUCCESS
+ * for a collective write whose pwritev failed with ENOSPC (it prints "mca_fbtl_posix_pwritev: error in
+ * (p)write(v)" and sets a short count in the status), and HDF5 1.10 does not look at the count. Left
+ * alone, that is a checkpoint with missing data that commits. The count decides. */
+static void check_written(ckpt_io_t *io, MPI_Status *st, int count, int tsz, const char *call,
+                          MPI_Offset off) {
+    if (count <= 0 || tsz <= 0) return;
+    MPI_Count want = (MPI_Count)tsz * count, got = 0;
+    if (PMPI_Get_elements_x(st, MPI_BYTE, &got) != MPI_SUCCESS || got == MPI_UNDEFINED) got = want;
+    if (got > 0) ckpt_progress_add((uint64_t)got);
+    if (got < want)
+        io_fail(io, 0,
+                "%.300s: %s (offset %lld in its file view) wrote %lld of %lld bytes and reported no error (a "
+                "full or failing file system)",
+                io->path ? io->path : "?", call, (long long)off, (long long)got, (long long)want);
+}
+
+static int report_written(MPI_Status *status, MPI_Datatype datatype, int count, int tsz) {
+    if (status != MPI_STATUS_IGNORE)
+        PMPI_Status_set_elements_x(status, datatype, (MPI_Count)(tsz > 0 ? tsz : 0) * count);
+    return MPI_SUCCESS;
+}
+
+int MPI_File_write_at_all(MPI_File fh, MPI_Offset offset, const void *buf, int count, MPI_Datatype datatype,
+                          MPI_Status *status) {
+    ckpt_io_t *io = tl_io;
+    int tsz = 0;
+    if (PMPI_Type_size(datatype, &tsz) != MPI_SUCCESS) tsz = -1;
+    if (!io) return write_at_all_or_skip(fh, offset, buf, count, datatype, status, tsz);
+    if (io->failed_all) return report_written(status, datatype, count, tsz); /* every rank skips it */
+    if (count > 0 && tsz > 0) io_throttle(io);
+    MPI_Status st;
+    ckpt_waiting(1);
+    int rc = write_at_all_or_skip(fh, offset, buf, count, datatype, &st, tsz);
+    ckpt_waiting(-1);
+    if (rc != MPI_SUCCESS)
+        io_fail_mpi(io, rc, "MPI_File_write_at_all", offset);
+    else
+        check_written(io, &st, count, tsz, "MPI_File_write_at_all", offset);
+    /* every rank of the file is in this call: agree on whether any write of this save has failed */
+    int mine = io->failed, any = 0;
+    ckpt_waiting(1);
+    if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, io->comm) != MPI_SUCCESS) any = 1;
+    ckpt_waiting(-1);
+    if (any) io->failed_all = 1;
+    return report_written(status, datatype, count, tsz);
+}
+
+int MPI_File_write_at(MPI_File fh, MPI_Offset offset, const void *buf, int count, MPI_Datatype datatype,
+                      MPI_Status *status) {
+    ckpt_io_t *io = tl_io;
+    if (!io) return PMPI_File_write_at(fh, offset, buf, count, datatype, status);
+    int tsz = 0;
+    if (PMPI_Type_size(datatype, &tsz) != MPI_SUCCESS) tsz = -1;
+    /* independent: this rank alone skips after its own failure (nothing waits for it) */
+    if (io->failed || io->failed_all) return report_written(status, datatype, count, tsz);
+    if (count > 0 && tsz > 0) io_throttle(io);
+    MPI_Status st;
+    int rc = PMPI_File_write_at(fh, offset, buf, count, datatype, &st);
+    if (rc != MPI_SUCCESS)
+        io_fail_mpi(io, rc, "MPI_File_write_at", offset);
+    else
+        check_written(io, &st, count, tsz, "MPI_File_write_at", offset);
+    return report_written(status, datatype, count, tsz);
+}
+
+int MPI_File_set_size(MPI_File fh, MPI_Offset size) {
+    ckpt_io_t *io = tl_io;
+    if (!io) return PMPI_File_set_size(fh, size);
+    if (io->failed_all) return MPI_SUCCESS;
+    ckpt_waiting(1);
+    int rc = PMPI_File_set_size(fh, size); /* collective: agreed like a collective write */
+    if (rc != MPI_SUCCESS) io_fail_mpi(io, rc, "MPI_File_set_size", size);
+    int mine = io->failed, any = 0;
+    if (PMPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, io->comm) != MPI_SUCCESS) any = 1;
+    ckpt_waiting(-1);
+    if (any) io->failed_all = 1;
+    return MPI_SUCCESS;
+}
+
+int MPI_File_close(MPI_File *fh) {
+    /* collective (a barrier in Open MPI's ompio): a rank waiting here waits for the others */
+    ckpt_waiting(1);
+    int rc = PMPI_File_close(fh);
+    ckpt_waiting(-1);
+    ckpt_progress_add(1);
+    return rc;
+}
+
+/* Reads (loads, and HDF5's reads during a save) only count as progress. */
+static void count_read(int rc, MPI_Status *status, MPI_Datatype datatype, int count) {
+    if (rc != MPI_SUCCESS || count <= 0) return;
+    int tsz = 0;
+    if (PMPI_Type_size(datatype, &tsz) == MPI_SUCCESS && tsz > 0)
+        ckpt_progress_add((uint64_t)tsz * (uint64_t)count);
+    (void)status;
+}
+
+int MPI_File_read_at(MPI_File fh, MPI_Offset offset, void *buf, int count, MPI_Datatype datatype,
+                     MPI_Status *status) {
+    int rc = PMPI_File_read_at(fh, offset, buf, count, datatype, status);
+    count_read(rc, status, datatype, count);
+    return rc;
+}
+
+int MPI_File_read_at_all(MPI_File fh, MPI_Offset offset, void *buf, int count, MPI_Datatype datatype,
+                         MPI_Status *status) {
+    ckpt_waiting(1);
+    int rc = PMPI_File_read_at_all(fh, offset, buf, count, datatype, status);
+    ckpt_waiting(-1);
+    count_read(rc, status, datatype, count);
+    return rc;
 }
 
 /* Collective: may tensor i's fill be skipped? Every owned piece, on every rank, is a dim-0 cut that holds
@@ -770,6 +952,9 @@ static void retention(const char *dir, int keep) {
 
 static dg_status_t prepare_rank0(save_ctx_t *c) {
     DG_TRY(dg_mkdir_p(c->dir));
+    /* Whatever is at the partial name goes first (a leftover, or a symlink planted to redirect the write
+     * elsewhere: unlink removes the link, never its target), and the file is then created exclusively
+     * (H5F_ACC_EXCL: O_CREAT | O_EXCL, which refuses to follow a symlink that appears in between). */
     if (unlink(c->partial_path) != 0 && errno != ENOENT) {
         /* e.g. a directory of that name: H5Fcreate would fail less clearly */
         struct stat st;
@@ -781,14 +966,81 @@ static dg_status_t prepare_rank0(save_ctx_t *c) {
     return DG_OK;
 }
 
+/* Window of the flush below: each one that completes is progress for the watchdog. */
+#define CKPT_SYNC_WINDOW ((off_t)64 << 20)
+
+/* fsync, preceded by a windowed flush (start writeback, wait for it) so that a slow device shows
+ * progress while it drains the page cache instead of one fsync that is silent for minutes. */
 static dg_status_t fsync_file(const char *path) {
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return DG_ERR(DG_ERR_RUNTIME, "cannot open %s to fsync it: %s", path, strerror(errno));
+#ifdef __linux__
+    struct stat st;
+    if (fstat(fd, &st) == 0)
+        for (off_t off = 0; off < st.st_size; off += CKPT_SYNC_WINDOW) {
+            off_t len = st.st_size - off < CKPT_SYNC_WINDOW ? st.st_size - off : CKPT_SYNC_WINDOW;
+            /* errors (unsupported here, or an I/O error) are left to the fsync below to report */
+            if (sync_file_range(fd, off, len,
+                                SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                    SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+                break;
+            ckpt_progress_add((uint64_t)len);
+        }
+#endif
     int rc = fsync(fd);
     int e = errno;
     close(fd);
     if (rc != 0) return DG_ERR(DG_ERR_RUNTIME, "fsync %s: %s", path, strerror(e));
     return DG_OK;
+}
+
+/* ---------------- space ---------------- */
+
+/* An estimate of the file's size on disk: every stored chunk at its filtered size (edge chunks are
+ * stored whole; the alignment gaps are holes, never written), and metadata: object headers, chunk
+ * indexes, attributes, the config text (stored twice at most: dense attribute storage), the manifest. */
+static int64_t estimate_bytes(const save_ctx_t *c) {
+    int64_t total = 256 << 10;
+    total += (int64_t)c->tab.n * (6 << 10);
+    if (c->meta.config_text) total += 2 * (int64_t)strlen(c->meta.config_text);
+    for (int i = 0; i < c->tab.n; i++) {
+        const ckpt_tdesc_t *td = &c->tab.t[i];
+        if (c->origin[i][0]) continue; /* a link: a few bytes of metadata */
+        hsize_t ch[DG_CKPT_MAX_NDIM];
+        chunk_dims(td->ndim, td->gshape, c->o.chunk_bytes, ch);
+        if (c->rows && c->rows[i] > 0) {
+            ch[0] = (hsize_t)c->rows[i];
+            for (int d = 1; d < td->ndim; d++)
+                ch[d] = (hsize_t)td->gshape[d];
+        }
+        int64_t nchunks = 1, cbytes = 4;
+        for (int d = 0; d < td->ndim; d++) {
+            nchunks *= (td->gshape[d] + (int64_t)ch[d] - 1) / (int64_t)ch[d];
+            cbytes *= (int64_t)ch[d];
+        }
+        total += nchunks * (cbytes + 4);
+    }
+    return total;
+}
+
+/* Space available to us in `dir` (statvfs: blocks available to unprivileged users), or -1 when the file
+ * system does not say (statvfs fails or reports no blocks at all, as some network and FUSE ones do). */
+static int64_t free_bytes(const char *dir) {
+    struct statvfs sv;
+    if (statvfs(dir, &sv) != 0 || sv.f_blocks == 0) return -1;
+    return (int64_t)sv.f_bavail * (int64_t)(sv.f_frsize ? sv.f_frsize : sv.f_bsize);
+}
+
+/* Rank 0, before anything is written: refuse a save that cannot fit. */
+static dg_status_t space_check_rank0(save_ctx_t *c) {
+    const char *ev = getenv("DG_CKPT_SPACE_CHECK");
+    if (ev && ev[0] == '0') return DG_OK;
+    int64_t avail = free_bytes(c->dir);
+    if (avail < 0 || avail >= c->needed) return DG_OK;
+    c->io.nospace = 1;
+    return DG_ERR(DG_ERR_RUNTIME,
+                  "%s has %.1f MB free, less than the %.1f MB this checkpoint needs; nothing was written",
+                  c->dir, (double)avail / 1e6, (double)c->needed / 1e6);
 }
 
 static dg_status_t commit_rank0(save_ctx_t *c) {
@@ -821,9 +1073,37 @@ static dg_status_t commit_rank0(save_ctx_t *c) {
 }
 
 /* Create, fill and close the partial file. Every step is agreed. */
+/* Every rank must reach the directory rank 0 prepared: a checkpoint.dir on a node-local file system
+ * fails here with a clear message, not inside the collective open (where a rank that cannot open the
+ * file leaves the others waiting in MPI-IO). */
+static dg_status_t check_dir_visible(const save_ctx_t *c) {
+    struct stat st;
+    if (stat(c->dir, &st) != 0)
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "checkpoint directory %s does not exist on this node (%s): checkpoint.dir must be on a "
+                      "file system that every node shares",
+                      c->dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return DG_ERR(DG_ERR_RUNTIME, "checkpoint directory %s is not a directory", c->dir);
+    if (access(c->dir, W_OK | X_OK) != 0)
+        return DG_ERR(DG_ERR_RUNTIME, "cannot write into the checkpoint directory %s: %s", c->dir,
+                      strerror(errno));
+    return DG_OK;
+}
+
+/* An agreement point of the write phase: this rank's recorded write failure counts as a failure, and
+ * once any rank failed every rank stops writing (HDF5 then closes the file without touching the disk). */
+static dg_status_t agree_io(save_ctx_t *c, dg_status_t s) {
+    if (!s) s = io_status(&c->io);
+    s = ckpt_agree(c->comm, s);
+    if (s) c->io.failed_all = 1;
+    return s;
+}
+
 static dg_status_t write_file(save_ctx_t *c) {
     double t_create = dg_now_s();
-    dg_status_t s = ckpt_test_fail("create", c->rank);
+    dg_status_t s = check_dir_visible(c);
+    if (!s) s = ckpt_test_fail("create", c->rank);
     hid_t fapl = -1;
     if (!s) {
         fapl = ckpt_fapl(c->comm, c->o.align_bytes == 0 ? CKPT_DEFAULT_ALIGN : c->o.align_bytes);
@@ -835,17 +1115,29 @@ static dg_status_t write_file(save_ctx_t *c) {
         if (fapl >= 0) H5Pclose(fapl);
         return s;
     }
-    c->fid = H5Fcreate(c->partial_path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+    c->fid = H5Fcreate(c->partial_path, H5F_ACC_EXCL, H5P_DEFAULT, fapl);
     H5Pclose(fapl);
     if (c->fid < 0)
         s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Fcreate()", "cannot create checkpoint %s",
                          c->partial_path);
     s = ckpt_agree(c->comm, s);
     if (s) {
-        if (c->fid >= 0) H5Fclose(c->fid);
+        if (c->fid >= 0) { /* created on some ranks only: close it without writing anything */
+            c->io.comm = c->comm;
+            c->io.failed_all = 1;
+            tl_io = &c->io;
+            H5Fclose(c->fid);
+            tl_io = NULL;
+        }
         c->fid = -1;
         return s;
     }
+    /* from here on, HDF5's writes go through the guard above */
+    c->io.comm = c->comm;
+    c->io.rank = c->rank;
+    c->io.path = c->partial_path;
+    c->io.throttle_ms = ckpt_test_throttle_ms(c->rank);
+    tl_io = &c->io;
     c->dxpl = H5Pcreate(H5P_DATASET_XFER);
     c->lcpl = H5Pcreate(H5P_LINK_CREATE);
     if (c->dxpl < 0 || c->lcpl < 0 || H5Pset_dxpl_mpio(c->dxpl, H5FD_MPIO_COLLECTIVE) < 0 ||
@@ -854,24 +1146,25 @@ static dg_status_t write_file(save_ctx_t *c) {
                          c->partial_path);
     if (!s) s = ckpt_meta_write(c->fid, &c->meta, c->size, c->base, c->bases, c->partial_path);
     if (!s && c->direct) {
-        c->wfd = open(c->partial_path, O_WRONLY);
+        c->wfd = open(c->partial_path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
         if (c->wfd < 0)
             s = DG_ERR(DG_ERR_RUNTIME, "cannot open %s for writing chunks: %s", c->partial_path,
                        strerror(errno));
     }
-    s = ckpt_agree(c->comm, s);
+    s = agree_io(c, s);
     double t_data = dg_now_s();
     c->ph.create = t_data - t_create;
     /* Start writeback while we keep writing: the kernel would otherwise hold everything dirty (below
      * its background threshold) until the final fsync, which then waits for the whole file. */
-    int wb_fd = open(c->partial_path, O_RDONLY);
+    int wb_fd = open(c->partial_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     int64_t since_kick = 0;
     for (int i = 0; i < c->tab.n && !s; i++) {
         ckpt_hbag_t b = {0};
         s = write_tensor(c, i, &b);
         ckpt_hbag_close(&b);
         if (!s) s = ckpt_test_fail("write", c->rank);
-        s = ckpt_agree(c->comm, s);
+        if (!s && i == 0) ckpt_test_stall("write", c->rank); /* once a save: ":N" counts saves */
+        s = agree_io(c, s);
         /* Parallel HDF5 1.10 writes every chunk of a Fletcher32 dataset at creation (the filtered fill
          * value, whatever the fill time: seen with strace), before the data. With direct chunk writes
          * the data comes after all datasets exist: writeback started now would send those zeros to the
@@ -887,12 +1180,12 @@ static dg_status_t write_file(save_ctx_t *c) {
         ckpt_hbag_t b = {0};
         s = write_manifest(c, &b);
         ckpt_hbag_close(&b);
-        s = ckpt_agree(c->comm, s);
+        s = agree_io(c, s);
     }
     /* the chunks this rank writes itself, all at once over the worker threads */
     double t_direct = dg_now_s();
     if (!s && c->ndj) s = direct_write_all(c);
-    if (c->direct) s = ckpt_agree(c->comm, s);
+    if (c->direct) s = agree_io(c, s);
     c->ph.direct = dg_now_s() - t_direct;
     if (c->wfd >= 0) close(c->wfd);
     c->wfd = -1;
@@ -907,7 +1200,9 @@ static dg_status_t write_file(save_ctx_t *c) {
         s = ckpt_h5_fail(DG_ERR_RUNTIME, __FILE__, __LINE__, "H5Fclose()", "closing checkpoint %s",
                          c->partial_path);
     if (!s) s = ckpt_test_fail("close", c->rank);
-    s = ckpt_agree(c->comm, s);
+    if (!s) ckpt_test_stall("close", c->rank);
+    s = agree_io(c, s); /* (a write HDF5 made while closing counts: the guard recorded it) */
+    tl_io = NULL;
     /* each rank flushes what it wrote (on parallel file systems one client's fsync is not enough) */
     double t_sync = dg_now_s();
     c->ph.close = t_sync - t_close;
@@ -925,6 +1220,10 @@ static dg_status_t save_attempt(MPI_Comm comm, const char *dir, const dg_ckpt_me
                                 dg_ckpt_save_result_t *res, int allow_skip_fill, int *fill_broken) {
     double t0 = dg_now_s(), cpu0 = ckpt_cpu_seconds();
     tl_fill_skipped_bytes = 0;
+    if (res) {
+        memset(res, 0, sizeof *res);
+        res->free_bytes = -1;
+    }
     save_ctx_t c;
     memset(&c, 0, sizeof c);
     c.comm = comm;
@@ -1000,15 +1299,54 @@ static dg_status_t save_attempt(MPI_Comm comm, const char *dir, const dg_ckpt_me
         if (rc != MPI_SUCCESS) s = DG_ERR(DG_ERR_RUNTIME, "MPI_Bcast of the incremental plan failed");
     }
     if (!s) s = ckpt_agree(comm, align_rows(&c));
+    int sized = 0; /* c.needed is known on every rank */
+    if (!s) {
+        if (c.rank == 0) c.needed = estimate_bytes(&c);
+        s = MPI_Bcast(&c.needed, 1, MPI_INT64_T, 0, comm) == MPI_SUCCESS
+                ? DG_OK
+                : DG_ERR(DG_ERR_RUNTIME, "MPI_Bcast of the checkpoint size failed");
+        sized = !s;
+    }
+    if (!s) s = ckpt_bcast_status(comm, 0, c.rank == 0 ? space_check_rank0(&c) : DG_OK);
     int wrote = 0;
     double t_write = dg_now_s();
     if (!s) {
+        ckpt_partial_register(c.partial_path, 1);
         s = write_file(&c);
         wrote = 1;
     }
     double t_commit = dg_now_s();
     if (!s) s = ckpt_bcast_status(comm, 0, c.rank == 0 ? commit_rank0(&c) : DG_OK);
     if (s && wrote && c.rank == 0) unlink(c.partial_path); /* best effort: retention also sweeps these */
+    if (wrote) ckpt_partial_register(c.partial_path, 0);
+    /* a failed save: did it run out of space? (every rank reaches this with the same status) */
+    int no_space = 0;
+    int64_t avail = -1;
+    if (s && sized) {
+        int64_t v[2] = {c.io.nospace, -1}; /* [any rank saw ENOSPC, rank 0's free space after the unlink] */
+        int64_t any = 0;
+        if (MPI_Allreduce(&v[0], &any, 1, MPI_INT64_T, MPI_MAX, comm) == MPI_SUCCESS) {
+            if (c.rank == 0) v[1] = free_bytes(c.dir);
+            if (MPI_Bcast(&v[1], 1, MPI_INT64_T, 0, comm) == MPI_SUCCESS) avail = v[1];
+        }
+        no_space = any || (avail >= 0 && avail < c.needed);
+        if (no_space) {
+            char first[1400];
+            snprintf(first, sizeof first, "%s", dg_last_error());
+            char freetxt[64] = "unknown";
+            if (avail >= 0) snprintf(freetxt, sizeof freetxt, "%.1f MB", (double)avail / 1e6);
+            s = DG_ERR(s, "not enough space for checkpoint %s in %s: it needs about %.1f MB, %s free (%s)",
+                       c.final_name, c.dir, (double)c.needed / 1e6, freetxt, first);
+        }
+    } else if (!s) {
+        if (c.rank == 0) avail = free_bytes(c.dir);
+        MPI_Bcast(&avail, 1, MPI_INT64_T, 0, comm);
+    }
+    if (res) {
+        res->no_space = no_space;
+        res->needed_bytes = c.needed;
+        res->free_bytes = avail;
+    }
     double t_ret = dg_now_s();
     if (!s && c.rank == 0) retention(c.dir, c.o.keep);
     double t_end = dg_now_s();
@@ -1022,7 +1360,10 @@ static dg_status_t save_attempt(MPI_Comm comm, const char *dir, const dg_ckpt_me
             s = DG_ERR(DG_ERR_RUNTIME, "MPI_Bcast failed after the checkpoint commit");
     }
     if (!s && res) {
+        int64_t needed = res->needed_bytes, fb = res->free_bytes;
         memset(res, 0, sizeof *res);
+        res->needed_bytes = needed;
+        res->free_bytes = fb;
         snprintf(res->path, sizeof res->path, "%.4000s", c.final_path);
         res->step = c.meta.step;
         res->bytes = bytes;

@@ -263,6 +263,7 @@ static void hash_worker(void *ctx, size_t w) {
     for (size_t i; (i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n;) {
         const hash_item_t *it = &j->items[i];
         ckh_add(&j->h[w], it->ti, it->ndim, it->gshape, it->start, it->count, it->data);
+        ckpt_progress_add((uint64_t)ckpt_numel(it->ndim, it->count) * 4); /* hashing is progress too */
     }
 }
 

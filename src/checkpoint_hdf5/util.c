@@ -120,6 +120,58 @@ void ckpt_inflight_wait_zero(void) {
     pthread_mutex_unlock(&g_if_mu);
 }
 
+/* ---------------- progress, and the partial files of saves in flight ---------------- */
+
+static _Atomic uint64_t g_progress;
+
+void ckpt_progress_add(uint64_t n) {
+    atomic_fetch_add_explicit(&g_progress, n, memory_order_relaxed);
+}
+
+uint64_t dg_ckpt_progress(void) {
+    return atomic_load_explicit(&g_progress, memory_order_relaxed);
+}
+
+static atomic_int g_waiting;
+
+void ckpt_waiting(int delta) {
+    atomic_fetch_add_explicit(&g_waiting, delta, memory_order_relaxed);
+}
+
+int dg_ckpt_waiting(void) {
+    return atomic_load_explicit(&g_waiting, memory_order_relaxed) > 0;
+}
+
+/* At most one synchronous and one background save run at a time (the HDF5 lock serialises them, but a
+ * background save that waits for the lock has registered nothing yet): two slots are plenty. */
+#define CKPT_PARTIAL_SLOTS 4
+static pthread_mutex_t g_partial_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_partial[CKPT_PARTIAL_SLOTS][4200];
+
+void ckpt_partial_register(const char *path, int on) {
+    pthread_mutex_lock(&g_partial_mu);
+    for (int i = 0; i < CKPT_PARTIAL_SLOTS; i++) {
+        if (on && !g_partial[i][0]) {
+            snprintf(g_partial[i], sizeof g_partial[i], "%s", path);
+            break;
+        }
+        if (!on && strcmp(g_partial[i], path) == 0) {
+            g_partial[i][0] = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_partial_mu);
+}
+
+void dg_ckpt_abort_cleanup(void) {
+    /* no lock wait: the caller may be ending the process while a save holds the mutex for a moment */
+    if (pthread_mutex_trylock(&g_partial_mu) != 0) return;
+    for (int i = 0; i < CKPT_PARTIAL_SLOTS; i++)
+        if (g_partial[i][0] && unlink(g_partial[i]) == 0)
+            DG_LOG_INFO("checkpoint: removed %s of the save in flight", g_partial[i]);
+    pthread_mutex_unlock(&g_partial_mu);
+}
+
 /* ---------------- worker threads ---------------- */
 
 typedef struct pfor {
@@ -424,7 +476,20 @@ dg_status_t ckpt_attr_get_i64(hid_t obj, const char *name, int64_t *v, const cha
     return attr_get_num(obj, name, H5T_INTEGER, H5T_NATIVE_INT64, v, where);
 }
 dg_status_t ckpt_attr_get_u64(hid_t obj, const char *name, uint64_t *v, const char *where) {
-    return attr_get_num(obj, name, H5T_INTEGER, H5T_NATIVE_UINT64, v, where);
+    /* A signed attribute (h5py writes Python ints as int64) is read as such, so that a negative value
+     * arrives as its two's complement (> 2^63 - 1, which the content checks refuse) instead of being
+     * clipped to 0 by HDF5's conversion. */
+    ckpt_hbag_t b = {0};
+    hid_t a = -1;
+    dg_status_t s = attr_open(obj, name, H5T_INTEGER, 1, &a, NULL, where, &b);
+    hid_t ft = s ? -1 : ckpt_hbag_add(&b, H5Aget_type(a));
+    int is_signed = ft >= 0 && H5Tget_sign(ft) == H5T_SGN_2;
+    int64_t sv = 0;
+    if (!s && H5Aread(a, is_signed ? H5T_NATIVE_INT64 : H5T_NATIVE_UINT64, is_signed ? (void *)&sv : v) < 0)
+        s = ckpt_h5_fail(DG_ERR_USAGE, __FILE__, __LINE__, "H5Aread()", "%s: attribute %s", where, name);
+    if (!s && is_signed) *v = (uint64_t)sv;
+    ckpt_hbag_close(&b);
+    return s;
 }
 dg_status_t ckpt_attr_get_f64(hid_t obj, const char *name, double *v, const char *where) {
     return attr_get_num(obj, name, H5T_FLOAT, H5T_NATIVE_DOUBLE, v, where);
@@ -448,11 +513,16 @@ dg_status_t ckpt_attr_get_u64v(hid_t obj, const char *name, uint64_t *v, int cap
 /* ---------------- agreement ---------------- */
 
 dg_status_t ckpt_agree(MPI_Comm comm, dg_status_t local) {
+    ckpt_progress_add(1); /* reaching an agreement point is progress; so is leaving it (below) */
     int rank, size;
     DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     DG_MPI_CHECK(MPI_Comm_size(comm, &size));
     int mine = local != DG_OK ? rank : size, first = size;
-    DG_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+    ckpt_waiting(1);
+    int rc = MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+    ckpt_waiting(-1);
+    DG_MPI_CHECK(rc);
+    ckpt_progress_add(1);
     if (first == size) return DG_OK;
     return ckpt_bcast_status(comm, first, local);
 }
@@ -469,13 +539,20 @@ dg_status_t ckpt_bcast_status(MPI_Comm comm, int root, dg_status_t s) {
     if (rank == root) {
         pkt.code = s;
         if (s != DG_OK) {
-            if (size > 1)
+            char pfx[32];
+            snprintf(pfx, sizeof pfx, "rank %d: ", root);
+            /* a status agreed before and agreed again keeps one prefix */
+            if (size > 1 && strncmp(dg_last_error(), pfx, strlen(pfx)) != 0)
                 snprintf(pkt.msg, sizeof pkt.msg, "rank %d: %s", root, dg_last_error());
             else
                 snprintf(pkt.msg, sizeof pkt.msg, "%s", dg_last_error());
         }
     }
-    DG_MPI_CHECK(MPI_Bcast(&pkt, (int)sizeof pkt, MPI_BYTE, root, comm));
+    ckpt_waiting(1);
+    int rc = MPI_Bcast(&pkt, (int)sizeof pkt, MPI_BYTE, root, comm);
+    ckpt_waiting(-1);
+    DG_MPI_CHECK(rc);
+    ckpt_progress_add(1);
     if (pkt.code == DG_OK) return DG_OK;
     return DG_ERR(pkt.code, "%s", pkt.msg);
 }
@@ -608,6 +685,33 @@ static int test_hook_hits(const char *v, const char *phase, int rank) {
     snprintf(want, sizeof want, "%.*s", at ? (int)(at - v) : (int)strlen(v), v);
     if (at) want_rank = atoi(at + 1);
     return strcmp(want, phase) == 0 && rank == want_rank;
+}
+
+void ckpt_test_stall(const char *phase, int rank) {
+    const char *v = getenv("DG_CKPT_TEST_STALL");
+    if (!v || !*v) return;
+    /* "<phase>[@rank][:N]": the N-th time (default 1) this process reaches the phase */
+    char spec[96];
+    snprintf(spec, sizeof spec, "%s", v);
+    char *colon = strchr(spec, ':');
+    long nth = 1;
+    if (colon) *colon = 0, nth = atol(colon + 1);
+    if (!test_hook_hits(spec, phase, rank)) return;
+    static atomic_long hits;
+    if (atomic_fetch_add(&hits, 1) + 1 != nth) return;
+    DG_LOG_WARN("test hook DG_CKPT_TEST_STALL=%s: rank %d hangs at checkpoint phase '%s' forever", v, rank,
+                phase);
+    for (;;)
+        sleep(1);
+}
+
+int ckpt_test_throttle_ms(int rank) {
+    const char *v = getenv("DG_CKPT_TEST_THROTTLE_MS");
+    if (!v || !*v) return 0;
+    const char *at = strchr(v, '@');
+    if (at && atoi(at + 1) != rank) return 0;
+    int ms = atoi(v);
+    return ms > 0 ? ms : 0;
 }
 
 dg_status_t ckpt_test_fail(const char *phase, int rank) {

@@ -107,7 +107,7 @@ static void *writer_main(void *arg) {
         if (s) {
             snprintf(msg, sizeof msg, "%s", dg_last_error());
             if (w->rank == 0)
-                DG_LOG_ERROR("asynchronous checkpoint of step %lld failed (LATEST unchanged): %s",
+                DG_LOG_WARN("asynchronous checkpoint of step %lld failed (LATEST unchanged): %s",
                              (long long)w->meta.step, msg);
         }
         pthread_mutex_lock(&w->mu);

@@ -56,7 +56,9 @@ static void usage(FILE *out) {
         "  --help, --version\n"
         "\n"
         "exit codes: 0 finished; 1 usage or config error; 2 runtime failure; 3 aborted because a peer\n"
-        "failed or the watchdog fired; 75 stopped on a signal after a complete checkpoint. All ranks agree.\n"
+        "failed or the watchdog fired; 4 checkpoints could not be saved (checkpoint.max_failures in a row,\n"
+        "or the final or signal checkpoint: full or failing storage; do not requeue); 75 stopped on a\n"
+        "signal after a complete checkpoint. All ranks agree.\n"
         "\n"
         "config keys ([section] in the INI file, section.key with --set):\n");
     dg_config_print_help(out);

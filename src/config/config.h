@@ -81,6 +81,7 @@ typedef struct dg_config {
         int async;
         char resume[DG_CFG_STR]; /* auto | never | PATH */
         int incremental;
+        int64_t max_failures; /* failed saves in a row that stop the run (exit 4) */
     } checkpoint;
     struct {
         double heartbeat_s, timeout_s;

@@ -182,6 +182,9 @@ const dg_cfg_key_t dg_cfg_schema[] = {
         "auto (newest complete checkpoint, if any) | never | PATH of a checkpoint file"),
     BOOL("checkpoint", "incremental", checkpoint.incremental, "false",
          "link unchanged datasets to the previous checkpoint instead of rewriting them"),
+    INT("checkpoint", "max_failures", checkpoint.max_failures, "3", 1, 1000000,
+        "checkpoint saves that may fail in a row (full or failing storage; training goes on and the next "
+        "one retries) before the run stops with exit code 4"),
 
     /* [health] */
     FLTX("health", "heartbeat_s", health.heartbeat_s, "5", 0, 3600, "seconds between heartbeats"),

@@ -39,13 +39,16 @@ typedef struct {
     int64_t worst_step, silent_step;
     double worst_age, silent_for;
     char worst_what[WHAT_CAP], silent_what[WHAT_CAP];
+    double best_age; /* the smallest no-progress age of any rank: how long ago the job last moved forward */
+    int32_t worst_waiting; /* the worst rank was waiting in a collective of its I/O activity */
 } summary_t;
 
 /* One heartbeat. Homogeneous clusters only (sent as bytes): every rank runs the same binary. */
 typedef struct {
     int32_t kind, rank;
     int64_t step;
-    double age; /* seconds since the sender's activity last changed, at send time */
+    double age;      /* seconds since the sender's activity last changed, at send time */
+    int32_t waiting; /* the sender waits in a collective of its I/O activity (progress source) */
     char what[WHAT_CAP];
     summary_t sum; /* meaningful from rank 0 only */
 } hb_msg_t;
@@ -59,6 +62,7 @@ typedef struct {
 typedef struct {
     double last_seen;   /* local monotonic time of its last heartbeat (creation time before the first) */
     double age_at_recv; /* its activity age as reported in that heartbeat */
+    int waiting;        /* ... and whether it waited in a collective of an I/O activity */
     int64_t step;
     char what[WHAT_CAP];
     int bye;
@@ -77,11 +81,19 @@ struct dg_health {
     _Atomic int64_t act_step;
     _Atomic uint64_t act_words[WHAT_WORDS];
     _Atomic int64_t act_budget_us; /* dg_health_expect: longer stall allowed for this activity (0 = none) */
+    atomic_int act_io;             /* dg_health_set_io_activity: progress-judged I/O (0 = no) */
     atomic_flag act_lock;
 
     /* The health thread's view of its own activity. */
     uint64_t seen_seq;
     double seen_at;
+    uint64_t seen_progress; /* the progress source's value at the last change seen */
+
+    uint64_t (*progress)(void *, int *); /* dg_health_set_progress_source */
+    int self_waiting;                    /* the progress source's last answer (health thread) */
+    void *progress_ctx;
+    void (*on_abort)(void *); /* dg_health_set_abort_hook */
+    void *abort_ctx;
 
     peer_t *peers; /* indexed by rank */
     hb_msg_t rbuf;
@@ -162,13 +174,26 @@ static void read_activity(dg_health_t *h, int64_t *step, char what[WHAT_CAP]) {
     *step = st;
 }
 
-/* Seconds since this rank's activity last changed (as seen by the health thread's polling). */
+/* Seconds since this rank's activity last changed (as seen by the health thread's polling); during an
+ * I/O activity, a change of the progress source counts as a change too. */
 static double own_age(dg_health_t *h, double now) {
     uint64_t seq = atomic_load_explicit(&h->act_seq, memory_order_acquire);
     if (seq != h->seen_seq) {
         h->seen_seq = seq;
         h->seen_at = now;
     }
+    pthread_mutex_lock(&h->mu);
+    h->self_waiting = 0;
+    if (h->progress) {
+        int w = 0;
+        uint64_t p = h->progress(h->progress_ctx, &w);
+        h->self_waiting = atomic_load_explicit(&h->act_io, memory_order_relaxed) && w;
+        if (p != h->seen_progress) {
+            h->seen_progress = p;
+            if (atomic_load_explicit(&h->act_io, memory_order_relaxed)) h->seen_at = now;
+        }
+    }
+    pthread_mutex_unlock(&h->mu);
     return now - h->seen_at;
 }
 
@@ -181,6 +206,14 @@ static void emit(dg_health_t *h, const char *fields) {
 }
 
 /* ---------------------------------------------------------------- abort paths */
+
+static void run_abort_hook(dg_health_t *h) {
+    pthread_mutex_lock(&h->mu);
+    void (*fn)(void *) = h->on_abort;
+    void *ctx = h->abort_ctx;
+    pthread_mutex_unlock(&h->mu);
+    if (fn) fn(ctx);
+}
 
 /* Tell everybody, then bring the job down with exit code 3. Never returns. */
 /* How long a rank that sent or received an abort notice waits before it leaves: the launcher ends the
@@ -207,6 +240,7 @@ static void __attribute__((noreturn)) abort_job(dg_health_t *h, int culprit, con
              "\"exit_code\":3,\"message\":\"%s\"",
              culprit, hesc, h->rank, esc);
     emit(h, fields);
+    run_abort_hook(h);
 
     /* Notices are best effort: a stopped or dead peer never takes its message, and MPI_Abort below
      * kills whatever is left anyway. */
@@ -264,6 +298,7 @@ static void __attribute__((noreturn)) notified(dg_health_t *h, const abort_msg_t
                  (int)m->culprit, hesc, (int)m->from, esc);
         emit(h, fields);
     }
+    run_abort_hook(h);
     fflush(stdout);
     fflush(stderr);
     sleep_s(notice_grace_s(h)); /* the other ranks take their notices before the launcher kills them */
@@ -303,6 +338,7 @@ static void fill_hb(dg_health_t *h, hb_msg_t *m, int kind, double now) {
     m->rank = h->rank;
     read_activity(h, &m->step, m->what);
     m->age = own_age(h, now);
+    m->waiting = h->self_waiting;
     m->sum = h->sum;
 }
 
@@ -319,6 +355,8 @@ static void update_summary(dg_health_t *h, double now) {
     summary_t *S = &h->sum;
     S->worst_rank = 0;
     S->worst_age = own_age(h, now);
+    S->best_age = S->worst_age;
+    S->worst_waiting = h->self_waiting;
     read_activity(h, &S->worst_step, S->worst_what);
     S->silent_rank = -1;
     S->silent_for = 0;
@@ -327,8 +365,13 @@ static void update_summary(dg_health_t *h, double now) {
         if (p->bye) continue;
         double silent = now - p->last_seen;
         double a = p->age_at_recv + silent;
-        if (a > S->worst_age) {
+        if (a < S->best_age) S->best_age = a;
+        /* during I/O a rank that is not waiting in a collective is the likelier culprit than one that is,
+         * whatever their ages (the waiter may have arrived before the other stopped) */
+        int better = p->waiting == S->worst_waiting ? a > S->worst_age : S->worst_waiting;
+        if (better) {
             S->worst_age = a;
+            S->worst_waiting = p->waiting;
             S->worst_rank = r;
             S->worst_step = p->step;
             copy_label(S->worst_what, p->what);
@@ -358,6 +401,7 @@ static bool drain_heartbeats(dg_health_t *h, double now) {
         peer_t *p = &h->peers[src];
         p->last_seen = now;
         p->age_at_recv = h->rbuf.age;
+        p->waiting = h->rbuf.waiting;
         p->step = h->rbuf.step;
         copy_label(p->what, h->rbuf.what);
         if (h->rank != 0) {
@@ -460,14 +504,34 @@ static void check_peers(dg_health_t *h, double now) {
     }
 }
 
+/* How long ago any rank of the job last made progress, as far as this rank knows (rank 0's summary,
+ * aged by the time since it was made); `age` is this rank's own. */
+static double job_age(dg_health_t *h, double now, double age) {
+    if (h->size == 1) return age;
+    if (h->rank == 0) {
+        update_summary(h, now);
+        return h->sum.best_age;
+    }
+    if (h->sum_at <= 0) return age; /* no summary yet */
+    double b = h->sum.best_age + (now - h->sum_at);
+    return b < age ? b : age;
+}
+
 static void check_self(dg_health_t *h, double now) {
     double age = own_age(h, now);
     double budget = 1e-6 * (double)atomic_load_explicit(&h->act_budget_us, memory_order_relaxed);
     if (age <= h->timeout_s || age <= budget) return;
+    /* I/O activity (a checkpoint): waiting in one of its collectives for a rank that is still writing is
+     * no stall; only a job in which no rank has moved forward for timeout_s is stuck */
+    if (atomic_load_explicit(&h->act_io, memory_order_relaxed) && job_age(h, now, age) <= h->timeout_s)
+        return;
     int64_t step;
     char what[WHAT_CAP];
     read_activity(h, &step, what);
     char text[ABORT_TEXT_CAP];
+    const char *io_note = atomic_load_explicit(&h->act_io, memory_order_relaxed)
+                              ? "; checkpoint I/O: no rank wrote, read or reached a collective meanwhile"
+                              : "";
 
     /* A peer that has gone quiet is the likelier cause of our wait than we are. */
     int late = -1;
@@ -511,21 +575,21 @@ static void check_self(dg_health_t *h, double now) {
          * rank's check may fire on the same poll tick). Among ranks stuck in the same place, blame
          * another only when it has clearly been stuck longer (beyond the summary's poll granularity). */
         double margin = (S->worst_step != step || strcmp(S->worst_what, what) != 0) ? 0.0 : h->poll_s;
-        if (wage > age + margin) {
+        if (wage > age + margin || (h->self_waiting && !S->worst_waiting)) {
             snprintf(
                 text, sizeof text,
                 "watchdog: rank %d (host %s) has made no progress for %.1f s in step %lld doing '%s'; rank "
-                "%d waited %.1f s for it in step %lld doing '%s' (health.timeout_s=%g); aborting the job "
+                "%d waited %.1f s for it in step %lld doing '%s' (health.timeout_s=%g%s); aborting the job "
                 "with exit code 3",
                 S->worst_rank, host_of(h, S->worst_rank), wage, (long long)S->worst_step, S->worst_what,
-                h->rank, age, (long long)step, what, h->timeout_s);
+                h->rank, age, (long long)step, what, h->timeout_s, io_note);
             abort_job(h, S->worst_rank, text);
         }
     }
     snprintf(text, sizeof text,
              "watchdog: rank %d (host %s) has made no progress for %.1f s in step %lld doing '%s' "
-             "(health.timeout_s=%g); aborting the job with exit code 3",
-             h->rank, h->host, age, (long long)step, what, h->timeout_s);
+             "(health.timeout_s=%g%s); aborting the job with exit code 3",
+             h->rank, h->host, age, (long long)step, what, h->timeout_s, io_note);
     abort_job(h, h->rank, text);
 }
 
@@ -725,6 +789,7 @@ void dg_health_set_activity(dg_health_t *h, int64_t step, const char *what) {
         atomic_store_explicit(&h->act_words[i], words[i], memory_order_relaxed);
     atomic_store_explicit(&h->act_step, step, memory_order_relaxed);
     atomic_store_explicit(&h->act_budget_us, 0, memory_order_relaxed);
+    atomic_store_explicit(&h->act_io, 0, memory_order_relaxed);
     atomic_store_explicit(&h->act_ver, v + 2, memory_order_release);
     atomic_fetch_add_explicit(&h->act_seq, 1, memory_order_release);
     atomic_flag_clear_explicit(&h->act_lock, memory_order_release);
@@ -734,6 +799,30 @@ void dg_health_set_activity(dg_health_t *h, int64_t step, const char *what) {
         for (;;)
             sleep_s(1.0);
     }
+}
+
+void dg_health_set_io_activity(dg_health_t *h, int64_t step, const char *what) {
+    if (!h) return;
+    dg_health_set_activity(h, step, what);
+    atomic_store_explicit(&h->act_io, 1, memory_order_relaxed);
+}
+
+void dg_health_set_progress_source(dg_health_t *h, uint64_t (*fn)(void *ctx, int *waiting), void *ctx) {
+    if (!h) return;
+    pthread_mutex_lock(&h->mu);
+    h->progress = fn;
+    h->progress_ctx = ctx;
+    int w = 0;
+    h->seen_progress = fn ? fn(ctx, &w) : 0;
+    pthread_mutex_unlock(&h->mu);
+}
+
+void dg_health_set_abort_hook(dg_health_t *h, void (*fn)(void *ctx), void *ctx) {
+    if (!h) return;
+    pthread_mutex_lock(&h->mu);
+    h->on_abort = fn;
+    h->abort_ctx = ctx;
+    pthread_mutex_unlock(&h->mu);
 }
 
 void dg_health_expect(dg_health_t *h, double seconds) {

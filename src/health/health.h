@@ -10,6 +10,9 @@
  * 2. Watchdog. dg_health_create() starts one background thread per rank, on its own MPI_Comm_dup of the
  *    world. The loop calls dg_health_set_activity() whenever it starts something (a step phase, a
  *    collective); if a rank's activity has not changed for timeout_s the watchdog aborts the whole job.
+ *    I/O activities (checkpoints: dg_health_set_io_activity) are judged by progress instead: bytes moved
+ *    and collectives reached reset the timer, and a rank waiting for a peer that still progresses is not
+ *    stalled; a job in which no rank progressed for timeout_s is.
  *
  * 3. Heartbeats. Every heartbeat_s each rank sends a tiny message to rank 0 and rank 0 sends one to every
  *    rank (a star: rank 0 drains them with one ANY_SOURCE receive, so its cost is O(world) messages per
@@ -95,6 +98,27 @@ void dg_health_set_activity(dg_health_t *h, int64_t step, const char *what);
  * that dies or is stopped is still noticed within timeout_s. Every rank that takes part in the long
  * activity should call it (a rank waiting for it in a collective is judged by timeout_s). */
 void dg_health_expect(dg_health_t *h, double seconds);
+
+/* Record an I/O activity (a checkpoint save or load), judged by progress rather than by the clock: the
+ * stall timer of this rank is reset by the activity change and by every change of the progress source
+ * (dg_health_set_progress_source: bytes written or read, collectives reached), and the rank counts as
+ * stalled only when neither it nor any other rank of the job made progress for timeout_s (as rank 0's
+ * heartbeat summary tells). So a rank waiting in a checkpoint collective for a peer that is still
+ * writing is not stuck, however long the write takes, while a rank stuck in one (and every rank waiting
+ * for it) is found within timeout_s. Cleared, like dg_health_expect, by the next set_activity. */
+void dg_health_set_io_activity(dg_health_t *h, int64_t step, const char *what);
+
+/* The progress source for I/O activities: fn(ctx, &waiting) returns a counter that grows while I/O moves
+ * forward (e.g. dg_ckpt_progress) and sets *waiting to 1 while this rank waits in one of the I/O's
+ * collectives. The waiting flag travels with the heartbeats: when the job is stuck in an I/O activity,
+ * a rank that is not waiting is blamed before the ranks that wait for it. Called from the health thread
+ * every poll tick; must be cheap and thread-safe. NULL removes it. */
+void dg_health_set_progress_source(dg_health_t *h, uint64_t (*fn)(void *ctx, int *waiting), void *ctx);
+
+/* Called once on the health thread when this rank takes part in a watchdog abort (it detected the stall
+ * or was told by the rank that did), before the process exits: e.g. to remove the half-written file of
+ * a checkpoint in flight. Must be quick; must not call MPI. NULL removes it. */
+void dg_health_set_abort_hook(dg_health_t *h, void (*fn)(void *ctx), void *ctx);
 
 /* Where `health` events go: fn(ctx, fields) with `fields` a comma-separated list of JSON members without
  * braces, e.g. "kind":"watchdog","culprit_rank":2,... ; the caller wraps it as {"event":"health",...}.

@@ -191,10 +191,13 @@ static int severity(dg_status_t s) {
         return 1;
     case DG_ERR_PEER:
         return 2;
-    case DG_ERR_USAGE:
+    case DG_ERR_STORAGE: /* above a peer failure: requeueing into storage that cannot take checkpoints is
+                            futile; below the errors a user must read first */
         return 3;
+    case DG_ERR_USAGE:
+        return 4;
     default:
-        return 4; /* DG_ERR_RUNTIME and anything unexpected */
+        return 5; /* DG_ERR_RUNTIME and anything unexpected */
     }
 }
 

@@ -282,7 +282,11 @@ dg_status_t dg_cluster_load(const char *path, int world, dg_cluster_t *out) {
     dg_node_topo_t t;
     hwloc_topology_t topo = NULL;
     dg_status_t s = dg_topo_load(xml, &t, &topo);
-    if (s) return DG_ERR(DG_ERR_USAGE, "%s: node_xml: %s", path, dg_last_error());
+    if (s) {
+        char why[1024]; /* copied first: DG_ERR formats into the buffer dg_last_error() returns */
+        snprintf(why, sizeof why, "%s", dg_last_error());
+        return DG_ERR(DG_ERR_USAGE, "%s: node_xml: %s", path, why);
+    }
     int rpn = f.rpn > 0 ? f.rpn : (t.n_gpus > 0 ? t.n_gpus : (t.n_cores > 0 ? t.n_cores : 1));
     int nodes = f.nodes;
     if (world > 0) {

@@ -19,6 +19,7 @@
 
 #include "backend.h"
 #include "checkpoint.h"
+#include "ckpt_state.h"
 #include "data.h"
 #include "dg_mesh.h"
 #include "dg_mpi.h"
@@ -76,6 +77,14 @@ typedef struct trainer {
     int64_t tokens; /* global tokens consumed */
     double loss_scale;
     int64_t good_steps;
+
+    /* where this run segment began (a fresh start or the resume): stored with every checkpoint
+     * (DG_TRAIN_KV_SEGMENT) so that loads can check tokens and the loader position exactly */
+    int64_t seg_step, seg_epoch, seg_cursor;
+    uint64_t seg_samples;
+    char train_glob[4096]; /* the training data, as messages name it */
+    int64_t ckpt_failures; /* checkpoint saves that failed in a row (agreed: every rank counts alike) */
+    char ckpt_last_error[1024];
 } trainer_t;
 
 static int is_fp16(const dg_config_t *c) {
@@ -270,6 +279,7 @@ static dg_status_t open_data(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     char train_glob[4096], val_glob[4096];
     DG_TRY(data_globs(c, train_glob, val_glob, sizeof train_glob));
+    snprintf(tr->train_glob, sizeof tr->train_glob, "%s", train_glob);
     DG_TRY(dg_dataset_open(train_glob, tr->desc.seq_len, tr->desc.vocab_size, &tr->train_ds));
     DG_TRY(dg_loader_create(tr->train_ds, (uint64_t)c->run.seed, c->data.shuffle, &tr->train_ld));
     if (val_glob[0] && c->data.val_every > 0) {
@@ -496,6 +506,10 @@ static void fill_meta(trainer_t *tr, dg_ckpt_meta_t *m) {
     dg_ckpt_meta_set_kv(m, "data_fingerprint", fp);
     dg_ckpt_meta_set_kv(m, "backend", tr->backend_name);
     dg_ckpt_meta_set_kv(m, "precision", tr->cfg->train.precision);
+    char seg[128];
+    snprintf(seg, sizeof seg, "%lld %llu %lld %lld", (long long)tr->seg_step,
+             (unsigned long long)tr->seg_samples, (long long)tr->seg_epoch, (long long)tr->seg_cursor);
+    dg_ckpt_meta_set_kv(m, DG_TRAIN_KV_SEGMENT, seg);
     save_spike_state(tr, m);
 }
 
@@ -507,35 +521,104 @@ static void emit_ckpt_event(trainer_t *tr, const dg_ckpt_save_result_t *r, doubl
                      (long long)r->step, r->path, r->bytes / 1e6, r->seconds, stall_ms);
 }
 
+/* A save that failed: counted (checkpoint.max_failures in a row stop the run), logged on every rank,
+ * and reported as a `checkpoint` event with ok = false and a `health` event of kind checkpoint_failed
+ * that names the space needed when space ran out. LATEST still names the last complete checkpoint. */
+static void note_save_failure(trainer_t *tr, int64_t step, const char *err, const dg_ckpt_save_result_t *r,
+                              int async) {
+    tr->ckpt_failures++;
+    snprintf(tr->ckpt_last_error, sizeof tr->ckpt_last_error, "%s", err);
+    char latest[256] = "none";
+    FILE *f = NULL;
+    char lp[DG_CFG_STR + 64];
+    snprintf(lp, sizeof lp, "%s/LATEST", tr->ckpt_dir);
+    if ((f = fopen(lp, "r"))) {
+        if (fgets(latest, sizeof latest, f)) latest[strcspn(latest, "\n")] = 0;
+        fclose(f);
+    }
+    const int64_t max = tr->cfg->checkpoint.max_failures;
+    /* every rank knows it (its log file says so); rank 0 says it on stderr */
+    const dg_log_level_t lv = tr->rank == 0 ? DG_LOG_WARN : DG_LOG_INFO;
+    if (r && r->no_space && r->free_bytes < 0)
+        dg_log(lv,
+               "checkpoint of step %lld not saved: %s ran out of space (%s); it needs about %.1f MB free; "
+               "LATEST still names %s; training goes on and the next checkpoint retries (%lld of "
+               "checkpoint.max_failures=%lld failed saves in a row)",
+               (long long)step, tr->ckpt_dir, err, r->needed_bytes / 1e6, latest,
+               (long long)tr->ckpt_failures, (long long)max);
+    else if (r && r->no_space)
+        dg_log(
+            lv,
+            "checkpoint of step %lld not saved: %s needs about %.1f MB free, it has %.1f MB; free at least "
+            "%.1f MB (or lower checkpoint.keep); LATEST still names %s; training goes on and the next "
+            "checkpoint retries (%lld of checkpoint.max_failures=%lld failed saves in a row)",
+            (long long)step, tr->ckpt_dir, r->needed_bytes / 1e6, r->free_bytes / 1e6,
+            (r->needed_bytes - r->free_bytes) / 1e6, latest, (long long)tr->ckpt_failures, (long long)max);
+    else
+        dg_log(lv,
+               "checkpoint of step %lld not saved (%s); LATEST still names %s; training goes on and the next "
+               "checkpoint retries (%lld of checkpoint.max_failures=%lld failed saves in a row)",
+               (long long)step, err, latest, (long long)tr->ckpt_failures, (long long)max);
+    DG_METRICS_EVENT(tr->metrics, "checkpoint", DG_JI("step", step), DG_JB("ok", 0), DG_JS("error", err),
+                     DG_JB("async", async));
+    DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "checkpoint_failed"), DG_JI("step", step),
+                     DG_JS("reason", r && r->no_space ? "no_space" : "error"), DG_JS("error", err),
+                     DG_JI("needed_bytes", r ? r->needed_bytes : 0),
+                     DG_JI("free_bytes", r ? r->free_bytes : -1), DG_JS("latest", latest),
+                     DG_JI("consecutive", tr->ckpt_failures), DG_JI("max_failures", max));
+}
+
 static void report_async(trainer_t *tr, const dg_ckpt_async_result_t *ar) {
     if (!ar->valid) return;
     if (ar->status == DG_OK) {
+        tr->ckpt_failures = 0;
         emit_ckpt_event(tr, &ar->res, ar->res.stall_ms, 1);
     } else {
-        DG_LOG_ERROR("asynchronous checkpoint failed (LATEST unchanged): %s", ar->error);
-        DG_METRICS_EVENT(tr->metrics, "checkpoint", DG_JI("step", ar->res.step), DG_JB("ok", 0),
-                         DG_JS("error", ar->error), DG_JB("async", 1));
+        note_save_failure(tr, ar->res.step, ar->error, &ar->res, 1);
     }
 }
 
-/* How long a checkpoint write or read of this rank's state may take before the watchdog calls it a
- * stall: a floor for metadata work and busy file systems, plus the state at a pessimistic 50 MB/s. */
-static double ckpt_io_allowance_s(const trainer_t *tr) {
-    return 120.0 + (double)dg_model_state_bytes(tr->model) / 50e6;
+/* checkpoint.max_failures saves in a row failed: stop (exit 4; slurm/train.sh does not requeue it). */
+static dg_status_t storage_exhausted(trainer_t *tr) {
+    return DG_ERR(
+        DG_ERR_STORAGE,
+        "checkpoints could not be saved %lld times in a row (checkpoint.max_failures=%lld) in %s; the "
+        "last failure: %s; stopping with exit code 4 (the newest complete checkpoint, which LATEST "
+        "names, is kept: free space there, then run again to resume)",
+        (long long)tr->ckpt_failures, (long long)tr->cfg->checkpoint.max_failures, tr->ckpt_dir,
+        tr->ckpt_last_error);
 }
 
-/* Save the current state. sync_only forces a synchronous write (signals, the end of the run). */
+static uint64_t ckpt_progress_source(void *ctx, int *waiting) {
+    (void)ctx;
+    *waiting = dg_ckpt_waiting();
+    return dg_ckpt_progress();
+}
+
+static void ckpt_abort_hook(void *ctx) {
+    (void)ctx;
+    dg_ckpt_abort_cleanup();
+}
+
+/* Save the current state. sync_only forces a synchronous write (signals, the end of the run), whose
+ * failure is returned as DG_ERR_STORAGE (the run cannot end with the checkpoint it promises). A periodic
+ * save that fails is noted (note_save_failure) and training goes on: DG_OK, unless that was the
+ * checkpoint.max_failures-th failure in a row (DG_ERR_STORAGE). A failure that ends the job anyway (a
+ * peer lost in a collective: DG_ERR_PEER) is returned as is.
+ * The watchdog judges the save by its progress (dg_health_set_io_activity, docs/checkpoints.md): a save
+ * that keeps writing may take as long as it needs. */
 static dg_status_t save_checkpoint(trainer_t *tr, int sync_only) {
-    dg_health_set_activity(tr->health, tr->step, "checkpoint");
-    dg_health_expect(tr->health, ckpt_io_allowance_s(tr));
+    dg_health_set_io_activity(tr->health, tr->step, "checkpoint");
     double t0 = dg_now_s();
     /* the background write of the previous checkpoint reads host_flat: it must finish before the pull
-     * (its failure is reported, never fatal here) */
+     * (its failure is counted like a synchronous one) */
     if (tr->writer) {
         dg_ckpt_async_result_t prev = {0};
         dg_ckpt_writer_wait(tr->writer, &prev);
         report_async(tr, &prev);
+        if (prev.valid && prev.status == DG_ERR_PEER) return DG_ERR(DG_ERR_PEER, "%s", prev.error);
     }
+    if (!sync_only && tr->ckpt_failures >= tr->cfg->checkpoint.max_failures) return storage_exhausted(tr);
     DG_TRY(pull_state(tr));
     dg_ckpt_meta_t meta;
     fill_meta(tr, &meta);
@@ -545,28 +628,48 @@ static dg_status_t save_checkpoint(trainer_t *tr, int sync_only) {
          * next save (which waits above), a rollback (waits first) or the end (waits) */
         double stall = 0;
         s = dg_ckpt_writer_submit_borrowed(tr->writer, &meta, tr->ckpt_t, tr->n_ckpt, t0, &stall, NULL);
-    } else {
-        dg_ckpt_save_opts_t o;
-        dg_ckpt_save_opts_default(&o);
-        o.keep = (int)tr->cfg->checkpoint.keep;
-        o.incremental = tr->cfg->checkpoint.incremental;
-        dg_ckpt_save_result_t r;
-        s = dg_ckpt_save(tr->comm, tr->ckpt_dir, &meta, tr->ckpt_t, tr->n_ckpt, &o, &r);
-        if (s == DG_OK) emit_ckpt_event(tr, &r, (dg_now_s() - t0) * 1e3, 0);
+        dg_ckpt_meta_destroy(&meta);
+        return s;
     }
+    dg_ckpt_save_opts_t o;
+    dg_ckpt_save_opts_default(&o);
+    o.keep = (int)tr->cfg->checkpoint.keep;
+    o.incremental = tr->cfg->checkpoint.incremental;
+    dg_ckpt_save_result_t r;
+    s = dg_ckpt_save(tr->comm, tr->ckpt_dir, &meta, tr->ckpt_t, tr->n_ckpt, &o, &r);
     dg_ckpt_meta_destroy(&meta);
-    return s;
+    if (s == DG_OK) {
+        tr->ckpt_failures = 0;
+        emit_ckpt_event(tr, &r, (dg_now_s() - t0) * 1e3, 0);
+        return DG_OK;
+    }
+    if (s == DG_ERR_PEER) return s;
+    char err[1024];
+    snprintf(err, sizeof err, "%s", dg_last_error()); /* copied: the next DG_ERR writes into that buffer */
+    note_save_failure(tr, tr->step, err, &r, 0);
+    if (sync_only)
+        return DG_ERR(
+            DG_ERR_STORAGE,
+            "the checkpoint of step %lld could not be saved: %s; stopping with exit code 4 (the newest "
+            "complete checkpoint, which LATEST names, is kept)",
+            (long long)tr->step, err);
+    if (tr->ckpt_failures >= tr->cfg->checkpoint.max_failures) return storage_exhausted(tr);
+    return DG_OK;
 }
 
-/* Resume per checkpoint.resume. Collective; sets step/tokens/loader/scaler and the model state. */
+/* Resume per checkpoint.resume. Collective; sets step/tokens/loader/scaler and the model state. Every
+ * candidate's scalar state is checked against this run's model and data and against the schedule it was
+ * written under (ckpt_state.h) before its tensors are read: an impossible value rejects the file like a
+ * checksum failure does (auto: fall back to the previous checkpoint; an explicit file: exit 1). */
 static dg_status_t maybe_resume(trainer_t *tr) {
-    dg_health_set_activity(tr->health, tr->step, "resume: reading checkpoint");
-    dg_health_expect(tr->health, ckpt_io_allowance_s(tr));
+    dg_health_set_io_activity(tr->health, tr->step, "resume: reading checkpoint");
     dg_ckpt_meta_t meta;
     dg_ckpt_meta_init(&meta);
     char path[4096] = "";
-    dg_status_t s = dg_ckpt_resume(tr->comm, tr->ckpt_dir, tr->cfg->checkpoint.resume, &meta, tr->ckpt_t,
-                                   tr->n_ckpt, path, sizeof path);
+    dg_train_ckpt_ref_t ref = {tr->desc.seq_len, tr->train_ds, tr->train_glob};
+    dg_status_t s =
+        dg_ckpt_resume_checked(tr->comm, tr->ckpt_dir, tr->cfg->checkpoint.resume, dg_train_ckpt_check_fn,
+                               &ref, &meta, tr->ckpt_t, tr->n_ckpt, path, sizeof path);
     if (s != DG_OK || !path[0]) {
         dg_ckpt_meta_destroy(&meta);
         return s;
@@ -585,12 +688,24 @@ static dg_status_t maybe_resume(trainer_t *tr) {
         tr->tokens = meta.tokens;
         dg_loader_state_t ls = {meta.loader.epoch, meta.loader.cursor, meta.loader.samples_seen};
         s = dg_loader_set_state(tr->train_ld, &ls);
-        if (s != DG_OK)
+        if (s != DG_OK) {
+            /* (checked above; kept for a loader with rules of its own) copied first: DG_ERR writes into
+             * the buffer dg_last_error() returns */
+            char why[1024];
+            snprintf(why, sizeof why, "%s", dg_last_error());
             s = DG_ERR(DG_ERR_USAGE, "checkpoint %s: data-loader state does not fit the data set: %s", path,
-                       dg_last_error());
-        tr->loss_scale = meta.scaler.scale > 0 ? meta.scaler.scale : tr->loss_scale;
-        tr->good_steps = meta.scaler.good_steps;
+                       why);
+        }
+        /* the loss scaler belongs to fp16 runs: another precision starts without one */
+        if (is_fp16(tr->cfg)) {
+            tr->loss_scale = meta.scaler.scale > 0 ? meta.scaler.scale : tr->loss_scale;
+            tr->good_steps = meta.scaler.good_steps;
+        }
         load_spike_state(tr, &meta);
+        tr->seg_step = tr->step;
+        tr->seg_samples = ls.samples_seen;
+        tr->seg_epoch = ls.epoch;
+        tr->seg_cursor = ls.cursor;
     }
     if (s == DG_OK) {
         DG_METRICS_EVENT(tr->metrics, "resume", DG_JI("step", tr->step), DG_JS("path", path),
@@ -605,8 +720,10 @@ static dg_status_t maybe_resume(trainer_t *tr) {
 }
 
 /* Rolls back the model and optimizer to the newest checkpoint, keeping the data cursor (so training
- * continues with the next data rather than replaying the batches that spiked). */
+ * continues with the next data rather than replaying the batches that spiked). The candidates are
+ * checked as on a resume. */
 static dg_status_t rollback(trainer_t *tr) {
+    dg_health_set_io_activity(tr->health, tr->step, "rollback: reading checkpoint");
     if (tr->writer) {
         dg_ckpt_async_result_t prev = {0};
         dg_ckpt_writer_wait(tr->writer, &prev);
@@ -615,7 +732,9 @@ static dg_status_t rollback(trainer_t *tr) {
     dg_ckpt_meta_t meta;
     dg_ckpt_meta_init(&meta);
     char path[4096] = "";
-    DG_TRY(dg_ckpt_resume(tr->comm, tr->ckpt_dir, "auto", &meta, tr->ckpt_t, tr->n_ckpt, path, sizeof path));
+    dg_train_ckpt_ref_t ref = {tr->desc.seq_len, tr->train_ds, tr->train_glob};
+    DG_TRY(dg_ckpt_resume_checked(tr->comm, tr->ckpt_dir, "auto", dg_train_ckpt_check_fn, &ref, &meta,
+                                  tr->ckpt_t, tr->n_ckpt, path, sizeof path));
     if (!path[0]) {
         dg_ckpt_meta_destroy(&meta);
         return DG_ERR(DG_ERR_RUNTIME,
@@ -978,8 +1097,15 @@ static dg_status_t train_loop(trainer_t *tr) {
     if (gerr)
         return DG_ERR(DG_ERR_PEER, "another rank failed at step %lld (see its log)", (long long)tr->step);
 
-    /* final (or signal-driven) checkpoint, synchronous */
+    /* final (or signal-driven) checkpoint, synchronous; exit 75 promises it, so its failure is exit 4 */
     dg_status_t s = save_checkpoint(tr, 1);
+    if (s == DG_ERR_STORAGE && stop_sig) {
+        char why[1400];
+        snprintf(why, sizeof why, "%s", dg_last_error());
+        return DG_ERR(DG_ERR_STORAGE,
+                      "stopped on %s at step %lld without a complete checkpoint (so not exit 75): %s",
+                      dg_signal_name(stop_sig), (long long)tr->step, why);
+    }
     if (s) return s;
     if (stop_sig) {
         DG_METRICS_EVENT(tr->metrics, "done", DG_JI("step", tr->step), DG_JS("reason", "signal"),
@@ -1009,7 +1135,12 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
     }
     s = dg_health_create(tr.comm, tr.rank, boot->host, cfg->health.heartbeat_s, cfg->health.timeout_s,
                          &tr.health);
-    if (s == DG_OK) dg_health_set_event_sink(tr.health, health_sink, tr.metrics);
+    if (s == DG_OK) {
+        dg_health_set_event_sink(tr.health, health_sink, tr.metrics);
+        /* checkpoint I/O is judged by its progress; an aborted job leaves no half-written file */
+        dg_health_set_progress_source(tr.health, ckpt_progress_source, NULL);
+        dg_health_set_abort_hook(tr.health, ckpt_abort_hook, NULL);
+    }
     if (s == DG_OK && cfg->checkpoint.async) {
         dg_ckpt_save_opts_t o;
         dg_ckpt_save_opts_default(&o);

@@ -347,6 +347,21 @@ case_retention() {
     [ "$(cat q/LATEST)" = step_00000007.h5 ] || fail "LATEST is $(cat q/LATEST)"
 }
 
+case_partial() {
+    # whatever is at the partial name cannot redirect the write: a symlink planted there is removed (not
+    # followed) and the file is created exclusively
+    mkdir -p p && printf 'do not touch\n' >victim.txt
+    ln -s "$W/victim.txt" p/step_00000003.h5.partial
+    expect_ok "save over a planted symlink" mpi 2 save --dir p --step 3 --seed 4 --layout fsdp
+    [ "$(cat victim.txt)" = "do not touch" ] || fail "the symlink's target was written"
+    [ -L p/step_00000003.h5.partial ] && fail "the planted symlink is still there"
+    expect_ok "the checkpoint verifies" "$CK" verify -q p/step_00000003.h5
+    # a directory of that name is a clear error, and LATEST stays
+    mkdir p/step_00000004.h5.partial
+    expect_err "a directory at the partial name" "step_00000004.h5.partial exists and is a directory" mpi 2 save --dir p --step 4 --seed 4 --layout fsdp
+    [ "$(cat p/LATEST)" = step_00000003.h5 ] || fail "LATEST is $(cat p/LATEST)"
+}
+
 case_umask() {
     (umask 027 && mpi 2 save --dir u1 --step 1 --seed 1 --layout fsdp >/dev/null) || fail "save with umask 027"
     local m
@@ -511,7 +526,7 @@ case_dgckpt() {
 }
 
 case "$CASE" in
-roundtrip | reshard | resume_same | resume_worldsize | damage | fallback | sigkill | async | incremental | retention | umask | h5py | dgckpt | direct)
+roundtrip | reshard | resume_same | resume_worldsize | damage | fallback | sigkill | async | incremental | retention | umask | partial | h5py | dgckpt | direct)
     "case_$CASE"
     ;;
 *)
