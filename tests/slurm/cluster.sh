@@ -4,7 +4,8 @@
 #
 #   cluster.sh start [DIR]   start a cluster in DIR (default: a new /tmp/dgt-slurm-XXXXXX); prints the
 #                            environment to use it, for eval:  export SLURM_CONF=DIR/slurm.conf ...
-#                            exit 77 (with the reason on stderr) when Slurm cannot start here.
+#                            exit 77 (with the reason on stderr) when Slurm cannot start here
+#                            (tests/slurm/lib.sh: a skip outside CI, a failure under CI=true).
 #   cluster.sh stop [DIR]    cancel every job, stop the daemons (by their pid files), remove DIR
 #   cluster.sh status [DIR]  daemons, nodes, queue
 # DIR defaults to $DGT_SLURM_DIR for stop/status.
@@ -26,8 +27,11 @@ DIR=${2:-${DGT_SLURM_DIR:-}}
 CPUS=${DGT_SLURM_CPUS:-8}
 
 say() { echo "cluster.sh: $*" >&2; }
+# Exit 77 with the reason: the caller (lib.sh) turns it into a skip outside CI and a failure under CI.
+# Whatever this start already brought up (munged, slurmctld) is stopped first.
 skip() {
-    say "SKIP: Slurm cannot start here: $*"
+    say "Slurm cannot start here: $*"
+    [ -n "${DIR:-}" ] && [ -d "$DIR" ] && stop_cluster >/dev/null 2>&1
     exit 77
 }
 
