@@ -209,14 +209,20 @@ log "command: ${CMD[*]}"
 CHILD=
 CANCELLING=
 forward() {
-    [ "$1" = USR1 ] || CANCELLING=$1
+    local decision=
+    if [ "$1" != USR1 ]; then
+        CANCELLING=$1
+        # Said now, not after dgtrain exits: Slurm SIGKILLs this script KillWait seconds after the
+        # SIGTERM, which can come before dgtrain has finished its checkpoint.
+        decision="; after SIG$1 (scancel, the end of the time limit or preemption) this job will not requeue itself"
+    fi
     if [ -n "$CHILD" ] && kill -0 "$CHILD" 2>/dev/null; then
-        note "got SIG$1: asking dgtrain to checkpoint and stop (SIGUSR1 to the launcher, pid $CHILD)"
+        note "got SIG$1: asking dgtrain to checkpoint and stop (SIGUSR1 to the launcher, pid $CHILD)$decision"
         # USR1 for every cause: mpirun forwards USR1 to the ranks but turns TERM into a kill, and
         # dgtrain treats USR1, TERM and INT alike.
         kill -USR1 "$CHILD" 2>/dev/null
     else
-        note "got SIG$1 before dgtrain started"
+        note "got SIG$1 before dgtrain started$decision"
     fi
 }
 trap 'forward USR1' USR1

@@ -13,9 +13,11 @@
  * what the hardware can do, interference only ever makes a repetition slower. Node and GPU figures
  * compared with references use the median repetition, which is what a job gets.
  *
- * Test hook (tests only): DG_VALIDATE_SLOW_RANK=R makes world rank R really slow in these checks: after
- * each timed repetition it busy-waits (DG_VALIDATE_SLOW_FACTOR - 1, default 9) times as long inside
- * the timed region, like a core running at a tenth of its clock.
+ * Test hook (tests only): DG_VALIDATE_SLOW_RANK=R makes world rank R slow in these checks: each of its
+ * timed repetitions counts DG_VALIDATE_SLOW_FACTOR (default 10) times as long as it took, like a core
+ * running at a tenth of its clock, and the rank busy-waits for the difference (at most SLOW_WAIT_MAX_S
+ * per repetition) so that it really is late. The recorded figure is injected rather than waited for, so
+ * a test can use a factor (10^6) far beyond anything a loaded machine does to a healthy rank.
  */
 #define _GNU_SOURCE
 #include <cblas.h>
@@ -44,7 +46,10 @@ static double slow_factor(const vctx_t *c) {
     return x > 1 ? x : 10;
 }
 
+#define SLOW_WAIT_MAX_S 0.02
+
 static void busy_wait(double seconds) {
+    if (seconds > SLOW_WAIT_MAX_S) seconds = SLOW_WAIT_MAX_S;
     double end = dg_now_s() + seconds;
     volatile double sink = 0;
     while (dg_now_s() < end)
@@ -398,22 +403,22 @@ static void judge_stragglers(vctx_t *c, int kind, const rec_t *all, double secon
     char vs[32], ms[32];
     if (worst_r >= 0) {
         vc_fmt_value(vs, sizeof vs, all[worst_r].alone, k_dims[kind]);
-        snprintf(k->measured, sizeof k->measured, "slowest rank %d (%s): %.2f of median (%s)", worst_r,
+        snprintf(k->measured, sizeof k->measured, "slowest rank %d (%s): %.2g of median (%s)", worst_r,
                  c->b->hosts[worst_r], worst_ratio, vs);
         k->has_value = 1;
         k->value = worst_ratio;
     }
-    snprintf(k->reference, sizeof k->reference, ">= %.2f of its node type's median", frac);
+    snprintf(k->reference, sizeof k->reference, ">= %.3g of its node type's median", frac);
     if (nslow) {
         for (int i = 0; i < nslow && i < 8; i++) {
             int r = slow[i];
             vc_fmt_value(vs, sizeof vs, all[r].alone, k_dims[kind]);
             vc_fmt_value(ms, sizeof ms, med[c->type_of_rank[r]], k_dims[kind]);
-            vbuf_printf(&why, "%srank %d (%s) at %s = %.2f of the median %s", why.n ? "; " : "", r,
+            vbuf_printf(&why, "%srank %d (%s) at %s = %.2g of the median %s", why.n ? "; " : "", r,
                         c->b->hosts[r], vs, all[r].alone / med[c->type_of_rank[r]], ms);
         }
         if (nslow > 8) vbuf_printf(&why, " and %d more ranks", nslow - 8);
-        vbuf_printf(&why, " (straggler_fraction %.2f)", frac);
+        vbuf_printf(&why, " (straggler_fraction %.3g)", frac);
         k->verdict = DG_VERDICT_FAIL;
         snprintf(k->message, sizeof k->message, "straggler%s: %s", nslow == 1 ? "" : "s", why.s);
     }

@@ -7,9 +7,11 @@
  *                ctest driver can compare two separate runs.
  *   overlap      A non-blocking all-reduce of a large buffer must complete while the caller only
  *                computes: dg_comm_test (called between compute chunks) must report completion before
- *                the compute ends and before any wait, and the caller's thread must make no MPI call
- *                meanwhile (counted through the MPI profiling interface). Also prints the time of
- *                compute + wait against compute alone + communication alone.
+ *                any wait, and the caller's thread must make no MPI call meanwhile (counted through the
+ *                MPI profiling interface). The caller computes until test() reports completion or a
+ *                generous deadline (OVERLAP_DEADLINE_S) passes, so the verdict is about progress, not
+ *                about how fast a loaded machine moves 16 MiB. Also prints the time of compute + wait
+ *                against compute alone + communication alone.
  *
  * usage: test_comm_props determinism|overlap
  */
@@ -128,6 +130,8 @@ static int run_determinism(void) {
 }
 
 /* ---- overlap ---- */
+/* no completion reported by test() within this long of computing means no progress without MPI calls */
+#define OVERLAP_DEADLINE_S 120.0
 static volatile double g_sink;
 /* a fixed amount of floating-point work that touches little memory (~1 ms on this class of machine) */
 static void compute_chunk(void) {
@@ -174,9 +178,12 @@ static int run_overlap(void) {
     t0 = dg_now_s();
     CHECK_OK(dg_comm_iallreduce(c, buf, buf, cnt, DG_F32, DG_RED_SUM, &r));
     long calls0 = tl_mpi_calls;
-    int done_at = -1;
-    for (int i = 0; i < nchunks; i++) {
+    int done_at = -1, chunks_run = 0;
+    /* at least the planned chunks; past them, on until test() reports completion or the deadline (on a
+     * busy machine the progress thread may get the core later than the estimate assumed) */
+    for (int i = 0; i < nchunks || (r && dg_now_s() - t0 < OVERLAP_DEADLINE_S); i++) {
         compute_chunk();
+        chunks_run = i + 1;
         if (done_at < 0 && r) {
             int done = 0;
             CHECK_OK(dg_comm_test(c, r, &done));
@@ -194,13 +201,14 @@ static int run_overlap(void) {
     for (size_t i = 0; i < cnt; i++)
         bad += buf[i] != want;
     CHECK(bad == 0, "%zu elements of the overlapped allreduce are wrong", bad);
-    CHECK(done_at >= 0,
-          "the all-reduce did not complete during %d compute chunks (%.3f s): no progress without "
-          "MPI calls",
-          nchunks, t_compute);
+    CHECK(
+        done_at >= 0,
+        "the all-reduce did not complete during %d compute chunks (%.1f s, the estimate was %d chunks, %.3f "
+        "s): no progress without MPI calls",
+        chunks_run, t_overlap, nchunks, t_compute);
     CHECK(calls == 0, "the caller made %ld progress-making MPI calls while computing", calls);
     printf("[rank %d] overlap: comm alone %.3f s, compute alone %.3f s, compute+comm overlapped %.3f s "
-           "(sum %.3f s); completion seen by test() after chunk %d of %d, caller MPI calls %ld\n",
+           "(sum %.3f s); completion seen by test() after chunk %d (%d planned), caller MPI calls %ld\n",
            g_wrank, t_comm, t_compute, t_overlap, t_comm + t_compute, done_at, nchunks, calls);
     free(buf);
     dg_comm_free(c);

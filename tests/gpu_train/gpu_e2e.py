@@ -40,7 +40,8 @@ Diagnostics (not registered with ctest):
                        sample ids) and 50 samples over 10 steps (epoch 1 starts inside a micro-batch):
                        losses within 1e-5
 Exit 77 (ctest: skipped) when no CUDA device is usable (for nccl: fewer than 2; or, for memcheck, no compute-sanitizer; for
-torch, no PyTorch with CUDA; for torch-cpu-selfcheck, no PyTorch).
+torch, no PyTorch with CUDA; for torch-cpu-selfcheck, no PyTorch). Under CI=true only the missing GPUs skip; the
+rest fail (tests/lib/dgskip.py).
 Environment: DGT_TEST_KEEP=1 keeps the work directory. DGT_TEST_ARTIFACTS=DIR: the torch cases also write
 both curves (per step: losses, grad norms, lr, epoch, sample ids) to DIR/CASE_curves.txt (always to the
 work directory, which a failure keeps).
@@ -57,7 +58,9 @@ import sys
 import tempfile
 import time
 
-SKIP = 77
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import dgskip  # noqa: E402  the skip policy: SKIP outside CI, FAIL under CI=true (tests/lib)
+
 STEPS = 20
 GLOBAL_BATCH = 8
 SEQ_LEN = 256
@@ -489,8 +492,7 @@ def case_nccl(env):
     """N ranks (2, 4 or 8), one GPU each, collectives over NCCL inside the executor (issue 10)."""
     n = nccl_ranks()
     if n < 2:
-        print("SKIP: the nccl case needs 2 GPUs, the driver reports %d" % cuda_devices())
-        return SKIP
+        return dgskip.skip("the nccl case needs 2 GPUs, the driver reports %d" % cuda_devices(), gpus=2)
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off on these hosts
     notes = []
     steps = list(range(1, STEPS + 1))
@@ -589,8 +591,7 @@ def case_memcheck(env):
     san = shutil.which("compute-sanitizer") or (
         "/usr/local/cuda/bin/compute-sanitizer" if os.path.exists("/usr/local/cuda/bin/compute-sanitizer") else None)
     if not san:
-        print("SKIP: compute-sanitizer not found")
-        return SKIP
+        return dgskip.skip("compute-sanitizer not found (CUDA toolkit: /usr/local/cuda/bin)")
     for prec in ("bf16", "fp32"):
         name = "memcheck_" + prec
         prefix = [san, "--tool", "memcheck", "--target-processes", "all", "--error-exitcode", "3"]
@@ -1011,21 +1012,21 @@ def write_torch_data(env, seq_len, vocab, n_samples, active, tag=""):
 
 
 def import_torch():
+    """(torch, None), or (None, why) when it cannot be imported."""
     try:
         import torch
-        return torch
+        return torch, None
     except Exception as e:  # ImportError, or a broken install (missing CUDA libraries, ...)
-        print("SKIP: PyTorch cannot be imported (%s: %s); pip install torch" % (type(e).__name__, e))
-        return None
+        return None, "PyTorch cannot be imported (%s: %s); pip install torch" % (type(e).__name__, e)
 
 
 def case_torch(env, precision="bf16"):
-    torch = import_torch()
+    torch, why = import_torch()
     if torch is None:
-        return SKIP
+        return dgskip.skip(why)
     if not torch.cuda.is_available():
-        print("SKIP: PyTorch %s has no usable CUDA device (torch.cuda.is_available() is false)" % torch.__version__)
-        return SKIP
+        return dgskip.skip("PyTorch %s has no usable CUDA device (torch.cuda.is_available() is false)" %
+                           torch.__version__)
     dev = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 (dgtrain's CUBLAS_COMPUTE_32F)
     torch.backends.cudnn.allow_tf32 = False
@@ -1094,9 +1095,9 @@ def case_torch_cpu_selfcheck(env):
     (TORCH_SAMPLES samples, batch TORCH_BATCH, TORCH_STEPS steps, its seed: epoch 1 starts exactly at the
     first sample of step 41, which reads the torch case's very sample ids), and an epoch boundary inside a
     micro-batch (50 samples: step 7 reads positions 48..55, epoch 0's last two and epoch 1's first six)."""
-    torch = import_torch()
+    torch, why = import_torch()
     if torch is None:
-        return SKIP
+        return dgskip.skip(why)
     seed = torch_case_seed()
     first_e1 = TORCH_SAMPLES // TORCH_BATCH + 1
     check(TORCH_SAMPLES % TORCH_BATCH == 0 and first_e1 <= TORCH_STEPS,
@@ -1160,8 +1161,8 @@ def main():
         return 2
     n = cuda_devices()
     if n == 0 and case != "torch-cpu-selfcheck":
-        print("SKIP: no CUDA device (libcuda.so.1 missing or the driver reports none); these tests need a GPU")
-        return SKIP
+        return dgskip.skip("no CUDA device (libcuda.so.1 missing or the driver reports none); these tests need a GPU",
+                           gpus=1)
     env = Env(case, dgtrain, dgckpt, mpi)
     t0 = time.time()
     ok, rc = False, 1

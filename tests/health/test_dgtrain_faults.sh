@@ -6,7 +6,7 @@
 #           to an uninterrupted run (dgckpt diff).
 #   stop    SIGSTOP one rank: the watchdog aborts the job within timeout_s + a few seconds with exit
 #           code 3 and a line naming the stopped rank.
-# Skips (77) with the reason while dgtrain cannot train yet.
+# Skips (77) with the reason while dgtrain cannot train; under CI=true that fails (tests/lib/skip.sh).
 # Usage: test_dgtrain_faults.sh DGTRAIN DGCKPT MPIEXEC [MPIEXEC FLAGS...]
 set -u
 SLURM_TEST_NAME=health_dgtrain_faults

@@ -4,7 +4,8 @@
 #
 #   cluster.sh start [DIR]   start a cluster in DIR (default: a new /tmp/dgt-slurm-XXXXXX); prints the
 #                            environment to use it, for eval:  export SLURM_CONF=DIR/slurm.conf ...
-#                            exit 77 (with the reason on stderr) when Slurm cannot start here.
+#                            exit 77 (with the reason on stderr) when Slurm cannot start here
+#                            (tests/slurm/lib.sh: a skip outside CI, a failure under CI=true).
 #   cluster.sh stop [DIR]    cancel every job, stop the daemons (by their pid files), remove DIR
 #   cluster.sh status [DIR]  daemons, nodes, queue
 # DIR defaults to $DGT_SLURM_DIR for stop/status.
@@ -13,7 +14,8 @@
 # Ports are picked free at random, so several clusters (and a system Slurm) can coexist. The config is
 # the minimum that works without systemd or cgroups: proctrack/linuxproc, task/none,
 # select/cons_tres; cred_expire=5 and a 1 s scheduler interval so a requeued job restarts in seconds,
-# not minutes; KillWait=5 so cancelled jobs go away quickly. The node claims CPUS (default 8) CPUs
+# not minutes; KillWait=30 (Slurm's default) so that a cancelled job's checkpoint has the time a site gives
+# it even on a loaded machine (processes that exit on SIGTERM end at once anyway). The node claims CPUS (default 8) CPUs
 # (SlurmdParameters=config_overrides) so that small multi-task test jobs can run side by side on a
 # 2-core machine; they are oversubscribed, which is fine for tests. Job ids start at a random
 # FirstJobId: Slurm's PMIx namespace, and from it Open MPI's job id and the names of its shared-memory
@@ -26,8 +28,11 @@ DIR=${2:-${DGT_SLURM_DIR:-}}
 CPUS=${DGT_SLURM_CPUS:-8}
 
 say() { echo "cluster.sh: $*" >&2; }
+# Exit 77 with the reason: the caller (lib.sh) turns it into a skip outside CI and a failure under CI.
+# Whatever this start already brought up (munged, slurmctld) is stopped first.
 skip() {
-    say "SKIP: Slurm cannot start here: $*"
+    say "Slurm cannot start here: $*"
+    [ -n "${DIR:-}" ] && [ -d "$DIR" ] && stop_cluster >/dev/null 2>&1
     exit 77
 }
 
@@ -173,7 +178,7 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 FirstJobId=$first_job
 JobRequeue=1
-KillWait=5
+KillWait=30
 MinJobAge=600
 SlurmctldTimeout=30
 SlurmdTimeout=30

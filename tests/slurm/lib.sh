@@ -6,6 +6,9 @@
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 TRAIN_SH=$REPO/slurm/train.sh
+# the skip policy: SKIP (77) outside CI, FAIL under CI=true (tests/lib/skip.sh)
+source "$REPO/tests/lib/skip.sh"
+DG_TEST_NAME=$SLURM_TEST_NAME
 
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -19,15 +22,13 @@ fail() {
     return 1
 }
 
-# Start the cluster (exit 77 with the reason if Slurm cannot start here) and stop it on exit.
+# Start the cluster and stop it on exit. When Slurm cannot start here (cluster.sh exits 77 with the
+# reason), dg_skip: a skip outside CI, a failure under CI.
 start_cluster() {
     local env rc
     env=$(bash "$HERE/cluster.sh" start)
     rc=$?
-    if [ $rc = 77 ]; then
-        echo "SKIP [$SLURM_TEST_NAME]: slurmctld/slurmd cannot start on this machine (reason above)"
-        exit 77
-    fi
+    [ $rc = 77 ] && dg_skip "slurmctld/slurmd cannot start on this machine (cluster.sh's reason above)"
     [ $rc = 0 ] || {
         echo "FAIL [$SLURM_TEST_NAME]: cluster.sh start failed with $rc"
         exit 1
@@ -139,22 +140,19 @@ timeout_s = 300
 INI
 }
 
-# probe_dgtrain WORK DGTRAIN DGCKPT MPIEXEC...: exit 77 with the reason unless dgtrain can train and
-# checkpoint (2 steps at 1 rank) and dgckpt exists.
+# probe_dgtrain WORK DGTRAIN DGCKPT MPIEXEC...: dg_skip with the reason (a skip outside CI, a failure
+# under CI) unless dgtrain can train and checkpoint (2 steps at 1 rank) and dgckpt exists.
 probe_dgtrain() {
     local work=$1 dgtrain=$2 dgckpt=$3 out rc
     shift 3
     if [ -z "$dgtrain" ] || [ ! -x "$dgtrain" ]; then
-        echo "SKIP [$SLURM_TEST_NAME]: dgtrain is not built yet (no executable '$dgtrain')"
-        exit 77
+        dg_skip "dgtrain is not built (no executable '$dgtrain')"
     fi
     if ! out=$("$dgtrain" --version 2>&1); then
-        echo "SKIP [$SLURM_TEST_NAME]: 'dgtrain --version' fails: $(echo "$out" | tail -n 1)"
-        exit 77
+        dg_skip "'dgtrain --version' fails: $(echo "$out" | tail -n 1)"
     fi
     if [ -z "$dgckpt" ] || [ ! -x "$dgckpt" ]; then
-        echo "SKIP [$SLURM_TEST_NAME]: dgckpt is not built yet (no executable '$dgckpt')"
-        exit 77
+        dg_skip "dgckpt is not built (no executable '$dgckpt')"
     fi
     write_tiny_config "$work/probe.ini" 2
     out=$(cd "$work" && timeout 300 "$@" -n 1 "$dgtrain" "$work/probe.ini" --set run.dir="$work/probe" 2>&1)
@@ -163,8 +161,7 @@ probe_dgtrain() {
         local why
         why=$(printf '%s\n' "$out" | grep -m1 -E 'dgtrain: |error' ||
             printf '%s\n' "$out" | grep -v -E '^[[:space:]]*$|^-+$' | tail -n 1)
-        echo "SKIP [$SLURM_TEST_NAME]: dgtrain cannot train yet (2-step probe at 1 rank: exit $rc, checkpoint $( [ -s "$work/probe/checkpoints/LATEST" ] && echo written || echo missing)): $why"
-        exit 77
+        dg_skip "dgtrain cannot train (2-step probe at 1 rank: exit $rc, checkpoint $( [ -s "$work/probe/checkpoints/LATEST" ] && echo written || echo missing)): $why"
     fi
     rm -rf "$work/probe"
 }

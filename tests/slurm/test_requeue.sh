@@ -7,8 +7,8 @@
 #           size 1 from the step it stopped at (metrics.jsonl "resume" from 2 to 1 ranks) and trains
 #           on to the end (how close it stays to the 2-rank run is reported, and is the business of
 #           the distributed-correctness tests).
-# Skips (77) with the reason when Slurm cannot start, or while dgtrain cannot train yet (probe: a
-# 2-step run at 1 rank must write a checkpoint).
+# Skips (77) with the reason when Slurm cannot start, or while dgtrain cannot train (probe: a 2-step run
+# at 1 rank must write a checkpoint); under CI=true both fail instead (tests/lib/skip.sh).
 # Usage: test_requeue.sh DGTRAIN DGCKPT MPIEXEC [MPIEXEC FLAGS...]
 set -u
 SLURM_TEST_NAME=slurm_requeue

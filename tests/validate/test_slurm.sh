@@ -5,7 +5,7 @@
 #   pass      the whole suite (test SLA) as a batch job: COMPLETED, exit 0, reports parsed
 #   fail      impossible references: the job FAILS with exit 4 and FAIL lines naming the host
 #   mpirun    the mpirun fallback launcher (DGT_LAUNCHER=mpirun)
-# Skips (77) with the reason when Slurm cannot start here.
+# Skips (77) with the reason when Slurm cannot start here; under CI=true that fails (tests/lib/skip.sh).
 # Usage: test_slurm.sh DGVALIDATE
 set -u
 SLURM_TEST_NAME=validate_slurm
