@@ -16,14 +16,9 @@ MPI=("$@")
 SLURM_TEST_NAME=ckpt_contents
 source "$(dirname "$0")/../slurm/lib.sh"
 
-skip_or_fail() {
-    if [ "${CI:-}" = true ]; then
-        echo "FAIL [$SLURM_TEST_NAME]: $* (CI=true: a test whose real component cannot start fails)"
-        exit 1
-    fi
-    echo "SKIP [$SLURM_TEST_NAME]: $*"
-    exit 77
-}
+DG_TEST_NAME=$SLURM_TEST_NAME
+source "$(dirname "$0")/../lib/skip.sh"
+skip_or_fail() { dg_skip "$@"; } # docs/reliability.md, "The test suite itself"
 [ -x "$DGTRAIN" ] && [ -x "$DGCKPT" ] || skip_or_fail "dgtrain or dgckpt is not built ('$DGTRAIN', '$DGCKPT')"
 PY=
 for p in "${PYTHON_H5PY:-}" python3 /usr/bin/python3; do
