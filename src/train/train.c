@@ -530,7 +530,7 @@ static void note_save_failure(trainer_t *tr, int64_t step, const char *err, cons
     snprintf(tr->ckpt_last_error, sizeof tr->ckpt_last_error, "%s", err);
     char latest[256] = "none";
     FILE *f = NULL;
-    char lp[DG_CFG_STR + 64];
+    char lp[sizeof tr->ckpt_dir + 16];
     snprintf(lp, sizeof lp, "%s/LATEST", tr->ckpt_dir);
     if ((f = fopen(lp, "r"))) {
         if (fgets(latest, sizeof latest, f)) latest[strcspn(latest, "\n")] = 0;
