@@ -2,7 +2,7 @@
  * then one action (--print-config, --topology, --dry-run, --plan-only, --export-topology, or training).
  *
  * Every step that can fail on one rank only is followed by dg_boot_agree, so all ranks leave with the
- * same exit code (DESIGN.md §1) and rank 0 prints the failing rank's one-line message.
+ * same exit code (docs/design.md §1) and rank 0 prints the failing rank's one-line message.
  */
 #define _GNU_SOURCE
 #include <inttypes.h>

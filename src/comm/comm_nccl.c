@@ -51,7 +51,7 @@
 #error "dgtrain's nccl comm backend needs NCCL >= 2.18 (ncclCommSplit, non-blocking communicators)"
 #endif
 
-/* The one check macro per library (DESIGN.md §3), private to this file. */
+/* The one check macro per library (docs/design.md §4), private to this file. */
 #define DG_CUDA_CHECK(call)                                                                                  \
     do {                                                                                                     \
         cudaError_t dg_cu_e_ = (call);                                                                       \

@@ -1,7 +1,7 @@
 /* dg_common.h — what every dgtrain module shares: status codes and error messages, logging,
  * always-on asserts, the per-library check macro pattern, dtypes, and small helpers.
  *
- * Error model (DESIGN.md §3): a function that can fail for environmental reasons returns a
+ * Error model (docs/design.md §4): a function that can fail for environmental reasons returns a
  * dg_status_t (0 = DG_OK) and leaves a message in a thread-local buffer (dg_last_error()).
  * The status value is the process exit-code class it would lead to (DG_ERR_USAGE = 1, ...), so the
  * CLI can return it directly after the ranks agree on it. Broken invariants use DG_ASSERT, which is
@@ -21,7 +21,7 @@ extern "C" {
 
 #define DG_VERSION_STRING "0.1.0"
 
-/* ---- status codes: equal to the exit codes of DESIGN.md §1 ---- */
+/* ---- status codes: equal to the exit codes of docs/design.md §1 ---- */
 typedef int dg_status_t;
 enum {
     DG_OK = 0,

@@ -1,5 +1,5 @@
-/* dg_mesh.h — the shape of a device mesh (DESIGN.md §2): named dimensions dp_replicate x dp_shard x tp
- * whose product is the world size, plus the order in which dimensions vary over consecutive ranks.
+/* dg_mesh.h — the shape of a device mesh (docs/design.md §2): named dimensions dp_replicate x dp_shard
+ * x tp whose product is the world size, plus the order in which dimensions vary over consecutive ranks.
  * Shared by the planner (which scores shapes) and fsdp (which builds communicators from one). */
 #ifndef DG_MESH_H
 #define DG_MESH_H

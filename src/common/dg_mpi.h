@@ -1,4 +1,4 @@
-/* dg_mpi.h — the one MPI check macro (DESIGN.md §3) and MPI helpers every module may use. */
+/* dg_mpi.h — the one MPI check macro (docs/design.md §4) and MPI helpers every module may use. */
 #ifndef DG_MPI_H
 #define DG_MPI_H
 #include <mpi.h>

@@ -1,4 +1,4 @@
-/* fsdp.h — the parallel plan of a training run (DESIGN.md §2 "plan"): the device mesh dp_replicate x
+/* fsdp.h — the parallel plan of a training run (docs/design.md §2 "plan"): the device mesh dp_replicate x
  * dp_shard x tp over the world with one communicator per dimension, the parallel options from the
  * `[parallel]` config section, the model built on that mesh (FSDP / HSDP / tensor parallelism are graph
  * passes and builder rules in src/graph, see graph.h), and a DTensor-style view of where every tensor

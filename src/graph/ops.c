@@ -1,5 +1,5 @@
 /* ops.c — the op registry: for every op kind, ONE entry with its shape rule, its backward builder and
- * its executor dispatch into the backend vtable (DESIGN.md §3: "each op is registered once"). The tests
+ * its executor dispatch into the backend vtable (docs/design.md §4: "each op is registered once"). The tests
  * in tests/graph/ walk this table and fail if a registered op is not exercised.
  *
  * Conventions shared by the entries:

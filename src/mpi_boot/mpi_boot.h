@@ -1,4 +1,4 @@
-/* mpi_boot.h — process start-up for dgtrain (DESIGN.md §2 "boot"): MPI with MPI_THREAD_MULTIPLE, the
+/* mpi_boot.h — process start-up for dgtrain (docs/design.md §2 "boot"): MPI with MPI_THREAD_MULTIPLE, the
  * world and node-local communicators, every rank's host / node id / local rank, the hwloc topology of
  * this node (live, or an XML description of a machine that is not here), the choice of GPU for each
  * rank, CPU binding near it, the --dry-run/--topology report, and the rank-agreed failure protocol.

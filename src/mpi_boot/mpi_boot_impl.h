@@ -1,4 +1,4 @@
-/* mpi_boot_impl.h — private to src/mpi_boot: the hwloc check macro (DESIGN.md §3: one per library)
+/* mpi_boot_impl.h — private to src/mpi_boot: the hwloc check macro (docs/design.md §4: one per library)
  * and helpers shared by boot.c, topo.c and report.c. */
 #ifndef DG_MPI_BOOT_IMPL_H
 #define DG_MPI_BOOT_IMPL_H

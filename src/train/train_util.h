@@ -2,7 +2,7 @@
  * line writer with proper escaping), the learning-rate schedule, FLOPs/MFU accounting, and the
  * progress display. Library dg_train_util; the loop itself lives beside it in src/train/.
  *
- * metrics.jsonl (DESIGN.md §1): one JSON object per line, written by rank 0 only, appended to
+ * metrics.jsonl (docs/design.md §1): one JSON object per line, written by rank 0 only, appended to
  * <run.dir>/metrics.jsonl and flushed after every line. Every line starts with "event" and ends
  * with "time" (unix seconds, millisecond resolution). Numbers are written in the shortest form that
  * reads back to the same double; NaN and ±Inf, which JSON cannot express, are written as null.

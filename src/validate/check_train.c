@@ -1,11 +1,11 @@
 /* check_train.c — a short real training run over the whole allocation:
  *   train.match   the K-rank run's per-step losses against a 1-rank reference of the same global batch
  *                 (same config, seed and data; the reference accumulates K micro-batches where the
- *                 K-rank run has one per rank), within validate.train_loss_rtol (DESIGN.md §4: fp32
+ *                 K-rank run has one per rank), within validate.train_loss_rtol (docs/design.md §5: fp32
  *                 within 1e-5 relative)
  *   train.resume  the K-rank run checkpoints half-way; a second K-rank run resumes from that file and
  *                 must reproduce the first run's losses for the remaining steps within
- *                 validate.train_resume_rtol (0 = bit for bit, which DESIGN.md §3 promises)
+ *                 validate.train_resume_rtol (0 = bit for bit, which docs/design.md §4 promises)
  *
  * The reference runs inside the same job: rank 0 trains alone on a boot description whose world is a
  * duplicate of MPI_COMM_SELF (sharing rank 0's topology and GPU), while the other ranks sleep in a

@@ -1,4 +1,4 @@
-/* op_harness.h — the backend-generic op harness (DESIGN.md §4): runs every kernel of a dg_backend_t
+/* op_harness.h — the backend-generic op harness (docs/design.md §5): runs every kernel of a dg_backend_t
  * against float64 references implemented here in plain C (never against another backend's code).
  *
  * For each kernel and several shapes (odd ones included: C=72, T=13, NH=3, V=259, Vp=320, T past the

@@ -67,7 +67,7 @@ SEQ_LEN = 256
 VOCAB = 256
 
 # fp32: cuBLAS (CUBLAS_COMPUTE_32F, no TF32) and OpenBLAS sum in different orders, so the two backends
-# differ by float rounding only (the backend's 3-step check measured <= 1.5e-7 relative); DESIGN.md §4
+# differ by float rounding only (the backend's 3-step check measured <= 1.5e-7 relative); docs/design.md §5
 # asks 1e-5 over 20 steps. Weights: Adam divides by sqrt(v), which amplifies rounding differences of
 # small gradients, hence a looser absolute bound on the final weights (lr 3e-3 x 20 steps = 6e-2 would
 # be a wrong update; rounding stays orders of magnitude below 1e-3).
@@ -648,7 +648,7 @@ TORCH_BF16_STEP1_RTOL = 5e-3
 TORCH_BF16_RTOL = 2e-2
 TORCH_BF16_MEAN_RTOL = 1e-2
 TORCH_BF16_GNORM1_RTOL = 2e-2
-# fp32 on both sides (no TF32): float rounding only. DESIGN.md §4's 1e-5 for the losses (the CPU
+# fp32 on both sides (no TF32): float rounding only. docs/design.md §5's 1e-5 for the losses (the CPU
 # self-check; the first step of the GPU fp32 diagnostic case); over 50 steps of the 124M model on the GPU
 # (torch-fp32, a diagnostic that is not registered) Adam's division by sqrt(v) amplifies rounding in the
 # smallest gradients, so the later steps get 1e-4.
@@ -1090,7 +1090,7 @@ def torch_case_seed():
 
 def case_torch_cpu_selfcheck(env):
     """The comparison pipeline without a GPU: dgtrain's CPU backend (fp32) against PyTorch on the CPU
-    (fp32) on a small custom model; agreement should be float rounding (DESIGN.md §4: 1e-5). Two data
+    (fp32) on a small custom model; agreement should be float rounding (docs/design.md §5: 1e-5). Two data
     sets, both with gradient accumulation (2 micro-batches of 4): the torch case's sample arithmetic
     (TORCH_SAMPLES samples, batch TORCH_BATCH, TORCH_STEPS steps, its seed: epoch 1 starts exactly at the
     first sample of step 41, which reads the torch case's very sample ids), and an epoch boundary inside a

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""e2e.py — end-to-end checkpoint and resume tests of the real dgtrain (issue 5; DESIGN.md §4).
+"""e2e.py — end-to-end checkpoint and resume tests of the real dgtrain (issue 5; docs/design.md §5).
 
 Every case trains a small custom GPT under mpiexec and judges behaviour a user can see: the step lines
 of metrics.jsonl (loss, grad_norm, lr, tokens), the resume and checkpoint events, the files in
@@ -46,7 +46,7 @@ import time
 # model (2 layers, d_model 64, 10-20 steps) losses differ by <= 2e-8 relative and the final weights by
 # <= 4e-6 absolute. The bounds leave ~500x and ~25x headroom; a wrong data cursor or a lost optimizer
 # state moves the loss by > 1e-3 and the weights by > 1e-3 (the learning rate is 3e-3).
-LOSS_RTOL = 1e-5  # DESIGN.md §4: K ranks vs 1 rank, fp32, 20 steps
+LOSS_RTOL = 1e-5  # docs/design.md §5: K ranks vs 1 rank, fp32, 20 steps
 # train.reduce_dtype = bf16 against fp32 reductions on the same mesh (docs/fsdp.md, "Gradient reduction
 # dtype"): every reduced gradient element is rounded to bf16 (2^-9 relative) before AdamW. Measured on
 # this model over 20 steps: losses within ~3e-4 relative, grad norms ~1e-2. Reductions that did not

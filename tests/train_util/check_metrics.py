@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """check_metrics.py — run `test_train_util metrics DIR` and parse the metrics.jsonl it writes with
 Python's json module: every line must be one valid JSON object with "event" first and "time" last,
-step lines must have exactly DESIGN.md's keys in order, non-finite numbers must be null, strings must
+step lines must have exactly docs/design.md's keys in order, non-finite numbers must be null, strings must
 round-trip, and concurrent writers must never interleave within a line.
 Usage: check_metrics.py PATH/TO/test_train_util"""
 import json
