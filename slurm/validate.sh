@@ -16,12 +16,15 @@
 #
 # Defaults below are ordinary #SBATCH lines; override any of them on the sbatch command line. The job
 # asks for whole nodes (--exclusive): bandwidth and throughput measured next to another job are
-# meaningless. Two nodes are the least that measures the inter-node network; one GPU per task via GRES
+# meaningless. Two nodes are the least that measures the inter-node network, so the default asks for
+# 1-2 nodes: a fixed --nodes=2 stayed PENDING forever on a one-node cluster (Slurm accepts a job larger
+# than the partition and waits for a node that never comes). On one node the script says the inter-node
+# network is not measured; pass --nodes=2 (or more) to insist on it. One GPU per task via GRES
 # (e.g. --gpus-per-task=1) on GPU partitions — the default asks for none so that it also runs on CPU
 # partitions, where the GPU checks are skipped with a note.
 #
 #SBATCH --job-name=dgvalidate
-#SBATCH --nodes=2
+#SBATCH --nodes=1-2
 #SBATCH --ntasks-per-node=2
 #SBATCH --exclusive
 #SBATCH --time=00:30:00
@@ -169,6 +172,9 @@ mpirun)
 *) die "DGT_LAUNCHER='$LAUNCHER': expected auto, srun or mpirun" ;;
 esac
 
+if [ "${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-0}}" = 1 ]; then
+    log "note: one node allocated: the inter-node network is not measured (sbatch --nodes=2 or more to measure it)"
+fi
 log "job $SLURM_JOB_ID: validating nodes ${SLURM_JOB_NODELIST:-?} (${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-?}} node(s), $NTASKS task(s)) against '$SLA', run dir '$RUN_DIR', launcher $LAUNCHER"
 log "command: ${CMD[*]}"
 "${CMD[@]}"
