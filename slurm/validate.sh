@@ -7,7 +7,7 @@
 #
 #   SLA.ini             thresholds and node types (default: validation/sla.ini)
 #   dgvalidate options  --checks LIST, --set validate.KEY=VALUE, --set SECTION.KEY=VALUE, --run-dir DIR
-#                       (default run dir: runs/validate-<job id>)
+#                       (default run dir: runs/validate-<job id>; --set run.dir=DIR = --run-dir DIR)
 #
 # Examples (from the repository root, after building):
 #   sbatch --nodes=4 --ntasks-per-node=8 --gpus-per-task=1 slurm/validate.sh
@@ -61,7 +61,14 @@ PASS=() # options handed to dgvalidate unchanged (it checks them itself)
 while [ $# -gt 0 ]; do
     case "$1" in
     --check) CHECK_ONLY=1 ;;
-    --checks | --set)
+    --set)
+        [ $# -ge 2 ] || die "$1 needs an argument ($USAGE)"
+        # --set run.dir=DIR is --run-dir DIR (as in dgvalidate itself)
+        case "$2" in run.dir=*) RUN_DIR=${2#run.dir=} ;; *) PASS+=("$1" "$2") ;; esac
+        shift
+        ;;
+    --set=run.dir=*) RUN_DIR=${1#--set=run.dir=} ;;
+    --checks)
         [ $# -ge 2 ] || die "$1 needs an argument ($USAGE)"
         PASS+=("$1" "$2")
         shift
