@@ -30,7 +30,8 @@
 #
 # Environment (all optional):
 #   DGTRAIN_BIN        the dgtrain binary (default: $DGT_BUILD_DIR/src/cli/dgtrain, then
-#                      $SLURM_SUBMIT_DIR/build/src/cli/dgtrain, then dgtrain on PATH)
+#                      $SLURM_SUBMIT_DIR/build/src/cli/dgtrain, then build/src/cli/dgtrain of this
+#                      script's checkout (slurm/..), then ./build/src/cli/dgtrain, then dgtrain on PATH)
 #   DGT_MAX_RESTARTS   how many times the job may requeue itself (default 10)
 #   DGT_LAUNCHER       auto (srun --mpi=pmix when Slurm has PMIx, else mpirun) | srun | mpirun
 #   DGT_SRUN_ARGS      extra srun arguments (split on whitespace)
@@ -99,8 +100,12 @@ find_dgtrain() {
         echo "$DGTRAIN_BIN"
         return
     fi
-    local c
-    for c in "${DGT_BUILD_DIR:+$DGT_BUILD_DIR/src/cli/dgtrain}" "${SLURM_SUBMIT_DIR:+$SLURM_SUBMIT_DIR/build/src/cli/dgtrain}"; do
+    local c here
+    # this script's own checkout (slurm/..): right for --check and direct runs; in a batch job Slurm
+    # runs a spooled copy, hence SLURM_SUBMIT_DIR first, then the current directory
+    here=$(cd "$(dirname "$0")/.." 2>/dev/null && pwd)
+    for c in "${DGT_BUILD_DIR:+$DGT_BUILD_DIR/src/cli/dgtrain}" "${SLURM_SUBMIT_DIR:+$SLURM_SUBMIT_DIR/build/src/cli/dgtrain}" \
+        "${here:+$here/build/src/cli/dgtrain}" "$PWD/build/src/cli/dgtrain"; do
         [ -n "$c" ] && [ -x "$c" ] && {
             echo "$c"
             return
@@ -110,7 +115,7 @@ find_dgtrain() {
         echo "$c"
         return
     }
-    die "cannot find dgtrain: set DGTRAIN_BIN=/path/to/dgtrain, or build it (build/src/cli/dgtrain) and submit from the repository root"
+    die "cannot find dgtrain: tried \$DGT_BUILD_DIR, \$SLURM_SUBMIT_DIR, ${here:-slurm/..} and $PWD (each + /build/src/cli/dgtrain) and PATH; set DGTRAIN_BIN=/path/to/dgtrain or build it"
 }
 DGTRAIN=$(find_dgtrain) || exit 1
 

@@ -7,7 +7,7 @@
 #
 #   SLA.ini             thresholds and node types (default: validation/sla.ini)
 #   dgvalidate options  --checks LIST, --set validate.KEY=VALUE, --set SECTION.KEY=VALUE, --run-dir DIR
-#                       (default run dir: runs/validate-<job id>)
+#                       (default run dir: runs/validate-<job id>; --set run.dir=DIR = --run-dir DIR)
 #
 # Examples (from the repository root, after building):
 #   sbatch --nodes=4 --ntasks-per-node=8 --gpus-per-task=1 slurm/validate.sh
@@ -16,12 +16,15 @@
 #
 # Defaults below are ordinary #SBATCH lines; override any of them on the sbatch command line. The job
 # asks for whole nodes (--exclusive): bandwidth and throughput measured next to another job are
-# meaningless. Two nodes are the least that measures the inter-node network; one GPU per task via GRES
+# meaningless. Two nodes are the least that measures the inter-node network, so the default asks for
+# 1-2 nodes: a fixed --nodes=2 stayed PENDING forever on a one-node cluster (Slurm accepts a job larger
+# than the partition and waits for a node that never comes). On one node the script says the inter-node
+# network is not measured; pass --nodes=2 (or more) to insist on it. One GPU per task via GRES
 # (e.g. --gpus-per-task=1) on GPU partitions — the default asks for none so that it also runs on CPU
 # partitions, where the GPU checks are skipped with a note.
 #
 #SBATCH --job-name=dgvalidate
-#SBATCH --nodes=2
+#SBATCH --nodes=1-2
 #SBATCH --ntasks-per-node=2
 #SBATCH --exclusive
 #SBATCH --time=00:30:00
@@ -58,7 +61,14 @@ PASS=() # options handed to dgvalidate unchanged (it checks them itself)
 while [ $# -gt 0 ]; do
     case "$1" in
     --check) CHECK_ONLY=1 ;;
-    --checks | --set)
+    --set)
+        [ $# -ge 2 ] || die "$1 needs an argument ($USAGE)"
+        # --set run.dir=DIR is --run-dir DIR (as in dgvalidate itself)
+        case "$2" in run.dir=*) RUN_DIR=${2#run.dir=} ;; *) PASS+=("$1" "$2") ;; esac
+        shift
+        ;;
+    --set=run.dir=*) RUN_DIR=${1#--set=run.dir=} ;;
+    --checks)
         [ $# -ge 2 ] || die "$1 needs an argument ($USAGE)"
         PASS+=("$1" "$2")
         shift
@@ -169,6 +179,9 @@ mpirun)
 *) die "DGT_LAUNCHER='$LAUNCHER': expected auto, srun or mpirun" ;;
 esac
 
+if [ "${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-0}}" = 1 ]; then
+    log "note: one node allocated: the inter-node network is not measured (sbatch --nodes=2 or more to measure it)"
+fi
 log "job $SLURM_JOB_ID: validating nodes ${SLURM_JOB_NODELIST:-?} (${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-?}} node(s), $NTASKS task(s)) against '$SLA', run dir '$RUN_DIR', launcher $LAUNCHER"
 log "command: ${CMD[*]}"
 "${CMD[@]}"

@@ -288,6 +288,15 @@ static dg_status_t open_data(trainer_t *tr) {
     }
     DG_TRY(check_data_fits(c, tr->global_batch, tr->desc.seq_len, dg_dataset_n_samples(tr->train_ds),
                            tr->val_ds ? dg_dataset_n_samples(tr->val_ds) : -1, &tr->val_batches));
+    if (!val_glob[0] && c->data.val_every > 0) {
+        /* data.train without data.val: no held-out data, so say so loudly instead of skipping silently */
+        if (tr->rank == 0)
+            DG_LOG_WARN("no validation: data.train is set but data.val is empty, so no val_loss is reported; "
+                        "set data.val to a glob of held-out shards (dgprep writes them) or data.val_every = 0 "
+                        "to silence this");
+        DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "no_validation"),
+                         DG_JS("detail", "data.val is empty; set data.val to held-out shards"));
+    }
     if (tr->val_batches < c->data.val_batches && tr->rank == 0)
         DG_LOG_WARN(
             "data.val_batches = %lld x train.global_batch = %lld needs %lld validation samples but the "

@@ -29,7 +29,8 @@ static void usage(FILE *out) {
         "Thresholds come from the SLA file (docs/validation.md).\n"
         "\n"
         "options:\n"
-        "  --run-dir DIR           where the reports go (default runs/validate-<UTC time>)\n"
+        "  --run-dir DIR           where the reports go (default runs/validate-<UTC time>);\n"
+        "                          --set run.dir=DIR means the same\n"
         "  --checks LIST           comma-separated check names or prefixes (e.g. topology,comm.mpi,\n"
         "                          compute.cpu_gemm.stragglers); default: the SLA's validate.checks\n"
         "  --set validate.KEY=VAL  override a [validate] setting of the SLA file (repeatable)\n"
@@ -59,6 +60,8 @@ typedef struct {
     int help, version, list, check;
     char err[512];
 } cli_t;
+
+static int run_dir_from_sets(cli_t *c);
 
 static int parse(int argc, char **argv, cli_t *c) {
     memset(c, 0, sizeof *c);
@@ -105,6 +108,24 @@ static int parse(int argc, char **argv, cli_t *c) {
         }
     if (!c->o.sla_path) c->o.sla_path = DEFAULT_SLA;
     c->o.sets = c->sets;
+    return run_dir_from_sets(c);
+}
+
+/* --set run.dir=DIR means what --run-dir DIR means (the reports go to DIR): the last one given wins
+ * among the --set's; with --run-dir as well, both must name the same directory. */
+static int run_dir_from_sets(cli_t *c) {
+    const char *set_dir = NULL;
+    for (int i = 0; i < c->o.nsets; i++)
+        if (strncmp(c->sets[i], "run.dir=", 8) == 0) set_dir = c->sets[i] + 8;
+    if (!set_dir) return 0;
+    if (c->o.run_dir && strcmp(c->o.run_dir, set_dir) != 0) {
+        snprintf(c->err, sizeof c->err,
+                 "--run-dir '%.200s' and --set run.dir='%.200s' name different run directories; give one",
+                 c->o.run_dir, set_dir);
+        return -1;
+    }
+    c->o.run_dir = set_dir;
+    return 0;
     return 0;
 }
 

@@ -827,6 +827,30 @@ def case_sigkill(env):
           "left" % (trials, in_save_hits, [st.get("start_step") for _, st in launches[1:]]))
 
 
+def case_no_val(env):
+    """issue 22.6: data.train without data.val used to skip validation silently; it must say so loudly
+    (a warning on the console and a health event no_validation in metrics.jsonl), and with data.val set
+    the same run reports val events and no such health event."""
+    train, val = env.d("nv_train_000000.bin"), env.d("nv_val_000000.bin")
+    write_small_shard(train, 50)
+    write_small_shard(val, 30)
+    sets = ["data.train=" + train, "data.val_every=2", "train.steps=4"]
+    run = env.train(1, "noval", sets)
+    nv = [e for e in events(run, "health") if e.get("kind") == "no_validation"]
+    check(len(nv) == 1, "data.train only: expected one health event no_validation, got %d" % len(nv))
+    check(not events(run, "val"), "data.train only: val events although no validation data was given")
+    with open(run + ".out", errors="replace") as f:
+        out = f.read()
+    check("no validation" in out and "data.val" in out,
+          "data.train only: no 'no validation ... data.val' warning on the console: %s" % tail(run + ".out"))
+    run2 = env.train(1, "withval", sets + ["data.val=" + val])
+    check(events(run2, "val"), "data.train + data.val: no val events in metrics.jsonl")
+    check(not [e for e in events(run2, "health") if e.get("kind") == "no_validation"],
+          "data.train + data.val: a no_validation health event although data.val is set")
+    print("PASS no_val: data.train only warns and logs health/no_validation; with data.val, %d val events"
+          % len(events(run2, "val")))
+
+
 def main():
     if len(sys.argv) < 5:
         print(__doc__, file=sys.stderr)
@@ -863,6 +887,8 @@ def main():
             case_commit_kill(env)
         elif name == "spike_resume":
             case_spike_resume(env)
+        elif name == "no_val":
+            case_no_val(env)
         else:
             print("e2e.py: unknown case '%s'" % case, file=sys.stderr)
             return 2

@@ -135,6 +135,24 @@ readonly)
     done
     "${CHECK[@]}" "$WORK/run" --ranks 2 --nodes 1 --exit 4 --expect 'storage.*=FAIL' --message "storage.*=$DIR" || FAILED=1
     ;;
+setrundir)
+    # --set run.dir=DIR is --run-dir DIR: the reports go to DIR, nothing to runs/validate-<time> (issue 22.6)
+    run 2 "" "$SLA" --checks topology --set run.dir="$WORK/sr"
+    expect_rc 0
+    [ -f "$WORK/sr/validation.json" ] && [ -f "$WORK/sr/validation-junit.xml" ] ||
+        fail "--set run.dir=$WORK/sr: no validation.json / validation-junit.xml there"
+    [ -e "$WORK/runs" ] && fail "--set run.dir was ignored: reports under $WORK/runs: $(ls "$WORK/runs")"
+    has_line "^reports: $WORK/sr/validation.json" "reports line naming the --set run.dir"
+    [ "$FAILED" = 0 ] || show
+    run 0 "" "$SLA" --checks topology --run-dir "$WORK/a" --set run.dir="$WORK/b"
+    expect_rc 1
+    printf '%s\n' "$ERR" | grep -q "dgvalidate: error: --run-dir '$WORK/a' and --set run.dir='$WORK/b' name different run directories" ||
+        { fail "conflicting --run-dir and --set run.dir: no one-line error"; show; }
+    [ -e "$WORK/a" ] || [ -e "$WORK/b" ] && fail "conflicting run dirs: something was written"
+    run 0 "" "$SLA" --checks topology --run-dir "$WORK/same" --set run.dir="$WORK/same"
+    expect_rc 0
+    [ -f "$WORK/same/validation.json" ] || fail "--run-dir D --set run.dir=D: no report in D"
+    ;;
 badinput)
     bad() { # bad NP EXPECTED-SUBSTRING ARGS...
         local np=$1 want=$2
