@@ -14,8 +14,8 @@
 /* Keep README.md "Environment variables" in sync: the ctest env_registry_check compares them. */
 static const dg_env_var_t g_vars[] = {
     /* ---- user and site switches ---- */
-    {"DG_BOOT_RANKS_PER_NODE", DG_ENV_INT, "", U,
-     "ranks per node group (consecutive ranks) instead of the MPI shared-memory split; >=1"},
+    {"DG_BOOT_RANKS_PER_NODE", DG_ENV_INT, "0", U,
+     "ranks per node group (consecutive ranks); 0: the MPI shared-memory split"},
     {"DG_GPT2_TIKTOKEN", DG_ENV_PATH, "", U, "GPT-2 ranks file, overrides the installed gpt2.tiktoken"},
     {"DG_DEFAULT_TEXT_DIR", DG_ENV_PATH, "", U,
      "source directory of the built-in default text corpus (default: the installed one)"},

@@ -33,8 +33,8 @@ void dg_boot_json_string(FILE *out, const char *s) {
 }
 
 static int env_ranks_per_node(int64_t *raw) {
-    *raw = dg_env_int("DG_BOOT_RANKS_PER_NODE"); /* 0 when unset */
-    return (*raw < 0 || *raw > INT_MAX || (*raw == 0 && dg_env_str("DG_BOOT_RANKS_PER_NODE"))) ? -1 : (int)*raw;
+    *raw = dg_env_int("DG_BOOT_RANKS_PER_NODE"); /* 0 (default): the MPI shared-memory split */
+    return (*raw < 0 || *raw > INT_MAX) ? -1 : (int)*raw;
 }
 
 static dg_status_t init_comms(dg_boot_t *b) {
