@@ -11,7 +11,8 @@
 #   DG_SOAK_BUDGET_S=600 scripts/test.sh  the time budget of the soak tests (default 300 s)
 #
 # The phases (docs/reliability.md, "The test suite itself", gives the measured times):
-#   release        build (build/), then ctest -LE 'bench|soak'
+#   release        build (build/), then ctest -LE 'bench|soak'. Both builds use -DDGT_TEST_HOOKS=ON: the
+#                  fault tests need the DG_TEST_* hooks (README.md, "Environment variables")
 #   release soak   ctest -L soak: the long runs with random kills of real processes, once, under a
 #                  budget: ctest --stop-time ends (and fails) any still running DG_SOAK_BUDGET_S seconds
 #                  after the phase starts
