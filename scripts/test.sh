@@ -11,7 +11,8 @@
 #   DG_SOAK_BUDGET_S=600 scripts/test.sh  the time budget of the soak tests (default 300 s)
 #
 # The phases (docs/reliability.md, "The test suite itself", gives the measured times):
-#   release        build (build/), then ctest -LE 'bench|soak'
+#   release        build (build/), then ctest -LE 'bench|soak'. Both builds use -DDGT_TEST_HOOKS=ON: the
+#                  fault tests need the DG_TEST_* hooks (README.md, "Environment variables")
 #   release soak   ctest -L soak: the long runs with random kills of real processes, once, under a
 #                  budget: ctest --stop-time ends (and fails) any still running DG_SOAK_BUDGET_S seconds
 #                  after the phase starts
@@ -94,7 +95,7 @@ run_ctest() { # name builddir ctest-args...
     [ "$rc" -eq 0 ] || status=1
 }
 
-if build "release" build -DDGT_CUDA=AUTO; then
+if build "release" build -DDGT_CUDA=AUTO -DDGT_TEST_HOOKS=ON; then
     run_ctest "release" build -LE 'bench|soak'
     # a time of day (ctest takes one past midnight as tomorrow's)
     run_ctest "release soak" build -L soak --stop-time "$(date -d "@$(($(date +%s) + soak_budget))" +%H:%M:%S)"
@@ -107,7 +108,7 @@ if [ "${DG_SKIP_ASAN:-0}" != 1 ]; then
     export ASAN_OPTIONS="fast_unwind_on_malloc=0:detect_leaks=1:check_initialization_order=1:intercept_tls_get_addr=0"
     export LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-    if build "asan+ubsan" build-asan -DDGT_CUDA=OFF -DDGT_SANITIZE=ON; then
+    if build "asan+ubsan" build-asan -DDGT_CUDA=OFF -DDGT_SANITIZE=ON -DDGT_TEST_HOOKS=ON; then
         run_ctest "asan+ubsan" build-asan -LE 'bench|soak|nosan'
     fi
     unset ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS

@@ -31,7 +31,7 @@
  * HDF5's per-chunk buffers are reused instead of faulted in afresh; DG_CKPT_NO_MALLOPT=1 opts out.
  * Environment: DG_CKPT_MPIIO_HINTS="key=value,..." adds MPI-IO hints; DG_CKPT_THREADS=N sets the
  * worker threads per rank when opts.threads is 0; DG_CKPT_SPACE_CHECK=0 skips the free-space check
- * before a save; DG_CKPT_TEST_FAIL, _KILL, _STALL and _THROTTLE_MS are test hooks (docs/checkpoints.md).
+ * before a save; DG_TEST_CKPT_FAIL, _KILL, _STALL and _THROTTLE_MS are test hooks (docs/checkpoints.md).
  */
 #ifndef DG_CHECKPOINT_H
 #define DG_CHECKPOINT_H

@@ -247,14 +247,14 @@ dg_status_t ckpt_load_locked(MPI_Comm comm, const char *path, dg_ckpt_meta_t *me
 dg_status_t ckpt_verify_locked(const char *path, FILE *report, int *n_bad, int rank, int nranks);
 dg_status_t ckpt_info_read_locked(const char *path, dg_ckpt_info_t *info);
 
-/* Test hook (documented in docs/checkpoints.md): DG_CKPT_TEST_FAIL="<phase>[@rank]" makes that rank
+/* Test hook (documented in docs/checkpoints.md): DG_TEST_CKPT_FAIL="<phase>[@rank]" makes that rank
  * fail at `phase` (create, write, close, commit). Returns DG_ERR_RUNTIME with a message when it fires. */
 dg_status_t ckpt_test_fail(const char *phase, int rank);
-/* Test hook: DG_CKPT_TEST_STALL="<phase>[@rank][:N]" makes that rank hang forever the N-th time (default:
+/* Test hook: DG_TEST_CKPT_STALL="<phase>[@rank][:N]" makes that rank hang forever the N-th time (default:
  * the first) it reaches `phase` (write: after a tensor; close: after H5Fclose) (as a rank
  * stuck in a collective would: its other threads, e.g. the health monitor's, keep running). */
 void ckpt_test_stall(const char *phase, int rank);
-/* Test hook: DG_CKPT_TEST_THROTTLE_MS="<ms>[@rank]" (every rank when @rank is left out): that rank
+/* Test hook: DG_TEST_CKPT_THROTTLE_MS="<ms>[@rank]" (every rank when @rank is left out): that rank
  * sleeps `ms` before each write of a save (a chunk, an MPI-IO call): a slow file system that keeps
  * writing. 0 when not set for this rank. */
 int ckpt_test_throttle_ms(int rank);

@@ -13,6 +13,7 @@
 #include "ckpt_state.h"
 #include "config.h"
 #include "data.h"
+#include "dg_env.h"
 
 enum { EX_OK = 0, EX_BAD = 1, EX_ERR = 2 };
 
@@ -429,6 +430,10 @@ static int cmd_resolve(int *argc, char ***argv, const char *what, int full) {
 
 int main(int argc, char **argv) {
     dg_log_set_level(DG_LOG_WARN);
+    if (dg_env_check(stderr) != DG_OK) {
+        fprintf(stderr, "dgckpt: error: %s\n", dg_last_error());
+        return EX_BAD;
+    }
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? EX_ERR : EX_OK;

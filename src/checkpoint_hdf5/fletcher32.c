@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "ckpt_impl.h"
+#include "dg_env.h"
 
 #define BLOCK 360
 
@@ -140,8 +141,7 @@ static int self_test(void) {
     if (__builtin_cpu_supports("avx2")) g_block = block_sums_avx2;
 #endif
     if (!g_lib) return 1; /* HDF5 not loaded after us: nothing calls this through the library */
-    const char *e = getenv("DG_CKPT_HDF5_FLETCHER32"); /* 1: HDF5's own (for comparisons) */
-    if (e && strcmp(e, "1") == 0) return 2;
+    if (dg_env_bool("DG_CKPT_HDF5_FLETCHER32")) return 2; /* 1: HDF5's own (for comparisons) */
     static uint8_t buf[4 * BLOCK * 2 + 7];
     uint64_t x = 0x9e3779b97f4a7c15ULL;
     for (size_t i = 0; i < sizeof buf; i++) {

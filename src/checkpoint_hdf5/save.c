@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "dg_mpi.h"
+#include "dg_env.h"
 
 /* Objects of 64 KiB or more (in practice: chunks) start on 64 KiB boundaries: aligned for the page cache
  * and for stripes that are multiples of it, while wasting at most 1.6% of a 4 MiB chunk (a Fletcher32
@@ -1033,8 +1034,7 @@ static int64_t free_bytes(const char *dir) {
 
 /* Rank 0, before anything is written: refuse a save that cannot fit. */
 static dg_status_t space_check_rank0(save_ctx_t *c) {
-    const char *ev = getenv("DG_CKPT_SPACE_CHECK");
-    if (ev && ev[0] == '0') return DG_OK;
+    if (!dg_env_bool("DG_CKPT_SPACE_CHECK")) return DG_OK;
     int64_t avail = free_bytes(c->dir);
     if (avail < 0 || avail >= c->needed) return DG_OK;
     c->io.nospace = 1;
@@ -1230,10 +1230,8 @@ static dg_status_t save_attempt(MPI_Comm comm, const char *dir, const dg_ckpt_me
     c.fid = c.dxpl = c.lcpl = -1;
     c.wfd = -1;
     {
-        const char *ev = getenv("DG_CKPT_DIRECT_CHUNKS");
-        c.direct = !(ev && ev[0] == '0');
-        ev = getenv("DG_CKPT_SKIP_FILL");
-        c.skip_fill = allow_skip_fill && !(ev && ev[0] == '0');
+        c.direct = dg_env_bool("DG_CKPT_DIRECT_CHUNKS");
+        c.skip_fill = allow_skip_fill && dg_env_bool("DG_CKPT_SKIP_FILL");
     }
     DG_MPI_CHECK(MPI_Comm_rank(comm, &c.rank));
     DG_MPI_CHECK(MPI_Comm_size(comm, &c.size));

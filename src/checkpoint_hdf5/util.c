@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "dg_mpi.h"
+#include "dg_env.h"
 
 /* ---------------- HDF5 errors ---------------- */
 
@@ -88,7 +89,7 @@ static void h5_init_once(void) {
      * pays page faults and zeroing of fresh memory: measured at a third of the write time of a
      * gpt2-124m save. Serving them from a heap that keeps up to 512 MiB of freed memory removes that
      * (allocations of 32 MiB and more still use mmap). Process-wide; DG_CKPT_NO_MALLOPT=1 opts out. */
-    if (!getenv("DG_CKPT_NO_MALLOPT")) {
+    if (!dg_env_bool("DG_CKPT_NO_MALLOPT")) {
         mallopt(M_MMAP_THRESHOLD, 32 << 20);
         mallopt(M_TRIM_THRESHOLD, 512 << 20);
     }
@@ -211,8 +212,8 @@ int ckpt_threads(MPI_Comm comm, int requested) {
         MPI_Comm_free(&node);
     }
     int n = requested;
-    const char *ev = getenv("DG_CKPT_THREADS");
-    if (n <= 0 && ev && *ev) n = atoi(ev);
+    int64_t ev = dg_env_int("DG_CKPT_THREADS");
+    if (n <= 0 && ev > 0 && ev <= 4096) n = (int)ev;
     if (n <= 0) {
         long online = sysconf(_SC_NPROCESSORS_ONLN);
         int mine = (int)online;
@@ -282,7 +283,7 @@ hid_t ckpt_fapl(MPI_Comm comm, int64_t align) {
         /* Site tuning without a rebuild: DG_CKPT_MPIIO_HINTS="key=value,..." become MPI-IO hints (e.g.
          * romio_cb_write=disable, striping_factor=8 on Lustre). Unknown hints are ignored by MPI. */
         MPI_Info info = MPI_INFO_NULL;
-        const char *ev = getenv("DG_CKPT_MPIIO_HINTS");
+        const char *ev = dg_env_str("DG_CKPT_MPIIO_HINTS");
         if (ev && *ev) {
             MPI_Info_create(&info);
             char buf[512];
@@ -688,7 +689,7 @@ static int test_hook_hits(const char *v, const char *phase, int rank) {
 }
 
 void ckpt_test_stall(const char *phase, int rank) {
-    const char *v = getenv("DG_CKPT_TEST_STALL");
+    const char *v = dg_env_str("DG_TEST_CKPT_STALL");
     if (!v || !*v) return;
     /* "<phase>[@rank][:N]": the N-th time (default 1) this process reaches the phase */
     char spec[96];
@@ -699,14 +700,14 @@ void ckpt_test_stall(const char *phase, int rank) {
     if (!test_hook_hits(spec, phase, rank)) return;
     static atomic_long hits;
     if (atomic_fetch_add(&hits, 1) + 1 != nth) return;
-    DG_LOG_WARN("test hook DG_CKPT_TEST_STALL=%s: rank %d hangs at checkpoint phase '%s' forever", v, rank,
+    DG_LOG_WARN("test hook DG_TEST_CKPT_STALL=%s: rank %d hangs at checkpoint phase '%s' forever", v, rank,
                 phase);
     for (;;)
         sleep(1);
 }
 
 int ckpt_test_throttle_ms(int rank) {
-    const char *v = getenv("DG_CKPT_TEST_THROTTLE_MS");
+    const char *v = dg_env_str("DG_TEST_CKPT_THROTTLE_MS");
     if (!v || !*v) return 0;
     const char *at = strchr(v, '@');
     if (at && atoi(at + 1) != rank) return 0;
@@ -715,12 +716,12 @@ int ckpt_test_throttle_ms(int rank) {
 }
 
 dg_status_t ckpt_test_fail(const char *phase, int rank) {
-    if (test_hook_hits(getenv("DG_CKPT_TEST_KILL"), phase, rank)) {
-        fprintf(stderr, "DG_CKPT_TEST_KILL: rank %d kills itself at checkpoint phase '%s'\n", rank, phase);
+    if (test_hook_hits(dg_env_str("DG_TEST_CKPT_KILL"), phase, rank)) {
+        fprintf(stderr, "DG_TEST_CKPT_KILL: rank %d kills itself at checkpoint phase '%s'\n", rank, phase);
         fflush(stderr);
         raise(SIGKILL);
     }
-    const char *v = getenv("DG_CKPT_TEST_FAIL");
+    const char *v = dg_env_str("DG_TEST_CKPT_FAIL");
     if (!test_hook_hits(v, phase, rank)) return DG_OK;
-    return DG_ERR(DG_ERR_RUNTIME, "injected failure at phase '%s' (DG_CKPT_TEST_FAIL=%s)", phase, v);
+    return DG_ERR(DG_ERR_RUNTIME, "injected failure at phase '%s' (DG_TEST_CKPT_FAIL=%s)", phase, v);
 }

@@ -12,6 +12,7 @@
 
 #include "cli_hooks.h"
 #include "config.h"
+#include "dg_env.h"
 #include "dg_fs.h"
 #include "mpi_boot.h"
 
@@ -23,13 +24,13 @@ typedef struct {
     const char *config;
     int nsets;
     const char **sets;
-    int help, version, print_config, dry_run, topology, json, plan_only;
+    int help, version, print_config, print_env, dry_run, topology, json, plan_only;
     const char *export_topology;
 } cli_opts_t;
 
-static const char *const k_options[] = {"--set",          "--help",      "--version",
-                                        "--print-config", "--dry-run",   "--topology",
-                                        "--json",         "--plan-only", "--export-topology"};
+static const char *const k_options[] = {"--set",          "--help",      "--version",         "--print-config",
+                                        "--print-env",    "--dry-run",   "--topology",        "--json",
+                                        "--plan-only",    "--export-topology"};
 
 static void usage(FILE *out) {
     fprintf(
@@ -46,13 +47,17 @@ static void usage(FILE *out) {
         "                          (default, FILE:LINE or --set), and exit\n"
         "  --dry-run               boot, topology, binding and config hash (later: plan, memory); no "
         "training\n"
+        "  --print-env             list every DG_* environment switch: name, type, default, current\n"
+        "                          value (or unset), doc; test hooks of a build without them show\n"
+        "                          'not compiled in' (no MPI; with --json one JSON document)\n"
         "  --topology              the rank table and each node's sockets, cores, NUMA nodes, GPUs and NICs\n"
         "  --plan-only             print the parallel plan and graph schedule per rank and exit\n"
         "  --export-topology FILE  write this node's hwloc topology as XML (one file per node:\n"
         "                          FILE, or FILE.<node id> when there are several nodes)\n"
         "options:\n"
         "  --set section.key=value override one key (repeatable; also --set=section.key=value)\n"
-        "  --json                  with --dry-run, --topology or --plan-only: one JSON document on stdout\n"
+        "  --json                  with --print-env, --dry-run, --topology or --plan-only: one JSON\n"
+        "                          document on stdout\n"
         "  --help, --version\n"
         "\n"
         "exit codes: 0 finished; 1 usage or config error; 2 runtime failure; 3 aborted because a peer\n"
@@ -133,6 +138,8 @@ static dg_status_t parse_args(int argc, char **argv, cli_opts_t *o) {
             o->version = 1;
         } else if (strcmp(a, "--print-config") == 0) {
             o->print_config = 1;
+        } else if (strcmp(a, "--print-env") == 0) {
+            o->print_env = 1;
         } else if (strcmp(a, "--dry-run") == 0) {
             o->dry_run = 1;
         } else if (strcmp(a, "--topology") == 0) {
@@ -152,11 +159,12 @@ static dg_status_t parse_args(int argc, char **argv, cli_opts_t *o) {
             return unknown_option(a);
         }
     }
-    int actions = o->print_config + o->dry_run + o->topology + o->plan_only;
+    int actions = o->print_config + o->print_env + o->dry_run + o->topology + o->plan_only;
     if (actions > 1)
-        return DG_ERR(DG_ERR_USAGE, "choose one of --print-config, --dry-run, --topology and --plan-only");
-    if (o->json && !(o->dry_run || o->topology || o->plan_only))
-        return DG_ERR(DG_ERR_USAGE, "--json goes with --dry-run, --topology or --plan-only");
+        return DG_ERR(DG_ERR_USAGE,
+                      "choose one of --print-config, --print-env, --dry-run, --topology and --plan-only");
+    if (o->json && !(o->print_env || o->dry_run || o->topology || o->plan_only))
+        return DG_ERR(DG_ERR_USAGE, "--json goes with --print-env, --dry-run, --topology or --plan-only");
     return DG_OK;
 }
 
@@ -252,6 +260,24 @@ int main(int argc, char **argv) {
         }
         free(o.sets);
         return 0;
+    }
+
+    if (ps == DG_OK && o.print_env) { /* no MPI, like --help: rank 0 lists, malformed values included */
+        if (launcher_rank() == 0) {
+            dg_env_print(stdout, o.json);
+            fflush(stdout);
+        }
+        dg_status_t es = dg_env_check(NULL);
+        if (es != DG_OK && launcher_rank() == 0) fprintf(stderr, "dgtrain: error: %s\n", dg_last_error());
+        free(o.sets);
+        return es;
+    }
+    /* before MPI: the boot reads switches too. Every rank with a malformed value says so (exit 1). */
+    dg_status_t es = dg_env_check(launcher_rank() == 0 ? stderr : NULL);
+    if (es != DG_OK) {
+        fprintf(stderr, "dgtrain: error on rank %d: %s\n", launcher_rank(), dg_last_error());
+        free(o.sets);
+        return es;
     }
 
     dg_boot_t *b = NULL;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "dg_env.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* names and small helpers                                                                         */
@@ -252,9 +253,8 @@ static void probe_arrivals(dg_comm_t *c, const dg_comm_op_t *stuck, double waite
     double *in_op = dg_xcalloc((size_t)n, sizeof *in_op);
     /* test hook: the delay between a deadline and the answers (the responders poll every 5 ms; with a
      * timeout of milliseconds a peer may arrive in between), made long enough to test */
-    const char *dly = getenv("DG_COMM_TEST_PROBE_DELAY_S");
-    if (dly && atof(dly) > 0) {
-        double d = atof(dly);
+    double d = dg_env_double("DG_TEST_COMM_PROBE_DELAY_S");
+    if (d > 0) {
         struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
         nanosleep(&ts, NULL);
         waited_s += d;

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "dg_env.h"
 
 enum { MODE_LOCAL = 0, MODE_THREAD = 1, MODE_NB = 2 };
 static const char *k_mode_names[] = {"local", "thread", "nonblocking"};
@@ -865,8 +866,8 @@ static dg_status_t mpi_create_inner(cm_t *m, MPI_Comm group, const dg_comm_opts_
         DG_MPI_CHECK(MPI_Comm_dup(group, &m->ring));
         DG_MPI_CHECK(MPI_Comm_set_errhandler(m->ring, MPI_ERRORS_RETURN));
         m->ring_seg_bytes = (size_t)512 << 10;
-        const char *e = getenv("DG_COMM_RING_SEG_KB"); /* tuning knob for benchmarks */
-        if (e && atol(e) > 0) m->ring_seg_bytes = (size_t)atol(e) << 10;
+        int64_t kb = dg_env_int("DG_COMM_RING_SEG_KB"); /* tuning knob for benchmarks */
+        if (kb > 0 && kb <= (1 << 20)) m->ring_seg_bytes = (size_t)kb << 10;
     }
     if (m->mode == MODE_THREAD) {
         m->watch_period_s = o->timeout_s / 4 < 1.0 ? o->timeout_s / 4 : 1.0;

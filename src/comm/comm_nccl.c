@@ -46,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "dg_env.h"
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
 #error "dgtrain's nccl comm backend needs NCCL >= 2.18 (ncclCommSplit, non-blocking communicators)"
@@ -165,8 +166,7 @@ static void *mk_main(void *arg) {
  * ncclInProgress and is settled by polling. Kept as a diagnostic: it costs the ~60 us per enqueue
  * described above, but is the mode of dgtrain before 2026-11-29 (docs/cuda.md). */
 static int nonblocking_mode(void) {
-    const char *e = getenv("DG_NCCL_NONBLOCKING");
-    return e && e[0] == '1';
+    return dg_env_bool("DG_NCCL_NONBLOCKING");
 }
 
 /* A creating call of `kind` for a comm named `name` on `device`. */

@@ -60,7 +60,7 @@ typedef struct dg_fs_lock dg_fs_lock_t;
  * when the holder is an earlier run of this same Slurm job (same SLURM_JOB_ID, another
  * SLURM_RESTART_COUNT: Slurm ended it before requeueing, only a lost node's lock may outlive it until
  * the file server's lease expires), it waits up to same_job_wait_s for the lock first.
- * Test hook: DG_FS_TEST_NO_LOCKS=1 makes fcntl act as on a file system without locks (ENOLCK).
+ * Test hook: DG_TEST_FS_NO_LOCKS=1 makes fcntl act as on a file system without locks (ENOLCK).
  * run_dir must exist. *out is NULL for "none". */
 dg_status_t dg_fs_lock_rundir(const char *run_dir, const char *mode, double same_job_wait_s,
                               dg_fs_lock_t **out);

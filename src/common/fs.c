@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include "dg_env.h"
 
 mode_t dg_fs_secure_umask(void) {
     mode_t old = umask(0);
@@ -324,8 +325,7 @@ static int try_lock(int fd) {
     while ((rc = fcntl(fd, F_SETLK, &fl)) != 0 && errno == EINTR) {
     }
     /* test hook: a file system without locks (the fallback), without needing one */
-    const char *t = getenv("DG_FS_TEST_NO_LOCKS");
-    if (rc == 0 && t && *t == '1') {
+    if (rc == 0 && dg_env_bool("DG_TEST_FS_NO_LOCKS")) {
         fl.l_type = F_UNLCK;
         fcntl(fd, F_SETLK, &fl);
         errno = ENOLCK;

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include "dg_env.h"
 
 #define DEFAULT_NAME "default"
 #define DEFAULT_VAL_FRACTION 0.1
@@ -154,7 +155,7 @@ static dg_status_t build_locked(const char *dir, const char *src, const char *ke
 dg_status_t dg_data_default_paths(const char *dir, char *train_glob, char *val_glob, size_t cap) {
     if (!dir || !*dir) return DG_ERR(DG_ERR_USAGE, "default data: no directory given");
     if (strlen(dir) > 2000) return DG_ERR(DG_ERR_USAGE, "default data: directory path too long: %s", dir);
-    const char *src = getenv("DG_DEFAULT_TEXT_DIR");
+    const char *src = dg_env_str("DG_DEFAULT_TEXT_DIR");
     if (!src || !*src) src = DG_DEFAULT_TEXT_DIR;
     char key[4200];
     int n_files = 0;

@@ -9,6 +9,7 @@
 
 #include "data.h"
 #include "tokenizer.h"
+#include "dg_env.h"
 
 static void usage(FILE *f) {
     fprintf(
@@ -78,6 +79,10 @@ int main(int argc, char **argv) {
     int quiet = 0, err = 0;
     const char **inputs = calloc((size_t)argc, sizeof *inputs);
     if (!inputs) return fail("dgprep: out of memory");
+    if (dg_env_check(stderr) != DG_OK) {
+        free(inputs);
+        return fail(dg_last_error());
+    }
     int n_in = 0, only_files = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;

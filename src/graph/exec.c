@@ -44,6 +44,7 @@
 #include "backend.h"
 #include "comm.h"
 #include "graph_impl.h"
+#include "dg_env.h"
 
 /* The stream the backend queues its ops on (NULL on the CPU backend), for the comm's event edges. */
 static void *compute_stream(dg_exec_t *ex) {
@@ -176,7 +177,7 @@ static dg_status_t host_ops_setup(dg_exec_t *ex) {
         why[k] = dg_op_missing_kernel(ex->be, (dg_op_kind_t)k);
         if (why[k]) ex->host_op[k] = 1;
     }
-    const char *env = getenv("DG_TEST_NO_KERNEL");
+    const char *env = dg_env_str("DG_TEST_NO_KERNEL");
     if (env && *env) {
         char buf[512];
         snprintf(buf, sizeof buf, "%s", env);
@@ -378,10 +379,10 @@ dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_plan_
     ex->plan = plan;
     ex->req = dg_xcalloc((size_t)g->n + 1, sizeof *ex->req);
     if (plan->arena_bytes) {
-        const char *hook = getenv("DG_TEST_ARENA_FAIL");
+        int hook = dg_env_bool("DG_TEST_ARENA_FAIL");
         dg_status_t st = DG_OK;
         char msg[400] = "";
-        if (hook && strcmp(hook, "1") == 0) {
+        if (hook) {
             snprintf(msg, sizeof msg, "the test hook DG_TEST_ARENA_FAIL=1 refused it");
             st = DG_ERR_RUNTIME;
         } else {
@@ -469,7 +470,7 @@ dg_status_t dg_exec_attach_comm(dg_exec_t *ex, int dim, struct dg_comm *c) {
      * moves device memory on its own stream: device-side waits, no staging. DG_TEST_STREAM_WAITS=1 runs
      * the device-wait bookkeeping with the mpi comm on the cpu backend (begin_after is then a no-op and
      * stream_wait a host wait), so the CPU tests cover that path's order of operations. */
-    const char *force = getenv("DG_TEST_FORCE_STAGING"), *sw = getenv("DG_TEST_STREAM_WAITS");
+    int force = dg_env_bool("DG_TEST_FORCE_STAGING"), sw = dg_env_bool("DG_TEST_STREAM_WAITS");
     int staged = 0, dev = 0;
     if (dg_comm_kind(c) == DG_COMM_NCCL) {
         ex->cstream = compute_stream(ex);
@@ -479,9 +480,9 @@ dg_status_t dg_exec_attach_comm(dg_exec_t *ex, int dim, struct dg_comm *c) {
                           "backend is %s; hint: parallel.backend=cuda, or parallel.comm=mpi",
                           dg_mesh_dim_name(dim), dg_comm_name(c), ex->be->ops->name);
         dev = 1;
-    } else if (strcmp(ex->be->ops->name, "cpu") != 0 || (force && *force == '1')) {
+    } else if (strcmp(ex->be->ops->name, "cpu") != 0 || force) {
         staged = 1;
-    } else if (sw && *sw == '1') {
+    } else if (sw) {
         dev = 1;
     }
     if ((staged && ex->dev_waits) || (dev && ex->staged))

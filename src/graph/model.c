@@ -14,6 +14,7 @@
 #include "comm.h"
 #include "graph.h"
 #include "graph_impl.h"
+#include "dg_env.h"
 
 #define PARAM_ALIGN_ELEMS 64 /* 256 bytes of f32: every tensor starts aligned in the flat buffers */
 
@@ -336,8 +337,7 @@ static dg_status_t pass_optimizer(dg_graph_t *g, void *ctx) {
 /* One AdamW op over the flat buffers (backend adamw_multi_dev), unless the backend has none or the
  * per-parameter ops are asked for (DG_MODEL_ADAMW_PER_PARAM, or the test hook DG_TEST_ADAMW_PER_PARAM=1). */
 static int adamw_fused(const dg_model_t *m) {
-    const char *env = getenv("DG_TEST_ADAMW_PER_PARAM");
-    if (env && strcmp(env, "1") == 0) return 0;
+    if (dg_env_bool("DG_TEST_ADAMW_PER_PARAM")) return 0;
     return !(m->flags & DG_MODEL_ADAMW_PER_PARAM) && m->be->ops->adamw_multi_dev != NULL;
 }
 
@@ -351,8 +351,7 @@ static int sumsq_fused(const dg_model_t *m) {
  * unless the two ops are asked for (DG_MODEL_UNFUSED_CE, or the test hook DG_TEST_UNFUSED_CE=1) or the
  * backend has none. */
 static int ce_fused(const dg_model_t *m) {
-    const char *env = getenv("DG_TEST_UNFUSED_CE");
-    if (env && strcmp(env, "1") == 0) return 0;
+    if (dg_env_bool("DG_TEST_UNFUSED_CE")) return 0;
     return !(m->flags & DG_MODEL_UNFUSED_CE) && m->be->ops->crossentropy_fused != NULL;
 }
 
@@ -360,8 +359,7 @@ static int ce_fused(const dg_model_t *m) {
  * unless the pair is asked for (DG_MODEL_UNFUSED_RESID, or the test hook DG_TEST_UNFUSED_RESID=1) or the
  * backend has none. */
 static int res_fused(const dg_model_t *m) {
-    const char *env = getenv("DG_TEST_UNFUSED_RESID");
-    if (env && strcmp(env, "1") == 0) return 0;
+    if (dg_env_bool("DG_TEST_UNFUSED_RESID")) return 0;
     return !(m->flags & DG_MODEL_UNFUSED_RESID) && m->be->ops->matmul_fwd_res != NULL;
 }
 
@@ -617,8 +615,7 @@ static int want_async_reads(const dg_backend_t *be) {
     const dg_backend_ops_t *o = be->ops;
     if (!o->download_async || !o->fence_create || !o->fence_destroy || !o->fence_record || !o->fence_wait)
         return 0;
-    const char *env = getenv("DG_SYNC_HOST_READS");
-    return !(env && *env && strcmp(env, "0") != 0);
+    return !dg_env_bool("DG_SYNC_HOST_READS");
 }
 
 static dg_status_t bind_and_alloc(dg_model_t *m) {
@@ -843,10 +840,10 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         st = dg_plan_create(m->g, (flags & DG_MODEL_NO_ARENA_REUSE) ? DG_PLAN_NO_REUSE : 0, &m->plan);
     if (st == DG_OK) m->frozen = dg_xcalloc((size_t)m->np + 1, 1);
     m->stall_rank = -1;
-    const char *sr = getenv("DG_TEST_STALL_COLLECTIVE_RANK"), *ss = getenv("DG_TEST_STALL_COLLECTIVE_STEP");
-    if (sr && ss && *sr && *ss) {
-        m->stall_rank = atoi(sr);
-        m->stall_step = atoll(ss);
+    int64_t sr = dg_env_int("DG_TEST_STALL_COLLECTIVE_RANK"), ss = dg_env_int("DG_TEST_STALL_COLLECTIVE_STEP");
+    if (sr >= 0 && ss >= 0) {
+        m->stall_rank = (int)sr;
+        m->stall_step = ss;
     }
     if (st == DG_OK && !(flags & DG_MODEL_PLAN_ONLY)) {
         m->async_reads = want_async_reads(be);

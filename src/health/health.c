@@ -23,6 +23,7 @@
 #include "dg_json.h"
 #include "dg_mpi.h"
 #include "health.h"
+#include "dg_env.h"
 
 enum { TAG_HB = 7101, TAG_ABORT = 7102 };
 enum { MSG_HB = 1, MSG_BYE = 2 };
@@ -696,10 +697,10 @@ dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double 
     h->stall_step = -1;
     /* Until the loop says otherwise, whatever comes after creation (resume, data setup) is "startup". */
     dg_health_set_activity(h, 0, "startup");
-    const char *sr = getenv("DG_TEST_STALL_RANK"), *ss = getenv("DG_TEST_STALL_STEP");
-    if (sr && ss && *sr && *ss) {
-        h->stall_rank = atoi(sr);
-        h->stall_step = atoll(ss);
+    int64_t sr = dg_env_int("DG_TEST_STALL_RANK"), ss = dg_env_int("DG_TEST_STALL_STEP");
+    if (sr >= 0 && ss >= 0) {
+        h->stall_rank = (int)sr;
+        h->stall_step = ss;
     }
 
     h->comm = MPI_COMM_NULL;

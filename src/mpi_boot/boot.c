@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "mpi_boot_impl.h"
 
+#include "dg_env.h"
 #include "dg_json.h"
 
 #include <limits.h>
@@ -31,12 +32,9 @@ void dg_boot_json_string(FILE *out, const char *s) {
     dg_json_fputs(out, s);
 }
 
-static int env_ranks_per_node(void) {
-    const char *e = getenv("DG_BOOT_RANKS_PER_NODE");
-    if (!e || !*e) return 0;
-    char *end = NULL;
-    long v = strtol(e, &end, 10);
-    return (*end || v < 1 || v > INT_MAX) ? -1 : (int)v;
+static int env_ranks_per_node(int64_t *raw) {
+    *raw = dg_env_int("DG_BOOT_RANKS_PER_NODE"); /* 0 (default): the MPI shared-memory split */
+    return (*raw < 0 || *raw > INT_MAX) ? -1 : (int)*raw;
 }
 
 static dg_status_t init_comms(dg_boot_t *b) {
@@ -48,10 +46,10 @@ static dg_status_t init_comms(dg_boot_t *b) {
     if (gethostname(b->host, sizeof b->host - 1) != 0) snprintf(b->host, sizeof b->host, "unknown");
     b->host[sizeof b->host - 1] = 0;
 
-    int rpn = env_ranks_per_node();
+    int64_t raw = 0;
+    int rpn = env_ranks_per_node(&raw);
     if (rpn < 0) /* same on every rank (one environment), so every rank returns it */
-        return DG_ERR(DG_ERR_USAGE, "DG_BOOT_RANKS_PER_NODE='%s': expected a positive integer",
-                      getenv("DG_BOOT_RANKS_PER_NODE"));
+        return DG_ERR(DG_ERR_USAGE, "DG_BOOT_RANKS_PER_NODE='%lld': expected a positive integer", (long long)raw);
     if (rpn > 0)
         DG_MPI_CHECK(MPI_Comm_split(b->world, b->world_rank / rpn, b->world_rank, &b->node));
     else

@@ -8,6 +8,7 @@
  * concurrent callers of one tokenizer never share mutable memory and single callers never allocate. */
 #define _GNU_SOURCE
 #include "tokenizer_impl.h"
+#include "dg_env.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -561,7 +562,7 @@ dg_status_t dg_tokenizer_find_gpt2(const char *explicit_path, char *out, size_t 
         dg_fmt(out, cap, "%s", explicit_path);
         return DG_OK;
     }
-    const char *env = getenv(DG_TOKENIZER_ENV);
+    const char *env = dg_env_str(DG_TOKENIZER_ENV);
     if (env && *env) {
         if (!readable(env))
             return DG_ERR(DG_ERR_USAGE, "tokenizer: cannot read ranks file %s (from $%s): %s", env,

@@ -13,8 +13,8 @@
  * what the hardware can do, interference only ever makes a repetition slower. Node and GPU figures
  * compared with references use the median repetition, which is what a job gets.
  *
- * Test hook (tests only): DG_VALIDATE_SLOW_RANK=R makes world rank R slow in these checks: each of its
- * timed repetitions counts DG_VALIDATE_SLOW_FACTOR (default 10) times as long as it took, like a core
+ * Test hook (tests only): DG_TEST_VALIDATE_SLOW_RANK=R makes world rank R slow in these checks: each of its
+ * timed repetitions counts DG_TEST_VALIDATE_SLOW_FACTOR (default 10) times as long as it took, like a core
  * running at a tenth of its clock, and the rank busy-waits for the difference (at most SLOW_WAIT_MAX_S
  * per repetition) so that it really is late. The recorded figure is injected rather than waited for, so
  * a test can use a factor (10^6) far beyond anything a loaded machine does to a healthy rank.
@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "validate_impl.h"
+#include "dg_env.h"
 
 enum { K_CPU_GEMM, K_CPU_STREAM, K_GPU_GEMM, K_GPU_STREAM, N_KINDS };
 static const char *const k_names[N_KINDS] = {"compute.cpu_gemm", "compute.cpu_stream", "compute.gpu_gemm",
@@ -39,10 +40,8 @@ static const dg_dim_t k_dims[N_KINDS] = {DG_DIM_FLOPS, DG_DIM_BANDWIDTH, DG_DIM_
 /* ---------------------------------------------------------------- the slow-rank hook */
 
 static double slow_factor(const vctx_t *c) {
-    const char *r = getenv("DG_VALIDATE_SLOW_RANK");
-    if (!r || !*r || atoi(r) != c->rank) return 1;
-    const char *f = getenv("DG_VALIDATE_SLOW_FACTOR");
-    double x = f && *f ? atof(f) : 10;
+    if (dg_env_int("DG_TEST_VALIDATE_SLOW_RANK") != c->rank) return 1;
+    double x = dg_env_double("DG_TEST_VALIDATE_SLOW_FACTOR");
     return x > 1 ? x : 10;
 }
 

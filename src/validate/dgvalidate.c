@@ -14,6 +14,7 @@
 #include "config.h"
 #include "mpi_boot.h"
 #include "validate.h"
+#include "dg_env.h"
 
 #define DEFAULT_SLA "validation/sla.ini"
 
@@ -187,6 +188,11 @@ int main(int argc, char **argv) {
         }
         free(cli.sets);
         return 0;
+    }
+    if (dg_env_check(launcher_rank() == 0 ? stderr : NULL) != DG_OK) { /* before MPI: boot reads them */
+        fprintf(stderr, "dgvalidate: error on rank %d: %s\n", launcher_rank(), dg_last_error());
+        free(cli.sets);
+        return DG_ERR_USAGE;
     }
     dg_boot_t *b = NULL;
     dg_status_t s = dg_boot_init(&argc, &argv, &b);

@@ -273,10 +273,10 @@ case_async() {
     # a failure on one rank only (test hook) is reported on every rank and LATEST is untouched
     local before
     before=$(cat snap/LATEST)
-    expect_err "one rank fails mid-write" "injected failure at phase 'write'" env DG_CKPT_TEST_FAIL=write@2 "${MPI[@]}" -x DG_CKPT_TEST_FAIL -n 3 "$DRV" save --dir snap --step 2 --seed 6 --layout mixed --async
+    expect_err "one rank fails mid-write" "injected failure at phase 'write'" env DG_TEST_CKPT_FAIL=write@2 "${MPI[@]}" -x DG_TEST_CKPT_FAIL -n 3 "$DRV" save --dir snap --step 2 --seed 6 --layout mixed --async
     [ "$(cat snap/LATEST)" = "$before" ] || fail "LATEST changed after a failed async write"
     [ ! -e snap/step_00000002.h5 ] || fail "a failed write left a final-named file"
-    expect_err "commit failure" "injected failure at phase 'commit'" env DG_CKPT_TEST_FAIL=commit "${MPI[@]}" -x DG_CKPT_TEST_FAIL -n 2 "$DRV" save --dir snap --step 3 --seed 6 --layout fsdp
+    expect_err "commit failure" "injected failure at phase 'commit'" env DG_TEST_CKPT_FAIL=commit "${MPI[@]}" -x DG_TEST_CKPT_FAIL -n 2 "$DRV" save --dir snap --step 3 --seed 6 --layout fsdp
     [ "$(cat snap/LATEST)" = "$before" ] || fail "LATEST changed after a failed commit"
     [ ! -e snap/step_00000003.h5 ] || fail "a failed commit left a final-named file"
 }
@@ -417,7 +417,7 @@ case_direct() {
     expect_ok "diff skipped fill vs HDF5's fill" "$CK" diff d3fsdp/step_00000001.h5 fill/step_00000001.h5
     # a chunk index that does not look as the direct writer expects, after a skipped fill (the test hook
     # pretends so on rank 1): the save is redone with HDF5's fill, and says so
-    out=$(DG_CKPT_TEST_FAIL=chunkindex@1 mpi 3 save --dir redo --step 1 --seed 5 --layout fsdp --chunk-bytes 1024 2>&1) || fail "save with an unexpected chunk index: $out"
+    out=$(DG_TEST_CKPT_FAIL=chunkindex@1 mpi 3 save --dir redo --step 1 --seed 5 --layout fsdp --chunk-bytes 1024 2>&1) || fail "save with an unexpected chunk index: $out"
     printf '%s\n' "$out" | grep -q 'writing it again with HDF5.s fill' || fail "no warning about the redone save: $out"
     printf '%s\n' "$out" | grep -q 'fill_skipped_bytes=0' || fail "the redone save still skipped fills: $out"
     expect_ok "verify the redone save" "$CK" verify redo/step_00000001.h5

@@ -12,10 +12,10 @@
 #   fullasync         as full1 at 2 ranks with checkpoint.async = true (the background writer fails)
 #   fullend           the final checkpoint does not fit: exit 4, not 0; and a SIGUSR1 stop whose checkpoint
 #                     does not fit: exit 4, not 75
-#   stall             one rank hangs inside a save while its heartbeats go on (DG_CKPT_TEST_STALL): every
+#   stall             one rank hangs inside a save while its heartbeats go on (DG_TEST_CKPT_STALL): every
 #                     rank exits 3 within health.timeout_s + 10 s, naming the stuck rank; no .partial left
 #   sigstop           SIGSTOP of one rank during a (throttled) save: exit 3 within health.timeout_s + 10 s
-#   slow              a save that takes many times health.timeout_s but keeps writing (DG_CKPT_TEST_THROTTLE_MS)
+#   slow              a save that takes many times health.timeout_s but keeps writing (DG_TEST_CKPT_THROTTLE_MS)
 #                     is not killed: exit 0
 # Usage: storage_faults.sh CASE DGTRAIN DGCKPT MPIEXEC [MPIEXEC FLAGS...]
 # Mounting needs root: without it the full* cases skip (77), or fail under CI=true.
@@ -255,10 +255,10 @@ stall | sigstop)
     HSETS=(--set health.heartbeat_s=$HB --set health.timeout_s=$TO --set run.dir="$run")
     if [ "$CASE" = stall ]; then
         # rank 1 hangs in the second save (step 4), after its first tensor; its health thread lives on
-        DG_CKPT_TEST_STALL=write@1:2 launch 2 "$WORK/$CASE.out" "${mesh[@]}" "${HSETS[@]}"
+        DG_TEST_CKPT_STALL=write@1:2 launch 2 "$WORK/$CASE.out" "${mesh[@]}" "${HSETS[@]}"
         what="rank 1 hangs inside the save of step 4"
         t0=$(now)
-        until grep -q "DG_CKPT_TEST_STALL=write@1:2: rank 1 hangs" "$run/logs/rank-1.log" 2>/dev/null; do
+        until grep -q "DG_TEST_CKPT_STALL=write@1:2: rank 1 hangs" "$run/logs/rank-1.log" 2>/dev/null; do
             kill -0 "$JOB" 2>/dev/null && le "$(elapsed "$t0")" 120 || {
                 fail "stall: the hook never fired"
                 show "$WORK/$CASE.out"
@@ -269,7 +269,7 @@ stall | sigstop)
         T0=$(now)
     else
         # every write is slowed down so that the save of step 4 lasts; rank 1 is stopped in it
-        DG_CKPT_TEST_THROTTLE_MS=40 launch 2 "$WORK/$CASE.out" "${mesh[@]}" "${HSETS[@]}"
+        DG_TEST_CKPT_THROTTLE_MS=40 launch 2 "$WORK/$CASE.out" "${mesh[@]}" "${HSETS[@]}"
         what="SIGSTOP of rank 1 while it writes the checkpoint of step 4"
         t0=$(now)
         until [ -e "$run/checkpoints/step_00000004.h5.partial" ]; do
@@ -314,7 +314,7 @@ slow)
     # and then waits in the save's collectives): rank 0 keeps writing, rank 1 waits, nobody is stuck.
     run=$WORK/run_slow
     T0=$(now)
-    DG_CKPT_TEST_THROTTLE_MS=40 launch 2 "$WORK/slow.out" --set parallel.mesh=dp_replicate=1,dp_shard=2,tp=1 \
+    DG_TEST_CKPT_THROTTLE_MS=40 launch 2 "$WORK/slow.out" --set parallel.mesh=dp_replicate=1,dp_shard=2,tp=1 \
         --set checkpoint.every=0 --set train.steps=2 --set health.heartbeat_s=$HB --set health.timeout_s=$TO \
         --set run.dir="$run"
     wait_job 300 || exit 1

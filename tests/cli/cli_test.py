@@ -72,7 +72,7 @@ def case_help():
     rc, out, err, _ = run(["--help"])
     check(rc == 0, "--help exits 0")
     check(out.startswith("usage: dgtrain"), "--help starts with the usage line")
-    for opt in ("--set", "--print-config", "--dry-run", "--topology", "--json", "--plan-only", "--export-topology",
+    for opt in ("--set", "--print-config", "--print-env", "--dry-run", "--topology", "--json", "--plan-only", "--export-topology",
                 "--version"):
         check(opt in out, "--help documents " + opt)
     check("exit codes: 0 finished; 1 usage or config error; 2 runtime failure; 3 aborted" in out,
@@ -252,7 +252,7 @@ def case_bad_input():
     bad([missing, "--print-config"], "cannot open config file '%s': No such file or directory" % missing)
     bad(["--set", "train.steps=x", "--print-config"], "--set 'train.steps=x': train.steps: expected an integer, got 'x'")
     bad(["--dry-runn"], "unknown option '--dry-runn'; did you mean '--dry-run'? (dgtrain --help lists the options)")
-    bad(["--json"], "--json goes with --dry-run, --topology or --plan-only")
+    bad(["--json"], "--json goes with --print-env, --dry-run, --topology or --plan-only")
     bad(["--set", "train.global_batch=10", "--set", "train.micro_batch=4", "--print-config"],
         "train.global_batch = 10 (--set) is not a multiple of train.micro_batch = 4 (--set): expected global_batch "
         "= micro_batch x data-parallel ranks x accumulation steps")
@@ -314,7 +314,48 @@ def case_export_topology():
         check(b["topology_host"] == socket.gethostname(), "exported XML names this host")
 
 
+def case_print_env():
+    """--print-env lists the registry (text and --json); a malformed value is refused at start (exit 1, one
+    line naming variable, value and type); a DG_TEST_* hook set in a build without hooks is warned about."""
+    rc, out, err, _ = run(["--print-env", "--json"], env={"DG_CKPT_THREADS": "3", "DG_TEST_STALL_RANK": "1"})
+    check(rc == 0, "--print-env --json exits 0 (%d: %s)" % (rc, err))
+    doc = parse_json(out, "--print-env --json")
+    if not doc:
+        return
+    hooks = doc.get("test_hooks_compiled")
+    check(hooks in (True, False), "test_hooks_compiled is a bool")
+    by = {v["name"]: v for v in doc.get("vars", [])}
+    check(len(by) >= 30, "--print-env lists the registry (%d)" % len(by))
+    check(by.get("DG_CKPT_THREADS", {}).get("value") == "3", "the current value of a set switch")
+    check(by.get("DG_SYNC_HOST_READS", {}).get("value", 1) is None, "an unset switch is null")
+    h = by.get("DG_TEST_STALL_RANK", {})
+    check(h.get("kind") == "test-hook" and h.get("compiled_in") == hooks and h.get("value") == ("1" if hooks else None),
+          "hook row follows the build (hooks %s): %r" % (hooks, h))
+    for n, v in by.items():
+        check(n.startswith("DG_TEST_") == (v["kind"] == "test-hook"), "%s: DG_TEST_ prefix iff hook" % n)
+    rc, txt, err, _ = run(["--print-env"], ranks=2, env={"DG_CKPT_THREADS": "3"})
+    lines = txt.splitlines()
+    check(rc == 0 and len(lines) == len(by), "text: one line per switch, rank 0 only (%d lines, %d vars)"
+          % (len(lines), len(by)))
+    row = [l for l in lines if l.startswith("DG_CKPT_THREADS ")]
+    check(row and re.match(r"DG_CKPT_THREADS +int +default=0 +3 +\S", row[0]), "text row: %r" % row)
+    row = [l for l in lines if l.startswith("DG_TEST_CKPT_FAIL ")]
+    check(row and (" unset " in row[0] if hooks else " not compiled in " in row[0]), "hook text row: %r" % row)
+    # a malformed value: refused before any work, one line per rank, exit 1
+    rc, out, err, _ = run(["--print-config"], ranks=2, env={"DG_CKPT_THREADS": "four"})
+    lines = our_error_lines(err)
+    want = "environment: DG_CKPT_THREADS='four' is not a whole decimal number"
+    check(rc == 1 and lines and all(l.endswith(want) for l in lines), "malformed value refused (rc %d): %r" % (rc, err))
+    check(out == "", "nothing on stdout after a malformed value")
+    rc, out, err, _ = run(["--print-config"], env={"DG_SYNC_HOST_READS": "maybe"})
+    check(rc == 1 and "DG_SYNC_HOST_READS='maybe' is not a bool" in err, "malformed bool refused: %r" % err)
+    rc, out, err, _ = run(["--print-config"], env={"DG_TEST_STALL_STEP": "4"})
+    warn = "warning: DG_TEST_STALL_STEP is set but ignored: test hooks are not compiled into this build"
+    check(rc == 0 and ((warn in err) != hooks), "hook warning only without hooks (hooks %s): %r" % (hooks, err))
+
+
 CASES = {
+    "print_env": case_print_env,
     "help": case_help,
     "version": case_version,
     "print_config": case_print_config,

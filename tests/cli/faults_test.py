@@ -310,11 +310,11 @@ def case_lock():
         rc, so, se, dt = run(1, ["--set", "run.dir=" + d, "--topology", "--set", "run.lock=none"], timeout=60)
         check(rc == 0, "run.lock=none: not refused (%d: %s)" % (rc, se[-300:]))
     stop(holder, hf)
-    # a file system without locks (test hook DG_FS_TEST_NO_LOCKS: fcntl answers ENOLCK): the fallback
+    # a file system without locks (test hook DG_TEST_FS_NO_LOCKS: fcntl answers ENOLCK): the fallback
     # still refuses a second run on this host, naming the holder; run.lock=fcntl refuses to run at all
     d2 = fresh("lock_nolocks")
     os.makedirs(d2)
-    env = {"DG_FS_TEST_NO_LOCKS": "1"}
+    env = {"DG_TEST_FS_NO_LOCKS": "1"}
     holder, hf = start(1, ["--set", "run.dir=" + d2], d2 + ".out", env=env)
     if wait_for(lambda: steps_in(d2) >= 2, "the holder without locks trains", proc=holder):
         rc, so, se, dt = run(1, ["--set", "run.dir=" + d2, "--topology"], env=env, timeout=60)

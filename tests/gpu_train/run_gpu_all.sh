@@ -44,7 +44,7 @@ else
   ldd "$bdir/src/cli/dgtrain" 2>&1 | grep 'not found' | head -5 | tee -a "$out/summary.log"
   t0=$(date +%s)
   bdir=$root/build-gpu
-  cmake -S "$root" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDGT_CUDA=ON \
+  cmake -S "$root" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDGT_CUDA=ON -DDGT_TEST_HOOKS=ON \
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" >"$out/build.log" 2>&1 &&
     cmake --build "$bdir" -j "$(nproc)" --target dgtrain dgckpt test_backend_cuda bench_step bench_ckpt >>"$out/build.log" 2>&1
   rc=$?

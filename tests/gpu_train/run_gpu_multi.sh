@@ -59,7 +59,7 @@ if [ $ok = 1 ]; then
 else
   t0=$(date +%s)
   bdir=$root/build-gpu
-  cmake -S "$root" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDGT_CUDA=ON -DDGT_WERROR=OFF \
+  cmake -S "$root" -B "$bdir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDGT_CUDA=ON -DDGT_WERROR=OFF -DDGT_TEST_HOOKS=ON \
     -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" >"$out/build.log" 2>&1 &&
     cmake --build "$bdir" -j "$(nproc)" --target dgtrain dgckpt dgvalidate test_backend_cuda bench_comm test_comm_nccl >>"$out/build.log" 2>&1
   rc=$?

@@ -613,7 +613,7 @@ def rank_pids(mpirun_pid):
 
 
 def case_commit_kill(env):
-    """Rank 0 SIGKILLs itself between the step file's rename and LATEST's (DG_CKPT_TEST_KILL=renamed):
+    """Rank 0 SIGKILLs itself between the step file's rename and LATEST's (DG_TEST_CKPT_KILL=renamed):
     the complete newer file must be ignored by resume (LATEST decides), said so, and replaced by the next save."""
     n, k, ranks = 8, 4, 2
     sets = ["train.steps=%d" % n]
@@ -624,10 +624,10 @@ def case_commit_kill(env):
     out = run + ".1.out"
     env.outputs.append(out)
     c = env.cmd(ranks, run, sets + ["checkpoint.every=1"])
-    c[len(env.mpi):len(env.mpi)] = ["-x", "DG_CKPT_TEST_KILL"]
+    c[len(env.mpi):len(env.mpi)] = ["-x", "DG_TEST_CKPT_KILL"]
     with open(out, "w") as f:
         rc = subprocess.run(c, stdout=f, stderr=subprocess.STDOUT, timeout=240,
-                            env=dict(os.environ, DG_CKPT_TEST_KILL="renamed@0")).returncode
+                            env=dict(os.environ, DG_TEST_CKPT_KILL="renamed@0")).returncode
     check(rc != 0, "the job whose rank 0 killed itself in the commit exited 0")
     with open(out, errors="replace") as f:
         check("kills itself at checkpoint phase 'renamed'" in f.read(), "the kill hook did not fire: %s" % tail(out))

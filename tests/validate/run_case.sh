@@ -1,7 +1,7 @@
 #!/bin/bash
 # run_case.sh — one dgvalidate test case under mpiexec (tests/validate/CMakeLists.txt lists them):
 #   np1 np2 np4   every check at 1, 2 and 4 ranks (4 ranks as 2 simulated nodes of 2), reports parsed
-#   slow          DG_VALIDATE_SLOW_RANK=2 (its figure divided by 10^6): rank 2 named as the straggler, exit 4
+#   slow          DG_TEST_VALIDATE_SLOW_RANK=2 (its figure divided by 10^6): rank 2 named as the straggler, exit 4
 #   impossible    impossible references from a named node type: FAIL lines naming hosts, exit 4
 #   readonly      a checkpoint directory root cannot write to: the storage checks FAIL, exit 4
 #   badinput      bad SLA files and options: one "dgvalidate: error: FILE:LINE: ..." line, exit 1
@@ -89,7 +89,7 @@ np4)
         --require 'comm.mpi.allreduce.inter' --require 'comm.mpi.sendrecv.world' || FAILED=1
     ;;
 slow)
-    run 4 "DG_BOOT_RANKS_PER_NODE=2 DG_VALIDATE_SLOW_RANK=2 DG_VALIDATE_SLOW_FACTOR=1e6" "$SLA" --run-dir "$WORK/run" \
+    run 4 "DG_BOOT_RANKS_PER_NODE=2 DG_TEST_VALIDATE_SLOW_RANK=2 DG_TEST_VALIDATE_SLOW_FACTOR=1e6" "$SLA" --run-dir "$WORK/run" \
         --checks compute.cpu_gemm,compute.cpu_stream
     expect_rc 4
     for k in cpu_gemm cpu_stream; do

@@ -21,6 +21,7 @@
 #endif
 
 #include "backend_cpu_impl.h"
+#include "dg_env.h"
 
 /* Rows per block: queries in the forward pass and for dQ, keys for dK and dV. */
 #define DG_CPU_ATT_RB 8
@@ -147,8 +148,7 @@ DG_AVX512 static void wsum_avx512(float *out, int ldo, const float *W, size_t wr
  * environment forces the portable ones, so that a test can compare the two on an AVX-512 machine. */
 static int have_avx512(void) {
 #ifdef DG_CPU_HAVE_AVX512_ATT
-    const char *off = getenv("DG_CPU_NO_AVX512");
-    if (off && *off && strcmp(off, "0") != 0) return 0;
+    if (dg_env_bool("DG_CPU_NO_AVX512")) return 0;
     return __builtin_cpu_supports("avx512f") ? 1 : 0;
 #else
     return 0;

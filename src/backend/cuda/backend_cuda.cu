@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cuda_impl.cuh"
+#include "dg_env.h"
 
 #define DG_CUDA_LT_WORKSPACE (32u << 20) /* cuBLASLt's recommendation for Hopper */
 #define DG_CUDA_SCRATCH_INIT (8u << 20)
@@ -656,8 +657,7 @@ static dg_status_t cu_graph_end(dg_backend_t *be, void **out) {
         return DG_ERR(DG_ERR_RUNTIME, "cuda backend: CUDA Graph capture failed: %s",
                       e != cudaSuccess ? cudaGetErrorString(e) : "no graph recorded");
     }
-    const char *hook = getenv("DG_TEST_CUDA_GRAPH_FAIL");
-    if (hook && *hook && strcmp(hook, "0") != 0) {
+    if (dg_env_bool("DG_TEST_CUDA_GRAPH_FAIL")) {
         cudaGraphDestroy(g);
         return DG_ERR(DG_ERR_RUNTIME, "cuda backend: CUDA Graph capture refused by the test hook "
                                       "DG_TEST_CUDA_GRAPH_FAIL");
@@ -838,12 +838,6 @@ static const dg_backend_ops_t cuda_ops = {
 
 /* ---------------- construction ---------------- */
 
-static int env_flag(const char *name, int dflt) {
-    const char *s = getenv(name);
-    if (!s || !*s) return dflt;
-    return !(strcmp(s, "0") == 0 || strcmp(s, "off") == 0 || strcmp(s, "false") == 0);
-}
-
 __global__ void dg_cuda_probe_kernel(int *p) {
     if (p) *p = 0;
 }
@@ -898,19 +892,12 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
     dg_cuda_mem_add(c, 4 * sizeof(int));
     DG_CUDA_CHECK(cudaMemset(c->err_dev, 0, 4 * sizeof(int)));
     DG_CUDA_CHECK(cudaDeviceSynchronize());
-    c->fused_epilogues = env_flag("DG_CUDA_FUSED_EPILOGUES", 1);
-    c->fused_dgelu = env_flag("DG_CUDA_FUSED_DGELU", 1);
-    c->ln_reg = env_flag("DG_CUDA_LN_REG", 1);
-    c->gemm_tune = env_flag("DG_CUDA_GEMM_TUNE", 1);
-    c->fast_attention = env_flag("DG_CUDA_FAST_ATTENTION", 1);
-    const char *cdn = getenv("DG_CUDA_ATTN_CUDNN");
-    c->attn_cudnn = 1;
-    if (cdn && *cdn) {
-        if (strcmp(cdn, "0") != 0 && strcmp(cdn, "1") != 0)
-            return DG_ERR(DG_ERR_USAGE, "DG_CUDA_ATTN_CUDNN=%s: expected 0 (off) or 1 (cuDNN where it plans)",
-                          cdn);
-        c->attn_cudnn = cdn[0] == '1';
-    }
+    c->fused_epilogues = dg_env_bool("DG_CUDA_FUSED_EPILOGUES");
+    c->fused_dgelu = dg_env_bool("DG_CUDA_FUSED_DGELU");
+    c->ln_reg = dg_env_bool("DG_CUDA_LN_REG");
+    c->gemm_tune = dg_env_bool("DG_CUDA_GEMM_TUNE");
+    c->fast_attention = dg_env_bool("DG_CUDA_FAST_ATTENTION");
+    c->attn_cudnn = dg_env_bool("DG_CUDA_ATTN_CUDNN");
     return DG_OK;
 }
 

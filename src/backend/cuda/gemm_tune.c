@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "dg_env.h"
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static dg_gemm_tune_entry_t *g_tab;
@@ -33,7 +34,7 @@ const char *dg_gemm_tune_path(void) {
     if (!g_path_resolved) {
         g_path_resolved = 1;
         g_path[0] = 0;
-        const char *f = getenv("DG_CUDA_GEMM_TUNE_FILE");
+        const char *f = dg_env_str("DG_CUDA_GEMM_TUNE_FILE");
         if (f) {
             if (*f && strcmp(f, "none") != 0) snprintf(g_path, sizeof g_path, "%s", f);
         } else {
