@@ -73,6 +73,7 @@ typedef struct dg_config {
         int overlap;
         int cuda_graph;
         int64_t threads; /* CPU threads per rank; 0 = the cores this rank is bound to */
+        double memory_limit_mb; /* cap on the memory-fit check's available figure per rank; 0 = none */
     } parallel;
     struct {
         char dir[DG_CFG_STR]; /* "" = <run.dir>/checkpoints */

@@ -161,6 +161,9 @@ const dg_cfg_key_t dg_cfg_schema[] = {
          "free gathered parameters after forward and gather them again for backward"),
     FLT("parallel", "bucket_mb", parallel.bucket_mb, "25", 0, 1048576,
         "MiB of gradients fused into one collective (0 = one collective per parameter)"),
+    FLT("parallel", "memory_limit_mb", parallel.memory_limit_mb, "0", 0, 1e12,
+        "cap (MiB per rank) on the memory the fit check counts as available: the smaller of it and the real "
+        "figure (0 = no cap)"),
     FLT("parallel", "prefetch_budget_mb", parallel.prefetch_budget_mb, "256", 0, 16777216,
         "MiB that early (hoisted) all-gathers may hold"),
     BOOL("parallel", "overlap", parallel.overlap, "true", "overlap collectives with compute"),

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dg_memory.h"
 #include "planner.h"
 
 /* A plan meets the step-time SLA when its estimated step is within this fraction of the fastest
@@ -147,15 +148,12 @@ static void evaluate(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_plan
     p->step_ms = p->compute_ms + p->comm_total_ms + p->relayout_ms;
 
     /* ---- memory per rank (docs/planning.md §Memory) ---- */
-    double state_per_param = 16.0 + (pb < 4 ? pb : 0); /* f32 master, grad, m, v (+ compute copy) */
-    double state = P / ((double)K * S) * state_per_param;
-    double block = 12.0 * C * C / K;
-    double gathered = S > 1 ? (2.0 * block + V * C / K) * pb : 0; /* current + prefetched block, embedding */
-    double act_layer = mb * T * C * (10.0 + 24.0 / K) * (pb / 2.0);
-    if (!c->gpu_mode)
-        act_layer += mb * ((double)w->n_head / K) * T * T * 4.0 * 2.0; /* CPU keeps attention probs */
-    double act = L * act_layer + mb * T * (V / K) * (pb + 4.0);
-    p->mem_bytes = state + gathered + act;
+    dg_mem_in_t mi = {.n_params = P, .n_layer = L, .d_model = C, .seq_len = T, .vocab = V,
+                      .n_head = w->n_head, .param_bytes = pb, .dp_shard = (int)S, .tp = (int)K,
+                      .micro_batch = mb, .gpu = c->gpu_mode};
+    dg_mem_est_t me;
+    dg_mem_estimate(&mi, &me);
+    p->mem_bytes = me.total;
     double budget = c->mem_per_rank_bytes * 0.9;
     if (p->feasible && p->mem_bytes > budget) {
         p->feasible = 0;

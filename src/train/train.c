@@ -26,6 +26,7 @@
 #include "fsdp.h"
 #include "graph.h"
 #include "health.h"
+#include "memfit.h"
 #include "planner.h"
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -875,6 +876,10 @@ static dg_status_t setup(trainer_t *tr) {
      * creating it can fail on one rank only, so the ranks agree before the collective comm setup */
     tr->cuda_device = -1;
     DG_TRY(dg_boot_agree(tr->boot, pick_backend(tr)));
+    /* memory fit before the large allocations: the same verdict and line on every rank (memfit.h) */
+    dg_mem_in_t mi;
+    dg_memfit_input(c, &tr->desc, &tr->mesh, tr->micro_batch, tr->cuda_device >= 0, &mi);
+    DG_TRY(dg_memfit_check(tr->comm, tr->boot->local_size, c, &mi, tr->mesh_str, NULL, 0));
     /* collective (communicator splits): before anything that can fail on one rank only, since every
      * failure so far (mesh, model sizes, batch arithmetic, the agreed backend) is the same on every rank */
     dg_fsdp_opts_t fo;
@@ -1344,6 +1349,28 @@ dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json
     return s;
 }
 
+/* --dry-run's memory-fit verdict (memfit.h), computed for host ranks (the dry run binds no GPU); JSON:
+ * a "memory" object. A plan that does not fit is reported, not refused. */
+static dg_status_t dg_train_dry_run_memfit(dg_boot_t *boot, const dg_config_t *cfg, trainer_t *tr, int json,
+                                           FILE *out) {
+    dg_mem_in_t mi;
+    dg_memfit_input(cfg, &tr->desc, &tr->mesh, tr->micro_batch, 0, &mi);
+    char line[1024];
+    dg_status_t v = dg_memfit_check(boot->world, boot->local_size, cfg, &mi, tr->mesh_str, line, sizeof line);
+    if (v != DG_OK && v != DG_ERR_USAGE) return v;
+    if (boot->world_rank != 0) return DG_OK;
+    dg_mem_est_t e;
+    dg_mem_estimate(&mi, &e);
+    if (json)
+        fprintf(out,
+                ",\"memory\":{\"fits\":%s,\"estimate_bytes\":%.0f,\"state\":%.0f,\"gathered\":%.0f,"
+                "\"activations\":%.0f,\"logits\":%.0f,\"buckets\":%.0f}",
+                v == DG_OK ? "true" : "false", e.total, e.state, e.gathered, e.activations, e.logits, e.buckets);
+    else
+        fprintf(out, "  %s\n", line);
+    return DG_OK;
+}
+
 dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int json, FILE *out) {
     trainer_t tr = {0};
     dg_backend_t *be = NULL;
@@ -1385,6 +1412,7 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
     }
     char *head = NULL;
     s = dg_boot_agree(boot, s);
+    if (s == DG_OK) s = dg_train_dry_run_memfit(boot, cfg, &tr, json, out);
     if (s == DG_OK) s = dg_boot_agree(boot, planner_text(boot, cfg, json, &head));
     if (boot->world_rank == 0 && tr.model) {
         if (json)

@@ -1,0 +1,47 @@
+/* dg_memory.h — the one per-rank memory estimator (used by the planner and the trainer's fit check) and the
+ * reader of the memory a rank really has. docs/planning.md §Memory documents the formula; keep them in step.
+ *
+ * Contract: dg_mem_estimate is pure (no allocation, no I/O); every field of *out is set. Figures are bytes
+ * per rank. dg_mem_host_available reads /proc/meminfo and the process's cgroup (v2 memory.max -
+ * memory.current, or v1 memory.limit_in_bytes - usage) and returns the smaller, or DG_ERR when meminfo
+ * cannot be read. */
+#ifndef DG_MEMORY_H
+#define DG_MEMORY_H
+
+#include <stdint.h>
+
+#include "dg_common.h"
+
+typedef struct {
+    double n_params, n_layer, d_model, seq_len, vocab, n_head;
+    double param_bytes;  /* compute dtype bytes (4 f32, 2 bf16/fp16) */
+    int dp_shard, tp;    /* dp_replicate does not change per-rank memory */
+    double micro_batch;
+    int recompute_gelu;  /* train.recompute=gelu */
+    int gpu;             /* GPU mode: attention probabilities are not kept */
+    double bucket_bytes; /* gradient bucket (parallel.bucket_mb) */
+} dg_mem_in_t;
+
+typedef struct {
+    double state;      /* f32 master, grad, m, v (+ compute copy), sharded over dp_shard x tp */
+    double gathered;   /* FSDP: current + prefetched block and the embedding */
+    double activations;
+    double logits;     /* logits + loss workspace */
+    double buckets;    /* communication buckets */
+    double total;
+} dg_mem_est_t;
+
+void dg_mem_estimate(const dg_mem_in_t *in, dg_mem_est_t *out);
+
+typedef struct {
+    double bytes;      /* available to the whole node / process */
+    char source[32];   /* MemAvailable | cgroup */
+} dg_mem_avail_t;
+
+/* Parses a meminfo text for MemAvailable (bytes); -1 when absent. */
+double dg_mem_parse_meminfo(const char *text);
+dg_status_t dg_mem_host_available(dg_mem_avail_t *out);
+/* GPU free bytes (cudaMemGetInfo); DG_ERR without CUDA or without a device. */
+dg_status_t dg_mem_gpu_free(double *free_bytes);
+
+#endif
