@@ -142,16 +142,18 @@ hang)
     # itself, or a peer waiting for it, must name rank 1.
     export DG_TEST_STALL_RANK=1 DG_TEST_STALL_STEP=8
     T0=$(now)
-    start 3 --steps 100000 --step-ms 40
+    # 500 ms steps: rank 1 stalls in compute half a second before its peers wait in the all-reduce, more
+    # than the watchdog's check interval (one heartbeat), so rank 1 is the first to see its own stall
+    start 3 --steps 100000 --step-ms 500
     wait_step 2
     record_shm
-    finish $((TIMEOUT + SLACK + 3))
+    finish $((TIMEOUT + SLACK + 7)) # ~4 s to reach step 8, then the timeout
     unset DG_TEST_STALL_RANK DG_TEST_STALL_STEP
     [ "$RC" = 3 ] || fail "exit code $RC, expected 3"
     grep -qE "watchdog: rank 1 \(host [^)]*\) has made no progress for [0-9.]+ s in step 8 doing 'compute'" "$WORK/out" ||
         fail "no watchdog line naming rank 1 stalled in step 8 'compute'"
     check_all_exit3 -1 3
-    echo "PASS hang: rank 1 hung at step 8 -> exit 3 after ${DT}s (incl. ~0.4 s to reach step 8):"
+    echo "PASS hang: rank 1 hung at step 8 -> exit 3 after ${DT}s (incl. ~4 s to reach step 8):"
     grep -m1 "watchdog: " "$WORK/out"
     ;;
 sigkill)
