@@ -21,12 +21,15 @@ static const dg_env_var_t g_vars[] = {
      "source directory of the built-in default text corpus (default: the installed one)"},
     {"DG_CKPT_THREADS", DG_ENV_INT, "0", U, "checkpoint hashing/copy threads per rank; 0 = the rank's cores"},
     {"DG_CKPT_MPIIO_HINTS", DG_ENV_STRING, "", U, "extra MPI-IO hints for checkpoint files: key=value,..."},
-    {"DG_CKPT_NO_MALLOPT", DG_ENV_BOOL, "0", U, "1: keep glibc's malloc thresholds (no mallopt for large buffers)"},
+    {"DG_CKPT_NO_MALLOPT", DG_ENV_BOOL, "0", U,
+     "1: keep glibc's malloc thresholds (no mallopt for large buffers)"},
     {"DG_CKPT_SPACE_CHECK", DG_ENV_BOOL, "1", U, "0: skip the free-space check before a checkpoint save"},
     {"DG_CKPT_DIRECT_CHUNKS", DG_ENV_BOOL, "1", U, "0: leave all checkpoint chunk writes to HDF5"},
-    {"DG_CKPT_SKIP_FILL", DG_ENV_BOOL, "1", U, "0: keep parallel HDF5's zero fill of directly written datasets"},
+    {"DG_CKPT_SKIP_FILL", DG_ENV_BOOL, "1", U,
+     "0: keep parallel HDF5's zero fill of directly written datasets"},
     {"DG_CKPT_HDF5_FLETCHER32", DG_ENV_BOOL, "0", U, "1: use HDF5's own Fletcher-32 instead of the fast one"},
-    {"DG_COMM_RING_SEG_KB", DG_ENV_INT, "512", U, "segment size (KiB) of the MPI ring collectives (benchmarks)"},
+    {"DG_COMM_RING_SEG_KB", DG_ENV_INT, "512", U,
+     "segment size (KiB) of the MPI ring collectives (benchmarks)"},
     {"DG_NCCL_NONBLOCKING", DG_ENV_BOOL, "0", U, "1: create NCCL communicators non-blocking"},
     {"DG_CUDA_FUSED_EPILOGUES", DG_ENV_BOOL, "1", U, "0: CUDA GEMMs without fused bias/GELU epilogues (A/B)"},
     {"DG_CUDA_FUSED_DGELU", DG_ENV_BOOL, "1", U, "0: CUDA GELU backward as a separate kernel (A/B)"},
@@ -37,21 +40,25 @@ static const dg_env_var_t g_vars[] = {
     {"DG_CUDA_GEMM_TUNE_FILE", DG_ENV_PATH, "", U,
      "GEMM tuning cache file; none or empty: no file (default: $XDG_CACHE_HOME/dgtrain/gemm_tune.txt)"},
     {"DG_CPU_NO_AVX512", DG_ENV_BOOL, "0", U, "1: cpu backend attention without AVX-512 kernels"},
-    {"DG_SYNC_HOST_READS", DG_ENV_BOOL, "0", U, "1: read step results to the host synchronously (A/B of async reads)"},
+    {"DG_SYNC_HOST_READS", DG_ENV_BOOL, "0", U,
+     "1: read step results to the host synchronously (A/B of async reads)"},
     /* ---- test hooks (compiled in only with -DDGT_TEST_HOOKS=ON) ---- */
     {"DG_TEST_CKPT_FAIL", DG_ENV_STRING, "", T, "fail checkpoint phase: <phase>[@rank][:N]"},
     {"DG_TEST_CKPT_KILL", DG_ENV_STRING, "", T, "SIGKILL self at checkpoint phase: <phase>[@rank][:N]"},
     {"DG_TEST_CKPT_STALL", DG_ENV_STRING, "", T, "stall at checkpoint phase: <phase>[@rank][:N]"},
     {"DG_TEST_CKPT_THROTTLE_MS", DG_ENV_STRING, "", T, "slow checkpoint writes by <ms>[@rank] per chunk"},
     {"DG_TEST_COMM_PROBE_DELAY_S", DG_ENV_DOUBLE, "0", T, "delay (s) before answering a comm liveness probe"},
-    {"DG_TEST_FS_NO_LOCKS", DG_ENV_BOOL, "0", T, "1: file locks fail with ENOLCK (file systems without locks)"},
+    {"DG_TEST_FS_NO_LOCKS", DG_ENV_BOOL, "0", T,
+     "1: file locks fail with ENOLCK (file systems without locks)"},
     {"DG_TEST_VALIDATE_SLOW_RANK", DG_ENV_INT, "-1", T, "dgvalidate: this rank's timed compute runs slower"},
     {"DG_TEST_VALIDATE_SLOW_FACTOR", DG_ENV_DOUBLE, "10", T, "dgvalidate: the slow rank's factor (>1)"},
-    {"DG_TEST_STALL_RANK", DG_ENV_INT, "-1", T, "this rank stalls (health heartbeat test) at DG_TEST_STALL_STEP"},
+    {"DG_TEST_STALL_RANK", DG_ENV_INT, "-1", T,
+     "this rank stalls (health heartbeat test) at DG_TEST_STALL_STEP"},
     {"DG_TEST_STALL_STEP", DG_ENV_INT, "-1", T, "the step DG_TEST_STALL_RANK stalls at"},
     {"DG_TEST_STALL_COLLECTIVE_RANK", DG_ENV_INT, "-1", T,
      "this rank stalls inside a collective at DG_TEST_STALL_COLLECTIVE_STEP"},
-    {"DG_TEST_STALL_COLLECTIVE_STEP", DG_ENV_INT, "-1", T, "the step DG_TEST_STALL_COLLECTIVE_RANK stalls at"},
+    {"DG_TEST_STALL_COLLECTIVE_STEP", DG_ENV_INT, "-1", T,
+     "the step DG_TEST_STALL_COLLECTIVE_RANK stalls at"},
     {"DG_TEST_ADAMW_PER_PARAM", DG_ENV_BOOL, "0", T, "1: AdamW per parameter instead of the fused update"},
     {"DG_TEST_UNFUSED_CE", DG_ENV_BOOL, "0", T, "1: cross-entropy as separate ops instead of the fused one"},
     {"DG_TEST_UNFUSED_RESID", DG_ENV_BOOL, "0", T, "1: residual add apart from the linear layer before it"},
@@ -65,7 +72,9 @@ static const dg_env_var_t g_vars[] = {
 #undef U
 #undef T
 
-int dg_env_count(void) { return (int)(sizeof g_vars / sizeof *g_vars); }
+int dg_env_count(void) {
+    return (int)(sizeof g_vars / sizeof *g_vars);
+}
 
 const dg_env_var_t *dg_env_at(int i) {
     DG_ASSERT(i >= 0 && i < dg_env_count());
@@ -88,21 +97,30 @@ int dg_env_hooks_compiled(void) {
 
 const char *dg_env_type_name(dg_env_type_t t) {
     switch (t) {
-    case DG_ENV_BOOL: return "bool";
-    case DG_ENV_INT: return "int";
-    case DG_ENV_DOUBLE: return "double";
-    case DG_ENV_STRING: return "string";
-    case DG_ENV_PATH: return "path";
+    case DG_ENV_BOOL:
+        return "bool";
+    case DG_ENV_INT:
+        return "int";
+    case DG_ENV_DOUBLE:
+        return "double";
+    case DG_ENV_STRING:
+        return "string";
+    case DG_ENV_PATH:
+        return "path";
     }
     return "?";
 }
 
 static const char *expected(dg_env_type_t t) {
     switch (t) {
-    case DG_ENV_BOOL: return "a bool (0, 1, true, false, on, off, yes, no)";
-    case DG_ENV_INT: return "a whole decimal number";
-    case DG_ENV_DOUBLE: return "a finite number";
-    default: return "a string";
+    case DG_ENV_BOOL:
+        return "a bool (0, 1, true, false, on, off, yes, no)";
+    case DG_ENV_INT:
+        return "a whole decimal number";
+    case DG_ENV_DOUBLE:
+        return "a finite number";
+    default:
+        return "a string";
     }
 }
 
@@ -121,7 +139,9 @@ dg_status_t dg_env_parse(const dg_env_var_t *v, const char *text, int *b, int64_
     int ok = 1;
     errno = 0;
     switch (v->type) {
-    case DG_ENV_BOOL: ok = b && parse_bool(text, b); break;
+    case DG_ENV_BOOL:
+        ok = b && parse_bool(text, b);
+        break;
     case DG_ENV_INT: {
         long long x = strtoll(text, &end, 10);
         ok = i && *text && end != text && *end == '\0' && errno == 0;
@@ -135,10 +155,10 @@ dg_status_t dg_env_parse(const dg_env_var_t *v, const char *text, int *b, int64_
         break;
     }
     case DG_ENV_STRING:
-    case DG_ENV_PATH: break;
+    case DG_ENV_PATH:
+        break;
     }
-    if (!ok)
-        return DG_ERR(DG_ERR_USAGE, "environment: %s='%s' is not %s", v->name, text, expected(v->type));
+    if (!ok) return DG_ERR(DG_ERR_USAGE, "environment: %s='%s' is not %s", v->name, text, expected(v->type));
     return DG_OK;
 }
 
@@ -199,8 +219,10 @@ dg_status_t dg_env_check(FILE *warn) {
         if (!s) continue;
         if (v->kind == DG_ENV_TEST && !dg_env_hooks_compiled()) {
             if (warn)
-                fprintf(warn, "warning: %s is set but ignored: test hooks are not compiled into this build "
-                              "(-DDGT_TEST_HOOKS=ON)\n", v->name);
+                fprintf(warn,
+                        "warning: %s is set but ignored: test hooks are not compiled into this build "
+                        "(-DDGT_TEST_HOOKS=ON)\n",
+                        v->name);
             continue;
         }
         if (!*s) continue;
@@ -225,8 +247,8 @@ void dg_env_print(FILE *out, int json) {
         const char *cur = current(v);
         int off = v->kind == DG_ENV_TEST && !hooks;
         if (json) {
-            fprintf(out, "%s{\"name\":\"%s\",\"type\":\"%s\",\"kind\":\"%s\",\"default\":", k ? "," : "", v->name,
-                    dg_env_type_name(v->type), v->kind == DG_ENV_TEST ? "test-hook" : "user");
+            fprintf(out, "%s{\"name\":\"%s\",\"type\":\"%s\",\"kind\":\"%s\",\"default\":", k ? "," : "",
+                    v->name, dg_env_type_name(v->type), v->kind == DG_ENV_TEST ? "test-hook" : "user");
             dg_json_fputs(out, v->dflt);
             fprintf(out, ",\"compiled_in\":%s,\"value\":", off ? "false" : "true");
             if (cur)
@@ -238,7 +260,11 @@ void dg_env_print(FILE *out, int json) {
             fputc('}', out);
         } else {
             fprintf(out, "%-30s %-6s default=%-6s %-24s %s\n", v->name, dg_env_type_name(v->type),
-                    *v->dflt ? v->dflt : "-", off ? "not compiled in" : cur ? cur : "unset", v->doc);
+                    *v->dflt ? v->dflt : "-",
+                    off   ? "not compiled in"
+                    : cur ? cur
+                          : "unset",
+                    v->doc);
         }
     }
     if (json) fputs("]}\n", out);

@@ -5,7 +5,8 @@
 #include <string.h>
 
 static const char *ws(const char *p) {
-    while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n') p++;
+    while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
+        p++;
     return p;
 }
 
@@ -19,15 +20,32 @@ static const char *rd_str(const char *p, char *out, size_t cap) {
         if (c == '\\') {
             char e = *p++;
             switch (e) {
-            case '"': case '\\': case '/': c = e; break;
-            case 'b': c = '\b'; break;
-            case 'f': c = '\f'; break;
-            case 'n': c = '\n'; break;
-            case 'r': c = '\r'; break;
-            case 't': c = '\t'; break;
+            case '"':
+            case '\\':
+            case '/':
+                c = e;
+                break;
+            case 'b':
+                c = '\b';
+                break;
+            case 'f':
+                c = '\f';
+                break;
+            case 'n':
+                c = '\n';
+                break;
+            case 'r':
+                c = '\r';
+                break;
+            case 't':
+                c = '\t';
+                break;
             case 'u': {
                 char h[5] = {0};
-                for (int i = 0; i < 4; i++) { if (!p[i]) return NULL; h[i] = p[i]; }
+                for (int i = 0; i < 4; i++) {
+                    if (!p[i]) return NULL;
+                    h[i] = p[i];
+                }
                 char *end;
                 long v = strtol(h, &end, 16);
                 if (*end) return NULL;
@@ -35,7 +53,8 @@ static const char *rd_str(const char *p, char *out, size_t cap) {
                 p += 4;
                 break;
             }
-            default: return NULL;
+            default:
+                return NULL;
             }
         }
         if (n + 1 < cap) out[n++] = c;
@@ -48,10 +67,22 @@ static const char *rd_str(const char *p, char *out, size_t cap) {
 static const char *rd_val(const char *p, dg_jl_field *f) {
     f->is_str = 0;
     f->str[0] = '\0';
-    if (*p == '"') { f->is_str = 1; return rd_str(p, f->str, sizeof f->str); }
-    if (!strncmp(p, "true", 4)) { f->num = 1; return p + 4; }
-    if (!strncmp(p, "false", 5)) { f->num = 0; return p + 5; }
-    if (!strncmp(p, "null", 4)) { f->num = NAN; return p + 4; }
+    if (*p == '"') {
+        f->is_str = 1;
+        return rd_str(p, f->str, sizeof f->str);
+    }
+    if (!strncmp(p, "true", 4)) {
+        f->num = 1;
+        return p + 4;
+    }
+    if (!strncmp(p, "false", 5)) {
+        f->num = 0;
+        return p + 5;
+    }
+    if (!strncmp(p, "null", 4)) {
+        f->num = NAN;
+        return p + 4;
+    }
     char *end;
     f->num = strtod(p, &end);
     return end == p ? NULL : end;
@@ -73,7 +104,10 @@ int dg_jl_parse(const char *line, dg_jl_obj *o) {
         if (!p) return -1;
         if (f != &tmp) o->n++;
         p = ws(p);
-        if (*p == ',') { p++; continue; }
+        if (*p == ',') {
+            p++;
+            continue;
+        }
         if (*p == '}') return *ws(p + 1) ? -1 : 0;
         return -1;
     }

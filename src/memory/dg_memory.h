@@ -14,8 +14,8 @@
 
 typedef struct {
     double n_params, n_layer, d_model, seq_len, vocab, n_head;
-    double param_bytes;  /* compute dtype bytes (4 f32, 2 bf16/fp16) */
-    int dp_shard, tp;    /* dp_replicate does not change per-rank memory */
+    double param_bytes; /* compute dtype bytes (4 f32, 2 bf16/fp16) */
+    int dp_shard, tp;   /* dp_replicate does not change per-rank memory */
     double micro_batch;
     int recompute_gelu;  /* train.recompute=gelu */
     int gpu;             /* GPU mode: attention probabilities are not kept */
@@ -23,19 +23,19 @@ typedef struct {
 } dg_mem_in_t;
 
 typedef struct {
-    double state;      /* f32 master, grad, m, v (+ compute copy), sharded over dp_shard x tp */
-    double gathered;   /* FSDP: current + prefetched block and the embedding */
+    double state;    /* f32 master, grad, m, v (+ compute copy), sharded over dp_shard x tp */
+    double gathered; /* FSDP: current + prefetched block and the embedding */
     double activations;
-    double logits;     /* logits + loss workspace */
-    double buckets;    /* communication buckets */
+    double logits;  /* logits + loss workspace */
+    double buckets; /* communication buckets */
     double total;
 } dg_mem_est_t;
 
 void dg_mem_estimate(const dg_mem_in_t *in, dg_mem_est_t *out);
 
 typedef struct {
-    double bytes;      /* available to the whole node / process */
-    char source[32];   /* MemAvailable | cgroup */
+    double bytes;    /* available to the whole node / process */
+    char source[32]; /* MemAvailable | cgroup */
 } dg_mem_avail_t;
 
 /* Parses a meminfo text for MemAvailable (bytes); -1 when absent. */

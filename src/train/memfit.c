@@ -8,8 +8,8 @@
 
 #define GIB 1073741824.0
 
-void dg_memfit_input(const dg_config_t *c, const dg_model_desc_t *d, const dg_mesh_shape_t *m, int micro_batch,
-                     int gpu, dg_mem_in_t *in) {
+void dg_memfit_input(const dg_config_t *c, const dg_model_desc_t *d, const dg_mesh_shape_t *m,
+                     int micro_batch, int gpu, dg_mem_in_t *in) {
     memset(in, 0, sizeof *in);
     in->n_params = (double)dg_model_n_params(d);
     in->n_layer = d->n_layer;
@@ -55,8 +55,8 @@ static void suggest(const dg_mem_in_t *in, double avail, char *out, size_t cap) 
         t.recompute_gelu = 1;
         dg_mem_estimate(&t, &e);
         if (e.total <= avail) {
-            snprintf(out, cap, "dp_shard=%d ranks with train.micro_batch=1, train.recompute=gelu (%.2f GiB)", s,
-                     e.total / GIB);
+            snprintf(out, cap, "dp_shard=%d ranks with train.micro_batch=1, train.recompute=gelu (%.2f GiB)",
+                     s, e.total / GIB);
             return;
         }
     }
@@ -68,8 +68,10 @@ static void rank_avail(int local_size, const dg_config_t *c, int gpu, double *by
     double b = -1;
     snprintf(src, cap, "unknown");
     if (gpu) {
-        if (dg_mem_gpu_free(&b) == DG_OK) snprintf(src, cap, "GPU free");
-        else b = -1;
+        if (dg_mem_gpu_free(&b) == DG_OK)
+            snprintf(src, cap, "GPU free");
+        else
+            b = -1;
     } else {
         dg_mem_avail_t a;
         if (dg_mem_host_available(&a) == DG_OK) {
@@ -110,12 +112,13 @@ dg_status_t dg_memfit_check(MPI_Comm world, int local_size, const dg_config_t *c
     int fits = e.total <= red.v;
     char sug[192] = "";
     if (!fits) suggest(in, red.v, sug, sizeof sug);
-    snprintf(line, sizeof line,
-             "memory: needs %.2f GiB per rank (state %.2f + gathered %.2f + activations %.2f + logits %.2f + "
-             "buckets %.2f), %s %.2f GiB available on rank %d (%s); mesh %s, micro_batch %d, recompute %s%s%s",
-             e.total / GIB, e.state / GIB, e.gathered / GIB, e.activations / GIB, e.logits / GIB,
-             e.buckets / GIB, fits ? "fits" : "does not fit:", red.v / GIB, red.r, src, mesh_str,
-             (int)in->micro_batch, in->recompute_gelu ? "gelu" : "none", fits ? "" : "; would fit: ", sug);
+    snprintf(
+        line, sizeof line,
+        "memory: needs %.2f GiB per rank (state %.2f + gathered %.2f + activations %.2f + logits %.2f + "
+        "buckets %.2f), %s %.2f GiB available on rank %d (%s); mesh %s, micro_batch %d, recompute %s%s%s",
+        e.total / GIB, e.state / GIB, e.gathered / GIB, e.activations / GIB, e.logits / GIB, e.buckets / GIB,
+        fits ? "fits" : "does not fit:", red.v / GIB, red.r, src, mesh_str, (int)in->micro_batch,
+        in->recompute_gelu ? "gelu" : "none", fits ? "" : "; would fit: ", sug);
     if (line_out) snprintf(line_out, cap, "%s", line);
     if (!fits) return DG_ERR(DG_ERR_USAGE, "%s", line);
     return DG_OK;

@@ -17,8 +17,8 @@
 #include "dg_mesh.h"
 #include "graph.h"
 
-void dg_memfit_input(const dg_config_t *c, const dg_model_desc_t *d, const dg_mesh_shape_t *m, int micro_batch,
-                     int gpu, dg_mem_in_t *in);
+void dg_memfit_input(const dg_config_t *c, const dg_model_desc_t *d, const dg_mesh_shape_t *m,
+                     int micro_batch, int gpu, dg_mem_in_t *in);
 dg_status_t dg_memfit_check(MPI_Comm world, int local_size, const dg_config_t *c, const dg_mem_in_t *in,
                             const char *mesh_str, char *line_out, size_t cap);
 

@@ -41,8 +41,8 @@ static void case_table(void) {
         int64_t x;
         double d;
         if (*v->dflt)
-            CHECK(dg_env_parse(v, v->dflt, &b, &x, &d) == DG_OK, "%s: default '%s' is not its type: %s", v->name,
-                  v->dflt, dg_last_error());
+            CHECK(dg_env_parse(v, v->dflt, &b, &x, &d) == DG_OK, "%s: default '%s' is not its type: %s",
+                  v->name, v->dflt, dg_last_error());
     }
     CHECK(dg_env_find("DG_NO_SUCH_SWITCH") == NULL, "unregistered name found");
 }
@@ -64,7 +64,8 @@ static void case_parse(void) {
     const dg_env_var_t *bv = dg_env_find("DG_SYNC_HOST_READS"), *iv = dg_env_find("DG_CKPT_THREADS"),
                        *dv = dg_env_find("DG_TEST_COMM_PROBE_DELAY_S");
     DG_ASSERT(bv && iv && dv);
-    static const char *on[] = {"1", "true", "on", "yes", "TRUE", "Yes"}, *off[] = {"0", "false", "off", "no", "OFF"};
+    static const char *on[] = {"1", "true", "on", "yes", "TRUE", "Yes"},
+                      *off[] = {"0", "false", "off", "no", "OFF"};
     for (size_t i = 0; i < sizeof on / sizeof *on; i++) {
         int b = -1;
         CHECK(dg_env_parse(bv, on[i], &b, NULL, NULL) == DG_OK && b == 1, "bool '%s' -> %d", on[i], b);
@@ -79,7 +80,8 @@ static void case_parse(void) {
     expect_bad("DG_SYNC_HOST_READS", " 1", bools);
     int64_t x = 0;
     CHECK(dg_env_parse(iv, "-17", NULL, &x, NULL) == DG_OK && x == -17, "int -17 -> %lld", (long long)x);
-    CHECK(dg_env_parse(iv, "9007199254740993", NULL, &x, NULL) == DG_OK && x == 9007199254740993LL, "int 2^53+1");
+    CHECK(dg_env_parse(iv, "9007199254740993", NULL, &x, NULL) == DG_OK && x == 9007199254740993LL,
+          "int 2^53+1");
     const char *ints = "a whole decimal number";
     expect_bad("DG_CKPT_THREADS", "12x", ints);
     expect_bad("DG_CKPT_THREADS", "1.5", ints);
@@ -116,7 +118,8 @@ static void case_access(void) {
     setenv("DG_TEST_FS_NO_LOCKS", "1", 1);
     if (dg_env_hooks_compiled()) {
         CHECK(dg_env_int("DG_TEST_STALL_RANK") == 3, "hook int set");
-        CHECK(dg_env_str("DG_TEST_CKPT_FAIL") && !strcmp(dg_env_str("DG_TEST_CKPT_FAIL"), "write@1"), "hook str");
+        CHECK(dg_env_str("DG_TEST_CKPT_FAIL") && !strcmp(dg_env_str("DG_TEST_CKPT_FAIL"), "write@1"),
+              "hook str");
         CHECK(dg_env_bool("DG_TEST_FS_NO_LOCKS") == 1, "hook bool");
     } else {
         CHECK(dg_env_int("DG_TEST_STALL_RANK") == -1, "compiled-out hook reads its default -1");
@@ -138,8 +141,10 @@ static void case_check(void) {
     if (dg_env_hooks_compiled())
         CHECK(len == 0, "no warning with hooks compiled in: %s", buf);
     else
-        CHECK(strstr(buf, "warning: DG_TEST_STALL_STEP is set but ignored: test hooks are not compiled into this "
-                          "build") && !strchr(strchr(buf, '\n') + 1, '\n'),
+        CHECK(strstr(buf,
+                     "warning: DG_TEST_STALL_STEP is set but ignored: test hooks are not compiled into this "
+                     "build") &&
+                  !strchr(strchr(buf, '\n') + 1, '\n'),
               "one warning line for the compiled-out hook: '%s'", buf);
     setenv("DG_CKPT_THREADS", "eight", 1);
     CHECK(dg_env_check(NULL) == DG_ERR_USAGE &&
@@ -168,8 +173,12 @@ static int child_signal(void (*fn)(void)) {
     DG_ASSERT(waitpid(p, &st, 0) == p);
     return WIFSIGNALED(st) ? WTERMSIG(st) : 0;
 }
-static void read_unregistered(void) { (void)dg_env_bool("DG_NO_SUCH_SWITCH"); }
-static void read_wrong_type(void) { (void)dg_env_int("DG_SYNC_HOST_READS"); }
+static void read_unregistered(void) {
+    (void)dg_env_bool("DG_NO_SUCH_SWITCH");
+}
+static void read_wrong_type(void) {
+    (void)dg_env_int("DG_SYNC_HOST_READS");
+}
 static void read_malformed(void) {
     setenv("DG_CKPT_THREADS", "x", 1);
     (void)dg_env_int("DG_CKPT_THREADS");
@@ -185,7 +194,10 @@ int main(int argc, char **argv) {
     static const struct {
         const char *name;
         void (*fn)(void);
-    } cases[] = {{"table", case_table}, {"parse", case_parse}, {"access", case_access}, {"check", case_check},
+    } cases[] = {{"table", case_table},
+                 {"parse", case_parse},
+                 {"access", case_access},
+                 {"check", case_check},
                  {"assert", case_assert}};
     if (argc != 2) {
         fprintf(stderr, "usage: %s CASE\n", argv[0]);

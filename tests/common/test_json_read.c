@@ -5,7 +5,13 @@
 #include <stdio.h>
 #include <string.h>
 
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c); return 1; } } while (0)
+#define CHECK(c)                                                                                             \
+    do {                                                                                                     \
+        if (!(c)) {                                                                                          \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c);                                     \
+            return 1;                                                                                        \
+        }                                                                                                    \
+    } while (0)
 
 int main(void) {
     dg_jl_obj o;

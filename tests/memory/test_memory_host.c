@@ -7,12 +7,12 @@
 #include "dg_memory.h"
 
 static int fails;
-#define CHECK(c)                                                                                           \
-    do {                                                                                                   \
-        if (!(c)) {                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c);                                   \
-            fails++;                                                                                       \
-        }                                                                                                  \
+#define CHECK(c)                                                                                             \
+    do {                                                                                                     \
+        if (!(c)) {                                                                                          \
+            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c);                                     \
+            fails++;                                                                                         \
+        }                                                                                                    \
     } while (0)
 
 static double file_num(const char *path) {
@@ -55,8 +55,16 @@ int main(void) {
     CHECK(a.bytes <= expect * 1.1 && a.bytes >= expect * 0.9);
     CHECK(strcmp(a.source, expect < parsed ? "cgroup" : "MemAvailable") == 0 || a.bytes < parsed);
 
-    dg_mem_in_t in = {.n_params = 1e6, .n_layer = 4, .d_model = 128, .seq_len = 128, .vocab = 256, .n_head = 4,
-                      .param_bytes = 4, .dp_shard = 1, .tp = 1, .micro_batch = 8};
+    dg_mem_in_t in = {.n_params = 1e6,
+                      .n_layer = 4,
+                      .d_model = 128,
+                      .seq_len = 128,
+                      .vocab = 256,
+                      .n_head = 4,
+                      .param_bytes = 4,
+                      .dp_shard = 1,
+                      .tp = 1,
+                      .micro_batch = 8};
     dg_mem_est_t e1, e2, eg;
     dg_mem_estimate(&in, &e1);
     in.dp_shard = 2;
