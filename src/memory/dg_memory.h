@@ -18,16 +18,22 @@ typedef struct {
     int dp_shard, tp;   /* dp_replicate does not change per-rank memory */
     double micro_batch;
     int recompute_gelu;  /* train.recompute=gelu */
-    int gpu;             /* GPU mode: attention probabilities are not kept */
+    int gpu;             /* GPU mode: attention probabilities are not kept; host terms not in total */
     double bucket_bytes; /* gradient bucket (parallel.bucket_mb) */
 } dg_mem_in_t;
 
+/* Device terms (state .. buckets) live on the GPU in GPU mode, in host memory on CPU ranks; the host
+ * terms (checkpoint, runtime) are always host memory. total = device terms + host terms on CPU ranks,
+ * device terms only in GPU mode (then `host` is the separate host figure). */
 typedef struct {
-    double state;    /* f32 master, grad, m, v (+ compute copy), sharded over dp_shard x tp */
-    double gathered; /* FSDP: current + prefetched block and the embedding */
-    double activations;
-    double logits;  /* logits + loss workspace */
-    double buckets; /* communication buckets */
+    double state;       /* f32 master, grad, m, v (+ compute copy), sharded over dp_shard x tp */
+    double gathered;    /* FSDP: current + prefetched block and the embedding */
+    double activations; /* the activation arena without the classifier rows */
+    double logits;      /* logits (dlogits in place) + per-row loss, logsumexp and ln_f statistics */
+    double buckets;     /* FSDP: the unsharded f32 gradient of the bucket being reduce-scattered */
+    double checkpoint;  /* host: params + m + v staging (f32, local shard; the async writer borrows it) */
+    double runtime;     /* host: fixed MPI / HDF5 / thread / pool overhead + HDF5 metadata per dataset */
+    double host;        /* checkpoint + runtime */
     double total;
 } dg_mem_est_t;
 

@@ -1,20 +1,54 @@
-/* estimate.c — the per-rank memory estimator (dg_memory.h, docs/planning.md §Memory). */
+/* estimate.c — the per-rank memory estimator (dg_memory.h, docs/planning.md §Memory). Every term is an
+ * allocation of the trainer; the activation terms follow the tensors the graph's memory planner keeps
+ * live at its peak (src/graph/planner.c), checked against dgtrain --dry-run's activation_arena and
+ * against measured peak RSS by tests/memory/peak_vs_estimate.py. */
 #include "dg_memory.h"
 
-void dg_mem_estimate(const dg_mem_in_t *in, dg_mem_est_t *out) {
+/* Runtime overhead of a rank beyond the estimated buffers, measured as peak-RSS growth minus the other
+ * terms (docs/planning.md §Memory): Open MPI's free lists and hash tables, the CPU thread pool and the
+ * checkpoint threads' stacks, the data loader, metrics and libraries paged in after start-up. */
+#define DG_MEM_RUNTIME_FIXED (6.0 * 1048576.0)
+/* HDF5 metadata per checkpoint dataset (chunk B-tree, object header, metadata cache entries). */
+#define DG_MEM_PER_DATASET (36.0 * 1024.0)
+
+static void device_terms(const dg_mem_in_t *in, dg_mem_est_t *out) {
     const double P = in->n_params, L = in->n_layer, C = in->d_model, T = in->seq_len, V = in->vocab;
-    const double pb = in->param_bytes, mb = in->micro_batch;
+    const double pb = in->param_bytes, mb = in->micro_batch, H = in->n_head;
     const double K = in->tp > 0 ? in->tp : 1, S = in->dp_shard > 0 ? in->dp_shard : 1;
     double state_per_param = 16.0 + (pb < 4 ? pb : 0);
     out->state = P / (K * S) * state_per_param;
     double block = 12.0 * C * C / K;
     out->gathered = S > 1 ? (2.0 * block + V * C / K) * pb : 0;
-    /* kept per layer: ~10 C-wide tensors + the 4C-wide MLP hidden (pre- and post-GELU: 24/K);
-     * recompute=gelu drops the post-GELU copy (4 C-wide elements per token) */
-    double act_layer = mb * T * C * (10.0 + (in->recompute_gelu ? 16.0 : 24.0) / K) * (pb / 2.0);
-    if (!in->gpu) act_layer += mb * (in->n_head / K) * T * T * 4.0 * 2.0; /* CPU keeps attention probs */
-    out->activations = L * act_layer;
-    out->logits = mb * T * (V / K) * (pb + 4.0);
-    out->buckets = in->bucket_bytes > 0 && S > 1 ? 2.0 * in->bucket_bytes : 0;
-    out->total = out->state + out->gathered + out->activations + out->logits + out->buckets;
+    /* kept per layer and token: ln_1, res_1, ln_2, res_2 outputs (4 C, replicated over tp), qkv, the
+     * attention output, the MLP pre-GELU and GELU outputs (12 C / tp; recompute=gelu drops the GELU
+     * output: 8 C / tp), both layer norms' f32 mean and rstd (16 bytes), and the attention's aux
+     * buffer: the f32 probabilities on CPU (H/tp x T per token), the f32 logsumexp on GPU (H/tp) */
+    double widths = 4.0 + (in->recompute_gelu ? 8.0 : 12.0) / K;
+    double att = in->gpu ? (H / K) * 4.0 : (H / K) * T * 4.0;
+    double act_layer = mb * T * (C * widths * pb + 16.0 + att);
+    /* outside the layers: the encoder output, ln_f's output and its gradient (3 C); with recompute the
+     * recomputed GELU output of the layer in its backward (4 C / tp) */
+    double top = mb * T * C * (3.0 + (in->recompute_gelu ? 4.0 / K : 0)) * pb;
+    out->activations = L * act_layer + top;
+    /* the lm_head is the tied embedding, not vocabulary-parallel: full-V logits on every tp rank;
+     * the fused loss writes dlogits over them; f32 loss, logsumexp and ln_f rstd/mean rows (3 x 4 B) */
+    out->logits = mb * T * (V * pb + 12.0);
+    /* FSDP (graph/shard.c): a bucket is a block's parameters, up to bucket_bytes; its gradient is
+     * accumulated unsharded in f32 and packed in place before the reduce-scatter. DDP reduces the flat
+     * gradient in place (no buffer). */
+    double bucket = 4.0 * block < in->bucket_bytes || in->bucket_bytes <= 0 ? 4.0 * block : in->bucket_bytes;
+    out->buckets = S > 1 ? bucket : 0;
+}
+
+void dg_mem_estimate(const dg_mem_in_t *in, dg_mem_est_t *out) {
+    device_terms(in, out);
+    const double K = in->tp > 0 ? in->tp : 1, S = in->dp_shard > 0 ? in->dp_shard : 1;
+    /* host_flat[3] (train.c build_ckpt_tensors): params, m, v of the local shard in f32, zeroed at
+     * set-up; checkpoint.async adds no copy (the writer borrows host_flat, train.c save_checkpoint) */
+    out->checkpoint = in->n_params / (K * S) * 12.0;
+    double datasets = 3.0 * (12.0 * in->n_layer + 4.0); /* params, m, v of every tensor */
+    out->runtime = DG_MEM_RUNTIME_FIXED + datasets * DG_MEM_PER_DATASET;
+    out->host = out->checkpoint + out->runtime;
+    double device = out->state + out->gathered + out->activations + out->logits + out->buckets;
+    out->total = device + (in->gpu ? 0 : out->host);
 }

@@ -17,7 +17,8 @@ void dg_memfit_input(const dg_config_t *c, const dg_model_desc_t *d, const dg_me
     in->d_model = d->d_model;
     in->seq_len = d->seq_len;
     in->vocab = d->padded_vocab;
-    in->param_bytes = strcmp(c->train.precision, "fp32") == 0 ? 4 : 2;
+    /* the CPU backend computes in f32 whatever train.precision says (backend_cpu.c) */
+    in->param_bytes = gpu && strcmp(c->train.precision, "fp32") != 0 ? 2 : 4;
     in->dp_shard = m->size[DG_MESH_DP_SHARD];
     in->tp = m->size[DG_MESH_TP];
     in->micro_batch = micro_batch;
@@ -102,7 +103,7 @@ dg_status_t dg_memfit_check(MPI_Comm world, int local_size, const dg_config_t *c
     DG_MPI_CHECK(MPI_Bcast(src, (int)sizeof src, MPI_CHAR, red.r, world));
     dg_mem_est_t e;
     dg_mem_estimate(in, &e);
-    char line[768];
+    char line[896];
     if (red.v >= 1e300) {
         snprintf(line, sizeof line, "memory: needs %.2f GiB per rank; available memory unknown (not checked)",
                  e.total / GIB);
@@ -115,9 +116,10 @@ dg_status_t dg_memfit_check(MPI_Comm world, int local_size, const dg_config_t *c
     snprintf(
         line, sizeof line,
         "memory: needs %.2f GiB per rank (state %.2f + gathered %.2f + activations %.2f + logits %.2f + "
-        "buckets %.2f), %s %.2f GiB available on rank %d (%s); mesh %s, micro_batch %d, recompute %s%s%s",
+        "buckets %.2f%s checkpoint %.2f + runtime %.2f), %s %.2f GiB available on rank %d (%s); mesh %s, micro_batch %d, "
+        "recompute %s%s%s",
         e.total / GIB, e.state / GIB, e.gathered / GIB, e.activations / GIB, e.logits / GIB, e.buckets / GIB,
-        fits ? "fits" : "does not fit:", red.v / GIB, red.r, src, mesh_str, (int)in->micro_batch,
+        in->gpu ? "; host, not counted:" : " +", e.checkpoint / GIB, e.runtime / GIB, fits ? "fits" : "does not fit:", red.v / GIB, red.r, src, mesh_str, (int)in->micro_batch,
         in->recompute_gelu ? "gelu" : "none", fits ? "" : "; would fit: ", sug);
     if (line_out) snprintf(line_out, cap, "%s", line);
     if (!fits) return DG_ERR(DG_ERR_USAGE, "%s", line);
