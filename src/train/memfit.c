@@ -113,14 +113,15 @@ dg_status_t dg_memfit_check(MPI_Comm world, int local_size, const dg_config_t *c
     int fits = e.total <= red.v;
     char sug[192] = "";
     if (!fits) suggest(in, red.v, sug, sizeof sug);
-    snprintf(
-        line, sizeof line,
-        "memory: needs %.2f GiB per rank (state %.2f + gathered %.2f + activations %.2f + logits %.2f + "
-        "buckets %.2f%s checkpoint %.2f + runtime %.2f), %s %.2f GiB available on rank %d (%s); mesh %s, micro_batch %d, "
-        "recompute %s%s%s",
-        e.total / GIB, e.state / GIB, e.gathered / GIB, e.activations / GIB, e.logits / GIB, e.buckets / GIB,
-        in->gpu ? "; host, not counted:" : " +", e.checkpoint / GIB, e.runtime / GIB, fits ? "fits" : "does not fit:", red.v / GIB, red.r, src, mesh_str, (int)in->micro_batch,
-        in->recompute_gelu ? "gelu" : "none", fits ? "" : "; would fit: ", sug);
+    snprintf(line, sizeof line,
+             "memory: needs %.2f GiB per rank (state %.2f + gathered %.2f + activations %.2f + logits %.2f + "
+             "buckets %.2f%s checkpoint %.2f + runtime %.2f), %s %.2f GiB available on rank %d (%s); mesh "
+             "%s, micro_batch %d, "
+             "recompute %s%s%s",
+             e.total / GIB, e.state / GIB, e.gathered / GIB, e.activations / GIB, e.logits / GIB,
+             e.buckets / GIB, in->gpu ? "; host, not counted:" : " +", e.checkpoint / GIB, e.runtime / GIB,
+             fits ? "fits" : "does not fit:", red.v / GIB, red.r, src, mesh_str, (int)in->micro_batch,
+             in->recompute_gelu ? "gelu" : "none", fits ? "" : "; would fit: ", sug);
     if (line_out) snprintf(line_out, cap, "%s", line);
     if (!fits) return DG_ERR(DG_ERR_USAGE, "%s", line);
     return DG_OK;

@@ -10,6 +10,7 @@ and, under mpirun, the largest of its descendants, i.e. the largest rank). RSS d
 load of the machine and does not count the page cache (HDF5 writes with write(), nothing is mmapped).
 The estimate is --dry-run --json's memory.estimate_bytes, the same dg_mem_estimate the check uses.
 Prints a table (case, estimate MB, measured MB, error %) and fails on any case above 10 %.
+--gpt2 (first argument) adds gpt2-124m at micro_batch 1 (~5 GB, ~80 s on 2 cores: not in the ctest).
 """
 import os
 import re
@@ -74,16 +75,24 @@ def main():
     if len(sys.argv) < 3:
         print("usage: peak_vs_estimate.py DGTRAIN MPIEXEC [MPIFLAGS...]")
         return 2
-    dgtrain, mpi = sys.argv[1], sys.argv[2:]
+    argv = sys.argv[1:]
+    cases = list(CASES)
+    if argv[0] == "--gpt2":
+        argv = argv[1:]
+        cases.append(("gpt2-124m micro_batch=1", 1, ["train.micro_batch=1", "train.global_batch=1"]))
+    dgtrain, mpi = argv[0], argv[1:]
     if not shutil.which(mpi[0]):
         return dgskip.skip("%s not found" % mpi[0])
     root = tempfile.mkdtemp(prefix="dg_peak_")
     failed = []
     print("%-36s %12s %12s %8s" % ("case", "estimate MB", "measured MB", "error %"))
     try:
-        for name, ranks, sets in CASES:
-            sets = (["model.preset=custom", "model.n_head=4", "model.vocab_size=256", "model.n_layer=4",
-                     "model.d_model=128", "model.seq_len=128"] if name != "tiny" else []) + sets
+        for name, ranks, sets in cases:
+            if name.startswith("gpt2-124m"):
+                sets = ["model.preset=gpt2-124m"] + sets
+            elif name != "tiny":
+                sets = ["model.preset=custom", "model.n_head=4", "model.vocab_size=256", "model.n_layer=4",
+                        "model.d_model=128", "model.seq_len=128"] + sets
             r, err = measure(dgtrain, mpi, name, ranks, sets, root)
             if err:
                 print("%-36s %s" % (name, err))

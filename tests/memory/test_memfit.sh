@@ -10,14 +10,14 @@ W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
 start=$SECONDS
-"$D" --set run.dir="$W/a" --set train.steps=2 --set parallel.memory_limit_mb=30 >"$W/a.out" 2>&1
+"$D" --set run.dir="$W/a" --set train.steps=2 --set parallel.memory_limit_mb=50 >"$W/a.out" 2>&1
 rc=$?
 [ $rc -eq 1 ] || { cat "$W/a.out"; fail "1 rank: exit $rc, want 1"; }
-grep -q "memory: needs .* GiB per rank (state .*does not fit: 0.03 GiB available on rank 0 (parallel.memory_limit_mb=30).*mesh dp_replicate=1,dp_shard=1,tp=1, micro_batch 8.*would fit: train.micro_batch=" "$W/a.out" \
+grep -q "memory: needs .* GiB per rank (state .*does not fit: 0.05 GiB available on rank 0 (parallel.memory_limit_mb=50).*mesh dp_replicate=1,dp_shard=1,tp=1, micro_batch 8.*would fit: train.micro_batch=" "$W/a.out" \
     || { cat "$W/a.out"; fail "1 rank: message lacks the numbers or the fitting setting"; }
 [ $((SECONDS - start)) -lt 30 ] || fail "1 rank: refusal took $((SECONDS - start)) s"
 
-"${MPI[@]}" -n 2 "$D" --set run.dir="$W/b" --set train.steps=2 --set parallel.memory_limit_mb=30 >"$W/b.out" 2>&1
+"${MPI[@]}" -n 2 "$D" --set run.dir="$W/b" --set train.steps=2 --set parallel.memory_limit_mb=50 >"$W/b.out" 2>&1
 rc=$?
 [ $rc -eq 1 ] || { cat "$W/b.out"; fail "2 ranks: exit $rc, want 1"; }
 lines=$(grep -o "memory: needs.*" "$W/b.out" | sort -u | wc -l)

@@ -74,7 +74,18 @@ int main(void) {
     in.recompute_gelu = 1;
     dg_mem_estimate(&in, &eg);
     CHECK(eg.activations < e2.activations);
-    CHECK(e1.total == e1.state + e1.gathered + e1.activations + e1.logits + e1.buckets);
+    double dev = e1.state + e1.gathered + e1.activations + e1.logits + e1.buckets;
+    CHECK(e1.host == e1.checkpoint + e1.runtime && e1.checkpoint == 12.0 * in.n_params && e1.runtime > 0);
+    CHECK(e1.total == dev + e1.host); /* CPU ranks: the host terms are the same memory */
+    CHECK(e2.checkpoint * 2 == e1.checkpoint && e2.buckets > 0 && e1.buckets == 0);
+    in.dp_shard = 1;
+    in.recompute_gelu = 0;
+    in.gpu = 1;
+    dg_mem_est_t eu;
+    dg_mem_estimate(&in, &eu);
+    /* GPU mode: device terms only (the host terms are reported apart); no attention probabilities */
+    CHECK(eu.total == eu.state + eu.gathered + eu.activations + eu.logits + eu.buckets);
+    CHECK(eu.host == e1.host && eu.activations < e1.activations);
     double g = 0;
 #ifndef DG_HAVE_CUDA
     CHECK(dg_mem_gpu_free(&g) != DG_OK);
