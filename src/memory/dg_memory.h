@@ -19,7 +19,7 @@ typedef struct {
     double micro_batch;
     int recompute_gelu;  /* train.recompute=gelu */
     int gpu;             /* GPU mode: attention probabilities are not kept; host terms not in total */
-    double bucket_bytes; /* gradient bucket (parallel.bucket_mb) */
+    double bucket_bytes; /* gradient bucket (parallel.bucket_mb); <= 0: one block, uncapped */
 } dg_mem_in_t;
 
 /* Device terms (state .. buckets) live on the GPU in GPU mode, in host memory on CPU ranks; the host
