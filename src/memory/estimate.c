@@ -34,8 +34,8 @@ static void device_terms(const dg_mem_in_t *in, dg_mem_est_t *out) {
      * the fused loss writes dlogits over them; f32 loss, logsumexp and ln_f rstd/mean rows (3 x 4 B) */
     out->logits = mb * T * (V * pb + 12.0);
     /* FSDP (graph/shard.c): a bucket is a block's parameters, up to bucket_bytes; its gradient is
-     * accumulated unsharded in f32 and packed in place before the reduce-scatter. DDP reduces the flat
-     * gradient in place (no buffer). */
+     * accumulated unsharded in f32 until shard_pack and the reduce-scatter (the arena's placement lets
+     * the pack buffer share its space; measured). DDP reduces the flat gradient in place (no buffer). */
     double bucket = 4.0 * block < in->bucket_bytes || in->bucket_bytes <= 0 ? 4.0 * block : in->bucket_bytes;
     out->buckets = S > 1 ? bucket : 0;
 }
