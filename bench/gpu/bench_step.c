@@ -17,7 +17,7 @@
  * capture must move to device memory).
  *
  *   bench_step [--preset gpt2-124m] [--B 32] [--precision bf16] [--steps 10] [--warmup 3] [--json FILE]
- * Exit 77 without a GPU. It reads the graph module's private executor API (graph_impl.h), as its tests do.
+ * Exit 77 without a GPU. It reads the graph module's executor API (src/graph/graph.h), as its tests do.
  */
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
@@ -27,8 +27,8 @@
 #include <string.h>
 
 #include "backend.h"
+#include "dg_model.h"
 #include "graph.h"
-#include "graph_impl.h"
 #include "train_util.h"
 
 #define MUST(call)                                                                                           \
