@@ -11,7 +11,7 @@
  *          executor's CUDA-Graph capture (docs/cuda.md) would run.
  *
  * api - eager is the cost of the host syncs; eager - graph the launch gaps the capture buys back;
- * graph vs the kernel sum of tests/backend_cuda/bench_backend_cuda the rest. Steps are timed with CUDA
+ * graph vs the kernel sum of bench/kernels/bench_backend_cuda the rest. Steps are timed with CUDA
  * events on the backend's stream (median of --steps after --warmup). Random tokens; the learning rate
  * and step number are baked into the captured graph (fine for timing: see docs/cuda.md for what the real
  * capture must move to device memory).

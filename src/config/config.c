@@ -61,28 +61,6 @@ static char *trim(char *s) {
     return s;
 }
 
-/* Optimal-string-alignment distance (Levenshtein plus adjacent transpositions), for "did you mean". */
-static int edit_distance(const char *a, const char *b) {
-    size_t n = strlen(a), m = strlen(b);
-    if (n > 64 || m > 64) return 1000;
-    int d[65][65];
-    for (size_t i = 0; i <= n; i++)
-        d[i][0] = (int)i;
-    for (size_t j = 0; j <= m; j++)
-        d[0][j] = (int)j;
-    for (size_t i = 1; i <= n; i++)
-        for (size_t j = 1; j <= m; j++) {
-            int cost = tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]);
-            int v = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
-            if (d[i - 1][j - 1] + cost < v) v = d[i - 1][j - 1] + cost;
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
-                v = d[i - 2][j - 2] + 1;
-            d[i][j] = v;
-        }
-    return d[n][m];
-}
-
 static int close_enough(int dist, const char *typed) {
     return dist <= 1 + (int)strlen(typed) / 4;
 }
@@ -93,7 +71,7 @@ static int suggest_key(const char *section, const char *key) {
     int best = -1, best_score = 1000;
     for (int i = 0; i < dg_cfg_nkeys; i++) {
         int score =
-            edit_distance(key, dg_cfg_schema[i].key) * 2 + (strcmp(dg_cfg_schema[i].section, section) != 0);
+            dg_edit_distance(key, dg_cfg_schema[i].key) * 2 + (strcmp(dg_cfg_schema[i].section, section) != 0);
         if (score < best_score) {
             best_score = score;
             best = i;
@@ -106,7 +84,7 @@ static int suggest_key(const char *section, const char *key) {
 static int suggest_section(const char *section) {
     int best = -1, best_d = 1000;
     for (int i = 0; i < dg_cfg_nsections; i++) {
-        int d = edit_distance(section, dg_cfg_sections[i]);
+        int d = dg_edit_distance(section, dg_cfg_sections[i]);
         if (d < best_d) {
             best_d = d;
             best = i;

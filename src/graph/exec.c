@@ -26,7 +26,7 @@
  * records host-side state that a CUDA Graph replay would have to redo: recorded, the begin_after and
  * stream_wait event edges fork the comm stream into the capture and join it back.
  *
- * Fallbacks (issue 7; docs/cuda.md "Fallbacks"). Memory: when the arena cannot be allocated, every arena
+ * Fallbacks (docs/cuda.md "Fallbacks"). Memory: when the arena cannot be allocated, every arena
  * root is allocated on its own when its live range starts and freed after it ends (eager allocation,
  * peak = the live set instead of the arena, which fragmentation-free placement can exceed); slower (a
  * cudaMalloc and a device-synchronising cudaFree per tensor and run) and not recordable. Kernel: an op

@@ -6,7 +6,7 @@
  * nodes in topological (= schedule) order; an op may also produce "side" outputs (layernorm statistics,
  * attention scratch), which are nodes of kind DG_OP_SIDE placed right after their producer, and may
  * update persistent tensors in place (parameter gradients, optimizer state), listed in `upd`.
- * Nodes carry a stream (compute or comm) and explicit wait edges so that later passes (issue 4:
+ * Nodes carry a stream (compute or comm) and explicit wait edges so that later passes (docs/fsdp.md:
  * sharding, bucketing, hoisting, overlap) can move collectives to a communication stream; a collective
  * is just an op kind with a mesh-dimension attribute. Parameters carry their GLOBAL shape and where
  * their local piece sits in it.

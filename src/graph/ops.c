@@ -1114,7 +1114,7 @@ dg_node_t *dg_op_crossentropy(dg_graph_t *g, const char *name, dg_node_t *logits
     return dg_graph_add_op(g, DG_OP_CROSSENTROPY, name, 2, src, 0, NULL, attr, 2);
 }
 
-/* Collectives start on the compute stream; the overlap pass (issue 4) moves them to the comm stream
+/* Collectives start on the compute stream; the overlap pass (docs/fsdp.md) moves them to the comm stream
  * and adds the wait edges. */
 static dg_node_t *collective(dg_graph_t *g, dg_op_kind_t k, const char *name, dg_node_t *x, int mesh_dim) {
     int64_t attr[2] = {0, mesh_dim};

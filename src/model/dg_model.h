@@ -237,7 +237,7 @@ void dg_model_set_step(dg_model_t *m, int64_t step);
  * callback) on a backend that cannot record. cb may be NULL. */
 typedef void (*dg_model_graph_cb_t)(void *ctx, const char *what, const char *detail);
 void dg_model_set_graph_replay(dg_model_t *m, int on, dg_model_graph_cb_t cb, void *ctx);
-/* Executor fallbacks (issue 7): when the activation arena cannot be allocated, activations are allocated
+/* Executor fallbacks (docs/cuda.md "Fallbacks"): when the activation arena cannot be allocated, activations are allocated
  * one by one over their live ranges (kind "memory"); an op kind the backend has no kernel for runs on the
  * host through copies of its tensors (kind "kernel", one report per op kind). The numbers are those of
  * the planned path. Both are decided when the model is created (the test hooks DG_TEST_ARENA_FAIL=1 and
