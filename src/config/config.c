@@ -170,16 +170,18 @@ static void expectation(int i, char *buf, size_t cap) {
     }
 }
 
-static int enum_has(const char *choices, const char *v) {
+/* Index of v among the "a|b|c" choices, or -1. */
+static int enum_index(const char *choices, const char *v) {
     size_t n = strlen(v);
-    for (const char *p = choices; *p;) {
+    int idx = 0;
+    for (const char *p = choices; *p; idx++) {
         const char *bar = strchr(p, '|');
         size_t len = bar ? (size_t)(bar - p) : strlen(p);
-        if (len == n && strncmp(p, v, n) == 0) return 1;
+        if (len == n && strncmp(p, v, n) == 0) return idx;
         if (!bar) break;
         p = bar + 1;
     }
-    return 0;
+    return -1;
 }
 
 /* Parse `v` for key i into `dst` (the field, or scratch of the same size). On failure writes the
@@ -235,7 +237,8 @@ static int parse_value(int i, const char *v, void *dst, char *why, size_t cap) {
         break;
     }
     case DG_CFGT_ENUM:
-        if (!enum_has(k->choices, v)) {
+        int idx = enum_index(k->choices, v);
+        if (idx < 0) {
             snprintf(why, cap, "expected %s, got '%s'", exp, sh);
             return 1;
         }
@@ -549,6 +552,17 @@ static dg_status_t parse_text(dg_config_t *cfg, const char *name, const char *te
 
 /* ---------------------------------------------------------------- public API */
 
+/* The enum id of every enumerated key that has one, from its (already checked) text. */
+static void set_ids(dg_config_t *cfg) {
+    for (int i = 0; i < dg_cfg_nkeys; i++) {
+        const dg_cfg_key_t *k = &dg_cfg_schema[i];
+        if (k->type != DG_CFGT_ENUM || !k->has_id) continue;
+        int idx = enum_index(k->choices, (const char *)cfg + k->offset);
+        DG_ASSERT(idx >= 0);
+        *(int *)((char *)cfg + k->id_offset) = idx;
+    }
+}
+
 void dg_config_defaults(dg_config_t *cfg) {
     memset(cfg, 0, sizeof *cfg);
     for (int i = 0; i < dg_cfg_nkeys; i++) {
@@ -558,6 +572,7 @@ void dg_config_defaults(dg_config_t *cfg) {
                    dg_cfg_schema[i].key, why);
         snprintf(cfg->source[i], sizeof cfg->source[i], "default");
     }
+    set_ids(cfg);
 }
 
 dg_status_t dg_config_set(dg_config_t *cfg, const char *name, const char *value, const char *source) {
@@ -579,6 +594,7 @@ dg_status_t dg_config_set(dg_config_t *cfg, const char *name, const char *value,
     else
         s = set_key(cfg, i, v, source, source);
     free(buf);
+    if (s == DG_OK) set_ids(cfg);
     return s;
 }
 
@@ -628,6 +644,7 @@ static dg_status_t apply_set(dg_config_t *cfg, const char *arg) {
     return s;
 }
 
+
 dg_status_t dg_config_load_buffer(dg_config_t *cfg, const char *name, const char *text, size_t len, int nsets,
                                   const char *const *sets) {
     dg_config_defaults(cfg);
@@ -637,6 +654,7 @@ dg_status_t dg_config_load_buffer(dg_config_t *cfg, const char *name, const char
     }
     for (int j = 0; j < nsets; j++)
         DG_TRY(apply_set(cfg, sets[j]));
+    set_ids(cfg);
     return dg_config_validate(cfg);
 }
 

@@ -44,14 +44,14 @@ static dg_status_t model_desc_of(const dg_config_t *c, dg_model_desc_t *out) {
 }
 
 int trn_is_fp16(const dg_config_t *c) {
-    return strcmp(c->train.precision, "fp16") == 0;
+    return c->train.precision_id == DG_PREC_FP16;
 }
 
 static dg_status_t pick_backend(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     dg_backend_config_t bc = {0};
-    bc.act_dtype = strcmp(c->train.precision, "bf16") == 0   ? DG_BF16
-                   : strcmp(c->train.precision, "fp16") == 0 ? DG_F16
+    bc.act_dtype = c->train.precision_id == DG_PREC_BF16   ? DG_BF16
+                   : c->train.precision_id == DG_PREC_FP16 ? DG_F16
                                                              : DG_F32;
     bc.threads = (int)c->parallel.threads;
     if (bc.threads == 0) {
@@ -64,21 +64,21 @@ static dg_status_t pick_backend(trainer_t *tr) {
     bc.seed = (uint64_t)c->run.seed;
     bc.device = tr->boot->gpu >= 0 ? tr->boot->topo.gpus[tr->boot->gpu].cuda_index : 0;
     if (bc.device < 0) bc.device = 0;
-    const char *want = c->parallel.backend;
+    const dg_cfg_backend_t want = c->parallel.backend_id;
 #ifdef DG_HAVE_CUDA
-    if (strcmp(want, "cuda") == 0 || strcmp(want, "auto") == 0) {
+    if (want == DG_CFG_BACKEND_CUDA || want == DG_CFG_BACKEND_AUTO) {
         dg_status_t s = dg_backend_cuda_create(&bc, &tr->be);
         if (s == DG_OK) {
             snprintf(tr->backend_name, sizeof tr->backend_name, "cuda");
             tr->cuda_device = bc.device;
             return DG_OK;
         }
-        if (strcmp(want, "cuda") == 0) return s;
+        if (want == DG_CFG_BACKEND_CUDA) return s;
         DG_LOG_INFO("parallel.backend=auto: no usable GPU (%s); using the CPU backend", dg_last_error());
         dg_clear_error();
     }
 #else
-    if (strcmp(want, "cuda") == 0)
+    if (want == DG_CFG_BACKEND_CUDA)
         return DG_ERR(DG_ERR_USAGE, "parallel.backend=cuda, but this dgtrain was built without CUDA "
                                     "(configure with -DDGT_CUDA=ON on a machine with nvcc)");
 #endif
@@ -102,8 +102,8 @@ static void plan_workload(const dg_config_t *c, const dg_model_desc_t *d, dg_pla
     w->n_params = (int64_t)dg_model_n_params(d);
     w->micro_batch = (int)c->train.micro_batch;
     w->global_batch = c->train.global_batch;
-    w->param_bytes = strcmp(c->train.precision, "fp32") == 0 ? 4 : 2;
-    w->grad_bytes = strcmp(c->train.reduce_dtype, "bf16") == 0 ? 2 : 4;
+    w->param_bytes = c->train.precision_id == DG_PREC_FP32 ? 4 : 2;
+    w->grad_bytes = c->train.reduce_dtype_id == DG_REDUCE_BF16 ? 2 : 4;
     w->reshard_after_forward = c->parallel.reshard_after_forward;
 }
 
