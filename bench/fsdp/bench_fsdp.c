@@ -1,5 +1,5 @@
 /* bench_fsdp.c — FSDP step time with the collectives overlapped with compute and without, and the
- * exposed communication per step (issue 4, "Benchmark").
+ * exposed communication per step (docs/fsdp.md, "Benchmark").
  *
  * Every rank trains the same GPT (default: 6 layers, d_model 384, 6 heads, seq 256) sharded over the
  * mesh (default dp_shard = world) on synthetic tokens, in three modes, each after warm-up steps:
@@ -10,7 +10,7 @@
  * The modes run interleaved (one step of each in turn), so that the load of a shared machine changes
  * all of them alike. Reported per mode, as medians over the steps: step time (slowest rank), exposed
  * communication (time a rank was blocked in collective waits and blocking collectives, max over ranks)
- * and its share of the step, and the step time relative to compute-only. The target (issue 4): with overlap,
+ * and its share of the step, and the step time relative to compute-only. The target (docs/fsdp.md): with overlap,
  * exposed communication < 10% of the step at 2 ranks for the 6-layer, 384-wide model. Output: a table on
  * stdout, and with --json FILE one JSON object per mode (one per line); --profile 1 adds rank 0's time per op
  * kind in the overlap mode (waits counted in the op that waits). --reduce-scatter ring|mpi picks the comm

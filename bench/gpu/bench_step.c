@@ -11,13 +11,13 @@
  *          executor's CUDA-Graph capture (docs/cuda.md) would run.
  *
  * api - eager is the cost of the host syncs; eager - graph the launch gaps the capture buys back;
- * graph vs the kernel sum of tests/backend_cuda/bench_backend_cuda the rest. Steps are timed with CUDA
+ * graph vs the kernel sum of bench/kernels/bench_backend_cuda the rest. Steps are timed with CUDA
  * events on the backend's stream (median of --steps after --warmup). Random tokens; the learning rate
  * and step number are baked into the captured graph (fine for timing: see docs/cuda.md for what the real
  * capture must move to device memory).
  *
  *   bench_step [--preset gpt2-124m] [--B 32] [--precision bf16] [--steps 10] [--warmup 3] [--json FILE]
- * Exit 77 without a GPU. It reads the graph module's private executor API (graph_impl.h), as its tests do.
+ * Exit 77 without a GPU. It reads the graph module's executor API (src/graph/graph.h), as its tests do.
  */
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
@@ -27,8 +27,8 @@
 #include <string.h>
 
 #include "backend.h"
+#include "dg_model.h"
 #include "graph.h"
-#include "graph_impl.h"
 #include "train_util.h"
 
 #define MUST(call)                                                                                           \

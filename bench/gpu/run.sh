@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run.sh — the end-to-end GPU benchmark (issue 7), one call on a GPU machine: builds dgtrain, trains
+# run.sh — the end-to-end GPU benchmark (docs/cuda.md), one call on a GPU machine: builds dgtrain, trains
 # GPT-2 124M (configs/gpt2-124m.ini, micro-batch 32 x 1024, bf16) on synthetic token shards, then runs the
 # PyTorch reference of the identical model and batch (eager and torch.compile) in the same call, and
 # prints tokens/s, MFU, peak GPU memory, time from launch to the first finished step (dgtrain cold and

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-TARGET = 1.15  # issue 7: dgtrain >= 1.15 x torch.compile tokens/s
+TARGET = 1.15  # docs/cuda.md: dgtrain >= 1.15 x torch.compile tokens/s
 
 
 def load_json(path):

@@ -4,7 +4,8 @@
  *
  * Contract version: v1.11. Changes are additive only (new entries appended at the end of the table,
  * optional ones NULL where a backend has none), because two backends and the executor are written
- * against it; each is recorded in docs/backend.md, which also summarises the table.
+ * against it; each change, with the version that brought it, is recorded in docs/backend.md (the
+ * table's history lives there, not here), which also summarises the table.
  *
  * Dtype classes (fixed when the backend is created, from train.precision):
  *   act   — activations, their gradients, and the compute copy of parameters: be->act_dtype
@@ -53,7 +54,7 @@ enum {
     DG_DS_COUNT = 8
 };
 
-/* One tensor of adamw_multi_dev (v1.6): elements [off, off + count) of each flat buffer. 16 bytes; a table
+/* One tensor of adamw_multi_dev elements [off, off + count) of each flat buffer. 16 bytes; a table
  * of them lives in device memory (the backend's alloc) and is read by the device when the op runs. */
 typedef struct dg_adamw_seg {
     uint64_t off;   /* first element; a multiple of 4 (16 bytes of f32) */
@@ -65,7 +66,7 @@ enum {
     DG_ADAMW_SEG_SKIP = 2u   /* leave this tensor alone (frozen) */
 };
 
-/* One tensor of sumsq_multi (v1.7): elements [off, off + count) of the flat buffer. 16 bytes, the layout
+/* One tensor of sumsq_multi elements [off, off + count) of the flat buffer. 16 bytes, the layout
  * of dg_adamw_seg_t; unlike AdamW's table the order is free (it is the order of the additions into *out)
  * and offsets need no alignment. */
 typedef struct dg_sumsq_seg {
@@ -176,7 +177,7 @@ typedef struct dg_backend_ops {
     dg_status_t (*clip_scale)(dg_backend_t *be, float *gscale_dev, float *norm_dev, const float *sumsq_dev,
                               float clip, float extra);
 
-    /* ---- v1.3: device-side step scalars and graph replay ---- */
+    /* ---- device-side step scalars and graph replay ---- */
     /* Host memory the device can copy from asynchronously (page-locked on CUDA; plain malloc on CPU). */
     dg_status_t (*host_alloc)(dg_backend_t *be, size_t bytes, void **out);
     void (*host_free)(dg_backend_t *be, void *p);
@@ -199,12 +200,12 @@ typedef struct dg_backend_ops {
     dg_status_t (*graph_launch)(dg_backend_t *be, void *graph);
     void (*graph_free)(dg_backend_t *be, void *graph);
 
-    /* ---- v1.5 ---- */
+    /* ---- f32 accumulation (gradient reductions in another dtype) ---- */
     /* dst[i] += src[i], n f32 values (any act dtype), queued in order with every other op: no host sync,
      * capturable. dst and src must not overlap unless equal. Deterministic (one add per element). */
     dg_status_t (*add_f32)(dg_backend_t *be, float *dst, const float *src, size_t n);
 
-    /* ---- v1.6 (optional: NULL where the backend has none) ---- */
+    /* ---- AdamW over the flat buffers in one launch (optional: NULL where the backend has none) ---- */
     /* adamw_dev over every segment of a table at once: for each segs[i] without DG_ADAMW_SEG_SKIP, exactly
      *   adamw_dev(master + off, compute ? compute + off : NULL, grad + off, m + off, v + off, count,
      *             beta1, beta2, eps, (flags & DG_ADAMW_SEG_DECAY) ? wd : 0, sc)
@@ -218,7 +219,7 @@ typedef struct dg_backend_ops {
                                    float *master, void *compute, const float *grad, float *m, float *v,
                                    float beta1, float beta2, float eps, float wd, const float *sc);
 
-    /* ---- v1.7 (optional: NULL where the backend has none) ---- */
+    /* ---- the gradient norm over the flat buffer in one launch (optional: NULL where the backend has none) ---- */
     /* sumsq_f32 over every segment of a table at once: for i = 0 .. nseg-1 in this order, each segment
      * without DG_SUMSQ_SEG_SKIP does exactly
      *   sumsq_f32(out_dev, base + off, count)
@@ -235,7 +236,7 @@ typedef struct dg_backend_ops {
      * sumsq_f32 chooses it per pointer). nseg = 0 does nothing. */
     dg_status_t (*sumsq_multi)(dg_backend_t *be, float *out_dev, const float *base, size_t span,
                                const dg_sumsq_seg_t *segs, const dg_sumsq_seg_t *segs_dev, int nseg);
-    /* ---- v1.8: host reads that do not drain the queue (optional: all NULL, or all set) ---- */
+    /* ---- host reads that do not drain the queue (optional: all NULL, or all set) ---- */
     /* host_dst[0, bytes) = src (device), queued in order with every other op: the copy reads src when
      * the work queued before it has run, and host_dst holds the data only once a fence recorded after
      * this call has been waited on (or after sync). host_dst must come from host_alloc (page-locked:
@@ -256,7 +257,7 @@ typedef struct dg_backend_ops {
      * reports for that work (asynchronous kernel faults, the device error flags: a bad target or token
      * id) with a message naming the fence wait; work queued after the fence may still be running. */
     dg_status_t (*fence_wait)(dg_backend_t *be, void *fence);
-    /* ---- v1.9: attention_bwd with a workspace from the caller (optional: both NULL, or both set) ---- */
+    /* ---- attention_bwd with a workspace from the caller (optional: both NULL, or both set) ---- */
     /* Bytes of device memory attention_bwd_ws wants as `ws` for this shape (0: none). May plan the shape
      * (CUDA: builds cuDNN's execution plans), so call it outside a graph recording. The graph gives the
      * workspace a place in the activation arena, live only during the op, so it shares memory that is
@@ -269,7 +270,7 @@ typedef struct dg_backend_ops {
                                     const void *out, const void *aux, void *ws, size_t ws_bytes, int B, int T,
                                     int C, int NH);
 
-    /* ---- v1.10 (optional: NULL where the backend has none) ---- */
+    /* ---- the classifier loss and its gradient in one pass (optional: NULL where the backend has none) ---- */
     /* The classifier loss and its gradient in one call, for a step whose backward follows:
      *   crossentropy_fwd(losses, lse, logits, targets, N, V, Vp);
      *   crossentropy_bwd(dlogits, logits, lse, targets, N, V, Vp, dloss);
@@ -283,7 +284,7 @@ typedef struct dg_backend_ops {
                                       const void *logits, const int32_t *targets, int N, int V, int Vp,
                                       float dloss);
 
-    /* ---- v1.11 (optional: NULL where the backend has none) ---- */
+    /* ---- the residual add inside the GEMM (optional: NULL where the backend has none) ---- */
     /* A linear layer followed by the residual add, in one call:
      *   out[N,OC] = inp[N,C] · w[OC,C]ᵀ + bias[OC] + res[N,OC]      (bias may be NULL)
      * i.e. matmul_fwd(tmp, NULL, inp, w, bias, N, C, OC, DG_EPI_NONE) then add(out, tmp, res, N * OC),

@@ -1,4 +1,4 @@
-/* checkpoint.h — parallel-HDF5 checkpoints of generic distributed state (issue 5).
+/* checkpoint.h — parallel-HDF5 checkpoints of generic distributed state (docs/checkpoints.md).
  *
  * The module knows nothing about models: the caller describes its state as a list of fp32 pieces
  * ("this rank holds the hyperslab start/count of the global tensor PATH of shape gshape") plus a few

@@ -1,5 +1,6 @@
 /* main.c — the `dgtrain` executable: command line, MPI boot, config, logging, topology and binding,
- * then one action (--print-config, --topology, --dry-run, --plan-only, --export-topology, or training).
+ * then one action (--print-config, --topology, --dry-run, --plan-only, --export-topology, or training), or
+ * a subcommand (`dgtrain NAME ...`). The actions and subcommands are the tables of commands.c.
  *
  * Every step that can fail on one rank only is followed by dg_boot_agree, so all ranks leave with the
  * same exit code (docs/design.md §1) and rank 0 prints the failing rank's one-line message.
@@ -11,6 +12,7 @@
 #include <strings.h>
 
 #include "cli_hooks.h"
+#include "commands.h"
 #include "config.h"
 #include "dg_env.h"
 #include "dg_fs.h"
@@ -24,34 +26,28 @@ typedef struct {
     const char *config;
     int nsets;
     const char **sets;
-    int help, version, print_config, print_env, dry_run, topology, json, plan_only;
+    int help, version, json, n_actions;
+    dg_cli_action_t action; /* commands.c's action table; DG_ACT_TRAIN when no action flag is given */
     const char *export_topology;
 } cli_opts_t;
 
-static const char *const k_options[] = {"--set",          "--help",      "--version",         "--print-config",
-                                        "--print-env",    "--dry-run",   "--topology",        "--json",
-                                        "--plan-only",    "--export-topology"};
+/* The options that are not actions (commands.c lists those). */
+static const char *const k_options[] = {"--set", "--help", "--version", "--json", "--export-topology"};
 
 static void usage(FILE *out) {
     fprintf(
         out,
         "usage: dgtrain [CONFIG.ini] [--set section.key=value ...] [ACTION] [--json]\n"
         "       mpirun -n N dgtrain CONFIG.ini ...   |   srun dgtrain CONFIG.ini ...\n"
+        "       dgtrain COMMAND ARGS...\n"
         "\n"
         "Trains a decoder-only transformer across MPI ranks. With no CONFIG, the embedded defaults are "
         "used.\n"
         "Values come from the defaults, then CONFIG, then each --set in order (a later one wins).\n"
-        "\n"
-        "actions (default: train):\n"
-        "  --print-config          print the effective config, each value with its source\n"
-        "                          (default, FILE:LINE or --set), and exit\n"
-        "  --dry-run               boot, topology, binding and config hash (later: plan, memory); no "
-        "training\n"
-        "  --print-env             list every DG_* environment switch: name, type, default, current\n"
-        "                          value (or unset), doc; test hooks of a build without them show\n"
-        "                          'not compiled in' (no MPI; with --json one JSON document)\n"
-        "  --topology              the rank table and each node's sockets, cores, NUMA nodes, GPUs and NICs\n"
-        "  --plan-only             print the parallel plan and graph schedule per rank and exit\n"
+        "\n");
+    dg_cli_print_commands(out);
+    dg_cli_print_actions(out);
+    fprintf(out,
         "  --export-topology FILE  write this node's hwloc topology as XML (one file per node:\n"
         "                          FILE, or FILE.<node id> when there are several nodes)\n"
         "options:\n"
@@ -80,37 +76,27 @@ static int launcher_rank(void) {
     return 0;
 }
 
-static int edit_distance(const char *a, const char *b) {
-    size_t n = strlen(a), m = strlen(b);
-    if (n > 40 || m > 40) return 99;
-    int d[41][41];
-    for (size_t i = 0; i <= n; i++)
-        d[i][0] = (int)i;
-    for (size_t j = 0; j <= m; j++)
-        d[0][j] = (int)j;
-    for (size_t i = 1; i <= n; i++)
-        for (size_t j = 1; j <= m; j++) {
-            int v = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            if (d[i - 1][j] + 1 < v) v = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
-            d[i][j] = v;
-        }
-    return d[n][m];
-}
-
 static dg_status_t unknown_option(const char *a) {
     char name[64];
     snprintf(name, sizeof name, "%.*s", (int)strcspn(a, "="), a);
-    int best = -1, bd = 99;
-    for (size_t i = 0; i < sizeof k_options / sizeof *k_options; i++) {
-        int d = edit_distance(name, k_options[i]);
-        if (d < bd) bd = d, best = (int)i;
-    }
+    const char *cands[32];
+    int n = 0;
+    for (size_t i = 0; i < sizeof k_options / sizeof *k_options; i++)
+        cands[n++] = k_options[i];
+    for (int i = 0; i < dg_cli_n_actions && n < 32; i++)
+        cands[n++] = dg_cli_actions[i].flag;
+    int bd = 1000, best = dg_closest(name, cands, n, &bd);
     if (best >= 0 && bd <= 3)
         return DG_ERR(DG_ERR_USAGE,
                       "unknown option '%s'; did you mean '%s'? (dgtrain --help lists the options)", name,
-                      k_options[best]);
+                      cands[best]);
     return DG_ERR(DG_ERR_USAGE, "unknown option '%s' (dgtrain --help lists the options)", name);
+}
+
+static const dg_cli_action_def_t *action_def(dg_cli_action_t a) {
+    for (int i = 0; i < dg_cli_n_actions; i++)
+        if (dg_cli_actions[i].act == a) return &dg_cli_actions[i];
+    return NULL;
 }
 
 static dg_status_t parse_args(int argc, char **argv, cli_opts_t *o) {
@@ -136,18 +122,11 @@ static dg_status_t parse_args(int argc, char **argv, cli_opts_t *o) {
             o->help = 1;
         } else if (strcmp(a, "--version") == 0) {
             o->version = 1;
-        } else if (strcmp(a, "--print-config") == 0) {
-            o->print_config = 1;
-        } else if (strcmp(a, "--print-env") == 0) {
-            o->print_env = 1;
-        } else if (strcmp(a, "--dry-run") == 0) {
-            o->dry_run = 1;
-        } else if (strcmp(a, "--topology") == 0) {
-            o->topology = 1;
+        } else if (dg_cli_find_action(a)) {
+            o->action = dg_cli_find_action(a)->act;
+            o->n_actions++;
         } else if (strcmp(a, "--json") == 0) {
             o->json = 1;
-        } else if (strcmp(a, "--plan-only") == 0) {
-            o->plan_only = 1;
         } else if (strcmp(a, "--export-topology") == 0) {
             if (i + 1 >= argc || !*argv[i + 1])
                 return DG_ERR(DG_ERR_USAGE, "--export-topology: expected a FILE after it");
@@ -159,12 +138,24 @@ static dg_status_t parse_args(int argc, char **argv, cli_opts_t *o) {
             return unknown_option(a);
         }
     }
-    int actions = o->print_config + o->print_env + o->dry_run + o->topology + o->plan_only;
-    if (actions > 1)
-        return DG_ERR(DG_ERR_USAGE,
-                      "choose one of --print-config, --print-env, --dry-run, --topology and --plan-only");
-    if (o->json && !(o->print_env || o->dry_run || o->topology || o->plan_only))
-        return DG_ERR(DG_ERR_USAGE, "--json goes with --print-env, --dry-run, --topology or --plan-only");
+    char flags[256] = "";
+    const char *json_flags[16];
+    int nj = 0;
+    for (int i = 0; i < dg_cli_n_actions; i++) {
+        size_t l = strlen(flags);
+        snprintf(flags + l, sizeof flags - l, "%s%s", i == 0 ? "" : i + 1 == dg_cli_n_actions ? " and " : ", ",
+                 dg_cli_actions[i].flag);
+        if (dg_cli_actions[i].json_ok && nj < 16) json_flags[nj++] = dg_cli_actions[i].flag;
+    }
+    if (o->n_actions > 1) return DG_ERR(DG_ERR_USAGE, "choose one of %s", flags);
+    if (o->json && (o->action == DG_ACT_TRAIN || !action_def(o->action)->json_ok)) {
+        char jl[256] = "";
+        for (int i = 0; i < nj; i++) {
+            size_t l = strlen(jl);
+            snprintf(jl + l, sizeof jl - l, "%s%s", i == 0 ? "" : i + 1 == nj ? " or " : ", ", json_flags[i]);
+        }
+        return DG_ERR(DG_ERR_USAGE, "--json goes with %s", jl);
+    }
     return DG_OK;
 }
 
@@ -192,7 +183,7 @@ static dg_status_t export_topology(dg_boot_t *b, const char *file) {
 static dg_status_t run(dg_boot_t *b, const cli_opts_t *o, dg_config_t *cfg) {
     DG_TRY(dg_boot_agree(b, dg_config_load(cfg, o->config, o->nsets, o->sets)));
     if (cfg->health.timeout_s > 0) b->agree_timeout_s = cfg->health.timeout_s;
-    if (o->print_config) {
+    if (o->action == DG_ACT_PRINT_CONFIG) {
         if (b->world_rank == 0) {
             printf("# dgtrain %s effective configuration (hash %016" PRIx64 ")\n", DG_VERSION_STRING,
                    dg_config_hash(cfg));
@@ -231,7 +222,7 @@ static dg_status_t run(dg_boot_t *b, const cli_opts_t *o, dg_config_t *cfg) {
                  b->bind_status, b->topo_source);
 
     if (o->export_topology) DG_TRY(dg_boot_agree(b, export_topology(b, o->export_topology)));
-    if (o->topology) {
+    if (o->action == DG_ACT_TOPOLOGY) {
         s = dg_boot_report(b, o->json, stdout);
         if (o->json && b->world_rank == 0) {
             printf("\n");
@@ -239,8 +230,8 @@ static dg_status_t run(dg_boot_t *b, const cli_opts_t *o, dg_config_t *cfg) {
         }
         return dg_boot_agree(b, s);
     }
-    if (o->dry_run) return dg_boot_agree(b, dg_cli_dry_run(b, cfg, o->json, stdout));
-    if (o->plan_only) return dg_boot_agree(b, dg_cli_plan_only(b, cfg, o->json));
+    if (o->action == DG_ACT_DRY_RUN) return dg_boot_agree(b, dg_cli_dry_run(b, cfg, o->json, stdout));
+    if (o->action == DG_ACT_PLAN_ONLY) return dg_boot_agree(b, dg_cli_plan_only(b, cfg, o->json));
     if (o->export_topology) return DG_OK; /* exporting alone is an action of its own */
     return dg_boot_agree(b, dg_cli_train(b, cfg));
 }
@@ -249,6 +240,11 @@ int main(int argc, char **argv) {
     /* nothing dgtrain (or a library it calls: HDF5, hwloc) creates is world-writable, whatever the
      * umask it was started with (docs/reliability.md, "Run directory") */
     dg_fs_secure_umask();
+    /* a subcommand (commands.c) is a tool of its own: its flags, its exit code */
+    if (argc > 1) {
+        const dg_cli_command_t *cmd = dg_cli_find_command(argv[1]);
+        if (cmd) return cmd->main(argc - 1, argv + 1);
+    }
     cli_opts_t o;
     dg_status_t ps = parse_args(argc, argv, &o);
     if (ps == DG_OK && (o.help || o.version)) {
@@ -262,7 +258,7 @@ int main(int argc, char **argv) {
         return 0;
     }
 
-    if (ps == DG_OK && o.print_env) { /* no MPI, like --help: rank 0 lists, malformed values included */
+    if (ps == DG_OK && o.action == DG_ACT_PRINT_ENV) { /* no MPI, like --help: rank 0 lists, malformed values included */
         if (launcher_rank() == 0) {
             dg_env_print(stdout, o.json);
             fflush(stdout);

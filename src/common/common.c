@@ -3,6 +3,7 @@
 #include "dg_common.h"
 #include "dg_fs.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -182,4 +183,35 @@ void dg_fmt(char *buf, size_t cap, const char *fmt, ...) {
     int n = vsnprintf(buf, cap, fmt, ap);
     va_end(ap);
     DG_ASSERTF(n >= 0 && (size_t)n < cap, "formatted string truncated (%d >= %zu)", n, cap);
+}
+
+int dg_edit_distance(const char *a, const char *b) {
+    size_t n = strlen(a), m = strlen(b);
+    if (n > 64 || m > 64) return 1000;
+    int d[65][65];
+    for (size_t i = 0; i <= n; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= m; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= n; i++)
+        for (size_t j = 1; j <= m; j++) {
+            int cost = tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]);
+            int v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + cost < v) v = d[i - 1][j - 1] + cost;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
+                v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    return d[n][m];
+}
+
+int dg_closest(const char *word, const char *const *cands, int n, int *dist) {
+    int best = -1, bd = 1000;
+    for (int i = 0; i < n; i++) {
+        int d = dg_edit_distance(word, cands[i]);
+        if (d < bd) bd = d, best = i;
+    }
+    if (dist) *dist = bd;
+    return best;
 }

@@ -107,6 +107,11 @@ void *dg_xcalloc(size_t n, size_t size);
 char *dg_xstrdup(const char *s);
 /* snprintf into a fixed buffer; asserts on truncation. */
 void dg_fmt(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* "Did you mean": the optimal-string-alignment distance (Levenshtein plus adjacent transpositions, ASCII
+ * case ignored) between a and b; 1000 when either is longer than 64 bytes. */
+int dg_edit_distance(const char *a, const char *b);
+/* Index of the candidate closest to word (the first of equals), or -1 when n is 0; *dist: its distance. */
+int dg_closest(const char *word, const char *const *cands, int n, int *dist);
 
 #ifdef __cplusplus
 }

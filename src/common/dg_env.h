@@ -1,4 +1,4 @@
-/* dg_env.h — the one registry of dgtrain's DG_* environment switches (issue 20).
+/* dg_env.h — the one registry of dgtrain's DG_* environment switches (docs/design.md §2).
  *
  * Every DG_* variable any dgtrain program reads is a row of the table in env.c: name, type, default,
  * kind and a one-line doc. Code reads them only through the accessors below, never getenv (the ctest

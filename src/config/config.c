@@ -61,28 +61,6 @@ static char *trim(char *s) {
     return s;
 }
 
-/* Optimal-string-alignment distance (Levenshtein plus adjacent transpositions), for "did you mean". */
-static int edit_distance(const char *a, const char *b) {
-    size_t n = strlen(a), m = strlen(b);
-    if (n > 64 || m > 64) return 1000;
-    int d[65][65];
-    for (size_t i = 0; i <= n; i++)
-        d[i][0] = (int)i;
-    for (size_t j = 0; j <= m; j++)
-        d[0][j] = (int)j;
-    for (size_t i = 1; i <= n; i++)
-        for (size_t j = 1; j <= m; j++) {
-            int cost = tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]);
-            int v = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
-            if (d[i - 1][j - 1] + cost < v) v = d[i - 1][j - 1] + cost;
-            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v)
-                v = d[i - 2][j - 2] + 1;
-            d[i][j] = v;
-        }
-    return d[n][m];
-}
-
 static int close_enough(int dist, const char *typed) {
     return dist <= 1 + (int)strlen(typed) / 4;
 }
@@ -93,7 +71,7 @@ static int suggest_key(const char *section, const char *key) {
     int best = -1, best_score = 1000;
     for (int i = 0; i < dg_cfg_nkeys; i++) {
         int score =
-            edit_distance(key, dg_cfg_schema[i].key) * 2 + (strcmp(dg_cfg_schema[i].section, section) != 0);
+            dg_edit_distance(key, dg_cfg_schema[i].key) * 2 + (strcmp(dg_cfg_schema[i].section, section) != 0);
         if (score < best_score) {
             best_score = score;
             best = i;
@@ -106,7 +84,7 @@ static int suggest_key(const char *section, const char *key) {
 static int suggest_section(const char *section) {
     int best = -1, best_d = 1000;
     for (int i = 0; i < dg_cfg_nsections; i++) {
-        int d = edit_distance(section, dg_cfg_sections[i]);
+        int d = dg_edit_distance(section, dg_cfg_sections[i]);
         if (d < best_d) {
             best_d = d;
             best = i;
@@ -192,16 +170,18 @@ static void expectation(int i, char *buf, size_t cap) {
     }
 }
 
-static int enum_has(const char *choices, const char *v) {
+/* Index of v among the "a|b|c" choices, or -1. */
+static int enum_index(const char *choices, const char *v) {
     size_t n = strlen(v);
-    for (const char *p = choices; *p;) {
+    int idx = 0;
+    for (const char *p = choices; *p; idx++) {
         const char *bar = strchr(p, '|');
         size_t len = bar ? (size_t)(bar - p) : strlen(p);
-        if (len == n && strncmp(p, v, n) == 0) return 1;
+        if (len == n && strncmp(p, v, n) == 0) return idx;
         if (!bar) break;
         p = bar + 1;
     }
-    return 0;
+    return -1;
 }
 
 /* Parse `v` for key i into `dst` (the field, or scratch of the same size). On failure writes the
@@ -257,7 +237,8 @@ static int parse_value(int i, const char *v, void *dst, char *why, size_t cap) {
         break;
     }
     case DG_CFGT_ENUM:
-        if (!enum_has(k->choices, v)) {
+        int idx = enum_index(k->choices, v);
+        if (idx < 0) {
             snprintf(why, cap, "expected %s, got '%s'", exp, sh);
             return 1;
         }
@@ -571,6 +552,17 @@ static dg_status_t parse_text(dg_config_t *cfg, const char *name, const char *te
 
 /* ---------------------------------------------------------------- public API */
 
+/* The enum id of every enumerated key that has one, from its (already checked) text. */
+static void set_ids(dg_config_t *cfg) {
+    for (int i = 0; i < dg_cfg_nkeys; i++) {
+        const dg_cfg_key_t *k = &dg_cfg_schema[i];
+        if (k->type != DG_CFGT_ENUM || !k->has_id) continue;
+        int idx = enum_index(k->choices, (const char *)cfg + k->offset);
+        DG_ASSERT(idx >= 0);
+        *(int *)((char *)cfg + k->id_offset) = idx;
+    }
+}
+
 void dg_config_defaults(dg_config_t *cfg) {
     memset(cfg, 0, sizeof *cfg);
     for (int i = 0; i < dg_cfg_nkeys; i++) {
@@ -580,6 +572,7 @@ void dg_config_defaults(dg_config_t *cfg) {
                    dg_cfg_schema[i].key, why);
         snprintf(cfg->source[i], sizeof cfg->source[i], "default");
     }
+    set_ids(cfg);
 }
 
 dg_status_t dg_config_set(dg_config_t *cfg, const char *name, const char *value, const char *source) {
@@ -601,6 +594,7 @@ dg_status_t dg_config_set(dg_config_t *cfg, const char *name, const char *value,
     else
         s = set_key(cfg, i, v, source, source);
     free(buf);
+    if (s == DG_OK) set_ids(cfg);
     return s;
 }
 
@@ -650,6 +644,7 @@ static dg_status_t apply_set(dg_config_t *cfg, const char *arg) {
     return s;
 }
 
+
 dg_status_t dg_config_load_buffer(dg_config_t *cfg, const char *name, const char *text, size_t len, int nsets,
                                   const char *const *sets) {
     dg_config_defaults(cfg);
@@ -659,6 +654,7 @@ dg_status_t dg_config_load_buffer(dg_config_t *cfg, const char *name, const char
     }
     for (int j = 0; j < nsets; j++)
         DG_TRY(apply_set(cfg, sets[j]));
+    set_ids(cfg);
     return dg_config_validate(cfg);
 }
 

@@ -26,6 +26,15 @@ extern "C" {
 #define DG_CFG_STR 1024
 #define DG_CFG_MAX_KEYS 128
 
+/* The choices of the enumerated keys that the run branches on, parsed once at load (the id fields
+ * beside their text): each enum's order is its key's choices in src/config/schema.c, checked by
+ * tests/config. */
+typedef enum { DG_PREC_FP32 = 0, DG_PREC_BF16, DG_PREC_FP16 } dg_precision_t;    /* train.precision */
+typedef enum { DG_REDUCE_FP32 = 0, DG_REDUCE_BF16 } dg_reduce_dtype_t;           /* train.reduce_dtype */
+typedef enum { DG_RECOMPUTE_NONE = 0, DG_RECOMPUTE_GELU } dg_recompute_t;        /* train.recompute */
+typedef enum { DG_CFG_BACKEND_AUTO = 0, DG_CFG_BACKEND_CPU, DG_CFG_BACKEND_CUDA } dg_cfg_backend_t; /* parallel.backend */
+typedef enum { DG_CFG_COMM_AUTO = 0, DG_CFG_COMM_MPI, DG_CFG_COMM_NCCL } dg_cfg_comm_t;    /* parallel.comm */
+
 typedef struct dg_config {
     struct {
         char name[128];
@@ -54,6 +63,9 @@ typedef struct dg_config {
         char precision[8];       /* fp32 | bf16 | fp16 */
         char reduce_dtype[8];    /* fp32 | bf16 */
         char recompute[8];       /* none | gelu: activations recomputed in the backward instead of kept */
+        dg_precision_t precision_id;
+        dg_reduce_dtype_t reduce_dtype_id;
+        dg_recompute_t recompute_id;
         char freeze[DG_CFG_STR]; /* comma-separated parameter-name patterns (fnmatch) */
         int64_t log_every;
         double loss_scale_init;
@@ -65,6 +77,8 @@ typedef struct dg_config {
     struct {
         char backend[8];        /* auto | cpu | cuda */
         char comm[8];           /* auto | mpi | nccl */
+        dg_cfg_backend_t backend_id;
+        dg_cfg_comm_t comm_id;
         char reduce_scatter[8]; /* ring | mpi: the mpi comm backend's reduce-scatter algorithm */
         char mesh[128];         /* auto | e.g. dp_replicate=2,dp_shard=4,tp=2 */
         int reshard_after_forward;

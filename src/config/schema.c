@@ -71,19 +71,22 @@ static int check_spike(const char *v, char *why, size_t cap) {
 #define OFF(f) offsetof(dg_config_t, f), sizeof(((dg_config_t *)0)->f)
 #define I64MAX INT64_MAX
 #define INT(sec, k, f, def, lo, hi, doc)                                                                     \
-    { sec, k, DG_CFGT_INT, OFF(f), def, lo, hi, 0, 0, 0, NULL, NULL, doc }
+    { sec, k, DG_CFGT_INT, OFF(f), def, lo, hi, 0, 0, 0, NULL, NULL, doc, 0, 0 }
 #define FLT(sec, k, f, def, lo, hi, doc)                                                                     \
-    { sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 0, NULL, NULL, doc }
+    { sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 0, NULL, NULL, doc, 0, 0 }
 #define FLTX(sec, k, f, def, lo, hi, doc)                                                                    \
-    { sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 1, NULL, NULL, doc }
+    { sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 1, NULL, NULL, doc, 0, 0 }
 #define FLTC(sec, k, f, def, lo, hi, chk, doc)                                                               \
-    { sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 0, NULL, chk, doc }
+    { sec, k, DG_CFGT_FLOAT, OFF(f), def, 0, 0, lo, hi, 0, NULL, chk, doc, 0, 0 }
 #define BOOL(sec, k, f, def, doc)                                                                            \
-    { sec, k, DG_CFGT_BOOL, OFF(f), def, 0, 1, 0, 0, 0, NULL, NULL, doc }
+    { sec, k, DG_CFGT_BOOL, OFF(f), def, 0, 1, 0, 0, 0, NULL, NULL, doc, 0, 0 }
 #define STR(sec, k, f, def, chk, doc)                                                                        \
-    { sec, k, DG_CFGT_STR, OFF(f), def, 0, 0, 0, 0, 0, NULL, chk, doc }
+    { sec, k, DG_CFGT_STR, OFF(f), def, 0, 0, 0, 0, 0, NULL, chk, doc, 0, 0 }
 #define ENUM(sec, k, f, def, choices, doc)                                                                   \
-    { sec, k, DG_CFGT_ENUM, OFF(f), def, 0, 0, 0, 0, 0, choices, NULL, doc }
+    { sec, k, DG_CFGT_ENUM, OFF(f), def, 0, 0, 0, 0, 0, choices, NULL, doc, 0, 0 }
+/* An enumerated key whose choice index is also stored, as an enum, in field idf (config.h) */
+#define ENUMI(sec, k, f, idf, def, choices, doc)                                                             \
+    { sec, k, DG_CFGT_ENUM, OFF(f), def, 0, 0, 0, 0, 0, choices, NULL, doc, offsetof(dg_config_t, idf), 1 }
 
 const dg_cfg_key_t dg_cfg_schema[] = {
     /* [run] */
@@ -129,9 +132,9 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     FLT("train", "beta1", train.beta1, "0.9", 0, 0.999999, "AdamW beta1"),
     FLT("train", "beta2", train.beta2, "0.95", 0, 0.999999999, "AdamW beta2"),
     FLTX("train", "eps", train.eps, "1e-8", 0, 1, "AdamW epsilon"),
-    ENUM("train", "precision", train.precision, "fp32", "fp32|bf16|fp16", "compute dtype of activations"),
-    ENUM("train", "reduce_dtype", train.reduce_dtype, "fp32", "fp32|bf16", "dtype of gradient reductions"),
-    ENUM("train", "recompute", train.recompute, "none", "none|gelu",
+    ENUMI("train", "precision", train.precision, train.precision_id, "fp32", "fp32|bf16|fp16", "compute dtype of activations"),
+    ENUMI("train", "reduce_dtype", train.reduce_dtype, train.reduce_dtype_id, "fp32", "fp32|bf16", "dtype of gradient reductions"),
+    ENUMI("train", "recompute", train.recompute, train.recompute_id, "none", "none|gelu",
          "activations recomputed in the backward instead of kept (gelu: the MLP's GELU output)"),
     STR("train", "freeze", train.freeze, "", NULL,
         "comma-separated parameter-name patterns (fnmatch) that are not trained"),
@@ -148,9 +151,9 @@ const dg_cfg_key_t dg_cfg_schema[] = {
         "spikes in a row that roll back to the last checkpoint"),
 
     /* [parallel] */
-    ENUM("parallel", "backend", parallel.backend, "auto", "auto|cpu|cuda",
+    ENUMI("parallel", "backend", parallel.backend, parallel.backend_id, "auto", "auto|cpu|cuda",
          "compute backend (auto = cuda when a GPU is bound, else cpu)"),
-    ENUM("parallel", "comm", parallel.comm, "auto", "auto|mpi|nccl",
+    ENUMI("parallel", "comm", parallel.comm, parallel.comm_id, "auto", "auto|mpi|nccl",
          "communication backend (auto = nccl when every rank has a GPU of its own on the cuda backend, "
          "else mpi)"),
     ENUM("parallel", "reduce_scatter", parallel.reduce_scatter, "ring", "ring|mpi",

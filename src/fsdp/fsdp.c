@@ -33,8 +33,8 @@ void dg_fsdp_opts_from_config(const dg_config_t *cfg, dg_fsdp_opts_t *o) {
     o->reshard_after_forward = cfg->parallel.reshard_after_forward;
     snprintf(o->comm, sizeof o->comm, "%s", cfg->parallel.comm);
     o->rs_mpi = strcmp(cfg->parallel.reduce_scatter, "mpi") == 0;
-    if (strcmp(cfg->train.recompute, "gelu") == 0) o->model_flags |= DG_MODEL_RECOMPUTE_GELU;
-    o->reduce_dtype = strcmp(cfg->train.reduce_dtype, "bf16") == 0 ? DG_BF16 : DG_F32;
+    if (cfg->train.recompute_id == DG_RECOMPUTE_GELU) o->model_flags |= DG_MODEL_RECOMPUTE_GELU;
+    o->reduce_dtype = cfg->train.reduce_dtype_id == DG_REDUCE_BF16 ? DG_BF16 : DG_F32;
 }
 
 /* parallel.comm -> the comm backend, the same answer on every rank: nccl needs every rank on the CUDA

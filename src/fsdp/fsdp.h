@@ -25,7 +25,7 @@
 #include "config.h"
 #include "dg_common.h"
 #include "dg_mesh.h"
-#include "graph.h"
+#include "dg_model.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "graph_impl.h"
+#include "graph.h"
 
 struct dg_ad {
     dg_graph_t *g;

@@ -26,7 +26,7 @@
  * records host-side state that a CUDA Graph replay would have to redo: recorded, the begin_after and
  * stream_wait event edges fork the comm stream into the capture and join it back.
  *
- * Fallbacks (issue 7; docs/cuda.md "Fallbacks"). Memory: when the arena cannot be allocated, every arena
+ * Fallbacks (docs/cuda.md "Fallbacks"). Memory: when the arena cannot be allocated, every arena
  * root is allocated on its own when its live range starts and freed after it ends (eager allocation,
  * peak = the live set instead of the arena, which fragmentation-free placement can exceed); slower (a
  * cudaMalloc and a device-synchronising cudaFree per tensor and run) and not recordable. Kernel: an op
@@ -43,7 +43,7 @@
 
 #include "backend.h"
 #include "comm.h"
-#include "graph_impl.h"
+#include "graph.h"
 #include "dg_env.h"
 
 /* The stream the backend queues its ops on (NULL on the CPU backend), for the comm's event edges. */
@@ -74,7 +74,7 @@ static void add_fallback(dg_exec_t *ex, const char *kind, const char *fmt, ...) 
 /* Index of the arena roots by the position where their live range starts and ends (counting sort). */
 static void eager_setup(dg_exec_t *ex) {
     const dg_graph_t *g = ex->graph;
-    const dg_plan_t *p = ex->plan;
+    const dg_memplan_t *p = ex->plan;
     int n = g->n;
     ex->eager = 1;
     ex->root_ptr = dg_xcalloc((size_t)n + 1, sizeof *ex->root_ptr);
@@ -365,7 +365,7 @@ void dg_exec_stage_segs(dg_exec_t *ex) {
     }
 }
 
-dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_plan_t *plan, dg_exec_t **out) {
+dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_memplan_t *plan, dg_exec_t **out) {
     *out = NULL;
     DG_ASSERTF(dg_plan_matches(plan, g), "executor: the plan was made for another graph or an older version");
     for (int i = 0; i < g->n; i++) {

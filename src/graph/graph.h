@@ -1,18 +1,21 @@
-/* graph.h — the model-level API of the static training graph (the public header of src/graph/).
+/* graph.h — the static-graph IR, the public header of src/graph/: nodes and graphs, the op registry,
+ * passes, autodiff, the memory planner and the executor. Model-agnostic: the model layer (src/model/,
+ * dg_model.h) builds its graphs with it; nothing here knows a config, a training loop or a model family.
  *
- * A dg_model_t is a GPT-2-family decoder built as a static graph: the model builder emits forward ops,
- * autodiff appends the backward ops, the optimizer pass appends global-norm clipping and AdamW, and the
- * memory planner gives every activation an offset in one arena. The training loop, checkpointing and FSDP
- * code against this header; the IR itself (nodes, op registry, passes, planner, executor) is private to
- * the module (graph_impl.h).
+ * A tensor is a node: dtype, shape, the op that produces it and its inputs, flags. A graph keeps its
+ * nodes in topological (= schedule) order; an op may also produce "side" outputs (layernorm statistics,
+ * attention scratch), which are nodes of kind DG_OP_SIDE placed right after their producer, and may
+ * update persistent tensors in place (parameter gradients, optimizer state), listed in `upd`.
+ * Nodes carry a stream (compute or comm) and explicit wait edges so that later passes (docs/fsdp.md:
+ * sharding, bucketing, hoisting, overlap) can move collectives to a communication stream; a collective
+ * is just an op kind with a mesh-dimension attribute. Parameters carry their GLOBAL shape and where
+ * their local piece sits in it.
  *
- * Storage: parameters (master f32 and, when the backend's activation dtype is not f32, a compute copy),
- * parameter gradients (f32) and AdamW moments (f32) live in four flat device buffers outside the arena;
- * activations, their gradients and all temporaries live in the arena.
- *
- * Determinism: with the same description, micro-batch, seed and backend, every call sequence gives
- * bitwise-identical losses, gradients and weights (the schedule is fixed and the backend is
- * deterministic).
+ * Storage classes: PERSISTENT nodes (parameters, gradients, optimizer state, inputs, device scalars) get
+ * their memory from whoever owns the graph; ARENA nodes are placed by the memory planner; a node with
+ * view_src shares its root's storage (in-place ops, gradient accumulation). The planner's output is a
+ * dg_memplan_t tied to the graph's generation: any later mutation makes it stale, and the executor refuses
+ * (asserts on) a stale plan.
  */
 #ifndef DG_GRAPH_H
 #define DG_GRAPH_H
@@ -24,317 +27,695 @@
 #include "dg_common.h"
 #include "dg_mesh.h"
 #include "backend.h"
-#include "config.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
+#define DG_MAX_DIMS 4
+#define DG_MAX_SRC 6
+#define DG_MAX_UPD 4
+#define DG_MAX_SIDE 2
+#define DG_MAX_WAIT 4
+#define DG_MAX_ATTR 8
+#define DG_ARENA_ALIGN 256
 
-/* Sizes of a GPT-2-family model. padded_vocab >= vocab_size is the row count of the token embedding
- * (and of the tied output head); rows >= vocab_size stay zero and are never a target. */
-typedef struct dg_model_desc {
-    int n_layer, n_head, d_model, seq_len, vocab_size, padded_vocab;
-} dg_model_desc_t;
+typedef enum dg_op_kind {
+    /* structural kinds: not ops, never executed */
+    DG_OP_LEAF = 0, /* parameter, input, gradient, optimizer state, device scalar */
+    DG_OP_SIDE,     /* extra output of src[0]; attr[0] = which */
+    /* forward ops */
+    DG_OP_ENCODER,
+    DG_OP_LAYERNORM,
+    DG_OP_MATMUL,
+    DG_OP_GELU,
+    DG_OP_ATTENTION,
+    DG_OP_ADD,
+    DG_OP_CROSSENTROPY,
+    DG_OP_MATMUL_RES, /* a matmul (no epilogue) and the residual add of its output, in one backend call
+                         (matmul_fwd_res): src {x, w, res[, bias]}, output x·wᵀ + bias + res shaped like res
+                         (pass fuse_residual, before autodiff: its backward passes the gradient to res and
+                         emits the matmul's MATMUL_BWD) */
+    /* backward ops (emitted by autodiff) */
+    DG_OP_ENCODER_BWD,
+    DG_OP_LAYERNORM_BWD,
+    DG_OP_MATMUL_BWD,
+    DG_OP_GELU_BWD,
+    DG_OP_MATMUL_BWD_DGELU, /* matmul_bwd whose input is gelu(pre), with gelu_bwd fused into the input
+                               gradient: src {dout, inp, w, pre[, acc target]}, upd {dw[, db]}, output dpre
+                               (pass fuse_gelu_bwd) */
+    DG_OP_ATTENTION_BWD,
+    DG_OP_CROSSENTROPY_BWD,
+    DG_OP_CROSSENTROPY_FUSED, /* CROSSENTROPY and its CROSSENTROPY_BWD in one backend call
+                                 (crossentropy_fused) at the loss's place in the forward: src {logits,
+                                 targets}, output dlogits (over the logits: inplace), side outputs losses and
+                                 lse (pass fuse_crossentropy). A forward-only run (rt.forward_only) computes
+                                 the losses alone and leaves the logits as they are */
+    DG_OP_ACCUMULATE,
+    /* optimizer and utility ops */
+    DG_OP_ZERO,
+    DG_OP_SUMSQ,
+    DG_OP_SUMSQ_ALL, /* the sum of squares of every gradient SUMSQ would read, in one backend call
+                        (sumsq_multi) over the flat gradient buffer: src {grad, segment table}, upd
+                        {scalars} (pass fuse_sumsq) */
+    DG_OP_CLIP_SCALE,
+    DG_OP_ADAMW,
+    DG_OP_ADAMW_ALL, /* AdamW of every parameter in one backend call (adamw_multi_dev) over the flat buffers:
+                        src {grad, scalars, segment table}, upd {master, m, v, param} (pass fuse_adamw) */
+    /* collectives: run through the comm backend attached to the executor (dg_exec_attach_comm); over a
+     * mesh dimension of size 1 they are local copies. On DG_STREAM_COMM they are posted non-blocking
+     * and complete at the first node that waits on them (a wait edge); on the compute stream they block. */
+    DG_OP_ALL_GATHER,
+    DG_OP_REDUCE_SCATTER,
+    DG_OP_ALL_REDUCE,
+    /* sharding support (passes of shard.c): a zero-filled arena tensor (unsharded gradient buffers),
+     * the copy-in of unsharded gradients into a bucket's rank-major send buffer, the copy-out of one
+     * parameter from a bucket's gathered buffer, and an explicit wait point for comm-stream ops */
+    DG_OP_FILL0,
+    DG_OP_SHARD_PACK,
+    DG_OP_SHARD_UNPACK,
+    DG_OP_WAIT,
+    /* dtype conversion (train.reduce_dtype = bf16: the gradient reductions in bf16). attr[DG_A_DTYPE] is
+     * the target dtype (f32 / bf16 / f16). Without upd the output is a new tensor; with upd[0] (same
+     * element count, target dtype) the result is written there, or with acc = 1 added to it (f32 only:
+     * the converted values land in the op's own output, an f32 temporary, then add_f32 into upd[0]) */
+    DG_OP_CAST,
+    DG_OP_COUNT
+} dg_op_kind_t;
 
-/* Presets (model.preset), as n_layer, n_head, d_model, seq_len, vocab_size:
- *   tiny        4,  4,  128,  128,   256   (byte-level text; the default and the tests)
- *   gpt2-124m  12, 12,  768, 1024, 50257
- *   gpt2-350m  24, 16, 1024, 1024, 50257
- *   gpt2-774m  36, 20, 1280, 1024, 50257
- *   gpt2-1558m 48, 25, 1600, 1024, 50257
- *   custom     no defaults: all five sizes must be given.
- * A non-zero model.<size> overrides the preset. padded_vocab = vocab_size rounded up to a multiple of
- * 64 (50257 -> 50304). Returns DG_ERR_USAGE with a one-line message for an unknown preset or
- * inconsistent sizes (d_model not divisible by n_head, sizes out of range, custom with a size missing). */
-dg_status_t dg_model_desc_from_config(const dg_config_t *cfg, dg_model_desc_t *out);
-/* Checks a description filled by hand (the same rules); DG_ERR_USAGE with a message if it is bad. */
-dg_status_t dg_model_desc_validate(const dg_model_desc_t *d);
-/* Looks up a preset by name; DG_ERR_USAGE for an unknown name (the message lists the known ones). */
-dg_status_t dg_model_desc_preset(const char *name, dg_model_desc_t *out);
-
-/* Trainable parameter count with the UNPADDED vocabulary (the number papers quote; 124,439,808 for
- * gpt2-124m), position embeddings included. */
-uint64_t dg_model_n_params(const dg_model_desc_t *d);
-/* Training FLOPs per token: 6*N + 12*L*C*T, where N counts every parameter except the position
- * embeddings (a lookup, no multiply-adds) and counts the tied token embedding with the PADDED vocabulary
- * (the output head multiplies all padded rows), and 12*L*C*T is attention's QK^T and AV products
- * (forward + backward, without causal savings), as in the PaLM/nanoGPT MFU estimate. */
-double dg_model_flops_per_token(const dg_model_desc_t *d);
-
-/* One trainable tensor. Order: wte, wpe, then per layer i: h.i.ln_1.weight, h.i.ln_1.bias,
- * h.i.attn.qkv.weight [3C, C], h.i.attn.qkv.bias, h.i.attn.proj.weight [C, C], h.i.attn.proj.bias,
- * h.i.ln_2.weight, h.i.ln_2.bias, h.i.mlp.fc.weight [4C, C], h.i.mlp.fc.bias, h.i.mlp.proj.weight
- * [C, 4C], h.i.mlp.proj.bias; then ln_f.weight, ln_f.bias. Shapes are GLOBAL shapes.
- * decay: 1 for the weights of matmuls (qkv, attn.proj, mlp.fc, mlp.proj), which get AdamW weight decay;
- * 0 for biases, layernorm gains/biases and both embeddings (GPT-2/nanoGPT practice: decaying gains
- * and embeddings hurts; wte is also the output head but is treated as an embedding). */
-typedef struct dg_param_info {
-    const char *name;
-    int ndim;
-    int64_t shape[2];
-    size_t numel;
-    int decay;
-    int tp_dim; /* the dim split over tp (heads / MLP columns), -1 when replicated over tp */
-} dg_param_info_t;
-
-/* Which state of a parameter dg_model_get_tensor / dg_model_set_tensor move (always full f32). */
-enum { DG_STATE_PARAM = 0, DG_STATE_ADAM_M = 1, DG_STATE_ADAM_V = 2, DG_STATE_GRAD = 3 };
-
-/* AdamW hyper-parameters for one optimizer step. */
-typedef struct dg_optim_hparams {
-    float lr, beta1, beta2, eps, weight_decay;
-    float grad_clip;      /* clip the global gradient norm to this; <= 0 disables clipping */
-    int64_t t;            /* 1-based step number, for bias correction */
-    float inv_loss_scale; /* gradients are multiplied by this before clipping and the update (fp16 loss
-                             scaling); 0 means 1 (no loss scaling) */
-} dg_optim_hparams_t;
-
-typedef struct dg_model dg_model_t;
-
-/* Flags for dg_model_create_ex. */
+/* node flags */
 enum {
-    /* Build the graph and the memory plan only: no device memory, no initialisation. For --plan-only /
-     * --dry-run of models larger than this machine. Running such a model returns DG_ERR_USAGE. */
-    DG_MODEL_PLAN_ONLY = 1,
-    /* Debugging: give every activation its own memory instead of sharing the arena by liveness (the
-     * reference the memory planner is tested against; needs the sum of all activation sizes). */
-    DG_MODEL_NO_ARENA_REUSE = 2,
-    /* Do not keep the MLP's GELU output from the forward to the backward: recompute it from the saved
-     * pre-activation just before mlp.proj's backward needs it (train.recompute = gelu). Saves
-     * 4 * d_model * micro_batch * seq_len activation elements per layer for one elementwise kernel per
-     * layer; the numbers do not change on the CPU backend (bitwise) and on CUDA in fp32. */
-    DG_MODEL_RECOMPUTE_GELU = 4,
-    /* Tests and A/B timing: keep mlp.proj's backward and GELU's backward as two ops (matmul_bwd, then
-     * gelu_bwd over a materialised [N, 4C] gradient) instead of one matmul_bwd_dgelu. */
-    DG_MODEL_UNFUSED_GELU_BWD = 8,
-    /* Tests and A/B timing: one AdamW op (backend adamw_dev) per parameter instead of one op over all of
-     * them (adamw_multi_dev, one kernel launch on CUDA). Same numbers, bit for bit. Also chosen when the
-     * backend has no adamw_multi_dev, or with the environment variable DG_TEST_ADAMW_PER_PARAM=1. */
-    DG_MODEL_ADAMW_PER_PARAM = 16,
-    /* Tests and A/B timing: keep the classifier loss as two ops, crossentropy in the forward and
-     * crossentropy_bwd in the backward (each reading the [tokens, Vp] logits), instead of one
-     * crossentropy_fused in the forward that reads them once and writes their gradient over them
-     * (backend crossentropy_fused). Same numbers, bit for bit. Also chosen when the backend has no
-     * crossentropy_fused, or with the environment variable DG_TEST_UNFUSED_CE=1. */
-    DG_MODEL_UNFUSED_CE = 32,
-    /* Tests and A/B timing: keep each residual add as its own op after the linear layer before it
-     * (attn.proj, mlp.proj: a matmul writing its [tokens, C] product, then an add reading it and the
-     * residual stream) instead of one matmul_res that adds the residual inside the GEMM (backend
-     * matmul_fwd_res). The same numbers on the CPU backend, bit for bit (on CUDA within matmul_fwd's
-     * tolerance: the sum rounds once). Also chosen when the backend has no matmul_fwd_res, or with the
-     * environment variable DG_TEST_UNFUSED_RESID=1. */
-    DG_MODEL_UNFUSED_RESID = 64
+    DG_NF_PARAM = 1u << 0,      /* trainable parameter (compute copy; PERSISTENT) */
+    DG_NF_INPUT = 1u << 1,      /* fed from the host before a run (PERSISTENT) */
+    DG_NF_OUTPUT = 1u << 2,     /* must survive to the end of the schedule (read back by the host) */
+    DG_NF_LOSS = 1u << 3,       /* per-token losses whose sum is the objective */
+    DG_NF_GRAD = 1u << 4,       /* parameter gradient (f32, PERSISTENT) */
+    DG_NF_OPTSTATE = 1u << 5,   /* AdamW moment (f32, PERSISTENT) */
+    DG_NF_MASTER = 1u << 6,     /* f32 master copy of a parameter (PERSISTENT) */
+    DG_NF_SCALAR = 1u << 7,     /* device scalar (f32, PERSISTENT) */
+    DG_NF_WANT_GRAD = 1u << 8,  /* an input whose gradient the caller wants (kept as an OUTPUT) */
+    DG_NF_BUCKET = 1u << 9,     /* a bucket's flat local shard (PERSISTENT view over the flat buffers) */
+    DG_NF_NORM_SKIP = 1u << 10, /* param: its gradient is a replica counted by another rank in the global
+                                   norm (tp-replicated tensors on tp ranks > 0): no SUMSQ here */
+    DG_NF_GRAD_SYNC = 1u << 11, /* op: part of the data-parallel gradient sync (the backward's dp_replicate
+                                   all-reduces and their waits); skipped while dg_runtime_t.skip_grad_sync */
+    DG_NF_FLAT = 1u << 12       /* a whole flat state buffer (master, grad, m, v or compute copy of every
+                                   parameter at its offset), or the segment table of a fused op (ADAMW_ALL,
+                                   SUMSQ_ALL): PERSISTENT, bound by the owner (passes fuse_adamw and
+                                   fuse_sumsq) */
 };
 
-/* Builds the graph (forward + backward + optimizer) for micro-batches of [micro_batch, seq_len] tokens,
- * runs the passes, plans the arena, allocates everything on `be` and initialises the weights
- * deterministically from `seed` (GPT-2: N(0, 0.02); attn.proj and mlp.proj weights N(0, 0.02 /
- * sqrt(2 * n_layer)); biases 0; layernorm gains 1; padded wte rows 0). Initial values depend only on
- * (seed, tensor index, element index), so a shard can be initialised without the rest of the tensor.
- * Gradients and moments start at zero. `be` must outlive the model. */
-dg_status_t dg_model_create(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
-                            dg_model_t **out);
-dg_status_t dg_model_create_ex(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
-                               int flags, dg_model_t **out);
+typedef enum { DG_STORE_NONE = 0, DG_STORE_ARENA = 1, DG_STORE_PERSISTENT = 2 } dg_storage_t;
+typedef enum {
+    DG_PHASE_FWD = 0,
+    DG_PHASE_BWD = 1,
+    DG_PHASE_ZERO = 2,
+    DG_PHASE_OPT = 3,
+    DG_PHASE_COUNT
+} dg_phase_t;
+enum { DG_STREAM_COMPUTE = 0, DG_STREAM_COMM = 1 };
 
-/* ---------------- distributed models (FSDP / HSDP / tensor parallelism) ----------------
- *
- * The same model on a device mesh dp_replicate x dp_shard x tp (dg_mesh.h). Each rank builds ITS graph:
- *  - tp > 1 (Megatron-style): attention heads are split over tp (QKV column-parallel, the output
- *    projection row-parallel), the MLP column- then row-parallel; the partial sums of the row-parallel
- *    products are all-reduced in the forward ("to replicate"), the gradients of the replicated inputs
- *    of column-parallel products in the backward ("from replicate"). Embeddings, the tied output head,
- *    layer norms and the row-parallel biases are replicated over tp (the biases are added by tp rank 0;
- *    their gradients are summed over tp before the update). n_head must be divisible by tp.
- *  - dp_shard > 1 (FSDP2-style): every parameter's tp-local tensor is sharded on dim 0 over dp_shard;
- *    rows that do not divide evenly are padded (each rank holds ceil(rows / dp_shard) rows; padding
- *    rows are zero and never read). Gradients and AdamW moments are sharded with it and AdamW updates
- *    only the local shard. Passes (shard.c) insert the all-gathers before a parameter's use (bucketed
- *    per transformer block up to bucket_bytes; issued one bucket ahead within prefetch_bytes), the
- *    reduce-scatter of its gradient, and explicit wait edges; see docs/fsdp.md.
- *  - dp_replicate > 1 (HSDP, or plain DDP when dp_shard = 1): the gradient shards are all-reduced over
- *    dp_replicate before the update.
- *  - the global gradient norm for clipping sums the local squares over dp_shard and tp (tp-replicated
- *    tensors counted once).
- * Gradients are SUMMED over the data-parallel ranks: pass dloss = 1 / (global tokens per step) so that
- * the sum is the mean over the global batch. All ranks of the mesh must create the model with the
- * same description, micro-batch, seed and options, and run the same calls in the same order. */
+/* attribute slots (attr[]) per op kind */
+enum {
+    DG_A_ACC = 0,      /* *_BWD, ACCUMULATE: 1 = add into the acc target (last src) */
+    DG_A_NH = 1,       /* ATTENTION(_BWD): heads */
+    DG_A_V = 1,        /* CROSSENTROPY(_BWD, _FUSED): real vocabulary (columns >= V are padding) */
+    DG_A_DECAY = 1,    /* ADAMW: 1 = apply weight decay */
+    DG_A_NSEG = 1,     /* ADAMW_ALL: segments (= the graph's opt_segs); SUMSQ_ALL: (= its norm_segs) */
+    DG_A_MESHDIM = 1,  /* collectives: DG_MESH_* dimension */
+    DG_A_NO_DINP = 2,  /* MATMUL_BWD: no input gradient wanted */
+    DG_A_EPI = 1,      /* MATMUL: dg_epilogue_t; with DG_EPI_GELU the output is gelu(x.w^T + b) and side 0
+                          holds the pre-activation */
+    DG_A_SIDE_IDX = 0, /* SIDE: which output of the producer */
+    DG_A_ARMODE = 2,   /* ALL_REDUCE: dg_armode_t (how the backward treats it) */
+    DG_A_COUNT = 3,    /* ALL_REDUCE over a persistent tensor in place: elements (0 = all) */
+    /* SHARD_PACK / SHARD_UNPACK: the bucket geometry (see shard.c) */
+    DG_A_K = 1,     /* ranks in the group */
+    DG_A_S = 2,     /* elements of one rank's block of the bucket */
+    DG_A_OFF = 3,   /* element offset of this parameter inside a rank's block */
+    DG_A_RS = 4,    /* rows of this parameter per rank (the padded shard) */
+    DG_A_ROWS = 5,  /* SHARD_UNPACK: rows of the unsharded parameter */
+    DG_A_COLS = 6,  /* SHARD_UNPACK: columns (0 = a 1-D parameter) */
+    DG_A_NDIM0 = 1, /* FILL0: ndim, then the dims in the next slots */
+    DG_A_DTYPE = 1, /* CAST: the target dg_dtype_t */
+};
+
+/* ALL_REDUCE flavours. SUM: y = sum over ranks of x, adjoint the same (a Partial result of partial
+ * inputs). TO_REPLICATE ("g" of Megatron): forward sum of partial sums into a tensor every rank then
+ * uses redundantly; its gradient is replicated already, so the backward is the identity. FROM_REPLICATE
+ * ("f"): forward identity (the output aliases the input) where a replicated tensor enters rank-local
+ * (column-parallel) compute; the backward sums the ranks' partial gradients. */
+typedef enum { DG_AR_SUM = 0, DG_AR_TO_REPLICATE = 1, DG_AR_FROM_REPLICATE = 2 } dg_armode_t;
+
+typedef struct dg_node dg_node_t;
+struct dg_node {
+    int id; /* position in graph->nodes (the schedule) */
+    char name[96];
+    dg_op_kind_t op;
+    dg_phase_t phase;
+    unsigned flags;
+    dg_storage_t storage;
+    int stream;
+
+    dg_dtype_t dtype;
+    int ndim;
+    int64_t shape[DG_MAX_DIMS];  /* local shape */
+    int64_t stride[DG_MAX_DIMS]; /* elements; row-major contiguous today */
+    size_t nbytes;
+
+    /* Placement of a parameter-like tensor in its global tensor: global shape, the sharded dim (-1 =
+     * replicated, local == global) and the local piece's offset along that dim. */
+    int64_t gshape[DG_MAX_DIMS];
+    int shard_dim;
+    int64_t shard_off;
+
+    int n_src;
+    dg_node_t *src[DG_MAX_SRC];
+    int n_upd;
+    dg_node_t *upd[DG_MAX_UPD]; /* persistent tensors updated in place */
+    int n_side;
+    dg_node_t *side[DG_MAX_SIDE];
+    int n_wait;
+    dg_node_t *wait[DG_MAX_WAIT]; /* nodes on another stream that must finish first */
+    int64_t attr[DG_MAX_ATTR];
+
+    dg_node_t *view_src; /* shares the storage of this node (byte offset view_offs) */
+    size_t view_offs;
+
+    void *data; /* PERSISTENT: device pointer, bound by the owner */
+
+    /* autodiff bookkeeping */
+    int needs_grad;
+    dg_node_t *grad;   /* gradient of this node: for params the persistent f32 gradient */
+    dg_node_t *master; /* params: the f32 master (== this node's storage when act dtype is f32) */
+    int param_index;   /* params and their state: index in the owner's table, else -1 */
+};
+
+/* One parameter of the fused AdamW (DG_OP_ADAMW_ALL) or of the fused norm (DG_OP_SUMSQ_ALL): where its
+ * tensors sit in the flat buffers. */
+typedef struct dg_opt_seg {
+    int param_index; /* rt.frozen[param_index] skips it */
+    int decay;       /* 1 = weight decay (AdamW; 0 in norm segments) */
+    size_t off;      /* first element in the flat buffers (a multiple of 4 for AdamW) */
+    size_t count;    /* elements (the local tensor) */
+} dg_opt_seg_t;
+
+typedef struct dg_graph {
+    dg_node_t **nodes;
+    int n, cap;
+    uint64_t generation; /* bumped by every mutation; plans are tied to it */
+    dg_dtype_t act_dtype;
+    dg_backend_t *be;
+    dg_mesh_shape_t mesh;   /* sizes of the mesh dimensions collectives run over */
+    dg_status_t err;        /* sticky builder error (first one wins) */
+    dg_phase_t cur_phase;   /* phase given to newly created ops */
+    dg_opt_seg_t *opt_segs; /* the ADAMW_ALL node's parameters, sorted by offset (pass fuse_adamw) */
+    int n_opt_segs;
+    /* the SUMSQ_ALL node's gradients, in the order of the SUMSQ ops it replaced (= the order of the
+     * additions into the norm accumulator; pass fuse_sumsq) */
+    dg_opt_seg_t *norm_segs;
+    int n_norm_segs;
+} dg_graph_t;
+
+/* Re-raises the current error with a prefix: "<prefix>: <previous message>" (copies the previous
+ * message first: it lives in the buffer DG_ERR writes). */
+dg_status_t dg_err_prefix(dg_status_t st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---------------- graph building ---------------- */
+/* `be` answers backend-specific sizes (attention scratch) and gives the activation dtype; it is not
+ * used for memory. */
+dg_graph_t *dg_graph_create(dg_backend_t *be);
+void dg_graph_free(dg_graph_t *g);
+/* The builder error: DG_OK, or the status of the first failing op constructor (message in
+ * dg_last_error()). Op constructors return NULL once the graph is in error. */
+dg_status_t dg_graph_error(const dg_graph_t *g);
+void dg_graph_touch(dg_graph_t *g); /* bump the generation after a direct field edit */
+
+/* A PERSISTENT leaf (param, input, state, scalar): flags as above. */
+dg_node_t *dg_graph_leaf(dg_graph_t *g, const char *name, dg_dtype_t dtype, int ndim, const int64_t *shape,
+                         unsigned flags);
+/* Trainable parameter leaf in the act dtype, with its f32 master (aliased when act is f32) and f32 grad. */
+dg_node_t *dg_graph_param(dg_graph_t *g, const char *name, int ndim, const int64_t *shape);
+
+/* Op constructors: check shapes (DG_ERR_USAGE naming the op and the mismatch), infer the output and
+ * side outputs, append in the current phase. NULL on error (sticky). */
+dg_node_t *dg_op_encoder(dg_graph_t *g, const char *name, dg_node_t *tokens, dg_node_t *wte, dg_node_t *wpe);
+dg_node_t *dg_op_layernorm(dg_graph_t *g, const char *name, dg_node_t *x, dg_node_t *w, dg_node_t *b);
+dg_node_t *dg_op_matmul(dg_graph_t *g, const char *name, dg_node_t *x, dg_node_t *w, dg_node_t *bias);
+dg_node_t *dg_op_gelu(dg_graph_t *g, const char *name, dg_node_t *x);
+dg_node_t *dg_op_attention(dg_graph_t *g, const char *name, dg_node_t *qkv, int n_head);
+dg_node_t *dg_op_add(dg_graph_t *g, const char *name, dg_node_t *a, dg_node_t *b);
+/* x·wᵀ + bias + res in one op (bias may be NULL); what fuse_residual makes of a matmul and an add. */
+dg_node_t *dg_op_matmul_res(dg_graph_t *g, const char *name, dg_node_t *x, dg_node_t *w, dg_node_t *bias,
+                            dg_node_t *res);
+dg_node_t *dg_op_crossentropy(dg_graph_t *g, const char *name, dg_node_t *logits, dg_node_t *targets, int V);
+dg_node_t *dg_op_all_gather(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim);
+dg_node_t *dg_op_reduce_scatter(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim);
+dg_node_t *dg_op_all_reduce(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim);
+/* An all_reduce of a given flavour (dg_armode_t; dg_op_all_reduce is DG_AR_SUM). */
+dg_node_t *dg_op_all_reduce_mode(dg_graph_t *g, const char *name, dg_node_t *x, int mesh_dim,
+                                 dg_armode_t mode);
+
+/* Generic constructor used by the above, autodiff and passes: fills a node of `kind` with the given
+ * sources, persistent tensors it updates in place, and attributes; runs the op's shape rule; appends
+ * it (and its side outputs) in the current phase. */
+dg_node_t *dg_graph_add_op(dg_graph_t *g, dg_op_kind_t kind, const char *name, int n_src,
+                           dg_node_t *const *src, int n_upd, dg_node_t *const *upd, const int64_t *attr,
+                           int n_attr);
+
+size_t dg_node_numel(const dg_node_t *n);
+int64_t dg_node_rows(const dg_node_t *n); /* product of all dims but the last */
+int64_t dg_node_cols(const dg_node_t *n); /* last dim */
+dg_node_t *dg_node_root(dg_node_t *n);    /* follows view_src to the storage owner */
+const dg_node_t *dg_node_root_c(const dg_node_t *n);
+void dg_node_shape_str(const dg_node_t *n, char *buf, size_t cap);
+
+/* Checks the structural invariants: topological order, ids, side outputs after producers, wait edges
+ * to earlier nodes on another stream, phases contiguous, shapes consistent with the op's rule.
+ * DG_ERR_RUNTIME with a message naming the first bad node (a pass bug). */
+dg_status_t dg_graph_verify(const dg_graph_t *g);
+
+/* [first, end) of the nodes in `phase` (empty range = first == end). */
+void dg_graph_phase_range(const dg_graph_t *g, dg_phase_t phase, int *first, int *end);
+const char *dg_phase_name(dg_phase_t p);
+
+/* ---------------- op registry ---------------- */
+typedef struct dg_exec dg_exec_t;
+typedef struct dg_ad dg_ad_t;
+
+typedef enum {
+    DG_GRAD_BUILDER = 0, /* differentiable: `backward` emits the backward ops */
+    DG_GRAD_NONE = 1,    /* a backward/optimizer op: never differentiated (autodiff asserts) */
+    DG_GRAD_STRUCTURAL = 2
+} dg_grad_kind_t;
+
+#define DG_OP_MAX_KERNELS 2
+typedef struct dg_op_def {
+    dg_op_kind_t kind;
+    const char *name;
+    int min_src, max_src;
+    /* Validates the sources/attributes and sets dtype/shape (and creates side outputs via
+     * dg_node_add_side). DG_ERR_USAGE with a message on a mismatch. */
+    dg_status_t (*shape)(dg_graph_t *g, dg_node_t *n);
+    dg_grad_kind_t grad_kind;
+    /* Emits the backward of n (reads n->grad, contributes to its inputs' grads). */
+    dg_status_t (*backward)(dg_ad_t *ad, dg_node_t *n);
+    /* Runs n through the backend. NULL only for structural kinds. */
+    dg_status_t (*exec)(dg_exec_t *ex, const dg_node_t *n);
+    unsigned inplace_mask; /* bit k: the output may share src[k]'s storage (the kernel allows it) */
+    int is_collective;
+    /* The backend entries exec calls, by offset into dg_backend_ops_t (name NULL ends the list): the
+     * kernel requirements that dg_op_missing_kernel checks, for the host fallback and for the fusion
+     * passes' eligibility (a fused kind is scheduled only when none of its kernels is missing). */
+    struct {
+        size_t offset;
+        const char *name;
+    } kernels[DG_OP_MAX_KERNELS];
+} dg_op_def_t;
+
+const dg_op_def_t *dg_op_def(dg_op_kind_t kind);
+const char *dg_op_name(dg_op_kind_t kind);
+/* For shape rules: add a side output of op n. */
+dg_node_t *dg_node_add_side(dg_graph_t *g, dg_node_t *n, const char *suffix, dg_dtype_t dtype, int ndim,
+                            const int64_t *shape);
+
+/* ---------------- passes ---------------- */
+typedef dg_status_t (*dg_pass_fn_t)(dg_graph_t *g, void *ctx);
+typedef struct dg_pass {
+    const char *name;
+    dg_pass_fn_t fn;
+    void *ctx;
+} dg_pass_t;
+/* Runs the passes in order; verifies the graph after each and bumps the generation. */
+dg_status_t dg_graph_run_passes(dg_graph_t *g, const dg_pass_t *passes, int n);
+
+/* Editing helpers for passes (each renumbers ids and bumps the generation). */
+/* Moves node n (with its side outputs) to schedule position pos (counted without n). */
+void dg_graph_move(dg_graph_t *g, dg_node_t *n, int pos);
+/* Redirects every input and wait edge that refers to `from` to `to`. */
+void dg_graph_replace_uses(dg_graph_t *g, dg_node_t *from, dg_node_t *to);
+/* Removes node n (and its side outputs) and frees it; asserts that nothing refers to it any more. */
+void dg_graph_remove(dg_graph_t *g, dg_node_t *n);
+/* Number of nodes that read n (as an input). */
+int dg_graph_n_consumers(const dg_graph_t *g, const dg_node_t *n);
+
+/* Fusion pass (run before autodiff): a forward matmul whose only consumer is a gelu becomes one matmul
+ * with the GELU epilogue (the kernel applies it while the tile is in cache); its side output keeps the
+ * pre-activation for the backward. */
+dg_status_t dg_pass_fuse_gelu(dg_graph_t *g, void *ctx);
+
+/* Residual fusion pass (before autodiff, after fuse_gelu): a forward ADD one of whose operands is a MATMUL
+ * without epilogue becomes ONE MATMUL_RES (backend matmul_fwd_res: the residual read inside the GEMM, no
+ * [N, OC] product in memory, no add kernel), at the add's place and under its name, with its flags; the
+ * other operand is the residual. Autodiff then differentiates the fused op: the residual receives the
+ * output's gradient as the add gave it (shared, no kernel) and the matmul's MATMUL_BWD is the one the
+ * matmul would have had (it needs x and w only), so the backward is the unfused one op for op. Only where
+ * that is safe: the matmul's output (an arena tensor, not a view, not an output) is read by the add alone,
+ * anywhere in the graph, and aliased by nothing; the residual is another tensor than the product and
+ * shares no storage with the matmul's inputs (the output may later be laid over the residual in place);
+ * both ops run on the same stream. A matmul whose output goes through anything else first (tensor
+ * parallelism's all-reduce of the row-parallel partial sums) is left alone. Nothing happens when the
+ * graph's backend has no matmul_fwd_res. ctx (may be NULL): a dg_fuse_res_t. */
+typedef struct dg_fuse_res {
+    int n_fused; /* out: pairs fused */
+} dg_fuse_res_t;
+dg_status_t dg_pass_fuse_residual(dg_graph_t *g, void *ctx);
+
+/* Fusion pass (after autodiff): a MATMUL_BWD whose input gradient feeds only a GELU_BWD of the GELU that
+ * produced the matmul's input (the MLP: mlp.proj's backward, then mlp.fc's GELU epilogue backward)
+ * becomes one MATMUL_BWD_DGELU (backend matmul_bwd_dgelu: the derivative applied inside the input-gradient
+ * GEMM). The intermediate [N, 4C] gradient and the gelu_bwd node disappear; the inplace pass may then let
+ * dpre take over the GELU output's storage, which dies there. */
+dg_status_t dg_pass_fuse_gelu_bwd(dg_graph_t *g, void *ctx);
+
+/* Recompute pass (after autodiff and fuse_gelu_bwd, before the sharding passes): the GELU output of every
+ * matmul with the GELU epilogue is no longer kept from forward to backward; a GELU op (phase BWD) right
+ * before its first backward reader recomputes it from the saved pre-activation into a temporary, which
+ * every backward reader then uses. Saves a [N, 4C] activation per layer for one elementwise kernel per
+ * layer; the numbers do not change where gelu_fwd and the forward epilogue compute GELU identically (the
+ * CPU backend and CUDA f32: bitwise). */
+dg_status_t dg_pass_recompute_gelu(dg_graph_t *g, void *ctx);
+
+/* Autodiff (reverse mode): appends, in phase BWD, the backward of every node that leads to one of
+ * `outs` (which are flagged OUTPUT, so they stay readable after the backward). seeds[i] is the gradient of
+ * outs[i] (a node of the same shape), or NULL when outs[i] is a per-token loss (DG_NF_LOSS, from
+ * CROSSENTROPY) whose seed is the runtime scalar dloss. Parameters receive their gradient in their persistent
+ * f32 grad (accumulated, +=); inputs flagged DG_NF_WANT_GRAD get an arena gradient flagged OUTPUT (read it
+ * with dg_node_grad_of). A tensor with several consumers gets the sum of their contributions (accumulated in
+ * place when that is safe, else through an extra add). */
+dg_status_t dg_autodiff(dg_graph_t *g, int n_out, dg_node_t *const *outs, dg_node_t *const *seeds);
+dg_node_t *dg_node_grad_of(const dg_node_t *x);
+
+/* Helpers for the backward builders of the op registry (ops.c). */
+dg_graph_t *dg_ad_graph(dg_ad_t *ad);
+/* 1 if x should receive a gradient (needs one and is not a parameter: parameters get theirs through
+ * the persistent grad listed in the backward op's `upd`). */
+int dg_ad_wants(const dg_ad_t *ad, const dg_node_t *x);
+/* 1 if n is a loss output whose seed is the runtime dloss. */
+int dg_ad_is_loss_seed(const dg_ad_t *ad, const dg_node_t *n);
+/* The gradient version of x a kernel may accumulate into in place (acc = 1), or NULL when the kernel
+ * must write a fresh buffer (no gradient yet, or its storage is still needed by another tensor). */
+dg_node_t *dg_ad_acc_target(dg_ad_t *ad, dg_node_t *x);
+/* Records g as x's gradient: `in_place` = g accumulated into the target from dg_ad_acc_target; else
+ * g is fresh and is summed with any gradient x already has. */
+void dg_ad_contribute(dg_ad_t *ad, dg_node_t *x, dg_node_t *g, int in_place);
+/* Records an existing tensor g (also another tensor's gradient) as a contribution to x, without a
+ * kernel when x has no gradient yet (e.g. both inputs of an add). */
+void dg_ad_contribute_shared(dg_ad_t *ad, dg_node_t *x, dg_node_t *g);
+/* The persistent f32 gradient that a backward kernel accumulates into for weight w; sets a builder
+ * error and returns NULL if w is not a parameter. */
+dg_node_t *dg_ad_param_grad(dg_ad_t *ad, dg_node_t *w, const char *op_name);
+
+/* Optimizer pass: appends ZERO ops for every param grad (phase ZERO) and, in phase OPT, zero the
+ * norm accumulator, SUMSQ of every grad, CLIP_SCALE, and one ADAMW per parameter (the creation order of
+ * params). decay_of(param, ctx) says whether a param gets weight decay. The scalars node
+ * (f32 [DG_SCALAR_COUNT]: the DG_DS_* slots) is created and returned through *scalars_out. */
+dg_status_t dg_graph_add_optimizer(dg_graph_t *g, int (*decay_of)(const dg_node_t *param, void *ctx),
+                                   void *ctx, dg_node_t **scalars_out);
+/* Fused AdamW pass (after the optimizer pass): the per-parameter ADAMW ops become ONE ADAMW_ALL op over
+ * leaves that span the whole flat buffers (flagged DG_NF_FLAT, for the owner to bind), where every
+ * parameter's master, gradient, m, v and compute copy sit at the same element offset (ctx->off, by
+ * param_index). The parameters' offsets, sizes and weight decay go to g->opt_segs; the executor turns them
+ * into the backend's segment table at every step (frozen parameters skipped) and uploads it into the
+ * table leaf just before the op. The covered gradients' per-parameter ZEROs (phase ZERO) become one ZERO
+ * of the flat gradient leaf, which also clears the padding between segments (the owner must keep nothing
+ * else there). A graph without ADAMW ops is left alone. DG_ERR_USAGE when the offsets
+ * break the table rules (overlap, beyond span, not a multiple of 4). */
+typedef struct dg_fuse_adamw {
+    const size_t *off; /* per param_index: element offset of its tensors in the flat buffers */
+    int n;             /* entries of off */
+    size_t span;       /* elements of each flat buffer */
+    /* out: leaves to bind (param == master when the act dtype is f32; all NULL when nothing was fused) */
+    dg_node_t *master, *grad, *m, *v, *param, *segs;
+    /* out of dg_pass_fuse_sumsq: the fused norm's segment table leaf (NULL when nothing was fused) */
+    dg_node_t *norm_segs;
+} dg_fuse_adamw_t;
+dg_status_t dg_pass_fuse_adamw(dg_graph_t *g, void *ctx);
+/* Fused gradient-norm pass, run right after fuse_adamw with the same context (whose flat gradient leaf
+ * ctx->grad it reads): the per-parameter SUMSQ ops become ONE SUMSQ_ALL op over ctx->grad, in the place of
+ * the SUMSQ ops (which must be consecutive: nothing may run between two of them), with a segment table
+ * leaf (flagged DG_NF_FLAT, for the owner to bind; i32 [nseg, 4] = dg_sumsq_seg_t). g->norm_segs keeps
+ * each gradient's parameter, offset (ctx->off) and size in the order of the SUMSQ ops, which is the order
+ * of the float additions into the accumulator, so the sum is bitwise the one of the SUMSQ ops; parameters
+ * without a SUMSQ (DG_NF_NORM_SKIP replicas) stay out. The executor stages the table (frozen gradients
+ * skipped) and uploads it into the leaf before the op, like ADAMW_ALL's. Nothing happens when fuse_adamw
+ * fused nothing (no flat gradient leaf) or there is no SUMSQ. DG_ERR_USAGE when a SUMSQ reads a gradient
+ * outside the flat buffer or of another size than its parameter's segment. */
+dg_status_t dg_pass_fuse_sumsq(dg_graph_t *g, void *ctx);
+
+/* Fused classifier-loss pass (after autodiff): each forward CROSSENTROPY whose losses are a loss output
+ * (DG_NF_LOSS: its gradient seed is the runtime dloss) and its CROSSENTROPY_BWD become ONE
+ * CROSSENTROPY_FUSED at the forward op's place (backend crossentropy_fused: the logits are read once).
+ * Its output is the logits' gradient (which the inplace pass then lays over the logits) and the lm_head
+ * backward reads it; its side outputs are the losses (the forward op's flags: OUTPUT, LOSS) and the lse.
+ * Only where that is safe: the logits (an arena tensor, no view, not an output) are read by the two ops
+ * and nothing else and aliased by nothing, the lse by the backward only, the backward's gradient is not
+ * a view, and nothing between the two ops writes the targets. The executor then uses ex->rt.dloss in the
+ * FORWARD phase: the owner sets it before the forward of a step whose backward follows, and runs a
+ * forward alone with rt.forward_only = 1 (the op then computes the losses only and leaves the logits).
+ * Nothing happens when the graph's backend has no crossentropy_fused. ctx (may be NULL): a
+ * dg_fuse_ce_t. */
+typedef struct dg_fuse_ce {
+    dg_node_t *loss; /* in/out: a CROSSENTROPY node the owner keeps; replaced by the losses side output of
+                        its fused op when it is fused */
+    int n_fused;     /* out: pairs fused */
+} dg_fuse_ce_t;
+dg_status_t dg_pass_fuse_crossentropy(dg_graph_t *g, void *ctx);
+
+/* The graph's scalars node is the backend's device scalar block (backend.h DG_DS_*, same indices): OPT
+ * zeroes it, SUMSQ accumulates, CLIP_SCALE writes the factor and norm and uploads the step's lr and bias
+ * corrections (from ex->sc_host), ADAMW reads them. */
+enum {
+    DG_SCALAR_SUMSQ = DG_DS_SUMSQ,
+    DG_SCALAR_GSCALE = DG_DS_GSCALE,
+    DG_SCALAR_NORM = DG_DS_NORM,
+    DG_SCALAR_COUNT = DG_DS_COUNT
+};
+
+/* ---------------- sharding passes (shard.c) ---------------- */
+/* What the FSDP pass needs to know about each parameter (filled by the model builder). */
+typedef struct dg_shard_param {
+    dg_node_t *p;       /* the parameter leaf (act dtype), built with its unsharded (tp-local) shape */
+    int group;          /* buckets never mix groups (0 embeddings, 1 + l layer l, L + 1 final norm) */
+    int64_t rows, cols; /* unsharded (tp-local) shape; cols = 1 and ndim 1 for vectors */
+    int64_t Rs;         /* rows per dp_shard rank: ceil(rows / k) */
+    int64_t row0;       /* this rank's first row (= dp_shard coord * Rs) */
+    size_t off;         /* element offset of its local shard in the flat parameter buffers */
+} dg_shard_param_t;
+
+/* A bucket: consecutive parameters of one group whose local shards are contiguous in the flat buffers
+ * ([off of first, off of first + S)); one all-gather and one reduce-scatter move all of them. */
+typedef struct dg_bucket {
+    int first, last;  /* parameter indices, inclusive */
+    int64_t S;        /* elements of one rank's block (alignment gaps included) */
+    dg_node_t *pleaf; /* PERSISTENT [S] act dtype over the parameters' local shards */
+    dg_node_t *gleaf; /* PERSISTENT [S] f32 over their gradient shards */
+} dg_bucket_t;
+
+typedef struct dg_shard_plan {
+    int n;
+    dg_shard_param_t *params;
+    int k; /* dp_shard size (1: buckets only, for the dp_replicate all-reduce) */
+    size_t bucket_bytes, prefetch_bytes;
+    int overlap, reshard;
+    dg_dtype_t reduce_dtype; /* DG_F32, or DG_BF16: the reduce-scatters move bf16 (cast before, cast and
+                                accumulate into the f32 shard after the wait) */
+    /* out */
+    int n_buckets;
+    dg_bucket_t *buckets;
+} dg_shard_plan_t;
+
+/* FSDP pass (after autodiff, before the optimizer pass): groups the parameters into buckets and, when
+ * k > 1, shards them on dim 0: all-gather + unpack before the first forward use (and again before the
+ * first backward use when resharding), unsharded gradient buffers (FILL0) that the backward kernels
+ * accumulate into, pack + reduce-scatter into the persistent gradient shards after a bucket's last
+ * gradient contribution, waits, prefetch, and the parameter leaves reshaped to their local shards. */
+dg_status_t dg_pass_fsdp(dg_graph_t *g, void *ctx);
+/* The dp_replicate gradient sum of a shard plan's buckets in the backward (sync.c): per bucket an in-place
+ * all-reduce on the comm stream right after the bucket's gradients are final, cast to bf16 and back when
+ * sp->reduce_dtype is bf16, its wait at the end of the backward (right after it without sp->overlap); all
+ * flagged DG_NF_GRAD_SYNC. Run after the fsdp pass, on a mesh with dp_replicate > 1. */
+dg_status_t dg_pass_replicate_sync(dg_graph_t *g, const dg_shard_plan_t *sp);
+void dg_shard_plan_free(dg_shard_plan_t *sp);
+
+/* Reshapes a leaf (a sharding pass turning a parameter into its local shard); keeps gshape. */
+void dg_node_reshape(dg_node_t *n, int ndim, const int64_t *shape);
+
+/* In-place pass: lets an op's output share the storage of a source whose last use it is, where the
+ * kernel allows it (inplace_mask). Saves arena space (e.g. dlogits over logits). */
+dg_status_t dg_pass_inplace(dg_graph_t *g, void *ctx);
+
+/* ---------------- memory planner ---------------- */
+/* Core of the planner, on abstract buffers: buffer i of size[i] bytes is live over schedule positions
+ * [start[i], end[i]] inclusive. Assigns offsets (multiples of align) so that no two buffers whose
+ * intervals intersect overlap in memory; greedy by size (largest first, lowest fitting offset,
+ * ties by index). Returns the arena size (<= sum of aligned sizes). */
+size_t dg_plan_intervals(int n, const size_t *size, const int *start, const int *end, size_t align,
+                         size_t *offset_out);
+
+typedef struct dg_memplan {
+    const dg_graph_t *graph;
+    uint64_t generation;
+    int n_nodes;
+    size_t arena_bytes;
+    size_t act_bytes_sum;
+    /* per node id: arena offset of its root (SIZE_MAX if not in the arena), and its root's live range */
+    size_t *offset;
+    int *live_start, *live_end;
+} dg_memplan_t;
+
+/* Phase 1 (reserve): liveness over the schedule, offsets for every arena root. flags:
+ * DG_PLAN_NO_REUSE gives every tensor its own memory (the reference the planner is tested against). */
+enum { DG_PLAN_NO_REUSE = 1 };
+dg_status_t dg_plan_create(const dg_graph_t *g, int flags, dg_memplan_t **out);
+void dg_plan_free(dg_memplan_t *p);
+/* 1 if p was made from g as it is now. */
+int dg_plan_matches(const dg_memplan_t *p, const dg_graph_t *g);
+/* Independent check of a plan: every pair of arena roots with intersecting live ranges is disjoint in
+ * memory, every range fits the arena, every reader sits inside its tensor's live range. DG_ERR_RUNTIME
+ * with the first violation. */
+dg_status_t dg_plan_check(const dg_memplan_t *p, const dg_graph_t *g);
+
+/* ---------------- executor ---------------- */
+/* Values that change between runs without changing the graph. */
+typedef struct dg_runtime {
+    float dloss; /* seed of every DG_NF_LOSS output: read by CROSSENTROPY_BWD in the backward, and by
+                    CROSSENTROPY_FUSED in the forward */
+    float lr, beta1, beta2, eps, weight_decay, grad_clip, grad_extra;
+    int64_t t;
+    /* per param_index, 1 = frozen: its SUMSQ and ADAMW are skipped (NULL = none frozen) */
+    const unsigned char *frozen;
+    int n_frozen_slots;
+    /* 1: ops flagged DG_NF_GRAD_SYNC are skipped (a micro-batch of a gradient accumulation that is not
+     * the step's last: its gradients are summed over dp_replicate once, after the last one) */
+    int skip_grad_sync;
+    /* 1: no backward follows this forward in the step (evaluation, logits): CROSSENTROPY_FUSED computes the
+     * losses only (crossentropy_fwd) and leaves the logits intact; with 0 it writes the gradient with
+     * dloss over them */
+    int forward_only;
+} dg_runtime_t;
+
 struct dg_comm;
-typedef struct dg_model_parallel {
-    dg_mesh_shape_t mesh;               /* sizes of dp_replicate, dp_shard, tp */
-    int coord[DG_MESH_NDIM];            /* this rank's coordinates */
-    struct dg_comm *comm[DG_MESH_NDIM]; /* the group of each dimension of size > 1 (comm.h; its group rank
-                                           = the coordinate); may be NULL with DG_MODEL_PLAN_ONLY */
-    size_t bucket_bytes;                /* all-gather / reduce-scatter bucket size (unsharded bytes); 0 = one
-                                           parameter per bucket; buckets never span two transformer blocks */
-    size_t prefetch_bytes;              /* hoist the next bucket's all-gather while the current one computes
-                                           when its gathered buffer fits in this many bytes; 0 = no prefetch */
-    int overlap;               /* 1: collectives run on the comm stream and are waited for where their
-                                  result is needed; 0: each is waited for right after it is issued */
-    int reshard_after_forward; /* 1: free the unsharded parameters after their forward use and gather
-                                  them again for the backward (the last block's stay) */
-    dg_dtype_t reduce_dtype;   /* train.reduce_dtype: DG_F32, or DG_BF16 to move the data-parallel gradient
-                                  reductions (dp_shard reduce-scatters, dp_replicate all-reduces) in bf16:
-                                  cast ops around each one, gradients stay f32 (docs/fsdp.md, "Gradient
-                                  reduction dtype"). No effect without a data-parallel dimension. */
-} dg_model_parallel_t;
+struct dg_comm_req;
 
-/* Defaults: mesh 1 x 1 x 1, 25 MB buckets, 256 MB prefetch budget, overlap on, reshard on, f32
- * reductions. */
-void dg_model_parallel_default(dg_model_parallel_t *p);
+struct dg_exec {
+    dg_backend_t *be;
+    const dg_graph_t *graph;
+    const dg_memplan_t *plan;
+    void *arena; /* phase 2 (run): the arena allocated with the plan's size */
+    dg_runtime_t rt;
+    uint64_t ops_run;
+    /* optional per-op-kind timing (syncs the backend around every op while on) */
+    int profile;
+    double prof_s[DG_OP_COUNT];
+    uint64_t prof_n[DG_OP_COUNT];
 
-/* dg_model_create_ex on a mesh. par = NULL is a single rank. DG_ERR_USAGE for a mesh the model cannot
- * use (n_head not divisible by tp, a missing comm, a comm of the wrong size). */
-dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch,
-                                     uint64_t seed, int flags, const dg_model_parallel_t *par,
-                                     dg_model_t **out);
-void dg_model_free(dg_model_t *m);
+    /* collectives: one comm per mesh dimension of size > 1 (dg_exec_attach_comm), the request of every
+     * comm-stream op in flight (by node id), and time accounting */
+    struct dg_comm *comm[DG_MESH_NDIM];
+    struct dg_comm_req **req;
+    int n_pending;
+    int staged;               /* device memory with the mpi comm: collectives copy through host buffers */
+    int dev_waits;            /* nccl comm: posts after begin_after(cstream), completion by stream waits */
+    void *cstream;            /* the backend's stream (cudaStream_t) for those event edges; NULL on cpu */
+    char **stage;             /* per node id: its host staging buffer */
+    double wait_s;            /* blocked waiting for comm-stream collectives: the exposed communication */
+    double blocking_s;        /* in compute-stream (blocking) collectives */
+    uint64_t n_coll;          /* collectives run over a comm */
+    float *sc_host;           /* page-locked mirror of the device scalar block's step slots (DG_DS_LR..) */
+    dg_adamw_seg_t *seg_host; /* page-locked: the ADAMW_ALL segment table of this step (graph->n_opt_segs) */
+    dg_sumsq_seg_t *norm_seg_host; /* page-locked: the SUMSQ_ALL segment table (graph->n_norm_segs) */
+    char why[256];                 /* dg_exec_capture_blocker's answer */
 
-/* ---- this rank's piece of each tensor (checkpoints, tests) ----
- * Parameter i's local tensor (the same layout for DG_STATE_PARAM, ADAM_M, ADAM_V and GRAD) holds
- * dg_model_local_numel() floats, row-major: the rows of this rank's dp_shard shard of its tp-local
- * tensor, padding rows (zero) included. It covers up to DG_MODEL_MAX_PIECES hyperslabs of the global
- * tensor (tp splits QKV into its q, k and v rows); piece j's count[0] x count[1] floats start at
- * element `offset` of the local tensor. A rank whose shard lies entirely in the padding has none. */
-#define DG_MODEL_MAX_PIECES 4
-typedef struct dg_model_piece {
-    int64_t start[2], count[2]; /* in the global tensor; count[1] = 1 for 1-D tensors */
-    size_t offset;              /* element offset in the local tensor */
-} dg_model_piece_t;
-size_t dg_model_local_numel(const dg_model_t *m, int i);
-/* The pieces (at most DG_MODEL_MAX_PIECES) of parameter i held here; returns how many. */
-int dg_model_local_pieces(const dg_model_t *m, int i, dg_model_piece_t *out);
-/* 1 when this rank is the one that writes parameter i's pieces (replicas over dp_replicate and over tp
- * for tp-replicated tensors have exactly one writer). */
-int dg_model_piece_owner(const dg_model_t *m, int i);
-dg_status_t dg_model_get_local(dg_model_t *m, int i, int which, float *host_out);
-dg_status_t dg_model_set_local(dg_model_t *m, int i, int which, const float *host_in);
-/* All local tensors of one state (DG_STATE_PARAM, ADAM_M, ADAM_V, GRAD) at once: the model's flat
- * buffer of dg_model_flat_numel() floats, in which parameter i's local tensor starts at element
- * dg_model_flat_offset(m, i) (alignment gaps between tensors hold zeros). One copy instead of one per
- * tensor; into page-locked memory (the backend's host_alloc) it runs at the link's full speed. */
-size_t dg_model_flat_numel(const dg_model_t *m);
-size_t dg_model_flat_offset(const dg_model_t *m, int i);
-dg_status_t dg_model_get_flat(dg_model_t *m, int which, float *host_out);
-dg_status_t dg_model_set_flat(dg_model_t *m, int which, const float *host_in);
-/* The mesh the model was built for, and this rank's coordinates. */
-const dg_model_parallel_t *dg_model_parallel(const dg_model_t *m);
-/* The training step named by collective timeout messages from now on. */
-void dg_model_set_step(dg_model_t *m, int64_t step);
-/* Graph replay of the training step (parallel.cuda_graph; backends with graph_begin, i.e. CUDA). Once
- * one eager step has run (it sizes the backend's scratch and fills its plan caches), the ZERO phase, the
- * FWD+BWD phases with the micro-batch's token upload, and the OPT phase are each recorded on first use
- * and replayed from then on. What a recording bakes in (dloss; grad_clip, the loss-scale inverse, betas,
- * eps, weight decay; the frozen set) is compared at every call and a change records again. The step's lr
- * and bias corrections travel through the device scalar block, so they need no new recording. When
- * recording is impossible (a collective driven from the host, per-op profiling) or fails (capture or
- * instantiation error), the model runs op by op for the rest of its life, logs a warning and calls
- * cb(ctx, "fallback", reason) once; every recording calls cb(ctx, "captured", which). Both paths queue
- * the same kernels with the same arguments: the numbers are bitwise the same. No effect (and no
- * callback) on a backend that cannot record. cb may be NULL. */
-typedef void (*dg_model_graph_cb_t)(void *ctx, const char *what, const char *detail);
-void dg_model_set_graph_replay(dg_model_t *m, int on, dg_model_graph_cb_t cb, void *ctx);
-/* Executor fallbacks (issue 7): when the activation arena cannot be allocated, activations are allocated
- * one by one over their live ranges (kind "memory"); an op kind the backend has no kernel for runs on the
- * host through copies of its tensors (kind "kernel", one report per op kind). The numbers are those of
- * the planned path. Both are decided when the model is created (the test hooks DG_TEST_ARENA_FAIL=1 and
- * DG_TEST_NO_KERNEL=<op>[,<op>...] force them), are logged as warnings then, and block CUDA Graph
- * replay (which reports its own "fallback"). cb(ctx, kind, reason) is called once per report: at once
- * for reports made before it was set, and for any later one. Each rank reports its own. cb may be NULL. */
-typedef void (*dg_model_fallback_cb_t)(void *ctx, const char *kind, const char *reason);
-void dg_model_set_fallback_cb(dg_model_t *m, dg_model_fallback_cb_t cb, void *ctx);
-/* Communication accounting since the last reset: seconds blocked waiting for asynchronous collectives
- * (the exposed communication), seconds in blocking collectives, and collectives run. */
-typedef struct dg_model_comm_stats {
-    double wait_s, blocking_s;
-    uint64_t collectives;
-    /* bytes each rank handed to the comm (a collective's send buffer: an all-gather's piece, a
-     * reduce-scatter's whole input, an all-reduce's tensor), per mesh dimension, and those of the
-     * data-parallel gradient reductions alone (the dp_shard reduce-scatters and the dp_replicate
-     * all-reduces of the backward): halved by train.reduce_dtype = bf16 */
-    uint64_t bytes[DG_MESH_NDIM];
-    uint64_t grad_bytes;
-} dg_model_comm_stats_t;
-void dg_model_comm_stats(dg_model_t *m, dg_model_comm_stats_t *out, int reset);
+    /* send bytes of the collectives run over a comm, per mesh dimension, and of those the data-parallel
+     * gradient reductions' (dg_model_comm_stats) */
+    uint64_t coll_bytes[DG_MESH_NDIM];
+    uint64_t grad_coll_bytes;
 
-const dg_model_desc_t *dg_model_desc(const dg_model_t *m);
-int dg_model_micro_batch(const dg_model_t *m);
-int dg_model_n_tensors(const dg_model_t *m);
-const dg_param_info_t *dg_model_param(const dg_model_t *m, int i); /* NULL if i is out of range */
-/* Index of a parameter by name, or -1. */
-int dg_model_find_param(const dg_model_t *m, const char *name);
+    /* memory fallback (eager allocation): no arena; every arena root gets its own allocation from the
+     * backend over its live range. roots[] lists the arena roots; per schedule position, the roots whose
+     * live range starts there (by_start[start_at[i] .. start_at[i + 1])) and ends there (by_end, end_at) */
+    int eager;
+    void **root_ptr; /* per node id: the root's allocation, NULL while not allocated */
+    int *roots, n_roots;
+    int *by_start, *start_at, *by_end, *end_at;
+    size_t eager_bytes, eager_peak; /* bytes allocated now and at most (dg_exec_eager_stats) */
+    int eager_live;                 /* allocations outstanding */
 
-/* Zeroes every parameter gradient (graph ops through the backend). */
-dg_status_t dg_model_zero_grad(dg_model_t *m);
+    /* host fallback: op kinds run on a CPU backend instance through host copies of their tensors */
+    unsigned char host_op[DG_OP_COUNT];
+    dg_backend_t *host_be;
+    void **ovr; /* per node id: the host copy dg_exec_ptr returns while a node runs on the host */
+    int ovr_on;
 
-/* Micro-batches per optimizer step (gradient accumulation; default 1). With dp_replicate > 1 the
- * gradients are summed over dp_replicate inside the backward of the step's LAST micro-batch (bucket by
- * bucket on the communication stream, overlapped with the rest of that backward), so the model counts
- * forward_backward calls since the last zero_grad / optimizer_step: call n of n syncs, calls 1..n-1 do
- * not. A call beyond n, or an optimizer step after 1..n-1 calls, is DG_ERR_USAGE (the gradients would
- * be summed twice, or not at all). Without dp_replicate the count is not enforced. n >= 1. */
-dg_status_t dg_model_set_grad_accum(dg_model_t *m, int n);
+    /* fallbacks decided when the executor was made, for the owner to report (dg_model_set_fallback_cb) */
+    int n_fb;
+    struct dg_exec_fallback {
+        char kind[16]; /* "memory" | "kernel" */
+        char reason[512];
+    } fb[DG_OP_COUNT + 1];
+};
 
-/* One micro-batch: tokens and targets are host arrays of micro_batch * seq_len ids in [0, vocab_size).
- * Runs forward and backward; parameter gradients ACCUMULATE. dloss scales the gradient of the SUM of
- * the token losses (pass 1 / (tokens per optimizer step) so that accumulation yields the gradient of
- * the mean). *mean_loss_out (may be NULL) receives the mean token loss of this micro-batch.
- * Out-of-range ids give DG_ERR_USAGE naming the position.
- * Host waits: on a backend with the v1.8 fences (backend.h) the call returns once the FORWARD has run
- * and its token losses are on the host; the backward may still be running on the device (everything
- * queued later runs after it, and every call that reads device state to the host syncs first). Without
- * the fences, or with DG_SYNC_HOST_READS=1 in the environment when the model was created, it returns
- * after the whole backward (a sync), as before. The loss is bitwise the same either way. */
-dg_status_t dg_model_forward_backward(dg_model_t *m, const int32_t *tokens_host, const int32_t *targets_host,
-                                      float dloss, float *mean_loss_out);
-/* Forward only (evaluation); gradients untouched. */
-dg_status_t dg_model_forward(dg_model_t *m, const int32_t *tokens_host, const int32_t *targets_host,
-                             float *mean_loss_out);
-/* Logits at position `pos` (0 <= pos < seq_len) of every sequence, after a forward on tokens_host:
- * host_out receives micro_batch * vocab_size floats (row b = sequence b; padded columns dropped).
- * Positions > pos do not influence the result (causal), so callers sampling may fill them with anything. */
-dg_status_t dg_model_logits(dg_model_t *m, const int32_t *tokens_host, int pos, float *host_out);
+/* Allocates the arena for `plan` (phase 2). Persistent nodes must be bound (data != NULL) before runs.
+ *
+ * Fallbacks (recorded in ex->fb, logged as warnings; both give the same numbers as the planned path):
+ *  - memory: when the arena cannot be allocated (or the test hook DG_TEST_ARENA_FAIL=1 is set), every
+ *    arena root is allocated on its own at the start of its live range and freed after its end (eager
+ *    allocation); the peak is the live set. Per-tensor alloc/free on every run: slow on CUDA
+ *    (cudaMalloc/cudaFree synchronise the device), and not recordable as a CUDA Graph.
+ *  - kernel: an op kind whose backend entry is NULL (dg_op_missing_kernel), or named in the test hook
+ *    DG_TEST_NO_KERNEL=<op>[,<op>...], runs on a host CPU backend: its tensors are copied to the host,
+ *    the op runs there, its outputs and updated tensors are copied back. Needs f32 activations. */
+dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_memplan_t *plan, dg_exec_t **out);
+void dg_exec_free(dg_exec_t *ex);
+/* Runs nodes [first, end) of the schedule in order. Asserts that the plan still matches the graph. */
+dg_status_t dg_exec_run(dg_exec_t *ex, int first, int end);
+dg_status_t dg_exec_run_phase(dg_exec_t *ex, dg_phase_t phase);
+/* dg_exec_run with hook(ctx) called once right after node `at` (first <= at < end) has been queued (or
+ * skipped, for a skipped node), before the rest: one run, so comm requests in flight across `at` stay in
+ * flight and a graph recording of [first, end) holds whatever the hook queues at that position. The
+ * hook may read node `at`'s output and anything else live there; it must queue only capturable work.
+ * Its error ends the run (prefixed with the node). at < 0: no hook (dg_exec_run). */
+typedef dg_status_t (*dg_exec_hook_t)(void *ctx);
+dg_status_t dg_exec_run_hook(dg_exec_t *ex, int first, int end, int at, dg_exec_hook_t hook, void *ctx);
+/* Device address of a node's storage (arena or persistent). */
+void *dg_exec_ptr(const dg_exec_t *ex, const dg_node_t *n);
+/* Attaches the comm for mesh dimension `dim` (its size must equal graph->mesh.size[dim]; DG_ERR_USAGE
+ * otherwise). The mpi comm works on host memory: with a device backend (anything but cpu) collectives
+ * are staged through host copies. The nccl comm (CUDA backend only) works on device memory with
+ * device-side waits: event edges between the backend's stream and the comm's, no host blocking. All
+ * dimensions of one executor must take the same path (DG_ERR_USAGE otherwise). */
+dg_status_t dg_exec_attach_comm(dg_exec_t *ex, int dim, struct dg_comm *c);
+/* Runs collective node n: over a size-1 dimension a copy; on DG_STREAM_COMM posted non-blocking (its
+ * request completes at the first node that waits on it, or at the end of dg_exec_run); else blocking. */
+dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n);
+/* Completes every request still in flight (in schedule order). */
+dg_status_t dg_exec_drain(dg_exec_t *ex);
+/* Writes the step's lr and AdamW bias corrections (from ex->rt: lr, beta1, beta2, t) into the host
+ * mirror ex->sc_host, which CLIP_SCALE uploads into the device scalar block, and the segment tables with
+ * the frozen set of ex->rt (dg_exec_stage_segs). DG_ERR_USAGE for t < 1 or betas outside [0, 1). */
+dg_status_t dg_exec_stage_scalars(dg_exec_t *ex);
+/* Writes the fused ops' segment tables with the frozen set of ex->rt into their page-locked mirrors:
+ * ex->seg_host (ADAMW_ALL) and ex->norm_seg_host (SUMSQ_ALL), which those ops upload before their call. */
+void dg_exec_stage_segs(dg_exec_t *ex);
+/* Why nodes [first, end) cannot be recorded as a graph and replayed (the backend cannot record,
+ * profiling is on, a collective needs the host), or NULL when they can. The answer lives in ex. */
+const char *dg_exec_capture_blocker(dg_exec_t *ex, int first, int end);
+/* Eager allocation (memory fallback) accounting: bytes allocated now, their peak, and allocations
+ * outstanding; all 0 with the arena. */
+void dg_exec_eager_stats(const dg_exec_t *ex, size_t *bytes, size_t *peak, int *live);
+/* The name of the backend entry op kind `op` needs and `be` lacks (NULL: none missing, or an op that
+ * needs no kernel of its own: structural kinds, waits, collectives, which go through the comm layer). */
+const char *dg_op_missing_kernel(const dg_backend_t *be, dg_op_kind_t op);
 
-/* Global-norm clipping then AdamW on every trainable parameter, as graph ops through the backend. t and
- * lr etc. come from h; *grad_norm_out (may be NULL) receives the global L2 norm of the (loss-scale-
- * corrected) gradients of the trainable parameters, before clipping. If it is not finite (fp16
- * overflow, divergence) NO parameter or moment changes (the AdamW skips itself on the device), the call
- * returns DG_OK and the non-finite norm tells the caller that the update was skipped. Gradients are not
- * zeroed. Host waits: with the v1.8 fences the norm is copied to the host right after it is computed and
- * the call returns once that copy has landed, while the AdamW may still run (later calls are queued
- * behind it; dg_model_get_* / _set_flat sync first); otherwise (or DG_SYNC_HOST_READS=1 at creation) it
- * returns after the AdamW (a sync). Same bits either way. */
-dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, float *grad_norm_out);
+/* Allocates device memory for every PERSISTENT root that has none yet (tests and small graphs); the
+ * allocations are recorded in *list (free with dg_graph_free_persistent). */
+typedef struct dg_alloc_list {
+    void **ptrs;
+    int n, cap;
+} dg_alloc_list_t;
+dg_status_t dg_graph_alloc_persistent(dg_graph_t *g, dg_backend_t *be, dg_alloc_list_t *list);
+void dg_graph_free_persistent(dg_backend_t *be, dg_alloc_list_t *list);
 
-/* Freezes (frozen = 1) or unfreezes parameter i (train.freeze): a frozen tensor gets no AdamW update and
- * does not count in the gradient norm; its gradient is still accumulated (the backward kernels produce
- * it anyway) and zeroed. Takes effect at the next optimizer step; no replanning. DG_ERR_USAGE for a bad
- * index. */
-dg_status_t dg_model_set_frozen(dg_model_t *m, int i, int frozen);
+/* ---------------- printing ---------------- */
+/* The schedule: one line per node (or a JSON array when json = 1) with phase, stream, op, name, shape,
+ * dtype, bytes, placement (arena offset / persistent / alias) and inputs. plan may be NULL. */
+void dg_graph_print(const dg_graph_t *g, const dg_memplan_t *plan, FILE *out, int json);
 
-/* Full f32 copy of one state of parameter i to/from the host (numel floats). Setting DG_STATE_PARAM
- * also refreshes the compute copy. DG_ERR_USAGE for a bad index or state, or when the model is
- * distributed (tp or dp_shard > 1: use dg_model_get_local / dg_model_set_local). */
-dg_status_t dg_model_get_tensor(dg_model_t *m, int i, int which, float *host_out);
-dg_status_t dg_model_set_tensor(dg_model_t *m, int i, int which, const float *host_in);
-
-/* The --plan-only view: every op in schedule order with phase, stream, inputs, output shape, dtype,
- * bytes and arena offset; then the arena size against the sum of all activation sizes, and parameter,
- * gradient and optimizer bytes. json = 1 writes one JSON object instead of the table. */
-dg_status_t dg_model_print_plan(const dg_model_t *m, FILE *out, int json);
-size_t dg_model_arena_bytes(const dg_model_t *m);          /* bytes of the activation arena */
-size_t dg_model_activation_bytes_sum(const dg_model_t *m); /* sum of every arena tensor's size */
-size_t dg_model_state_bytes(const dg_model_t *m); /* params + grads + AdamW moments (+ compute copy) held by
-                                                     THIS rank (sharded: about 1 / dp_shard of the model) */
-int dg_model_n_ops(const dg_model_t *m);          /* ops in the schedule (all phases) */
-
-/* Per-op-kind timing of everything run while on (the backend is synchronised after every op, so this
- * slows GPU runs down). dg_model_print_profile prints seconds, calls and share per op kind, largest
- * first, and resets the counters. */
-void dg_model_set_profiling(dg_model_t *m, int on);
-void dg_model_print_profile(dg_model_t *m, FILE *out);
-
-#ifdef __cplusplus
-}
-#endif
 #endif /* DG_GRAPH_H */

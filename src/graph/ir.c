@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "dg_json.h"
-#include "graph_impl.h"
+#include "graph.h"
 
 dg_status_t dg_err_prefix(dg_status_t st, const char *fmt, ...) {
     char prev[1024], pre[512];
@@ -465,7 +465,7 @@ void dg_graph_free_persistent(dg_backend_t *be, dg_alloc_list_t *list) {
 
 /* ---------------- printing ---------------- */
 
-static const char *placement(const dg_node_t *n, const dg_plan_t *plan, char *buf, size_t cap) {
+static const char *placement(const dg_node_t *n, const dg_memplan_t *plan, char *buf, size_t cap) {
     if (n->storage == DG_STORE_NONE) {
         dg_fmt(buf, cap, "-");
         return buf;
@@ -508,7 +508,7 @@ static void json_str(FILE *out, const char *s) {
     dg_json_fputs(out, s);
 }
 
-void dg_graph_print(const dg_graph_t *g, const dg_plan_t *plan, FILE *out, int json) {
+void dg_graph_print(const dg_graph_t *g, const dg_memplan_t *plan, FILE *out, int json) {
     char shp[96], plc[96];
     if (json)
         fputs("[", out);

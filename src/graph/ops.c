@@ -10,9 +10,10 @@
  */
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <string.h>
 
-#include "graph_impl.h"
+#include "graph.h"
 
 static dg_status_t shape_err(const dg_node_t *n, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static dg_status_t shape_err(const dg_node_t *n, const char *fmt, ...) {
@@ -977,70 +978,76 @@ static dg_status_t ex_wait(dg_exec_t *ex, const dg_node_t *n) {
 
 /* ================= the table ================= */
 
+/* KERN(e): backend entry e is one that the op's exec function calls (dg_op_missing_kernel: the executor's
+ * host fallback runs an op on the host when one is NULL). Collectives list none: they run through the comm
+ * layer (exec.c), and over a mesh dimension of size 1 use copy / add_f32, which every backend has. */
+#define KERN(e) {offsetof(dg_backend_ops_t, e), #e}
 static const dg_op_def_t op_table[DG_OP_COUNT] = {
-    [DG_OP_LEAF] = {DG_OP_LEAF, "leaf", 0, 0, NULL, DG_GRAD_STRUCTURAL, NULL, NULL, 0, 0},
-    [DG_OP_SIDE] = {DG_OP_SIDE, "side", 1, 1, NULL, DG_GRAD_STRUCTURAL, NULL, NULL, 0, 0},
+    [DG_OP_LEAF] = {DG_OP_LEAF, "leaf", 0, 0, NULL, DG_GRAD_STRUCTURAL, NULL, NULL, 0, 0, {}},
+    [DG_OP_SIDE] = {DG_OP_SIDE, "side", 1, 1, NULL, DG_GRAD_STRUCTURAL, NULL, NULL, 0, 0, {}},
     [DG_OP_ENCODER] = {DG_OP_ENCODER, "encoder", 3, 3, shape_encoder, DG_GRAD_BUILDER, bwd_encoder,
-                       ex_encoder, 0, 0},
+                       ex_encoder, 0, 0, {KERN(encoder_fwd)}},
     [DG_OP_LAYERNORM] = {DG_OP_LAYERNORM, "layernorm", 3, 3, shape_layernorm, DG_GRAD_BUILDER, bwd_layernorm,
-                         ex_layernorm, 0, 0},
+                         ex_layernorm, 0, 0, {KERN(layernorm_fwd)}},
     [DG_OP_MATMUL] = {DG_OP_MATMUL, "matmul", 2, 3, shape_matmul, DG_GRAD_BUILDER, bwd_matmul, ex_matmul, 0,
-                      0},
-    [DG_OP_GELU] = {DG_OP_GELU, "gelu", 1, 1, shape_gelu, DG_GRAD_BUILDER, bwd_gelu, ex_gelu, 0, 0},
+                      0, {KERN(matmul_fwd)}},
+    [DG_OP_GELU] = {DG_OP_GELU, "gelu", 1, 1, shape_gelu, DG_GRAD_BUILDER, bwd_gelu, ex_gelu, 0, 0, {KERN(gelu_fwd)}},
     [DG_OP_ATTENTION] = {DG_OP_ATTENTION, "attention", 1, 1, shape_attention, DG_GRAD_BUILDER, bwd_attention,
-                         ex_attention, 0, 0},
-    [DG_OP_ADD] = {DG_OP_ADD, "add", 2, 2, shape_add, DG_GRAD_BUILDER, bwd_add, ex_add, 0x3, 0},
+                         ex_attention, 0, 0, {KERN(attention_fwd)}},
+    [DG_OP_ADD] = {DG_OP_ADD, "add", 2, 2, shape_add, DG_GRAD_BUILDER, bwd_add, ex_add, 0x3, 0, {KERN(add)}},
     [DG_OP_CROSSENTROPY] = {DG_OP_CROSSENTROPY, "crossentropy", 2, 2, shape_crossentropy, DG_GRAD_BUILDER,
-                            bwd_crossentropy, ex_crossentropy, 0, 0},
+                            bwd_crossentropy, ex_crossentropy, 0, 0, {KERN(crossentropy_fwd)}},
     /* the kernel allows the output to overwrite the residual (the residual stream updated in place) */
     [DG_OP_MATMUL_RES] = {DG_OP_MATMUL_RES, "matmul_res", 3, 4, shape_matmul_res, DG_GRAD_BUILDER,
-                          bwd_matmul_res, ex_matmul_res, 0x4, 0},
+                          bwd_matmul_res, ex_matmul_res, 0x4, 0, {KERN(matmul_fwd_res)}},
     [DG_OP_ENCODER_BWD] = {DG_OP_ENCODER_BWD, "encoder_bwd", 2, 2, shape_encoder_bwd, DG_GRAD_NONE, NULL,
-                           ex_encoder_bwd, 0, 0},
+                           ex_encoder_bwd, 0, 0, {KERN(encoder_bwd)}},
     [DG_OP_LAYERNORM_BWD] = {DG_OP_LAYERNORM_BWD, "layernorm_bwd", 5, 6, shape_layernorm_bwd, DG_GRAD_NONE,
-                             NULL, ex_layernorm_bwd, 0, 0},
+                             NULL, ex_layernorm_bwd, 0, 0, {KERN(layernorm_bwd)}},
     [DG_OP_MATMUL_BWD] = {DG_OP_MATMUL_BWD, "matmul_bwd", 3, 4, shape_matmul_bwd, DG_GRAD_NONE, NULL,
-                          ex_matmul_bwd, 0, 0},
+                          ex_matmul_bwd, 0, 0, {KERN(matmul_bwd)}},
     [DG_OP_GELU_BWD] = {DG_OP_GELU_BWD, "gelu_bwd", 2, 3, shape_gelu_bwd, DG_GRAD_NONE, NULL, ex_gelu_bwd, 0,
-                        0},
+                        0, {KERN(gelu_bwd)}},
     /* the kernel takes the weight gradient before it writes dpre: dpre may take over the GELU output */
     [DG_OP_MATMUL_BWD_DGELU] = {DG_OP_MATMUL_BWD_DGELU, "matmul_bwd_dgelu", 4, 5, shape_matmul_bwd_dgelu,
-                                DG_GRAD_NONE, NULL, ex_matmul_bwd_dgelu, 0x2, 0},
+                                DG_GRAD_NONE, NULL, ex_matmul_bwd_dgelu, 0x2, 0, {KERN(matmul_bwd_dgelu)}},
     [DG_OP_ATTENTION_BWD] = {DG_OP_ATTENTION_BWD, "attention_bwd", 4, 4, shape_attention_bwd, DG_GRAD_NONE,
-                             NULL, ex_attention_bwd, 0, 0},
+                             NULL, ex_attention_bwd, 0, 0, {KERN(attention_bwd)}},
     /* the kernel allows dlogits to overwrite logits */
     [DG_OP_CROSSENTROPY_BWD] = {DG_OP_CROSSENTROPY_BWD, "crossentropy_bwd", 3, 3, shape_crossentropy_bwd,
-                                DG_GRAD_NONE, NULL, ex_crossentropy_bwd, 0x1, 0},
+                                DG_GRAD_NONE, NULL, ex_crossentropy_bwd, 0x1, 0, {KERN(crossentropy_bwd)}},
     /* created after autodiff (never differentiated); the kernel allows dlogits to overwrite logits */
     [DG_OP_CROSSENTROPY_FUSED] = {DG_OP_CROSSENTROPY_FUSED, "crossentropy_fused", 2, 2,
                                   shape_crossentropy_fused, DG_GRAD_NONE, NULL, ex_crossentropy_fused, 0x1,
-                                  0},
+                                  0, {KERN(crossentropy_fused), KERN(crossentropy_fwd)}},
     [DG_OP_ACCUMULATE] = {DG_OP_ACCUMULATE, "accumulate", 2, 2, shape_accumulate, DG_GRAD_NONE, NULL,
-                          ex_accumulate, 0, 0},
-    [DG_OP_ZERO] = {DG_OP_ZERO, "zero", 0, 0, shape_zero, DG_GRAD_NONE, NULL, ex_zero, 0, 0},
-    [DG_OP_SUMSQ] = {DG_OP_SUMSQ, "sumsq", 1, 1, shape_sumsq, DG_GRAD_NONE, NULL, ex_sumsq, 0, 0},
+                          ex_accumulate, 0, 0, {KERN(accumulate)}},
+    [DG_OP_ZERO] = {DG_OP_ZERO, "zero", 0, 0, shape_zero, DG_GRAD_NONE, NULL, ex_zero, 0, 0, {KERN(memset0)}},
+    [DG_OP_SUMSQ] = {DG_OP_SUMSQ, "sumsq", 1, 1, shape_sumsq, DG_GRAD_NONE, NULL, ex_sumsq, 0, 0, {KERN(sumsq_f32)}},
     [DG_OP_SUMSQ_ALL] = {DG_OP_SUMSQ_ALL, "sumsq_all", 2, 2, shape_sumsq_all, DG_GRAD_NONE, NULL,
-                         ex_sumsq_all, 0, 0},
+                         ex_sumsq_all, 0, 0, {KERN(sumsq_multi), KERN(upload_async)}},
     [DG_OP_CLIP_SCALE] = {DG_OP_CLIP_SCALE, "clip_scale", 0, 0, shape_clip_scale, DG_GRAD_NONE, NULL,
-                          ex_clip_scale, 0, 0},
-    [DG_OP_ADAMW] = {DG_OP_ADAMW, "adamw", 2, 2, shape_adamw, DG_GRAD_NONE, NULL, ex_adamw, 0, 0},
+                          ex_clip_scale, 0, 0, {KERN(clip_scale), KERN(upload_async)}},
+    [DG_OP_ADAMW] = {DG_OP_ADAMW, "adamw", 2, 2, shape_adamw, DG_GRAD_NONE, NULL, ex_adamw, 0, 0, {KERN(adamw_dev)}},
     [DG_OP_ADAMW_ALL] = {DG_OP_ADAMW_ALL, "adamw_all", 3, 3, shape_adamw_all, DG_GRAD_NONE, NULL,
-                         ex_adamw_all, 0, 0},
+                         ex_adamw_all, 0, 0, {KERN(adamw_multi_dev), KERN(upload_async)}},
     [DG_OP_ALL_GATHER] = {DG_OP_ALL_GATHER, "all_gather", 1, 1, shape_all_gather, DG_GRAD_BUILDER,
-                          bwd_all_gather, ex_collective, 0, 1},
+                          bwd_all_gather, ex_collective, 0, 1, {}},
     [DG_OP_REDUCE_SCATTER] = {DG_OP_REDUCE_SCATTER, "reduce_scatter", 1, 1, shape_reduce_scatter,
-                              DG_GRAD_BUILDER, bwd_reduce_scatter, ex_collective, 0, 1},
+                              DG_GRAD_BUILDER, bwd_reduce_scatter, ex_collective, 0, 1, {}},
     [DG_OP_ALL_REDUCE] = {DG_OP_ALL_REDUCE, "all_reduce", 0, 1, shape_all_reduce, DG_GRAD_BUILDER,
-                          bwd_all_reduce, ex_collective, 0x1, 1},
-    [DG_OP_FILL0] = {DG_OP_FILL0, "fill0", 0, 0, shape_fill0, DG_GRAD_NONE, NULL, ex_fill0, 0, 0},
+                          bwd_all_reduce, ex_collective, 0x1, 1, {}},
+    [DG_OP_FILL0] = {DG_OP_FILL0, "fill0", 0, 0, shape_fill0, DG_GRAD_NONE, NULL, ex_fill0, 0, 0, {KERN(memset0)}},
     [DG_OP_SHARD_PACK] = {DG_OP_SHARD_PACK, "shard_pack", 1, 2, shape_shard_pack, DG_GRAD_NONE, NULL,
-                          ex_shard_pack, 0, 0},
+                          ex_shard_pack, 0, 0, {KERN(memset0), KERN(copy)}},
     [DG_OP_SHARD_UNPACK] = {DG_OP_SHARD_UNPACK, "shard_unpack", 1, 1, shape_shard_unpack, DG_GRAD_NONE, NULL,
-                            ex_shard_unpack, 0, 0},
-    [DG_OP_WAIT] = {DG_OP_WAIT, "wait", 0, 0, shape_wait, DG_GRAD_NONE, NULL, ex_wait, 0, 0},
+                            ex_shard_unpack, 0, 0, {KERN(copy)}},
+    [DG_OP_WAIT] = {DG_OP_WAIT, "wait", 0, 0, shape_wait, DG_GRAD_NONE, NULL, ex_wait, 0, 0, {}},
     /* inserted by passes around the gradient reductions only: never differentiated */
-    [DG_OP_CAST] = {DG_OP_CAST, "cast", 1, 1, shape_cast, DG_GRAD_NONE, NULL, ex_cast, 0, 0},
+    [DG_OP_CAST] = {DG_OP_CAST, "cast", 1, 1, shape_cast, DG_GRAD_NONE, NULL, ex_cast, 0, 0, {KERN(cast), KERN(add_f32)}},
 };
+#undef KERN
+
 
 const dg_op_def_t *dg_op_def(dg_op_kind_t kind) {
     DG_ASSERTF(kind >= 0 && kind < DG_OP_COUNT && op_table[kind].name != NULL, "unknown op kind %d",
@@ -1055,75 +1062,14 @@ const char *dg_op_name(dg_op_kind_t kind) {
 
 /* ================= kernels per op kind ================= */
 
-/* The backend entries each op's exec function calls (the executor's host fallback runs an op on the host
- * when one is NULL). Collectives are not listed: they run through the comm layer (exec.c), and over a
- * mesh dimension of size 1 use copy / add_f32, which every backend has. */
-#define K(e) (be->ops->e == NULL ? #e : NULL)
-static const char *first_missing(const char *a, const char *b) {
-    return a ? a : b;
-}
-
 const char *dg_op_missing_kernel(const dg_backend_t *be, dg_op_kind_t op) {
-    switch (op) {
-    case DG_OP_ENCODER:
-        return K(encoder_fwd);
-    case DG_OP_LAYERNORM:
-        return K(layernorm_fwd);
-    case DG_OP_MATMUL:
-        return K(matmul_fwd);
-    case DG_OP_GELU:
-        return K(gelu_fwd);
-    case DG_OP_ATTENTION:
-        return K(attention_fwd);
-    case DG_OP_ADD:
-        return K(add);
-    case DG_OP_CROSSENTROPY:
-        return K(crossentropy_fwd);
-    case DG_OP_MATMUL_RES:
-        return K(matmul_fwd_res);
-    case DG_OP_ENCODER_BWD:
-        return K(encoder_bwd);
-    case DG_OP_LAYERNORM_BWD:
-        return K(layernorm_bwd);
-    case DG_OP_MATMUL_BWD:
-        return K(matmul_bwd);
-    case DG_OP_GELU_BWD:
-        return K(gelu_bwd);
-    case DG_OP_MATMUL_BWD_DGELU:
-        return K(matmul_bwd_dgelu);
-    case DG_OP_ATTENTION_BWD:
-        return K(attention_bwd);
-    case DG_OP_CROSSENTROPY_BWD:
-        return K(crossentropy_bwd);
-    case DG_OP_CROSSENTROPY_FUSED: /* crossentropy_fwd: forward-only runs */
-        return first_missing(K(crossentropy_fused), K(crossentropy_fwd));
-    case DG_OP_ACCUMULATE:
-        return K(accumulate);
-    case DG_OP_ZERO:
-        return K(memset0);
-    case DG_OP_SUMSQ:
-        return K(sumsq_f32);
-    case DG_OP_SUMSQ_ALL:
-        return first_missing(K(sumsq_multi), K(upload_async));
-    case DG_OP_CLIP_SCALE:
-        return first_missing(K(clip_scale), K(upload_async));
-    case DG_OP_ADAMW:
-        return K(adamw_dev);
-    case DG_OP_ADAMW_ALL:
-        return first_missing(K(adamw_multi_dev), K(upload_async));
-    case DG_OP_FILL0:
-        return K(memset0);
-    case DG_OP_SHARD_PACK:
-        return first_missing(K(memset0), K(copy));
-    case DG_OP_SHARD_UNPACK:
-        return K(copy);
-    case DG_OP_CAST:
-        return first_missing(K(cast), K(add_f32));
-    default:
-        return NULL;
+    const dg_op_def_t *d = dg_op_def(op);
+    for (int k = 0; k < DG_OP_MAX_KERNELS && d->kernels[k].name; k++) {
+        void (*const *entry)(void) = (void (*const *)(void))((const char *)be->ops + d->kernels[k].offset);
+        if (*entry == NULL) return d->kernels[k].name;
     }
+    return NULL;
 }
-#undef K
 
 /* ================= typed constructors ================= */
 
@@ -1168,7 +1114,7 @@ dg_node_t *dg_op_crossentropy(dg_graph_t *g, const char *name, dg_node_t *logits
     return dg_graph_add_op(g, DG_OP_CROSSENTROPY, name, 2, src, 0, NULL, attr, 2);
 }
 
-/* Collectives start on the compute stream; the overlap pass (issue 4) moves them to the comm stream
+/* Collectives start on the compute stream; the overlap pass (docs/fsdp.md) moves them to the comm stream
  * and adds the wait edges. */
 static dg_node_t *collective(dg_graph_t *g, dg_op_kind_t k, const char *name, dg_node_t *x, int mesh_dim) {
     int64_t attr[2] = {0, mesh_dim};
@@ -1191,236 +1137,4 @@ dg_node_t *dg_op_all_reduce_mode(dg_graph_t *g, const char *name, dg_node_t *x, 
                                  dg_armode_t mode) {
     int64_t attr[3] = {0, mesh_dim, mode};
     return dg_graph_add_op(g, DG_OP_ALL_REDUCE, name, 1, &x, 0, NULL, attr, 3);
-}
-
-/* ================= fusion ================= */
-
-dg_status_t dg_pass_fuse_gelu(dg_graph_t *g, void *ctx) {
-    (void)ctx;
-    for (int i = 0; i < g->n; i++) {
-        dg_node_t *ge = g->nodes[i];
-        if (ge->op != DG_OP_GELU || ge->phase != DG_PHASE_FWD) continue;
-        dg_node_t *mm = ge->src[0];
-        if (mm->op != DG_OP_MATMUL || mm->attr[DG_A_EPI] != DG_EPI_NONE || mm->view_src ||
-            (mm->flags & DG_NF_OUTPUT) || dg_graph_n_consumers(g, mm) != 1)
-            continue; /* the pre-activation is needed elsewhere: keep the two ops */
-        int64_t attr[2] = {0, DG_EPI_GELU};
-        dg_phase_t saved = g->cur_phase;
-        g->cur_phase = DG_PHASE_FWD;
-        dg_node_t *f = dg_graph_add_op(g, DG_OP_MATMUL, mm->name, mm->n_src, mm->src, 0, NULL, attr, 2);
-        g->cur_phase = saved;
-        if (!f) return dg_graph_error(g);
-        f->flags = ge->flags;
-        dg_graph_move(g, f, mm->id); /* where the matmul was: after its inputs, before every use */
-        dg_graph_replace_uses(g, ge, f);
-        dg_graph_remove(g, ge);
-        dg_graph_remove(g, mm);
-        i = f->id; /* continue after the fused op */
-    }
-    return DG_OK;
-}
-
-/* 1 if matmul mm and the add `ad` that reads its output can become one MATMUL_RES with residual r (the
- * add's other operand): see graph_impl.h */
-static int res_fusable(const dg_graph_t *g, const dg_node_t *mm, const dg_node_t *ad, const dg_node_t *r) {
-    if (mm->op != DG_OP_MATMUL || mm->phase != DG_PHASE_FWD || mm->attr[DG_A_EPI] != DG_EPI_NONE ||
-        mm->stream != ad->stream || r == mm)
-        return 0;
-    /* the product is never materialised: nothing else may read, alias or keep it */
-    if (mm->storage != DG_STORE_ARENA || mm->view_src || (mm->flags & DG_NF_OUTPUT) ||
-        dg_graph_n_consumers(g, mm) != 1)
-        return 0;
-    /* the output may be laid over the residual (inplace): it must not share storage with the GEMM's
-     * operands, which the kernel reads while it writes */
-    const dg_node_t *rr = dg_node_root_c(r);
-    for (int k = 0; k < mm->n_src; k++)
-        if (dg_node_root_c(mm->src[k]) == rr) return 0;
-    for (int j = 0; j < g->n; j++)
-        if (g->nodes[j]->view_src == mm) return 0;
-    return 1;
-}
-
-dg_status_t dg_pass_fuse_residual(dg_graph_t *g, void *ctx) {
-    dg_fuse_res_t *fr = ctx;
-    if (fr) fr->n_fused = 0;
-    if (!g->be || !g->be->ops->matmul_fwd_res) return DG_OK; /* the backend has none: keep the pair */
-    for (int i = 0; i < g->n; i++) {
-        dg_node_t *ad = g->nodes[i];
-        if (ad->op != DG_OP_ADD || ad->phase != DG_PHASE_FWD || ad->view_src) continue;
-        int k = 0;
-        while (k < 2 && !res_fusable(g, ad->src[k], ad, ad->src[1 - k]))
-            k++;
-        if (k == 2) continue;
-        dg_node_t *mm = ad->src[k], *r = ad->src[1 - k];
-        dg_phase_t saved = g->cur_phase;
-        g->cur_phase = DG_PHASE_FWD;
-        dg_node_t *f =
-            dg_op_matmul_res(g, ad->name, mm->src[0], mm->src[1], mm->n_src == 3 ? mm->src[2] : NULL, r);
-        g->cur_phase = saved;
-        if (!f) return dg_graph_error(g);
-        f->flags = ad->flags;
-        f->stream = ad->stream;
-        /* where the add was: after every input (the matmul's and the residual), before every reader */
-        dg_graph_move(g, f, ad->id);
-        dg_graph_replace_uses(g, ad, f);
-        dg_graph_remove(g, ad);
-        dg_graph_remove(g, mm);
-        if (fr) fr->n_fused++;
-        i = f->id;
-    }
-    return DG_OK;
-}
-
-/* the GELU whose output is `act`, given its input `pre`: a matmul with the GELU epilogue (pre is its side
- * output) or a standalone gelu */
-static int is_gelu_of(const dg_node_t *act, const dg_node_t *pre) {
-    if (act->op == DG_OP_MATMUL && act->attr[DG_A_EPI] == DG_EPI_GELU)
-        return act->n_side >= 1 && act->side[0] == pre;
-    return act->op == DG_OP_GELU && act->src[0] == pre;
-}
-
-dg_status_t dg_pass_fuse_gelu_bwd(dg_graph_t *g, void *ctx) {
-    (void)ctx;
-    for (int i = 0; i < g->n; i++) {
-        dg_node_t *gb = g->nodes[i];
-        if (gb->op != DG_OP_GELU_BWD || gb->phase != DG_PHASE_BWD) continue;
-        dg_node_t *pre = gb->src[0], *mb = gb->src[1];
-        /* the gelu_bwd's dout must be a matmul's input gradient that nothing else reads or keeps */
-        if (mb->op != DG_OP_MATMUL_BWD || mb->attr[DG_A_NO_DINP] || mb->attr[DG_A_ACC] || mb->view_src ||
-            (mb->flags & DG_NF_OUTPUT) || dg_graph_n_consumers(g, mb) != 1)
-            continue;
-        dg_node_t *act = mb->src[1]; /* that matmul's input: must be this GELU's output */
-        if (!is_gelu_of(act, pre)) continue;
-        int acc = gb->attr[DG_A_ACC] != 0;
-        dg_node_t *src[5] = {mb->src[0], act, mb->src[2], pre, acc ? gb->src[2] : NULL};
-        int64_t attr[1] = {acc};
-        char nm[96];
-        dg_fmt(nm, sizeof nm, "%.80s_dgelu", mb->name);
-        dg_phase_t saved = g->cur_phase;
-        g->cur_phase = DG_PHASE_BWD;
-        dg_node_t *f =
-            dg_graph_add_op(g, DG_OP_MATMUL_BWD_DGELU, nm, acc ? 5 : 4, src, mb->n_upd, mb->upd, attr, 1);
-        g->cur_phase = saved;
-        if (!f) return dg_graph_error(g);
-        f->flags = gb->flags;
-        /* where the gelu_bwd was: after every input (mb's come earlier still), before every reader */
-        dg_graph_move(g, f, gb->id);
-        dg_graph_replace_uses(g, gb, f);
-        /* gradient bookkeeping (read back for DG_NF_WANT_GRAD inputs): the GELU input's gradient is now
-         * f; the GELU output's gradient is no longer materialised */
-        for (int j = 0; j < g->n; j++) {
-            if (g->nodes[j]->grad == gb) g->nodes[j]->grad = f;
-            if (g->nodes[j]->grad == mb) g->nodes[j]->grad = NULL;
-        }
-        dg_graph_remove(g, gb);
-        dg_graph_remove(g, mb);
-        i = f->id;
-    }
-    return DG_OK;
-}
-
-/* The CROSSENTROPY_BWD of loss `ce` (reads its lse), if there is exactly one. */
-static dg_node_t *ce_backward_of(dg_graph_t *g, const dg_node_t *ce) {
-    dg_node_t *bw = NULL;
-    for (int j = ce->id + 1; j < g->n; j++) {
-        dg_node_t *x = g->nodes[j];
-        if (x->op != DG_OP_CROSSENTROPY_BWD || x->src[1] != ce->side[0]) continue;
-        if (bw) return NULL;
-        bw = x;
-    }
-    return bw;
-}
-
-/* 1 if the pair (ce, bw) can become one op at ce's place: see graph_impl.h */
-static int ce_fusable(const dg_graph_t *g, const dg_node_t *ce, const dg_node_t *bw) {
-    const dg_node_t *lg = ce->src[0], *tg = ce->src[1], *lse = ce->side[0];
-    if (!(ce->flags & DG_NF_LOSS) || bw->phase != DG_PHASE_BWD || bw->src[0] != lg || bw->src[2] != tg ||
-        bw->attr[DG_A_V] != ce->attr[DG_A_V] || bw->view_src || ce->stream != bw->stream)
-        return 0;
-    /* the fused op overwrites the logits (inplace) as soon as the loss is known: nobody else may read,
-     * alias or keep them */
-    if (lg->storage != DG_STORE_ARENA || lg->view_src || (lg->flags & DG_NF_OUTPUT) ||
-        dg_graph_n_consumers(g, lg) != 2 || (lse->flags & DG_NF_OUTPUT) || dg_graph_n_consumers(g, lse) != 1)
-        return 0;
-    for (int j = 0; j < g->n; j++) {
-        const dg_node_t *x = g->nodes[j];
-        if (x->view_src == lg) return 0;
-        /* the backward would read the targets as they are when it runs; the fused op reads them earlier */
-        if (j > ce->id && j < bw->id)
-            for (int u = 0; u < x->n_upd; u++)
-                if (dg_node_root_c(x->upd[u]) == dg_node_root_c(tg)) return 0;
-    }
-    return 1;
-}
-
-dg_status_t dg_pass_fuse_crossentropy(dg_graph_t *g, void *ctx) {
-    dg_fuse_ce_t *fc = ctx;
-    if (fc) fc->n_fused = 0;
-    if (!g->be || !g->be->ops->crossentropy_fused) return DG_OK; /* the backend has none: keep the pair */
-    for (int i = 0; i < g->n; i++) {
-        dg_node_t *ce = g->nodes[i];
-        if (ce->op != DG_OP_CROSSENTROPY || ce->phase != DG_PHASE_FWD) continue;
-        dg_node_t *bw = ce_backward_of(g, ce);
-        if (!bw || !ce_fusable(g, ce, bw)) continue;
-        dg_node_t *src[2] = {ce->src[0], ce->src[1]};
-        int64_t attr[2] = {0, ce->attr[DG_A_V]};
-        char nm[96];
-        dg_fmt(nm, sizeof nm, "%.80s.fused", ce->name);
-        dg_phase_t saved = g->cur_phase;
-        g->cur_phase = DG_PHASE_FWD;
-        dg_node_t *f = dg_graph_add_op(g, DG_OP_CROSSENTROPY_FUSED, nm, 2, src, 0, NULL, attr, 2);
-        g->cur_phase = saved;
-        if (!f) return dg_graph_error(g);
-        f->flags = bw->flags;
-        f->stream = ce->stream;
-        f->side[0]->flags = ce->flags; /* the losses: OUTPUT, LOSS */
-        dg_graph_move(g, f, ce->id);   /* where the loss was: after the logits, before every reader */
-        dg_graph_replace_uses(g, bw, f);
-        dg_graph_replace_uses(g, ce, f->side[0]);
-        for (int j = 0; j < g->n; j++) /* gradient bookkeeping: the logits' gradient is now f */
-            if (g->nodes[j]->grad == bw) g->nodes[j]->grad = f;
-        if (fc) {
-            if (fc->loss == ce) fc->loss = f->side[0];
-            fc->n_fused++;
-        }
-        dg_graph_remove(g, bw);
-        dg_graph_remove(g, ce);
-        i = f->id;
-    }
-    return DG_OK;
-}
-
-dg_status_t dg_pass_recompute_gelu(dg_graph_t *g, void *ctx) {
-    (void)ctx;
-    for (int i = 0; i < g->n; i++) {
-        dg_node_t *f = g->nodes[i];
-        if (f->op != DG_OP_MATMUL || f->phase != DG_PHASE_FWD || f->attr[DG_A_EPI] != DG_EPI_GELU ||
-            (f->flags & DG_NF_OUTPUT))
-            continue;
-        int first = -1, aliased = 0;
-        for (int j = i + 1; j < g->n; j++) {
-            const dg_node_t *x = g->nodes[j];
-            if (x->view_src == f) aliased = 1;
-            if (x->phase != DG_PHASE_BWD || x->op == DG_OP_SIDE || first >= 0) continue;
-            for (int k = 0; k < x->n_src; k++)
-                if (x->src[k] == f) first = j;
-        }
-        if (first < 0 || aliased) continue; /* not read by the backward, or its storage is shared */
-        char nm[96];
-        dg_fmt(nm, sizeof nm, "%.80s.recompute", f->name);
-        dg_phase_t saved = g->cur_phase;
-        g->cur_phase = DG_PHASE_BWD;
-        dg_node_t *r = dg_op_gelu(g, nm, f->side[0]);
-        g->cur_phase = saved;
-        if (!r) return dg_graph_error(g);
-        dg_graph_move(g, r, first);
-        for (int j = r->id + 1; j < g->n; j++) {
-            dg_node_t *x = g->nodes[j];
-            if (x->phase != DG_PHASE_BWD || x->op == DG_OP_SIDE) continue;
-            for (int k = 0; k < x->n_src; k++)
-                if (x->src[k] == f) x->src[k] = r;
-        }
-        dg_graph_touch(g);
-    }
-    return DG_OK;
 }

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "graph_impl.h"
+#include "graph.h"
 
 static size_t align_up(size_t x, size_t a) {
     return (x + a - 1) / a * a;
@@ -176,11 +176,11 @@ dg_status_t dg_pass_inplace(dg_graph_t *g, void *ctx) {
 
 /* ---------------- plans ---------------- */
 
-dg_status_t dg_plan_create(const dg_graph_t *g, int flags, dg_plan_t **out) {
+dg_status_t dg_plan_create(const dg_graph_t *g, int flags, dg_memplan_t **out) {
     *out = NULL;
     if (g->err) return g->err;
     int n = g->n;
-    dg_plan_t *p = dg_xcalloc(1, sizeof *p);
+    dg_memplan_t *p = dg_xcalloc(1, sizeof *p);
     p->graph = g;
     p->generation = g->generation;
     p->n_nodes = n;
@@ -228,7 +228,7 @@ dg_status_t dg_plan_create(const dg_graph_t *g, int flags, dg_plan_t **out) {
     return DG_OK;
 }
 
-void dg_plan_free(dg_plan_t *p) {
+void dg_plan_free(dg_memplan_t *p) {
     if (!p) return;
     free(p->offset);
     free(p->live_start);
@@ -236,11 +236,11 @@ void dg_plan_free(dg_plan_t *p) {
     free(p);
 }
 
-int dg_plan_matches(const dg_plan_t *p, const dg_graph_t *g) {
+int dg_plan_matches(const dg_memplan_t *p, const dg_graph_t *g) {
     return p && p->graph == g && p->generation == g->generation && p->n_nodes == g->n;
 }
 
-dg_status_t dg_plan_check(const dg_plan_t *p, const dg_graph_t *g) {
+dg_status_t dg_plan_check(const dg_memplan_t *p, const dg_graph_t *g) {
     if (!dg_plan_matches(p, g)) return DG_ERR(DG_ERR_RUNTIME, "plan check: the plan is stale for this graph");
     int n = g->n;
     /* recompute, touch by touch, the first and last schedule position at which each root is accessed */

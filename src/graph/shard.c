@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "graph_impl.h"
+#include "graph.h"
 
 void dg_shard_plan_free(dg_shard_plan_t *sp) {
     if (!sp) return;

@@ -1,6 +1,6 @@
 /* health.h — keeping a multi-rank job honest: signal-driven stops, a per-rank watchdog and heartbeats.
  *
- * Three things live here (docs/design.md §1 exit codes 3 and 75, issue 6):
+ * Three things live here (docs/design.md §1 exit codes 3 and 75, docs/reliability.md):
  *
  * 1. Signals. dg_signals_install() makes SIGUSR1, SIGTERM and SIGINT set a flag instead of killing the
  *    process; the training loop calls dg_health_agree_stop() at each step boundary (one small MPI

@@ -18,11 +18,11 @@ void dg_memfit_input(const dg_config_t *c, const dg_model_desc_t *d, const dg_me
     in->seq_len = d->seq_len;
     in->vocab = d->padded_vocab;
     /* the CPU backend computes in f32 whatever train.precision says (backend_cpu.c) */
-    in->param_bytes = gpu && strcmp(c->train.precision, "fp32") != 0 ? 2 : 4;
+    in->param_bytes = gpu && c->train.precision_id != DG_PREC_FP32 ? 2 : 4;
     in->dp_shard = m->size[DG_MESH_DP_SHARD];
     in->tp = m->size[DG_MESH_TP];
     in->micro_batch = micro_batch;
-    in->recompute_gelu = strcmp(c->train.recompute, "gelu") == 0;
+    in->recompute_gelu = c->train.recompute_id == DG_RECOMPUTE_GELU;
     in->gpu = gpu;
     in->bucket_bytes = c->parallel.bucket_mb * 1048576.0;
 }

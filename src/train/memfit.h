@@ -15,7 +15,7 @@
 #include "config.h"
 #include "dg_memory.h"
 #include "dg_mesh.h"
-#include "graph.h"
+#include "dg_model.h"
 
 void dg_memfit_input(const dg_config_t *c, const dg_model_desc_t *d, const dg_mesh_shape_t *m,
                      int micro_batch, int gpu, dg_mem_in_t *in);

@@ -24,79 +24,34 @@
 #include "dg_mesh.h"
 #include "dg_mpi.h"
 #include "fsdp.h"
-#include "graph.h"
+#include "dg_model.h"
 #include "health.h"
 #include "memfit.h"
 #include "planner.h"
+#include "stability.h"
+#include "train_impl.h"
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Setup helpers                                                                                     */
 /* ------------------------------------------------------------------------------------------------ */
 
-typedef struct trainer {
-    dg_boot_t *boot;
-    const dg_config_t *cfg;
-    MPI_Comm comm; /* world; the data-parallel group until FSDP/TP meshes arrive */
-    int rank, world;
-    int dp_rank, dp_size;
-    dg_mesh_shape_t mesh;
-    char mesh_str[128];
-    char plan_reason[512]; /* why mesh = auto chose this mesh ("" when given explicitly) */
 
-    dg_backend_t *be;
-    char backend_name[16];
-    int cuda_device; /* the backend's CUDA device, -1 on the CPU backend */
-    dg_model_desc_t desc;
-    dg_fsdp_t *fsdp; /* the mesh's communicators; the model shards itself over them */
-    dg_model_t *model;
-    int micro_batch, accum;
-    int64_t global_batch;
-    double flops_per_token, peak_flops;
+/* The model sizes of a config: the [model] section resolved against its preset (dg_model_desc_resolve). */
+static dg_status_t model_desc_of(const dg_config_t *c, dg_model_desc_t *out) {
+    dg_model_spec_t sp = {c->model.preset,  c->model.n_layer, c->model.n_head,
+                          c->model.d_model, c->model.seq_len, c->model.vocab_size};
+    return dg_model_desc_resolve(&sp, out);
+}
 
-    char ckpt_dir[2 * DG_CFG_STR + 32];
-    int64_t val_batches; /* data.val_batches, or fewer when the validation set is smaller (open_data) */
-    dg_dataset_t *train_ds, *val_ds;
-    dg_loader_t *train_ld, *val_ld;
-    dg_metrics_t *metrics;
-    dg_progress_t *progress;
-    dg_health_t *health;
-    dg_ckpt_writer_t *writer;
-
-    /* checkpoint staging: host copies of this rank's local piece of every parameter's state */
-    int n_params;
-    float *host_flat[3];      /* param, m, v: the model's flat buffers, page-locked (dg_model_get_flat) */
-    dg_ckpt_tensor_t *ckpt_t; /* one entry per hyperslab piece of a global tensor */
-    int n_ckpt;
-    char **ckpt_paths;
-    int *frozen; /* per parameter: matched train.freeze */
-
-    /* loss-spike detector: moving window of accepted losses (float: what the checkpoint stores) */
-    float *window;
-    int64_t win_n, win_pos, consecutive_spikes;
-
-    int64_t step;   /* optimizer steps completed */
-    int64_t tokens; /* global tokens consumed */
-    double loss_scale;
-    int64_t good_steps;
-
-    /* where this run segment began (a fresh start or the resume): stored with every checkpoint
-     * (DG_TRAIN_KV_SEGMENT) so that loads can check tokens and the loader position exactly */
-    int64_t seg_step, seg_epoch, seg_cursor;
-    uint64_t seg_samples;
-    char train_glob[4096]; /* the training data, as messages name it */
-    int64_t ckpt_failures; /* checkpoint saves that failed in a row (agreed: every rank counts alike) */
-    char ckpt_last_error[1024];
-} trainer_t;
-
-static int is_fp16(const dg_config_t *c) {
-    return strcmp(c->train.precision, "fp16") == 0;
+int trn_is_fp16(const dg_config_t *c) {
+    return c->train.precision_id == DG_PREC_FP16;
 }
 
 static dg_status_t pick_backend(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     dg_backend_config_t bc = {0};
-    bc.act_dtype = strcmp(c->train.precision, "bf16") == 0   ? DG_BF16
-                   : strcmp(c->train.precision, "fp16") == 0 ? DG_F16
+    bc.act_dtype = c->train.precision_id == DG_PREC_BF16   ? DG_BF16
+                   : c->train.precision_id == DG_PREC_FP16 ? DG_F16
                                                              : DG_F32;
     bc.threads = (int)c->parallel.threads;
     if (bc.threads == 0) {
@@ -109,21 +64,21 @@ static dg_status_t pick_backend(trainer_t *tr) {
     bc.seed = (uint64_t)c->run.seed;
     bc.device = tr->boot->gpu >= 0 ? tr->boot->topo.gpus[tr->boot->gpu].cuda_index : 0;
     if (bc.device < 0) bc.device = 0;
-    const char *want = c->parallel.backend;
+    const dg_cfg_backend_t want = c->parallel.backend_id;
 #ifdef DG_HAVE_CUDA
-    if (strcmp(want, "cuda") == 0 || strcmp(want, "auto") == 0) {
+    if (want == DG_CFG_BACKEND_CUDA || want == DG_CFG_BACKEND_AUTO) {
         dg_status_t s = dg_backend_cuda_create(&bc, &tr->be);
         if (s == DG_OK) {
             snprintf(tr->backend_name, sizeof tr->backend_name, "cuda");
             tr->cuda_device = bc.device;
             return DG_OK;
         }
-        if (strcmp(want, "cuda") == 0) return s;
+        if (want == DG_CFG_BACKEND_CUDA) return s;
         DG_LOG_INFO("parallel.backend=auto: no usable GPU (%s); using the CPU backend", dg_last_error());
         dg_clear_error();
     }
 #else
-    if (strcmp(want, "cuda") == 0)
+    if (want == DG_CFG_BACKEND_CUDA)
         return DG_ERR(DG_ERR_USAGE, "parallel.backend=cuda, but this dgtrain was built without CUDA "
                                     "(configure with -DDGT_CUDA=ON on a machine with nvcc)");
 #endif
@@ -147,8 +102,8 @@ static void plan_workload(const dg_config_t *c, const dg_model_desc_t *d, dg_pla
     w->n_params = (int64_t)dg_model_n_params(d);
     w->micro_batch = (int)c->train.micro_batch;
     w->global_batch = c->train.global_batch;
-    w->param_bytes = strcmp(c->train.precision, "fp32") == 0 ? 4 : 2;
-    w->grad_bytes = strcmp(c->train.reduce_dtype, "bf16") == 0 ? 2 : 4;
+    w->param_bytes = c->train.precision_id == DG_PREC_FP32 ? 4 : 2;
+    w->grad_bytes = c->train.reduce_dtype_id == DG_REDUCE_BF16 ? 2 : 4;
     w->reshard_after_forward = c->parallel.reshard_after_forward;
 }
 
@@ -195,7 +150,7 @@ static dg_status_t pick_mesh(trainer_t *tr) {
         dg_cluster_t cl;
         dg_plan_result_t pr;
         dg_model_desc_t d;
-        DG_TRY(dg_model_desc_from_config(tr->cfg, &d));
+        DG_TRY(model_desc_of(tr->cfg, &d));
         if (tr->world == 1 || tr->cfg->topology.cluster[0]) {
             dg_mesh_shape_t s = {{1, tr->world, 1}, {DG_MESH_DP_REPLICATE, DG_MESH_DP_SHARD, DG_MESH_TP}};
             tr->mesh = s;
@@ -372,395 +327,6 @@ static dg_status_t match_frozen(trainer_t *tr) {
     return DG_OK;
 }
 
-/* The checkpoint's view of this rank's state: every parameter and both AdamW moments are global
- * datasets; this rank contributes the hyperslab pieces of its local shard (FSDP rows, tp segments), and
- * exactly one rank writes each piece (replicas over dp_replicate and tp-replicated tensors are read by
- * all but written once). A rank with no piece of a tensor lists an empty one, so every rank names the
- * tensors in the same order. Any mesh can load what any other wrote. */
-static dg_status_t build_ckpt_tensors(trainer_t *tr) {
-    int n = tr->n_params;
-    size_t flat = dg_model_flat_numel(tr->model);
-    for (int w = 0; w < 3; w++) { /* zeroed: alignment gaps stay zero on a resume, and the pages exist */
-        DG_TRY(tr->be->ops->host_alloc(tr->be, (flat + 1) * sizeof(float), (void **)&tr->host_flat[w]));
-        memset(tr->host_flat[w], 0, (flat + 1) * sizeof(float));
-    }
-    tr->ckpt_t = dg_xcalloc((size_t)n * 3 * DG_MODEL_MAX_PIECES, sizeof(dg_ckpt_tensor_t));
-    tr->ckpt_paths = dg_xcalloc((size_t)n * 3, sizeof(char *));
-    tr->n_ckpt = 0;
-    for (int i = 0; i < n; i++) {
-        const dg_param_info_t *p = dg_model_param(tr->model, i);
-        dg_model_piece_t pc[DG_MODEL_MAX_PIECES];
-        int np = dg_model_local_pieces(tr->model, i, pc);
-        int owner = dg_model_piece_owner(tr->model, i);
-        for (int w = 0; w < 3; w++) {
-            int k = i * 3 + w;
-            float *local = tr->host_flat[w] + dg_model_flat_offset(tr->model, i); /* this rank's piece */
-            char path[512];
-            if (w == 0)
-                snprintf(path, sizeof path, "model/%s", p->name);
-            else
-                snprintf(path, sizeof path, "optim/%s/%s", p->name, w == 1 ? "m" : "v");
-            tr->ckpt_paths[k] = dg_xstrdup(path);
-            for (int j = 0; j < (np ? np : 1); j++) {
-                dg_ckpt_tensor_t *t = &tr->ckpt_t[tr->n_ckpt++];
-                t->path = tr->ckpt_paths[k];
-                t->ndim = p->ndim;
-                for (int d = 0; d < p->ndim; d++) {
-                    t->gshape[d] = p->shape[d];
-                    t->start[d] = np ? pc[j].start[d] : 0;
-                    t->count[d] = np ? pc[j].count[d] : 0;
-                }
-                t->owner = owner && np > 0;
-                t->data = local + (np ? pc[j].offset : 0);
-            }
-        }
-    }
-    return DG_OK;
-}
-
-static const int k_state_of[3] = {DG_STATE_PARAM, DG_STATE_ADAM_M, DG_STATE_ADAM_V};
-
-/* The whole local state in three copies (one per flat buffer) into page-locked memory. */
-static dg_status_t pull_state(trainer_t *tr) {
-    for (int w = 0; w < 3; w++)
-        DG_TRY(dg_model_get_flat(tr->model, k_state_of[w], tr->host_flat[w]));
-    return DG_OK;
-}
-
-static dg_status_t push_state(trainer_t *tr) {
-    for (int w = 0; w < 3; w++)
-        DG_TRY(dg_model_set_flat(tr->model, k_state_of[w], tr->host_flat[w]));
-    return DG_OK;
-}
-
-/* The loss-spike detector's state travels in the checkpoint's key/value table so that a resumed run
- * makes the same skip decisions: "spike_state" = "window n pos consecutive", then the window's float32
- * values as hex words, SPIKE_PER_KV per "spike_window_K" entry. */
-#define SPIKE_PER_KV 48
-static void save_spike_state(trainer_t *tr, dg_ckpt_meta_t *m) {
-    int64_t W = tr->cfg->train.spike_window;
-    if (tr->cfg->train.spike_factor <= 0 || W <= 0) return;
-    char buf[448];
-    snprintf(buf, sizeof buf, "%lld %lld %lld %lld", (long long)W, (long long)tr->win_n,
-             (long long)tr->win_pos, (long long)tr->consecutive_spikes);
-    if (dg_ckpt_meta_set_kv(m, "spike_state", buf) != DG_OK) return;
-    for (int64_t k = 0; k * SPIKE_PER_KV < W; k++) {
-        size_t len = 0;
-        for (int64_t i = k * SPIKE_PER_KV; i < W && i < (k + 1) * SPIKE_PER_KV; i++) {
-            uint32_t u;
-            memcpy(&u, &tr->window[i], sizeof u);
-            len += (size_t)snprintf(buf + len, sizeof buf - len, "%08x", u);
-        }
-        char key[32];
-        snprintf(key, sizeof key, "spike_window_%lld", (long long)k);
-        if (dg_ckpt_meta_set_kv(m, key, buf) != DG_OK) {
-            DG_LOG_WARN("checkpoint: loss-spike window too long to store (%s); a resume starts it empty",
-                        dg_last_error());
-            dg_ckpt_meta_set_kv(m, "spike_state", "");
-            return;
-        }
-    }
-}
-
-/* Restores what save_spike_state wrote; a missing or mismatching state leaves the detector empty. */
-static void load_spike_state(trainer_t *tr, const dg_ckpt_meta_t *m) {
-    int64_t W = tr->cfg->train.spike_window;
-    const char *st = dg_ckpt_meta_get_kv(m, "spike_state");
-    if (tr->cfg->train.spike_factor <= 0 || W <= 0 || !st || !st[0]) return;
-    long long w, n, pos, cons;
-    if (sscanf(st, "%lld %lld %lld %lld", &w, &n, &pos, &cons) != 4 || w != W || n < 0 || n > W || pos < 0 ||
-        pos >= W) {
-        DG_LOG_WARN(
-            "checkpoint: loss-spike state '%s' does not fit train.spike_window=%lld; starting it empty", st,
-            (long long)W);
-        return;
-    }
-    for (int64_t k = 0; k * SPIKE_PER_KV < W; k++) {
-        char key[32];
-        snprintf(key, sizeof key, "spike_window_%lld", (long long)k);
-        const char *hex = dg_ckpt_meta_get_kv(m, key);
-        for (int64_t i = k * SPIKE_PER_KV; i < W && i < (k + 1) * SPIKE_PER_KV; i++) {
-            unsigned u = 0;
-            size_t at = (size_t)(8 * (i - k * SPIKE_PER_KV));
-            if (!hex || strlen(hex) < at + 8 || sscanf(hex + at, "%8x", &u) != 1) {
-                DG_LOG_WARN("checkpoint: loss-spike window entry %s is damaged; starting it empty", key);
-                tr->win_n = tr->win_pos = tr->consecutive_spikes = 0;
-                return;
-            }
-            uint32_t u32 = u;
-            memcpy(&tr->window[i], &u32, sizeof u32);
-        }
-    }
-    tr->win_n = n;
-    tr->win_pos = pos;
-    tr->consecutive_spikes = cons;
-}
-
-static void fill_meta(trainer_t *tr, dg_ckpt_meta_t *m) {
-    dg_ckpt_meta_init(m);
-    m->step = tr->step;
-    m->tokens = tr->tokens;
-    snprintf(m->mesh, sizeof m->mesh, "%s", tr->mesh_str);
-    char *ini = dg_config_to_ini(tr->cfg);
-    dg_ckpt_meta_set_config(m, ini);
-    free(ini);
-    dg_loader_state_t ls;
-    dg_loader_get_state(tr->train_ld, &ls);
-    m->loader.epoch = ls.epoch;
-    m->loader.cursor = ls.cursor;
-    m->loader.samples_seen = ls.samples_seen;
-    m->scaler.scale = tr->loss_scale;
-    m->scaler.good_steps = tr->good_steps;
-    char fp[32];
-    snprintf(fp, sizeof fp, "%016llx", (unsigned long long)dg_dataset_fingerprint(tr->train_ds));
-    dg_ckpt_meta_set_kv(m, "data_fingerprint", fp);
-    dg_ckpt_meta_set_kv(m, "backend", tr->backend_name);
-    dg_ckpt_meta_set_kv(m, "precision", tr->cfg->train.precision);
-    char seg[128];
-    snprintf(seg, sizeof seg, "%lld %llu %lld %lld", (long long)tr->seg_step,
-             (unsigned long long)tr->seg_samples, (long long)tr->seg_epoch, (long long)tr->seg_cursor);
-    dg_ckpt_meta_set_kv(m, DG_TRAIN_KV_SEGMENT, seg);
-    save_spike_state(tr, m);
-}
-
-static void emit_ckpt_event(trainer_t *tr, const dg_ckpt_save_result_t *r, double stall_ms, int async) {
-    DG_METRICS_EVENT(tr->metrics, "checkpoint", DG_JI("step", r->step), DG_JS("path", r->path),
-                     DG_JI("bytes", r->bytes), DG_JF("seconds", r->seconds), DG_JF("stall_ms", stall_ms),
-                     DG_JB("async", async), DG_JI("linked_bytes", r->linked_bytes));
-    dg_progress_note(tr->progress, "checkpoint step %lld -> %s (%.1f MB, %.2f s, stall %.0f ms)",
-                     (long long)r->step, r->path, r->bytes / 1e6, r->seconds, stall_ms);
-}
-
-/* A save that failed: counted (checkpoint.max_failures in a row stop the run), logged on every rank,
- * and reported as a `checkpoint` event with ok = false and a `health` event of kind checkpoint_failed
- * that names the space needed when space ran out. LATEST still names the last complete checkpoint. */
-static void note_save_failure(trainer_t *tr, int64_t step, const char *err, const dg_ckpt_save_result_t *r,
-                              int async) {
-    tr->ckpt_failures++;
-    snprintf(tr->ckpt_last_error, sizeof tr->ckpt_last_error, "%s", err);
-    char latest[256] = "none";
-    FILE *f = NULL;
-    char lp[sizeof tr->ckpt_dir + 16];
-    snprintf(lp, sizeof lp, "%s/LATEST", tr->ckpt_dir);
-    if ((f = fopen(lp, "r"))) {
-        if (fgets(latest, sizeof latest, f)) latest[strcspn(latest, "\n")] = 0;
-        fclose(f);
-    }
-    const int64_t max = tr->cfg->checkpoint.max_failures;
-    /* every rank knows it (its log file says so); rank 0 says it on stderr */
-    const dg_log_level_t lv = tr->rank == 0 ? DG_LOG_WARN : DG_LOG_INFO;
-    if (r && r->no_space && r->free_bytes < 0)
-        dg_log(lv,
-               "checkpoint of step %lld not saved: %s ran out of space (%s); it needs about %.1f MB free; "
-               "LATEST still names %s; training goes on and the next checkpoint retries (%lld of "
-               "checkpoint.max_failures=%lld failed saves in a row)",
-               (long long)step, tr->ckpt_dir, err, r->needed_bytes / 1e6, latest,
-               (long long)tr->ckpt_failures, (long long)max);
-    else if (r && r->no_space)
-        dg_log(
-            lv,
-            "checkpoint of step %lld not saved: %s needs about %.1f MB free, it has %.1f MB; free at least "
-            "%.1f MB (or lower checkpoint.keep); LATEST still names %s; training goes on and the next "
-            "checkpoint retries (%lld of checkpoint.max_failures=%lld failed saves in a row)",
-            (long long)step, tr->ckpt_dir, r->needed_bytes / 1e6, r->free_bytes / 1e6,
-            (r->needed_bytes - r->free_bytes) / 1e6, latest, (long long)tr->ckpt_failures, (long long)max);
-    else
-        dg_log(lv,
-               "checkpoint of step %lld not saved (%s); LATEST still names %s; training goes on and the next "
-               "checkpoint retries (%lld of checkpoint.max_failures=%lld failed saves in a row)",
-               (long long)step, err, latest, (long long)tr->ckpt_failures, (long long)max);
-    DG_METRICS_EVENT(tr->metrics, "checkpoint", DG_JI("step", step), DG_JB("ok", 0), DG_JS("error", err),
-                     DG_JB("async", async));
-    DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "checkpoint_failed"), DG_JI("step", step),
-                     DG_JS("reason", r && r->no_space ? "no_space" : "error"), DG_JS("error", err),
-                     DG_JI("needed_bytes", r ? r->needed_bytes : 0),
-                     DG_JI("free_bytes", r ? r->free_bytes : -1), DG_JS("latest", latest),
-                     DG_JI("consecutive", tr->ckpt_failures), DG_JI("max_failures", max));
-}
-
-static void report_async(trainer_t *tr, const dg_ckpt_async_result_t *ar) {
-    if (!ar->valid) return;
-    if (ar->status == DG_OK) {
-        tr->ckpt_failures = 0;
-        emit_ckpt_event(tr, &ar->res, ar->res.stall_ms, 1);
-    } else {
-        note_save_failure(tr, ar->res.step, ar->error, &ar->res, 1);
-    }
-}
-
-/* checkpoint.max_failures saves in a row failed: stop (exit 4; slurm/train.sh does not requeue it). */
-static dg_status_t storage_exhausted(trainer_t *tr) {
-    return DG_ERR(
-        DG_ERR_STORAGE,
-        "checkpoints could not be saved %lld times in a row (checkpoint.max_failures=%lld) in %s; the "
-        "last failure: %s; stopping with exit code 4 (the newest complete checkpoint, which LATEST "
-        "names, is kept: free space there, then run again to resume)",
-        (long long)tr->ckpt_failures, (long long)tr->cfg->checkpoint.max_failures, tr->ckpt_dir,
-        tr->ckpt_last_error);
-}
-
-static uint64_t ckpt_progress_source(void *ctx, int *waiting) {
-    (void)ctx;
-    *waiting = dg_ckpt_waiting();
-    return dg_ckpt_progress();
-}
-
-static void ckpt_abort_hook(void *ctx) {
-    (void)ctx;
-    dg_ckpt_abort_cleanup();
-}
-
-/* Save the current state. sync_only forces a synchronous write (signals, the end of the run), whose
- * failure is returned as DG_ERR_STORAGE (the run cannot end with the checkpoint it promises). A periodic
- * save that fails is noted (note_save_failure) and training goes on: DG_OK, unless that was the
- * checkpoint.max_failures-th failure in a row (DG_ERR_STORAGE). A failure that ends the job anyway (a
- * peer lost in a collective: DG_ERR_PEER) is returned as is.
- * The watchdog judges the save by its progress (dg_health_set_io_activity, docs/checkpoints.md): a save
- * that keeps writing may take as long as it needs. */
-static dg_status_t save_checkpoint(trainer_t *tr, int sync_only) {
-    dg_health_set_io_activity(tr->health, tr->step, "checkpoint");
-    double t0 = dg_now_s();
-    /* the background write of the previous checkpoint reads host_flat: it must finish before the pull
-     * (its failure is counted like a synchronous one) */
-    if (tr->writer) {
-        dg_ckpt_async_result_t prev = {0};
-        dg_ckpt_writer_wait(tr->writer, &prev);
-        report_async(tr, &prev);
-        if (prev.valid && prev.status == DG_ERR_PEER) return DG_ERR(DG_ERR_PEER, "%s", prev.error);
-    }
-    if (!sync_only && tr->ckpt_failures >= tr->cfg->checkpoint.max_failures) return storage_exhausted(tr);
-    DG_TRY(pull_state(tr));
-    dg_ckpt_meta_t meta;
-    fill_meta(tr, &meta);
-    dg_status_t s = DG_OK;
-    if (tr->writer && !sync_only) {
-        /* no second copy: the writer reads the page-locked host_flat, which nothing touches until the
-         * next save (which waits above), a rollback (waits first) or the end (waits) */
-        double stall = 0;
-        s = dg_ckpt_writer_submit_borrowed(tr->writer, &meta, tr->ckpt_t, tr->n_ckpt, t0, &stall, NULL);
-        dg_ckpt_meta_destroy(&meta);
-        return s;
-    }
-    dg_ckpt_save_opts_t o;
-    dg_ckpt_save_opts_default(&o);
-    o.keep = (int)tr->cfg->checkpoint.keep;
-    o.incremental = tr->cfg->checkpoint.incremental;
-    dg_ckpt_save_result_t r;
-    s = dg_ckpt_save(tr->comm, tr->ckpt_dir, &meta, tr->ckpt_t, tr->n_ckpt, &o, &r);
-    dg_ckpt_meta_destroy(&meta);
-    if (s == DG_OK) {
-        tr->ckpt_failures = 0;
-        emit_ckpt_event(tr, &r, (dg_now_s() - t0) * 1e3, 0);
-        return DG_OK;
-    }
-    if (s == DG_ERR_PEER) return s;
-    char err[1024];
-    snprintf(err, sizeof err, "%s", dg_last_error()); /* copied: the next DG_ERR writes into that buffer */
-    note_save_failure(tr, tr->step, err, &r, 0);
-    if (sync_only)
-        return DG_ERR(
-            DG_ERR_STORAGE,
-            "the checkpoint of step %lld could not be saved: %s; stopping with exit code 4 (the newest "
-            "complete checkpoint, which LATEST names, is kept)",
-            (long long)tr->step, err);
-    if (tr->ckpt_failures >= tr->cfg->checkpoint.max_failures) return storage_exhausted(tr);
-    return DG_OK;
-}
-
-/* Resume per checkpoint.resume. Collective; sets step/tokens/loader/scaler and the model state. Every
- * candidate's scalar state is checked against this run's model and data and against the schedule it was
- * written under (ckpt_state.h) before its tensors are read: an impossible value rejects the file like a
- * checksum failure does (auto: fall back to the previous checkpoint; an explicit file: exit 1). */
-static dg_status_t maybe_resume(trainer_t *tr) {
-    dg_health_set_io_activity(tr->health, tr->step, "resume: reading checkpoint");
-    dg_ckpt_meta_t meta;
-    dg_ckpt_meta_init(&meta);
-    char path[4096] = "";
-    dg_train_ckpt_ref_t ref = {tr->desc.seq_len, tr->train_ds, tr->train_glob};
-    dg_status_t s =
-        dg_ckpt_resume_checked(tr->comm, tr->ckpt_dir, tr->cfg->checkpoint.resume, dg_train_ckpt_check_fn,
-                               &ref, &meta, tr->ckpt_t, tr->n_ckpt, path, sizeof path);
-    if (s != DG_OK || !path[0]) {
-        dg_ckpt_meta_destroy(&meta);
-        return s;
-    }
-    const char *fp = dg_ckpt_meta_get_kv(&meta, "data_fingerprint");
-    char now_fp[32];
-    snprintf(now_fp, sizeof now_fp, "%016llx", (unsigned long long)dg_dataset_fingerprint(tr->train_ds));
-    if (fp && strcmp(fp, now_fp) != 0)
-        DG_LOG_WARN(
-            "resuming from %s: the training data changed since it was written (fingerprint %s, now %s); "
-            "the sample order continues from the saved cursor",
-            path, fp, now_fp);
-    s = push_state(tr);
-    if (s == DG_OK) {
-        tr->step = meta.step;
-        tr->tokens = meta.tokens;
-        dg_loader_state_t ls = {meta.loader.epoch, meta.loader.cursor, meta.loader.samples_seen};
-        s = dg_loader_set_state(tr->train_ld, &ls);
-        if (s != DG_OK) {
-            /* (checked above; kept for a loader with rules of its own) copied first: DG_ERR writes into
-             * the buffer dg_last_error() returns */
-            char why[1024];
-            snprintf(why, sizeof why, "%s", dg_last_error());
-            s = DG_ERR(DG_ERR_USAGE, "checkpoint %s: data-loader state does not fit the data set: %s", path,
-                       why);
-        }
-        /* the loss scaler belongs to fp16 runs: another precision starts without one */
-        if (is_fp16(tr->cfg)) {
-            tr->loss_scale = meta.scaler.scale > 0 ? meta.scaler.scale : tr->loss_scale;
-            tr->good_steps = meta.scaler.good_steps;
-        }
-        load_spike_state(tr, &meta);
-        tr->seg_step = tr->step;
-        tr->seg_samples = ls.samples_seen;
-        tr->seg_epoch = ls.epoch;
-        tr->seg_cursor = ls.cursor;
-    }
-    if (s == DG_OK) {
-        DG_METRICS_EVENT(tr->metrics, "resume", DG_JI("step", tr->step), DG_JS("path", path),
-                         DG_JI("from_world_size", meta.world_size), DG_JI("to_world_size", tr->world),
-                         DG_JS("from_mesh", meta.mesh), DG_JS("to_mesh", tr->mesh_str),
-                         DG_JI("tokens", tr->tokens));
-        DG_LOG_INFO("resumed from %s at step %lld (written by %d ranks, now %d)", path, (long long)tr->step,
-                    meta.world_size, tr->world);
-    }
-    dg_ckpt_meta_destroy(&meta);
-    return s;
-}
-
-/* Rolls back the model and optimizer to the newest checkpoint, keeping the data cursor (so training
- * continues with the next data rather than replaying the batches that spiked). The candidates are
- * checked as on a resume. */
-static dg_status_t rollback(trainer_t *tr) {
-    dg_health_set_io_activity(tr->health, tr->step, "rollback: reading checkpoint");
-    if (tr->writer) {
-        dg_ckpt_async_result_t prev = {0};
-        dg_ckpt_writer_wait(tr->writer, &prev);
-        report_async(tr, &prev);
-    }
-    dg_ckpt_meta_t meta;
-    dg_ckpt_meta_init(&meta);
-    char path[4096] = "";
-    dg_train_ckpt_ref_t ref = {tr->desc.seq_len, tr->train_ds, tr->train_glob};
-    DG_TRY(dg_ckpt_resume_checked(tr->comm, tr->ckpt_dir, "auto", dg_train_ckpt_check_fn, &ref, &meta,
-                                  tr->ckpt_t, tr->n_ckpt, path, sizeof path));
-    if (!path[0]) {
-        dg_ckpt_meta_destroy(&meta);
-        return DG_ERR(DG_ERR_RUNTIME,
-                      "loss spikes: %lld in a row and no checkpoint to roll back to "
-                      "(set checkpoint.every)",
-                      (long long)tr->cfg->train.spike_max_consecutive);
-    }
-    DG_TRY(push_state(tr));
-    DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "rollback"), DG_JI("step", tr->step),
-                     DG_JS("path", path), DG_JI("to_step", meta.step));
-    DG_LOG_WARN("loss spikes: rolled the weights back to %s (step %lld); continuing with the next data", path,
-                (long long)meta.step);
-    dg_ckpt_meta_destroy(&meta);
-    return DG_OK;
-}
-
 /* Mean validation loss over val_batches global batches (the same samples at any world size). */
 static dg_status_t run_validation(trainer_t *tr, double *loss_out) {
     dg_health_set_activity(tr->health, tr->step, "validation");
@@ -808,7 +374,7 @@ static void trainer_free(trainer_t *tr) {
     free(tr->ckpt_paths);
     free(tr->ckpt_t);
     free(tr->frozen);
-    free(tr->window);
+    dg_stab_free(&tr->stab);
     if (tr->val_ld) dg_loader_free(tr->val_ld);
     if (tr->train_ld) dg_loader_free(tr->train_ld);
     if (tr->val_ds) dg_dataset_free(tr->val_ds);
@@ -867,7 +433,7 @@ static void exec_fallback_event(void *ctx, const char *kind, const char *reason)
 static dg_status_t setup(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     DG_TRY(pick_mesh(tr));
-    DG_TRY(dg_model_desc_from_config(c, &tr->desc));
+    DG_TRY(model_desc_of(c, &tr->desc));
     DG_TRY(batch_arithmetic(tr));
     if (tr->desc.n_head % tr->mesh.size[DG_MESH_TP] != 0)
         return DG_ERR(DG_ERR_USAGE, "parallel.mesh=%s: tp = %d must divide model.n_head = %d", tr->mesh_str,
@@ -904,10 +470,10 @@ static dg_status_t setup(trainer_t *tr) {
     DG_TRY(dg_model_set_grad_accum(tr->model, tr->accum));
     tr->n_params = dg_model_n_tensors(tr->model);
     DG_TRY(match_frozen(tr));
-    DG_TRY(build_ckpt_tensors(tr));
+    DG_TRY(trn_build_ckpt_tensors(tr));
     tr->flops_per_token = dg_model_flops_per_token(&tr->desc);
-    tr->window = dg_xcalloc((size_t)(c->train.spike_window > 0 ? c->train.spike_window : 1), sizeof(float));
-    tr->loss_scale = is_fp16(c) ? c->train.loss_scale_init : 1.0;
+    dg_stab_init(&tr->stab, c->train.spike_window, c->train.spike_factor, c->train.spike_max_consecutive,
+                 trn_is_fp16(c), c->train.loss_scale_init, c->train.loss_scale_growth_interval, tr->metrics);
     dg_model_set_fallback_cb(tr->model, exec_fallback_event, tr);
     dg_model_set_graph_replay(tr->model, c->parallel.cuda_graph, graph_event, tr);
     if (strcmp(tr->backend_name, "cpu") == 0) {
@@ -930,6 +496,124 @@ static dg_status_t setup(trainer_t *tr) {
     return DG_OK;
 }
 
+/* The one agreement per step, [local error, pending signal], before any model collective. Returns 1 when
+ * the loop must stop: an error anywhere (*st set; DG_ERR_PEER on the ranks that did not fail themselves)
+ * or a signal (*stop_sig). */
+static int step_agreement(trainer_t *tr, dg_status_t *st, int *stop_sig) {
+    int local[2] = {*st, dg_signals_pending()}, agreed[2];
+    dg_health_set_activity(tr->health, tr->step, "step agreement");
+    if (MPI_Allreduce(local, agreed, 2, MPI_INT, MPI_MAX, tr->comm) != MPI_SUCCESS) {
+        *st = DG_ERR(DG_ERR_PEER, "step agreement all-reduce failed at step %lld", (long long)tr->step);
+        return 1;
+    }
+    if (agreed[0]) {
+        if (!*st)
+            /* DG_ERR_PEER: the failing rank's own error (of higher severity) is the one dg_boot_agree
+             * reports, with its exit code */
+            *st = DG_ERR(DG_ERR_PEER, "another rank failed at step %lld (see its log)", (long long)tr->step);
+        return 1;
+    }
+    if (agreed[1]) {
+        *stop_sig = agreed[1];
+        return 1;
+    }
+    return 0;
+}
+
+/* After a step: validation every data.val_every steps (and at the last), a periodic checkpoint, and the
+ * asynchronous writer's report. An error is agreed at the top of the next iteration. */
+static dg_status_t after_step(trainer_t *tr) {
+    const dg_config_t *c = tr->cfg;
+    dg_status_t st;
+    if (tr->val_ld && c->data.val_every > 0 && (tr->step % c->data.val_every == 0 || tr->step == c->train.steps)) {
+        double vl = 0;
+        DG_TRY(run_validation(tr, &vl));
+        DG_METRICS_EVENT(tr->metrics, "val", DG_JI("step", tr->step), DG_JF("loss", vl),
+                         DG_JI("batches", tr->val_batches));
+        dg_progress_note(tr->progress, "step %lld: val loss %.4f", (long long)tr->step, vl);
+    }
+    if (c->checkpoint.every > 0 && tr->step % c->checkpoint.every == 0 && tr->step < c->train.steps) {
+        st = trn_save_checkpoint(tr, 0);
+        if (st) return st;
+    }
+    if (tr->writer) {
+        dg_ckpt_async_result_t ar = {0};
+        if (dg_ckpt_writer_poll(tr->writer, &ar) == 1) trn_report_async(tr, &ar);
+    }
+    return DG_OK;
+}
+
+/* The forward and backward of every micro-batch of step `step` (0-based; the first `chunk` are in tok/tgt,
+ * later chunks are read and agreed here); *loss_sum: the sum of the micro-batches' mean losses. */
+static dg_status_t forward_backward_all(trainer_t *tr, int64_t step, int chunk, int32_t *tok, int32_t *tgt,
+                                        float dloss, double *loss_sum) {
+    size_t n_tok = (size_t)tr->micro_batch * tr->desc.seq_len;
+    dg_status_t st = DG_OK;
+    for (int j = 0; j < tr->accum && !st; j++) {
+        if (j > 0 && j % chunk == 0) {
+            dg_health_set_activity(tr->health, step, "reading data");
+            int n = tr->accum - j < chunk ? tr->accum - j : chunk;
+            st = agree_data(tr, fill_micro_steps(tr, tr->train_ld, j, n, tok, tgt));
+            if (st) break;
+        }
+        float l = 0;
+        size_t at = (size_t)(j % chunk) * n_tok;
+        dg_health_set_activity(tr->health, step, "forward_backward");
+        st = dg_model_forward_backward(tr->model, tok + at, tgt + at, dloss, &l);
+        *loss_sum += l;
+    }
+    return st;
+}
+
+/* The AdamW update of step `step` (0-based) at learning rate lr; *gnorm: the gradient norm (non-finite:
+ * the model skipped the update). */
+static dg_status_t optimizer_step(trainer_t *tr, int64_t step, double lr, float *gnorm) {
+    const dg_config_t *c = tr->cfg;
+    dg_optim_hparams_t h = {.lr = (float)lr,
+                            .beta1 = (float)c->train.beta1,
+                            .beta2 = (float)c->train.beta2,
+                            .eps = (float)c->train.eps,
+                            .weight_decay = (float)c->train.weight_decay,
+                            .grad_clip = (float)c->train.grad_clip,
+                            .t = step + 1,
+                            .inv_loss_scale = (float)(1.0 / tr->stab.loss_scale)};
+    dg_health_set_activity(tr->health, step, "optimizer");
+    return dg_model_optimizer_step(tr->model, &h, gnorm);
+}
+
+/* The end of the loop: the final agreement, then the final (or signal-driven) checkpoint; exit 75 after a
+ * signal promises a complete checkpoint. */
+static dg_status_t finish_loop(trainer_t *tr, dg_status_t st, int stop_sig) {
+    /* an error after the last step's agreement (validation, checkpoint) must be agreed before the final
+     * collective save, or the failing rank would leave the others waiting in it */
+    int lerr = st, gerr = 0;
+    if (MPI_Allreduce(&lerr, &gerr, 1, MPI_INT, MPI_MAX, tr->comm) != MPI_SUCCESS)
+        return DG_ERR(DG_ERR_PEER, "final agreement all-reduce failed");
+    if (st) return st;
+    if (gerr)
+        return DG_ERR(DG_ERR_PEER, "another rank failed at step %lld (see its log)", (long long)tr->step);
+
+    /* final (or signal-driven) checkpoint, synchronous; exit 75 promises it, so its failure is exit 4 */
+    dg_status_t s = trn_save_checkpoint(tr, 1);
+    if (s == DG_ERR_STORAGE && stop_sig) {
+        char why[1400];
+        snprintf(why, sizeof why, "%s", dg_last_error());
+        return DG_ERR(DG_ERR_STORAGE,
+                      "stopped on %s at step %lld without a complete checkpoint (so not exit 75): %s",
+                      dg_signal_name(stop_sig), (long long)tr->step, why);
+    }
+    if (s) return s;
+    if (stop_sig) {
+        DG_METRICS_EVENT(tr->metrics, "done", DG_JI("step", tr->step), DG_JS("reason", "signal"),
+                         DG_JS("signal", dg_signal_name(stop_sig)), DG_JI("exit_code", DG_ERR_SIGNAL));
+        DG_LOG_WARN("stopped on %s at step %lld after a complete checkpoint; exit 75 asks for a requeue",
+                    dg_signal_name(stop_sig), (long long)tr->step);
+        return DG_ERR(DG_ERR_SIGNAL, "stopped on %s after checkpointing step %lld", dg_signal_name(stop_sig),
+                      (long long)tr->step);
+    }
+    return DG_OK;
+}
+
 static dg_status_t train_loop(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     const int T = tr->desc.seq_len;
@@ -948,25 +632,7 @@ static dg_status_t train_loop(trainer_t *tr) {
             dg_health_set_activity(tr->health, tr->step, "reading data");
             st = fill_micro_steps(tr, tr->train_ld, 0, chunk, tok, tgt);
         }
-        /* one agreement per step: [local error, pending signal] */
-        int local[2] = {st, dg_signals_pending()}, agreed[2];
-        dg_health_set_activity(tr->health, tr->step, "step agreement");
-        if (MPI_Allreduce(local, agreed, 2, MPI_INT, MPI_MAX, tr->comm) != MPI_SUCCESS) {
-            st = DG_ERR(DG_ERR_PEER, "step agreement all-reduce failed at step %lld", (long long)tr->step);
-            break;
-        }
-        if (agreed[0]) {
-            if (!st)
-                /* DG_ERR_PEER: the failing rank's own error (of higher severity) is the one dg_boot_agree
-                 * reports, with its exit code */
-                st = DG_ERR(DG_ERR_PEER, "another rank failed at step %lld (see its log)",
-                            (long long)tr->step);
-            break;
-        }
-        if (agreed[1]) {
-            stop_sig = agreed[1];
-            break;
-        }
+        if (step_agreement(tr, &st, &stop_sig)) break;
 
         double t0 = dg_now_s();
         int64_t step = tr->step;                /* 0-based index of the step being taken */
@@ -974,20 +640,8 @@ static dg_status_t train_loop(trainer_t *tr) {
         dg_health_set_activity(tr->health, step, "zero_grad");
         st = dg_model_zero_grad(tr->model);
         double loss_sum = 0;
-        float dloss = (float)(dloss_base * tr->loss_scale);
-        for (int j = 0; j < tr->accum && !st; j++) {
-            if (j > 0 && j % chunk == 0) {
-                dg_health_set_activity(tr->health, step, "reading data");
-                int n = tr->accum - j < chunk ? tr->accum - j : chunk;
-                st = agree_data(tr, fill_micro_steps(tr, tr->train_ld, j, n, tok, tgt));
-                if (st) break;
-            }
-            float l = 0;
-            size_t at = (size_t)(j % chunk) * n_tok;
-            dg_health_set_activity(tr->health, step, "forward_backward");
-            st = dg_model_forward_backward(tr->model, tok + at, tgt + at, dloss, &l);
-            loss_sum += l;
-        }
+        if (!st) st = forward_backward_all(tr, step, chunk, tok, tgt, (float)(dloss_base * tr->stab.loss_scale),
+                                           &loss_sum);
         comm_failure(tr, st);
         if (st) continue; /* agreed at the top of the next iteration */
 
@@ -999,64 +653,15 @@ static dg_status_t train_loop(trainer_t *tr) {
         }
         double loss = loss_glob[0] / tr->world;
 
-        /* spike handling: compare with the moving average of accepted losses */
-        int skip = !isfinite(loss);
-        int spike = 0;
-        if (!skip && c->train.spike_factor > 0 &&
-            tr->win_n >= (c->train.spike_window < 5 ? c->train.spike_window : 5)) {
-            double avg = 0; /* summed in double in a fixed order */
-            for (int64_t i = 0; i < tr->win_n; i++)
-                avg += tr->window[i];
-            avg /= (double)tr->win_n;
-            if (loss > c->train.spike_factor * avg) spike = skip = 1;
-            if (spike) {
-                tr->consecutive_spikes++;
-                DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "loss_spike"), DG_JI("step", step + 1),
-                                 DG_JF("loss", loss), DG_JF("moving_avg", avg),
-                                 DG_JI("consecutive", tr->consecutive_spikes));
-                DG_LOG_WARN("step %lld: loss %.4f > %.2f x moving average %.4f: update skipped",
-                            (long long)step + 1, loss, c->train.spike_factor, avg);
-            }
-        }
-        if (!spike) tr->consecutive_spikes = 0;
-
+        dg_stab_verdict_t v = dg_stab_judge(&tr->stab, step + 1, loss);
         double lr = dg_lr_at(step, c->train.steps, c->train.lr, c->train.warmup_steps, c->train.min_lr_ratio);
         float gnorm = NAN;
-        if (!skip) {
-            dg_optim_hparams_t h = {.lr = (float)lr,
-                                    .beta1 = (float)c->train.beta1,
-                                    .beta2 = (float)c->train.beta2,
-                                    .eps = (float)c->train.eps,
-                                    .weight_decay = (float)c->train.weight_decay,
-                                    .grad_clip = (float)c->train.grad_clip,
-                                    .t = step + 1,
-                                    .inv_loss_scale = (float)(1.0 / tr->loss_scale)};
-            dg_health_set_activity(tr->health, step, "optimizer");
-            st = dg_model_optimizer_step(tr->model, &h, &gnorm);
+        if (!v.skip) {
+            st = optimizer_step(tr, step, lr, &gnorm);
             comm_failure(tr, st);
             if (st) continue;
-            if (!isfinite(gnorm)) skip = 1; /* the model skipped the update (non-finite gradients) */
-        } else if (!isfinite(loss)) {
-            DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "nonfinite_loss"), DG_JI("step", step + 1));
-            DG_LOG_WARN("step %lld: non-finite loss; update skipped", (long long)step + 1);
         }
-        if (is_fp16(c)) {
-            if (!isfinite(gnorm)) {
-                tr->loss_scale = tr->loss_scale / 2 < 1 ? 1 : tr->loss_scale / 2;
-                tr->good_steps = 0;
-            } else if (++tr->good_steps >= c->train.loss_scale_growth_interval) {
-                tr->loss_scale *= 2;
-                tr->good_steps = 0;
-            }
-        } else if (!isfinite(gnorm) && !spike && isfinite(loss)) {
-            DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "nonfinite_grad"), DG_JI("step", step + 1));
-            DG_LOG_WARN("step %lld: non-finite gradient norm; update skipped", (long long)step + 1);
-        }
-        if (!skip && c->train.spike_window > 0) {
-            tr->window[tr->win_pos] = (float)loss;
-            tr->win_pos = (tr->win_pos + 1) % c->train.spike_window;
-            if (tr->win_n < c->train.spike_window) tr->win_n++;
-        }
+        dg_stab_account(&tr->stab, step + 1, loss, gnorm, &v);
 
         dg_loader_advance(tr->train_ld, tr->global_batch);
         tr->step++;
@@ -1074,62 +679,17 @@ static dg_status_t train_loop(trainer_t *tr) {
         dg_metrics_step(tr->metrics, &sm);
         dg_progress_step(tr->progress, tr->step, loss, tps, dt);
 
-        if (spike && c->train.spike_max_consecutive > 0 &&
-            tr->consecutive_spikes >= c->train.spike_max_consecutive) {
-            st = rollback(tr);
-            tr->consecutive_spikes = 0;
-            tr->win_n = tr->win_pos = 0;
+        if (dg_stab_wants_rollback(&tr->stab, &v)) {
+            st = trn_rollback(tr);
+            dg_stab_after_rollback(&tr->stab);
             if (st) continue;
         }
-        if (tr->val_ld && c->data.val_every > 0 &&
-            (tr->step % c->data.val_every == 0 || tr->step == c->train.steps)) {
-            double vl = 0;
-            st = run_validation(tr, &vl);
-            if (st) continue;
-            DG_METRICS_EVENT(tr->metrics, "val", DG_JI("step", tr->step), DG_JF("loss", vl),
-                             DG_JI("batches", tr->val_batches));
-            dg_progress_note(tr->progress, "step %lld: val loss %.4f", (long long)tr->step, vl);
-        }
-        if (c->checkpoint.every > 0 && tr->step % c->checkpoint.every == 0 && tr->step < c->train.steps) {
-            st = save_checkpoint(tr, 0);
-            if (st) continue;
-        }
-        if (tr->writer) {
-            dg_ckpt_async_result_t ar = {0};
-            if (dg_ckpt_writer_poll(tr->writer, &ar) == 1) report_async(tr, &ar);
-        }
+        st = after_step(tr);
     }
     free(tok);
     free(tgt);
     dg_progress_finish(tr->progress);
-    /* an error after the last step's agreement (validation, checkpoint) must be agreed before the final
-     * collective save, or the failing rank would leave the others waiting in it */
-    int lerr = st, gerr = 0;
-    if (MPI_Allreduce(&lerr, &gerr, 1, MPI_INT, MPI_MAX, tr->comm) != MPI_SUCCESS)
-        return DG_ERR(DG_ERR_PEER, "final agreement all-reduce failed");
-    if (st) return st;
-    if (gerr)
-        return DG_ERR(DG_ERR_PEER, "another rank failed at step %lld (see its log)", (long long)tr->step);
-
-    /* final (or signal-driven) checkpoint, synchronous; exit 75 promises it, so its failure is exit 4 */
-    dg_status_t s = save_checkpoint(tr, 1);
-    if (s == DG_ERR_STORAGE && stop_sig) {
-        char why[1400];
-        snprintf(why, sizeof why, "%s", dg_last_error());
-        return DG_ERR(DG_ERR_STORAGE,
-                      "stopped on %s at step %lld without a complete checkpoint (so not exit 75): %s",
-                      dg_signal_name(stop_sig), (long long)tr->step, why);
-    }
-    if (s) return s;
-    if (stop_sig) {
-        DG_METRICS_EVENT(tr->metrics, "done", DG_JI("step", tr->step), DG_JS("reason", "signal"),
-                         DG_JS("signal", dg_signal_name(stop_sig)), DG_JI("exit_code", DG_ERR_SIGNAL));
-        DG_LOG_WARN("stopped on %s at step %lld after a complete checkpoint; exit 75 asks for a requeue",
-                    dg_signal_name(stop_sig), (long long)tr->step);
-        return DG_ERR(DG_ERR_SIGNAL, "stopped on %s after checkpointing step %lld", dg_signal_name(stop_sig),
-                      (long long)tr->step);
-    }
-    return DG_OK;
+    return finish_loop(tr, st, stop_sig);
 }
 
 dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
@@ -1152,8 +712,8 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
     if (s == DG_OK) {
         dg_health_set_event_sink(tr.health, health_sink, tr.metrics);
         /* checkpoint I/O is judged by its progress; an aborted job leaves no half-written file */
-        dg_health_set_progress_source(tr.health, ckpt_progress_source, NULL);
-        dg_health_set_abort_hook(tr.health, ckpt_abort_hook, NULL);
+        dg_health_set_progress_source(tr.health, trn_ckpt_progress_source, NULL);
+        dg_health_set_abort_hook(tr.health, trn_ckpt_abort_hook, NULL);
     }
     if (s == DG_OK && cfg->checkpoint.async) {
         dg_ckpt_save_opts_t o;
@@ -1163,7 +723,7 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
         s = dg_ckpt_writer_create(tr.comm, tr.ckpt_dir, &o, &tr.writer);
     }
     s = dg_boot_agree(boot, s);
-    if (s == DG_OK) s = dg_boot_agree(boot, maybe_resume(&tr));
+    if (s == DG_OK) s = dg_boot_agree(boot, trn_maybe_resume(&tr));
     if (s) {
         trainer_free(&tr);
         return s;
@@ -1195,7 +755,7 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
     if (tr.writer) {
         dg_ckpt_async_result_t ar = {0};
         dg_status_t ws = dg_ckpt_writer_wait(tr.writer, &ar);
-        report_async(&tr, &ar);
+        trn_report_async(&tr, &ar);
         (void)ws; /* a failed background write is reported; the final synchronous save already succeeded */
     }
     s = dg_boot_agree(boot, s);
@@ -1239,7 +799,7 @@ static dg_status_t planner_text(dg_boot_t *boot, const dg_config_t *cfg, int jso
     *text_out = dg_xstrdup("");
     if (boot->world_rank != 0) return DG_OK;
     dg_model_desc_t d;
-    DG_TRY(dg_model_desc_from_config(cfg, &d));
+    DG_TRY(model_desc_of(cfg, &d));
     dg_cluster_t cl;
     dg_plan_result_t pr;
     DG_TRY(run_planner(boot, cfg, &d, DG_TRAIN_MAX_TP, &cl, &pr));
@@ -1300,7 +860,7 @@ static dg_status_t plan_model(dg_boot_t *boot, const dg_config_t *cfg, trainer_t
     tr->rank = boot->world_rank;
     tr->world = boot->world_size;
     DG_TRY(pick_mesh(tr));
-    DG_TRY(dg_model_desc_from_config(cfg, &tr->desc));
+    DG_TRY(model_desc_of(cfg, &tr->desc));
     DG_TRY(batch_arithmetic(tr));
     dg_backend_config_t bc = {0};
     bc.act_dtype = DG_F32;
@@ -1431,7 +991,7 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
 dg_status_t dg_train_dry_run_check(dg_boot_t *boot, const dg_config_t *cfg) {
     if (boot->world_rank != 0) return DG_OK;
     dg_model_desc_t d;
-    DG_TRY(dg_model_desc_from_config(cfg, &d));
+    DG_TRY(model_desc_of(cfg, &d));
     char train_glob[4096], val_glob[4096];
     DG_TRY(data_globs(cfg, train_glob, val_glob, sizeof train_glob));
     int64_t n_train = 0, n_val = -1, val_batches = 0;

@@ -394,31 +394,9 @@ static int split_list(char *v, char **items, int max) {
 
 /* ---------------------------------------------------------------- suggestions */
 
-static int edit_distance(const char *a, const char *b) {
-    size_t n = strlen(a), m = strlen(b);
-    if (n > 63 || m > 63) return 99;
-    int d[64][64];
-    for (size_t i = 0; i <= n; i++)
-        d[i][0] = (int)i;
-    for (size_t j = 0; j <= m; j++)
-        d[0][j] = (int)j;
-    for (size_t i = 1; i <= n; i++)
-        for (size_t j = 1; j <= m; j++) {
-            int v = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            if (d[i - 1][j] + 1 < v) v = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
-            d[i][j] = v;
-        }
-    return d[n][m];
-}
-
 static void suggest(const char *word, const char *const *cands, int n, const char *prefix, char *buf,
                     size_t cap) {
-    int best = -1, bd = 99;
-    for (int i = 0; i < n; i++) {
-        int d = edit_distance(word, cands[i]);
-        if (d < bd) bd = d, best = i;
-    }
+    int bd = 1000, best = dg_closest(word, cands, n, &bd);
     int limit = (int)strlen(word) / 3 + 1;
     if (limit < 2) limit = 2;
     if (best >= 0 && bd <= limit)

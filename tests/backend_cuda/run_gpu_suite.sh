@@ -29,7 +29,7 @@ rc=$?
 log "build rc=$rc in $(($(date +%s) - t0)) s"
 [ $rc -eq 0 ] || { tail -40 "$out/build.log"; exit 1; }
 exe=$bdir/tests/backend_cuda/test_backend_cuda
-bench=$bdir/tests/backend_cuda/bench_backend_cuda
+bench=$bdir/bench/kernels/bench_backend_cuda
 
 t0=$(date +%s)
 (cd "$bdir" && ctest -R '^backend_cuda_' -LE bench -j "${CTEST_JOBS:-4}" --timeout 150 -V) >"$out/ctest.log" 2>&1

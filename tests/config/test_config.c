@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,28 +135,37 @@ static void test_schema(void) {
         }
         CHECK(dg_cfg_find(k->section, k->key) == i);
     }
-    /* every field of dg_config_t before `source` is covered by a row: sort rows by offset and allow
-     * only alignment padding between them */
-    int order[DG_CFG_MAX_KEYS];
-    for (int i = 0; i < dg_cfg_nkeys; i++)
-        order[i] = i;
-    for (int i = 1; i < dg_cfg_nkeys; i++)
-        for (int j = i; j > 0 && dg_cfg_schema[order[j]].offset < dg_cfg_schema[order[j - 1]].offset; j--) {
-            int t = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = t;
+    /* every field of dg_config_t before `source` is covered by a row (or is the enum id of one): sort the
+     * fields by offset and allow only alignment padding between them */
+    struct {
+        size_t off, size, align;
+        const char *sec, *key, *what;
+    } f[2 * DG_CFG_MAX_KEYS];
+    int nf = 0;
+    for (int i = 0; i < dg_cfg_nkeys; i++) {
+        const dg_cfg_key_t *k = &dg_cfg_schema[i];
+        size_t align = k->type == DG_CFGT_STR || k->type == DG_CFGT_ENUM ? 1 : k->size;
+        f[nf++] = (__typeof__(f[0])){k->offset, k->size, align, k->section, k->key, ""};
+        if (k->has_id) {
+            CHECK(k->type == DG_CFGT_ENUM);
+            f[nf++] = (__typeof__(f[0])){k->id_offset, sizeof(int), sizeof(int), k->section, k->key, " (its id)"};
+        }
+    }
+    for (int i = 1; i < nf; i++)
+        for (int j = i; j > 0 && f[j].off < f[j - 1].off; j--) {
+            __typeof__(f[0]) t = f[j];
+            f[j] = f[j - 1];
+            f[j - 1] = t;
         }
     size_t end = 0;
-    for (int i = 0; i < dg_cfg_nkeys; i++) {
-        const dg_cfg_key_t *k = &dg_cfg_schema[order[i]];
-        size_t align = k->type == DG_CFGT_STR || k->type == DG_CFGT_ENUM ? 1 : k->size;
+    for (int i = 0; i < nf; i++) {
         g_checks++;
-        if (k->offset < end || k->offset - end >= align) {
+        if (f[i].off < end || f[i].off - end >= f[i].align) {
             g_fail++;
-            fprintf(stderr, "FAIL schema: gap or overlap before %s.%s (offset %zu, previous end %zu)\n",
-                    k->section, k->key, k->offset, end);
+            fprintf(stderr, "FAIL schema: gap or overlap before %s.%s%s (offset %zu, previous end %zu)\n",
+                    f[i].sec, f[i].key, f[i].what, f[i].off, end);
         }
-        end = k->offset + k->size;
+        end = f[i].off + f[i].size;
     }
     CHECK(offsetof(dg_config_t, source) - end < 8);
     CHECK(dg_cfg_nkeys >= 56); /* the keys of config.h at the time of writing */
@@ -496,6 +506,50 @@ static void test_shipped(const char *path) {
     if (s != DG_OK) fprintf(stderr, "  %s: %s\n", path, dg_last_error());
 }
 
+/* The enum ids beside the enumerated keys' text (config.h): every choice, from a file and from --set, and
+ * the defaults; the enums' order must be the schema's choice order. */
+static void test_enum_ids(void) {
+    CHECK(load(NULL, NULL, 0, NULL) == DG_OK);
+    CHECK(g_cfg.train.precision_id == DG_PREC_FP32 && g_cfg.train.reduce_dtype_id == DG_REDUCE_FP32 &&
+          g_cfg.train.recompute_id == DG_RECOMPUTE_NONE && g_cfg.parallel.backend_id == DG_CFG_BACKEND_AUTO &&
+          g_cfg.parallel.comm_id == DG_CFG_COMM_AUTO);
+    static const struct {
+        const char *set;
+        size_t off;
+        int want;
+    } cases[] = {
+        {"train.precision=fp32", offsetof(dg_config_t, train.precision_id), DG_PREC_FP32},
+        {"train.precision=bf16", offsetof(dg_config_t, train.precision_id), DG_PREC_BF16},
+        {"train.precision=fp16", offsetof(dg_config_t, train.precision_id), DG_PREC_FP16},
+        {"train.reduce_dtype=fp32", offsetof(dg_config_t, train.reduce_dtype_id), DG_REDUCE_FP32},
+        {"train.reduce_dtype=bf16", offsetof(dg_config_t, train.reduce_dtype_id), DG_REDUCE_BF16},
+        {"train.recompute=none", offsetof(dg_config_t, train.recompute_id), DG_RECOMPUTE_NONE},
+        {"train.recompute=gelu", offsetof(dg_config_t, train.recompute_id), DG_RECOMPUTE_GELU},
+        {"parallel.backend=auto", offsetof(dg_config_t, parallel.backend_id), DG_CFG_BACKEND_AUTO},
+        {"parallel.backend=cpu", offsetof(dg_config_t, parallel.backend_id), DG_CFG_BACKEND_CPU},
+        {"parallel.backend=cuda", offsetof(dg_config_t, parallel.backend_id), DG_CFG_BACKEND_CUDA},
+        {"parallel.comm=auto", offsetof(dg_config_t, parallel.comm_id), DG_CFG_COMM_AUTO},
+        {"parallel.comm=mpi", offsetof(dg_config_t, parallel.comm_id), DG_CFG_COMM_MPI},
+        {"parallel.comm=nccl", offsetof(dg_config_t, parallel.comm_id), DG_CFG_COMM_NCCL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *sets[1] = {cases[i].set};
+        CHECK(load(NULL, NULL, 1, sets) == DG_OK);
+        int got = *(const int *)((const char *)&g_cfg + cases[i].off);
+        if (got != cases[i].want) {
+            fprintf(stderr, "FAIL: --set %s gives id %d, want %d\n", cases[i].set, got, cases[i].want);
+            g_fail++;
+        }
+        /* the same from a file: section and key */
+        char text[128];
+        const char *dot = strchr(cases[i].set, '.'), *eq = strchr(cases[i].set, '=');
+        snprintf(text, sizeof text, "[%.*s]\n%.*s = %s\n", (int)(dot - cases[i].set), cases[i].set,
+                 (int)(eq - dot - 1), dot + 1, eq + 1);
+        CHECK(load("ids.ini", text, 0, NULL) == DG_OK);
+        CHECK(*(const int *)((const char *)&g_cfg + cases[i].off) == cases[i].want);
+    }
+}
+
 int main(int argc, char **argv) {
     snprintf(g_dir, sizeof g_dir, "/tmp/dg_config_test.XXXXXX");
     if (!mkdtemp(g_dir)) {
@@ -511,6 +565,7 @@ int main(int argc, char **argv) {
     test_syntax();
     test_round_trip_and_hash();
     test_help();
+    test_enum_ids();
     for (int i = 1; i < argc; i++)
         test_shipped(argv[i]);
     char cmd[300];

@@ -1,4 +1,4 @@
-/* test_fsdp_equiv.c — distributed training on a mesh must match one rank (issue 4, "Correctness").
+/* test_fsdp_equiv.c — distributed training on a mesh must match one rank (docs/fsdp.md, "Correctness").
  *
  * Every rank trains the same small GPT on the mesh given by --mesh for --steps optimizer steps of the
  * same global batch (gradient accumulation fills it); rank 0 also trains the unsharded single-rank model

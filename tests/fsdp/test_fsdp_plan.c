@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "fsdp.h"
-#include "graph_impl.h"
+#include "graph.h"
 #include "../graph/gtest.h"
 
 static dg_backend_t *be;
@@ -286,7 +286,7 @@ static int check_bf16_plan(const dg_model_desc_t *d, const char *mesh, const int
     dg_model_t *m32 = plan_rd(d, mesh, c, 25u << 20, overlap, 1, DG_F32);
     dg_model_t *m16 = plan_rd(d, mesh, c, 25u << 20, overlap, 1, DG_BF16);
     const dg_graph_t *g32 = dg_model_graph(m32), *g = dg_model_graph(m16);
-    const dg_plan_t *pl = dg_model_plan(m16);
+    const dg_memplan_t *pl = dg_model_plan(m16);
     int casts = 0, ars = 0, rss = 0;
     for (int i = 0; i < g->n; i++)
         casts += g->nodes[i]->op == DG_OP_CAST;

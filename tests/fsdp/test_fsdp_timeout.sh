@@ -1,5 +1,5 @@
 #!/bin/bash
-# test_fsdp_timeout.sh — a collective that times out ends the whole job (issue 4): dgtrain on 2 ranks,
+# test_fsdp_timeout.sh — a collective that times out ends the whole job (docs/fsdp.md): dgtrain on 2 ranks,
 # FSDP over dp_shard = 2, with rank 1 made to hang before the forward of step 3 (test hook
 # DG_TEST_STALL_COLLECTIVE_RANK/_STEP). Rank 0 waits in the step's first all-gather; after
 # 0.9 x health.timeout_s the wait fails and every rank must exit with code 3, with a message naming the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gpu_e2e.py — end-to-end training of the real dgtrain on a GPU through the graph executor (issue 7).
+"""gpu_e2e.py — end-to-end training of the real dgtrain on a GPU through the graph executor (docs/cuda.md).
 
 Each case but torch trains a small custom GPT (2 layers, d_model 128, head size 64, seq_len 256: the
 tensor-core attention path with several key tiles) on synthetic token shards this script writes, and judges
@@ -417,7 +417,7 @@ def case_graph(env):
 
 
 def case_fallback(env):
-    """The executor's memory and kernel fallbacks (issue 7) on the GPU: eager per-tensor allocation
+    """The executor's memory and kernel fallbacks (docs/cuda.md "Fallbacks") on the GPU: eager per-tensor allocation
     (DG_TEST_ARENA_FAIL=1) gives the planned run's numbers bit for bit (same kernels, other addresses);
     ops forced onto the host (DG_TEST_NO_KERNEL, fp32: the host backend computes in fp32) agree with the
     planned run within the fp32 distributed bounds. Each writes its fallback events, and CUDA Graph
@@ -489,7 +489,7 @@ def nccl_ranks():
 
 
 def case_nccl(env):
-    """N ranks (2, 4 or 8), one GPU each, collectives over NCCL inside the executor (issue 10)."""
+    """N ranks (2, 4 or 8), one GPU each, collectives over NCCL inside the executor (docs/fsdp.md, the meshes; bench/RESULTS.md for figures)."""
     n = nccl_ranks()
     if n < 2:
         return dgskip.skip("the nccl case needs 2 GPUs, the driver reports %d" % cuda_devices(), gpus=2)
@@ -607,7 +607,7 @@ def case_memcheck(env):
     return 0
 
 # ------------------------------------------------------------------------------------------------
-# dgtrain against PyTorch from identical initial weights (issue 7)
+# dgtrain against PyTorch from identical initial weights (docs/cuda.md)
 #
 # Initial weights: dgtrain's initialisation is a pure function of run.seed (model.c), so a 1-step run of
 # the same config with every parameter frozen (train.freeze=*: the step computes a loss, no update) ends

@@ -155,7 +155,7 @@ else
   log "skip memcheck: budget"
 fi
 
-# ---- phase D: the checkpoint benchmark (issue 5: save vs dd on this host's disk), if time is left ----
+# ---- phase D: the checkpoint benchmark (docs/checkpoints.md: save vs dd on this host's disk), if time is left ----
 l=$(left)
 if [ "$l" -gt 100 ]; then
   timeout $((l - 5)) bash "$root/bench/checkpoint/run.sh" "$bdir" "$tmp/bck" >"$out/bench_ckpt.log" 2>&1

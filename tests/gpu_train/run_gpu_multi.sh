@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run_gpu_multi.sh — issue 10 on a machine with N = 2, 4 or 8 GPUs (NGPU: the largest power of two
+# run_gpu_multi.sh — the multi-GPU run on a machine with N = 2, 4 or 8 GPUs (NGPU: the largest power of two
 # <= the GPUs, at most 8), in one call, within a wall-clock budget: build (unless BUILD_DIR's binaries run
 # here), the op harness (add_f32 and the rest on the GPU), gpu_e2e.py nccl (N ranks x 1 GPU with
 # parallel.comm=nccl against 1 rank: FSDP, DDP, TP=2 and HSDP 2 x N/2 in fp32 and bf16, graph replay, nccl
@@ -98,7 +98,7 @@ if want commtest; then
   log "test_comm_nccl ($NG ranks, $NG GPUs) rc=$?: $(tail -2 "$out/test_comm_nccl.log" | tr '\n' ' ' | cut -c1-300)"
 fi
 
-# ---- issue 10's bandwidth check: dg_comm (nccl) against a raw NCCL communicator in the same run ----
+# ---- the multi-GPU bandwidth check: dg_comm (nccl) against a raw NCCL communicator in the same run ----
 if want bench && [ "$(left)" -gt 240 ]; then
   timeout 150 "${mpi[@]}" -n $NG "$bdir/bench/comm/bench_comm" --backend nccl --seconds 0.5 >"$out/bench_comm_nccl.log" 2>&1
   log "bench_comm --backend nccl ($NG GPUs) rc=$?"
@@ -275,7 +275,7 @@ PY
 else
   log "skipped the weak-scaling runs (budget or make_shards.py failed)"
 fi
-# ---- issue 7: 2 and 4 ranks sharing GPU 0 over the mpi comm (gpu_e2e.py multirank) ----
+# ---- docs/cuda.md: 2 and 4 ranks sharing GPU 0 over the mpi comm (gpu_e2e.py multirank) ----
 if want multirank && [ "$(left)" -gt 100 ]; then
   CUDA_VISIBLE_DEVICES=0 timeout $(($(left) - 10)) python3 "$here/gpu_e2e.py" multirank "$dgtrain" "$dgckpt" "${mpi[@]}" \
     >"$out/gpu_train_multirank.log" 2>&1

@@ -31,8 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dg_model.h"
 #include "graph.h"
-#include "graph_impl.h"
 #include "gtest.h"
 
 static const dg_model_desc_t small = {

@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dg_model.h"
 #include "graph.h"
-#include "graph_impl.h"
 #include "gtest.h"
 
 /* head size 8, T = 64: the workspace (2 * 4 * 64 * 64 * 2 = 64 KiB) is as large as the logits

@@ -1,4 +1,4 @@
-/* test_graph_fallback.c — the executor's fallbacks (issue 7) on the CPU backend:
+/* test_graph_fallback.c — the executor's fallbacks (docs/cuda.md "Fallbacks") on the CPU backend:
  *  - memory: the arena cannot be allocated (a real allocation failure from a counting backend, and the
  *    test hook DG_TEST_ARENA_FAIL=1), so activations are allocated one by one over their live ranges;
  *  - kernel: ops the backend has no kernel for (vtable entries set to NULL in a copy of the CPU backend's
@@ -18,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dg_model.h"
 #include "graph.h"
-#include "graph_impl.h"
 #include "gtest.h"
 
 static const dg_model_desc_t small = {

@@ -23,8 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dg_model.h"
 #include "graph.h"
-#include "graph_impl.h"
 #include "ref64.h"
 #include "gtest.h"
 
@@ -61,30 +61,30 @@ static void test_desc(void) {
     EXPECT(llabs((long long)dg_model_n_params(&d) - 1557611200ll) == 0, "gpt2-1558m params %llu",
            (unsigned long long)dg_model_n_params(&d));
 
-    dg_config_t cfg;
+    dg_model_spec_t cfg;
     memset(&cfg, 0, sizeof cfg);
-    strcpy(cfg.model.preset, "tiny");
-    OK(dg_model_desc_from_config(&cfg, &d));
+    cfg.preset = "tiny";
+    OK(dg_model_desc_resolve(&cfg, &d));
     EXPECT(d.n_layer == 4 && d.n_head == 4 && d.d_model == 128 && d.seq_len == 128 && d.vocab_size == 256 &&
                d.padded_vocab == 256,
            "tiny preset sizes");
-    cfg.model.n_layer = 2;
-    cfg.model.vocab_size = 300;
-    OK(dg_model_desc_from_config(&cfg, &d));
+    cfg.n_layer = 2;
+    cfg.vocab_size = 300;
+    OK(dg_model_desc_resolve(&cfg, &d));
     EXPECT(d.n_layer == 2 && d.vocab_size == 300 && d.padded_vocab == 320 && d.d_model == 128,
            "overrides: n_layer 2, vocab 300 padded to 320");
-    cfg.model.n_head = 5;
-    EXPECT(dg_model_desc_from_config(&cfg, &d) == DG_ERR_USAGE && strstr(dg_last_error(), "divisible"),
+    cfg.n_head = 5;
+    EXPECT(dg_model_desc_resolve(&cfg, &d) == DG_ERR_USAGE && strstr(dg_last_error(), "divisible"),
            "d_model 128 with 5 heads must be refused: %s", dg_last_error());
     memset(&cfg, 0, sizeof cfg);
-    strcpy(cfg.model.preset, "custom");
-    cfg.model.n_layer = 3;
-    cfg.model.n_head = 2;
-    EXPECT(dg_model_desc_from_config(&cfg, &d) == DG_ERR_USAGE && strstr(dg_last_error(), "d_model") &&
+    cfg.preset = "custom";
+    cfg.n_layer = 3;
+    cfg.n_head = 2;
+    EXPECT(dg_model_desc_resolve(&cfg, &d) == DG_ERR_USAGE && strstr(dg_last_error(), "d_model") &&
                strstr(dg_last_error(), "seq_len") && strstr(dg_last_error(), "vocab_size"),
            "custom with missing sizes must name them: %s", dg_last_error());
-    strcpy(cfg.model.preset, "gpt5");
-    EXPECT(dg_model_desc_from_config(&cfg, &d) == DG_ERR_USAGE && strstr(dg_last_error(), "gpt5"),
+    cfg.preset = "gpt5";
+    EXPECT(dg_model_desc_resolve(&cfg, &d) == DG_ERR_USAGE && strstr(dg_last_error(), "gpt5"),
            "unknown preset must be named: %s", dg_last_error());
     dg_model_desc_t bad = small;
     bad.padded_vocab = 60;

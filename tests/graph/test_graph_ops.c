@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "graph_impl.h"
+#include "graph.h"
 #include "ref64.h"
 #include "gtest.h"
 
@@ -32,7 +32,7 @@ typedef struct {
 typedef struct {
     dg_backend_t *be;
     dg_graph_t *g;
-    dg_plan_t *plan;
+    dg_memplan_t *plan;
     dg_exec_t *ex;
     dg_alloc_list_t al;
     leaf_t leaves[32];

@@ -17,8 +17,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "dg_model.h"
 #include "graph.h"
-#include "graph_impl.h"
 #include "ref64.h"
 #include "gtest.h"
 
@@ -165,7 +165,7 @@ static void test_random_graphs(dg_backend_t *be) {
             outs[k]->flags |= DG_NF_OUTPUT;
         dg_pass_t passes[] = {{"inplace", dg_pass_inplace, NULL}};
         OK(dg_graph_run_passes(g, passes, 1));
-        dg_plan_t *pa, *pb;
+        dg_memplan_t *pa, *pb;
         OK(dg_plan_create(g, 0, &pa));
         OK(dg_plan_create(g, DG_PLAN_NO_REUSE, &pb));
         OK(dg_plan_check(pa, g));
@@ -192,7 +192,7 @@ static void test_random_graphs(dg_backend_t *be) {
         for (int k = 0; k < 6; k++)
             res[nres++] = params[k]->grad;
         float *out[2][16];
-        dg_plan_t *plans[2] = {pa, pb};
+        dg_memplan_t *plans[2] = {pa, pb};
         for (int v = 0; v < 2; v++) {
             dg_exec_t *ex;
             OK(dg_exec_create(be, g, plans[v], &ex));
@@ -241,7 +241,7 @@ static void test_model_plans(dg_backend_t *be) {
         OK(dg_model_desc_preset(presets[k], &d));
         dg_model_t *m;
         OK(dg_model_create_ex(&d, be, mbs[k], 1, flags, &m));
-        const dg_plan_t *p = dg_model_plan(m);
+        const dg_memplan_t *p = dg_model_plan(m);
         dg_status_t st = dg_plan_check(p, dg_model_graph(m));
         EXPECT(st == DG_OK, "%s: plan check failed: %s", presets[k], dg_last_error());
         size_t arena = dg_model_arena_bytes(m), sum = dg_model_activation_bytes_sum(m);
@@ -326,7 +326,7 @@ static void test_gelu_memory(dg_backend_t *cpu) {
 
 /* The graph checks of one fusion: called for the fused (fused = 1) and the unfused model of each backend. */
 typedef void (*fuse_check_t)(const char *what, int fused, const dg_model_desc_t *d, const dg_graph_t *g,
-                             const dg_plan_t *p);
+                             const dg_memplan_t *p);
 
 /* gpt2-124m at micro-batch 32 x 1024, plan only, on the f32 CPU plan and the bf16 CUDA-like one: the model
  * with the fusion (default) and with `unfused_flag`; each plan checks out, `check` looks at each graph, and
@@ -347,7 +347,7 @@ static void fused_arena(dg_backend_t *cpu, int unfused_flag, const char *fused_n
             dg_model_t *m;
             OK(dg_model_create_ex(&d, bes[b], B, 1, (f ? unfused_flag : 0) | DG_MODEL_PLAN_ONLY, &m));
             const dg_graph_t *g = dg_model_graph(m);
-            const dg_plan_t *p = dg_model_plan(m);
+            const dg_memplan_t *p = dg_model_plan(m);
             EXPECT(dg_plan_check(p, g) == DG_OK, "%s: plan check: %s", what[b], dg_last_error());
             arena[f] = dg_model_arena_bytes(m);
             check(what[b], f == 0, &d, g, p);
@@ -364,7 +364,7 @@ static void fused_arena(dg_backend_t *cpu, int unfused_flag, const char *fused_n
  * forward to its backward), and the arena is no larger than with the crossentropy + crossentropy_bwd
  * pair. */
 static void ce_check(const char *what, int fused, const dg_model_desc_t *d, const dg_graph_t *g,
-                     const dg_plan_t *p) {
+                     const dg_memplan_t *p) {
     (void)d;
     if (!fused) return;
     const dg_node_t *ce = NULL, *head_bwd = NULL;
@@ -382,7 +382,7 @@ static void ce_check(const char *what, int fused, const dg_model_desc_t *d, cons
  * than with the matmul + add pairs (each pair's [B*T, C] product was dead after its add, which the
  * inplace pass laid over it). */
 static void res_check(const char *what, int fused, const dg_model_desc_t *d, const dg_graph_t *g,
-                      const dg_plan_t *p) {
+                      const dg_memplan_t *p) {
     (void)p;
     int nres = 0, nadd = 0;
     for (int i = 0; i < g->n; i++) {
@@ -413,7 +413,7 @@ static void test_stale_abort(dg_backend_t *be) {
         dg_node_t *x = dg_graph_leaf(g, "x", DG_F32, 2, s, DG_NF_INPUT);
         dg_node_t *y = dg_op_gelu(g, "y", x);
         y->flags |= DG_NF_OUTPUT;
-        dg_plan_t *p;
+        dg_memplan_t *p;
         dg_alloc_list_t al = {0};
         dg_exec_t *ex;
         if (dg_plan_create(g, 0, &p) || dg_graph_alloc_persistent(g, be, &al) ||

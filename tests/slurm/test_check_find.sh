@@ -1,5 +1,5 @@
 #!/bin/bash
-# issue 22.6: `slurm/train.sh --check` must find build/src/cli/dgtrain when run from the repository root
+# docs/reliability.md: `slurm/train.sh --check` must find build/src/cli/dgtrain when run from the repository root
 # (outside Slurm there is no SLURM_SUBMIT_DIR) and from any other directory (through the script's own
 # checkout, slurm/..), and DGTRAIN_BIN must override. No Slurm daemons are needed for --check: it runs the
 # real dgtrain --print-config. Usage: test_check_find.sh SOURCE_DIR DGTRAIN

@@ -1,5 +1,5 @@
 #!/bin/bash
-# issue 22.6: `sbatch slurm/validate.sh` on a one-node cluster must run, not stay PENDING forever (its
+# docs/reliability.md: `sbatch slurm/validate.sh` on a one-node cluster must run, not stay PENDING forever (its
 # default used to be a fixed --nodes=2, which Slurm accepts and never schedules on one node). Runs the
 # real dgvalidate (topology check) through the private one-node cluster (cluster.sh), bounded by a
 # timeout; a job still PENDING after it is the bug. Usage: test_validate_one_node.sh DGVALIDATE

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""e2e.py — end-to-end checkpoint and resume tests of the real dgtrain (issue 5; docs/design.md §5).
+"""e2e.py — end-to-end checkpoint and resume tests of the real dgtrain (docs/checkpoints.md; docs/design.md §5).
 
 Every case trains a small custom GPT under mpiexec and judges behaviour a user can see: the step lines
 of metrics.jsonl (loss, grad_norm, lr, tokens), the resume and checkpoint events, the files in
@@ -428,7 +428,7 @@ def case_reduce_bf16(env, k_ranks, mesh):
 
 
 def case_fallback(env, k_ranks, mesh=None):
-    """The executor's fallbacks through the real dgtrain (issue 7): the test hooks take away the arena
+    """The executor's fallbacks through the real dgtrain (docs/cuda.md "Fallbacks"): the test hooks take away the arena
     (DG_TEST_ARENA_FAIL=1) and the kernels of gelu, layernorm and attention (DG_TEST_NO_KERNEL); the run
     must report one memory and one kernel fallback per op kind, and give the planned run's numbers."""
     n = 3
@@ -828,7 +828,7 @@ def case_sigkill(env):
 
 
 def case_no_val(env):
-    """issue 22.6: data.train without data.val used to skip validation silently; it must say so loudly
+    """docs/reliability.md: data.train without data.val used to skip validation silently; it must say so loudly
     (a warning on the console and a health event no_validation in metrics.jsonl), and with data.val set
     the same run reports val events and no such health event."""
     train, val = env.d("nv_train_000000.bin"), env.d("nv_val_000000.bin")

@@ -136,7 +136,7 @@ readonly)
     "${CHECK[@]}" "$WORK/run" --ranks 2 --nodes 1 --exit 4 --expect 'storage.*=FAIL' --message "storage.*=$DIR" || FAILED=1
     ;;
 setrundir)
-    # --set run.dir=DIR is --run-dir DIR: the reports go to DIR, nothing to runs/validate-<time> (issue 22.6)
+    # --set run.dir=DIR is --run-dir DIR: the reports go to DIR, nothing to runs/validate-<time> (docs/validation.md)
     run 2 "" "$SLA" --checks topology --set run.dir="$WORK/sr"
     expect_rc 0
     [ -f "$WORK/sr/validation.json" ] && [ -f "$WORK/sr/validation-junit.xml" ] ||

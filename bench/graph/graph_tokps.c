@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dg_model.h"
 #include "graph.h"
-#include "graph_impl.h"
 
 static void die(const char *what) {
     fprintf(stderr, "graph_tokps: %s: %s\n", what, dg_last_error());

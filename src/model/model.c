@@ -1,0 +1,483 @@
+/* model.c — the model layer's compiled model: the fixed pass pipeline (fusions -> autodiff -> FSDP ->
+ * optimizer -> gradient sync -> in-place -> plan), the flat storage of parameters, gradients and AdamW
+ * moments, create/free and accessors of dg_model.h.
+ */
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model_impl.h"
+
+static dg_status_t pass_autodiff(dg_graph_t *g, void *ctx) {
+    dg_model_t *m = ctx;
+    return dg_autodiff(g, 1, &m->losses, NULL);
+}
+
+static dg_status_t pass_optimizer(dg_graph_t *g, void *ctx) {
+    dg_model_t *m = ctx;
+    return dg_graph_add_optimizer(g, dg_gpt2_decay_of, m, &m->scalars);
+}
+
+/* One AdamW op over the flat buffers (backend adamw_multi_dev), unless the backend has none or the
+ * per-parameter ops are asked for (DG_MODEL_ADAMW_PER_PARAM, or the test hook DG_TEST_ADAMW_PER_PARAM=1). */
+static int adamw_fused(const dg_model_t *m) {
+    if (dg_env_bool("DG_TEST_ADAMW_PER_PARAM")) return 0;
+    return !(m->flags & DG_MODEL_ADAMW_PER_PARAM) && !dg_op_missing_kernel(m->be, DG_OP_ADAMW_ALL);
+}
+
+/* With the fused AdamW (whose flat gradient leaf it reads), the gradient norm is one op too (backend
+ * sumsq_multi), unless the backend has none. */
+static int sumsq_fused(const dg_model_t *m) {
+    return adamw_fused(m) && !dg_op_missing_kernel(m->be, DG_OP_SUMSQ_ALL);
+}
+
+/* The classifier loss and its backward as one op (backend crossentropy_fused, pass fuse_crossentropy),
+ * unless the two ops are asked for (DG_MODEL_UNFUSED_CE, or the test hook DG_TEST_UNFUSED_CE=1) or the
+ * backend has none. */
+static int ce_fused(const dg_model_t *m) {
+    if (dg_env_bool("DG_TEST_UNFUSED_CE")) return 0;
+    return !(m->flags & DG_MODEL_UNFUSED_CE) && !dg_op_missing_kernel(m->be, DG_OP_CROSSENTROPY_FUSED);
+}
+
+/* Each residual add and the linear layer before it as one op (backend matmul_fwd_res, pass fuse_residual),
+ * unless the pair is asked for (DG_MODEL_UNFUSED_RESID, or the test hook DG_TEST_UNFUSED_RESID=1) or the
+ * backend has none. */
+static int res_fused(const dg_model_t *m) {
+    if (dg_env_bool("DG_TEST_UNFUSED_RESID")) return 0;
+    return !(m->flags & DG_MODEL_UNFUSED_RESID) && !dg_op_missing_kernel(m->be, DG_OP_MATMUL_RES);
+}
+
+/* Optimizer-phase collectives, run to completion on the compute stream (a few per step):
+ * tp-rank-0-only gradients summed over tp, before the norm; the local sum of squares summed over
+ * dp_shard and tp, before the clip factor. The dp_replicate sum runs in the backward
+ * (dg_pass_replicate_sync in src/graph/sync.c). */
+static dg_status_t pass_grad_sync(dg_graph_t *g, void *ctx) {
+    dg_model_t *m = ctx;
+    if (m->rep > 1 && m->shard) DG_TRY(dg_pass_replicate_sync(g, m->shard));
+    dg_node_t *zs = NULL, *clip = NULL;
+    for (int i = 0; i < g->n; i++) {
+        dg_node_t *x = g->nodes[i];
+        if (x->phase != DG_PHASE_OPT || x->op == DG_OP_LEAF) continue;
+        if (x->op == DG_OP_ZERO && x->upd[0] == m->scalars) zs = x;
+        if (x->op == DG_OP_CLIP_SCALE) clip = x;
+    }
+    DG_ASSERT(zs && clip);
+    dg_phase_t saved = g->cur_phase;
+    g->cur_phase = DG_PHASE_OPT;
+    char nm[96];
+    dg_node_t *after = zs;
+#define INPLACE_AR(name, target, dim, count)                                                                 \
+    do {                                                                                                     \
+        int64_t a_[4] = {0, (dim), DG_AR_SUM, (count)};                                                      \
+        dg_node_t *t_ = (target);                                                                            \
+        dg_node_t *n_ = dg_graph_add_op(g, DG_OP_ALL_REDUCE, (name), 0, NULL, 1, &t_, a_, 4);                \
+        if (!n_) break;                                                                                      \
+        dg_graph_move(g, n_, after->id + 1 + after->n_side);                                                 \
+        after = n_;                                                                                          \
+    } while (0)
+    for (int i = 0; i < m->np && !g->err; i++)
+        if (m->place[i].tp_rank0_only) {
+            dg_fmt(nm, sizeof nm, "ar.tp.%.80s", m->pnode[i]->grad->name);
+            INPLACE_AR(nm, m->pnode[i]->grad, DG_MESH_TP, 0);
+        }
+    after = g->nodes[clip->id - 1];
+    if (m->k > 1 && !g->err) INPLACE_AR("ar.sumsq.dp_shard", m->scalars, DG_MESH_DP_SHARD, 1);
+    if (m->tp > 1 && !g->err) INPLACE_AR("ar.sumsq.tp", m->scalars, DG_MESH_TP, 1);
+#undef INPLACE_AR
+    g->cur_phase = saved;
+    return g->err;
+}
+
+/* Flat-buffer layout of the local shards (parameter order, so a bucket's shards are contiguous) and the
+ * shard plan for the FSDP pass. */
+static void layout(dg_model_t *m) {
+    size_t t = 0;
+    for (int i = 0; i < m->np; i++) {
+        m->off[i] = t;
+        t += (m->place[i].local_numel + PARAM_ALIGN_ELEMS - 1) / PARAM_ALIGN_ELEMS * PARAM_ALIGN_ELEMS;
+    }
+    m->total = t;
+    if (m->k == 1 && m->rep == 1) return;
+    dg_shard_plan_t *sp = dg_xcalloc(1, sizeof *sp);
+    sp->n = m->np;
+    sp->params = dg_xcalloc((size_t)m->np, sizeof *sp->params);
+    for (int i = 0; i < m->np; i++) {
+        int group = dg_gpt2_param_group(m, m->info[i].name);
+        const place_t *pl = &m->place[i];
+        sp->params[i] =
+            (dg_shard_param_t){m->pnode[i], group, pl->lrows, pl->lcols, pl->Rs, pl->row0, m->off[i]};
+    }
+    sp->k = m->k;
+    sp->bucket_bytes = m->par.bucket_bytes;
+    sp->prefetch_bytes = m->par.prefetch_bytes;
+    sp->overlap = m->par.overlap;
+    sp->reshard = m->par.reshard_after_forward;
+    sp->reduce_dtype = m->par.reduce_dtype;
+    m->shard = sp;
+}
+
+
+/* ---------------- create / free ---------------- */
+
+static dg_status_t alloc_zero(dg_backend_t *be, size_t bytes, void **out) {
+    DG_TRY(be->ops->alloc(be, bytes, out));
+    return be->ops->memset0(be, *out, bytes);
+}
+
+/* The loss and norm go through download_async + fences when the backend has all five v1.8 entries,
+ * unless DG_SYNC_HOST_READS=1 asks for the old sync + to_host reads (A/B timing; same numbers). */
+static int want_async_reads(const dg_backend_t *be) {
+    const dg_backend_ops_t *o = be->ops;
+    if (!o->download_async || !o->fence_create || !o->fence_destroy || !o->fence_record || !o->fence_wait)
+        return 0;
+    return !dg_env_bool("DG_SYNC_HOST_READS");
+}
+
+static dg_status_t bind_and_alloc(dg_model_t *m) {
+    dg_backend_t *be = m->be;
+    size_t fb = m->total * sizeof(float);
+    DG_TRY(alloc_zero(be, fb, (void **)&m->master));
+    DG_TRY(alloc_zero(be, fb, (void **)&m->grad));
+    DG_TRY(alloc_zero(be, fb, (void **)&m->adam_m));
+    DG_TRY(alloc_zero(be, fb, (void **)&m->adam_v));
+    size_t as = dg_dtype_size(m->g->act_dtype);
+    if (m->g->act_dtype != DG_F32) DG_TRY(alloc_zero(be, m->total * as, &m->compute));
+    size_t ntok = (size_t)m->B * (size_t)m->T;
+    DG_TRY(alloc_zero(be, ntok * sizeof(int32_t), (void **)&m->tokens_dev));
+    DG_TRY(alloc_zero(be, ntok * sizeof(int32_t), (void **)&m->targets_dev));
+    DG_TRY(alloc_zero(be, DG_SCALAR_COUNT * sizeof(float), (void **)&m->scalars_dev));
+    DG_TRY(be->ops->host_alloc(be, ntok * sizeof(int32_t), (void **)&m->tok_host));
+    DG_TRY(be->ops->host_alloc(be, ntok * sizeof(int32_t), (void **)&m->tgt_host));
+    DG_TRY(be->ops->host_alloc(be, ntok * sizeof(float), (void **)&m->host_losses));
+    if (m->async_reads) {
+        DG_TRY(be->ops->host_alloc(be, sizeof(float), (void **)&m->host_norm));
+        *m->host_norm = NAN;
+        DG_TRY(be->ops->fence_create(be, &m->loss_fence));
+        DG_TRY(be->ops->fence_create(be, &m->norm_fence));
+        /* the node after which DG_DS_NORM holds the step's norm; a pass that replaced CLIP_SCALE by
+         * another op writing the norm would have to be found here too (none: the norm is read after a
+         * sync, correct but with the old wait) */
+        for (int i = 0; i < m->g->n; i++)
+            if (m->g->nodes[i]->op == DG_OP_CLIP_SCALE && m->g->nodes[i]->phase == DG_PHASE_OPT)
+                m->clip = m->g->nodes[i];
+    }
+    m->tokens->data = m->tokens_dev;
+    m->targets->data = m->targets_dev;
+    m->scalars->data = m->scalars_dev;
+    for (int i = 0; i < m->np; i++) {
+        dg_node_t *p = m->pnode[i];
+        p->master->data = m->master + m->off[i];
+        if (p->master != p) p->data = (char *)m->compute + m->off[i] * as;
+        p->grad->data = m->grad + m->off[i];
+    }
+    for (int j = 0; m->shard && j < m->shard->n_buckets; j++) { /* views over the flat buffers */
+        dg_bucket_t *b = &m->shard->buckets[j];
+        size_t o = m->off[b->first];
+        b->pleaf->data = m->compute ? (void *)((char *)m->compute + o * as) : (void *)(m->master + o);
+        b->gleaf->data = m->grad + o;
+    }
+    if (m->fuse.master) { /* the fused AdamW's leaves span the flat buffers */
+        m->fuse.master->data = m->master;
+        m->fuse.grad->data = m->grad;
+        m->fuse.m->data = m->adam_m;
+        m->fuse.v->data = m->adam_v;
+        if (m->fuse.param != m->fuse.master) m->fuse.param->data = m->compute;
+        DG_TRY(alloc_zero(be, m->fuse.segs->nbytes, &m->segs_dev));
+        m->fuse.segs->data = m->segs_dev;
+        for (int i = 0; i < m->g->n_opt_segs; i++) { /* the segments are the tensors bound above */
+            const dg_opt_seg_t *sg = &m->g->opt_segs[i];
+            DG_ASSERT(sg->param_index >= 0 && sg->param_index < m->np);
+            const dg_node_t *p = m->pnode[sg->param_index];
+            DG_ASSERT(p->master->data == (void *)(m->master + sg->off) &&
+                      p->grad->data == (void *)(m->grad + sg->off));
+            DG_ASSERT(sg->count == m->place[sg->param_index].local_numel);
+        }
+    }
+    if (m->fuse.norm_segs) { /* the fused norm reads the same flat gradient leaf */
+        DG_TRY(alloc_zero(be, m->fuse.norm_segs->nbytes, &m->norm_segs_dev));
+        m->fuse.norm_segs->data = m->norm_segs_dev;
+        for (int i = 0; i < m->g->n_norm_segs; i++) {
+            const dg_opt_seg_t *sg = &m->g->norm_segs[i];
+            DG_ASSERT(sg->param_index >= 0 && sg->param_index < m->np);
+            DG_ASSERT(m->pnode[sg->param_index]->grad->data == (void *)(m->grad + sg->off));
+            DG_ASSERT(sg->count == m->place[sg->param_index].local_numel);
+        }
+    }
+    for (int j = 0; j < m->g->n; j++) {
+        dg_node_t *x = m->g->nodes[j];
+        if (!(x->flags & DG_NF_OPTSTATE)) continue;
+        DG_ASSERT(x->param_index >= 0 && x->param_index < m->np);
+        float *base = strncmp(x->name, "adam_m.", 7) == 0 ? m->adam_m : m->adam_v;
+        x->data = base + m->off[x->param_index];
+    }
+    DG_TRY(dg_exec_create(be, m->g, m->plan, &m->ex));
+    for (int d = 0; d < DG_MESH_NDIM; d++) {
+        if (m->par.mesh.size[d] == 1) continue;
+        if (!m->par.comm[d])
+            return DG_ERR(DG_ERR_USAGE, "model: mesh dimension %s has %d ranks but no comm was given",
+                          dg_mesh_dim_name(d), m->par.mesh.size[d]);
+        DG_TRY(dg_exec_attach_comm(m->ex, d, m->par.comm[d]));
+    }
+    return DG_OK;
+}
+
+static dg_status_t init_weights(dg_model_t *m) {
+    size_t maxn = 1;
+    for (int i = 0; i < m->np; i++)
+        if (m->place[i].local_numel > maxn) maxn = m->place[i].local_numel;
+    float *h = dg_xmalloc(maxn * sizeof(float));
+    dg_status_t st = DG_OK;
+    for (int i = 0; i < m->np && st == DG_OK; i++) {
+        dg_gpt2_init_tensor(m, i, h);
+        st = dg_model_set_local(m, i, DG_STATE_PARAM, h);
+    }
+    free(h);
+    return st;
+}
+
+dg_status_t dg_model_create(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
+                            dg_model_t **out) {
+    return dg_model_create_ex(d, be, micro_batch, seed, 0, out);
+}
+
+dg_status_t dg_model_create_ex(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
+                               int flags, dg_model_t **out) {
+    return dg_model_create_parallel(d, be, micro_batch, seed, flags, NULL, out);
+}
+
+void dg_model_parallel_default(dg_model_parallel_t *p) {
+    memset(p, 0, sizeof *p);
+    for (int d = 0; d < DG_MESH_NDIM; d++) {
+        p->mesh.size[d] = 1;
+        p->mesh.order[d] = d;
+    }
+    p->bucket_bytes = (size_t)25 << 20;
+    p->prefetch_bytes = (size_t)256 << 20;
+    p->overlap = 1;
+    p->reshard_after_forward = 1;
+}
+
+static dg_status_t check_parallel(const dg_model_desc_t *d, const dg_model_parallel_t *p) {
+    for (int k = 0; k < DG_MESH_NDIM; k++) {
+        if (p->mesh.size[k] < 1 || p->coord[k] < 0 || p->coord[k] >= p->mesh.size[k])
+            return DG_ERR(DG_ERR_USAGE, "model: mesh dimension %s: size %d, coordinate %d is out of range",
+                          dg_mesh_dim_name(k), p->mesh.size[k], p->coord[k]);
+    }
+    if (p->reduce_dtype != DG_F32 && p->reduce_dtype != DG_BF16)
+        return DG_ERR(DG_ERR_USAGE, "model: gradient reduction dtype %s: expected f32 or bf16",
+                      dg_dtype_name(p->reduce_dtype));
+    int tp = p->mesh.size[DG_MESH_TP];
+    if (d->n_head % tp != 0)
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "parallel.mesh: tp = %d must divide model.n_head = %d (attention heads are split over tp)", tp,
+            d->n_head);
+    return DG_OK;
+}
+
+dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch,
+                                     uint64_t seed, int flags, const dg_model_parallel_t *par,
+                                     dg_model_t **out) {
+    *out = NULL;
+    DG_TRY(dg_model_desc_validate(d));
+    if (!be) return DG_ERR(DG_ERR_USAGE, "model: no compute backend given");
+    if (micro_batch < 1 || (int64_t)micro_batch * d->seq_len > INT_MAX / 4)
+        return DG_ERR(DG_ERR_USAGE, "train.micro_batch = %d is out of range for seq_len %d", micro_batch,
+                      d->seq_len);
+    dg_model_parallel_t one;
+    if (!par) {
+        dg_model_parallel_default(&one);
+        par = &one;
+    }
+    DG_TRY(check_parallel(d, par));
+    dg_model_t *m = dg_xcalloc(1, sizeof *m);
+    m->d = *d;
+    m->be = be;
+    m->B = micro_batch;
+    m->T = d->seq_len;
+    m->flags = flags;
+    m->seed = seed;
+    m->par = *par;
+    m->tp = par->mesh.size[DG_MESH_TP];
+    m->tp_rank = par->coord[DG_MESH_TP];
+    m->k = par->mesh.size[DG_MESH_DP_SHARD];
+    m->shard_rank = par->coord[DG_MESH_DP_SHARD];
+    m->rep = par->mesh.size[DG_MESH_DP_REPLICATE];
+    m->accum = 1;
+    m->rep_rank = par->coord[DG_MESH_DP_REPLICATE];
+    int cap = 4 + 12 * d->n_layer;
+    m->info = dg_xcalloc((size_t)cap, sizeof *m->info);
+    m->names = dg_xcalloc((size_t)cap, sizeof *m->names);
+    m->pnode = dg_xcalloc((size_t)cap, sizeof *m->pnode);
+    m->off = dg_xcalloc((size_t)cap + 1, sizeof *m->off);
+    m->place = dg_xcalloc((size_t)cap, sizeof *m->place);
+    m->g = dg_graph_create(be);
+    m->g->mesh = par->mesh;
+
+    dg_status_t st = dg_gpt2_build_forward(m);
+    if (st == DG_OK) {
+        layout(m);
+        m->losses->flags |= DG_NF_OUTPUT;
+        dg_pass_t pipeline[16];
+        int np = 0;
+        pipeline[np++] = (dg_pass_t){"fuse_gelu", dg_pass_fuse_gelu, NULL};
+        /* before autodiff, which then emits the fused op's backward (the residual's gradient shared, the
+         * matmul's MATMUL_BWD): with tp > 1 the row-parallel products reach their add through an
+         * all-reduce, and stay unfused */
+        if (res_fused(m)) pipeline[np++] = (dg_pass_t){"fuse_residual", dg_pass_fuse_residual, NULL};
+        pipeline[np++] = (dg_pass_t){"autodiff", pass_autodiff, m};
+        if (!(flags & DG_MODEL_UNFUSED_GELU_BWD))
+            pipeline[np++] = (dg_pass_t){"fuse_gelu_bwd", dg_pass_fuse_gelu_bwd, NULL};
+        if (flags & DG_MODEL_RECOMPUTE_GELU)
+            pipeline[np++] = (dg_pass_t){"recompute_gelu", dg_pass_recompute_gelu, NULL};
+        /* the loss becomes one op that also writes the logits' gradient, in the forward: every run of the
+         * forward that a backward follows must have the step's dloss set (dg_model_forward_backward), and
+         * a forward alone runs with rt.forward_only (dg_model_forward, dg_model_logits) */
+        dg_fuse_ce_t fce = {.loss = m->losses};
+        if (ce_fused(m)) pipeline[np++] = (dg_pass_t){"fuse_crossentropy", dg_pass_fuse_crossentropy, &fce};
+        if (m->shard) /* a data-parallel mesh: buckets (one data-parallel rank: none) */
+            pipeline[np++] = (dg_pass_t){"fsdp", dg_pass_fsdp, m->shard};
+        pipeline[np++] = (dg_pass_t){"optimizer", pass_optimizer, m};
+        if (adamw_fused(m)) {
+            m->fuse = (dg_fuse_adamw_t){.off = m->off, .n = m->np, .span = m->total};
+            pipeline[np++] = (dg_pass_t){"fuse_adamw", dg_pass_fuse_adamw, &m->fuse};
+            /* before grad_sync: the optimizer-phase all-reduces it inserts (tp-rank-0 gradients after
+             * the accumulator's ZERO, the sum's over dp_shard and tp before CLIP_SCALE) then surround the
+             * fused op as they would the SUMSQ ops */
+            if (sumsq_fused(m)) pipeline[np++] = (dg_pass_t){"fuse_sumsq", dg_pass_fuse_sumsq, &m->fuse};
+        }
+        pipeline[np++] = (dg_pass_t){"grad_sync", pass_grad_sync, m};
+        pipeline[np++] = (dg_pass_t){"inplace", dg_pass_inplace, NULL};
+        st = dg_graph_run_passes(m->g, pipeline, np);
+        m->losses = fce.loss; /* the fused op's losses when the pass fused the loss */
+    }
+    if (st == DG_OK)
+        st = dg_plan_create(m->g, (flags & DG_MODEL_NO_ARENA_REUSE) ? DG_PLAN_NO_REUSE : 0, &m->plan);
+    if (st == DG_OK) m->frozen = dg_xcalloc((size_t)m->np + 1, 1);
+    m->stall_rank = -1;
+    int64_t sr = dg_env_int("DG_TEST_STALL_COLLECTIVE_RANK"), ss = dg_env_int("DG_TEST_STALL_COLLECTIVE_STEP");
+    if (sr >= 0 && ss >= 0) {
+        m->stall_rank = (int)sr;
+        m->stall_step = ss;
+    }
+    if (st == DG_OK && !(flags & DG_MODEL_PLAN_ONLY)) {
+        m->async_reads = want_async_reads(be);
+        st = bind_and_alloc(m);
+        if (st == DG_OK) {
+            m->ex->rt.frozen = m->frozen;
+            m->ex->rt.n_frozen_slots = m->np;
+        }
+        if (st == DG_OK) st = init_weights(m);
+    }
+    if (st != DG_OK) {
+        dg_model_free(m);
+        return st;
+    }
+    *out = m;
+    return DG_OK;
+}
+
+void dg_model_free(dg_model_t *m) {
+    if (!m) return;
+    dg_backend_t *be = m->be;
+    /* with async_reads a step may return with its backward or AdamW still queued, and that work uses
+     * the buffers freed below (errors were reported, or the model is being torn down after one) */
+    if (m->ex && m->async_reads) (void)be->ops->sync(be);
+    dg_model_replay_drop(m); /* the recordings hold the fences and the page-locked buffers: before those go */
+    if (m->loss_fence) be->ops->fence_destroy(be, m->loss_fence);
+    if (m->norm_fence) be->ops->fence_destroy(be, m->norm_fence);
+    if (m->tok_host) be->ops->host_free(be, m->tok_host);
+    if (m->tgt_host) be->ops->host_free(be, m->tgt_host);
+    if (m->host_losses) be->ops->host_free(be, m->host_losses);
+    if (m->host_norm) be->ops->host_free(be, m->host_norm);
+    dg_exec_free(m->ex);
+    void *bufs[] = {m->master,       m->grad,       m->adam_m,       m->adam_v,
+                    m->compute,      m->tokens_dev, m->targets_dev,  m->scalars_dev,
+                    m->gr_agree_dev, m->segs_dev,   m->norm_segs_dev};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->ops->free(be, bufs[i]);
+    dg_plan_free(m->plan);
+    dg_graph_free(m->g);
+    dg_shard_plan_free(m->shard);
+    free(m->place);
+    free(m->info);
+    free(m->names);
+    free(m->pnode);
+    free(m->off);
+    free(m->frozen);
+    free(m);
+}
+
+/* ---------------- accessors ---------------- */
+
+const dg_model_desc_t *dg_model_desc(const dg_model_t *m) {
+    return &m->d;
+}
+
+int dg_model_micro_batch(const dg_model_t *m) {
+    return m->B;
+}
+
+int dg_model_n_tensors(const dg_model_t *m) {
+    return m->np;
+}
+
+const dg_param_info_t *dg_model_param(const dg_model_t *m, int i) {
+    return (i >= 0 && i < m->np) ? &m->info[i] : NULL;
+}
+
+int dg_model_find_param(const dg_model_t *m, const char *name) {
+    for (int i = 0; i < m->np; i++)
+        if (strcmp(m->info[i].name, name) == 0) return i;
+    return -1;
+}
+
+size_t dg_model_arena_bytes(const dg_model_t *m) {
+    return m->plan->arena_bytes;
+}
+
+size_t dg_model_activation_bytes_sum(const dg_model_t *m) {
+    return m->plan->act_bytes_sum;
+}
+
+size_t dg_model_state_bytes(const dg_model_t *m) {
+    size_t b = 4 * m->total * sizeof(float);
+    if (m->g->act_dtype != DG_F32) b += m->total * dg_dtype_size(m->g->act_dtype);
+    return b;
+}
+
+int dg_model_n_ops(const dg_model_t *m) {
+    int k = 0;
+    for (int i = 0; i < m->g->n; i++)
+        if (m->g->nodes[i]->op != DG_OP_LEAF && m->g->nodes[i]->op != DG_OP_SIDE) k++;
+    return k;
+}
+
+dg_graph_t *dg_model_graph(const dg_model_t *m) {
+    return m->g;
+}
+
+dg_exec_t *dg_model_exec(const dg_model_t *m) {
+    return m->ex;
+}
+
+void dg_model_fb_flush(dg_model_t *m) {
+    if (!m->fb_cb || !m->ex) return;
+    for (; m->fb_sent < m->ex->n_fb; m->fb_sent++)
+        m->fb_cb(m->fb_ctx, m->ex->fb[m->fb_sent].kind, m->ex->fb[m->fb_sent].reason);
+}
+
+void dg_model_set_fallback_cb(dg_model_t *m, dg_model_fallback_cb_t cb, void *ctx) {
+    m->fb_cb = cb;
+    m->fb_ctx = ctx;
+    dg_model_fb_flush(m);
+}
+
+const dg_memplan_t *dg_model_plan(const dg_model_t *m) {
+    return m->plan;
+}
+

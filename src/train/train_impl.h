@@ -1,0 +1,84 @@
+/* train_impl.h — private to src/train/: the trainer's state and the functions its files share:
+ * train.c (setup, the loop, dry runs) and train_ckpt.c (checkpoint tensors, save, resume, rollback).
+ */
+#ifndef DG_TRAIN_IMPL_H
+#define DG_TRAIN_IMPL_H
+
+#include "train.h"
+
+#include "backend.h"
+#include "checkpoint.h"
+#include "ckpt_state.h"
+#include "data.h"
+#include "dg_mesh.h"
+#include "dg_mpi.h"
+#include "fsdp.h"
+#include "dg_model.h"
+#include "health.h"
+#include "memfit.h"
+#include "planner.h"
+#include "stability.h"
+
+typedef struct trainer {
+    dg_boot_t *boot;
+    const dg_config_t *cfg;
+    MPI_Comm comm; /* world; the data-parallel group until FSDP/TP meshes arrive */
+    int rank, world;
+    int dp_rank, dp_size;
+    dg_mesh_shape_t mesh;
+    char mesh_str[128];
+    char plan_reason[512]; /* why mesh = auto chose this mesh ("" when given explicitly) */
+
+    dg_backend_t *be;
+    char backend_name[16];
+    int cuda_device; /* the backend's CUDA device, -1 on the CPU backend */
+    dg_model_desc_t desc;
+    dg_fsdp_t *fsdp; /* the mesh's communicators; the model shards itself over them */
+    dg_model_t *model;
+    int micro_batch, accum;
+    int64_t global_batch;
+    double flops_per_token, peak_flops;
+
+    char ckpt_dir[2 * DG_CFG_STR + 32];
+    int64_t val_batches; /* data.val_batches, or fewer when the validation set is smaller (open_data) */
+    dg_dataset_t *train_ds, *val_ds;
+    dg_loader_t *train_ld, *val_ld;
+    dg_metrics_t *metrics;
+    dg_progress_t *progress;
+    dg_health_t *health;
+    dg_ckpt_writer_t *writer;
+
+    /* checkpoint staging: host copies of this rank's local piece of every parameter's state */
+    int n_params;
+    float *host_flat[3];      /* param, m, v: the model's flat buffers, page-locked (dg_model_get_flat) */
+    dg_ckpt_tensor_t *ckpt_t; /* one entry per hyperslab piece of a global tensor */
+    int n_ckpt;
+    char **ckpt_paths;
+    int *frozen; /* per parameter: matched train.freeze */
+
+    dg_stability_t stab; /* loss-spike detector and fp16 loss scale (stability.h) */
+
+    int64_t step;   /* optimizer steps completed */
+    int64_t tokens; /* global tokens consumed */
+
+    /* where this run segment began (a fresh start or the resume): stored with every checkpoint
+     * (DG_TRAIN_KV_SEGMENT) so that loads can check tokens and the loader position exactly */
+    int64_t seg_step, seg_epoch, seg_cursor;
+    uint64_t seg_samples;
+    char train_glob[4096]; /* the training data, as messages name it */
+    int64_t ckpt_failures; /* checkpoint saves that failed in a row (agreed: every rank counts alike) */
+    char ckpt_last_error[1024];
+} trainer_t;
+
+/* train_ckpt.c */
+dg_status_t trn_build_ckpt_tensors(trainer_t *tr); /* the checkpoint's view of this rank's state */
+dg_status_t trn_save_checkpoint(trainer_t *tr, int sync_only);
+dg_status_t trn_maybe_resume(trainer_t *tr);
+dg_status_t trn_rollback(trainer_t *tr); /* loss spikes: back to the newest good checkpoint */
+void trn_report_async(trainer_t *tr, const dg_ckpt_async_result_t *ar);
+uint64_t trn_ckpt_progress_source(void *ctx, int *waiting); /* the health watchdog's view of checkpoint I/O */
+void trn_ckpt_abort_hook(void *ctx);                        /* an aborted job leaves no half-written file */
+/* train.c */
+int trn_is_fp16(const dg_config_t *c); /* train.precision = fp16 */
+
+#endif /* DG_TRAIN_IMPL_H */
