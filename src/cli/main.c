@@ -15,6 +15,9 @@
 #include "dg_env.h"
 #include "dg_fs.h"
 #include "mpi_boot.h"
+#ifdef DG_HAVE_SAMPLE
+#include "dg_sample.h"
+#endif
 
 /* The run directory's lock (run.lock), held by rank 0 from before the first file is written into
  * run.dir until the process ends; the kernel drops it when the process dies, however it dies. */
@@ -37,6 +40,7 @@ static void usage(FILE *out) {
         out,
         "usage: dgtrain [CONFIG.ini] [--set section.key=value ...] [ACTION] [--json]\n"
         "       mpirun -n N dgtrain CONFIG.ini ...   |   srun dgtrain CONFIG.ini ...\n"
+        "       dgtrain sample CKPT_OR_RUN_DIR --prompt TEXT ...   (text generation; dgtrain sample --help)\n"
         "\n"
         "Trains a decoder-only transformer across MPI ranks. With no CONFIG, the embedded defaults are "
         "used.\n"
@@ -249,6 +253,9 @@ int main(int argc, char **argv) {
     /* nothing dgtrain (or a library it calls: HDF5, hwloc) creates is world-writable, whatever the
      * umask it was started with (docs/reliability.md, "Run directory") */
     dg_fs_secure_umask();
+#ifdef DG_HAVE_SAMPLE
+    if (argc > 1 && strcmp(argv[1], "sample") == 0) return dg_sample_main(argc - 1, argv + 1); /* docs/sampling.md */
+#endif
     cli_opts_t o;
     dg_status_t ps = parse_args(argc, argv, &o);
     if (ps == DG_OK && (o.help || o.version)) {
