@@ -1,5 +1,5 @@
 # tests/sample/lib.sh — shared by the sample tests (sourced): train the tiny model a few steps with the real
-# dgtrain (1 rank, CPU) into $WORK/run and set CKPT to its checkpoint. Needs DGTRAIN, MPI (array), WORK.
+# dgtrain (1 rank, CPU; checkpoints every 3 steps) into $WORK/run and set CKPT to its newest checkpoint. Needs DGTRAIN, MPI (array), WORK.
 # shellcheck shell=bash
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/skip.sh"
 
@@ -19,6 +19,9 @@ micro_batch = 2
 [parallel]
 backend = cpu
 threads = 1
+[checkpoint]
+every = 3
+keep = 0
 [health]
 timeout_s = 300
 INI

@@ -51,6 +51,11 @@ p=$(json "$RUN" --prompt "The cat " --tokens 32 --temperature 1 --top-p 1e-9 --s
 d=$(json "$RUN/checkpoints" --prompt "The cat " --tokens 32 --temperature 0 | ids)
 f=$(json "$(ls "$RUN"/checkpoints/step_*.h5 | tail -n 1)" --prompt "The cat " --tokens 32 --temperature 0 | ids)
 [ "$g" = "$d" ] && [ "$g" = "$f" ] || bad "run dir ($g), checkpoint dir ($d) and file ($f) disagree"
+# a damaged newest checkpoint: the run directory falls back to the previous one, as resume=auto does
+cp -a "$RUN" "$WORK/run2"
+truncate -s 4096 "$WORK/run2/checkpoints/step_00000006.h5"
+fb=$(json "$WORK/run2" --prompt "The cat " --tokens 4 --temperature 0 | python3 -c 'import json,sys; o=json.load(sys.stdin); print(o["step"], o["checkpoint"].endswith("step_00000003.h5"))')
+[ "$fb" = "3 True" ] || bad "a truncated step 6 did not fall back to step 3: '$fb' ($(cat "$WORK/j.err"))"
 # --prompt-file
 printf 'The cat ' >"$WORK/prompt.txt"
 pf=$(json "$RUN" --prompt-file "$WORK/prompt.txt" --tokens 32 --temperature 0 | ids)
@@ -107,6 +112,12 @@ expect2 "bad device" "--device 'tpu'" "$RUN" --prompt x --device tpu
 expect2 "bad tokenizer" "--tokenizer 'bpe'" "$RUN" --prompt x --tokenizer bpe
 expect2 "unknown flag" "unknown option '--temp'" "$RUN" --prompt x --temp 1
 expect2 "no prompt" "no prompt" "$RUN"
+expect2 "bad bench" "--bench '0'" "$RUN" --bench 0
+expect2 "two checkpoints" "more than one checkpoint" "$RUN" "$RUN" --prompt x
+# --device cuda: generates on a GPU machine with a CUDA build; anywhere else exit 2 with one line
+"${S[@]}" "$RUN" --prompt x --tokens 2 --device cuda >/dev/null 2>"$WORK/e.err"
+rc=$?
+[ $rc = 0 ] || { [ $rc = 2 ] && [ "$(wc -l <"$WORK/e.err")" = 1 ]; } || bad "--device cuda: exit $rc: $(cat "$WORK/e.err")"
 expect2 "missing prompt file" "cannot open" "$RUN" --prompt-file "$WORK/none.txt"
 expect2 "gpt2 on a byte model" "vocab_size >= 50257" "$RUN" --prompt x --tokenizer gpt2
 [ $FAILED = 0 ] && echo PASS
