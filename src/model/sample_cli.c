@@ -154,29 +154,6 @@ static dg_status_t parse_args(int argc, char **argv, sample_opts_t *o) {
     return DG_OK;
 }
 
-static dg_status_t read_prompt_file(const char *path, char **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return DG_ERR(DG_ERR_USAGE, "--prompt-file %s: cannot open it: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *b = dg_xmalloc(cap);
-    size_t r;
-    while ((r = fread(b + n, 1, cap - n - 1, f)) > 0) {
-        n += r;
-        if (cap - n - 1 == 0) b = realloc(b, cap *= 2);
-        DG_ASSERT(b);
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(b);
-        return DG_ERR(DG_ERR_USAGE, "--prompt-file %s: read error", path);
-    }
-    b[n] = 0;
-    *out = b;
-    *len = n;
-    return DG_OK;
-}
-
 /* ---------------- output ---------------- */
 
 static void print_figures(const sample_ctx_t *c, const sample_gen_t *g) {
@@ -216,7 +193,7 @@ static dg_status_t run(const sample_opts_t *o) {
     if (s == DG_OK && !o->bench) {
         char *text = NULL;
         size_t len = 0;
-        if (o->prompt_file) s = read_prompt_file(o->prompt_file, &text, &len);
+        if (o->prompt_file) s = dg_sample_read_file(o->prompt_file, &text, &len);
         else len = strlen(o->prompt), text = dg_xstrdup(o->prompt);
         sample_gen_t g = {0};
         if (s == DG_OK) s = dg_sample_generate(&c, o, text, len, !o->json, &g);

@@ -56,6 +56,8 @@ void dg_sample_teardown(sample_ctx_t *c);
 dg_status_t dg_sample_generate(sample_ctx_t *c, const sample_opts_t *o, const char *text, size_t len, int stream,
                                sample_gen_t *g);
 void dg_sample_gen_free(sample_gen_t *g);
+/* The whole of a --prompt-file into a malloc'd, NUL-terminated buffer (*len bytes, NULs included). */
+dg_status_t dg_sample_read_file(const char *path, char **out, size_t *len);
 /* --bench: o->bench requests, the figures on stdout (JSON with o->json). */
 dg_status_t dg_sample_bench(sample_ctx_t *c, const sample_opts_t *o);
 

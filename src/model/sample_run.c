@@ -1,6 +1,7 @@
 /* sample_run.c — `dgtrain sample` behind the flags (sample_impl.h): which checkpoint, which tokenizer, the
  * backend and the engine (the warm-up), then one request or a --bench series. */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <math.h>
 #include <mpi.h>
 #include <sched.h>
@@ -188,6 +189,30 @@ void dg_sample_teardown(sample_ctx_t *c) {
 
 /* ---------------- generation ---------------- */
 
+dg_status_t dg_sample_read_file(const char *path, char **out, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return DG_ERR(DG_ERR_USAGE, "--prompt-file %s: cannot open it: %s", path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *b = dg_xmalloc(cap);
+    size_t r;
+    while ((r = fread(b + n, 1, cap - n - 1, f)) > 0) {
+        n += r;
+        if (cap - n - 1 == 0) b = realloc(b, cap *= 2);
+        DG_ASSERT(b);
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(b);
+        return DG_ERR(DG_ERR_USAGE, "--prompt-file %s: read error", path);
+    }
+    b[n] = 0;
+    *out = b;
+    *len = n;
+    return DG_OK;
+}
+
+
 static dg_status_t encode(const sample_tok_t *t, const char *text, size_t len, dg_tok_ids_t *ids) {
     if (t->bpe) return dg_tokenizer_encode(t->bpe, text, len, ids, NULL);
     ids->v = dg_xmalloc((len ? len : 1) * sizeof *ids->v);
@@ -338,17 +363,8 @@ dg_status_t dg_sample_bench(sample_ctx_t *c, const sample_opts_t *o) {
     size_t glen = 0;
     if (o->prompt) given = dg_xstrdup(o->prompt), glen = strlen(o->prompt);
     dg_status_t s = DG_OK;
-    if (o->prompt_file) {
-        FILE *f = fopen(o->prompt_file, "rb");
-        if (!f) return DG_ERR(DG_ERR_USAGE, "--prompt-file %s: cannot open it", o->prompt_file);
-        fseek(f, 0, SEEK_END);
-        long sz = ftell(f);
-        fseek(f, 0, SEEK_SET);
-        given = dg_xmalloc((size_t)(sz > 0 ? sz : 0) + 1);
-        glen = sz > 0 ? fread(given, 1, (size_t)sz, f) : 0;
-        given[glen] = 0;
-        fclose(f);
-    }
+    if (o->prompt_file) s = dg_sample_read_file(o->prompt_file, &given, &glen);
+    if (s != DG_OK) return s;
     const int N = o->bench, S = dg_infer_desc(c->eng)->seq_len;
     double *lat = dg_xcalloc((size_t)N, sizeof *lat), rest_s = 0;
     int *plen = dg_xcalloc((size_t)N, sizeof *plen);
