@@ -4,7 +4,8 @@
 #   --top-k 1 gives the greedy tokens; a run directory, its checkpoint directory and the file agree;
 #   streaming text on stdout and the figures on stderr; --json is one valid object with the figures;
 #   --bench 5 reports p50/p99 first-token latency; a full context stops with "context full";
-#   bad input (flag values, unknown flags, no checkpoint, a prompt longer than seq_len) exits 2 with one line.
+#   bad input (flag values, unknown flags, no checkpoint, a prompt longer than seq_len) exits 2 with one line;
+#   the tokenizer: auto = byte for a run on the default data, --tokenizer gpt2 on a 50257-token model.
 # Usage: sample_cli.sh DGTRAIN MPIEXEC [MPIEXEC FLAGS...]
 set -u
 DGTRAIN=$1
@@ -120,5 +121,19 @@ rc=$?
 [ $rc = 0 ] || { [ $rc = 2 ] && [ "$(wc -l <"$WORK/e.err")" = 1 ]; } || bad "--device cuda: exit $rc: $(cat "$WORK/e.err")"
 expect2 "missing prompt file" "cannot open" "$RUN" --prompt-file "$WORK/none.txt"
 expect2 "gpt2 on a byte model" "vocab_size >= 50257" "$RUN" --prompt x --tokenizer gpt2
+
+# GPT-2 BPE: a model with GPT-2's vocabulary (trained 2 steps on the byte data), --tokenizer gpt2
+G=$WORK/run50k
+OMP_NUM_THREADS=1 timeout 300 "${MPI[@]}" -n 1 "$DGTRAIN" "$WORK/cfg.ini" --set run.dir="$G" --set model.vocab_size=50257 \
+    --set train.steps=2 >"$WORK/t50.out" 2>&1 || bad "training the 50257-token model failed: $(tail -n 3 "$WORK/t50.out")"
+auto=$(json "$G" --prompt "Hello world, this is" --tokens 4 | python3 -c 'import json,sys; print(json.load(sys.stdin)["tokenizer"])')
+[ "$auto" = byte ] || bad "auto tokenizer for a run on the default (byte) data: '$auto', expected byte"
+if [ $FAILED = 0 ]; then
+    [ -n "${DG_GPT2_TIKTOKEN:-}" ] || [ -e /usr/local/share/dgtrain/gpt2.tiktoken ] || [ -e /usr/share/dgtrain/gpt2.tiktoken ] ||
+        dg_skip "no GPT-2 ranks file (scripts/setup.sh installs /usr/local/share/dgtrain/gpt2.tiktoken)"
+fi
+gp=$(json "$G" --prompt "Hello world, this is" --tokens 6 --tokenizer gpt2 --ignore-eos --seed 2 |
+    python3 -c 'import json,sys; o=json.load(sys.stdin); print(o["tokenizer"], o["prompt_tokens"], len(o["token_ids"]), max(o["token_ids"]) < 50257)')
+[ "$gp" = "gpt2 5 6 True" ] || bad "--tokenizer gpt2: '$gp', expected 'gpt2 5 6 True' ($(cat "$WORK/j.err"))"
 [ $FAILED = 0 ] && echo PASS
 exit $FAILED
