@@ -254,7 +254,8 @@ int main(int argc, char **argv) {
      * umask it was started with (docs/reliability.md, "Run directory") */
     dg_fs_secure_umask();
 #ifdef DG_HAVE_SAMPLE
-    if (argc > 1 && strcmp(argv[1], "sample") == 0) return dg_sample_main(argc - 1, argv + 1); /* docs/sampling.md */
+    if (argc > 1 && strcmp(argv[1], "sample") == 0)
+        return dg_sample_main(argc - 1, argv + 1); /* docs/sampling.md */
 #endif
     cli_opts_t o;
     dg_status_t ps = parse_args(argc, argv, &o);

@@ -7,26 +7,26 @@
 
 enum { L_LN1W, L_LN1B, L_QKVW, L_QKVB, L_PROJW, L_PROJB, L_LN2W, L_LN2B, L_FCW, L_FCB, L_MPW, L_MPB, L_N };
 static const char *const k_layer_names[L_N] = {
-    "ln_1.weight",      "ln_1.bias",      "attn.qkv.weight", "attn.qkv.bias",   "attn.proj.weight", "attn.proj.bias",
-    "ln_2.weight",      "ln_2.bias",      "mlp.fc.weight",   "mlp.fc.bias",     "mlp.proj.weight",  "mlp.proj.bias"};
+    "ln_1.weight", "ln_1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight", "attn.proj.bias",
+    "ln_2.weight", "ln_2.bias", "mlp.fc.weight",   "mlp.fc.bias",   "mlp.proj.weight",  "mlp.proj.bias"};
 
 struct dg_infer {
     dg_backend_t *be;
     dg_model_desc_t d;
     int flags, np, pos;
-    size_t es;     /* bytes per act element */
-    char **names;  /* np parameter names */
-    size_t *numel; /* np element counts */
-    void **w;      /* np device tensors (act) */
-    void **kc, **vc;                        /* per layer [seq_len, C] (act) */
+    size_t es;                                /* bytes per act element */
+    char **names;                             /* np parameter names */
+    size_t *numel;                            /* np element counts */
+    void **w;                                 /* np device tensors (act) */
+    void **kc, **vc;                          /* per layer [seq_len, C] (act) */
     void *x, *h, *qkv, *att, *tmp, *pre, *fc; /* activations, seq_len rows */
-    void *logits;                           /* act [rows, Vp]; rows = seq_len with ALL_LOGITS, else 1 */
-    float *logits32;                        /* f32 copy when act is not f32 (else NULL) */
-    float *mean, *rstd;                     /* f32 [seq_len] */
-    int32_t *tok;                           /* device [seq_len] */
-    void *aux;                              /* attention_fwd's aux for seq_len (recompute only, lazily) */
-    float *stage;                           /* device f32 staging of the largest tensor (lazily) */
-    float *host_logits;                     /* host [rows, Vp] */
+    void *logits;                             /* act [rows, Vp]; rows = seq_len with ALL_LOGITS, else 1 */
+    float *logits32;                          /* f32 copy when act is not f32 (else NULL) */
+    float *mean, *rstd;                       /* f32 [seq_len] */
+    int32_t *tok;                             /* device [seq_len] */
+    void *aux;                                /* attention_fwd's aux for seq_len (recompute only, lazily) */
+    float *stage;                             /* device f32 staging of the largest tensor (lazily) */
+    float *host_logits;                       /* host [rows, Vp] */
     int rows;
 };
 
@@ -98,8 +98,10 @@ dg_status_t dg_infer_create(const dg_model_desc_t *d, dg_backend_t *be, int flag
     *out = NULL;
     DG_TRY(dg_model_desc_validate(d));
     if (!be->ops->attention_kv_fwd)
-        return DG_ERR(DG_ERR_USAGE, "backend %s has no attention_kv_fwd (contract v1.12): cannot decode with a "
-                                    "KV cache", be->ops->name);
+        return DG_ERR(DG_ERR_USAGE,
+                      "backend %s has no attention_kv_fwd (contract v1.12): cannot decode with a "
+                      "KV cache",
+                      be->ops->name);
     dg_infer_t *e = dg_xcalloc(1, sizeof *e);
     e->be = be;
     e->d = *d;
@@ -126,8 +128,8 @@ void dg_infer_free(dg_infer_t *e) {
         if (e->kc[l]) be->ops->free(be, e->kc[l]);
         if (e->vc[l]) be->ops->free(be, e->vc[l]);
     }
-    void *bufs[] = {e->x,        e->h,    e->qkv,  e->att, e->tmp, e->pre, e->fc,  e->logits,
-                    e->logits32, e->mean, e->rstd, e->tok, e->aux, e->stage};
+    void *bufs[] = {e->x,      e->h,        e->qkv,  e->att,  e->tmp, e->pre, e->fc,
+                    e->logits, e->logits32, e->mean, e->rstd, e->tok, e->aux, e->stage};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     free(e->names);
@@ -185,7 +187,8 @@ static dg_status_t block(dg_infer_t *e, int l, int p0, int n, int use_cache) {
     const dg_backend_ops_t *o = be->ops;
     const int C = e->d.d_model, NH = e->d.n_head, S = e->d.seq_len;
     void *const *w = e->w;
-    DG_TRY(o->layernorm_fwd(be, e->h, e->mean, e->rstd, e->x, w[p_layer(l, L_LN1W)], w[p_layer(l, L_LN1B)], n, C));
+    DG_TRY(o->layernorm_fwd(be, e->h, e->mean, e->rstd, e->x, w[p_layer(l, L_LN1W)], w[p_layer(l, L_LN1B)], n,
+                            C));
     DG_TRY(o->matmul_fwd(be, e->qkv, NULL, e->h, w[p_layer(l, L_QKVW)], w[p_layer(l, L_QKVB)], n, C, 3 * C,
                          DG_EPI_NONE));
     if (use_cache)
@@ -195,7 +198,8 @@ static dg_status_t block(dg_infer_t *e, int l, int p0, int n, int use_cache) {
     DG_TRY(o->matmul_fwd(be, e->tmp, NULL, e->att, w[p_layer(l, L_PROJW)], w[p_layer(l, L_PROJB)], n, C, C,
                          DG_EPI_NONE));
     DG_TRY(o->add(be, e->x, e->x, e->tmp, (size_t)n * C));
-    DG_TRY(o->layernorm_fwd(be, e->h, e->mean, e->rstd, e->x, w[p_layer(l, L_LN2W)], w[p_layer(l, L_LN2B)], n, C));
+    DG_TRY(o->layernorm_fwd(be, e->h, e->mean, e->rstd, e->x, w[p_layer(l, L_LN2W)], w[p_layer(l, L_LN2B)], n,
+                            C));
     DG_TRY(o->matmul_fwd(be, e->pre, NULL, e->h, w[p_layer(l, L_FCW)], w[p_layer(l, L_FCB)], n, C, 4 * C,
                          DG_EPI_NONE));
     DG_TRY(o->gelu_fwd(be, e->fc, e->pre, (size_t)n * 4 * C));
@@ -228,12 +232,12 @@ static dg_status_t head(dg_infer_t *e, int r0, int nr, float *out) {
 static dg_status_t check_ids(const dg_infer_t *e, const int32_t *ids, int n, int p0) {
     if (n < 1) return DG_ERR(DG_ERR_USAGE, "inference: %d new positions; expected at least 1", n);
     if (p0 + n > e->d.seq_len)
-        return DG_ERR(DG_ERR_USAGE, "inference: positions [%d, %d) exceed the context of seq_len = %d", p0, p0 + n,
-                      e->d.seq_len);
+        return DG_ERR(DG_ERR_USAGE, "inference: positions [%d, %d) exceed the context of seq_len = %d", p0,
+                      p0 + n, e->d.seq_len);
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= e->d.vocab_size)
-            return DG_ERR(DG_ERR_USAGE, "inference: token id %d at position %d is not in [0, %d)", (int)ids[i],
-                          p0 + i, e->d.vocab_size);
+            return DG_ERR(DG_ERR_USAGE, "inference: token id %d at position %d is not in [0, %d)",
+                          (int)ids[i], p0 + i, e->d.vocab_size);
     return DG_OK;
 }
 
@@ -242,7 +246,8 @@ static dg_status_t forward(dg_infer_t *e, const int32_t *ids, int n, int p0, int
     dg_backend_t *be = e->be;
     const int C = e->d.d_model;
     DG_TRY(be->ops->to_device(be, e->tok, ids, (size_t)n * sizeof(int32_t)));
-    DG_TRY(be->ops->encoder_fwd(be, e->x, e->tok, e->w[0], rows_at(e, e->w[1], (size_t)p0, (size_t)C), 1, n, C));
+    DG_TRY(
+        be->ops->encoder_fwd(be, e->x, e->tok, e->w[0], rows_at(e, e->w[1], (size_t)p0, (size_t)C), 1, n, C));
     for (int l = 0; l < e->d.n_layer; l++)
         DG_TRY(block(e, l, p0, n, use_cache));
     return all_rows ? head(e, 0, n, logits) : head(e, n - 1, 1, logits);
@@ -251,7 +256,8 @@ static dg_status_t forward(dg_infer_t *e, const int32_t *ids, int n, int p0, int
 dg_status_t dg_infer_feed(dg_infer_t *e, const int32_t *ids, int n, int all_rows, float *logits) {
     DG_TRY(check_ids(e, ids, n, e->pos));
     if (all_rows && !(e->flags & DG_INFER_ALL_LOGITS))
-        return DG_ERR(DG_ERR_USAGE, "inference: logits of every row need an engine made with DG_INFER_ALL_LOGITS");
+        return DG_ERR(DG_ERR_USAGE,
+                      "inference: logits of every row need an engine made with DG_INFER_ALL_LOGITS");
     DG_TRY(forward(e, ids, n, e->pos, 1, all_rows, logits));
     e->pos += n;
     return DG_OK;

@@ -23,27 +23,28 @@
 /* ---------------- flags ---------------- */
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: dgtrain sample CKPT_OR_RUN_DIR (--prompt TEXT | --prompt-file FILE) [options]\n"
-            "\n"
-            "Generates text from a checkpoint (a step_*.h5 file, a checkpoint directory, or a run directory:\n"
-            "its latest good checkpoint, as checkpoint.resume=auto picks it), streaming it to stdout; the\n"
-            "figures (warm-up, first-token latency, tokens/s) go to stderr.\n"
-            "\n"
-            "options:\n"
-            "  --tokens N          tokens to generate (default 64; stops earlier at <|endoftext|> or a full\n"
-            "                      context of seq_len)\n"
-            "  --temperature T     >= 0, 0 = greedy (default 1)\n"
-            "  --top-k K           keep the K most likely tokens, 0 = all (default 0)\n"
-            "  --top-p P           nucleus: the most likely tokens up to probability P, in (0, 1] (default 1)\n"
-            "  --seed S            RNG seed (splitmix64; default 1): the same seed gives the same text\n"
-            "  --device cpu|cuda   default: the run's parallel.backend (auto: cuda when usable)\n"
-            "  --tokenizer auto|byte|gpt2  default auto: what the run's data used (docs/sampling.md)\n"
-            "  --ignore-eos        do not stop at <|endoftext|>\n"
-            "  --json              one JSON object on stdout (text, token ids, figures) instead\n"
-            "  --bench N           run N prompts (the given one, or built-in ones of varied lengths) and\n"
-            "                      report p50/p99 first-token latency and tokens/s\n"
-            "exit codes: 0 done; 2 bad input (flags, no checkpoint, prompt too long) or failure\n");
+    fprintf(
+        f,
+        "usage: dgtrain sample CKPT_OR_RUN_DIR (--prompt TEXT | --prompt-file FILE) [options]\n"
+        "\n"
+        "Generates text from a checkpoint (a step_*.h5 file, a checkpoint directory, or a run directory:\n"
+        "its latest good checkpoint, as checkpoint.resume=auto picks it), streaming it to stdout; the\n"
+        "figures (warm-up, first-token latency, tokens/s) go to stderr.\n"
+        "\n"
+        "options:\n"
+        "  --tokens N          tokens to generate (default 64; stops earlier at <|endoftext|> or a full\n"
+        "                      context of seq_len)\n"
+        "  --temperature T     >= 0, 0 = greedy (default 1)\n"
+        "  --top-k K           keep the K most likely tokens, 0 = all (default 0)\n"
+        "  --top-p P           nucleus: the most likely tokens up to probability P, in (0, 1] (default 1)\n"
+        "  --seed S            RNG seed (splitmix64; default 1): the same seed gives the same text\n"
+        "  --device cpu|cuda   default: the run's parallel.backend (auto: cuda when usable)\n"
+        "  --tokenizer auto|byte|gpt2  default auto: what the run's data used (docs/sampling.md)\n"
+        "  --ignore-eos        do not stop at <|endoftext|>\n"
+        "  --json              one JSON object on stdout (text, token ids, figures) instead\n"
+        "  --bench N           run N prompts (the given one, or built-in ones of varied lengths) and\n"
+        "                      report p50/p99 first-token latency and tokens/s\n"
+        "exit codes: 0 done; 2 bad input (flags, no checkpoint, prompt too long) or failure\n");
 }
 
 static dg_status_t parse_i(const char *flag, const char *v, long lo, long hi, int *out) {
@@ -95,18 +96,24 @@ static int flag_value(int argc, char **argv, int *i, const char *name, const cha
 }
 
 static dg_status_t set_value(sample_opts_t *o, const char *name, const char *v) {
-    if (strcmp(name, "--prompt") == 0) o->prompt = v;
-    else if (strcmp(name, "--prompt-file") == 0) o->prompt_file = v;
-    else if (strcmp(name, "--tokens") == 0) return parse_i(name, v, 1, 1L << 30, &o->tokens);
+    if (strcmp(name, "--prompt") == 0)
+        o->prompt = v;
+    else if (strcmp(name, "--prompt-file") == 0)
+        o->prompt_file = v;
+    else if (strcmp(name, "--tokens") == 0)
+        return parse_i(name, v, 1, 1L << 30, &o->tokens);
     else if (strcmp(name, "--temperature") == 0) {
         DG_TRY(parse_d(name, v, &o->temperature));
-        if (o->temperature < 0) return DG_ERR(DG_ERR_USAGE, "--temperature %s: expected >= 0 (0 = greedy)", v);
-    } else if (strcmp(name, "--top-k") == 0) return parse_i(name, v, 0, 1L << 30, &o->top_k);
+        if (o->temperature < 0)
+            return DG_ERR(DG_ERR_USAGE, "--temperature %s: expected >= 0 (0 = greedy)", v);
+    } else if (strcmp(name, "--top-k") == 0)
+        return parse_i(name, v, 0, 1L << 30, &o->top_k);
     else if (strcmp(name, "--top-p") == 0) {
         DG_TRY(parse_d(name, v, &o->top_p));
         if (!(o->top_p > 0 && o->top_p <= 1))
             return DG_ERR(DG_ERR_USAGE, "--top-p %s: expected a value in (0, 1] (1 = no limit)", v);
-    } else if (strcmp(name, "--seed") == 0) return parse_u64(name, v, &o->seed);
+    } else if (strcmp(name, "--seed") == 0)
+        return parse_u64(name, v, &o->seed);
     else if (strcmp(name, "--device") == 0) {
         if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0)
             return DG_ERR(DG_ERR_USAGE, "--device '%s': expected cpu or cuda", v);
@@ -115,7 +122,8 @@ static dg_status_t set_value(sample_opts_t *o, const char *name, const char *v) 
         if (strcmp(v, "auto") != 0 && strcmp(v, "byte") != 0 && strcmp(v, "gpt2") != 0)
             return DG_ERR(DG_ERR_USAGE, "--tokenizer '%s': expected auto, byte or gpt2", v);
         o->tokenizer = v;
-    } else if (strcmp(name, "--bench") == 0) return parse_i(name, v, 1, 100000, &o->bench);
+    } else if (strcmp(name, "--bench") == 0)
+        return parse_i(name, v, 1, 100000, &o->bench);
     return DG_OK;
 }
 
@@ -139,15 +147,22 @@ static dg_status_t parse_args(int argc, char **argv, sample_opts_t *o) {
             }
         if (hit) {
             if (err != DG_OK) return err;
-        } else if (strcmp(a, "--json") == 0) o->json = 1;
-        else if (strcmp(a, "--ignore-eos") == 0) o->ignore_eos = 1;
-        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) o->help = 1;
-        else if (a[0] == '-' && a[1]) return DG_ERR(DG_ERR_USAGE, "unknown option '%s' (dgtrain sample --help)", a);
-        else if (o->src) return DG_ERR(DG_ERR_USAGE, "more than one checkpoint given ('%s' and '%s')", o->src, a);
-        else o->src = a;
+        } else if (strcmp(a, "--json") == 0)
+            o->json = 1;
+        else if (strcmp(a, "--ignore-eos") == 0)
+            o->ignore_eos = 1;
+        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
+            o->help = 1;
+        else if (a[0] == '-' && a[1])
+            return DG_ERR(DG_ERR_USAGE, "unknown option '%s' (dgtrain sample --help)", a);
+        else if (o->src)
+            return DG_ERR(DG_ERR_USAGE, "more than one checkpoint given ('%s' and '%s')", o->src, a);
+        else
+            o->src = a;
     }
     if (o->help) return DG_OK;
-    if (!o->src) return DG_ERR(DG_ERR_USAGE, "no checkpoint given: dgtrain sample CKPT_OR_RUN_DIR --prompt TEXT");
+    if (!o->src)
+        return DG_ERR(DG_ERR_USAGE, "no checkpoint given: dgtrain sample CKPT_OR_RUN_DIR --prompt TEXT");
     if (o->prompt && o->prompt_file) return DG_ERR(DG_ERR_USAGE, "give --prompt or --prompt-file, not both");
     if (!o->prompt && !o->prompt_file && !o->bench)
         return DG_ERR(DG_ERR_USAGE, "no prompt: give --prompt TEXT or --prompt-file FILE");
@@ -157,12 +172,13 @@ static dg_status_t parse_args(int argc, char **argv, sample_opts_t *o) {
 /* ---------------- output ---------------- */
 
 static void print_figures(const sample_ctx_t *c, const sample_gen_t *g) {
-    fprintf(stderr, "\n[sample] checkpoint %s (step %" PRId64 "), device %s (%s), tokenizer %s\n", c->ckpt, c->step,
-            c->device, dg_dtype_name(c->be->act_dtype), c->tok_why);
+    fprintf(stderr, "\n[sample] checkpoint %s (step %" PRId64 "), device %s (%s), tokenizer %s\n", c->ckpt,
+            c->step, c->device, dg_dtype_name(c->be->act_dtype), c->tok_why);
     fprintf(stderr, "[sample] warm-up %.1f ms (load + build, no inference)\n", c->warm_ms);
     fprintf(stderr, "[sample] first-token latency %.2f ms (prompt of %d tokens)\n", g->first_ms, g->prompt_n);
     if (g->n > 1)
-        fprintf(stderr, "[sample] %d tokens, %.1f tokens/s after the first; stopped: %s\n", g->n, g->tps, g->stop);
+        fprintf(stderr, "[sample] %d tokens, %.1f tokens/s after the first; stopped: %s\n", g->n, g->tps,
+                g->stop);
     else
         fprintf(stderr, "[sample] %d token; stopped: %s\n", g->n, g->stop);
 }
@@ -170,17 +186,20 @@ static void print_figures(const sample_ctx_t *c, const sample_gen_t *g) {
 static void print_json(const sample_ctx_t *c, const sample_gen_t *g) {
     printf("{\"checkpoint\":");
     dg_json_fputs(stdout, c->ckpt);
-    printf(",\"step\":%" PRId64 ",\"device\":\"%s\",\"dtype\":\"%s\",\"tokenizer\":\"%s\",\"prompt_tokens\":%d,"
+    printf(",\"step\":%" PRId64
+           ",\"device\":\"%s\",\"dtype\":\"%s\",\"tokenizer\":\"%s\",\"prompt_tokens\":%d,"
            "\"text\":",
            c->step, c->device, dg_dtype_name(c->be->act_dtype), c->tok.name, g->prompt_n);
     dg_json_fputs(stdout, g->text ? g->text : "");
     printf(",\"token_ids\":[");
     for (int i = 0; i < g->n; i++)
         printf("%s%d", i ? "," : "", (int)g->ids[i]);
-    printf("],\"generated\":%d,\"stop\":\"%s\",\"warmup_ms\":%.3f,\"first_token_ms\":%.3f,\"tokens_per_s\":", g->n,
-           g->stop, c->warm_ms, g->first_ms);
-    if (g->n > 1) printf("%.3f}\n", g->tps);
-    else printf("null}\n");
+    printf("],\"generated\":%d,\"stop\":\"%s\",\"warmup_ms\":%.3f,\"first_token_ms\":%.3f,\"tokens_per_s\":",
+           g->n, g->stop, c->warm_ms, g->first_ms);
+    if (g->n > 1)
+        printf("%.3f}\n", g->tps);
+    else
+        printf("null}\n");
     fflush(stdout);
 }
 
@@ -193,13 +212,17 @@ static dg_status_t run(const sample_opts_t *o) {
     if (s == DG_OK && !o->bench) {
         char *text = NULL;
         size_t len = 0;
-        if (o->prompt_file) s = dg_sample_read_file(o->prompt_file, &text, &len);
-        else len = strlen(o->prompt), text = dg_xstrdup(o->prompt);
+        if (o->prompt_file)
+            s = dg_sample_read_file(o->prompt_file, &text, &len);
+        else
+            len = strlen(o->prompt), text = dg_xstrdup(o->prompt);
         sample_gen_t g = {0};
         if (s == DG_OK) s = dg_sample_generate(&c, o, text, len, !o->json, &g);
         if (s == DG_OK) {
-            if (o->json) print_json(&c, &g);
-            else print_figures(&c, &g);
+            if (o->json)
+                print_json(&c, &g);
+            else
+                print_figures(&c, &g);
         }
         dg_sample_gen_free(&g);
         free(text);

@@ -53,8 +53,8 @@ dg_status_t dg_sample_setup(const sample_opts_t *o, sample_ctx_t *c);
 void dg_sample_teardown(sample_ctx_t *c);
 /* One request: encode text, prefill, then sample token by token; stream = write each token's bytes to stdout
  * and flush. */
-dg_status_t dg_sample_generate(sample_ctx_t *c, const sample_opts_t *o, const char *text, size_t len, int stream,
-                               sample_gen_t *g);
+dg_status_t dg_sample_generate(sample_ctx_t *c, const sample_opts_t *o, const char *text, size_t len,
+                               int stream, sample_gen_t *g);
 void dg_sample_gen_free(sample_gen_t *g);
 /* The whole of a --prompt-file into a malloc'd, NUL-terminated buffer (*len bytes, NULs included). */
 dg_status_t dg_sample_read_file(const char *path, char **out, size_t *len);

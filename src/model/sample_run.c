@@ -35,14 +35,18 @@ static dg_status_t find_checkpoint(const char *src, char *out, size_t cap) {
         snprintf(dir, sizeof dir, "%s/checkpoints", src);
     DG_TRY(dg_ckpt_resolve_resume(MPI_COMM_SELF, dir, "auto", 0, out, cap));
     if (!out[0])
-        return DG_ERR(DG_ERR_USAGE, "no checkpoint in '%s' (looked for step_*.h5 in %s); train with "
-                                    "checkpoint.every or let a run finish first", src, dir);
+        return DG_ERR(DG_ERR_USAGE,
+                      "no checkpoint in '%s' (looked for step_*.h5 in %s); train with "
+                      "checkpoint.every or let a run finish first",
+                      src, dir);
     return DG_OK;
 }
 
-static dg_status_t read_config(const char *path, const dg_ckpt_info_t *info, dg_config_t *cfg, dg_model_desc_t *d) {
+static dg_status_t read_config(const char *path, const dg_ckpt_info_t *info, dg_config_t *cfg,
+                               dg_model_desc_t *d) {
     const char *text = info->meta.config_text;
-    if (!text || !*text) return DG_ERR(DG_ERR_USAGE, "checkpoint %s stores no config: cannot tell the model", path);
+    if (!text || !*text)
+        return DG_ERR(DG_ERR_USAGE, "checkpoint %s stores no config: cannot tell the model", path);
     DG_TRY(dg_config_load_buffer(cfg, path, text, strlen(text), 0, NULL));
     return dg_model_desc_from_config(cfg, d);
 }
@@ -67,10 +71,11 @@ static dg_status_t load_weights(dg_infer_t *e, const char *path, const dg_ckpt_i
         size_t numel = 1;
         for (int k = 0; en && k < en->ndim; k++)
             numel *= (size_t)en->shape[k];
-        if (!en) s = DG_ERR(DG_ERR_USAGE, "checkpoint %s has no tensor %s", path, p);
+        if (!en)
+            s = DG_ERR(DG_ERR_USAGE, "checkpoint %s has no tensor %s", path, p);
         else if (numel != dg_infer_tensor_numel(e, i))
-            s = DG_ERR(DG_ERR_USAGE, "checkpoint %s: %s has %zu elements; its stored config gives %zu", path, p,
-                       numel, dg_infer_tensor_numel(e, i));
+            s = DG_ERR(DG_ERR_USAGE, "checkpoint %s: %s has %zu elements; its stored config gives %zu", path,
+                       p, numel, dg_infer_tensor_numel(e, i));
         if (s != DG_OK) break;
         t[i].path = paths[i];
         t[i].ndim = en->ndim;
@@ -116,7 +121,8 @@ static dg_status_t make_backend(const sample_opts_t *o, const dg_config_t *cfg, 
     }
 #else
     if (strcmp(want, "cuda") == 0)
-        return DG_ERR(DG_ERR_USAGE, "%s cuda, but this dgtrain was built without CUDA (configure with -DDGT_CUDA=ON)",
+        return DG_ERR(DG_ERR_USAGE,
+                      "%s cuda, but this dgtrain was built without CUDA (configure with -DDGT_CUDA=ON)",
                       o->device ? "--device" : "the run's parallel.backend is");
 #endif
     snprintf(c->device, sizeof c->device, "cpu");
@@ -126,17 +132,22 @@ static dg_status_t make_backend(const sample_opts_t *o, const dg_config_t *cfg, 
 static dg_status_t pick_tokenizer(const sample_opts_t *o, const dg_config_t *cfg, int V, sample_ctx_t *c) {
     const char *name = o->tokenizer, *why = "--tokenizer";
     if (strcmp(name, "auto") == 0) {
-        if (!cfg->data.train[0]) name = "byte", why = "the run trained on the embedded default data, byte-level";
-        else if (V == 256) name = "byte", why = "the run's vocab_size is 256: byte-level data";
+        if (!cfg->data.train[0])
+            name = "byte", why = "the run trained on the embedded default data, byte-level";
+        else if (V == 256)
+            name = "byte", why = "the run's vocab_size is 256: byte-level data";
         else if (V >= DG_TOKENIZER_GPT2_VOCAB)
             name = "gpt2", why = "the run's vocab_size is >= 50257: data of dgprep --tokenizer gpt2";
         else
-            return DG_ERR(DG_ERR_USAGE, "cannot tell the tokenizer of the run's data (%s) from its vocab_size %d; "
-                                        "pass --tokenizer byte or --tokenizer gpt2", cfg->data.train, V);
+            return DG_ERR(DG_ERR_USAGE,
+                          "cannot tell the tokenizer of the run's data (%s) from its vocab_size %d; "
+                          "pass --tokenizer byte or --tokenizer gpt2",
+                          cfg->data.train, V);
     }
     c->tok.eot = -1;
     if (strcmp(name, "byte") == 0) {
-        if (V < 256) return DG_ERR(DG_ERR_USAGE, "--tokenizer byte needs vocab_size >= 256; the model has %d", V);
+        if (V < 256)
+            return DG_ERR(DG_ERR_USAGE, "--tokenizer byte needs vocab_size >= 256; the model has %d", V);
         c->tok.name = "byte";
     } else {
         if (V < DG_TOKENIZER_GPT2_VOCAB)
@@ -212,7 +223,6 @@ dg_status_t dg_sample_read_file(const char *path, char **out, size_t *len) {
     return DG_OK;
 }
 
-
 static dg_status_t encode(const sample_tok_t *t, const char *text, size_t len, dg_tok_ids_t *ids) {
     if (t->bpe) return dg_tokenizer_encode(t->bpe, text, len, ids, NULL);
     ids->v = dg_xmalloc((len ? len : 1) * sizeof *ids->v);
@@ -255,8 +265,9 @@ static dg_status_t prefill(sample_ctx_t *c, const char *text, size_t len, sample
     if (s == DG_OK && ids.n == 0)
         s = DG_ERR(DG_ERR_USAGE, "the prompt is empty (0 tokens); expected at least one token");
     if (s == DG_OK && ids.n > (size_t)S)
-        s = DG_ERR(DG_ERR_USAGE, "the prompt is %zu tokens (%s tokenizer); the model's context holds seq_len = %d",
-                   ids.n, c->tok.name, S);
+        s = DG_ERR(DG_ERR_USAGE,
+                   "the prompt is %zu tokens (%s tokenizer); the model's context holds seq_len = %d", ids.n,
+                   c->tok.name, S);
     if (s == DG_OK) {
         g->prompt_n = (int)ids.n;
         dg_infer_reset(c->eng);
@@ -266,8 +277,8 @@ static dg_status_t prefill(sample_ctx_t *c, const char *text, size_t len, sample
     return s;
 }
 
-dg_status_t dg_sample_generate(sample_ctx_t *c, const sample_opts_t *o, const char *text, size_t len, int stream,
-                               sample_gen_t *g) {
+dg_status_t dg_sample_generate(sample_ctx_t *c, const sample_opts_t *o, const char *text, size_t len,
+                               int stream, sample_gen_t *g) {
     memset(g, 0, sizeof *g);
     const double t0 = dg_now_s();
     DG_TRY(prefill(c, text, len, g));
@@ -341,19 +352,21 @@ static void bench_report(const sample_ctx_t *c, const sample_opts_t *o, const do
     if (o->json) {
         printf("{\"checkpoint\":");
         dg_json_fputs(stdout, c->ckpt);
-        printf(",\"device\":\"%s\",\"dtype\":\"%s\",\"tokenizer\":\"%s\",\"bench\":%d,\"prompt_tokens\":[", c->device,
-               dg_dtype_name(c->be->act_dtype), c->tok.name, N);
+        printf(",\"device\":\"%s\",\"dtype\":\"%s\",\"tokenizer\":\"%s\",\"bench\":%d,\"prompt_tokens\":[",
+               c->device, dg_dtype_name(c->be->act_dtype), c->tok.name, N);
         for (int i = 0; i < N; i++)
             printf("%s%d", i ? "," : "", plen[i]);
         printf("],\"first_token_ms\":[");
         for (int i = 0; i < N; i++)
             printf("%s%.3f", i ? "," : "", lat[i]);
-        printf("],\"first_token_ms_p50\":%.3f,\"first_token_ms_p99\":%.3f,\"tokens_per_s\":%.3f,\"warmup_ms\":%.3f}\n",
+        printf("],\"first_token_ms_p50\":%.3f,\"first_token_ms_p99\":%.3f,\"tokens_per_s\":%.3f,\"warmup_"
+               "ms\":%.3f}\n",
                p50, p99, tps, c->warm_ms);
     } else {
         printf("bench: %d prompts on %s (%s), up to %d tokens each, warm-up %.1f ms\n", N, c->device,
                dg_dtype_name(c->be->act_dtype), o->tokens, c->warm_ms);
-        printf("bench: first-token latency p50 %.2f ms, p99 %.2f ms; %.1f tokens/s after the first\n", p50, p99, tps);
+        printf("bench: first-token latency p50 %.2f ms, p99 %.2f ms; %.1f tokens/s after the first\n", p50,
+               p99, tps);
     }
     fflush(stdout);
 }

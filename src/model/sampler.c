@@ -8,8 +8,8 @@ struct dg_sampler {
     dg_sampler_opts_t o;
     int V;
     uint64_t state;
-    int32_t *idx;  /* V candidate ids */
-    double *prob;  /* V probabilities, indexed by id */
+    int32_t *idx; /* V candidate ids */
+    double *prob; /* V probabilities, indexed by id */
 };
 
 uint64_t dg_splitmix64(uint64_t *state) {
@@ -26,7 +26,8 @@ static double uniform01(uint64_t *state) {
 dg_status_t dg_sampler_create(const dg_sampler_opts_t *o, int V, dg_sampler_t **out) {
     *out = NULL;
     if (!(o->temperature >= 0) || !isfinite(o->temperature))
-        return DG_ERR(DG_ERR_USAGE, "--temperature %g: expected a finite value >= 0 (0 = greedy)", o->temperature);
+        return DG_ERR(DG_ERR_USAGE, "--temperature %g: expected a finite value >= 0 (0 = greedy)",
+                      o->temperature);
     if (o->top_k < 0) return DG_ERR(DG_ERR_USAGE, "--top-k %d: expected >= 0 (0 = no limit)", o->top_k);
     if (!(o->top_p > 0 && o->top_p <= 1))
         return DG_ERR(DG_ERR_USAGE, "--top-p %g: expected a value in (0, 1] (1 = no limit)", o->top_p);

@@ -27,22 +27,22 @@
 #define GREEDY 64
 
 static int g_fail;
-#define CHECK(cond, ...)                                                                                    \
-    do {                                                                                                    \
-        if (!(cond)) {                                                                                      \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            fprintf(stderr, __VA_ARGS__);                                                                   \
-            fprintf(stderr, "\n");                                                                          \
-            g_fail = 1;                                                                                     \
-        }                                                                                                   \
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        if (!(cond)) {                                                                                       \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
+            fprintf(stderr, __VA_ARGS__);                                                                    \
+            fprintf(stderr, "\n");                                                                           \
+            g_fail = 1;                                                                                      \
+        }                                                                                                    \
     } while (0)
-#define OK(expr)                                                                                            \
-    do {                                                                                                    \
-        dg_status_t s_ = (expr);                                                                            \
-        if (s_ != DG_OK) {                                                                                  \
-            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, dg_last_error());            \
-            exit(1);                                                                                        \
-        }                                                                                                   \
+#define OK(expr)                                                                                             \
+    do {                                                                                                     \
+        dg_status_t s_ = (expr);                                                                             \
+        if (s_ != DG_OK) {                                                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, dg_last_error());             \
+            exit(1);                                                                                         \
+        }                                                                                                    \
     } while (0)
 
 typedef struct {
@@ -162,8 +162,8 @@ static void run_cpu(const weights_t *w, const dg_model_desc_t *d) {
     int32_t *fill = calloc((size_t)S, sizeof *fill);
     const int before = dg_infer_pos(e);
     dg_status_t s = dg_infer_feed(e, fill, S - before + 1, 0, NULL);
-    CHECK(s == DG_ERR_USAGE && strstr(dg_last_error(), "seq_len"), "feeding past seq_len: status %d (%s)", (int)s,
-          dg_last_error());
+    CHECK(s == DG_ERR_USAGE && strstr(dg_last_error(), "seq_len"), "feeding past seq_len: status %d (%s)",
+          (int)s, dg_last_error());
     CHECK(dg_infer_pos(e) == before, "a refused feed moved pos from %d to %d", before, dg_infer_pos(e));
     int32_t bad = V;
     s = dg_infer_feed(e, &bad, 1, 0, NULL);
@@ -191,8 +191,9 @@ static void fill_rand(float *x, size_t n, uint64_t *st) {
 static void kv_entry_vs_cpu(dg_backend_t *gpu, dg_backend_t *cpu) {
     const int C = 128, NH = 4, cap = 96, steps[] = {40, 1, 1, 7, 1};
     uint64_t st = 7;
-    float *kc = calloc((size_t)cap * C, 4), *vc = calloc((size_t)cap * C, 4), *q = malloc((size_t)cap * 3 * C * 4),
-          *oc = malloc((size_t)cap * C * 4), *og = malloc((size_t)cap * C * 4);
+    float *kc = calloc((size_t)cap * C, 4), *vc = calloc((size_t)cap * C, 4),
+          *q = malloc((size_t)cap * 3 * C * 4), *oc = malloc((size_t)cap * C * 4),
+          *og = malloc((size_t)cap * C * 4);
     void *gq, *gk, *gv, *go, *g32;
     OK(gpu->ops->alloc(gpu, (size_t)cap * 3 * C * 4, &g32));
     OK(gpu->ops->alloc(gpu, (size_t)cap * 3 * C * 2, &gq));
@@ -206,7 +207,8 @@ static void kv_entry_vs_cpu(dg_backend_t *gpu, dg_backend_t *cpu) {
         fill_rand(q, (size_t)n * 3 * C, &st);
         OK(gpu->ops->to_device(gpu, g32, q, (size_t)n * 3 * C * 4));
         OK(gpu->ops->cast(gpu, gq, DG_BF16, g32, DG_F32, (size_t)n * 3 * C));
-        OK(gpu->ops->cast(gpu, g32, DG_F32, gq, DG_BF16, (size_t)n * 3 * C)); /* the bf16 values, for the CPU */
+        OK(gpu->ops->cast(gpu, g32, DG_F32, gq, DG_BF16,
+                          (size_t)n * 3 * C)); /* the bf16 values, for the CPU */
         OK(gpu->ops->to_host(gpu, q, g32, (size_t)n * 3 * C * 4));
         OK(cpu->ops->attention_kv_fwd(cpu, oc, kc, vc, q, p0, n, cap, C, NH));
         OK(gpu->ops->attention_kv_fwd(gpu, go, gk, gv, gq, p0, n, cap, C, NH));
@@ -214,7 +216,8 @@ static void kv_entry_vs_cpu(dg_backend_t *gpu, dg_backend_t *cpu) {
         OK(gpu->ops->to_host(gpu, og, g32, (size_t)n * C * 4));
         double dm = max_diff(og, oc, n * C, NULL);
         if (!(dm <= worst)) worst = dm;
-        CHECK(dm <= 1e-2, "attention_kv_fwd cuda vs cpu, block [%d, %d): max diff %.3g (> 1e-2)", p0, p0 + n, dm);
+        CHECK(dm <= 1e-2, "attention_kv_fwd cuda vs cpu, block [%d, %d): max diff %.3g (> 1e-2)", p0, p0 + n,
+              dm);
         p0 += n;
     }
     printf("cuda: attention_kv_fwd vs cpu over %d positions: max diff %.3g\n", p0, worst);
@@ -227,7 +230,8 @@ static void kv_entry_vs_cpu(dg_backend_t *gpu, dg_backend_t *cpu) {
 static int run_cuda(const weights_t *w, const dg_model_desc_t *d) {
     dg_backend_config_t bc = {.act_dtype = DG_BF16};
     dg_backend_t *gpu;
-    if (dg_backend_cuda_create(&bc, &gpu) != DG_OK) return dg_test_skip(1, "no usable CUDA device: %s", dg_last_error());
+    if (dg_backend_cuda_create(&bc, &gpu) != DG_OK)
+        return dg_test_skip(1, "no usable CUDA device: %s", dg_last_error());
     dg_backend_t *cpu = cpu_backend();
     kv_entry_vs_cpu(gpu, cpu);
     dg_infer_t *e;
@@ -246,7 +250,8 @@ static int run_cuda(const weights_t *w, const dg_model_desc_t *d) {
         OK(dg_infer_recompute(e, seq, n, lr));
         double dm = max_diff(lc, lr, V, &amax), bound = 2e-2 * (amax > 1 ? amax : 1);
         if (!(dm <= worst)) worst = dm;
-        CHECK(dm <= bound, "cuda bf16, position %d: cache vs recompute differ by %.3g (> %.3g)", n - 1, dm, bound);
+        CHECK(dm <= bound, "cuda bf16, position %d: cache vs recompute differ by %.3g (> %.3g)", n - 1, dm,
+              bound);
         const int32_t t = dg_argmax(lc, V);
         seq[n++] = t;
         if (k + 1 < GREEDY) OK(dg_infer_feed(e, &t, 1, 0, lc));

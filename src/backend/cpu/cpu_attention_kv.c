@@ -63,8 +63,8 @@ dg_status_t dg_cpu_attention_kv_fwd(dg_backend_t *be, void *out, void *kcache, v
     if (C % NH != 0)
         return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: C=%d is not divisible by NH=%d heads", op, C, NH);
     if (p0 < 0 || cap < 1 || p0 + n > cap)
-        return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: positions [%d, %d) do not fit a cache of %d rows", op, p0,
-                      p0 + n, cap);
+        return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: positions [%d, %d) do not fit a cache of %d rows", op,
+                      p0, p0 + n, cap);
     dg_cpu_t *cpu = dg_cpu_of(be);
     const float *x = qkv;
     float *kc = kcache, *vc = vcache;

@@ -13,10 +13,10 @@
 
 #define KV_THREADS 128
 
-template <typename T>
-__global__ void kv_append(T *kc, T *vc, const T *qkv, int p0, int n, int C) {
+template <typename T> __global__ void kv_append(T *kc, T *vc, const T *qkv, int p0, int n, int C) {
     const size_t total = (size_t)n * C;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
+         e += (size_t)gridDim.x * blockDim.x) {
         const size_t i = e / C, c = e % C, dst = (size_t)(p0 + i) * C + c;
         kc[dst] = qkv[i * 3 * C + C + c];
         vc[dst] = qkv[i * 3 * C + 2 * (size_t)C + c];
@@ -70,20 +70,22 @@ __global__ void __launch_bounds__(KV_THREADS)
 }
 
 template <typename T>
-static dg_status_t kv_fwd_t(dg_cuda_t *c, void *out, void *kcache, void *vcache, const void *qkv, int p0, int n,
-                            int cap, int C, int NH) {
+static dg_status_t kv_fwd_t(dg_cuda_t *c, void *out, void *kcache, void *vcache, const void *qkv, int p0,
+                            int n, int cap, int C, int NH) {
     const int HS = C / NH;
     const size_t smem = ((size_t)cap + HS) * sizeof(float);
     if (smem > c->smem_optin)
-        return DG_ERR(DG_ERR_USAGE,
-                      "cuda backend attention_kv_fwd: a cache of %d rows needs %zu bytes of shared memory per "
-                      "block; this device allows %zu",
-                      cap, smem, c->smem_optin);
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "cuda backend attention_kv_fwd: a cache of %d rows needs %zu bytes of shared memory per "
+            "block; this device allows %zu",
+            cap, smem, c->smem_optin);
     const unsigned ab = dg_cuda_blocks((size_t)n * C, 256, 4 * (unsigned)c->sm_count);
     kv_append<T><<<ab, 256, 0, c->stream>>>((T *)kcache, (T *)vcache, (const T *)qkv, p0, n, C);
     DG_CUDA_LAUNCH_CHECK();
     if (smem > 48 * 1024)
-        DG_CUDA_CHECK(cudaFuncSetAttribute(kv_attend<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        DG_CUDA_CHECK(
+            cudaFuncSetAttribute(kv_attend<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)n, (unsigned)NH);
     kv_attend<T><<<grid, KV_THREADS, smem, c->stream>>>((T *)out, (const T *)kcache, (const T *)vcache,
                                                         (const T *)qkv, p0, C, NH, 1.f / sqrtf((float)HS));
@@ -91,7 +93,7 @@ static dg_status_t kv_fwd_t(dg_cuda_t *c, void *out, void *kcache, void *vcache,
     return DG_OK;
 }
 
-dg_status_t dg_cuda_attention_kv_fwd(dg_cuda_t *c, void *out, void *kcache, void *vcache, const void *qkv, int p0,
-                                     int n, int cap, int C, int NH) {
+dg_status_t dg_cuda_attention_kv_fwd(dg_cuda_t *c, void *out, void *kcache, void *vcache, const void *qkv,
+                                     int p0, int n, int cap, int C, int NH) {
     return DG_CUDA_DISPATCH_ACT(c->act, kv_fwd_t, c, out, kcache, vcache, qkv, p0, n, cap, C, NH);
 }
