@@ -2,7 +2,7 @@
  * every kernel. Implementations: backend_cpu (C + OpenMP + OpenBLAS, fp32, the reference) and
  * backend_cuda (CUDA C + cuBLASLt/cuDNN). The graph executor knows nothing else about a device.
  *
- * Contract version: v1.11. Changes are additive only (new entries appended at the end of the table,
+ * Contract version: v1.12. Changes are additive only (new entries appended at the end of the table,
  * optional ones NULL where a backend has none), because two backends and the executor are written
  * against it; each change, with the version that brought it, is recorded in docs/backend.md (the
  * table's history lives there, not here), which also summarises the table.
@@ -297,6 +297,19 @@ typedef struct dg_backend_ops {
      * not overlap res partially, and must not overlap inp, w or bias. res is not changed otherwise. */
     dg_status_t (*matmul_fwd_res)(dg_backend_t *be, void *out, const void *inp, const void *w,
                                   const void *bias, const void *res, int N, int C, int OC);
+
+    /* ---- attention over a KV cache (sampling; optional: NULL where the backend has none) ---- */
+    /* Attention of a block of new positions against a key/value cache (inference of one sequence; the
+     * KV-cache decoder of src/model/dg_infer.h). qkv (act [n, 3C]) holds positions p0 .. p0+n-1 laid out
+     * as attention_fwd's qkv for B = 1. First their k and v blocks are written into rows [p0, p0+n) of
+     * kcache and vcache (act [cap, C] each, row-major, head h at columns h*C/NH); then for every new row i
+     * and head h:  out[i, h] = softmax(q_i · K[0 .. p0+i]ᵀ / sqrt(C/NH)) · V[0 .. p0+i]   (causal; scores,
+     * softmax and the weighted sum in f32, out rounded once to act). Rows [0, p0) of the caches must hold
+     * what earlier calls wrote there. Rules: n >= 1, p0 >= 0, p0 + n <= cap, C % NH == 0; out must not
+     * overlap qkv or the caches. With p0 = 0 and n = T the result equals attention_fwd's (B = 1) within
+     * f32 rounding (CPU: 1e-6 relative; tests/sample). Deterministic (fixed reduction order). */
+    dg_status_t (*attention_kv_fwd)(dg_backend_t *be, void *out, void *kcache, void *vcache, const void *qkv,
+                                    int p0, int n, int cap, int C, int NH);
 } dg_backend_ops_t;
 
 struct dg_backend {

@@ -3,8 +3,16 @@
 
 #include <string.h>
 
+#ifdef DG_HAVE_SAMPLE
+#include "dg_sample.h"
+#endif
+
 /* Subcommands: `dgtrain NAME ...`. Each module that brings one adds a line here. */
 const dg_cli_command_t dg_cli_commands[] = {
+#ifdef DG_HAVE_SAMPLE
+    {"sample", "CKPT_OR_RUN_DIR --prompt TEXT ...", "generate text from a checkpoint (docs/sampling.md)",
+     dg_sample_main},
+#endif
     {NULL, NULL, NULL, NULL}, /* end (keeps the array non-empty) */
 };
 const int dg_cli_n_commands = (int)(sizeof dg_cli_commands / sizeof dg_cli_commands[0]) - 1;

@@ -17,6 +17,9 @@
 #include "dg_env.h"
 #include "dg_fs.h"
 #include "mpi_boot.h"
+#ifdef DG_HAVE_SAMPLE
+#include "dg_sample.h"
+#endif
 
 /* The run directory's lock (run.lock), held by rank 0 from before the first file is written into
  * run.dir until the process ends; the kernel drops it when the process dies, however it dies. */

@@ -790,7 +790,7 @@ def model_desc(ec):
 
 
 class TorchGPT:
-    """dgtrain's GPT-2 (src/graph/model.c) on PyTorch tensors named as in the checkpoint: learned token
+    """dgtrain's GPT-2 (src/model/gpt2.c) on PyTorch tensors named as in the checkpoint: learned token
     and position embeddings, pre-LN blocks (LayerNorm eps 1e-5; fused qkv Linear [3C, C] with q, k, v
     blocks of heads; causal attention scaled by 1/sqrt(head size); projection; LayerNorm; 4C MLP with
     tanh GELU; residuals), final LayerNorm, logits = x . wte^T over the first `vocab` of the padded rows,

@@ -578,6 +578,7 @@ static const dg_backend_ops_t cpu_ops = {
     .fence_wait = cpu_fence_wait,
     .crossentropy_fused = dg_cpu_crossentropy_fused,
     .matmul_fwd_res = dg_cpu_matmul_fwd_res,
+    .attention_kv_fwd = dg_cpu_attention_kv_fwd,
 };
 
 dg_status_t dg_backend_cpu_create(const dg_backend_config_t *cfg, dg_backend_t **out) {

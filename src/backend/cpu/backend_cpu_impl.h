@@ -67,6 +67,9 @@ dg_status_t dg_cpu_matmul_bwd_dgelu(dg_backend_t *be, void *dpre, float *dw, flo
                                     const void *inp, const void *w, const void *pre, int N, int C, int OC,
                                     int acc);
 size_t dg_cpu_attention_aux_bytes(dg_backend_t *be, int B, int T, int C, int NH);
+/* cpu_attention_kv.c: backend.h's attention_kv_fwd (v1.12). */
+dg_status_t dg_cpu_attention_kv_fwd(dg_backend_t *be, void *out, void *kcache, void *vcache, const void *qkv,
+                                    int p0, int n, int cap, int C, int NH);
 dg_status_t dg_cpu_attention_fwd(dg_backend_t *be, void *out, void *aux, const void *qkv, int B, int T, int C,
                                  int NH);
 dg_status_t dg_cpu_attention_bwd(dg_backend_t *be, void *dqkv, const void *dout, const void *qkv,

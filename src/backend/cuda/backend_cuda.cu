@@ -490,6 +490,19 @@ static dg_status_t cu_attention_fwd(dg_backend_t *be, void *out, void *aux, cons
     return dg_cuda_attention_fwd(dg_cuda_of(be), out, aux, qkv, B, T, C, NH);
 }
 
+static dg_status_t cu_attention_kv_fwd(dg_backend_t *be, void *out, void *kcache, void *vcache,
+                                       const void *qkv, int p0, int n, int cap, int C, int NH) {
+    const int B = 1, T = n;
+    REQ_ATTN("attention_kv_fwd");
+    REQ_PTR(out, "attention_kv_fwd");
+    REQ_PTR(kcache, "attention_kv_fwd");
+    REQ_PTR(vcache, "attention_kv_fwd");
+    REQ_PTR(qkv, "attention_kv_fwd");
+    REQ(p0 >= 0 && p0 + n <= cap,
+        "cuda backend attention_kv_fwd: positions [%d, %d) do not fit a cache of %d rows", p0, p0 + n, cap);
+    return dg_cuda_attention_kv_fwd(dg_cuda_of(be), out, kcache, vcache, qkv, p0, n, cap, C, NH);
+}
+
 static dg_status_t cu_attention_bwd(dg_backend_t *be, void *dqkv, const void *dout, const void *qkv,
                                     const void *out, const void *aux, int B, int T, int C, int NH) {
     REQ_ATTN("attention_bwd");
@@ -834,6 +847,7 @@ static const dg_backend_ops_t cuda_ops = {
     cu_attention_bwd_ws,
     cu_ce_fused,
     cu_matmul_fwd_res,
+    cu_attention_kv_fwd,
 };
 
 /* ---------------- construction ---------------- */

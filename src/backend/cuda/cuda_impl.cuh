@@ -186,6 +186,9 @@ void dg_cuda_cudnn_free(dg_cuda_t *c);
  * serve it. */
 size_t dg_cuda_cudnn_attention_ws_bytes(dg_cuda_t *c, int B, int T, int C, int NH);
 long long dg_cuda_cudnn_calls(dg_cuda_t *c);
+/* attention_kv.cu: backend.h's attention_kv_fwd (v1.12) */
+dg_status_t dg_cuda_attention_kv_fwd(dg_cuda_t *c, void *out, void *kcache, void *vcache, const void *qkv,
+                                     int p0, int n, int cap, int C, int NH);
 /* crossentropy.cu */
 dg_status_t dg_cuda_crossentropy_fwd(dg_cuda_t *c, float *losses, float *lse, const void *logits,
                                      const int32_t *targets, int N, int V, int Vp);
