@@ -48,7 +48,9 @@ static dg_status_t read_config(const char *path, const dg_ckpt_info_t *info, dg_
     if (!text || !*text)
         return DG_ERR(DG_ERR_USAGE, "checkpoint %s stores no config: cannot tell the model", path);
     DG_TRY(dg_config_load_buffer(cfg, path, text, strlen(text), 0, NULL));
-    return dg_model_desc_from_config(cfg, d);
+    dg_model_spec_t sp = {cfg->model.preset,  cfg->model.n_layer, cfg->model.n_head,
+                          cfg->model.d_model, cfg->model.seq_len, cfg->model.vocab_size};
+    return dg_model_desc_resolve(&sp, d);
 }
 
 static const dg_ckpt_entry_t *find_entry(const dg_ckpt_info_t *info, const char *path) {

@@ -22,7 +22,7 @@
 #include "dg_infer.h"
 #include "dg_sampler.h"
 #include "dg_test_skip.h"
-#include "graph.h"
+#include "dg_model.h"
 
 #define GREEDY 64
 
@@ -57,7 +57,9 @@ static void load_ckpt(const char *path, weights_t *w, dg_model_desc_t *d) {
     OK(dg_ckpt_info_read(path, &info));
     dg_config_t *cfg = calloc(1, sizeof *cfg);
     OK(dg_config_load_buffer(cfg, path, info.meta.config_text, strlen(info.meta.config_text), 0, NULL));
-    OK(dg_model_desc_from_config(cfg, d));
+    dg_model_spec_t sp = {cfg->model.preset,  cfg->model.n_layer, cfg->model.n_head,
+                          cfg->model.d_model, cfg->model.seq_len, cfg->model.vocab_size};
+    OK(dg_model_desc_resolve(&sp, d));
     free(cfg);
     dg_ckpt_tensor_t *t = calloc((size_t)info.n_entries, sizeof *t);
     w->names = calloc((size_t)info.n_entries, sizeof *w->names);
