@@ -15,6 +15,7 @@
 #include "dg_env.h"
 #include "dg_fs.h"
 #include "mpi_boot.h"
+#include "plot.h"
 
 /* The run directory's lock (run.lock), held by rank 0 from before the first file is written into
  * run.dir until the process ends; the kernel drops it when the process dies, however it dies. */
@@ -54,6 +55,8 @@ static void usage(FILE *out) {
         "  --plan-only             print the parallel plan and graph schedule per rank and exit\n"
         "  --export-topology FILE  write this node's hwloc topology as XML (one file per node:\n"
         "                          FILE, or FILE.<node id> when there are several nodes)\n"
+        "  dgtrain plot RUN_DIR [RUN_DIR...] [--out DIR]\n"
+        "                          SVG charts of the runs' metrics.jsonl (default DIR: RUN_DIR/plots)\n"
         "options:\n"
         "  --set section.key=value override one key (repeatable; also --set=section.key=value)\n"
         "  --json                  with --print-env, --dry-run, --topology or --plan-only: one JSON\n"
@@ -249,6 +252,7 @@ int main(int argc, char **argv) {
     /* nothing dgtrain (or a library it calls: HDF5, hwloc) creates is world-writable, whatever the
      * umask it was started with (docs/reliability.md, "Run directory") */
     dg_fs_secure_umask();
+    if (argc > 1 && strcmp(argv[1], "plot") == 0) return dg_plot_main(argc - 1, argv + 1); /* no MPI */
     cli_opts_t o;
     dg_status_t ps = parse_args(argc, argv, &o);
     if (ps == DG_OK && (o.help || o.version)) {

@@ -28,6 +28,7 @@
 #include "health.h"
 #include "memfit.h"
 #include "planner.h"
+#include "plot.h"
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Setup helpers                                                                                     */
@@ -1132,6 +1133,17 @@ static dg_status_t train_loop(trainer_t *tr) {
     return DG_OK;
 }
 
+/* RUN_DIR/plots/ after the final metrics line (rank 0); a failure is a warning, never a failed run. */
+static void end_of_run_plots(const char *run_dir) {
+    char out[DG_CFG_STR + 8];
+    snprintf(out, sizeof out, "%s/plots", run_dir);
+    const char *dirs[1] = {run_dir};
+    if (dg_plot_dirs(1, dirs, out, NULL) != DG_OK)
+        DG_LOG_WARN("plots not written: %s", dg_last_error());
+    else
+        DG_LOG_INFO("plots written to %s", out);
+}
+
 dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
     trainer_t tr = {0};
     tr.boot = boot;
@@ -1221,6 +1233,7 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
                   el > 0 ? (double)(tr.step - step0) * tr.global_batch * tr.desc.seq_len / el : 0),
             DG_JF("gpu_peak_alloc_bytes", gpu_peak), DG_JF("gpu_used_bytes", gpu_used),
             DG_JI("exit_code", 0));
+        if (tr.rank == 0) end_of_run_plots(cfg->run.dir);
     } else if (s != DG_ERR_SIGNAL) {
         DG_METRICS_EVENT(tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "error"),
                          DG_JS("error", dg_last_error()), DG_JI("exit_code", s));
