@@ -65,7 +65,10 @@ static double lin_ticks(axis_t *a) {
 }
 
 static void fmt_num(char *b, size_t cap, double v, double step) {
-    if (fabs(v) < step * 1e-6) v = 0;
+    if (fabs(v) < step * 1e-6) {
+        snprintf(b, cap, "0");
+        return;
+    }
     double m = fabs(v);
     if (m != 0 && (m >= 1e6 || m < 1e-3))
         snprintf(b, cap, "%.3g", v);
