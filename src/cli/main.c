@@ -194,6 +194,7 @@ static dg_status_t export_topology(dg_boot_t *b, const char *file) {
 
 static dg_status_t run(dg_boot_t *b, const cli_opts_t *o, dg_config_t *cfg) {
     DG_TRY(dg_boot_agree(b, dg_config_load(cfg, o->config, o->nsets, o->sets)));
+    dg_cli_resolve_model(cfg);
     if (cfg->health.timeout_s > 0) b->agree_timeout_s = cfg->health.timeout_s;
     if (o->print_config) {
         if (b->world_rank == 0) {

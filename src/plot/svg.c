@@ -224,8 +224,9 @@ static void draw(FILE *f, const chart_t *c, const dg_plot_run_t *runs, int nruns
             (PT + PB) / 2, (PT + PB) / 2);
     xml_text(f, c->ytitle);
     fputs("</text>\n", f);
-    fprintf(f, "<svg x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" viewBox=\"%d %d %d %d\" overflow=\"hidden\">\n", PL,
-            PT, PR - PL, PB - PT, PL, PT, PR - PL, PB - PT); /* clip the lines to the plot area */
+    /* clip the lines to the plot area, with room for a marker on its edge */
+    fprintf(f, "<svg x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" viewBox=\"%d %d %d %d\" overflow=\"hidden\">\n",
+            PL - 5, PT - 5, PR - PL + 10, PB - PT + 10, PL - 5, PT - 5, PR - PL + 10, PB - PT + 10);
     for (int r = 0; r < nruns; r++)
         for (int k = 0; k < 2; k++)
             if (c->series[k] >= 0 && runs[r].s[c->series[k]].n > 0)
