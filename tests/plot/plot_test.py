@@ -6,6 +6,7 @@ accepted by rsvg-convert (installed by scripts/setup.sh: under CI its absence fa
 Usage: plot_test.py --dgtrain PATH --work-dir DIR CASE
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -247,6 +248,68 @@ def case_train_unwritable():
     open(os.path.join(d, "plots"), "w").close()  # a file where the directory should go
     log = train(d, steps=3)
     check("plots not written" in log, "no warning for the unwritable plots dir: %s" % log[-1500:])
+    return 0
+
+
+def config_hash(args):
+    rc, out, err = run(args + ["--dry-run", "--json"])
+    check(rc == 0, "dgtrain %s --dry-run --json exited %d: %s" % (" ".join(args), rc, err[-1500:]))
+    return json.loads(out)["run"]["config_hash"]
+
+
+def effective(args):
+    rc, out, err = run(args + ["--print-config"])
+    check(rc == 0, "dgtrain %s --print-config exited %d: %s" % (" ".join(args), rc, err[-1500:]))
+    vals = {}
+    for line in out.splitlines():
+        if line.startswith("#"):
+            continue
+        key, rest = line.split(" = ", 1)
+        vals[key] = rest.split("  #")[0].strip()
+    return vals
+
+
+def case_config_roundtrip():
+    """RUN_DIR/config.ini holds every key with its value and source, and loading it reproduces the run's
+    effective config (same hash as the run's start line, same value for every key)."""
+    d = os.path.join(fresh("config_rt"), "run")
+    sets = ["--set", "train.lr=0.002", "--set", "model.n_layer=2", "--set", "data.val_every=2"]
+    train(d, steps=2, extra=sets)
+    ini = os.path.join(d, "config.ini")
+    check(os.path.isfile(ini), "config.ini not written")
+    text = open(ini).read()
+    check(not os.path.exists(ini + ".tmp"), "temporary config file left behind")
+    check(re.search(r"^train\.lr = 0\.002 +# --set$", text, re.M), "train.lr or its source missing:\n" + text)
+    check(re.search(r"^model\.n_layer = 2 +# --set$", text, re.M), "model.n_layer missing:\n" + text)
+    check(re.search(r"^model\.d_model = 128 +# preset tiny$", text, re.M), "preset size not resolved:\n" + text)
+    check(re.search(r"^run\.seed = 1337 +# default$", text, re.M), "default source missing:\n" + text)
+    start = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl")) if '"start"' in l][0]
+    orig = effective(["--set", "run.dir=" + d, "--set", "train.steps=2", "--set", "checkpoint.every=0"] + sets)
+    again = effective([ini])
+    check(orig == again, "reloaded config differs: %s" % {k: (orig.get(k), again.get(k)) for k in orig
+                                                          if orig.get(k) != again.get(k)})
+    h = config_hash([ini])
+    check(h == start["config_hash"], "config.ini loads with hash %s, the run had %s" % (h, start["config_hash"]))
+    return 0
+
+
+def case_print_config_loadable():
+    """--print-config output loads as a config file and gives the same effective config; the model
+    sizes show the preset's values, not 0."""
+    w = fresh("print_cfg")
+    args = ["--set", "model.preset=gpt2-124m", "--set", "train.steps=9", "--set", "run.name=p.q", "--set", "data.train=/tmp/x y/*.bin"]
+    rc, out, err = run(args + ["--print-config"])
+    check(rc == 0, "--print-config exited %d: %s" % (rc, err))
+    for key, want in (("n_layer", "12"), ("n_head", "12"), ("d_model", "768"), ("seq_len", "1024"),
+                      ("vocab_size", "50257")):
+        check(re.search(r"^model\.%s = %s +# preset gpt2-124m$" % (key, want), out, re.M),
+              "model.%s is not %s from the preset:\n%s" % (key, want, out))
+    path = os.path.join(w, "printed.ini")
+    with open(path, "w") as f:
+        f.write(out)
+    check(effective(args) == effective([path]), "the printed config does not load back to the same values")
+    hashes = [re.search(r"\(hash ([0-9a-f]{16})\)", run(a + ["--print-config"])[1]).group(1) for a in (args, [path])]
+    check(hashes[0] == hashes[1], "the printed config loads with another hash: %s" % hashes)
     return 0
 
 
