@@ -15,9 +15,11 @@
  */
 #define _GNU_SOURCE
 #include "config_impl.h"
+#include "dg_fs.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <inttypes.h>
 #include <math.h>
@@ -25,6 +27,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #define LONG_MARK "\x01"
@@ -814,8 +817,15 @@ dg_status_t dg_config_write_file(const dg_config_t *cfg, const char *path) {
     char tmp[DG_CFG_STR + 64];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return DG_ERR(DG_ERR_RUNTIME, "config: path too long: %.80s...", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return DG_ERR(DG_ERR_RUNTIME, "config: cannot write %s: %s", tmp, strerror(errno));
+    /* a stale temporary or a link planted at its name is removed, never followed (dg_fs.h) */
+    remove(tmp);
+    int fd = -1;
+    DG_TRY(dg_fs_open_nofollow(tmp, O_WRONLY | O_CREAT | O_EXCL, &fd));
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        return DG_ERR(DG_ERR_RUNTIME, "config: cannot write %s: %s", tmp, strerror(errno));
+    }
     fprintf(f,
             "# dgtrain %s effective configuration (hash %016" PRIx64 "); every key with its final value and\n"
             "# its source. Reproduce the run with: dgtrain %s\n",

@@ -4,9 +4,13 @@
 #include "plot.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "dg_fs.h"
 
 #define W 960
 #define H 540
@@ -241,8 +245,15 @@ static dg_status_t write_chart(const chart_t *c, const dg_plot_run_t *runs, int 
     char path[4200], tmp[4220];
     snprintf(path, sizeof path, "%s/%s", dir, c->file);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) return DG_ERR(DG_ERR_RUNTIME, "plot: cannot write %s: %s", tmp, strerror(errno));
+    /* a stale temporary or a link planted at its name is removed, never followed (dg_fs.h) */
+    remove(tmp);
+    int fd = -1;
+    DG_TRY(dg_fs_open_nofollow(tmp, O_WRONLY | O_CREAT | O_EXCL, &fd));
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        return DG_ERR(DG_ERR_RUNTIME, "plot: cannot write %s: %s", tmp, strerror(errno));
+    }
     draw(f, c, runs, nruns, x, y);
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) {

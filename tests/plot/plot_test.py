@@ -242,12 +242,14 @@ def case_errors():
 
 
 def case_train_unwritable():
-    """A run whose plots/ cannot be created still finishes with exit 0 and a warning."""
+    """A run whose plots/ or config.ini cannot be written still finishes with exit 0 and a warning."""
     d = os.path.join(fresh("train_unwritable"), "run")
     os.makedirs(d)
     open(os.path.join(d, "plots"), "w").close()  # a file where the directory should go
+    os.makedirs(os.path.join(d, "config.ini", "x"))  # a non-empty directory: rename cannot replace it
     log = train(d, steps=3)
     check("plots not written" in log, "no warning for the unwritable plots dir: %s" % log[-1500:])
+    check(re.search(r"WARN.*config\.ini", log), "no warning for the unwritable config.ini: %s" % log[-1500:])
     return 0
 
 
