@@ -11,8 +11,10 @@ void dg_cli_resolve_model(dg_config_t *cfg) {
         const char *key;
         int64_t cur;
         int val;
-    } k[] = {{"model.n_layer", cfg->model.n_layer, d.n_layer}, {"model.n_head", cfg->model.n_head, d.n_head},
-             {"model.d_model", cfg->model.d_model, d.d_model}, {"model.seq_len", cfg->model.seq_len, d.seq_len},
+    } k[] = {{"model.n_layer", cfg->model.n_layer, d.n_layer},
+             {"model.n_head", cfg->model.n_head, d.n_head},
+             {"model.d_model", cfg->model.d_model, d.d_model},
+             {"model.seq_len", cfg->model.seq_len, d.seq_len},
              {"model.vocab_size", cfg->model.vocab_size, d.vocab_size}};
     char src[64], v[24];
     snprintf(src, sizeof src, "preset %s", cfg->model.preset);

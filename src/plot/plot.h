@@ -52,7 +52,8 @@ dg_status_t dg_plot_read(const char *run_dir, dg_plot_run_t *run);
 void dg_plot_run_free(dg_plot_run_t *run);
 
 /* Writes the charts of runs[0..nruns) into out_dir. *written (may be NULL) gets the chart count. */
-dg_status_t dg_plot_write(const dg_plot_run_t *runs, int nruns, const char *out_dir, FILE *note, int *written);
+dg_status_t dg_plot_write(const dg_plot_run_t *runs, int nruns, const char *out_dir, FILE *note,
+                          int *written);
 
 /* Reads each run directory and writes the charts: what the trainer calls at the end of a run. */
 dg_status_t dg_plot_dirs(int ndirs, const char *const *dirs, const char *out_dir, FILE *note);

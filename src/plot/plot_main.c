@@ -18,7 +18,8 @@ dg_status_t dg_plot_dirs(int ndirs, const char *const *dirs, const char *out_dir
     }
     int written = 0;
     if (s == DG_OK) s = dg_plot_write(runs, ndirs, out_dir, note, &written);
-    if (s == DG_OK && note) fprintf(note, "plot: wrote %d chart%s to %s\n", written, written == 1 ? "" : "s", out_dir);
+    if (s == DG_OK && note)
+        fprintf(note, "plot: wrote %d chart%s to %s\n", written, written == 1 ? "" : "s", out_dir);
     for (int i = 0; i < nread; i++)
         dg_plot_run_free(&runs[i]);
     free(runs);
@@ -26,8 +27,8 @@ dg_status_t dg_plot_dirs(int ndirs, const char *const *dirs, const char *out_dir
 }
 
 static int usage_error(const char *msg, const char *arg) {
-    fprintf(stderr, "dgtrain plot: error: %s%s%s (usage: dgtrain plot RUN_DIR [RUN_DIR...] [--out DIR])\n", msg,
-            arg ? " " : "", arg ? arg : "");
+    fprintf(stderr, "dgtrain plot: error: %s%s%s (usage: dgtrain plot RUN_DIR [RUN_DIR...] [--out DIR])\n",
+            msg, arg ? " " : "", arg ? arg : "");
     return DG_ERR_USAGE;
 }
 
@@ -38,17 +39,22 @@ int dg_plot_main(int argc, char **argv) {
     for (int i = 1; i < argc && rc == 0; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf("usage: dgtrain plot RUN_DIR [RUN_DIR...] [--out DIR]\n"
-                   "Writes SVG charts of each run's metrics.jsonl (loss, lr, tokens/s, step time, grad norm,\n"
-                   "MFU against step; several runs overlaid) into DIR (default: the first RUN_DIR/plots).\n");
+            printf(
+                "usage: dgtrain plot RUN_DIR [RUN_DIR...] [--out DIR]\n"
+                "Writes SVG charts of each run's metrics.jsonl (loss, lr, tokens/s, step time, grad norm,\n"
+                "MFU against step; several runs overlaid) into DIR (default: the first RUN_DIR/plots).\n");
             free(dirs);
             return 0;
         } else if (strcmp(a, "--out") == 0) {
-            if (i + 1 >= argc || !*argv[i + 1]) rc = usage_error("--out: expected a DIR after it", NULL);
-            else out = argv[++i];
+            if (i + 1 >= argc || !*argv[i + 1])
+                rc = usage_error("--out: expected a DIR after it", NULL);
+            else
+                out = argv[++i];
         } else if (strncmp(a, "--out=", 6) == 0) {
-            if (!a[6]) rc = usage_error("--out=: expected a DIR after '='", NULL);
-            else out = a + 6;
+            if (!a[6])
+                rc = usage_error("--out=: expected a DIR after '='", NULL);
+            else
+                out = a + 6;
         } else if (a[0] == '-' && a[1]) {
             rc = usage_error("unknown option", a);
         } else {
@@ -59,7 +65,8 @@ int dg_plot_main(int argc, char **argv) {
     for (int i = 0; rc == 0 && i < n; i++) {
         struct stat st;
         if (stat(dirs[i], &st) != 0 || !S_ISDIR(st.st_mode)) {
-            fprintf(stderr, "dgtrain plot: error: '%s' is not a run directory (no such directory)\n", dirs[i]);
+            fprintf(stderr, "dgtrain plot: error: '%s' is not a run directory (no such directory)\n",
+                    dirs[i]);
             rc = DG_ERR_RUNTIME;
         }
     }

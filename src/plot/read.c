@@ -87,7 +87,10 @@ dg_status_t dg_plot_read(const char *run_dir, dg_plot_run_t *run) {
     if (snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir) >= (int)sizeof path)
         return DG_ERR(DG_ERR_RUNTIME, "plot: run directory path too long: %.80s...", run_dir);
     FILE *f = fopen(path, "r");
-    if (!f) return DG_ERR(DG_ERR_RUNTIME, "plot: cannot read %s: %s (expected a run directory with a metrics.jsonl)", path, strerror(errno));
+    if (!f)
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "plot: cannot read %s: %s (expected a run directory with a metrics.jsonl)", path,
+                      strerror(errno));
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;

@@ -28,10 +28,15 @@ typedef struct {
 
 static const chart_t k_charts[] = {
     {"loss.svg", "Loss", "loss (nats/token)", {DG_PLOT_LOSS, DG_PLOT_VAL_LOSS}, {"train", "val"}, 1},
-    {"lr.svg", "Learning rate", "learning rate (per step)", {DG_PLOT_LR, -1}, {"", ""}, 0},
+    {"lr.svg", "Learning rate", "learning rate (dimensionless)", {DG_PLOT_LR, -1}, {"", ""}, 0},
     {"tokens_per_s.svg", "Throughput", "throughput (tokens/s)", {DG_PLOT_TOK_S, -1}, {"", ""}, 0},
     {"step_time.svg", "Step time", "step time (ms)", {DG_PLOT_STEP_MS, -1}, {"", ""}, 0},
-    {"grad_norm.svg", "Gradient norm", "grad norm (L2, before clipping)", {DG_PLOT_GRAD_NORM, -1}, {"", ""}, 0},
+    {"grad_norm.svg",
+     "Gradient norm",
+     "grad norm (L2, all parameters)",
+     {DG_PLOT_GRAD_NORM, -1},
+     {"", ""},
+     0},
     {"mfu.svg", "Model FLOPs utilisation", "MFU (% of peak)", {DG_PLOT_MFU, -1}, {"", ""}, 0},
 };
 
@@ -86,7 +91,8 @@ static void fmt_num(char *b, size_t cap, double v, double step) {
 /* ---------------- coordinates ---------------- */
 
 static double ty(const axis_t *a, double v) {
-    double t = a->log ? (log10(v) - log10(a->lo)) / (log10(a->hi) - log10(a->lo)) : (v - a->lo) / (a->hi - a->lo);
+    double t =
+        a->log ? (log10(v) - log10(a->lo)) / (log10(a->hi) - log10(a->lo)) : (v - a->lo) / (a->hi - a->lo);
     return PB - t * (PB - PT);
 }
 
@@ -99,12 +105,18 @@ static double tx(const axis_t *a, double v) {
 static void xml_text(FILE *f, const char *s) {
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
-        if (c == '<') fputs("&lt;", f);
-        else if (c == '>') fputs("&gt;", f);
-        else if (c == '&') fputs("&amp;", f);
-        else if (c == '"') fputs("&quot;", f);
-        else if (c < 0x20) fputc('?', f);
-        else fputc(c, f);
+        if (c == '<')
+            fputs("&lt;", f);
+        else if (c == '>')
+            fputs("&gt;", f);
+        else if (c == '&')
+            fputs("&amp;", f);
+        else if (c == '"')
+            fputs("&quot;", f);
+        else if (c < 0x20)
+            fputc('?', f);
+        else
+            fputc(c, f);
     }
 }
 
@@ -119,16 +131,20 @@ static void y_axis(FILE *f, const axis_t *y, double step) {
                 if ((m != 1 && !sub) || v < y->lo * 0.999 || v > y->hi * 1.001) continue;
                 double py = ty(y, v);
                 snprintf(b, sizeof b, "%g", v);
-                fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#dddddd\"/>\n", PL, py, PR, py);
-                fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\" dominant-baseline=\"middle\">%s</text>\n",
-                        PL - 6, py, b);
+                fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#dddddd\"/>\n", PL, py,
+                        PR, py);
+                fprintf(
+                    f,
+                    "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\" dominant-baseline=\"middle\">%s</text>\n",
+                    PL - 6, py, b);
             }
         return;
     }
     for (double v = y->lo; v <= y->hi + step * 1e-6; v += step) {
         double py = ty(y, v);
         fmt_num(b, sizeof b, v, step);
-        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#dddddd\"/>\n", PL, py, PR, py);
+        fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#dddddd\"/>\n", PL, py, PR,
+                py);
         fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\" dominant-baseline=\"middle\">%s</text>\n",
                 PL - 6, py, b);
     }
@@ -139,7 +155,8 @@ static void x_axis(FILE *f, const axis_t *x, double step) {
     for (double v = x->lo; v <= x->hi + step * 1e-6; v += step) {
         double px = tx(x, v);
         fmt_num(b, sizeof b, v, step);
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#dddddd\"/>\n", px, PT, px, PB);
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#dddddd\"/>\n", px, PT, px,
+                PB);
         fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", px, PB + 20, b);
     }
 }
@@ -154,8 +171,8 @@ static void series(FILE *f, const dg_plot_series_t *s, const axis_t *x, const ax
     if (dashed || s->n == 1) /* val points are few: mark each; so is a lone point */
         for (int i = 0; i < s->n; i++)
             if (!y->log || s->v[i] > 0)
-                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n", tx(x, (double)s->step[i]),
-                        ty(y, s->v[i]), colour);
+                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n",
+                        tx(x, (double)s->step[i]), ty(y, s->v[i]), colour);
 }
 
 static void legend(FILE *f, const chart_t *c, const dg_plot_run_t *runs, int nruns) {
@@ -166,7 +183,8 @@ static void legend(FILE *f, const chart_t *c, const dg_plot_run_t *runs, int nru
             if (si < 0 || runs[r].s[si].n == 0) continue;
             const char *col = k_colours[r % NCOLOURS];
             int y = PT + 10 + 22 * row++;
-            fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2.5\"%s/>\n",
+            fprintf(f,
+                    "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2.5\"%s/>\n",
                     PR + 20, y, PR + 48, y, col, k ? " stroke-dasharray=\"6,4\"" : "");
             fprintf(f, "<text x=\"%d\" y=\"%d\" dominant-baseline=\"middle\">", PR + 56, y);
             char nm[40];
@@ -211,26 +229,31 @@ static int ranges(const chart_t *c, const dg_plot_run_t *runs, int nruns, axis_t
 static void draw(FILE *f, const chart_t *c, const dg_plot_run_t *runs, int nruns, axis_t x, axis_t y) {
     if (x.lo > 0 && x.lo <= 0.2 * x.hi) x.lo = 0; /* steps start at 1: show the axis from 0 */
     double xs = lin_ticks(&x), ys = y.log ? 0 : lin_ticks(&y);
-    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
-               "font-family=\"DejaVu Sans, Arial, sans-serif\" font-size=\"13\">\n",
+    fprintf(f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+            "font-family=\"DejaVu Sans, Arial, sans-serif\" font-size=\"13\">\n",
             W, H, W, H);
     fprintf(f, "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n", W, H);
-    fprintf(f, "<text x=\"%d\" y=\"28\" text-anchor=\"middle\" font-size=\"17\" font-weight=\"bold\">%s%s</text>\n",
-            (PL + PR) / 2, c->title, y.log ? " (log scale)" : "");
+    fprintf(
+        f,
+        "<text x=\"%d\" y=\"28\" text-anchor=\"middle\" font-size=\"17\" font-weight=\"bold\">%s%s</text>\n",
+        (PL + PR) / 2, c->title, y.log ? " (log scale)" : "");
     y_axis(f, &y, ys);
     x_axis(f, &x, xs);
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333333\"/>\n", PL, PT,
-            PR - PL, PB - PT);
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#333333\"/>\n", PL,
+            PT, PR - PL, PB - PT);
     fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"14\">step</text>\n", (PL + PR) / 2,
             PB + 48);
-    fprintf(f, "<text x=\"22\" y=\"%d\" text-anchor=\"middle\" font-size=\"14\" transform=\"rotate(-90 22 %d)\">",
-            (PT + PB) / 2, (PT + PB) / 2);
+    fprintf(
+        f, "<text x=\"22\" y=\"%d\" text-anchor=\"middle\" font-size=\"14\" transform=\"rotate(-90 22 %d)\">",
+        (PT + PB) / 2, (PT + PB) / 2);
     xml_text(f, c->ytitle);
     fputs("</text>\n", f);
     /* clip the lines to the plot area, with room for a marker on its edge */
-    fprintf(f, "<svg x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" viewBox=\"%d %d %d %d\" overflow=\"hidden\">\n",
-            PL - 5, PT - 5, PR - PL + 10, PB - PT + 10, PL - 5, PT - 5, PR - PL + 10, PB - PT + 10);
+    fprintf(
+        f, "<svg x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" viewBox=\"%d %d %d %d\" overflow=\"hidden\">\n",
+        PL - 5, PT - 5, PR - PL + 10, PB - PT + 10, PL - 5, PT - 5, PR - PL + 10, PB - PT + 10);
     for (int r = 0; r < nruns; r++)
         for (int k = 0; k < 2; k++)
             if (c->series[k] >= 0 && runs[r].s[c->series[k]].n > 0)
@@ -268,21 +291,27 @@ static dg_status_t write_chart(const chart_t *c, const dg_plot_run_t *runs, int 
     return DG_OK;
 }
 
-dg_status_t dg_plot_write(const dg_plot_run_t *runs, int nruns, const char *out_dir, FILE *note, int *written) {
+dg_status_t dg_plot_write(const dg_plot_run_t *runs, int nruns, const char *out_dir, FILE *note,
+                          int *written) {
     int n = 0;
     if (written) *written = 0;
     dg_status_t s = dg_mkdir_p(out_dir);
-    if (s) return DG_ERR(DG_ERR_RUNTIME, "plot: cannot create the plots directory %s: %s", out_dir, dg_last_error());
+    if (s)
+        return DG_ERR(DG_ERR_RUNTIME, "plot: cannot create the plots directory %s: %s", out_dir,
+                      dg_last_error());
     for (size_t i = 0; i < sizeof k_charts / sizeof *k_charts; i++) {
         axis_t x = {0}, y = {0};
         if (!ranges(&k_charts[i], runs, nruns, &x, &y)) {
-            if (note) fprintf(note, "plot: no %s in any run; %s not written\n", k_charts[i].ytitle, k_charts[i].file);
+            if (note)
+                fprintf(note, "plot: no %s in any run; %s not written\n", k_charts[i].ytitle,
+                        k_charts[i].file);
             continue;
         }
         DG_TRY(write_chart(&k_charts[i], runs, nruns, out_dir, x, y));
         n++;
     }
     if (written) *written = n;
-    if (n == 0) return DG_ERR(DG_ERR_RUNTIME, "plot: nothing to plot: no step or val lines in any metrics.jsonl");
+    if (n == 0)
+        return DG_ERR(DG_ERR_RUNTIME, "plot: nothing to plot: no step or val lines in any metrics.jsonl");
     return DG_OK;
 }

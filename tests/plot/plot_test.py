@@ -20,10 +20,10 @@ import dgskip  # noqa: E402
 NS = "{http://www.w3.org/2000/svg}"
 CHARTS = {
     "loss.svg": "loss (nats/token)",
-    "lr.svg": "learning rate (per step)",
+    "lr.svg": "learning rate (dimensionless)",
     "tokens_per_s.svg": "throughput (tokens/s)",
     "step_time.svg": "step time (ms)",
-    "grad_norm.svg": "grad norm (L2, before clipping)",
+    "grad_norm.svg": "grad norm (L2, all parameters)",
     "mfu.svg": "MFU (% of peak)",
 }
 A = None
