@@ -73,19 +73,27 @@ static double lin_ticks(axis_t *a) {
     return step;
 }
 
-static void fmt_num(char *b, size_t cap, double v, double step) {
+/* A tick label: plain decimals with as many places as the tick step needs; 10k and up with a k or M
+ * suffix (1.25M, 40k) on an axis that reaches 10k; an axis below 0.001 in e-notation. */
+static void fmt_num(char *b, size_t cap, double v, double step, double amax) {
     if (fabs(v) < step * 1e-6) {
         snprintf(b, cap, "0");
         return;
     }
-    double m = fabs(v);
-    if (m != 0 && (m >= 1e6 || m < 1e-3))
+    double scale = 1; /* one suffix for the whole axis, from its largest magnitude */
+    const char *suffix = "";
+    if (amax >= 1e6)
+        scale = 1e6, suffix = "M";
+    else if (amax >= 1e4)
+        scale = 1e3, suffix = "k";
+    if (amax < 1e-3) {
         snprintf(b, cap, "%.3g", v);
-    else {
-        int dec = step >= 1 ? 0 : (int)ceil(-log10(step) - 1e-9);
-        if (dec > 6) dec = 6;
-        snprintf(b, cap, "%.*f", dec, v);
+        return;
     }
+    double st = step / scale;
+    int dec = st >= 1 ? 0 : (int)ceil(-log10(st) - 1e-9);
+    if (dec > 6) dec = 6;
+    snprintf(b, cap, "%.*f%s", dec, v / scale, suffix);
 }
 
 /* ---------------- coordinates ---------------- */
@@ -142,7 +150,7 @@ static void y_axis(FILE *f, const axis_t *y, double step) {
     }
     for (double v = y->lo; v <= y->hi + step * 1e-6; v += step) {
         double py = ty(y, v);
-        fmt_num(b, sizeof b, v, step);
+        fmt_num(b, sizeof b, v, step, fmax(fabs(y->lo), fabs(y->hi)));
         fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#dddddd\"/>\n", PL, py, PR,
                 py);
         fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\" dominant-baseline=\"middle\">%s</text>\n",
@@ -154,7 +162,7 @@ static void x_axis(FILE *f, const axis_t *x, double step) {
     char b[32];
     for (double v = x->lo; v <= x->hi + step * 1e-6; v += step) {
         double px = tx(x, v);
-        fmt_num(b, sizeof b, v, step);
+        fmt_num(b, sizeof b, v, step, fmax(fabs(x->lo), fabs(x->hi)));
         fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#dddddd\"/>\n", px, PT, px,
                 PB);
         fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", px, PB + 20, b);
@@ -187,10 +195,12 @@ static void legend(FILE *f, const chart_t *c, const dg_plot_run_t *runs, int nru
                     "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2.5\"%s/>\n",
                     PR + 20, y, PR + 48, y, col, k ? " stroke-dasharray=\"6,4\"" : "");
             fprintf(f, "<text x=\"%d\" y=\"%d\" dominant-baseline=\"middle\">", PR + 56, y);
+            /* fits the 180 px beside the plot: long names keep their start and end */
             char nm[40];
-            size_t n = strlen(runs[r].name);
-            if (n > 24)
-                snprintf(nm, sizeof nm, "%.10s...%s", runs[r].name, runs[r].name + n - 11);
+            size_t n = strlen(runs[r].name), max = c->series[1] >= 0 ? 16 : 24, head = (max - 3) / 2;
+            if (n > max)
+                snprintf(nm, sizeof nm, "%.*s...%s", (int)head, runs[r].name,
+                         runs[r].name + n - (max - 3 - head));
             else
                 snprintf(nm, sizeof nm, "%s", runs[r].name);
             xml_text(f, nm);
