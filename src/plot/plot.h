@@ -11,7 +11,8 @@
  *     lr.svg, tokens_per_s.svg, step_time.svg, grad_norm.svg, mfu.svg (percent). Several runs are
  *     overlaid in distinct colours with a legend naming each run (its directory's basename). A chart
  *     whose metric is absent from every run is not written; `note` (may be NULL) gets one line saying
- *     so. DG_ERR_RUNTIME when out_dir cannot be created or a file cannot be written; DG_ERR_RUNTIME
+ *     so. More than 2000 points in a series: per pixel column its first, lowest, highest and last point.
+ *     DG_ERR_RUNTIME when out_dir cannot be created or a file cannot be written; DG_ERR_RUNTIME
  *     when no chart at all has data.
  *   - Pure C and stdio: no plotting stack.
  */

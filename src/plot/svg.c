@@ -18,6 +18,7 @@
 #define PR 720
 #define PT 50
 #define PB 470
+#define DENSE 2000 /* more points than this in a series: thinned to what the pixels can show */
 
 typedef struct {
     const char *file, *title, *ytitle;
@@ -173,10 +174,30 @@ static void series(FILE *f, const dg_plot_series_t *s, const axis_t *x, const ax
                    int dashed) {
     fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"%s\"%s points=\"", colour,
             dashed ? "2" : "1.5", dashed ? " stroke-dasharray=\"6,4\"" : "");
-    for (int i = 0; i < s->n; i++)
-        if (!y->log || s->v[i] > 0) fprintf(f, "%.1f,%.1f ", tx(x, (double)s->step[i]), ty(y, s->v[i]));
+    /* Long runs: per pixel column only the first, lowest, highest and last point, in step order, so the
+     * file stays small and a one-step spike still shows. */
+    int i = 0;
+    while (i < s->n) {
+        int col = (int)tx(x, (double)s->step[i]), j = i, lo = -1, hi = -1;
+        for (; j < s->n && (s->n <= DENSE || (int)tx(x, (double)s->step[j]) == col); j++) {
+            if (y->log && !(s->v[j] > 0)) continue;
+            if (lo < 0 || s->v[j] < s->v[lo]) lo = j;
+            if (hi < 0 || s->v[j] > s->v[hi]) hi = j;
+        }
+        if (s->n <= DENSE) { /* few points: every one */
+            for (int k = i; k < j; k++)
+                if (!y->log || s->v[k] > 0)
+                    fprintf(f, "%.1f,%.1f ", tx(x, (double)s->step[k]), ty(y, s->v[k]));
+        } else if (lo >= 0) {
+            int keep[4] = {i, lo < hi ? lo : hi, lo < hi ? hi : lo, j - 1};
+            for (int k = 0; k < 4; k++)
+                if ((k == 0 || keep[k] != keep[k - 1]) && (!y->log || s->v[keep[k]] > 0))
+                    fprintf(f, "%.1f,%.1f ", tx(x, (double)s->step[keep[k]]), ty(y, s->v[keep[k]]));
+        }
+        i = j;
+    }
     fputs("\"/>\n", f);
-    if (dashed || s->n == 1) /* val points are few: mark each; so is a lone point */
+    if ((dashed && s->n <= DENSE) || s->n == 1) /* val points are few: mark each; so is a lone point */
         for (int i = 0; i < s->n; i++)
             if (!y->log || s->v[i] > 0)
                 fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n",

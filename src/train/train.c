@@ -1133,7 +1133,8 @@ static dg_status_t train_loop(trainer_t *tr) {
     return DG_OK;
 }
 
-/* RUN_DIR/plots/ after the final metrics line (rank 0); a failure is a warning, never a failed run. */
+/* RUN_DIR/plots/ after the final metrics line of a finished run or of a stop on a signal after a complete
+ * checkpoint (rank 0); a failure is a warning, never a failed run. */
 static void end_of_run_plots(const char *run_dir) {
     char out[DG_CFG_STR + 8];
     snprintf(out, sizeof out, "%s/plots", run_dir);
@@ -1233,11 +1234,11 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
                   el > 0 ? (double)(tr.step - step0) * tr.global_batch * tr.desc.seq_len / el : 0),
             DG_JF("gpu_peak_alloc_bytes", gpu_peak), DG_JF("gpu_used_bytes", gpu_used),
             DG_JI("exit_code", 0));
-        if (tr.rank == 0) end_of_run_plots(cfg->run.dir);
     } else if (s != DG_ERR_SIGNAL) {
         DG_METRICS_EVENT(tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "error"),
                          DG_JS("error", dg_last_error()), DG_JI("exit_code", s));
     }
+    if (tr.rank == 0 && (s == DG_OK || s == DG_ERR_SIGNAL)) end_of_run_plots(cfg->run.dir); /* also a stop */
     trainer_free(&tr);
     return s;
 }

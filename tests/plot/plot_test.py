@@ -10,8 +10,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
@@ -251,6 +253,59 @@ def case_train_unwritable():
     check("plots not written" in log, "no warning for the unwritable plots dir: %s" % log[-1500:])
     check(re.search(r"WARN.*config\.ini", log), "no warning for the unwritable config.ini: %s" % log[-1500:])
     return 0
+
+
+def case_signal_stop():
+    """A run stopped on SIGUSR1 after its checkpoint (exit 75) still writes RUN_DIR/plots/."""
+    d = os.path.join(fresh("signal_stop"), "run")
+    logf = open(os.path.join(os.path.dirname(d), "out.log"), "w+")  # a file: a full pipe would stall the run
+    p = subprocess.Popen([A.dgtrain, "--set", "run.dir=" + d, "--set", "train.steps=100000", "--set",
+                          "checkpoint.every=0"], stdout=logf, stderr=subprocess.STDOUT, text=True)
+
+    def output():
+        logf.seek(0)
+        return logf.read()
+
+    metrics, deadline = os.path.join(d, "metrics.jsonl"), time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        if os.path.exists(metrics) and open(metrics).read().count('"event":"step"') >= 3:
+            break
+        time.sleep(0.2)
+    if p.poll() is not None:
+        raise Fail("the run ended before the signal: %s" % output()[-1500:])
+    p.send_signal(signal.SIGUSR1)
+    try:
+        p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise Fail("no exit within 120 s of SIGUSR1: %s" % output()[-1500:])
+    out = output()
+    logf.close()
+    check(p.returncode == 75, "stopped run exited %d, expected 75: %s" % (p.returncode, out[-1500:]))
+    check("plots written to" in out, "no plots after the stop: %s" % out[-1500:])
+    (_, _, pts), = [l for l in polylines(parse(os.path.join(d, "plots", "loss.svg")))]
+    check(len(pts) >= 3, "the stopped run's loss chart has %d points" % len(pts))
+    return 0
+
+
+def case_long_run():
+    """A long series is thinned to what the pixels show, keeping a one-step spike."""
+    d = os.path.join(fresh("long_run"), "long")
+    os.makedirs(d)
+    write_metrics(d, [step_line(s, 100.0 if s == 12345 else 3.0 + 1.0 / s) for s in range(1, 30001)])
+    rc, _, err = run(["plot", d])
+    check(rc == 0, "plot exited %d: %s" % (rc, err))
+    root = parse(os.path.join(d, "plots", "loss.svg"))
+    (_, _, pts), = polylines(root)
+    check(len(pts) < 3000, "30000 steps drawn as %d points" % len(pts))
+    check(os.path.getsize(os.path.join(d, "plots", "loss.svg")) < 200000, "loss.svg is too large")
+    ys = [y for _, y in pts]
+    labels = [float(t) for t in texts(root) if re.fullmatch(r"[0-9.]+", t)]
+    check(max(labels) >= 100, "the y axis does not reach the spike: %s" % labels)
+    top = min(ys)
+    check(sum(1 for y in ys if y == top) == 1 and ys.index(top) not in (0, len(ys) - 1),
+          "the spike at step 12345 was lost in thinning")
+    return rsvg_ok([os.path.join(d, "plots", "loss.svg")])
 
 
 def config_hash(args):
