@@ -329,14 +329,19 @@ def effective(args):
 def case_config_roundtrip():
     """RUN_DIR/config.ini holds every key with its value and source, and loading it reproduces the run's
     effective config (same hash as the run's start line, same value for every key)."""
-    d = os.path.join(fresh("config_rt"), "run")
-    sets = ["--set", "train.lr=0.002", "--set", "model.n_layer=2", "--set", "data.val_every=2"]
+    w = fresh("config_rt")
+    d = os.path.join(w, "run")
+    cfg = os.path.join(w, "base.ini")
+    with open(cfg, "w") as f:
+        f.write("[train]\nlr = 0.002\n")
+    sets = [cfg, "--set", "model.n_layer=2", "--set", "data.val_every=2"]
     train(d, steps=2, extra=sets)
     ini = os.path.join(d, "config.ini")
     check(os.path.isfile(ini), "config.ini not written")
     text = open(ini).read()
     check(not os.path.exists(ini + ".tmp"), "temporary config file left behind")
-    check(re.search(r"^train\.lr = 0\.002 +# --set$", text, re.M), "train.lr or its source missing:\n" + text)
+    check(re.search(r"^train\.lr = 0\.002 +# %s:2$" % re.escape(cfg), text, re.M),
+          "train.lr or its source FILE:LINE missing:\n" + text)
     check(re.search(r"^model\.n_layer = 2 +# --set$", text, re.M), "model.n_layer missing:\n" + text)
     check(re.search(r"^model\.d_model = 128 +# preset tiny$", text, re.M), "preset size not resolved:\n" + text)
     check(re.search(r"^run\.seed = 1337 +# default$", text, re.M), "default source missing:\n" + text)
