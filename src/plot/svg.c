@@ -298,7 +298,7 @@ static dg_status_t write_chart(const chart_t *c, const dg_plot_run_t *runs, int 
                                axis_t x, axis_t y) {
     char path[4200], tmp[4220];
     snprintf(path, sizeof path, "%s/%s", dir, c->file);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()); /* several writers: each renames its own */
     /* a stale temporary or a link planted at its name is removed, never followed (dg_fs.h) */
     remove(tmp);
     int fd = -1;
