@@ -36,6 +36,7 @@ DG_PACKAGES=(
 # DG_PACKAGES+=(package ...)   # module: why
 DG_PACKAGES+=(slurmctld slurmd slurm-client munge) # health/slurm: the one-node test cluster (tests/slurm/cluster.sh)
 DG_PACKAGES+=(libpcre2-dev python3-venv) # tokenizer: GPT-2 pre-tokenization regex; the test venv (tiktoken)
+DG_PACKAGES+=(librsvg2-bin) # plot: rsvg-convert renders every chart in tests/plot (its absence fails under CI)
 
 # shellcheck disable=SC2206
 DG_PACKAGES+=(${DG_EXTRA_PACKAGES:-})

@@ -10,7 +10,13 @@
 #include "config.h"
 #include "mpi_boot.h"
 
-/* Run training as configured (the default action). */
+/* The model sizes left 0 (= take the preset's) set to the preset's values, source "preset NAME", so the
+ * effective config, --print-config and RUN_DIR/config.ini show them. A model config that does not
+ * resolve is left as it is (the action reports it). */
+void dg_cli_resolve_model(dg_config_t *cfg);
+
+/* Run training as configured (the default action). Rank 0 first writes RUN_DIR/config.ini (a failure
+ * is a warning). */
 dg_status_t dg_cli_train(dg_boot_t *boot, const dg_config_t *cfg);
 
 /* --plan-only: print the parallel plan and graph schedule per rank (json = one JSON document). */

@@ -3,12 +3,15 @@
 
 #include <string.h>
 
+#include "plot.h"
 #ifdef DG_HAVE_SAMPLE
 #include "dg_sample.h"
 #endif
 
 /* Subcommands: `dgtrain NAME ...`. Each module that brings one adds a line here. */
 const dg_cli_command_t dg_cli_commands[] = {
+    {"plot", "RUN_DIR [RUN_DIR...] [--out DIR]", "SVG charts of the runs' metrics.jsonl (default --out: the first RUN_DIR/plots)",
+     dg_plot_main},
 #ifdef DG_HAVE_SAMPLE
     {"sample", "CKPT_OR_RUN_DIR --prompt TEXT ...", "generate text from a checkpoint (docs/sampling.md)",
      dg_sample_main},

@@ -17,9 +17,6 @@
 #include "dg_env.h"
 #include "dg_fs.h"
 #include "mpi_boot.h"
-#ifdef DG_HAVE_SAMPLE
-#include "dg_sample.h"
-#endif
 
 /* The run directory's lock (run.lock), held by rank 0 from before the first file is written into
  * run.dir until the process ends; the kernel drops it when the process dies, however it dies. */
@@ -185,6 +182,7 @@ static dg_status_t export_topology(dg_boot_t *b, const char *file) {
 
 static dg_status_t run(dg_boot_t *b, const cli_opts_t *o, dg_config_t *cfg) {
     DG_TRY(dg_boot_agree(b, dg_config_load(cfg, o->config, o->nsets, o->sets)));
+    dg_cli_resolve_model(cfg);
     if (cfg->health.timeout_s > 0) b->agree_timeout_s = cfg->health.timeout_s;
     if (o->action == DG_ACT_PRINT_CONFIG) {
         if (b->world_rank == 0) {

@@ -15,15 +15,19 @@
  */
 #define _GNU_SOURCE
 #include "config_impl.h"
+#include "dg_fs.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #define LONG_MARK "\x01"
@@ -441,6 +445,12 @@ static int on_key(void *user, const char *section_raw, const char *name, const c
     snprintf(section, sizeof section, "%s", section_raw);
     snprintf(key, sizeof key, "%s", name);
     char *sec = trim(section), *k = trim(key);
+    char *dot = !*sec ? strchr(k, '.') : NULL;
+    if (dot && dot != k && dot[1]) { /* "section.key = value" outside a section: the --print-config form */
+        *dot = 0;
+        sec = k;
+        k = dot + 1;
+    }
     if (!*sec) {
         char sk[80];
         show(sk, sizeof sk, k, 60);
@@ -797,6 +807,37 @@ void dg_config_print(const dg_config_t *cfg, FILE *out) {
         snprintf(line, sizeof line, "%s.%s = %s", dg_cfg_schema[i].section, dg_cfg_schema[i].key, v);
         fprintf(out, "%-*s  # %s\n", width, line, cfg->source[i]);
     }
+}
+
+dg_status_t dg_config_write_file(const dg_config_t *cfg, const char *path) {
+    char tmp[DG_CFG_STR + 64];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return DG_ERR(DG_ERR_RUNTIME, "config: path too long: %.80s...", path);
+    /* a stale temporary or a link planted at its name is removed, never followed (dg_fs.h) */
+    remove(tmp);
+    int fd = -1;
+    DG_TRY(dg_fs_open_nofollow(tmp, O_WRONLY | O_CREAT | O_EXCL, &fd));
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        return DG_ERR(DG_ERR_RUNTIME, "config: cannot write %s: %s", tmp, strerror(errno));
+    }
+    fprintf(f,
+            "# dgtrain %s effective configuration (hash %016" PRIx64 "); every key with its final value and\n"
+            "# its source. Reproduce the run with: dgtrain %s\n",
+            DG_VERSION_STRING, dg_config_hash(cfg), path);
+    dg_config_print(cfg, f);
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        remove(tmp);
+        return DG_ERR(DG_ERR_RUNTIME, "config: write error on %s", tmp);
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        remove(tmp);
+        return DG_ERR(DG_ERR_RUNTIME, "config: cannot rename %s to %s: %s", tmp, path, strerror(e));
+    }
+    return DG_OK;
 }
 
 void dg_config_print_help(FILE *out) {

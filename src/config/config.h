@@ -142,8 +142,12 @@ int dg_config_get(const dg_config_t *cfg, const char *section_dot_key, char *buf
  * Called by dg_config_load; exposed for modules that fill in derived values later. */
 dg_status_t dg_config_validate(const dg_config_t *cfg);
 
-/* Print every key as "section.key = value    # source" (the --print-config format). */
+/* Print every key as "section.key = value    # source" (the --print-config format). The output loads
+ * back as a config file: a "section.key = value" line outside any [section] sets that key. */
 void dg_config_print(const dg_config_t *cfg, FILE *out);
+/* RUN_DIR/config.ini: a header comment and dg_config_print's lines, written to a temporary file and
+ * renamed into place. DG_ERR_RUNTIME naming the path when it cannot be written. */
+dg_status_t dg_config_write_file(const dg_config_t *cfg, const char *path);
 /* Print the schema as help text: each key with type, default, allowed values and doc. */
 void dg_config_print_help(FILE *out);
 /* The effective config as INI text (malloc'd; caller frees). Deterministic: used for the config hash

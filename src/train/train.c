@@ -28,6 +28,7 @@
 #include "health.h"
 #include "memfit.h"
 #include "planner.h"
+#include "plot.h"
 #include "stability.h"
 #include "train_impl.h"
 
@@ -36,8 +37,7 @@
 /* ------------------------------------------------------------------------------------------------ */
 
 
-/* The model sizes of a config: the [model] section resolved against its preset (dg_model_desc_resolve). */
-static dg_status_t model_desc_of(const dg_config_t *c, dg_model_desc_t *out) {
+dg_status_t dg_train_model_desc(const dg_config_t *c, dg_model_desc_t *out) {
     dg_model_spec_t sp = {c->model.preset,  c->model.n_layer, c->model.n_head,
                           c->model.d_model, c->model.seq_len, c->model.vocab_size};
     return dg_model_desc_resolve(&sp, out);
@@ -150,7 +150,7 @@ static dg_status_t pick_mesh(trainer_t *tr) {
         dg_cluster_t cl;
         dg_plan_result_t pr;
         dg_model_desc_t d;
-        DG_TRY(model_desc_of(tr->cfg, &d));
+        DG_TRY(dg_train_model_desc(tr->cfg, &d));
         if (tr->world == 1 || tr->cfg->topology.cluster[0]) {
             dg_mesh_shape_t s = {{1, tr->world, 1}, {DG_MESH_DP_REPLICATE, DG_MESH_DP_SHARD, DG_MESH_TP}};
             tr->mesh = s;
@@ -433,7 +433,7 @@ static void exec_fallback_event(void *ctx, const char *kind, const char *reason)
 static dg_status_t setup(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     DG_TRY(pick_mesh(tr));
-    DG_TRY(model_desc_of(c, &tr->desc));
+    DG_TRY(dg_train_model_desc(c, &tr->desc));
     DG_TRY(batch_arithmetic(tr));
     if (tr->desc.n_head % tr->mesh.size[DG_MESH_TP] != 0)
         return DG_ERR(DG_ERR_USAGE, "parallel.mesh=%s: tp = %d must divide model.n_head = %d", tr->mesh_str,
@@ -692,6 +692,18 @@ static dg_status_t train_loop(trainer_t *tr) {
     return finish_loop(tr, st, stop_sig);
 }
 
+/* RUN_DIR/plots/ after the final metrics line of a finished run or of a stop on a signal after a complete
+ * checkpoint (rank 0); a failure is a warning, never a failed run. */
+static void end_of_run_plots(const char *run_dir) {
+    char out[DG_CFG_STR + 8];
+    snprintf(out, sizeof out, "%s/plots", run_dir);
+    const char *dirs[1] = {run_dir};
+    if (dg_plot_dirs(1, dirs, out, NULL) != DG_OK)
+        DG_LOG_WARN("plots not written: %s", dg_last_error());
+    else
+        DG_LOG_INFO("plots written to %s", out);
+}
+
 dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
     trainer_t tr = {0};
     tr.boot = boot;
@@ -785,6 +797,7 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
         DG_METRICS_EVENT(tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "error"),
                          DG_JS("error", dg_last_error()), DG_JI("exit_code", s));
     }
+    if (tr.rank == 0 && (s == DG_OK || s == DG_ERR_SIGNAL)) end_of_run_plots(cfg->run.dir); /* also a stop */
     trainer_free(&tr);
     return s;
 }
@@ -799,7 +812,7 @@ static dg_status_t planner_text(dg_boot_t *boot, const dg_config_t *cfg, int jso
     *text_out = dg_xstrdup("");
     if (boot->world_rank != 0) return DG_OK;
     dg_model_desc_t d;
-    DG_TRY(model_desc_of(cfg, &d));
+    DG_TRY(dg_train_model_desc(cfg, &d));
     dg_cluster_t cl;
     dg_plan_result_t pr;
     DG_TRY(run_planner(boot, cfg, &d, DG_TRAIN_MAX_TP, &cl, &pr));
@@ -860,7 +873,7 @@ static dg_status_t plan_model(dg_boot_t *boot, const dg_config_t *cfg, trainer_t
     tr->rank = boot->world_rank;
     tr->world = boot->world_size;
     DG_TRY(pick_mesh(tr));
-    DG_TRY(model_desc_of(cfg, &tr->desc));
+    DG_TRY(dg_train_model_desc(cfg, &tr->desc));
     DG_TRY(batch_arithmetic(tr));
     dg_backend_config_t bc = {0};
     bc.act_dtype = DG_F32;
@@ -991,7 +1004,7 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
 dg_status_t dg_train_dry_run_check(dg_boot_t *boot, const dg_config_t *cfg) {
     if (boot->world_rank != 0) return DG_OK;
     dg_model_desc_t d;
-    DG_TRY(model_desc_of(cfg, &d));
+    DG_TRY(dg_train_model_desc(cfg, &d));
     char train_glob[4096], val_glob[4096];
     DG_TRY(data_globs(cfg, train_glob, val_glob, sizeof train_glob));
     int64_t n_train = 0, n_val = -1, val_batches = 0;

@@ -475,6 +475,24 @@ static void test_round_trip_and_hash(void) {
     CHECK(dg_config_load(c3, NULL, 1, one) == DG_OK);
     CHECK(dg_config_hash(c3) != h);
     CHECK(dg_config_hash(c3) == dg_config_hash(c3));
+    /* the --print-config text (dotted keys, no sections, '# source' comments) loads back to the same
+     * config (RUN_DIR/config.ini is that text) */
+    char *printed = NULL;
+    size_t plen = 0;
+    FILE *pf = open_memstream(&printed, &plen);
+    dg_config_print(&g_cfg, pf);
+    fclose(pf);
+    dg_config_t *c4 = calloc(1, sizeof *c4);
+    CHECK(dg_config_load_buffer(c4, "printed", printed, plen, 0, NULL) == DG_OK);
+    CHECK(dg_config_hash(c4) == h);
+    CHECK_STR(c4->data.train, "a#b");
+    CHECK_STR(dg_config_source(c4, "run.dir"), "printed:2");
+    /* a dotted key outside a section is still checked like any other */
+    EXPECT_ERR("p.ini", "train.stpes = 1\n", "@:1: unknown key 'train.stpes'; did you mean 'train.steps'?");
+    EXPECT_ERR("p.ini", ".steps = 1\n",
+               "@:1: key '.steps' is outside any [section]; expected a [section] line first");
+    free(printed);
+    free(c4);
     free(ini);
     free(ini2);
     free(c2);
