@@ -20,6 +20,7 @@
 #include "backend.h"
 #include "checkpoint.h"
 #include "ckpt_state.h"
+#include "dg_hf.h"
 #include "data.h"
 #include "dg_mesh.h"
 #include "dg_mpi.h"
@@ -682,8 +683,9 @@ static dg_status_t maybe_resume(trainer_t *tr) {
                                &ref, &meta, tr->ckpt_t, tr->n_ckpt, path, sizeof path);
     if (s != DG_OK || !path[0]) {
         dg_ckpt_meta_destroy(&meta);
-        return s;
+        return s == DG_OK ? dg_model_init_weights(tr->model, tr->cfg->model.init) : s; /* a fresh run */
     }
+    if (tr->cfg->model.init[0]) DG_LOG_INFO("init: resuming from %s; model.init ignored", path);
     const char *fp = dg_ckpt_meta_get_kv(&meta, "data_fingerprint");
     char now_fp[32];
     snprintf(now_fp, sizeof now_fp, "%016llx", (unsigned long long)dg_dataset_fingerprint(tr->train_ds));
