@@ -671,7 +671,8 @@ static dg_status_t save_checkpoint(trainer_t *tr, int sync_only) {
 /* Resume per checkpoint.resume. Collective; sets step/tokens/loader/scaler and the model state. Every
  * candidate's scalar state is checked against this run's model and data and against the schedule it was
  * written under (ckpt_state.h) before its tensors are read: an impossible value rejects the file like a
- * checksum failure does (auto: fall back to the previous checkpoint; an explicit file: exit 1). */
+ * checksum failure does (auto: fall back to the previous checkpoint; an explicit file: exit 1). With
+ * nothing to resume from, model.init (dg_hf.h) sets the weights of the fresh run; a resume wins over it. */
 static dg_status_t maybe_resume(trainer_t *tr) {
     dg_health_set_io_activity(tr->health, tr->step, "resume: reading checkpoint");
     dg_ckpt_meta_t meta;
