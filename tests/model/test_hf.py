@@ -13,6 +13,7 @@ Cases:
   llmc       an llm.c file written from the same model -> model.init=llmc: -> export -> bitwise equal
   mesh       model.init at 2 ranks with dp_shard=2 and with tp=2: the first-step loss of the 1-rank run
              (1e-5 relative), and not the loss of the random init
+  tokenizer  a 50257-token run exported with --tokenizer DIR: vocab.json + merges.txt copied, loadable
   errors     shape mismatch (names the field), missing file, bad safetensors header, wrong llm.c magic,
              bad prefix: dgtrain exits 1 with a one-line message; dgckpt export into a non-empty dir: exit 2
 Under CI=true a missing torch / transformers fails (tests/lib/dgskip.py)."""
@@ -298,12 +299,52 @@ def case_errors(env, torch, transformers):
     write_llmc(bin_, m, version=5)
     expect_error(env, "e_bf16", ("model.init=llmc:" + bin_,), "version 5 (bf16 weights) is not supported")
     expect_error(env, "e_prefix", ("model.init=gguf:x",), "hf:DIR")
+    relu = env.d("hf_relu")
+    shutil.copytree(src, relu)
+    cj = os.path.join(relu, "config.json")
+    cfg = json.load(open(cj))
+    cfg["activation_function"] = "relu"
+    json.dump(cfg, open(cj, "w"))
+    expect_error(env, "e_act", ("model.init=hf:" + relu,), "activation_function \"relu\" is not dgtrain's tanh GELU")
     run, _ = env.train("e_ok", ("train.steps=1",))
     os.makedirs(env.d("full"))
     open(os.path.join(env.d("full"), "x"), "w").close()
     out = env.export(env.ckpt(run), env.d("full"), expect_rc=2)
     check("already exists" in out, "dgckpt export into a non-empty dir: %s" % out)
     print("  dgckpt export into a non-empty dir: exit 2: %s" % out.strip())
+    p = subprocess.run([env.dgckpt, "export", "--format", "hf", env.ckpt(run), env.d("tok_out"), "--tokenizer",
+                        env.d("tok")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    check(p.returncode == 2 and "not GPT-2's 50257" in p.stdout and not os.path.exists(env.d("tok_out")),
+          "--tokenizer with a %d-token model: exit %d: %s" % (V, p.returncode, p.stdout))
+    print("  --tokenizer with a %d-token model: exit 2: %s" % (V, p.stdout.strip()))
+
+
+def case_tokenizer(env, torch, transformers):
+    """A 50257-token run exported with --tokenizer: the files are copied, transformers' GPT-2 tokenizer
+    loads them from the export, and the config names GPT-2's <|endoftext|> (50256)."""
+    tok = env.d("tok")
+    os.makedirs(tok)
+    vocab = {"a": 0, "b": 1, "ab": 2, "<|endoftext|>": 3}
+    with open(os.path.join(tok, "vocab.json"), "w") as f:
+        json.dump(vocab, f)
+    with open(os.path.join(tok, "merges.txt"), "w") as f:
+        f.write("#version: 0.2\na b\n")
+    run, _ = env.train("run_t", ("train.steps=1", "model.vocab_size=50257", "model.n_layer=1", "model.d_model=32",
+                                 "model.seq_len=32"))
+    out = env.d("hf_t")
+    p = subprocess.run([env.dgckpt, "export", "--format", "hf", env.ckpt(run), out, "--tokenizer", tok],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(p.returncode == 0, "export --tokenizer exited %d: %s" % (p.returncode, p.stdout))
+    for n in ("vocab.json", "merges.txt"):
+        check(open(os.path.join(out, n), "rb").read() == open(os.path.join(tok, n), "rb").read(), "%s not copied" % n)
+    t = transformers.GPT2TokenizerFast.from_pretrained(out)
+    check(t("ab")["input_ids"] == [2], "the exported tokenizer does not merge 'a b': %s" % t("ab"))
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    check(cfg["vocab_size"] == 50257 and cfg["eos_token_id"] == 50256 and cfg["bos_token_id"] == 50256,
+          "config.json: %s" % cfg)
+    m, warns = load_quiet(transformers, out)
+    check(not warns and m.transformer.wte.weight.shape[0] == 50257, "loading the 50257-token export: %s" % warns)
+    print("  tokenizer files copied and loaded; vocab 50257, eos 50256")
 
 
 def main():
