@@ -421,8 +421,8 @@ static dg_status_t ckpt_tensor(void *ctx, const char *name, float *out, size_t n
     DG_TRY(dg_ckpt_read_dataset((const char *)ctx, dset, &data, &n));
     dg_status_t s = DG_OK;
     if ((size_t)n != numel)
-        s = DG_ERR(DG_ERR_USAGE, "%s: /%s has %lld values, its model config needs %zu", (const char *)ctx, dset,
-                   (long long)n, numel);
+        s = DG_ERR(DG_ERR_USAGE, "%s: /%s has %lld values, its model config needs %zu", (const char *)ctx,
+                   dset, (long long)n, numel);
     else
         memcpy(out, data, numel * sizeof(float));
     free(data);

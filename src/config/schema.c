@@ -42,8 +42,9 @@ static int check_init(const char *v, char *why, size_t cap) {
     const char *path = !strncmp(v, "hf:", 3) ? v + 3 : !strncmp(v, "llmc:", 5) ? v + 5 : NULL;
     if (!*v) return 0;
     if (!path) {
-        snprintf(why, cap, "expected \"\" (random init), hf:DIR (a Hugging Face GPT-2 directory) or llmc:FILE "
-                           "(an llm.c checkpoint)");
+        snprintf(why, cap,
+                 "expected \"\" (random init), hf:DIR (a Hugging Face GPT-2 directory) or llmc:FILE "
+                 "(an llm.c checkpoint)");
         return 1;
     }
     if (!*path) {
@@ -122,7 +123,8 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     INT("model", "vocab_size", model.vocab_size, "0", 0, 65536,
         "vocabulary size; tokens are uint16 (0 = the preset's)"),
     STR("model", "init", model.init, "", check_init,
-        "start a fresh run from existing weights: hf:DIR (Hugging Face GPT-2 config.json + model.safetensors) "
+        "start a fresh run from existing weights: hf:DIR (Hugging Face GPT-2 config.json + "
+        "model.safetensors) "
         "or llmc:FILE (llm.c checkpoint); \"\" = random init; a checkpoint to resume from wins"),
 
     /* [data] */

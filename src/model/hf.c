@@ -18,8 +18,7 @@ dg_status_t dg_mio_map(const char *path, const char *what, void **map, size_t *l
     *map = NULL;
     *len = 0;
     int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return DG_ERR(DG_ERR_USAGE, "cannot open %s (%s): %s", path, what, strerror(errno));
+    if (fd < 0) return DG_ERR(DG_ERR_USAGE, "cannot open %s (%s): %s", path, what, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
@@ -63,11 +62,13 @@ static int jt_uint(const dg_jt_t *v, uint64_t *out) {
 
 /* One header entry into t; checks shape against the byte range. */
 static dg_status_t st_entry(const dg_st_file_t *f, const char *name, const dg_jt_t *v, dg_st_tensor_t *t) {
-    const dg_jt_t *dt = dg_jt_get(v, "dtype"), *sh = dg_jt_get(v, "shape"), *off = dg_jt_get(v, "data_offsets");
+    const dg_jt_t *dt = dg_jt_get(v, "dtype"), *sh = dg_jt_get(v, "shape"),
+                  *off = dg_jt_get(v, "data_offsets");
     if (!dt || dt->type != DG_JT_STR || strlen(dt->str) >= sizeof t->dtype)
         return st_bad(f->path, "missing or bad dtype", name);
     if (!sh || sh->type != DG_JT_ARR || sh->n > 4) return st_bad(f->path, "missing or bad shape", name);
-    if (!off || off->type != DG_JT_ARR || off->n != 2) return st_bad(f->path, "missing or bad data_offsets", name);
+    if (!off || off->type != DG_JT_ARR || off->n != 2)
+        return st_bad(f->path, "missing or bad data_offsets", name);
     if (strlen(name) >= sizeof t->name) return st_bad(f->path, "name too long", NULL);
     snprintf(t->name, sizeof t->name, "%s", name);
     snprintf(t->dtype, sizeof t->dtype, "%s", dt->str);
@@ -94,7 +95,8 @@ static dg_status_t st_parse(dg_st_file_t *f, const uint8_t *p, size_t len) {
     for (int i = 0; i < 8; i++)
         hl |= (uint64_t)p[i] << (8 * i);
     if (hl < 2 || hl > len - 8 || hl > (100u << 20))
-        return DG_ERR(DG_ERR_USAGE, "%s: bad safetensors header: header length %llu does not fit the %zu-byte file",
+        return DG_ERR(DG_ERR_USAGE,
+                      "%s: bad safetensors header: header length %llu does not fit the %zu-byte file",
                       f->path, (unsigned long long)hl, len);
     f->data = p + 8 + hl;
     f->data_len = len - 8 - hl;
@@ -178,11 +180,13 @@ dg_status_t dg_st_read_f32(const dg_st_file_t *f, const dg_st_tensor_t *t, float
             out[i] = half_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)), bf);
         return DG_OK;
     }
-    return DG_ERR(DG_ERR_USAGE, "%s: tensor %s has dtype %s (allowed: F32, F16, BF16)", f->path, t->name, t->dtype);
+    return DG_ERR(DG_ERR_USAGE, "%s: tensor %s has dtype %s (allowed: F32, F16, BF16)", f->path, t->name,
+                  t->dtype);
 }
 
 static dg_status_t write_all(FILE *fp, const void *p, size_t n, const char *path) {
-    if (n && fwrite(p, 1, n, fp) != n) return DG_ERR(DG_ERR_RUNTIME, "cannot write %s: %s", path, strerror(errno));
+    if (n && fwrite(p, 1, n, fp) != n)
+        return DG_ERR(DG_ERR_RUNTIME, "cannot write %s: %s", path, strerror(errno));
     return DG_OK;
 }
 
@@ -198,8 +202,8 @@ dg_status_t dg_st_write(const char *path, const dg_st_out_t *t, int n) {
             numel *= (uint64_t)t[i].shape[d];
             len += (size_t)snprintf(h + len, cap - len, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
         }
-        len += (size_t)snprintf(h + len, cap - len, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
-                                (unsigned long long)(off + numel * 4));
+        len += (size_t)snprintf(h + len, cap - len, "],\"data_offsets\":[%llu,%llu]}",
+                                (unsigned long long)off, (unsigned long long)(off + numel * 4));
         off += numel * 4;
     }
     len += (size_t)snprintf(h + len, cap - len, "}");
@@ -320,7 +324,8 @@ static dg_status_t cfg_check(const dg_jt_t *r, const char *path, const dg_hf_con
     if ((v = dg_jt_get(r, "tie_word_embeddings")) && v->type == DG_JT_BOOL && !v->num)
         return DG_ERR(DG_ERR_USAGE, "%s: tie_word_embeddings is false (dgtrain ties lm_head to wte)", path);
     if ((v = dg_jt_get(r, "scale_attn_weights")) && v->type == DG_JT_BOOL && !v->num)
-        return DG_ERR(DG_ERR_USAGE, "%s: scale_attn_weights is false (dgtrain scales by 1/sqrt(head_dim))", path);
+        return DG_ERR(DG_ERR_USAGE, "%s: scale_attn_weights is false (dgtrain scales by 1/sqrt(head_dim))",
+                      path);
     if ((v = dg_jt_get(r, "scale_attn_by_inverse_layer_idx")) && v->type == DG_JT_BOOL && v->num)
         return DG_ERR(DG_ERR_USAGE, "%s: scale_attn_by_inverse_layer_idx is true (dgtrain does not)", path);
     return DG_OK;
@@ -375,7 +380,8 @@ static dg_status_t write_configs(const dg_model_desc_t *d, const char *dir) {
            "  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n"
            "  \"activation_function\": \"gelu_new\",\n  \"layer_norm_epsilon\": 1e-05,\n"
            "  \"initializer_range\": 0.02,\n  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n"
-           "  \"attn_pdrop\": 0.0,\n  \"scale_attn_weights\": true,\n  \"scale_attn_by_inverse_layer_idx\": false,\n"
+           "  \"attn_pdrop\": 0.0,\n  \"scale_attn_weights\": true,\n  \"scale_attn_by_inverse_layer_idx\": "
+           "false,\n"
            "  \"reorder_and_upcast_attn\": false,\n  \"tie_word_embeddings\": true,\n  \"use_cache\": true,\n"
            "  \"bos_token_id\": %s,\n  \"eos_token_id\": %s,\n  \"torch_dtype\": \"float32\"\n}\n",
            d->vocab_size, d->seq_len, d->seq_len, d->d_model, d->n_layer, d->n_head, tok, tok);
@@ -394,7 +400,8 @@ static dg_status_t copy_file(const char *from_dir, const char *to_dir, const cha
     if (!required && stat(a, &st) != 0) return DG_OK;
     DG_TRY(dg_mio_map(a, "a tokenizer file", &map, &len));
     FILE *f = fopen(b, "wb");
-    dg_status_t s = f ? write_all(f, map, len, b) : DG_ERR(DG_ERR_RUNTIME, "cannot create %s: %s", b, strerror(errno));
+    dg_status_t s =
+        f ? write_all(f, map, len, b) : DG_ERR(DG_ERR_RUNTIME, "cannot create %s: %s", b, strerror(errno));
     if (f && fclose(f) != 0 && !s) s = DG_ERR(DG_ERR_RUNTIME, "cannot write %s: %s", b, strerror(errno));
     dg_mio_unmap(map, len);
     return s;
@@ -454,9 +461,9 @@ static dg_status_t export_weights(const dg_model_desc_t *d, dg_hf_get_fn get, vo
 }
 
 static void remove_tree(const char *dir) {
-    static const char *files[] = {"model.safetensors", "config.json",          "generation_config.json",
-                                  "vocab.json",        "merges.txt",           "tokenizer.json",
-                                  "tokenizer_config.json", "special_tokens_map.json"};
+    static const char *files[] = {
+        "model.safetensors", "config.json",    "generation_config.json", "vocab.json",
+        "merges.txt",        "tokenizer.json", "tokenizer_config.json",  "special_tokens_map.json"};
     char p[4400];
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
@@ -469,8 +476,8 @@ dg_status_t dg_hf_export(const dg_model_desc_t *d, dg_hf_get_fn get, void *ctx, 
                          const char *tok_dir) {
     struct stat st;
     if (stat(dir, &st) == 0 && (!S_ISDIR(st.st_mode) || rmdir(dir) != 0))
-        return DG_ERR(DG_ERR_USAGE, "%s already exists and is not an empty directory; remove it or choose another",
-                      dir);
+        return DG_ERR(DG_ERR_USAGE,
+                      "%s already exists and is not an empty directory; remove it or choose another", dir);
     if (tok_dir && d->vocab_size != 50257)
         return DG_ERR(DG_ERR_USAGE,
                       "--tokenizer %s: the model's vocab_size is %d, not GPT-2's 50257, so GPT-2's tokenizer "

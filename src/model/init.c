@@ -19,8 +19,9 @@ int dg_model_init_check(const char *spec, char *why, size_t cap) {
     if (!strncmp(spec, "hf:", 3)) path = spec + 3;
     if (!strncmp(spec, "llmc:", 5)) path = spec + 5;
     if (!path) {
-        snprintf(why, cap, "expected \"\" (random init), hf:DIR (a Hugging Face GPT-2 directory) or llmc:FILE "
-                           "(an llm.c checkpoint)");
+        snprintf(why, cap,
+                 "expected \"\" (random init), hf:DIR (a Hugging Face GPT-2 directory) or llmc:FILE "
+                 "(an llm.c checkpoint)");
         return 1;
     }
     if (!path[0]) {
@@ -33,9 +34,10 @@ int dg_model_init_check(const char *spec, char *why, size_t cap) {
 /* One size of the source against the run's model. */
 static dg_status_t same(const char *spec, const char *field, int have, const char *key, int want) {
     if (have == want) return DG_OK;
-    return DG_ERR(DG_ERR_USAGE,
-                  "model.init=%s: %s differs: the weights have %d, the run's model has %d (set model.%s = %d)",
-                  spec, field, have, want, key, have);
+    return DG_ERR(
+        DG_ERR_USAGE,
+        "model.init=%s: %s differs: the weights have %d, the run's model has %d (set model.%s = %d)", spec,
+        field, have, want, key, have);
 }
 
 static dg_status_t check_shape(const src_t *s, const dg_model_desc_t *d) {
@@ -49,10 +51,11 @@ static dg_status_t check_shape(const src_t *s, const dg_model_desc_t *d) {
     DG_TRY(same(s->spec, s->llmc ? "channels (d_model)" : "n_embd (d_model)", C, "d_model", d->d_model));
     DG_TRY(same(s->spec, "vocab_size", V, "vocab_size", d->vocab_size));
     if (T < d->seq_len)
-        return DG_ERR(DG_ERR_USAGE,
-                      "model.init=%s: %s differs: the weights have %d positions, fewer than the run's model.seq_len "
-                      "= %d (set model.seq_len <= %d)",
-                      s->spec, s->llmc ? "maxT (seq_len)" : "n_positions (seq_len)", T, d->seq_len, T);
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "model.init=%s: %s differs: the weights have %d positions, fewer than the run's model.seq_len "
+            "= %d (set model.seq_len <= %d)",
+            s->spec, s->llmc ? "maxT (seq_len)" : "n_positions (seq_len)", T, d->seq_len, T);
     return DG_OK;
 }
 
@@ -88,8 +91,8 @@ static const dg_st_tensor_t *hf_find(const src_t *s, const char *hf) {
 }
 
 /* Parameter `name` of global shape [rows, cols] from the HF file into out (dgtrain layout). */
-static dg_status_t hf_get(const src_t *s, const dg_model_desc_t *d, const char *name, int64_t rows, int64_t cols,
-                          float *out) {
+static dg_status_t hf_get(const src_t *s, const dg_model_desc_t *d, const char *name, int64_t rows,
+                          int64_t cols, float *out) {
     char hf[160];
     int layout = dg_hf_name(name, hf, sizeof hf);
     if (layout < 0) return DG_ERR(DG_ERR_RUNTIME, "model.init: no Hugging Face name for parameter %s", name);
@@ -100,9 +103,10 @@ static dg_status_t hf_get(const src_t *s, const dg_model_desc_t *d, const char *
     if (layout == DG_HF_VOCAB) er = d->vocab_size;
     if (layout == DG_HF_POS) er = s->hc.n_positions;
     if (t->ndim != nd || t->shape[0] != er || (nd == 2 && t->shape[1] != ec))
-        return DG_ERR(DG_ERR_USAGE, "%s: tensor %s has shape [%lld%s%lld], expected [%lld%s%lld]", s->st.path, hf,
-                      (long long)t->shape[0], t->ndim == 2 ? ", " : "", t->ndim == 2 ? (long long)t->shape[1] : 0LL,
-                      (long long)er, nd == 2 ? ", " : "", nd == 2 ? (long long)ec : 0LL);
+        return DG_ERR(DG_ERR_USAGE, "%s: tensor %s has shape [%lld%s%lld], expected [%lld%s%lld]", s->st.path,
+                      hf, (long long)t->shape[0], t->ndim == 2 ? ", " : "",
+                      t->ndim == 2 ? (long long)t->shape[1] : 0LL, (long long)er, nd == 2 ? ", " : "",
+                      nd == 2 ? (long long)ec : 0LL);
     size_t hn = (size_t)er * (size_t)(nd == 2 ? ec : 1), c = (size_t)(cols ? cols : 1);
     float *tmp = dg_xmalloc(hn * sizeof(float));
     dg_status_t st = dg_st_read_f32(&s->st, t, tmp);
@@ -113,7 +117,8 @@ static dg_status_t hf_get(const src_t *s, const dg_model_desc_t *d, const char *
                 for (int64_t k = 0; k < cols; k++)
                     out[r * cols + k] = tmp[k * rows + r];
         } else {
-            memcpy(out, tmp, (size_t)(er < rows ? er : rows) * c * sizeof(float)); /* vocab pad / position crop */
+            memcpy(out, tmp,
+                   (size_t)(er < rows ? er : rows) * c * sizeof(float)); /* vocab pad / position crop */
         }
     }
     free(tmp);
@@ -173,8 +178,8 @@ static dg_status_t check_head(const src_t *s, const dg_model_desc_t *d, const fl
     float *h = dg_xmalloc(n * sizeof(float));
     dg_status_t st = dg_st_read_f32(&s->st, t, h);
     if (!st && memcmp(h, wte, n * sizeof(float)) != 0)
-        st = DG_ERR(DG_ERR_USAGE, "%s: lm_head.weight differs from transformer.wte.weight (dgtrain ties them)",
-                    s->st.path);
+        st = DG_ERR(DG_ERR_USAGE,
+                    "%s: lm_head.weight differs from transformer.wte.weight (dgtrain ties them)", s->st.path);
     free(h);
     return st;
 }
