@@ -472,17 +472,24 @@ static void remove_tree(const char *dir) {
     rmdir(dir);
 }
 
-dg_status_t dg_hf_export(const dg_model_desc_t *d, dg_hf_get_fn get, void *ctx, const char *dir,
+dg_status_t dg_hf_export(const dg_model_desc_t *d, dg_hf_get_fn get, void *ctx, const char *dir_arg,
                          const char *tok_dir) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", dir_arg);
+    for (size_t n = strlen(dir); n > 1 && dir[n - 1] == '/'; n--) /* "out/" names "out", not "out/.tmp" */
+        dir[n - 1] = 0;
     struct stat st;
-    if (stat(dir, &st) == 0 && (!S_ISDIR(st.st_mode) || rmdir(dir) != 0))
-        return DG_ERR(DG_ERR_USAGE,
-                      "%s already exists and is not an empty directory; remove it or choose another", dir);
+    if (stat(dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return DG_ERR(DG_ERR_USAGE, "%s already exists and is not a directory; remove it or choose another",
+                      dir);
     if (tok_dir && d->vocab_size != 50257)
         return DG_ERR(DG_ERR_USAGE,
                       "--tokenizer %s: the model's vocab_size is %d, not GPT-2's 50257, so GPT-2's tokenizer "
                       "files do not fit it",
                       tok_dir, d->vocab_size);
+    if (stat(dir, &st) == 0 && rmdir(dir) != 0)
+        return DG_ERR(DG_ERR_USAGE,
+                      "%s already exists and is not an empty directory; remove it or choose another", dir);
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%d", dir, (int)getpid());
     remove_tree(tmp);
