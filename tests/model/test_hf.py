@@ -8,8 +8,8 @@ Cases:
              with no warning and no missing/unexpected key, its logits are within 1e-4 of dgtrain's own
              (tests/model/hf_logits) on the same tokens, and both pick the same 32 greedy tokens
   roundtrip  a transformers-made model (save_pretrained) -> model.init=hf: (every parameter frozen, so the
-             run changes nothing) -> export -> every tensor bitwise equal; a resume then wins over
-             model.init (log line)
+             run changes nothing) -> export -> every tensor bitwise equal (BF16 / F16 files: equal to
+             their exactly widened values); a resume then wins over model.init (log line)
   llmc       an llm.c file written from the same model -> model.init=llmc: -> export -> bitwise equal
   mesh       model.init at 2 ranks with dp_shard=2 and with tp=2: the first-step loss of the 1-rank run
              (1e-5 relative), and not the loss of the random init
@@ -213,12 +213,24 @@ FROZEN = ("train.freeze=*", "train.steps=1")
 
 
 def case_roundtrip(env, torch, transformers):
-    src, _ = hf_model(env, torch, transformers)
+    src, m = hf_model(env, torch, transformers)
     run, log = env.train("run_b", FROZEN + ("model.init=hf:" + src,))
     check("init: weights from hf:" + src in log, "no 'init: weights from' line: %s" % log[-800:])
     out = env.d("hf_b")
     env.export(env.ckpt(run), out)
     same_tensors(src, out, "hf -> dgtrain -> hf")
+    for dt in (torch.bfloat16, torch.float16):  # half-precision files are widened exactly
+        from safetensors.torch import load_file
+        half = env.d("hf_%s" % str(dt).split(".")[1])
+        m.to(dt).save_pretrained(half, safe_serialization=True)
+        run, _ = env.train("run_" + os.path.basename(half), FROZEN + ("model.init=hf:" + half,))
+        out = half + "_out"
+        env.export(env.ckpt(run), out)
+        a, b = load_file(os.path.join(half, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
+        a.pop("lm_head.weight", None)
+        bad = [k for k in a if k not in b or not torch.equal(a[k].float(), b[k])]
+        check(sorted(a) == sorted(b) and not bad, "%s -> dgtrain -> hf: not the widened values: %s" % (dt, bad[:6]))
+        print("  %s -> dgtrain -> hf: %d tensors equal to the exactly widened values" % (dt, len(a)))
     _, log = env.train("run_b", ("train.steps=2", "model.init=hf:" + src))
     check("model.init ignored" in log and "init: resuming from" in log and "init: weights from" not in log,
           "a resume did not win over model.init: %s" % log[-800:])
