@@ -14,6 +14,8 @@
 #include "config.h"
 #include "data.h"
 #include "dg_env.h"
+#include "dg_hf.h"
+#include "model_desc.h"
 
 enum { EX_OK = 0, EX_BAD = 1, EX_ERR = 2 };
 
@@ -32,6 +34,10 @@ static void usage(FILE *f) {
         "  diff A B                 max |a-b| per dataset; exit 0 only when every dataset is bitwise "
         "identical\n"
         "  export FILE OUT [--all]  write the model/ weights (every tensor with --all) as safetensors (F32)\n"
+        "  export --format hf FILE DIR [--tokenizer TOKDIR]\n"
+        "                           write a Hugging Face GPT-2 directory (model.safetensors, config.json;\n"
+        "                           GPT-2's vocab.json + merges.txt copied from TOKDIR); --format dgtrain\n"
+        "                           is the default (the line above)\n"
         "  resolve DIR|FILE [--full] print the checkpoint resume=auto would take (\"\" when none)\n"
         "exit codes: 0 ok/identical, 1 damaged/different, 2 usage or I/O error\n");
 }
@@ -406,6 +412,52 @@ static int cmd_export(const char *file, const char *out, int all) {
     return EX_OK;
 }
 
+/* dgtrain parameter `name` of the checkpoint (ctx: its path), full and in dgtrain's layout. */
+static dg_status_t ckpt_tensor(void *ctx, const char *name, float *out, size_t numel) {
+    char dset[300];
+    snprintf(dset, sizeof dset, "model/%s", name);
+    float *data = NULL;
+    int64_t n = 0;
+    DG_TRY(dg_ckpt_read_dataset((const char *)ctx, dset, &data, &n));
+    dg_status_t s = DG_OK;
+    if ((size_t)n != numel)
+        s = DG_ERR(DG_ERR_USAGE, "%s: /%s has %lld values, its model config needs %zu", (const char *)ctx,
+                   dset, (long long)n, numel);
+    else
+        memcpy(out, data, numel * sizeof(float));
+    free(data);
+    return s;
+}
+
+/* export --format hf: the model's sizes come from the config stored in the checkpoint. */
+static int cmd_export_hf(const char *file, const char *dir, const char *tok_dir) {
+    dg_ckpt_info_t info;
+    dg_config_t cfg;
+    dg_model_desc_t d;
+    dg_status_t s = dg_ckpt_info_read(file, &info);
+    if (s) {
+        fprintf(stderr, "dgckpt: %s\n", dg_last_error());
+        return EX_ERR;
+    }
+    const char *text = info.meta.config_text ? info.meta.config_text : "";
+    s = dg_config_load_buffer(&cfg, file, text, strlen(text), 0, NULL);
+    if (!s) s = dg_train_model_desc(&cfg, &d);
+    if (s) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", dg_last_error());
+        s = DG_ERR(DG_ERR_USAGE, "%s: its stored config gives no model shape: %s", file, why);
+    }
+    dg_ckpt_info_destroy(&info);
+    if (!s) s = dg_hf_export(&d, ckpt_tensor, (void *)file, dir, tok_dir);
+    if (s) {
+        fprintf(stderr, "dgckpt: %s\n", dg_last_error());
+        return EX_ERR;
+    }
+    printf("wrote %s (Hugging Face GPT-2: vocab_size %d, n_positions %d%s)\n", dir, d.vocab_size, d.seq_len,
+           tok_dir ? ", tokenizer files" : "");
+    return EX_OK;
+}
+
 static int cmd_resolve(int *argc, char ***argv, const char *what, int full) {
     int provided = 0;
     MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided);
@@ -442,7 +494,7 @@ int main(int argc, char **argv) {
     int nargs = argc - 2;
     char **a = argv + 2;
     int flag_config = 0, flag_quiet = 0, flag_all = 0, flag_full = 0, npos = 0;
-    const char *pos[4] = {0}, *data_glob = NULL;
+    const char *pos[4] = {0}, *data_glob = NULL, *format = "dgtrain", *tok_dir = NULL;
     for (int i = 0; i < nargs; i++) {
         if (!strcmp(a[i], "--data") && !strcmp(cmd, "verify")) {
             if (i + 1 >= nargs) {
@@ -452,6 +504,17 @@ int main(int argc, char **argv) {
             data_glob = a[++i];
         } else if (!strncmp(a[i], "--data=", 7) && !strcmp(cmd, "verify"))
             data_glob = a[i] + 7;
+        else if ((!strcmp(a[i], "--format") || !strcmp(a[i], "--tokenizer")) && !strcmp(cmd, "export")) {
+            if (i + 1 >= nargs) {
+                fprintf(stderr, "dgckpt export: %s needs a value\n", a[i]);
+                return EX_ERR;
+            }
+            if (!strcmp(a[i], "--format"))
+                format = a[++i];
+            else
+                tok_dir = a[++i];
+        } else if (!strncmp(a[i], "--format=", 9) && !strcmp(cmd, "export"))
+            format = a[i] + 9;
         else if (!strcmp(a[i], "--config"))
             flag_config = 1;
         else if (!strcmp(a[i], "--quiet") || !strcmp(a[i], "-q"))
@@ -492,6 +555,16 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "show")) return cmd_show(pos[0], flag_config);
     if (!strcmp(cmd, "verify")) return cmd_verify(pos[0], flag_quiet, data_glob);
     if (!strcmp(cmd, "diff")) return cmd_diff(pos[0], pos[1]);
+    if (!strcmp(cmd, "export") && strcmp(format, "dgtrain") && strcmp(format, "hf")) {
+        fprintf(stderr, "dgckpt export: --format '%s' is not known (allowed: dgtrain, hf)\n", format);
+        return EX_ERR;
+    }
+    if (!strcmp(cmd, "export") && (flag_all || tok_dir) && strcmp(format, !flag_all ? "hf" : "dgtrain")) {
+        fprintf(stderr, "dgckpt export: %s goes with --format %s\n", flag_all ? "--all" : "--tokenizer",
+                flag_all ? "dgtrain" : "hf");
+        return EX_ERR;
+    }
+    if (!strcmp(cmd, "export") && !strcmp(format, "hf")) return cmd_export_hf(pos[0], pos[1], tok_dir);
     if (!strcmp(cmd, "export")) return cmd_export(pos[0], pos[1], flag_all);
     return cmd_resolve(&argc, &argv, pos[0], flag_full);
 }

@@ -46,6 +46,7 @@ typedef struct dg_config {
     struct {
         char preset[32]; /* tiny | gpt2-124m | gpt2-350m | gpt2-774m | gpt2-1558m | custom */
         int64_t n_layer, n_head, d_model, seq_len, vocab_size; /* 0 = take the preset's value */
+        char init[DG_CFG_STR]; /* "" = random init | hf:DIR | llmc:FILE (fresh runs; dg_hf.h) */
     } model;
     struct {
         char train[DG_CFG_STR]; /* glob of llm.c .bin shards; "" = the embedded default data */

@@ -37,6 +37,23 @@ static int check_name(const char *v, char *why, size_t cap) {
     return 0;
 }
 
+/* model.init: "", hf:DIR or llmc:FILE (the files are read, and the shape checked, when the run starts) */
+static int check_init(const char *v, char *why, size_t cap) {
+    const char *path = !strncmp(v, "hf:", 3) ? v + 3 : !strncmp(v, "llmc:", 5) ? v + 5 : NULL;
+    if (!*v) return 0;
+    if (!path) {
+        snprintf(why, cap,
+                 "expected \"\" (random init), hf:DIR (a Hugging Face GPT-2 directory) or llmc:FILE "
+                 "(an llm.c checkpoint)");
+        return 1;
+    }
+    if (!*path) {
+        snprintf(why, cap, "expected a path after '%.*s'", (int)(path - v), v);
+        return 1;
+    }
+    return 0;
+}
+
 static int check_mesh(const char *v, char *why, size_t cap) {
     dg_mesh_shape_t shape;
     int is_auto = 0;
@@ -108,6 +125,10 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     INT("model", "seq_len", model.seq_len, "0", 0, 1048576, "context length in tokens (0 = the preset's)"),
     INT("model", "vocab_size", model.vocab_size, "0", 0, 65536,
         "vocabulary size; tokens are uint16 (0 = the preset's)"),
+    STR("model", "init", model.init, "", check_init,
+        "start a fresh run from existing weights: hf:DIR (Hugging Face GPT-2 config.json + "
+        "model.safetensors) "
+        "or llmc:FILE (llm.c checkpoint); \"\" = random init; a checkpoint to resume from wins"),
 
     /* [data] */
     STR("data", "train", data.train, "", NULL,

@@ -37,12 +37,6 @@
 /* ------------------------------------------------------------------------------------------------ */
 
 
-dg_status_t dg_train_model_desc(const dg_config_t *c, dg_model_desc_t *out) {
-    dg_model_spec_t sp = {c->model.preset,  c->model.n_layer, c->model.n_head,
-                          c->model.d_model, c->model.seq_len, c->model.vocab_size};
-    return dg_model_desc_resolve(&sp, out);
-}
-
 int trn_is_fp16(const dg_config_t *c) {
     return c->train.precision_id == DG_PREC_FP16;
 }

@@ -12,7 +12,7 @@
 
 #include "config.h"
 #include "dg_common.h"
-#include "dg_model.h"
+#include "model_desc.h"
 #include "mpi_boot.h"
 #include "train_util.h"
 
@@ -25,9 +25,6 @@ extern "C" {
  * data, checkpoint), DG_ERR_RUNTIME for failures during training. */
 dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg);
 
-/* The model sizes of a config: the [model] section resolved against its preset (dg_model_desc_resolve);
- * DG_ERR_USAGE with a one-line message for an unknown preset or inconsistent sizes. */
-dg_status_t dg_train_model_desc(const dg_config_t *cfg, dg_model_desc_t *out);
 
 /* --plan-only: build the graph and memory plan (no weights) and print each rank's schedule; rank 0
  * prints, in rank order. Collective. */

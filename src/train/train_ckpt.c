@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dg_hf.h"
 #include "train_impl.h"
 
 /* The checkpoint's view of this rank's state: every parameter and both AdamW moments are global
@@ -309,7 +310,8 @@ dg_status_t trn_save_checkpoint(trainer_t *tr, int sync_only) {
 /* Resume per checkpoint.resume. Collective; sets step/tokens/loader/scaler and the model state. Every
  * candidate's scalar state is checked against this run's model and data and against the schedule it was
  * written under (ckpt_state.h) before its tensors are read: an impossible value rejects the file like a
- * checksum failure does (auto: fall back to the previous checkpoint; an explicit file: exit 1). */
+ * checksum failure does (auto: fall back to the previous checkpoint; an explicit file: exit 1). With
+ * nothing to resume from, model.init (dg_hf.h) sets the weights of the fresh run; a resume wins over it. */
 dg_status_t trn_maybe_resume(trainer_t *tr) {
     dg_health_set_io_activity(tr->health, tr->step, "resume: reading checkpoint");
     dg_ckpt_meta_t meta;
@@ -321,8 +323,9 @@ dg_status_t trn_maybe_resume(trainer_t *tr) {
                                &ref, &meta, tr->ckpt_t, tr->n_ckpt, path, sizeof path);
     if (s != DG_OK || !path[0]) {
         dg_ckpt_meta_destroy(&meta);
-        return s;
+        return s == DG_OK ? dg_model_init_weights(tr->model, tr->cfg->model.init) : s; /* a fresh run */
     }
+    if (tr->cfg->model.init[0]) DG_LOG_INFO("init: resuming from %s; model.init ignored", path);
     const char *fp = dg_ckpt_meta_get_kv(&meta, "data_fingerprint");
     char now_fp[32];
     snprintf(now_fp, sizeof now_fp, "%016llx", (unsigned long long)dg_dataset_fingerprint(tr->train_ds));
