@@ -219,7 +219,8 @@ typedef struct dg_backend_ops {
                                    float *master, void *compute, const float *grad, float *m, float *v,
                                    float beta1, float beta2, float eps, float wd, const float *sc);
 
-    /* ---- the gradient norm over the flat buffer in one launch (optional: NULL where the backend has none) ---- */
+    /* ---- the gradient norm over the flat buffer in one launch (optional: NULL where the backend has none)
+     * ---- */
     /* sumsq_f32 over every segment of a table at once: for i = 0 .. nseg-1 in this order, each segment
      * without DG_SUMSQ_SEG_SKIP does exactly
      *   sumsq_f32(out_dev, base + off, count)
@@ -270,7 +271,8 @@ typedef struct dg_backend_ops {
                                     const void *out, const void *aux, void *ws, size_t ws_bytes, int B, int T,
                                     int C, int NH);
 
-    /* ---- the classifier loss and its gradient in one pass (optional: NULL where the backend has none) ---- */
+    /* ---- the classifier loss and its gradient in one pass (optional: NULL where the backend has none) ----
+     */
     /* The classifier loss and its gradient in one call, for a step whose backward follows:
      *   crossentropy_fwd(losses, lse, logits, targets, N, V, Vp);
      *   crossentropy_bwd(dlogits, logits, lse, targets, N, V, Vp, dloss);

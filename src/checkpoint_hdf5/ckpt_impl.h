@@ -274,8 +274,8 @@ typedef struct ckpt_io {
 extern __thread ckpt_io_t *ckpt_tl_io; /* the save running on this thread (HDF5 is called from it only) */
 void ckpt_io_fail(ckpt_io_t *io, int nospace, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 void ckpt_io_fail_mpi(ckpt_io_t *io, int rc, const char *call, MPI_Offset off);
-void ckpt_io_throttle(const ckpt_io_t *io);     /* DG_TEST_ checkpoint throttle: sleep per write */
-dg_status_t ckpt_io_status(const ckpt_io_t *io); /* the local failure flag as a status */
+void ckpt_io_throttle(const ckpt_io_t *io);         /* DG_TEST_ checkpoint throttle: sleep per write */
+dg_status_t ckpt_io_status(const ckpt_io_t *io);    /* the local failure flag as a status */
 extern __thread int ckpt_tl_fill_skip;              /* set around H5Dcreate2 of a wholly direct dataset */
 extern __thread int64_t ckpt_tl_fill_skipped_bytes; /* bytes of fill this thread did not write */
 extern atomic_int ckpt_fill_skip_off;               /* a redone save turned the skip off for this process */

@@ -41,7 +41,7 @@ void ckpt_io_fail_mpi(ckpt_io_t *io, int rc, const char *call, MPI_Offset off) {
     PMPI_Error_string(rc, es, &len);
     PMPI_Error_class(rc, &cls);
     ckpt_io_fail(io, cls == MPI_ERR_NO_SPACE || cls == MPI_ERR_QUOTA, "%.300s: %s at offset %lld failed: %s",
-            io->path ? io->path : "?", call, (long long)off, es);
+                 io->path ? io->path : "?", call, (long long)off, es);
 }
 
 void ckpt_io_throttle(const ckpt_io_t *io) {
@@ -85,7 +85,7 @@ dg_status_t ckpt_io_status(const ckpt_io_t *io) {
  * process). DG_CKPT_SKIP_FILL=0 turns the skip off. */
 __thread int ckpt_tl_fill_skip;              /* set around H5Dcreate2 of a wholly direct dataset */
 __thread int64_t ckpt_tl_fill_skipped_bytes; /* bytes of fill this thread did not write */
-atomic_int ckpt_fill_skip_off;             /* a redone save turned it off for this process */
+atomic_int ckpt_fill_skip_off;               /* a redone save turned it off for this process */
 
 static int is_fill_type(MPI_Datatype t) {
     int ni = 0, na = 0, nd = 0, comb = 0;
@@ -130,10 +130,11 @@ static void check_written(ckpt_io_t *io, MPI_Status *st, int count, int tsz, con
     if (PMPI_Get_elements_x(st, MPI_BYTE, &got) != MPI_SUCCESS || got == MPI_UNDEFINED) got = want;
     if (got > 0) ckpt_progress_add((uint64_t)got);
     if (got < want)
-        ckpt_io_fail(io, 0,
-                "%.300s: %s (offset %lld in its file view) wrote %lld of %lld bytes and reported no error (a "
-                "full or failing file system)",
-                io->path ? io->path : "?", call, (long long)off, (long long)got, (long long)want);
+        ckpt_io_fail(
+            io, 0,
+            "%.300s: %s (offset %lld in its file view) wrote %lld of %lld bytes and reported no error (a "
+            "full or failing file system)",
+            io->path ? io->path : "?", call, (long long)off, (long long)got, (long long)want);
 }
 
 static int report_written(MPI_Status *status, MPI_Datatype datatype, int count, int tsz) {

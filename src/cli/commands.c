@@ -10,8 +10,8 @@
 
 /* Subcommands: `dgtrain NAME ...`. Each module that brings one adds a line here. */
 const dg_cli_command_t dg_cli_commands[] = {
-    {"plot", "RUN_DIR [RUN_DIR...] [--out DIR]", "SVG charts of the runs' metrics.jsonl (default --out: the first RUN_DIR/plots)",
-     dg_plot_main},
+    {"plot", "RUN_DIR [RUN_DIR...] [--out DIR]",
+     "SVG charts of the runs' metrics.jsonl (default --out: the first RUN_DIR/plots)", dg_plot_main},
 #ifdef DG_HAVE_SAMPLE
     {"sample", "CKPT_OR_RUN_DIR --prompt TEXT ...", "generate text from a checkpoint (docs/sampling.md)",
      dg_sample_main},
@@ -26,8 +26,10 @@ const dg_cli_action_def_t dg_cli_actions[] = {
     {DG_ACT_PRINT_ENV, "--print-env", 1, 1,
      "list every DG_* environment switch: name, type, default, current\nvalue (or unset), doc; test hooks of "
      "a build without them show\n'not compiled in' (no MPI; with --json one JSON document)"},
-    {DG_ACT_DRY_RUN, "--dry-run", 1, 0, "boot, topology, binding, config hash, plan and memory fit; no training"},
-    {DG_ACT_TOPOLOGY, "--topology", 1, 0, "the rank table and each node's sockets, cores, NUMA nodes, GPUs and NICs"},
+    {DG_ACT_DRY_RUN, "--dry-run", 1, 0,
+     "boot, topology, binding, config hash, plan and memory fit; no training"},
+    {DG_ACT_TOPOLOGY, "--topology", 1, 0,
+     "the rank table and each node's sockets, cores, NUMA nodes, GPUs and NICs"},
     {DG_ACT_PLAN_ONLY, "--plan-only", 1, 0, "print the parallel plan and graph schedule per rank and exit"},
 };
 const int dg_cli_n_actions = (int)(sizeof dg_cli_actions / sizeof dg_cli_actions[0]);

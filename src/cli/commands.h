@@ -12,9 +12,9 @@
 #include <stdio.h>
 
 typedef struct dg_cli_command {
-    const char *name;    /* first argument */
-    const char *args;    /* for --help: the arguments after the name */
-    const char *summary; /* for --help: one line */
+    const char *name;                   /* first argument */
+    const char *args;                   /* for --help: the arguments after the name */
+    const char *summary;                /* for --help: one line */
     int (*main)(int argc, char **argv); /* argv[0] is the name */
 } dg_cli_command_t;
 
@@ -31,8 +31,8 @@ typedef enum {
 typedef struct dg_cli_action_def {
     dg_cli_action_t act;
     const char *flag;
-    int json_ok; /* --json goes with it */
-    int no_mpi;  /* runs before (and without) MPI, like --help */
+    int json_ok;      /* --json goes with it */
+    int no_mpi;       /* runs before (and without) MPI, like --help */
     const char *help; /* for --help, may hold newlines (continuation lines are indented) */
 } dg_cli_action_def_t;
 

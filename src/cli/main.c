@@ -35,19 +35,19 @@ typedef struct {
 static const char *const k_options[] = {"--set", "--help", "--version", "--json", "--export-topology"};
 
 static void usage(FILE *out) {
-    fprintf(
-        out,
-        "usage: dgtrain [CONFIG.ini] [--set section.key=value ...] [ACTION] [--json]\n"
-        "       mpirun -n N dgtrain CONFIG.ini ...   |   srun dgtrain CONFIG.ini ...\n"
-        "       dgtrain COMMAND ARGS...\n"
-        "\n"
-        "Trains a decoder-only transformer across MPI ranks. With no CONFIG, the embedded defaults are "
-        "used.\n"
-        "Values come from the defaults, then CONFIG, then each --set in order (a later one wins).\n"
-        "\n");
+    fprintf(out,
+            "usage: dgtrain [CONFIG.ini] [--set section.key=value ...] [ACTION] [--json]\n"
+            "       mpirun -n N dgtrain CONFIG.ini ...   |   srun dgtrain CONFIG.ini ...\n"
+            "       dgtrain COMMAND ARGS...\n"
+            "\n"
+            "Trains a decoder-only transformer across MPI ranks. With no CONFIG, the embedded defaults are "
+            "used.\n"
+            "Values come from the defaults, then CONFIG, then each --set in order (a later one wins).\n"
+            "\n");
     dg_cli_print_commands(out);
     dg_cli_print_actions(out);
-    fprintf(out,
+    fprintf(
+        out,
         "  --export-topology FILE  write this node's hwloc topology as XML (one file per node:\n"
         "                          FILE, or FILE.<node id> when there are several nodes)\n"
         "options:\n"
@@ -143,7 +143,10 @@ static dg_status_t parse_args(int argc, char **argv, cli_opts_t *o) {
     int nj = 0;
     for (int i = 0; i < dg_cli_n_actions; i++) {
         size_t l = strlen(flags);
-        snprintf(flags + l, sizeof flags - l, "%s%s", i == 0 ? "" : i + 1 == dg_cli_n_actions ? " and " : ", ",
+        snprintf(flags + l, sizeof flags - l, "%s%s",
+                 i == 0                      ? ""
+                 : i + 1 == dg_cli_n_actions ? " and "
+                                             : ", ",
                  dg_cli_actions[i].flag);
         if (dg_cli_actions[i].json_ok && nj < 16) json_flags[nj++] = dg_cli_actions[i].flag;
     }
@@ -259,7 +262,8 @@ int main(int argc, char **argv) {
         return 0;
     }
 
-    if (ps == DG_OK && o.action == DG_ACT_PRINT_ENV) { /* no MPI, like --help: rank 0 lists, malformed values included */
+    if (ps == DG_OK &&
+        o.action == DG_ACT_PRINT_ENV) { /* no MPI, like --help: rank 0 lists, malformed values included */
         if (launcher_rank() == 0) {
             dg_env_print(stdout, o.json);
             fflush(stdout);

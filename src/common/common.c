@@ -130,12 +130,18 @@ void dg_log(dg_log_level_t level, const char *fmt, ...) {
 /* ---- dtypes ---- */
 size_t dg_dtype_size(dg_dtype_t t) {
     switch (t) {
-    case DG_F32: return 4;
-    case DG_BF16: return 2;
-    case DG_F16: return 2;
-    case DG_I32: return 4;
-    case DG_U16: return 2;
-    case DG_F64: return 8;
+    case DG_F32:
+        return 4;
+    case DG_BF16:
+        return 2;
+    case DG_F16:
+        return 2;
+    case DG_I32:
+        return 4;
+    case DG_U16:
+        return 2;
+    case DG_F64:
+        return 8;
     }
     DG_ASSERTF(0, "bad dtype %d", (int)t);
     return 0;
@@ -143,12 +149,18 @@ size_t dg_dtype_size(dg_dtype_t t) {
 
 const char *dg_dtype_name(dg_dtype_t t) {
     switch (t) {
-    case DG_F32: return "f32";
-    case DG_BF16: return "bf16";
-    case DG_F16: return "f16";
-    case DG_I32: return "i32";
-    case DG_U16: return "u16";
-    case DG_F64: return "f64";
+    case DG_F32:
+        return "f32";
+    case DG_BF16:
+        return "bf16";
+    case DG_F16:
+        return "f16";
+    case DG_I32:
+        return "i32";
+    case DG_U16:
+        return "u16";
+    case DG_F64:
+        return "f64";
     }
     return "?";
 }

@@ -47,22 +47,22 @@ dg_status_t dg_last_error_code(void);
 void dg_clear_error(void);
 
 /* Propagate a failing status unchanged. */
-#define DG_TRY(expr)                                                                                       \
-    do {                                                                                                   \
-        dg_status_t dg_try_s_ = (expr);                                                                    \
-        if (dg_try_s_ != DG_OK) return dg_try_s_;                                                          \
+#define DG_TRY(expr)                                                                                         \
+    do {                                                                                                     \
+        dg_status_t dg_try_s_ = (expr);                                                                      \
+        if (dg_try_s_ != DG_OK) return dg_try_s_;                                                            \
     } while (0)
 
 /* Always-on assert for broken invariants (never for bad input): prints and aborts. */
 void dg_assert_fail(const char *cond, const char *file, int line, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 4, 5)));
-#define DG_ASSERT(cond)                                                                                    \
-    do {                                                                                                   \
-        if (!(cond)) dg_assert_fail(#cond, __FILE__, __LINE__, " ");                                       \
+#define DG_ASSERT(cond)                                                                                      \
+    do {                                                                                                     \
+        if (!(cond)) dg_assert_fail(#cond, __FILE__, __LINE__, " ");                                         \
     } while (0)
-#define DG_ASSERTF(cond, ...)                                                                              \
-    do {                                                                                                   \
-        if (!(cond)) dg_assert_fail(#cond, __FILE__, __LINE__, __VA_ARGS__);                               \
+#define DG_ASSERTF(cond, ...)                                                                                \
+    do {                                                                                                     \
+        if (!(cond)) dg_assert_fail(#cond, __FILE__, __LINE__, __VA_ARGS__);                                 \
     } while (0)
 
 /* Pattern for the one-check-macro-per-library rule. Each library's macro lives beside its users:

@@ -74,8 +74,8 @@ static int close_enough(int dist, const char *typed) {
 static int suggest_key(const char *section, const char *key) {
     int best = -1, best_score = 1000;
     for (int i = 0; i < dg_cfg_nkeys; i++) {
-        int score =
-            dg_edit_distance(key, dg_cfg_schema[i].key) * 2 + (strcmp(dg_cfg_schema[i].section, section) != 0);
+        int score = dg_edit_distance(key, dg_cfg_schema[i].key) * 2 +
+                    (strcmp(dg_cfg_schema[i].section, section) != 0);
         if (score < best_score) {
             best_score = score;
             best = i;
@@ -653,7 +653,6 @@ static dg_status_t apply_set(dg_config_t *cfg, const char *arg) {
     free(buf);
     return s;
 }
-
 
 dg_status_t dg_config_load_buffer(dg_config_t *cfg, const char *name, const char *text, size_t len, int nsets,
                                   const char *const *sets) {

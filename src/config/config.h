@@ -29,11 +29,15 @@ extern "C" {
 /* The choices of the enumerated keys that the run branches on, parsed once at load (the id fields
  * beside their text): each enum's order is its key's choices in src/config/schema.c, checked by
  * tests/config. */
-typedef enum { DG_PREC_FP32 = 0, DG_PREC_BF16, DG_PREC_FP16 } dg_precision_t;    /* train.precision */
-typedef enum { DG_REDUCE_FP32 = 0, DG_REDUCE_BF16 } dg_reduce_dtype_t;           /* train.reduce_dtype */
-typedef enum { DG_RECOMPUTE_NONE = 0, DG_RECOMPUTE_GELU } dg_recompute_t;        /* train.recompute */
-typedef enum { DG_CFG_BACKEND_AUTO = 0, DG_CFG_BACKEND_CPU, DG_CFG_BACKEND_CUDA } dg_cfg_backend_t; /* parallel.backend */
-typedef enum { DG_CFG_COMM_AUTO = 0, DG_CFG_COMM_MPI, DG_CFG_COMM_NCCL } dg_cfg_comm_t;    /* parallel.comm */
+typedef enum { DG_PREC_FP32 = 0, DG_PREC_BF16, DG_PREC_FP16 } dg_precision_t; /* train.precision */
+typedef enum { DG_REDUCE_FP32 = 0, DG_REDUCE_BF16 } dg_reduce_dtype_t;        /* train.reduce_dtype */
+typedef enum { DG_RECOMPUTE_NONE = 0, DG_RECOMPUTE_GELU } dg_recompute_t;     /* train.recompute */
+typedef enum {
+    DG_CFG_BACKEND_AUTO = 0,
+    DG_CFG_BACKEND_CPU,
+    DG_CFG_BACKEND_CUDA
+} dg_cfg_backend_t;                                                                     /* parallel.backend */
+typedef enum { DG_CFG_COMM_AUTO = 0, DG_CFG_COMM_MPI, DG_CFG_COMM_NCCL } dg_cfg_comm_t; /* parallel.comm */
 
 typedef struct dg_config {
     struct {
@@ -61,9 +65,9 @@ typedef struct dg_config {
         double lr;
         int64_t warmup_steps;
         double min_lr_ratio, weight_decay, grad_clip, beta1, beta2, eps;
-        char precision[8];       /* fp32 | bf16 | fp16 */
-        char reduce_dtype[8];    /* fp32 | bf16 */
-        char recompute[8];       /* none | gelu: activations recomputed in the backward instead of kept */
+        char precision[8];    /* fp32 | bf16 | fp16 */
+        char reduce_dtype[8]; /* fp32 | bf16 */
+        char recompute[8];    /* none | gelu: activations recomputed in the backward instead of kept */
         dg_precision_t precision_id;
         dg_reduce_dtype_t reduce_dtype_id;
         dg_recompute_t recompute_id;
@@ -76,8 +80,8 @@ typedef struct dg_config {
         int64_t spike_max_consecutive; /* that many spikes in a row => roll back to the last checkpoint */
     } train;
     struct {
-        char backend[8];        /* auto | cpu | cuda */
-        char comm[8];           /* auto | mpi | nccl */
+        char backend[8]; /* auto | cpu | cuda */
+        char comm[8];    /* auto | mpi | nccl */
         dg_cfg_backend_t backend_id;
         dg_cfg_comm_t comm_id;
         char reduce_scatter[8]; /* ring | mpi: the mpi comm backend's reduce-scatter algorithm */
@@ -87,7 +91,7 @@ typedef struct dg_config {
         double prefetch_budget_mb;
         int overlap;
         int cuda_graph;
-        int64_t threads; /* CPU threads per rank; 0 = the cores this rank is bound to */
+        int64_t threads;        /* CPU threads per rank; 0 = the cores this rank is bound to */
         double memory_limit_mb; /* cap on the memory-fit check's available figure per rank; 0 = none */
     } parallel;
     struct {

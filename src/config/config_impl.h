@@ -35,7 +35,8 @@ typedef struct dg_cfg_key {
     const char *choices;
     dg_cfg_check_fn check;
     const char *doc;
-    size_t id_offset; /* DG_CFGT_ENUM with has_id: offsetof the int (enum) field that gets the choice's index */
+    size_t
+        id_offset; /* DG_CFGT_ENUM with has_id: offsetof the int (enum) field that gets the choice's index */
     int has_id;
 } dg_cfg_key_t;
 

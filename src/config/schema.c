@@ -153,10 +153,12 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     FLT("train", "beta1", train.beta1, "0.9", 0, 0.999999, "AdamW beta1"),
     FLT("train", "beta2", train.beta2, "0.95", 0, 0.999999999, "AdamW beta2"),
     FLTX("train", "eps", train.eps, "1e-8", 0, 1, "AdamW epsilon"),
-    ENUMI("train", "precision", train.precision, train.precision_id, "fp32", "fp32|bf16|fp16", "compute dtype of activations"),
-    ENUMI("train", "reduce_dtype", train.reduce_dtype, train.reduce_dtype_id, "fp32", "fp32|bf16", "dtype of gradient reductions"),
+    ENUMI("train", "precision", train.precision, train.precision_id, "fp32", "fp32|bf16|fp16",
+          "compute dtype of activations"),
+    ENUMI("train", "reduce_dtype", train.reduce_dtype, train.reduce_dtype_id, "fp32", "fp32|bf16",
+          "dtype of gradient reductions"),
     ENUMI("train", "recompute", train.recompute, train.recompute_id, "none", "none|gelu",
-         "activations recomputed in the backward instead of kept (gelu: the MLP's GELU output)"),
+          "activations recomputed in the backward instead of kept (gelu: the MLP's GELU output)"),
     STR("train", "freeze", train.freeze, "", NULL,
         "comma-separated parameter-name patterns (fnmatch) that are not trained"),
     INT("train", "log_every", train.log_every, "1", 1, I64MAX, "steps between progress lines"),
@@ -173,10 +175,10 @@ const dg_cfg_key_t dg_cfg_schema[] = {
 
     /* [parallel] */
     ENUMI("parallel", "backend", parallel.backend, parallel.backend_id, "auto", "auto|cpu|cuda",
-         "compute backend (auto = cuda when a GPU is bound, else cpu)"),
+          "compute backend (auto = cuda when a GPU is bound, else cpu)"),
     ENUMI("parallel", "comm", parallel.comm, parallel.comm_id, "auto", "auto|mpi|nccl",
-         "communication backend (auto = nccl when every rank has a GPU of its own on the cuda backend, "
-         "else mpi)"),
+          "communication backend (auto = nccl when every rank has a GPU of its own on the cuda backend, "
+          "else mpi)"),
     ENUM("parallel", "reduce_scatter", parallel.reduce_scatter, "ring", "ring|mpi",
          "mpi comm backend's reduce-scatter: dg_comm's ring, or MPI_Reduce_scatter_block"),
     STR("parallel", "mesh", parallel.mesh, "auto", check_mesh,

@@ -101,4 +101,3 @@ dg_status_t dg_pass_replicate_sync(dg_graph_t *g, const dg_shard_plan_t *sp) {
     g->cur_phase = saved;
     return g->err;
 }
-

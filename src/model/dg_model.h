@@ -46,7 +46,7 @@ typedef struct dg_model_desc {
  * 64 (50257 -> 50304). Returns DG_ERR_USAGE with a one-line message for an unknown preset or
  * inconsistent sizes (d_model not divisible by n_head, sizes out of range, custom with a size missing). */
 typedef struct dg_model_spec {
-    const char *preset;                                 /* model.preset */
+    const char *preset;                                    /* model.preset */
     int64_t n_layer, n_head, d_model, seq_len, vocab_size; /* model.<size>: 0 = the preset's */
 } dg_model_spec_t;
 dg_status_t dg_model_desc_resolve(const dg_model_spec_t *spec, dg_model_desc_t *out);
@@ -237,13 +237,13 @@ void dg_model_set_step(dg_model_t *m, int64_t step);
  * callback) on a backend that cannot record. cb may be NULL. */
 typedef void (*dg_model_graph_cb_t)(void *ctx, const char *what, const char *detail);
 void dg_model_set_graph_replay(dg_model_t *m, int on, dg_model_graph_cb_t cb, void *ctx);
-/* Executor fallbacks (docs/cuda.md "Fallbacks"): when the activation arena cannot be allocated, activations are allocated
- * one by one over their live ranges (kind "memory"); an op kind the backend has no kernel for runs on the
- * host through copies of its tensors (kind "kernel", one report per op kind). The numbers are those of
- * the planned path. Both are decided when the model is created (the test hooks DG_TEST_ARENA_FAIL=1 and
- * DG_TEST_NO_KERNEL=<op>[,<op>...] force them), are logged as warnings then, and block CUDA Graph
- * replay (which reports its own "fallback"). cb(ctx, kind, reason) is called once per report: at once
- * for reports made before it was set, and for any later one. Each rank reports its own. cb may be NULL. */
+/* Executor fallbacks (docs/cuda.md "Fallbacks"): when the activation arena cannot be allocated, activations
+ * are allocated one by one over their live ranges (kind "memory"); an op kind the backend has no kernel for
+ * runs on the host through copies of its tensors (kind "kernel", one report per op kind). The numbers are
+ * those of the planned path. Both are decided when the model is created (the test hooks DG_TEST_ARENA_FAIL=1
+ * and DG_TEST_NO_KERNEL=<op>[,<op>...] force them), are logged as warnings then, and block CUDA Graph replay
+ * (which reports its own "fallback"). cb(ctx, kind, reason) is called once per report: at once for reports
+ * made before it was set, and for any later one. Each rank reports its own. cb may be NULL. */
 typedef void (*dg_model_fallback_cb_t)(void *ctx, const char *kind, const char *reason);
 void dg_model_set_fallback_cb(dg_model_t *m, dg_model_fallback_cb_t cb, void *ctx);
 /* Communication accounting since the last reset: seconds blocked waiting for asynchronous collectives

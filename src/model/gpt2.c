@@ -238,7 +238,6 @@ dg_status_t dg_gpt2_build_forward(dg_model_t *m) {
     return g->err;
 }
 
-
 /* ---------------- initialisation ---------------- */
 
 static uint64_t mix64(uint64_t z) {

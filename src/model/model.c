@@ -120,7 +120,6 @@ static void layout(dg_model_t *m) {
     m->shard = sp;
 }
 
-
 /* ---------------- create / free ---------------- */
 
 static dg_status_t alloc_zero(dg_backend_t *be, size_t bytes, void **out) {
@@ -359,7 +358,8 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         st = dg_plan_create(m->g, (flags & DG_MODEL_NO_ARENA_REUSE) ? DG_PLAN_NO_REUSE : 0, &m->plan);
     if (st == DG_OK) m->frozen = dg_xcalloc((size_t)m->np + 1, 1);
     m->stall_rank = -1;
-    int64_t sr = dg_env_int("DG_TEST_STALL_COLLECTIVE_RANK"), ss = dg_env_int("DG_TEST_STALL_COLLECTIVE_STEP");
+    int64_t sr = dg_env_int("DG_TEST_STALL_COLLECTIVE_RANK"),
+            ss = dg_env_int("DG_TEST_STALL_COLLECTIVE_STEP");
     if (sr >= 0 && ss >= 0) {
         m->stall_rank = (int)sr;
         m->stall_step = ss;
@@ -480,4 +480,3 @@ void dg_model_set_fallback_cb(dg_model_t *m, dg_model_fallback_cb_t cb, void *ct
 const dg_memplan_t *dg_model_plan(const dg_model_t *m) {
     return m->plan;
 }
-

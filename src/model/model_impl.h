@@ -13,7 +13,6 @@
 
 #define PARAM_ALIGN_ELEMS 64 /* 256 bytes of f32: every tensor starts aligned in the flat buffers */
 
-
 /* Where this rank's piece of a parameter sits in the global tensor.
  * Tensor parallelism: the tp-local tensor is the concatenation, along tp_dim, of n_seg segments of the
  * global tensor (QKV: its q, k and v rows for this rank's heads); tp_dim = -1 means replicated.
@@ -95,14 +94,16 @@ struct dg_model {
 };
 
 /* gpt2.c */
-dg_status_t dg_gpt2_build_forward(dg_model_t *m);            /* params, forward ops, loss */
-int dg_gpt2_decay_of(const dg_node_t *p, void *ctx);          /* AdamW weight decay for a parameter */
-int dg_gpt2_param_group(const dg_model_t *m, const char *nm); /* FSDP group: 0 embeddings, 1+l layer l, L+1 ln_f */
+dg_status_t dg_gpt2_build_forward(dg_model_t *m);    /* params, forward ops, loss */
+int dg_gpt2_decay_of(const dg_node_t *p, void *ctx); /* AdamW weight decay for a parameter */
+int dg_gpt2_param_group(const dg_model_t *m,
+                        const char *nm); /* FSDP group: 0 embeddings, 1+l layer l, L+1 ln_f */
 void dg_gpt2_init_tensor(const dg_model_t *m, int i, float *h); /* this rank's piece of tensor i, at init */
-int64_t dg_model_global_row(const place_t *pl, int64_t lr);   /* tp-local row -> global row */
+int64_t dg_model_global_row(const place_t *pl, int64_t lr);     /* tp-local row -> global row */
 /* run.c */
-dg_status_t dg_model_need_memory(const dg_model_t *m, const char *what); /* usage error for a plan-only model */
-void dg_model_replay_drop(dg_model_t *m); /* frees the recorded CUDA Graphs */
-void dg_model_fb_flush(dg_model_t *m);    /* delivers pending executor fallback reports */
+dg_status_t dg_model_need_memory(const dg_model_t *m,
+                                 const char *what); /* usage error for a plan-only model */
+void dg_model_replay_drop(dg_model_t *m);           /* frees the recorded CUDA Graphs */
+void dg_model_fb_flush(dg_model_t *m);              /* delivers pending executor fallback reports */
 
 #endif /* DG_MODEL_IMPL_H */

@@ -424,4 +424,3 @@ dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, 
     m->gr_warm = 1; /* one step has run: scratch sized, plans cached */
     return DG_OK;
 }
-

@@ -18,8 +18,8 @@ typedef struct dg_stability {
     float *window;
     int64_t cap; /* train.spike_window (0: no window) */
     int64_t win_n, win_pos, consecutive_spikes;
-    double spike_factor;            /* train.spike_factor (0: off) */
-    int64_t spike_max_consecutive;  /* train.spike_max_consecutive (0: never roll back) */
+    double spike_factor;           /* train.spike_factor (0: off) */
+    int64_t spike_max_consecutive; /* train.spike_max_consecutive (0: never roll back) */
     /* dynamic loss scale (fp16 only; 1 otherwise) */
     int fp16;
     double loss_scale;

@@ -36,7 +36,6 @@
 /* Setup helpers                                                                                     */
 /* ------------------------------------------------------------------------------------------------ */
 
-
 int trn_is_fp16(const dg_config_t *c) {
     return c->train.precision_id == DG_PREC_FP16;
 }
@@ -46,7 +45,7 @@ static dg_status_t pick_backend(trainer_t *tr) {
     dg_backend_config_t bc = {0};
     bc.act_dtype = c->train.precision_id == DG_PREC_BF16   ? DG_BF16
                    : c->train.precision_id == DG_PREC_FP16 ? DG_F16
-                                                             : DG_F32;
+                                                           : DG_F32;
     bc.threads = (int)c->parallel.threads;
     if (bc.threads == 0) {
         /* the cores this rank is bound to (mpi_boot bound it before we got here); OpenMP's own default
@@ -241,9 +240,10 @@ static dg_status_t open_data(trainer_t *tr) {
     if (!val_glob[0] && c->data.val_every > 0) {
         /* data.train without data.val: no held-out data, so say so loudly instead of skipping silently */
         if (tr->rank == 0)
-            DG_LOG_WARN("no validation: data.train is set but data.val is empty, so no val_loss is reported; "
-                        "set data.val to a glob of held-out shards (dgprep writes them) or data.val_every = 0 "
-                        "to silence this");
+            DG_LOG_WARN(
+                "no validation: data.train is set but data.val is empty, so no val_loss is reported; "
+                "set data.val to a glob of held-out shards (dgprep writes them) or data.val_every = 0 "
+                "to silence this");
         DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "no_validation"),
                          DG_JS("detail", "data.val is empty; set data.val to held-out shards"));
     }
@@ -519,7 +519,8 @@ static int step_agreement(trainer_t *tr, dg_status_t *st, int *stop_sig) {
 static dg_status_t after_step(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     dg_status_t st;
-    if (tr->val_ld && c->data.val_every > 0 && (tr->step % c->data.val_every == 0 || tr->step == c->train.steps)) {
+    if (tr->val_ld && c->data.val_every > 0 &&
+        (tr->step % c->data.val_every == 0 || tr->step == c->train.steps)) {
         double vl = 0;
         DG_TRY(run_validation(tr, &vl));
         DG_METRICS_EVENT(tr->metrics, "val", DG_JI("step", tr->step), DG_JF("loss", vl),
@@ -634,8 +635,9 @@ static dg_status_t train_loop(trainer_t *tr) {
         dg_health_set_activity(tr->health, step, "zero_grad");
         st = dg_model_zero_grad(tr->model);
         double loss_sum = 0;
-        if (!st) st = forward_backward_all(tr, step, chunk, tok, tgt, (float)(dloss_base * tr->stab.loss_scale),
-                                           &loss_sum);
+        if (!st)
+            st = forward_backward_all(tr, step, chunk, tok, tgt, (float)(dloss_base * tr->stab.loss_scale),
+                                      &loss_sum);
         comm_failure(tr, st);
         if (st) continue; /* agreed at the top of the next iteration */
 
@@ -932,7 +934,8 @@ static dg_status_t dg_train_dry_run_memfit(dg_boot_t *boot, const dg_config_t *c
         fprintf(out,
                 ",\"memory\":{\"fits\":%s,\"estimate_bytes\":%.0f,\"state\":%.0f,\"gathered\":%.0f,"
                 "\"activations\":%.0f,\"logits\":%.0f,\"buckets\":%.0f}",
-                v == DG_OK ? "true" : "false", e.total, e.state, e.gathered, e.activations, e.logits, e.buckets);
+                v == DG_OK ? "true" : "false", e.total, e.state, e.gathered, e.activations, e.logits,
+                e.buckets);
     else
         fprintf(out, "  %s\n", line);
     return DG_OK;
