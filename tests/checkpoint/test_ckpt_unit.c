@@ -10,19 +10,7 @@
 #include <unistd.h>
 
 #include "ckpt_impl.h"
-
-static int g_fail, g_checks;
-
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        g_checks++;                                                                                          \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fprintf(stderr, "\n");                                                                           \
-        }                                                                                                    \
-    } while (0)
+#include "dg_check.h"
 
 static uint64_t rng_state = 12345;
 static uint64_t rnd(void) {
@@ -394,7 +382,7 @@ int main(int argc, char **argv) {
     test_table();
     test_names();
     test_roundtrip();
-    printf("%d checks, %d failed\n", g_checks, g_fail);
+    printf("%d checks, %d failed\n", dg_checks, dg_fails);
     MPI_Finalize();
-    return g_fail ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }

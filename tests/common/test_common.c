@@ -17,20 +17,11 @@
 #include <unistd.h>
 
 #include "dg_common.h"
+#include "dg_check.h"
 #include "dg_fs.h"
 #include "dg_json.h"
 #include "dg_mesh.h"
 
-static int g_fail;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
 
 static char g_tmp[256];
 
@@ -342,14 +333,11 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (strcmp(argv[1], cases[i].name) != 0) continue;
-        dg_fmt(g_tmp, sizeof g_tmp, "/tmp/dg_test_common_XXXXXX");
-        DG_ASSERT(mkdtemp(g_tmp) != NULL);
+        DG_ASSERT(dg_test_mkdtemp(g_tmp, sizeof g_tmp, "dg_test_common") == 0);
         cases[i].fn();
-        char cmd[512];
-        dg_fmt(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-        if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", g_tmp);
-        if (g_fail) {
-            fprintf(stderr, "%s: %d check(s) failed\n", argv[1], g_fail);
+        dg_test_rmtree(g_tmp);
+        if (dg_fails) {
+            fprintf(stderr, "%s: %d check(s) failed\n", argv[1], dg_fails);
             return 1;
         }
         printf("%s: ok\n", argv[1]);

@@ -14,18 +14,9 @@
 #include <unistd.h>
 
 #include "dg_common.h"
+#include "dg_check.h"
 #include "dg_env.h"
 
-static int g_fail;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
 
 static void case_table(void) {
     CHECK(dg_env_count() >= 30, "only %d switches registered", dg_env_count());
@@ -206,8 +197,8 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (strcmp(argv[1], cases[i].name) != 0) continue;
         cases[i].fn();
-        if (g_fail) {
-            fprintf(stderr, "%s: %d check(s) failed\n", argv[1], g_fail);
+        if (dg_fails) {
+            fprintf(stderr, "%s: %d check(s) failed\n", argv[1], dg_fails);
             return 1;
         }
         printf("%s: ok\n", argv[1]);

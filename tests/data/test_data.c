@@ -3,6 +3,7 @@
  * text-to-shard builder and the default data. One binary; argv[1] names the case (one ctest each). */
 #define _GNU_SOURCE
 #include "data.h"
+#include "dg_check.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,29 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int g_fail;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
 
 static char g_tmp[256];
-
-static void make_tmp(void) {
-    dg_fmt(g_tmp, sizeof g_tmp, "/tmp/dg_test_data_XXXXXX");
-    DG_ASSERT(mkdtemp(g_tmp) != NULL);
-}
-
-static void rm_tmp(void) {
-    char cmd[512];
-    dg_fmt(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", g_tmp);
-}
 
 static void put32(uint8_t *p, int32_t v) {
     memcpy(p, &v, 4); /* x86: little-endian */
@@ -873,17 +853,17 @@ int main(int argc, char **argv) {
     int ran = 0;
     for (int i = 0; i < n; i++) {
         if (strcmp(argv[1], "all") && strcmp(argv[1], cases[i].name)) continue;
-        make_tmp();
+        DG_ASSERT(dg_test_mkdtemp(g_tmp, sizeof g_tmp, "dg_test_data") == 0);
         cases[i].fn();
-        rm_tmp();
+        dg_test_rmtree(g_tmp);
         ran++;
     }
     if (!ran) {
         fprintf(stderr, "unknown case %s\n", argv[1]);
         return 2;
     }
-    if (g_fail) {
-        fprintf(stderr, "%d check(s) failed\n", g_fail);
+    if (dg_fails) {
+        fprintf(stderr, "%d check(s) failed\n", dg_fails);
         return 1;
     }
     printf("ok\n");

@@ -533,8 +533,8 @@ int main(void) {
     test_reduce_dtype();
     test_errors();
     dg_backend_free(be);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
+    if (dg_fails) {
+        fprintf(stderr, "%d failure(s)\n", dg_fails);
         return 1;
     }
     printf("all fsdp plan tests passed\n");

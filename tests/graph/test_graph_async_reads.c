@@ -295,7 +295,7 @@ static const char *const mode_name[] = {"fences", "DG_SYNC_HOST_READS=1", "no v1
  * (fused: after the one cross-entropy op of the forward, before the backward's first matmul_bwd, the
  * head's), the fence right after the copy, the backward queued, then the wait on that fence; no sync. */
 static void check_fb_log(const char *what, const void **loss_fence, size_t want_bytes) {
-    int bad = failures;
+    int bad = dg_fails;
     int dl = first_of(EV_DOWNLOAD), rec = first_of(EV_RECORD), wt = first_of(EV_WAIT);
     const int fused = count(EV_CE_FUSED) > 0;
     const int ev_fwd = fused ? EV_CE_FUSED : EV_CE_FWD, ev_bwd = fused ? EV_MM_BWD : EV_CE_BWD;
@@ -321,13 +321,13 @@ static void check_fb_log(const char *what, const void **loss_fence, size_t want_
         if (!*loss_fence) *loss_fence = evlog[rec].fence;
         EXPECT(evlog[rec].fence == *loss_fence, "%s: the loss fence changed", what);
     }
-    if (failures != bad) dump_log();
+    if (dg_fails != bad) dump_log();
 }
 
 /* optimizer_step with fences: the norm copied after clip_scale, its fence right after, the AdamW queued,
  * then the wait on that fence (not the loss fence); no sync. */
 static void check_opt_log(const char *what, const void *loss_fence, int expect_syncs) {
-    int bad = failures;
+    int bad = dg_fails;
     int dl = first_of(EV_DOWNLOAD), rec = first_of(EV_RECORD), wt = first_of(EV_WAIT);
     EXPECT(count(EV_SYNC) == expect_syncs && count(EV_TO_HOST) == 0, "%s: %d syncs (expected %d), %d to_host",
            what, count(EV_SYNC), expect_syncs, count(EV_TO_HOST));
@@ -344,7 +344,7 @@ static void check_opt_log(const char *what, const void *loss_fence, int expect_s
         EXPECT(evlog[wt].fence == evlog[rec].fence, "%s: waits on another fence than the one recorded", what);
         EXPECT(evlog[rec].fence != loss_fence, "%s: the norm uses the loss fence", what);
     }
-    if (failures != bad) dump_log();
+    if (dg_fails != bad) dump_log();
 }
 
 /* The old path: no v1.8 call at all, and a sync in every call. */
@@ -506,8 +506,8 @@ int main(void) {
     test_flags(DG_MODEL_UNFUSED_CE); /* the loss copy between the two cross-entropy ops */
     dg_backend_free(inner);
     printf("async read tests took %.1f s\n", dg_now_s() - t0);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
+    if (dg_fails) {
+        fprintf(stderr, "%d failure(s)\n", dg_fails);
         return 1;
     }
     printf("all async read tests passed\n");

@@ -181,6 +181,6 @@ int main(void) {
     run_free(&r);
     run_free(&ref);
     dg_backend_free(inner);
-    printf("graph attention workspace: %s\n", failures ? "FAILED" : "passed");
-    return failures != 0;
+    printf("graph attention workspace: %s\n", dg_fails ? "FAILED" : "passed");
+    return dg_fails != 0;
 }

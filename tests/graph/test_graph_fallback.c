@@ -66,7 +66,7 @@ static void w_free(dg_backend_t *be, void *p) {
             inner->ops->free(inner, p);
             return;
         }
-    failures++;
+    dg_fails++;
     fprintf(stderr, "FAIL: free of %p, which the backend did not allocate (or freed twice)\n", p);
 }
 
@@ -408,8 +408,8 @@ int main(void) {
     test_hook_errors();
     dg_backend_free(inner);
     printf("fallback tests took %.1f s\n", dg_now_s() - t0);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
+    if (dg_fails) {
+        fprintf(stderr, "%d failure(s)\n", dg_fails);
         return 1;
     }
     printf("all fallback tests passed\n");

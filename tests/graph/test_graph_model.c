@@ -999,8 +999,8 @@ int main(void) {
     test_res_fused();
     dg_backend_free(be);
     printf("model tests took %.1f s\n", dg_now_s() - t0);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
+    if (dg_fails) {
+        fprintf(stderr, "%d failure(s)\n", dg_fails);
         return 1;
     }
     printf("all model tests passed\n");

@@ -443,8 +443,8 @@ int main(void) {
     test_res_memory(be);
     test_stale_abort(be);
     dg_backend_free(be);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
+    if (dg_fails) {
+        fprintf(stderr, "%d failure(s)\n", dg_fails);
         return 1;
     }
     printf("all planner tests passed\n");

@@ -18,17 +18,8 @@
 
 #include "tokenizer.h"
 #include "tokenizer_impl.h"
+#include "dg_check.h"
 
-static int fails;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-            fails++;                                                                                         \
-        }                                                                                                    \
-    } while (0)
 
 static int skip_or_fail(const char *why) {
     const char *ci = getenv("CI");
@@ -219,7 +210,7 @@ static int test_utf8(void) {
               (long long)bad, (long long)first, c[i].bad, c[i].first);
         CHECK(tok_utf8_valid((const uint8_t *)c[i].in, n) == (c[i].bad == 0), "case %zu: validity", i);
     }
-    return fails ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 /* ---------------- toy: both readers on a small hand-made vocabulary ---------------- */
@@ -316,18 +307,9 @@ static void toy_files(const char *dir) {
 }
 
 static char tmpdir[64];
-static void make_tmpdir(void) {
-    strcpy(tmpdir, "/tmp/dg_test_tok_XXXXXX");
-    DG_ASSERT(mkdtemp(tmpdir) != NULL);
-}
-static void rm_tmpdir(void) {
-    char cmd[128];
-    dg_fmt(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tmpdir);
-}
 
 static int test_toy(void) {
-    make_tmpdir();
+    DG_ASSERT(dg_test_mkdtemp(tmpdir, sizeof tmpdir, "dg_test_tok") == 0);
     toy_files(tmpdir);
     char path[512];
     dg_tokenizer_t *a, *b;
@@ -360,8 +342,8 @@ static int test_toy(void) {
     }
     dg_tokenizer_free(a);
     dg_tokenizer_free(b);
-    rm_tmpdir();
-    return fails ? 1 : 0;
+    dg_test_rmtree(tmpdir);
+    return dg_fails ? 1 : 0;
 }
 
 /* ---------------- errors: every reader defect is one line naming the file and line ---------------- */
@@ -380,7 +362,7 @@ static void expect_load_error(int hf, const char *file, const char *text, const 
 }
 
 static int test_errors(void) {
-    make_tmpdir();
+    DG_ASSERT(dg_test_mkdtemp(tmpdir, sizeof tmpdir, "dg_test_tok") == 0);
     expect_load_error(0, "none.tiktoken", NULL,
                       "tokenizer: cannot read %s/none.tiktoken: No such file or directory");
     expect_load_error(0, "e.tiktoken", "",
@@ -432,8 +414,8 @@ static int test_errors(void) {
                       "tokenizer %s/vocab.json:1: expected a JSON object {\"token\": id, ...}");
     expect_load_error(1, "vocab.json", "{\"\\ud800\": 0}",
                       "tokenizer %s/vocab.json:1: unpaired surrogate in a \\u escape");
-    rm_tmpdir();
-    return fails ? 1 : 0;
+    dg_test_rmtree(tmpdir);
+    return dg_fails ? 1 : 0;
 }
 
 /* ---------------- GPT-2: known ids, the special token, round trips ---------------- */
@@ -494,7 +476,7 @@ static int test_special(dg_tokenizer_t *t) {
     CHECK(a.n == b.n && !memcmp(a.v, b.v, a.n * sizeof *a.v), "invalid input != its repair");
     dg_tok_ids_free(&a);
     dg_tok_ids_free(&b);
-    return fails ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 /* Deterministic pseudo-random text: a mix of scripts, numbers, whitespace runs and punctuation. */
@@ -573,7 +555,7 @@ static int test_roundtrip(dg_tokenizer_t *t) {
     CHECK(roundtrips(t, all, n), "round trip of the BMP");
     CHECK(roundtrips(t, "", 0), "empty");
     free(all);
-    return fails ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 /* ---------------- bpe: the two merge loops agree ---------------- */
@@ -589,7 +571,7 @@ static int test_bpe(dg_tokenizer_t *t) {
         size_t na = tok_bpe_linear(t, (const uint8_t *)buf, n, a),
                nb = tok_bpe_heap(t, (const uint8_t *)buf, n, b);
         CHECK(na == nb && !memcmp(a, b, na * sizeof *a), "merge loops disagree on a %zu-byte piece", n);
-        if (fails) break;
+        if (dg_fails) break;
     }
     /* Repetitions, where equal ranks compete: the leftmost must win in both. */
     for (size_t n = 1; n <= TOK_LINEAR_MAX; n++) {
@@ -598,7 +580,7 @@ static int test_bpe(dg_tokenizer_t *t) {
                nb = tok_bpe_heap(t, (const uint8_t *)buf, n, b);
         CHECK(na == nb && !memcmp(a, b, na * sizeof *a), "merge loops disagree on %zu repeated bytes", n);
     }
-    return fails ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 /* ---------------- split: cutting at dg_tokenizer_next_split never changes the ids ---------------- */
@@ -624,7 +606,7 @@ static int test_split(dg_tokenizer_t *t) {
         DG_ASSERT(dg_tokenizer_encode(t, buf + at, n - at, &parts, NULL) == DG_OK);
         CHECK(whole.n == parts.n && !memcmp(whole.v, parts.v, whole.n * sizeof *whole.v),
               "text %d: cutting at the safe points changed the ids", i);
-        if (fails) break;
+        if (dg_fails) break;
     }
     CHECK(cuts > 1000, "only %d cuts made: the generator gives too few safe points", cuts);
     /* The rule itself. */
@@ -637,7 +619,7 @@ static int test_split(dg_tokenizer_t *t) {
     CHECK(dg_tokenizer_next_split("ab\n ", 4, 0) == 4, "a space, then the end");
     dg_tok_ids_free(&whole);
     dg_tok_ids_free(&parts);
-    return fails ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 /* ---------------- threads: one shared tokenizer, many encoders at once ---------------- */
@@ -690,7 +672,7 @@ static int test_threads(dg_tokenizer_t *t) {
         free(docs[d]);
         dg_tok_ids_free(&want[d]);
     }
-    return fails ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 int main(int argc, char **argv) {

@@ -3,6 +3,7 @@
  * whose output check_metrics.py parses with Python's json module. argv[1] names the case. */
 #define _GNU_SOURCE
 #include "train_util.h"
+#include "dg_check.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -11,16 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int g_fail;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
 
 static int close_to(double a, double b) {
     return fabs(a - b) <= 1e-12 * fmax(1.0, fabs(b));
@@ -309,7 +300,7 @@ static int run_metrics(const char *dir) {
     /* An unwritable run dir is a clear error. */
     dg_status_t s = dg_metrics_open("/proc/no/such/dir", 0, &m);
     CHECK(s != DG_OK && strstr(dg_last_error(), "/proc/no"), "bad dir: %d %s", s, dg_last_error());
-    return g_fail ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 int main(int argc, char **argv) {
@@ -336,8 +327,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "unknown case %s\n", argv[1]);
         return 2;
     }
-    if (g_fail) {
-        fprintf(stderr, "%d check(s) failed\n", g_fail);
+    if (dg_fails) {
+        fprintf(stderr, "%d check(s) failed\n", dg_fails);
         return 1;
     }
     printf("ok\n");
