@@ -33,7 +33,7 @@
 
 #include "dg_model.h"
 #include "graph.h"
-#include "gtest.h"
+#include "gmodel.h"
 
 static const dg_model_desc_t small = {
     .n_layer = 2, .n_head = 4, .d_model = 32, .seq_len = 16, .vocab_size = 67, .padded_vocab = 72};
@@ -422,12 +422,9 @@ static void train(run_mode_t mode, int flags, int can_record, int check_order, r
     r->logits = malloc((size_t)B * small.vocab_size * sizeof(float));
     OK(dg_model_logits(m, tok, small.seq_len / 2, r->logits));
     r->nw = dg_model_flat_numel(m);
-    r->w = malloc(r->nw * sizeof(float));
-    r->m = malloc(r->nw * sizeof(float));
-    r->v = malloc(r->nw * sizeof(float));
-    OK(dg_model_get_flat(m, DG_STATE_PARAM, r->w));
-    OK(dg_model_get_flat(m, DG_STATE_ADAM_M, r->m));
-    OK(dg_model_get_flat(m, DG_STATE_ADAM_V, r->v));
+    r->w = gmodel_flat(m, DG_STATE_PARAM);
+    r->m = gmodel_flat(m, DG_STATE_ADAM_M);
+    r->v = gmodel_flat(m, DG_STATE_ADAM_V);
     free(tok);
     free(tgt);
     dg_model_free(m);
@@ -506,10 +503,5 @@ int main(void) {
     test_flags(DG_MODEL_UNFUSED_CE); /* the loss copy between the two cross-entropy ops */
     dg_backend_free(inner);
     printf("async read tests took %.1f s\n", dg_now_s() - t0);
-    if (dg_fails) {
-        fprintf(stderr, "%d failure(s)\n", dg_fails);
-        return 1;
-    }
-    printf("all async read tests passed\n");
-    return 0;
+    return dg_check_done("async read");
 }

@@ -23,7 +23,7 @@
 
 #include "dg_model.h"
 #include "graph.h"
-#include "gtest.h"
+#include "gmodel.h"
 
 /* head size 8, T = 64: the workspace (2 * 4 * 64 * 64 * 2 = 64 KiB) is as large as the logits
  * (2 * 64 * 128 * 4 = 64 KiB): it must go where they were */
@@ -112,12 +112,9 @@ static void train(int with_ws, run_t *r) {
     r->logits = malloc((size_t)B * small.vocab_size * sizeof(float));
     OK(dg_model_logits(m, tok, small.seq_len / 2, r->logits));
     r->nw = dg_model_flat_numel(m);
-    r->w = malloc(r->nw * sizeof(float));
-    r->m = malloc(r->nw * sizeof(float));
-    r->v = malloc(r->nw * sizeof(float));
-    OK(dg_model_get_flat(m, DG_STATE_PARAM, r->w));
-    OK(dg_model_get_flat(m, DG_STATE_ADAM_M, r->m));
-    OK(dg_model_get_flat(m, DG_STATE_ADAM_V, r->v));
+    r->w = gmodel_flat(m, DG_STATE_PARAM);
+    r->m = gmodel_flat(m, DG_STATE_ADAM_M);
+    r->v = gmodel_flat(m, DG_STATE_ADAM_V);
     free(tok);
     free(tgt);
     dg_model_free(m);

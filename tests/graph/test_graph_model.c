@@ -26,7 +26,7 @@
 #include "dg_model.h"
 #include "graph.h"
 #include "ref64.h"
-#include "gtest.h"
+#include "gmodel.h"
 
 static dg_backend_t *be;
 
@@ -683,12 +683,9 @@ static void fz_train(int per_param, fz_run_t *r) {
         OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
     }
     r->n = dg_model_flat_numel(m);
-    r->w = malloc(r->n * sizeof(float));
-    r->m = malloc(r->n * sizeof(float));
-    r->v = malloc(r->n * sizeof(float));
-    OK(dg_model_get_flat(m, DG_STATE_PARAM, r->w));
-    OK(dg_model_get_flat(m, DG_STATE_ADAM_M, r->m));
-    OK(dg_model_get_flat(m, DG_STATE_ADAM_V, r->v));
+    r->w = gmodel_flat(m, DG_STATE_PARAM);
+    r->m = gmodel_flat(m, DG_STATE_ADAM_M);
+    r->v = gmodel_flat(m, DG_STATE_ADAM_V);
     free(tok);
     free(tgt);
     dg_model_free(m);
@@ -802,11 +799,9 @@ static void train_env(const char *env, int flags, ce_run_t *r) {
     r->logits = malloc(2 * (size_t)small.vocab_size * sizeof(float));
     OK(dg_model_logits(m, tok, small.seq_len - 1, r->logits));
     r->n = dg_model_flat_numel(m);
-    r->w = malloc(r->n * sizeof(float));
-    r->m = malloc(r->n * sizeof(float));
+    r->w = gmodel_flat(m, DG_STATE_PARAM);
+    r->m = gmodel_flat(m, DG_STATE_ADAM_M);
     r->g = malloc(r->n * sizeof(float));
-    OK(dg_model_get_flat(m, DG_STATE_PARAM, r->w));
-    OK(dg_model_get_flat(m, DG_STATE_ADAM_M, r->m));
     OK(dg_model_zero_grad(m));
     OK(dg_model_set_grad_accum(m, 1));
     float l;
@@ -999,10 +994,5 @@ int main(void) {
     test_res_fused();
     dg_backend_free(be);
     printf("model tests took %.1f s\n", dg_now_s() - t0);
-    if (dg_fails) {
-        fprintf(stderr, "%d failure(s)\n", dg_fails);
-        return 1;
-    }
-    printf("all model tests passed\n");
-    return 0;
+    return dg_check_done("model");
 }

@@ -9,6 +9,7 @@
  *
  * dg_fails counts the failed checks, dg_checks every CHECK/EXPECT/CHECK_STR made; a test returns
  * dg_fails != 0. An MPI test sets dg_check_rank to its rank, and failure lines then start "FAIL rank N ".
+ * dg_check_done(what) ends a test with its summary line and exit code.
  * dg_test_mkdtemp / dg_test_rmtree make and remove a test's temporary directory. */
 #ifndef DG_CHECK_H
 #define DG_CHECK_H
@@ -69,6 +70,16 @@ static inline void dg_check_str(const char *got, const char *want, const char *f
             exit(1);                                                                                         \
         }                                                                                                    \
     } while (0)
+
+/* The end of a test: "N failure(s)" on stderr and 1, or "all WHAT tests passed" and 0 */
+static inline int dg_check_done(const char *what) {
+    if (dg_fails) {
+        fprintf(stderr, "%d failure(s)\n", dg_fails);
+        return 1;
+    }
+    printf("all %s tests passed\n", what);
+    return 0;
+}
 
 /* A fresh directory /tmp/PREFIX_XXXXXX into buf (cap bytes); 0, or -1 with the reason printed. */
 static inline int dg_test_mkdtemp(char *buf, size_t cap, const char *prefix) {
