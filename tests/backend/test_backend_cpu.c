@@ -20,7 +20,6 @@
 #include "dg_check.h"
 #include "op_harness.h"
 
-
 static dg_backend_t *make(int threads) {
     dg_backend_config_t cfg = {.act_dtype = DG_F32, .device = 0, .threads = threads, .seed = 1};
     dg_backend_t *be = NULL;

@@ -24,7 +24,6 @@
 uint32_t H5_checksum_fletcher32(const void *data, size_t len);
 typedef uint32_t (*lib_fn)(const void *, size_t);
 
-
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);

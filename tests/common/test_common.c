@@ -22,7 +22,6 @@
 #include "dg_json.h"
 #include "dg_mesh.h"
 
-
 static char g_tmp[256];
 
 static void path(char *buf, size_t cap, const char *name) {
@@ -320,29 +319,11 @@ static int json_dump(int n, unsigned seed) {
 }
 
 int main(int argc, char **argv) {
-    static const struct {
-        const char *name;
-        void (*fn)(void);
-    } cases[] = {{"nofollow", case_nofollow}, {"atomic", case_atomic}, {"umask", case_umask},
-                 {"lock", case_lock},         {"mesh", case_mesh},     {"json", case_json}};
+    static const dg_check_case_t cases[] = {{"nofollow", case_nofollow}, {"atomic", case_atomic},
+                                            {"umask", case_umask},       {"lock", case_lock},
+                                            {"mesh", case_mesh},         {"json", case_json}};
     if (argc == 4 && strcmp(argv[1], "json-dump") == 0)
         return json_dump(atoi(argv[2]), (unsigned)atoi(argv[3]));
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s CASE | json-dump N SEED\n", argv[0]);
-        return 2;
-    }
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (strcmp(argv[1], cases[i].name) != 0) continue;
-        DG_ASSERT(dg_test_mkdtemp(g_tmp, sizeof g_tmp, "dg_test_common") == 0);
-        cases[i].fn();
-        dg_test_rmtree(g_tmp);
-        if (dg_fails) {
-            fprintf(stderr, "%s: %d check(s) failed\n", argv[1], dg_fails);
-            return 1;
-        }
-        printf("%s: ok\n", argv[1]);
-        return 0;
-    }
-    fprintf(stderr, "unknown case %s\n", argv[1]);
-    return 2;
+    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0], "CASE | json-dump N SEED", g_tmp,
+                          sizeof g_tmp, "dg_test_common");
 }

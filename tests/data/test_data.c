@@ -13,7 +13,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-
 static char g_tmp[256];
 
 static void put32(uint8_t *p, int32_t v) {
@@ -831,41 +830,17 @@ static void case_default_data(void) {
 }
 
 int main(int argc, char **argv) {
-    static const struct {
-        const char *name;
-        void (*fn)(void);
-    } cases[] = {{"shard_valid", case_shard_valid},
-                 {"shard_errors", case_shard_errors},
-                 {"shard_fuzz", case_shard_fuzz},
-                 {"shard_change", case_shard_change},
-                 {"permutation", case_permutation},
-                 {"order", case_order},
-                 {"resume", case_resume},
-                 {"dp_split", case_dp_split},
-                 {"epoch_wrap", case_epoch_wrap},
-                 {"prep", case_prep},
-                 {"default_data", case_default_data}};
-    int n = (int)(sizeof cases / sizeof cases[0]);
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s CASE|all\n", argv[0]);
-        return 2;
-    }
-    int ran = 0;
-    for (int i = 0; i < n; i++) {
-        if (strcmp(argv[1], "all") && strcmp(argv[1], cases[i].name)) continue;
-        DG_ASSERT(dg_test_mkdtemp(g_tmp, sizeof g_tmp, "dg_test_data") == 0);
-        cases[i].fn();
-        dg_test_rmtree(g_tmp);
-        ran++;
-    }
-    if (!ran) {
-        fprintf(stderr, "unknown case %s\n", argv[1]);
-        return 2;
-    }
-    if (dg_fails) {
-        fprintf(stderr, "%d check(s) failed\n", dg_fails);
-        return 1;
-    }
-    printf("ok\n");
-    return 0;
+    static const dg_check_case_t cases[] = {{"shard_valid", case_shard_valid},
+                                            {"shard_errors", case_shard_errors},
+                                            {"shard_fuzz", case_shard_fuzz},
+                                            {"shard_change", case_shard_change},
+                                            {"permutation", case_permutation},
+                                            {"order", case_order},
+                                            {"resume", case_resume},
+                                            {"dp_split", case_dp_split},
+                                            {"epoch_wrap", case_epoch_wrap},
+                                            {"prep", case_prep},
+                                            {"default_data", case_default_data}};
+    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0], "CASE|all", g_tmp, sizeof g_tmp,
+                          "dg_test_data");
 }

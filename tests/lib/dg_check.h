@@ -9,6 +9,7 @@
  *
  * dg_fails counts the failed checks, dg_checks every CHECK/EXPECT/CHECK_STR made; a test returns
  * dg_fails != 0. An MPI test sets dg_check_rank to its rank, and failure lines then start "FAIL rank N ".
+ * dg_check_cases runs the case a test binary's argv[1] names (a table of name and function).
  * dg_check_done(what) ends a test with its summary line and exit code.
  * dg_test_mkdtemp / dg_test_rmtree make and remove a test's temporary directory. */
 #ifndef DG_CHECK_H
@@ -19,16 +20,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int dg_fails;          /* failed checks */
-static int dg_checks;         /* checks made */
+static int dg_fails;           /* failed checks */
+static int dg_checks;          /* checks made */
 static int dg_check_rank = -1; /* >= 0: the rank failure lines name */
 
 /* One failure line: "FAIL [rank N ]file:line: [expr][: message]". fmt is " " (no message) or " message"
  * (the macros put a space before the caller's format, so a check without a message has a non-empty
  * format too). */
-__attribute__((format(printf, 4, 5))) static inline void dg_check_failed(const char *file, int line,
-                                                                        const char *expr, const char *fmt,
-                                                                        ...) {
+__attribute__((format(printf, 4, 5))) static inline void
+dg_check_failed(const char *file, int line, const char *expr, const char *fmt, ...) {
     dg_fails++;
     fprintf(stderr, "FAIL ");
     if (dg_check_rank >= 0) fprintf(stderr, "rank %d ", dg_check_rank);
@@ -95,6 +95,42 @@ static inline void dg_test_rmtree(const char *dir) {
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+}
+
+/* One case of a test binary that runs the case argv[1] names */
+typedef struct {
+    const char *name;
+    void (*fn)(void);
+} dg_check_case_t;
+
+/* Runs cases[i] where argv[1] names it, or every case in order for "all"; argc must be 2 (usage: the
+ * arguments the usage line names). tmp != NULL: each case runs with a fresh directory
+ * /tmp/PREFIX_XXXXXX in tmp (cap bytes), removed after it. Returns 0 ("CASE: ok"), 1 when a check failed
+ * ("CASE: N check(s) failed"), 2 for a bad command line. */
+static inline int dg_check_cases(int argc, char **argv, const dg_check_case_t *cases, size_t n,
+                                 const char *usage, char *tmp, size_t cap, const char *prefix) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s %s\n", argv[0], usage);
+        return 2;
+    }
+    int ran = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(argv[1], "all") && strcmp(argv[1], cases[i].name)) continue;
+        if (tmp && dg_test_mkdtemp(tmp, cap, prefix) != 0) return 1;
+        cases[i].fn();
+        if (tmp) dg_test_rmtree(tmp);
+        ran++;
+    }
+    if (!ran) {
+        fprintf(stderr, "unknown case %s\n", argv[1]);
+        return 2;
+    }
+    if (dg_fails) {
+        fprintf(stderr, "%s: %d check(s) failed\n", argv[1], dg_fails);
+        return 1;
+    }
+    printf("%s: ok\n", argv[1]);
+    return 0;
 }
 
 #endif

@@ -20,7 +20,6 @@
 #include "tokenizer_impl.h"
 #include "dg_check.h"
 
-
 static int skip_or_fail(const char *why) {
     const char *ci = getenv("CI");
     if (ci && !strcmp(ci, "true")) {

@@ -12,7 +12,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-
 static int close_to(double a, double b) {
     return fabs(a - b) <= 1e-12 * fmax(1.0, fabs(b));
 }
@@ -305,32 +304,11 @@ static int run_metrics(const char *dir) {
 
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "metrics")) return run_metrics(argv[2]);
-    static const struct {
-        const char *name;
-        void (*fn)(void);
-    } cases[] = {{"lr", case_lr},
-                 {"json", case_json},
-                 {"flops", case_flops},
-                 {"format", case_format},
-                 {"progress", case_progress}};
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s CASE | metrics DIR\n", argv[0]);
-        return 2;
-    }
-    int ran = 0;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (strcmp(argv[1], "all") && strcmp(argv[1], cases[i].name)) continue;
-        cases[i].fn();
-        ran++;
-    }
-    if (!ran) {
-        fprintf(stderr, "unknown case %s\n", argv[1]);
-        return 2;
-    }
-    if (dg_fails) {
-        fprintf(stderr, "%d check(s) failed\n", dg_fails);
-        return 1;
-    }
-    printf("ok\n");
-    return 0;
+    static const dg_check_case_t cases[] = {{"lr", case_lr},
+                                            {"json", case_json},
+                                            {"flops", case_flops},
+                                            {"format", case_format},
+                                            {"progress", case_progress}};
+    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0], "CASE | metrics DIR", NULL, 0,
+                          NULL);
 }
