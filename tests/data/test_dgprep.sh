@@ -6,23 +6,7 @@ set -u
 DGPREP=$1
 T=$(mktemp -d /tmp/dg_test_dgprep_XXXXXX)
 trap 'rm -rf "$T"' EXIT
-fails=0
-
-# expect_fail "exact stderr line" dgprep-args...
-expect_fail() {
-    local want=$1
-    shift
-    local err rc
-    err=$("$DGPREP" "$@" 2>&1 >/dev/null)
-    rc=$?
-    if [ "$rc" -ne 1 ] || [ "$err" != "$want" ]; then
-        echo "FAIL: dgprep $*"
-        echo "  rc:   $rc (want 1)"
-        echo "  got:  $err"
-        echo "  want: $want"
-        fails=$((fails + 1))
-    fi
-}
+source "$(dirname "$0")/../lib/expect.sh"
 
 printf 'some text\n' >"$T/ok.txt"
 : >"$T/empty.txt"
@@ -30,20 +14,20 @@ printf 'ab\0cd\n' >"$T/bin.dat"
 mkdir "$T/emptydir"
 printf 'x' >"$T/afile"
 
-expect_fail "dgprep: cannot read $T/nope.txt: No such file or directory" --out "$T/o" "$T/nope.txt"
-expect_fail "dgprep: $T/empty.txt is empty" --out "$T/o" "$T/ok.txt" "$T/empty.txt"
-expect_fail "dgprep: $T/bin.dat is not text: NUL byte at offset 2" --out "$T/o" "$T/bin.dat"
-expect_fail "dgprep: empty input: no text file to read" --out "$T/o" "$T/emptydir"
-expect_fail "dgprep: output directory $T/afile/sub is not usable: cannot create directory $T/afile/sub: Not a directory" \
+expect_fail "dgprep: cannot read $T/nope.txt: No such file or directory" "$DGPREP" --out "$T/o" "$T/nope.txt"
+expect_fail "dgprep: $T/empty.txt is empty" "$DGPREP" --out "$T/o" "$T/ok.txt" "$T/empty.txt"
+expect_fail "dgprep: $T/bin.dat is not text: NUL byte at offset 2" "$DGPREP" --out "$T/o" "$T/bin.dat"
+expect_fail "dgprep: empty input: no text file to read" "$DGPREP" --out "$T/o" "$T/emptydir"
+expect_fail "dgprep: output directory $T/afile/sub is not usable: cannot create directory $T/afile/sub: Not a directory" "$DGPREP" \
     --out "$T/afile/sub" "$T/ok.txt"
-expect_fail "dgprep: --out DIR is required (see dgprep --help)" "$T/ok.txt"
-expect_fail "dgprep: no input files given (see dgprep --help)" --out "$T/o"
-expect_fail "dgprep: --val-fraction expects a number with 0 <= F < 1, got '1.5'" --out "$T/o" --val-fraction 1.5 "$T/ok.txt"
-expect_fail "dgprep: --val-fraction expects a number with 0 <= F < 1, got 'abc'" --out "$T/o" --val-fraction=abc "$T/ok.txt"
-expect_fail "dgprep: --shard-tokens expects an integer in [1, 2147483647], got '0'" --out "$T/o" --shard-tokens 0 "$T/ok.txt"
-expect_fail "dgprep: unknown option '--frobnicate' (see dgprep --help)" --frobnicate
-expect_fail "dgprep: --out needs a value (see dgprep --help)" "$T/ok.txt" --out
-expect_fail "dgprep: bad name 'a/b' (expected letters, digits, '_', '-', '.'; not starting with '.')" \
+expect_fail "dgprep: --out DIR is required (see dgprep --help)" "$DGPREP" "$T/ok.txt"
+expect_fail "dgprep: no input files given (see dgprep --help)" "$DGPREP" --out "$T/o"
+expect_fail "dgprep: --val-fraction expects a number with 0 <= F < 1, got '1.5'" "$DGPREP" --out "$T/o" --val-fraction 1.5 "$T/ok.txt"
+expect_fail "dgprep: --val-fraction expects a number with 0 <= F < 1, got 'abc'" "$DGPREP" --out "$T/o" --val-fraction=abc "$T/ok.txt"
+expect_fail "dgprep: --shard-tokens expects an integer in [1, 2147483647], got '0'" "$DGPREP" --out "$T/o" --shard-tokens 0 "$T/ok.txt"
+expect_fail "dgprep: unknown option '--frobnicate' (see dgprep --help)" "$DGPREP" --frobnicate
+expect_fail "dgprep: --out needs a value (see dgprep --help)" "$DGPREP" "$T/ok.txt" --out
+expect_fail "dgprep: bad name 'a/b' (expected letters, digits, '_', '-', '.'; not starting with '.')" "$DGPREP" \
     --out "$T/o" --name a/b "$T/ok.txt"
 [ -e "$T/o" ] && { echo "FAIL: a failed run created $T/o"; fails=$((fails + 1)); }
 

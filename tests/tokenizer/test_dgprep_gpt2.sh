@@ -9,7 +9,7 @@ DGPREP=$1
 NOPCRE=$2
 T=$(mktemp -d /tmp/dg_test_dgprep_gpt2_XXXXXX)
 trap 'rm -rf "$T"' EXIT
-fails=0
+source "$(dirname "$0")/../lib/expect.sh"
 PY=/usr/bin/python3
 
 RANKS=${DG_GPT2_TIKTOKEN:-}
@@ -23,21 +23,6 @@ if [ -z "$RANKS" ] || [ ! -f "$RANKS" ]; then
     exit 77
 fi
 unset DG_GPT2_TIKTOKEN
-
-expect_fail() { # "exact stderr" prog args...
-    local want=$1 prog=$2
-    shift 2
-    local err rc
-    err=$("$prog" "$@" 2>&1 >/dev/null)
-    rc=$?
-    if [ "$rc" -ne 1 ] || [ "$err" != "$want" ]; then
-        echo "FAIL: $prog $*"
-        echo "  rc:   $rc (want 1)"
-        echo "  got:  $err"
-        echo "  want: $want"
-        fails=$((fails + 1))
-    fi
-}
 
 printf 'Hello world\n' >"$T/ok.txt"
 printf 'ab\0cd\n' >"$T/bin.dat"
