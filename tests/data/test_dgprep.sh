@@ -29,9 +29,9 @@ expect_fail "dgprep: unknown option '--frobnicate' (see dgprep --help)" "$DGPREP
 expect_fail "dgprep: --out needs a value (see dgprep --help)" "$DGPREP" "$T/ok.txt" --out
 expect_fail "dgprep: bad name 'a/b' (expected letters, digits, '_', '-', '.'; not starting with '.')" "$DGPREP" \
     --out "$T/o" --name a/b "$T/ok.txt"
-[ -e "$T/o" ] && { echo "FAIL: a failed run created $T/o"; fails=$((fails + 1)); }
+[ -e "$T/o" ] && fail_check "a failed run created $T/o"
 
-"$DGPREP" --help | grep -q "usage: dgprep --out DIR" || { echo "FAIL: --help"; fails=$((fails + 1)); }
+"$DGPREP" --help | grep -q "usage: dgprep --out DIR" || fail_check "--help"
 
 # Round trip: a directory (sorted: a.txt then b.txt) plus an explicit file, small shards.
 mkdir "$T/in"
@@ -45,8 +45,7 @@ EOF
 out=$("$DGPREP" --out "$T/shards" --name rt --val-fraction 0.25 --shard-tokens 300 --quiet "$T/in" "$T/c.txt")
 rc=$?
 if [ $rc -ne 0 ]; then
-    echo "FAIL: round trip run exited $rc"
-    fails=$((fails + 1))
+    fail_check "round trip run exited $rc"
 fi
 echo "$out"
 python3 - "$T" "$out" <<'EOF' || fails=$((fails + 1))
@@ -112,17 +111,11 @@ open(sys.argv[1], 'wb').write(line * (34 * 1024 * 1024 // len(line) + 1))
 " "$T/big.txt"
 err=$("$DGPREP" --out "$T/bigout" --shard-tokens 10000000 "$T/big.txt" 2>&1 >/dev/null)
 if ! grep -q "^dgprep: 50% of 35.7 MB$" <<<"$err" || ! grep -q "^dgprep: 100% of 35.7 MB$" <<<"$err"; then
-    echo "FAIL: no progress lines for a big input; stderr was: $err"
-    fails=$((fails + 1))
+    fail_check "no progress lines for a big input; stderr was: $err"
 fi
 n=$(ls "$T/bigout" | grep -c '^default_train_.*\.bin$')
 if [ "$n" -ne 4 ]; then
-    echo "FAIL: expected 4 train shards of <= 10M tokens for ~32M train bytes, got $n"
-    fails=$((fails + 1))
+    fail_check "expected 4 train shards of <= 10M tokens for ~32M train bytes, got $n"
 fi
 
-if [ $fails -ne 0 ]; then
-    echo "$fails dgprep check(s) failed"
-    exit 1
-fi
-echo "ok"
+expect_done
