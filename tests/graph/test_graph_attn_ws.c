@@ -95,8 +95,7 @@ static void train(int with_ws, run_t *r) {
     size_t n = (size_t)B * small.seq_len;
     int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
     uint64_t s = 9;
-    dg_optim_hparams_t h = {
-        .lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
+    dg_optim_hparams_t h = gmodel_adamw(3e-3f, 0.1f, 1.0f, 0);
     for (int st = 1; st <= STEPS; st++) {
         OK(dg_model_zero_grad(m));
         for (int k = 0; k < ACCUM; k++) {

@@ -182,13 +182,7 @@ static void train(dg_backend_t *be, int flags, run_t *r) {
             OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(n * ACCUM),
                                          &r->loss[(st - 1) * ACCUM + k]));
         }
-        dg_optim_hparams_t h = {.lr = 3e-3f,
-                                .beta1 = 0.9f,
-                                .beta2 = 0.95f,
-                                .eps = 1e-8f,
-                                .weight_decay = 0.1f,
-                                .grad_clip = 1.0f,
-                                .t = st};
+        dg_optim_hparams_t h = gmodel_adamw(3e-3f, 0.1f, 1.0f, st);
         OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
         OK(dg_model_forward(m, tok, tgt, &r->eval[st - 1])); /* a forward-only run between steps */
     }

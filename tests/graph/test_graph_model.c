@@ -275,13 +275,7 @@ static float train_fixed(const dg_model_desc_t *d, int B, int flags, int steps, 
         OK(dg_model_zero_grad(m));
         OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)n, &loss));
         if (losses) losses[st - 1] = loss;
-        dg_optim_hparams_t h = {.lr = lr,
-                                .beta1 = 0.9f,
-                                .beta2 = 0.95f,
-                                .eps = 1e-8f,
-                                .weight_decay = 0.0f,
-                                .grad_clip = 1.0f,
-                                .t = st};
+        dg_optim_hparams_t h = gmodel_adamw(lr, 0.0f, 1.0f, st);
         float norm;
         OK(dg_model_optimizer_step(m, &h, &norm));
         EXPECT(isfinite(norm) && norm > 0, "step %d: gradient norm %g", st, (double)norm);
@@ -531,13 +525,7 @@ static void test_skip_and_freeze(void) {
     uint64_t s = 4;
     random_ids(tok, n, small.vocab_size, &s);
     random_ids(tgt, n, small.vocab_size, &s);
-    dg_optim_hparams_t h = {.lr = 1e-2f,
-                            .beta1 = 0.9f,
-                            .beta2 = 0.95f,
-                            .eps = 1e-8f,
-                            .weight_decay = 0.1f,
-                            .grad_clip = 1.0f,
-                            .t = 1};
+    dg_optim_hparams_t h = gmodel_adamw(1e-2f, 0.1f, 1.0f, 1);
     float loss, norm;
     /* one normal step so that the moments are non-zero */
     OK(dg_model_zero_grad(m));
@@ -673,13 +661,7 @@ static void fz_train(int per_param, fz_run_t *r) {
             OK(dg_model_set_tensor(m, 5, DG_STATE_GRAD, g));
             free(g);
         }
-        dg_optim_hparams_t h = {.lr = 3e-3f,
-                                .beta1 = 0.9f,
-                                .beta2 = 0.95f,
-                                .eps = 1e-8f,
-                                .weight_decay = 0.1f,
-                                .grad_clip = 0.5f,
-                                .t = st};
+        dg_optim_hparams_t h = gmodel_adamw(3e-3f, 0.1f, 0.5f, st);
         OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
     }
     r->n = dg_model_flat_numel(m);
@@ -783,14 +765,8 @@ static void train_env(const char *env, int flags, ce_run_t *r) {
             OK(dg_model_forward_backward(m, tok, tgt, scale / (float)(CE_ACCUM * n),
                                          &r->loss[(st - 1) * CE_ACCUM + k]));
         }
-        dg_optim_hparams_t h = {.lr = 3e-3f,
-                                .beta1 = 0.9f,
-                                .beta2 = 0.95f,
-                                .eps = 1e-8f,
-                                .weight_decay = 0.1f,
-                                .grad_clip = 1.0f,
-                                .t = st,
-                                .inv_loss_scale = 1.0f / scale};
+        dg_optim_hparams_t h = gmodel_adamw(3e-3f, 0.1f, 1.0f, st);
+        h.inv_loss_scale = 1.0f / scale;
         OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
         random_ids(tok, n, small.vocab_size, &s);
         random_ids(tgt, n, small.vocab_size, &s);
