@@ -360,59 +360,61 @@ static void expect_load_error(int hf, const char *file, const char *text, const 
     dg_tokenizer_free(t);
 }
 
+/* A reader defect: the file written (text NULL: none), the whole error line (%s: the temporary directory) */
+typedef struct {
+    const char *file, *text, *want;
+} load_case_t;
+
+/* tiktoken: a missing file, an empty one, and each line defect */
+static const load_case_t tiktoken_bad[] = {
+    {"none.tiktoken", NULL, "tokenizer: cannot read %s/none.tiktoken: No such file or directory"},
+    {"e.tiktoken", "", "tokenizer %s/e.tiktoken: expected 1 to 16777216 lines 'BASE64 RANK', found 0"},
+    {"e.tiktoken", "IQ== 0\nIg==1\n",
+     "tokenizer %s/e.tiktoken:2: expected 'BASE64 RANK' (a token in base64, one space, a decimal rank)"},
+    {"e.tiktoken", "IQ== 0\nI!== 1\n",
+     "tokenizer %s/e.tiktoken:2: expected 'BASE64 RANK' (a token in base64, one space, a decimal rank)"},
+    {"e.tiktoken", "IQ== 0\nIg== x\n",
+     "tokenizer %s/e.tiktoken:2: expected 'BASE64 RANK' (a token in base64, one space, a decimal rank)"},
+    {"e.tiktoken", "IQ== 0\nIg== 2\n",
+     "tokenizer %s/e.tiktoken:2: rank 2 out of range (the file has 2 tokens: ranks 0..1)"},
+    {"e.tiktoken", "IQ== 1\nIg== 1\n", "tokenizer %s/e.tiktoken:2: rank 1 already given at line 1"},
+    {"e.tiktoken", "IQ== 0\nIQ== 1\n", "tokenizer %s/e.tiktoken: tokens 0 and 1 have the same bytes"},
+    {"e.tiktoken", "IQ== 0\nIg== 1\n",
+     "tokenizer %s/e.tiktoken: byte 0x00 is not a token (a byte-level BPE has all 256)"},
+};
+
+/* Hugging Face: the toy files with one thing broken at a time */
+static const load_case_t hf_bad[] = {
+    {"merges.txt", "#version: 0.2\na b\nab c\nĠ t\nĠt h\nc  c\n",
+     "tokenizer %s/merges.txt:6: expected 'LEFT RIGHT' (two tokens, one space)"},
+    {"merges.txt", "#version: 0.2\nb a\n",
+     "tokenizer %s/merges.txt:2: merge 0 does not make the token with id 256 in %s/vocab.json "
+     "(line 17): the rank-based merge needs ids in merge order, as GPT-2's files have them"},
+    {"merges.txt", "a b\nab c\n x\n",
+     "tokenizer %s/merges.txt:3: a merge token is not UTF-8 in GPT-2's byte-to-unicode alphabet"},
+    {"merges.txt", "a b\nab c\nĠ t\nĠt h\n",
+     "tokenizer %s/vocab.json: 262 tokens but 256 bytes + 4 merges = 260; the only other token may "
+     "be <|endoftext|>, with id 260"},
+    {"vocab.json", "{\"a\": 0, \"a\": 0}", "tokenizer %s/vocab.json:1: id 0 given twice (first at line 1)"},
+    {"vocab.json", "{\"a\": 0, \"b\": 2, \"c\": 3}",
+     "tokenizer %s/vocab.json: no token has id 1 (ids must be 0..2, each once)"},
+    {"vocab.json", "{\"a b\": 0}",
+     "tokenizer %s/vocab.json:1: character U+0020 is not in GPT-2's byte-to-unicode alphabet"},
+    {"vocab.json", "{\"a\": 0,\n \"b\" 1}", "tokenizer %s/vocab.json:2: expected ':' after a token"},
+    {"vocab.json", "[1]", "tokenizer %s/vocab.json:1: expected a JSON object {\"token\": id, ...}"},
+    {"vocab.json", "{\"\\ud800\": 0}", "tokenizer %s/vocab.json:1: unpaired surrogate in a \\u escape"},
+};
+
 static int test_errors(void) {
     DG_ASSERT(dg_test_mkdtemp(tmpdir, sizeof tmpdir, "dg_test_tok") == 0);
-    expect_load_error(0, "none.tiktoken", NULL,
-                      "tokenizer: cannot read %s/none.tiktoken: No such file or directory");
-    expect_load_error(0, "e.tiktoken", "",
-                      "tokenizer %s/e.tiktoken: expected 1 to 16777216 lines 'BASE64 RANK', found 0");
-    expect_load_error(
-        0, "e.tiktoken", "IQ== 0\nIg==1\n",
-        "tokenizer %s/e.tiktoken:2: expected 'BASE64 RANK' (a token in base64, one space, a decimal rank)");
-    expect_load_error(
-        0, "e.tiktoken", "IQ== 0\nI!== 1\n",
-        "tokenizer %s/e.tiktoken:2: expected 'BASE64 RANK' (a token in base64, one space, a decimal rank)");
-    expect_load_error(
-        0, "e.tiktoken", "IQ== 0\nIg== x\n",
-        "tokenizer %s/e.tiktoken:2: expected 'BASE64 RANK' (a token in base64, one space, a decimal rank)");
-    expect_load_error(0, "e.tiktoken", "IQ== 0\nIg== 2\n",
-                      "tokenizer %s/e.tiktoken:2: rank 2 out of range (the file has 2 tokens: ranks 0..1)");
-    expect_load_error(0, "e.tiktoken", "IQ== 1\nIg== 1\n",
-                      "tokenizer %s/e.tiktoken:2: rank 1 already given at line 1");
-    expect_load_error(0, "e.tiktoken", "IQ== 0\nIQ== 1\n",
-                      "tokenizer %s/e.tiktoken: tokens 0 and 1 have the same bytes");
-    expect_load_error(0, "e.tiktoken", "IQ== 0\nIg== 1\n",
-                      "tokenizer %s/e.tiktoken: byte 0x00 is not a token (a byte-level BPE has all 256)");
+    for (size_t i = 0; i < sizeof tiktoken_bad / sizeof tiktoken_bad[0]; i++)
+        expect_load_error(0, tiktoken_bad[i].file, tiktoken_bad[i].text, tiktoken_bad[i].want);
     /* Hugging Face: start from the toy files, break one thing at a time. */
     toy_files(tmpdir);
     char path[512];
     dg_fmt(path, sizeof path, "%s/merges.txt", tmpdir);
-    expect_load_error(1, "merges.txt", "#version: 0.2\na b\nab c\nĠ t\nĠt h\nc  c\n",
-                      "tokenizer %s/merges.txt:6: expected 'LEFT RIGHT' (two tokens, one space)");
-    expect_load_error(
-        1, "merges.txt", "#version: 0.2\nb a\n",
-        "tokenizer %s/merges.txt:2: merge 0 does not make the token with id 256 in %s/vocab.json "
-        "(line 17): the rank-based merge needs ids in merge order, as GPT-2's files have them");
-    expect_load_error(
-        1, "merges.txt", "a b\nab c\n x\n",
-        "tokenizer %s/merges.txt:3: a merge token is not UTF-8 in GPT-2's byte-to-unicode alphabet");
-    expect_load_error(
-        1, "merges.txt", "a b\nab c\nĠ t\nĠt h\n",
-        "tokenizer %s/vocab.json: 262 tokens but 256 bytes + 4 merges = 260; the only other token may "
-        "be <|endoftext|>, with id 260");
-    expect_load_error(1, "vocab.json", "{\"a\": 0, \"a\": 0}",
-                      "tokenizer %s/vocab.json:1: id 0 given twice (first at line 1)");
-    expect_load_error(1, "vocab.json", "{\"a\": 0, \"b\": 2, \"c\": 3}",
-                      "tokenizer %s/vocab.json: no token has id 1 (ids must be 0..2, each once)");
-    expect_load_error(
-        1, "vocab.json", "{\"a b\": 0}",
-        "tokenizer %s/vocab.json:1: character U+0020 is not in GPT-2's byte-to-unicode alphabet");
-    expect_load_error(1, "vocab.json", "{\"a\": 0,\n \"b\" 1}",
-                      "tokenizer %s/vocab.json:2: expected ':' after a token");
-    expect_load_error(1, "vocab.json", "[1]",
-                      "tokenizer %s/vocab.json:1: expected a JSON object {\"token\": id, ...}");
-    expect_load_error(1, "vocab.json", "{\"\\ud800\": 0}",
-                      "tokenizer %s/vocab.json:1: unpaired surrogate in a \\u escape");
+    for (size_t i = 0; i < sizeof hf_bad / sizeof hf_bad[0]; i++)
+        expect_load_error(1, hf_bad[i].file, hf_bad[i].text, hf_bad[i].want);
     dg_test_rmtree(tmpdir);
     return dg_fails ? 1 : 0;
 }
