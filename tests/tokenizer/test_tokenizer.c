@@ -103,13 +103,30 @@ static int load_from_args(const char *kind, const char *src, dg_tokenizer_t **t)
     return s;
 }
 
-static int cmd_encode_docs(const char *kind, const char *src, const char *in, const char *out) {
-    dg_tokenizer_t *t;
-    if (load_from_args(kind, src, &t)) return 1;
-    size_t n;
-    uint8_t *b = slurp(in, &n);
+/* The documents commands' input (its bytes in *b, *n) and output file, and the tokenizer; NULL when the
+ * tokenizer does not load (the error printed) */
+static FILE *docs_open(const char *kind, const char *src, const char *in, const char *out, dg_tokenizer_t **t,
+                       uint8_t **b, size_t *n) {
+    if (load_from_args(kind, src, t)) return NULL;
+    *b = slurp(in, n);
     FILE *f = fopen(out, "wb");
     DG_ASSERT(f);
+    return f;
+}
+
+static int docs_close(FILE *f, uint8_t *b, dg_tokenizer_t *t, int rc) {
+    fclose(f);
+    free(b);
+    dg_tokenizer_free(t);
+    return rc;
+}
+
+static int cmd_encode_docs(const char *kind, const char *src, const char *in, const char *out) {
+    dg_tokenizer_t *t;
+    uint8_t *b;
+    size_t n;
+    FILE *f = docs_open(kind, src, in, out, &t, &b, &n);
+    if (!f) return 1;
     dg_tok_ids_t ids = {0};
     int rc = 0;
     for (size_t i = 0, k = 0; i + 4 <= n; k++) {
@@ -129,19 +146,15 @@ static int cmd_encode_docs(const char *kind, const char *src, const char *in, co
         i += 4 + len;
     }
     dg_tok_ids_free(&ids);
-    fclose(f);
-    free(b);
-    dg_tokenizer_free(t);
-    return rc;
+    return docs_close(f, b, t, rc);
 }
 
 static int cmd_decode_docs(const char *kind, const char *src, const char *in, const char *out) {
     dg_tokenizer_t *t;
-    if (load_from_args(kind, src, &t)) return 1;
+    uint8_t *b;
     size_t n;
-    uint8_t *b = slurp(in, &n);
-    FILE *f = fopen(out, "wb");
-    DG_ASSERT(f);
+    FILE *f = docs_open(kind, src, in, out, &t, &b, &n);
+    if (!f) return 1;
     int rc = 0;
     for (size_t i = 0; i + 4 <= n;) {
         uint32_t cnt = get_u32(b + i);
@@ -162,10 +175,7 @@ static int cmd_decode_docs(const char *kind, const char *src, const char *in, co
         free(ids);
         i += 4 + 4 * (size_t)cnt;
     }
-    fclose(f);
-    free(b);
-    dg_tokenizer_free(t);
-    return rc;
+    return docs_close(f, b, t, rc);
 }
 
 /* ---------------- utf8: the repair rule, byte for byte against Python's decode(errors="replace")
