@@ -363,13 +363,6 @@ typedef struct {
     size_t nw;
 } run_t;
 
-static void random_ids(int32_t *x, size_t n, int v, uint64_t *s) {
-    for (size_t i = 0; i < n; i++) {
-        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = (int32_t)((*s >> 33) % (uint64_t)v);
-    }
-}
-
 /* Trains on the wrapper in `mode`; `check_order`: the plain path (no executor fallback, whose host
  * copies sync on purpose), where the logs must look as described at the top. */
 static void train(run_mode_t mode, int flags, int can_record, int check_order, run_t *r) {
@@ -392,8 +385,8 @@ static void train(run_mode_t mode, int flags, int can_record, int check_order, r
     for (int st = 1; st <= STEPS; st++) {
         OK(dg_model_zero_grad(m));
         for (int k = 0; k < ACCUM; k++) {
-            random_ids(tok, n, small.vocab_size, &s);
-            random_ids(tgt, n, small.vocab_size, &s);
+            gmodel_lcg_ids(tok, n, small.vocab_size, &s);
+            gmodel_lcg_ids(tgt, n, small.vocab_size, &s);
             n_ev = 0;
             OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(n * ACCUM),
                                          &r->loss[(st - 1) * ACCUM + k]));
@@ -420,13 +413,7 @@ static void train(run_mode_t mode, int flags, int can_record, int check_order, r
     if (check_order && mode == MODE_FENCES) check_opt_log(what, loss_fence, 1);
     r->logits = malloc((size_t)B * small.vocab_size * sizeof(float));
     OK(dg_model_logits(m, tok, small.seq_len / 2, r->logits));
-    r->nw = dg_model_flat_numel(m);
-    r->w = gmodel_flat(m, DG_STATE_PARAM);
-    r->m = gmodel_flat(m, DG_STATE_ADAM_M);
-    r->v = gmodel_flat(m, DG_STATE_ADAM_V);
-    free(tok);
-    free(tgt);
-    dg_model_free(m);
+    gmodel_finish(m, tok, tgt, &r->nw, &r->w, &r->m, &r->v);
     EXPECT(n_pend == 0, "%s: %d downloads never delivered after dg_model_free", mode_name[mode], n_pend);
     EXPECT(n_pinned == 0, "%s: %d host_alloc blocks not freed", mode_name[mode], n_pinned);
     for (int i = 0; i < STEPS * ACCUM; i++)

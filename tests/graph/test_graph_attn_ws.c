@@ -79,13 +79,6 @@ typedef struct {
     size_t nw, arena;
 } run_t;
 
-static void random_ids(int32_t *x, size_t n, int v, uint64_t *s) {
-    for (size_t i = 0; i < n; i++) {
-        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = (int32_t)((*s >> 33) % (uint64_t)v);
-    }
-}
-
 static void train(int with_ws, run_t *r) {
     memset(r, 0, sizeof *r);
     dg_model_t *m;
@@ -99,8 +92,8 @@ static void train(int with_ws, run_t *r) {
     for (int st = 1; st <= STEPS; st++) {
         OK(dg_model_zero_grad(m));
         for (int k = 0; k < ACCUM; k++) {
-            random_ids(tok, n, small.vocab_size, &s);
-            random_ids(tgt, n, small.vocab_size, &s);
+            gmodel_lcg_ids(tok, n, small.vocab_size, &s);
+            gmodel_lcg_ids(tgt, n, small.vocab_size, &s);
             OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(n * ACCUM),
                                          &r->loss[(st - 1) * ACCUM + k]));
         }
@@ -110,13 +103,7 @@ static void train(int with_ws, run_t *r) {
     }
     r->logits = malloc((size_t)B * small.vocab_size * sizeof(float));
     OK(dg_model_logits(m, tok, small.seq_len / 2, r->logits));
-    r->nw = dg_model_flat_numel(m);
-    r->w = gmodel_flat(m, DG_STATE_PARAM);
-    r->m = gmodel_flat(m, DG_STATE_ADAM_M);
-    r->v = gmodel_flat(m, DG_STATE_ADAM_V);
-    free(tok);
-    free(tgt);
-    dg_model_free(m);
+    gmodel_finish(m, tok, tgt, &r->nw, &r->w, &r->m, &r->v);
     for (int i = 0; i < STEPS * ACCUM; i++)
         EXPECT(isfinite(r->loss[i]), "loss %d is %g", i, (double)r->loss[i]);
 }

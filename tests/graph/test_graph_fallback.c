@@ -148,13 +148,6 @@ static void on_fallback(void *ctx, const char *kind, const char *reason) {
     printf("  fallback %s: %s\n", kind, reason);
 }
 
-static void random_ids(int32_t *x, size_t n, int v, uint64_t *s) {
-    for (size_t i = 0; i < n; i++) {
-        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = (int32_t)((*s >> 33) % (uint64_t)v);
-    }
-}
-
 /* Trains on `be` with the environment as set; checks eager allocation's accounting on the way. */
 static void train(dg_backend_t *be, int flags, run_t *r) {
     memset(r, 0, sizeof *r);
@@ -177,8 +170,8 @@ static void train(dg_backend_t *be, int flags, run_t *r) {
     for (int st = 1; st <= STEPS; st++) {
         OK(dg_model_zero_grad(m));
         for (int k = 0; k < ACCUM; k++) {
-            random_ids(tok, n, small.vocab_size, &s);
-            random_ids(tgt, n, small.vocab_size, &s);
+            gmodel_lcg_ids(tok, n, small.vocab_size, &s);
+            gmodel_lcg_ids(tgt, n, small.vocab_size, &s);
             OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(n * ACCUM),
                                          &r->loss[(st - 1) * ACCUM + k]));
         }

@@ -664,13 +664,7 @@ static void fz_train(int per_param, fz_run_t *r) {
         dg_optim_hparams_t h = gmodel_adamw(3e-3f, 0.1f, 0.5f, st);
         OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
     }
-    r->n = dg_model_flat_numel(m);
-    r->w = gmodel_flat(m, DG_STATE_PARAM);
-    r->m = gmodel_flat(m, DG_STATE_ADAM_M);
-    r->v = gmodel_flat(m, DG_STATE_ADAM_V);
-    free(tok);
-    free(tgt);
-    dg_model_free(m);
+    gmodel_finish(m, tok, tgt, &r->n, &r->w, &r->m, &r->v);
 }
 
 /* One adamw_all op over the flat buffers against one adamw op per tensor (model flag, environment hook):
