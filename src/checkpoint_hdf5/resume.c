@@ -128,22 +128,33 @@ static dg_status_t set_out(char *out, size_t cap, const char *dir, const char *n
     return DG_OK;
 }
 
-dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, int full_verify,
-                                   char *path_out, size_t cap) {
-    int rank;
-    DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    path_out[0] = 0;
-    mode_t_ m = MODE_NEVER;
-    char dir[4096] = "";
-    /* rank 0 decides what the mode means, so every rank agrees even on a racy file system */
-    DG_TRY(ckpt_bcast_status(comm, 0, rank == 0 ? parse_mode(ckpt_dir, mode, &m, dir, sizeof dir) : DG_OK));
-    DG_MPI_CHECK(MPI_Bcast(&m, (int)sizeof m, MPI_BYTE, 0, comm));
-    DG_MPI_CHECK(MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, comm));
-    if (m == MODE_NEVER) return DG_OK;
-    if (m == MODE_FILE) {
-        DG_TRY(check_one(comm, mode, full_verify));
-        return set_out(path_out, cap, NULL, mode);
-    }
+static dg_status_t load_checked(MPI_Comm comm, const char *path, dg_ckpt_meta_check_fn check, void *ctx,
+                                dg_ckpt_meta_t *meta_out, dg_ckpt_tensor_t *t, int n) {
+    ckpt_lock();
+    dg_status_t s = ckpt_load_locked(comm, path, meta_out, t, n, check, ctx);
+    ckpt_unlock();
+    return s;
+}
+
+/* Rank 0 decides what the mode means, so every rank agrees even on a racy file system: every rank gets the
+ * mode and the directory of the candidates. */
+static dg_status_t agree_mode(MPI_Comm comm, int rank, const char *ckpt_dir, const char *mode, mode_t_ *m,
+                              char *dir, size_t cap) {
+    DG_TRY(ckpt_bcast_status(comm, 0, rank == 0 ? parse_mode(ckpt_dir, mode, m, dir, cap) : DG_OK));
+    DG_MPI_CHECK(MPI_Bcast(m, (int)sizeof *m, MPI_BYTE, 0, comm));
+    DG_MPI_CHECK(MPI_Bcast(dir, (int)cap, MPI_CHAR, 0, comm));
+    return DG_OK;
+}
+
+/* What a candidate checkpoint file must pass (collective) */
+typedef dg_status_t (*try_fn)(MPI_Comm comm, const char *path, void *arg);
+
+/* The candidates of dir, newest first, through fn until one passes (its path into path_out). A
+ * DG_ERR_USAGE verdict on a file moves on to an older one (rank 0 warns "checkpoint: SKIP PATH: why"); any
+ * other error (MPI, memory: not a verdict on the file) gives up. None passing: one error naming the
+ * newest one's reason. */
+static dg_status_t first_usable(MPI_Comm comm, int rank, const char *dir, try_fn fn, void *arg,
+                                const char *skip, const char *tail, char *path_out, size_t cap) {
     cands_t c;
     DG_TRY(cands_get(comm, dir, &c));
     char first_err[1024] = "";
@@ -152,16 +163,16 @@ dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const ch
     for (int i = 0; i < c.n && !found; i++) {
         char p[4400];
         snprintf(p, sizeof p, "%s/%s", dir, c.name[i]);
-        s = check_one(comm, p, full_verify);
+        s = fn(comm, p, arg);
         if (s == DG_OK) {
             found = 1;
             s = set_out(path_out, cap, dir, c.name[i]);
         } else if (s == DG_ERR_USAGE) {
             if (!first_err[0]) snprintf(first_err, sizeof first_err, "%s", dg_last_error());
-            if (rank == 0) DG_LOG_WARN("checkpoint: skipping %s: %s", p, dg_last_error());
+            if (rank == 0) DG_LOG_WARN("checkpoint: %s %s: %s%s", skip, p, dg_last_error(), tail);
             s = DG_OK;
         } else {
-            break; /* not a verdict on the file (MPI, memory): give up */
+            break;
         }
     }
     int n = c.n;
@@ -176,17 +187,44 @@ dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const ch
     return DG_OK;
 }
 
-static dg_status_t load_checked(MPI_Comm comm, const char *path, dg_ckpt_meta_check_fn check, void *ctx,
-                                dg_ckpt_meta_t *meta_out, dg_ckpt_tensor_t *t, int n) {
-    ckpt_lock();
-    dg_status_t s = ckpt_load_locked(comm, path, meta_out, t, n, check, ctx);
-    ckpt_unlock();
-    return s;
+static dg_status_t try_verify(MPI_Comm comm, const char *path, void *arg) {
+    return check_one(comm, path, *(const int *)arg);
+}
+
+dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, int full_verify,
+                                   char *path_out, size_t cap) {
+    int rank;
+    DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    path_out[0] = 0;
+    mode_t_ m = MODE_NEVER;
+    char dir[4096] = "";
+    DG_TRY(agree_mode(comm, rank, ckpt_dir, mode, &m, dir, sizeof dir));
+    if (m == MODE_NEVER) return DG_OK;
+    if (m == MODE_FILE) {
+        DG_TRY(check_one(comm, mode, full_verify));
+        return set_out(path_out, cap, NULL, mode);
+    }
+    return first_usable(comm, rank, dir, try_verify, &full_verify, "skipping", "", path_out, cap);
 }
 
 dg_status_t dg_ckpt_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, dg_ckpt_meta_t *meta_out,
                            dg_ckpt_tensor_t *t, int n, char *path_out, size_t cap) {
     return dg_ckpt_resume_checked(comm, ckpt_dir, mode, NULL, NULL, meta_out, t, n, path_out, cap);
+}
+
+typedef struct {
+    dg_ckpt_meta_check_fn check;
+    void *ctx;
+    dg_ckpt_meta_t *meta_out;
+    dg_ckpt_tensor_t *t;
+    int n;
+} load_args_t;
+
+/* a candidate passes when its quick check does and it loads */
+static dg_status_t try_load(MPI_Comm comm, const char *path, void *arg) {
+    const load_args_t *a = arg;
+    DG_TRY(check_one(comm, path, 0));
+    return load_checked(comm, path, a->check, a->ctx, a->meta_out, a->t, a->n);
 }
 
 dg_status_t dg_ckpt_resume_checked(MPI_Comm comm, const char *ckpt_dir, const char *mode,
@@ -197,44 +235,13 @@ dg_status_t dg_ckpt_resume_checked(MPI_Comm comm, const char *ckpt_dir, const ch
     path_out[0] = 0;
     mode_t_ m = MODE_NEVER;
     char dir[4096] = "";
-    DG_TRY(ckpt_bcast_status(comm, 0, rank == 0 ? parse_mode(ckpt_dir, mode, &m, dir, sizeof dir) : DG_OK));
-    DG_MPI_CHECK(MPI_Bcast(&m, (int)sizeof m, MPI_BYTE, 0, comm));
-    DG_MPI_CHECK(MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, comm));
+    DG_TRY(agree_mode(comm, rank, ckpt_dir, mode, &m, dir, sizeof dir));
     if (m == MODE_NEVER) return DG_OK;
     if (m == MODE_FILE) {
         DG_TRY(load_checked(comm, mode, check, ctx, meta_out, t, n));
         return set_out(path_out, cap, NULL, mode);
     }
-    cands_t c;
-    DG_TRY(cands_get(comm, dir, &c));
-    char first_err[1024] = "";
-    dg_status_t s = DG_OK;
-    int found = 0;
-    for (int i = 0; i < c.n && !found; i++) {
-        char p[4400];
-        snprintf(p, sizeof p, "%s/%s", dir, c.name[i]);
-        s = check_one(comm, p, 0);
-        if (!s) s = load_checked(comm, p, check, ctx, meta_out, t, n);
-        if (s == DG_OK) {
-            found = 1;
-            s = set_out(path_out, cap, dir, c.name[i]);
-        } else if (s == DG_ERR_USAGE) {
-            if (!first_err[0]) snprintf(first_err, sizeof first_err, "%s", dg_last_error());
-            if (rank == 0)
-                DG_LOG_WARN("checkpoint: cannot resume from %s: %s; trying an older one", p, dg_last_error());
-            s = DG_OK;
-        } else {
-            break;
-        }
-    }
-    int nc = c.n;
-    free(c.name);
-    if (s) return s;
-    if (!found && nc > 0)
-        return DG_ERR(
-            DG_ERR_USAGE,
-            "no usable checkpoint in %s: all %d rejected (newest: %s); use checkpoint.resume=never to start "
-            "over",
-            dir, nc, first_err);
-    return DG_OK;
+    load_args_t a = {check, ctx, meta_out, t, n};
+    return first_usable(comm, rank, dir, try_load, &a, "cannot resume from", "; trying an older one",
+                        path_out, cap);
 }
