@@ -136,16 +136,6 @@ static dg_status_t load_checked(MPI_Comm comm, const char *path, dg_ckpt_meta_ch
     return s;
 }
 
-/* Rank 0 decides what the mode means, so every rank agrees even on a racy file system: every rank gets the
- * mode and the directory of the candidates. */
-static dg_status_t agree_mode(MPI_Comm comm, int rank, const char *ckpt_dir, const char *mode, mode_t_ *m,
-                              char *dir, size_t cap) {
-    DG_TRY(ckpt_bcast_status(comm, 0, rank == 0 ? parse_mode(ckpt_dir, mode, m, dir, cap) : DG_OK));
-    DG_MPI_CHECK(MPI_Bcast(m, (int)sizeof *m, MPI_BYTE, 0, comm));
-    DG_MPI_CHECK(MPI_Bcast(dir, (int)cap, MPI_CHAR, 0, comm));
-    return DG_OK;
-}
-
 /* What a candidate checkpoint file must pass (collective) */
 typedef dg_status_t (*try_fn)(MPI_Comm comm, const char *path, void *arg);
 
@@ -187,24 +177,35 @@ static dg_status_t first_usable(MPI_Comm comm, int rank, const char *dir, try_fn
     return DG_OK;
 }
 
+/* A resume mode resolved to a checkpoint file: never -> none (path_out ""); a file -> on_file must pass;
+ * auto or a directory -> its newest candidate that on_cand passes (first_usable). Rank 0 decides what the
+ * mode means, so every rank agrees even on a racy file system. */
+static dg_status_t resolve(MPI_Comm comm, const char *ckpt_dir, const char *mode, try_fn on_file,
+                           try_fn on_cand, void *arg, const char *skip, const char *tail, char *path_out,
+                           size_t cap) {
+    int rank;
+    DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    path_out[0] = 0;
+    mode_t_ m = MODE_NEVER;
+    char dir[4096] = "";
+    DG_TRY(ckpt_bcast_status(comm, 0, rank == 0 ? parse_mode(ckpt_dir, mode, &m, dir, sizeof dir) : DG_OK));
+    DG_MPI_CHECK(MPI_Bcast(&m, (int)sizeof m, MPI_BYTE, 0, comm));
+    DG_MPI_CHECK(MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, comm));
+    if (m == MODE_NEVER) return DG_OK;
+    if (m == MODE_FILE) {
+        DG_TRY(on_file(comm, mode, arg));
+        return set_out(path_out, cap, NULL, mode);
+    }
+    return first_usable(comm, rank, dir, on_cand, arg, skip, tail, path_out, cap);
+}
+
 static dg_status_t try_verify(MPI_Comm comm, const char *path, void *arg) {
     return check_one(comm, path, *(const int *)arg);
 }
 
 dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, int full_verify,
                                    char *path_out, size_t cap) {
-    int rank;
-    DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    path_out[0] = 0;
-    mode_t_ m = MODE_NEVER;
-    char dir[4096] = "";
-    DG_TRY(agree_mode(comm, rank, ckpt_dir, mode, &m, dir, sizeof dir));
-    if (m == MODE_NEVER) return DG_OK;
-    if (m == MODE_FILE) {
-        DG_TRY(check_one(comm, mode, full_verify));
-        return set_out(path_out, cap, NULL, mode);
-    }
-    return first_usable(comm, rank, dir, try_verify, &full_verify, "skipping", "", path_out, cap);
+    return resolve(comm, ckpt_dir, mode, try_verify, try_verify, &full_verify, "skipping", "", path_out, cap);
 }
 
 dg_status_t dg_ckpt_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, dg_ckpt_meta_t *meta_out,
@@ -220,28 +221,22 @@ typedef struct {
     int n;
 } load_args_t;
 
-/* a candidate passes when its quick check does and it loads */
+/* a file named by the mode passes when it loads; a candidate of a directory when its quick check passes too
+ */
 static dg_status_t try_load(MPI_Comm comm, const char *path, void *arg) {
     const load_args_t *a = arg;
-    DG_TRY(check_one(comm, path, 0));
     return load_checked(comm, path, a->check, a->ctx, a->meta_out, a->t, a->n);
+}
+
+static dg_status_t try_check_load(MPI_Comm comm, const char *path, void *arg) {
+    DG_TRY(check_one(comm, path, 0));
+    return try_load(comm, path, arg);
 }
 
 dg_status_t dg_ckpt_resume_checked(MPI_Comm comm, const char *ckpt_dir, const char *mode,
                                    dg_ckpt_meta_check_fn check, void *ctx, dg_ckpt_meta_t *meta_out,
                                    dg_ckpt_tensor_t *t, int n, char *path_out, size_t cap) {
-    int rank;
-    DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    path_out[0] = 0;
-    mode_t_ m = MODE_NEVER;
-    char dir[4096] = "";
-    DG_TRY(agree_mode(comm, rank, ckpt_dir, mode, &m, dir, sizeof dir));
-    if (m == MODE_NEVER) return DG_OK;
-    if (m == MODE_FILE) {
-        DG_TRY(load_checked(comm, mode, check, ctx, meta_out, t, n));
-        return set_out(path_out, cap, NULL, mode);
-    }
     load_args_t a = {check, ctx, meta_out, t, n};
-    return first_usable(comm, rank, dir, try_load, &a, "cannot resume from", "; trying an older one",
-                        path_out, cap);
+    return resolve(comm, ckpt_dir, mode, try_load, try_check_load, &a, "cannot resume from",
+                   "; trying an older one", path_out, cap);
 }
