@@ -53,12 +53,18 @@ static mode_t mode_of(const char *p) {
 
 /* ---------------------------------------------------------------- symlinks, FIFOs, directories */
 
+/* outside.txt holding "precious\n" (its path in target) and a symbolic link NAME to it (in link); both
+ * buffers of cap bytes */
+static void plant_link(char *target, char *link, size_t cap, const char *name) {
+    path(target, cap, "outside.txt");
+    write_text(target, "precious\n");
+    path(link, cap, name);
+    DG_ASSERT(symlink(target, link) == 0);
+}
+
 static void case_nofollow(void) {
     char target[512], link[512], p[512];
-    path(target, sizeof target, "outside.txt");
-    write_text(target, "precious\n");
-    path(link, sizeof link, "metrics.jsonl");
-    DG_ASSERT(symlink(target, link) == 0);
+    plant_link(target, link, sizeof target, "metrics.jsonl");
     /* append (metrics.jsonl, logs/rank-N.log): refused, naming the link and its target */
     FILE *f = NULL;
     dg_status_t s = dg_fs_fopen_append(link, &f);
@@ -119,11 +125,8 @@ static void case_nofollow(void) {
 
 static void case_atomic(void) {
     char target[512], p[512], tmp[600];
-    path(target, sizeof target, "outside.txt");
-    write_text(target, "precious\n");
     /* a link at the destination is replaced, not followed */
-    path(p, sizeof p, "LATEST");
-    DG_ASSERT(symlink(target, p) == 0);
+    plant_link(target, p, sizeof target, "LATEST");
     CHECK(dg_write_file_atomic(p, "step_1\n", 7) == DG_OK, "%s", dg_last_error());
     CHECK(S_ISREG(mode_of(p)) && file_is(p, "step_1\n"), "LATEST is now a regular file with the new text");
     CHECK(file_is(target, "precious\n"), "the link's target was written");
