@@ -12,10 +12,7 @@ set -u
 SLURM_TEST_NAME=health_dgtrain_faults
 source "$(dirname "$0")/../slurm/lib.sh"
 source "$(dirname "$0")/../lib/mpijob.sh"
-DGTRAIN=${1:-}
-DGCKPT=${2:-}
-shift 2
-MPI=("$@")
+dgtrain_args "$@"
 STEPS=${DGT_FAULT_STEPS:-24}
 # The kill runs write checkpoints, and one synchronous checkpoint write (a single watchdog activity)
 # has been seen to take over 30 s in the sanitizer build on a loaded 2-core box: their watchdog gets a
