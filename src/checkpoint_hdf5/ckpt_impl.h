@@ -216,6 +216,12 @@ void ckpt_files_close(ckpt_files_t *fs);
 dg_status_t ckpt_resolve(ckpt_files_t *fs, const char *dpath, hid_t *dset, int *file_idx);
 /* Check the dataset is fp32 with shape (ndim, shape). */
 dg_status_t ckpt_check_dataset(hid_t dset, int ndim, const int64_t *shape, const char *where);
+/* A manifest row's dataset, as every reader checks it: ckpt_resolve (the dataset kept in b, *fidx the file
+ * holding it), stored where the row's origin says ("" = the main file), fp32 of shape (ndim, shape).
+ * where (cap bytes) names it, "FILE:/PATH" or "FILE:/PATH (linked from MAIN)", for later messages. */
+dg_status_t ckpt_open_row(ckpt_files_t *fs, const char *dpath, const char *origin, int ndim,
+                          const int64_t *shape, ckpt_hbag_t *b, hid_t *dset, int *fidx, char *where,
+                          size_t cap);
 
 /* ---------------- names, directories ---------------- */
 

@@ -209,3 +209,19 @@ dg_status_t ckpt_check_dataset(hid_t dset, int ndim, const int64_t *shape, const
     ckpt_hbag_close(&b);
     return s;
 }
+
+dg_status_t ckpt_open_row(ckpt_files_t *fs, const char *dpath, const char *origin, int ndim,
+                          const int64_t *shape, ckpt_hbag_t *b, hid_t *dset, int *fidx, char *where,
+                          size_t cap) {
+    DG_TRY(ckpt_resolve(fs, dpath, dset, fidx));
+    ckpt_hbag_add(b, *dset);
+    if (*fidx == 0)
+        snprintf(where, cap, "%s:/%s", fs->name[0], dpath);
+    else
+        snprintf(where, cap, "%s:/%s (linked from %s)", fs->name[*fidx], dpath, fs->name[0]);
+    const char *actual = *fidx == 0 ? "" : fs->name[*fidx];
+    if (strcmp(actual, origin) != 0)
+        return DG_ERR(DG_ERR_USAGE, "%s:/%s is stored in %s but the manifest says %s; refused", fs->name[0],
+                      dpath, actual[0] ? actual : "this file", origin[0] ? origin : "this file");
+    return ckpt_check_dataset(*dset, ndim, shape, where);
+}

@@ -103,18 +103,8 @@ static int row_cmp(const void *a, const void *b) {
 static dg_status_t check_row(ckpt_files_t *fs, const ckpt_mrow_t *r, int full, int *linked, ckpt_hbag_t *b) {
     hid_t dset = -1;
     int fidx = 0;
-    DG_TRY(ckpt_resolve(fs, r->path, &dset, &fidx));
-    ckpt_hbag_add(b, dset);
     char where[1100];
-    if (fidx == 0)
-        snprintf(where, sizeof where, "%s:/%s", fs->name[0], r->path);
-    else
-        snprintf(where, sizeof where, "%s:/%s (linked from %s)", fs->name[fidx], r->path, fs->name[0]);
-    const char *actual = fidx == 0 ? "" : fs->name[fidx];
-    if (strcmp(actual, r->origin) != 0)
-        return DG_ERR(DG_ERR_USAGE, "%s:/%s is stored in %s but the manifest says %s; refused", fs->name[0],
-                      r->path, actual[0] ? actual : "this file", r->origin[0] ? r->origin : "this file");
-    DG_TRY(ckpt_check_dataset(dset, r->ndim, r->shape, where));
+    DG_TRY(ckpt_open_row(fs, r->path, r->origin, r->ndim, r->shape, b, &dset, &fidx, where, sizeof where));
     uint64_t h = 0;
     DG_TRY(ckpt_attr_get_u64(dset, "xxh3", &h, where));
     if (h != r->hash)

@@ -42,18 +42,9 @@ static dg_status_t load_tensor(ckpt_files_t *fs, const ckpt_mrow_t *rows, int nr
     }
     hid_t dset = -1;
     int fidx = 0;
-    DG_TRY(ckpt_resolve(fs, td->path, &dset, &fidx));
-    ckpt_hbag_add(b, dset);
     char where[1100];
-    if (fidx == 0)
-        snprintf(where, sizeof where, "%s:/%s", file, td->path);
-    else
-        snprintf(where, sizeof where, "%s:/%s (linked from %s)", fs->name[fidx], td->path, file);
-    const char *actual = fidx == 0 ? "" : fs->name[fidx];
-    if (strcmp(actual, r->origin) != 0)
-        return DG_ERR(DG_ERR_USAGE, "%s:/%s is stored in %s but the manifest says %s; refused", file,
-                      td->path, actual[0] ? actual : "this file", r->origin[0] ? r->origin : "this file");
-    DG_TRY(ckpt_check_dataset(dset, td->ndim, td->gshape, where));
+    DG_TRY(
+        ckpt_open_row(fs, td->path, r->origin, td->ndim, td->gshape, b, &dset, &fidx, where, sizeof where));
     if (fidx != 0) {
         uint64_t h = 0;
         DG_TRY(ckpt_attr_get_u64(dset, "xxh3", &h, where));

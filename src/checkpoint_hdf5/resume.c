@@ -128,22 +128,23 @@ static dg_status_t set_out(char *out, size_t cap, const char *dir, const char *n
     return DG_OK;
 }
 
-dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, int full_verify,
-                                   char *path_out, size_t cap) {
-    int rank;
-    DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    path_out[0] = 0;
-    mode_t_ m = MODE_NEVER;
-    char dir[4096] = "";
-    /* rank 0 decides what the mode means, so every rank agrees even on a racy file system */
-    DG_TRY(ckpt_bcast_status(comm, 0, rank == 0 ? parse_mode(ckpt_dir, mode, &m, dir, sizeof dir) : DG_OK));
-    DG_MPI_CHECK(MPI_Bcast(&m, (int)sizeof m, MPI_BYTE, 0, comm));
-    DG_MPI_CHECK(MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, comm));
-    if (m == MODE_NEVER) return DG_OK;
-    if (m == MODE_FILE) {
-        DG_TRY(check_one(comm, mode, full_verify));
-        return set_out(path_out, cap, NULL, mode);
-    }
+static dg_status_t load_checked(MPI_Comm comm, const char *path, dg_ckpt_meta_check_fn check, void *ctx,
+                                dg_ckpt_meta_t *meta_out, dg_ckpt_tensor_t *t, int n) {
+    ckpt_lock();
+    dg_status_t s = ckpt_load_locked(comm, path, meta_out, t, n, check, ctx);
+    ckpt_unlock();
+    return s;
+}
+
+/* What a candidate checkpoint file must pass (collective) */
+typedef dg_status_t (*try_fn)(MPI_Comm comm, const char *path, void *arg);
+
+/* The candidates of dir, newest first, through fn until one passes (its path into path_out). A
+ * DG_ERR_USAGE verdict on a file moves on to an older one (rank 0 warns "checkpoint: SKIP PATH: why"); any
+ * other error (MPI, memory: not a verdict on the file) gives up. None passing: one error naming the
+ * newest one's reason. */
+static dg_status_t first_usable(MPI_Comm comm, int rank, const char *dir, try_fn fn, void *arg,
+                                const char *skip, const char *tail, char *path_out, size_t cap) {
     cands_t c;
     DG_TRY(cands_get(comm, dir, &c));
     char first_err[1024] = "";
@@ -152,16 +153,16 @@ dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const ch
     for (int i = 0; i < c.n && !found; i++) {
         char p[4400];
         snprintf(p, sizeof p, "%s/%s", dir, c.name[i]);
-        s = check_one(comm, p, full_verify);
+        s = fn(comm, p, arg);
         if (s == DG_OK) {
             found = 1;
             s = set_out(path_out, cap, dir, c.name[i]);
         } else if (s == DG_ERR_USAGE) {
             if (!first_err[0]) snprintf(first_err, sizeof first_err, "%s", dg_last_error());
-            if (rank == 0) DG_LOG_WARN("checkpoint: skipping %s: %s", p, dg_last_error());
+            if (rank == 0) DG_LOG_WARN("checkpoint: %s %s: %s%s", skip, p, dg_last_error(), tail);
             s = DG_OK;
         } else {
-            break; /* not a verdict on the file (MPI, memory): give up */
+            break;
         }
     }
     int n = c.n;
@@ -176,22 +177,12 @@ dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const ch
     return DG_OK;
 }
 
-static dg_status_t load_checked(MPI_Comm comm, const char *path, dg_ckpt_meta_check_fn check, void *ctx,
-                                dg_ckpt_meta_t *meta_out, dg_ckpt_tensor_t *t, int n) {
-    ckpt_lock();
-    dg_status_t s = ckpt_load_locked(comm, path, meta_out, t, n, check, ctx);
-    ckpt_unlock();
-    return s;
-}
-
-dg_status_t dg_ckpt_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, dg_ckpt_meta_t *meta_out,
-                           dg_ckpt_tensor_t *t, int n, char *path_out, size_t cap) {
-    return dg_ckpt_resume_checked(comm, ckpt_dir, mode, NULL, NULL, meta_out, t, n, path_out, cap);
-}
-
-dg_status_t dg_ckpt_resume_checked(MPI_Comm comm, const char *ckpt_dir, const char *mode,
-                                   dg_ckpt_meta_check_fn check, void *ctx, dg_ckpt_meta_t *meta_out,
-                                   dg_ckpt_tensor_t *t, int n, char *path_out, size_t cap) {
+/* A resume mode resolved to a checkpoint file: never -> none (path_out ""); a file -> on_file must pass;
+ * auto or a directory -> its newest candidate that on_cand passes (first_usable). Rank 0 decides what the
+ * mode means, so every rank agrees even on a racy file system. */
+static dg_status_t resolve(MPI_Comm comm, const char *ckpt_dir, const char *mode, try_fn on_file,
+                           try_fn on_cand, void *arg, const char *skip, const char *tail, char *path_out,
+                           size_t cap) {
     int rank;
     DG_MPI_CHECK(MPI_Comm_rank(comm, &rank));
     path_out[0] = 0;
@@ -202,39 +193,50 @@ dg_status_t dg_ckpt_resume_checked(MPI_Comm comm, const char *ckpt_dir, const ch
     DG_MPI_CHECK(MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, comm));
     if (m == MODE_NEVER) return DG_OK;
     if (m == MODE_FILE) {
-        DG_TRY(load_checked(comm, mode, check, ctx, meta_out, t, n));
+        DG_TRY(on_file(comm, mode, arg));
         return set_out(path_out, cap, NULL, mode);
     }
-    cands_t c;
-    DG_TRY(cands_get(comm, dir, &c));
-    char first_err[1024] = "";
-    dg_status_t s = DG_OK;
-    int found = 0;
-    for (int i = 0; i < c.n && !found; i++) {
-        char p[4400];
-        snprintf(p, sizeof p, "%s/%s", dir, c.name[i]);
-        s = check_one(comm, p, 0);
-        if (!s) s = load_checked(comm, p, check, ctx, meta_out, t, n);
-        if (s == DG_OK) {
-            found = 1;
-            s = set_out(path_out, cap, dir, c.name[i]);
-        } else if (s == DG_ERR_USAGE) {
-            if (!first_err[0]) snprintf(first_err, sizeof first_err, "%s", dg_last_error());
-            if (rank == 0)
-                DG_LOG_WARN("checkpoint: cannot resume from %s: %s; trying an older one", p, dg_last_error());
-            s = DG_OK;
-        } else {
-            break;
-        }
-    }
-    int nc = c.n;
-    free(c.name);
-    if (s) return s;
-    if (!found && nc > 0)
-        return DG_ERR(
-            DG_ERR_USAGE,
-            "no usable checkpoint in %s: all %d rejected (newest: %s); use checkpoint.resume=never to start "
-            "over",
-            dir, nc, first_err);
-    return DG_OK;
+    return first_usable(comm, rank, dir, on_cand, arg, skip, tail, path_out, cap);
+}
+
+static dg_status_t try_verify(MPI_Comm comm, const char *path, void *arg) {
+    return check_one(comm, path, *(const int *)arg);
+}
+
+dg_status_t dg_ckpt_resolve_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, int full_verify,
+                                   char *path_out, size_t cap) {
+    return resolve(comm, ckpt_dir, mode, try_verify, try_verify, &full_verify, "skipping", "", path_out, cap);
+}
+
+dg_status_t dg_ckpt_resume(MPI_Comm comm, const char *ckpt_dir, const char *mode, dg_ckpt_meta_t *meta_out,
+                           dg_ckpt_tensor_t *t, int n, char *path_out, size_t cap) {
+    return dg_ckpt_resume_checked(comm, ckpt_dir, mode, NULL, NULL, meta_out, t, n, path_out, cap);
+}
+
+typedef struct {
+    dg_ckpt_meta_check_fn check;
+    void *ctx;
+    dg_ckpt_meta_t *meta_out;
+    dg_ckpt_tensor_t *t;
+    int n;
+} load_args_t;
+
+/* a file named by the mode passes when it loads; a candidate of a directory when its quick check passes too
+ */
+static dg_status_t try_load(MPI_Comm comm, const char *path, void *arg) {
+    const load_args_t *a = arg;
+    return load_checked(comm, path, a->check, a->ctx, a->meta_out, a->t, a->n);
+}
+
+static dg_status_t try_check_load(MPI_Comm comm, const char *path, void *arg) {
+    DG_TRY(check_one(comm, path, 0));
+    return try_load(comm, path, arg);
+}
+
+dg_status_t dg_ckpt_resume_checked(MPI_Comm comm, const char *ckpt_dir, const char *mode,
+                                   dg_ckpt_meta_check_fn check, void *ctx, dg_ckpt_meta_t *meta_out,
+                                   dg_ckpt_tensor_t *t, int n, char *path_out, size_t cap) {
+    load_args_t a = {check, ctx, meta_out, t, n};
+    return resolve(comm, ckpt_dir, mode, try_load, try_check_load, &a, "cannot resume from",
+                   "; trying an older one", path_out, cap);
 }

@@ -1,6 +1,7 @@
 /* data_impl.h — helpers shared by the data module's own files; not part of its public API. */
 #ifndef DG_DATA_IMPL_H
 #define DG_DATA_IMPL_H
+#include <dirent.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,5 +17,12 @@ void dg_data_glob_escape(const char *in, char *out, size_t cap);
 dg_status_t dg_dataset__read_sample(const dg_dataset_t *ds, int64_t sample, int32_t *tokens, int32_t *targets,
                                     int *shard_out);
 dg_status_t dg_dataset__check_shard(const dg_dataset_t *ds, int shard);
+
+/* qsort comparator of C strings (an array of char *), by strcmp */
+int dg_data_cmp_str(const void *a, const void *b);
+
+/* The names in directory d (closed here) but those starting with '.' (., .., hidden files), sorted by
+ * strcmp, into *names (NULL when there are none); returns how many. The caller frees each and the array. */
+int dg_data_dir_names(DIR *d, char ***names);
 
 #endif

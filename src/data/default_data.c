@@ -23,10 +23,6 @@
 /* Bump when the build rule changes, so existing builds are redone. */
 #define DEFAULT_FORMAT "dgtrain-default-data v2"
 
-static int cmp_str(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* The stamp key: the build rule plus name, size and content hash of every candidate source file.
  * Content, not mtime: nodes whose images installed the same texts at different times must agree, or
  * they would rebuild the shards under each other (reading ~240 KB per call costs nothing). */
@@ -39,21 +35,8 @@ static dg_status_t source_key(const char *src, char *key, size_t cap, int *n_fil
             "default data is built from; make shards from any text with `dgprep --out DIR FILE...` and "
             "set data.train and data.val to DIR/default_train_*.bin and DIR/default_val_*.bin",
             src, strerror(errno));
-    char **names = NULL;
-    int n = 0, cap_n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.') continue;
-        if (n == cap_n) {
-            cap_n = cap_n ? 2 * cap_n : 32;
-            char **nv = realloc(names, (size_t)cap_n * sizeof *nv);
-            DG_ASSERTF(nv != NULL, "out of memory");
-            names = nv;
-        }
-        names[n++] = dg_xstrdup(e->d_name);
-    }
-    closedir(d);
-    if (n > 1) qsort(names, (size_t)n, sizeof *names, cmp_str); /* names is NULL when n == 0 */
+    char **names;
+    int n = dg_data_dir_names(d, &names);
     XXH64_state_t *h = XXH64_createState();
     DG_ASSERT(h != NULL);
     XXH64_reset(h, 0);

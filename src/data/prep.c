@@ -58,8 +58,28 @@ static void list_free(file_list_t *l) {
     free(l->v);
 }
 
-static int cmp_str(const void *a, const void *b) {
+int dg_data_cmp_str(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int dg_data_dir_names(DIR *d, char ***out) {
+    char **names = NULL;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.') continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            char **nv = realloc(names, (size_t)cap * sizeof *nv);
+            DG_ASSERTF(nv != NULL, "out of memory");
+            names = nv;
+        }
+        names[n++] = dg_xstrdup(e->d_name);
+    }
+    closedir(d);
+    if (n > 1) qsort(names, (size_t)n, sizeof *names, dg_data_cmp_str); /* names is NULL when n == 0 */
+    *out = names;
+    return n;
 }
 
 /* ---------------- progress for big inputs ---------------- */
@@ -268,21 +288,8 @@ static dg_status_t collect(const dg_prep_opts_t *o, const char *who, file_list_t
             return DG_ERR(DG_ERR_USAGE, "%s: %s is not a regular file or directory", who, in);
         DIR *d = opendir(in);
         if (!d) return DG_ERR(DG_ERR_USAGE, "%s: cannot read directory %s: %s", who, in, strerror(errno));
-        char **names = NULL;
-        int nn = 0, cap = 0;
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (e->d_name[0] == '.') continue; /* ., .. and hidden files (.git, editor swap files) */
-            if (nn == cap) {
-                cap = cap ? 2 * cap : 64;
-                char **nv = realloc(names, (size_t)cap * sizeof *nv);
-                DG_ASSERTF(nv != NULL, "out of memory");
-                names = nv;
-            }
-            names[nn++] = dg_xstrdup(e->d_name);
-        }
-        closedir(d);
-        if (nn > 1) qsort(names, (size_t)nn, sizeof *names, cmp_str); /* names is NULL when nn == 0 */
+        char **names;
+        int nn = dg_data_dir_names(d, &names); /* not ., .. and hidden files (.git, editor swap files) */
         size_t dl = strlen(in);
         int slash = dl > 0 && in[dl - 1] == '/';
         for (int k = 0; k < nn; k++) {

@@ -277,10 +277,6 @@ dg_status_t dg_dataset__read_sample(const dg_dataset_t *ds, int64_t sample, int3
     return DG_OK;
 }
 
-static int cmp_str(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 static int has_glob_chars(const char *s) {
     return strpbrk(s, "*?[") != NULL;
 }
@@ -315,7 +311,7 @@ static dg_status_t dataset_open(const char *pattern, int seq_len, int vocab_size
         return DG_ERR(DG_ERR_RUNTIME, "data: cannot expand glob '%s' (%s)", pattern,
                       rc == GLOB_NOSPACE ? "out of memory" : "read error");
     }
-    qsort(g.gl_pathv, g.gl_pathc, sizeof(char *), cmp_str);
+    qsort(g.gl_pathv, g.gl_pathc, sizeof(char *), dg_data_cmp_str);
 
     dg_dataset_t *ds = dg_xcalloc(1, sizeof *ds);
     ds->seq_len = seq_len;

@@ -39,6 +39,16 @@ static dg_status_t read_file(const char *path, uint8_t **out, size_t *len) {
 
 /* ---------------- .tiktoken ---------------- */
 
+/* The line of text that starts at offset i: *le is its end before any '\r'; returns the offset past its
+ * '\n' (the next line's start) */
+static size_t line_at(const uint8_t *text, size_t len, size_t i, size_t *le) {
+    size_t e = i;
+    while (e < len && text[e] != '\n')
+        e++;
+    *le = e > i && text[e - 1] == '\r' ? e - 1 : e;
+    return e + 1;
+}
+
 static int b64_val(uint8_t c) {
     if (c >= 'A' && c <= 'Z') return c - 'A';
     if (c >= 'a' && c <= 'z') return c - 'a' + 26;
@@ -95,10 +105,7 @@ dg_status_t dg_tokenizer_load_tiktoken(const char *path, dg_tokenizer_t **out) {
     size_t used = 0, n = 0, line_no = 0;
     dg_status_t s = DG_OK;
     for (size_t i = 0; i < len && s == DG_OK;) {
-        size_t e = i;
-        while (e < len && text[e] != '\n')
-            e++;
-        size_t le = e > i && text[e - 1] == '\r' ? e - 1 : e;
+        size_t le, next = line_at(text, len, i, &le);
         line_no++;
         const uint8_t *sp = memchr(text + i, ' ', le - i);
         char *endp;
@@ -129,7 +136,7 @@ dg_status_t dg_tokenizer_load_tiktoken(const char *path, dg_tokenizer_t **out) {
             tok_off[n++] = (uint32_t)used;
             used += (size_t)b;
         }
-        i = e + 1;
+        i = next;
     }
     tok_off[n] = (uint32_t)used;
     free(text);
@@ -424,13 +431,9 @@ dg_status_t dg_tokenizer_load_hf(const char *dir, dg_tokenizer_t **out) {
     size_t n_merges = 0, line_no = 0;
     uint8_t *buf = dg_xmalloc(len + 1);
     for (size_t i = 0; i < len && s == DG_OK;) {
-        size_t e = i;
-        while (e < len && text[e] != '\n')
-            e++;
-        size_t le = e > i && text[e - 1] == '\r' ? e - 1 : e;
+        size_t le, li = i;
+        i = line_at(text, len, li, &le);
         line_no++;
-        size_t li = i;
-        i = e + 1;
         if (le == li || (line_no == 1 && le - li >= 9 && memcmp(text + li, "#version:", 9) == 0)) continue;
         const uint8_t *sp = memchr(text + li, ' ', le - li);
         if (!sp || memchr(sp + 1, ' ', (size_t)(text + le - sp - 1))) {

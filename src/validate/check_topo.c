@@ -269,16 +269,7 @@ static void check_binding(vctx_t *c, const topo_rec_t *all) {
     snprintf(k->reference, sizeof k->reference, "near own GPU, no shared PUs");
     k->has_value = 1;
     k->value = c->size - nfar - nfailed;
-    if (why.n) {
-        k->verdict = DG_VERDICT_FAIL;
-        snprintf(k->message, sizeof k->message, "%s", why.s);
-    } else if (note.n) {
-        snprintf(k->message, sizeof k->message, "%s", note.s);
-    }
-    dg_vcheck_set_details(k, det.s);
-    vbuf_free(&why);
-    vbuf_free(&note);
-    vbuf_free(&det);
+    vc_conclude(k, &why, &note, &det);
     free(far);
     free(failed);
 }
@@ -404,13 +395,7 @@ static void check_versions(vctx_t *c, const topo_rec_t *all) {
     snprintf(k->reference, sizeof k->reference, "the same on all %d ranks", c->size);
     k->has_value = 1;
     k->value = fields;
-    if (why.n) {
-        k->verdict = DG_VERDICT_FAIL;
-        snprintf(k->message, sizeof k->message, "%s", why.s);
-    }
-    dg_vcheck_set_details(k, det.s);
-    vbuf_free(&why);
-    vbuf_free(&det);
+    vc_conclude(k, &why, NULL, &det);
     vbuf_free(&summary);
     free(vals);
     free(odd);

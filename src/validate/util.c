@@ -65,6 +65,19 @@ void vbuf_free(vbuf_t *b) {
     memset(b, 0, sizeof *b);
 }
 
+void vc_conclude(dg_vcheck_t *k, vbuf_t *why, vbuf_t *note, vbuf_t *det) {
+    if (why->n) {
+        k->verdict = DG_VERDICT_FAIL;
+        snprintf(k->message, sizeof k->message, "%s", why->s);
+    } else if (note && note->n) {
+        snprintf(k->message, sizeof k->message, "%s", note->s);
+    }
+    dg_vcheck_set_details(k, det->s);
+    vbuf_free(why);
+    if (note) vbuf_free(note);
+    vbuf_free(det);
+}
+
 /* ---------------------------------------------------------------- files */
 
 dg_status_t dg_validate_read_file(const char *path, char **text, size_t *len, size_t max_bytes) {

@@ -37,6 +37,10 @@ void vbuf_printf(vbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 
 void vbuf_json_str(vbuf_t *b, const char *s); /* quoted, escaped */
 void vbuf_json_num(vbuf_t *b, double v);      /* null for NaN/inf */
 void vbuf_free(vbuf_t *b);
+/* The end of a check from the texts it gathered: a non-empty why fails it and is its message; otherwise a
+ * non-empty note (NULL: none) is the message. det (a JSON object) becomes its details. All three are freed.
+ */
+void vc_conclude(dg_vcheck_t *k, vbuf_t *why, vbuf_t *note, vbuf_t *det);
 
 /* ---- helpers (util.c) ---- */
 

@@ -17,18 +17,8 @@
 #include <string.h>
 
 #include "backend.h"
+#include "dg_check.h"
 #include "op_harness.h"
-
-static int g_fail = 0;
-
-#define EXPECT(cond, ...)                                                                                    \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            printf("FAIL errors: " __VA_ARGS__);                                                             \
-            printf("\n");                                                                                    \
-        }                                                                                                    \
-    } while (0)
 
 static dg_backend_t *make(int threads) {
     dg_backend_config_t cfg = {.act_dtype = DG_F32, .device = 0, .threads = threads, .seed = 1};
@@ -167,7 +157,7 @@ static void error_checks(void) {
            buf[2]);
     op->free(be, buf);
     dg_backend_free(be);
-    printf("cpu backend error checks: %s\n", g_fail ? "FAILED" : "passed");
+    printf("cpu backend error checks: %s\n", dg_fails ? "FAILED" : "passed");
 }
 
 /* matmul_fwd_res against matmul_fwd + add on the same backend, bit for bit: out of place and in place
@@ -221,7 +211,7 @@ static void res_pair_checks(void) {
         }
         dg_backend_free(be);
     }
-    printf("cpu backend matmul_fwd_res == matmul_fwd + add: %s\n", g_fail ? "FAILED" : "passed");
+    printf("cpu backend matmul_fwd_res == matmul_fwd + add: %s\n", dg_fails ? "FAILED" : "passed");
 }
 
 static int threads_compare(const char *list, const dg_harness_opts_t *base) {
@@ -302,7 +292,7 @@ int main(int argc, char **argv) {
     if (errors_only) {
         error_checks();
         res_pair_checks();
-        return g_fail ? 1 : 0;
+        return dg_fails ? 1 : 0;
     }
     if (compare) return threads_compare(compare, &o);
 

@@ -12,18 +12,7 @@
 #include <unistd.h>
 
 #include "gemm_tune.h"
-
-static int g_fail, g_checks;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        g_checks++;                                                                                          \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
+#include "dg_check.h"
 
 static dg_gemm_tune_entry_t mk(const char *tag, int m, int pick, int found) {
     dg_gemm_tune_entry_t e;
@@ -230,19 +219,14 @@ static void test_concurrent(const char *dir) {
 }
 
 int main(void) {
-    char dir[] = "/tmp/dg_gemm_tune_XXXXXX";
-    if (!mkdtemp(dir)) {
-        perror("mkdtemp");
-        return 1;
-    }
+    char dir[64];
+    if (dg_test_mkdtemp(dir, sizeof dir, "dg_gemm_tune") != 0) return 1;
     test_parse();
     test_paths(dir);
     test_roundtrip(dir);
     test_unwritable(dir);
     test_concurrent(dir);
-    char cmd[1200];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", dir);
-    printf("test_gemm_tune: %d checks, %d failed\n", g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    dg_test_rmtree(dir);
+    printf("test_gemm_tune: %d checks, %d failed\n", dg_checks, dg_fails);
+    return dg_fails ? 1 : 0;
 }

@@ -27,6 +27,7 @@ shift 3
 MPI=("$@")
 SLURM_TEST_NAME=ckpt_storage_$CASE
 source "$(dirname "$0")/../slurm/lib.sh"
+source "$(dirname "$0")/../lib/mpijob.sh"
 
 DG_TEST_NAME=$SLURM_TEST_NAME
 source "$(dirname "$0")/../lib/skip.sh"
@@ -35,13 +36,8 @@ skip_or_fail() { dg_skip "$@"; } # docs/reliability.md, "The test suite itself"
 
 WORK=$(mktemp -d /tmp/dgt-storage-XXXXXX)
 MNT=
-JOB=
 cleanup() {
-    [ -n "$JOB" ] && kill -KILL "$JOB" 2>/dev/null
-    for p in ${STOPPED:-}; do
-        kill -KILL "$p" 2>/dev/null
-        kill -CONT "$p" 2>/dev/null
-    done
+    kill_jobs
     sleep 0.3
     clean_shm
     if [ -n "$MNT" ] && mountpoint -q "$MNT"; then umount "$MNT" || umount -l "$MNT"; fi
@@ -73,29 +69,6 @@ launch() { # launch NP OUT ARGS...: dgtrain in the background
     shift 2
     "${MPI[@]}" -n "$np" "$DGTRAIN" "$WORK/cfg.ini" "${SETS[@]}" "$@" >"$out" 2>&1 &
     JOB=$!
-}
-wait_job() { # wait_job LIMIT: sets RC and DT (seconds since T0); fails past LIMIT seconds
-    while kill -0 "$JOB" 2>/dev/null; do
-        le "$(elapsed "$T0")" "$1" || {
-            fail "job still running $(elapsed "$T0") s after the fault (limit $1 s)"
-            return 1
-        }
-        sleep 0.1
-    done
-    wait "$JOB"
-    RC=$?
-    DT=$(elapsed "$T0")
-    JOB=
-}
-rank_pid() { # rank_pid RANK: that rank's pid among the launcher's children
-    local p
-    for p in $(pgrep -P "$JOB"); do
-        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
-            echo "$p"
-            return 0
-        fi
-    done
-    return 1
 }
 show() { # show FILE...: on failure, what the job said
     for f in "$@"; do

@@ -10,19 +10,7 @@
 #include <unistd.h>
 
 #include "ckpt_impl.h"
-
-static int g_fail, g_checks;
-
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        g_checks++;                                                                                          \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fprintf(stderr, "\n");                                                                           \
-        }                                                                                                    \
-    } while (0)
+#include "dg_check.h"
 
 static uint64_t rng_state = 12345;
 static uint64_t rnd(void) {
@@ -247,20 +235,26 @@ static void expect_table_error(dg_ckpt_tensor_t *t, int n, const char *needle, c
 static void test_table(void) {
     float buf[64] = {0};
     dg_ckpt_tensor_t t[4];
-    t[0] = mk("model/a b", 2, 4, 4, 0, 4, buf, 1);
-    expect_table_error(t, 1, "not allowed", "space in path");
-    t[0] = mk("model/../x", 2, 4, 4, 0, 4, buf, 1);
-    expect_table_error(t, 1, "'..'", "dot-dot");
-    t[0] = mk("/model/x", 2, 4, 4, 0, 4, buf, 1);
-    expect_table_error(t, 1, "empty", "leading slash");
-    t[0] = mk("state/x", 2, 4, 4, 0, 4, buf, 1);
-    expect_table_error(t, 1, "reserved", "reserved name");
-    t[0] = mk("model/x", 0, 4, 4, 0, 4, buf, 1);
-    expect_table_error(t, 1, "ndim", "ndim 0");
-    t[0] = mk("model/x", 2, 4, 4, 2, 3, buf, 1);
-    expect_table_error(t, 1, "outside the global size", "slab past the end");
-    t[0] = mk("model/x", 2, 4, 4, 0, 4, NULL, 1);
-    expect_table_error(t, 1, "data is NULL", "null data");
+    /* one bad tensor each: name, ndim, global dims, slab start and count on dim 0, data NULL, owner */
+    static const struct {
+        const char *name;
+        int nd, g0, g1, off, cnt, no_data, owner;
+        const char *needle, *what;
+    } bad[] = {
+        {"model/a b", 2, 4, 4, 0, 4, 0, 1, "not allowed", "space in path"},
+        {"model/../x", 2, 4, 4, 0, 4, 0, 1, "'..'", "dot-dot"},
+        {"/model/x", 2, 4, 4, 0, 4, 0, 1, "empty", "leading slash"},
+        {"state/x", 2, 4, 4, 0, 4, 0, 1, "reserved", "reserved name"},
+        {"model/x", 0, 4, 4, 0, 4, 0, 1, "ndim", "ndim 0"},
+        {"model/x", 2, 4, 4, 2, 3, 0, 1, "outside the global size", "slab past the end"},
+        {"model/x", 2, 4, 4, 0, 4, 1, 1, "data is NULL", "null data"},
+        {"model/x", 2, 4, 4, 0, 4, 0, 7, "owner", "owner 7"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        t[0] = mk(bad[i].name, bad[i].nd, bad[i].g0, bad[i].g1, bad[i].off, bad[i].cnt,
+                  bad[i].no_data ? NULL : buf, bad[i].owner);
+        expect_table_error(t, 1, bad[i].needle, bad[i].what);
+    }
     t[0] = mk("model/x", 2, 4, 4, 0, 2, buf, 1);
     t[1] = mk("model/x", 2, 5, 4, 2, 2, buf, 1);
     expect_table_error(t, 2, "disagree on the global shape", "shape disagreement");
@@ -268,8 +262,6 @@ static void test_table(void) {
     t[1] = mk("model/x.y", 1, 4, 1, 0, 4, buf, 1);
     t[2] = mk("model/x/m", 1, 4, 1, 0, 4, buf, 1);
     expect_table_error(t, 3, "one is a group of the other", "dataset vs group");
-    t[0] = mk("model/x", 2, 4, 4, 0, 4, buf, 7);
-    expect_table_error(t, 1, "owner", "owner 7");
 
     /* grouping keeps first-appearance order and collects pieces */
     t[0] = mk("model/b", 2, 4, 4, 0, 2, buf, 1);
@@ -394,7 +386,7 @@ int main(int argc, char **argv) {
     test_table();
     test_names();
     test_roundtrip();
-    printf("%d checks, %d failed\n", g_checks, g_fail);
+    printf("%d checks, %d failed\n", dg_checks, dg_fails);
     MPI_Finalize();
-    return g_fail ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }

@@ -19,20 +19,10 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "dg_check.h"
 
 uint32_t H5_checksum_fletcher32(const void *data, size_t len);
 typedef uint32_t (*lib_fn)(const void *, size_t);
-
-static int failures;
-#define CHECK(c, ...)                                                                                        \
-    do {                                                                                                     \
-        if (!(c)) {                                                                                          \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fprintf(stderr, "\n");                                                                           \
-            failures++;                                                                                      \
-        }                                                                                                    \
-    } while (0)
 
 static double now(void) {
     struct timespec t;
@@ -183,6 +173,6 @@ int main(void) {
         test_filter();
         test_speed(lib);
     }
-    if (failures) fprintf(stderr, "test_fletcher32: %d check(s) FAILED\n", failures);
-    return failures ? 1 : 0;
+    if (dg_fails) fprintf(stderr, "test_fletcher32: %d check(s) FAILED\n", dg_fails);
+    return dg_fails ? 1 : 0;
 }

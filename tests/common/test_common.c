@@ -17,20 +17,10 @@
 #include <unistd.h>
 
 #include "dg_common.h"
+#include "dg_check.h"
 #include "dg_fs.h"
 #include "dg_json.h"
 #include "dg_mesh.h"
-
-static int g_fail;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
 
 static char g_tmp[256];
 
@@ -63,12 +53,18 @@ static mode_t mode_of(const char *p) {
 
 /* ---------------------------------------------------------------- symlinks, FIFOs, directories */
 
+/* outside.txt holding "precious\n" (its path in target) and a symbolic link NAME to it (in link); both
+ * buffers of cap bytes */
+static void plant_link(char *target, char *link, size_t cap, const char *name) {
+    path(target, cap, "outside.txt");
+    write_text(target, "precious\n");
+    path(link, cap, name);
+    DG_ASSERT(symlink(target, link) == 0);
+}
+
 static void case_nofollow(void) {
     char target[512], link[512], p[512];
-    path(target, sizeof target, "outside.txt");
-    write_text(target, "precious\n");
-    path(link, sizeof link, "metrics.jsonl");
-    DG_ASSERT(symlink(target, link) == 0);
+    plant_link(target, link, sizeof target, "metrics.jsonl");
     /* append (metrics.jsonl, logs/rank-N.log): refused, naming the link and its target */
     FILE *f = NULL;
     dg_status_t s = dg_fs_fopen_append(link, &f);
@@ -129,11 +125,8 @@ static void case_nofollow(void) {
 
 static void case_atomic(void) {
     char target[512], p[512], tmp[600];
-    path(target, sizeof target, "outside.txt");
-    write_text(target, "precious\n");
     /* a link at the destination is replaced, not followed */
-    path(p, sizeof p, "LATEST");
-    DG_ASSERT(symlink(target, p) == 0);
+    plant_link(target, p, sizeof target, "LATEST");
     CHECK(dg_write_file_atomic(p, "step_1\n", 7) == DG_OK, "%s", dg_last_error());
     CHECK(S_ISREG(mode_of(p)) && file_is(p, "step_1\n"), "LATEST is now a regular file with the new text");
     CHECK(file_is(target, "precious\n"), "the link's target was written");
@@ -329,32 +322,11 @@ static int json_dump(int n, unsigned seed) {
 }
 
 int main(int argc, char **argv) {
-    static const struct {
-        const char *name;
-        void (*fn)(void);
-    } cases[] = {{"nofollow", case_nofollow}, {"atomic", case_atomic}, {"umask", case_umask},
-                 {"lock", case_lock},         {"mesh", case_mesh},     {"json", case_json}};
+    static const dg_check_case_t cases[] = {{"nofollow", case_nofollow}, {"atomic", case_atomic},
+                                            {"umask", case_umask},       {"lock", case_lock},
+                                            {"mesh", case_mesh},         {"json", case_json}};
     if (argc == 4 && strcmp(argv[1], "json-dump") == 0)
         return json_dump(atoi(argv[2]), (unsigned)atoi(argv[3]));
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s CASE | json-dump N SEED\n", argv[0]);
-        return 2;
-    }
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (strcmp(argv[1], cases[i].name) != 0) continue;
-        dg_fmt(g_tmp, sizeof g_tmp, "/tmp/dg_test_common_XXXXXX");
-        DG_ASSERT(mkdtemp(g_tmp) != NULL);
-        cases[i].fn();
-        char cmd[512];
-        dg_fmt(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-        if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", g_tmp);
-        if (g_fail) {
-            fprintf(stderr, "%s: %d check(s) failed\n", argv[1], g_fail);
-            return 1;
-        }
-        printf("%s: ok\n", argv[1]);
-        return 0;
-    }
-    fprintf(stderr, "unknown case %s\n", argv[1]);
-    return 2;
+    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0], "CASE | json-dump N SEED", g_tmp,
+                          sizeof g_tmp, "dg_test_common");
 }

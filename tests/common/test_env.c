@@ -14,18 +14,8 @@
 #include <unistd.h>
 
 #include "dg_common.h"
+#include "dg_check.h"
 #include "dg_env.h"
-
-static int g_fail;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
 
 static void case_table(void) {
     CHECK(dg_env_count() >= 30, "only %d switches registered", dg_env_count());
@@ -191,28 +181,10 @@ static void case_assert(void) {
 }
 
 int main(int argc, char **argv) {
-    static const struct {
-        const char *name;
-        void (*fn)(void);
-    } cases[] = {{"table", case_table},
-                 {"parse", case_parse},
-                 {"access", case_access},
-                 {"check", case_check},
-                 {"assert", case_assert}};
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s CASE\n", argv[0]);
-        return 2;
-    }
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (strcmp(argv[1], cases[i].name) != 0) continue;
-        cases[i].fn();
-        if (g_fail) {
-            fprintf(stderr, "%s: %d check(s) failed\n", argv[1], g_fail);
-            return 1;
-        }
-        printf("%s: ok\n", argv[1]);
-        return 0;
-    }
-    fprintf(stderr, "unknown case %s\n", argv[1]);
-    return 2;
+    static const dg_check_case_t cases[] = {{"table", case_table},
+                                            {"parse", case_parse},
+                                            {"access", case_access},
+                                            {"check", case_check},
+                                            {"assert", case_assert}};
+    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0], "CASE", NULL, 0, NULL);
 }

@@ -15,27 +15,9 @@
 
 #include "config.h"
 #include "config_impl.h"
+#include "dg_check.h"
 
-static int g_fail, g_checks;
 static char g_dir[256];
-
-#define CHECK(cond)                                                                                          \
-    do {                                                                                                     \
-        g_checks++;                                                                                          \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                                  \
-        }                                                                                                    \
-    } while (0)
-
-static void check_str(const char *got, const char *want, int line) {
-    g_checks++;
-    if (strcmp(got, want) != 0) {
-        g_fail++;
-        fprintf(stderr, "FAIL test_config.c:%d:\n  got:  %s\n  want: %s\n", line, got, want);
-    }
-}
-#define CHECK_STR(got, want) check_str((got), (want), __LINE__)
 
 /* write a file in the temp dir; returns its path (static buffer rotation) */
 static const char *write_file(const char *name, const char *text, size_t len) {
@@ -81,16 +63,16 @@ static void expect_err(const char *name, const char *text, int nsets, const char
         }
     }
     full[o] = 0;
-    g_checks++;
+    dg_checks++;
     if (s != DG_ERR_USAGE) {
-        g_fail++;
+        dg_fails++;
         fprintf(stderr, "FAIL test_config.c:%d: status %d, want 1 (message: %s)\n", line, s, dg_last_error());
         return;
     }
-    check_str(dg_last_error(), full, line);
-    g_checks++;
+    dg_check_str(dg_last_error(), full, __FILE__, line);
+    dg_checks++;
     if (strchr(dg_last_error(), '\n')) {
-        g_fail++;
+        dg_fails++;
         fprintf(stderr, "FAIL test_config.c:%d: message has a newline\n", line);
     }
 }
@@ -159,9 +141,9 @@ static void test_schema(void) {
         }
     size_t end = 0;
     for (int i = 0; i < nf; i++) {
-        g_checks++;
+        dg_checks++;
         if (f[i].off < end || f[i].off - end >= f[i].align) {
-            g_fail++;
+            dg_fails++;
             fprintf(stderr, "FAIL schema: gap or overlap before %s.%s%s (offset %zu, previous end %zu)\n",
                     f[i].sec, f[i].key, f[i].what, f[i].off, end);
         }
@@ -556,7 +538,7 @@ static void test_enum_ids(void) {
         int got = *(const int *)((const char *)&g_cfg + cases[i].off);
         if (got != cases[i].want) {
             fprintf(stderr, "FAIL: --set %s gives id %d, want %d\n", cases[i].set, got, cases[i].want);
-            g_fail++;
+            dg_fails++;
         }
         /* the same from a file: section and key */
         char text[128];
@@ -569,11 +551,7 @@ static void test_enum_ids(void) {
 }
 
 int main(int argc, char **argv) {
-    snprintf(g_dir, sizeof g_dir, "/tmp/dg_config_test.XXXXXX");
-    if (!mkdtemp(g_dir)) {
-        perror("mkdtemp");
-        return 2;
-    }
+    if (dg_test_mkdtemp(g_dir, sizeof g_dir, "dg_config_test") != 0) return 2;
     test_schema();
     test_defaults();
     test_errors();
@@ -586,9 +564,7 @@ int main(int argc, char **argv) {
     test_enum_ids();
     for (int i = 1; i < argc; i++)
         test_shipped(argv[i]);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-    if (system(cmd) != 0) fprintf(stderr, "note: could not remove %s\n", g_dir);
-    printf("config tests: %d checks, %d failed\n", g_checks, g_fail);
-    return g_fail ? 1 : 0;
+    dg_test_rmtree(g_dir);
+    printf("config tests: %d checks, %d failed\n", dg_checks, dg_fails);
+    return dg_fails ? 1 : 0;
 }

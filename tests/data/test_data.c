@@ -3,6 +3,7 @@
  * text-to-shard builder and the default data. One binary; argv[1] names the case (one ctest each). */
 #define _GNU_SOURCE
 #include "data.h"
+#include "dg_check.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -12,29 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int g_fail;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
-
 static char g_tmp[256];
-
-static void make_tmp(void) {
-    dg_fmt(g_tmp, sizeof g_tmp, "/tmp/dg_test_data_XXXXXX");
-    DG_ASSERT(mkdtemp(g_tmp) != NULL);
-}
-
-static void rm_tmp(void) {
-    char cmd[512];
-    dg_fmt(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", g_tmp);
-}
 
 static void put32(uint8_t *p, int32_t v) {
     memcpy(p, &v, 4); /* x86: little-endian */
@@ -134,37 +113,38 @@ static void case_shard_valid(void) {
 static void case_shard_errors(void) {
     char p[512];
     uint16_t *t = pattern(300, 1, 200);
-    /* wrong magic */
-    path_in_tmp(p, sizeof p, "magic.bin");
-    write_shard(p, 20240521, 1, 300, t, 300, 0);
-    expect_open_error(
-        p, 16, 256,
-        "data shard %s/magic.bin: bad magic 20240521 at byte offset 0 (expected 20240520: not an "
-        "llm.c token shard)");
-    /* wrong version (llm.c's version 2 holds uint32 tokens) */
-    path_in_tmp(p, sizeof p, "version.bin");
-    write_shard(p, DG_SHARD_MAGIC, 2, 300, t, 300, 0);
-    expect_open_error(
-        p, 16, 256,
-        "data shard %s/version.bin: unsupported version 2 at byte offset 4 (expected 1: uint16 tokens)");
-    /* size too short: header promises more tokens than the file has */
-    path_in_tmp(p, sizeof p, "short.bin");
-    write_shard(p, DG_SHARD_MAGIC, 1, 300, t, 299, 0);
-    expect_open_error(
-        p, 16, 256,
-        "data shard %s/short.bin: file is 1622 bytes but the header says 300 tokens (byte offset 8), "
-        "which needs exactly 1624 bytes (1024 + 2*300): truncated?");
-    /* size too long: trailing bytes */
-    path_in_tmp(p, sizeof p, "long.bin");
-    write_shard(p, DG_SHARD_MAGIC, 1, 300, t, 300, 3);
-    expect_open_error(
-        p, 16, 256,
-        "data shard %s/long.bin: file is 1627 bytes but the header says 300 tokens (byte offset 8), "
-        "which needs exactly 1624 bytes (1024 + 2*300): trailing bytes?");
-    /* negative count */
-    path_in_tmp(p, sizeof p, "neg.bin");
-    write_shard(p, DG_SHARD_MAGIC, 1, -5, t, 0, 0);
-    expect_open_error(p, 16, 256, "data shard %s/neg.bin: negative token count -5 at byte offset 8");
+    /* one damaged header each: file name, magic, version, token count, tokens written, trailing bytes */
+    static const struct {
+        const char *name;
+        int32_t magic, version, count;
+        int64_t written;
+        int extra;
+        const char *want;
+    } bad[] = {
+        /* wrong magic */
+        {"magic.bin", 20240521, 1, 300, 300, 0,
+         "data shard %s/magic.bin: bad magic 20240521 at byte offset 0 (expected 20240520: not an "
+         "llm.c token shard)"},
+        /* wrong version (llm.c's version 2 holds uint32 tokens) */
+        {"version.bin", DG_SHARD_MAGIC, 2, 300, 300, 0,
+         "data shard %s/version.bin: unsupported version 2 at byte offset 4 (expected 1: uint16 tokens)"},
+        /* size too short: header promises more tokens than the file has */
+        {"short.bin", DG_SHARD_MAGIC, 1, 300, 299, 0,
+         "data shard %s/short.bin: file is 1622 bytes but the header says 300 tokens (byte offset 8), "
+         "which needs exactly 1624 bytes (1024 + 2*300): truncated?"},
+        /* size too long: trailing bytes */
+        {"long.bin", DG_SHARD_MAGIC, 1, 300, 300, 3,
+         "data shard %s/long.bin: file is 1627 bytes but the header says 300 tokens (byte offset 8), "
+         "which needs exactly 1624 bytes (1024 + 2*300): trailing bytes?"},
+        /* negative count */
+        {"neg.bin", DG_SHARD_MAGIC, 1, -5, 0, 0,
+         "data shard %s/neg.bin: negative token count -5 at byte offset 8"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        path_in_tmp(p, sizeof p, bad[i].name);
+        write_shard(p, bad[i].magic, bad[i].version, bad[i].count, t, bad[i].written, bad[i].extra);
+        expect_open_error(p, 16, 256, bad[i].want);
+    }
     /* token >= vocab: token 200 at offset 123 with vocab 200 (all others < 200) */
     path_in_tmp(p, sizeof p, "vocab.bin");
     t[123] = 200;
@@ -851,41 +831,17 @@ static void case_default_data(void) {
 }
 
 int main(int argc, char **argv) {
-    static const struct {
-        const char *name;
-        void (*fn)(void);
-    } cases[] = {{"shard_valid", case_shard_valid},
-                 {"shard_errors", case_shard_errors},
-                 {"shard_fuzz", case_shard_fuzz},
-                 {"shard_change", case_shard_change},
-                 {"permutation", case_permutation},
-                 {"order", case_order},
-                 {"resume", case_resume},
-                 {"dp_split", case_dp_split},
-                 {"epoch_wrap", case_epoch_wrap},
-                 {"prep", case_prep},
-                 {"default_data", case_default_data}};
-    int n = (int)(sizeof cases / sizeof cases[0]);
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s CASE|all\n", argv[0]);
-        return 2;
-    }
-    int ran = 0;
-    for (int i = 0; i < n; i++) {
-        if (strcmp(argv[1], "all") && strcmp(argv[1], cases[i].name)) continue;
-        make_tmp();
-        cases[i].fn();
-        rm_tmp();
-        ran++;
-    }
-    if (!ran) {
-        fprintf(stderr, "unknown case %s\n", argv[1]);
-        return 2;
-    }
-    if (g_fail) {
-        fprintf(stderr, "%d check(s) failed\n", g_fail);
-        return 1;
-    }
-    printf("ok\n");
-    return 0;
+    static const dg_check_case_t cases[] = {{"shard_valid", case_shard_valid},
+                                            {"shard_errors", case_shard_errors},
+                                            {"shard_fuzz", case_shard_fuzz},
+                                            {"shard_change", case_shard_change},
+                                            {"permutation", case_permutation},
+                                            {"order", case_order},
+                                            {"resume", case_resume},
+                                            {"dp_split", case_dp_split},
+                                            {"epoch_wrap", case_epoch_wrap},
+                                            {"prep", case_prep},
+                                            {"default_data", case_default_data}};
+    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0], "CASE|all", g_tmp, sizeof g_tmp,
+                          "dg_test_data");
 }

@@ -6,23 +6,7 @@ set -u
 DGPREP=$1
 T=$(mktemp -d /tmp/dg_test_dgprep_XXXXXX)
 trap 'rm -rf "$T"' EXIT
-fails=0
-
-# expect_fail "exact stderr line" dgprep-args...
-expect_fail() {
-    local want=$1
-    shift
-    local err rc
-    err=$("$DGPREP" "$@" 2>&1 >/dev/null)
-    rc=$?
-    if [ "$rc" -ne 1 ] || [ "$err" != "$want" ]; then
-        echo "FAIL: dgprep $*"
-        echo "  rc:   $rc (want 1)"
-        echo "  got:  $err"
-        echo "  want: $want"
-        fails=$((fails + 1))
-    fi
-}
+source "$(dirname "$0")/../lib/expect.sh"
 
 printf 'some text\n' >"$T/ok.txt"
 : >"$T/empty.txt"
@@ -30,24 +14,24 @@ printf 'ab\0cd\n' >"$T/bin.dat"
 mkdir "$T/emptydir"
 printf 'x' >"$T/afile"
 
-expect_fail "dgprep: cannot read $T/nope.txt: No such file or directory" --out "$T/o" "$T/nope.txt"
-expect_fail "dgprep: $T/empty.txt is empty" --out "$T/o" "$T/ok.txt" "$T/empty.txt"
-expect_fail "dgprep: $T/bin.dat is not text: NUL byte at offset 2" --out "$T/o" "$T/bin.dat"
-expect_fail "dgprep: empty input: no text file to read" --out "$T/o" "$T/emptydir"
-expect_fail "dgprep: output directory $T/afile/sub is not usable: cannot create directory $T/afile/sub: Not a directory" \
+expect_fail "dgprep: cannot read $T/nope.txt: No such file or directory" "$DGPREP" --out "$T/o" "$T/nope.txt"
+expect_fail "dgprep: $T/empty.txt is empty" "$DGPREP" --out "$T/o" "$T/ok.txt" "$T/empty.txt"
+expect_fail "dgprep: $T/bin.dat is not text: NUL byte at offset 2" "$DGPREP" --out "$T/o" "$T/bin.dat"
+expect_fail "dgprep: empty input: no text file to read" "$DGPREP" --out "$T/o" "$T/emptydir"
+expect_fail "dgprep: output directory $T/afile/sub is not usable: cannot create directory $T/afile/sub: Not a directory" "$DGPREP" \
     --out "$T/afile/sub" "$T/ok.txt"
-expect_fail "dgprep: --out DIR is required (see dgprep --help)" "$T/ok.txt"
-expect_fail "dgprep: no input files given (see dgprep --help)" --out "$T/o"
-expect_fail "dgprep: --val-fraction expects a number with 0 <= F < 1, got '1.5'" --out "$T/o" --val-fraction 1.5 "$T/ok.txt"
-expect_fail "dgprep: --val-fraction expects a number with 0 <= F < 1, got 'abc'" --out "$T/o" --val-fraction=abc "$T/ok.txt"
-expect_fail "dgprep: --shard-tokens expects an integer in [1, 2147483647], got '0'" --out "$T/o" --shard-tokens 0 "$T/ok.txt"
-expect_fail "dgprep: unknown option '--frobnicate' (see dgprep --help)" --frobnicate
-expect_fail "dgprep: --out needs a value (see dgprep --help)" "$T/ok.txt" --out
-expect_fail "dgprep: bad name 'a/b' (expected letters, digits, '_', '-', '.'; not starting with '.')" \
+expect_fail "dgprep: --out DIR is required (see dgprep --help)" "$DGPREP" "$T/ok.txt"
+expect_fail "dgprep: no input files given (see dgprep --help)" "$DGPREP" --out "$T/o"
+expect_fail "dgprep: --val-fraction expects a number with 0 <= F < 1, got '1.5'" "$DGPREP" --out "$T/o" --val-fraction 1.5 "$T/ok.txt"
+expect_fail "dgprep: --val-fraction expects a number with 0 <= F < 1, got 'abc'" "$DGPREP" --out "$T/o" --val-fraction=abc "$T/ok.txt"
+expect_fail "dgprep: --shard-tokens expects an integer in [1, 2147483647], got '0'" "$DGPREP" --out "$T/o" --shard-tokens 0 "$T/ok.txt"
+expect_fail "dgprep: unknown option '--frobnicate' (see dgprep --help)" "$DGPREP" --frobnicate
+expect_fail "dgprep: --out needs a value (see dgprep --help)" "$DGPREP" "$T/ok.txt" --out
+expect_fail "dgprep: bad name 'a/b' (expected letters, digits, '_', '-', '.'; not starting with '.')" "$DGPREP" \
     --out "$T/o" --name a/b "$T/ok.txt"
-[ -e "$T/o" ] && { echo "FAIL: a failed run created $T/o"; fails=$((fails + 1)); }
+[ -e "$T/o" ] && fail_check "a failed run created $T/o"
 
-"$DGPREP" --help | grep -q "usage: dgprep --out DIR" || { echo "FAIL: --help"; fails=$((fails + 1)); }
+"$DGPREP" --help | grep -q "usage: dgprep --out DIR" || fail_check "--help"
 
 # Round trip: a directory (sorted: a.txt then b.txt) plus an explicit file, small shards.
 mkdir "$T/in"
@@ -61,8 +45,7 @@ EOF
 out=$("$DGPREP" --out "$T/shards" --name rt --val-fraction 0.25 --shard-tokens 300 --quiet "$T/in" "$T/c.txt")
 rc=$?
 if [ $rc -ne 0 ]; then
-    echo "FAIL: round trip run exited $rc"
-    fails=$((fails + 1))
+    fail_check "round trip run exited $rc"
 fi
 echo "$out"
 python3 - "$T" "$out" <<'EOF' || fails=$((fails + 1))
@@ -128,17 +111,11 @@ open(sys.argv[1], 'wb').write(line * (34 * 1024 * 1024 // len(line) + 1))
 " "$T/big.txt"
 err=$("$DGPREP" --out "$T/bigout" --shard-tokens 10000000 "$T/big.txt" 2>&1 >/dev/null)
 if ! grep -q "^dgprep: 50% of 35.7 MB$" <<<"$err" || ! grep -q "^dgprep: 100% of 35.7 MB$" <<<"$err"; then
-    echo "FAIL: no progress lines for a big input; stderr was: $err"
-    fails=$((fails + 1))
+    fail_check "no progress lines for a big input; stderr was: $err"
 fi
 n=$(ls "$T/bigout" | grep -c '^default_train_.*\.bin$')
 if [ "$n" -ne 4 ]; then
-    echo "FAIL: expected 4 train shards of <= 10M tokens for ~32M train bytes, got $n"
-    fails=$((fails + 1))
+    fail_check "expected 4 train shards of <= 10M tokens for ~32M train bytes, got $n"
 fi
 
-if [ $fails -ne 0 ]; then
-    echo "$fails dgprep check(s) failed"
-    exit 1
-fi
-echo "ok"
+expect_done

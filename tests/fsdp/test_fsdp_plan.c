@@ -533,10 +533,5 @@ int main(void) {
     test_reduce_dtype();
     test_errors();
     dg_backend_free(be);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("all fsdp plan tests passed\n");
-    return 0;
+    return dg_check_done("fsdp plan");
 }

@@ -33,7 +33,7 @@
 
 #include "dg_model.h"
 #include "graph.h"
-#include "gtest.h"
+#include "gmodel.h"
 
 static const dg_model_desc_t small = {
     .n_layer = 2, .n_head = 4, .d_model = 32, .seq_len = 16, .vocab_size = 67, .padded_vocab = 72};
@@ -295,7 +295,7 @@ static const char *const mode_name[] = {"fences", "DG_SYNC_HOST_READS=1", "no v1
  * (fused: after the one cross-entropy op of the forward, before the backward's first matmul_bwd, the
  * head's), the fence right after the copy, the backward queued, then the wait on that fence; no sync. */
 static void check_fb_log(const char *what, const void **loss_fence, size_t want_bytes) {
-    int bad = failures;
+    int bad = dg_fails;
     int dl = first_of(EV_DOWNLOAD), rec = first_of(EV_RECORD), wt = first_of(EV_WAIT);
     const int fused = count(EV_CE_FUSED) > 0;
     const int ev_fwd = fused ? EV_CE_FUSED : EV_CE_FWD, ev_bwd = fused ? EV_MM_BWD : EV_CE_BWD;
@@ -321,13 +321,13 @@ static void check_fb_log(const char *what, const void **loss_fence, size_t want_
         if (!*loss_fence) *loss_fence = evlog[rec].fence;
         EXPECT(evlog[rec].fence == *loss_fence, "%s: the loss fence changed", what);
     }
-    if (failures != bad) dump_log();
+    if (dg_fails != bad) dump_log();
 }
 
 /* optimizer_step with fences: the norm copied after clip_scale, its fence right after, the AdamW queued,
  * then the wait on that fence (not the loss fence); no sync. */
 static void check_opt_log(const char *what, const void *loss_fence, int expect_syncs) {
-    int bad = failures;
+    int bad = dg_fails;
     int dl = first_of(EV_DOWNLOAD), rec = first_of(EV_RECORD), wt = first_of(EV_WAIT);
     EXPECT(count(EV_SYNC) == expect_syncs && count(EV_TO_HOST) == 0, "%s: %d syncs (expected %d), %d to_host",
            what, count(EV_SYNC), expect_syncs, count(EV_TO_HOST));
@@ -344,7 +344,7 @@ static void check_opt_log(const char *what, const void *loss_fence, int expect_s
         EXPECT(evlog[wt].fence == evlog[rec].fence, "%s: waits on another fence than the one recorded", what);
         EXPECT(evlog[rec].fence != loss_fence, "%s: the norm uses the loss fence", what);
     }
-    if (failures != bad) dump_log();
+    if (dg_fails != bad) dump_log();
 }
 
 /* The old path: no v1.8 call at all, and a sync in every call. */
@@ -362,13 +362,6 @@ typedef struct {
     float *logits, *w, *m, *v;
     size_t nw;
 } run_t;
-
-static void random_ids(int32_t *x, size_t n, int v, uint64_t *s) {
-    for (size_t i = 0; i < n; i++) {
-        *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = (int32_t)((*s >> 33) % (uint64_t)v);
-    }
-}
 
 /* Trains on the wrapper in `mode`; `check_order`: the plain path (no executor fallback, whose host
  * copies sync on purpose), where the logs must look as described at the top. */
@@ -388,13 +381,12 @@ static void train(run_mode_t mode, int flags, int can_record, int check_order, r
     uint64_t s = 5;
     const void *loss_fence = NULL;
     char what[160];
-    dg_optim_hparams_t h = {
-        .lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
+    dg_optim_hparams_t h = gmodel_adamw(3e-3f, 0.1f, 1.0f, 0);
     for (int st = 1; st <= STEPS; st++) {
         OK(dg_model_zero_grad(m));
         for (int k = 0; k < ACCUM; k++) {
-            random_ids(tok, n, small.vocab_size, &s);
-            random_ids(tgt, n, small.vocab_size, &s);
+            gmodel_lcg_ids(tok, n, small.vocab_size, &s);
+            gmodel_lcg_ids(tgt, n, small.vocab_size, &s);
             n_ev = 0;
             OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(n * ACCUM),
                                          &r->loss[(st - 1) * ACCUM + k]));
@@ -421,16 +413,7 @@ static void train(run_mode_t mode, int flags, int can_record, int check_order, r
     if (check_order && mode == MODE_FENCES) check_opt_log(what, loss_fence, 1);
     r->logits = malloc((size_t)B * small.vocab_size * sizeof(float));
     OK(dg_model_logits(m, tok, small.seq_len / 2, r->logits));
-    r->nw = dg_model_flat_numel(m);
-    r->w = malloc(r->nw * sizeof(float));
-    r->m = malloc(r->nw * sizeof(float));
-    r->v = malloc(r->nw * sizeof(float));
-    OK(dg_model_get_flat(m, DG_STATE_PARAM, r->w));
-    OK(dg_model_get_flat(m, DG_STATE_ADAM_M, r->m));
-    OK(dg_model_get_flat(m, DG_STATE_ADAM_V, r->v));
-    free(tok);
-    free(tgt);
-    dg_model_free(m);
+    gmodel_finish(m, tok, tgt, &r->nw, &r->w, &r->m, &r->v);
     EXPECT(n_pend == 0, "%s: %d downloads never delivered after dg_model_free", mode_name[mode], n_pend);
     EXPECT(n_pinned == 0, "%s: %d host_alloc blocks not freed", mode_name[mode], n_pinned);
     for (int i = 0; i < STEPS * ACCUM; i++)
@@ -506,10 +489,5 @@ int main(void) {
     test_flags(DG_MODEL_UNFUSED_CE); /* the loss copy between the two cross-entropy ops */
     dg_backend_free(inner);
     printf("async read tests took %.1f s\n", dg_now_s() - t0);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("all async read tests passed\n");
-    return 0;
+    return dg_check_done("async read");
 }

@@ -26,7 +26,7 @@
 #include "dg_model.h"
 #include "graph.h"
 #include "ref64.h"
-#include "gtest.h"
+#include "gmodel.h"
 
 static dg_backend_t *be;
 
@@ -275,13 +275,7 @@ static float train_fixed(const dg_model_desc_t *d, int B, int flags, int steps, 
         OK(dg_model_zero_grad(m));
         OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)n, &loss));
         if (losses) losses[st - 1] = loss;
-        dg_optim_hparams_t h = {.lr = lr,
-                                .beta1 = 0.9f,
-                                .beta2 = 0.95f,
-                                .eps = 1e-8f,
-                                .weight_decay = 0.0f,
-                                .grad_clip = 1.0f,
-                                .t = st};
+        dg_optim_hparams_t h = gmodel_adamw(lr, 0.0f, 1.0f, st);
         float norm;
         OK(dg_model_optimizer_step(m, &h, &norm));
         EXPECT(isfinite(norm) && norm > 0, "step %d: gradient norm %g", st, (double)norm);
@@ -531,13 +525,7 @@ static void test_skip_and_freeze(void) {
     uint64_t s = 4;
     random_ids(tok, n, small.vocab_size, &s);
     random_ids(tgt, n, small.vocab_size, &s);
-    dg_optim_hparams_t h = {.lr = 1e-2f,
-                            .beta1 = 0.9f,
-                            .beta2 = 0.95f,
-                            .eps = 1e-8f,
-                            .weight_decay = 0.1f,
-                            .grad_clip = 1.0f,
-                            .t = 1};
+    dg_optim_hparams_t h = gmodel_adamw(1e-2f, 0.1f, 1.0f, 1);
     float loss, norm;
     /* one normal step so that the moments are non-zero */
     OK(dg_model_zero_grad(m));
@@ -673,25 +661,10 @@ static void fz_train(int per_param, fz_run_t *r) {
             OK(dg_model_set_tensor(m, 5, DG_STATE_GRAD, g));
             free(g);
         }
-        dg_optim_hparams_t h = {.lr = 3e-3f,
-                                .beta1 = 0.9f,
-                                .beta2 = 0.95f,
-                                .eps = 1e-8f,
-                                .weight_decay = 0.1f,
-                                .grad_clip = 0.5f,
-                                .t = st};
+        dg_optim_hparams_t h = gmodel_adamw(3e-3f, 0.1f, 0.5f, st);
         OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
     }
-    r->n = dg_model_flat_numel(m);
-    r->w = malloc(r->n * sizeof(float));
-    r->m = malloc(r->n * sizeof(float));
-    r->v = malloc(r->n * sizeof(float));
-    OK(dg_model_get_flat(m, DG_STATE_PARAM, r->w));
-    OK(dg_model_get_flat(m, DG_STATE_ADAM_M, r->m));
-    OK(dg_model_get_flat(m, DG_STATE_ADAM_V, r->v));
-    free(tok);
-    free(tgt);
-    dg_model_free(m);
+    gmodel_finish(m, tok, tgt, &r->n, &r->w, &r->m, &r->v);
 }
 
 /* One adamw_all op over the flat buffers against one adamw op per tensor (model flag, environment hook):
@@ -786,14 +759,8 @@ static void train_env(const char *env, int flags, ce_run_t *r) {
             OK(dg_model_forward_backward(m, tok, tgt, scale / (float)(CE_ACCUM * n),
                                          &r->loss[(st - 1) * CE_ACCUM + k]));
         }
-        dg_optim_hparams_t h = {.lr = 3e-3f,
-                                .beta1 = 0.9f,
-                                .beta2 = 0.95f,
-                                .eps = 1e-8f,
-                                .weight_decay = 0.1f,
-                                .grad_clip = 1.0f,
-                                .t = st,
-                                .inv_loss_scale = 1.0f / scale};
+        dg_optim_hparams_t h = gmodel_adamw(3e-3f, 0.1f, 1.0f, st);
+        h.inv_loss_scale = 1.0f / scale;
         OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
         random_ids(tok, n, small.vocab_size, &s);
         random_ids(tgt, n, small.vocab_size, &s);
@@ -802,11 +769,9 @@ static void train_env(const char *env, int flags, ce_run_t *r) {
     r->logits = malloc(2 * (size_t)small.vocab_size * sizeof(float));
     OK(dg_model_logits(m, tok, small.seq_len - 1, r->logits));
     r->n = dg_model_flat_numel(m);
-    r->w = malloc(r->n * sizeof(float));
-    r->m = malloc(r->n * sizeof(float));
+    r->w = gmodel_flat(m, DG_STATE_PARAM);
+    r->m = gmodel_flat(m, DG_STATE_ADAM_M);
     r->g = malloc(r->n * sizeof(float));
-    OK(dg_model_get_flat(m, DG_STATE_PARAM, r->w));
-    OK(dg_model_get_flat(m, DG_STATE_ADAM_M, r->m));
     OK(dg_model_zero_grad(m));
     OK(dg_model_set_grad_accum(m, 1));
     float l;
@@ -999,10 +964,5 @@ int main(void) {
     test_res_fused();
     dg_backend_free(be);
     printf("model tests took %.1f s\n", dg_now_s() - t0);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("all model tests passed\n");
-    return 0;
+    return dg_check_done("model");
 }

@@ -121,7 +121,7 @@ static float *tg_get(tg_t *t, const dg_node_t *n) {
 }
 
 static void tg_cover(tg_t *t, int failures_before) {
-    if (failures != failures_before) return;
+    if (dg_fails != failures_before) return;
     for (int i = 0; i < t->g->n; i++)
         covered |= 1ull << t->g->nodes[i]->op;
 }
@@ -250,7 +250,7 @@ static double obj_encoder(void *p) {
 }
 
 static void case_encoder(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 11);
     int B = 2, T = 5, C = 6, Vp = 11;
@@ -295,7 +295,7 @@ static double obj_layernorm(void *p) {
 }
 
 static void case_layernorm(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 12);
     int64_t sx[3] = {2, 3, 8}, sc[1] = {8};
@@ -337,7 +337,7 @@ static double obj_matmul(void *p) {
 }
 
 static void case_matmul(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 13);
     int N = 6, C = 8, OC = 5;
@@ -369,7 +369,7 @@ static void case_matmul(dg_backend_t *be) {
 
 /* matmul without bias on an input that needs no gradient: the backward computes dW only */
 static void case_matmul_nobias(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 14);
     int N = 4, C = 8, OC = 6;
@@ -414,7 +414,7 @@ static double obj_matmul_gelu(void *p) {
 }
 
 static void case_matmul_gelu(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 25);
     int N = 6, C = 8, OC = 12;
@@ -470,7 +470,7 @@ static double obj_mlp(void *p) {
 }
 
 static void case_mlp(dg_backend_t *be, int recompute) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, recompute ? 41 : 40);
     int N = 6, C = 8, H = 16;
@@ -544,7 +544,7 @@ static double obj_gelu_acc(void *p) {
 }
 
 static void case_gelu_acc(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 42);
     int N = 6, C = 8;
@@ -589,7 +589,7 @@ static double obj_gelu(void *p) {
 }
 
 static void case_gelu(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 15);
     int64_t sx[2] = {3, 7};
@@ -627,7 +627,7 @@ static double obj_attention(void *p) {
 }
 
 static void case_attention(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 16);
     int B = 2, T = 5, C = 12, NH = 3;
@@ -665,7 +665,7 @@ static double obj_add(void *p) {
 }
 
 static void case_add(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 17);
     int64_t sx[2] = {3, 4};
@@ -704,7 +704,7 @@ static double obj_ce(void *p) {
 }
 
 static void case_crossentropy(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 18);
     int N = 6, V = 7, Vp = 9;
@@ -809,7 +809,7 @@ static int ce_same(ce_graph_t *a, ce_graph_t *b, const dg_node_t *na, const dg_n
 }
 
 static void case_crossentropy_fused(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     ce_graph_t u, f;
     ce_build(&u, be, 0);
     ce_build(&f, be, CEF_FUSE);
@@ -901,7 +901,7 @@ static double obj_matmul_res(void *p) {
 }
 
 static void case_matmul_res_run(dg_backend_t *be, int inplace) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 41 + (uint64_t)inplace);
     int N = 6, C = 8, OC = 5;
@@ -1020,7 +1020,7 @@ static int fwd_count(tg_t *t, dg_op_kind_t k) {
 }
 
 static void case_fuse_residual(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     for (int swap = 0; swap < 2; swap++) {
         res_graph_t u, f;
         res_build(&u, be, swap ? RF_SWAP : 0);
@@ -1104,7 +1104,7 @@ static double obj_fanout1(void *p) {
 }
 
 static void case_fanout1(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 19);
     int N = 8, C = 8;
@@ -1164,7 +1164,7 @@ static double obj_fanout2(void *p) {
 }
 
 static void case_fanout2(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 20);
     int N = 6, C = 8;
@@ -1221,7 +1221,7 @@ static double obj_coll(void *p) {
 }
 
 static void case_collectives(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 21);
     int64_t sx[2] = {3, 5};
@@ -1281,7 +1281,7 @@ static void case_collectives(dg_backend_t *be) {
  * same buffer; shard_unpack inverts both; fill0 zeroes (through a poisoned arena); a comm-stream
  * reduce_scatter that accumulates into a persistent tensor completes at its wait (k = 1: q += packed). */
 static void case_shard_ops(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 31);
     int64_t sx[2] = {5, 4}, sy[1] = {3}, sq[1] = {33};
@@ -1362,7 +1362,7 @@ static float bf16_round(float f) {
  * bf16 -> f32 over a persistent tensor, and bf16 -> f32 added into one (acc: the op's own output holds the
  * converted values, then add_f32); all exact. Then the shape rule's refusals. */
 static void case_cast(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 41);
     int64_t sx[2] = {7, 9};
@@ -1450,7 +1450,7 @@ static int decay_by_name(const dg_node_t *p, void *ctx) {
 }
 
 static void optimizer_run(dg_backend_t *be, int fused) {
-    int f0 = failures;
+    int f0 = dg_fails;
     tg_t t;
     tg_init(&t, be, 24);
     int64_t s1[2] = {6, 5}, s2[1] = {7};
@@ -1631,7 +1631,7 @@ static void norm_params(tg_t *t, dg_node_t **p, dg_node_t **sc) {
 }
 
 static void case_norm_fused(dg_backend_t *be) {
-    int f0 = failures;
+    int f0 = dg_fails;
     enum { NP = 4, SPAN = 40 };
     /* b [0, 7), c [8, 17), a [20, 35), d [36, 40): parameter order is not offset order */
     const size_t offs[NP] = {20, 0, 8, 36}, nel[NP] = {15, 7, 9, 4};
@@ -1903,9 +1903,9 @@ int main(void) {
     dg_backend_t *be = NULL;
     OK(dg_backend_cpu_create(&bc, &be));
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int f0 = failures;
+        int f0 = dg_fails;
         cases[i].fn(be);
-        printf("%-16s %s\n", cases[i].name, failures == f0 ? "ok" : "FAILED");
+        printf("%-16s %s\n", cases[i].name, dg_fails == f0 ? "ok" : "FAILED");
     }
     /* every registered op must have been executed by a case that passed */
     for (int k = 0; k < DG_OP_COUNT; k++) {
@@ -1917,10 +1917,5 @@ int main(void) {
         EXPECT(covered & (1ull << k), "op %s is registered but no passing test case exercised it", d->name);
     }
     dg_backend_free(be);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("all graph op tests passed\n");
-    return 0;
+    return dg_check_done("graph op");
 }

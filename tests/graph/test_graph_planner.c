@@ -443,10 +443,5 @@ int main(void) {
     test_res_memory(be);
     test_stale_abort(be);
     dg_backend_free(be);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("all planner tests passed\n");
-    return 0;
+    return dg_check_done("planner");
 }

@@ -11,10 +11,8 @@
 set -u
 SLURM_TEST_NAME=health_dgtrain_faults
 source "$(dirname "$0")/../slurm/lib.sh"
-DGTRAIN=${1:-}
-DGCKPT=${2:-}
-shift 2
-MPI=("$@")
+source "$(dirname "$0")/../lib/mpijob.sh"
+dgtrain_args "$@"
 STEPS=${DGT_FAULT_STEPS:-24}
 # The kill runs write checkpoints, and one synchronous checkpoint write (a single watchdog activity)
 # has been seen to take over 30 s in the sanitizer build on a loaded 2-core box: their watchdog gets a
@@ -25,13 +23,8 @@ KILL_END=20
 TIMEOUT=6
 SLACK=5
 WORK=$(mktemp -d /tmp/dgt-faults-XXXXXX)
-JOB=
 cleanup() {
-    [ -n "$JOB" ] && kill -KILL "$JOB" 2>/dev/null
-    for p in ${STOPPED:-}; do
-        kill -KILL "$p" 2>/dev/null
-        kill -CONT "$p" 2>/dev/null
-    done
+    kill_jobs
     sleep 0.5
     clean_shm
     rm -rf "$WORK"
@@ -42,35 +35,11 @@ probe_dgtrain "$WORK" "$DGTRAIN" "$DGCKPT" "${MPI[@]}"
 write_tiny_config "$WORK/cfg.ini" "$STEPS"
 SETS=(--set checkpoint.every=5 --set health.heartbeat_s=1 --set "health.timeout_s=$KILL_TIMEOUT")
 
-# rank_pid RANK: the pid of that rank among the launcher's children
-rank_pid() {
-    local p
-    for p in $(pgrep -P "$JOB"); do
-        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
-            echo "$p"
-            return 0
-        fi
-    done
-    return 1
-}
 launch() { # launch RUN_DIR OUT [--set ...]: 2 ranks in the background
     local dir=$1 out=$2
     shift 2
     "${MPI[@]}" -n 2 "$DGTRAIN" "$WORK/cfg.ini" "${SETS[@]}" "$@" --set run.dir="$dir" >"$out" 2>&1 &
     JOB=$!
-}
-wait_job() { # wait_job LIMIT: sets RC and DT (since T0); fails past LIMIT seconds
-    while kill -0 "$JOB" 2>/dev/null; do
-        le "$(elapsed "$T0")" "$1" || {
-            fail "job still running $(elapsed "$T0") s after the fault (limit $1 s)"
-            return 1
-        }
-        sleep 0.1
-    done
-    wait "$JOB"
-    RC=$?
-    DT=$(elapsed "$T0")
-    JOB=
 }
 wait_step() { # wait_step METRICS N
     local t0

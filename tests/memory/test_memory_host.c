@@ -5,15 +5,7 @@
 #include <string.h>
 
 #include "dg_memory.h"
-
-static int fails;
-#define CHECK(c)                                                                                             \
-    do {                                                                                                     \
-        if (!(c)) {                                                                                          \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #c);                                     \
-            fails++;                                                                                         \
-        }                                                                                                    \
-    } while (0)
+#include "dg_check.h"
 
 static double file_num(const char *path) {
     FILE *f = fopen(path, "r");
@@ -91,5 +83,5 @@ int main(void) {
     CHECK(dg_mem_gpu_free(&g) != DG_OK);
 #endif
     (void)g;
-    return fails ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }

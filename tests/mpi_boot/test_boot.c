@@ -15,18 +15,10 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "dg_check.h"
 #include "mpi_boot.h"
 
-static int g_fail, g_checks, g_rank;
-
-#define CHECK(cond)                                                                                          \
-    do {                                                                                                     \
-        g_checks++;                                                                                          \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL rank %d %s:%d: %s\n", g_rank, __FILE__, __LINE__, #cond);                  \
-        }                                                                                                    \
-    } while (0)
+static int g_rank;
 
 static void test_boot(dg_boot_t *b, int want_size, int rpn) {
     CHECK(b->world_size == want_size);
@@ -210,6 +202,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     g_rank = b->world_rank;
+    dg_check_rank = g_rank;
     if (strcmp(mode, "hang") == 0) {
         b->agree_timeout_s = 1.5;
         if (b->world_rank == 1) sleep(60); /* never arrives in time */
@@ -221,11 +214,11 @@ int main(int argc, char **argv) {
     test_boot(b, want, rpn);
     if (rpn == 0) test_binding(b);
     test_agree(b);
-    int fails = g_fail, total = 0;
+    int fails = dg_fails, total = 0;
     MPI_Allreduce(&fails, &total, 1, MPI_INT, MPI_SUM, b->world);
     if (b->world_rank == 0)
         printf("boot tests at %d ranks%s: %d checks on rank 0, %d failed on all ranks\n", b->world_size,
-               rpn ? " (2 ranks per simulated node)" : "", g_checks, total);
+               rpn ? " (2 ranks per simulated node)" : "", dg_checks, total);
     dg_boot_finalize(b);
     return total ? 1 : 0;
 }

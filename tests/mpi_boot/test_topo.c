@@ -12,27 +12,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dg_check.h"
 #include "mpi_boot.h"
-
-static int g_fail, g_checks;
-
-#define CHECK(cond)                                                                                          \
-    do {                                                                                                     \
-        g_checks++;                                                                                          \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                                  \
-        }                                                                                                    \
-    } while (0)
-
-static void check_str(const char *got, const char *want, int line) {
-    g_checks++;
-    if (strcmp(got, want) != 0) {
-        g_fail++;
-        fprintf(stderr, "FAIL test_topo.c:%d: got '%s', want '%s'\n", line, got, want);
-    }
-}
-#define CHECK_STR(got, want) check_str((got), (want), __LINE__)
 
 static char g_data[1024];
 
@@ -58,9 +39,9 @@ static void expect_rank(hwloc_topology_t topo, const dg_node_topo_t *t, int lr, 
     int gpu = -2, numa = -2;
     char cpus[256];
     choose(topo, t, lr, ls, 1, &gpu, cpus, &numa);
-    g_checks++;
+    dg_checks++;
     if (gpu != want_gpu || strcmp(cpus, want_cpus) != 0 || numa != want_numa) {
-        g_fail++;
+        dg_fails++;
         fprintf(
             stderr,
             "FAIL test_topo.c:%d: local rank %d/%d got gpu %d cpus %s numa %d, want gpu %d cpus %s numa %d\n",
@@ -337,7 +318,7 @@ int main(int argc, char **argv) {
     test_h200();
     test_env_and_errors();
     int shared = argc > 2 ? test_shared(argv[2]) : 0;
-    printf("topology tests: %d checks, %d failed%s\n", g_checks, g_fail,
+    printf("topology tests: %d checks, %d failed%s\n", dg_checks, dg_fails,
            shared ? "" : " (../shared/topologies not found: real-machine files skipped)");
-    return g_fail ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }

@@ -15,17 +15,7 @@
 #include <string.h>
 
 #include "planner.h"
-
-static int fails;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            fails++;                                                                                         \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fprintf(stderr, "\n");                                                                           \
-        }                                                                                                    \
-    } while (0)
+#include "dg_check.h"
 
 static const char *g_dir;
 
@@ -208,6 +198,6 @@ int main(int argc, char **argv) {
               dg_last_error());
         remove(path);
     }
-    printf("\n%s: %d failure(s)\n", fails ? "FAILED" : "OK", fails);
-    return fails ? 1 : 0;
+    printf("\n%s: %d failure(s)\n", dg_fails ? "FAILED" : "OK", dg_fails);
+    return dg_fails ? 1 : 0;
 }

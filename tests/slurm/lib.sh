@@ -140,6 +140,15 @@ timeout_s = 300
 INI
 }
 
+# dgtrain_args DGTRAIN DGCKPT MPIEXEC [MPIEXEC FLAGS...]: a dgtrain test's arguments into DGTRAIN, DGCKPT
+# and the array MPI
+dgtrain_args() {
+    DGTRAIN=${1:-}
+    DGCKPT=${2:-}
+    shift 2
+    MPI=("$@")
+}
+
 # probe_dgtrain WORK DGTRAIN DGCKPT MPIEXEC...: dg_skip with the reason (a skip outside CI, a failure
 # under CI) unless dgtrain can train and checkpoint (2 steps at 1 rank) and dgckpt exists.
 probe_dgtrain() {

@@ -13,10 +13,7 @@
 set -u
 SLURM_TEST_NAME=slurm_requeue
 source "$(dirname "$0")/lib.sh"
-DGTRAIN=${1:-}
-DGCKPT=${2:-}
-shift 2
-MPI=("$@")
+dgtrain_args "$@"
 STEPS=${DGT_E2E_STEPS:-40}
 SIGNAL_AT=${DGT_E2E_SIGNAL_AT:-8}
 WORK=$(mktemp -d /tmp/dgt-slurm-e2e-XXXXXX)

@@ -9,7 +9,7 @@ DGPREP=$1
 NOPCRE=$2
 T=$(mktemp -d /tmp/dg_test_dgprep_gpt2_XXXXXX)
 trap 'rm -rf "$T"' EXIT
-fails=0
+source "$(dirname "$0")/../lib/expect.sh"
 PY=/usr/bin/python3
 
 RANKS=${DG_GPT2_TIKTOKEN:-}
@@ -23,21 +23,6 @@ if [ -z "$RANKS" ] || [ ! -f "$RANKS" ]; then
     exit 77
 fi
 unset DG_GPT2_TIKTOKEN
-
-expect_fail() { # "exact stderr" prog args...
-    local want=$1 prog=$2
-    shift 2
-    local err rc
-    err=$("$prog" "$@" 2>&1 >/dev/null)
-    rc=$?
-    if [ "$rc" -ne 1 ] || [ "$err" != "$want" ]; then
-        echo "FAIL: $prog $*"
-        echo "  rc:   $rc (want 1)"
-        echo "  got:  $err"
-        echo "  want: $want"
-        fails=$((fails + 1))
-    fi
-}
 
 printf 'Hello world\n' >"$T/ok.txt"
 printf 'ab\0cd\n' >"$T/bin.dat"
@@ -75,15 +60,14 @@ with open(sys.argv[1], "w") as f:
 EOF
 expect_fail "dgprep: tokenizer $T/big.tiktoken has 70257 tokens; llm.c shards (uint16) hold at most 65536" \
     "$DGPREP" "${G[@]}" --vocab "$T/big.tiktoken" "$T/ok.txt"
-[ -e "$T/o" ] && { echo "FAIL: a failed run created $T/o"; fails=$((fails + 1)); }
+[ -e "$T/o" ] && fail_check "a failed run created $T/o"
 
 # Search order: $DG_GPT2_TIKTOKEN, then <dir of the executable>/../share/dgtrain, then the system paths.
 check_source() { # want-path env-value prog
     local want=$1 envv=$2 prog=$3 out
     out=$(DG_GPT2_TIKTOKEN=$envv "$prog" "${G[@]}" --quiet --val-fraction 0 "$T/ok.txt" 2>&1)
     if ! grep -qF "  GPT-2 BPE ($want): 1 document, each preceded by <|endoftext|> (50256)" <<<"$out"; then
-        echo "FAIL: ranks should come from $want (env '$envv'); output: $out"
-        fails=$((fails + 1))
+        fail_check "ranks should come from $want (env '$envv'); output: $out"
     fi
 }
 mkdir -p "$T/inst/bin" "$T/inst/share/dgtrain"
@@ -96,8 +80,7 @@ rm "$T/inst/share/dgtrain/gpt2.tiktoken"
 check_source "$RANKS" "" "$T/inst/bin/dgprep"
 out=$("$DGPREP" "${G[@]}" --vocab "$T/env.tiktoken" "$T/ok.txt" 2>&1)
 if ! grep -qF "  model.vocab_size = 50257" <<<"$out" || ! grep -qF "GPT-2 BPE ($T/env.tiktoken)" <<<"$out"; then
-    echo "FAIL: --vocab FILE run: $out"
-    fails=$((fails + 1))
+    fail_check "--vocab FILE run: $out"
 fi
 
 # Progress: inputs of 4 MB or more get percentage lines with the rate when stderr is not a terminal
@@ -110,22 +93,16 @@ open(sys.argv[1], 'w').write(line * (5 * 1024 * 1024 // len(line.encode()) + 1))
 err=$("$DGPREP" "${G[@]}" --threads 2 "$T/big.txt" 2>&1 >/dev/null)
 if ! grep -qE "^dgprep: [1-9]0% of 5\.2 MB, [0-9]+\.[0-9] MB/s$" <<<"$err" ||
     ! grep -qE "^dgprep: 100% of 5\.2 MB, [0-9]+\.[0-9] MB/s$" <<<"$err"; then
-    echo "FAIL: no progress lines for a 5 MB input; stderr was: $err"
-    fails=$((fails + 1))
+    fail_check "no progress lines for a 5 MB input; stderr was: $err"
 fi
 err=$("$DGPREP" "${G[@]}" --quiet "$T/big.txt" 2>&1 >/dev/null)
-[ -z "$err" ] || { echo "FAIL: --quiet printed: $err"; fails=$((fails + 1)); }
+[ -z "$err" ] || fail_check "--quiet printed: $err"
 
 # Built without PCRE2: gpt2 is refused with a clear message, byte-level shards still work.
 expect_fail "dgprep: --tokenizer gpt2 is not available: this dgprep was built without PCRE2 (install libpcre2-dev, e.g. with scripts/setup.sh, and rebuild)" \
     "$NOPCRE" "${G[@]}" "$T/ok.txt"
 if ! "$NOPCRE" --out "$T/nb" --quiet "$T/ok.txt" | grep -qF "model.vocab_size = 256"; then
-    echo "FAIL: the no-PCRE2 dgprep cannot make byte-level shards"
-    fails=$((fails + 1))
+    fail_check "the no-PCRE2 dgprep cannot make byte-level shards"
 fi
 
-if [ $fails -ne 0 ]; then
-    echo "$fails check(s) failed"
-    exit 1
-fi
-echo "ok"
+expect_done

@@ -18,17 +18,7 @@
 
 #include "tokenizer.h"
 #include "tokenizer_impl.h"
-
-static int fails;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-            fails++;                                                                                         \
-        }                                                                                                    \
-    } while (0)
+#include "dg_check.h"
 
 static int skip_or_fail(const char *why) {
     const char *ci = getenv("CI");
@@ -113,13 +103,30 @@ static int load_from_args(const char *kind, const char *src, dg_tokenizer_t **t)
     return s;
 }
 
-static int cmd_encode_docs(const char *kind, const char *src, const char *in, const char *out) {
-    dg_tokenizer_t *t;
-    if (load_from_args(kind, src, &t)) return 1;
-    size_t n;
-    uint8_t *b = slurp(in, &n);
+/* The documents commands' input (its bytes in *b, *n) and output file, and the tokenizer; NULL when the
+ * tokenizer does not load (the error printed) */
+static FILE *docs_open(const char *kind, const char *src, const char *in, const char *out, dg_tokenizer_t **t,
+                       uint8_t **b, size_t *n) {
+    if (load_from_args(kind, src, t)) return NULL;
+    *b = slurp(in, n);
     FILE *f = fopen(out, "wb");
     DG_ASSERT(f);
+    return f;
+}
+
+static int docs_close(FILE *f, uint8_t *b, dg_tokenizer_t *t, int rc) {
+    fclose(f);
+    free(b);
+    dg_tokenizer_free(t);
+    return rc;
+}
+
+static int cmd_encode_docs(const char *kind, const char *src, const char *in, const char *out) {
+    dg_tokenizer_t *t;
+    uint8_t *b;
+    size_t n;
+    FILE *f = docs_open(kind, src, in, out, &t, &b, &n);
+    if (!f) return 1;
     dg_tok_ids_t ids = {0};
     int rc = 0;
     for (size_t i = 0, k = 0; i + 4 <= n; k++) {
@@ -139,19 +146,15 @@ static int cmd_encode_docs(const char *kind, const char *src, const char *in, co
         i += 4 + len;
     }
     dg_tok_ids_free(&ids);
-    fclose(f);
-    free(b);
-    dg_tokenizer_free(t);
-    return rc;
+    return docs_close(f, b, t, rc);
 }
 
 static int cmd_decode_docs(const char *kind, const char *src, const char *in, const char *out) {
     dg_tokenizer_t *t;
-    if (load_from_args(kind, src, &t)) return 1;
+    uint8_t *b;
     size_t n;
-    uint8_t *b = slurp(in, &n);
-    FILE *f = fopen(out, "wb");
-    DG_ASSERT(f);
+    FILE *f = docs_open(kind, src, in, out, &t, &b, &n);
+    if (!f) return 1;
     int rc = 0;
     for (size_t i = 0; i + 4 <= n;) {
         uint32_t cnt = get_u32(b + i);
@@ -172,10 +175,7 @@ static int cmd_decode_docs(const char *kind, const char *src, const char *in, co
         free(ids);
         i += 4 + 4 * (size_t)cnt;
     }
-    fclose(f);
-    free(b);
-    dg_tokenizer_free(t);
-    return rc;
+    return docs_close(f, b, t, rc);
 }
 
 /* ---------------- utf8: the repair rule, byte for byte against Python's decode(errors="replace")
@@ -219,7 +219,7 @@ static int test_utf8(void) {
               (long long)bad, (long long)first, c[i].bad, c[i].first);
         CHECK(tok_utf8_valid((const uint8_t *)c[i].in, n) == (c[i].bad == 0), "case %zu: validity", i);
     }
-    return fails ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 /* ---------------- toy: both readers on a small hand-made vocabulary ---------------- */
@@ -316,18 +316,9 @@ static void toy_files(const char *dir) {
 }
 
 static char tmpdir[64];
-static void make_tmpdir(void) {
-    strcpy(tmpdir, "/tmp/dg_test_tok_XXXXXX");
-    DG_ASSERT(mkdtemp(tmpdir) != NULL);
-}
-static void rm_tmpdir(void) {
-    char cmd[128];
-    dg_fmt(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", tmpdir);
-}
 
 static int test_toy(void) {
-    make_tmpdir();
+    DG_ASSERT(dg_test_mkdtemp(tmpdir, sizeof tmpdir, "dg_test_tok") == 0);
     toy_files(tmpdir);
     char path[512];
     dg_tokenizer_t *a, *b;
@@ -360,8 +351,8 @@ static int test_toy(void) {
     }
     dg_tokenizer_free(a);
     dg_tokenizer_free(b);
-    rm_tmpdir();
-    return fails ? 1 : 0;
+    dg_test_rmtree(tmpdir);
+    return dg_fails ? 1 : 0;
 }
 
 /* ---------------- errors: every reader defect is one line naming the file and line ---------------- */
@@ -379,61 +370,63 @@ static void expect_load_error(int hf, const char *file, const char *text, const 
     dg_tokenizer_free(t);
 }
 
+/* A reader defect: the file written (text NULL: none), the whole error line (%s: the temporary directory) */
+typedef struct {
+    const char *file, *text, *want;
+} load_case_t;
+
+/* tiktoken: a missing file, an empty one, and each line defect */
+static const load_case_t tiktoken_bad[] = {
+    {"none.tiktoken", NULL, "tokenizer: cannot read %s/none.tiktoken: No such file or directory"},
+    {"e.tiktoken", "", "tokenizer %s/e.tiktoken: expected 1 to 16777216 lines 'BASE64 RANK', found 0"},
+    {"e.tiktoken", "IQ== 0\nIg==1\n",
+     "tokenizer %s/e.tiktoken:2: expected 'BASE64 RANK' (a token in base64, one space, a decimal rank)"},
+    {"e.tiktoken", "IQ== 0\nI!== 1\n",
+     "tokenizer %s/e.tiktoken:2: expected 'BASE64 RANK' (a token in base64, one space, a decimal rank)"},
+    {"e.tiktoken", "IQ== 0\nIg== x\n",
+     "tokenizer %s/e.tiktoken:2: expected 'BASE64 RANK' (a token in base64, one space, a decimal rank)"},
+    {"e.tiktoken", "IQ== 0\nIg== 2\n",
+     "tokenizer %s/e.tiktoken:2: rank 2 out of range (the file has 2 tokens: ranks 0..1)"},
+    {"e.tiktoken", "IQ== 1\nIg== 1\n", "tokenizer %s/e.tiktoken:2: rank 1 already given at line 1"},
+    {"e.tiktoken", "IQ== 0\nIQ== 1\n", "tokenizer %s/e.tiktoken: tokens 0 and 1 have the same bytes"},
+    {"e.tiktoken", "IQ== 0\nIg== 1\n",
+     "tokenizer %s/e.tiktoken: byte 0x00 is not a token (a byte-level BPE has all 256)"},
+};
+
+/* Hugging Face: the toy files with one thing broken at a time */
+static const load_case_t hf_bad[] = {
+    {"merges.txt", "#version: 0.2\na b\nab c\nĠ t\nĠt h\nc  c\n",
+     "tokenizer %s/merges.txt:6: expected 'LEFT RIGHT' (two tokens, one space)"},
+    {"merges.txt", "#version: 0.2\nb a\n",
+     "tokenizer %s/merges.txt:2: merge 0 does not make the token with id 256 in %s/vocab.json "
+     "(line 17): the rank-based merge needs ids in merge order, as GPT-2's files have them"},
+    {"merges.txt", "a b\nab c\n x\n",
+     "tokenizer %s/merges.txt:3: a merge token is not UTF-8 in GPT-2's byte-to-unicode alphabet"},
+    {"merges.txt", "a b\nab c\nĠ t\nĠt h\n",
+     "tokenizer %s/vocab.json: 262 tokens but 256 bytes + 4 merges = 260; the only other token may "
+     "be <|endoftext|>, with id 260"},
+    {"vocab.json", "{\"a\": 0, \"a\": 0}", "tokenizer %s/vocab.json:1: id 0 given twice (first at line 1)"},
+    {"vocab.json", "{\"a\": 0, \"b\": 2, \"c\": 3}",
+     "tokenizer %s/vocab.json: no token has id 1 (ids must be 0..2, each once)"},
+    {"vocab.json", "{\"a b\": 0}",
+     "tokenizer %s/vocab.json:1: character U+0020 is not in GPT-2's byte-to-unicode alphabet"},
+    {"vocab.json", "{\"a\": 0,\n \"b\" 1}", "tokenizer %s/vocab.json:2: expected ':' after a token"},
+    {"vocab.json", "[1]", "tokenizer %s/vocab.json:1: expected a JSON object {\"token\": id, ...}"},
+    {"vocab.json", "{\"\\ud800\": 0}", "tokenizer %s/vocab.json:1: unpaired surrogate in a \\u escape"},
+};
+
 static int test_errors(void) {
-    make_tmpdir();
-    expect_load_error(0, "none.tiktoken", NULL,
-                      "tokenizer: cannot read %s/none.tiktoken: No such file or directory");
-    expect_load_error(0, "e.tiktoken", "",
-                      "tokenizer %s/e.tiktoken: expected 1 to 16777216 lines 'BASE64 RANK', found 0");
-    expect_load_error(
-        0, "e.tiktoken", "IQ== 0\nIg==1\n",
-        "tokenizer %s/e.tiktoken:2: expected 'BASE64 RANK' (a token in base64, one space, a decimal rank)");
-    expect_load_error(
-        0, "e.tiktoken", "IQ== 0\nI!== 1\n",
-        "tokenizer %s/e.tiktoken:2: expected 'BASE64 RANK' (a token in base64, one space, a decimal rank)");
-    expect_load_error(
-        0, "e.tiktoken", "IQ== 0\nIg== x\n",
-        "tokenizer %s/e.tiktoken:2: expected 'BASE64 RANK' (a token in base64, one space, a decimal rank)");
-    expect_load_error(0, "e.tiktoken", "IQ== 0\nIg== 2\n",
-                      "tokenizer %s/e.tiktoken:2: rank 2 out of range (the file has 2 tokens: ranks 0..1)");
-    expect_load_error(0, "e.tiktoken", "IQ== 1\nIg== 1\n",
-                      "tokenizer %s/e.tiktoken:2: rank 1 already given at line 1");
-    expect_load_error(0, "e.tiktoken", "IQ== 0\nIQ== 1\n",
-                      "tokenizer %s/e.tiktoken: tokens 0 and 1 have the same bytes");
-    expect_load_error(0, "e.tiktoken", "IQ== 0\nIg== 1\n",
-                      "tokenizer %s/e.tiktoken: byte 0x00 is not a token (a byte-level BPE has all 256)");
+    DG_ASSERT(dg_test_mkdtemp(tmpdir, sizeof tmpdir, "dg_test_tok") == 0);
+    for (size_t i = 0; i < sizeof tiktoken_bad / sizeof tiktoken_bad[0]; i++)
+        expect_load_error(0, tiktoken_bad[i].file, tiktoken_bad[i].text, tiktoken_bad[i].want);
     /* Hugging Face: start from the toy files, break one thing at a time. */
     toy_files(tmpdir);
     char path[512];
     dg_fmt(path, sizeof path, "%s/merges.txt", tmpdir);
-    expect_load_error(1, "merges.txt", "#version: 0.2\na b\nab c\nĠ t\nĠt h\nc  c\n",
-                      "tokenizer %s/merges.txt:6: expected 'LEFT RIGHT' (two tokens, one space)");
-    expect_load_error(
-        1, "merges.txt", "#version: 0.2\nb a\n",
-        "tokenizer %s/merges.txt:2: merge 0 does not make the token with id 256 in %s/vocab.json "
-        "(line 17): the rank-based merge needs ids in merge order, as GPT-2's files have them");
-    expect_load_error(
-        1, "merges.txt", "a b\nab c\n x\n",
-        "tokenizer %s/merges.txt:3: a merge token is not UTF-8 in GPT-2's byte-to-unicode alphabet");
-    expect_load_error(
-        1, "merges.txt", "a b\nab c\nĠ t\nĠt h\n",
-        "tokenizer %s/vocab.json: 262 tokens but 256 bytes + 4 merges = 260; the only other token may "
-        "be <|endoftext|>, with id 260");
-    expect_load_error(1, "vocab.json", "{\"a\": 0, \"a\": 0}",
-                      "tokenizer %s/vocab.json:1: id 0 given twice (first at line 1)");
-    expect_load_error(1, "vocab.json", "{\"a\": 0, \"b\": 2, \"c\": 3}",
-                      "tokenizer %s/vocab.json: no token has id 1 (ids must be 0..2, each once)");
-    expect_load_error(
-        1, "vocab.json", "{\"a b\": 0}",
-        "tokenizer %s/vocab.json:1: character U+0020 is not in GPT-2's byte-to-unicode alphabet");
-    expect_load_error(1, "vocab.json", "{\"a\": 0,\n \"b\" 1}",
-                      "tokenizer %s/vocab.json:2: expected ':' after a token");
-    expect_load_error(1, "vocab.json", "[1]",
-                      "tokenizer %s/vocab.json:1: expected a JSON object {\"token\": id, ...}");
-    expect_load_error(1, "vocab.json", "{\"\\ud800\": 0}",
-                      "tokenizer %s/vocab.json:1: unpaired surrogate in a \\u escape");
-    rm_tmpdir();
-    return fails ? 1 : 0;
+    for (size_t i = 0; i < sizeof hf_bad / sizeof hf_bad[0]; i++)
+        expect_load_error(1, hf_bad[i].file, hf_bad[i].text, hf_bad[i].want);
+    dg_test_rmtree(tmpdir);
+    return dg_fails ? 1 : 0;
 }
 
 /* ---------------- GPT-2: known ids, the special token, round trips ---------------- */
@@ -494,7 +487,7 @@ static int test_special(dg_tokenizer_t *t) {
     CHECK(a.n == b.n && !memcmp(a.v, b.v, a.n * sizeof *a.v), "invalid input != its repair");
     dg_tok_ids_free(&a);
     dg_tok_ids_free(&b);
-    return fails ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 /* Deterministic pseudo-random text: a mix of scripts, numbers, whitespace runs and punctuation. */
@@ -573,7 +566,7 @@ static int test_roundtrip(dg_tokenizer_t *t) {
     CHECK(roundtrips(t, all, n), "round trip of the BMP");
     CHECK(roundtrips(t, "", 0), "empty");
     free(all);
-    return fails ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 /* ---------------- bpe: the two merge loops agree ---------------- */
@@ -589,7 +582,7 @@ static int test_bpe(dg_tokenizer_t *t) {
         size_t na = tok_bpe_linear(t, (const uint8_t *)buf, n, a),
                nb = tok_bpe_heap(t, (const uint8_t *)buf, n, b);
         CHECK(na == nb && !memcmp(a, b, na * sizeof *a), "merge loops disagree on a %zu-byte piece", n);
-        if (fails) break;
+        if (dg_fails) break;
     }
     /* Repetitions, where equal ranks compete: the leftmost must win in both. */
     for (size_t n = 1; n <= TOK_LINEAR_MAX; n++) {
@@ -598,7 +591,7 @@ static int test_bpe(dg_tokenizer_t *t) {
                nb = tok_bpe_heap(t, (const uint8_t *)buf, n, b);
         CHECK(na == nb && !memcmp(a, b, na * sizeof *a), "merge loops disagree on %zu repeated bytes", n);
     }
-    return fails ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 /* ---------------- split: cutting at dg_tokenizer_next_split never changes the ids ---------------- */
@@ -624,7 +617,7 @@ static int test_split(dg_tokenizer_t *t) {
         DG_ASSERT(dg_tokenizer_encode(t, buf + at, n - at, &parts, NULL) == DG_OK);
         CHECK(whole.n == parts.n && !memcmp(whole.v, parts.v, whole.n * sizeof *whole.v),
               "text %d: cutting at the safe points changed the ids", i);
-        if (fails) break;
+        if (dg_fails) break;
     }
     CHECK(cuts > 1000, "only %d cuts made: the generator gives too few safe points", cuts);
     /* The rule itself. */
@@ -637,7 +630,7 @@ static int test_split(dg_tokenizer_t *t) {
     CHECK(dg_tokenizer_next_split("ab\n ", 4, 0) == 4, "a space, then the end");
     dg_tok_ids_free(&whole);
     dg_tok_ids_free(&parts);
-    return fails ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 /* ---------------- threads: one shared tokenizer, many encoders at once ---------------- */
@@ -690,7 +683,7 @@ static int test_threads(dg_tokenizer_t *t) {
         free(docs[d]);
         dg_tok_ids_free(&want[d]);
     }
-    return fails ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 int main(int argc, char **argv) {

@@ -3,6 +3,7 @@
  * whose output check_metrics.py parses with Python's json module. argv[1] names the case. */
 #define _GNU_SOURCE
 #include "train_util.h"
+#include "dg_check.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -10,17 +11,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int g_fail;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            g_fail++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                  \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fputc('\n', stderr);                                                                             \
-        }                                                                                                    \
-    } while (0)
 
 static int close_to(double a, double b) {
     return fabs(a - b) <= 1e-12 * fmax(1.0, fabs(b));
@@ -309,37 +299,16 @@ static int run_metrics(const char *dir) {
     /* An unwritable run dir is a clear error. */
     dg_status_t s = dg_metrics_open("/proc/no/such/dir", 0, &m);
     CHECK(s != DG_OK && strstr(dg_last_error(), "/proc/no"), "bad dir: %d %s", s, dg_last_error());
-    return g_fail ? 1 : 0;
+    return dg_fails ? 1 : 0;
 }
 
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "metrics")) return run_metrics(argv[2]);
-    static const struct {
-        const char *name;
-        void (*fn)(void);
-    } cases[] = {{"lr", case_lr},
-                 {"json", case_json},
-                 {"flops", case_flops},
-                 {"format", case_format},
-                 {"progress", case_progress}};
-    if (argc != 2) {
-        fprintf(stderr, "usage: %s CASE | metrics DIR\n", argv[0]);
-        return 2;
-    }
-    int ran = 0;
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (strcmp(argv[1], "all") && strcmp(argv[1], cases[i].name)) continue;
-        cases[i].fn();
-        ran++;
-    }
-    if (!ran) {
-        fprintf(stderr, "unknown case %s\n", argv[1]);
-        return 2;
-    }
-    if (g_fail) {
-        fprintf(stderr, "%d check(s) failed\n", g_fail);
-        return 1;
-    }
-    printf("ok\n");
-    return 0;
+    static const dg_check_case_t cases[] = {{"lr", case_lr},
+                                            {"json", case_json},
+                                            {"flops", case_flops},
+                                            {"format", case_format},
+                                            {"progress", case_progress}};
+    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0], "CASE | metrics DIR", NULL, 0,
+                          NULL);
 }

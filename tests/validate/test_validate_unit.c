@@ -10,22 +10,14 @@
 #include <sys/stat.h>
 
 #include "validate.h"
-
-static int failures = 0;
-#define CHECK(cond)                                                                                          \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                                  \
-            failures++;                                                                                      \
-        }                                                                                                    \
-    } while (0)
+#include "dg_check.h"
 
 static dg_sla_t *parse_ok(const char *text) {
     dg_sla_t *s = NULL;
     dg_status_t st = dg_sla_parse("t.ini", text, strlen(text), &s);
     if (st != DG_OK) {
         fprintf(stderr, "FAIL: unexpected parse error: %s\n", dg_last_error());
-        failures++;
+        dg_fails++;
         return NULL;
     }
     return s;
@@ -38,7 +30,7 @@ static void parse_bad(const char *text, const char *want) {
     if (st != DG_ERR_USAGE || !strstr(dg_last_error(), want) || s != NULL || strchr(dg_last_error(), '\n')) {
         fprintf(stderr, "FAIL: input %s\n  status %d, message '%s'\n  expected '%s'\n", text, st,
                 dg_last_error(), want);
-        failures++;
+        dg_fails++;
     }
     dg_sla_free(s);
 }
@@ -270,8 +262,8 @@ int main(int argc, char **argv) {
     test_bad_input();
     test_bus_factors();
     test_reports(argc > 1 ? argv[1] : "unit-reports");
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
+    if (dg_fails) {
+        fprintf(stderr, "%d failure(s)\n", dg_fails);
         return 1;
     }
     printf("validate unit tests: all passed\n");

@@ -1,0 +1,40 @@
+# tests/lib/mpijob.sh — the shell tests that run dgtrain's ranks under mpiexec in the background and
+# provoke faults in them (sourced after tests/slurm/lib.sh, whose fail, le and elapsed it uses).
+# shellcheck shell=bash
+#
+# JOB is the launcher's pid while a job runs; STOPPED lists the pids a test has sent SIGSTOP.
+#   rank_pid RANK      the pid of that rank among the launcher's children (OMPI_COMM_WORLD_RANK)
+#   wait_job LIMIT     waits for JOB: sets RC and DT (seconds since T0); fails past LIMIT seconds
+#   kill_jobs          kills JOB and every STOPPED pid (SIGKILL, then SIGCONT so that it can die)
+JOB=
+rank_pid() {
+    local p
+    for p in $(pgrep -P "$JOB"); do
+        if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 1
+}
+wait_job() {
+    while kill -0 "$JOB" 2>/dev/null; do
+        le "$(elapsed "$T0")" "$1" || {
+            fail "job still running $(elapsed "$T0") s after the fault (limit $1 s)"
+            return 1
+        }
+        sleep 0.1
+    done
+    wait "$JOB"
+    RC=$?
+    DT=$(elapsed "$T0")
+    JOB=
+}
+kill_jobs() {
+    [ -n "$JOB" ] && kill -KILL "$JOB" 2>/dev/null
+    local p
+    for p in ${STOPPED:-}; do
+        kill -KILL "$p" 2>/dev/null
+        kill -CONT "$p" 2>/dev/null
+    done
+}
