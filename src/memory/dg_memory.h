@@ -47,6 +47,12 @@ typedef struct {
 /* Parses a meminfo text for MemAvailable (bytes); -1 when absent. */
 double dg_mem_parse_meminfo(const char *text);
 dg_status_t dg_mem_host_available(dg_mem_avail_t *out);
+/* This process's resident memory (/proc/self/status): dg_mem_rss_mark returns VmRSS now and restarts the
+ * peak (VmHWM) from it (writes 5 to /proc/self/clear_refs), so that a later dg_mem_rss_peak is the peak
+ * since the mark, not a transient of start-up (library loading, a failed CUDA initialisation). Both
+ * return 0 when the figure cannot be read (then the caller reports none). */
+double dg_mem_rss_mark(void);
+double dg_mem_rss_peak(void);
 /* GPU free bytes (cudaMemGetInfo); DG_ERR without CUDA or without a device. */
 dg_status_t dg_mem_gpu_free(double *free_bytes);
 

@@ -56,3 +56,32 @@ dg_status_t dg_mem_host_available(dg_mem_avail_t *out) {
     }
     return DG_OK;
 }
+
+/* "Key:   N kB" of /proc/self/status, in bytes; 0 when absent. */
+static double status_kb(const char *key) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    double v = 0;
+    size_t n = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, key, n) == 0 && line[n] == ':') {
+            v = strtod(line + n + 1, NULL) * 1024.0;
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+double dg_mem_rss_mark(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f); /* reset the peak resident set size to the current one (Linux >= 4.0) */
+        fclose(f);
+    }
+    return status_kb("VmRSS");
+}
+
+double dg_mem_rss_peak(void) {
+    return status_kb("VmHWM");
+}

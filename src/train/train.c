@@ -440,6 +440,7 @@ static dg_status_t setup(trainer_t *tr) {
     dg_mem_in_t mi;
     dg_memfit_input(c, &tr->desc, &tr->mesh, tr->micro_batch, tr->cuda_device >= 0, &mi);
     DG_TRY(dg_memfit_check(tr->comm, tr->boot->local_size, c, &mi, tr->mesh_str, NULL, 0));
+    tr->rss_at_fit = dg_mem_rss_mark(); /* the done event reports the growth from here */
     /* collective (communicator splits): before anything that can fail on one rank only, since every
      * failure so far (mesh, model sizes, batch arithmetic, the agreed backend) is the same on every rank */
     dg_fsdp_opts_t fo;
@@ -772,6 +773,11 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
         /* GPU memory of this rank (rank 0 writes the line): the backend's peak allocation, comparable to
          * PyTorch's max_memory_allocated, and the device's use now; null on the CPU backend */
         double gpu_peak = NAN, gpu_used = NAN;
+        /* host memory: the largest growth of any rank's resident set from the memory-fit check to its
+         * peak (what the estimator predicts on CPU ranks, docs/planning.md "Memory"); collective */
+        double peak = dg_mem_rss_peak(), growth = tr.rss_at_fit > 0 && peak > 0 ? peak - tr.rss_at_fit : NAN;
+        double gmax = NAN;
+        if (MPI_Allreduce(&growth, &gmax, 1, MPI_DOUBLE, MPI_MAX, tr.comm) != MPI_SUCCESS) gmax = NAN;
 #ifdef DG_HAVE_CUDA
         dg_cuda_mem_stats_t ms;
         if (strcmp(tr.backend_name, "cuda") == 0 && dg_backend_cuda_mem_stats(tr.be, &ms) == DG_OK) {
@@ -788,7 +794,7 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
             DG_JF("tok_per_s",
                   el > 0 ? (double)(tr.step - step0) * tr.global_batch * tr.desc.seq_len / el : 0),
             DG_JF("gpu_peak_alloc_bytes", gpu_peak), DG_JF("gpu_used_bytes", gpu_used),
-            DG_JI("exit_code", 0));
+            DG_JF("host_rss_growth_bytes", gmax), DG_JI("exit_code", 0));
     } else if (s != DG_ERR_SIGNAL) {
         DG_METRICS_EVENT(tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "error"),
                          DG_JS("error", dg_last_error()), DG_JI("exit_code", s));

@@ -68,6 +68,7 @@ typedef struct trainer {
     char train_glob[4096]; /* the training data, as messages name it */
     int64_t ckpt_failures; /* checkpoint saves that failed in a row (agreed: every rank counts alike) */
     char ckpt_last_error[1024];
+    double rss_at_fit; /* this rank's resident bytes at the memory-fit check (dg_mem_rss_mark; 0: unknown) */
 } trainer_t;
 
 /* train_ckpt.c */
