@@ -102,6 +102,8 @@ typedef struct dg_config {
         char resume[DG_CFG_STR]; /* auto | never | PATH */
         int incremental;
         int64_t max_failures; /* failed saves in a row that stop the run (exit 4) */
+        int64_t threads;      /* worker threads per rank (hashing, direct writes, async copy); 0 = auto */
+        int space_check;      /* refuse a save the free space cannot hold, before writing */
     } checkpoint;
     struct {
         double heartbeat_s, timeout_s;
