@@ -28,7 +28,6 @@ static const dg_env_var_t g_vars[] = {
     {"DG_CKPT_HDF5_FLETCHER32", DG_ENV_BOOL, "0", U, "1: use HDF5's own Fletcher-32 instead of the fast one"},
     {"DG_COMM_RING_SEG_KB", DG_ENV_INT, "512", U,
      "segment size (KiB) of the MPI ring collectives (benchmarks)"},
-    {"DG_NCCL_NONBLOCKING", DG_ENV_BOOL, "0", U, "1: create NCCL communicators non-blocking"},
     {"DG_CUDA_FUSED_EPILOGUES", DG_ENV_BOOL, "1", U, "0: CUDA GEMMs without fused bias/GELU epilogues (A/B)"},
     {"DG_CUDA_FUSED_DGELU", DG_ENV_BOOL, "1", U, "0: CUDA GELU backward as a separate kernel (A/B)"},
     {"DG_CUDA_LN_REG", DG_ENV_BOOL, "1", U, "0: CUDA layer norm without the register-resident kernel (A/B)"},
@@ -78,6 +77,7 @@ static const struct {
 } g_moved[] = {
     {"DG_CKPT_THREADS", "checkpoint.threads"},
     {"DG_CKPT_SPACE_CHECK", "checkpoint.space_check"},
+    {"DG_NCCL_NONBLOCKING", "parallel.nccl_nonblocking"},
 };
 
 int dg_env_count(void) {

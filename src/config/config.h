@@ -91,6 +91,7 @@ typedef struct dg_config {
         double prefetch_budget_mb;
         int overlap;
         int cuda_graph;
+        int nccl_nonblocking;   /* NCCL communicators created non-blocking (settled by polling) */
         int64_t threads;        /* CPU threads per rank; 0 = the cores this rank is bound to */
         double memory_limit_mb; /* cap on the memory-fit check's available figure per rank; 0 = none */
     } parallel;

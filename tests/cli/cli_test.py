@@ -350,13 +350,16 @@ def case_print_env():
     rc, out, err, _ = run(["--print-config"], env={"DG_SYNC_HOST_READS": "maybe"})
     check(rc == 1 and "DG_SYNC_HOST_READS='maybe' is not a bool" in err, "malformed bool refused: %r" % err)
     # a former switch that is a config key now: not read (the key keeps its value), one warning naming the key
-    rc, out, err, _ = run(["--print-config"], env={"DG_CKPT_THREADS": "4", "DG_CKPT_SPACE_CHECK": "0"})
+    rc, out, err, _ = run(["--print-config"], env={"DG_CKPT_THREADS": "4", "DG_CKPT_SPACE_CHECK": "0",
+                                             "DG_NCCL_NONBLOCKING": "1"})
     check(rc == 0 and "warning: DG_CKPT_THREADS is no longer read: it is the config key checkpoint.threads now "
-          "(--set checkpoint.threads=VALUE)" in err and "config key checkpoint.space_check now" in err,
+          "(--set checkpoint.threads=VALUE)" in err and "config key checkpoint.space_check now" in err
+          and "config key parallel.nccl_nonblocking now" in err,
           "moved switches: one warning each naming the key (rc %d): %r" % (rc, err))
-    check(re.search(r"^checkpoint\.threads = 0 ", out, re.M) and re.search(r"^checkpoint\.space_check = true ", out, re.M),
+    check(re.search(r"^checkpoint\.threads = 0 ", out, re.M) and re.search(r"^checkpoint\.space_check = true ", out, re.M)
+          and re.search(r"^parallel\.nccl_nonblocking = false ", out, re.M),
           "moved switches are not read: %r" % [l for l in out.splitlines() if "threads" in l or "space" in l])
-    check("DG_CKPT_THREADS" not in by and "DG_CKPT_SPACE_CHECK" not in by, "moved switches are not in --print-env")
+    check(not {"DG_CKPT_THREADS", "DG_CKPT_SPACE_CHECK", "DG_NCCL_NONBLOCKING"} & set(by), "moved switches are not in --print-env")
     rc, out, err, _ = run(["--print-config"], env={"DG_TEST_STALL_STEP": "4"})
     warn = "warning: DG_TEST_STALL_STEP is set but ignored: test hooks are not compiled into this build"
     check(rc == 0 and ((warn in err) != hooks), "hook warning only without hooks (hooks %s): %r" % (hooks, err))

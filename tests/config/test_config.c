@@ -182,6 +182,7 @@ static void test_defaults(void) {
     CHECK(c->parallel.reshard_after_forward == 1 && c->parallel.bucket_mb == 25 &&
           c->parallel.prefetch_budget_mb == 256);
     CHECK(c->parallel.overlap == 1 && c->parallel.cuda_graph == 1 && c->parallel.threads == 0);
+    CHECK(c->parallel.nccl_nonblocking == 0);
     CHECK_STR(c->checkpoint.dir, "");
     CHECK(c->checkpoint.every == 0 && c->checkpoint.keep == 3 && c->checkpoint.async == 0 &&
           c->checkpoint.incremental == 0);
