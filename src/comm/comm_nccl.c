@@ -550,7 +550,8 @@ static void nccl_state(dg_comm_t *c, char *buf, size_t cap) {
         snprintf(extra, sizeof extra, "; %d point-to-point op%s batched, not yet enqueued", np,
                  np == 1 ? "" : "s");
     snprintf(buf, cap, "%s (nccl%s): collectives enqueued up to #%lld, seen complete up to #%lld%s", c->name,
-             m->nonblocking ? ", non-blocking" : "", (long long)atomic_load(&c->coll_started), (long long)atomic_load(&c->coll_done), extra);
+             m->nonblocking ? ", non-blocking" : "", (long long)atomic_load(&c->coll_started),
+             (long long)atomic_load(&c->coll_done), extra);
 }
 
 static dg_status_t nccl_poll(dg_comm_t *c) {

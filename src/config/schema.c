@@ -197,7 +197,7 @@ const dg_cfg_key_t dg_cfg_schema[] = {
          "record the step once as CUDA Graphs and replay them (cuda backend; falls back to op by op with a "
          "fallback event when it cannot)"),
     BOOL("parallel", "nccl_nonblocking", parallel.nccl_nonblocking, "false",
-         "create NCCL communicators non-blocking: every NCCL call is settled by polling (about 60 us more per "
+         "create NCCL communicators non-blocking: every NCCL call settled by polling (about 60 us more per "
          "enqueue; the mode before 2026-11-29, for set-ups where blocking creation misbehaves)"),
     INT("parallel", "threads", parallel.threads, "0", 0, 4096,
         "CPU threads per rank (0 = the cores it is bound to)"),
