@@ -29,9 +29,9 @@
  * MPI_THREAD_MULTIPLE.
  * Process-wide effect: the first use sets glibc's malloc mmap/trim thresholds (32 MiB / 512 MiB) so that
  * HDF5's per-chunk buffers are reused instead of faulted in afresh; DG_CKPT_NO_MALLOPT=1 opts out.
- * Environment: DG_CKPT_MPIIO_HINTS="key=value,..." adds MPI-IO hints; DG_CKPT_THREADS=N sets the
- * worker threads per rank when opts.threads is 0; DG_CKPT_SPACE_CHECK=0 skips the free-space check
- * before a save; DG_TEST_CKPT_FAIL, _KILL, _STALL and _THROTTLE_MS are test hooks (docs/checkpoints.md).
+ * Environment: DG_CKPT_MPIIO_HINTS="key=value,..." adds MPI-IO hints; DG_TEST_CKPT_FAIL, _KILL, _STALL
+ * and _THROTTLE_MS are test hooks (docs/checkpoints.md). Worker threads and the free-space check are
+ * save options (dg_ckpt_save_opts_t; dgtrain: checkpoint.threads, checkpoint.space_check).
  */
 #ifndef DG_CHECKPOINT_H
 #define DG_CHECKPOINT_H
@@ -125,7 +125,8 @@ typedef struct dg_ckpt_save_opts {
     int64_t chunk_bytes; /* target HDF5 chunk size; 0 = DG_CKPT_DEFAULT_CHUNK_BYTES */
     int64_t align_bytes; /* file-space alignment of chunks >= this size; 0 = default (see docs); -1 = off */
     int threads;         /* worker threads per rank for content hashing and the async snapshot copy;
-                            0 = auto (DG_CKPT_THREADS, else this rank's share of the node's cores, <= 16) */
+                            0 = auto (this rank's share of the node's cores); at most 16 are used */
+    int space_check;     /* 1 (default): refuse a save the free space cannot hold, before writing it */
 } dg_ckpt_save_opts_t;
 void dg_ckpt_save_opts_default(dg_ckpt_save_opts_t *o);
 
@@ -176,7 +177,7 @@ typedef struct dg_ckpt_save_result {
  * NULL. On failure nothing under a final name changes, LATEST is untouched, the .partial file is
  * removed, and res says whether space ran out (no_space, needed_bytes, free_bytes).
  * Space: before writing, rank 0 compares the estimated file size with the space statvfs reports
- * (DG_CKPT_SPACE_CHECK=0 skips this). A write that fails anyway (ENOSPC from below HDF5, EIO...) never
+ * (opts.space_check = 0 skips this). A write that fails anyway (ENOSPC from below HDF5, EIO...) never
  * reaches HDF5 as an error: the failure is recorded, every rank stops writing at the next collective
  * write or agreement, HDF5 closes the file as if all went well, and the save reports the failure. So
  * HDF5 never takes an error path on some ranks only (which deadlocks its collective close) and never

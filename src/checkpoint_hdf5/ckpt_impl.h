@@ -62,7 +62,7 @@ void ckpt_partial_register(const char *path, int on);
  * HDF5 or MPI. */
 void ckpt_parallel_for(int threads, size_t n, void (*fn)(void *ctx, size_t i), void *ctx);
 /* Collective over comm: the worker threads per rank. requested > 0 is taken as is; else
- * DG_CKPT_THREADS; else the CPUs this rank may run on, divided by the ranks of comm on this node when
+ * the CPUs this rank may run on, divided by the ranks of comm on this node when
  * the rank is not bound to a subset; 1..16. */
 int ckpt_threads(MPI_Comm comm, int requested);
 /* CPU seconds used by this process so far (user + system, all threads). */

@@ -34,6 +34,7 @@ void dg_ckpt_save_opts_default(dg_ckpt_save_opts_t *o) {
     memset(o, 0, sizeof *o);
     o->keep = 3;
     o->chunk_bytes = DG_CKPT_DEFAULT_CHUNK_BYTES;
+    o->space_check = 1;
 }
 
 typedef struct save_ctx {
@@ -803,7 +804,7 @@ static int64_t free_bytes(const char *dir) {
 
 /* Rank 0, before anything is written: refuse a save that cannot fit. */
 static dg_status_t space_check_rank0(save_ctx_t *c) {
-    if (!dg_env_bool("DG_CKPT_SPACE_CHECK")) return DG_OK;
+    if (!c->o.space_check) return DG_OK;
     int64_t avail = free_bytes(c->dir);
     if (avail < 0 || avail >= c->needed) return DG_OK;
     c->io.nospace = 1;

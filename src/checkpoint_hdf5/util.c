@@ -212,8 +212,6 @@ int ckpt_threads(MPI_Comm comm, int requested) {
         MPI_Comm_free(&node);
     }
     int n = requested;
-    int64_t ev = dg_env_int("DG_CKPT_THREADS");
-    if (n <= 0 && ev > 0 && ev <= 4096) n = (int)ev;
     if (n <= 0) {
         long online = sysconf(_SC_NPROCESSORS_ONLN);
         int mine = (int)online;

@@ -100,10 +100,13 @@ typedef struct dg_comm_opts {
                                     so results repeat bit for bit but may differ from MPI's in the last
                                     bit). The ring moves (n-1)/n of the data, the minimum, and was 2-9x
                                     faster than Open MPI 4.1's tuned reduce_scatter_block at 1-64 MB. */
+    int nccl_nonblocking;        /* nccl backend: 1 = non-blocking communicators (ncclConfig_t.blocking =
+                                    0; every call settled by polling); 0 (default) = blocking. A split
+                                    takes its parent's mode. */
 } dg_comm_opts_t;
 
 /* Defaults: name "comm", timeout 120 s, progress AUTO, arrival probe on, spin 50 us, inline on, ring
- * reduce-scatter. */
+ * reduce-scatter, blocking NCCL communicators. */
 void dg_comm_opts_default(dg_comm_opts_t *o);
 
 /* ---- creation ---- */
@@ -227,7 +230,7 @@ dg_status_t dg_comm_stream_wait(dg_comm_t *c, dg_comm_req_t *req, void *stream);
 dg_status_t dg_comm_poll(dg_comm_t *c);
 /* One line about what the comm is doing, e.g. "dp_shard: allreduce #12 (4096 f32) running for 3.2 s,
  * 2 queued" or "dp_shard: idle after collective #12". Any thread. */
-void dg_comm_state(dg_comm_t *c, char *buf, size_t cap);
+void dg_comm_state(dg_comm_t *c, char *buf, size_t cap); /* nccl: "NAME (nccl[, non-blocking]): ..." */
 /* Ends the whole job: ncclCommAbort first (nccl), then MPI_Abort(MPI_COMM_WORLD, code), so every rank
  * exits with `code` (3 for a timeout or a failed peer). Log the reason before calling. Any thread. */
 void dg_comm_abort(dg_comm_t *c, int code) __attribute__((noreturn));

@@ -70,7 +70,7 @@ typedef struct {
     dg_comm_t base;
     ncclComm_t nc;
     int device;
-    int nonblocking; /* DG_NCCL_NONBLOCKING=1 at creation: enqueues are settled by polling */
+    int nonblocking; /* dg_comm_opts_t.nccl_nonblocking at creation: enqueues are settled by polling */
     cudaStream_t stream;
     int own_stream;
     cudaEvent_t dep_ev;
@@ -162,22 +162,19 @@ static void *mk_main(void *arg) {
     return NULL;
 }
 
-/* DG_NCCL_NONBLOCKING=1 brings back non-blocking communicators (blocking = 0): every call may return
- * ncclInProgress and is settled by polling. Kept as a diagnostic: it costs the ~60 us per enqueue
- * described above, but is the mode of dgtrain before 2026-11-29 (docs/cuda.md). */
-static int nonblocking_mode(void) {
-    return dg_env_bool("DG_NCCL_NONBLOCKING");
-}
+/* opts.nccl_nonblocking (dgtrain: parallel.nccl_nonblocking) brings back non-blocking communicators
+ * (blocking = 0): every call may return ncclInProgress and is settled by polling. It costs the ~60 us
+ * per enqueue described above, but is the mode of dgtrain before 2026-11-29 (docs/cuda.md). */
 
-/* A creating call of `kind` for a comm named `name` on `device`. */
-static mk_call_t *new_call(int kind, int device, const char *name) {
+/* A creating call of `kind` for a comm named `name` on `device`, blocking or not. */
+static mk_call_t *new_call(int kind, int device, const char *name, int nonblocking) {
     mk_call_t *c = dg_xcalloc(1, sizeof *c);
     c->kind = kind;
     c->device = device;
     atomic_init(&c->done, 0);
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     c->cfg = cfg;
-    c->cfg.blocking = nonblocking_mode() ? 0 : 1;
+    c->cfg.blocking = nonblocking ? 0 : 1;
     dg_comm__strlcpy(c->name, sizeof c->name, name);
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
     c->cfg.commName = c->name;
@@ -552,8 +549,9 @@ static void nccl_state(dg_comm_t *c, char *buf, size_t cap) {
     if (np)
         snprintf(extra, sizeof extra, "; %d point-to-point op%s batched, not yet enqueued", np,
                  np == 1 ? "" : "s");
-    snprintf(buf, cap, "%s (nccl): collectives enqueued up to #%lld, seen complete up to #%lld%s", c->name,
-             (long long)atomic_load(&c->coll_started), (long long)atomic_load(&c->coll_done), extra);
+    snprintf(buf, cap, "%s (nccl%s): collectives enqueued up to #%lld, seen complete up to #%lld%s", c->name,
+             m->nonblocking ? ", non-blocking" : "", (long long)atomic_load(&c->coll_started),
+             (long long)atomic_load(&c->coll_done), extra);
 }
 
 static dg_status_t nccl_poll(dg_comm_t *c) {
@@ -572,7 +570,7 @@ static void nccl_destroy(dg_comm_t *c) {
     if (m->nc && !atomic_load(&m->aborted)) {
         int clean = !atomic_load(&c->failed) && nccl_flush(c) == DG_OK;
         if (clean) {
-            mk_call_t *k = new_call(MK_FINALIZE, m->device, c->name);
+            mk_call_t *k = new_call(MK_FINALIZE, m->device, c->name, m->nonblocking);
             k->comm = m->nc;
             clean = timed_call(m, k, "ncclCommFinalize", NULL) == DG_OK;
         }
@@ -620,7 +618,7 @@ static const dg_comm_vtbl_t k_vt_nccl = {
 static dg_status_t setup_common(cn_t *m, MPI_Comm group, int device, void *stream, const dg_comm_opts_t *o) {
     DG_TRY(dg_comm__base_init(&m->base, DG_COMM_NCCL, group, o));
     m->device = device;
-    m->nonblocking = nonblocking_mode();
+    m->nonblocking = o->nccl_nonblocking;
     DG_CUDA_CHECK(cudaSetDevice(device));
     if (stream) {
         m->stream = (cudaStream_t)stream;
@@ -649,7 +647,7 @@ static dg_status_t create_inner(cn_t *m, MPI_Comm group, int device, void *strea
     if (!msg.ok)
         return DG_ERR(DG_ERR_RUNTIME, "comm %s: ncclGetUniqueId failed on group rank 0 (world %d)", c->name,
                       c->world_ranks[0]);
-    mk_call_t *k = new_call(MK_INIT, device, c->name);
+    mk_call_t *k = new_call(MK_INIT, device, c->name, m->nonblocking);
     k->nranks = c->size;
     k->rank = c->rank;
     k->id = msg.id;
@@ -674,7 +672,8 @@ dg_status_t dg_comm__nccl_create(MPI_Comm group, int cuda_device, void *cuda_str
         nccl_destroy(&m->base);
         return DG_ERR(s, "%s", msg);
     }
-    DG_LOG_DEBUG("comm %s: nccl backend, %d ranks, device %d", m->base.name, m->base.size, cuda_device);
+    DG_LOG_DEBUG("comm %s: nccl backend, %d ranks, device %d, %s communicator", m->base.name, m->base.size,
+                 cuda_device, m->nonblocking ? "non-blocking" : "blocking");
     *out = &m->base;
     return DG_OK;
 }
@@ -684,7 +683,7 @@ static dg_status_t nccl_split(dg_comm_t *pc, int color, int key, const dg_comm_o
     MPI_Comm sub = MPI_COMM_NULL;
     DG_MPI_CHECK(MPI_Comm_split(pc->ctl, color < 0 ? MPI_UNDEFINED : color, key, &sub));
     ncclComm_t child = NULL;
-    mk_call_t *k = new_call(MK_SPLIT, p->device, o->name ? o->name : pc->name);
+    mk_call_t *k = new_call(MK_SPLIT, p->device, o->name ? o->name : pc->name, p->nonblocking);
     k->comm = p->nc;
     k->color = color < 0 ? NCCL_SPLIT_NOCOLOR : color;
     k->key = key;
@@ -704,6 +703,7 @@ static dg_status_t nccl_split(dg_comm_t *pc, int color, int key, const dg_comm_o
     m->nc = child;
     /* children share the parent's stream, so the parent must outlive them (dg_comm_mesh_free does) */
     s = setup_common(m, sub, p->device, p->stream, o);
+    m->nonblocking = p->nonblocking; /* the child was made in the parent's mode */
     MPI_Comm_free(&sub);
     int nrank = -1;
     if (s == DG_OK && ncclCommUserRank(child, &nrank) == ncclSuccess && nrank != m->base.rank)

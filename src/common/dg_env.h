@@ -57,7 +57,8 @@ dg_status_t dg_env_parse(const dg_env_var_t *v, const char *text, int *b, int64_
 
 /* Check every registered variable that is set: DG_ERR_USAGE on the first malformed one. With the hooks
  * compiled out, a set DG_TEST_* variable prints one warning line to `warn` (if not NULL) that it is
- * ignored. */
+ * ignored. A set former switch that is a config key now (DG_CKPT_THREADS, DG_CKPT_SPACE_CHECK,
+ * DG_NCCL_NONBLOCKING) prints one warning line naming the key; its value is not read. */
 dg_status_t dg_env_check(FILE *warn);
 
 /* Typed accessors (see the contracts above). dg_env_str returns NULL when unset, else the raw value

@@ -19,18 +19,15 @@ static const dg_env_var_t g_vars[] = {
     {"DG_GPT2_TIKTOKEN", DG_ENV_PATH, "", U, "GPT-2 ranks file, overrides the installed gpt2.tiktoken"},
     {"DG_DEFAULT_TEXT_DIR", DG_ENV_PATH, "", U,
      "source directory of the built-in default text corpus (default: the installed one)"},
-    {"DG_CKPT_THREADS", DG_ENV_INT, "0", U, "checkpoint hashing/copy threads per rank; 0 = the rank's cores"},
     {"DG_CKPT_MPIIO_HINTS", DG_ENV_STRING, "", U, "extra MPI-IO hints for checkpoint files: key=value,..."},
     {"DG_CKPT_NO_MALLOPT", DG_ENV_BOOL, "0", U,
      "1: keep glibc's malloc thresholds (no mallopt for large buffers)"},
-    {"DG_CKPT_SPACE_CHECK", DG_ENV_BOOL, "1", U, "0: skip the free-space check before a checkpoint save"},
     {"DG_CKPT_DIRECT_CHUNKS", DG_ENV_BOOL, "1", U, "0: leave all checkpoint chunk writes to HDF5"},
     {"DG_CKPT_SKIP_FILL", DG_ENV_BOOL, "1", U,
      "0: keep parallel HDF5's zero fill of directly written datasets"},
     {"DG_CKPT_HDF5_FLETCHER32", DG_ENV_BOOL, "0", U, "1: use HDF5's own Fletcher-32 instead of the fast one"},
     {"DG_COMM_RING_SEG_KB", DG_ENV_INT, "512", U,
      "segment size (KiB) of the MPI ring collectives (benchmarks)"},
-    {"DG_NCCL_NONBLOCKING", DG_ENV_BOOL, "0", U, "1: create NCCL communicators non-blocking"},
     {"DG_CUDA_FUSED_EPILOGUES", DG_ENV_BOOL, "1", U, "0: CUDA GEMMs without fused bias/GELU epilogues (A/B)"},
     {"DG_CUDA_FUSED_DGELU", DG_ENV_BOOL, "1", U, "0: CUDA GELU backward as a separate kernel (A/B)"},
     {"DG_CUDA_LN_REG", DG_ENV_BOOL, "1", U, "0: CUDA layer norm without the register-resident kernel (A/B)"},
@@ -71,6 +68,17 @@ static const dg_env_var_t g_vars[] = {
 
 #undef U
 #undef T
+
+/* Switches that became config keys (README "Environment variables": a setting of the run is a key, so
+ * that RUN_DIR/config.ini and the checkpoints store it). They are no longer read; dg_env_check names the
+ * key when one is still set, so that a script that sets it learns why it has no effect. */
+static const struct {
+    const char *name, *key;
+} g_moved[] = {
+    {"DG_CKPT_THREADS", "checkpoint.threads"},
+    {"DG_CKPT_SPACE_CHECK", "checkpoint.space_check"},
+    {"DG_NCCL_NONBLOCKING", "parallel.nccl_nonblocking"},
+};
 
 int dg_env_count(void) {
     return (int)(sizeof g_vars / sizeof *g_vars);
@@ -213,6 +221,10 @@ const char *dg_env_str(const char *name) {
 }
 
 dg_status_t dg_env_check(FILE *warn) {
+    for (size_t k = 0; k < sizeof g_moved / sizeof *g_moved; k++)
+        if (warn && getenv(g_moved[k].name))
+            fprintf(warn, "warning: %s is no longer read: it is the config key %s now (--set %s=VALUE)\n",
+                    g_moved[k].name, g_moved[k].key, g_moved[k].key);
     for (int k = 0; k < dg_env_count(); k++) {
         const dg_env_var_t *v = &g_vars[k];
         const char *s = getenv(v->name);

@@ -91,6 +91,7 @@ typedef struct dg_config {
         double prefetch_budget_mb;
         int overlap;
         int cuda_graph;
+        int nccl_nonblocking;   /* NCCL communicators created non-blocking (settled by polling) */
         int64_t threads;        /* CPU threads per rank; 0 = the cores this rank is bound to */
         double memory_limit_mb; /* cap on the memory-fit check's available figure per rank; 0 = none */
     } parallel;
@@ -102,6 +103,8 @@ typedef struct dg_config {
         char resume[DG_CFG_STR]; /* auto | never | PATH */
         int incremental;
         int64_t max_failures; /* failed saves in a row that stop the run (exit 4) */
+        int64_t threads;      /* worker threads per rank (hashing, direct writes, async copy); 0 = auto */
+        int space_check;      /* refuse a save the free space cannot hold, before writing */
     } checkpoint;
     struct {
         double heartbeat_s, timeout_s;

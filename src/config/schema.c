@@ -196,6 +196,9 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     BOOL("parallel", "cuda_graph", parallel.cuda_graph, "true",
          "record the step once as CUDA Graphs and replay them (cuda backend; falls back to op by op with a "
          "fallback event when it cannot)"),
+    BOOL("parallel", "nccl_nonblocking", parallel.nccl_nonblocking, "false",
+         "create NCCL communicators non-blocking: every NCCL call settled by polling (about 60 us more per "
+         "enqueue; the mode before 2026-11-29, for set-ups where blocking creation misbehaves)"),
     INT("parallel", "threads", parallel.threads, "0", 0, 4096,
         "CPU threads per rank (0 = the cores it is bound to)"),
 
@@ -214,6 +217,12 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     INT("checkpoint", "max_failures", checkpoint.max_failures, "3", 1, 1000000,
         "checkpoint saves that may fail in a row (full or failing storage; training goes on and the next "
         "one retries) before the run stops with exit code 4"),
+    INT("checkpoint", "threads", checkpoint.threads, "0", 0, 16,
+        "worker threads per rank for checkpoint hashing, direct chunk writes and the async snapshot copy "
+        "(0 = this rank's share of the node's cores, at most 16)"),
+    BOOL("checkpoint", "space_check", checkpoint.space_check, "true",
+         "before a save, compare its estimated size with the free space and refuse it (nothing written) "
+         "when it cannot fit; false: write anyway (file systems whose free-space figure is wrong)"),
 
     /* [health] */
     FLTX("health", "heartbeat_s", health.heartbeat_s, "5", 0, 3600, "seconds between heartbeats"),

@@ -33,6 +33,7 @@ void dg_fsdp_opts_from_config(const dg_config_t *cfg, dg_fsdp_opts_t *o) {
     o->reshard_after_forward = cfg->parallel.reshard_after_forward;
     snprintf(o->comm, sizeof o->comm, "%s", cfg->parallel.comm);
     o->rs_mpi = strcmp(cfg->parallel.reduce_scatter, "mpi") == 0;
+    o->nccl_nonblocking = cfg->parallel.nccl_nonblocking;
     if (cfg->train.recompute_id == DG_RECOMPUTE_GELU) o->model_flags |= DG_MODEL_RECOMPUTE_GELU;
     o->reduce_dtype = cfg->train.reduce_dtype_id == DG_REDUCE_BF16 ? DG_BF16 : DG_F32;
 }
@@ -166,6 +167,7 @@ dg_status_t dg_fsdp_create(MPI_Comm world, const dg_mesh_shape_t *mesh, const dg
         dg_comm_opts_default(&co);
         co.timeout_s = o->timeout_s > 0 ? o->timeout_s : 365.0 * 86400.0;
         co.rs_mpi = o->rs_mpi;
+        co.nccl_nonblocking = o->nccl_nonblocking;
         /* nccl: the world comm makes its own stream (NULL) on this rank's device, and its per-dimension
          * splits share it; the executor links it to the compute backend's stream with event edges */
         st = dg_comm_mesh_create(world, mesh, nccl ? DG_COMM_NCCL : DG_COMM_MPI, nccl ? o->cuda_device : -1,

@@ -42,6 +42,7 @@ typedef struct dg_fsdp_opts {
     char gpu_id[64];           /* names this rank's physical GPU on its node (PCI bus id); "" = unknown,
                                   then the device ordinal stands for it */
     int rs_mpi;                /* parallel.reduce_scatter = mpi (else dg_comm's ring) */
+    int nccl_nonblocking;      /* parallel.nccl_nonblocking */
     int plan_only;             /* no communicators (--plan-only / --dry-run): the model can only be planned */
     int model_flags;           /* DG_MODEL_* graph options from the config that dg_fsdp_model_create adds
                                   (train.recompute = gelu: DG_MODEL_RECOMPUTE_GELU) */

@@ -726,9 +726,7 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
     }
     if (s == DG_OK && cfg->checkpoint.async) {
         dg_ckpt_save_opts_t o;
-        dg_ckpt_save_opts_default(&o);
-        o.keep = (int)cfg->checkpoint.keep;
-        o.incremental = cfg->checkpoint.incremental;
+        trn_ckpt_save_opts(cfg, &o);
         s = dg_ckpt_writer_create(tr.comm, tr.ckpt_dir, &o, &tr.writer);
     }
     s = dg_boot_agree(boot, s);

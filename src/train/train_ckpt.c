@@ -163,10 +163,19 @@ static void fill_meta(trainer_t *tr, dg_ckpt_meta_t *m) {
     save_spike_state(tr, m);
 }
 
+void trn_ckpt_save_opts(const dg_config_t *cfg, dg_ckpt_save_opts_t *o) {
+    dg_ckpt_save_opts_default(o);
+    o->keep = (int)cfg->checkpoint.keep;
+    o->incremental = cfg->checkpoint.incremental;
+    o->threads = (int)cfg->checkpoint.threads;
+    o->space_check = cfg->checkpoint.space_check;
+}
+
 static void emit_ckpt_event(trainer_t *tr, const dg_ckpt_save_result_t *r, double stall_ms, int async) {
     DG_METRICS_EVENT(tr->metrics, "checkpoint", DG_JI("step", r->step), DG_JS("path", r->path),
                      DG_JI("bytes", r->bytes), DG_JF("seconds", r->seconds), DG_JF("stall_ms", stall_ms),
-                     DG_JB("async", async), DG_JI("linked_bytes", r->linked_bytes));
+                     DG_JB("async", async), DG_JI("linked_bytes", r->linked_bytes),
+                     DG_JI("threads", r->phases.threads));
     dg_progress_note(tr->progress, "checkpoint step %lld -> %s (%.1f MB, %.2f s, stall %.0f ms)",
                      (long long)r->step, r->path, r->bytes / 1e6, r->seconds, stall_ms);
 }
@@ -282,9 +291,7 @@ dg_status_t trn_save_checkpoint(trainer_t *tr, int sync_only) {
         return s;
     }
     dg_ckpt_save_opts_t o;
-    dg_ckpt_save_opts_default(&o);
-    o.keep = (int)tr->cfg->checkpoint.keep;
-    o.incremental = tr->cfg->checkpoint.incremental;
+    trn_ckpt_save_opts(tr->cfg, &o);
     dg_ckpt_save_result_t r;
     s = dg_ckpt_save(tr->comm, tr->ckpt_dir, &meta, tr->ckpt_t, tr->n_ckpt, &o, &r);
     dg_ckpt_meta_destroy(&meta);

@@ -75,6 +75,8 @@ typedef struct trainer {
 dg_status_t trn_build_ckpt_tensors(trainer_t *tr); /* the checkpoint's view of this rank's state */
 dg_status_t trn_save_checkpoint(trainer_t *tr, int sync_only);
 dg_status_t trn_maybe_resume(trainer_t *tr);
+/* The save options of the run's config: checkpoint.keep, .incremental, .threads, .space_check. */
+void trn_ckpt_save_opts(const dg_config_t *cfg, dg_ckpt_save_opts_t *o);
 dg_status_t trn_rollback(trainer_t *tr); /* loss spikes: back to the newest good checkpoint */
 void trn_report_async(trainer_t *tr, const dg_ckpt_async_result_t *ar);
 uint64_t trn_ckpt_progress_source(void *ctx, int *waiting); /* the health watchdog's view of checkpoint I/O */

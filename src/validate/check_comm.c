@@ -472,6 +472,7 @@ static dg_status_t run_group(vctx_t *c, const char *backend, int grp, MPI_Comm m
         dg_comm_opts_default(&o);
         o.name = k_groups[grp];
         o.timeout_s = set->comm_timeout_s;
+        o.nccl_nonblocking = c->cfg ? c->cfg->parallel.nccl_nonblocking : 0;
         g.cap_elems = (size_t)(maxb / sizeof(float)) + 1;
         g.send = dg_xmalloc(g.cap_elems * sizeof(float));
         g.recv = dg_xmalloc(g.cap_elems * sizeof(float));

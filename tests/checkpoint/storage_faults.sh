@@ -2,7 +2,7 @@
 # storage_faults.sh — checkpoint storage faults of the real dgtrain (issue 19, item 1), on real file
 # systems and real ranks under mpiexec:
 #   full1 | full2     a size-limited tmpfs that the second checkpoint does not fit, at 1 | 2 ranks, with the
-#                     space check off so that the failure comes from below HDF5 (the direct chunk writer's
+#                     space check off (checkpoint.space_check=false) so that the failure comes from below HDF5 (the direct chunk writer's
 #                     pwrite at 1 rank; MPI-IO's collective writes, DG_CKPT_DIRECT_CHUNKS=0, at 2 ranks):
 #                     training goes on, LATEST keeps naming the last valid checkpoint, no .partial is left,
 #                     a health event and a warning name the space needed, and after checkpoint.max_failures
@@ -92,8 +92,8 @@ full_case() { # full_case NP TAG [env...]
     shift 2
     local run=$WORK/run_$tag ck=$MNT/ck_$tag
     T0=$(now)
-    env "$@" "${MPI[@]}" -n "$np" -x DG_CKPT_SPACE_CHECK -x DG_CKPT_DIRECT_CHUNKS "$DGTRAIN" "$WORK/cfg.ini" \
-        "${SETS[@]}" "${EXTRA[@]}" --set run.dir="$run" --set checkpoint.dir="$ck" --set checkpoint.max_failures=2 \
+    env "$@" "${MPI[@]}" -n "$np" -x DG_CKPT_DIRECT_CHUNKS "$DGTRAIN" "$WORK/cfg.ini" \
+        "${SETS[@]}" "${EXTRA[@]}" "${SPACE[@]}" --set run.dir="$run" --set checkpoint.dir="$ck" --set checkpoint.max_failures=2 \
         >"$WORK/$tag.out" 2>&1 &
     JOB=$!
     wait_job 240 || return 1
@@ -105,6 +105,10 @@ full_case() { # full_case NP TAG [env...]
     [ "$(cat "$ck/LATEST" 2>/dev/null)" = step_00000002.h5 ] || fail "$tag: LATEST is '$(cat "$ck/LATEST" 2>/dev/null)', expected step_00000002.h5"
     [ "$(ls "$ck" | grep -c '^step_.*\.h5$')" = 1 ] || fail "$tag: expected one checkpoint in $ck: $(ls "$ck")"
     no_partial "$ck" "$tag"
+    local sc=true
+    [ "${#SPACE[@]}" -gt 0 ] && sc=false
+    grep -qE "^checkpoint\.space_check = $sc( |$)" "$run/config.ini" ||
+        fail "$tag: RUN_DIR/config.ini does not record checkpoint.space_check = $sc: $(grep space_check "$run/config.ini")"
     "$DGCKPT" verify -q "$ck/step_00000002.h5" >/dev/null || fail "$tag: step_00000002.h5 does not verify"
     # training went on after the first failed save (step 4) up to the second one (step 6; with async
     # saves its failure is known when the next save, at step 8, waits for it)
@@ -138,11 +142,14 @@ case "$CASE" in
 full1 | full2 | fullcheck | fullasync)
     mount_small
     EXTRA=()
+    # the space check off (checkpoint.space_check=false): the save proceeds and fails from below; on (the
+    # default, fullcheck): the same save is refused before anything is written
+    SPACE=(--set checkpoint.space_check=false)
     case "$CASE" in
-    fullasync) NP=2 ENVV=(DG_CKPT_SPACE_CHECK=0 DG_CKPT_DIRECT_CHUNKS=1) EXTRA=(--set checkpoint.async=true) ;;
-    full1) NP=1 ENVV=(DG_CKPT_SPACE_CHECK=0 DG_CKPT_DIRECT_CHUNKS=1) ;; # ENOSPC in dgtrain's own chunk pwrite
-    full2) NP=2 ENVV=(DG_CKPT_SPACE_CHECK=0 DG_CKPT_DIRECT_CHUNKS=0) ;; # a short write inside MPI-IO, under HDF5
-    fullcheck) NP=2 ENVV=(DG_CKPT_SPACE_CHECK=1 DG_CKPT_DIRECT_CHUNKS=1) ;;
+    fullasync) NP=2 ENVV=(DG_CKPT_DIRECT_CHUNKS=1) EXTRA=(--set checkpoint.async=true) ;;
+    full1) NP=1 ENVV=(DG_CKPT_DIRECT_CHUNKS=1) ;; # ENOSPC in dgtrain's own chunk pwrite
+    full2) NP=2 ENVV=(DG_CKPT_DIRECT_CHUNKS=0) ;; # a short write inside MPI-IO, under HDF5
+    fullcheck) NP=2 ENVV=(DG_CKPT_DIRECT_CHUNKS=1) SPACE=() ;;
     esac
     full_case "$NP" "$CASE" "${ENVV[@]}" || exit 1
     # the failure is caught where it happens, not later by luck (the commit's LATEST write): a short
@@ -164,8 +171,8 @@ full1 | full2 | fullcheck | fullasync)
     }
     cp -a "$WORK/saved_ck" "$ck"
     T0=$(now)
-    env "${ENVV[@]}" "${MPI[@]}" -n "$NP" -x DG_CKPT_SPACE_CHECK -x DG_CKPT_DIRECT_CHUNKS "$DGTRAIN" "$WORK/cfg.ini" \
-        "${SETS[@]}" "${EXTRA[@]}" --set run.dir="$WORK/run_$CASE" --set checkpoint.dir="$ck" --set checkpoint.max_failures=2 \
+    env "${ENVV[@]}" "${MPI[@]}" -n "$NP" -x DG_CKPT_DIRECT_CHUNKS "$DGTRAIN" "$WORK/cfg.ini" \
+        "${SETS[@]}" "${EXTRA[@]}" "${SPACE[@]}" --set run.dir="$WORK/run_$CASE" --set checkpoint.dir="$ck" --set checkpoint.max_failures=2 \
         >"$WORK/$CASE.resume.out" 2>&1 &
     JOB=$!
     wait_job 240 || exit 1

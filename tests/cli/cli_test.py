@@ -317,7 +317,7 @@ def case_export_topology():
 def case_print_env():
     """--print-env lists the registry (text and --json); a malformed value is refused at start (exit 1, one
     line naming variable, value and type); a DG_TEST_* hook set in a build without hooks is warned about."""
-    rc, out, err, _ = run(["--print-env", "--json"], env={"DG_CKPT_THREADS": "3", "DG_TEST_STALL_RANK": "1"})
+    rc, out, err, _ = run(["--print-env", "--json"], env={"DG_COMM_RING_SEG_KB": "3", "DG_TEST_STALL_RANK": "1"})
     check(rc == 0, "--print-env --json exits 0 (%d: %s)" % (rc, err))
     doc = parse_json(out, "--print-env --json")
     if not doc:
@@ -326,29 +326,40 @@ def case_print_env():
     check(hooks in (True, False), "test_hooks_compiled is a bool")
     by = {v["name"]: v for v in doc.get("vars", [])}
     check(len(by) >= 30, "--print-env lists the registry (%d)" % len(by))
-    check(by.get("DG_CKPT_THREADS", {}).get("value") == "3", "the current value of a set switch")
+    check(by.get("DG_COMM_RING_SEG_KB", {}).get("value") == "3", "the current value of a set switch")
     check(by.get("DG_SYNC_HOST_READS", {}).get("value", 1) is None, "an unset switch is null")
     h = by.get("DG_TEST_STALL_RANK", {})
     check(h.get("kind") == "test-hook" and h.get("compiled_in") == hooks and h.get("value") == ("1" if hooks else None),
           "hook row follows the build (hooks %s): %r" % (hooks, h))
     for n, v in by.items():
         check(n.startswith("DG_TEST_") == (v["kind"] == "test-hook"), "%s: DG_TEST_ prefix iff hook" % n)
-    rc, txt, err, _ = run(["--print-env"], ranks=2, env={"DG_CKPT_THREADS": "3"})
+    rc, txt, err, _ = run(["--print-env"], ranks=2, env={"DG_COMM_RING_SEG_KB": "3"})
     lines = txt.splitlines()
     check(rc == 0 and len(lines) == len(by), "text: one line per switch, rank 0 only (%d lines, %d vars)"
           % (len(lines), len(by)))
-    row = [l for l in lines if l.startswith("DG_CKPT_THREADS ")]
-    check(row and re.match(r"DG_CKPT_THREADS +int +default=0 +3 +\S", row[0]), "text row: %r" % row)
+    row = [l for l in lines if l.startswith("DG_COMM_RING_SEG_KB ")]
+    check(row and re.match(r"DG_COMM_RING_SEG_KB +int +default=512 +3 +\S", row[0]), "text row: %r" % row)
     row = [l for l in lines if l.startswith("DG_TEST_CKPT_FAIL ")]
     check(row and (" unset " in row[0] if hooks else " not compiled in " in row[0]), "hook text row: %r" % row)
     # a malformed value: refused before any work, one line per rank, exit 1
-    rc, out, err, _ = run(["--print-config"], ranks=2, env={"DG_CKPT_THREADS": "four"})
+    rc, out, err, _ = run(["--print-config"], ranks=2, env={"DG_COMM_RING_SEG_KB": "four"})
     lines = our_error_lines(err)
-    want = "environment: DG_CKPT_THREADS='four' is not a whole decimal number"
+    want = "environment: DG_COMM_RING_SEG_KB='four' is not a whole decimal number"
     check(rc == 1 and lines and all(l.endswith(want) for l in lines), "malformed value refused (rc %d): %r" % (rc, err))
     check(out == "", "nothing on stdout after a malformed value")
     rc, out, err, _ = run(["--print-config"], env={"DG_SYNC_HOST_READS": "maybe"})
     check(rc == 1 and "DG_SYNC_HOST_READS='maybe' is not a bool" in err, "malformed bool refused: %r" % err)
+    # a former switch that is a config key now: not read (the key keeps its value), one warning naming the key
+    rc, out, err, _ = run(["--print-config"], env={"DG_CKPT_THREADS": "4", "DG_CKPT_SPACE_CHECK": "0",
+                                             "DG_NCCL_NONBLOCKING": "1"})
+    check(rc == 0 and "warning: DG_CKPT_THREADS is no longer read: it is the config key checkpoint.threads now "
+          "(--set checkpoint.threads=VALUE)" in err and "config key checkpoint.space_check now" in err
+          and "config key parallel.nccl_nonblocking now" in err,
+          "moved switches: one warning each naming the key (rc %d): %r" % (rc, err))
+    check(re.search(r"^checkpoint\.threads = 0 ", out, re.M) and re.search(r"^checkpoint\.space_check = true ", out, re.M)
+          and re.search(r"^parallel\.nccl_nonblocking = false ", out, re.M),
+          "moved switches are not read: %r" % [l for l in out.splitlines() if "threads" in l or "space" in l])
+    check(not {"DG_CKPT_THREADS", "DG_CKPT_SPACE_CHECK", "DG_NCCL_NONBLOCKING"} & set(by), "moved switches are not in --print-env")
     rc, out, err, _ = run(["--print-config"], env={"DG_TEST_STALL_STEP": "4"})
     warn = "warning: DG_TEST_STALL_STEP is set but ignored: test hooks are not compiled into this build"
     check(rc == 0 and ((warn in err) != hooks), "hook warning only without hooks (hooks %s): %r" % (hooks, err))

@@ -302,6 +302,34 @@ int main(int argc, char **argv) {
         printf("[rank %d] %s\n", g_wrank, st);
         dg_comm_free(c);
     }
+    /* non-blocking communicators (opts.nccl_nonblocking; dgtrain: parallel.nccl_nonblocking): the same
+     * results, every call settled by polling; the state line says the mode, and a split keeps it */
+    o.name = "nonblocking";
+    o.nccl_nonblocking = 1;
+    c = NULL;
+    s = dg_comm_create_nccl(MPI_COMM_WORLD, dev, NULL, &o, &c);
+    CHECK(s == DG_OK, "create non-blocking nccl comm: %s", dg_last_error());
+    if (c) {
+        char st[256];
+        dg_comm_state(c, st, sizeof st);
+        CHECK(strstr(st, "(nccl, non-blocking)") != NULL, "non-blocking state: %s", st);
+        dg_comm_set_step(c, 1);
+        test_allreduce(c, user);
+        test_gather_scatter(c);
+        test_p2p_batch(c);
+        dg_comm_t *sub = NULL;
+        o.name = "nonblocking_split";
+        o.nccl_nonblocking = 0; /* a split takes its parent's mode */
+        CHECK_OK(dg_comm_split(c, 0, g_n - 1 - g_me, &o, &sub));
+        if (sub) {
+            dg_comm_state(sub, st, sizeof st);
+            CHECK(strstr(st, "(nccl, non-blocking)") != NULL, "split of a non-blocking comm: %s", st);
+            test_gather_scatter(sub);
+            dg_comm_free(sub);
+        }
+        dg_comm_free(c);
+    }
+    o.nccl_nonblocking = 0;
     /* a mesh on NCCL: dp_shard over all ranks */
     dg_mesh_shape_t sh = {{1, g_n, 1}, {DG_MESH_DP_REPLICATE, DG_MESH_DP_SHARD, DG_MESH_TP}};
     dg_comm_mesh_t *mesh = NULL;

@@ -10,7 +10,7 @@ hits=$(grep -rn 'getenv("DG_' "$root/src" | grep -v "^$root/src/common/env.c:")
 if [ -n "$hits" ]; then
     echo "FAIL: getenv(\"DG_ outside src/common/env.c (use dg_env_* from dg_env.h):"; echo "$hits"; fail=1
 fi
-reg=$(grep -oE '^ *\{"DG_[A-Z0-9_]+"' "$root/src/common/env.c" | grep -oE 'DG_[A-Z0-9_]+' | sort)
+reg=$(grep -oE '^ *\{"DG_[A-Z0-9_]+", DG_ENV_' "$root/src/common/env.c" | grep -oE '"DG_[A-Z0-9_]+"' | tr -d '"' | sort)
 [ "$(echo "$reg" | wc -l)" -ge 30 ] || { echo "FAIL: could not read the registry ($(echo "$reg" | wc -l) names)"; fail=1; }
 doc=$(sed -n '/^## Environment variables/,/^## /p' "$root/README.md" | grep -oE '^\| `DG_[A-Z0-9_]+`' |
       grep -oE 'DG_[A-Z0-9_]+' | sort)

@@ -182,9 +182,11 @@ static void test_defaults(void) {
     CHECK(c->parallel.reshard_after_forward == 1 && c->parallel.bucket_mb == 25 &&
           c->parallel.prefetch_budget_mb == 256);
     CHECK(c->parallel.overlap == 1 && c->parallel.cuda_graph == 1 && c->parallel.threads == 0);
+    CHECK(c->parallel.nccl_nonblocking == 0);
     CHECK_STR(c->checkpoint.dir, "");
     CHECK(c->checkpoint.every == 0 && c->checkpoint.keep == 3 && c->checkpoint.async == 0 &&
           c->checkpoint.incremental == 0);
+    CHECK(c->checkpoint.threads == 0 && c->checkpoint.space_check == 1);
     CHECK_STR(c->checkpoint.resume, "auto");
     CHECK(c->health.heartbeat_s == 5 && c->health.timeout_s == 120);
     CHECK_STR(c->topology.xml, "");
@@ -226,6 +228,13 @@ static void test_errors(void) {
                "@:2: train.lr: out of range: expected a number > 0 and <= 10, got 'inf'");
     EXPECT_ERR("d.ini", "[model]\nn_head = -1\n",
                "@:2: model.n_head: out of range: expected an integer in 0..1024, got '-1'");
+    EXPECT_ERR("d.ini", "[checkpoint]\nthreads = 17\n",
+               "@:2: checkpoint.threads: out of range: expected an integer in 0..16, got '17'");
+    EXPECT_ERR("d.ini", "[checkpoint]\nthreads = -1\n",
+               "@:2: checkpoint.threads: out of range: expected an integer in 0..16, got '-1'");
+    EXPECT_ERR("c.ini", "[checkpoint]\nspace_check = sometimes\n",
+               "@:2: checkpoint.space_check: expected a boolean (true|false|yes|no|on|off|1|0), got "
+               "'sometimes'");
     EXPECT_ERR("d.ini", "[train]\nspike_factor = 0.5\n",
                "@:2: train.spike_factor: out of range: expected 0 (off) or a number > 1");
     EXPECT_ERR("d.ini", "[run]\nname = my run\n",
@@ -294,6 +303,10 @@ static void test_set_errors(void) {
     EXPECT_SET_ERR(s6, 2,
                    "--set 'train.micro_batch=0': train.micro_batch: out of range: expected an integer in "
                    "1..1048576, got '0'");
+    const char *sck[] = {"checkpoint.threads=64"};
+    EXPECT_SET_ERR(sck, 1,
+                   "--set 'checkpoint.threads=64': checkpoint.threads: out of range: expected an integer in "
+                   "0..16, got '64'");
     const char *s7[] = {"train.freeze=a ;b"};
     EXPECT_SET_ERR(s7, 1,
                    "--set 'train.freeze=a ;b': train.freeze: expected text without control characters, '\"' "

@@ -75,16 +75,17 @@ want harness && for dt in f32 bf16 f16; do
   log "op harness ($dt, elementwise case incl. add_f32) rc=$?: $(grep -h 'add_f32' "$out/op_harness_$dt.log" | head -2 | cut -c1-120 | tr '\n' ' ') $(grep -hiE 'fail' "$out/op_harness_$dt.log" | head -3 | tr '\n' ' ')"
 done
 
+NB=() # becomes --set parallel.nccl_nonblocking=true when blocking NCCL creation fails below
 # ---- N ranks x 1 GPU with NCCL against 1 rank (the correctness test) ----
 if want e2e && [ "$(left)" -gt 250 ]; then
   DGT_TEST_KEEP=0 timeout $(($(left) - 150)) python3 "$here/gpu_e2e.py" nccl "$dgtrain" "$dgckpt" "${mpi[@]}" \
     >"$out/gpu_train_nccl.log" 2>&1
   rc=$?
-  if [ $rc -ne 0 ] && [ $rc -ne 77 ] && [ "${DG_NCCL_NONBLOCKING:-0}" != 1 ] &&
+  if [ $rc -ne 0 ] && [ $rc -ne 77 ] && [ ${#NB[@]} = 0 ] &&
     grep -qE 'ncclCommInitRankConfig|ncclCommSplit|ncclCommFinalize|did not finish' "$out/gpu_train_nccl.log"; then
-    log "gpu_e2e.py nccl failed in NCCL creation with blocking communicators: the rest runs with DG_NCCL_NONBLOCKING=1"
+    log "gpu_e2e.py nccl failed in NCCL creation with blocking communicators: the rest runs with parallel.nccl_nonblocking=true"
     tail -25 "$out/gpu_train_nccl.log" >>"$out/summary.log"
-    export DG_NCCL_NONBLOCKING=1
+    NB=(--set parallel.nccl_nonblocking=true) # the dgvalidate and dgtrain runs below
   fi
   log "gpu_e2e.py nccl rc=$rc: $(grep -E '^(PASS|FAIL|SKIP)' "$out/gpu_train_nccl.log" | cut -c1-1500)"
   [ $rc -eq 0 ] || [ $rc -eq 77 ] || tail -25 "$out/gpu_train_nccl.log" >>"$out/summary.log"
@@ -107,7 +108,7 @@ fi
 
 # ---- bus bandwidth through the comm layer (nccl and mpi), and a raw NCCL reference ----
 if want validate && [ "$(left)" -gt 170 ]; then
-  timeout 120 "${mpi[@]}" -n $NG "$dgvalidate" "$root/validation/sla.ini" --checks comm --run-dir "$out/validate_comm" \
+  timeout 120 "${mpi[@]}" -n $NG "$dgvalidate" "$root/validation/sla.ini" --checks comm --run-dir "$out/validate_comm" "${NB[@]}" \
     --set validate.comm_backends=nccl --set validate.comm_sizes=1M,16M,128M >"$out/comm.log" 2>&1
   log "dgvalidate comm rc=$?: $(grep -E 'comm\.(nccl|mpi)\.(allreduce|allgather|reduce_scatter|broadcast|sendrecv)' "$out/comm.log" | head -10 | cut -c1-160 | tr '\n' '|')"
   if python3 -c "import torch, torch.distributed; assert torch.cuda.device_count() >= $NG" 2>/dev/null &&
@@ -164,7 +165,7 @@ if want weak && [ "$(left)" -gt 90 ] && python3 "$root/bench/gpu/make_shards.py"
     shift 3
     local rd=$work/$name
     [ "$(left)" -gt 60 ] || { echo "   $name skipped (budget)" | tee -a "$out/summary.log"; return 0; }
-    timeout $(($(left) > 30 ? $(left) - 20 : 10)) "${mpi[@]}" -n "$n" "$dgtrain" "$root/configs/gpt2-124m.ini" \
+    timeout $(($(left) > 30 ? $(left) - 20 : 10)) "${mpi[@]}" -n "$n" "$dgtrain" "$root/configs/gpt2-124m.ini" "${NB[@]}" \
       --set run.dir="$rd" --set data.train="$work/data/bench_train_*.bin" --set data.val="$work/data/bench_val_*.bin" \
       --set data.val_every=0 --set train.steps="$steps" --set train.global_batch="$gb" --set train.micro_batch="$B" \
       --set train.log_every=10 --set parallel.backend=cuda --set checkpoint.async=false \
@@ -263,7 +264,7 @@ PY
     rd=$work/resume_half
     hm=()
     [ $half -gt 1 ] && hm=(--set parallel.mesh=dp_shard=$half --set parallel.comm=nccl)
-    timeout $(($(left) - 10)) "${mpi[@]}" -n $half "$dgtrain" "$root/configs/gpt2-124m.ini" --set run.dir="$rd" \
+    timeout $(($(left) - 10)) "${mpi[@]}" -n $half "$dgtrain" "$root/configs/gpt2-124m.ini" "${NB[@]}" --set run.dir="$rd" \
       --set data.train="$work/data/bench_train_*.bin" --set data.val="$work/data/bench_val_*.bin" --set data.val_every=0 \
       --set train.steps=14 --set train.global_batch=$((NG * B)) --set train.micro_batch="$B" --set parallel.backend=cuda \
       --set checkpoint.every=0 --set checkpoint.async=false --set checkpoint.resume="$ck" "${hm[@]}" >"$out/resume_half.log" 2>&1
