@@ -82,6 +82,17 @@ typedef struct {
     float dloss;
 } ctx_t;
 
+/* sum(dout * gelu(in[0])) over d[0] elements: the objective of cases whose output is one GELU */
+double obj_gelu(void *p);
+
+/* The backward of a case y = op(x, w, b) that took f0 = dg_fails at its start: runs the backward, checks
+ * d/dx, d/dw and d/db (named "<what> d/dx", "<what> d/dw", "<what> <bname>") against central differences
+ * of obj over c->in[0], in[1], in[2] (n[0], n[1], n[2] elements); with acc, then the accumulation over a
+ * second micro-batch (w, b accumulate, x is overwritten); covers the graph; frees the three gradients and
+ * c's in[0..2] and dout. */
+void tg_check_xwb(tg_t *t, int f0, const char *what, const char *bname, dg_node_t *x, dg_node_t *w,
+                  dg_node_t *b, ctx_t *c, const size_t n[3], objective_fn obj, int acc);
+
 /* the cases, by file: dense ops (gops_dense.c) */
 void case_encoder(dg_backend_t *be);
 void case_layernorm(dg_backend_t *be);

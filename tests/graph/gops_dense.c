@@ -82,16 +82,8 @@ void case_layernorm(dg_backend_t *be) {
     ref_layernorm(yr, c.in[0], c.in[1], c.in[2], N, C);
     float *yg = tg_get(&t, y);
     check_close("layernorm forward", yg, yr, 48, 1e-5);
-    tg_run(&t, DG_PHASE_BWD);
-    float *gx = tg_get(&t, dg_node_grad_of(x)), *gw = tg_get(&t, w->grad), *gb = tg_get(&t, b->grad);
-    check_fd("layernorm d/dx", c.in[0], 48, gx, obj_layernorm, &c);
-    check_fd("layernorm d/dw", c.in[1], 8, gw, obj_layernorm, &c);
-    check_fd("layernorm d/db", c.in[2], 8, gb, obj_layernorm, &c);
-    dg_node_t *par[2] = {w, b}, *act[1] = {x};
-    float *g1[2] = {gw, gb}, *a1[1] = {gx};
-    check_accumulation(&t, 2, par, g1, 1, act, a1);
-    tg_cover(&t, f0);
-    free(yg), free(gx), free(gw), free(gb), free(c.in[0]), free(c.in[1]), free(c.in[2]), free(c.dout);
+    tg_check_xwb(&t, f0, "layernorm", "d/db", x, w, b, &c, (const size_t[3]){48, 8, 8}, obj_layernorm, 1);
+    free(yg);
     tg_free(&t);
 }
 
@@ -124,16 +116,8 @@ void case_matmul(dg_backend_t *be) {
     ref_matmul(yr, c.in[0], c.in[1], c.in[2], N, C, OC);
     float *yg = tg_get(&t, y);
     check_close("matmul forward", yg, yr, 30, 1e-5);
-    tg_run(&t, DG_PHASE_BWD);
-    float *gx = tg_get(&t, dg_node_grad_of(x)), *gw = tg_get(&t, w->grad), *gb = tg_get(&t, b->grad);
-    check_fd("matmul d/dx", c.in[0], 48, gx, obj_matmul, &c);
-    check_fd("matmul d/dw", c.in[1], 40, gw, obj_matmul, &c);
-    check_fd("matmul d/dbias", c.in[2], 5, gb, obj_matmul, &c);
-    dg_node_t *par[2] = {w, b}, *act[1] = {x};
-    float *g1[2] = {gw, gb}, *a1[1] = {gx};
-    check_accumulation(&t, 2, par, g1, 1, act, a1);
-    tg_cover(&t, f0);
-    free(yg), free(gx), free(gw), free(gb), free(c.in[0]), free(c.in[1]), free(c.in[2]), free(c.dout);
+    tg_check_xwb(&t, f0, "matmul", "d/dbias", x, w, b, &c, (const size_t[3]){48, 40, 5}, obj_matmul, 1);
+    free(yg);
     tg_free(&t);
 }
 
@@ -213,14 +197,9 @@ void case_matmul_gelu(dg_backend_t *be) {
     float *yg = tg_get(&t, y), *pg = tg_get(&t, y->side[0]);
     check_close("matmul+gelu forward", yg, yr, 72, 1e-5);
     check_close("matmul+gelu pre-activation", pg, pre, 72, 1e-5);
-    tg_run(&t, DG_PHASE_BWD);
-    float *gx = tg_get(&t, dg_node_grad_of(x)), *gw = tg_get(&t, w->grad), *gb = tg_get(&t, b->grad);
-    check_fd("matmul+gelu d/dx", c.in[0], 48, gx, obj_matmul_gelu, &c);
-    check_fd("matmul+gelu d/dw", c.in[1], 96, gw, obj_matmul_gelu, &c);
-    check_fd("matmul+gelu d/dbias", c.in[2], 12, gb, obj_matmul_gelu, &c);
-    tg_cover(&t, f0);
-    free(yg), free(pg), free(gx), free(gw), free(gb), free(c.in[0]), free(c.in[1]), free(c.in[2]),
-        free(c.dout);
+    tg_check_xwb(&t, f0, "matmul+gelu", "d/dbias", x, w, b, &c, (const size_t[3]){48, 96, 12}, obj_matmul_gelu,
+                 0);
+    free(yg), free(pg);
     tg_free(&t);
 }
 
@@ -347,16 +326,7 @@ void case_gelu_acc(dg_backend_t *be) {
     tg_free(&t);
 }
 
-/* gelu */
-static double obj_gelu(void *p) {
-    ctx_t *c = p;
-    size_t n = (size_t)c->d[0];
-    double *y = malloc(n * sizeof *y);
-    ref_gelu(y, c->in[0], n);
-    double s = dot(y, c->dout, n);
-    free(y);
-    return s;
-}
+/* gelu (objective: obj_gelu, gops_harness.c) */
 
 void case_gelu(dg_backend_t *be) {
     int f0 = dg_fails;

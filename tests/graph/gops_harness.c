@@ -194,3 +194,34 @@ void check_accumulation(tg_t *t, int n_par, dg_node_t **par, float **g1, int n_a
         free(a2);
     }
 }
+
+double obj_gelu(void *p) {
+    ctx_t *c = p;
+    size_t n = (size_t)c->d[0];
+    double *y = malloc(n * sizeof *y);
+    ref_gelu(y, c->in[0], n);
+    double s = dot(y, c->dout, n);
+    free(y);
+    return s;
+}
+
+void tg_check_xwb(tg_t *t, int f0, const char *what, const char *bname, dg_node_t *x, dg_node_t *w,
+                  dg_node_t *b, ctx_t *c, const size_t n[3], objective_fn obj, int acc) {
+    tg_run(t, DG_PHASE_BWD);
+    float *g[3] = {tg_get(t, dg_node_grad_of(x)), tg_get(t, w->grad), tg_get(t, b->grad)};
+    const char *wrt[3] = {"d/dx", "d/dw", bname};
+    for (int k = 0; k < 3; k++) {
+        char name[96];
+        snprintf(name, sizeof name, "%s %s", what, wrt[k]);
+        check_fd(name, c->in[k], n[k], g[k], obj, c);
+    }
+    if (acc) {
+        dg_node_t *par[2] = {w, b}, *act[1] = {x};
+        float *g1[2] = {g[1], g[2]}, *a1[1] = {g[0]};
+        check_accumulation(t, 2, par, g1, 1, act, a1);
+    }
+    tg_cover(t, f0);
+    for (int k = 0; k < 3; k++)
+        free(g[k]), free(c->in[k]);
+    free(c->dout);
+}
