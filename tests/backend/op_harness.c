@@ -85,7 +85,8 @@ int dg_op_harness_run(dg_backend_t *be, const dg_harness_opts_t *opts) {
         oph_case_matmul(h, 4099, 16, 2312, 1, 0, 0);
 
     oph_case_matmul_res(h, 26, 72, 72, 1, 0);
-    oph_case_matmul_res(h, 13, 37, 19, 0, 0); /* odd sizes: CUDA may have no algorithm (the unfused fallback) */
+    oph_case_matmul_res(h, 13, 37, 19, 0,
+                        0); /* odd sizes: CUDA may have no algorithm (the unfused fallback) */
     oph_case_matmul_res(h, 7, 288, 72, 1, 1); /* the residual off the output's alignment */
     oph_case_matmul_res(h, 300, 576, 160, 1, 0);
     oph_case_matmul_res(h, 520, 96, 300, 0, 3);
@@ -111,7 +112,8 @@ int dg_op_harness_run(dg_backend_t *be, const dg_harness_opts_t *opts) {
     oph_case_crossentropy_fused(h, 3, 5, 5, 0, 0);
     oph_case_crossentropy_fused(h, 40, 1000, 1024, 0, 0);
     oph_case_crossentropy_fused(h, 7, 259, 320, 1, 0); /* logits misaligned: the scalar reduction */
-    oph_case_crossentropy_fused(h, 7, 259, 320, 0, 3); /* dlogits misaligned: vector reduction, scalar stores */
+    oph_case_crossentropy_fused(h, 7, 259, 320, 0,
+                                3); /* dlogits misaligned: vector reduction, scalar stores */
     oph_case_crossentropy_fused(h, 5, 1003, 1003, 0, 0);
     oph_case_crossentropy_fused(h, 3, 120000, 120064, 0, 0); /* rows beyond shared memory on every GPU */
 

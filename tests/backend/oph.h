@@ -68,15 +68,15 @@ double oph_tol_of(H *h, const char *op);
 /* Elementwise: |got - ref| <= tol * (|ref| + RMS(scale)), scale = `scale` or ref. NaN (a poisoned
  * element never written, or a NaN result) always fails. */
 void oph_check_close(H *h, const char *what, const double *got, const double *ref, size_t n, double tol,
-                        const double *scale);
+                     const double *scale);
 /* Scalar version: |got - ref| <= tol * |ref| (ref != 0), or <= tol when ref == 0. */
 void oph_check_scalar(H *h, const char *what, double got, double ref, double tol);
 void oph_check_bits(H *h, const char *what, const void *a, const void *b, size_t bytes);
 /* Finite differences of a float64 objective f (reading the arrays in ctx, among them x[0..n)) against
  * the backend gradient `got`: a sample of single elements, and directional derivatives along random
  * +-1 vectors, which involve every element. `ref` (the analytic float64 gradient) sets the scale. */
-void oph_check_fd(H *h, const char *what, objective_fn f, void *ctx, double *x, size_t n,
-                     const double *got, const double *ref, double tol);
+void oph_check_fd(H *h, const char *what, objective_fn f, void *ctx, double *x, size_t n, const double *got,
+                  const double *ref, double tol);
 double oph_dotd(const double *a, const double *b, size_t n);
 double *oph_add_arrays(H *h, const double *a, const double *b, size_t n);
 /* ======================= cases ======================= */
@@ -89,21 +89,21 @@ int32_t *oph_rand_tokens(H *h, size_t n, int V);
 /* ---- oph_ref.c (float64 references) ---- */
 /* ======================= float64 references ======================= */
 void oph_ref_encoder(double *out, const int32_t *tok, const double *wte, const double *wpe, int B, int T,
-                        int C);
+                     int C);
 void oph_ref_layernorm(double *out, double *mean, double *rstd, const double *x, const double *w,
-                          const double *b, int N, int C);
+                       const double *b, int N, int C);
 void oph_ref_layernorm_bwd(double *dx, double *dw, double *db, const double *dy, const double *x,
-                              const double *w, int N, int C);
+                           const double *w, int N, int C);
 double oph_ref_gelu1(double x);
 double oph_ref_gelu_grad1(double x);
 /* out = x·wᵀ + bias; with gelu, pre gets the linear part and out its GELU. */
 void oph_ref_matmul(double *out, double *pre, const double *x, const double *w, const double *bias, int N,
-                       int C, int OC, int gelu);
+                    int C, int OC, int gelu);
 void oph_ref_matmul_bwd(double *dx, double *dw, double *db, const double *dy, const double *x,
-                           const double *w, int N, int C, int OC);
+                        const double *w, int N, int C, int OC);
 void oph_ref_attention(double *out, const double *qkv, int B, int T, int C, int NH, double *p);
-void oph_ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, int B, int T, int C,
-                              int NH, double *p, double *dp);
+void oph_ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, int B, int T, int C, int NH,
+                           double *p, double *dp);
 void oph_ref_ce(double *loss, double *lse, const double *z, const int32_t *tg, int N, int V, int Vp);
 void oph_ref_ce_bwd(double *dz, const double *z, const int32_t *tg, int N, int V, int Vp, double dloss);
 

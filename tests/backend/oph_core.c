@@ -141,7 +141,6 @@ double oph_h_decode1(dg_dtype_t dt, const void *src, size_t i) {
 
 /* ======================= harness state ======================= */
 
-
 static void h_line(H *h, const char *tag, const char *fmt, va_list ap) {
     fprintf(h->log, "%s %s: ", tag, h->cname);
     vfprintf(h->log, fmt, ap);
@@ -219,7 +218,8 @@ void *oph_dalloc(H *h, dg_dtype_t dt, size_t n) {
     if (!CALL(h, "alloc", alloc(h->be, n * oph_dt_size(dt), &p))) return NULL;
     DG_ASSERT(h->ndev < H_MAX_TRACK);
     h->dev[h->ndev++] = p;
-    if ((uintptr_t)p % 256 != 0) oph_fail(h, "alloc(%zu) returned %p, not 256-byte aligned", n * oph_dt_size(dt), p);
+    if ((uintptr_t)p % 256 != 0)
+        oph_fail(h, "alloc(%zu) returned %p, not 256-byte aligned", n * oph_dt_size(dt), p);
     return p;
 }
 
@@ -314,7 +314,7 @@ static double rms(const double *v, size_t n) {
 /* Elementwise: |got - ref| <= tol * (|ref| + RMS(scale)), scale = `scale` or ref. NaN (a poisoned
  * element never written, or a NaN result) always fails. */
 void oph_check_close(H *h, const char *what, const double *got, const double *ref, size_t n, double tol,
-                        const double *scale) {
+                     const double *scale) {
     if (h->bad) return;
     if (!got) return;
     double floor = rms(scale ? scale : ref, n);
@@ -335,12 +335,12 @@ void oph_check_close(H *h, const char *what, const double *got, const double *re
     }
     if (nan_count) {
         oph_fail(h, "%s: %zu of %zu elements not finite (unwritten poison?), first at [%zu] = %g", what,
-             nan_count, n, first_nan, got[first_nan]);
+                 nan_count, n, first_nan, got[first_nan]);
         return;
     }
     if (!(worst <= tol))
-        oph_fail(h, "%s: max rel err %.3g > tol %.3g at [%zu]: got %.9g, ref %.9g (n=%zu)", what, worst, tol, wi,
-             got[wi], ref[wi], n);
+        oph_fail(h, "%s: max rel err %.3g > tol %.3g at [%zu]: got %.9g, ref %.9g (n=%zu)", what, worst, tol,
+                 wi, got[wi], ref[wi], n);
     else
         oph_pass(h, "%s: max rel err %.3g <= tol %.3g (n=%zu)", what, worst, tol, n);
 }
@@ -370,8 +370,8 @@ void oph_check_bits(H *h, const char *what, const void *a, const void *b, size_t
 /* Finite differences of a float64 objective f (reading the arrays in ctx, among them x[0..n)) against
  * the backend gradient `got`: a sample of single elements, and directional derivatives along random
  * +-1 vectors, which involve every element. `ref` (the analytic float64 gradient) sets the scale. */
-void oph_check_fd(H *h, const char *what, objective_fn f, void *ctx, double *x, size_t n,
-                     const double *got, const double *ref, double tol) {
+void oph_check_fd(H *h, const char *what, objective_fn f, void *ctx, double *x, size_t n, const double *got,
+                  const double *ref, double tol) {
     if (h->bad || !got || h->o->skip_fd) return;
     const double floor = rms(ref, n) > 0 ? rms(ref, n) : 1e-30;
     const int samples = n <= 48 ? (int)n : 40;
@@ -396,8 +396,8 @@ void oph_check_fd(H *h, const char *what, objective_fn f, void *ctx, double *x, 
         }
     }
     if (!(worst <= tol))
-        oph_fail(h, "%s vs finite differences: rel err %.3g > tol %.3g at [%zu]: got %.9g, fd %.9g", what, worst,
-             tol, wi, wg, wf);
+        oph_fail(h, "%s vs finite differences: rel err %.3g > tol %.3g at [%zu]: got %.9g, fd %.9g", what,
+                 worst, tol, wi, wg, wf);
     else
         oph_pass(h, "%s vs finite differences: %d elements, max rel err %.3g", what, samples, worst);
     /* Directional derivatives: an error anywhere in the tensor moves the dot product. */
@@ -420,8 +420,8 @@ void oph_check_fd(H *h, const char *what, objective_fn f, void *ctx, double *x, 
         double fd = (fp - fm) / (2 * step);
         double e = fabs(dot - fd) / (fabs(fd) + sqrt((double)n) * floor);
         if (!(e <= tol))
-            oph_fail(h, "%s directional derivative %d: got %.9g, fd %.9g, rel err %.3g > tol %.3g", what, d, dot,
-                 fd, e, tol);
+            oph_fail(h, "%s directional derivative %d: got %.9g, fd %.9g, rel err %.3g > tol %.3g", what, d,
+                     dot, fd, e, tol);
         else
             oph_pass(h, "%s directional derivative %d: rel err %.3g", what, d, e);
     }
@@ -439,7 +439,6 @@ double *oph_add_arrays(H *h, const double *a, const double *b, size_t n) {
         r[i] = a[i] + b[i];
     return r;
 }
-
 
 /* ======================= cases ======================= */
 

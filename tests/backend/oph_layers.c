@@ -27,7 +27,8 @@ void oph_case_encoder(H *h, int B, int T, int C, int V, int Vp, int fd) {
     const int Tmax = T + 3; /* position rows past T must stay untouched */
     const size_t N = (size_t)B * T, no = N * C, nte = (size_t)Vp * C, npe = (size_t)Tmax * C;
     int32_t *tok = oph_rand_tokens(h, N, V);
-    double *wte = oph_hrand(h, nte, 0.05, 1.0), *wpe = oph_hrand(h, npe, 0.05, 1.0), *dout = oph_hrand(h, no, 0.05, 1.0);
+    double *wte = oph_hrand(h, nte, 0.05, 1.0), *wpe = oph_hrand(h, npe, 0.05, 1.0),
+           *dout = oph_hrand(h, no, 0.05, 1.0);
     oph_hround(wte, nte, A);
     oph_hround(wpe, npe, A);
     oph_hround(dout, no, A);
@@ -45,8 +46,8 @@ void oph_case_encoder(H *h, int B, int T, int C, int V, int Vp, int fd) {
     if (!h->bad) CALL(h, "encoder_fwd", encoder_fwd(h->be, o1, dtok, dte, dpe, B, T, C));
     if (!h->bad) CALL(h, "encoder_fwd", encoder_fwd(h->be, o2, dtok, dte, dpe, B, T, C));
     oph_check_close(h, "fwd out", oph_download(h, o1, A, no), ref, no, oph_tol_of(h, "encoder_fwd"), NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)), oph_download_raw(h, o2, no * oph_dt_size(A)),
-               no * oph_dt_size(A));
+    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)),
+                   oph_download_raw(h, o2, no * oph_dt_size(A)), no * oph_dt_size(A));
     oph_digest_dev(h, o1, no * oph_dt_size(A));
 
     /* backward: analytic float64 grads */
@@ -57,8 +58,8 @@ void oph_case_encoder(H *h, int B, int T, int C, int V, int Vp, int fd) {
             gpe[(i % T) * C + c] += dout[i * C + c];
         }
     const double tb = oph_tol_of(h, "encoder_bwd");
-    void *gte1 = oph_dalloc(h, DG_F32, nte), *gpe1 = oph_dalloc(h, DG_F32, npe), *gte2 = oph_dalloc(h, DG_F32, nte),
-         *gpe2 = oph_dalloc(h, DG_F32, npe);
+    void *gte1 = oph_dalloc(h, DG_F32, nte), *gpe1 = oph_dalloc(h, DG_F32, npe),
+         *gte2 = oph_dalloc(h, DG_F32, nte), *gpe2 = oph_dalloc(h, DG_F32, npe);
     /* run 1 from zero */
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gte1, nte * 4));
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gpe1, npe * 4));
@@ -81,15 +82,17 @@ void oph_case_encoder(H *h, int B, int T, int C, int V, int Vp, int fd) {
     oph_upload(h, gpe2, DG_F32, pre_pe, npe);
     if (!h->bad) CALL(h, "encoder_bwd", encoder_bwd(h->be, gte2, gpe2, dy, dtok, B, T, C));
     oph_check_close(h, "bwd dwte accumulates (+=)", oph_download(h, gte2, DG_F32, nte),
-                oph_add_arrays(h, pre_te, gte, nte), nte, tb, gte);
+                    oph_add_arrays(h, pre_te, gte, nte), nte, tb, gte);
     oph_check_close(h, "bwd dwpe accumulates (+=)", oph_download(h, gpe2, DG_F32, npe),
-                oph_add_arrays(h, pre_pe, gpe, npe), npe, tb, gpe);
+                    oph_add_arrays(h, pre_pe, gpe, npe), npe, tb, gpe);
     /* run 3 = run 1 */
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gte2, nte * 4));
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gpe2, npe * 4));
     if (!h->bad) CALL(h, "encoder_bwd", encoder_bwd(h->be, gte2, gpe2, dy, dtok, B, T, C));
-    oph_check_bits(h, "bwd repeat dwte", oph_download_raw(h, gte2, nte * 4), oph_download_raw(h, gte1, nte * 4), nte * 4);
-    oph_check_bits(h, "bwd repeat dwpe", oph_download_raw(h, gpe2, npe * 4), oph_download_raw(h, gpe1, npe * 4), npe * 4);
+    oph_check_bits(h, "bwd repeat dwte", oph_download_raw(h, gte2, nte * 4),
+                   oph_download_raw(h, gte1, nte * 4), nte * 4);
+    oph_check_bits(h, "bwd repeat dwpe", oph_download_raw(h, gpe2, npe * 4),
+                   oph_download_raw(h, gpe1, npe * 4), npe * 4);
     oph_case_end(h);
 }
 
@@ -120,7 +123,8 @@ void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     oph_hround(dout, n, A);
     double *ref = oph_hnew(h, n), *rmean = oph_hnew(h, N), *rrstd = oph_hnew(h, N);
     oph_ref_layernorm(ref, rmean, rrstd, x, w, b, N, C);
-    void *dx = oph_dalloc(h, A, n), *dw = oph_dalloc(h, A, C), *dbb = oph_dalloc(h, A, C), *dy = oph_dalloc(h, A, n);
+    void *dx = oph_dalloc(h, A, n), *dw = oph_dalloc(h, A, C), *dbb = oph_dalloc(h, A, C),
+         *dy = oph_dalloc(h, A, n);
     void *o1 = oph_dalloc(h, A, n), *m1 = oph_dalloc(h, DG_F32, N), *r1 = oph_dalloc(h, DG_F32, N);
     void *o2 = oph_dalloc(h, A, n), *m2 = oph_dalloc(h, DG_F32, N), *r2 = oph_dalloc(h, DG_F32, N);
     oph_upload(h, dx, A, x, n);
@@ -139,9 +143,10 @@ void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     oph_check_close(h, "fwd out", oph_download(h, o1, A, n), ref, n, tf, NULL);
     oph_check_close(h, "fwd mean", oph_download(h, m1, DG_F32, N), rmean, N, tf, NULL);
     oph_check_close(h, "fwd rstd", oph_download(h, r1, DG_F32, N), rrstd, N, tf, NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, n * oph_dt_size(A)), oph_download_raw(h, o2, n * oph_dt_size(A)),
-               n * oph_dt_size(A));
-    oph_check_bits(h, "fwd repeat rstd", oph_download_raw(h, r1, N * 4), oph_download_raw(h, r2, N * 4), N * 4);
+    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, n * oph_dt_size(A)),
+                   oph_download_raw(h, o2, n * oph_dt_size(A)), n * oph_dt_size(A));
+    oph_check_bits(h, "fwd repeat rstd", oph_download_raw(h, r1, N * 4), oph_download_raw(h, r2, N * 4),
+                   N * 4);
     oph_digest_dev(h, o1, n * oph_dt_size(A));
     oph_digest_dev(h, m1, N * 4);
     oph_digest_dev(h, r1, N * 4);
@@ -156,7 +161,8 @@ void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw1, C * 4));
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gb1, C * 4));
     if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx1, gw1, gb1, dy, dx, dw, m1, r1, N, C, 0));
-    double *ax = oph_download(h, gx1, A, n), *aw = oph_download(h, gw1, DG_F32, C), *ab = oph_download(h, gb1, DG_F32, C);
+    double *ax = oph_download(h, gx1, A, n), *aw = oph_download(h, gw1, DG_F32, C),
+           *ab = oph_download(h, gb1, DG_F32, C);
     oph_check_close(h, "bwd dinp (acc=0)", ax, rdx, n, tb, NULL);
     oph_check_close(h, "bwd dw", aw, rdw, C, tb, NULL);
     oph_check_close(h, "bwd db", ab, rdb, C, tb, NULL);
@@ -170,7 +176,8 @@ void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     oph_digest_dev(h, gw1, C * 4);
     oph_digest_dev(h, gb1, C * 4);
     /* run 2: acc=1 and parameter grads into non-zero buffers */
-    double *px = oph_hrand(h, n, 0.05, 1.0), *pw = oph_hrand(h, C, 0.05, 1.0), *pb = oph_hrand(h, C, 0.05, 1.0);
+    double *px = oph_hrand(h, n, 0.05, 1.0), *pw = oph_hrand(h, C, 0.05, 1.0),
+           *pb = oph_hrand(h, C, 0.05, 1.0);
     oph_hround(px, n, A);
     oph_hround(pw, C, DG_F32);
     oph_hround(pb, C, DG_F32);
@@ -178,23 +185,25 @@ void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     oph_upload(h, gw2, DG_F32, pw, C);
     oph_upload(h, gb2, DG_F32, pb, C);
     if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, m1, r1, N, C, 1));
-    oph_check_close(h, "bwd dinp (acc=1 adds)", oph_download(h, gx2, A, n), oph_add_arrays(h, px, rdx, n), n, tb, rdx);
-    oph_check_close(h, "bwd dw accumulates (+=)", oph_download(h, gw2, DG_F32, C), oph_add_arrays(h, pw, rdw, C), C, tb,
-                rdw);
-    oph_check_close(h, "bwd db accumulates (+=)", oph_download(h, gb2, DG_F32, C), oph_add_arrays(h, pb, rdb, C), C, tb,
-                rdb);
+    oph_check_close(h, "bwd dinp (acc=1 adds)", oph_download(h, gx2, A, n), oph_add_arrays(h, px, rdx, n), n,
+                    tb, rdx);
+    oph_check_close(h, "bwd dw accumulates (+=)", oph_download(h, gw2, DG_F32, C),
+                    oph_add_arrays(h, pw, rdw, C), C, tb, rdw);
+    oph_check_close(h, "bwd db accumulates (+=)", oph_download(h, gb2, DG_F32, C),
+                    oph_add_arrays(h, pb, rdb, C), C, tb, rdb);
     /* run 3 = run 1 */
     oph_poison(h, gx2, A, n);
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, C * 4));
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gb2, C * 4));
     if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, m1, r1, N, C, 0));
     oph_check_bits(h, "bwd repeat dinp", oph_download_raw(h, gx2, n * oph_dt_size(A)),
-               oph_download_raw(h, gx1, n * oph_dt_size(A)), n * oph_dt_size(A));
-    oph_check_bits(h, "bwd repeat dw", oph_download_raw(h, gw2, C * 4), oph_download_raw(h, gw1, C * 4), C * 4);
-    oph_check_bits(h, "bwd repeat db", oph_download_raw(h, gb2, C * 4), oph_download_raw(h, gb1, C * 4), C * 4);
+                   oph_download_raw(h, gx1, n * oph_dt_size(A)), n * oph_dt_size(A));
+    oph_check_bits(h, "bwd repeat dw", oph_download_raw(h, gw2, C * 4), oph_download_raw(h, gw1, C * 4),
+                   C * 4);
+    oph_check_bits(h, "bwd repeat db", oph_download_raw(h, gb2, C * 4), oph_download_raw(h, gb1, C * 4),
+                   C * 4);
     oph_case_end(h);
 }
-
 
 /* ---- gelu ---- */
 
@@ -224,7 +233,8 @@ void oph_case_gelu(H *h, size_t n, int fd) {
         ref[i] = oph_ref_gelu1(x[i]);
         rdx[i] = dout[i] * oph_ref_gelu_grad1(x[i]);
     }
-    void *dx = oph_dalloc(h, A, n), *dy = oph_dalloc(h, A, n), *o1 = oph_dalloc(h, A, n), *o2 = oph_dalloc(h, A, n);
+    void *dx = oph_dalloc(h, A, n), *dy = oph_dalloc(h, A, n), *o1 = oph_dalloc(h, A, n),
+         *o2 = oph_dalloc(h, A, n);
     void *g1 = oph_dalloc(h, A, n), *g2 = oph_dalloc(h, A, n);
     oph_upload(h, dx, A, x, n);
     oph_upload(h, dy, A, dout, n);
@@ -233,8 +243,8 @@ void oph_case_gelu(H *h, size_t n, int fd) {
     if (!h->bad) CALL(h, "gelu_fwd", gelu_fwd(h->be, o1, dx, n));
     if (!h->bad) CALL(h, "gelu_fwd", gelu_fwd(h->be, o2, dx, n));
     oph_check_close(h, "fwd", oph_download(h, o1, A, n), ref, n, oph_tol_of(h, "gelu_fwd"), NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, n * oph_dt_size(A)), oph_download_raw(h, o2, n * oph_dt_size(A)),
-               n * oph_dt_size(A));
+    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, n * oph_dt_size(A)),
+                   oph_download_raw(h, o2, n * oph_dt_size(A)), n * oph_dt_size(A));
     oph_digest_dev(h, o1, n * oph_dt_size(A));
     const double tb = oph_tol_of(h, "gelu_bwd");
     oph_poison(h, g1, A, n);
@@ -250,11 +260,12 @@ void oph_case_gelu(H *h, size_t n, int fd) {
     oph_hround(pre, n, A);
     oph_upload(h, g2, A, pre, n);
     if (!h->bad) CALL(h, "gelu_bwd", gelu_bwd(h->be, g2, dx, dy, n, 1));
-    oph_check_close(h, "bwd (acc=1 adds)", oph_download(h, g2, A, n), oph_add_arrays(h, pre, rdx, n), n, tb, rdx);
+    oph_check_close(h, "bwd (acc=1 adds)", oph_download(h, g2, A, n), oph_add_arrays(h, pre, rdx, n), n, tb,
+                    rdx);
     oph_poison(h, g2, A, n);
     if (!h->bad) CALL(h, "gelu_bwd", gelu_bwd(h->be, g2, dx, dy, n, 0));
-    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g2, n * oph_dt_size(A)), oph_download_raw(h, g1, n * oph_dt_size(A)),
-               n * oph_dt_size(A));
+    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g2, n * oph_dt_size(A)),
+                   oph_download_raw(h, g1, n * oph_dt_size(A)), n * oph_dt_size(A));
     oph_case_end(h);
 }
 
@@ -282,7 +293,8 @@ void oph_case_attention(H *h, int B, int T, int C, int NH, int fd) {
     oph_ref_attention(ref, qkv, B, T, C, NH, p);
     oph_ref_attention_bwd(rdq, dout, qkv, B, T, C, NH, p, dp);
     const size_t auxb = h->be->ops->attention_aux_bytes(h->be, B, T, C, NH);
-    void *dq = oph_dalloc(h, A, nq), *dy = oph_dalloc(h, A, no), *o1 = oph_dalloc(h, A, no), *o2 = oph_dalloc(h, A, no);
+    void *dq = oph_dalloc(h, A, nq), *dy = oph_dalloc(h, A, no), *o1 = oph_dalloc(h, A, no),
+         *o2 = oph_dalloc(h, A, no);
     void *aux1 = oph_dalloc_bytes(h, auxb), *aux2 = oph_dalloc_bytes(h, auxb);
     void *g1 = oph_dalloc(h, A, nq), *g2 = oph_dalloc(h, A, nq);
     oph_upload(h, dq, A, qkv, nq);
@@ -294,8 +306,8 @@ void oph_case_attention(H *h, int B, int T, int C, int NH, int fd) {
     if (!h->bad) CALL(h, "attention_fwd", attention_fwd(h->be, o1, aux1, dq, B, T, C, NH));
     if (!h->bad) CALL(h, "attention_fwd", attention_fwd(h->be, o2, aux2, dq, B, T, C, NH));
     oph_check_close(h, "fwd out", oph_download(h, o1, A, no), ref, no, oph_tol_of(h, "attention_fwd"), NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)), oph_download_raw(h, o2, no * oph_dt_size(A)),
-               no * oph_dt_size(A));
+    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)),
+                   oph_download_raw(h, o2, no * oph_dt_size(A)), no * oph_dt_size(A));
     oph_digest_dev(h, o1, no * oph_dt_size(A));
     const double tb = oph_tol_of(h, "attention_bwd");
     oph_poison(h, g1, A, nq);
@@ -308,8 +320,8 @@ void oph_case_attention(H *h, int B, int T, int C, int NH, int fd) {
         att_ctx_t cx = {qkv, oph_hnew(h, no), p, dout, B, T, C, NH};
         oph_check_fd(h, "bwd dqkv", att_obj, &cx, qkv, nq, a, rdq, tb);
     }
-    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g1, nq * oph_dt_size(A)), oph_download_raw(h, g2, nq * oph_dt_size(A)),
-               nq * oph_dt_size(A));
+    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g1, nq * oph_dt_size(A)),
+                   oph_download_raw(h, g2, nq * oph_dt_size(A)), nq * oph_dt_size(A));
     oph_digest_dev(h, g1, nq * oph_dt_size(A));
     oph_case_end(h);
 }
@@ -374,15 +386,15 @@ void oph_case_crossentropy(H *h, int N, int V, int Vp, int fd) {
     oph_poison(h, g2, A, nz);
     if (!h->bad)
         CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g2, dz, s1, dtg, N, V, Vp, (float)dloss));
-    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g2, nz * oph_dt_size(A)), oph_download_raw(h, g1, nz * oph_dt_size(A)),
-               nz * oph_dt_size(A));
+    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g2, nz * oph_dt_size(A)),
+                   oph_download_raw(h, g1, nz * oph_dt_size(A)), nz * oph_dt_size(A));
     /* in place: dlogits aliasing logits */
     void *inplace = oph_ddup(h, dz, nz * oph_dt_size(A));
     if (!h->bad)
         CALL(h, "crossentropy_bwd",
              crossentropy_bwd(h->be, inplace, inplace, s1, dtg, N, V, Vp, (float)dloss));
     oph_check_bits(h, "bwd in place (dlogits == logits)", oph_download_raw(h, inplace, nz * oph_dt_size(A)),
-               oph_download_raw(h, g1, nz * oph_dt_size(A)), nz * oph_dt_size(A));
+                   oph_download_raw(h, g1, nz * oph_dt_size(A)), nz * oph_dt_size(A));
     oph_case_end(h);
 }
 
@@ -438,10 +450,12 @@ void oph_case_crossentropy_fused(H *h, int N, int V, int Vp, int lg_off, int dl_
     oph_poison(h, g1, A, nz);
     if (!h->bad)
         CALL(h, "crossentropy_fused", crossentropy_fused(h->be, l2, s2, g1, dz, dtg, N, V, Vp, (float)dloss));
-    oph_check_close(h, "fused losses", oph_download(h, l2, DG_F32, N), rl, N, oph_tol_of(h, "crossentropy_fwd"), NULL);
-    oph_check_close(h, "fused lse", oph_download(h, s2, DG_F32, N), rlse, N, oph_tol_of(h, "crossentropy_fwd"), NULL);
+    oph_check_close(h, "fused losses", oph_download(h, l2, DG_F32, N), rl, N,
+                    oph_tol_of(h, "crossentropy_fwd"), NULL);
+    oph_check_close(h, "fused lse", oph_download(h, s2, DG_F32, N), rlse, N,
+                    oph_tol_of(h, "crossentropy_fwd"), NULL);
     oph_check_close(h, "fused dlogits (padded columns = 0)", oph_download(h, g1, A, nz), rdz, nz,
-                oph_tol_of(h, "crossentropy_bwd"), NULL);
+                    oph_tol_of(h, "crossentropy_bwd"), NULL);
     oph_check_bits(h, "fused losses == crossentropy_fwd's", oph_download_raw(h, l2, N * 4), rl_bits, N * 4);
     oph_check_bits(h, "fused lse == crossentropy_fwd's", oph_download_raw(h, s2, N * 4), rs_bits, N * 4);
     oph_check_bits(h, "fused dlogits == crossentropy_bwd's", oph_download_raw(h, g1, zb), rg_bits, zb);
@@ -456,7 +470,7 @@ void oph_case_crossentropy_fused(H *h, int N, int V, int Vp, int lg_off, int dl_
         CALL(h, "crossentropy_fused", crossentropy_fused(h->be, l2, s2, dz, dz, dtg, N, V, Vp, (float)dloss));
     oph_check_bits(h, "fused in place: losses", oph_download_raw(h, l2, N * 4), rl_bits, N * 4);
     oph_check_bits(h, "fused in place: lse", oph_download_raw(h, s2, N * 4), rs_bits, N * 4);
-    oph_check_bits(h, "fused in place: dlogits over the logits == crossentropy_bwd's", oph_download_raw(h, dz, zb),
-               rg_bits, zb);
+    oph_check_bits(h, "fused in place: dlogits over the logits == crossentropy_bwd's",
+                   oph_download_raw(h, dz, zb), rg_bits, zb);
     oph_case_end(h);
 }

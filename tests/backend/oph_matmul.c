@@ -21,19 +21,21 @@ static double mm_obj(void *p) { /* objective of the linear part: what matmul_bwd
 }
 
 void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd) {
-    if (!oph_case_begin(h, "matmul[N=%d,C=%d,OC=%d%s%s]", N, C, OC, has_bias ? ",bias" : "", gelu ? ",gelu" : ""))
+    if (!oph_case_begin(h, "matmul[N=%d,C=%d,OC=%d%s%s]", N, C, OC, has_bias ? ",bias" : "",
+                        gelu ? ",gelu" : ""))
         return;
     const dg_dtype_t A = h->act;
     const size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
-    double *x = oph_hrand(h, nx, 0.05, 1.0), *w = oph_hrand(h, nw, 0.02, 0.3), *bias = oph_hrand(h, OC, 0.05, 0.5),
-           *dout = oph_hrand(h, no, 0.05, 1.0);
+    double *x = oph_hrand(h, nx, 0.05, 1.0), *w = oph_hrand(h, nw, 0.02, 0.3),
+           *bias = oph_hrand(h, OC, 0.05, 0.5), *dout = oph_hrand(h, no, 0.05, 1.0);
     oph_hround(x, nx, A);
     oph_hround(w, nw, A);
     oph_hround(bias, OC, A);
     oph_hround(dout, no, A);
     double *ref = oph_hnew(h, no), *rpre = oph_hnew(h, no);
     oph_ref_matmul(ref, rpre, x, w, has_bias ? bias : NULL, N, C, OC, gelu);
-    void *dx = oph_dalloc(h, A, nx), *dw = oph_dalloc(h, A, nw), *dbias = has_bias ? oph_dalloc(h, A, OC) : NULL;
+    void *dx = oph_dalloc(h, A, nx), *dw = oph_dalloc(h, A, nw),
+         *dbias = has_bias ? oph_dalloc(h, A, OC) : NULL;
     void *dy = oph_dalloc(h, A, no), *o1 = oph_dalloc(h, A, no), *o2 = oph_dalloc(h, A, no);
     void *p1 = gelu ? oph_dalloc(h, A, no) : NULL, *p2 = gelu ? oph_dalloc(h, A, no) : NULL;
     oph_upload(h, dx, A, x, nx);
@@ -50,10 +52,11 @@ void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd)
     if (!h->bad) CALL(h, "matmul_fwd", matmul_fwd(h->be, o1, p1, dx, dw, dbias, N, C, OC, epi));
     if (!h->bad) CALL(h, "matmul_fwd", matmul_fwd(h->be, o2, p2, dx, dw, dbias, N, C, OC, epi));
     const double tf = oph_tol_of(h, "matmul_fwd");
-    oph_check_close(h, gelu ? "fwd out = gelu(pre)" : "fwd out", oph_download(h, o1, A, no), ref, no, tf, NULL);
+    oph_check_close(h, gelu ? "fwd out = gelu(pre)" : "fwd out", oph_download(h, o1, A, no), ref, no, tf,
+                    NULL);
     if (gelu) oph_check_close(h, "fwd pre", oph_download(h, p1, A, no), rpre, no, tf, NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)), oph_download_raw(h, o2, no * oph_dt_size(A)),
-               no * oph_dt_size(A));
+    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)),
+                   oph_download_raw(h, o2, no * oph_dt_size(A)), no * oph_dt_size(A));
     oph_digest_dev(h, o1, no * oph_dt_size(A));
     if (gelu) oph_digest_dev(h, p1, no * oph_dt_size(A));
 
@@ -81,7 +84,8 @@ void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd)
     oph_digest_dev(h, gw1, nw * 4);
     oph_digest_dev(h, gb1, OC * 4);
     /* run 2: acc=1, grads into non-zero buffers */
-    double *px = oph_hrand(h, nx, 0.05, 1.0), *pw = oph_hrand(h, nw, 0.05, 1.0), *pb = oph_hrand(h, OC, 0.05, 1.0);
+    double *px = oph_hrand(h, nx, 0.05, 1.0), *pw = oph_hrand(h, nw, 0.05, 1.0),
+           *pb = oph_hrand(h, OC, 0.05, 1.0);
     oph_hround(px, nx, A);
     oph_hround(pw, nw, DG_F32);
     oph_hround(pb, OC, DG_F32);
@@ -89,24 +93,28 @@ void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd)
     oph_upload(h, gw2, DG_F32, pw, nw);
     oph_upload(h, gb2, DG_F32, pb, OC);
     if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, N, C, OC, 1));
-    oph_check_close(h, "bwd dinp (acc=1 adds)", oph_download(h, gx2, A, nx), oph_add_arrays(h, px, rdx, nx), nx, tb, rdx);
-    oph_check_close(h, "bwd dw accumulates (+=)", oph_download(h, gw2, DG_F32, nw), oph_add_arrays(h, pw, rdw, nw), nw,
-                tb, rdw);
-    oph_check_close(h, "bwd dbias accumulates (+=)", oph_download(h, gb2, DG_F32, OC), oph_add_arrays(h, pb, rdb, OC), OC,
-                tb, rdb);
+    oph_check_close(h, "bwd dinp (acc=1 adds)", oph_download(h, gx2, A, nx), oph_add_arrays(h, px, rdx, nx),
+                    nx, tb, rdx);
+    oph_check_close(h, "bwd dw accumulates (+=)", oph_download(h, gw2, DG_F32, nw),
+                    oph_add_arrays(h, pw, rdw, nw), nw, tb, rdw);
+    oph_check_close(h, "bwd dbias accumulates (+=)", oph_download(h, gb2, DG_F32, OC),
+                    oph_add_arrays(h, pb, rdb, OC), OC, tb, rdb);
     /* run 3 = run 1 */
     oph_poison(h, gx2, A, nx);
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gb2, OC * 4));
     if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, N, C, OC, 0));
     oph_check_bits(h, "bwd repeat dinp", oph_download_raw(h, gx2, nx * oph_dt_size(A)),
-               oph_download_raw(h, gx1, nx * oph_dt_size(A)), nx * oph_dt_size(A));
-    oph_check_bits(h, "bwd repeat dw", oph_download_raw(h, gw2, nw * 4), oph_download_raw(h, gw1, nw * 4), nw * 4);
-    oph_check_bits(h, "bwd repeat dbias", oph_download_raw(h, gb2, OC * 4), oph_download_raw(h, gb1, OC * 4), OC * 4);
+                   oph_download_raw(h, gx1, nx * oph_dt_size(A)), nx * oph_dt_size(A));
+    oph_check_bits(h, "bwd repeat dw", oph_download_raw(h, gw2, nw * 4), oph_download_raw(h, gw1, nw * 4),
+                   nw * 4);
+    oph_check_bits(h, "bwd repeat dbias", oph_download_raw(h, gb2, OC * 4), oph_download_raw(h, gb1, OC * 4),
+                   OC * 4);
     /* run 4: no input gradient and no bias gradient wanted */
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
     if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, NULL, gw2, NULL, dy, dx, dw, N, C, OC, 0));
-    oph_check_close(h, "bwd dw with dinp=NULL, dbias=NULL", oph_download(h, gw2, DG_F32, nw), rdw, nw, tb, NULL);
+    oph_check_close(h, "bwd dw with dinp=NULL, dbias=NULL", oph_download(h, gw2, DG_F32, nw), rdw, nw, tb,
+                    NULL);
     oph_case_end(h);
 }
 
@@ -116,7 +124,8 @@ void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd)
  * output poisoned first, repeated for bits; a residual buffer `off` elements past a 256-byte boundary
  * (CUDA: C's alignment differs from D's). */
 void oph_case_matmul_res(H *h, int N, int C, int OC, int has_bias, int off) {
-    if (!oph_case_begin(h, "matmul_fwd_res[N=%d,C=%d,OC=%d%s,off=%d]", N, C, OC, has_bias ? ",bias" : "", off))
+    if (!oph_case_begin(h, "matmul_fwd_res[N=%d,C=%d,OC=%d%s,off=%d]", N, C, OC, has_bias ? ",bias" : "",
+                        off))
         return;
     if (!h->be->ops->matmul_fwd_res) { /* optional entry: the graph keeps the matmul and the add */
         oph_pass(h, "matmul_fwd_res: not provided by the %s backend (optional)", h->be->ops->name);
@@ -125,8 +134,8 @@ void oph_case_matmul_res(H *h, int N, int C, int OC, int has_bias, int off) {
     }
     const dg_dtype_t A = h->act;
     const size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC, ob = no * oph_dt_size(A);
-    double *x = oph_hrand(h, nx, 0.05, 1.0), *w = oph_hrand(h, nw, 0.02, 0.3), *bias = oph_hrand(h, OC, 0.05, 0.5),
-           *res = oph_hrand(h, no, -1.0, 1.0);
+    double *x = oph_hrand(h, nx, 0.05, 1.0), *w = oph_hrand(h, nw, 0.02, 0.3),
+           *bias = oph_hrand(h, OC, 0.05, 0.5), *res = oph_hrand(h, no, -1.0, 1.0);
     oph_hround(x, nx, A);
     oph_hround(w, nw, A);
     oph_hround(bias, OC, A);
@@ -189,8 +198,8 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
     if (!oph_case_begin(h, "matmul_bwd_dgelu[N=%d,C=%d,OC=%d%s]", N, C, OC, has_bias ? ",bias" : "")) return;
     const dg_dtype_t A = h->act;
     const size_t nx = (size_t)N * C, nw = (size_t)OC * C, no = (size_t)N * OC;
-    double *pre = oph_hrand(h, nx, 0.01, 3.0), *w = oph_hrand(h, nw, 0.02, 0.3), *bias = oph_hrand(h, OC, 0.05, 0.5),
-           *dout = oph_hrand(h, no, 0.05, 1.0);
+    double *pre = oph_hrand(h, nx, 0.01, 3.0), *w = oph_hrand(h, nw, 0.02, 0.3),
+           *bias = oph_hrand(h, OC, 0.05, 0.5), *dout = oph_hrand(h, no, 0.05, 1.0);
     for (size_t i = 0; i < nx; i += 13)
         pre[i] *= 2.5; /* some tails */
     oph_hround(pre, nx, A);
@@ -206,7 +215,8 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
     for (size_t i = 0; i < nx; i++)
         rdx[i] *= oph_ref_gelu_grad1(pre[i]);
     const double tb = oph_tol_of(h, "matmul_bwd_dgelu");
-    void *dpre_ = oph_dalloc(h, A, nx), *dinp = oph_dalloc(h, A, nx), *dw = oph_dalloc(h, A, nw), *dy = oph_dalloc(h, A, no);
+    void *dpre_ = oph_dalloc(h, A, nx), *dinp = oph_dalloc(h, A, nx), *dw = oph_dalloc(h, A, nw),
+         *dy = oph_dalloc(h, A, no);
     void *gx1 = oph_dalloc(h, A, nx), *gw1 = oph_dalloc(h, DG_F32, nw), *gb1 = oph_dalloc(h, DG_F32, OC);
     void *gx2 = oph_dalloc(h, A, nx), *gw2 = oph_dalloc(h, DG_F32, nw), *gb2 = oph_dalloc(h, DG_F32, OC);
     oph_upload(h, dpre_, A, pre, nx);
@@ -242,13 +252,15 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
     if (!h->bad) CALL(h, "gelu_bwd", gelu_bwd(h->be, gx2, dpre_, gx2, nx, 0));
     if (A == DG_F32) {
         oph_check_bits(h, "dpre == matmul_bwd + gelu_bwd", oph_download_raw(h, gx1, nx * 4),
-                   oph_download_raw(h, gx2, nx * 4), nx * 4);
+                       oph_download_raw(h, gx2, nx * 4), nx * 4);
     } else {
         oph_check_close(h, "dpre vs matmul_bwd + gelu_bwd", ax, oph_download(h, gx2, A, nx), nx, 2 * tb, rdx);
     }
-    oph_check_bits(h, "dw == matmul_bwd's", oph_download_raw(h, gw1, nw * 4), oph_download_raw(h, gw2, nw * 4), nw * 4);
+    oph_check_bits(h, "dw == matmul_bwd's", oph_download_raw(h, gw1, nw * 4),
+                   oph_download_raw(h, gw2, nw * 4), nw * 4);
     /* run 2: acc = 1 adds after the derivative; parameter gradients accumulate */
-    double *px = oph_hrand(h, nx, 0.05, 1.0), *pw = oph_hrand(h, nw, 0.05, 1.0), *pb = oph_hrand(h, OC, 0.05, 1.0);
+    double *px = oph_hrand(h, nx, 0.05, 1.0), *pw = oph_hrand(h, nw, 0.05, 1.0),
+           *pb = oph_hrand(h, OC, 0.05, 1.0);
     oph_hround(px, nx, A);
     oph_hround(pw, nw, DG_F32);
     oph_hround(pb, OC, DG_F32);
@@ -258,12 +270,13 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
     if (!h->bad)
         CALL(h, "matmul_bwd_dgelu",
              matmul_bwd_dgelu(h->be, gx2, gw2, has_bias ? gb2 : NULL, dy, dinp, dw, dpre_, N, C, OC, 1));
-    oph_check_close(h, "dpre (acc=1 adds)", oph_download(h, gx2, A, nx), oph_add_arrays(h, px, rdx, nx), nx, tb, rdx);
-    oph_check_close(h, "dw accumulates (+=)", oph_download(h, gw2, DG_F32, nw), oph_add_arrays(h, pw, rdw, nw), nw, tb,
-                rdw);
+    oph_check_close(h, "dpre (acc=1 adds)", oph_download(h, gx2, A, nx), oph_add_arrays(h, px, rdx, nx), nx,
+                    tb, rdx);
+    oph_check_close(h, "dw accumulates (+=)", oph_download(h, gw2, DG_F32, nw),
+                    oph_add_arrays(h, pw, rdw, nw), nw, tb, rdw);
     if (has_bias)
-        oph_check_close(h, "dbias accumulates (+=)", oph_download(h, gb2, DG_F32, OC), oph_add_arrays(h, pb, rdb, OC), OC,
-                    tb, rdb);
+        oph_check_close(h, "dbias accumulates (+=)", oph_download(h, gb2, DG_F32, OC),
+                        oph_add_arrays(h, pb, rdb, OC), OC, tb, rdb);
     /* run 3: dpre aliasing inp (acc = 0), otherwise run 1's call (with its bias gradient: on CUDA the
      * weight-gradient GEMM with the BGRADB epilogue is another algorithm than without, so dropping it
      * would change dw's bits for a reason other than the aliasing): the same bits as run 1 */
@@ -276,11 +289,12 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
         CALL(h, "matmul_bwd_dgelu",
              matmul_bwd_dgelu(h->be, alias, gw2, gb3, dy, alias, dw, dpre_, N, C, OC, 0));
     oph_check_bits(h, "dpre in place over inp == run 1", oph_download_raw(h, alias, nx * oph_dt_size(A)),
-               oph_download_raw(h, gx1, nx * oph_dt_size(A)), nx * oph_dt_size(A));
-    oph_check_bits(h, "dw in place == run 1", oph_download_raw(h, gw2, nw * 4), oph_download_raw(h, gw1, nw * 4), nw * 4);
+                   oph_download_raw(h, gx1, nx * oph_dt_size(A)), nx * oph_dt_size(A));
+    oph_check_bits(h, "dw in place == run 1", oph_download_raw(h, gw2, nw * 4),
+                   oph_download_raw(h, gw1, nw * 4), nw * 4);
     if (gb3)
-        oph_check_bits(h, "dbias in place == run 1", oph_download_raw(h, gb3, OC * 4), oph_download_raw(h, gb1, OC * 4),
-                   OC * 4);
+        oph_check_bits(h, "dbias in place == run 1", oph_download_raw(h, gb3, OC * 4),
+                       oph_download_raw(h, gb1, OC * 4), OC * 4);
     /* run 4 = run 1, repeated */
     oph_poison(h, gx2, A, nx);
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
@@ -288,11 +302,13 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
     if (!h->bad)
         CALL(h, "matmul_bwd_dgelu",
              matmul_bwd_dgelu(h->be, gx2, gw2, has_bias ? gb2 : NULL, dy, dinp, dw, dpre_, N, C, OC, 0));
-    oph_check_bits(h, "repeat dpre", oph_download_raw(h, gx2, nx * oph_dt_size(A)), oph_download_raw(h, gx1, nx * oph_dt_size(A)),
-               nx * oph_dt_size(A));
-    oph_check_bits(h, "repeat dw", oph_download_raw(h, gw2, nw * 4), oph_download_raw(h, gw1, nw * 4), nw * 4);
+    oph_check_bits(h, "repeat dpre", oph_download_raw(h, gx2, nx * oph_dt_size(A)),
+                   oph_download_raw(h, gx1, nx * oph_dt_size(A)), nx * oph_dt_size(A));
+    oph_check_bits(h, "repeat dw", oph_download_raw(h, gw2, nw * 4), oph_download_raw(h, gw1, nw * 4),
+                   nw * 4);
     if (has_bias)
-        oph_check_bits(h, "repeat dbias", oph_download_raw(h, gb2, OC * 4), oph_download_raw(h, gb1, OC * 4), OC * 4);
+        oph_check_bits(h, "repeat dbias", oph_download_raw(h, gb2, OC * 4), oph_download_raw(h, gb1, OC * 4),
+                       OC * 4);
     /* bad aliasing is refused, not computed */
     if (!h->bad) {
         dg_status_t st =

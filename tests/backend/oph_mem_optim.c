@@ -95,16 +95,16 @@ void oph_case_cast(H *h, dg_dtype_t st, dg_dtype_t dt, size_t n) {
         size_t bad = 0, first = 0;
         for (size_t i = 0; i < n; i++) {
             double g = oph_h_decode1(dt, got, i);
-            int same = isnan(ref[i])
-                           ? isnan(g)
-                           : memcmp(got + i * oph_dt_size(dt), want + i * oph_dt_size(dt), oph_dt_size(dt)) == 0;
+            int same = isnan(ref[i]) ? isnan(g)
+                                     : memcmp(got + i * oph_dt_size(dt), want + i * oph_dt_size(dt),
+                                              oph_dt_size(dt)) == 0;
             if (!same && !bad++) first = i;
         }
         if (bad)
             oph_fail(h,
-                 "%zu of %zu elements differ from round-to-nearest-even; first [%zu]: src %.10g -> got "
-                 "%.10g, want %.10g",
-                 bad, n, first, v[first], oph_h_decode1(dt, got, first), ref[first]);
+                     "%zu of %zu elements differ from round-to-nearest-even; first [%zu]: src %.10g -> got "
+                     "%.10g, want %.10g",
+                     bad, n, first, v[first], oph_h_decode1(dt, got, first), ref[first]);
         else
             oph_pass(h, "bit-exact round-to-nearest-even (edge values included)");
         oph_digest_add(h, got, n * oph_dt_size(dt));
@@ -119,7 +119,8 @@ void oph_case_elementwise(H *h, size_t n) {
     oph_hround(a, n, A);
     oph_hround(b, n, A);
     oph_hround(d0, n, A);
-    void *da = oph_dalloc(h, A, n), *db = oph_dalloc(h, A, n), *dout = oph_dalloc(h, A, n), *dacc = oph_dalloc(h, A, n);
+    void *da = oph_dalloc(h, A, n), *db = oph_dalloc(h, A, n), *dout = oph_dalloc(h, A, n),
+         *dacc = oph_dalloc(h, A, n);
     oph_upload(h, da, A, a, n);
     oph_upload(h, db, A, b, n);
     oph_poison(h, dout, A, n);
@@ -131,16 +132,17 @@ void oph_case_elementwise(H *h, size_t n) {
     /* out aliasing an input */
     void *alias = oph_ddup(h, da, n * oph_dt_size(A));
     if (!h->bad) CALL(h, "add", add(h->be, alias, alias, db, n));
-    oph_check_bits(h, "add with out == a", oph_download_raw(h, alias, n * oph_dt_size(A)), raw, n * oph_dt_size(A));
+    oph_check_bits(h, "add with out == a", oph_download_raw(h, alias, n * oph_dt_size(A)), raw,
+                   n * oph_dt_size(A));
     /* accumulate: acc=0 copies over poison, acc=1 adds */
     oph_poison(h, dacc, A, n);
     if (!h->bad) CALL(h, "accumulate", accumulate(h->be, dacc, da, n, 0));
     oph_check_bits(h, "accumulate acc=0 overwrites", oph_download_raw(h, dacc, n * oph_dt_size(A)),
-               oph_download_raw(h, da, n * oph_dt_size(A)), n * oph_dt_size(A));
+                   oph_download_raw(h, da, n * oph_dt_size(A)), n * oph_dt_size(A));
     oph_upload(h, dacc, A, d0, n);
     if (!h->bad) CALL(h, "accumulate", accumulate(h->be, dacc, da, n, 1));
     oph_check_close(h, "accumulate acc=1 adds", oph_download(h, dacc, A, n), oph_add_arrays(h, d0, a, n), n,
-                oph_tol_of(h, "accumulate"), a);
+                    oph_tol_of(h, "accumulate"), a);
     /* scale_f32 */
     double *x = oph_hrand(h, n, 0.05, 2.0), *xs = oph_hnew(h, n);
     oph_hround(x, n, DG_F32);
@@ -162,7 +164,8 @@ void oph_case_elementwise(H *h, size_t n) {
     void *yraw = oph_download_raw(h, dy, n * sizeof(float));
     if (!h->bad) CALL(h, "add_f32", add_f32(h->be, (float *)dz, (const float *)dy, n));
     oph_check_close(h, "add_f32", oph_download(h, dz, DG_F32, n), xy, n, oph_tol_of(h, "add_f32"), NULL);
-    oph_check_bits(h, "add_f32 leaves src", oph_download_raw(h, dy, n * sizeof(float)), yraw, n * sizeof(float));
+    oph_check_bits(h, "add_f32 leaves src", oph_download_raw(h, dy, n * sizeof(float)), yraw,
+                   n * sizeof(float));
     oph_case_end(h);
 }
 
@@ -178,7 +181,8 @@ void oph_case_sumsq(H *h, size_t n) {
     if (!h->bad) CALL(h, "sumsq_f32", sumsq_f32(h->be, dout, dx, n));
     if (!h->bad) CALL(h, "sumsq_f32", sumsq_f32(h->be, dout2, dx, n));
     double *got = oph_download(h, dout, DG_F32, 1);
-    if (got) oph_check_scalar(h, "*out += sum(x^2)", got[0], pre + oph_dotd(x, x, n), oph_tol_of(h, "sumsq_f32"));
+    if (got)
+        oph_check_scalar(h, "*out += sum(x^2)", got[0], pre + oph_dotd(x, x, n), oph_tol_of(h, "sumsq_f32"));
     oph_check_bits(h, "repeat", oph_download_raw(h, dout, 4), oph_download_raw(h, dout2, 4), 4);
     oph_digest_dev(h, dout, 4);
     oph_case_end(h);
@@ -271,10 +275,12 @@ void oph_case_sumsq_multi(H *h, int variant) {
     }
     if (!h->bad) CALL(h, "sync", sync(h->be));
     unsigned char *r0 = oph_download_raw(h, dout[0], 4);
-    oph_check_bits(h, "sumsq_multi == sumsq_f32 per segment in table order", r0, oph_download_raw(h, dout[1], 4), 4);
+    oph_check_bits(h, "sumsq_multi == sumsq_f32 per segment in table order", r0,
+                   oph_download_raw(h, dout[1], 4), 4);
     oph_check_bits(h, "repeat", oph_download_raw(h, dout[2], 4), r0, 4);
     double *got = oph_download(h, dout[0], DG_F32, 1);
-    if (got) oph_check_scalar(h, "*out += sum over the segments of x^2", got[0], ref, oph_tol_of(h, "sumsq_f32"));
+    if (got)
+        oph_check_scalar(h, "*out += sum over the segments of x^2", got[0], ref, oph_tol_of(h, "sumsq_f32"));
     if (r0) oph_digest_add(h, r0, 4);
     if (!h->bad && nskip == 0 && variant != 2) oph_fail(h, "sumsq_multi: the table has no skipped segment");
     if (variant == 2 && !h->bad) { /* [4]: the calls in reverse order must give other bits */
@@ -282,8 +288,9 @@ void oph_case_sumsq_multi(H *h, int variant) {
             CALL(h, "sumsq_f32", sumsq_f32(h->be, dout[4], fx + tab[i].off, tab[i].count));
         unsigned char *rr = oph_download_raw(h, dout[4], 4);
         if (r0 && rr && memcmp(r0, rr, 4) == 0)
-            oph_fail(h,
-                 "sumsq_multi[order]: the reversed calls give the same bits: the case cannot see the order");
+            oph_fail(
+                h,
+                "sumsq_multi[order]: the reversed calls give the same bits: the case cannot see the order");
         else
             oph_pass(h, "the reversed calls give other bits: the order of the additions is checked");
     }
@@ -304,7 +311,7 @@ void oph_case_sumsq_multi(H *h, int variant) {
             CALL(h, "sumsq_f32", sumsq_f32(h->be, dout2[1], fx + tab[i].off, tab[i].count));
     if (!h->bad) CALL(h, "sync", sync(h->be));
     oph_check_bits(h, "sumsq_multi follows the device table's skip flags", oph_download_raw(h, dout2[0], 4),
-               oph_download_raw(h, dout2[1], 4), 4);
+                   oph_download_raw(h, dout2[1], 4), 4);
 
     /* where the backend records graphs: the upload of the table and the call recorded once, then the
      * page-locked host table's flags changed (its geometry kept, as the contract asks) and the recording
@@ -321,8 +328,8 @@ void oph_case_sumsq_multi(H *h, int variant) {
             oph_upload(h, dout3, DG_F32, &pre, 1);
             if (!h->bad) CALL(h, "graph_launch", graph_launch(h->be, gr));
             if (!h->bad) CALL(h, "sync", sync(h->be));
-            oph_check_bits(h, "recorded sumsq_multi replayed with other skip flags", oph_download_raw(h, dout3, 4),
-                       oph_download_raw(h, dout2[1], 4), 4);
+            oph_check_bits(h, "recorded sumsq_multi replayed with other skip flags",
+                           oph_download_raw(h, dout3, 4), oph_download_raw(h, dout2[1], 4), 4);
         }
         if (gr) h->be->ops->graph_free(h->be, gr);
     }
@@ -431,7 +438,8 @@ void oph_case_adamw(H *h, size_t n, int64_t t, int with_compute) {
         CALL(h, "adamw",
              adamw(h->be, dp2, NULL, dg, dm2, dv2, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd,
                    t, dgs));
-    oph_check_bits(h, "repeat: master", oph_download_raw(h, dp2, n * 4), oph_download_raw(h, dp, n * 4), n * 4);
+    oph_check_bits(h, "repeat: master", oph_download_raw(h, dp2, n * 4), oph_download_raw(h, dp, n * 4),
+                   n * 4);
     oph_check_bits(h, "repeat: v", oph_download_raw(h, dv2, n * 4), oph_download_raw(h, dv, n * 4), n * 4);
     /* adamw_dev from the same state, lr and bias corrections through the device scalar block (uploaded
      * from page-locked memory with upload_async): the same bits as adamw */
@@ -444,7 +452,8 @@ void oph_case_adamw(H *h, size_t n, int64_t t, int with_compute) {
         sch[DG_DS_LR] = (float)lr;
         sch[DG_DS_INV_BC1] = (float)(1.0 / (1.0 - pow((double)(float)b1, (double)t)));
         sch[DG_DS_INV_BC2] = (float)(1.0 / (1.0 - pow((double)(float)b2, (double)t)));
-        void *dp3 = oph_dalloc(h, DG_F32, n), *dm3 = oph_dalloc(h, DG_F32, n), *dv3 = oph_dalloc(h, DG_F32, n);
+        void *dp3 = oph_dalloc(h, DG_F32, n), *dm3 = oph_dalloc(h, DG_F32, n),
+             *dv3 = oph_dalloc(h, DG_F32, n);
         void *dc3 = with_compute ? oph_dalloc(h, h->act, n) : NULL;
         oph_upload(h, dp3, DG_F32, p, n);
         oph_upload(h, dm3, DG_F32, m, n);
@@ -455,15 +464,16 @@ void oph_case_adamw(H *h, size_t n, int64_t t, int with_compute) {
                  adamw_dev(h->be, dp3, dc3, dg, dm3, dv3, n, (float)b1, (float)b2, (float)eps, (float)wd,
                            dsc));
         if (!h->bad) CALL(h, "sync", sync(h->be));
-        oph_check_bits(h, "adamw_dev == adamw: master", oph_download_raw(h, dp3, n * 4), oph_download_raw(h, dp, n * 4),
-                   n * 4);
-        oph_check_bits(h, "adamw_dev == adamw: m", oph_download_raw(h, dm3, n * 4), oph_download_raw(h, dm, n * 4),
-                   n * 4);
-        oph_check_bits(h, "adamw_dev == adamw: v", oph_download_raw(h, dv3, n * 4), oph_download_raw(h, dv, n * 4),
-                   n * 4);
+        oph_check_bits(h, "adamw_dev == adamw: master", oph_download_raw(h, dp3, n * 4),
+                       oph_download_raw(h, dp, n * 4), n * 4);
+        oph_check_bits(h, "adamw_dev == adamw: m", oph_download_raw(h, dm3, n * 4),
+                       oph_download_raw(h, dm, n * 4), n * 4);
+        oph_check_bits(h, "adamw_dev == adamw: v", oph_download_raw(h, dv3, n * 4),
+                       oph_download_raw(h, dv, n * 4), n * 4);
         if (dc3)
-            oph_check_bits(h, "adamw_dev == adamw: compute", oph_download_raw(h, dc3, n * oph_dt_size(h->act)),
-                       oph_download_raw(h, dc, n * oph_dt_size(h->act)), n * oph_dt_size(h->act));
+            oph_check_bits(h, "adamw_dev == adamw: compute",
+                           oph_download_raw(h, dc3, n * oph_dt_size(h->act)),
+                           oph_download_raw(h, dc, n * oph_dt_size(h->act)), n * oph_dt_size(h->act));
         /* a non-finite norm in the block skips the step: nothing changes */
         sch[DG_DS_NORM] = NAN;
         if (!h->bad && CALL(h, "upload_async", upload_async(h->be, dsc, sch, DG_DS_COUNT * sizeof(float))))
@@ -472,9 +482,9 @@ void oph_case_adamw(H *h, size_t n, int64_t t, int with_compute) {
                            dsc));
         if (!h->bad) CALL(h, "sync", sync(h->be));
         oph_check_bits(h, "adamw_dev with a NaN norm leaves master", oph_download_raw(h, dp3, n * 4),
-                   oph_download_raw(h, dp, n * 4), n * 4);
+                       oph_download_raw(h, dp, n * 4), n * 4);
         oph_check_bits(h, "adamw_dev with a NaN norm leaves v", oph_download_raw(h, dv3, n * 4),
-                   oph_download_raw(h, dv, n * 4), n * 4);
+                       oph_download_raw(h, dv, n * 4), n * 4);
         h->be->ops->host_free(h->be, sch);
     }
     oph_case_end(h);
@@ -511,8 +521,8 @@ void oph_case_adamw_multi(H *h, int with_compute) {
     }
     span += 5; /* a tail after the last segment */
     const double b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
-    double *p = oph_hrand(h, span, 0.1, 2.0), *g = oph_hrand(h, span, 0.01, 1.0), *m = oph_hrand(h, span, 0.001, 0.2),
-           *v = oph_hrand(h, span, 0.001, 0.2);
+    double *p = oph_hrand(h, span, 0.1, 2.0), *g = oph_hrand(h, span, 0.01, 1.0),
+           *m = oph_hrand(h, span, 0.001, 0.2), *v = oph_hrand(h, span, 0.001, 0.2);
     for (size_t i = 0; i < span; i++)
         v[i] = fabs(v[i]) * 0.1;
     /* two copies of the state: [0] through adamw_multi_dev, [1] through adamw_dev per segment */
@@ -557,16 +567,17 @@ void oph_case_adamw_multi(H *h, int with_compute) {
                            (tab[i].flags & DG_ADAMW_SEG_DECAY) ? (float)wd : 0.0f, dsc));
         }
         if (!h->bad) CALL(h, "sync", sync(h->be));
-        oph_check_bits(h, "adamw_multi_dev == adamw_dev per segment: master", oph_download_raw(h, dp[0], span * 4),
-                   oph_download_raw(h, dp[1], span * 4), span * 4);
+        oph_check_bits(h, "adamw_multi_dev == adamw_dev per segment: master",
+                       oph_download_raw(h, dp[0], span * 4), oph_download_raw(h, dp[1], span * 4), span * 4);
         oph_check_bits(h, "adamw_multi_dev == adamw_dev per segment: m", oph_download_raw(h, dm[0], span * 4),
-                   oph_download_raw(h, dm[1], span * 4), span * 4);
+                       oph_download_raw(h, dm[1], span * 4), span * 4);
         oph_check_bits(h, "adamw_multi_dev == adamw_dev per segment: v", oph_download_raw(h, dv[0], span * 4),
-                   oph_download_raw(h, dv[1], span * 4), span * 4);
+                       oph_download_raw(h, dv[1], span * 4), span * 4);
         if (with_compute)
             oph_check_bits(h, "adamw_multi_dev == adamw_dev per segment: compute",
-                       oph_download_raw(h, dc[0], span * oph_dt_size(h->act)),
-                       oph_download_raw(h, dc[1], span * oph_dt_size(h->act)), span * oph_dt_size(h->act));
+                           oph_download_raw(h, dc[0], span * oph_dt_size(h->act)),
+                           oph_download_raw(h, dc[1], span * oph_dt_size(h->act)),
+                           span * oph_dt_size(h->act));
         /* the gaps and the skipped segment keep their values; the other segments moved */
         unsigned char *p1 = oph_download_raw(h, dp[0], span * 4);
         if (p0 && p1 && !h->bad) {
@@ -580,11 +591,11 @@ void oph_case_adamw_multi(H *h, int with_compute) {
                 prev_end = lo + tab[i].count;
             }
             if (changed_gap || unchanged_seg)
-                oph_fail(h, "adamw_multi_dev: %zu gaps changed, %zu segments wrongly (un)changed", changed_gap,
-                     unchanged_seg);
+                oph_fail(h, "adamw_multi_dev: %zu gaps changed, %zu segments wrongly (un)changed",
+                         changed_gap, unchanged_seg);
             else
                 oph_pass(h, "adamw_multi_dev: gaps and the skipped segment untouched, %d segments updated",
-                     NS - 1);
+                         NS - 1);
         }
         if (p1) oph_digest_add(h, p1, span * 4);
         /* a non-finite norm: nothing changes */
@@ -594,10 +605,10 @@ void oph_case_adamw_multi(H *h, int with_compute) {
                  adamw_multi_dev(h->be, dtab, NS, span, dp[0], dc[0], dg, dm[0], dv[0], (float)b1, (float)b2,
                                  (float)eps, (float)wd, dsc));
         if (!h->bad) CALL(h, "sync", sync(h->be));
-        oph_check_bits(h, "adamw_multi_dev with an infinite norm leaves master", oph_download_raw(h, dp[0], span * 4),
-                   p1, span * 4);
-        oph_check_bits(h, "adamw_multi_dev with an infinite norm leaves m", oph_download_raw(h, dm[0], span * 4),
-                   oph_download_raw(h, dm[1], span * 4), span * 4);
+        oph_check_bits(h, "adamw_multi_dev with an infinite norm leaves master",
+                       oph_download_raw(h, dp[0], span * 4), p1, span * 4);
+        oph_check_bits(h, "adamw_multi_dev with an infinite norm leaves m",
+                       oph_download_raw(h, dm[0], span * 4), oph_download_raw(h, dm[1], span * 4), span * 4);
         h->be->ops->host_free(h->be, sch);
     }
     oph_case_end(h);
@@ -619,7 +630,7 @@ static int dl_expect(H *h, const char *what, const float *host, const double *x0
     }
     if (bad)
         oph_fail(h, "%s: %zu of %zu values differ (first at %zu: %g, expected %g)", what, bad, n, first,
-             (double)host[first], x0[first] * factor);
+                 (double)host[first], x0[first] * factor);
     else
         oph_pass(h, "%s: %zu values as expected", what, n);
     return bad == 0;

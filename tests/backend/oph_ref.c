@@ -10,7 +10,7 @@
 /* ======================= float64 references ======================= */
 
 void oph_ref_encoder(double *out, const int32_t *tok, const double *wte, const double *wpe, int B, int T,
-                        int C) {
+                     int C) {
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int c = 0; c < C; c++)
@@ -19,7 +19,7 @@ void oph_ref_encoder(double *out, const int32_t *tok, const double *wte, const d
 }
 
 void oph_ref_layernorm(double *out, double *mean, double *rstd, const double *x, const double *w,
-                          const double *b, int N, int C) {
+                       const double *b, int N, int C) {
     for (int r = 0; r < N; r++) {
         const double *xr = x + (size_t)r * C;
         double m = 0, v = 0;
@@ -37,7 +37,7 @@ void oph_ref_layernorm(double *out, double *mean, double *rstd, const double *x,
     }
 }
 void oph_ref_layernorm_bwd(double *dx, double *dw, double *db, const double *dy, const double *x,
-                              const double *w, int N, int C) {
+                           const double *w, int N, int C) {
     for (int r = 0; r < N; r++) {
         const double *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
         double m = 0, v = 0;
@@ -74,7 +74,7 @@ double oph_ref_gelu_grad1(double x) {
 
 /* out = x·wᵀ + bias; with gelu, pre gets the linear part and out its GELU. */
 void oph_ref_matmul(double *out, double *pre, const double *x, const double *w, const double *bias, int N,
-                       int C, int OC, int gelu) {
+                    int C, int OC, int gelu) {
     for (int r = 0; r < N; r++)
         for (int o = 0; o < OC; o++) {
             double s = bias ? bias[o] : 0.0;
@@ -85,7 +85,7 @@ void oph_ref_matmul(double *out, double *pre, const double *x, const double *w, 
         }
 }
 void oph_ref_matmul_bwd(double *dx, double *dw, double *db, const double *dy, const double *x,
-                           const double *w, int N, int C, int OC) {
+                        const double *w, int N, int C, int OC) {
     for (int r = 0; r < N; r++)
         for (int c = 0; c < C; c++) {
             double s = 0;
@@ -141,8 +141,8 @@ void oph_ref_attention(double *out, const double *qkv, int B, int T, int C, int 
                 }
             }
 }
-void oph_ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, int B, int T, int C,
-                              int NH, double *p, double *dp) {
+void oph_ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, int B, int T, int C, int NH,
+                           double *p, double *dp) {
     int hs = C / NH;
     double scale = 1.0 / sqrt((double)hs);
     memset(dqkv, 0, (size_t)B * T * 3 * C * sizeof(double));

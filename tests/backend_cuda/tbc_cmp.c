@@ -130,8 +130,7 @@ static float *down_c(cmp_t *x, const void *dev, size_t n) {
 }
 
 /* Elementwise |g - r| / (|r| + rms(r)) <= tol; NaN/inf fail. */
-void compare(const char *cname, const char *what, const float *g, const float *r, size_t n,
-                    double tol) {
+void compare(const char *cname, const char *what, const float *g, const float *r, size_t n, double tol) {
     double ss = 0;
     for (size_t i = 0; i < n; i++)
         ss += (double)r[i] * r[i];

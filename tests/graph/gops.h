@@ -16,7 +16,6 @@
 /* bit per op kind executed in a case that passed its checks */
 extern uint64_t covered;
 
-
 typedef struct {
     dg_node_t *n;
     float *f;

@@ -197,8 +197,8 @@ void case_matmul_gelu(dg_backend_t *be) {
     float *yg = tg_get(&t, y), *pg = tg_get(&t, y->side[0]);
     check_close("matmul+gelu forward", yg, yr, 72, 1e-5);
     check_close("matmul+gelu pre-activation", pg, pre, 72, 1e-5);
-    tg_check_xwb(&t, f0, "matmul+gelu", "d/dbias", x, w, b, &c, (const size_t[3]){48, 96, 12}, obj_matmul_gelu,
-                 0);
+    tg_check_xwb(&t, f0, "matmul+gelu", "d/dbias", x, w, b, &c, (const size_t[3]){48, 96, 12},
+                 obj_matmul_gelu, 0);
     free(yg), free(pg);
     tg_free(&t);
 }

@@ -16,7 +16,7 @@ void tg_init(tg_t *t, dg_backend_t *be, uint64_t seed) {
 }
 
 dg_node_t *tg_f(tg_t *t, const char *name, int ndim, const int64_t *shape, unsigned flags, double lo,
-                       double hi) {
+                double hi) {
     dg_node_t *n = (flags & DG_NF_PARAM) ? dg_graph_param(t->g, name, ndim, shape)
                                          : dg_graph_leaf(t->g, name, DG_F32, ndim, shape, flags);
     if (!n) {
@@ -171,7 +171,7 @@ double dot(const double *a, const double *b, size_t n) {
  * +=; an overwrite would leave them unchanged) up to the rounding of the extra additions, and activation
  * grads unchanged bitwise (overwritten, not accumulated). */
 void check_accumulation(tg_t *t, int n_par, dg_node_t **par, float **g1, int n_act, dg_node_t **act,
-                               float **a1) {
+                        float **a1) {
     tg_run(t, DG_PHASE_FWD);
     tg_run(t, DG_PHASE_BWD);
     for (int k = 0; k < n_par; k++) {
