@@ -85,6 +85,9 @@ int oph_poison_bytes(H *h, void *dev, size_t bytes);
 /* A device copy of an f32/act buffer, for the aliasing checks. */
 void *oph_ddup(H *h, const void *src, size_t bytes);
 int32_t *oph_rand_tokens(H *h, size_t n, int V);
+/* Random non-zero prior contents of a gradient buffer for an accumulation run (values in +-[0.05, 1],
+ * rounded to dt, uploaded to dev); returns the host copy (freed with the case). */
+double *oph_prefill(H *h, void *dev, dg_dtype_t dt, size_t n);
 
 /* ---- oph_ref.c (float64 references) ---- */
 /* ======================= float64 references ======================= */

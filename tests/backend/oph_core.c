@@ -470,3 +470,10 @@ int32_t *oph_rand_tokens(H *h, size_t n, int V) {
     if (n >= 4) t[3] = t[1] = t[0]; /* repeated ids: gradient rows that several positions add into */
     return t;
 }
+
+double *oph_prefill(H *h, void *dev, dg_dtype_t dt, size_t n) {
+    double *p = oph_hrand(h, n, 0.05, 1.0);
+    oph_hround(p, n, dt);
+    oph_upload(h, dev, dt, p, n);
+    return p;
+}

@@ -75,11 +75,7 @@ void oph_case_encoder(H *h, int B, int T, int C, int V, int Vp, int fd) {
     oph_digest_dev(h, gte1, nte * 4);
     oph_digest_dev(h, gpe1, npe * 4);
     /* run 2 into non-zero gradients: must add */
-    double *pre_te = oph_hrand(h, nte, 0.05, 1.0), *pre_pe = oph_hrand(h, npe, 0.05, 1.0);
-    oph_hround(pre_te, nte, DG_F32);
-    oph_hround(pre_pe, npe, DG_F32);
-    oph_upload(h, gte2, DG_F32, pre_te, nte);
-    oph_upload(h, gpe2, DG_F32, pre_pe, npe);
+    double *pre_te = oph_prefill(h, gte2, DG_F32, nte), *pre_pe = oph_prefill(h, gpe2, DG_F32, npe);
     if (!h->bad) CALL(h, "encoder_bwd", encoder_bwd(h->be, gte2, gpe2, dy, dtok, B, T, C));
     oph_check_close(h, "bwd dwte accumulates (+=)", oph_download(h, gte2, DG_F32, nte),
                     oph_add_arrays(h, pre_te, gte, nte), nte, tb, gte);
@@ -176,14 +172,8 @@ void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     oph_digest_dev(h, gw1, C * 4);
     oph_digest_dev(h, gb1, C * 4);
     /* run 2: acc=1 and parameter grads into non-zero buffers */
-    double *px = oph_hrand(h, n, 0.05, 1.0), *pw = oph_hrand(h, C, 0.05, 1.0),
-           *pb = oph_hrand(h, C, 0.05, 1.0);
-    oph_hround(px, n, A);
-    oph_hround(pw, C, DG_F32);
-    oph_hround(pb, C, DG_F32);
-    oph_upload(h, gx2, A, px, n);
-    oph_upload(h, gw2, DG_F32, pw, C);
-    oph_upload(h, gb2, DG_F32, pb, C);
+    double *px = oph_prefill(h, gx2, A, n), *pw = oph_prefill(h, gw2, DG_F32, C);
+    double *pb = oph_prefill(h, gb2, DG_F32, C);
     if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, m1, r1, N, C, 1));
     oph_check_close(h, "bwd dinp (acc=1 adds)", oph_download(h, gx2, A, n), oph_add_arrays(h, px, rdx, n), n,
                     tb, rdx);

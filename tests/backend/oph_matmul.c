@@ -84,14 +84,8 @@ void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd)
     oph_digest_dev(h, gw1, nw * 4);
     oph_digest_dev(h, gb1, OC * 4);
     /* run 2: acc=1, grads into non-zero buffers */
-    double *px = oph_hrand(h, nx, 0.05, 1.0), *pw = oph_hrand(h, nw, 0.05, 1.0),
-           *pb = oph_hrand(h, OC, 0.05, 1.0);
-    oph_hround(px, nx, A);
-    oph_hround(pw, nw, DG_F32);
-    oph_hround(pb, OC, DG_F32);
-    oph_upload(h, gx2, A, px, nx);
-    oph_upload(h, gw2, DG_F32, pw, nw);
-    oph_upload(h, gb2, DG_F32, pb, OC);
+    double *px = oph_prefill(h, gx2, A, nx), *pw = oph_prefill(h, gw2, DG_F32, nw);
+    double *pb = oph_prefill(h, gb2, DG_F32, OC);
     if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, N, C, OC, 1));
     oph_check_close(h, "bwd dinp (acc=1 adds)", oph_download(h, gx2, A, nx), oph_add_arrays(h, px, rdx, nx),
                     nx, tb, rdx);
@@ -259,14 +253,8 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
     oph_check_bits(h, "dw == matmul_bwd's", oph_download_raw(h, gw1, nw * 4),
                    oph_download_raw(h, gw2, nw * 4), nw * 4);
     /* run 2: acc = 1 adds after the derivative; parameter gradients accumulate */
-    double *px = oph_hrand(h, nx, 0.05, 1.0), *pw = oph_hrand(h, nw, 0.05, 1.0),
-           *pb = oph_hrand(h, OC, 0.05, 1.0);
-    oph_hround(px, nx, A);
-    oph_hround(pw, nw, DG_F32);
-    oph_hround(pb, OC, DG_F32);
-    oph_upload(h, gx2, A, px, nx);
-    oph_upload(h, gw2, DG_F32, pw, nw);
-    oph_upload(h, gb2, DG_F32, pb, OC);
+    double *px = oph_prefill(h, gx2, A, nx), *pw = oph_prefill(h, gw2, DG_F32, nw);
+    double *pb = oph_prefill(h, gb2, DG_F32, OC);
     if (!h->bad)
         CALL(h, "matmul_bwd_dgelu",
              matmul_bwd_dgelu(h->be, gx2, gw2, has_bias ? gb2 : NULL, dy, dinp, dw, dpre_, N, C, OC, 1));

@@ -177,14 +177,21 @@ void oph_ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, 
             }
 }
 
+/* The max of row[0..V) into *mx; returns the sum of exp(row[j] - *mx). */
+static double row_sumexp(const double *row, int V, double *mx_out) {
+    double mx = -INFINITY, s = 0;
+    for (int j = 0; j < V; j++)
+        mx = row[j] > mx ? row[j] : mx;
+    for (int j = 0; j < V; j++)
+        s += exp(row[j] - mx);
+    *mx_out = mx;
+    return s;
+}
+
 void oph_ref_ce(double *loss, double *lse, const double *z, const int32_t *tg, int N, int V, int Vp) {
     for (int i = 0; i < N; i++) {
         const double *row = z + (size_t)i * Vp;
-        double mx = -INFINITY, s = 0;
-        for (int j = 0; j < V; j++)
-            mx = row[j] > mx ? row[j] : mx;
-        for (int j = 0; j < V; j++)
-            s += exp(row[j] - mx);
+        double mx, s = row_sumexp(row, V, &mx);
         double l = mx + log(s);
         if (lse) lse[i] = l;
         loss[i] = l - row[tg[i]];
@@ -193,11 +200,7 @@ void oph_ref_ce(double *loss, double *lse, const double *z, const int32_t *tg, i
 void oph_ref_ce_bwd(double *dz, const double *z, const int32_t *tg, int N, int V, int Vp, double dloss) {
     for (int i = 0; i < N; i++) {
         const double *row = z + (size_t)i * Vp;
-        double mx = -INFINITY, s = 0;
-        for (int j = 0; j < V; j++)
-            mx = row[j] > mx ? row[j] : mx;
-        for (int j = 0; j < V; j++)
-            s += exp(row[j] - mx);
+        double mx, s = row_sumexp(row, V, &mx);
         for (int j = 0; j < Vp; j++)
             dz[(size_t)i * Vp + j] = j < V ? (exp(row[j] - mx) / s - (j == tg[i] ? 1.0 : 0.0)) * dloss : 0.0;
     }
