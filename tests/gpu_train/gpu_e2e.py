@@ -61,7 +61,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import dgskip  # noqa: E402  the skip policy: SKIP outside CI, FAIL under CI=true (tests/lib)
 import dgrun  # noqa: E402
-from dgrun import Fail, check  # noqa: E402
+from dgrun import Fail, check, tail  # noqa: E402
 
 STEPS = 20
 GLOBAL_BATCH = 8
@@ -169,29 +169,10 @@ class Env:
         return run_dir
 
     def ckpt(self, *args):
-        p = subprocess.run([self.dgckpt] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=120)
-        return p.returncode, p.stdout
+        return dgrun.dgckpt(self.dgckpt, *args)
 
     def diff(self, a, b):
-        rc, out = self.ckpt("diff", a, b)
-        check(rc in (0, 1), "dgckpt diff %s %s failed (exit %d): %s" % (a, b, rc, out.strip()[-500:]))
-        per = {}
-        for line in out.splitlines():
-            m = re.match(r"^/(\S+)\s+max\|a-b\| = (\S+)", line)
-            if m:
-                per[m.group(1)] = float(m.group(2))
-        check(per, "dgckpt diff %s %s printed no dataset lines: %s" % (a, b, out[:500]))
-        return rc, per
-
-
-def tail(path, n=8):
-    try:
-        with open(path, errors="replace") as f:
-            lines = [l.rstrip() for l in f if l.strip()]
-        return " | ".join(lines[-n:])
-    except OSError:
-        return "(no output)"
+        return dgrun.dgckpt_diff(self.dgckpt, a, b)
 
 
 def metrics(run_dir):

@@ -115,21 +115,11 @@ class Env:
         return run_dir
 
     def ckpt(self, *args):
-        p = subprocess.run([self.dgckpt] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, timeout=120)
-        return p.returncode, p.stdout
+        return dgrun.dgckpt(self.dgckpt, *args)
 
     def diff(self, a, b):
         """dgckpt diff A B -> (exit code, {dataset: max|a-b|})."""
-        rc, out = self.ckpt("diff", a, b)
-        check(rc in (0, 1), "dgckpt diff %s %s failed (exit %d): %s" % (a, b, rc, out.strip()[-500:]))
-        per = {}
-        for line in out.splitlines():
-            m = re.match(r"^/(\S+)\s+max\|a-b\| = (\S+)", line)
-            if m:
-                per[m.group(1)] = float(m.group(2))
-        check(per, "dgckpt diff %s %s printed no dataset lines: %s" % (a, b, out[:500]))
-        return rc, per
+        return dgrun.dgckpt_diff(self.dgckpt, a, b)
 
     def assert_identical(self, a, b, what):
         rc, per = self.diff(a, b)
@@ -155,12 +145,7 @@ def write_small_shard(path, n_samples):
 
 
 def tail(path, n=6):
-    try:
-        with open(path, errors="replace") as f:
-            lines = [l.rstrip() for l in f if l.strip()]
-        return " | ".join(lines[-n:])
-    except OSError:
-        return "(no output)"
+    return dgrun.tail(path, n)
 
 
 def metrics(run_dir):
