@@ -18,18 +18,23 @@ void oph_ref_encoder(double *out, const int32_t *tok, const double *wte, const d
                     wte[(size_t)tok[b * T + t] * C + c] + wpe[(size_t)t * C + c];
 }
 
+/* The mean of xr[0..C), returned, and 1 / sqrt(variance + 1e-5) into *rstd. */
+static double row_mean_rstd(const double *xr, int C, double *rstd) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; c++)
+        m += xr[c];
+    m /= C;
+    for (int c = 0; c < C; c++)
+        v += (xr[c] - m) * (xr[c] - m);
+    *rstd = 1.0 / sqrt(v / C + 1e-5);
+    return m;
+}
+
 void oph_ref_layernorm(double *out, double *mean, double *rstd, const double *x, const double *w,
                        const double *b, int N, int C) {
     for (int r = 0; r < N; r++) {
         const double *xr = x + (size_t)r * C;
-        double m = 0, v = 0;
-        for (int c = 0; c < C; c++)
-            m += xr[c];
-        m /= C;
-        for (int c = 0; c < C; c++)
-            v += (xr[c] - m) * (xr[c] - m);
-        v /= C;
-        double rs = 1.0 / sqrt(v + 1e-5);
+        double rs, m = row_mean_rstd(xr, C, &rs);
         for (int c = 0; c < C; c++)
             out[(size_t)r * C + c] = (xr[c] - m) * rs * w[c] + b[c];
         if (mean) mean[r] = m;
@@ -40,13 +45,7 @@ void oph_ref_layernorm_bwd(double *dx, double *dw, double *db, const double *dy,
                            const double *w, int N, int C) {
     for (int r = 0; r < N; r++) {
         const double *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
-        double m = 0, v = 0;
-        for (int c = 0; c < C; c++)
-            m += xr[c];
-        m /= C;
-        for (int c = 0; c < C; c++)
-            v += (xr[c] - m) * (xr[c] - m);
-        double rs = 1.0 / sqrt(v / C + 1e-5);
+        double rs, m = row_mean_rstd(xr, C, &rs);
         double mg = 0, mgx = 0;
         for (int c = 0; c < C; c++) {
             double xh = (xr[c] - m) * rs;
