@@ -39,37 +39,18 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import dgrun  # noqa: E402
+
 A = None
 FAILS = []
 
-CONFIG = """; written by tests/cli/faults_test.py: a small custom GPT, fp32 on the CPU, one thread per rank
-[run]
-name = faults
-[model]
-preset = custom
-n_layer = 2
-n_head = 2
-d_model = 64
-seq_len = 32
-vocab_size = 256
-[data]
-val_every = 0
-[train]
-steps = 3000
-global_batch = 4
-micro_batch = 1
-warmup_steps = 2
-log_every = 1000
-[parallel]
-backend = cpu
-threads = 1
-[checkpoint]
-every = 0
-resume = auto
-[health]
-heartbeat_s = 1
-timeout_s = 30
-"""
+CONFIG = dgrun.small_gpt(
+    "written by tests/cli/faults_test.py: a small custom GPT, fp32 on the CPU, one thread per rank",
+    run={"name": "faults"},
+    train={"steps": 3000, "global_batch": 4, "micro_batch": 1, "warmup_steps": 2, "log_every": 1000},
+    extra={"health": {"heartbeat_s": 1, "timeout_s": 30}},
+)
 TIMEOUT_S = 30  # health.timeout_s above
 
 

@@ -60,6 +60,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import dgskip  # noqa: E402  the skip policy: SKIP outside CI, FAIL under CI=true (tests/lib)
+import dgrun  # noqa: E402
+from dgrun import Fail, check, tail  # noqa: E402
 
 STEPS = 20
 GLOBAL_BATCH = 8
@@ -83,46 +85,16 @@ BF16_MEAN_RTOL = 1e-2
 DIST_LOSS_RTOL = 1e-5
 DIST_WEIGHT_ATOL = 1e-4
 
-CONFIG = """; written by tests/gpu_train/gpu_e2e.py: a small custom GPT with head size 64
-[run]
-name = gpu-e2e
-seed = 4242
-[model]
-preset = custom
-n_layer = 2
-n_head = 2
-d_model = 128
-seq_len = {seq_len}
-vocab_size = {vocab}
-[data]
-train = {data}/train_*.bin
-val = {data}/val_*.bin
-val_every = 0
-shuffle = true
-[train]
-steps = {steps}
-global_batch = {global_batch}
-micro_batch = 4
-lr = 3e-3
-warmup_steps = 5
-log_every = 1000
-[parallel]
-backend = cuda
-threads = 1
-[checkpoint]
-every = 0
-keep = 2
-resume = never
-"""
-
-
-class Fail(Exception):
-    pass
-
-
-def check(cond, msg):
-    if not cond:
-        raise Fail(msg)
+CONFIG = dgrun.small_gpt(
+    "written by tests/gpu_train/gpu_e2e.py: a small custom GPT with head size 64",
+    run={"name": "gpu-e2e", "seed": 4242},
+    model={"d_model": 128, "seq_len": "{seq_len}", "vocab_size": "{vocab}"},
+    data={"train": "{data}/train_*.bin", "val": "{data}/val_*.bin", "shuffle": "true"},
+    train={"steps": "{steps}", "global_batch": "{global_batch}", "micro_batch": 4, "lr": "3e-3", "warmup_steps": 5,
+           "log_every": 1000},
+    parallel={"backend": "cuda"},
+    checkpoint={"keep": 2, "resume": "never"},
+)
 
 
 def cuda_devices():
@@ -197,29 +169,10 @@ class Env:
         return run_dir
 
     def ckpt(self, *args):
-        p = subprocess.run([self.dgckpt] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=120)
-        return p.returncode, p.stdout
+        return dgrun.dgckpt(self.dgckpt, *args)
 
     def diff(self, a, b):
-        rc, out = self.ckpt("diff", a, b)
-        check(rc in (0, 1), "dgckpt diff %s %s failed (exit %d): %s" % (a, b, rc, out.strip()[-500:]))
-        per = {}
-        for line in out.splitlines():
-            m = re.match(r"^/(\S+)\s+max\|a-b\| = (\S+)", line)
-            if m:
-                per[m.group(1)] = float(m.group(2))
-        check(per, "dgckpt diff %s %s printed no dataset lines: %s" % (a, b, out[:500]))
-        return rc, per
-
-
-def tail(path, n=8):
-    try:
-        with open(path, errors="replace") as f:
-            lines = [l.rstrip() for l in f if l.strip()]
-        return " | ".join(lines[-n:])
-    except OSError:
-        return "(no output)"
+        return dgrun.dgckpt_diff(self.dgckpt, a, b)
 
 
 def metrics(run_dir):

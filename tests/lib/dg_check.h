@@ -11,7 +11,8 @@
  * dg_fails != 0. An MPI test sets dg_check_rank to its rank, and failure lines then start "FAIL rank N ".
  * dg_check_cases runs the case a test binary's argv[1] names (a table of name and function).
  * dg_check_done(what) ends a test with its summary line and exit code.
- * dg_test_mkdtemp / dg_test_rmtree make and remove a test's temporary directory. */
+ * dg_test_mkdtemp / dg_test_rmtree make and remove a test's temporary directory.
+ * A test made of several .c files defines DG_CHECK_SHARED for all of them (see below). */
 #ifndef DG_CHECK_H
 #define DG_CHECK_H
 
@@ -20,9 +21,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef DG_CHECK_SHARED
+/* A test executable built from several .c files compiles them all with DG_CHECK_SHARED: the counters are
+ * then one set for the whole executable, defined in the file that defines DG_CHECK_SHARED_OWNER before
+ * including this header (the one with main). Without DG_CHECK_SHARED each file has its own (static). */
+extern int dg_fails;
+extern int dg_checks;
+extern int dg_check_rank;
+#ifdef DG_CHECK_SHARED_OWNER
+int dg_fails;
+int dg_checks;
+int dg_check_rank = -1;
+#endif
+#else
 static int dg_fails;           /* failed checks */
 static int dg_checks;          /* checks made */
 static int dg_check_rank = -1; /* >= 0: the rank failure lines name */
+#endif
 
 /* One failure line: "FAIL [rank N ]file:line: [expr][: message]". fmt is " " (no message) or " message"
  * (the macros put a space before the caller's format, so a check without a message has a non-empty

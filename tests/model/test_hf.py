@@ -27,46 +27,18 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import dgskip  # noqa: E402
+import dgrun  # noqa: E402
+from dgrun import Fail, check  # noqa: E402
 
 L, H, C, T, V = 2, 2, 64, 64, 250  # vocab 250: dgtrain pads wte to 256 rows, Hugging Face keeps 250
 LOGIT_ATOL = 1e-4
 
-CONFIG = """; written by tests/model/test_hf.py
-[run]
-name = hf
-seed = 7
-[model]
-preset = custom
-n_layer = %d
-n_head = %d
-d_model = %d
-seq_len = %d
-vocab_size = %d
-[data]
-val_every = 0
-[train]
-steps = 3
-global_batch = 4
-micro_batch = 2
-warmup_steps = 1
-lr = 3e-3
-log_every = 1000
-[parallel]
-backend = cpu
-threads = 1
-[checkpoint]
-every = 0
-resume = auto
-""" % (L, H, C, T, V)
-
-
-class Fail(Exception):
-    pass
-
-
-def check(cond, msg):
-    if not cond:
-        raise Fail(msg)
+CONFIG = dgrun.small_gpt(
+    "written by tests/model/test_hf.py",
+    run={"name": "hf", "seed": 7},
+    model={"n_layer": L, "n_head": H, "d_model": C, "seq_len": T, "vocab_size": V},
+    train={"steps": 3, "global_batch": 4, "micro_batch": 2, "warmup_steps": 1, "lr": "3e-3", "log_every": 1000},
+)
 
 
 class Env:

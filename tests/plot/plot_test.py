@@ -18,6 +18,7 @@ import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import dgskip  # noqa: E402
+from dgrun import Fail, check  # noqa: E402
 
 NS = "{http://www.w3.org/2000/svg}"
 CHARTS = {
@@ -29,15 +30,6 @@ CHARTS = {
     "mfu.svg": "MFU (% of peak)",
 }
 A = None
-
-
-class Fail(Exception):
-    pass
-
-
-def check(cond, msg):
-    if not cond:
-        raise Fail(msg)
 
 
 def run(args, **kw):

@@ -41,6 +41,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import dgrun  # noqa: E402
+from dgrun import Fail, check  # noqa: E402
+
 # Tolerances for runs at different world sizes (documented in docs/resume.md). fp32 data parallelism
 # sums the per-rank gradients in another order, so the numbers drift by rounding only: measured on this
 # model (2 layers, d_model 64, 10-20 steps) losses differ by <= 2e-8 relative and the final weights by
@@ -59,42 +63,13 @@ GLOBAL_BATCH = 12  # divisible by micro_batch x ranks at 1, 2, 3 and 4 ranks
 SEQ_LEN = 32
 TOKENS_PER_STEP = GLOBAL_BATCH * SEQ_LEN
 
-CONFIG = """; written by tests/train/e2e.py: a small custom GPT, fp32 on the CPU, one thread per rank
-[run]
-name = e2e
-seed = 2024
-[model]
-preset = custom
-n_layer = 2
-n_head = 2
-d_model = 64
-seq_len = {seq_len}
-vocab_size = 256
-[data]
-val_every = 0
-[train]
-steps = 10
-global_batch = {global_batch}
-micro_batch = 1
-warmup_steps = 3
-log_every = 1000
-[parallel]
-backend = cpu
-threads = 1
-[checkpoint]
-every = 0
-keep = 100
-resume = auto
-"""
-
-
-class Fail(Exception):
-    pass
-
-
-def check(cond, msg):
-    if not cond:
-        raise Fail(msg)
+CONFIG = dgrun.small_gpt(
+    "written by tests/train/e2e.py: a small custom GPT, fp32 on the CPU, one thread per rank",
+    run={"name": "e2e", "seed": 2024},
+    model={"seq_len": "{seq_len}"},
+    train={"steps": 10, "global_batch": "{global_batch}", "micro_batch": 1, "warmup_steps": 3, "log_every": 1000},
+    checkpoint={"keep": 100},
+)
 
 
 def ckname(step):
@@ -140,21 +115,11 @@ class Env:
         return run_dir
 
     def ckpt(self, *args):
-        p = subprocess.run([self.dgckpt] + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, timeout=120)
-        return p.returncode, p.stdout
+        return dgrun.dgckpt(self.dgckpt, *args)
 
     def diff(self, a, b):
         """dgckpt diff A B -> (exit code, {dataset: max|a-b|})."""
-        rc, out = self.ckpt("diff", a, b)
-        check(rc in (0, 1), "dgckpt diff %s %s failed (exit %d): %s" % (a, b, rc, out.strip()[-500:]))
-        per = {}
-        for line in out.splitlines():
-            m = re.match(r"^/(\S+)\s+max\|a-b\| = (\S+)", line)
-            if m:
-                per[m.group(1)] = float(m.group(2))
-        check(per, "dgckpt diff %s %s printed no dataset lines: %s" % (a, b, out[:500]))
-        return rc, per
+        return dgrun.dgckpt_diff(self.dgckpt, a, b)
 
     def assert_identical(self, a, b, what):
         rc, per = self.diff(a, b)
@@ -180,12 +145,7 @@ def write_small_shard(path, n_samples):
 
 
 def tail(path, n=6):
-    try:
-        with open(path, errors="replace") as f:
-            lines = [l.rstrip() for l in f if l.strip()]
-        return " | ".join(lines[-n:])
-    except OSError:
-        return "(no output)"
+    return dgrun.tail(path, n)
 
 
 def metrics(run_dir):

@@ -1,0 +1,466 @@
+/* oph_layers.c — op harness cases: encoder, layernorm, gelu, attention and cross-entropy (plain, fused). */
+#include "oph.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- encoder ---- */
+
+typedef struct {
+    const int32_t *tok;
+    double *wte, *wpe, *out;
+    const double *dout;
+    int B, T, C;
+} enc_ctx_t;
+static double enc_obj(void *p) {
+    enc_ctx_t *c = p;
+    oph_ref_encoder(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C);
+    return oph_dotd(c->out, c->dout, (size_t)c->B * c->T * c->C);
+}
+
+void oph_case_encoder(H *h, int B, int T, int C, int V, int Vp, int fd) {
+    if (!oph_case_begin(h, "encoder[B=%d,T=%d,C=%d,V=%d,Vp=%d]", B, T, C, V, Vp)) return;
+    const dg_dtype_t A = h->act;
+    const int Tmax = T + 3; /* position rows past T must stay untouched */
+    const size_t N = (size_t)B * T, no = N * C, nte = (size_t)Vp * C, npe = (size_t)Tmax * C;
+    int32_t *tok = oph_rand_tokens(h, N, V);
+    double *wte = oph_hrand(h, nte, 0.05, 1.0), *wpe = oph_hrand(h, npe, 0.05, 1.0),
+           *dout = oph_hrand(h, no, 0.05, 1.0);
+    oph_hround(wte, nte, A);
+    oph_hround(wpe, npe, A);
+    oph_hround(dout, no, A);
+    double *ref = oph_hnew(h, no);
+    oph_ref_encoder(ref, tok, wte, wpe, B, T, C);
+    void *dtok = oph_dalloc(h, DG_I32, N), *dte = oph_dalloc(h, A, nte), *dpe = oph_dalloc(h, A, npe),
+         *dy = oph_dalloc(h, A, no);
+    void *o1 = oph_dalloc(h, A, no), *o2 = oph_dalloc(h, A, no);
+    oph_upload_i32(h, dtok, tok, N);
+    oph_upload(h, dte, A, wte, nte);
+    oph_upload(h, dpe, A, wpe, npe);
+    oph_upload(h, dy, A, dout, no);
+    oph_poison(h, o1, A, no);
+    oph_poison(h, o2, A, no);
+    if (!h->bad) CALL(h, "encoder_fwd", encoder_fwd(h->be, o1, dtok, dte, dpe, B, T, C));
+    if (!h->bad) CALL(h, "encoder_fwd", encoder_fwd(h->be, o2, dtok, dte, dpe, B, T, C));
+    oph_check_close(h, "fwd out", oph_download(h, o1, A, no), ref, no, oph_tol_of(h, "encoder_fwd"), NULL);
+    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)),
+                   oph_download_raw(h, o2, no * oph_dt_size(A)), no * oph_dt_size(A));
+    oph_digest_dev(h, o1, no * oph_dt_size(A));
+
+    /* backward: analytic float64 grads */
+    double *gte = oph_hnew(h, nte), *gpe = oph_hnew(h, npe);
+    for (size_t i = 0; i < N; i++)
+        for (int c = 0; c < C; c++) {
+            gte[(size_t)tok[i] * C + c] += dout[i * C + c];
+            gpe[(i % T) * C + c] += dout[i * C + c];
+        }
+    const double tb = oph_tol_of(h, "encoder_bwd");
+    void *gte1 = oph_dalloc(h, DG_F32, nte), *gpe1 = oph_dalloc(h, DG_F32, npe),
+         *gte2 = oph_dalloc(h, DG_F32, nte), *gpe2 = oph_dalloc(h, DG_F32, npe);
+    /* run 1 from zero */
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gte1, nte * 4));
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gpe1, npe * 4));
+    if (!h->bad) CALL(h, "encoder_bwd", encoder_bwd(h->be, gte1, gpe1, dy, dtok, B, T, C));
+    double *g1 = oph_download(h, gte1, DG_F32, nte), *p1 = oph_download(h, gpe1, DG_F32, npe);
+    oph_check_close(h, "bwd dwte", g1, gte, nte, tb, NULL);
+    oph_check_close(h, "bwd dwpe", p1, gpe, npe, tb, NULL);
+    if (fd) {
+        enc_ctx_t cx = {tok, wte, wpe, oph_hnew(h, no), dout, B, T, C};
+        oph_check_fd(h, "bwd dwte", enc_obj, &cx, wte, nte, g1, gte, tb);
+        oph_check_fd(h, "bwd dwpe", enc_obj, &cx, wpe, npe, p1, gpe, tb);
+    }
+    oph_digest_dev(h, gte1, nte * 4);
+    oph_digest_dev(h, gpe1, npe * 4);
+    /* run 2 into non-zero gradients: must add */
+    double *pre_te = oph_prefill(h, gte2, DG_F32, nte), *pre_pe = oph_prefill(h, gpe2, DG_F32, npe);
+    if (!h->bad) CALL(h, "encoder_bwd", encoder_bwd(h->be, gte2, gpe2, dy, dtok, B, T, C));
+    oph_check_close(h, "bwd dwte accumulates (+=)", oph_download(h, gte2, DG_F32, nte),
+                    oph_add_arrays(h, pre_te, gte, nte), nte, tb, gte);
+    oph_check_close(h, "bwd dwpe accumulates (+=)", oph_download(h, gpe2, DG_F32, npe),
+                    oph_add_arrays(h, pre_pe, gpe, npe), npe, tb, gpe);
+    /* run 3 = run 1 */
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gte2, nte * 4));
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gpe2, npe * 4));
+    if (!h->bad) CALL(h, "encoder_bwd", encoder_bwd(h->be, gte2, gpe2, dy, dtok, B, T, C));
+    oph_check_bits(h, "bwd repeat dwte", oph_download_raw(h, gte2, nte * 4),
+                   oph_download_raw(h, gte1, nte * 4), nte * 4);
+    oph_check_bits(h, "bwd repeat dwpe", oph_download_raw(h, gpe2, npe * 4),
+                   oph_download_raw(h, gpe1, npe * 4), npe * 4);
+    oph_case_end(h);
+}
+
+/* ---- layernorm ---- */
+
+typedef struct {
+    double *x, *w, *b, *out;
+    const double *dout;
+    int N, C;
+} ln_ctx_t;
+static double ln_obj(void *p) {
+    ln_ctx_t *c = p;
+    oph_ref_layernorm(c->out, NULL, NULL, c->x, c->w, c->b, c->N, c->C);
+    return oph_dotd(c->out, c->dout, (size_t)c->N * c->C);
+}
+
+void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
+    if (!oph_case_begin(h, "layernorm[N=%d,C=%d,offset=%g]", N, C, offset)) return;
+    const dg_dtype_t A = h->act;
+    const size_t n = (size_t)N * C;
+    double *x = oph_hrand(h, n, 0.05, 1.5), *w = oph_hrand(h, C, 0.2, 1.5), *b = oph_hrand(h, C, 0.05, 1.0);
+    double *dout = oph_hrand(h, n, 0.05, 1.0);
+    for (size_t i = 0; i < n; i++)
+        x[i] += offset; /* rows with |mean| >> std test the variance formula */
+    oph_hround(x, n, A);
+    oph_hround(w, C, A);
+    oph_hround(b, C, A);
+    oph_hround(dout, n, A);
+    double *ref = oph_hnew(h, n), *rmean = oph_hnew(h, N), *rrstd = oph_hnew(h, N);
+    oph_ref_layernorm(ref, rmean, rrstd, x, w, b, N, C);
+    void *dx = oph_dalloc(h, A, n), *dw = oph_dalloc(h, A, C), *dbb = oph_dalloc(h, A, C),
+         *dy = oph_dalloc(h, A, n);
+    void *o1 = oph_dalloc(h, A, n), *m1 = oph_dalloc(h, DG_F32, N), *r1 = oph_dalloc(h, DG_F32, N);
+    void *o2 = oph_dalloc(h, A, n), *m2 = oph_dalloc(h, DG_F32, N), *r2 = oph_dalloc(h, DG_F32, N);
+    oph_upload(h, dx, A, x, n);
+    oph_upload(h, dw, A, w, C);
+    oph_upload(h, dbb, A, b, C);
+    oph_upload(h, dy, A, dout, n);
+    oph_poison(h, o1, A, n);
+    oph_poison(h, m1, DG_F32, N);
+    oph_poison(h, r1, DG_F32, N);
+    oph_poison(h, o2, A, n);
+    oph_poison(h, m2, DG_F32, N);
+    oph_poison(h, r2, DG_F32, N);
+    if (!h->bad) CALL(h, "layernorm_fwd", layernorm_fwd(h->be, o1, m1, r1, dx, dw, dbb, N, C));
+    if (!h->bad) CALL(h, "layernorm_fwd", layernorm_fwd(h->be, o2, m2, r2, dx, dw, dbb, N, C));
+    const double tf = oph_tol_of(h, "layernorm_fwd");
+    oph_check_close(h, "fwd out", oph_download(h, o1, A, n), ref, n, tf, NULL);
+    oph_check_close(h, "fwd mean", oph_download(h, m1, DG_F32, N), rmean, N, tf, NULL);
+    oph_check_close(h, "fwd rstd", oph_download(h, r1, DG_F32, N), rrstd, N, tf, NULL);
+    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, n * oph_dt_size(A)),
+                   oph_download_raw(h, o2, n * oph_dt_size(A)), n * oph_dt_size(A));
+    oph_check_bits(h, "fwd repeat rstd", oph_download_raw(h, r1, N * 4), oph_download_raw(h, r2, N * 4),
+                   N * 4);
+    oph_digest_dev(h, o1, n * oph_dt_size(A));
+    oph_digest_dev(h, m1, N * 4);
+    oph_digest_dev(h, r1, N * 4);
+
+    double *rdx = oph_hnew(h, n), *rdw = oph_hnew(h, C), *rdb = oph_hnew(h, C);
+    oph_ref_layernorm_bwd(rdx, rdw, rdb, dout, x, w, N, C);
+    const double tb = oph_tol_of(h, "layernorm_bwd");
+    void *gx1 = oph_dalloc(h, A, n), *gw1 = oph_dalloc(h, DG_F32, C), *gb1 = oph_dalloc(h, DG_F32, C);
+    void *gx2 = oph_dalloc(h, A, n), *gw2 = oph_dalloc(h, DG_F32, C), *gb2 = oph_dalloc(h, DG_F32, C);
+    /* run 1: acc=0 over poison, parameter grads from zero */
+    oph_poison(h, gx1, A, n);
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw1, C * 4));
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gb1, C * 4));
+    if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx1, gw1, gb1, dy, dx, dw, m1, r1, N, C, 0));
+    double *ax = oph_download(h, gx1, A, n), *aw = oph_download(h, gw1, DG_F32, C),
+           *ab = oph_download(h, gb1, DG_F32, C);
+    oph_check_close(h, "bwd dinp (acc=0)", ax, rdx, n, tb, NULL);
+    oph_check_close(h, "bwd dw", aw, rdw, C, tb, NULL);
+    oph_check_close(h, "bwd db", ab, rdb, C, tb, NULL);
+    if (fd) {
+        ln_ctx_t cx = {x, w, b, oph_hnew(h, n), dout, N, C};
+        oph_check_fd(h, "bwd dinp", ln_obj, &cx, x, n, ax, rdx, tb);
+        oph_check_fd(h, "bwd dw", ln_obj, &cx, w, C, aw, rdw, tb);
+        oph_check_fd(h, "bwd db", ln_obj, &cx, b, C, ab, rdb, tb);
+    }
+    oph_digest_dev(h, gx1, n * oph_dt_size(A));
+    oph_digest_dev(h, gw1, C * 4);
+    oph_digest_dev(h, gb1, C * 4);
+    /* run 2: acc=1 and parameter grads into non-zero buffers */
+    double *px = oph_prefill(h, gx2, A, n), *pw = oph_prefill(h, gw2, DG_F32, C);
+    double *pb = oph_prefill(h, gb2, DG_F32, C);
+    if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, m1, r1, N, C, 1));
+    oph_check_close(h, "bwd dinp (acc=1 adds)", oph_download(h, gx2, A, n), oph_add_arrays(h, px, rdx, n), n,
+                    tb, rdx);
+    oph_check_close(h, "bwd dw accumulates (+=)", oph_download(h, gw2, DG_F32, C),
+                    oph_add_arrays(h, pw, rdw, C), C, tb, rdw);
+    oph_check_close(h, "bwd db accumulates (+=)", oph_download(h, gb2, DG_F32, C),
+                    oph_add_arrays(h, pb, rdb, C), C, tb, rdb);
+    /* run 3 = run 1 */
+    oph_poison(h, gx2, A, n);
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, C * 4));
+    if (!h->bad) CALL(h, "memset0", memset0(h->be, gb2, C * 4));
+    if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, m1, r1, N, C, 0));
+    oph_check_bits(h, "bwd repeat dinp", oph_download_raw(h, gx2, n * oph_dt_size(A)),
+                   oph_download_raw(h, gx1, n * oph_dt_size(A)), n * oph_dt_size(A));
+    oph_check_bits(h, "bwd repeat dw", oph_download_raw(h, gw2, C * 4), oph_download_raw(h, gw1, C * 4),
+                   C * 4);
+    oph_check_bits(h, "bwd repeat db", oph_download_raw(h, gb2, C * 4), oph_download_raw(h, gb1, C * 4),
+                   C * 4);
+    oph_case_end(h);
+}
+
+/* ---- gelu ---- */
+
+typedef struct {
+    double *x;
+    const double *dout;
+    size_t n;
+} gelu_ctx_t;
+static double gelu_obj(void *p) {
+    gelu_ctx_t *c = p;
+    double s = 0;
+    for (size_t i = 0; i < c->n; i++)
+        s += c->dout[i] * oph_ref_gelu1(c->x[i]);
+    return s;
+}
+
+void oph_case_gelu(H *h, size_t n, int fd) {
+    if (!oph_case_begin(h, "gelu[n=%zu]", n)) return;
+    const dg_dtype_t A = h->act;
+    double *x = oph_hrand(h, n, 0.01, 5.0), *dout = oph_hrand(h, n, 0.05, 1.0);
+    for (size_t i = 0; i < n; i += 17)
+        x[i] *= 3.0; /* some tails, out to |x| = 15 */
+    oph_hround(x, n, A);
+    oph_hround(dout, n, A);
+    double *ref = oph_hnew(h, n), *rdx = oph_hnew(h, n);
+    for (size_t i = 0; i < n; i++) {
+        ref[i] = oph_ref_gelu1(x[i]);
+        rdx[i] = dout[i] * oph_ref_gelu_grad1(x[i]);
+    }
+    void *dx = oph_dalloc(h, A, n), *dy = oph_dalloc(h, A, n), *o1 = oph_dalloc(h, A, n),
+         *o2 = oph_dalloc(h, A, n);
+    void *g1 = oph_dalloc(h, A, n), *g2 = oph_dalloc(h, A, n);
+    oph_upload(h, dx, A, x, n);
+    oph_upload(h, dy, A, dout, n);
+    oph_poison(h, o1, A, n);
+    oph_poison(h, o2, A, n);
+    if (!h->bad) CALL(h, "gelu_fwd", gelu_fwd(h->be, o1, dx, n));
+    if (!h->bad) CALL(h, "gelu_fwd", gelu_fwd(h->be, o2, dx, n));
+    oph_check_close(h, "fwd", oph_download(h, o1, A, n), ref, n, oph_tol_of(h, "gelu_fwd"), NULL);
+    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, n * oph_dt_size(A)),
+                   oph_download_raw(h, o2, n * oph_dt_size(A)), n * oph_dt_size(A));
+    oph_digest_dev(h, o1, n * oph_dt_size(A));
+    const double tb = oph_tol_of(h, "gelu_bwd");
+    oph_poison(h, g1, A, n);
+    if (!h->bad) CALL(h, "gelu_bwd", gelu_bwd(h->be, g1, dx, dy, n, 0));
+    double *a = oph_download(h, g1, A, n);
+    oph_check_close(h, "bwd (acc=0)", a, rdx, n, tb, NULL);
+    if (fd) {
+        gelu_ctx_t cx = {x, dout, n};
+        oph_check_fd(h, "bwd dinp", gelu_obj, &cx, x, n, a, rdx, tb);
+    }
+    oph_digest_dev(h, g1, n * oph_dt_size(A));
+    double *pre = oph_hrand(h, n, 0.05, 1.0);
+    oph_hround(pre, n, A);
+    oph_upload(h, g2, A, pre, n);
+    if (!h->bad) CALL(h, "gelu_bwd", gelu_bwd(h->be, g2, dx, dy, n, 1));
+    oph_check_close(h, "bwd (acc=1 adds)", oph_download(h, g2, A, n), oph_add_arrays(h, pre, rdx, n), n, tb,
+                    rdx);
+    oph_poison(h, g2, A, n);
+    if (!h->bad) CALL(h, "gelu_bwd", gelu_bwd(h->be, g2, dx, dy, n, 0));
+    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g2, n * oph_dt_size(A)),
+                   oph_download_raw(h, g1, n * oph_dt_size(A)), n * oph_dt_size(A));
+    oph_case_end(h);
+}
+
+/* ---- attention ---- */
+
+typedef struct {
+    double *qkv, *out, *p;
+    const double *dout;
+    int B, T, C, NH;
+} att_ctx_t;
+static double att_obj(void *pv) {
+    att_ctx_t *c = pv;
+    oph_ref_attention(c->out, c->qkv, c->B, c->T, c->C, c->NH, c->p);
+    return oph_dotd(c->out, c->dout, (size_t)c->B * c->T * c->C);
+}
+
+void oph_case_attention(H *h, int B, int T, int C, int NH, int fd) {
+    if (!oph_case_begin(h, "attention[B=%d,T=%d,C=%d,NH=%d]", B, T, C, NH)) return;
+    const dg_dtype_t A = h->act;
+    const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C;
+    double *qkv = oph_hrand(h, nq, 0.05, 1.5), *dout = oph_hrand(h, no, 0.05, 1.0);
+    oph_hround(qkv, nq, A);
+    oph_hround(dout, no, A);
+    double *ref = oph_hnew(h, no), *p = oph_hnew(h, T), *dp = oph_hnew(h, T), *rdq = oph_hnew(h, nq);
+    oph_ref_attention(ref, qkv, B, T, C, NH, p);
+    oph_ref_attention_bwd(rdq, dout, qkv, B, T, C, NH, p, dp);
+    const size_t auxb = h->be->ops->attention_aux_bytes(h->be, B, T, C, NH);
+    void *dq = oph_dalloc(h, A, nq), *dy = oph_dalloc(h, A, no), *o1 = oph_dalloc(h, A, no),
+         *o2 = oph_dalloc(h, A, no);
+    void *aux1 = oph_dalloc_bytes(h, auxb), *aux2 = oph_dalloc_bytes(h, auxb);
+    void *g1 = oph_dalloc(h, A, nq), *g2 = oph_dalloc(h, A, nq);
+    oph_upload(h, dq, A, qkv, nq);
+    oph_upload(h, dy, A, dout, no);
+    oph_poison(h, o1, A, no);
+    oph_poison(h, o2, A, no);
+    oph_poison_bytes(h, aux1, auxb); /* backward reading aux the forward never wrote would produce NaN */
+    oph_poison_bytes(h, aux2, auxb);
+    if (!h->bad) CALL(h, "attention_fwd", attention_fwd(h->be, o1, aux1, dq, B, T, C, NH));
+    if (!h->bad) CALL(h, "attention_fwd", attention_fwd(h->be, o2, aux2, dq, B, T, C, NH));
+    oph_check_close(h, "fwd out", oph_download(h, o1, A, no), ref, no, oph_tol_of(h, "attention_fwd"), NULL);
+    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)),
+                   oph_download_raw(h, o2, no * oph_dt_size(A)), no * oph_dt_size(A));
+    oph_digest_dev(h, o1, no * oph_dt_size(A));
+    const double tb = oph_tol_of(h, "attention_bwd");
+    oph_poison(h, g1, A, nq);
+    oph_poison(h, g2, A, nq);
+    if (!h->bad) CALL(h, "attention_bwd", attention_bwd(h->be, g1, dy, dq, o1, aux1, B, T, C, NH));
+    if (!h->bad) CALL(h, "attention_bwd", attention_bwd(h->be, g2, dy, dq, o2, aux2, B, T, C, NH));
+    double *a = oph_download(h, g1, A, nq);
+    oph_check_close(h, "bwd dqkv", a, rdq, nq, tb, NULL);
+    if (fd) {
+        att_ctx_t cx = {qkv, oph_hnew(h, no), p, dout, B, T, C, NH};
+        oph_check_fd(h, "bwd dqkv", att_obj, &cx, qkv, nq, a, rdq, tb);
+    }
+    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g1, nq * oph_dt_size(A)),
+                   oph_download_raw(h, g2, nq * oph_dt_size(A)), nq * oph_dt_size(A));
+    oph_digest_dev(h, g1, nq * oph_dt_size(A));
+    oph_case_end(h);
+}
+
+/* ---- cross-entropy ---- */
+
+typedef struct {
+    double *z, *loss;
+    const int32_t *tg;
+    int N, V, Vp;
+    double dloss;
+} ce_ctx_t;
+static double ce_obj(void *p) {
+    ce_ctx_t *c = p;
+    oph_ref_ce(c->loss, NULL, c->z, c->tg, c->N, c->V, c->Vp);
+    double s = 0;
+    for (int i = 0; i < c->N; i++)
+        s += c->loss[i];
+    return s * c->dloss;
+}
+
+void oph_case_crossentropy(H *h, int N, int V, int Vp, int fd) {
+    if (!oph_case_begin(h, "crossentropy[N=%d,V=%d,Vp=%d]", N, V, Vp)) return;
+    const dg_dtype_t A = h->act;
+    const size_t nz = (size_t)N * Vp;
+    double *z = oph_hrand(h, nz, 0.05, 4.0); /* padded columns hold garbage too: they must be ignored */
+    int32_t *tg = oph_rand_tokens(h, N, V);
+    oph_hround(z, nz, A);
+    const double dloss = (double)(float)(1.3 / N);
+    double *rl = oph_hnew(h, N), *rlse = oph_hnew(h, N), *rdz = oph_hnew(h, nz);
+    oph_ref_ce(rl, rlse, z, tg, N, V, Vp);
+    oph_ref_ce_bwd(rdz, z, tg, N, V, Vp, dloss);
+    void *dz = oph_dalloc(h, A, nz), *dtg = oph_dalloc(h, DG_I32, N);
+    void *l1 = oph_dalloc(h, DG_F32, N), *s1 = oph_dalloc(h, DG_F32, N), *l2 = oph_dalloc(h, DG_F32, N),
+         *s2 = oph_dalloc(h, DG_F32, N);
+    void *g1 = oph_dalloc(h, A, nz), *g2 = oph_dalloc(h, A, nz);
+    oph_upload(h, dz, A, z, nz);
+    oph_upload_i32(h, dtg, tg, N);
+    oph_poison(h, l1, DG_F32, N);
+    oph_poison(h, s1, DG_F32, N);
+    oph_poison(h, l2, DG_F32, N);
+    oph_poison(h, s2, DG_F32, N);
+    if (!h->bad) CALL(h, "crossentropy_fwd", crossentropy_fwd(h->be, l1, s1, dz, dtg, N, V, Vp));
+    if (!h->bad) CALL(h, "crossentropy_fwd", crossentropy_fwd(h->be, l2, s2, dz, dtg, N, V, Vp));
+    const double tf = oph_tol_of(h, "crossentropy_fwd");
+    oph_check_close(h, "fwd losses", oph_download(h, l1, DG_F32, N), rl, N, tf, NULL);
+    oph_check_close(h, "fwd lse", oph_download(h, s1, DG_F32, N), rlse, N, tf, NULL);
+    oph_check_bits(h, "fwd repeat", oph_download_raw(h, l1, N * 4), oph_download_raw(h, l2, N * 4), N * 4);
+    oph_digest_dev(h, l1, N * 4);
+    oph_digest_dev(h, s1, N * 4);
+    const double tb = oph_tol_of(h, "crossentropy_bwd");
+    oph_poison(h, g1, A, nz);
+    if (!h->bad)
+        CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g1, dz, s1, dtg, N, V, Vp, (float)dloss));
+    double *a = oph_download(h, g1, A, nz);
+    oph_check_close(h, "bwd dlogits (padded columns = 0)", a, rdz, nz, tb, NULL);
+    if (fd) {
+        ce_ctx_t cx = {z, oph_hnew(h, N), tg, N, V, Vp, dloss};
+        oph_check_fd(h, "bwd dlogits", ce_obj, &cx, z, nz, a, rdz, tb);
+    }
+    oph_digest_dev(h, g1, nz * oph_dt_size(A));
+    oph_poison(h, g2, A, nz);
+    if (!h->bad)
+        CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g2, dz, s1, dtg, N, V, Vp, (float)dloss));
+    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g2, nz * oph_dt_size(A)),
+                   oph_download_raw(h, g1, nz * oph_dt_size(A)), nz * oph_dt_size(A));
+    /* in place: dlogits aliasing logits */
+    void *inplace = oph_ddup(h, dz, nz * oph_dt_size(A));
+    if (!h->bad)
+        CALL(h, "crossentropy_bwd",
+             crossentropy_bwd(h->be, inplace, inplace, s1, dtg, N, V, Vp, (float)dloss));
+    oph_check_bits(h, "bwd in place (dlogits == logits)", oph_download_raw(h, inplace, nz * oph_dt_size(A)),
+                   oph_download_raw(h, g1, nz * oph_dt_size(A)), nz * oph_dt_size(A));
+    oph_case_end(h);
+}
+
+/* crossentropy_fused (contract v1.10): the same bits as crossentropy_fwd followed by crossentropy_bwd on
+ * this backend, out of place and in place (dlogits == logits), with every output poisoned first; and
+ * within the forward/backward tolerances of the float64 references. lg_off / dl_off shift logits /
+ * dlogits by that many elements from a 256-byte boundary (CUDA: misaligned logits take the scalar
+ * reduction; misaligned dlogits keep the vector reduction with scalar stores). A large Vp: rows that do
+ * not fit in GPU shared memory (CUDA's two-pass kernel). */
+void oph_case_crossentropy_fused(H *h, int N, int V, int Vp, int lg_off, int dl_off) {
+    if (!oph_case_begin(h, "crossentropy_fused[N=%d,V=%d,Vp=%d,off=%d/%d]", N, V, Vp, lg_off, dl_off)) return;
+    if (!h->be->ops->crossentropy_fused) { /* optional entry: the graph keeps the two ops */
+        oph_pass(h, "crossentropy_fused: not provided by the %s backend (optional)", h->be->ops->name);
+        oph_case_end(h);
+        return;
+    }
+    const dg_dtype_t A = h->act;
+    const size_t es = oph_dt_size(A), nz = (size_t)N * Vp, zb = nz * es;
+    double *z = oph_hrand(h, nz, 0.05, 4.0); /* padded columns hold garbage too: they must be ignored */
+    int32_t *tg = oph_rand_tokens(h, N, V);
+    tg[N - 1] = V - 1; /* the last real column (in a vector that reaches into the padding) */
+    oph_hround(z, nz, A);
+    const double dloss = (double)(float)(0.7 / N);
+    double *rl = oph_hnew(h, N), *rlse = oph_hnew(h, N), *rdz = oph_hnew(h, nz);
+    oph_ref_ce(rl, rlse, z, tg, N, V, Vp);
+    oph_ref_ce_bwd(rdz, z, tg, N, V, Vp, dloss);
+    char *zbase = oph_dalloc_bytes(h, zb + 256), *gbase = oph_dalloc_bytes(h, zb + 256),
+         *rbase = oph_dalloc_bytes(h, zb + 256);
+    void *dtg = oph_dalloc(h, DG_I32, N);
+    void *l1 = oph_dalloc(h, DG_F32, N), *s1 = oph_dalloc(h, DG_F32, N), *l2 = oph_dalloc(h, DG_F32, N),
+         *s2 = oph_dalloc(h, DG_F32, N);
+    if (h->bad) {
+        oph_case_end(h);
+        return;
+    }
+    void *dz = zbase + (size_t)lg_off * es, *g1 = gbase + (size_t)dl_off * es,
+         *g0 = rbase + (size_t)dl_off * es;
+    oph_upload(h, dz, A, z, nz);
+    oph_upload_i32(h, dtg, tg, N);
+    void *zraw = oph_download_raw(h, dz, zb);
+    /* the unfused pair on this backend: the reference bits */
+    oph_poison(h, l1, DG_F32, N);
+    oph_poison(h, s1, DG_F32, N);
+    oph_poison(h, g0, A, nz);
+    if (!h->bad) CALL(h, "crossentropy_fwd", crossentropy_fwd(h->be, l1, s1, dz, dtg, N, V, Vp));
+    if (!h->bad)
+        CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g0, dz, s1, dtg, N, V, Vp, (float)dloss));
+    void *rl_bits = oph_download_raw(h, l1, N * 4), *rs_bits = oph_download_raw(h, s1, N * 4);
+    void *rg_bits = oph_download_raw(h, g0, zb);
+    /* fused, out of place */
+    oph_poison(h, l2, DG_F32, N);
+    oph_poison(h, s2, DG_F32, N);
+    oph_poison(h, g1, A, nz);
+    if (!h->bad)
+        CALL(h, "crossentropy_fused", crossentropy_fused(h->be, l2, s2, g1, dz, dtg, N, V, Vp, (float)dloss));
+    oph_check_close(h, "fused losses", oph_download(h, l2, DG_F32, N), rl, N,
+                    oph_tol_of(h, "crossentropy_fwd"), NULL);
+    oph_check_close(h, "fused lse", oph_download(h, s2, DG_F32, N), rlse, N,
+                    oph_tol_of(h, "crossentropy_fwd"), NULL);
+    oph_check_close(h, "fused dlogits (padded columns = 0)", oph_download(h, g1, A, nz), rdz, nz,
+                    oph_tol_of(h, "crossentropy_bwd"), NULL);
+    oph_check_bits(h, "fused losses == crossentropy_fwd's", oph_download_raw(h, l2, N * 4), rl_bits, N * 4);
+    oph_check_bits(h, "fused lse == crossentropy_fwd's", oph_download_raw(h, s2, N * 4), rs_bits, N * 4);
+    oph_check_bits(h, "fused dlogits == crossentropy_bwd's", oph_download_raw(h, g1, zb), rg_bits, zb);
+    oph_check_bits(h, "fused out of place leaves the logits", oph_download_raw(h, dz, zb), zraw, zb);
+    oph_digest_dev(h, l2, N * 4);
+    oph_digest_dev(h, s2, N * 4);
+    oph_digest_dev(h, g1, zb);
+    /* fused, in place: dlogits over the logits */
+    oph_poison(h, l2, DG_F32, N);
+    oph_poison(h, s2, DG_F32, N);
+    if (!h->bad)
+        CALL(h, "crossentropy_fused", crossentropy_fused(h->be, l2, s2, dz, dz, dtg, N, V, Vp, (float)dloss));
+    oph_check_bits(h, "fused in place: losses", oph_download_raw(h, l2, N * 4), rl_bits, N * 4);
+    oph_check_bits(h, "fused in place: lse", oph_download_raw(h, s2, N * 4), rs_bits, N * 4);
+    oph_check_bits(h, "fused in place: dlogits over the logits == crossentropy_bwd's",
+                   oph_download_raw(h, dz, zb), rg_bits, zb);
+    oph_case_end(h);
+}

@@ -1,0 +1,121 @@
+/* gops.h — the harness test_graph_ops shares across its files (gops_harness.c): one small test graph on a
+ * backend (leaves filled with seeded random data, autodiff + in-place pass + checked plan + executor),
+ * float64 comparisons (check_close, central finite differences, micro-batch accumulation), and the op
+ * cases each file defines. A case runs its graph, checks it with EXPECT/OK (tests/lib/dg_check.h, the
+ * counters shared by all files of the executable: DG_CHECK_SHARED) and calls tg_cover when its checks
+ * passed; main (test_graph_ops.c) fails the run if a registered op kind was never covered. */
+#ifndef DG_TESTS_GRAPH_GOPS_H
+#define DG_TESTS_GRAPH_GOPS_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "graph.h"
+#include "gtest.h"
+#include "ref64.h"
+
+/* bit per op kind executed in a case that passed its checks */
+extern uint64_t covered;
+
+typedef struct {
+    dg_node_t *n;
+    float *f;
+    int32_t *i;
+} leaf_t;
+
+typedef struct {
+    dg_backend_t *be;
+    dg_graph_t *g;
+    dg_memplan_t *plan;
+    dg_exec_t *ex;
+    dg_alloc_list_t al;
+    leaf_t leaves[32];
+    int nl;
+    uint64_t rng;
+} tg_t;
+
+/* A fresh graph on `be`; leaves drawn from the generator seeded with `seed`. */
+void tg_init(tg_t *t, dg_backend_t *be, uint64_t seed);
+/* An f32 leaf (a parameter when flags has DG_NF_PARAM) filled uniformly in [lo, hi); exits on error. */
+dg_node_t *tg_f(tg_t *t, const char *name, int ndim, const int64_t *shape, unsigned flags, double lo,
+                double hi);
+/* An i32 input leaf filled with values in [0, maxv). */
+dg_node_t *tg_i(tg_t *t, const char *name, int ndim, const int64_t *shape, int maxv);
+/* The host data of leaf n (NULL if n is no leaf of t). */
+leaf_t *tg_leaf(tg_t *t, const dg_node_t *n);
+/* A malloc'd float64 copy of f[0..n). */
+double *to_f64(const float *f, size_t n);
+/* A malloc'd float64 copy of leaf n's host data. */
+double *tg_d(tg_t *t, const dg_node_t *n);
+/* autodiff (when outs given) + in-place pass, plan (checked), persistent memory, uploads, executor */
+void tg_finish(tg_t *t, int nout, dg_node_t **outs, dg_node_t **seeds);
+/* Run one phase and sync. */
+void tg_run(tg_t *t, dg_phase_t ph);
+/* A malloc'd host copy of n's device data; exits when n is NULL (a missing gradient). */
+float *tg_get(tg_t *t, const dg_node_t *n);
+/* Mark every op kind of t's graph covered, if no check failed since failures_before (dg_fails). */
+void tg_cover(tg_t *t, int failures_before);
+/* How many nodes of kind k (with attr ACC == acc, unless acc < 0) t's graph has. */
+int tg_count(tg_t *t, dg_op_kind_t k, int acc);
+/* Free the executor, plan, persistent memory, graph and leaves' host data. */
+void tg_free(tg_t *t);
+
+/* max|got - ref| <= rtol * max|ref| + 1e-6 over n elements, and ref not all zero. */
+void check_close(const char *what, const float *got, const double *ref, size_t n, double rtol);
+typedef double (*objective_fn)(void *ctx);
+/* Gradient `g` of obj w.r.t. the double array x[0..n) (which obj reads) against central differences. */
+void check_fd(const char *what, double *x, size_t n, const float *g, objective_fn obj, void *ctx);
+/* sum of a[i] * b[i] */
+double dot(const double *a, const double *b, size_t n);
+/* After a second forward+backward on the same data, parameter grads must be doubled (kernels accumulate
+ * +=; an overwrite would leave them unchanged) up to the rounding of the extra additions, and activation
+ * grads unchanged bitwise (overwritten, not accumulated). g1 / a1: the first run's gradients. */
+void check_accumulation(tg_t *t, int n_par, dg_node_t **par, float **g1, int n_act, dg_node_t **act,
+                        float **a1);
+
+/* what a case's objective reads: inputs, tokens, the seed gradient, dimensions, the loss seed */
+typedef struct {
+    double *in[8];
+    const int32_t *tok;
+    double *dout;
+    int d[6];
+    float dloss;
+} ctx_t;
+
+/* sum(dout * gelu(in[0])) over d[0] elements: the objective of cases whose output is one GELU */
+double obj_gelu(void *p);
+
+/* The backward of a case y = op(x, w, b) that took f0 = dg_fails at its start: runs the backward, checks
+ * d/dx, d/dw and d/db (named "<what> d/dx", "<what> d/dw", "<what> <bname>") against central differences
+ * of obj over c->in[0], in[1], in[2] (n[0], n[1], n[2] elements); with acc, then the accumulation over a
+ * second micro-batch (w, b accumulate, x is overwritten); covers the graph; frees the three gradients and
+ * c's in[0..2] and dout. */
+void tg_check_xwb(tg_t *t, int f0, const char *what, const char *bname, dg_node_t *x, dg_node_t *w,
+                  dg_node_t *b, ctx_t *c, const size_t n[3], objective_fn obj, int acc);
+
+/* the cases, by file: dense ops (gops_dense.c) */
+void case_encoder(dg_backend_t *be);
+void case_layernorm(dg_backend_t *be);
+void case_matmul(dg_backend_t *be);
+void case_matmul_nobias(dg_backend_t *be);
+void case_matmul_gelu(dg_backend_t *be);
+void case_gelu(dg_backend_t *be);
+void case_mlp_saved(dg_backend_t *be);
+void case_mlp_recompute(dg_backend_t *be);
+void case_gelu_acc(dg_backend_t *be);
+void case_attention(dg_backend_t *be);
+void case_add(dg_backend_t *be);
+/* the loss, the residual fusions and fan-out (gops_fuse.c) */
+void case_crossentropy(dg_backend_t *be);
+void case_crossentropy_fused(dg_backend_t *be);
+void case_matmul_res(dg_backend_t *be);
+void case_fuse_residual(dg_backend_t *be);
+void case_fanout1(dg_backend_t *be);
+void case_fanout2(dg_backend_t *be);
+/* collectives, shards, casts, the optimizer and the norm (gops_optim.c) */
+void case_collectives(dg_backend_t *be);
+void case_shard_ops(dg_backend_t *be);
+void case_cast(dg_backend_t *be);
+void case_optimizer(dg_backend_t *be);
+void case_optimizer_fused(dg_backend_t *be);
+void case_norm_fused(dg_backend_t *be);
+#endif
