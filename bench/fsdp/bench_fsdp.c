@@ -10,11 +10,11 @@
  * The modes run interleaved (one step of each in turn), so that the load of a shared machine changes
  * all of them alike. Reported per mode, as medians over the steps: step time (slowest rank), exposed
  * communication (time a rank was blocked in collective waits and blocking collectives, max over ranks)
- * and its share of the step, and the step time relative to compute-only. The target (docs/fsdp.md): with overlap,
- * exposed communication < 10% of the step at 2 ranks for the 6-layer, 384-wide model. Output: a table on
- * stdout, and with --json FILE one JSON object per mode (one per line); --profile 1 adds rank 0's time per op
- * kind in the overlap mode (waits counted in the op that waits). --reduce-scatter ring|mpi picks the comm
- * layer's reduce-scatter (parallel.reduce_scatter; default ring).
+ * and its share of the step, and the step time relative to compute-only. The target (docs/fsdp.md): with
+ * overlap, exposed communication < 10% of the step at 2 ranks for the 6-layer, 384-wide model. Output: a
+ * table on stdout, and with --json FILE one JSON object per mode (one per line); --profile 1 adds rank 0's
+ * time per op kind in the overlap mode (waits counted in the op that waits). --reduce-scatter ring|mpi picks
+ * the comm layer's reduce-scatter (parallel.reduce_scatter; default ring).
  */
 #include <math.h>
 #include <mpi.h>

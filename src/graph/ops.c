@@ -981,6 +981,8 @@ static dg_status_t ex_wait(dg_exec_t *ex, const dg_node_t *n) {
 /* KERN(e): backend entry e is one that the op's exec function calls (dg_op_missing_kernel: the executor's
  * host fallback runs an op on the host when one is NULL). Collectives list none: they run through the comm
  * layer (exec.c), and over a mesh dimension of size 1 use copy / add_f32, which every backend has. */
+/* one row per op kind, kept on as few lines as fit (not clang-format's one field per line) */
+/* clang-format off */
 #define KERN(e) {offsetof(dg_backend_ops_t, e), #e}
 static const dg_op_def_t op_table[DG_OP_COUNT] = {
     [DG_OP_LEAF] = {DG_OP_LEAF, "leaf", 0, 0, NULL, DG_GRAD_STRUCTURAL, NULL, NULL, 0, 0, {}},
@@ -1044,10 +1046,11 @@ static const dg_op_def_t op_table[DG_OP_COUNT] = {
                             ex_shard_unpack, 0, 0, {KERN(copy)}},
     [DG_OP_WAIT] = {DG_OP_WAIT, "wait", 0, 0, shape_wait, DG_GRAD_NONE, NULL, ex_wait, 0, 0, {}},
     /* inserted by passes around the gradient reductions only: never differentiated */
-    [DG_OP_CAST] = {DG_OP_CAST, "cast", 1, 1, shape_cast, DG_GRAD_NONE, NULL, ex_cast, 0, 0, {KERN(cast), KERN(add_f32)}},
+    [DG_OP_CAST] = {DG_OP_CAST, "cast", 1, 1, shape_cast, DG_GRAD_NONE, NULL, ex_cast, 0, 0,
+                    {KERN(cast), KERN(add_f32)}},
 };
+/* clang-format on */
 #undef KERN
-
 
 const dg_op_def_t *dg_op_def(dg_op_kind_t kind) {
     DG_ASSERTF(kind >= 0 && kind < DG_OP_COUNT && op_table[kind].name != NULL, "unknown op kind %d",

@@ -25,7 +25,6 @@ extern "C" {
  * data, checkpoint), DG_ERR_RUNTIME for failures during training. */
 dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg);
 
-
 /* --plan-only: build the graph and memory plan (no weights) and print each rank's schedule; rank 0
  * prints, in rank order. Collective. */
 dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json, FILE *out);

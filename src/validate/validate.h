@@ -1,5 +1,5 @@
-/* validate.h — the site-admin validation suite (docs/validation.md): qualify a cluster, or a repaired node, for
- * dgtrain. `mpirun -n N dgvalidate validation/sla.ini` (or `sbatch slurm/validate.sh`) runs every check
+/* validate.h — the site-admin validation suite (docs/validation.md): qualify a cluster, or a repaired node,
+ * for dgtrain. `mpirun -n N dgvalidate validation/sla.ini` (or `sbatch slurm/validate.sh`) runs every check
  * with what this build has, compares each measurement with the reference of the node type it ran on,
  * and writes a table (stdout), <run dir>/validation.json and <run dir>/validation-junit.xml.
  *

@@ -130,7 +130,8 @@ static void test_schema(void) {
         f[nf++] = (__typeof__(f[0])){k->offset, k->size, align, k->section, k->key, ""};
         if (k->has_id) {
             CHECK(k->type == DG_CFGT_ENUM);
-            f[nf++] = (__typeof__(f[0])){k->id_offset, sizeof(int), sizeof(int), k->section, k->key, " (its id)"};
+            f[nf++] =
+                (__typeof__(f[0])){k->id_offset, sizeof(int), sizeof(int), k->section, k->key, " (its id)"};
         }
     }
     for (int i = 1; i < nf; i++)

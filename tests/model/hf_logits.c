@@ -46,8 +46,7 @@ int main(int argc, char **argv) {
     dg_config_t cfg;
     dg_model_desc_t d;
     const char *text = info.meta.config_text ? info.meta.config_text : "";
-    if (dg_config_load_buffer(&cfg, argv[1], text, strlen(text), 0, NULL) ||
-        dg_train_model_desc(&cfg, &d))
+    if (dg_config_load_buffer(&cfg, argv[1], text, strlen(text), 0, NULL) || dg_train_model_desc(&cfg, &d))
         return fail("stored config");
     dg_ckpt_info_destroy(&info);
     int32_t *tok = calloc((size_t)d.seq_len, sizeof *tok);
