@@ -1,4 +1,4 @@
-/* data.h — token data for dgtrain: llm.c-format token shards (memory-mapped and validated), the
+/* data.h — token data for dgtrain: llm.c-format token shards (read with pread and validated), the
  * world-size-independent sample loader, the text-to-shard builder behind `dgprep`, and the embedded
  * default data set. The full rules (sample layout, shuffle, rank split, epoch wrap) are in docs/data.md.
  *
@@ -47,7 +47,7 @@ typedef struct dg_dataset dg_dataset_t;
 /* Open every file matching `glob` (sorted by name), read-only, and validate it: magic, version, exact
  * size, and every token < vocab_size (one sequential scan). Each shard keeps its descriptor until
  * dg_dataset_free (the soft limit on open files is raised to the hard one if the set needs it). seq_len >= 1,
- * 1 <= vocab_size <= 65536. Errors (DG_ERR_USAGE; DG_ERR_RUNTIME for mmap/IO failures): no file
+ * 1 <= vocab_size <= 65536. Errors (DG_ERR_USAGE; DG_ERR_RUNTIME for I/O failures): no file
  * matches, a file cannot be opened, is empty, is too short for the header, has a bad magic or
  * version, a negative token count, a size that disagrees with the header, a token out of range, or
  * the whole set yields no sample of seq_len+1 tokens. */

@@ -1,6 +1,7 @@
 /* fsdp.c — the device mesh and its communicators, the [parallel] options, the model on the mesh and the
- * DTensor-style placement view (see fsdp.h). The sharding itself is graph rewriting in src/graph
- * (shard.c: the FSDP pass; model.c: tensor-parallel builder rules and the optimizer-phase collectives).
+ * DTensor-style placement view (see fsdp.h). The sharding itself is graph rewriting: src/graph/shard.c
+ * (the FSDP pass), src/model/gpt2.c (tensor-parallel builder rules) and src/model/model.c (the
+ * optimizer-phase collectives).
  */
 #include "fsdp.h"
 

@@ -1,7 +1,8 @@
 /* fsdp.h — the parallel plan of a training run (docs/design.md §2 "plan"): the device mesh dp_replicate x
  * dp_shard x tp over the world with one communicator per dimension, the parallel options from the
  * `[parallel]` config section, the model built on that mesh (FSDP / HSDP / tensor parallelism are graph
- * passes and builder rules in src/graph, see graph.h), and a DTensor-style view of where every tensor
+ * passes in src/graph, graph.h, and builder rules in src/model, dg_model.h), and a DTensor-style view of
+ * where every tensor
  * lives: one placement per mesh dimension — Shard(d), Replicate or Partial(sum) — plus the global
  * shape and this rank's local pieces.
  *
