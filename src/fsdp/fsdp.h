@@ -2,9 +2,8 @@
  * dp_shard x tp over the world with one communicator per dimension, the parallel options from the
  * `[parallel]` config section, the model built on that mesh (FSDP / HSDP / tensor parallelism are graph
  * passes in src/graph, graph.h, and builder rules in src/model, dg_model.h), and a DTensor-style view of
- * where every tensor
- * lives: one placement per mesh dimension — Shard(d), Replicate or Partial(sum) — plus the global
- * shape and this rank's local pieces.
+ * where every tensor lives: one placement per mesh dimension — Shard(d), Replicate or Partial(sum) —
+ * plus the global shape and this rank's local pieces.
  *
  * Typical use (train.c):
  *   dg_fsdp_opts_t o; dg_fsdp_opts_from_config(cfg, &o);
