@@ -9,7 +9,8 @@
 #   6. plot both runs overlaid                                dgtrain plot
 #
 #   scripts/walkthrough.sh [WORKDIR]     (kept; default: a temporary directory, removed; build/ must be built)
-#   DG_PYTHON=python3 (with transformers) makes step 5 run; without it, step 5 is skipped with a note.
+#   DG_PYTHON=python3 (with transformers) makes step 5 run; without it, step 5 is skipped with a note
+#   (under CI=true its absence fails).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 B=${DGTRAIN:-$root/build/src/cli/dgtrain}
@@ -64,6 +65,7 @@ print("transformers greedy:", repr(text[:70]))
 sys.exit(0 if text == "ROMEO:" + ours else "transformers' greedy text differs from dgtrain sample's: %r vs %r" % (text, ours))
 PY
 else
+    [ "${CI:-}" = true ] && { echo "walkthrough: DG_PYTHON (with transformers) is required under CI=true" >&2; exit 1; }
     echo "(DG_PYTHON not set: the transformers check is skipped)"
 fi
 

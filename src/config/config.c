@@ -809,34 +809,19 @@ void dg_config_print(const dg_config_t *cfg, FILE *out) {
 }
 
 dg_status_t dg_config_write_file(const dg_config_t *cfg, const char *path) {
-    char tmp[DG_CFG_STR + 64];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return DG_ERR(DG_ERR_RUNTIME, "config: path too long: %.80s...", path);
-    /* a stale temporary or a link planted at its name is removed, never followed (dg_fs.h) */
-    remove(tmp);
-    int fd = -1;
-    DG_TRY(dg_fs_open_nofollow(tmp, O_WRONLY | O_CREAT | O_EXCL, &fd));
-    FILE *f = fdopen(fd, "w");
-    if (!f) {
-        close(fd);
-        return DG_ERR(DG_ERR_RUNTIME, "config: cannot write %s: %s", tmp, strerror(errno));
-    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return DG_ERR(DG_ERR_RUNTIME, "config: cannot format %s: %s", path, strerror(errno));
     fprintf(f,
             "# dgtrain %s effective configuration (hash %016" PRIx64 "); every key with its final value and\n"
             "# its source. Reproduce the run with: dgtrain %s\n",
             DG_VERSION_STRING, dg_config_hash(cfg), path);
     dg_config_print(cfg, f);
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad) {
-        remove(tmp);
-        return DG_ERR(DG_ERR_RUNTIME, "config: write error on %s", tmp);
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        remove(tmp);
-        return DG_ERR(DG_ERR_RUNTIME, "config: cannot rename %s to %s: %s", tmp, path, strerror(e));
-    }
-    return DG_OK;
+    fclose(f);
+    dg_status_t st = dg_write_file_atomic(path, text, len); /* temp + fsync + rename, no link followed */
+    free(text);
+    return st;
 }
 
 void dg_config_print_help(FILE *out) {

@@ -296,30 +296,17 @@ static void draw(FILE *f, const chart_t *c, const dg_plot_run_t *runs, int nruns
 
 static dg_status_t write_chart(const chart_t *c, const dg_plot_run_t *runs, int nruns, const char *dir,
                                axis_t x, axis_t y) {
-    char path[4200], tmp[4220];
+    char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, c->file);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()); /* several writers: each renames its own */
-    /* a stale temporary or a link planted at its name is removed, never followed (dg_fs.h) */
-    remove(tmp);
-    int fd = -1;
-    DG_TRY(dg_fs_open_nofollow(tmp, O_WRONLY | O_CREAT | O_EXCL, &fd));
-    FILE *f = fdopen(fd, "w");
-    if (!f) {
-        close(fd);
-        return DG_ERR(DG_ERR_RUNTIME, "plot: cannot write %s: %s", tmp, strerror(errno));
-    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return DG_ERR(DG_ERR_RUNTIME, "plot: cannot format %s: %s", path, strerror(errno));
     draw(f, c, runs, nruns, x, y);
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad) {
-        remove(tmp);
-        return DG_ERR(DG_ERR_RUNTIME, "plot: write error on %s", tmp);
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        remove(tmp);
-        return DG_ERR(DG_ERR_RUNTIME, "plot: cannot rename %s to %s: %s", tmp, path, strerror(e));
-    }
-    return DG_OK;
+    fclose(f);
+    dg_status_t st = dg_write_file_atomic(path, text, len); /* temp + fsync + rename, no link followed */
+    free(text);
+    return st;
 }
 
 dg_status_t dg_plot_write(const dg_plot_run_t *runs, int nruns, const char *out_dir, FILE *note,
