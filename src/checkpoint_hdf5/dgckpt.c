@@ -16,6 +16,7 @@
 #include "dg_env.h"
 #include "dg_hf.h"
 #include "model_desc.h"
+#include "tokenizer.h"
 
 enum { EX_OK = 0, EX_BAD = 1, EX_ERR = 2 };
 
@@ -34,9 +35,11 @@ static void usage(FILE *f) {
         "  diff A B                 max |a-b| per dataset; exit 0 only when every dataset is bitwise "
         "identical\n"
         "  export FILE OUT [--all]  write the model/ weights (every tensor with --all) as safetensors (F32)\n"
-        "  export --format hf FILE DIR [--tokenizer TOKDIR]\n"
+        "  export --format hf FILE DIR [--tokenizer TOKDIR|none]\n"
         "                           write a Hugging Face GPT-2 directory (model.safetensors, config.json;\n"
-        "                           GPT-2's vocab.json + merges.txt copied from TOKDIR); --format dgtrain\n"
+        "                           GPT-2's vocab.json + merges.txt copied from TOKDIR; without it, written\n"
+        "                           from GPT-2's ranks when the run's data was made with them; none: no\n"
+        "                           tokenizer files); --format dgtrain\n"
         "                           is the default (the line above)\n"
         "  resolve DIR|FILE [--full] print the checkpoint resume=auto would take (\"\" when none)\n"
         "exit codes: 0 ok/identical, 1 damaged/different, 2 usage or I/O error\n");
@@ -429,6 +432,40 @@ static dg_status_t ckpt_tensor(void *ctx, const char *name, float *out, size_t n
     return s;
 }
 
+/* The tokenizer files an hf export writes when no --tokenizer DIR is given (docs/checkpoint-format.md):
+ * the run's data recorded its tokenizer (kv "tokenizer", from the shard headers); when that is GPT-2's
+ * ranks as installed here (same fingerprint), they are written in Hugging Face form. *note says what was
+ * decided, for the closing line. Returns NULL (no files) with a reason in note otherwise. */
+static dg_tokenizer_t *run_tokenizer(const char *recorded, char *note, size_t cap) {
+    unsigned long long want = 0;
+    char path[4096];
+    dg_tokenizer_t *tok = NULL;
+    if (!recorded || !*recorded) {
+        snprintf(note, cap, "no tokenizer files: the run's data records no tokenizer (pass --tokenizer DIR)");
+        return NULL;
+    }
+    if (strcmp(recorded, "bytes") == 0) {
+        snprintf(note, cap, "no tokenizer files: the run's data is byte-level (one token per byte)");
+        return NULL;
+    }
+    if (sscanf(recorded, "bpe:%16llx", &want) != 1 || dg_tokenizer_find_gpt2(NULL, path, sizeof path) != DG_OK ||
+        dg_tokenizer_load_tiktoken(path, &tok) != DG_OK) {
+        snprintf(note, cap, "no tokenizer files: the run's tokenizer (%s) is not available here (%s)", recorded,
+                 dg_last_error());
+        return NULL;
+    }
+    if (dg_tokenizer_fingerprint(tok) != want) {
+        snprintf(note, cap,
+                 "no tokenizer files: the run's tokenizer (%s) is not GPT-2's ranks in %s (bpe:%016llx); pass "
+                 "--tokenizer DIR with the tokenizer the data was made with",
+                 recorded, path, (unsigned long long)dg_tokenizer_fingerprint(tok));
+        dg_tokenizer_free(tok);
+        return NULL;
+    }
+    snprintf(note, cap, "tokenizer files from %s (the run's data was made with it)", path);
+    return tok;
+}
+
 /* export --format hf: the model's sizes come from the config stored in the checkpoint. */
 static int cmd_export_hf(const char *file, const char *dir, const char *tok_dir) {
     dg_ckpt_info_t info;
@@ -439,6 +476,12 @@ static int cmd_export_hf(const char *file, const char *dir, const char *tok_dir)
         fprintf(stderr, "dgckpt: %s\n", dg_last_error());
         return EX_ERR;
     }
+    int auto_tok = !tok_dir, no_tok = tok_dir && strcmp(tok_dir, "none") == 0;
+    char tok_note[4600] = "";
+    dg_tokenizer_t *ranks = auto_tok ? run_tokenizer(dg_ckpt_meta_get_kv(&info.meta, DG_TRAIN_KV_TOKENIZER), tok_note,
+                                                     sizeof tok_note)
+                                     : NULL;
+    if (no_tok) tok_dir = NULL;
     const char *text = info.meta.config_text ? info.meta.config_text : "";
     s = dg_config_load_buffer(&cfg, file, text, strlen(text), 0, NULL);
     if (!s) s = dg_train_model_desc(&cfg, &d);
@@ -448,13 +491,15 @@ static int cmd_export_hf(const char *file, const char *dir, const char *tok_dir)
         s = DG_ERR(DG_ERR_USAGE, "%s: its stored config gives no model shape: %s", file, why);
     }
     dg_ckpt_info_destroy(&info);
-    if (!s) s = dg_hf_export(&d, ckpt_tensor, (void *)file, dir, tok_dir);
+    if (!s) s = dg_hf_export(&d, ckpt_tensor, (void *)file, dir, tok_dir, ranks);
+    dg_tokenizer_free(ranks);
     if (s) {
         fprintf(stderr, "dgckpt: %s\n", dg_last_error());
         return EX_ERR;
     }
     printf("wrote %s (Hugging Face GPT-2: vocab_size %d, n_positions %d%s)\n", dir, d.vocab_size, d.seq_len,
            tok_dir ? ", tokenizer files" : "");
+    if (auto_tok) printf("%s\n", tok_note);
     return EX_OK;
 }
 

@@ -39,6 +39,14 @@ extern "C" {
 #define DG_SHARD_HEADER_BYTES (DG_SHARD_HEADER_INTS * 4)
 /* uint16 tokens: no vocabulary can be larger than this. */
 #define DG_SHARD_MAX_VOCAB 65536
+/* Which tokenizer made a shard (docs/data.md, "Shard header"): dgprep writes header int 3 = the tag
+ * 'dgtk', int 4 = the kind, ints 5-6 = the tokenizer's fingerprint (dg_tokenizer_fingerprint, low word
+ * first; 0 for bytes). llm.c leaves these ints 0 and ignores them; a shard without the tag is of an
+ * unknown tokenizer. */
+#define DG_SHARD_TOK_TAG 0x6b746764 /* "dgtk" little-endian */
+#define DG_SHARD_TOK_UNKNOWN 0
+#define DG_SHARD_TOK_BYTES 1 /* one token per byte, vocabulary 256 */
+#define DG_SHARD_TOK_BPE 2   /* a byte-level BPE tokenizer (GPT-2's, or the one its fingerprint names) */
 
 /* ---------------- dataset: the validated shards of one glob ---------------- */
 
@@ -65,6 +73,12 @@ int dg_dataset_seq_len(const dg_dataset_t *ds);
 /* 64-bit fingerprint of the shard list (base names and token counts, in order) and seq_len: stored
  * with a checkpoint so a resume can tell whether the data set changed under it. */
 uint64_t dg_dataset_fingerprint(const dg_dataset_t *ds);
+/* The tokenizer every shard of the set records: DG_SHARD_TOK_BYTES or DG_SHARD_TOK_BPE with its
+ * fingerprint in *fp (0 for bytes); DG_SHARD_TOK_UNKNOWN (fp 0) when a shard records none (llm.c's own
+ * shards) or the shards disagree. `fp` may be NULL. */
+int dg_dataset_tokenizer(const dg_dataset_t *ds, uint64_t *fp);
+/* "bytes", "bpe:<16 hex digits>" or "" (unknown): the form checkpoints store (DG_TRAIN_KV_TOKENIZER). */
+void dg_dataset_tokenizer_str(const dg_dataset_t *ds, char *buf, size_t cap);
 
 /* Copy sample `sample` (0 <= sample < n_samples) as int32: tokens[0..seq_len) are the inputs and
  * targets[0..seq_len) the same window shifted by one. Either pointer may be NULL. Reads the shard with

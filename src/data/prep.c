@@ -124,6 +124,8 @@ static void progress_tick(progress_t *p, int64_t add) {
 typedef struct writer {
     const char *who, *dir, *name, *split;
     int64_t max_tok;
+    int tok_kind;    /* DG_SHARD_TOK_BYTES or _BPE: recorded in every shard's header */
+    uint64_t tok_fp; /* the tokenizer's fingerprint (0 for bytes) */
     int fd;
     int64_t cur_tok, total;
     int n_shards;
@@ -196,10 +198,14 @@ static dg_status_t writer_close_shard(writer_t *w) {
     const char *path = w->tmp[w->n_shards - 1];
     dg_status_t s = writer_flush(w);
     if (s == DG_OK) {
-        uint8_t hdr[12];
+        uint8_t hdr[28];
         put_i32le(hdr, DG_SHARD_MAGIC);
         put_i32le(hdr + 4, DG_SHARD_VERSION);
         put_i32le(hdr + 8, (int32_t)w->cur_tok);
+        put_i32le(hdr + 12, DG_SHARD_TOK_TAG);
+        put_i32le(hdr + 16, w->tok_kind);
+        put_i32le(hdr + 20, (int32_t)(uint32_t)w->tok_fp);
+        put_i32le(hdr + 24, (int32_t)(uint32_t)(w->tok_fp >> 32));
         if (pwrite(w->fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr)
             s = DG_ERR(DG_ERR_RUNTIME, "%s: cannot write %s: %s", w->who, path, strerror(errno));
     }
@@ -675,6 +681,8 @@ dg_status_t dg_data_prep(const dg_prep_opts_t *o, dg_prep_result_t *res) {
         .who = who, .dir = o->out_dir, .name = name, .split = "train", .max_tok = max_tok, .fd = -1};
     *va =
         (writer_t){.who = who, .dir = o->out_dir, .name = name, .split = "val", .max_tok = max_tok, .fd = -1};
+    tr->tok_kind = va->tok_kind = o->tokenizer ? DG_SHARD_TOK_BPE : DG_SHARD_TOK_BYTES;
+    tr->tok_fp = va->tok_fp = o->tokenizer ? dg_tokenizer_fingerprint(o->tokenizer) : 0;
     XXH64_state_t *all = XXH64_createState();
     DG_ASSERT(all != NULL);
     XXH64_reset(all, 0);

@@ -26,7 +26,7 @@ typedef struct shard {
     char *path;
     int fd;          /* kept open: reads go to the file that was validated, even if it is renamed over */
     long long size;  /* validated file size */
-    uint8_t hdr[12]; /* validated magic, version, token count */
+    uint8_t hdr[28]; /* validated magic, version, token count; the tokenizer tag, kind, fingerprint */
     int64_t ntok;
     int64_t nsamp;
     int64_t first_sample; /* global id of this shard's sample 0 */
@@ -198,6 +198,7 @@ static dg_status_t shard_open(shard_t *s, const char *path, int seq_len, int voc
             "exactly %lld bytes (1024 + 2*%d): %s",
             path, size, ntok, want, ntok, size < want ? "truncated?" : "trailing bytes?");
     s->ntok = ntok;
+    if (read_i32le(s->hdr + 12) != DG_SHARD_TOK_TAG) memset(s->hdr + 12, 0, 16); /* no tokenizer recorded */
     if (scan) DG_TRY(scan_tokens(s, vocab));
     s->nsamp = s->ntok >= 1 ? (s->ntok - 1) / seq_len : 0;
     return DG_OK;
@@ -379,6 +380,35 @@ const char *dg_dataset_shard_path(const dg_dataset_t *ds, int i) {
 }
 int dg_dataset_seq_len(const dg_dataset_t *ds) {
     return ds->seq_len;
+}
+
+static int shard_tokenizer(const shard_t *s, uint64_t *fp) {
+    *fp = 0;
+    if (read_i32le(s->hdr + 12) != DG_SHARD_TOK_TAG) return DG_SHARD_TOK_UNKNOWN;
+    int kind = read_i32le(s->hdr + 16);
+    *fp = (uint64_t)(uint32_t)read_i32le(s->hdr + 20) | (uint64_t)(uint32_t)read_i32le(s->hdr + 24) << 32;
+    if (kind != DG_SHARD_TOK_BYTES && kind != DG_SHARD_TOK_BPE) *fp = 0, kind = DG_SHARD_TOK_UNKNOWN;
+    return kind;
+}
+
+int dg_dataset_tokenizer(const dg_dataset_t *ds, uint64_t *fp) {
+    uint64_t f0 = 0, f = 0;
+    int kind = ds->n_shards > 0 ? shard_tokenizer(&ds->shards[0], &f0) : DG_SHARD_TOK_UNKNOWN;
+    for (int i = 1; i < ds->n_shards && kind != DG_SHARD_TOK_UNKNOWN; i++)
+        if (shard_tokenizer(&ds->shards[i], &f) != kind || f != f0) kind = DG_SHARD_TOK_UNKNOWN, f0 = 0;
+    if (fp) *fp = f0;
+    return kind;
+}
+
+void dg_dataset_tokenizer_str(const dg_dataset_t *ds, char *buf, size_t cap) {
+    uint64_t fp = 0;
+    int kind = dg_dataset_tokenizer(ds, &fp);
+    if (kind == DG_SHARD_TOK_BYTES)
+        snprintf(buf, cap, "bytes");
+    else if (kind == DG_SHARD_TOK_BPE)
+        snprintf(buf, cap, "bpe:%016llx", (unsigned long long)fp);
+    else if (cap)
+        buf[0] = 0;
 }
 
 uint64_t dg_dataset_fingerprint(const dg_dataset_t *ds) {

@@ -107,9 +107,12 @@ typedef dg_status_t (*dg_hf_get_fn)(void *ctx, const char *name, float *out, siz
  * tokenizer files copied from tok_dir (vocab.json and merges.txt required, the model's vocab_size must
  * be 50257; tokenizer.json, tokenizer_config.json, special_tokens_map.json copied when present).
  * Atomic: everything goes into dir.tmp.PID, which is renamed to dir; an existing non-empty dir is
- * refused (DG_ERR_USAGE), nothing is left behind on failure. */
+ * refused (DG_ERR_USAGE), nothing is left behind on failure. Without tok_dir, a non-NULL `ranks` (a
+ * loaded GPT-2-style tokenizer whose vocabulary is the model's vocab_size) is written as vocab.json,
+ * merges.txt and tokenizer_config.json (dg_tokenizer_write_hf) instead. */
+struct dg_tokenizer;
 dg_status_t dg_hf_export(const dg_model_desc_t *d, dg_hf_get_fn get, void *ctx, const char *dir,
-                         const char *tok_dir);
+                         const char *tok_dir, const struct dg_tokenizer *ranks);
 
 /* ---------------- llm.c checkpoints ---------------- */
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "model_io_impl.h"
+#include "tokenizer.h"
 
 /* ---------------- files ---------------- */
 
@@ -473,7 +474,7 @@ static void remove_tree(const char *dir) {
 }
 
 dg_status_t dg_hf_export(const dg_model_desc_t *d, dg_hf_get_fn get, void *ctx, const char *dir_arg,
-                         const char *tok_dir) {
+                         const char *tok_dir, const struct dg_tokenizer *ranks) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", dir_arg);
     for (size_t n = strlen(dir); n > 1 && dir[n - 1] == '/'; n--) /* "out/" names "out", not "out/.tmp" */
@@ -487,6 +488,9 @@ dg_status_t dg_hf_export(const dg_model_desc_t *d, dg_hf_get_fn get, void *ctx, 
                       "--tokenizer %s: the model's vocab_size is %d, not GPT-2's 50257, so GPT-2's tokenizer "
                       "files do not fit it",
                       tok_dir, d->vocab_size);
+    if (!tok_dir && ranks && dg_tokenizer_vocab_size(ranks) != d->vocab_size)
+        return DG_ERR(DG_ERR_USAGE, "the tokenizer %s has %d tokens but the model's vocab_size is %d",
+                      dg_tokenizer_source(ranks), dg_tokenizer_vocab_size(ranks), d->vocab_size);
     if (stat(dir, &st) == 0 && rmdir(dir) != 0)
         return DG_ERR(DG_ERR_USAGE,
                       "%s already exists and is not an empty directory; remove it or choose another", dir);
@@ -502,6 +506,8 @@ dg_status_t dg_hf_export(const dg_model_desc_t *d, dg_hf_get_fn get, void *ctx, 
         if (!s) s = copy_file(tok_dir, tmp, "tokenizer.json", 0);
         if (!s) s = copy_file(tok_dir, tmp, "tokenizer_config.json", 0);
         if (!s) s = copy_file(tok_dir, tmp, "special_tokens_map.json", 0);
+    } else if (!s && ranks) {
+        s = dg_tokenizer_write_hf(ranks, tmp, d->seq_len);
     }
     if (!s && rename(tmp, dir) != 0)
         s = DG_ERR(DG_ERR_RUNTIME, "cannot rename %s to %s: %s", tmp, dir, strerror(errno));

@@ -131,10 +131,17 @@ static dg_status_t make_backend(const sample_opts_t *o, const dg_config_t *cfg, 
     return dg_backend_cpu_create(&bc, &c->be); /* fp32 whatever train.precision was */
 }
 
-static dg_status_t pick_tokenizer(const sample_opts_t *o, const dg_config_t *cfg, int V, sample_ctx_t *c) {
+/* `recorded` is the checkpoint's DG_TRAIN_KV_TOKENIZER (NULL for checkpoints of data that records none):
+ * what the run's shards say beats the vocab_size guess. */
+static dg_status_t pick_tokenizer(const sample_opts_t *o, const dg_config_t *cfg, int V, const char *recorded,
+                                  sample_ctx_t *c) {
     const char *name = o->tokenizer, *why = "--tokenizer";
     if (strcmp(name, "auto") == 0) {
-        if (!cfg->data.train[0])
+        if (recorded && strcmp(recorded, "bytes") == 0)
+            name = "byte", why = "the run's data records a byte-level tokenizer";
+        else if (recorded && strncmp(recorded, "bpe:", 4) == 0)
+            name = "gpt2", why = "the run's data records a BPE tokenizer";
+        else if (!cfg->data.train[0])
             name = "byte", why = "the run trained on the embedded default data, byte-level";
         else if (V == 256)
             name = "byte", why = "the run's vocab_size is 256: byte-level data";
@@ -158,6 +165,11 @@ static dg_status_t pick_tokenizer(const sample_opts_t *o, const dg_config_t *cfg
         char p[4096];
         DG_TRY(dg_tokenizer_find_gpt2(NULL, p, sizeof p));
         DG_TRY(dg_tokenizer_load_tiktoken(p, &c->tok.bpe));
+        unsigned long long fp = 0;
+        if (recorded && sscanf(recorded, "bpe:%16llx", &fp) == 1 && fp != dg_tokenizer_fingerprint(c->tok.bpe))
+            DG_LOG_WARN("the run's data was made with the BPE tokenizer %s, not GPT-2's ranks in %s (bpe:%016llx): "
+                        "the text may not decode as trained",
+                        recorded, p, (unsigned long long)dg_tokenizer_fingerprint(c->tok.bpe));
         c->tok.name = "gpt2";
         c->tok.eot = dg_tokenizer_eot(c->tok.bpe);
     }
@@ -175,7 +187,7 @@ dg_status_t dg_sample_setup(const sample_opts_t *o, sample_ctx_t *c) {
     dg_status_t s = find_checkpoint(o->src, c->ckpt, sizeof c->ckpt);
     if (s == DG_OK) s = dg_ckpt_info_read(c->ckpt, &info);
     if (s == DG_OK) s = read_config(c->ckpt, &info, cfg, &d);
-    if (s == DG_OK) s = pick_tokenizer(o, cfg, d.vocab_size, c);
+    if (s == DG_OK) s = pick_tokenizer(o, cfg, d.vocab_size, dg_ckpt_meta_get_kv(&info.meta, "tokenizer"), c);
     if (s == DG_OK) s = make_backend(o, cfg, c);
     if (s == DG_OK) s = dg_infer_create(&d, c->be, 0, &c->eng);
     if (s == DG_OK) s = load_weights(c->eng, c->ckpt, &info);

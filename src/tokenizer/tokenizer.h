@@ -103,6 +103,18 @@ dg_status_t dg_tokenizer_decode(const dg_tokenizer_t *tok, const int32_t *ids, s
  * none before p depends on what follows. Needs from >= 2 to find anything. */
 size_t dg_tokenizer_next_split(const void *text, size_t n, size_t from);
 
+/* A 64-bit fingerprint of the ranks (every token's bytes in rank order): equal for two loads of the same
+ * tokenizer, whether from a .tiktoken file or from vocab.json + merges.txt. dgprep records it in each
+ * shard's header (data.h), so a checkpoint knows the tokenizer its run was trained on. */
+uint64_t dg_tokenizer_fingerprint(const dg_tokenizer_t *tok);
+
+/* Write DIR/vocab.json, DIR/merges.txt and DIR/tokenizer_config.json, the Hugging Face GPT-2 form of the
+ * ranks (GPT2Tokenizer(Fast) loads them and encodes as this tokenizer does; dg_tokenizer_load_hf reads
+ * them back to the same fingerprint). merges.txt is derived from the ranks (tok_write.c).
+ * DG_ERR_USAGE when the ranks are not a merge sequence (ranks 0..255 single bytes, each later token one
+ * merge of two earlier ones), DG_ERR_RUNTIME when a file cannot be written. */
+dg_status_t dg_tokenizer_write_hf(const dg_tokenizer_t *tok, const char *dir, int model_max_length);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,6 +24,9 @@ extern "C" {
  * integers "step samples_seen epoch cursor". Every step since then consumed global_batch samples of the
  * segment's config, which makes tokens, samples_seen and the loader position checkable exactly. */
 #define DG_TRAIN_KV_SEGMENT "segment"
+/* The tokenizer the run's data was made with (dg_dataset_tokenizer_str: "bytes" or "bpe:<fingerprint>");
+ * absent when the shards record none. */
+#define DG_TRAIN_KV_TOKENIZER "tokenizer"
 
 typedef struct dg_train_ckpt_ref {
     int seq_len;              /* tokens per sample of the model (0: take model.seq_len of the stored config

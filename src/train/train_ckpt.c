@@ -154,6 +154,9 @@ static void fill_meta(trainer_t *tr, dg_ckpt_meta_t *m) {
     char fp[32];
     snprintf(fp, sizeof fp, "%016llx", (unsigned long long)dg_dataset_fingerprint(tr->train_ds));
     dg_ckpt_meta_set_kv(m, "data_fingerprint", fp);
+    char tok[64];
+    dg_dataset_tokenizer_str(tr->train_ds, tok, sizeof tok); /* for export and sampling: docs/data.md */
+    if (tok[0]) dg_ckpt_meta_set_kv(m, DG_TRAIN_KV_TOKENIZER, tok);
     dg_ckpt_meta_set_kv(m, "backend", tr->backend_name);
     dg_ckpt_meta_set_kv(m, "precision", tr->cfg->train.precision);
     char seg[128];

@@ -13,7 +13,10 @@ Cases:
   llmc       an llm.c file written from the same model -> model.init=llmc: -> export -> bitwise equal
   mesh       model.init at 2 ranks with dp_shard=2 and with tp=2: the first-step loss of the 1-rank run
              (1e-5 relative), and not the loss of the random init
-  tokenizer  a 50257-token run exported with --tokenizer DIR: vocab.json + merges.txt copied, loadable
+  tokenizer  a 50257-token run exported with --tokenizer DIR: vocab.json + merges.txt copied, loadable;
+             a run on `dgprep --tokenizer gpt2` data exported without --tokenizer: GPT-2's vocab.json and
+             merges.txt written from the ranks, and transformers' tokenizer from them encodes as tiktoken;
+             data that records no tokenizer: no tokenizer files, and the export says why
   errors     shape mismatch (names the field), missing file, bad safetensors header, wrong llm.c magic,
              bad prefix: dgtrain exits 1 with a one-line message; dgckpt export into a non-empty dir: exit 2
 Under CI=true a missing torch / transformers fails (tests/lib/dgskip.py)."""
@@ -329,6 +332,57 @@ def case_tokenizer(env, torch, transformers):
     m, warns = load_quiet(transformers, out)
     check(not warns and m.transformer.wte.weight.shape[0] == 50257, "loading the 50257-token export: %s" % warns)
     print("  tokenizer files copied and loaded; vocab 50257, eos 50256")
+    auto_tokenizer(env, transformers, run)
+
+
+TEXTS = ["Hello world, it's 2026 and the ranks  agree.\n", "  indented\tcode = x**2 # comment\n\n\n",
+         "Grüße aus Köln: naïve café, 東京, Привет, 👍🏽 🇯🇵.", "He'll say they're done; I'M NOT.  1234567 3.14159"]
+
+
+def auto_tokenizer(env, transformers, untagged_run):
+    """dgprep --tokenizer gpt2 records its tokenizer in the shard headers; the checkpoint keeps it; export
+    without --tokenizer writes GPT-2's files, and transformers' tokenizer from them matches tiktoken."""
+    import tiktoken
+    import tiktoken.load
+    ranks_file = os.environ.get("DG_GPT2_TIKTOKEN") or "/usr/local/share/dgtrain/gpt2.tiktoken"
+    if not os.path.exists(ranks_file):
+        dgskip.skip("no gpt2.tiktoken (run scripts/setup.sh)")
+    enc = tiktoken.Encoding("gpt2-local", pat_str=r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""",
+                            mergeable_ranks=tiktoken.load.load_tiktoken_bpe(ranks_file),
+                            special_tokens={"<|endoftext|>": 50256})
+    text = env.d("corpus.txt")
+    with open(text, "w") as f:
+        for i in range(160):
+            f.write(TEXTS[i % len(TEXTS)] + " line %d of the corpus.\n" % i)
+    data = env.d("gpt2data")
+    p = subprocess.run([os.environ["DGPREP"], "--tokenizer", "gpt2", "--out", data, "--name", "t", text],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(p.returncode == 0, "dgprep --tokenizer gpt2 exited %d: %s" % (p.returncode, p.stdout))
+    run, _ = env.train("run_auto", ("train.steps=1", "model.vocab_size=50257", "model.n_layer=1",
+                                    "model.d_model=32", "model.seq_len=32", "data.train=%s/t_train_*.bin" % data,
+                                    "data.val=%s/t_val_*.bin" % data, "data.val_batches=1"))
+    out = env.d("hf_auto")
+    p = subprocess.run([env.dgckpt, "export", "--format", "hf", env.ckpt(run), out], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(p.returncode == 0 and "tokenizer files from" in p.stdout, "auto export: exit %d: %s" % (p.returncode, p.stdout))
+    merges = open(os.path.join(out, "merges.txt"), encoding="utf-8").read().splitlines()
+    vocab = json.load(open(os.path.join(out, "vocab.json"), encoding="utf-8"))
+    check(merges[0].startswith("#version") and len(merges) == 50001 and len(vocab) == 50257
+          and vocab["<|endoftext|>"] == 50256, "merges %d lines, vocab %d" % (len(merges), len(vocab)))
+    for cls in (transformers.GPT2TokenizerFast, transformers.GPT2Tokenizer):
+        t = cls.from_pretrained(out)
+        for s in TEXTS + [open(text, encoding="utf-8").read()]:
+            want = enc.encode_ordinary(s)
+            got = t(s)["input_ids"]
+            check(got == want, "%s on %r: %s != tiktoken %s" % (cls.__name__, s[:40], got[:20], want[:20]))
+            check(t.decode(got) == s, "%s decode of %r" % (cls.__name__, s[:40]))
+    p = subprocess.run([env.dgckpt, "export", "--format", "hf", env.ckpt(untagged_run), env.d("hf_untagged")],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(p.returncode == 0 and "records no tokenizer" in p.stdout
+          and not os.path.exists(os.path.join(env.d("hf_untagged"), "vocab.json")),
+          "untagged export: exit %d: %s" % (p.returncode, p.stdout))
+    print("  dgprep gpt2 data -> export writes GPT-2's tokenizer files (50000 merges): transformers' fast and slow "
+          "tokenizers encode %d texts as tiktoken; untagged data: no files, said so" % (len(TEXTS) + 1))
 
 
 def main():
