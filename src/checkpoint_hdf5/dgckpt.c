@@ -448,17 +448,19 @@ static dg_tokenizer_t *run_tokenizer(const char *recorded, char *note, size_t ca
         snprintf(note, cap, "no tokenizer files: the run's data is byte-level (one token per byte)");
         return NULL;
     }
-    if (sscanf(recorded, "bpe:%16llx", &want) != 1 || dg_tokenizer_find_gpt2(NULL, path, sizeof path) != DG_OK ||
+    if (sscanf(recorded, "bpe:%16llx", &want) != 1 ||
+        dg_tokenizer_find_gpt2(NULL, path, sizeof path) != DG_OK ||
         dg_tokenizer_load_tiktoken(path, &tok) != DG_OK) {
-        snprintf(note, cap, "no tokenizer files: the run's tokenizer (%s) is not available here (%s)", recorded,
-                 dg_last_error());
+        snprintf(note, cap, "no tokenizer files: the run's tokenizer (%s) is not available here (%s)",
+                 recorded, dg_last_error());
         return NULL;
     }
     if (dg_tokenizer_fingerprint(tok) != want) {
-        snprintf(note, cap,
-                 "no tokenizer files: the run's tokenizer (%s) is not GPT-2's ranks in %s (bpe:%016llx); pass "
-                 "--tokenizer DIR with the tokenizer the data was made with",
-                 recorded, path, (unsigned long long)dg_tokenizer_fingerprint(tok));
+        snprintf(
+            note, cap,
+            "no tokenizer files: the run's tokenizer (%s) is not GPT-2's ranks in %s (bpe:%016llx); pass "
+            "--tokenizer DIR with the tokenizer the data was made with",
+            recorded, path, (unsigned long long)dg_tokenizer_fingerprint(tok));
         dg_tokenizer_free(tok);
         return NULL;
     }
@@ -478,8 +480,8 @@ static int cmd_export_hf(const char *file, const char *dir, const char *tok_dir)
     }
     int auto_tok = !tok_dir, no_tok = tok_dir && strcmp(tok_dir, "none") == 0;
     char tok_note[4600] = "";
-    dg_tokenizer_t *ranks = auto_tok ? run_tokenizer(dg_ckpt_meta_get_kv(&info.meta, DG_TRAIN_KV_TOKENIZER), tok_note,
-                                                     sizeof tok_note)
+    dg_tokenizer_t *ranks = auto_tok ? run_tokenizer(dg_ckpt_meta_get_kv(&info.meta, DG_TRAIN_KV_TOKENIZER),
+                                                     tok_note, sizeof tok_note)
                                      : NULL;
     if (no_tok) tok_dir = NULL;
     const char *text = info.meta.config_text ? info.meta.config_text : "";

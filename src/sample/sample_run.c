@@ -166,10 +166,12 @@ static dg_status_t pick_tokenizer(const sample_opts_t *o, const dg_config_t *cfg
         DG_TRY(dg_tokenizer_find_gpt2(NULL, p, sizeof p));
         DG_TRY(dg_tokenizer_load_tiktoken(p, &c->tok.bpe));
         unsigned long long fp = 0;
-        if (recorded && sscanf(recorded, "bpe:%16llx", &fp) == 1 && fp != dg_tokenizer_fingerprint(c->tok.bpe))
-            DG_LOG_WARN("the run's data was made with the BPE tokenizer %s, not GPT-2's ranks in %s (bpe:%016llx): "
-                        "the text may not decode as trained",
-                        recorded, p, (unsigned long long)dg_tokenizer_fingerprint(c->tok.bpe));
+        if (recorded && sscanf(recorded, "bpe:%16llx", &fp) == 1 &&
+            fp != dg_tokenizer_fingerprint(c->tok.bpe))
+            DG_LOG_WARN(
+                "the run's data was made with the BPE tokenizer %s, not GPT-2's ranks in %s (bpe:%016llx): "
+                "the text may not decode as trained",
+                recorded, p, (unsigned long long)dg_tokenizer_fingerprint(c->tok.bpe));
         c->tok.name = "gpt2";
         c->tok.eot = dg_tokenizer_eot(c->tok.bpe);
     }

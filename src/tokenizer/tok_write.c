@@ -92,10 +92,11 @@ static dg_status_t merge_of(const dg_tokenizer_t *t, int r, size_t *split) {
     *split = k == 2 ? start[1] : 0;
     free(start);
     if (k != 2)
-        return DG_ERR(DG_ERR_USAGE,
-                      "tokenizer %s: token %d is not one merge of two lower-ranked tokens (%zu parts), so the "
-                      "ranks cannot be written as merges.txt",
-                      t->source, r, k);
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "tokenizer %s: token %d is not one merge of two lower-ranked tokens (%zu parts), so the "
+            "ranks cannot be written as merges.txt",
+            t->source, r, k);
     return DG_OK;
 }
 
@@ -138,11 +139,12 @@ dg_status_t dg_tokenizer_write_hf(const dg_tokenizer_t *t, const char *dir, int 
         put(&merges, "\n", 1);
     }
     char text[512];
-    int l = snprintf(text, sizeof text,
-                     "{\"tokenizer_class\": \"GPT2Tokenizer\", \"model_max_length\": %d, \"add_prefix_space\": "
-                     "false, \"bos_token\": \"<|endoftext|>\", \"eos_token\": \"<|endoftext|>\", "
-                     "\"unk_token\": \"<|endoftext|>\", \"errors\": \"replace\"}\n",
-                     model_max_length);
+    int l =
+        snprintf(text, sizeof text,
+                 "{\"tokenizer_class\": \"GPT2Tokenizer\", \"model_max_length\": %d, \"add_prefix_space\": "
+                 "false, \"bos_token\": \"<|endoftext|>\", \"eos_token\": \"<|endoftext|>\", "
+                 "\"unk_token\": \"<|endoftext|>\", \"errors\": \"replace\"}\n",
+                 model_max_length);
     put(&cfg, text, (size_t)l);
     if (!s) s = write_buf(dir, "vocab.json", &vocab);
     if (!s) s = write_buf(dir, "merges.txt", &merges);

@@ -673,6 +673,27 @@ static void case_prep(void) {
     char *va = read_back(r.val_glob, &n);
     CHECK(va && strcmp(va, want_va) == 0, "val bytes:\n%s", va ? va : "(null)");
     free(va);
+    /* dgprep's shards record their tokenizer (bytes); an llm.c shard without the tag records none, and a
+     * set mixing the two is unknown */
+    dg_dataset_t *ds = NULL;
+    CHECK(dg_dataset_open(r.train_glob, 4, 256, &ds) == DG_OK, "open: %s", dg_last_error());
+    uint64_t fp = 1;
+    char name[64];
+    dg_dataset_tokenizer_str(ds, name, sizeof name);
+    CHECK(dg_dataset_tokenizer(ds, &fp) == DG_SHARD_TOK_BYTES && fp == 0 && strcmp(name, "bytes") == 0,
+          "tokenizer of dgprep's shards: %s", name);
+    dg_dataset_free(ds);
+    char llmc[512];
+    dg_fmt(llmc, sizeof llmc, "%s/t_train_000009.bin", out);
+    uint16_t *t = pattern(40, 1, 256);
+    write_shard(llmc, DG_SHARD_MAGIC, 1, 40, t, 40, 0);
+    CHECK(dg_dataset_open(r.train_glob, 4, 256, &ds) == DG_OK, "open mixed: %s", dg_last_error());
+    dg_dataset_tokenizer_str(ds, name, sizeof name);
+    CHECK(dg_dataset_tokenizer(ds, &fp) == DG_SHARD_TOK_UNKNOWN && fp == 0 && name[0] == 0, "mixed set: %s",
+          name);
+    dg_dataset_free(ds);
+    unlink(llmc);
+    free(t);
     /* Re-run with bigger shards: the stale t_train_000001/2.bin must disappear. */
     o.shard_tokens = 0;
     CHECK(dg_data_prep(&o, &r) == DG_OK && r.train_shards == 1, "rerun: %s", dg_last_error());
