@@ -61,7 +61,18 @@ static struct {
     dg_log_level_t level;
     FILE *file;
     int all_ranks;
-} g_log = {PTHREAD_MUTEX_INITIALIZER, 0, "", DG_LOG_INFO, NULL, 0};
+    char ctx[160]; /* "run ID attempt N job J" (dg_log_set_context), "" before */
+} g_log = {PTHREAD_MUTEX_INITIALIZER, 0, "", DG_LOG_INFO, NULL, 0, ""};
+static _Atomic long long g_log_step = -1;
+
+void dg_log_set_context(const char *ctx) {
+    pthread_mutex_lock(&g_log.mu);
+    snprintf(g_log.ctx, sizeof g_log.ctx, "%s", ctx ? ctx : "");
+    pthread_mutex_unlock(&g_log.mu);
+}
+void dg_log_set_step(long long step) {
+    g_log_step = step;
+}
 
 dg_status_t dg_log_init(int rank, const char *host, dg_log_level_t level, const char *log_dir) {
     pthread_mutex_lock(&g_log.mu);
@@ -119,7 +130,11 @@ void dg_log(dg_log_level_t level, const char *fmt, ...) {
     char stamp[32];
     strftime(stamp, sizeof stamp, "%H:%M:%S", &tm);
     pthread_mutex_lock(&g_log.mu);
-    if (g_log.file)
+    long long step = g_log_step;
+    if (g_log.file && g_log.ctx[0])
+        fprintf(g_log.file, "%s.%03ld %-5s [rank %d %s] [%s step %lld] %s\n", stamp, ts.tv_nsec / 1000000,
+                names[level], g_log.rank, g_log.host, g_log.ctx, step, msg);
+    else if (g_log.file)
         fprintf(g_log.file, "%s.%03ld %-5s [rank %d %s] %s\n", stamp, ts.tv_nsec / 1000000, names[level],
                 g_log.rank, g_log.host, msg);
     int echo = level <= g_log.level && (level <= DG_LOG_WARN || g_log.rank == 0 || g_log.all_ranks);

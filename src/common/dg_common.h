@@ -82,6 +82,10 @@ dg_status_t dg_log_init(int rank, const char *host, dg_log_level_t level, const 
 void dg_log_set_level(dg_log_level_t level);
 /* Stderr echo: by default only rank 0 echoes INFO to stderr; every rank echoes WARN and ERROR. */
 void dg_log_set_stderr_all_ranks(int on);
+/* The run context of every later line of the log file: "[CTX step S]" after the rank and host (the stderr
+ * echo stays as it is, for people). CTX is e.g. "run 9f3c... attempt 2 job 4711" (NULL or "": none). */
+void dg_log_set_context(const char *ctx);
+void dg_log_set_step(long long step); /* the step those lines name (optimizer steps completed) */
 void dg_log_close(void);
 void dg_log(dg_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define DG_LOG_ERROR(...) dg_log(DG_LOG_ERROR, __VA_ARGS__)

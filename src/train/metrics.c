@@ -113,12 +113,16 @@ static void append_time(dg_strbuf_t *b, double time_s) {
     sb_puts(b, buf);
 }
 
+static void line_start(dg_strbuf_t *b, const char *event, const dg_json_field_t *fields, int n) {
+    sb_puts(b, "{\"event\":");
+    dg_json_append_string(b, event ? event : "");
+    for (int i = 0; i < n; i++)
+        append_field(b, &fields[i]);
+}
+
 char *dg_json_line(const char *event, const dg_json_field_t *fields, int n, double time_s) {
     dg_strbuf_t b = {0};
-    sb_puts(&b, "{\"event\":");
-    dg_json_append_string(&b, event ? event : "");
-    for (int i = 0; i < n; i++)
-        append_field(&b, &fields[i]);
+    line_start(&b, event, fields, n);
     append_time(&b, time_s);
     sb_puts(&b, "}");
     return b.p;
@@ -130,7 +134,44 @@ struct dg_metrics {
     FILE *f; /* NULL on ranks other than 0 */
     char path[4096];
     pthread_mutex_t mu;
+    char ctx[256]; /* ,"run_id":..,"attempt":..[,"slurm_job_id":..] or "" before dg_metrics_set_context */
+    _Atomic int64_t step; /* the step lines without a "step" of their own are stamped with */
 };
+
+void dg_metrics_set_context(dg_metrics_t *m, const char *run_id, int64_t attempt, const char *slurm_job_id) {
+    if (!m) return;
+    dg_strbuf_t b = {0};
+    sb_puts(&b, ",\"run_id\":");
+    dg_json_append_string(&b, run_id ? run_id : "");
+    char num[48];
+    snprintf(num, sizeof num, ",\"attempt\":%lld", (long long)attempt);
+    sb_puts(&b, num);
+    if (slurm_job_id && *slurm_job_id) {
+        sb_puts(&b, ",\"slurm_job_id\":");
+        dg_json_append_string(&b, slurm_job_id);
+    }
+    pthread_mutex_lock(&m->mu);
+    snprintf(m->ctx, sizeof m->ctx, "%s", b.p ? b.p : "");
+    pthread_mutex_unlock(&m->mu);
+    dg_strbuf_free(&b);
+}
+
+void dg_metrics_set_step(dg_metrics_t *m, int64_t step) {
+    if (m) m->step = step;
+}
+
+/* The run context and, for lines that carry no "step" of their own, the current step, before "time". */
+static void append_context(dg_metrics_t *m, dg_strbuf_t *b, int has_step) {
+    pthread_mutex_lock(&m->mu);
+    int on = m->ctx[0] != 0; /* nothing before dg_metrics_set_context (tools and tests writing lines) */
+    if (on) sb_puts(b, m->ctx);
+    pthread_mutex_unlock(&m->mu);
+    if (on && !has_step) {
+        char num[48];
+        snprintf(num, sizeof num, ",\"step\":%lld", (long long)m->step);
+        sb_puts(b, num);
+    }
+}
 
 static double unix_now(void) {
     struct timespec ts;
@@ -199,7 +240,15 @@ static dg_status_t write_line(dg_metrics_t *m, char *line) {
 
 dg_status_t dg_metrics_event(dg_metrics_t *m, const char *event, const dg_json_field_t *fields, int n) {
     if (!m || !m->f) return DG_OK;
-    return write_line(m, dg_json_line(event, fields, n, unix_now()));
+    int has_step = 0;
+    for (int i = 0; i < n && !has_step; i++)
+        has_step = fields[i].key && strcmp(fields[i].key, "step") == 0;
+    dg_strbuf_t b = {0};
+    line_start(&b, event, fields, n);
+    append_context(m, &b, has_step);
+    append_time(&b, unix_now());
+    sb_puts(&b, "}");
+    return write_line(m, b.p);
 }
 
 dg_status_t dg_metrics_event_raw(dg_metrics_t *m, const char *event, const char *json_fields) {
@@ -211,6 +260,9 @@ dg_status_t dg_metrics_event_raw(dg_metrics_t *m, const char *event, const char 
         sb_puts(&b, ",");
         sb_puts(&b, json_fields);
     }
+    append_context(m, &b,
+                   json_fields &&
+                       (strncmp(json_fields, "\"step\":", 7) == 0 || strstr(json_fields, ",\"step\":")));
     append_time(&b, unix_now());
     sb_puts(&b, "}");
     return write_line(m, b.p);

@@ -459,6 +459,7 @@ static dg_status_t setup(trainer_t *tr) {
     else
         snprintf(tr->ckpt_dir, sizeof tr->ckpt_dir, "%s/%s", c->run.dir, c->checkpoint.dir);
     DG_TRY(dg_metrics_open(c->run.dir, tr->rank, &tr->metrics));
+    DG_TRY(trn_run_identity(tr));
     DG_TRY(open_data(tr));
     DG_TRY(dg_fsdp_model_create(tr->fsdp, &tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, 0,
                                 &tr->model));
@@ -674,6 +675,9 @@ static dg_status_t train_loop(trainer_t *tr) {
                                 .step_ms = dt * 1e3,
                                 .mfu = dg_mfu(tps / tr->world, tr->flops_per_token, tr->peak_flops)};
         dg_metrics_step(tr->metrics, &sm);
+        dg_metrics_set_step(tr->metrics, tr->step);
+        dg_log_set_step(tr->step);
+        trn_maybe_write_prom(tr, &sm);
         dg_progress_step(tr->progress, tr->step, loss, tps, dt);
 
         if (dg_stab_wants_rollback(&tr->stab, &v)) {

@@ -154,6 +154,10 @@ static void fill_meta(trainer_t *tr, dg_ckpt_meta_t *m) {
     char fp[32];
     snprintf(fp, sizeof fp, "%016llx", (unsigned long long)dg_dataset_fingerprint(tr->train_ds));
     dg_ckpt_meta_set_kv(m, "data_fingerprint", fp);
+    char attempt[32];
+    snprintf(attempt, sizeof attempt, "%lld", (long long)tr->attempt);
+    dg_ckpt_meta_set_kv(m, "run_id", tr->run_id);
+    dg_ckpt_meta_set_kv(m, "attempt", attempt);
     char tok[64];
     dg_dataset_tokenizer_str(tr->train_ds, tok, sizeof tok); /* for export and sampling: docs/data.md */
     if (tok[0]) dg_ckpt_meta_set_kv(m, DG_TRAIN_KV_TOKENIZER, tok);
@@ -368,6 +372,12 @@ dg_status_t trn_maybe_resume(trainer_t *tr) {
         tr->seg_samples = ls.samples_seen;
         tr->seg_epoch = ls.epoch;
         tr->seg_cursor = ls.cursor;
+    }
+    if (s == DG_OK) {
+        const char *att = dg_ckpt_meta_get_kv(&meta, "attempt");
+        s = trn_adopt_run_identity(tr, dg_ckpt_meta_get_kv(&meta, "run_id"), att ? atoll(att) : 0);
+        dg_metrics_set_step(tr->metrics, tr->step);
+        dg_log_set_step(tr->step);
     }
     if (s == DG_OK) {
         DG_METRICS_EVENT(tr->metrics, "resume", DG_JI("step", tr->step), DG_JS("path", path),

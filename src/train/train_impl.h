@@ -69,6 +69,12 @@ typedef struct trainer {
     int64_t ckpt_failures; /* checkpoint saves that failed in a row (agreed: every rank counts alike) */
     char ckpt_last_error[1024];
     double rss_at_fit; /* this rank's resident bytes at the memory-fit check (dg_mem_rss_mark; 0: unknown) */
+
+    /* the run identity (observe.c): every metrics and log line carries it */
+    char run_id[40];
+    int64_t attempt;    /* 1 at a run's first start, +1 at every later start of it */
+    char slurm_job[32]; /* $SLURM_JOB_ID, "" outside Slurm */
+    int run_dir_known;  /* RUN_DIR/run.json named the run: a resumed checkpoint does not rename it */
 } trainer_t;
 
 /* train_ckpt.c */
@@ -83,5 +89,12 @@ uint64_t trn_ckpt_progress_source(void *ctx, int *waiting); /* the health watchd
 void trn_ckpt_abort_hook(void *ctx);                        /* an aborted job leaves no half-written file */
 /* train.c */
 int trn_is_fp16(const dg_config_t *c); /* train.precision = fp16 */
+/* observe.c: the run identity (collective; right after the metrics file opens) and RUN_DIR/metrics.prom
+ * (rank 0, every log interval and at the end). */
+dg_status_t trn_run_identity(trainer_t *tr);
+dg_status_t trn_adopt_run_identity(trainer_t *tr, const char *ckpt_run_id, int64_t ckpt_attempt);
+dg_status_t trn_write_prom(const trainer_t *tr, const dg_step_metrics_t *sm);
+/* trn_write_prom at log intervals, at most once a second, and at the last step; a failure warns once. */
+dg_status_t trn_maybe_write_prom(const trainer_t *tr, const dg_step_metrics_t *sm);
 
 #endif /* DG_TRAIN_IMPL_H */

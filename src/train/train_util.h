@@ -4,7 +4,9 @@
  *
  * metrics.jsonl (docs/design.md §1): one JSON object per line, written by rank 0 only, appended to
  * <run.dir>/metrics.jsonl and flushed after every line. Every line starts with "event" and ends
- * with "time" (unix seconds, millisecond resolution). Numbers are written in the shortest form that
+ * with the run context (dg_metrics_set_context: "run_id", "attempt", "slurm_job_id" where there is one;
+ * "step", the current one, on lines without their own) and then "time" (unix seconds, millisecond
+ * resolution). Numbers are written in the shortest form that
  * reads back to the same double; NaN and ±Inf, which JSON cannot express, are written as null.
  * Strings are escaped per RFC 8259; bytes that are not valid UTF-8 are written as \u00XX (read as
  * Latin-1), so every line is valid UTF-8 JSON whatever a path or message contains.
@@ -85,6 +87,11 @@ dg_status_t dg_metrics_event(dg_metrics_t *m, const char *event, const dg_json_f
 /* Same, with the fields given as ready JSON member text ("\"a\":1,\"b\":\"x\"", may be "" or NULL):
  * for callers that format their own fields (health's event sink). */
 dg_status_t dg_metrics_event_raw(dg_metrics_t *m, const char *event, const char *json_fields);
+/* The context every later line carries (docs/design.md §1, "Run identity"): run_id, attempt, and the
+ * Slurm job id when not NULL or "". Thread-safe. */
+void dg_metrics_set_context(dg_metrics_t *m, const char *run_id, int64_t attempt, const char *slurm_job_id);
+/* The step lines without a "step" field are stamped with (optimizer steps completed). Thread-safe. */
+void dg_metrics_set_step(dg_metrics_t *m, int64_t step);
 
 /* The step line, with exactly these keys in this order (then "time"):
  * {"event":"step","step":N,"loss":..,"lr":..,"grad_norm":..,"tokens":<global tokens so far>,
