@@ -347,42 +347,23 @@ typedef struct {
     int tasks;
 } ce_arg_t;
 
-static void ce_fwd_task(void *argp, int task, int worker) {
+/* One task for the three ops: forward (losses set) writes lse and losses; backward (dlogits set) writes
+ * dlogits from lse_in, or, fused, from the lse just computed while the row is in cache. Each row goes
+ * through the same row functions in every mode, so the same bits. The target logit is read before the row
+ * may be overwritten (in place). */
+static void ce_task(void *argp, int task, int worker) {
     (void)worker;
     const ce_arg_t *a = argp;
     size_t lo, hi;
     dg_cpu_range((size_t)a->N, a->tasks, task, &lo, &hi);
     for (size_t i = lo; i < hi; i++) {
         const float *row = a->logits + i * a->Vp;
-        const float l = ce_lse_row(row, a->V);
-        a->lse[i] = l;
-        a->losses[i] = l - row[a->targets[i]];
-    }
-}
-
-static void ce_bwd_task(void *argp, int task, int worker) {
-    (void)worker;
-    const ce_arg_t *a = argp;
-    size_t lo, hi;
-    dg_cpu_range((size_t)a->N, a->tasks, task, &lo, &hi);
-    for (size_t i = lo; i < hi; i++)
-        ce_bwd_row(a->dlogits + i * a->Vp, a->logits + i * a->Vp, a->lse_in[i], a->targets[i], a->V, a->Vp,
-                   a->dloss);
-}
-
-/* Forward then backward of each row while it is in cache: the same row functions as the two tasks
- * above, so the same bits. The target logit is read before the row may be overwritten (in place). */
-static void ce_fused_task(void *argp, int task, int worker) {
-    (void)worker;
-    const ce_arg_t *a = argp;
-    size_t lo, hi;
-    dg_cpu_range((size_t)a->N, a->tasks, task, &lo, &hi);
-    for (size_t i = lo; i < hi; i++) {
-        const float *row = a->logits + i * a->Vp;
-        const float l = ce_lse_row(row, a->V);
-        a->lse[i] = l;
-        a->losses[i] = l - row[a->targets[i]];
-        ce_bwd_row(a->dlogits + i * a->Vp, row, l, a->targets[i], a->V, a->Vp, a->dloss);
+        float l = a->losses ? ce_lse_row(row, a->V) : a->lse_in[i];
+        if (a->losses) {
+            a->lse[i] = l;
+            a->losses[i] = l - row[a->targets[i]];
+        }
+        if (a->dlogits) ce_bwd_row(a->dlogits + i * a->Vp, row, l, a->targets[i], a->V, a->Vp, a->dloss);
     }
 }
 
@@ -399,11 +380,11 @@ static dg_status_t check_ce(const char *op, const int32_t *targets, int N, int V
     return DG_OK;
 }
 
-/* The three cross-entropy entry points: check, then run `fn` over the rows in tasks sized by `work`. */
-static dg_status_t ce_run(dg_backend_t *be, const char *op, ce_arg_t a, size_t work, dg_cpu_task_fn fn) {
+/* The three cross-entropy entry points: check, then run ce_task over the rows in tasks sized by `work`. */
+static dg_status_t ce_run(dg_backend_t *be, const char *op, ce_arg_t a, size_t work) {
     DG_TRY(check_ce(op, a.targets, a.N, a.V, a.Vp));
     a.tasks = dg_cpu_ew_tasks(dg_cpu_of(be), work);
-    dg_cpu_run(dg_cpu_of(be), a.tasks, fn, &a);
+    dg_cpu_run(dg_cpu_of(be), a.tasks, ce_task, &a);
     return DG_OK;
 }
 
@@ -413,7 +394,7 @@ dg_status_t dg_cpu_crossentropy_fwd(dg_backend_t *be, float *losses, float *lse,
     DG_CPU_NONNULLS(op, losses, lse, logits, targets);
     ce_arg_t a = {.losses = losses, .lse = lse, .logits = logits, .targets = targets, .N = N, .V = V,
                   .Vp = Vp};
-    return ce_run(be, op, a, (size_t)N * V, ce_fwd_task);
+    return ce_run(be, op, a, (size_t)N * V);
 }
 
 dg_status_t dg_cpu_crossentropy_bwd(dg_backend_t *be, void *dlogits, const void *logits, const float *lse,
@@ -422,7 +403,7 @@ dg_status_t dg_cpu_crossentropy_bwd(dg_backend_t *be, void *dlogits, const void 
     DG_CPU_NONNULLS(op, dlogits, logits, lse, targets);
     ce_arg_t a = {.dlogits = dlogits, .lse_in = lse, .logits = logits, .targets = targets, .N = N, .V = V,
                   .Vp = Vp, .dloss = dloss};
-    return ce_run(be, op, a, (size_t)N * Vp, ce_bwd_task);
+    return ce_run(be, op, a, (size_t)N * Vp);
 }
 
 dg_status_t dg_cpu_crossentropy_fused(dg_backend_t *be, float *losses, float *lse, void *dlogits,
@@ -432,5 +413,5 @@ dg_status_t dg_cpu_crossentropy_fused(dg_backend_t *be, float *losses, float *ls
     DG_CPU_NONNULLS(op, losses, lse, dlogits, logits, targets);
     ce_arg_t a = {.losses = losses, .lse = lse, .dlogits = dlogits, .logits = logits, .targets = targets,
                   .N = N, .V = V, .Vp = Vp, .dloss = dloss};
-    return ce_run(be, op, a, (size_t)N * Vp, ce_fused_task);
+    return ce_run(be, op, a, (size_t)N * Vp);
 }
