@@ -89,6 +89,26 @@ int32_t *oph_rand_tokens(H *h, size_t n, int V);
  * rounded to dt, uploaded to dev); returns the host copy (freed with the case). */
 double *oph_prefill(H *h, void *dev, dg_dtype_t dt, size_t n);
 
+/* The three runs of a backward case with an input, a weight and a bias gradient (layernorm, matmul):
+ * 1. acc = 0 into poison, weight and bias gradients from zero: close to ref, to finite differences of obj
+ *    (when obj is set) and digested; 2. acc = 1 into random prior contents (buffers g2): prior + ref;
+ * 3. run 1 again into g2: the same bits. g[0] has dtype dt0, g[1] and g[2] are f32; n[i] elements each.
+ * run(h, ctx, g, acc) makes the backend call; the check names are "bwd " + names[i] + what the run says. */
+typedef struct {
+    const char *names[3];
+    void *g1[3], *g2[3];
+    dg_dtype_t dt0;
+    size_t n[3];
+    const double *ref[3];
+    double tol;
+    void (*run)(H *h, void *ctx, void *const g[3], int acc);
+    void *ctx;
+    objective_fn obj; /* NULL: no finite-difference check */
+    void *obj_ctx;
+    double *x[3]; /* the inputs obj reads that the three gradients are of */
+} oph_bwd3_t;
+void oph_check_bwd3(H *h, const oph_bwd3_t *b);
+
 /* ---- oph_ref.c (float64 references) ---- */
 /* ======================= float64 references ======================= */
 void oph_ref_encoder(double *out, const int32_t *tok, const double *wte, const double *wpe, int B, int T,

@@ -105,6 +105,18 @@ static double ln_obj(void *p) {
     return oph_dotd(c->out, c->dout, (size_t)c->N * c->C);
 }
 
+typedef struct {
+    const void *dy, *x, *w;
+    void *mean, *rstd;
+    int N, C;
+} ln_bwd_t;
+static void ln_bwd_run(H *h, void *p, void *const g[3], int acc) {
+    const ln_bwd_t *c = p;
+    if (!h->bad)
+        CALL(h, "layernorm_bwd",
+             layernorm_bwd(h->be, g[0], g[1], g[2], c->dy, c->x, c->w, c->mean, c->rstd, c->N, c->C, acc));
+}
+
 void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     if (!oph_case_begin(h, "layernorm[N=%d,C=%d,offset=%g]", N, C, offset)) return;
     const dg_dtype_t A = h->act;
@@ -152,46 +164,11 @@ void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     const double tb = oph_tol_of(h, "layernorm_bwd");
     void *gx1 = oph_dalloc(h, A, n), *gw1 = oph_dalloc(h, DG_F32, C), *gb1 = oph_dalloc(h, DG_F32, C);
     void *gx2 = oph_dalloc(h, A, n), *gw2 = oph_dalloc(h, DG_F32, C), *gb2 = oph_dalloc(h, DG_F32, C);
-    /* run 1: acc=0 over poison, parameter grads from zero */
-    oph_poison(h, gx1, A, n);
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw1, C * 4));
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gb1, C * 4));
-    if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx1, gw1, gb1, dy, dx, dw, m1, r1, N, C, 0));
-    double *ax = oph_download(h, gx1, A, n), *aw = oph_download(h, gw1, DG_F32, C),
-           *ab = oph_download(h, gb1, DG_F32, C);
-    oph_check_close(h, "bwd dinp (acc=0)", ax, rdx, n, tb, NULL);
-    oph_check_close(h, "bwd dw", aw, rdw, C, tb, NULL);
-    oph_check_close(h, "bwd db", ab, rdb, C, tb, NULL);
-    if (fd) {
-        ln_ctx_t cx = {x, w, b, oph_hnew(h, n), dout, N, C};
-        oph_check_fd(h, "bwd dinp", ln_obj, &cx, x, n, ax, rdx, tb);
-        oph_check_fd(h, "bwd dw", ln_obj, &cx, w, C, aw, rdw, tb);
-        oph_check_fd(h, "bwd db", ln_obj, &cx, b, C, ab, rdb, tb);
-    }
-    oph_digest_dev(h, gx1, n * oph_dt_size(A));
-    oph_digest_dev(h, gw1, C * 4);
-    oph_digest_dev(h, gb1, C * 4);
-    /* run 2: acc=1 and parameter grads into non-zero buffers */
-    double *px = oph_prefill(h, gx2, A, n), *pw = oph_prefill(h, gw2, DG_F32, C);
-    double *pb = oph_prefill(h, gb2, DG_F32, C);
-    if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, m1, r1, N, C, 1));
-    oph_check_close(h, "bwd dinp (acc=1 adds)", oph_download(h, gx2, A, n), oph_add_arrays(h, px, rdx, n), n,
-                    tb, rdx);
-    oph_check_close(h, "bwd dw accumulates (+=)", oph_download(h, gw2, DG_F32, C),
-                    oph_add_arrays(h, pw, rdw, C), C, tb, rdw);
-    oph_check_close(h, "bwd db accumulates (+=)", oph_download(h, gb2, DG_F32, C),
-                    oph_add_arrays(h, pb, rdb, C), C, tb, rdb);
-    /* run 3 = run 1 */
-    oph_poison(h, gx2, A, n);
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, C * 4));
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gb2, C * 4));
-    if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, m1, r1, N, C, 0));
-    oph_check_bits(h, "bwd repeat dinp", oph_download_raw(h, gx2, n * oph_dt_size(A)),
-                   oph_download_raw(h, gx1, n * oph_dt_size(A)), n * oph_dt_size(A));
-    oph_check_bits(h, "bwd repeat dw", oph_download_raw(h, gw2, C * 4), oph_download_raw(h, gw1, C * 4),
-                   C * 4);
-    oph_check_bits(h, "bwd repeat db", oph_download_raw(h, gb2, C * 4), oph_download_raw(h, gb1, C * 4),
-                   C * 4);
+    ln_bwd_t lb = {dy, dx, dw, m1, r1, N, C};
+    ln_ctx_t cx = {x, w, b, fd ? oph_hnew(h, n) : NULL, dout, N, C};
+    const oph_bwd3_t bw = {{"dinp", "dw", "db"}, {gx1, gw1, gb1}, {gx2, gw2, gb2}, A, {n, C, C},
+                           {rdx, rdw, rdb}, tb, ln_bwd_run, &lb, fd ? ln_obj : NULL, &cx, {x, w, b}};
+    oph_check_bwd3(h, &bw);
     oph_case_end(h);
 }
 

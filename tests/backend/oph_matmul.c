@@ -20,6 +20,16 @@ static double mm_obj(void *p) { /* objective of the linear part: what matmul_bwd
     return oph_dotd(c->out, c->dout, (size_t)c->N * c->OC);
 }
 
+typedef struct {
+    const void *dy, *x, *w;
+    int N, C, OC;
+} mm_bwd_t;
+static void mm_bwd_run(H *h, void *p, void *const g[3], int acc) {
+    const mm_bwd_t *c = p;
+    if (!h->bad)
+        CALL(h, "matmul_bwd", matmul_bwd(h->be, g[0], g[1], g[2], c->dy, c->x, c->w, c->N, c->C, c->OC, acc));
+}
+
 void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd) {
     if (!oph_case_begin(h, "matmul[N=%d,C=%d,OC=%d%s%s]", N, C, OC, has_bias ? ",bias" : "",
                         gelu ? ",gelu" : ""))
@@ -65,45 +75,11 @@ void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd)
     const double tb = oph_tol_of(h, "matmul_bwd");
     void *gx1 = oph_dalloc(h, A, nx), *gw1 = oph_dalloc(h, DG_F32, nw), *gb1 = oph_dalloc(h, DG_F32, OC);
     void *gx2 = oph_dalloc(h, A, nx), *gw2 = oph_dalloc(h, DG_F32, nw), *gb2 = oph_dalloc(h, DG_F32, OC);
-    oph_poison(h, gx1, A, nx);
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw1, nw * 4));
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gb1, OC * 4));
-    if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, gx1, gw1, gb1, dy, dx, dw, N, C, OC, 0));
-    double *ax = oph_download(h, gx1, A, nx), *aw = oph_download(h, gw1, DG_F32, nw),
-           *ab = oph_download(h, gb1, DG_F32, OC);
-    oph_check_close(h, "bwd dinp (acc=0)", ax, rdx, nx, tb, NULL);
-    oph_check_close(h, "bwd dw", aw, rdw, nw, tb, NULL);
-    oph_check_close(h, "bwd dbias", ab, rdb, OC, tb, NULL);
-    if (fd) {
-        mm_ctx_t cx = {x, w, bias, oph_hnew(h, no), dout, N, C, OC};
-        oph_check_fd(h, "bwd dinp", mm_obj, &cx, x, nx, ax, rdx, tb);
-        oph_check_fd(h, "bwd dw", mm_obj, &cx, w, nw, aw, rdw, tb);
-        oph_check_fd(h, "bwd dbias", mm_obj, &cx, bias, OC, ab, rdb, tb);
-    }
-    oph_digest_dev(h, gx1, nx * oph_dt_size(A));
-    oph_digest_dev(h, gw1, nw * 4);
-    oph_digest_dev(h, gb1, OC * 4);
-    /* run 2: acc=1, grads into non-zero buffers */
-    double *px = oph_prefill(h, gx2, A, nx), *pw = oph_prefill(h, gw2, DG_F32, nw);
-    double *pb = oph_prefill(h, gb2, DG_F32, OC);
-    if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, N, C, OC, 1));
-    oph_check_close(h, "bwd dinp (acc=1 adds)", oph_download(h, gx2, A, nx), oph_add_arrays(h, px, rdx, nx),
-                    nx, tb, rdx);
-    oph_check_close(h, "bwd dw accumulates (+=)", oph_download(h, gw2, DG_F32, nw),
-                    oph_add_arrays(h, pw, rdw, nw), nw, tb, rdw);
-    oph_check_close(h, "bwd dbias accumulates (+=)", oph_download(h, gb2, DG_F32, OC),
-                    oph_add_arrays(h, pb, rdb, OC), OC, tb, rdb);
-    /* run 3 = run 1 */
-    oph_poison(h, gx2, A, nx);
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gb2, OC * 4));
-    if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, N, C, OC, 0));
-    oph_check_bits(h, "bwd repeat dinp", oph_download_raw(h, gx2, nx * oph_dt_size(A)),
-                   oph_download_raw(h, gx1, nx * oph_dt_size(A)), nx * oph_dt_size(A));
-    oph_check_bits(h, "bwd repeat dw", oph_download_raw(h, gw2, nw * 4), oph_download_raw(h, gw1, nw * 4),
-                   nw * 4);
-    oph_check_bits(h, "bwd repeat dbias", oph_download_raw(h, gb2, OC * 4), oph_download_raw(h, gb1, OC * 4),
-                   OC * 4);
+    mm_bwd_t mb = {dy, dx, dw, N, C, OC};
+    mm_ctx_t cx = {x, w, bias, fd ? oph_hnew(h, no) : NULL, dout, N, C, OC};
+    const oph_bwd3_t bw = {{"dinp", "dw", "dbias"}, {gx1, gw1, gb1}, {gx2, gw2, gb2}, A, {nx, nw, OC},
+                           {rdx, rdw, rdb}, tb, mm_bwd_run, &mb, fd ? mm_obj : NULL, &cx, {x, w, bias}};
+    oph_check_bwd3(h, &bw);
     /* run 4: no input gradient and no bias gradient wanted */
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
     if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, NULL, gw2, NULL, dy, dx, dw, N, C, OC, 0));
