@@ -72,6 +72,8 @@ void oph_check_close(H *h, const char *what, const double *got, const double *re
 /* Scalar version: |got - ref| <= tol * |ref| (ref != 0), or <= tol when ref == 0. */
 void oph_check_scalar(H *h, const char *what, double got, double ref, double tol);
 void oph_check_bits(H *h, const char *what, const void *a, const void *b, size_t bytes);
+/* oph_check_bits of the first `bytes` of two device buffers (downloaded, a first). */
+void oph_check_dev_bits(H *h, const char *what, const void *a, const void *b, size_t bytes);
 /* Finite differences of a float64 objective f (reading the arrays in ctx, among them x[0..n)) against
  * the backend gradient `got`: a sample of single elements, and directional derivatives along random
  * +-1 vectors, which involve every element. `ref` (the analytic float64 gradient) sets the scale. */

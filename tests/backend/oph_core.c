@@ -367,6 +367,10 @@ void oph_check_bits(H *h, const char *what, const void *a, const void *b, size_t
     }
 }
 
+void oph_check_dev_bits(H *h, const char *what, const void *a, const void *b, size_t bytes) {
+    oph_check_bits(h, what, oph_download_raw(h, a, bytes), oph_download_raw(h, b, bytes), bytes);
+}
+
 /* Finite differences of a float64 objective f (reading the arrays in ctx, among them x[0..n)) against
  * the backend gradient `got`: a sample of single elements, and directional derivatives along random
  * +-1 vectors, which involve every element. `ref` (the analytic float64 gradient) sets the scale. */
@@ -516,7 +520,6 @@ void oph_check_bwd3(H *h, const oph_bwd3_t *b) {
     for (int i = 0; i < 3; i++) {
         const size_t bytes = b->n[i] * oph_dt_size(dt[i]);
         snprintf(what, sizeof what, "bwd repeat %s", b->names[i]);
-        oph_check_bits(h, what, oph_download_raw(h, b->g2[i], bytes), oph_download_raw(h, b->g1[i], bytes),
-                       bytes);
+        oph_check_dev_bits(h, what, b->g2[i], b->g1[i], bytes);
     }
 }

@@ -46,8 +46,7 @@ void oph_case_encoder(H *h, int B, int T, int C, int V, int Vp, int fd) {
     if (!h->bad) CALL(h, "encoder_fwd", encoder_fwd(h->be, o1, dtok, dte, dpe, B, T, C));
     if (!h->bad) CALL(h, "encoder_fwd", encoder_fwd(h->be, o2, dtok, dte, dpe, B, T, C));
     oph_check_close(h, "fwd out", oph_download(h, o1, A, no), ref, no, oph_tol_of(h, "encoder_fwd"), NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)),
-                   oph_download_raw(h, o2, no * oph_dt_size(A)), no * oph_dt_size(A));
+    oph_check_dev_bits(h, "fwd repeat", o1, o2, no * oph_dt_size(A));
     oph_digest_dev(h, o1, no * oph_dt_size(A));
 
     /* backward: analytic float64 grads */
@@ -85,10 +84,8 @@ void oph_case_encoder(H *h, int B, int T, int C, int V, int Vp, int fd) {
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gte2, nte * 4));
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gpe2, npe * 4));
     if (!h->bad) CALL(h, "encoder_bwd", encoder_bwd(h->be, gte2, gpe2, dy, dtok, B, T, C));
-    oph_check_bits(h, "bwd repeat dwte", oph_download_raw(h, gte2, nte * 4),
-                   oph_download_raw(h, gte1, nte * 4), nte * 4);
-    oph_check_bits(h, "bwd repeat dwpe", oph_download_raw(h, gpe2, npe * 4),
-                   oph_download_raw(h, gpe1, npe * 4), npe * 4);
+    oph_check_dev_bits(h, "bwd repeat dwte", gte2, gte1, nte * 4);
+    oph_check_dev_bits(h, "bwd repeat dwpe", gpe2, gpe1, npe * 4);
     oph_case_end(h);
 }
 
@@ -151,10 +148,8 @@ void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     oph_check_close(h, "fwd out", oph_download(h, o1, A, n), ref, n, tf, NULL);
     oph_check_close(h, "fwd mean", oph_download(h, m1, DG_F32, N), rmean, N, tf, NULL);
     oph_check_close(h, "fwd rstd", oph_download(h, r1, DG_F32, N), rrstd, N, tf, NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, n * oph_dt_size(A)),
-                   oph_download_raw(h, o2, n * oph_dt_size(A)), n * oph_dt_size(A));
-    oph_check_bits(h, "fwd repeat rstd", oph_download_raw(h, r1, N * 4), oph_download_raw(h, r2, N * 4),
-                   N * 4);
+    oph_check_dev_bits(h, "fwd repeat", o1, o2, n * oph_dt_size(A));
+    oph_check_dev_bits(h, "fwd repeat rstd", r1, r2, N * 4);
     oph_digest_dev(h, o1, n * oph_dt_size(A));
     oph_digest_dev(h, m1, N * 4);
     oph_digest_dev(h, r1, N * 4);
@@ -210,8 +205,7 @@ void oph_case_gelu(H *h, size_t n, int fd) {
     if (!h->bad) CALL(h, "gelu_fwd", gelu_fwd(h->be, o1, dx, n));
     if (!h->bad) CALL(h, "gelu_fwd", gelu_fwd(h->be, o2, dx, n));
     oph_check_close(h, "fwd", oph_download(h, o1, A, n), ref, n, oph_tol_of(h, "gelu_fwd"), NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, n * oph_dt_size(A)),
-                   oph_download_raw(h, o2, n * oph_dt_size(A)), n * oph_dt_size(A));
+    oph_check_dev_bits(h, "fwd repeat", o1, o2, n * oph_dt_size(A));
     oph_digest_dev(h, o1, n * oph_dt_size(A));
     const double tb = oph_tol_of(h, "gelu_bwd");
     oph_poison(h, g1, A, n);
@@ -231,8 +225,7 @@ void oph_case_gelu(H *h, size_t n, int fd) {
                     rdx);
     oph_poison(h, g2, A, n);
     if (!h->bad) CALL(h, "gelu_bwd", gelu_bwd(h->be, g2, dx, dy, n, 0));
-    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g2, n * oph_dt_size(A)),
-                   oph_download_raw(h, g1, n * oph_dt_size(A)), n * oph_dt_size(A));
+    oph_check_dev_bits(h, "bwd repeat", g2, g1, n * oph_dt_size(A));
     oph_case_end(h);
 }
 
@@ -273,8 +266,7 @@ void oph_case_attention(H *h, int B, int T, int C, int NH, int fd) {
     if (!h->bad) CALL(h, "attention_fwd", attention_fwd(h->be, o1, aux1, dq, B, T, C, NH));
     if (!h->bad) CALL(h, "attention_fwd", attention_fwd(h->be, o2, aux2, dq, B, T, C, NH));
     oph_check_close(h, "fwd out", oph_download(h, o1, A, no), ref, no, oph_tol_of(h, "attention_fwd"), NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)),
-                   oph_download_raw(h, o2, no * oph_dt_size(A)), no * oph_dt_size(A));
+    oph_check_dev_bits(h, "fwd repeat", o1, o2, no * oph_dt_size(A));
     oph_digest_dev(h, o1, no * oph_dt_size(A));
     const double tb = oph_tol_of(h, "attention_bwd");
     oph_poison(h, g1, A, nq);
@@ -287,8 +279,7 @@ void oph_case_attention(H *h, int B, int T, int C, int NH, int fd) {
         att_ctx_t cx = {qkv, oph_hnew(h, no), p, dout, B, T, C, NH};
         oph_check_fd(h, "bwd dqkv", att_obj, &cx, qkv, nq, a, rdq, tb);
     }
-    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g1, nq * oph_dt_size(A)),
-                   oph_download_raw(h, g2, nq * oph_dt_size(A)), nq * oph_dt_size(A));
+    oph_check_dev_bits(h, "bwd repeat", g1, g2, nq * oph_dt_size(A));
     oph_digest_dev(h, g1, nq * oph_dt_size(A));
     oph_case_end(h);
 }
@@ -336,7 +327,7 @@ void oph_case_crossentropy(H *h, int N, int V, int Vp, int fd) {
     const double tf = oph_tol_of(h, "crossentropy_fwd");
     oph_check_close(h, "fwd losses", oph_download(h, l1, DG_F32, N), rl, N, tf, NULL);
     oph_check_close(h, "fwd lse", oph_download(h, s1, DG_F32, N), rlse, N, tf, NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, l1, N * 4), oph_download_raw(h, l2, N * 4), N * 4);
+    oph_check_dev_bits(h, "fwd repeat", l1, l2, N * 4);
     oph_digest_dev(h, l1, N * 4);
     oph_digest_dev(h, s1, N * 4);
     const double tb = oph_tol_of(h, "crossentropy_bwd");
@@ -353,15 +344,13 @@ void oph_case_crossentropy(H *h, int N, int V, int Vp, int fd) {
     oph_poison(h, g2, A, nz);
     if (!h->bad)
         CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g2, dz, s1, dtg, N, V, Vp, (float)dloss));
-    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g2, nz * oph_dt_size(A)),
-                   oph_download_raw(h, g1, nz * oph_dt_size(A)), nz * oph_dt_size(A));
+    oph_check_dev_bits(h, "bwd repeat", g2, g1, nz * oph_dt_size(A));
     /* in place: dlogits aliasing logits */
     void *inplace = oph_ddup(h, dz, nz * oph_dt_size(A));
     if (!h->bad)
         CALL(h, "crossentropy_bwd",
              crossentropy_bwd(h->be, inplace, inplace, s1, dtg, N, V, Vp, (float)dloss));
-    oph_check_bits(h, "bwd in place (dlogits == logits)", oph_download_raw(h, inplace, nz * oph_dt_size(A)),
-                   oph_download_raw(h, g1, nz * oph_dt_size(A)), nz * oph_dt_size(A));
+    oph_check_dev_bits(h, "bwd in place (dlogits == logits)", inplace, g1, nz * oph_dt_size(A));
     oph_case_end(h);
 }
 

@@ -65,8 +65,7 @@ void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd)
     oph_check_close(h, gelu ? "fwd out = gelu(pre)" : "fwd out", oph_download(h, o1, A, no), ref, no, tf,
                     NULL);
     if (gelu) oph_check_close(h, "fwd pre", oph_download(h, p1, A, no), rpre, no, tf, NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)),
-                   oph_download_raw(h, o2, no * oph_dt_size(A)), no * oph_dt_size(A));
+    oph_check_dev_bits(h, "fwd repeat", o1, o2, no * oph_dt_size(A));
     oph_digest_dev(h, o1, no * oph_dt_size(A));
     if (gelu) oph_digest_dev(h, p1, no * oph_dt_size(A));
 
@@ -133,7 +132,7 @@ void oph_case_matmul_res(H *h, int N, int C, int OC, int has_bias, int off) {
     if (!h->bad) CALL(h, "matmul_fwd_res", matmul_fwd_res(h->be, o2, dx, dw, db, dr, N, C, OC));
     const double tf = oph_tol_of(h, "matmul_fwd_res");
     oph_check_close(h, "out = x·wᵀ + bias + res", oph_download(h, o1, A, no), ref, no, tf, NULL);
-    oph_check_bits(h, "repeat", oph_download_raw(h, o1, ob), oph_download_raw(h, o2, ob), ob);
+    oph_check_dev_bits(h, "repeat", o1, o2, ob);
     oph_check_bits(h, "out of place leaves res", oph_download_raw(h, dr, ob), rraw, ob);
     oph_digest_dev(h, o1, ob);
     /* in place: the residual stream updated where it lies */
@@ -221,13 +220,11 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
         CALL(h, "matmul_bwd", matmul_bwd(h->be, gx2, gw2, has_bias ? gb2 : NULL, dy, dinp, dw, N, C, OC, 0));
     if (!h->bad) CALL(h, "gelu_bwd", gelu_bwd(h->be, gx2, dpre_, gx2, nx, 0));
     if (A == DG_F32) {
-        oph_check_bits(h, "dpre == matmul_bwd + gelu_bwd", oph_download_raw(h, gx1, nx * 4),
-                       oph_download_raw(h, gx2, nx * 4), nx * 4);
+        oph_check_dev_bits(h, "dpre == matmul_bwd + gelu_bwd", gx1, gx2, nx * 4);
     } else {
         oph_check_close(h, "dpre vs matmul_bwd + gelu_bwd", ax, oph_download(h, gx2, A, nx), nx, 2 * tb, rdx);
     }
-    oph_check_bits(h, "dw == matmul_bwd's", oph_download_raw(h, gw1, nw * 4),
-                   oph_download_raw(h, gw2, nw * 4), nw * 4);
+    oph_check_dev_bits(h, "dw == matmul_bwd's", gw1, gw2, nw * 4);
     /* run 2: acc = 1 adds after the derivative; parameter gradients accumulate */
     double *px = oph_prefill(h, gx2, A, nx), *pw = oph_prefill(h, gw2, DG_F32, nw);
     double *pb = oph_prefill(h, gb2, DG_F32, OC);
@@ -252,13 +249,9 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
     if (!h->bad)
         CALL(h, "matmul_bwd_dgelu",
              matmul_bwd_dgelu(h->be, alias, gw2, gb3, dy, alias, dw, dpre_, N, C, OC, 0));
-    oph_check_bits(h, "dpre in place over inp == run 1", oph_download_raw(h, alias, nx * oph_dt_size(A)),
-                   oph_download_raw(h, gx1, nx * oph_dt_size(A)), nx * oph_dt_size(A));
-    oph_check_bits(h, "dw in place == run 1", oph_download_raw(h, gw2, nw * 4),
-                   oph_download_raw(h, gw1, nw * 4), nw * 4);
-    if (gb3)
-        oph_check_bits(h, "dbias in place == run 1", oph_download_raw(h, gb3, OC * 4),
-                       oph_download_raw(h, gb1, OC * 4), OC * 4);
+    oph_check_dev_bits(h, "dpre in place over inp == run 1", alias, gx1, nx * oph_dt_size(A));
+    oph_check_dev_bits(h, "dw in place == run 1", gw2, gw1, nw * 4);
+    if (gb3) oph_check_dev_bits(h, "dbias in place == run 1", gb3, gb1, OC * 4);
     /* run 4 = run 1, repeated */
     oph_poison(h, gx2, A, nx);
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
@@ -266,13 +259,9 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
     if (!h->bad)
         CALL(h, "matmul_bwd_dgelu",
              matmul_bwd_dgelu(h->be, gx2, gw2, has_bias ? gb2 : NULL, dy, dinp, dw, dpre_, N, C, OC, 0));
-    oph_check_bits(h, "repeat dpre", oph_download_raw(h, gx2, nx * oph_dt_size(A)),
-                   oph_download_raw(h, gx1, nx * oph_dt_size(A)), nx * oph_dt_size(A));
-    oph_check_bits(h, "repeat dw", oph_download_raw(h, gw2, nw * 4), oph_download_raw(h, gw1, nw * 4),
-                   nw * 4);
-    if (has_bias)
-        oph_check_bits(h, "repeat dbias", oph_download_raw(h, gb2, OC * 4), oph_download_raw(h, gb1, OC * 4),
-                       OC * 4);
+    oph_check_dev_bits(h, "repeat dpre", gx2, gx1, nx * oph_dt_size(A));
+    oph_check_dev_bits(h, "repeat dw", gw2, gw1, nw * 4);
+    if (has_bias) oph_check_dev_bits(h, "repeat dbias", gb2, gb1, OC * 4);
     /* bad aliasing is refused, not computed */
     if (!h->bad) {
         dg_status_t st =

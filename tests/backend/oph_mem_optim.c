@@ -137,8 +137,7 @@ void oph_case_elementwise(H *h, size_t n) {
     /* accumulate: acc=0 copies over poison, acc=1 adds */
     oph_poison(h, dacc, A, n);
     if (!h->bad) CALL(h, "accumulate", accumulate(h->be, dacc, da, n, 0));
-    oph_check_bits(h, "accumulate acc=0 overwrites", oph_download_raw(h, dacc, n * oph_dt_size(A)),
-                   oph_download_raw(h, da, n * oph_dt_size(A)), n * oph_dt_size(A));
+    oph_check_dev_bits(h, "accumulate acc=0 overwrites", dacc, da, n * oph_dt_size(A));
     oph_upload(h, dacc, A, d0, n);
     if (!h->bad) CALL(h, "accumulate", accumulate(h->be, dacc, da, n, 1));
     oph_check_close(h, "accumulate acc=1 adds", oph_download(h, dacc, A, n), oph_add_arrays(h, d0, a, n), n,
@@ -183,7 +182,7 @@ void oph_case_sumsq(H *h, size_t n) {
     double *got = oph_download(h, dout, DG_F32, 1);
     if (got)
         oph_check_scalar(h, "*out += sum(x^2)", got[0], pre + oph_dotd(x, x, n), oph_tol_of(h, "sumsq_f32"));
-    oph_check_bits(h, "repeat", oph_download_raw(h, dout, 4), oph_download_raw(h, dout2, 4), 4);
+    oph_check_dev_bits(h, "repeat", dout, dout2, 4);
     oph_digest_dev(h, dout, 4);
     oph_case_end(h);
 }
@@ -310,8 +309,7 @@ void oph_case_sumsq_multi(H *h, int variant) {
         if (!(tab2[i].flags & DG_SUMSQ_SEG_SKIP))
             CALL(h, "sumsq_f32", sumsq_f32(h->be, dout2[1], fx + tab[i].off, tab[i].count));
     if (!h->bad) CALL(h, "sync", sync(h->be));
-    oph_check_bits(h, "sumsq_multi follows the device table's skip flags", oph_download_raw(h, dout2[0], 4),
-                   oph_download_raw(h, dout2[1], 4), 4);
+    oph_check_dev_bits(h, "sumsq_multi follows the device table's skip flags", dout2[0], dout2[1], 4);
 
     /* where the backend records graphs: the upload of the table and the call recorded once, then the
      * page-locked host table's flags changed (its geometry kept, as the contract asks) and the recording
@@ -328,8 +326,7 @@ void oph_case_sumsq_multi(H *h, int variant) {
             oph_upload(h, dout3, DG_F32, &pre, 1);
             if (!h->bad) CALL(h, "graph_launch", graph_launch(h->be, gr));
             if (!h->bad) CALL(h, "sync", sync(h->be));
-            oph_check_bits(h, "recorded sumsq_multi replayed with other skip flags",
-                           oph_download_raw(h, dout3, 4), oph_download_raw(h, dout2[1], 4), 4);
+            oph_check_dev_bits(h, "recorded sumsq_multi replayed with other skip flags", dout3, dout2[1], 4);
         }
         if (gr) h->be->ops->graph_free(h->be, gr);
     }
@@ -438,9 +435,8 @@ void oph_case_adamw(H *h, size_t n, int64_t t, int with_compute) {
         CALL(h, "adamw",
              adamw(h->be, dp2, NULL, dg, dm2, dv2, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd,
                    t, dgs));
-    oph_check_bits(h, "repeat: master", oph_download_raw(h, dp2, n * 4), oph_download_raw(h, dp, n * 4),
-                   n * 4);
-    oph_check_bits(h, "repeat: v", oph_download_raw(h, dv2, n * 4), oph_download_raw(h, dv, n * 4), n * 4);
+    oph_check_dev_bits(h, "repeat: master", dp2, dp, n * 4);
+    oph_check_dev_bits(h, "repeat: v", dv2, dv, n * 4);
     /* adamw_dev from the same state, lr and bias corrections through the device scalar block (uploaded
      * from page-locked memory with upload_async): the same bits as adamw */
     float *sch = NULL;
@@ -464,16 +460,10 @@ void oph_case_adamw(H *h, size_t n, int64_t t, int with_compute) {
                  adamw_dev(h->be, dp3, dc3, dg, dm3, dv3, n, (float)b1, (float)b2, (float)eps, (float)wd,
                            dsc));
         if (!h->bad) CALL(h, "sync", sync(h->be));
-        oph_check_bits(h, "adamw_dev == adamw: master", oph_download_raw(h, dp3, n * 4),
-                       oph_download_raw(h, dp, n * 4), n * 4);
-        oph_check_bits(h, "adamw_dev == adamw: m", oph_download_raw(h, dm3, n * 4),
-                       oph_download_raw(h, dm, n * 4), n * 4);
-        oph_check_bits(h, "adamw_dev == adamw: v", oph_download_raw(h, dv3, n * 4),
-                       oph_download_raw(h, dv, n * 4), n * 4);
-        if (dc3)
-            oph_check_bits(h, "adamw_dev == adamw: compute",
-                           oph_download_raw(h, dc3, n * oph_dt_size(h->act)),
-                           oph_download_raw(h, dc, n * oph_dt_size(h->act)), n * oph_dt_size(h->act));
+        oph_check_dev_bits(h, "adamw_dev == adamw: master", dp3, dp, n * 4);
+        oph_check_dev_bits(h, "adamw_dev == adamw: m", dm3, dm, n * 4);
+        oph_check_dev_bits(h, "adamw_dev == adamw: v", dv3, dv, n * 4);
+        if (dc3) oph_check_dev_bits(h, "adamw_dev == adamw: compute", dc3, dc, n * oph_dt_size(h->act));
         /* a non-finite norm in the block skips the step: nothing changes */
         sch[DG_DS_NORM] = NAN;
         if (!h->bad && CALL(h, "upload_async", upload_async(h->be, dsc, sch, DG_DS_COUNT * sizeof(float))))
@@ -481,10 +471,8 @@ void oph_case_adamw(H *h, size_t n, int64_t t, int with_compute) {
                  adamw_dev(h->be, dp3, dc3, dg, dm3, dv3, n, (float)b1, (float)b2, (float)eps, (float)wd,
                            dsc));
         if (!h->bad) CALL(h, "sync", sync(h->be));
-        oph_check_bits(h, "adamw_dev with a NaN norm leaves master", oph_download_raw(h, dp3, n * 4),
-                       oph_download_raw(h, dp, n * 4), n * 4);
-        oph_check_bits(h, "adamw_dev with a NaN norm leaves v", oph_download_raw(h, dv3, n * 4),
-                       oph_download_raw(h, dv, n * 4), n * 4);
+        oph_check_dev_bits(h, "adamw_dev with a NaN norm leaves master", dp3, dp, n * 4);
+        oph_check_dev_bits(h, "adamw_dev with a NaN norm leaves v", dv3, dv, n * 4);
         h->be->ops->host_free(h->be, sch);
     }
     oph_case_end(h);
@@ -567,17 +555,12 @@ void oph_case_adamw_multi(H *h, int with_compute) {
                            (tab[i].flags & DG_ADAMW_SEG_DECAY) ? (float)wd : 0.0f, dsc));
         }
         if (!h->bad) CALL(h, "sync", sync(h->be));
-        oph_check_bits(h, "adamw_multi_dev == adamw_dev per segment: master",
-                       oph_download_raw(h, dp[0], span * 4), oph_download_raw(h, dp[1], span * 4), span * 4);
-        oph_check_bits(h, "adamw_multi_dev == adamw_dev per segment: m", oph_download_raw(h, dm[0], span * 4),
-                       oph_download_raw(h, dm[1], span * 4), span * 4);
-        oph_check_bits(h, "adamw_multi_dev == adamw_dev per segment: v", oph_download_raw(h, dv[0], span * 4),
-                       oph_download_raw(h, dv[1], span * 4), span * 4);
+        oph_check_dev_bits(h, "adamw_multi_dev == adamw_dev per segment: master", dp[0], dp[1], span * 4);
+        oph_check_dev_bits(h, "adamw_multi_dev == adamw_dev per segment: m", dm[0], dm[1], span * 4);
+        oph_check_dev_bits(h, "adamw_multi_dev == adamw_dev per segment: v", dv[0], dv[1], span * 4);
         if (with_compute)
-            oph_check_bits(h, "adamw_multi_dev == adamw_dev per segment: compute",
-                           oph_download_raw(h, dc[0], span * oph_dt_size(h->act)),
-                           oph_download_raw(h, dc[1], span * oph_dt_size(h->act)),
-                           span * oph_dt_size(h->act));
+            oph_check_dev_bits(h, "adamw_multi_dev == adamw_dev per segment: compute", dc[0], dc[1],
+                               span * oph_dt_size(h->act));
         /* the gaps and the skipped segment keep their values; the other segments moved */
         unsigned char *p1 = oph_download_raw(h, dp[0], span * 4);
         if (p0 && p1 && !h->bad) {
@@ -607,8 +590,7 @@ void oph_case_adamw_multi(H *h, int with_compute) {
         if (!h->bad) CALL(h, "sync", sync(h->be));
         oph_check_bits(h, "adamw_multi_dev with an infinite norm leaves master",
                        oph_download_raw(h, dp[0], span * 4), p1, span * 4);
-        oph_check_bits(h, "adamw_multi_dev with an infinite norm leaves m",
-                       oph_download_raw(h, dm[0], span * 4), oph_download_raw(h, dm[1], span * 4), span * 4);
+        oph_check_dev_bits(h, "adamw_multi_dev with an infinite norm leaves m", dm[0], dm[1], span * 4);
         h->be->ops->host_free(h->be, sch);
     }
     oph_case_end(h);
