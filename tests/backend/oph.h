@@ -58,6 +58,9 @@ int oph_upload(H *h, void *dev, dg_dtype_t dt, const double *v, size_t n);
 int oph_upload_i32(H *h, void *dev, const int32_t *v, size_t n);
 /* Fill with a NaN pattern of the dtype: any element a kernel forgets to write stays NaN. */
 int oph_poison(H *h, void *dev, dg_dtype_t dt, size_t n);
+/* oph_dalloc, then oph_upload of v / oph_poison: a device buffer with its first contents. */
+void *oph_dput(H *h, dg_dtype_t dt, const double *v, size_t n);
+void *oph_dpoisoned(H *h, dg_dtype_t dt, size_t n);
 void *oph_download_raw(H *h, const void *dev, size_t bytes);
 double *oph_download(H *h, const void *dev, dg_dtype_t dt, size_t n);
 void oph_digest_add(H *h, const void *bytes, size_t n);

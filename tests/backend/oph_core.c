@@ -249,6 +249,16 @@ int oph_poison(H *h, void *dev, dg_dtype_t dt, size_t n) {
     }
     return CALL(h, "to_device", to_device(h->be, dev, tmp, bytes));
 }
+void *oph_dput(H *h, dg_dtype_t dt, const double *v, size_t n) {
+    void *p = oph_dalloc(h, dt, n);
+    oph_upload(h, p, dt, v, n);
+    return p;
+}
+void *oph_dpoisoned(H *h, dg_dtype_t dt, size_t n) {
+    void *p = oph_dalloc(h, dt, n);
+    oph_poison(h, p, dt, n);
+    return p;
+}
 void *oph_download_raw(H *h, const void *dev, size_t bytes) {
     if (h->bad || !dev) return NULL;
     void *tmp = oph_hraw(h, bytes);

@@ -34,15 +34,10 @@ void oph_case_encoder(H *h, int B, int T, int C, int V, int Vp, int fd) {
     oph_hround(dout, no, A);
     double *ref = oph_hnew(h, no);
     oph_ref_encoder(ref, tok, wte, wpe, B, T, C);
-    void *dtok = oph_dalloc(h, DG_I32, N), *dte = oph_dalloc(h, A, nte), *dpe = oph_dalloc(h, A, npe),
-         *dy = oph_dalloc(h, A, no);
-    void *o1 = oph_dalloc(h, A, no), *o2 = oph_dalloc(h, A, no);
+    void *dtok = oph_dalloc(h, DG_I32, N), *dte = oph_dput(h, A, wte, nte), *dpe = oph_dput(h, A, wpe, npe),
+         *dy = oph_dput(h, A, dout, no);
+    void *o1 = oph_dpoisoned(h, A, no), *o2 = oph_dpoisoned(h, A, no);
     oph_upload_i32(h, dtok, tok, N);
-    oph_upload(h, dte, A, wte, nte);
-    oph_upload(h, dpe, A, wpe, npe);
-    oph_upload(h, dy, A, dout, no);
-    oph_poison(h, o1, A, no);
-    oph_poison(h, o2, A, no);
     if (!h->bad) CALL(h, "encoder_fwd", encoder_fwd(h->be, o1, dtok, dte, dpe, B, T, C));
     if (!h->bad) CALL(h, "encoder_fwd", encoder_fwd(h->be, o2, dtok, dte, dpe, B, T, C));
     oph_check_close(h, "fwd out", oph_download(h, o1, A, no), ref, no, oph_tol_of(h, "encoder_fwd"), NULL);
@@ -128,20 +123,10 @@ void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     oph_hround(dout, n, A);
     double *ref = oph_hnew(h, n), *rmean = oph_hnew(h, N), *rrstd = oph_hnew(h, N);
     oph_ref_layernorm(ref, rmean, rrstd, x, w, b, N, C);
-    void *dx = oph_dalloc(h, A, n), *dw = oph_dalloc(h, A, C), *dbb = oph_dalloc(h, A, C),
-         *dy = oph_dalloc(h, A, n);
-    void *o1 = oph_dalloc(h, A, n), *m1 = oph_dalloc(h, DG_F32, N), *r1 = oph_dalloc(h, DG_F32, N);
-    void *o2 = oph_dalloc(h, A, n), *m2 = oph_dalloc(h, DG_F32, N), *r2 = oph_dalloc(h, DG_F32, N);
-    oph_upload(h, dx, A, x, n);
-    oph_upload(h, dw, A, w, C);
-    oph_upload(h, dbb, A, b, C);
-    oph_upload(h, dy, A, dout, n);
-    oph_poison(h, o1, A, n);
-    oph_poison(h, m1, DG_F32, N);
-    oph_poison(h, r1, DG_F32, N);
-    oph_poison(h, o2, A, n);
-    oph_poison(h, m2, DG_F32, N);
-    oph_poison(h, r2, DG_F32, N);
+    void *dx = oph_dput(h, A, x, n), *dw = oph_dput(h, A, w, C), *dbb = oph_dput(h, A, b, C),
+         *dy = oph_dput(h, A, dout, n);
+    void *o1 = oph_dpoisoned(h, A, n), *m1 = oph_dpoisoned(h, DG_F32, N), *r1 = oph_dpoisoned(h, DG_F32, N);
+    void *o2 = oph_dpoisoned(h, A, n), *m2 = oph_dpoisoned(h, DG_F32, N), *r2 = oph_dpoisoned(h, DG_F32, N);
     if (!h->bad) CALL(h, "layernorm_fwd", layernorm_fwd(h->be, o1, m1, r1, dx, dw, dbb, N, C));
     if (!h->bad) CALL(h, "layernorm_fwd", layernorm_fwd(h->be, o2, m2, r2, dx, dw, dbb, N, C));
     const double tf = oph_tol_of(h, "layernorm_fwd");
@@ -195,20 +180,15 @@ void oph_case_gelu(H *h, size_t n, int fd) {
         ref[i] = oph_ref_gelu1(x[i]);
         rdx[i] = dout[i] * oph_ref_gelu_grad1(x[i]);
     }
-    void *dx = oph_dalloc(h, A, n), *dy = oph_dalloc(h, A, n), *o1 = oph_dalloc(h, A, n),
-         *o2 = oph_dalloc(h, A, n);
-    void *g1 = oph_dalloc(h, A, n), *g2 = oph_dalloc(h, A, n);
-    oph_upload(h, dx, A, x, n);
-    oph_upload(h, dy, A, dout, n);
-    oph_poison(h, o1, A, n);
-    oph_poison(h, o2, A, n);
+    void *dx = oph_dput(h, A, x, n), *dy = oph_dput(h, A, dout, n), *o1 = oph_dpoisoned(h, A, n),
+         *o2 = oph_dpoisoned(h, A, n);
+    void *g1 = oph_dpoisoned(h, A, n), *g2 = oph_dalloc(h, A, n);
     if (!h->bad) CALL(h, "gelu_fwd", gelu_fwd(h->be, o1, dx, n));
     if (!h->bad) CALL(h, "gelu_fwd", gelu_fwd(h->be, o2, dx, n));
     oph_check_close(h, "fwd", oph_download(h, o1, A, n), ref, n, oph_tol_of(h, "gelu_fwd"), NULL);
     oph_check_dev_bits(h, "fwd repeat", o1, o2, n * oph_dt_size(A));
     oph_digest_dev(h, o1, n * oph_dt_size(A));
     const double tb = oph_tol_of(h, "gelu_bwd");
-    oph_poison(h, g1, A, n);
     if (!h->bad) CALL(h, "gelu_bwd", gelu_bwd(h->be, g1, dx, dy, n, 0));
     double *a = oph_download(h, g1, A, n);
     oph_check_close(h, "bwd (acc=0)", a, rdx, n, tb, NULL);
@@ -253,14 +233,10 @@ void oph_case_attention(H *h, int B, int T, int C, int NH, int fd) {
     oph_ref_attention(ref, qkv, B, T, C, NH, p);
     oph_ref_attention_bwd(rdq, dout, qkv, B, T, C, NH, p, dp);
     const size_t auxb = h->be->ops->attention_aux_bytes(h->be, B, T, C, NH);
-    void *dq = oph_dalloc(h, A, nq), *dy = oph_dalloc(h, A, no), *o1 = oph_dalloc(h, A, no),
-         *o2 = oph_dalloc(h, A, no);
+    void *dq = oph_dput(h, A, qkv, nq), *dy = oph_dput(h, A, dout, no), *o1 = oph_dpoisoned(h, A, no),
+         *o2 = oph_dpoisoned(h, A, no);
     void *aux1 = oph_dalloc_bytes(h, auxb), *aux2 = oph_dalloc_bytes(h, auxb);
-    void *g1 = oph_dalloc(h, A, nq), *g2 = oph_dalloc(h, A, nq);
-    oph_upload(h, dq, A, qkv, nq);
-    oph_upload(h, dy, A, dout, no);
-    oph_poison(h, o1, A, no);
-    oph_poison(h, o2, A, no);
+    void *g1 = oph_dpoisoned(h, A, nq), *g2 = oph_dpoisoned(h, A, nq);
     oph_poison_bytes(h, aux1, auxb); /* backward reading aux the forward never wrote would produce NaN */
     oph_poison_bytes(h, aux2, auxb);
     if (!h->bad) CALL(h, "attention_fwd", attention_fwd(h->be, o1, aux1, dq, B, T, C, NH));
@@ -269,8 +245,6 @@ void oph_case_attention(H *h, int B, int T, int C, int NH, int fd) {
     oph_check_dev_bits(h, "fwd repeat", o1, o2, no * oph_dt_size(A));
     oph_digest_dev(h, o1, no * oph_dt_size(A));
     const double tb = oph_tol_of(h, "attention_bwd");
-    oph_poison(h, g1, A, nq);
-    oph_poison(h, g2, A, nq);
     if (!h->bad) CALL(h, "attention_bwd", attention_bwd(h->be, g1, dy, dq, o1, aux1, B, T, C, NH));
     if (!h->bad) CALL(h, "attention_bwd", attention_bwd(h->be, g2, dy, dq, o2, aux2, B, T, C, NH));
     double *a = oph_download(h, g1, A, nq);
@@ -312,16 +286,11 @@ void oph_case_crossentropy(H *h, int N, int V, int Vp, int fd) {
     double *rl = oph_hnew(h, N), *rlse = oph_hnew(h, N), *rdz = oph_hnew(h, nz);
     oph_ref_ce(rl, rlse, z, tg, N, V, Vp);
     oph_ref_ce_bwd(rdz, z, tg, N, V, Vp, dloss);
-    void *dz = oph_dalloc(h, A, nz), *dtg = oph_dalloc(h, DG_I32, N);
-    void *l1 = oph_dalloc(h, DG_F32, N), *s1 = oph_dalloc(h, DG_F32, N), *l2 = oph_dalloc(h, DG_F32, N),
-         *s2 = oph_dalloc(h, DG_F32, N);
-    void *g1 = oph_dalloc(h, A, nz), *g2 = oph_dalloc(h, A, nz);
-    oph_upload(h, dz, A, z, nz);
+    void *dz = oph_dput(h, A, z, nz), *dtg = oph_dalloc(h, DG_I32, N);
+    void *l1 = oph_dpoisoned(h, DG_F32, N), *s1 = oph_dpoisoned(h, DG_F32, N),
+         *l2 = oph_dpoisoned(h, DG_F32, N), *s2 = oph_dpoisoned(h, DG_F32, N);
+    void *g1 = oph_dpoisoned(h, A, nz), *g2 = oph_dpoisoned(h, A, nz);
     oph_upload_i32(h, dtg, tg, N);
-    oph_poison(h, l1, DG_F32, N);
-    oph_poison(h, s1, DG_F32, N);
-    oph_poison(h, l2, DG_F32, N);
-    oph_poison(h, s2, DG_F32, N);
     if (!h->bad) CALL(h, "crossentropy_fwd", crossentropy_fwd(h->be, l1, s1, dz, dtg, N, V, Vp));
     if (!h->bad) CALL(h, "crossentropy_fwd", crossentropy_fwd(h->be, l2, s2, dz, dtg, N, V, Vp));
     const double tf = oph_tol_of(h, "crossentropy_fwd");
@@ -331,7 +300,6 @@ void oph_case_crossentropy(H *h, int N, int V, int Vp, int fd) {
     oph_digest_dev(h, l1, N * 4);
     oph_digest_dev(h, s1, N * 4);
     const double tb = oph_tol_of(h, "crossentropy_bwd");
-    oph_poison(h, g1, A, nz);
     if (!h->bad)
         CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g1, dz, s1, dtg, N, V, Vp, (float)dloss));
     double *a = oph_download(h, g1, A, nz);
@@ -341,7 +309,6 @@ void oph_case_crossentropy(H *h, int N, int V, int Vp, int fd) {
         oph_check_fd(h, "bwd dlogits", ce_obj, &cx, z, nz, a, rdz, tb);
     }
     oph_digest_dev(h, g1, nz * oph_dt_size(A));
-    oph_poison(h, g2, A, nz);
     if (!h->bad)
         CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g2, dz, s1, dtg, N, V, Vp, (float)dloss));
     oph_check_dev_bits(h, "bwd repeat", g2, g1, nz * oph_dt_size(A));
@@ -380,8 +347,8 @@ void oph_case_crossentropy_fused(H *h, int N, int V, int Vp, int lg_off, int dl_
     char *zbase = oph_dalloc_bytes(h, zb + 256), *gbase = oph_dalloc_bytes(h, zb + 256),
          *rbase = oph_dalloc_bytes(h, zb + 256);
     void *dtg = oph_dalloc(h, DG_I32, N);
-    void *l1 = oph_dalloc(h, DG_F32, N), *s1 = oph_dalloc(h, DG_F32, N), *l2 = oph_dalloc(h, DG_F32, N),
-         *s2 = oph_dalloc(h, DG_F32, N);
+    void *l1 = oph_dpoisoned(h, DG_F32, N), *s1 = oph_dpoisoned(h, DG_F32, N),
+         *l2 = oph_dpoisoned(h, DG_F32, N), *s2 = oph_dpoisoned(h, DG_F32, N);
     if (h->bad) {
         oph_case_end(h);
         return;
@@ -392,8 +359,6 @@ void oph_case_crossentropy_fused(H *h, int N, int V, int Vp, int lg_off, int dl_
     oph_upload_i32(h, dtg, tg, N);
     void *zraw = oph_download_raw(h, dz, zb);
     /* the unfused pair on this backend: the reference bits */
-    oph_poison(h, l1, DG_F32, N);
-    oph_poison(h, s1, DG_F32, N);
     oph_poison(h, g0, A, nz);
     if (!h->bad) CALL(h, "crossentropy_fwd", crossentropy_fwd(h->be, l1, s1, dz, dtg, N, V, Vp));
     if (!h->bad)
@@ -401,8 +366,6 @@ void oph_case_crossentropy_fused(H *h, int N, int V, int Vp, int lg_off, int dl_
     void *rl_bits = oph_download_raw(h, l1, N * 4), *rs_bits = oph_download_raw(h, s1, N * 4);
     void *rg_bits = oph_download_raw(h, g0, zb);
     /* fused, out of place */
-    oph_poison(h, l2, DG_F32, N);
-    oph_poison(h, s2, DG_F32, N);
     oph_poison(h, g1, A, nz);
     if (!h->bad)
         CALL(h, "crossentropy_fused", crossentropy_fused(h->be, l2, s2, g1, dz, dtg, N, V, Vp, (float)dloss));

@@ -44,16 +44,11 @@ void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd)
     oph_hround(dout, no, A);
     double *ref = oph_hnew(h, no), *rpre = oph_hnew(h, no);
     oph_ref_matmul(ref, rpre, x, w, has_bias ? bias : NULL, N, C, OC, gelu);
-    void *dx = oph_dalloc(h, A, nx), *dw = oph_dalloc(h, A, nw),
+    void *dx = oph_dput(h, A, x, nx), *dw = oph_dput(h, A, w, nw),
          *dbias = has_bias ? oph_dalloc(h, A, OC) : NULL;
-    void *dy = oph_dalloc(h, A, no), *o1 = oph_dalloc(h, A, no), *o2 = oph_dalloc(h, A, no);
+    void *dy = oph_dput(h, A, dout, no), *o1 = oph_dpoisoned(h, A, no), *o2 = oph_dpoisoned(h, A, no);
     void *p1 = gelu ? oph_dalloc(h, A, no) : NULL, *p2 = gelu ? oph_dalloc(h, A, no) : NULL;
-    oph_upload(h, dx, A, x, nx);
-    oph_upload(h, dw, A, w, nw);
     if (dbias) oph_upload(h, dbias, A, bias, OC);
-    oph_upload(h, dy, A, dout, no);
-    oph_poison(h, o1, A, no);
-    oph_poison(h, o2, A, no);
     if (gelu) {
         oph_poison(h, p1, A, no);
         oph_poison(h, p2, A, no);
@@ -113,21 +108,18 @@ void oph_case_matmul_res(H *h, int N, int C, int OC, int has_bias, int off) {
     oph_ref_matmul(ref, NULL, x, w, has_bias ? bias : NULL, N, C, OC, 0);
     for (size_t i = 0; i < no; i++)
         ref[i] += res[i];
-    void *dx = oph_dalloc(h, A, nx), *dw = oph_dalloc(h, A, nw), *db = has_bias ? oph_dalloc(h, A, OC) : NULL;
+    void *dx = oph_dput(h, A, x, nx), *dw = oph_dput(h, A, w, nw),
+         *db = has_bias ? oph_dalloc(h, A, OC) : NULL;
     char *rbase = oph_dalloc_bytes(h, ob + 256);
-    void *o1 = oph_dalloc(h, A, no), *o2 = oph_dalloc(h, A, no);
+    void *o1 = oph_dpoisoned(h, A, no), *o2 = oph_dpoisoned(h, A, no);
     if (h->bad) {
         oph_case_end(h);
         return;
     }
     void *dr = rbase + (size_t)off * oph_dt_size(A);
-    oph_upload(h, dx, A, x, nx);
-    oph_upload(h, dw, A, w, nw);
     if (db) oph_upload(h, db, A, bias, OC);
     oph_upload(h, dr, A, res, no);
     void *rraw = oph_download_raw(h, dr, ob);
-    oph_poison(h, o1, A, no);
-    oph_poison(h, o2, A, no);
     if (!h->bad) CALL(h, "matmul_fwd_res", matmul_fwd_res(h->be, o1, dx, dw, db, dr, N, C, OC));
     if (!h->bad) CALL(h, "matmul_fwd_res", matmul_fwd_res(h->be, o2, dx, dw, db, dr, N, C, OC));
     const double tf = oph_tol_of(h, "matmul_fwd_res");
@@ -184,16 +176,11 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
     for (size_t i = 0; i < nx; i++)
         rdx[i] *= oph_ref_gelu_grad1(pre[i]);
     const double tb = oph_tol_of(h, "matmul_bwd_dgelu");
-    void *dpre_ = oph_dalloc(h, A, nx), *dinp = oph_dalloc(h, A, nx), *dw = oph_dalloc(h, A, nw),
-         *dy = oph_dalloc(h, A, no);
-    void *gx1 = oph_dalloc(h, A, nx), *gw1 = oph_dalloc(h, DG_F32, nw), *gb1 = oph_dalloc(h, DG_F32, OC);
+    void *dpre_ = oph_dput(h, A, pre, nx), *dinp = oph_dput(h, A, inp, nx), *dw = oph_dput(h, A, w, nw),
+         *dy = oph_dput(h, A, dout, no);
+    void *gx1 = oph_dpoisoned(h, A, nx), *gw1 = oph_dalloc(h, DG_F32, nw), *gb1 = oph_dalloc(h, DG_F32, OC);
     void *gx2 = oph_dalloc(h, A, nx), *gw2 = oph_dalloc(h, DG_F32, nw), *gb2 = oph_dalloc(h, DG_F32, OC);
-    oph_upload(h, dpre_, A, pre, nx);
-    oph_upload(h, dinp, A, inp, nx);
-    oph_upload(h, dw, A, w, nw);
-    oph_upload(h, dy, A, dout, no);
     /* run 1: acc = 0 into poison, parameter gradients from zero */
-    oph_poison(h, gx1, A, nx);
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw1, nw * 4));
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gb1, OC * 4));
     if (!h->bad)
@@ -241,9 +228,8 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
     /* run 3: dpre aliasing inp (acc = 0), otherwise run 1's call (with its bias gradient: on CUDA the
      * weight-gradient GEMM with the BGRADB epilogue is another algorithm than without, so dropping it
      * would change dw's bits for a reason other than the aliasing): the same bits as run 1 */
-    void *alias = oph_dalloc(h, A, nx);
+    void *alias = oph_dput(h, A, inp, nx);
     void *gb3 = has_bias ? oph_dalloc(h, DG_F32, OC) : NULL;
-    oph_upload(h, alias, A, inp, nx);
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
     if (gb3 && !h->bad) CALL(h, "memset0", memset0(h->be, gb3, OC * 4));
     if (!h->bad)

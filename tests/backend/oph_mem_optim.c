@@ -81,9 +81,7 @@ void oph_case_cast(H *h, dg_dtype_t st, dg_dtype_t dt, size_t n) {
     double *v = oph_hnew(h, n);
     for (size_t i = 0; i < n; i++)
         v[i] = oph_h_round(cast_src_value(h, i), st);
-    void *src = oph_dalloc(h, st, n), *dst = oph_dalloc(h, dt, n);
-    oph_upload(h, src, st, v, n);
-    oph_poison(h, dst, dt, n);
+    void *src = oph_dput(h, st, v, n), *dst = oph_dpoisoned(h, dt, n);
     if (!h->bad) CALL(h, "cast", cast(h->be, dst, dt, src, st, n));
     unsigned char *got = oph_download_raw(h, dst, n * oph_dt_size(dt));
     if (got) {
@@ -119,11 +117,8 @@ void oph_case_elementwise(H *h, size_t n) {
     oph_hround(a, n, A);
     oph_hround(b, n, A);
     oph_hround(d0, n, A);
-    void *da = oph_dalloc(h, A, n), *db = oph_dalloc(h, A, n), *dout = oph_dalloc(h, A, n),
-         *dacc = oph_dalloc(h, A, n);
-    oph_upload(h, da, A, a, n);
-    oph_upload(h, db, A, b, n);
-    oph_poison(h, dout, A, n);
+    void *da = oph_dput(h, A, a, n), *db = oph_dput(h, A, b, n), *dout = oph_dpoisoned(h, A, n),
+         *dacc = oph_dpoisoned(h, A, n);
     if (!h->bad) CALL(h, "add", add(h->be, dout, da, db, n));
     double *ref = oph_add_arrays(h, a, b, n);
     void *raw = oph_download_raw(h, dout, n * oph_dt_size(A));
@@ -135,7 +130,6 @@ void oph_case_elementwise(H *h, size_t n) {
     oph_check_bits(h, "add with out == a", oph_download_raw(h, alias, n * oph_dt_size(A)), raw,
                    n * oph_dt_size(A));
     /* accumulate: acc=0 copies over poison, acc=1 adds */
-    oph_poison(h, dacc, A, n);
     if (!h->bad) CALL(h, "accumulate", accumulate(h->be, dacc, da, n, 0));
     oph_check_dev_bits(h, "accumulate acc=0 overwrites", dacc, da, n * oph_dt_size(A));
     oph_upload(h, dacc, A, d0, n);
@@ -147,8 +141,7 @@ void oph_case_elementwise(H *h, size_t n) {
     oph_hround(x, n, DG_F32);
     for (size_t i = 0; i < n; i++)
         xs[i] = x[i] * (double)0.37f;
-    void *dx = oph_dalloc(h, DG_F32, n);
-    oph_upload(h, dx, DG_F32, x, n);
+    void *dx = oph_dput(h, DG_F32, x, n);
     if (!h->bad) CALL(h, "scale_f32", scale_f32(h->be, dx, n, 0.37f));
     oph_check_close(h, "scale_f32", oph_download(h, dx, DG_F32, n), xs, n, oph_tol_of(h, "scale_f32"), NULL);
     /* add_f32 (v1.5): f32 whatever the act dtype; one rounding per element, so the result must equal
@@ -157,9 +150,7 @@ void oph_case_elementwise(H *h, size_t n) {
     oph_hround(y, n, DG_F32);
     for (size_t i = 0; i < n; i++)
         xy[i] = (double)((float)x[i] + (float)y[i]);
-    void *dy = oph_dalloc(h, DG_F32, n), *dz = oph_dalloc(h, DG_F32, n);
-    oph_upload(h, dy, DG_F32, y, n);
-    oph_upload(h, dz, DG_F32, x, n);
+    void *dy = oph_dput(h, DG_F32, y, n), *dz = oph_dput(h, DG_F32, x, n);
     void *yraw = oph_download_raw(h, dy, n * sizeof(float));
     if (!h->bad) CALL(h, "add_f32", add_f32(h->be, (float *)dz, (const float *)dy, n));
     oph_check_close(h, "add_f32", oph_download(h, dz, DG_F32, n), xy, n, oph_tol_of(h, "add_f32"), NULL);
@@ -173,8 +164,7 @@ void oph_case_sumsq(H *h, size_t n) {
     double *x = oph_hrand(h, n, 0.01, 3.0);
     oph_hround(x, n, DG_F32);
     const double pre = 1.5;
-    void *dx = oph_dalloc(h, DG_F32, n), *dout = oph_dalloc(h, DG_F32, 1), *dout2 = oph_dalloc(h, DG_F32, 1);
-    oph_upload(h, dx, DG_F32, x, n);
+    void *dx = oph_dput(h, DG_F32, x, n), *dout = oph_dalloc(h, DG_F32, 1), *dout2 = oph_dalloc(h, DG_F32, 1);
     oph_upload(h, dout, DG_F32, &pre, 1);
     oph_upload(h, dout2, DG_F32, &pre, 1);
     if (!h->bad) CALL(h, "sumsq_f32", sumsq_f32(h->be, dout, dx, n));
@@ -250,13 +240,12 @@ void oph_case_sumsq_multi(H *h, int variant) {
         }
     oph_hround(x, span, DG_F32);
     const double pre = variant == 2 ? 0.0 : 1.5;
-    void *dx = oph_dalloc(h, DG_F32, span), *dtab = oph_dalloc_bytes(h, (size_t)ns * sizeof *tab);
+    void *dx = oph_dput(h, DG_F32, x, span), *dtab = oph_dalloc_bytes(h, (size_t)ns * sizeof *tab);
     void *dout[5];
     for (int k = 0; k < 5; k++) {
         dout[k] = oph_dalloc(h, DG_F32, 1);
         oph_upload(h, dout[k], DG_F32, &pre, 1);
     }
-    oph_upload(h, dx, DG_F32, x, span);
     const float *fx = dx;
     /* [0] one call; [1] one sumsq_f32 per segment in table order; [2] the call repeated */
     if (!h->bad) CALL(h, "upload_async", upload_async(h->be, dtab, tab, (size_t)ns * sizeof *tab));
@@ -344,12 +333,10 @@ void oph_case_clip(H *h) {
     if (!oph_case_begin(h, "clip_scale")) return;
     /* {sumsq, clip, extra}: clipping active, inactive, disabled */
     const double cases[][3] = {{16.0, 1.0, 0.25}, {16.0, 5.0, 0.25}, {16.0, 0.0, 0.5}, {2.0e6, 3.0, 1.0}};
-    void *ss = oph_dalloc(h, DG_F32, 1), *gs = oph_dalloc(h, DG_F32, 1), *nm = oph_dalloc(h, DG_F32, 1);
+    void *ss = oph_dalloc(h, DG_F32, 1), *gs = oph_dpoisoned(h, DG_F32, 1), *nm = oph_dpoisoned(h, DG_F32, 1);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0] && !h->bad; k++) {
         double s = cases[k][0], clip = cases[k][1], extra = cases[k][2];
         oph_upload(h, ss, DG_F32, &s, 1);
-        oph_poison(h, gs, DG_F32, 1);
-        oph_poison(h, nm, DG_F32, 1);
         if (!CALL(h, "clip_scale", clip_scale(h->be, gs, nm, ss, (float)clip, (float)extra))) break;
         double norm = sqrt(s), want = (clip > 0 ? fmin(1.0, clip / (norm + 1e-6)) : 1.0) * extra;
         double *g = oph_download(h, gs, DG_F32, 1), *n = oph_download(h, nm, DG_F32, 1);
@@ -387,13 +374,9 @@ void oph_case_adamw(H *h, size_t n, int64_t t, int with_compute) {
         rdelta[i] = -flr * ((rm[i] / bc1) / (sqrt(rv[i] / bc2) + feps) + fwd * p[i]);
         rp[i] = p[i] + rdelta[i];
     }
-    void *dp = oph_dalloc(h, DG_F32, n), *dg = oph_dalloc(h, DG_F32, n), *dm = oph_dalloc(h, DG_F32, n),
-         *dv = oph_dalloc(h, DG_F32, n), *dgs = oph_dalloc(h, DG_F32, 1);
+    void *dp = oph_dput(h, DG_F32, p, n), *dg = oph_dput(h, DG_F32, g, n), *dm = oph_dput(h, DG_F32, m, n),
+         *dv = oph_dput(h, DG_F32, v, n), *dgs = oph_dalloc(h, DG_F32, 1);
     void *dc = with_compute ? oph_dalloc(h, h->act, n) : NULL;
-    oph_upload(h, dp, DG_F32, p, n);
-    oph_upload(h, dg, DG_F32, g, n);
-    oph_upload(h, dm, DG_F32, m, n);
-    oph_upload(h, dv, DG_F32, v, n);
     double gsr = fgs;
     oph_upload(h, dgs, DG_F32, &gsr, 1);
     if (dc) oph_poison(h, dc, h->act, n);
@@ -427,10 +410,7 @@ void oph_case_adamw(H *h, size_t n, int64_t t, int with_compute) {
     oph_digest_dev(h, dm, n * 4);
     oph_digest_dev(h, dv, n * 4);
     /* repeat from the same state: same bits */
-    void *dp2 = oph_dalloc(h, DG_F32, n), *dm2 = oph_dalloc(h, DG_F32, n), *dv2 = oph_dalloc(h, DG_F32, n);
-    oph_upload(h, dp2, DG_F32, p, n);
-    oph_upload(h, dm2, DG_F32, m, n);
-    oph_upload(h, dv2, DG_F32, v, n);
+    void *dp2 = oph_dput(h, DG_F32, p, n), *dm2 = oph_dput(h, DG_F32, m, n), *dv2 = oph_dput(h, DG_F32, v, n);
     if (!h->bad)
         CALL(h, "adamw",
              adamw(h->be, dp2, NULL, dg, dm2, dv2, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd,
@@ -448,12 +428,9 @@ void oph_case_adamw(H *h, size_t n, int64_t t, int with_compute) {
         sch[DG_DS_LR] = (float)lr;
         sch[DG_DS_INV_BC1] = (float)(1.0 / (1.0 - pow((double)(float)b1, (double)t)));
         sch[DG_DS_INV_BC2] = (float)(1.0 / (1.0 - pow((double)(float)b2, (double)t)));
-        void *dp3 = oph_dalloc(h, DG_F32, n), *dm3 = oph_dalloc(h, DG_F32, n),
-             *dv3 = oph_dalloc(h, DG_F32, n);
+        void *dp3 = oph_dput(h, DG_F32, p, n), *dm3 = oph_dput(h, DG_F32, m, n),
+             *dv3 = oph_dput(h, DG_F32, v, n);
         void *dc3 = with_compute ? oph_dalloc(h, h->act, n) : NULL;
-        oph_upload(h, dp3, DG_F32, p, n);
-        oph_upload(h, dm3, DG_F32, m, n);
-        oph_upload(h, dv3, DG_F32, v, n);
         if (dc3) oph_poison(h, dc3, h->act, n);
         if (!h->bad && CALL(h, "upload_async", upload_async(h->be, dsc, sch, DG_DS_COUNT * sizeof(float))))
             CALL(h, "adamw_dev",
@@ -515,8 +492,7 @@ void oph_case_adamw_multi(H *h, int with_compute) {
         v[i] = fabs(v[i]) * 0.1;
     /* two copies of the state: [0] through adamw_multi_dev, [1] through adamw_dev per segment */
     void *dp[2], *dm[2], *dv[2], *dc[2] = {NULL, NULL};
-    void *dg = oph_dalloc(h, DG_F32, span);
-    oph_upload(h, dg, DG_F32, g, span);
+    void *dg = oph_dput(h, DG_F32, g, span);
     for (int k = 0; k < 2; k++) {
         dp[k] = oph_dalloc(h, DG_F32, span);
         dm[k] = oph_dalloc(h, DG_F32, span);
@@ -645,8 +621,7 @@ void oph_case_download_fence(H *h) {
     const int busy = 32;
     double *x0 = oph_hrand(h, n, 0.5, 2.0);
     oph_hround(x0, n, DG_F32);
-    void *dx = oph_dalloc(h, DG_F32, n);
-    oph_upload(h, dx, DG_F32, x0, n);
+    void *dx = oph_dput(h, DG_F32, x0, n);
     float *hp = NULL;
     void *f = NULL;
     if (!h->bad) CALL(h, "host_alloc", host_alloc(h->be, n * sizeof(float), (void **)&hp));
