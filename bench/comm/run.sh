@@ -9,22 +9,9 @@
 #   bench/comm/run.sh build-cuda -- --backend nccl
 # or: mpiexec -n 2 build-cuda/bench/comm/bench_comm --backend nccl (ctest: comm_bench_nccl_np2).
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/mpi_ranks.sh"
 build="${1:-$root/build}"
 [ $# -gt 0 ] && shift
 [ "${1:-}" = "--" ] && shift
-if [ ! -x "$build/bench/comm/bench_comm" ]; then
-  [ -f "$build/CMakeCache.txt" ] || cmake -S "$root" -B "$build" -G Ninja
-  cmake --build "$build" --target bench_comm
-fi
-mpiexec="${MPIEXEC:-mpiexec}"
-flags=(--oversubscribe --bind-to none)
-[ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
-status=0
-for n in 2 4; do
-  echo "== bench_comm, $n ranks ($(nproc --all) cores, load: $(cut -d' ' -f1-3 /proc/loadavg))"
-  "$mpiexec" "${flags[@]}" -n "$n" "$build/bench/comm/bench_comm" "$@" | tee "$build/bench-comm-${n}ranks.txt" ||
-    status=$?
-done
-exit $status
+bench_build "$build" comm/bench_comm
+bench_ranks bench_comm "$build/bench-comm" "$build/bench/comm/bench_comm" "$@"

@@ -8,23 +8,10 @@
 # blocking MPI calls, which otherwise busy-polls a core). On a shared or oversubscribed machine read the
 # ratio columns and the least-exposed rank rather than absolute times.
 set -euo pipefail
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/mpi_ranks.sh"
 build="${1:-$root/build}"
 [ $# -gt 0 ] && shift
 [ "${1:-}" = "--" ] && shift
-if [ ! -x "$build/bench/fsdp/bench_fsdp" ]; then
-  [ -f "$build/CMakeCache.txt" ] || cmake -S "$root" -B "$build" -G Ninja
-  cmake --build "$build" --target bench_fsdp
-fi
+bench_build "$build" fsdp/bench_fsdp
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive OMPI_MCA_mpi_yield_when_idle=1
-mpiexec="${MPIEXEC:-mpiexec}"
-flags=(--oversubscribe --bind-to none)
-[ "$(id -u)" = 0 ] && flags+=(--allow-run-as-root)
-status=0
-for n in 2 4; do
-  echo "== bench_fsdp, $n ranks ($(nproc --all) cores, load: $(cut -d' ' -f1-3 /proc/loadavg))"
-  "$mpiexec" "${flags[@]}" -n "$n" "$build/bench/fsdp/bench_fsdp" --json "$build/bench-fsdp.jsonl" "$@" |
-    tee "$build/bench-fsdp-${n}ranks.txt" || status=$?
-done
-exit $status
+bench_ranks bench_fsdp "$build/bench-fsdp" "$build/bench/fsdp/bench_fsdp" --json "$build/bench-fsdp.jsonl" "$@"

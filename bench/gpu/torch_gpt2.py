@@ -2,7 +2,7 @@
 """torch_gpt2.py — the PyTorch reference of the GPU benchmark (bench/gpu/run.sh): the model dgtrain
 trains, at the same batch and precision, written the way a strong PyTorch baseline is.
 
-Model (as dgtrain's GPT-2 graph): token + position embedding, n_layer pre-LN blocks (LayerNorm, fused qkv
+Model (bench/lib/gpt2_torch.py, as dgtrain's GPT-2 graph): token + position embedding, n_layer pre-LN blocks (LayerNorm, fused qkv
 Linear, causal attention through F.scaled_dot_product_attention (flash), output projection, LayerNorm,
 4x MLP with tanh-GELU, residuals), final LayerNorm, output head tied to the token embedding with the
 vocabulary padded to a multiple of 64 (50304), mean cross-entropy. Precision as dgtrain's bf16 mode:
@@ -16,61 +16,15 @@ clock before it started this process, to the end of the first step), peak memory
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
 
 T_IMPORT = time.time()
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
-
-class Block(nn.Module):
-    def __init__(self, C, H):
-        super().__init__()
-        self.H = H
-        self.ln_1 = nn.LayerNorm(C)
-        self.qkv = nn.Linear(C, 3 * C)
-        self.proj = nn.Linear(C, C)
-        self.ln_2 = nn.LayerNorm(C)
-        self.fc = nn.Linear(C, 4 * C)
-        self.mlp_proj = nn.Linear(4 * C, C)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln_1(x)).split(C, dim=2)
-        q = q.view(B, T, self.H, C // self.H).transpose(1, 2)
-        k = k.view(B, T, self.H, C // self.H).transpose(1, 2)
-        v = v.view(B, T, self.H, C // self.H).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        x = x + self.proj(y)
-        return x + self.mlp_proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    def __init__(self, L, H, C, T, Vp):
-        super().__init__()
-        self.wte = nn.Embedding(Vp, C)
-        self.wpe = nn.Embedding(T, C)
-        self.h = nn.ModuleList([Block(C, H) for _ in range(L)])
-        self.ln_f = nn.LayerNorm(C)
-        for n, p in self.named_parameters():
-            if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * L) if n.endswith("proj.weight") else 0.02
-                nn.init.normal_(p, 0.0, std)
-            elif n.endswith("bias"):
-                nn.init.zeros_(p)
-
-    def forward(self, idx, targets):
-        B, T = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
-        for b in self.h:
-            x = b(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)
-        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from gpt2_torch import GPT  # noqa: E402 (bench/lib: the model, shared with bench/cpu/torch_ref.py)
 
 
 def main():

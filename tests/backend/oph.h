@@ -58,6 +58,9 @@ int oph_upload(H *h, void *dev, dg_dtype_t dt, const double *v, size_t n);
 int oph_upload_i32(H *h, void *dev, const int32_t *v, size_t n);
 /* Fill with a NaN pattern of the dtype: any element a kernel forgets to write stays NaN. */
 int oph_poison(H *h, void *dev, dg_dtype_t dt, size_t n);
+/* oph_dalloc, then oph_upload of v / oph_poison: a device buffer with its first contents. */
+void *oph_dput(H *h, dg_dtype_t dt, const double *v, size_t n);
+void *oph_dpoisoned(H *h, dg_dtype_t dt, size_t n);
 void *oph_download_raw(H *h, const void *dev, size_t bytes);
 double *oph_download(H *h, const void *dev, dg_dtype_t dt, size_t n);
 void oph_digest_add(H *h, const void *bytes, size_t n);
@@ -72,6 +75,8 @@ void oph_check_close(H *h, const char *what, const double *got, const double *re
 /* Scalar version: |got - ref| <= tol * |ref| (ref != 0), or <= tol when ref == 0. */
 void oph_check_scalar(H *h, const char *what, double got, double ref, double tol);
 void oph_check_bits(H *h, const char *what, const void *a, const void *b, size_t bytes);
+/* oph_check_bits of the first `bytes` of two device buffers (downloaded, a first). */
+void oph_check_dev_bits(H *h, const char *what, const void *a, const void *b, size_t bytes);
 /* Finite differences of a float64 objective f (reading the arrays in ctx, among them x[0..n)) against
  * the backend gradient `got`: a sample of single elements, and directional derivatives along random
  * +-1 vectors, which involve every element. `ref` (the analytic float64 gradient) sets the scale. */
@@ -88,6 +93,26 @@ int32_t *oph_rand_tokens(H *h, size_t n, int V);
 /* Random non-zero prior contents of a gradient buffer for an accumulation run (values in +-[0.05, 1],
  * rounded to dt, uploaded to dev); returns the host copy (freed with the case). */
 double *oph_prefill(H *h, void *dev, dg_dtype_t dt, size_t n);
+
+/* The three runs of a backward case with an input, a weight and a bias gradient (layernorm, matmul):
+ * 1. acc = 0 into poison, weight and bias gradients from zero: close to ref, to finite differences of obj
+ *    (when obj is set) and digested; 2. acc = 1 into random prior contents (buffers g2): prior + ref;
+ * 3. run 1 again into g2: the same bits. g[0] has dtype dt0, g[1] and g[2] are f32; n[i] elements each.
+ * run(h, ctx, g, acc) makes the backend call; the check names are "bwd " + names[i] + what the run says. */
+typedef struct {
+    const char *names[3];
+    void *g1[3], *g2[3];
+    dg_dtype_t dt0;
+    size_t n[3];
+    const double *ref[3];
+    double tol;
+    void (*run)(H *h, void *ctx, void *const g[3], int acc);
+    void *ctx;
+    objective_fn obj; /* NULL: no finite-difference check */
+    void *obj_ctx;
+    double *x[3]; /* the inputs obj reads that the three gradients are of */
+} oph_bwd3_t;
+void oph_check_bwd3(H *h, const oph_bwd3_t *b);
 
 /* ---- oph_ref.c (float64 references) ---- */
 /* ======================= float64 references ======================= */

@@ -249,6 +249,16 @@ int oph_poison(H *h, void *dev, dg_dtype_t dt, size_t n) {
     }
     return CALL(h, "to_device", to_device(h->be, dev, tmp, bytes));
 }
+void *oph_dput(H *h, dg_dtype_t dt, const double *v, size_t n) {
+    void *p = oph_dalloc(h, dt, n);
+    oph_upload(h, p, dt, v, n);
+    return p;
+}
+void *oph_dpoisoned(H *h, dg_dtype_t dt, size_t n) {
+    void *p = oph_dalloc(h, dt, n);
+    oph_poison(h, p, dt, n);
+    return p;
+}
 void *oph_download_raw(H *h, const void *dev, size_t bytes) {
     if (h->bad || !dev) return NULL;
     void *tmp = oph_hraw(h, bytes);
@@ -367,6 +377,10 @@ void oph_check_bits(H *h, const char *what, const void *a, const void *b, size_t
     }
 }
 
+void oph_check_dev_bits(H *h, const char *what, const void *a, const void *b, size_t bytes) {
+    oph_check_bits(h, what, oph_download_raw(h, a, bytes), oph_download_raw(h, b, bytes), bytes);
+}
+
 /* Finite differences of a float64 objective f (reading the arrays in ctx, among them x[0..n)) against
  * the backend gradient `got`: a sample of single elements, and directional derivatives along random
  * +-1 vectors, which involve every element. `ref` (the analytic float64 gradient) sets the scale. */
@@ -476,4 +490,46 @@ double *oph_prefill(H *h, void *dev, dg_dtype_t dt, size_t n) {
     oph_hround(p, n, dt);
     oph_upload(h, dev, dt, p, n);
     return p;
+}
+
+static void bwd3_zero(H *h, const oph_bwd3_t *b, void *const g[3]) {
+    oph_poison(h, g[0], b->dt0, b->n[0]);
+    for (int i = 1; i < 3; i++)
+        if (!h->bad) CALL(h, "memset0", memset0(h->be, g[i], b->n[i] * 4));
+}
+
+void oph_check_bwd3(H *h, const oph_bwd3_t *b) {
+    const dg_dtype_t dt[3] = {b->dt0, DG_F32, DG_F32};
+    char what[96];
+    double *got[3];
+    bwd3_zero(h, b, b->g1);
+    b->run(h, b->ctx, b->g1, 0);
+    for (int i = 0; i < 3; i++)
+        got[i] = oph_download(h, b->g1[i], dt[i], b->n[i]);
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "bwd %s%s", b->names[i], i == 0 ? " (acc=0)" : "");
+        oph_check_close(h, what, got[i], b->ref[i], b->n[i], b->tol, NULL);
+    }
+    for (int i = 0; b->obj && i < 3; i++) {
+        snprintf(what, sizeof what, "bwd %s", b->names[i]);
+        oph_check_fd(h, what, b->obj, b->obj_ctx, b->x[i], b->n[i], got[i], b->ref[i], b->tol);
+    }
+    for (int i = 0; i < 3; i++)
+        oph_digest_dev(h, b->g1[i], b->n[i] * oph_dt_size(dt[i]));
+    double *prior[3];
+    for (int i = 0; i < 3; i++)
+        prior[i] = oph_prefill(h, b->g2[i], dt[i], b->n[i]);
+    b->run(h, b->ctx, b->g2, 1);
+    for (int i = 0; i < 3; i++) {
+        snprintf(what, sizeof what, "bwd %s%s", b->names[i], i == 0 ? " (acc=1 adds)" : " accumulates (+=)");
+        oph_check_close(h, what, oph_download(h, b->g2[i], dt[i], b->n[i]),
+                        oph_add_arrays(h, prior[i], b->ref[i], b->n[i]), b->n[i], b->tol, b->ref[i]);
+    }
+    bwd3_zero(h, b, b->g2);
+    b->run(h, b->ctx, b->g2, 0);
+    for (int i = 0; i < 3; i++) {
+        const size_t bytes = b->n[i] * oph_dt_size(dt[i]);
+        snprintf(what, sizeof what, "bwd repeat %s", b->names[i]);
+        oph_check_dev_bits(h, what, b->g2[i], b->g1[i], bytes);
+    }
 }

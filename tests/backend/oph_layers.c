@@ -34,20 +34,14 @@ void oph_case_encoder(H *h, int B, int T, int C, int V, int Vp, int fd) {
     oph_hround(dout, no, A);
     double *ref = oph_hnew(h, no);
     oph_ref_encoder(ref, tok, wte, wpe, B, T, C);
-    void *dtok = oph_dalloc(h, DG_I32, N), *dte = oph_dalloc(h, A, nte), *dpe = oph_dalloc(h, A, npe),
-         *dy = oph_dalloc(h, A, no);
-    void *o1 = oph_dalloc(h, A, no), *o2 = oph_dalloc(h, A, no);
+    void *dtok = oph_dalloc(h, DG_I32, N), *dte = oph_dput(h, A, wte, nte), *dpe = oph_dput(h, A, wpe, npe),
+         *dy = oph_dput(h, A, dout, no);
+    void *o1 = oph_dpoisoned(h, A, no), *o2 = oph_dpoisoned(h, A, no);
     oph_upload_i32(h, dtok, tok, N);
-    oph_upload(h, dte, A, wte, nte);
-    oph_upload(h, dpe, A, wpe, npe);
-    oph_upload(h, dy, A, dout, no);
-    oph_poison(h, o1, A, no);
-    oph_poison(h, o2, A, no);
     if (!h->bad) CALL(h, "encoder_fwd", encoder_fwd(h->be, o1, dtok, dte, dpe, B, T, C));
     if (!h->bad) CALL(h, "encoder_fwd", encoder_fwd(h->be, o2, dtok, dte, dpe, B, T, C));
     oph_check_close(h, "fwd out", oph_download(h, o1, A, no), ref, no, oph_tol_of(h, "encoder_fwd"), NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)),
-                   oph_download_raw(h, o2, no * oph_dt_size(A)), no * oph_dt_size(A));
+    oph_check_dev_bits(h, "fwd repeat", o1, o2, no * oph_dt_size(A));
     oph_digest_dev(h, o1, no * oph_dt_size(A));
 
     /* backward: analytic float64 grads */
@@ -85,10 +79,8 @@ void oph_case_encoder(H *h, int B, int T, int C, int V, int Vp, int fd) {
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gte2, nte * 4));
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gpe2, npe * 4));
     if (!h->bad) CALL(h, "encoder_bwd", encoder_bwd(h->be, gte2, gpe2, dy, dtok, B, T, C));
-    oph_check_bits(h, "bwd repeat dwte", oph_download_raw(h, gte2, nte * 4),
-                   oph_download_raw(h, gte1, nte * 4), nte * 4);
-    oph_check_bits(h, "bwd repeat dwpe", oph_download_raw(h, gpe2, npe * 4),
-                   oph_download_raw(h, gpe1, npe * 4), npe * 4);
+    oph_check_dev_bits(h, "bwd repeat dwte", gte2, gte1, nte * 4);
+    oph_check_dev_bits(h, "bwd repeat dwpe", gpe2, gpe1, npe * 4);
     oph_case_end(h);
 }
 
@@ -105,6 +97,18 @@ static double ln_obj(void *p) {
     return oph_dotd(c->out, c->dout, (size_t)c->N * c->C);
 }
 
+typedef struct {
+    const void *dy, *x, *w;
+    void *mean, *rstd;
+    int N, C;
+} ln_bwd_t;
+static void ln_bwd_run(H *h, void *p, void *const g[3], int acc) {
+    const ln_bwd_t *c = p;
+    if (!h->bad)
+        CALL(h, "layernorm_bwd",
+             layernorm_bwd(h->be, g[0], g[1], g[2], c->dy, c->x, c->w, c->mean, c->rstd, c->N, c->C, acc));
+}
+
 void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     if (!oph_case_begin(h, "layernorm[N=%d,C=%d,offset=%g]", N, C, offset)) return;
     const dg_dtype_t A = h->act;
@@ -119,30 +123,18 @@ void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     oph_hround(dout, n, A);
     double *ref = oph_hnew(h, n), *rmean = oph_hnew(h, N), *rrstd = oph_hnew(h, N);
     oph_ref_layernorm(ref, rmean, rrstd, x, w, b, N, C);
-    void *dx = oph_dalloc(h, A, n), *dw = oph_dalloc(h, A, C), *dbb = oph_dalloc(h, A, C),
-         *dy = oph_dalloc(h, A, n);
-    void *o1 = oph_dalloc(h, A, n), *m1 = oph_dalloc(h, DG_F32, N), *r1 = oph_dalloc(h, DG_F32, N);
-    void *o2 = oph_dalloc(h, A, n), *m2 = oph_dalloc(h, DG_F32, N), *r2 = oph_dalloc(h, DG_F32, N);
-    oph_upload(h, dx, A, x, n);
-    oph_upload(h, dw, A, w, C);
-    oph_upload(h, dbb, A, b, C);
-    oph_upload(h, dy, A, dout, n);
-    oph_poison(h, o1, A, n);
-    oph_poison(h, m1, DG_F32, N);
-    oph_poison(h, r1, DG_F32, N);
-    oph_poison(h, o2, A, n);
-    oph_poison(h, m2, DG_F32, N);
-    oph_poison(h, r2, DG_F32, N);
+    void *dx = oph_dput(h, A, x, n), *dw = oph_dput(h, A, w, C), *dbb = oph_dput(h, A, b, C),
+         *dy = oph_dput(h, A, dout, n);
+    void *o1 = oph_dpoisoned(h, A, n), *m1 = oph_dpoisoned(h, DG_F32, N), *r1 = oph_dpoisoned(h, DG_F32, N);
+    void *o2 = oph_dpoisoned(h, A, n), *m2 = oph_dpoisoned(h, DG_F32, N), *r2 = oph_dpoisoned(h, DG_F32, N);
     if (!h->bad) CALL(h, "layernorm_fwd", layernorm_fwd(h->be, o1, m1, r1, dx, dw, dbb, N, C));
     if (!h->bad) CALL(h, "layernorm_fwd", layernorm_fwd(h->be, o2, m2, r2, dx, dw, dbb, N, C));
     const double tf = oph_tol_of(h, "layernorm_fwd");
     oph_check_close(h, "fwd out", oph_download(h, o1, A, n), ref, n, tf, NULL);
     oph_check_close(h, "fwd mean", oph_download(h, m1, DG_F32, N), rmean, N, tf, NULL);
     oph_check_close(h, "fwd rstd", oph_download(h, r1, DG_F32, N), rrstd, N, tf, NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, n * oph_dt_size(A)),
-                   oph_download_raw(h, o2, n * oph_dt_size(A)), n * oph_dt_size(A));
-    oph_check_bits(h, "fwd repeat rstd", oph_download_raw(h, r1, N * 4), oph_download_raw(h, r2, N * 4),
-                   N * 4);
+    oph_check_dev_bits(h, "fwd repeat", o1, o2, n * oph_dt_size(A));
+    oph_check_dev_bits(h, "fwd repeat rstd", r1, r2, N * 4);
     oph_digest_dev(h, o1, n * oph_dt_size(A));
     oph_digest_dev(h, m1, N * 4);
     oph_digest_dev(h, r1, N * 4);
@@ -152,46 +144,11 @@ void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     const double tb = oph_tol_of(h, "layernorm_bwd");
     void *gx1 = oph_dalloc(h, A, n), *gw1 = oph_dalloc(h, DG_F32, C), *gb1 = oph_dalloc(h, DG_F32, C);
     void *gx2 = oph_dalloc(h, A, n), *gw2 = oph_dalloc(h, DG_F32, C), *gb2 = oph_dalloc(h, DG_F32, C);
-    /* run 1: acc=0 over poison, parameter grads from zero */
-    oph_poison(h, gx1, A, n);
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw1, C * 4));
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gb1, C * 4));
-    if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx1, gw1, gb1, dy, dx, dw, m1, r1, N, C, 0));
-    double *ax = oph_download(h, gx1, A, n), *aw = oph_download(h, gw1, DG_F32, C),
-           *ab = oph_download(h, gb1, DG_F32, C);
-    oph_check_close(h, "bwd dinp (acc=0)", ax, rdx, n, tb, NULL);
-    oph_check_close(h, "bwd dw", aw, rdw, C, tb, NULL);
-    oph_check_close(h, "bwd db", ab, rdb, C, tb, NULL);
-    if (fd) {
-        ln_ctx_t cx = {x, w, b, oph_hnew(h, n), dout, N, C};
-        oph_check_fd(h, "bwd dinp", ln_obj, &cx, x, n, ax, rdx, tb);
-        oph_check_fd(h, "bwd dw", ln_obj, &cx, w, C, aw, rdw, tb);
-        oph_check_fd(h, "bwd db", ln_obj, &cx, b, C, ab, rdb, tb);
-    }
-    oph_digest_dev(h, gx1, n * oph_dt_size(A));
-    oph_digest_dev(h, gw1, C * 4);
-    oph_digest_dev(h, gb1, C * 4);
-    /* run 2: acc=1 and parameter grads into non-zero buffers */
-    double *px = oph_prefill(h, gx2, A, n), *pw = oph_prefill(h, gw2, DG_F32, C);
-    double *pb = oph_prefill(h, gb2, DG_F32, C);
-    if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, m1, r1, N, C, 1));
-    oph_check_close(h, "bwd dinp (acc=1 adds)", oph_download(h, gx2, A, n), oph_add_arrays(h, px, rdx, n), n,
-                    tb, rdx);
-    oph_check_close(h, "bwd dw accumulates (+=)", oph_download(h, gw2, DG_F32, C),
-                    oph_add_arrays(h, pw, rdw, C), C, tb, rdw);
-    oph_check_close(h, "bwd db accumulates (+=)", oph_download(h, gb2, DG_F32, C),
-                    oph_add_arrays(h, pb, rdb, C), C, tb, rdb);
-    /* run 3 = run 1 */
-    oph_poison(h, gx2, A, n);
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, C * 4));
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gb2, C * 4));
-    if (!h->bad) CALL(h, "layernorm_bwd", layernorm_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, m1, r1, N, C, 0));
-    oph_check_bits(h, "bwd repeat dinp", oph_download_raw(h, gx2, n * oph_dt_size(A)),
-                   oph_download_raw(h, gx1, n * oph_dt_size(A)), n * oph_dt_size(A));
-    oph_check_bits(h, "bwd repeat dw", oph_download_raw(h, gw2, C * 4), oph_download_raw(h, gw1, C * 4),
-                   C * 4);
-    oph_check_bits(h, "bwd repeat db", oph_download_raw(h, gb2, C * 4), oph_download_raw(h, gb1, C * 4),
-                   C * 4);
+    ln_bwd_t lb = {dy, dx, dw, m1, r1, N, C};
+    ln_ctx_t cx = {x, w, b, fd ? oph_hnew(h, n) : NULL, dout, N, C};
+    const oph_bwd3_t bw = {{"dinp", "dw", "db"}, {gx1, gw1, gb1}, {gx2, gw2, gb2}, A, {n, C, C},
+                           {rdx, rdw, rdb}, tb, ln_bwd_run, &lb, fd ? ln_obj : NULL, &cx, {x, w, b}};
+    oph_check_bwd3(h, &bw);
     oph_case_end(h);
 }
 
@@ -223,21 +180,15 @@ void oph_case_gelu(H *h, size_t n, int fd) {
         ref[i] = oph_ref_gelu1(x[i]);
         rdx[i] = dout[i] * oph_ref_gelu_grad1(x[i]);
     }
-    void *dx = oph_dalloc(h, A, n), *dy = oph_dalloc(h, A, n), *o1 = oph_dalloc(h, A, n),
-         *o2 = oph_dalloc(h, A, n);
-    void *g1 = oph_dalloc(h, A, n), *g2 = oph_dalloc(h, A, n);
-    oph_upload(h, dx, A, x, n);
-    oph_upload(h, dy, A, dout, n);
-    oph_poison(h, o1, A, n);
-    oph_poison(h, o2, A, n);
+    void *dx = oph_dput(h, A, x, n), *dy = oph_dput(h, A, dout, n), *o1 = oph_dpoisoned(h, A, n),
+         *o2 = oph_dpoisoned(h, A, n);
+    void *g1 = oph_dpoisoned(h, A, n), *g2 = oph_dalloc(h, A, n);
     if (!h->bad) CALL(h, "gelu_fwd", gelu_fwd(h->be, o1, dx, n));
     if (!h->bad) CALL(h, "gelu_fwd", gelu_fwd(h->be, o2, dx, n));
     oph_check_close(h, "fwd", oph_download(h, o1, A, n), ref, n, oph_tol_of(h, "gelu_fwd"), NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, n * oph_dt_size(A)),
-                   oph_download_raw(h, o2, n * oph_dt_size(A)), n * oph_dt_size(A));
+    oph_check_dev_bits(h, "fwd repeat", o1, o2, n * oph_dt_size(A));
     oph_digest_dev(h, o1, n * oph_dt_size(A));
     const double tb = oph_tol_of(h, "gelu_bwd");
-    oph_poison(h, g1, A, n);
     if (!h->bad) CALL(h, "gelu_bwd", gelu_bwd(h->be, g1, dx, dy, n, 0));
     double *a = oph_download(h, g1, A, n);
     oph_check_close(h, "bwd (acc=0)", a, rdx, n, tb, NULL);
@@ -254,8 +205,7 @@ void oph_case_gelu(H *h, size_t n, int fd) {
                     rdx);
     oph_poison(h, g2, A, n);
     if (!h->bad) CALL(h, "gelu_bwd", gelu_bwd(h->be, g2, dx, dy, n, 0));
-    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g2, n * oph_dt_size(A)),
-                   oph_download_raw(h, g1, n * oph_dt_size(A)), n * oph_dt_size(A));
+    oph_check_dev_bits(h, "bwd repeat", g2, g1, n * oph_dt_size(A));
     oph_case_end(h);
 }
 
@@ -283,25 +233,18 @@ void oph_case_attention(H *h, int B, int T, int C, int NH, int fd) {
     oph_ref_attention(ref, qkv, B, T, C, NH, p);
     oph_ref_attention_bwd(rdq, dout, qkv, B, T, C, NH, p, dp);
     const size_t auxb = h->be->ops->attention_aux_bytes(h->be, B, T, C, NH);
-    void *dq = oph_dalloc(h, A, nq), *dy = oph_dalloc(h, A, no), *o1 = oph_dalloc(h, A, no),
-         *o2 = oph_dalloc(h, A, no);
+    void *dq = oph_dput(h, A, qkv, nq), *dy = oph_dput(h, A, dout, no), *o1 = oph_dpoisoned(h, A, no),
+         *o2 = oph_dpoisoned(h, A, no);
     void *aux1 = oph_dalloc_bytes(h, auxb), *aux2 = oph_dalloc_bytes(h, auxb);
-    void *g1 = oph_dalloc(h, A, nq), *g2 = oph_dalloc(h, A, nq);
-    oph_upload(h, dq, A, qkv, nq);
-    oph_upload(h, dy, A, dout, no);
-    oph_poison(h, o1, A, no);
-    oph_poison(h, o2, A, no);
+    void *g1 = oph_dpoisoned(h, A, nq), *g2 = oph_dpoisoned(h, A, nq);
     oph_poison_bytes(h, aux1, auxb); /* backward reading aux the forward never wrote would produce NaN */
     oph_poison_bytes(h, aux2, auxb);
     if (!h->bad) CALL(h, "attention_fwd", attention_fwd(h->be, o1, aux1, dq, B, T, C, NH));
     if (!h->bad) CALL(h, "attention_fwd", attention_fwd(h->be, o2, aux2, dq, B, T, C, NH));
     oph_check_close(h, "fwd out", oph_download(h, o1, A, no), ref, no, oph_tol_of(h, "attention_fwd"), NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)),
-                   oph_download_raw(h, o2, no * oph_dt_size(A)), no * oph_dt_size(A));
+    oph_check_dev_bits(h, "fwd repeat", o1, o2, no * oph_dt_size(A));
     oph_digest_dev(h, o1, no * oph_dt_size(A));
     const double tb = oph_tol_of(h, "attention_bwd");
-    oph_poison(h, g1, A, nq);
-    oph_poison(h, g2, A, nq);
     if (!h->bad) CALL(h, "attention_bwd", attention_bwd(h->be, g1, dy, dq, o1, aux1, B, T, C, NH));
     if (!h->bad) CALL(h, "attention_bwd", attention_bwd(h->be, g2, dy, dq, o2, aux2, B, T, C, NH));
     double *a = oph_download(h, g1, A, nq);
@@ -310,8 +253,7 @@ void oph_case_attention(H *h, int B, int T, int C, int NH, int fd) {
         att_ctx_t cx = {qkv, oph_hnew(h, no), p, dout, B, T, C, NH};
         oph_check_fd(h, "bwd dqkv", att_obj, &cx, qkv, nq, a, rdq, tb);
     }
-    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g1, nq * oph_dt_size(A)),
-                   oph_download_raw(h, g2, nq * oph_dt_size(A)), nq * oph_dt_size(A));
+    oph_check_dev_bits(h, "bwd repeat", g1, g2, nq * oph_dt_size(A));
     oph_digest_dev(h, g1, nq * oph_dt_size(A));
     oph_case_end(h);
 }
@@ -344,26 +286,20 @@ void oph_case_crossentropy(H *h, int N, int V, int Vp, int fd) {
     double *rl = oph_hnew(h, N), *rlse = oph_hnew(h, N), *rdz = oph_hnew(h, nz);
     oph_ref_ce(rl, rlse, z, tg, N, V, Vp);
     oph_ref_ce_bwd(rdz, z, tg, N, V, Vp, dloss);
-    void *dz = oph_dalloc(h, A, nz), *dtg = oph_dalloc(h, DG_I32, N);
-    void *l1 = oph_dalloc(h, DG_F32, N), *s1 = oph_dalloc(h, DG_F32, N), *l2 = oph_dalloc(h, DG_F32, N),
-         *s2 = oph_dalloc(h, DG_F32, N);
-    void *g1 = oph_dalloc(h, A, nz), *g2 = oph_dalloc(h, A, nz);
-    oph_upload(h, dz, A, z, nz);
+    void *dz = oph_dput(h, A, z, nz), *dtg = oph_dalloc(h, DG_I32, N);
+    void *l1 = oph_dpoisoned(h, DG_F32, N), *s1 = oph_dpoisoned(h, DG_F32, N),
+         *l2 = oph_dpoisoned(h, DG_F32, N), *s2 = oph_dpoisoned(h, DG_F32, N);
+    void *g1 = oph_dpoisoned(h, A, nz), *g2 = oph_dpoisoned(h, A, nz);
     oph_upload_i32(h, dtg, tg, N);
-    oph_poison(h, l1, DG_F32, N);
-    oph_poison(h, s1, DG_F32, N);
-    oph_poison(h, l2, DG_F32, N);
-    oph_poison(h, s2, DG_F32, N);
     if (!h->bad) CALL(h, "crossentropy_fwd", crossentropy_fwd(h->be, l1, s1, dz, dtg, N, V, Vp));
     if (!h->bad) CALL(h, "crossentropy_fwd", crossentropy_fwd(h->be, l2, s2, dz, dtg, N, V, Vp));
     const double tf = oph_tol_of(h, "crossentropy_fwd");
     oph_check_close(h, "fwd losses", oph_download(h, l1, DG_F32, N), rl, N, tf, NULL);
     oph_check_close(h, "fwd lse", oph_download(h, s1, DG_F32, N), rlse, N, tf, NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, l1, N * 4), oph_download_raw(h, l2, N * 4), N * 4);
+    oph_check_dev_bits(h, "fwd repeat", l1, l2, N * 4);
     oph_digest_dev(h, l1, N * 4);
     oph_digest_dev(h, s1, N * 4);
     const double tb = oph_tol_of(h, "crossentropy_bwd");
-    oph_poison(h, g1, A, nz);
     if (!h->bad)
         CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g1, dz, s1, dtg, N, V, Vp, (float)dloss));
     double *a = oph_download(h, g1, A, nz);
@@ -373,18 +309,15 @@ void oph_case_crossentropy(H *h, int N, int V, int Vp, int fd) {
         oph_check_fd(h, "bwd dlogits", ce_obj, &cx, z, nz, a, rdz, tb);
     }
     oph_digest_dev(h, g1, nz * oph_dt_size(A));
-    oph_poison(h, g2, A, nz);
     if (!h->bad)
         CALL(h, "crossentropy_bwd", crossentropy_bwd(h->be, g2, dz, s1, dtg, N, V, Vp, (float)dloss));
-    oph_check_bits(h, "bwd repeat", oph_download_raw(h, g2, nz * oph_dt_size(A)),
-                   oph_download_raw(h, g1, nz * oph_dt_size(A)), nz * oph_dt_size(A));
+    oph_check_dev_bits(h, "bwd repeat", g2, g1, nz * oph_dt_size(A));
     /* in place: dlogits aliasing logits */
     void *inplace = oph_ddup(h, dz, nz * oph_dt_size(A));
     if (!h->bad)
         CALL(h, "crossentropy_bwd",
              crossentropy_bwd(h->be, inplace, inplace, s1, dtg, N, V, Vp, (float)dloss));
-    oph_check_bits(h, "bwd in place (dlogits == logits)", oph_download_raw(h, inplace, nz * oph_dt_size(A)),
-                   oph_download_raw(h, g1, nz * oph_dt_size(A)), nz * oph_dt_size(A));
+    oph_check_dev_bits(h, "bwd in place (dlogits == logits)", inplace, g1, nz * oph_dt_size(A));
     oph_case_end(h);
 }
 
@@ -414,8 +347,8 @@ void oph_case_crossentropy_fused(H *h, int N, int V, int Vp, int lg_off, int dl_
     char *zbase = oph_dalloc_bytes(h, zb + 256), *gbase = oph_dalloc_bytes(h, zb + 256),
          *rbase = oph_dalloc_bytes(h, zb + 256);
     void *dtg = oph_dalloc(h, DG_I32, N);
-    void *l1 = oph_dalloc(h, DG_F32, N), *s1 = oph_dalloc(h, DG_F32, N), *l2 = oph_dalloc(h, DG_F32, N),
-         *s2 = oph_dalloc(h, DG_F32, N);
+    void *l1 = oph_dpoisoned(h, DG_F32, N), *s1 = oph_dpoisoned(h, DG_F32, N),
+         *l2 = oph_dpoisoned(h, DG_F32, N), *s2 = oph_dpoisoned(h, DG_F32, N);
     if (h->bad) {
         oph_case_end(h);
         return;
@@ -426,8 +359,6 @@ void oph_case_crossentropy_fused(H *h, int N, int V, int Vp, int lg_off, int dl_
     oph_upload_i32(h, dtg, tg, N);
     void *zraw = oph_download_raw(h, dz, zb);
     /* the unfused pair on this backend: the reference bits */
-    oph_poison(h, l1, DG_F32, N);
-    oph_poison(h, s1, DG_F32, N);
     oph_poison(h, g0, A, nz);
     if (!h->bad) CALL(h, "crossentropy_fwd", crossentropy_fwd(h->be, l1, s1, dz, dtg, N, V, Vp));
     if (!h->bad)
@@ -435,8 +366,6 @@ void oph_case_crossentropy_fused(H *h, int N, int V, int Vp, int lg_off, int dl_
     void *rl_bits = oph_download_raw(h, l1, N * 4), *rs_bits = oph_download_raw(h, s1, N * 4);
     void *rg_bits = oph_download_raw(h, g0, zb);
     /* fused, out of place */
-    oph_poison(h, l2, DG_F32, N);
-    oph_poison(h, s2, DG_F32, N);
     oph_poison(h, g1, A, nz);
     if (!h->bad)
         CALL(h, "crossentropy_fused", crossentropy_fused(h->be, l2, s2, g1, dz, dtg, N, V, Vp, (float)dloss));

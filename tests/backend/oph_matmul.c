@@ -20,6 +20,16 @@ static double mm_obj(void *p) { /* objective of the linear part: what matmul_bwd
     return oph_dotd(c->out, c->dout, (size_t)c->N * c->OC);
 }
 
+typedef struct {
+    const void *dy, *x, *w;
+    int N, C, OC;
+} mm_bwd_t;
+static void mm_bwd_run(H *h, void *p, void *const g[3], int acc) {
+    const mm_bwd_t *c = p;
+    if (!h->bad)
+        CALL(h, "matmul_bwd", matmul_bwd(h->be, g[0], g[1], g[2], c->dy, c->x, c->w, c->N, c->C, c->OC, acc));
+}
+
 void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd) {
     if (!oph_case_begin(h, "matmul[N=%d,C=%d,OC=%d%s%s]", N, C, OC, has_bias ? ",bias" : "",
                         gelu ? ",gelu" : ""))
@@ -34,16 +44,11 @@ void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd)
     oph_hround(dout, no, A);
     double *ref = oph_hnew(h, no), *rpre = oph_hnew(h, no);
     oph_ref_matmul(ref, rpre, x, w, has_bias ? bias : NULL, N, C, OC, gelu);
-    void *dx = oph_dalloc(h, A, nx), *dw = oph_dalloc(h, A, nw),
+    void *dx = oph_dput(h, A, x, nx), *dw = oph_dput(h, A, w, nw),
          *dbias = has_bias ? oph_dalloc(h, A, OC) : NULL;
-    void *dy = oph_dalloc(h, A, no), *o1 = oph_dalloc(h, A, no), *o2 = oph_dalloc(h, A, no);
+    void *dy = oph_dput(h, A, dout, no), *o1 = oph_dpoisoned(h, A, no), *o2 = oph_dpoisoned(h, A, no);
     void *p1 = gelu ? oph_dalloc(h, A, no) : NULL, *p2 = gelu ? oph_dalloc(h, A, no) : NULL;
-    oph_upload(h, dx, A, x, nx);
-    oph_upload(h, dw, A, w, nw);
     if (dbias) oph_upload(h, dbias, A, bias, OC);
-    oph_upload(h, dy, A, dout, no);
-    oph_poison(h, o1, A, no);
-    oph_poison(h, o2, A, no);
     if (gelu) {
         oph_poison(h, p1, A, no);
         oph_poison(h, p2, A, no);
@@ -55,8 +60,7 @@ void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd)
     oph_check_close(h, gelu ? "fwd out = gelu(pre)" : "fwd out", oph_download(h, o1, A, no), ref, no, tf,
                     NULL);
     if (gelu) oph_check_close(h, "fwd pre", oph_download(h, p1, A, no), rpre, no, tf, NULL);
-    oph_check_bits(h, "fwd repeat", oph_download_raw(h, o1, no * oph_dt_size(A)),
-                   oph_download_raw(h, o2, no * oph_dt_size(A)), no * oph_dt_size(A));
+    oph_check_dev_bits(h, "fwd repeat", o1, o2, no * oph_dt_size(A));
     oph_digest_dev(h, o1, no * oph_dt_size(A));
     if (gelu) oph_digest_dev(h, p1, no * oph_dt_size(A));
 
@@ -65,45 +69,11 @@ void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd)
     const double tb = oph_tol_of(h, "matmul_bwd");
     void *gx1 = oph_dalloc(h, A, nx), *gw1 = oph_dalloc(h, DG_F32, nw), *gb1 = oph_dalloc(h, DG_F32, OC);
     void *gx2 = oph_dalloc(h, A, nx), *gw2 = oph_dalloc(h, DG_F32, nw), *gb2 = oph_dalloc(h, DG_F32, OC);
-    oph_poison(h, gx1, A, nx);
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw1, nw * 4));
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gb1, OC * 4));
-    if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, gx1, gw1, gb1, dy, dx, dw, N, C, OC, 0));
-    double *ax = oph_download(h, gx1, A, nx), *aw = oph_download(h, gw1, DG_F32, nw),
-           *ab = oph_download(h, gb1, DG_F32, OC);
-    oph_check_close(h, "bwd dinp (acc=0)", ax, rdx, nx, tb, NULL);
-    oph_check_close(h, "bwd dw", aw, rdw, nw, tb, NULL);
-    oph_check_close(h, "bwd dbias", ab, rdb, OC, tb, NULL);
-    if (fd) {
-        mm_ctx_t cx = {x, w, bias, oph_hnew(h, no), dout, N, C, OC};
-        oph_check_fd(h, "bwd dinp", mm_obj, &cx, x, nx, ax, rdx, tb);
-        oph_check_fd(h, "bwd dw", mm_obj, &cx, w, nw, aw, rdw, tb);
-        oph_check_fd(h, "bwd dbias", mm_obj, &cx, bias, OC, ab, rdb, tb);
-    }
-    oph_digest_dev(h, gx1, nx * oph_dt_size(A));
-    oph_digest_dev(h, gw1, nw * 4);
-    oph_digest_dev(h, gb1, OC * 4);
-    /* run 2: acc=1, grads into non-zero buffers */
-    double *px = oph_prefill(h, gx2, A, nx), *pw = oph_prefill(h, gw2, DG_F32, nw);
-    double *pb = oph_prefill(h, gb2, DG_F32, OC);
-    if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, N, C, OC, 1));
-    oph_check_close(h, "bwd dinp (acc=1 adds)", oph_download(h, gx2, A, nx), oph_add_arrays(h, px, rdx, nx),
-                    nx, tb, rdx);
-    oph_check_close(h, "bwd dw accumulates (+=)", oph_download(h, gw2, DG_F32, nw),
-                    oph_add_arrays(h, pw, rdw, nw), nw, tb, rdw);
-    oph_check_close(h, "bwd dbias accumulates (+=)", oph_download(h, gb2, DG_F32, OC),
-                    oph_add_arrays(h, pb, rdb, OC), OC, tb, rdb);
-    /* run 3 = run 1 */
-    oph_poison(h, gx2, A, nx);
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
-    if (!h->bad) CALL(h, "memset0", memset0(h->be, gb2, OC * 4));
-    if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, gx2, gw2, gb2, dy, dx, dw, N, C, OC, 0));
-    oph_check_bits(h, "bwd repeat dinp", oph_download_raw(h, gx2, nx * oph_dt_size(A)),
-                   oph_download_raw(h, gx1, nx * oph_dt_size(A)), nx * oph_dt_size(A));
-    oph_check_bits(h, "bwd repeat dw", oph_download_raw(h, gw2, nw * 4), oph_download_raw(h, gw1, nw * 4),
-                   nw * 4);
-    oph_check_bits(h, "bwd repeat dbias", oph_download_raw(h, gb2, OC * 4), oph_download_raw(h, gb1, OC * 4),
-                   OC * 4);
+    mm_bwd_t mb = {dy, dx, dw, N, C, OC};
+    mm_ctx_t cx = {x, w, bias, fd ? oph_hnew(h, no) : NULL, dout, N, C, OC};
+    const oph_bwd3_t bw = {{"dinp", "dw", "dbias"}, {gx1, gw1, gb1}, {gx2, gw2, gb2}, A, {nx, nw, OC},
+                           {rdx, rdw, rdb}, tb, mm_bwd_run, &mb, fd ? mm_obj : NULL, &cx, {x, w, bias}};
+    oph_check_bwd3(h, &bw);
     /* run 4: no input gradient and no bias gradient wanted */
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
     if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, NULL, gw2, NULL, dy, dx, dw, N, C, OC, 0));
@@ -138,26 +108,23 @@ void oph_case_matmul_res(H *h, int N, int C, int OC, int has_bias, int off) {
     oph_ref_matmul(ref, NULL, x, w, has_bias ? bias : NULL, N, C, OC, 0);
     for (size_t i = 0; i < no; i++)
         ref[i] += res[i];
-    void *dx = oph_dalloc(h, A, nx), *dw = oph_dalloc(h, A, nw), *db = has_bias ? oph_dalloc(h, A, OC) : NULL;
+    void *dx = oph_dput(h, A, x, nx), *dw = oph_dput(h, A, w, nw),
+         *db = has_bias ? oph_dalloc(h, A, OC) : NULL;
     char *rbase = oph_dalloc_bytes(h, ob + 256);
-    void *o1 = oph_dalloc(h, A, no), *o2 = oph_dalloc(h, A, no);
+    void *o1 = oph_dpoisoned(h, A, no), *o2 = oph_dpoisoned(h, A, no);
     if (h->bad) {
         oph_case_end(h);
         return;
     }
     void *dr = rbase + (size_t)off * oph_dt_size(A);
-    oph_upload(h, dx, A, x, nx);
-    oph_upload(h, dw, A, w, nw);
     if (db) oph_upload(h, db, A, bias, OC);
     oph_upload(h, dr, A, res, no);
     void *rraw = oph_download_raw(h, dr, ob);
-    oph_poison(h, o1, A, no);
-    oph_poison(h, o2, A, no);
     if (!h->bad) CALL(h, "matmul_fwd_res", matmul_fwd_res(h->be, o1, dx, dw, db, dr, N, C, OC));
     if (!h->bad) CALL(h, "matmul_fwd_res", matmul_fwd_res(h->be, o2, dx, dw, db, dr, N, C, OC));
     const double tf = oph_tol_of(h, "matmul_fwd_res");
     oph_check_close(h, "out = x·wᵀ + bias + res", oph_download(h, o1, A, no), ref, no, tf, NULL);
-    oph_check_bits(h, "repeat", oph_download_raw(h, o1, ob), oph_download_raw(h, o2, ob), ob);
+    oph_check_dev_bits(h, "repeat", o1, o2, ob);
     oph_check_bits(h, "out of place leaves res", oph_download_raw(h, dr, ob), rraw, ob);
     oph_digest_dev(h, o1, ob);
     /* in place: the residual stream updated where it lies */
@@ -209,16 +176,11 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
     for (size_t i = 0; i < nx; i++)
         rdx[i] *= oph_ref_gelu_grad1(pre[i]);
     const double tb = oph_tol_of(h, "matmul_bwd_dgelu");
-    void *dpre_ = oph_dalloc(h, A, nx), *dinp = oph_dalloc(h, A, nx), *dw = oph_dalloc(h, A, nw),
-         *dy = oph_dalloc(h, A, no);
-    void *gx1 = oph_dalloc(h, A, nx), *gw1 = oph_dalloc(h, DG_F32, nw), *gb1 = oph_dalloc(h, DG_F32, OC);
+    void *dpre_ = oph_dput(h, A, pre, nx), *dinp = oph_dput(h, A, inp, nx), *dw = oph_dput(h, A, w, nw),
+         *dy = oph_dput(h, A, dout, no);
+    void *gx1 = oph_dpoisoned(h, A, nx), *gw1 = oph_dalloc(h, DG_F32, nw), *gb1 = oph_dalloc(h, DG_F32, OC);
     void *gx2 = oph_dalloc(h, A, nx), *gw2 = oph_dalloc(h, DG_F32, nw), *gb2 = oph_dalloc(h, DG_F32, OC);
-    oph_upload(h, dpre_, A, pre, nx);
-    oph_upload(h, dinp, A, inp, nx);
-    oph_upload(h, dw, A, w, nw);
-    oph_upload(h, dy, A, dout, no);
     /* run 1: acc = 0 into poison, parameter gradients from zero */
-    oph_poison(h, gx1, A, nx);
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw1, nw * 4));
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gb1, OC * 4));
     if (!h->bad)
@@ -245,13 +207,11 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
         CALL(h, "matmul_bwd", matmul_bwd(h->be, gx2, gw2, has_bias ? gb2 : NULL, dy, dinp, dw, N, C, OC, 0));
     if (!h->bad) CALL(h, "gelu_bwd", gelu_bwd(h->be, gx2, dpre_, gx2, nx, 0));
     if (A == DG_F32) {
-        oph_check_bits(h, "dpre == matmul_bwd + gelu_bwd", oph_download_raw(h, gx1, nx * 4),
-                       oph_download_raw(h, gx2, nx * 4), nx * 4);
+        oph_check_dev_bits(h, "dpre == matmul_bwd + gelu_bwd", gx1, gx2, nx * 4);
     } else {
         oph_check_close(h, "dpre vs matmul_bwd + gelu_bwd", ax, oph_download(h, gx2, A, nx), nx, 2 * tb, rdx);
     }
-    oph_check_bits(h, "dw == matmul_bwd's", oph_download_raw(h, gw1, nw * 4),
-                   oph_download_raw(h, gw2, nw * 4), nw * 4);
+    oph_check_dev_bits(h, "dw == matmul_bwd's", gw1, gw2, nw * 4);
     /* run 2: acc = 1 adds after the derivative; parameter gradients accumulate */
     double *px = oph_prefill(h, gx2, A, nx), *pw = oph_prefill(h, gw2, DG_F32, nw);
     double *pb = oph_prefill(h, gb2, DG_F32, OC);
@@ -268,21 +228,16 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
     /* run 3: dpre aliasing inp (acc = 0), otherwise run 1's call (with its bias gradient: on CUDA the
      * weight-gradient GEMM with the BGRADB epilogue is another algorithm than without, so dropping it
      * would change dw's bits for a reason other than the aliasing): the same bits as run 1 */
-    void *alias = oph_dalloc(h, A, nx);
+    void *alias = oph_dput(h, A, inp, nx);
     void *gb3 = has_bias ? oph_dalloc(h, DG_F32, OC) : NULL;
-    oph_upload(h, alias, A, inp, nx);
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
     if (gb3 && !h->bad) CALL(h, "memset0", memset0(h->be, gb3, OC * 4));
     if (!h->bad)
         CALL(h, "matmul_bwd_dgelu",
              matmul_bwd_dgelu(h->be, alias, gw2, gb3, dy, alias, dw, dpre_, N, C, OC, 0));
-    oph_check_bits(h, "dpre in place over inp == run 1", oph_download_raw(h, alias, nx * oph_dt_size(A)),
-                   oph_download_raw(h, gx1, nx * oph_dt_size(A)), nx * oph_dt_size(A));
-    oph_check_bits(h, "dw in place == run 1", oph_download_raw(h, gw2, nw * 4),
-                   oph_download_raw(h, gw1, nw * 4), nw * 4);
-    if (gb3)
-        oph_check_bits(h, "dbias in place == run 1", oph_download_raw(h, gb3, OC * 4),
-                       oph_download_raw(h, gb1, OC * 4), OC * 4);
+    oph_check_dev_bits(h, "dpre in place over inp == run 1", alias, gx1, nx * oph_dt_size(A));
+    oph_check_dev_bits(h, "dw in place == run 1", gw2, gw1, nw * 4);
+    if (gb3) oph_check_dev_bits(h, "dbias in place == run 1", gb3, gb1, OC * 4);
     /* run 4 = run 1, repeated */
     oph_poison(h, gx2, A, nx);
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
@@ -290,13 +245,9 @@ void oph_case_matmul_dgelu(H *h, int N, int C, int OC, int has_bias, int fd) {
     if (!h->bad)
         CALL(h, "matmul_bwd_dgelu",
              matmul_bwd_dgelu(h->be, gx2, gw2, has_bias ? gb2 : NULL, dy, dinp, dw, dpre_, N, C, OC, 0));
-    oph_check_bits(h, "repeat dpre", oph_download_raw(h, gx2, nx * oph_dt_size(A)),
-                   oph_download_raw(h, gx1, nx * oph_dt_size(A)), nx * oph_dt_size(A));
-    oph_check_bits(h, "repeat dw", oph_download_raw(h, gw2, nw * 4), oph_download_raw(h, gw1, nw * 4),
-                   nw * 4);
-    if (has_bias)
-        oph_check_bits(h, "repeat dbias", oph_download_raw(h, gb2, OC * 4), oph_download_raw(h, gb1, OC * 4),
-                       OC * 4);
+    oph_check_dev_bits(h, "repeat dpre", gx2, gx1, nx * oph_dt_size(A));
+    oph_check_dev_bits(h, "repeat dw", gw2, gw1, nw * 4);
+    if (has_bias) oph_check_dev_bits(h, "repeat dbias", gb2, gb1, OC * 4);
     /* bad aliasing is refused, not computed */
     if (!h->bad) {
         dg_status_t st =

@@ -73,7 +73,7 @@ static void error_checks(void) {
     EXPECT(buf[100] == before, "crossentropy_fused with a bad target wrote the logits");
     expect_err(op->crossentropy_fused(be, buf, buf, buf, buf, tok, 2, 9, 8, 1.0f), "smaller than V",
                "crossentropy_fused Vp < V");
-    expect_err(op->crossentropy_fused(be, buf, buf, NULL, buf, tok, 2, 9, 10, 1.0f), "NULL",
+    expect_err(op->crossentropy_fused(be, buf, buf, NULL, buf, tok, 2, 9, 10, 1.0f), "`dlogits` is NULL",
                "crossentropy_fused dlogits NULL");
     int32_t neg[4] = {0, 1, -5, 2};
     expect_err(op->encoder_fwd(be, buf, neg, buf, buf, 2, 2, 4), "negative", "encoder_fwd negative token");
@@ -87,9 +87,9 @@ static void error_checks(void) {
     expect_err(op->matmul_bwd(be, buf, buf, NULL, buf, buf, buf, -1, 4, 4, 0), "positive",
                "matmul_bwd N = -1");
     /* v1.11: out may alias res exactly, nothing else */
-    expect_err(op->matmul_fwd_res(be, buf, buf + 100, buf + 200, NULL, NULL, 4, 4, 4), "NULL",
+    expect_err(op->matmul_fwd_res(be, buf, buf + 100, buf + 200, NULL, NULL, 4, 4, 4), "`res` is NULL",
                "matmul_fwd_res res = NULL");
-    expect_err(op->matmul_fwd_res(be, buf, buf + 100, NULL, NULL, buf, 4, 4, 4), "NULL",
+    expect_err(op->matmul_fwd_res(be, buf, buf + 100, NULL, NULL, buf, 4, 4, 4), "`w` is NULL",
                "matmul_fwd_res w = NULL");
     expect_err(op->matmul_fwd_res(be, buf, buf + 100, buf + 200, NULL, buf, 4, 0, 4), "positive",
                "matmul_fwd_res C = 0");

@@ -55,34 +55,50 @@ typedef struct {
     float *lse;
 } attn_res_t;
 
+/* The device buffers of one attention run: the f32 inputs f (uploaded from h), qkv and dout cast from
+ * them to act (dout from element dout_off on), out, dqkv and aux (not written). */
+typedef struct {
+    void *f, *qkv, *dout, *out, *dqkv, *aux;
+} attn_bufs_t;
+static attn_bufs_t attn_bufs(dg_backend_t *be, dg_dtype_t act, const float *h, size_t dout_off, int B, int T,
+                             int C, int NH) {
+    const dg_backend_ops_t *op = be->ops;
+    const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
+    attn_bufs_t d = {0};
+    MUST(op->alloc(be, nqkv * sizeof(float), &d.f));
+    MUST(op->alloc(be, nqkv * 2, &d.qkv));
+    MUST(op->alloc(be, nout * 2, &d.dout));
+    MUST(op->alloc(be, nout * 2, &d.out));
+    MUST(op->alloc(be, nqkv * 2, &d.dqkv));
+    MUST(op->alloc(be, op->attention_aux_bytes(be, B, T, C, NH), &d.aux));
+    MUST(op->to_device(be, d.f, h, nqkv * sizeof(float)));
+    MUST(op->cast(be, d.qkv, act, d.f, DG_F32, nqkv));
+    MUST(op->cast(be, d.dout, act, (float *)d.f + dout_off, DG_F32, nout));
+    return d;
+}
+static void attn_bufs_free(dg_backend_t *be, const attn_bufs_t *d) {
+    void *bufs[] = {d->f, d->qkv, d->dout, d->out, d->dqkv, d->aux};
+    for (int j = 0; j < 6; j++)
+        be->ops->free(be, bufs[j]);
+}
+
 /* One forward + backward on `be` from host inputs (f32, cast on the device), outputs poisoned first. */
 static attn_res_t attn_run(dg_backend_t *be, dg_dtype_t act, const float *h, int B, int T, int C, int NH) {
     const dg_backend_ops_t *op = be->ops;
     const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
     uint16_t *poison = dg_xmalloc(nqkv * sizeof(uint16_t));
     memset(poison, 0xff, nqkv * sizeof(uint16_t)); /* NaN in bf16, f16 and (for aux) f32 */
-    void *f = NULL, *qkv = NULL, *dout = NULL, *out = NULL, *dqkv = NULL, *aux = NULL;
-    MUST(op->alloc(be, nqkv * sizeof(float), &f));
-    MUST(op->alloc(be, nqkv * 2, &qkv));
-    MUST(op->alloc(be, nout * 2, &dout));
-    MUST(op->alloc(be, nout * 2, &out));
-    MUST(op->alloc(be, nqkv * 2, &dqkv));
-    MUST(op->alloc(be, op->attention_aux_bytes(be, B, T, C, NH), &aux));
-    MUST(op->to_device(be, f, h, nqkv * sizeof(float)));
-    MUST(op->cast(be, qkv, act, f, DG_F32, nqkv));
-    MUST(op->cast(be, dout, act, (float *)f + nout, DG_F32, nout)); /* other values than q's */
-    MUST(op->to_device(be, out, poison, nout * 2));
-    MUST(op->to_device(be, dqkv, poison, nqkv * 2));
-    MUST(op->to_device(be, aux, poison, nl * sizeof(float)));
-    MUST(op->attention_fwd(be, out, aux, qkv, B, T, C, NH));
-    MUST(op->attention_bwd(be, dqkv, dout, qkv, out, aux, B, T, C, NH));
+    attn_bufs_t d = attn_bufs(be, act, h, nout, B, T, C, NH); /* dout: other values than q's */
+    MUST(op->to_device(be, d.out, poison, nout * 2));
+    MUST(op->to_device(be, d.dqkv, poison, nqkv * 2));
+    MUST(op->to_device(be, d.aux, poison, nl * sizeof(float)));
+    MUST(op->attention_fwd(be, d.out, d.aux, d.qkv, B, T, C, NH));
+    MUST(op->attention_bwd(be, d.dqkv, d.dout, d.qkv, d.out, d.aux, B, T, C, NH));
     attn_res_t r = {dg_xmalloc(nout * 2), dg_xmalloc(nqkv * 2), dg_xmalloc(nl * sizeof(float))};
-    MUST(op->to_host(be, r.out, out, nout * 2));
-    MUST(op->to_host(be, r.dq, dqkv, nqkv * 2));
-    MUST(op->to_host(be, r.lse, aux, nl * sizeof(float)));
-    void *bufs[] = {f, qkv, dout, out, dqkv, aux};
-    for (int j = 0; j < 6; j++)
-        op->free(be, bufs[j]);
+    MUST(op->to_host(be, r.out, d.out, nout * 2));
+    MUST(op->to_host(be, r.dq, d.dqkv, nqkv * 2));
+    MUST(op->to_host(be, r.lse, d.aux, nl * sizeof(float)));
+    attn_bufs_free(be, &d);
     free(poison);
     return r;
 }
@@ -97,25 +113,16 @@ static void attn_res_free(attn_res_t *r) {
 static void attn_time(dg_backend_t *be, dg_dtype_t act, int B, int T, int C, int NH, int iters, uint64_t *rng,
                       double ms[2]) {
     const dg_backend_ops_t *op = be->ops;
-    const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C;
-    void *f = NULL, *qkv = NULL, *dout = NULL, *out = NULL, *dqkv = NULL, *aux = NULL;
+    const size_t nqkv = (size_t)B * T * 3 * C;
     float *h = dg_xmalloc(nqkv * sizeof(float));
     for (size_t i = 0; i < nqkv; i++) {
         *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
         h[i] = (float)((int64_t)(*rng >> 40) - (1 << 23)) / (float)(1 << 23);
     }
-    MUST(op->alloc(be, nqkv * sizeof(float), &f));
-    MUST(op->alloc(be, nqkv * 2, &qkv));
-    MUST(op->alloc(be, nout * 2, &dout));
-    MUST(op->alloc(be, nout * 2, &out));
-    MUST(op->alloc(be, nqkv * 2, &dqkv));
-    MUST(op->alloc(be, op->attention_aux_bytes(be, B, T, C, NH), &aux));
-    MUST(op->to_device(be, f, h, nqkv * sizeof(float)));
-    MUST(op->cast(be, qkv, act, f, DG_F32, nqkv));
-    MUST(op->cast(be, dout, act, f, DG_F32, nout));
+    attn_bufs_t d = attn_bufs(be, act, h, 0, B, T, C, NH);
     for (int w = 0; w < 2; w++) {
-        MUST(op->attention_fwd(be, out, aux, qkv, B, T, C, NH));
-        MUST(op->attention_bwd(be, dqkv, dout, qkv, out, aux, B, T, C, NH));
+        MUST(op->attention_fwd(be, d.out, d.aux, d.qkv, B, T, C, NH));
+        MUST(op->attention_bwd(be, d.dqkv, d.dout, d.qkv, d.out, d.aux, B, T, C, NH));
     }
     MUST(op->sync(be));
     cudaStream_t st = (cudaStream_t)dg_backend_cuda_stream(be);
@@ -127,10 +134,10 @@ static void attn_time(dg_backend_t *be, dg_dtype_t act, int B, int T, int C, int
         }
     cudaEventRecord(ev[0], st);
     for (int i = 0; i < iters; i++)
-        MUST(op->attention_fwd(be, out, aux, qkv, B, T, C, NH));
+        MUST(op->attention_fwd(be, d.out, d.aux, d.qkv, B, T, C, NH));
     cudaEventRecord(ev[1], st);
     for (int i = 0; i < iters; i++)
-        MUST(op->attention_bwd(be, dqkv, dout, qkv, out, aux, B, T, C, NH));
+        MUST(op->attention_bwd(be, d.dqkv, d.dout, d.qkv, d.out, d.aux, B, T, C, NH));
     cudaEventRecord(ev[2], st);
     MUST(op->sync(be));
     float e01 = 0.f, e12 = 0.f;
@@ -140,9 +147,7 @@ static void attn_time(dg_backend_t *be, dg_dtype_t act, int B, int T, int C, int
     ms[1] = e12 / iters;
     for (int i = 0; i < 3; i++)
         cudaEventDestroy(ev[i]);
-    void *bufs[] = {f, qkv, dout, out, dqkv, aux};
-    for (int j = 0; j < 6; j++)
-        op->free(be, bufs[j]);
+    attn_bufs_free(be, &d);
     free(h);
 }
 

@@ -79,6 +79,20 @@ wait_progress() { # wait_progress RUN_DIR N SECONDS (and note the ranks' shared-
     fail "run in $1 did not reach step $2 in $3 s"
 }
 
+# fake_cfg NAME STEPS: sets the calling scenario's d ($WORK/NAME) and run ($d/run), writes $d/cfg.ini
+fake_cfg() {
+    d=$WORK/$1
+    run=$d/run
+    mkdir -p "$d"
+    printf '[run]\ndir = %s\n[fake]\nsteps = %s\nstep_ms = 50\n' "$run" "$2" >"$d/cfg.ini"
+}
+# usr1_requeue JID: USR1 to the batch step, then wait for the job's requeue (Restarts=1) and its end
+usr1_requeue() {
+    scancel --signal=USR1 --batch "$1"
+    wait_until 30 "requeue of job $1" bash -c "[ \"\$(scontrol show job -o $1 | grep -o 'Restarts=[0-9]*')\" = Restarts=1 ]" || return 1
+    wait_job_state "$1" 60 COMPLETED FAILED
+}
+
 scenario_badargs() {
     local d=$WORK/badargs jid
     mkdir -p "$d"
@@ -99,9 +113,7 @@ scenario_requeue() {
     printf '[run]\ndir = %s\n[fake]\nsteps = 80\nstep_ms = 50\n' "$run" >"$d/cfg.ini"
     jid=$(submit "$d" "$TRAIN_SH" cfg.ini) || return 1
     wait_progress "$run" 8 40 || return 1
-    scancel --signal=USR1 --batch "$jid"
-    wait_until 30 "requeue of job $jid" bash -c "[ \"\$(scontrol show job -o $jid | grep -o 'Restarts=[0-9]*')\" = Restarts=1 ]" || return 1
-    wait_job_state "$jid" 60 COMPLETED FAILED || return 1
+    usr1_requeue "$jid" || return 1
     [ "$(job_field "$jid" JobState)" = COMPLETED ] || fail "requeue job ended $(job_field "$jid" JobState) $(job_field "$jid" ExitCode)"
     need "$d/job.out" "got SIGUSR1: asking dgtrain to checkpoint" "USR1 not forwarded"
     need "$d/job.out" "dgtrain exit 75 \(stopped on a signal after a checkpoint\): requeueing job $jid" "no requeue after exit 75"
@@ -116,10 +128,8 @@ scenario_requeue() {
 }
 
 scenario_watchdog() {
-    local d=$WORK/watchdog jid run
-    mkdir -p "$d"
-    run=$d/run
-    printf '[run]\ndir = %s\n[fake]\nsteps = 40\nstep_ms = 50\n' "$run" >"$d/cfg.ini"
+    local d jid run
+    fake_cfg watchdog 40
     jid=$(FAKE_STALL_FIRST=1 submit "$d" "$TRAIN_SH" cfg.ini) || return 1
     wait_job_state "$jid" 90 COMPLETED FAILED || return 1
     [ "$(job_field "$jid" JobState)" = COMPLETED ] || fail "watchdog job ended $(job_field "$jid" JobState)"
@@ -131,10 +141,8 @@ scenario_watchdog() {
 }
 
 scenario_maxrest() {
-    local d=$WORK/maxrest jid run
-    mkdir -p "$d"
-    run=$d/run
-    printf '[run]\ndir = %s\n[fake]\nsteps = 400\nstep_ms = 50\n' "$run" >"$d/cfg.ini"
+    local d jid run
+    fake_cfg maxrest 400
     jid=$(DGT_MAX_RESTARTS=0 submit "$d" "$TRAIN_SH" cfg.ini) || return 1
     wait_progress "$run" 5 40 || return 1
     scancel --signal=USR1 --batch "$jid"
@@ -146,10 +154,8 @@ scenario_maxrest() {
 }
 
 scenario_resize() {
-    local d=$WORK/resize jid run t0 st
-    mkdir -p "$d"
-    run=$d/run
-    printf '[run]\ndir = %s\n[fake]\nsteps = 60\nstep_ms = 50\n' "$run" >"$d/cfg.ini"
+    local d jid run t0 st
+    fake_cfg resize 60
     jid=$(submit "$d" "$TRAIN_SH" cfg.ini) || return 1
     wait_progress "$run" 8 40 || return 1
     scancel --signal=USR1 --batch "$jid"
@@ -176,10 +182,8 @@ scenario_resize() {
 }
 
 scenario_cancel() {
-    local d=$WORK/cancel jid run
-    mkdir -p "$d"
-    run=$d/run
-    printf '[run]\ndir = %s\n[fake]\nsteps = 400\nstep_ms = 50\n' "$run" >"$d/cfg.ini"
+    local d jid run
+    fake_cfg cancel 400
     jid=$(submit "$d" "$TRAIN_SH" cfg.ini) || return 1
     wait_progress "$run" 5 40 || return 1
     scancel "$jid"
@@ -202,10 +206,8 @@ scenario_cancel() {
 }
 
 scenario_killrank() {
-    local d=$WORK/killrank jid run pid
-    mkdir -p "$d"
-    run=$d/run
-    printf '[run]\ndir = %s\n[fake]\nsteps = 60\nstep_ms = 50\n' "$run" >"$d/cfg.ini"
+    local d jid run pid
+    fake_cfg killrank 60
     jid=$(submit "$d" "$TRAIN_SH" cfg.ini) || return 1
     wait_progress "$run" 5 40 || return 1
     pid=$(cat "$run/fake/rank-1.pid")
@@ -223,15 +225,11 @@ scenario_killrank() {
 }
 
 scenario_mpirun() {
-    local d=$WORK/mpirun jid run
-    mkdir -p "$d"
-    run=$d/run
-    printf '[run]\ndir = %s\n[fake]\nsteps = 60\nstep_ms = 50\n' "$run" >"$d/cfg.ini"
+    local d jid run
+    fake_cfg mpirun 60
     jid=$(DGT_LAUNCHER=mpirun DGT_MPIRUN_ARGS="--oversubscribe --bind-to none" submit "$d" "$TRAIN_SH" cfg.ini) || return 1
     wait_progress "$run" 8 40 || return 1
-    scancel --signal=USR1 --batch "$jid"
-    wait_until 30 "requeue of job $jid" bash -c "[ \"\$(scontrol show job -o $jid | grep -o 'Restarts=[0-9]*')\" = Restarts=1 ]" || return 1
-    wait_job_state "$jid" 60 COMPLETED FAILED || return 1
+    usr1_requeue "$jid" || return 1
     [ "$(job_field "$jid" JobState)" = COMPLETED ] || fail "mpirun: job ended $(job_field "$jid" JobState)"
     need "$d/job.out" "launcher mpirun" "mpirun: not launched with mpirun"
     need "$d/job.out" "dgtrain exit 75 \(stopped on a signal after a checkpoint\): requeueing" "mpirun: no requeue on 75"

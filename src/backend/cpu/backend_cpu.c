@@ -27,6 +27,17 @@ void dg_cpu_blas_single_thread(void) {
     if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
+dg_status_t dg_cpu_nonnulls(const char *op, const char *names, const void *const *ptrs, int n) {
+    for (int i = 0; i < n; i++) {
+        const size_t len = strcspn(names, ",");
+        if (!ptrs[i])
+            return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: argument `%.*s` is NULL", op, (int)len, names);
+        names += len + (names[len] == ',');
+        names += strspn(names, " ");
+    }
+    return DG_OK;
+}
+
 void *dg_cpu_scratch(dg_cpu_t *cpu, size_t bytes) {
     if (bytes <= cpu->scratch_bytes) return cpu->scratch;
     size_t cap = round_up(bytes + bytes / 4, DG_CPU_ALIGN); /* headroom so slowly growing asks don't churn */
@@ -81,8 +92,7 @@ static void cpu_free(dg_backend_t *be, void *p) {
 
 static dg_status_t cpu_memcpy(const char *op, void *dst, const void *src, size_t bytes) {
     if (bytes == 0) return DG_OK;
-    DG_CPU_NONNULL(op, dst);
-    DG_CPU_NONNULL(op, src);
+    DG_CPU_NONNULLS(op, dst, src);
     memmove(dst, src, bytes);
     return DG_OK;
 }
@@ -164,8 +174,7 @@ static dg_status_t cpu_cast(dg_backend_t *be, void *dst, dg_dtype_t dst_t, const
         return DG_ERR(DG_ERR_USAGE, "cpu backend: cast supports f32, bf16 and f16; got %s -> %s",
                       dg_dtype_name(src_t), dg_dtype_name(dst_t));
     if (n == 0) return DG_OK;
-    DG_CPU_NONNULL("cast", dst);
-    DG_CPU_NONNULL("cast", src);
+    DG_CPU_NONNULLS("cast", dst, src);
     if (dst_t == src_t) {
         memmove(dst, src, n * dg_dtype_size(dst_t));
         return DG_OK;
@@ -222,17 +231,14 @@ static void ew_run(dg_backend_t *be, int kind, float *out, const float *x, const
 
 static dg_status_t cpu_add(dg_backend_t *be, void *out, const void *a, const void *b, size_t n) {
     if (n == 0) return DG_OK;
-    DG_CPU_NONNULL("add", out);
-    DG_CPU_NONNULL("add", a);
-    DG_CPU_NONNULL("add", b);
+    DG_CPU_NONNULLS("add", out, a, b);
     ew_run(be, EW_ADD, out, a, b, 0.0f, n);
     return DG_OK;
 }
 
 static dg_status_t cpu_accumulate(dg_backend_t *be, void *dst, const void *src, size_t n, int acc) {
     if (n == 0) return DG_OK;
-    DG_CPU_NONNULL("accumulate", dst);
-    DG_CPU_NONNULL("accumulate", src);
+    DG_CPU_NONNULLS("accumulate", dst, src);
     if (!acc) return cpu_memcpy("accumulate", dst, src, n * sizeof(float));
     ew_run(be, EW_ACC, dst, src, NULL, 0.0f, n);
     return DG_OK;
@@ -240,8 +246,7 @@ static dg_status_t cpu_accumulate(dg_backend_t *be, void *dst, const void *src, 
 
 static dg_status_t cpu_add_f32(dg_backend_t *be, float *dst, const float *src, size_t n) {
     if (n == 0) return DG_OK;
-    DG_CPU_NONNULL("add_f32", dst);
-    DG_CPU_NONNULL("add_f32", src);
+    DG_CPU_NONNULLS("add_f32", dst, src);
     ew_run(be, EW_ACC, dst, src, NULL, 0.0f, n);
     return DG_OK;
 }
@@ -294,10 +299,7 @@ static dg_status_t cpu_sumsq_multi(dg_backend_t *be, float *out_dev, const float
                                    const dg_sumsq_seg_t *segs, const dg_sumsq_seg_t *segs_dev, int nseg) {
     if (nseg < 0) return DG_ERR(DG_ERR_USAGE, "cpu backend: sumsq_multi: nseg = %d < 0", nseg);
     if (nseg == 0) return DG_OK;
-    DG_CPU_NONNULL("sumsq_multi", out_dev);
-    DG_CPU_NONNULL("sumsq_multi", base);
-    DG_CPU_NONNULL("sumsq_multi", segs);
-    DG_CPU_NONNULL("sumsq_multi", segs_dev);
+    DG_CPU_NONNULLS("sumsq_multi", out_dev, base, segs, segs_dev);
     for (int i = 0; i < nseg; i++) {
         const dg_sumsq_seg_t *s = &segs[i], *d = &segs_dev[i];
         if (s->count == 0 || s->off > span || s->count > span - s->off)
@@ -381,11 +383,7 @@ static dg_status_t cpu_adamw(dg_backend_t *be, float *master, void *compute, con
                              float *v, size_t n, float lr, float beta1, float beta2, float eps, float wd,
                              int64_t t, const float *gscale_dev) {
     if (n == 0) return DG_OK;
-    DG_CPU_NONNULL("adamw", master);
-    DG_CPU_NONNULL("adamw", grad);
-    DG_CPU_NONNULL("adamw", m);
-    DG_CPU_NONNULL("adamw", v);
-    DG_CPU_NONNULL("adamw", gscale_dev);
+    DG_CPU_NONNULLS("adamw", master, grad, m, v, gscale_dev);
     if (t < 1) return DG_ERR(DG_ERR_USAGE, "cpu backend: adamw: step t must be >= 1, got %lld", (long long)t);
     if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
         return DG_ERR(DG_ERR_USAGE, "cpu backend: adamw: betas must be in [0, 1), got %g and %g", beta1,
@@ -406,11 +404,7 @@ static dg_status_t cpu_adamw_dev(dg_backend_t *be, float *master, void *compute,
                                  float *v, size_t n, float beta1, float beta2, float eps, float wd,
                                  const float *sc) {
     if (n == 0) return DG_OK;
-    DG_CPU_NONNULL("adamw_dev", master);
-    DG_CPU_NONNULL("adamw_dev", grad);
-    DG_CPU_NONNULL("adamw_dev", m);
-    DG_CPU_NONNULL("adamw_dev", v);
-    DG_CPU_NONNULL("adamw_dev", sc);
+    DG_CPU_NONNULLS("adamw_dev", master, grad, m, v, sc);
     if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
         return DG_ERR(DG_ERR_USAGE, "cpu backend: adamw_dev: betas must be in [0, 1), got %g and %g", beta1,
                       beta2);
@@ -441,12 +435,7 @@ static dg_status_t cpu_adamw_multi_dev(dg_backend_t *be, const dg_adamw_seg_t *s
                                        float beta1, float beta2, float eps, float wd, const float *sc) {
     if (nseg == 0) return DG_OK;
     if (nseg < 0) return DG_ERR(DG_ERR_USAGE, "cpu backend: adamw_multi_dev: nseg = %d < 0", nseg);
-    DG_CPU_NONNULL("adamw_multi_dev", segs);
-    DG_CPU_NONNULL("adamw_multi_dev", master);
-    DG_CPU_NONNULL("adamw_multi_dev", grad);
-    DG_CPU_NONNULL("adamw_multi_dev", m);
-    DG_CPU_NONNULL("adamw_multi_dev", v);
-    DG_CPU_NONNULL("adamw_multi_dev", sc);
+    DG_CPU_NONNULLS("adamw_multi_dev", segs, master, grad, m, v, sc);
     if (!(beta1 >= 0.0f && beta1 < 1.0f) || !(beta2 >= 0.0f && beta2 < 1.0f))
         return DG_ERR(DG_ERR_USAGE, "cpu backend: adamw_multi_dev: betas must be in [0, 1), got %g and %g",
                       beta1, beta2);
@@ -515,9 +504,7 @@ static dg_status_t cpu_fence_wait(dg_backend_t *be, void *fence) {
 static dg_status_t cpu_clip_scale(dg_backend_t *be, float *gscale_dev, float *norm_dev,
                                   const float *sumsq_dev, float clip, float extra) {
     (void)be;
-    DG_CPU_NONNULL("clip_scale", gscale_dev);
-    DG_CPU_NONNULL("clip_scale", norm_dev);
-    DG_CPU_NONNULL("clip_scale", sumsq_dev);
+    DG_CPU_NONNULLS("clip_scale", gscale_dev, norm_dev, sumsq_dev);
     double norm = sqrt((double)*sumsq_dev);
     double s = 1.0;
     /* Written so a NaN norm gives a NaN scale (the divergence stays visible) instead of min() hiding it. */

@@ -99,6 +99,12 @@ dg_status_t dg_cpu_crossentropy_fused(dg_backend_t *be, float *losses, float *ls
     do {                                                                                                     \
         if (!(p)) return DG_ERR(DG_ERR_USAGE, "cpu backend: %s: argument `%s` is NULL", (op), #p);           \
     } while (0)
+/* DG_CPU_NONNULLS(op, a, b, ...): DG_CPU_NONNULL of each argument in order (plain names only: the
+ * message names the first NULL one by its spelling in the list). */
+dg_status_t dg_cpu_nonnulls(const char *op, const char *names, const void *const *ptrs, int n);
+#define DG_CPU_NONNULLS(op, ...)                                                                             \
+    DG_TRY(dg_cpu_nonnulls((op), #__VA_ARGS__, (const void *const[]){__VA_ARGS__},                         \
+                           (int)(sizeof((const void *const[]){__VA_ARGS__}) / sizeof(const void *))))
 #define DG_CPU_POSITIVE(op, v)                                                                               \
     do {                                                                                                     \
         if ((v) <= 0)                                                                                        \
@@ -205,6 +211,9 @@ static inline float dg_cpu_gelu_grad(float x) {
     float s = 1.0f / (1.0f + dg_cpu_expf(-2.0f * u));
     return s + x * s * (1.0f - s) * 2.0f * du;
 }
+/* dx[i] = dy[i] * gelu'(x[i]), or += with acc = 1: the one GELU backward loop, shared by gelu_bwd and
+ * matmul_bwd_dgelu's epilogue so that the two give the same bits (cpu_kernels.c). */
+void dg_cpu_gelu_bwd_range(float *dx, const float *x, const float *dy, size_t n, int acc);
 
 /* ---- fp16 / bf16 (round to nearest even; NaN stays NaN, quiet) ---- */
 static inline uint16_t dg_cpu_f32_to_bf16(float f) {

@@ -394,9 +394,7 @@ static size_t att_fwd_scratch(int T, int Tp, int hs) {
 dg_status_t dg_cpu_attention_fwd(dg_backend_t *be, void *out, void *aux, const void *qkv, int B, int T, int C,
                                  int NH) {
     const char *op = "attention_fwd";
-    DG_CPU_NONNULL(op, out);
-    DG_CPU_NONNULL(op, aux);
-    DG_CPU_NONNULL(op, qkv);
+    DG_CPU_NONNULLS(op, out, aux, qkv);
     DG_TRY(check_shape(op, B, T, C, NH));
     dg_cpu_t *cpu = dg_cpu_of(be);
     const int hs = C / NH, Tp = (T + 15) / 16 * 16;
@@ -449,10 +447,7 @@ dg_status_t dg_cpu_attention_bwd(dg_backend_t *be, void *dqkv, const void *dout,
                                  const void *out, const void *aux, int B, int T, int C, int NH) {
     const char *op = "attention_bwd";
     (void)out; /* P in aux carries everything the backward pass needs */
-    DG_CPU_NONNULL(op, dqkv);
-    DG_CPU_NONNULL(op, dout);
-    DG_CPU_NONNULL(op, qkv);
-    DG_CPU_NONNULL(op, aux);
+    DG_CPU_NONNULLS(op, dqkv, dout, qkv, aux);
     DG_TRY(check_shape(op, B, T, C, NH));
     dg_cpu_t *cpu = dg_cpu_of(be);
     const int hs = C / NH, Tp = (T + 15) / 16 * 16;

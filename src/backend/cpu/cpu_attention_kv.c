@@ -53,10 +53,7 @@ static void kv_task(void *argp, int task, int worker) {
 dg_status_t dg_cpu_attention_kv_fwd(dg_backend_t *be, void *out, void *kcache, void *vcache, const void *qkv,
                                     int p0, int n, int cap, int C, int NH) {
     const char *op = "attention_kv_fwd";
-    DG_CPU_NONNULL(op, out);
-    DG_CPU_NONNULL(op, kcache);
-    DG_CPU_NONNULL(op, vcache);
-    DG_CPU_NONNULL(op, qkv);
+    DG_CPU_NONNULLS(op, out, kcache, vcache, qkv);
     DG_CPU_POSITIVE(op, n);
     DG_CPU_POSITIVE(op, C);
     DG_CPU_POSITIVE(op, NH);

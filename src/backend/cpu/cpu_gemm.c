@@ -140,9 +140,7 @@ static void fwd_epilogue(void *argp, int m0, int m1, int n0, int n1) {
 dg_status_t dg_cpu_matmul_fwd(dg_backend_t *be, void *out, void *pre, const void *inp, const void *w,
                               const void *bias, int N, int C, int OC, dg_epilogue_t epi) {
     const char *op = "matmul_fwd";
-    DG_CPU_NONNULL(op, out);
-    DG_CPU_NONNULL(op, inp);
-    DG_CPU_NONNULL(op, w);
+    DG_CPU_NONNULLS(op, out, inp, w);
     DG_CPU_POSITIVE(op, N);
     DG_CPU_POSITIVE(op, C);
     DG_CPU_POSITIVE(op, OC);
@@ -208,10 +206,7 @@ static void res_epilogue(void *argp, int m0, int m1, int n0, int n1) {
 dg_status_t dg_cpu_matmul_fwd_res(dg_backend_t *be, void *out, const void *inp, const void *w,
                                   const void *bias, const void *res, int N, int C, int OC) {
     const char *op = "matmul_fwd_res";
-    DG_CPU_NONNULL(op, out);
-    DG_CPU_NONNULL(op, inp);
-    DG_CPU_NONNULL(op, w);
-    DG_CPU_NONNULL(op, res);
+    DG_CPU_NONNULLS(op, out, inp, w, res);
     DG_CPU_POSITIVE(op, N);
     DG_CPU_POSITIVE(op, C);
     DG_CPU_POSITIVE(op, OC);
@@ -281,9 +276,7 @@ static void bwd_task(void *argp, int t, int worker) {
 dg_status_t dg_cpu_matmul_bwd(dg_backend_t *be, void *dinp, float *dw, float *dbias, const void *dout,
                               const void *inp, const void *w, int N, int C, int OC, int acc) {
     const char *op = "matmul_bwd";
-    DG_CPU_NONNULL(op, dw);
-    DG_CPU_NONNULL(op, dout);
-    DG_CPU_NONNULL(op, inp);
+    DG_CPU_NONNULLS(op, dw, dout, inp);
     DG_CPU_POSITIVE(op, N);
     DG_CPU_POSITIVE(op, C);
     DG_CPU_POSITIVE(op, OC);
@@ -320,7 +313,7 @@ dg_status_t dg_cpu_matmul_bwd(dg_backend_t *be, void *dinp, float *dw, float *db
 /* The input-gradient GEMM of matmul_bwd with gelu_bwd as its tile epilogue: each tile of dout · w is
  * multiplied by gelu'(pre) while it is still in cache. acc = 0: the GEMM writes dpre and the epilogue
  * scales it in place; acc = 1: the GEMM writes scratch and the epilogue adds the scaled tile into dpre.
- * The per-element arithmetic is gelu_bwd's (same expression, same vectorisation), and the tiles are
+ * The per-element arithmetic is gelu_bwd's (one function, dg_cpu_gelu_bwd_range), and the tiles are
  * matmul_bwd's, so the result is bitwise that of matmul_bwd followed by gelu_bwd. */
 typedef struct {
     float *dpre;
@@ -329,23 +322,11 @@ typedef struct {
     int C, acc;
 } dgelu_epi_t;
 
-DG_CPU_VEC static void dgelu_row(float *dp, const float *d, const float *pre, int n, int acc) {
-    if (acc) {
-#pragma omp simd
-        for (int c = 0; c < n; c++)
-            dp[c] += d[c] * dg_cpu_gelu_grad(pre[c]);
-    } else {
-#pragma omp simd
-        for (int c = 0; c < n; c++)
-            dp[c] = d[c] * dg_cpu_gelu_grad(pre[c]);
-    }
-}
-
 static void dgelu_epilogue(void *argp, int m0, int m1, int n0, int n1) {
     const dgelu_epi_t *e = argp;
     for (int r = m0; r < m1; r++) {
         size_t at = (size_t)r * e->C + n0;
-        dgelu_row(e->dpre + at, e->prod + at, e->pre + at, n1 - n0, e->acc);
+        dg_cpu_gelu_bwd_range(e->dpre + at, e->pre + at, e->prod + at, (size_t)(n1 - n0), e->acc);
     }
 }
 
@@ -353,12 +334,7 @@ dg_status_t dg_cpu_matmul_bwd_dgelu(dg_backend_t *be, void *dpre, float *dw, flo
                                     const void *inp, const void *w, const void *pre, int N, int C, int OC,
                                     int acc) {
     const char *op = "matmul_bwd_dgelu";
-    DG_CPU_NONNULL(op, dpre);
-    DG_CPU_NONNULL(op, dw);
-    DG_CPU_NONNULL(op, dout);
-    DG_CPU_NONNULL(op, inp);
-    DG_CPU_NONNULL(op, w);
-    DG_CPU_NONNULL(op, pre);
+    DG_CPU_NONNULLS(op, dpre, dw, dout, inp, w, pre);
     DG_CPU_POSITIVE(op, N);
     DG_CPU_POSITIVE(op, C);
     DG_CPU_POSITIVE(op, OC);

@@ -55,10 +55,7 @@ static void enc_fwd_task(void *argp, int task, int worker) {
 dg_status_t dg_cpu_encoder_fwd(dg_backend_t *be, void *out, const int32_t *tokens, const void *wte,
                                const void *wpe, int B, int T, int C) {
     const char *op = "encoder_fwd";
-    DG_CPU_NONNULL(op, out);
-    DG_CPU_NONNULL(op, tokens);
-    DG_CPU_NONNULL(op, wte);
-    DG_CPU_NONNULL(op, wpe);
+    DG_CPU_NONNULLS(op, out, tokens, wte, wpe);
     DG_CPU_POSITIVE(op, B);
     DG_CPU_POSITIVE(op, T);
     DG_CPU_POSITIVE(op, C);
@@ -98,10 +95,7 @@ static void enc_bwd_task(void *argp, int task, int worker) {
 dg_status_t dg_cpu_encoder_bwd(dg_backend_t *be, float *dwte, float *dwpe, const void *dout,
                                const int32_t *tokens, int B, int T, int C) {
     const char *op = "encoder_bwd";
-    DG_CPU_NONNULL(op, dwte);
-    DG_CPU_NONNULL(op, dwpe);
-    DG_CPU_NONNULL(op, dout);
-    DG_CPU_NONNULL(op, tokens);
+    DG_CPU_NONNULLS(op, dwte, dwpe, dout, tokens);
     DG_CPU_POSITIVE(op, B);
     DG_CPU_POSITIVE(op, T);
     DG_CPU_POSITIVE(op, C);
@@ -188,12 +182,7 @@ static void ln_fwd_task(void *argp, int task, int worker) {
 dg_status_t dg_cpu_layernorm_fwd(dg_backend_t *be, void *out, float *mean, float *rstd, const void *inp,
                                  const void *w, const void *b, int N, int C) {
     const char *op = "layernorm_fwd";
-    DG_CPU_NONNULL(op, out);
-    DG_CPU_NONNULL(op, mean);
-    DG_CPU_NONNULL(op, rstd);
-    DG_CPU_NONNULL(op, inp);
-    DG_CPU_NONNULL(op, w);
-    DG_CPU_NONNULL(op, b);
+    DG_CPU_NONNULLS(op, out, mean, rstd, inp, w, b);
     DG_CPU_POSITIVE(op, N);
     DG_CPU_POSITIVE(op, C);
     ln_fwd_arg_t a = {out, mean, rstd, inp, w, b, N, C, dg_cpu_ew_tasks(dg_cpu_of(be), (size_t)N * C)};
@@ -248,14 +237,7 @@ dg_status_t dg_cpu_layernorm_bwd(dg_backend_t *be, void *dinp, float *dw, float 
                                  const void *inp, const void *w, const float *mean, const float *rstd, int N,
                                  int C, int acc) {
     const char *op = "layernorm_bwd";
-    DG_CPU_NONNULL(op, dinp);
-    DG_CPU_NONNULL(op, dw);
-    DG_CPU_NONNULL(op, db);
-    DG_CPU_NONNULL(op, dout);
-    DG_CPU_NONNULL(op, inp);
-    DG_CPU_NONNULL(op, w);
-    DG_CPU_NONNULL(op, mean);
-    DG_CPU_NONNULL(op, rstd);
+    DG_CPU_NONNULLS(op, dinp, dw, db, dout, inp, w, mean, rstd);
     DG_CPU_POSITIVE(op, N);
     DG_CPU_POSITIVE(op, C);
     dg_cpu_t *cpu = dg_cpu_of(be);
@@ -278,7 +260,7 @@ DG_CPU_VEC static void gelu_fwd_range(float *o, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++)
         o[i] = dg_cpu_gelu(x[i]);
 }
-DG_CPU_VEC static void gelu_bwd_range(float *dx, const float *x, const float *dy, size_t n, int acc) {
+DG_CPU_VEC void dg_cpu_gelu_bwd_range(float *dx, const float *x, const float *dy, size_t n, int acc) {
     if (acc) {
 #pragma omp simd
         for (size_t i = 0; i < n; i++)
@@ -309,13 +291,12 @@ static void gelu_bwd_task(void *argp, int task, int worker) {
     const gelu_arg_t *a = argp;
     size_t lo, hi;
     dg_cpu_range(a->n, a->tasks, task, &lo, &hi);
-    gelu_bwd_range(a->out + lo, a->x + lo, a->dy + lo, hi - lo, a->acc);
+    dg_cpu_gelu_bwd_range(a->out + lo, a->x + lo, a->dy + lo, hi - lo, a->acc);
 }
 
 dg_status_t dg_cpu_gelu_fwd(dg_backend_t *be, void *out, const void *inp, size_t n) {
     if (n == 0) return DG_OK;
-    DG_CPU_NONNULL("gelu_fwd", out);
-    DG_CPU_NONNULL("gelu_fwd", inp);
+    DG_CPU_NONNULLS("gelu_fwd", out, inp);
     gelu_arg_t a = {out, inp, NULL, n, 0, dg_cpu_ew_tasks(dg_cpu_of(be), n)};
     dg_cpu_run(dg_cpu_of(be), a.tasks, gelu_fwd_task, &a);
     return DG_OK;
@@ -324,9 +305,7 @@ dg_status_t dg_cpu_gelu_fwd(dg_backend_t *be, void *out, const void *inp, size_t
 dg_status_t dg_cpu_gelu_bwd(dg_backend_t *be, void *dinp, const void *inp, const void *dout, size_t n,
                             int acc) {
     if (n == 0) return DG_OK;
-    DG_CPU_NONNULL("gelu_bwd", dinp);
-    DG_CPU_NONNULL("gelu_bwd", inp);
-    DG_CPU_NONNULL("gelu_bwd", dout);
+    DG_CPU_NONNULLS("gelu_bwd", dinp, inp, dout);
     gelu_arg_t a = {dinp, inp, dout, n, acc, dg_cpu_ew_tasks(dg_cpu_of(be), n)};
     dg_cpu_run(dg_cpu_of(be), a.tasks, gelu_bwd_task, &a);
     return DG_OK;
@@ -368,42 +347,23 @@ typedef struct {
     int tasks;
 } ce_arg_t;
 
-static void ce_fwd_task(void *argp, int task, int worker) {
+/* One task for the three ops: forward (losses set) writes lse and losses; backward (dlogits set) writes
+ * dlogits from lse_in, or, fused, from the lse just computed while the row is in cache. Each row goes
+ * through the same row functions in every mode, so the same bits. The target logit is read before the row
+ * may be overwritten (in place). */
+static void ce_task(void *argp, int task, int worker) {
     (void)worker;
     const ce_arg_t *a = argp;
     size_t lo, hi;
     dg_cpu_range((size_t)a->N, a->tasks, task, &lo, &hi);
     for (size_t i = lo; i < hi; i++) {
         const float *row = a->logits + i * a->Vp;
-        const float l = ce_lse_row(row, a->V);
-        a->lse[i] = l;
-        a->losses[i] = l - row[a->targets[i]];
-    }
-}
-
-static void ce_bwd_task(void *argp, int task, int worker) {
-    (void)worker;
-    const ce_arg_t *a = argp;
-    size_t lo, hi;
-    dg_cpu_range((size_t)a->N, a->tasks, task, &lo, &hi);
-    for (size_t i = lo; i < hi; i++)
-        ce_bwd_row(a->dlogits + i * a->Vp, a->logits + i * a->Vp, a->lse_in[i], a->targets[i], a->V, a->Vp,
-                   a->dloss);
-}
-
-/* Forward then backward of each row while it is in cache: the same row functions as the two tasks
- * above, so the same bits. The target logit is read before the row may be overwritten (in place). */
-static void ce_fused_task(void *argp, int task, int worker) {
-    (void)worker;
-    const ce_arg_t *a = argp;
-    size_t lo, hi;
-    dg_cpu_range((size_t)a->N, a->tasks, task, &lo, &hi);
-    for (size_t i = lo; i < hi; i++) {
-        const float *row = a->logits + i * a->Vp;
-        const float l = ce_lse_row(row, a->V);
-        a->lse[i] = l;
-        a->losses[i] = l - row[a->targets[i]];
-        ce_bwd_row(a->dlogits + i * a->Vp, row, l, a->targets[i], a->V, a->Vp, a->dloss);
+        float l = a->losses ? ce_lse_row(row, a->V) : a->lse_in[i];
+        if (a->losses) {
+            a->lse[i] = l;
+            a->losses[i] = l - row[a->targets[i]];
+        }
+        if (a->dlogits) ce_bwd_row(a->dlogits + i * a->Vp, row, l, a->targets[i], a->V, a->Vp, a->dloss);
     }
 }
 
@@ -420,73 +380,38 @@ static dg_status_t check_ce(const char *op, const int32_t *targets, int N, int V
     return DG_OK;
 }
 
+/* The three cross-entropy entry points: check, then run ce_task over the rows in tasks sized by `work`. */
+static dg_status_t ce_run(dg_backend_t *be, const char *op, ce_arg_t a, size_t work) {
+    DG_TRY(check_ce(op, a.targets, a.N, a.V, a.Vp));
+    a.tasks = dg_cpu_ew_tasks(dg_cpu_of(be), work);
+    dg_cpu_run(dg_cpu_of(be), a.tasks, ce_task, &a);
+    return DG_OK;
+}
+
 dg_status_t dg_cpu_crossentropy_fwd(dg_backend_t *be, float *losses, float *lse, const void *logits,
                                     const int32_t *targets, int N, int V, int Vp) {
     const char *op = "crossentropy_fwd";
-    DG_CPU_NONNULL(op, losses);
-    DG_CPU_NONNULL(op, lse);
-    DG_CPU_NONNULL(op, logits);
-    DG_CPU_NONNULL(op, targets);
-    DG_TRY(check_ce(op, targets, N, V, Vp));
-    ce_arg_t a = {losses,
-                  lse,
-                  NULL,
-                  NULL,
-                  logits,
-                  targets,
-                  N,
-                  V,
-                  Vp,
-                  0.0f,
-                  dg_cpu_ew_tasks(dg_cpu_of(be), (size_t)N * V)};
-    dg_cpu_run(dg_cpu_of(be), a.tasks, ce_fwd_task, &a);
-    return DG_OK;
+    DG_CPU_NONNULLS(op, losses, lse, logits, targets);
+    ce_arg_t a = {.losses = losses, .lse = lse, .logits = logits, .targets = targets, .N = N, .V = V,
+                  .Vp = Vp};
+    return ce_run(be, op, a, (size_t)N * V);
 }
 
 dg_status_t dg_cpu_crossentropy_bwd(dg_backend_t *be, void *dlogits, const void *logits, const float *lse,
                                     const int32_t *targets, int N, int V, int Vp, float dloss) {
     const char *op = "crossentropy_bwd";
-    DG_CPU_NONNULL(op, dlogits);
-    DG_CPU_NONNULL(op, logits);
-    DG_CPU_NONNULL(op, lse);
-    DG_CPU_NONNULL(op, targets);
-    DG_TRY(check_ce(op, targets, N, V, Vp));
-    ce_arg_t a = {NULL,
-                  NULL,
-                  dlogits,
-                  lse,
-                  logits,
-                  targets,
-                  N,
-                  V,
-                  Vp,
-                  dloss,
-                  dg_cpu_ew_tasks(dg_cpu_of(be), (size_t)N * Vp)};
-    dg_cpu_run(dg_cpu_of(be), a.tasks, ce_bwd_task, &a);
-    return DG_OK;
+    DG_CPU_NONNULLS(op, dlogits, logits, lse, targets);
+    ce_arg_t a = {.dlogits = dlogits, .lse_in = lse, .logits = logits, .targets = targets, .N = N, .V = V,
+                  .Vp = Vp, .dloss = dloss};
+    return ce_run(be, op, a, (size_t)N * Vp);
 }
 
 dg_status_t dg_cpu_crossentropy_fused(dg_backend_t *be, float *losses, float *lse, void *dlogits,
                                       const void *logits, const int32_t *targets, int N, int V, int Vp,
                                       float dloss) {
     const char *op = "crossentropy_fused";
-    DG_CPU_NONNULL(op, losses);
-    DG_CPU_NONNULL(op, lse);
-    DG_CPU_NONNULL(op, dlogits);
-    DG_CPU_NONNULL(op, logits);
-    DG_CPU_NONNULL(op, targets);
-    DG_TRY(check_ce(op, targets, N, V, Vp));
-    ce_arg_t a = {losses,
-                  lse,
-                  dlogits,
-                  NULL,
-                  logits,
-                  targets,
-                  N,
-                  V,
-                  Vp,
-                  dloss,
-                  dg_cpu_ew_tasks(dg_cpu_of(be), (size_t)N * Vp)};
-    dg_cpu_run(dg_cpu_of(be), a.tasks, ce_fused_task, &a);
-    return DG_OK;
+    DG_CPU_NONNULLS(op, losses, lse, dlogits, logits, targets);
+    ce_arg_t a = {.losses = losses, .lse = lse, .dlogits = dlogits, .logits = logits, .targets = targets,
+                  .N = N, .V = V, .Vp = Vp, .dloss = dloss};
+    return ce_run(be, op, a, (size_t)N * Vp);
 }

@@ -18,7 +18,10 @@
  *     one warp per row, 32 keys (or queries) at a time, all arithmetic in f32. They are also the
  *     reference the tests check the tensor-core kernels and cuDNN against (tests/backend_cuda).
  */
+#include <type_traits>
+
 #include "cuda_impl.cuh"
+#include "cuda_vec.cuh"
 
 #define ATT_LOG2E 1.4426950408889634f
 #define ATT_LN2 0.6931471805599453f
@@ -257,33 +260,22 @@ __global__ void __launch_bounds__(32 * GEN_WARPS)
 #define MMA_BR (16 * MMA_MT * MMA_NW) /* 128 rows per block */
 #define MMA_BC 64                     /* rows per streamed tile */
 
-template <typename T> struct MmaOp;
-template <> struct MmaOp<dg_bf16> {
+/* d += a * b, one m16n8k16 tensor-core product of T (bf16 or f16) inputs with f32 accumulators. */
+#define MMA_SYNC(TY)                                                                                         \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "    \
+                 "{%8,%9}, {%0,%1,%2,%3};\n"                                                                 \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                            \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+template <typename T> struct MmaOp {
     static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                                uint32_t b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        if constexpr (std::is_same<T, dg_bf16>::value)
+            MMA_SYNC("bf16");
+        else
+            MMA_SYNC("f16");
     }
     static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        return *reinterpret_cast<uint32_t *>(&v);
-    }
-};
-template <> struct MmaOp<dg_f16> {
-    static __device__ __forceinline__ void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        __half2 v = __floats2half2_rn(lo, hi);
-        return *reinterpret_cast<uint32_t *>(&v);
+        return dg_pack2(lo, hi, (T *)nullptr);
     }
 };
 

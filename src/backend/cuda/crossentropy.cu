@@ -136,22 +136,11 @@ static __device__ __forceinline__ void ce_unpack(float (&f)[4], const uint4 &u, 
     f[3] = __uint_as_float(u.w);
 }
 /* round to nearest even, as dg_from_f (the scalar path's stores) */
-static __device__ __forceinline__ uint4 ce_pack(const float (&f)[8], dg_bf16 *) {
+template <typename T> static __device__ __forceinline__ uint4 ce_pack(const float (&f)[8], T *) {
     unsigned w[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-        memcpy(&w[i], &h, 4);
-    }
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-static __device__ __forceinline__ uint4 ce_pack(const float (&f)[8], dg_f16 *) {
-    unsigned w[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const __half2 h = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
-        memcpy(&w[i], &h, 4);
-    }
+    for (int i = 0; i < 4; i++)
+        w[i] = dg_pack2(f[2 * i], f[2 * i + 1], (T *)nullptr);
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 static __device__ __forceinline__ uint4 ce_pack(const float (&f)[4], float *) {

@@ -84,4 +84,15 @@ template <> __device__ __forceinline__ float dg_elem16<dg_bf16>(const uint4 &u, 
     return __uint_as_float(j & 1 ? (w & 0xffff0000u) : (w << 16));
 }
 
+/* Two floats rounded to nearest even into one 32-bit word of bf16 or f16, `lo` in the low half (the tag
+ * pointer picks the type; it is never read). */
+static __device__ __forceinline__ uint32_t dg_pack2(float lo, float hi, dg_bf16 *) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+static __device__ __forceinline__ uint32_t dg_pack2(float lo, float hi, dg_f16 *) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
 #endif
