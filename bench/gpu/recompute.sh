@@ -2,7 +2,7 @@
 # recompute.sh — what train.recompute costs and buys on the GPU, one device call (docs/planning.md,
 # "Activation recompute"): gpt2-124m bf16 micro-batch B (32) x 1024 at every level (tokens/s: median of
 # steps > 5; peak GPU memory from the done event; the ratio to `none`), then gpt2-1558m at micro-batch
-# BIG_B (32): --plan-only without recompute (expected: refused by the memory-fit check) and a few steps
+# BIG_B (96: its activations do not fit one H200 without recompute): --plan-only without recompute (expected: refused by the memory-fit check) and a few steps
 # with train.recompute=full. Uses BUILD_DIR's dgtrain (default build-gpu). OUT for logs.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -11,7 +11,7 @@ build=${1:-$root/build-gpu}
 out=${OUT:-$PWD/recompute-out}
 mkdir -p "$out"
 B=${B:-32}
-BIG_B=${BIG_B:-32}
+BIG_B=${BIG_B:-96}
 steps=${STEPS:-16}
 py=${PYTHON:-python3}
 dgtrain=$build/src/cli/dgtrain
@@ -57,7 +57,7 @@ echo "1558m plan-only none rc=$? (1 = refused by the memory-fit check)"
 grep -iE "fit|GiB" "$out/1558m_plan_none.log" | head -5
 tag=1558m_b${BIG_B}_full
 "$mpirun" --allow-run-as-root --bind-to none -n 1 "$dgtrain" "${common[@]}" "${big[@]}" --set run.dir="$work/$tag" \
-  --set train.steps=${BIG_STEPS:-8} --set train.recompute=full >"$out/$tag.log" 2>&1
+  --set train.steps=${BIG_STEPS:-4} --set train.recompute=full >"$out/$tag.log" 2>&1
 echo "$tag rc=$?"
 cp "$work/$tag/metrics.jsonl" "$out/$tag.jsonl" 2>/dev/null
 summ "$tag"
