@@ -928,7 +928,7 @@ static dg_status_t dg_train_dry_run_memfit(dg_boot_t *boot, const dg_config_t *c
                                            FILE *out) {
     dg_mem_in_t mi;
     dg_memfit_input(cfg, &tr->desc, &tr->mesh, tr->micro_batch, 0, &mi);
-    char line[1024];
+    char line[1400];
     dg_status_t v = dg_memfit_check(boot->world, boot->local_size, cfg, &mi, tr->mesh_str, line, sizeof line);
     if (v != DG_OK && v != DG_ERR_USAGE) return v;
     if (boot->world_rank != 0) return DG_OK;
