@@ -32,7 +32,9 @@ static int which_of(const dg_node_t *n, const dg_node_t *x) {
 }
 
 /* The op that produces x (x itself, or the producer of a side output). */
-static const dg_node_t *owner(const dg_node_t *x) { return x->op == DG_OP_SIDE ? x->src[0] : x; }
+static const dg_node_t *owner(const dg_node_t *x) {
+    return x->op == DG_OP_SIDE ? x->src[0] : x;
+}
 
 /* seg[id] >= 0: n is selected and clonable; a view whose root is not selected in the same segment, or
  * a node that some unselected node views, is dropped (the storage would be shared with a kept tensor),

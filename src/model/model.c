@@ -353,8 +353,10 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         pipeline[np++] = (dg_pass_t){"autodiff", pass_autodiff, m};
         if (!(flags & DG_MODEL_UNFUSED_GELU_BWD))
             pipeline[np++] = (dg_pass_t){"fuse_gelu_bwd", dg_pass_fuse_gelu_bwd, NULL};
-        dg_recompute_pass_t rc = {.segment = (flags & DG_MODEL_RECOMPUTE_FULL) ? recompute_full : recompute_selective};
-        if ((flags & (DG_MODEL_RECOMPUTE_GELU | DG_MODEL_RECOMPUTE_SELECTIVE)) && !(flags & DG_MODEL_RECOMPUTE_FULL))
+        dg_recompute_pass_t rc = {.segment = (flags & DG_MODEL_RECOMPUTE_FULL) ? recompute_full
+                                                                               : recompute_selective};
+        if ((flags & (DG_MODEL_RECOMPUTE_GELU | DG_MODEL_RECOMPUTE_SELECTIVE)) &&
+            !(flags & DG_MODEL_RECOMPUTE_FULL))
             pipeline[np++] = (dg_pass_t){"recompute_gelu", dg_pass_recompute_gelu, NULL};
         if (flags & (DG_MODEL_RECOMPUTE_SELECTIVE | DG_MODEL_RECOMPUTE_FULL))
             pipeline[np++] = (dg_pass_t){"recompute", dg_pass_recompute, &rc};

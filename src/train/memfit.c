@@ -42,8 +42,9 @@ static void recompute_clause(const dg_mem_in_t *in, double avail, char *out, siz
         t.recompute = r;
         dg_mem_estimate(&t, &e);
         if (fit < 0 && e.total <= avail) fit = r;
-        l += (size_t)snprintf(out + l, cap - l, "%s%s %.2f GiB", r == in->recompute + 1 ? "; with train.recompute=" : ", ",
-                              rc_names[r], e.total / GIB);
+        l += (size_t)snprintf(out + l, cap - l, "%s%s %.2f GiB",
+                              r == in->recompute + 1 ? "; with train.recompute=" : ", ", rc_names[r],
+                              e.total / GIB);
         if (l >= cap) return;
     }
     if (fit >= 0)
@@ -147,8 +148,8 @@ dg_status_t dg_memfit_check(MPI_Comm world, int local_size, const dg_config_t *c
              e.total / GIB, e.state / GIB, e.gathered / GIB, e.activations / GIB, e.logits / GIB,
              e.buckets / GIB, in->gpu ? "; host, not counted:" : " +", e.checkpoint / GIB, e.runtime / GIB,
              fits ? "fits" : "does not fit:", red.v / GIB, red.r, src, mesh_str, (int)in->micro_batch,
-             rc_names[in->recompute < 0 || in->recompute > 3 ? 0 : in->recompute], fits ? "" : "; would fit: ", sug,
-             rcl);
+             rc_names[in->recompute < 0 || in->recompute > 3 ? 0 : in->recompute],
+             fits ? "" : "; would fit: ", sug, rcl);
     if (line_out) snprintf(line_out, cap, "%s", line);
     if (!fits) return DG_ERR(DG_ERR_USAGE, "%s", line);
     return DG_OK;

@@ -927,10 +927,11 @@ dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json
                     tr.mesh_str, tr.fsdp->coord[DG_MESH_DP_REPLICATE], tr.fsdp->coord[DG_MESH_DP_SHARD],
                     tr.fsdp->coord[DG_MESH_TP], tr.dp_rank, tr.dp_size, tr.micro_batch, tr.accum);
         if (!json)
-            fprintf(mem,
-                    "activation arena by train.recompute (this is %s): none %zu, gelu %zu, selective %zu, full "
-                    "%zu bytes\n",
-                    cfg->train.recompute, by_rc[0], by_rc[1], by_rc[2], by_rc[3]);
+            fprintf(
+                mem,
+                "activation arena by train.recompute (this is %s): none %zu, gelu %zu, selective %zu, full "
+                "%zu bytes\n",
+                cfg->train.recompute, by_rc[0], by_rc[1], by_rc[2], by_rc[3]);
         s = dg_model_print_plan(tr.model, mem, json);
         if (s == DG_OK && !json) {
             fprintf(mem, "placements (global shape; dp_replicate, dp_shard, tp; local elements; this rank's "
@@ -994,7 +995,8 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
                 "\"mesh\":\"%s\",\"global_batch\":%lld,\"micro_batch\":%d,\"grad_accum\":%d,"
                 "\"per_rank_bytes\":{\"params_grads_optimizer\":%zu,\"activation_arena\":%zu,"
                 "\"activations_unplanned\":%zu,\"params_grads_optimizer_unsharded\":%zu},"
-                "\"activation_arena_by_recompute\":{\"none\":%zu,\"gelu\":%zu,\"selective\":%zu,\"full\":%zu}",
+                "\"activation_arena_by_recompute\":{\"none\":%zu,\"gelu\":%zu,\"selective\":%zu,\"full\":%"
+                "zu}",
                 cfg->model.preset, tr.desc.n_layer, tr.desc.n_head, tr.desc.d_model, tr.desc.seq_len,
                 tr.desc.vocab_size, tr.desc.padded_vocab, (unsigned long long)dg_model_n_params(&tr.desc),
                 dg_model_flops_per_token(&tr.desc), tr.mesh_str, (long long)tr.global_batch, tr.micro_batch,
