@@ -35,12 +35,13 @@ static void device_terms(const dg_mem_in_t *in, dg_mem_est_t *out) {
     if (in->recompute == 1) kept = C * (4.0 + 8.0 / K) * pb + 16.0 + att, redo = C * 4.0 / K * pb;
     if (in->recompute == 2) kept = C * (2.0 + 7.0 / K) * pb, redo = C * (2.0 + 5.0 / K) * pb + 16.0 + att;
     if (in->recompute >= 3) kept = C * (K > 1 ? 3.0 : 1.0) * pb, redo = all;
-    double act_layer = mb * T * kept;
-    double top = mb * T * (C * 3.0 * pb + redo);
-    out->activations = L * act_layer + top;
     /* the lm_head is the tied embedding, not vocabulary-parallel: full-V logits on every tp rank;
      * the fused loss writes dlogits over them; f32 loss, logsumexp and ln_f rstd/mean rows (3 x 4 B) */
     out->logits = mb * T * (V * pb + 12.0);
+    /* the recomputed tensors live in the layers' backward, after lm_head's, where the planner lays them
+     * over the dead (d)logits: only what exceeds that buffer adds to the peak */
+    double extra = mb * T * redo - out->logits;
+    out->activations = L * mb * T * kept + mb * T * C * 3.0 * pb + (extra > 0 ? extra : 0);
     /* FSDP (graph/shard.c): a bucket is a block's parameters, up to bucket_bytes; its gradient is
      * accumulated unsharded in f32 until shard_pack and the reduce-scatter (the arena's placement lets
      * the pack buffer share its space; measured). DDP reduces the flat gradient in place (no buffer). */
