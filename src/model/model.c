@@ -51,10 +51,6 @@ static int res_fused(const dg_model_t *m) {
     return !(m->flags & DG_MODEL_UNFUSED_RESID) && !dg_op_missing_kernel(m->be, DG_OP_MATMUL_RES);
 }
 
-/* Optimizer-phase collectives, run to completion on the compute stream (a few per step):
- * tp-rank-0-only gradients summed over tp, before the norm; the local sum of squares summed over
- * dp_shard and tp, before the clip factor. The dp_replicate sum runs in the backward
- * (dg_pass_replicate_sync in src/graph/sync.c). */
 /* train.recompute = selective / full: the layer (segment) of a forward op to recompute, or -1. Layer ops
  * are named "h.<l>.<what>" (gpt2.c). selective: the layer norms (and tensor parallelism's identity view
  * of their output) and the attention core from the saved qkv; full: every op of the layer but its output
@@ -77,6 +73,10 @@ static int recompute_full(const dg_node_t *n, void *user) {
     return recompute_layer(n, 1);
 }
 
+/* Optimizer-phase collectives, run to completion on the compute stream (a few per step):
+ * tp-rank-0-only gradients summed over tp, before the norm; the local sum of squares summed over
+ * dp_shard and tp, before the clip factor. The dp_replicate sum runs in the backward
+ * (dg_pass_replicate_sync in src/graph/sync.c). */
 static dg_status_t pass_grad_sync(dg_graph_t *g, void *ctx) {
     dg_model_t *m = ctx;
     if (m->rep > 1 && m->shard) DG_TRY(dg_pass_replicate_sync(g, m->shard));
