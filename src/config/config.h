@@ -31,7 +31,12 @@ extern "C" {
  * tests/config. */
 typedef enum { DG_PREC_FP32 = 0, DG_PREC_BF16, DG_PREC_FP16 } dg_precision_t; /* train.precision */
 typedef enum { DG_REDUCE_FP32 = 0, DG_REDUCE_BF16 } dg_reduce_dtype_t;        /* train.reduce_dtype */
-typedef enum { DG_RECOMPUTE_NONE = 0, DG_RECOMPUTE_GELU } dg_recompute_t;     /* train.recompute */
+typedef enum {
+    DG_RECOMPUTE_NONE = 0,
+    DG_RECOMPUTE_GELU,
+    DG_RECOMPUTE_SELECTIVE,
+    DG_RECOMPUTE_FULL
+} dg_recompute_t; /* train.recompute */
 typedef enum {
     DG_CFG_BACKEND_AUTO = 0,
     DG_CFG_BACKEND_CPU,
@@ -67,7 +72,7 @@ typedef struct dg_config {
         double min_lr_ratio, weight_decay, grad_clip, beta1, beta2, eps;
         char precision[8];    /* fp32 | bf16 | fp16 */
         char reduce_dtype[8]; /* fp32 | bf16 */
-        char recompute[8];    /* none | gelu: activations recomputed in the backward instead of kept */
+        char recompute[12];   /* none | gelu | selective | full: activations recomputed in the backward */
         dg_precision_t precision_id;
         dg_reduce_dtype_t reduce_dtype_id;
         dg_recompute_t recompute_id;

@@ -157,8 +157,9 @@ const dg_cfg_key_t dg_cfg_schema[] = {
           "compute dtype of activations"),
     ENUMI("train", "reduce_dtype", train.reduce_dtype, train.reduce_dtype_id, "fp32", "fp32|bf16",
           "dtype of gradient reductions"),
-    ENUMI("train", "recompute", train.recompute, train.recompute_id, "none", "none|gelu",
-          "activations recomputed in the backward instead of kept (gelu: the MLP's GELU output)"),
+    ENUMI("train", "recompute", train.recompute, train.recompute_id, "none", "none|gelu|selective|full",
+          "activations recomputed in the backward instead of kept (gelu: the MLP's GELU output; selective: "
+          "also the layer norms and the attention core; full: the whole layer from its input)"),
     STR("train", "freeze", train.freeze, "", NULL,
         "comma-separated parameter-name patterns (fnmatch) that are not trained"),
     INT("train", "log_every", train.log_every, "1", 1, I64MAX, "steps between progress lines"),

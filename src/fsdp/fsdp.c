@@ -36,6 +36,8 @@ void dg_fsdp_opts_from_config(const dg_config_t *cfg, dg_fsdp_opts_t *o) {
     o->rs_mpi = strcmp(cfg->parallel.reduce_scatter, "mpi") == 0;
     o->nccl_nonblocking = cfg->parallel.nccl_nonblocking;
     if (cfg->train.recompute_id == DG_RECOMPUTE_GELU) o->model_flags |= DG_MODEL_RECOMPUTE_GELU;
+    if (cfg->train.recompute_id == DG_RECOMPUTE_SELECTIVE) o->model_flags |= DG_MODEL_RECOMPUTE_SELECTIVE;
+    if (cfg->train.recompute_id == DG_RECOMPUTE_FULL) o->model_flags |= DG_MODEL_RECOMPUTE_FULL;
     o->reduce_dtype = cfg->train.reduce_dtype_id == DG_REDUCE_BF16 ? DG_BF16 : DG_F32;
 }
 

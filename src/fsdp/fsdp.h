@@ -45,7 +45,7 @@ typedef struct dg_fsdp_opts {
     int nccl_nonblocking;      /* parallel.nccl_nonblocking */
     int plan_only;             /* no communicators (--plan-only / --dry-run): the model can only be planned */
     int model_flags;           /* DG_MODEL_* graph options from the config that dg_fsdp_model_create adds
-                                  (train.recompute = gelu: DG_MODEL_RECOMPUTE_GELU) */
+                                  (train.recompute: DG_MODEL_RECOMPUTE_GELU, _SELECTIVE, _FULL) */
     dg_dtype_t reduce_dtype;   /* train.reduce_dtype: DG_F32 (default) or DG_BF16 */
 } dg_fsdp_opts_t;
 

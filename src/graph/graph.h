@@ -392,6 +392,26 @@ dg_status_t dg_pass_fuse_gelu_bwd(dg_graph_t *g, void *ctx);
  * CPU backend and CUDA f32: bitwise). */
 dg_status_t dg_pass_recompute_gelu(dg_graph_t *g, void *ctx);
 
+/* Activation recompute pass (after autodiff and the backward fusions, before the sharding passes; ctx: a
+ * dg_recompute_pass_t). segment(n) names the forward ops the caller wants recomputed, grouped in segments
+ * (>= 0; -1 = keep n from the forward to the backward). A selected op is re-emitted (phase BWD, same op,
+ * attributes and stream, name "<name>.recompute") only where it is needed: when a backward op reads it or
+ * one of its side outputs, or a needed op of its segment reads it. The copies of one segment go, in
+ * forward order, right before the first backward op that reads one of them; they read each other's
+ * copies within the segment and the originals otherwise (saved tensors, parameters); every backward op
+ * after them reads the copies. The originals then die at their last forward reader, so the memory plan
+ * made afterwards holds the recomputed tensors only in the backward of their segment. Never selected,
+ * whatever segment() says: ops outside the forward, collectives (but the identity forward of an
+ * all_reduce FROM_REPLICATE, a view), ops that update a persistent tensor or wait on another stream,
+ * OUTPUT and LOSS nodes, and an op whose storage a node of another segment shares (a view). The numbers do
+ * not change where an op computes the same result from the same inputs (CPU backend: bitwise). */
+typedef struct dg_recompute {
+    int (*segment)(const dg_node_t *n, void *user);
+    void *user;
+    int n_cloned; /* out: ops re-emitted */
+} dg_recompute_pass_t;
+dg_status_t dg_pass_recompute(dg_graph_t *g, void *ctx);
+
 /* Autodiff (reverse mode): appends, in phase BWD, the backward of every node that leads to one of
  * `outs` (which are flagged OUTPUT, so they stay readable after the backward). seeds[i] is the gradient of
  * outs[i] (a node of the same shape), or NULL when outs[i] is a per-token loss (DG_NF_LOSS, from

@@ -17,7 +17,7 @@ typedef struct {
     double param_bytes; /* compute dtype bytes (4 f32, 2 bf16/fp16) */
     int dp_shard, tp;   /* dp_replicate does not change per-rank memory */
     double micro_batch;
-    int recompute_gelu;  /* train.recompute=gelu */
+    int recompute;       /* train.recompute: 0 none, 1 gelu, 2 selective, 3 full (DG_RECOMPUTE_*) */
     int gpu;             /* GPU mode: attention probabilities are not kept; host terms not in total */
     double bucket_bytes; /* gradient bucket (parallel.bucket_mb); <= 0: one block, uncapped */
 } dg_mem_in_t;

@@ -20,19 +20,28 @@ static void device_terms(const dg_mem_in_t *in, dg_mem_est_t *out) {
     double block = 12.0 * C * C / K;
     out->gathered = S > 1 ? (2.0 * block + V * C / K) * pb : 0;
     /* kept per layer and token: ln_1, res_1, ln_2, res_2 outputs (4 C, replicated over tp), qkv, the
-     * attention output, the MLP pre-GELU and GELU outputs (12 C / tp; recompute=gelu drops the GELU
-     * output: 8 C / tp), both layer norms' f32 mean and rstd (16 bytes), and the attention's aux
-     * buffer: the f32 probabilities on CPU (H/tp x T per token), the f32 logsumexp on GPU (H/tp) */
-    double widths = 4.0 + (in->recompute_gelu ? 8.0 : 12.0) / K;
+     * attention output, the MLP pre-GELU and GELU outputs (12 C / tp), both layer norms' f32 mean and
+     * rstd (16 bytes), and the attention's aux buffer: the f32 probabilities on CPU (H/tp x T per
+     * token), the f32 logsumexp on GPU (H/tp). Outside the layers: the encoder output, ln_f's output and
+     * its gradient (3 C). With recompute, fewer are kept and the layer being differentiated holds its
+     * recomputed ones in its backward (`redo`):
+     *   gelu: the GELU output is not kept (8 C / tp kept; redo 4 C / tp);
+     *   selective: neither the layer norms' outputs and statistics nor the attention output and aux
+     *     (res_1, res_2, qkv, pre-GELU kept: 2 C + 7 C / tp; redo 2 C + 5 C / tp + 16 + aux);
+     *   full: the layer's input alone (res_2 of the layer before; with tp > 1 also the two row-parallel
+     *     all-reduce outputs, collectives are not re-run: C or 3 C; redo the whole layer) */
     double att = in->gpu ? (H / K) * 4.0 : (H / K) * T * 4.0;
-    double act_layer = mb * T * (C * widths * pb + 16.0 + att);
-    /* outside the layers: the encoder output, ln_f's output and its gradient (3 C); with recompute the
-     * recomputed GELU output of the layer in its backward (4 C / tp) */
-    double top = mb * T * C * (3.0 + (in->recompute_gelu ? 4.0 / K : 0)) * pb;
-    out->activations = L * act_layer + top;
+    double all = C * (4.0 + 12.0 / K) * pb + 16.0 + att, kept = all, redo = 0;
+    if (in->recompute == 1) kept = C * (4.0 + 8.0 / K) * pb + 16.0 + att, redo = C * 4.0 / K * pb;
+    if (in->recompute == 2) kept = C * (2.0 + 7.0 / K) * pb, redo = C * (2.0 + 5.0 / K) * pb + 16.0 + att;
+    if (in->recompute >= 3) kept = C * (K > 1 ? 3.0 : 1.0) * pb, redo = all;
     /* the lm_head is the tied embedding, not vocabulary-parallel: full-V logits on every tp rank;
      * the fused loss writes dlogits over them; f32 loss, logsumexp and ln_f rstd/mean rows (3 x 4 B) */
     out->logits = mb * T * (V * pb + 12.0);
+    /* the recomputed tensors live in the layers' backward, after lm_head's, where the planner lays them
+     * over the dead (d)logits: only what exceeds that buffer adds to the peak */
+    double extra = mb * T * redo - out->logits;
+    out->activations = L * mb * T * kept + mb * T * C * 3.0 * pb + (extra > 0 ? extra : 0);
     /* FSDP (graph/shard.c): a bucket is a block's parameters, up to bucket_bytes; its gradient is
      * accumulated unsharded in f32 until shard_pack and the reduce-scatter (the arena's placement lets
      * the pack buffer share its space; measured). DDP reduces the flat gradient in place (no buffer). */

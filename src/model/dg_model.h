@@ -126,7 +126,15 @@ enum {
      * matmul_fwd_res). The same numbers on the CPU backend, bit for bit (on CUDA within matmul_fwd's
      * tolerance: the sum rounds once). Also chosen when the backend has no matmul_fwd_res, or with the
      * environment variable DG_TEST_UNFUSED_RESID=1. */
-    DG_MODEL_UNFUSED_RESID = 64
+    DG_MODEL_UNFUSED_RESID = 64,
+    /* train.recompute = selective: as RECOMPUTE_GELU, and each layer's two layer norms and its attention
+     * core (the attention output and its aux, from the saved qkv) are re-run in the layer's backward
+     * (graph pass recompute). Same numbers on the CPU backend (bitwise) and on CUDA in fp32. */
+    DG_MODEL_RECOMPUTE_SELECTIVE = 128,
+    /* train.recompute = full: only each layer's input is kept; the whole layer forward is re-run at the
+     * start of its backward (graph pass recompute; with tensor parallelism the row-parallel all-reduce
+     * outputs are kept too: collectives are not re-run). Implies the GELU recompute. */
+    DG_MODEL_RECOMPUTE_FULL = 256
 };
 
 /* Builds the graph (forward + backward + optimizer) for micro-batches of [micro_batch, seq_len] tokens,

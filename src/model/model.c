@@ -51,6 +51,28 @@ static int res_fused(const dg_model_t *m) {
     return !(m->flags & DG_MODEL_UNFUSED_RESID) && !dg_op_missing_kernel(m->be, DG_OP_MATMUL_RES);
 }
 
+/* train.recompute = selective / full: the layer (segment) of a forward op to recompute, or -1. Layer ops
+ * are named "h.<l>.<what>" (gpt2.c). selective: the layer norms (and tensor parallelism's identity view
+ * of their output) and the attention core from the saved qkv; full: every op of the layer but its output
+ * res_2 (the next layer's input), so only each layer's input is kept. */
+static int recompute_layer(const dg_node_t *n, int full) {
+    int l = -1, len = 0;
+    if (sscanf(n->name, "h.%d.%n", &l, &len) != 1 || len == 0 || l < 0) return -1;
+    const char *what = n->name + len;
+    if (full) return strcmp(what, "res_2") == 0 ? -1 : l;
+    if (n->op == DG_OP_LAYERNORM || n->op == DG_OP_ATTENTION) return l;
+    if (n->op == DG_OP_ALL_REDUCE && n->attr[DG_A_ARMODE] == DG_AR_FROM_REPLICATE) return l;
+    return -1;
+}
+static int recompute_selective(const dg_node_t *n, void *user) {
+    (void)user;
+    return recompute_layer(n, 0);
+}
+static int recompute_full(const dg_node_t *n, void *user) {
+    (void)user;
+    return recompute_layer(n, 1);
+}
+
 /* Optimizer-phase collectives, run to completion on the compute stream (a few per step):
  * tp-rank-0-only gradients summed over tp, before the norm; the local sum of squares summed over
  * dp_shard and tp, before the clip factor. The dp_replicate sum runs in the backward
@@ -331,8 +353,13 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         pipeline[np++] = (dg_pass_t){"autodiff", pass_autodiff, m};
         if (!(flags & DG_MODEL_UNFUSED_GELU_BWD))
             pipeline[np++] = (dg_pass_t){"fuse_gelu_bwd", dg_pass_fuse_gelu_bwd, NULL};
-        if (flags & DG_MODEL_RECOMPUTE_GELU)
+        dg_recompute_pass_t rc = {.segment = (flags & DG_MODEL_RECOMPUTE_FULL) ? recompute_full
+                                                                               : recompute_selective};
+        if ((flags & (DG_MODEL_RECOMPUTE_GELU | DG_MODEL_RECOMPUTE_SELECTIVE)) &&
+            !(flags & DG_MODEL_RECOMPUTE_FULL))
             pipeline[np++] = (dg_pass_t){"recompute_gelu", dg_pass_recompute_gelu, NULL};
+        if (flags & (DG_MODEL_RECOMPUTE_SELECTIVE | DG_MODEL_RECOMPUTE_FULL))
+            pipeline[np++] = (dg_pass_t){"recompute", dg_pass_recompute, &rc};
         /* the loss becomes one op that also writes the logits' gradient, in the forward: every run of the
          * forward that a backward follows must have the step's dloss set (dg_model_forward_backward), and
          * a forward alone runs with rt.forward_only (dg_model_forward, dg_model_logits) */

@@ -22,13 +22,39 @@ void dg_memfit_input(const dg_config_t *c, const dg_model_desc_t *d, const dg_me
     in->dp_shard = m->size[DG_MESH_DP_SHARD];
     in->tp = m->size[DG_MESH_TP];
     in->micro_batch = micro_batch;
-    in->recompute_gelu = c->train.recompute_id == DG_RECOMPUTE_GELU;
+    in->recompute = (int)c->train.recompute_id;
     in->gpu = gpu;
     in->bucket_bytes = c->parallel.bucket_mb * 1048576.0;
 }
 
-/* A setting that fits `avail`, found with the same estimator: smaller micro-batch, recompute=gelu, then
- * a larger dp_shard (more ranks). */
+static const char *const rc_names[] = {"none", "gelu", "selective", "full"};
+
+/* "; with train.recompute=gelu X GiB, selective Y GiB, full Z GiB: train.recompute=L fits" for the levels
+ * above in's (same estimator), or "...: no recompute level fits"; "" at full. */
+static void recompute_clause(const dg_mem_in_t *in, double avail, char *out, size_t cap) {
+    out[0] = 0;
+    if (in->recompute >= 3) return;
+    dg_mem_in_t t = *in;
+    dg_mem_est_t e;
+    int fit = -1;
+    size_t l = 0;
+    for (int r = in->recompute + 1; r <= 3; r++) {
+        t.recompute = r;
+        dg_mem_estimate(&t, &e);
+        if (fit < 0 && e.total <= avail) fit = r;
+        l += (size_t)snprintf(out + l, cap - l, "%s%s %.2f GiB",
+                              r == in->recompute + 1 ? "; with train.recompute=" : ", ", rc_names[r],
+                              e.total / GIB);
+        if (l >= cap) return;
+    }
+    if (fit >= 0)
+        snprintf(out + l, cap - l, ": train.recompute=%s fits", rc_names[fit]);
+    else
+        snprintf(out + l, cap - l, ": no recompute level fits");
+}
+
+/* A setting that fits `avail`, found with the same estimator: smaller micro-batch, a recompute level,
+ * then a larger dp_shard (more ranks). */
 static void suggest(const dg_mem_in_t *in, double avail, char *out, size_t cap) {
     dg_mem_in_t t = *in;
     dg_mem_est_t e;
@@ -41,11 +67,11 @@ static void suggest(const dg_mem_in_t *in, double avail, char *out, size_t cap) 
         }
     }
     t = *in;
-    if (!t.recompute_gelu) {
-        t.recompute_gelu = 1;
+    for (int r = in->recompute + 1; r <= 3; r++) {
+        t.recompute = r;
         dg_mem_estimate(&t, &e);
         if (e.total <= avail) {
-            snprintf(out, cap, "train.recompute=gelu (%.2f GiB)", e.total / GIB);
+            snprintf(out, cap, "train.recompute=%s (%.2f GiB)", rc_names[r], e.total / GIB);
             return;
         }
     }
@@ -53,10 +79,10 @@ static void suggest(const dg_mem_in_t *in, double avail, char *out, size_t cap) 
     for (int s = in->dp_shard * 2; s <= 65536; s *= 2) {
         t.dp_shard = s;
         t.micro_batch = 1;
-        t.recompute_gelu = 1;
+        t.recompute = 3;
         dg_mem_estimate(&t, &e);
         if (e.total <= avail) {
-            snprintf(out, cap, "dp_shard=%d ranks with train.micro_batch=1, train.recompute=gelu (%.2f GiB)",
+            snprintf(out, cap, "dp_shard=%d ranks with train.micro_batch=1, train.recompute=full (%.2f GiB)",
                      s, e.total / GIB);
             return;
         }
@@ -103,7 +129,7 @@ dg_status_t dg_memfit_check(MPI_Comm world, int local_size, const dg_config_t *c
     DG_MPI_CHECK(MPI_Bcast(src, (int)sizeof src, MPI_CHAR, red.r, world));
     dg_mem_est_t e;
     dg_mem_estimate(in, &e);
-    char line[896];
+    char line[1400];
     if (red.v >= 1e300) {
         snprintf(line, sizeof line, "memory: needs %.2f GiB per rank; available memory unknown (not checked)",
                  e.total / GIB);
@@ -111,17 +137,19 @@ dg_status_t dg_memfit_check(MPI_Comm world, int local_size, const dg_config_t *c
         return DG_OK;
     }
     int fits = e.total <= red.v;
-    char sug[192] = "";
+    char sug[192] = "", rcl[192] = "";
     if (!fits) suggest(in, red.v, sug, sizeof sug);
+    if (!fits) recompute_clause(in, red.v, rcl, sizeof rcl);
     snprintf(line, sizeof line,
              "memory: needs %.2f GiB per rank (state %.2f + gathered %.2f + activations %.2f + logits %.2f + "
              "buckets %.2f%s checkpoint %.2f + runtime %.2f), %s %.2f GiB available on rank %d (%s); mesh "
              "%s, micro_batch %d, "
-             "recompute %s%s%s",
+             "recompute %s%s%s%s",
              e.total / GIB, e.state / GIB, e.gathered / GIB, e.activations / GIB, e.logits / GIB,
              e.buckets / GIB, in->gpu ? "; host, not counted:" : " +", e.checkpoint / GIB, e.runtime / GIB,
              fits ? "fits" : "does not fit:", red.v / GIB, red.r, src, mesh_str, (int)in->micro_batch,
-             in->recompute_gelu ? "gelu" : "none", fits ? "" : "; would fit: ", sug);
+             rc_names[in->recompute < 0 || in->recompute > 3 ? 0 : in->recompute],
+             fits ? "" : "; would fit: ", sug, rcl);
     if (line_out) snprintf(line_out, cap, "%s", line);
     if (!fits) return DG_ERR(DG_ERR_USAGE, "%s", line);
     return DG_OK;

@@ -891,10 +891,34 @@ static dg_status_t plan_model(dg_boot_t *boot, const dg_config_t *cfg, trainer_t
                                 DG_MODEL_PLAN_ONLY, &tr->model);
 }
 
+/* The planned activation arena of this rank's graph at every train.recompute level (plan-only models,
+ * DG_RECOMPUTE_NONE .. DG_RECOMPUTE_FULL), for --dry-run. */
+static dg_status_t arena_per_recompute(dg_boot_t *boot, const dg_config_t *cfg, size_t arena[4]) {
+    static const char *const names[4] = {"none", "gelu", "selective", "full"};
+    dg_config_t *c = dg_xmalloc(sizeof *c);
+    dg_status_t s = DG_OK;
+    for (int r = 0; r < 4 && s == DG_OK; r++) {
+        *c = *cfg;
+        c->train.recompute_id = (dg_recompute_t)r;
+        snprintf(c->train.recompute, sizeof c->train.recompute, "%s", names[r]);
+        trainer_t t = {0};
+        dg_backend_t *be = NULL;
+        s = plan_model(boot, c, &t, &be);
+        if (s == DG_OK) arena[r] = dg_model_arena_bytes(t.model);
+        if (t.model) dg_model_free(t.model);
+        dg_fsdp_free(t.fsdp);
+        dg_backend_free(be);
+    }
+    free(c);
+    return s;
+}
+
 dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json, FILE *out) {
     trainer_t tr = {0};
     dg_backend_t *be = NULL;
     dg_status_t s = dg_boot_agree(boot, plan_model(boot, cfg, &tr, &be));
+    size_t by_rc[4] = {0};
+    if (s == DG_OK && !json) s = dg_boot_agree(boot, arena_per_recompute(boot, cfg, by_rc));
     char *buf = NULL;
     size_t cap = 0;
     if (s == DG_OK) {
@@ -906,6 +930,12 @@ dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json
                     "micro_batch %d x %d accumulation steps\n",
                     tr.mesh_str, tr.fsdp->coord[DG_MESH_DP_REPLICATE], tr.fsdp->coord[DG_MESH_DP_SHARD],
                     tr.fsdp->coord[DG_MESH_TP], tr.dp_rank, tr.dp_size, tr.micro_batch, tr.accum);
+        if (!json)
+            fprintf(
+                mem,
+                "activation arena by train.recompute (this is %s): none %zu, gelu %zu, selective %zu, full "
+                "%zu bytes\n",
+                cfg->train.recompute, by_rc[0], by_rc[1], by_rc[2], by_rc[3]);
         s = dg_model_print_plan(tr.model, mem, json);
         if (s == DG_OK && !json) {
             fprintf(mem, "placements (global shape; dp_replicate, dp_shard, tp; local elements; this rank's "
@@ -932,7 +962,7 @@ static dg_status_t dg_train_dry_run_memfit(dg_boot_t *boot, const dg_config_t *c
                                            FILE *out) {
     dg_mem_in_t mi;
     dg_memfit_input(cfg, &tr->desc, &tr->mesh, tr->micro_batch, 0, &mi);
-    char line[1024];
+    char line[1400];
     dg_status_t v = dg_memfit_check(boot->world, boot->local_size, cfg, &mi, tr->mesh_str, line, sizeof line);
     if (v != DG_OK && v != DG_ERR_USAGE) return v;
     if (boot->world_rank != 0) return DG_OK;
@@ -953,6 +983,8 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
     trainer_t tr = {0};
     dg_backend_t *be = NULL;
     dg_status_t s = dg_boot_agree(boot, plan_model(boot, cfg, &tr, &be));
+    size_t by_rc[4] = {0};
+    if (s == DG_OK) s = dg_boot_agree(boot, arena_per_recompute(boot, cfg, by_rc));
     if (s == DG_OK && boot->world_rank == 0) {
         size_t state = dg_model_state_bytes(tr.model), arena = dg_model_arena_bytes(tr.model);
         size_t act = dg_model_activation_bytes_sum(tr.model);
@@ -966,11 +998,13 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
                 "\"vocab_size\":%d,\"padded_vocab\":%d,\"n_params\":%llu,\"flops_per_token\":%.6g},"
                 "\"mesh\":\"%s\",\"global_batch\":%lld,\"micro_batch\":%d,\"grad_accum\":%d,"
                 "\"per_rank_bytes\":{\"params_grads_optimizer\":%zu,\"activation_arena\":%zu,"
-                "\"activations_unplanned\":%zu,\"params_grads_optimizer_unsharded\":%zu}",
+                "\"activations_unplanned\":%zu,\"params_grads_optimizer_unsharded\":%zu},"
+                "\"activation_arena_by_recompute\":{\"none\":%zu,\"gelu\":%zu,\"selective\":%zu,\"full\":%"
+                "zu}",
                 cfg->model.preset, tr.desc.n_layer, tr.desc.n_head, tr.desc.d_model, tr.desc.seq_len,
                 tr.desc.vocab_size, tr.desc.padded_vocab, (unsigned long long)dg_model_n_params(&tr.desc),
                 dg_model_flops_per_token(&tr.desc), tr.mesh_str, (long long)tr.global_batch, tr.micro_batch,
-                tr.accum, state, arena, act, whole);
+                tr.accum, state, arena, act, whole, by_rc[0], by_rc[1], by_rc[2], by_rc[3]);
         } else {
             fprintf(out, "\nModel and memory plan\n");
             fprintf(out,
@@ -986,6 +1020,10 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
                     "  per rank     params+grads+AdamW %.2f MB (unsharded %.2f MB); activation arena %.2f MB "
                     "(%.2f MB unplanned)\n",
                     state / 1e6, whole / 1e6, arena / 1e6, act / 1e6);
+            fprintf(out,
+                    "  activation arena by train.recompute (this is %s): none %.2f MB, gelu %.2f MB, "
+                    "selective %.2f MB, full %.2f MB\n",
+                    cfg->train.recompute, by_rc[0] / 1e6, by_rc[1] / 1e6, by_rc[2] / 1e6, by_rc[3] / 1e6);
         }
     }
     char *head = NULL;

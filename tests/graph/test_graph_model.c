@@ -396,6 +396,87 @@ static void test_gelu_variants(void) {
            arena[0], arena[1], arena[2]);
 }
 
+/* train.recompute levels (graph pass recompute): what the backward reads from the forward, the plan, and
+ * the numbers. selective: no backward op reads a forward layer norm or attention (nor their statistics
+ * and aux); full: none reads a layer's forward op but its output res_2. The arena shrinks at each level
+ * and every level trains bitwise like the plain graph (CPU backend: a recomputed op computes what the
+ * original did), also with the residual unfused and without arena reuse. */
+static int late_reads(const dg_graph_t *g, int full) {
+    int late = 0;
+    for (int i = 0; i < g->n; i++) {
+        const dg_node_t *x = g->nodes[i];
+        if (x->phase != DG_PHASE_BWD || x->op == DG_OP_SIDE || x->op == DG_OP_LEAF) continue;
+        for (int k = 0; k < x->n_src; k++) {
+            const dg_node_t *s = x->src[k]->op == DG_OP_SIDE ? x->src[k]->src[0] : x->src[k];
+            if (s->phase != DG_PHASE_FWD || s->op == DG_OP_LEAF || strncmp(s->name, "h.", 2) != 0) continue;
+            const char *dot = strrchr(s->name, '.');
+            if (full ? strcmp(dot, ".res_2") != 0 : s->op == DG_OP_LAYERNORM || s->op == DG_OP_ATTENTION)
+                late++;
+        }
+    }
+    return late;
+}
+
+static void test_recompute_levels(void) {
+    const int L = small.n_layer;
+    const int variants[] = {0,
+                            DG_MODEL_RECOMPUTE_GELU,
+                            DG_MODEL_RECOMPUTE_SELECTIVE,
+                            DG_MODEL_RECOMPUTE_FULL,
+                            DG_MODEL_RECOMPUTE_SELECTIVE | DG_MODEL_UNFUSED_RESID,
+                            DG_MODEL_RECOMPUTE_FULL | DG_MODEL_UNFUSED_RESID,
+                            DG_MODEL_RECOMPUTE_FULL | DG_MODEL_NO_ARENA_REUSE};
+    const char *names[] = {
+        "none",          "gelu", "selective", "full", "selective, unfused residual", "full, unfused residual",
+        "full, no reuse"};
+    const int nv = (int)(sizeof variants / sizeof variants[0]);
+    size_t arena[7] = {0};
+    for (int v = 0; v < nv; v++) {
+        int f = variants[v], sel = (f & DG_MODEL_RECOMPUTE_SELECTIVE) != 0,
+            full = (f & DG_MODEL_RECOMPUTE_FULL) != 0;
+        dg_model_t *m;
+        OK(dg_model_create_ex(&small, be, 2, 1, f | DG_MODEL_PLAN_ONLY, &m));
+        const dg_graph_t *g = dg_model_graph(m);
+        int ln = count_ops(m, DG_OP_LAYERNORM, DG_PHASE_BWD),
+            att = count_ops(m, DG_OP_ATTENTION, DG_PHASE_BWD);
+        int mm = count_ops(m, DG_OP_MATMUL, DG_PHASE_BWD), ge = count_ops(m, DG_OP_GELU, DG_PHASE_BWD);
+        EXPECT(ln == (sel || full ? 2 * L : 0) && att == (sel || full ? L : 0),
+               "%s: %d layernorm, %d attention "
+               "ops in the backward",
+               names[v], ln, att);
+        /* full: qkv and mlp.fc (its GELU epilogue: no separate gelu), with the residual unfused also the
+         * attention projection (res_1's matmul); selective and gelu: one gelu per layer */
+        int want_mm = full ? ((f & DG_MODEL_UNFUSED_RESID) ? 3 : 2) * L : 0;
+        EXPECT(mm == want_mm, "%s: %d matmul ops in the backward, want %d", names[v], mm, want_mm);
+        EXPECT(ge == ((f & DG_MODEL_RECOMPUTE_GELU) || sel ? L : 0), "%s: %d gelu ops in the backward",
+               names[v], ge);
+        if (sel || full)
+            EXPECT(late_reads(g, full) == 0, "%s: %d backward reads of forward tensors that are recomputed",
+                   names[v], late_reads(g, full));
+        EXPECT(dg_plan_check(dg_model_plan(m), g) == DG_OK, "%s: plan check: %s", names[v], dg_last_error());
+        arena[v] = dg_model_arena_bytes(m);
+        dg_model_free(m);
+    }
+    EXPECT(arena[0] > arena[1] && arena[1] > arena[2] && arena[2] > arena[3],
+           "arena: none %zu > gelu %zu > selective %zu > full %zu", arena[0], arena[1], arena[2], arena[3]);
+    float lf[4], l[4];
+    float *wf, *w;
+    size_t nf, n;
+    train_fixed(&small, 2, 0, 4, 3e-3f, lf, &wf, &nf);
+    for (int v = 1; v < nv; v++) {
+        train_fixed(&small, 2, variants[v], 4, 3e-3f, l, &w, &n);
+        EXPECT(memcmp(lf, l, sizeof l) == 0, "%s vs none: losses differ (step 4: %.9g vs %.9g)", names[v],
+               (double)l[3], (double)lf[3]);
+        EXPECT(n == nf && memcmp(w, wf, n * sizeof *w) == 0, "%s vs none: final weights differ", names[v]);
+        free(w);
+    }
+    free(wf);
+    printf(
+        "recompute levels none / gelu / selective / full: arena (micro-batch 2) %zu / %zu / %zu / %zu bytes; "
+        "4 steps bitwise equal (also unfused residual, no reuse)\n",
+        arena[0], arena[1], arena[2], arena[3]);
+}
+
 /* ---------------- plan printing ---------------- */
 
 static int count(const char *s, const char *needle) {
@@ -956,6 +1037,7 @@ int main(void) {
     test_overfit();
     test_determinism();
     test_gelu_variants();
+    test_recompute_levels();
     test_print();
     test_errors();
     test_skip_and_freeze();

@@ -63,15 +63,23 @@ int main(void) {
     dg_mem_estimate(&in, &e2);
     CHECK(e1.gathered == 0 && e2.gathered > 0);
     CHECK(e2.state * 2 == e1.state);
-    in.recompute_gelu = 1;
+    in.recompute = 1;
     dg_mem_estimate(&in, &eg);
     CHECK(eg.activations < e2.activations);
+    for (int r = 2; r <= 3; r++) { /* train.recompute=selective, full: fewer activations each */
+        double prev = eg.activations;
+        in.recompute = r;
+        dg_mem_estimate(&in, &eg);
+        CHECK(eg.activations < prev);
+    }
+    in.recompute = 1;
+    dg_mem_estimate(&in, &eg);
     double dev = e1.state + e1.gathered + e1.activations + e1.logits + e1.buckets;
     CHECK(e1.host == e1.checkpoint + e1.runtime && e1.checkpoint == 12.0 * in.n_params && e1.runtime > 0);
     CHECK(e1.total == dev + e1.host); /* CPU ranks: the host terms are the same memory */
     CHECK(e2.checkpoint * 2 == e1.checkpoint && e2.buckets > 0 && e1.buckets == 0);
     in.dp_shard = 1;
-    in.recompute_gelu = 0;
+    in.recompute = 0;
     in.gpu = 1;
     dg_mem_est_t eu;
     dg_mem_estimate(&in, &eu);
