@@ -99,14 +99,15 @@ int dg_stab_confirm(dg_stability_t *s, int64_t step, double val) {
     double target = NAN;
     if (s->o.spike_max_consecutive > 0 && s->consecutive_spikes >= s->o.spike_max_consecutive)
         why = "consecutive spikes";
-    else if (isnan(val))
-        why = "no validation data";
     else if (isfinite(s->last_val) && !(val <= s->o.spike_val_factor * s->last_val))
         why = "validation loss rose";
     if (isfinite(s->last_val)) target = s->o.spike_val_factor * s->last_val;
     DG_METRICS_EVENT(s->metrics, "health", DG_JS("kind", "spike_check"), DG_JI("step", step),
                      DG_JF("val_loss", val), DG_JF("last_val_loss", s->last_val), DG_JB("confirmed", why != NULL),
-                     DG_JS("reason", why ? why : isfinite(s->last_val) ? "validation loss held" : "first reference"));
+                     DG_JS("reason", why                      ? why
+                                    : isnan(val)               ? "no validation data"
+                                    : isfinite(s->last_val) ? "validation loss held"
+                                                            : "first reference"));
     if (!why) {
         /* no earlier value: this measurement is the reference for the next spike */
         if (!isfinite(s->last_val)) dg_stab_note_val(s, val);

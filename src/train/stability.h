@@ -79,9 +79,9 @@ void dg_stab_free(dg_stability_t *s);
 /* step is the 1-based number of the step being taken. */
 dg_stab_verdict_t dg_stab_judge(dg_stability_t *s, int64_t step, double loss);
 /* A spike's confirmation, after dg_stab_judge flagged one: val is the validation loss measured now (NaN:
- * no validation data). Confirmed when val > spike_val_factor x the last validation loss, when there is no
- * validation data at all, or when the spike ends a run of spike_max_consecutive; with validation data but
- * no earlier value, the measurement becomes the reference and the spike is only skipped. Confirmed: the
+ * no validation data). Confirmed when val > spike_val_factor x the last validation loss, or when the spike
+ * ends a run of spike_max_consecutive; with no earlier value the measurement becomes the reference, and
+ * without validation data only the run of spikes confirms: otherwise the spike is a skipped update. Confirmed: the
  * pause starts (spike_pause_steps paused steps, then dg_stab_rollback_due). Returns 1 when confirmed. */
 int dg_stab_confirm(dg_stability_t *s, int64_t step, double val);
 /* A validation loss measured by the periodic validation (the reference for confirmations). */

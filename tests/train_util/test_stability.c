@@ -192,13 +192,19 @@ static void case_spike(void) {
     dg_stab_note_val(&s, 2.0);
     v = dg_stab_judge(&s, 20, 50.0);
     CHECK(v.spike && dg_stab_confirm(&s, 20, 2.2) == 1, "2.2 > 1.05 x 2.0 confirms");
-    /* no validation data: confirmed by the loss alone */
+    /* no validation data: a skipped update only, until spike_max_consecutive in a row */
     dg_stability_t n;
     dg_stab_init(&n, &o, NULL);
     for (int k = 1; k <= 6; k++)
         step(&n, k, 3.0, 1.0f, 0);
     v = dg_stab_judge(&n, 7, 7.0);
-    CHECK(v.spike && dg_stab_confirm(&n, 7, NAN) == 1, "no validation data: confirmed");
+    CHECK(v.spike && dg_stab_confirm(&n, 7, NAN) == 0, "no validation data: not confirmed by one spike");
+    dg_stab_account(&n, 7, 7.0, NAN, NAN, &v);
+    v = dg_stab_judge(&n, 8, 7.0);
+    CHECK(v.spike && dg_stab_confirm(&n, 8, NAN) == 0, "nor by two");
+    dg_stab_account(&n, 8, 7.0, NAN, NAN, &v);
+    v = dg_stab_judge(&n, 9, 7.0);
+    CHECK(v.spike && dg_stab_confirm(&n, 9, NAN) == 1, "the third in a row confirms");
     /* z-score mode: a small but far-off value is a spike, a large ratio in a noisy window is not */
     o.spike_mode = DG_SPIKE_ZSCORE;
     o.spike_zscore = 6;
