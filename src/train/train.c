@@ -660,7 +660,8 @@ static dg_status_t train_loop(trainer_t *tr) {
         float gnorm = NAN;
         double overflow = NAN;
         if (!v.skip) {
-            st = optimizer_step(tr, step, lr, &gnorm);
+            st = trn_hook_grad(tr, step + 1);
+            if (!st) st = optimizer_step(tr, step, lr, &gnorm);
             if (!st) st = trn_overflow_rate(tr, gnorm, &overflow);
             comm_failure(tr, st);
             if (st) continue;

@@ -92,5 +92,6 @@ dg_status_t trn_overflow_rate(trainer_t *tr, float gnorm, double *rate); /* 0 fo
 dg_status_t trn_spike_check(trainer_t *tr, int64_t step);    /* validation and confirmation of a spike */
 dg_status_t trn_stab_rollback(trainer_t *tr, int64_t iter);  /* rollback; K in M: DG_ERR_PAUSE (exit 5) */
 double trn_hook_loss(int64_t step, double loss);             /* test hook DG_TEST_SPIKE_STEP */
+dg_status_t trn_hook_grad(trainer_t *tr, int64_t step);      /* test hook DG_TEST_GRAD_NAN_STEP */
 
 #endif /* DG_TRAIN_IMPL_H */

@@ -105,6 +105,23 @@ double trn_hook_loss(int64_t step, double loss) {
     return loss * (double)dg_env_int("DG_TEST_SPIKE_LOSS_MULT");
 }
 
+/* DG_TEST_GRAD_NAN_STEP=S (hook): at steps S .. S + DG_TEST_GRAD_NAN_COUNT - 1 rank 0 alone writes a NaN
+ * into the first element of its piece of parameter 0's gradient, after the backward and before the norm
+ * pass: the other ranks' pieces stay finite, so the tensor overflows only through the agreement. */
+dg_status_t trn_hook_grad(trainer_t *tr, int64_t step) {
+    int64_t s = dg_env_int("DG_TEST_GRAD_NAN_STEP"), n = dg_env_int("DG_TEST_GRAD_NAN_COUNT");
+    if (s < 1 || step < s || step >= s + n || tr->rank != 0) return DG_OK;
+    size_t numel = dg_model_local_numel(tr->model, 0);
+    if (numel == 0) return DG_OK;
+    float *g = dg_xmalloc(numel * sizeof(float));
+    dg_status_t st = dg_model_get_local(tr->model, 0, DG_STATE_GRAD, g);
+    g[0] = NAN;
+    if (st == DG_OK) st = dg_model_set_local(tr->model, 0, DG_STATE_GRAD, g);
+    free(g);
+    DG_LOG_WARN("test hook DG_TEST_GRAD_NAN_STEP: a NaN in parameter 0's gradient at step %lld", (long long)step);
+    return st;
+}
+
 static double hook_val(double vl) {
     return g_hook_armed ? vl * (double)dg_env_int("DG_TEST_SPIKE_VAL_MULT") : vl;
 }

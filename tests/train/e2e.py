@@ -640,6 +640,36 @@ def case_spike_pause(env):
           (latest, got))
 
 
+def case_overflow(env):
+    """Injected overflow at 2 FSDP ranks (DG_TEST_GRAD_NAN_STEP=4, 3 steps: rank 0 alone puts a NaN into
+    its shard of parameter 0's gradient): the steps skip their update, report overflow_rate = 1 / tensors
+    (the tensor overflows when any shard does), the windowed mean follows, and the third step in a row
+    above train.overflow_threshold emits the Level-1 overflow_rate sla event; the other steps report 0."""
+    n, s0, cnt, ranks = 10, 4, 3, 2
+    a = env.train(ranks, "overflow", ["train.steps=%d" % n, "parallel.mesh=dp_shard=2"],
+                  hooks={"DG_TEST_GRAD_NAN_STEP": str(s0), "DG_TEST_GRAD_NAN_COUNT": str(cnt)})
+    rc, per = env.diff(os.path.join(a, "checkpoints", ckname(n)), os.path.join(a, "checkpoints", ckname(n)))
+    tensors = len([k for k in per if k.startswith("model/")])
+    check(rc == 0 and tensors > 2, "parameter tensors in the checkpoint: %d" % tensors)
+    sl = step_lines(a)
+    for st in range(1, n + 1):
+        j = sl[st][0]
+        bad = s0 <= st < s0 + cnt
+        want = 1.0 / tensors if bad else 0.0
+        check(j["overflow_rate"] is not None and abs(j["overflow_rate"] - want) < 1e-12,
+              "step %d: overflow_rate %s, expected %s" % (st, j["overflow_rate"], want))
+        check((j["grad_norm"] is None) == bad, "step %d: grad_norm %s" % (st, j["grad_norm"]))
+        k = min(st, s0 + cnt - 1) - s0 + 1 if st >= s0 else 0
+        check(abs(j["overflow_rate_mean"] - k / tensors / st) < 1e-12,
+              "step %d: overflow_rate_mean %s, expected %d / %d / %d" % (st, j["overflow_rate_mean"], k, tensors, st))
+    sla = [j for j in events(a, "sla")]
+    check(len(sla) == 1 and sla[0]["objective"] == "overflow_rate" and sla[0]["level"] == 1 and
+          sla[0]["action"] == "warn" and sla[0]["step"] == s0 + cnt - 1 and sla[0]["target"] == 0.008 and
+          abs(sla[0]["value"] - 1.0 / tensors) < 1e-12, "sla events %s" % sla)
+    print("PASS overflow: steps %d..%d overflow_rate 1/%d, skipped, one overflow_rate sla event at step %d" %
+          (s0, s0 + cnt - 1, tensors, s0 + cnt - 1))
+
+
 def rank_pids(mpirun_pid):
     """rank -> pid of the launcher's children (Open MPI sets OMPI_COMM_WORLD_RANK in their environment)."""
     out = {}
@@ -941,6 +971,8 @@ def main():
             case_spike_rollback(env)
         elif name == "spike_pause":
             case_spike_pause(env)
+        elif name == "overflow":
+            case_overflow(env)
         elif name == "no_val":
             case_no_val(env)
         else:
