@@ -169,8 +169,10 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     FLTC("train", "spike_factor", train.spike_factor, "2", 0, 1e9, check_spike,
          "loss > spike_factor x moving average is a loss spike: the update is skipped (0 = off, else > 1)"),
     ENUMI("train", "spike_mode", train.spike_mode, train.spike_mode_id, "ratio", "ratio|zscore",
-          "spike test: ratio = loss > spike_factor x moving average; zscore = (loss - mean) / sd > spike_zscore"),
-    FLT("train", "spike_zscore", train.spike_zscore, "6", 1, 1e9, "z-score above which a loss is a spike (zscore mode)"),
+          "spike test: ratio = loss > spike_factor x moving average; zscore = (loss - mean) / sd > "
+          "spike_zscore"),
+    FLT("train", "spike_zscore", train.spike_zscore, "6", 1, 1e9,
+        "z-score above which a loss is a spike (zscore mode)"),
     FLT("train", "spike_val_factor", train.spike_val_factor, "1.05", 1, 1e9,
         "a spike is confirmed when the validation loss measured at it exceeds this x the last one"),
     INT("train", "spike_pause_steps", train.spike_pause_steps, "5", 0, 1000000,

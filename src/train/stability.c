@@ -103,27 +103,30 @@ int dg_stab_confirm(dg_stability_t *s, int64_t step, double val) {
         why = "validation loss rose";
     if (isfinite(s->last_val)) target = s->o.spike_val_factor * s->last_val;
     DG_METRICS_EVENT(s->metrics, "health", DG_JS("kind", "spike_check"), DG_JI("step", step),
-                     DG_JF("val_loss", val), DG_JF("last_val_loss", s->last_val), DG_JB("confirmed", why != NULL),
-                     DG_JS("reason", why                      ? why
-                                    : isnan(val)               ? "no validation data"
-                                    : isfinite(s->last_val) ? "validation loss held"
-                                                            : "first reference"));
+                     DG_JF("val_loss", val), DG_JF("last_val_loss", s->last_val),
+                     DG_JB("confirmed", why != NULL),
+                     DG_JS("reason", why                     ? why
+                                     : isnan(val)            ? "no validation data"
+                                     : isfinite(s->last_val) ? "validation loss held"
+                                                             : "first reference"));
     if (!why) {
         /* no earlier value: this measurement is the reference for the next spike */
         if (!isfinite(s->last_val)) dg_stab_note_val(s, val);
-        DG_LOG_INFO("step %lld: loss spike not confirmed (validation loss %.4f, last %.4f): update skipped only",
-                    (long long)step, val, s->last_val);
+        DG_LOG_INFO(
+            "step %lld: loss spike not confirmed (validation loss %.4f, last %.4f): update skipped only",
+            (long long)step, val, s->last_val);
         return 0;
     }
     s->pause_left = s->o.spike_pause_steps;
     s->rollback_due = s->pause_left == 0;
     s->spike_step = step;
     DG_METRICS_EVENT(s->metrics, "sla", DG_JS("objective", "loss_spike"), DG_JI("level", 2),
-                     DG_JF("value", isnan(val) ? (double)s->consecutive_spikes : val), DG_JF("target", target),
-                     DG_JS("action", "rollback"), DG_JI("step", step));
-    DG_LOG_WARN("step %lld: loss spike confirmed (%s): %lld paused step(s), then a rollback to the last stable "
-                "checkpoint",
-                (long long)step, why, (long long)s->pause_left);
+                     DG_JF("value", isnan(val) ? (double)s->consecutive_spikes : val),
+                     DG_JF("target", target), DG_JS("action", "rollback"), DG_JI("step", step));
+    DG_LOG_WARN(
+        "step %lld: loss spike confirmed (%s): %lld paused step(s), then a rollback to the last stable "
+        "checkpoint",
+        (long long)step, why, (long long)s->pause_left);
     return 1;
 }
 
@@ -189,7 +192,7 @@ static int account_overflow(dg_stability_t *s, int64_t step, double rate, int no
 
 void dg_stab_account(dg_stability_t *s, int64_t step, double loss, float gnorm, double overflow,
                      dg_stab_verdict_t *v) {
-    const int ran = !(v->skip && isnan(gnorm)); /* the optimizer ran (its norm is this step's) */
+    const int ran = !(v->skip && isnan(gnorm));    /* the optimizer ran (its norm is this step's) */
     if (!v->skip && !isfinite(gnorm)) v->skip = 1; /* the model skipped the update (non-finite gradients) */
     int halve = ran ? account_overflow(s, step, overflow, !isfinite(gnorm)) : 0;
     if (ran && isfinite(gnorm)) push_norm(s, gnorm);

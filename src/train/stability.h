@@ -36,12 +36,12 @@ typedef struct dg_stab_opts {
     int64_t rollback_window;       /* train.rollback_window (M, loop iterations) */
     int fp16;
     double loss_scale_init;
-    int adaptive_growth;              /* train.loss_scale_growth = adaptive (else fixed) */
-    int64_t growth_interval;          /* train.loss_scale_growth_interval (fixed mode) */
-    int64_t window_min, window_max;   /* train.loss_scale_window_min/_max (adaptive mode) */
-    double overflow_threshold;        /* train.overflow_threshold: a fraction, 0.008 = 0.8 % */
-    int64_t overflow_steps;           /* train.overflow_steps: consecutive steps above it halve the scale */
-    int64_t overflow_window;          /* train.overflow_window: steps of the windowed mean */
+    int adaptive_growth;            /* train.loss_scale_growth = adaptive (else fixed) */
+    int64_t growth_interval;        /* train.loss_scale_growth_interval (fixed mode) */
+    int64_t window_min, window_max; /* train.loss_scale_window_min/_max (adaptive mode) */
+    double overflow_threshold;      /* train.overflow_threshold: a fraction, 0.008 = 0.8 % */
+    int64_t overflow_steps;         /* train.overflow_steps: consecutive steps above it halve the scale */
+    int64_t overflow_window;        /* train.overflow_window: steps of the windowed mean */
 } dg_stab_opts_t;
 
 typedef struct dg_stability {
@@ -81,8 +81,9 @@ dg_stab_verdict_t dg_stab_judge(dg_stability_t *s, int64_t step, double loss);
 /* A spike's confirmation, after dg_stab_judge flagged one: val is the validation loss measured now (NaN:
  * no validation data). Confirmed when val > spike_val_factor x the last validation loss, or when the spike
  * ends a run of spike_max_consecutive; with no earlier value the measurement becomes the reference, and
- * without validation data only the run of spikes confirms: otherwise the spike is a skipped update. Confirmed: the
- * pause starts (spike_pause_steps paused steps, then dg_stab_rollback_due). Returns 1 when confirmed. */
+ * without validation data only the run of spikes confirms: otherwise the spike is a skipped update.
+ * Confirmed: the pause starts (spike_pause_steps paused steps, then dg_stab_rollback_due). Returns 1 when
+ * confirmed. */
 int dg_stab_confirm(dg_stability_t *s, int64_t step, double val);
 /* A validation loss measured by the periodic validation (the reference for confirmations). */
 void dg_stab_note_val(dg_stability_t *s, double val);

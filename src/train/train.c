@@ -806,7 +806,8 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
         DG_METRICS_EVENT(tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "error"),
                          DG_JS("error", dg_last_error()), DG_JI("exit_code", s));
     }
-    if (tr.rank == 0 && (s == DG_OK || s == DG_ERR_SIGNAL || s == DG_ERR_PAUSE)) end_of_run_plots(cfg->run.dir); /* also a stop */
+    if (tr.rank == 0 && (s == DG_OK || s == DG_ERR_SIGNAL || s == DG_ERR_PAUSE))
+        end_of_run_plots(cfg->run.dir); /* also a stop */
     trainer_free(&tr);
     return s;
 }

@@ -443,7 +443,8 @@ dg_status_t trn_rollback(trainer_t *tr) {
                                   tr->ckpt_t, tr->n_ckpt, path, sizeof path));
     if (!path[0]) {
         dg_ckpt_meta_destroy(&meta);
-        return DG_ERR(DG_ERR_RUNTIME, "loss spike at step %lld: no checkpoint to roll back to (set checkpoint.every)",
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "loss spike at step %lld: no checkpoint to roll back to (set checkpoint.every)",
                       (long long)tr->stab.spike_step);
     }
     DG_TRY(push_state(tr));
@@ -454,12 +455,14 @@ dg_status_t trn_rollback(trainer_t *tr) {
     dg_loader_state_t ls;
     dg_loader_get_state(tr->train_ld, &ls);
     DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "rollback"), DG_JI("step", from),
-                     DG_JI("spike_step", tr->stab.spike_step), DG_JS("path", path), DG_JI("to_step", meta.step),
-                     DG_JI("skipped_batches", skipped), DG_JI("loader_epoch", ls.epoch),
-                     DG_JI("loader_cursor", ls.cursor), DG_JI("tokens", tr->tokens));
-    DG_LOG_WARN("loss spike at step %lld: rolled back to %s (step %lld); the %lld global batches read since are "
-                "skipped",
-                (long long)tr->stab.spike_step, path, (long long)meta.step, (long long)skipped);
+                     DG_JI("spike_step", tr->stab.spike_step), DG_JS("path", path),
+                     DG_JI("to_step", meta.step), DG_JI("skipped_batches", skipped),
+                     DG_JI("loader_epoch", ls.epoch), DG_JI("loader_cursor", ls.cursor),
+                     DG_JI("tokens", tr->tokens));
+    DG_LOG_WARN(
+        "loss spike at step %lld: rolled back to %s (step %lld); the %lld global batches read since are "
+        "skipped",
+        (long long)tr->stab.spike_step, path, (long long)meta.step, (long long)skipped);
     dg_ckpt_meta_destroy(&meta);
     return DG_OK;
 }

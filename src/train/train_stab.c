@@ -118,7 +118,8 @@ dg_status_t trn_hook_grad(trainer_t *tr, int64_t step) {
     g[0] = NAN;
     if (st == DG_OK) st = dg_model_set_local(tr->model, 0, DG_STATE_GRAD, g);
     free(g);
-    DG_LOG_WARN("test hook DG_TEST_GRAD_NAN_STEP: a NaN in parameter 0's gradient at step %lld", (long long)step);
+    DG_LOG_WARN("test hook DG_TEST_GRAD_NAN_STEP: a NaN in parameter 0's gradient at step %lld",
+                (long long)step);
     return st;
 }
 
@@ -140,9 +141,10 @@ dg_status_t trn_spike_check(trainer_t *tr, int64_t step) {
         tr->stab.rollback_due = 0;
         DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "rollback_unavailable"), DG_JI("step", step),
                          DG_JS("reason", "no checkpoint yet (set checkpoint.every)"));
-        DG_LOG_WARN("step %lld: confirmed loss spike but no checkpoint to roll back to (set checkpoint.every): "
-                    "the update is skipped and training goes on",
-                    (long long)step);
+        DG_LOG_WARN(
+            "step %lld: confirmed loss spike but no checkpoint to roll back to (set checkpoint.every): "
+            "the update is skipped and training goes on",
+            (long long)step);
     }
     return DG_OK;
 }
@@ -156,15 +158,17 @@ dg_status_t trn_stab_rollback(trainer_t *tr, int64_t iter) {
     DG_TRY(trn_save_checkpoint(tr, 1));
     const dg_config_t *c = tr->cfg;
     DG_METRICS_EVENT(tr->metrics, "sla", DG_JS("objective", "loss_spike"), DG_JI("level", 2),
-                     DG_JF("value", (double)c->train.rollback_max), DG_JF("target", (double)c->train.rollback_max),
-                     DG_JS("action", "pause"), DG_JI("step", tr->step));
+                     DG_JF("value", (double)c->train.rollback_max),
+                     DG_JF("target", (double)c->train.rollback_max), DG_JS("action", "pause"),
+                     DG_JI("step", tr->step));
     DG_METRICS_EVENT(tr->metrics, "done", DG_JI("step", tr->step), DG_JS("reason", "pause"),
                      DG_JI("spike_step", spike), DG_JI("exit_code", DG_ERR_PAUSE));
     DG_LOG_WARN("%lld rollbacks within %lld steps (train.rollback_max, train.rollback_window): checkpointed "
                 "step %lld and pausing for an operator (exit 5)",
                 (long long)c->train.rollback_max, (long long)c->train.rollback_window, (long long)tr->step);
-    return DG_ERR(DG_ERR_PAUSE,
-                  "paused for an operator after %lld loss-spike rollbacks within %lld steps; the checkpoint of "
-                  "step %lld is complete (inspect the data after it, then resume)",
-                  (long long)c->train.rollback_max, (long long)c->train.rollback_window, (long long)tr->step);
+    return DG_ERR(
+        DG_ERR_PAUSE,
+        "paused for an operator after %lld loss-spike rollbacks within %lld steps; the checkpoint of "
+        "step %lld is complete (inspect the data after it, then resume)",
+        (long long)c->train.rollback_max, (long long)c->train.rollback_window, (long long)tr->step);
 }

@@ -60,8 +60,8 @@ static void case_window(void) {
         step(&s, k, 3.0, (float)(1.0 + 0.8 * noise(&x)), 0);
     int64_t noisy = dg_stab_growth_window(&s);
     double cv_noisy = dg_stab_norm_cv(&s);
-    CHECK(stable >= 490 && stable <= 500, "stable stream (cv %.4g): window %lld, expected near 500", cv_stable,
-          (long long)stable);
+    CHECK(stable >= 490 && stable <= 500, "stable stream (cv %.4g): window %lld, expected near 500",
+          cv_stable, (long long)stable);
     CHECK(noisy >= 20 && noisy <= 60, "noisy stream (cv %.4g): window %lld, expected near 20", cv_noisy,
           (long long)noisy);
     for (int k = 81; k <= 120; k++) /* stable again: the window grows back */
@@ -176,7 +176,8 @@ static void case_spike(void) {
     CHECK(dg_stab_confirm(&s, 13, 2.6) == 0, "2.6 <= 1.05 x 2.5: held");
     dg_stab_account(&s, 13, 8.0, NAN, NAN, &v);
     v = dg_stab_judge(&s, 14, 8.0);
-    CHECK(v.spike && s.consecutive_spikes == 3, "third spike in a row: %lld", (long long)s.consecutive_spikes);
+    CHECK(v.spike && s.consecutive_spikes == 3, "third spike in a row: %lld",
+          (long long)s.consecutive_spikes);
     CHECK(dg_stab_confirm(&s, 14, 2.4) == 1, "3 in a row confirm without the validation");
     dg_stab_account(&s, 14, 8.0, NAN, NAN, &v);
     /* the pause: 5 skipped steps with no detection, then the rollback is due */
