@@ -38,9 +38,9 @@
 #   DGT_MPIRUN_ARGS    extra mpirun arguments (split on whitespace)
 #
 # Exit codes: those of dgtrain (0 done, 1 usage/config, 2 runtime, 3 peer failure, 4 checkpoints could
-# not be saved, 75 stopped on a signal after a checkpoint), or the launcher's (137: a rank was
-# SIGKILLed); 3, 75 and 137 requeue the job, 4 never does. This script's own usage errors exit 1 before
-# anything is launched.
+# not be saved, 5 paused for an operator after a checkpoint, 75 stopped on a signal after a checkpoint),
+# or the launcher's (137: a rank was SIGKILLed); 3, 75 and 137 requeue the job, 4 and 5 never do. This
+# script's own usage errors exit 1 before anything is launched.
 set -u
 set -o pipefail
 
@@ -271,6 +271,10 @@ case "$RC" in
         note "scontrol requeue failed: $out"
     fi
     exit "$RC"
+    ;;
+5)
+    note "dgtrain exit 5: paused for an operator after a complete checkpoint (train.rollback_max loss-spike rollbacks within train.rollback_window steps, or an SLA Level-2 pause; see the sla events in metrics.jsonl): not requeueing; inspect the run, then submit again to resume from LATEST"
+    exit 5
     ;;
 4)
     note "dgtrain exit 4: checkpoints could not be saved (full or failing storage; see the error above): not requeueing into the same storage; free space, then submit again to resume from LATEST"

@@ -743,6 +743,12 @@ dg_status_t dg_config_validate(const dg_config_t *cfg) {
                       "health.timeout_s = %s (%s) must be larger than health.heartbeat_s = %s (%s)", a,
                       SRC("health.timeout_s"), b, SRC("health.heartbeat_s"));
     }
+    if (cfg->train.loss_scale_window_min > cfg->train.loss_scale_window_max)
+        return DG_ERR(DG_ERR_USAGE,
+                      "train.loss_scale_window_min = %lld (%s) is larger than train.loss_scale_window_max = "
+                      "%lld (%s): expected min <= max",
+                      (long long)cfg->train.loss_scale_window_min, SRC("train.loss_scale_window_min"),
+                      (long long)cfg->train.loss_scale_window_max, SRC("train.loss_scale_window_max"));
     if (strcmp(cfg->parallel.comm, "nccl") == 0 && strcmp(cfg->parallel.backend, "cpu") == 0)
         return DG_ERR(
             DG_ERR_USAGE,

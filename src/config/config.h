@@ -82,7 +82,20 @@ typedef struct dg_config {
         int64_t loss_scale_growth_interval;
         double spike_factor;           /* loss > spike_factor * moving average => skip the update; 0 = off */
         int64_t spike_window;          /* moving-average window (steps) */
-        int64_t spike_max_consecutive; /* that many spikes in a row => roll back to the last checkpoint */
+        int64_t spike_max_consecutive; /* that many spikes in a row confirm a spike without validation */
+        char spike_mode[8];            /* ratio | zscore */
+        int spike_mode_id;             /* dg_spike_mode_t (stability.h) */
+        double spike_zscore;           /* zscore mode: (loss - mean) / sd above it is a spike */
+        double spike_val_factor;       /* val loss > factor x last val loss confirms a spike */
+        int64_t spike_pause_steps;     /* paused steps (no update, losses logged) before the rollback */
+        int64_t rollback_max;          /* K rollbacks within rollback_window loop steps: pause (exit 5) */
+        int64_t rollback_window;
+        char loss_scale_growth[12];                           /* adaptive | fixed */
+        int loss_scale_growth_id;                             /* 0 adaptive, 1 fixed */
+        int64_t loss_scale_window_min, loss_scale_window_max; /* adaptive growth window bounds (steps) */
+        double overflow_threshold; /* fraction of tensors with inf/NaN gradients: above it, overflow */
+        int64_t overflow_steps;    /* consecutive overflowing steps that halve the fp16 loss scale */
+        int64_t overflow_window;   /* steps of the windowed mean overflow rate */
     } train;
     struct {
         char backend[8]; /* auto | cpu | cuda */

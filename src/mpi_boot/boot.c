@@ -186,6 +186,7 @@ static int severity(dg_status_t s) {
     case DG_OK:
         return 0;
     case DG_ERR_SIGNAL:
+    case DG_ERR_PAUSE: /* a deliberate stop after a complete checkpoint, like a signal */
         return 1;
     case DG_ERR_PEER:
         return 2;

@@ -322,7 +322,7 @@ static dg_status_t match_frozen(trainer_t *tr) {
 }
 
 /* Mean validation loss over val_batches global batches (the same samples at any world size). */
-static dg_status_t run_validation(trainer_t *tr, double *loss_out) {
+dg_status_t trn_run_validation(trainer_t *tr, double *loss_out) {
     dg_health_set_activity(tr->health, tr->step, "validation");
     dg_loader_reset(tr->val_ld);
     size_t per = (size_t)tr->micro_batch * tr->desc.seq_len;
@@ -468,8 +468,9 @@ static dg_status_t setup(trainer_t *tr) {
     DG_TRY(match_frozen(tr));
     DG_TRY(trn_build_ckpt_tensors(tr));
     tr->flops_per_token = dg_model_flops_per_token(&tr->desc);
-    dg_stab_init(&tr->stab, c->train.spike_window, c->train.spike_factor, c->train.spike_max_consecutive,
-                 trn_is_fp16(c), c->train.loss_scale_init, c->train.loss_scale_growth_interval, tr->metrics);
+    dg_stab_opts_t so;
+    trn_stab_opts(c, &so);
+    dg_stab_init(&tr->stab, &so, tr->metrics);
     dg_model_set_fallback_cb(tr->model, exec_fallback_event, tr);
     dg_model_set_graph_replay(tr->model, c->parallel.cuda_graph, graph_event, tr);
     if (strcmp(tr->backend_name, "cpu") == 0) {
@@ -521,10 +522,12 @@ static int step_agreement(trainer_t *tr, dg_status_t *st, int *stop_sig) {
 static dg_status_t after_step(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     dg_status_t st;
+    if (dg_stab_pausing(&tr->stab)) return DG_OK; /* a confirmed spike: nothing saved until the rollback */
     if (tr->val_ld && c->data.val_every > 0 &&
         (tr->step % c->data.val_every == 0 || tr->step == c->train.steps)) {
         double vl = 0;
-        DG_TRY(run_validation(tr, &vl));
+        DG_TRY(trn_run_validation(tr, &vl));
+        dg_stab_note_val(&tr->stab, vl);
         DG_METRICS_EVENT(tr->metrics, "val", DG_JI("step", tr->step), DG_JF("loss", vl),
                          DG_JI("batches", tr->val_batches));
         dg_progress_note(tr->progress, "step %lld: val loss %.4f", (long long)tr->step, vl);
@@ -649,17 +652,22 @@ static dg_status_t train_loop(trainer_t *tr) {
             st = DG_ERR(DG_ERR_PEER, "loss all-reduce failed at step %lld", (long long)step);
             break;
         }
-        double loss = loss_glob[0] / tr->world;
+        double loss = trn_hook_loss(step + 1, loss_glob[0] / tr->world);
+        tr->iters++;
 
         dg_stab_verdict_t v = dg_stab_judge(&tr->stab, step + 1, loss);
+        if (v.spike && (st = trn_spike_check(tr, step + 1))) continue; /* validation; agreed at the top */
         double lr = dg_lr_at(step, c->train.steps, c->train.lr, c->train.warmup_steps, c->train.min_lr_ratio);
         float gnorm = NAN;
+        double overflow = NAN;
         if (!v.skip) {
-            st = optimizer_step(tr, step, lr, &gnorm);
+            st = trn_hook_grad(tr, step + 1);
+            if (!st) st = optimizer_step(tr, step, lr, &gnorm);
+            if (!st) st = trn_overflow_rate(tr, gnorm, &overflow);
             comm_failure(tr, st);
             if (st) continue;
         }
-        dg_stab_account(&tr->stab, step + 1, loss, gnorm, &v);
+        dg_stab_account(&tr->stab, step + 1, loss, gnorm, overflow, &v);
 
         dg_loader_advance(tr->train_ld, tr->global_batch);
         tr->step++;
@@ -673,17 +681,18 @@ static dg_status_t train_loop(trainer_t *tr) {
                                 .tokens = tr->tokens,
                                 .tok_per_s = tps,
                                 .step_ms = dt * 1e3,
-                                .mfu = dg_mfu(tps / tr->world, tr->flops_per_token, tr->peak_flops)};
+                                .mfu = dg_mfu(tps / tr->world, tr->flops_per_token, tr->peak_flops),
+                                .overflow_rate = isnan(overflow) ? NAN : tr->stab.overflow_rate,
+                                .overflow_rate_mean = tr->stab.overflow_mean};
         dg_metrics_step(tr->metrics, &sm);
         dg_metrics_set_step(tr->metrics, tr->step);
         dg_log_set_step(tr->step);
         trn_maybe_write_prom(tr, &sm);
         dg_progress_step(tr->progress, tr->step, loss, tps, dt);
 
-        if (dg_stab_wants_rollback(&tr->stab, &v)) {
-            st = trn_rollback(tr);
-            dg_stab_after_rollback(&tr->stab);
-            if (st) continue;
+        if (dg_stab_rollback_due(&tr->stab) || (dg_stab_pausing(&tr->stab) && tr->step >= c->train.steps)) {
+            st = trn_stab_rollback(tr, tr->iters); /* no after_step: the checkpoint's step was done */
+            continue;
         }
         st = after_step(tr);
     }
@@ -797,11 +806,12 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
                   el > 0 ? (double)(tr.step - step0) * tr.global_batch * tr.desc.seq_len / el : 0),
             DG_JF("gpu_peak_alloc_bytes", gpu_peak), DG_JF("gpu_used_bytes", gpu_used),
             DG_JF("host_rss_growth_bytes", gmax), DG_JI("exit_code", 0));
-    } else if (s != DG_ERR_SIGNAL) {
+    } else if (s != DG_ERR_SIGNAL && s != DG_ERR_PAUSE) { /* a pause wrote its own done event */
         DG_METRICS_EVENT(tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "error"),
                          DG_JS("error", dg_last_error()), DG_JI("exit_code", s));
     }
-    if (tr.rank == 0 && (s == DG_OK || s == DG_ERR_SIGNAL)) end_of_run_plots(cfg->run.dir); /* also a stop */
+    if (tr.rank == 0 && (s == DG_OK || s == DG_ERR_SIGNAL || s == DG_ERR_PAUSE))
+        end_of_run_plots(cfg->run.dir); /* also a stop */
     trainer_free(&tr);
     return s;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dg_env.h"
 #include "dg_hf.h"
 #include "train_impl.h"
 
@@ -168,6 +169,51 @@ static void fill_meta(trainer_t *tr, dg_ckpt_meta_t *m) {
              (unsigned long long)tr->seg_samples, (long long)tr->seg_epoch, (long long)tr->seg_cursor);
     dg_ckpt_meta_set_kv(m, DG_TRAIN_KV_SEGMENT, seg);
     save_spike_state(tr, m);
+    if (isfinite(tr->stab.last_val)) { /* the spike confirmation's reference, exactly */
+        uint64_t u;
+        memcpy(&u, &tr->stab.last_val, sizeof u);
+        char hex[24];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)u);
+        dg_ckpt_meta_set_kv(m, "val_last", hex);
+    }
+}
+
+/* The stability state a checkpoint carries: the fp16 scaler, the spike window, the last validation loss
+ * (a missing or damaged "val_last": none). */
+static void load_stab_state(trainer_t *tr, const dg_ckpt_meta_t *m) {
+    if (trn_is_fp16(tr->cfg)) { /* the loss scaler belongs to fp16 runs: another precision starts without */
+        tr->stab.loss_scale = m->scaler.scale > 0 ? m->scaler.scale : tr->cfg->train.loss_scale_init;
+        tr->stab.good_steps = m->scaler.good_steps;
+    }
+    tr->stab.win_n = tr->stab.win_pos = tr->stab.consecutive_spikes = 0;
+    load_spike_state(tr, m);
+    const char *hex = dg_ckpt_meta_get_kv(m, "val_last");
+    unsigned long long u = 0;
+    tr->stab.last_val = NAN;
+    if (hex && strlen(hex) == 16 && sscanf(hex, "%16llx", &u) == 1) {
+        uint64_t u64 = u;
+        memcpy(&tr->stab.last_val, &u64, sizeof u64);
+    }
+    /* the recent-norm and overflow windows start empty, on a resume and a rollback alike */
+    tr->stab.cv_n = tr->stab.cv_pos = tr->stab.ov_n = tr->stab.ov_pos = tr->stab.over_run = 0;
+}
+
+/* This run segment begins here (the checks of later checkpoints count from it). */
+static void begin_segment(trainer_t *tr) {
+    dg_loader_state_t ls;
+    dg_loader_get_state(tr->train_ld, &ls);
+    tr->seg_step = tr->step;
+    tr->seg_samples = ls.samples_seen;
+    tr->seg_epoch = ls.epoch;
+    tr->seg_cursor = ls.cursor;
+}
+
+/* The loader and the token count move past n global batches (a rollback's skip; the test hook
+ * DG_TEST_RESUME_SKIP_BATCHES does the same after a resume, for the rollback test's reference run). */
+static void skip_batches(trainer_t *tr, int64_t n) {
+    for (int64_t k = 0; k < n; k++)
+        dg_loader_advance(tr->train_ld, tr->global_batch);
+    tr->tokens += n * tr->global_batch * tr->desc.seq_len;
 }
 
 void trn_ckpt_save_opts(const dg_config_t *cfg, dg_ckpt_save_opts_t *o) {
@@ -362,16 +408,14 @@ dg_status_t trn_maybe_resume(trainer_t *tr) {
             s = DG_ERR(DG_ERR_USAGE, "checkpoint %s: data-loader state does not fit the data set: %s", path,
                        why);
         }
-        /* the loss scaler belongs to fp16 runs: another precision starts without one */
-        if (trn_is_fp16(tr->cfg)) {
-            tr->stab.loss_scale = meta.scaler.scale > 0 ? meta.scaler.scale : tr->stab.loss_scale;
-            tr->stab.good_steps = meta.scaler.good_steps;
+        load_stab_state(tr, &meta);
+        int64_t skip = dg_env_int("DG_TEST_RESUME_SKIP_BATCHES");
+        if (s == DG_OK && skip > 0) {
+            DG_LOG_WARN("test hook DG_TEST_RESUME_SKIP_BATCHES=%lld: the loader skips %lld global batches",
+                        (long long)skip, (long long)skip);
+            skip_batches(tr, skip);
         }
-        load_spike_state(tr, &meta);
-        tr->seg_step = tr->step;
-        tr->seg_samples = ls.samples_seen;
-        tr->seg_epoch = ls.epoch;
-        tr->seg_cursor = ls.cursor;
+        begin_segment(tr);
     }
     if (s == DG_OK) {
         const char *att = dg_ckpt_meta_get_kv(&meta, "attempt");
@@ -391,9 +435,12 @@ dg_status_t trn_maybe_resume(trainer_t *tr) {
     return s;
 }
 
-/* Rolls back the model and optimizer to the newest checkpoint, keeping the data cursor (so training
- * continues with the next data rather than replaying the batches that spiked). The candidates are
- * checked as on a resume. */
+/* Rolls back to the newest checkpoint (the newest saved before the spike: none is written during a
+ * confirmed spike's pause): weights, AdamW moments, step (so the LR schedule and AdamW's step count),
+ * fp16 scaler, spike window and last validation loss are the checkpoint's; the data loader is not moved
+ * back, so training continues with the data after the window that spiked: the batches from the
+ * checkpoint through the pause are skipped (tokens counts them, as consumed). The candidates are checked
+ * as on a resume. */
 dg_status_t trn_rollback(trainer_t *tr) {
     dg_health_set_io_activity(tr->health, tr->step, "rollback: reading checkpoint");
     if (tr->writer) {
@@ -410,15 +457,25 @@ dg_status_t trn_rollback(trainer_t *tr) {
     if (!path[0]) {
         dg_ckpt_meta_destroy(&meta);
         return DG_ERR(DG_ERR_RUNTIME,
-                      "loss spikes: %lld in a row and no checkpoint to roll back to "
-                      "(set checkpoint.every)",
-                      (long long)tr->cfg->train.spike_max_consecutive);
+                      "loss spike at step %lld: no checkpoint to roll back to (set checkpoint.every)",
+                      (long long)tr->stab.spike_step);
     }
     DG_TRY(push_state(tr));
-    DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "rollback"), DG_JI("step", tr->step),
-                     DG_JS("path", path), DG_JI("to_step", meta.step));
-    DG_LOG_WARN("loss spikes: rolled the weights back to %s (step %lld); continuing with the next data", path,
-                (long long)meta.step);
+    int64_t from = tr->step, skipped = tr->step - meta.step;
+    tr->step = meta.step;
+    load_stab_state(tr, &meta);
+    begin_segment(tr);
+    dg_loader_state_t ls;
+    dg_loader_get_state(tr->train_ld, &ls);
+    DG_METRICS_EVENT(tr->metrics, "health", DG_JS("kind", "rollback"), DG_JI("step", from),
+                     DG_JI("spike_step", tr->stab.spike_step), DG_JS("path", path),
+                     DG_JI("to_step", meta.step), DG_JI("skipped_batches", skipped),
+                     DG_JI("loader_epoch", ls.epoch), DG_JI("loader_cursor", ls.cursor),
+                     DG_JI("tokens", tr->tokens));
+    DG_LOG_WARN(
+        "loss spike at step %lld: rolled back to %s (step %lld); the %lld global batches read since are "
+        "skipped",
+        (long long)tr->stab.spike_step, path, (long long)meta.step, (long long)skipped);
     dg_ckpt_meta_destroy(&meta);
     return DG_OK;
 }

@@ -60,6 +60,7 @@ typedef struct trainer {
 
     int64_t step;   /* optimizer steps completed */
     int64_t tokens; /* global tokens consumed */
+    int64_t iters;  /* loop iterations taken: never rolled back (train.rollback_window counts these) */
 
     /* where this run segment began (a fresh start or the resume): stored with every checkpoint
      * (DG_TRAIN_KV_SEGMENT) so that loads can check tokens and the loader position exactly */
@@ -96,5 +97,14 @@ dg_status_t trn_adopt_run_identity(trainer_t *tr, const char *ckpt_run_id, int64
 dg_status_t trn_write_prom(const trainer_t *tr, const dg_step_metrics_t *sm);
 /* trn_write_prom at log intervals, at most once a second, and at the last step; a failure warns once. */
 dg_status_t trn_maybe_write_prom(const trainer_t *tr, const dg_step_metrics_t *sm);
+/* Mean validation loss over val_batches global batches (collective; needs tr->val_ld). */
+dg_status_t trn_run_validation(trainer_t *tr, double *loss_out);
+/* train_stab.c (stability.h's trainer side; collective) */
+void trn_stab_opts(const dg_config_t *c, dg_stab_opts_t *o);
+dg_status_t trn_overflow_rate(trainer_t *tr, float gnorm, double *rate); /* 0 for a finite norm */
+dg_status_t trn_spike_check(trainer_t *tr, int64_t step);   /* validation and confirmation of a spike */
+dg_status_t trn_stab_rollback(trainer_t *tr, int64_t iter); /* rollback; K in M: DG_ERR_PAUSE (exit 5) */
+double trn_hook_loss(int64_t step, double loss);            /* test hook DG_TEST_SPIKE_STEP */
+dg_status_t trn_hook_grad(trainer_t *tr, int64_t step);     /* test hook DG_TEST_GRAD_NAN_STEP */
 
 #endif /* DG_TRAIN_IMPL_H */

@@ -95,7 +95,7 @@ void dg_metrics_set_step(dg_metrics_t *m, int64_t step);
 
 /* The step line, with exactly these keys in this order (then "time"):
  * {"event":"step","step":N,"loss":..,"lr":..,"grad_norm":..,"tokens":<global tokens so far>,
- *  "tok_per_s":..,"step_ms":..,"mfu":..} */
+ *  "tok_per_s":..,"step_ms":..,"mfu":..,"overflow_rate":..,"overflow_rate_mean":..} */
 typedef struct dg_step_metrics {
     int64_t step;     /* optimizer steps completed, 1-based */
     double loss;      /* mean training loss of the step's global batch */
@@ -105,6 +105,8 @@ typedef struct dg_step_metrics {
     double tok_per_s; /* global tokens per second of this step */
     double step_ms;   /* wall time of this step */
     double mfu;       /* model FLOPs utilisation in [0,1]; NaN when the peak is unknown (written as null) */
+    double overflow_rate;      /* fraction of parameter tensors whose gradients held an inf/NaN */
+    double overflow_rate_mean; /* its mean over the last train.overflow_window steps */
 } dg_step_metrics_t;
 dg_status_t dg_metrics_step(dg_metrics_t *m, const dg_step_metrics_t *s);
 

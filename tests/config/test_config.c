@@ -175,7 +175,12 @@ static void test_defaults(void) {
     CHECK_STR(c->train.recompute, "none");
     CHECK(c->train.log_every == 1 && c->train.loss_scale_init == 65536 &&
           c->train.loss_scale_growth_interval == 1000);
-    CHECK(c->train.spike_factor == 0 && c->train.spike_window == 50 && c->train.spike_max_consecutive == 3);
+    CHECK(c->train.spike_factor == 2 && c->train.spike_window == 50 && c->train.spike_max_consecutive == 3);
+    CHECK(c->train.spike_mode_id == 0 && c->train.spike_zscore == 6 && c->train.spike_val_factor == 1.05 &&
+          c->train.spike_pause_steps == 5 && c->train.rollback_max == 3 && c->train.rollback_window == 1000);
+    CHECK(c->train.loss_scale_growth_id == 0 && c->train.loss_scale_window_min == 20 &&
+          c->train.loss_scale_window_max == 500 && c->train.overflow_threshold == 0.008 &&
+          c->train.overflow_steps == 3 && c->train.overflow_window == 100);
     CHECK_STR(c->parallel.backend, "auto");
     CHECK_STR(c->parallel.comm, "auto");
     CHECK_STR(c->parallel.reduce_scatter, "ring");
@@ -238,6 +243,9 @@ static void test_errors(void) {
                "'sometimes'");
     EXPECT_ERR("d.ini", "[train]\nspike_factor = 0.5\n",
                "@:2: train.spike_factor: out of range: expected 0 (off) or a number > 1");
+    EXPECT_ERR("d.ini", "[train]\nloss_scale_window_min = 600\n",
+               "train.loss_scale_window_min = 600 (@:2) is larger than train.loss_scale_window_max = 500 "
+               "(default): expected min <= max");
     EXPECT_ERR("d.ini", "[run]\nname = my run\n",
                "@:2: run.name: expected a name of letters, digits, '.', '_' and '-'");
     EXPECT_ERR("d.ini", "[parallel]\nmesh = dp=2\n",

@@ -856,6 +856,7 @@ def compare_with_torch(env, torch, dev, precision, cfg, sets, samples, backend, 
     prints both curves and returns (dgtrain steps, torch steps, relative loss differences, weights, info,
     where(step): a description of that step's batch). tag names this comparison's files in the work
     directory (several in one case)."""
+    sets = list(sets) + ["train.spike_factor=0"]  # the replica skips no spike (the default is 2)
     ec = print_config(env, cfg, sets)
     L, H, C, T, V = model_desc(ec)
     steps = int(ec["train.steps"])

@@ -97,16 +97,19 @@ class Env:
             c += ["--set", s]
         return c
 
-    def train(self, ranks, name, sets=(), expect_rc=0, timeout=240):
-        """Runs dgtrain to the end in run dir WORK/name; returns the run dir."""
+    def train(self, ranks, name, sets=(), expect_rc=0, timeout=240, hooks=None):
+        """Runs dgtrain to the end in run dir WORK/name; returns the run dir. hooks: {DG_TEST_*: value}."""
         run_dir = self.d(name)
         out = run_dir + ".out"
         self.outputs.append(out)
         t0 = time.time()
+        c = self.cmd(ranks, run_dir, sets)
+        for k in sorted(hooks or {}):
+            c[len(self.mpi):len(self.mpi)] = ["-x", k]
         with open(out, "w") as f:
             try:
-                rc = subprocess.run(self.cmd(ranks, run_dir, sets), stdout=f, stderr=subprocess.STDOUT,
-                                    timeout=timeout).returncode
+                rc = subprocess.run(c, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                                    env=dict(os.environ, **(hooks or {}))).returncode
             except subprocess.TimeoutExpired:
                 raise Fail("%s: dgtrain at %d ranks did not finish within %d s" % (name, ranks, timeout))
         check(rc == expect_rc, "%s: dgtrain at %d ranks exited %d (expected %d): %s" %
@@ -550,6 +553,123 @@ def case_spike_resume(env):
           "identical" % (len(spikes), spikes, k, later, nd))
 
 
+SPIKE_SETS = ["checkpoint.every=4", "data.val_every=2", "data.val_batches=1"]
+
+
+def case_spike_rollback(env):
+    """An injected loss spike (DG_TEST_SPIKE_STEP=10: the loss and the validation loss that checks it x 10)
+    at 2 ranks: confirmed by validation, 5 paused steps (losses logged, no update), a rollback to the
+    checkpoint of step 8 with the 7 batches read since skipped. The run after the rollback must equal,
+    bitwise, a run resumed from that checkpoint with the same skip (DG_TEST_RESUME_SKIP_BATCHES=7), and
+    the final checkpoints must agree on step, tokens and loader position."""
+    n, spike, ck_step, pause, ranks = 16, 10, 8, 5, 2
+    skip = spike + pause - ck_step
+    sets = ["train.steps=%d" % n] + SPIKE_SETS
+    a = env.train(ranks, "spiked", sets, hooks={"DG_TEST_SPIKE_STEP": str(spike)})
+    ev = metrics(a)
+    spikes = [j for j, _ in ev if j.get("event") == "health" and j.get("kind") == "loss_spike"]
+    check([x["step"] for x in spikes] == [spike], "loss_spike events at steps %s, expected [%d] (a healthy "
+          "step tripped the default train.spike_factor = 2?)" % ([x["step"] for x in spikes], spike))
+    chk = [j for j, _ in ev if j.get("event") == "health" and j.get("kind") == "spike_check"]
+    check(len(chk) == 1 and chk[0]["confirmed"] is True, "spike_check events %s" % chk)
+    sla = [j for j, _ in ev if j.get("event") == "sla"]
+    check(len(sla) == 1 and sla[0]["objective"] == "loss_spike" and sla[0]["level"] == 2 and
+          sla[0]["action"] == "rollback" and sla[0]["step"] == spike, "sla events %s" % sla)
+    rb = [j for j, _ in ev if j.get("event") == "health" and j.get("kind") == "rollback"]
+    check(len(rb) == 1, "rollback events %s" % rb)
+    rb = rb[0]
+    check(rb["to_step"] == ck_step and rb["step"] == spike + pause and rb["skipped_batches"] == skip and
+          rb["path"].endswith(ckname(ck_step)), "rollback event %s: expected to_step %d after step %d, %d "
+          "batches skipped" % (rb, ck_step, spike + pause, skip))
+    # the order of the step lines: 1..spike+pause, then ck_step+1..n; paused steps logged, not trained
+    order = [j["step"] for j, _ in ev if j.get("event") == "step"]
+    want = list(range(1, spike + pause + 1)) + list(range(ck_step + 1, n + 1))
+    check(order == want, "step lines %s, expected %s" % (order, want))
+    paused = [j for j, _ in ev if j.get("event") == "step"][spike - 1:spike + pause]
+    check(all(j["grad_norm"] is None for j in paused), "the spike and paused steps must log no gradient "
+          "norm (no update): %s" % [(j["step"], j["grad_norm"]) for j in paused])
+    check(all(j["loss"] is not None for j in paused), "paused steps must log their losses")
+    cks = [j["step"] for j, _ in ev if j.get("event") == "checkpoint"]
+    check(not (set(cks) & set(range(spike, spike + pause + 1)) - set(range(ck_step + 1, n + 1))),
+          "a checkpoint was written during the spike or its pause: %s" % cks)
+    # the reference: resumed from the checkpoint of step 8 with the same skip
+    src = os.path.join(a, "checkpoints", ckname(ck_step))
+    seed_dir_with(env, "ref", src)
+    b = env.train(ranks, "ref", sets, hooks={"DG_TEST_RESUME_SKIP_BATCHES": str(skip)})
+    assert_steps_bitwise(a, b, range(ck_step + 1, n + 1), "after the rollback vs resumed with the skip")
+    fa, fb = os.path.join(a, "checkpoints", ckname(n)), os.path.join(b, "checkpoints", ckname(n))
+    for field in ("step", "tokens", "loader"):
+        va, vb = show_field(env, fa, field), show_field(env, fb, field)
+        check(va == vb, "final checkpoint %s: %s vs reference %s" % (field, va, vb))
+    check(show_field(env, fa, "step").split()[0] == str(n), "final step %s" % show_field(env, fa, "step"))
+    tok = (n + skip) * TOKENS_PER_STEP
+    check(show_field(env, fa, "tokens").split()[0] == str(tok), "final tokens %s, expected (%d + %d) x %d = %d"
+          % (show_field(env, fa, "tokens"), n, skip, TOKENS_PER_STEP, tok))
+    nd = env.assert_identical(fa, fb, "final checkpoint after the rollback vs the reference")
+    print("PASS spike rollback: spike at %d, %d paused, back to %d skipping %d batches; steps %d..%d bitwise "
+          "equal to the resumed reference; %d datasets identical; loader %s" %
+          (spike, pause, ck_step, skip, ck_step + 1, n, nd, show_field(env, fa, "loader")))
+
+
+def case_spike_pause(env):
+    """K rollbacks in M steps: the injected spike fires every time step 6 is taken (DG_TEST_SPIKE_REPEAT),
+    train.rollback_max = 2: the second rollback checkpoints and exits 5 with a complete checkpoint."""
+    n, spike, ranks = 30, 6, 2
+    sets = ["train.steps=%d" % n, "train.spike_pause_steps=1", "train.rollback_max=2",
+            "train.rollback_window=100"] + SPIKE_SETS
+    a = env.train(ranks, "paused", sets, expect_rc=5,
+                  hooks={"DG_TEST_SPIKE_STEP": str(spike), "DG_TEST_SPIKE_REPEAT": "1"})
+    ev = metrics(a)
+    rb = [j for j, _ in ev if j.get("event") == "health" and j.get("kind") == "rollback"]
+    check([r["to_step"] for r in rb] == [4, 4], "rollbacks %s, expected two to step 4" % rb)
+    sla = [(j["action"], j["level"]) for j, _ in ev if j.get("event") == "sla"]
+    check(sla == [("rollback", 2), ("rollback", 2), ("pause", 2)], "sla events %s" % sla)
+    done = [j for j, _ in ev if j.get("event") == "done"]
+    check(len(done) == 1 and done[0]["reason"] == "pause" and done[0]["exit_code"] == 5, "done %s" % done)
+    with open(os.path.join(a, "checkpoints", "LATEST")) as f:
+        latest = f.read().strip()
+    check(latest == ckname(4), "LATEST names %s, expected %s" % (latest, ckname(4)))
+    rc, out = env.ckpt("verify", os.path.join(a, "checkpoints", latest))
+    check(rc == 0, "dgckpt verify of the pause checkpoint failed (exit %d): %s" % (rc, out[-300:]))
+    skip = 2 * (spike + 1 - 4)
+    tok = (4 + skip) * TOKENS_PER_STEP
+    got = show_field(env, os.path.join(a, "checkpoints", latest), "tokens").split()[0]
+    check(got == str(tok), "pause checkpoint tokens %s, expected (4 + %d skipped) x %d = %d" %
+          (got, skip, TOKENS_PER_STEP, tok))
+    print("PASS spike pause: 2 rollbacks to step 4 within 100 steps, exit 5, %s complete (tokens %s)" %
+          (latest, got))
+
+
+def case_overflow(env):
+    """Injected overflow at 2 FSDP ranks (DG_TEST_GRAD_NAN_STEP=4, 3 steps: rank 0 alone puts a NaN into
+    its shard of parameter 0's gradient): the steps skip their update, report overflow_rate = 1 / tensors
+    (the tensor overflows when any shard does), the windowed mean follows, and the third step in a row
+    above train.overflow_threshold emits the Level-1 overflow_rate sla event; the other steps report 0."""
+    n, s0, cnt, ranks = 10, 4, 3, 2
+    a = env.train(ranks, "overflow", ["train.steps=%d" % n, "parallel.mesh=dp_shard=2"],
+                  hooks={"DG_TEST_GRAD_NAN_STEP": str(s0), "DG_TEST_GRAD_NAN_COUNT": str(cnt)})
+    rc, per = env.diff(os.path.join(a, "checkpoints", ckname(n)), os.path.join(a, "checkpoints", ckname(n)))
+    tensors = len([k for k in per if k.startswith("model/")])
+    check(rc == 0 and tensors > 2, "parameter tensors in the checkpoint: %d" % tensors)
+    sl = step_lines(a)
+    for st in range(1, n + 1):
+        j = sl[st][0]
+        bad = s0 <= st < s0 + cnt
+        want = 1.0 / tensors if bad else 0.0
+        check(j["overflow_rate"] is not None and abs(j["overflow_rate"] - want) < 1e-12,
+              "step %d: overflow_rate %s, expected %s" % (st, j["overflow_rate"], want))
+        check((j["grad_norm"] is None) == bad, "step %d: grad_norm %s" % (st, j["grad_norm"]))
+        k = min(st, s0 + cnt - 1) - s0 + 1 if st >= s0 else 0
+        check(abs(j["overflow_rate_mean"] - k / tensors / st) < 1e-12,
+              "step %d: overflow_rate_mean %s, expected %d / %d / %d" % (st, j["overflow_rate_mean"], k, tensors, st))
+    sla = [j for j in events(a, "sla")]
+    check(len(sla) == 1 and sla[0]["objective"] == "overflow_rate" and sla[0]["level"] == 1 and
+          sla[0]["action"] == "warn" and sla[0]["step"] == s0 + cnt - 1 and sla[0]["target"] == 0.008 and
+          abs(sla[0]["value"] - 1.0 / tensors) < 1e-12, "sla events %s" % sla)
+    print("PASS overflow: steps %d..%d overflow_rate 1/%d, skipped, one overflow_rate sla event at step %d" %
+          (s0, s0 + cnt - 1, tensors, s0 + cnt - 1))
+
+
 def rank_pids(mpirun_pid):
     """rank -> pid of the launcher's children (Open MPI sets OMPI_COMM_WORLD_RANK in their environment)."""
     out = {}
@@ -847,6 +967,12 @@ def main():
             case_commit_kill(env)
         elif name == "spike_resume":
             case_spike_resume(env)
+        elif name == "spike_rollback":
+            case_spike_rollback(env)
+        elif name == "spike_pause":
+            case_spike_pause(env)
+        elif name == "overflow":
+            case_overflow(env)
         elif name == "no_val":
             case_no_val(env)
         else:
