@@ -126,7 +126,7 @@ sigstop | sigstop0)
     T0=$(now)
     finish $((TIMEOUT + SLACK))
     [ "$RC" = 3 ] || fail "exit code $RC, expected 3"
-    grep -qE "watchdog: (no heartbeat from|rank 0 has had no heartbeat from) rank $VICTIM \(host [^)]*\)|watchdog: rank $VICTIM \(host [^)]*\) has made no progress" "$WORK/out" ||
+    grep -qE "watchdog: (no heartbeat from|rank [0-9]+ has had no heartbeat from) rank $VICTIM \(host [^)]*\)|watchdog: rank $VICTIM \(host [^)]*\) has made no progress" "$WORK/out" ||
         fail "no watchdog line naming rank $VICTIM"
     grep -E "watchdog: " "$WORK/out" | grep -vq "rank $VICTIM" && fail "a watchdog line blames another rank"
     check_all_exit3 "$VICTIM" "$NP"
