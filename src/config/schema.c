@@ -242,7 +242,7 @@ const dg_cfg_key_t dg_cfg_schema[] = {
         "good probes in a row before the steady period"),
     FLTX("health", "rtt_alert_factor", health.rtt_alert_factor, "8", 0, 1e6,
          "a round trip above this many times the measured mean (and above rtt_alert_min_ms) is an anomaly"),
-    FLT("health", "rtt_alert_min_ms", health.rtt_alert_min_ms, "100", 0, 3600000,
+    FLT("health", "rtt_alert_min_ms", health.rtt_alert_min_ms, "250", 0, 3600000,
         "noise floor of the heartbeat anomalies: round trips and lateness below it are never one"),
     FLTX("health", "liveness_floor_s", health.liveness_floor_s, "5", 0, 604800,
          "a silent tree neighbour is dead after max(liveness_floor_s, liveness_mult x (its period + the "

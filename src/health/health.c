@@ -807,7 +807,7 @@ void dg_health_opts_default(dg_health_opts_t *o) {
                             .alert_s = 0.01,
                             .good_probes = 3,
                             .rtt_alert_factor = 8,
-                            .rtt_alert_min_s = 0.1,
+                            .rtt_alert_min_s = 0.25,
                             .liveness_floor_s = 5,
                             .liveness_mult = 10,
                             .timeout_s = 120};

@@ -86,7 +86,7 @@ typedef struct {
     double timeout_s;                  /* stall timeout, and the ceiling of the liveness timeout */
 } dg_health_opts_t;
 
-/* The defaults: 50/200/10 ms, 3 good probes, factor 8 above 100 ms, floor 5 s, multiplier 10, 120 s. */
+/* The defaults: 50/200/10 ms, 3 good probes, factor 8 above 250 ms, floor 5 s, multiplier 10, 120 s. */
 void dg_health_opts_default(dg_health_opts_t *o);
 
 /* Counters of this rank's heartbeat (for tests and the step metrics). */

@@ -221,15 +221,15 @@ sigint2)
     ;;
 probe)
     # Adaptive probe period: 7 ranks (a 3-level tree) probing at 50/200/10 ms. Rank 1 (parent 0,
-    # children 3 and 4) is SIGSTOPped for 1 s, below the liveness floor (3 s): its neighbours see a late
+    # children 3 and 4) is SIGSTOPped for 2 s, below the liveness floor (4 s): its neighbours see a late
     # heartbeat -> one SLA Level-1 event (heartbeat_rtt) and 10 ms probes, then back to 200 ms after
     # three good probes; the job finishes (exit 0). Every rank sent at most (neighbours x probes + byes)
     # heartbeats: O(1) per period.
     NP=7
-    start "$NP" --steps 80 --step-ms 40 --probe-ms 50,200,10 --floor 3 --timeout 6
+    start "$NP" --steps 80 --step-ms 40 --probe-ms 50,200,10 --floor 4 --timeout 8
     wait_step 10
     kill -STOP "$(pid_of 1)"
-    sleep 1
+    sleep 2
     kill -CONT "$(pid_of 1)"
     T0=$(now)
     finish 60
@@ -246,7 +246,7 @@ probe)
         [ "$sent" -le $((nb * probes + nb)) ] || fail "rank $r sent $sent heartbeats in $probes periods to $nb neighbours: $line"
         [ "$probes" -gt 3 ] || fail "rank $r made only $probes probes: $line"
     done
-    echo "PASS probe: 1 s SIGSTOP of rank 1 of $NP -> SLA heartbeat_rtt event, 10 ms probes, back to 200 ms, exit 0; rank 0: $(grep -o 'probes.*' "$WORK/logs/rank-0.log" | tail -1)"
+    echo "PASS probe: 2 s SIGSTOP of rank 1 of $NP -> SLA heartbeat_rtt event, 10 ms probes, back to 200 ms, exit 0; rank 0: $(grep -o 'probes.*' "$WORK/logs/rank-0.log" | tail -1)"
     ;;
 many)
     # Many ranks oversubscribed on few cores (tree of depth 6 at 40 ranks): SIGSTOP rank 13 (parent 6,
