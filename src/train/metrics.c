@@ -220,7 +220,7 @@ dg_status_t dg_metrics_step(dg_metrics_t *m, const dg_step_metrics_t *s) {
     return DG_METRICS_EVENT(m, "step", DG_JI("step", s->step), DG_JF("loss", s->loss), DG_JF("lr", s->lr),
                             DG_JF("grad_norm", s->grad_norm), DG_JI("tokens", s->tokens),
                             DG_JF("tok_per_s", s->tok_per_s), DG_JF("step_ms", s->step_ms),
-                            DG_JF("mfu", s->mfu));
+                            DG_JF("mfu", s->mfu), DG_JF("grad_sync_ms", s->grad_sync_ms));
 }
 
 /* ---------------- FLOPs and MFU ---------------- */

@@ -687,6 +687,8 @@ static dg_status_t train_loop(trainer_t *tr) {
         }
         if (step_agreement(tr, &st, &stop_sig)) break;
 
+        dg_model_comm_stats_t cs;
+        dg_model_comm_stats(tr->model, &cs, 1); /* this step's gradient-sync latency from here */
         double t0 = dg_now_s();
         int64_t step = tr->step;                /* 0-based index of the step being taken */
         dg_model_set_step(tr->model, step + 1); /* named by collective timeouts */
@@ -730,6 +732,8 @@ static dg_status_t train_loop(trainer_t *tr) {
                                 .tok_per_s = tps,
                                 .step_ms = dt * 1e3,
                                 .mfu = dg_mfu(tps / tr->world, tr->flops_per_token, tr->peak_flops)};
+        dg_model_comm_stats(tr->model, &cs, 0);
+        sm.grad_sync_ms = 1e3 * cs.grad_sync_s;
         dg_metrics_step(tr->metrics, &sm);
         dg_progress_step(tr->progress, tr->step, loss, tps, dt);
 

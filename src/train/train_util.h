@@ -88,7 +88,7 @@ dg_status_t dg_metrics_event_raw(dg_metrics_t *m, const char *event, const char 
 
 /* The step line, with exactly these keys in this order (then "time"):
  * {"event":"step","step":N,"loss":..,"lr":..,"grad_norm":..,"tokens":<global tokens so far>,
- *  "tok_per_s":..,"step_ms":..,"mfu":..} */
+ *  "tok_per_s":..,"step_ms":..,"mfu":..,"grad_sync_ms":..} */
 typedef struct dg_step_metrics {
     int64_t step;     /* optimizer steps completed, 1-based */
     double loss;      /* mean training loss of the step's global batch */
@@ -98,6 +98,7 @@ typedef struct dg_step_metrics {
     double tok_per_s; /* global tokens per second of this step */
     double step_ms;   /* wall time of this step */
     double mfu;       /* model FLOPs utilisation in [0,1]; NaN when the peak is unknown (written as null) */
+    double grad_sync_ms; /* this rank's gradient-sync latency in the step (dg_model_comm_stats grad_sync_s) */
 } dg_step_metrics_t;
 dg_status_t dg_metrics_step(dg_metrics_t *m, const dg_step_metrics_t *s);
 
