@@ -1,5 +1,5 @@
-/* check_health.c — the heartbeat path: round-trip latency between rank 0 and every other rank (the star
- * that health.h's heartbeats use), measured one rank at a time so the numbers are not polluted by
+/* check_health.c — the heartbeat path: round-trip latency between rank 0 and every other rank (an upper
+ * bound of health.h's tree heartbeats, whose neighbours are at most as far apart), measured one rank at a time so the numbers are not polluted by
  * each other, and a short run of the real heartbeat monitor (dg_health_create ... dg_health_free) over
  * the whole job, which proves that its thread starts and every rank's heartbeats get through.
  */
