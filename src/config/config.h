@@ -111,7 +111,7 @@ typedef struct dg_config {
         double probe_start_ms, probe_steady_ms, probe_alert_ms; /* adaptive probe periods */
         int64_t probe_good;                                     /* good probes before the steady period */
         double rtt_alert_factor, rtt_alert_min_ms;              /* round-trip anomaly: factor x mean, floor */
-        double liveness_floor_s, liveness_mult;                 /* dead neighbour: max(floor, mult x (p+rtt)) */
+        double liveness_floor_s, liveness_mult; /* dead neighbour: max(floor, mult x (p+rtt)) */
     } health;
     struct {
         char

@@ -59,11 +59,11 @@ typedef struct {
     double age;      /* seconds since the sender's activity last changed, at send time */
     int32_t waiting; /* the sender waits in a collective of its I/O activity (progress source) */
     char what[WHAT_CAP];
-    double period;     /* the sender's probe period now (the receiver judges lateness by it) */
-    double sent_at;    /* the sender's clock at send time */
-    double echo_at;    /* sent_at of the last heartbeat the sender had from the destination (0: none) */
-    double echo_hold;  /* how long the sender held that one before this send */
-    summary_t sum;     /* to a parent: the sender's subtree; to a child: the whole job */
+    double period;    /* the sender's probe period now (the receiver judges lateness by it) */
+    double sent_at;   /* the sender's clock at send time */
+    double echo_at;   /* sent_at of the last heartbeat the sender had from the destination (0: none) */
+    double echo_hold; /* how long the sender held that one before this send */
+    summary_t sum;    /* to a parent: the sender's subtree; to a child: the whole job */
 } hb_msg_t;
 
 typedef struct {
@@ -79,15 +79,15 @@ typedef struct {
     int waiting;        /* ... and whether it waited in a collective of an I/O activity */
     int64_t step;
     char what[WHAT_CAP];
-    double period;            /* its probe period as last reported */
-    double their_sent_at;     /* sent_at of its last heartbeat (echoed back to it) */
-    double last_echo;         /* the last echo_at of ours that it returned (one RTT sample per echo) */
-    double rtt_ewma, rtt_hi;  /* measured round trips: moving mean and a slowly decaying maximum */
+    double period;           /* its probe period as last reported */
+    double their_sent_at;    /* sent_at of its last heartbeat (echoed back to it) */
+    double last_echo;        /* the last echo_at of ours that it returned (one RTT sample per echo) */
+    double rtt_ewma, rtt_hi; /* measured round trips: moving mean and a slowly decaying maximum */
     int rtt_n;
-    int late_flagged;         /* an anomaly was raised for its current silence */
-    summary_t sum;            /* its last summary (subtree or job) */
-    int bye;                  /* it said bye (no more messages from it) */
-    int bye_sent;             /* we said bye to it */
+    int late_flagged; /* an anomaly was raised for its current silence */
+    summary_t sum;    /* its last summary (subtree or job) */
+    int bye;          /* it said bye (no more messages from it) */
+    int bye_sent;     /* we said bye to it */
     hb_msg_t rbuf, sbuf;
     MPI_Request rreq, sreq;
 } peer_t;
@@ -99,8 +99,8 @@ struct dg_health {
     char (*hosts)[HOST_CAP];
     dg_health_opts_t o;
     double poll_s, late_s;
-    double period;  /* the probe period now: o.start_s, o.steady_s or o.alert_s */
-    int good;       /* good probes in a row since the last anomaly */
+    double period; /* the probe period now: o.start_s, o.steady_s or o.alert_s */
+    int good;      /* good probes in a row since the last anomaly */
     double last_alert_at;
 
     /* Activity, written by the loop: a seqlock over the label so the loop never blocks. */
@@ -691,8 +691,8 @@ static void check_self(dg_health_t *h, double now) {
             "watchdog: no heartbeat from rank %d (host %s) for %.1f s, last seen in step %lld doing '%s'; "
             "rank %d waited %.1f s in step %lld doing '%s' (health.timeout_s=%g); aborting the job with "
             "exit code 3",
-            p->rank, host_of(h, p->rank), late_for, (long long)p->step, p->what, h->rank, age, (long long)step,
-            what, h->o.timeout_s);
+            p->rank, host_of(h, p->rank), late_for, (long long)p->step, p->what, h->rank, age,
+            (long long)step, what, h->o.timeout_s);
         abort_job(h, p->rank, text);
     }
     if (h->rank == 0 && h->size > 1) update_summary(h, now);
@@ -702,7 +702,8 @@ static void check_self(dg_health_t *h, double now) {
         S->silent_for + since > h->late_s) {
         snprintf(
             text, sizeof text,
-            "watchdog: rank %d has had no heartbeat from rank %d (host %s) for %.1f s, last seen in step %lld "
+            "watchdog: rank %d has had no heartbeat from rank %d (host %s) for %.1f s, last seen in step "
+            "%lld "
             "doing '%s'; rank %d waited %.1f s in step %lld doing '%s' (health.timeout_s=%g); aborting the "
             "job with exit code 3",
             S->silent_reporter, S->silent_rank, host_of(h, S->silent_rank), S->silent_for + since,
@@ -817,14 +818,16 @@ static dg_status_t check_opts(const dg_health_opts_t *o) {
     const struct {
         const char *key;
         double v;
-    } pos[] = {{"health.probe_start_ms", o->start_s * 1e3},       {"health.probe_steady_ms", o->steady_s * 1e3},
-               {"health.probe_alert_ms", o->alert_s * 1e3},       {"health.rtt_alert_factor", o->rtt_alert_factor},
-               {"health.liveness_floor_s", o->liveness_floor_s}, {"health.liveness_mult", o->liveness_mult}};
+    } pos[] = {
+        {"health.probe_start_ms", o->start_s * 1e3},      {"health.probe_steady_ms", o->steady_s * 1e3},
+        {"health.probe_alert_ms", o->alert_s * 1e3},      {"health.rtt_alert_factor", o->rtt_alert_factor},
+        {"health.liveness_floor_s", o->liveness_floor_s}, {"health.liveness_mult", o->liveness_mult}};
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
         if (!(pos[i].v > 0) || !isfinite(pos[i].v))
             return DG_ERR(DG_ERR_USAGE, "%s must be a positive number (got %g)", pos[i].key, pos[i].v);
     if (!(o->rtt_alert_min_s >= 0) || !isfinite(o->rtt_alert_min_s))
-        return DG_ERR(DG_ERR_USAGE, "health.rtt_alert_min_ms must be >= 0 (got %g)", o->rtt_alert_min_s * 1e3);
+        return DG_ERR(DG_ERR_USAGE, "health.rtt_alert_min_ms must be >= 0 (got %g)",
+                      o->rtt_alert_min_s * 1e3);
     if (o->good_probes < 1)
         return DG_ERR(DG_ERR_USAGE, "health.probe_good must be at least 1 (got %d)", o->good_probes);
     double pmax = fmax(o->steady_s, fmax(o->start_s, o->alert_s));
@@ -960,9 +963,10 @@ dg_status_t dg_health_create_opts(MPI_Comm world, int rank, const char *host, co
         return DG_ERR(DG_ERR_RUNTIME, "cannot start the health thread: %s", strerror(e));
     }
     h->thr_started = 1;
-    DG_LOG_DEBUG("health monitor started: probes every %.0f/%.0f/%.0f ms (start/steady/alert), timeout %.3g s, "
-                 "%d ranks, %d tree neighbours",
-                 1e3 * opts->start_s, 1e3 * opts->steady_s, 1e3 * opts->alert_s, opts->timeout_s, wsize, k);
+    DG_LOG_DEBUG(
+        "health monitor started: probes every %.0f/%.0f/%.0f ms (start/steady/alert), timeout %.3g s, "
+        "%d ranks, %d tree neighbours",
+        1e3 * opts->start_s, 1e3 * opts->steady_s, 1e3 * opts->alert_s, opts->timeout_s, wsize, k);
     *out = h;
     return DG_OK;
 }

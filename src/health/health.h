@@ -77,13 +77,14 @@ const char *dg_signal_name(int sig);
 
 /* The heartbeat figures ([health] keys; docs/health.md). Periods and times in seconds. */
 typedef struct {
-    double start_s, steady_s, alert_s; /* probe periods: at start, after good_probes good ones, after an anomaly */
-    int good_probes;                   /* good probes in a row before the steady period (>= 1) */
-    double rtt_alert_factor;           /* a round trip above factor x the measured mean is an anomaly ... */
-    double rtt_alert_min_s;            /* ... and above this (noise floor) */
-    double liveness_floor_s;           /* a silent neighbour is dead after max(floor, ...) */
-    double liveness_mult;              /* ... mult x (its period + the highest recent round trip) */
-    double timeout_s;                  /* stall timeout, and the ceiling of the liveness timeout */
+    double start_s, steady_s,
+        alert_s;             /* probe periods: at start, after good_probes good ones, after an anomaly */
+    int good_probes;         /* good probes in a row before the steady period (>= 1) */
+    double rtt_alert_factor; /* a round trip above factor x the measured mean is an anomaly ... */
+    double rtt_alert_min_s;  /* ... and above this (noise floor) */
+    double liveness_floor_s; /* a silent neighbour is dead after max(floor, ...) */
+    double liveness_mult;    /* ... mult x (its period + the highest recent round trip) */
+    double timeout_s;        /* stall timeout, and the ceiling of the liveness timeout */
 } dg_health_opts_t;
 
 /* The defaults: 50/200/10 ms, 3 good probes, factor 8 above 250 ms, floor 5 s, multiplier 10, 120 s. */
@@ -94,11 +95,11 @@ typedef struct {
     uint64_t probes;    /* probe periods elapsed (rounds of heartbeats sent) */
     uint64_t msgs_sent; /* heartbeats sent (at most neighbours x probes, plus the byes) */
     uint64_t msgs_recv;
-    uint64_t alerts;    /* anomalies seen (late heartbeats, round trips far above the measured ones) */
-    double period_s;    /* the probe period now */
-    double rtt_s;       /* the last neighbour's mean round trip */
-    double liveness_s;  /* the longest liveness timeout of a neighbour now */
-    int neighbours;     /* tree neighbours (<= 3) */
+    uint64_t alerts;   /* anomalies seen (late heartbeats, round trips far above the measured ones) */
+    double period_s;   /* the probe period now */
+    double rtt_s;      /* the last neighbour's mean round trip */
+    double liveness_s; /* the longest liveness timeout of a neighbour now */
+    int neighbours;    /* tree neighbours (<= 3) */
 } dg_health_stats_t;
 
 /* Start the health monitor with the given figures (checked: DG_ERR_USAGE naming the key for a bad one;
@@ -173,10 +174,10 @@ void dg_health_set_sla_sink(dg_health_t *h, void (*fn)(void *ctx, const char *js
 /* A snapshot of this rank's heartbeat counters (thread-safe; zeros for NULL h). */
 void dg_health_get_stats(const dg_health_t *h, dg_health_stats_t *st);
 
-/* A check the watchdog runs every poll tick (a quarter of the probe period, 2 ms to 0.1 s) on the health thread, e.g. NCCL's asynchronous error
- * query. Return 0 if all is well; otherwise write a one-line reason into msg[cap] and return nonzero:
- * the watchdog then aborts the job (exit 3) with that reason. At most 8 hooks. Returns DG_ERR_RUNTIME
- * if there is no room. */
+/* A check the watchdog runs every poll tick (a quarter of the probe period, 2 ms to 0.1 s) on the health
+ * thread, e.g. NCCL's asynchronous error query. Return 0 if all is well; otherwise write a one-line reason
+ * into msg[cap] and return nonzero: the watchdog then aborts the job (exit 3) with that reason. At most 8
+ * hooks. Returns DG_ERR_RUNTIME if there is no room. */
 dg_status_t dg_health_add_poll(dg_health_t *h, int (*poll)(void *ctx, char *msg, size_t cap), void *ctx);
 
 /* At a step boundary: one MPI_Allreduce (MAX) over `comm` of dg_signals_pending(). *stop_out becomes the
