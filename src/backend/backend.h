@@ -329,6 +329,16 @@ dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg_backend_t 
  * a CUDA backend. Capture it (cudaStreamBeginCapture) to record a step as one CUDA Graph: no backend op
  * synchronises or allocates during a step once one eager step has run (it sizes the backend's scratch). */
 void *dg_backend_cuda_stream(dg_backend_t *be);
+/* The CUDA context liveness probe for the health thread (cuda_probe.c, docs/health.md): create it on a
+ * thread whose current device is the backend's (it remembers the device); add dg_cuda_probe_poll with it
+ * as a health poll hook (dg_health_add_poll). Each poll queues a 4-byte memset + event on a private
+ * non-blocking stream (device memory, never managed) once the previous one completed and only queries
+ * (never waits): it fails (exit 3 through the watchdog) when a probe stays incomplete for timeout_s or
+ * the context reports an error. Free it after the health monitor (no poll may run any more). */
+typedef struct dg_cuda_probe dg_cuda_probe_t;
+dg_status_t dg_cuda_probe_create(double timeout_s, dg_cuda_probe_t **out);
+int dg_cuda_probe_poll(void *ctx, char *msg, size_t cap);
+void dg_cuda_probe_free(dg_cuda_probe_t *p);
 /* The device's name as cudaGetDeviceProperties gives it ("NVIDIA H200"); NULL when `be` is not a CUDA
  * backend. Owned by the backend. */
 const char *dg_backend_cuda_device_name(dg_backend_t *be);

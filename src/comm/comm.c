@@ -921,6 +921,41 @@ dg_status_t dg_comm_poll(dg_comm_t *c) {
     return DG_OK;
 }
 
+/* Test hook (DG_TEST_COMM_FAIL_RANK / _STEP): on that MPI_COMM_WORLD rank, once the comm's step has
+ * reached the given one, the communicator fails as a lost peer would make it: marked failed and, on
+ * nccl, really aborted (ncclCommAbort), so that a collective in flight on any rank can only end by the
+ * watchdog. */
+static void test_fail_hook(dg_comm_t *c) {
+    int64_t r = dg_env_int("DG_TEST_COMM_FAIL_RANK"), s = dg_env_int("DG_TEST_COMM_FAIL_STEP");
+    if (r < 0 || s < 0 || atomic_load(&c->failed)) return;
+    int wr = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    if (wr != r || atomic_load(&c->step) < s) return;
+    char msg[256];
+    snprintf(msg, sizeof msg, "test hook DG_TEST_COMM_FAIL_RANK=%lld: communicator %s failed at step %lld",
+             (long long)r, c->name, (long long)atomic_load(&c->step));
+    DG_LOG_WARN("%s", msg);
+    (void)dg_comm__fail(c, DG_ERR_PEER, msg);
+    if (c->vt->abort_backend) c->vt->abort_backend(c);
+}
+
+int dg_comm_health_poll(void *ctx, char *msg, size_t cap) {
+    dg_comm_t *c = ctx;
+    test_fail_hook(c);
+    if (dg_comm_poll(c) == DG_OK) return 0;
+    /* NCCL's async error is only recorded by dg_comm_poll; make sure the comm is marked failed too */
+    pthread_mutex_lock(&c->fail_mu);
+    if (!atomic_load(&c->failed)) {
+        dg_comm__strlcpy(c->fail_msg, sizeof c->fail_msg, dg_last_error());
+        atomic_store(&c->failed, 1);
+    }
+    snprintf(msg, cap, "communicator %s (%s) failed: %s", c->name, dg_comm_backend_name(c), c->fail_msg);
+    pthread_mutex_unlock(&c->fail_mu);
+    /* unblock whatever waits in the communicator (ncclCommAbort); the watchdog then ends the job */
+    if (c->vt->abort_backend) c->vt->abort_backend(c);
+    return 1;
+}
+
 void dg_comm_state(dg_comm_t *c, char *buf, size_t cap) {
     if (!buf || !cap) return;
     if (!c) {

@@ -228,6 +228,12 @@ dg_status_t dg_comm_stream_wait(dg_comm_t *c, dg_comm_req_t *req, void *stream);
  * MPI error in the communication thread, an earlier timeout), as DG_ERR_PEER with its message. Cheap;
  * any thread (the watchdog polls it). */
 dg_status_t dg_comm_poll(dg_comm_t *c);
+/* A health poll hook (dg_health_add_poll's signature, ctx = the dg_comm_t *): 0 while dg_comm_poll is
+ * DG_OK (on nccl: ncclCommGetAsyncError says all is well); otherwise it marks the comm failed, writes
+ * "communicator NAME (BACKEND) failed: REASON" into msg, aborts the backend (ncclCommAbort: a collective
+ * stuck on it returns) and returns 1, and the watchdog ends the job with exit 3 on every rank naming this
+ * rank and the reason. Any thread; cheap. */
+int dg_comm_health_poll(void *ctx, char *msg, size_t cap);
 /* One line about what the comm is doing, e.g. "dp_shard: allreduce #12 (4096 f32) running for 3.2 s,
  * 2 queued" or "dp_shard: idle after collective #12". Any thread. */
 void dg_comm_state(dg_comm_t *c, char *buf, size_t cap); /* nccl: "NAME (nccl[, non-blocking]): ..." */

@@ -125,7 +125,11 @@ typedef struct dg_config {
         int space_check;      /* refuse a save the free space cannot hold, before writing */
     } checkpoint;
     struct {
-        double heartbeat_s, timeout_s;
+        double heartbeat_s, timeout_s; /* heartbeat_s: deprecated, the steady period when set */
+        double probe_start_ms, probe_steady_ms, probe_alert_ms; /* adaptive probe periods */
+        int64_t probe_good;                                     /* good probes before the steady period */
+        double rtt_alert_factor, rtt_alert_min_ms;              /* round-trip anomaly: factor x mean, floor */
+        double liveness_floor_s, liveness_mult; /* dead neighbour: max(floor, mult x (p+rtt)) */
     } health;
     struct {
         char

@@ -252,9 +252,30 @@ const dg_cfg_key_t dg_cfg_schema[] = {
          "when it cannot fit; false: write anyway (file systems whose free-space figure is wrong)"),
 
     /* [health] */
-    FLTX("health", "heartbeat_s", health.heartbeat_s, "5", 0, 3600, "seconds between heartbeats"),
+    FLTX("health", "heartbeat_s", health.heartbeat_s, "5", 0, 3600,
+         "deprecated (the probe period adapts, see probe_*_ms): when set, used as probe_steady_ms, with a "
+         "warning"),
     FLTX("health", "timeout_s", health.timeout_s, "120", 0, 604800,
-         "seconds without progress before the watchdog aborts the job (exit 3)"),
+         "seconds without progress before the watchdog aborts the job (exit 3); also the ceiling of the "
+         "liveness timeout"),
+    FLTX("health", "probe_start_ms", health.probe_start_ms, "50", 0, 3600000,
+         "heartbeat probe period at start, until probe_good good probes in a row"),
+    FLTX("health", "probe_steady_ms", health.probe_steady_ms, "200", 0, 3600000,
+         "heartbeat probe period after probe_good good probes in a row"),
+    FLTX("health", "probe_alert_ms", health.probe_alert_ms, "10", 0, 3600000,
+         "heartbeat probe period after an anomaly (a late heartbeat, a round trip far above the measured "
+         "ones), which also raises an SLA Level-1 event heartbeat_rtt"),
+    INT("health", "probe_good", health.probe_good, "3", 1, 1000000,
+        "good probes in a row before the steady period"),
+    FLTX("health", "rtt_alert_factor", health.rtt_alert_factor, "8", 0, 1e6,
+         "a round trip above this many times the measured mean (and above rtt_alert_min_ms) is an anomaly"),
+    FLT("health", "rtt_alert_min_ms", health.rtt_alert_min_ms, "250", 0, 3600000,
+        "noise floor of the heartbeat anomalies: round trips and lateness below it are never one"),
+    FLTX("health", "liveness_floor_s", health.liveness_floor_s, "5", 0, 604800,
+         "a silent tree neighbour is dead after max(liveness_floor_s, liveness_mult x (its period + the "
+         "highest recent round trip)), at most timeout_s"),
+    FLTX("health", "liveness_mult", health.liveness_mult, "10", 0, 1e6,
+         "multiplier of (period + round trip) in the liveness timeout"),
 
     /* [topology] */
     STR("topology", "xml", topology.xml, "", NULL,

@@ -552,6 +552,26 @@ static dg_comm_t *comm_of(const dg_exec_t *ex, const dg_node_t *n) {
     return ex->comm[n->attr[DG_A_MESHDIM]];
 }
 
+/* The data-parallel gradient reductions: the backward's reduce-scatters and the dp_replicate all-reduces. */
+static int is_grad_coll(const dg_node_t *n) {
+    return (n->op == DG_OP_REDUCE_SCATTER && n->phase == DG_PHASE_BWD) || (n->flags & DG_NF_GRAD_SYNC);
+}
+
+/* Gradient-sync accounting: a reduction posted at t opens an interval when none is in flight (closing
+ * the previous one); its wait's return at t extends the interval's end. */
+static void gs_posted(dg_exec_t *ex, double t) {
+    if (ex->gs_pending == 0) {
+        if (ex->gs_start > 0) ex->gs_total += ex->gs_end - ex->gs_start;
+        ex->gs_start = ex->gs_end = t;
+    }
+    ex->gs_pending++;
+}
+
+static void gs_done(dg_exec_t *ex, double t) {
+    if (ex->gs_pending > 0) ex->gs_pending--;
+    if (t > ex->gs_end) ex->gs_end = t;
+}
+
 /* Posts n's collective on c: on device memory directly, or through host copies when staging (the
  * send data is copied to the host now; finish() copies the result back). */
 static dg_status_t post(dg_exec_t *ex, const dg_node_t *n, dg_comm_t *c, struct dg_comm_req **req) {
@@ -620,7 +640,9 @@ dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n) {
                       "attached to this executor",
                       dg_op_name(n->op), n->name, dg_mesh_dim_name(d), k);
     struct dg_comm_req *req = NULL;
+    double tp = dg_now_s();
     DG_TRY(post(ex, n, c, &req));
+    if (is_grad_coll(n)) gs_posted(ex, tp);
     ex->n_coll++;
     /* send bytes: what the reduce dtype halves (the gradient reductions: the backward's reduce-scatters
      * and its dp_replicate all-reduces, flagged DG_NF_GRAD_SYNC) */
@@ -628,8 +650,7 @@ dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n) {
                          ? (uint64_t)count_of(n) * dg_dtype_size(n->upd[0]->dtype)
                          : (uint64_t)n->src[0]->nbytes;
     ex->coll_bytes[d] += bytes;
-    if ((n->op == DG_OP_REDUCE_SCATTER && n->phase == DG_PHASE_BWD) || (n->flags & DG_NF_GRAD_SYNC))
-        ex->grad_coll_bytes += bytes;
+    if (is_grad_coll(n)) ex->grad_coll_bytes += bytes;
     if (n->stream == DG_STREAM_COMM) {
         DG_ASSERT(ex->req[n->id] == NULL);
         ex->req[n->id] = req;
@@ -638,7 +659,9 @@ dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n) {
     }
     double t0 = dg_now_s();
     dg_status_t st = finish(ex, n, req, c);
-    ex->blocking_s += dg_now_s() - t0;
+    double t1 = dg_now_s();
+    ex->blocking_s += t1 - t0;
+    if (is_grad_coll(n)) gs_done(ex, t1);
     return st;
 }
 
@@ -650,7 +673,9 @@ static dg_status_t complete(dg_exec_t *ex, const dg_node_t *w) {
     ex->n_pending--;
     double t0 = dg_now_s();
     dg_status_t st = finish(ex, w, req, comm_of(ex, w));
-    ex->wait_s += dg_now_s() - t0;
+    double t1 = dg_now_s();
+    ex->wait_s += t1 - t0;
+    if (is_grad_coll(w)) gs_done(ex, t1);
     if (st != DG_OK) return dg_err_prefix(st, "waiting for %s '%s'", dg_op_name(w->op), w->name);
     return DG_OK;
 }

@@ -647,6 +647,10 @@ struct dg_exec {
      * gradient reductions' (dg_model_comm_stats) */
     uint64_t coll_bytes[DG_MESH_NDIM];
     uint64_t grad_coll_bytes;
+    /* gradient-sync latency (wall clock as the host sees it): the time during which at least one
+     * gradient reduction was in flight, from its post to the return of its wait (dg_model_comm_stats) */
+    double gs_total, gs_start, gs_end; /* closed intervals' sum; the open interval (gs_start > 0) */
+    int gs_pending;                    /* gradient reductions posted and not yet waited for */
 
     /* memory fallback (eager allocation): no arena; every arena root gets its own allocation from the
      * backend over its live range. roots[] lists the arena roots; per schedule position, the roots whose

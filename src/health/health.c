@@ -1,9 +1,14 @@
-/* health.c — the per-rank watchdog thread: progress timer, star heartbeats to/from rank 0, abort notices.
+/* health.c — the per-rank watchdog thread: progress timer, tree heartbeats with an adaptive period,
+ * round-trip measurement, abort notices.
  *
- * Why a star and not a ring: rank 0 then sees every rank's progress and can tell all ranks which rank
- * has been stuck the longest, so a rank that only waits in a collective blames the rank it waits for.
- * Rank 0 drains heartbeats with a single ANY_SOURCE receive; per heartbeat period it sends world-1
- * small messages, which is negligible next to training traffic even at thousands of ranks.
+ * Topology: a binary tree over the ranks (parent (r-1)/2, children 2r+1 and 2r+2). Every period each rank
+ * sends one heartbeat to each tree neighbour (at most 3): upwards it carries the summary of its subtree
+ * (the rank that has made no progress for the longest, the rank whose heartbeat has been missing for the
+ * longest and who noticed it, the smallest no-progress age), downwards the job-wide summary made by rank
+ * 0 from its children's subtree summaries. So every rank learns which rank has been stuck the longest
+ * (a rank that only waits in a collective blames the rank it waits for) with O(1) messages per rank per
+ * period, and a silent rank is noticed by its tree neighbours. Each heartbeat echoes the send time of
+ * the last one received from its destination, which gives each rank the round trip to each neighbour.
  *
  * All MPI traffic here runs on a private MPI_Comm_dup with MPI_ERRORS_RETURN, on the health thread only
  * (plus the abort notices, which may be sent from the thread calling dg_health_abort).
@@ -32,11 +37,14 @@ enum { MSG_HB = 1, MSG_BYE = 2 };
 #define HOST_CAP 64
 #define MAX_POLLS 8
 #define ABORT_TEXT_CAP 448
+#define MAX_NB 3 /* tree neighbours: parent, two children */
+#define RTT_MIN_SAMPLES 3
 
-/* Rank 0's view of the job, sent back with every heartbeat: the rank that has made no progress for the
- * longest, and the rank whose heartbeat has been missing for the longest (-1: none). */
+/* A view of (part of) the job: the rank that has made no progress for the longest, and the rank whose
+ * heartbeat has been missing for the longest (-1: none) with the rank that noticed it. Upwards: of the
+ * sender's subtree; downwards: of the whole job, as rank 0 made it. Ages are at send time. */
 typedef struct {
-    int32_t worst_rank, silent_rank;
+    int32_t worst_rank, silent_rank, silent_reporter;
     int64_t worst_step, silent_step;
     double worst_age, silent_for;
     char worst_what[WHAT_CAP], silent_what[WHAT_CAP];
@@ -51,7 +59,11 @@ typedef struct {
     double age;      /* seconds since the sender's activity last changed, at send time */
     int32_t waiting; /* the sender waits in a collective of its I/O activity (progress source) */
     char what[WHAT_CAP];
-    summary_t sum; /* meaningful from rank 0 only */
+    double period;    /* the sender's probe period now (the receiver judges lateness by it) */
+    double sent_at;   /* the sender's clock at send time */
+    double echo_at;   /* sent_at of the last heartbeat the sender had from the destination (0: none) */
+    double echo_hold; /* how long the sender held that one before this send */
+    summary_t sum;    /* to a parent: the sender's subtree; to a child: the whole job */
 } hb_msg_t;
 
 typedef struct {
@@ -59,14 +71,25 @@ typedef struct {
     char text[ABORT_TEXT_CAP];
 } abort_msg_t;
 
-/* What this rank knows about one peer (rank 0: every rank; others: rank 0 only). */
+/* What this rank knows about one tree neighbour. */
 typedef struct {
+    int rank;
     double last_seen;   /* local monotonic time of its last heartbeat (creation time before the first) */
     double age_at_recv; /* its activity age as reported in that heartbeat */
     int waiting;        /* ... and whether it waited in a collective of an I/O activity */
     int64_t step;
     char what[WHAT_CAP];
-    int bye;
+    double period;           /* its probe period as last reported */
+    double their_sent_at;    /* sent_at of its last heartbeat (echoed back to it) */
+    double last_echo;        /* the last echo_at of ours that it returned (one RTT sample per echo) */
+    double rtt_ewma, rtt_hi; /* measured round trips: moving mean and a slowly decaying maximum */
+    int rtt_n;
+    int late_flagged; /* an anomaly was raised for its current silence */
+    summary_t sum;    /* its last summary (subtree or job) */
+    int bye;          /* it said bye (no more messages from it) */
+    int bye_sent;     /* we said bye to it */
+    hb_msg_t rbuf, sbuf;
+    MPI_Request rreq, sreq;
 } peer_t;
 
 struct dg_health {
@@ -74,7 +97,11 @@ struct dg_health {
     int rank, size;
     char host[HOST_CAP];
     char (*hosts)[HOST_CAP];
-    double hb_s, timeout_s, poll_s, late_s;
+    dg_health_opts_t o;
+    double poll_s, late_s;
+    double period; /* the probe period now: o.start_s, o.steady_s or o.alert_s */
+    int good;      /* good probes in a row since the last anomaly */
+    double last_alert_at;
 
     /* Activity, written by the loop: a seqlock over the label so the loop never blocks. */
     _Atomic uint64_t act_seq;
@@ -96,17 +123,11 @@ struct dg_health {
     void (*on_abort)(void *); /* dg_health_set_abort_hook */
     void *abort_ctx;
 
-    peer_t *peers; /* indexed by rank */
-    hb_msg_t rbuf;
-    MPI_Request rreq;
-    hb_msg_t *sbuf; /* rank 0: one per destination rank; others: [0] for rank 0 */
-    MPI_Request *sreq;
-    int *bye_sent_to;
-    int nbye_in;
-    int bye_sent;
+    peer_t nb[MAX_NB]; /* [0] the parent when rank > 0, then the children */
+    int nnb, parent;   /* parent: index of the parent in nb, -1 on rank 0 */
     double last_sent;
 
-    /* Rank 0's summary (at rank 0 computed, elsewhere as last received) and when it was made. */
+    /* The job-wide summary (rank 0: computed; elsewhere: as last received from the parent). */
     summary_t sum;
     double sum_at;
 
@@ -117,10 +138,13 @@ struct dg_health {
     int thr_started;
     atomic_int stopping;
     atomic_int aborting;
+    _Atomic uint64_t st_probes, st_sent, st_recv, st_alerts, st_period_us, st_rtt_us, st_live_us;
 
-    pthread_mutex_t mu; /* sink and poll hooks */
+    pthread_mutex_t mu; /* sinks and poll hooks */
     void (*sink)(void *, const char *);
     void *sink_ctx;
+    void (*sla_sink)(void *, const char *);
+    void *sla_ctx;
     int (*poll[MAX_POLLS])(void *, char *, size_t);
     void *poll_ctx[MAX_POLLS];
     int npoll;
@@ -128,7 +152,6 @@ struct dg_health {
     int stall_rank;
     int64_t stall_step;
 };
-
 /* ---------------------------------------------------------------- helpers */
 
 static void sleep_s(double s) {
@@ -331,181 +354,296 @@ void dg_health_abort(dg_health_t *h, const char *reason) {
     abort_job(h, h->rank, text);
 }
 
+/* ---------------------------------------------------------------- adaptive period, anomalies */
+
+static void set_period(dg_health_t *h, double p) {
+    h->period = p;
+    h->poll_s = fmin(fmax(p / 4, 0.002), 0.1);
+    atomic_store_explicit(&h->st_period_us, (uint64_t)(p * 1e6), memory_order_relaxed);
+}
+
+/* How long a neighbour may stay silent before it is taken for stopped, hung or dead: multiplier x (its
+ * period + the highest recent round trip), never below the floor, never above timeout_s. */
+static double liveness_s(const dg_health_t *h, const peer_t *p) {
+    double per = fmax(p->period, h->period);
+    double t = h->o.liveness_mult * (per + p->rtt_hi);
+    return fmin(fmax(t, h->o.liveness_floor_s), h->o.timeout_s);
+}
+
+/* An anomaly (a late heartbeat, a round trip far above the measured ones): probe fast (alert period),
+ * count it, and tell the SLA sink (objective heartbeat_rtt, Level 1) and the event sink, at most once
+ * per second per rank. */
+static void anomaly(dg_health_t *h, double now, int peer, const char *what, double value_s, double target_s) {
+    h->good = 0;
+    if (h->period != h->o.alert_s) set_period(h, h->o.alert_s);
+    atomic_fetch_add_explicit(&h->st_alerts, 1, memory_order_relaxed);
+    if (now - h->last_alert_at < 1.0) return;
+    h->last_alert_at = now;
+    int64_t step;
+    char label[WHAT_CAP];
+    read_activity(h, &step, label);
+    DG_LOG_WARN("heartbeat: %s from rank %d (host %s): %.1f ms (threshold %.1f ms); probing every %.0f ms",
+                what, peer, host_of(h, peer), 1e3 * value_s, 1e3 * target_s, 1e3 * h->period);
+    char fields[384];
+    snprintf(fields, sizeof fields,
+             "\"objective\":\"heartbeat_rtt\",\"level\":1,\"value\":%.3f,\"target\":%.3f,\"action\":\"warn\","
+             "\"step\":%lld,\"rank\":%d,\"peer_rank\":%d,\"reason\":\"%s\"",
+             1e3 * value_s, 1e3 * target_s, (long long)step, h->rank, peer, what);
+    pthread_mutex_lock(&h->mu);
+    void (*fn)(void *, const char *) = h->sla_sink;
+    void *ctx = h->sla_ctx;
+    pthread_mutex_unlock(&h->mu);
+    if (fn) fn(ctx, fields);
+    snprintf(fields, sizeof fields,
+             "\"kind\":\"heartbeat_alert\",\"rank\":%d,\"peer_rank\":%d,\"reason\":\"%s\",\"value_ms\":%.3f,"
+             "\"target_ms\":%.3f,\"period_ms\":%.1f",
+             h->rank, peer, what, 1e3 * value_s, 1e3 * target_s, 1e3 * h->period);
+    emit(h, fields);
+}
+
+/* A good probe (a round trip within bounds): after o.good_probes in a row, the steady period. */
+static void good_probe(dg_health_t *h) {
+    if (++h->good >= h->o.good_probes && h->period != h->o.steady_s) {
+        set_period(h, h->o.steady_s);
+        DG_LOG_DEBUG("heartbeat: %d good probes, period now %.0f ms", h->good, 1e3 * h->period);
+    }
+}
+
+static void rtt_sample(dg_health_t *h, peer_t *p, double rtt, double now) {
+    if (rtt < 0) rtt = 0;
+    /* both ends poll: up to one poll interval of each side is part of any sample */
+    double lim = fmax(h->o.rtt_alert_factor * p->rtt_ewma, h->o.rtt_alert_min_s) + 2 * h->poll_s +
+                 fmin(fmax(p->period, 0) / 2, 0.2);
+    bool bad = p->rtt_n >= RTT_MIN_SAMPLES && rtt > lim;
+    p->rtt_ewma = p->rtt_n == 0 ? rtt : 0.8 * p->rtt_ewma + 0.2 * rtt;
+    p->rtt_hi = fmax(rtt, 0.95 * p->rtt_hi);
+    p->rtt_n++;
+    atomic_store_explicit(&h->st_rtt_us, (uint64_t)(p->rtt_ewma * 1e6), memory_order_relaxed);
+    if (bad)
+        anomaly(h, now, p->rank, "round trip far above the measured ones", rtt, lim);
+    else
+        good_probe(h);
+}
+
+/* A neighbour is late when silent for 4 of its periods plus the anomaly floor (but not yet dead). */
+static void check_late(dg_health_t *h, peer_t *p, double now) {
+    if (p->bye) return;
+    double silent = now - p->last_seen;
+    double lim = 4 * fmax(p->period, h->period) + h->o.rtt_alert_min_s;
+    if (silent <= lim) {
+        p->late_flagged = 0;
+        return;
+    }
+    if (p->late_flagged) return;
+    p->late_flagged = 1;
+    anomaly(h, now, p->rank, "late heartbeat", silent, lim);
+}
+
 /* ---------------------------------------------------------------- heartbeats */
 
-static void fill_hb(dg_health_t *h, hb_msg_t *m, int kind, double now) {
+static void age_summary(summary_t *S, double dt) {
+    S->worst_age += dt;
+    S->best_age += dt;
+    if (S->silent_rank >= 0) S->silent_for += dt;
+}
+
+/* The summary this rank sends to its parent (its subtree) or, on rank 0, the job's: itself, then each
+ * child's subtree summary aged by the time since it came, then each child's own silence. */
+static void subtree_summary(dg_health_t *h, double now, summary_t *S) {
+    memset(S, 0, sizeof *S);
+    S->worst_rank = h->rank;
+    S->worst_age = own_age(h, now);
+    S->best_age = S->worst_age;
+    S->worst_waiting = h->self_waiting;
+    read_activity(h, &S->worst_step, S->worst_what);
+    S->silent_rank = -1;
+    S->silent_reporter = -1;
+    for (int i = h->parent + 1; i < h->nnb; i++) {
+        peer_t *p = &h->nb[i];
+        if (p->bye) continue;
+        double silent = now - p->last_seen;
+        summary_t c = p->sum;
+        if (c.worst_rank < 0) { /* nothing heard yet: the child itself, as of creation */
+            c.worst_rank = p->rank;
+            c.worst_age = c.best_age = 0;
+            c.silent_rank = -1;
+            snprintf(c.worst_what, WHAT_CAP, "%s", "startup");
+        }
+        age_summary(&c, silent);
+        if (c.best_age < S->best_age) S->best_age = c.best_age;
+        /* during I/O a rank that is not waiting in a collective is the likelier culprit than one that is,
+         * whatever their ages (the waiter may have arrived before the other stopped) */
+        int better = c.worst_waiting == S->worst_waiting ? c.worst_age > S->worst_age : S->worst_waiting;
+        if (better) {
+            S->worst_age = c.worst_age;
+            S->worst_waiting = c.worst_waiting;
+            S->worst_rank = c.worst_rank;
+            S->worst_step = c.worst_step;
+            copy_label(S->worst_what, c.worst_what);
+        }
+        if (c.silent_rank >= 0 && c.silent_for > S->silent_for) {
+            S->silent_for = c.silent_for;
+            S->silent_rank = c.silent_rank;
+            S->silent_reporter = c.silent_reporter;
+            S->silent_step = c.silent_step;
+            copy_label(S->silent_what, c.silent_what);
+        }
+        if (silent > S->silent_for) {
+            S->silent_for = silent;
+            S->silent_rank = p->rank;
+            S->silent_reporter = h->rank;
+            S->silent_step = p->step;
+            copy_label(S->silent_what, p->what);
+        }
+    }
+}
+
+/* Rank 0: the job summary is its subtree summary. */
+static void update_summary(dg_health_t *h, double now) {
+    subtree_summary(h, now, &h->sum);
+    h->sum_at = now;
+}
+
+static void post_recv(dg_health_t *h, peer_t *p) {
+    int rc = MPI_Irecv(&p->rbuf, (int)sizeof p->rbuf, MPI_BYTE, p->rank, TAG_HB, h->comm, &p->rreq);
+    if (rc != MPI_SUCCESS) mpi_failed(h, "MPI_Irecv(heartbeat)", rc, p->rank);
+}
+
+static void take(dg_health_t *h, peer_t *p, bool is_parent, double now) {
+    const hb_msg_t *m = &p->rbuf;
+    atomic_fetch_add_explicit(&h->st_recv, 1, memory_order_relaxed);
+    p->last_seen = now;
+    p->age_at_recv = m->age;
+    p->waiting = m->waiting;
+    p->step = m->step;
+    copy_label(p->what, m->what);
+    if (m->period > 0) p->period = m->period;
+    p->their_sent_at = m->sent_at;
+    p->sum = m->sum;
+    p->sum.worst_what[WHAT_CAP - 1] = 0;
+    p->sum.silent_what[WHAT_CAP - 1] = 0;
+    if (is_parent) {
+        h->sum = p->sum;
+        h->sum_at = now;
+    }
+    if (m->echo_at > 0 && m->echo_at != p->last_echo) {
+        p->last_echo = m->echo_at;
+        rtt_sample(h, p, now - m->echo_at - m->echo_hold, now);
+    }
+    if (m->kind == MSG_BYE) p->bye = 1;
+}
+
+static void drain_heartbeats(dg_health_t *h, double now) {
+    for (int i = 0; i < h->nnb; i++) {
+        peer_t *p = &h->nb[i];
+        while (p->rreq != MPI_REQUEST_NULL) {
+            int flag = 0;
+            int rc = MPI_Test(&p->rreq, &flag, MPI_STATUS_IGNORE);
+            if (rc != MPI_SUCCESS) mpi_failed(h, "MPI_Test(heartbeat)", rc, p->rank);
+            if (!flag) break;
+            p->rreq = MPI_REQUEST_NULL;
+            take(h, p, i == h->parent, now);
+            if (!p->bye) post_recv(h, p);
+        }
+    }
+}
+
+static bool send_done(dg_health_t *h, peer_t *p) {
+    if (p->sreq == MPI_REQUEST_NULL) return true;
+    int flag = 0;
+    int rc = MPI_Test(&p->sreq, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) mpi_failed(h, "MPI_Test(heartbeat send)", rc, p->rank);
+    return flag != 0;
+}
+
+static void send_one(dg_health_t *h, peer_t *p, bool to_parent, int kind, double now) {
+    hb_msg_t *m = &p->sbuf;
     memset(m, 0, sizeof *m);
     m->kind = kind;
     m->rank = h->rank;
     read_activity(h, &m->step, m->what);
     m->age = own_age(h, now);
     m->waiting = h->self_waiting;
-    m->sum = h->sum;
-}
-
-/* Post (or re-post) the heartbeat receive. Rank 0 hears from anybody; the others only from rank 0. */
-static void post_recv(dg_health_t *h) {
-    int src = h->rank == 0 ? MPI_ANY_SOURCE : 0;
-    int rc = MPI_Irecv(&h->rbuf, (int)sizeof h->rbuf, MPI_BYTE, src, TAG_HB, h->comm, &h->rreq);
-    if (rc != MPI_SUCCESS) mpi_failed(h, "MPI_Irecv(heartbeat)", rc, src == MPI_ANY_SOURCE ? -1 : src);
-}
-
-/* Rank 0: recompute the summary (who made no progress for the longest, itself included; who has been
- * silent for the longest). */
-static void update_summary(dg_health_t *h, double now) {
-    summary_t *S = &h->sum;
-    S->worst_rank = 0;
-    S->worst_age = own_age(h, now);
-    S->best_age = S->worst_age;
-    S->worst_waiting = h->self_waiting;
-    read_activity(h, &S->worst_step, S->worst_what);
-    S->silent_rank = -1;
-    S->silent_for = 0;
-    for (int r = 1; r < h->size; r++) {
-        peer_t *p = &h->peers[r];
-        if (p->bye) continue;
-        double silent = now - p->last_seen;
-        double a = p->age_at_recv + silent;
-        if (a < S->best_age) S->best_age = a;
-        /* during I/O a rank that is not waiting in a collective is the likelier culprit than one that is,
-         * whatever their ages (the waiter may have arrived before the other stopped) */
-        int better = p->waiting == S->worst_waiting ? a > S->worst_age : S->worst_waiting;
-        if (better) {
-            S->worst_age = a;
-            S->worst_waiting = p->waiting;
-            S->worst_rank = r;
-            S->worst_step = p->step;
-            copy_label(S->worst_what, p->what);
-        }
-        if (silent > S->silent_for) {
-            S->silent_for = silent;
-            S->silent_rank = r;
-            S->silent_step = p->step;
-            copy_label(S->silent_what, p->what);
-        }
+    m->period = h->period;
+    m->sent_at = now;
+    if (p->their_sent_at > 0) {
+        m->echo_at = p->their_sent_at;
+        m->echo_hold = now - p->last_seen;
     }
-    h->sum_at = now;
-}
-
-static bool drain_heartbeats(dg_health_t *h, double now) {
-    bool progressed = false;
-    for (;;) {
-        if (h->rreq == MPI_REQUEST_NULL) return progressed;
-        int flag = 0;
-        MPI_Status st;
-        int rc = MPI_Test(&h->rreq, &flag, &st);
-        if (rc != MPI_SUCCESS) mpi_failed(h, "MPI_Test(heartbeat)", rc, h->rank == 0 ? -1 : 0);
-        if (!flag) return progressed;
-        progressed = true;
-        int src = st.MPI_SOURCE;
-        DG_ASSERTF(src >= 0 && src < h->size && src != h->rank, "heartbeat from bad source %d", src);
-        peer_t *p = &h->peers[src];
-        p->last_seen = now;
-        p->age_at_recv = h->rbuf.age;
-        p->waiting = h->rbuf.waiting;
-        p->step = h->rbuf.step;
-        copy_label(p->what, h->rbuf.what);
-        if (h->rank != 0) {
-            h->sum = h->rbuf.sum;
-            h->sum.worst_what[WHAT_CAP - 1] = 0;
-            h->sum.silent_what[WHAT_CAP - 1] = 0;
-            h->sum_at = now;
-        }
-        bool more = true;
-        if (h->rbuf.kind == MSG_BYE) {
-            p->bye = 1;
-            if (h->rank == 0) {
-                h->nbye_in++;
-                more = h->nbye_in < h->size - 1;
-            } else {
-                more = false;
-            }
-        }
-        h->rreq = MPI_REQUEST_NULL;
-        if (more) post_recv(h);
+    if (to_parent) {
+        subtree_summary(h, now, &m->sum);
+    } else {
+        if (h->rank == 0) update_summary(h, now);
+        m->sum = h->sum;
+        if (h->rank != 0 && h->sum_at > 0) age_summary(&m->sum, now - h->sum_at);
     }
+    int rc = MPI_Isend(m, (int)sizeof *m, MPI_BYTE, p->rank, TAG_HB, h->comm, &p->sreq);
+    if (rc != MPI_SUCCESS) mpi_failed(h, "MPI_Isend(heartbeat)", rc, p->rank);
+    atomic_fetch_add_explicit(&h->st_sent, 1, memory_order_relaxed);
+    if (kind == MSG_BYE) p->bye_sent = 1;
 }
 
-static bool send_done(dg_health_t *h, int i) {
-    if (h->sreq[i] == MPI_REQUEST_NULL) return true;
-    int flag = 0;
-    int rc = MPI_Test(&h->sreq[i], &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) mpi_failed(h, "MPI_Test(heartbeat send)", rc, h->rank == 0 ? i : 0);
-    return flag != 0;
-}
-
-static void send_one(dg_health_t *h, int i, int dest, int kind, double now) {
-    fill_hb(h, &h->sbuf[i], kind, now);
-    int rc = MPI_Isend(&h->sbuf[i], (int)sizeof h->sbuf[i], MPI_BYTE, dest, TAG_HB, h->comm, &h->sreq[i]);
-    if (rc != MPI_SUCCESS) mpi_failed(h, "MPI_Isend(heartbeat)", rc, dest);
-}
-
-/* Send heartbeats when due, and the final byes once stopping. Returns true when this rank has nothing
- * left to send or receive (only possible after dg_health_free asked it to stop). */
+/* Send heartbeats when due, and the byes once stopping: a rank says bye to its parent once it is
+ * stopping and all its children said bye; rank 0 then says bye to its children, and every rank passes
+ * its parent's bye on to its children. Returns true when this rank has nothing left to send or receive
+ * (only possible after dg_health_free asked it to stop). A send still pending means that neighbour is
+ * not draining (stopped?): it is skipped this round rather than piled on. */
 static bool heartbeat_io(dg_health_t *h, double now, bool stopping) {
     if (h->size == 1) return stopping;
-    bool due = now - h->last_sent >= h->hb_s;
-    if (h->rank == 0) {
-        if (due) update_summary(h, now);
-        bool all_in = h->nbye_in == h->size - 1;
-        bool all_out = true;
-        for (int r = 1; r < h->size; r++) {
-            if (h->bye_sent_to[r]) {
-                if (!send_done(h, r)) all_out = false;
-                continue;
-            }
-            all_out = false;
-            if (stopping && all_in) {
-                /* Everyone said bye: our bye is the last message each of them waits for. */
-                if (send_done(h, r)) {
-                    send_one(h, r, r, MSG_BYE, now);
-                    h->bye_sent_to[r] = 1;
-                }
-            } else if (due && send_done(h, r)) {
-                /* A send still pending means that rank is not draining (stopped?): skip it this round
-                 * rather than pile messages on it; the others must keep hearing from us. */
-                send_one(h, r, r, MSG_HB, now);
-            }
+    bool due = now - h->last_sent >= h->period;
+    bool kids_done = true;
+    for (int i = h->parent + 1; i < h->nnb; i++)
+        if (!h->nb[i].bye) kids_done = false;
+    bool up_done = h->parent < 0 || h->nb[h->parent].bye; /* rank 0, or the parent said bye */
+    bool all_out = true;
+    for (int i = 0; i < h->nnb; i++) {
+        peer_t *p = &h->nb[i];
+        bool is_parent = i == h->parent;
+        if (p->bye_sent) {
+            if (!send_done(h, p)) all_out = false;
+            continue;
         }
-        if (due) h->last_sent = now;
-        return stopping && all_in && all_out;
+        all_out = false;
+        bool say_bye = stopping && kids_done && (is_parent || up_done);
+        if (!send_done(h, p)) continue;
+        if (say_bye)
+            send_one(h, p, is_parent, MSG_BYE, now);
+        else if (due && !(is_parent && p->bye))
+            send_one(h, p, is_parent, MSG_HB, now);
     }
-    if (!h->bye_sent) {
-        if (stopping) {
-            if (send_done(h, 0)) {
-                send_one(h, 0, 0, MSG_BYE, now);
-                h->bye_sent = 1;
-            }
-        } else if (due && send_done(h, 0)) {
-            send_one(h, 0, 0, MSG_HB, now);
-            h->last_sent = now;
-        }
-        return false;
+    if (due) {
+        h->last_sent = now;
+        atomic_fetch_add_explicit(&h->st_probes, 1, memory_order_relaxed);
     }
-    return send_done(h, 0) && h->peers[0].bye;
+    return stopping && kids_done && up_done && all_out;
 }
 
 /* ---------------------------------------------------------------- watchdog checks */
 
 static void check_peers(dg_health_t *h, double now) {
-    for (int r = 0; r < h->size; r++) {
-        if (r == h->rank) continue;
-        if (h->rank != 0 && r != 0) continue;
-        peer_t *p = &h->peers[r];
+    double live_max = 0;
+    for (int i = 0; i < h->nnb; i++) {
+        peer_t *p = &h->nb[i];
         if (p->bye) continue;
+        double live = liveness_s(h, p);
+        if (live > live_max) live_max = live;
+        check_late(h, p, now);
         double silent = now - p->last_seen;
-        if (silent <= h->timeout_s) continue;
+        if (silent <= live) continue;
         char text[ABORT_TEXT_CAP];
-        snprintf(
-            text, sizeof text,
-            "watchdog: no heartbeat from rank %d (host %s) for %.1f s (health.timeout_s=%g); it was last "
-            "seen in step %lld doing '%s'; it is stopped, hung or dead; aborting the job with exit code 3",
-            r, host_of(h, r), silent, h->timeout_s, (long long)p->step, p->what);
-        abort_job(h, r, text);
+        snprintf(text, sizeof text,
+                 "watchdog: no heartbeat from rank %d (host %s) for %.1f s (liveness timeout %.2f s = "
+                 "max(health.liveness_floor_s=%g, health.liveness_mult=%g x (period + round trip))); it was "
+                 "last seen in step %lld doing '%s'; it is stopped, hung or dead; aborting the job with exit "
+                 "code 3",
+                 p->rank, host_of(h, p->rank), silent, live, h->o.liveness_floor_s, h->o.liveness_mult,
+                 (long long)p->step, p->what);
+        abort_job(h, p->rank, text);
     }
+    atomic_store_explicit(&h->st_live_us, (uint64_t)(live_max * 1e6), memory_order_relaxed);
 }
 
-/* How long ago any rank of the job last made progress, as far as this rank knows (rank 0's summary,
+/* How long ago any rank of the job last made progress, as far as this rank knows (the job summary,
  * aged by the time since it was made); `age` is this rank's own. */
 static double job_age(dg_health_t *h, double now, double age) {
     if (h->size == 1) return age;
@@ -521,10 +659,10 @@ static double job_age(dg_health_t *h, double now, double age) {
 static void check_self(dg_health_t *h, double now) {
     double age = own_age(h, now);
     double budget = 1e-6 * (double)atomic_load_explicit(&h->act_budget_us, memory_order_relaxed);
-    if (age <= h->timeout_s || age <= budget) return;
+    if (age <= h->o.timeout_s || age <= budget) return;
     /* I/O activity (a checkpoint): waiting in one of its collectives for a rank that is still writing is
      * no stall; only a job in which no rank has moved forward for timeout_s is stuck */
-    if (atomic_load_explicit(&h->act_io, memory_order_relaxed) && job_age(h, now, age) <= h->timeout_s)
+    if (atomic_load_explicit(&h->act_io, memory_order_relaxed) && job_age(h, now, age) <= h->o.timeout_s)
         return;
     int64_t step;
     char what[WHAT_CAP];
@@ -534,39 +672,42 @@ static void check_self(dg_health_t *h, double now) {
                               ? "; checkpoint I/O: no rank wrote, read or reached a collective meanwhile"
                               : "";
 
-    /* A peer that has gone quiet is the likelier cause of our wait than we are. */
+    /* A neighbour that has gone quiet is the likelier cause of our wait than we are. */
     int late = -1;
     double late_for = 0;
-    for (int r = 0; r < h->size; r++) {
-        if (r == h->rank || (h->rank != 0 && r != 0) || h->peers[r].bye) continue;
-        double silent = now - h->peers[r].last_seen;
+    for (int i = 0; i < h->nnb; i++) {
+        const peer_t *p = &h->nb[i];
+        if (p->bye) continue;
+        double silent = now - p->last_seen;
         if (silent > h->late_s && silent > late_for) {
-            late = r;
+            late = i;
             late_for = silent;
         }
     }
     if (late >= 0) {
+        const peer_t *p = &h->nb[late];
         snprintf(
             text, sizeof text,
             "watchdog: no heartbeat from rank %d (host %s) for %.1f s, last seen in step %lld doing '%s'; "
             "rank %d waited %.1f s in step %lld doing '%s' (health.timeout_s=%g); aborting the job with "
             "exit code 3",
-            late, host_of(h, late), late_for, (long long)h->peers[late].step, h->peers[late].what, h->rank,
-            age, (long long)step, what, h->timeout_s);
-        abort_job(h, late, text);
+            p->rank, host_of(h, p->rank), late_for, (long long)p->step, p->what, h->rank, age,
+            (long long)step, what, h->o.timeout_s);
+        abort_job(h, p->rank, text);
     }
     if (h->rank == 0 && h->size > 1) update_summary(h, now);
     const summary_t *S = &h->sum;
     double since = now - h->sum_at;
-    if (h->rank != 0 && S->silent_rank > 0 && S->silent_rank != h->rank &&
+    if (S->silent_rank >= 0 && S->silent_rank != h->rank && S->silent_reporter != h->rank &&
         S->silent_for + since > h->late_s) {
         snprintf(
             text, sizeof text,
-            "watchdog: rank 0 has had no heartbeat from rank %d (host %s) for %.1f s, last seen in step %lld "
+            "watchdog: rank %d has had no heartbeat from rank %d (host %s) for %.1f s, last seen in step "
+            "%lld "
             "doing '%s'; rank %d waited %.1f s in step %lld doing '%s' (health.timeout_s=%g); aborting the "
             "job with exit code 3",
-            S->silent_rank, host_of(h, S->silent_rank), S->silent_for + since, (long long)S->silent_step,
-            S->silent_what, h->rank, age, (long long)step, what, h->timeout_s);
+            S->silent_reporter, S->silent_rank, host_of(h, S->silent_rank), S->silent_for + since,
+            (long long)S->silent_step, S->silent_what, h->rank, age, (long long)step, what, h->o.timeout_s);
         abort_job(h, S->silent_rank, text);
     }
     if (S->worst_rank >= 0 && S->worst_rank != h->rank && h->sum_at > 0) {
@@ -583,14 +724,14 @@ static void check_self(dg_health_t *h, double now) {
                 "%d waited %.1f s for it in step %lld doing '%s' (health.timeout_s=%g%s); aborting the job "
                 "with exit code 3",
                 S->worst_rank, host_of(h, S->worst_rank), wage, (long long)S->worst_step, S->worst_what,
-                h->rank, age, (long long)step, what, h->timeout_s, io_note);
+                h->rank, age, (long long)step, what, h->o.timeout_s, io_note);
             abort_job(h, S->worst_rank, text);
         }
     }
     snprintf(text, sizeof text,
              "watchdog: rank %d (host %s) has made no progress for %.1f s in step %lld doing '%s' "
              "(health.timeout_s=%g%s); aborting the job with exit code 3",
-             h->rank, h->host, age, (long long)step, what, h->timeout_s, io_note);
+             h->rank, h->host, age, (long long)step, what, h->o.timeout_s, io_note);
     abort_job(h, h->rank, text);
 }
 
@@ -640,9 +781,16 @@ static void *health_main(void *arg) {
 
 /* Cancel what is still posted and free everything (the thread is not running). */
 static void release(dg_health_t *h) {
-    if (h->rreq != MPI_REQUEST_NULL) {
-        MPI_Cancel(&h->rreq);
-        MPI_Wait(&h->rreq, MPI_STATUS_IGNORE);
+    for (int i = 0; i < h->nnb; i++) {
+        peer_t *p = &h->nb[i];
+        if (p->rreq != MPI_REQUEST_NULL) {
+            MPI_Cancel(&p->rreq);
+            MPI_Wait(&p->rreq, MPI_STATUS_IGNORE);
+        }
+        if (p->sreq != MPI_REQUEST_NULL) {
+            MPI_Cancel(&p->sreq);
+            MPI_Wait(&p->sreq, MPI_STATUS_IGNORE);
+        }
     }
     if (h->areq != MPI_REQUEST_NULL) {
         MPI_Cancel(&h->areq);
@@ -650,12 +798,45 @@ static void release(dg_health_t *h) {
     }
     if (h->comm != MPI_COMM_NULL) MPI_Comm_free(&h->comm);
     pthread_mutex_destroy(&h->mu);
-    free(h->bye_sent_to);
-    free(h->sreq);
-    free(h->sbuf);
-    free(h->peers);
     free(h->hosts);
     free(h);
+}
+
+void dg_health_opts_default(dg_health_opts_t *o) {
+    *o = (dg_health_opts_t){.start_s = 0.05,
+                            .steady_s = 0.2,
+                            .alert_s = 0.01,
+                            .good_probes = 3,
+                            .rtt_alert_factor = 8,
+                            .rtt_alert_min_s = 0.25,
+                            .liveness_floor_s = 5,
+                            .liveness_mult = 10,
+                            .timeout_s = 120};
+}
+
+static dg_status_t check_opts(const dg_health_opts_t *o) {
+    const struct {
+        const char *key;
+        double v;
+    } pos[] = {
+        {"health.probe_start_ms", o->start_s * 1e3},      {"health.probe_steady_ms", o->steady_s * 1e3},
+        {"health.probe_alert_ms", o->alert_s * 1e3},      {"health.rtt_alert_factor", o->rtt_alert_factor},
+        {"health.liveness_floor_s", o->liveness_floor_s}, {"health.liveness_mult", o->liveness_mult}};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (!(pos[i].v > 0) || !isfinite(pos[i].v))
+            return DG_ERR(DG_ERR_USAGE, "%s must be a positive number (got %g)", pos[i].key, pos[i].v);
+    if (!(o->rtt_alert_min_s >= 0) || !isfinite(o->rtt_alert_min_s))
+        return DG_ERR(DG_ERR_USAGE, "health.rtt_alert_min_ms must be >= 0 (got %g)",
+                      o->rtt_alert_min_s * 1e3);
+    if (o->good_probes < 1)
+        return DG_ERR(DG_ERR_USAGE, "health.probe_good must be at least 1 (got %d)", o->good_probes);
+    double pmax = fmax(o->steady_s, fmax(o->start_s, o->alert_s));
+    if (!(o->timeout_s >= 3 * pmax) || !isfinite(o->timeout_s))
+        return DG_ERR(DG_ERR_USAGE,
+                      "health.timeout_s (%g) must be at least 3 x the longest probe period (%g s), so that a "
+                      "late heartbeat is not taken for a dead peer",
+                      o->timeout_s, pmax);
+    return DG_OK;
 }
 
 dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double heartbeat_s, double timeout_s,
@@ -669,6 +850,20 @@ dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double 
                       "health.timeout_s (%g) must be at least 3 x health.heartbeat_s (%g), so that a late "
                       "heartbeat is not taken for a dead peer",
                       timeout_s, heartbeat_s);
+    dg_health_opts_t o;
+    dg_health_opts_default(&o);
+    o.steady_s = heartbeat_s;
+    o.start_s = fmin(o.start_s, heartbeat_s);
+    o.alert_s = fmin(o.alert_s, heartbeat_s);
+    o.timeout_s = timeout_s;
+    o.liveness_floor_s = fmin(o.liveness_floor_s, 0.75 * timeout_s);
+    return dg_health_create_opts(world, rank, host, &o, out);
+}
+
+dg_status_t dg_health_create_opts(MPI_Comm world, int rank, const char *host, const dg_health_opts_t *opts,
+                                  dg_health_t **out) {
+    *out = NULL;
+    DG_TRY(check_opts(opts));
     int level = 0;
     DG_MPI_CHECK(MPI_Query_thread(&level));
     if (level != MPI_THREAD_MULTIPLE)
@@ -685,10 +880,9 @@ dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double 
     h->rank = rank;
     h->size = wsize;
     snprintf(h->host, sizeof h->host, "%s", host && *host ? host : "?");
-    h->hb_s = heartbeat_s;
-    h->timeout_s = timeout_s;
-    h->poll_s = fmin(fmax(heartbeat_s / 4, 0.005), 0.1);
-    h->late_s = fmin(2 * heartbeat_s + 0.25, 0.75 * timeout_s);
+    h->o = *opts;
+    set_period(h, opts->start_s);
+    h->late_s = fmin(2 * opts->steady_s + 0.25, 0.75 * opts->timeout_s);
     atomic_flag_clear(&h->act_lock);
     pthread_mutex_init(&h->mu, NULL);
     h->sum.worst_rank = -1;
@@ -704,7 +898,6 @@ dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double 
     }
 
     h->comm = MPI_COMM_NULL;
-    h->rreq = MPI_REQUEST_NULL;
     h->areq = MPI_REQUEST_NULL;
     int rc = MPI_Comm_dup(world, &h->comm);
     if (rc != MPI_SUCCESS) {
@@ -725,16 +918,27 @@ dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double 
     double now = dg_now_s();
     h->seen_at = now;
     h->last_sent = -1e30;
-    h->peers = dg_xcalloc((size_t)wsize, sizeof *h->peers);
-    for (int r = 0; r < wsize; r++)
-        h->peers[r].last_seen = now;
-    int nsend = rank == 0 ? wsize : 1;
-    h->sbuf = dg_xcalloc((size_t)nsend, sizeof *h->sbuf);
-    h->sreq = dg_xcalloc((size_t)nsend, sizeof *h->sreq);
-    for (int i = 0; i < nsend; i++)
-        h->sreq[i] = MPI_REQUEST_NULL;
-    h->bye_sent_to = dg_xcalloc((size_t)wsize, sizeof *h->bye_sent_to);
-    if (wsize > 1) post_recv(h);
+    h->parent = -1;
+    int nbr[MAX_NB], k = 0;
+    if (rank > 0) {
+        h->parent = 0;
+        nbr[k++] = (rank - 1) / 2;
+    }
+    for (int c = 2 * rank + 1; c <= 2 * rank + 2 && c < wsize; c++)
+        nbr[k++] = c;
+    h->nnb = k;
+    for (int i = 0; i < k; i++) {
+        peer_t *p = &h->nb[i];
+        p->rank = nbr[i];
+        p->last_seen = now;
+        p->period = opts->start_s;
+        p->sum.worst_rank = -1;
+        p->sum.silent_rank = -1;
+        p->rreq = MPI_REQUEST_NULL;
+        p->sreq = MPI_REQUEST_NULL;
+    }
+    for (int i = 0; i < k; i++)
+        post_recv(h, &h->nb[i]);
     rc = MPI_Irecv(&h->abuf, (int)sizeof h->abuf, MPI_BYTE, MPI_ANY_SOURCE, TAG_ABORT, h->comm, &h->areq);
     if (rc != MPI_SUCCESS) {
         char es[MPI_MAX_ERROR_STRING];
@@ -759,8 +963,10 @@ dg_status_t dg_health_create(MPI_Comm world, int rank, const char *host, double 
         return DG_ERR(DG_ERR_RUNTIME, "cannot start the health thread: %s", strerror(e));
     }
     h->thr_started = 1;
-    DG_LOG_DEBUG("health monitor started: heartbeat %.3g s, timeout %.3g s, %d ranks", heartbeat_s, timeout_s,
-                 wsize);
+    DG_LOG_DEBUG(
+        "health monitor started: probes every %.0f/%.0f/%.0f ms (start/steady/alert), timeout %.3g s, "
+        "%d ranks, %d tree neighbours",
+        1e3 * opts->start_s, 1e3 * opts->steady_s, 1e3 * opts->alert_s, opts->timeout_s, wsize, k);
     *out = h;
     return DG_OK;
 }
@@ -838,6 +1044,28 @@ void dg_health_set_event_sink(dg_health_t *h, void (*fn)(void *ctx, const char *
     h->sink = fn;
     h->sink_ctx = ctx;
     pthread_mutex_unlock(&h->mu);
+}
+
+void dg_health_set_sla_sink(dg_health_t *h, void (*fn)(void *ctx, const char *json_fields), void *ctx) {
+    if (!h) return;
+    pthread_mutex_lock(&h->mu);
+    h->sla_sink = fn;
+    h->sla_ctx = ctx;
+    pthread_mutex_unlock(&h->mu);
+}
+
+void dg_health_get_stats(const dg_health_t *h, dg_health_stats_t *st) {
+    memset(st, 0, sizeof *st);
+    if (!h) return;
+    dg_health_t *m = (dg_health_t *)h;
+    st->probes = atomic_load(&m->st_probes);
+    st->msgs_sent = atomic_load(&m->st_sent);
+    st->msgs_recv = atomic_load(&m->st_recv);
+    st->alerts = atomic_load(&m->st_alerts);
+    st->period_s = 1e-6 * (double)atomic_load(&m->st_period_us);
+    st->rtt_s = 1e-6 * (double)atomic_load(&m->st_rtt_us);
+    st->liveness_s = 1e-6 * (double)atomic_load(&m->st_live_us);
+    st->neighbours = h->nnb;
 }
 
 dg_status_t dg_health_add_poll(dg_health_t *h, int (*poll)(void *ctx, char *msg, size_t cap), void *ctx) {

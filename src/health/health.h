@@ -14,13 +14,19 @@
  *    and collectives reached reset the timer, and a rank waiting for a peer that still progresses is not
  *    stalled; a job in which no rank progressed for timeout_s is.
  *
- * 3. Heartbeats. Every heartbeat_s each rank sends a tiny message to rank 0 and rank 0 sends one to every
- *    rank (a star: rank 0 drains them with one ANY_SOURCE receive, so its cost is O(world) messages per
- *    heartbeat period and O(1) posted receives). A rank that is SIGSTOPped, dead or unreachable stops
- *    sending, so rank 0 (or, if rank 0 is the silent one, every other rank) notices within timeout_s
- *    even when nobody is in a collective. Each heartbeat carries the sender's step, activity and how long
- *    it has been in it; rank 0 sends back the rank that has made no progress for the longest. That lets a
- *    rank that is merely waiting in a collective blame the rank it is waiting for instead of itself.
+ * 3. Heartbeats (docs/health.md). Each rank probes its tree neighbours (a binary tree: parent (r-1)/2,
+ *    children 2r+1, 2r+2): one tiny message to each per probe period, so O(1) messages per rank per
+ *    period at any world size. The period adapts: opts.start_s at start, opts.steady_s after
+ *    opts.good_probes good probes in a row, opts.alert_s after an anomaly (a late heartbeat, or a round
+ *    trip above max(rtt_alert_factor x the measured mean, rtt_alert_min_s) plus the polling slack), which
+ *    also raises one SLA Level-1 event (objective heartbeat_rtt) through the SLA sink, at most once per
+ *    second per rank. Every heartbeat echoes the last send time it had from its destination, so each rank
+ *    measures the round trip to each neighbour. A neighbour silent for longer than its liveness timeout,
+ *    min(timeout_s, max(liveness_floor_s, liveness_mult x (period + highest recent round trip))), is
+ *    stopped, hung or dead: the job is aborted naming it. Heartbeats carry the sender's step, activity
+ *    and how long it has been in it; upwards with the summary of the sender's subtree, downwards with the
+ *    job's summary made by rank 0 (who has made no progress for the longest, who has been silent for the
+ *    longest). That lets a rank that is merely waiting in a collective blame the rank it waits for.
  *
  * Abort protocol (what happens when the watchdog fires): the detecting rank prints one line naming the
  * culprit rank, its host, what it was doing and for how long; calls the event sink (if any); sends an
@@ -69,9 +75,42 @@ const char *dg_signal_name(int sig);
 
 /* ---- watchdog + heartbeats ---- */
 
+/* The heartbeat figures ([health] keys; docs/health.md). Periods and times in seconds. */
+typedef struct {
+    double start_s, steady_s,
+        alert_s;             /* probe periods: at start, after good_probes good ones, after an anomaly */
+    int good_probes;         /* good probes in a row before the steady period (>= 1) */
+    double rtt_alert_factor; /* a round trip above factor x the measured mean is an anomaly ... */
+    double rtt_alert_min_s;  /* ... and above this (noise floor) */
+    double liveness_floor_s; /* a silent neighbour is dead after max(floor, ...) */
+    double liveness_mult;    /* ... mult x (its period + the highest recent round trip) */
+    double timeout_s;        /* stall timeout, and the ceiling of the liveness timeout */
+} dg_health_opts_t;
+
+/* The defaults: 50/200/10 ms, 3 good probes, factor 8 above 250 ms, floor 5 s, multiplier 10, 120 s. */
+void dg_health_opts_default(dg_health_opts_t *o);
+
+/* Counters of this rank's heartbeat (for tests and the step metrics). */
+typedef struct {
+    uint64_t probes;    /* probe periods elapsed (rounds of heartbeats sent) */
+    uint64_t msgs_sent; /* heartbeats sent (at most neighbours x probes, plus the byes) */
+    uint64_t msgs_recv;
+    uint64_t alerts;   /* anomalies seen (late heartbeats, round trips far above the measured ones) */
+    double period_s;   /* the probe period now */
+    double rtt_s;      /* the last neighbour's mean round trip */
+    double liveness_s; /* the longest liveness timeout of a neighbour now */
+    int neighbours;    /* tree neighbours (<= 3) */
+} dg_health_stats_t;
+
+/* Start the health monitor with the given figures (checked: DG_ERR_USAGE naming the key for a bad one;
+ * timeout_s must be at least 3 x the longest period). Otherwise as dg_health_create. */
+dg_status_t dg_health_create_opts(MPI_Comm world, int rank, const char *host, const dg_health_opts_t *opts,
+                                  dg_health_t **out);
+
 /* Start the health monitor. Collective over `world` (it duplicates it and gathers host names).
  * `rank` must be this process's rank in `world`, `host` its host name (used in messages).
- * heartbeat_s > 0 is the heartbeat period; timeout_s >= 3 * heartbeat_s is how long a rank may make no
+ * heartbeat_s > 0 is the steady probe period (start and alert periods: the defaults, at most heartbeat_s;
+ * liveness floor: min(5 s, 0.75 x timeout_s)); timeout_s >= 3 * heartbeat_s is how long a rank may make no
  * progress, or a peer may stay silent, before the job is aborted. Returns DG_ERR_USAGE for bad
  * periods and DG_ERR_RUNTIME when MPI is not at MPI_THREAD_MULTIPLE or a call fails. The stall timer
  * starts at creation with the activity (step 0, "startup"): whatever the caller does next (resume,
@@ -126,10 +165,19 @@ void dg_health_set_abort_hook(dg_health_t *h, void (*fn)(void *ctx), void *ctx);
  * before an abort, so fn must be thread-safe, quick, and flush what it writes. NULL fn removes it. */
 void dg_health_set_event_sink(dg_health_t *h, void (*fn)(void *ctx, const char *json_fields), void *ctx);
 
-/* A check the watchdog runs every poll tick (~0.1 s) on the health thread, e.g. NCCL's asynchronous error
- * query. Return 0 if all is well; otherwise write a one-line reason into msg[cap] and return nonzero:
- * the watchdog then aborts the job (exit 3) with that reason. At most 8 hooks. Returns DG_ERR_RUNTIME
- * if there is no room. */
+/* Where SLA events go (objective heartbeat_rtt, Level 1): fn(ctx, fields) with fields the members of
+ * {"event":"sla",...} without braces ("objective","level","value","target","action","step", then
+ * "rank","peer_rank","reason"); values in ms. Called from the health thread; same rules as the event
+ * sink. NULL fn removes it. */
+void dg_health_set_sla_sink(dg_health_t *h, void (*fn)(void *ctx, const char *json_fields), void *ctx);
+
+/* A snapshot of this rank's heartbeat counters (thread-safe; zeros for NULL h). */
+void dg_health_get_stats(const dg_health_t *h, dg_health_stats_t *st);
+
+/* A check the watchdog runs every poll tick (a quarter of the probe period, 2 ms to 0.1 s) on the health
+ * thread, e.g. NCCL's asynchronous error query. Return 0 if all is well; otherwise write a one-line reason
+ * into msg[cap] and return nonzero: the watchdog then aborts the job (exit 3) with that reason. At most 8
+ * hooks. Returns DG_ERR_RUNTIME if there is no room. */
 dg_status_t dg_health_add_poll(dg_health_t *h, int (*poll)(void *ctx, char *msg, size_t cap), void *ctx);
 
 /* At a step boundary: one MPI_Allreduce (MAX) over `comm` of dg_signals_pending(). *stop_out becomes the

@@ -265,6 +265,10 @@ typedef struct dg_model_comm_stats {
      * all-reduces of the backward): halved by train.reduce_dtype = bf16 */
     uint64_t bytes[DG_MESH_NDIM];
     uint64_t grad_bytes;
+    /* gradient-sync latency: wall seconds during which at least one gradient reduction was in flight,
+     * from its post to the return of its wait as the host sees it (docs/health.md; on nccl with device-side
+     * waits the wait returns once queued, so this is then the host's part only) */
+    double grad_sync_s;
 } dg_model_comm_stats_t;
 void dg_model_comm_stats(dg_model_t *m, dg_model_comm_stats_t *out, int reset);
 

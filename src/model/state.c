@@ -151,7 +151,11 @@ void dg_model_comm_stats(dg_model_t *m, dg_model_comm_stats_t *out, int reset) {
     out->collectives = m->ex->n_coll;
     memcpy(out->bytes, m->ex->coll_bytes, sizeof out->bytes);
     out->grad_bytes = m->ex->grad_coll_bytes;
+    dg_exec_t *ex = m->ex;
+    out->grad_sync_s = ex->gs_total + (ex->gs_start > 0 ? ex->gs_end - ex->gs_start : 0);
     if (reset) {
+        ex->gs_total = 0;
+        ex->gs_start = ex->gs_end = ex->gs_pending > 0 ? dg_now_s() : 0;
         m->ex->wait_s = m->ex->blocking_s = 0;
         m->ex->n_coll = 0;
         memset(m->ex->coll_bytes, 0, sizeof m->ex->coll_bytes);

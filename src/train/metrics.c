@@ -273,7 +273,8 @@ dg_status_t dg_metrics_step(dg_metrics_t *m, const dg_step_metrics_t *s) {
                             DG_JF("grad_norm", s->grad_norm), DG_JI("tokens", s->tokens),
                             DG_JF("tok_per_s", s->tok_per_s), DG_JF("step_ms", s->step_ms),
                             DG_JF("mfu", s->mfu), DG_JF("overflow_rate", s->overflow_rate),
-                            DG_JF("overflow_rate_mean", s->overflow_rate_mean));
+                            DG_JF("overflow_rate_mean", s->overflow_rate_mean),
+                            DG_JF("grad_sync_ms", s->grad_sync_ms));
 }
 
 /* ---------------- FLOPs and MFU ---------------- */

@@ -359,6 +359,9 @@ dg_status_t trn_run_validation(trainer_t *tr, double *loss_out) {
 static void trainer_free(trainer_t *tr) {
     if (tr->writer) dg_ckpt_writer_free(tr->writer);
     dg_health_free(tr->health);
+#ifdef DG_HAVE_CUDA
+    dg_cuda_probe_free(tr->cuda_probe); /* after the monitor: no poll runs any more */
+#endif
     if (tr->progress) dg_progress_free(tr->progress);
     if (tr->metrics) dg_metrics_close(tr->metrics);
     for (int k = 0; tr->ckpt_paths && k < tr->n_params * 3; k++)
@@ -396,6 +399,60 @@ static void comm_failure(trainer_t *tr, dg_status_t st) {
 /* Health events go to metrics.jsonl. */
 static void health_sink(void *ctx, const char *fields) {
     dg_metrics_event_raw((dg_metrics_t *)ctx, "health", fields);
+}
+
+static void health_sla_sink(void *ctx, const char *fields) {
+    dg_metrics_event_raw((dg_metrics_t *)ctx, "sla", fields);
+}
+
+/* Poll hooks on the health thread: each communicator of the mesh (ncclCommGetAsyncError on nccl; a
+ * failed comm is aborted and the job exits 3 naming this rank and the reason) and, on the CUDA backend,
+ * the CUDA context liveness probe. */
+static dg_status_t health_polls(trainer_t *tr) {
+    const dg_comm_mesh_t *cm = tr->fsdp ? tr->fsdp->comms : NULL;
+    if (cm) {
+        dg_comm_t *cs[2 + DG_MESH_NDIM] = {cm->world, cm->dp};
+        int n = 2;
+        for (int d = 0; d < DG_MESH_NDIM; d++)
+            cs[n++] = cm->dim[d];
+        for (int i = 0; i < n; i++) {
+            int dup = !cs[i];
+            for (int j = 0; j < i && !dup; j++)
+                dup = cs[j] == cs[i];
+            if (!dup) DG_TRY(dg_health_add_poll(tr->health, dg_comm_health_poll, cs[i]));
+        }
+    }
+#ifdef DG_HAVE_CUDA
+    if (tr->cuda_device >= 0) {
+        dg_cuda_probe_t *p = NULL;
+        DG_TRY(dg_cuda_probe_create(tr->cfg->health.timeout_s, &p));
+        tr->cuda_probe = p;
+        DG_TRY(dg_health_add_poll(tr->health, dg_cuda_probe_poll, p));
+    }
+#endif
+    return DG_OK;
+}
+
+/* The [health] figures; a health.heartbeat_s set by the user (deprecated) is the steady period. */
+static void health_opts(const dg_config_t *cfg, int rank, dg_health_opts_t *o) {
+    const char *src = dg_config_source(cfg, "health.heartbeat_s");
+    *o = (dg_health_opts_t){.start_s = cfg->health.probe_start_ms / 1e3,
+                            .steady_s = cfg->health.probe_steady_ms / 1e3,
+                            .alert_s = cfg->health.probe_alert_ms / 1e3,
+                            .good_probes = (int)cfg->health.probe_good,
+                            .rtt_alert_factor = cfg->health.rtt_alert_factor,
+                            .rtt_alert_min_s = cfg->health.rtt_alert_min_ms / 1e3,
+                            .liveness_floor_s = cfg->health.liveness_floor_s,
+                            .liveness_mult = cfg->health.liveness_mult,
+                            .timeout_s = cfg->health.timeout_s};
+    if (src && strcmp(src, "default") != 0) {
+        o->steady_s = cfg->health.heartbeat_s;
+        if (rank == 0)
+            DG_LOG_WARN("health.heartbeat_s = %g (%s) is deprecated: the probe period adapts "
+                        "(health.probe_start_ms/probe_steady_ms/probe_alert_ms); using it as "
+                        "health.probe_steady_ms = %g",
+                        cfg->health.heartbeat_s, src, 1e3 * cfg->health.heartbeat_s);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -634,6 +691,8 @@ static dg_status_t train_loop(trainer_t *tr) {
         }
         if (step_agreement(tr, &st, &stop_sig)) break;
 
+        dg_model_comm_stats_t cs;
+        dg_model_comm_stats(tr->model, &cs, 1); /* this step's gradient-sync latency from here */
         double t0 = dg_now_s();
         int64_t step = tr->step;                /* 0-based index of the step being taken */
         dg_model_set_step(tr->model, step + 1); /* named by collective timeouts */
@@ -684,6 +743,8 @@ static dg_status_t train_loop(trainer_t *tr) {
                                 .mfu = dg_mfu(tps / tr->world, tr->flops_per_token, tr->peak_flops),
                                 .overflow_rate = isnan(overflow) ? NAN : tr->stab.overflow_rate,
                                 .overflow_rate_mean = tr->stab.overflow_mean};
+        dg_model_comm_stats(tr->model, &cs, 0);
+        sm.grad_sync_ms = 1e3 * cs.grad_sync_s;
         dg_metrics_step(tr->metrics, &sm);
         dg_metrics_set_step(tr->metrics, tr->step);
         dg_log_set_step(tr->step);
@@ -729,13 +790,16 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
         trainer_free(&tr);
         return s;
     }
-    s = dg_health_create(tr.comm, tr.rank, boot->host, cfg->health.heartbeat_s, cfg->health.timeout_s,
-                         &tr.health);
+    dg_health_opts_t hopts;
+    health_opts(cfg, tr.rank, &hopts);
+    s = dg_health_create_opts(tr.comm, tr.rank, boot->host, &hopts, &tr.health);
     if (s == DG_OK) {
         dg_health_set_event_sink(tr.health, health_sink, tr.metrics);
+        dg_health_set_sla_sink(tr.health, health_sla_sink, tr.metrics);
         /* checkpoint I/O is judged by its progress; an aborted job leaves no half-written file */
         dg_health_set_progress_source(tr.health, trn_ckpt_progress_source, NULL);
         dg_health_set_abort_hook(tr.health, trn_ckpt_abort_hook, NULL);
+        s = health_polls(&tr);
     }
     if (s == DG_OK && cfg->checkpoint.async) {
         dg_ckpt_save_opts_t o;

@@ -46,6 +46,7 @@ typedef struct trainer {
     dg_metrics_t *metrics;
     dg_progress_t *progress;
     dg_health_t *health;
+    void *cuda_probe; /* the CUDA context liveness probe (dg_cuda_probe_t; CUDA backend only) */
     dg_ckpt_writer_t *writer;
 
     /* checkpoint staging: host copies of this rank's local piece of every parameter's state */

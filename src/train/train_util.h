@@ -95,7 +95,8 @@ void dg_metrics_set_step(dg_metrics_t *m, int64_t step);
 
 /* The step line, with exactly these keys in this order (then "time"):
  * {"event":"step","step":N,"loss":..,"lr":..,"grad_norm":..,"tokens":<global tokens so far>,
- *  "tok_per_s":..,"step_ms":..,"mfu":..,"overflow_rate":..,"overflow_rate_mean":..} */
+ *  "tok_per_s":..,"step_ms":..,"mfu":..,"overflow_rate":..,"overflow_rate_mean":..,
+ *  "grad_sync_ms":..} */
 typedef struct dg_step_metrics {
     int64_t step;     /* optimizer steps completed, 1-based */
     double loss;      /* mean training loss of the step's global batch */
@@ -107,6 +108,7 @@ typedef struct dg_step_metrics {
     double mfu;       /* model FLOPs utilisation in [0,1]; NaN when the peak is unknown (written as null) */
     double overflow_rate;      /* fraction of parameter tensors whose gradients held an inf/NaN */
     double overflow_rate_mean; /* its mean over the last train.overflow_window steps */
+    double grad_sync_ms; /* this rank's gradient-sync latency in the step (dg_model_comm_stats grad_sync_s) */
 } dg_step_metrics_t;
 dg_status_t dg_metrics_step(dg_metrics_t *m, const dg_step_metrics_t *s);
 

@@ -1,7 +1,8 @@
-/* check_health.c — the heartbeat path: round-trip latency between rank 0 and every other rank (the star
- * that health.h's heartbeats use), measured one rank at a time so the numbers are not polluted by
- * each other, and a short run of the real heartbeat monitor (dg_health_create ... dg_health_free) over
- * the whole job, which proves that its thread starts and every rank's heartbeats get through.
+/* check_health.c — the heartbeat path: round-trip latency between rank 0 and every other rank (the kind
+ * of path health.h's tree heartbeats take between neighbours), measured one rank at a
+ * time so the numbers are not polluted by each other, and a short run of the real heartbeat monitor
+ * (dg_health_create ... dg_health_free) over the whole job, which proves that its thread starts and every
+ * rank's heartbeats get through.
  */
 #define _GNU_SOURCE
 #include <math.h>

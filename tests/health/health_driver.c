@@ -5,6 +5,10 @@
  * Usage: health_driver --dir DIR [--steps N] [--step-ms M] [--heartbeat S] [--timeout S]
  *                      [--slow-rank R --slow-step K --slow-ms M] [--ckpt-ms M] [--resume-file F]
  *                      [--long-step K --long-ms M --expect S]
+ *                      [--probe-ms START,STEADY,ALERT --floor S --mult X --rtt-min-ms M]
+ * With --probe-ms/--floor/--mult/--rtt-min-ms the monitor starts through dg_health_create_opts (the
+ * [health] figures) instead of dg_health_create(--heartbeat, --timeout).
+ * At the end each rank logs "health stats: probes P sent S recv R alerts A period_ms X neighbours N".
  * With --resume-file, the "checkpoint" is the number of completed steps written to F (by rank 0, on a
  * signal stop and at the end) and a run starts from the number found there: enough to stand in for
  * dgtrain in the Slurm requeue tests.
@@ -49,11 +53,29 @@ static void event_sink(void *ctx, const char *fields) {
     fflush(f);
 }
 
+static void sla_sink(void *ctx, const char *fields) {
+    FILE *f = ctx;
+    fprintf(f, "{\"event\":\"sla\",%s}\n", fields);
+    fflush(f);
+}
+
+static void log_stats(const dg_health_t *h) {
+    dg_health_stats_t st;
+    dg_health_get_stats(h, &st);
+    DG_LOG_INFO("health stats: probes %llu sent %llu recv %llu alerts %llu period_ms %.1f neighbours %d "
+                "rtt_ms %.3f liveness_s %.2f",
+                (unsigned long long)st.probes, (unsigned long long)st.msgs_sent,
+                (unsigned long long)st.msgs_recv, (unsigned long long)st.alerts, 1e3 * st.period_s,
+                st.neighbours, 1e3 * st.rtt_s, st.liveness_s);
+}
+
 int main(int argc, char **argv) {
     const char *dir = NULL, *resume_file = NULL;
     long long steps = 50;
     double step_ms = 50, hb = 0.2, timeout = 3, ckpt_ms = 300, slow_ms = 0, long_ms = 0, expect_s = 0;
     long long long_step = -1;
+    const char *probe_ms = NULL;
+    double floor_s = -1, mult = -1, rtt_min_ms = -1;
     int slow_rank = -1;
     long long slow_step = -1;
     for (int i = 1; i < argc; i++) {
@@ -89,6 +111,14 @@ int main(int argc, char **argv) {
             long_ms = atof(v);
         else if (!strcmp(a, "--expect"))
             expect_s = atof(v);
+        else if (!strcmp(a, "--probe-ms"))
+            probe_ms = v;
+        else if (!strcmp(a, "--floor"))
+            floor_s = atof(v);
+        else if (!strcmp(a, "--mult"))
+            mult = atof(v);
+        else if (!strcmp(a, "--rtt-min-ms"))
+            rtt_min_ms = atof(v);
         else {
             fprintf(stderr, "health_driver: unknown option %s\n", a);
             return 1;
@@ -118,7 +148,24 @@ int main(int argc, char **argv) {
     write_small(dir, name, (long long)getpid());
 
     dg_health_t *h = NULL;
-    dg_status_t s = dg_health_create(MPI_COMM_WORLD, rank, host, hb, timeout, &h);
+    dg_status_t s;
+    if (probe_ms || floor_s >= 0 || mult >= 0 || rtt_min_ms >= 0) {
+        dg_health_opts_t o;
+        dg_health_opts_default(&o);
+        o.timeout_s = timeout;
+        double a = 0, b = 0, c = 0;
+        if (probe_ms && sscanf(probe_ms, "%lf,%lf,%lf", &a, &b, &c) == 3) {
+            o.start_s = a / 1e3;
+            o.steady_s = b / 1e3;
+            o.alert_s = c / 1e3;
+        }
+        if (floor_s >= 0) o.liveness_floor_s = floor_s;
+        if (mult >= 0) o.liveness_mult = mult;
+        if (rtt_min_ms >= 0) o.rtt_alert_min_s = rtt_min_ms / 1e3;
+        s = dg_health_create_opts(MPI_COMM_WORLD, rank, host, &o, &h);
+    } else {
+        s = dg_health_create(MPI_COMM_WORLD, rank, host, hb, timeout, &h);
+    }
     /* Every rank gets the same answer for bad arguments, so they can all leave the same way. */
     if (s != DG_OK) {
         if (rank == 0) fprintf(stderr, "health_driver: %s\n", dg_last_error());
@@ -130,7 +177,10 @@ int main(int argc, char **argv) {
         char path[4096];
         snprintf(path, sizeof path, "%s/events.jsonl", dir);
         events = fopen(path, "a");
-        if (events) dg_health_set_event_sink(h, event_sink, events);
+        if (events) {
+            dg_health_set_event_sink(h, event_sink, events);
+            dg_health_set_sla_sink(h, sla_sink, events);
+        }
     }
 
     long long start = 0;
@@ -201,6 +251,7 @@ int main(int argc, char **argv) {
     }
     if (rank == 0 && resume_file) write_small(NULL, resume_file, steps);
     dg_health_set_activity(h, steps, "shutdown");
+    log_stats(h);
     dg_health_free(h);
     DG_LOG_INFO("finished %lld steps", steps);
     if (events) fclose(events);

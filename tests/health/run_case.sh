@@ -2,7 +2,7 @@
 # run_case.sh — one health scenario against health_driver under mpiexec: stop, kill, hang or signal a
 # rank from outside and check how the whole job ends (exit code, time, message, every rank's log).
 # Usage: run_case.sh CASE DRIVER MPIEXEC [MPIEXEC FLAGS...]
-#   CASE: clean | sigstop | sigstop0 | hang | sigkill | usr1 | term | sigint2 | badargs
+#   CASE: clean | sigstop | sigstop0 | hang | sigkill | usr1 | term | sigint2 | badargs | probe | many
 set -u
 CASE=$1
 DRIVER=$2
@@ -126,7 +126,7 @@ sigstop | sigstop0)
     T0=$(now)
     finish $((TIMEOUT + SLACK))
     [ "$RC" = 3 ] || fail "exit code $RC, expected 3"
-    grep -qE "watchdog: (no heartbeat from|rank 0 has had no heartbeat from) rank $VICTIM \(host [^)]*\)|watchdog: rank $VICTIM \(host [^)]*\) has made no progress" "$WORK/out" ||
+    grep -qE "watchdog: (no heartbeat from|rank [0-9]+ has had no heartbeat from) rank $VICTIM \(host [^)]*\)|watchdog: rank $VICTIM \(host [^)]*\) has made no progress" "$WORK/out" ||
         fail "no watchdog line naming rank $VICTIM"
     grep -E "watchdog: " "$WORK/out" | grep -vq "rank $VICTIM" && fail "a watchdog line blames another rank"
     check_all_exit3 "$VICTIM" "$NP"
@@ -218,6 +218,56 @@ sigint2)
     grep -q "stopping on SIGINT" "$WORK/logs/rank-1.log" && fail "rank 1 finished its checkpoint instead of exiting at once"
     echo "PASS sigint2: second SIGINT during the checkpoint -> rank 1 gone in ${GONE}s, job exit 130 in ${DT}s with:"
     grep -m1 "second interrupt" "$WORK/out"
+    ;;
+probe)
+    # Adaptive probe period: 7 ranks (a 3-level tree) probing at 50/200/10 ms. Rank 1 (parent 0,
+    # children 3 and 4) is SIGSTOPped for 2 s, below the liveness floor (4 s): its neighbours see a late
+    # heartbeat -> one SLA Level-1 event (heartbeat_rtt) and 10 ms probes, then back to 200 ms after
+    # three good probes; the job finishes (exit 0). Every rank sent at most (neighbours x probes + byes)
+    # heartbeats: O(1) per period.
+    NP=7
+    start "$NP" --steps 80 --step-ms 40 --probe-ms 50,200,10 --floor 4 --timeout 8
+    wait_step 10
+    kill -STOP "$(pid_of 1)"
+    sleep 2
+    kill -CONT "$(pid_of 1)"
+    T0=$(now)
+    finish 60
+    [ "$RC" = 0 ] || fail "exit code $RC, expected 0"
+    grep -qi "watchdog" "$WORK/out" && fail "watchdog fired on a rank that was stopped below the floor"
+    grep -q '"event":"sla","objective":"heartbeat_rtt","level":1,.*"action":"warn".*"peer_rank":1,"reason":"late heartbeat"' "$WORK/events.jsonl" ||
+        fail "rank 0 raised no heartbeat_rtt SLA event for rank 1's late heartbeat"
+    grep -q '"kind":"heartbeat_alert".*"period_ms":10.0' "$WORK/events.jsonl" || fail "no heartbeat_alert event at the 10 ms period"
+    grep -q "heartbeat: late heartbeat from rank 1 .*probing every 10 ms" "$WORK/logs/rank-0.log" || fail "rank 0 did not log the late heartbeat"
+    for ((r = 0; r < NP; r++)); do
+        line=$(grep "health stats:" "$WORK/logs/rank-$r.log") || fail "rank $r logged no stats"
+        read -r probes sent period nb < <(echo "$line" | sed -E 's/.*probes ([0-9]+) sent ([0-9]+) .*period_ms ([0-9.]+) neighbours ([0-9]+).*/\1 \2 \3 \4/')
+        [ "$period" = 200.0 ] || fail "rank $r ends at a ${period} ms period, expected the steady 200 ms: $line"
+        [ "$sent" -le $((nb * probes + nb)) ] || fail "rank $r sent $sent heartbeats in $probes periods to $nb neighbours: $line"
+        [ "$probes" -gt 3 ] || fail "rank $r made only $probes probes: $line"
+    done
+    echo "PASS probe: 2 s SIGSTOP of rank 1 of $NP -> SLA heartbeat_rtt event, 10 ms probes, back to 200 ms, exit 0; rank 0: $(grep -o 'probes.*' "$WORK/logs/rank-0.log" | tail -1)"
+    ;;
+many)
+    # Many ranks oversubscribed on few cores (tree of depth 6 at 40 ranks): SIGSTOP rank 13 (parent 6,
+    # children 27 and 28) -> its tree neighbours name it, every live rank exits 3, the job exits 3.
+    NP=${DG_HEALTH_MANY_NP:-40}
+    VICTIM=13
+    start "$NP" --steps 100000 --step-ms 100 --probe-ms 50,200,10 --floor 2 --timeout 20
+    wait_step 3
+    record_shm
+    kill -STOP "$(pid_of $VICTIM)"
+    T0=$(now)
+    finish 15
+    [ "$RC" = 3 ] || fail "exit code $RC, expected 3"
+    grep -qE "watchdog: (no heartbeat from|rank [0-9]+ has had no heartbeat from) rank $VICTIM \(host [^)]*\)" "$WORK/out" ||
+        fail "no watchdog line naming rank $VICTIM"
+    grep -E "watchdog: " "$WORK/out" | grep -vq "rank $VICTIM" && fail "a watchdog line blames another rank"
+    check_all_exit3 "$VICTIM" "$NP"
+    grep -q "\"kind\":\"watchdog\",\"culprit_rank\":$VICTIM" "$WORK/events.jsonl" 2>/dev/null ||
+        fail "rank 0's event sink got no watchdog event naming rank $VICTIM"
+    echo "PASS many: SIGSTOP of rank $VICTIM of $NP -> exit 3 after ${DT}s:"
+    grep -m1 "watchdog: " "$WORK/out"
     ;;
 badargs)
     T0=$(now)

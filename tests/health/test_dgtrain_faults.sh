@@ -147,7 +147,7 @@ STOPPED=$pid
 T0=$(now)
 wait_job $((TIMEOUT + SLACK)) || exit 1
 [ "$RC" = 3 ] || fail "stop: exit code $RC, expected 3"
-grep -qE "watchdog: (no heartbeat from|rank 0 has had no heartbeat from) rank 1 \(host " "$WORK/stop.out" ||
+grep -qE "watchdog: (no heartbeat from|rank [0-9]+ has had no heartbeat from) rank 1 \(host " "$WORK/stop.out" ||
     fail "stop: no watchdog line naming rank 1: $(grep -m2 -i watchdog "$WORK/stop.out")"
 grep -q '"kind":"watchdog","culprit_rank":1' "$run/metrics.jsonl" || fail "stop: no health event naming rank 1 in metrics.jsonl"
 [ "$FAILED" = 0 ] || {

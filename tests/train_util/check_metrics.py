@@ -57,7 +57,7 @@ def main():
     steps = [o for o in objs if o["event"] == "step"]
     check(len(steps) == 5, "%d step lines" % len(steps))
     want_keys = ["event", "step", "loss", "lr", "grad_norm", "tokens", "tok_per_s", "step_ms", "mfu", "overflow_rate",
-                 "overflow_rate_mean", "time"]
+                 "overflow_rate_mean", "grad_sync_ms", "time"]
     for s in steps:
         check(s["_keys"] == want_keys, "step keys %s" % s["_keys"])
         n = s["step"]
