@@ -575,6 +575,8 @@ typedef struct dg_memplan {
     int n_nodes;
     size_t arena_bytes;
     size_t act_bytes_sum;
+    size_t live_peak_bytes; /* the most bytes (each root aligned) live at one schedule position: the
+                               lower bound of any arena; 1 - live_peak/arena is the arena's fragmentation */
     /* per node id: arena offset of its root (SIZE_MAX if not in the arena), and its root's live range */
     size_t *offset;
     int *live_start, *live_end;

@@ -176,6 +176,35 @@ dg_status_t dg_pass_inplace(dg_graph_t *g, void *ctx) {
 
 /* ---------------- plans ---------------- */
 
+typedef struct {
+    int pos;
+    long long delta;
+} live_event_t;
+
+static int cmp_event(const void *a, const void *b) {
+    const live_event_t *x = a, *y = b;
+    if (x->pos != y->pos) return x->pos < y->pos ? -1 : 1;
+    return (x->delta > y->delta) - (x->delta < y->delta); /* frees before allocations at one position */
+}
+
+/* The most aligned bytes live at once: live ranges are inclusive [st, en]. */
+static size_t live_peak(int nr, const size_t *size, const int *st, const int *en) {
+    live_event_t *ev = dg_xmalloc(((size_t)nr * 2 + 1) * sizeof *ev);
+    for (int k = 0; k < nr; k++) {
+        long long b = (long long)align_up(size[k] ? size[k] : 1, DG_ARENA_ALIGN);
+        ev[2 * k] = (live_event_t){st[k], b};
+        ev[2 * k + 1] = (live_event_t){en[k] + 1, -b};
+    }
+    qsort(ev, (size_t)nr * 2, sizeof *ev, cmp_event);
+    long long cur = 0, peak = 0;
+    for (int i = 0; i < 2 * nr; i++) {
+        cur += ev[i].delta;
+        if (cur > peak) peak = cur;
+    }
+    free(ev);
+    return (size_t)peak;
+}
+
 dg_status_t dg_plan_create(const dg_graph_t *g, int flags, dg_memplan_t **out) {
     *out = NULL;
     if (g->err) return g->err;
@@ -207,6 +236,7 @@ dg_status_t dg_plan_create(const dg_graph_t *g, int flags, dg_memplan_t **out) {
         en[k] = p->live_end[ids[k]];
         p->act_bytes_sum += size[k];
     }
+    p->live_peak_bytes = live_peak(nr, size, st, en);
     if (flags & DG_PLAN_NO_REUSE) {
         size_t a = 0;
         for (int k = 0; k < nr; k++) {

@@ -339,6 +339,9 @@ dg_status_t dg_model_set_tensor(dg_model_t *m, int i, int which, const float *ho
 dg_status_t dg_model_print_plan(const dg_model_t *m, FILE *out, int json);
 size_t dg_model_arena_bytes(const dg_model_t *m);          /* bytes of the activation arena */
 size_t dg_model_activation_bytes_sum(const dg_model_t *m); /* sum of every arena tensor's size */
+/* The most arena bytes live at one point of the schedule (the bound no placement can beat); the start
+ * event's arena_fragmentation is 1 - this / dg_model_arena_bytes. */
+size_t dg_model_arena_live_peak_bytes(const dg_model_t *m);
 size_t dg_model_state_bytes(const dg_model_t *m); /* params + grads + AdamW moments (+ compute copy) held by
                                                      THIS rank (sharded: about 1 / dp_shard of the model) */
 int dg_model_n_ops(const dg_model_t *m);          /* ops in the schedule (all phases) */

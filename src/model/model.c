@@ -467,6 +467,10 @@ size_t dg_model_arena_bytes(const dg_model_t *m) {
     return m->plan->arena_bytes;
 }
 
+size_t dg_model_arena_live_peak_bytes(const dg_model_t *m) {
+    return m->plan->live_peak_bytes;
+}
+
 size_t dg_model_activation_bytes_sum(const dg_model_t *m) {
     return m->plan->act_bytes_sum;
 }

@@ -823,7 +823,13 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
         DG_JI("d_model", tr.desc.d_model), DG_JI("seq_len", tr.desc.seq_len),
         DG_JI("global_batch", tr.global_batch), DG_JI("micro_batch", tr.micro_batch),
         DG_JI("grad_accum", tr.accum), DG_JI("state_bytes_per_rank", (int64_t)dg_model_state_bytes(tr.model)),
-        DG_JI("arena_bytes", (int64_t)dg_model_arena_bytes(tr.model)), DG_JI("start_step", tr.step),
+        DG_JI("arena_bytes", (int64_t)dg_model_arena_bytes(tr.model)),
+        DG_JI("arena_live_peak_bytes", (int64_t)dg_model_arena_live_peak_bytes(tr.model)),
+        DG_JF("arena_fragmentation", dg_model_arena_bytes(tr.model)
+                                         ? 1.0 - (double)dg_model_arena_live_peak_bytes(tr.model) /
+                                                     (double)dg_model_arena_bytes(tr.model)
+                                         : 0.0),
+        DG_JI("ops_per_step", dg_model_n_ops(tr.model)), DG_JI("start_step", tr.step),
         DG_JI("steps", cfg->train.steps), DG_JS("version", DG_VERSION_STRING),
         DG_JS("plan", tr.plan_reason[0] ? tr.plan_reason : "mesh given by parallel.mesh"));
     DG_LOG_INFO(

@@ -172,6 +172,20 @@ static void test_random_graphs(dg_backend_t *be) {
         OK(dg_plan_check(pb, g));
         EXPECT(pa->arena_bytes <= pb->arena_bytes, "trial %d: planned arena %zu > no-reuse %zu", trial,
                pa->arena_bytes, pb->arena_bytes);
+        /* the live peak, counted position by position: no arena is smaller, both plans agree on it */
+        size_t brute = 0;
+        for (int pos = 0; pos < g->n; pos++) {
+            size_t live = 0;
+            for (int i = 0; i < g->n; i++)
+                if (pa->offset[i] != SIZE_MAX && pa->live_start[i] <= pos && pos <= pa->live_end[i]) {
+                    size_t b = g->nodes[i]->nbytes ? g->nodes[i]->nbytes : 1;
+                    live += (b + DG_ARENA_ALIGN - 1) / DG_ARENA_ALIGN * DG_ARENA_ALIGN;
+                }
+            if (live > brute) brute = live;
+        }
+        EXPECT(pa->live_peak_bytes == brute && pb->live_peak_bytes == brute && brute <= pa->arena_bytes,
+               "trial %d: live peak %zu / %zu, counted %zu, arena %zu", trial, pa->live_peak_bytes,
+               pb->live_peak_bytes, brute, pa->arena_bytes);
         dg_alloc_list_t al = {0};
         OK(dg_graph_alloc_persistent(g, be, &al));
         for (int i = 0; i < g->n; i++) { /* random data in every float leaf */
