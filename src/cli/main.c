@@ -32,7 +32,8 @@ typedef struct {
 } cli_opts_t;
 
 /* The options that are not actions (commands.c lists those). */
-static const char *const k_options[] = {"--set", "--help", "--version", "--json", "--export-topology"};
+static const char *const k_options[] = {"--set",  "--help", "--version", "--json", "--export-topology",
+                                        "--trace"};
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -52,6 +53,8 @@ static void usage(FILE *out) {
         "                          FILE, or FILE.<node id> when there are several nodes)\n"
         "options:\n"
         "  --set section.key=value override one key (repeatable; also --set=section.key=value)\n"
+        "  --trace A:B             Chrome/Perfetto trace of steps A..B into run.dir/trace.json\n"
+        "                          (= --set run.trace=A:B)\n"
         "  --json                  with --print-env, --dry-run, --topology or --plan-only: one JSON\n"
         "                          document on stdout\n"
         "  --help, --version\n"
@@ -125,6 +128,14 @@ static dg_status_t parse_args(int argc, char **argv, cli_opts_t *o) {
         } else if (dg_cli_find_action(a)) {
             o->action = dg_cli_find_action(a)->act;
             o->n_actions++;
+        } else if (strcmp(a, "--trace") == 0 || strncmp(a, "--trace=", 8) == 0) {
+            /* --trace A:B is --set run.trace=A:B (checked with the config); one of them, the last wins */
+            static char set[96];
+            const char *v = a[7] == '=' ? a + 8 : i + 1 < argc ? argv[++i] : NULL;
+            if (!v || !*v) return DG_ERR(DG_ERR_USAGE, "--trace: expected A:B (steps A..B) after it");
+            if (snprintf(set, sizeof set, "run.trace=%s", v) >= (int)sizeof set)
+                return DG_ERR(DG_ERR_USAGE, "--trace '%s': expected A:B, e.g. 10:12", v);
+            o->sets[o->nsets++] = set;
         } else if (strcmp(a, "--json") == 0) {
             o->json = 1;
         } else if (strcmp(a, "--export-topology") == 0) {

@@ -51,6 +51,7 @@ typedef struct dg_config {
         int64_t seed;
         char log_level[16]; /* error | warn | info | debug */
         char lock[8];       /* auto | fcntl | none: one run per run.dir (dg_fs.h) */
+        char trace[48];     /* "" | "A:B": steps A..B into RUN_DIR/trace.json (README "Monitoring") */
     } run;
     struct {
         char preset[32]; /* tiny | gpt2-124m | gpt2-350m | gpt2-774m | gpt2-1558m | custom */

@@ -20,6 +20,18 @@ static int check_nonempty(const char *v, char *why, size_t cap) {
     return 1;
 }
 
+/* run.trace: "" or "A:B", 1 <= A <= B (optimizer steps, 1-based, inclusive). */
+static int check_trace(const char *v, char *why, size_t cap) {
+    if (!*v) return 0;
+    long long a = 0, b = 0;
+    int n = 0;
+    if (sscanf(v, "%lld:%lld%n", &a, &b, &n) == 2 && v[n] == 0 && a >= 1 && b >= a && b - a < 100000)
+        return 0;
+    snprintf(why, cap,
+             "expected A:B with 1 <= A <= B (steps, inclusive; at most 100000 of them), e.g. 10:12");
+    return 1;
+}
+
 /* run.name ends up in file names and metrics: keep it to a portable set. */
 static int check_name(const char *v, char *why, size_t cap) {
     if (!*v) {
@@ -115,6 +127,8 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     ENUM("run", "lock", run.lock, "auto", "auto|fcntl|none",
          "one run per run.dir: auto = an fcntl lock on run.dir/dgtrain.lock (where the file system has no "
          "locks: a same-host check), fcntl = the lock or an error, none = no lock"),
+    STR("run", "trace", run.trace, "", check_trace,
+        "A:B writes a Chrome/Perfetto trace of steps A..B to run.dir/trace.json (--trace A:B); \"\" = none"),
 
     /* [model] */
     ENUM("model", "preset", model.preset, "tiny", "tiny|gpt2-124m|gpt2-350m|gpt2-774m|gpt2-1558m|custom",

@@ -453,6 +453,7 @@ void dg_exec_free(dg_exec_t *ex) {
         free(ex->stage[i]);
     free(ex->stage);
     free(ex->req);
+    free(ex->post_t);
     free(ex);
 }
 
@@ -655,12 +656,14 @@ dg_status_t dg_exec_collective(dg_exec_t *ex, const dg_node_t *n) {
         DG_ASSERT(ex->req[n->id] == NULL);
         ex->req[n->id] = req;
         ex->n_pending++;
+        if (ex->trace) ex->post_t[n->id] = tp;
         return DG_OK;
     }
     double t0 = dg_now_s();
     dg_status_t st = finish(ex, n, req, c);
     double t1 = dg_now_s();
     ex->blocking_s += t1 - t0;
+    if (ex->trace) ex->trace(ex->trace_ctx, n, 1, tp, t1);
     if (is_grad_coll(n)) gs_done(ex, t1);
     return st;
 }
@@ -675,9 +678,18 @@ static dg_status_t complete(dg_exec_t *ex, const dg_node_t *w) {
     dg_status_t st = finish(ex, w, req, comm_of(ex, w));
     double t1 = dg_now_s();
     ex->wait_s += t1 - t0;
+    if (ex->trace) ex->trace(ex->trace_ctx, w, 1, ex->post_t[w->id], t1);
     if (is_grad_coll(w)) gs_done(ex, t1);
     if (st != DG_OK) return dg_err_prefix(st, "waiting for %s '%s'", dg_op_name(w->op), w->name);
     return DG_OK;
+}
+
+void dg_exec_set_trace(dg_exec_t *ex,
+                       void (*fn)(void *ctx, const struct dg_node *n, int comm, double t0, double t1),
+                       void *ctx) {
+    if (fn && !ex->post_t) ex->post_t = dg_xcalloc((size_t)ex->graph->n + 1, sizeof *ex->post_t);
+    ex->trace = fn;
+    ex->trace_ctx = ctx;
 }
 
 dg_status_t dg_exec_drain(dg_exec_t *ex) {
@@ -741,7 +753,12 @@ dg_status_t dg_exec_run_hook(dg_exec_t *ex, int first, int end, int at, dg_exec_
             dg_status_t st = DG_OK;
             for (int w = 0; w < n->n_wait && st == DG_OK; w++)
                 st = complete(ex, n->wait[w]);
+            double tt = ex->trace ? dg_now_s() : 0;
             if (st == DG_OK) st = on_host(ex, n) ? run_on_host(ex, n) : dg_op_def(n->op)->exec(ex, n);
+            if (st == DG_OK && ex->trace && !is_collective_kind(n->op)) {
+                st = ex->be->ops->sync(ex->be);
+                ex->trace(ex->trace_ctx, n, 0, tt, dg_now_s());
+            }
             if (st == DG_OK && ex->profile) {
                 st = ex->be->ops->sync(ex->be);
                 ex->prof_s[n->op] += dg_now_s() - t0;
@@ -788,8 +805,9 @@ const char *dg_exec_capture_blocker(dg_exec_t *ex, int first, int end) {
         snprintf(ex->why, sizeof ex->why, "the %s backend cannot record graphs", ex->be->ops->name);
         return ex->why;
     }
-    if (ex->profile) {
-        snprintf(ex->why, sizeof ex->why, "per-op profiling synchronises after every op");
+    if (ex->profile || ex->trace) {
+        snprintf(ex->why, sizeof ex->why, "per-op %s synchronises after every op",
+                 ex->profile ? "profiling" : "tracing");
         return ex->why;
     }
     if (ex->eager) {

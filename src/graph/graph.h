@@ -627,6 +627,11 @@ struct dg_exec {
     int profile;
     double prof_s[DG_OP_COUNT];
     uint64_t prof_n[DG_OP_COUNT];
+    /* optional per-op trace (dg_exec_set_trace): compute ops synchronised and timed one by one; comm-stream
+     * collectives from their post (post_t, per node id) to the return of their wait */
+    void (*trace)(void *ctx, const struct dg_node *n, int comm, double t0, double t1);
+    void *trace_ctx;
+    double *post_t;
 
     /* collectives: one comm per mesh dimension of size > 1 (dg_exec_attach_comm), the request of every
      * comm-stream op in flight (by node id), and time accounting */
@@ -690,6 +695,14 @@ struct dg_exec {
  *    the op runs there, its outputs and updated tensors are copied back. Needs f32 activations. */
 dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_memplan_t *plan, dg_exec_t **out);
 void dg_exec_free(dg_exec_t *ex);
+/* Trace every op of the following runs (NULL fn: off): fn(ctx, node, comm, t0, t1) with wall-clock
+ * seconds (dg_now_s). Compute ops (comm = 0) are followed by a backend sync, so [t0, t1] is the op's
+ * device time plus a launch; collectives (comm = 1) span their post to the return of their wait (blocking
+ * ones: the call). Like per-op profiling it syncs after every op, so traced steps are slower and cannot be
+ * replayed as a CUDA Graph (dg_exec_capture_blocker says so). */
+void dg_exec_set_trace(dg_exec_t *ex,
+                       void (*fn)(void *ctx, const struct dg_node *n, int comm, double t0, double t1),
+                       void *ctx);
 /* Runs nodes [first, end) of the schedule in order. Asserts that the plan still matches the graph. */
 dg_status_t dg_exec_run(dg_exec_t *ex, int first, int end);
 dg_status_t dg_exec_run_phase(dg_exec_t *ex, dg_phase_t phase);

@@ -350,6 +350,12 @@ int dg_model_n_ops(const dg_model_t *m);          /* ops in the schedule (all ph
  * slows GPU runs down). dg_model_print_profile prints seconds, calls and share per op kind, largest
  * first, and resets the counters. */
 void dg_model_set_profiling(dg_model_t *m, int on);
+/* Trace every op of the following steps (cb NULL: off): cb(ctx, op kind, node name, phase, comm, t0, t1),
+ * wall-clock seconds (dg_now_s), on the calling thread; compute ops synchronised one by one, collectives
+ * from post to the return of their wait (dg_exec_set_trace). No CUDA Graph replay while on. */
+typedef void (*dg_model_trace_cb_t)(void *ctx, const char *op, const char *name, const char *phase, int comm,
+                                    double t0, double t1);
+void dg_model_set_trace(dg_model_t *m, dg_model_trace_cb_t cb, void *ctx);
 void dg_model_print_profile(dg_model_t *m, FILE *out);
 
 /* ---- the model's IR (tests, benchmarks, the plan printer): graph.h types ---- */

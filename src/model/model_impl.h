@@ -74,6 +74,9 @@ struct dg_model {
     int32_t *tok_host, *tgt_host; /* page-locked staging of the micro-batch's ids (upload_async) */
     /* graph replay (dg_model_set_graph_replay) */
     int gr_on, gr_warm;
+    void (*trace_cb)(void *ctx, const char *op, const char *name, const char *phase, int comm, double t0,
+                     double t1); /* dg_model_set_trace */
+    void *trace_ctx;
     void *gr[4];         /* GR_*: instantiated graphs, NULL until recorded */
     float gr_key[4][8];  /* the values each recording baked in */
     int accum, fb_count; /* dg_model_set_grad_accum; forward_backward calls since zero_grad / the step */

@@ -115,7 +115,7 @@ static dg_status_t body_opt(dg_model_t *m) {
 }
 
 static int gr_active(const dg_model_t *m) {
-    return m->gr_on && m->gr_warm && !m->ex->profile;
+    return m->gr_on && m->gr_warm && !m->ex->profile && !m->ex->trace;
 }
 
 /* The step's collectives run over nccl comms (recorded into the graphs with the compute). */

@@ -169,6 +169,17 @@ void dg_model_set_profiling(dg_model_t *m, int on) {
     if (m->ex) m->ex->profile = on;
 }
 
+static void trace_node(void *ctx, const dg_node_t *n, int comm, double t0, double t1) {
+    dg_model_t *m = ctx;
+    m->trace_cb(m->trace_ctx, dg_op_name(n->op), n->name, dg_phase_name(n->phase), comm, t0, t1);
+}
+
+void dg_model_set_trace(dg_model_t *m, dg_model_trace_cb_t cb, void *ctx) {
+    m->trace_cb = cb;
+    m->trace_ctx = ctx;
+    if (m->ex) dg_exec_set_trace(m->ex, cb ? trace_node : NULL, m);
+}
+
 void dg_model_print_profile(dg_model_t *m, FILE *out) {
     if (!m->ex) return;
     double total = 0;

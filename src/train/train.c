@@ -357,6 +357,7 @@ dg_status_t trn_run_validation(trainer_t *tr, double *loss_out) {
 }
 
 static void trainer_free(trainer_t *tr) {
+    trn_trace_free(tr);
     if (tr->writer) dg_ckpt_writer_free(tr->writer);
     dg_health_free(tr->health);
 #ifdef DG_HAVE_CUDA
@@ -517,6 +518,7 @@ static dg_status_t setup(trainer_t *tr) {
         snprintf(tr->ckpt_dir, sizeof tr->ckpt_dir, "%s/%s", c->run.dir, c->checkpoint.dir);
     DG_TRY(dg_metrics_open(c->run.dir, tr->rank, &tr->metrics));
     DG_TRY(trn_run_identity(tr));
+    DG_TRY(trn_trace_create(tr));
     DG_TRY(open_data(tr));
     DG_TRY(dg_fsdp_model_create(tr->fsdp, &tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, 0,
                                 &tr->model));
@@ -690,6 +692,7 @@ static dg_status_t train_loop(trainer_t *tr) {
             st = fill_micro_steps(tr, tr->train_ld, 0, chunk, tok, tgt);
         }
         if (step_agreement(tr, &st, &stop_sig)) break;
+        if (tr->trace && (st = trn_trace_boundary(tr)) != DG_OK) continue;
 
         dg_model_comm_stats_t cs;
         dg_model_comm_stats(tr->model, &cs, 1); /* this step's gradient-sync latency from here */
@@ -746,6 +749,7 @@ static dg_status_t train_loop(trainer_t *tr) {
         dg_model_comm_stats(tr->model, &cs, 0);
         sm.grad_sync_ms = 1e3 * cs.grad_sync_s;
         dg_metrics_step(tr->metrics, &sm);
+        trn_trace_step_mark(tr, tr->step, t0, t0 + dt);
         dg_metrics_set_step(tr->metrics, tr->step);
         dg_log_set_step(tr->step);
         trn_maybe_write_prom(tr, &sm);
@@ -759,6 +763,7 @@ static dg_status_t train_loop(trainer_t *tr) {
     }
     free(tok);
     free(tgt);
+    if (!st && tr->trace) trn_trace_step_end(tr, tr->step, 1); /* every rank left the loop in agreement */
     dg_progress_finish(tr->progress);
     return finish_loop(tr, st, stop_sig);
 }

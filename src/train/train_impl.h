@@ -74,9 +74,10 @@ typedef struct trainer {
 
     /* the run identity (observe.c): every metrics and log line carries it */
     char run_id[40];
-    int64_t attempt;    /* 1 at a run's first start, +1 at every later start of it */
-    char slurm_job[32]; /* $SLURM_JOB_ID, "" outside Slurm */
-    int run_dir_known;  /* RUN_DIR/run.json named the run: a resumed checkpoint does not rename it */
+    int64_t attempt;         /* 1 at a run's first start, +1 at every later start of it */
+    char slurm_job[32];      /* $SLURM_JOB_ID, "" outside Slurm */
+    int run_dir_known;       /* RUN_DIR/run.json named the run: a resumed checkpoint does not rename it */
+    struct trn_trace *trace; /* --trace A:B (trace.c), NULL when off */
 } trainer_t;
 
 /* train_ckpt.c */
@@ -94,6 +95,16 @@ int trn_is_fp16(const dg_config_t *c); /* train.precision = fp16 */
 /* observe.c: the run identity (collective; right after the metrics file opens) and RUN_DIR/metrics.prom
  * (rank 0, every log interval and at the end). */
 dg_status_t trn_run_identity(trainer_t *tr);
+/* trace.c: --trace A:B (run.trace). create: parse (no-op when unset). boundary: at a step boundary every
+ * rank reached in agreement (collective): writes the trace once step B is done, starts it before step A.
+ * mark: the finished step's span. step_end(.., last_step = 1): after the loop, writes what was recorded
+ * (collective; call only when every rank ends the loop without an error). */
+dg_status_t trn_trace_create(trainer_t *tr);
+dg_status_t trn_trace_boundary(trainer_t *tr);
+dg_status_t trn_trace_step_begin(trainer_t *tr, int64_t step);
+void trn_trace_step_mark(trainer_t *tr, int64_t step, double t0, double t1);
+dg_status_t trn_trace_step_end(trainer_t *tr, int64_t step, int last_step);
+void trn_trace_free(trainer_t *tr);
 dg_status_t trn_adopt_run_identity(trainer_t *tr, const char *ckpt_run_id, int64_t ckpt_attempt);
 dg_status_t trn_write_prom(const trainer_t *tr, const dg_step_metrics_t *sm);
 /* trn_write_prom at log intervals, at most once a second, and at the last step; a failure warns once. */
