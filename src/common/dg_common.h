@@ -30,6 +30,8 @@ enum {
     DG_ERR_PEER = 3,    /* a peer failed or the watchdog fired */
     DG_ERR_STORAGE = 4, /* checkpoints could not be saved checkpoint.max_failures times in a row (full or
                            failing storage): stop, and do not requeue into the same storage */
+    DG_ERR_PAUSE = 5,   /* paused for an operator after a complete checkpoint (an SLA Level-2 pause, or K
+                           rollbacks within M steps): Slurm does not requeue it */
     DG_ERR_SIGNAL = 75  /* stopped on a signal after a complete checkpoint */
 };
 
