@@ -112,7 +112,7 @@ typedef struct dg_config {
     struct {
         int enabled;
         int64_t fire_after, clear_after, level2_after, warmup_steps, budget_steps;
-        double warn_interval_s;
+        double warn_interval_s, budget_floor_s;
         char step_time[96];
         int64_t step_time_window;
         char step_time_action[16];

@@ -269,6 +269,8 @@ const dg_cfg_key_t dg_cfg_schema[] = {
         "first steps of each attempt that step_time does not judge (start-up, warm caches)"),
     INT("sla", "budget_steps", sla.budget_steps, "20", 1, 1024,
         "recent steps whose median step time is the step_time budget"),
+    FLT("sla", "budget_floor_s", sla.budget_floor_s, "0.1", 0, 1e6,
+        "step_time budget never below this (s): a step faster than 1.3x it is never slow"),
     STR("sla", "step_time", sla.step_time, "1, none, 0.3, x", check_sla_ratio,
         "step time over the adaptive budget (median of recent steps): '1, none, 0.3, x' = violated above 1.3x"),
     INT("sla", "step_time_window", sla.step_time_window, "5", 1, 1024, "samples per step_time window"),

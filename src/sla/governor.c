@@ -86,6 +86,7 @@ void dg_sla_cfg_defaults(dg_sla_cfg_t *c) {
     c->warn_interval_s = 60;
     c->warmup_steps = 5;
     c->budget_steps = 20;
+    c->budget_floor_s = 0.1;
     for (int o = 0; o < DG_SLA_N; o++) {
         dg_status_t s = dg_sla_cfg_set(c, (dg_sla_obj_t)o, "default", k_obj[o].ref, k_obj[o].window, "none");
         DG_ASSERTF(s == DG_OK, "built-in default of sla.%s: %s", k_obj[o].name, dg_last_error());
@@ -226,7 +227,7 @@ dg_sla_action_t dg_gov_step_time(dg_gov_t *g, int64_t step, double seconds, int 
     g->seen_steps++;
     if (excluded || g->seen_steps <= g->cfg.warmup_steps || !(seconds > 0)) return DG_SLA_ACT_NONE;
     double b = dg_gov_budget(g);
-    double ratio = b > 0 ? seconds / b : NAN;
+    double ratio = b > 0 ? seconds / fmax(b, g->cfg.budget_floor_s) : NAN;
     const dg_sla_obj_cfg_t *oc = &g->cfg.obj[DG_SLA_STEP_TIME];
     /* a step over the bound does not teach the budget: a node that stays slow keeps violating */
     if (isnan(ratio) || !oc->enabled || dg_sla_ref_ok(&oc->ref, ratio)) {

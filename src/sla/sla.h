@@ -79,6 +79,7 @@ typedef struct {
     double warn_interval_s;                    /* Level-1 log lines per objective at most this often */
     int warmup_steps;                          /* step_time: first steps of an attempt not judged */
     int budget_steps;                          /* step_time: recent steps the budget is the median of */
+    double budget_floor_s;                     /* step_time: the budget judged is never below this */
 } dg_sla_cfg_t;
 
 /* The built-in defaults (docs/sla.md): what a run gets with an empty [sla] section. */
@@ -111,8 +112,9 @@ dg_sla_action_t dg_gov_sample(dg_gov_t *g, dg_sla_obj_t o, int64_t step, double 
 /* step_time: `seconds` of step `step`; `excluded` (a checkpoint or validation came just before, or
  * recovery) keeps it out of both the budget and the judgement, as are the first warmup_steps steps this
  * governor sees. The sample judged is seconds / budget, the budget being the median of the last
- * budget_steps accepted steps (steps not themselves over the bound); none is judged until 5 (or
- * budget_steps if fewer) steps are in the budget. */
+ * budget_steps accepted steps (steps not themselves over the bound), raised to budget_floor_s (a step of
+ * milliseconds that doubles is noise, not a slow node); none is judged until 5 (or budget_steps if fewer)
+ * steps are in the budget. */
 dg_sla_action_t dg_gov_step_time(dg_gov_t *g, int64_t step, double seconds, int excluded);
 /* The step-time budget now (s), NAN before it is learned. */
 double dg_gov_budget(const dg_gov_t *g);

@@ -73,6 +73,7 @@ dg_status_t trn_sla_setup(trainer_t *tr) {
     sc.warn_interval_s = c->sla.warn_interval_s;
     sc.warmup_steps = (int)c->sla.warmup_steps;
     sc.budget_steps = (int)c->sla.budget_steps;
+    sc.budget_floor_s = c->sla.budget_floor_s;
     const struct {
         const char *ref;
         int64_t window;
