@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "plot.h"
+#include "report.h"
 #ifdef DG_HAVE_SAMPLE
 #include "dg_sample.h"
 #endif
@@ -12,6 +13,9 @@
 const dg_cli_command_t dg_cli_commands[] = {
     {"plot", "RUN_DIR [RUN_DIR...] [--out DIR]",
      "SVG charts of the runs' metrics.jsonl (default --out: the first RUN_DIR/plots)", dg_plot_main},
+    {"report", "RUN_DIR [--json]",
+     "the run's SLA objectives: targets, measured values, verdicts, sla events, recovery times (docs/sla.md)",
+     dg_sla_report_main},
 #ifdef DG_HAVE_SAMPLE
     {"sample", "CKPT_OR_RUN_DIR --prompt TEXT ...", "generate text from a checkpoint (docs/sampling.md)",
      dg_sample_main},

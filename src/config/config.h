@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define DG_CFG_STR 1024
-#define DG_CFG_MAX_KEYS 128
+#define DG_CFG_MAX_KEYS 192
 
 /* The choices of the enumerated keys that the run branches on, parsed once at load (the id fields
  * beside their text): each enum's order is its key's choices in src/config/schema.c, checked by
@@ -132,6 +132,41 @@ typedef struct dg_config {
         double rtt_alert_factor, rtt_alert_min_ms;              /* round-trip anomaly: factor x mean, floor */
         double liveness_floor_s, liveness_mult; /* dead neighbour: max(floor, mult x (p+rtt)) */
     } health;
+    struct {
+        int enabled;
+        int64_t fire_after, clear_after, level2_after, warmup_steps, budget_steps;
+        double warn_interval_s, budget_floor_s;
+        char step_time[96];
+        int64_t step_time_window;
+        char step_time_action[16];
+        char tokens_per_s[96];
+        int64_t tokens_per_s_window;
+        char tokens_per_s_action[16];
+        char exposed_comm[96];
+        int64_t exposed_comm_window;
+        char exposed_comm_action[16];
+        char grad_sync_latency[96];
+        int64_t grad_sync_latency_window;
+        char grad_sync_latency_action[16];
+        char overflow_rate[96];
+        int64_t overflow_rate_window;
+        char overflow_rate_action[16];
+        char loss_spike[96];
+        int64_t loss_spike_window;
+        char loss_spike_action[16];
+        char heartbeat_rtt[96];
+        int64_t heartbeat_rtt_window;
+        char heartbeat_rtt_action[16];
+        char checkpoint_stall[96];
+        int64_t checkpoint_stall_window;
+        char checkpoint_stall_action[16];
+        char checkpoint_success[96];
+        int64_t checkpoint_success_window;
+        char checkpoint_success_action[16];
+        char recovery_time[96];
+        int64_t recovery_time_window;
+        char recovery_time_action[16];
+    } sla; /* the training SLA objectives (src/sla/sla.h, docs/sla.md) */
     struct {
         char
             xml[DG_CFG_STR]; /* hwloc XML to use instead of the live machine ("" = live, or $HWLOC_XMLFILE) */

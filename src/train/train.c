@@ -358,6 +358,7 @@ dg_status_t trn_run_validation(trainer_t *tr, double *loss_out) {
 
 static void trainer_free(trainer_t *tr) {
     trn_trace_free(tr);
+    trn_sla_free(tr);
     if (tr->writer) dg_ckpt_writer_free(tr->writer);
     dg_health_free(tr->health);
 #ifdef DG_HAVE_CUDA
@@ -556,9 +557,9 @@ static dg_status_t setup(trainer_t *tr) {
  * the loop must stop: an error anywhere (*st set; DG_ERR_PEER on the ranks that did not fail themselves)
  * or a signal (*stop_sig). */
 static int step_agreement(trainer_t *tr, dg_status_t *st, int *stop_sig) {
-    int local[2] = {*st, dg_signals_pending()}, agreed[2];
+    int local[3] = {*st, dg_signals_pending(), tr->sla.pending}, agreed[3];
     dg_health_set_activity(tr->health, tr->step, "step agreement");
-    if (MPI_Allreduce(local, agreed, 2, MPI_INT, MPI_MAX, tr->comm) != MPI_SUCCESS) {
+    if (MPI_Allreduce(local, agreed, 3, MPI_INT, MPI_MAX, tr->comm) != MPI_SUCCESS) {
         *st = DG_ERR(DG_ERR_PEER, "step agreement all-reduce failed at step %lld", (long long)tr->step);
         return 1;
     }
@@ -573,6 +574,8 @@ static int step_agreement(trainer_t *tr, dg_status_t *st, int *stop_sig) {
         *stop_sig = agreed[1];
         return 1;
     }
+    tr->sla.pending = 0;
+    tr->sla.agreed = agreed[2]; /* the SLA Level-2 action every rank takes now (train_sla.h) */
     return 0;
 }
 
@@ -590,9 +593,12 @@ static dg_status_t after_step(trainer_t *tr) {
         DG_METRICS_EVENT(tr->metrics, "val", DG_JI("step", tr->step), DG_JF("loss", vl),
                          DG_JI("batches", tr->val_batches));
         dg_progress_note(tr->progress, "step %lld: val loss %.4f", (long long)tr->step, vl);
+        tr->sla.exclude_next = 1;
     }
     if (c->checkpoint.every > 0 && tr->step % c->checkpoint.every == 0 && tr->step < c->train.steps) {
+        double t0 = dg_now_s();
         st = trn_save_checkpoint(tr, 0);
+        trn_sla_note_save(tr, dg_now_s() - t0, st == DG_OK && tr->ckpt_failures == 0);
         if (st) return st;
     }
     if (tr->writer) {
@@ -654,12 +660,12 @@ static dg_status_t finish_loop(trainer_t *tr, dg_status_t st, int stop_sig) {
 
     /* final (or signal-driven) checkpoint, synchronous; exit 75 promises it, so its failure is exit 4 */
     dg_status_t s = trn_save_checkpoint(tr, 1);
-    if (s == DG_ERR_STORAGE && stop_sig) {
+    if (s == DG_ERR_STORAGE && (stop_sig || tr->sla.stop)) {
         char why[1400];
         snprintf(why, sizeof why, "%s", dg_last_error());
         return DG_ERR(DG_ERR_STORAGE,
                       "stopped on %s at step %lld without a complete checkpoint (so not exit 75): %s",
-                      dg_signal_name(stop_sig), (long long)tr->step, why);
+                      stop_sig ? dg_signal_name(stop_sig) : "an SLA action", (long long)tr->step, why);
     }
     if (s) return s;
     if (stop_sig) {
@@ -669,6 +675,15 @@ static dg_status_t finish_loop(trainer_t *tr, dg_status_t st, int stop_sig) {
                     dg_signal_name(stop_sig), (long long)tr->step);
         return DG_ERR(DG_ERR_SIGNAL, "stopped on %s after checkpointing step %lld", dg_signal_name(stop_sig),
                       (long long)tr->step);
+    }
+    if (tr->sla.stop) {
+        int pause = tr->sla.stop == DG_SLA_ACT_PAUSE, code = pause ? DG_ERR_PAUSE : DG_ERR_SIGNAL;
+        DG_METRICS_EVENT(tr->metrics, "done", DG_JI("step", tr->step), DG_JS("reason", "sla"),
+                         DG_JS("action", dg_sla_action_name((dg_sla_action_t)tr->sla.stop)),
+                         DG_JI("exit_code", code));
+        return DG_ERR(code, "SLA Level-2 %s at step %lld after a complete checkpoint: exit %d %s",
+                      dg_sla_action_name((dg_sla_action_t)tr->sla.stop), (long long)tr->step, code,
+                      pause ? "(paused for an operator; not requeued)" : "(asks for a requeue)");
     }
     return DG_OK;
 }
@@ -692,6 +707,8 @@ static dg_status_t train_loop(trainer_t *tr) {
             st = fill_micro_steps(tr, tr->train_ld, 0, chunk, tok, tgt);
         }
         if (step_agreement(tr, &st, &stop_sig)) break;
+        if (tr->sla.agreed && trn_sla_act(tr, &st)) break;
+        if (st) continue; /* a failed SLA checkpoint or rollback: agreed at the top of the next iteration */
         if (tr->trace && (st = trn_trace_boundary(tr)) != DG_OK) continue;
 
         dg_model_comm_stats_t cs;
@@ -707,6 +724,7 @@ static dg_status_t train_loop(trainer_t *tr) {
                                       &loss_sum);
         comm_failure(tr, st);
         if (st) continue; /* agreed at the top of the next iteration */
+        trn_sla_test_slow(tr, step);
 
         double loss_pair[1] = {loss_sum / tr->accum}, loss_glob[1];
         dg_health_set_activity(tr->health, step, "all-reduce loss");
@@ -754,6 +772,7 @@ static dg_status_t train_loop(trainer_t *tr) {
         dg_log_set_step(tr->step);
         trn_maybe_write_prom(tr, &sm);
         dg_progress_step(tr->progress, tr->step, loss, tps, dt);
+        trn_sla_after_step(tr, dt, tps);
 
         if (dg_stab_rollback_due(&tr->stab) || (dg_stab_pausing(&tr->stab) && tr->step >= c->train.steps)) {
             st = trn_stab_rollback(tr, tr->iters); /* no after_step: the checkpoint's step was done */
@@ -788,8 +807,12 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
     tr.rank = boot->world_rank;
     tr.world = boot->world_size;
     dg_signals_install();
+    tr.sla.t_entry = dg_now_s();
+    tr.sla.boot_s = trn_sla_process_age_s();
 
     dg_status_t s = setup(&tr);
+    tr.sla.plan_s = dg_now_s() - tr.sla.t_entry;
+    if (s == DG_OK) s = trn_sla_setup(&tr);
     s = dg_boot_agree(boot, s);
     if (s) {
         trainer_free(&tr);
@@ -812,7 +835,9 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
         s = dg_ckpt_writer_create(tr.comm, tr.ckpt_dir, &o, &tr.writer);
     }
     s = dg_boot_agree(boot, s);
+    double t_read = dg_now_s();
     if (s == DG_OK) s = dg_boot_agree(boot, trn_maybe_resume(&tr));
+    if (s == DG_OK) trn_sla_resumed(&tr, dg_now_s() - t_read);
     if (s) {
         trainer_free(&tr);
         return s;

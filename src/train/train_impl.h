@@ -18,6 +18,7 @@
 #include "memfit.h"
 #include "planner.h"
 #include "stability.h"
+#include "train_sla.h"
 
 typedef struct trainer {
     dg_boot_t *boot;
@@ -58,6 +59,7 @@ typedef struct trainer {
     int *frozen; /* per parameter: matched train.freeze */
 
     dg_stability_t stab; /* loss-spike detector and fp16 loss scale (stability.h) */
+    trn_sla_t sla;       /* the SLA governor's state (train_sla.h) */
 
     int64_t step;   /* optimizer steps completed */
     int64_t tokens; /* global tokens consumed */

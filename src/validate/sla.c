@@ -72,98 +72,11 @@ static const dg_validate_metric_t *find_metric(const char *name) {
     return NULL;
 }
 
-/* ---------------------------------------------------------------- units */
+/* ---------------------------------------------------------------- units and references */
 
-typedef struct {
-    const char *name;
-    double factor;
-    dg_dim_t dim;
-} unit_t;
-
-static const unit_t k_units[] = {
-    {"B/s", 1, DG_DIM_BANDWIDTH},
-    {"KB/s", 1e3, DG_DIM_BANDWIDTH},
-    {"MB/s", 1e6, DG_DIM_BANDWIDTH},
-    {"GB/s", 1e9, DG_DIM_BANDWIDTH},
-    {"TB/s", 1e12, DG_DIM_BANDWIDTH},
-    {"KiB/s", 1024.0, DG_DIM_BANDWIDTH},
-    {"MiB/s", 1048576.0, DG_DIM_BANDWIDTH},
-    {"GiB/s", 1073741824.0, DG_DIM_BANDWIDTH},
-    {"TiB/s", 1099511627776.0, DG_DIM_BANDWIDTH},
-    {"Gbit/s", 1e9 / 8, DG_DIM_BANDWIDTH},
-    {"FLOP/s", 1, DG_DIM_FLOPS},
-    {"KFLOP/s", 1e3, DG_DIM_FLOPS},
-    {"MFLOP/s", 1e6, DG_DIM_FLOPS},
-    {"GFLOP/s", 1e9, DG_DIM_FLOPS},
-    {"TFLOP/s", 1e12, DG_DIM_FLOPS},
-    {"PFLOP/s", 1e15, DG_DIM_FLOPS},
-    {"s", 1, DG_DIM_TIME},
-    {"ms", 1e-3, DG_DIM_TIME},
-    {"us", 1e-6, DG_DIM_TIME},
-    {"ns", 1e-9, DG_DIM_TIME},
-};
-
-double dg_validate_unit_factor(const char *unit, dg_dim_t *dim) {
-    for (size_t i = 0; i < sizeof k_units / sizeof *k_units; i++)
-        if (strcmp(k_units[i].name, unit) == 0) {
-            if (dim) *dim = k_units[i].dim;
-            return k_units[i].factor;
-        }
-    return 0;
-}
-
-static const char *dim_units(dg_dim_t d) {
-    switch (d) {
-    case DG_DIM_BANDWIDTH:
-        return "B/s, KB/s, MB/s, GB/s, TB/s, KiB/s .. TiB/s, Gbit/s";
-    case DG_DIM_FLOPS:
-        return "FLOP/s, KFLOP/s, MFLOP/s, GFLOP/s, TFLOP/s, PFLOP/s";
-    case DG_DIM_TIME:
-        return "s, ms, us, ns";
-    }
-    return "?";
-}
-
-/* ---------------------------------------------------------------- reference helpers */
-
-void dg_sla_ref_bounds(const dg_sla_ref_t *r, double *lo, double *hi) {
-    double t = r->target * r->factor;
-    *lo = r->has_lower ? t * (1 + r->lower) : -INFINITY;
-    *hi = r->has_upper ? t * (1 + r->upper) : INFINITY;
-}
-
-int dg_sla_ref_ok(const dg_sla_ref_t *r, double value) {
-    double lo, hi;
-    dg_sla_ref_bounds(r, &lo, &hi);
-    if (isnan(value)) return 0;
-    /* a hair of slack so that a value printed equal to its bound is not failed by rounding */
-    double eps = 1e-12 * fabs(r->target * r->factor);
-    return value >= lo - eps && value <= hi + eps;
-}
-
-static void fmt_num(char *buf, size_t cap, double v) {
-    if (v != 0 && (fabs(v) >= 1e6 || fabs(v) < 1e-3))
-        snprintf(buf, cap, "%.3g", v);
-    else if (fabs(v) >= 100)
-        snprintf(buf, cap, "%.0f", v);
-    else
-        snprintf(buf, cap, "%.3g", v);
-}
-
-void dg_sla_ref_format(const dg_sla_ref_t *r, char *buf, size_t cap) {
-    char lo[32], hi[32], t[32];
-    fmt_num(t, sizeof t, r->target);
-    fmt_num(lo, sizeof lo, r->target * (1 + r->lower));
-    fmt_num(hi, sizeof hi, r->target * (1 + r->upper));
-    if (r->has_lower && r->has_upper)
-        snprintf(buf, cap, "%s..%s %s (target %s)", lo, hi, r->unit, t);
-    else if (r->has_lower)
-        snprintf(buf, cap, ">= %s %s (target %s, %+.0f%%)", lo, r->unit, t, r->lower * 100);
-    else if (r->has_upper)
-        snprintf(buf, cap, "<= %s %s (target %s, %+.0f%%)", hi, r->unit, t, r->upper * 100);
-    else
-        snprintf(buf, cap, "any (target %s %s)", t, r->unit);
-}
+/* The units and the reference helpers are src/sla/dg_sla_ref.h (one parser for validation/sla.ini and
+ * the training [sla] section); dg_validate_unit_factor stays as this suite's name for the lookup. */
+double dg_validate_unit_factor(const char *unit, dg_dim_t *dim) { return dg_sla_unit_factor(unit, dim); }
 
 int dg_sla_count_ok(const dg_sla_count_t *c, int v) {
     if (c->any) return 1;
@@ -581,52 +494,7 @@ static dg_status_t set_setting(dg_sla_t *s, const char *where, const char *key, 
 /* ---------------------------------------------------------------- [node:TYPE] keys */
 
 static dg_status_t parse_ref(const char *where, const char *key, char *v, dg_sla_ref_t *r, dg_dim_t want) {
-    char copy[256];
-    snprintf(copy, sizeof copy, "%s", v);
-    char *f[8];
-    int n = split_list(copy, f, 8);
-    if (n != 4)
-        return DG_ERR(
-            DG_ERR_USAGE,
-            "%s: %s = '%s': expected 'target, lower, upper, unit' (e.g. '10, -0.2, none, GB/s'), got %d "
-            "field(s)",
-            where, key, v, n < 0 ? 9 : n);
-    memset(r, 0, sizeof *r);
-    if (parse_double(f[0], &r->target) || r->target <= 0)
-        return DG_ERR(DG_ERR_USAGE, "%s: %s: target '%s' must be a number > 0", where, key, f[0]);
-    for (int b = 0; b < 2; b++) {
-        const char *t = f[1 + b];
-        int *has = b ? &r->has_upper : &r->has_lower;
-        double *val = b ? &r->upper : &r->lower;
-        if (strcasecmp(t, "none") == 0 || strcasecmp(t, "null") == 0) {
-            *has = 0;
-            continue;
-        }
-        if (parse_double(t, val))
-            return DG_ERR(DG_ERR_USAGE,
-                          "%s: %s: %s threshold '%s' must be a fraction of the target or 'none'", where, key,
-                          b ? "upper" : "lower", t);
-        if (b == 0 && (*val > 0 || *val < -1))
-            return DG_ERR(
-                DG_ERR_USAGE,
-                "%s: %s: lower threshold %s must be in [-1, 0] (a fraction below the target, e.g. -0.2)",
-                where, key, t);
-        if (b == 1 && *val < 0)
-            return DG_ERR(DG_ERR_USAGE,
-                          "%s: %s: upper threshold %s must be >= 0 (a fraction above the target)", where, key,
-                          t);
-        *has = 1;
-    }
-    if (strlen(f[3]) >= sizeof r->unit)
-        return DG_ERR(DG_ERR_USAGE, "%s: %s: unit '%s' is too long", where, key, f[3]);
-    snprintf(r->unit, sizeof r->unit, "%s", f[3]);
-    dg_dim_t d;
-    r->factor = dg_validate_unit_factor(r->unit, &d);
-    if (r->factor == 0 || d != want)
-        return DG_ERR(DG_ERR_USAGE, "%s: %s: unit '%s' %s: expected one of %s", where, key, r->unit,
-                      r->factor == 0 ? "is unknown" : "measures something else", dim_units(want));
-    r->dim = d;
-    return DG_OK;
+    return dg_sla_ref_parse(where, key, v, want, r);
 }
 
 static dg_status_t set_node_key(dg_sla_t *s, int t, const char *where, int line, const char *key, char *v) {

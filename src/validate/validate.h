@@ -27,6 +27,7 @@
 #include <stdio.h>
 
 #include "dg_common.h"
+#include "dg_sla_ref.h"
 #include "mpi_boot.h"
 
 #ifdef __cplusplus
@@ -37,32 +38,11 @@ enum { DG_VALIDATE_EXIT_FAILED = 4 }; /* at least one check FAILED (no ERROR) */
 
 /* ---------------------------------------------------------------- the SLA file */
 
-/* Physical dimension of a metric: references must use a unit of the same dimension. */
-typedef enum { DG_DIM_BANDWIDTH = 0, DG_DIM_FLOPS = 1, DG_DIM_TIME = 2 } dg_dim_t;
+/* Units, dimensions and the ReFrame-style reference (dg_sla_ref_t: target, lower, upper, unit) with its
+ * bounds, check and text are src/sla/dg_sla_ref.h, shared with the training objectives ([sla]). */
 
-/* Canonical unit of each dimension: B/s, FLOP/s, s. Returns the factor that converts a value in `unit`
- * to the canonical unit (e.g. "GB/s" -> 1e9, "us" -> 1e-6) and sets *dim, or returns 0 when the unit is
- * unknown. Decimal prefixes (K M G T P) for bandwidth and flops; GiB/s etc. are binary. */
+/* The factor that converts a value in `unit` to its canonical unit (dg_sla_unit_factor). */
 double dg_validate_unit_factor(const char *unit, dg_dim_t *dim);
-
-/* One reference, ReFrame style: the value must lie in [target*(1+lower), target*(1+upper)], where a
- * missing bound is unbounded. lower <= 0 <= upper. Values are kept in `unit`. */
-typedef struct dg_sla_ref {
-    double target, lower, upper;
-    int has_lower, has_upper;
-    char unit[16];
-    dg_dim_t dim;
-    double factor;   /* unit -> canonical */
-    char source[96]; /* "FILE:LINE" */
-    char node_type[64];
-} dg_sla_ref_t;
-
-/* Bounds in canonical units; lo = -inf / hi = +inf when unbounded. */
-void dg_sla_ref_bounds(const dg_sla_ref_t *r, double *lo, double *hi);
-/* 1 when `value` (canonical units) is within the bounds. */
-int dg_sla_ref_ok(const dg_sla_ref_t *r, double value);
-/* Human text: ">= 8.00 GB/s (target 10 GB/s, -20%)" or "8.00 .. 12.00 GB/s" etc. */
-void dg_sla_ref_format(const dg_sla_ref_t *r, char *buf, size_t cap);
 
 /* Expected count: "any", "N" or ">=N". */
 typedef struct dg_sla_count {
