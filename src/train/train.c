@@ -773,6 +773,12 @@ static dg_status_t train_loop(trainer_t *tr) {
         trn_maybe_write_prom(tr, &sm);
         dg_progress_step(tr->progress, tr->step, loss, tps, dt);
         trn_sla_after_step(tr, dt, tps);
+        /* the communication objectives (docs/sla.md): judged on steps above the step-time floor, where a
+         * fraction of the step is not scheduling noise of a loaded host */
+        if (dt >= c->sla.budget_floor_s) {
+            trn_sla_feed(tr, DG_SLA_GRAD_SYNC_LATENCY, cs.grad_sync_s);
+            trn_sla_feed(tr, DG_SLA_EXPOSED_COMM, (cs.wait_s + cs.blocking_s) / dt);
+        }
 
         if (dg_stab_rollback_due(&tr->stab) || (dg_stab_pausing(&tr->stab) && tr->step >= c->train.steps)) {
             st = trn_stab_rollback(tr, tr->iters); /* no after_step: the checkpoint's step was done */

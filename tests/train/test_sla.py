@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""test_sla.py CASE DGTRAIN MPIEXEC [MPIEXEC FLAGS...] — the run-time SLA governor (src/sla, src/train/train_sla.c)
+with the real dgtrain at 2 ranks on the CPU, and `dgtrain report`.
+
+  healthy   a default run: no sla event at all
+  slow      rank 1 slowed by 400 ms a step from step 8 (DG_TEST_SLOW_*): a step_time Level-1 sla event
+            (objective, level, value, target, action, step), the run finishes (exit 0); `dgtrain report`
+            (text and --json) lists the objective as violated with the event; a missing run dir: exit 2
+  requeue   the same with sla.step_time_action=requeue: Level-2, a complete checkpoint, exit 75; the run
+            resumed without the slow rank finishes and writes a recovery event
+  pause     sla.step_time_action=pause: a complete checkpoint and exit 5
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+import dgrun  # noqa: E402
+from dgrun import Fail, check  # noqa: E402
+
+FAST = ["sla.step_time_window=2", "sla.fire_after=1", "sla.level2_after=2", "sla.warmup_steps=3",
+        "sla.budget_floor_s=0.05"]
+SLOW = {"DG_TEST_SLOW_RANK": "1", "DG_TEST_SLOW_STEP": "8", "DG_TEST_SLOW_MS": "400"}
+
+
+def run(exe, mpi, cfg, run_dir, sets=(), env=None, rc=0):
+    cmd = list(mpi) + ["-n", "2", exe, cfg, "--set", "run.dir=" + run_dir] + [a for s in sets for a in ("--set", s)]
+    e = dict(os.environ)
+    e.update(env or {})
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240, env=e)
+    check(p.returncode == rc, "exit %d (expected %d): %s" % (p.returncode, rc, p.stdout[-1500:]))
+    return p.stdout
+
+
+def events(run_dir, kind=None):
+    rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl")) if l.strip()]
+    return [r for r in rows if kind is None or r["event"] == kind]
+
+
+def sla_step_time(run_dir, level):
+    ev = [e for e in events(run_dir, "sla") if e["objective"] == "step_time" and e["level"] == level]
+    check(ev, "no step_time level-%d sla event in %s" % (level, [e for e in events(run_dir, "sla")]))
+    e = ev[0]
+    for k in ("value", "target", "action", "step"):
+        check(k in e, "sla event without %s: %s" % (k, e))
+    check(e["step"] >= 8 and e["value"] > e["target"], "sla event %s" % e)
+    return e
+
+
+def main():
+    case, exe, mpi = sys.argv[1], sys.argv[2], sys.argv[3:]
+    work = tempfile.mkdtemp(prefix="dgt-sla-")
+    try:
+        cfg = os.path.join(work, "cfg.ini")
+        with open(cfg, "w") as f:
+            f.write(dgrun.small_gpt("written by tests/train/test_sla.py", run={"name": "sla", "seed": 9},
+                                    train={"steps": 20, "global_batch": 4, "micro_batch": 2, "warmup_steps": 1}))
+        d = os.path.join(work, "r")
+        if case == "healthy":
+            run(exe, mpi, cfg, d, ("train.steps=30",))
+            check(not events(d, "sla"), "a healthy default run wrote sla events: %s" % events(d, "sla"))
+            print("  healthy default run (30 steps, 2 ranks): no sla event")
+        elif case == "slow":
+            run(exe, mpi, cfg, d, FAST, SLOW)
+            e = sla_step_time(d, 1)
+            print("  slow rank: step_time level 1 at step %d (%.3f x the budget > %.3f)" % (e["step"], e["value"], e["target"]))
+            p = subprocess.run([exe, "report", d], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+            check(p.returncode == 0 and "step_time" in p.stdout, "report: exit %d: %s" % (p.returncode, p.stdout))
+            p = subprocess.run([exe, "report", d, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               timeout=60)
+            check(p.returncode == 0, "report --json: exit %d: %s" % (p.returncode, p.stderr))
+            j = json.loads(p.stdout)
+            check("step_time" in json.dumps(j) and "sla" in json.dumps(j), "report --json lacks the event: %s" % p.stdout[:800])
+            p = subprocess.run([exe, "report", os.path.join(work, "nope")], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=60)
+            check(p.returncode == 2, "report of a missing dir: exit %d: %s" % (p.returncode, p.stdout))
+            print("  dgtrain report (text, --json) lists it; a missing run dir exits 2")
+        elif case in ("requeue", "pause"):
+            rc = 75 if case == "requeue" else 5
+            run(exe, mpi, cfg, d, FAST + ["sla.step_time_action=" + case, "train.steps=40"], SLOW, rc=rc)
+            e = sla_step_time(d, 2)
+            check(e["action"] == case, "level-2 action %s" % e)
+            latest = open(os.path.join(d, "checkpoints", "LATEST")).read().strip()
+            check(latest and os.path.exists(os.path.join(d, "checkpoints", os.path.basename(latest))),
+                  "no complete checkpoint: LATEST %r" % latest)
+            done = events(d, "done")[-1]
+            check(done["exit_code"] == rc, "done %s" % done)
+            print("  %s: level 2 at step %d, checkpoint %s, exit %d" % (case, e["step"], os.path.basename(latest), rc))
+            if case == "requeue":
+                run(exe, mpi, cfg, d, ("train.steps=40",))
+                rec = events(d, "recovery")
+                check(rec, "the resumed run wrote no recovery event")
+                print("  resumed: finished, recovery %s" % {k: v for k, v in rec[-1].items() if k not in ("time",)})
+        else:
+            raise Fail("unknown case %s" % case)
+    except Fail as e:
+        print("FAIL: %s (work dir %s kept)" % (e, work))
+        return 1
+    shutil.rmtree(work, ignore_errors=True)
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
