@@ -110,8 +110,12 @@ static int check_sla_ref(const char *v, dg_dim_t dim, char *why, size_t cap) {
     dg_clear_error();
     return 1;
 }
-static int check_sla_ratio(const char *v, char *why, size_t cap) { return check_sla_ref(v, DG_DIM_RATIO, why, cap); }
-static int check_sla_time(const char *v, char *why, size_t cap) { return check_sla_ref(v, DG_DIM_TIME, why, cap); }
+static int check_sla_ratio(const char *v, char *why, size_t cap) {
+    return check_sla_ref(v, DG_DIM_RATIO, why, cap);
+}
+static int check_sla_time(const char *v, char *why, size_t cap) {
+    return check_sla_ref(v, DG_DIM_TIME, why, cap);
+}
 static int check_sla_tokrate(const char *v, char *why, size_t cap) {
     return check_sla_ref(v, DG_DIM_TOKRATE, why, cap);
 }
@@ -318,13 +322,15 @@ const dg_cfg_key_t dg_cfg_schema[] = {
 
     /* [sla] (docs/sla.md): one reference "target, lower, upper, unit" (the validation suite's syntax) or
      * "off" per objective, its window in samples and its Level-2 action */
-    BOOL("sla", "enabled", sla.enabled, "true", "judge the SLA objectives (false: none is judged, no sla events)"),
+    BOOL("sla", "enabled", sla.enabled, "true",
+         "judge the SLA objectives (false: none is judged, no sla events)"),
     INT("sla", "fire_after", sla.fire_after, "2", 1, 1000000,
         "violating windows in a row before a per-step objective raises Level-1 (event objectives: 1)"),
     INT("sla", "clear_after", sla.clear_after, "2", 1, 1000000,
         "clean windows in a row before a firing per-step objective clears (event objectives: 1)"),
     INT("sla", "level2_after", sla.level2_after, "4", 1, 1000000,
-        "violating windows in a row before a per-step objective takes its Level-2 action (event objectives: 1)"),
+        "violating windows in a row before a per-step objective takes its Level-2 action (event objectives: "
+        "1)"),
     FLT("sla", "warn_interval_s", sla.warn_interval_s, "60", 0, 1e9,
         "at most one Level-1 log line per objective per this many seconds"),
     INT("sla", "warmup_steps", sla.warmup_steps, "5", 0, I64MAX,
@@ -334,45 +340,62 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     FLT("sla", "budget_floor_s", sla.budget_floor_s, "0.1", 0, 1e6,
         "step_time budget never below this (s): a step faster than 1.3x it is never slow"),
     STR("sla", "step_time", sla.step_time, "1, none, 0.3, x", check_sla_ratio,
-        "step time over the adaptive budget (median of recent steps): '1, none, 0.3, x' = violated above 1.3x"),
+        "step time over the adaptive budget (median of recent steps): '1, none, 0.3, x' = violated above "
+        "1.3x"),
     INT("sla", "step_time_window", sla.step_time_window, "5", 1, 1024, "samples per step_time window"),
     ENUM("sla", "step_time_action", sla.step_time_action, "none", SLA_ACTIONS, "step_time Level-2 action"),
     STR("sla", "tokens_per_s", sla.tokens_per_s, "off", check_sla_tokrate,
         "tokens/s floor of all ranks together, e.g. '50000, -0.2, none, tok/s' (off until set)"),
-    INT("sla", "tokens_per_s_window", sla.tokens_per_s_window, "10", 1, 1024, "samples per tokens_per_s window"),
-    ENUM("sla", "tokens_per_s_action", sla.tokens_per_s_action, "none", SLA_ACTIONS, "tokens_per_s Level-2 action"),
+    INT("sla", "tokens_per_s_window", sla.tokens_per_s_window, "10", 1, 1024,
+        "samples per tokens_per_s window"),
+    ENUM("sla", "tokens_per_s_action", sla.tokens_per_s_action, "none", SLA_ACTIONS,
+         "tokens_per_s Level-2 action"),
     STR("sla", "exposed_comm", sla.exposed_comm, "0.5, none, 0, frac", check_sla_ratio,
         "fraction of the step spent in communication not hidden by compute (fed by the comm timers)"),
-    INT("sla", "exposed_comm_window", sla.exposed_comm_window, "10", 1, 1024, "samples per exposed_comm window"),
-    ENUM("sla", "exposed_comm_action", sla.exposed_comm_action, "none", SLA_ACTIONS, "exposed_comm Level-2 action"),
+    INT("sla", "exposed_comm_window", sla.exposed_comm_window, "10", 1, 1024,
+        "samples per exposed_comm window"),
+    ENUM("sla", "exposed_comm_action", sla.exposed_comm_action, "none", SLA_ACTIONS,
+         "exposed_comm Level-2 action"),
     STR("sla", "grad_sync_latency", sla.grad_sync_latency, "2, none, 0, s", check_sla_time,
         "latency of the gradient all-reduce/reduce-scatter (fed by the heartbeat/comm timers)"),
-    INT("sla", "grad_sync_latency_window", sla.grad_sync_latency_window, "10", 1, 1024, "samples per grad_sync_latency window"),
-    ENUM("sla", "grad_sync_latency_action", sla.grad_sync_latency_action, "none", SLA_ACTIONS, "grad_sync_latency Level-2 action"),
+    INT("sla", "grad_sync_latency_window", sla.grad_sync_latency_window, "10", 1, 1024,
+        "samples per grad_sync_latency window"),
+    ENUM("sla", "grad_sync_latency_action", sla.grad_sync_latency_action, "none", SLA_ACTIONS,
+         "grad_sync_latency Level-2 action"),
     STR("sla", "overflow_rate", sla.overflow_rate, "0.008, none, 0, frac", check_sla_ratio,
         "fraction of parameter tensors whose gradients hold inf/NaN (fed by the stability code)"),
-    INT("sla", "overflow_rate_window", sla.overflow_rate_window, "10", 1, 1024, "samples per overflow_rate window"),
-    ENUM("sla", "overflow_rate_action", sla.overflow_rate_action, "none", SLA_ACTIONS, "overflow_rate Level-2 action"),
+    INT("sla", "overflow_rate_window", sla.overflow_rate_window, "10", 1, 1024,
+        "samples per overflow_rate window"),
+    ENUM("sla", "overflow_rate_action", sla.overflow_rate_action, "none", SLA_ACTIONS,
+         "overflow_rate Level-2 action"),
     STR("sla", "loss_spike", sla.loss_spike, "6, none, 0, z", check_sla_zscore,
         "loss z-score against its moving average (fed by the stability code)"),
     INT("sla", "loss_spike_window", sla.loss_spike_window, "1", 1, 1024, "samples per loss_spike window"),
     ENUM("sla", "loss_spike_action", sla.loss_spike_action, "none", SLA_ACTIONS, "loss_spike Level-2 action"),
     STR("sla", "heartbeat_rtt", sla.heartbeat_rtt, "1, none, 0, s", check_sla_time,
         "heartbeat round trip (fed by the heartbeat)"),
-    INT("sla", "heartbeat_rtt_window", sla.heartbeat_rtt_window, "10", 1, 1024, "samples per heartbeat_rtt window"),
-    ENUM("sla", "heartbeat_rtt_action", sla.heartbeat_rtt_action, "none", SLA_ACTIONS, "heartbeat_rtt Level-2 action"),
+    INT("sla", "heartbeat_rtt_window", sla.heartbeat_rtt_window, "10", 1, 1024,
+        "samples per heartbeat_rtt window"),
+    ENUM("sla", "heartbeat_rtt_action", sla.heartbeat_rtt_action, "none", SLA_ACTIONS,
+         "heartbeat_rtt Level-2 action"),
     STR("sla", "checkpoint_stall", sla.checkpoint_stall, "120, none, 0, s", check_sla_time,
         "seconds the step loop was blocked by one checkpoint save"),
-    INT("sla", "checkpoint_stall_window", sla.checkpoint_stall_window, "1", 1, 1024, "samples per checkpoint_stall window"),
-    ENUM("sla", "checkpoint_stall_action", sla.checkpoint_stall_action, "none", SLA_ACTIONS, "checkpoint_stall Level-2 action"),
+    INT("sla", "checkpoint_stall_window", sla.checkpoint_stall_window, "1", 1, 1024,
+        "samples per checkpoint_stall window"),
+    ENUM("sla", "checkpoint_stall_action", sla.checkpoint_stall_action, "none", SLA_ACTIONS,
+         "checkpoint_stall Level-2 action"),
     STR("sla", "checkpoint_success", sla.checkpoint_success, "1, -0.5, none, frac", check_sla_ratio,
         "fraction of checkpoint saves that completed, per window of saves"),
-    INT("sla", "checkpoint_success_window", sla.checkpoint_success_window, "2", 1, 1024, "samples per checkpoint_success window"),
-    ENUM("sla", "checkpoint_success_action", sla.checkpoint_success_action, "none", SLA_ACTIONS, "checkpoint_success Level-2 action"),
+    INT("sla", "checkpoint_success_window", sla.checkpoint_success_window, "2", 1, 1024,
+        "samples per checkpoint_success window"),
+    ENUM("sla", "checkpoint_success_action", sla.checkpoint_success_action, "none", SLA_ACTIONS,
+         "checkpoint_success Level-2 action"),
     STR("sla", "recovery_time", sla.recovery_time, "600, none, 0, s", check_sla_time,
         "job start to the first step completed after a resume"),
-    INT("sla", "recovery_time_window", sla.recovery_time_window, "1", 1, 1024, "samples per recovery_time window"),
-    ENUM("sla", "recovery_time_action", sla.recovery_time_action, "none", SLA_ACTIONS, "recovery_time Level-2 action"),
+    INT("sla", "recovery_time_window", sla.recovery_time_window, "1", 1, 1024,
+        "samples per recovery_time window"),
+    ENUM("sla", "recovery_time_action", sla.recovery_time_action, "none", SLA_ACTIONS,
+         "recovery_time Level-2 action"),
 
     /* [topology] */
     STR("topology", "xml", topology.xml, "", NULL,
@@ -389,8 +412,8 @@ const dg_cfg_key_t dg_cfg_schema[] = {
 const int dg_cfg_nkeys = (int)(sizeof dg_cfg_schema / sizeof dg_cfg_schema[0]);
 _Static_assert(sizeof dg_cfg_schema / sizeof dg_cfg_schema[0] <= DG_CFG_MAX_KEYS, "raise DG_CFG_MAX_KEYS");
 
-const char *const dg_cfg_sections[] = {"run",      "model",      "data",   "train",
-                                       "parallel", "checkpoint", "health", "sla", "topology"};
+const char *const dg_cfg_sections[] = {"run",        "model",  "data", "train",   "parallel",
+                                       "checkpoint", "health", "sla",  "topology"};
 const int dg_cfg_nsections = (int)(sizeof dg_cfg_sections / sizeof dg_cfg_sections[0]);
 
 int dg_cfg_find(const char *section, const char *key) {

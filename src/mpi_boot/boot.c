@@ -49,7 +49,8 @@ static dg_status_t init_comms(dg_boot_t *b) {
     int64_t raw = 0;
     int rpn = env_ranks_per_node(&raw);
     if (rpn < 0) /* same on every rank (one environment), so every rank returns it */
-        return DG_ERR(DG_ERR_USAGE, "DG_BOOT_RANKS_PER_NODE='%lld': expected a positive integer", (long long)raw);
+        return DG_ERR(DG_ERR_USAGE, "DG_BOOT_RANKS_PER_NODE='%lld': expected a positive integer",
+                      (long long)raw);
     if (rpn > 0)
         DG_MPI_CHECK(MPI_Comm_split(b->world, b->world_rank / rpn, b->world_rank, &b->node));
     else

@@ -35,14 +35,20 @@ static const obj_info_t k_obj[DG_SLA_N] = {
 
 static const char *const k_act[] = {"none", "checkpoint", "rollback", "requeue", "pause"};
 
-const char *dg_sla_obj_name(dg_sla_obj_t o) { return (unsigned)o < DG_SLA_N ? k_obj[o].name : NULL; }
+const char *dg_sla_obj_name(dg_sla_obj_t o) {
+    return (unsigned)o < DG_SLA_N ? k_obj[o].name : NULL;
+}
 int dg_sla_obj_find(const char *name) {
     for (int i = 0; i < DG_SLA_N; i++)
         if (strcmp(k_obj[i].name, name) == 0) return i;
     return -1;
 }
-dg_dim_t dg_sla_obj_dim(dg_sla_obj_t o) { return k_obj[o].dim; }
-int dg_sla_obj_is_event(dg_sla_obj_t o) { return k_obj[o].is_event; }
+dg_dim_t dg_sla_obj_dim(dg_sla_obj_t o) {
+    return k_obj[o].dim;
+}
+int dg_sla_obj_is_event(dg_sla_obj_t o) {
+    return k_obj[o].is_event;
+}
 const char *dg_sla_action_name(dg_sla_action_t a) {
     return (unsigned)a < sizeof k_act / sizeof *k_act ? k_act[a] : "?";
 }
@@ -52,8 +58,8 @@ int dg_sla_action_parse(const char *t) {
     return -1;
 }
 
-dg_status_t dg_sla_cfg_set(dg_sla_cfg_t *c, dg_sla_obj_t o, const char *where, const char *ref_text, int window,
-                           const char *action_text) {
+dg_status_t dg_sla_cfg_set(dg_sla_cfg_t *c, dg_sla_obj_t o, const char *where, const char *ref_text,
+                           int window, const char *action_text) {
     dg_sla_obj_cfg_t *oc = &c->obj[o];
     char key[64];
     dg_fmt(key, sizeof key, "sla.%s", k_obj[o].name);
@@ -95,10 +101,10 @@ void dg_sla_cfg_defaults(dg_sla_cfg_t *c) {
 
 typedef struct {
     double win[GOV_MAX_WINDOW];
-    int n;                     /* samples in the current window */
-    int bad_run, good_run;     /* violating / clean windows in a row */
-    int firing;                /* Level-1 state */
-    double last_log;           /* rate limit of the Level-1 log line */
+    int n;                 /* samples in the current window */
+    int bad_run, good_run; /* violating / clean windows in a row */
+    int firing;            /* Level-1 state */
+    double last_log;       /* rate limit of the Level-1 log line */
     int64_t samples, windows, violating, level1, level2;
 } obj_state_t;
 
@@ -127,8 +133,12 @@ dg_gov_t *dg_gov_create(const dg_sla_cfg_t *cfg, dg_gov_event_fn fn, void *ctx) 
     return g;
 }
 
-void dg_gov_free(dg_gov_t *g) { free(g); }
-void dg_gov_set_clock(dg_gov_t *g, double (*now)(void)) { g->now = now ? now : dg_now_s; }
+void dg_gov_free(dg_gov_t *g) {
+    free(g);
+}
+void dg_gov_set_clock(dg_gov_t *g, double (*now)(void)) {
+    g->now = now ? now : dg_now_s;
+}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

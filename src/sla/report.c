@@ -177,7 +177,11 @@ static void rows(const rep_t *r, const dg_config_t *cfg, rep_row_t *row) {
             if (!strcmp(r->ev[k].kind, "sla") && !strcmp(r->ev[k].objective, w->obj))
                 r->ev[k].level >= 2 ? l2++ : l1++;
         snprintf(w->verdict, sizeof w->verdict, "%s",
-                 l2 ? "LEVEL-2" : l1 ? "LEVEL-1" : !on ? "off" : measured ? "met" : "no data");
+                 l2         ? "LEVEL-2"
+                 : l1       ? "LEVEL-1"
+                 : !on      ? "off"
+                 : measured ? "met"
+                            : "no data");
     }
 }
 
@@ -238,7 +242,8 @@ static void print_json(const char *dir, const rep_t *r, const rep_row_t *row) {
     for (int k = 0; k < r->n_rec; k++)
         printf("%s{\"step\":%.0f,\"recovery_time_s\":%.6g,\"boot_s\":%.6g,\"checkpoint_read_s\":%.6g,"
                "\"plan_build_s\":%.6g,\"lost_steps\":%.0f}",
-               k ? "," : "", r->rec[k][0], r->rec[k][1], r->rec[k][2], r->rec[k][3], r->rec[k][4], r->rec[k][5]);
+               k ? "," : "", r->rec[k][0], r->rec[k][1], r->rec[k][2], r->rec[k][3], r->rec[k][4],
+               r->rec[k][5]);
     printf("],\"checkpoints\":{\"complete\":%d,\"failed\":%d}}\n", r->ck_ok, r->ck_failed);
 }
 
@@ -264,8 +269,8 @@ int dg_sla_report_main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     FILE *f = fopen(path, "r");
     if (!f) {
-        fprintf(stderr, "dgtrain report: cannot read %s: %s (is %s a run directory?)\n", path, strerror(errno),
-                dir);
+        fprintf(stderr, "dgtrain report: cannot read %s: %s (is %s a run directory?)\n", path,
+                strerror(errno), dir);
         return 2;
     }
     rep_t *r = dg_xcalloc(1, sizeof *r);

@@ -86,8 +86,8 @@ typedef struct {
 void dg_sla_cfg_defaults(dg_sla_cfg_t *c);
 /* Set one objective from config text: ref "target, lower, upper, unit" or "off"; action one of the
  * action names. `where` names the source in errors (DG_ERR_USAGE). */
-dg_status_t dg_sla_cfg_set(dg_sla_cfg_t *c, dg_sla_obj_t o, const char *where, const char *ref_text, int window,
-                           const char *action_text);
+dg_status_t dg_sla_cfg_set(dg_sla_cfg_t *c, dg_sla_obj_t o, const char *where, const char *ref_text,
+                           int window, const char *action_text);
 
 typedef struct {
     dg_sla_obj_t objective;

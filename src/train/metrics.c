@@ -269,12 +269,11 @@ dg_status_t dg_metrics_event_raw(dg_metrics_t *m, const char *event, const char 
 }
 
 dg_status_t dg_metrics_step(dg_metrics_t *m, const dg_step_metrics_t *s) {
-    return DG_METRICS_EVENT(m, "step", DG_JI("step", s->step), DG_JF("loss", s->loss), DG_JF("lr", s->lr),
-                            DG_JF("grad_norm", s->grad_norm), DG_JI("tokens", s->tokens),
-                            DG_JF("tok_per_s", s->tok_per_s), DG_JF("step_ms", s->step_ms),
-                            DG_JF("mfu", s->mfu), DG_JF("overflow_rate", s->overflow_rate),
-                            DG_JF("overflow_rate_mean", s->overflow_rate_mean),
-                            DG_JF("grad_sync_ms", s->grad_sync_ms));
+    return DG_METRICS_EVENT(
+        m, "step", DG_JI("step", s->step), DG_JF("loss", s->loss), DG_JF("lr", s->lr),
+        DG_JF("grad_norm", s->grad_norm), DG_JI("tokens", s->tokens), DG_JF("tok_per_s", s->tok_per_s),
+        DG_JF("step_ms", s->step_ms), DG_JF("mfu", s->mfu), DG_JF("overflow_rate", s->overflow_rate),
+        DG_JF("overflow_rate_mean", s->overflow_rate_mean), DG_JF("grad_sync_ms", s->grad_sync_ms));
 }
 
 /* ---------------- FLOPs and MFU ---------------- */

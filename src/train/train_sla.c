@@ -192,8 +192,9 @@ void trn_sla_test_slow(trainer_t *tr, int64_t step) {
     int64_t r = dg_env_int("DG_TEST_SLOW_RANK"), from = dg_env_int("DG_TEST_SLOW_STEP");
     double ms = dg_env_double("DG_TEST_SLOW_MS");
     if (r != tr->rank || from < 0 || step + 1 < from || !(ms > 0)) return;
-    if (step + 1 == from) DG_LOG_WARN("test hook DG_TEST_SLOW_RANK=%lld: rank %d sleeps %.0f ms per step from step %lld",
-                                      (long long)r, tr->rank, ms, (long long)from);
+    if (step + 1 == from)
+        DG_LOG_WARN("test hook DG_TEST_SLOW_RANK=%lld: rank %d sleeps %.0f ms per step from step %lld",
+                    (long long)r, tr->rank, ms, (long long)from);
     usleep((useconds_t)(ms * 1e3));
 }
 

@@ -20,12 +20,12 @@ typedef struct {
     dg_gov_t *gov;
     int pending; /* this rank's most severe Level-2 verdict since the last agreement: action*16+objective */
     int agreed;  /* the same code agreed (max) by the ranks at the last step agreement (0: none) */
-    int stop;            /* DG_SLA_ACT_REQUEUE / _PAUSE: the loop ends with a checkpoint and that exit */
-    int exclude_next;    /* the next step follows a checkpoint, validation or resume: not a step_time sample */
-    double t_entry;      /* monotonic time dg_train_run was entered */
-    double boot_s;       /* process start -> dg_train_run (MPI init, topology, binding) */
-    double plan_s;       /* setup: backend, mesh/plan, model, data */
-    double read_s;       /* checkpoint read (resume) */
+    int stop;    /* DG_SLA_ACT_REQUEUE / _PAUSE: the loop ends with a checkpoint and that exit */
+    int exclude_next; /* the next step follows a checkpoint, validation or resume: not a step_time sample */
+    double t_entry;   /* monotonic time dg_train_run was entered */
+    double boot_s;    /* process start -> dg_train_run (MPI init, topology, binding) */
+    double plan_s;    /* setup: backend, mesh/plan, model, data */
+    double read_s;    /* checkpoint read (resume) */
     int resumed, recovery_done;
     int64_t lost_steps, lost_tokens; /* work lost by the resume: -1 unknown */
     int64_t prev_step;               /* the step the previous attempt reached (metrics.jsonl), -1 unknown */

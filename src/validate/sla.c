@@ -76,7 +76,9 @@ static const dg_validate_metric_t *find_metric(const char *name) {
 
 /* The units and the reference helpers are src/sla/dg_sla_ref.h (one parser for validation/sla.ini and
  * the training [sla] section); dg_validate_unit_factor stays as this suite's name for the lookup. */
-double dg_validate_unit_factor(const char *unit, dg_dim_t *dim) { return dg_sla_unit_factor(unit, dim); }
+double dg_validate_unit_factor(const char *unit, dg_dim_t *dim) {
+    return dg_sla_unit_factor(unit, dim);
+}
 
 int dg_sla_count_ok(const dg_sla_count_t *c, int v) {
     if (c->any) return 1;

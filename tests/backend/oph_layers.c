@@ -146,8 +146,18 @@ void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     void *gx2 = oph_dalloc(h, A, n), *gw2 = oph_dalloc(h, DG_F32, C), *gb2 = oph_dalloc(h, DG_F32, C);
     ln_bwd_t lb = {dy, dx, dw, m1, r1, N, C};
     ln_ctx_t cx = {x, w, b, fd ? oph_hnew(h, n) : NULL, dout, N, C};
-    const oph_bwd3_t bw = {{"dinp", "dw", "db"}, {gx1, gw1, gb1}, {gx2, gw2, gb2}, A, {n, C, C},
-                           {rdx, rdw, rdb}, tb, ln_bwd_run, &lb, fd ? ln_obj : NULL, &cx, {x, w, b}};
+    const oph_bwd3_t bw = {{"dinp", "dw", "db"},
+                           {gx1, gw1, gb1},
+                           {gx2, gw2, gb2},
+                           A,
+                           {n, C, C},
+                           {rdx, rdw, rdb},
+                           tb,
+                           ln_bwd_run,
+                           &lb,
+                           fd ? ln_obj : NULL,
+                           &cx,
+                           {x, w, b}};
     oph_check_bwd3(h, &bw);
     oph_case_end(h);
 }

@@ -71,8 +71,18 @@ void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd)
     void *gx2 = oph_dalloc(h, A, nx), *gw2 = oph_dalloc(h, DG_F32, nw), *gb2 = oph_dalloc(h, DG_F32, OC);
     mm_bwd_t mb = {dy, dx, dw, N, C, OC};
     mm_ctx_t cx = {x, w, bias, fd ? oph_hnew(h, no) : NULL, dout, N, C, OC};
-    const oph_bwd3_t bw = {{"dinp", "dw", "dbias"}, {gx1, gw1, gb1}, {gx2, gw2, gb2}, A, {nx, nw, OC},
-                           {rdx, rdw, rdb}, tb, mm_bwd_run, &mb, fd ? mm_obj : NULL, &cx, {x, w, bias}};
+    const oph_bwd3_t bw = {{"dinp", "dw", "dbias"},
+                           {gx1, gw1, gb1},
+                           {gx2, gw2, gb2},
+                           A,
+                           {nx, nw, OC},
+                           {rdx, rdw, rdb},
+                           tb,
+                           mm_bwd_run,
+                           &mb,
+                           fd ? mm_obj : NULL,
+                           &cx,
+                           {x, w, bias}};
     oph_check_bwd3(h, &bw);
     /* run 4: no input gradient and no bias gradient wanted */
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));

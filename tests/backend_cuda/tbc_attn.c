@@ -87,7 +87,7 @@ static attn_res_t attn_run(dg_backend_t *be, dg_dtype_t act, const float *h, int
     const dg_backend_ops_t *op = be->ops;
     const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
     uint16_t *poison = dg_xmalloc(nqkv * sizeof(uint16_t));
-    memset(poison, 0xff, nqkv * sizeof(uint16_t)); /* NaN in bf16, f16 and (for aux) f32 */
+    memset(poison, 0xff, nqkv * sizeof(uint16_t));            /* NaN in bf16, f16 and (for aux) f32 */
     attn_bufs_t d = attn_bufs(be, act, h, nout, B, T, C, NH); /* dout: other values than q's */
     MUST(op->to_device(be, d.out, poison, nout * 2));
     MUST(op->to_device(be, d.dqkv, poison, nqkv * 2));

@@ -103,7 +103,7 @@ dg_status_t dg_cpu_crossentropy_fused(dg_backend_t *be, float *losses, float *ls
  * message names the first NULL one by its spelling in the list). */
 dg_status_t dg_cpu_nonnulls(const char *op, const char *names, const void *const *ptrs, int n);
 #define DG_CPU_NONNULLS(op, ...)                                                                             \
-    DG_TRY(dg_cpu_nonnulls((op), #__VA_ARGS__, (const void *const[]){__VA_ARGS__},                         \
+    DG_TRY(dg_cpu_nonnulls((op), #__VA_ARGS__, (const void *const[]){__VA_ARGS__},                           \
                            (int)(sizeof((const void *const[]){__VA_ARGS__}) / sizeof(const void *))))
 #define DG_CPU_POSITIVE(op, v)                                                                               \
     do {                                                                                                     \

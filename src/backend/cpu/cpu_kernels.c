@@ -392,8 +392,8 @@ dg_status_t dg_cpu_crossentropy_fwd(dg_backend_t *be, float *losses, float *lse,
                                     const int32_t *targets, int N, int V, int Vp) {
     const char *op = "crossentropy_fwd";
     DG_CPU_NONNULLS(op, losses, lse, logits, targets);
-    ce_arg_t a = {.losses = losses, .lse = lse, .logits = logits, .targets = targets, .N = N, .V = V,
-                  .Vp = Vp};
+    ce_arg_t a = {
+        .losses = losses, .lse = lse, .logits = logits, .targets = targets, .N = N, .V = V, .Vp = Vp};
     return ce_run(be, op, a, (size_t)N * V);
 }
 
@@ -401,8 +401,14 @@ dg_status_t dg_cpu_crossentropy_bwd(dg_backend_t *be, void *dlogits, const void 
                                     const int32_t *targets, int N, int V, int Vp, float dloss) {
     const char *op = "crossentropy_bwd";
     DG_CPU_NONNULLS(op, dlogits, logits, lse, targets);
-    ce_arg_t a = {.dlogits = dlogits, .lse_in = lse, .logits = logits, .targets = targets, .N = N, .V = V,
-                  .Vp = Vp, .dloss = dloss};
+    ce_arg_t a = {.dlogits = dlogits,
+                  .lse_in = lse,
+                  .logits = logits,
+                  .targets = targets,
+                  .N = N,
+                  .V = V,
+                  .Vp = Vp,
+                  .dloss = dloss};
     return ce_run(be, op, a, (size_t)N * Vp);
 }
 
@@ -411,7 +417,14 @@ dg_status_t dg_cpu_crossentropy_fused(dg_backend_t *be, float *losses, float *ls
                                       float dloss) {
     const char *op = "crossentropy_fused";
     DG_CPU_NONNULLS(op, losses, lse, dlogits, logits, targets);
-    ce_arg_t a = {.losses = losses, .lse = lse, .dlogits = dlogits, .logits = logits, .targets = targets,
-                  .N = N, .V = V, .Vp = Vp, .dloss = dloss};
+    ce_arg_t a = {.losses = losses,
+                  .lse = lse,
+                  .dlogits = dlogits,
+                  .logits = logits,
+                  .targets = targets,
+                  .N = N,
+                  .V = V,
+                  .Vp = Vp,
+                  .dloss = dloss};
     return ce_run(be, op, a, (size_t)N * Vp);
 }
