@@ -61,6 +61,13 @@ double dg_sla_ref_limit(const dg_sla_ref_t *r);
 /* Human text: ">= 8.00 GB/s (target 10 GB/s, -20%)" or "8.00 .. 12.00 GB/s" etc. */
 void dg_sla_ref_format(const dg_sla_ref_t *r, char *buf, size_t cap);
 
+/* The value parsing both INI readers share: trim white space in place (returns the first non-space);
+ * a finite double with nothing but spaces after it (0, else -1); split a comma-separated list in place
+ * into at most max trimmed items (their count, -1 when there are more). */
+char *dg_sla_trim(char *s);
+int dg_sla_parse_double(const char *v, double *out);
+int dg_sla_split_list(char *v, char **items, int max);
+
 #ifdef __cplusplus
 }
 #endif

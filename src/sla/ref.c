@@ -120,7 +120,7 @@ void dg_sla_ref_format(const dg_sla_ref_t *r, char *buf, size_t cap) {
         snprintf(buf, cap, "any (target %s %s)", t, r->unit);
 }
 
-static char *trim(char *s) {
+char *dg_sla_trim(char *s) {
     while (isspace((unsigned char)*s))
         s++;
     size_t n = strlen(s);
@@ -129,22 +129,22 @@ static char *trim(char *s) {
     return s;
 }
 
-static int parse_double(const char *v, double *out) {
+int dg_sla_parse_double(const char *v, double *out) {
     char *end;
     errno = 0;
     double d = strtod(v, &end);
-    if (end == v || *trim(end) || errno == ERANGE || !isfinite(d)) return -1;
+    if (end == v || *dg_sla_trim(end) || errno == ERANGE || !isfinite(d)) return -1;
     *out = d;
     return 0;
 }
 
 /* Split a comma-separated list in place; returns the number of items (trimmed), -1 when > max. */
-static int split_list(char *v, char **items, int max) {
+int dg_sla_split_list(char *v, char **items, int max) {
     int n = 0;
     char *save = NULL;
     for (char *tok = strtok_r(v, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (n == max) return -1;
-        items[n++] = trim(tok);
+        items[n++] = dg_sla_trim(tok);
     }
     return n;
 }
@@ -154,7 +154,7 @@ dg_status_t dg_sla_ref_parse(const char *where, const char *key, const char *v, 
     char copy[256];
     snprintf(copy, sizeof copy, "%s", v);
     char *f[8];
-    int n = split_list(copy, f, 8);
+    int n = dg_sla_split_list(copy, f, 8);
     if (n != 4)
         return DG_ERR(
             DG_ERR_USAGE,
@@ -162,7 +162,7 @@ dg_status_t dg_sla_ref_parse(const char *where, const char *key, const char *v, 
             "field(s)",
             where, key, v, n < 0 ? 9 : n);
     memset(r, 0, sizeof *r);
-    if (parse_double(f[0], &r->target) || r->target <= 0)
+    if (dg_sla_parse_double(f[0], &r->target) || r->target <= 0)
         return DG_ERR(DG_ERR_USAGE, "%s: %s: target '%s' must be a number > 0", where, key, f[0]);
     for (int b = 0; b < 2; b++) {
         const char *t = f[1 + b];
@@ -172,7 +172,7 @@ dg_status_t dg_sla_ref_parse(const char *where, const char *key, const char *v, 
             *has = 0;
             continue;
         }
-        if (parse_double(t, val))
+        if (dg_sla_parse_double(t, val))
             return DG_ERR(DG_ERR_USAGE,
                           "%s: %s: %s threshold '%s' must be a fraction of the target or 'none'", where, key,
                           b ? "upper" : "lower", t);

@@ -220,29 +220,11 @@ const dg_sla_ref_t *dg_sla_ref(const dg_sla_t *s, int type, const char *metric) 
 
 /* ---------------------------------------------------------------- value parsers */
 
-static char *trim(char *s) {
-    while (isspace((unsigned char)*s))
-        s++;
-    size_t n = strlen(s);
-    while (n && isspace((unsigned char)s[n - 1]))
-        s[--n] = 0;
-    return s;
-}
-
-static int parse_double(const char *v, double *out) {
-    char *end;
-    errno = 0;
-    double d = strtod(v, &end);
-    if (end == v || *trim(end) || errno == ERANGE || !isfinite(d)) return -1;
-    *out = d;
-    return 0;
-}
-
 static int parse_int(const char *v, long long lo, long long hi, int *out) {
     char *end;
     errno = 0;
     long long x = strtoll(v, &end, 10);
-    if (end == v || *trim(end) || errno == ERANGE || x < lo || x > hi) return -1;
+    if (end == v || *dg_sla_trim(end) || errno == ERANGE || x < lo || x > hi) return -1;
     *out = (int)x;
     return 0;
 }
@@ -289,22 +271,11 @@ static int parse_size(const char *v, long long *out) {
         break;
     }
     if (toupper((unsigned char)*end) == 'B') end++;
-    if (*trim(end)) return -1;
+    if (*dg_sla_trim(end)) return -1;
     double b = d * mul;
     if (b < 1 || b > 64.0 * 1073741824.0 || b != floor(b)) return -1;
     *out = (long long)b;
     return 0;
-}
-
-/* Split a comma-separated list in place; returns the number of items (trimmed), -1 when > max. */
-static int split_list(char *v, char **items, int max) {
-    int n = 0;
-    char *save = NULL;
-    for (char *tok = strtok_r(v, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (n == max) return -1;
-        items[n++] = trim(tok);
-    }
-    return n;
 }
 
 /* ---------------------------------------------------------------- suggestions */
@@ -406,7 +377,7 @@ static dg_status_t set_setting(dg_sla_t *s, const char *where, const char *key, 
         return DG_OK;
     case ST_FRAC: {
         double d;
-        if (parse_double(v, &d) || d <= 0 || d > 1)
+        if (dg_sla_parse_double(v, &d) || d <= 0 || d > 1)
             return DG_ERR(DG_ERR_USAGE, "%s: validate.%s = '%s': expected a fraction in (0, 1]", where, key,
                           v);
         *(double *)p = d;
@@ -416,7 +387,7 @@ static dg_status_t set_setting(dg_sla_t *s, const char *where, const char *key, 
     case ST_NONNEG_DBL: {
         double d;
         int pos = st->kind == ST_POS_DBL;
-        if (parse_double(v, &d) || (pos ? d <= 0 : d < 0))
+        if (dg_sla_parse_double(v, &d) || (pos ? d <= 0 : d < 0))
             return DG_ERR(DG_ERR_USAGE, "%s: validate.%s = '%s': expected a number %s 0", where, key, v,
                           pos ? ">" : ">=");
         *(double *)p = d;
@@ -424,7 +395,7 @@ static dg_status_t set_setting(dg_sla_t *s, const char *where, const char *key, 
     }
     case ST_SIZES: {
         char *items[40];
-        int n = split_list(v, items, 40);
+        int n = dg_sla_split_list(v, items, 40);
         if (n <= 0 || n > 32)
             return DG_ERR(DG_ERR_USAGE,
                           "%s: validate.%s: expected 1 to 32 comma-separated sizes (e.g. 8, 64K, 1M)", where,
@@ -450,7 +421,7 @@ static dg_status_t set_setting(dg_sla_t *s, const char *where, const char *key, 
         char copy[512];
         snprintf(copy, sizeof copy, "%s", v);
         char *items[64];
-        int n = split_list(copy, items, 64);
+        int n = dg_sla_split_list(copy, items, 64);
         if (n <= 0)
             return DG_ERR(DG_ERR_USAGE, "%s: validate.%s: expected 'all' or a list of checks", where, key);
         for (int k = 0; k < n; k++) {
@@ -477,7 +448,7 @@ static dg_status_t set_setting(dg_sla_t *s, const char *where, const char *key, 
         char copy[64];
         snprintf(copy, sizeof copy, "%s", v);
         char *items[4];
-        int n = split_list(copy, items, 4);
+        int n = dg_sla_split_list(copy, items, 4);
         int ok = n > 0;
         for (int k = 0; k < n && ok; k++)
             ok = strcmp(items[k], "auto") == 0
@@ -557,7 +528,7 @@ static dg_status_t set_node_key(dg_sla_t *s, int t, const char *where, int line,
         char copy[1024];
         snprintf(copy, sizeof copy, "%s", v);
         char *items[SLA_MAX_MATCH + 1];
-        int m = split_list(copy, items, SLA_MAX_MATCH);
+        int m = dg_sla_split_list(copy, items, SLA_MAX_MATCH);
         if (m <= 0)
             return DG_ERR(DG_ERR_USAGE,
                           "%s: match: expected 1 to %d comma-separated host globs (e.g. gpu-h200-*)", where,
@@ -630,7 +601,7 @@ static dg_status_t open_section(parse_t *p, const char *where, char *sec) {
         return DG_OK;
     }
     if (strncmp(sec, "node:", 5) == 0) {
-        char *name = trim(sec + 5);
+        char *name = dg_sla_trim(sec + 5);
         if (!*name || strlen(name) >= sizeof s->types[0].name)
             return DG_ERR(DG_ERR_USAGE, "%s: [node:%s]: expected a node type name of 1 to 63 characters",
                           where, name);
@@ -700,7 +671,7 @@ static char *reader(char *str, int num, void *stream) {
         if (sl >= sizeof sec) sl = sizeof sec - 1;
         memcpy(sec, line + 1, sl);
         sec[sl] = 0;
-        dg_status_t s = open_section(p, where, trim(sec));
+        dg_status_t s = open_section(p, where, dg_sla_trim(sec));
         if (s) {
             fail(p, s);
             return NULL;
@@ -721,7 +692,7 @@ static int on_key(void *user, const char *section, const char *name, const char 
     char key[256], val[1024];
     snprintf(key, sizeof key, "%s", name);
     snprintf(val, sizeof val, "%s", value);
-    char *k = trim(key), *v = trim(val);
+    char *k = dg_sla_trim(key), *v = dg_sla_trim(val);
     size_t vl = strlen(v);
     if (vl >= 2 && ((v[0] == '"' && v[vl - 1] == '"') || (v[0] == '\'' && v[vl - 1] == '\''))) {
         v[vl - 1] = 0;
@@ -832,5 +803,5 @@ dg_status_t dg_sla_set(dg_sla_t *s, const char *kv) {
     char key[128], val[1024];
     snprintf(key, sizeof key, "%.*s", (int)(eq - kv - 9), kv + 9);
     snprintf(val, sizeof val, "%s", eq + 1);
-    return set_setting(s, where, trim(key), trim(val));
+    return set_setting(s, where, dg_sla_trim(key), dg_sla_trim(val));
 }

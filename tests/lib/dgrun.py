@@ -82,3 +82,19 @@ def small_gpt(comment, run, train, model=None, data=None, parallel=None, checkpo
     }
     sections.update(extra or {})
     return ini(comment, sections)
+
+
+def in_workdir(prefix, body):
+    """Runs body(work) in a fresh temporary directory: PASS (exit 0, the directory removed) or, on a Fail,
+    "FAIL: ... (work dir kept)" and exit 1 — the case runner of the single-case test scripts."""
+    import shutil
+    import tempfile
+    work = tempfile.mkdtemp(prefix=prefix)
+    try:
+        body(work)
+    except Fail as e:
+        print("FAIL: %s (work dir %s kept)" % (e, work))
+        return 1
+    shutil.rmtree(work, ignore_errors=True)
+    print("PASS")
+    return 0

@@ -15,14 +15,12 @@ docs/design.md §1 "Run identity", README "Monitoring"), at 2 ranks on the CPU.
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import dgrun  # noqa: E402
-from dgrun import Fail, check  # noqa: E402
+from dgrun import check  # noqa: E402
 
 PROM_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"'
                        r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*")*)\} (\S+)$')
@@ -90,8 +88,8 @@ def check_prom(run_dir, run_id, job, step):
 
 def main():
     exe, mpi = sys.argv[1], sys.argv[2:]
-    work = tempfile.mkdtemp(prefix="dgt-observe-")
-    try:
+
+    def body(work):
         cfg = os.path.join(work, "cfg.ini")
         with open(cfg, "w") as f:
             f.write(dgrun.small_gpt("written by tests/train/test_observe.py", run={"name": "obs", "seed": 3},
@@ -129,12 +127,8 @@ def main():
         check(res and res[0]["run_id"] == rid and res[0]["attempt"] == 3, "resume line %s" % res)
         check_metrics(after[after.index(res[0]):], rid, 3, None)
         print("  checkpoint resumed into a new run dir: run %s adopted, attempt 3" % rid)
-    except Fail as e:
-        print("FAIL: %s (work dir %s kept)" % (e, work))
-        return 1
-    shutil.rmtree(work, ignore_errors=True)
-    print("PASS")
-    return 0
+
+    return dgrun.in_workdir("dgt-observe-", body)
 
 
 if __name__ == "__main__":

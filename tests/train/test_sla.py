@@ -12,10 +12,8 @@ with the real dgtrain at 2 ranks on the CPU, and `dgtrain report`.
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import dgrun  # noqa: E402
@@ -52,8 +50,8 @@ def sla_step_time(run_dir, level):
 
 def main():
     case, exe, mpi = sys.argv[1], sys.argv[2], sys.argv[3:]
-    work = tempfile.mkdtemp(prefix="dgt-sla-")
-    try:
+
+    def body(work):
         cfg = os.path.join(work, "cfg.ini")
         with open(cfg, "w") as f:
             f.write(dgrun.small_gpt("written by tests/train/test_sla.py", run={"name": "sla", "seed": 9},
@@ -96,12 +94,8 @@ def main():
                 print("  resumed: finished, recovery %s" % {k: v for k, v in rec[-1].items() if k not in ("time",)})
         else:
             raise Fail("unknown case %s" % case)
-    except Fail as e:
-        print("FAIL: %s (work dir %s kept)" % (e, work))
-        return 1
-    shutil.rmtree(work, ignore_errors=True)
-    print("PASS")
-    return 0
+
+    return dgrun.in_workdir("dgt-sla-", body)
 
 
 if __name__ == "__main__":

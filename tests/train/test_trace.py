@@ -12,14 +12,12 @@
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import dgrun  # noqa: E402
-from dgrun import Fail, check  # noqa: E402
+from dgrun import check  # noqa: E402
 
 
 def run(exe, mpi, cfg, run_dir, trace, rc=0):
@@ -58,8 +56,8 @@ def check_trace(run_dir, steps):
 
 def main():
     exe, mpi = sys.argv[1], sys.argv[2:]
-    work = tempfile.mkdtemp(prefix="dgt-trace-")
-    try:
+
+    def body(work):
         cfg = os.path.join(work, "cfg.ini")
         with open(cfg, "w") as f:
             f.write(dgrun.small_gpt("written by tests/train/test_trace.py", run={"name": "trace", "seed": 5},
@@ -78,12 +76,8 @@ def main():
             out = run(exe, mpi, cfg, os.path.join(work, "bad"), bad, rc=1)
             check("run.trace" in out and "A:B" in out, "--trace %s: %s" % (bad, out[-400:]))
         print("  --trace 3:2 and x: exit 1 naming run.trace")
-    except Fail as e:
-        print("FAIL: %s (work dir %s kept)" % (e, work))
-        return 1
-    shutil.rmtree(work, ignore_errors=True)
-    print("PASS")
-    return 0
+
+    return dgrun.in_workdir("dgt-trace-", body)
 
 
 if __name__ == "__main__":
