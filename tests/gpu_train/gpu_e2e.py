@@ -340,7 +340,8 @@ def case_graph(env):
     # bf16, and fp16 whose loss scale grows every 4 steps (dloss and the scale inverse are baked into the
     # recordings, so each change must record again); global batch 8 = 2 micro-batches of 4 (the
     # forward/backward graph replays twice per step)
-    for prec, extra in (("bf16", []), ("fp16", ["train.loss_scale_init=1024", "train.loss_scale_growth_interval=4"])):
+    for prec, extra in (("bf16", []), ("fp16", ["train.loss_scale_init=1024", "train.loss_scale_growth=fixed",
+                                                     "train.loss_scale_growth_interval=4"])):
         on = env.train(1, prec + "_graph", ["train.precision=" + prec] + extra)
         off = env.train(1, prec + "_eager", ["train.precision=" + prec, "parallel.cuda_graph=false"] + extra)
         rec = events(on, "cuda_graph")
