@@ -27,9 +27,6 @@ COMMON = ["train.steps=2", "model.n_layer=3", "train.log_every=1", "data.val_eve
 BACKEND = os.environ.get("RECOMPUTE_BACKEND", "")
 PRECISION = os.environ.get("RECOMPUTE_PRECISION", "")
 RTOL = float(os.environ.get("RECOMPUTE_RTOL", "0"))
-# CUDA, fp32, tp = 2 (two ranks sharing the GPU): the grad_norm of step 2 differed from none's in its last
-# bits at recompute=selective (2026-12-03, bench/RESULTS.md attempt 11): judged within this until found
-TP_RTOL = float(os.environ.get("RECOMPUTE_TP_RTOL", "-1"))
 if BACKEND:
     COMMON += ["parallel.backend=" + BACKEND]
 if PRECISION:
@@ -61,7 +58,7 @@ def run(cmd, run_dir, sets, env):
 
 def compare(work, cmd, mesh, levels, env):
     sets = ["parallel.mesh=" + mesh] if mesh else []
-    rtol = TP_RTOL if TP_RTOL >= 0 and mesh and "tp=2" in mesh else RTOL
+    rtol = RTOL
     ref_arena, ref = None, None
     arenas = []
     for lv in levels:
