@@ -206,24 +206,19 @@ static dg_status_t timed_call(cn_t *m, mk_call_t *c, const char *what, ncclComm_
     }
     pthread_join(th, NULL);
     ncclResult_t r = c->r;
+    ncclComm_t made = c->out;
     /* a non-blocking comm (c->cfg.blocking == 0) may still be working: the parent (split, finalize)
-     * and the new comm are polled until done. NCCL may write the new handle (c->out) only when a
-     * non-blocking split completes, so c stays allocated and c->out is read after the parent settled
-     * (seen on the H200 machine's NCCL: a handle read at once was NULL) */
+     * and the new comm are polled until done */
     int pending = c->cfg.blocking == 0 && r == ncclInProgress;
     ncclComm_t parent = c->comm;
+    free(c);
     if (pending) r = ncclSuccess;
     dg_status_t s = DG_OK;
     if (r != ncclSuccess)
-        s = nccl_error(c->out, r, what);
+        s = nccl_error(made, r, what);
     else if (pending && parent)
         s = settle(m, parent, what);
-    ncclComm_t made = c->out;
-    int makes = c->kind == MK_INIT || (c->kind == MK_SPLIT && c->color != NCCL_SPLIT_NOCOLOR);
-    free(c);
     if (s == DG_OK && pending && made) s = settle(m, made, what);
-    if (s == DG_OK && !made && makes)
-        s = DG_ERR(DG_ERR_RUNTIME, "%s on %s (nccl): NCCL returned no communicator", what, m->base.name);
     if (s != DG_OK) {
         if (made) ncclCommAbort(made);
         return s;
