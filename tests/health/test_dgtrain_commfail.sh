@@ -29,7 +29,7 @@ trap cleanup EXIT
 SETS=(--set checkpoint.every=0 --set "health.timeout_s=$TIMEOUT" --set health.liveness_floor_s=5)
 if [ "$MODE" = gpu ]; then
     n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-    [ "${n:-0}" -ge 2 ] || dg_skip "the nccl communicator failure test needs 2 GPUs, the driver reports ${n:-0}"
+    [ "${n:-0}" -ge 2 ] || dg_skip --gpus 2 "the nccl communicator failure test needs 2 GPUs, the driver reports ${n:-0}"
     SETS+=(--set parallel.backend=cuda --set parallel.comm=nccl --set parallel.mesh=dp_shard=2)
     export NCCL_NVLS_ENABLE=0
 else
