@@ -35,23 +35,29 @@ dg_status_t trn_trace_create(trainer_t *tr) {
 
 static void put_event(struct trn_trace *t, const char *name, const char *cat, int tid, double t0, double t1,
                       const char *phase) {
-    char *q = dg_json_quote_dup(name), buf[512];
-    int n =
-        snprintf(buf, sizeof buf,
-                 ",\n{\"name\":%s,\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d,"
-                 "\"args\":{\"step\":%lld%s%s%s}}",
-                 q, cat, (t0 - t->t_ref) * 1e6, (t1 > t0 ? t1 - t0 : 0) * 1e6, t->rank, tid,
-                 (long long)t->step, phase ? ",\"phase\":\"" : "", phase ? phase : "", phase ? "\"" : "");
+    char *q = dg_json_quote_dup(name);
+    const char *fmt =
+        ",\n{\"name\":%s,\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d,"
+        "\"args\":{\"step\":%lld%s%s%s}}";
+    double ts = (t0 - t->t_ref) * 1e6, dur = (t1 > t0 ? t1 - t0 : 0) * 1e6;
+    const char *p0 = phase ? ",\"phase\":\"" : "", *p1 = phase ? phase : "", *p2 = phase ? "\"" : "";
+    /* sized to the event: a long node name must never cut an event (the file would not parse) */
+    int n = snprintf(NULL, 0, fmt, q, cat, ts, dur, t->rank, tid, (long long)t->step, p0, p1, p2);
+    char *buf = dg_xmalloc((size_t)n + 1);
+    snprintf(buf, (size_t)n + 1, fmt, q, cat, ts, dur, t->rank, tid, (long long)t->step, p0, p1, p2);
+    dg_strbuf_append(&t->ev, buf, (size_t)n);
+    free(buf);
     free(q);
-    dg_strbuf_append(&t->ev, buf, n < (int)sizeof buf ? (size_t)n : sizeof buf - 1);
 }
 
 static void on_op(void *ctx, const char *op, const char *name, const char *phase, int comm, double t0,
                   double t1) {
     struct trn_trace *t = ctx;
-    char label[320];
-    snprintf(label, sizeof label, "%s %s", op, name);
+    size_t n = strlen(op) + strlen(name) + 2;
+    char *label = dg_xmalloc(n);
+    snprintf(label, n, "%s %s", op, name);
     put_event(t, label, comm ? "comm" : "compute", comm ? 1 : 0, t0, t1, phase);
+    free(label);
 }
 
 dg_status_t trn_trace_step_end(trainer_t *tr, int64_t step, int last_step);
