@@ -206,18 +206,25 @@ static dg_status_t timed_call(cn_t *m, mk_call_t *c, const char *what, ncclComm_
     }
     pthread_join(th, NULL);
     ncclResult_t r = c->r;
-    ncclComm_t made = c->out;
     /* a non-blocking comm (c->cfg.blocking == 0) may still be working: the parent (split, finalize)
-     * and the new comm are polled until done */
+     * and the new comm are polled until done. A non-blocking split stores the child into c->out only
+     * when it completes, from NCCL's own thread (the handle is NULL until then): c stays alive until
+     * the parent has settled, and the handle is read after that. */
     int pending = c->cfg.blocking == 0 && r == ncclInProgress;
     ncclComm_t parent = c->comm;
-    free(c);
+    int split = c->kind == MK_SPLIT && c->color != NCCL_SPLIT_NOCOLOR; /* a child is expected */
     if (pending) r = ncclSuccess;
     dg_status_t s = DG_OK;
     if (r != ncclSuccess)
-        s = nccl_error(made, r, what);
+        s = nccl_error(c->out, r, what);
     else if (pending && parent)
         s = settle(m, parent, what);
+    ncclComm_t made = s == DG_OK ? __atomic_load_n(&c->out, __ATOMIC_ACQUIRE) : c->out;
+    /* a timeout of the parent leaves NCCL's job able to write c->out later: c is not freed then */
+    if (s == DG_OK || !pending) free(c);
+    if (s == DG_OK && pending && split && !made)
+        s = DG_ERR(DG_ERR_PEER, "%s on %s (nccl): the split settled without a communicator", what,
+                   m->base.name);
     if (s == DG_OK && pending && made) s = settle(m, made, what);
     if (s != DG_OK) {
         if (made) ncclCommAbort(made);

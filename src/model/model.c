@@ -339,6 +339,7 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
     m->g = dg_graph_create(be);
     m->g->mesh = par->mesh;
 
+    double t0 = dg_now_s(), t_passes = 0, t_plan = 0, t_alloc = 0, t_init = 0;
     dg_status_t st = dg_gpt2_build_forward(m);
     if (st == DG_OK) {
         layout(m);
@@ -381,8 +382,10 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         st = dg_graph_run_passes(m->g, pipeline, np);
         m->losses = fce.loss; /* the fused op's losses when the pass fused the loss */
     }
+    t_passes = dg_now_s();
     if (st == DG_OK)
         st = dg_plan_create(m->g, (flags & DG_MODEL_NO_ARENA_REUSE) ? DG_PLAN_NO_REUSE : 0, &m->plan);
+    t_plan = t_alloc = t_init = dg_now_s();
     if (st == DG_OK) m->frozen = dg_xcalloc((size_t)m->np + 1, 1);
     m->stall_rank = -1;
     int64_t sr = dg_env_int("DG_TEST_STALL_COLLECTIVE_RANK"),
@@ -398,8 +401,13 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
             m->ex->rt.frozen = m->frozen;
             m->ex->rt.n_frozen_slots = m->np;
         }
+        t_alloc = dg_now_s();
         if (st == DG_OK) st = init_weights(m);
+        t_init = dg_now_s();
     }
+    /* where the time to the first step goes (docs/cuda.md "Time to the first step") */
+    DG_LOG_DEBUG("model build: graph and passes %.3f s, memory plan %.3f s, bind and allocate %.3f s, "
+                 "weights %.3f s", t_passes - t0, t_plan - t_passes, t_alloc - t_plan, t_init - t_alloc);
     if (st != DG_OK) {
         dg_model_free(m);
         return st;

@@ -494,7 +494,9 @@ static dg_status_t setup(trainer_t *tr) {
     /* the backend first (parallel.comm = auto picks nccl only when every rank got a GPU of its own);
      * creating it can fail on one rank only, so the ranks agree before the collective comm setup */
     tr->cuda_device = -1;
+    double t0 = dg_now_s();
     DG_TRY(dg_boot_agree(tr->boot, pick_backend(tr)));
+    double t_backend = dg_now_s();
     /* memory fit before the large allocations: the same verdict and line on every rank (memfit.h) */
     dg_mem_in_t mi;
     dg_memfit_input(c, &tr->desc, &tr->mesh, tr->micro_batch, tr->cuda_device >= 0, &mi);
@@ -508,7 +510,9 @@ static dg_status_t setup(trainer_t *tr) {
     if (tr->cuda_device >= 0 && tr->boot->gpu >= 0 &&
         tr->boot->topo.gpus[tr->boot->gpu].cuda_index == tr->cuda_device)
         snprintf(fo.gpu_id, sizeof fo.gpu_id, "%s", tr->boot->topo.gpus[tr->boot->gpu].pci_busid);
+    double t_fit = dg_now_s();
     DG_TRY(dg_fsdp_create(tr->comm, &tr->mesh, &fo, &tr->fsdp));
+    double t_comm = dg_now_s();
     /* checkpoint.dir: "" is run.dir/checkpoints, a relative path is relative to run.dir (not to the
      * directory dgtrain happens to be started from: a requeued job may start elsewhere) */
     if (!c->checkpoint.dir[0])
@@ -521,9 +525,13 @@ static dg_status_t setup(trainer_t *tr) {
     DG_TRY(trn_run_identity(tr));
     DG_TRY(trn_trace_create(tr));
     DG_TRY(open_data(tr));
+    double t_data = dg_now_s();
     DG_TRY(dg_fsdp_model_create(tr->fsdp, &tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, 0,
                                 &tr->model));
     DG_TRY(dg_model_set_grad_accum(tr->model, tr->accum));
+    DG_LOG_INFO("setup: backend %.2f s, memory fit %.2f s, communicators %.2f s, run dir and data %.2f s, "
+                "model %.2f s", t_backend - t0, t_fit - t_backend, t_comm - t_fit, t_data - t_comm,
+                dg_now_s() - t_data);
     tr->n_params = dg_model_n_tensors(tr->model);
     DG_TRY(match_frozen(tr));
     DG_TRY(trn_build_ckpt_tensors(tr));
