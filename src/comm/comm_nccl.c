@@ -208,9 +208,10 @@ static dg_status_t timed_call(cn_t *m, mk_call_t *c, const char *what, ncclComm_
     ncclResult_t r = c->r;
     /* a non-blocking comm (c->cfg.blocking == 0) may still be working: the parent (split, finalize)
      * and the new comm are polled until done. A non-blocking split stores the child into c->out only
-     * when it completes, from NCCL's own thread (the handle is NULL until then): c stays alive until
-     * the parent has settled, and the handle is read after that. */
-    int pending = c->cfg.blocking == 0 && r == ncclInProgress;
+     * when it completes, from NCCL's own thread (the handle is NULL until then, even when the call
+     * itself returned ncclSuccess): c stays alive until the parent has settled, and the handle is read
+     * after that. */
+    int pending = c->cfg.blocking == 0 && (r == ncclInProgress || r == ncclSuccess);
     ncclComm_t parent = c->comm;
     int split = c->kind == MK_SPLIT && c->color != NCCL_SPLIT_NOCOLOR; /* a child is expected */
     if (pending) r = ncclSuccess;
@@ -220,11 +221,19 @@ static dg_status_t timed_call(cn_t *m, mk_call_t *c, const char *what, ncclComm_
     else if (pending && parent)
         s = settle(m, parent, what);
     ncclComm_t made = s == DG_OK ? __atomic_load_n(&c->out, __ATOMIC_ACQUIRE) : c->out;
-    /* a timeout of the parent leaves NCCL's job able to write c->out later: c is not freed then */
-    if (s == DG_OK || !pending) free(c);
+    /* the parent may report success before NCCL's job has stored the child: wait for the store */
+    for (double t0 = dg_now_s(); s == DG_OK && pending && split && !made;) {
+        double el = dg_now_s() - t0;
+        if (el > m->base.opts.timeout_s) break;
+        nap(el, m->base.spin_s);
+        made = __atomic_load_n(&c->out, __ATOMIC_ACQUIRE);
+    }
+    /* a timeout leaves NCCL's job able to write c->out later: c is not freed then */
+    int orphan = pending && (s != DG_OK || (split && !made));
+    if (!orphan) free(c);
     if (s == DG_OK && pending && split && !made)
-        s = DG_ERR(DG_ERR_PEER, "%s on %s (nccl): the split settled without a communicator", what,
-                   m->base.name);
+        s = DG_ERR(DG_ERR_PEER, "%s on %s (nccl): no communicator within %.1f s after the parent settled",
+                   what, m->base.name, m->base.opts.timeout_s);
     if (s == DG_OK && pending && made) s = settle(m, made, what);
     if (s != DG_OK) {
         if (made) ncclCommAbort(made);

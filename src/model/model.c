@@ -407,7 +407,8 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
     }
     /* where the time to the first step goes (docs/cuda.md "Time to the first step") */
     DG_LOG_DEBUG("model build: graph and passes %.3f s, memory plan %.3f s, bind and allocate %.3f s, "
-                 "weights %.3f s", t_passes - t0, t_plan - t_passes, t_alloc - t_plan, t_init - t_alloc);
+                 "weights %.3f s",
+                 t_passes - t0, t_plan - t_passes, t_alloc - t_plan, t_init - t_alloc);
     if (st != DG_OK) {
         dg_model_free(m);
         return st;

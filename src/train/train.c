@@ -372,6 +372,7 @@ static void trainer_free(trainer_t *tr) {
         if (tr->host_flat[w]) tr->be->ops->host_free(tr->be, tr->host_flat[w]);
     free(tr->ckpt_paths);
     free(tr->ckpt_t);
+    free(tr->ckpt_off);
     free(tr->frozen);
     dg_stab_free(&tr->stab);
     if (tr->val_ld) dg_loader_free(tr->val_ld);
@@ -530,8 +531,8 @@ static dg_status_t setup(trainer_t *tr) {
                                 &tr->model));
     DG_TRY(dg_model_set_grad_accum(tr->model, tr->accum));
     DG_LOG_INFO("setup: backend %.2f s, memory fit %.2f s, communicators %.2f s, run dir and data %.2f s, "
-                "model %.2f s", t_backend - t0, t_fit - t_backend, t_comm - t_fit, t_data - t_comm,
-                dg_now_s() - t_data);
+                "model %.2f s",
+                t_backend - t0, t_fit - t_backend, t_comm - t_fit, t_data - t_comm, dg_now_s() - t_data);
     tr->n_params = dg_model_n_tensors(tr->model);
     DG_TRY(match_frozen(tr));
     DG_TRY(trn_build_ckpt_tensors(tr));

@@ -3,6 +3,7 @@
  * writer, with the storage-failure policy), resume at start, and the loss-spike rollback.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -20,12 +21,8 @@
  * tensors in the same order. Any mesh can load what any other wrote. */
 dg_status_t trn_build_ckpt_tensors(trainer_t *tr) {
     int n = tr->n_params;
-    size_t flat = dg_model_flat_numel(tr->model);
-    for (int w = 0; w < 3; w++) { /* zeroed: alignment gaps stay zero on a resume, and the pages exist */
-        DG_TRY(tr->be->ops->host_alloc(tr->be, (flat + 1) * sizeof(float), (void **)&tr->host_flat[w]));
-        memset(tr->host_flat[w], 0, (flat + 1) * sizeof(float));
-    }
     tr->ckpt_t = dg_xcalloc((size_t)n * 3 * DG_MODEL_MAX_PIECES, sizeof(dg_ckpt_tensor_t));
+    tr->ckpt_off = dg_xcalloc((size_t)n * 3 * DG_MODEL_MAX_PIECES, sizeof(size_t));
     tr->ckpt_paths = dg_xcalloc((size_t)n * 3, sizeof(char *));
     tr->n_ckpt = 0;
     for (int i = 0; i < n; i++) {
@@ -35,7 +32,7 @@ dg_status_t trn_build_ckpt_tensors(trainer_t *tr) {
         int owner = dg_model_piece_owner(tr->model, i);
         for (int w = 0; w < 3; w++) {
             int k = i * 3 + w;
-            float *local = tr->host_flat[w] + dg_model_flat_offset(tr->model, i); /* this rank's piece */
+            size_t local = dg_model_flat_offset(tr->model, i); /* this rank's piece in host_flat[w] */
             char path[512];
             if (w == 0)
                 snprintf(path, sizeof path, "model/%s", p->name);
@@ -52,17 +49,61 @@ dg_status_t trn_build_ckpt_tensors(trainer_t *tr) {
                     t->count[d] = np ? pc[j].count[d] : 0;
                 }
                 t->owner = owner && np > 0;
-                t->data = local + (np ? pc[j].offset : 0);
+                /* t->data points into host_flat[w] once it exists (trn_host_state) */
+                tr->ckpt_off[tr->n_ckpt - 1] = (size_t)w << 60 | (local + (np ? pc[j].offset : 0));
             }
         }
     }
     return DG_OK;
 }
 
+/* The three page-locked flat buffers (param, m, v) the checkpoint tensors point into, made on first use:
+ * the first save, a resume that reads a file, a rollback. Pinning 3 x 4 bytes per parameter takes about
+ * a second at 124M parameters (cudaHostAlloc), time a run that never saves need not wait for before its
+ * first step. Zeroed: alignment gaps stay zero on a resume, and the pages exist. */
+dg_status_t trn_host_state(trainer_t *tr) {
+    if (tr->host_flat[0]) return DG_OK;
+    size_t flat = dg_model_flat_numel(tr->model);
+    for (int w = 0; w < 3; w++) {
+        dg_status_t s =
+            tr->be->ops->host_alloc(tr->be, (flat + 1) * sizeof(float), (void **)&tr->host_flat[w]);
+        if (s != DG_OK) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", dg_last_error());
+            for (int k = 0; k < w; k++) {
+                tr->be->ops->host_free(tr->be, tr->host_flat[k]);
+                tr->host_flat[k] = NULL;
+            }
+            tr->host_flat[w] = NULL;
+            return DG_ERR(s, "page-locked host copy of the model state for checkpoints: %s", msg);
+        }
+        memset(tr->host_flat[w], 0, (flat + 1) * sizeof(float));
+    }
+    const size_t mask = ((size_t)1 << 60) - 1;
+    for (int k = 0; k < tr->n_ckpt; k++)
+        tr->ckpt_t[k].data = tr->host_flat[tr->ckpt_off[k] >> 60] + (tr->ckpt_off[k] & mask);
+    return DG_OK;
+}
+
+/* 1 when checkpoint.resume may read a file: an explicit path, or auto with anything in the directory. */
+static int may_read_checkpoint(const trainer_t *tr) {
+    const char *mode = tr->cfg->checkpoint.resume;
+    if (strcmp(mode, "never") == 0) return 0;
+    if (strcmp(mode, "auto") != 0) return 1;
+    DIR *d = opendir(tr->ckpt_dir);
+    if (!d) return 0;
+    int any = 0;
+    for (struct dirent *e; !any && (e = readdir(d));)
+        any = e->d_name[0] != '.';
+    closedir(d);
+    return any;
+}
+
 static const int k_state_of[3] = {DG_STATE_PARAM, DG_STATE_ADAM_M, DG_STATE_ADAM_V};
 
 /* The whole local state in three copies (one per flat buffer) into page-locked memory. */
 static dg_status_t pull_state(trainer_t *tr) {
+    DG_TRY(trn_host_state(tr));
     for (int w = 0; w < 3; w++)
         DG_TRY(dg_model_get_flat(tr->model, k_state_of[w], tr->host_flat[w]));
     return DG_OK;
@@ -378,6 +419,8 @@ dg_status_t trn_maybe_resume(trainer_t *tr) {
     dg_ckpt_meta_init(&meta);
     char path[4096] = "";
     dg_train_ckpt_ref_t ref = {tr->desc.seq_len, tr->train_ds, tr->train_glob};
+    /* a failed pinned allocation on one rank is agreed by the caller (dg_boot_agree) */
+    if (may_read_checkpoint(tr)) DG_TRY(trn_host_state(tr));
     dg_status_t s =
         dg_ckpt_resume_checked(tr->comm, tr->ckpt_dir, tr->cfg->checkpoint.resume, dg_train_ckpt_check_fn,
                                &ref, &meta, tr->ckpt_t, tr->n_ckpt, path, sizeof path);
@@ -452,6 +495,7 @@ dg_status_t trn_rollback(trainer_t *tr) {
     dg_ckpt_meta_init(&meta);
     char path[4096] = "";
     dg_train_ckpt_ref_t ref = {tr->desc.seq_len, tr->train_ds, tr->train_glob};
+    DG_TRY(trn_host_state(tr));
     DG_TRY(dg_ckpt_resume_checked(tr->comm, tr->ckpt_dir, "auto", dg_train_ckpt_check_fn, &ref, &meta,
                                   tr->ckpt_t, tr->n_ckpt, path, sizeof path));
     if (!path[0]) {

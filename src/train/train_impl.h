@@ -54,6 +54,7 @@ typedef struct trainer {
     int n_params;
     float *host_flat[3];      /* param, m, v: the model's flat buffers, page-locked (dg_model_get_flat) */
     dg_ckpt_tensor_t *ckpt_t; /* one entry per hyperslab piece of a global tensor */
+    size_t *ckpt_off;         /* per entry: buffer index << 60 | float offset into host_flat[buffer] */
     int n_ckpt;
     char **ckpt_paths;
     int *frozen; /* per parameter: matched train.freeze */
@@ -84,6 +85,7 @@ typedef struct trainer {
 
 /* train_ckpt.c */
 dg_status_t trn_build_ckpt_tensors(trainer_t *tr); /* the checkpoint's view of this rank's state */
+dg_status_t trn_host_state(trainer_t *tr);         /* its page-locked buffers, made on first use */
 dg_status_t trn_save_checkpoint(trainer_t *tr, int sync_only);
 dg_status_t trn_maybe_resume(trainer_t *tr);
 /* The save options of the run's config: checkpoint.keep, .incremental, .threads, .space_check. */
