@@ -151,6 +151,8 @@ struct dg_health {
 
     int stall_rank;
     int64_t stall_step;
+    int probe_kill_rank; /* test hook DG_TEST_PROBE_KILL_RANK/_STEP: this rank's health thread dies */
+    int64_t probe_kill_step;
 };
 /* ---------------------------------------------------------------- helpers */
 
@@ -634,7 +636,8 @@ static void check_peers(dg_health_t *h, double now) {
         snprintf(text, sizeof text,
                  "watchdog: no heartbeat from rank %d (host %s) for %.1f s (liveness timeout %.2f s = "
                  "max(health.liveness_floor_s=%g, health.liveness_mult=%g x (period + round trip))); it was "
-                 "last seen in step %lld doing '%s'; it is stopped, hung or dead; aborting the job with exit "
+                 "last seen in step %lld doing '%s'; it (or its health thread) is stopped, hung or dead; "
+                 "aborting the job with exit "
                  "code 3",
                  p->rank, host_of(h, p->rank), silent, live, h->o.liveness_floor_s, h->o.liveness_mult,
                  (long long)p->step, p->what);
@@ -756,10 +759,25 @@ static void run_polls(dg_health_t *h) {
     }
 }
 
+/* Test hook DG_TEST_PROBE_KILL_RANK/_STEP: 1 when this rank's health thread is to die now, as a probe
+ * thread that crashed or wedged would: no bye, no more heartbeats, the training thread runs on. */
+static bool probe_killed(dg_health_t *h) {
+    if (h->probe_kill_rank != h->rank) return false;
+    int64_t step;
+    char what[WHAT_CAP];
+    read_activity(h, &step, what);
+    if (step < h->probe_kill_step) return false;
+    DG_LOG_WARN("test hook DG_TEST_PROBE_KILL_RANK=%d: rank %d's health thread exits at step %lld without a "
+                "word to its neighbours",
+                h->probe_kill_rank, h->rank, (long long)step);
+    return true;
+}
+
 static void *health_main(void *arg) {
     dg_health_t *h = arg;
     for (;;) {
         double now = dg_now_s();
+        if (probe_killed(h)) return NULL;
         int flag = 0;
         MPI_Status st;
         int rc = MPI_Test(&h->areq, &flag, &st);
@@ -896,6 +914,9 @@ dg_status_t dg_health_create_opts(MPI_Comm world, int rank, const char *host, co
         h->stall_rank = (int)sr;
         h->stall_step = ss;
     }
+    int64_t kr = dg_env_int("DG_TEST_PROBE_KILL_RANK"), ks = dg_env_int("DG_TEST_PROBE_KILL_STEP");
+    h->probe_kill_rank = kr >= 0 && ks >= 0 ? (int)kr : -1;
+    h->probe_kill_step = ks;
 
     h->comm = MPI_COMM_NULL;
     h->areq = MPI_REQUEST_NULL;

@@ -23,6 +23,7 @@ void dg_stab_init(dg_stability_t *s, const dg_stab_opts_t *o, dg_metrics_t *metr
     s->loss_scale = o->fp16 ? o->loss_scale_init : 1.0;
     s->overflow_rate = s->overflow_mean = 0;
     s->ov_win = dg_xcalloc((size_t)(o->overflow_window > 0 ? o->overflow_window : 1), sizeof(double));
+    s->loss_z = NAN;
     s->metrics = metrics;
 }
 
@@ -47,13 +48,15 @@ static void window_stats(const dg_stability_t *s, double *mean, double *sd) {
 }
 
 /* 1 when loss is a spike against the window (ratio: loss > factor x mean; zscore: (loss - mean) / sd >
- * spike_zscore, with sd floored at 1e-3 x mean so a flat window does not make noise a spike). */
-static int is_spike(const dg_stability_t *s, double loss, double *mean, double *score) {
+ * spike_zscore, with sd floored at 1e-3 x mean so a flat window does not make noise a spike). The
+ * z-score is kept in s->loss_z in both modes. */
+static int is_spike(dg_stability_t *s, double loss, double *mean, double *score) {
     double sd = 0;
     window_stats(s, mean, &sd);
+    double floor = 1e-3 * fabs(*mean);
+    s->loss_z = (loss - *mean) / (sd > floor ? sd : floor > 0 ? floor : 1e-12);
     if (s->o.spike_mode == DG_SPIKE_ZSCORE) {
-        double floor = 1e-3 * fabs(*mean);
-        *score = (loss - *mean) / (sd > floor ? sd : floor > 0 ? floor : 1e-12);
+        *score = s->loss_z;
         return *score > s->o.spike_zscore;
     }
     *score = *mean > 0 ? loss / *mean : INFINITY;
@@ -62,6 +65,7 @@ static int is_spike(const dg_stability_t *s, double loss, double *mean, double *
 
 dg_stab_verdict_t dg_stab_judge(dg_stability_t *s, int64_t step, double loss) {
     dg_stab_verdict_t v = {.skip = !isfinite(loss)};
+    s->loss_z = NAN;
     if (s->pause_left > 0) { /* a confirmed spike's pause: the loss is logged, the update skipped */
         v.skip = v.paused = 1;
         return v;

@@ -66,6 +66,8 @@ typedef struct dg_stability {
     double overflow_rate, overflow_mean;
     double *ov_win;
     int64_t ov_n, ov_pos;
+    double loss_z;         /* z-score of the last judged loss against the window (NaN: none): the SLA
+                            * objective loss_spike's sample, whatever train.spike_mode is */
     dg_metrics_t *metrics; /* events; NULL: none */
 } dg_stability_t;
 

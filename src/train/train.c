@@ -752,7 +752,7 @@ static dg_status_t train_loop(trainer_t *tr) {
         if (!v.skip) {
             st = trn_hook_grad(tr, step + 1);
             if (!st) st = optimizer_step(tr, step, lr, &gnorm);
-            if (!st) st = trn_overflow_rate(tr, gnorm, &overflow);
+            st = trn_overflow_rate(tr, st, gnorm, &overflow); /* every rank: agrees on st and the norm */
             comm_failure(tr, st);
             if (st) continue;
         }
@@ -788,6 +788,7 @@ static dg_status_t train_loop(trainer_t *tr) {
             trn_sla_feed(tr, DG_SLA_GRAD_SYNC_LATENCY, cs.grad_sync_s);
             trn_sla_feed(tr, DG_SLA_EXPOSED_COMM, (cs.wait_s + cs.blocking_s) / dt);
         }
+        trn_sla_feed_step_health(tr, isnan(overflow) ? NAN : tr->stab.overflow_rate, v.spike);
 
         if (dg_stab_rollback_due(&tr->stab) || (dg_stab_pausing(&tr->stab) && tr->step >= c->train.steps)) {
             st = trn_stab_rollback(tr, tr->iters); /* no after_step: the checkpoint's step was done */

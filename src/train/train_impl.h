@@ -117,7 +117,9 @@ dg_status_t trn_maybe_write_prom(const trainer_t *tr, const dg_step_metrics_t *s
 dg_status_t trn_run_validation(trainer_t *tr, double *loss_out);
 /* train_stab.c (stability.h's trainer side; collective) */
 void trn_stab_opts(const dg_config_t *c, dg_stab_opts_t *o);
-dg_status_t trn_overflow_rate(trainer_t *tr, float gnorm, double *rate); /* 0 for a finite norm */
+/* Collective on every rank after the optimizer step (st: its outcome here): agrees on failures and on the
+ * norm's finiteness; *rate: 0 for a finite norm, NaN when the step failed. */
+dg_status_t trn_overflow_rate(trainer_t *tr, dg_status_t st, float gnorm, double *rate);
 dg_status_t trn_spike_check(trainer_t *tr, int64_t step);   /* validation and confirmation of a spike */
 dg_status_t trn_stab_rollback(trainer_t *tr, int64_t iter); /* rollback; K in M: DG_ERR_PAUSE (exit 5) */
 double trn_hook_loss(int64_t step, double loss);            /* test hook DG_TEST_SPIKE_STEP */

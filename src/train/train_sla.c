@@ -112,6 +112,16 @@ void trn_sla_feed(trainer_t *tr, dg_sla_obj_t o, double value) {
     if (tr->sla.gov) dg_gov_sample(tr->sla.gov, o, tr->step, value);
 }
 
+void trn_sla_feed_step_health(trainer_t *tr, double overflow_rate, int spike) {
+    trn_sla_feed(tr, DG_SLA_OVERFLOW_RATE, overflow_rate);
+    if (!spike) trn_sla_feed(tr, DG_SLA_LOSS_SPIKE, tr->stab.loss_z);
+    if (tr->health) {
+        dg_health_stats_t hs;
+        dg_health_get_stats(tr->health, &hs);
+        if (hs.rtt_s > 0) trn_sla_feed(tr, DG_SLA_HEARTBEAT_RTT, hs.rtt_s);
+    }
+}
+
 void trn_sla_after_step(trainer_t *tr, double dt, double tok_per_s) {
     if (!tr->sla.gov) return;
     dg_gov_step_time(tr->sla.gov, tr->step, dt, tr->sla.exclude_next);

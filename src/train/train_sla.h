@@ -43,6 +43,10 @@ void trn_sla_after_step(struct trainer *tr, double dt, double tok_per_s);
 void trn_sla_note_save(struct trainer *tr, double blocked_s, int ok);
 /* Any objective's sample (the heartbeat and stability code feed theirs through this). */
 void trn_sla_feed(struct trainer *tr, dg_sla_obj_t o, double value);
+/* After a step: the overflow rate of its gradients (NaN: the update did not run), the loss z-score the
+ * stability code judged (tr->stab.loss_z; not when `spike`: the stability code took the step as a spike
+ * and its validation, rollback and Level-2 event answer it) and the heartbeat's last round trip. */
+void trn_sla_feed_step_health(struct trainer *tr, double overflow_rate, int spike);
 /* The action agreed at the step agreement: checkpoint or roll back now (*st gets the outcome), or
  * (requeue/pause) set `stop` and return 1: the loop ends, finish_loop checkpoints and exits 75 / 5. */
 int trn_sla_act(struct trainer *tr, int *st);

@@ -47,16 +47,39 @@ static int piece_overflows(const trainer_t *tr, const float *g, int i) {
 }
 
 /* The norm pass gives the answer for a finite norm: a finite sum of squares has no inf/NaN term, so
- * the rate is 0 at no cost. A non-finite norm (the model skipped the update) is followed by one pass
- * over this rank's gradient pieces; a tensor overflows when any rank's piece does (MPI_MAX over the
+ * the rate is 0. Every rank enters one small agreement first (the optimizer step's outcome and whether its
+ * norm is finite, MPI_MAX), so that a rank that failed, or whose norm alone is non-finite, cannot leave
+ * the others in a different collective. The norm is global over the ranks that share parameters (the
+ * norm pass all-reduces it over shards and tp pieces; dp replicas hold identical gradients), so ranks
+ * that disagree on its finiteness mean one replica's gradients were corrupted after the all-reduce: the
+ * replicas' weights now differ (AdamW skipped itself on some ranks only), a runtime error on every rank
+ * (docs/reliability.md). A non-finite norm everywhere (the model skipped the update) is followed by one
+ * pass over this rank's gradient pieces; a tensor overflows when any rank's piece does (MPI_MAX over the
  * per-tensor flags: FSDP shards and tp pieces alike). Frozen tensors are not counted. */
-dg_status_t trn_overflow_rate(trainer_t *tr, float gnorm, double *rate) {
+dg_status_t trn_overflow_rate(trainer_t *tr, dg_status_t st, float gnorm, double *rate) {
+    *rate = NAN;
+    int loc[3] = {st != DG_OK, st == DG_OK && !isfinite(gnorm), st == DG_OK && isfinite(gnorm)}, all[3];
+    if (MPI_Allreduce(loc, all, 3, MPI_INT, MPI_MAX, tr->comm) != MPI_SUCCESS)
+        return st ? st
+                  : DG_ERR(DG_ERR_PEER, "optimizer agreement all-reduce failed at step %lld",
+                           (long long)tr->step + 1);
+    if (st) return st;
+    if (all[0])
+        return DG_ERR(DG_ERR_PEER, "another rank failed in its optimizer step at step %lld (see its log)",
+                      (long long)tr->step + 1);
+    if (all[1] && all[2])
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "step %lld: the gradient norm is non-finite on some ranks and finite on others after "
+                      "the gradient all-reduce (this rank: %g); replicas must hold identical gradients, so "
+                      "one rank's were corrupted (memory or device fault?) and the replicas' weights now "
+                      "differ: stopping; resume from the last checkpoint",
+                      (long long)tr->step + 1, (double)gnorm);
     *rate = 0;
-    if (isfinite(gnorm)) return DG_OK;
+    if (!all[1]) return DG_OK;
     int n = tr->n_params;
     float *g = dg_xmalloc((dg_model_flat_numel(tr->model) + 1) * sizeof(float));
     int *flag = dg_xcalloc((size_t)n + 1, sizeof(int)), *any = dg_xcalloc((size_t)n + 1, sizeof(int));
-    dg_status_t st = dg_model_get_flat(tr->model, DG_STATE_GRAD, g);
+    st = dg_model_get_flat(tr->model, DG_STATE_GRAD, g);
     for (int i = 0; i < n && st == DG_OK; i++)
         flag[i] = tr->frozen[i] ? 0 : piece_overflows(tr, g, i);
     /* a failed read on one rank is agreed in the same collective (flag -1) */

@@ -2,7 +2,7 @@
 # run_case.sh — one health scenario against health_driver under mpiexec: stop, kill, hang or signal a
 # rank from outside and check how the whole job ends (exit code, time, message, every rank's log).
 # Usage: run_case.sh CASE DRIVER MPIEXEC [MPIEXEC FLAGS...]
-#   CASE: clean | sigstop | sigstop0 | hang | sigkill | usr1 | term | sigint2 | badargs | probe | many
+#   CASE: clean | sigstop | sigstop0 | hang | probekill | sigkill | usr1 | term | sigint2 | badargs | probe | many
 set -u
 CASE=$1
 DRIVER=$2
@@ -155,6 +155,25 @@ hang)
     check_all_exit3 -1 3
     echo "PASS hang: rank 1 hung at step 8 -> exit 3 after ${DT}s (incl. ~4 s to reach step 8):"
     grep -m1 "watchdog: " "$WORK/out"
+    ;;
+probekill)
+    # Rank 1's health thread dies at step 4 (test hook DG_TEST_PROBE_KILL_*: no bye, no more heartbeats)
+    # while its training thread runs on: its tree neighbours see the silence past the liveness timeout
+    # and take the job down naming rank 1, exit 3, instead of training on without a watchdog for it.
+    export DG_TEST_PROBE_KILL_RANK=1 DG_TEST_PROBE_KILL_STEP=4
+    start 3 --steps 100000 --step-ms 40
+    wait_step 4
+    record_shm
+    T0=$(now)
+    finish $((TIMEOUT + SLACK))
+    unset DG_TEST_PROBE_KILL_RANK DG_TEST_PROBE_KILL_STEP
+    [ "$RC" = 3 ] || fail "exit code $RC, expected 3"
+    grep -q "health thread exits at step" "$WORK/logs/rank-1.log" || fail "rank 1's probe was not killed"
+    grep -qE "watchdog: no heartbeat from rank 1 \(host [^)]*\) for [0-9.]+ s" "$WORK/out" ||
+        fail "no watchdog line naming rank 1's silence"
+    check_all_exit3 1 3
+    echo "PASS probekill: rank 1's probe thread died at step 4 -> exit 3 after ${DT}s:"
+    grep -m1 "watchdog: no heartbeat" "$WORK/out"
     ;;
 sigkill)
     # Several trials at random steps: the job must end everywhere within timeout + slack.

@@ -9,6 +9,13 @@ with the real dgtrain at 2 ranks on the CPU, and `dgtrain report`.
   requeue   the same with sla.step_time_action=requeue: Level-2, a complete checkpoint, exit 75; the run
             resumed without the slow rank finishes and writes a recovery event
   pause     sla.step_time_action=pause: a complete checkpoint and exit 5
+  overflow  NaN gradients in rank 0's FSDP shard from step 6 (DG_TEST_GRAD_NAN_*; the norm is global, so
+            every rank skips the update), sla.overflow_rate_action=pause: the governor's overflow_rate
+            Level-1 and Level-2 events (windowed overflow rate, not the scaler's run-of-3 rule), a complete
+            checkpoint and exit 5
+  replica   the same NaN in rank 0's copy of a replicated (dp_replicate=2) gradient, after the all-reduce:
+            the ranks disagree on the norm's finiteness (a corrupted replica), every rank stops with exit 2
+            naming it instead of hanging in mismatched collectives
 """
 import json
 import os
@@ -92,6 +99,27 @@ def main():
                 rec = events(d, "recovery")
                 check(rec, "the resumed run wrote no recovery event")
                 print("  resumed: finished, recovery %s" % {k: v for k, v in rec[-1].items() if k not in ("time",)})
+        elif case == "overflow":
+            nan = {"DG_TEST_GRAD_NAN_STEP": "6", "DG_TEST_GRAD_NAN_COUNT": "10"}
+            run(exe, mpi, cfg, d, ["parallel.mesh=dp_shard=2", "sla.overflow_rate_window=2", "sla.fire_after=1",
+                                   "sla.level2_after=2", "sla.overflow_rate_action=pause"], nan, rc=5)
+            gov = [e for e in events(d, "sla") if e["objective"] == "overflow_rate" and e["action"] in ("warn", "pause")]
+            l1 = [e for e in gov if e["level"] == 1 and e["step"] <= 8]
+            l2 = [e for e in gov if e["level"] == 2 and e["action"] == "pause"]
+            check(l1, "no windowed overflow_rate level-1 event by step 8: %s" % events(d, "sla"))
+            check(l2 and 8 <= l2[0]["step"] <= 10 and l2[0]["value"] > l2[0]["target"] == 0.008,
+                  "overflow_rate level-2 pause %s" % l2)
+            done = events(d, "done")[-1]
+            check(done["exit_code"] == 5, "done %s" % done)
+            print("  overflow: level 1 at step %d, level 2 (pause) at step %d (rate %.3f > %.3f), exit 5"
+                  % (l1[0]["step"], l2[0]["step"], l2[0]["value"], l2[0]["target"]))
+        elif case == "replica":
+            out = run(exe, mpi, cfg, d, ["parallel.mesh=dp_replicate=2"],
+                      {"DG_TEST_GRAD_NAN_STEP": "6", "DG_TEST_GRAD_NAN_COUNT": "1"}, rc=2)
+            check("non-finite on some ranks and finite on others" in out, "no replica-mismatch error: %s" % out[-1500:])
+            steps = events(d, "step")
+            check(steps and steps[-1]["step"] == 5, "steps written: %s" % [e["step"] for e in steps])
+            print("  replica: a NaN in one replica's gradient at step 6 stops both ranks with exit 2 (no hang)")
         else:
             raise Fail("unknown case %s" % case)
 
