@@ -20,8 +20,8 @@
 #                  in the release build only, because under the sanitizer they would repeat code a
 #                  sibling test already runs there, or check shell logic, file modes or an external
 #                  reader; soak tests kill the very processes the sanitizer would check
-# ctest starts the costliest tests first (tests/lib/ctest_costs.cmake), so -j2 leaves no core idle at
-# the end.
+# ctest starts the costliest tests first (tests/lib/ctest_costs.cmake: one table per build, rewritten from
+# a run's measurements by tests/lib/ctest_costs.sh), so -j2 leaves no core idle at the end.
 #
 # CI: with CI set (to anything but "", 0, false or no), a test whose real component (Slurm, MPI, HDF5
 # tools, dgtrain itself) does not start FAILS instead of skipping (tests/lib/skip.sh); only gpu tests on
@@ -35,10 +35,12 @@
 # by exit, so the frame right above malloc names no module). It is most of the sanitizer build's cost:
 # about 1.3 s per process started (MPI_Init's allocations, the leak check at exit), and every
 # allocation after that is unwound the slow way too: a 30-step run saving a checkpoint at every step
-# took 16.3 s with it, 4.0 s with the fast unwinder and no leak check (the release build: 2.0 s).
-# malloc_context_size=20 (default 30) unwinds 20 frames deep, enough to reach Open MPI's frames in
-# every stack the suite leaks from it (15 is not: test_comm_mpi's singleton then reports two), and it
-# cannot hide a leak of dgtrain's own: fewer frames only match fewer suppressions (13.5 s above).
+# took 16.3 s with it, 4.0 s with the fast unwinder and no leak check (the release build: 2.0 s). A
+# shallower malloc_context_size saves nothing measurable (20 frames: the same 8.8 s and 32 s for
+# train_e2e_spike_resume and ckpt_damage as 30) and 15 no longer reaches Open MPI's frames (test_comm_mpi
+# then reports two leaks), so the default stays. The fast unwinder with Open MPI's plugins kept loaded
+# (OMPI_MCA_mca_base_component_disable_dlclose=1) still leaves ~30 unsuppressible stacks per process
+# (glibc's vasprintf, hwloc, statically linked code without frame pointers).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -110,7 +112,7 @@ if [ "${DG_SKIP_ASAN:-0}" != 1 ]; then
     # intercept_tls_get_addr=0: GCC 12's LeakSanitizer crashes ("Tracer caught signal 11") scanning the
     # dynamic TLS of plugins hwloc has already unloaded (seen with singleton MPI runs); without the
     # interception that TLS is simply not scanned as a root.
-    export ASAN_OPTIONS="fast_unwind_on_malloc=0:malloc_context_size=20:detect_leaks=1:check_initialization_order=1:intercept_tls_get_addr=0"
+    export ASAN_OPTIONS="fast_unwind_on_malloc=0:detect_leaks=1:check_initialization_order=1:intercept_tls_get_addr=0"
     export LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
     if build "asan+ubsan" build-asan -DDGT_CUDA=OFF -DDGT_SANITIZE=ON -DDGT_TEST_HOOKS=ON; then
