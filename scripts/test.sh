@@ -20,8 +20,8 @@
 #                  in the release build only, because under the sanitizer they would repeat code a
 #                  sibling test already runs there, or check shell logic, file modes or an external
 #                  reader; soak tests kill the very processes the sanitizer would check
-# ctest starts the costliest tests first (tests/lib/ctest_costs.cmake), so -j2 leaves no core idle at
-# the end.
+# ctest starts the costliest tests first (tests/lib/ctest_costs.cmake: one table per build, rewritten from
+# a run's measurements by tests/lib/ctest_costs.sh), so -j2 leaves no core idle at the end.
 #
 # CI: with CI set (to anything but "", 0, false or no), a test whose real component (Slurm, MPI, HDF5
 # tools, dgtrain itself) does not start FAILS instead of skipping (tests/lib/skip.sh); only gpu tests on
@@ -33,7 +33,14 @@
 # reported. That needs the slower DWARF unwinder (fast_unwind_on_malloc=0): Open MPI is built without
 # frame pointers, and the fast unwinder stops before reaching its frames (its MCA plugins are unloaded
 # by exit, so the frame right above malloc names no module). It is most of the sanitizer build's cost:
-# about 1.3 s per process started (MPI_Init's allocations, the leak check at exit).
+# about 1.3 s per process started (MPI_Init's allocations, the leak check at exit), and every
+# allocation after that is unwound the slow way too: a 30-step run saving a checkpoint at every step
+# took 16.3 s with it, 4.0 s with the fast unwinder and no leak check (the release build: 2.0 s). A
+# shallower malloc_context_size saves nothing measurable (20 frames: the same 8.8 s and 32 s for
+# train_e2e_spike_resume and ckpt_damage as 30) and 15 no longer reaches Open MPI's frames (test_comm_mpi
+# then reports two leaks), so the default stays. The fast unwinder with Open MPI's plugins kept loaded
+# (OMPI_MCA_mca_base_component_disable_dlclose=1) still leaves ~30 unsuppressible stacks per process
+# (glibc's vasprintf, hwloc, statically linked code without frame pointers).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
