@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "dg_check.h"
+#include "dg_mesh.h"
 #include "pipeline.h"
 
 static void uniform_costs(const dg_pp_schedule_t *s, double f, double b, dg_pp_costs_t *c) {
@@ -289,11 +290,40 @@ static void case_svg(void) {
     dg_pp_schedule_free(&s);
 }
 
+/* the pp dimension of the mesh: outermost, stage k = ranks [k W, (k + 1) W) */
+static void case_mesh(void) {
+    dg_mesh_shape_t m;
+    int is_auto = 0;
+    OK(dg_mesh_parse("tp=2,pp=4,dp_shard=2", 16, &m, &is_auto));
+    CHECK(dg_mesh_pp(&m) == 4 && dg_mesh_stage_world(&m) == 4 && dg_mesh_world(&m) == 16,
+          "pp %d W %d world %d", dg_mesh_pp(&m), dg_mesh_stage_world(&m), dg_mesh_world(&m));
+    char buf[96];
+    dg_mesh_format(&m, buf, sizeof buf);
+    CHECK_STR(buf, "dp_replicate=1,dp_shard=2,tp=2,pp=4");
+    int c[DG_MESH_NDIM];
+    dg_mesh_coords(&m, 13, c); /* stage 3, rank 1 of the stage: tp innermost */
+    CHECK(dg_mesh_stage(&m, 13) == 3 && c[DG_MESH_TP] == 1 && c[DG_MESH_DP_SHARD] == 0,
+          "stage %d coords %d %d", dg_mesh_stage(&m, 13), c[DG_MESH_TP], c[DG_MESH_DP_SHARD]);
+    CHECK(dg_mesh_rank(&m, c) + 3 * dg_mesh_stage_world(&m) == 13, "rank back");
+    CHECK(dg_mesh_parse("pp=4,dp_shard=2", 16, &m, &is_auto) == DG_ERR_USAGE &&
+              strstr(dg_last_error(), "has 8 ranks but the world size is 16"),
+          "%s", dg_last_error());
+    /* a shape written without pp, and a one-stage mesh's text, are unchanged */
+    dg_mesh_shape_t old = {{1, 4, 1}, {DG_MESH_DP_REPLICATE, DG_MESH_DP_SHARD, DG_MESH_TP}};
+    dg_mesh_format(&old, buf, sizeof buf);
+    CHECK_STR(buf, "dp_replicate=1,dp_shard=4,tp=1");
+    CHECK(dg_mesh_pp(&old) == 1 && dg_mesh_world(&old) == 4, "no pp");
+    OK(dg_mesh_parse("dp_shard=2,pp=1", 2, &m, &is_auto));
+    dg_mesh_format(&m, buf, sizeof buf);
+    CHECK_STR(buf, "dp_replicate=1,dp_shard=2,tp=1");
+}
+
 int main(int argc, char **argv) {
     static const dg_check_case_t cases[] = {{"schedules", case_schedules},
                                             {"validator", case_validator},
                                             {"split", case_split},
-                                            {"svg", case_svg}};
+                                            {"svg", case_svg},
+                                            {"mesh", case_mesh}};
     return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0],
-                          "schedules|validator|split|svg|all", NULL, 0, NULL);
+                          "schedules|validator|split|svg|mesh|all", NULL, 0, NULL);
 }
