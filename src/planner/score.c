@@ -366,9 +366,9 @@ static void pp_explain(dg_plan_result_t *out, const dg_cluster_t *c) {
         snprintf(out->pp_reason, sizeof out->pp_reason,
                  "pipeline rejected: the best pp plan %s estimates %.2f ms per step against %.2f ms for %s: "
                  "its bubble of %.1f%% over %d micro-batches (stage imbalance %.3f) adds %.2f ms of compute "
-                 "time and saves %.2f ms of data-parallel traffic",
+                 "time against a data-parallel + tp traffic change of %+.2f ms",
                  a, bp->step_ms, bn->step_ms, b, 100 * bp->pp_bubble, bp->pp_microbatches, bp->pp_imbalance,
-                 bp->compute_ms - bn->compute_ms, bn->comm_total_ms - bp->comm_total_ms);
+                 bp->compute_ms - bn->compute_ms, bp->comm_total_ms - bn->comm_total_ms);
     }
 }
 
