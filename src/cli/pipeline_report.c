@@ -172,7 +172,7 @@ static dg_status_t report(dg_boot_t *boot, const dg_config_t *cfg, int json, con
                 s = DG_ERR(DG_ERR_USAGE, "--pp-timeline: cannot write %s", svg_path);
             } else {
                 char title[256];
-                snprintf(title, sizeof title, "%s, %s, %d micro-batches: simulated step (ms)", ms,
+                snprintf(title, sizeof title, "%s, %s, %d micro-batches: simulated step (seconds)", ms,
                          dg_pp_kind_name(kind), m);
                 dg_pp_timeline_svg(&sch, &sim, title, f);
                 if (fclose(f) != 0) s = DG_ERR(DG_ERR_USAGE, "--pp-timeline: cannot write %s", svg_path);
