@@ -25,6 +25,7 @@ void dg_cli_resolve_model(dg_config_t *cfg) {
 }
 
 dg_status_t dg_cli_train(dg_boot_t *boot, const dg_config_t *cfg) {
+    DG_TRY(dg_cli_refuse_pipeline_training(cfg));
     if (boot->world_rank == 0) {
         char path[DG_CFG_STR + 16];
         snprintf(path, sizeof path, "%s/config.ini", cfg->run.dir);
@@ -33,6 +34,8 @@ dg_status_t dg_cli_train(dg_boot_t *boot, const dg_config_t *cfg) {
     return dg_train_run(boot, cfg);
 }
 
-dg_status_t dg_cli_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json) {
+dg_status_t dg_cli_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json, const char *pp_timeline) {
+    if (pp_timeline || dg_cli_mesh_pp(cfg) > 1)
+        return dg_cli_pipeline_report(boot, cfg, json, pp_timeline, stdout);
     return dg_train_plan_only(boot, cfg, json, stdout);
 }

@@ -19,8 +19,19 @@ void dg_cli_resolve_model(dg_config_t *cfg);
  * is a warning). */
 dg_status_t dg_cli_train(dg_boot_t *boot, const dg_config_t *cfg);
 
-/* --plan-only: print the parallel plan and graph schedule per rank (json = one JSON document). */
-dg_status_t dg_cli_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json);
+/* --plan-only: print the parallel plan and graph schedule per rank (json = one JSON document). With pp > 1
+ * in parallel.mesh (or a pp_timeline path): the pipeline report instead (pipeline_report.c), and the
+ * simulated timeline as SVG into pp_timeline when not NULL. */
+dg_status_t dg_cli_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json, const char *pp_timeline);
+
+/* The pp of an explicit parallel.mesh (1 for auto or no pipeline). */
+int dg_cli_mesh_pp(const dg_config_t *cfg);
+/* DG_ERR_USAGE naming what is missing when parallel.mesh has pp > 1 (no pipeline executor yet). */
+dg_status_t dg_cli_refuse_pipeline_training(const dg_config_t *cfg);
+/* The pipeline report of --plan-only / --dry-run for pp > 1: split, simulated schedule, per-stage memory,
+ * the planner's verdict (rank 0 prints; json: one object); svg_path: the timeline picture. */
+dg_status_t dg_cli_pipeline_report(dg_boot_t *boot, const dg_config_t *cfg, int json, const char *svg_path,
+                                   FILE *out);
 
 /* --dry-run: boot and topology report, config hash, and the further sections registered in dryrun.c
  * (plan, memory estimate...). Rank 0 writes to `out`; json = one JSON object with one member per

@@ -54,6 +54,7 @@ static dg_status_t sec_topology(dg_boot_t *b, const dg_config_t *cfg, int json, 
 
 /* model size, per-rank memory and the planner's view (src/train) */
 static dg_status_t sec_plan(dg_boot_t *b, const dg_config_t *cfg, int json, FILE *out) {
+    if (dg_cli_mesh_pp(cfg) > 1) return dg_cli_pipeline_report(b, cfg, json, NULL, out); /* no executor yet */
     return dg_train_dry_run_report(b, cfg, json, out);
 }
 

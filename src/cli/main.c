@@ -29,11 +29,12 @@ typedef struct {
     int help, version, json, n_actions;
     dg_cli_action_t action; /* commands.c's action table; DG_ACT_TRAIN when no action flag is given */
     const char *export_topology;
+    const char *pp_timeline; /* --pp-timeline FILE (with --plan-only) */
 } cli_opts_t;
 
 /* The options that are not actions (commands.c lists those). */
-static const char *const k_options[] = {"--set",  "--help", "--version", "--json", "--export-topology",
-                                        "--trace"};
+static const char *const k_options[] = {"--set",   "--help",       "--version", "--json", "--export-topology",
+                                        "--trace", "--pp-timeline"};
 
 static void usage(FILE *out) {
     fprintf(out,
@@ -55,6 +56,8 @@ static void usage(FILE *out) {
         "  --set section.key=value override one key (repeatable; also --set=section.key=value)\n"
         "  --trace A:B             Chrome/Perfetto trace of steps A..B into run.dir/trace.json\n"
         "                          (= --set run.trace=A:B)\n"
+        "  --pp-timeline FILE.svg  with --plan-only and pp > 1 in parallel.mesh: the simulated pipeline\n"
+        "                          schedule as an SVG timeline (docs/parallelism.md)\n"
         "  --json                  with --print-env, --dry-run, --topology or --plan-only: one JSON\n"
         "                          document on stdout\n"
         "  --help, --version\n"
@@ -138,6 +141,10 @@ static dg_status_t parse_args(int argc, char **argv, cli_opts_t *o) {
             o->sets[o->nsets++] = set;
         } else if (strcmp(a, "--json") == 0) {
             o->json = 1;
+        } else if (strcmp(a, "--pp-timeline") == 0 || strncmp(a, "--pp-timeline=", 14) == 0) {
+            const char *v = a[13] == '=' ? a + 14 : i + 1 < argc ? argv[++i] : NULL;
+            if (!v || !*v) return DG_ERR(DG_ERR_USAGE, "--pp-timeline: expected a FILE.svg after it");
+            o->pp_timeline = v;
         } else if (strcmp(a, "--export-topology") == 0) {
             if (i + 1 >= argc || !*argv[i + 1])
                 return DG_ERR(DG_ERR_USAGE, "--export-topology: expected a FILE after it");
@@ -162,6 +169,8 @@ static dg_status_t parse_args(int argc, char **argv, cli_opts_t *o) {
         if (dg_cli_actions[i].json_ok && nj < 16) json_flags[nj++] = dg_cli_actions[i].flag;
     }
     if (o->n_actions > 1) return DG_ERR(DG_ERR_USAGE, "choose one of %s", flags);
+    if (o->pp_timeline && o->action != DG_ACT_PLAN_ONLY)
+        return DG_ERR(DG_ERR_USAGE, "--pp-timeline FILE goes with --plan-only");
     if (o->json && (o->action == DG_ACT_TRAIN || !action_def(o->action)->json_ok)) {
         char jl[256] = "";
         for (int i = 0; i < nj; i++) {
@@ -246,7 +255,8 @@ static dg_status_t run(dg_boot_t *b, const cli_opts_t *o, dg_config_t *cfg) {
         return dg_boot_agree(b, s);
     }
     if (o->action == DG_ACT_DRY_RUN) return dg_boot_agree(b, dg_cli_dry_run(b, cfg, o->json, stdout));
-    if (o->action == DG_ACT_PLAN_ONLY) return dg_boot_agree(b, dg_cli_plan_only(b, cfg, o->json));
+    if (o->action == DG_ACT_PLAN_ONLY)
+        return dg_boot_agree(b, dg_cli_plan_only(b, cfg, o->json, o->pp_timeline));
     if (o->export_topology) return DG_OK; /* exporting alone is an action of its own */
     return dg_boot_agree(b, dg_cli_train(b, cfg));
 }

@@ -15,6 +15,7 @@
  */
 #define _GNU_SOURCE
 #include "config_impl.h"
+#include "dg_mesh.h"
 #include "dg_fs.h"
 
 #include <ctype.h>
@@ -711,6 +712,86 @@ dg_status_t dg_config_load(dg_config_t *cfg, const char *path, int nsets, const 
     return s;
 }
 
+/* The pipeline keys against each other and an explicit mesh (docs/parallelism.md). What needs the
+ * model's depth (pp <= n_layer, n_layer divisible by pp x pp_virtual) is checked here when n_layer is
+ * given, else by the pipeline split when the preset is resolved (--plan-only, --dry-run). */
+static dg_status_t validate_pipeline(const dg_config_t *cfg) {
+#define SRC(k) dg_config_source(cfg, k)
+    const int interleaved = cfg->parallel.pp_schedule_id == 1;
+    const long long v = (long long)cfg->parallel.pp_virtual;
+    if (interleaved && v < 2)
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "parallel.pp_schedule = interleaved (%s) needs parallel.pp_virtual >= 2 (it is %lld, %s): "
+            "with one chunk per rank the schedule is 1f1b",
+            SRC("parallel.pp_schedule"), v, SRC("parallel.pp_virtual"));
+    if (!interleaved && v != 1)
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "parallel.pp_virtual = %lld (%s) needs parallel.pp_schedule = interleaved (it is %s, %s): "
+            "1f1b has one stage per rank",
+            v, SRC("parallel.pp_virtual"), cfg->parallel.pp_schedule, SRC("parallel.pp_schedule"));
+    dg_mesh_shape_t m;
+    int is_auto = 0;
+    if (dg_mesh_parse(cfg->parallel.mesh, 0, &m, &is_auto) != DG_OK || is_auto) {
+        dg_clear_error();
+        return DG_OK; /* auto: the planner picks pp and derives the micro-batches */
+    }
+    const int pp = dg_mesh_pp(&m);
+    if (pp == 1) {
+        if (interleaved)
+            return DG_ERR(
+                DG_ERR_USAGE,
+                "parallel.pp_schedule = interleaved (%s) needs pipeline stages: parallel.mesh = %s (%s) "
+                "has pp=1",
+                SRC("parallel.pp_schedule"), cfg->parallel.mesh, SRC("parallel.mesh"));
+        if (cfg->parallel.pp_microbatches > 0)
+            return DG_ERR(
+                DG_ERR_USAGE,
+                "parallel.pp_microbatches = %lld (%s) needs pipeline stages: parallel.mesh = %s (%s) "
+                "has pp=1",
+                (long long)cfg->parallel.pp_microbatches, SRC("parallel.pp_microbatches"), cfg->parallel.mesh,
+                SRC("parallel.mesh"));
+        return DG_OK;
+    }
+    const long long dp = (long long)m.size[0] * m.size[1], mb = (long long)cfg->train.micro_batch;
+    const long long gb = (long long)cfg->train.global_batch;
+    if (gb % (mb * dp) != 0)
+        return DG_ERR(DG_ERR_USAGE,
+                      "train.global_batch = %lld (%s) is not a multiple of train.micro_batch (%lld) x "
+                      "data-parallel ranks of parallel.mesh = %s (%lld)",
+                      gb, SRC("train.global_batch"), mb, cfg->parallel.mesh, dp);
+    long long q = gb / (mb * dp), want = cfg->parallel.pp_microbatches;
+    if (want > 0 && want != q)
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "parallel.pp_microbatches = %lld (%s) but train.global_batch / (train.micro_batch x "
+            "data-parallel ranks) = %lld / (%lld x %lld) = %lld: expected global_batch = micro_batch x "
+            "dp x pp_microbatches",
+            want, SRC("parallel.pp_microbatches"), gb, mb, dp, q);
+    if (q < pp)
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "parallel.mesh = %s (%s) has pp=%d stages but a step has only %lld micro-batches per "
+            "pipeline (train.global_batch %lld / (micro_batch %lld x dp %lld)): expected at least pp "
+            "micro-batches (raise train.global_batch or lower train.micro_batch)",
+            cfg->parallel.mesh, SRC("parallel.mesh"), pp, q, gb, mb, dp);
+    const long long L = (long long)cfg->model.n_layer;
+    if (L > 0 && L < pp)
+        return DG_ERR(
+            DG_ERR_USAGE,
+            "parallel.mesh = %s (%s) has pp=%d stages but model.n_layer = %lld (%s): every stage needs "
+            "at least one block",
+            cfg->parallel.mesh, SRC("parallel.mesh"), pp, L, SRC("model.n_layer"));
+    if (L > 0 && interleaved && L % (pp * v) != 0)
+        return DG_ERR(DG_ERR_USAGE,
+                      "parallel.pp_schedule = interleaved needs model.n_layer = %lld (%s) divisible by pp x "
+                      "pp_virtual = %d x %lld = %lld",
+                      L, SRC("model.n_layer"), pp, v, pp * v);
+#undef SRC
+    return DG_OK;
+}
+
 /* cross-key checks: each message names both keys with their values and sources */
 dg_status_t dg_config_validate(const dg_config_t *cfg) {
 #define SRC(k) dg_config_source(cfg, k)
@@ -755,6 +836,7 @@ dg_status_t dg_config_validate(const dg_config_t *cfg) {
             "parallel.comm = nccl (%s) needs GPU memory but parallel.backend = cpu (%s): expected comm = "
             "mpi or auto with the cpu backend",
             SRC("parallel.comm"), SRC("parallel.backend"));
+    DG_TRY(validate_pipeline(cfg));
 #undef SRC
     return DG_OK;
 }

@@ -103,8 +103,12 @@ typedef struct dg_config {
         char comm[8];    /* auto | mpi | nccl */
         dg_cfg_backend_t backend_id;
         dg_cfg_comm_t comm_id;
-        char reduce_scatter[8]; /* ring | mpi: the mpi comm backend's reduce-scatter algorithm */
-        char mesh[128];         /* auto | e.g. dp_replicate=2,dp_shard=4,tp=2 */
+        char reduce_scatter[8];  /* ring | mpi: the mpi comm backend's reduce-scatter algorithm */
+        char mesh[128];          /* auto | e.g. dp_replicate=2,dp_shard=4,tp=2,pp=2 */
+        int64_t pp_microbatches; /* micro-batches per step through the pipeline; 0 = global / (micro x dp) */
+        char pp_schedule[16];    /* 1f1b | interleaved */
+        int pp_schedule_id;      /* dg_pp_kind_t (src/pipeline/pipeline.h): 0 1f1b, 1 interleaved */
+        int64_t pp_virtual;      /* virtual stages (model chunks) per rank: 1 for 1f1b, >= 2 interleaved */
         int reshard_after_forward;
         double bucket_mb;
         double prefetch_budget_mb;

@@ -258,7 +258,18 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     ENUM("parallel", "reduce_scatter", parallel.reduce_scatter, "ring", "ring|mpi",
          "mpi comm backend's reduce-scatter: dg_comm's ring, or MPI_Reduce_scatter_block"),
     STR("parallel", "mesh", parallel.mesh, "auto", check_mesh,
-        "device mesh: auto, or e.g. dp_replicate=2,dp_shard=4,tp=2"),
+        "device mesh: auto, or e.g. dp_replicate=2,dp_shard=4,tp=2,pp=2 (pp: pipeline stages, outermost; "
+        "planned by --plan-only / --dry-run, not trained yet)"),
+    INT("parallel", "pp_microbatches", parallel.pp_microbatches, "0", 0, 1 << 20,
+        "micro-batches per step through the pipeline (pp > 1; >= pp); train.global_batch must equal "
+        "train.micro_batch x data-parallel ranks x this (0 = that quotient)"),
+    ENUMI("parallel", "pp_schedule", parallel.pp_schedule, parallel.pp_schedule_id, "1f1b",
+          "1f1b|interleaved",
+          "pipeline schedule: 1f1b (one stage per rank) or interleaved 1F1B (parallel.pp_virtual chunks "
+          "per rank: a smaller bubble for more point-to-point traffic)"),
+    INT("parallel", "pp_virtual", parallel.pp_virtual, "1", 1, 64,
+        "virtual stages (model chunks) per rank: 1 with pp_schedule = 1f1b, >= 2 with interleaved (n_layer "
+        "divisible by pp x pp_virtual)"),
     BOOL("parallel", "reshard_after_forward", parallel.reshard_after_forward, "true",
          "free gathered parameters after forward and gather them again for backward"),
     FLT("parallel", "bucket_mb", parallel.bucket_mb, "25", 0, 1048576,

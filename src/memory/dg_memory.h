@@ -20,6 +20,8 @@ typedef struct {
     int recompute;       /* train.recompute: 0 none, 1 gelu, 2 selective, 3 full (DG_RECOMPUTE_*) */
     int gpu;             /* GPU mode: attention probabilities are not kept; host terms not in total */
     double bucket_bytes; /* gradient bucket (parallel.bucket_mb); <= 0: one block, uncapped */
+    double inflight;     /* pipeline stage: micro-batches whose activations are held at the peak (1F1B
+                          * stage s: pp - s; n_params / n_layer are then the stage's); <= 0: 1 */
 } dg_mem_in_t;
 
 /* Device terms (state .. buckets) live on the GPU in GPU mode, in host memory on CPU ranks; the host

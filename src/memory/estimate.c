@@ -41,7 +41,9 @@ static void device_terms(const dg_mem_in_t *in, dg_mem_est_t *out) {
     /* the recomputed tensors live in the layers' backward, after lm_head's, where the planner lays them
      * over the dead (d)logits: only what exceeds that buffer adds to the peak */
     double extra = mb * T * redo - out->logits;
-    out->activations = L * mb * T * kept + mb * T * C * 3.0 * pb + (extra > 0 ? extra : 0);
+    /* a pipeline stage keeps the activations of each in-flight micro-batch until its backward */
+    double inflight = in->inflight > 1 ? in->inflight : 1;
+    out->activations = inflight * (L * mb * T * kept + mb * T * C * 3.0 * pb) + (extra > 0 ? extra : 0);
     /* FSDP (graph/shard.c): a bucket is a block's parameters, up to bucket_bytes; its gradient is
      * accumulated unsharded in f32 until shard_pack and the reduce-scatter (the arena's placement lets
      * the pack buffer share its space; measured). DDP reduces the flat gradient in place (no buffer). */

@@ -128,6 +128,7 @@ dg_status_t dg_cluster_from_topo(const dg_node_topo_t *t, void *hwtopo_v, int n_
     if (!c->nics_per_node) c->nics_per_node = t->n_nics > 0 ? 1 : 0;
     c->nic_GBps = 50.0;
     apply_nic_share(c);
+    c->max_pp = 1; /* the live cluster: no pipeline executor yet (dg_cluster_load opens it) */
     if (c->gpu_mode) {
         gpu_budget(t->gpus[0].name, &c->mem_per_rank_bytes, &c->peak_flops_per_rank);
         c->max_tp = rpn;
@@ -307,6 +308,7 @@ dg_status_t dg_cluster_load(const char *path, int world, dg_cluster_t *out) {
                 for (int j = 0; j < out->n_gpus; j++)
                     out->nvlink_bw[i * out->n_gpus + j] = i == j ? 0 : out->link[DG_LINK_NVLINK].bw_GBps;
         }
+        out->max_pp = out->world; /* planning only: pipeline candidates are scored */
         if (f.nics > 0) out->nics_per_node = f.nics;
         if (f.nic_gbps > 0) out->nic_GBps = f.nic_gbps / 8.0;
         if (f.mem_gib > 0) out->mem_per_rank_bytes = f.mem_gib * 1073741824.0;

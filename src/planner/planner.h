@@ -59,6 +59,8 @@ typedef struct dg_cluster {
     double mem_per_rank_bytes; /* device memory budget per rank */
     double peak_flops_per_rank;
     int max_tp; /* largest tp considered (default: GPUs per node, or ranks per node for CPU) */
+    int max_pp; /* largest pp considered: 1 for the live cluster (this build has no pipeline executor
+                 * yet, so mesh = auto must not pick one), the world for described clusters */
 } dg_cluster_t;
 
 /* The defaults table (docs/planning.md lists the numbers and their sources). gpu_mode selects GPU-style
@@ -90,6 +92,8 @@ typedef struct dg_plan_workload {
     int param_bytes;      /* bytes per element of compute weights and activations (2 bf16, 4 fp32) */
     int grad_bytes;       /* bytes per element of reduced gradients */
     int reshard_after_forward;
+    int pp_schedule; /* dg_pp_kind_t of pipeline candidates (0 1f1b, 1 interleaved) */
+    int pp_virtual;  /* chunks per rank with interleaved (<= 1: 2) */
 } dg_plan_workload_t;
 
 typedef struct dg_plan {
@@ -104,6 +108,13 @@ typedef struct dg_plan {
     double hop_variance;                                    /* normalised to [0, 1] */
     double recovery_cost;                                   /* [0, 1] */
     double score;                                           /* [0, 1], 1 = best; 0 for infeasible plans */
+    /* pipeline (mesh.size[DG_MESH_PP] > 1): compute_ms is the simulated makespan of the schedule */
+    int pp_microbatches;
+    double pp_bubble;    /* simulated bubble fraction */
+    double pp_imbalance; /* largest stage's FLOPs / mean */
+    double pp_p2p_ms;    /* one micro-batch's activation message on the slowest stage-to-stage link */
+    double pp_p2p_bytes; /* per rank per step, activations and gradients sent */
+    int pp_hops;         /* worst link class between consecutive stages */
 } dg_plan_t;
 
 typedef struct dg_plan_result {
@@ -111,6 +122,7 @@ typedef struct dg_plan_result {
     dg_plan_t *plans; /* ranked: feasible by score (ties by step time), then infeasible */
     int chosen;       /* index into plans (0) or -1 when none is feasible */
     char reason[512];
+    char pp_reason[768]; /* why pipeline parallelism was chosen or rejected ("" when not considered) */
 } dg_plan_result_t;
 
 /* Enumerate and score every candidate. DG_ERR_USAGE when no candidate is feasible (the message

@@ -248,8 +248,52 @@ static void test_errors(void) {
                "(default): expected min <= max");
     EXPECT_ERR("d.ini", "[run]\nname = my run\n",
                "@:2: run.name: expected a name of letters, digits, '.', '_' and '-'");
-    EXPECT_ERR("d.ini", "[parallel]\nmesh = dp=2\n",
-               "@:2: parallel.mesh: unknown dimension 'dp' in 'dp=2' (expected dp_replicate, dp_shard, tp)");
+    EXPECT_ERR(
+        "d.ini", "[parallel]\nmesh = dp=2\n",
+        "@:2: parallel.mesh: unknown dimension 'dp' in 'dp=2' (expected dp_replicate, dp_shard, tp, pp)");
+    /* pipeline keys (docs/parallelism.md) */
+    EXPECT_ERR("d.ini", "[parallel]\nmesh = dp_shard=2,order=pp,tp,dp_shard\n",
+               "@:2: parallel.mesh: pp cannot be placed by order= (pipeline stages are always the outermost "
+               "dimension); order= lists dp_replicate, dp_shard and tp");
+    EXPECT_ERR("d.ini", "[parallel]\nmesh = pp=0\n",
+               "@:2: parallel.mesh: pp must be a positive integer, got '0'");
+    EXPECT_ERR("d.ini", "[parallel]\nmesh = pp=2,pp=2\n",
+               "@:2: parallel.mesh: pp given twice in 'pp=2,pp=2'");
+    EXPECT_ERR("d.ini", "[parallel]\npp_schedule = gpipe\n",
+               "@:2: parallel.pp_schedule: expected one of 1f1b|interleaved, got 'gpipe'");
+    EXPECT_ERR(
+        "d.ini", "[parallel]\npp_schedule = interleaved\n",
+        "parallel.pp_schedule = interleaved (@:2) needs parallel.pp_virtual >= 2 (it is 1, default): with "
+        "one chunk per rank the schedule is 1f1b");
+    EXPECT_ERR(
+        "d.ini", "[parallel]\npp_virtual = 2\n",
+        "parallel.pp_virtual = 2 (@:2) needs parallel.pp_schedule = interleaved (it is 1f1b, default): "
+        "1f1b has one stage per rank");
+    EXPECT_ERR(
+        "d.ini", "[parallel]\nmesh = dp_shard=2\npp_schedule = interleaved\npp_virtual = 2\n",
+        "parallel.pp_schedule = interleaved (@:3) needs pipeline stages: parallel.mesh = dp_shard=2 (@:2) "
+        "has pp=1");
+    /* the defaults: global_batch 16, micro_batch 8: 2 micro-batches for one data-parallel rank */
+    EXPECT_ERR("d.ini", "[parallel]\nmesh = pp=4\n",
+               "parallel.mesh = pp=4 (@:2) has pp=4 stages but a step has only 2 micro-batches per pipeline "
+               "(train.global_batch 16 / (micro_batch 8 x dp 1)): expected at least pp micro-batches (raise "
+               "train.global_batch or lower train.micro_batch)");
+    EXPECT_ERR(
+        "d.ini", "[parallel]\nmesh = pp=2\npp_microbatches = 4\n",
+        "parallel.pp_microbatches = 4 (@:3) but train.global_batch / (train.micro_batch x data-parallel "
+        "ranks) = 16 / (8 x 1) = 2: expected global_batch = micro_batch x dp x pp_microbatches");
+    EXPECT_ERR("d.ini", "[parallel]\nmesh = pp=2,dp_shard=3\n",
+               "train.global_batch = 16 (default) is not a multiple of train.micro_batch (8) x data-parallel "
+               "ranks of parallel.mesh = pp=2,dp_shard=3 (3)");
+    EXPECT_ERR("d.ini", "[model]\nn_layer = 2\n[train]\nmicro_batch = 1\n[parallel]\nmesh = pp=4\n",
+               "parallel.mesh = pp=4 (@:6) has pp=4 stages but model.n_layer = 2 (@:2): every stage needs at "
+               "least one block");
+    EXPECT_ERR(
+        "d.ini",
+        "[model]\nn_layer = 6\n[train]\nmicro_batch = 1\n[parallel]\nmesh = pp=2\npp_schedule = "
+        "interleaved\npp_virtual = 2\n",
+        "parallel.pp_schedule = interleaved needs model.n_layer = 6 (@:2) divisible by pp x pp_virtual = 2 "
+        "x 2 = 4");
     EXPECT_ERR("e.ini", "[train]\nsteps = 10\n\n[run]\nseed=1\n[train]\nsteps = 20\n",
                "@:7: duplicate key train.steps (first set at line 2)");
     EXPECT_ERR("f.ini", "[train]\ngarbage line\n",

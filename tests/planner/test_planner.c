@@ -10,6 +10,12 @@
  *      is infeasible and says why; the choice shards the state.
  *   6. 24 ranks on nodes of 8 with dp_shard = 3 innermost: a group straddles two nodes, so hop variance
  *      is non-zero and that dimension's worst link is the network.
+ * Cases 1-4 and 6 judge the layout of the data-parallel and tp dimensions: they plan without pipeline
+ * candidates (max_pp = 1, as for the live cluster). Case 5 counts pipeline stages as a way to split the
+ * state. With pipelines:
+ *   7. gpt2-1558m on 8 x 8 H100: pp wins (the data-parallel traffic of a plan without crosses the
+ *      network); the live cluster (max_pp = 1) gets no pp candidate.
+ *   8. gpt2-124m on one NVLink node: pp does not pay, and the explanation says so.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +72,7 @@ int main(int argc, char **argv) {
 
     /* 1 */
     if (load("nvlink-1x8.ini", 0, &c)) {
+        c.max_pp = 1;
         dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 8, 64);
         CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
         show("1 node x 8 NVLink GPUs, gpt2-124m", &r, &c);
@@ -78,6 +85,7 @@ int main(int argc, char **argv) {
     }
     /* 1b: NVLink only within each socket's quad: tp=4 fits a quad when tp is innermost, tp=8 cannot */
     if (load("hybrid-1x8.ini", 0, &c)) {
+        c.max_pp = 1;
         CHECK(dg_cluster_link(&c, 0, 1) == DG_LINK_NVLINK &&
                   dg_cluster_link(&c, 0, 5) == DG_LINK_CROSS_SOCKET,
               "link classes %d %d", dg_cluster_link(&c, 0, 1), dg_cluster_link(&c, 0, 5));
@@ -96,6 +104,7 @@ int main(int argc, char **argv) {
     }
     /* 2 */
     if (load("dgx-h100-8x8.ini", 0, &c)) {
+        c.max_pp = 1;
         CHECK(c.world == 64, "world %d", c.world);
         dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 8, 512);
         CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
@@ -113,6 +122,7 @@ int main(int argc, char **argv) {
     }
     /* 3 */
     if (load("pcie-2x4.ini", 0, &c)) {
+        c.max_pp = 1;
         dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 4, 64);
         CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
         show("2 PCIe-only nodes x 4 GPUs, 1 NIC each, gpt2-124m", &r, &c);
@@ -126,6 +136,7 @@ int main(int argc, char **argv) {
     }
     /* 4 */
     if (load("cpu-2socket.ini", 0, &c)) {
+        c.max_pp = 1;
         CHECK(!c.gpu_mode && c.world == 4, "gpu_mode %d world %d", c.gpu_mode, c.world);
         dg_plan_workload_t w = {.n_layer = 4,
                                 .n_head = 4,
@@ -160,7 +171,8 @@ int main(int argc, char **argv) {
         CHECK(ddp && !ddp->feasible && strstr(ddp->why, "GiB"), "pure DP should be infeasible (%s)",
               ddp ? ddp->why : "missing");
         const dg_plan_t *p = &r.plans[r.chosen];
-        CHECK(p->feasible && p->mesh.size[DG_MESH_DP_SHARD] * p->mesh.size[DG_MESH_TP] >= 2,
+        CHECK(p->feasible &&
+                  p->mesh.size[DG_MESH_DP_SHARD] * p->mesh.size[DG_MESH_TP] * dg_mesh_pp(&p->mesh) >= 2,
               "chose unsharded");
         /* far too small a budget: no plan, and the error says why */
         c.mem_per_rank_bytes = 0.5 * 1073741824.0;
@@ -172,12 +184,58 @@ int main(int argc, char **argv) {
     }
     /* 6 */
     if (load("dgx-h100-8x8.ini", 24, &c)) {
+        c.max_pp = 1;
         dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 8, 192);
         CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
         const dg_plan_t *p = find(&r, 8, 3, 1, DG_MESH_DP_SHARD);
         CHECK(p && p->hop_variance > 0 && p->hops[DG_MESH_DP_SHARD] == DG_LINK_NETWORK, "straddling groups");
         const dg_plan_t *q = &r.plans[r.chosen];
         CHECK(q->hop_variance == 0, "chosen plan has uneven groups (hop variance %g)", q->hop_variance);
+        dg_plan_result_free(&r);
+        dg_cluster_free(&c);
+    }
+    /* 7: gpt2-1558m (25 heads: no tp of 2, 4 or 8) on 8 x 8 H100: without a pipeline every gradient of
+     * the data-parallel dimension crosses the network (or FSDP's per-micro-batch gathers run 8 times a
+     * step); pp = 8 puts one stage per node, dp_shard = 8 on NVLink, and only the activations of a
+     * micro-batch (3.3 MB) cross the network between stages */
+    if (load("dgx-h100-8x8.ini", 0, &c)) {
+        CHECK(c.max_pp == 64, "described clusters score pipelines (max_pp %d)", c.max_pp);
+        dg_plan_workload_t w = gpt2(1557611200, 48, 25, 1600, 1, 512);
+        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
+        show("8 nodes x 8 H100, gpt2-1558m", &r, &c);
+        const dg_plan_t *p = &r.plans[r.chosen];
+        CHECK(dg_mesh_pp(&p->mesh) > 1, "chose pp=%d", dg_mesh_pp(&p->mesh));
+        CHECK(p->pp_bubble > 0 && p->pp_bubble < 0.2, "bubble %g", p->pp_bubble);
+        CHECK(p->mesh.size[DG_MESH_TP] == 1, "tp %d with 25 heads", p->mesh.size[DG_MESH_TP]);
+        CHECK(strstr(r.pp_reason, "pipeline chosen"), "%s", r.pp_reason);
+        /* each stage's data-parallel groups stay on NVLink */
+        if (p->mesh.size[DG_MESH_DP_SHARD] > 1)
+            CHECK(p->hops[DG_MESH_DP_SHARD] <= DG_LINK_NVLINK, "dp_shard hops");
+        /* the best plan without a pipeline is slower */
+        const dg_plan_t *np = NULL;
+        for (int i = 0; i < r.n && !np; i++)
+            if (r.plans[i].feasible && dg_mesh_pp(&r.plans[i].mesh) == 1) np = &r.plans[i];
+        CHECK(np && np->step_ms > p->step_ms * 1.2, "no-pp %.2f ms vs pp %.2f ms", np ? np->step_ms : 0,
+              p->step_ms);
+        dg_plan_result_free(&r);
+        /* the live cluster (dg_cluster_from_topo) has no executor: no pp candidate */
+        c.max_pp = 1;
+        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
+        for (int i = 0; i < r.n; i++)
+            CHECK(dg_mesh_pp(&r.plans[i].mesh) == 1, "pp candidate with max_pp = 1");
+        CHECK(strstr(r.pp_reason, "not considered"), "%s", r.pp_reason);
+        dg_plan_result_free(&r);
+        dg_cluster_free(&c);
+    }
+    /* 8: one node of 8 NVLink GPUs, gpt2-124m: a pipeline does not pay (its bubble over few micro-batches
+     * costs more than NVLink's cheap data-parallel traffic) */
+    if (load("nvlink-1x8.ini", 0, &c)) {
+        dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 8, 64);
+        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
+        const dg_plan_t *p = &r.plans[r.chosen];
+        CHECK(dg_mesh_pp(&p->mesh) == 1, "chose pp=%d on one node", dg_mesh_pp(&p->mesh));
+        CHECK(strstr(r.pp_reason, "pipeline rejected"), "%s", r.pp_reason);
+        printf("\n=== 1 node, gpt2-124m: %s\n", r.pp_reason);
         dg_plan_result_free(&r);
         dg_cluster_free(&c);
     }
