@@ -59,6 +59,13 @@ void dg_comm__describe(const dg_comm_t *c, const dg_comm_op_t *op, char *buf, si
     }
 }
 
+dg_status_t dg_comm__op_release(dg_comm_op_t *op) {
+    dg_status_t s = op->status;
+    if (s != DG_OK) DG_ERR(s, "%s", op->msg);
+    free(op);
+    return s;
+}
+
 void dg_comm__strlcpy(char *dst, size_t cap, const char *src) {
     size_t n = strlen(src);
     if (n >= cap) n = cap - 1;

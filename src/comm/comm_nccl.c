@@ -460,13 +460,6 @@ static dg_status_t nccl_post(dg_comm_t *c, dg_comm_op_t *op) {
     return DG_OK;
 }
 
-static dg_status_t release(dg_comm_op_t *op) {
-    dg_status_t s = op->status;
-    if (s != DG_OK) DG_ERR(s, "%s", op->msg);
-    free(op);
-    return s;
-}
-
 /* Waits until `op` is done (or `op` == NULL: until the stream has drained up to flush_ev). */
 static dg_status_t wait_until(cn_t *m, dg_comm_op_t *op, dg_comm_op_t *waited) {
     double t0 = dg_now_s();
@@ -513,14 +506,14 @@ static dg_status_t nccl_wait(dg_comm_t *c, dg_comm_op_t *op) {
     dg_status_t s = flush_p2p(m);
     if (s == DG_OK) s = wait_until(m, op, op);
     if (s != DG_OK) return s; /* the op stays on the failed comm's list: NCCL may still touch it */
-    return release(op);
+    return dg_comm__op_release(op);
 }
 
 static dg_status_t nccl_test(dg_comm_t *c, dg_comm_op_t *op, int *done) {
     cn_t *m = (cn_t *)c;
     DG_TRY(flush_p2p(m));
     DG_TRY(query(m, op, done));
-    if (*done) return release(op);
+    if (*done) return dg_comm__op_release(op);
     return DG_OK;
 }
 
@@ -555,7 +548,7 @@ static dg_status_t nccl_stream_wait(dg_comm_t *c, dg_comm_op_t *op, void *stream
         put_event(m, (cudaEvent_t)op->event);
         op->event = NULL;
     }
-    return release(op);
+    return dg_comm__op_release(op);
 }
 
 static void nccl_state(dg_comm_t *c, char *buf, size_t cap) {

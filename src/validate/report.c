@@ -12,17 +12,11 @@
 #include "validate_impl.h"
 
 const char *dg_verdict_name(dg_verdict_t v) {
-    switch (v) {
-    case DG_VERDICT_PASS:
-        return "PASS";
-    case DG_VERDICT_SKIP:
-        return "SKIP";
-    case DG_VERDICT_FAIL:
-        return "FAIL";
-    case DG_VERDICT_ERROR:
-        return "ERROR";
-    }
-    return "?";
+    static const char *const names[] = {[DG_VERDICT_PASS] = "PASS",
+                                        [DG_VERDICT_SKIP] = "SKIP",
+                                        [DG_VERDICT_FAIL] = "FAIL",
+                                        [DG_VERDICT_ERROR] = "ERROR"};
+    return DG_ENUM_NAME(names, v, "?");
 }
 
 void dg_vreport_init(dg_vreport_t *r) {

@@ -640,15 +640,9 @@ static dg_status_t open_section(parse_t *p, const char *where, char *sec) {
 static char *reader(char *str, int num, void *stream) {
     parse_t *p = stream;
     if (p->err || p->pos >= p->len) return NULL;
-    const char *line = p->text + p->pos;
-    const char *nl = memchr(line, '\n', p->len - p->pos);
-    size_t n = nl ? (size_t)(nl - line) : p->len - p->pos;
-    p->pos += n + (nl ? 1 : 0);
+    const char *line;
+    size_t n = dg_text_line(p->text, p->len, &p->pos, &line);
     p->lineno++;
-    while (n && (*line == ' ' || *line == '\t'))
-        line++, n--;
-    while (n && (line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t'))
-        n--;
     char where[1200];
     snprintf(where, sizeof where, "%s:%d", p->s->name, p->lineno);
     if (n + 2 > (size_t)num) {
