@@ -115,39 +115,26 @@ static void set_msg(dg_comm_op_t *op, dg_status_t s) {
 }
 
 /* dst[i] = a[i] + b[i] for the reducible dtypes (bf16 summed in f32 and rounded, as bf16_sum_fn). */
-static inline float add_f32(float x, float y) {
-    return x + y;
-}
-static inline double add_f64(double x, double y) {
-    return x + y;
-}
-static inline int32_t add_i32(int32_t x, int32_t y) {
-    return (int32_t)((uint32_t)x + (uint32_t)y); /* wraps like MPI_SUM, no UB */
-}
-static inline uint16_t add_bf16(uint16_t x, uint16_t y) {
-    return dg_comm__f32_to_bf16(dg_comm__bf16_to_f32(x) + dg_comm__bf16_to_f32(y));
-}
-
 static void ring_add(void *dst, const void *a, const void *b, size_t n, dg_dtype_t dt) {
-#define RING_ADD(T, add)                                                                                     \
+#define RING_ADD(T, sum)                                                                                     \
     do {                                                                                                     \
         T *d = dst;                                                                                          \
         const T *x = a, *y = b;                                                                              \
         for (size_t i = 0; i < n; i++)                                                                       \
-            d[i] = add(x[i], y[i]);                                                                          \
+            d[i] = (sum);                                                                                    \
     } while (0)
     switch (dt) {
     case DG_F32:
-        RING_ADD(float, add_f32);
+        RING_ADD(float, x[i] + y[i]);
         break;
     case DG_F64:
-        RING_ADD(double, add_f64);
+        RING_ADD(double, x[i] + y[i]);
         break;
     case DG_I32:
-        RING_ADD(int32_t, add_i32);
+        RING_ADD(int32_t, (int32_t)((uint32_t)x[i] + (uint32_t)y[i])); /* wraps like MPI_SUM, no UB */
         break;
     case DG_BF16:
-        RING_ADD(uint16_t, add_bf16);
+        RING_ADD(uint16_t, dg_comm__f32_to_bf16(dg_comm__bf16_to_f32(x[i]) + dg_comm__bf16_to_f32(y[i])));
         break;
     default:
         DG_ASSERTF(0, "ring reduce-scatter of dtype %d", (int)dt);
