@@ -517,7 +517,13 @@ static dg_status_t set_node_key(dg_sla_t *s, int t, const char *where, int line,
                       nt->name, nt->set[k]);
     nt->set[k] = line;
     dg_sla_node_t *n = &nt->node;
-    dg_sla_count_t *cnt = NULL;
+    /* the count keys (their value parsed after the switch); the other keys are handled in it */
+    dg_sla_count_t *const counts[NK_N] = {[NK_GPUS] = &n->gpus,
+                                          [NK_NUMA] = &n->numa_nodes,
+                                          [NK_CORES] = &n->cores,
+                                          [NK_NICS] = &n->nics,
+                                          [NK_IB_NICS] = &n->ib_nics};
+    dg_sla_count_t *cnt = counts[k];
     switch (k) {
     case NK_MATCH: {
         if (t == 0)
@@ -541,21 +547,6 @@ static dg_status_t set_node_key(dg_sla_t *s, int t, const char *where, int line,
         nt->n_match = m;
         return DG_OK;
     }
-    case NK_GPUS:
-        cnt = &n->gpus;
-        break;
-    case NK_NUMA:
-        cnt = &n->numa_nodes;
-        break;
-    case NK_CORES:
-        cnt = &n->cores;
-        break;
-    case NK_NICS:
-        cnt = &n->nics;
-        break;
-    case NK_IB_NICS:
-        cnt = &n->ib_nics;
-        break;
     case NK_GPU_MODEL:
         if (!*v || strlen(v) >= sizeof n->gpu_model)
             return DG_ERR(DG_ERR_USAGE,
