@@ -562,15 +562,7 @@ static dg_status_t thread_flush(cm_t *m) {
 /* nonblocking mode                                                                                 */
 
 static void nb_unlink(cm_t *m, dg_comm_op_t *op) {
-    if (op->prev)
-        op->prev->next = op->next;
-    else
-        m->nb_head = op->next;
-    if (op->next)
-        op->next->prev = op->prev;
-    else
-        m->nb_tail = op->prev;
-    op->next = op->prev = NULL;
+    dg_comm__list_unlink(&m->nb_head, &m->nb_tail, op);
 }
 
 /* One MPI_Test; on completion finishes the op (still owned by the caller's request). */
@@ -631,13 +623,7 @@ static dg_status_t mpi_post(dg_comm_t *c, dg_comm_op_t *op) {
         atomic_store(&op->state, DG_OPST_STARTED);
         op->t_start = op->t_post;
         if (op->seq) atomic_store(&c->coll_started, op->seq);
-        op->prev = m->nb_tail;
-        op->next = NULL;
-        if (m->nb_tail)
-            m->nb_tail->next = op;
-        else
-            m->nb_head = op;
-        m->nb_tail = op;
+        dg_comm__list_append(&m->nb_head, &m->nb_tail, op);
         return DG_OK;
     }
     pthread_mutex_lock(&m->mu);

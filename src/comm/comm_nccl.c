@@ -283,15 +283,7 @@ static void put_event(cn_t *m, cudaEvent_t ev) {
 }
 
 static void unlink_op(cn_t *m, dg_comm_op_t *op) {
-    if (op->prev)
-        op->prev->next = op->next;
-    else if (m->head == op)
-        m->head = op->next;
-    if (op->next)
-        op->next->prev = op->prev;
-    else if (m->tail == op)
-        m->tail = op->prev;
-    op->next = op->prev = NULL;
+    dg_comm__list_unlink(&m->head, &m->tail, op);
 }
 
 static void mark_done(cn_t *m, dg_comm_op_t *op) {
@@ -389,13 +381,7 @@ static dg_status_t record(cn_t *m, dg_comm_op_t *op) {
 }
 
 static void append(cn_t *m, dg_comm_op_t *op) {
-    op->prev = m->tail;
-    op->next = NULL;
-    if (m->tail)
-        m->tail->next = op;
-    else
-        m->head = op;
-    m->tail = op;
+    dg_comm__list_append(&m->head, &m->tail, op);
 }
 
 /* Marks the comm failed with the message of status s (already set by the failing call). */
