@@ -178,6 +178,13 @@ dg_status_t vc_quiet_barrier(vctx_t *c, MPI_Comm comm, const char *what) {
 
 /* ---------------------------------------------------------------- naming ranks and hosts */
 
+void vc_why_wrong(const vctx_t *c, vbuf_t *why, long long wrong, const char *what, const int *ranks, int n) {
+    if (!wrong) return;
+    char who[1024];
+    vc_fmt_ranks(c, ranks, n, who, sizeof who);
+    vbuf_printf(why, "%s%lld %s %s", why->n ? "; " : "", wrong, what, who);
+}
+
 void vc_fmt_ranks(const vctx_t *c, const int *ranks, int n, char *buf, size_t cap) {
     size_t o = 0;
     buf[0] = 0;
