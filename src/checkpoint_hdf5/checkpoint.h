@@ -111,6 +111,10 @@ typedef struct dg_ckpt_meta {
     int format_version;   /* DG_CKPT_FORMAT_VERSION of the writer */
 } dg_ckpt_meta_t;
 
+/* A tensor shape as text, "[d0, d1, ...]" (cut at cap), and whether two shapes differ (rank or a dim). */
+void dg_ckpt_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap);
+int dg_ckpt_shape_differs(int na, const int64_t *a, int nb, const int64_t *b);
+
 void dg_ckpt_meta_init(dg_ckpt_meta_t *m);
 void dg_ckpt_meta_destroy(dg_ckpt_meta_t *m);
 void dg_ckpt_meta_set_config(dg_ckpt_meta_t *m, const char *text); /* copies; NULL clears */

@@ -53,14 +53,6 @@ static void human(double b, char *buf, size_t cap) {
     snprintf(buf, cap, i ? "%.1f %s" : "%.0f %s", b, u[i]);
 }
 
-static void shape_str(int nd, const int64_t *s, char *buf, size_t cap) {
-    size_t o = 0;
-    o += (size_t)snprintf(buf, cap, "[");
-    for (int d = 0; d < nd && o < cap; d++)
-        o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)s[d]);
-    if (o < cap) snprintf(buf + o, cap - o, "]");
-}
-
 static int cmd_list(const char *dir) {
     dg_ckpt_dir_entry_t *e = NULL;
     int n = 0;
@@ -196,7 +188,7 @@ static int cmd_show(const char *file, int show_config) {
         int64_t nb = 4;
         for (int d = 0; d < e->ndim; d++)
             nb *= e->shape[d];
-        shape_str(e->ndim, e->shape, shp, sizeof shp);
+        dg_ckpt_shape_str(e->ndim, e->shape, shp, sizeof shp);
         human((double)nb, sz, sizeof sz);
         printf("  /%-46s %-18s %10s  xxh3 %016llx  %s%s\n", e->path, shp, sz, (unsigned long long)e->hash,
                e->origin[0] ? "-> " : "stored", e->origin);
@@ -345,13 +337,10 @@ static int cmd_diff(const char *a, const char *b) {
             continue;
         }
         const dg_ckpt_entry_t *ea = &ia.entries[i++], *eb = &ib.entries[j++];
-        int same_shape = ea->ndim == eb->ndim;
-        for (int d = 0; same_shape && d < ea->ndim; d++)
-            same_shape = ea->shape[d] == eb->shape[d];
-        if (!same_shape) {
+        if (dg_ckpt_shape_differs(ea->ndim, ea->shape, eb->ndim, eb->shape)) {
             char sa[128], sb[128];
-            shape_str(ea->ndim, ea->shape, sa, sizeof sa);
-            shape_str(eb->ndim, eb->shape, sb, sizeof sb);
+            dg_ckpt_shape_str(ea->ndim, ea->shape, sa, sizeof sa);
+            dg_ckpt_shape_str(eb->ndim, eb->shape, sb, sizeof sb);
             printf("/%-48s shape differs: %s vs %s\n", ea->path, sa, sb);
             ndiff++;
             continue;

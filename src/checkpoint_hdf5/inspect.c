@@ -5,6 +5,7 @@
 #define _GNU_SOURCE
 #define DG_H5_FAIL_CODE DG_ERR_USAGE
 #include "ckpt_impl.h"
+#include "dg_fs.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -389,20 +390,6 @@ static int st_cmp(const void *a, const void *b) {
     return strcmp(((const st_item_t *)a)->name, ((const st_item_t *)b)->name);
 }
 
-static dg_status_t write_all(int fd, const void *p, size_t n, const char *path) {
-    const char *c = p;
-    while (n) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return DG_ERR(DG_ERR_RUNTIME, "cannot write %s: %s", path, strerror(errno));
-        }
-        c += w;
-        n -= (size_t)w;
-    }
-    return DG_OK;
-}
-
 static dg_status_t export_impl(const char *path, const char *out, int all, ckpt_files_t *fs,
                                dg_ckpt_info_t *info, const char *tmp, int fd) {
     st_item_t *it = dg_xcalloc((size_t)(info->n_entries > 0 ? info->n_entries : 1), sizeof *it);
@@ -446,8 +433,8 @@ static dg_status_t export_impl(const char *path, const char *out, int all, ckpt_
     uint8_t le[8];
     for (int i = 0; i < 8; i++)
         le[i] = (uint8_t)((uint64_t)len >> (8 * i));
-    dg_status_t s = write_all(fd, le, 8, tmp);
-    if (!s) s = write_all(fd, h, len, tmp);
+    dg_status_t s = dg_fs_write_all(fd, le, 8, tmp);
+    if (!s) s = dg_fs_write_all(fd, h, len, tmp);
     free(h);
     for (int i = 0; i < n && !s; i++) {
         float *data = NULL;
@@ -457,7 +444,9 @@ static dg_status_t export_impl(const char *path, const char *out, int all, ckpt_
         ckpt_hbag_close(&b);
         if (!s && ne != ckpt_numel(it[i].e->ndim, it[i].e->shape))
             s = DG_ERR(DG_ERR_USAGE, "%s:/%s does not match its manifest shape", path, it[i].e->path);
-        if (!s) s = write_all(fd, data, (size_t)ne * 4, tmp); /* x86 is little-endian, as safetensors wants */
+        if (!s)
+            s = dg_fs_write_all(fd, data, (size_t)ne * 4,
+                                tmp); /* x86 is little-endian, as safetensors wants */
         free(data);
     }
     free(it);

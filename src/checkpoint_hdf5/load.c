@@ -15,13 +15,6 @@ static int row_cmp(const void *a, const void *b) {
     return strcmp(((const ckpt_mrow_t *)a)->path, ((const ckpt_mrow_t *)b)->path);
 }
 
-static void shape_str(int nd, const int64_t *s, char *buf, size_t cap) {
-    size_t o = 0;
-    buf[0] = 0;
-    for (int d = 0; d < nd && o < cap; d++)
-        o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)s[d]);
-}
-
 /* Open, validate and read one tensor's pieces. Collective in its metadata calls. */
 static dg_status_t load_tensor(ckpt_files_t *fs, const ckpt_mrow_t *rows, int nrows, const ckpt_tdesc_t *td,
                                dg_ckpt_tensor_t *t, ckpt_hbag_t *b) {
@@ -30,15 +23,11 @@ static dg_status_t load_tensor(ckpt_files_t *fs, const ckpt_mrow_t *rows, int nr
     snprintf(key.path, sizeof key.path, "%s", td->path);
     const ckpt_mrow_t *r = bsearch(&key, rows, (size_t)nrows, sizeof key, row_cmp);
     if (!r) return DG_ERR(DG_ERR_USAGE, "%s: dataset /%s is missing (not in the manifest)", file, td->path);
-    int same = r->ndim == td->ndim;
-    for (int d = 0; same && d < td->ndim; d++)
-        same = r->shape[d] == td->gshape[d];
-    if (!same) {
+    if (dg_ckpt_shape_differs(r->ndim, r->shape, td->ndim, td->gshape)) {
         char got[200], want[200];
-        shape_str(r->ndim, r->shape, got, sizeof got);
-        shape_str(td->ndim, td->gshape, want, sizeof want);
-        return DG_ERR(DG_ERR_USAGE, "%s: dataset /%s has shape [%s], expected [%s]", file, td->path, got,
-                      want);
+        dg_ckpt_shape_str(r->ndim, r->shape, got, sizeof got);
+        dg_ckpt_shape_str(td->ndim, td->gshape, want, sizeof want);
+        return DG_ERR(DG_ERR_USAGE, "%s: dataset /%s has shape %s, expected %s", file, td->path, got, want);
     }
     hid_t dset = -1;
     int fidx = 0;

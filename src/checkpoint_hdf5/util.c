@@ -723,3 +723,18 @@ dg_status_t ckpt_test_fail(const char *phase, int rank) {
     if (!test_hook_hits(v, phase, rank)) return DG_OK;
     return DG_ERR(DG_ERR_RUNTIME, "injected failure at phase '%s' (DG_TEST_CKPT_FAIL=%s)", phase, v);
 }
+
+void dg_ckpt_shape_str(int ndim, const int64_t *shape, char *buf, size_t cap) {
+    size_t o = 0;
+    o += (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < ndim && o < cap; d++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (o < cap) snprintf(buf + o, cap - o, "]");
+}
+
+int dg_ckpt_shape_differs(int na, const int64_t *a, int nb, const int64_t *b) {
+    if (na != nb) return 1;
+    for (int d = 0; d < na; d++)
+        if (a[d] != b[d]) return 1;
+    return 0;
+}

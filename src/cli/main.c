@@ -71,17 +71,6 @@ static void usage(FILE *out) {
     dg_config_print_help(out);
 }
 
-/* Which rank this process will be, from the launcher's environment, before MPI is up: --help and
- * --version print on rank 0 only and never start MPI. */
-static int launcher_rank(void) {
-    static const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
-    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && *v) return atoi(v);
-    }
-    return 0;
-}
-
 static dg_status_t unknown_option(const char *a) {
     char name[64];
     snprintf(name, sizeof name, "%.*s", (int)strcspn(a, "="), a);
@@ -273,7 +262,7 @@ int main(int argc, char **argv) {
     cli_opts_t o;
     dg_status_t ps = parse_args(argc, argv, &o);
     if (ps == DG_OK && (o.help || o.version)) {
-        if (launcher_rank() == 0) {
+        if (dg_boot_launcher_rank() == 0) {
             if (o.version)
                 printf("dgtrain %s\n", DG_VERSION_STRING);
             else
@@ -285,30 +274,19 @@ int main(int argc, char **argv) {
 
     if (ps == DG_OK &&
         o.action == DG_ACT_PRINT_ENV) { /* no MPI, like --help: rank 0 lists, malformed values included */
-        if (launcher_rank() == 0) {
+        if (dg_boot_launcher_rank() == 0) {
             dg_env_print(stdout, o.json);
             fflush(stdout);
         }
         dg_status_t es = dg_env_check(NULL);
-        if (es != DG_OK && launcher_rank() == 0) fprintf(stderr, "dgtrain: error: %s\n", dg_last_error());
+        if (es != DG_OK && dg_boot_launcher_rank() == 0)
+            fprintf(stderr, "dgtrain: error: %s\n", dg_last_error());
         free(o.sets);
         return es;
     }
-    /* before MPI: the boot reads switches too. Every rank with a malformed value says so (exit 1). */
-    dg_status_t es = dg_env_check(launcher_rank() == 0 ? stderr : NULL);
-    if (es != DG_OK) {
-        fprintf(stderr, "dgtrain: error on rank %d: %s\n", launcher_rank(), dg_last_error());
-        free(o.sets);
-        return es;
-    }
-
     dg_boot_t *b = NULL;
-    dg_status_t s = dg_boot_init(&argc, &argv, &b);
+    dg_status_t s = dg_boot_start("dgtrain", &argc, &argv, &b);
     if (s != DG_OK) {
-        /* boot failures (thread level, communicator set-up) hit every rank alike: each says so */
-        fprintf(stderr, "dgtrain: error on rank %d (%s): %s\n", b ? b->world_rank : -1, b ? b->host : "?",
-                dg_last_error());
-        dg_boot_finalize(b);
         free(o.sets);
         return s;
     }

@@ -59,6 +59,35 @@ void dg_comm__describe(const dg_comm_t *c, const dg_comm_op_t *op, char *buf, si
     }
 }
 
+void dg_comm__list_append(dg_comm_op_t **head, dg_comm_op_t **tail, dg_comm_op_t *op) {
+    op->prev = *tail;
+    op->next = NULL;
+    if (*tail)
+        (*tail)->next = op;
+    else
+        *head = op;
+    *tail = op;
+}
+
+void dg_comm__list_unlink(dg_comm_op_t **head, dg_comm_op_t **tail, dg_comm_op_t *op) {
+    if (op->prev)
+        op->prev->next = op->next;
+    else if (*head == op)
+        *head = op->next;
+    if (op->next)
+        op->next->prev = op->prev;
+    else if (*tail == op)
+        *tail = op->prev;
+    op->next = op->prev = NULL;
+}
+
+dg_status_t dg_comm__op_release(dg_comm_op_t *op) {
+    dg_status_t s = op->status;
+    if (s != DG_OK) DG_ERR(s, "%s", op->msg);
+    free(op);
+    return s;
+}
+
 void dg_comm__strlcpy(char *dst, size_t cap, const char *src) {
     size_t n = strlen(src);
     if (n >= cap) n = cap - 1;

@@ -140,6 +140,12 @@ static inline uint16_t dg_comm__f32_to_bf16(float f) {
     v.u += 0x7fffu + ((v.u >> 16) & 1u);
     return (uint16_t)(v.u >> 16);
 }
+/* A backend's doubly linked list of ops in flight (head, tail; op->prev / op->next): append at the tail,
+ * unlink from anywhere (an op not in the list is only cleared). */
+void dg_comm__list_append(dg_comm_op_t **head, dg_comm_op_t **tail, dg_comm_op_t *op);
+void dg_comm__list_unlink(dg_comm_op_t **head, dg_comm_op_t **tail, dg_comm_op_t *op);
+/* The end of a finished op: frees it and returns its status, leaving its message as the last error. */
+dg_status_t dg_comm__op_release(dg_comm_op_t *op);
 /* strlcpy: copies and truncates, always terminated */
 void dg_comm__strlcpy(char *dst, size_t cap, const char *src);
 /* In-place AVG epilogue on the host: x[i] /= n for n elements of dt. */

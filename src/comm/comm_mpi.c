@@ -116,38 +116,30 @@ static void set_msg(dg_comm_op_t *op, dg_status_t s) {
 
 /* dst[i] = a[i] + b[i] for the reducible dtypes (bf16 summed in f32 and rounded, as bf16_sum_fn). */
 static void ring_add(void *dst, const void *a, const void *b, size_t n, dg_dtype_t dt) {
+#define RING_ADD(T, sum)                                                                                     \
+    do {                                                                                                     \
+        T *d = dst;                                                                                          \
+        const T *x = a, *y = b;                                                                              \
+        for (size_t i = 0; i < n; i++)                                                                       \
+            d[i] = (sum);                                                                                    \
+    } while (0)
     switch (dt) {
-    case DG_F32: {
-        float *d = dst;
-        const float *x = a, *y = b;
-        for (size_t i = 0; i < n; i++)
-            d[i] = x[i] + y[i];
+    case DG_F32:
+        RING_ADD(float, x[i] + y[i]);
         break;
-    }
-    case DG_F64: {
-        double *d = dst;
-        const double *x = a, *y = b;
-        for (size_t i = 0; i < n; i++)
-            d[i] = x[i] + y[i];
+    case DG_F64:
+        RING_ADD(double, x[i] + y[i]);
         break;
-    }
-    case DG_I32: {
-        int32_t *d = dst;
-        const int32_t *x = a, *y = b;
-        for (size_t i = 0; i < n; i++)
-            d[i] = (int32_t)((uint32_t)x[i] + (uint32_t)y[i]); /* wraps like MPI_SUM, no UB */
+    case DG_I32:
+        RING_ADD(int32_t, (int32_t)((uint32_t)x[i] + (uint32_t)y[i])); /* wraps like MPI_SUM, no UB */
         break;
-    }
-    case DG_BF16: {
-        uint16_t *d = dst;
-        const uint16_t *x = a, *y = b;
-        for (size_t i = 0; i < n; i++)
-            d[i] = dg_comm__f32_to_bf16(dg_comm__bf16_to_f32(x[i]) + dg_comm__bf16_to_f32(y[i]));
+    case DG_BF16:
+        RING_ADD(uint16_t, dg_comm__f32_to_bf16(dg_comm__bf16_to_f32(x[i]) + dg_comm__bf16_to_f32(y[i])));
         break;
-    }
     default:
         DG_ASSERTF(0, "ring reduce-scatter of dtype %d", (int)dt);
     }
+#undef RING_ADD
 }
 
 /* The user MPI_Op for bf16 sums (MPI_Reduce_scatter_block / MPI_Allreduce): the same add as the ring. */
@@ -485,13 +477,6 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-static dg_status_t release_done(dg_comm_op_t *op) {
-    dg_status_t s = op->status;
-    if (s != DG_OK) DG_ERR(s, "%s", op->msg);
-    free(op);
-    return s;
-}
-
 /* Which op a waiter is really blocked on, and since when it counts (caller holds mu). */
 static dg_comm_op_t *stuck_op_locked(cm_t *m, dg_comm_op_t *op, double t_wait, double *ref) {
     if (op && atomic_load(&op->state) == DG_OPST_STARTED) {
@@ -517,7 +502,8 @@ static dg_status_t thread_wait(cm_t *m, dg_comm_op_t *op) {
                dg_now_s() - t_wait < m->base.spin_s)
             sched_yield();
     }
-    if (atomic_load_explicit(&op->state, memory_order_acquire) == DG_OPST_DONE) return release_done(op);
+    if (atomic_load_explicit(&op->state, memory_order_acquire) == DG_OPST_DONE)
+        return dg_comm__op_release(op);
     pthread_mutex_lock(&m->mu);
     m->waiters++;
     while (atomic_load_explicit(&op->state, memory_order_acquire) != DG_OPST_DONE) {
@@ -542,7 +528,7 @@ static dg_status_t thread_wait(cm_t *m, dg_comm_op_t *op) {
     }
     m->waiters--;
     pthread_mutex_unlock(&m->mu);
-    return release_done(op);
+    return dg_comm__op_release(op);
 }
 
 static dg_status_t thread_flush(cm_t *m) {
@@ -576,15 +562,7 @@ static dg_status_t thread_flush(cm_t *m) {
 /* nonblocking mode                                                                                 */
 
 static void nb_unlink(cm_t *m, dg_comm_op_t *op) {
-    if (op->prev)
-        op->prev->next = op->next;
-    else
-        m->nb_head = op->next;
-    if (op->next)
-        op->next->prev = op->prev;
-    else
-        m->nb_tail = op->prev;
-    op->next = op->prev = NULL;
+    dg_comm__list_unlink(&m->nb_head, &m->nb_tail, op);
 }
 
 /* One MPI_Test; on completion finishes the op (still owned by the caller's request). */
@@ -645,13 +623,7 @@ static dg_status_t mpi_post(dg_comm_t *c, dg_comm_op_t *op) {
         atomic_store(&op->state, DG_OPST_STARTED);
         op->t_start = op->t_post;
         if (op->seq) atomic_store(&c->coll_started, op->seq);
-        op->prev = m->nb_tail;
-        op->next = NULL;
-        if (m->nb_tail)
-            m->nb_tail->next = op;
-        else
-            m->nb_head = op;
-        m->nb_tail = op;
+        dg_comm__list_append(&m->nb_head, &m->nb_tail, op);
         return DG_OK;
     }
     pthread_mutex_lock(&m->mu);
@@ -719,7 +691,7 @@ static dg_status_t mpi_wait(dg_comm_t *c, dg_comm_op_t *op) {
             return s;
         }
     }
-    return release_done(op);
+    return dg_comm__op_release(op);
 }
 
 static dg_status_t mpi_test(dg_comm_t *c, dg_comm_op_t *op, int *done) {
@@ -728,7 +700,7 @@ static dg_status_t mpi_test(dg_comm_t *c, dg_comm_op_t *op, int *done) {
         nb_test_one(m, op, done);
     else
         *done = atomic_load_explicit(&op->state, memory_order_acquire) == DG_OPST_DONE;
-    if (*done) return release_done(op);
+    if (*done) return dg_comm__op_release(op);
     return DG_OK;
 }
 

@@ -283,15 +283,7 @@ static void put_event(cn_t *m, cudaEvent_t ev) {
 }
 
 static void unlink_op(cn_t *m, dg_comm_op_t *op) {
-    if (op->prev)
-        op->prev->next = op->next;
-    else if (m->head == op)
-        m->head = op->next;
-    if (op->next)
-        op->next->prev = op->prev;
-    else if (m->tail == op)
-        m->tail = op->prev;
-    op->next = op->prev = NULL;
+    dg_comm__list_unlink(&m->head, &m->tail, op);
 }
 
 static void mark_done(cn_t *m, dg_comm_op_t *op) {
@@ -389,13 +381,7 @@ static dg_status_t record(cn_t *m, dg_comm_op_t *op) {
 }
 
 static void append(cn_t *m, dg_comm_op_t *op) {
-    op->prev = m->tail;
-    op->next = NULL;
-    if (m->tail)
-        m->tail->next = op;
-    else
-        m->head = op;
-    m->tail = op;
+    dg_comm__list_append(&m->head, &m->tail, op);
 }
 
 /* Marks the comm failed with the message of status s (already set by the failing call). */
@@ -460,13 +446,6 @@ static dg_status_t nccl_post(dg_comm_t *c, dg_comm_op_t *op) {
     return DG_OK;
 }
 
-static dg_status_t release(dg_comm_op_t *op) {
-    dg_status_t s = op->status;
-    if (s != DG_OK) DG_ERR(s, "%s", op->msg);
-    free(op);
-    return s;
-}
-
 /* Waits until `op` is done (or `op` == NULL: until the stream has drained up to flush_ev). */
 static dg_status_t wait_until(cn_t *m, dg_comm_op_t *op, dg_comm_op_t *waited) {
     double t0 = dg_now_s();
@@ -513,14 +492,14 @@ static dg_status_t nccl_wait(dg_comm_t *c, dg_comm_op_t *op) {
     dg_status_t s = flush_p2p(m);
     if (s == DG_OK) s = wait_until(m, op, op);
     if (s != DG_OK) return s; /* the op stays on the failed comm's list: NCCL may still touch it */
-    return release(op);
+    return dg_comm__op_release(op);
 }
 
 static dg_status_t nccl_test(dg_comm_t *c, dg_comm_op_t *op, int *done) {
     cn_t *m = (cn_t *)c;
     DG_TRY(flush_p2p(m));
     DG_TRY(query(m, op, done));
-    if (*done) return release(op);
+    if (*done) return dg_comm__op_release(op);
     return DG_OK;
 }
 
@@ -555,7 +534,7 @@ static dg_status_t nccl_stream_wait(dg_comm_t *c, dg_comm_op_t *op, void *stream
         put_event(m, (cudaEvent_t)op->event);
         op->event = NULL;
     }
-    return release(op);
+    return dg_comm__op_release(op);
 }
 
 static void nccl_state(dg_comm_t *c, char *buf, size_t cap) {

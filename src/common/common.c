@@ -143,41 +143,78 @@ void dg_log(dg_log_level_t level, const char *fmt, ...) {
 }
 
 /* ---- dtypes ---- */
+static const struct {
+    size_t size;
+    const char *name;
+} k_dtypes[] = {
+    [DG_F32] = {4, "f32"}, [DG_BF16] = {2, "bf16"}, [DG_F16] = {2, "f16"},
+    [DG_I32] = {4, "i32"}, [DG_U16] = {2, "u16"},   [DG_F64] = {8, "f64"},
+};
+
 size_t dg_dtype_size(dg_dtype_t t) {
-    switch (t) {
-    case DG_F32:
-        return 4;
-    case DG_BF16:
-        return 2;
-    case DG_F16:
-        return 2;
-    case DG_I32:
-        return 4;
-    case DG_U16:
-        return 2;
-    case DG_F64:
-        return 8;
-    }
-    DG_ASSERTF(0, "bad dtype %d", (int)t);
-    return 0;
+    DG_ASSERTF((unsigned)t < sizeof k_dtypes / sizeof *k_dtypes, "bad dtype %d", (int)t);
+    return k_dtypes[t].size;
 }
 
 const char *dg_dtype_name(dg_dtype_t t) {
-    switch (t) {
-    case DG_F32:
-        return "f32";
-    case DG_BF16:
-        return "bf16";
-    case DG_F16:
-        return "f16";
-    case DG_I32:
-        return "i32";
-    case DG_U16:
-        return "u16";
-    case DG_F64:
-        return "f64";
+    return (unsigned)t < sizeof k_dtypes / sizeof *k_dtypes ? k_dtypes[t].name : "?";
+}
+
+int dg_read_stream(FILE *f, size_t max_bytes, char **out, size_t *len) {
+    size_t cap = 4096, n = 0;
+    char *b = dg_xmalloc(cap + 1);
+    errno = 0;
+    for (;;) {
+        if (n == cap) {
+            char *nb = realloc(b, (cap *= 2) + 1);
+            DG_ASSERTF(nb != NULL, "out of memory reading a %zu-byte file", n);
+            b = nb;
+        }
+        size_t r = fread(b + n, 1, cap - n, f);
+        if (r == 0) break;
+        n += r;
+        if (n > max_bytes) {
+            free(b);
+            return EFBIG;
+        }
     }
-    return "?";
+    if (ferror(f)) {
+        int e = errno ? errno : EIO;
+        free(b);
+        return e;
+    }
+    b[n] = 0;
+    *out = b;
+    *len = n;
+    return 0;
+}
+
+char *dg_list_next(char *list, char **save) {
+    char *t = strtok_r(list, ",", save);
+    if (!t) return NULL;
+    while (*t == ' ')
+        t++;
+    size_t n = strlen(t);
+    while (n && t[n - 1] == ' ')
+        t[--n] = 0;
+    return t;
+}
+
+size_t dg_text_line(const char *text, size_t len, size_t *pos, const char **line) {
+    const char *l = text + *pos;
+    const char *nl = memchr(l, '\n', len - *pos);
+    size_t n = nl ? (size_t)(nl - l) : len - *pos;
+    *pos += n + (nl ? 1 : 0);
+    while (n && (*l == ' ' || *l == '\t'))
+        l++, n--;
+    while (n && (l[n - 1] == '\r' || l[n - 1] == ' ' || l[n - 1] == '\t'))
+        n--;
+    *line = l;
+    return n;
+}
+
+const char *dg_enum_name(const char *const *names, size_t n, int v, const char *fallback) {
+    return v >= 0 && (size_t)v < n && names[v] ? names[v] : fallback;
 }
 
 /* ---- helpers ---- */

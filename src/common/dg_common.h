@@ -107,6 +107,17 @@ dg_status_t dg_mkdir_p(const char *path);
 /* Write `len` bytes to `path` atomically: path.tmp.PID (O_EXCL|O_NOFOLLOW under a handle of the
  * directory), fsync, rename over path (a link there is replaced, never followed), fsync the directory. */
 dg_status_t dg_write_file_atomic(const char *path, const void *data, size_t len);
+/* Read the rest of stream f into a new buffer (*out, free() it) of *len bytes and a NUL after them; f stays
+ * open. Returns 0, EFBIG when the stream holds more than max_bytes, or a read error's errno (EIO when
+ * the C library names none); *out is untouched on failure. Callers word the messages. */
+int dg_read_stream(FILE *f, size_t max_bytes, char **out, size_t *len);
+/* The items of a comma-separated list, cut in place like strtok_r: the first call passes the list, the
+ * later ones NULL; each item without the spaces around it (empty items between ",," are skipped, a
+ * blank one is ""); NULL after the last. */
+char *dg_list_next(char *list, char **save);
+/* The line of text[0, len) that starts at *pos (call only while *pos < len): *line and the returned
+ * length without the spaces and tabs around it (nor a '\r' before its '\n'); *pos moves past its '\n'. */
+size_t dg_text_line(const char *text, size_t len, size_t *pos, const char **line);
 /* Malloc that never returns NULL for n > 0 (asserts on OOM: not an environmental error we recover from). */
 void *dg_xmalloc(size_t n);
 void *dg_xcalloc(size_t n, size_t size);
@@ -118,6 +129,11 @@ void dg_fmt(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(p
 int dg_edit_distance(const char *a, const char *b);
 /* Index of the candidate closest to word (the first of equals), or -1 when n is 0; *dist: its distance. */
 int dg_closest(const char *word, const char *const *cands, int n, int *dist);
+/* The name of enum value v in `names`, a table indexed by the enum (designated initializers): `fallback`
+ * when v lies outside the table or has no entry. DG_ENUM_NAME takes the table's length from its type. */
+const char *dg_enum_name(const char *const *names, size_t n, int v, const char *fallback);
+#define DG_ENUM_NAME(names, v, fallback)                                                                     \
+    dg_enum_name((names), sizeof(names) / sizeof *(names), (int)(v), (fallback))
 
 #ifdef __cplusplus
 }

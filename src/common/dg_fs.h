@@ -38,7 +38,12 @@ mode_t dg_fs_secure_umask(void);
  * its target), DG_ERR_RUNTIME for other failures (naming the path and the system's reason). */
 dg_status_t dg_fs_open_nofollow(const char *path, int flags, int *fd_out);
 
-/* The same, as a line-buffered stdio stream for appending (creating the file if needed). */
+/* write(2) all `len` bytes, again after EINTR or a short write; DG_ERR_RUNTIME "cannot write WHAT: reason".
+ */
+dg_status_t dg_fs_write_all(int fd, const void *data, size_t len, const char *what);
+
+/* The same as dg_fs_open_nofollow, as a line-buffered stdio stream for appending (creating the file if
+ * needed). */
 dg_status_t dg_fs_fopen_append(const char *path, FILE **out);
 
 /* ---- one run per run directory ---- */

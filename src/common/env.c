@@ -126,19 +126,12 @@ int dg_env_hooks_compiled(void) {
 }
 
 const char *dg_env_type_name(dg_env_type_t t) {
-    switch (t) {
-    case DG_ENV_BOOL:
-        return "bool";
-    case DG_ENV_INT:
-        return "int";
-    case DG_ENV_DOUBLE:
-        return "double";
-    case DG_ENV_STRING:
-        return "string";
-    case DG_ENV_PATH:
-        return "path";
-    }
-    return "?";
+    static const char *const names[] = {[DG_ENV_BOOL] = "bool",
+                                        [DG_ENV_INT] = "int",
+                                        [DG_ENV_DOUBLE] = "double",
+                                        [DG_ENV_STRING] = "string",
+                                        [DG_ENV_PATH] = "path"};
+    return DG_ENUM_NAME(names, t, "?");
 }
 
 static const char *expected(dg_env_type_t t) {

@@ -152,7 +152,7 @@ dg_status_t dg_mkdir_p(const char *path) {
     return DG_OK;
 }
 
-static dg_status_t write_all(int fd, const void *data, size_t len, const char *what) {
+dg_status_t dg_fs_write_all(int fd, const void *data, size_t len, const char *what) {
     const char *p = data;
     while (len) {
         ssize_t w = write(fd, p, len);
@@ -185,7 +185,7 @@ dg_status_t dg_write_file_atomic(const char *path, const void *data, size_t len)
         close(dfd);
         return DG_ERR(DG_ERR_RUNTIME, "cannot create %s: %s", tmp_path, strerror(e));
     }
-    dg_status_t s = write_all(fd, data, len, tmp_path);
+    dg_status_t s = dg_fs_write_all(fd, data, len, tmp_path);
     if (s == DG_OK && fsync(fd) != 0) s = DG_ERR(DG_ERR_RUNTIME, "fsync %s: %s", tmp_path, strerror(errno));
     close(fd);
     if (s == DG_OK && renameat(dfd, tmp, dfd, base) != 0)
@@ -334,6 +334,21 @@ static int try_lock(int fd) {
     return rc;
 }
 
+/* The refusal when another run holds run_dir (closes fd); `unlocked`: its record was found without a lock,
+ * on a file system that has none. */
+static dg_status_t in_use(int fd, const char *rec, const char *run_dir, const char *path, int unlocked) {
+    char who[512];
+    close(fd);
+    describe_holder(rec, who, sizeof who);
+    return DG_ERR(
+        DG_ERR_USAGE,
+        "run.dir %s is in use by another dgtrain run (%s; lock file %s%s)%s; wait for it to end, stop "
+        "it, or choose another run.dir",
+        run_dir, who, path,
+        unlocked ? ", recorded without a lock: this file system does not support fcntl locks" : "",
+        unlocked ? "" : ": two runs would interleave metrics.jsonl and overwrite each other's checkpoints");
+}
+
 dg_status_t dg_fs_lock_rundir(const char *run_dir, const char *mode, double same_job_wait_s,
                               dg_fs_lock_t **out) {
     *out = NULL;
@@ -371,13 +386,7 @@ dg_status_t dg_fs_lock_rundir(const char *run_dir, const char *mode, double same
             rc = try_lock(fd);
             continue;
         }
-        close(fd);
-        describe_holder(rec, who, sizeof who);
-        return DG_ERR(DG_ERR_USAGE,
-                      "run.dir %s is in use by another dgtrain run (%s; lock file %s): two runs would "
-                      "interleave metrics.jsonl and overwrite each other's checkpoints; wait for it to end, "
-                      "stop it, or choose another run.dir",
-                      run_dir, who, path);
+        return in_use(fd, rec, run_dir, path, 0);
     }
     if (rc != 0) {
         int e = errno;
@@ -391,15 +400,7 @@ dg_status_t dg_fs_lock_rundir(const char *run_dir, const char *mode, double same
                                              : "");
         }
         read_record(fd, rec, sizeof rec);
-        if (rec[0] && holder_alive_here(rec)) {
-            close(fd);
-            describe_holder(rec, who, sizeof who);
-            return DG_ERR(DG_ERR_USAGE,
-                          "run.dir %s is in use by another dgtrain run (%s; lock file %s, recorded "
-                          "without a lock: this file system does not support fcntl locks); wait for it to "
-                          "end, stop it, or choose another run.dir",
-                          run_dir, who, path);
-        }
+        if (rec[0] && holder_alive_here(rec)) return in_use(fd, rec, run_dir, path, 1);
         DG_LOG_WARN("run.lock = auto: the file system of %s does not support fcntl locks (%s); only a run "
                     "on this host is detected (docs/reliability.md, \"Run directory\")",
                     run_dir, strerror(e));

@@ -376,15 +376,9 @@ static char *reader(char *str, int num, void *stream) {
     free(st->long_value); /* a mark only ever refers to the line just handed over */
     st->long_value = NULL;
     if (st->err || st->pos >= st->len || num < 16) return NULL;
-    const char *line = st->text + st->pos;
-    const char *nl = memchr(line, '\n', st->len - st->pos);
-    size_t n = nl ? (size_t)(nl - line) : st->len - st->pos;
-    st->pos += n + (nl ? 1 : 0);
+    const char *line;
+    size_t n = dg_text_line(st->text, st->len, &st->pos, &line);
     st->lineno++;
-    while (n && (*line == ' ' || *line == '\t'))
-        line++, n--;
-    while (n && (line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t'))
-        n--;
     char where[DG_CFG_STR + 32];
     where_line(where, sizeof where, st->name, st->lineno);
 
@@ -680,32 +674,15 @@ dg_status_t dg_config_load(dg_config_t *cfg, const char *path, int nsets, const 
         fclose(f);
         return DG_ERR(DG_ERR_USAGE, "cannot read config file '%s': %s", sp, strerror(e));
     }
-    size_t cap = 4096, len = 0;
-    char *buf = dg_xmalloc(cap);
-    for (;;) {
-        if (len == cap) {
-            if (cap >= MAX_FILE_BYTES) {
-                fclose(f);
-                free(buf);
-                return DG_ERR(DG_ERR_USAGE,
-                              "cannot read config file '%s': larger than %u MiB, expected a small INI file",
-                              sp, MAX_FILE_BYTES >> 20);
-            }
-            cap *= 2;
-            char *nb = realloc(buf, cap);
-            DG_ASSERTF(nb, "out of memory reading %s", sp);
-            buf = nb;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
-    }
-    int rerr = ferror(f) ? (errno ? errno : EIO) : 0;
+    char *buf = NULL;
+    size_t len = 0;
+    e = dg_read_stream(f, MAX_FILE_BYTES - 1, &buf, &len);
     fclose(f);
-    if (rerr) {
-        free(buf);
-        return DG_ERR(DG_ERR_USAGE, "cannot read config file '%s': %s", sp, strerror(rerr));
-    }
+    if (e == EFBIG)
+        return DG_ERR(DG_ERR_USAGE,
+                      "cannot read config file '%s': larger than %u MiB, expected a small INI file", sp,
+                      MAX_FILE_BYTES >> 20);
+    if (e) return DG_ERR(DG_ERR_USAGE, "cannot read config file '%s': %s", sp, strerror(e));
     dg_status_t s = dg_config_load_buffer(cfg, path, buf, len, nsets, sets);
     free(buf);
     if (s == DG_OK) snprintf(cfg->path, sizeof cfg->path, "%s", path);

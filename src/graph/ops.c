@@ -163,13 +163,20 @@ static dg_status_t shape_add(dg_graph_t *g, dg_node_t *n) {
     return DG_OK;
 }
 
-static dg_status_t shape_crossentropy(dg_graph_t *g, dg_node_t *n) {
+/* src[0] the logits [..., Vp] in the act dtype, src[1] int32 targets (one per logit row), V in 1..Vp */
+static dg_status_t check_ce_inputs(const dg_graph_t *g, const dg_node_t *n) {
     const dg_node_t *lg = n->src[0], *tg = n->src[1];
     int64_t V = n->attr[DG_A_V];
     CHECK(lg->dtype == g->act_dtype && lg->ndim >= 2, "logits must be [..., Vp] in the act dtype");
     CHECK(tg->dtype == DG_I32 && (int64_t)dg_node_numel(tg) == dg_node_rows(lg),
           "targets must be int32 with one id per logit row");
     CHECK(V >= 1 && V <= dg_node_cols(lg), "vocabulary %" PRId64 " outside 1..%" PRId64, V, dg_node_cols(lg));
+    return DG_OK;
+}
+
+static dg_status_t shape_crossentropy(dg_graph_t *g, dg_node_t *n) {
+    DG_TRY(check_ce_inputs(g, n));
+    const dg_node_t *lg = n->src[0];
     set_out(n, DG_F32, lg->ndim - 1, lg->shape);
     dg_node_add_side(g, n, "lse", DG_F32, lg->ndim - 1, lg->shape);
     return DG_OK;
@@ -289,12 +296,8 @@ static dg_status_t shape_crossentropy_bwd(dg_graph_t *g, dg_node_t *n) {
 
 /* the loss and its gradient in one op: output dlogits like the logits, side outputs losses and lse */
 static dg_status_t shape_crossentropy_fused(dg_graph_t *g, dg_node_t *n) {
-    const dg_node_t *lg = n->src[0], *tg = n->src[1];
-    int64_t V = n->attr[DG_A_V];
-    CHECK(lg->dtype == g->act_dtype && lg->ndim >= 2, "logits must be [..., Vp] in the act dtype");
-    CHECK(tg->dtype == DG_I32 && (int64_t)dg_node_numel(tg) == dg_node_rows(lg),
-          "targets must be int32 with one id per logit row");
-    CHECK(V >= 1 && V <= dg_node_cols(lg), "vocabulary %" PRId64 " outside 1..%" PRId64, V, dg_node_cols(lg));
+    DG_TRY(check_ce_inputs(g, n));
+    const dg_node_t *lg = n->src[0];
     set_like(n, lg);
     dg_node_add_side(g, n, "losses", DG_F32, lg->ndim - 1, lg->shape);
     dg_node_add_side(g, n, "lse", DG_F32, lg->ndim - 1, lg->shape);

@@ -58,31 +58,29 @@ static int is_op(const dg_node_t *x) {
     return x->op != DG_OP_LEAF && x->op != DG_OP_SIDE;
 }
 
-/* First / last schedule position of a node of phase ph that reads p (as an input), or -1. */
-static void readers(const dg_graph_t *g, const dg_node_t *p, dg_phase_t ph, int *first, int *last) {
+/* First / last schedule position of a node of phase ph that reads p as an input (or, with `upd`,
+ * updates it in place), or -1. */
+static void users(const dg_graph_t *g, const dg_node_t *p, dg_phase_t ph, int upd, int *first, int *last) {
     *first = *last = -1;
     for (int i = 0; i < g->n; i++) {
         const dg_node_t *x = g->nodes[i];
         if (!is_op(x) || x->phase != ph) continue;
-        for (int k = 0; k < x->n_src; k++)
-            if (x->src[k] == p) {
+        int n = upd ? x->n_upd : x->n_src;
+        dg_node_t *const *list = upd ? x->upd : x->src;
+        for (int k = 0; k < n; k++)
+            if (list[k] == p) {
                 if (*first < 0) *first = i;
                 *last = i;
             }
     }
 }
 
+static void readers(const dg_graph_t *g, const dg_node_t *p, dg_phase_t ph, int *first, int *last) {
+    users(g, p, ph, 0, first, last);
+}
+
 static void updaters(const dg_graph_t *g, const dg_node_t *t, dg_phase_t ph, int *first, int *last) {
-    *first = *last = -1;
-    for (int i = 0; i < g->n; i++) {
-        const dg_node_t *x = g->nodes[i];
-        if (!is_op(x) || x->phase != ph) continue;
-        for (int k = 0; k < x->n_upd; k++)
-            if (x->upd[k] == t) {
-                if (*first < 0) *first = i;
-                *last = i;
-            }
-    }
+    users(g, t, ph, 1, first, last);
 }
 
 static void replace_src(dg_graph_t *g, dg_phase_t ph, const dg_node_t *from, dg_node_t *to) {

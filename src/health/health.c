@@ -1059,20 +1059,21 @@ void dg_health_expect(dg_health_t *h, double seconds) {
     atomic_store_explicit(&h->act_budget_us, (int64_t)us, memory_order_relaxed);
 }
 
-void dg_health_set_event_sink(dg_health_t *h, void (*fn)(void *ctx, const char *json_fields), void *ctx) {
-    if (!h) return;
+typedef void (*sink_fn_t)(void *ctx, const char *json_fields);
+
+static void set_sink(dg_health_t *h, sink_fn_t *slot, void **slot_ctx, sink_fn_t fn, void *ctx) {
     pthread_mutex_lock(&h->mu);
-    h->sink = fn;
-    h->sink_ctx = ctx;
+    *slot = fn;
+    *slot_ctx = ctx;
     pthread_mutex_unlock(&h->mu);
 }
 
-void dg_health_set_sla_sink(dg_health_t *h, void (*fn)(void *ctx, const char *json_fields), void *ctx) {
-    if (!h) return;
-    pthread_mutex_lock(&h->mu);
-    h->sla_sink = fn;
-    h->sla_ctx = ctx;
-    pthread_mutex_unlock(&h->mu);
+void dg_health_set_event_sink(dg_health_t *h, sink_fn_t fn, void *ctx) {
+    if (h) set_sink(h, &h->sink, &h->sink_ctx, fn, ctx);
+}
+
+void dg_health_set_sla_sink(dg_health_t *h, sink_fn_t fn, void *ctx) {
+    if (h) set_sink(h, &h->sla_sink, &h->sla_ctx, fn, ctx);
 }
 
 void dg_health_get_stats(const dg_health_t *h, dg_health_stats_t *st) {

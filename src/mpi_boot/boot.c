@@ -13,16 +13,16 @@
 #include <unistd.h>
 
 const char *dg_boot_thread_level_name(int level) {
-    switch (level) {
-    case MPI_THREAD_SINGLE:
-        return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED:
-        return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED:
-        return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE:
-        return "MPI_THREAD_MULTIPLE";
-    }
+    /* MPI fixes the order of the levels, not their values: a table searched, not indexed */
+    static const struct {
+        int level;
+        const char *name;
+    } levels[] = {{MPI_THREAD_SINGLE, "MPI_THREAD_SINGLE"},
+                  {MPI_THREAD_FUNNELED, "MPI_THREAD_FUNNELED"},
+                  {MPI_THREAD_SERIALIZED, "MPI_THREAD_SERIALIZED"},
+                  {MPI_THREAD_MULTIPLE, "MPI_THREAD_MULTIPLE"}};
+    for (size_t i = 0; i < sizeof levels / sizeof *levels; i++)
+        if (levels[i].level == level) return levels[i].name;
     return "unknown";
 }
 
@@ -30,6 +30,34 @@ const char *dg_boot_thread_level_name(int level) {
  * config value holds. */
 void dg_boot_json_string(FILE *out, const char *s) {
     dg_json_fputs(out, s);
+}
+
+int dg_boot_launcher_rank(void) {
+    static const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return atoi(v);
+    }
+    return 0;
+}
+
+dg_status_t dg_boot_start(const char *prog, int *argc, char ***argv, dg_boot_t **out) {
+    *out = NULL;
+    dg_status_t s = dg_env_check(dg_boot_launcher_rank() == 0 ? stderr : NULL);
+    if (s != DG_OK) {
+        fprintf(stderr, "%s: error on rank %d: %s\n", prog, dg_boot_launcher_rank(), dg_last_error());
+        return s;
+    }
+    dg_boot_t *b = NULL;
+    s = dg_boot_init(argc, argv, &b);
+    if (s != DG_OK) {
+        fprintf(stderr, "%s: error on rank %d (%s): %s\n", prog, b ? b->world_rank : -1, b ? b->host : "?",
+                dg_last_error());
+        dg_boot_finalize(b);
+        return s;
+    }
+    *out = b;
+    return DG_OK;
 }
 
 static int env_ranks_per_node(int64_t *raw) {

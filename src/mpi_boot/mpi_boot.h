@@ -129,6 +129,16 @@ typedef struct dg_boot {
  * nodes instead of using shared memory. */
 dg_status_t dg_boot_init(int *argc, char ***argv, dg_boot_t **out);
 
+/* Which rank this process will be, from the launcher's environment (Open MPI, PMIx, PMI, Slurm), before
+ * MPI is up: a tool's --help and --version print on rank 0 only and never start MPI. 0 when none is set. */
+int dg_boot_launcher_rank(void);
+
+/* The start of a command-line tool PROG: the environment switches checked before MPI (the boot reads
+ * them too; rank 0 prints the warnings), then dg_boot_init. A failure hits every rank alike, so each
+ * prints "PROG: error on rank R[ (HOST)]: MESSAGE" on stderr; everything is released (*out NULL) and
+ * the status returned, for the exit code. */
+dg_status_t dg_boot_start(const char *prog, int *argc, char ***argv, dg_boot_t **out);
+
 /* Load this node's topology (config xml / $HWLOC_XMLFILE / live), choose this rank's GPU and bind
  * (cfg->topology.bind). Local only (no collective), so its status must go through dg_boot_agree. */
 dg_status_t dg_boot_topology(dg_boot_t *b, const dg_config_t *cfg);

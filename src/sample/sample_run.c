@@ -219,24 +219,9 @@ void dg_sample_teardown(sample_ctx_t *c) {
 dg_status_t dg_sample_read_file(const char *path, char **out, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return DG_ERR(DG_ERR_USAGE, "--prompt-file %s: cannot open it: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *b = dg_xmalloc(cap);
-    size_t r;
-    while ((r = fread(b + n, 1, cap - n - 1, f)) > 0) {
-        n += r;
-        if (cap - n - 1 == 0) b = realloc(b, cap *= 2);
-        DG_ASSERT(b);
-    }
-    int bad = ferror(f);
+    int e = dg_read_stream(f, SIZE_MAX, out, len);
     fclose(f);
-    if (bad) {
-        free(b);
-        return DG_ERR(DG_ERR_USAGE, "--prompt-file %s: read error", path);
-    }
-    b[n] = 0;
-    *out = b;
-    *len = n;
-    return DG_OK;
+    return e ? DG_ERR(DG_ERR_USAGE, "--prompt-file %s: read error", path) : DG_OK;
 }
 
 static dg_status_t encode(const sample_tok_t *t, const char *text, size_t len, dg_tok_ids_t *ids) {

@@ -58,21 +58,15 @@ double dg_sla_unit_factor(const char *unit, dg_dim_t *dim) {
 }
 
 const char *dg_sla_dim_units(dg_dim_t d) {
-    switch (d) {
-    case DG_DIM_BANDWIDTH:
-        return "B/s, KB/s, MB/s, GB/s, TB/s, KiB/s .. TiB/s, Gbit/s";
-    case DG_DIM_FLOPS:
-        return "FLOP/s, KFLOP/s, MFLOP/s, GFLOP/s, TFLOP/s, PFLOP/s";
-    case DG_DIM_TIME:
-        return "s, ms, us, ns";
-    case DG_DIM_RATIO:
-        return "x, frac, %";
-    case DG_DIM_TOKRATE:
-        return "tok/s, Ktok/s, Mtok/s";
-    case DG_DIM_ZSCORE:
-        return "z";
-    }
-    return "?";
+    static const char *const units[] = {
+        [DG_DIM_BANDWIDTH] = "B/s, KB/s, MB/s, GB/s, TB/s, KiB/s .. TiB/s, Gbit/s",
+        [DG_DIM_FLOPS] = "FLOP/s, KFLOP/s, MFLOP/s, GFLOP/s, TFLOP/s, PFLOP/s",
+        [DG_DIM_TIME] = "s, ms, us, ns",
+        [DG_DIM_RATIO] = "x, frac, %",
+        [DG_DIM_TOKRATE] = "tok/s, Ktok/s, Mtok/s",
+        [DG_DIM_ZSCORE] = "z",
+    };
+    return DG_ENUM_NAME(units, d, "?");
 }
 
 void dg_sla_ref_bounds(const dg_sla_ref_t *r, double *lo, double *hi) {

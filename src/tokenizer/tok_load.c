@@ -12,28 +12,11 @@ static dg_status_t read_file(const char *path, uint8_t **out, size_t *len) {
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return DG_ERR(DG_ERR_USAGE, "tokenizer: cannot read %s: %s", path, strerror(errno));
-    size_t cap = 1 << 20, n = 0;
-    uint8_t *b = dg_xmalloc(cap + 1);
-    for (;;) {
-        if (n == cap) {
-            cap *= 2;
-            uint8_t *nb = realloc(b, cap + 1);
-            DG_ASSERTF(nb != NULL, "out of memory reading %s", path);
-            b = nb;
-        }
-        size_t r = fread(b + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int err = ferror(f);
+    char *text = NULL;
+    int e = dg_read_stream(f, SIZE_MAX, &text, len);
     fclose(f);
-    if (err) {
-        free(b);
-        return DG_ERR(DG_ERR_USAGE, "tokenizer: cannot read %s: read error", path);
-    }
-    b[n] = 0;
-    *out = b;
-    *len = n;
+    if (e) return DG_ERR(DG_ERR_USAGE, "tokenizer: cannot read %s: read error", path);
+    *out = (uint8_t *)text;
     return DG_OK;
 }
 

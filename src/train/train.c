@@ -300,13 +300,8 @@ static dg_status_t match_frozen(trainer_t *tr) {
     char buf[DG_CFG_STR];
     snprintf(buf, sizeof buf, "%s", spec);
     char *save = NULL;
-    for (char *pat = strtok_r(buf, ",", &save); pat; pat = strtok_r(NULL, ",", &save)) {
-        while (*pat == ' ')
-            pat++;
-        size_t L = strlen(pat);
-        while (L && pat[L - 1] == ' ')
-            pat[--L] = 0;
-        if (!L) continue;
+    for (char *pat = dg_list_next(buf, &save); pat; pat = dg_list_next(NULL, &save)) {
+        if (!*pat) continue;
         int hits = 0;
         for (int i = 0; i < tr->n_params; i++)
             if (fnmatch(pat, dg_model_param(tr->model, i)->name, 0) == 0) tr->frozen[i] = 1, hits++;
@@ -996,6 +991,13 @@ static dg_status_t gather_print(dg_boot_t *boot, const char *head, const char *t
     return DG_OK;
 }
 
+/* What plan_model made (any part of it, after a failure). */
+static void plan_free(trainer_t *tr, dg_backend_t *be) {
+    if (tr->model) dg_model_free(tr->model);
+    dg_fsdp_free(tr->fsdp);
+    dg_backend_free(be);
+}
+
 static dg_status_t plan_model(dg_boot_t *boot, const dg_config_t *cfg, trainer_t *tr, dg_backend_t **be) {
     tr->boot = boot;
     tr->cfg = cfg;
@@ -1031,20 +1033,25 @@ static dg_status_t arena_per_recompute(dg_boot_t *boot, const dg_config_t *cfg, 
         dg_backend_t *be = NULL;
         s = plan_model(boot, c, &t, &be);
         if (s == DG_OK) arena[r] = dg_model_arena_bytes(t.model);
-        if (t.model) dg_model_free(t.model);
-        dg_fsdp_free(t.fsdp);
-        dg_backend_free(be);
+        plan_free(&t, be);
     }
     free(c);
+    return s;
+}
+
+/* plan_model, agreed by all ranks; with by_rc also the arena of each train.recompute choice */
+static dg_status_t plan_agreed(dg_boot_t *boot, const dg_config_t *cfg, trainer_t *tr, dg_backend_t **be,
+                               size_t by_rc[4]) {
+    dg_status_t s = dg_boot_agree(boot, plan_model(boot, cfg, tr, be));
+    if (s == DG_OK && by_rc) s = dg_boot_agree(boot, arena_per_recompute(boot, cfg, by_rc));
     return s;
 }
 
 dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json, FILE *out) {
     trainer_t tr = {0};
     dg_backend_t *be = NULL;
-    dg_status_t s = dg_boot_agree(boot, plan_model(boot, cfg, &tr, &be));
     size_t by_rc[4] = {0};
-    if (s == DG_OK && !json) s = dg_boot_agree(boot, arena_per_recompute(boot, cfg, by_rc));
+    dg_status_t s = plan_agreed(boot, cfg, &tr, &be, json ? NULL : by_rc);
     char *buf = NULL;
     size_t cap = 0;
     if (s == DG_OK) {
@@ -1076,9 +1083,7 @@ dg_status_t dg_train_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json
     if (s == DG_OK) s = gather_print(boot, head, buf, out, json);
     free(head);
     free(buf);
-    if (tr.model) dg_model_free(tr.model);
-    dg_fsdp_free(tr.fsdp);
-    dg_backend_free(be);
+    plan_free(&tr, be);
     return s;
 }
 
@@ -1108,9 +1113,8 @@ static dg_status_t dg_train_dry_run_memfit(dg_boot_t *boot, const dg_config_t *c
 dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int json, FILE *out) {
     trainer_t tr = {0};
     dg_backend_t *be = NULL;
-    dg_status_t s = dg_boot_agree(boot, plan_model(boot, cfg, &tr, &be));
     size_t by_rc[4] = {0};
-    if (s == DG_OK) s = dg_boot_agree(boot, arena_per_recompute(boot, cfg, by_rc));
+    dg_status_t s = plan_agreed(boot, cfg, &tr, &be, by_rc);
     if (s == DG_OK && boot->world_rank == 0) {
         size_t state = dg_model_state_bytes(tr.model), arena = dg_model_arena_bytes(tr.model);
         size_t act = dg_model_activation_bytes_sum(tr.model);
@@ -1164,9 +1168,7 @@ dg_status_t dg_train_dry_run_report(dg_boot_t *boot, const dg_config_t *cfg, int
         fflush(out);
     }
     free(head);
-    if (tr.model) dg_model_free(tr.model);
-    dg_fsdp_free(tr.fsdp);
-    dg_backend_free(be);
+    plan_free(&tr, be);
     return s;
 }
 

@@ -403,11 +403,7 @@ static void judge(vctx_t *c, const char *name, int op, int grp, const rec_t *all
     }
     vbuf_printf(&det, "]}");
     if (n_below > 4) vbuf_printf(&why, " and %d more groups", n_below - 4);
-    if (wrong) {
-        char who[1024];
-        vc_fmt_ranks(c, bad_ranks, nbad_ranks, who, sizeof who);
-        vbuf_printf(&why, "%s%lld wrong elements in the results of %s", why.n ? "; " : "", wrong, who);
-    }
+    vc_why_wrong(c, &why, wrong, "wrong elements in the results of", bad_ranks, nbad_ranks);
     int last = -1;
     for (int p = 0; p < npts; p++)
         if (R->pts[p].bytes > 0) last = p;

@@ -334,11 +334,7 @@ static void judge_throughput(vctx_t *c, int kind, const rec_t *all, double secon
     }
     vbuf_printf(&det, "]}");
     if (nbad > 4) vbuf_printf(&why, " and %d more", nbad - 4);
-    if (wrong) {
-        char who[1024];
-        vc_fmt_ranks(c, wrong_ranks, nwr, who, sizeof who);
-        vbuf_printf(&why, "%s%lld wrong result elements on %s", why.n ? "; " : "", wrong, who);
-    }
+    vc_why_wrong(c, &why, wrong, "wrong result elements on", wrong_ranks, nwr);
     char vs[32];
     vc_fmt_value(vs, sizeof vs, worst, k_dims[kind]);
     if (gpu)

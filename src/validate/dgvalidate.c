@@ -46,15 +46,6 @@ static void usage(FILE *out) {
         "            3 aborted (a peer failed or timed out); 4 at least one check FAILED\n");
 }
 
-static int launcher_rank(void) {
-    static const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
-    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && *v) return atoi(v);
-    }
-    return 0;
-}
-
 typedef struct {
     dg_validate_opts_t o;
     const char **sets;
@@ -170,12 +161,12 @@ int main(int argc, char **argv) {
     cli_t cli;
     int bad = parse(argc, argv, &cli);
     if (!bad && cli.check) {
-        int rc = launcher_rank() == 0 ? check_only(&cli) : 0;
+        int rc = dg_boot_launcher_rank() == 0 ? check_only(&cli) : 0;
         free(cli.sets);
         return rc;
     }
     if (!bad && (cli.help || cli.version || cli.list)) {
-        if (launcher_rank() == 0) {
+        if (dg_boot_launcher_rank() == 0) {
             if (cli.version) {
                 printf("dgvalidate %s\n", DG_VERSION_STRING);
             } else if (cli.list) {
@@ -189,17 +180,9 @@ int main(int argc, char **argv) {
         free(cli.sets);
         return 0;
     }
-    if (dg_env_check(launcher_rank() == 0 ? stderr : NULL) != DG_OK) { /* before MPI: boot reads them */
-        fprintf(stderr, "dgvalidate: error on rank %d: %s\n", launcher_rank(), dg_last_error());
-        free(cli.sets);
-        return DG_ERR_USAGE;
-    }
     dg_boot_t *b = NULL;
-    dg_status_t s = dg_boot_init(&argc, &argv, &b);
+    dg_status_t s = dg_boot_start("dgvalidate", &argc, &argv, &b);
     if (s != DG_OK) {
-        fprintf(stderr, "dgvalidate: error on rank %d (%s): %s\n", b ? b->world_rank : -1, b ? b->host : "?",
-                dg_last_error());
-        dg_boot_finalize(b);
         free(cli.sets);
         return s;
     }

@@ -12,17 +12,11 @@
 #include "validate_impl.h"
 
 const char *dg_verdict_name(dg_verdict_t v) {
-    switch (v) {
-    case DG_VERDICT_PASS:
-        return "PASS";
-    case DG_VERDICT_SKIP:
-        return "SKIP";
-    case DG_VERDICT_FAIL:
-        return "FAIL";
-    case DG_VERDICT_ERROR:
-        return "ERROR";
-    }
-    return "?";
+    static const char *const names[] = {[DG_VERDICT_PASS] = "PASS",
+                                        [DG_VERDICT_SKIP] = "SKIP",
+                                        [DG_VERDICT_FAIL] = "FAIL",
+                                        [DG_VERDICT_ERROR] = "ERROR"};
+    return DG_ENUM_NAME(names, v, "?");
 }
 
 void dg_vreport_init(dg_vreport_t *r) {
@@ -218,36 +212,14 @@ dg_status_t dg_vreport_write_json(const dg_vreport_t *r, const char *path) {
 /* ---------------------------------------------------------------- JUnit XML */
 
 static void xml_str(vbuf_t *b, const char *s) {
+    static const char *const entity[256] = {
+        ['&'] = "&amp;",   ['<'] = "&lt;",   ['>'] = "&gt;",  ['"'] = "&quot;",
+        ['\''] = "&apos;", ['\n'] = "&#10;", ['\t'] = "&#9;", ['\r'] = "&#13;"};
     for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
-        switch (*p) {
-        case '&':
-            vbuf_printf(b, "&amp;");
-            break;
-        case '<':
-            vbuf_printf(b, "&lt;");
-            break;
-        case '>':
-            vbuf_printf(b, "&gt;");
-            break;
-        case '"':
-            vbuf_printf(b, "&quot;");
-            break;
-        case '\'':
-            vbuf_printf(b, "&apos;");
-            break;
-        case '\n':
-            vbuf_printf(b, "&#10;");
-            break;
-        case '\t':
-            vbuf_printf(b, "&#9;");
-            break;
-        case '\r':
-            vbuf_printf(b, "&#13;");
-            break;
-        default:
-            if (*p >= 0x20)
-                vbuf_printf(b, "%c", *p); /* other control characters are not allowed in XML 1.0 */
-        }
+        if (entity[*p])
+            vbuf_printf(b, "%s", entity[*p]);
+        else if (*p >= 0x20)
+            vbuf_printf(b, "%c", *p); /* other control characters are not allowed in XML 1.0 */
     }
 }
 

@@ -517,7 +517,13 @@ static dg_status_t set_node_key(dg_sla_t *s, int t, const char *where, int line,
                       nt->name, nt->set[k]);
     nt->set[k] = line;
     dg_sla_node_t *n = &nt->node;
-    dg_sla_count_t *cnt = NULL;
+    /* the count keys (their value parsed after the switch); the other keys are handled in it */
+    dg_sla_count_t *const counts[NK_N] = {[NK_GPUS] = &n->gpus,
+                                          [NK_NUMA] = &n->numa_nodes,
+                                          [NK_CORES] = &n->cores,
+                                          [NK_NICS] = &n->nics,
+                                          [NK_IB_NICS] = &n->ib_nics};
+    dg_sla_count_t *cnt = counts[k];
     switch (k) {
     case NK_MATCH: {
         if (t == 0)
@@ -541,21 +547,6 @@ static dg_status_t set_node_key(dg_sla_t *s, int t, const char *where, int line,
         nt->n_match = m;
         return DG_OK;
     }
-    case NK_GPUS:
-        cnt = &n->gpus;
-        break;
-    case NK_NUMA:
-        cnt = &n->numa_nodes;
-        break;
-    case NK_CORES:
-        cnt = &n->cores;
-        break;
-    case NK_NICS:
-        cnt = &n->nics;
-        break;
-    case NK_IB_NICS:
-        cnt = &n->ib_nics;
-        break;
     case NK_GPU_MODEL:
         if (!*v || strlen(v) >= sizeof n->gpu_model)
             return DG_ERR(DG_ERR_USAGE,
@@ -640,15 +631,9 @@ static dg_status_t open_section(parse_t *p, const char *where, char *sec) {
 static char *reader(char *str, int num, void *stream) {
     parse_t *p = stream;
     if (p->err || p->pos >= p->len) return NULL;
-    const char *line = p->text + p->pos;
-    const char *nl = memchr(line, '\n', p->len - p->pos);
-    size_t n = nl ? (size_t)(nl - line) : p->len - p->pos;
-    p->pos += n + (nl ? 1 : 0);
+    const char *line;
+    size_t n = dg_text_line(p->text, p->len, &p->pos, &line);
     p->lineno++;
-    while (n && (*line == ' ' || *line == '\t'))
-        line++, n--;
-    while (n && (line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t'))
-        n--;
     char where[1200];
     snprintf(where, sizeof where, "%s:%d", p->s->name, p->lineno);
     if (n + 2 > (size_t)num) {

@@ -91,18 +91,10 @@ dg_status_t dg_validate_read_file(const char *path, char **text, size_t *len, si
                       (long long)st.st_size, max_bytes);
     FILE *f = fopen(path, "rb");
     if (!f) return DG_ERR(DG_ERR_USAGE, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = dg_xmalloc((size_t)st.st_size + 1);
-    size_t n = fread(buf, 1, (size_t)st.st_size, f);
-    int err = ferror(f);
+    int e = dg_read_stream(f, max_bytes, text, len);
     fclose(f);
-    if (err) {
-        free(buf);
-        return DG_ERR(DG_ERR_USAGE, "%s: read error", path);
-    }
-    buf[n] = 0;
-    *text = buf;
-    *len = n;
-    return DG_OK;
+    if (e == EFBIG) return DG_ERR(DG_ERR_USAGE, "%s: grew past %zu bytes while read", path, max_bytes);
+    return e ? DG_ERR(DG_ERR_USAGE, "%s: read error", path) : DG_OK;
 }
 
 /* ---------------------------------------------------------------- selection and report entries */
@@ -122,12 +114,7 @@ static int selected(const vctx_t *c, const char *name, int leaf) {
     char copy[512];
     snprintf(copy, sizeof copy, "%s", c->checks);
     char *save = NULL;
-    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        while (*t == ' ')
-            t++;
-        size_t n = strlen(t);
-        while (n && t[n - 1] == ' ')
-            t[--n] = 0;
+    for (char *t = dg_list_next(copy, &save); t; t = dg_list_next(NULL, &save)) {
         if (strcmp(t, "all") == 0 || prefix_matches(t, name, leaf)) return 1;
     }
     return 0;
@@ -190,6 +177,13 @@ dg_status_t vc_quiet_barrier(vctx_t *c, MPI_Comm comm, const char *what) {
 }
 
 /* ---------------------------------------------------------------- naming ranks and hosts */
+
+void vc_why_wrong(const vctx_t *c, vbuf_t *why, long long wrong, const char *what, const int *ranks, int n) {
+    if (!wrong) return;
+    char who[1024];
+    vc_fmt_ranks(c, ranks, n, who, sizeof who);
+    vbuf_printf(why, "%s%lld %s %s", why->n ? "; " : "", wrong, what, who);
+}
 
 void vc_fmt_ranks(const vctx_t *c, const int *ranks, int n, char *buf, size_t cap) {
     size_t o = 0;

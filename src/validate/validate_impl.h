@@ -70,6 +70,8 @@ dg_status_t vc_agree(vctx_t *c, dg_status_t local, char *msg, size_t cap);
 
 /* "rank 3 (node2), rank 7 (node4)" for a list of world ranks (long lists shortened). */
 void vc_fmt_ranks(const vctx_t *c, const int *ranks, int n, char *buf, size_t cap);
+/* When wrong > 0, the reason "N <what> <ranks>" appended to why (after "; " when it holds one already). */
+void vc_why_wrong(const vctx_t *c, vbuf_t *why, long long wrong, const char *what, const int *ranks, int n);
 /* "node 1 (node2, ranks from 4)" for nodes, by node id. */
 void vc_fmt_nodes(const vctx_t *c, const int *nodes, int n, char *buf, size_t cap);
 /* Every node of the job, as vc_fmt_nodes (for checks whose result belongs to the whole allocation). */
