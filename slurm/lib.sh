@@ -8,8 +8,34 @@
 #                           DGT_LAUNCHER=auto|srun|mpirun (auto: srun when it has PMIx, else mpirun),
 #                           DGT_SRUN_ARGS / DGT_MPIRUN_ARGS appended to the launcher's options; sets
 #                           LAUNCHER to the one chosen
+#   script_arg VAR WHAT ARG the arguments both scripts take alike, and the one positional argument:
+#                           --check sets CHECK_ONLY=1, -h/--help prints the script's header comment and
+#                           exits 0, another -option dies; anything else becomes $VAR (WHAT names it when
+#                           a second one comes); the usage line is $USAGE
+#   input_file WHAT PATH    dies unless PATH is a readable regular file
 # shellcheck shell=bash
 # shellcheck disable=SC2034 # CMD and LAUNCHER are for the sourcing script
+
+script_arg() {
+    case "$3" in
+    --check) CHECK_ONLY=1 ;;
+    -h | --help)
+        sed -n '2,/^set -u/p' "$0" | sed -e 's/^# \{0,1\}//' -e '/^set -u/d'
+        exit 0
+        ;;
+    -*) die "unknown option '$3' ($USAGE)" ;;
+    *)
+        [ -z "${!1}" ] || die "unexpected argument '$3': only one $2 ($USAGE)"
+        printf -v "$1" '%s' "$3"
+        ;;
+    esac
+}
+
+input_file() {
+    [ -e "$2" ] || die "$1 '$2' does not exist (relative paths are from $(pwd))"
+    [ -f "$2" ] || die "$1 '$2' is not a regular file"
+    [ -r "$2" ] || die "$1 '$2' is not readable"
+}
 
 find_exe() {
     local var=$1 rel=$2 name=$3 c here

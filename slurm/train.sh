@@ -56,6 +56,7 @@ LIB=$(dirname "$0")/lib.sh
 [ -f "$LIB" ] || die "cannot find slurm/lib.sh beside $0 or the submitted script: run this script from its checkout"
 # shellcheck source=slurm/lib.sh
 source "$LIB"
+USAGE="usage: sbatch slurm/train.sh CONFIG.ini [--set section.key=value ...]"
 
 # ---------------------------------------------------------------- arguments
 CHECK_ONLY=0
@@ -63,26 +64,17 @@ CONFIG=
 SETS=()
 while [ $# -gt 0 ]; do
     case "$1" in
-    --check) CHECK_ONLY=1 ;;
     --set)
         [ $# -ge 2 ] || die "--set needs an argument section.key=value"
         SETS+=(--set "$2")
         shift
         ;;
     --set=*) SETS+=(--set "${1#--set=}") ;;
-    -h | --help)
-        sed -n '2,/^set -u/p' "$0" | sed -e 's/^# \{0,1\}//' -e '/^set -u/d'
-        exit 0
-        ;;
-    -*) die "unknown option '$1' (usage: sbatch slurm/train.sh CONFIG.ini [--set section.key=value ...])" ;;
-    *)
-        [ -z "$CONFIG" ] || die "unexpected argument '$1': only one CONFIG.ini (usage: sbatch slurm/train.sh CONFIG.ini [--set section.key=value ...])"
-        CONFIG=$1
-        ;;
+    *) script_arg CONFIG CONFIG.ini "$1" ;;
     esac
     shift
 done
-[ -n "$CONFIG" ] || die "no config file (usage: sbatch slurm/train.sh CONFIG.ini [--set section.key=value ...])"
+[ -n "$CONFIG" ] || die "no config file ($USAGE)"
 for s in "${SETS[@]}"; do
     [ "$s" = --set ] && continue
     case "$s" in
@@ -90,9 +82,7 @@ for s in "${SETS[@]}"; do
     *) die "bad --set '$s': expected section.key=value" ;;
     esac
 done
-[ -e "$CONFIG" ] || die "config file '$CONFIG' does not exist (relative paths are from $(pwd))"
-[ -f "$CONFIG" ] || die "config file '$CONFIG' is not a regular file"
-[ -r "$CONFIG" ] || die "config file '$CONFIG' is not readable"
+input_file "config file" "$CONFIG"
 
 MAX_RESTARTS=${DGT_MAX_RESTARTS:-10}
 case "$MAX_RESTARTS" in

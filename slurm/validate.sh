@@ -67,7 +67,6 @@ RUN_DIR=
 PASS=() # options handed to dgvalidate unchanged (it checks them itself)
 while [ $# -gt 0 ]; do
     case "$1" in
-    --check) CHECK_ONLY=1 ;;
     --set)
         [ $# -ge 2 ] || die "$1 needs an argument ($USAGE)"
         # --set run.dir=DIR is --run-dir DIR (as in dgvalidate itself)
@@ -87,22 +86,12 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     --run-dir=*) RUN_DIR=${1#--run-dir=} ;;
-    -h | --help)
-        sed -n '2,/^set -u/p' "$0" | sed -e 's/^# \{0,1\}//' -e '/^set -u/d'
-        exit 0
-        ;;
-    -*) die "unknown option '$1' ($USAGE)" ;;
-    *)
-        [ -z "$SLA" ] || die "unexpected argument '$1': only one SLA file ($USAGE)"
-        SLA=$1
-        ;;
+    *) script_arg SLA "SLA file" "$1" ;;
     esac
     shift
 done
 [ -n "$SLA" ] || SLA=validation/sla.ini
-[ -e "$SLA" ] || die "SLA file '$SLA' does not exist (relative paths are from $(pwd))"
-[ -f "$SLA" ] || die "SLA file '$SLA' is not a regular file"
-[ -r "$SLA" ] || die "SLA file '$SLA' is not readable"
+input_file "SLA file" "$SLA"
 
 DGV=$(find_exe DGVALIDATE_BIN src/validate/dgvalidate dgvalidate) || exit 1
 
