@@ -10,6 +10,8 @@ config (INI) text they write.
   small_gpt(comment, ...)  the small custom GPT the tests train (2 layers, 2 heads, d_model 64, vocab
                            256, fp32 on the CPU, one thread per rank, no validation, no periodic
                            checkpoints, resume auto); keyword arguments set keys per section
+  write_file(work, name, text)
+                           writes WORK/name, returns its path (a test's cfg.ini)
   TrainEnv(case, dgtrain, dgckpt, mpi, prefix)
                            a case's work directory (WORK/cfg.ini once write_cfg wrote it) and its runs:
                            train(ranks, name, ...) runs dgtrain under MPI into WORK/name (its output
@@ -95,6 +97,13 @@ def small_gpt(comment, run, train, model=None, data=None, parallel=None, checkpo
     }
     sections.update(extra or {})
     return ini(comment, sections)
+
+
+def write_file(work, name, text):
+    path = os.path.join(work, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
 
 
 def in_workdir(prefix, body):
