@@ -50,6 +50,13 @@ die() { # one clear line, exit 1 (usage); never requeued
     echo "$ME: error: $*" >&2
     exit 1
 }
+# slurm/lib.sh beside this script; a batch job runs a spooled copy: then beside the script sbatch was given
+LIB=$(dirname "$0")/lib.sh
+[ -f "$LIB" ] || LIB=$(dirname "$(scontrol show job "${SLURM_JOB_ID:-none}" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')")/lib.sh
+[ -f "$LIB" ] || die "cannot find slurm/lib.sh beside $0 or the submitted script: run this script from its checkout"
+# shellcheck source=slurm/lib.sh
+source "$LIB"
+USAGE="usage: sbatch slurm/train.sh CONFIG.ini [--set section.key=value ...]"
 
 # ---------------------------------------------------------------- arguments
 CHECK_ONLY=0
@@ -57,26 +64,17 @@ CONFIG=
 SETS=()
 while [ $# -gt 0 ]; do
     case "$1" in
-    --check) CHECK_ONLY=1 ;;
     --set)
         [ $# -ge 2 ] || die "--set needs an argument section.key=value"
         SETS+=(--set "$2")
         shift
         ;;
     --set=*) SETS+=(--set "${1#--set=}") ;;
-    -h | --help)
-        sed -n '2,/^set -u/p' "$0" | sed -e 's/^# \{0,1\}//' -e '/^set -u/d'
-        exit 0
-        ;;
-    -*) die "unknown option '$1' (usage: sbatch slurm/train.sh CONFIG.ini [--set section.key=value ...])" ;;
-    *)
-        [ -z "$CONFIG" ] || die "unexpected argument '$1': only one CONFIG.ini (usage: sbatch slurm/train.sh CONFIG.ini [--set section.key=value ...])"
-        CONFIG=$1
-        ;;
+    *) script_arg CONFIG CONFIG.ini "$1" ;;
     esac
     shift
 done
-[ -n "$CONFIG" ] || die "no config file (usage: sbatch slurm/train.sh CONFIG.ini [--set section.key=value ...])"
+[ -n "$CONFIG" ] || die "no config file ($USAGE)"
 for s in "${SETS[@]}"; do
     [ "$s" = --set ] && continue
     case "$s" in
@@ -84,9 +82,7 @@ for s in "${SETS[@]}"; do
     *) die "bad --set '$s': expected section.key=value" ;;
     esac
 done
-[ -e "$CONFIG" ] || die "config file '$CONFIG' does not exist (relative paths are from $(pwd))"
-[ -f "$CONFIG" ] || die "config file '$CONFIG' is not a regular file"
-[ -r "$CONFIG" ] || die "config file '$CONFIG' is not readable"
+input_file "config file" "$CONFIG"
 
 MAX_RESTARTS=${DGT_MAX_RESTARTS:-10}
 case "$MAX_RESTARTS" in
@@ -94,30 +90,7 @@ case "$MAX_RESTARTS" in
 esac
 
 # ---------------------------------------------------------------- dgtrain and the effective config
-find_dgtrain() {
-    if [ -n "${DGTRAIN_BIN:-}" ]; then
-        [ -x "$DGTRAIN_BIN" ] || die "DGTRAIN_BIN='$DGTRAIN_BIN' is not an executable file"
-        echo "$DGTRAIN_BIN"
-        return
-    fi
-    local c here
-    # this script's own checkout (slurm/..): right for --check and direct runs; in a batch job Slurm
-    # runs a spooled copy, hence SLURM_SUBMIT_DIR first, then the current directory
-    here=$(cd "$(dirname "$0")/.." 2>/dev/null && pwd)
-    for c in "${DGT_BUILD_DIR:+$DGT_BUILD_DIR/src/cli/dgtrain}" "${SLURM_SUBMIT_DIR:+$SLURM_SUBMIT_DIR/build/src/cli/dgtrain}" \
-        "${here:+$here/build/src/cli/dgtrain}" "$PWD/build/src/cli/dgtrain"; do
-        [ -n "$c" ] && [ -x "$c" ] && {
-            echo "$c"
-            return
-        }
-    done
-    c=$(command -v dgtrain 2>/dev/null) && {
-        echo "$c"
-        return
-    }
-    die "cannot find dgtrain: tried \$DGT_BUILD_DIR, \$SLURM_SUBMIT_DIR, ${here:-slurm/..} and $PWD (each + /build/src/cli/dgtrain) and PATH; set DGTRAIN_BIN=/path/to/dgtrain or build it"
-}
-DGTRAIN=$(find_dgtrain) || exit 1
+DGTRAIN=$(find_exe DGTRAIN_BIN src/cli/dgtrain dgtrain) || exit 1
 
 # dgtrain itself parses and validates the config (defaults, file, --set): the one source of truth.
 # Values are only ever read into variables and used quoted; nothing from the config is evaluated.
@@ -153,53 +126,13 @@ fi
 
 # ---------------------------------------------------------------- launcher
 RESTART=${SLURM_RESTART_COUNT:-0}
-# The task count of THIS allocation. After a requeue the job may have been resized (more or fewer nodes
-# with --nodes=MIN-MAX, or `scontrol update JobId=.. NumTasks=.. TasksPerNode=..` while it was pending),
-# but SLURM_NTASKS/SLURM_NTASKS_PER_NODE still hold what sbatch saw at submission. SLURM_TASKS_PER_NODE
-# ("2(x3),1") is recomputed by Slurm for every start.
-tasks_from_layout() {
-    local total=0 item items
-    IFS=, read -r -a items <<<"$1"
-    for item in "${items[@]}"; do
-        if [[ $item =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
-            total=$((total + BASH_REMATCH[1] * BASH_REMATCH[2]))
-        elif [[ $item =~ ^[0-9]+$ ]]; then
-            total=$((total + item))
-        else
-            return 1
-        fi
-    done
-    echo "$total"
-}
-NTASKS=
-[ -n "${SLURM_TASKS_PER_NODE:-}" ] && NTASKS=$(tasks_from_layout "$SLURM_TASKS_PER_NODE")
-[ -n "$NTASKS" ] && [ "$NTASKS" -gt 0 ] || NTASKS=${SLURM_NTASKS:-${SLURM_NPROCS:-1}}
+NTASKS=$(allocation_ntasks) # the task count of this allocation, which a requeue may have resized
 if [ "${SLURM_NTASKS:-$NTASKS}" != "$NTASKS" ]; then
     log "this allocation has $NTASKS task(s) (tasks per node: $SLURM_TASKS_PER_NODE); the job was submitted with ${SLURM_NTASKS}"
     export SLURM_NTASKS=$NTASKS SLURM_NPROCS=$NTASKS
     unset SLURM_NTASKS_PER_NODE
 fi
-LAUNCHER=${DGT_LAUNCHER:-auto}
-if [ "$LAUNCHER" = auto ]; then
-    if srun --mpi=list 2>&1 | grep -qw pmix; then LAUNCHER=srun; else LAUNCHER=mpirun; fi
-fi
-case "$LAUNCHER" in
-srun)
-    read -r -a extra <<<"${DGT_SRUN_ARGS:-}"
-    # Slurm 22.05's srun does not take --cpus-per-task from the allocation: pass it on explicitly.
-    cpt=()
-    [ -n "${SLURM_CPUS_PER_TASK:-}" ] && cpt=(--cpus-per-task="$SLURM_CPUS_PER_TASK")
-    CMD=(srun --mpi=pmix --ntasks="$NTASKS" "${cpt[@]}" "${extra[@]}" "$DGTRAIN" "$CONFIG" "${SETS[@]}")
-    ;;
-mpirun)
-    command -v mpirun >/dev/null 2>&1 || die "DGT_LAUNCHER=mpirun but no mpirun on PATH"
-    read -r -a extra <<<"${DGT_MPIRUN_ARGS:-}"
-    asroot=()
-    [ "$(id -u)" = 0 ] && asroot=(--allow-run-as-root)
-    CMD=(mpirun "${asroot[@]}" -n "$NTASKS" "${extra[@]}" "$DGTRAIN" "$CONFIG" "${SETS[@]}")
-    ;;
-*) die "DGT_LAUNCHER='$LAUNCHER': expected auto, srun or mpirun" ;;
-esac
+launch_cmd "$NTASKS" "$DGTRAIN" "$CONFIG" "${SETS[@]}"
 
 SLURM_LOG=$RUN_DIR/logs/slurm.log
 note() { # to the job output and to run.dir/logs/slurm.log, so the history survives requeues

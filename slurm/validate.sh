@@ -33,7 +33,8 @@
 #
 # Environment (all optional):
 #   DGVALIDATE_BIN     the dgvalidate binary (default: $DGT_BUILD_DIR/src/validate/dgvalidate, then
-#                      $SLURM_SUBMIT_DIR/build/src/validate/dgvalidate, then dgvalidate on PATH)
+#                      $SLURM_SUBMIT_DIR/build/src/validate/dgvalidate, then build/src/validate/dgvalidate
+#                      of this script's checkout (slurm/..), then ./build/..., then dgvalidate on PATH)
 #   DGT_LAUNCHER       auto (srun --mpi=pmix when Slurm has PMIx, else mpirun) | srun | mpirun
 #   DGT_SRUN_ARGS      extra srun arguments (split on whitespace)
 #   DGT_MPIRUN_ARGS    extra mpirun arguments (split on whitespace)
@@ -51,6 +52,12 @@ die() { # one clear line, exit 1 (usage)
     echo "$ME: error: $*" >&2
     exit 1
 }
+# slurm/lib.sh beside this script; a batch job runs a spooled copy: then beside the script sbatch was given
+LIB=$(dirname "$0")/lib.sh
+[ -f "$LIB" ] || LIB=$(dirname "$(scontrol show job "${SLURM_JOB_ID:-none}" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')")/lib.sh
+[ -f "$LIB" ] || die "cannot find slurm/lib.sh beside $0 or the submitted script: run this script from its checkout"
+# shellcheck source=slurm/lib.sh
+source "$LIB"
 USAGE="usage: sbatch slurm/validate.sh [SLA.ini] [--checks LIST] [--set key=value ...] [--run-dir DIR]"
 
 # ---------------------------------------------------------------- arguments
@@ -60,7 +67,6 @@ RUN_DIR=
 PASS=() # options handed to dgvalidate unchanged (it checks them itself)
 while [ $# -gt 0 ]; do
     case "$1" in
-    --check) CHECK_ONLY=1 ;;
     --set)
         [ $# -ge 2 ] || die "$1 needs an argument ($USAGE)"
         # --set run.dir=DIR is --run-dir DIR (as in dgvalidate itself)
@@ -80,44 +86,14 @@ while [ $# -gt 0 ]; do
         shift
         ;;
     --run-dir=*) RUN_DIR=${1#--run-dir=} ;;
-    -h | --help)
-        sed -n '2,/^set -u/p' "$0" | sed -e 's/^# \{0,1\}//' -e '/^set -u/d'
-        exit 0
-        ;;
-    -*) die "unknown option '$1' ($USAGE)" ;;
-    *)
-        [ -z "$SLA" ] || die "unexpected argument '$1': only one SLA file ($USAGE)"
-        SLA=$1
-        ;;
+    *) script_arg SLA "SLA file" "$1" ;;
     esac
     shift
 done
 [ -n "$SLA" ] || SLA=validation/sla.ini
-[ -e "$SLA" ] || die "SLA file '$SLA' does not exist (relative paths are from $(pwd))"
-[ -f "$SLA" ] || die "SLA file '$SLA' is not a regular file"
-[ -r "$SLA" ] || die "SLA file '$SLA' is not readable"
+input_file "SLA file" "$SLA"
 
-find_dgvalidate() {
-    if [ -n "${DGVALIDATE_BIN:-}" ]; then
-        [ -x "$DGVALIDATE_BIN" ] || die "DGVALIDATE_BIN='$DGVALIDATE_BIN' is not an executable file"
-        echo "$DGVALIDATE_BIN"
-        return
-    fi
-    local c
-    for c in "${DGT_BUILD_DIR:+$DGT_BUILD_DIR/src/validate/dgvalidate}" \
-        "${SLURM_SUBMIT_DIR:+$SLURM_SUBMIT_DIR/build/src/validate/dgvalidate}" "build/src/validate/dgvalidate"; do
-        [ -n "$c" ] && [ -x "$c" ] && {
-            echo "$c"
-            return
-        }
-    done
-    c=$(command -v dgvalidate 2>/dev/null) && {
-        echo "$c"
-        return
-    }
-    die "cannot find dgvalidate: set DGVALIDATE_BIN=/path/to/dgvalidate, or build it (build/src/validate/dgvalidate) and submit from the repository root"
-}
-DGV=$(find_dgvalidate) || exit 1
+DGV=$(find_exe DGVALIDATE_BIN src/validate/dgvalidate dgvalidate) || exit 1
 
 # dgvalidate parses the SLA file and the options itself (no MPI needed): the one source of truth, and
 # a bad threshold file stops here instead of after the job waited in the queue.
@@ -138,46 +114,9 @@ mkdir -p -- "$RUN_DIR" 2>/dev/null || die "cannot create the run directory '$RUN
 [ -w "$RUN_DIR" ] || die "the run directory '$RUN_DIR' is not writable"
 [ -n "${SLURM_JOB_ID:-}" ] || die "not inside a Slurm job (no SLURM_JOB_ID): submit with 'sbatch slurm/validate.sh ...', or use --check to validate only"
 
-# ---------------------------------------------------------------- launcher (as slurm/train.sh)
-# The task count of this allocation: SLURM_TASKS_PER_NODE ("2(x3),1") is what Slurm computed for it.
-tasks_from_layout() {
-    local total=0 item items
-    IFS=, read -r -a items <<<"$1"
-    for item in "${items[@]}"; do
-        if [[ $item =~ ^([0-9]+)\(x([0-9]+)\)$ ]]; then
-            total=$((total + BASH_REMATCH[1] * BASH_REMATCH[2]))
-        elif [[ $item =~ ^[0-9]+$ ]]; then
-            total=$((total + item))
-        else
-            return 1
-        fi
-    done
-    echo "$total"
-}
-NTASKS=
-[ -n "${SLURM_TASKS_PER_NODE:-}" ] && NTASKS=$(tasks_from_layout "$SLURM_TASKS_PER_NODE")
-[ -n "$NTASKS" ] && [ "$NTASKS" -gt 0 ] || NTASKS=${SLURM_NTASKS:-${SLURM_NPROCS:-1}}
-LAUNCHER=${DGT_LAUNCHER:-auto}
-if [ "$LAUNCHER" = auto ]; then
-    if srun --mpi=list 2>&1 | grep -qw pmix; then LAUNCHER=srun; else LAUNCHER=mpirun; fi
-fi
-case "$LAUNCHER" in
-srun)
-    read -r -a extra <<<"${DGT_SRUN_ARGS:-}"
-    # Slurm 22.05's srun does not take --cpus-per-task from the allocation: pass it on explicitly.
-    cpt=()
-    [ -n "${SLURM_CPUS_PER_TASK:-}" ] && cpt=(--cpus-per-task="$SLURM_CPUS_PER_TASK")
-    CMD=(srun --mpi=pmix --ntasks="$NTASKS" "${cpt[@]}" "${extra[@]}" "$DGV" "$SLA" --run-dir "$RUN_DIR" "${PASS[@]}")
-    ;;
-mpirun)
-    command -v mpirun >/dev/null 2>&1 || die "DGT_LAUNCHER=mpirun but no mpirun on PATH"
-    read -r -a extra <<<"${DGT_MPIRUN_ARGS:-}"
-    asroot=()
-    [ "$(id -u)" = 0 ] && asroot=(--allow-run-as-root)
-    CMD=(mpirun "${asroot[@]}" -n "$NTASKS" "${extra[@]}" "$DGV" "$SLA" --run-dir "$RUN_DIR" "${PASS[@]}")
-    ;;
-*) die "DGT_LAUNCHER='$LAUNCHER': expected auto, srun or mpirun" ;;
-esac
+# ---------------------------------------------------------------- launcher (slurm/lib.sh)
+NTASKS=$(allocation_ntasks)
+launch_cmd "$NTASKS" "$DGV" "$SLA" --run-dir "$RUN_DIR" "${PASS[@]}"
 
 if [ "${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-0}}" = 1 ]; then
     log "note: one node allocated: the inter-node network is not measured (sbatch --nodes=2 or more to measure it)"

@@ -10,8 +10,6 @@
 # or: mpiexec -n 2 build-cuda/bench/comm/bench_comm --backend nccl (ctest: comm_bench_nccl_np2).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../lib/mpi_ranks.sh"
-build="${1:-$root/build}"
-[ $# -gt 0 ] && shift
-[ "${1:-}" = "--" ] && shift
+bench_args "$@"
 bench_build "$build" comm/bench_comm
-bench_ranks bench_comm "$build/bench-comm" "$build/bench/comm/bench_comm" "$@"
+bench_ranks bench_comm "$build/bench-comm" "$build/bench/comm/bench_comm" "${args[@]}"

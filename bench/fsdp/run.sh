@@ -9,9 +9,7 @@
 # ratio columns and the least-exposed rank rather than absolute times.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/../lib/mpi_ranks.sh"
-build="${1:-$root/build}"
-[ $# -gt 0 ] && shift
-[ "${1:-}" = "--" ] && shift
+bench_args "$@"
 bench_build "$build" fsdp/bench_fsdp
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive OMPI_MCA_mpi_yield_when_idle=1
-bench_ranks bench_fsdp "$build/bench-fsdp" "$build/bench/fsdp/bench_fsdp" --json "$build/bench-fsdp.jsonl" "$@"
+bench_ranks bench_fsdp "$build/bench-fsdp" "$build/bench/fsdp/bench_fsdp" --json "$build/bench-fsdp.jsonl" "${args[@]}"

@@ -2,6 +2,15 @@
 # at 2 and 4 ranks. Sets `root` (the repository root).
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 
+# bench_args [BUILD_DIR] [-- OPTIONS...]: a run.sh's arguments: sets `build` (default ROOT/build) and the
+# array `args` (the options for the benchmark).
+bench_args() {
+  build="${1:-$root/build}"
+  [ $# -gt 0 ] && shift
+  [ "${1:-}" = "--" ] && shift
+  args=("$@")
+}
+
 # bench_build BUILD_DIR DIR/NAME: build bench/DIR/NAME in BUILD_DIR (configured first if it is not) unless
 # it is there already.
 bench_build() {

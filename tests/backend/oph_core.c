@@ -1,6 +1,7 @@
 /* oph_core.c — the op harness's tolerances, host-side dtype rounding and encoding (written independently of
  * any backend, with frexp/ldexp/rint), its state's helpers and the check primitives (closeness, poison,
  * bitwise repeat, finite differences). See oph.h. */
+#include "dg_fd.h"
 #include "oph.h"
 
 #include <float.h>
@@ -394,13 +395,7 @@ void oph_check_fd(H *h, const char *what, objective_fn f, void *ctx, double *x, 
     double wg = 0, wf = 0;
     for (int s = 0; s < samples; s++) {
         size_t i = n <= 48 ? (size_t)s : (s == 0 ? 0 : s == 1 ? n - 1 : (size_t)oph_rng_int(h, (int)n));
-        double xi = x[i], step = 1e-5 * (fabs(xi) > 1 ? fabs(xi) : 1.0);
-        x[i] = xi + step;
-        double fp = f(ctx);
-        x[i] = xi - step;
-        double fm = f(ctx);
-        x[i] = xi;
-        double fd = (fp - fm) / (2 * step);
+        double fd = dg_central_diff(x, i, f, ctx);
         double e = fabs(got[i] - fd) / (fabs(fd) + floor);
         if (e > worst || isnan(e)) {
             worst = e;

@@ -83,6 +83,18 @@ static void attn_bufs_free(dg_backend_t *be, const attn_bufs_t *d) {
 }
 
 /* One forward + backward on `be` from host inputs (f32, cast on the device), outputs poisoned first. */
+/* n malloc'ed qkv values from the LCG state *rng: magnitudes in [0.05, 1), random signs (no value near 0,
+ * so that relative errors stay meaningful) */
+static float *attn_qkv(size_t n, uint64_t *rng) {
+    float *h = dg_xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+        float v = 0.05f + 0.95f * (float)((*rng >> 40) / 16777216.0);
+        h[i] = (*rng >> 20) & 1 ? v : -v;
+    }
+    return h;
+}
+
 static attn_res_t attn_run(dg_backend_t *be, dg_dtype_t act, const float *h, int B, int T, int C, int NH) {
     const dg_backend_ops_t *op = be->ops;
     const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
@@ -173,12 +185,7 @@ int run_attn_builtin(dg_dtype_t act, int small) {
         for (int hs = 64; hs >= 32; hs /= 2) {
             const int B = bt[si].B, T = bt[si].T, NH = T >= 1024 ? 12 : 4, C = hs * NH;
             const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
-            float *h = dg_xmalloc(nqkv * sizeof(float));
-            for (size_t i = 0; i < nqkv; i++) {
-                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-                float v = 0.05f + 0.95f * (float)((rng >> 40) / 16777216.0);
-                h[i] = (rng >> 20) & 1 ? v : -v;
-            }
+            float *h = attn_qkv(nqkv, &rng);
             char nm[128];
             snprintf(nm, sizeof nm,
                      "attn-builtin [%s] B=%d T=%d C=%d NH=%d (head %d): tensor-core vs generic",
@@ -275,12 +282,7 @@ int run_attn_cudnn(dg_dtype_t act, int small) {
         if (small && sh[si].T >= 1024) continue;
         const int B = sh[si].B, T = sh[si].T, NH = sh[si].NH, C = sh[si].hs * NH;
         const size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
-        float *h = dg_xmalloc(nqkv * sizeof(float));
-        for (size_t i = 0; i < nqkv; i++) {
-            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            float v = 0.05f + 0.95f * (float)((rng >> 40) / 16777216.0);
-            h[i] = (rng >> 20) & 1 ? v : -v;
-        }
+        float *h = attn_qkv(nqkv, &rng);
         attn_res_t r0 = attn_run(ref, act, h, B, T, C, NH);
         float *o0 = act16_array(r0.out, nout, act), *d0 = act16_array(r0.dq, nqkv, act);
         check(dg_backend_cuda_cudnn_attention_calls(ref) == 0, "attn-cudnn: DG_CUDA_ATTN_CUDNN=0 used cuDNN");

@@ -9,12 +9,7 @@ import json
 import struct
 import sys
 
-
-def fnv1a(s):
-    h = 2166136261
-    for c in s.encode():
-        h = ((h ^ c) * 16777619) & 0xFFFFFFFF
-    return h
+from synth_state import fnv1a
 
 
 def value_of(path, idx, seed):

@@ -9,15 +9,9 @@
 # impossible, resume=auto refuses with one line and exit 1; an explicit resume=PATH to one refuses too.
 # Usage: contents.sh DGTRAIN DGCKPT MPIEXEC [MPIEXEC FLAGS...]
 set -u
-DGTRAIN=$1
-DGCKPT=$2
-shift 2
-MPI=("$@")
 SLURM_TEST_NAME=ckpt_contents
-source "$(dirname "$0")/../slurm/lib.sh"
-
-DG_TEST_NAME=$SLURM_TEST_NAME
-source "$(dirname "$0")/../lib/skip.sh"
+source "$(dirname "$0")/../slurm/lib.sh" # also the skip policy (tests/lib/skip.sh)
+dgtrain_args "$@"
 skip_or_fail() { dg_skip "$@"; } # docs/reliability.md, "The test suite itself"
 [ -x "$DGTRAIN" ] && [ -x "$DGCKPT" ] || skip_or_fail "dgtrain or dgckpt is not built ('$DGTRAIN', '$DGCKPT')"
 PY=

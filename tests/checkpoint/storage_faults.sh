@@ -21,16 +21,11 @@
 # Mounting needs root: without it the full* cases skip (77), or fail under CI=true.
 set -u
 CASE=$1
-DGTRAIN=$2
-DGCKPT=$3
-shift 3
-MPI=("$@")
+shift
 SLURM_TEST_NAME=ckpt_storage_$CASE
-source "$(dirname "$0")/../slurm/lib.sh"
+source "$(dirname "$0")/../slurm/lib.sh" # also the skip policy (tests/lib/skip.sh)
 source "$(dirname "$0")/../lib/mpijob.sh"
-
-DG_TEST_NAME=$SLURM_TEST_NAME
-source "$(dirname "$0")/../lib/skip.sh"
+dgtrain_args "$@"
 skip_or_fail() { dg_skip "$@"; } # docs/reliability.md, "The test suite itself"
 [ -x "$DGTRAIN" ] && [ -x "$DGCKPT" ] || skip_or_fail "dgtrain or dgckpt is not built ('$DGTRAIN', '$DGCKPT')"
 
@@ -96,12 +91,7 @@ full_case() { # full_case NP TAG [env...]
         "${SETS[@]}" "${EXTRA[@]}" "${SPACE[@]}" --set run.dir="$run" --set checkpoint.dir="$ck" --set checkpoint.max_failures=2 \
         >"$WORK/$tag.out" 2>&1 &
     JOB=$!
-    wait_job 240 || return 1
-    [ "$RC" = 4 ] || {
-        fail "$tag: exit $RC, expected 4"
-        show "$WORK/$tag.out"
-        return 1
-    }
+    expect_job 4 240 "$WORK/$tag.out" "$tag" || return 1
     [ "$(cat "$ck/LATEST" 2>/dev/null)" = step_00000002.h5 ] || fail "$tag: LATEST is '$(cat "$ck/LATEST" 2>/dev/null)', expected step_00000002.h5"
     [ "$(ls "$ck" | grep -c '^step_.*\.h5$')" = 1 ] || fail "$tag: expected one checkpoint in $ck: $(ls "$ck")"
     no_partial "$ck" "$tag"
@@ -260,14 +250,7 @@ stall | sigstop)
             }
             sleep 0.02
         done
-        pid=$(rank_pid 1) || {
-            fail "cannot find rank 1"
-            exit 1
-        }
-        record_shm "$(rank_pid 0)" "$pid"
-        kill -STOP "$pid"
-        STOPPED=$pid
-        T0=$(now)
+        stop_rank1 || exit 1
     fi
     wait_job $((TO + 10)) || {
         show "$WORK/$CASE.out"

@@ -10,12 +10,7 @@ import sys
 import h5py
 import numpy as np
 
-
-def fnv1a(s):
-    h = 2166136261
-    for c in s.encode():
-        h = ((h ^ c) * 16777619) & 0xFFFFFFFF
-    return h
+from synth_state import fnv1a
 
 
 def expected(path, shape, seed):

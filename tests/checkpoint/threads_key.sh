@@ -7,15 +7,9 @@
 # the work is split, never what is written), and both verify.
 # Usage: threads_key.sh DGTRAIN DGCKPT MPIEXEC [MPIEXEC FLAGS...]
 set -u
-DGTRAIN=$1
-DGCKPT=$2
-shift 2
-MPI=("$@")
 SLURM_TEST_NAME=ckpt_threads_key
-source "$(dirname "$0")/../slurm/lib.sh"
-
-DG_TEST_NAME=$SLURM_TEST_NAME
-source "$(dirname "$0")/../lib/skip.sh"
+source "$(dirname "$0")/../slurm/lib.sh" # also the skip policy (tests/lib/skip.sh)
+dgtrain_args "$@"
 [ -x "$DGTRAIN" ] && [ -x "$DGCKPT" ] || dg_skip "dgtrain or dgckpt is not built ('$DGTRAIN', '$DGCKPT')"
 
 WORK=$(mktemp -d /tmp/dgt-ckthreads-XXXXXX)

@@ -8,7 +8,6 @@ class with its one-line message, the failure agreement (bad input on one rank on
 
 Each CASE is one ctest test (see CMakeLists.txt).
 """
-import argparse
 import json
 import os
 import re
@@ -19,14 +18,10 @@ import subprocess
 import sys
 import time
 
+from clitest import check  # noqa: E402  (tests/cli/clitest.py)
+import clitest  # noqa: E402
+
 A = None
-FAILS = []
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, file=sys.stderr)
 
 
 def run(args, ranks=None, timeout=60, env=None):
@@ -382,23 +377,8 @@ CASES = {
 
 def main():
     global A
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dgtrain", required=True)
-    ap.add_argument("--mpiexec", required=True)
-    ap.add_argument("--mpiflags", default="")
-    ap.add_argument("--source-dir", required=True)
-    ap.add_argument("--work-dir", required=True)
-    ap.add_argument("case", choices=sorted(CASES))
-    A = ap.parse_args()
-    A.work_dir = os.path.join(os.path.abspath(A.work_dir), A.case)
-    os.makedirs(A.work_dir, exist_ok=True)
-    CASES[A.case]()
-    if FAILS:
-        print("%s: %d check(s) failed" % (A.case, len(FAILS)))
-        return 1
-    print("%s: all checks passed" % A.case)
-    return 0
-
+    A = clitest.parse_args(CASES, "--source-dir")
+    return clitest.run_case(A, CASES)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -25,7 +25,6 @@ Cases (one ctest each, see CMakeLists.txt):
   json_bytes        a run.dir holding 0xff and a config path holding control characters and 0xff:
                     --dry-run/--topology/--plan-only --json and metrics.jsonl parse as strict JSON
 """
-import argparse
 import json
 import os
 import re
@@ -41,9 +40,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import dgrun  # noqa: E402
+import clitest  # noqa: E402  (tests/cli/clitest.py)
+from clitest import check  # noqa: E402
 
 A = None
-FAILS = []
 
 CONFIG = dgrun.small_gpt(
     "written by tests/cli/faults_test.py: a small custom GPT, fp32 on the CPU, one thread per rank",
@@ -52,13 +52,6 @@ CONFIG = dgrun.small_gpt(
     extra={"health": {"heartbeat_s": 1, "timeout_s": 30}},
 )
 TIMEOUT_S = 30  # health.timeout_s above
-
-
-def check(cond, what):
-    if not cond:
-        FAILS.append(what)
-        print("FAIL:", what, file=sys.stderr)
-    return cond
 
 
 def w(*parts):
@@ -501,27 +494,9 @@ CASES = {
 
 def main():
     global A
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--dgtrain", required=True)
-    ap.add_argument("--dgprep", required=True)
-    ap.add_argument("--mpiexec", required=True)
-    ap.add_argument("--mpiflags", default="")
-    ap.add_argument("--work-dir", required=True)
-    ap.add_argument("case", choices=sorted(CASES))
-    A = ap.parse_args()
-    A.dgtrain, A.dgprep = os.path.abspath(A.dgtrain), os.path.abspath(A.dgprep)
-    A.work_dir = os.path.join(os.path.abspath(A.work_dir), A.case.replace(":", "_"))
-    shutil.rmtree(A.work_dir, ignore_errors=True)
-    os.makedirs(A.work_dir)
-    t0 = time.time()
-    CASES[A.case]()
-    print("%s: %s in %.1f s" % (A.case, "FAILED (%d)" % len(FAILS) if FAILS else "passed", time.time() - t0))
-    if FAILS:
-        return 1
-    if not os.environ.get("DGT_TEST_KEEP"):
-        shutil.rmtree(A.work_dir, ignore_errors=True)
-    return 0
-
+    A = clitest.parse_args(CASES, "--dgprep")
+    A.dgprep = os.path.abspath(A.dgprep)
+    return clitest.run_case(A, CASES)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -579,41 +579,52 @@ static void test_enum_ids(void) {
     CHECK(g_cfg.train.precision_id == DG_PREC_FP32 && g_cfg.train.reduce_dtype_id == DG_REDUCE_FP32 &&
           g_cfg.train.recompute_id == DG_RECOMPUTE_NONE && g_cfg.parallel.backend_id == DG_CFG_BACKEND_AUTO &&
           g_cfg.parallel.comm_id == DG_CFG_COMM_AUTO);
+    /* each enumerated key with an id field: its choices and the ids they must give, in the same order */
     static const struct {
-        const char *set;
+        const char *key;
         size_t off;
-        int want;
-    } cases[] = {
-        {"train.precision=fp32", offsetof(dg_config_t, train.precision_id), DG_PREC_FP32},
-        {"train.precision=bf16", offsetof(dg_config_t, train.precision_id), DG_PREC_BF16},
-        {"train.precision=fp16", offsetof(dg_config_t, train.precision_id), DG_PREC_FP16},
-        {"train.reduce_dtype=fp32", offsetof(dg_config_t, train.reduce_dtype_id), DG_REDUCE_FP32},
-        {"train.reduce_dtype=bf16", offsetof(dg_config_t, train.reduce_dtype_id), DG_REDUCE_BF16},
-        {"train.recompute=none", offsetof(dg_config_t, train.recompute_id), DG_RECOMPUTE_NONE},
-        {"train.recompute=gelu", offsetof(dg_config_t, train.recompute_id), DG_RECOMPUTE_GELU},
-        {"parallel.backend=auto", offsetof(dg_config_t, parallel.backend_id), DG_CFG_BACKEND_AUTO},
-        {"parallel.backend=cpu", offsetof(dg_config_t, parallel.backend_id), DG_CFG_BACKEND_CPU},
-        {"parallel.backend=cuda", offsetof(dg_config_t, parallel.backend_id), DG_CFG_BACKEND_CUDA},
-        {"parallel.comm=auto", offsetof(dg_config_t, parallel.comm_id), DG_CFG_COMM_AUTO},
-        {"parallel.comm=mpi", offsetof(dg_config_t, parallel.comm_id), DG_CFG_COMM_MPI},
-        {"parallel.comm=nccl", offsetof(dg_config_t, parallel.comm_id), DG_CFG_COMM_NCCL},
+        const char *choice[3];
+        int id[3];
+    } keys[] = {
+        {"train.precision",
+         offsetof(dg_config_t, train.precision_id),
+         {"fp32", "bf16", "fp16"},
+         {DG_PREC_FP32, DG_PREC_BF16, DG_PREC_FP16}},
+        {"train.reduce_dtype",
+         offsetof(dg_config_t, train.reduce_dtype_id),
+         {"fp32", "bf16"},
+         {DG_REDUCE_FP32, DG_REDUCE_BF16}},
+        {"train.recompute",
+         offsetof(dg_config_t, train.recompute_id),
+         {"none", "gelu"},
+         {DG_RECOMPUTE_NONE, DG_RECOMPUTE_GELU}},
+        {"parallel.backend",
+         offsetof(dg_config_t, parallel.backend_id),
+         {"auto", "cpu", "cuda"},
+         {DG_CFG_BACKEND_AUTO, DG_CFG_BACKEND_CPU, DG_CFG_BACKEND_CUDA}},
+        {"parallel.comm",
+         offsetof(dg_config_t, parallel.comm_id),
+         {"auto", "mpi", "nccl"},
+         {DG_CFG_COMM_AUTO, DG_CFG_COMM_MPI, DG_CFG_COMM_NCCL}},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const char *sets[1] = {cases[i].set};
-        CHECK(load(NULL, NULL, 1, sets) == DG_OK);
-        int got = *(const int *)((const char *)&g_cfg + cases[i].off);
-        if (got != cases[i].want) {
-            fprintf(stderr, "FAIL: --set %s gives id %d, want %d\n", cases[i].set, got, cases[i].want);
-            dg_fails++;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        for (int c = 0; c < 3 && keys[i].choice[c]; c++) {
+            char set[64], text[128];
+            snprintf(set, sizeof set, "%s=%s", keys[i].key, keys[i].choice[c]);
+            const char *sets[1] = {set};
+            CHECK(load(NULL, NULL, 1, sets) == DG_OK);
+            int got = *(const int *)((const char *)&g_cfg + keys[i].off);
+            if (got != keys[i].id[c]) {
+                fprintf(stderr, "FAIL: --set %s gives id %d, want %d\n", set, got, keys[i].id[c]);
+                dg_fails++;
+            }
+            /* the same from a file: section and key */
+            const char *dot = strchr(keys[i].key, '.');
+            snprintf(text, sizeof text, "[%.*s]\n%s = %s\n", (int)(dot - keys[i].key), keys[i].key, dot + 1,
+                     keys[i].choice[c]);
+            CHECK(load("ids.ini", text, 0, NULL) == DG_OK);
+            CHECK(*(const int *)((const char *)&g_cfg + keys[i].off) == keys[i].id[c]);
         }
-        /* the same from a file: section and key */
-        char text[128];
-        const char *dot = strchr(cases[i].set, '.'), *eq = strchr(cases[i].set, '=');
-        snprintf(text, sizeof text, "[%.*s]\n%.*s = %s\n", (int)(dot - cases[i].set), cases[i].set,
-                 (int)(eq - dot - 1), dot + 1, eq + 1);
-        CHECK(load("ids.ini", text, 0, NULL) == DG_OK);
-        CHECK(*(const int *)((const char *)&g_cfg + cases[i].off) == cases[i].want);
-    }
 }
 
 int main(int argc, char **argv) {

@@ -55,13 +55,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import dgskip  # noqa: E402  the skip policy: SKIP outside CI, FAIL under CI=true (tests/lib)
 import dgrun  # noqa: E402
-from dgrun import Fail, check, tail  # noqa: E402
+from dgrun import Fail, check  # noqa: E402
 
 STEPS = 20
 GLOBAL_BATCH = 8
@@ -133,46 +132,16 @@ def synthetic_tokens(n, seed):
     return out
 
 
-class Env:
+class Env(dgrun.TrainEnv):
+    train_timeout = 300
+
     def __init__(self, case, dgtrain, dgckpt, mpi):
-        self.dgtrain, self.dgckpt, self.mpi = dgtrain, dgckpt, mpi
-        self.work = tempfile.mkdtemp(prefix="dgt-gpu-%s-" % case)
-        data = os.path.join(self.work, "data")
+        super().__init__(case, dgtrain, dgckpt, mpi, "dgt-gpu-")
+        data = self.d("data")
         os.makedirs(data)
         write_shard(os.path.join(data, "train_000.bin"), synthetic_tokens(96 * 1024, 1))
         write_shard(os.path.join(data, "val_000.bin"), synthetic_tokens(8 * 1024, 2))
-        self.cfg = os.path.join(self.work, "cfg.ini")
-        with open(self.cfg, "w") as f:
-            f.write(CONFIG.format(seq_len=SEQ_LEN, vocab=VOCAB, data=data, steps=STEPS, global_batch=GLOBAL_BATCH))
-        self.outputs = []
-        self.case = case
-
-    def cmd(self, ranks, run_dir, sets, cfg=None):
-        c = list(self.mpi) + ["-n", str(ranks), self.dgtrain, cfg or self.cfg, "--set", "run.dir=" + run_dir]
-        for s in sets:
-            c += ["--set", s]
-        return c
-
-    def train(self, ranks, name, sets=(), prefix=(), timeout=300, cfg=None):
-        run_dir = os.path.join(self.work, name)
-        out = run_dir + ".out"
-        self.outputs.append(out)
-        t0 = time.time()
-        with open(out, "w") as f:
-            try:
-                rc = subprocess.run(list(prefix) + self.cmd(ranks, run_dir, sets, cfg), stdout=f,
-                                    stderr=subprocess.STDOUT, timeout=timeout).returncode
-            except subprocess.TimeoutExpired:
-                raise Fail("%s: dgtrain did not finish within %d s" % (name, timeout))
-        check(rc == 0, "%s: dgtrain at %d rank(s) exited %d: %s" % (name, ranks, rc, tail(out)))
-        print("  ran %-12s %d rank(s) %5.1f s  %s" % (name, ranks, time.time() - t0, " ".join(sets)))
-        return run_dir
-
-    def ckpt(self, *args):
-        return dgrun.dgckpt(self.dgckpt, *args)
-
-    def diff(self, a, b):
-        return dgrun.dgckpt_diff(self.dgckpt, a, b)
+        self.write_cfg(CONFIG.format(seq_len=SEQ_LEN, vocab=VOCAB, data=data, steps=STEPS, global_batch=GLOBAL_BATCH))
 
 
 def metrics(run_dir):
@@ -1119,23 +1088,7 @@ def main():
         return dgskip.skip("no CUDA device (libcuda.so.1 missing or the driver reports none); these tests need a GPU",
                            gpus=1)
     env = Env(case, dgtrain, dgckpt, mpi)
-    t0 = time.time()
-    ok, rc = False, 1
-    try:
-        rc = cases[case](env) or 0
-        ok = True
-    except Fail as e:
-        print("FAIL [%s]: %s" % (case, e))
-        for o in env.outputs[-3:]:
-            print("  --- %s: %s" % (os.path.basename(o), tail(o, 10)))
-    finally:
-        if ok and os.environ.get("DGT_TEST_KEEP") != "1":
-            shutil.rmtree(env.work, ignore_errors=True)
-        else:
-            print("  work directory kept: %s" % env.work)
-    print("  %s: %.1f s" % (case, time.time() - t0))
-    return rc if ok else 1
-
+    return dgrun.run_case(env, case, lambda: cases[case](env), tail_lines=10)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -92,30 +92,39 @@ double obj_gelu(void *p);
 void tg_check_xwb(tg_t *t, int f0, const char *what, const char *bname, dg_node_t *x, dg_node_t *w,
                   dg_node_t *b, ctx_t *c, const size_t n[3], objective_fn obj, int acc);
 
-/* the cases, by file: dense ops (gops_dense.c) */
-void case_encoder(dg_backend_t *be);
-void case_layernorm(dg_backend_t *be);
-void case_matmul(dg_backend_t *be);
-void case_matmul_nobias(dg_backend_t *be);
-void case_matmul_gelu(dg_backend_t *be);
-void case_gelu(dg_backend_t *be);
-void case_mlp_saved(dg_backend_t *be);
-void case_mlp_recompute(dg_backend_t *be);
-void case_gelu_acc(dg_backend_t *be);
-void case_attention(dg_backend_t *be);
-void case_add(dg_backend_t *be);
-/* the loss, the residual fusions and fan-out (gops_fuse.c) */
-void case_crossentropy(dg_backend_t *be);
-void case_crossentropy_fused(dg_backend_t *be);
-void case_matmul_res(dg_backend_t *be);
-void case_fuse_residual(dg_backend_t *be);
-void case_fanout1(dg_backend_t *be);
-void case_fanout2(dg_backend_t *be);
-/* collectives, shards, casts, the optimizer and the norm (gops_optim.c) */
-void case_collectives(dg_backend_t *be);
-void case_shard_ops(dg_backend_t *be);
-void case_cast(dg_backend_t *be);
-void case_optimizer(dg_backend_t *be);
-void case_optimizer_fused(dg_backend_t *be);
-void case_norm_fused(dg_backend_t *be);
+/* The cases, by file, listed once: GOPS_CASE(name, seed) is a case on one graph, void case_NAME(tg_t *t,
+ * int f0), run on t fresh from tg_init(seed) with f0 = dg_fails before it (main frees t after it);
+ * GOPS_CASE_BE(name) builds several graphs itself, void case_NAME(dg_backend_t *be). In the order they
+ * run: dense ops (gops_dense.c); the loss, the residual fusions and fan-out (gops_fuse.c); collectives,
+ * shards, casts, the optimizer and the norm (gops_optim.c). */
+#define GOPS_CASES(GOPS_CASE, GOPS_CASE_BE)                                                                  \
+    GOPS_CASE(encoder, 11)                                                                                   \
+    GOPS_CASE(layernorm, 12)                                                                                 \
+    GOPS_CASE(matmul, 13)                                                                                    \
+    GOPS_CASE(matmul_nobias, 14)                                                                             \
+    GOPS_CASE(matmul_gelu, 25)                                                                               \
+    GOPS_CASE(gelu, 15)                                                                                      \
+    GOPS_CASE(mlp_saved, 40)                                                                                 \
+    GOPS_CASE(mlp_recompute, 41)                                                                             \
+    GOPS_CASE(gelu_acc, 42)                                                                                  \
+    GOPS_CASE(attention, 16)                                                                                 \
+    GOPS_CASE(add, 17)                                                                                       \
+    GOPS_CASE(crossentropy, 18)                                                                              \
+    GOPS_CASE_BE(crossentropy_fused)                                                                         \
+    GOPS_CASE_BE(matmul_res)                                                                                 \
+    GOPS_CASE_BE(fuse_residual)                                                                              \
+    GOPS_CASE(fanout1, 19)                                                                                   \
+    GOPS_CASE(fanout2, 20)                                                                                   \
+    GOPS_CASE_BE(collectives)                                                                                \
+    GOPS_CASE_BE(shard_ops)                                                                                  \
+    GOPS_CASE_BE(cast)                                                                                       \
+    GOPS_CASE_BE(optimizer)                                                                                  \
+    GOPS_CASE_BE(optimizer_fused)                                                                            \
+    GOPS_CASE_BE(norm_fused)
+#define GOPS_DECLARE(name, seed) void case_##name(tg_t *t, int f0);
+#define GOPS_DECLARE_BE(name) void case_##name(dg_backend_t *be);
+GOPS_CASES(GOPS_DECLARE, GOPS_DECLARE_BE)
+#undef GOPS_DECLARE
+#undef GOPS_DECLARE_BE
+
 #endif

@@ -20,34 +20,30 @@ static double obj_ce(void *p) {
     return (double)c->dloss * s;
 }
 
-void case_crossentropy(dg_backend_t *be) {
-    int f0 = dg_fails;
-    tg_t t;
-    tg_init(&t, be, 18);
+void case_crossentropy(tg_t *t, int f0) {
     int N = 6, V = 7, Vp = 9;
     int64_t sl[3] = {2, 3, Vp}, st[2] = {2, 3};
-    dg_node_t *lg = tg_f(&t, "logits", 3, sl, DG_NF_INPUT | DG_NF_WANT_GRAD, -3, 3);
-    dg_node_t *tg = tg_i(&t, "targets", 2, st, V);
-    dg_node_t *loss = dg_op_crossentropy(t.g, "ce", lg, tg, V);
-    tg_finish(&t, 1, &loss, NULL);
-    t.ex->rt.dloss = 0.37f;
-    tg_run(&t, DG_PHASE_FWD);
-    ctx_t c = {.in = {tg_d(&t, lg)}, .tok = tg_leaf(&t, tg)->i, .d = {N, V, Vp}, .dloss = 0.37f};
+    dg_node_t *lg = tg_f(t, "logits", 3, sl, DG_NF_INPUT | DG_NF_WANT_GRAD, -3, 3);
+    dg_node_t *tg = tg_i(t, "targets", 2, st, V);
+    dg_node_t *loss = dg_op_crossentropy(t->g, "ce", lg, tg, V);
+    tg_finish(t, 1, &loss, NULL);
+    t->ex->rt.dloss = 0.37f;
+    tg_run(t, DG_PHASE_FWD);
+    ctx_t c = {.in = {tg_d(t, lg)}, .tok = tg_leaf(t, tg)->i, .d = {N, V, Vp}, .dloss = 0.37f};
     double lr[6];
     ref_crossentropy(lr, c.in[0], c.tok, N, V, Vp);
-    float *lgot = tg_get(&t, loss);
+    float *lgot = tg_get(t, loss);
     check_close("crossentropy forward (per-token losses)", lgot, lr, 6, 1e-5);
-    tg_run(&t, DG_PHASE_BWD);
-    float *gl = tg_get(&t, dg_node_grad_of(lg));
+    tg_run(t, DG_PHASE_BWD);
+    float *gl = tg_get(t, dg_node_grad_of(lg));
     check_fd("crossentropy d/dlogits", c.in[0], (size_t)N * Vp, gl, obj_ce, &c);
     int pad_nonzero = 0;
     for (int i = 0; i < N; i++)
         for (int j = V; j < Vp; j++)
             pad_nonzero += gl[i * Vp + j] != 0.0f;
     EXPECT(pad_nonzero == 0, "crossentropy: %d padded logit gradients are not exactly zero", pad_nonzero);
-    tg_cover(&t, f0);
+    tg_cover(t, f0);
     free(lgot), free(gl), free(c.in[0]);
-    tg_free(&t);
 }
 
 /* sum over rows of dloss * crossentropy(x . w^T) */
@@ -420,47 +416,42 @@ static double obj_fanout1(void *p) {
     return s;
 }
 
-void case_fanout1(dg_backend_t *be) {
-    int f0 = dg_fails;
-    tg_t t;
-    tg_init(&t, be, 19);
+void case_fanout1(tg_t *t, int f0) {
     int N = 8, C = 8;
     int64_t sx[3] = {2, 4, C}, sw[2] = {C, C}, sc[1] = {C};
-    dg_node_t *x = tg_f(&t, "x", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
-    dg_node_t *w = tg_f(&t, "w", 2, sw, DG_NF_PARAM, -0.5, 0.5);
-    dg_node_t *lw = tg_f(&t, "lnw", 1, sc, DG_NF_PARAM, 0.5, 1.5);
-    dg_node_t *lb = tg_f(&t, "lnb", 1, sc, DG_NF_PARAM, -0.5, 0.5);
-    dg_node_t *a = dg_op_gelu(t.g, "a", x);
-    dg_node_t *b = dg_op_layernorm(t.g, "b", x, lw, lb);
-    dg_node_t *m = dg_op_matmul(t.g, "m", x, w, NULL);
-    dg_node_t *s1 = dg_op_add(t.g, "s1", a, b);
-    dg_node_t *s2 = dg_op_add(t.g, "s2", s1, m);
-    dg_node_t *s3 = dg_op_add(t.g, "s3", s2, x);
-    dg_node_t *y = dg_op_gelu(t.g, "y", s3);
-    dg_node_t *dout = tg_f(&t, "dout", 3, sx, DG_NF_INPUT, -1, 1);
-    tg_finish(&t, 1, &y, &dout);
-    EXPECT(tg_count(&t, DG_OP_ACCUMULATE, -1) >= 1, "fanout1: expected an ACCUMULATE in the backward");
-    EXPECT(tg_count(&t, DG_OP_LAYERNORM_BWD, 1) == 1 && tg_count(&t, DG_OP_GELU_BWD, 1) == 1,
+    dg_node_t *x = tg_f(t, "x", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    dg_node_t *w = tg_f(t, "w", 2, sw, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *lw = tg_f(t, "lnw", 1, sc, DG_NF_PARAM, 0.5, 1.5);
+    dg_node_t *lb = tg_f(t, "lnb", 1, sc, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *a = dg_op_gelu(t->g, "a", x);
+    dg_node_t *b = dg_op_layernorm(t->g, "b", x, lw, lb);
+    dg_node_t *m = dg_op_matmul(t->g, "m", x, w, NULL);
+    dg_node_t *s1 = dg_op_add(t->g, "s1", a, b);
+    dg_node_t *s2 = dg_op_add(t->g, "s2", s1, m);
+    dg_node_t *s3 = dg_op_add(t->g, "s3", s2, x);
+    dg_node_t *y = dg_op_gelu(t->g, "y", s3);
+    dg_node_t *dout = tg_f(t, "dout", 3, sx, DG_NF_INPUT, -1, 1);
+    tg_finish(t, 1, &y, &dout);
+    EXPECT(tg_count(t, DG_OP_ACCUMULATE, -1) >= 1, "fanout1: expected an ACCUMULATE in the backward");
+    EXPECT(tg_count(t, DG_OP_LAYERNORM_BWD, 1) == 1 && tg_count(t, DG_OP_GELU_BWD, 1) == 1,
            "fanout1: expected in-place (acc=1) layernorm_bwd and gelu_bwd");
-    tg_run(&t, DG_PHASE_FWD);
-    tg_run(&t, DG_PHASE_BWD);
-    ctx_t c = {
-        .in = {tg_d(&t, x), tg_d(&t, w), tg_d(&t, lw), tg_d(&t, lb)}, .dout = tg_d(&t, dout), .d = {N, C}};
-    float *gx = tg_get(&t, dg_node_grad_of(x)), *gw = tg_get(&t, w->grad), *glw = tg_get(&t, lw->grad);
-    float *glb = tg_get(&t, lb->grad);
+    tg_run(t, DG_PHASE_FWD);
+    tg_run(t, DG_PHASE_BWD);
+    ctx_t c = {.in = {tg_d(t, x), tg_d(t, w), tg_d(t, lw), tg_d(t, lb)}, .dout = tg_d(t, dout), .d = {N, C}};
+    float *gx = tg_get(t, dg_node_grad_of(x)), *gw = tg_get(t, w->grad), *glw = tg_get(t, lw->grad);
+    float *glb = tg_get(t, lb->grad);
     check_fd("fanout1 d/dx", c.in[0], 64, gx, obj_fanout1, &c);
     check_fd("fanout1 d/dw", c.in[1], 64, gw, obj_fanout1, &c);
     check_fd("fanout1 d/dlnw", c.in[2], 8, glw, obj_fanout1, &c);
     check_fd("fanout1 d/dlnb", c.in[3], 8, glb, obj_fanout1, &c);
     dg_node_t *act[1] = {x};
     float *a1[1] = {gx};
-    check_accumulation(&t, 0, NULL, NULL, 1, act, a1);
-    tg_cover(&t, f0);
+    check_accumulation(t, 0, NULL, NULL, 1, act, a1);
+    tg_cover(t, f0);
     free(gx), free(gw), free(glw), free(glb);
     for (int k = 0; k < 4; k++)
         free(c.in[k]);
     free(c.dout);
-    tg_free(&t);
 }
 
 /* A tensor with many consumers (II): x + x (gradient storage shared, so the sum needs an extra add),
@@ -480,47 +471,41 @@ static double obj_fanout2(void *p) {
     return s;
 }
 
-void case_fanout2(dg_backend_t *be) {
-    int f0 = dg_fails;
-    tg_t t;
-    tg_init(&t, be, 20);
+void case_fanout2(tg_t *t, int f0) {
     int N = 6, C = 8;
     int64_t sx[2] = {N, C}, sw[2] = {C, C}, sc[1] = {C};
-    dg_node_t *x = tg_f(&t, "x", 2, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
-    dg_node_t *w1 = tg_f(&t, "w1", 2, sw, DG_NF_PARAM, -0.5, 0.5);
-    dg_node_t *b1 = tg_f(&t, "b1", 1, sc, DG_NF_PARAM, -0.5, 0.5);
-    dg_node_t *w2 = tg_f(&t, "w2", 2, sw, DG_NF_PARAM, -0.5, 0.5);
-    dg_node_t *m1 = dg_op_matmul(t.g, "m1", x, w1, b1);
-    dg_node_t *m2 = dg_op_matmul(t.g, "m2", x, w2, NULL);
-    dg_node_t *e = dg_op_add(t.g, "e", x, x);
-    dg_node_t *s1 = dg_op_add(t.g, "s1", m1, m2);
-    dg_node_t *s2 = dg_op_add(t.g, "s2", s1, e);
-    dg_node_t *y = dg_op_gelu(t.g, "y", s2);
-    dg_node_t *dout = tg_f(&t, "dout", 2, sx, DG_NF_INPUT, -1, 1);
-    tg_finish(&t, 1, &y, &dout);
+    dg_node_t *x = tg_f(t, "x", 2, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    dg_node_t *w1 = tg_f(t, "w1", 2, sw, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *b1 = tg_f(t, "b1", 1, sc, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *w2 = tg_f(t, "w2", 2, sw, DG_NF_PARAM, -0.5, 0.5);
+    dg_node_t *m1 = dg_op_matmul(t->g, "m1", x, w1, b1);
+    dg_node_t *m2 = dg_op_matmul(t->g, "m2", x, w2, NULL);
+    dg_node_t *e = dg_op_add(t->g, "e", x, x);
+    dg_node_t *s1 = dg_op_add(t->g, "s1", m1, m2);
+    dg_node_t *s2 = dg_op_add(t->g, "s2", s1, e);
+    dg_node_t *y = dg_op_gelu(t->g, "y", s2);
+    dg_node_t *dout = tg_f(t, "dout", 2, sx, DG_NF_INPUT, -1, 1);
+    tg_finish(t, 1, &y, &dout);
     int bwd_adds = 0;
-    for (int i = 0; i < t.g->n; i++)
-        bwd_adds += t.g->nodes[i]->op == DG_OP_ADD && t.g->nodes[i]->phase == DG_PHASE_BWD;
+    for (int i = 0; i < t->g->n; i++)
+        bwd_adds += t->g->nodes[i]->op == DG_OP_ADD && t->g->nodes[i]->phase == DG_PHASE_BWD;
     EXPECT(bwd_adds == 1, "fanout2: expected one gradient-sum add in the backward, found %d", bwd_adds);
-    EXPECT(tg_count(&t, DG_OP_MATMUL_BWD, 1) == 2,
-           "fanout2: expected both matmul_bwd to accumulate in place");
-    tg_run(&t, DG_PHASE_FWD);
-    tg_run(&t, DG_PHASE_BWD);
-    ctx_t c = {
-        .in = {tg_d(&t, x), tg_d(&t, w1), tg_d(&t, b1), tg_d(&t, w2)}, .dout = tg_d(&t, dout), .d = {N, C}};
-    float *gx = tg_get(&t, dg_node_grad_of(x)), *gw1 = tg_get(&t, w1->grad), *gb1 = tg_get(&t, b1->grad);
-    float *gw2 = tg_get(&t, w2->grad);
+    EXPECT(tg_count(t, DG_OP_MATMUL_BWD, 1) == 2, "fanout2: expected both matmul_bwd to accumulate in place");
+    tg_run(t, DG_PHASE_FWD);
+    tg_run(t, DG_PHASE_BWD);
+    ctx_t c = {.in = {tg_d(t, x), tg_d(t, w1), tg_d(t, b1), tg_d(t, w2)}, .dout = tg_d(t, dout), .d = {N, C}};
+    float *gx = tg_get(t, dg_node_grad_of(x)), *gw1 = tg_get(t, w1->grad), *gb1 = tg_get(t, b1->grad);
+    float *gw2 = tg_get(t, w2->grad);
     check_fd("fanout2 d/dx", c.in[0], 48, gx, obj_fanout2, &c);
     check_fd("fanout2 d/dw1", c.in[1], 64, gw1, obj_fanout2, &c);
     check_fd("fanout2 d/db1", c.in[2], 8, gb1, obj_fanout2, &c);
     check_fd("fanout2 d/dw2", c.in[3], 64, gw2, obj_fanout2, &c);
     dg_node_t *par[3] = {w1, b1, w2}, *act[1] = {x};
     float *g1[3] = {gw1, gb1, gw2}, *a1[1] = {gx};
-    check_accumulation(&t, 3, par, g1, 1, act, a1);
-    tg_cover(&t, f0);
+    check_accumulation(t, 3, par, g1, 1, act, a1);
+    tg_cover(t, f0);
     free(gx), free(gw1), free(gb1), free(gw2);
     for (int k = 0; k < 4; k++)
         free(c.in[k]);
     free(c.dout);
-    tg_free(&t);
 }

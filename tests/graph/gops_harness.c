@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dg_fd.h"
 #include "gops.h"
 
 uint64_t covered;
@@ -138,13 +139,7 @@ void check_fd(const char *what, double *x, size_t n, const float *g, objective_f
     size_t at = 0;
     double fd_at = 0;
     for (size_t i = 0; i < n; i++) {
-        double save = x[i], h = 1e-5 * fmax(1.0, fabs(save));
-        x[i] = save + h;
-        double lp = obj(ctx);
-        x[i] = save - h;
-        double lm = obj(ctx);
-        x[i] = save;
-        double fd = (lp - lm) / (2 * h);
+        double fd = dg_central_diff(x, i, obj, ctx);
         if (fabs(fd) > maxfd) maxfd = fabs(fd);
         double e = fabs(fd - (double)g[i]);
         if (!(e <= maxerr)) {

@@ -37,7 +37,7 @@
 
 static const dg_model_desc_t small = {
     .n_layer = 2, .n_head = 4, .d_model = 32, .seq_len = 16, .vocab_size = 67, .padded_vocab = 72};
-enum { B = 2, STEPS = 3, ACCUM = 2 };
+enum { B = 2 };
 
 /* ---------------- the wrapper: a log of calls and queued read-backs ---------------- */
 
@@ -357,15 +357,39 @@ static void check_sync_log(const char *what) {
 
 /* ---------------- one training run ---------------- */
 
+/* the checks of the calls' logs during gmodel_train (train below) */
 typedef struct {
-    float loss[STEPS * ACCUM], eval[STEPS], norm[STEPS + 1];
-    float *logits, *w, *m, *v;
-    size_t nw;
-} run_t;
+    run_mode_t mode;
+    int flags, check_order;
+    size_t batch_bytes;     /* one micro-batch's float losses */
+    const void *loss_fence; /* check_fb_log's: the fence of the loss read-back */
+} train_ctx_t;
+
+static void before_call(void *ctx) {
+    (void)ctx;
+    n_ev = 0;
+}
+
+static void after_call(void *ctx, int st, int k) {
+    train_ctx_t *c = ctx;
+    char what[160];
+    if (k >= 0)
+        snprintf(what, sizeof what, "%s, flags %d: step %d forward_backward %d", mode_name[c->mode], c->flags,
+                 st, k + 1);
+    else
+        snprintf(what, sizeof what, "%s, flags %d: step %d optimizer_step", mode_name[c->mode], c->flags, st);
+    if (c->check_order && c->mode == MODE_FENCES) {
+        if (k >= 0)
+            check_fb_log(what, &c->loss_fence, c->batch_bytes);
+        else
+            check_opt_log(what, c->loss_fence, 0);
+    }
+    if (c->mode != MODE_FENCES) check_sync_log(what);
+}
 
 /* Trains on the wrapper in `mode`; `check_order`: the plain path (no executor fallback, whose host
  * copies sync on purpose), where the logs must look as described at the top. */
-static void train(run_mode_t mode, int flags, int can_record, int check_order, run_t *r) {
+static void train(run_mode_t mode, int flags, int can_record, int check_order, gmodel_run_t *r) {
     memset(r, 0, sizeof *r);
     if (mode == MODE_ENV_SYNC)
         setenv("DG_SYNC_HOST_READS", "1", 1);
@@ -375,109 +399,69 @@ static void train(run_mode_t mode, int flags, int can_record, int check_order, r
     OK(dg_model_create_ex(&small, wrapper(mode != MODE_NO_OPS, can_record), B, 77, flags, &m));
     unsetenv("DG_SYNC_HOST_READS");
     dg_model_set_graph_replay(m, can_record, NULL, NULL);
-    OK(dg_model_set_grad_accum(m, ACCUM));
+    OK(dg_model_set_grad_accum(m, GMODEL_ACCUM));
     size_t n = (size_t)B * small.seq_len;
     int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
     uint64_t s = 5;
-    const void *loss_fence = NULL;
-    char what[160];
-    dg_optim_hparams_t h = gmodel_adamw(3e-3f, 0.1f, 1.0f, 0);
-    for (int st = 1; st <= STEPS; st++) {
-        OK(dg_model_zero_grad(m));
-        for (int k = 0; k < ACCUM; k++) {
-            gmodel_lcg_ids(tok, n, small.vocab_size, &s);
-            gmodel_lcg_ids(tgt, n, small.vocab_size, &s);
-            n_ev = 0;
-            OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(n * ACCUM),
-                                         &r->loss[(st - 1) * ACCUM + k]));
-            snprintf(what, sizeof what, "%s, flags %d: step %d forward_backward %d", mode_name[mode], flags,
-                     st, k + 1);
-            if (check_order && mode == MODE_FENCES) check_fb_log(what, &loss_fence, n * sizeof(float));
-            if (mode != MODE_FENCES) check_sync_log(what);
-        }
-        h.t = st;
-        n_ev = 0;
-        OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
-        snprintf(what, sizeof what, "%s, flags %d: step %d optimizer_step", mode_name[mode], flags, st);
-        if (check_order && mode == MODE_FENCES) check_opt_log(what, loss_fence, 0);
-        if (mode != MODE_FENCES) check_sync_log(what);
-        OK(dg_model_forward(m, tok, tgt, &r->eval[st - 1])); /* evaluation between steps: syncs */
-    }
+    train_ctx_t c = {
+        .mode = mode, .flags = flags, .check_order = check_order, .batch_bytes = n * sizeof(float)};
+    const gmodel_hooks_t hooks = {.before = before_call, .after = after_call, .ctx = &c};
+    gmodel_train(m, &small, B, tok, tgt, &s, &hooks, r);
     /* a second optimizer step with nothing waited for since the first (the gradients are those of the
      * last micro-batches; grad_clip keeps it a normal update): one sync first, then the fence as usual */
+    dg_optim_hparams_t h = gmodel_adamw(3e-3f, 0.1f, 1.0f, GMODEL_STEPS);
     OK(dg_model_optimizer_step(m, &h, NULL));
-    h.t = STEPS + 1;
+    h.t = GMODEL_STEPS + 1;
     n_ev = 0;
-    OK(dg_model_optimizer_step(m, &h, &r->norm[STEPS]));
+    OK(dg_model_optimizer_step(m, &h, &r->norm[GMODEL_STEPS]));
+    char what[160];
     snprintf(what, sizeof what, "%s, flags %d: back-to-back optimizer_step", mode_name[mode], flags);
-    if (check_order && mode == MODE_FENCES) check_opt_log(what, loss_fence, 1);
-    r->logits = malloc((size_t)B * small.vocab_size * sizeof(float));
-    OK(dg_model_logits(m, tok, small.seq_len / 2, r->logits));
+    if (check_order && mode == MODE_FENCES) check_opt_log(what, c.loss_fence, 1);
+    gmodel_logits(m, &small, B, tok, r);
     gmodel_finish(m, tok, tgt, &r->nw, &r->w, &r->m, &r->v);
     EXPECT(n_pend == 0, "%s: %d downloads never delivered after dg_model_free", mode_name[mode], n_pend);
     EXPECT(n_pinned == 0, "%s: %d host_alloc blocks not freed", mode_name[mode], n_pinned);
-    for (int i = 0; i < STEPS * ACCUM; i++)
+    for (int i = 0; i < GMODEL_STEPS * GMODEL_ACCUM; i++)
         EXPECT(isfinite(r->loss[i]), "%s: loss %d is %g", mode_name[mode], i, (double)r->loss[i]);
-    for (int i = 0; i <= STEPS; i++)
+    for (int i = 0; i <= GMODEL_STEPS; i++)
         EXPECT(isfinite(r->norm[i]) && r->norm[i] > 0, "%s: norm %d is %g", mode_name[mode], i,
                (double)r->norm[i]);
 }
 
-static void run_free(run_t *r) {
-    free(r->logits);
-    free(r->w);
-    free(r->m);
-    free(r->v);
-}
-
-static void expect_same(const run_t *a, const run_t *b, const char *what) {
-    for (int i = 0; i < STEPS * ACCUM; i++)
-        EXPECT(memcmp(&a->loss[i], &b->loss[i], sizeof(float)) == 0, "%s: micro-batch loss %d: %.9g vs %.9g",
-               what, i, (double)a->loss[i], (double)b->loss[i]);
-    for (int i = 0; i <= STEPS; i++)
-        EXPECT(memcmp(&a->norm[i], &b->norm[i], sizeof(float)) == 0, "%s: gradient norm %d: %.9g vs %.9g",
-               what, i, (double)a->norm[i], (double)b->norm[i]);
-    EXPECT(memcmp(a->eval, b->eval, sizeof a->eval) == 0, "%s: evaluation losses differ", what);
-    EXPECT(memcmp(a->logits, b->logits, (size_t)B * small.vocab_size * sizeof(float)) == 0,
-           "%s: logits differ", what);
-    EXPECT(a->nw == b->nw && memcmp(a->w, b->w, a->nw * sizeof(float)) == 0, "%s: weights differ", what);
-    EXPECT(a->nw == b->nw && memcmp(a->m, b->m, a->nw * sizeof(float)) == 0, "%s: AdamW m differs", what);
-    EXPECT(a->nw == b->nw && memcmp(a->v, b->v, a->nw * sizeof(float)) == 0, "%s: AdamW v differs", what);
-}
-
 static void test_flags(int flags) {
     printf("flags %d\n", flags);
-    run_t ref, r;
+    gmodel_run_t ref, r;
     train(MODE_NO_OPS, flags, 0, 1, &ref);
     printf("  old path: losses %.6f .. %.6f, norms %.6f .. %.6f\n", (double)ref.loss[0],
-           (double)ref.loss[STEPS * ACCUM - 1], (double)ref.norm[0], (double)ref.norm[STEPS]);
+           (double)ref.loss[GMODEL_STEPS * GMODEL_ACCUM - 1], (double)ref.norm[0],
+           (double)ref.norm[GMODEL_STEPS]);
 
     train(MODE_FENCES, flags, 0, 1, &r);
-    expect_same(&ref, &r, "fences vs no v1.8 ops");
-    run_free(&r);
+    gmodel_expect_same(&ref, &r, "fences vs no v1.8 ops");
+    gmodel_run_free(&r);
 
     train(MODE_ENV_SYNC, flags, 0, 1, &r);
-    expect_same(&ref, &r, "DG_SYNC_HOST_READS=1 vs no v1.8 ops");
-    run_free(&r);
+    gmodel_expect_same(&ref, &r, "DG_SYNC_HOST_READS=1 vs no v1.8 ops");
+    gmodel_run_free(&r);
 
     /* graph replay asked for, every recording fails: the op-by-op fallback after the first step */
     train(MODE_FENCES, flags, 1, 1, &r);
-    expect_same(&ref, &r, "fences with a failing graph recording");
-    run_free(&r);
+    gmodel_expect_same(&ref, &r, "fences with a failing graph recording");
+    gmodel_run_free(&r);
 
     /* the executor's fallbacks: eager allocation (losses outside an arena), the cross-entropy and the
      * clip factor on the host (copies and syncs of their own around them) */
     setenv("DG_TEST_ARENA_FAIL", "1", 1);
     train(MODE_FENCES, flags, 0, 0, &r);
     unsetenv("DG_TEST_ARENA_FAIL");
-    expect_same(&ref, &r, "fences with eager allocation");
-    run_free(&r);
+    gmodel_expect_same(&ref, &r, "fences with eager allocation");
+    gmodel_run_free(&r);
     setenv("DG_TEST_NO_KERNEL", "crossentropy,crossentropy_fused,clip_scale", 1);
     train(MODE_FENCES, flags, 0, 0, &r);
     unsetenv("DG_TEST_NO_KERNEL");
-    expect_same(&ref, &r, "fences with crossentropy and clip_scale on the host");
-    run_free(&r);
-    run_free(&ref);
+    gmodel_expect_same(&ref, &r, "fences with crossentropy and clip_scale on the host");
+    gmodel_run_free(&r);
+    gmodel_run_free(&ref);
 }
 
 int main(void) {

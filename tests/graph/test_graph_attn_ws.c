@@ -29,7 +29,7 @@
  * (2 * 64 * 128 * 4 = 64 KiB): it must go where they were */
 static const dg_model_desc_t small = {
     .n_layer = 2, .n_head = 4, .d_model = 32, .seq_len = 64, .vocab_size = 120, .padded_vocab = 128};
-enum { B = 2, STEPS = 3, ACCUM = 2 };
+enum { B = 2 };
 
 static dg_backend_t *inner;
 static dg_backend_ops_t wrap_ops;
@@ -73,65 +73,26 @@ static dg_backend_t *wrapper(int with_ws) {
     return &wrap;
 }
 
-typedef struct {
-    float loss[STEPS * ACCUM], norm[STEPS], eval[STEPS];
-    float *logits, *w, *m, *v;
-    size_t nw, arena;
-} run_t;
-
-static void train(int with_ws, run_t *r) {
+static void train(int with_ws, gmodel_run_t *r) {
     memset(r, 0, sizeof *r);
     dg_model_t *m;
     OK(dg_model_create_ex(&small, wrapper(with_ws), B, 11, 0, &m));
-    OK(dg_model_set_grad_accum(m, ACCUM));
+    OK(dg_model_set_grad_accum(m, GMODEL_ACCUM));
     r->arena = dg_model_arena_bytes(m);
     size_t n = (size_t)B * small.seq_len;
     int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
     uint64_t s = 9;
-    dg_optim_hparams_t h = gmodel_adamw(3e-3f, 0.1f, 1.0f, 0);
-    for (int st = 1; st <= STEPS; st++) {
-        OK(dg_model_zero_grad(m));
-        for (int k = 0; k < ACCUM; k++) {
-            gmodel_lcg_ids(tok, n, small.vocab_size, &s);
-            gmodel_lcg_ids(tgt, n, small.vocab_size, &s);
-            OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(n * ACCUM),
-                                         &r->loss[(st - 1) * ACCUM + k]));
-        }
-        h.t = st;
-        OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
-        OK(dg_model_forward(m, tok, tgt, &r->eval[st - 1]));
-    }
-    r->logits = malloc((size_t)B * small.vocab_size * sizeof(float));
-    OK(dg_model_logits(m, tok, small.seq_len / 2, r->logits));
+    gmodel_train(m, &small, B, tok, tgt, &s, NULL, r);
+    gmodel_logits(m, &small, B, tok, r);
     gmodel_finish(m, tok, tgt, &r->nw, &r->w, &r->m, &r->v);
-    for (int i = 0; i < STEPS * ACCUM; i++)
+    for (int i = 0; i < GMODEL_STEPS * GMODEL_ACCUM; i++)
         EXPECT(isfinite(r->loss[i]), "loss %d is %g", i, (double)r->loss[i]);
-}
-
-static void run_free(run_t *r) {
-    free(r->logits);
-    free(r->w);
-    free(r->m);
-    free(r->v);
-}
-
-static void expect_same(const run_t *a, const run_t *b, const char *what) {
-    EXPECT(memcmp(a->loss, b->loss, sizeof a->loss) == 0,
-           "%s: micro-batch losses differ (%.9g vs %.9g first)", what, (double)a->loss[0],
-           (double)b->loss[0]);
-    EXPECT(memcmp(a->norm, b->norm, sizeof a->norm) == 0, "%s: gradient norms differ", what);
-    EXPECT(memcmp(a->eval, b->eval, sizeof a->eval) == 0, "%s: evaluation losses differ", what);
-    EXPECT(memcmp(a->logits, b->logits, (size_t)B * small.vocab_size * sizeof(float)) == 0,
-           "%s: logits differ", what);
-    EXPECT(a->nw == b->nw && memcmp(a->w, b->w, a->nw * sizeof(float)) == 0, "%s: weights differ", what);
-    EXPECT(a->nw == b->nw && memcmp(a->m, b->m, a->nw * sizeof(float)) == 0, "%s: AdamW m differs", what);
-    EXPECT(a->nw == b->nw && memcmp(a->v, b->v, a->nw * sizeof(float)) == 0, "%s: AdamW v differs", what);
 }
 
 int main(void) {
     dg_backend_config_t bc = {.act_dtype = DG_F32};
     OK(dg_backend_cpu_create(&bc, &inner));
-    run_t ref, r;
+    gmodel_run_t ref, r;
     train(0, &ref);
     EXPECT(n_asked == 0 && n_calls == 0, "without the v1.9 entries nothing may call them (%d, %d)", n_asked,
            n_calls);
@@ -144,25 +105,26 @@ int main(void) {
         w, n_asked, n_calls, r.arena, ref.arena);
     EXPECT(n_asked >= small.n_layer, "attention_bwd_ws_bytes asked %d times for %d layers", n_asked,
            small.n_layer);
-    EXPECT(n_calls == small.n_layer * STEPS * ACCUM, "attention_bwd_ws called %d times, expected %d", n_calls,
-           small.n_layer * STEPS * ACCUM);
+    EXPECT(n_calls == small.n_layer * GMODEL_STEPS * GMODEL_ACCUM,
+           "attention_bwd_ws called %d times, expected %d", n_calls,
+           small.n_layer * GMODEL_STEPS * GMODEL_ACCUM);
     EXPECT(n_bad == 0, "%d calls got no usable workspace", n_bad);
     EXPECT(ws_min >= w, "a workspace of %zu bytes, %zu asked", ws_min, w);
     EXPECT(r.arena <= ref.arena, "the workspace made the arena grow: %zu bytes vs %zu without", r.arena,
            ref.arena);
-    expect_same(&ref, &r, "workspace in the arena vs the backend's own");
-    run_free(&r);
+    gmodel_expect_same(&ref, &r, "workspace in the arena vs the backend's own");
+    gmodel_run_free(&r);
 
     /* no arena (the executor's eager-allocation fallback): each workspace is its own allocation */
     setenv("DG_TEST_ARENA_FAIL", "1", 1);
     n_calls = n_bad = 0;
     train(1, &r);
     unsetenv("DG_TEST_ARENA_FAIL");
-    EXPECT(n_calls == small.n_layer * STEPS * ACCUM && n_bad == 0, "eager allocation: %d calls, %d bad",
-           n_calls, n_bad);
-    expect_same(&ref, &r, "workspace with eager allocation");
-    run_free(&r);
-    run_free(&ref);
+    EXPECT(n_calls == small.n_layer * GMODEL_STEPS * GMODEL_ACCUM && n_bad == 0,
+           "eager allocation: %d calls, %d bad", n_calls, n_bad);
+    gmodel_expect_same(&ref, &r, "workspace with eager allocation");
+    gmodel_run_free(&r);
+    gmodel_run_free(&ref);
     dg_backend_free(inner);
     printf("graph attention workspace: %s\n", dg_fails ? "FAILED" : "passed");
     return dg_fails != 0;

@@ -24,7 +24,7 @@
 
 static const dg_model_desc_t small = {
     .n_layer = 2, .n_head = 4, .d_model = 32, .seq_len = 16, .vocab_size = 67, .padded_vocab = 72};
-enum { B = 2, STEPS = 3, ACCUM = 2 };
+enum { B = 2 };
 
 /* ---------------- a counting wrapper around the CPU backend ---------------- */
 
@@ -127,9 +127,7 @@ static size_t live_bytes(void) {
 /* ---------------- one training run ---------------- */
 
 typedef struct {
-    float loss[STEPS * ACCUM], eval[STEPS], norm[STEPS];
-    float *logits, *w, *m;
-    size_t nw;
+    gmodel_run_t run; /* what gmodel_expect_same compares */
     int n_memory, n_kernel;
     int n_sumsq, n_sumsq_all, n_adamw_all; /* the optimizer's ops in the plan */
     int n_ce_fused, n_ce_bwd;              /* the classifier loss's */
@@ -154,7 +152,7 @@ static void train(dg_backend_t *be, int flags, run_t *r) {
     dg_model_t *m;
     OK(dg_model_create_ex(&small, be, B, 77, flags, &m));
     dg_model_set_fallback_cb(m, on_fallback, r);
-    OK(dg_model_set_grad_accum(m, ACCUM));
+    OK(dg_model_set_grad_accum(m, GMODEL_ACCUM));
     const dg_graph_t *g = dg_model_graph(m);
     for (int i = 0; i < g->n; i++) {
         r->n_sumsq += g->nodes[i]->op == DG_OP_SUMSQ;
@@ -167,23 +165,12 @@ static void train(dg_backend_t *be, int flags, run_t *r) {
     size_t n = (size_t)B * small.seq_len;
     int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
     uint64_t s = 5;
-    for (int st = 1; st <= STEPS; st++) {
-        OK(dg_model_zero_grad(m));
-        for (int k = 0; k < ACCUM; k++) {
-            gmodel_lcg_ids(tok, n, small.vocab_size, &s);
-            gmodel_lcg_ids(tgt, n, small.vocab_size, &s);
-            OK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(n * ACCUM),
-                                         &r->loss[(st - 1) * ACCUM + k]));
-        }
-        dg_optim_hparams_t h = gmodel_adamw(3e-3f, 0.1f, 1.0f, st);
-        OK(dg_model_optimizer_step(m, &h, &r->norm[st - 1]));
-        OK(dg_model_forward(m, tok, tgt, &r->eval[st - 1])); /* a forward-only run between steps */
-    }
-    r->logits = malloc((size_t)B * small.vocab_size * sizeof(float));
-    OK(dg_model_logits(m, tok, small.seq_len / 2, r->logits));
-    r->nw = dg_model_flat_numel(m);
-    r->w = gmodel_flat(m, DG_STATE_PARAM);
-    r->m = gmodel_flat(m, DG_STATE_ADAM_M);
+    gmodel_train(m, &small, B, tok, tgt, &s, NULL, &r->run);
+    gmodel_logits(m, &small, B, tok, &r->run);
+    r->run.nw = dg_model_flat_numel(m);
+    r->run.w = gmodel_flat(m, DG_STATE_PARAM);
+    r->run.m = gmodel_flat(m, DG_STATE_ADAM_M);
+    r->run.v = gmodel_flat(m, DG_STATE_ADAM_V);
 
     dg_exec_t *ex = dg_model_exec(m);
     size_t bytes, peak;
@@ -208,24 +195,6 @@ static void train(dg_backend_t *be, int flags, run_t *r) {
     dg_model_free(m);
 }
 
-static void run_free(run_t *r) {
-    free(r->logits);
-    free(r->w);
-    free(r->m);
-}
-
-static void expect_same(const run_t *a, const run_t *b, const char *what) {
-    EXPECT(memcmp(a->loss, b->loss, sizeof a->loss) == 0, "%s: micro-batch losses differ", what);
-    EXPECT(memcmp(a->eval, b->eval, sizeof a->eval) == 0, "%s: evaluation losses differ", what);
-    EXPECT(memcmp(a->norm, b->norm, sizeof a->norm) == 0, "%s: gradient norms differ (%g vs %g)", what,
-           (double)a->norm[0], (double)b->norm[0]);
-    EXPECT(memcmp(a->logits, b->logits, (size_t)B * small.vocab_size * sizeof(float)) == 0,
-           "%s: logits differ", what);
-    EXPECT(a->nw == b->nw && memcmp(a->w, b->w, a->nw * sizeof(float)) == 0, "%s: weights differ", what);
-    EXPECT(a->nw == b->nw && memcmp(a->m, b->m, a->nw * sizeof(float)) == 0, "%s: AdamW moments differ",
-           what);
-}
-
 /* Every allocation of the model (persistent buffers, arena or eager tensors) is returned. */
 static void expect_all_freed(const char *what) {
     EXPECT(n_live == 0, "%s: %d allocations (%zu bytes) outstanding after dg_model_free", what, n_live,
@@ -240,8 +209,9 @@ static void test_flags(int flags) {
     train(wrapper(""), flags, &ref);
     expect_all_freed("planned");
     EXPECT(ref.n_memory == 0 && ref.n_kernel == 0, "planned path: no fallback expected");
-    printf("  planned: losses %.4f .. %.4f, norms %.4f .. %.4f\n", (double)ref.loss[0],
-           (double)ref.loss[STEPS * ACCUM - 1], (double)ref.norm[0], (double)ref.norm[STEPS - 1]);
+    printf("  planned: losses %.4f .. %.4f, norms %.4f .. %.4f\n", (double)ref.run.loss[0],
+           (double)ref.run.loss[GMODEL_STEPS * GMODEL_ACCUM - 1], (double)ref.run.norm[0],
+           (double)ref.run.norm[GMODEL_STEPS - 1]);
     fail_bytes = 0;
 
     /* memory: the hook, then a real allocation failure of the arena */
@@ -251,8 +221,8 @@ static void test_flags(int flags) {
     expect_all_freed("DG_TEST_ARENA_FAIL");
     EXPECT(r.n_memory == 1 && r.n_kernel == 0, "DG_TEST_ARENA_FAIL: %d memory, %d kernel reports", r.n_memory,
            r.n_kernel);
-    expect_same(&ref, &r, "DG_TEST_ARENA_FAIL=1");
-    run_free(&r);
+    gmodel_expect_same(&ref.run, &r.run, "DG_TEST_ARENA_FAIL=1");
+    gmodel_run_free(&r.run);
 
     dg_model_t *m;
     OK(dg_model_create_ex(&small, inner, B, 77, flags, &m));
@@ -264,8 +234,8 @@ static void test_flags(int flags) {
     expect_all_freed("arena allocation failure");
     EXPECT(n_failed >= 1 && r.n_memory == 1, "arena allocation failure: %d refused, %d memory reports",
            n_failed, r.n_memory);
-    expect_same(&ref, &r, "arena allocation failure");
-    run_free(&r);
+    gmodel_expect_same(&ref.run, &r.run, "arena allocation failure");
+    gmodel_run_free(&r.run);
 
     /* kernel: the hook, then kernels really missing from the vtable (forward, backward, in-place
      * cross-entropy backward, the optimizer's scalar block), then everything at once with eager allocation */
@@ -275,8 +245,8 @@ static void test_flags(int flags) {
     EXPECT(r.n_kernel >= 2 && r.n_memory == 0 && strstr(r.kernels, "layernorm") &&
                strstr(r.kernels, "attention") && strstr(r.kernels, "DG_TEST_NO_KERNEL"),
            "DG_TEST_NO_KERNEL: reports %s", r.kernels);
-    expect_same(&ref, &r, "DG_TEST_NO_KERNEL=gelu,layernorm,attention");
-    run_free(&r);
+    gmodel_expect_same(&ref.run, &r.run, "DG_TEST_NO_KERNEL=gelu,layernorm,attention");
+    gmodel_run_free(&r.run);
 
     /* the fused AdamW on the host: the flat buffers and the segment table copied there and back */
     setenv("DG_TEST_NO_KERNEL", "adamw_all", 1);
@@ -284,8 +254,8 @@ static void test_flags(int flags) {
     unsetenv("DG_TEST_NO_KERNEL");
     EXPECT(r.n_kernel == 1 && strstr(r.kernels, "op adamw_all (1 node)"),
            "DG_TEST_NO_KERNEL=adamw_all: reports %s", r.kernels);
-    expect_same(&ref, &r, "DG_TEST_NO_KERNEL=adamw_all");
-    run_free(&r);
+    gmodel_expect_same(&ref.run, &r.run, "DG_TEST_NO_KERNEL=adamw_all");
+    gmodel_run_free(&r.run);
 
     /* the fused norm on the host: the flat gradient buffer and its segment table copied there */
     EXPECT(ref.n_sumsq_all == 1 && ref.n_sumsq == 0, "planned: %d sumsq_all, %d sumsq", ref.n_sumsq_all,
@@ -295,8 +265,8 @@ static void test_flags(int flags) {
     unsetenv("DG_TEST_NO_KERNEL");
     EXPECT(r.n_kernel == 1 && strstr(r.kernels, "op sumsq_all (1 node)"),
            "DG_TEST_NO_KERNEL=sumsq_all: reports %s", r.kernels);
-    expect_same(&ref, &r, "DG_TEST_NO_KERNEL=sumsq_all");
-    run_free(&r);
+    gmodel_expect_same(&ref.run, &r.run, "DG_TEST_NO_KERNEL=sumsq_all");
+    gmodel_run_free(&r.run);
 
     /* the fused classifier loss on the host: the logits copied there, the losses, lse and dlogits (over
      * the logits) back; the evaluation forwards and the logits call take its forward-only path there */
@@ -307,8 +277,8 @@ static void test_flags(int flags) {
     unsetenv("DG_TEST_NO_KERNEL");
     EXPECT(r.n_kernel == 1 && strstr(r.kernels, "op crossentropy_fused (1 node)"),
            "DG_TEST_NO_KERNEL=crossentropy_fused: reports %s", r.kernels);
-    expect_same(&ref, &r, "DG_TEST_NO_KERNEL=crossentropy_fused");
-    run_free(&r);
+    gmodel_expect_same(&ref.run, &r.run, "DG_TEST_NO_KERNEL=crossentropy_fused");
+    gmodel_run_free(&r.run);
 
     /* a backend without crossentropy_fused: the crossentropy + crossentropy_bwd pair, no fallback, same bits
      */
@@ -316,8 +286,8 @@ static void test_flags(int flags) {
     EXPECT(r.n_kernel == 0 && r.n_ce_fused == 0 && r.n_ce_bwd == 1,
            "no crossentropy_fused: %d kernel reports, %d crossentropy_fused, %d crossentropy_bwd", r.n_kernel,
            r.n_ce_fused, r.n_ce_bwd);
-    expect_same(&ref, &r, "no crossentropy_fused");
-    run_free(&r);
+    gmodel_expect_same(&ref.run, &r.run, "no crossentropy_fused");
+    gmodel_run_free(&r.run);
 
     /* the fused residual adds on the host (the residual and the product's operands copied there, the
      * output back), then a backend without matmul_fwd_res: the matmul + add pairs, no fallback, same bits */
@@ -327,21 +297,21 @@ static void test_flags(int flags) {
     unsetenv("DG_TEST_NO_KERNEL");
     EXPECT(r.n_kernel == 1 && strstr(r.kernels, "op matmul_res (4 nodes)"),
            "DG_TEST_NO_KERNEL=matmul_res: reports %s", r.kernels);
-    expect_same(&ref, &r, "DG_TEST_NO_KERNEL=matmul_res");
-    run_free(&r);
+    gmodel_expect_same(&ref.run, &r.run, "DG_TEST_NO_KERNEL=matmul_res");
+    gmodel_run_free(&r.run);
     train(wrapper("matmul_fwd_res,"), flags, &r);
     EXPECT(r.n_kernel == 0 && r.n_res == 0, "no matmul_fwd_res: %d kernel reports, %d matmul_res", r.n_kernel,
            r.n_res);
-    expect_same(&ref, &r, "no matmul_fwd_res");
-    run_free(&r);
+    gmodel_expect_same(&ref.run, &r.run, "no matmul_fwd_res");
+    gmodel_run_free(&r.run);
 
     /* a backend without sumsq_multi: the fused AdamW with one sumsq per tensor, no fallback, same bits */
     train(wrapper("sumsq_multi,"), flags, &r);
     EXPECT(r.n_kernel == 0 && r.n_adamw_all == 1 && r.n_sumsq_all == 0 && r.n_sumsq > 1,
            "no sumsq_multi: %d kernel reports, %d adamw_all, %d sumsq_all, %d sumsq", r.n_kernel,
            r.n_adamw_all, r.n_sumsq_all, r.n_sumsq);
-    expect_same(&ref, &r, "no sumsq_multi");
-    run_free(&r);
+    gmodel_expect_same(&ref.run, &r.run, "no sumsq_multi");
+    gmodel_run_free(&r.run);
 
     train(wrapper("gelu_fwd,layernorm_bwd,attention_fwd,crossentropy_bwd,matmul_bwd_dgelu,matmul_bwd,"
                   "adamw_multi_dev,adamw_dev,clip_scale,sumsq_f32,accumulate,crossentropy_fused,"),
@@ -350,8 +320,8 @@ static void test_flags(int flags) {
     EXPECT(r.n_kernel >= 6 && strstr(r.kernels, "has no adamw_dev") &&
                strstr(r.kernels, "has no layernorm_bwd"),
            "missing kernels: reports %s", r.kernels);
-    expect_same(&ref, &r, "missing kernels");
-    run_free(&r);
+    gmodel_expect_same(&ref.run, &r.run, "missing kernels");
+    gmodel_run_free(&r.run);
 
     setenv("DG_TEST_ARENA_FAIL", "1", 1);
     train(
@@ -364,9 +334,9 @@ static void test_flags(int flags) {
     expect_all_freed("no kernels and no arena");
     EXPECT(r.n_memory == 1 && r.n_kernel >= 10, "no kernels and no arena: %d memory, %d kernel reports",
            r.n_memory, r.n_kernel);
-    expect_same(&ref, &r, "no kernels and no arena");
-    run_free(&r);
-    run_free(&ref);
+    gmodel_expect_same(&ref.run, &r.run, "no kernels and no arena");
+    gmodel_run_free(&r.run);
+    gmodel_run_free(&ref.run);
 }
 
 static void test_hook_errors(void) {

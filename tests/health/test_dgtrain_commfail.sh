@@ -17,14 +17,7 @@ source "$(dirname "$0")/../slurm/lib.sh"
 source "$(dirname "$0")/../lib/mpijob.sh"
 dgtrain_args "$@"
 TIMEOUT=20
-WORK=$(mktemp -d /tmp/dgt-commfail-XXXXXX)
-cleanup() {
-    kill_jobs
-    sleep 0.5
-    clean_shm
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+job_workdir commfail
 
 SETS=(--set checkpoint.every=0 --set "health.timeout_s=$TIMEOUT" --set health.liveness_floor_s=5)
 if [ "$MODE" = gpu ]; then

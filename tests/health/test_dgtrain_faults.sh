@@ -22,14 +22,7 @@ KILL_TIMEOUT=300
 KILL_END=20
 TIMEOUT=6
 SLACK=5
-WORK=$(mktemp -d /tmp/dgt-faults-XXXXXX)
-cleanup() {
-    kill_jobs
-    sleep 0.5
-    clean_shm
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
+job_workdir faults
 
 probe_dgtrain "$WORK" "$DGTRAIN" "$DGCKPT" "${MPI[@]}"
 write_tiny_config "$WORK/cfg.ini" "$STEPS"
@@ -63,12 +56,7 @@ T0=$(now)
 "${MPI[@]}" -n 2 "$DGTRAIN" "$WORK/cfg.ini" "${SETS[@]}" --set checkpoint.every=0 --set run.dir="$WORK/ref" \
     >"$WORK/ref.out" 2>&1 &
 JOB=$!
-wait_job 600 || exit 1
-[ "$RC" = 0 ] || {
-    fail "uninterrupted run failed (exit $RC); its output:"
-    cat "$WORK/ref.out"
-    exit 1
-}
+expect_job 0 600 "$WORK/ref.out" "uninterrupted run" || exit 1
 REF=$(latest_ckpt "$WORK/ref")
 tlog "uninterrupted run: $STEPS steps in ${DT}s -> $(basename "$REF")"
 
@@ -121,12 +109,7 @@ for trial in $(seq 1 "$TRIALS"); do
     [ "$FAILED" = 0 ] || exit 1
 done
 T0=$(now)
-wait_job 600 || exit 1
-[ "$RC" = 0 ] || {
-    fail "final restart failed (exit $RC); its output:"
-    cat "$WORK/kill$TRIALS.resume.out"
-    exit 1
-}
+expect_job 0 600 "$WORK/kill$TRIALS.resume.out" "final restart" || exit 1
 if "$DGCKPT" diff "$REF" "$(latest_ckpt "$run")" >"$WORK/diff.txt" 2>&1; then
     echo "PASS kill: after $TRIALS kill(s) and restart(s) the final weights equal the uninterrupted run's ($(basename "$REF"), dgckpt diff)"
 else
@@ -137,14 +120,7 @@ fi
 run=$WORK/stop
 launch "$run" "$WORK/stop.out" --set checkpoint.every=0 --set health.heartbeat_s=0.5 --set "health.timeout_s=$TIMEOUT"
 wait_step "$run/metrics.jsonl" 3 || exit 1
-pid=$(rank_pid 1) || {
-    fail "cannot find rank 1's pid"
-    exit 1
-}
-record_shm "$(rank_pid 0)" "$pid"
-kill -STOP "$pid"
-STOPPED=$pid
-T0=$(now)
+stop_rank1 || exit 1
 wait_job $((TIMEOUT + SLACK)) || exit 1
 [ "$RC" = 3 ] || fail "stop: exit code $RC, expected 3"
 grep -qE "watchdog: (no heartbeat from|rank [0-9]+ has had no heartbeat from) rank 1 \(host " "$WORK/stop.out" ||

@@ -6,6 +6,13 @@
 #   rank_pid RANK      the pid of that rank among the launcher's children (OMPI_COMM_WORLD_RANK)
 #   wait_job LIMIT     waits for JOB: sets RC and DT (seconds since T0); fails past LIMIT seconds
 #   kill_jobs          kills JOB and every STOPPED pid (SIGKILL, then SIGCONT so that it can die)
+#   stop_rank1         SIGSTOPs rank 1 of a 2-rank JOB (noting both ranks' shared memory, record_shm, and
+#                      adding it to STOPPED) and starts the clock T0; fails when rank 1 is not found
+#   expect_job WANT LIMIT OUT WHAT
+#                      wait_job LIMIT, then RC must be WANT; otherwise fails "WHAT: exit RC, expected WANT"
+#                      and prints the job's output OUT (its last 40 lines); returns 1 on either failure
+#   job_workdir NAME   WORK=$(mktemp -d /tmp/dgt-NAME-XXXXXX), and on exit: kill_jobs, clean_shm (the
+#                      MPI shared memory, tests/slurm/lib.sh), WORK removed
 JOB=
 rank_pid() {
     local p
@@ -37,4 +44,27 @@ kill_jobs() {
         kill -KILL "$p" 2>/dev/null
         kill -CONT "$p" 2>/dev/null
     done
+}
+expect_job() {
+    wait_job "$2" || return 1
+    [ "$RC" = "$1" ] || {
+        fail "$4: exit $RC, expected $1; its output:"
+        tail -n 40 "$3"
+        return 1
+    }
+}
+job_workdir() {
+    WORK=$(mktemp -d "/tmp/dgt-$1-XXXXXX")
+    trap 'kill_jobs; sleep 0.5; clean_shm; rm -rf "$WORK"' EXIT
+}
+stop_rank1() {
+    local pid
+    pid=$(rank_pid 1) || {
+        fail "cannot find rank 1's pid"
+        return 1
+    }
+    record_shm "$(rank_pid 0)" "$pid"
+    kill -STOP "$pid"
+    STOPPED="${STOPPED:-} $pid"
+    T0=$(now)
 }

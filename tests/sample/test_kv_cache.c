@@ -21,29 +21,11 @@
 #include "config.h"
 #include "dg_infer.h"
 #include "dg_sampler.h"
+#include "dg_check.h"
 #include "dg_test_skip.h"
 #include "dg_model.h"
 
 #define GREEDY 64
-
-static int g_fail;
-#define CHECK(cond, ...)                                                                                     \
-    do {                                                                                                     \
-        if (!(cond)) {                                                                                       \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                             \
-            fprintf(stderr, __VA_ARGS__);                                                                    \
-            fprintf(stderr, "\n");                                                                           \
-            g_fail = 1;                                                                                      \
-        }                                                                                                    \
-    } while (0)
-#define OK(expr)                                                                                             \
-    do {                                                                                                     \
-        dg_status_t s_ = (expr);                                                                             \
-        if (s_ != DG_OK) {                                                                                   \
-            fprintf(stderr, "FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, dg_last_error());             \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
 
 typedef struct {
     int n;
@@ -129,7 +111,7 @@ static void run_cpu(const weights_t *w, const dg_model_desc_t *d) {
     for (int i = 0; i < dg_model_n_tensors(m); i++)
         OK(dg_model_set_tensor(m, i, DG_STATE_PARAM, find_w(w, dg_model_param(m, i)->name)));
     const int V = d->vocab_size, S = d->seq_len, P = (int)strlen(k_prompt);
-    CHECK(P + GREEDY <= S, "prompt %d + %d tokens do not fit seq_len %d", P, GREEDY, S);
+    EXPECT(P + GREEDY <= S, "prompt %d + %d tokens do not fit seq_len %d", P, GREEDY, S);
     int32_t *seq = calloc((size_t)S, sizeof *seq);
     for (int i = 0; i < P; i++)
         seq[i] = (uint8_t)k_prompt[i];
@@ -145,8 +127,8 @@ static void run_cpu(const weights_t *w, const dg_model_desc_t *d) {
         double dm = max_diff(c, lf, V, NULL), dr = max_diff(c, lr, V, NULL);
         if (!(dm <= worst)) worst = dm;
         if (!(dr <= worst_own)) worst_own = dr;
-        CHECK(dm <= 1e-5, "position %d: cache vs dg_model_logits differ by %.3g (> 1e-5)", pos, dm);
-        CHECK(dr <= 1e-5, "position %d: cache vs no-cache recompute differ by %.3g (> 1e-5)", pos, dr);
+        EXPECT(dm <= 1e-5, "position %d: cache vs dg_model_logits differ by %.3g (> 1e-5)", pos, dm);
+        EXPECT(dr <= 1e-5, "position %d: cache vs no-cache recompute differ by %.3g (> 1e-5)", pos, dr);
         if (pos < P - 1) continue;
         /* greedy: the cache's token is the full recompute's argmax */
         const int32_t t = dg_argmax(c, V);
@@ -154,9 +136,9 @@ static void run_cpu(const weights_t *w, const dg_model_desc_t *d) {
         if (pos == P + GREEDY - 1) break;
         seq[n++] = t;
         OK(dg_infer_feed(e, &t, 1, 0, lc)); /* one position against the cache */
-        CHECK(dg_infer_pos(e) == n, "pos %d after feeding %d tokens", dg_infer_pos(e), n);
+        EXPECT(dg_infer_pos(e) == n, "pos %d after feeding %d tokens", dg_infer_pos(e), n);
     }
-    CHECK(mismatches == 0, "%d greedy tokens differ from the argmax of full recomputation", mismatches);
+    EXPECT(mismatches == 0, "%d greedy tokens differ from the argmax of full recomputation", mismatches);
     printf("cpu: %d prompt rows + %d greedy tokens: max |cache - dg_model_logits| = %.3g, max |cache - "
            "recompute| = %.3g\n",
            P, GREEDY, worst, worst_own);
@@ -164,12 +146,12 @@ static void run_cpu(const weights_t *w, const dg_model_desc_t *d) {
     int32_t *fill = calloc((size_t)S, sizeof *fill);
     const int before = dg_infer_pos(e);
     dg_status_t s = dg_infer_feed(e, fill, S - before + 1, 0, NULL);
-    CHECK(s == DG_ERR_USAGE && strstr(dg_last_error(), "seq_len"), "feeding past seq_len: status %d (%s)",
-          (int)s, dg_last_error());
-    CHECK(dg_infer_pos(e) == before, "a refused feed moved pos from %d to %d", before, dg_infer_pos(e));
+    EXPECT(s == DG_ERR_USAGE && strstr(dg_last_error(), "seq_len"), "feeding past seq_len: status %d (%s)",
+           (int)s, dg_last_error());
+    EXPECT(dg_infer_pos(e) == before, "a refused feed moved pos from %d to %d", before, dg_infer_pos(e));
     int32_t bad = V;
     s = dg_infer_feed(e, &bad, 1, 0, NULL);
-    CHECK(s == DG_ERR_USAGE, "token id %d (= vocab_size) accepted", (int)bad);
+    EXPECT(s == DG_ERR_USAGE, "token id %d (= vocab_size) accepted", (int)bad);
     free(fill);
     free(seq);
     free(lc);
@@ -218,8 +200,8 @@ static void kv_entry_vs_cpu(dg_backend_t *gpu, dg_backend_t *cpu) {
         OK(gpu->ops->to_host(gpu, og, g32, (size_t)n * C * 4));
         double dm = max_diff(og, oc, n * C, NULL);
         if (!(dm <= worst)) worst = dm;
-        CHECK(dm <= 1e-2, "attention_kv_fwd cuda vs cpu, block [%d, %d): max diff %.3g (> 1e-2)", p0, p0 + n,
-              dm);
+        EXPECT(dm <= 1e-2, "attention_kv_fwd cuda vs cpu, block [%d, %d): max diff %.3g (> 1e-2)", p0, p0 + n,
+               dm);
         p0 += n;
     }
     printf("cuda: attention_kv_fwd vs cpu over %d positions: max diff %.3g\n", p0, worst);
@@ -252,8 +234,8 @@ static int run_cuda(const weights_t *w, const dg_model_desc_t *d) {
         OK(dg_infer_recompute(e, seq, n, lr));
         double dm = max_diff(lc, lr, V, &amax), bound = 2e-2 * (amax > 1 ? amax : 1);
         if (!(dm <= worst)) worst = dm;
-        CHECK(dm <= bound, "cuda bf16, position %d: cache vs recompute differ by %.3g (> %.3g)", n - 1, dm,
-              bound);
+        EXPECT(dm <= bound, "cuda bf16, position %d: cache vs recompute differ by %.3g (> %.3g)", n - 1, dm,
+               bound);
         const int32_t t = dg_argmax(lc, V);
         seq[n++] = t;
         if (k + 1 < GREEDY) OK(dg_infer_feed(e, &t, 1, 0, lc));
@@ -263,7 +245,7 @@ static int run_cuda(const weights_t *w, const dg_model_desc_t *d) {
     dg_infer_free(e);
     dg_backend_free(gpu);
     dg_backend_free(cpu);
-    return g_fail;
+    return dg_fails != 0;
 }
 #endif
 
@@ -285,7 +267,7 @@ int main(int argc, char **argv) {
 #endif
     } else {
         run_cpu(&w, &d);
-        rc = g_fail;
+        rc = dg_fails != 0;
     }
     for (int i = 0; i < w.n; i++)
         free(w.names[i]), free(w.data[i]);

@@ -13,7 +13,7 @@ fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 # a repository layout: REPO/slurm/train.sh and REPO/build/src/cli/dgtrain (the real binary)
 mkdir -p "$W/repo/slurm" "$W/repo/build/src/cli" "$W/elsewhere"
-cp "$SRC/slurm/train.sh" "$W/repo/slurm/train.sh"
+cp "$SRC/slurm/train.sh" "$SRC/slurm/lib.sh" "$W/repo/slurm/" # train.sh sources lib.sh beside it
 cp "$DGTRAIN" "$W/repo/build/src/cli/dgtrain"
 printf '[run]\ndir = %s/run\n' "$W" >"$W/cfg.ini"
 # no dgtrain on PATH and none of the Slurm/build variables: only the new lookups can find it

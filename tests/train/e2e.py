@@ -38,7 +38,6 @@ import signal
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
@@ -76,53 +75,10 @@ def ckname(step):
     return "step_%08d.h5" % step
 
 
-class Env:
+class Env(dgrun.TrainEnv):
     def __init__(self, case, dgtrain, dgckpt, mpi):
-        self.case = case
-        self.dgtrain = dgtrain
-        self.dgckpt = dgckpt
-        self.mpi = mpi
-        self.work = tempfile.mkdtemp(prefix="dgt-e2e-%s-" % re.sub(r"[^A-Za-z0-9]", "_", case))
-        self.cfg = os.path.join(self.work, "cfg.ini")
-        with open(self.cfg, "w") as f:
-            f.write(CONFIG.format(seq_len=SEQ_LEN, global_batch=GLOBAL_BATCH))
-        self.outputs = []
-
-    def d(self, name):
-        return os.path.join(self.work, name)
-
-    def cmd(self, ranks, run_dir, sets):
-        c = list(self.mpi) + ["-n", str(ranks), self.dgtrain, self.cfg, "--set", "run.dir=" + run_dir]
-        for s in sets:
-            c += ["--set", s]
-        return c
-
-    def train(self, ranks, name, sets=(), expect_rc=0, timeout=240, hooks=None):
-        """Runs dgtrain to the end in run dir WORK/name; returns the run dir. hooks: {DG_TEST_*: value}."""
-        run_dir = self.d(name)
-        out = run_dir + ".out"
-        self.outputs.append(out)
-        t0 = time.time()
-        c = self.cmd(ranks, run_dir, sets)
-        for k in sorted(hooks or {}):
-            c[len(self.mpi):len(self.mpi)] = ["-x", k]
-        with open(out, "w") as f:
-            try:
-                rc = subprocess.run(c, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-                                    env=dict(os.environ, **(hooks or {}))).returncode
-            except subprocess.TimeoutExpired:
-                raise Fail("%s: dgtrain at %d ranks did not finish within %d s" % (name, ranks, timeout))
-        check(rc == expect_rc, "%s: dgtrain at %d ranks exited %d (expected %d): %s" %
-              (name, ranks, rc, expect_rc, tail(out)))
-        print("  ran %-14s %d rank(s) %5.1f s  %s" % (name, ranks, time.time() - t0, " ".join(sets)))
-        return run_dir
-
-    def ckpt(self, *args):
-        return dgrun.dgckpt(self.dgckpt, *args)
-
-    def diff(self, a, b):
-        """dgckpt diff A B -> (exit code, {dataset: max|a-b|})."""
-        return dgrun.dgckpt_diff(self.dgckpt, a, b)
+        super().__init__(case, dgtrain, dgckpt, mpi, "dgt-e2e-")
+        self.write_cfg(CONFIG.format(seq_len=SEQ_LEN, global_batch=GLOBAL_BATCH))
 
     def assert_identical(self, a, b, what):
         rc, per = self.diff(a, b)
@@ -934,65 +890,44 @@ def case_no_val(env):
           % len(events(run2, "val")))
 
 
+def k_mesh(arg, default=None):
+    """"K[:MESH]" -> (K, MESH or default)"""
+    k, _, mesh = arg.partition(":")
+    return int(k), mesh or default
+
+
+# case name -> runner(env, ARG): the text after "name:" in the case
+CASES = {
+    "resume_same": lambda env, arg: case_resume_same(env, int(arg)),
+    "resume_ws": lambda env, arg: case_resume_ws(env, *(int(n) for n in arg.split(":"))),
+    "dist": lambda env, arg: case_dist(env, *k_mesh(arg)),
+    "reduce_bf16": lambda env, arg: case_reduce_bf16(env, *k_mesh(arg, "dp_replicate=%s" % arg.partition(":")[0])),
+    "fallback": lambda env, arg: case_fallback(env, *k_mesh(arg)),
+    "retention": lambda env, arg: case_retention(env),
+    "incremental": lambda env, arg: case_incremental(env),
+    "async": lambda env, arg: case_async(env),
+    "sigkill": lambda env, arg: case_sigkill(env),
+    "commit_kill": lambda env, arg: case_commit_kill(env),
+    "spike_resume": lambda env, arg: case_spike_resume(env),
+    "spike_rollback": lambda env, arg: case_spike_rollback(env),
+    "spike_pause": lambda env, arg: case_spike_pause(env),
+    "overflow": lambda env, arg: case_overflow(env),
+    "no_val": lambda env, arg: case_no_val(env),
+}
+
+
 def main():
     if len(sys.argv) < 5:
         print(__doc__, file=sys.stderr)
         return 2
     case, dgtrain, dgckpt, mpi = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
-    env = Env(case, dgtrain, dgckpt, mpi)
     name, _, arg = case.partition(":")
-    t0 = time.time()
-    ok = False
-    try:
-        if name == "resume_same":
-            case_resume_same(env, int(arg))
-        elif name == "resume_ws":
-            a, b = arg.split(":")
-            case_resume_ws(env, int(a), int(b))
-        elif name == "dist":
-            k, _, mesh = arg.partition(":")
-            case_dist(env, int(k), mesh or None)
-        elif name == "reduce_bf16":
-            k, _, mesh = arg.partition(":")
-            case_reduce_bf16(env, int(k), mesh or "dp_replicate=%s" % k)
-        elif name == "fallback":
-            k, _, mesh = arg.partition(":")
-            case_fallback(env, int(k), mesh or None)
-        elif name == "retention":
-            case_retention(env)
-        elif name == "incremental":
-            case_incremental(env)
-        elif name == "async":
-            case_async(env)
-        elif name == "sigkill":
-            case_sigkill(env)
-        elif name == "commit_kill":
-            case_commit_kill(env)
-        elif name == "spike_resume":
-            case_spike_resume(env)
-        elif name == "spike_rollback":
-            case_spike_rollback(env)
-        elif name == "spike_pause":
-            case_spike_pause(env)
-        elif name == "overflow":
-            case_overflow(env)
-        elif name == "no_val":
-            case_no_val(env)
-        else:
-            print("e2e.py: unknown case '%s'" % case, file=sys.stderr)
-            return 2
-        ok = True
-    except (Fail, OSError, ValueError, KeyError, TypeError) as e:
-        print("FAIL [%s]: %s%s" % (case, "" if isinstance(e, Fail) else type(e).__name__ + ": ", e))
-        for o in env.outputs[-3:]:
-            print("  --- %s: %s" % (os.path.basename(o), tail(o, 8)))
-    finally:
-        if ok and os.environ.get("DGT_TEST_KEEP") != "1":
-            shutil.rmtree(env.work, ignore_errors=True)
-        else:
-            print("  work directory kept: %s" % env.work)
-    print("  %s: %.1f s" % (case, time.time() - t0))
-    return 0 if ok else 1
+    if name not in CASES:
+        print("e2e.py: unknown case '%s'" % case, file=sys.stderr)
+        return 2
+    env = Env(case, dgtrain, dgckpt, mpi)
+    return dgrun.run_case(env, case, lambda: CASES[name](env, arg),
+                          (Fail, OSError, ValueError, KeyError, TypeError))
 
 
 if __name__ == "__main__":

@@ -90,12 +90,10 @@ def main():
     exe, mpi = sys.argv[1], sys.argv[2:]
 
     def body(work):
-        cfg = os.path.join(work, "cfg.ini")
-        with open(cfg, "w") as f:
-            f.write(dgrun.small_gpt("written by tests/train/test_observe.py", run={"name": "obs", "seed": 3},
-                                    train={"steps": 4, "global_batch": 4, "micro_batch": 2, "warmup_steps": 1,
-                                           "log_every": 1},
-                                    checkpoint={"every": 2}))
+        cfg = dgrun.write_file(work, "cfg.ini", dgrun.small_gpt(
+            "written by tests/train/test_observe.py", run={"name": "obs", "seed": 3},
+            train={"steps": 4, "global_batch": 4, "micro_batch": 2, "warmup_steps": 1, "log_every": 1},
+            checkpoint={"every": 2}))
         a = os.path.join(work, "a")
         run(None, exe, mpi, cfg, a)
         ident = json.load(open(os.path.join(a, "run.json")))

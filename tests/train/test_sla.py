@@ -59,10 +59,9 @@ def main():
     case, exe, mpi = sys.argv[1], sys.argv[2], sys.argv[3:]
 
     def body(work):
-        cfg = os.path.join(work, "cfg.ini")
-        with open(cfg, "w") as f:
-            f.write(dgrun.small_gpt("written by tests/train/test_sla.py", run={"name": "sla", "seed": 9},
-                                    train={"steps": 20, "global_batch": 4, "micro_batch": 2, "warmup_steps": 1}))
+        cfg = dgrun.write_file(work, "cfg.ini", dgrun.small_gpt(
+            "written by tests/train/test_sla.py", run={"name": "sla", "seed": 9},
+            train={"steps": 20, "global_batch": 4, "micro_batch": 2, "warmup_steps": 1}))
         d = os.path.join(work, "r")
         if case == "healthy":
             run(exe, mpi, cfg, d, ("train.steps=30",))

@@ -58,11 +58,10 @@ def main():
     exe, mpi = sys.argv[1], sys.argv[2:]
 
     def body(work):
-        cfg = os.path.join(work, "cfg.ini")
-        with open(cfg, "w") as f:
-            f.write(dgrun.small_gpt("written by tests/train/test_trace.py", run={"name": "trace", "seed": 5},
-                                    train={"steps": 5, "global_batch": 4, "micro_batch": 2, "warmup_steps": 1},
-                                    parallel={"mesh": "dp_replicate=1,dp_shard=2,tp=1"}))
+        cfg = dgrun.write_file(work, "cfg.ini", dgrun.small_gpt(
+            "written by tests/train/test_trace.py", run={"name": "trace", "seed": 5},
+            train={"steps": 5, "global_batch": 4, "micro_batch": 2, "warmup_steps": 1},
+            parallel={"mesh": "dp_replicate=1,dp_shard=2,tp=1"}))
         a = os.path.join(work, "a")
         out = run(exe, mpi, cfg, a, "2:3")
         check("trace: steps 2..3 of 2 rank(s) written" in out, "no 'written' line: %s" % out[-600:])
