@@ -209,8 +209,9 @@ void dg_model_parallel_default(dg_model_parallel_t *p);
  * The entry also holds the loss and a logits checksum of a fixed probe batch under fixed probe weights:
  * every model built with a cache runs that probe (two forwards, with its own weights, then the real
  * initialisation); a hit is used only when it reproduces them (loss within 1e-5 relative, logits sums
- * within 1e-5 of their absolute sum), else it is rebuilt ("stale"). A key field that changed makes a
- * rebuild ("stale", naming the field); a truncated or damaged entry is ignored with a warning
+ * within 1e-5 of their absolute sum; 2e-3 with bf16/fp16 activations), else it is rebuilt ("stale"). A key
+ * field that changed makes a rebuild ("stale", naming the field); a truncated or damaged entry is ignored
+ * with a warning
  * ("corrupt"); both are rewritten (tmp + rename). The ranks of a mesh agree on every decision.
  *
  * Circuit breaker: the build (passes + memory plan) stops after a pass once it has taken more than
