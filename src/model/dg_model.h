@@ -233,6 +233,7 @@ typedef struct dg_model_build_info {
     char cache[16];
     char reason[320];
     double build_s, probe_s, frozen_at;
+    double key_s; /* computing the key (library files hashed the first time: libhash.txt) */
     char fallback[32];
 } dg_model_build_info_t;
 const dg_model_build_info_t *dg_model_build_info(const dg_model_t *m);

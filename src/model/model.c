@@ -349,7 +349,9 @@ static dg_status_t build_once(const dg_model_desc_t *d, dg_backend_t *be, int mi
         m->losses->flags |= DG_NF_OUTPUT;
     }
     if (st == DG_OK && pc && try_load) {
+        double tk = dg_now_s();
         dg_status_t sk = dg_pc_key(pc, m);
+        m->binfo.key_s = dg_now_s() - tk;
         if (sk != DG_OK) {
             snprintf(pc->outcome, sizeof pc->outcome, "off");
             snprintf(pc->reason, sizeof pc->reason, "%s", dg_last_error());
@@ -462,7 +464,7 @@ static dg_status_t build_once(const dg_model_desc_t *d, dg_backend_t *be, int mi
             stopped = 1;
         }
     }
-    m->binfo.build_s = t_plan - t0;
+    m->binfo.build_s = t_plan - t0 - m->binfo.key_s;
     m->binfo.frozen_at = t_plan;
     if (st == DG_OK && !stopped) m->frozen = dg_xcalloc((size_t)m->np + 1, 1);
     m->stall_rank = -1;
@@ -609,11 +611,12 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
     dg_status_t st = DG_OK;
     int try_load = 1, conservative = 0;
     char fb_kind[16] = "", fb_reason[512] = "";
-    double probe_s = 0;
+    double probe_s = 0, key_s = 0;
     for (int attempt = 0; attempt < 4; attempt++) {
         st =
             build_once(d, be, micro_batch, seed, flags, par, use_pc ? &pc : NULL, try_load, conservative, &m);
         if (st != DG_OK) break;
+        if (m->binfo.key_s > 0) key_s = m->binfo.key_s;
         int any = 0;
         if (!conservative) {
             st = agree_any(m, m->want_fb[0] != 0, &any);
@@ -676,6 +679,7 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
             }
         }
         m->binfo.probe_s = probe_s;
+        m->binfo.key_s = key_s;
         if (conservative) {
             const char *id = dg_model_fallback_id(fb_kind);
             snprintf(m->binfo.fallback, sizeof m->binfo.fallback, "%s", id);
@@ -685,8 +689,8 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
             DG_LOG_WARN("%s: %s", id, fb_reason);
         }
         if (use_pc)
-            DG_LOG_INFO("plan cache: %s (%s); plan ready in %.3f s, probe %.3f s", m->binfo.cache,
-                        m->binfo.reason, m->binfo.build_s, probe_s);
+            DG_LOG_INFO("plan cache: %s (%s); key %.3f s, plan ready in %.3f s, probe %.3f s", m->binfo.cache,
+                        m->binfo.reason, key_s, m->binfo.build_s, probe_s);
         *out = m;
     }
     if (use_pc) dg_pc_free(&pc);

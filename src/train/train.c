@@ -912,6 +912,7 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
         DG_JS("plan_cache_reason", dg_model_build_info(tr.model)->reason),
         DG_JF("plan_build_s", dg_model_build_info(tr.model)->build_s),
         DG_JF("plan_probe_s", dg_model_build_info(tr.model)->probe_s),
+        DG_JF("plan_key_s", dg_model_build_info(tr.model)->key_s),
         DG_JF("graph_freeze_s", dg_now_s() - dg_model_build_info(tr.model)->frozen_at),
         DG_JS("plan_fallback", dg_model_build_info(tr.model)->fallback));
     DG_LOG_INFO(

@@ -92,8 +92,11 @@ def main():
             check(s["plan_cache"] == "miss", "first run: %s" % s)
             entries = sorted(glob.glob(os.path.join(cache, "plan-*.bin")))
             check(len(entries) == 2, "entries after the first 2-rank run: %s" % entries)
-            check(os.path.exists(os.path.join(cache, "libhash.txt")), "no libhash.txt sidecar")
+            side = os.path.join(cache, "libhash.txt")
+            check(os.path.exists(side) and "dgtrain" in open(side).read(), "no libhash.txt sidecar naming the binary")
+            side_mtime = os.stat(side).st_mtime_ns
             run(exe, mpi, 2, cfg, d2, two)
+            check(os.stat(side).st_mtime_ns == side_mtime, "libhash.txt rewritten: the libraries were hashed again")
             s = start(d2)
             check(s["plan_cache"] == "hit", "second run: %s" % s)
             check(losses(d1) == losses(d2) and len(losses(d1)) == 4,
