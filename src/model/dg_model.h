@@ -206,12 +206,11 @@ void dg_model_parallel_default(dg_model_parallel_t *p);
  * loaded runtime libraries by file hash (hashed once per path, size and mtime, remembered in
  * cache_dir/libhash.txt), micro-batch, flags, mesh and coordinates, bucket and prefetch sizes, overlap,
  * reshard, reduce dtype, the test hooks that change the pipeline and the backend's missing kernels.
- * The entry also holds the loss and a logits checksum of a fixed probe batch under fixed probe weights:
- * every model built with a cache runs that probe (two forwards, with its own weights, then the real
- * initialisation); a hit is used only when it reproduces them (loss within 1e-5 relative, logits sums
- * within 1e-5 of their absolute sum; 2e-3 with bf16/fp16 activations), else it is rebuilt ("stale"). A key
- * field that changed makes a rebuild ("stale", naming the field); a truncated or damaged entry is ignored
- * with a warning
+ * The entry also holds the loss and a logits checksum of a fixed probe batch under fixed pattern weights:
+ * every model built with a cache runs that probe (one forward; the real weights are drawn after it); a hit is
+ * used only when it reproduces them (loss within 1e-5 relative, logits sums within 1e-5 of their absolute
+ * sum; 2e-3 with bf16/fp16 activations), else it is rebuilt ("stale"). A key field that changed makes a
+ * rebuild ("stale", naming the field); a truncated or damaged entry is ignored with a warning
  * ("corrupt"); both are rewritten (tmp + rename). The ranks of a mesh agree on every decision.
  *
  * Circuit breaker: the build (passes + memory plan) stops after a pass once it has taken more than

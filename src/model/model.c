@@ -307,7 +307,7 @@ static dg_status_t check_parallel(const dg_model_desc_t *d, const dg_model_paral
  * model then comes back with want_fb set and no memory (the caller rebuilds it conservatively). */
 static dg_status_t build_once(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
                               int flags, const dg_model_parallel_t *par, dg_pc_t *pc, int try_load,
-                              int conservative, dg_model_t **out) {
+                              int conservative, int defer_init, dg_model_t **out) {
     *out = NULL;
     const dg_model_compile_t *cc = par->compile;
     dg_model_t *m = dg_xcalloc(1, sizeof *m);
@@ -482,7 +482,10 @@ static dg_status_t build_once(const dg_model_desc_t *d, dg_backend_t *be, int mi
             m->ex->rt.n_frozen_slots = m->np;
         }
         t_alloc = dg_now_s();
-        if (st == DG_OK) st = init_weights(m);
+        if (st == DG_OK && defer_init)
+            m->init_pending = 1; /* after the plan-cache probe, which runs on its own weights */
+        else if (st == DG_OK)
+            st = init_weights(m);
         t_init = dg_now_s();
     }
     /* where the time to the first step goes (docs/cuda.md "Time to the first step") */
@@ -522,37 +525,42 @@ static dg_status_t agree_any(dg_model_t *m, int flag, int *any) {
     return DG_OK;
 }
 
-/* The plan-cache probe: the loss and the logits (last position of every sequence) of a fixed batch under
- * weights drawn with a fixed seed; then the weights are drawn again from the run's seed. out = loss, sum,
- * position-weighted sum and absolute sum of the logits. */
-#define PROBE_SEED 0x5eedULL
-static dg_status_t run_probe(dg_model_t *m, uint64_t seed, double out[4]) {
+/* The plan-cache probe: one forward of a fixed batch (logits at the last position of every sequence, the
+ * token losses against target 0) under fixed pattern weights, cheap to make (no random draws: an index
+ * hash over the flat parameter buffer). The caller initialises the real weights afterwards. out = mean
+ * loss, sum, position-weighted sum and absolute sum of the logits. */
+static dg_status_t run_probe(dg_model_t *m, double out[4]) {
     size_t ntok = (size_t)m->B * (size_t)m->T, V = (size_t)m->d.vocab_size;
-    int32_t *tok = dg_xmalloc(ntok * sizeof *tok), *tgt = dg_xmalloc(ntok * sizeof *tgt);
-    for (size_t i = 0; i < ntok; i++) {
-        tok[i] = (int32_t)((i * 7919u + 13u) % V);
-        tgt[i] = (int32_t)((i * 104729u + 7u) % V);
+    float *w = dg_xmalloc((m->total ? m->total : 1) * sizeof *w);
+    for (size_t i = 0; i < m->total; i++) {
+        uint32_t h = (uint32_t)i * 2654435761u;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        w[i] = ((float)(h >> 8) * (1.0f / 16777216.0f) - 0.5f) * 0.08f;
     }
+    dg_status_t st = dg_model_set_flat(m, DG_STATE_PARAM, w);
+    free(w);
+    int32_t *tok = dg_xmalloc(ntok * sizeof *tok);
+    for (size_t i = 0; i < ntok; i++)
+        tok[i] = (int32_t)((i * 7919u + 13u) % V);
     float *lg = dg_xmalloc((size_t)m->B * V * sizeof *lg);
-    m->seed = PROBE_SEED;
-    dg_status_t st = init_weights(m);
-    float loss = 0;
-    if (st == DG_OK) st = dg_model_forward(m, tok, tgt, &loss);
     if (st == DG_OK) st = dg_model_logits(m, tok, m->T - 1, lg);
-    m->seed = seed;
-    if (st == DG_OK && seed != PROBE_SEED) st = init_weights(m);
-    double s = 0, w = 0, a = 0;
+    if (st == DG_OK)
+        st = m->be->ops->to_host(m->be, m->host_losses, dg_exec_ptr(m->ex, m->losses), ntok * sizeof(float));
+    double l = 0, s = 0, ws = 0, a = 0;
+    for (size_t i = 0; st == DG_OK && i < ntok; i++)
+        l += m->host_losses[i];
     for (size_t i = 0; st == DG_OK && i < (size_t)m->B * V; i++) {
         s += lg[i];
-        w += lg[i] * (double)(1 + i % 7);
+        ws += lg[i] * (double)(1 + i % 7);
         a += fabs(lg[i]);
     }
-    out[0] = loss;
+    out[0] = l / (double)ntok;
     out[1] = s;
-    out[2] = w;
+    out[2] = ws;
     out[3] = a;
     free(tok);
-    free(tgt);
     free(lg);
     return st;
 }
@@ -613,8 +621,8 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
     char fb_kind[16] = "", fb_reason[512] = "";
     double probe_s = 0, key_s = 0;
     for (int attempt = 0; attempt < 4; attempt++) {
-        st =
-            build_once(d, be, micro_batch, seed, flags, par, use_pc ? &pc : NULL, try_load, conservative, &m);
+        st = build_once(d, be, micro_batch, seed, flags, par, use_pc ? &pc : NULL, try_load, conservative,
+                        use_pc && !conservative, &m);
         if (st != DG_OK) break;
         if (m->binfo.key_s > 0) key_s = m->binfo.key_s;
         int any = 0;
@@ -640,7 +648,7 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         }
         if (!use_pc || conservative || !pc.key) break;
         double t_pr = dg_now_s(), probe[4];
-        st = run_probe(m, seed, probe);
+        st = run_probe(m, probe);
         probe_s += dg_now_s() - t_pr;
         if (st != DG_OK) break;
         char why[320] = "";
@@ -669,6 +677,14 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         break;
     }
     if (st == DG_OK && !m) st = DG_ERR(DG_ERR_RUNTIME, "model: the plan could not be settled in 4 builds");
+    if (st == DG_OK && m->init_pending) { /* the weights, after the probe */
+        m->init_pending = 0;
+        st = init_weights(m);
+        if (st != DG_OK) {
+            dg_model_free(m);
+            m = NULL;
+        }
+    }
     if (st == DG_OK) {
         if (use_pc) {
             snprintf(m->binfo.cache, sizeof m->binfo.cache, "%s", pc.key ? pc.outcome : "off");

@@ -94,6 +94,7 @@ struct dg_model {
     /* plan cache and circuit breaker (plancache.c, model.c) */
     dg_model_build_info_t binfo;
     int conservative; /* the breaker's plan: no fusion passes, eager allocation, no graph replay */
+    int init_pending; /* the weights are drawn after the plan-cache probe (dg_model_create_parallel) */
     char want_fb[16]; /* set by a build the breaker stopped: "compile_timeout" | "compile_oom" */
     char want_fb_reason[320];
     int n_mfb, mfb_sent; /* the breaker's fallback reports, delivered before the executor's */
