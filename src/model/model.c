@@ -676,6 +676,10 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         }
         break;
     }
+    if (st != DG_OK && m) { /* an agreement or the probe failed */
+        dg_model_free(m);
+        m = NULL;
+    }
     if (st == DG_OK && !m) st = DG_ERR(DG_ERR_RUNTIME, "model: the plan could not be settled in 4 builds");
     if (st == DG_OK && m->init_pending) { /* the weights, after the probe */
         m->init_pending = 0;
