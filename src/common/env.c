@@ -83,6 +83,8 @@ static const dg_env_var_t g_vars[] = {
     {"DG_TEST_UNFUSED_RESID", DG_ENV_BOOL, "0", T, "1: residual add apart from the linear layer before it"},
     {"DG_TEST_NO_KERNEL", DG_ENV_STRING, "", T, "op kinds the backend must treat as missing: kind,kind,..."},
     {"DG_TEST_ARENA_FAIL", DG_ENV_BOOL, "0", T, "1: the executor's arena allocation fails"},
+    {"DG_TEST_SLOW_BUILD_MS", DG_ENV_INT, "0", T,
+     "milliseconds of sleep before each graph pass of the model build (circuit breaker timeout test)"},
     {"DG_TEST_FORCE_STAGING", DG_ENV_BOOL, "0", T, "1: host staging of comm buffers on the cpu backend too"},
     {"DG_TEST_STREAM_WAITS", DG_ENV_BOOL, "0", T, "1: stream waits instead of host waits on the cpu backend"},
     {"DG_TEST_CUDA_GRAPH_FAIL", DG_ENV_BOOL, "0", T, "1: every CUDA Graph recording fails"},

@@ -52,6 +52,9 @@ typedef struct dg_config {
         char log_level[16]; /* error | warn | info | debug */
         char lock[8];       /* auto | fcntl | none: one run per run.dir (dg_fs.h) */
         char trace[48];     /* "" | "A:B": steps A..B into RUN_DIR/trace.json (README "Monitoring") */
+        char plan_cache[DG_CFG_STR];  /* auto (RUN_DIR/plan_cache) | off | DIR (relative: to run.dir) */
+        double compile_timeout_s;     /* circuit breaker: build-time limit; 0 = none */
+        double compile_mem_budget_mb; /* circuit breaker: plan peak budget per rank; 0 = auto, -1 = off */
     } run;
     struct {
         char preset[32]; /* tiny | gpt2-124m | gpt2-350m | gpt2-774m | gpt2-1558m | custom */

@@ -164,6 +164,16 @@ const dg_cfg_key_t dg_cfg_schema[] = {
          "locks: a same-host check), fcntl = the lock or an error, none = no lock"),
     STR("run", "trace", run.trace, "", check_trace,
         "A:B writes a Chrome/Perfetto trace of steps A..B to run.dir/trace.json (--trace A:B); \"\" = none"),
+    STR("run", "plan_cache", run.plan_cache, "auto", check_nonempty,
+        "compiled-plan cache: auto = run.dir/plan_cache, off = none, or a directory (relative: to run.dir); "
+        "a verified hit skips the graph passes and the memory plan"),
+    FLT("run", "compile_timeout_s", run.compile_timeout_s, "30", 0, 1e9,
+        "circuit breaker: a plan build past this many seconds falls back to the conservative plan "
+        "(FALLBACK_COMPILE_TIMEOUT); 0 = no limit"),
+    FLT("run", "compile_mem_budget_mb", run.compile_mem_budget_mb, "0", -1, 1e12,
+        "circuit breaker: a plan whose peak (arena + model state) is over this many MiB per rank falls back "
+        "to the conservative plan (FALLBACK_COMPILE_OOM); 0 = parallel.memory_limit_mb, else the GPU's free "
+        "or the host's available memory per rank; -1 = off"),
 
     /* [model] */
     ENUM("model", "preset", model.preset, "tiny", "tiny|gpt2-124m|gpt2-350m|gpt2-774m|gpt2-1558m|custom",

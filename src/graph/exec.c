@@ -66,7 +66,9 @@ static void add_fallback(dg_exec_t *ex, const char *kind, const char *fmt, ...) 
     va_start(ap, fmt);
     vsnprintf(f->reason, sizeof f->reason, fmt, ap);
     va_end(ap);
-    DG_LOG_WARN("executor fallback (%s): %s", f->kind, f->reason);
+    DG_LOG_WARN("%s: executor fallback (%s): %s",
+                strcmp(kind, "kernel") == 0 ? "FALLBACK_UNSUPPORTED_OP" : "FALLBACK_ARENA_ALLOC", f->kind,
+                f->reason);
 }
 
 /* ---------------- memory fallback: eager allocation ---------------- */
@@ -366,6 +368,11 @@ void dg_exec_stage_segs(dg_exec_t *ex) {
 }
 
 dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_memplan_t *plan, dg_exec_t **out) {
+    return dg_exec_create_ex(be, g, plan, 0, out);
+}
+
+dg_status_t dg_exec_create_ex(dg_backend_t *be, const dg_graph_t *g, const dg_memplan_t *plan, int flags,
+                              dg_exec_t **out) {
     *out = NULL;
     DG_ASSERTF(dg_plan_matches(plan, g), "executor: the plan was made for another graph or an older version");
     for (int i = 0; i < g->n; i++) {
@@ -378,7 +385,9 @@ dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_mempl
     ex->graph = g;
     ex->plan = plan;
     ex->req = dg_xcalloc((size_t)g->n + 1, sizeof *ex->req);
-    if (plan->arena_bytes) {
+    if (plan->arena_bytes && (flags & DG_EXEC_EAGER)) {
+        eager_setup(ex); /* asked for (the conservative plan): the owner reports why */
+    } else if (plan->arena_bytes) {
         int hook = dg_env_bool("DG_TEST_ARENA_FAIL");
         dg_status_t st = DG_OK;
         char msg[400] = "";

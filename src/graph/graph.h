@@ -694,6 +694,12 @@ struct dg_exec {
  *    DG_TEST_NO_KERNEL=<op>[,<op>...], runs on a host CPU backend: its tensors are copied to the host,
  *    the op runs there, its outputs and updated tensors are copied back. Needs f32 activations. */
 dg_status_t dg_exec_create(dg_backend_t *be, const dg_graph_t *g, const dg_memplan_t *plan, dg_exec_t **out);
+/* dg_exec_create with flags: DG_EXEC_EAGER allocates every arena root on its own over its live range
+ * from the start (the eager allocation of the memory fallback, without a fallback report: the
+ * conservative plan of the model's circuit breaker, which reports it itself). */
+enum { DG_EXEC_EAGER = 1 };
+dg_status_t dg_exec_create_ex(dg_backend_t *be, const dg_graph_t *g, const dg_memplan_t *plan, int flags,
+                              dg_exec_t **out);
 void dg_exec_free(dg_exec_t *ex);
 /* Trace every op of the following runs (NULL fn: off): fn(ctx, node, comm, t0, t1) with wall-clock
  * seconds (dg_now_s). Compute ops (comm = 0) are followed by a backend sync, so [t0, t1] is the op's

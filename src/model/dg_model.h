@@ -171,6 +171,7 @@ dg_status_t dg_model_create_ex(const dg_model_desc_t *d, dg_backend_t *be, int m
  * the sum is the mean over the global batch. All ranks of the mesh must create the model with the
  * same description, micro-batch, seed and options, and run the same calls in the same order. */
 struct dg_comm;
+struct dg_model_compile;
 typedef struct dg_model_parallel {
     dg_mesh_shape_t mesh;               /* sizes of dp_replicate, dp_shard, tp */
     int coord[DG_MESH_NDIM];            /* this rank's coordinates */
@@ -188,11 +189,57 @@ typedef struct dg_model_parallel {
                                   reductions (dp_shard reduce-scatters, dp_replicate all-reduces) in bf16:
                                   cast ops around each one, gradients stay f32 (docs/fsdp.md, "Gradient
                                   reduction dtype"). No effect without a data-parallel dimension. */
+    const struct dg_model_compile *compile; /* plan cache and circuit breaker; NULL = neither (below) */
 } dg_model_parallel_t;
 
 /* Defaults: mesh 1 x 1 x 1, 25 MB buckets, 256 MB prefetch budget, overlap on, reshard on, f32
  * reductions. */
 void dg_model_parallel_default(dg_model_parallel_t *p);
+
+/* ---------------- plan cache and circuit breaker (docs/cuda.md "Plan cache") ----------------
+ *
+ * Plan cache: the compiled plan (the graph after the passes, the memory plan, the model's references
+ * into them, the fused-op choices) is kept in cache_dir, one entry per rank ("plan-<coords>-<slot>.bin",
+ * slot = the model sizes and the mesh), under a key: dgtrain version and the hash of its binary, the
+ * IR hash (the forward graph as built), backend, activation dtype, device name and compute capability,
+ * driver / CUDA runtime / cuBLASLt / cuDNN / NCCL versions (CPU: OpenBLAS's configuration string), the
+ * loaded runtime libraries by file hash (hashed once per path, size and mtime, remembered in
+ * cache_dir/libhash.txt), micro-batch, flags, mesh and coordinates, bucket and prefetch sizes, overlap,
+ * reshard, reduce dtype, the test hooks that change the pipeline and the backend's missing kernels.
+ * The entry also holds the loss and a logits checksum of a fixed probe batch under fixed pattern weights:
+ * every model built with a cache runs that probe (one forward; the real weights are drawn after it); a hit is
+ * used only when it reproduces them (loss within 1e-5 relative, logits sums within 1e-5 of their absolute
+ * sum; 2e-3 with bf16/fp16 activations), else it is rebuilt ("stale"). A key field that changed makes a
+ * rebuild ("stale", naming the field); a truncated or damaged entry is ignored with a warning
+ * ("corrupt"); both are rewritten (tmp + rename). The ranks of a mesh agree on every decision.
+ *
+ * Circuit breaker: the build (passes + memory plan) stops after a pass once it has taken more than
+ * timeout_s, or after the plan when the plan's peak (arena + model state + ids) is above mem_budget;
+ * either makes the conservative plan (no fusion passes, per-op allocation of activations, no graph
+ * replay), reported as a fallback (dg_model_set_fallback_cb) of kind "compile_timeout" / "compile_oom"
+ * (event ids FALLBACK_COMPILE_TIMEOUT / FALLBACK_COMPILE_OOM). A conservative plan is never cached. */
+typedef struct dg_model_compile {
+    const char *cache_dir; /* NULL or "": no plan cache */
+    double timeout_s;      /* build-time limit; <= 0: none */
+    size_t mem_budget;     /* bytes this rank may use; 0: no check */
+} dg_model_compile_t;
+
+/* What the build did: cache = "off" | "hit" | "miss" | "stale" | "corrupt", with a reason; build_s =
+ * the graph passes and the memory plan (or loading the entry), probe_s = the probe; frozen_at =
+ * dg_now_s() once the graph and plan were final (the start of the graph freeze latency); fallback =
+ * "" or the breaker's event id. */
+typedef struct dg_model_build_info {
+    char cache[16];
+    char reason[320];
+    double build_s, probe_s, frozen_at;
+    double key_s; /* computing the key (library files hashed the first time: libhash.txt) */
+    char fallback[32];
+} dg_model_build_info_t;
+const dg_model_build_info_t *dg_model_build_info(const dg_model_t *m);
+/* The stable event id of a fallback kind: "kernel" FALLBACK_UNSUPPORTED_OP, "memory"
+ * FALLBACK_ARENA_ALLOC, "compile_timeout" FALLBACK_COMPILE_TIMEOUT, "compile_oom" FALLBACK_COMPILE_OOM,
+ * anything else FALLBACK_OTHER. */
+const char *dg_model_fallback_id(const char *kind);
 
 /* dg_model_create_ex on a mesh. par = NULL is a single rank. DG_ERR_USAGE for a mesh the model cannot
  * use (n_head not divisible by tp, a missing comm, a comm of the wrong size). */

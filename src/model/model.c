@@ -235,7 +235,7 @@ static dg_status_t bind_and_alloc(dg_model_t *m) {
         float *base = strncmp(x->name, "adam_m.", 7) == 0 ? m->adam_m : m->adam_v;
         x->data = base + m->off[x->param_index];
     }
-    DG_TRY(dg_exec_create(be, m->g, m->plan, &m->ex));
+    DG_TRY(dg_exec_create_ex(be, m->g, m->plan, m->conservative ? DG_EXEC_EAGER : 0, &m->ex));
     for (int d = 0; d < DG_MESH_NDIM; d++) {
         if (m->par.mesh.size[d] == 1) continue;
         if (!m->par.comm[d])
@@ -300,26 +300,25 @@ static dg_status_t check_parallel(const dg_model_desc_t *d, const dg_model_paral
     return DG_OK;
 }
 
-dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch,
-                                     uint64_t seed, int flags, const dg_model_parallel_t *par,
-                                     dg_model_t **out) {
+/* One build of the model: the forward graph, then either the cached plan (pc with try_load: the entry's
+ * graph and memory plan replace the forward graph) or the pass pipeline and the memory plan, then memory
+ * and weights. The circuit breaker (par->compile) stops a build that is not conservative: after a pass
+ * once the build has taken more than timeout_s, or after the plan when its peak is over mem_budget; the
+ * model then comes back with want_fb set and no memory (the caller rebuilds it conservatively). */
+static dg_status_t build_once(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch, uint64_t seed,
+                              int flags, const dg_model_parallel_t *par, dg_pc_t *pc, int try_load,
+                              int conservative, int defer_init, dg_model_t **out) {
     *out = NULL;
-    DG_TRY(dg_model_desc_validate(d));
-    if (!be) return DG_ERR(DG_ERR_USAGE, "model: no compute backend given");
-    if (micro_batch < 1 || (int64_t)micro_batch * d->seq_len > INT_MAX / 4)
-        return DG_ERR(DG_ERR_USAGE, "train.micro_batch = %d is out of range for seq_len %d", micro_batch,
-                      d->seq_len);
-    dg_model_parallel_t one;
-    if (!par) {
-        dg_model_parallel_default(&one);
-        par = &one;
-    }
-    DG_TRY(check_parallel(d, par));
+    const dg_model_compile_t *cc = par->compile;
     dg_model_t *m = dg_xcalloc(1, sizeof *m);
     m->d = *d;
     m->be = be;
     m->B = micro_batch;
     m->T = d->seq_len;
+    m->conservative = conservative;
+    if (conservative)
+        flags |= DG_MODEL_UNFUSED_CE | DG_MODEL_UNFUSED_RESID | DG_MODEL_UNFUSED_GELU_BWD |
+                 DG_MODEL_ADAMW_PER_PARAM;
     m->flags = flags;
     m->seed = seed;
     m->par = *par;
@@ -330,6 +329,8 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
     m->rep = par->mesh.size[DG_MESH_DP_REPLICATE];
     m->accum = 1;
     m->rep_rank = par->coord[DG_MESH_DP_REPLICATE];
+    snprintf(m->binfo.cache, sizeof m->binfo.cache, "off");
+    snprintf(m->binfo.reason, sizeof m->binfo.reason, "no plan cache directory");
     int cap = 4 + 12 * d->n_layer;
     m->info = dg_xcalloc((size_t)cap, sizeof *m->info);
     m->names = dg_xcalloc((size_t)cap, sizeof *m->names);
@@ -340,13 +341,50 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
     m->g->mesh = par->mesh;
 
     double t0 = dg_now_s(), t_passes = 0, t_plan = 0, t_alloc = 0, t_init = 0;
+    double limit = (cc && !conservative) ? cc->timeout_s : 0;
+    int loaded = 0, stopped = 0;
     dg_status_t st = dg_gpt2_build_forward(m);
     if (st == DG_OK) {
         layout(m);
         m->losses->flags |= DG_NF_OUTPUT;
+    }
+    if (st == DG_OK && pc && try_load) {
+        double tk = dg_now_s();
+        dg_status_t sk = dg_pc_key(pc, m);
+        m->binfo.key_s = dg_now_s() - tk;
+        if (sk != DG_OK) {
+            snprintf(pc->outcome, sizeof pc->outcome, "off");
+            snprintf(pc->reason, sizeof pc->reason, "%s", dg_last_error());
+            DG_LOG_WARN("plan cache off: %s", pc->reason);
+            free(pc->key);
+            pc->key = NULL;
+            dg_clear_error();
+        } else {
+            dg_pc_lookup(pc);
+            if (strcmp(pc->outcome, "corrupt") == 0)
+                DG_LOG_WARN("plan cache: ignoring a corrupt entry (rebuilding, it will be rewritten): %s",
+                            pc->reason);
+            if (pc->have) {
+                if (dg_pc_apply(pc, m) == DG_OK) {
+                    loaded = 1;
+                } else {
+                    pc->have = 0;
+                    snprintf(pc->outcome, sizeof pc->outcome, "corrupt");
+                    snprintf(pc->reason, sizeof pc->reason, "%s", dg_last_error());
+                    dg_clear_error();
+                    DG_LOG_WARN("plan cache: ignoring a corrupt entry (rebuilding, it will be rewritten): %s",
+                                pc->reason);
+                }
+            }
+        }
+    }
+    /* the build-time limit counts the passes and the plan, not the key (first hashes of the libraries) */
+    double t_lim0 = dg_now_s();
+    if (st == DG_OK && !loaded) {
         dg_pass_t pipeline[16];
         int np = 0;
-        pipeline[np++] = (dg_pass_t){"fuse_gelu", dg_pass_fuse_gelu, NULL};
+        /* the conservative plan (circuit breaker) runs no fusion pass */
+        if (!conservative) pipeline[np++] = (dg_pass_t){"fuse_gelu", dg_pass_fuse_gelu, NULL};
         /* before autodiff, which then emits the fused op's backward (the residual's gradient shared, the
          * matmul's MATMUL_BWD): with tp > 1 the row-parallel products reach their add through an
          * all-reduce, and stay unfused */
@@ -379,14 +417,56 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         }
         pipeline[np++] = (dg_pass_t){"grad_sync", pass_grad_sync, m};
         pipeline[np++] = (dg_pass_t){"inplace", dg_pass_inplace, NULL};
-        st = dg_graph_run_passes(m->g, pipeline, np);
-        m->losses = fce.loss; /* the fused op's losses when the pass fused the loss */
+        /* one pass at a time, so that the build-time limit is checked between passes (the test hook
+         * DG_TEST_SLOW_BUILD_MS slows each pass of a build that is not conservative) */
+        int64_t slow_ms = conservative ? 0 : dg_env_int("DG_TEST_SLOW_BUILD_MS");
+        for (int i = 0; i < np && st == DG_OK; i++) {
+            if (slow_ms > 0) usleep((useconds_t)(slow_ms * 1000));
+            st = dg_graph_run_passes(m->g, &pipeline[i], 1);
+            double el = dg_now_s() - t_lim0;
+            if (st == DG_OK && limit > 0 && el > limit && i + 1 < np) {
+                snprintf(m->want_fb, sizeof m->want_fb, "compile_timeout");
+                dg_fmt(m->want_fb_reason, sizeof m->want_fb_reason,
+                       "the plan build took %.2f s by pass '%s' (%d of %d), over the %.3g s limit "
+                       "(run.compile_timeout_s); building the conservative plan (no fusions, per-op "
+                       "allocation, no graph replay)",
+                       el, pipeline[i].name, i + 1, np, limit);
+                stopped = 1;
+                break;
+            }
+        }
+        if (!stopped) m->losses = fce.loss; /* the fused op's losses when the pass fused the loss */
     }
     t_passes = dg_now_s();
-    if (st == DG_OK)
+    if (st == DG_OK && !loaded && !stopped)
         st = dg_plan_create(m->g, (flags & DG_MODEL_NO_ARENA_REUSE) ? DG_PLAN_NO_REUSE : 0, &m->plan);
     t_plan = t_alloc = t_init = dg_now_s();
-    if (st == DG_OK) m->frozen = dg_xcalloc((size_t)m->np + 1, 1);
+    if (st == DG_OK && !stopped && limit > 0 && t_plan - t_lim0 > limit && !loaded) {
+        snprintf(m->want_fb, sizeof m->want_fb, "compile_timeout");
+        dg_fmt(
+            m->want_fb_reason, sizeof m->want_fb_reason,
+            "the plan build took %.2f s with the memory plan, over the %.3g s limit (run.compile_timeout_s); "
+            "building the conservative plan (no fusions, per-op allocation, no graph replay)",
+            t_plan - t_lim0, limit);
+        stopped = 1;
+    }
+    if (st == DG_OK && !stopped && cc && cc->mem_budget && !conservative) {
+        size_t ntok = (size_t)m->B * (size_t)m->T;
+        size_t peak = m->plan->arena_bytes + dg_model_state_bytes(m) + 2 * ntok * sizeof(int32_t);
+        if (peak > cc->mem_budget) {
+            snprintf(m->want_fb, sizeof m->want_fb, "compile_oom");
+            dg_fmt(m->want_fb_reason, sizeof m->want_fb_reason,
+                   "the plan's peak of %zu bytes (arena %zu + model state %zu + ids) is over this rank's "
+                   "budget of %zu bytes (run.compile_mem_budget_mb); building the conservative plan (per-op "
+                   "allocation: peak %zu bytes of activations live at once, no fusions, no graph replay)",
+                   peak, m->plan->arena_bytes, dg_model_state_bytes(m), cc->mem_budget,
+                   m->plan->live_peak_bytes);
+            stopped = 1;
+        }
+    }
+    m->binfo.build_s = t_plan - t0 - m->binfo.key_s;
+    m->binfo.frozen_at = t_plan;
+    if (st == DG_OK && !stopped) m->frozen = dg_xcalloc((size_t)m->np + 1, 1);
     m->stall_rank = -1;
     int64_t sr = dg_env_int("DG_TEST_STALL_COLLECTIVE_RANK"),
             ss = dg_env_int("DG_TEST_STALL_COLLECTIVE_STEP");
@@ -394,7 +474,7 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
         m->stall_rank = (int)sr;
         m->stall_step = ss;
     }
-    if (st == DG_OK && !(flags & DG_MODEL_PLAN_ONLY)) {
+    if (st == DG_OK && !stopped && !(flags & DG_MODEL_PLAN_ONLY)) {
         m->async_reads = want_async_reads(be);
         st = bind_and_alloc(m);
         if (st == DG_OK) {
@@ -402,19 +482,239 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
             m->ex->rt.n_frozen_slots = m->np;
         }
         t_alloc = dg_now_s();
-        if (st == DG_OK) st = init_weights(m);
+        if (st == DG_OK && defer_init)
+            m->init_pending = 1; /* after the plan-cache probe, which runs on its own weights */
+        else if (st == DG_OK)
+            st = init_weights(m);
         t_init = dg_now_s();
     }
     /* where the time to the first step goes (docs/cuda.md "Time to the first step") */
-    DG_LOG_DEBUG("model build: graph and passes %.3f s, memory plan %.3f s, bind and allocate %.3f s, "
+    DG_LOG_DEBUG("model build: graph and passes %.3f s%s, memory plan %.3f s, bind and allocate %.3f s, "
                  "weights %.3f s",
-                 t_passes - t0, t_plan - t_passes, t_alloc - t_plan, t_init - t_alloc);
+                 t_passes - t0, loaded ? " (plan cache hit)" : "", t_plan - t_passes, t_alloc - t_plan,
+                 t_init - t_alloc);
     if (st != DG_OK) {
         dg_model_free(m);
         return st;
     }
     *out = m;
     return DG_OK;
+}
+
+/* 1 on every rank of the mesh when `flag` is set on any of them (the sum over each mesh dimension in
+ * turn); collective over the model's comms, called by all ranks in the same order. */
+static dg_status_t agree_any(dg_model_t *m, int flag, int *any) {
+    *any = flag;
+    int dist = 0;
+    for (int d = 0; d < DG_MESH_NDIM; d++)
+        if (m->par.mesh.size[d] > 1 && m->par.comm[d]) dist = 1;
+    if (!dist) return DG_OK;
+    dg_backend_t *be = m->be;
+    void *dev = NULL;
+    DG_TRY(be->ops->alloc(be, 256, &dev));
+    float v = flag ? 1.0f : 0.0f;
+    dg_status_t st = be->ops->to_device(be, dev, &v, sizeof v);
+    if (st == DG_OK) st = be->ops->sync(be);
+    for (int d = 0; d < DG_MESH_NDIM && st == DG_OK; d++)
+        if (m->par.mesh.size[d] > 1 && m->par.comm[d])
+            st = dg_comm_allreduce(m->par.comm[d], dev, dev, 1, DG_F32, DG_RED_SUM);
+    if (st == DG_OK) st = be->ops->to_host(be, &v, dev, sizeof v);
+    be->ops->free(be, dev);
+    if (st != DG_OK) return dg_err_prefix(st, "model: agreeing on the plan over the mesh");
+    *any = v > 0.5f;
+    return DG_OK;
+}
+
+/* The plan-cache probe: one forward of a fixed batch (logits at the last position of every sequence, the
+ * token losses against target 0) under fixed pattern weights, cheap to make (no random draws: an index
+ * hash over the flat parameter buffer). The caller initialises the real weights afterwards. out = mean
+ * loss, sum, position-weighted sum and absolute sum of the logits. */
+static dg_status_t run_probe(dg_model_t *m, double out[4]) {
+    size_t ntok = (size_t)m->B * (size_t)m->T, V = (size_t)m->d.vocab_size;
+    float *w = dg_xmalloc((m->total ? m->total : 1) * sizeof *w);
+    for (size_t i = 0; i < m->total; i++) {
+        uint32_t h = (uint32_t)i * 2654435761u;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        w[i] = ((float)(h >> 8) * (1.0f / 16777216.0f) - 0.5f) * 0.08f;
+    }
+    dg_status_t st = dg_model_set_flat(m, DG_STATE_PARAM, w);
+    free(w);
+    int32_t *tok = dg_xmalloc(ntok * sizeof *tok);
+    for (size_t i = 0; i < ntok; i++)
+        tok[i] = (int32_t)((i * 7919u + 13u) % V);
+    float *lg = dg_xmalloc((size_t)m->B * V * sizeof *lg);
+    if (st == DG_OK) st = dg_model_logits(m, tok, m->T - 1, lg);
+    if (st == DG_OK)
+        st = m->be->ops->to_host(m->be, m->host_losses, dg_exec_ptr(m->ex, m->losses), ntok * sizeof(float));
+    double l = 0, s = 0, ws = 0, a = 0;
+    for (size_t i = 0; st == DG_OK && i < ntok; i++)
+        l += m->host_losses[i];
+    for (size_t i = 0; st == DG_OK && i < (size_t)m->B * V; i++) {
+        s += lg[i];
+        ws += lg[i] * (double)(1 + i % 7);
+        a += fabs(lg[i]);
+    }
+    out[0] = l / (double)ntok;
+    out[1] = s;
+    out[2] = ws;
+    out[3] = a;
+    free(tok);
+    free(lg);
+    return st;
+}
+
+static int probe_matches(const dg_model_t *m, const double now[4], const double was[4], char *why,
+                         size_t cap) {
+    /* fp32: the same kernels give the same bits, 1e-5 is slack; bf16/fp16 activations: a GEMM algorithm
+     * tuned again may round differently */
+    double rel = m->g->act_dtype == DG_F32 ? 1e-5 : 2e-3;
+    double tl = rel * fmax(1.0, fabs(was[0])), ts = rel * fmax(was[3], 1e-30);
+    static const char *const nm[4] = {"loss", "logits sum", "logits weighted sum", "logits absolute sum"};
+    for (int i = 0; i < 4; i++) {
+        double tol = i == 0 ? tl : ts * (i == 2 ? 7.0 : 1.0);
+        if (!(fabs(now[i] - was[i]) <= tol)) {
+            snprintf(why, cap, "probe check failed: %s %.9g, the entry has %.9g (tolerance %.3g)", nm[i],
+                     now[i], was[i], tol);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+const char *dg_model_fallback_id(const char *kind) {
+    if (!kind) return "FALLBACK_OTHER";
+    if (strcmp(kind, "kernel") == 0) return "FALLBACK_UNSUPPORTED_OP";
+    if (strcmp(kind, "memory") == 0) return "FALLBACK_ARENA_ALLOC";
+    if (strcmp(kind, "compile_timeout") == 0) return "FALLBACK_COMPILE_TIMEOUT";
+    if (strcmp(kind, "compile_oom") == 0) return "FALLBACK_COMPILE_OOM";
+    return "FALLBACK_OTHER";
+}
+
+const dg_model_build_info_t *dg_model_build_info(const dg_model_t *m) {
+    return &m->binfo;
+}
+
+dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch,
+                                     uint64_t seed, int flags, const dg_model_parallel_t *par,
+                                     dg_model_t **out) {
+    *out = NULL;
+    DG_TRY(dg_model_desc_validate(d));
+    if (!be) return DG_ERR(DG_ERR_USAGE, "model: no compute backend given");
+    if (micro_batch < 1 || (int64_t)micro_batch * d->seq_len > INT_MAX / 4)
+        return DG_ERR(DG_ERR_USAGE, "train.micro_batch = %d is out of range for seq_len %d", micro_batch,
+                      d->seq_len);
+    dg_model_parallel_t one;
+    if (!par) {
+        dg_model_parallel_default(&one);
+        par = &one;
+    }
+    DG_TRY(check_parallel(d, par));
+    const dg_model_compile_t *cc = par->compile;
+    int use_pc = cc && cc->cache_dir && cc->cache_dir[0] && !(flags & DG_MODEL_PLAN_ONLY);
+    dg_pc_t pc;
+    if (use_pc) dg_pc_init(&pc, cc->cache_dir);
+    dg_model_t *m = NULL;
+    dg_status_t st = DG_OK;
+    int try_load = 1, conservative = 0;
+    char fb_kind[16] = "", fb_reason[512] = "";
+    double probe_s = 0, key_s = 0;
+    for (int attempt = 0; attempt < 4; attempt++) {
+        st = build_once(d, be, micro_batch, seed, flags, par, use_pc ? &pc : NULL, try_load, conservative,
+                        use_pc && !conservative, &m);
+        if (st != DG_OK) break;
+        if (m->binfo.key_s > 0) key_s = m->binfo.key_s;
+        int any = 0;
+        if (!conservative) {
+            st = agree_any(m, m->want_fb[0] != 0, &any);
+            if (st != DG_OK) break;
+        }
+        if (any) { /* the breaker stopped the build here or on another rank: all ranks take the same plan */
+            if (m->want_fb[0]) {
+                snprintf(fb_kind, sizeof fb_kind, "%s", m->want_fb);
+                snprintf(fb_reason, sizeof fb_reason, "%s", m->want_fb_reason);
+            } else {
+                snprintf(fb_kind, sizeof fb_kind, "compile_timeout");
+                snprintf(
+                    fb_reason, sizeof fb_reason,
+                    "another rank's build was stopped by the circuit breaker (see its log); building the "
+                    "conservative plan with it");
+            }
+            dg_model_free(m);
+            m = NULL;
+            conservative = 1;
+            continue;
+        }
+        if (!use_pc || conservative || !pc.key) break;
+        double t_pr = dg_now_s(), probe[4];
+        st = run_probe(m, probe);
+        probe_s += dg_now_s() - t_pr;
+        if (st != DG_OK) break;
+        char why[320] = "";
+        int bad = pc.have && !probe_matches(m, probe, pc.probe, why, sizeof why);
+        st = agree_any(m, bad, &any);
+        if (st != DG_OK) break;
+        if (any) { /* a hit that does not reproduce its probe: rebuilt, on every rank */
+            snprintf(pc.outcome, sizeof pc.outcome, "stale");
+            snprintf(pc.reason, sizeof pc.reason, "%s", bad ? why : "another rank's probe check failed");
+            DG_LOG_WARN("plan cache: %s: rebuilding the plan", pc.reason);
+            dg_model_free(m);
+            m = NULL;
+            pc.have = 0;
+            try_load = 0;
+            continue;
+        }
+        dg_model_comm_stats_t cs; /* the probe's collectives are not the run's */
+        dg_model_comm_stats(m, &cs, 1);
+        if (!pc.have) {
+            dg_status_t sw = dg_pc_store(&pc, m, probe);
+            if (sw != DG_OK) {
+                DG_LOG_WARN("plan cache: entry not written: %s", dg_last_error());
+                dg_clear_error();
+            }
+        }
+        break;
+    }
+    if (st != DG_OK && m) { /* an agreement or the probe failed */
+        dg_model_free(m);
+        m = NULL;
+    }
+    if (st == DG_OK && !m) st = DG_ERR(DG_ERR_RUNTIME, "model: the plan could not be settled in 4 builds");
+    if (st == DG_OK && m->init_pending) { /* the weights, after the probe */
+        m->init_pending = 0;
+        st = init_weights(m);
+        if (st != DG_OK) {
+            dg_model_free(m);
+            m = NULL;
+        }
+    }
+    if (st == DG_OK) {
+        if (use_pc) {
+            snprintf(m->binfo.cache, sizeof m->binfo.cache, "%s", pc.key ? pc.outcome : "off");
+            snprintf(m->binfo.reason, sizeof m->binfo.reason, "%s", pc.reason);
+            if (conservative) {
+                snprintf(m->binfo.cache, sizeof m->binfo.cache, "miss");
+                snprintf(m->binfo.reason, sizeof m->binfo.reason, "the conservative plan is not cached");
+            }
+        }
+        m->binfo.probe_s = probe_s;
+        m->binfo.key_s = key_s;
+        if (conservative) {
+            const char *id = dg_model_fallback_id(fb_kind);
+            snprintf(m->binfo.fallback, sizeof m->binfo.fallback, "%s", id);
+            struct dg_exec_fallback *f = &m->mfb[m->n_mfb++];
+            snprintf(f->kind, sizeof f->kind, "%s", fb_kind);
+            snprintf(f->reason, sizeof f->reason, "%s", fb_reason);
+            DG_LOG_WARN("%s: %s", id, fb_reason);
+        }
+        if (use_pc)
+            DG_LOG_INFO("plan cache: %s (%s); key %.3f s, plan ready in %.3f s, probe %.3f s", m->binfo.cache,
+                        m->binfo.reason, key_s, m->binfo.build_s, probe_s);
+        *out = m;
+    }
+    if (use_pc) dg_pc_free(&pc);
+    return st;
 }
 
 void dg_model_free(dg_model_t *m) {
@@ -506,7 +806,10 @@ dg_exec_t *dg_model_exec(const dg_model_t *m) {
 }
 
 void dg_model_fb_flush(dg_model_t *m) {
-    if (!m->fb_cb || !m->ex) return;
+    if (!m->fb_cb) return;
+    for (; m->mfb_sent < m->n_mfb; m->mfb_sent++)
+        m->fb_cb(m->fb_ctx, m->mfb[m->mfb_sent].kind, m->mfb[m->mfb_sent].reason);
+    if (!m->ex) return;
     for (; m->fb_sent < m->ex->n_fb; m->fb_sent++)
         m->fb_cb(m->fb_ctx, m->ex->fb[m->fb_sent].kind, m->ex->fb[m->fb_sent].reason);
 }

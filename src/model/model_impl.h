@@ -91,10 +91,41 @@ struct dg_model {
      * the device segment tables */
     dg_fuse_adamw_t fuse;
     void *segs_dev, *norm_segs_dev;
+    /* plan cache and circuit breaker (plancache.c, model.c) */
+    dg_model_build_info_t binfo;
+    int conservative; /* the breaker's plan: no fusion passes, eager allocation, no graph replay */
+    int init_pending; /* the weights are drawn after the plan-cache probe (dg_model_create_parallel) */
+    char want_fb[16]; /* set by a build the breaker stopped: "compile_timeout" | "compile_oom" */
+    char want_fb_reason[320];
+    int n_mfb, mfb_sent; /* the breaker's fallback reports, delivered before the executor's */
+    struct dg_exec_fallback mfb[2];
     int64_t step;   /* dg_model_set_step */
     int stall_rank; /* test hook DG_TEST_STALL_COLLECTIVE_RANK/_STEP (-1: off) */
     int64_t stall_step;
 };
+
+/* plancache.c: one rank's plan-cache entry (dg_model.h "plan cache and circuit breaker") */
+typedef struct dg_pc {
+    char dir[1024];
+    char path[1200]; /* this rank's entry */
+    char *key;       /* "key.<name>=<value>\n" lines */
+    int have;        /* an intact entry under the same key was read (dg_pc_lookup) */
+    unsigned char *file;
+    const unsigned char *bin; /* its binary part, inside file */
+    size_t bin_n;
+    double probe[4]; /* the entry's probe: loss, logits sum, weighted sum, absolute sum */
+    char outcome[16], reason[320];
+} dg_pc_t;
+void dg_pc_init(dg_pc_t *pc, const char *dir);
+void dg_pc_free(dg_pc_t *pc);
+uint64_t dg_pc_ir_hash(const dg_graph_t *g);
+/* The key and this rank's entry path, from a model whose forward graph is built (before the passes). */
+dg_status_t dg_pc_key(dg_pc_t *pc, const dg_model_t *m);
+/* Reads the entry: have = 1, or outcome miss / stale / corrupt with the reason. */
+void dg_pc_lookup(dg_pc_t *pc);
+/* Replaces the model's forward graph by the entry's compiled graph and plan (and the references). */
+dg_status_t dg_pc_apply(dg_pc_t *pc, dg_model_t *m);
+dg_status_t dg_pc_store(const dg_pc_t *pc, const dg_model_t *m, const double probe[4]);
 
 /* gpt2.c */
 dg_status_t dg_gpt2_build_forward(dg_model_t *m);    /* params, forward ops, loss */

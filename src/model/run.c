@@ -219,7 +219,7 @@ static dg_status_t gr_run(dg_model_t *m, int which, const float *key, int nk, gr
 
 void dg_model_set_graph_replay(dg_model_t *m, int on, dg_model_graph_cb_t cb, void *ctx) {
     dg_model_replay_drop(m);
-    m->gr_on = on && m->be->ops->graph_begin != NULL && !(m->flags & DG_MODEL_PLAN_ONLY);
+    m->gr_on = on && m->be->ops->graph_begin != NULL && !(m->flags & DG_MODEL_PLAN_ONLY) && !m->conservative;
     m->gr_cb = cb;
     m->gr_ctx = ctx;
 }

@@ -15,6 +15,7 @@
 #include "sla.h"
 
 #define REP_MAX_EV 128
+#define REP_MAX_PC 16
 
 typedef struct {
     char kind[DG_JL_STR]; /* sla, sla_action, sla_clear */
@@ -35,6 +36,17 @@ typedef struct {
     double stall_max_s, stall_sum_s;
     int attempts, bad_lines;
     char last_done[DG_JL_STR + 32];
+    /* the plan cache outcome of each start (the last REP_MAX_PC), and the fallback events */
+    struct rep_pc {
+        char outcome[DG_JL_STR], reason[DG_JL_STR], fallback[DG_JL_STR];
+        double build_s, freeze_s;
+    } pc[REP_MAX_PC];
+    int n_pc;
+    struct rep_fb {
+        char id[DG_JL_STR], reason[DG_JL_STR];
+        long long step;
+    } fb[REP_MAX_PC];
+    int n_fb;
 } rep_t;
 
 static double num(const dg_jl_obj *o, const char *k) {
@@ -90,6 +102,23 @@ static void add_line(rep_t *r, const dg_jl_obj *o) {
         }
     } else if (!strcmp(ev, "start")) {
         r->attempts++;
+        if (dg_jl_get(o, "plan_cache")) {
+            if (r->n_pc == REP_MAX_PC) { /* keep the last ones */
+                memmove(r->pc, r->pc + 1, (REP_MAX_PC - 1) * sizeof *r->pc);
+                r->n_pc--;
+            }
+            struct rep_pc *c = &r->pc[r->n_pc++];
+            snprintf(c->outcome, sizeof c->outcome, "%s", str(o, "plan_cache"));
+            snprintf(c->reason, sizeof c->reason, "%s", str(o, "plan_cache_reason"));
+            snprintf(c->fallback, sizeof c->fallback, "%s", str(o, "plan_fallback"));
+            c->build_s = num(o, "plan_build_s");
+            c->freeze_s = num(o, "graph_freeze_s");
+        }
+    } else if (!strcmp(ev, "fallback") && r->n_fb < REP_MAX_PC) {
+        struct rep_fb *f = &r->fb[r->n_fb++];
+        snprintf(f->id, sizeof f->id, "%s", dg_jl_get(o, "id") ? str(o, "id") : str(o, "kind"));
+        snprintf(f->reason, sizeof f->reason, "%s", str(o, "reason"));
+        f->step = (long long)num(o, "step");
     } else if (!strcmp(ev, "done")) {
         snprintf(r->last_done, sizeof r->last_done, "%s (exit %.0f)", str(o, "reason"), num(o, "exit_code"));
     }
@@ -212,6 +241,27 @@ static void print_text(const char *dir, const rep_t *r, const rep_row_t *row) {
                r->rec[k][0], r->rec[k][1], r->rec[k][2], r->rec[k][4], r->rec[k][3], lost);
     }
     printf("\ncheckpoints: %d complete, %d failed\n", r->ck_ok, r->ck_failed);
+    printf("\nplan cache (%d start(s)):\n", r->n_pc);
+    for (int k = 0; k < r->n_pc; k++) {
+        const struct rep_pc *c = &r->pc[k];
+        printf("  %-8s plan build %.3f s, graph freeze %.3f s%s%s: %s\n", c->outcome, c->build_s, c->freeze_s,
+               c->fallback[0] ? ", fallback " : "", c->fallback, c->reason);
+    }
+    printf("\nfallbacks (%d):\n", r->n_fb);
+    for (int k = 0; k < r->n_fb; k++)
+        printf("  step %-8lld %s: %s\n", r->fb[k].step, r->fb[k].id, r->fb[k].reason);
+}
+
+static void json_pc(const struct rep_pc *c) {
+    printf("{\"outcome\":");
+    dg_json_fputs(stdout, c->outcome);
+    printf(",\"reason\":");
+    dg_json_fputs(stdout, c->reason);
+    printf(",\"fallback\":");
+    dg_json_fputs(stdout, c->fallback);
+    if (isfinite(c->build_s)) printf(",\"plan_build_s\":%.6g", c->build_s);
+    if (isfinite(c->freeze_s)) printf(",\"graph_freeze_s\":%.6g", c->freeze_s);
+    printf("}");
 }
 
 static void print_json(const char *dir, const rep_t *r, const rep_row_t *row) {
@@ -244,7 +294,27 @@ static void print_json(const char *dir, const rep_t *r, const rep_row_t *row) {
                "\"plan_build_s\":%.6g,\"lost_steps\":%.0f}",
                k ? "," : "", r->rec[k][0], r->rec[k][1], r->rec[k][2], r->rec[k][3], r->rec[k][4],
                r->rec[k][5]);
-    printf("],\"checkpoints\":{\"complete\":%d,\"failed\":%d}}\n", r->ck_ok, r->ck_failed);
+    printf("],\"checkpoints\":{\"complete\":%d,\"failed\":%d}", r->ck_ok, r->ck_failed);
+    /* the last start's plan cache outcome, every start's, and the fallback events */
+    printf(",\"plan_cache\":");
+    if (r->n_pc)
+        json_pc(&r->pc[r->n_pc - 1]);
+    else
+        printf("null");
+    printf(",\"plan_cache_starts\":[");
+    for (int k = 0; k < r->n_pc; k++) {
+        if (k) printf(",");
+        json_pc(&r->pc[k]);
+    }
+    printf("],\"fallbacks\":[");
+    for (int k = 0; k < r->n_fb; k++) {
+        printf("%s{\"id\":", k ? "," : "");
+        dg_json_fputs(stdout, r->fb[k].id);
+        printf(",\"step\":%lld,\"reason\":", r->fb[k].step);
+        dg_json_fputs(stdout, r->fb[k].reason);
+        printf("}");
+    }
+    printf("]}\n");
 }
 
 int dg_sla_report_main(int argc, char **argv) {

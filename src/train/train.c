@@ -475,8 +475,38 @@ static void graph_event(void *ctx, const char *what, const char *detail) {
  * model is set up (the executor logged the warning). */
 static void exec_fallback_event(void *ctx, const char *kind, const char *reason) {
     trainer_t *tr = ctx;
-    DG_METRICS_EVENT(tr->metrics, "fallback", DG_JS("kind", kind), DG_JI("step", tr->step + 1),
-                     DG_JS("reason", reason));
+    DG_METRICS_EVENT(tr->metrics, "fallback", DG_JS("kind", kind), DG_JS("id", dg_model_fallback_id(kind)),
+                     DG_JI("step", tr->step + 1), DG_JS("reason", reason));
+}
+
+/* The model's plan cache and circuit breaker options (run.plan_cache, run.compile_timeout_s,
+ * run.compile_mem_budget_mb; dg_model.h "plan cache and circuit breaker"). */
+static void compile_opts(trainer_t *tr) {
+    const dg_config_t *c = tr->cfg;
+    const char *v = c->run.plan_cache;
+    tr->plan_cache_dir[0] = 0;
+    if (strcmp(v, "auto") == 0)
+        snprintf(tr->plan_cache_dir, sizeof tr->plan_cache_dir, "%s/plan_cache", c->run.dir);
+    else if (v[0] == '/')
+        snprintf(tr->plan_cache_dir, sizeof tr->plan_cache_dir, "%s", v);
+    else if (strcmp(v, "off") != 0)
+        snprintf(tr->plan_cache_dir, sizeof tr->plan_cache_dir, "%s/%s", c->run.dir, v);
+    tr->compile.cache_dir = tr->plan_cache_dir;
+    tr->compile.timeout_s = c->run.compile_timeout_s;
+    double mb = c->run.compile_mem_budget_mb, b = 0;
+    if (mb > 0) {
+        b = mb * 1048576.0;
+    } else if (mb == 0 && c->parallel.memory_limit_mb > 0) {
+        b = c->parallel.memory_limit_mb * 1048576.0;
+    } else if (mb == 0 && tr->cuda_device >= 0) {
+        if (dg_mem_gpu_free(&b) != DG_OK) b = 0;
+    } else if (mb == 0) {
+        dg_mem_avail_t a;
+        int local = tr->boot->local_size > 0 ? tr->boot->local_size : 1;
+        if (dg_mem_host_available(&a) == DG_OK) b = a.bytes / local;
+    }
+    tr->compile.mem_budget = b > 0 ? (size_t)b : 0;
+    tr->fsdp->par.compile = &tr->compile;
 }
 
 static dg_status_t setup(trainer_t *tr) {
@@ -522,6 +552,7 @@ static dg_status_t setup(trainer_t *tr) {
     DG_TRY(trn_trace_create(tr));
     DG_TRY(open_data(tr));
     double t_data = dg_now_s();
+    compile_opts(tr);
     DG_TRY(dg_fsdp_model_create(tr->fsdp, &tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, 0,
                                 &tr->model));
     DG_TRY(dg_model_set_grad_accum(tr->model, tr->accum));
@@ -872,7 +903,14 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
                                          : 0.0),
         DG_JI("ops_per_step", dg_model_n_ops(tr.model)), DG_JI("start_step", tr.step),
         DG_JI("steps", cfg->train.steps), DG_JS("version", DG_VERSION_STRING),
-        DG_JS("plan", tr.plan_reason[0] ? tr.plan_reason : "mesh given by parallel.mesh"));
+        DG_JS("plan", tr.plan_reason[0] ? tr.plan_reason : "mesh given by parallel.mesh"),
+        DG_JS("plan_cache", dg_model_build_info(tr.model)->cache),
+        DG_JS("plan_cache_reason", dg_model_build_info(tr.model)->reason),
+        DG_JF("plan_build_s", dg_model_build_info(tr.model)->build_s),
+        DG_JF("plan_probe_s", dg_model_build_info(tr.model)->probe_s),
+        DG_JF("plan_key_s", dg_model_build_info(tr.model)->key_s),
+        DG_JF("graph_freeze_s", dg_now_s() - dg_model_build_info(tr.model)->frozen_at),
+        DG_JS("plan_fallback", dg_model_build_info(tr.model)->fallback));
     DG_LOG_INFO(
         "training %s (%.2fM params) on %d rank(s), mesh %s, backend %s, %lld steps of %lld x %d tokens",
         cfg->model.preset, dg_model_n_params(&tr.desc) / 1e6, tr.world, tr.mesh_str, tr.backend_name,

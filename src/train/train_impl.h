@@ -41,6 +41,8 @@ typedef struct trainer {
     double flops_per_token, peak_flops;
 
     char ckpt_dir[2 * DG_CFG_STR + 32];
+    char plan_cache_dir[2 * DG_CFG_STR + 32]; /* run.plan_cache resolved ("" = off) */
+    dg_model_compile_t compile;               /* plan cache and circuit breaker options of the model */
     int64_t val_batches; /* data.val_batches, or fewer when the validation set is smaller (open_data) */
     dg_dataset_t *train_ds, *val_ds;
     dg_loader_t *train_ld, *val_ld;

@@ -515,8 +515,9 @@ static void test_round_trip_and_hash(void) {
     CHECK(c2->train.lr == 0.0001234 && c2->train.eps == 1e-10);
     CHECK_STR(c2->run.dir, "runs/with space");
     CHECK_STR(c2->data.train, "a#b");
-    CHECK_STR(dg_config_source(c2, "train.lr"),
-              "ckpt:29"); /* line of lr in the INI text: [run] 1-7, [model] 9-16, [data] 18-23, [train] 25- */
+    CHECK_STR(
+        dg_config_source(c2, "train.lr"),
+        "ckpt:32"); /* line of lr in the INI text: [run] 1-10, [model] 12-19, [data] 21-26, [train] 28- */
     /* a source is where the value came from, not part of the config: the hash ignores it */
     const char *one[] = {"train.lr=0.0001234"};
     dg_config_t *c3 = calloc(1, sizeof *c3);
