@@ -1,8 +1,8 @@
 /* dg_mesh.h — the shape of a device mesh (docs/design.md §2): named dimensions dp_replicate x dp_shard
  * x tp, plus the order in which dimensions vary over consecutive ranks, and pipeline stages (pp) as the
  * outermost dimension: world = pp x dp_replicate x dp_shard x tp, stage k holding ranks
- * [k W, (k + 1) W) with W = dp_replicate x dp_shard x tp (docs/parallelism.md). Shared by the planner (which scores shapes)
- * and fsdp (which builds communicators from one). */
+ * [k W, (k + 1) W) with W = dp_replicate x dp_shard x tp (docs/parallelism.md). Shared by the planner (which
+ * scores shapes) and fsdp (which builds communicators from one). */
 #ifndef DG_MESH_H
 #define DG_MESH_H
 #include "dg_common.h"

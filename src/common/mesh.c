@@ -147,7 +147,8 @@ dg_status_t dg_mesh_parse(const char *text, int world, dg_mesh_shape_t *shape, i
 
 void dg_mesh_format(const dg_mesh_shape_t *s, char *buf, size_t cap) {
     int n = snprintf(buf, cap, "dp_replicate=%d,dp_shard=%d,tp=%d", s->size[0], s->size[1], s->size[2]);
-    if (dg_mesh_pp(s) > 1 && n >= 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, ",pp=%d", s->size[DG_MESH_PP]);
+    if (dg_mesh_pp(s) > 1 && n >= 0 && (size_t)n < cap)
+        snprintf(buf + n, cap - (size_t)n, ",pp=%d", s->size[DG_MESH_PP]);
 }
 
 void dg_mesh_coords(const dg_mesh_shape_t *s, int rank, int coord[DG_MESH_NDIM]) {

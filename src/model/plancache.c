@@ -304,14 +304,16 @@ static int64_t nid(const dg_graph_t *g, const dg_node_t *n) {
     return n->id;
 }
 
+/* A node reference as its id; *ok = 0 when it is not the graph's node. */
+static void put_id(buf_t *b, const dg_graph_t *g, const dg_node_t *n, int *ok) {
+    int64_t i = nid(g, n);
+    if (i == -2) *ok = 0;
+    put64(b, i);
+}
+#define PID(x) put_id(b, g, (x), &ok)
+
 static int put_node(buf_t *b, const dg_graph_t *g, const dg_node_t *n) {
     int ok = 1;
-#define PID(x)                                                                                               \
-    do {                                                                                                     \
-        int64_t i_ = nid(g, (x));                                                                            \
-        if (i_ == -2) ok = 0;                                                                                \
-        put64(b, i_);                                                                                        \
-    } while (0)
     buf_put(b, n->name, sizeof n->name);
     put64(b, n->op);
     put64(b, n->phase);
@@ -348,7 +350,6 @@ static int put_node(buf_t *b, const dg_graph_t *g, const dg_node_t *n) {
     PID(n->grad);
     PID(n->master);
     put64(b, n->param_index);
-#undef PID
     return ok;
 }
 
@@ -617,12 +618,6 @@ void dg_pc_lookup(dg_pc_t *pc) {
 static int put_model(buf_t *b, const dg_model_t *m) {
     const dg_graph_t *g = m->g;
     int ok = 1;
-#define PID(x)                                                                                               \
-    do {                                                                                                     \
-        int64_t i_ = nid(g, (x));                                                                            \
-        if (i_ == -2) ok = 0;                                                                                \
-        put64(b, i_);                                                                                        \
-    } while (0)
     put64(b, g->act_dtype);
     put64(b, (int64_t)g->generation);
     for (int d = 0; d < DG_MESH_NDIM; d++) {
