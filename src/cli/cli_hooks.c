@@ -25,7 +25,6 @@ void dg_cli_resolve_model(dg_config_t *cfg) {
 }
 
 dg_status_t dg_cli_train(dg_boot_t *boot, const dg_config_t *cfg) {
-    DG_TRY(dg_cli_refuse_pipeline_training(cfg));
     if (boot->world_rank == 0) {
         char path[DG_CFG_STR + 16];
         snprintf(path, sizeof path, "%s/config.ini", cfg->run.dir);

@@ -26,8 +26,6 @@ dg_status_t dg_cli_plan_only(dg_boot_t *boot, const dg_config_t *cfg, int json, 
 
 /* The pp of an explicit parallel.mesh (1 for auto or no pipeline). */
 int dg_cli_mesh_pp(const dg_config_t *cfg);
-/* DG_ERR_USAGE naming what is missing when parallel.mesh has pp > 1 (no pipeline executor yet). */
-dg_status_t dg_cli_refuse_pipeline_training(const dg_config_t *cfg);
 /* The pipeline report of --plan-only / --dry-run for pp > 1: split, simulated schedule, per-stage memory,
  * the planner's verdict (rank 0 prints; json: one object); svg_path: the timeline picture. */
 dg_status_t dg_cli_pipeline_report(dg_boot_t *boot, const dg_config_t *cfg, int json, const char *svg_path,

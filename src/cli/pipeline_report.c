@@ -25,17 +25,6 @@ int dg_cli_mesh_pp(const dg_config_t *cfg) {
     return is_auto ? 1 : dg_mesh_pp(&m);
 }
 
-dg_status_t dg_cli_refuse_pipeline_training(const dg_config_t *cfg) {
-    int pp = dg_cli_mesh_pp(cfg);
-    if (pp <= 1) return DG_OK;
-    return DG_ERR(
-        DG_ERR_USAGE,
-        "parallel.mesh = %s (%s) has pp=%d pipeline stages: this dgtrain plans pipelines (--plan-only, "
-        "--dry-run) but cannot train one yet: the pipeline executor (per-stage graphs, the activation "
-        "and gradient send/recv between stages, the schedule's replay) is missing; use pp=1",
-        cfg->parallel.mesh, dg_config_source(cfg, "parallel.mesh"), pp);
-}
-
 /* the cluster the pipeline runs on: topology.cluster, or this job's nodes */
 static dg_status_t report_cluster(dg_boot_t *boot, const dg_config_t *cfg, dg_cluster_t *cl) {
     if (cfg->topology.cluster[0]) return dg_cluster_load(cfg->topology.cluster, (int)cfg->topology.world, cl);

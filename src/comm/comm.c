@@ -601,20 +601,28 @@ dg_status_t dg_comm_mesh_create(MPI_Comm world, const dg_mesh_shape_t *shape, dg
         s = dg_comm_create_mpi(world, &ro, &m->world);
     else
         s = DG_ERR(DG_ERR_USAGE, "dg_comm_mesh_create: unknown comm kind %d", (int)kind);
+    /* every group lies within one pipeline stage: the colors count the stage too */
+    const int W = dg_mesh_stage_world(shape), stage = dg_mesh_stage(shape, wrank);
     for (int d = 0; d < DG_MESH_NDIM && s == DG_OK; d++) {
         /* the color numbers the other coordinates, so groups are the lines along dimension d */
         int cc[DG_MESH_NDIM];
         memcpy(cc, m->coord, sizeof cc);
         cc[d] = 0;
         ro.name = dg_mesh_dim_name(d);
-        s = dg_comm_split(m->world, dg_mesh_rank(shape, cc), m->coord[d], &ro, &m->dim[d]);
+        s = dg_comm_split(m->world, stage * W + dg_mesh_rank(shape, cc), m->coord[d], &ro, &m->dim[d]);
     }
     if (s == DG_OK) {
         ro.name = "dp";
-        s = dg_comm_split(m->world, m->coord[DG_MESH_TP],
+        s = dg_comm_split(m->world, stage * shape->size[DG_MESH_TP] + m->coord[DG_MESH_TP],
                           m->coord[DG_MESH_DP_REPLICATE] * shape->size[DG_MESH_DP_SHARD] +
                               m->coord[DG_MESH_DP_SHARD],
                           &ro, &m->dp);
+    }
+    /* pp > 1: the ranks with this rank's coordinates in every stage, group rank = stage; two comms, one
+     * per channel (activations, gradients), since nccl matches point-to-point by order only */
+    for (int c = 0; c < 2 && s == DG_OK && dg_mesh_pp(shape) > 1; c++) {
+        ro.name = c == 0 ? "pp.act" : "pp.grad";
+        s = dg_comm_split(m->world, wrank % W, stage, &ro, c == 0 ? &m->pp_act : &m->pp_grad);
     }
     if (s != DG_OK) {
         char msg[1024];
@@ -629,6 +637,8 @@ dg_status_t dg_comm_mesh_create(MPI_Comm world, const dg_mesh_shape_t *shape, dg
 void dg_comm_mesh_free(dg_comm_mesh_t *m) {
     if (!m) return;
     /* children borrow the world comm's stream (nccl): free them first */
+    dg_comm_free(m->pp_grad);
+    dg_comm_free(m->pp_act);
     dg_comm_free(m->dp);
     for (int d = DG_MESH_NDIM - 1; d >= 0; d--)
         dg_comm_free(m->dim[d]);

@@ -142,6 +142,10 @@ typedef struct dg_comm_mesh {
                                      named by dg_mesh_dim_name() */
     dg_comm_t *dp;                /* ranks with the same tp coordinate (dp_replicate x dp_shard), "dp";
                                      group rank = dp_replicate coord * dp_shard size + dp_shard coord */
+    dg_comm_t *pp_act, *pp_grad;  /* pp > 1: the ranks with these coordinates in every pipeline stage, group
+                                     rank = stage, "pp.act" and "pp.grad" (the executor's two channels,
+                                     docs/parallelism.md); NULL without a pipeline. Every other group lies
+                                     within one stage. */
 } dg_comm_mesh_t;
 
 /* Collective over `world` (whose size must equal the mesh's product: DG_ERR_USAGE otherwise). Creates

@@ -128,12 +128,6 @@ dg_status_t dg_fsdp_create(MPI_Comm world, const dg_mesh_shape_t *mesh, const dg
         if (mesh->size[d] < 1)
             return DG_ERR(DG_ERR_USAGE, "parallel.mesh: %s = %d must be >= 1", dg_mesh_dim_name(d),
                           mesh->size[d]);
-    if (dg_mesh_pp(mesh) > 1) /* src/pipeline plans pipelines; no executor builds per-stage graphs yet */
-        return DG_ERR(
-            DG_ERR_USAGE,
-            "parallel.mesh: pp=%d pipeline stages cannot be built: the pipeline executor is missing "
-            "(--plan-only and --dry-run plan them; docs/parallelism.md)",
-            dg_mesh_pp(mesh));
     if (dg_mesh_world(mesh) != world_size) {
         char buf[128];
         dg_mesh_format(mesh, buf, sizeof buf);

@@ -190,6 +190,10 @@ typedef struct dg_model_parallel {
                                   cast ops around each one, gradients stay f32 (docs/fsdp.md, "Gradient
                                   reduction dtype"). No effect without a data-parallel dimension. */
     const struct dg_model_compile *compile; /* plan cache and circuit breaker; NULL = neither (below) */
+    /* Pipeline chunk (docs/parallelism.md "The executor"): this model is units [pp_first_unit,
+     * pp_first_unit + pp_n_units) of the L + 2 units (0 the embedding, 1..L the blocks, L + 1 the head,
+     * src/pipeline/pipeline.h); pp_n_units = 0 is the whole model. See "pipeline chunks" below. */
+    int pp_first_unit, pp_n_units;
 } dg_model_parallel_t;
 
 /* Defaults: mesh 1 x 1 x 1, 25 MB buckets, 256 MB prefetch budget, overlap on, reshard on, f32
@@ -404,6 +408,53 @@ typedef void (*dg_model_trace_cb_t)(void *ctx, const char *op, const char *name,
                                     double t0, double t1);
 void dg_model_set_trace(dg_model_t *m, dg_model_trace_cb_t cb, void *ctx);
 void dg_model_print_profile(dg_model_t *m, FILE *out);
+
+/* ---------------- pipeline chunks (docs/parallelism.md "The executor") ----------------
+ *
+ * A model made with par->pp_n_units > 0 is one chunk of a pipeline: the blocks of its units, the
+ * embedding when it holds unit 0 (its input: the token ids), the head when it holds unit L + 1 (ln_f, the
+ * lm_head over its own copy of the tied wte, the loss over the targets). A chunk without the embedding
+ * reads its input activation [micro_batch, seq_len, d_model] (act dtype) from a device buffer and yields
+ * that input's gradient after its backward; a chunk without the head yields its output activation after
+ * the forward and takes that output's gradient as the seed of its backward. Parameters keep their global
+ * names and their initial values (drawn from the global tensor index); the head's wte copy is not counted
+ * in the gradient norm (the embedding's chunk counts wte) and is written by no checkpoint
+ * (dg_model_piece_owner is 0): the executor sums the two copies' gradients before the optimizer step, so
+ * both copies stay equal. No plan cache and no CUDA Graph replay for chunks.
+ *
+ * Activation slots: a chunk runs the forwards of several micro-batches before their backwards (1F1B keeps
+ * up to p - s in flight), so it has `n` slots (dg_model_stage_slots), each an activation arena of its own
+ * with its own token, target, input and seed buffers; parameters, gradients and optimizer state are
+ * shared. Slot 0 exists from creation. Forward and backward of one micro-batch use the same slot. */
+dg_status_t dg_model_stage_slots(dg_model_t *m, int n);
+int dg_model_stage_n_slots(const dg_model_t *m);
+int dg_model_stage_has_input(const dg_model_t *m);    /* no embedding: reads an input activation */
+int dg_model_stage_has_loss(const dg_model_t *m);     /* the head (and the loss) are here */
+size_t dg_model_stage_act_bytes(const dg_model_t *m); /* bytes of one activation message */
+/* Device buffers of slot s: the input activation to fill before the forward (NULL without input), the
+ * output's gradient to fill before the backward (NULL with the head), the output activation after the
+ * forward (NULL with the head), the input's gradient after the backward (NULL without input). */
+void *dg_model_stage_input(dg_model_t *m, int s);
+void *dg_model_stage_seed(dg_model_t *m, int s);
+void *dg_model_stage_output(dg_model_t *m, int s);
+void *dg_model_stage_input_grad(dg_model_t *m, int s);
+/* The forward of one micro-batch in slot s (tokens used with the embedding, targets with the head; either
+ * may be NULL where unused). dloss as in dg_model_forward_backward; *mean_loss_out (head only, may be
+ * NULL) the micro-batch's mean token loss. eval = 1: no backward follows (evaluation). Returns after the
+ * forward has run (a sync). */
+dg_status_t dg_model_stage_forward(dg_model_t *m, int s, const int32_t *tokens, const int32_t *targets,
+                                   float dloss, int eval, float *mean_loss_out);
+/* The backward of slot s's micro-batch; parameter gradients accumulate. grad_sync = 1 on the step's last
+ * backward of this chunk (the dp_replicate sum runs in it). Returns after it has run (a sync). */
+dg_status_t dg_model_stage_backward(dg_model_t *m, int s, int grad_sync);
+/* The optimizer step in two halves, so that the sum of squares can be summed over the chunks of a
+ * pipeline first: _sumsq runs the OPT phase up to the clip factor and returns this chunk's sum of squared
+ * gradients (already summed over dp_shard and tp); _finish takes the global sum, computes the clip factor
+ * and the norm and runs AdamW (skipped on the device when the norm is not finite). */
+dg_status_t dg_model_opt_sumsq(dg_model_t *m, const dg_optim_hparams_t *h, double *sumsq_out);
+dg_status_t dg_model_opt_finish(dg_model_t *m, double sumsq, float *grad_norm_out);
+/* Parameter i's local gradient on the device (dg_model_local_numel floats). */
+float *dg_model_grad_dev(dg_model_t *m, int i);
 
 /* ---- the model's IR (tests, benchmarks, the plan printer): graph.h types ---- */
 struct dg_graph;

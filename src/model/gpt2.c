@@ -152,6 +152,7 @@ static dg_node_t *add_param_tp(dg_model_t *m, const char *name, int ndim, int64_
     if (!p) return NULL;
     int i = m->np++;
     DG_ASSERT(p->param_index == i);
+    m->gidx[i] = m->cur_gidx++;
     p->gshape[0] = r;
     if (ndim == 2) p->gshape[1] = c;
     p->shard_dim = pl.tp_dim;
@@ -184,12 +185,21 @@ dg_status_t dg_gpt2_build_forward(dg_model_t *m) {
     int64_t C = d->d_model, L = d->n_layer;
     int64_t bt[2] = {m->B, m->T};
     char nm[64];
+    /* a pipeline chunk holds units [u0, u1): the embedding (unit 0), blocks l0..l1-1 (units 1..L), the
+     * head (unit L + 1); the whole model is [0, L + 2) */
+    const int has_emb = m->u0 == 0, has_head = m->u1 == L + 2;
+    const int l0 = has_emb ? 0 : m->u0 - 1, l1 = has_head ? (int)L : m->u1 - 1;
     m->tokens = dg_graph_leaf(g, "tokens", DG_I32, 2, bt, DG_NF_INPUT);
     m->targets = dg_graph_leaf(g, "targets", DG_I32, 2, bt, DG_NF_INPUT);
-    dg_node_t *wte = add_param(m, "wte", 2, d->padded_vocab, C, 0);
-    dg_node_t *wpe = add_param(m, "wpe", 2, d->seq_len, C, 0);
+    dg_node_t *wte = NULL, *wpe = NULL;
+    m->cur_gidx = 0;
+    if (has_emb) {
+        wte = add_param(m, "wte", 2, d->padded_vocab, C, 0);
+        wpe = add_param(m, "wpe", 2, d->seq_len, C, 0);
+    }
     layer_params_t *lp = dg_xcalloc((size_t)L, sizeof *lp);
-    for (int l = 0; l < L && !g->err; l++) {
+    for (int l = l0; l < l1 && !g->err; l++) {
+        m->cur_gidx = 2 + 12 * l;
 #define PN(suffix) (dg_fmt(nm, sizeof nm, "h.%d.%s", l, suffix), nm)
         lp[l].ln1w = add_param(m, PN("ln_1.weight"), 1, C, 0, 0);
         lp[l].ln1b = add_param(m, PN("ln_1.bias"), 1, C, 0, 0);
@@ -204,16 +214,33 @@ dg_status_t dg_gpt2_build_forward(dg_model_t *m) {
         lp[l].mprojw = add_param_tp(m, PN("mlp.proj.weight"), 2, C, 4 * C, 1, TP_COLS);
         lp[l].mprojb = add_param_tp(m, PN("mlp.proj.bias"), 1, C, 0, 0, TP_REPL_RANK0);
     }
-    dg_node_t *lnfw = add_param(m, "ln_f.weight", 1, C, 0, 0);
-    dg_node_t *lnfb = add_param(m, "ln_f.bias", 1, C, 0, 0);
+    dg_node_t *lnfw = NULL, *lnfb = NULL;
+    if (has_head && !has_emb && !g->err) {
+        /* the head's copy of the tied wte: the same initial values (global index 0), its gradient summed
+         * with the embedding chunk's by the pipeline executor, counted in the norm by that chunk only */
+        m->cur_gidx = 0;
+        wte = add_param(m, "wte", 2, d->padded_vocab, C, 0);
+        if (wte) wte->flags |= DG_NF_NORM_SKIP;
+    }
+    if (has_head && !g->err) {
+        m->cur_gidx = 2 + 12 * (int)L;
+        lnfw = add_param(m, "ln_f.weight", 1, C, 0, 0);
+        lnfb = add_param(m, "ln_f.bias", 1, C, 0, 0);
+    }
 
     /* tp > 1: column-parallel products read the replicated activation through a "from replicate" op
      * (identity; its backward sums the partial input gradients), row-parallel products' partial sums
      * become replicated through a "to replicate" all-reduce; the row-parallel bias is added once (tp
      * rank 0). With tp = 1 the graph is the plain single-rank one. */
     int tpar = m->tp > 1, r0 = m->tp_rank == 0;
-    dg_node_t *x = dg_op_encoder(g, "encoder", m->tokens, wte, wpe);
-    for (int l = 0; l < L && !g->err; l++) {
+    dg_node_t *x = NULL;
+    if (has_emb) {
+        x = dg_op_encoder(g, "encoder", m->tokens, wte, wpe);
+    } else {
+        int64_t btc[3] = {m->B, m->T, C};
+        x = m->x_in = dg_graph_leaf(g, "pp.x_in", g->act_dtype, 3, btc, DG_NF_INPUT | DG_NF_WANT_GRAD);
+    }
+    for (int l = l0; l < l1 && !g->err; l++) {
         layer_params_t *p = &lp[l];
         dg_node_t *h = dg_op_layernorm(g, PN("ln_1"), x, p->ln1w, p->ln1b);
         if (tpar) h = dg_op_all_reduce_mode(g, PN("attn.tp_in"), h, DG_MESH_TP, DG_AR_FROM_REPLICATE);
@@ -232,6 +259,15 @@ dg_status_t dg_gpt2_build_forward(dg_model_t *m) {
 #undef PN
     }
     free(lp);
+    if (!has_head) {
+        /* the chunk's output (the last block's res_2; found again by name after the passes, which may
+         * replace the node) and its gradient, the seed of the backward */
+        int64_t btc[3] = {m->B, m->T, C};
+        m->x_out = x;
+        dg_fmt(m->x_out_name, sizeof m->x_out_name, "h.%d.res_2", l1 - 1);
+        m->dx_out = dg_graph_leaf(g, "pp.dx_out", g->act_dtype, 3, btc, DG_NF_INPUT);
+        return g->err;
+    }
     dg_node_t *xf = dg_op_layernorm(g, "ln_f", x, lnfw, lnfb);
     m->logits = dg_op_matmul(g, "lm_head", xf, wte, NULL); /* tied: logits = xf . wte^T */
     m->losses = dg_op_crossentropy(g, "loss", m->logits, m->targets, d->vocab_size);
@@ -304,7 +340,7 @@ void dg_gpt2_init_tensor(const dg_model_t *m, int i, float *h) {
                 continue;
             }
             uint64_t e = (uint64_t)gr * (uint64_t)gcols + (uint64_t)(col0 + c);
-            row[c] = gr < valid_rows ? (float)(std * normal(m->seed, (uint64_t)i, e)) : 0.0f;
+            row[c] = gr < valid_rows ? (float)(std * normal(m->seed, (uint64_t)m->gidx[i], e)) : 0.0f;
         }
     }
 }

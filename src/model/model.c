@@ -12,8 +12,25 @@
 
 #include "model_impl.h"
 
+/* The output node of a pipeline chunk without the head, by name (a fusion pass may replace the node). */
+static dg_status_t find_chunk_output(dg_model_t *m) {
+    m->x_out = NULL;
+    for (int i = 0; i < m->g->n && !m->x_out; i++)
+        if (strcmp(m->g->nodes[i]->name, m->x_out_name) == 0 && m->g->nodes[i]->phase == DG_PHASE_FWD)
+            m->x_out = m->g->nodes[i];
+    if (!m->x_out)
+        return DG_ERR(DG_ERR_RUNTIME, "model: the pipeline chunk's output '%s' is not in the graph",
+                      m->x_out_name);
+    return DG_OK;
+}
+
 static dg_status_t pass_autodiff(dg_graph_t *g, void *ctx) {
     dg_model_t *m = ctx;
+    if (!m->losses) { /* a pipeline chunk without the head: its output, which fuse_residual may have replaced
+                       */
+        DG_TRY(find_chunk_output(m));
+        return dg_autodiff(g, 1, &m->x_out, &m->dx_out);
+    }
     return dg_autodiff(g, 1, &m->losses, NULL);
 }
 
@@ -188,6 +205,7 @@ static dg_status_t bind_and_alloc(dg_model_t *m) {
     }
     m->tokens->data = m->tokens_dev;
     m->targets->data = m->targets_dev;
+    if (m->pp_chunk) DG_TRY(dg_stage_bind0(m));
     m->scalars->data = m->scalars_dev;
     for (int i = 0; i < m->np; i++) {
         dg_node_t *p = m->pnode[i];
@@ -297,6 +315,15 @@ static dg_status_t check_parallel(const dg_model_desc_t *d, const dg_model_paral
             DG_ERR_USAGE,
             "parallel.mesh: tp = %d must divide model.n_head = %d (attention heads are split over tp)", tp,
             d->n_head);
+    if (p->pp_n_units > 0) {
+        int u0 = p->pp_first_unit, u1 = u0 + p->pp_n_units, L = d->n_layer;
+        int blocks = (u1 < L + 1 ? u1 : L + 1) - (u0 > 1 ? u0 : 1);
+        if (u0 < 0 || u1 > L + 2 || blocks < 1)
+            return DG_ERR(DG_ERR_USAGE,
+                          "model: pipeline chunk of units [%d, %d) out of the %d units (0 embedding, 1..%d "
+                          "blocks, %d head) holds no block",
+                          u0, u1, L + 2, L, L + 1);
+    }
     return DG_OK;
 }
 
@@ -332,6 +359,10 @@ static dg_status_t build_once(const dg_model_desc_t *d, dg_backend_t *be, int mi
     snprintf(m->binfo.cache, sizeof m->binfo.cache, "off");
     snprintf(m->binfo.reason, sizeof m->binfo.reason, "no plan cache directory");
     int cap = 4 + 12 * d->n_layer;
+    m->u0 = par->pp_n_units > 0 ? par->pp_first_unit : 0;
+    m->u1 = par->pp_n_units > 0 ? par->pp_first_unit + par->pp_n_units : d->n_layer + 2;
+    m->pp_chunk = par->pp_n_units > 0;
+    m->gidx = dg_xcalloc((size_t)cap, sizeof *m->gidx);
     m->info = dg_xcalloc((size_t)cap, sizeof *m->info);
     m->names = dg_xcalloc((size_t)cap, sizeof *m->names);
     m->pnode = dg_xcalloc((size_t)cap, sizeof *m->pnode);
@@ -346,7 +377,7 @@ static dg_status_t build_once(const dg_model_desc_t *d, dg_backend_t *be, int mi
     dg_status_t st = dg_gpt2_build_forward(m);
     if (st == DG_OK) {
         layout(m);
-        m->losses->flags |= DG_NF_OUTPUT;
+        if (m->losses) m->losses->flags |= DG_NF_OUTPUT;
     }
     if (st == DG_OK && pc && try_load) {
         double tk = dg_now_s();
@@ -436,6 +467,7 @@ static dg_status_t build_once(const dg_model_desc_t *d, dg_backend_t *be, int mi
             }
         }
         if (!stopped) m->losses = fce.loss; /* the fused op's losses when the pass fused the loss */
+        if (!stopped && st == DG_OK && m->x_out) st = find_chunk_output(m); /* after the passes, again */
     }
     t_passes = dg_now_s();
     if (st == DG_OK && !loaded && !stopped)
@@ -612,7 +644,8 @@ dg_status_t dg_model_create_parallel(const dg_model_desc_t *d, dg_backend_t *be,
     }
     DG_TRY(check_parallel(d, par));
     const dg_model_compile_t *cc = par->compile;
-    int use_pc = cc && cc->cache_dir && cc->cache_dir[0] && !(flags & DG_MODEL_PLAN_ONLY);
+    /* pipeline chunks have no plan cache (their probe would need the other chunks) */
+    int use_pc = cc && cc->cache_dir && cc->cache_dir[0] && !(flags & DG_MODEL_PLAN_ONLY) && !par->pp_n_units;
     dg_pc_t pc;
     if (use_pc) dg_pc_init(&pc, cc->cache_dir);
     dg_model_t *m = NULL;
@@ -723,6 +756,7 @@ void dg_model_free(dg_model_t *m) {
     /* with async_reads a step may return with its backward or AdamW still queued, and that work uses
      * the buffers freed below (errors were reported, or the model is being torn down after one) */
     if (m->ex && m->async_reads) (void)be->ops->sync(be);
+    dg_stage_free(m);
     dg_model_replay_drop(m); /* the recordings hold the fences and the page-locked buffers: before those go */
     if (m->loss_fence) be->ops->fence_destroy(be, m->loss_fence);
     if (m->norm_fence) be->ops->fence_destroy(be, m->norm_fence);
@@ -740,6 +774,7 @@ void dg_model_free(dg_model_t *m) {
     dg_graph_free(m->g);
     dg_shard_plan_free(m->shard);
     free(m->place);
+    free(m->gidx);
     free(m->info);
     free(m->names);
     free(m->pnode);

@@ -99,8 +99,16 @@ struct dg_model {
     char want_fb_reason[320];
     int n_mfb, mfb_sent; /* the breaker's fallback reports, delivered before the executor's */
     struct dg_exec_fallback mfb[2];
-    int64_t step;   /* dg_model_set_step */
-    int stall_rank; /* test hook DG_TEST_STALL_COLLECTIVE_RANK/_STEP (-1: off) */
+    /* pipeline chunk (dg_model.h "pipeline chunks"; stage.c): units [u0, u1) of the L + 2; whole model:
+     * 0, L + 2. gidx: per tensor, its index in the whole model (the initialisation's stream) */
+    int u0, u1, pp_chunk;
+    int *gidx, cur_gidx;
+    dg_node_t *x_in, *dx_out, *x_out; /* input activation, output gradient seed, output activation */
+    char x_out_name[64];
+    int n_slots;
+    struct dg_stage_slot *slots; /* slot 0 runs on ex; the others on executors of their own */
+    int64_t step;                /* dg_model_set_step */
+    int stall_rank;              /* test hook DG_TEST_STALL_COLLECTIVE_RANK/_STEP (-1: off) */
     int64_t stall_step;
 };
 
@@ -134,7 +142,14 @@ int dg_gpt2_param_group(const dg_model_t *m,
                         const char *nm); /* FSDP group: 0 embeddings, 1+l layer l, L+1 ln_f */
 void dg_gpt2_init_tensor(const dg_model_t *m, int i, float *h); /* this rank's piece of tensor i, at init */
 int64_t dg_model_global_row(const place_t *pl, int64_t lr);     /* tp-local row -> global row */
+/* stage.c: slot 0's input buffers of a pipeline chunk (bound before the executor is made) */
+dg_status_t dg_stage_bind0(dg_model_t *m);
+void dg_stage_free(dg_model_t *m);
 /* run.c */
+dg_status_t dg_model_check_ids(const dg_model_t *m, const int32_t *ids, const char *what);
+float dg_model_mean_losses(const dg_model_t *m); /* mean of host_losses (double sum in token order) */
+/* the optimizer step's checks and runtime values (the part before the OPT phase runs) */
+dg_status_t dg_model_opt_prepare(dg_model_t *m, const dg_optim_hparams_t *h);
 dg_status_t dg_model_need_memory(const dg_model_t *m,
                                  const char *what); /* usage error for a plan-only model */
 void dg_model_replay_drop(dg_model_t *m);           /* frees the recorded CUDA Graphs */

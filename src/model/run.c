@@ -20,7 +20,7 @@ dg_status_t dg_model_need_memory(const dg_model_t *m, const char *what) {
     return DG_OK;
 }
 
-static dg_status_t check_ids(const dg_model_t *m, const int32_t *ids, const char *what) {
+dg_status_t dg_model_check_ids(const dg_model_t *m, const int32_t *ids, const char *what) {
     if (!ids) return DG_ERR(DG_ERR_USAGE, "model: %s missing", what);
     size_t n = (size_t)m->B * (size_t)m->T;
     for (size_t i = 0; i < n; i++)
@@ -38,8 +38,8 @@ static dg_status_t check_ids(const dg_model_t *m, const int32_t *ids, const char
  * sync or the loss fence placed after the forward (queue_loss_read), in both cases behind the uploads. */
 static dg_status_t stage_ids(dg_model_t *m, const int32_t *tokens, const int32_t *targets) {
     size_t bytes = (size_t)m->B * (size_t)m->T * sizeof(int32_t);
-    DG_TRY(check_ids(m, tokens, "tokens"));
-    DG_TRY(check_ids(m, targets, "targets"));
+    DG_TRY(dg_model_check_ids(m, tokens, "tokens"));
+    DG_TRY(dg_model_check_ids(m, targets, "targets"));
     memcpy(m->tok_host, tokens, bytes);
     memcpy(m->tgt_host, targets, bytes);
     return DG_OK;
@@ -219,14 +219,15 @@ static dg_status_t gr_run(dg_model_t *m, int which, const float *key, int nk, gr
 
 void dg_model_set_graph_replay(dg_model_t *m, int on, dg_model_graph_cb_t cb, void *ctx) {
     dg_model_replay_drop(m);
-    m->gr_on = on && m->be->ops->graph_begin != NULL && !(m->flags & DG_MODEL_PLAN_ONLY) && !m->conservative;
+    m->gr_on = on && m->be->ops->graph_begin != NULL && !(m->flags & DG_MODEL_PLAN_ONLY) &&
+               !m->conservative && !m->pp_chunk;
     m->gr_cb = cb;
     m->gr_ctx = ctx;
 }
 
 /* The mean of host_losses, summed in double in token order: the same arithmetic whichever way the
  * losses came to the host. */
-static float mean_host_losses(const dg_model_t *m) {
+float dg_model_mean_losses(const dg_model_t *m) {
     size_t n = (size_t)m->B * (size_t)m->T;
     double s = 0;
     for (size_t i = 0; i < n; i++)
@@ -241,7 +242,7 @@ static dg_status_t read_mean_loss(dg_model_t *m, float *mean_out) {
     m->opt_pending = 0;
     if (!mean_out) return DG_OK;
     DG_TRY(m->be->ops->to_host(m->be, m->host_losses, dg_exec_ptr(m->ex, m->losses), n * sizeof(float)));
-    *mean_out = mean_host_losses(m);
+    *mean_out = dg_model_mean_losses(m);
     return DG_OK;
 }
 
@@ -251,7 +252,7 @@ static dg_status_t wait_mean_loss(dg_model_t *m, float *mean_out) {
     dg_status_t st = m->be->ops->fence_wait(m->be, m->loss_fence);
     if (st != DG_OK) return dg_err_prefix(st, "model: reading the micro-batch's token losses");
     m->opt_pending = 0; /* the fence lies behind the previous step's AdamW */
-    if (mean_out) *mean_out = mean_host_losses(m);
+    if (mean_out) *mean_out = dg_model_mean_losses(m);
     return DG_OK;
 }
 
@@ -269,9 +270,16 @@ static void maybe_stall(const dg_model_t *m) {
         sleep(1);
 }
 
+/* A pipeline chunk runs through the dg_model_stage_* calls (stage.c) only. */
+static dg_status_t not_a_chunk(const dg_model_t *m, const char *what) {
+    if (!m->pp_chunk) return DG_OK;
+    return DG_ERR(DG_ERR_USAGE, "model: %s on a pipeline chunk (use the dg_model_stage_* calls)", what);
+}
+
 dg_status_t dg_model_forward_backward(dg_model_t *m, const int32_t *tokens_host, const int32_t *targets_host,
                                       float dloss, float *mean_loss_out) {
     DG_TRY(dg_model_need_memory(m, "forward_backward"));
+    DG_TRY(not_a_chunk(m, "forward_backward"));
     maybe_stall(m);
     if (!isfinite(dloss)) return DG_ERR(DG_ERR_USAGE, "model: dloss = %g is not finite", (double)dloss);
     if (m->rep > 1 && m->fb_count >= m->accum)
@@ -312,6 +320,7 @@ static dg_status_t run_forward_only(dg_model_t *m) {
 dg_status_t dg_model_forward(dg_model_t *m, const int32_t *tokens_host, const int32_t *targets_host,
                              float *mean_loss_out) {
     DG_TRY(dg_model_need_memory(m, "forward"));
+    DG_TRY(not_a_chunk(m, "forward"));
     DG_TRY(stage_ids(m, tokens_host, targets_host));
     DG_TRY(upload_ids(m));
     DG_TRY(run_forward_only(m));
@@ -337,9 +346,10 @@ static float half_to_f32(uint16_t h, int bf16) {
 
 dg_status_t dg_model_logits(dg_model_t *m, const int32_t *tokens_host, int pos, float *host_out) {
     DG_TRY(dg_model_need_memory(m, "logits"));
+    DG_TRY(not_a_chunk(m, "logits"));
     if (pos < 0 || pos >= m->T)
         return DG_ERR(DG_ERR_USAGE, "model: logits position %d outside [0, %d)", pos, m->T);
-    DG_TRY(check_ids(m, tokens_host, "tokens"));
+    DG_TRY(dg_model_check_ids(m, tokens_host, "tokens"));
     size_t ntok = (size_t)m->B * (size_t)m->T;
     DG_TRY(m->be->ops->to_device(m->be, m->tokens_dev, tokens_host, ntok * sizeof(int32_t)));
     DG_TRY(m->be->ops->memset0(m->be, m->targets_dev, ntok * sizeof(int32_t))); /* loss is ignored */
@@ -371,7 +381,7 @@ dg_status_t dg_model_zero_grad(dg_model_t *m) {
     return gr_run(m, GR_ZERO, NULL, 0, body_zero);
 }
 
-dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, float *grad_norm_out) {
+dg_status_t dg_model_opt_prepare(dg_model_t *m, const dg_optim_hparams_t *h) {
     DG_TRY(dg_model_need_memory(m, "optimizer_step"));
     if (!(h->lr >= 0 && isfinite(h->lr)) || !(h->beta1 >= 0 && h->beta1 < 1) ||
         !(h->beta2 >= 0 && h->beta2 < 1) || !(h->eps > 0 && isfinite(h->eps)) ||
@@ -406,6 +416,13 @@ dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, 
     /* the norm is measured on loss-scaled gradients: scale the threshold the same way */
     rt->grad_clip = h->grad_clip > 0 ? h->grad_clip / extra : 0.0f;
     DG_TRY(dg_exec_stage_scalars(m->ex)); /* lr, bias corrections: also what a replay uploads */
+    return DG_OK;
+}
+
+dg_status_t dg_model_optimizer_step(dg_model_t *m, const dg_optim_hparams_t *h, float *grad_norm_out) {
+    DG_TRY(dg_model_opt_prepare(m, h));
+    dg_runtime_t *rt = &m->ex->rt;
+    float extra = rt->grad_extra;
     /* the whole phase at once, op by op or replayed: with an inf/NaN norm AdamW (adamw_dev) skips itself
      * on the device, so such gradients never reach the state */
     float key[6] = {rt->grad_clip, rt->grad_extra, rt->beta1, rt->beta2, rt->eps, rt->weight_decay};

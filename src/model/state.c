@@ -130,6 +130,7 @@ int dg_model_local_pieces(const dg_model_t *m, int i, dg_model_piece_t *out) {
 
 int dg_model_piece_owner(const dg_model_t *m, int i) {
     if (i < 0 || i >= m->np) return 0;
+    if (m->pp_chunk && m->u0 > 0 && m->gidx[i] == 0) return 0; /* the head's copy of wte */
     return m->rep_rank == 0 && (m->place[i].tp_dim >= 0 || m->tp_rank == 0);
 }
 

@@ -272,7 +272,7 @@ static dg_status_t fill_micro_steps(trainer_t *tr, const dg_loader_t *ld, int j0
 
 /* How many micro-steps of data are read ahead at once: the whole step, up to 64 MiB of tokens and
  * targets per rank (beyond that, one extra agreement per chunk of micro-steps). */
-static int data_chunk(const trainer_t *tr) {
+int trn_data_chunk(const trainer_t *tr) {
     size_t per = (size_t)tr->micro_batch * tr->desc.seq_len * 2 * sizeof(int32_t);
     size_t n = ((size_t)64 << 20) / (per ? per : 1);
     if (n < 1) n = 1;
@@ -321,7 +321,7 @@ dg_status_t trn_run_validation(trainer_t *tr, double *loss_out) {
     dg_health_set_activity(tr->health, tr->step, "validation");
     dg_loader_reset(tr->val_ld);
     size_t per = (size_t)tr->micro_batch * tr->desc.seq_len;
-    int chunk = data_chunk(tr);
+    int chunk = trn_data_chunk(tr);
     int32_t *tok = dg_xmalloc((size_t)chunk * per * sizeof(int32_t));
     int32_t *tgt = dg_xmalloc((size_t)chunk * per * sizeof(int32_t));
     double sum = 0;
@@ -336,9 +336,10 @@ dg_status_t trn_run_validation(trainer_t *tr, double *loss_out) {
             }
             float l = 0;
             size_t at = (size_t)(j % chunk) * per;
-            s = dg_model_forward(tr->model, tok + at, tgt + at, &l);
+            s = tr->pp ? trn_pp_forward(tr, tok + at, tgt + at, &l)
+                       : dg_model_forward(tr->model, tok + at, tgt + at, &l);
             sum += l;
-            count++;
+            count += trn_has_loss(tr); /* a pipeline's loss is its last stage's */
         }
         dg_loader_advance(tr->val_ld, tr->global_batch);
     }
@@ -374,7 +375,10 @@ static void trainer_free(trainer_t *tr) {
     if (tr->train_ld) dg_loader_free(tr->train_ld);
     if (tr->val_ds) dg_dataset_free(tr->val_ds);
     if (tr->train_ds) dg_dataset_free(tr->train_ds);
-    if (tr->model) dg_model_free(tr->model);
+    if (tr->pp)
+        trn_pp_free(tr); /* its chunk models, tr->model among them */
+    else if (tr->model)
+        dg_model_free(tr->model);
     dg_fsdp_free(tr->fsdp); /* after the model: its executor holds the comms */
     dg_backend_free(tr->be);
 }
@@ -409,8 +413,8 @@ static void health_sla_sink(void *ctx, const char *fields) {
 static dg_status_t health_polls(trainer_t *tr) {
     const dg_comm_mesh_t *cm = tr->fsdp ? tr->fsdp->comms : NULL;
     if (cm) {
-        dg_comm_t *cs[2 + DG_MESH_NDIM] = {cm->world, cm->dp};
-        int n = 2;
+        dg_comm_t *cs[4 + DG_MESH_NDIM] = {cm->world, cm->dp, cm->pp_act, cm->pp_grad};
+        int n = 4;
         for (int d = 0; d < DG_MESH_NDIM; d++)
             cs[n++] = cm->dim[d];
         for (int i = 0; i < n; i++) {
@@ -553,9 +557,13 @@ static dg_status_t setup(trainer_t *tr) {
     DG_TRY(open_data(tr));
     double t_data = dg_now_s();
     compile_opts(tr);
-    DG_TRY(dg_fsdp_model_create(tr->fsdp, &tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, 0,
-                                &tr->model));
-    DG_TRY(dg_model_set_grad_accum(tr->model, tr->accum));
+    if (dg_mesh_pp(&tr->mesh) > 1) { /* this rank's chunks of the pipeline (pipeline_train.c) */
+        DG_TRY(trn_pp_create(tr));
+    } else {
+        DG_TRY(dg_fsdp_model_create(tr->fsdp, &tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, 0,
+                                    &tr->model));
+        DG_TRY(dg_model_set_grad_accum(tr->model, tr->accum));
+    }
     DG_LOG_INFO("setup: backend %.2f s, memory fit %.2f s, communicators %.2f s, run dir and data %.2f s, "
                 "model %.2f s",
                 t_backend - t0, t_fit - t_backend, t_comm - t_fit, t_data - t_comm, dg_now_s() - t_data);
@@ -648,6 +656,7 @@ static dg_status_t after_step(trainer_t *tr) {
 static dg_status_t forward_backward_all(trainer_t *tr, int64_t step, int chunk, int32_t *tok, int32_t *tgt,
                                         float dloss, double *loss_sum) {
     size_t n_tok = (size_t)tr->micro_batch * tr->desc.seq_len;
+    if (tr->pp) return trn_pp_forward_backward(tr, tok, tgt, dloss, loss_sum); /* all micro-steps in tok */
     dg_status_t st = DG_OK;
     for (int j = 0; j < tr->accum && !st; j++) {
         if (j > 0 && j % chunk == 0) {
@@ -678,6 +687,7 @@ static dg_status_t optimizer_step(trainer_t *tr, int64_t step, double lr, float 
                             .t = step + 1,
                             .inv_loss_scale = (float)(1.0 / tr->stab.loss_scale)};
     dg_health_set_activity(tr->health, step, "optimizer");
+    if (tr->pp) return trn_pp_optimizer(tr, &h, gnorm);
     return dg_model_optimizer_step(tr->model, &h, gnorm);
 }
 
@@ -727,7 +737,7 @@ static dg_status_t train_loop(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     const int T = tr->desc.seq_len;
     size_t n_tok = (size_t)tr->micro_batch * T;
-    const int chunk = data_chunk(tr);
+    const int chunk = trn_data_chunk(tr);
     int32_t *tok = dg_xmalloc((size_t)chunk * n_tok * sizeof(int32_t));
     int32_t *tgt = dg_xmalloc((size_t)chunk * n_tok * sizeof(int32_t));
     const double dloss_base = 1.0 / ((double)tr->global_batch * T);
@@ -752,7 +762,7 @@ static dg_status_t train_loop(trainer_t *tr) {
         int64_t step = tr->step;                /* 0-based index of the step being taken */
         dg_model_set_step(tr->model, step + 1); /* named by collective timeouts */
         dg_health_set_activity(tr->health, step, "zero_grad");
-        st = dg_model_zero_grad(tr->model);
+        st = tr->pp ? trn_pp_zero_grad(tr) : dg_model_zero_grad(tr->model);
         double loss_sum = 0;
         if (!st)
             st = forward_backward_all(tr, step, chunk, tok, tgt, (float)(dloss_base * tr->stab.loss_scale),
@@ -761,13 +771,13 @@ static dg_status_t train_loop(trainer_t *tr) {
         if (st) continue; /* agreed at the top of the next iteration */
         trn_sla_test_slow(tr, step);
 
-        double loss_pair[1] = {loss_sum / tr->accum}, loss_glob[1];
+        double loss_pair[1] = {trn_has_loss(tr) ? loss_sum / tr->accum : 0.0}, loss_glob[1];
         dg_health_set_activity(tr->health, step, "all-reduce loss");
         if (MPI_Allreduce(loss_pair, loss_glob, 1, MPI_DOUBLE, MPI_SUM, tr->comm) != MPI_SUCCESS) {
             st = DG_ERR(DG_ERR_PEER, "loss all-reduce failed at step %lld", (long long)step);
             break;
         }
-        double loss = trn_hook_loss(step + 1, loss_glob[0] / tr->world);
+        double loss = trn_hook_loss(step + 1, loss_glob[0] / trn_loss_ranks(tr));
         tr->iters++;
 
         dg_stab_verdict_t v = dg_stab_judge(&tr->stab, step + 1, loss);

@@ -83,6 +83,7 @@ typedef struct trainer {
     char slurm_job[32];      /* $SLURM_JOB_ID, "" outside Slurm */
     int run_dir_known;       /* RUN_DIR/run.json named the run: a resumed checkpoint does not rename it */
     struct trn_trace *trace; /* --trace A:B (trace.c), NULL when off */
+    struct dg_pp_exec *pp;   /* pp > 1: the pipeline executor (pipeline_train.c); tr->model is its chunk 0 */
 } trainer_t;
 
 /* train_ckpt.c */
@@ -97,7 +98,21 @@ void trn_report_async(trainer_t *tr, const dg_ckpt_async_result_t *ar);
 uint64_t trn_ckpt_progress_source(void *ctx, int *waiting); /* the health watchdog's view of checkpoint I/O */
 void trn_ckpt_abort_hook(void *ctx);                        /* an aborted job leaves no half-written file */
 /* train.c */
-int trn_is_fp16(const dg_config_t *c); /* train.precision = fp16 */
+int trn_is_fp16(const dg_config_t *c);   /* train.precision = fp16 */
+int trn_data_chunk(const trainer_t *tr); /* micro-steps of data read ahead at once */
+/* pipeline_train.c (parallel.mesh with pp > 1, docs/parallelism.md "The executor"): the executor and its
+ * chunk models (create: collective, after the communicators); the step's forwards/backwards, zero_grad,
+ * optimizer step and an evaluation forward through it. trn_loss_ranks: the ranks whose losses count in a
+ * mean (the last stage's; all without a pipeline); trn_has_loss: this rank is one of them. */
+dg_status_t trn_pp_create(trainer_t *tr);
+void trn_pp_free(trainer_t *tr);
+int trn_loss_ranks(const trainer_t *tr);
+int trn_has_loss(const trainer_t *tr);
+dg_status_t trn_pp_forward_backward(trainer_t *tr, const int32_t *tok, const int32_t *tgt, float dloss,
+                                    double *loss_sum);
+dg_status_t trn_pp_zero_grad(trainer_t *tr);
+dg_status_t trn_pp_optimizer(trainer_t *tr, const dg_optim_hparams_t *h, float *gnorm);
+dg_status_t trn_pp_forward(trainer_t *tr, const int32_t *tok, const int32_t *tgt, float *loss);
 /* observe.c: the run identity (collective; right after the metrics file opens) and RUN_DIR/metrics.prom
  * (rank 0, every log interval and at the end). */
 dg_status_t trn_run_identity(trainer_t *tr);
