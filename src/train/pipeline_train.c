@@ -5,10 +5,14 @@
  */
 #include <string.h>
 
+#include "dg_hf.h"
 #include "pp_exec.h"
 #include "train_impl.h"
 
 /* The ranks whose losses count: the last stage's (every rank without a pipeline). */
+static dg_status_t trn_pp_params(trainer_t *tr);
+static void trn_pp_params_free(trainer_t *tr);
+
 int trn_loss_ranks(const trainer_t *tr) {
     return tr->pp ? tr->world / dg_mesh_pp(&tr->mesh) : tr->world;
 }
@@ -48,11 +52,12 @@ dg_status_t trn_pp_create(trainer_t *tr) {
     o.world = tr->comm;
     DG_TRY(dg_pp_exec_create(&o, &tr->pp));
     tr->model = dg_pp_exec_model(tr->pp, 0);
-    return DG_OK;
+    return trn_pp_params(tr);
 }
 
 void trn_pp_free(trainer_t *tr) {
     if (!tr->pp) return;
+    trn_pp_params_free(tr);
     dg_pp_exec_free(tr->pp); /* frees the chunk models, tr->model among them */
     tr->pp = NULL;
     tr->model = NULL;
@@ -74,4 +79,109 @@ dg_status_t trn_pp_optimizer(trainer_t *tr, const dg_optim_hparams_t *h, float *
 
 dg_status_t trn_pp_forward(trainer_t *tr, const int32_t *tok, const int32_t *tgt, float *loss) {
     return dg_pp_exec_forward(tr->pp, tok, tgt, loss);
+}
+
+/* ---------------- the parameters in the whole model's order ---------------- */
+
+/* The global tensor table (names and global shapes of a plan-only whole model) and where each tensor is
+ * held on this rank. */
+static dg_status_t trn_pp_params(trainer_t *tr) {
+    dg_model_t *full = NULL;
+    DG_TRY(dg_model_create_ex(&tr->desc, tr->be, tr->micro_batch, (uint64_t)tr->cfg->run.seed,
+                              DG_MODEL_PLAN_ONLY, &full));
+    int n = dg_model_n_tensors(full), nk = dg_pp_exec_n_models(tr->pp);
+    tr->n_params = n;
+    tr->pp_info = dg_xcalloc((size_t)n, sizeof *tr->pp_info);
+    tr->pp_names = dg_xcalloc((size_t)n, sizeof *tr->pp_names);
+    tr->pp_chunk_of = dg_xcalloc((size_t)n, sizeof(int));
+    tr->pp_index = dg_xcalloc((size_t)n, sizeof(int));
+    tr->pp_flat_base = dg_xcalloc((size_t)nk + 1, sizeof(size_t));
+    for (int k = 0; k < nk; k++)
+        tr->pp_flat_base[k + 1] = tr->pp_flat_base[k] + dg_model_flat_numel(dg_pp_exec_model(tr->pp, k));
+    tr->pp_flat_total = tr->pp_flat_base[nk];
+    for (int g = 0; g < n; g++) {
+        const dg_param_info_t *pi = dg_model_param(full, g);
+        snprintf(tr->pp_names[g], sizeof tr->pp_names[g], "%s", pi->name);
+        tr->pp_info[g] = *pi;
+        tr->pp_info[g].name = tr->pp_names[g];
+        tr->pp_chunk_of[g] = -1;
+        for (int k = 0; k < nk && tr->pp_chunk_of[g] < 0; k++) {
+            dg_model_t *m = dg_pp_exec_model(tr->pp, k);
+            int i = dg_model_find_param(m, pi->name);
+            if (i < 0) continue;
+            tr->pp_chunk_of[g] = k;
+            tr->pp_index[g] = i;
+            tr->pp_info[g].tp_dim = dg_model_param(m, i)->tp_dim;
+        }
+    }
+    dg_model_free(full);
+    return DG_OK;
+}
+
+static void trn_pp_params_free(trainer_t *tr) {
+    free(tr->pp_info);
+    free(tr->pp_names);
+    free(tr->pp_chunk_of);
+    free(tr->pp_index);
+    free(tr->pp_flat_base);
+}
+
+const dg_param_info_t *trn_param(const trainer_t *tr, int g) {
+    if (!tr->pp) return dg_model_param(tr->model, g);
+    return g >= 0 && g < tr->n_params ? &tr->pp_info[g] : NULL;
+}
+
+int trn_param_pieces(const trainer_t *tr, int g, dg_model_piece_t *pc) {
+    if (!tr->pp) return dg_model_local_pieces(tr->model, g, pc);
+    int k = tr->pp_chunk_of[g];
+    return k < 0 ? 0 : dg_model_local_pieces(dg_pp_exec_model(tr->pp, k), tr->pp_index[g], pc);
+}
+
+int trn_param_owner(const trainer_t *tr, int g) {
+    if (!tr->pp) return dg_model_piece_owner(tr->model, g);
+    int k = tr->pp_chunk_of[g];
+    return k < 0 ? 0 : dg_model_piece_owner(dg_pp_exec_model(tr->pp, k), tr->pp_index[g]);
+}
+
+size_t trn_param_flat_offset(const trainer_t *tr, int g) {
+    if (!tr->pp) return dg_model_flat_offset(tr->model, g);
+    int k = tr->pp_chunk_of[g];
+    return k < 0 ? 0
+                 : tr->pp_flat_base[k] + dg_model_flat_offset(dg_pp_exec_model(tr->pp, k), tr->pp_index[g]);
+}
+
+size_t trn_flat_numel(const trainer_t *tr) {
+    return tr->pp ? tr->pp_flat_total : dg_model_flat_numel(tr->model);
+}
+
+dg_status_t trn_get_flat(trainer_t *tr, int which, float *host) {
+    if (!tr->pp) return dg_model_get_flat(tr->model, which, host);
+    for (int k = 0; k < dg_pp_exec_n_models(tr->pp); k++)
+        DG_TRY(dg_model_get_flat(dg_pp_exec_model(tr->pp, k), which, host + tr->pp_flat_base[k]));
+    return DG_OK;
+}
+
+dg_status_t trn_set_flat(trainer_t *tr, int which, const float *host) {
+    if (!tr->pp) return dg_model_set_flat(tr->model, which, host);
+    for (int k = 0; k < dg_pp_exec_n_models(tr->pp); k++)
+        DG_TRY(dg_model_set_flat(dg_pp_exec_model(tr->pp, k), which, host + tr->pp_flat_base[k]));
+    return DG_OK;
+}
+
+dg_status_t trn_set_frozen(trainer_t *tr, int g, int frozen) {
+    if (!tr->pp) return dg_model_set_frozen(tr->model, g, frozen);
+    const char *name = tr->pp_info[g].name; /* every chunk's copy (the head's wte too) */
+    for (int k = 0; k < dg_pp_exec_n_models(tr->pp); k++) {
+        dg_model_t *m = dg_pp_exec_model(tr->pp, k);
+        int i = dg_model_find_param(m, name);
+        if (i >= 0) DG_TRY(dg_model_set_frozen(m, i, frozen));
+    }
+    return DG_OK;
+}
+
+dg_status_t trn_init_weights(trainer_t *tr, const char *spec) {
+    if (!tr->pp) return dg_model_init_weights(tr->model, spec);
+    for (int k = 0; k < dg_pp_exec_n_models(tr->pp); k++)
+        DG_TRY(dg_model_init_weights(dg_pp_exec_model(tr->pp, k), spec));
+    return DG_OK;
 }

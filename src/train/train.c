@@ -304,7 +304,7 @@ static dg_status_t match_frozen(trainer_t *tr) {
         if (!*pat) continue;
         int hits = 0;
         for (int i = 0; i < tr->n_params; i++)
-            if (fnmatch(pat, dg_model_param(tr->model, i)->name, 0) == 0) tr->frozen[i] = 1, hits++;
+            if (fnmatch(pat, trn_param(tr, i)->name, 0) == 0) tr->frozen[i] = 1, hits++;
         if (!hits)
             return DG_ERR(DG_ERR_USAGE,
                           "train.freeze: pattern '%s' matches no parameter (names look like "
@@ -312,7 +312,7 @@ static dg_status_t match_frozen(trainer_t *tr) {
                           pat);
     }
     for (int i = 0; i < tr->n_params; i++)
-        if (tr->frozen[i]) DG_TRY(dg_model_set_frozen(tr->model, i, 1));
+        if (tr->frozen[i]) DG_TRY(trn_set_frozen(tr, i, 1));
     return DG_OK;
 }
 
@@ -567,7 +567,7 @@ static dg_status_t setup(trainer_t *tr) {
     DG_LOG_INFO("setup: backend %.2f s, memory fit %.2f s, communicators %.2f s, run dir and data %.2f s, "
                 "model %.2f s",
                 t_backend - t0, t_fit - t_backend, t_comm - t_fit, t_data - t_comm, dg_now_s() - t_data);
-    tr->n_params = dg_model_n_tensors(tr->model);
+    if (!tr->pp) tr->n_params = dg_model_n_tensors(tr->model); /* a pipeline's: the whole model's */
     DG_TRY(match_frozen(tr));
     DG_TRY(trn_build_ckpt_tensors(tr));
     tr->flops_per_token = dg_model_flops_per_token(&tr->desc);

@@ -26,13 +26,13 @@ dg_status_t trn_build_ckpt_tensors(trainer_t *tr) {
     tr->ckpt_paths = dg_xcalloc((size_t)n * 3, sizeof(char *));
     tr->n_ckpt = 0;
     for (int i = 0; i < n; i++) {
-        const dg_param_info_t *p = dg_model_param(tr->model, i);
+        const dg_param_info_t *p = trn_param(tr, i);
         dg_model_piece_t pc[DG_MODEL_MAX_PIECES];
-        int np = dg_model_local_pieces(tr->model, i, pc);
-        int owner = dg_model_piece_owner(tr->model, i);
+        int np = trn_param_pieces(tr, i, pc);
+        int owner = trn_param_owner(tr, i);
         for (int w = 0; w < 3; w++) {
             int k = i * 3 + w;
-            size_t local = dg_model_flat_offset(tr->model, i); /* this rank's piece in host_flat[w] */
+            size_t local = trn_param_flat_offset(tr, i); /* this rank's piece in host_flat[w] */
             char path[512];
             if (w == 0)
                 snprintf(path, sizeof path, "model/%s", p->name);
@@ -63,7 +63,7 @@ dg_status_t trn_build_ckpt_tensors(trainer_t *tr) {
  * first step. Zeroed: alignment gaps stay zero on a resume, and the pages exist. */
 dg_status_t trn_host_state(trainer_t *tr) {
     if (tr->host_flat[0]) return DG_OK;
-    size_t flat = dg_model_flat_numel(tr->model);
+    size_t flat = trn_flat_numel(tr);
     for (int w = 0; w < 3; w++) {
         dg_status_t s =
             tr->be->ops->host_alloc(tr->be, (flat + 1) * sizeof(float), (void **)&tr->host_flat[w]);
@@ -105,13 +105,13 @@ static const int k_state_of[3] = {DG_STATE_PARAM, DG_STATE_ADAM_M, DG_STATE_ADAM
 static dg_status_t pull_state(trainer_t *tr) {
     DG_TRY(trn_host_state(tr));
     for (int w = 0; w < 3; w++)
-        DG_TRY(dg_model_get_flat(tr->model, k_state_of[w], tr->host_flat[w]));
+        DG_TRY(trn_get_flat(tr, k_state_of[w], tr->host_flat[w]));
     return DG_OK;
 }
 
 static dg_status_t push_state(trainer_t *tr) {
     for (int w = 0; w < 3; w++)
-        DG_TRY(dg_model_set_flat(tr->model, k_state_of[w], tr->host_flat[w]));
+        DG_TRY(trn_set_flat(tr, k_state_of[w], tr->host_flat[w]));
     return DG_OK;
 }
 
@@ -426,7 +426,7 @@ dg_status_t trn_maybe_resume(trainer_t *tr) {
                                &ref, &meta, tr->ckpt_t, tr->n_ckpt, path, sizeof path);
     if (s != DG_OK || !path[0]) {
         dg_ckpt_meta_destroy(&meta);
-        return s == DG_OK ? dg_model_init_weights(tr->model, tr->cfg->model.init) : s; /* a fresh run */
+        return s == DG_OK ? trn_init_weights(tr, tr->cfg->model.init) : s; /* a fresh run */
     }
     if (tr->cfg->model.init[0]) DG_LOG_INFO("init: resuming from %s; model.init ignored", path);
     const char *fp = dg_ckpt_meta_get_kv(&meta, "data_fingerprint");

@@ -84,6 +84,13 @@ typedef struct trainer {
     int run_dir_known;       /* RUN_DIR/run.json named the run: a resumed checkpoint does not rename it */
     struct trn_trace *trace; /* --trace A:B (trace.c), NULL when off */
     struct dg_pp_exec *pp;   /* pp > 1: the pipeline executor (pipeline_train.c); tr->model is its chunk 0 */
+    /* pp > 1: the parameters in the whole model's order (n_params of them; checkpoints list them all on
+     * every rank): per global index its info, this rank's chunk holding it (-1: none) and its index
+     * there; per chunk the start of its state in the trainer's flat host copies */
+    dg_param_info_t *pp_info;
+    char (*pp_names)[64];
+    int *pp_chunk_of, *pp_index;
+    size_t *pp_flat_base, pp_flat_total;
 } trainer_t;
 
 /* train_ckpt.c */
@@ -113,6 +120,18 @@ dg_status_t trn_pp_forward_backward(trainer_t *tr, const int32_t *tok, const int
 dg_status_t trn_pp_zero_grad(trainer_t *tr);
 dg_status_t trn_pp_optimizer(trainer_t *tr, const dg_optim_hparams_t *h, float *gnorm);
 dg_status_t trn_pp_forward(trainer_t *tr, const int32_t *tok, const int32_t *tgt, float *loss);
+/* The parameters as checkpoints, train.freeze and the overflow pass see them: global index g in the whole
+ * model's order (tr->n_params of them); without a pipeline simply tr->model's. A tensor of another stage
+ * has no pieces here, owner 0. The flat state: this rank's chunks one after the other. */
+const dg_param_info_t *trn_param(const trainer_t *tr, int g);
+int trn_param_pieces(const trainer_t *tr, int g, dg_model_piece_t *pc);
+int trn_param_owner(const trainer_t *tr, int g);
+size_t trn_param_flat_offset(const trainer_t *tr, int g);
+size_t trn_flat_numel(const trainer_t *tr);
+dg_status_t trn_get_flat(trainer_t *tr, int which, float *host);
+dg_status_t trn_set_flat(trainer_t *tr, int which, const float *host);
+dg_status_t trn_set_frozen(trainer_t *tr, int g, int frozen);
+dg_status_t trn_init_weights(trainer_t *tr, const char *spec); /* model.init (dg_hf.h) on every chunk */
 /* observe.c: the run identity (collective; right after the metrics file opens) and RUN_DIR/metrics.prom
  * (rank 0, every log interval and at the end). */
 dg_status_t trn_run_identity(trainer_t *tr);

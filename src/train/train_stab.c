@@ -36,8 +36,8 @@ void trn_stab_opts(const dg_config_t *c, dg_stab_opts_t *o) {
 /* 1 when this rank's pieces of parameter i's gradient (in the flat host copy g) hold an inf/NaN. */
 static int piece_overflows(const trainer_t *tr, const float *g, int i) {
     dg_model_piece_t pc[DG_MODEL_MAX_PIECES];
-    int np = dg_model_local_pieces(tr->model, i, pc);
-    const float *t = g + dg_model_flat_offset(tr->model, i);
+    int np = trn_param_pieces(tr, i, pc);
+    const float *t = g + trn_param_flat_offset(tr, i);
     for (int j = 0; j < np; j++) {
         size_t n = (size_t)pc[j].count[0] * (size_t)(pc[j].count[1] > 0 ? pc[j].count[1] : 1);
         for (size_t e = 0; e < n; e++)
@@ -77,9 +77,9 @@ dg_status_t trn_overflow_rate(trainer_t *tr, dg_status_t st, float gnorm, double
     *rate = 0;
     if (!all[1]) return DG_OK;
     int n = tr->n_params;
-    float *g = dg_xmalloc((dg_model_flat_numel(tr->model) + 1) * sizeof(float));
+    float *g = dg_xmalloc((trn_flat_numel(tr) + 1) * sizeof(float));
     int *flag = dg_xcalloc((size_t)n + 1, sizeof(int)), *any = dg_xcalloc((size_t)n + 1, sizeof(int));
-    st = dg_model_get_flat(tr->model, DG_STATE_GRAD, g);
+    st = trn_get_flat(tr, DG_STATE_GRAD, g);
     for (int i = 0; i < n && st == DG_OK; i++)
         flag[i] = tr->frozen[i] ? 0 : piece_overflows(tr, g, i);
     /* a failed read on one rank is agreed in the same collective (flag -1) */
