@@ -258,9 +258,12 @@ static dg_status_t wait_mean_loss(dg_model_t *m, float *mean_out) {
 
 /* Test hook for the collective timeouts: with DG_TEST_STALL_COLLECTIVE_RANK=R and _STEP=S (the value
  * given to dg_model_set_step), world rank R of a distributed model hangs before the forward of step S,
- * so its peers block in their first collective of the step. */
-static void maybe_stall(const dg_model_t *m) {
-    if (m->stall_rank < 0 || m->step != m->stall_step || (m->tp == 1 && m->k == 1 && m->rep == 1)) return;
+ * so its peers block in their first collective of the step (a pipeline chunk's peers: in the step's
+ * first message from or to it). */
+void dg_model_maybe_stall(const dg_model_t *m) {
+    if (m->stall_rank < 0 || m->step != m->stall_step ||
+        (m->tp == 1 && m->k == 1 && m->rep == 1 && !m->pp_chunk))
+        return;
     int wr = -1;
     MPI_Comm_rank(MPI_COMM_WORLD, &wr);
     if (wr != m->stall_rank) return;
@@ -280,7 +283,7 @@ dg_status_t dg_model_forward_backward(dg_model_t *m, const int32_t *tokens_host,
                                       float dloss, float *mean_loss_out) {
     DG_TRY(dg_model_need_memory(m, "forward_backward"));
     DG_TRY(not_a_chunk(m, "forward_backward"));
-    maybe_stall(m);
+    dg_model_maybe_stall(m);
     if (!isfinite(dloss)) return DG_ERR(DG_ERR_USAGE, "model: dloss = %g is not finite", (double)dloss);
     if (m->rep > 1 && m->fb_count >= m->accum)
         return DG_ERR(DG_ERR_USAGE,

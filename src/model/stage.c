@@ -139,6 +139,7 @@ void *dg_model_stage_input_grad(dg_model_t *m, int s) {
 dg_status_t dg_model_stage_forward(dg_model_t *m, int s, const int32_t *tokens, const int32_t *targets,
                                    float dloss, int eval, float *mean_loss_out) {
     DG_TRY(check_slot(m, s, "stage_forward"));
+    dg_model_maybe_stall(m);
     if (!isfinite(dloss)) return DG_ERR(DG_ERR_USAGE, "model: dloss = %g is not finite", (double)dloss);
     dg_backend_t *be = m->be;
     struct dg_stage_slot *sl = &m->slots[s];

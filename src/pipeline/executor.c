@@ -308,6 +308,13 @@ void dg_pp_exec_times(const dg_pp_exec_t *e, double *compute_s, double *wall_s) 
 
 /* ---------------- running ---------------- */
 
+void dg_pp_exec_set_step(dg_pp_exec_t *e, int64_t step) {
+    for (int k = 0; k < e->n_local; k++)
+        dg_model_set_step(e->model[k], step);
+    dg_comm_set_step(e->o.act, step);
+    dg_comm_set_step(e->o.grad, step);
+}
+
 dg_status_t dg_pp_exec_zero_grad(dg_pp_exec_t *e) {
     for (int k = 0; k < e->n_local; k++)
         DG_TRY(dg_model_zero_grad(e->model[k]));

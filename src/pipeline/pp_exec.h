@@ -51,6 +51,8 @@ const dg_pp_split_t *dg_pp_exec_split(const dg_pp_exec_t *e);
 const dg_pp_schedule_t *dg_pp_exec_schedule(const dg_pp_exec_t *e);
 
 dg_status_t dg_pp_exec_zero_grad(dg_pp_exec_t *e);
+/* The training step named by timeout messages (every chunk's comms and the pp line's channels). */
+void dg_pp_exec_set_step(dg_pp_exec_t *e, int64_t step);
 /* One step's forwards and backwards: tokens / targets hold the m micro-batches of this rank's data
  * (micro_batch x seq_len ids each). *loss_sum: the sum of the micro-batches' mean losses on the last
  * stage, 0 elsewhere. Busy / idle seconds of this rank's compute go to the step statistics. */

@@ -65,6 +65,7 @@ void trn_pp_free(trainer_t *tr) {
 
 dg_status_t trn_pp_forward_backward(trainer_t *tr, const int32_t *tok, const int32_t *tgt, float dloss,
                                     double *loss_sum) {
+    dg_pp_exec_set_step(tr->pp, tr->step + 1); /* named by timeouts, as dg_model_set_step */
     dg_health_set_activity(tr->health, tr->step, "pipeline forward_backward");
     return dg_pp_exec_step(tr->pp, tok, tgt, dloss, loss_sum);
 }
