@@ -141,6 +141,10 @@ static dg_status_t replay(dg_pp_exec_t *e, const int32_t *tok, const int32_t *tg
     for (int i = 0; i < n && st == DG_OK;) {
         const dg_pp_action_t *a = &act[i];
         int k = local_of(e, a->chunk);
+        if (!dry && e->o.on_action)
+            e->o.on_action(e->o.on_action_ctx, a->op == DG_PP_FWD   ? "pipeline forward"
+                                               : a->op == DG_PP_BWD ? "pipeline backward"
+                                                                    : "pipeline send/recv");
         if (a->op == DG_PP_FWD) {
             int s = slot_take(e, k, a->mb, dry);
             if (!dry) {

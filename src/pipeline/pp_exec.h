@@ -35,6 +35,10 @@ typedef struct dg_pp_exec_opts {
     dg_comm_t *act, *grad;   /* the pp line's two channels (group rank = stage) */
     MPI_Comm world;          /* for the pp line's host scalars (split here) */
     double mem_budget;       /* per-rank bytes for the split (0: none) */
+    /* called before every compute action and message group of a step ("pipeline forward", "... backward",
+     * "... send/recv"), e.g. to tell the health watchdog the step makes progress; NULL: none */
+    void (*on_action)(void *ctx, const char *what);
+    void *on_action_ctx;
 } dg_pp_exec_opts_t;
 
 typedef struct dg_pp_exec dg_pp_exec_t;

@@ -21,6 +21,13 @@ int trn_has_loss(const trainer_t *tr) {
     return !tr->pp || dg_pp_exec_has_loss(tr->pp);
 }
 
+/* The executor's progress: every action of a step resets this rank's stall timer (as every micro-batch
+ * does without a pipeline). */
+static void pp_progress(void *ctx, const char *what) {
+    trainer_t *tr = ctx;
+    dg_health_set_activity(tr->health, tr->step, what);
+}
+
 dg_status_t trn_pp_create(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     const int pp = dg_mesh_pp(&tr->mesh);
@@ -50,6 +57,8 @@ dg_status_t trn_pp_create(trainer_t *tr) {
     o.act = tr->fsdp->comms->pp_act;
     o.grad = tr->fsdp->comms->pp_grad;
     o.world = tr->comm;
+    o.on_action = pp_progress;
+    o.on_action_ctx = tr;
     DG_TRY(dg_pp_exec_create(&o, &tr->pp));
     tr->model = dg_pp_exec_model(tr->pp, 0);
     return trn_pp_params(tr);
@@ -66,7 +75,6 @@ void trn_pp_free(trainer_t *tr) {
 dg_status_t trn_pp_forward_backward(trainer_t *tr, const int32_t *tok, const int32_t *tgt, float dloss,
                                     double *loss_sum) {
     dg_pp_exec_set_step(tr->pp, tr->step + 1); /* named by timeouts, as dg_model_set_step */
-    dg_health_set_activity(tr->health, tr->step, "pipeline forward_backward");
     return dg_pp_exec_step(tr->pp, tok, tgt, dloss, loss_sum);
 }
 
