@@ -1,7 +1,9 @@
 /* bench_pp.c — the pipeline executor on CPU ranks (docs/parallelism.md "The executor", "Benchmark"):
  *   1. the bubble measured against theory: pp = world stages, 1F1B, m micro-batches per step for m in
- *      {p, 2p, 4p, 8p}; measured bubble = 1 - sum over ranks of compute seconds / (p x the slowest rank's
- *      step), theory (p - 1) / (m + p - 1); printed with their ratio;
+ *      {p, 2p, 4p, 8p}; measured bubble = 1 - sum over ranks of forward + backward seconds / (p x the
+ *      slowest rank's replay of the schedule, dg_pp_exec_step), theory (p - 1) / (m + p - 1) (uniform
+ *      costs; here a backward costs about 2 forwards and the stages differ by the head); printed with
+ *      their ratio;
  *   2. step time pp = world against dp_replicate = world (plain data parallelism) on the same global batch
  *      (8 x world sequences), measured in the same invocation, one step of each in turn; the ratio
  *      pp / dp printed.
@@ -57,19 +59,22 @@ static const dg_optim_hparams_t k_h = {.lr = 1e-3f,
                                        .grad_clip = 1.0f,
                                        .t = 1};
 
-/* One pipeline step; *wall: the slowest rank's step, *busy: the sum of every rank's compute seconds. */
+/* One pipeline step; *wall: the slowest rank's step (zero_grad, schedule, optimizer), *bubble: 1 - the sum of
+ * every rank's compute seconds / (p x the slowest rank's schedule replay). */
 static void pp_step(dg_pp_exec_t *e, const int32_t *tok, const int32_t *tgt, float dloss, double *wall,
-                    double *busy) {
+                    double *bubble) {
     MPI_Barrier(MPI_COMM_WORLD);
     double loss = 0, t0 = MPI_Wtime();
     CHECK(dg_pp_exec_zero_grad(e));
     CHECK(dg_pp_exec_step(e, tok, tgt, dloss, &loss));
     float gn = 0;
     CHECK(dg_pp_exec_optimizer(e, &k_h, &gn));
-    double dt = MPI_Wtime() - t0, c = 0;
-    dg_pp_exec_times(e, &c, NULL);
+    double dt = MPI_Wtime() - t0, c = 0, r = 0, busy = 0, replay = 0;
+    dg_pp_exec_times(e, &c, &r);
     MPI_Allreduce(&dt, wall, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Allreduce(&c, busy, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&c, &busy, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&r, &replay, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    *bubble = 1.0 - busy / ((double)world * replay);
 }
 
 static void dp_step(dg_model_t *m, const int32_t *tok, const int32_t *tgt, int accum, size_t per, float dloss,
@@ -170,7 +175,7 @@ int main(int argc, char **argv) {
         for (int s = 0; s < o.steps; s++) {
             pp_step(e, tok, tgt, dloss, &wall, &busy);
             w[s] = wall;
-            b[s] = 1.0 - busy / ((double)world * wall);
+            b[s] = busy;
         }
         double th = dg_pp_bubble_theory(DG_PP_1F1B, world, 1, m), mw = median(w, o.steps),
                mb = median(b, o.steps);
