@@ -99,6 +99,9 @@ void dg_log(dg_log_level_t level, const char *fmt, ...) __attribute__((format(pr
 typedef enum { DG_F32 = 0, DG_BF16 = 1, DG_F16 = 2, DG_I32 = 3, DG_U16 = 4, DG_F64 = 5 } dg_dtype_t;
 size_t dg_dtype_size(dg_dtype_t t);
 const char *dg_dtype_name(dg_dtype_t t);
+/* One 16-bit float to f32, exactly (bf16: the top half of an f32; else IEEE fp16, subnormals, inf and NaN
+ * included) */
+float dg_half_to_f32(uint16_t h, int bf16);
 
 /* ---- small helpers ---- */
 double dg_now_s(void); /* monotonic seconds */
