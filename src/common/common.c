@@ -260,6 +260,10 @@ void *dg_xcalloc(size_t n, size_t size) {
     DG_ASSERTF(p != NULL, "out of memory allocating %zu x %zu bytes", n, size);
     return p;
 }
+void dg_free_n(void *const *ptrs, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        free(ptrs[i]);
+}
 char *dg_xstrdup(const char *s) {
     char *p = strdup(s ? s : "");
     DG_ASSERTF(p != NULL, "out of memory");

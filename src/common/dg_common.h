@@ -125,6 +125,11 @@ size_t dg_text_line(const char *text, size_t len, size_t *pos, const char **line
 void *dg_xmalloc(size_t n);
 void *dg_xcalloc(size_t n, size_t size);
 char *dg_xstrdup(const char *s);
+/* free() of each of the n pointers (NULL ones are fine); DG_FREE_ALL(a, b, ...): of each argument, in order
+ * (a teardown's owned arrays and the struct last) */
+void dg_free_n(void *const *ptrs, size_t n);
+#define DG_FREE_ALL(...)                                                                                     \
+    dg_free_n((void *const[]){__VA_ARGS__}, sizeof((void *const[]){__VA_ARGS__}) / sizeof(void *))
 /* snprintf into a fixed buffer; asserts on truncation. */
 void dg_fmt(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* "Did you mean": the optimal-string-alignment distance (Levenshtein plus adjacent transpositions, ASCII
