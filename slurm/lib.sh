@@ -1,4 +1,7 @@
-# slurm/lib.sh — what slurm/train.sh and slurm/validate.sh share (sourced; they set ME, log and die first):
+# slurm/lib.sh — what slurm/train.sh and slurm/validate.sh share (sourced first thing; they set ME):
+#   set -u, set -o pipefail; CHECK_ONLY=0
+#   log MSG...              "$ME: [date time] MSG" on stdout
+#   die MSG...              "$ME: error: MSG" on stderr, exit 1 (usage: never requeued)
 #   find_exe VAR REL NAME   the binary to launch: $VAR when set (it must be executable), else the first
 #                           executable of $DGT_BUILD_DIR/REL, $SLURM_SUBMIT_DIR/build/REL, build/REL of this
 #                           checkout (slurm/..), ./build/REL, then NAME on PATH; dies naming them all
@@ -14,13 +17,21 @@
 #                           a second one comes); the usage line is $USAGE
 #   input_file WHAT PATH    dies unless PATH is a readable regular file
 # shellcheck shell=bash
-# shellcheck disable=SC2034 # CMD and LAUNCHER are for the sourcing script
+# shellcheck disable=SC2034 # CMD, LAUNCHER and CHECK_ONLY are for the sourcing script
+set -u
+set -o pipefail
+CHECK_ONLY=0
+log() { echo "$ME: [$(date '+%F %T')] $*"; }
+die() {
+    echo "$ME: error: $*" >&2
+    exit 1
+}
 
 script_arg() {
     case "$3" in
     --check) CHECK_ONLY=1 ;;
     -h | --help)
-        sed -n '2,/^set -u/p' "$0" | sed -e 's/^# \{0,1\}//' -e '/^set -u/d'
+        sed -n '2,/^[^#]/p' "$0" | sed -e '/^[^#]/d' -e 's/^# \{0,1\}//' # the header comment
         exit 0
         ;;
     -*) die "unknown option '$3' ($USAGE)" ;;

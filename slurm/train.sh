@@ -41,27 +41,18 @@
 # not be saved, 5 paused for an operator after a checkpoint, 75 stopped on a signal after a checkpoint),
 # or the launcher's (137: a rank was SIGKILLed); 3, 75 and 137 requeue the job, 4 and 5 never do. This
 # script's own usage errors exit 1 before anything is launched.
-set -u
-set -o pipefail
-
 ME=train.sh
-log() { echo "$ME: [$(date '+%F %T')] $*"; }
-die() { # one clear line, exit 1 (usage); never requeued
-    echo "$ME: error: $*" >&2
-    exit 1
-}
-# slurm/lib.sh beside this script; a batch job runs a spooled copy: then beside the script sbatch was given
+# slurm/lib.sh (strict mode, log, die, the launcher) beside this script; a batch job runs a spooled copy:
+# then beside the script sbatch was given
 LIB=$(dirname "$0")/lib.sh
 [ -f "$LIB" ] || LIB=$(dirname "$(scontrol show job "${SLURM_JOB_ID:-none}" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')")/lib.sh
-[ -f "$LIB" ] || die "cannot find slurm/lib.sh beside $0 or the submitted script: run this script from its checkout"
 # shellcheck source=slurm/lib.sh
-source "$LIB"
+source "$LIB" 2>/dev/null || { echo "$ME: error: cannot find slurm/lib.sh beside $0 or the submitted script: run this script from its checkout" >&2 && exit 1; }
 USAGE="usage: sbatch slurm/train.sh CONFIG.ini [--set section.key=value ...]"
 
 # ---------------------------------------------------------------- arguments
-CHECK_ONLY=0
-CONFIG=
 SETS=()
+CONFIG=
 while [ $# -gt 0 ]; do
     case "$1" in
     --set)

@@ -43,25 +43,16 @@
 # failed, 3 the job was aborted (a peer failed or timed out), 4 at least one check FAILED. This script's
 # own usage errors exit 1 before anything is launched. A validation job is never requeued: its verdict
 # is about the nodes it ran on.
-set -u
-set -o pipefail
-
 ME=validate.sh
-log() { echo "$ME: [$(date '+%F %T')] $*"; }
-die() { # one clear line, exit 1 (usage)
-    echo "$ME: error: $*" >&2
-    exit 1
-}
-# slurm/lib.sh beside this script; a batch job runs a spooled copy: then beside the script sbatch was given
+# slurm/lib.sh (strict mode, log, die, the launcher) beside this script; a batch job runs a spooled copy:
+# then beside the script sbatch was given
 LIB=$(dirname "$0")/lib.sh
 [ -f "$LIB" ] || LIB=$(dirname "$(scontrol show job "${SLURM_JOB_ID:-none}" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')")/lib.sh
-[ -f "$LIB" ] || die "cannot find slurm/lib.sh beside $0 or the submitted script: run this script from its checkout"
 # shellcheck source=slurm/lib.sh
-source "$LIB"
+source "$LIB" 2>/dev/null || { echo "$ME: error: cannot find slurm/lib.sh beside $0 or the submitted script: run this script from its checkout" >&2 && exit 1; }
 USAGE="usage: sbatch slurm/validate.sh [SLA.ini] [--checks LIST] [--set key=value ...] [--run-dir DIR]"
 
 # ---------------------------------------------------------------- arguments
-CHECK_ONLY=0
 SLA=
 RUN_DIR=
 PASS=() # options handed to dgvalidate unchanged (it checks them itself)

@@ -10,33 +10,22 @@
 #                                           unless that already holds a working dgtrain)
 # Environment: OUT (default ./gpu-ab-out), STEPS (30), B (32), PREC (bf16), ROUNDS (3 runs of each),
 # TOL (0.01), CUDA_ARCH (90), JOBS (nproc). Exit 0 when within TOL, 1 when not, 2 on a build/run failure.
-set -uo pipefail
+source "$(dirname "$0")/lib.sh" && bench_start gpu-ab-out ab_summary.log
 old_src=$(cd "${1:?usage: ab.sh OLD_SRC NEW_SRC}" && pwd)
 new_src=$(cd "${2:?usage: ab.sh OLD_SRC NEW_SRC}" && pwd)
-here=$(cd "$(dirname "$0")" && pwd)
-out=${OUT:-$PWD/gpu-ab-out}
-mkdir -p "$out"
 steps=${STEPS:-30} B=${B:-32} prec=${PREC:-bf16} rounds=${ROUNDS:-3} tol=${TOL:-0.01}
-log() { echo "== $*" | tee -a "$out/ab_summary.log"; }
-usable() { [ -x "$1" ] && ! ldd "$1" 2>/dev/null | grep -q 'not found'; }
 
 build() { # build() SRC LOGNAME: dgtrain only, in SRC/build-ab
     local src=$1 b=$1/build-ab
     usable "$b/src/cli/dgtrain" && return 0
-    cmake -S "$src" -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDGT_CUDA=ON \
-        -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" >"$out/build_$2.log" 2>&1 &&
-        cmake --build "$b" -j "${JOBS:-$(nproc)}" --target dgtrain >>"$out/build_$2.log" 2>&1
+    bench_cmake "$src" "$b" "$out/build_$2.log" dgtrain
 }
 t0=$(date +%s)
 build "$old_src" old || { log "OLD build failed"; tail -20 "$out/build_old.log"; exit 2; }
 build "$new_src" new || { log "NEW build failed"; tail -20 "$out/build_new.log"; exit 2; }
 log "builds ready in $(($(date +%s) - t0)) s; $(nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader 2>&1 | head -1)"
 
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-python3 "$here/make_shards.py" "$work/data" --tokens $(((steps + 2) * B * 1025 + 1)) >/dev/null ||
-    { log "make_shards.py failed"; exit 2; }
-mpirun=$(command -v mpirun || command -v mpiexec)
+bench_shards $(((steps + 2) * B * 1025 + 1)) "$out/shards.log" || exit 2
 export DG_CUDA_GEMM_TUNE_FILE=$work/gemm_tune.txt # both builds read the same tuning choices
 
 one() { # one() TAG SRC ROUND: prints the median step_ms of one run

@@ -31,23 +31,8 @@
 #include "graph.h"
 #include "train_util.h"
 
-#define MUST(call)                                                                                           \
-    do {                                                                                                     \
-        dg_status_t must_s_ = (call);                                                                        \
-        if (must_s_ != DG_OK) {                                                                              \
-            fprintf(stderr, "bench_step: %s failed: %s (%s)\n", #call, dg_last_error(),                      \
-                    dg_last_error_where());                                                                  \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
-#define CU(call)                                                                                             \
-    do {                                                                                                     \
-        cudaError_t cu_e_ = (call);                                                                          \
-        if (cu_e_ != cudaSuccess) {                                                                          \
-            fprintf(stderr, "bench_step: %s failed: %s\n", #call, cudaGetErrorString(cu_e_));                \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
+#define BENCH_WHO "bench_step"
+#include "../lib/bench_check.h"
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

@@ -4,23 +4,14 @@
 # steps > 5; peak GPU memory from the done event; the ratio to `none`), then gpt2-1558m at micro-batch
 # BIG_B (96: its activations do not fit one H200 without recompute): --plan-only without recompute (expected: refused by the memory-fit check) and a few steps
 # with train.recompute=full. Uses BUILD_DIR's dgtrain (default build-gpu). OUT for logs.
-set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
+source "$(dirname "$0")/lib.sh" && bench_start recompute-out
 build=${1:-$root/build-gpu}
-out=${OUT:-$PWD/recompute-out}
-mkdir -p "$out"
 B=${B:-32}
 BIG_B=${BIG_B:-96}
 steps=${STEPS:-16}
-py=${PYTHON:-python3}
 dgtrain=$build/src/cli/dgtrain
 [ -x "$dgtrain" ] || { echo "no $dgtrain"; exit 1; }
-mpirun=$(command -v mpirun || command -v mpiexec)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-"$py" "$here/make_shards.py" "$work/data" --tokens $(((steps + 2) * B * 1025 + 1)) >"$out/shards.log" 2>&1 ||
-  { echo "make_shards.py failed"; exit 1; }
+bench_shards $(((steps + 2) * B * 1025 + 1)) "$out/shards.log" || exit 1
 export DG_CUDA_GEMM_TUNE_FILE=$work/gemm_tune.txt
 common=(--set data.train="$work/data/bench_train_*.bin" --set data.val="$work/data/bench_val_*.bin"
   --set data.val_every=0 --set train.precision=bf16 --set parallel.backend=cuda --set checkpoint.every=0

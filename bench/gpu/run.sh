@@ -10,40 +10,26 @@
 # Environment: OUT (logs and JSON, default ./gpu-bench-out), STEPS (dgtrain steps, default 40; the median
 # is over steps > 5), B (32), PREC (bf16), TORCH_STEPS (20), SKIP_TORCH_COMPILE=1, CUDA_ARCH (90),
 # JOBS (build parallelism). Needs python3 with torch (the GPU machine's image has it) and mpirun.
-set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
+source "$(dirname "$0")/lib.sh" && bench_start gpu-bench-out bench_summary.log
 build=${1:-$root/build-gpu}
-out=${OUT:-$PWD/gpu-bench-out}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
 steps=${STEPS:-40}
 B=${B:-32}
 prec=${PREC:-bf16}
 tsteps=${TORCH_STEPS:-20}
-py=${PYTHON:-python3}
-log() { echo "== $*" | tee -a "$out/bench_summary.log"; }
 
 log "$(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
 dgtrain=$build/src/cli/dgtrain
 bstep=$build/bench/gpu/bench_step
-usable() { [ -x "$1" ] && ! ldd "$1" 2>/dev/null | grep -q 'not found'; }
 if usable "$dgtrain" && usable "$bstep"; then
   log "using the prebuilt $build"
 else
   t0=$(date +%s)
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDGT_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" >"$out/bench_build.log" 2>&1 &&
-    cmake --build "$build" -j "${JOBS:-$(nproc)}" --target dgtrain dgckpt bench_step >>"$out/bench_build.log" 2>&1
+  bench_cmake "$root" "$build" "$out/bench_build.log" dgtrain dgckpt bench_step
   rc=$?
   log "build rc=$rc in $(($(date +%s) - t0)) s"
   [ $rc -eq 0 ] || { tail -30 "$out/bench_build.log"; exit 1; }
 fi
-mpirun=$(command -v mpirun || command -v mpiexec)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-"$py" "$here/make_shards.py" "$work/data" --tokens $(((steps + 2) * B * 1025 + 1)) >>"$out/bench_summary.log" 2>&1 ||
-  { log "make_shards.py failed"; exit 1; }
+bench_shards $(((steps + 2) * B * 1025 + 1)) "$out/shards.log" || exit 1
 
 # dgtrain: the first launch after the build is "cold" (page cache, CUDA module load, cuBLASLt
 # heuristics, and the GEMM algorithm timing: a fresh tuning file); the second, identical one is "warm"

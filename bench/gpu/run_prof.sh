@@ -8,23 +8,16 @@
 # BUILD_DIR holds src/cli/dgtrain and bench/gpu/libdg_cupti_trace.so (or libdg_cupti_trace.so at its
 # top). Logs and summary.log go to $OUT (default ./gpu-prof-out); BUDGET_S (default 240) skips what
 # would start too late.
-set -uo pipefail
-t_start=$(date +%s)
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
+source "$(dirname "$0")/lib.sh" && bench_start gpu-prof-out
 bdir=${1:?usage: run_prof.sh BUILD_DIR}
-out=${OUT:-$PWD/gpu-prof-out}
-mkdir -p "$out"
 budget=${BUDGET_S:-240}
-left() { echo $((budget - ($(date +%s) - t_start))); }
-log() { echo "== [$(($(date +%s) - t_start))s] $*" | tee -a "$out/summary.log"; }
 mpi=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
 export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
 dgtrain=$bdir/src/cli/dgtrain
 cupti=$bdir/bench/gpu/libdg_cupti_trace.so
 [ -f "$cupti" ] || cupti=$bdir/libdg_cupti_trace.so
-tmp=$(mktemp -d)
-python3 "$root/bench/gpu/make_shards.py" "$tmp/data" --tokens $((24 * 32 * 1025 + 1)) >/dev/null
+tmp=$work
+bench_shards $((24 * 32 * 1025 + 1)) "$out/shards.log" || exit 1
 
 train() { # name, cuda_graph, steps, extra env...
   local name=$1 graph=$2 steps=$3
@@ -56,5 +49,4 @@ for g in true false; do
   log "CUPTI profile, cuda_graph=$g:"
   cat "$out/profile_$g.txt" >>"$out/summary.log"
 done
-rm -rf "$tmp"
 log "done"

@@ -5,30 +5,18 @@
 # memory from the done event) and then torch_gpt2.py --mode compile on the identical model, batch and
 # optimizer; prints one line per size with both tokens/s, both peaks and the ratio. Reuses BUILD_DIR's
 # dgtrain (default build-gpu; built with run.sh's flags when missing). OUT for logs (default ./sizes-out).
-set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
+source "$(dirname "$0")/lib.sh" && bench_start sizes-out
 build=${1:-$root/build-gpu}
-out=${OUT:-$PWD/sizes-out}
-mkdir -p "$out"
 sizes=${SIZES:-"gpt2-124m:8 gpt2-350m:16 gpt2-774m:8"}
 steps=${STEPS:-16}
 tsteps=${TORCH_STEPS:-12}
-py=${PYTHON:-python3}
 dgtrain=$build/src/cli/dgtrain
 if ! [ -x "$dgtrain" ]; then
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDGT_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" >"$out/build.log" 2>&1 &&
-    cmake --build "$build" -j "${JOBS:-$(nproc)}" --target dgtrain >>"$out/build.log" 2>&1 ||
-    { tail -30 "$out/build.log"; exit 1; }
+  bench_cmake "$root" "$build" "$out/build.log" dgtrain || { tail -30 "$out/build.log"; exit 1; }
 fi
-mpirun=$(command -v mpirun || command -v mpiexec)
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 maxb=0
 for s in $sizes; do b=${s#*:}; [ "$b" -gt "$maxb" ] && maxb=$b; done
-"$py" "$here/make_shards.py" "$work/data" --tokens $(((steps + 2) * maxb * 1025 + 1)) >"$out/shards.log" 2>&1 ||
-  { echo "make_shards.py failed"; exit 1; }
+bench_shards $(((steps + 2) * maxb * 1025 + 1)) "$out/shards.log" || exit 1
 export DG_CUDA_GEMM_TUNE_FILE=$work/gemm_tune.txt
 shape() { # preset -> torch_gpt2.py flags
   case $1 in

@@ -32,14 +32,8 @@
 
 #include "backend.h"
 
-#define MUST(call)                                                                                           \
-    do {                                                                                                     \
-        dg_status_t must_s_ = (call);                                                                        \
-        if (must_s_ != DG_OK) {                                                                              \
-            fprintf(stderr, "bench: %s failed: %s (%s)\n", #call, dg_last_error(), dg_last_error_where());   \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
+#define BENCH_WHO "bench"
+#include "../lib/bench_check.h"
 
 typedef struct {
     const char *name;
@@ -110,15 +104,6 @@ static void *dev_rand(size_t n, dg_dtype_t dt, float lo, float hi, uint64_t seed
 
 /* ---------------- --mode lnbgrad ---------------- */
 
-#define CUDA_MUST(call)                                                                                      \
-    do {                                                                                                     \
-        cudaError_t cu_e_ = (call);                                                                          \
-        if (cu_e_ != cudaSuccess) {                                                                          \
-            fprintf(stderr, "bench: %s failed: %s\n", #call, cudaGetErrorString(cu_e_));                     \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
-
 #define LB_REPS 5
 static void *g_lb_ptrs[64]; /* this backend's buffers, freed before the next variant's backend */
 static int g_lb_n;
@@ -141,20 +126,20 @@ static int cmp_double(const void *a, const void *b) {
     do {                                                                                                     \
         cudaStream_t st_ = (cudaStream_t)dg_backend_cuda_stream(g_be);                                       \
         cudaEvent_t e0_, e1_;                                                                                \
-        CUDA_MUST(cudaEventCreate(&e0_));                                                                    \
-        CUDA_MUST(cudaEventCreate(&e1_));                                                                    \
+        CU(cudaEventCreate(&e0_));                                                                           \
+        CU(cudaEventCreate(&e1_));                                                                           \
         for (int w_ = 0; w_ < 5; w_++)                                                                       \
             MUST(CALL);                                                                                      \
         MUST(g_be->ops->sync(g_be));                                                                         \
         double t_[LB_REPS];                                                                                  \
         for (int r_ = 0; r_ < LB_REPS; r_++) {                                                               \
-            CUDA_MUST(cudaEventRecord(e0_, st_));                                                            \
+            CU(cudaEventRecord(e0_, st_));                                                                   \
             for (int i_ = 0; i_ < g_iters; i_++)                                                             \
                 MUST(CALL);                                                                                  \
-            CUDA_MUST(cudaEventRecord(e1_, st_));                                                            \
-            CUDA_MUST(cudaEventSynchronize(e1_));                                                            \
+            CU(cudaEventRecord(e1_, st_));                                                                   \
+            CU(cudaEventSynchronize(e1_));                                                                   \
             float ms_ = 0.f;                                                                                 \
-            CUDA_MUST(cudaEventElapsedTime(&ms_, e0_, e1_));                                                 \
+            CU(cudaEventElapsedTime(&ms_, e0_, e1_));                                                        \
             t_[r_] = (double)ms_ / g_iters;                                                                  \
         }                                                                                                    \
         MUST(g_be->ops->sync(g_be));                                                                         \

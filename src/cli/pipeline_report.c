@@ -75,12 +75,7 @@ static dg_status_t report(dg_boot_t *boot, const dg_config_t *cfg, int json, con
     if (s == DG_OK) {
         double rate = cl.peak_flops_per_rank * DG_CLI_COMPUTE_EFF, msg = dg_pp_message_bytes(&pm);
         dg_pp_costs_t pc;
-        memset(&pc, 0, sizeof pc);
-        for (int c = 0; c < sp.n_chunks; c++) {
-            pc.fwd_s[c] = rate > 0 ? sp.chunk[c].fwd_flops / rate : 0;
-            pc.bwd_s[c] = rate > 0 ? sp.chunk[c].bwd_flops / rate : 0;
-            pc.act_bytes[c] = sp.chunk[c].act_bytes;
-        }
+        dg_pp_costs_from_split(&sp, rate, &pc);
         p2p = dg_xcalloc((size_t)pp * pp, sizeof(double));
         for (int a = 0; a < pp; a++)
             for (int b = 0; b < pp; b++)

@@ -160,6 +160,30 @@ const char *dg_dtype_name(dg_dtype_t t) {
     return (unsigned)t < sizeof k_dtypes / sizeof *k_dtypes ? k_dtypes[t].name : "?";
 }
 
+float dg_half_to_f32(uint16_t h, int bf16) {
+    uint32_t u;
+    if (bf16) {
+        u = (uint32_t)h << 16;
+    } else {
+        uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
+        if (e == 31)
+            u = sign | 0x7F800000u | (m << 13);
+        else if (e)
+            u = sign | ((e + 112) << 23) | (m << 13);
+        else if (!m)
+            u = sign;
+        else { /* subnormal: normalise */
+            int k = 0;
+            while (!(m & 1024))
+                m <<= 1, k++;
+            u = sign | ((uint32_t)(113 - k) << 23) | ((m & 1023) << 13);
+        }
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 int dg_read_stream(FILE *f, size_t max_bytes, char **out, size_t *len) {
     size_t cap = 4096, n = 0;
     char *b = dg_xmalloc(cap + 1);
@@ -235,6 +259,10 @@ void *dg_xcalloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
     DG_ASSERTF(p != NULL, "out of memory allocating %zu x %zu bytes", n, size);
     return p;
+}
+void dg_free_n(void *const *ptrs, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        free(ptrs[i]);
 }
 char *dg_xstrdup(const char *s) {
     char *p = strdup(s ? s : "");

@@ -99,6 +99,9 @@ void dg_log(dg_log_level_t level, const char *fmt, ...) __attribute__((format(pr
 typedef enum { DG_F32 = 0, DG_BF16 = 1, DG_F16 = 2, DG_I32 = 3, DG_U16 = 4, DG_F64 = 5 } dg_dtype_t;
 size_t dg_dtype_size(dg_dtype_t t);
 const char *dg_dtype_name(dg_dtype_t t);
+/* One 16-bit float to f32, exactly (bf16: the top half of an f32; else IEEE fp16, subnormals, inf and NaN
+ * included) */
+float dg_half_to_f32(uint16_t h, int bf16);
 
 /* ---- small helpers ---- */
 double dg_now_s(void); /* monotonic seconds */
@@ -122,6 +125,11 @@ size_t dg_text_line(const char *text, size_t len, size_t *pos, const char **line
 void *dg_xmalloc(size_t n);
 void *dg_xcalloc(size_t n, size_t size);
 char *dg_xstrdup(const char *s);
+/* free() of each of the n pointers (NULL ones are fine); DG_FREE_ALL(a, b, ...): of each argument, in order
+ * (a teardown's owned arrays and the struct last) */
+void dg_free_n(void *const *ptrs, size_t n);
+#define DG_FREE_ALL(...)                                                                                     \
+    dg_free_n((void *const[]){__VA_ARGS__}, sizeof((void *const[]){__VA_ARGS__}) / sizeof(void *))
 /* snprintf into a fixed buffer; asserts on truncation. */
 void dg_fmt(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* "Did you mean": the optimal-string-alignment distance (Levenshtein plus adjacent transpositions, ASCII

@@ -527,12 +527,7 @@ static void nth_line(const char *text, size_t len, int line, char *out, size_t c
 }
 
 static dg_status_t parse_text(dg_config_t *cfg, const char *name, const char *text, size_t len) {
-    parse_state_t st;
-    memset(&st, 0, sizeof st);
-    st.cfg = cfg;
-    st.name = name;
-    st.text = text;
-    st.len = len;
+    parse_state_t st = {.cfg = cfg, .name = name, .text = text, .len = len};
     const char *nul = memchr(text, 0, len);
     if (nul) {
         int line = 1;

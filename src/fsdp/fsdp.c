@@ -12,13 +12,12 @@
 #include "dg_mpi.h"
 
 void dg_fsdp_opts_default(dg_fsdp_opts_t *o) {
-    memset(o, 0, sizeof *o);
-    o->timeout_s = 120;
-    o->bucket_mb = 25;
-    o->prefetch_budget_mb = 256;
-    o->overlap = 1;
-    o->reshard_after_forward = 1;
-    o->cuda_device = -1;
+    *o = (dg_fsdp_opts_t){.timeout_s = 120,
+                          .bucket_mb = 25,
+                          .prefetch_budget_mb = 256,
+                          .overlap = 1,
+                          .reshard_after_forward = 1,
+                          .cuda_device = -1};
     snprintf(o->comm, sizeof o->comm, "auto");
 }
 

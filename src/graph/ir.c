@@ -43,10 +43,7 @@ void dg_graph_free(dg_graph_t *g) {
     if (!g) return;
     for (int i = 0; i < g->n; i++)
         free(g->nodes[i]);
-    free(g->nodes);
-    free(g->opt_segs);
-    free(g->norm_segs);
-    free(g);
+    DG_FREE_ALL(g->nodes, g->opt_segs, g->norm_segs, g);
 }
 
 dg_status_t dg_graph_error(const dg_graph_t *g) {

@@ -144,30 +144,6 @@ const dg_st_tensor_t *dg_st_find(const dg_st_file_t *f, const char *name) {
     return NULL;
 }
 
-static float half_to_f32(uint16_t h, int bf16) {
-    uint32_t u;
-    if (bf16) {
-        u = (uint32_t)h << 16;
-    } else {
-        uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
-        if (e == 31)
-            u = sign | 0x7F800000u | (m << 13);
-        else if (e)
-            u = sign | ((e + 112) << 23) | (m << 13);
-        else if (!m)
-            u = sign;
-        else { /* subnormal: normalise */
-            int k = 0;
-            while (!(m & 1024))
-                m <<= 1, k++;
-            u = sign | ((uint32_t)(113 - k) << 23) | ((m & 1023) << 13);
-        }
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 dg_status_t dg_st_read_f32(const dg_st_file_t *f, const dg_st_tensor_t *t, float *out) {
     const uint8_t *p = f->data + t->begin;
     size_t es = dtype_bytes(t->dtype), n = es ? (size_t)(t->end - t->begin) / es : 0;
@@ -178,7 +154,7 @@ dg_status_t dg_st_read_f32(const dg_st_file_t *f, const dg_st_tensor_t *t, float
     if (es == 2) {
         int bf = !strcmp(t->dtype, "BF16");
         for (size_t i = 0; i < n; i++)
-            out[i] = half_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)), bf);
+            out[i] = dg_half_to_f32((uint16_t)(p[2 * i] | (p[2 * i + 1] << 8)), bf);
         return DG_OK;
     }
     return DG_ERR(DG_ERR_USAGE, "%s: tensor %s has dtype %s (allowed: F32, F16, BF16)", f->path, t->name,

@@ -132,13 +132,7 @@ void dg_infer_free(dg_infer_t *e) {
                     e->logits, e->logits32, e->mean, e->rstd, e->tok, e->aux, e->stage};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
-    free(e->names);
-    free(e->numel);
-    free(e->w);
-    free(e->kc);
-    free(e->vc);
-    free(e->host_logits);
-    free(e);
+    DG_FREE_ALL(e->names, e->numel, e->w, e->kc, e->vc, e->host_logits, e);
 }
 
 int dg_infer_n_tensors(const dg_infer_t *e) {

@@ -62,16 +62,15 @@ static dg_status_t llmc_check(dg_llmc_file_t *f, const int32_t *h, size_t len) {
 }
 
 dg_status_t dg_llmc_open(const char *path, dg_llmc_file_t *out) {
-    memset(out, 0, sizeof *out);
+    *out = (dg_llmc_file_t){0};
     snprintf(out->path, sizeof out->path, "%s", path);
     DG_TRY(dg_mio_map(path, "an llm.c model checkpoint", &out->map, &out->map_len));
     dg_status_t s = llmc_check(out, out->map, out->map_len);
-    if (s) {
+    if (s == DG_OK)
+        out->params = (const float *)((const char *)out->map + 1024); /* the floats after the header */
+    else
         dg_llmc_close(out);
-        return s;
-    }
-    out->params = (const float *)((const char *)out->map + 1024);
-    return DG_OK;
+    return s;
 }
 
 void dg_llmc_close(dg_llmc_file_t *f) {

@@ -141,8 +141,14 @@ static void layout(dg_model_t *m) {
     }
     m->total = t;
     if (m->k == 1 && m->rep == 1) return;
-    dg_shard_plan_t *sp = dg_xcalloc(1, sizeof *sp);
-    sp->n = m->np;
+    dg_shard_plan_t *sp = dg_xmalloc(sizeof *sp);
+    *sp = (dg_shard_plan_t){.n = m->np,
+                            .k = m->k,
+                            .bucket_bytes = m->par.bucket_bytes,
+                            .prefetch_bytes = m->par.prefetch_bytes,
+                            .overlap = m->par.overlap,
+                            .reshard = m->par.reshard_after_forward,
+                            .reduce_dtype = m->par.reduce_dtype};
     sp->params = dg_xcalloc((size_t)m->np, sizeof *sp->params);
     for (int i = 0; i < m->np; i++) {
         int group = dg_gpt2_param_group(m, m->info[i].name);
@@ -150,12 +156,6 @@ static void layout(dg_model_t *m) {
         sp->params[i] =
             (dg_shard_param_t){m->pnode[i], group, pl->lrows, pl->lcols, pl->Rs, pl->row0, m->off[i]};
     }
-    sp->k = m->k;
-    sp->bucket_bytes = m->par.bucket_bytes;
-    sp->prefetch_bytes = m->par.prefetch_bytes;
-    sp->overlap = m->par.overlap;
-    sp->reshard = m->par.reshard_after_forward;
-    sp->reduce_dtype = m->par.reduce_dtype;
     m->shard = sp;
 }
 
@@ -773,14 +773,7 @@ void dg_model_free(dg_model_t *m) {
     dg_plan_free(m->plan);
     dg_graph_free(m->g);
     dg_shard_plan_free(m->shard);
-    free(m->place);
-    free(m->gidx);
-    free(m->info);
-    free(m->names);
-    free(m->pnode);
-    free(m->off);
-    free(m->frozen);
-    free(m);
+    DG_FREE_ALL(m->place, m->gidx, m->info, m->names, m->pnode, m->off, m->frozen, m);
 }
 
 /* ---------------- accessors ---------------- */

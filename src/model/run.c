@@ -330,23 +330,6 @@ dg_status_t dg_model_forward(dg_model_t *m, const int32_t *tokens_host, const in
     return read_mean_loss(m, mean_loss_out);
 }
 
-static float half_to_f32(uint16_t h, int bf16) {
-    uint32_t u;
-    if (bf16) {
-        u = (uint32_t)h << 16;
-    } else {
-        uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, f = h & 0x3ff;
-        if (e == 0) {
-            float v = ldexpf((float)f, -24);
-            return s ? -v : v;
-        }
-        u = s | ((e == 31 ? 255 : e + 112) << 23) | (f << 13);
-    }
-    float v;
-    memcpy(&v, &u, sizeof v);
-    return v;
-}
-
 dg_status_t dg_model_logits(dg_model_t *m, const int32_t *tokens_host, int pos, float *host_out) {
     DG_TRY(dg_model_need_memory(m, "logits"));
     DG_TRY(not_a_chunk(m, "logits"));
@@ -371,7 +354,7 @@ dg_status_t dg_model_logits(dg_model_t *m, const int32_t *tokens_host, int pos, 
         } else {
             st = m->be->ops->to_host(m->be, tmp, row, V * as);
             for (size_t j = 0; j < V && st == DG_OK; j++)
-                dst[j] = half_to_f32(tmp[j], at == DG_BF16);
+                dst[j] = dg_half_to_f32(tmp[j], at == DG_BF16);
         }
     }
     free(tmp);

@@ -124,6 +124,10 @@ typedef struct dg_pp_costs {
     const double *p2p_s; /* pp x pp seconds of one message from rank a to b ([a * pp + b]); NULL = 0 */
 } dg_pp_costs_t;
 
+/* The compute part of the costs from a split: each chunk's forward and backward FLOPs at flops_per_s
+ * (0 or less: zero times) and its activation bytes; p2p_s NULL (the caller's link figures). */
+void dg_pp_costs_from_split(const dg_pp_split_t *sp, double flops_per_s, dg_pp_costs_t *out);
+
 typedef struct dg_pp_event {
     int rank, op, mb, chunk;
     double t0, t1;

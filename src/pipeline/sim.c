@@ -22,6 +22,15 @@ static size_t arrival_slot(const dg_pp_action_t *a, int nc) {
     return ((size_t)a->mb * nc + (size_t)prod) * 2 + (size_t)grad;
 }
 
+void dg_pp_costs_from_split(const dg_pp_split_t *sp, double flops_per_s, dg_pp_costs_t *out) {
+    memset(out, 0, sizeof *out);
+    for (int c = 0; c < sp->n_chunks; c++) {
+        out->fwd_s[c] = flops_per_s > 0 ? sp->chunk[c].fwd_flops / flops_per_s : 0;
+        out->bwd_s[c] = flops_per_s > 0 ? sp->chunk[c].bwd_flops / flops_per_s : 0;
+        out->act_bytes[c] = sp->chunk[c].act_bytes;
+    }
+}
+
 dg_status_t dg_pp_simulate(const dg_pp_schedule_t *s, const dg_pp_costs_t *c, int keep_events,
                            dg_pp_sim_t *o) {
     const int p = s->pp, nc = p * s->virt;

@@ -111,12 +111,7 @@ static void evaluate(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_plan
         } else {
             double rate = c->peak_flops_per_rank * DG_PLAN_COMPUTE_EFF;
             dg_pp_costs_t pc;
-            memset(&pc, 0, sizeof pc);
-            for (int q = 0; q < split.n_chunks; q++) {
-                pc.fwd_s[q] = rate > 0 ? split.chunk[q].fwd_flops / rate : 0;
-                pc.bwd_s[q] = rate > 0 ? split.chunk[q].bwd_flops / rate : 0;
-                pc.act_bytes[q] = split.chunk[q].act_bytes;
-            }
+            dg_pp_costs_from_split(&split, rate, &pc);
             /* the pipeline of stage-local rank 0: stage a's rank to stage b's over their link */
             const int W = dg_mesh_stage_world(&p->mesh);
             double *p2p = dg_xcalloc((size_t)PP * PP, sizeof(double));

@@ -250,10 +250,10 @@ dg_sla_action_t dg_gov_step_time(dg_gov_t *g, int64_t step, double seconds, int 
 
 void dg_gov_stats(const dg_gov_t *g, dg_sla_obj_t o, dg_gov_stats_t *out) {
     const obj_state_t *s = &g->st[o];
-    out->samples = s->samples;
-    out->windows = s->windows;
-    out->violating_windows = s->violating;
-    out->level1 = s->level1;
-    out->level2 = s->level2;
-    out->firing = s->firing;
+    *out = (dg_gov_stats_t){.samples = s->samples,
+                            .windows = s->windows,
+                            .violating_windows = s->violating,
+                            .level1 = s->level1,
+                            .level2 = s->level2,
+                            .firing = s->firing};
 }

@@ -202,12 +202,7 @@ void dg_tokenizer_free(dg_tokenizer_t *t) {
     pcre2_code_free(t->re);
 #endif
     pthread_mutex_destroy(&t->mu);
-    free(t->slot);
-    free(t->pair_rank);
-    free(t->blob);
-    free(t->off);
-    free(t->source);
-    free(t);
+    DG_FREE_ALL(t->slot, t->pair_rank, t->blob, t->off, t->source, t);
 }
 
 int dg_tokenizer_can_encode(void) {

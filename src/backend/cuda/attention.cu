@@ -37,13 +37,22 @@ size_t dg_cuda_attention_aux_bytes(int B, int T, int C, int NH) {
 #define GEN_WARPS 4
 #define GEN_MAXD 8 /* head size up to 32 * GEN_MAXD */
 
+/* What a generic kernel's warp works on: its warp and lane, (b, h) of blockIdx.y, the head size and its row
+ * (a query or a key) of blockIdx.x */
+struct GenRow {
+    int warp, lane, bh, b, h, HS, row;
+};
+static __device__ __forceinline__ GenRow gen_row(int C, int NH) {
+    const int warp = threadIdx.x >> 5, bh = blockIdx.y;
+    return {
+        warp, (int)(threadIdx.x & 31), bh, bh / NH, bh % NH, C / NH, (int)(blockIdx.x * GEN_WARPS + warp)};
+}
+
 template <typename T>
 __global__ void __launch_bounds__(32 * GEN_WARPS)
     attn_fwd_generic(T *out, float *lse, const T *qkv, int Tn, int C, int NH, float scale) {
     __shared__ float qs[GEN_WARPS][32 * GEN_MAXD];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
-    const int t = blockIdx.x * GEN_WARPS + warp;
+    const auto [warp, lane, bh, b, h, HS, t] = gen_row(C, NH);
     if (t >= Tn) return;
     const size_t C3 = 3 * (size_t)C;
     const T *base = qkv + (size_t)b * Tn * C3 + h * HS;
@@ -99,9 +108,7 @@ __global__ void __launch_bounds__(32 * GEN_WARPS)
 template <typename T>
 __global__ void __launch_bounds__(32 * GEN_WARPS)
     attn_delta_kernel(float *delta, const T *dout, const T *out, int Tn, int C, int NH) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
-    const int t = blockIdx.x * GEN_WARPS + warp;
+    const auto [warp, lane, bh, b, h, HS, t] = gen_row(C, NH);
     if (t >= Tn) return;
     const size_t off = ((size_t)b * Tn + t) * C + h * HS;
     float s = 0.f;
@@ -111,119 +118,109 @@ __global__ void __launch_bounds__(32 * GEN_WARPS)
     if (lane == 0) delta[(size_t)bh * Tn + t] = s;
 }
 
-/* dQ: one warp per query row. */
-template <typename T>
+/* The generic backward, one warp per row: KV = false, dQ (the row a query); KV = true, dK and dV (the row a
+ * key, looping over the queries t >= j). */
+template <typename T, bool KV>
 __global__ void __launch_bounds__(32 * GEN_WARPS)
-    attn_bwd_q_generic(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn,
-                       int C, int NH, float scale) {
-    __shared__ float qs[GEN_WARPS][32 * GEN_MAXD], dos[GEN_WARPS][32 * GEN_MAXD];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
-    const int t = blockIdx.x * GEN_WARPS + warp;
-    if (t >= Tn) return;
+    attn_bwd_generic(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn,
+                     int C, int NH, float scale) {
+    __shared__ float sa[GEN_WARPS][32 * GEN_MAXD], sb[GEN_WARPS][32 * GEN_MAXD];
+    const auto [warp, lane, bh, b, h, HS, row] = gen_row(C, NH);
+    if (row >= Tn) return;
     const size_t C3 = 3 * (size_t)C;
     const T *base = qkv + (size_t)b * Tn * C3 + h * HS;
-    const T *dob = dout + ((size_t)b * Tn + t) * C + h * HS;
-    float *q = qs[warp], *dov = dos[warp];
-    for (int d = lane; d < HS; d += 32) {
-        q[d] = dg_to_f(base[(size_t)t * C3 + d]) * scale;
-        dov[d] = dg_to_f(dob[d]);
-    }
-    __syncwarp();
-    const float L = lse[(size_t)bh * Tn + t], D = delta[(size_t)bh * Tn + t];
-    float dq[GEN_MAXD];
-#pragma unroll
-    for (int i = 0; i < GEN_MAXD; i++)
-        dq[i] = 0.f;
-    for (int j0 = 0; j0 <= t; j0 += 32) {
-        const int j = j0 + lane;
-        float ds = 0.f;
-        if (j <= t) {
-            const T *k = base + (size_t)j * C3 + C, *v = base + (size_t)j * C3 + 2 * C;
-            float s = 0.f, dp = 0.f;
-            for (int d = 0; d < HS; d++) {
-                s += q[d] * dg_to_f(k[d]);
-                dp += dov[d] * dg_to_f(v[d]);
-            }
-            ds = expf(s - L) * (dp - D);
+    if constexpr (!KV) {
+        const int t = row;
+        const T *dob = dout + ((size_t)b * Tn + t) * C + h * HS;
+        float *q = sa[warp], *dov = sb[warp];
+        for (int d = lane; d < HS; d += 32) {
+            q[d] = dg_to_f(base[(size_t)t * C3 + d]) * scale;
+            dov[d] = dg_to_f(dob[d]);
         }
-        const int jn = min(32, t - j0 + 1);
-        for (int jj = 0; jj < jn; jj++) {
-            const float dsj = __shfl_sync(0xffffffffu, ds, jj);
-            const T *k = base + (size_t)(j0 + jj) * C3 + C;
+        __syncwarp();
+        const float L = lse[(size_t)bh * Tn + t], D = delta[(size_t)bh * Tn + t];
+        float dq[GEN_MAXD];
 #pragma unroll
-            for (int i = 0; i < GEN_MAXD; i++) {
-                const int d = lane + 32 * i;
-                if (d < HS) dq[i] += dsj * dg_to_f(k[d]);
+        for (int i = 0; i < GEN_MAXD; i++)
+            dq[i] = 0.f;
+        for (int j0 = 0; j0 <= t; j0 += 32) {
+            const int j = j0 + lane;
+            float ds = 0.f;
+            if (j <= t) {
+                const T *k = base + (size_t)j * C3 + C, *v = base + (size_t)j * C3 + 2 * C;
+                float s = 0.f, dp = 0.f;
+                for (int d = 0; d < HS; d++) {
+                    s += q[d] * dg_to_f(k[d]);
+                    dp += dov[d] * dg_to_f(v[d]);
+                }
+                ds = expf(s - L) * (dp - D);
             }
-        }
-    }
-    T *o = dqkv + ((size_t)b * Tn + t) * C3 + h * HS;
+            const int jn = min(32, t - j0 + 1);
+            for (int jj = 0; jj < jn; jj++) {
+                const float dsj = __shfl_sync(0xffffffffu, ds, jj);
+                const T *k = base + (size_t)(j0 + jj) * C3 + C;
 #pragma unroll
-    for (int i = 0; i < GEN_MAXD; i++) {
-        const int d = lane + 32 * i;
-        if (d < HS) o[d] = dg_from_f<T>(dq[i] * scale);
-    }
-}
-
-/* dK, dV: one warp per key row, looping over the queries t >= j. */
-template <typename T>
-__global__ void __launch_bounds__(32 * GEN_WARPS)
-    attn_bwd_kv_generic(T *dqkv, const T *dout, const T *qkv, const float *lse, const float *delta, int Tn,
-                        int C, int NH, float scale) {
-    __shared__ float ks[GEN_WARPS][32 * GEN_MAXD], vs[GEN_WARPS][32 * GEN_MAXD];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH, HS = C / NH;
-    const int j = blockIdx.x * GEN_WARPS + warp;
-    if (j >= Tn) return;
-    const size_t C3 = 3 * (size_t)C;
-    const T *base = qkv + (size_t)b * Tn * C3 + h * HS;
-    const T *dob = dout + (size_t)b * Tn * C + h * HS;
-    float *k = ks[warp], *v = vs[warp];
-    for (int d = lane; d < HS; d += 32) {
-        k[d] = dg_to_f(base[(size_t)j * C3 + C + d]) * scale;
-        v[d] = dg_to_f(base[(size_t)j * C3 + 2 * C + d]);
-    }
-    __syncwarp();
-    float dk[GEN_MAXD], dv[GEN_MAXD];
-#pragma unroll
-    for (int i = 0; i < GEN_MAXD; i++)
-        dk[i] = dv[i] = 0.f;
-    const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
-    for (int t0 = j; t0 < Tn; t0 += 32) {
-        const int t = t0 + lane;
-        float p = 0.f, ds = 0.f;
-        if (t < Tn) {
-            const T *q = base + (size_t)t * C3, *dov = dob + (size_t)t * C;
-            float s = 0.f, dp = 0.f;
-            for (int d = 0; d < HS; d++) {
-                s += k[d] * dg_to_f(q[d]);
-                dp += v[d] * dg_to_f(dov[d]);
-            }
-            p = expf(s - L[t]);
-            ds = p * (dp - D[t]);
-        }
-        const int tn = min(32, Tn - t0);
-        for (int tt = 0; tt < tn; tt++) {
-            const float pt = __shfl_sync(0xffffffffu, p, tt), dst = __shfl_sync(0xffffffffu, ds, tt);
-            const T *q = base + (size_t)(t0 + tt) * C3, *dov = dob + (size_t)(t0 + tt) * C;
-#pragma unroll
-            for (int i = 0; i < GEN_MAXD; i++) {
-                const int d = lane + 32 * i;
-                if (d < HS) {
-                    dv[i] += pt * dg_to_f(dov[d]);
-                    dk[i] += dst * dg_to_f(q[d]);
+                for (int i = 0; i < GEN_MAXD; i++) {
+                    const int d = lane + 32 * i;
+                    if (d < HS) dq[i] += dsj * dg_to_f(k[d]);
                 }
             }
         }
-    }
-    T *o = dqkv + ((size_t)b * Tn + j) * C3 + h * HS;
+        T *o = dqkv + ((size_t)b * Tn + t) * C3 + h * HS;
 #pragma unroll
-    for (int i = 0; i < GEN_MAXD; i++) {
-        const int d = lane + 32 * i;
-        if (d < HS) {
-            o[C + d] = dg_from_f<T>(dk[i] * scale);
-            o[2 * C + d] = dg_from_f<T>(dv[i]);
+        for (int i = 0; i < GEN_MAXD; i++) {
+            const int d = lane + 32 * i;
+            if (d < HS) o[d] = dg_from_f<T>(dq[i] * scale);
+        }
+    } else {
+        const int j = row;
+        const T *dob = dout + (size_t)b * Tn * C + h * HS;
+        float *k = sa[warp], *v = sb[warp];
+        for (int d = lane; d < HS; d += 32) {
+            k[d] = dg_to_f(base[(size_t)j * C3 + C + d]) * scale;
+            v[d] = dg_to_f(base[(size_t)j * C3 + 2 * C + d]);
+        }
+        __syncwarp();
+        float dk[GEN_MAXD], dv[GEN_MAXD];
+#pragma unroll
+        for (int i = 0; i < GEN_MAXD; i++)
+            dk[i] = dv[i] = 0.f;
+        const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
+        for (int t0 = j; t0 < Tn; t0 += 32) {
+            const int t = t0 + lane;
+            float p = 0.f, ds = 0.f;
+            if (t < Tn) {
+                const T *q = base + (size_t)t * C3, *dov = dob + (size_t)t * C;
+                float s = 0.f, dp = 0.f;
+                for (int d = 0; d < HS; d++) {
+                    s += k[d] * dg_to_f(q[d]);
+                    dp += v[d] * dg_to_f(dov[d]);
+                }
+                p = expf(s - L[t]);
+                ds = p * (dp - D[t]);
+            }
+            const int tn = min(32, Tn - t0);
+            for (int tt = 0; tt < tn; tt++) {
+                const float pt = __shfl_sync(0xffffffffu, p, tt), dst = __shfl_sync(0xffffffffu, ds, tt);
+                const T *q = base + (size_t)(t0 + tt) * C3, *dov = dob + (size_t)(t0 + tt) * C;
+#pragma unroll
+                for (int i = 0; i < GEN_MAXD; i++) {
+                    const int d = lane + 32 * i;
+                    if (d < HS) {
+                        dv[i] += pt * dg_to_f(dov[d]);
+                        dk[i] += dst * dg_to_f(q[d]);
+                    }
+                }
+            }
+        }
+        T *o = dqkv + ((size_t)b * Tn + j) * C3 + h * HS;
+#pragma unroll
+        for (int i = 0; i < GEN_MAXD; i++) {
+            const int d = lane + 32 * i;
+            if (d < HS) {
+                o[C + d] = dg_from_f<T>(dk[i] * scale);
+                o[2 * C + d] = dg_from_f<T>(dv[i]);
+            }
         }
     }
 }
@@ -301,20 +298,18 @@ template <int N> static __device__ __forceinline__ void cp_async_wait() {
 /* Four 8x8 tiles of 16-bit elements from shared memory: lanes 8i..8i+7 give the row addresses of tile i;
  * register i receives, in each lane, the pair (row lane/4, columns 2*(lane%4), +1) of tile i; with
  * .trans the pair (rows 2*(lane%4), +1; column lane/4). */
+#define LDSM_X4(QUAL)                                                                                        \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4" QUAL ".shared.b16 {%0,%1,%2,%3}, [%4];\n"                   \
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])                                            \
+                 : "r"((unsigned)__cvta_generic_to_shared(p))                                                \
+                 : "memory")
 static __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const uint16_t *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
+    LDSM_X4("");
 }
 static __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const uint16_t *p) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
+    LDSM_X4(".trans");
 }
+#undef LDSM_X4
 
 /* 2^x as one MUFU.EX2 (ex2.approx.ftz: results below 2^-126 flush to zero); exp2f adds a range check and
  * two multiplies around the same instruction for denormal results. */
@@ -362,6 +357,16 @@ static __device__ __forceinline__ void store_rows(T *g, size_t stride, int r, in
 }
 
 template <bool B> struct MmaMasked { static constexpr bool value = B; };
+/* f(m, nt, e) for each element of an [MT][NN][4] fragment array (m-tile, n-tile, element), unrolled */
+template <int MT, int NN, typename F> static __device__ __forceinline__ void for_frags(F &&f) {
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int nt = 0; nt < NN; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                f(m, nt, e);
+}
 
 /* Copy rows [0, ROWS) of a tile (rows >= `valid` zero-filled) of HS 16-bit elements, global row stride
  * `gstride`, into shared memory rows of HS + 8 elements. Thread t always copies chunk t % (HS / 8) of rows
@@ -383,40 +388,12 @@ static __device__ __forceinline__ void tile_load(uint16_t *sm, const uint16_t *g
     }
 }
 
-/* acc[m][n] (16 x 8 each) = A_m · Bᵀ over k in [0, HS): A_m = a[m] (register fragments of 16 rows),
- * B = shared-memory rows [0, 8 NN) of `tile` (row stride HS + 8). One ldmatrix.x4 gives the fragments of
- * two n-tiles and feeds 2 MT MMAs. */
-template <typename T, int HS, int MT, int NN>
-static __device__ __forceinline__ void mma_abt_r(float (&acc)[MT][NN][4], const uint32_t (&a)[MT][HS / 16][4],
-                                                 const uint16_t *tile) {
-    static_assert(NN % 2 == 0, "n-tiles come in pairs");
-    constexpr int LDS = HS + 8;
-    const int lane = threadIdx.x & 31, mi = lane >> 3, mr = lane & 7;
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int n = 0; n < NN; n++)
-            acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < HS / 16; kk++)
-#pragma unroll
-        for (int n = 0; n < NN; n += 2) {
-            uint32_t r[4];
-            ldsm_x4(r, tile + ((n + (mi >> 1)) * 8 + mr) * LDS + kk * 16 + (mi & 1) * 8);
-#pragma unroll
-            for (int m = 0; m < MT; m++) {
-                MmaOp<T>::run(acc[m][n], a[m][kk], r[0], r[1]);
-                MmaOp<T>::run(acc[m][n + 1], a[m][kk], r[2], r[3]);
-            }
-        }
-}
-
-/* The same with A read from shared memory too: A_m = rows [16 m, 16 m + 16) of `atile` (row stride
- * HS + 8), loaded one k-step at a time with ldmatrix (matrices: rows 0-7 / 8-15 x columns 0-7 / 8-15 of
- * the k-step give a0 / a1 / a2 / a3). */
-template <typename T, int HS, int MT, int NN>
-static __device__ __forceinline__ void mma_abt_s(float (&acc)[MT][NN][4], const uint16_t *atile,
-                                                 const uint16_t *tile) {
+/* acc[m][n] (16 x 8 each) = A_m · Bᵀ over k in [0, HS): A_m = areg[m] (register fragments of 16 rows), or
+ * with A_SMEM rows of `atile` (mma_abt_s), B = shared-memory rows [0, 8 NN) of `tile` (row stride HS + 8).
+ * One ldmatrix.x4 gives the fragments of two n-tiles and feeds 2 MT MMAs. */
+template <typename T, int HS, int MT, int NN, bool A_SMEM>
+static __device__ __forceinline__ void mma_abt(float (&acc)[MT][NN][4], const uint32_t (*areg)[HS / 16][4],
+                                               const uint16_t *atile, const uint16_t *tile) {
     static_assert(NN % 2 == 0, "n-tiles come in pairs");
     constexpr int LDS = HS + 8;
     const int lane = threadIdx.x & 31, mi = lane >> 3, mr = lane & 7;
@@ -428,20 +405,42 @@ static __device__ __forceinline__ void mma_abt_s(float (&acc)[MT][NN][4], const 
 #pragma unroll
     for (int kk = 0; kk < HS / 16; kk++) {
         uint32_t a[MT][4];
+        if constexpr (A_SMEM) {
 #pragma unroll
-        for (int m = 0; m < MT; m++)
-            ldsm_x4(a[m], atile + (m * 16 + (mi & 1) * 8 + mr) * LDS + kk * 16 + (mi >> 1) * 8);
+            for (int m = 0; m < MT; m++)
+                ldsm_x4(a[m], atile + (m * 16 + (mi & 1) * 8 + mr) * LDS + kk * 16 + (mi >> 1) * 8);
+        }
 #pragma unroll
         for (int n = 0; n < NN; n += 2) {
             uint32_t r[4];
             ldsm_x4(r, tile + ((n + (mi >> 1)) * 8 + mr) * LDS + kk * 16 + (mi & 1) * 8);
 #pragma unroll
             for (int m = 0; m < MT; m++) {
-                MmaOp<T>::run(acc[m][n], a[m], r[0], r[1]);
-                MmaOp<T>::run(acc[m][n + 1], a[m], r[2], r[3]);
+                const uint32_t(&am)[4] = [&]() -> const uint32_t(&)[4] {
+                    if constexpr (A_SMEM)
+                        return a[m];
+                    else
+                        return areg[m][kk];
+                }();
+                MmaOp<T>::run(acc[m][n], am, r[0], r[1]);
+                MmaOp<T>::run(acc[m][n + 1], am, r[2], r[3]);
             }
         }
     }
+}
+template <typename T, int HS, int MT, int NN>
+static __device__ __forceinline__ void mma_abt_r(float (&acc)[MT][NN][4], const uint32_t (&a)[MT][HS / 16][4],
+                                                 const uint16_t *tile) {
+    mma_abt<T, HS, MT, NN, false>(acc, a, nullptr, tile);
+}
+
+/* The same with A read from shared memory too: A_m = rows [16 m, 16 m + 16) of `atile` (row stride
+ * HS + 8), loaded one k-step at a time with ldmatrix (matrices: rows 0-7 / 8-15 x columns 0-7 / 8-15 of
+ * the k-step give a0 / a1 / a2 / a3). */
+template <typename T, int HS, int MT, int NN>
+static __device__ __forceinline__ void mma_abt_s(float (&acc)[MT][NN][4], const uint16_t *atile,
+                                                 const uint16_t *tile) {
+    mma_abt<T, HS, MT, NN, true>(acc, nullptr, atile, tile);
 }
 
 /* acc[m] (16 x HS) += P_m · tile rows [0, 16 NK): P_m given as f32 accumulator fragments p[m][2 NK] (16 x
@@ -621,102 +620,6 @@ template <int HS> struct MmaSmem {
     static constexpr size_t bytes = (2 * kv + 4 * tile) * sizeof(uint16_t) + 4 * MMA_BC * sizeof(float);
 };
 
-/* Query pass: the block owns 128 queries, warp w 32 of them; dQ = dS·K accumulates over the key tiles,
- * each processed as two halves of 32 keys (to bound the registers S and dP take). Q fragments stay in
- * registers; the block's dO rows stay in shared memory (the A operand of dP, read with ldmatrix); the
- * first 128-row region of the shared layout (Qb) is left unused. */
-template <typename T, int HS>
-static __device__ __forceinline__ void
-attn_bwd_q_mma(unsigned char *mma_smem, int qb, int bh, T *dqkv, const T *dout, const T *qkv,
-               const float *lse, const float *delta, int Tn, int C, int NH, float sl2, float scale) {
-    using SM = MmaSmem<HS>;
-    constexpr int LDS = HS + 8, NT = 32 * MMA_NW, MT = MMA_MT, HB = MMA_BC / 2;
-    uint16_t *Qb = reinterpret_cast<uint16_t *>(mma_smem), *Ob = Qb + SM::kv; /* the block's Q, dO rows */
-    uint16_t *Ks = Ob + SM::kv;                                               /* [2][tile]: K tiles */
-    uint16_t *Vs = Ob + SM::kv + 2 * SM::tile;                                /* [2][tile]: V tiles */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-    const int b = bh / NH, h = bh % NH;
-    const size_t C3 = 3 * (size_t)C;
-    const uint16_t *base = reinterpret_cast<const uint16_t *>(qkv) + (size_t)b * Tn * C3 + h * HS;
-    const uint16_t *dob = reinterpret_cast<const uint16_t *>(dout) + (size_t)b * Tn * C + h * HS;
-    const uint16_t *kg = base + C, *vg = base + 2 * C;
-    const int q0 = qb * MMA_BR, qw = q0 + warp * 16 * MT; /* this warp: rows [qw, qw + 32) */
-    const uint16_t *Ow = Ob + (size_t)(qw - q0) * LDS;
-
-    uint32_t qa[MT][HS / 16][4];
-    float Lr[MT][2], Dr[MT][2], dq[MT][HS / 8][4];
-    const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
-#pragma unroll
-    for (int m = 0; m < MT; m++) {
-        load_a_frags<HS>(qa[m], base, C3, qw + 16 * m, Tn);
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int row = qw + 16 * m + gq + 8 * i;
-            Lr[m][i] = row < Tn ? L[row] * ATT_LOG2E : 0.f;
-            Dr[m][i] = row < Tn ? D[row] : 0.f;
-        }
-#pragma unroll
-        for (int dt = 0; dt < HS / 8; dt++)
-            dq[m][dt][0] = dq[m][dt][1] = dq[m][dt][2] = dq[m][dt][3] = 0.f;
-    }
-
-    /* the first cp.async group carries the block's Q and dO rows with the first K and V tiles */
-    const int nkb = min(q0 + MMA_BR - 1, Tn - 1) / MMA_BC + 1;
-    tile_load<HS, NT, MMA_BR>(Ob, dob + (size_t)q0 * C, C, Tn - q0);
-    tile_load<HS, NT, MMA_BC>(Ks, kg, C3, Tn);
-    tile_load<HS, NT, MMA_BC>(Vs, vg, C3, Tn);
-    cp_async_commit();
-    for (int kb = 0; kb < nkb; kb++) {
-        const int buf = kb & 1;
-        if (kb + 1 < nkb) {
-            const int k1 = (kb + 1) * MMA_BC;
-            tile_load<HS, NT, MMA_BC>(Ks + (buf ^ 1) * SM::tile, kg + (size_t)k1 * C3, C3, Tn - k1);
-            tile_load<HS, NT, MMA_BC>(Vs + (buf ^ 1) * SM::tile, vg + (size_t)k1 * C3, C3, Tn - k1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-#pragma unroll 2
-        for (int hf = 0; hf < 2; hf++) {
-            const int kbase = kb * MMA_BC + hf * HB;
-            if (kbase <= qw + 16 * MT - 1) { /* else every key of the half is after this warp's rows */
-                const bool masked = kbase + HB - 1 > qw;
-                const uint16_t *K = Ks + buf * SM::tile + hf * HB * LDS,
-                               *Vt = Vs + buf * SM::tile + hf * HB * LDS;
-                float p[MT][HB / 8][4], dp[MT][HB / 8][4];
-                mma_abt_r<T, HS, MT, HB / 8>(p, qa, K);
-                mma_abt_s<T, HS, MT, HB / 8>(dp, Ow, Vt);
-                const int dkr = kbase + 2 * tq - qw - gq; /* key - row of element (m, nt, e) = dkr + const */
-                auto ds = [&](auto mk) {
-#pragma unroll
-                    for (int m = 0; m < MT; m++)
-#pragma unroll
-                        for (int nt = 0; nt < HB / 8; nt++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                float pe = ex2_approx_ftz(fmaf(p[m][nt][e], sl2, -Lr[m][e >> 1]));
-                                if (decltype(mk)::value && dkr + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) > 0)
-                                    pe = 0.f;
-                                dp[m][nt][e] = pe * (dp[m][nt][e] - Dr[m][e >> 1]);
-                            }
-                };
-                if (masked)
-                    ds(MmaMasked<true>());
-                else
-                    ds(MmaMasked<false>());
-                mma_pv<T, HS, MT, HB / 16>(dq, dp, K);
-            }
-        }
-        __syncthreads();
-    }
-    T *dst = dqkv + (size_t)b * Tn * C3 + h * HS;
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-        store_rows<T, HS>(dst, C3, qw + 16 * m, Tn, dq[m], scale, scale);
-}
-
 /* The key/value pass's per-query f32 values of one streamed tile (queries q1 + [0, 64)): logsumexp and
  * delta, 0 past Tn, by 4-byte cp.async into the tile's group (no wait before the barrier); the logsumexp
  * is multiplied by log2(e) where it is read. */
@@ -730,121 +633,204 @@ static __device__ __forceinline__ void rows_f32(float *lsb, float *dlb, const fl
     }
 }
 
-/* Key/value pass: the block owns keys [kb*128, kb*128+128) (kept in shared memory: K and V are the A
- * operands), warp w 32 of them; it computes Sᵀ = K·Qᵀ, Pᵀ, dPᵀ = V·dOᵀ and dSᵀ for every query tile at or
- * after its keys, half a tile (32 queries) at a time, and accumulates dV += Pᵀ·dO, dK += dSᵀ·Q. */
-template <typename T, int HS>
-static __device__ __forceinline__ void
-attn_bwd_kv_mma(unsigned char *mma_smem, int kb, int bh, T *dqkv, const T *dout, const T *qkv,
-                const float *lse, const float *delta, int Tn, int C, int NH, float sl2, float scale) {
+/* The tensor-core backward of one (b, h): its arguments and the two passes (kv_pass, q_pass) that
+ * attn_bwd_mma's blocks run. */
+template <typename T, int HS> struct BwdMma {
     using SM = MmaSmem<HS>;
-    constexpr int LDS = HS + 8, NT = 32 * MMA_NW, MT = MMA_MT, HB = MMA_BC / 2;
-    uint16_t *Ks = reinterpret_cast<uint16_t *>(mma_smem), *Vs = Ks + SM::kv;
-    uint16_t *Qs = Vs + SM::kv;                /* [2][tile]: Q tiles, double-buffered */
-    uint16_t *Os = Vs + SM::kv + 2 * SM::tile; /* [2][tile]: dO tiles */
-    float *lsb = reinterpret_cast<float *>(Vs + SM::kv + 4 * SM::tile); /* [2][MMA_BC] */
-    float *dlb = lsb + 2 * MMA_BC;                                      /* [2][MMA_BC] */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
-    const int b = bh / NH, h = bh % NH;
-    const size_t C3 = 3 * (size_t)C;
-    const uint16_t *base = reinterpret_cast<const uint16_t *>(qkv) + (size_t)b * Tn * C3 + h * HS;
-    const uint16_t *dob = reinterpret_cast<const uint16_t *>(dout) + (size_t)b * Tn * C + h * HS;
-    const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
-    const int k0 = kb * MMA_BR, kw = k0 + warp * 16 * MT; /* this warp: keys [kw, kw + 32) */
-    const uint16_t *Kw = Ks + (size_t)(kw - k0) * LDS, *Vw = Vs + (size_t)(kw - k0) * LDS;
+    static constexpr int LDS = HS + 8, NT = 32 * MMA_NW, MT = MMA_MT, HB = MMA_BC / 2;
+    T *dqkv;
+    const T *dout, *qkv;
+    const float *lse, *delta;
+    int Tn, C, NH;
+    float sl2, scale;
 
-    float dk[MT][HS / 8][4], dv[MT][HS / 8][4];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int dt = 0; dt < HS / 8; dt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                dk[m][dt][e] = dv[m][dt][e] = 0.f;
+    /* Query pass: the block owns 128 queries, warp w 32 of them; dQ = dS·K accumulates over the key tiles,
+     * each processed as two halves of 32 keys (to bound the registers S and dP take). Q fragments stay in
+     * registers; the block's dO rows stay in shared memory (the A operand of dP, read with ldmatrix); the
+     * first 128-row region of the shared layout (Qb) is left unused. */
+    __device__ __forceinline__ void q_pass(unsigned char *mma_smem, int qb, int bh) const {
+        uint16_t *Qb = reinterpret_cast<uint16_t *>(mma_smem), *Ob = Qb + SM::kv; /* the block's Q, dO rows */
+        uint16_t *Ks = Ob + SM::kv;                                               /* [2][tile]: K tiles */
+        uint16_t *Vs = Ob + SM::kv + 2 * SM::tile;                                /* [2][tile]: V tiles */
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+        const int b = bh / NH, h = bh % NH;
+        const size_t C3 = 3 * (size_t)C;
+        const uint16_t *base = reinterpret_cast<const uint16_t *>(qkv) + (size_t)b * Tn * C3 + h * HS;
+        const uint16_t *dob = reinterpret_cast<const uint16_t *>(dout) + (size_t)b * Tn * C + h * HS;
+        const uint16_t *kg = base + C, *vg = base + 2 * C;
+        const int q0 = qb * MMA_BR, qw = q0 + warp * 16 * MT; /* this warp: rows [qw, qw + 32) */
+        const uint16_t *Ow = Ob + (size_t)(qw - q0) * LDS;
 
-    /* query tiles from the one holding this block's first key (earlier queries see none of its keys);
-     * the first cp.async group carries the block's K and V with the first Q and dO tiles */
-    const int nqb = (Tn + MMA_BC - 1) / MMA_BC, qb0 = k0 / MMA_BC;
-    tile_load<HS, NT, MMA_BR>(Ks, base + C + (size_t)k0 * C3, C3, Tn - k0);
-    tile_load<HS, NT, MMA_BR>(Vs, base + 2 * C + (size_t)k0 * C3, C3, Tn - k0);
-    {
-        const int q1 = qb0 * MMA_BC;
-        tile_load<HS, NT, MMA_BC>(Qs, base + (size_t)q1 * C3, C3, Tn - q1);
-        tile_load<HS, NT, MMA_BC>(Os, dob + (size_t)q1 * C, C, Tn - q1);
-        rows_f32(lsb, dlb, L, D, q1, Tn);
-        cp_async_commit();
-    }
-    for (int qb = qb0, it = 0; qb < nqb; qb++, it++) {
-        const int buf = it & 1;
-        if (qb + 1 < nqb) {
-            const int q1 = (qb + 1) * MMA_BC;
-            tile_load<HS, NT, MMA_BC>(Qs + (buf ^ 1) * SM::tile, base + (size_t)q1 * C3, C3, Tn - q1);
-            tile_load<HS, NT, MMA_BC>(Os + (buf ^ 1) * SM::tile, dob + (size_t)q1 * C, C, Tn - q1);
-            rows_f32(lsb + (buf ^ 1) * MMA_BC, dlb + (buf ^ 1) * MMA_BC, L, D, q1, Tn);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const float *Ls = lsb + buf * MMA_BC, *Ds = dlb + buf * MMA_BC;
-#pragma unroll 2
-        for (int hf = 0; hf < 2; hf++) {
-            const int qbase = qb * MMA_BC + hf * HB;
-            /* a half wholly before this warp's first key sees none of its keys: nothing to add */
-            if (qbase + HB - 1 >= kw) {
-                const bool masked = qbase < kw + 16 * MT - 1;
-                const uint16_t *Q = Qs + buf * SM::tile + hf * HB * LDS,
-                               *DO = Os + buf * SM::tile + hf * HB * LDS;
-                float p[MT][HB / 8][4];
-                mma_abt_s<T, HS, MT, HB / 8>(p, Kw, Q);
-                /* dPᵀ's MMAs issue before the exponentials, so the tensor cores work during them */
-                float dp[MT][HB / 8][4];
-                mma_abt_s<T, HS, MT, HB / 8>(dp, Vw, DO);
-                const int dqk =
-                    qbase + 2 * tq - kw - gq; /* query - key of element (m, nt, e) = dqk + const */
-                auto probs = [&](auto mk) {
+        uint32_t qa[MT][HS / 16][4];
+        float Lr[MT][2], Dr[MT][2], dq[MT][HS / 8][4];
+        const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
 #pragma unroll
-                    for (int m = 0; m < MT; m++)
+        for (int m = 0; m < MT; m++) {
+            load_a_frags<HS>(qa[m], base, C3, qw + 16 * m, Tn);
 #pragma unroll
-                        for (int nt = 0; nt < HB / 8; nt++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                const int qi =
-                                    hf * HB + nt * 8 + 2 * tq + (e & 1); /* query within the tile */
-                                const float lq = Ls[qi] * ATT_LOG2E;
-                                float v = ex2_approx_ftz(fmaf(p[m][nt][e], sl2, -lq));
-                                if (decltype(mk)::value && dqk + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) < 0)
-                                    v = 0.f;
-                                p[m][nt][e] = v;
-                            }
-                };
-                if (masked)
-                    probs(MmaMasked<true>());
-                else
-                    probs(MmaMasked<false>());
-                mma_pv<T, HS, MT, HB / 16>(dv, p, DO);
-#pragma unroll
-                for (int m = 0; m < MT; m++)
-#pragma unroll
-                    for (int nt = 0; nt < HB / 8; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int qi = hf * HB + nt * 8 + 2 * tq + (e & 1);
-                            dp[m][nt][e] = p[m][nt][e] * (dp[m][nt][e] - Ds[qi]);
-                        }
-                mma_pv<T, HS, MT, HB / 16>(dk, dp, Q);
+            for (int i = 0; i < 2; i++) {
+                const int row = qw + 16 * m + gq + 8 * i;
+                Lr[m][i] = row < Tn ? L[row] * ATT_LOG2E : 0.f;
+                Dr[m][i] = row < Tn ? D[row] : 0.f;
             }
-        }
-        __syncthreads();
-    }
-    T *dst = dqkv + (size_t)b * Tn * C3 + h * HS;
 #pragma unroll
-    for (int m = 0; m < MT; m++) {
-        store_rows<T, HS>(dst + C, C3, kw + 16 * m, Tn, dk[m], scale, scale);
-        store_rows<T, HS>(dst + 2 * C, C3, kw + 16 * m, Tn, dv[m], 1.f, 1.f);
+            for (int dt = 0; dt < HS / 8; dt++)
+                dq[m][dt][0] = dq[m][dt][1] = dq[m][dt][2] = dq[m][dt][3] = 0.f;
+        }
+
+        /* the first cp.async group carries the block's Q and dO rows with the first K and V tiles */
+        const int nkb = min(q0 + MMA_BR - 1, Tn - 1) / MMA_BC + 1;
+        tile_load<HS, NT, MMA_BR>(Ob, dob + (size_t)q0 * C, C, Tn - q0);
+        tile_load<HS, NT, MMA_BC>(Ks, kg, C3, Tn);
+        tile_load<HS, NT, MMA_BC>(Vs, vg, C3, Tn);
+        cp_async_commit();
+        for (int kb = 0; kb < nkb; kb++) {
+            const int buf = kb & 1;
+            if (kb + 1 < nkb) {
+                const int k1 = (kb + 1) * MMA_BC;
+                tile_load<HS, NT, MMA_BC>(Ks + (buf ^ 1) * SM::tile, kg + (size_t)k1 * C3, C3, Tn - k1);
+                tile_load<HS, NT, MMA_BC>(Vs + (buf ^ 1) * SM::tile, vg + (size_t)k1 * C3, C3, Tn - k1);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+#pragma unroll 2
+            for (int hf = 0; hf < 2; hf++) {
+                const int kbase = kb * MMA_BC + hf * HB;
+                if (kbase <= qw + 16 * MT - 1) { /* else every key of the half is after this warp's rows */
+                    const bool masked = kbase + HB - 1 > qw;
+                    const uint16_t *K = Ks + buf * SM::tile + hf * HB * LDS,
+                                   *Vt = Vs + buf * SM::tile + hf * HB * LDS;
+                    float p[MT][HB / 8][4], dp[MT][HB / 8][4];
+                    mma_abt_r<T, HS, MT, HB / 8>(p, qa, K);
+                    mma_abt_s<T, HS, MT, HB / 8>(dp, Ow, Vt);
+                    const int dkr =
+                        kbase + 2 * tq - qw - gq; /* key - row of element (m, nt, e) = dkr + const */
+                    auto ds = [&](auto mk) {
+                        for_frags<MT, HB / 8>([&](int m, int nt, int e) {
+                            float pe = ex2_approx_ftz(fmaf(p[m][nt][e], sl2, -Lr[m][e >> 1]));
+                            if (decltype(mk)::value && dkr + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) > 0)
+                                pe = 0.f;
+                            dp[m][nt][e] = pe * (dp[m][nt][e] - Dr[m][e >> 1]);
+                        });
+                    };
+                    if (masked)
+                        ds(MmaMasked<true>());
+                    else
+                        ds(MmaMasked<false>());
+                    mma_pv<T, HS, MT, HB / 16>(dq, dp, K);
+                }
+            }
+            __syncthreads();
+        }
+        T *dst = dqkv + (size_t)b * Tn * C3 + h * HS;
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+            store_rows<T, HS>(dst, C3, qw + 16 * m, Tn, dq[m], scale, scale);
     }
-}
+
+    /* Key/value pass: the block owns keys [kb*128, kb*128+128) (kept in shared memory: K and V are the A
+     * operands), warp w 32 of them; it computes Sᵀ = K·Qᵀ, Pᵀ, dPᵀ = V·dOᵀ and dSᵀ for every query tile at or
+     * after its keys, half a tile (32 queries) at a time, and accumulates dV += Pᵀ·dO, dK += dSᵀ·Q. */
+    __device__ __forceinline__ void kv_pass(unsigned char *mma_smem, int kb, int bh) const {
+        uint16_t *Ks = reinterpret_cast<uint16_t *>(mma_smem), *Vs = Ks + SM::kv;
+        uint16_t *Qs = Vs + SM::kv;                /* [2][tile]: Q tiles, double-buffered */
+        uint16_t *Os = Vs + SM::kv + 2 * SM::tile; /* [2][tile]: dO tiles */
+        float *lsb = reinterpret_cast<float *>(Vs + SM::kv + 4 * SM::tile); /* [2][MMA_BC] */
+        float *dlb = lsb + 2 * MMA_BC;                                      /* [2][MMA_BC] */
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, tq = lane & 3;
+        const int b = bh / NH, h = bh % NH;
+        const size_t C3 = 3 * (size_t)C;
+        const uint16_t *base = reinterpret_cast<const uint16_t *>(qkv) + (size_t)b * Tn * C3 + h * HS;
+        const uint16_t *dob = reinterpret_cast<const uint16_t *>(dout) + (size_t)b * Tn * C + h * HS;
+        const float *L = lse + (size_t)bh * Tn, *D = delta + (size_t)bh * Tn;
+        const int k0 = kb * MMA_BR, kw = k0 + warp * 16 * MT; /* this warp: keys [kw, kw + 32) */
+        const uint16_t *Kw = Ks + (size_t)(kw - k0) * LDS, *Vw = Vs + (size_t)(kw - k0) * LDS;
+
+        float dk[MT][HS / 8][4], dv[MT][HS / 8][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int dt = 0; dt < HS / 8; dt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    dk[m][dt][e] = dv[m][dt][e] = 0.f;
+
+        /* query tiles from the one holding this block's first key (earlier queries see none of its keys);
+         * the first cp.async group carries the block's K and V with the first Q and dO tiles */
+        const int nqb = (Tn + MMA_BC - 1) / MMA_BC, qb0 = k0 / MMA_BC;
+        tile_load<HS, NT, MMA_BR>(Ks, base + C + (size_t)k0 * C3, C3, Tn - k0);
+        tile_load<HS, NT, MMA_BR>(Vs, base + 2 * C + (size_t)k0 * C3, C3, Tn - k0);
+        {
+            const int q1 = qb0 * MMA_BC;
+            tile_load<HS, NT, MMA_BC>(Qs, base + (size_t)q1 * C3, C3, Tn - q1);
+            tile_load<HS, NT, MMA_BC>(Os, dob + (size_t)q1 * C, C, Tn - q1);
+            rows_f32(lsb, dlb, L, D, q1, Tn);
+            cp_async_commit();
+        }
+        for (int qb = qb0, it = 0; qb < nqb; qb++, it++) {
+            const int buf = it & 1;
+            if (qb + 1 < nqb) {
+                const int q1 = (qb + 1) * MMA_BC;
+                tile_load<HS, NT, MMA_BC>(Qs + (buf ^ 1) * SM::tile, base + (size_t)q1 * C3, C3, Tn - q1);
+                tile_load<HS, NT, MMA_BC>(Os + (buf ^ 1) * SM::tile, dob + (size_t)q1 * C, C, Tn - q1);
+                rows_f32(lsb + (buf ^ 1) * MMA_BC, dlb + (buf ^ 1) * MMA_BC, L, D, q1, Tn);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const float *Ls = lsb + buf * MMA_BC, *Ds = dlb + buf * MMA_BC;
+#pragma unroll 2
+            for (int hf = 0; hf < 2; hf++) {
+                const int qbase = qb * MMA_BC + hf * HB;
+                /* a half wholly before this warp's first key sees none of its keys: nothing to add */
+                if (qbase + HB - 1 >= kw) {
+                    const bool masked = qbase < kw + 16 * MT - 1;
+                    const uint16_t *Q = Qs + buf * SM::tile + hf * HB * LDS,
+                                   *DO = Os + buf * SM::tile + hf * HB * LDS;
+                    float p[MT][HB / 8][4];
+                    mma_abt_s<T, HS, MT, HB / 8>(p, Kw, Q);
+                    /* dPᵀ's MMAs issue before the exponentials, so the tensor cores work during them */
+                    float dp[MT][HB / 8][4];
+                    mma_abt_s<T, HS, MT, HB / 8>(dp, Vw, DO);
+                    const int dqk =
+                        qbase + 2 * tq - kw - gq; /* query - key of element (m, nt, e) = dqk + const */
+                    auto probs = [&](auto mk) {
+                        for_frags<MT, HB / 8>([&](int m, int nt, int e) {
+                            const int qi = hf * HB + nt * 8 + 2 * tq + (e & 1); /* query within the tile */
+                            const float lq = Ls[qi] * ATT_LOG2E;
+                            float v = ex2_approx_ftz(fmaf(p[m][nt][e], sl2, -lq));
+                            if (decltype(mk)::value && dqk + nt * 8 + (e & 1) - 16 * m - 8 * (e >> 1) < 0)
+                                v = 0.f;
+                            p[m][nt][e] = v;
+                        });
+                    };
+                    if (masked)
+                        probs(MmaMasked<true>());
+                    else
+                        probs(MmaMasked<false>());
+                    mma_pv<T, HS, MT, HB / 16>(dv, p, DO);
+                    for_frags<MT, HB / 8>([&](int m, int nt, int e) {
+                        const int qi = hf * HB + nt * 8 + 2 * tq + (e & 1);
+                        dp[m][nt][e] = p[m][nt][e] * (dp[m][nt][e] - Ds[qi]);
+                    });
+                    mma_pv<T, HS, MT, HB / 16>(dk, dp, Q);
+                }
+            }
+            __syncthreads();
+        }
+        T *dst = dqkv + (size_t)b * Tn * C3 + h * HS;
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            store_rows<T, HS>(dst + C, C3, kw + 16 * m, Tn, dk[m], scale, scale);
+            store_rows<T, HS>(dst + 2 * C, C3, kw + 16 * m, Tn, dv[m], 1.f, 1.f);
+        }
+    }
+};
 
 /* Both backward passes in one launch (they are independent: dK, dV and dQ are disjoint parts of dqkv), so
  * neither waits for the other's tail. grid = (2 * nb, B * NH): the blocks of one head run together (they
@@ -856,10 +842,11 @@ __global__ void __launch_bounds__(32 * MMA_NW)
                  int NH, float sl2, float scale) {
     extern __shared__ __align__(16) unsigned char mma_smem[];
     const int bh = blockIdx.y, j = blockIdx.x >> 1, nb = gridDim.x >> 1;
+    const BwdMma<T, HS> a{dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale};
     if ((blockIdx.x & 1) == 0)
-        attn_bwd_kv_mma<T, HS>(mma_smem, j, bh, dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale);
+        a.kv_pass(mma_smem, j, bh);
     else
-        attn_bwd_q_mma<T, HS>(mma_smem, nb - 1 - j, bh, dqkv, dout, qkv, lse, delta, Tn, C, NH, sl2, scale);
+        a.q_pass(mma_smem, nb - 1 - j, bh);
 }
 
 /* delta[bh, t] = rowsum(dO ∘ O) for the tensor-core backward: HS / 8 lanes per (b, t, h) row (rows in memory
@@ -990,11 +977,11 @@ static dg_status_t bwd_t(dg_cuda_t *c, void *dqkv, const void *dout, const void 
     attn_delta_kernel<T>
         <<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>(delta, (const T *)dout, (const T *)out, Tn, C, NH);
     DG_CUDA_LAUNCH_CHECK();
-    attn_bwd_kv_generic<T><<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>(
+    attn_bwd_generic<T, true><<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>(
         (T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta, Tn, C, NH, scale);
     DG_CUDA_LAUNCH_CHECK();
-    attn_bwd_q_generic<T><<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>((T *)dqkv, (const T *)dout, (const T *)qkv,
-                                                                   lse, delta, Tn, C, NH, scale);
+    attn_bwd_generic<T, false><<<ggrid, 32 * GEN_WARPS, 0, c->stream>>>(
+        (T *)dqkv, (const T *)dout, (const T *)qkv, lse, delta, Tn, C, NH, scale);
     DG_CUDA_LAUNCH_CHECK();
     return DG_OK;
 }

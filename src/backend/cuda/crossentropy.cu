@@ -194,6 +194,15 @@ static __device__ __forceinline__ uint4 ce_grad16(const uint4 &u, int c, int Vv,
     return ce_pack(f, (T *)nullptr);
 }
 
+/* the CE_U vectors k .. k + CE_U - 1 (those below n) of this thread (from column c0, stride S) into b */
+template <typename T>
+static __device__ __forceinline__ void ce_load_u(uint4 (&b)[CE_U], const T *g, int c0, int k, int n) {
+    constexpr int S = CE_THREADS * ce_v<T>::V;
+#pragma unroll
+    for (int i = 0; i < CE_U; i++)
+        if (k + i < n) b[i] = ce_ld(g + c0 + (k + i) * S);
+}
+
 /* how many of a thread's vectors (from column c0, stride S) start below n */
 static __device__ __forceinline__ int ce_nvec(int c0, int n, int S) {
     return c0 < n ? (n - c0 + S - 1) / S : 0;
@@ -206,9 +215,7 @@ static __device__ __forceinline__ void ce_lse_global(ce_acc &a, const T *g, int 
 #pragma unroll 1
     for (int k = k0; k < n; k += CE_U) {
         uint4 b[CE_U];
-#pragma unroll
-        for (int i = 0; i < CE_U; i++)
-            if (k + i < n) b[i] = ce_ld(g + c0 + (k + i) * S);
+        ce_load_u(b, g, c0, k, n);
 #pragma unroll
         for (int i = 0; i < CE_U; i++)
             if (k + i < n) ce_upd16<T, FAST>(a, b[i], c0 + (k + i) * S, Vv);
@@ -223,9 +230,7 @@ static __device__ __forceinline__ void ce_grad_global(T *d, const T *g, int c0, 
 #pragma unroll 1
     for (int k = k0; k < ns; k += CE_U) {
         uint4 b[CE_U];
-#pragma unroll
-        for (int i = 0; i < CE_U; i++)
-            if (k + i < nr) b[i] = ce_ld(g + c0 + (k + i) * S);
+        ce_load_u(b, g, c0, k, nr);
 #pragma unroll
         for (int i = 0; i < CE_U; i++) {
             const int c = c0 + (k + i) * S;
@@ -273,6 +278,21 @@ static __device__ __forceinline__ void ce_row_out(float *losses, float *lse_out,
     } else {
         losses[row] = l - dg_to_f(x[t]);
     }
+}
+
+/* ce_row_out of the block's logsumexp (thread 0, reading the target logit before any store), then that
+ * logsumexp for every thread of the block, through the shared shl */
+template <typename T>
+static __device__ __forceinline__ float ce_row_lse_shared(ce_acc &a, float *shm, float *shs, float &shl,
+                                                          float *losses, float *lse_out, int row, const T *x,
+                                                          const int32_t *targets, int Vv, int *err) {
+    if (ce_block_lse(a.m, a.s, shm, shs)) {
+        const float l = a.m + logf(a.s);
+        ce_row_out(losses, lse_out, row, l, x, targets, Vv, err);
+        shl = l;
+    }
+    __syncthreads();
+    return shl;
 }
 
 /* ---- V = 1 (logits not 16-byte aligned, or Vp not a multiple of 16 bytes): element by element ---- */
@@ -324,13 +344,8 @@ __global__ void __launch_bounds__(CE_THREADS)
         ce_acc_init(a);
         ce_lse1<T, FAST>(a, x, Vv);
         const int t = targets[row];
-        if (ce_block_lse(a.m, a.s, shm, shs)) {
-            const float l = a.m + logf(a.s);
-            ce_row_out(losses, lse_out, row, l, x, targets, Vv, err); /* the target logit, before any store */
-            shl = l;
-        }
-        __syncthreads();
-        const float l = shl, lL = __fmul_rn(l, CE_LOG2E);
+        const float l = ce_row_lse_shared(a, shm, shs, shl, losses, lse_out, row, x, targets, Vv, err),
+                    lL = __fmul_rn(l, CE_LOG2E);
         for (int c = threadIdx.x; c < Vp; c += CE_THREADS)
             d[c] = dg_from_f<T>(c < Vv ? ce_grad<FAST>(dg_to_f(x[c]), c, Vv, t, l, lL, dloss) : 0.f);
     }
@@ -419,13 +434,8 @@ __global__ void __launch_bounds__(CE_THREADS, MINB)
         } else {
             ce_lse_global<T, FAST>(a, g, c0, KR, nr, Vv);
         }
-        if (ce_block_lse(a.m, a.s, shm, shs)) {
-            const float l = a.m + logf(a.s);
-            ce_row_out(losses, lse_out, row, l, g, targets, Vv, err); /* the target logit, before any store */
-            shl = l;
-        }
-        __syncthreads();
-        const float l = shl, lL = __fmul_rn(l, CE_LOG2E);
+        const float l = ce_row_lse_shared(a, shm, shs, shl, losses, lse_out, row, g, targets, Vv, err),
+                    lL = __fmul_rn(l, CE_LOG2E);
         const int t = targets[row];
 #pragma unroll
         for (int k = 0; k < KR; k++) {

@@ -112,21 +112,8 @@ dg_status_t dg_cuda_accumulate(dg_cuda_t *c, void *dst, const void *src, size_t 
     return dg_cuda_add(c, dst, dst, src, n);
 }
 
-struct AddF32Op {
-    float *dst;
-    const float *src;
-    template <int V> __device__ void apply(size_t i) const {
-        float x[V], y[V];
-        dg_ldv<V>(x, dst + i);
-        dg_ldv<V>(y, src + i);
-        for (int j = 0; j < V; j++)
-            x[j] += y[j];
-        dg_stv<V>(dst + i, x);
-    }
-};
-
 dg_status_t dg_cuda_add_f32(dg_cuda_t *c, float *dst, const float *src, size_t n) {
-    return ew_launch<4>(c, AddF32Op{dst, src}, n, al16(dst, src));
+    return ew_launch<4>(c, AddOp<float>{dst, dst, src}, n, al16(dst, src)); /* the f32 dg_cuda_add's kernel */
 }
 
 struct ScaleOp {

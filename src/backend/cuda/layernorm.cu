@@ -60,6 +60,21 @@ static int ln_bwd_reg_blocks(int N) {
     return b < LNR_MAX_BLOCKS ? b : LNR_MAX_BLOCKS;
 }
 
+/* The warp's sum of g(x[c]) over a row of C (each lane V-element vectors, 32 V apart), in ln_fwd_kernel's
+ * order: the mean's and the variance's pass */
+template <int V, typename T, typename G>
+static __device__ __forceinline__ float ln_row_sum(const T *x, int C, int lane, G g) {
+    float s = 0.f;
+    for (int c = lane * V; c < C; c += 32 * V) {
+        float f[V];
+        dg_ldv<V>(f, x + c);
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            s += g(f[j]);
+    }
+    return dg_warp_sum(s);
+}
+
 template <typename T, int V>
 __global__ void ln_fwd_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w, const T *b, int N,
                               int C) {
@@ -67,24 +82,9 @@ __global__ void ln_fwd_kernel(T *out, float *mean, float *rstd, const T *inp, co
     const int row = blockIdx.x * LNF_WARPS + (threadIdx.x >> 5);
     if (row >= N) return;
     const T *x = inp + (size_t)row * C;
-    float s = 0.f;
-    for (int c = lane * V; c < C; c += 32 * V) {
-        float f[V];
-        dg_ldv<V>(f, x + c);
-#pragma unroll
-        for (int j = 0; j < V; j++)
-            s += f[j];
-    }
-    const float m = dg_warp_sum(s) / C;
-    float q = 0.f;
-    for (int c = lane * V; c < C; c += 32 * V) {
-        float f[V];
-        dg_ldv<V>(f, x + c);
-#pragma unroll
-        for (int j = 0; j < V; j++)
-            q += (f[j] - m) * (f[j] - m);
-    }
-    const float rs = 1.f / sqrtf(dg_warp_sum(q) / C + LN_EPS);
+    const float m = ln_row_sum<V>(x, C, lane, [](float f) { return f; }) / C;
+    const float var = ln_row_sum<V>(x, C, lane, [m](float f) { return (f - m) * (f - m); }) / C;
+    const float rs = 1.f / sqrtf(var + LN_EPS);
     T *o = out + (size_t)row * C;
     for (int c = lane * V; c < C; c += 32 * V) {
         float f[V], ww[V], bb[V];
