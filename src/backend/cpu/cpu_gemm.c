@@ -246,7 +246,11 @@ typedef struct {
     int N, OC, nbias; /* nbias: tasks for the bias gradient (0 without one) */
 } bwd_job_t;
 
-/* Tasks: the dw tiles (the longest, K = N), then the dinp tiles, then the bias-gradient column blocks. */
+/* Tasks: the dw tiles, then the bias-gradient column blocks, then the dinp tiles. The dw and dinp
+ * products are the same number of FLOPs (2 N C OC each), and the pool's calling thread claims from the
+ * back while the workers claim from the front (cpu_pool.c), so on two threads one runs the weight
+ * gradient and the other the input gradient, whatever their tile counts, and the bias sums go to whoever
+ * reaches them first. */
 static void bwd_task(void *argp, int t, int worker) {
     (void)worker;
     const bwd_job_t *j = argp;
@@ -255,11 +259,10 @@ static void bwd_task(void *argp, int t, int worker) {
         return;
     }
     t -= j->dw.ntiles;
-    if (t < j->dinp.ntiles) {
-        gemm_tile(&j->dinp, t);
+    if (t >= j->nbias) {
+        gemm_tile(&j->dinp, t - j->nbias);
         return;
     }
-    t -= j->dinp.ntiles;
     /* Column sums: each task owns whole columns and walks the rows in order, so every sum has the same
      * order whatever the split. Sums start from 0 in scratch, then add into dbias once. */
     int lo, hi;

@@ -53,7 +53,8 @@ struct dg_cpu_pool {
     uint32_t gen; /* caller-private: generation of the last job */
     int worker_spins;
 
-    /* The current job. `claim` holds (generation << 32) | next unclaimed task and `job` holds
+    /* The current job. `claim` holds (generation << 32) | the tasks claimed so far (from the front and
+     * from the back, see DG_POOL_TWO_ENDED_MAX) and `job` holds
      * (generation << 32) | number of tasks; fn/arg are read by a worker only after it has claimed a task
      * of the generation it read them for (see claim_and_run). */
     _Alignas(64) _Atomic uint64_t claim;
@@ -87,14 +88,28 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* Claim and run tasks of the current job until none is left.
+/* Which end of the task list a thread claims from. The calling thread takes tasks from the back, the
+ * workers from the front, until the two meet: a job laid out as two groups of equal cost (matmul_bwd: the
+ * weight-gradient tiles, then the input-gradient tiles, which are the same number of FLOPs) is then split
+ * between two threads at the group boundary whatever the sizes of the tiles inside each group, where
+ * claiming in one order can leave one thread with a large tile while the other idles. Any thread still
+ * takes any task, so a thread that is late (or never comes) only means the others take more.
+ * Jobs of at most DG_POOL_TWO_ENDED_MAX tasks encode both counts in the claim word (front in bits
+ * 0-15, back in bits 16-31); larger ones are claimed from the front only, by everyone. */
+#ifndef DG_POOL_TWO_ENDED_MAX
+#define DG_POOL_TWO_ENDED_MAX 0xFFFF
+#endif
+
+/* Claim and run tasks of the current job until none is left (`back`: claim from the back end).
  * Why this is safe against a worker that reads a job just as the caller replaces it: the task count used
  * to validate a claim is read together with its generation (`job`), and a claim is a CAS of `claim` from
- * the (generation, index) that was validated, so it succeeds only while that job is current and that
- * task unclaimed. A job cannot finish while one of its tasks is claimed and unfinished, so the caller
- * cannot overwrite fn/arg before the claimant has read them; and the acquire that produced the claimed
- * value (directly, or through the release sequence of the caller's store) makes them visible. */
-static void claim_and_run(dg_cpu_pool_t *p, int worker) {
+ * the (generation, front, back) value that was validated, so it succeeds only while that job is current
+ * and that task unclaimed (both ends of a two-ended job live in the one word, so a front and a back
+ * claim cannot both take the last task). A job cannot finish while one of its tasks is claimed and
+ * unfinished, so the caller cannot overwrite fn/arg before the claimant has read them; and the acquire
+ * that produced the claimed value (directly, or through the release sequence of the caller's store)
+ * makes them visible. */
+static void claim_and_run(dg_cpu_pool_t *p, int worker, int back) {
     uint64_t s = atomic_load_explicit(&p->claim, memory_order_acquire);
     for (;;) {
         DG_POOL_TEST_PAUSE();
@@ -107,9 +122,20 @@ static void claim_and_run(dg_cpu_pool_t *p, int worker) {
             s = s2;
             continue;
         }
-        const uint32_t i = (uint32_t)s, n = (uint32_t)j;
-        if (i >= n) return;
-        if (!atomic_compare_exchange_weak_explicit(&p->claim, &s, s + 1, memory_order_acq_rel,
+        const uint32_t n = (uint32_t)j, low = (uint32_t)s;
+        uint32_t i;
+        uint64_t next;
+        if (n <= DG_POOL_TWO_ENDED_MAX) {
+            const uint32_t f = low & 0xFFFFu, b = low >> 16;
+            if (f + b >= n) return;
+            i = back ? n - 1 - b : f;
+            next = back ? s + (1u << 16) : s + 1;
+        } else {
+            if (low >= n) return;
+            i = low;
+            next = s + 1;
+        }
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &s, next, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue; /* s now holds the current value */
         dg_cpu_task_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
@@ -144,7 +170,7 @@ static void *worker_main(void *argp) {
         }
         seen = t;
         if (atomic_load(&p->stop)) break;
-        claim_and_run(p, wa.id);
+        claim_and_run(p, wa.id, 0);
     }
     return NULL;
 }
@@ -233,7 +259,7 @@ void dg_cpu_pool_run(dg_cpu_pool_t *p, int ntasks, dg_cpu_task_fn fn, void *arg)
         int want = ntasks - 1 < p->nthreads - 1 ? ntasks - 1 : p->nthreads - 1;
         futex_wake(&p->ticket, want);
     }
-    claim_and_run(p, 0);
+    claim_and_run(p, 0, 1);
     /* Every task is claimed; wait only for those still running on workers. */
     const uint32_t n = (uint32_t)ntasks;
     for (int s = 0; s < DG_POOL_CALLER_SPINS; s++) {
