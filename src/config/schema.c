@@ -387,6 +387,9 @@ const dg_cfg_key_t dg_cfg_schema[] = {
             "fraction of checkpoint saves that completed, per window of saves"),
     SLA_OBJ(recovery_time, "600, none, 0, s", check_sla_time, "1",
             "job start to the first step completed after a resume"),
+    SLA_OBJ(memory_plan, "1, -0.05, 0.05, x", check_sla_ratio, "1",
+            "a step's peak of the backend's device memory over the plan's bytes (activations, model state, "
+            "ids): '1, -0.05, 0.05, x' = within 5%"),
 
     /* [topology] */
     STR("topology", "xml", topology.xml, "", NULL,

@@ -336,6 +336,9 @@ dg_status_t trn_setup(trainer_t *tr) {
     DG_TRY(dg_fsdp_model_create(tr->fsdp, &tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, 0,
                                 &tr->model));
     DG_TRY(dg_model_set_grad_accum(tr->model, tr->accum));
+    tr->kernels_fused = dg_model_kernels_per_step(tr->model);
+    tr->sla.mem_planned = (double)dg_model_planned_bytes(tr->model);
+    DG_TRY(dg_model_unfused_kernels_per_step(tr->model, &tr->kernels_unfused));
     DG_LOG_INFO("setup: backend %.2f s, memory fit %.2f s, communicators %.2f s, run dir and data %.2f s, "
                 "model %.2f s",
                 t_backend - t0, t_fit - t_backend, t_comm - t_fit, t_data - t_comm, dg_now_s() - t_data);

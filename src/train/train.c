@@ -222,6 +222,7 @@ static dg_status_t train_loop(trainer_t *tr) {
 
         dg_model_comm_stats_t cs;
         dg_model_comm_stats(tr->model, &cs, 1); /* this step's gradient-sync latency from here */
+        trn_sla_mem_begin(tr);                  /* and its peak of device memory */
         double t0 = dg_now_s();
         int64_t step = tr->step;                /* 0-based index of the step being taken */
         dg_model_set_step(tr->model, step + 1); /* named by collective timeouts */
@@ -282,6 +283,7 @@ static dg_status_t train_loop(trainer_t *tr) {
         trn_maybe_write_prom(tr, &sm);
         dg_progress_step(tr->progress, tr->step, loss, tps, dt);
         trn_sla_after_step(tr, dt, tps);
+        trn_sla_mem_end(tr);
         /* the communication objectives (docs/sla.md): judged on steps above the step-time floor, where a
          * fraction of the step is not scheduling noise of a loaded host */
         if (dt >= c->sla.budget_floor_s) {
@@ -301,6 +303,43 @@ static dg_status_t train_loop(trainer_t *tr) {
     if (!st && tr->trace) trn_trace_step_end(tr, tr->step, 1); /* every rank left the loop in agreement */
     dg_progress_finish(tr->progress);
     return finish_loop(tr, st, stop_sig);
+}
+
+/* The start event: the run's shape, its plan (arena, fragmentation, kernels and fusion, plan cache) and
+ * where it starts (docs/sla.md "Start-event figures"). */
+static void start_event(trainer_t *tr) {
+    char cfg_hash[32];
+    snprintf(cfg_hash, sizeof cfg_hash, "%016llx", (unsigned long long)dg_config_hash(tr->cfg));
+    DG_METRICS_EVENT(
+        tr->metrics, "start", DG_JI("world_size", tr->world), DG_JS("mesh", tr->mesh_str),
+        DG_JS("backend", tr->backend_name), DG_JS("comm", tr->fsdp ? tr->fsdp->comm_backend : "none"),
+        DG_JS("config_hash", cfg_hash), DG_JS("precision", tr->cfg->train.precision),
+        DG_JI("n_params", (int64_t)dg_model_n_params(&tr->desc)), DG_JI("n_layer", tr->desc.n_layer),
+        DG_JI("d_model", tr->desc.d_model), DG_JI("seq_len", tr->desc.seq_len),
+        DG_JI("global_batch", tr->global_batch), DG_JI("micro_batch", tr->micro_batch),
+        DG_JI("grad_accum", tr->accum),
+        DG_JI("state_bytes_per_rank", (int64_t)dg_model_state_bytes(tr->model)),
+        DG_JI("arena_bytes", (int64_t)dg_model_arena_bytes(tr->model)),
+        DG_JI("arena_live_peak_bytes", (int64_t)dg_model_arena_live_peak_bytes(tr->model)),
+        DG_JF("memory_planned_bytes", tr->sla.mem_planned),
+        DG_JF("arena_fragmentation", dg_model_arena_bytes(tr->model)
+                                         ? 1.0 - (double)dg_model_arena_live_peak_bytes(tr->model) /
+                                                     (double)dg_model_arena_bytes(tr->model)
+                                         : 0.0),
+        DG_JI("ops_per_step", dg_model_n_ops(tr->model)), DG_JI("kernels_per_step", tr->kernels_fused),
+        DG_JI("kernels_per_step_unfused", tr->kernels_unfused),
+        DG_JF("fusion_ratio",
+              tr->kernels_fused > 0 ? (double)tr->kernels_unfused / (double)tr->kernels_fused : 0.0),
+        DG_JI("start_step", tr->step), DG_JI("steps", tr->cfg->train.steps),
+        DG_JS("version", DG_VERSION_STRING),
+        DG_JS("plan", tr->plan_reason[0] ? tr->plan_reason : "mesh given by parallel.mesh"),
+        DG_JS("plan_cache", dg_model_build_info(tr->model)->cache),
+        DG_JS("plan_cache_reason", dg_model_build_info(tr->model)->reason),
+        DG_JF("plan_build_s", dg_model_build_info(tr->model)->build_s),
+        DG_JF("plan_probe_s", dg_model_build_info(tr->model)->probe_s),
+        DG_JF("plan_key_s", dg_model_build_info(tr->model)->key_s),
+        DG_JF("graph_freeze_s", dg_now_s() - dg_model_build_info(tr->model)->frozen_at),
+        DG_JS("plan_fallback", dg_model_build_info(tr->model)->fallback));
 }
 
 /* RUN_DIR/plots/ after the final metrics line of a finished run or of a stop on a signal after a complete
@@ -344,32 +383,7 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
         return s;
     }
 
-    char cfg_hash[32];
-    snprintf(cfg_hash, sizeof cfg_hash, "%016llx", (unsigned long long)dg_config_hash(cfg));
-    DG_METRICS_EVENT(
-        tr.metrics, "start", DG_JI("world_size", tr.world), DG_JS("mesh", tr.mesh_str),
-        DG_JS("backend", tr.backend_name), DG_JS("comm", tr.fsdp ? tr.fsdp->comm_backend : "none"),
-        DG_JS("config_hash", cfg_hash), DG_JS("precision", cfg->train.precision),
-        DG_JI("n_params", (int64_t)dg_model_n_params(&tr.desc)), DG_JI("n_layer", tr.desc.n_layer),
-        DG_JI("d_model", tr.desc.d_model), DG_JI("seq_len", tr.desc.seq_len),
-        DG_JI("global_batch", tr.global_batch), DG_JI("micro_batch", tr.micro_batch),
-        DG_JI("grad_accum", tr.accum), DG_JI("state_bytes_per_rank", (int64_t)dg_model_state_bytes(tr.model)),
-        DG_JI("arena_bytes", (int64_t)dg_model_arena_bytes(tr.model)),
-        DG_JI("arena_live_peak_bytes", (int64_t)dg_model_arena_live_peak_bytes(tr.model)),
-        DG_JF("arena_fragmentation", dg_model_arena_bytes(tr.model)
-                                         ? 1.0 - (double)dg_model_arena_live_peak_bytes(tr.model) /
-                                                     (double)dg_model_arena_bytes(tr.model)
-                                         : 0.0),
-        DG_JI("ops_per_step", dg_model_n_ops(tr.model)), DG_JI("start_step", tr.step),
-        DG_JI("steps", cfg->train.steps), DG_JS("version", DG_VERSION_STRING),
-        DG_JS("plan", tr.plan_reason[0] ? tr.plan_reason : "mesh given by parallel.mesh"),
-        DG_JS("plan_cache", dg_model_build_info(tr.model)->cache),
-        DG_JS("plan_cache_reason", dg_model_build_info(tr.model)->reason),
-        DG_JF("plan_build_s", dg_model_build_info(tr.model)->build_s),
-        DG_JF("plan_probe_s", dg_model_build_info(tr.model)->probe_s),
-        DG_JF("plan_key_s", dg_model_build_info(tr.model)->key_s),
-        DG_JF("graph_freeze_s", dg_now_s() - dg_model_build_info(tr.model)->frozen_at),
-        DG_JS("plan_fallback", dg_model_build_info(tr.model)->fallback));
+    start_event(&tr);
     DG_LOG_INFO(
         "training %s (%.2fM params) on %d rank(s), mesh %s, backend %s, %lld steps of %lld x %d tokens",
         cfg->model.preset, dg_model_n_params(&tr.desc) / 1e6, tr.world, tr.mesh_str, tr.backend_name,
@@ -413,7 +427,8 @@ dg_status_t dg_train_run(dg_boot_t *boot, const dg_config_t *cfg) {
             DG_JF("tok_per_s",
                   el > 0 ? (double)(tr.step - step0) * tr.global_batch * tr.desc.seq_len / el : 0),
             DG_JF("gpu_peak_alloc_bytes", gpu_peak), DG_JF("gpu_used_bytes", gpu_used),
-            DG_JF("host_rss_growth_bytes", gmax), DG_JI("exit_code", 0));
+            DG_JF("host_rss_growth_bytes", gmax), DG_JF("memory_peak_ratio", tr.sla.mem_ratio_max),
+            DG_JI("exit_code", 0));
     } else if (s != DG_ERR_SIGNAL && s != DG_ERR_PAUSE) { /* a pause wrote its own done event */
         DG_METRICS_EVENT(tr.metrics, "done", DG_JI("step", tr.step), DG_JS("reason", "error"),
                          DG_JS("error", dg_last_error()), DG_JI("exit_code", s));

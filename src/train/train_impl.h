@@ -41,6 +41,7 @@ typedef struct trainer {
     int micro_batch, accum;
     int64_t global_batch;
     double flops_per_token, peak_flops;
+    int64_t kernels_fused, kernels_unfused; /* kernel launches per step, with and without the fusion passes */
 
     char ckpt_dir[2 * DG_CFG_STR + 32];
     char plan_cache_dir[2 * DG_CFG_STR + 32]; /* run.plan_cache resolved ("" = off) */
