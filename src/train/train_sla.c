@@ -171,8 +171,7 @@ void trn_sla_after_step(trainer_t *tr, double dt, double tok_per_s) {
     dg_gov_sample(tr->sla.gov, DG_SLA_TOKENS_PER_S, tr->step, tok_per_s);
     if (tr->sla.resumed && !tr->sla.recovery_done) {
         tr->sla.recovery_done = 1;
-        double age = trn_sla_process_age_s();
-        double total = isfinite(age) ? age : tr->sla.boot_s + (dg_now_s() - tr->sla.t_entry);
+        double total = tr->sla.boot_s + (dg_now_s() - tr->sla.t_entry);
         DG_METRICS_EVENT(tr->metrics, "recovery", DG_JI("step", tr->step), DG_JF("recovery_time_s", total),
                          DG_JF("boot_s", tr->sla.boot_s), DG_JF("checkpoint_read_s", tr->sla.read_s),
                          DG_JF("plan_build_s", tr->sla.plan_s), DG_JI("lost_steps", tr->sla.lost_steps),

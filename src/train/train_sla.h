@@ -23,7 +23,8 @@ typedef struct {
     int stop;    /* DG_SLA_ACT_REQUEUE / _PAUSE: the loop ends with a checkpoint and that exit */
     int exclude_next; /* the next step follows a checkpoint, validation or resume: not a step_time sample */
     double t_entry;   /* monotonic time dg_train_run was entered */
-    double boot_s;    /* process start -> dg_train_run (MPI init, topology, binding) */
+    double boot_s;    /* process start -> dg_train_run (MPI init, topology, binding); 0 for a later run in the
+                         same process (dgvalidate's training check) */
     double plan_s;    /* setup: backend, mesh/plan, model, data */
     double read_s;    /* checkpoint read (resume) */
     int resumed, recovery_done;
