@@ -165,7 +165,9 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     STR("run", "trace", run.trace, "", check_trace,
         "A:B writes a Chrome/Perfetto trace of steps A..B to run.dir/trace.json (--trace A:B); \"\" = none"),
     STR("run", "plan_cache", run.plan_cache, "auto", check_nonempty,
-        "compiled-plan cache: auto = run.dir/plan_cache, off = none, or a directory (relative: to run.dir); "
+        "compiled-plan cache: auto = run.dir/plan_cache on the CUDA backend and off on the CPU backend "
+        "(docs/sla.md: there its verification probe costs far more than the build it saves), off = none, or "
+        "a directory (relative: to run.dir); "
         "a verified hit skips the graph passes and the memory plan"),
     FLT("run", "compile_timeout_s", run.compile_timeout_s, "30", 0, 1e9,
         "circuit breaker: a plan build past this many seconds falls back to the conservative plan "

@@ -265,9 +265,12 @@ static void compile_opts(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     const char *v = c->run.plan_cache;
     tr->plan_cache_dir[0] = 0;
-    if (strcmp(v, "auto") == 0)
-        snprintf(tr->plan_cache_dir, sizeof tr->plan_cache_dir, "%s/plan_cache", c->run.dir);
-    else if (v[0] == '/')
+    if (strcmp(v, "auto") == 0) {
+        /* off on the CPU backend: its verification probe costs about 1000 x the build it saves
+         * (docs/sla.md "Plan cache default") */
+        if (tr->cuda_device >= 0)
+            snprintf(tr->plan_cache_dir, sizeof tr->plan_cache_dir, "%s/plan_cache", c->run.dir);
+    } else if (v[0] == '/')
         snprintf(tr->plan_cache_dir, sizeof tr->plan_cache_dir, "%s", v);
     else if (strcmp(v, "off") != 0)
         snprintf(tr->plan_cache_dir, sizeof tr->plan_cache_dir, "%s/%s", c->run.dir, v);
