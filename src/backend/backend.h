@@ -312,6 +312,11 @@ typedef struct dg_backend_ops {
      * f32 rounding (CPU: 1e-6 relative; tests/sample). Deterministic (fixed reduction order). */
     dg_status_t (*attention_kv_fwd)(dg_backend_t *be, void *out, void *kcache, void *vcache, const void *qkv,
                                     int p0, int n, int cap, int C, int NH);
+    /* Device memory this backend holds: *now, the bytes of every allocation it made (alloc, its scratch
+     * and workspaces; not host_alloc), and *peak, their most since the last call with reset = 1 (which
+     * restarts the window at *now). The SLA objective memory_plan compares a step's peak with the plan
+     * (docs/sla.md). Either pointer may be NULL. */
+    void (*mem_usage)(dg_backend_t *be, size_t *now, size_t *peak, int reset);
 } dg_backend_ops_t;
 
 struct dg_backend {

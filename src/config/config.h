@@ -173,6 +173,9 @@ typedef struct dg_config {
         char recovery_time[96];
         int64_t recovery_time_window;
         char recovery_time_action[16];
+        char memory_plan[96];
+        int64_t memory_plan_window;
+        char memory_plan_action[16];
     } sla; /* the training SLA objectives (src/sla/sla.h, docs/sla.md) */
     struct {
         char

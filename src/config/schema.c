@@ -165,7 +165,9 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     STR("run", "trace", run.trace, "", check_trace,
         "A:B writes a Chrome/Perfetto trace of steps A..B to run.dir/trace.json (--trace A:B); \"\" = none"),
     STR("run", "plan_cache", run.plan_cache, "auto", check_nonempty,
-        "compiled-plan cache: auto = run.dir/plan_cache, off = none, or a directory (relative: to run.dir); "
+        "compiled-plan cache: auto = run.dir/plan_cache on the CUDA backend and off on the CPU backend "
+        "(docs/sla.md: there its verification probe costs far more than the build it saves), off = none, or "
+        "a directory (relative: to run.dir); "
         "a verified hit skips the graph passes and the memory plan"),
     FLT("run", "compile_timeout_s", run.compile_timeout_s, "30", 0, 1e9,
         "circuit breaker: a plan build past this many seconds falls back to the conservative plan "
@@ -387,6 +389,9 @@ const dg_cfg_key_t dg_cfg_schema[] = {
             "fraction of checkpoint saves that completed, per window of saves"),
     SLA_OBJ(recovery_time, "600, none, 0, s", check_sla_time, "1",
             "job start to the first step completed after a resume"),
+    SLA_OBJ(memory_plan, "1, -0.05, 0.05, x", check_sla_ratio, "1",
+            "a step's peak of the backend's device memory over the plan's bytes (activations, model state, "
+            "ids): '1, -0.05, 0.05, x' = within 5%"),
 
     /* [topology] */
     STR("topology", "xml", topology.xml, "", NULL,

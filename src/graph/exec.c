@@ -775,6 +775,7 @@ dg_status_t dg_exec_run_hook(dg_exec_t *ex, int first, int end, int at, dg_exec_
             }
             if (st != DG_OK) return dg_err_prefix(st, "op #%d %s '%s'", n->id, dg_op_name(n->op), n->name);
             ex->ops_run++;
+            if (dg_op_def(n->op)->kernels[0].name && !dg_op_def(n->op)->is_collective) ex->kernels_run++;
         }
         if (i == at) { /* before eager_after: what node `at` wrote is still allocated */
             dg_status_t sh = hook(ctx);

@@ -623,6 +623,7 @@ struct dg_exec {
     void *arena; /* phase 2 (run): the arena allocated with the plan's size */
     dg_runtime_t rt;
     uint64_t ops_run;
+    uint64_t kernels_run; /* ops run that called a backend compute entry (not collectives, waits) */
     /* optional per-op-kind timing (syncs the backend around every op while on) */
     int profile;
     double prof_s[DG_OP_COUNT];

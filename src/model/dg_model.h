@@ -134,7 +134,12 @@ enum {
     /* train.recompute = full: only each layer's input is kept; the whole layer forward is re-run at the
      * start of its backward (graph pass recompute; with tensor parallelism the row-parallel all-reduce
      * outputs are kept too: collectives are not re-run). Implies the GELU recompute. */
-    DG_MODEL_RECOMPUTE_FULL = 256
+    DG_MODEL_RECOMPUTE_FULL = 256,
+    /* No fusion pass at all: the graph of the circuit breaker's conservative plan (the unfused GELU,
+     * residual, GELU backward, classifier loss and per-parameter AdamW ops), with the arena. Implies
+     * UNFUSED_GELU_BWD, ADAMW_PER_PARAM, UNFUSED_CE and UNFUSED_RESID; the numbers are the fused plan's
+     * within matmul_res's rounding (bitwise on the CPU backend). dg_model_unfused_kernels_per_step. */
+    DG_MODEL_NO_FUSION = 512
 };
 
 /* Builds the graph (forward + backward + optimizer) for micro-batches of [micro_batch, seq_len] tokens,
@@ -396,6 +401,19 @@ size_t dg_model_arena_live_peak_bytes(const dg_model_t *m);
 size_t dg_model_state_bytes(const dg_model_t *m); /* params + grads + AdamW moments (+ compute copy) held by
                                                      THIS rank (sharded: about 1 / dp_shard of the model) */
 int dg_model_n_ops(const dg_model_t *m);          /* ops in the schedule (all phases) */
+/* The device memory this rank's plan needs: the activations (the arena; with eager allocation the live
+ * peak), the model state (dg_model_state_bytes) and the token ids. The circuit breaker's budget check and
+ * the SLA objective memory_plan (docs/sla.md) compare against it. */
+size_t dg_model_planned_bytes(const dg_model_t *m);
+/* Kernel launches of one optimizer step (zero_grad, accum forward_backward calls, optimizer_step): ops
+ * that call a backend compute entry (not collectives, waits or structural kinds), the ZERO and OPT phases
+ * once, FWD and BWD once per micro-batch of dg_model_set_grad_accum (their gradient-sync ops only in the
+ * last). The executor counts the same launches as they run (dg_exec_t.kernels_run). */
+int64_t dg_model_kernels_per_step(const dg_model_t *m);
+/* The same count for this model built without any fusion pass (DG_MODEL_NO_FUSION; a plan-only graph of
+ * the same mesh, recompute and micro-batch, no memory, no collective): the start event's
+ * kernels_per_step_unfused (docs/sla.md "Start-event figures"). */
+dg_status_t dg_model_unfused_kernels_per_step(const dg_model_t *m, int64_t *out);
 
 /* Per-op-kind timing of everything run while on (the backend is synchronised after every op, so this
  * slows GPU runs down). dg_model_print_profile prints seconds, calls and share per op kind, largest

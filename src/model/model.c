@@ -343,7 +343,8 @@ static dg_status_t build_once(const dg_model_desc_t *d, dg_backend_t *be, int mi
     m->B = micro_batch;
     m->T = d->seq_len;
     m->conservative = conservative;
-    if (conservative)
+    if (conservative) flags |= DG_MODEL_NO_FUSION;
+    if (flags & DG_MODEL_NO_FUSION)
         flags |= DG_MODEL_UNFUSED_CE | DG_MODEL_UNFUSED_RESID | DG_MODEL_UNFUSED_GELU_BWD |
                  DG_MODEL_ADAMW_PER_PARAM;
     m->flags = flags;
@@ -415,7 +416,7 @@ static dg_status_t build_once(const dg_model_desc_t *d, dg_backend_t *be, int mi
         dg_pass_t pipeline[16];
         int np = 0;
         /* the conservative plan (circuit breaker) runs no fusion pass */
-        if (!conservative) pipeline[np++] = (dg_pass_t){"fuse_gelu", dg_pass_fuse_gelu, NULL};
+        if (!(flags & DG_MODEL_NO_FUSION)) pipeline[np++] = (dg_pass_t){"fuse_gelu", dg_pass_fuse_gelu, NULL};
         /* before autodiff, which then emits the fused op's backward (the residual's gradient shared, the
          * matmul's MATMUL_BWD): with tp > 1 the row-parallel products reach their add through an
          * all-reduce, and stay unfused */
@@ -483,8 +484,7 @@ static dg_status_t build_once(const dg_model_desc_t *d, dg_backend_t *be, int mi
         stopped = 1;
     }
     if (st == DG_OK && !stopped && cc && cc->mem_budget && !conservative) {
-        size_t ntok = (size_t)m->B * (size_t)m->T;
-        size_t peak = m->plan->arena_bytes + dg_model_state_bytes(m) + 2 * ntok * sizeof(int32_t);
+        size_t peak = dg_model_planned_bytes(m);
         if (peak > cc->mem_budget) {
             snprintf(m->want_fb, sizeof m->want_fb, "compile_oom");
             dg_fmt(m->want_fb_reason, sizeof m->want_fb_reason,
@@ -818,11 +818,52 @@ size_t dg_model_state_bytes(const dg_model_t *m) {
     return b;
 }
 
+size_t dg_model_planned_bytes(const dg_model_t *m) {
+    size_t ntok = (size_t)m->B * (size_t)m->T;
+    int eager = m->conservative || (m->ex && m->ex->eager);
+    size_t act = eager ? m->plan->live_peak_bytes : m->plan->arena_bytes;
+    return act + dg_model_state_bytes(m) + 2 * ntok * sizeof(int32_t);
+}
+
 int dg_model_n_ops(const dg_model_t *m) {
     int k = 0;
     for (int i = 0; i < m->g->n; i++)
         if (m->g->nodes[i]->op != DG_OP_LEAF && m->g->nodes[i]->op != DG_OP_SIDE) k++;
     return k;
+}
+
+/* Kernel launches of one step of g's schedule at `accum` micro-batches (dg_model_kernels_per_step). */
+static int64_t kernels_per_step(const dg_graph_t *g, int accum) {
+    int64_t once = 0, per_micro = 0, sync = 0;
+    for (int i = 0; i < g->n; i++) {
+        const dg_node_t *n = g->nodes[i];
+        const dg_op_def_t *d = dg_op_def(n->op);
+        if (!d->kernels[0].name || d->is_collective) continue;
+        if (n->phase == DG_PHASE_FWD || n->phase == DG_PHASE_BWD) {
+            per_micro++;
+            if (n->flags & DG_NF_GRAD_SYNC) sync++;
+        } else {
+            once++;
+        }
+    }
+    return once + (int64_t)accum * per_micro - (int64_t)(accum - 1) * sync;
+}
+
+int64_t dg_model_kernels_per_step(const dg_model_t *m) {
+    return kernels_per_step(m->g, m->accum);
+}
+
+dg_status_t dg_model_unfused_kernels_per_step(const dg_model_t *m, int64_t *out) {
+    *out = dg_model_kernels_per_step(m);
+    if (m->flags & DG_MODEL_NO_FUSION) return DG_OK; /* the conservative plan: nothing was fused */
+    dg_model_parallel_t par = m->par;
+    par.compile = NULL; /* no circuit breaker for a graph that is only counted */
+    int flags = (m->flags & ~(DG_MODEL_NO_ARENA_REUSE)) | DG_MODEL_PLAN_ONLY | DG_MODEL_NO_FUSION;
+    dg_model_t *u = NULL;
+    DG_TRY(build_once(&m->d, m->be, m->B, m->seed, flags, &par, NULL, 0, 0, 0, &u));
+    *out = kernels_per_step(u->g, m->accum);
+    dg_model_free(u);
+    return DG_OK;
 }
 
 dg_graph_t *dg_model_graph(const dg_model_t *m) {

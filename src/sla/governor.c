@@ -31,6 +31,7 @@ static const obj_info_t k_obj[DG_SLA_N] = {
     {"checkpoint_stall", DG_DIM_TIME, 1, "120, none, 0, s", 1, "seconds the loop was blocked by a save"},
     {"checkpoint_success", DG_DIM_RATIO, 1, "1, -0.5, none, frac", 2, "fraction of saves that completed"},
     {"recovery_time", DG_DIM_TIME, 1, "600, none, 0, s", 1, "job start to first step after resume"},
+    {"memory_plan", DG_DIM_RATIO, 1, "1, -0.05, 0.05, x", 1, "a step's peak device memory / the plan"},
 };
 
 static const char *const k_act[] = {"none", "checkpoint", "rollback", "requeue", "pause"};

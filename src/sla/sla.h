@@ -42,6 +42,7 @@ typedef enum {
     DG_SLA_CHECKPOINT_STALL,
     DG_SLA_CHECKPOINT_SUCCESS,
     DG_SLA_RECOVERY_TIME,
+    DG_SLA_MEMORY_PLAN,
     DG_SLA_N
 } dg_sla_obj_t;
 

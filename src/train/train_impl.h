@@ -1,5 +1,7 @@
 /* train_impl.h — private to src/train/: the trainer's state and the functions its files share:
- * train.c (setup, the loop, dry runs) and train_ckpt.c (checkpoint tensors, save, resume, rollback).
+ * train.c (dg_train_run and the step loop), setup.c (backend, mesh, model, health), data.c (data sets,
+ * loaders, validation), plan_report.c (--plan-only, --dry-run) and train_ckpt.c (checkpoint tensors,
+ * save, resume, rollback).
  */
 #ifndef DG_TRAIN_IMPL_H
 #define DG_TRAIN_IMPL_H
@@ -39,11 +41,12 @@ typedef struct trainer {
     int micro_batch, accum;
     int64_t global_batch;
     double flops_per_token, peak_flops;
+    int64_t kernels_fused, kernels_unfused; /* kernel launches per step, with and without the fusion passes */
 
     char ckpt_dir[2 * DG_CFG_STR + 32];
     char plan_cache_dir[2 * DG_CFG_STR + 32]; /* run.plan_cache resolved ("" = off) */
     dg_model_compile_t compile;               /* plan cache and circuit breaker options of the model */
-    int64_t val_batches; /* data.val_batches, or fewer when the validation set is smaller (open_data) */
+    int64_t val_batches; /* data.val_batches, or fewer when the validation set is smaller (trn_open_data) */
     dg_dataset_t *train_ds, *val_ds;
     dg_loader_t *train_ld, *val_ld;
     dg_metrics_t *metrics;
@@ -104,9 +107,9 @@ dg_status_t trn_rollback(trainer_t *tr); /* loss spikes: back to the newest good
 void trn_report_async(trainer_t *tr, const dg_ckpt_async_result_t *ar);
 uint64_t trn_ckpt_progress_source(void *ctx, int *waiting); /* the health watchdog's view of checkpoint I/O */
 void trn_ckpt_abort_hook(void *ctx);                        /* an aborted job leaves no half-written file */
-/* train.c */
-int trn_is_fp16(const dg_config_t *c);   /* train.precision = fp16 */
-int trn_data_chunk(const trainer_t *tr); /* micro-steps of data read ahead at once */
+/* Largest tensor parallelism the planner may choose (one node's GPUs; n_head must divide by it). */
+#define DG_TRAIN_MAX_TP 8
+
 /* pipeline_train.c (parallel.mesh with pp > 1, docs/parallelism.md "The executor"): the executor and its
  * chunk models (create: collective, after the communicators); the step's forwards/backwards, zero_grad,
  * optimizer step and an evaluation forward through it. trn_loss_ranks: the ranks whose losses count in a
@@ -132,6 +135,36 @@ dg_status_t trn_get_flat(trainer_t *tr, int which, float *host);
 dg_status_t trn_set_flat(trainer_t *tr, int which, const float *host);
 dg_status_t trn_set_frozen(trainer_t *tr, int g, int frozen);
 dg_status_t trn_init_weights(trainer_t *tr, const char *spec); /* model.init (dg_hf.h) on every chunk */
+
+/* setup.c */
+int trn_is_fp16(const dg_config_t *c); /* train.precision = fp16 */
+/* Everything before the monitors: mesh, model sizes, batch arithmetic, the agreed backend, the memory fit,
+ * communicators, run dir and metrics, data, the model and its options (collective). */
+dg_status_t trn_setup(trainer_t *tr);
+/* The health monitor (event sinks, progress source, abort hook, comm and CUDA polls) and, with
+ * checkpoint.async, the background checkpoint writer; the caller agrees on the result. */
+dg_status_t trn_setup_monitors(trainer_t *tr);
+/* The mesh of parallel.mesh, or the planner's (mesh = auto); dp_rank, dp_size and mesh_str with it. */
+dg_status_t trn_pick_mesh(trainer_t *tr);
+/* micro_batch, global_batch and accum; a global batch that does not divide is DG_ERR_USAGE. */
+dg_status_t trn_batch_arithmetic(trainer_t *tr);
+/* The topology-SLA planner for this run's workload on its cluster (or topology.cluster's); max_tp caps
+ * tensor parallelism. On success the caller frees *res and *cl. */
+dg_status_t trn_run_planner(dg_boot_t *boot, const dg_config_t *c, const dg_model_desc_t *d, int max_tp,
+                            dg_cluster_t *cl, dg_plan_result_t *res);
+/* data.c */
+/* The training and validation globs ("" val: none); builds the embedded default data on first use. */
+dg_status_t trn_data_globs(const dg_config_t *c, char *train_glob, char *val_glob, size_t cap);
+/* One step and one validation batch fit the data (n_val < 0: no validation); *val_batches: what fits. */
+dg_status_t trn_check_data_fits(const dg_config_t *c, int64_t global_batch, int seq_len, int64_t n_train,
+                                int64_t n_val, int64_t *val_batches);
+dg_status_t trn_open_data(trainer_t *tr); /* data sets and loaders; needs tr->metrics */
+/* Micro-steps [j0, j0+n) of the current step into tok/tgt ([n][micro_batch][seq_len] each). */
+dg_status_t trn_fill_micro_steps(trainer_t *tr, const dg_loader_t *ld, int j0, int n, int32_t *tok,
+                                 int32_t *tgt);
+int trn_data_chunk(const trainer_t *tr); /* micro-steps of data read ahead at once */
+/* Agreement on a data read outside the step agreement: every rank learns whether any rank failed. */
+dg_status_t trn_agree_data(trainer_t *tr, dg_status_t st);
 /* observe.c: the run identity (collective; right after the metrics file opens) and RUN_DIR/metrics.prom
  * (rank 0, every log interval and at the end). */
 dg_status_t trn_run_identity(trainer_t *tr);

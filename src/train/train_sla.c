@@ -89,6 +89,7 @@ dg_status_t trn_sla_setup(trainer_t *tr) {
         {c->sla.checkpoint_stall, c->sla.checkpoint_stall_window, c->sla.checkpoint_stall_action},
         {c->sla.checkpoint_success, c->sla.checkpoint_success_window, c->sla.checkpoint_success_action},
         {c->sla.recovery_time, c->sla.recovery_time_window, c->sla.recovery_time_action},
+        {c->sla.memory_plan, c->sla.memory_plan_window, c->sla.memory_plan_action},
     };
     for (int i = 0; i < DG_SLA_N; i++) {
         char key[64];
@@ -106,6 +107,47 @@ dg_status_t trn_sla_setup(trainer_t *tr) {
 void trn_sla_free(trainer_t *tr) {
     dg_gov_free(tr->sla.gov);
     tr->sla.gov = NULL;
+    for (int i = 0; i < tr->sla.n_leak; i++)
+        tr->be->ops->free(tr->be, tr->sla.leak[i]);
+    free(tr->sla.leak);
+    tr->sla.leak = NULL;
+    tr->sla.n_leak = 0;
+}
+
+void trn_sla_mem_begin(trainer_t *tr) {
+    if (tr->be->ops->mem_usage) tr->be->ops->mem_usage(tr->be, NULL, NULL, 1);
+}
+
+/* DG_TEST_MEM_LEAK_MB from step DG_TEST_MEM_LEAK_STEP: a block of backend memory kept to the end. */
+static void test_leak(trainer_t *tr) {
+    double mb = dg_env_double("DG_TEST_MEM_LEAK_MB");
+    int64_t from = dg_env_int("DG_TEST_MEM_LEAK_STEP");
+    if (!(mb > 0) || from < 1 || tr->step < from) return;
+    void *p = NULL;
+    if (tr->be->ops->alloc(tr->be, (size_t)(mb * 1048576.0), &p) != DG_OK) {
+        dg_clear_error();
+        return;
+    }
+    if (tr->step == from)
+        DG_LOG_WARN("test hook DG_TEST_MEM_LEAK_MB=%g: every step from %lld keeps %g MB of backend memory",
+                    mb, (long long)from, mb);
+    void **l = realloc(tr->sla.leak, (size_t)(tr->sla.n_leak + 1) * sizeof *l);
+    if (!l) {
+        tr->be->ops->free(tr->be, p);
+        return;
+    }
+    tr->sla.leak = l;
+    tr->sla.leak[tr->sla.n_leak++] = p;
+}
+
+void trn_sla_mem_end(trainer_t *tr) {
+    test_leak(tr);
+    size_t peak = 0;
+    if (!tr->be->ops->mem_usage || !(tr->sla.mem_planned > 0)) return;
+    tr->be->ops->mem_usage(tr->be, NULL, &peak, 0);
+    double r = (double)peak / tr->sla.mem_planned;
+    if (r > tr->sla.mem_ratio_max) tr->sla.mem_ratio_max = r;
+    trn_sla_feed(tr, DG_SLA_MEMORY_PLAN, r);
 }
 
 void trn_sla_feed(trainer_t *tr, dg_sla_obj_t o, double value) {
@@ -129,8 +171,7 @@ void trn_sla_after_step(trainer_t *tr, double dt, double tok_per_s) {
     dg_gov_sample(tr->sla.gov, DG_SLA_TOKENS_PER_S, tr->step, tok_per_s);
     if (tr->sla.resumed && !tr->sla.recovery_done) {
         tr->sla.recovery_done = 1;
-        double age = trn_sla_process_age_s();
-        double total = isfinite(age) ? age : tr->sla.boot_s + (dg_now_s() - tr->sla.t_entry);
+        double total = tr->sla.boot_s + (dg_now_s() - tr->sla.t_entry);
         DG_METRICS_EVENT(tr->metrics, "recovery", DG_JI("step", tr->step), DG_JF("recovery_time_s", total),
                          DG_JF("boot_s", tr->sla.boot_s), DG_JF("checkpoint_read_s", tr->sla.read_s),
                          DG_JF("plan_build_s", tr->sla.plan_s), DG_JI("lost_steps", tr->sla.lost_steps),

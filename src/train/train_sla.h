@@ -23,12 +23,17 @@ typedef struct {
     int stop;    /* DG_SLA_ACT_REQUEUE / _PAUSE: the loop ends with a checkpoint and that exit */
     int exclude_next; /* the next step follows a checkpoint, validation or resume: not a step_time sample */
     double t_entry;   /* monotonic time dg_train_run was entered */
-    double boot_s;    /* process start -> dg_train_run (MPI init, topology, binding) */
+    double boot_s;    /* process start -> dg_train_run (MPI init, topology, binding); 0 for a later run in the
+                         same process (dgvalidate's training check) */
     double plan_s;    /* setup: backend, mesh/plan, model, data */
     double read_s;    /* checkpoint read (resume) */
     int resumed, recovery_done;
     int64_t lost_steps, lost_tokens; /* work lost by the resume: -1 unknown */
     int64_t prev_step;               /* the step the previous attempt reached (metrics.jsonl), -1 unknown */
+    double mem_planned;              /* dg_model_planned_bytes: the memory_plan objective's reference */
+    double mem_ratio_max;            /* the highest step peak / plan so far (the done event) */
+    void **leak;                     /* test hook DG_TEST_MEM_LEAK_MB: the blocks kept to the end */
+    int n_leak;
 } trn_sla_t;
 
 /* Seconds since this process started (/proc/self/stat), NAN when unknown. */
@@ -54,6 +59,10 @@ int trn_sla_act(struct trainer *tr, int *st);
  * work lost: the previous attempt's last step line in RUN_DIR/metrics.jsonl minus the checkpoint's step
  * and tokens (-1 when metrics.jsonl holds no step line: unknown). */
 void trn_sla_resumed(struct trainer *tr, double read_s);
+/* The memory_plan objective around a step: begin restarts the backend's peak window; end feeds the step's
+ * peak of device memory over the plan (the test hook DG_TEST_MEM_LEAK_MB allocates inside the window). */
+void trn_sla_mem_begin(struct trainer *tr);
+void trn_sla_mem_end(struct trainer *tr);
 /* Test hook: DG_TEST_SLOW_RANK sleeps DG_TEST_SLOW_MS in every step from DG_TEST_SLOW_STEP (1-based). */
 void trn_sla_test_slow(struct trainer *tr, int64_t step);
 /* The previous attempt's last step and tokens from RUN_DIR/metrics.jsonl (rank 0; -1 when unknown). */

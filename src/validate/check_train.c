@@ -6,6 +6,10 @@
  *   train.resume  the K-rank run checkpoints half-way; a second K-rank run resumes from that file and
  *                 must reproduce the first run's losses for the remaining steps within
  *                 validate.train_resume_rtol (0 = bit for bit, which docs/design.md §4 promises)
+ *   train.recovery  the resumed run's recovery time (its `recovery` event: process start to the first
+ *                 step, split into boot, checkpoint read and plan build) against ref.train.recovery, or
+ *                 without one against the run's own SLA objective sla.recovery_time; the training
+ *                 governor's own verdict (a recovery_time `sla` event) fails it too (docs/sla.md)
  *
  * The reference runs inside the same job: rank 0 trains alone on a boot description whose world is a
  * duplicate of MPI_COMM_SELF (sharing rank 0's topology and GPU), while the other ranks sleep in a
@@ -21,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dg_json_read.h"
 #include "validate_impl.h"
 #ifdef DG_VALIDATE_HAVE_TRAIN
 #include "train.h"
@@ -62,6 +67,118 @@ static dg_status_t read_losses(const char *path, int max_step, losses_t *out) {
 }
 
 #ifdef DG_VALIDATE_HAVE_TRAIN
+
+/* The resumed run's recovery event and the training governor's verdict on it (metrics.jsonl). */
+typedef struct {
+    int found;                              /* a recovery event was written */
+    double total_s, boot_s, read_s, plan_s; /* its recovery_time_s, boot_s, checkpoint_read_s, plan_build_s */
+    double lost_steps;                      /* -1 unknown */
+    int sla_level;                          /* the highest level of a recovery_time sla event, 0 none */
+    double sla_target;                      /* that event's bound */
+} recovery_t;
+
+static dg_status_t read_recovery(const char *path, recovery_t *out) {
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(path, "r");
+    if (!f) return DG_ERR(DG_ERR_RUNTIME, "cannot read %s (the resumed run wrote no metrics)", path);
+    char *line = NULL;
+    size_t cap = 0;
+    dg_jl_obj *o = dg_xmalloc(sizeof *o);
+    while (getline(&line, &cap, f) > 0) {
+        if (dg_jl_parse(line, o) != 0) continue;
+        const dg_jl_field *ev = dg_jl_get(o, "event");
+        if (!ev || !ev->is_str) continue;
+#define NUM(k) (dg_jl_get(o, k) && !dg_jl_get(o, k)->is_str ? dg_jl_get(o, k)->num : NAN)
+        if (strcmp(ev->str, "recovery") == 0) {
+            out->found = 1;
+            out->total_s = NUM("recovery_time_s"), out->boot_s = NUM("boot_s");
+            out->read_s = NUM("checkpoint_read_s"), out->plan_s = NUM("plan_build_s");
+            out->lost_steps = NUM("lost_steps");
+        } else if (strcmp(ev->str, "sla") == 0) {
+            const dg_jl_field *ob = dg_jl_get(o, "objective");
+            double lv = NUM("level");
+            if (ob && ob->is_str && strcmp(ob->str, "recovery_time") == 0 && lv > out->sla_level) {
+                out->sla_level = (int)lv;
+                out->sla_target = NUM("target");
+            }
+        }
+#undef NUM
+    }
+    free(o);
+    free(line);
+    fclose(f);
+    return DG_OK;
+}
+
+/* train.recovery (rank 0): the resumed run's recovery time and its SLA verdict. sla_ref: the training
+ * config's sla.recovery_time, the reference when the SLA file has no ref.train.recovery. */
+static void check_recovery(vctx_t *c, const char *metrics, const char *sla_ref, double seconds) {
+    dg_vcheck_t *k = vc_add(c, "train.recovery");
+    k->seconds = seconds;
+    recovery_t rv;
+    if (read_recovery(metrics, &rv) != DG_OK) {
+        k->verdict = DG_VERDICT_ERROR;
+        snprintf(k->message, sizeof k->message, "%s", dg_last_error());
+        return;
+    }
+    if (!rv.found) {
+        k->verdict = DG_VERDICT_FAIL;
+        snprintf(k->message, sizeof k->message, "the resumed run wrote no recovery event (%s)", metrics);
+        return;
+    }
+    dg_sla_ref_t own;
+    const dg_sla_ref_t *ref = vc_group_ref(c, "train.recovery", c->type_of_rank, c->size);
+    if (!ref && strcmp(sla_ref, "off") != 0 &&
+        dg_sla_ref_parse("dgtrain", "sla.recovery_time", sla_ref, DG_DIM_TIME, &own) == DG_OK)
+        ref = &own;
+    dg_clear_error();
+    k->has_value = 1;
+    k->value = rv.total_s;
+    snprintf(k->unit, sizeof k->unit, "s");
+    char tot[32];
+    vc_fmt_value(tot, sizeof tot, rv.total_s, DG_DIM_TIME);
+    snprintf(k->measured, sizeof k->measured,
+             "%s (boot %.3g s, checkpoint read %.3g s, plan build %.3g s); SLA %s", tot, rv.boot_s, rv.read_s,
+             rv.plan_s, rv.sla_level ? "violated" : "met");
+    if (ref) {
+        dg_sla_ref_format(ref, k->reference, sizeof k->reference);
+        if (ref == &own)
+            snprintf(k->reference + strlen(k->reference), sizeof k->reference - strlen(k->reference),
+                     " (sla.recovery_time)");
+    } else {
+        snprintf(k->reference, sizeof k->reference, "-");
+    }
+    vbuf_t det = {0};
+    vbuf_printf(&det, "{\"recovery_time_s\": ");
+    vbuf_json_num(&det, rv.total_s);
+    vbuf_printf(&det, ", \"boot_s\": ");
+    vbuf_json_num(&det, rv.boot_s);
+    vbuf_printf(&det, ", \"checkpoint_read_s\": ");
+    vbuf_json_num(&det, rv.read_s);
+    vbuf_printf(&det, ", \"plan_build_s\": ");
+    vbuf_json_num(&det, rv.plan_s);
+    vbuf_printf(&det, ", \"lost_steps\": ");
+    vbuf_json_num(&det, rv.lost_steps);
+    vbuf_printf(&det, ", \"sla_level\": %d, \"sla_verdict\": \"%s\"}", rv.sla_level,
+                rv.sla_level ? "violated" : "met");
+    dg_vcheck_set_details(k, det.s);
+    vbuf_free(&det);
+    if (ref && !dg_sla_ref_ok(ref, rv.total_s)) {
+        k->verdict = DG_VERDICT_FAIL;
+        snprintf(k->message, sizeof k->message,
+                 "the resumed run took %s to its first step (boot %.3g s, checkpoint "
+                 "read %.3g s, plan build %.3g s), want %s",
+                 tot, rv.boot_s, rv.read_s, rv.plan_s, k->reference);
+    } else if (rv.sla_level) {
+        k->verdict = DG_VERDICT_FAIL;
+        snprintf(k->message, sizeof k->message,
+                 "the resumed run's SLA governor judged recovery_time violated (level %d, %s > %.3g s)",
+                 rv.sla_level, tot, rv.sla_target);
+    } else if (!ref) {
+        snprintf(k->message, sizeof k->message,
+                 "no reference ref.train.recovery and sla.recovery_time is off: measured only");
+    }
+}
 
 static dg_status_t make_config(vctx_t *c, dg_config_t *cfg, const char *dir, int global_batch,
                                const char *resume, int ckpt_every) {
@@ -124,7 +241,9 @@ static double rel(double a, double b) {
 
 dg_status_t vc_check_train(vctx_t *c) {
     int want_m = vc_selected_leaf(c, "train.match"), want_r = vc_selected_leaf(c, "train.resume");
-    if (!want_m && !want_r) return DG_OK;
+    int want_rec = vc_selected_leaf(c, "train.recovery");
+    if (!want_m && !want_r && !want_rec) return DG_OK;
+    want_r = want_r || want_rec; /* the recovery is the resumed run's */
     const dg_sla_settings_t *s = c->set;
     double t0 = dg_now_s();
     int steps = s->train_steps, half = steps / 2 > 0 ? steps / 2 : 1;
@@ -186,6 +305,8 @@ dg_status_t vc_check_train(vctx_t *c) {
             if (ag != DG_OK) snprintf(msg, sizeof msg, "%s", dg_last_error());
         }
     }
+    char sla_ref[sizeof cfg->sla.recovery_time];
+    snprintf(sla_ref, sizeof sla_ref, "%s", cfg->sla.recovery_time);
     free(cfg);
     if (c->rank != 0) return DG_OK;
 
@@ -197,8 +318,9 @@ dg_status_t vc_check_train(vctx_t *c) {
             k->seconds = dt;
             snprintf(k->message, sizeof k->message, "%s failed: %.1900s", stage, msg);
         }
-        if (want_r) {
-            dg_vcheck_t *k = vc_add(c, "train.resume");
+        for (int i = 0; i < 2; i++) {
+            if (!(i == 0 ? vc_selected_leaf(c, "train.resume") : want_rec)) continue;
+            dg_vcheck_t *k = vc_add(c, i == 0 ? "train.resume" : "train.recovery");
             k->verdict = fail_v;
             k->seconds = dt;
             snprintf(k->message, sizeof k->message, "%s failed: %.1900s", stage, msg);
@@ -263,7 +385,11 @@ dg_status_t vc_check_train(vctx_t *c) {
         dg_vcheck_set_details(k, det.s);
         vbuf_free(&det);
     }
-    if (want_r) {
+    if (want_rec) {
+        snprintf(p, sizeof p, "%s/metrics.jsonl", dres);
+        check_recovery(c, p, sla_ref, dt);
+    }
+    if (vc_selected_leaf(c, "train.resume")) {
         char where_all[1024];
         vc_fmt_all_nodes(c, where_all, sizeof where_all);
         dg_vcheck_t *k = vc_add(c, "train.resume");
@@ -320,6 +446,7 @@ dg_status_t vc_check_train(vctx_t *c) {
         "configured): rebuild once src/train provides it";
     if (vc_selected_leaf(c, "train.match")) vc_skip(c, "train.match", "%s", why);
     if (vc_selected_leaf(c, "train.resume")) vc_skip(c, "train.resume", "%s", why);
+    if (vc_selected_leaf(c, "train.recovery")) vc_skip(c, "train.recovery", "%s", why);
     return DG_OK;
 }
 

@@ -41,6 +41,8 @@ static const dg_validate_metric_t k_fixed_metrics[] = {
     {"storage.create", DG_DIM_TIME, "create + 4 KiB write + fsync + close of a file (worst rank's median)"},
     {"storage.rename", DG_DIM_TIME, "rename + directory fsync (worst rank's median)"},
     {"health.rtt", DG_DIM_TIME, "heartbeat round trip rank 0 <-> rank r (worst rank's median)"},
+    {"train.recovery", DG_DIM_TIME,
+     "the training check's resumed run: process start to its first step (boot, checkpoint read, plan build)"},
 };
 
 const dg_validate_metric_t *dg_validate_metrics(void) {

@@ -15,7 +15,9 @@
  *  - the residual adds fused into the linear layers before them (matmul_res): 2 * n_layer of them, the
  *    arena not larger, and the same bitwise-equal training against the matmul + add pairs;
  *  - non-finite gradients skip the whole update; frozen tensors are not updated and not in the norm;
- *  - the --plan-only printer (text and JSON) and one-line errors for bad input.
+ *  - the --plan-only printer (text and JSON) and one-line errors for bad input;
+ *  - kernel launches per step (dg_model_kernels_per_step, with and without the fusion passes) against
+ *    the executor's count of the launches one real step makes, and the unfused model's identical losses.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -1024,6 +1026,64 @@ static void test_init(void) {
     dg_model_free(m2);
 }
 
+/* ---------------- kernel launches per step ---------------- */
+
+/* One real step (zero_grad, accum micro-batches, AdamW) of a fresh model: the executor's launches, and the
+ * losses of the micro-batches. */
+static uint64_t step_launches(dg_model_t *m, int accum, float *loss) {
+    size_t T = (size_t)small.seq_len;
+    int32_t tok[3 * 2 * 16], tgt[3 * 2 * 16];
+    uint64_t s = 77;
+    random_ids(tok, (size_t)accum * 2 * T, small.vocab_size, &s);
+    random_ids(tgt, (size_t)accum * 2 * T, small.vocab_size, &s);
+    OK(dg_model_set_grad_accum(m, accum));
+    uint64_t k0 = dg_model_exec(m)->kernels_run;
+    OK(dg_model_zero_grad(m));
+    for (int j = 0; j < accum; j++)
+        OK(dg_model_forward_backward(m, tok + (size_t)j * 2 * T, tgt + (size_t)j * 2 * T,
+                                     1.0f / (float)(accum * 2 * T), &loss[j]));
+    dg_optim_hparams_t h = gmodel_adamw(1e-3f, 0.0f, 1.0f, 1);
+    float norm;
+    OK(dg_model_optimizer_step(m, &h, &norm));
+    return dg_model_exec(m)->kernels_run - k0;
+}
+
+static void test_kernel_counts(void) {
+    const int flags[2] = {0, DG_MODEL_RECOMPUTE_SELECTIVE};
+    for (int fi = 0; fi < 2; fi++) {
+        for (int accum = 1; accum <= 3; accum += 2) {
+            dg_model_t *m, *u;
+            OK(dg_model_create_ex(&small, be, 2, 5, flags[fi], &m));
+            OK(dg_model_create_ex(&small, be, 2, 5, flags[fi] | DG_MODEL_NO_FUSION, &u));
+            float lm[3], lu[3];
+            uint64_t run_m = step_launches(m, accum, lm), run_u = step_launches(u, accum, lu);
+            int64_t est_u = 0, est_uu = 0;
+            OK(dg_model_unfused_kernels_per_step(m, &est_u));
+            OK(dg_model_unfused_kernels_per_step(u, &est_uu));
+            EXPECT((int64_t)run_m == dg_model_kernels_per_step(m),
+                   "flags %d accum %d: the step launched %llu kernels, kernels_per_step says %lld", flags[fi],
+                   accum, (unsigned long long)run_m, (long long)dg_model_kernels_per_step(m));
+            EXPECT((int64_t)run_u == dg_model_kernels_per_step(u) && est_u == (int64_t)run_u &&
+                       est_uu == est_u,
+                   "flags %d accum %d: the unfused step launched %llu kernels; counted %lld, estimated %lld "
+                   "from the fused model",
+                   flags[fi], accum, (unsigned long long)run_u, (long long)dg_model_kernels_per_step(u),
+                   (long long)est_u);
+            EXPECT(run_u > run_m, "flags %d: the fusions saved no launch (%llu vs %llu)", flags[fi],
+                   (unsigned long long)run_u, (unsigned long long)run_m);
+            for (int j = 0; j < accum; j++)
+                EXPECT(lm[j] == lu[j], "micro-batch %d: unfused loss %.9g != fused %.9g", j, (double)lu[j],
+                       (double)lm[j]);
+            if (accum == 3)
+                printf("kernels per step (flags %d, accum 3): %llu fused, %llu unfused (ratio %.2f)\n",
+                       flags[fi], (unsigned long long)run_m, (unsigned long long)run_u,
+                       (double)run_u / (double)run_m);
+            dg_model_free(m);
+            dg_model_free(u);
+        }
+    }
+}
+
 int main(void) {
     dg_backend_config_t bc = {.act_dtype = DG_F32};
     OK(dg_backend_cpu_create(&bc, &be));
@@ -1044,6 +1104,7 @@ int main(void) {
     test_adamw_fused();
     test_ce_fused();
     test_res_fused();
+    test_kernel_counts();
     dg_backend_free(be);
     printf("model tests took %.1f s\n", dg_now_s() - t0);
     return dg_check_done("model");

@@ -2,7 +2,12 @@
 """test_sla.py CASE DGTRAIN MPIEXEC [MPIEXEC FLAGS...] — the run-time SLA governor (src/sla, src/train/train_sla.c)
 with the real dgtrain at 2 ranks on the CPU, and `dgtrain report`.
 
-  healthy   a default run: no sla event at all
+  healthy   a default run: no sla event at all; the start event's kernels per step with and without the
+            fusion passes, their fusion_ratio, arena_fragmentation and memory_planned_bytes; every step's
+            peak of backend memory within 5 % of the plan (done: memory_peak_ratio)
+  memory    every rank keeps 1/50 of its planned bytes of backend memory more every step from step 4
+            (DG_TEST_MEM_LEAK_*): the memory_plan Level-1 sla event once the peak is over 1.05 x the plan,
+            the run finishes (exit 0), `dgtrain report --json` lists memory_plan as violated
   slow      rank 1 slowed by 400 ms a step from step 8 (DG_TEST_SLOW_*): a step_time Level-1 sla event
             (objective, level, value, target, action, step), the run finishes (exit 0); `dgtrain report`
             (text and --json) lists the objective as violated with the event; a missing run dir: exit 2
@@ -67,6 +72,37 @@ def main():
             run(exe, mpi, cfg, d, ("train.steps=30",))
             check(not events(d, "sla"), "a healthy default run wrote sla events: %s" % events(d, "sla"))
             print("  healthy default run (30 steps, 2 ranks): no sla event")
+            st, done = events(d, "start")[0], events(d, "done")[-1]
+            kf, ku = st["kernels_per_step"], st["kernels_per_step_unfused"]
+            check(0 < kf < ku and abs(st["fusion_ratio"] - ku / kf) < 1e-9, "start kernels/fusion: %s" % st)
+            check(st["arena_live_peak_bytes"] <= st["arena_bytes"] and
+                  abs(st["arena_fragmentation"] - (1 - st["arena_live_peak_bytes"] / st["arena_bytes"])) < 1e-9,
+                  "start arena_fragmentation: %s" % st)
+            check(st["memory_planned_bytes"] > st["arena_bytes"] + st["state_bytes_per_rank"] - 1,
+                  "memory_planned_bytes %s" % st)
+            check(0.95 <= done["memory_peak_ratio"] <= 1.05, "memory_peak_ratio %s" % done)
+            print("  start: %d kernels per step (%d unfused, fusion ratio %.2f), arena fragmentation %.3f; done: "
+                  "memory peak / plan %.4f" % (kf, ku, st["fusion_ratio"], st["arena_fragmentation"],
+                                               done["memory_peak_ratio"]))
+        elif case == "memory":
+            run(exe, mpi, cfg, d, ("train.steps=12", "parallel.mesh=dp_shard=2", "checkpoint.every=0"))
+            planned = events(d, "start")[0]["memory_planned_bytes"]
+            mb = "%.6f" % (planned / 50 / 1048576)
+            d2 = os.path.join(work, "leak")
+            run(exe, mpi, cfg, d2, ("train.steps=12", "parallel.mesh=dp_shard=2", "checkpoint.every=0"),
+                {"DG_TEST_MEM_LEAK_MB": mb, "DG_TEST_MEM_LEAK_STEP": "4"})
+            ev = [e for e in events(d2, "sla") if e["objective"] == "memory_plan"]
+            check(ev and ev[0]["level"] == 1 and ev[0]["action"] == "warn", "no memory_plan level-1: %s"
+                  % events(d2, "sla"))
+            e = ev[0]
+            # 1/50 of the plan a step from step 4: over 5 % from step 6 or 7 (the healthy peak is ~1.00x)
+            check(6 <= e["step"] <= 8 and e["value"] > e["target"] and abs(e["target"] - 1.05) < 1e-9, "memory_plan event %s" % e)
+            check(events(d2, "done")[-1]["exit_code"] == 0, "done %s" % events(d2, "done"))
+            p = subprocess.run([exe, "report", d2, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, timeout=60)
+            check(p.returncode == 0 and "memory_plan" in p.stdout, "report --json: %s" % p.stdout[:800])
+            print("  memory: a leak of %s MB a step from step 4: memory_plan level 1 at step %d (%.3f x the plan)"
+                  % (mb, e["step"], e["value"]))
         elif case == "slow":
             run(exe, mpi, cfg, d, FAST, SLOW)
             e = sla_step_time(d, 1)

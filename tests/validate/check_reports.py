@@ -110,6 +110,14 @@ def main():
                     if p["bytes"] > 0 and g["ranks"] > 1 and not (p["busbw_GBps"] is not None and p["busbw_GBps"] >= 0
                                                                and p["algbw_GBps"] > 0 and p["time_us"] > 0):
                         bad(f"JSON: check {n}: bad sweep point {p}")
+        # the resumed run's recovery time: its parts and the training SLA's verdict (docs/sla.md)
+        if n == "train.recovery" and c["verdict"] in ("PASS", "FAIL"):
+            d = c["details"]
+            parts = [d.get(k) for k in ("boot_s", "checkpoint_read_s", "plan_build_s")]
+            if not (isinstance(v, (int, float)) and v > 0 and all(isinstance(x, (int, float)) and x >= 0 for x in parts)
+                    and sum(parts) <= v * 1.001 + 1e-3 and d.get("sla_verdict") in ("met", "violated")
+                    and "SLA " + d.get("sla_verdict", "?") in c["measured"]):
+                bad(f"JSON: check {n}: recovery {v!r} parts {parts} details {d} measured {c['measured']!r}")
     if counts != rep["counts"]:
         bad(f"JSON: counts {rep['counts']} do not match the checks {counts}")
     if (counts["fail"] or counts["error"]) and a.exit_code == 0:

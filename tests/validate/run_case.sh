@@ -57,7 +57,7 @@ has_line() { # has_line ERE DESCRIPTION
 
 # What may be skipped on a CPU machine; GPU/NCCL checks may also PASS where a GPU is present.
 GPU_EXP=(--expect 'compute.gpu_*=SKIP|PASS' --expect 'comm.nccl.*=SKIP|PASS' --expect 'topology.gpu_sharing=SKIP|PASS')
-if [ "$HAVE_TRAIN" = 1 ]; then TRAIN_EXP=(--require 'train.match' --require 'train.resume'); else TRAIN_EXP=(--expect 'train.*=SKIP'); fi
+if [ "$HAVE_TRAIN" = 1 ]; then TRAIN_EXP=(--require 'train.match' --require 'train.resume' --require 'train.recovery'); else TRAIN_EXP=(--expect 'train.*=SKIP'); fi
 ALL_REQ=(--require 'topology.devices' --require 'topology.binding' --require 'topology.versions' --require 'health.monitor'
     --require 'comm.mpi.allreduce.intra' --require 'comm.mpi.allgather.intra' --require 'comm.mpi.reduce_scatter.intra'
     --require 'comm.mpi.broadcast.intra' --require 'comm.mpi.sendrecv.intra' --require 'compute.cpu_gemm'
@@ -101,15 +101,21 @@ slow)
         --expect 'compute.gpu_*=SKIP|PASS' --message 'compute.cpu_*.stragglers=rank 2 (' || FAILED=1
     ;;
 impossible)
-    run 2 "" "$HERE/sla_impossible.ini" --run-dir "$WORK/run" --checks compute.cpu_gemm,comm.mpi.allreduce.intra,storage.create
+    run 2 "" "$HERE/sla_impossible.ini" --run-dir "$WORK/run" --checks compute.cpu_gemm,comm.mpi.allreduce.intra,storage.create,train.recovery
     expect_rc 4
+    if [ "$HAVE_TRAIN" = 1 ]; then
+        has_line '^FAIL train\.recovery: the resumed run took .* to its first step \(boot .*, checkpoint read .*, plan build .*\), want <= 1 us' "recovery"
+        REC_EXP=(--expect 'train.recovery=FAIL')
+    else
+        REC_EXP=(--expect 'train.recovery=SKIP')
+    fi
     has_line "^  node 0: [^,]+, 2 ranks, node type 'ci'$" "node type"
     has_line '^FAIL compute\.cpu_gemm: node 0 \([^,]+, ranks from 0\): .* want >= 0\.9 PFLOP/s' "gemm"
     has_line '^FAIL comm\.mpi\.allreduce\.intra: busbw .* on the intra group of 2 ranks from rank 0 \([^)]+\), want >= 900 TB/s' "allreduce"
     has_line '^FAIL storage\.create: create latency too high on rank 0 \([^)]+\), rank 1 \([^)]+\)' "create"
     "${CHECK[@]}" "$WORK/run" --ranks 2 --nodes 1 --exit 4 --expect 'compute.cpu_gemm=FAIL' \
         --expect 'comm.mpi.allreduce.intra=FAIL' --expect 'storage.create=FAIL' --expect 'compute.cpu_gemm.stragglers=PASS' \
-        --require 'compute.cpu_gemm' --require 'comm.mpi.allreduce.intra' --require 'storage.create' || FAILED=1
+        "${REC_EXP[@]}" --require 'train.recovery' --require 'compute.cpu_gemm' --require 'comm.mpi.allreduce.intra' --require 'storage.create' || FAILED=1
     ;;
 readonly)
     # Root ignores permission bits, so a chmod'ed directory would not do. An immutable directory

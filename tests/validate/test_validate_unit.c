@@ -201,7 +201,7 @@ static void test_bus_factors(void) {
     int n = 0;
     for (const dg_validate_metric_t *m = dg_validate_metrics(); m->name; m++)
         n++;
-    CHECK(n == 30 + 9);
+    CHECK(n == 30 + 10);
 }
 
 static void test_reports(const char *dir) {

@@ -9,6 +9,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,6 +39,27 @@ dg_status_t dg_cpu_nonnulls(const char *op, const char *names, const void *const
     return DG_OK;
 }
 
+/* Memory accounting of alloc and the scratch (the vtable's mem_usage). */
+static void mem_add(dg_cpu_t *cpu, size_t bytes) {
+    size_t now = __atomic_add_fetch(&cpu->mem_now, bytes, __ATOMIC_RELAXED);
+    size_t pk = __atomic_load_n(&cpu->mem_win_peak, __ATOMIC_RELAXED);
+    while (now > pk && !__atomic_compare_exchange_n(&cpu->mem_win_peak, &pk, now, 1, __ATOMIC_RELAXED,
+                                                    __ATOMIC_RELAXED)) {
+    }
+}
+
+static void mem_sub(dg_cpu_t *cpu, size_t bytes) {
+    __atomic_sub_fetch(&cpu->mem_now, bytes, __ATOMIC_RELAXED);
+}
+
+static void cpu_mem_usage(dg_backend_t *be, size_t *now, size_t *peak, int reset) {
+    dg_cpu_t *cpu = dg_cpu_of(be);
+    size_t n = __atomic_load_n(&cpu->mem_now, __ATOMIC_RELAXED);
+    if (now) *now = n;
+    if (peak) *peak = __atomic_load_n(&cpu->mem_win_peak, __ATOMIC_RELAXED);
+    if (reset) __atomic_store_n(&cpu->mem_win_peak, n, __ATOMIC_RELAXED);
+}
+
 void *dg_cpu_scratch(dg_cpu_t *cpu, size_t bytes) {
     if (bytes <= cpu->scratch_bytes) return cpu->scratch;
     size_t cap = round_up(bytes + bytes / 4, DG_CPU_ALIGN); /* headroom so slowly growing asks don't churn */
@@ -50,6 +72,8 @@ void *dg_cpu_scratch(dg_cpu_t *cpu, size_t bytes) {
         return NULL;
     }
     free(cpu->scratch);
+    mem_sub(cpu, cpu->scratch_bytes);
+    mem_add(cpu, cap);
     cpu->scratch = p;
     cpu->scratch_bytes = cap;
     return p;
@@ -68,13 +92,13 @@ static void cpu_destroy(dg_backend_t *be) {
     free(be);
 }
 
-static dg_status_t cpu_alloc(dg_backend_t *be, size_t bytes, void **out) {
-    (void)be;
+/* An aligned block of at least `bytes` (0 bytes still gets a real, freeable block so callers need no
+ * special case). */
+static dg_status_t block_alloc(size_t bytes, void **out) {
     DG_CPU_NONNULL("alloc", out);
     *out = NULL;
     if (bytes > SIZE_MAX - DG_CPU_ALIGN)
         return DG_ERR(DG_ERR_RUNTIME, "cpu backend: allocation of %zu bytes is too large", bytes);
-    /* 0 bytes still gets a real, freeable block so callers need no special case. */
     void *p = aligned_alloc(DG_CPU_ALIGN, round_up(bytes ? bytes : 1, DG_CPU_ALIGN));
     if (!p)
         return DG_ERR(DG_ERR_RUNTIME,
@@ -85,8 +109,14 @@ static dg_status_t cpu_alloc(dg_backend_t *be, size_t bytes, void **out) {
     return DG_OK;
 }
 
+static dg_status_t cpu_alloc(dg_backend_t *be, size_t bytes, void **out) {
+    DG_TRY(block_alloc(bytes, out));
+    mem_add(dg_cpu_of(be), malloc_usable_size(*out));
+    return DG_OK;
+}
+
 static void cpu_free(dg_backend_t *be, void *p) {
-    (void)be;
+    if (p) mem_sub(dg_cpu_of(be), malloc_usable_size(p));
     free(p);
 }
 
@@ -461,11 +491,14 @@ static dg_status_t cpu_adamw_multi_dev(dg_backend_t *be, const dg_adamw_seg_t *s
     return DG_OK;
 }
 
+/* host memory: not the backend's "device" memory, so not in mem_usage */
 static dg_status_t cpu_host_alloc(dg_backend_t *be, size_t bytes, void **out) {
-    return cpu_alloc(be, bytes, out);
+    (void)be;
+    return block_alloc(bytes, out);
 }
 static void cpu_host_free(dg_backend_t *be, void *p) {
-    cpu_free(be, p);
+    (void)be;
+    free(p);
 }
 /* the CPU backend runs every op when it is called: the copy happens now */
 static dg_status_t cpu_upload_async(dg_backend_t *be, void *dst, const void *host_src, size_t bytes) {
@@ -552,6 +585,7 @@ static const dg_backend_ops_t cpu_ops = {
     .clip_scale = cpu_clip_scale,
     .host_alloc = cpu_host_alloc,
     .host_free = cpu_host_free,
+    .mem_usage = cpu_mem_usage,
     .upload_async = cpu_upload_async,
     .adamw_dev = cpu_adamw_dev,
     /* graph_*: NULL, the CPU backend cannot record */

@@ -33,6 +33,9 @@ typedef struct dg_cpu {
     int pool_failed;      /* the workers could not be started: every job runs on the calling thread */
     void *scratch;        /* grow-only arena for partial sums and per-thread buffers */
     size_t scratch_bytes; /* capacity of `scratch` */
+    /* bytes of alloc's blocks and the scratch now, and their peak since the last mem_usage reset (atomic:
+     * kernels may grow the scratch from a pool thread) */
+    size_t mem_now, mem_win_peak;
 } dg_cpu_t;
 
 /* Run fn over tasks [0, ntasks) on the backend's threads. The workers start on first use (a backend that

@@ -70,6 +70,14 @@ dg_status_t dg_cublas_fail(cublasStatus_t s, const char *call, const char *file,
 void dg_cuda_mem_add(dg_cuda_t *c, size_t bytes) {
     c->mem_now += bytes;
     if (c->mem_now > c->mem_peak) c->mem_peak = c->mem_now;
+    if (c->mem_now > c->mem_win_peak) c->mem_win_peak = c->mem_now;
+}
+
+static void cu_mem_usage(dg_backend_t *be, size_t *now, size_t *peak, int reset) {
+    dg_cuda_t *c = dg_cuda_of(be);
+    if (now) *now = c->mem_now;
+    if (peak) *peak = c->mem_win_peak;
+    if (reset) c->mem_win_peak = c->mem_now;
 }
 
 void dg_cuda_mem_sub(dg_cuda_t *c, size_t bytes) {
@@ -848,6 +856,7 @@ static const dg_backend_ops_t cuda_ops = {
     cu_ce_fused,
     cu_matmul_fwd_res,
     cu_attention_kv_fwd,
+    cu_mem_usage,
 };
 
 /* ---------------- construction ---------------- */

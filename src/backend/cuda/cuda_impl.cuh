@@ -101,6 +101,7 @@ typedef struct dg_cuda {
     char name[256];
     char tune_tag[128]; /* the GEMM tuning table's device tag (matmul.cu), built on first use */
     size_t mem_now, mem_peak;
+    size_t mem_win_peak; /* the peak since the last mem_usage reset (the SLA memory_plan window) */
     void **mem_ptr;
     size_t *mem_size;
     int mem_n, mem_cap;
