@@ -16,8 +16,8 @@
  * and step number are baked into the captured graph (fine for timing: see docs/cuda.md for what the real
  * capture must move to device memory).
  *
- *   bench_step [--preset gpt2-124m] [--B 32] [--precision bf16] [--steps 10] [--warmup 3] [--json FILE]
- * Exit 77 without a GPU. It reads the graph module's executor API (src/graph/graph.h), as its tests do.
+ *   bench_step [--preset gpt2-124m] [--B 32] [--precision bf16|fp8|...] [--steps 10] [--warmup 3] [--json
+ * FILE] Exit 77 without a GPU. It reads the graph module's executor API (src/graph/graph.h), as its tests do.
  */
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
@@ -70,10 +70,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--json") && v)
             json = argv[++i];
         else {
-            fprintf(
-                stderr,
-                "usage: bench_step [--preset gpt2-124m] [--B 32] [--precision fp32|bf16|fp16] [--steps 10] "
-                "[--warmup 3] [--json FILE]\n");
+            fprintf(stderr, "usage: bench_step [--preset gpt2-124m] [--B 32] [--precision "
+                            "fp32|bf16|fp16|fp8] [--steps 10] "
+                            "[--warmup 3] [--json FILE]\n");
             return 2;
         }
     }
@@ -82,7 +81,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     dg_backend_config_t bc = {0};
-    bc.act_dtype = !strcmp(precision, "bf16") ? DG_BF16 : !strcmp(precision, "fp16") ? DG_F16 : DG_F32;
+    const int fp8 = !strcmp(precision, "fp8"); /* bf16 activations, the linear layers' GEMMs in FP8 */
+    bc.act_dtype = !strcmp(precision, "bf16") || fp8 ? DG_BF16 : !strcmp(precision, "fp16") ? DG_F16 : DG_F32;
+    bc.fp8 = fp8;
     dg_backend_t *be = NULL;
     if (dg_backend_cuda_create(&bc, &be) != DG_OK) {
         printf("SKIP: %s\n", dg_last_error());

@@ -84,6 +84,8 @@ typedef struct dg_backend_config {
     int device;           /* CUDA device ordinal; ignored by CPU */
     int threads;          /* CPU threads; 0 = OpenMP default */
     uint64_t seed;        /* for any backend-internal randomness (none today) */
+    int fp8; /* CUDA, bf16 only: linear layers' GEMMs on FP8 operands (train.precision=fp8, docs/cuda.md);
+                refused at creation on a GPU without FP8 tensor cores; CPU: refused */
 } dg_backend_config_t;
 
 typedef struct dg_backend_ops {
@@ -323,6 +325,7 @@ struct dg_backend {
     const dg_backend_ops_t *ops;
     dg_dtype_t act_dtype;
     void *impl; /* backend-private state */
+    int fp8;    /* 1: the linear layers' GEMMs run on FP8 operands (dg_backend_config_t.fp8) */
 };
 
 /* Constructors. Each returns DG_ERR_RUNTIME with a message when the backend cannot start
@@ -334,6 +337,14 @@ dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg_backend_t 
  * a CUDA backend. Capture it (cudaStreamBeginCapture) to record a step as one CUDA Graph: no backend op
  * synchronises or allocates during a step once one eager step has run (it sizes the backend's scratch). */
 void *dg_backend_cuda_stream(dg_backend_t *be);
+/* train.precision=fp8 (be->fp8): GEMMs run on FP8 operands so far (*ran) and FP8 calls cuBLASLt
+ * refused, which ran in bf16 instead (*refused); -1 when `be` is not a CUDA backend. */
+int dg_backend_cuda_fp8_stats(dg_backend_t *be, long long *ran, long long *refused);
+/* Quantizes x[rows, cols] (the backend's act dtype, device) to E4M3 as the FP8 GEMMs do (current
+ * per-tensor scaling, docs/cuda.md "FP8"): q the same layout and/or qt its transpose (device, either NULL);
+ * slot: 4 device floats, 16-byte aligned, receiving the inverse scale, the scale and amax's bits. */
+dg_status_t dg_backend_cuda_fp8_quantize(dg_backend_t *be, void *q, void *qt, const void *x, int rows,
+                                         int cols, float *slot);
 /* The CUDA context liveness probe for the health thread (cuda_probe.c, docs/health.md): create it on a
  * thread whose current device is the backend's (it remembers the device); add dg_cuda_probe_poll with it
  * as a health poll hook (dg_health_add_poll). Each poll queues a 4-byte memset + event on a private

@@ -29,8 +29,13 @@ extern "C" {
 /* The choices of the enumerated keys that the run branches on, parsed once at load (the id fields
  * beside their text): each enum's order is its key's choices in src/config/schema.c, checked by
  * tests/config. */
-typedef enum { DG_PREC_FP32 = 0, DG_PREC_BF16, DG_PREC_FP16 } dg_precision_t; /* train.precision */
-typedef enum { DG_REDUCE_FP32 = 0, DG_REDUCE_BF16 } dg_reduce_dtype_t;        /* train.reduce_dtype */
+typedef enum {
+    DG_PREC_FP32 = 0,
+    DG_PREC_BF16,
+    DG_PREC_FP16,
+    DG_PREC_FP8
+} dg_precision_t;                                                      /* train.precision */
+typedef enum { DG_REDUCE_FP32 = 0, DG_REDUCE_BF16 } dg_reduce_dtype_t; /* train.reduce_dtype */
 typedef enum {
     DG_RECOMPUTE_NONE = 0,
     DG_RECOMPUTE_GELU,

@@ -214,8 +214,9 @@ const dg_cfg_key_t dg_cfg_schema[] = {
     FLT("train", "beta1", train.beta1, "0.9", 0, 0.999999, "AdamW beta1"),
     FLT("train", "beta2", train.beta2, "0.95", 0, 0.999999999, "AdamW beta2"),
     FLTX("train", "eps", train.eps, "1e-8", 0, 1, "AdamW epsilon"),
-    ENUMI("train", "precision", train.precision, train.precision_id, "fp32", "fp32|bf16|fp16",
-          "compute dtype of activations"),
+    ENUMI("train", "precision", train.precision, train.precision_id, "fp32", "fp32|bf16|fp16|fp8",
+          "compute dtype of activations (fp8: bf16 activations, the linear layers' GEMMs on E4M3 operands; "
+          "GPUs with FP8 tensor cores only)"),
     ENUMI("train", "reduce_dtype", train.reduce_dtype, train.reduce_dtype_id, "fp32", "fp32|bf16",
           "dtype of gradient reductions"),
     ENUMI("train", "recompute", train.recompute, train.recompute_id, "none", "none|gelu|selective|full",

@@ -457,7 +457,8 @@ dg_status_t dg_pc_key(dg_pc_t *pc, const dg_model_t *m) {
     free(libs.paths);
     if (tab.dirty) libtab_save(&tab, side);
     free(tab.v);
-    buf_printf(&k, "key.backend=%s\nkey.act_dtype=%s\n", m->be->ops->name, dg_dtype_name(m->g->act_dtype));
+    buf_printf(&k, "key.backend=%s\nkey.act_dtype=%s\nkey.fp8=%d\n", m->be->ops->name,
+               dg_dtype_name(m->g->act_dtype), m->be->fp8);
     buf_printf(&k, "key.ir=%016" PRIx64 "\n", dg_pc_ir_hash(m->g));
     buf_printf(&k, "key.model=%d %d %d %d %d %d\n", m->d.n_layer, m->d.n_head, m->d.d_model, m->d.seq_len,
                m->d.vocab_size, m->d.padded_vocab);

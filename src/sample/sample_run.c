@@ -109,9 +109,11 @@ static dg_status_t make_backend(const sample_opts_t *o, const dg_config_t *cfg, 
     const char *want = o->device ? o->device : cfg->parallel.backend;
 #ifdef DG_HAVE_CUDA
     if (strcmp(want, "cuda") == 0 || strcmp(want, "auto") == 0) {
-        bc.act_dtype = strcmp(cfg->train.precision, "bf16") == 0   ? DG_BF16
-                       : strcmp(cfg->train.precision, "fp16") == 0 ? DG_F16
-                                                                   : DG_F32;
+        /* fp8 trains its GEMMs in FP8; sampling runs its bf16 activations in bf16 */
+        const dg_precision_t pr = cfg->train.precision_id;
+        bc.act_dtype = pr == DG_PREC_BF16 || pr == DG_PREC_FP8 ? DG_BF16
+                       : pr == DG_PREC_FP16                    ? DG_F16
+                                                               : DG_F32;
         dg_status_t s = dg_backend_cuda_create(&bc, &c->be);
         if (s == DG_OK) {
             snprintf(c->device, sizeof c->device, "cuda");

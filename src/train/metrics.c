@@ -301,7 +301,8 @@ static const struct {
 
 double dg_peak_flops_gpu(const char *device_name, const char *precision) {
     if (!device_name || !precision) return 0;
-    int half = !strcmp(precision, "bf16") || !strcmp(precision, "fp16");
+    /* fp8: against the dense bf16 peak too (only the linear layers' GEMMs run in FP8) */
+    int half = !strcmp(precision, "bf16") || !strcmp(precision, "fp16") || !strcmp(precision, "fp8");
     for (size_t i = 0; i < sizeof k_gpus / sizeof k_gpus[0]; i++)
         if (strstr(device_name, k_gpus[i].name)) return half ? k_gpus[i].half : k_gpus[i].fp32;
     return 0;

@@ -18,9 +18,9 @@ int trn_is_fp16(const dg_config_t *c) {
 static dg_status_t pick_backend(trainer_t *tr) {
     const dg_config_t *c = tr->cfg;
     dg_backend_config_t bc = {0};
-    bc.act_dtype = c->train.precision_id == DG_PREC_BF16   ? DG_BF16
-                   : c->train.precision_id == DG_PREC_FP16 ? DG_F16
-                                                           : DG_F32;
+    const dg_precision_t pr = c->train.precision_id;
+    bc.act_dtype = pr == DG_PREC_BF16 || pr == DG_PREC_FP8 ? DG_BF16 : pr == DG_PREC_FP16 ? DG_F16 : DG_F32;
+    bc.fp8 = pr == DG_PREC_FP8;
     bc.threads = (int)c->parallel.threads;
     if (bc.threads == 0) {
         /* the cores this rank is bound to (mpi_boot bound it before we got here); OpenMP's own default

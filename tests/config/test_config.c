@@ -221,7 +221,7 @@ static void test_errors(void) {
     EXPECT_ERR("c.ini", "[data]\nshuffle = maybe\n",
                "@:2: data.shuffle: expected a boolean (true|false|yes|no|on|off|1|0), got 'maybe'");
     EXPECT_ERR("c.ini", "[train]\nprecision = fp64\n",
-               "@:2: train.precision: expected one of fp32|bf16|fp16, got 'fp64'");
+               "@:2: train.precision: expected one of fp32|bf16|fp16|fp8, got 'fp64'");
     EXPECT_ERR("d.ini", "[train]\nsteps = 0\n",
                "@:2: train.steps: out of range: expected an integer >= 1, got '0'");
     EXPECT_ERR("d.ini", "[train]\nsteps = 99999999999999999999\n",
@@ -560,7 +560,7 @@ static void test_help(void) {
         CHECK(strstr(buf, name) != NULL);
         CHECK(strstr(buf, dg_cfg_schema[i].doc) != NULL);
     }
-    CHECK(strstr(buf, "one of fp32|bf16|fp16; default fp32") != NULL);
+    CHECK(strstr(buf, "one of fp32|bf16|fp16|fp8; default fp32") != NULL);
     CHECK(strstr(buf, "a number > 0 and <= 10; default 3e-3") != NULL);
     free(buf);
 }

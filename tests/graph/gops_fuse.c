@@ -186,7 +186,8 @@ void case_crossentropy_fused(dg_backend_t *be) {
     }
     dg_backend_ops_t ops = *be->ops;
     ops.crossentropy_fused = NULL;
-    dg_backend_t nofuse = {&ops, be->act_dtype, be->impl};
+    dg_backend_t nofuse = *be;
+    nofuse.ops = &ops;
     ce_build(&f, &nofuse, CEF_FUSE);
     EXPECT(f.fc.n_fused == 0 && tg_count(&f.t, DG_OP_CROSSENTROPY_BWD, -1) == 1,
            "fuse_crossentropy must keep the pair on a backend without crossentropy_fused");
@@ -390,7 +391,8 @@ void case_fuse_residual(dg_backend_t *be) {
     }
     dg_backend_ops_t ops = *be->ops;
     ops.matmul_fwd_res = NULL;
-    dg_backend_t nofuse = {&ops, be->act_dtype, be->impl};
+    dg_backend_t nofuse = *be;
+    nofuse.ops = &ops;
     res_graph_t f;
     res_build(&f, &nofuse, RF_FUSE);
     EXPECT(f.fr.n_fused == 0 && fwd_count(&f.t, DG_OP_MATMUL_RES) == 0 && fwd_count(&f.t, DG_OP_ADD) == 1,

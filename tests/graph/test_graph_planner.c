@@ -303,7 +303,7 @@ static size_t cuda_like_aux_bytes(dg_backend_t *be, int B, int T, int C, int NH)
 static void test_gelu_memory(dg_backend_t *cpu) {
     dg_backend_ops_t ops16 = *cpu->ops;
     ops16.attention_aux_bytes = cuda_like_aux_bytes;
-    dg_backend_t be16 = {&ops16, DG_BF16, cpu->impl};
+    dg_backend_t be16 = {&ops16, DG_BF16, cpu->impl, 0};
     dg_backend_t *bes[2] = {cpu, &be16};
     const char *what[2] = {"cpu f32", "bf16, CUDA attention scratch"};
     const int flags[3] = {DG_MODEL_UNFUSED_GELU_BWD, 0, DG_MODEL_RECOMPUTE_GELU};
@@ -349,7 +349,7 @@ static void fused_arena(dg_backend_t *cpu, int unfused_flag, const char *fused_n
                         fuse_check_t check) {
     dg_backend_ops_t ops16 = *cpu->ops;
     ops16.attention_aux_bytes = cuda_like_aux_bytes;
-    dg_backend_t be16 = {&ops16, DG_BF16, cpu->impl};
+    dg_backend_t be16 = {&ops16, DG_BF16, cpu->impl, 0};
     dg_backend_t *bes[2] = {cpu, &be16};
     const char *what[2] = {"cpu f32", "bf16, CUDA attention scratch"};
     dg_model_desc_t d;

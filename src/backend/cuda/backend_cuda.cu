@@ -115,37 +115,45 @@ static void mem_untrack(dg_cuda_t *c, void *p) {
 
 /* ---------------- scratch ---------------- */
 
-dg_status_t dg_cuda_scratch(dg_cuda_t *c, size_t bytes, void **out) {
-    if (bytes <= c->scratch_bytes) {
-        *out = c->scratch;
-        return DG_OK;
-    }
+/* Grows one of the backend's temporary blocks (*blk of *have bytes) to hold `bytes` (+25 %, whole MiB);
+ * `what` names it in the error raised during stream capture, where nothing can be allocated. */
+static dg_status_t grow_block(dg_cuda_t *c, void **blk, size_t *have, size_t bytes, const char *what) {
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     DG_CUDA_CHECK(cudaStreamIsCapturing(c->stream, &cap));
     if (cap != cudaStreamCaptureStatusNone)
-        return DG_ERR(
-            DG_ERR_RUNTIME,
-            "CUDA backend: an op needs %zu bytes of scratch (have %zu) during CUDA Graph capture, where "
-            "memory cannot be allocated; hint: run one eager step before capturing",
-            bytes, c->scratch_bytes);
+        return DG_ERR(DG_ERR_RUNTIME,
+                      "CUDA backend: an op needs %zu bytes of %s (have %zu) during CUDA Graph capture, where "
+                      "memory cannot be allocated; hint: run one eager step before capturing",
+                      bytes, what, *have);
     size_t want = bytes + bytes / 4;
     want = (want + (1u << 20) - 1) & ~(size_t)((1u << 20) - 1);
-    /* queued kernels may still read the old scratch: cudaFree waits for them. A recorded graph keeps
+    /* queued kernels may still read the old block: cudaFree waits for them. A recorded graph keeps
      * using the old address, so while graphs exist it stays allocated until the backend is destroyed */
-    if (c->scratch && c->graphs_alive > 0) {
+    if (*blk && c->graphs_alive > 0) {
         c->retired = (void **)realloc(c->retired, (size_t)(c->n_retired + 1) * sizeof(void *));
         if (!c->retired) return DG_ERR(DG_ERR_RUNTIME, "cuda backend: out of host memory");
-        c->retired[c->n_retired++] = c->scratch;
-    } else if (c->scratch) {
-        DG_CUDA_CHECK(cudaFree(c->scratch));
-        dg_cuda_mem_sub(c, c->scratch_bytes); /* a retired block still counts */
+        c->retired[c->n_retired++] = *blk;
+    } else if (*blk) {
+        DG_CUDA_CHECK(cudaFree(*blk));
+        dg_cuda_mem_sub(c, *have); /* a retired block still counts */
     }
-    c->scratch = NULL;
-    c->scratch_bytes = 0;
-    DG_CUDA_CHECK(cudaMalloc(&c->scratch, want));
-    c->scratch_bytes = want;
+    *blk = NULL;
+    *have = 0;
+    DG_CUDA_CHECK(cudaMalloc(blk, want));
+    *have = want;
     dg_cuda_mem_add(c, want);
+    return DG_OK;
+}
+
+dg_status_t dg_cuda_scratch(dg_cuda_t *c, size_t bytes, void **out) {
+    if (bytes > c->scratch_bytes) DG_TRY(grow_block(c, &c->scratch, &c->scratch_bytes, bytes, "scratch"));
     *out = c->scratch;
+    return DG_OK;
+}
+
+dg_status_t dg_cuda_fp8_scratch(dg_cuda_t *c, size_t bytes, void **out) {
+    if (bytes > c->fp8_bytes) DG_TRY(grow_block(c, &c->fp8_buf, &c->fp8_bytes, bytes, "FP8 operand memory"));
+    *out = c->fp8_buf;
     return DG_OK;
 }
 
@@ -174,6 +182,7 @@ static void cu_destroy(dg_backend_t *be) {
         if (c->lt) cublasLtDestroy(c->lt);
         cudaFree(c->lt_ws);
         cudaFree(c->scratch);
+        cudaFree(c->fp8_buf);
         for (int i = 0; i < c->n_retired; i++)
             cudaFree(c->retired[i]);
         free(c->retired);
@@ -921,6 +930,19 @@ static dg_status_t cuda_init(dg_cuda_t *c, const dg_backend_config_t *cfg) {
     c->gemm_tune = dg_env_bool("DG_CUDA_GEMM_TUNE");
     c->fast_attention = dg_env_bool("DG_CUDA_FAST_ATTENTION");
     c->attn_cudnn = dg_env_bool("DG_CUDA_ATTN_CUDNN");
+    if (cfg->fp8) {
+        if (c->act != DG_BF16)
+            return DG_ERR(DG_ERR_USAGE, "cuda backend: FP8 GEMMs need bf16 activations (act is %s)",
+                          dg_dtype_name(c->act));
+        /* E4M3 tensor cores: Ada (8.9) and Hopper (9.0) and newer */
+        if (c->cc_major * 10 + c->cc_minor < 89)
+            return DG_ERR(DG_ERR_USAGE,
+                          "train.precision=fp8 needs a GPU with FP8 tensor cores (compute capability 8.9 or "
+                          "newer: Ada, Hopper, Blackwell); device %d (%s) has %d.%d; hint: use "
+                          "train.precision=bf16",
+                          c->device, c->name, c->cc_major, c->cc_minor);
+        c->fp8 = 1;
+    }
     return DG_OK;
 }
 
@@ -942,6 +964,7 @@ extern "C" dg_status_t dg_backend_cuda_create(const dg_backend_config_t *cfg, dg
         cu_destroy(be);
         return s;
     }
+    be->fp8 = c->fp8;
     DG_LOG_DEBUG("cuda backend: device %d %s (sm_%d%d, %d SMs), act %s, fused epilogues %s (DGELU %s), "
                  "fast attention %s (cuDNN %s), layernorm register kernels %s, GEMM tuning %s",
                  c->device, c->name, c->cc_major, c->cc_minor, c->sm_count, dg_dtype_name(c->act),
@@ -964,6 +987,19 @@ extern "C" void *dg_backend_cuda_stream(dg_backend_t *be) {
 extern "C" long long dg_backend_cuda_cudnn_attention_calls(dg_backend_t *be) {
     if (!is_cuda(be)) return -1;
     return dg_cuda_cudnn_calls(dg_cuda_of(be));
+}
+
+extern "C" int dg_backend_cuda_fp8_stats(dg_backend_t *be, long long *ran, long long *refused) {
+    if (!is_cuda(be)) return -1;
+    if (ran) *ran = dg_cuda_of(be)->fp8_gemms;
+    if (refused) *refused = dg_cuda_of(be)->fp8_refused;
+    return 0;
+}
+
+extern "C" dg_status_t dg_backend_cuda_fp8_quantize(dg_backend_t *be, void *q, void *qt, const void *x,
+                                                    int rows, int cols, float *slot) {
+    if (!is_cuda(be)) return DG_ERR(DG_ERR_USAGE, "dg_backend_cuda_fp8_quantize: not a CUDA backend");
+    return dg_cuda_fp8_quantize(dg_cuda_of(be), (uint8_t *)q, (uint8_t *)qt, x, rows, cols, slot);
 }
 
 extern "C" const char *dg_backend_cuda_device_name(dg_backend_t *be) {

@@ -95,6 +95,13 @@ typedef struct dg_cuda {
     size_t attn_ws_bytes;
     dg_gemm_plan_t *plans;
     int n_plans, cap_plans;
+    /* train.precision=fp8 (dg_backend_config_t.fp8; fp8.cu, matmul.cu): the linear layers' forward and
+     * input-gradient GEMMs on E4M3 operands quantized per call into fp8_buf (a block of its own, since
+     * the callers also use the scratch); counters for the tests and the run's log */
+    int fp8;
+    void *fp8_buf;
+    size_t fp8_bytes;
+    long long fp8_gemms, fp8_refused;
     /* memory accounting (dg_backend_cuda_mem_stats): every cudaMalloc of the backend, the vtable's
      * alloc, the scratch and the cuBLASLt workspace, so the peak compares with PyTorch's
      * max_memory_allocated; the (pointer, size) table lets free() subtract */
@@ -114,6 +121,8 @@ static inline dg_cuda_t *dg_cuda_of(dg_backend_t *be) {
 /* Temporary device memory valid until the next backend call (all work is ordered on one stream).
  * Grows (re-allocates) when too small; refuses to grow during stream capture. */
 dg_status_t dg_cuda_scratch(dg_cuda_t *c, size_t bytes, void **out);
+/* The FP8 operand block (fp8.cu/matmul.cu): like the scratch, valid until the next backend call. */
+dg_status_t dg_cuda_fp8_scratch(dg_cuda_t *c, size_t bytes, void **out);
 /* Memory accounting: call after every successful cudaMalloc / before every cudaFree of the backend. */
 void dg_cuda_mem_add(dg_cuda_t *c, size_t bytes);
 void dg_cuda_mem_sub(dg_cuda_t *c, size_t bytes);
@@ -160,6 +169,11 @@ dg_status_t dg_cuda_layernorm_fwd(dg_cuda_t *c, void *out, float *mean, float *r
 dg_status_t dg_cuda_layernorm_bwd(dg_cuda_t *c, void *dinp, float *dw, float *db, const void *dout,
                                   const void *inp, const void *w, const float *mean, const float *rstd, int N,
                                   int C, int acc);
+/* fp8.cu: x[rows, cols] (act dtype) -> E4M3 with the current per-tensor scale 448 / amax(|x|): q the
+ * same layout (or NULL), qt the transpose [cols, rows] (or NULL). `slot` (4 floats, 16-byte aligned, device)
+ * receives the inverse scale the GEMM dequantizes with (slot[0]), the scale and amax's bits. */
+dg_status_t dg_cuda_fp8_quantize(dg_cuda_t *c, uint8_t *q, uint8_t *qt, const void *x, int rows, int cols,
+                                 float *slot);
 /* matmul.cu */
 dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *inp, const void *w,
                                const void *bias, int N, int C, int OC, dg_epilogue_t epi);

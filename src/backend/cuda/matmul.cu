@@ -58,6 +58,7 @@ typedef struct gemm_call {
     void *bias; /* the BIAS / GELU_AUX_BIAS epilogues' bias */
     void *aux;
     int aux_ld;
+    const float *a_scale, *b_scale; /* E4M3 A and B (abtype CUDA_R_8F_E4M3): their inverse scales (device) */
 } gemm_call_t;
 
 /* The C matrix of a call: its own, or D (every call but matmul_fwd_res's accumulates in place, if at all). */
@@ -108,7 +109,7 @@ static int span_overlap(span_t a, span_t b) {
 }
 
 static size_t type_size(cudaDataType_t t) {
-    return t == CUDA_R_32F ? 4 : 2;
+    return t == CUDA_R_32F ? 4 : t == CUDA_R_8F_E4M3 ? 1 : 2;
 }
 
 /* ms per call of `algo` over `reps` back-to-back calls; < 0 when cuBLASLt refuses it */
@@ -188,7 +189,7 @@ static dg_status_t gemm_tune(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t 
     const span_t sa = span_of(g->A, g->transa ? g->k : g->m, g->transa ? g->m : g->k, g->lda, es_ab);
     const span_t sb = span_of(g->B, g->transb ? g->n : g->k, g->transb ? g->k : g->n, g->ldb, es_ab);
     const span_t sd = span_of(g->D, g->m, g->n, g->ldd, es_d);
-    const span_t sx = span_of(g->aux, g->m, g->n, g->aux_ld, es_ab);
+    const span_t sx = span_of(g->aux, g->m, g->n, g->aux_ld, es_d); /* aux: D's (the act) dtype */
     /* C other than D: an input the timing runs must not change (C = D with beta != 0 is saved below) */
     const int c_in_place = gemm_c(g) == g->D;
     const span_t sc = c_in_place ? span_t{0, 0} : span_of(gemm_c(g), g->m, g->n, g->ldd, es_d);
@@ -268,6 +269,17 @@ static dg_status_t gemm_tune(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t 
     return DG_OK;
 }
 
+/* FP8 operands' dequantization scales: device pointers, set on the descriptor before every call (the
+ * operands live in the FP8 block, whose address may change when it grows). */
+static dg_status_t set_scales(dg_gemm_plan_t *p, const gemm_call_t *g) {
+    if (!g->a_scale) return DG_OK;
+    DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->a_scale,
+                                                   sizeof g->a_scale));
+    DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->b_scale,
+                                                   sizeof g->b_scale));
+    return DG_OK;
+}
+
 static dg_status_t plan_build(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t *g) {
     const dg_gemm_key_t *k = &p->key;
     DG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -279,6 +291,7 @@ static dg_status_t plan_build(dg_cuda_t *c, dg_gemm_plan_t *p, const gemm_call_t
     if (g->bias)
         DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
                                                        sizeof g->bias));
+    DG_TRY(set_scales(p, g));
     if (g->aux) {
         int64_t ld = g->aux_ld;
         DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
@@ -394,6 +407,7 @@ static dg_status_t gemm_try(dg_cuda_t *c, const gemm_call_t *g, int *ran) {
     if (g->aux)
         DG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                                        &g->aux, sizeof g->aux));
+    DG_TRY(set_scales(p, g));
     const float alpha = 1.f, beta = g->beta;
     cublasStatus_t st = cublasLtMatmul(c->lt, p->desc, &alpha, g->A, p->la, g->B, p->lb, &beta, gemm_c(g),
                                        p->lc, g->D, p->lc, &p->algo, c->lt_ws, c->lt_ws_bytes, c->stream);
@@ -469,6 +483,90 @@ static dg_status_t gemm_must(dg_cuda_t *c, const gemm_call_t *g, const char *wha
     return gemm_fallback_a<dg_f16>(c, g);
 }
 
+/* ---- FP8 operands (train.precision=fp8; fp8.cu quantizes) ----
+ *
+ * cuBLASLt runs E4M3 x E4M3 GEMMs only in the TN form (A transposed, B not) with k and the leading
+ * dimensions multiples of 16. The forward GEMM is TN already: A = the weight, B = the input, both
+ * quantized as they are. The input-gradient GEMM (NN in bf16: A = w) takes the weight's transposed copy
+ * [C, OC] as a transposed A and the output gradient as B. The weight-gradient GEMM stays bf16: its
+ * operands would both need transposed copies (two more passes over the largest activations) and its
+ * reduction runs over all N tokens of the micro-batch. Where cuBLASLt refuses an FP8 call, that call runs
+ * in bf16 (counted in fp8_refused, logged once; a refused fused epilogue first falls back to the plain FP8
+ * GEMM and the epilogue's own kernels); shapes off the multiples of 16 (e.g. lm_head with an
+ * unpadded vocabulary) run in bf16 without trying. */
+typedef struct {
+    const uint8_t *a, *b;
+    int lda, ldb;
+    const float *sa, *sb;
+} fp8_ops_t;
+
+static int fp8_eligible(const dg_cuda_t *c, int N, int C, int OC) {
+    return c->fp8 && c->act == DG_BF16 && N % 16 == 0 && C % 16 == 0 && OC % 16 == 0;
+}
+
+static size_t up256(size_t b) {
+    return (b + 255) & ~(size_t)255;
+}
+
+/* Quantizes the weight w[OC, C] (as it is for the forward, transposed for the input gradient) and the
+ * activation x[N, K] (K = C forward, OC backward) into the FP8 block. */
+static dg_status_t fp8_prepare(dg_cuda_t *c, fp8_ops_t *f, const void *w, int transpose_w, const void *x,
+                               int N, int C, int OC) {
+    const int K = transpose_w ? OC : C;
+    const size_t wb = up256((size_t)OC * C), xb = up256((size_t)N * K);
+    void *blk = NULL;
+    DG_TRY(dg_cuda_fp8_scratch(c, 512 + wb + xb, &blk));
+    float *sw = (float *)blk, *sx = (float *)((char *)blk + 256);
+    uint8_t *qw = (uint8_t *)blk + 512, *qx = qw + wb;
+    DG_TRY(dg_cuda_fp8_quantize(c, transpose_w ? NULL : qw, transpose_w ? qw : NULL, w, OC, C, sw));
+    DG_TRY(dg_cuda_fp8_quantize(c, qx, NULL, x, N, K, sx));
+    f->a = qw;
+    f->lda = transpose_w ? OC : C;
+    f->b = qx;
+    f->ldb = K;
+    f->sa = sw; /* the inverse scales, at each slot's 256-byte aligned start */
+    f->sb = sx;
+    return DG_OK;
+}
+
+/* gemm_try with the FP8 operands of `f` in place of g's A and B (f NULL: g as it is, in bf16). A fused
+ * call cuBLASLt refuses in FP8 is not retried in bf16: the caller's unfused path follows (FP8 GEMM, then
+ * the epilogue's kernels), which gemm_must8 runs in bf16 only when even the plain FP8 GEMM is refused. */
+static dg_status_t gemm_try8(dg_cuda_t *c, const gemm_call_t *g, const fp8_ops_t *f, int *ran) {
+    if (!f) return gemm_try(c, g, ran);
+    gemm_call_t q = *g;
+    q.transa = 1;
+    q.transb = 0;
+    q.A = f->a;
+    q.lda = f->lda;
+    q.B = f->b;
+    q.ldb = f->ldb;
+    q.abtype = CUDA_R_8F_E4M3;
+    q.a_scale = f->sa;
+    q.b_scale = f->sb;
+    DG_TRY(gemm_try(c, &q, ran));
+    if (*ran)
+        c->fp8_gemms++;
+    else
+        DG_LOG_DEBUG("cuda backend: no FP8 algorithm for m=%d n=%d k=%d epilogue %d", g->m, g->n, g->k,
+                     (int)g->epi);
+    return DG_OK;
+}
+
+static dg_status_t gemm_must8(dg_cuda_t *c, const gemm_call_t *g, const fp8_ops_t *f, const char *what) {
+    int ran = 0;
+    if (f) {
+        DG_TRY(gemm_try8(c, g, f, &ran));
+        if (ran) return DG_OK;
+        if (c->fp8_refused++ == 0)
+            DG_LOG_WARN(
+                "cuda backend: cuBLASLt has no FP8 algorithm for %s m=%d n=%d k=%d; such GEMMs run in "
+                "bf16 (train.precision=fp8, docs/cuda.md)",
+                what, g->m, g->n, g->k);
+    }
+    return gemm_must(c, g, what);
+}
+
 /* The forward GEMM of a linear layer: out(OC x N) = wᵀ(OC x C) · inp(C x N), column-major, beta = 0. */
 static gemm_call_t fwd_call(const dg_cuda_t *c, void *out, const void *inp, const void *w, int N, int C,
                             int OC) {
@@ -495,28 +593,33 @@ dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *i
                                const void *bias, int N, int C, int OC, dg_epilogue_t epi) {
     const int gelu = epi == DG_EPI_GELU;
     gemm_call_t g = fwd_call(c, out, inp, w, N, C, OC);
+    fp8_ops_t f8, *f = NULL;
+    if (fp8_eligible(c, N, C, OC)) {
+        DG_TRY(fp8_prepare(c, &f8, w, 0, inp, N, C, OC));
+        f = &f8;
+    }
     /* f32 is the exact reference mode: there GELU runs as our own kernel (the tanh form of the CPU
      * backend) rather than cuBLASLt's epilogue, whose GELU formula is not documented precisely. */
     const int fuse_gelu = gelu && c->act != DG_F32 && OC % 8 == 0;
     if (c->fused_epilogues && (bias || fuse_gelu)) {
-        gemm_call_t f = g;
+        gemm_call_t e = g;
         if (fuse_gelu) {
-            f.epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-            f.aux = pre;
-            f.aux_ld = OC;
+            e.epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+            e.aux = pre;
+            e.aux_ld = OC;
         } else {
-            f.epi = CUBLASLT_EPILOGUE_BIAS;
+            e.epi = CUBLASLT_EPILOGUE_BIAS;
         }
-        f.bias = (void *)bias;
+        e.bias = (void *)bias;
         int ran = 0;
-        DG_TRY(gemm_try(c, &f, &ran));
+        DG_TRY(gemm_try8(c, &e, f, &ran));
         if (ran) {
             if (gelu && !fuse_gelu) return dg_cuda_bias_gelu(c, out, pre, NULL, N, OC, 1);
             return DG_OK;
         }
     }
     g.epi = CUBLASLT_EPILOGUE_DEFAULT;
-    DG_TRY(gemm_must(c, &g, "matmul_fwd"));
+    DG_TRY(gemm_must8(c, &g, f, "matmul_fwd"));
     return dg_cuda_bias_gelu(c, out, pre, bias, N, OC, gelu);
 }
 
@@ -529,13 +632,18 @@ dg_status_t dg_cuda_matmul_fwd(dg_cuda_t *c, void *out, void *pre, const void *i
 dg_status_t dg_cuda_matmul_fwd_res(dg_cuda_t *c, void *out, const void *inp, const void *w, const void *bias,
                                    const void *res, int N, int C, int OC) {
     if (c->fused_epilogues) {
-        gemm_call_t f = fwd_call(c, out, inp, w, N, C, OC);
-        f.C = res;
-        f.beta = 1.f;
-        f.epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-        f.bias = (void *)bias;
+        gemm_call_t e = fwd_call(c, out, inp, w, N, C, OC);
+        e.C = res;
+        e.beta = 1.f;
+        e.epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        e.bias = (void *)bias;
+        fp8_ops_t f8, *f = NULL;
+        if (fp8_eligible(c, N, C, OC)) {
+            DG_TRY(fp8_prepare(c, &f8, w, 0, inp, N, C, OC));
+            f = &f8;
+        }
         int ran = 0;
-        DG_TRY(gemm_try(c, &f, &ran));
+        DG_TRY(gemm_try8(c, &e, f, &ran));
         if (ran) return DG_OK;
     }
     void *prod = out;
@@ -569,7 +677,12 @@ dg_status_t dg_cuda_matmul_bwd(dg_cuda_t *c, void *dinp, float *dw, float *dbias
     const cudaDataType_t at = cuda_type(c->act);
     if (dinp) {
         gemm_call_t g = dinp_call(c, dinp, dout, w, N, C, OC, acc ? 1.f : 0.f);
-        DG_TRY(gemm_must(c, &g, "matmul_bwd (input gradient)"));
+        fp8_ops_t f8, *f = NULL;
+        if (fp8_eligible(c, N, C, OC)) {
+            DG_TRY(fp8_prepare(c, &f8, w, 1, dout, N, C, OC));
+            f = &f8;
+        }
+        DG_TRY(gemm_must8(c, &g, f, "matmul_bwd (input gradient)"));
     }
     if (dw) {
         /* dw(C x OC) += inp(C x N) · dout(OC x N)ᵀ, f32 accumulate in place */
@@ -610,13 +723,18 @@ dg_status_t dg_cuda_matmul_bwd_dgelu(dg_cuda_t *c, void *dpre, float *dw, float 
                                      int acc) {
     DG_TRY(dg_cuda_matmul_bwd(c, NULL, dw, dbias, dout, inp, w, N, C, OC, 0));
     gemm_call_t g = dinp_call(c, dpre, dout, w, N, C, OC, 0.f);
+    fp8_ops_t f8, *f = NULL;
+    if (fp8_eligible(c, N, C, OC)) {
+        DG_TRY(fp8_prepare(c, &f8, w, 1, dout, N, C, OC));
+        f = &f8;
+    }
     if (c->fused_epilogues && c->fused_dgelu && c->act != DG_F32 && !acc && C % 8 == 0) {
-        gemm_call_t f = g;
-        f.epi = CUBLASLT_EPILOGUE_DGELU;
-        f.aux = (void *)pre;
-        f.aux_ld = C;
+        gemm_call_t e = g;
+        e.epi = CUBLASLT_EPILOGUE_DGELU;
+        e.aux = (void *)pre;
+        e.aux_ld = C;
         int ran = 0;
-        DG_TRY(gemm_try(c, &f, &ran));
+        DG_TRY(gemm_try8(c, &e, f, &ran));
         if (ran) return DG_OK;
     }
     if (acc) {
@@ -624,6 +742,6 @@ dg_status_t dg_cuda_matmul_bwd_dgelu(dg_cuda_t *c, void *dpre, float *dw, float 
         DG_TRY(dg_cuda_scratch(c, (size_t)N * C * dg_dtype_size(c->act), &scr));
         g.D = scr;
     }
-    DG_TRY(gemm_must(c, &g, "matmul_bwd_dgelu (input gradient)"));
+    DG_TRY(gemm_must8(c, &g, f, "matmul_bwd_dgelu (input gradient)"));
     return dg_cuda_gelu_bwd(c, dpre, pre, g.D, (size_t)N * C, acc);
 }
