@@ -1,6 +1,8 @@
 /* oph_ref.c — the op harness's float64 reference of every op (plain C, never another backend's code). */
 #include "oph.h"
 
+#include "dg_ref_attn.h"
+
 #include <float.h>
 #include <math.h>
 #include <stdarg.h>
@@ -107,38 +109,8 @@ void oph_ref_matmul_bwd(double *dx, double *dw, double *db, const double *dy, co
 }
 
 /* Causal attention; probabilities of row (b,h,t) over keys 0..t. */
-static void att_probs(double *p, const double *qkv, int b, int h, int t, int T, int C, int NH) {
-    int hs = C / NH;
-    double scale = 1.0 / sqrt((double)hs), mx = -INFINITY;
-    const double *q = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
-    for (int j = 0; j <= t; j++) {
-        const double *k = qkv + ((size_t)b * T + j) * 3 * C + C + (size_t)h * hs;
-        double s = 0;
-        for (int d = 0; d < hs; d++)
-            s += q[d] * k[d];
-        p[j] = s * scale;
-        if (p[j] > mx) mx = p[j];
-    }
-    double sum = 0;
-    for (int j = 0; j <= t; j++)
-        sum += (p[j] = exp(p[j] - mx));
-    for (int j = 0; j <= t; j++)
-        p[j] /= sum;
-}
 void oph_ref_attention(double *out, const double *qkv, int B, int T, int C, int NH, double *p) {
-    int hs = C / NH;
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
-            for (int t = 0; t < T; t++) {
-                att_probs(p, qkv, b, h, t, T, C, NH);
-                double *o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
-                for (int d = 0; d < hs; d++) {
-                    double s = 0;
-                    for (int j = 0; j <= t; j++)
-                        s += p[j] * qkv[((size_t)b * T + j) * 3 * C + 2 * C + (size_t)h * hs + d];
-                    o[d] = s;
-                }
-            }
+    dg_ref_attention(out, qkv, B, T, C, NH, p);
 }
 void oph_ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, int B, int T, int C, int NH,
                            double *p, double *dp) {
@@ -148,7 +120,7 @@ void oph_ref_attention_bwd(double *dqkv, const double *dout, const double *qkv, 
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
-                att_probs(p, qkv, b, h, t, T, C, NH);
+                dg_ref_att_probs(p, qkv, b, h, t, T, C, NH);
                 const double *dO = dout + ((size_t)b * T + t) * C + (size_t)h * hs;
                 const double *q = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
                 double *dq = dqkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;

@@ -7,6 +7,10 @@ set -u
 CASE=$1 DRV=$2 CK=$3
 shift 3
 MPI=("$@")
+# ckpt_driver installs no signal handler: when one of its ranks exits non-zero, the SIGTERM mpiexec sends
+# the others ends them as its SIGKILL would. The grace between the two (odls_base_sigkill_timeout, 1 s)
+# is waited even when every rank has already exited: ~2 s of idle wall time per expected failure.
+export OMPI_MCA_odls_base_sigkill_timeout=0
 HERE=$(cd "$(dirname "$0")" && pwd)
 W=$(mktemp -d "${CKPT_WORK_DIR:-${TMPDIR:-/tmp}}/dgckpt_${CASE}_XXXXXX")
 cd "$W" || exit 1

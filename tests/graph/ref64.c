@@ -2,6 +2,8 @@
  * backends, so that agreement means something. */
 #include "ref64.h"
 
+#include "dg_ref_attn.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,32 +49,8 @@ void ref_gelu(double *out, const double *x, size_t n) {
 }
 
 void ref_attention(double *out, const double *qkv, int B, int T, int C, int NH) {
-    int hs = C / NH;
-    double scale = 1.0 / sqrt((double)hs);
     double *p = malloc((size_t)T * sizeof *p);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
-            for (int t = 0; t < T; t++) {
-                const double *q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
-                double mx = -INFINITY;
-                for (int s = 0; s <= t; s++) {
-                    const double *k = qkv + ((size_t)b * T + s) * 3 * C + C + h * hs;
-                    double d = 0;
-                    for (int i = 0; i < hs; i++)
-                        d += q[i] * k[i];
-                    p[s] = d * scale;
-                    if (p[s] > mx) mx = p[s];
-                }
-                double z = 0;
-                for (int s = 0; s <= t; s++)
-                    z += (p[s] = exp(p[s] - mx));
-                for (int i = 0; i < hs; i++) {
-                    double acc = 0;
-                    for (int s = 0; s <= t; s++)
-                        acc += p[s] / z * qkv[((size_t)b * T + s) * 3 * C + 2 * C + h * hs + i];
-                    out[((size_t)b * T + t) * C + h * hs + i] = acc;
-                }
-            }
+    dg_ref_attention(out, qkv, B, T, C, NH, p);
     free(p);
 }
 

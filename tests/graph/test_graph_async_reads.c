@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "dg_model.h"
+#include "dg_ptrtab.h"
 #include "graph.h"
 #include "gmodel.h"
 
@@ -90,11 +91,7 @@ static pending_t pend[64];
 static int n_pend;
 static uint64_t dl_seq; /* downloads queued so far */
 
-static struct {
-    char *p;
-    size_t bytes;
-} pinned[64];
-static int n_pinned;
+static dg_ptrtab_t pinned; /* host_alloc's blocks */
 
 static dg_backend_t *inner;
 static dg_backend_ops_t wrap_ops;
@@ -172,29 +169,20 @@ static dg_status_t w_adamw_multi(dg_backend_t *be, const dg_adamw_seg_t *segs, i
 static dg_status_t w_host_alloc(dg_backend_t *be, size_t bytes, void **out) {
     (void)be;
     DG_TRY(inner->ops->host_alloc(inner, bytes, out));
-    if (n_pinned >= (int)(sizeof pinned / sizeof pinned[0])) {
-        fprintf(stderr, "FAIL: the test's host_alloc table is full\n");
-        exit(1);
-    }
-    pinned[n_pinned].p = *out;
-    pinned[n_pinned].bytes = bytes;
-    n_pinned++;
+    dg_ptrtab_add(&pinned, *out, bytes, "host_alloc");
     return DG_OK;
 }
 static void w_host_free(dg_backend_t *be, void *p) {
     (void)be;
-    for (int i = 0; i < n_pinned; i++)
-        if (pinned[i].p == p) pinned[i] = pinned[--n_pinned];
+    dg_ptrtab_remove(&pinned, p);
     inner->ops->host_free(inner, p);
 }
 
 static dg_status_t w_download(dg_backend_t *be, void *dst, const void *src, size_t bytes) {
     (void)be;
     log_ev(EV_DOWNLOAD, NULL, bytes);
-    int ok = 0;
-    for (int i = 0; i < n_pinned; i++)
-        ok |= (char *)dst >= pinned[i].p && (char *)dst + bytes <= pinned[i].p + pinned[i].bytes;
-    EXPECT(ok, "download_async into %p (%zu bytes): not memory from host_alloc", dst, bytes);
+    EXPECT(dg_ptrtab_holds(&pinned, dst, bytes),
+           "download_async into %p (%zu bytes): not memory from host_alloc", dst, bytes);
     if (n_pend >= (int)(sizeof pend / sizeof pend[0])) {
         fprintf(stderr, "FAIL: more than %d downloads outstanding (no fence ever waited on?)\n", n_pend);
         exit(1);
@@ -420,7 +408,7 @@ static void train(run_mode_t mode, int flags, int can_record, int check_order, g
     gmodel_logits(m, &small, B, tok, r);
     gmodel_finish(m, tok, tgt, &r->nw, &r->w, &r->m, &r->v);
     EXPECT(n_pend == 0, "%s: %d downloads never delivered after dg_model_free", mode_name[mode], n_pend);
-    EXPECT(n_pinned == 0, "%s: %d host_alloc blocks not freed", mode_name[mode], n_pinned);
+    EXPECT(pinned.n == 0, "%s: %d host_alloc blocks not freed", mode_name[mode], pinned.n);
     for (int i = 0; i < GMODEL_STEPS * GMODEL_ACCUM; i++)
         EXPECT(isfinite(r->loss[i]), "%s: loss %d is %g", mode_name[mode], i, (double)r->loss[i]);
     for (int i = 0; i <= GMODEL_STEPS; i++)

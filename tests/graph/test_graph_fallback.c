@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "dg_model.h"
+#include "dg_ptrtab.h"
 #include "graph.h"
 #include "gmodel.h"
 
@@ -31,11 +32,7 @@ enum { B = 2 };
 static dg_backend_t *inner;
 static dg_backend_ops_t wrap_ops;
 static dg_backend_t wrap;
-static struct {
-    void *p;
-    size_t bytes;
-} live[4096];
-static int n_live;
+static dg_ptrtab_t live;  /* the backend's allocations not yet freed */
 static size_t fail_bytes; /* an allocation of exactly this size fails (0: none) */
 static int n_failed;
 
@@ -47,25 +44,17 @@ static dg_status_t w_alloc(dg_backend_t *be, size_t bytes, void **out) {
         return DG_ERR(DG_ERR_RUNTIME, "test backend: refusing %zu bytes (simulated out of memory)", bytes);
     }
     DG_TRY(inner->ops->alloc(inner, bytes, out));
-    if (n_live >= (int)(sizeof live / sizeof live[0])) {
-        fprintf(stderr, "FAIL: the test's allocation table is full\n");
-        exit(1);
-    }
-    live[n_live].p = *out;
-    live[n_live].bytes = bytes;
-    n_live++;
+    dg_ptrtab_add(&live, *out, bytes, "allocation");
     return DG_OK;
 }
 
 static void w_free(dg_backend_t *be, void *p) {
     (void)be;
     if (!p) return;
-    for (int i = 0; i < n_live; i++)
-        if (live[i].p == p) {
-            live[i] = live[--n_live];
-            inner->ops->free(inner, p);
-            return;
-        }
+    if (dg_ptrtab_remove(&live, p)) {
+        inner->ops->free(inner, p);
+        return;
+    }
     dg_fails++;
     fprintf(stderr, "FAIL: free of %p, which the backend did not allocate (or freed twice)\n", p);
 }
@@ -115,13 +104,6 @@ static dg_backend_t *wrapper(const char *missing) {
     wrap = *inner;
     wrap.ops = &wrap_ops;
     return &wrap;
-}
-
-static size_t live_bytes(void) {
-    size_t s = 0;
-    for (int i = 0; i < n_live; i++)
-        s += live[i].bytes;
-    return s;
 }
 
 /* ---------------- one training run ---------------- */
@@ -197,8 +179,21 @@ static void train(dg_backend_t *be, int flags, run_t *r) {
 
 /* Every allocation of the model (persistent buffers, arena or eager tensors) is returned. */
 static void expect_all_freed(const char *what) {
-    EXPECT(n_live == 0, "%s: %d allocations (%zu bytes) outstanding after dg_model_free", what, n_live,
-           live_bytes());
+    EXPECT(live.n == 0, "%s: %d allocations (%zu bytes) outstanding after dg_model_free", what, live.n,
+           dg_ptrtab_bytes(&live));
+}
+
+/* One run with DG_TEST_NO_KERNEL=op: one kernel report, naming `report`, and the planned run's bits. */
+static void expect_no_kernel(const run_t *ref, int flags, const char *op, const char *report) {
+    run_t r;
+    char what[96];
+    snprintf(what, sizeof what, "DG_TEST_NO_KERNEL=%s", op);
+    setenv("DG_TEST_NO_KERNEL", op, 1);
+    train(wrapper(""), flags, &r);
+    unsetenv("DG_TEST_NO_KERNEL");
+    EXPECT(r.n_kernel == 1 && strstr(r.kernels, report), "%s: reports %s", what, r.kernels);
+    gmodel_expect_same(&ref->run, &r.run, what);
+    gmodel_run_free(&r.run);
 }
 
 static void test_flags(int flags) {
@@ -249,36 +244,18 @@ static void test_flags(int flags) {
     gmodel_run_free(&r.run);
 
     /* the fused AdamW on the host: the flat buffers and the segment table copied there and back */
-    setenv("DG_TEST_NO_KERNEL", "adamw_all", 1);
-    train(wrapper(""), flags, &r);
-    unsetenv("DG_TEST_NO_KERNEL");
-    EXPECT(r.n_kernel == 1 && strstr(r.kernels, "op adamw_all (1 node)"),
-           "DG_TEST_NO_KERNEL=adamw_all: reports %s", r.kernels);
-    gmodel_expect_same(&ref.run, &r.run, "DG_TEST_NO_KERNEL=adamw_all");
-    gmodel_run_free(&r.run);
+    expect_no_kernel(&ref, flags, "adamw_all", "op adamw_all (1 node)");
 
     /* the fused norm on the host: the flat gradient buffer and its segment table copied there */
     EXPECT(ref.n_sumsq_all == 1 && ref.n_sumsq == 0, "planned: %d sumsq_all, %d sumsq", ref.n_sumsq_all,
            ref.n_sumsq);
-    setenv("DG_TEST_NO_KERNEL", "sumsq_all", 1);
-    train(wrapper(""), flags, &r);
-    unsetenv("DG_TEST_NO_KERNEL");
-    EXPECT(r.n_kernel == 1 && strstr(r.kernels, "op sumsq_all (1 node)"),
-           "DG_TEST_NO_KERNEL=sumsq_all: reports %s", r.kernels);
-    gmodel_expect_same(&ref.run, &r.run, "DG_TEST_NO_KERNEL=sumsq_all");
-    gmodel_run_free(&r.run);
+    expect_no_kernel(&ref, flags, "sumsq_all", "op sumsq_all (1 node)");
 
     /* the fused classifier loss on the host: the logits copied there, the losses, lse and dlogits (over
      * the logits) back; the evaluation forwards and the logits call take its forward-only path there */
     EXPECT(ref.n_ce_fused == 1 && ref.n_ce_bwd == 0, "planned: %d crossentropy_fused, %d crossentropy_bwd",
            ref.n_ce_fused, ref.n_ce_bwd);
-    setenv("DG_TEST_NO_KERNEL", "crossentropy_fused", 1);
-    train(wrapper(""), flags, &r);
-    unsetenv("DG_TEST_NO_KERNEL");
-    EXPECT(r.n_kernel == 1 && strstr(r.kernels, "op crossentropy_fused (1 node)"),
-           "DG_TEST_NO_KERNEL=crossentropy_fused: reports %s", r.kernels);
-    gmodel_expect_same(&ref.run, &r.run, "DG_TEST_NO_KERNEL=crossentropy_fused");
-    gmodel_run_free(&r.run);
+    expect_no_kernel(&ref, flags, "crossentropy_fused", "op crossentropy_fused (1 node)");
 
     /* a backend without crossentropy_fused: the crossentropy + crossentropy_bwd pair, no fallback, same bits
      */
@@ -292,13 +269,7 @@ static void test_flags(int flags) {
     /* the fused residual adds on the host (the residual and the product's operands copied there, the
      * output back), then a backend without matmul_fwd_res: the matmul + add pairs, no fallback, same bits */
     EXPECT(ref.n_res == 2 * small.n_layer, "planned: %d matmul_res", ref.n_res);
-    setenv("DG_TEST_NO_KERNEL", "matmul_res", 1);
-    train(wrapper(""), flags, &r);
-    unsetenv("DG_TEST_NO_KERNEL");
-    EXPECT(r.n_kernel == 1 && strstr(r.kernels, "op matmul_res (4 nodes)"),
-           "DG_TEST_NO_KERNEL=matmul_res: reports %s", r.kernels);
-    gmodel_expect_same(&ref.run, &r.run, "DG_TEST_NO_KERNEL=matmul_res");
-    gmodel_run_free(&r.run);
+    expect_no_kernel(&ref, flags, "matmul_res", "op matmul_res (4 nodes)");
     train(wrapper("matmul_fwd_res,"), flags, &r);
     EXPECT(r.n_kernel == 0 && r.n_res == 0, "no matmul_fwd_res: %d kernel reports, %d matmul_res", r.n_kernel,
            r.n_res);

@@ -301,6 +301,25 @@ static float train_fixed(const dg_model_desc_t *d, int B, int flags, int steps, 
     return loss;
 }
 
+/* `steps` steps of the small model (micro-batch 2) with each of variants[1..nv-1] give bitwise the losses
+ * and final weights of variants[0] (flags 0). */
+static void expect_variants_bitwise(const int *variants, const char *const *names, int nv, int steps) {
+    float lf[8], l[8];
+    float *wf, *w;
+    size_t nf, n;
+    train_fixed(&small, 2, 0, steps, 3e-3f, lf, &wf, &nf);
+    for (int v = 1; v < nv; v++) {
+        train_fixed(&small, 2, variants[v], steps, 3e-3f, l, &w, &n);
+        EXPECT(memcmp(lf, l, (size_t)steps * sizeof *l) == 0,
+               "%s vs %s: losses differ (step %d: %.9g vs %.9g)", names[v], names[0], steps,
+               (double)l[steps - 1], (double)lf[steps - 1]);
+        EXPECT(n == nf && memcmp(w, wf, n * sizeof *w) == 0, "%s vs %s: final weights differ", names[v],
+               names[0]);
+        free(w);
+    }
+    free(wf);
+}
+
 static void test_overfit(void) {
     /* 4 sequences x 32 random byte tokens; 50 steps at lr 1e-2 memorize them */
     dg_model_desc_t d = {
@@ -381,18 +400,7 @@ static void test_gelu_variants(void) {
     EXPECT(arena[1] < arena[0] && arena[0] <= arena[2], "arena: recompute %zu < fused %zu <= unfused %zu",
            arena[1], arena[0], arena[2]);
 
-    float lf[6], l[6];
-    float *wf, *w;
-    size_t nf, n;
-    train_fixed(&small, 2, 0, 6, 3e-3f, lf, &wf, &nf);
-    for (int v = 1; v < 5; v++) {
-        train_fixed(&small, 2, variants[v], 6, 3e-3f, l, &w, &n);
-        EXPECT(memcmp(lf, l, sizeof l) == 0, "%s vs fused: losses differ (step 6: %.9g vs %.9g)", names[v],
-               (double)l[5], (double)lf[5]);
-        EXPECT(n == nf && memcmp(w, wf, n * sizeof *w) == 0, "%s vs fused: final weights differ", names[v]);
-        free(w);
-    }
-    free(wf);
+    expect_variants_bitwise(variants, names, 5, 6);
     printf("gelu variants: fused / recompute / unfused / unfused+recompute / recompute without reuse: 6 "
            "steps bitwise equal; arena (micro-batch 2) %zu / %zu / %zu bytes\n",
            arena[0], arena[1], arena[2]);
@@ -461,18 +469,7 @@ static void test_recompute_levels(void) {
     }
     EXPECT(arena[0] > arena[1] && arena[1] > arena[2] && arena[2] > arena[3],
            "arena: none %zu > gelu %zu > selective %zu > full %zu", arena[0], arena[1], arena[2], arena[3]);
-    float lf[4], l[4];
-    float *wf, *w;
-    size_t nf, n;
-    train_fixed(&small, 2, 0, 4, 3e-3f, lf, &wf, &nf);
-    for (int v = 1; v < nv; v++) {
-        train_fixed(&small, 2, variants[v], 4, 3e-3f, l, &w, &n);
-        EXPECT(memcmp(lf, l, sizeof l) == 0, "%s vs none: losses differ (step 4: %.9g vs %.9g)", names[v],
-               (double)l[3], (double)lf[3]);
-        EXPECT(n == nf && memcmp(w, wf, n * sizeof *w) == 0, "%s vs none: final weights differ", names[v]);
-        free(w);
-    }
-    free(wf);
+    expect_variants_bitwise(variants, names, nv, 4);
     printf(
         "recompute levels none / gelu / selective / full: arena (micro-batch 2) %zu / %zu / %zu / %zu bytes; "
         "4 steps bitwise equal (also unfused residual, no reuse)\n",

@@ -51,9 +51,7 @@ fail() {
     exit 1
 }
 
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
-le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; }
+source "$(dirname "$0")/../lib/clock.sh" # now, elapsed, le
 
 # start NP ARGS... : launch the driver in the background
 start() {

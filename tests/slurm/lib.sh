@@ -10,9 +10,7 @@ TRAIN_SH=$REPO/slurm/train.sh
 source "$REPO/tests/lib/skip.sh"
 DG_TEST_NAME=$SLURM_TEST_NAME
 
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
-le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; }
+source "$REPO/tests/lib/clock.sh" # now, elapsed, le
 tlog() { echo "[$SLURM_TEST_NAME $(date +%T)] $*"; }
 
 FAILED=0
