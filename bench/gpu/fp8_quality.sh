@@ -17,7 +17,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # the text: every .py file of the newest Python standard library here plus the license texts, in name order
 lib=$(ls -d /usr/lib/python3.[0-9]* 2>/dev/null | sort -V | tail -1)
-find "$lib" -name '*.py' -size -400k -not -path '*/test/*' -type f | sort >"$work/files.txt"
+find "$lib" -name '*.py' -size +0 -size -400k -not -path '*/test/*' -type f | sort >"$work/files.txt"
 ls /usr/share/common-licenses/* 2>/dev/null | sort >>"$work/files.txt"
 echo "text: $(wc -l <"$work/files.txt") files, $(cat $(cat "$work/files.txt") | wc -c) bytes from $lib"
 "$build/src/data/dgprep" --out "$work/text" --tokenizer gpt2 --vocab "$vocab" --val-fraction 0.05 \
