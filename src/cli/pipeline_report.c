@@ -1,6 +1,6 @@
 /* pipeline_report.c — what `dgtrain --plan-only` and `--dry-run` print for a mesh with pp > 1 (the plan
- * of the pipeline, without building the per-rank chunk graphs the executor trains): the stage split, the schedule's
- * simulated makespan and bubble against theory, each stage's in-flight activations and memory, the
+ * of the pipeline, without building the per-rank chunk graphs the executor trains): the stage split, the
+ * schedule's simulated makespan and bubble against theory, each stage's in-flight activations and memory, the
  * planner's table and its pipeline verdict, and optionally the timeline as SVG (--pp-timeline FILE).
  * Rank 0 computes and prints; nothing is collective. */
 #include <string.h>

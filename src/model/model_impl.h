@@ -149,7 +149,7 @@ void dg_stage_free(dg_model_t *m);
 dg_status_t dg_model_check_ids(const dg_model_t *m, const int32_t *ids, const char *what);
 float dg_model_mean_losses(const dg_model_t *m);
 void dg_model_maybe_stall(const dg_model_t *m);
-    /* test hook DG_TEST_STALL_COLLECTIVE_RANK/_STEP */ /* mean of host_losses (double sum in token order) */
+/* test hook DG_TEST_STALL_COLLECTIVE_RANK/_STEP */ /* mean of host_losses (double sum in token order) */
 /* the optimizer step's checks and runtime values (the part before the OPT phase runs) */
 dg_status_t dg_model_opt_prepare(dg_model_t *m, const dg_optim_hparams_t *h);
 dg_status_t dg_model_need_memory(const dg_model_t *m,
