@@ -305,6 +305,10 @@ dg_status_t trn_setup(trainer_t *tr) {
     tr->cuda_device = -1;
     double t0 = dg_now_s();
     DG_TRY(dg_boot_agree(tr->boot, pick_backend(tr)));
+    /* the backend's own reservations before any model memory (CUDA: the cuBLASLt workspace, the initial
+     * scratch): part of what the memory_plan objective expects, not a drift from the plan */
+    size_t be_base = 0;
+    if (tr->be->ops->mem_usage) tr->be->ops->mem_usage(tr->be, &be_base, NULL, 0);
     double t_backend = dg_now_s();
     /* memory fit before the large allocations: the same verdict and line on every rank (memfit.h) */
     dg_mem_in_t mi;
@@ -344,7 +348,7 @@ dg_status_t trn_setup(trainer_t *tr) {
         DG_TRY(dg_model_set_grad_accum(tr->model, tr->accum));
     }
     tr->kernels_fused = dg_model_kernels_per_step(tr->model);
-    tr->sla.mem_planned = (double)dg_model_planned_bytes(tr->model);
+    tr->sla.mem_planned = (double)dg_model_planned_bytes(tr->model) + (double)be_base;
     DG_TRY(dg_model_unfused_kernels_per_step(tr->model, &tr->kernels_unfused));
     DG_LOG_INFO("setup: backend %.2f s, memory fit %.2f s, communicators %.2f s, run dir and data %.2f s, "
                 "model %.2f s",

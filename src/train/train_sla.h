@@ -30,9 +30,10 @@ typedef struct {
     int resumed, recovery_done;
     int64_t lost_steps, lost_tokens; /* work lost by the resume: -1 unknown */
     int64_t prev_step;               /* the step the previous attempt reached (metrics.jsonl), -1 unknown */
-    double mem_planned;              /* dg_model_planned_bytes: the memory_plan objective's reference */
-    double mem_ratio_max;            /* the highest step peak / plan so far (the done event) */
-    void **leak;                     /* test hook DG_TEST_MEM_LEAK_MB: the blocks kept to the end */
+    double mem_planned;   /* dg_model_planned_bytes + the backend's reservations at creation: memory_plan's
+                             reference */
+    double mem_ratio_max; /* the highest step peak / plan so far (the done event) */
+    void **leak;          /* test hook DG_TEST_MEM_LEAK_MB: the blocks kept to the end */
     int n_leak;
 } trn_sla_t;
 
