@@ -534,24 +534,28 @@ static dg_status_t build_once(const dg_model_desc_t *d, dg_backend_t *be, int mi
 }
 
 /* 1 on every rank of the mesh when `flag` is set on any of them (the sum over each mesh dimension in
- * turn); collective over the model's comms, called by all ranks in the same order. */
+ * turn); collective over the model's comms, called by all ranks in the same order. The mpi comm backend
+ * reduces host memory (it is not CUDA-aware: a device pointer would fault), nccl device memory. */
 static dg_status_t agree_any(dg_model_t *m, int flag, int *any) {
     *any = flag;
-    int dist = 0;
-    for (int d = 0; d < DG_MESH_NDIM; d++)
-        if (m->par.mesh.size[d] > 1 && m->par.comm[d]) dist = 1;
-    if (!dist) return DG_OK;
     dg_backend_t *be = m->be;
-    void *dev = NULL;
-    DG_TRY(be->ops->alloc(be, 256, &dev));
     float v = flag ? 1.0f : 0.0f;
-    dg_status_t st = be->ops->to_device(be, dev, &v, sizeof v);
-    if (st == DG_OK) st = be->ops->sync(be);
-    for (int d = 0; d < DG_MESH_NDIM && st == DG_OK; d++)
-        if (m->par.mesh.size[d] > 1 && m->par.comm[d])
-            st = dg_comm_allreduce(m->par.comm[d], dev, dev, 1, DG_F32, DG_RED_SUM);
-    if (st == DG_OK) st = be->ops->to_host(be, &v, dev, sizeof v);
-    be->ops->free(be, dev);
+    void *dev = NULL;
+    dg_status_t st = DG_OK;
+    for (int d = 0; d < DG_MESH_NDIM && st == DG_OK; d++) {
+        dg_comm_t *c = m->par.comm[d];
+        if (m->par.mesh.size[d] <= 1 || !c) continue;
+        if (dg_comm_kind(c) == DG_COMM_MPI) {
+            st = dg_comm_allreduce(c, &v, &v, 1, DG_F32, DG_RED_SUM);
+            continue;
+        }
+        if (!dev) st = be->ops->alloc(be, 256, &dev);
+        if (st == DG_OK) st = be->ops->to_device(be, dev, &v, sizeof v);
+        if (st == DG_OK) st = be->ops->sync(be);
+        if (st == DG_OK) st = dg_comm_allreduce(c, dev, dev, 1, DG_F32, DG_RED_SUM);
+        if (st == DG_OK) st = be->ops->to_host(be, &v, dev, sizeof v);
+    }
+    if (dev) be->ops->free(be, dev);
     if (st != DG_OK) return dg_err_prefix(st, "model: agreeing on the plan over the mesh");
     *any = v > 0.5f;
     return DG_OK;
