@@ -63,8 +63,7 @@ static const dg_env_var_t g_vars[] = {
     {"DG_TEST_SLOW_STEP", DG_ENV_INT, "-1", T, "the first step (1-based) DG_TEST_SLOW_RANK is slow in"},
     {"DG_TEST_SLOW_MS", DG_ENV_DOUBLE, "0", T, "milliseconds DG_TEST_SLOW_RANK sleeps per step"},
     {"DG_TEST_MEM_LEAK_MB", DG_ENV_DOUBLE, "0", T,
-     "every training step from DG_TEST_MEM_LEAK_STEP allocates this many MB of backend memory and keeps it "
-     "to the end of the run (SLA memory_plan test)"},
+     "MB of backend memory kept per step from DG_TEST_MEM_LEAK_STEP (memory_plan test)"},
     {"DG_TEST_MEM_LEAK_STEP", DG_ENV_INT, "-1", T, "the first step (1-based) of DG_TEST_MEM_LEAK_MB"},
     {"DG_TEST_STALL_COLLECTIVE_RANK", DG_ENV_INT, "-1", T,
      "this rank stalls inside a collective at DG_TEST_STALL_COLLECTIVE_STEP"},
