@@ -14,13 +14,8 @@
 
 #include "backend.h"
 
-#define MUST(call)                                                                                           \
-    do {                                                                                                     \
-        if ((call) != DG_OK) {                                                                               \
-            fprintf(stderr, "bench_fp8: %s failed: %s\n", #call, dg_last_error());                           \
-            exit(1);                                                                                         \
-        }                                                                                                    \
-    } while (0)
+#define BENCH_WHO "bench_fp8"
+#include "../lib/bench_check.h"
 
 static double now_ms(void) {
     struct timespec t;

@@ -1,7 +1,7 @@
-/* bench_check.h — the C benchmarks' fail-fast checks (bench/gpu/bench_step.c, bench/kernels/
- * bench_backend_cuda.c): MUST(call) for a dg_status_t call, CU(call) for a CUDA runtime call (include
- * cuda_runtime_api.h first). A failure prints "BENCH_WHO: CALL failed: why" and exits 1; the includer
- * defines BENCH_WHO, its name as a string literal. */
+/* bench_check.h — the C benchmarks' fail-fast checks (bench/gpu/bench_step.c, bench/gpu/bench_fp8.c,
+ * bench/kernels/bench_backend_cuda.c): MUST(call) for a dg_status_t call, CU(call) for a CUDA runtime call
+ * (include cuda_runtime_api.h first). A failure prints "BENCH_WHO: CALL failed: why" and exits 1; the
+ * includer defines BENCH_WHO, its name as a string literal. */
 #ifndef DG_BENCH_CHECK_H
 #define DG_BENCH_CHECK_H
 
