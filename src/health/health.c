@@ -110,6 +110,7 @@ struct dg_health {
     _Atomic uint64_t act_words[WHAT_WORDS];
     _Atomic int64_t act_budget_us; /* dg_health_expect: longer stall allowed for this activity (0 = none) */
     atomic_int act_io;             /* dg_health_set_io_activity: progress-judged I/O (0 = no) */
+    atomic_int act_wait;           /* dg_health_set_wait_activity: waiting in a collective (0 = no) */
     atomic_flag act_lock;
 
     /* The health thread's view of its own activity. */
@@ -209,11 +210,11 @@ static double own_age(dg_health_t *h, double now) {
         h->seen_at = now;
     }
     pthread_mutex_lock(&h->mu);
-    h->self_waiting = 0;
+    h->self_waiting = atomic_load_explicit(&h->act_wait, memory_order_relaxed) != 0;
     if (h->progress) {
         int w = 0;
         uint64_t p = h->progress(h->progress_ctx, &w);
-        h->self_waiting = atomic_load_explicit(&h->act_io, memory_order_relaxed) && w;
+        if (atomic_load_explicit(&h->act_io, memory_order_relaxed) && w) h->self_waiting = 1;
         if (p != h->seen_progress) {
             h->seen_progress = p;
             if (atomic_load_explicit(&h->act_io, memory_order_relaxed)) h->seen_at = now;
@@ -473,8 +474,9 @@ static void subtree_summary(dg_health_t *h, double now, summary_t *S) {
         }
         age_summary(&c, silent);
         if (c.best_age < S->best_age) S->best_age = c.best_age;
-        /* during I/O a rank that is not waiting in a collective is the likelier culprit than one that is,
-         * whatever their ages (the waiter may have arrived before the other stopped) */
+        /* a rank that is not waiting in a collective is the likelier culprit than one that is, whatever
+         * their ages (the waiter may have arrived before the other stopped, e.g. when the other was
+         * descheduled on a loaded node) */
         int better = c.worst_waiting == S->worst_waiting ? c.worst_age > S->worst_age : S->worst_waiting;
         if (better) {
             S->worst_age = c.worst_age;
@@ -1001,7 +1003,7 @@ void dg_health_free(dg_health_t *h) {
     release(h);
 }
 
-void dg_health_set_activity(dg_health_t *h, int64_t step, const char *what) {
+static void set_activity(dg_health_t *h, int64_t step, const char *what, int io, int wait) {
     if (!h) return;
     uint64_t words[WHAT_WORDS] = {0};
     if (what) {
@@ -1017,7 +1019,8 @@ void dg_health_set_activity(dg_health_t *h, int64_t step, const char *what) {
         atomic_store_explicit(&h->act_words[i], words[i], memory_order_relaxed);
     atomic_store_explicit(&h->act_step, step, memory_order_relaxed);
     atomic_store_explicit(&h->act_budget_us, 0, memory_order_relaxed);
-    atomic_store_explicit(&h->act_io, 0, memory_order_relaxed);
+    atomic_store_explicit(&h->act_io, io, memory_order_relaxed);
+    atomic_store_explicit(&h->act_wait, wait, memory_order_relaxed);
     atomic_store_explicit(&h->act_ver, v + 2, memory_order_release);
     atomic_fetch_add_explicit(&h->act_seq, 1, memory_order_release);
     atomic_flag_clear_explicit(&h->act_lock, memory_order_release);
@@ -1029,10 +1032,16 @@ void dg_health_set_activity(dg_health_t *h, int64_t step, const char *what) {
     }
 }
 
+void dg_health_set_activity(dg_health_t *h, int64_t step, const char *what) {
+    set_activity(h, step, what, 0, 0);
+}
+
 void dg_health_set_io_activity(dg_health_t *h, int64_t step, const char *what) {
-    if (!h) return;
-    dg_health_set_activity(h, step, what);
-    atomic_store_explicit(&h->act_io, 1, memory_order_relaxed);
+    set_activity(h, step, what, 1, 0);
+}
+
+void dg_health_set_wait_activity(dg_health_t *h, int64_t step, const char *what) {
+    set_activity(h, step, what, 0, 1);
 }
 
 void dg_health_set_progress_source(dg_health_t *h, uint64_t (*fn)(void *ctx, int *waiting), void *ctx) {

@@ -147,6 +147,13 @@ void dg_health_expect(dg_health_t *h, double seconds);
  * for it) is found within timeout_s. Cleared, like dg_health_expect, by the next set_activity. */
 void dg_health_set_io_activity(dg_health_t *h, int64_t step, const char *what);
 
+/* Record an activity in which this rank waits in a collective for its peers (an all-reduce, a step
+ * agreement). Judged like dg_health_set_activity, but the waiting travels with the heartbeats: when the
+ * job stalls, a rank that is not waiting (stuck in its own compute or host code) is blamed before the
+ * ranks that wait for it, whichever stopped first by the clock (on a loaded node the waiter may have
+ * arrived before the stuck rank's last activity change). Cleared by the next set_activity. */
+void dg_health_set_wait_activity(dg_health_t *h, int64_t step, const char *what);
+
 /* The progress source for I/O activities: fn(ctx, &waiting) returns a counter that grows while I/O moves
  * forward (e.g. dg_ckpt_progress) and sets *waiting to 1 while this rank waits in one of the I/O's
  * collectives. The waiting flag travels with the heartbeats: when the job is stuck in an I/O activity,

@@ -70,7 +70,7 @@ static void comm_failure(trainer_t *tr, dg_status_t st) {
  * or a signal (*stop_sig). */
 static int step_agreement(trainer_t *tr, dg_status_t *st, int *stop_sig) {
     int local[3] = {*st, dg_signals_pending(), tr->sla.pending}, agreed[3];
-    dg_health_set_activity(tr->health, tr->step, "step agreement");
+    dg_health_set_wait_activity(tr->health, tr->step, "step agreement");
     if (MPI_Allreduce(local, agreed, 3, MPI_INT, MPI_MAX, tr->comm) != MPI_SUCCESS) {
         *st = DG_ERR(DG_ERR_PEER, "step agreement all-reduce failed at step %lld", (long long)tr->step);
         return 1;
@@ -242,7 +242,7 @@ static dg_status_t train_loop(trainer_t *tr) {
         trn_sla_test_slow(tr, step);
 
         double loss_pair[1] = {trn_has_loss(tr) ? loss_sum / tr->accum : 0.0}, loss_glob[1];
-        dg_health_set_activity(tr->health, step, "all-reduce loss");
+        dg_health_set_wait_activity(tr->health, step, "all-reduce loss");
         if (MPI_Allreduce(loss_pair, loss_glob, 1, MPI_DOUBLE, MPI_SUM, tr->comm) != MPI_SUCCESS) {
             st = DG_ERR(DG_ERR_PEER, "loss all-reduce failed at step %lld", (long long)step);
             break;

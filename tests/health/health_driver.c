@@ -3,11 +3,15 @@
  * health.h. The test scripts (run_case.sh) stop, kill, hang and signal its ranks from outside.
  *
  * Usage: health_driver --dir DIR [--steps N] [--step-ms M] [--heartbeat S] [--timeout S]
- *                      [--slow-rank R --slow-step K --slow-ms M] [--ckpt-ms M] [--resume-file F]
+ *                      [--slow-rank R --slow-step K --slow-ms M [--hang-after-slow 1]] [--ckpt-ms M]
+ *                      [--resume-file F]
  *                      [--long-step K --long-ms M --expect S]
  *                      [--probe-ms START,STEADY,ALERT --floor S --mult X --rtt-min-ms M]
  * With --probe-ms/--floor/--mult/--rtt-min-ms the monitor starts through dg_health_create_opts (the
  * [health] figures) instead of dg_health_create(--heartbeat, --timeout).
+ * --hang-after-slow 1: after its slow compute the slow rank enters "host code" and hangs there for good
+ * (its peers have been waiting in the all-reduce for --slow-ms by then, so the stuck rank's last
+ * activity change is younger than theirs).
  * At the end each rank logs "health stats: probes P sent S recv R alerts A period_ms X neighbours N".
  * With --resume-file, the "checkpoint" is the number of completed steps written to F (by rank 0, on a
  * signal stop and at the end) and a run starts from the number found there: enough to stand in for
@@ -76,7 +80,7 @@ int main(int argc, char **argv) {
     long long long_step = -1;
     const char *probe_ms = NULL;
     double floor_s = -1, mult = -1, rtt_min_ms = -1;
-    int slow_rank = -1;
+    int slow_rank = -1, hang_after_slow = 0;
     long long slow_step = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -103,6 +107,8 @@ int main(int argc, char **argv) {
             slow_step = atoll(v);
         else if (!strcmp(a, "--slow-ms"))
             slow_ms = atof(v);
+        else if (!strcmp(a, "--hang-after-slow"))
+            hang_after_slow = atoi(v);
         else if (!strcmp(a, "--resume-file"))
             resume_file = v;
         else if (!strcmp(a, "--long-step"))
@@ -206,6 +212,11 @@ int main(int argc, char **argv) {
         if (rank == slow_rank && step == slow_step) {
             dg_health_set_activity(h, step, "slow compute");
             sleep_ms(slow_ms);
+            if (hang_after_slow) {
+                dg_health_set_activity(h, step, "host code");
+                for (;;)
+                    sleep_ms(1000);
+            }
         }
         if (step == long_step) {
             /* every rank: one long phase without progress reports, announced with dg_health_expect */
@@ -213,7 +224,7 @@ int main(int argc, char **argv) {
             dg_health_expect(h, expect_s);
             sleep_ms(long_ms);
         }
-        dg_health_set_activity(h, step, "all-reduce grads");
+        dg_health_set_wait_activity(h, step, "all-reduce grads");
         for (int k = 0; k < 4; k++)
             buf[k] = (double)(rank + 1) * (double)(k + 1) + (double)step;
         if (MPI_Allreduce(MPI_IN_PLACE, buf, 4, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS) {
@@ -228,7 +239,7 @@ int main(int argc, char **argv) {
             }
         }
         int sig = 0;
-        dg_health_set_activity(h, step, "agree stop");
+        dg_health_set_wait_activity(h, step, "agree stop");
         if (dg_health_agree_stop(h, MPI_COMM_WORLD, &sig) != DG_OK) {
             DG_LOG_ERROR("%s", dg_last_error());
             MPI_Abort(MPI_COMM_WORLD, 2);

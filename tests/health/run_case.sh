@@ -2,7 +2,7 @@
 # run_case.sh — one health scenario against health_driver under mpiexec: stop, kill, hang or signal a
 # rank from outside and check how the whole job ends (exit code, time, message, every rank's log).
 # Usage: run_case.sh CASE DRIVER MPIEXEC [MPIEXEC FLAGS...]
-#   CASE: clean | sigstop | sigstop0 | hang | probekill | sigkill | usr1 | term | sigint2 | badargs | probe | many
+#   CASE: clean | sigstop | sigstop0 | hang | hanglate | probekill | sigkill | usr1 | term | sigint2 | badargs | probe | many
 set -u
 CASE=$1
 DRIVER=$2
@@ -152,6 +152,22 @@ hang)
         fail "no watchdog line naming rank 1 stalled in step 8 'compute'"
     check_all_exit3 -1 3
     echo "PASS hang: rank 1 hung at step 8 -> exit 3 after ${DT}s (incl. ~4 s to reach step 8):"
+    grep -m1 "watchdog: " "$WORK/out"
+    ;;
+hanglate)
+    # Rank 1 hangs in host code 600 ms after its peers began to wait for it in the all-reduce: its last
+    # activity change is younger than theirs, so by the clock alone the waiters look stuck longer. The
+    # waiters' "waiting in a collective" travels with the heartbeats: they must name rank 1, not
+    # themselves (the race a loaded Slurm node showed in CI).
+    T0=$(now)
+    start 3 --steps 100000 --step-ms 40 --slow-rank 1 --slow-step 6 --slow-ms 600 --hang-after-slow 1
+    finish $((TIMEOUT + SLACK + 3))
+    [ "$RC" = 3 ] || fail "exit code $RC, expected 3"
+    grep -qE "watchdog: rank 1 \(host [^)]*\) has made no progress for [0-9.]+ s in step 6 doing 'host code'" "$WORK/out" ||
+        fail "no watchdog line naming rank 1 stuck in step 6 'host code'"
+    grep -E "watchdog: rank [02] \(host [^)]*\) has made no progress" "$WORK/out" && fail "a waiting rank blamed itself"
+    check_all_exit3 -1 3
+    echo "PASS hanglate: rank 1 hung in host code after its peers waited -> exit 3 after ${DT}s naming rank 1:"
     grep -m1 "watchdog: " "$WORK/out"
     ;;
 probekill)
