@@ -21,7 +21,9 @@
 #                  sibling test already runs there, or check shell logic, file modes or an external
 #                  reader; soak tests kill the very processes the sanitizer would check
 # ctest starts the costliest tests first (tests/lib/ctest_costs.cmake: one table per build, rewritten from
-# a run's measurements by tests/lib/ctest_costs.sh), so -j2 leaves no core idle at the end.
+# a run's measurements by tests/lib/ctest_costs.sh), so -j2 leaves no core idle at the end; a multi-rank
+# test that keeps about one core busy is paired with another (PROCESSORS 1: tests/lib/ctest_cores.cmake,
+# from the cores each was measured to use alone, tests/lib/ctest_cores.sh).
 #
 # CI: with CI set (to anything but "", 0, false or no), a test whose real component (Slurm, MPI, HDF5
 # tools, dgtrain itself) does not start FAILS instead of skipping (tests/lib/skip.sh); only gpu tests on
@@ -114,13 +116,7 @@ if build "release" build -DDGT_CUDA=AUTO -DDGT_TEST_HOOKS=ON; then
 fi
 
 if [ "${DG_SKIP_ASAN:-0}" != 1 ]; then
-    # intercept_tls_get_addr=0: GCC 12's LeakSanitizer crashes ("Tracer caught signal 11") scanning the
-    # dynamic TLS of plugins hwloc has already unloaded (seen with singleton MPI runs); without the
-    # interception that TLS is simply not scanned as a root.
-    export ASAN_OPTIONS="fast_unwind_on_malloc=0:detect_leaks=1:check_initialization_order=1:intercept_tls_get_addr=0"
-    export LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0"
-    export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-    export OMPI_MCA_orte_fork_agent="$root/tests/lib/asan_rank.sh"
+    source "$root/scripts/sanitizer_env.sh"
     if build "asan+ubsan" build-asan -DDGT_CUDA=OFF -DDGT_SANITIZE=ON -DDGT_TEST_HOOKS=ON; then
         run_ctest "asan+ubsan" build-asan -LE 'bench|soak|nosan'
     fi

@@ -214,6 +214,10 @@ def case_topology_xml():
 
 
 def bad(args, want, ranks=None, env=None):
+    # bad input every rank sees and reports before MPI_Finalize (whose fence no rank leaves early): no
+    # need for mpiexec's 1-s grace before it kills the others, which it waits twice even when every rank
+    # has already exited
+    env = dict(env or {}, OMPI_MCA_odls_base_sigkill_timeout="0")
     rc, out, err, dt = run(args, ranks=ranks, env=env)
     lines = our_error_lines(err)
     host = socket.gethostname()

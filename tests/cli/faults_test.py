@@ -391,6 +391,10 @@ def case_ckpt_dir():
 # ---------------------------------------------------------------- configuration and command line
 
 def one_error(args, want, ranks=1, **kw):
+    # an error every rank agrees on and reports before MPI_Finalize (whose fence no rank leaves early):
+    # mpiexec's grace between SIGTERM and SIGKILL for the other ranks (odls_base_sigkill_timeout, 1 s) is
+    # waited twice even when every rank has exited, ~2 s of idle wall time per case
+    kw["env"] = dict(kw.get("env") or {}, OMPI_MCA_odls_base_sigkill_timeout="0")
     rc, so, se, dt = run(ranks, args, **kw)
     lines = error_lines(se)
     check(rc == 1, "%s: exit 1 (got %d: %s)" % (args, rc, se[-300:]))
