@@ -284,6 +284,10 @@ size_t dg_model_flat_numel(const dg_model_t *m);
 size_t dg_model_flat_offset(const dg_model_t *m, int i);
 dg_status_t dg_model_get_flat(dg_model_t *m, int which, float *host_out);
 dg_status_t dg_model_set_flat(dg_model_t *m, int which, const float *host_in);
+/* The same as set_flat from values made in pieces: fill(dst, start, n, ctx) writes elements
+ * [start, start + n) of the flat buffer into dst; no host copy of the whole state is made. */
+typedef void (*dg_model_fill_fn)(float *dst, size_t start, size_t n, void *ctx);
+dg_status_t dg_model_set_flat_fill(dg_model_t *m, int which, dg_model_fill_fn fill, void *ctx);
 /* The mesh the model was built for, and this rank's coordinates. */
 const dg_model_parallel_t *dg_model_parallel(const dg_model_t *m);
 /* The training step named by collective timeout messages from now on. */

@@ -95,6 +95,26 @@ dg_status_t dg_model_set_flat(dg_model_t *m, int which, const float *host_in) {
     return m->be->ops->sync(m->be);
 }
 
+dg_status_t dg_model_set_flat_fill(dg_model_t *m, int which, dg_model_fill_fn fill, void *ctx) {
+    float *p = NULL;
+    if (m->np == 0) return DG_OK;
+    DG_TRY(state_ptr(m, 0, which, &p));
+    float *dst = p - m->off[0];
+    const size_t chunk = (size_t)4 << 20; /* 16 MiB of floats per copy: no host buffer of the whole state */
+    float *h = dg_xmalloc((m->total < chunk ? m->total : chunk) * sizeof *h);
+    dg_status_t st = m->be->ops->sync(m->be);
+    for (size_t at = 0; at < m->total && st == DG_OK; at += chunk) {
+        size_t n = m->total - at < chunk ? m->total - at : chunk;
+        fill(h, at, n, ctx);
+        st = m->be->ops->to_device(m->be, dst + at, h, n * sizeof(float)); /* synchronous: h is reused */
+    }
+    free(h);
+    if (st == DG_OK && which == DG_STATE_PARAM && m->compute)
+        st = m->be->ops->cast(m->be, m->compute, m->g->act_dtype, m->master, DG_F32, m->total);
+    if (st == DG_OK) st = m->be->ops->sync(m->be);
+    return st;
+}
+
 dg_status_t dg_model_set_local(dg_model_t *m, int i, int which, const float *host_in) {
     float *p = NULL;
     DG_TRY(state_ptr(m, i, which, &p));
