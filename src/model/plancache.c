@@ -217,7 +217,8 @@ static uint64_t build_id_of(const struct dl_phdr_info *info) {
     for (int i = 0; i < info->dlpi_phnum; i++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
         if (ph->p_type != PT_NOTE) continue;
-        const unsigned char *q = (const unsigned char *)(info->dlpi_addr + ph->p_vaddr), *end = q + ph->p_memsz;
+        const unsigned char *q = (const unsigned char *)(info->dlpi_addr + ph->p_vaddr),
+                            *end = q + ph->p_memsz;
         const size_t al = ph->p_align == 8 ? 8 : 4; /* a segment of 8-aligned notes pads to 8 */
         while (q + sizeof(ElfW(Nhdr)) <= end) {
             ElfW(Nhdr) nh;
@@ -226,7 +227,8 @@ static uint64_t build_id_of(const struct dl_phdr_info *info) {
             const unsigned char *desc = name + ((nh.n_namesz + al - 1) & ~(al - 1));
             const unsigned char *next = desc + ((nh.n_descsz + al - 1) & ~(al - 1));
             if (next > end || next <= q) break;
-            if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 && memcmp(name, "GNU", 4) == 0 && nh.n_descsz > 0)
+            if (nh.n_type == NT_GNU_BUILD_ID && nh.n_namesz == 4 && memcmp(name, "GNU", 4) == 0 &&
+                nh.n_descsz > 0)
                 return XXH3_64bits(desc, nh.n_descsz) | 1u; /* never 0 */
             q = next;
         }

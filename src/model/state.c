@@ -106,7 +106,9 @@ dg_status_t dg_model_set_flat_fill(dg_model_t *m, int which, dg_model_fill_fn fi
     for (size_t at = 0; at < m->total && st == DG_OK; at += chunk) {
         size_t n = m->total - at < chunk ? m->total - at : chunk;
         fill(h, at, n, ctx);
-        st = m->be->ops->to_device(m->be, dst + at, h, n * sizeof(float)); /* synchronous: h is reused */
+        /* h is pageable: the backends copy or stage it before returning (cu_to_device), so it can be refilled
+         * at once */
+        st = m->be->ops->to_device(m->be, dst + at, h, n * sizeof(float));
     }
     free(h);
     if (st == DG_OK && which == DG_STATE_PARAM && m->compute)
