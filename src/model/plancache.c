@@ -203,8 +203,12 @@ static const char *const lib_prefixes[] = {"libcuda.so",  "libcudart.so", "libcu
                                            "libblas.so",  "libgomp.so",   "libmpi.so"};
 
 typedef struct {
-    char (*paths)[512];
-    uint64_t *bid; /* XXH3 of the object's GNU build ID, 0 when it has none */
+    char path[512];
+    uint64_t bid; /* XXH3 of the object's GNU build ID, 0 when it has none */
+} lib_t;
+
+typedef struct {
+    lib_t *v;
     int n, cap;
     uint64_t exe_bid; /* the main program's */
 } libs_t;
@@ -252,13 +256,17 @@ static int collect_lib(struct dl_phdr_info *info, size_t size, void *ctx) {
     if (!want || strlen(p) >= 512) return 0;
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 16;
-        l->paths = realloc(l->paths, (size_t)l->cap * sizeof *l->paths);
-        l->bid = realloc(l->bid, (size_t)l->cap * sizeof *l->bid);
-        DG_ASSERT(l->paths != NULL && l->bid != NULL);
+        l->v = realloc(l->v, (size_t)l->cap * sizeof *l->v);
+        DG_ASSERT(l->v != NULL);
     }
-    l->bid[l->n] = build_id_of(info);
-    snprintf(l->paths[l->n++], 512, "%s", p);
+    lib_t *e = &l->v[l->n++];
+    snprintf(e->path, sizeof e->path, "%s", p);
+    e->bid = build_id_of(info);
     return 0;
+}
+
+static int cmp_lib(const void *a, const void *b) {
+    return strcmp(((const lib_t *)a)->path, ((const lib_t *)b)->path);
 }
 
 /* A version function of an already loaded library (never loads one). */
@@ -271,9 +279,9 @@ static void *loaded_sym(const char *lib_path, const char *sym) {
 
 static const char *find_lib(const libs_t *l, const char *prefix) {
     for (int i = 0; i < l->n; i++) {
-        const char *b = strrchr(l->paths[i], '/');
-        b = b ? b + 1 : l->paths[i];
-        if (strncmp(b, prefix, strlen(prefix)) == 0) return l->paths[i];
+        const char *b = strrchr(l->v[i].path, '/');
+        b = b ? b + 1 : l->v[i].path;
+        if (strncmp(b, prefix, strlen(prefix)) == 0) return l->v[i].path;
     }
     return NULL;
 }
@@ -462,42 +470,32 @@ dg_status_t dg_pc_key(dg_pc_t *pc, const dg_model_t *m) {
     libs_t libs = {0};
     dl_iterate_phdr(collect_lib, &libs);
     /* each object by its build ID where it has one ("bid:"), else by the hash of its file */
-    char exe[512];
-    ssize_t r = readlink("/proc/self/exe", exe, sizeof exe - 1);
     uint64_t h = 0;
     if (libs.exe_bid) {
         buf_printf(&k, "key.binary=bid:%016" PRIx64 "\n", libs.exe_bid);
     } else {
+        char exe[512];
+        ssize_t r = readlink("/proc/self/exe", exe, sizeof exe - 1);
         if (r > 0) {
             exe[r] = 0;
             if (lib_hash(&tab, exe, &h) != 0) h = 0;
         }
         buf_printf(&k, "key.binary=%016" PRIx64 "\n", h);
     }
-    /* sorted by path, the build IDs with them */
-    for (int i = 1; i < libs.n; i++)
-        for (int j = i; j > 0 && strcmp(libs.paths[j - 1], libs.paths[j]) > 0; j--) {
-            char t[512];
-            memcpy(t, libs.paths[j], sizeof t);
-            memcpy(libs.paths[j], libs.paths[j - 1], sizeof t);
-            memcpy(libs.paths[j - 1], t, sizeof t);
-            uint64_t tb = libs.bid[j];
-            libs.bid[j] = libs.bid[j - 1];
-            libs.bid[j - 1] = tb;
-        }
+    if (libs.n > 1) qsort(libs.v, (size_t)libs.n, sizeof *libs.v, cmp_lib);
     for (int i = 0; i < libs.n; i++) {
-        const char *b = strrchr(libs.paths[i], '/');
-        b = b ? b + 1 : libs.paths[i];
-        if (libs.bid[i]) {
-            buf_printf(&k, "key.lib.%s=bid:%016" PRIx64 "\n", b, libs.bid[i]);
+        const lib_t *e = &libs.v[i];
+        const char *b = strrchr(e->path, '/');
+        b = b ? b + 1 : e->path;
+        if (e->bid) {
+            buf_printf(&k, "key.lib.%s=bid:%016" PRIx64 "\n", b, e->bid);
             continue;
         }
-        if (lib_hash(&tab, libs.paths[i], &h) != 0) h = 0;
+        if (lib_hash(&tab, e->path, &h) != 0) h = 0;
         buf_printf(&k, "key.lib.%s=%016" PRIx64 "\n", b, h);
     }
     key_versions(&k, &libs, m->be);
-    free(libs.paths);
-    free(libs.bid);
+    free(libs.v);
     if (tab.dirty) libtab_save(&tab, side);
     free(tab.v);
     buf_printf(&k, "key.backend=%s\nkey.act_dtype=%s\nkey.fp8=%d\n", m->be->ops->name,
