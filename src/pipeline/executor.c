@@ -13,8 +13,18 @@
 #include "dg_mpi.h"
 #include "graph.h" /* dg_err_prefix */
 
-#define MAX_LOCAL 64 /* chunks per rank (parallel.pp_virtual <= 64) */
-#define MAX_GROUP 16 /* operations of one group (1F1B: 2, interleaved: 4) */
+#define MAX_LOCAL 64             /* chunks per rank (parallel.pp_virtual <= 64) */
+#define MAX_GROUP 16             /* operations of one group (1F1B: 2, interleaved: 4) */
+#define MAX_PEND (4 * MAX_GROUP) /* messages in flight (overlap: two groups of sends and two of receives) */
+
+typedef struct {
+    const dg_pp_action_t *a;
+    void *dev;  /* the device buffer sent or received into */
+    void *host; /* its staging copy (staged only) */
+    dg_comm_req_t *req;
+    int k, s;  /* overlap: the local chunk and slot whose buffer it reads (send) or fills (receive) */
+    int group; /* overlap: the index of the group that posted it (sends are waited two groups later) */
+} msg_t;
 
 struct dg_pp_exec {
     dg_pp_exec_opts_t o;
@@ -29,7 +39,13 @@ struct dg_pp_exec {
     MPI_Comm line; /* the pp line, for host scalars (rank = stage) */
     int staged;    /* device memory over the mpi comm: messages go through host buffers */
     size_t act_bytes;
-    void *host[MAX_GROUP]; /* staging buffers, act_bytes each */
+    int overlap;          /* messages in flight across compute (the mpi comm; see "overlap" below) */
+    void *host[MAX_PEND]; /* staging buffers, act_bytes each, made on first need */
+    unsigned char host_busy[MAX_PEND];
+    int n_host;
+    msg_t pend[MAX_PEND]; /* overlap: messages in flight, in posting order */
+    int n_pend, group_no;
+    unsigned char *posted; /* per action of this rank: its message has been posted this step */
     double compute_s, wall_s;
 };
 
@@ -73,57 +89,215 @@ static void slots_reset(dg_pp_exec_t *e) {
 
 /* ---------------- messages ---------------- */
 
-typedef struct {
-    const dg_pp_action_t *a;
-    void *dev;  /* the device buffer sent or received into */
-    void *host; /* its staging copy (staged only) */
-    dg_comm_req_t *req;
-} msg_t;
-
 static dg_comm_t *channel(const dg_pp_exec_t *e, int op) {
     return op == DG_PP_SEND_ACT || op == DG_PP_RECV_ACT ? e->o.act : e->o.grad;
 }
 
-/* Posts the group's operations (sends after their data is final on the device), then completes them in
- * posting order; staged receives are copied to the device afterwards. */
-static dg_status_t run_group(dg_pp_exec_t *e, msg_t *g, int n) {
+static int is_send(int op) {
+    return op == DG_PP_SEND_ACT || op == DG_PP_SEND_GRAD;
+}
+
+/* A staging buffer of act_bytes from the pool (made on first need, kept for the executor's life). */
+static dg_status_t host_take(dg_pp_exec_t *e, void **out) {
+    int i = 0;
+    while (i < e->n_host && e->host_busy[i])
+        i++;
+    if (i == MAX_PEND) return DG_ERR(DG_ERR_RUNTIME, "pipeline: more than %d messages in flight", MAX_PEND);
+    if (i == e->n_host) {
+        DG_TRY(e->o.be->ops->host_alloc(e->o.be, e->act_bytes, &e->host[i]));
+        e->n_host++;
+    }
+    e->host_busy[i] = 1;
+    *out = e->host[i];
+    return DG_OK;
+}
+
+static void host_give(dg_pp_exec_t *e, void *h) {
+    for (int i = 0; h && i < e->n_host; i++)
+        if (e->host[i] == h) e->host_busy[i] = 0;
+}
+
+/* The buffer of one message action in its slot s of local chunk k. */
+static void *msg_buffer(dg_pp_exec_t *e, int op, int k, int s) {
+    dg_model_t *mk = e->model[k];
+    return op == DG_PP_SEND_ACT    ? dg_model_stage_output(mk, s)
+           : op == DG_PP_RECV_ACT  ? dg_model_stage_input(mk, s)
+           : op == DG_PP_SEND_GRAD ? dg_model_stage_input_grad(mk, s)
+                                   : dg_model_stage_seed(mk, s);
+}
+
+/* Starts one message (a send's data is final on the device: every compute action ends in a sync). */
+static dg_status_t msg_post(dg_pp_exec_t *e, msg_t *g) {
     dg_backend_t *be = e->o.be;
+    const dg_pp_action_t *a = g->a;
+    int send = is_send(a->op);
+    void *buf = g->dev;
+    g->req = NULL;
+    g->host = NULL;
+    if (e->staged) {
+        DG_TRY(host_take(e, &g->host));
+        if (send) DG_TRY(be->ops->to_host(be, g->host, g->dev, e->act_bytes));
+        buf = g->host;
+    }
+    if (send) return dg_comm_isend(channel(e, a->op), buf, e->act_bytes / 2, DG_U16, a->peer, 0, &g->req);
+    return dg_comm_irecv(channel(e, a->op), buf, e->act_bytes / 2, DG_U16, a->peer, 0, &g->req);
+}
+
+/* Completes a posted message (a staged receive is copied to the device) and gives its staging buffer
+ * back. */
+static dg_status_t msg_complete(dg_pp_exec_t *e, msg_t *g) {
+    const dg_pp_action_t *a = g->a;
+    dg_status_t st = g->req ? dg_comm_wait(channel(e, a->op), g->req) : DG_OK;
+    g->req = NULL;
+    if (st != DG_OK)
+        st = dg_err_prefix(st, "pipeline: %s of micro-batch %d, chunk %d with stage %d", dg_pp_op_name(a->op),
+                           a->mb, a->chunk, a->peer);
+    if (st == DG_OK && e->staged && !is_send(a->op))
+        st = e->o.be->ops->to_device(e->o.be, g->dev, g->host, e->act_bytes);
+    host_give(e, g->host);
+    g->host = NULL;
+    return st;
+}
+
+/* Without overlap (NCCL, or opts.no_overlap): posts the group's operations, then completes them in
+ * posting order. */
+static dg_status_t run_group(dg_pp_exec_t *e, msg_t *g, int n) {
     dg_status_t st = DG_OK;
     int posted = 0;
 #ifdef DG_HAVE_CUDA
     if (!e->staged && dg_comm_kind(e->o.act) == DG_COMM_NCCL) {
-        void *cs = dg_backend_cuda_stream(be);
+        void *cs = dg_backend_cuda_stream(e->o.be);
         DG_TRY(dg_comm_begin_after(e->o.act, cs));
         DG_TRY(dg_comm_begin_after(e->o.grad, cs));
     }
 #endif
     for (int i = 0; i < n && st == DG_OK; i++) {
-        const dg_pp_action_t *a = g[i].a;
-        int send = a->op == DG_PP_SEND_ACT || a->op == DG_PP_SEND_GRAD;
-        void *buf = g[i].dev;
-        if (e->staged) {
-            g[i].host = e->host[i];
-            if (send) st = be->ops->to_host(be, g[i].host, g[i].dev, e->act_bytes);
-            buf = g[i].host;
-        }
-        if (st != DG_OK) break;
-        if (send)
-            st = dg_comm_isend(channel(e, a->op), buf, e->act_bytes / 2, DG_U16, a->peer, 0, &g[i].req);
-        else
-            st = dg_comm_irecv(channel(e, a->op), buf, e->act_bytes / 2, DG_U16, a->peer, 0, &g[i].req);
+        st = msg_post(e, &g[i]);
         if (st == DG_OK) posted = i + 1;
     }
     for (int i = 0; i < posted; i++) {
-        dg_status_t sw = dg_comm_wait(channel(e, g[i].a->op), g[i].req);
-        if (sw != DG_OK && st == DG_OK)
-            st = dg_err_prefix(sw, "pipeline: %s of micro-batch %d, chunk %d with stage %d",
-                               dg_pp_op_name(g[i].a->op), g[i].a->mb, g[i].a->chunk, g[i].a->peer);
+        dg_status_t sw = msg_complete(e, &g[i]);
+        if (st == DG_OK) st = sw;
     }
-    for (int i = 0; i < posted && st == DG_OK && e->staged; i++) {
-        int op = g[i].a->op;
-        if (op == DG_PP_RECV_ACT || op == DG_PP_RECV_GRAD)
-            st = be->ops->to_device(be, g[i].dev, g[i].host, e->act_bytes);
+    for (int i = posted; i < n; i++) /* a failed post may hold a staging buffer */
+        host_give(e, g[i].host);
+    return st;
+}
+
+/* ---------------- overlap: messages in flight across compute ---------------- */
+
+/* The messages in flight, in posting order. A send stays in flight while compute goes on; it is completed
+ * before the next compute action on the slot whose buffer it reads (that compute may overwrite the
+ * buffer), two groups after the one that posted it at the latest (so that few are in flight), and at the
+ * end of the step. A receive is posted one group ahead where its slot is known (the next group's
+ * receives are posted before the compute between the two groups), and completed in its own group. The
+ * order of the posts on each channel and peer is the schedule's, so every message meets the same
+ * partner as without overlap, and the numbers are the same bits. */
+static dg_status_t pend_push(dg_pp_exec_t *e, const msg_t *g) {
+    if (e->n_pend == MAX_PEND)
+        return DG_ERR(DG_ERR_RUNTIME, "pipeline: more than %d messages in flight", MAX_PEND);
+    e->pend[e->n_pend++] = *g;
+    return DG_OK;
+}
+
+/* Completes (in posting order) the messages in flight that `match` selects, and drops them from the list.
+ * kind: 0 sends reading slot (k, s); 1 sends of groups <= group; 2 receives of action indices [lo, hi);
+ * 3 every message. Every selected message is completed even after a failure; the first failure returns. */
+enum { PEND_SLOT, PEND_OLD, PEND_RECV, PEND_ALL };
+
+static int pend_match(const dg_pp_exec_t *e, const msg_t *g, int kind, int x, int y) {
+    int send = is_send(g->a->op);
+    long idx = g->a - e->sched.act[e->o.stage];
+    switch (kind) {
+    case PEND_SLOT:
+        return send && g->k == x && g->s == y;
+    case PEND_OLD:
+        return send && g->group <= x;
+    case PEND_RECV:
+        return !send && idx >= x && idx < y;
+    default:
+        return 1;
     }
+}
+
+static dg_status_t pend_complete(dg_pp_exec_t *e, int kind, int x, int y) {
+    dg_status_t st = DG_OK;
+    int keep = 0;
+    for (int i = 0; i < e->n_pend; i++) {
+        if (!pend_match(e, &e->pend[i], kind, x, y)) {
+            e->pend[keep++] = e->pend[i];
+            continue;
+        }
+        dg_status_t sw = msg_complete(e, &e->pend[i]);
+        if (st == DG_OK) st = sw;
+    }
+    e->n_pend = keep;
+    return st;
+}
+
+/* The message of action `idx` in its slot: a receive of an activation takes the (k, mb) slot; every other
+ * message uses the slot the micro-batch already has (-1: not yet). */
+static int msg_slot(dg_pp_exec_t *e, const dg_pp_action_t *b, int dry, int may_take) {
+    int kb = local_of(e, b->chunk);
+    if (b->op == DG_PP_RECV_ACT && may_take) return slot_take(e, kb, b->mb, dry);
+    return e->slot_of[kb][b->mb];
+}
+
+/* Posts the receives of the group starting at action j (if any) whose slots are known now, marking them
+ * posted. dry: the slots only. */
+static dg_status_t prefetch(dg_pp_exec_t *e, int j, int dry) {
+    const int stage = e->o.stage, n = e->sched.n[stage];
+    const dg_pp_action_t *act = e->sched.act[stage];
+    while (j < n && (act[j].op == DG_PP_FWD || act[j].op == DG_PP_BWD))
+        j++;
+    for (int q = j; q < n && act[q].op != DG_PP_FWD && act[q].op != DG_PP_BWD && act[q].group == act[j].group;
+         q++) {
+        const dg_pp_action_t *b = &act[q];
+        if (is_send(b->op) || e->posted[q]) continue;
+        int s = msg_slot(e, b, dry, 1);
+        if (s < 0) continue; /* its forward has not run yet: posted in its own group */
+        e->posted[q] = 1;
+        if (dry) continue;
+        msg_t g = {.a = b, .k = local_of(e, b->chunk), .s = s, .group = e->group_no + 1};
+        g.dev = msg_buffer(e, b->op, g.k, s);
+        DG_ASSERT(g.dev);
+        dg_status_t st = msg_post(e, &g);
+        if (st == DG_OK) st = pend_push(e, &g);
+        if (st != DG_OK) {
+            if (g.req) (void)dg_comm_wait(channel(e, b->op), g.req);
+            host_give(e, g.host);
+            return st;
+        }
+    }
+    return DG_OK;
+}
+
+/* The group of actions [i, j) with overlap: sends of two groups ago completed, this group's remaining
+ * operations posted, its receives completed, the next group's receives posted. */
+static dg_status_t overlap_group(dg_pp_exec_t *e, int i, int j, int dry) {
+    const dg_pp_action_t *act = e->sched.act[e->o.stage];
+    dg_status_t st = dry ? DG_OK : pend_complete(e, PEND_OLD, e->group_no - 2, 0);
+    for (int q = i; q < j && st == DG_OK; q++) {
+        const dg_pp_action_t *b = &act[q];
+        if (e->posted[q]) continue;
+        int s = msg_slot(e, b, dry, 1);
+        DG_ASSERT(s >= 0);
+        e->posted[q] = 1;
+        if (dry) continue;
+        msg_t g = {.a = b, .k = local_of(e, b->chunk), .s = s, .group = e->group_no};
+        g.dev = msg_buffer(e, b->op, g.k, s);
+        DG_ASSERT(g.dev);
+        st = msg_post(e, &g);
+        if (st == DG_OK) st = pend_push(e, &g);
+        if (st != DG_OK && g.req) (void)dg_comm_wait(channel(e, b->op), g.req);
+        if (st != DG_OK) host_give(e, g.host);
+    }
+    if (!dry) {
+        dg_status_t sw = pend_complete(e, PEND_RECV, i, j);
+        if (st == DG_OK) st = sw;
+    }
+    if (st == DG_OK) st = prefetch(e, j, dry);
+    e->group_no++;
     return st;
 }
 
@@ -137,6 +311,9 @@ static dg_status_t replay(dg_pp_exec_t *e, const int32_t *tok, const int32_t *tg
     const size_t per = (size_t)e->o.micro_batch * (size_t)e->o.desc->seq_len;
     const int last_chunk = e->split.n_chunks - 1;
     slots_reset(e);
+    memset(e->posted, 0, (size_t)n);
+    e->group_no = 0;
+    e->n_pend = 0;
     dg_status_t st = DG_OK;
     for (int i = 0; i < n && st == DG_OK;) {
         const dg_pp_action_t *a = &act[i];
@@ -149,10 +326,12 @@ static dg_status_t replay(dg_pp_exec_t *e, const int32_t *tok, const int32_t *tg
             int s = slot_take(e, k, a->mb, dry);
             if (!dry) {
                 float l = 0;
+                if (e->overlap) st = pend_complete(e, PEND_SLOT, k, s);
                 double t0 = dg_now_s();
-                st = dg_model_stage_forward(e->model[k], s, tok + (size_t)a->mb * per,
-                                            tgt + (size_t)a->mb * per, dloss, 0,
-                                            a->chunk == last_chunk ? &l : NULL);
+                if (st == DG_OK)
+                    st = dg_model_stage_forward(e->model[k], s, tok + (size_t)a->mb * per,
+                                                tgt + (size_t)a->mb * per, dloss, 0,
+                                                a->chunk == last_chunk ? &l : NULL);
                 e->compute_s += dg_now_s() - t0;
                 if (a->chunk == last_chunk) *loss_sum += l;
             }
@@ -164,8 +343,9 @@ static dg_status_t replay(dg_pp_exec_t *e, const int32_t *tok, const int32_t *tg
             DG_ASSERT(s >= 0);
             int sync = ++e->bwd_done[k] == e->o.m; /* this chunk's last backward of the step */
             if (!dry) {
+                if (e->overlap) st = pend_complete(e, PEND_SLOT, k, s);
                 double t0 = dg_now_s();
-                st = dg_model_stage_backward(e->model[k], s, sync);
+                if (st == DG_OK) st = dg_model_stage_backward(e->model[k], s, sync);
                 e->compute_s += dg_now_s() - t0;
             }
             if (a->chunk == 0) slot_give(e, k, a->mb); /* nothing to send: free at once */
@@ -173,29 +353,31 @@ static dg_status_t replay(dg_pp_exec_t *e, const int32_t *tok, const int32_t *tg
             continue;
         }
         /* a group of sends and receives */
-        msg_t g[MAX_GROUP];
-        int ng = 0, j = i;
-        for (; j < n && act[j].op != DG_PP_FWD && act[j].op != DG_PP_BWD && act[j].group == a->group; j++) {
-            const dg_pp_action_t *b = &act[j];
-            int kb = local_of(e, b->chunk);
-            DG_ASSERT(ng < MAX_GROUP);
-            g[ng].a = b;
-            g[ng].req = NULL;
-            g[ng].host = NULL;
-            int s = b->op == DG_PP_RECV_ACT ? slot_take(e, kb, b->mb, dry) : e->slot_of[kb][b->mb];
-            DG_ASSERT(s >= 0);
-            dg_model_t *mk = e->model[kb];
-            g[ng].dev = b->op == DG_PP_SEND_ACT    ? dg_model_stage_output(mk, s)
-                        : b->op == DG_PP_RECV_ACT  ? dg_model_stage_input(mk, s)
-                        : b->op == DG_PP_SEND_GRAD ? dg_model_stage_input_grad(mk, s)
-                                                   : dg_model_stage_seed(mk, s);
-            DG_ASSERT(dry || g[ng].dev);
-            ng++;
+        int j = i;
+        while (j < n && act[j].op != DG_PP_FWD && act[j].op != DG_PP_BWD && act[j].group == a->group)
+            j++;
+        DG_ASSERT(j - i <= MAX_GROUP);
+        if (e->overlap) {
+            st = overlap_group(e, i, j, dry);
+        } else {
+            msg_t g[MAX_GROUP];
+            for (int q = i; q < j; q++) {
+                const dg_pp_action_t *b = &act[q];
+                int s = msg_slot(e, b, dry, 1);
+                DG_ASSERT(s >= 0);
+                g[q - i] = (msg_t){.a = b, .k = local_of(e, b->chunk), .s = s};
+                g[q - i].dev = msg_buffer(e, b->op, g[q - i].k, s);
+                DG_ASSERT(dry || g[q - i].dev);
+            }
+            if (!dry) st = run_group(e, g, j - i);
         }
-        if (!dry) st = run_group(e, g, ng);
-        for (int q = 0; q < ng; q++) /* a slot whose input gradient went out is free again */
-            if (g[q].a->op == DG_PP_SEND_GRAD) slot_give(e, local_of(e, g[q].a->chunk), g[q].a->mb);
+        for (int q = i; q < j; q++) /* a slot whose input gradient went out is free again */
+            if (act[q].op == DG_PP_SEND_GRAD) slot_give(e, local_of(e, act[q].chunk), act[q].mb);
         i = j;
+    }
+    if (!dry) { /* nothing stays in flight past the step (after a failure too) */
+        dg_status_t sw = pend_complete(e, PEND_ALL, 0, 0);
+        if (st == DG_OK) st = sw;
     }
     return st;
 }
@@ -246,13 +428,14 @@ dg_status_t dg_pp_exec_create(const dg_pp_exec_opts_t *o, dg_pp_exec_t **out) {
     if (st == DG_OK) {
         e->act_bytes = dg_model_stage_act_bytes(e->model[0]);
         e->staged = strcmp(o->be->ops->name, "cpu") != 0 && dg_comm_kind(o->act) == DG_COMM_MPI;
+        /* nccl holds point-to-point back until the next wait anyway and runs it on the comm stream */
+        e->overlap = !o->no_overlap && dg_comm_kind(o->act) == DG_COMM_MPI;
+        e->posted = dg_xcalloc((size_t)e->sched.n[o->stage] + 1, 1);
         double dummy = 0;
         st = replay(e, NULL, NULL, 0, 1, &dummy); /* sizes the slots */
     }
     for (int k = 0; k < e->n_local && st == DG_OK; k++)
         st = dg_model_stage_slots(e->model[k], e->n_slots[k]);
-    for (int i = 0; i < MAX_GROUP && st == DG_OK && e->staged; i++)
-        st = o->be->ops->host_alloc(o->be, e->act_bytes, &e->host[i]);
     if (st == DG_OK && o->stage == 0) {
         char buf[256] = "";
         size_t len = 0;
@@ -278,8 +461,9 @@ void dg_pp_exec_free(dg_pp_exec_t *e) {
         free(e->slot_of[k]);
         free(e->busy[k]);
     }
-    for (int i = 0; i < MAX_GROUP; i++)
-        if (e->host[i]) e->o.be->ops->host_free(e->o.be, e->host[i]);
+    for (int i = 0; i < e->n_host; i++)
+        e->o.be->ops->host_free(e->o.be, e->host[i]);
+    free(e->posted);
     if (e->line != MPI_COMM_NULL) MPI_Comm_free(&e->line);
     dg_pp_schedule_free(&e->sched);
     free(e);
@@ -338,17 +522,23 @@ dg_status_t dg_pp_exec_step(dg_pp_exec_t *e, const int32_t *tokens, const int32_
 /* One blocking message of the evaluation chain (staged through host memory where needed). */
 static dg_status_t chain_msg(dg_pp_exec_t *e, int send, void *dev, int peer) {
     dg_backend_t *be = e->o.be;
-    void *buf = e->staged ? e->host[0] : dev;
+    void *h = NULL;
+    if (e->staged) DG_TRY(host_take(e, &h));
+    void *buf = e->staged ? h : dev;
+    dg_status_t st = DG_OK;
 #ifdef DG_HAVE_CUDA
     if (!e->staged && dg_comm_kind(e->o.act) == DG_COMM_NCCL)
-        DG_TRY(dg_comm_begin_after(e->o.act, dg_backend_cuda_stream(be)));
+        st = dg_comm_begin_after(e->o.act, dg_backend_cuda_stream(be));
 #endif
-    if (send) {
-        if (e->staged) DG_TRY(be->ops->to_host(be, buf, dev, e->act_bytes));
-        return dg_comm_send(e->o.act, buf, e->act_bytes / 2, DG_U16, peer, 0);
+    if (st == DG_OK && send) {
+        if (e->staged) st = be->ops->to_host(be, buf, dev, e->act_bytes);
+        if (st == DG_OK) st = dg_comm_send(e->o.act, buf, e->act_bytes / 2, DG_U16, peer, 0);
+    } else if (st == DG_OK) {
+        st = dg_comm_recv(e->o.act, buf, e->act_bytes / 2, DG_U16, peer, 0);
+        if (st == DG_OK && e->staged) st = be->ops->to_device(be, dev, buf, e->act_bytes);
     }
-    DG_TRY(dg_comm_recv(e->o.act, buf, e->act_bytes / 2, DG_U16, peer, 0));
-    return e->staged ? be->ops->to_device(be, dev, buf, e->act_bytes) : DG_OK;
+    host_give(e, h);
+    return st;
 }
 
 dg_status_t dg_pp_exec_forward(dg_pp_exec_t *e, const int32_t *tokens, const int32_t *targets, float *loss) {

@@ -39,6 +39,11 @@ typedef struct dg_pp_exec_opts {
      * "... send/recv"), e.g. to tell the health watchdog the step makes progress; NULL: none */
     void (*on_action)(void *ctx, const char *what);
     void *on_action_ctx;
+    /* 1: each group of sends and receives is completed before the next compute (the messages do not
+     * overlap compute; for measuring what overlap gains). 0: on the mpi comm, sends stay in flight while
+     * compute goes on and the next group's receives are posted one compute ahead (executor.c, "overlap";
+     * the same bits either way). nccl: always as 1 (its point-to-point runs on the comm stream). */
+    int no_overlap;
 } dg_pp_exec_opts_t;
 
 typedef struct dg_pp_exec dg_pp_exec_t;
