@@ -47,6 +47,7 @@ struct dg_pp_exec {
     int n_pend, group_no;
     unsigned char *posted; /* per action of this rank: its message has been posted this step */
     double compute_s, wall_s;
+    int overlapped; /* compute actions of the last step that began with a message in flight */
 };
 
 static int local_of(const dg_pp_exec_t *e, int chunk) {
@@ -314,6 +315,7 @@ static dg_status_t replay(dg_pp_exec_t *e, const int32_t *tok, const int32_t *tg
     memset(e->posted, 0, (size_t)n);
     e->group_no = 0;
     e->n_pend = 0;
+    e->overlapped = 0;
     dg_status_t st = DG_OK;
     for (int i = 0; i < n && st == DG_OK;) {
         const dg_pp_action_t *a = &act[i];
@@ -327,6 +329,7 @@ static dg_status_t replay(dg_pp_exec_t *e, const int32_t *tok, const int32_t *tg
             if (!dry) {
                 float l = 0;
                 if (e->overlap) st = pend_complete(e, PEND_SLOT, k, s);
+                e->overlapped += e->n_pend > 0;
                 double t0 = dg_now_s();
                 if (st == DG_OK)
                     st = dg_model_stage_forward(e->model[k], s, tok + (size_t)a->mb * per,
@@ -344,6 +347,7 @@ static dg_status_t replay(dg_pp_exec_t *e, const int32_t *tok, const int32_t *tg
             int sync = ++e->bwd_done[k] == e->o.m; /* this chunk's last backward of the step */
             if (!dry) {
                 if (e->overlap) st = pend_complete(e, PEND_SLOT, k, s);
+                e->overlapped += e->n_pend > 0;
                 double t0 = dg_now_s();
                 if (st == DG_OK) st = dg_model_stage_backward(e->model[k], s, sync);
                 e->compute_s += dg_now_s() - t0;
@@ -492,6 +496,10 @@ const dg_pp_schedule_t *dg_pp_exec_schedule(const dg_pp_exec_t *e) {
 void dg_pp_exec_times(const dg_pp_exec_t *e, double *compute_s, double *wall_s) {
     if (compute_s) *compute_s = e->compute_s;
     if (wall_s) *wall_s = e->wall_s;
+}
+
+int dg_pp_exec_overlapped(const dg_pp_exec_t *e) {
+    return e->overlapped;
 }
 
 /* ---------------- running ---------------- */

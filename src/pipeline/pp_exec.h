@@ -78,6 +78,9 @@ dg_status_t dg_pp_exec_optimizer(dg_pp_exec_t *e, const dg_optim_hparams_t *h, f
 /* Time accounting of the last step on this rank: compute seconds (forwards + backwards) and the
  * step's wall seconds inside dg_pp_exec_step. */
 void dg_pp_exec_times(const dg_pp_exec_t *e, double *compute_s, double *wall_s);
+/* How many of the last step's forwards and backwards on this rank began while a message of it was still
+ * in flight (0 without overlap). */
+int dg_pp_exec_overlapped(const dg_pp_exec_t *e);
 
 #ifdef __cplusplus
 }
