@@ -169,10 +169,11 @@ static void evaluate(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_plan
     double bytes[DG_MESH_NDIM] = {0}, count[DG_MESH_NDIM] = {0};
     int kind[DG_MESH_NDIM] = {0, 1, 0};
     /* dp_shard: per micro-batch, all-gather the weights for forward (and again for backward when
-     * resharding after forward), reduce-scatter the gradients */
+     * resharding after forward), reduce-scatter the gradients; a pipeline chunk does the same in each
+     * micro-batch's forward and backward (docs/parallelism.md "The executor"), over its stage's weights */
     bytes[DG_MESH_DP_SHARD] = shard_params * pb;
-    count[DG_MESH_DP_SHARD] = PP > 1 ? 1 : k * (1 + (w->reshard_after_forward ? 1 : 0));
-    double rs_bytes = shard_params * gb, rs_count = PP > 1 ? 1 : k;
+    count[DG_MESH_DP_SHARD] = k * (1 + (w->reshard_after_forward ? 1 : 0));
+    double rs_bytes = shard_params * gb, rs_count = k;
     /* dp_replicate: all-reduce of this rank's gradient shard once per step */
     bytes[DG_MESH_DP_REPLICATE] = shard_params / S * gb;
     count[DG_MESH_DP_REPLICATE] = 1;
@@ -225,7 +226,7 @@ static void evaluate(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_plan
     p->relayout_ms = 0;
     double pack_b = 4.0 + (gb < 4 ? (4.0 + gb) / 2.0 : 0.0);
     if (S > 1 && c->link[0].bw_GBps > 0)
-        p->relayout_ms = (PP > 1 ? 1 : k) * 2.0 * P / K *
+        p->relayout_ms = k * 2.0 * P / K *
                          ((1 + (w->reshard_after_forward ? 1 : 0)) * pb + pack_b) /
                          (c->link[0].bw_GBps * 1e9) * 1e3;
     p->step_ms = p->compute_ms + p->comm_total_ms + p->relayout_ms;
@@ -246,8 +247,6 @@ static void evaluate(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_plan
     dg_mem_est_t me;
     dg_mem_estimate(&mi, &me);
     p->mem_bytes = me.total;
-    /* a pipeline stage keeps its gathered weights for the step's micro-batches */
-    if (PP > 1 && S > 1) p->mem_bytes += P / K * pb;
     double budget = c->mem_per_rank_bytes * 0.9;
     if (p->feasible && p->mem_bytes > budget) {
         p->feasible = 0;

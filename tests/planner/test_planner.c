@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pipeline.h" /* dg_pp_bubble_theory */
 #include "planner.h"
 #include "dg_check.h"
 
@@ -196,8 +197,10 @@ int main(int argc, char **argv) {
     }
     /* 7: gpt2-1558m (25 heads: no tp of 2, 4 or 8) on 8 x 8 H100: without a pipeline every gradient of
      * the data-parallel dimension crosses the network (or FSDP's per-micro-batch gathers run 8 times a
-     * step); pp = 8 puts one stage per node, dp_shard = 8 on NVLink, and only the activations of a
-     * micro-batch (3.3 MB) cross the network between stages */
+     * step); pp = 8 puts one stage per node, its data parallelism (8 ranks) on NVLink, and only the
+     * activations of a micro-batch (3.3 MB) cross the network between stages. The bubble is the simulated
+     * schedule's (a backward costs 2 forwards, the head's stage is the longest): within 2.5 x the
+     * uniform-cost theory */
     if (load("dgx-h100-8x8.ini", 0, &c)) {
         CHECK(c.max_pp == 64, "described clusters score pipelines (max_pp %d)", c.max_pp);
         dg_plan_workload_t w = gpt2(1557611200, 48, 25, 1600, 1, 512);
@@ -205,12 +208,13 @@ int main(int argc, char **argv) {
         show("8 nodes x 8 H100, gpt2-1558m", &r, &c);
         const dg_plan_t *p = &r.plans[r.chosen];
         CHECK(dg_mesh_pp(&p->mesh) > 1, "chose pp=%d", dg_mesh_pp(&p->mesh));
-        CHECK(p->pp_bubble > 0 && p->pp_bubble < 0.2, "bubble %g", p->pp_bubble);
+        double th = dg_pp_bubble_theory(DG_PP_1F1B, dg_mesh_pp(&p->mesh), 1, p->pp_microbatches);
+        CHECK(p->pp_bubble >= th && p->pp_bubble < 2.5 * th, "bubble %g (theory %g)", p->pp_bubble, th);
         CHECK(p->mesh.size[DG_MESH_TP] == 1, "tp %d with 25 heads", p->mesh.size[DG_MESH_TP]);
         CHECK(strstr(r.pp_reason, "pipeline chosen"), "%s", r.pp_reason);
         /* each stage's data-parallel groups stay on NVLink */
-        if (p->mesh.size[DG_MESH_DP_SHARD] > 1)
-            CHECK(p->hops[DG_MESH_DP_SHARD] <= DG_LINK_NVLINK, "dp_shard hops");
+        for (int d = DG_MESH_DP_REPLICATE; d <= DG_MESH_DP_SHARD; d++)
+            if (p->mesh.size[d] > 1) CHECK(p->hops[d] <= DG_LINK_NVLINK, "dp hops (dimension %d)", d);
         /* the best plan without a pipeline is slower */
         const dg_plan_t *np = NULL;
         for (int i = 0; i < r.n && !np; i++)
