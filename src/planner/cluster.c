@@ -128,7 +128,7 @@ dg_status_t dg_cluster_from_topo(const dg_node_topo_t *t, void *hwtopo_v, int n_
     if (!c->nics_per_node) c->nics_per_node = t->n_nics > 0 ? 1 : 0;
     c->nic_GBps = 50.0;
     apply_nic_share(c);
-    c->max_pp = 1; /* the live cluster: no pipeline executor yet (dg_cluster_load opens it) */
+    c->max_pp = c->world; /* pipeline candidates are scored as for a described cluster */
     if (c->gpu_mode) {
         gpu_budget(t->gpus[0].name, &c->mem_per_rank_bytes, &c->peak_flops_per_rank);
         c->max_tp = rpn;

@@ -59,8 +59,7 @@ typedef struct dg_cluster {
     double mem_per_rank_bytes; /* device memory budget per rank */
     double peak_flops_per_rank;
     int max_tp; /* largest tp considered (default: GPUs per node, or ranks per node for CPU) */
-    int max_pp; /* largest pp considered: 1 for the live cluster (this build has no pipeline executor
-                 * yet, so mesh = auto must not pick one), the world for described clusters */
+    int max_pp; /* largest pp considered (the world for the live and for described clusters) */
 } dg_cluster_t;
 
 /* The defaults table (docs/planning.md lists the numbers and their sources). gpu_mode selects GPU-style

@@ -87,7 +87,7 @@ static void evaluate(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_plan
 
     /* ---- a pipeline (docs/parallelism.md §Planner): the split, the schedule replayed with this cluster's
      * compute and stage-to-stage link costs; the data-parallel and tp traffic below is then the largest
-     * stage's, its weights gathered once per step and its gradients reduced once per step ---- */
+     * stage's ---- */
     dg_pp_split_t split;
     double pp_inflight = 1, pp_L0 = L, pp_P0 = P;
     if (PP > 1 && p->feasible) {
@@ -226,8 +226,7 @@ static void evaluate(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_plan
     p->relayout_ms = 0;
     double pack_b = 4.0 + (gb < 4 ? (4.0 + gb) / 2.0 : 0.0);
     if (S > 1 && c->link[0].bw_GBps > 0)
-        p->relayout_ms = k * 2.0 * P / K *
-                         ((1 + (w->reshard_after_forward ? 1 : 0)) * pb + pack_b) /
+        p->relayout_ms = k * 2.0 * P / K * ((1 + (w->reshard_after_forward ? 1 : 0)) * pb + pack_b) /
                          (c->link[0].bw_GBps * 1e9) * 1e3;
     p->step_ms = p->compute_ms + p->comm_total_ms + p->relayout_ms;
 
@@ -321,9 +320,10 @@ static int same_layout(const dg_mesh_shape_t *a, const dg_mesh_shape_t *b) {
 
 /* Why a pipeline was chosen or rejected: the best plan with pp > 1 against the best without. */
 static void pp_explain(dg_plan_result_t *out, const dg_cluster_t *c) {
-    const dg_plan_t *bp = NULL, *bn = NULL;
+    const dg_plan_t *bp = NULL, *bn = NULL, *pp_any = NULL;
     for (int i = 0; i < out->n; i++) {
         const dg_plan_t *q = &out->plans[i];
+        if (dg_mesh_pp(&q->mesh) > 1 && !pp_any) pp_any = q;
         if (!q->feasible) continue;
         if (dg_mesh_pp(&q->mesh) > 1 && !bp) bp = q;
         if (dg_mesh_pp(&q->mesh) == 1 && !bn) bn = q;
@@ -333,8 +333,12 @@ static void pp_explain(dg_plan_result_t *out, const dg_cluster_t *c) {
     if (bn) dg_mesh_format(&bn->mesh, b, sizeof b);
     if (c->max_pp <= 1) {
         snprintf(out->pp_reason, sizeof out->pp_reason,
-                 "pipeline: not considered for the live cluster (this build has no pipeline executor yet); "
-                 "describe the cluster with topology.cluster to score pp candidates");
+                 "pipeline: not considered (the cluster allows pp <= 1)");
+    } else if (!bp && pp_any) {
+        char m[96];
+        dg_mesh_format(&pp_any->mesh, m, sizeof m);
+        snprintf(out->pp_reason, sizeof out->pp_reason,
+                 "pipeline: no feasible pp candidate (the first, %s: %s)", m, pp_any->why);
     } else if (!bp) {
         snprintf(out->pp_reason, sizeof out->pp_reason,
                  "pipeline: no feasible pp candidate (pp must divide the world, be <= n_layer and leave at "
