@@ -1,6 +1,7 @@
 /* oph_core.c — the op harness's tolerances, host-side dtype rounding and encoding (written independently of
  * any backend, with frexp/ldexp/rint), its state's helpers and the check primitives (closeness, poison,
  * bitwise repeat, finite differences). See oph.h. */
+#include "dg_bits.h"
 #include "dg_fd.h"
 #include "oph.h"
 
@@ -107,16 +108,10 @@ static double dec_f16(uint16_t b) {
 }
 static uint16_t enc_bf16(double r) {
     if (isnan(r)) return 0x7FC0;
-    float f = (float)r;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)(u >> 16);
+    return (uint16_t)(dg_bits_f2u((float)r) >> 16);
 }
 static double dec_bf16(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return dg_bits_bf16_to_f32(b);
 }
 
 size_t oph_dt_size(dg_dtype_t dt) {

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "dg_test_args.h"
 
 static int g_rank, g_size;
 
@@ -254,46 +255,27 @@ static void parse_opts(int argc, char **argv, int first, opts_t *o) {
     o->keep = 0;
     o->every = 1;
     o->rounds = 4;
+    const dg_arg_t tab[] = {{"--dir", DG_ARG_STR, &o->dir},
+                            {"--layout", DG_ARG_STR, &o->layout},
+                            {"--freeze", DG_ARG_STR, &o->freeze},
+                            {"--resume", DG_ARG_STR, &o->resume},
+                            {"--out", DG_ARG_STR, &o->out},
+                            {"--pids", DG_ARG_STR, &o->pids},
+                            {"--bump-shape", DG_ARG_STR, &o->bump},
+                            {"--step", DG_ARG_I64, &o->step},
+                            {"--steps", DG_ARG_I64, &o->steps},
+                            {"--every", DG_ARG_I64, &o->every},
+                            {"--stop-after", DG_ARG_I64, &o->stop_after},
+                            {"--rounds", DG_ARG_I64, &o->rounds},
+                            {"--seed", DG_ARG_U32, &o->seed},
+                            {"--keep", DG_ARG_INT, &o->keep},
+                            {"--incremental", DG_ARG_FLAG, &o->incremental},
+                            {"--async", DG_ARG_FLAG, &o->async},
+                            {"--chunk-bytes", DG_ARG_I64, &o->chunk_bytes}};
     for (int i = first; i < argc; i++) {
-        const char *a = argv[i];
-#define NEXT() (i + 1 < argc ? argv[++i] : need_value(a))
-        if (!strcmp(a, "--dir"))
-            o->dir = NEXT();
-        else if (!strcmp(a, "--layout"))
-            o->layout = NEXT();
-        else if (!strcmp(a, "--freeze"))
-            o->freeze = NEXT();
-        else if (!strcmp(a, "--resume"))
-            o->resume = NEXT();
-        else if (!strcmp(a, "--out"))
-            o->out = NEXT();
-        else if (!strcmp(a, "--pids"))
-            o->pids = NEXT();
-        else if (!strcmp(a, "--bump-shape"))
-            o->bump = NEXT();
-        else if (!strcmp(a, "--step"))
-            o->step = atoll(NEXT());
-        else if (!strcmp(a, "--steps"))
-            o->steps = atoll(NEXT());
-        else if (!strcmp(a, "--every"))
-            o->every = atoll(NEXT());
-        else if (!strcmp(a, "--stop-after"))
-            o->stop_after = atoll(NEXT());
-        else if (!strcmp(a, "--rounds"))
-            o->rounds = atoll(NEXT());
-        else if (!strcmp(a, "--seed"))
-            o->seed = (uint32_t)atoll(NEXT());
-        else if (!strcmp(a, "--keep"))
-            o->keep = atoi(NEXT());
-        else if (!strcmp(a, "--incremental"))
-            o->incremental = 1;
-        else if (!strcmp(a, "--async"))
-            o->async = 1;
-        else if (!strcmp(a, "--chunk-bytes"))
-            o->chunk_bytes = atoll(NEXT());
-        else
-            DIE("unknown option %s", a);
-#undef NEXT
+        const dg_arg_t *t = dg_arg_find(tab, sizeof tab / sizeof tab[0], argv[i]);
+        if (!t) DIE("unknown option %s", argv[i]);
+        dg_arg_store(t, t->kind == DG_ARG_FLAG ? NULL : i + 1 < argc ? argv[++i] : need_value(argv[i]));
     }
 }
 

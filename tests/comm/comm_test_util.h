@@ -1,5 +1,5 @@
 /* comm_test_util.h — small helpers shared by the comm tests: deterministic test data that is a pure
- * function of (rank, index, seed) so every rank can compute every other rank's input, bf16 helpers,
+ * function of (rank, index, seed) so every rank can compute every other rank's input (bf16: dg_bits.h),
  * a failure counter that all ranks agree on at the end, and an FNV hash for bitwise comparisons.
  */
 #ifndef DG_COMM_TEST_UTIL_H
@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "dg_bits.h" /* bf16 conversions */
 
 static int g_fail = 0;
 static int g_wrank = 0;
@@ -48,20 +50,6 @@ static inline float tu_exact(int rank, size_t i, uint64_t seed) {
 static inline float tu_rand(int rank, size_t i, uint64_t seed) {
     uint64_t h = tu_mix(seed * 0x9e3779b97f4a7c15ULL + (uint64_t)rank * 0x632be59bd9b4e019ULL + i);
     return (float)((double)(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
-
-static inline float tu_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t tu_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
 }
 
 static inline uint64_t tu_hash(const void *p, size_t n, uint64_t h) {

@@ -31,7 +31,7 @@ static void make_input(void *buf, size_t n, dg_dtype_t dt, int rank, size_t offs
             ((float *)buf)[i] = v;
             break;
         case DG_BF16:
-            ((uint16_t *)buf)[i] = tu_f32_to_bf16(v);
+            ((uint16_t *)buf)[i] = dg_bits_f32_to_bf16(v);
             break;
         case DG_F64:
             ((double *)buf)[i] = (double)v;
@@ -50,7 +50,7 @@ static double elem_as_double(const void *buf, size_t i, dg_dtype_t dt) {
     case DG_F32:
         return ((const float *)buf)[i];
     case DG_BF16:
-        return tu_bf16_to_f32(((const uint16_t *)buf)[i]);
+        return dg_bits_bf16_to_f32(((const uint16_t *)buf)[i]);
     case DG_F64:
         return ((const double *)buf)[i];
     case DG_I32:
@@ -88,7 +88,7 @@ static int check_reduced(const void *got, size_t n, dg_dtype_t dt, dg_redop_t re
             } else if (dt == DG_BF16) {
                 float e = (float)sum[i];
                 if (red == DG_RED_AVG) e = e / (float)nranks;
-                ok = tu_f32_to_bf16(e) == ((const uint16_t *)got)[i];
+                ok = dg_bits_f32_to_bf16(e) == ((const uint16_t *)got)[i];
             } else if (dt == DG_F64) {
                 double e = sum[i];
                 if (red == DG_RED_AVG) e = e / (double)nranks;

@@ -28,12 +28,12 @@ static void fill(void *host, size_t n, dg_dtype_t dt, int rank, size_t off, uint
         if (dt == DG_F32)
             ((float *)host)[i] = v;
         else
-            ((uint16_t *)host)[i] = tu_f32_to_bf16(v);
+            ((uint16_t *)host)[i] = dg_bits_f32_to_bf16(v);
     }
 }
 
 static float get(const void *host, size_t i, dg_dtype_t dt) {
-    return dt == DG_F32 ? ((const float *)host)[i] : tu_bf16_to_f32(((const uint16_t *)host)[i]);
+    return dt == DG_F32 ? ((const float *)host)[i] : dg_bits_bf16_to_f32(((const uint16_t *)host)[i]);
 }
 
 /* expected value of a reduction of exact inputs (sums of small integers are exact in any order;

@@ -76,7 +76,7 @@ static int run_determinism(void) {
         for (size_t i = 0; i < cnt * (size_t)n; i++)
             in[i] = tu_rand(me, i, 77 + si);
         for (size_t i = 0; i < cnt; i++)
-            hin[i] = tu_f32_to_bf16(tu_rand(me, i, 91 + si));
+            hin[i] = dg_bits_f32_to_bf16(tu_rand(me, i, 91 + si));
         PMPI_Allreduce(in, ref, (int)cnt, MPI_FLOAT, MPI_SUM, raw);
         uint64_t first[5] = {0};
         for (int rep = 0; rep < 3; rep++) {

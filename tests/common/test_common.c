@@ -322,11 +322,10 @@ static int json_dump(int n, unsigned seed) {
 }
 
 int main(int argc, char **argv) {
-    static const dg_check_case_t cases[] = {{"nofollow", case_nofollow}, {"atomic", case_atomic},
-                                            {"umask", case_umask},       {"lock", case_lock},
-                                            {"mesh", case_mesh},         {"json", case_json}};
+    static const dg_check_case_t cases[] = {DG_CASE(nofollow), DG_CASE(atomic), DG_CASE(umask),
+                                            DG_CASE(lock),     DG_CASE(mesh),   DG_CASE(json)};
     if (argc == 4 && strcmp(argv[1], "json-dump") == 0)
         return json_dump(atoi(argv[2]), (unsigned)atoi(argv[3]));
-    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0], "CASE | json-dump N SEED", g_tmp,
-                          sizeof g_tmp, "dg_test_common");
+    return DG_CHECK_CASES(argc, argv, cases, "CASE | json-dump N SEED", g_tmp, sizeof g_tmp,
+                          "dg_test_common");
 }

@@ -198,10 +198,7 @@ static void case_assert(void) {
 }
 
 int main(int argc, char **argv) {
-    static const dg_check_case_t cases[] = {{"table", case_table},
-                                            {"parse", case_parse},
-                                            {"access", case_access},
-                                            {"check", case_check},
-                                            {"assert", case_assert}};
-    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0], "CASE", NULL, 0, NULL);
+    static const dg_check_case_t cases[] = {DG_CASE(table), DG_CASE(parse), DG_CASE(access), DG_CASE(check),
+                                            DG_CASE(assert)};
+    return DG_CHECK_CASES(argc, argv, cases, "CASE", NULL, 0, NULL);
 }

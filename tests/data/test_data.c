@@ -852,17 +852,9 @@ static void case_default_data(void) {
 }
 
 int main(int argc, char **argv) {
-    static const dg_check_case_t cases[] = {{"shard_valid", case_shard_valid},
-                                            {"shard_errors", case_shard_errors},
-                                            {"shard_fuzz", case_shard_fuzz},
-                                            {"shard_change", case_shard_change},
-                                            {"permutation", case_permutation},
-                                            {"order", case_order},
-                                            {"resume", case_resume},
-                                            {"dp_split", case_dp_split},
-                                            {"epoch_wrap", case_epoch_wrap},
-                                            {"prep", case_prep},
-                                            {"default_data", case_default_data}};
-    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0], "CASE|all", g_tmp, sizeof g_tmp,
-                          "dg_test_data");
+    static const dg_check_case_t cases[] = {DG_CASE(shard_valid),  DG_CASE(shard_errors), DG_CASE(shard_fuzz),
+                                            DG_CASE(shard_change), DG_CASE(permutation),  DG_CASE(order),
+                                            DG_CASE(resume),       DG_CASE(dp_split),     DG_CASE(epoch_wrap),
+                                            DG_CASE(prep),         DG_CASE(default_data)};
+    return DG_CHECK_CASES(argc, argv, cases, "CASE|all", g_tmp, sizeof g_tmp, "dg_test_data");
 }

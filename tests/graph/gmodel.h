@@ -1,6 +1,7 @@
 /* gmodel.h — what the graph tests that train a small model share, beside gtest.h's checks: their AdamW
  * settings, random token ids (an LCG), reading a model's flat state back to the host, the end of a
- * training run, and what a run records (gmodel_run_t) with the bitwise comparison of two runs. */
+ * training run, what a run records (gmodel_run_t) with the bitwise comparison of two runs, and a wrapper
+ * backend (gmodel_wrap_t). */
 #ifndef DG_TESTS_GRAPH_GMODEL_H
 #define DG_TESTS_GRAPH_GMODEL_H
 #include <stdint.h>
@@ -20,6 +21,22 @@ static inline dg_optim_hparams_t gmodel_adamw(float lr, float weight_decay, floa
                                 .weight_decay = weight_decay,
                                 .grad_clip = grad_clip,
                                 .t = t};
+}
+
+/* A test's backend around another one (a counting or altering wrapper): be is a copy of *inner that calls
+ * through ops, a copy of inner's table that the test changes. */
+typedef struct {
+    dg_backend_t *inner;
+    dg_backend_ops_t ops;
+    dg_backend_t be;
+} gmodel_wrap_t;
+
+/* (Re)starts w over w->inner: ops = inner's table, be = *inner on ops; returns &w->ops for the changes */
+static inline dg_backend_ops_t *gmodel_wrap_begin(gmodel_wrap_t *w) {
+    w->ops = *w->inner->ops;
+    w->be = *w->inner;
+    w->be.ops = &w->ops;
+    return &w->ops;
 }
 
 /* A malloc'ed copy of m's flat state `which` (DG_STATE_PARAM, DG_STATE_ADAM_M, ...): dg_model_flat_numel(m)

@@ -84,6 +84,14 @@ typedef struct {
 /* sum(dout * gelu(in[0])) over d[0] elements: the objective of cases whose output is one GELU */
 double obj_gelu(void *p);
 
+/* The backward of a case over k <= 8 leaves lv[0..k) (lv[0] the input x, the rest parameters) whose data
+ * obj reads as c->in[0..k) and that took f0 = dg_fails at its start: runs the backward, checks each leaf's
+ * gradient (named "<what> <wrt[i]>", n[i] elements) against central differences of obj; with n_par >= 0,
+ * then the accumulation over a second micro-batch (parameters lv[1..1+n_par) accumulate, x is
+ * overwritten); covers the graph; frees the gradients and c's in[0..k) and dout. */
+void tg_check_grads(tg_t *t, int f0, const char *what, int k, dg_node_t *const *lv, const char *const *wrt,
+                    const size_t *n, ctx_t *c, objective_fn obj, int n_par);
+
 /* The backward of a case y = op(x, w, b) that took f0 = dg_fails at its start: runs the backward, checks
  * d/dx, d/dw and d/db (named "<what> d/dx", "<what> d/dw", "<what> <bname>") against central differences
  * of obj over c->in[0], in[1], in[2] (n[0], n[1], n[2] elements); with acc, then the accumulation over a

@@ -438,22 +438,10 @@ void case_fanout1(tg_t *t, int f0) {
     EXPECT(tg_count(t, DG_OP_LAYERNORM_BWD, 1) == 1 && tg_count(t, DG_OP_GELU_BWD, 1) == 1,
            "fanout1: expected in-place (acc=1) layernorm_bwd and gelu_bwd");
     tg_run(t, DG_PHASE_FWD);
-    tg_run(t, DG_PHASE_BWD);
     ctx_t c = {.in = {tg_d(t, x), tg_d(t, w), tg_d(t, lw), tg_d(t, lb)}, .dout = tg_d(t, dout), .d = {N, C}};
-    float *gx = tg_get(t, dg_node_grad_of(x)), *gw = tg_get(t, w->grad), *glw = tg_get(t, lw->grad);
-    float *glb = tg_get(t, lb->grad);
-    check_fd("fanout1 d/dx", c.in[0], 64, gx, obj_fanout1, &c);
-    check_fd("fanout1 d/dw", c.in[1], 64, gw, obj_fanout1, &c);
-    check_fd("fanout1 d/dlnw", c.in[2], 8, glw, obj_fanout1, &c);
-    check_fd("fanout1 d/dlnb", c.in[3], 8, glb, obj_fanout1, &c);
-    dg_node_t *act[1] = {x};
-    float *a1[1] = {gx};
-    check_accumulation(t, 0, NULL, NULL, 1, act, a1);
-    tg_cover(t, f0);
-    free(gx), free(gw), free(glw), free(glb);
-    for (int k = 0; k < 4; k++)
-        free(c.in[k]);
-    free(c.dout);
+    tg_check_grads(t, f0, "fanout1", 4, (dg_node_t *[4]){x, w, lw, lb},
+                   (const char *[4]){"d/dx", "d/dw", "d/dlnw", "d/dlnb"}, (const size_t[4]){64, 64, 8, 8}, &c,
+                   obj_fanout1, 0);
 }
 
 /* A tensor with many consumers (II): x + x (gradient storage shared, so the sum needs an extra add),
@@ -494,20 +482,8 @@ void case_fanout2(tg_t *t, int f0) {
     EXPECT(bwd_adds == 1, "fanout2: expected one gradient-sum add in the backward, found %d", bwd_adds);
     EXPECT(tg_count(t, DG_OP_MATMUL_BWD, 1) == 2, "fanout2: expected both matmul_bwd to accumulate in place");
     tg_run(t, DG_PHASE_FWD);
-    tg_run(t, DG_PHASE_BWD);
     ctx_t c = {.in = {tg_d(t, x), tg_d(t, w1), tg_d(t, b1), tg_d(t, w2)}, .dout = tg_d(t, dout), .d = {N, C}};
-    float *gx = tg_get(t, dg_node_grad_of(x)), *gw1 = tg_get(t, w1->grad), *gb1 = tg_get(t, b1->grad);
-    float *gw2 = tg_get(t, w2->grad);
-    check_fd("fanout2 d/dx", c.in[0], 48, gx, obj_fanout2, &c);
-    check_fd("fanout2 d/dw1", c.in[1], 64, gw1, obj_fanout2, &c);
-    check_fd("fanout2 d/db1", c.in[2], 8, gb1, obj_fanout2, &c);
-    check_fd("fanout2 d/dw2", c.in[3], 64, gw2, obj_fanout2, &c);
-    dg_node_t *par[3] = {w1, b1, w2}, *act[1] = {x};
-    float *g1[3] = {gw1, gb1, gw2}, *a1[1] = {gx};
-    check_accumulation(t, 3, par, g1, 1, act, a1);
-    tg_cover(t, f0);
-    free(gx), free(gw1), free(gb1), free(gw2);
-    for (int k = 0; k < 4; k++)
-        free(c.in[k]);
-    free(c.dout);
+    tg_check_grads(t, f0, "fanout2", 4, (dg_node_t *[4]){x, w1, b1, w2},
+                   (const char *[4]){"d/dx", "d/dw1", "d/db1", "d/dw2"}, (const size_t[4]){48, 64, 8, 64}, &c,
+                   obj_fanout2, 3);
 }

@@ -200,23 +200,30 @@ double obj_gelu(void *p) {
     return s;
 }
 
-void tg_check_xwb(tg_t *t, int f0, const char *what, const char *bname, dg_node_t *x, dg_node_t *w,
-                  dg_node_t *b, ctx_t *c, const size_t n[3], objective_fn obj, int acc) {
+void tg_check_grads(tg_t *t, int f0, const char *what, int k, dg_node_t *const *lv, const char *const *wrt,
+                    const size_t *n, ctx_t *c, objective_fn obj, int n_par) {
     tg_run(t, DG_PHASE_BWD);
-    float *g[3] = {tg_get(t, dg_node_grad_of(x)), tg_get(t, w->grad), tg_get(t, b->grad)};
-    const char *wrt[3] = {"d/dx", "d/dw", bname};
-    for (int k = 0; k < 3; k++) {
+    float *g[8];
+    for (int i = 0; i < k; i++) {
+        g[i] = tg_get(t, i ? lv[i]->grad : dg_node_grad_of(lv[0]));
         char name[96];
-        snprintf(name, sizeof name, "%s %s", what, wrt[k]);
-        check_fd(name, c->in[k], n[k], g[k], obj, c);
+        snprintf(name, sizeof name, "%s %s", what, wrt[i]);
+        check_fd(name, c->in[i], n[i], g[i], obj, c);
     }
-    if (acc) {
-        dg_node_t *par[2] = {w, b}, *act[1] = {x};
-        float *g1[2] = {g[1], g[2]}, *a1[1] = {g[0]};
-        check_accumulation(t, 2, par, g1, 1, act, a1);
+    if (n_par >= 0) {
+        dg_node_t *act[1] = {lv[0]};
+        float *a1[1] = {g[0]};
+        check_accumulation(t, n_par, n_par ? (dg_node_t **)lv + 1 : NULL, n_par ? g + 1 : NULL, 1, act, a1);
     }
     tg_cover(t, f0);
-    for (int k = 0; k < 3; k++)
-        free(g[k]), free(c->in[k]);
+    for (int i = 0; i < k; i++)
+        free(g[i]), free(c->in[i]);
     free(c->dout);
+}
+
+void tg_check_xwb(tg_t *t, int f0, const char *what, const char *bname, dg_node_t *x, dg_node_t *w,
+                  dg_node_t *b, ctx_t *c, const size_t n[3], objective_fn obj, int acc) {
+    dg_node_t *lv[3] = {x, w, b};
+    const char *wrt[3] = {"d/dx", "d/dw", bname};
+    tg_check_grads(t, f0, what, 3, lv, wrt, n, c, obj, acc ? 2 : -1);
 }

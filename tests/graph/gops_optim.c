@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dg_bits.h"
 #include "gops.h"
 
 /* Collectives over mesh dimensions of size 1 (identity), their adjoints in the backward, and their
@@ -140,11 +141,7 @@ void case_shard_ops(dg_backend_t *be) {
 
 /* bf16 of an f32 (round to nearest even; no NaN in the test data), as a float */
 static float bf16_round(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&f, &u, 4);
-    return f;
+    return dg_bits_bf16_to_f32(dg_bits_f32_to_bf16(f));
 }
 
 /* CAST (train.reduce_dtype = bf16): f32 -> bf16 into an arena tensor (round to nearest even), that

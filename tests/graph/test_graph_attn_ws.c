@@ -31,9 +31,7 @@ static const dg_model_desc_t small = {
     .n_layer = 2, .n_head = 4, .d_model = 32, .seq_len = 64, .vocab_size = 120, .padded_vocab = 128};
 enum { B = 2 };
 
-static dg_backend_t *inner;
-static dg_backend_ops_t wrap_ops;
-static dg_backend_t wrap;
+static gmodel_wrap_t wr; /* the wrapper around the CPU backend (wr.inner) */
 static int n_asked, n_calls, n_bad;
 static size_t ws_min = SIZE_MAX;
 
@@ -60,17 +58,14 @@ static dg_status_t w_bwd_ws(dg_backend_t *be, void *dqkv, const void *dout, cons
         memset(ws, 0xff, w); /* NaN in f32: poisons whatever else lived there */
         if (ws_bytes < ws_min) ws_min = ws_bytes;
     }
-    return inner->ops->attention_bwd(inner, dqkv, dout, qkv, out, aux, Bn, T, C, NH);
+    return wr.inner->ops->attention_bwd(wr.inner, dqkv, dout, qkv, out, aux, Bn, T, C, NH);
 }
 
 static dg_backend_t *wrapper(int with_ws) {
-    wrap_ops = *inner->ops;
-    wrap_ops.attention_bwd_ws_bytes = with_ws ? w_ws_bytes : NULL;
-    wrap_ops.attention_bwd_ws = with_ws ? w_bwd_ws : NULL;
-    wrap.ops = &wrap_ops;
-    wrap.act_dtype = inner->act_dtype;
-    wrap.impl = inner->impl;
-    return &wrap;
+    dg_backend_ops_t *ops = gmodel_wrap_begin(&wr);
+    ops->attention_bwd_ws_bytes = with_ws ? w_ws_bytes : NULL;
+    ops->attention_bwd_ws = with_ws ? w_bwd_ws : NULL;
+    return &wr.be;
 }
 
 static void train(int with_ws, gmodel_run_t *r) {
@@ -91,7 +86,7 @@ static void train(int with_ws, gmodel_run_t *r) {
 
 int main(void) {
     dg_backend_config_t bc = {.act_dtype = DG_F32};
-    OK(dg_backend_cpu_create(&bc, &inner));
+    OK(dg_backend_cpu_create(&bc, &wr.inner));
     gmodel_run_t ref, r;
     train(0, &ref);
     EXPECT(n_asked == 0 && n_calls == 0, "without the v1.9 entries nothing may call them (%d, %d)", n_asked,
@@ -125,7 +120,7 @@ int main(void) {
     gmodel_expect_same(&ref, &r, "workspace with eager allocation");
     gmodel_run_free(&r);
     gmodel_run_free(&ref);
-    dg_backend_free(inner);
+    dg_backend_free(wr.inner);
     printf("graph attention workspace: %s\n", dg_fails ? "FAILED" : "passed");
     return dg_fails != 0;
 }

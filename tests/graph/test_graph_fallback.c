@@ -29,9 +29,7 @@ enum { B = 2 };
 
 /* ---------------- a counting wrapper around the CPU backend ---------------- */
 
-static dg_backend_t *inner;
-static dg_backend_ops_t wrap_ops;
-static dg_backend_t wrap;
+static gmodel_wrap_t wr;  /* the wrapper around the CPU backend (wr.inner) */
 static dg_ptrtab_t live;  /* the backend's allocations not yet freed */
 static size_t fail_bytes; /* an allocation of exactly this size fails (0: none) */
 static int n_failed;
@@ -43,7 +41,7 @@ static dg_status_t w_alloc(dg_backend_t *be, size_t bytes, void **out) {
         *out = NULL;
         return DG_ERR(DG_ERR_RUNTIME, "test backend: refusing %zu bytes (simulated out of memory)", bytes);
     }
-    DG_TRY(inner->ops->alloc(inner, bytes, out));
+    DG_TRY(wr.inner->ops->alloc(wr.inner, bytes, out));
     dg_ptrtab_add(&live, *out, bytes, "allocation");
     return DG_OK;
 }
@@ -52,7 +50,7 @@ static void w_free(dg_backend_t *be, void *p) {
     (void)be;
     if (!p) return;
     if (dg_ptrtab_remove(&live, p)) {
-        inner->ops->free(inner, p);
+        wr.inner->ops->free(wr.inner, p);
         return;
     }
     dg_fails++;
@@ -71,13 +69,13 @@ static dg_status_t w_graph_begin(dg_backend_t *be) {
 /* The wrapper with the kernels named in `missing` (vtable entry names) set to NULL; graph_begin set so
  * that dg_exec_capture_blocker gets past "the backend cannot record". */
 static dg_backend_t *wrapper(const char *missing) {
-    wrap_ops = *inner->ops;
-    wrap_ops.alloc = w_alloc;
-    wrap_ops.free = w_free;
-    wrap_ops.destroy = w_destroy;
-    wrap_ops.graph_begin = w_graph_begin;
+    dg_backend_ops_t *ops = gmodel_wrap_begin(&wr);
+    ops->alloc = w_alloc;
+    ops->free = w_free;
+    ops->destroy = w_destroy;
+    ops->graph_begin = w_graph_begin;
 #define DROP(e)                                                                                              \
-    if (strstr(missing, #e ",")) wrap_ops.e = NULL
+    if (strstr(missing, #e ",")) ops->e = NULL
     DROP(encoder_fwd);
     DROP(layernorm_fwd);
     DROP(matmul_fwd);
@@ -101,9 +99,7 @@ static dg_backend_t *wrapper(const char *missing) {
     DROP(crossentropy_fused);
     DROP(matmul_fwd_res);
 #undef DROP
-    wrap = *inner;
-    wrap.ops = &wrap_ops;
-    return &wrap;
+    return &wr.be;
 }
 
 /* ---------------- one training run ---------------- */
@@ -169,7 +165,7 @@ static void train(dg_backend_t *be, int flags, run_t *r) {
     } else {
         EXPECT(peak == 0 && nlive == 0, "no eager allocation expected");
     }
-    if (!ex->eager && r->n_kernel && be == &wrap)
+    if (!ex->eager && r->n_kernel && be == &wr.be)
         EXPECT(why && strstr(why, "runs on the host"), "capture blocker with host ops: %s",
                why ? why : "(none)");
     free(tok);
@@ -220,7 +216,7 @@ static void test_flags(int flags) {
     gmodel_run_free(&r.run);
 
     dg_model_t *m;
-    OK(dg_model_create_ex(&small, inner, B, 77, flags, &m));
+    OK(dg_model_create_ex(&small, wr.inner, B, 77, flags, &m));
     fail_bytes = dg_model_arena_bytes(m);
     dg_model_free(m);
     n_failed = 0;
@@ -327,12 +323,12 @@ static void test_hook_errors(void) {
 
 int main(void) {
     dg_backend_config_t bc = {.act_dtype = DG_F32};
-    OK(dg_backend_cpu_create(&bc, &inner));
+    OK(dg_backend_cpu_create(&bc, &wr.inner));
     double t0 = dg_now_s();
     test_flags(0);
     test_flags(DG_MODEL_RECOMPUTE_GELU | DG_MODEL_UNFUSED_GELU_BWD);
     test_hook_errors();
-    dg_backend_free(inner);
+    dg_backend_free(wr.inner);
     printf("fallback tests took %.1f s\n", dg_now_s() - t0);
     return dg_check_done("fallback");
 }

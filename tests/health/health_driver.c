@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "dg_common.h"
+#include "dg_test_args.h"
 #include "health.h"
 
 static void sleep_ms(double ms) {
@@ -82,6 +83,24 @@ int main(int argc, char **argv) {
     double floor_s = -1, mult = -1, rtt_min_ms = -1;
     int slow_rank = -1, hang_after_slow = 0;
     long long slow_step = -1;
+    const dg_arg_t opts[] = {{"--dir", DG_ARG_STR, &dir},
+                             {"--steps", DG_ARG_LL, &steps},
+                             {"--step-ms", DG_ARG_F64, &step_ms},
+                             {"--heartbeat", DG_ARG_F64, &hb},
+                             {"--timeout", DG_ARG_F64, &timeout},
+                             {"--ckpt-ms", DG_ARG_F64, &ckpt_ms},
+                             {"--slow-rank", DG_ARG_INT, &slow_rank},
+                             {"--slow-step", DG_ARG_LL, &slow_step},
+                             {"--slow-ms", DG_ARG_F64, &slow_ms},
+                             {"--hang-after-slow", DG_ARG_INT, &hang_after_slow},
+                             {"--resume-file", DG_ARG_STR, &resume_file},
+                             {"--long-step", DG_ARG_LL, &long_step},
+                             {"--long-ms", DG_ARG_F64, &long_ms},
+                             {"--expect", DG_ARG_F64, &expect_s},
+                             {"--probe-ms", DG_ARG_STR, &probe_ms},
+                             {"--floor", DG_ARG_F64, &floor_s},
+                             {"--mult", DG_ARG_F64, &mult},
+                             {"--rtt-min-ms", DG_ARG_F64, &rtt_min_ms}};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -89,46 +108,12 @@ int main(int argc, char **argv) {
             return 1;
         }
         i++;
-        if (!strcmp(a, "--dir"))
-            dir = v;
-        else if (!strcmp(a, "--steps"))
-            steps = atoll(v);
-        else if (!strcmp(a, "--step-ms"))
-            step_ms = atof(v);
-        else if (!strcmp(a, "--heartbeat"))
-            hb = atof(v);
-        else if (!strcmp(a, "--timeout"))
-            timeout = atof(v);
-        else if (!strcmp(a, "--ckpt-ms"))
-            ckpt_ms = atof(v);
-        else if (!strcmp(a, "--slow-rank"))
-            slow_rank = atoi(v);
-        else if (!strcmp(a, "--slow-step"))
-            slow_step = atoll(v);
-        else if (!strcmp(a, "--slow-ms"))
-            slow_ms = atof(v);
-        else if (!strcmp(a, "--hang-after-slow"))
-            hang_after_slow = atoi(v);
-        else if (!strcmp(a, "--resume-file"))
-            resume_file = v;
-        else if (!strcmp(a, "--long-step"))
-            long_step = atoll(v);
-        else if (!strcmp(a, "--long-ms"))
-            long_ms = atof(v);
-        else if (!strcmp(a, "--expect"))
-            expect_s = atof(v);
-        else if (!strcmp(a, "--probe-ms"))
-            probe_ms = v;
-        else if (!strcmp(a, "--floor"))
-            floor_s = atof(v);
-        else if (!strcmp(a, "--mult"))
-            mult = atof(v);
-        else if (!strcmp(a, "--rtt-min-ms"))
-            rtt_min_ms = atof(v);
-        else {
+        const dg_arg_t *o = dg_arg_find(opts, sizeof opts / sizeof opts[0], a);
+        if (!o) {
             fprintf(stderr, "health_driver: unknown option %s\n", a);
             return 1;
         }
+        dg_arg_store(o, v);
     }
     if (!dir) {
         fprintf(stderr, "health_driver: --dir is required\n");

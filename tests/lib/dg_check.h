@@ -9,7 +9,8 @@
  *
  * dg_fails counts the failed checks, dg_checks every CHECK/EXPECT/CHECK_STR made; a test returns
  * dg_fails != 0. An MPI test sets dg_check_rank to its rank, and failure lines then start "FAIL rank N ".
- * dg_check_cases runs the case a test binary's argv[1] names (a table of name and function).
+ * dg_check_cases runs the case a test binary's argv[1] names (a table of name and function; DG_CASE
+ * makes an entry, DG_CHECK_CASES runs a whole table).
  * dg_check_done(what) ends a test with its summary line and exit code.
  * dg_test_mkdtemp / dg_test_rmtree make and remove a test's temporary directory.
  * A test made of several .c files defines DG_CHECK_SHARED for all of them (see below). */
@@ -147,5 +148,14 @@ static inline int dg_check_cases(int argc, char **argv, const dg_check_case_t *c
     printf("%s: ok\n", argv[1]);
     return 0;
 }
+
+/* The case table entry {"NAME", case_NAME}: a test's cases are functions named case_NAME */
+#define DG_CASE(name)                                                                                        \
+    { #name, case_##name }
+
+/* dg_check_cases over the array `cases` (its length taken from its type): DG_CHECK_CASES(argc, argv,
+ * cases, usage, tmp, cap, prefix) */
+#define DG_CHECK_CASES(argc, argv, cases, ...)                                                               \
+    dg_check_cases((argc), (argv), (cases), sizeof(cases) / sizeof((cases)[0]), __VA_ARGS__)
 
 #endif

@@ -319,11 +319,7 @@ static void case_mesh(void) {
 }
 
 int main(int argc, char **argv) {
-    static const dg_check_case_t cases[] = {{"schedules", case_schedules},
-                                            {"validator", case_validator},
-                                            {"split", case_split},
-                                            {"svg", case_svg},
-                                            {"mesh", case_mesh}};
-    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0],
-                          "schedules|validator|split|svg|mesh|all", NULL, 0, NULL);
+    static const dg_check_case_t cases[] = {DG_CASE(schedules), DG_CASE(validator), DG_CASE(split),
+                                            DG_CASE(svg), DG_CASE(mesh)};
+    return DG_CHECK_CASES(argc, argv, cases, "schedules|validator|split|svg|mesh|all", NULL, 0, NULL);
 }

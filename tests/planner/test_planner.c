@@ -49,6 +49,21 @@ static int load(const char *name, int world, dg_cluster_t *c) {
     return s == DG_OK;
 }
 
+/* load(name, world) with pipelines off (max_pp 1), then dg_plan_run of w into *r, checked; 1 when loaded */
+static int plan_flat(const char *name, int world, const dg_plan_workload_t *w, dg_cluster_t *c,
+                     dg_plan_result_t *r) {
+    if (!load(name, world, c)) return 0;
+    c->max_pp = 1;
+    CHECK(dg_plan_run(c, w, r) == DG_OK, "%s", dg_last_error());
+    return 1;
+}
+
+/* The end of a scenario: its plans and its cluster freed */
+static void plan_free(dg_cluster_t *c, dg_plan_result_t *r) {
+    dg_plan_result_free(r);
+    dg_cluster_free(c);
+}
+
 static const dg_plan_t *find(const dg_plan_result_t *r, int R, int S, int T, int inner) {
     for (int i = 0; i < r->n; i++) {
         const dg_plan_t *p = &r->plans[i];
@@ -72,17 +87,14 @@ int main(int argc, char **argv) {
     dg_plan_result_t r;
 
     /* 1 */
-    if (load("nvlink-1x8.ini", 0, &c)) {
-        c.max_pp = 1;
-        dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 8, 64);
-        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
+    dg_plan_workload_t w1 = gpt2(124439808, 12, 12, 768, 8, 64);
+    if (plan_flat("nvlink-1x8.ini", 0, &w1, &c, &r)) {
         show("1 node x 8 NVLink GPUs, gpt2-124m", &r, &c);
         CHECK(r.plans[r.chosen].mesh.size[DG_MESH_TP] == 1, "chose tp=%d", r.plans[r.chosen].mesh.size[2]);
         for (int i = 0; i < r.n; i++)
             if (r.plans[i].mesh.size[DG_MESH_TP] > 1)
                 CHECK(r.plans[i].hops[DG_MESH_TP] == DG_LINK_NVLINK, "tp group off NVLink (plan %d)", i);
-        dg_plan_result_free(&r);
-        dg_cluster_free(&c);
+        plan_free(&c, &r);
     }
     /* 1b: NVLink only within each socket's quad: tp=4 fits a quad when tp is innermost, tp=8 cannot */
     if (load("hybrid-1x8.ini", 0, &c)) {
@@ -100,15 +112,12 @@ int main(int argc, char **argv) {
         const dg_plan_t *p = &r.plans[r.chosen];
         if (p->mesh.size[DG_MESH_TP] > 1)
             CHECK(p->hops[DG_MESH_TP] == DG_LINK_NVLINK, "chosen tp off NVLink");
-        dg_plan_result_free(&r);
-        dg_cluster_free(&c);
+        plan_free(&c, &r);
     }
     /* 2 */
-    if (load("dgx-h100-8x8.ini", 0, &c)) {
-        c.max_pp = 1;
+    dg_plan_workload_t w2 = gpt2(124439808, 12, 12, 768, 8, 512);
+    if (plan_flat("dgx-h100-8x8.ini", 0, &w2, &c, &r)) {
         CHECK(c.world == 64, "world %d", c.world);
-        dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 8, 512);
-        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
         show("8 nodes x 8 NVLink GPUs, 8 NDR NICs each, gpt2-124m", &r, &c);
         const dg_plan_t *p = &r.plans[r.chosen];
         CHECK(p->mesh.size[0] == 8 && p->mesh.size[1] == 8 && p->mesh.size[2] == 1, "chose R=%d S=%d T=%d",
@@ -118,39 +127,26 @@ int main(int argc, char **argv) {
         /* the same shape with replication innermost puts sharding traffic on the network: slower */
         const dg_plan_t *bad = find(&r, 8, 8, 1, DG_MESH_DP_REPLICATE);
         CHECK(bad && bad->comm_total_ms > p->comm_total_ms, "replicate-innermost not slower");
-        dg_plan_result_free(&r);
-        dg_cluster_free(&c);
+        plan_free(&c, &r);
     }
     /* 3 */
-    if (load("pcie-2x4.ini", 0, &c)) {
-        c.max_pp = 1;
-        dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 4, 64);
-        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
+    dg_plan_workload_t w3 = gpt2(124439808, 12, 12, 768, 4, 64);
+    if (plan_flat("pcie-2x4.ini", 0, &w3, &c, &r)) {
         show("2 PCIe-only nodes x 4 GPUs, 1 NIC each, gpt2-124m", &r, &c);
         const dg_plan_t *p = &r.plans[r.chosen];
         CHECK(p->mesh.size[DG_MESH_DP_REPLICATE] == 2, "chose R=%d", p->mesh.size[0]);
         CHECK(p->mesh.size[DG_MESH_DP_SHARD] == 4 && p->hops[DG_MESH_DP_SHARD] < DG_LINK_NETWORK,
               "dp_shard=%d hops %d", p->mesh.size[1], p->hops[1]);
         CHECK(p->hops[DG_MESH_DP_REPLICATE] == DG_LINK_NETWORK, "replication hops %d", p->hops[0]);
-        dg_plan_result_free(&r);
-        dg_cluster_free(&c);
+        plan_free(&c, &r);
     }
     /* 4 */
-    if (load("cpu-2socket.ini", 0, &c)) {
-        c.max_pp = 1;
+    dg_plan_workload_t w4 = gpt2(826368, 4, 4, 128, 4, 16); /* tiny: seq_len 128, vocab 256, f32 */
+    w4.seq_len = 128;
+    w4.vocab = 256;
+    w4.param_bytes = 4;
+    if (plan_flat("cpu-2socket.ini", 0, &w4, &c, &r)) {
         CHECK(!c.gpu_mode && c.world == 4, "gpu_mode %d world %d", c.gpu_mode, c.world);
-        dg_plan_workload_t w = {.n_layer = 4,
-                                .n_head = 4,
-                                .d_model = 128,
-                                .seq_len = 128,
-                                .vocab = 256,
-                                .n_params = 826368,
-                                .micro_batch = 4,
-                                .global_batch = 16,
-                                .param_bytes = 4,
-                                .grad_bytes = 4,
-                                .reshard_after_forward = 1};
-        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
         show("2-socket CPU node, 4 ranks, tiny", &r, &c);
         const dg_plan_t *p = &r.plans[r.chosen];
         if (p->mesh.size[DG_MESH_DP_SHARD] > 1 && p->mesh.size[DG_MESH_DP_SHARD] < 4)
@@ -159,8 +155,7 @@ int main(int argc, char **argv) {
         CHECK(hs && hs->hops[DG_MESH_DP_SHARD] == DG_LINK_SAME_SOCKET &&
                   hs->hops[DG_MESH_DP_REPLICATE] == DG_LINK_CROSS_SOCKET,
               "link classes of R=2,S=2 (S innermost)");
-        dg_plan_result_free(&r);
-        dg_cluster_free(&c);
+        plan_free(&c, &r);
     }
     /* 5 */
     if (load("nvlink-1x8.ini", 0, &c)) {
@@ -180,20 +175,16 @@ int main(int argc, char **argv) {
         dg_plan_result_free(&r);
         CHECK(dg_plan_run(&c, &w, &r) == DG_ERR_USAGE && strstr(dg_last_error(), "no feasible"), "%s",
               dg_last_error());
-        dg_plan_result_free(&r);
-        dg_cluster_free(&c);
+        plan_free(&c, &r);
     }
     /* 6 */
-    if (load("dgx-h100-8x8.ini", 24, &c)) {
-        c.max_pp = 1;
-        dg_plan_workload_t w = gpt2(124439808, 12, 12, 768, 8, 192);
-        CHECK(dg_plan_run(&c, &w, &r) == DG_OK, "%s", dg_last_error());
+    dg_plan_workload_t w6 = gpt2(124439808, 12, 12, 768, 8, 192);
+    if (plan_flat("dgx-h100-8x8.ini", 24, &w6, &c, &r)) {
         const dg_plan_t *p = find(&r, 8, 3, 1, DG_MESH_DP_SHARD);
         CHECK(p && p->hop_variance > 0 && p->hops[DG_MESH_DP_SHARD] == DG_LINK_NETWORK, "straddling groups");
         const dg_plan_t *q = &r.plans[r.chosen];
         CHECK(q->hop_variance == 0, "chosen plan has uneven groups (hop variance %g)", q->hop_variance);
-        dg_plan_result_free(&r);
-        dg_cluster_free(&c);
+        plan_free(&c, &r);
     }
     /* 7: gpt2-1558m (25 heads: no tp of 2, 4 or 8) on 8 x 8 H100: without a pipeline every gradient of
      * the data-parallel dimension crosses the network (or FSDP's per-micro-batch gathers run 8 times a
@@ -228,8 +219,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < r.n; i++)
             CHECK(dg_mesh_pp(&r.plans[i].mesh) == 1, "pp candidate with max_pp = 1");
         CHECK(strstr(r.pp_reason, "not considered"), "%s", r.pp_reason);
-        dg_plan_result_free(&r);
-        dg_cluster_free(&c);
+        plan_free(&c, &r);
     }
     /* 8: one node of 8 NVLink GPUs, gpt2-124m: a pipeline does not pay (its bubble over few micro-batches
      * costs more than NVLink's cheap data-parallel traffic) */
@@ -240,8 +230,7 @@ int main(int argc, char **argv) {
         CHECK(dg_mesh_pp(&p->mesh) == 1, "chose pp=%d on one node", dg_mesh_pp(&p->mesh));
         CHECK(strstr(r.pp_reason, "pipeline rejected"), "%s", r.pp_reason);
         printf("\n=== 1 node, gpt2-124m: %s\n", r.pp_reason);
-        dg_plan_result_free(&r);
-        dg_cluster_free(&c);
+        plan_free(&c, &r);
     }
     /* bad description files */
     {

@@ -29,6 +29,19 @@ static dg_gov_t *make(const dg_sla_cfg_t *c) {
     return g;
 }
 
+/* make() on the defaults, which *c keeps */
+static dg_gov_t *make_defaults(dg_sla_cfg_t *c) {
+    dg_sla_cfg_defaults(c);
+    return make(c);
+}
+
+/* make() on the defaults with objective o set from config text (dg_sla_cfg_set), which *c keeps */
+static dg_gov_t *make_with(dg_sla_cfg_t *c, dg_sla_obj_t o, const char *ref, int window, const char *action) {
+    dg_sla_cfg_defaults(c);
+    OK(dg_sla_cfg_set(c, o, "test", ref, window, action));
+    return make(c);
+}
+
 /* Events of objective o at `level` seen so far. */
 static int count(dg_sla_obj_t o, int level) {
     int n = 0;
@@ -44,10 +57,9 @@ static double jitter(double base, int i) {
 
 /* 200 steps of ~0.2 s with jitter, checkpoint stalls of 1 s, no overflow: no event at all with the
  * defaults (issue 21: a healthy default run emits no Level-1 event). */
-static void healthy(void) {
+static void case_healthy(void) {
     dg_sla_cfg_t c;
-    dg_sla_cfg_defaults(&c);
-    dg_gov_t *g = make(&c);
+    dg_gov_t *g = make_defaults(&c);
     for (int s = 1; s <= 200; s++) {
         CHECK(dg_gov_step_time(g, s, jitter(0.2, s), 0) == DG_SLA_ACT_NONE);
         dg_gov_sample(g, DG_SLA_EXPOSED_COMM, s, 0.05);
@@ -73,10 +85,9 @@ static void healthy(void) {
 /* A node that becomes 2x slower at step 60: Level-1 step_time after fire_after (2) windows of 5 steps, once,
  * with value ~2 (the ratio to the budget, which the slow steps do not teach); timing objectives default to
  * Level-1 only, so no Level-2 and no action. */
-static void slow_rank(void) {
+static void case_slow_rank(void) {
     dg_sla_cfg_t c;
-    dg_sla_cfg_defaults(&c);
-    dg_gov_t *g = make(&c);
+    dg_gov_t *g = make_defaults(&c);
     int first_l1 = -1;
     for (int s = 1; s <= 140; s++) {
         double t = jitter(0.2, s) * (s >= 61 ? 2.0 : 1.0);
@@ -101,11 +112,9 @@ static void slow_rank(void) {
 
 /* step_time with action requeue: Level-2 after level2_after (4) violating windows in a row, returned to
  * the caller, then the count restarts (the next Level-2 four windows later). */
-static void level2(void) {
+static void case_level2(void) {
     dg_sla_cfg_t c;
-    dg_sla_cfg_defaults(&c);
-    OK(dg_sla_cfg_set(&c, DG_SLA_STEP_TIME, "test", "1, none, 0.3, x", 5, "requeue"));
-    dg_gov_t *g = make(&c);
+    dg_gov_t *g = make_with(&c, DG_SLA_STEP_TIME, "1, none, 0.3, x", 5, "requeue");
     int acts[200] = {0}, n_act = 0;
     for (int s = 1; s <= 120; s++) {
         double t = jitter(0.2, s) * (s >= 41 ? 3.0 : 1.0);
@@ -127,10 +136,9 @@ static void level2(void) {
 
 /* exposed_comm (mean over windows of 10): fires after 2 violating windows, clears after 2 clean ones with
  * a level-0 event, fires again on a new episode; a single violating window does not fire. */
-static void hysteresis(void) {
+static void case_hysteresis(void) {
     dg_sla_cfg_t c;
-    dg_sla_cfg_defaults(&c);
-    dg_gov_t *g = make(&c);
+    dg_gov_t *g = make_defaults(&c);
     int s = 0;
     /* windows: clean, bad, clean (no fire: one bad window), bad, bad (fire), clean (still firing),
      * clean (clear), bad, bad (fire again) */
@@ -158,10 +166,9 @@ static void hysteresis(void) {
 
 /* Steps of milliseconds that double are judged against the floor (budget_floor_s 0.1 s): no event. The
  * same doubling above the floor fires. */
-static void floor_case(void) {
+static void case_floor(void) {
     dg_sla_cfg_t c;
-    dg_sla_cfg_defaults(&c);
-    dg_gov_t *g = make(&c);
+    dg_gov_t *g = make_defaults(&c);
     for (int s = 1; s <= 100; s++)
         dg_gov_step_time(g, s, jitter(0.004, s) * (s > 30 ? 2 : 1), 0);
     CHECK(g_nev == 0, "%d events for ms steps under the floor", g_nev);
@@ -176,11 +183,9 @@ static void floor_case(void) {
 
 /* Event objectives fire on their first violating window and clear on the first clean one; with an action,
  * Level-2 comes with the Level-1. The Level-1 log line is rate-limited, the events are not. */
-static void event_objectives(void) {
+static void case_event_objectives(void) {
     dg_sla_cfg_t c;
-    dg_sla_cfg_defaults(&c);
-    OK(dg_sla_cfg_set(&c, DG_SLA_CHECKPOINT_STALL, "test", "10, none, 0, s", 1, "checkpoint"));
-    dg_gov_t *g = make(&c);
+    dg_gov_t *g = make_with(&c, DG_SLA_CHECKPOINT_STALL, "10, none, 0, s", 1, "checkpoint");
     CHECK(dg_gov_sample(g, DG_SLA_CHECKPOINT_STALL, 10, 2.0) == DG_SLA_ACT_NONE);
     CHECK(dg_gov_sample(g, DG_SLA_CHECKPOINT_STALL, 20, 30.0) == DG_SLA_ACT_CHECKPOINT, "no Level-2");
     CHECK(count(DG_SLA_CHECKPOINT_STALL, 1) == 1 && count(DG_SLA_CHECKPOINT_STALL, 2) == 1);
@@ -205,10 +210,9 @@ static void event_objectives(void) {
 }
 
 /* Excluded steps (after a checkpoint, validation, resume) and the warm-up are neither judged nor taught. */
-static void excluded(void) {
+static void case_excluded(void) {
     dg_sla_cfg_t c;
-    dg_sla_cfg_defaults(&c);
-    dg_gov_t *g = make(&c);
+    dg_gov_t *g = make_defaults(&c);
     for (int s = 1; s <= 5; s++) /* warm-up: a slow first step (compile, tuning) */
         dg_gov_step_time(g, s, 5.0, 0);
     CHECK(isnan(dg_gov_budget(g)), "the warm-up taught the budget");
@@ -225,7 +229,7 @@ static void excluded(void) {
 }
 
 /* "off" and sla.enabled = 0: nothing judged; tokens_per_s is off until set, and judged once set. */
-static void disabled(void) {
+static void case_disabled(void) {
     dg_sla_cfg_t c;
     dg_sla_cfg_defaults(&c);
     CHECK(!c.obj[DG_SLA_TOKENS_PER_S].enabled, "tokens_per_s on by default");
@@ -251,7 +255,7 @@ static void disabled(void) {
     dg_gov_free(g);
 }
 
-static void config_errors(void) {
+static void case_config_errors(void) {
     dg_sla_cfg_t c;
     dg_sla_cfg_defaults(&c);
     CHECK(dg_sla_cfg_set(&c, DG_SLA_STEP_TIME, "f.ini:3", "1, none, 0.3, x", 0, "none") == DG_ERR_USAGE);
@@ -269,9 +273,8 @@ static void config_errors(void) {
 
 int main(int argc, char **argv) {
     static const dg_check_case_t cases[] = {
-        {"healthy", healthy},       {"slow_rank", slow_rank}, {"level2", level2},
-        {"hysteresis", hysteresis}, {"floor", floor_case},    {"event_objectives", event_objectives},
-        {"excluded", excluded},     {"disabled", disabled},   {"config_errors", config_errors},
-    };
-    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof *cases, "CASE|all", NULL, 0, NULL);
+        DG_CASE(healthy),    DG_CASE(slow_rank), DG_CASE(level2),
+        DG_CASE(hysteresis), DG_CASE(floor),     DG_CASE(event_objectives),
+        DG_CASE(excluded),   DG_CASE(disabled),  DG_CASE(config_errors)};
+    return DG_CHECK_CASES(argc, argv, cases, "CASE|all", NULL, 0, NULL);
 }

@@ -235,6 +235,15 @@ static size_t byte_to_utf8(uint8_t b, char *o) {
     return 2;
 }
 
+/* DIR/NAME, created (truncated) for writing; asserts it opened */
+static FILE *create_in(const char *dir, const char *name) {
+    char path[512];
+    dg_fmt(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    DG_ASSERT(f);
+    return f;
+}
+
 static void write_text(const char *path, const char *text) {
     FILE *f = fopen(path, "wb");
     DG_ASSERT(f);
@@ -261,10 +270,8 @@ static const char *toy_merges[][2] = {{"a", "b"}, {"ab", "c"}, {" ", "t"}, {" t"
 #define TOY_N (256 + 5)
 
 static void toy_files(const char *dir) {
-    char path[512], line[256];
-    dg_fmt(path, sizeof path, "%s/toy.tiktoken", dir);
-    FILE *f = fopen(path, "wb");
-    DG_ASSERT(f);
+    char line[256];
+    FILE *f = create_in(dir, "toy.tiktoken");
     for (int b = 0; b < 256; b++) {
         uint8_t c = (uint8_t)b;
         b64_encode(&c, 1, line);
@@ -278,9 +285,7 @@ static void toy_files(const char *dir) {
     }
     fclose(f);
     /* The same as vocab.json + merges.txt, tokens in the byte-to-unicode alphabet. */
-    dg_fmt(path, sizeof path, "%s/vocab.json", dir);
-    f = fopen(path, "wb");
-    DG_ASSERT(f);
+    f = create_in(dir, "vocab.json");
     fputs("{", f);
     for (int b = 0; b < 256; b++) {
         char u[4];
@@ -298,9 +303,7 @@ static void toy_files(const char *dir) {
     }
     fprintf(f, "\"<|endoftext|>\": %d}\n", TOY_N);
     fclose(f);
-    dg_fmt(path, sizeof path, "%s/merges.txt", dir);
-    f = fopen(path, "wb");
-    DG_ASSERT(f);
+    f = create_in(dir, "merges.txt");
     fputs("#version: 0.2\n", f);
     for (int k = 0; k < 5; k++) {
         for (int h = 0; h < 2; h++) {
@@ -686,6 +689,22 @@ static int test_threads(dg_tokenizer_t *t) {
     return dg_fails ? 1 : 0;
 }
 
+/* The cases argv[1] names: those that need no tokenizer, then those on the GPT-2 one (argv[2], "-": found) */
+static const struct {
+    const char *name;
+    int (*fn)(void);
+} k_plain[] = {{"utf8", test_utf8}, {"toy", test_toy}, {"errors", test_errors}};
+static const struct {
+    const char *name;
+    int (*fn)(dg_tokenizer_t *);
+} k_gpt2[] = {{"special", test_special},
+              {"roundtrip", test_roundtrip},
+              {"bpe", test_bpe},
+              {"split", test_split},
+              {"threads", test_threads}};
+#define N_PLAIN (sizeof k_plain / sizeof k_plain[0])
+#define N_GPT2 (sizeof k_gpt2 / sizeof k_gpt2[0])
+
 int main(int argc, char **argv) {
     if (argc >= 6 && !strcmp(argv[1], "encode-docs"))
         return cmd_encode_docs(argv[2], argv[3], argv[4], argv[5]);
@@ -698,24 +717,17 @@ int main(int argc, char **argv) {
     const char *c = argv[1];
     int rc = 0;
     dg_tokenizer_t *t = NULL;
-    if (!strcmp(c, "utf8"))
-        rc = test_utf8();
-    else if (!strcmp(c, "toy"))
-        rc = test_toy();
-    else if (!strcmp(c, "errors"))
-        rc = test_errors();
+    size_t i = 0, j = 0;
+    while (i < N_PLAIN && strcmp(c, k_plain[i].name))
+        i++;
+    while (j < N_GPT2 && strcmp(c, k_gpt2[j].name))
+        j++;
+    if (i < N_PLAIN)
+        rc = k_plain[i].fn();
     else if (!(t = load_gpt2(argc > 2 ? argv[2] : "-", &rc)))
         return rc;
-    else if (!strcmp(c, "special"))
-        rc = test_special(t);
-    else if (!strcmp(c, "roundtrip"))
-        rc = test_roundtrip(t);
-    else if (!strcmp(c, "bpe"))
-        rc = test_bpe(t);
-    else if (!strcmp(c, "split"))
-        rc = test_split(t);
-    else if (!strcmp(c, "threads"))
-        rc = test_threads(t);
+    else if (j < N_GPT2)
+        rc = k_gpt2[j].fn(t);
     else {
         fprintf(stderr, "unknown test '%s'\n", c);
         rc = 2;

@@ -240,10 +240,7 @@ static void case_rollbacks(void) {
 }
 
 int main(int argc, char **argv) {
-    static const dg_check_case_t cases[] = {{"window", case_window},
-                                            {"halve", case_halve},
-                                            {"fixed", case_fixed},
-                                            {"spike", case_spike},
-                                            {"rollbacks", case_rollbacks}};
-    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0], "CASE", NULL, 0, NULL);
+    static const dg_check_case_t cases[] = {DG_CASE(window), DG_CASE(halve), DG_CASE(fixed), DG_CASE(spike),
+                                            DG_CASE(rollbacks)};
+    return DG_CHECK_CASES(argc, argv, cases, "CASE", NULL, 0, NULL);
 }

@@ -304,11 +304,7 @@ static int run_metrics(const char *dir) {
 
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "metrics")) return run_metrics(argv[2]);
-    static const dg_check_case_t cases[] = {{"lr", case_lr},
-                                            {"json", case_json},
-                                            {"flops", case_flops},
-                                            {"format", case_format},
-                                            {"progress", case_progress}};
-    return dg_check_cases(argc, argv, cases, sizeof cases / sizeof cases[0], "CASE | metrics DIR", NULL, 0,
-                          NULL);
+    static const dg_check_case_t cases[] = {DG_CASE(lr), DG_CASE(json), DG_CASE(flops), DG_CASE(format),
+                                            DG_CASE(progress)};
+    return DG_CHECK_CASES(argc, argv, cases, "CASE | metrics DIR", NULL, 0, NULL);
 }
