@@ -8,12 +8,13 @@
  * The defaults are the gpt2-124m preset (124.4M parameters, 1.49 GB of state). */
 #define _GNU_SOURCE
 #include <cblas.h>
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "../lib/bench_args.h"
+#include "../lib/bench_mpi.h"
 #include "checkpoint.h"
 
 static int g_rank, g_size;
@@ -67,45 +68,20 @@ static double sgemm_gflops(void) {
 }
 
 int main(int argc, char **argv) {
-    int prov;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    bench_mpi_init(&argc, &argv, &g_rank, &g_size);
     dg_log_init(g_rank, "", getenv("BENCH_DEBUG") ? DG_LOG_DEBUG : DG_LOG_WARN, NULL);
     dg_log_set_stderr_all_ranks(getenv("BENCH_DEBUG") != NULL);
     const char *dir = NULL;
     int layers = 12, reps = 2, save_only = 0;
     int64_t d = 768, vocab = 50257, ctx = 1024, chunk_mb = 4, align_kb = 64, tokens_per_step = 16384;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v && strcmp(a, "--save-only")) break;
-        if (!strcmp(a, "--save-only")) {
-            save_only = 1;
-            continue;
-        }
-        if (!strcmp(a, "--dir"))
-            dir = v;
-        else if (!strcmp(a, "--layers"))
-            layers = atoi(v);
-        else if (!strcmp(a, "--d"))
-            d = atoll(v);
-        else if (!strcmp(a, "--vocab"))
-            vocab = atoll(v);
-        else if (!strcmp(a, "--ctx"))
-            ctx = atoll(v);
-        else if (!strcmp(a, "--reps"))
-            reps = atoi(v);
-        else if (!strcmp(a, "--chunk-mb"))
-            chunk_mb = atoll(v);
-        else if (!strcmp(a, "--align-kb"))
-            align_kb = atoll(v);
-        else if (!strcmp(a, "--tokens-per-step"))
-            tokens_per_step = atoll(v);
-        else {
-            if (!g_rank) fprintf(stderr, "bench_ckpt: unknown option %s\n", a);
-            MPI_Abort(MPI_COMM_WORLD, 2);
-        }
-        i++;
+    void *const dst[] = {&save_only, &dir,  &layers,   &d,        &vocab,
+                         &ctx,       &reps, &chunk_mb, &align_kb, &tokens_per_step};
+    const char *spec = "--save-only=flag --dir=str --layers=int --d=i64 --vocab=i64 --ctx=i64 --reps=int "
+                       "--chunk-mb=i64 --align-kb=i64 --tokens-per-step=i64";
+    const int bad = bench_args(argc, argv, 1, spec, dst); /* a lone last argument ends the options */
+    if (bad + 1 < argc) {
+        if (!g_rank) fprintf(stderr, "bench_ckpt: unknown option %s\n", argv[bad]);
+        MPI_Abort(MPI_COMM_WORLD, 2);
     }
     if (!dir || layers < 0 || reps < 1) {
         if (!g_rank)

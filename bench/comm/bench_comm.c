@@ -37,10 +37,11 @@
  *   --check RATIO: exit 1 if any geometric-mean-per-op ratio is below RATIO (default: report only)
  */
 #include <math.h>
-#include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../lib/bench_args.h"
+#include "../lib/bench_mpi.h"
 #include "comm.h"
 
 #ifdef DG_HAVE_CUDA
@@ -118,21 +119,19 @@ static dg_status_t run_dg(bench_t *b, int op, size_t count, int async) {
     return dg_comm_wait(b->c, r);
 }
 
-/* slowest rank's time for `iters` calls; variant 0 = raw MPI, 1 = dg blocking, 2 = dg non-blocking */
+/* One call of a variant: 0 = raw MPI, 1 = dg blocking, 2 = dg non-blocking; a failure ends the job. */
+static void run_variant(bench_t *b, int variant, int op, size_t count) {
+    if (variant && run_dg(b, op, count, variant == 2) != DG_OK)
+        bench_die("dg_comm %s failed: %s\n", k_names[op], dg_last_error());
+    if (!variant && run_raw(b, op, count) != MPI_SUCCESS) bench_die("MPI %s failed\n", k_names[op]);
+}
+
+/* slowest rank's time for `iters` calls of a variant (run_variant's numbering) */
 static double timed(bench_t *b, int variant, int op, size_t count, int iters) {
     MPI_Barrier(b->raw);
     double t0 = MPI_Wtime();
-    for (int i = 0; i < iters; i++) {
-        if (variant) {
-            if (run_dg(b, op, count, variant == 2) != DG_OK) {
-                fprintf(stderr, "dg_comm %s failed: %s\n", k_names[op], dg_last_error());
-                MPI_Abort(MPI_COMM_WORLD, 2);
-            }
-        } else if (run_raw(b, op, count) != MPI_SUCCESS) {
-            fprintf(stderr, "MPI %s failed\n", k_names[op]);
-            MPI_Abort(MPI_COMM_WORLD, 2);
-        }
-    }
+    for (int i = 0; i < iters; i++)
+        run_variant(b, variant, op, count);
     double t = MPI_Wtime() - t0, tmax = 0;
     MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, b->raw);
     return tmax;
@@ -155,15 +154,7 @@ static void paired(bench_t *b, int op, size_t count, int ncalls, int use_min, do
         for (int k = 0; k < 3; k++) {
             int v = (k + i) % 3;
             double t0 = MPI_Wtime();
-            if (v) {
-                if (run_dg(b, op, count, v == 2) != DG_OK) {
-                    fprintf(stderr, "dg_comm %s failed: %s\n", k_names[op], dg_last_error());
-                    MPI_Abort(MPI_COMM_WORLD, 2);
-                }
-            } else if (run_raw(b, op, count) != MPI_SUCCESS) {
-                fprintf(stderr, "MPI %s failed\n", k_names[op]);
-                MPI_Abort(MPI_COMM_WORLD, 2);
-            }
+            run_variant(b, v, op, count);
             d[v][i] = MPI_Wtime() - t0;
         }
     double local[3];
@@ -229,6 +220,46 @@ static int check_result(bench_t *b, int op, size_t count) {
     return output_ok(b->recv, b->dt, op, count, b->n, b->me);
 }
 
+/* The ratios of the sizes measured so far, both benches: per op the sum of log(ratio) of the checked
+ * variant (the one --check applies to) and of the other dg_comm variant and the sizes counted; the worst
+ * single ratio of the checked variant; whether every result was right. */
+typedef struct {
+    double log_chk[NOPS], log_oth[NOPS], worst;
+    int n[NOPS], all_ok;
+} tally_t;
+
+static void tally_add(tally_t *t, int op, double chk, double oth) {
+    t->log_chk[op] += log(chk);
+    t->log_oth[op] += log(oth);
+    t->n[op]++;
+    if (chk < t->worst) t->worst = chk;
+}
+
+/* Rank 0 of comm prints the summary line: the geometric means of the checked variant (named chk) and of
+ * the other one (oth) over the raw library (lib; tag follows the rank count). Returns, on every rank, 1
+ * when a checked mean is below `check` (> 0). */
+static int tally_print(const tally_t *t, MPI_Comm comm, const char *tag, const char *lib, const char *chk,
+                       const char *oth, double check) {
+    int me = 0, n = 0, below = 0;
+    MPI_Comm_rank(comm, &me);
+    MPI_Comm_size(comm, &n);
+    if (me == 0) {
+        printf("# summary (%d ranks%s): geometric-mean busbw ratio over raw %s, %s dg_comm:", n, tag, lib,
+               chk);
+        for (int op = 0; op < NOPS; op++) {
+            double g = t->n[op] ? exp(t->log_chk[op] / t->n[op]) : 0;
+            printf(" %s %.3f", k_names[op], g);
+            if (check > 0 && g < check) below = 1;
+        }
+        printf("; %s:", oth);
+        for (int op = 0; op < NOPS; op++)
+            printf(" %s %.3f", k_names[op], t->n[op] ? exp(t->log_oth[op] / t->n[op]) : 0);
+        printf("; worst single size (%s) %.3f; results %s\n", chk, t->worst, t->all_ok ? "correct" : "WRONG");
+    }
+    MPI_Bcast(&below, 1, MPI_INT, 0, comm);
+    return below;
+}
+
 typedef struct {
     size_t min_b, max_b;
     int min_set, max_set; /* given on the command line (else the backend's default range) */
@@ -256,7 +287,12 @@ int main(int argc, char **argv) {
                 .dt = DG_F32,
                 .prog = DG_COMM_PROGRESS_AUTO};
     int nccl = 0;
-    for (int i = 1; i < argc; i++) {
+    const char *stat = NULL, *dtype = NULL, *progress = NULL;
+    void *const dst[] = {&A.factor, &A.spin_us, &A.min_calls, &A.iters, &A.budget,
+                         &A.check,  &stat,      &dtype,       &progress};
+    const char *spec = "--factor=int --spin-us=real --min-calls=int --iters=int --seconds=real --check=real "
+                       "--stat=str --dtype=str --progress=str";
+    for (int i = 1; (i = bench_args(argc, argv, i, spec, dst)) < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
             fprintf(stderr, "bench_comm: %s needs a value\n", a);
@@ -266,36 +302,20 @@ int main(int argc, char **argv) {
             A.min_b = strtoull(v, NULL, 0), A.min_set = 1;
         else if (!strcmp(a, "--max"))
             A.max_b = strtoull(v, NULL, 0), A.max_set = 1;
-        else if (!strcmp(a, "--factor"))
-            A.factor = atoi(v);
-        else if (!strcmp(a, "--spin-us"))
-            A.spin_us = atof(v);
-        else if (!strcmp(a, "--min-calls"))
-            A.min_calls = atoi(v);
-        else if (!strcmp(a, "--iters"))
-            A.iters = atoi(v);
-        else if (!strcmp(a, "--seconds"))
-            A.budget = atof(v);
-        else if (!strcmp(a, "--check"))
-            A.check = atof(v);
-        else if (!strcmp(a, "--stat"))
-            A.use_min = strcmp(v, "min") == 0;
-        else if (!strcmp(a, "--dtype"))
-            A.dt = !strcmp(v, "bf16") ? DG_BF16 : DG_F32;
-        else if (!strcmp(a, "--progress"))
-            A.prog = !strcmp(v, "nonblocking") ? DG_COMM_PROGRESS_NONBLOCKING : DG_COMM_PROGRESS_THREAD;
-        else if (!strcmp(a, "--backend")) {
-            if (strcmp(v, "mpi") && strcmp(v, "nccl")) {
-                fprintf(stderr, "bench_comm: --backend must be mpi or nccl, not '%s'\n", v);
-                MPI_Abort(MPI_COMM_WORLD, 1);
-            }
+        else if (!strcmp(a, "--backend") && (!strcmp(v, "mpi") || !strcmp(v, "nccl")))
             nccl = !strcmp(v, "nccl");
-        } else {
-            fprintf(stderr, "bench_comm: unknown option %s\n", a);
+        else {
+            if (!strcmp(a, "--backend"))
+                fprintf(stderr, "bench_comm: --backend must be mpi or nccl, not '%s'\n", v);
+            else
+                fprintf(stderr, "bench_comm: unknown option %s\n", a);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        i++;
     }
+    if (stat) A.use_min = strcmp(stat, "min") == 0;
+    if (dtype) A.dt = !strcmp(dtype, "bf16") ? DG_BF16 : DG_F32;
+    if (progress)
+        A.prog = !strcmp(progress, "nonblocking") ? DG_COMM_PROGRESS_NONBLOCKING : DG_COMM_PROGRESS_THREAD;
     if (nccl) {
         if (!A.min_set) A.min_b = (size_t)1 << 20;
         if (!A.max_set) A.max_b = (size_t)256 << 20;
@@ -371,10 +391,7 @@ static int bench_mpi(const args_t *A) {
                "count", "raw us", "algbw", "busbw", "dg us", "busbw", "ratio", "async us", "busbw", "ratio",
                "check");
     }
-    double logsum[NOPS] = {0}, logsum_a[NOPS] = {0};
-    int nsz[NOPS] = {0};
-    double minratio = 1e9;
-    int all_ok = 1;
+    tally_t tl = {.worst = 1e9, .all_ok = 1};
     for (int op = 0; op < NOPS; op++) {
         for (size_t bytes = min_b; bytes <= max_b; bytes *= (size_t)factor) {
             /* count per rank (allgather/reduce_scatter) or total (allreduce); size as nccl-tests */
@@ -383,7 +400,7 @@ static int bench_mpi(const args_t *A) {
             size_t size = op == OP_ALLREDUCE ? count * b.esz : count * b.esz * (size_t)b.n;
             int ok = check_result(&b, op, count), okall = 0;
             MPI_Allreduce(&ok, &okall, 1, MPI_INT, MPI_MIN, b.raw);
-            all_ok &= okall;
+            tl.all_ok &= okall;
             /* warm up, then size the measurement to about `budget` seconds for the three variants */
             for (int v = 0; v < 3; v++)
                 timed(&b, v, op, count, 2);
@@ -396,10 +413,7 @@ static int bench_mpi(const args_t *A) {
             double f = op == OP_ALLREDUCE ? 2.0 * (b.n - 1) / b.n : (double)(b.n - 1) / b.n;
             double alg_r = size / med[0] / 1e9;
             double ratio = med[0] / med[1], ratio_a = med[0] / med[2]; /* busbw_dg / busbw_raw */
-            logsum[op] += log(ratio);
-            logsum_a[op] += log(ratio_a);
-            nsz[op]++;
-            if (ratio < minratio) minratio = ratio;
+            tally_add(&tl, op, ratio, ratio_a);
             if (b.me == 0)
                 printf("  %-14s %10zu %10zu | %10.1f %8.3f %8.3f | %10.1f %8.3f %6.3f | %10.1f %8.3f %6.3f | "
                        "%s\n",
@@ -408,26 +422,13 @@ static int bench_mpi(const args_t *A) {
                        okall ? "ok" : "WRONG");
         }
     }
-    int below = 0;
-    if (b.me == 0) {
-        printf("# summary (%d ranks): geometric-mean busbw ratio over raw MPI, blocking dg_comm:", b.n);
-        for (int op = 0; op < NOPS; op++) {
-            double g = nsz[op] ? exp(logsum[op] / nsz[op]) : 0;
-            printf(" %s %.3f", k_names[op], g);
-            if (check > 0 && g < check) below = 1;
-        }
-        printf("; non-blocking+wait:");
-        for (int op = 0; op < NOPS; op++)
-            printf(" %s %.3f", k_names[op], nsz[op] ? exp(logsum_a[op] / nsz[op]) : 0);
-        printf("; worst single size (blocking) %.3f; results %s\n", minratio, all_ok ? "correct" : "WRONG");
-    }
-    MPI_Bcast(&below, 1, MPI_INT, 0, b.raw);
+    int below = tally_print(&tl, b.raw, "", "MPI", "blocking", "non-blocking+wait", check);
     dg_comm_free(b.c);
     free(b.send);
     free(b.recv);
     MPI_Op_free(&b.raw_bf16);
     MPI_Comm_free(&b.raw);
-    return (!all_ok || below) ? 1 : 0;
+    return (!tl.all_ok || below) ? 1 : 0;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -435,24 +436,20 @@ static int bench_mpi(const args_t *A) {
 
 #ifdef DG_HAVE_CUDA
 
-#define BN_CUDA(call)                                                                                        \
-    do {                                                                                                     \
-        cudaError_t e_ = (call);                                                                             \
-        if (e_ != cudaSuccess) {                                                                             \
-            fprintf(stderr, "bench_comm: %s:%d: CUDA call `%s` failed: %s\n", __FILE__, __LINE__, #call,     \
-                    cudaGetErrorString(e_));                                                                 \
-            MPI_Abort(MPI_COMM_WORLD, 2);                                                                    \
-        }                                                                                                    \
-    } while (0)
-#define BN_NCCL(call)                                                                                        \
-    do {                                                                                                     \
-        ncclResult_t r_ = (call);                                                                            \
-        if (r_ != ncclSuccess) {                                                                             \
-            fprintf(stderr, "bench_comm: %s:%d: NCCL call `%s` failed: %s (NCCL_DEBUG=WARN says more)\n",    \
-                    __FILE__, __LINE__, #call, ncclGetErrorString(r_));                                      \
-            MPI_Abort(MPI_COMM_WORLD, 2);                                                                    \
-        }                                                                                                    \
-    } while (0)
+/* BN_CUDA(call), BN_NCCL(call): a CUDA runtime or NCCL call; a failure names the call and its line and
+ * ends the job */
+static void bn_cuda(cudaError_t e, const char *call, int line) {
+    if (e != cudaSuccess)
+        bench_die("bench_comm: %s:%d: CUDA call `%s` failed: %s\n", __FILE__, line, call,
+                  cudaGetErrorString(e));
+}
+static void bn_nccl(ncclResult_t r, const char *call, int line) {
+    if (r != ncclSuccess)
+        bench_die("bench_comm: %s:%d: NCCL call `%s` failed: %s (NCCL_DEBUG=WARN says more)\n", __FILE__,
+                  line, call, ncclGetErrorString(r));
+}
+#define BN_CUDA(call) bn_cuda((call), #call, __LINE__)
+#define BN_NCCL(call) bn_nccl((call), #call, __LINE__)
 
 enum { NV_RAW = 0, NV_ASYNC = 1, NV_BLOCKING = 2, NV_RAWEV = 3, NV_N = 4 };
 
@@ -470,8 +467,7 @@ typedef struct {
 } nbench_t;
 
 static void bn_fail(const char *what, int op) {
-    fprintf(stderr, "bench_comm: dg_comm %s (%s) failed: %s\n", k_names[op], what, dg_last_error());
-    MPI_Abort(MPI_COMM_WORLD, 2);
+    bench_die("bench_comm: dg_comm %s (%s) failed: %s\n", k_names[op], what, dg_last_error());
 }
 
 static void bn_raw(nbench_t *b, int op, size_t count) {
@@ -638,8 +634,7 @@ static int bench_nccl(const args_t *A) {
                "size(B)", "count", "raw us", "algbw", "busbw", "raw+ev us", "ratio", "async us", "busbw",
                "ratio", "block us", "busbw", "ratio", "check");
     }
-    double logsum_a[NOPS] = {0}, logsum_b[NOPS] = {0}, minratio = 1e9;
-    int nsz[NOPS] = {0}, all_ok = 1;
+    tally_t tl = {.worst = 1e9, .all_ok = 1};
     for (int op = 0; op < NOPS; op++) {
         for (size_t bytes = A->min_b; bytes <= A->max_b; bytes *= (size_t)A->factor) {
             size_t count = op == OP_ALLREDUCE ? bytes / b.esz : bytes / b.esz / (size_t)b.n;
@@ -647,7 +642,7 @@ static int bench_nccl(const args_t *A) {
             size_t size = op == OP_ALLREDUCE ? count * b.esz : count * b.esz * (size_t)b.n;
             int ok = bn_check(&b, op, count, h_send, h_recv), okall = 0;
             MPI_Allreduce(&ok, &okall, 1, MPI_INT, MPI_MIN, b.mpi);
-            all_ok &= okall;
+            tl.all_ok &= okall;
             /* warm up every variant, then size the rounds to about `budget` seconds */
             for (int v = 0; v < NV_N; v++)
                 bn_measure(&b, v, op, count);
@@ -661,10 +656,7 @@ static int bench_nccl(const args_t *A) {
             double f = op == OP_ALLREDUCE ? 2.0 * (b.n - 1) / b.n : (double)(b.n - 1) / b.n;
             double alg_r = size / t[NV_RAW] / 1e9;
             double ra = t[NV_RAW] / t[NV_ASYNC], rb = t[NV_RAW] / t[NV_BLOCKING]; /* busbw_dg / busbw_raw */
-            logsum_a[op] += log(ra);
-            logsum_b[op] += log(rb);
-            nsz[op]++;
-            if (ra < minratio) minratio = ra;
+            tally_add(&tl, op, ra, rb);
             if (b.me == 0)
                 printf("  %-14s %10zu %10zu | %9.1f %8.3f %8.3f | %9.1f %6.3f | %9.1f %8.3f %6.3f | %9.1f "
                        "%8.3f %6.3f | "
@@ -675,20 +667,7 @@ static int bench_nccl(const args_t *A) {
             fflush(stdout);
         }
     }
-    int below = 0;
-    if (b.me == 0) {
-        printf("# summary (%d ranks, nccl): geometric-mean busbw ratio over raw NCCL, async dg_comm:", b.n);
-        for (int op = 0; op < NOPS; op++) {
-            double g = nsz[op] ? exp(logsum_a[op] / nsz[op]) : 0;
-            printf(" %s %.3f", k_names[op], g);
-            if (A->check > 0 && g < A->check) below = 1;
-        }
-        printf("; blocking:");
-        for (int op = 0; op < NOPS; op++)
-            printf(" %s %.3f", k_names[op], nsz[op] ? exp(logsum_b[op] / nsz[op]) : 0);
-        printf("; worst single size (async) %.3f; results %s\n", minratio, all_ok ? "correct" : "WRONG");
-    }
-    MPI_Bcast(&below, 1, MPI_INT, 0, b.mpi);
+    int below = tally_print(&tl, b.mpi, ", nccl", "NCCL", "async", "blocking", A->check);
     dg_comm_free(b.c);
     for (int i = 0; i < b.iters; i++)
         BN_CUDA(cudaEventDestroy(b.evs[i]));
@@ -701,6 +680,6 @@ static int bench_nccl(const args_t *A) {
     free(h_recv);
     free(b.reqs);
     MPI_Comm_free(&b.mpi);
-    return (!all_ok || below) ? 1 : 0;
+    return (!tl.all_ok || below) ? 1 : 0;
 }
 #endif /* DG_HAVE_CUDA */

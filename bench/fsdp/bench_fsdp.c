@@ -17,30 +17,23 @@
  * the comm layer's reduce-scatter (parallel.reduce_scatter; default ring).
  */
 #include <math.h>
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../lib/bench_mpi.h"
+#include "../lib/bench_train.h"
 #include "fsdp.h"
 
 typedef struct {
-    int layers, d_model, heads, seq, micro, accum, steps, warmup, threads, profile, rs_mpi;
+    BENCH_GPT_FIELDS;
+    int accum, threads, profile, rs_mpi;
     char mesh[128];
     char json[512];
     double bucket_mb, prefetch_mb;
 } opts_t;
 
 static int rank, world;
-
-#define CHECK(expr)                                                                                          \
-    do {                                                                                                     \
-        dg_status_t s_ = (expr);                                                                             \
-        if (s_ != DG_OK) {                                                                                   \
-            fprintf(stderr, "rank %d: %s failed: %s\n", rank, #expr, dg_last_error());                       \
-            MPI_Abort(MPI_COMM_WORLD, 2);                                                                    \
-        }                                                                                                    \
-    } while (0)
 
 typedef struct {
     const char *mode;
@@ -51,11 +44,6 @@ typedef struct {
     int n;
 } result_t;
 
-static uint64_t rng(uint64_t *s) {
-    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
-    return *s >> 33;
-}
-
 /* Runs `count` optimizer steps of m; records each step's time on the slowest rank and the exposed
  * communication of the most exposed rank when `rec` is given. */
 static void run(dg_model_t *m, const opts_t *o, const dg_model_desc_t *d, int count, int64_t *t,
@@ -63,25 +51,24 @@ static void run(dg_model_t *m, const opts_t *o, const dg_model_desc_t *d, int co
     size_t n = (size_t)o->micro * d->seq_len;
     int32_t *tok = malloc(n * sizeof *tok), *tgt = malloc(n * sizeof *tgt);
     uint64_t seed = 12345 + (uint64_t)rank * 7919 + (uint64_t)*t;
-    dg_optim_hparams_t h = {
-        .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
+    dg_optim_hparams_t h = bench_adamw(1e-3f, 0);
     for (int s = 0; s < count; s++) {
         MPI_Barrier(MPI_COMM_WORLD);
         dg_model_comm_stats_t cs;
         dg_model_comm_stats(m, &cs, 1);
         double t0 = MPI_Wtime();
-        CHECK(dg_model_zero_grad(m));
+        RANK_MUST(dg_model_zero_grad(m));
         for (int a = 0; a < o->accum; a++) {
             for (size_t i = 0; i < n; i++) {
-                tok[i] = (int32_t)(rng(&seed) % (uint64_t)d->vocab_size);
-                tgt[i] = (int32_t)(rng(&seed) % (uint64_t)d->vocab_size);
+                tok[i] = (int32_t)((bench_lcg(&seed) >> 33) % (uint64_t)d->vocab_size);
+                tgt[i] = (int32_t)((bench_lcg(&seed) >> 33) % (uint64_t)d->vocab_size);
             }
-            CHECK(dg_model_forward_backward(m, tok, tgt, 1.0f / (float)(n * (size_t)o->accum * (size_t)world),
-                                            NULL));
+            RANK_MUST(dg_model_forward_backward(m, tok, tgt,
+                                                1.0f / (float)(n * (size_t)o->accum * (size_t)world), NULL));
         }
         h.t = ++*t;
         float norm;
-        CHECK(dg_model_optimizer_step(m, &h, &norm));
+        RANK_MUST(dg_model_optimizer_step(m, &h, &norm));
         double dt = MPI_Wtime() - t0;
         dg_model_comm_stats(m, &cs, 1);
         double loc[2] = {dt, cs.wait_s + cs.blocking_s}, mx[2], mn = 0;
@@ -99,77 +86,42 @@ static void run(dg_model_t *m, const opts_t *o, const dg_model_desc_t *d, int co
     free(tgt);
 }
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    double *c = malloc((size_t)n * sizeof *c);
-    memcpy(c, v, (size_t)n * sizeof *c);
-    qsort(c, (size_t)n, sizeof *c, cmp_d);
-    double r = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
-    free(c);
-    return r;
-}
-
+/* The options: pairs of name and value; a lone last argument is ignored. */
 static void parse(int argc, char **argv, opts_t *o) {
-    *o = (opts_t){6, 384, 6, 256, 2, 1, 9, 1, 1, 0, 0, "", "", 25, 256};
+    /* BENCH_GPT_FIELDS (layers, d_model, heads, seq, micro, steps, warmup), accum, threads, profile, rs_mpi,
+     * mesh, json, bucket_mb, prefetch_mb */
+    *o = (opts_t){6, 384, 6, 256, 2, 9, 1, 1, 1, 0, 0, "", "", 25, 256};
     snprintf(o->mesh, sizeof o->mesh, "dp_shard=%d", world);
-    for (int i = 1; i + 1 < argc; i += 2) {
+    const char *mesh_s = NULL, *json_s = NULL;
+    void *const dst[] = {BENCH_GPT_DST(o), &o->accum, &o->threads,   &o->profile,
+                         &mesh_s,          &json_s,   &o->bucket_mb, &o->prefetch_mb};
+    const char *spec = BENCH_GPT_SPEC " --accum=int --threads=int --profile=int --mesh=str --json=str "
+                                      "--bucket-mb=real --prefetch-mb=real";
+    for (int i = 1; (i = bench_args(argc, argv, i, spec, dst)) + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
-        if (!strcmp(k, "--layers"))
-            o->layers = atoi(v);
-        else if (!strcmp(k, "--d-model"))
-            o->d_model = atoi(v);
-        else if (!strcmp(k, "--heads"))
-            o->heads = atoi(v);
-        else if (!strcmp(k, "--seq"))
-            o->seq = atoi(v);
-        else if (!strcmp(k, "--micro"))
-            o->micro = atoi(v);
-        else if (!strcmp(k, "--accum"))
-            o->accum = atoi(v);
-        else if (!strcmp(k, "--steps"))
-            o->steps = atoi(v);
-        else if (!strcmp(k, "--warmup"))
-            o->warmup = atoi(v);
-        else if (!strcmp(k, "--threads"))
-            o->threads = atoi(v);
-        else if (!strcmp(k, "--profile"))
-            o->profile = atoi(v);
-        else if (!strcmp(k, "--mesh"))
-            snprintf(o->mesh, sizeof o->mesh, "%s", v);
-        else if (!strcmp(k, "--json"))
-            snprintf(o->json, sizeof o->json, "%s", v);
-        else if (!strcmp(k, "--bucket-mb"))
-            o->bucket_mb = atof(v);
-        else if (!strcmp(k, "--prefetch-mb"))
-            o->prefetch_mb = atof(v);
-        else if (!strcmp(k, "--reduce-scatter") && (!strcmp(v, "ring") || !strcmp(v, "mpi")))
+        if (!strcmp(k, "--reduce-scatter") && (!strcmp(v, "ring") || !strcmp(v, "mpi"))) {
             o->rs_mpi = !strcmp(v, "mpi");
-        else {
+        } else {
             if (rank == 0) fprintf(stderr, "bench_fsdp: unknown option %s\n", k);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
     }
+    if (mesh_s) snprintf(o->mesh, sizeof o->mesh, "%s", mesh_s);
+    if (json_s) snprintf(o->json, sizeof o->json, "%s", json_s);
 }
 
 int main(int argc, char **argv) {
-    int provided;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    bench_mpi_init(&argc, &argv, &rank, &world);
     opts_t o;
     parse(argc, argv, &o);
     dg_mesh_shape_t mesh;
     int is_auto = 0;
-    CHECK(dg_mesh_parse(o.mesh, world, &mesh, &is_auto));
-    dg_model_desc_t d = {o.layers, o.heads, o.d_model, o.seq, 256, 256};
-    CHECK(dg_model_desc_validate(&d));
+    RANK_MUST(dg_mesh_parse(o.mesh, world, &mesh, &is_auto));
+    dg_model_desc_t d = bench_gpt_desc(&o);
+    RANK_MUST(dg_model_desc_validate(&d));
     dg_backend_config_t bc = {.act_dtype = DG_F32, .threads = o.threads};
     dg_backend_t *be = NULL;
-    CHECK(dg_backend_cpu_create(&bc, &be));
+    RANK_MUST(dg_backend_cpu_create(&bc, &be));
 
     /* the three modes run interleaved, `steps` rounds of one step each, so that a change of the
      * machine's load hits all of them alike; medians over the rounds */
@@ -186,12 +138,12 @@ int main(int argc, char **argv) {
             fo.bucket_mb = o.bucket_mb;
             fo.prefetch_budget_mb = o.prefetch_mb;
             fo.rs_mpi = o.rs_mpi;
-            CHECK(dg_fsdp_create(MPI_COMM_WORLD, &mesh, &fo, &fs[mode]));
-            CHECK(dg_fsdp_model_create(fs[mode], &d, be, o.micro, 1, 0, &models[mode]));
+            RANK_MUST(dg_fsdp_create(MPI_COMM_WORLD, &mesh, &fo, &fs[mode]));
+            RANK_MUST(dg_fsdp_model_create(fs[mode], &d, be, o.micro, 1, 0, &models[mode]));
         } else {
-            CHECK(dg_model_create(&d, be, o.micro, 1, &models[mode]));
+            RANK_MUST(dg_model_create(&d, be, o.micro, 1, &models[mode]));
         }
-        CHECK(dg_model_set_grad_accum(models[mode], o.accum));
+        RANK_MUST(dg_model_set_grad_accum(models[mode], o.accum));
         state_bytes[mode] = dg_model_state_bytes(models[mode]);
         res[mode].steps = calloc((size_t)o.steps, sizeof(double));
         res[mode].exposed = calloc((size_t)o.steps, sizeof(double));
@@ -202,10 +154,10 @@ int main(int argc, char **argv) {
         for (int mode = 0; mode < 3; mode++)
             run(models[mode], &o, &d, 1, &t[mode], &res[mode]);
     for (int mode = 0; mode < 3; mode++) {
-        res[mode].step_s = median(res[mode].steps, res[mode].n);
-        res[mode].exposed_s = median(res[mode].exposed, res[mode].n);
+        res[mode].step_s = bench_median(res[mode].steps, res[mode].n);
+        res[mode].exposed_s = bench_median(res[mode].exposed, res[mode].n);
         res[mode].exposed_frac = res[mode].exposed_s / res[mode].step_s;
-        res[mode].exposed_min_s = median(res[mode].exposed_min, res[mode].n);
+        res[mode].exposed_min_s = bench_median(res[mode].exposed_min, res[mode].n);
         res[mode].exposed_min_frac = res[mode].exposed_min_s / res[mode].step_s;
     }
     if (o.profile) { /* per op kind, waits included in the op that waits (syncs after every op) */

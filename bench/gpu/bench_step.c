@@ -33,16 +33,7 @@
 
 #define BENCH_WHO "bench_step"
 #include "../lib/bench_check.h"
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+#include "../lib/bench_train.h"
 
 /* The whole step through an executor with no host synchronisation. */
 static dg_status_t run_step(dg_exec_t *ex) {
@@ -55,26 +46,13 @@ static dg_status_t run_step(dg_exec_t *ex) {
 int main(int argc, char **argv) {
     const char *preset = "gpt2-124m", *precision = "bf16", *json = NULL;
     int B = 32, steps = 10, warmup = 3;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--preset") && v)
-            preset = argv[++i];
-        else if (!strcmp(a, "--B") && v)
-            B = atoi(argv[++i]);
-        else if (!strcmp(a, "--precision") && v)
-            precision = argv[++i];
-        else if (!strcmp(a, "--steps") && v)
-            steps = atoi(argv[++i]);
-        else if (!strcmp(a, "--warmup") && v)
-            warmup = atoi(argv[++i]);
-        else if (!strcmp(a, "--json") && v)
-            json = argv[++i];
-        else {
-            fprintf(stderr, "usage: bench_step [--preset gpt2-124m] [--B 32] [--precision "
-                            "fp32|bf16|fp16|fp8] [--steps 10] "
-                            "[--warmup 3] [--json FILE]\n");
-            return 2;
-        }
+    void *const dst[] = {&preset, &B, &precision, &steps, &warmup, &json};
+    if (bench_args(argc, argv, 1, "--preset=str --B=int --precision=str --steps=int --warmup=int --json=str",
+                   dst) < argc) {
+        fprintf(stderr, "usage: bench_step [--preset gpt2-124m] [--B 32] [--precision "
+                        "fp32|bf16|fp16|fp8] [--steps 10] "
+                        "[--warmup 3] [--json FILE]\n");
+        return 2;
     }
     if (B < 1 || steps < 1 || warmup < 0 || steps > 1000) {
         fprintf(stderr, "bench_step: bad --B / --steps / --warmup\n");
@@ -96,22 +74,11 @@ int main(int argc, char **argv) {
     MUST(dg_model_create(&d, be, B, 1337, &m));
     const size_t ntok = (size_t)B * T;
     int32_t *tok = malloc(ntok * sizeof *tok), *tgt = malloc(ntok * sizeof *tgt);
-    uint64_t s = 0x243F6A8885A308D3ull;
-    for (size_t i = 0; i < ntok; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        tok[i] = (int32_t)((s >> 33) % (uint64_t)d.vocab_size);
-    }
+    bench_fill_tokens(tok, ntok, d.vocab_size, 0x243F6A8885A308D3ull);
     for (size_t i = 0; i < ntok; i++)
         tgt[i] = i + 1 < ntok ? tok[i + 1] : tok[0];
     const float dloss = 1.0f / (float)ntok;
-    dg_optim_hparams_t h = {.lr = 6e-4f,
-                            .beta1 = 0.9f,
-                            .beta2 = 0.95f,
-                            .eps = 1e-8f,
-                            .weight_decay = 0.1f,
-                            .grad_clip = 1.0f,
-                            .t = 1,
-                            .inv_loss_scale = 0};
+    dg_optim_hparams_t h = bench_adamw(6e-4f, 1);
     cudaStream_t st = (cudaStream_t)dg_backend_cuda_stream(be);
     cudaEvent_t e0, e1;
     CU(cudaEventCreate(&e0));
@@ -201,8 +168,9 @@ int main(int argc, char **argv) {
 
     dg_cuda_mem_stats_t mem;
     MUST(dg_backend_cuda_mem_stats(be, &mem));
-    double api = median(t_api, steps), eager = median(t_eager, steps), gr = median(t_graph, steps);
-    double fb = median(t_fb, steps), opt = median(t_opt, steps);
+    double api = bench_median(t_api, steps), eager = bench_median(t_eager, steps),
+           gr = bench_median(t_graph, steps);
+    double fb = bench_median(t_fb, steps), opt = bench_median(t_opt, steps);
     double fpt = dg_model_flops_per_token(&d);
     double peak = dg_peak_flops_gpu(dg_backend_cuda_device_name(be), precision);
     printf("bench_step: %s, %s, B=%d T=%d (%zu tokens/step), %d ops/step, %zu graph nodes, GPU %s\n", preset,

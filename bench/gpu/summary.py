@@ -20,17 +20,26 @@ def load_json(path):
         return None
 
 
-def dgtrain_run(out, run):
-    path = os.path.join(out, "dgtrain_%s_metrics.jsonl" % run)
+def dgtrain_events(out, run):
+    """(the rows of OUT/dgtrain_RUN_metrics.jsonl by event, {"step": [...], "done": [...], ...}, the launch time
+    from OUT/dgtrain_RUN_launch.txt), as run.sh and ttfs.sh leave them; ({}, None) when either is missing or
+    unreadable. ttfs.sh imports it."""
     try:
-        rows = [json.loads(l) for l in open(path) if l.strip()]
+        rows = [json.loads(l) for l in open(os.path.join(out, "dgtrain_%s_metrics.jsonl" % run)) if l.strip()]
         launch = float(open(os.path.join(out, "dgtrain_%s_launch.txt" % run)).read())
     except (OSError, ValueError):
+        return {}, None
+    ev = {}
+    for r in rows:
+        ev.setdefault(r.get("event"), []).append(r)
+    return ev, launch
+
+
+def dgtrain_run(out, run):
+    ev, launch = dgtrain_events(out, run)
+    if not ev.get("step"):
         return None
-    steps = [r for r in rows if r.get("event") == "step"]
-    done = [r for r in rows if r.get("event") == "done"]
-    if not steps:
-        return None
+    steps, done = ev["step"], ev.get("done", [])
     steady = [r for r in steps if r["step"] > 5] or steps
     tps = sorted(r["tok_per_s"] for r in steady)
     mfu = sorted(r["mfu"] for r in steady if r.get("mfu") is not None)

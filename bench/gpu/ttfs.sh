@@ -56,20 +56,17 @@ if [ "${SKIP_TORCH:-0}" != 1 ]; then
   done
 fi
 
-"$py" - "$out" "$repeat" <<'PY' | tee -a "$summary"
+"$py" - "$out" "$repeat" "$here" <<'PY' | tee -a "$summary"
 import json, os, sys
 out, rep = sys.argv[1], int(sys.argv[2])
+sys.path.insert(0, sys.argv[3])
+from summary import dgtrain_events
 
 def dg(name):
-    try:
-        rows = [json.loads(l) for l in open(os.path.join(out, "dgtrain_%s_metrics.jsonl" % name)) if l.strip()]
-        launch = float(open(os.path.join(out, "dgtrain_%s_launch.txt" % name)).read())
-    except (OSError, ValueError):
+    ev, launch = dgtrain_events(out, name)
+    if not ev.get("step"):
         return None
-    st = [r for r in rows if r.get("event") == "start"]
-    steps = [r for r in rows if r.get("event") == "step"]
-    if not steps:
-        return None
+    steps, st = ev["step"], ev.get("start", [])
     s = st[-1] if st else {}
     return {"ttfs_s": steps[0]["time"] - launch, "step1_ms": steps[0].get("step_ms"),
             "plan_cache": s.get("plan_cache"), "plan_cache_reason": s.get("plan_cache_reason"),

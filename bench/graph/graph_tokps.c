@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../lib/bench_train.h"
 #include "dg_model.h"
 #include "graph.h"
 
@@ -62,28 +63,17 @@ int main(int argc, char **argv) {
     double seconds = 20, target = 2.5;
     char *files[64];
     int nfiles = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--preset") && i + 1 < argc)
-            preset = argv[++i];
-        else if (!strcmp(argv[i], "--micro-batch") && i + 1 < argc)
-            B = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
-            seconds = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--target") && i + 1 < argc)
-            target = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--train"))
-            train = 1;
-        else if (!strcmp(argv[i], "--text") && i + 1 < argc && nfiles < 64)
-            files[nfiles++] = argv[++i];
-        else {
+    const char *spec = "--preset=str --micro-batch=int --seconds=real --steps=int --target=real --train=flag";
+    void *const dst[] = {&preset, &B, &seconds, &steps, &target, &train};
+    for (int i = 1; (i = bench_args(argc, argv, i, spec, dst)) < argc; i += 2) {
+        if (strcmp(argv[i], "--text") || i + 1 >= argc || nfiles >= 64) {
             fprintf(stderr,
                     "usage: %s [--preset NAME] [--micro-batch B] [--seconds S] [--train] [--steps N] "
                     "[--target L] [--text FILE ...]\n",
                     argv[0]);
             return 1;
         }
+        files[nfiles++] = argv[i + 1];
     }
     dg_model_desc_t d;
     if (dg_model_desc_preset(preset, &d)) die("preset");
@@ -103,17 +93,11 @@ int main(int argc, char **argv) {
     if (!train) {
         uint64_t s = 5;
         for (size_t i = 0; i < ntok; i++) {
-            s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-            tok[i] = (int32_t)((s >> 33) % (uint64_t)d.vocab_size);
-            tgt[i] = (int32_t)((s >> 13) % (uint64_t)d.vocab_size);
+            const uint64_t r = bench_lcg(&s);
+            tok[i] = (int32_t)((r >> 33) % (uint64_t)d.vocab_size);
+            tgt[i] = (int32_t)((r >> 13) % (uint64_t)d.vocab_size);
         }
-        dg_optim_hparams_t h = {.lr = 1e-4f,
-                                .beta1 = 0.9f,
-                                .beta2 = 0.95f,
-                                .eps = 1e-8f,
-                                .weight_decay = 0.1f,
-                                .grad_clip = 1.0f,
-                                .t = 1};
+        dg_optim_hparams_t h = bench_adamw(1e-4f, 1);
         float loss, norm;
         for (int w = 0; w < 2; w++) { /* warm-up: page in the arena and the BLAS buffers */
             if (dg_model_zero_grad(m) || dg_model_forward_backward(m, tok, tgt, 1.0f / (float)ntok, &loss) ||
@@ -169,8 +153,7 @@ int main(int argc, char **argv) {
             float lsum = 0, loss;
             for (int mb = 0; mb < 2; mb++) {
                 for (int b = 0; b < B; b++) {
-                    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-                    size_t off = (size_t)((s >> 17) % (len - (size_t)T - 1));
+                    size_t off = (size_t)((bench_lcg(&s) >> 17) % (len - (size_t)T - 1));
                     for (int t = 0; t < T; t++) {
                         tok[b * T + t] = text[off + t];
                         tgt[b * T + t] = text[off + t + 1];
@@ -185,13 +168,7 @@ int main(int argc, char **argv) {
                 lr *= (double)st / 20;
             else
                 lr *= 0.1 + 0.9 * 0.5 * (1 + cos(M_PI * (double)(st - 20) / (double)(steps - 20)));
-            dg_optim_hparams_t h = {.lr = (float)lr,
-                                    .beta1 = 0.9f,
-                                    .beta2 = 0.95f,
-                                    .eps = 1e-8f,
-                                    .weight_decay = 0.1f,
-                                    .grad_clip = 1.0f,
-                                    .t = st};
+            const dg_optim_hparams_t h = bench_adamw((float)lr, st);
             float norm;
             if (dg_model_optimizer_step(m, &h, &norm)) die("optimizer");
             ema = st == 1 ? lsum : 0.9f * ema + 0.1f * lsum;

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../lib/bench_args.h"
 #include "backend.h"
 
 static dg_backend_t *g_be;
@@ -76,33 +77,13 @@ static void row(const char *name, const char *shape, double ms, double flops, do
 int main(int argc, char **argv) {
     int B = 8, T = 256, C = 384, NH = 6, L = 6, V = 256, threads = 0;
     double min_ratio = 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *k = argv[i];
-        double v = atof(argv[i + 1]);
-        if (!strcmp(k, "--B"))
-            B = (int)v;
-        else if (!strcmp(k, "--T"))
-            T = (int)v;
-        else if (!strcmp(k, "--C"))
-            C = (int)v;
-        else if (!strcmp(k, "--NH"))
-            NH = (int)v;
-        else if (!strcmp(k, "--L"))
-            L = (int)v;
-        else if (!strcmp(k, "--V"))
-            V = (int)v;
-        else if (!strcmp(k, "--threads"))
-            threads = (int)v;
-        else if (!strcmp(k, "--reps"))
-            g_reps = (int)v;
-        else if (!strcmp(k, "--min-gemm-ratio"))
-            min_ratio = v;
-        else if (!strcmp(k, "--cpu-clock"))
-            g_cpu_clock = (int)v;
-        else {
-            fprintf(stderr, "bench: unknown option %s\n", k);
-            return 1;
-        }
+    void *const dst[] = {&B, &T, &C, &NH, &L, &V, &threads, &g_reps, &min_ratio, &g_cpu_clock};
+    const char *spec = "--B=intf --T=intf --C=intf --NH=intf --L=intf --V=intf --threads=intf --reps=intf "
+                       "--min-gemm-ratio=real --cpu-clock=intf";
+    const int bad = bench_args(argc, argv, 1, spec, dst); /* pairs; a lone last argument is ignored */
+    if (bad + 1 < argc) {
+        fprintf(stderr, "bench: unknown option %s\n", argv[bad]);
+        return 1;
     }
     const int Vp = (V + 63) / 64 * 64, N = B * T;
     dg_backend_config_t cfg = {.act_dtype = DG_F32, .threads = threads};

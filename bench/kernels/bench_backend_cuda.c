@@ -33,6 +33,7 @@
 #include "backend.h"
 
 #define BENCH_WHO "bench"
+#include "../lib/bench_args.h"
 #include "../lib/bench_check.h"
 
 typedef struct {
@@ -354,21 +355,10 @@ int main(int argc, char **argv) {
     int B = 0, T = 1024, iters = 0;
     dg_dtype_t act = DG_BF16;
     const char *json = NULL, *mode = "kernels";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--mode") && i + 1 < argc)
-            mode = argv[++i];
-        else if (!strcmp(argv[i], "--B") && i + 1 < argc)
-            B = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--T") && i + 1 < argc)
-            T = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
-            iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
-            json = argv[++i];
-        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
-            const char *d = argv[++i];
-            act = !strcmp(d, "f32") ? DG_F32 : !strcmp(d, "f16") ? DG_F16 : DG_BF16;
-        } else {
+    void *const dst[] = {&mode, &B, &T, &iters, &json};
+    const char *spec = "--mode=str --B=int --T=int --iters=int --json=str";
+    for (int i = 1; (i = bench_args(argc, argv, i, spec, dst)) < argc; i += 2) {
+        if (strcmp(argv[i], "--dtype") || i + 1 >= argc) {
             fprintf(stderr,
                     "usage: %s [--mode kernels|lnbgrad|ce] [--B 8] [--T 1024] [--dtype bf16|f16|f32] "
                     "[--iters 20] "
@@ -376,6 +366,8 @@ int main(int argc, char **argv) {
                     argv[0]);
             return 2;
         }
+        const char *d = argv[i + 1];
+        act = !strcmp(d, "f32") ? DG_F32 : !strcmp(d, "f16") ? DG_F16 : DG_BF16;
     }
     const int lnbgrad = !strcmp(mode, "lnbgrad"), ce = !strcmp(mode, "ce");
     if (B == 0) B = lnbgrad || ce ? 32 : 8;

@@ -11,64 +11,32 @@
  * --micro B --steps N --warmup W. Medians over the timed steps.
  */
 #include <math.h>
-#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../lib/bench_mpi.h"
+#include "../lib/bench_train.h"
 #include "fsdp.h"
 #include "pp_exec.h"
 
 static int rank, world;
 
-#define CHECK(expr)                                                                                          \
-    do {                                                                                                     \
-        dg_status_t s_ = (expr);                                                                             \
-        if (s_ != DG_OK) {                                                                                   \
-            fprintf(stderr, "rank %d: %s failed: %s\n", rank, #expr, dg_last_error());                       \
-            MPI_Abort(MPI_COMM_WORLD, 2);                                                                    \
-        }                                                                                                    \
-    } while (0)
-
 typedef struct {
-    int layers, d_model, heads, seq, micro, steps, warmup;
+    BENCH_GPT_FIELDS;
 } opts_t;
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static void fill(int32_t *v, size_t n, int vocab, uint64_t seed) {
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-        v[i] = (int32_t)((seed >> 33) % (uint64_t)vocab);
-    }
-}
-
-static const dg_optim_hparams_t k_h = {.lr = 1e-3f,
-                                       .beta1 = 0.9f,
-                                       .beta2 = 0.95f,
-                                       .eps = 1e-8f,
-                                       .weight_decay = 0.1f,
-                                       .grad_clip = 1.0f,
-                                       .t = 1};
 
 /* One pipeline step; *wall: the slowest rank's step (zero_grad, schedule, optimizer), *bubble: 1 - the sum of
  * every rank's compute seconds / (p x the slowest rank's schedule replay). */
 static void pp_step(dg_pp_exec_t *e, const int32_t *tok, const int32_t *tgt, float dloss, double *wall,
                     double *bubble) {
+    const dg_optim_hparams_t k_h = bench_adamw(1e-3f, 1);
     MPI_Barrier(MPI_COMM_WORLD);
     double loss = 0, t0 = MPI_Wtime();
-    CHECK(dg_pp_exec_zero_grad(e));
-    CHECK(dg_pp_exec_step(e, tok, tgt, dloss, &loss));
+    RANK_MUST(dg_pp_exec_zero_grad(e));
+    RANK_MUST(dg_pp_exec_step(e, tok, tgt, dloss, &loss));
     float gn = 0;
-    CHECK(dg_pp_exec_optimizer(e, &k_h, &gn));
+    RANK_MUST(dg_pp_exec_optimizer(e, &k_h, &gn));
     double dt = MPI_Wtime() - t0, c = 0, r = 0, busy = 0, replay = 0;
     dg_pp_exec_times(e, &c, &r);
     MPI_Allreduce(&dt, wall, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -79,86 +47,69 @@ static void pp_step(dg_pp_exec_t *e, const int32_t *tok, const int32_t *tgt, flo
 
 static void dp_step(dg_model_t *m, const int32_t *tok, const int32_t *tgt, int accum, size_t per, float dloss,
                     double *wall) {
+    const dg_optim_hparams_t k_h = bench_adamw(1e-3f, 1);
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
-    CHECK(dg_model_zero_grad(m));
+    RANK_MUST(dg_model_zero_grad(m));
     for (int a = 0; a < accum; a++)
-        CHECK(dg_model_forward_backward(m, tok + (size_t)a * per, tgt + (size_t)a * per, dloss, NULL));
+        RANK_MUST(dg_model_forward_backward(m, tok + (size_t)a * per, tgt + (size_t)a * per, dloss, NULL));
     float gn = 0;
-    CHECK(dg_model_optimizer_step(m, &k_h, &gn));
+    RANK_MUST(dg_model_optimizer_step(m, &k_h, &gn));
     double dt = MPI_Wtime() - t0;
     MPI_Allreduce(&dt, wall, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 }
 
 static dg_pp_exec_t *make_pp(dg_fsdp_t *f, const dg_model_desc_t *d, dg_backend_t *be, const opts_t *o,
                              int m) {
-    dg_pp_exec_opts_t po;
-    memset(&po, 0, sizeof po);
-    po.kind = DG_PP_1F1B;
-    po.virt = 1;
-    po.pp = world;
-    po.stage = rank;
-    po.m = m;
-    po.desc = d;
-    po.be = be;
-    po.micro_batch = o->micro;
-    po.seed = 7;
-    po.par = f->par;
-    po.act = f->comms->pp_act;
-    po.grad = f->comms->pp_grad;
-    po.world = MPI_COMM_WORLD;
+    const dg_pp_exec_opts_t po = {.kind = DG_PP_1F1B,
+                                  .virt = 1,
+                                  .pp = world,
+                                  .stage = rank,
+                                  .m = m,
+                                  .desc = d,
+                                  .be = be,
+                                  .micro_batch = o->micro,
+                                  .seed = 7,
+                                  .par = f->par,
+                                  .act = f->comms->pp_act,
+                                  .grad = f->comms->pp_grad,
+                                  .world = MPI_COMM_WORLD};
     dg_pp_exec_t *e = NULL;
-    CHECK(dg_pp_exec_create(&po, &e));
+    RANK_MUST(dg_pp_exec_create(&po, &e));
     return e;
 }
 
 int main(int argc, char **argv) {
-    int prov = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    bench_mpi_init(&argc, &argv, &rank, &world);
     opts_t o = {.layers = 8, .d_model = 128, .heads = 4, .seq = 128, .micro = 2, .steps = 5, .warmup = 1};
-    for (int i = 1; i + 1 < argc; i += 2) {
-        int v = atoi(argv[i + 1]);
-        if (!strcmp(argv[i], "--layers"))
-            o.layers = v;
-        else if (!strcmp(argv[i], "--d-model"))
-            o.d_model = v;
-        else if (!strcmp(argv[i], "--heads"))
-            o.heads = v;
-        else if (!strcmp(argv[i], "--seq"))
-            o.seq = v;
-        else if (!strcmp(argv[i], "--micro"))
-            o.micro = v;
-        else if (!strcmp(argv[i], "--steps"))
-            o.steps = v;
-        else if (!strcmp(argv[i], "--warmup"))
-            o.warmup = v;
-    }
+    void *const dst[] = {BENCH_GPT_DST(&o)};
+    int i = 1; /* pairs of name and value; an unknown pair and a lone last argument are ignored */
+    while ((i = bench_args(argc, argv, i, BENCH_GPT_SPEC, dst)) + 1 < argc)
+        i += 2;
     if (world < 2) {
         fprintf(stderr, "bench_pp: needs >= 2 ranks (pipeline stages)\n");
         MPI_Finalize();
         return 2;
     }
-    dg_model_desc_t d = {o.layers, o.heads, o.d_model, o.seq, 256, 256};
+    dg_model_desc_t d = bench_gpt_desc(&o);
     dg_backend_config_t bc = {0};
     bc.act_dtype = DG_F32;
     bc.threads = 1;
     dg_backend_t *be = NULL;
-    CHECK(dg_backend_cpu_create(&bc, &be));
+    RANK_MUST(dg_backend_cpu_create(&bc, &be));
     dg_fsdp_opts_t fo;
     dg_fsdp_opts_default(&fo);
     snprintf(fo.comm, sizeof fo.comm, "mpi");
     dg_mesh_shape_t pmesh = {{1, 1, 1, world}, {DG_MESH_DP_REPLICATE, DG_MESH_DP_SHARD, DG_MESH_TP}};
     dg_mesh_shape_t dmesh = {{world, 1, 1, 1}, {DG_MESH_DP_REPLICATE, DG_MESH_DP_SHARD, DG_MESH_TP}};
     dg_fsdp_t *fp = NULL, *fd = NULL;
-    CHECK(dg_fsdp_create(MPI_COMM_WORLD, &pmesh, &fo, &fp));
-    CHECK(dg_fsdp_create(MPI_COMM_WORLD, &dmesh, &fo, &fd));
+    RANK_MUST(dg_fsdp_create(MPI_COMM_WORLD, &pmesh, &fo, &fp));
+    RANK_MUST(dg_fsdp_create(MPI_COMM_WORLD, &dmesh, &fo, &fd));
     const size_t per = (size_t)o.micro * (size_t)o.seq;
     const int mmax = 8 * world;
     int32_t *tok = malloc((size_t)mmax * per * sizeof *tok), *tgt = malloc((size_t)mmax * per * sizeof *tgt);
-    fill(tok, (size_t)mmax * per, 256, 1 + (uint64_t)rank);
-    fill(tgt, (size_t)mmax * per, 256, 99 + (uint64_t)rank);
+    bench_fill_tokens(tok, (size_t)mmax * per, 256, 1 + (uint64_t)rank);
+    bench_fill_tokens(tgt, (size_t)mmax * per, 256, 99 + (uint64_t)rank);
     double *w = calloc((size_t)o.steps, sizeof *w), *b = calloc((size_t)o.steps, sizeof *b);
     if (rank == 0)
         printf("bench_pp: %d layers, d_model %d, %d heads, seq %d, micro-batch %d, fp32 CPU, %d ranks, "
@@ -177,8 +128,8 @@ int main(int argc, char **argv) {
             w[s] = wall;
             b[s] = busy;
         }
-        double th = dg_pp_bubble_theory(DG_PP_1F1B, world, 1, m), mw = median(w, o.steps),
-               mb = median(b, o.steps);
+        double th = dg_pp_bubble_theory(DG_PP_1F1B, world, 1, m), mw = bench_median(w, o.steps),
+               mb = bench_median(b, o.steps);
         if (rank == 0)
             printf("  %2d %3d  %8.1f  %15.3f  %6.3f  %15.2f\n", world, m, 1e3 * mw, mb, th, mb / th);
         dg_pp_exec_free(e);
@@ -187,8 +138,8 @@ int main(int argc, char **argv) {
     int m = 4 * world, accum = m / world;
     dg_pp_exec_t *e = make_pp(fp, &d, be, &o, m);
     dg_model_t *dm = NULL;
-    CHECK(dg_fsdp_model_create(fd, &d, be, o.micro, 7, 0, &dm));
-    CHECK(dg_model_set_grad_accum(dm, accum));
+    RANK_MUST(dg_fsdp_model_create(fd, &d, be, o.micro, 7, 0, &dm));
+    RANK_MUST(dg_model_set_grad_accum(dm, accum));
     double *wd = calloc((size_t)o.steps, sizeof *wd);
     float dloss = 1.0f / (float)((size_t)m * per);
     double wall, busy;
@@ -198,7 +149,7 @@ int main(int argc, char **argv) {
         dp_step(dm, tok, tgt, accum, per, dloss, &wall);
         if (s >= o.warmup) wd[s - o.warmup] = wall;
     }
-    double mp = median(w, o.steps), md = median(wd, o.steps);
+    double mp = bench_median(w, o.steps), md = bench_median(wd, o.steps);
     if (rank == 0)
         printf(
             "\n  global batch %d sequences: pp=%d %.1f ms/step, dp_replicate=%d %.1f ms/step, pp/dp = %.2f\n",

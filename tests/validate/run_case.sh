@@ -65,28 +65,30 @@ ALL_REQ=(--require 'topology.devices' --require 'topology.binding' --require 'to
     --require 'storage.write' --require 'storage.read' --require 'storage.create' --require 'storage.rename'
     --require 'health.rtt')
 
+# every_check NP NODES "ENV=V ..." CHECK-ARGS...: every check at NP ranks (on NODES nodes), exit 0, and the
+# reports parsed with the expectations of a CPU machine plus CHECK-ARGS
+every_check() {
+    local np=$1 nodes=$2 envs=$3
+    shift 3
+    run "$np" "$envs" "$SLA" --run-dir "$WORK/run"
+    expect_rc 0
+    "${CHECK[@]}" "$WORK/run" --ranks "$np" --nodes "$nodes" --exit 0 "${GPU_EXP[@]}" "${TRAIN_EXP[@]}" "${ALL_REQ[@]}" \
+        "$@" || FAILED=1
+}
+
 case "$CASE" in
 np1)
-    run 1 "" "$SLA" --run-dir "$WORK/run"
-    expect_rc 0
-    "${CHECK[@]}" "$WORK/run" --ranks 1 --nodes 1 --exit 0 "${GPU_EXP[@]}" "${TRAIN_EXP[@]}" "${ALL_REQ[@]}" \
-        --expect 'health.rtt=SKIP' --expect 'comm.mpi.sendrecv.intra=SKIP' --expect 'comm.mpi.*.inter=SKIP' \
-        --expect 'comm.mpi.*.world=SKIP' || FAILED=1
+    every_check 1 1 "" --expect 'health.rtt=SKIP' --expect 'comm.mpi.sendrecv.intra=SKIP' \
+        --expect 'comm.mpi.*.inter=SKIP' --expect 'comm.mpi.*.world=SKIP'
     has_line '^dgvalidate: [0-9]+ checks: .* -> PASS \(exit 0\)$' "summary"
     ;;
 np2)
-    run 2 "" "$SLA" --run-dir "$WORK/run"
-    expect_rc 0
-    "${CHECK[@]}" "$WORK/run" --ranks 2 --nodes 1 --exit 0 "${GPU_EXP[@]}" "${TRAIN_EXP[@]}" "${ALL_REQ[@]}" \
-        --expect 'comm.mpi.*.inter=SKIP' --expect 'comm.mpi.*.world=SKIP' || FAILED=1
+    every_check 2 1 "" --expect 'comm.mpi.*.inter=SKIP' --expect 'comm.mpi.*.world=SKIP'
     has_line '^comm\.mpi\.allreduce\.intra +busbw [0-9.]+ [KMGT]?B/s .*PASS$' "allreduce row"
     ;;
 np4)
     # 2 simulated nodes of 2 ranks: the intra, inter and world groups all exist
-    run 4 "DG_BOOT_RANKS_PER_NODE=2" "$SLA" --run-dir "$WORK/run"
-    expect_rc 0
-    "${CHECK[@]}" "$WORK/run" --ranks 4 --nodes 2 --exit 0 "${GPU_EXP[@]}" "${TRAIN_EXP[@]}" "${ALL_REQ[@]}" \
-        --require 'comm.mpi.allreduce.inter' --require 'comm.mpi.sendrecv.world' || FAILED=1
+    every_check 4 2 "DG_BOOT_RANKS_PER_NODE=2" --require 'comm.mpi.allreduce.inter' --require 'comm.mpi.sendrecv.world'
     ;;
 slow)
     run 4 "DG_BOOT_RANKS_PER_NODE=2 DG_TEST_VALIDATE_SLOW_RANK=2 DG_TEST_VALIDATE_SLOW_FACTOR=1e6" "$SLA" --run-dir "$WORK/run" \
