@@ -346,6 +346,19 @@ typedef struct {
     size_t scratch_per_thread;
 } att_arg_t;
 
+/* Both passes: a's per-thread scratch (per_fn floats: see att_fwd_scratch, att_bwd_scratch), then fn over
+ * the B x NH heads. */
+static dg_status_t att_run(dg_cpu_t *cpu, att_arg_t a, size_t (*per_fn)(int T, int Tp, int hs),
+                           dg_cpu_task_fn fn) {
+    a.Tp = (a.T + 15) / 16 * 16;
+    a.scratch_per_thread = per_fn(a.T, a.Tp, a.C / a.NH);
+    a.scratch = dg_cpu_scratch(cpu, (size_t)cpu->nt * a.scratch_per_thread * sizeof(float));
+    if (!a.scratch) return dg_last_error_code();
+    a.avx512 = have_avx512();
+    dg_cpu_run(cpu, a.B * a.NH, fn, &a);
+    return DG_OK;
+}
+
 /* One (batch, head) pair. */
 static void att_fwd_task(void *argp, int bh, int worker) {
     const att_arg_t *a = argp;
@@ -379,14 +392,8 @@ dg_status_t dg_cpu_attention_fwd(dg_backend_t *be, void *out, void *aux, const v
     const char *op = "attention_fwd";
     DG_CPU_NONNULLS(op, out, aux, qkv);
     DG_TRY(check_shape(op, B, T, C, NH));
-    dg_cpu_t *cpu = dg_cpu_of(be);
-    const int hs = C / NH, Tp = (T + 15) / 16 * 16;
-    const size_t per = att_fwd_scratch(T, Tp, hs);
-    float *scratch = dg_cpu_scratch(cpu, (size_t)cpu->nt * per * sizeof(float));
-    if (!scratch) return dg_last_error_code();
-    att_arg_t a = {out, aux, NULL, qkv, NULL, B, T, C, NH, Tp, have_avx512(), scratch, per};
-    dg_cpu_run(cpu, B * NH, att_fwd_task, &a);
-    return DG_OK;
+    att_arg_t a = {.out = out, .p_all = aux, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH};
+    return att_run(dg_cpu_of(be), a, att_fwd_scratch, att_fwd_task);
 }
 
 static void att_bwd_task(void *argp, int bh, int worker) {
@@ -432,13 +439,7 @@ dg_status_t dg_cpu_attention_bwd(dg_backend_t *be, void *dqkv, const void *dout,
     (void)out; /* P in aux carries everything the backward pass needs */
     DG_CPU_NONNULLS(op, dqkv, dout, qkv, aux);
     DG_TRY(check_shape(op, B, T, C, NH));
-    dg_cpu_t *cpu = dg_cpu_of(be);
-    const int hs = C / NH, Tp = (T + 15) / 16 * 16;
-    /* per thread, indexed by the worker running the task */
-    const size_t per = att_bwd_scratch(T, Tp, hs);
-    float *scratch = dg_cpu_scratch(cpu, (size_t)cpu->nt * per * sizeof(float));
-    if (!scratch) return dg_last_error_code();
-    att_arg_t a = {NULL, (float *)aux, dqkv, qkv, dout, B, T, C, NH, Tp, have_avx512(), scratch, per};
-    dg_cpu_run(cpu, B * NH, att_bwd_task, &a);
-    return DG_OK;
+    att_arg_t a = {
+        .p_all = (float *)aux, .dqkv = dqkv, .qkv = qkv, .dout = dout, .B = B, .T = T, .C = C, .NH = NH};
+    return att_run(dg_cpu_of(be), a, att_bwd_scratch, att_bwd_task);
 }
