@@ -209,29 +209,29 @@ static void parse_or_assert(const dg_env_var_t *v, const char *s, int *b, int64_
                dg_last_error());
 }
 
-int dg_env_bool(const char *name) {
+/* Parses name's value, else its default, into b, i or d; a numeric switch with neither keeps *i or *d. */
+static void read_typed(const char *name, dg_env_type_t t, int *b, int64_t *i, double *d) {
     const dg_env_var_t *v;
-    const char *s = lookup(name, 0, DG_ENV_BOOL, &v);
+    const char *s = lookup(name, 0, t, &v);
+    if (!s) s = v->dflt;
+    if (*s || t == DG_ENV_BOOL) parse_or_assert(v, s, b, i, d);
+}
+
+int dg_env_bool(const char *name) {
     int b = 0;
-    parse_or_assert(v, s ? s : v->dflt, &b, NULL, NULL);
+    read_typed(name, DG_ENV_BOOL, &b, NULL, NULL);
     return b;
 }
 
 int64_t dg_env_int(const char *name) {
-    const dg_env_var_t *v;
-    const char *s = lookup(name, 0, DG_ENV_INT, &v);
     int64_t x = 0;
-    if (!s && !*v->dflt) return 0;
-    parse_or_assert(v, s ? s : v->dflt, NULL, &x, NULL);
+    read_typed(name, DG_ENV_INT, NULL, &x, NULL);
     return x;
 }
 
 double dg_env_double(const char *name) {
-    const dg_env_var_t *v;
-    const char *s = lookup(name, 0, DG_ENV_DOUBLE, &v);
     double x = 0;
-    if (!s && !*v->dflt) return 0;
-    parse_or_assert(v, s ? s : v->dflt, NULL, NULL, &x);
+    read_typed(name, DG_ENV_DOUBLE, NULL, NULL, &x);
     return x;
 }
 
