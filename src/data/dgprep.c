@@ -70,6 +70,29 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name, in
     return argv[++*i];
 }
 
+/* opt's value v as a whole number in [lo, hi] (`range`: the interval as the message shows it); a message
+ * and *err = 1 when it is not. */
+static long long int_value(const char *opt, const char *v, long long lo, long long hi, const char *range,
+                           int *err) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "dgprep: %s expects an integer in %s, got '%s'\n", opt, range, v);
+        *err = 1;
+    }
+    return x;
+}
+
+/* v, which must be one of the choices a and b; a message and *err = 1 when it is neither. */
+static const char *choice_value(const char *opt, const char *v, const char *a, const char *b, int *err) {
+    if (strcmp(v, a) && strcmp(v, b)) {
+        fprintf(stderr, "dgprep: %s expects '%s' or '%s', got '%s'\n", opt, a, b, v);
+        *err = 1;
+    }
+    return v;
+}
+
 int main(int argc, char **argv) {
     const char *out = NULL, *name = "default", *tok_kind = "bytes", *vocab = NULL, *hf = NULL, *docs = NULL;
     int threads = 0;
@@ -113,47 +136,19 @@ int main(int argc, char **argv) {
                 err = 1;
             }
         } else if ((v = opt_value(argc, argv, &i, "--shard-tokens", &err)) != NULL) {
-            char *end;
-            errno = 0;
-            shard_tokens = strtoll(v, &end, 10);
-            if (errno || end == v || *end || shard_tokens < 1 || shard_tokens > 2147483647LL) {
-                fprintf(stderr, "dgprep: --shard-tokens expects an integer in [1, 2147483647], got '%s'\n",
-                        v);
-                err = 1;
-            }
+            shard_tokens = int_value("--shard-tokens", v, 1, 2147483647LL, "[1, 2147483647]", &err);
         } else if ((v = opt_value(argc, argv, &i, "--tokenizer", &err)) != NULL) {
-            tok_kind = v;
-            if (strcmp(v, "bytes") && strcmp(v, "gpt2")) {
-                fprintf(stderr, "dgprep: --tokenizer expects 'bytes' or 'gpt2', got '%s'\n", v);
-                err = 1;
-            }
+            tok_kind = choice_value("--tokenizer", v, "bytes", "gpt2", &err);
         } else if ((v = opt_value(argc, argv, &i, "--docs", &err)) != NULL) {
-            docs = v;
-            if (strcmp(v, "file") && strcmp(v, "blank-line")) {
-                fprintf(stderr, "dgprep: --docs expects 'file' or 'blank-line', got '%s'\n", v);
-                err = 1;
-            }
+            docs = choice_value("--docs", v, "file", "blank-line", &err);
         } else if ((v = opt_value(argc, argv, &i, "--vocab", &err)) != NULL) {
             vocab = v;
         } else if ((v = opt_value(argc, argv, &i, "--hf-tokenizer", &err)) != NULL) {
             hf = v;
         } else if ((v = opt_value(argc, argv, &i, "--threads", &err)) != NULL) {
-            char *end;
-            errno = 0;
-            long t = strtol(v, &end, 10);
-            if (errno || end == v || *end || t < 1 || t > 4096) {
-                fprintf(stderr, "dgprep: --threads expects an integer in [1, 4096], got '%s'\n", v);
-                err = 1;
-            }
-            threads = (int)t;
+            threads = (int)int_value("--threads", v, 1, 4096, "[1, 4096]", &err);
         } else if ((v = opt_value(argc, argv, &i, "--chunk-bytes", &err)) != NULL) {
-            char *end;
-            errno = 0;
-            chunk = strtoll(v, &end, 10);
-            if (errno || end == v || *end || chunk < 1 || chunk > (1LL << 40)) {
-                fprintf(stderr, "dgprep: --chunk-bytes expects an integer in [1, 2^40], got '%s'\n", v);
-                err = 1;
-            }
+            chunk = int_value("--chunk-bytes", v, 1, 1LL << 40, "[1, 2^40]", &err);
         } else if (!err) {
             fprintf(stderr, "dgprep: unknown option '%s' (see dgprep --help)\n", a);
             err = 1;

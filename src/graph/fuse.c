@@ -33,6 +33,11 @@ dg_status_t dg_pass_fuse_gelu(dg_graph_t *g, void *ctx) {
     return DG_OK;
 }
 
+/* The graph's backend has a kernel for the fused op (none when the graph has no backend). */
+static int has_kernel(const dg_graph_t *g, dg_op_kind_t op) {
+    return g->be && !dg_op_missing_kernel(g->be, op);
+}
+
 /* 1 if matmul mm and the add `ad` that reads its output can become one MATMUL_RES with residual r (the
  * add's other operand): see graph.h */
 static int res_fusable(const dg_graph_t *g, const dg_node_t *mm, const dg_node_t *ad, const dg_node_t *r) {
@@ -56,8 +61,7 @@ static int res_fusable(const dg_graph_t *g, const dg_node_t *mm, const dg_node_t
 dg_status_t dg_pass_fuse_residual(dg_graph_t *g, void *ctx) {
     dg_fuse_res_t *fr = ctx;
     if (fr) fr->n_fused = 0;
-    if (!g->be || dg_op_missing_kernel(g->be, DG_OP_MATMUL_RES))
-        return DG_OK; /* the backend has none: keep the pair */
+    if (!has_kernel(g, DG_OP_MATMUL_RES)) return DG_OK; /* keep the pair */
     for (int i = 0; i < g->n; i++) {
         dg_node_t *ad = g->nodes[i];
         if (ad->op != DG_OP_ADD || ad->phase != DG_PHASE_FWD || ad->view_src) continue;
@@ -170,8 +174,7 @@ static int ce_fusable(const dg_graph_t *g, const dg_node_t *ce, const dg_node_t 
 dg_status_t dg_pass_fuse_crossentropy(dg_graph_t *g, void *ctx) {
     dg_fuse_ce_t *fc = ctx;
     if (fc) fc->n_fused = 0;
-    if (!g->be || dg_op_missing_kernel(g->be, DG_OP_CROSSENTROPY_FUSED))
-        return DG_OK; /* the backend has none: keep the pair */
+    if (!has_kernel(g, DG_OP_CROSSENTROPY_FUSED)) return DG_OK; /* keep the pair */
     for (int i = 0; i < g->n; i++) {
         dg_node_t *ce = g->nodes[i];
         if (ce->op != DG_OP_CROSSENTROPY || ce->phase != DG_PHASE_FWD) continue;

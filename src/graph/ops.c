@@ -321,11 +321,17 @@ static dg_status_t shape_zero(dg_graph_t *g, dg_node_t *n) {
     return DG_OK;
 }
 
+/* The norm and clip ops update one persistent tensor: the f32 scalars block. */
+static dg_status_t check_updates_scalars(dg_node_t *n) {
+    CHECK(n->n_upd == 1 && n->upd[0]->dtype == DG_F32 && dg_node_numel(n->upd[0]) >= DG_SCALAR_COUNT,
+          "needs the f32 scalars block");
+    return DG_OK;
+}
+
 static dg_status_t shape_sumsq(dg_graph_t *g, dg_node_t *n) {
     (void)g;
     CHECK(n->src[0]->dtype == DG_F32, "sums squares of an f32 tensor");
-    CHECK(n->n_upd == 1 && n->upd[0]->dtype == DG_F32 && dg_node_numel(n->upd[0]) >= DG_SCALAR_COUNT,
-          "needs the f32 scalars block");
+    DG_TRY(check_updates_scalars(n));
     n->storage = DG_STORE_NONE;
     return DG_OK;
 }
@@ -336,8 +342,7 @@ static dg_status_t shape_sumsq_all(dg_graph_t *g, dg_node_t *n) {
     const dg_node_t *grad = n->src[0], *tab = n->src[1];
     size_t span = dg_node_numel(grad);
     CHECK(grad->dtype == DG_F32, "sums squares of the f32 flat gradient");
-    CHECK(n->n_upd == 1 && n->upd[0]->dtype == DG_F32 && dg_node_numel(n->upd[0]) >= DG_SCALAR_COUNT,
-          "needs the f32 scalars block");
+    DG_TRY(check_updates_scalars(n));
     int ns = (int)n->attr[DG_A_NSEG];
     CHECK(ns >= 1 && ns == g->n_norm_segs && g->norm_segs, "%d segments, the graph describes %d", ns,
           g->n_norm_segs);
@@ -356,41 +361,40 @@ static dg_status_t shape_sumsq_all(dg_graph_t *g, dg_node_t *n) {
 
 static dg_status_t shape_clip_scale(dg_graph_t *g, dg_node_t *n) {
     (void)g;
-    CHECK(n->n_upd == 1 && n->upd[0]->dtype == DG_F32 && dg_node_numel(n->upd[0]) >= DG_SCALAR_COUNT,
-          "needs the f32 scalars block");
+    DG_TRY(check_updates_scalars(n));
     n->storage = DG_STORE_NONE;
     return DG_OK;
 }
 
-static dg_status_t shape_adamw(dg_graph_t *g, dg_node_t *n) {
+/* AdamW's operands: an f32 gradient (flat: the fused op's flat one) and the scalars block, and four updated
+ * states of the gradient's length, master, m and v f32 and the parameter(s) in the act dtype. */
+static dg_status_t check_adamw(const dg_graph_t *g, dg_node_t *n, int flat) {
     const dg_node_t *grad = n->src[0], *sc = n->src[1];
-    CHECK(n->n_upd == 4, "updates master, m, v and the parameter");
+    const char *s = flat ? "s" : "", *fl = flat ? "flat " : "";
+    CHECK(n->n_upd == 4, "updates master, m, v and the parameter%s", s);
     size_t numel = dg_node_numel(grad);
     CHECK(grad->dtype == DG_F32 && sc->dtype == DG_F32 && dg_node_numel(sc) >= DG_SCALAR_COUNT,
-          "needs an f32 gradient and the scalars block");
+          "needs %s gradient and the scalars block", flat ? "the f32 flat" : "an f32");
     for (int k = 0; k < 4; k++)
-        CHECK(dg_node_numel(n->upd[k]) == numel, "state %d has %zu elements, gradient %zu", k,
-              dg_node_numel(n->upd[k]), numel);
+        CHECK(dg_node_numel(n->upd[k]) == numel, "%sstate %d has %zu elements, %sgradient %zu", fl, k,
+              dg_node_numel(n->upd[k]), flat ? "the flat " : "", numel);
     CHECK(n->upd[0]->dtype == DG_F32 && n->upd[1]->dtype == DG_F32 && n->upd[2]->dtype == DG_F32 &&
               n->upd[3]->dtype == g->act_dtype,
-          "master, m, v must be f32 and the parameter in the act dtype");
+          "master, m, v must be f32 and the parameter%s in the act dtype", s);
+    return DG_OK;
+}
+
+static dg_status_t shape_adamw(dg_graph_t *g, dg_node_t *n) {
+    DG_TRY(check_adamw(g, n, 0));
     n->storage = DG_STORE_NONE;
     return DG_OK;
 }
 
 /* The fused AdamW: every segment of g->opt_segs inside the flat leaves, which all have `span` elements. */
 static dg_status_t shape_adamw_all(dg_graph_t *g, dg_node_t *n) {
-    const dg_node_t *grad = n->src[0], *sc = n->src[1], *tab = n->src[2];
-    CHECK(n->n_upd == 4, "updates master, m, v and the parameters");
-    size_t span = dg_node_numel(grad);
-    CHECK(grad->dtype == DG_F32 && sc->dtype == DG_F32 && dg_node_numel(sc) >= DG_SCALAR_COUNT,
-          "needs the f32 flat gradient and the scalars block");
-    for (int k = 0; k < 4; k++)
-        CHECK(dg_node_numel(n->upd[k]) == span, "flat state %d has %zu elements, the flat gradient %zu", k,
-              dg_node_numel(n->upd[k]), span);
-    CHECK(n->upd[0]->dtype == DG_F32 && n->upd[1]->dtype == DG_F32 && n->upd[2]->dtype == DG_F32 &&
-              n->upd[3]->dtype == g->act_dtype,
-          "master, m, v must be f32 and the parameters in the act dtype");
+    const dg_node_t *tab = n->src[2];
+    DG_TRY(check_adamw(g, n, 1));
+    size_t span = dg_node_numel(n->src[0]);
     int ns = (int)n->attr[DG_A_NSEG];
     CHECK(ns >= 1 && ns == g->n_opt_segs && g->opt_segs, "%d segments, the graph describes %d", ns,
           g->n_opt_segs);

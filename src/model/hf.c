@@ -210,23 +210,25 @@ dg_status_t dg_st_write(const char *path, const dg_st_out_t *t, int n) {
 
 /* ---------------- name map ---------------- */
 
+/* A layer's parameters in pairs: a layer norm's weight and bias keep their names; a linear layer's are
+ * renamed, and its weight is transposed (Hugging Face's GPT-2 stores Conv1D weights [in, out]). */
+#define ROW(dg, hf, layout)                                                                                  \
+    { dg, hf, layout }
+#define PAIR(dg, hf, wlayout)                                                                                \
+    ROW(dg ".weight", hf ".weight", wlayout), ROW(dg ".bias", hf ".bias", DG_HF_PLAIN)
+#define NORM(name) PAIR(name, name, DG_HF_PLAIN)
+#define LINEAR(dg, hf) PAIR(dg, hf, DG_HF_TRANSPOSE)
 static const struct {
     const char *dg, *hf;
     int layout;
 } k_layer_map[] = {
-    {"ln_1.weight", "ln_1.weight", DG_HF_PLAIN},
-    {"ln_1.bias", "ln_1.bias", DG_HF_PLAIN},
-    {"attn.qkv.weight", "attn.c_attn.weight", DG_HF_TRANSPOSE},
-    {"attn.qkv.bias", "attn.c_attn.bias", DG_HF_PLAIN},
-    {"attn.proj.weight", "attn.c_proj.weight", DG_HF_TRANSPOSE},
-    {"attn.proj.bias", "attn.c_proj.bias", DG_HF_PLAIN},
-    {"ln_2.weight", "ln_2.weight", DG_HF_PLAIN},
-    {"ln_2.bias", "ln_2.bias", DG_HF_PLAIN},
-    {"mlp.fc.weight", "mlp.c_fc.weight", DG_HF_TRANSPOSE},
-    {"mlp.fc.bias", "mlp.c_fc.bias", DG_HF_PLAIN},
-    {"mlp.proj.weight", "mlp.c_proj.weight", DG_HF_TRANSPOSE},
-    {"mlp.proj.bias", "mlp.c_proj.bias", DG_HF_PLAIN},
+    NORM("ln_1"), LINEAR("attn.qkv", "attn.c_attn"), LINEAR("attn.proj", "attn.c_proj"),
+    NORM("ln_2"), LINEAR("mlp.fc", "mlp.c_fc"),      LINEAR("mlp.proj", "mlp.c_proj"),
 };
+#undef ROW
+#undef PAIR
+#undef NORM
+#undef LINEAR
 #define N_LAYER_MAP ((int)(sizeof k_layer_map / sizeof k_layer_map[0]))
 
 int dg_hf_name(const char *name, char *hf, size_t cap) {

@@ -343,6 +343,13 @@ static void put_id(buf_t *b, const dg_graph_t *g, const dg_node_t *n, int *ok) {
 }
 #define PID(x) put_id(b, g, (x), &ok)
 
+/* A node's list of cnt node references, as get_node_ids reads it: cnt, then cap ids (-1 past cnt). */
+static void put_ids(buf_t *b, const dg_graph_t *g, dg_node_t *const *ids, int cnt, int cap, int *ok) {
+    put64(b, cnt);
+    for (int i = 0; i < cap; i++)
+        put_id(b, g, i < cnt ? ids[i] : NULL, ok);
+}
+
 static int put_node(buf_t *b, const dg_graph_t *g, const dg_node_t *n) {
     int ok = 1;
     buf_put(b, n->name, sizeof n->name);
@@ -361,18 +368,10 @@ static int put_node(buf_t *b, const dg_graph_t *g, const dg_node_t *n) {
     put64(b, (int64_t)n->nbytes);
     put64(b, n->shard_dim);
     put64(b, n->shard_off);
-    put64(b, n->n_src);
-    for (int i = 0; i < DG_MAX_SRC; i++)
-        PID(i < n->n_src ? n->src[i] : NULL);
-    put64(b, n->n_upd);
-    for (int i = 0; i < DG_MAX_UPD; i++)
-        PID(i < n->n_upd ? n->upd[i] : NULL);
-    put64(b, n->n_side);
-    for (int i = 0; i < DG_MAX_SIDE; i++)
-        PID(i < n->n_side ? n->side[i] : NULL);
-    put64(b, n->n_wait);
-    for (int i = 0; i < DG_MAX_WAIT; i++)
-        PID(i < n->n_wait ? n->wait[i] : NULL);
+    put_ids(b, g, n->src, n->n_src, DG_MAX_SRC, &ok);
+    put_ids(b, g, n->upd, n->n_upd, DG_MAX_UPD, &ok);
+    put_ids(b, g, n->side, n->n_side, DG_MAX_SIDE, &ok);
+    put_ids(b, g, n->wait, n->n_wait, DG_MAX_WAIT, &ok);
     for (int i = 0; i < DG_MAX_ATTR; i++)
         put64(b, n->attr[i]);
     PID(n->view_src);

@@ -14,59 +14,58 @@
 
 typedef struct {
     const char *name;
-    double factor;
-    dg_dim_t dim;
+    double factor; /* to the dimension's base unit, its first */
 } unit_t;
 
-static const unit_t k_units[] = {
-    {"B/s", 1, DG_DIM_BANDWIDTH},
-    {"KB/s", 1e3, DG_DIM_BANDWIDTH},
-    {"MB/s", 1e6, DG_DIM_BANDWIDTH},
-    {"GB/s", 1e9, DG_DIM_BANDWIDTH},
-    {"TB/s", 1e12, DG_DIM_BANDWIDTH},
-    {"KiB/s", 1024.0, DG_DIM_BANDWIDTH},
-    {"MiB/s", 1048576.0, DG_DIM_BANDWIDTH},
-    {"GiB/s", 1073741824.0, DG_DIM_BANDWIDTH},
-    {"TiB/s", 1099511627776.0, DG_DIM_BANDWIDTH},
-    {"Gbit/s", 1e9 / 8, DG_DIM_BANDWIDTH},
-    {"FLOP/s", 1, DG_DIM_FLOPS},
-    {"KFLOP/s", 1e3, DG_DIM_FLOPS},
-    {"MFLOP/s", 1e6, DG_DIM_FLOPS},
-    {"GFLOP/s", 1e9, DG_DIM_FLOPS},
-    {"TFLOP/s", 1e12, DG_DIM_FLOPS},
-    {"PFLOP/s", 1e15, DG_DIM_FLOPS},
-    {"s", 1, DG_DIM_TIME},
-    {"ms", 1e-3, DG_DIM_TIME},
-    {"us", 1e-6, DG_DIM_TIME},
-    {"ns", 1e-9, DG_DIM_TIME},
-    {"x", 1, DG_DIM_RATIO},
-    {"frac", 1, DG_DIM_RATIO},
-    {"%", 0.01, DG_DIM_RATIO},
-    {"tok/s", 1, DG_DIM_TOKRATE},
-    {"Ktok/s", 1e3, DG_DIM_TOKRATE},
-    {"Mtok/s", 1e6, DG_DIM_TOKRATE},
-    {"z", 1, DG_DIM_ZSCORE},
+/* Each dimension: the list of its units that messages show, and the units (up to the first without a
+ * name). */
+static const struct {
+    dg_dim_t dim;
+    const char *shown;
+    unit_t units[10];
+} k_dims[] = {
+    {DG_DIM_BANDWIDTH,
+     "B/s, KB/s, MB/s, GB/s, TB/s, KiB/s .. TiB/s, Gbit/s",
+     {{"B/s", 1},
+      {"KB/s", 1e3},
+      {"MB/s", 1e6},
+      {"GB/s", 1e9},
+      {"TB/s", 1e12},
+      {"KiB/s", 1024.0},
+      {"MiB/s", 1048576.0},
+      {"GiB/s", 1073741824.0},
+      {"TiB/s", 1099511627776.0},
+      {"Gbit/s", 1e9 / 8}}},
+    {DG_DIM_FLOPS,
+     "FLOP/s, KFLOP/s, MFLOP/s, GFLOP/s, TFLOP/s, PFLOP/s",
+     {{"FLOP/s", 1},
+      {"KFLOP/s", 1e3},
+      {"MFLOP/s", 1e6},
+      {"GFLOP/s", 1e9},
+      {"TFLOP/s", 1e12},
+      {"PFLOP/s", 1e15}}},
+    {DG_DIM_TIME, "s, ms, us, ns", {{"s", 1}, {"ms", 1e-3}, {"us", 1e-6}, {"ns", 1e-9}}},
+    {DG_DIM_RATIO, "x, frac, %", {{"x", 1}, {"frac", 1}, {"%", 0.01}}},
+    {DG_DIM_TOKRATE, "tok/s, Ktok/s, Mtok/s", {{"tok/s", 1}, {"Ktok/s", 1e3}, {"Mtok/s", 1e6}}},
+    {DG_DIM_ZSCORE, "z", {{"z", 1}}},
 };
+#define N_DIMS (sizeof k_dims / sizeof *k_dims)
+#define N_UNITS (sizeof k_dims[0].units / sizeof k_dims[0].units[0])
 
 double dg_sla_unit_factor(const char *unit, dg_dim_t *dim) {
-    for (size_t i = 0; i < sizeof k_units / sizeof *k_units; i++)
-        if (strcmp(k_units[i].name, unit) == 0) {
-            if (dim) *dim = k_units[i].dim;
-            return k_units[i].factor;
-        }
+    for (size_t d = 0; d < N_DIMS; d++)
+        for (size_t i = 0; i < N_UNITS && k_dims[d].units[i].name; i++)
+            if (strcmp(k_dims[d].units[i].name, unit) == 0) {
+                if (dim) *dim = k_dims[d].dim;
+                return k_dims[d].units[i].factor;
+            }
     return 0;
 }
 
 const char *dg_sla_dim_units(dg_dim_t d) {
-    static const char *const units[] = {
-        [DG_DIM_BANDWIDTH] = "B/s, KB/s, MB/s, GB/s, TB/s, KiB/s .. TiB/s, Gbit/s",
-        [DG_DIM_FLOPS] = "FLOP/s, KFLOP/s, MFLOP/s, GFLOP/s, TFLOP/s, PFLOP/s",
-        [DG_DIM_TIME] = "s, ms, us, ns",
-        [DG_DIM_RATIO] = "x, frac, %",
-        [DG_DIM_TOKRATE] = "tok/s, Ktok/s, Mtok/s",
-        [DG_DIM_ZSCORE] = "z",
-    };
-    return DG_ENUM_NAME(units, d, "?");
+    for (size_t k = 0; k < N_DIMS; k++)
+        if (k_dims[k].dim == d) return k_dims[k].shown;
+    return "?";
 }
 
 void dg_sla_ref_bounds(const dg_sla_ref_t *r, double *lo, double *hi) {

@@ -139,21 +139,26 @@ void dg_vreport_print_table(const dg_vreport_t *r, FILE *out) {
 
 /* ---------------------------------------------------------------- JSON */
 
+/* `pre` (separator and "key": ) then v as a JSON string, or as a JSON number */
+static void json_str_after(vbuf_t *b, const char *pre, const char *v) {
+    vbuf_printf(b, "%s", pre);
+    vbuf_json_str(b, v);
+}
+static void json_num_after(vbuf_t *b, const char *pre, double v) {
+    vbuf_printf(b, "%s", pre);
+    vbuf_json_num(b, v);
+}
+
 dg_status_t dg_vreport_write_json(const dg_vreport_t *r, const char *path) {
     vbuf_t b = {0};
     int n[4];
     counts(r, n);
     int code = dg_vreport_exit_code(r);
-    vbuf_printf(&b, "{\n  \"suite\": \"dgvalidate\",\n  \"version\": ");
-    vbuf_json_str(&b, DG_VERSION_STRING);
-    vbuf_printf(&b, ",\n  \"started\": ");
-    vbuf_json_str(&b, r->started);
-    vbuf_printf(&b, ",\n  \"seconds\": ");
-    vbuf_json_num(&b, r->seconds);
-    vbuf_printf(&b, ",\n  \"sla\": ");
-    vbuf_json_str(&b, r->sla);
-    vbuf_printf(&b, ",\n  \"run_dir\": ");
-    vbuf_json_str(&b, r->run_dir);
+    json_str_after(&b, "{\n  \"suite\": \"dgvalidate\",\n  \"version\": ", DG_VERSION_STRING);
+    json_str_after(&b, ",\n  \"started\": ", r->started);
+    json_num_after(&b, ",\n  \"seconds\": ", r->seconds);
+    json_str_after(&b, ",\n  \"sla\": ", r->sla);
+    json_str_after(&b, ",\n  \"run_dir\": ", r->run_dir);
     vbuf_printf(&b, ",\n  \"world_size\": %d,\n  \"n_nodes\": %d,\n  \"hosts\": [", r->world_size,
                 r->n_nodes);
     /* r->hosts is a space-separated list */
@@ -175,8 +180,7 @@ dg_status_t dg_vreport_write_json(const dg_vreport_t *r, const char *path) {
     vbuf_printf(&b, "  \"counts\": {\"pass\": %d, \"fail\": %d, \"error\": %d, \"skip\": %d},\n",
                 n[DG_VERDICT_PASS], n[DG_VERDICT_FAIL], n[DG_VERDICT_ERROR], n[DG_VERDICT_SKIP]);
     if (r->aborted_exit) {
-        vbuf_printf(&b, "  \"aborted\": ");
-        vbuf_json_str(&b, r->aborted_msg);
+        json_str_after(&b, "  \"aborted\": ", r->aborted_msg);
         vbuf_printf(&b, ",\n");
     }
     vbuf_printf(&b, "  \"checks\": [");
@@ -184,23 +188,17 @@ dg_status_t dg_vreport_write_json(const dg_vreport_t *r, const char *path) {
         const dg_vcheck_t *c = &r->checks[i];
         vbuf_printf(&b, "%s\n    {\"name\": ", i ? "," : "");
         vbuf_json_str(&b, c->name);
-        vbuf_printf(&b, ", \"group\": ");
-        vbuf_json_str(&b, c->group);
+        json_str_after(&b, ", \"group\": ", c->group);
         vbuf_printf(&b, ", \"verdict\": \"%s\", \"value\": ", dg_verdict_name(c->verdict));
         if (c->has_value)
             vbuf_json_num(&b, c->value);
         else
             vbuf_printf(&b, "null");
-        vbuf_printf(&b, ", \"unit\": ");
-        vbuf_json_str(&b, c->unit);
-        vbuf_printf(&b, ", \"measured\": ");
-        vbuf_json_str(&b, c->measured);
-        vbuf_printf(&b, ", \"reference\": ");
-        vbuf_json_str(&b, c->reference);
-        vbuf_printf(&b, ", \"message\": ");
-        vbuf_json_str(&b, c->message);
-        vbuf_printf(&b, ", \"seconds\": ");
-        vbuf_json_num(&b, c->seconds);
+        json_str_after(&b, ", \"unit\": ", c->unit);
+        json_str_after(&b, ", \"measured\": ", c->measured);
+        json_str_after(&b, ", \"reference\": ", c->reference);
+        json_str_after(&b, ", \"message\": ", c->message);
+        json_num_after(&b, ", \"seconds\": ", c->seconds);
         vbuf_printf(&b, ", \"details\": %s}", c->details ? c->details : "{}");
     }
     vbuf_printf(&b, "\n  ]\n}\n");

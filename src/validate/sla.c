@@ -314,34 +314,38 @@ typedef struct {
     size_t cap; /* strings */
 } setting_t;
 
-#define OFF(f) offsetof(dg_sla_settings_t, f)
+/* A setting named as its field of dg_sla_settings_t; BUF: a string field, with its capacity. */
+#define SET(f, kind)                                                                                         \
+    { #f, kind, offsetof(dg_sla_settings_t, f), 0 }
+#define BUF(f, kind)                                                                                         \
+    { #f, kind, offsetof(dg_sla_settings_t, f), sizeof(((dg_sla_settings_t *)0)->f) }
 static const setting_t k_settings[] = {
-    {"checks", ST_CHECKS, OFF(checks), sizeof(((dg_sla_settings_t *)0)->checks)},
-    {"straggler_fraction", ST_FRAC, OFF(straggler_fraction), 0},
-    {"comm_backends", ST_BACKENDS, OFF(comm_backends), sizeof(((dg_sla_settings_t *)0)->comm_backends)},
-    {"comm_sizes", ST_SIZES, OFF(comm_sizes), 0},
-    {"comm_iters", ST_POS_INT, OFF(comm_iters), 0},
-    {"comm_warmup", ST_INT, OFF(comm_warmup), 0},
-    {"comm_timeout_s", ST_POS_DBL, OFF(comm_timeout_s), 0},
-    {"cpu_gemm_n", ST_POS_INT, OFF(cpu_gemm_n), 0},
-    {"cpu_gemm_reps", ST_POS_INT, OFF(cpu_gemm_reps), 0},
-    {"cpu_stream_mb", ST_POS_DBL, OFF(cpu_stream_mb), 0},
-    {"cpu_stream_reps", ST_POS_INT, OFF(cpu_stream_reps), 0},
-    {"gpu_gemm_n", ST_POS_INT, OFF(gpu_gemm_n), 0},
-    {"gpu_gemm_reps", ST_POS_INT, OFF(gpu_gemm_reps), 0},
-    {"gpu_stream_mb", ST_POS_DBL, OFF(gpu_stream_mb), 0},
-    {"gpu_stream_reps", ST_POS_INT, OFF(gpu_stream_reps), 0},
-    {"storage_dir", ST_STR, OFF(storage_dir), sizeof(((dg_sla_settings_t *)0)->storage_dir)},
-    {"storage_mb", ST_POS_DBL, OFF(storage_mb), 0},
-    {"storage_meta_files", ST_POS_INT, OFF(storage_meta_files), 0},
-    {"rtt_reps", ST_POS_INT, OFF(rtt_reps), 0},
-    {"heartbeat_s", ST_POS_DBL, OFF(heartbeat_s), 0},
-    {"train_steps", ST_POS_INT, OFF(train_steps), 0},
-    {"train_micro_batch", ST_POS_INT, OFF(train_micro_batch), 0},
-    {"train_global_batch", ST_INT, OFF(train_global_batch), 0},
-    {"train_loss_rtol", ST_NONNEG_DBL, OFF(train_loss_rtol), 0},
-    {"train_resume_rtol", ST_NONNEG_DBL, OFF(train_resume_rtol), 0},
-    {"train_config", ST_STR, OFF(train_config), sizeof(((dg_sla_settings_t *)0)->train_config)},
+    BUF(checks, ST_CHECKS),
+    SET(straggler_fraction, ST_FRAC),
+    BUF(comm_backends, ST_BACKENDS),
+    SET(comm_sizes, ST_SIZES),
+    SET(comm_iters, ST_POS_INT),
+    SET(comm_warmup, ST_INT),
+    SET(comm_timeout_s, ST_POS_DBL),
+    SET(cpu_gemm_n, ST_POS_INT),
+    SET(cpu_gemm_reps, ST_POS_INT),
+    SET(cpu_stream_mb, ST_POS_DBL),
+    SET(cpu_stream_reps, ST_POS_INT),
+    SET(gpu_gemm_n, ST_POS_INT),
+    SET(gpu_gemm_reps, ST_POS_INT),
+    SET(gpu_stream_mb, ST_POS_DBL),
+    SET(gpu_stream_reps, ST_POS_INT),
+    BUF(storage_dir, ST_STR),
+    SET(storage_mb, ST_POS_DBL),
+    SET(storage_meta_files, ST_POS_INT),
+    SET(rtt_reps, ST_POS_INT),
+    SET(heartbeat_s, ST_POS_DBL),
+    SET(train_steps, ST_POS_INT),
+    SET(train_micro_batch, ST_POS_INT),
+    SET(train_global_batch, ST_INT),
+    SET(train_loss_rtol, ST_NONNEG_DBL),
+    SET(train_resume_rtol, ST_NONNEG_DBL),
+    BUF(train_config, ST_STR),
 };
 #define N_SETTINGS ((int)(sizeof k_settings / sizeof *k_settings))
 

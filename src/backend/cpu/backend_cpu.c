@@ -162,15 +162,10 @@ typedef struct {
     void *dst;
     const void *src;
     dg_dtype_t dst_t, src_t;
-    size_t n;
-    int tasks;
 } cast_arg_t;
 
-static void cast_task(void *argp, int task, int worker) {
-    (void)worker;
+static void cast_task(const void *argp, size_t lo, size_t hi) {
     const cast_arg_t *a = argp;
-    size_t lo, hi;
-    dg_cpu_range(a->n, a->tasks, task, &lo, &hi);
     for (size_t i = lo; i < hi; i++) {
         float v;
         switch (a->src_t) {
@@ -209,8 +204,8 @@ static dg_status_t cpu_cast(dg_backend_t *be, void *dst, dg_dtype_t dst_t, const
         memmove(dst, src, n * dg_dtype_size(dst_t));
         return DG_OK;
     }
-    cast_arg_t a = {dst, src, dst_t, src_t, n, dg_cpu_ew_tasks(dg_cpu_of(be), n)};
-    dg_cpu_run(dg_cpu_of(be), a.tasks, cast_task, &a);
+    cast_arg_t a = {dst, src, dst_t, src_t};
+    dg_cpu_run_range(dg_cpu_of(be), n, dg_cpu_ew_tasks(dg_cpu_of(be), n), cast_task, &a);
     return DG_OK;
 }
 
@@ -221,8 +216,6 @@ typedef struct {
     float *out;
     const float *a, *b;
     float s;
-    size_t n;
-    int tasks;
 } ew_arg_t;
 
 DG_CPU_VEC static void ew_range(int kind, float *o, const float *x, const float *y, float s, size_t n) {
@@ -245,18 +238,15 @@ DG_CPU_VEC static void ew_range(int kind, float *o, const float *x, const float 
     }
 }
 
-static void ew_task(void *argp, int task, int worker) {
-    (void)worker;
+static void ew_task(const void *argp, size_t lo, size_t hi) {
     const ew_arg_t *a = argp;
-    size_t lo, hi;
-    dg_cpu_range(a->n, a->tasks, task, &lo, &hi);
     ew_range(a->kind, a->out + lo, a->a ? a->a + lo : NULL, a->b ? a->b + lo : NULL, a->s, hi - lo);
 }
 
 static void ew_run(dg_backend_t *be, int kind, float *out, const float *x, const float *y, float s,
                    size_t n) {
-    ew_arg_t a = {kind, out, x, y, s, n, dg_cpu_ew_tasks(dg_cpu_of(be), n)};
-    dg_cpu_run(dg_cpu_of(be), a.tasks, ew_task, &a);
+    ew_arg_t a = {kind, out, x, y, s};
+    dg_cpu_run_range(dg_cpu_of(be), n, dg_cpu_ew_tasks(dg_cpu_of(be), n), ew_task, &a);
 }
 
 static dg_status_t cpu_add(dg_backend_t *be, void *out, const void *a, const void *b, size_t n) {
@@ -395,16 +385,11 @@ typedef struct {
     float *master, *cw;
     const float *grad;
     float *m, *v;
-    size_t n;
     float lr, b1, b2, eps, wd, inv_bc1, inv_bc2, gs;
-    int tasks;
 } adamw_arg_t;
 
-static void adamw_task(void *argp, int task, int worker) {
-    (void)worker;
+static void adamw_task(const void *argp, size_t lo, size_t hi) {
     const adamw_arg_t *a = argp;
-    size_t lo, hi;
-    dg_cpu_range(a->n, a->tasks, task, &lo, &hi);
     adamw_range(a->master + lo, a->cw ? a->cw + lo : NULL, a->grad + lo, a->m + lo, a->v + lo, hi - lo, a->lr,
                 a->b1, a->b2, a->eps, a->wd, a->inv_bc1, a->inv_bc2, a->gs);
 }
@@ -422,10 +407,8 @@ static dg_status_t cpu_adamw(dg_backend_t *be, float *master, void *compute, con
     const float inv_bc1 = (float)(1.0 / (1.0 - pow((double)beta1, (double)t)));
     const float inv_bc2 = (float)(1.0 / (1.0 - pow((double)beta2, (double)t)));
     const float gs = *gscale_dev;
-    adamw_arg_t a = {master, compute, grad,    m,     v,
-                     n,      lr,      beta1,   beta2, eps,
-                     wd,     inv_bc1, inv_bc2, gs,    dg_cpu_ew_tasks(dg_cpu_of(be), n)};
-    dg_cpu_run(dg_cpu_of(be), a.tasks, adamw_task, &a);
+    adamw_arg_t a = {master, compute, grad, m, v, lr, beta1, beta2, eps, wd, inv_bc1, inv_bc2, gs};
+    dg_cpu_run_range(dg_cpu_of(be), n, dg_cpu_ew_tasks(dg_cpu_of(be), n), adamw_task, &a);
     return DG_OK;
 }
 
@@ -444,7 +427,6 @@ static dg_status_t cpu_adamw_dev(dg_backend_t *be, float *master, void *compute,
                      grad,
                      m,
                      v,
-                     n,
                      sc[DG_DS_LR],
                      beta1,
                      beta2,
@@ -452,9 +434,8 @@ static dg_status_t cpu_adamw_dev(dg_backend_t *be, float *master, void *compute,
                      wd,
                      sc[DG_DS_INV_BC1],
                      sc[DG_DS_INV_BC2],
-                     sc[DG_DS_GSCALE],
-                     dg_cpu_ew_tasks(dg_cpu_of(be), n)};
-    dg_cpu_run(dg_cpu_of(be), a.tasks, adamw_task, &a);
+                     sc[DG_DS_GSCALE]};
+    dg_cpu_run_range(dg_cpu_of(be), n, dg_cpu_ew_tasks(dg_cpu_of(be), n), adamw_task, &a);
     return DG_OK;
 }
 

@@ -155,6 +155,15 @@ static inline void dg_cpu_range(size_t n, int parts, int i, size_t *lo, size_t *
     *hi = i == parts - 1 ? n : (n * (size_t)(i + 1) / (size_t)parts) & ~(size_t)15;
 }
 
+/* A range job: fn(arg, lo, hi) runs once per task on that task's part [lo, hi) of [0, n), the parts cut by
+ * dg_cpu_range into `tasks` (so they depend on n and tasks only, never on the thread count). */
+typedef void (*dg_cpu_range_fn)(const void *arg, size_t lo, size_t hi);
+void dg_cpu_run_range(dg_cpu_t *cpu, size_t n, int tasks, dg_cpu_range_fn fn, const void *arg);
+/* A column job: fn(arg, lo, hi) runs once per part on the columns [lo, hi) of [0, C), cut by dg_cpu_split
+ * at multiples of 16: one part when `work` (the elements the job touches) is under DG_CPU_PAR_MIN, else
+ * min(threads, C / 16 rounded up). Each part owns whole columns, so any cut gives the same bits. */
+void dg_cpu_run_cols(dg_cpu_t *cpu, int C, size_t work, dg_cpu_range_fn fn, const void *arg);
+
 /* ---- bit casts ---- */
 static inline uint32_t dg_cpu_f2u(float f) {
     uint32_t u;

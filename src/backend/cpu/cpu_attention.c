@@ -79,24 +79,28 @@ DG_AVX512 static inline __mmask16 lane_mask(int n) {
     return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
 }
 
-DG_AVX512 static void scores_avx512(float *out, int ldo, const float *X, int ldx, int rows, const float *Yt,
-                                    int ldy, int ncols, int K, float scale) {
+/* out[r][c] = sum over k in [k0, k1) of X[r * xrs + k * xks] * Y[k * ldy + c] (times `scale` when
+ * `scaled`), for r < rows and c < width: 32 columns at a time in DG_CPU_ATT_RB x 2 registers. Always inlined,
+ * so that each caller's constant stride and `scaled` fold away. */
+DG_AVX512 static inline __attribute__((always_inline)) void
+rowblock_avx512(float *out, int ldo, const float *X, size_t xrs, size_t xks, int rows, int k0, int k1,
+                const float *Y, int ldy, int width, int scaled, float scale) {
     const float *x[DG_CPU_ATT_RB];
     for (int r = 0; r < DG_CPU_ATT_RB; r++)
-        x[r] = X + (size_t)(r < rows ? r : rows - 1) * ldx;
+        x[r] = X + (size_t)(r < rows ? r : rows - 1) * xrs;
     const __m512 vs = _mm512_set1_ps(scale);
-    for (int j0 = 0; j0 < ncols; j0 += 32) {
-        const __mmask16 m0 = lane_mask(ncols - j0), m1 = lane_mask(ncols - j0 - 16);
+    for (int c0 = 0; c0 < width; c0 += 32) {
+        const __mmask16 m0 = lane_mask(width - c0), m1 = lane_mask(width - c0 - 16);
         __m512 a[DG_CPU_ATT_RB][2];
 #pragma GCC unroll 8
         for (int r = 0; r < DG_CPU_ATT_RB; r++)
             a[r][0] = a[r][1] = _mm512_setzero_ps();
-        for (int d = 0; d < K; d++) {
-            const float *y = Yt + (size_t)d * ldy + j0;
+        for (int k = k0; k < k1; k++) {
+            const float *y = Y + (size_t)k * ldy + c0;
             const __m512 y0 = _mm512_maskz_loadu_ps(m0, y), y1 = _mm512_maskz_loadu_ps(m1, y + 16);
 #pragma GCC unroll 8
             for (int r = 0; r < DG_CPU_ATT_RB; r++) {
-                const __m512 b = _mm512_set1_ps(x[r][d]);
+                const __m512 b = _mm512_set1_ps(x[r][k * xks]);
                 a[r][0] = _mm512_fmadd_ps(b, y0, a[r][0]);
                 a[r][1] = _mm512_fmadd_ps(b, y1, a[r][1]);
             }
@@ -105,42 +109,21 @@ DG_AVX512 static void scores_avx512(float *out, int ldo, const float *X, int ldx
 #pragma GCC unroll 8
         for (int r = 0; r < DG_CPU_ATT_RB; r++) {
             if (r >= rows) break;
-            float *o = out + (size_t)r * ldo + j0;
-            _mm512_mask_storeu_ps(o, m0, _mm512_mul_ps(a[r][0], vs));
-            _mm512_mask_storeu_ps(o + 16, m1, _mm512_mul_ps(a[r][1], vs));
+            float *o = out + (size_t)r * ldo + c0;
+            _mm512_mask_storeu_ps(o, m0, scaled ? _mm512_mul_ps(a[r][0], vs) : a[r][0]);
+            _mm512_mask_storeu_ps(o + 16, m1, scaled ? _mm512_mul_ps(a[r][1], vs) : a[r][1]);
         }
     }
 }
 
+DG_AVX512 static void scores_avx512(float *out, int ldo, const float *X, int ldx, int rows, const float *Yt,
+                                    int ldy, int ncols, int K, float scale) {
+    rowblock_avx512(out, ldo, X, (size_t)ldx, 1, rows, 0, K, Yt, ldy, ncols, 1, scale);
+}
+
 DG_AVX512 static void wsum_avx512(float *out, int ldo, const float *W, size_t wrs, size_t wis, int rows,
                                   int i0, int i1, const float *Z, int ldz, int width) {
-    const float *w[DG_CPU_ATT_RB];
-    for (int r = 0; r < DG_CPU_ATT_RB; r++)
-        w[r] = W + (size_t)(r < rows ? r : rows - 1) * wrs;
-    for (int c0 = 0; c0 < width; c0 += 32) {
-        const __mmask16 m0 = lane_mask(width - c0), m1 = lane_mask(width - c0 - 16);
-        __m512 a[DG_CPU_ATT_RB][2];
-#pragma GCC unroll 8
-        for (int r = 0; r < DG_CPU_ATT_RB; r++)
-            a[r][0] = a[r][1] = _mm512_setzero_ps();
-        for (int i = i0; i < i1; i++) {
-            const float *z = Z + (size_t)i * ldz + c0;
-            const __m512 z0 = _mm512_maskz_loadu_ps(m0, z), z1 = _mm512_maskz_loadu_ps(m1, z + 16);
-#pragma GCC unroll 8
-            for (int r = 0; r < DG_CPU_ATT_RB; r++) {
-                const __m512 b = _mm512_set1_ps(w[r][i * wis]);
-                a[r][0] = _mm512_fmadd_ps(b, z0, a[r][0]);
-                a[r][1] = _mm512_fmadd_ps(b, z1, a[r][1]);
-            }
-        }
-#pragma GCC unroll 8
-        for (int r = 0; r < DG_CPU_ATT_RB; r++) {
-            if (r >= rows) break;
-            float *o = out + (size_t)r * ldo + c0;
-            _mm512_mask_storeu_ps(o, m0, a[r][0]);
-            _mm512_mask_storeu_ps(o + 16, m1, a[r][1]);
-        }
-    }
+    rowblock_avx512(out, ldo, W, wrs, wis, rows, i0, i1, Z, ldz, width, 0, 1.0f);
 }
 #endif
 
@@ -363,6 +346,19 @@ typedef struct {
     size_t scratch_per_thread;
 } att_arg_t;
 
+/* Both passes: a's per-thread scratch (per_fn floats: see att_fwd_scratch, att_bwd_scratch), then fn over
+ * the B x NH heads. */
+static dg_status_t att_run(dg_cpu_t *cpu, att_arg_t a, size_t (*per_fn)(int T, int Tp, int hs),
+                           dg_cpu_task_fn fn) {
+    a.Tp = (a.T + 15) / 16 * 16;
+    a.scratch_per_thread = per_fn(a.T, a.Tp, a.C / a.NH);
+    a.scratch = dg_cpu_scratch(cpu, (size_t)cpu->nt * a.scratch_per_thread * sizeof(float));
+    if (!a.scratch) return dg_last_error_code();
+    a.avx512 = have_avx512();
+    dg_cpu_run(cpu, a.B * a.NH, fn, &a);
+    return DG_OK;
+}
+
 /* One (batch, head) pair. */
 static void att_fwd_task(void *argp, int bh, int worker) {
     const att_arg_t *a = argp;
@@ -396,14 +392,8 @@ dg_status_t dg_cpu_attention_fwd(dg_backend_t *be, void *out, void *aux, const v
     const char *op = "attention_fwd";
     DG_CPU_NONNULLS(op, out, aux, qkv);
     DG_TRY(check_shape(op, B, T, C, NH));
-    dg_cpu_t *cpu = dg_cpu_of(be);
-    const int hs = C / NH, Tp = (T + 15) / 16 * 16;
-    const size_t per = att_fwd_scratch(T, Tp, hs);
-    float *scratch = dg_cpu_scratch(cpu, (size_t)cpu->nt * per * sizeof(float));
-    if (!scratch) return dg_last_error_code();
-    att_arg_t a = {out, aux, NULL, qkv, NULL, B, T, C, NH, Tp, have_avx512(), scratch, per};
-    dg_cpu_run(cpu, B * NH, att_fwd_task, &a);
-    return DG_OK;
+    att_arg_t a = {.out = out, .p_all = aux, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH};
+    return att_run(dg_cpu_of(be), a, att_fwd_scratch, att_fwd_task);
 }
 
 static void att_bwd_task(void *argp, int bh, int worker) {
@@ -449,13 +439,7 @@ dg_status_t dg_cpu_attention_bwd(dg_backend_t *be, void *dqkv, const void *dout,
     (void)out; /* P in aux carries everything the backward pass needs */
     DG_CPU_NONNULLS(op, dqkv, dout, qkv, aux);
     DG_TRY(check_shape(op, B, T, C, NH));
-    dg_cpu_t *cpu = dg_cpu_of(be);
-    const int hs = C / NH, Tp = (T + 15) / 16 * 16;
-    /* per thread, indexed by the worker running the task */
-    const size_t per = att_bwd_scratch(T, Tp, hs);
-    float *scratch = dg_cpu_scratch(cpu, (size_t)cpu->nt * per * sizeof(float));
-    if (!scratch) return dg_last_error_code();
-    att_arg_t a = {NULL, (float *)aux, dqkv, qkv, dout, B, T, C, NH, Tp, have_avx512(), scratch, per};
-    dg_cpu_run(cpu, B * NH, att_bwd_task, &a);
-    return DG_OK;
+    att_arg_t a = {
+        .p_all = (float *)aux, .dqkv = dqkv, .qkv = qkv, .dout = dout, .B = B, .T = T, .C = C, .NH = NH};
+    return att_run(dg_cpu_of(be), a, att_bwd_scratch, att_bwd_task);
 }

@@ -19,8 +19,12 @@ static int min_int(int a, int b) {
 
 /* ---------------- encoder ---------------- */
 
-static dg_status_t check_tokens(const char *op, const int32_t *tokens, size_t n, int T) {
-    for (size_t i = 0; i < n; i++)
+/* The encoder's shape (B, T, C positive) and its B x T tokens (none negative). */
+static dg_status_t check_encoder(const char *op, const int32_t *tokens, int B, int T, int C) {
+    DG_CPU_POSITIVE(op, B);
+    DG_CPU_POSITIVE(op, T);
+    DG_CPU_POSITIVE(op, C);
+    for (size_t i = 0, n = (size_t)B * T; i < n; i++)
         if (tokens[i] < 0)
             return DG_ERR(DG_ERR_USAGE,
                           "cpu backend: %s: token %d at batch row %zu, position %zu is negative", op,
@@ -33,16 +37,11 @@ typedef struct {
     const int32_t *tokens;
     const float *wte, *wpe;
     int T, C;
-    size_t N;
-    int tasks;
 } enc_arg_t;
 
-static void enc_fwd_task(void *argp, int task, int worker) {
-    (void)worker;
+static void enc_fwd_task(const void *argp, size_t lo, size_t hi) {
     const enc_arg_t *a = argp;
     const int C = a->C;
-    size_t lo, hi;
-    dg_cpu_range(a->N, a->tasks, task, &lo, &hi);
     for (size_t i = lo; i < hi; i++) {
         float *orow = a->out + i * C;
         const float *te = a->wte + (size_t)a->tokens[i] * C, *pe = a->wpe + (i % (size_t)a->T) * C;
@@ -56,13 +55,10 @@ dg_status_t dg_cpu_encoder_fwd(dg_backend_t *be, void *out, const int32_t *token
                                const void *wpe, int B, int T, int C) {
     const char *op = "encoder_fwd";
     DG_CPU_NONNULLS(op, out, tokens, wte, wpe);
-    DG_CPU_POSITIVE(op, B);
-    DG_CPU_POSITIVE(op, T);
-    DG_CPU_POSITIVE(op, C);
+    DG_TRY(check_encoder(op, tokens, B, T, C));
     const size_t N = (size_t)B * T;
-    DG_TRY(check_tokens(op, tokens, N, T));
-    enc_arg_t a = {out, tokens, wte, wpe, T, C, N, dg_cpu_ew_tasks(dg_cpu_of(be), N * C)};
-    dg_cpu_run(dg_cpu_of(be), a.tasks, enc_fwd_task, &a);
+    enc_arg_t a = {out, tokens, wte, wpe, T, C};
+    dg_cpu_run_range(dg_cpu_of(be), N, dg_cpu_ew_tasks(dg_cpu_of(be), N * C), enc_fwd_task, &a);
     return DG_OK;
 }
 
@@ -72,20 +68,16 @@ typedef struct {
     const int32_t *tokens;
     int T, C;
     size_t N;
-    int parts;
 } enc_bwd_arg_t;
 
-static void enc_bwd_task(void *argp, int task, int worker) {
-    (void)worker;
+static void enc_bwd_task(const void *argp, size_t lo, size_t hi) {
     const enc_bwd_arg_t *a = argp;
     const int C = a->C;
-    int lo, hi;
-    dg_cpu_split(C, a->parts, task, 16, &lo, &hi);
     for (size_t i = 0; i < a->N; i++) {
         const float *drow = a->dout + i * C;
         float *te = a->dwte + (size_t)a->tokens[i] * C, *pe = a->dwpe + (i % (size_t)a->T) * C;
 #pragma omp simd
-        for (int c = lo; c < hi; c++) {
+        for (size_t c = lo; c < hi; c++) {
             te[c] += drow[c];
             pe[c] += drow[c];
         }
@@ -96,17 +88,12 @@ dg_status_t dg_cpu_encoder_bwd(dg_backend_t *be, float *dwte, float *dwpe, const
                                const int32_t *tokens, int B, int T, int C) {
     const char *op = "encoder_bwd";
     DG_CPU_NONNULLS(op, dwte, dwpe, dout, tokens);
-    DG_CPU_POSITIVE(op, B);
-    DG_CPU_POSITIVE(op, T);
-    DG_CPU_POSITIVE(op, C);
+    DG_TRY(check_encoder(op, tokens, B, T, C));
     const size_t N = (size_t)B * T;
-    DG_TRY(check_tokens(op, tokens, N, T));
     /* Each task owns a column range of dwte and dwpe and visits every position in order: repeated
      * tokens need no atomics and every sum has one fixed order. */
-    dg_cpu_t *cpu = dg_cpu_of(be);
-    int parts = N * C < DG_CPU_PAR_MIN ? 1 : min_int(cpu->nt, (C + 15) / 16);
-    enc_bwd_arg_t a = {dwte, dwpe, dout, tokens, T, C, N, parts};
-    dg_cpu_run(cpu, parts, enc_bwd_task, &a);
+    enc_bwd_arg_t a = {dwte, dwpe, dout, tokens, T, C, N};
+    dg_cpu_run_cols(dg_cpu_of(be), C, N * C, enc_bwd_task, &a);
     return DG_OK;
 }
 
@@ -166,15 +153,12 @@ DG_CPU_VEC static void ln_bwd_row(float *dxr, float *pw, float *pb, const float 
 typedef struct {
     float *out, *mean, *rstd;
     const float *x, *w, *b;
-    int N, C, tasks;
+    int C;
 } ln_fwd_arg_t;
 
-static void ln_fwd_task(void *argp, int task, int worker) {
-    (void)worker;
+static void ln_fwd_task(const void *argp, size_t lo, size_t hi) {
     const ln_fwd_arg_t *a = argp;
     const int C = a->C;
-    size_t lo, hi;
-    dg_cpu_range((size_t)a->N, a->tasks, task, &lo, &hi);
     for (size_t r = lo; r < hi; r++)
         ln_fwd_row(a->out + r * C, a->mean + r, a->rstd + r, a->x + r * C, a->w, a->b, C);
 }
@@ -185,15 +169,16 @@ dg_status_t dg_cpu_layernorm_fwd(dg_backend_t *be, void *out, float *mean, float
     DG_CPU_NONNULLS(op, out, mean, rstd, inp, w, b);
     DG_CPU_POSITIVE(op, N);
     DG_CPU_POSITIVE(op, C);
-    ln_fwd_arg_t a = {out, mean, rstd, inp, w, b, N, C, dg_cpu_ew_tasks(dg_cpu_of(be), (size_t)N * C)};
-    dg_cpu_run(dg_cpu_of(be), a.tasks, ln_fwd_task, &a);
+    ln_fwd_arg_t a = {out, mean, rstd, inp, w, b, C};
+    dg_cpu_run_range(dg_cpu_of(be), (size_t)N, dg_cpu_ew_tasks(dg_cpu_of(be), (size_t)N * C), ln_fwd_task,
+                     &a);
     return DG_OK;
 }
 
 typedef struct {
     float *dx, *dw, *db, *part;
     const float *dy, *x, *w, *mean, *rstd;
-    int N, C, acc, nchunks, parts;
+    int N, C, acc, nchunks;
 } ln_bwd_arg_t;
 
 /* Chunk k: rows [32k, 32k + 32); dw/db partials of the chunk go to part[k]. */
@@ -210,24 +195,21 @@ static void ln_bwd_chunk_task(void *argp, int k, int worker) {
                    a->mean[r], a->rstd[r], C, a->acc);
 }
 
-static void ln_bwd_sum_task(void *argp, int task, int worker) {
-    (void)worker;
+static void ln_bwd_sum_task(const void *argp, size_t lo, size_t hi) {
     const ln_bwd_arg_t *a = argp;
     const int C = a->C;
-    int lo, hi;
-    dg_cpu_split(C, a->parts, task, 16, &lo, &hi);
     float *sw = a->part + (size_t)a->nchunks * 2 * C, *sb = sw + C;
-    for (int c = lo; c < hi; c++)
+    for (size_t c = lo; c < hi; c++)
         sw[c] = sb[c] = 0.0f;
     for (int k = 0; k < a->nchunks; k++) {
         const float *pw = a->part + (size_t)k * 2 * C, *pb = pw + C;
 #pragma omp simd
-        for (int c = lo; c < hi; c++) {
+        for (size_t c = lo; c < hi; c++) {
             sw[c] += pw[c];
             sb[c] += pb[c];
         }
     }
-    for (int c = lo; c < hi; c++) {
+    for (size_t c = lo; c < hi; c++) {
         a->dw[c] += sw[c];
         a->db[c] += sb[c];
     }
@@ -245,11 +227,10 @@ dg_status_t dg_cpu_layernorm_bwd(dg_backend_t *be, void *dinp, float *dw, float 
     /* Per chunk: dw partial [C] then db partial [C]; one more such pair holds the column sums. */
     float *part = dg_cpu_scratch(cpu, (size_t)(nchunks + 1) * 2 * C * sizeof(float));
     if (!part) return dg_last_error_code();
-    ln_bwd_arg_t a = {dinp, dw, db, part, dout, inp, w, mean, rstd, N, C, acc, nchunks, 0};
+    ln_bwd_arg_t a = {dinp, dw, db, part, dout, inp, w, mean, rstd, N, C, acc, nchunks};
     dg_cpu_run(cpu, nchunks, ln_bwd_chunk_task, &a);
     /* Column sums of the chunk partials, in chunk order, each column by one task. */
-    a.parts = (size_t)nchunks * C < DG_CPU_PAR_MIN ? 1 : min_int(cpu->nt, (C + 15) / 16);
-    dg_cpu_run(cpu, a.parts, ln_bwd_sum_task, &a);
+    dg_cpu_run_cols(cpu, C, (size_t)nchunks * C, ln_bwd_sum_task, &a);
     return DG_OK;
 }
 
@@ -275,30 +256,23 @@ DG_CPU_VEC void dg_cpu_gelu_bwd_range(float *dx, const float *x, const float *dy
 typedef struct {
     float *out;
     const float *x, *dy;
-    size_t n;
-    int acc, tasks;
+    int acc;
 } gelu_arg_t;
 
-static void gelu_fwd_task(void *argp, int task, int worker) {
-    (void)worker;
+static void gelu_fwd_task(const void *argp, size_t lo, size_t hi) {
     const gelu_arg_t *a = argp;
-    size_t lo, hi;
-    dg_cpu_range(a->n, a->tasks, task, &lo, &hi);
     gelu_fwd_range(a->out + lo, a->x + lo, hi - lo);
 }
-static void gelu_bwd_task(void *argp, int task, int worker) {
-    (void)worker;
+static void gelu_bwd_task(const void *argp, size_t lo, size_t hi) {
     const gelu_arg_t *a = argp;
-    size_t lo, hi;
-    dg_cpu_range(a->n, a->tasks, task, &lo, &hi);
     dg_cpu_gelu_bwd_range(a->out + lo, a->x + lo, a->dy + lo, hi - lo, a->acc);
 }
 
 dg_status_t dg_cpu_gelu_fwd(dg_backend_t *be, void *out, const void *inp, size_t n) {
     if (n == 0) return DG_OK;
     DG_CPU_NONNULLS("gelu_fwd", out, inp);
-    gelu_arg_t a = {out, inp, NULL, n, 0, dg_cpu_ew_tasks(dg_cpu_of(be), n)};
-    dg_cpu_run(dg_cpu_of(be), a.tasks, gelu_fwd_task, &a);
+    gelu_arg_t a = {out, inp, NULL, 0};
+    dg_cpu_run_range(dg_cpu_of(be), n, dg_cpu_ew_tasks(dg_cpu_of(be), n), gelu_fwd_task, &a);
     return DG_OK;
 }
 
@@ -306,8 +280,8 @@ dg_status_t dg_cpu_gelu_bwd(dg_backend_t *be, void *dinp, const void *inp, const
                             int acc) {
     if (n == 0) return DG_OK;
     DG_CPU_NONNULLS("gelu_bwd", dinp, inp, dout);
-    gelu_arg_t a = {dinp, inp, dout, n, acc, dg_cpu_ew_tasks(dg_cpu_of(be), n)};
-    dg_cpu_run(dg_cpu_of(be), a.tasks, gelu_bwd_task, &a);
+    gelu_arg_t a = {dinp, inp, dout, acc};
+    dg_cpu_run_range(dg_cpu_of(be), n, dg_cpu_ew_tasks(dg_cpu_of(be), n), gelu_bwd_task, &a);
     return DG_OK;
 }
 
@@ -344,18 +318,14 @@ typedef struct {
     const int32_t *targets;
     int N, V, Vp;
     float dloss;
-    int tasks;
 } ce_arg_t;
 
 /* One task for the three ops: forward (losses set) writes lse and losses; backward (dlogits set) writes
  * dlogits from lse_in, or, fused, from the lse just computed while the row is in cache. Each row goes
  * through the same row functions in every mode, so the same bits. The target logit is read before the row
  * may be overwritten (in place). */
-static void ce_task(void *argp, int task, int worker) {
-    (void)worker;
+static void ce_task(const void *argp, size_t lo, size_t hi) {
     const ce_arg_t *a = argp;
-    size_t lo, hi;
-    dg_cpu_range((size_t)a->N, a->tasks, task, &lo, &hi);
     for (size_t i = lo; i < hi; i++) {
         const float *row = a->logits + i * a->Vp;
         float l = a->losses ? ce_lse_row(row, a->V) : a->lse_in[i];
@@ -380,11 +350,13 @@ static dg_status_t check_ce(const char *op, const int32_t *targets, int N, int V
     return DG_OK;
 }
 
-/* The three cross-entropy entry points: check, then run ce_task over the rows in tasks sized by `work`. */
-static dg_status_t ce_run(dg_backend_t *be, const char *op, ce_arg_t a, size_t work) {
-    DG_TRY(check_ce(op, a.targets, a.N, a.V, a.Vp));
-    a.tasks = dg_cpu_ew_tasks(dg_cpu_of(be), work);
-    dg_cpu_run(dg_cpu_of(be), a.tasks, ce_task, &a);
+/* The three cross-entropy entry points: `a` holds the mode's outputs (and lse_in, dloss); check, then run
+ * ce_task over the N rows of logits in tasks sized by `work`. */
+static dg_status_t ce_run(dg_backend_t *be, const char *op, ce_arg_t a, const void *logits,
+                          const int32_t *targets, int N, int V, int Vp, size_t work) {
+    DG_TRY(check_ce(op, targets, N, V, Vp));
+    a.logits = logits, a.targets = targets, a.N = N, a.V = V, a.Vp = Vp;
+    dg_cpu_run_range(dg_cpu_of(be), (size_t)N, dg_cpu_ew_tasks(dg_cpu_of(be), work), ce_task, &a);
     return DG_OK;
 }
 
@@ -392,24 +364,16 @@ dg_status_t dg_cpu_crossentropy_fwd(dg_backend_t *be, float *losses, float *lse,
                                     const int32_t *targets, int N, int V, int Vp) {
     const char *op = "crossentropy_fwd";
     DG_CPU_NONNULLS(op, losses, lse, logits, targets);
-    ce_arg_t a = {
-        .losses = losses, .lse = lse, .logits = logits, .targets = targets, .N = N, .V = V, .Vp = Vp};
-    return ce_run(be, op, a, (size_t)N * V);
+    ce_arg_t a = {.losses = losses, .lse = lse};
+    return ce_run(be, op, a, logits, targets, N, V, Vp, (size_t)N * V);
 }
 
 dg_status_t dg_cpu_crossentropy_bwd(dg_backend_t *be, void *dlogits, const void *logits, const float *lse,
                                     const int32_t *targets, int N, int V, int Vp, float dloss) {
     const char *op = "crossentropy_bwd";
     DG_CPU_NONNULLS(op, dlogits, logits, lse, targets);
-    ce_arg_t a = {.dlogits = dlogits,
-                  .lse_in = lse,
-                  .logits = logits,
-                  .targets = targets,
-                  .N = N,
-                  .V = V,
-                  .Vp = Vp,
-                  .dloss = dloss};
-    return ce_run(be, op, a, (size_t)N * Vp);
+    ce_arg_t a = {.dlogits = dlogits, .lse_in = lse, .dloss = dloss};
+    return ce_run(be, op, a, logits, targets, N, V, Vp, (size_t)N * Vp);
 }
 
 dg_status_t dg_cpu_crossentropy_fused(dg_backend_t *be, float *losses, float *lse, void *dlogits,
@@ -417,14 +381,6 @@ dg_status_t dg_cpu_crossentropy_fused(dg_backend_t *be, float *losses, float *ls
                                       float dloss) {
     const char *op = "crossentropy_fused";
     DG_CPU_NONNULLS(op, losses, lse, dlogits, logits, targets);
-    ce_arg_t a = {.losses = losses,
-                  .lse = lse,
-                  .dlogits = dlogits,
-                  .logits = logits,
-                  .targets = targets,
-                  .N = N,
-                  .V = V,
-                  .Vp = Vp,
-                  .dloss = dloss};
-    return ce_run(be, op, a, (size_t)N * Vp);
+    ce_arg_t a = {.losses = losses, .lse = lse, .dlogits = dlogits, .dloss = dloss};
+    return ce_run(be, op, a, logits, targets, N, V, Vp, (size_t)N * Vp);
 }

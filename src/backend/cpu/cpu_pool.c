@@ -284,3 +284,36 @@ void dg_cpu_run(dg_cpu_t *cpu, int ntasks, dg_cpu_task_fn fn, void *arg) {
     }
     dg_cpu_pool_run(cpu->pool, ntasks, fn, arg);
 }
+
+/* A range or column job: the parts of [0, n) that part_task hands to fn. */
+typedef struct {
+    dg_cpu_range_fn fn;
+    const void *arg;
+    size_t n;
+    int parts, cols; /* cols: dg_cpu_split's cut of whole 16-column groups, else dg_cpu_range's */
+} part_job_t;
+
+static void part_task(void *argp, int task, int worker) {
+    (void)worker;
+    const part_job_t *j = argp;
+    size_t lo, hi;
+    if (j->cols) {
+        int c0, c1;
+        dg_cpu_split((int)j->n, j->parts, task, 16, &c0, &c1);
+        lo = (size_t)c0, hi = (size_t)c1;
+    } else {
+        dg_cpu_range(j->n, j->parts, task, &lo, &hi);
+    }
+    j->fn(j->arg, lo, hi);
+}
+
+void dg_cpu_run_range(dg_cpu_t *cpu, size_t n, int tasks, dg_cpu_range_fn fn, const void *arg) {
+    part_job_t j = {fn, arg, n, tasks, 0};
+    dg_cpu_run(cpu, tasks, part_task, &j);
+}
+
+void dg_cpu_run_cols(dg_cpu_t *cpu, int C, size_t work, dg_cpu_range_fn fn, const void *arg) {
+    int groups = (C + 15) / 16, parts = work < DG_CPU_PAR_MIN ? 1 : cpu->nt < groups ? cpu->nt : groups;
+    part_job_t j = {fn, arg, (size_t)C, parts, 1};
+    dg_cpu_run(cpu, parts, part_task, &j);
+}
