@@ -6,7 +6,11 @@
  *      their ratio;
  *   2. step time pp = world against dp_replicate = world (plain data parallelism) on the same global batch
  *      (8 x world sequences), measured in the same invocation, one step of each in turn; the ratio
- *      pp / dp printed.
+ *      pp / dp printed;
+ *   3. stage-to-stage messages overlapped with compute (the executor's default on the mpi comm) against
+ *      each group completed before the next compute (opts.no_overlap), m = 4p, one step of each in turn;
+ *      the ratio printed. On one node messages are cheap; DG_TEST_P2P_LATENCY_US (a test hook, builds
+ *      with -DDGT_TEST_HOOKS=ON) makes every send leave that much later, as over a slow link.
  * Each rank one OpenMP thread (OMP_NUM_THREADS=1). Options: --layers L --d-model C --heads H --seq T
  * --micro B --steps N --warmup W. Medians over the timed steps.
  */
@@ -59,8 +63,8 @@ static void dp_step(dg_model_t *m, const int32_t *tok, const int32_t *tgt, int a
     MPI_Allreduce(&dt, wall, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 }
 
-static dg_pp_exec_t *make_pp(dg_fsdp_t *f, const dg_model_desc_t *d, dg_backend_t *be, const opts_t *o,
-                             int m) {
+static dg_pp_exec_t *make_pp(dg_fsdp_t *f, const dg_model_desc_t *d, dg_backend_t *be, const opts_t *o, int m,
+                             int no_overlap) {
     const dg_pp_exec_opts_t po = {.kind = DG_PP_1F1B,
                                   .virt = 1,
                                   .pp = world,
@@ -73,7 +77,8 @@ static dg_pp_exec_t *make_pp(dg_fsdp_t *f, const dg_model_desc_t *d, dg_backend_
                                   .par = f->par,
                                   .act = f->comms->pp_act,
                                   .grad = f->comms->pp_grad,
-                                  .world = MPI_COMM_WORLD};
+                                  .world = MPI_COMM_WORLD,
+                                  .no_overlap = no_overlap};
     dg_pp_exec_t *e = NULL;
     RANK_MUST(dg_pp_exec_create(&po, &e));
     return e;
@@ -118,7 +123,7 @@ int main(int argc, char **argv) {
                o.layers, o.d_model, o.heads, o.seq, o.micro, world, o.steps, o.warmup);
     /* 1. bubble against theory */
     for (int m = world; m <= mmax; m *= 2) {
-        dg_pp_exec_t *e = make_pp(fp, &d, be, &o, m);
+        dg_pp_exec_t *e = make_pp(fp, &d, be, &o, m, 0);
         float dloss = 1.0f / (float)((size_t)m * per);
         double wall, busy;
         for (int s = 0; s < o.warmup; s++)
@@ -136,7 +141,7 @@ int main(int argc, char **argv) {
     }
     /* 2. pp = world against dp_replicate = world, global batch 8 x world micro-batches, interleaved steps */
     int m = 4 * world, accum = m / world;
-    dg_pp_exec_t *e = make_pp(fp, &d, be, &o, m);
+    dg_pp_exec_t *e = make_pp(fp, &d, be, &o, m, 0);
     dg_model_t *dm = NULL;
     RANK_MUST(dg_fsdp_model_create(fd, &d, be, o.micro, 7, 0, &dm));
     RANK_MUST(dg_model_set_grad_accum(dm, accum));
@@ -155,6 +160,21 @@ int main(int argc, char **argv) {
             "\n  global batch %d sequences: pp=%d %.1f ms/step, dp_replicate=%d %.1f ms/step, pp/dp = %.2f\n",
             m * o.micro, world, 1e3 * mp, world, 1e3 * md, mp / md);
     dg_model_free(dm);
+    /* 3. overlap against no overlap, same m, interleaved steps */
+    dg_pp_exec_t *en = make_pp(fp, &d, be, &o, m, 1);
+    for (int s = 0; s < o.warmup + o.steps; s++) {
+        pp_step(e, tok, tgt, dloss, &wall, &busy);
+        if (s >= o.warmup) w[s - o.warmup] = wall, b[s - o.warmup] = busy;
+        pp_step(en, tok, tgt, dloss, &wall, &busy);
+        if (s >= o.warmup) wd[s - o.warmup] = wall;
+    }
+    double mo = bench_median(w, o.steps), mn = bench_median(wd, o.steps), bo = bench_median(b, o.steps);
+    const char *lat = getenv("DG_TEST_P2P_LATENCY_US");
+    if (rank == 0)
+        printf("  m = %d, p2p latency %s us: overlap %.1f ms/step (bubble %.3f), no overlap %.1f ms/step, "
+               "overlap / no overlap = %.2f\n",
+               m, lat && *lat ? lat : "0", 1e3 * mo, bo, 1e3 * mn, mo / mn);
+    dg_pp_exec_free(en);
     dg_pp_exec_free(e);
     free(w);
     free(b);

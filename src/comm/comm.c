@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <stddef.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -931,6 +932,14 @@ dg_status_t dg_comm_test(dg_comm_t *c, dg_comm_req_t *req, int *done) {
     if (!c || !req || !done) return DG_ERR(DG_ERR_USAGE, "dg_comm_test: NULL argument");
     *done = 0;
     return c->vt->test(c, req, done);
+}
+
+void dg_comm_wait_started(dg_comm_t *c, dg_comm_req_t *req) {
+    if (!c || !req || dg_comm_kind(c) != DG_COMM_MPI) return;
+    double t0 = dg_now_s();
+    while (atomic_load_explicit(&req->state, memory_order_acquire) == DG_OPST_QUEUED &&
+           !atomic_load(&c->failed) && dg_now_s() - t0 < 0.01)
+        sched_yield();
 }
 
 dg_status_t dg_comm_flush(dg_comm_t *c) {

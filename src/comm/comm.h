@@ -214,6 +214,11 @@ dg_status_t dg_comm_wait(dg_comm_t *c, dg_comm_req_t *req);
 /* *done = 1 (and the request released) when it has completed or failed; never blocks, never times
  * out. With the mpi thread mode it makes no MPI call. */
 dg_status_t dg_comm_test(dg_comm_t *c, dg_comm_req_t *req, int *done);
+/* mpi thread mode: yields the caller's core until the communication thread has started *req (its
+ * MPI_Isend / MPI_Irecv issued: a send's data is then on its way without the comm thread having to be
+ * scheduled again), at most 10 ms; returns at once on other comms. For a caller that goes on computing
+ * with the request in flight on a machine whose cores the computing threads fill. req stays valid. */
+void dg_comm_wait_started(dg_comm_t *c, dg_comm_req_t *req);
 /* Waits for every operation posted so far on c (requests still held stay valid for wait/test). */
 dg_status_t dg_comm_flush(dg_comm_t *c);
 

@@ -71,6 +71,7 @@ typedef struct {
     int waiters, worker_sleeping, stop;
     _Atomic uint64_t qgen;
     double watch_period_s;
+    double p2p_latency_s; /* test hook DG_TEST_P2P_LATENCY_US: a send leaves this long after its post */
     /* nonblocking mode: posted ops in order (the caller's list) */
     dg_comm_op_t *nb_head, *nb_tail;
 } cm_t;
@@ -370,6 +371,17 @@ static void inline_timed_out(cm_t *m, const dg_comm_op_t *op, double el) {
     dg_comm_abort(&m->base, DG_ERR_PEER);
 }
 
+/* Test hook DG_TEST_P2P_LATENCY_US (a slow link between ranks, e.g. to measure what the pipeline's
+ * overlap of messages and compute saves on one node): the comm thread starts a send only at its post time
+ * plus the latency, so its data reaches the receiver that much later; the sends of one comm leave in
+ * posting order, and what is queued behind one waits with it (one link per comm). */
+static void link_latency(double until) {
+    double d = until - dg_now_s();
+    if (d <= 0) return;
+    struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
 static void *worker_main(void *arg) {
     cm_t *m = arg;
     double backoff = 0;
@@ -396,6 +408,8 @@ static void *worker_main(void *arg) {
             atomic_store(&op->state, DG_OPST_STARTED);
             if (!dg_comm__is_collective(op->kind)) {
                 pthread_mutex_unlock(&m->mu);
+                if (op->kind == DG_OP_SEND && m->p2p_latency_s > 0)
+                    link_latency(op->t_post + m->p2p_latency_s);
                 dg_status_t s = start_nb(m, op);
                 pthread_mutex_lock(&m->mu);
                 if (s != DG_OK) {
@@ -866,6 +880,7 @@ dg_status_t dg_comm__mpi_create(MPI_Comm group, const dg_comm_opts_t *o, dg_comm
     m->data = MPI_COMM_NULL;
     m->ring = MPI_COMM_NULL;
     m->base.ctl = m->base.probe = MPI_COMM_NULL;
+    m->p2p_latency_s = dg_env_double("DG_TEST_P2P_LATENCY_US") * 1e-6;
     dg_status_t s = mpi_create_inner(m, group, o);
     if (s != DG_OK) {
         char msg[1024];

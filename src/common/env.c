@@ -63,6 +63,8 @@ static const dg_env_var_t g_vars[] = {
      "slow checkpoint writes by <ms>[@rank] per chunk"},
     {"DG_TEST_COMM_PROBE_DELAY_S", DG_ENV_DOUBLE, "0", T,
      "delay (s) before answering a comm liveness probe"},
+    {"DG_TEST_P2P_LATENCY_US", DG_ENV_DOUBLE, "0", T,
+     "mpi comm: a point-to-point send leaves this many us after its post (a slow link)"},
     {"DG_TEST_FS_NO_LOCKS", DG_ENV_BOOL, "0", T,
      "1: file locks fail with ENOLCK (file systems without locks)"},
     {"DG_TEST_VALIDATE_SLOW_RANK", DG_ENV_INT, "-1", T,

@@ -289,6 +289,7 @@ static dg_status_t overlap_group(dg_pp_exec_t *e, int i, int j, int dry) {
         g.dev = msg_buffer(e, b->op, g.k, s);
         DG_ASSERT(g.dev);
         st = msg_post(e, &g);
+        if (st == DG_OK && is_send(b->op)) dg_comm_wait_started(channel(e, b->op), g.req);
         if (st == DG_OK) st = pend_push(e, &g);
         if (st != DG_OK && g.req) (void)dg_comm_wait(channel(e, b->op), g.req);
         if (st != DG_OK) host_give(e, g.host);
