@@ -119,7 +119,7 @@ int main(int argc, char **argv) {
     if (rank == 0)
         printf("bench_pp: %d layers, d_model %d, %d heads, seq %d, micro-batch %d, fp32 CPU, %d ranks, "
                "%d timed steps (median) after %d warm-up\n\n  pp  m   step ms  bubble measured  theory  "
-               "measured/theory\n",
+               "measured/theory  simulated  measured/simulated\n",
                o.layers, o.d_model, o.heads, o.seq, o.micro, world, o.steps, o.warmup);
     /* 1. bubble against theory */
     for (int m = world; m <= mmax; m *= 2) {
@@ -135,8 +135,16 @@ int main(int argc, char **argv) {
         }
         double th = dg_pp_bubble_theory(DG_PP_1F1B, world, 1, m), mw = bench_median(w, o.steps),
                mb = bench_median(b, o.steps);
+        /* the simulator's bubble for this split (each chunk's FLOPs; messages free): the schedule's own
+         * imbalance (a backward costs ~2 forwards, the head on the last stage), which theory leaves out */
+        dg_pp_costs_t pc;
+        dg_pp_costs_from_split(dg_pp_exec_split(e), 1e9, &pc);
+        dg_pp_sim_t sim;
+        RANK_MUST(dg_pp_simulate(dg_pp_exec_schedule(e), &pc, 0, &sim));
         if (rank == 0)
-            printf("  %2d %3d  %8.1f  %15.3f  %6.3f  %15.2f\n", world, m, 1e3 * mw, mb, th, mb / th);
+            printf("  %2d %3d  %8.1f  %15.3f  %6.3f  %15.2f  %9.3f  %18.2f\n", world, m, 1e3 * mw, mb, th,
+                   mb / th, sim.bubble, mb / sim.bubble);
+        dg_pp_sim_free(&sim);
         dg_pp_exec_free(e);
     }
     /* 2. pp = world against dp_replicate = world, global batch 8 x world micro-batches, interleaved steps */
