@@ -65,20 +65,10 @@ static void dp_step(dg_model_t *m, const int32_t *tok, const int32_t *tgt, int a
 
 static dg_pp_exec_t *make_pp(dg_fsdp_t *f, const dg_model_desc_t *d, dg_backend_t *be, const opts_t *o, int m,
                              int no_overlap) {
-    const dg_pp_exec_opts_t po = {.kind = DG_PP_1F1B,
-                                  .virt = 1,
-                                  .pp = world,
-                                  .stage = rank,
-                                  .m = m,
-                                  .desc = d,
-                                  .be = be,
-                                  .micro_batch = o->micro,
-                                  .seed = 7,
-                                  .par = f->par,
-                                  .act = f->comms->pp_act,
-                                  .grad = f->comms->pp_grad,
-                                  .world = MPI_COMM_WORLD,
-                                  .no_overlap = no_overlap};
+    dg_pp_exec_opts_t po =
+        dg_pp_exec_opts_for(d, be, o->micro, 7, &f->par, f->comms->pp_act, f->comms->pp_grad, MPI_COMM_WORLD);
+    po.m = m;
+    po.no_overlap = no_overlap;
     dg_pp_exec_t *e = NULL;
     RANK_MUST(dg_pp_exec_create(&po, &e));
     return e;

@@ -389,6 +389,23 @@ static dg_status_t replay(dg_pp_exec_t *e, const int32_t *tok, const int32_t *tg
 
 /* ---------------- create / free ---------------- */
 
+dg_pp_exec_opts_t dg_pp_exec_opts_for(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch,
+                                      uint64_t seed, const dg_model_parallel_t *par, dg_comm_t *act,
+                                      dg_comm_t *grad, MPI_Comm world) {
+    int rank = 0;
+    MPI_Comm_rank(world, &rank);
+    dg_pp_exec_opts_t o = {.kind = DG_PP_1F1B, .virt = 1, .desc = d, .be = be, .micro_batch = micro_batch};
+    o.pp = dg_mesh_pp(&par->mesh);
+    o.stage = dg_mesh_stage(&par->mesh, rank);
+    o.m = o.pp;
+    o.seed = seed;
+    o.par = *par;
+    o.act = act;
+    o.grad = grad;
+    o.world = world;
+    return o;
+}
+
 dg_status_t dg_pp_exec_create(const dg_pp_exec_opts_t *o, dg_pp_exec_t **out) {
     *out = NULL;
     if (o->pp < 2 || o->stage < 0 || o->stage >= o->pp || !o->act || !o->grad)

@@ -48,6 +48,13 @@ typedef struct dg_pp_exec_opts {
 
 typedef struct dg_pp_exec dg_pp_exec_t;
 
+/* The options of an executor for model d on backend be over a stage's mesh par (its pp and this rank's
+ * stage from par->mesh and world's rank) with the pp line's channels act / grad: 1F1B, one chunk per
+ * rank, m = pp micro-batches, overlap on, no flags, no progress callback; a caller changes what differs. */
+dg_pp_exec_opts_t dg_pp_exec_opts_for(const dg_model_desc_t *d, dg_backend_t *be, int micro_batch,
+                                      uint64_t seed, const dg_model_parallel_t *par, dg_comm_t *act,
+                                      dg_comm_t *grad, MPI_Comm world);
+
 /* Splits the model (dg_pp_split with the cost model), builds and validates the schedule, creates this
  * rank's chunk models with as many activation slots as the schedule keeps in flight. Collective. */
 dg_status_t dg_pp_exec_create(const dg_pp_exec_opts_t *o, dg_pp_exec_t **out);

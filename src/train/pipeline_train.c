@@ -40,23 +40,14 @@ dg_status_t trn_pp_create(trainer_t *tr) {
             "parallel.mesh = %s: a pipeline step reads all of its %d micro-batches of %d x %d tokens "
             "ahead, more than the 64 MiB read-ahead; use a smaller train.micro_batch or global_batch",
             tr->mesh_str, tr->accum, tr->micro_batch, tr->desc.seq_len);
-    dg_pp_exec_opts_t o;
-    memset(&o, 0, sizeof o);
+    dg_pp_exec_opts_t o =
+        dg_pp_exec_opts_for(&tr->desc, tr->be, tr->micro_batch, (uint64_t)c->run.seed, &tr->fsdp->par,
+                            tr->fsdp->comms->pp_act, tr->fsdp->comms->pp_grad, tr->comm);
+    DG_ASSERT(o.pp == pp && o.stage == dg_mesh_stage(&tr->mesh, tr->rank));
     o.kind = c->parallel.pp_schedule_id;
-    o.virt = (int)c->parallel.pp_virtual;
-    if (o.virt < 1) o.virt = 1;
-    o.pp = pp;
-    o.stage = dg_mesh_stage(&tr->mesh, tr->rank);
+    o.virt = c->parallel.pp_virtual > 1 ? (int)c->parallel.pp_virtual : 1;
     o.m = tr->accum;
-    o.desc = &tr->desc;
-    o.be = tr->be;
-    o.micro_batch = tr->micro_batch;
-    o.seed = (uint64_t)c->run.seed;
     o.flags = tr->fsdp->opts.model_flags;
-    o.par = tr->fsdp->par;
-    o.act = tr->fsdp->comms->pp_act;
-    o.grad = tr->fsdp->comms->pp_grad;
-    o.world = tr->comm;
     o.on_action = pp_progress;
     o.on_action_ctx = tr;
     DG_TRY(dg_pp_exec_create(&o, &tr->pp));

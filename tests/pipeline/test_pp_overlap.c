@@ -32,20 +32,12 @@ static const dg_optim_hparams_t k_h = {.lr = 3e-3f,
 
 static dg_pp_exec_t *make(dg_fsdp_t *f, const dg_model_desc_t *d, dg_backend_t *be, int kind, int virt,
                           int no_overlap) {
-    const dg_pp_exec_opts_t po = {.kind = kind,
-                                  .virt = virt,
-                                  .pp = world,
-                                  .stage = rank,
-                                  .m = M,
-                                  .desc = d,
-                                  .be = be,
-                                  .micro_batch = 1,
-                                  .seed = 11,
-                                  .par = f->par,
-                                  .act = f->comms->pp_act,
-                                  .grad = f->comms->pp_grad,
-                                  .world = MPI_COMM_WORLD,
-                                  .no_overlap = no_overlap};
+    dg_pp_exec_opts_t po =
+        dg_pp_exec_opts_for(d, be, 1, 11, &f->par, f->comms->pp_act, f->comms->pp_grad, MPI_COMM_WORLD);
+    po.kind = kind;
+    po.virt = virt;
+    po.m = M;
+    po.no_overlap = no_overlap;
     dg_pp_exec_t *e = NULL;
     OK(dg_pp_exec_create(&po, &e));
     return e;
