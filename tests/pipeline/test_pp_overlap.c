@@ -123,9 +123,7 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return 2;
     }
-    dg_backend_config_t bc = {0};
-    bc.act_dtype = DG_F32;
-    bc.threads = 1;
+    const dg_backend_config_t bc = {.act_dtype = DG_F32, .threads = 1};
     dg_backend_t *be = NULL;
     OK(dg_backend_cpu_create(&bc, &be));
     dg_fsdp_opts_t fo;
