@@ -112,13 +112,20 @@ static void ce_build(ce_graph_t *c, dg_backend_t *be, int how) {
     OK(dg_exec_create(be, c->t.g, c->t.plan, &c->t.ex));
 }
 
-static int ce_same(ce_graph_t *a, ce_graph_t *b, const dg_node_t *na, const dg_node_t *nb, const char *what) {
-    float *x = tg_get(&a->t, na), *y = tg_get(&b->t, nb);
+/* 1 when node na of graph a holds the same bytes as nb of graph b (the unfused pair's); else an EXPECT
+ * failure "PASS: WHAT differs from the unfused pair's" and 0 */
+static int same_bits(const char *pass, tg_t *a, tg_t *b, const dg_node_t *na, const dg_node_t *nb,
+                     const char *what) {
+    float *x = tg_get(a, na), *y = tg_get(b, nb);
     int same = na->nbytes == nb->nbytes && memcmp(x, y, na->nbytes) == 0;
-    EXPECT(same, "crossentropy_fused: %s differs from the unfused pair's", what);
+    EXPECT(same, "%s: %s differs from the unfused pair's", pass, what);
     free(x);
     free(y);
     return same;
+}
+
+static int ce_same(ce_graph_t *a, ce_graph_t *b, const dg_node_t *na, const dg_node_t *nb, const char *what) {
+    return same_bits("crossentropy_fused", &a->t, &b->t, na, nb, what);
 }
 
 void case_crossentropy_fused(dg_backend_t *be) {
@@ -318,12 +325,7 @@ static void res_build(res_graph_t *c, dg_backend_t *be, int how) {
 
 static int res_same(res_graph_t *a, res_graph_t *b, const dg_node_t *na, const dg_node_t *nb,
                     const char *what) {
-    float *x = tg_get(&a->t, na), *y = tg_get(&b->t, nb);
-    int same = na->nbytes == nb->nbytes && memcmp(x, y, na->nbytes) == 0;
-    EXPECT(same, "fuse_residual: %s differs from the unfused pair's", what);
-    free(x);
-    free(y);
-    return same;
+    return same_bits("fuse_residual", &a->t, &b->t, na, nb, what);
 }
 
 static int fwd_count(tg_t *t, dg_op_kind_t k) {

@@ -33,12 +33,12 @@ static dg_stab_opts_t defaults(void) {
                             .overflow_window = 10};
 }
 
-/* The trackers of a case: fresh(o) makes one with options o, free_all() frees them all at the end */
-static dg_stability_t g_trk[4];
+/* The cases' trackers: fresh(o) makes one with options o; main frees them all (free_all) after the cases */
+static dg_stability_t g_trk[16];
 static int g_ntrk;
 
 static dg_stability_t *fresh(const dg_stab_opts_t *o) {
-    DG_ASSERT(g_ntrk < 4);
+    DG_ASSERT(g_ntrk < 16);
     dg_stability_t *s = &g_trk[g_ntrk++];
     dg_stab_init(s, o, NULL);
     return s;
@@ -98,7 +98,6 @@ static void case_window(void) {
         if (g->loss_scale > 65536) grew = k;
     }
     CHECK(grew == 500, "stable norms: the scale doubled at step %lld, expected 500", (long long)grew);
-    free_all();
 }
 
 static void case_halve(void) {
@@ -145,7 +144,6 @@ static void case_halve(void) {
     step(b, 1, 3.0, 1.0f, 0.5);
     CHECK(b->loss_scale == 1.0 && b->overflow_rate == 0.5, "no scale without fp16: %g %g", b->loss_scale,
           b->overflow_rate);
-    free_all();
 }
 
 static void case_fixed(void) {
@@ -159,7 +157,6 @@ static void case_fixed(void) {
     CHECK(dg_stab_growth_window(s) == 7, "fixed mode ignores the norms: window %lld",
           (long long)dg_stab_growth_window(s));
     CHECK(s->loss_scale == 65536 * 4.0, "two doublings in 14 steps: %g", s->loss_scale);
-    free_all();
 }
 
 static void case_spike(void) {
@@ -219,7 +216,6 @@ static void case_spike(void) {
         step(z, k, 3.0 + 0.01 * noise(&x), 1.0f, 0);
     v = dg_stab_judge(z, 41, 3.2); /* ~35 sd above */
     CHECK(v.spike, "z-score: 3.2 against 3 +- 0.006 is a spike");
-    free_all();
 }
 
 static void case_rollbacks(void) {
@@ -234,11 +230,12 @@ static void case_rollbacks(void) {
     dg_stability_t *n = fresh(&o);
     for (int k = 0; k < 10; k++)
         CHECK(dg_stab_note_rollback(n, k) == 0, "rollback_max = 0 never pauses");
-    free_all();
 }
 
 int main(int argc, char **argv) {
     static const dg_check_case_t cases[] = {DG_CASE(window), DG_CASE(halve), DG_CASE(fixed), DG_CASE(spike),
                                             DG_CASE(rollbacks)};
-    return DG_CHECK_CASES(argc, argv, cases, "CASE", NULL, 0, NULL);
+    int rc = DG_CHECK_CASES(argc, argv, cases, "CASE", NULL, 0, NULL);
+    free_all();
+    return rc;
 }
