@@ -113,6 +113,10 @@ typedef struct {
     double *x[3]; /* the inputs obj reads that the three gradients are of */
 } oph_bwd3_t;
 void oph_check_bwd3(H *h, const oph_bwd3_t *b);
+/* The buffers of b for dt0 and n[0..3) elements: g1[] and g2[] on the device (g[0] of dtype dt0, g[1] and
+ * g[2] f32), ref[] on the host (returned in ref, for the caller's float64 reference), and tol = the
+ * tolerance of `op`. The caller sets names, run, ctx, obj, obj_ctx and x. */
+void oph_bwd3_alloc(H *h, oph_bwd3_t *b, const char *op, dg_dtype_t dt0, const size_t n[3], double *ref[3]);
 
 /* ---- oph_ref.c (float64 references) ---- */
 /* ======================= float64 references ======================= */

@@ -482,6 +482,18 @@ double *oph_prefill(H *h, void *dev, dg_dtype_t dt, size_t n) {
     return p;
 }
 
+void oph_bwd3_alloc(H *h, oph_bwd3_t *b, const char *op, dg_dtype_t dt0, const size_t n[3], double *ref[3]) {
+    b->dt0 = dt0;
+    for (int i = 0; i < 3; i++) {
+        b->n[i] = n[i];
+        b->ref[i] = ref[i] = oph_hnew(h, n[i]);
+    }
+    b->tol = oph_tol_of(h, op);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 3; i++)
+            (k ? b->g2 : b->g1)[i] = oph_dalloc(h, i ? DG_F32 : dt0, n[i]);
+}
+
 static void bwd3_zero(H *h, const oph_bwd3_t *b, void *const g[3]) {
     oph_poison(h, g[0], b->dt0, b->n[0]);
     for (int i = 1; i < 3; i++)

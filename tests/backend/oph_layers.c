@@ -139,25 +139,17 @@ void oph_case_layernorm(H *h, int N, int C, double offset, int fd) {
     oph_digest_dev(h, m1, N * 4);
     oph_digest_dev(h, r1, N * 4);
 
-    double *rdx = oph_hnew(h, n), *rdw = oph_hnew(h, C), *rdb = oph_hnew(h, C);
-    oph_ref_layernorm_bwd(rdx, rdw, rdb, dout, x, w, N, C);
-    const double tb = oph_tol_of(h, "layernorm_bwd");
-    void *gx1 = oph_dalloc(h, A, n), *gw1 = oph_dalloc(h, DG_F32, C), *gb1 = oph_dalloc(h, DG_F32, C);
-    void *gx2 = oph_dalloc(h, A, n), *gw2 = oph_dalloc(h, DG_F32, C), *gb2 = oph_dalloc(h, DG_F32, C);
     ln_bwd_t lb = {dy, dx, dw, m1, r1, N, C};
     ln_ctx_t cx = {x, w, b, fd ? oph_hnew(h, n) : NULL, dout, N, C};
-    const oph_bwd3_t bw = {{"dinp", "dw", "db"},
-                           {gx1, gw1, gb1},
-                           {gx2, gw2, gb2},
-                           A,
-                           {n, C, C},
-                           {rdx, rdw, rdb},
-                           tb,
-                           ln_bwd_run,
-                           &lb,
-                           fd ? ln_obj : NULL,
-                           &cx,
-                           {x, w, b}};
+    oph_bwd3_t bw = {.names = {"dinp", "dw", "db"},
+                     .run = ln_bwd_run,
+                     .ctx = &lb,
+                     .obj = fd ? ln_obj : NULL,
+                     .obj_ctx = &cx,
+                     .x = {x, w, b}};
+    double *r[3];
+    oph_bwd3_alloc(h, &bw, "layernorm_bwd", A, (const size_t[3]){n, C, C}, r);
+    oph_ref_layernorm_bwd(r[0], r[1], r[2], dout, x, w, N, C);
     oph_check_bwd3(h, &bw);
     oph_case_end(h);
 }

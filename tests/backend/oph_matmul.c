@@ -64,26 +64,20 @@ void oph_case_matmul(H *h, int N, int C, int OC, int has_bias, int gelu, int fd)
     oph_digest_dev(h, o1, no * oph_dt_size(A));
     if (gelu) oph_digest_dev(h, p1, no * oph_dt_size(A));
 
-    double *rdx = oph_hnew(h, nx), *rdw = oph_hnew(h, nw), *rdb = oph_hnew(h, OC);
-    oph_ref_matmul_bwd(rdx, rdw, rdb, dout, x, w, N, C, OC);
-    const double tb = oph_tol_of(h, "matmul_bwd");
-    void *gx1 = oph_dalloc(h, A, nx), *gw1 = oph_dalloc(h, DG_F32, nw), *gb1 = oph_dalloc(h, DG_F32, OC);
-    void *gx2 = oph_dalloc(h, A, nx), *gw2 = oph_dalloc(h, DG_F32, nw), *gb2 = oph_dalloc(h, DG_F32, OC);
     mm_bwd_t mb = {dy, dx, dw, N, C, OC};
     mm_ctx_t cx = {x, w, bias, fd ? oph_hnew(h, no) : NULL, dout, N, C, OC};
-    const oph_bwd3_t bw = {{"dinp", "dw", "dbias"},
-                           {gx1, gw1, gb1},
-                           {gx2, gw2, gb2},
-                           A,
-                           {nx, nw, OC},
-                           {rdx, rdw, rdb},
-                           tb,
-                           mm_bwd_run,
-                           &mb,
-                           fd ? mm_obj : NULL,
-                           &cx,
-                           {x, w, bias}};
+    oph_bwd3_t bw = {.names = {"dinp", "dw", "dbias"},
+                     .run = mm_bwd_run,
+                     .ctx = &mb,
+                     .obj = fd ? mm_obj : NULL,
+                     .obj_ctx = &cx,
+                     .x = {x, w, bias}};
+    double *r[3];
+    oph_bwd3_alloc(h, &bw, "matmul_bwd", A, (const size_t[3]){nx, nw, OC}, r);
+    oph_ref_matmul_bwd(r[0], r[1], r[2], dout, x, w, N, C, OC);
     oph_check_bwd3(h, &bw);
+    void *gw2 = bw.g2[1];
+    const double *rdw = r[1], tb = bw.tol;
     /* run 4: no input gradient and no bias gradient wanted */
     if (!h->bad) CALL(h, "memset0", memset0(h->be, gw2, nw * 4));
     if (!h->bad) CALL(h, "matmul_bwd", matmul_bwd(h->be, NULL, gw2, NULL, dy, dx, dw, N, C, OC, 0));

@@ -2,6 +2,7 @@
 #include "oph.h"
 
 #include "dg_ref_attn.h"
+#include "dg_ref_dense.h"
 
 #include <float.h>
 #include <math.h>
@@ -13,30 +14,14 @@
 
 void oph_ref_encoder(double *out, const int32_t *tok, const double *wte, const double *wpe, int B, int T,
                      int C) {
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int c = 0; c < C; c++)
-                out[((size_t)b * T + t) * C + c] =
-                    wte[(size_t)tok[b * T + t] * C + c] + wpe[(size_t)t * C + c];
-}
-
-/* The mean of xr[0..C), returned, and 1 / sqrt(variance + 1e-5) into *rstd. */
-static double row_mean_rstd(const double *xr, int C, double *rstd) {
-    double m = 0, v = 0;
-    for (int c = 0; c < C; c++)
-        m += xr[c];
-    m /= C;
-    for (int c = 0; c < C; c++)
-        v += (xr[c] - m) * (xr[c] - m);
-    *rstd = 1.0 / sqrt(v / C + 1e-5);
-    return m;
+    dg_ref_encoder(out, tok, wte, wpe, B, T, C);
 }
 
 void oph_ref_layernorm(double *out, double *mean, double *rstd, const double *x, const double *w,
                        const double *b, int N, int C) {
     for (int r = 0; r < N; r++) {
         const double *xr = x + (size_t)r * C;
-        double rs, m = row_mean_rstd(xr, C, &rs);
+        double rs, m = dg_ref_row_mean_rstd(xr, C, &rs);
         for (int c = 0; c < C; c++)
             out[(size_t)r * C + c] = (xr[c] - m) * rs * w[c] + b[c];
         if (mean) mean[r] = m;
@@ -47,7 +32,7 @@ void oph_ref_layernorm_bwd(double *dx, double *dw, double *db, const double *dy,
                            const double *w, int N, int C) {
     for (int r = 0; r < N; r++) {
         const double *xr = x + (size_t)r * C, *dyr = dy + (size_t)r * C;
-        double rs, m = row_mean_rstd(xr, C, &rs);
+        double rs, m = dg_ref_row_mean_rstd(xr, C, &rs);
         double mg = 0, mgx = 0;
         for (int c = 0; c < C; c++) {
             double xh = (xr[c] - m) * rs;

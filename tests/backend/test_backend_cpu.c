@@ -42,16 +42,24 @@ static void expect_err(dg_status_t s, const char *needle, const char *what) {
     dg_clear_error();
 }
 
-static void error_checks(void) {
-    dg_backend_t *be = NULL;
-    dg_backend_config_t cfg = {.act_dtype = DG_BF16, .threads = 0};
-    expect_err(dg_backend_cpu_create(&cfg, &be), "fp32", "create with bf16 activations");
-    EXPECT(be == NULL, "create failed but returned a backend");
-    cfg.act_dtype = DG_F32;
-    cfg.threads = -2;
-    expect_err(dg_backend_cpu_create(&cfg, &be), "threads", "create with threads=-2");
+/* Configurations the CPU backend refuses to create, with what the message names */
+static const struct {
+    dg_backend_config_t cfg;
+    const char *needle, *what;
+} k_bad_create[] = {
+    {{.act_dtype = DG_BF16, .threads = 0}, "fp32", "create with bf16 activations"},
+    {{.act_dtype = DG_F32, .threads = -2}, "threads", "create with threads=-2"},
+};
 
-    be = make(2);
+static void error_checks(void) {
+    for (size_t i = 0; i < sizeof k_bad_create / sizeof k_bad_create[0]; i++) {
+        dg_backend_t *be = NULL;
+        expect_err(dg_backend_cpu_create(&k_bad_create[i].cfg, &be), k_bad_create[i].needle,
+                   k_bad_create[i].what);
+        EXPECT(be == NULL, "%s failed but returned a backend", k_bad_create[i].what);
+    }
+
+    dg_backend_t *be = make(2);
     const dg_backend_ops_t *op = be->ops;
     float *buf = NULL;
     DG_ASSERT(op->alloc(be, 4096 * sizeof(float), (void **)&buf) == DG_OK);

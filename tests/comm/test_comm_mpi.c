@@ -131,81 +131,101 @@ static const char *mode_name(dg_comm_progress_t p) {
 
 /* ---------------------------------------------------------------------------------------------- */
 
-static void test_allreduce(dg_comm_t *c, dg_comm_progress_t mode) {
-    const dg_dtype_t dts[] = {DG_F32, DG_BF16, DG_F64, DG_I32};
-    int n = dg_comm_size(c), me = dg_comm_rank(c);
-    uint64_t seed = 11;
-    for (size_t di = 0; di < 4; di++)
+/* s, the status of a non-blocking call that gave *r; then the wait for *r: the first failure */
+static dg_status_t waited(dg_comm_t *c, dg_status_t s, dg_comm_req_t *const *r) {
+    return s == DG_OK ? dg_comm_wait(c, *r) : s;
+}
+
+/* One reduction case: dtype (esz bytes an element), count, SUM or AVG, non-blocking or not, in place or
+ * not, exact (integer-valued) or random inputs, the inputs' seed */
+typedef struct {
+    dg_dtype_t dt;
+    size_t cnt, esz;
+    dg_redop_t red;
+    int nonblocking, inplace, exact;
+    uint64_t seed;
+} red_case_t;
+
+typedef void (*red_body_t)(dg_comm_t *c, dg_comm_progress_t mode, const red_case_t *k);
+
+/* body over dts[0..ndt) x k_counts x {SUM, AVG} x {blocking, non-blocking} x {out of place, in place},
+ * without AVG of i32; exact inputs for i32 and for every other case; seeds seed, seed + 1, ... */
+static void for_red_cases(dg_comm_t *c, dg_comm_progress_t mode, const dg_dtype_t *dts, size_t ndt,
+                          uint64_t seed, red_body_t body) {
+    for (size_t di = 0; di < ndt; di++)
         for (size_t ci = 0; ci < NCOUNTS; ci++)
             for (int red = 0; red < 2; red++)
                 for (int variant = 0; variant < 4; variant++) {
                     dg_dtype_t dt = dts[di];
                     if (dt == DG_I32 && red == DG_RED_AVG) continue;
-                    int nonblocking = variant & 1, inplace = (variant >> 1) & 1;
-                    int exact = dt == DG_I32 || ((ci + (size_t)red + (size_t)variant) % 2 == 0);
-                    size_t cnt = k_counts[ci], esz = dg_dtype_size(dt);
-                    void *send = malloc(cnt * esz + 8), *recv = malloc(cnt * esz + 8);
-                    make_input(send, cnt, dt, me, 0, exact, seed);
-                    poison(recv, cnt * esz);
-                    if (inplace) memcpy(recv, send, cnt * esz);
-                    const void *src = inplace ? recv : send;
-                    dg_status_t s;
-                    if (nonblocking) {
-                        dg_comm_req_t *r = NULL;
-                        s = dg_comm_iallreduce(c, src, recv, cnt, dt, (dg_redop_t)red, &r);
-                        if (s == DG_OK) s = dg_comm_wait(c, r);
-                    } else {
-                        s = dg_comm_allreduce(c, src, recv, cnt, dt, (dg_redop_t)red);
-                    }
-                    char what[160];
-                    snprintf(what, sizeof what, "[%s] allreduce %s %s n=%zu %s%s%s", mode_name(mode),
-                             dg_dtype_name(dt), red ? "AVG" : "SUM", cnt,
-                             nonblocking ? "nonblocking" : "blocking", inplace ? " in-place" : "",
-                             exact ? " exact" : " random");
-                    CHECK(s == DG_OK, "%s: %s", what, dg_last_error());
-                    if (s == DG_OK) check_reduced(recv, cnt, dt, (dg_redop_t)red, n, 0, exact, seed, what);
-                    free(send);
-                    free(recv);
-                    seed++;
+                    red_case_t k = {dt,
+                                    k_counts[ci],
+                                    dg_dtype_size(dt),
+                                    (dg_redop_t)red,
+                                    variant & 1,
+                                    (variant >> 1) & 1,
+                                    dt == DG_I32 || ((ci + (size_t)red + (size_t)variant) % 2 == 0),
+                                    seed++};
+                    body(c, mode, &k);
                 }
 }
 
-static void test_reduce_scatter(dg_comm_t *c, dg_comm_progress_t mode) {
-    const dg_dtype_t dts[] = {DG_F32, DG_BF16, DG_F64};
+/* "HEAD DT SUM|AVG n=CNT[PER] blocking|nonblocking[ in-place] exact|random": what k's checks name */
+static void red_what(char *buf, size_t cap, const char *head, const red_case_t *k, const char *per) {
+    snprintf(buf, cap, "%s %s %s n=%zu%s %s%s%s", head, dg_dtype_name(k->dt), k->red ? "AVG" : "SUM", k->cnt,
+             per, k->nonblocking ? "nonblocking" : "blocking", k->inplace ? " in-place" : "",
+             k->exact ? " exact" : " random");
+}
+
+static void allreduce_case(dg_comm_t *c, dg_comm_progress_t mode, const red_case_t *k) {
     int n = dg_comm_size(c), me = dg_comm_rank(c);
-    uint64_t seed = 101;
-    for (size_t di = 0; di < 3; di++)
-        for (size_t ci = 0; ci < NCOUNTS; ci++)
-            for (int red = 0; red < 2; red++)
-                for (int variant = 0; variant < 4; variant++) {
-                    dg_dtype_t dt = dts[di];
-                    int nonblocking = variant & 1, inplace = (variant >> 1) & 1;
-                    int exact = (ci + (size_t)red + (size_t)variant) % 2 == 0;
-                    size_t cnt = k_counts[ci], esz = dg_dtype_size(dt);
-                    unsigned char *send = malloc((size_t)n * cnt * esz + 8), *recv = malloc(cnt * esz + 8);
-                    make_input(send, (size_t)n * cnt, dt, me, 0, exact, seed);
-                    poison(recv, cnt * esz);
-                    void *out = inplace ? send + (size_t)me * cnt * esz : recv;
-                    dg_status_t s;
-                    if (nonblocking) {
-                        dg_comm_req_t *r = NULL;
-                        s = dg_comm_ireduce_scatter(c, send, out, cnt, dt, (dg_redop_t)red, &r);
-                        if (s == DG_OK) s = dg_comm_wait(c, r);
-                    } else {
-                        s = dg_comm_reduce_scatter(c, send, out, cnt, dt, (dg_redop_t)red);
-                    }
-                    char what[160];
-                    snprintf(what, sizeof what, "[%s %s] reduce_scatter %s %s n=%zu/rank %s%s%s",
-                             mode_name(mode), dg_comm_name(c), dg_dtype_name(dt), red ? "AVG" : "SUM", cnt,
-                             nonblocking ? "nonblocking" : "blocking", inplace ? " in-place" : "",
-                             exact ? " exact" : " random");
-                    CHECK(s == DG_OK, "%s: %s", what, dg_last_error());
-                    if (s == DG_OK)
-                        check_reduced(out, cnt, dt, (dg_redop_t)red, n, (size_t)me * cnt, exact, seed, what);
-                    free(send);
-                    free(recv);
-                    seed++;
-                }
+    void *send = malloc(k->cnt * k->esz + 8), *recv = malloc(k->cnt * k->esz + 8);
+    make_input(send, k->cnt, k->dt, me, 0, k->exact, k->seed);
+    poison(recv, k->cnt * k->esz);
+    if (k->inplace) memcpy(recv, send, k->cnt * k->esz);
+    const void *src = k->inplace ? recv : send;
+    dg_comm_req_t *r = NULL;
+    dg_status_t s = k->nonblocking
+                        ? waited(c, dg_comm_iallreduce(c, src, recv, k->cnt, k->dt, k->red, &r), &r)
+                        : dg_comm_allreduce(c, src, recv, k->cnt, k->dt, k->red);
+    char head[64], what[160];
+    snprintf(head, sizeof head, "[%s] allreduce", mode_name(mode));
+    red_what(what, sizeof what, head, k, "");
+    CHECK(s == DG_OK, "%s: %s", what, dg_last_error());
+    if (s == DG_OK) check_reduced(recv, k->cnt, k->dt, k->red, n, 0, k->exact, k->seed, what);
+    free(send);
+    free(recv);
+}
+
+static void test_allreduce(dg_comm_t *c, dg_comm_progress_t mode) {
+    static const dg_dtype_t dts[] = {DG_F32, DG_BF16, DG_F64, DG_I32};
+    for_red_cases(c, mode, dts, 4, 11, allreduce_case);
+}
+
+static void reduce_scatter_case(dg_comm_t *c, dg_comm_progress_t mode, const red_case_t *k) {
+    int n = dg_comm_size(c), me = dg_comm_rank(c);
+    const size_t bytes = k->cnt * k->esz;
+    unsigned char *send = malloc((size_t)n * bytes + 8), *recv = malloc(bytes + 8);
+    make_input(send, (size_t)n * k->cnt, k->dt, me, 0, k->exact, k->seed);
+    poison(recv, bytes);
+    void *out = k->inplace ? send + (size_t)me * bytes : recv;
+    dg_comm_req_t *r = NULL;
+    dg_status_t s = k->nonblocking
+                        ? waited(c, dg_comm_ireduce_scatter(c, send, out, k->cnt, k->dt, k->red, &r), &r)
+                        : dg_comm_reduce_scatter(c, send, out, k->cnt, k->dt, k->red);
+    char head[64], what[160];
+    snprintf(head, sizeof head, "[%s %s] reduce_scatter", mode_name(mode), dg_comm_name(c));
+    red_what(what, sizeof what, head, k, "/rank");
+    CHECK(s == DG_OK, "%s: %s", what, dg_last_error());
+    if (s == DG_OK)
+        check_reduced(out, k->cnt, k->dt, k->red, n, (size_t)me * k->cnt, k->exact, k->seed, what);
+    free(send);
+    free(recv);
+}
+
+static void test_reduce_scatter(dg_comm_t *c, dg_comm_progress_t mode) {
+    static const dg_dtype_t dts[] = {DG_F32, DG_BF16, DG_F64};
+    for_red_cases(c, mode, dts, 3, 101, reduce_scatter_case);
 }
 
 static void test_allgather(dg_comm_t *c, dg_comm_progress_t mode) {
@@ -229,14 +249,9 @@ static void test_allgather(dg_comm_t *c, dg_comm_progress_t mode) {
                     memcpy(recv + (size_t)me * cnt * esz, send, cnt * esz);
                     src = recv + (size_t)me * cnt * esz;
                 }
-                dg_status_t s;
-                if (nonblocking) {
-                    dg_comm_req_t *r = NULL;
-                    s = dg_comm_iallgather(c, src, recv, cnt, dt, &r);
-                    if (s == DG_OK) s = dg_comm_wait(c, r);
-                } else {
-                    s = dg_comm_allgather(c, src, recv, cnt, dt);
-                }
+                dg_comm_req_t *r = NULL;
+                dg_status_t s = nonblocking ? waited(c, dg_comm_iallgather(c, src, recv, cnt, dt, &r), &r)
+                                            : dg_comm_allgather(c, src, recv, cnt, dt);
                 CHECK(s == DG_OK, "[%s] allgather %s n=%zu: %s", mode_name(mode), dg_dtype_name(dt), cnt,
                       dg_last_error());
                 CHECK(memcmp(recv, want, (size_t)n * cnt * esz) == 0,
@@ -264,14 +279,9 @@ static void test_broadcast(dg_comm_t *c, dg_comm_progress_t mode) {
                     memcpy(buf, want, cnt * esz);
                 else
                     poison(buf, cnt * esz);
-                dg_status_t s;
-                if (ci % 2) {
-                    dg_comm_req_t *r = NULL;
-                    s = dg_comm_ibroadcast(c, buf, cnt, dt, root, &r);
-                    if (s == DG_OK) s = dg_comm_wait(c, r);
-                } else {
-                    s = dg_comm_broadcast(c, buf, cnt, dt, root);
-                }
+                dg_comm_req_t *r = NULL;
+                dg_status_t s = ci % 2 ? waited(c, dg_comm_ibroadcast(c, buf, cnt, dt, root, &r), &r)
+                                       : dg_comm_broadcast(c, buf, cnt, dt, root);
                 CHECK(s == DG_OK, "[%s] broadcast root %d: %s", mode_name(mode), root, dg_last_error());
                 CHECK(memcmp(buf, want, cnt * esz) == 0, "[%s] broadcast %s n=%zu from root %d: wrong data",
                       mode_name(mode), dg_dtype_name(dt), cnt, root);

@@ -27,11 +27,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dg_test_args.h"
 #include "fsdp.h"
 
 typedef struct {
-    char mesh[128];
-    char model[16];
+    const char *mesh;   /* --mesh, or mesh_auto */
+    const char *model;  /* --model */
+    char mesh_auto[32]; /* the default mesh: dp_shard = the world size */
     int steps, global_batch, micro, overlap, reshard, repeat, bf16;
     double bucket_mb, prefetch_mb, tol, clip, bf16_tol;
 } args_t;
@@ -205,55 +207,48 @@ static void usage(void) {
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
-static void parse(int argc, char **argv, args_t *a) {
-    memset(a, 0, sizeof *a);
-    snprintf(a->mesh, sizeof a->mesh, "dp_shard=%d", world);
-    snprintf(a->model, sizeof a->model, "small");
-    a->steps = 20;
-    a->global_batch = 8;
-    a->micro = 2;
-    a->overlap = 1;
-    a->reshard = 1;
-    a->repeat = 1;
-    a->bucket_mb = 25;
-    a->prefetch_mb = 256;
-    a->tol = 1e-5;
-    a->clip = 1.3;
-    a->bf16_tol = 5e-2;
-    for (int i = 1; i < argc; i++) {
-        if (i + 1 >= argc) usage();
-        const char *k = argv[i], *v = argv[++i];
-        if (!strcmp(k, "--mesh"))
-            snprintf(a->mesh, sizeof a->mesh, "%s", v);
-        else if (!strcmp(k, "--model"))
-            snprintf(a->model, sizeof a->model, "%s", v);
-        else if (!strcmp(k, "--steps"))
-            a->steps = atoi(v);
-        else if (!strcmp(k, "--global-batch"))
-            a->global_batch = atoi(v);
-        else if (!strcmp(k, "--micro"))
-            a->micro = atoi(v);
-        else if (!strcmp(k, "--overlap"))
-            a->overlap = atoi(v);
-        else if (!strcmp(k, "--reshard"))
-            a->reshard = atoi(v);
-        else if (!strcmp(k, "--repeat"))
-            a->repeat = atoi(v);
-        else if (!strcmp(k, "--bucket-mb"))
-            a->bucket_mb = atof(v);
-        else if (!strcmp(k, "--prefetch-mb"))
-            a->prefetch_mb = atof(v);
-        else if (!strcmp(k, "--tol"))
-            a->tol = atof(v);
-        else if (!strcmp(k, "--clip"))
-            a->clip = atof(v);
+/* The options' defaults, as the arguments that would set them (--mesh: dp_shard = the world size) */
+static const char *const k_defaults[] = {
+    "--model",        "small", "--steps",   "20",   "--global-batch", "8",   "--micro",     "2",
+    "--overlap",      "1",     "--reshard", "1",    "--repeat",       "1",   "--bucket-mb", "25",
+    "--prefetch-mb",  "256",   "--tol",     "1e-5", "--clip",         "1.3", "--bf16-tol",  "5e-2",
+    "--reduce-dtype", "fp32"};
+
+/* Stores the options of args[0..n) (pairs of name and value) in a by the table; usage() for anything else */
+static void store_args(int n, const char *const *args, const dg_arg_t *tab, size_t ntab, args_t *a) {
+    for (int i = 0; i < n; i++) {
+        if (i + 1 >= n) usage();
+        const char *k = args[i], *v = args[++i];
+        const dg_arg_t *t = dg_arg_find(tab, ntab, k);
+        if (t)
+            dg_arg_store(t, v);
         else if (!strcmp(k, "--reduce-dtype") && (!strcmp(v, "bf16") || !strcmp(v, "fp32")))
             a->bf16 = !strcmp(v, "bf16");
-        else if (!strcmp(k, "--bf16-tol"))
-            a->bf16_tol = atof(v);
         else
             usage();
     }
+}
+
+static void parse(int argc, char **argv, args_t *a) {
+    memset(a, 0, sizeof *a);
+    snprintf(a->mesh_auto, sizeof a->mesh_auto, "dp_shard=%d", world);
+    a->mesh = a->mesh_auto;
+    const dg_arg_t tab[] = {{"--mesh", DG_ARG_STR, &a->mesh},
+                            {"--model", DG_ARG_STR, &a->model},
+                            {"--steps", DG_ARG_INT, &a->steps},
+                            {"--global-batch", DG_ARG_INT, &a->global_batch},
+                            {"--micro", DG_ARG_INT, &a->micro},
+                            {"--overlap", DG_ARG_INT, &a->overlap},
+                            {"--reshard", DG_ARG_INT, &a->reshard},
+                            {"--repeat", DG_ARG_INT, &a->repeat},
+                            {"--bucket-mb", DG_ARG_F64, &a->bucket_mb},
+                            {"--prefetch-mb", DG_ARG_F64, &a->prefetch_mb},
+                            {"--tol", DG_ARG_F64, &a->tol},
+                            {"--clip", DG_ARG_F64, &a->clip},
+                            {"--bf16-tol", DG_ARG_F64, &a->bf16_tol}};
+    const size_t ntab = sizeof tab / sizeof tab[0];
+    store_args((int)(sizeof k_defaults / sizeof k_defaults[0]), k_defaults, tab, ntab, a);
+    store_args(argc - 1, (const char *const *)argv + 1, tab, ntab, a);
 }
 
 /* Other ranks sleep while rank 0 computes the reference (a spinning barrier would steal its core). */

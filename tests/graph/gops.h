@@ -66,6 +66,8 @@ typedef double (*objective_fn)(void *ctx);
 void check_fd(const char *what, double *x, size_t n, const float *g, objective_fn obj, void *ctx);
 /* sum of a[i] * b[i] */
 double dot(const double *a, const double *b, size_t n);
+/* sum of dout[i] * gelu(v[i]) */
+double dot_gelu(const double *v, const double *dout, size_t n);
 /* After a second forward+backward on the same data, parameter grads must be doubled (kernels accumulate
  * +=; an overwrite would leave them unchanged) up to the rounding of the extra additions, and activation
  * grads unchanged bitwise (overwritten, not accumulated). g1 / a1: the first run's gradients. */

@@ -77,25 +77,39 @@ void case_layernorm(tg_t *t, int f0) {
     free(yg);
 }
 
-/* matmul, with bias and input gradient */
+/* The linear layer's objective: sum(dout * y), y = x . w^T + bias (in[0..2], bias may be NULL) of N x C
+ * into OC (d[0..2]); with d[3], y is the GELU of that (the matmul with the GELU epilogue) */
 static double obj_matmul(void *p) {
     ctx_t *c = p;
     int N = c->d[0], C = c->d[1], OC = c->d[2];
-    double *y = malloc((size_t)N * OC * sizeof *y);
+    size_t n = (size_t)N * OC;
+    double *y = malloc(n * sizeof *y);
     ref_matmul(y, c->in[0], c->in[1], c->in[2], N, C, OC);
-    double s = dot(y, c->dout, (size_t)N * OC);
+    double s = c->d[3] ? dot_gelu(y, c->dout, n) : dot(y, c->dout, n);
     free(y);
     return s;
 }
 
+/* A linear layer "fc" of x (2, 3, C) into (2, 3, OC), its leaves drawn in [-1, 1) in this order: x (wants
+ * a gradient), the weight w (OC, C) and the bias b (OC). Returns the matmul node. */
+static dg_node_t *linear_fc(tg_t *t, int C, int OC, dg_node_t **x, dg_node_t **w, dg_node_t **b) {
+    int64_t sx[3] = {2, 3, C}, sw[2] = {OC, C}, sb[1] = {OC};
+    *x = tg_f(t, "x", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
+    *w = tg_f(t, "w", 2, sw, DG_NF_PARAM, -1, 1);
+    *b = tg_f(t, "b", 1, sb, DG_NF_PARAM, -1, 1);
+    return dg_op_matmul(t->g, "fc", *x, *w, *b);
+}
+
+/* A seed gradient leaf "dout" shaped like n, in [-1, 1) */
+static dg_node_t *dout_like(tg_t *t, const dg_node_t *n) {
+    return tg_f(t, "dout", n->ndim, n->shape, DG_NF_INPUT, -1, 1);
+}
+
+/* matmul, with bias and input gradient */
 void case_matmul(tg_t *t, int f0) {
     int N = 6, C = 8, OC = 5;
-    int64_t sx[3] = {2, 3, C}, sw[2] = {OC, C}, sb[1] = {OC}, sy[3] = {2, 3, OC};
-    dg_node_t *x = tg_f(t, "x", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
-    dg_node_t *w = tg_f(t, "w", 2, sw, DG_NF_PARAM, -1, 1);
-    dg_node_t *b = tg_f(t, "b", 1, sb, DG_NF_PARAM, -1, 1);
-    dg_node_t *y = dg_op_matmul(t->g, "fc", x, w, b);
-    dg_node_t *dout = tg_f(t, "dout", 3, sy, DG_NF_INPUT, -1, 1);
+    dg_node_t *x, *w, *b, *y = linear_fc(t, C, OC, &x, &w, &b);
+    dg_node_t *dout = dout_like(t, y);
     tg_finish(t, 1, &y, &dout);
     tg_run(t, DG_PHASE_FWD);
     ctx_t c = {.in = {tg_d(t, x), tg_d(t, w), tg_d(t, b)}, .dout = tg_d(t, dout), .d = {N, C, OC}};
@@ -137,27 +151,10 @@ void case_matmul_nobias(tg_t *t, int f0) {
 }
 
 /* matmul + gelu fused by the fuse_gelu pass into one matmul with the GELU epilogue */
-static double obj_matmul_gelu(void *p) {
-    ctx_t *c = p;
-    int N = c->d[0], C = c->d[1], OC = c->d[2];
-    size_t n = (size_t)N * OC;
-    double *y = malloc(n * sizeof *y), *z = malloc(n * sizeof *z);
-    ref_matmul(y, c->in[0], c->in[1], c->in[2], N, C, OC);
-    ref_gelu(z, y, n);
-    double s = dot(z, c->dout, n);
-    free(y), free(z);
-    return s;
-}
-
 void case_matmul_gelu(tg_t *t, int f0) {
     int N = 6, C = 8, OC = 12;
-    int64_t sx[3] = {2, 3, C}, sw[2] = {OC, C}, sb[1] = {OC}, sy[3] = {2, 3, OC};
-    dg_node_t *x = tg_f(t, "x", 3, sx, DG_NF_INPUT | DG_NF_WANT_GRAD, -1, 1);
-    dg_node_t *w = tg_f(t, "w", 2, sw, DG_NF_PARAM, -1, 1);
-    dg_node_t *b = tg_f(t, "b", 1, sb, DG_NF_PARAM, -1, 1);
-    dg_node_t *m = dg_op_matmul(t->g, "fc", x, w, b);
-    dg_node_t *y0 = dg_op_gelu(t->g, "gelu", m);
-    (void)y0;
+    dg_node_t *x, *w, *b;
+    dg_op_gelu(t->g, "gelu", linear_fc(t, C, OC, &x, &w, &b));
     dg_pass_t fuse[] = {{"fuse_gelu", dg_pass_fuse_gelu, NULL}};
     OK(dg_graph_run_passes(t->g, fuse, 1));
     dg_node_t *y = NULL;
@@ -166,18 +163,17 @@ void case_matmul_gelu(tg_t *t, int f0) {
     EXPECT(tg_count(t, DG_OP_GELU, -1) == 0 && y && y->attr[DG_A_EPI] == DG_EPI_GELU && y->n_side == 1,
            "matmul_gelu: the pass should fuse gelu into the matmul");
     if (!y) return;
-    dg_node_t *dout = tg_f(t, "dout", 3, sy, DG_NF_INPUT, -1, 1);
+    dg_node_t *dout = dout_like(t, y);
     tg_finish(t, 1, &y, &dout);
     tg_run(t, DG_PHASE_FWD);
-    ctx_t c = {.in = {tg_d(t, x), tg_d(t, w), tg_d(t, b)}, .dout = tg_d(t, dout), .d = {N, C, OC}};
+    ctx_t c = {.in = {tg_d(t, x), tg_d(t, w), tg_d(t, b)}, .dout = tg_d(t, dout), .d = {N, C, OC, 1}};
     double pre[72], yr[72];
     ref_matmul(pre, c.in[0], c.in[1], c.in[2], N, C, OC);
     ref_gelu(yr, pre, 72);
     float *yg = tg_get(t, y), *pg = tg_get(t, y->side[0]);
     check_close("matmul+gelu forward", yg, yr, 72, 1e-5);
     check_close("matmul+gelu pre-activation", pg, pre, 72, 1e-5);
-    tg_check_xwb(t, f0, "matmul+gelu", "d/dbias", x, w, b, &c, (const size_t[3]){48, 96, 12}, obj_matmul_gelu,
-                 0);
+    tg_check_xwb(t, f0, "matmul+gelu", "d/dbias", x, w, b, &c, (const size_t[3]){48, 96, 12}, obj_matmul, 0);
     free(yg), free(pg);
 }
 

@@ -112,13 +112,20 @@ static void ce_build(ce_graph_t *c, dg_backend_t *be, int how) {
     OK(dg_exec_create(be, c->t.g, c->t.plan, &c->t.ex));
 }
 
-static int ce_same(ce_graph_t *a, ce_graph_t *b, const dg_node_t *na, const dg_node_t *nb, const char *what) {
-    float *x = tg_get(&a->t, na), *y = tg_get(&b->t, nb);
+/* 1 when node na of graph a holds the same bytes as nb of graph b (the unfused pair's); else an EXPECT
+ * failure "PASS: WHAT differs from the unfused pair's" and 0 */
+static int same_bits(const char *pass, tg_t *a, tg_t *b, const dg_node_t *na, const dg_node_t *nb,
+                     const char *what) {
+    float *x = tg_get(a, na), *y = tg_get(b, nb);
     int same = na->nbytes == nb->nbytes && memcmp(x, y, na->nbytes) == 0;
-    EXPECT(same, "crossentropy_fused: %s differs from the unfused pair's", what);
+    EXPECT(same, "%s: %s differs from the unfused pair's", pass, what);
     free(x);
     free(y);
     return same;
+}
+
+static int ce_same(ce_graph_t *a, ce_graph_t *b, const dg_node_t *na, const dg_node_t *nb, const char *what) {
+    return same_bits("crossentropy_fused", &a->t, &b->t, na, nb, what);
 }
 
 void case_crossentropy_fused(dg_backend_t *be) {
@@ -318,12 +325,7 @@ static void res_build(res_graph_t *c, dg_backend_t *be, int how) {
 
 static int res_same(res_graph_t *a, res_graph_t *b, const dg_node_t *na, const dg_node_t *nb,
                     const char *what) {
-    float *x = tg_get(&a->t, na), *y = tg_get(&b->t, nb);
-    int same = na->nbytes == nb->nbytes && memcmp(x, y, na->nbytes) == 0;
-    EXPECT(same, "fuse_residual: %s differs from the unfused pair's", what);
-    free(x);
-    free(y);
-    return same;
+    return same_bits("fuse_residual", &a->t, &b->t, na, nb, what);
 }
 
 static int fwd_count(tg_t *t, dg_op_kind_t k) {
@@ -400,6 +402,13 @@ void case_fuse_residual(dg_backend_t *be) {
     tg_free(&f.t);
 }
 
+/* The end of a fan-out objective: sum(dout * gelu(s)) over the branches' sum s[0..n) (malloc'd, freed) */
+static double fanout_obj_end(double *s, const ctx_t *c, size_t n) {
+    double v = dot_gelu(s, c->dout, n);
+    free(s);
+    return v;
+}
+
 /* A tensor with many consumers (I): later contributions accumulate in place (acc = 1 kernels) and
  * through ACCUMULATE when the first gradient storage is still needed. */
 static double obj_fanout1(void *p) {
@@ -412,10 +421,17 @@ static double obj_fanout1(void *p) {
     ref_matmul(m, c->in[0], c->in[1], NULL, N, C, C);
     for (size_t i = 0; i < n; i++)
         a[i] = a[i] + b[i] + m[i] + c->in[0][i];
-    ref_gelu(b, a, n);
-    double s = dot(b, c->dout, n);
-    free(a), free(b), free(m);
-    return s;
+    free(b), free(m);
+    return fanout_obj_end(a, c, n);
+}
+
+/* The fan-out cases' output: y = gelu(s), seeded by a dout leaf shaped like x (ndim, sx); then the graph
+ * is finished. Returns dout. */
+static dg_node_t *fanout_out(tg_t *t, dg_node_t *s, int ndim, const int64_t *sx) {
+    dg_node_t *y = dg_op_gelu(t->g, "y", s);
+    dg_node_t *dout = tg_f(t, "dout", ndim, sx, DG_NF_INPUT, -1, 1);
+    tg_finish(t, 1, &y, &dout);
+    return dout;
 }
 
 void case_fanout1(tg_t *t, int f0) {
@@ -430,10 +446,7 @@ void case_fanout1(tg_t *t, int f0) {
     dg_node_t *m = dg_op_matmul(t->g, "m", x, w, NULL);
     dg_node_t *s1 = dg_op_add(t->g, "s1", a, b);
     dg_node_t *s2 = dg_op_add(t->g, "s2", s1, m);
-    dg_node_t *s3 = dg_op_add(t->g, "s3", s2, x);
-    dg_node_t *y = dg_op_gelu(t->g, "y", s3);
-    dg_node_t *dout = tg_f(t, "dout", 3, sx, DG_NF_INPUT, -1, 1);
-    tg_finish(t, 1, &y, &dout);
+    dg_node_t *dout = fanout_out(t, dg_op_add(t->g, "s3", s2, x), 3, sx);
     EXPECT(tg_count(t, DG_OP_ACCUMULATE, -1) >= 1, "fanout1: expected an ACCUMULATE in the backward");
     EXPECT(tg_count(t, DG_OP_LAYERNORM_BWD, 1) == 1 && tg_count(t, DG_OP_GELU_BWD, 1) == 1,
            "fanout1: expected in-place (acc=1) layernorm_bwd and gelu_bwd");
@@ -450,15 +463,13 @@ static double obj_fanout2(void *p) {
     ctx_t *c = p;
     int N = c->d[0], C = c->d[1];
     size_t n = (size_t)N * C;
-    double *m1 = malloc(n * sizeof *m1), *m2 = malloc(n * sizeof *m2), *y = malloc(n * sizeof *y);
+    double *m1 = malloc(n * sizeof *m1), *m2 = malloc(n * sizeof *m2);
     ref_matmul(m1, c->in[0], c->in[1], c->in[2], N, C, C);
     ref_matmul(m2, c->in[0], c->in[3], NULL, N, C, C);
     for (size_t i = 0; i < n; i++)
         m1[i] = m1[i] + m2[i] + 2.0 * c->in[0][i];
-    ref_gelu(y, m1, n);
-    double s = dot(y, c->dout, n);
-    free(m1), free(m2), free(y);
-    return s;
+    free(m2);
+    return fanout_obj_end(m1, c, n);
 }
 
 void case_fanout2(tg_t *t, int f0) {
@@ -472,10 +483,7 @@ void case_fanout2(tg_t *t, int f0) {
     dg_node_t *m2 = dg_op_matmul(t->g, "m2", x, w2, NULL);
     dg_node_t *e = dg_op_add(t->g, "e", x, x);
     dg_node_t *s1 = dg_op_add(t->g, "s1", m1, m2);
-    dg_node_t *s2 = dg_op_add(t->g, "s2", s1, e);
-    dg_node_t *y = dg_op_gelu(t->g, "y", s2);
-    dg_node_t *dout = tg_f(t, "dout", 2, sx, DG_NF_INPUT, -1, 1);
-    tg_finish(t, 1, &y, &dout);
+    dg_node_t *dout = fanout_out(t, dg_op_add(t->g, "s2", s1, e), 2, sx);
     int bwd_adds = 0;
     for (int i = 0; i < t->g->n; i++)
         bwd_adds += t->g->nodes[i]->op == DG_OP_ADD && t->g->nodes[i]->phase == DG_PHASE_BWD;

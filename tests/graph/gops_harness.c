@@ -190,14 +190,17 @@ void check_accumulation(tg_t *t, int n_par, dg_node_t **par, float **g1, int n_a
     }
 }
 
-double obj_gelu(void *p) {
-    ctx_t *c = p;
-    size_t n = (size_t)c->d[0];
+double dot_gelu(const double *v, const double *dout, size_t n) {
     double *y = malloc(n * sizeof *y);
-    ref_gelu(y, c->in[0], n);
-    double s = dot(y, c->dout, n);
+    ref_gelu(y, v, n);
+    double s = dot(y, dout, n);
     free(y);
     return s;
+}
+
+double obj_gelu(void *p) {
+    ctx_t *c = p;
+    return dot_gelu(c->in[0], c->dout, (size_t)c->d[0]);
 }
 
 void tg_check_grads(tg_t *t, int f0, const char *what, int k, dg_node_t *const *lv, const char *const *wrt,

@@ -3,30 +3,20 @@
 #include "ref64.h"
 
 #include "dg_ref_attn.h"
+#include "dg_ref_dense.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 void ref_encoder(double *out, const int32_t *tok, const double *wte, const double *wpe, int B, int T, int C) {
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++)
-            for (int c = 0; c < C; c++)
-                out[((size_t)b * T + t) * C + c] =
-                    wte[(size_t)tok[b * T + t] * C + c] + wpe[(size_t)t * C + c];
+    dg_ref_encoder(out, tok, wte, wpe, B, T, C);
 }
 
 void ref_layernorm(double *out, const double *x, const double *w, const double *b, int N, int C) {
     for (int i = 0; i < N; i++) {
         const double *r = x + (size_t)i * C;
-        double mean = 0, var = 0;
-        for (int c = 0; c < C; c++)
-            mean += r[c];
-        mean /= C;
-        for (int c = 0; c < C; c++)
-            var += (r[c] - mean) * (r[c] - mean);
-        var /= C;
-        double rstd = 1.0 / sqrt(var + 1e-5);
+        double rstd, mean = dg_ref_row_mean_rstd(r, C, &rstd);
         for (int c = 0; c < C; c++)
             out[(size_t)i * C + c] = (r[c] - mean) * rstd * w[c] + b[c];
     }

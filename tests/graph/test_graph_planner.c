@@ -296,28 +296,55 @@ static size_t cuda_like_aux_bytes(dg_backend_t *be, int B, int T, int C, int NH)
     return (size_t)B * NH * T * sizeof(float);
 }
 
+/* The gpt2-124m plans at micro-batch GPT2_PLAN_B x 1024 are made on two backends: bes[0] the CPU backend
+ * (f32; its attention keeps the full probability matrix), bes[1] a bf16 one with the CUDA backend's
+ * attention scratch (the GPU's arena); gpt2_plan_what names them. gpt2_plans fills one (it must not move
+ * afterwards: bes[1] points into it). */
+typedef struct {
+    dg_backend_ops_t ops16;
+    dg_backend_t be16;
+    dg_backend_t *bes[2];
+    dg_model_desc_t d;
+} gpt2_plans_t;
+enum { GPT2_PLAN_B = 32 };
+static const char *const gpt2_plan_what[2] = {"cpu f32", "bf16, CUDA attention scratch"};
+
+static void gpt2_plans(gpt2_plans_t *gp, dg_backend_t *cpu) {
+    gp->ops16 = *cpu->ops;
+    gp->ops16.attention_aux_bytes = cuda_like_aux_bytes;
+    gp->be16 = (dg_backend_t){&gp->ops16, DG_BF16, cpu->impl, 0};
+    gp->bes[0] = cpu;
+    gp->bes[1] = &gp->be16;
+    OK(dg_model_desc_preset("gpt2-124m", &gp->d));
+}
+
+/* The plan-only model on gp's backend b with `flags`, its plan checked (a failure names `label`) */
+static dg_model_t *gpt2_plan(const gpt2_plans_t *gp, int b, int flags, const char *label) {
+    dg_model_t *m;
+    OK(dg_model_create_ex(&gp->d, gp->bes[b], GPT2_PLAN_B, 1, flags | DG_MODEL_PLAN_ONLY, &m));
+    EXPECT(dg_plan_check(dg_model_plan(m), dg_model_graph(m)) == DG_OK, "%s: plan check: %s", label,
+           dg_last_error());
+    return m;
+}
+
 /* gpt2-124m at micro-batch 32 x 1024, plan only: the CPU backend's plan (f32; its attention keeps the
  * full probability matrix) and a bf16 plan with the CUDA backend's attention scratch (the GPU's arena).
  * Recompute must save at least (L - 1) GELU outputs of [B*T, 4C] (the last layer's backward starts while
  * its recomputed copy is live); the fused backward must not need more than the unfused one. */
 static void test_gelu_memory(dg_backend_t *cpu) {
-    dg_backend_ops_t ops16 = *cpu->ops;
-    ops16.attention_aux_bytes = cuda_like_aux_bytes;
-    dg_backend_t be16 = {&ops16, DG_BF16, cpu->impl, 0};
-    dg_backend_t *bes[2] = {cpu, &be16};
-    const char *what[2] = {"cpu f32", "bf16, CUDA attention scratch"};
+    gpt2_plans_t gp;
+    gpt2_plans(&gp, cpu);
+    const char *const *what = gpt2_plan_what;
     const int flags[3] = {DG_MODEL_UNFUSED_GELU_BWD, 0, DG_MODEL_RECOMPUTE_GELU};
     const char *fname[3] = {"unfused gelu_bwd", "fused matmul_bwd_dgelu", "fused + recompute gelu"};
-    dg_model_desc_t d;
-    OK(dg_model_desc_preset("gpt2-124m", &d));
-    const int B = 32;
+    const dg_model_desc_t d = gp.d;
+    const int B = GPT2_PLAN_B;
     for (int b = 0; b < 2; b++) {
         size_t arena[3];
         for (int f = 0; f < 3; f++) {
-            dg_model_t *m;
-            OK(dg_model_create_ex(&d, bes[b], B, 1, flags[f] | DG_MODEL_PLAN_ONLY, &m));
-            EXPECT(dg_plan_check(dg_model_plan(m), dg_model_graph(m)) == DG_OK, "%s %s: plan check: %s",
-                   what[b], fname[f], dg_last_error());
+            char label[96];
+            snprintf(label, sizeof label, "%s %s", what[b], fname[f]);
+            dg_model_t *m = gpt2_plan(&gp, b, flags[f], label);
             arena[f] = dg_model_arena_bytes(m);
             printf("gpt2-124m micro_batch %d, %s, %s: arena %zu bytes (%.2f GiB), %d ops\n", B, what[b],
                    fname[f], arena[f], arena[f] / 1073741824.0, dg_model_n_ops(m));
@@ -347,22 +374,17 @@ typedef void (*fuse_check_t)(const char *what, int fused, const dg_model_desc_t 
  * the fused arena is no larger than the unfused one. */
 static void fused_arena(dg_backend_t *cpu, int unfused_flag, const char *fused_name, const char *pair_name,
                         fuse_check_t check) {
-    dg_backend_ops_t ops16 = *cpu->ops;
-    ops16.attention_aux_bytes = cuda_like_aux_bytes;
-    dg_backend_t be16 = {&ops16, DG_BF16, cpu->impl, 0};
-    dg_backend_t *bes[2] = {cpu, &be16};
-    const char *what[2] = {"cpu f32", "bf16, CUDA attention scratch"};
-    dg_model_desc_t d;
-    OK(dg_model_desc_preset("gpt2-124m", &d));
-    const int B = 32;
+    gpt2_plans_t gp;
+    gpt2_plans(&gp, cpu);
+    const char *const *what = gpt2_plan_what;
+    const dg_model_desc_t d = gp.d;
+    const int B = GPT2_PLAN_B;
     for (int b = 0; b < 2; b++) {
         size_t arena[2];
         for (int f = 0; f < 2; f++) {
-            dg_model_t *m;
-            OK(dg_model_create_ex(&d, bes[b], B, 1, (f ? unfused_flag : 0) | DG_MODEL_PLAN_ONLY, &m));
+            dg_model_t *m = gpt2_plan(&gp, b, f ? unfused_flag : 0, what[b]);
             const dg_graph_t *g = dg_model_graph(m);
             const dg_memplan_t *p = dg_model_plan(m);
-            EXPECT(dg_plan_check(p, g) == DG_OK, "%s: plan check: %s", what[b], dg_last_error());
             arena[f] = dg_model_arena_bytes(m);
             check(what[b], f == 0, &d, g, p);
             dg_model_free(m);

@@ -50,13 +50,35 @@ static void expect_rank(hwloc_topology_t topo, const dg_node_topo_t *t, int lr, 
 }
 #define EXPECT_RANK(topo, t, lr, ls, g, c, n) expect_rank(topo, t, lr, ls, g, c, n, __LINE__)
 
+/* A machine of tests/mpi_boot/data as a test expects it: its file, host name and counts (nics < 0: the
+ * test checks the NICs itself) */
+typedef struct {
+    const char *file, *host;
+    int sockets, cores, pus, numa, gpus, nics;
+} machine_t;
+
+/* Loads m's file into *t and *topo and checks its host name and counts */
+static void load_machine(const machine_t *m, dg_node_topo_t *t, hwloc_topology_t *topo) {
+    CHECK(dg_topo_load(path_of(m->file), t, topo) == DG_OK, "loading %s", m->file);
+    CHECK_STR(t->host, m->host);
+    CHECK(t->n_sockets == m->sockets && t->n_cores == m->cores && t->n_pus == m->pus && t->n_numa == m->numa,
+          "%s: %d sockets, %d cores, %d PUs, %d NUMA nodes", m->file, t->n_sockets, t->n_cores, t->n_pus,
+          t->n_numa);
+    CHECK(t->n_gpus == m->gpus && (m->nics < 0 || t->n_nics == m->nics), "%s: %d GPUs, %d NICs", m->file,
+          t->n_gpus, t->n_nics);
+}
+
+/* The end of a test of a loaded machine */
+static void free_machine(dg_node_topo_t *t, hwloc_topology_t topo) {
+    dg_topo_free(t);
+    hwloc_topology_destroy(topo);
+}
+
 static void test_node_a(void) {
     dg_node_topo_t t;
     hwloc_topology_t topo;
-    CHECK(dg_topo_load(path_of("node-2s-8gpu-4ib.xml"), &t, &topo) == DG_OK);
-    CHECK_STR(t.host, "gpunode-a");
-    CHECK(t.n_sockets == 2 && t.n_cores == 32 && t.n_pus == 64 && t.n_numa == 2);
-    CHECK(t.n_gpus == 8); /* the ASPEED VGA is not a GPU */
+    /* 8 GPUs: the ASPEED VGA is not one */
+    load_machine(&(const machine_t){"node-2s-8gpu-4ib.xml", "gpunode-a", 2, 32, 64, 2, 8, -1}, &t, &topo);
     static const char *bus[8] = {"0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:5d:00.0",
                                  "0000:9a:00.0", "0000:ab:00.0", "0000:ba:00.0", "0000:db:00.0"};
     for (int g = 0; g < 8 && g < t.n_gpus; g++) {
@@ -118,17 +140,14 @@ static void test_node_a(void) {
     CHECK_STR(t2.host, "gpunode-a");
     dg_topo_free(&t2);
     unlink(out);
-    dg_topo_free(&t);
-    hwloc_topology_destroy(topo);
+    free_machine(&t, topo);
 }
 
 static void test_node_b(void) {
     dg_node_topo_t t;
     hwloc_topology_t topo;
-    CHECK(dg_topo_load(path_of("node-2s-snc-4gpu.xml"), &t, &topo) == DG_OK);
-    CHECK_STR(t.host, "gpunode-b");
-    CHECK(t.n_sockets == 2 && t.n_cores == 24 && t.n_pus == 24 && t.n_numa == 4);
-    CHECK(t.n_gpus == 4); /* neither the ASPEED nor the ATI ES1000 VGA is a GPU */
+    /* 4 GPUs: neither the ASPEED nor the ATI ES1000 VGA is one */
+    load_machine(&(const machine_t){"node-2s-snc-4gpu.xml", "gpunode-b", 2, 24, 24, 4, 4, -1}, &t, &topo);
     static const int numa_of[4] = {1, 1, 2, 3};
     static const char *cpus_of[4] = {"6-11", "6-11", "12-17", "18-23"};
     for (int g = 0; g < 4 && g < t.n_gpus; g++) {
@@ -172,8 +191,7 @@ static void test_node_b(void) {
           tv.gpus[3].cuda_index == 0);
     EXPECT_RANK(topov, &tv, 0, 2, 3, "18-23", 3);
     EXPECT_RANK(topov, &tv, 1, 2, 1, "6-11", 1);
-    dg_topo_free(&tv);
-    hwloc_topology_destroy(topov);
+    free_machine(&tv, topov);
     /* without HWLOC_THISSYSTEM an XML is another machine: this process's CUDA_VISIBLE_DEVICES is ignored */
     unsetenv("HWLOC_THISSYSTEM");
     CHECK(dg_topo_load(path_of("node-2s-snc-4gpu.xml"), &tv, NULL) == DG_OK);
@@ -181,8 +199,7 @@ static void test_node_b(void) {
     dg_topo_free(&tv);
     unsetenv("CUDA_VISIBLE_DEVICES");
 
-    dg_topo_free(&t);
-    hwloc_topology_destroy(topo);
+    free_machine(&t, topo);
 }
 
 /* A real machine: the H200 GPU VM dgtrain ran on, exported there with --export-topology (hwloc 2.10, no
@@ -190,10 +207,7 @@ static void test_node_b(void) {
 static void test_h200(void) {
     dg_node_topo_t t;
     hwloc_topology_t topo;
-    CHECK(dg_topo_load(path_of("h200-vm-1gpu.xml"), &t, &topo) == DG_OK);
-    CHECK_STR(t.host, "vm");
-    CHECK(t.n_sockets == 1 && t.n_cores == 16 && t.n_pus == 16 && t.n_numa == 1);
-    CHECK(t.n_gpus == 1 && t.n_nics == 1);
+    load_machine(&(const machine_t){"h200-vm-1gpu.xml", "vm", 1, 16, 16, 1, 1, 1}, &t, &topo);
     if (t.n_gpus == 1) {
         CHECK_STR(t.gpus[0].pci_busid, "0000:00:06.0");
         CHECK_STR(t.gpus[0].name, "PCI 10de:2335");
@@ -203,8 +217,7 @@ static void test_h200(void) {
     /* two ranks share the one GPU and split its 16 cores */
     EXPECT_RANK(topo, &t, 0, 2, 0, "0-7", 0);
     EXPECT_RANK(topo, &t, 1, 2, 0, "8-15", 0);
-    dg_topo_free(&t);
-    hwloc_topology_destroy(topo);
+    free_machine(&t, topo);
 }
 
 static void test_env_and_errors(void) {

@@ -103,79 +103,86 @@ static int load_from_args(const char *kind, const char *src, dg_tokenizer_t **t)
     return s;
 }
 
-/* The documents commands' input (its bytes in *b, *n) and output file, and the tokenizer; NULL when the
- * tokenizer does not load (the error printed) */
-static FILE *docs_open(const char *kind, const char *src, const char *in, const char *out, dg_tokenizer_t **t,
-                       uint8_t **b, size_t *n) {
-    if (load_from_args(kind, src, t)) return NULL;
-    *b = slurp(in, n);
+/* One record of a documents command, at rec (the k-th, starting with its uint32 count), written to f in
+ * the command's output form; returns the record's size in bytes, or 0 after an error (printed). */
+typedef size_t (*doc_fn)(dg_tokenizer_t *t, const uint8_t *rec, size_t k, FILE *f, void *ctx);
+
+/* A documents command: loads the tokenizer (kind, src; the error printed when it does not), reads the
+ * records of `in` and runs one(t, record, k, out file, ctx) over them in order until one fails. Returns 0,
+ * or 1 when the tokenizer does not load or a record failed. */
+static int docs_run(const char *kind, const char *src, const char *in, const char *out, doc_fn one,
+                    void *ctx) {
+    dg_tokenizer_t *t;
+    if (load_from_args(kind, src, &t)) return 1;
+    size_t n;
+    uint8_t *b = slurp(in, &n);
     FILE *f = fopen(out, "wb");
     DG_ASSERT(f);
-    return f;
-}
-
-static int docs_close(FILE *f, uint8_t *b, dg_tokenizer_t *t, int rc) {
+    int rc = 0;
+    for (size_t i = 0, k = 0; i + 4 <= n; k++) {
+        size_t used = one(t, b + i, k, f, ctx);
+        if (!used) {
+            rc = 1;
+            break;
+        }
+        i += used;
+    }
     fclose(f);
     free(b);
     dg_tokenizer_free(t);
     return rc;
 }
 
-static int cmd_encode_docs(const char *kind, const char *src, const char *in, const char *out) {
-    dg_tokenizer_t *t;
-    uint8_t *b;
-    size_t n;
-    FILE *f = docs_open(kind, src, in, out, &t, &b, &n);
-    if (!f) return 1;
-    dg_tok_ids_t ids = {0};
-    int rc = 0;
-    for (size_t i = 0, k = 0; i + 4 <= n; k++) {
-        uint32_t len = get_u32(b + i);
-        ids.n = 0;
-        dg_tok_stats_t st;
-        if (dg_tokenizer_encode(t, b + i + 4, len, &ids, &st) != DG_OK) {
-            fprintf(stderr, "%s\n", dg_last_error());
-            rc = 1;
-            break;
-        }
-        if (st.invalid_utf8)
-            printf("invalid %zu %lld %lld\n", k, (long long)st.invalid_utf8, (long long)st.first_invalid);
-        put_u32(f, (uint32_t)ids.n);
-        for (size_t j = 0; j < ids.n; j++)
-            put_u32(f, (uint32_t)ids.v[j]);
-        i += 4 + len;
+/* encode-docs: a record is a uint32 byte length and the text; out gets the id count and the ids, and
+ * stdout "invalid K COUNT FIRST" for a text with invalid UTF-8. ctx: the dg_tok_ids_t reused. */
+static size_t encode_doc(dg_tokenizer_t *t, const uint8_t *rec, size_t k, FILE *f, void *ctx) {
+    dg_tok_ids_t *ids = ctx;
+    uint32_t len = get_u32(rec);
+    ids->n = 0;
+    dg_tok_stats_t st;
+    if (dg_tokenizer_encode(t, rec + 4, len, ids, &st) != DG_OK) {
+        fprintf(stderr, "%s\n", dg_last_error());
+        return 0;
     }
+    if (st.invalid_utf8)
+        printf("invalid %zu %lld %lld\n", k, (long long)st.invalid_utf8, (long long)st.first_invalid);
+    put_u32(f, (uint32_t)ids->n);
+    for (size_t j = 0; j < ids->n; j++)
+        put_u32(f, (uint32_t)ids->v[j]);
+    return 4 + (size_t)len;
+}
+
+static int cmd_encode_docs(const char *kind, const char *src, const char *in, const char *out) {
+    dg_tok_ids_t ids = {0};
+    int rc = docs_run(kind, src, in, out, encode_doc, &ids);
     dg_tok_ids_free(&ids);
-    return docs_close(f, b, t, rc);
+    return rc;
+}
+
+/* decode-docs: a record is a uint32 id count and the ids (uint32 each); out gets the text's byte length
+ * and the text. */
+static size_t decode_doc(dg_tokenizer_t *t, const uint8_t *rec, size_t k, FILE *f, void *ctx) {
+    (void)k, (void)ctx;
+    uint32_t cnt = get_u32(rec);
+    int32_t *ids = dg_xmalloc((cnt + 1) * sizeof *ids);
+    for (uint32_t j = 0; j < cnt; j++)
+        ids[j] = (int32_t)get_u32(rec + 4 + 4 * j);
+    uint8_t *txt;
+    size_t tl;
+    dg_status_t s = dg_tokenizer_decode(t, ids, cnt, &txt, &tl);
+    free(ids);
+    if (s != DG_OK) {
+        fprintf(stderr, "%s\n", dg_last_error());
+        return 0;
+    }
+    put_u32(f, (uint32_t)tl);
+    fwrite(txt, 1, tl, f);
+    free(txt);
+    return 4 + 4 * (size_t)cnt;
 }
 
 static int cmd_decode_docs(const char *kind, const char *src, const char *in, const char *out) {
-    dg_tokenizer_t *t;
-    uint8_t *b;
-    size_t n;
-    FILE *f = docs_open(kind, src, in, out, &t, &b, &n);
-    if (!f) return 1;
-    int rc = 0;
-    for (size_t i = 0; i + 4 <= n;) {
-        uint32_t cnt = get_u32(b + i);
-        int32_t *ids = dg_xmalloc((cnt + 1) * sizeof *ids);
-        for (uint32_t j = 0; j < cnt; j++)
-            ids[j] = (int32_t)get_u32(b + i + 4 + 4 * j);
-        uint8_t *txt;
-        size_t tl;
-        if (dg_tokenizer_decode(t, ids, cnt, &txt, &tl) != DG_OK) {
-            fprintf(stderr, "%s\n", dg_last_error());
-            rc = 1;
-            free(ids);
-            break;
-        }
-        put_u32(f, (uint32_t)tl);
-        fwrite(txt, 1, tl, f);
-        free(txt);
-        free(ids);
-        i += 4 + 4 * (size_t)cnt;
-    }
-    return docs_close(f, b, t, rc);
+    return docs_run(kind, src, in, out, decode_doc, NULL);
 }
 
 /* ---------------- utf8: the repair rule, byte for byte against Python's decode(errors="replace")

@@ -80,27 +80,27 @@ template <typename T> struct MmaOp {
     static uint32_t pack(float lo, float hi) { return (uint32_t)Cvt<T>::from(lo) | ((uint32_t)Cvt<T>::from(hi) << 16); }
 };
 
-static void ldsm_x4(uint32_t (&r)[4], const uint16_t *p) {
+// ldmatrix .x4 (and .x4.trans): every lane publishes its row pointer; register i of lane l is then the two
+// 16-bit elements that pick(the 8 row pointers of matrix i, l) gathers
+template <typename Pick> static void ldsm_x4_pick(uint32_t (&r)[4], const uint16_t *p, Pick pick) {
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
     WarpX &x = g_wx[w];
     x.p[l] = p;
     warp_sync();
-    for (int i = 0; i < 4; i++) {
-        const uint16_t *row = x.p[8 * i + (l >> 2)];
-        r[i] = (uint32_t)row[2 * (l & 3)] | ((uint32_t)row[2 * (l & 3) + 1] << 16);
-    }
+    for (int i = 0; i < 4; i++) r[i] = pick(x.p + 8 * i, l);
     warp_sync();
 }
+static void ldsm_x4(uint32_t (&r)[4], const uint16_t *p) {
+    ldsm_x4_pick(r, p, [](const uint16_t *const *rows, int l) {
+        const uint16_t *row = rows[l >> 2];
+        return (uint32_t)row[2 * (l & 3)] | ((uint32_t)row[2 * (l & 3) + 1] << 16);
+    });
+}
 static void ldsm_x4_t(uint32_t (&r)[4], const uint16_t *p) {
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    WarpX &x = g_wx[w];
-    x.p[l] = p;
-    warp_sync();
-    for (int i = 0; i < 4; i++) {
-        const uint16_t *r0 = x.p[8 * i + 2 * (l & 3)], *r1 = x.p[8 * i + 2 * (l & 3) + 1];
-        r[i] = (uint32_t)r0[l >> 2] | ((uint32_t)r1[l >> 2] << 16);
-    }
-    warp_sync();
+    ldsm_x4_pick(r, p, [](const uint16_t *const *rows, int l) {
+        const uint16_t *r0 = rows[2 * (l & 3)], *r1 = rows[2 * (l & 3) + 1];
+        return (uint32_t)r0[l >> 2] | ((uint32_t)r1[l >> 2] << 16);
+    });
 }
 static float __shfl_xor_sync(unsigned, float v, int m) {
     const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
