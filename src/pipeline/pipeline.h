@@ -21,6 +21,7 @@ extern "C" {
 #endif
 
 #define DG_PP_MAX_CHUNKS 256 /* pp x virtual stages */
+#define DG_PP_MAX_MICRO (1 << 20) /* micro-batches per step (parallel.pp_microbatches' range) */
 
 typedef enum { DG_PP_1F1B = 0, DG_PP_INTERLEAVED = 1 } dg_pp_kind_t;
 /* "1f1b" | "interleaved" (parallel.pp_schedule) -> kind; -1 for anything else */
@@ -102,8 +103,8 @@ typedef struct dg_pp_schedule {
  * forwards (g the first group's length). Between two slots (1F1B: each compute action; interleaved: each
  * warm-up forward, each steady forward + backward pair, each cool-down backward) the sends of the first
  * and the receives of the second form one group. DG_ERR_USAGE for m < pp, virt < 1,
- * interleaved with virt < 2, 1f1b with virt != 1, pp x virt > DG_PP_MAX_CHUNKS. */
-dg_status_t dg_pp_schedule_build(int kind, int pp, int virt, int m, dg_pp_schedule_t *out);
+ * interleaved with virt < 2, 1f1b with virt != 1, pp x virt > DG_PP_MAX_CHUNKS, m > DG_PP_MAX_MICRO. */
+dg_status_t dg_pp_schedule_build(int kind, int pp, int virt, int64_t m, dg_pp_schedule_t *out);
 void dg_pp_schedule_free(dg_pp_schedule_t *s);
 
 /* Checks a schedule (DG_ERR_RUNTIME with the first violation): on each rank every (mb, local chunk)

@@ -96,7 +96,7 @@ static int compute_order(int kind, int p, int v, int m, int s, dg_pp_action_t *o
     return n;
 }
 
-dg_status_t dg_pp_schedule_build(int kind, int p, int v, int m, dg_pp_schedule_t *o) {
+dg_status_t dg_pp_schedule_build(int kind, int p, int v, int64_t m64, dg_pp_schedule_t *o) {
     memset(o, 0, sizeof *o);
     if (kind != DG_PP_1F1B && kind != DG_PP_INTERLEAVED)
         return DG_ERR(DG_ERR_USAGE, "pipeline: unknown schedule %d", kind);
@@ -111,10 +111,19 @@ dg_status_t dg_pp_schedule_build(int kind, int p, int v, int m, dg_pp_schedule_t
                       "pipeline: the interleaved schedule needs pp >= 2 and pp_virtual >= 2 (got pp=%d, "
                       "pp_virtual=%d; with one chunk per rank it is 1f1b)",
                       p, v);
-    if (m < p)
+    if (m64 < p)
         return DG_ERR(DG_ERR_USAGE,
-                      "pipeline: %d micro-batches cannot fill %d stages (parallel.pp_microbatches >= pp)", m,
-                      p);
+                      "pipeline: %lld micro-batches cannot fill %d stages (parallel.pp_microbatches >= pp)",
+                      (long long)m64, p);
+    /* the schedule is a list of 2 x m x virt actions per rank: a global batch of 1e9 samples at
+     * micro_batch 1 would plan 40 GB of them */
+    if (m64 > DG_PP_MAX_MICRO)
+        return DG_ERR(DG_ERR_USAGE,
+                      "pipeline: %lld micro-batches per step is more than the schedule's %d "
+                      "(train.global_batch / (train.micro_batch x data-parallel ranks)); raise "
+                      "train.micro_batch",
+                      (long long)m64, DG_PP_MAX_MICRO);
+    const int m = (int)m64;
     o->kind = kind;
     o->pp = p;
     o->virt = v;

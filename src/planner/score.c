@@ -104,7 +104,7 @@ static void evaluate(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_plan
                             .state_bytes_per_param = (16.0 + (w->param_bytes < 4 ? w->param_bytes : 0)) / S};
         dg_pp_schedule_t sch;
         if (dg_pp_split(&pm, kind, PP, virt, c->mem_per_rank_bytes * 0.9, &split) != DG_OK ||
-            dg_pp_schedule_build(kind, PP, virt, (int)k, &sch) != DG_OK) {
+            dg_pp_schedule_build(kind, PP, virt, (int64_t)k, &sch) != DG_OK) {
             p->feasible = 0;
             snprintf(p->why, sizeof p->why, "%s", dg_last_error());
             dg_clear_error();

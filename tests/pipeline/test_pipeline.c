@@ -120,6 +120,12 @@ static void case_schedules(void) {
               strstr(dg_last_error(), "pp_virtual >= 2"),
           "%s", dg_last_error());
     CHECK(dg_pp_schedule_build(DG_PP_1F1B, 4, 2, 8, &s) == DG_ERR_USAGE, "%s", dg_last_error());
+    /* a step of 1e9 micro-batches is refused before its action lists are allocated (40 GB) */
+    CHECK(dg_pp_schedule_build(DG_PP_1F1B, 2, 1, 1000000000LL, &s) == DG_ERR_USAGE &&
+              strstr(dg_last_error(), "1000000000 micro-batches per step"),
+          "%s", dg_last_error());
+    OK(dg_pp_schedule_build(DG_PP_1F1B, 2, 1, DG_PP_MAX_MICRO, &s));
+    dg_pp_schedule_free(&s);
 }
 
 /* one rank's list with action i removed */
