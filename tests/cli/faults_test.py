@@ -178,6 +178,9 @@ def case_shard(kind, ranks):
     d = fresh("shard_%s_%d" % (kind, ranks))
     out = d + ".out"
     os.makedirs(d)
+    # far more steps than the run can take before the change: at about 1 ms a step the configured 3000 could
+    # end (exit 0) between the third step line and the change on a loaded machine, as CI once saw
+    sets += ["--set", "train.steps=1000000"]
     proc, f = start(ranks, ["--set", "run.dir=" + d] + sets, out)
     if not wait_for(lambda: steps_in(d) >= (1 if kind == "truncate_one" else 3), "training steps", proc=proc):
         stop(proc, f)
