@@ -3,7 +3,7 @@
 # tree (.old/, e.g. `git archive REV | tar -x -C .old`, named in the device tool's carry list with
 # .devdeps from ../shared/device/prep-debs.sh) and this tree with CUDA in parallel, runs bench/gpu/ab.sh
 # (OLD vs NEW tokens/s within 1%), then this tree's gpu-labelled ctest. Logs under $OUT.
-#   device run: bash bench/gpu/device_call.sh      carry: [".devdeps", ".old"]
+#   device run: [FIRST=REGEX] bash bench/gpu/device_call.sh      carry: [".devdeps", ".old"]
 set -u
 source .devdeps/setup.sh
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
@@ -15,6 +15,12 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDGT_CUDA=ON
 wait; tail -2 $OUT/b_old.log; echo "builds done $(el)s"
 mkdir -p build-ab/src/cli && ln -sf ../../../build-gpu/src/cli/dgtrain build-ab/src/cli/dgtrain
 OUT=$OUT/ab ROUNDS=3 timeout 200 bench/gpu/ab.sh .old . ; echo ab_rc=$? "$(el)s"
-cd build-gpu && timeout $(( 570 - $(date +%s) + t0 )) ctest -L gpu -j 2 --output-on-failure --timeout 240 > $OUT/ctest_gpu.log 2>&1; echo ctest_rc=$?
+# FIRST (a ctest -R regex, e.g. the tests a change added) runs before the rest of the gpu label
+cd build-gpu
+if [ -n "${FIRST:-}" ]; then
+    timeout $(( 570 - $(date +%s) + t0 )) ctest -R "$FIRST" -j 2 --output-on-failure --timeout 240 > $OUT/ctest_first.log 2>&1
+    echo first_rc=$?; grep -E "tests passed|Failed|\*\*\*|Passed|PASS" $OUT/ctest_first.log | tail -30
+fi
+timeout $(( 570 - $(date +%s) + t0 )) ctest -L gpu -E "${FIRST:-^$}" -j 2 --output-on-failure --timeout 240 > $OUT/ctest_gpu.log 2>&1; echo ctest_rc=$?
 grep -E "tests passed|Failed|\*\*\*|Passed" $OUT/ctest_gpu.log | tail -40
 echo "total $(el)s"

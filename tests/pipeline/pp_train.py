@@ -19,7 +19,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 import dgrun  # noqa: E402
+import dgskip  # noqa: E402
 from dgrun import Fail, check  # noqa: E402
+
+BACKEND = os.environ.get("PP_BACKEND", "cpu")
 
 LOSS_RTOL = 1e-5  # docs/design.md §5: K ranks vs 1 rank, fp32, 20 steps
 NORM_RTOL = 1e-4
@@ -28,10 +31,11 @@ GLOBAL_BATCH = 8  # micro-batch 1: 8 micro-batches per step at dp 1, 4 at dp 2 (
 SEQ_LEN = 32
 
 CONFIG = dgrun.small_gpt(
-    "written by tests/pipeline/pp_train.py: 8 layers for 4 stages x 2 chunks, fp32 on the CPU",
+    "written by tests/pipeline/pp_train.py: 8 layers for 4 stages x 2 chunks, fp32 on the " + BACKEND,
     run={"name": "pp", "seed": 2024},
     model={"n_layer": 8, "seq_len": SEQ_LEN},
     train={"steps": STEPS, "global_batch": GLOBAL_BATCH, "micro_batch": 1, "warmup_steps": 3, "log_every": 1000},
+    parallel={"backend": BACKEND, "comm": "mpi"} if BACKEND == "cuda" else None,
 )
 
 
@@ -112,6 +116,8 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     case, dgtrain, dgckpt, mpi = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+    if BACKEND == "cuda" and dgskip.gpus_present() < 1:
+        return dgskip.skip("no GPU: the CUDA pipeline cases need one", gpus=1)
     env = dgrun.TrainEnv(case, dgtrain, dgckpt, mpi, "dgt-pp-")
     env.write_cfg(CONFIG)
     name, _, arg = case.partition(":")
