@@ -127,6 +127,15 @@ static void *msg_buffer(dg_pp_exec_t *e, int op, int k, int s) {
                                    : dg_model_stage_seed(mk, s);
 }
 
+/* A staged receive's host copy onto the device. The staging buffers are pinned, so the backend's copy is
+ * asynchronous: it is waited for here, before the caller gives the buffer back to the pool, where the next
+ * receive posted into it could overwrite the bytes the copy has not read yet (seen on the GPU as
+ * interleaved runs drifting from the 1-rank run: tests/pipeline, gpu_pipeline_*). */
+static dg_status_t staged_to_device(dg_backend_t *be, void *dev, const void *host, size_t bytes) {
+    DG_TRY(be->ops->to_device(be, dev, host, bytes));
+    return be->ops->sync(be);
+}
+
 /* Starts one message (a send's data is final on the device: every compute action ends in a sync). */
 static dg_status_t msg_post(dg_pp_exec_t *e, msg_t *g) {
     dg_backend_t *be = e->o.be;
@@ -154,7 +163,7 @@ static dg_status_t msg_complete(dg_pp_exec_t *e, msg_t *g) {
         st = dg_err_prefix(st, "pipeline: %s of micro-batch %d, chunk %d with stage %d", dg_pp_op_name(a->op),
                            a->mb, a->chunk, a->peer);
     if (st == DG_OK && e->staged && !is_send(a->op))
-        st = e->o.be->ops->to_device(e->o.be, g->dev, g->host, e->act_bytes);
+        st = staged_to_device(e->o.be, g->dev, g->host, e->act_bytes);
     host_give(e, g->host);
     g->host = NULL;
     return st;
@@ -561,7 +570,7 @@ static dg_status_t chain_msg(dg_pp_exec_t *e, int send, void *dev, int peer) {
         if (st == DG_OK) st = dg_comm_send(e->o.act, buf, e->act_bytes / 2, DG_U16, peer, 0);
     } else if (st == DG_OK) {
         st = dg_comm_recv(e->o.act, buf, e->act_bytes / 2, DG_U16, peer, 0);
-        if (st == DG_OK && e->staged) st = be->ops->to_device(be, dev, buf, e->act_bytes);
+        if (st == DG_OK && e->staged) st = staged_to_device(be, dev, buf, e->act_bytes);
     }
     host_give(e, h);
     return st;
