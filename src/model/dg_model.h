@@ -409,6 +409,9 @@ int dg_model_n_ops(const dg_model_t *m);          /* ops in the schedule (all ph
  * peak), the model state (dg_model_state_bytes) and the token ids. The circuit breaker's budget check and
  * the SLA objective memory_plan (docs/sla.md) compare against it. */
 size_t dg_model_planned_bytes(const dg_model_t *m);
+/* A pipeline chunk's: dg_model_planned_bytes plus what its activation slots add (each slot past the first
+ * an arena and token ids of its own, every slot its input activation and output gradient buffers). */
+size_t dg_model_stage_planned_bytes(const dg_model_t *m);
 /* Kernel launches of one optimizer step (zero_grad, accum forward_backward calls, optimizer_step): ops
  * that call a backend compute entry (not collectives, waits or structural kinds), the ZERO and OPT phases
  * once, FWD and BWD once per micro-batch of dg_model_set_grad_accum (their gradient-sync ops only in the

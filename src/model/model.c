@@ -827,11 +827,23 @@ size_t dg_model_state_bytes(const dg_model_t *m) {
     return b;
 }
 
+static size_t planned_act_bytes(const dg_model_t *m) {
+    int eager = m->conservative || (m->ex && m->ex->eager);
+    return eager ? m->plan->live_peak_bytes : m->plan->arena_bytes;
+}
+
 size_t dg_model_planned_bytes(const dg_model_t *m) {
     size_t ntok = (size_t)m->B * (size_t)m->T;
-    int eager = m->conservative || (m->ex && m->ex->eager);
-    size_t act = eager ? m->plan->live_peak_bytes : m->plan->arena_bytes;
-    return act + dg_model_state_bytes(m) + 2 * ntok * sizeof(int32_t);
+    return planned_act_bytes(m) + dg_model_state_bytes(m) + 2 * ntok * sizeof(int32_t);
+}
+
+size_t dg_model_stage_planned_bytes(const dg_model_t *m) {
+    size_t total = dg_model_planned_bytes(m);
+    if (!m->pp_chunk || m->n_slots < 1) return total;
+    size_t ntok = (size_t)m->B * (size_t)m->T;
+    size_t io = (m->x_in ? m->x_in->nbytes : 0) + (m->dx_out ? m->dx_out->nbytes : 0);
+    return total + (size_t)(m->n_slots - 1) * (planned_act_bytes(m) + 2 * ntok * sizeof(int32_t)) +
+           (size_t)m->n_slots * io;
 }
 
 int dg_model_n_ops(const dg_model_t *m) {

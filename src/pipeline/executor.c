@@ -508,6 +508,19 @@ dg_model_t *dg_pp_exec_model(dg_pp_exec_t *e, int k) {
     return k >= 0 && k < e->n_local ? e->model[k] : NULL;
 }
 
+size_t dg_pp_exec_planned_bytes(const dg_pp_exec_t *e) {
+    size_t total = 0;
+    for (int k = 0; k < e->n_local; k++)
+        total += dg_model_stage_planned_bytes(e->model[k]);
+    const int pp = e->o.pp, stage = e->o.stage;
+    if (stage == 0 || stage == pp - 1) { /* tied_sum's device temporary */
+        const dg_model_t *m = e->model[stage == 0 ? 0 : e->n_local - 1];
+        int i = dg_model_find_param(m, "wte");
+        if (i >= 0) total += dg_model_local_numel(m, i) * sizeof(float);
+    }
+    return total;
+}
+
 int dg_pp_exec_has_loss(const dg_pp_exec_t *e) {
     return e->o.stage == e->o.pp - 1;
 }

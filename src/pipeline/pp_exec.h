@@ -63,6 +63,10 @@ void dg_pp_exec_free(dg_pp_exec_t *e);
 int dg_pp_exec_n_models(const dg_pp_exec_t *e);       /* this rank's chunks */
 dg_model_t *dg_pp_exec_model(dg_pp_exec_t *e, int k); /* local chunk k (global chunk stage + k pp) */
 int dg_pp_exec_has_loss(const dg_pp_exec_t *e);       /* the last stage (it holds the head) */
+/* The device memory this rank's part of the pipeline plans to hold: every chunk's
+ * dg_model_stage_planned_bytes and, on the stages holding the tied wte, the optimizer's temporary for its
+ * gradient sum. The SLA objective memory_plan compares a step's peak against it. */
+size_t dg_pp_exec_planned_bytes(const dg_pp_exec_t *e);
 const dg_pp_split_t *dg_pp_exec_split(const dg_pp_exec_t *e);
 const dg_pp_schedule_t *dg_pp_exec_schedule(const dg_pp_exec_t *e);
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pp_exec.h"
 #include "train_impl.h"
 
 int trn_is_fp16(const dg_config_t *c) {
@@ -348,7 +349,8 @@ dg_status_t trn_setup(trainer_t *tr) {
         DG_TRY(dg_model_set_grad_accum(tr->model, tr->accum));
     }
     tr->kernels_fused = dg_model_kernels_per_step(tr->model);
-    tr->sla.mem_planned = (double)dg_model_planned_bytes(tr->model) + (double)be_base;
+    tr->sla.mem_planned =
+        (double)(tr->pp ? dg_pp_exec_planned_bytes(tr->pp) : dg_model_planned_bytes(tr->model)) + (double)be_base;
     DG_TRY(dg_model_unfused_kernels_per_step(tr->model, &tr->kernels_unfused));
     DG_LOG_INFO("setup: backend %.2f s, memory fit %.2f s, communicators %.2f s, run dir and data %.2f s, "
                 "model %.2f s",

@@ -75,12 +75,20 @@ def case_equiv(env, k, mesh, schedule="1f1b", virt="1"):
     st = event(run, "start")
     check(len(st) == 1 and "pp=" in st[0].get("mesh", ""), "start event mesh %s" % (st[0].get("mesh") if st else None))
     worst, gn = compare(ref, run, range(1, STEPS + 1), "%s %s vs 1 rank" % (mesh, schedule))
+    # the memory plan counts every chunk and activation slot of the rank (dg_pp_exec_planned_bytes): the
+    # peak stays within the memory_plan objective's 5%, and no SLA event says otherwise
+    done = event(run, "done")
+    ratio = done[0].get("memory_peak_ratio") if done else None
+    check(ratio is not None and 0.95 <= ratio <= 1.05, "%s: memory_peak_ratio %s, expected within 5%% of the plan" %
+          (mesh, ratio))
+    mem = [e for e in event(run, "sla") if e.get("objective") == "memory_plan"]
+    check(not mem, "%s: memory_plan SLA events %s" % (mesh, mem[:2]))
     r = step_lines(ref)
     check(r[STEPS]["loss"] < r[1]["loss"] - 0.5, "the 1-rank loss did not fall (%.4f -> %.4f)" %
           (r[1]["loss"], r[STEPS]["loss"]))
     print("PASS %s (%s, %s chunk(s) per rank) at %d ranks vs 1 rank over %d steps: losses within %.3g relative, "
-          "grad norms within %.3g, tokens exact; loss %.4f -> %.4f" %
-          (mesh, schedule, virt, k, STEPS, worst, gn, r[1]["loss"], r[STEPS]["loss"]))
+          "grad norms within %.3g, tokens exact; loss %.4f -> %.4f; memory peak %.3f x the plan" %
+          (mesh, schedule, virt, k, STEPS, worst, gn, r[1]["loss"], r[STEPS]["loss"], ratio))
 
 
 def case_resume(env):
