@@ -32,6 +32,13 @@ static void fill(void *host, size_t n, dg_dtype_t dt, int rank, size_t off, uint
     }
 }
 
+/* A device buffer filled before anything else touches it: cudaMemset runs on the legacy stream, which the
+ * non-blocking comm stream does not wait for, and returns before it is done for device memory. */
+static void dev_fill(void *p, int v, size_t bytes) {
+    CUDA_OK(cudaMemset(p, v, bytes));
+    CUDA_OK(cudaDeviceSynchronize());
+}
+
 static float get(const void *host, size_t i, dg_dtype_t dt) {
     return dt == DG_F32 ? ((const float *)host)[i] : dg_bits_bf16_to_f32(((const uint16_t *)host)[i]);
 }
@@ -56,8 +63,10 @@ static void test_allreduce(dg_comm_t *c, cudaStream_t user) {
                     fill(h, n, dt, g_me, 0, 10 + ci);
                     CUDA_OK(cudaMalloc(&d_in, n * esz));
                     CUDA_OK(cudaMalloc(&d_out, n * esz));
-                    CUDA_OK(cudaMemset(d_out, 0xff, n * esz));
-                    /* the input is written on the user stream; begin_after orders the collective after it */
+                    /* the output's poison and the input are written on the user stream; begin_after orders
+                     * the collective after them (a cudaMemset on the legacy stream is not ordered with the
+                     * non-blocking streams: it could land after NCCL's result, as seen on an H100) */
+                    CUDA_OK(cudaMemsetAsync(d_out, 0xff, n * esz, user));
                     CUDA_OK(cudaMemcpyAsync(d_in, h, n * esz, cudaMemcpyHostToDevice, user));
                     CHECK_OK(dg_comm_begin_after(c, user));
                     void *out = variant == 2 ? d_in : d_out;
@@ -105,7 +114,7 @@ static void test_gather_scatter(dg_comm_t *c) {
             fill(h, n, DG_F32, me, 0, 50 + ci);
             for (int r = 0; r < nr; r++)
                 fill(want + (size_t)r * n, n, DG_F32, r, 0, 50 + ci);
-            CUDA_OK(cudaMemset(d_recv, 0xff, all * 4));
+            dev_fill(d_recv, 0xff, all * 4);
             float *src = inplace ? d_recv + (size_t)me * n : d_send;
             CUDA_OK(cudaMemcpy(src, h, n * 4, cudaMemcpyHostToDevice));
             dg_comm_req_t *r = NULL;
@@ -140,7 +149,7 @@ static void test_gather_scatter(dg_comm_t *c) {
             if (me == root)
                 CUDA_OK(cudaMemcpy(d_recv, want, n * 4, cudaMemcpyHostToDevice));
             else
-                CUDA_OK(cudaMemset(d_recv, 0, n * 4));
+                dev_fill(d_recv, 0, n * 4);
             CHECK_OK(dg_comm_broadcast(c, d_recv, n, DG_F32, root));
             CUDA_OK(cudaMemcpy(got, d_recv, n * 4, cudaMemcpyDeviceToHost));
             CHECK(memcmp(got, want, n * 4) == 0, "broadcast n=%zu wrong", n);
@@ -198,7 +207,7 @@ static void test_p2p_batch(dg_comm_t *c) {
     CUDA_OK(cudaMalloc((void **)&d_sum, 4));
     for (int k = 0; k < K; k++) {
         CUDA_OK(cudaMalloc((void **)&d_in[k], n * 4));
-        CUDA_OK(cudaMemset(d_in[k], 0xff, n * 4));
+        dev_fill(d_in[k], 0xff, n * 4);
     }
     float one = 1.0f;
     CUDA_OK(cudaMemcpy(d_sum, &one, 4, cudaMemcpyHostToDevice));
@@ -228,7 +237,7 @@ static void test_p2p_batch(dg_comm_t *c) {
     CUDA_OK(cudaMemcpy(&sum, d_sum, 4, cudaMemcpyDeviceToHost));
     CHECK(sum == (float)g_n, "all-reduce after the batch: %g, want %d", sum, g_n);
     /* blocking forms: a one-op group each */
-    CUDA_OK(cudaMemset(d_in[0], 0xff, n * 4));
+    dev_fill(d_in[0], 0xff, n * 4);
     if (g_me % 2 == 0) {
         CHECK_OK(dg_comm_send(c, d_out, n, DG_F32, next, 0));
         CHECK_OK(dg_comm_recv(c, d_in[0], n, DG_F32, prev, 0));
