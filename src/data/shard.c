@@ -20,6 +20,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH64_state_t on the stack */
 #include <xxhash.h>
 
 typedef struct shard {
@@ -361,8 +362,7 @@ void dg_dataset_free(dg_dataset_t *ds) {
     if (!ds) return;
     for (int i = 0; i < ds->n_shards; i++)
         shard_close(&ds->shards[i]);
-    free(ds->shards);
-    free(ds);
+    DG_FREE_ALL(ds->shards, ds);
 }
 
 int64_t dg_dataset_n_samples(const dg_dataset_t *ds) {
@@ -413,21 +413,16 @@ void dg_dataset_tokenizer_str(const dg_dataset_t *ds, char *buf, size_t cap) {
 
 uint64_t dg_dataset_fingerprint(const dg_dataset_t *ds) {
     /* Base names, not full paths: the same shards moved to another directory are the same data. */
-    XXH64_state_t *st = XXH64_createState();
-    DG_ASSERT(st != NULL);
-    XXH64_reset(st, 0);
-    int64_t sl = ds->seq_len;
-    XXH64_update(st, &sl, sizeof sl);
+    XXH64_state_t st;
+    XXH64_reset(&st, 0);
+    XXH64_update(&st, &(int64_t){ds->seq_len}, sizeof(int64_t));
     for (int i = 0; i < ds->n_shards; i++) {
         const char *base = strrchr(ds->shards[i].path, '/');
         base = base ? base + 1 : ds->shards[i].path;
-        XXH64_update(st, base, strlen(base) + 1);
-        int64_t n = ds->shards[i].ntok;
-        XXH64_update(st, &n, sizeof n);
+        XXH64_update(&st, base, strlen(base) + 1);
+        XXH64_update(&st, &(int64_t){ds->shards[i].ntok}, sizeof(int64_t));
     }
-    uint64_t h = XXH64_digest(st);
-    XXH64_freeState(st);
-    return h;
+    return XXH64_digest(&st);
 }
 
 dg_status_t dg_dataset_get_sample(const dg_dataset_t *ds, int64_t sample, int32_t *tokens, int32_t *targets) {

@@ -447,12 +447,7 @@ void dg_exec_free(dg_exec_t *ex) {
     if (ex->arena) ex->be->ops->free(ex->be, ex->arena);
     for (int k = 0; k < ex->n_roots; k++)
         eager_release(ex, ex->roots[k]);
-    free(ex->root_ptr);
-    free(ex->roots);
-    free(ex->by_start);
-    free(ex->start_at);
-    free(ex->by_end);
-    free(ex->end_at);
+    DG_FREE_ALL(ex->root_ptr, ex->roots, ex->by_start, ex->start_at, ex->by_end, ex->end_at);
     dg_backend_free(ex->host_be);
     free(ex->ovr);
     if (ex->sc_host) ex->be->ops->host_free(ex->be, ex->sc_host);

@@ -99,15 +99,23 @@ static dg_status_t shape_layernorm(dg_graph_t *g, dg_node_t *n) {
     return DG_OK;
 }
 
-static dg_status_t shape_matmul(dg_graph_t *g, dg_node_t *n) {
+/* x [..., C] against the weight w [OC, C], and the bias src[bias_at] [OC] when the op has it: the matmul
+ * family's operands (their act dtype checked by the caller) */
+static dg_status_t check_matmul_operands(const dg_graph_t *g, const dg_node_t *n, int bias_at) {
     const dg_node_t *x = n->src[0], *w = n->src[1];
-    CHECK(x->dtype == g->act_dtype && w->dtype == g->act_dtype, "inputs must be in the act dtype");
     CHECK(w->ndim == 2 && x->ndim >= 1 && dg_node_cols(x) == w->shape[1],
           "input [..., %" PRId64 "] does not match weight [OC, C] = [%" PRId64 ", %" PRId64 "]",
           dg_node_cols(x), w->ndim == 2 ? w->shape[0] : -1, w->ndim == 2 ? w->shape[1] : -1);
-    if (n->n_src == 3)
-        CHECK(is_vec(n->src[2], w->shape[0]) && n->src[2]->dtype == g->act_dtype,
+    if (n->n_src > bias_at)
+        CHECK(is_vec(n->src[bias_at], w->shape[0]) && n->src[bias_at]->dtype == g->act_dtype,
               "bias must be [%" PRId64 "]", w->shape[0]);
+    return DG_OK;
+}
+
+static dg_status_t shape_matmul(dg_graph_t *g, dg_node_t *n) {
+    const dg_node_t *x = n->src[0], *w = n->src[1];
+    CHECK(x->dtype == g->act_dtype && w->dtype == g->act_dtype, "inputs must be in the act dtype");
+    DG_TRY(check_matmul_operands(g, n, 2));
     CHECK(n->attr[DG_A_EPI] == DG_EPI_NONE || n->attr[DG_A_EPI] == DG_EPI_GELU, "unknown epilogue %" PRId64,
           n->attr[DG_A_EPI]);
     set_like(n, x);
@@ -121,12 +129,7 @@ static dg_status_t shape_matmul_res(dg_graph_t *g, dg_node_t *n) {
     const dg_node_t *x = n->src[0], *w = n->src[1], *res = n->src[2];
     CHECK(x->dtype == g->act_dtype && w->dtype == g->act_dtype && res->dtype == g->act_dtype,
           "inputs must be in the act dtype");
-    CHECK(w->ndim == 2 && x->ndim >= 1 && dg_node_cols(x) == w->shape[1],
-          "input [..., %" PRId64 "] does not match weight [OC, C] = [%" PRId64 ", %" PRId64 "]",
-          dg_node_cols(x), w->ndim == 2 ? w->shape[0] : -1, w->ndim == 2 ? w->shape[1] : -1);
-    if (n->n_src == 4)
-        CHECK(is_vec(n->src[3], w->shape[0]) && n->src[3]->dtype == g->act_dtype,
-              "bias must be [%" PRId64 "]", w->shape[0]);
+    DG_TRY(check_matmul_operands(g, n, 3));
     set_like(n, x);
     n->shape[n->ndim - 1] = w->shape[0];
     CHECK(same_shape(res, n), "the residual '%s' must have the product's shape [..., %" PRId64 "]", res->name,
@@ -336,6 +339,19 @@ static dg_status_t shape_sumsq(dg_graph_t *g, dg_node_t *n) {
     return DG_OK;
 }
 
+/* A fused op's segment table `tab`: i32 [ns, 4] of entry_bytes-sized rows, ns = the op's DG_A_NSEG
+ * attribute, the graph describing the same ns segments (n_segs of them at `segs`). */
+static dg_status_t check_seg_table(const dg_node_t *n, const dg_node_t *tab, int n_segs, const void *segs,
+                                   size_t entry_bytes, int *ns_out) {
+    int ns = (int)n->attr[DG_A_NSEG];
+    CHECK(ns >= 1 && ns == n_segs && segs, "%d segments, the graph describes %d", ns, n_segs);
+    CHECK(tab->dtype == DG_I32 && tab->ndim == 2 && tab->shape[0] == ns && tab->shape[1] == 4 &&
+              tab->nbytes == (size_t)ns * entry_bytes,
+          "the segment table must be i32 [%d, 4]", ns);
+    *ns_out = ns;
+    return DG_OK;
+}
+
 /* The fused norm: every segment of g->norm_segs inside the flat gradient leaf (any order, as the SUMSQ ops
  * it replaced came), and the scalars block it accumulates into. */
 static dg_status_t shape_sumsq_all(dg_graph_t *g, dg_node_t *n) {
@@ -343,12 +359,8 @@ static dg_status_t shape_sumsq_all(dg_graph_t *g, dg_node_t *n) {
     size_t span = dg_node_numel(grad);
     CHECK(grad->dtype == DG_F32, "sums squares of the f32 flat gradient");
     DG_TRY(check_updates_scalars(n));
-    int ns = (int)n->attr[DG_A_NSEG];
-    CHECK(ns >= 1 && ns == g->n_norm_segs && g->norm_segs, "%d segments, the graph describes %d", ns,
-          g->n_norm_segs);
-    CHECK(tab->dtype == DG_I32 && tab->ndim == 2 && tab->shape[0] == ns && tab->shape[1] == 4 &&
-              tab->nbytes == (size_t)ns * sizeof(dg_sumsq_seg_t),
-          "the segment table must be i32 [%d, 4]", ns);
+    int ns = 0;
+    DG_TRY(check_seg_table(n, tab, g->n_norm_segs, g->norm_segs, sizeof(dg_sumsq_seg_t), &ns));
     for (int i = 0; i < ns; i++) {
         const dg_opt_seg_t *sg = &g->norm_segs[i];
         CHECK(sg->count >= 1 && sg->count <= UINT32_MAX && sg->off <= span && sg->count <= span - sg->off,
@@ -395,12 +407,8 @@ static dg_status_t shape_adamw_all(dg_graph_t *g, dg_node_t *n) {
     const dg_node_t *tab = n->src[2];
     DG_TRY(check_adamw(g, n, 1));
     size_t span = dg_node_numel(n->src[0]);
-    int ns = (int)n->attr[DG_A_NSEG];
-    CHECK(ns >= 1 && ns == g->n_opt_segs && g->opt_segs, "%d segments, the graph describes %d", ns,
-          g->n_opt_segs);
-    CHECK(tab->dtype == DG_I32 && tab->ndim == 2 && tab->shape[0] == ns && tab->shape[1] == 4 &&
-              tab->nbytes == (size_t)ns * sizeof(dg_adamw_seg_t),
-          "the segment table must be i32 [%d, 4]", ns);
+    int ns = 0;
+    DG_TRY(check_seg_table(n, tab, g->n_opt_segs, g->opt_segs, sizeof(dg_adamw_seg_t), &ns));
     for (int i = 0; i < ns; i++) {
         const dg_opt_seg_t *sg = &g->opt_segs[i];
         CHECK(sg->off % 4 == 0 && sg->count >= 1 && sg->count <= UINT32_MAX && sg->off <= span &&

@@ -259,11 +259,7 @@ dg_status_t dg_plan_create(const dg_graph_t *g, int flags, dg_memplan_t **out) {
 }
 
 void dg_plan_free(dg_memplan_t *p) {
-    if (!p) return;
-    free(p->offset);
-    free(p->live_start);
-    free(p->live_end);
-    free(p);
+    if (p) DG_FREE_ALL(p->offset, p->live_start, p->live_end, p);
 }
 
 int dg_plan_matches(const dg_memplan_t *p, const dg_graph_t *g) {

@@ -109,12 +109,11 @@ dg_status_t dg_infer_create(const dg_model_desc_t *d, dg_backend_t *be, int flag
     e->es = dg_dtype_size(be->act_dtype);
     dg_status_t s = alloc_params(e);
     if (s == DG_OK) s = alloc_buffers(e);
-    if (s != DG_OK) {
+    if (s == DG_OK)
+        *out = e;
+    else
         dg_infer_free(e);
-        return s;
-    }
-    *out = e;
-    return DG_OK;
+    return s;
 }
 
 void dg_infer_free(dg_infer_t *e) {

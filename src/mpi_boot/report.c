@@ -145,14 +145,12 @@ dg_status_t dg_boot_report(dg_boot_t *b, int json, FILE *out) {
     DG_ASSERTF(b->have_topo, "dg_boot_report needs dg_boot_topology first");
     int n = b->world_size, root = b->world_rank == 0;
 
-    rank_rec_t mine;
-    memset(&mine, 0, sizeof mine);
-    mine.rank = b->world_rank;
-    mine.node_id = b->node_id;
-    mine.local_rank = b->local_rank;
-    mine.gpu = b->gpu;
-    mine.cuda_index = b->gpu >= 0 ? b->topo.gpus[b->gpu].cuda_index : -1;
-    mine.numa = b->numa;
+    rank_rec_t mine = {.rank = b->world_rank,
+                       .node_id = b->node_id,
+                       .local_rank = b->local_rank,
+                       .gpu = b->gpu,
+                       .cuda_index = b->gpu >= 0 ? b->topo.gpus[b->gpu].cuda_index : -1,
+                       .numa = b->numa};
     snprintf(mine.host, sizeof mine.host, "%s", b->host);
     snprintf(mine.busid, sizeof mine.busid, "%s", b->gpu >= 0 ? b->topo.gpus[b->gpu].pci_busid : "-");
     snprintf(mine.cpuset, sizeof mine.cpuset, "%s", b->bound_cpuset);

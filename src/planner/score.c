@@ -93,14 +93,14 @@ static void evaluate(const dg_cluster_t *c, const dg_plan_workload_t *w, dg_plan
     if (PP > 1 && p->feasible) {
         int kind = w->pp_schedule == DG_PP_INTERLEAVED ? DG_PP_INTERLEAVED : DG_PP_1F1B;
         int virt = kind == DG_PP_INTERLEAVED ? (w->pp_virtual > 1 ? w->pp_virtual : 2) : 1;
-        dg_pp_model_t pm = {.n_layer = w->n_layer,
+        dg_pp_model_t pm = {.micro_batch = w->micro_batch, /* the workload's micro-batch in its dtype */
+                            .act_bytes = w->param_bytes,
+                            .tp = K,
+                            .n_layer = w->n_layer,
                             .n_head = w->n_head,
                             .d_model = w->d_model,
                             .seq_len = w->seq_len,
                             .vocab = w->vocab,
-                            .micro_batch = w->micro_batch,
-                            .act_bytes = w->param_bytes,
-                            .tp = K,
                             .state_bytes_per_param = (16.0 + (w->param_bytes < 4 ? w->param_bytes : 0)) / S};
         dg_pp_schedule_t sch;
         if (dg_pp_split(&pm, kind, PP, virt, c->mem_per_rank_bytes * 0.9, &split) != DG_OK ||

@@ -13,24 +13,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
 #include "dg_json.h"
 
 uint64_t dg_tokenizer_fingerprint(const dg_tokenizer_t *t) {
-    XXH64_state_t *st = XXH64_createState();
-    DG_ASSERT(st != NULL);
-    XXH64_reset(st, 0);
-    int64_t n = t->n_ranks;
-    XXH64_update(st, &n, sizeof n);
+    XXH64_state_t st;
+    XXH64_reset(&st, 0);
+    const int64_t n = t->n_ranks;
+    XXH64_update(&st, &n, sizeof n);
     for (int r = 0; r < t->n_ranks; r++) { /* length then bytes: the rank list, unambiguously */
         uint32_t len = t->off[r + 1] - t->off[r];
-        XXH64_update(st, &len, sizeof len);
-        XXH64_update(st, t->blob + t->off[r], len);
+        XXH64_update(&st, &len, sizeof len);
+        XXH64_update(&st, t->blob + t->off[r], len);
     }
-    uint64_t h = XXH64_digest(st);
-    XXH64_freeState(st);
-    return h;
+    return XXH64_digest(&st);
 }
 
 /* GPT-2's byte-to-unicode alphabet, the inverse of tok_load.c's unicode_to_byte: the code point byte b

@@ -21,29 +21,42 @@ dg_status_t trn_data_globs(const dg_config_t *c, char *train_glob, char *val_glo
     return DG_OK;
 }
 
+typedef struct {
+    const char *set, *key, *glob; /* "training", "data.train", its value ("" = the embedded default) */
+    const char *effect, *remedy;  /* what one batch would do; the ways out after the global_batch bound */
+} data_set_t;
+
+/* The usage error for a data set of n samples, fewer than one global batch. */
+static dg_status_t data_too_small(const data_set_t *d, int64_t global_batch, int seq_len, int64_t n) {
+    return DG_ERR(DG_ERR_USAGE,
+                  "train.global_batch = %lld is larger than the %s data: %s (%s) yields %lld samples of "
+                  "seq_len+1 = %d tokens, so %s; use train.global_batch <= %lld, %s",
+                  (long long)global_batch, d->set, d->key, d->glob[0] ? d->glob : "the embedded default data",
+                  (long long)n, seq_len + 1, d->effect, (long long)n, d->remedy);
+}
+
 /* One step reads global_batch consecutive positions of the sample order; more than the data set holds
  * would read samples twice within a step (train.global_batch = 1e9 on the default data planned a
  * 192-day step). Validation must fit one batch; val_batches batches are cut to what the set holds, so
  * an evaluation never counts a sample twice. n_val < 0: no validation. */
 dg_status_t trn_check_data_fits(const dg_config_t *c, int64_t global_batch, int seq_len, int64_t n_train,
                                 int64_t n_val, int64_t *val_batches) {
-    const char *tname = c->data.train[0] ? c->data.train : "the embedded default data";
-    if (global_batch > n_train)
-        return DG_ERR(DG_ERR_USAGE,
-                      "train.global_batch = %lld is larger than the training data: data.train (%s) yields "
-                      "%lld samples of seq_len+1 = %d tokens, so one step would read every sample %.1f "
-                      "times; use train.global_batch <= %lld, more data, or a smaller model.seq_len",
-                      (long long)global_batch, tname, (long long)n_train, seq_len + 1,
-                      (double)global_batch / (double)n_train, (long long)n_train);
+    if (global_batch > n_train) {
+        char effect[96];
+        snprintf(effect, sizeof effect, "one step would read every sample %.1f times",
+                 (double)global_batch / (double)n_train);
+        const data_set_t d = {"training", "data.train", c->data.train, effect,
+                              "more data, or a smaller model.seq_len"};
+        return data_too_small(&d, global_batch, seq_len, n_train);
+    }
     *val_batches = c->data.val_batches;
     if (n_val < 0) return DG_OK;
-    const char *vname = c->data.val[0] ? c->data.val : "the embedded default data";
-    if (global_batch > n_val)
-        return DG_ERR(DG_ERR_USAGE,
-                      "train.global_batch = %lld is larger than the validation data: data.val (%s) yields "
-                      "%lld samples of seq_len+1 = %d tokens, so one validation batch would count samples "
-                      "twice; use train.global_batch <= %lld, more validation data, or data.val_every = 0",
-                      (long long)global_batch, vname, (long long)n_val, seq_len + 1, (long long)n_val);
+    if (global_batch > n_val) {
+        const data_set_t d = {"validation", "data.val", c->data.val,
+                              "one validation batch would count samples twice",
+                              "more validation data, or data.val_every = 0"};
+        return data_too_small(&d, global_batch, seq_len, n_val);
+    }
     if (c->data.val_batches * global_batch > n_val) *val_batches = n_val / global_batch;
     return DG_OK;
 }

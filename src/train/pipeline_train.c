@@ -119,11 +119,7 @@ static dg_status_t trn_pp_params(trainer_t *tr) {
 }
 
 static void trn_pp_params_free(trainer_t *tr) {
-    free(tr->pp_info);
-    free(tr->pp_names);
-    free(tr->pp_chunk_of);
-    free(tr->pp_index);
-    free(tr->pp_flat_base);
+    DG_FREE_ALL(tr->pp_info, tr->pp_names, tr->pp_chunk_of, tr->pp_index, tr->pp_flat_base);
 }
 
 const dg_param_info_t *trn_param(const trainer_t *tr, int g) {

@@ -302,12 +302,7 @@ static void run_case(bk_t *b, const case_t *k, outs_t *r) {
 }
 
 static void outs_free(outs_t *r) {
-    free(r->fwd);
-    free(r->fwd_gelu);
-    free(r->fwd_res);
-    free(r->dinp);
-    free(r->dpre);
-    free(r->dw);
+    DG_FREE_ALL(r->fwd, r->fwd_gelu, r->fwd_res, r->dinp, r->dpre, r->dw);
 }
 
 static void test_gemms(bk_t *b8, bk_t *b16, int N, int C, int OC) {

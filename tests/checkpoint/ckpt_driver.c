@@ -30,6 +30,7 @@
 
 #include "checkpoint.h"
 #include "dg_test_args.h"
+#include "dg_test_mpi.h"
 
 static int g_rank, g_size;
 
@@ -823,10 +824,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "link") && argc == 5) return cmd_tamper(cmd, argv[2], argv[3], argv[4]);
     if (!strcmp(cmd, "compare") && argc >= 4)
         return cmd_compare(argv[2], argv[3], argc >= 6 ? atof(argv[5]) : 0);
-    int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    dg_test_mpi_init(&argc, &argv, &g_rank, &g_size);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     if (g_size > 64) DIE("at most 64 ranks");
     dg_log_init(g_rank, "", DG_LOG_WARN, NULL);

@@ -13,6 +13,7 @@
 
 #include "comm.h"
 #include "comm_test_util.h"
+#include "dg_test_mpi.h"
 
 static const size_t k_counts[] = {0, 1, 7, 1023, 70001};
 #define NCOUNTS (sizeof k_counts / sizeof k_counts[0])
@@ -523,9 +524,7 @@ static void test_bad_input(dg_comm_t *c) {
 int main(int argc, char **argv) {
     (void)argc;
     (void)argv;
-    int prov = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_wrank);
+    dg_test_mpi_init(&argc, &argv, &g_wrank, NULL);
     dg_log_init(g_wrank, "", DG_LOG_WARN, NULL);
     const dg_comm_progress_t modes[] = {DG_COMM_PROGRESS_AUTO, DG_COMM_PROGRESS_NONBLOCKING};
     for (int mi = 0; mi < 2; mi++) {

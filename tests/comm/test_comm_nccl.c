@@ -13,6 +13,7 @@
 #include "comm.h"
 #include "comm_test_util.h"
 #include "dg_test_skip.h"
+#include "dg_test_mpi.h"
 
 #define CUDA_OK(call)                                                                                        \
     do {                                                                                                     \
@@ -257,10 +258,7 @@ static void test_p2p_batch(dg_comm_t *c) {
 }
 
 int main(int argc, char **argv) {
-    int prov = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_wrank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_n);
+    dg_test_mpi_init(&argc, &argv, &g_wrank, &g_n);
     g_me = g_wrank;
     dg_log_init(g_wrank, "", DG_LOG_WARN, NULL);
     int ngpu = 0;

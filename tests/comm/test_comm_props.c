@@ -20,6 +20,7 @@
 
 #include "comm.h"
 #include "comm_test_util.h"
+#include "dg_test_mpi.h"
 
 /* ---- PMPI shims: count the progress-making MPI calls made by THIS thread ---- */
 static _Thread_local long tl_mpi_calls = 0;
@@ -216,9 +217,7 @@ static int run_overlap(void) {
 }
 
 int main(int argc, char **argv) {
-    int prov = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_wrank);
+    dg_test_mpi_init(&argc, &argv, &g_wrank, NULL);
     dg_log_init(g_wrank, "", DG_LOG_WARN, NULL);
     int rc = 2;
     if (argc > 1 && strcmp(argv[1], "determinism") == 0)

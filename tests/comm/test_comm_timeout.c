@@ -22,13 +22,11 @@
 
 #include "comm.h"
 #include "comm_test_util.h"
+#include "dg_test_mpi.h"
 
 int main(int argc, char **argv) {
-    int prov = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_wrank);
     int wsize = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &wsize);
+    dg_test_mpi_init(&argc, &argv, &g_wrank, &wsize);
     dg_log_init(g_wrank, "", DG_LOG_INFO, NULL);
     dg_log_set_stderr_all_ranks(1);
     if (argc < 4) {

@@ -29,6 +29,7 @@
 
 #include "dg_test_args.h"
 #include "fsdp.h"
+#include "dg_test_mpi.h"
 
 typedef struct {
     const char *mesh;   /* --mesh, or mesh_auto */
@@ -287,18 +288,21 @@ static void key_bias(const dg_param_info_t *pi, int64_t *kb0, int64_t *kb1) {
     if (strstr(pi->name, "attn.qkv.bias")) *kb0 = pi->shape[0] / 3, *kb1 = 2 * *kb0;
 }
 
+/* --mesh SPEC over this world; "auto" is refused (the test compares the meshes it names) */
+static dg_mesh_shape_t explicit_mesh(const char *spec) {
+    dg_mesh_shape_t mesh;
+    int is_auto = 0;
+    CHECK_OK(dg_mesh_parse(spec, world, &mesh, &is_auto));
+    if (is_auto) usage();
+    return mesh;
+}
+
 int main(int argc, char **argv) {
-    int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    dg_test_mpi_init(&argc, &argv, &rank, &world);
     args_t a;
     parse(argc, argv, &a);
 
-    dg_mesh_shape_t mesh;
-    int is_auto = 0;
-    CHECK_OK(dg_mesh_parse(a.mesh, world, &mesh, &is_auto));
-    if (is_auto) usage();
+    const dg_mesh_shape_t mesh = explicit_mesh(a.mesh);
     dg_model_desc_t d;
     if (!strcmp(a.model, "uneven")) /* 30 = 2 x 15 (tp), 90 / 4, 30 / 4, 97 -> 128 padded */
         d = (dg_model_desc_t){2, 2, 30, 24, 97, 128};

@@ -7,7 +7,14 @@
 
 #include "gops.h"
 
+/* The unfused and the fused graph, one phase each. */
+static void tg_run2(tg_t *u, tg_t *f, dg_phase_t ph) {
+    tg_run(u, ph);
+    tg_run(f, ph);
+}
+
 /* cross-entropy as the loss: seed = runtime dloss; padded logit columns get exactly zero gradient */
+
 static double obj_ce(void *p) {
     ctx_t *c = p;
     int N = c->d[0], V = c->d[1], Vp = c->d[2];
@@ -153,18 +160,15 @@ void case_crossentropy_fused(dg_backend_t *be) {
     const float dl[2] = {0.37f, 0.5f};
     for (int r = 0; r < 2; r++) { /* two micro-batches: the weight gradient accumulates */
         u.t.ex->rt.dloss = f.t.ex->rt.dloss = dl[r];
-        tg_run(&u.t, DG_PHASE_FWD);
-        tg_run(&f.t, DG_PHASE_FWD);
+        tg_run2(&u.t, &f.t, DG_PHASE_FWD);
         ce_same(&u, &f, u.loss, f.loss, "losses");
-        tg_run(&u.t, DG_PHASE_BWD);
-        tg_run(&f.t, DG_PHASE_BWD);
+        tg_run2(&u.t, &f.t, DG_PHASE_BWD);
         ce_same(&u, &f, dg_node_grad_of(u.x), dg_node_grad_of(f.x), "the input gradient");
         ce_same(&u, &f, u.w->grad, f.w->grad, "the accumulated weight gradient");
     }
     /* a forward with no backward: the fused op computes the losses and leaves the logits */
     f.t.ex->rt.forward_only = 1;
-    tg_run(&u.t, DG_PHASE_FWD);
-    tg_run(&f.t, DG_PHASE_FWD);
+    tg_run2(&u.t, &f.t, DG_PHASE_FWD);
     f.t.ex->rt.forward_only = 0;
     ce_same(&u, &f, u.loss, f.loss, "forward-only losses");
     ce_same(&u, &f, u.logits, f.logits, "the logits after a forward-only run");
@@ -361,11 +365,9 @@ void case_fuse_residual(dg_backend_t *be) {
         EXPECT(same_bwd, "fuse_residual: the backward differs from the unfused pair's (%d vs %d ops)",
                fe - fb, ue - ub);
         for (int run = 0; run < 2; run++) { /* two runs: the weight gradients accumulate */
-            tg_run(&u.t, DG_PHASE_FWD);
-            tg_run(&f.t, DG_PHASE_FWD);
+            tg_run2(&u.t, &f.t, DG_PHASE_FWD);
             res_same(&u, &f, u.y, f.y, "the output");
-            tg_run(&u.t, DG_PHASE_BWD);
-            tg_run(&f.t, DG_PHASE_BWD);
+            tg_run2(&u.t, &f.t, DG_PHASE_BWD);
             res_same(&u, &f, dg_node_grad_of(u.x), dg_node_grad_of(f.x), "the input gradient");
             res_same(&u, &f, dg_node_grad_of(u.z), dg_node_grad_of(f.z),
                      "the residual's (gelu input's) gradient");
@@ -415,13 +417,12 @@ static double obj_fanout1(void *p) {
     ctx_t *c = p;
     int N = c->d[0], C = c->d[1];
     size_t n = (size_t)N * C;
-    double *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b), *m = malloc(n * sizeof *m);
+    double *a = malloc(3 * n * sizeof *a), *b = a + n, *m = b + n; /* one block: fanout_obj_end frees it */
     ref_gelu(a, c->in[0], n);
     ref_layernorm(b, c->in[0], c->in[2], c->in[3], N, C);
     ref_matmul(m, c->in[0], c->in[1], NULL, N, C, C);
     for (size_t i = 0; i < n; i++)
         a[i] = a[i] + b[i] + m[i] + c->in[0][i];
-    free(b), free(m);
     return fanout_obj_end(a, c, n);
 }
 

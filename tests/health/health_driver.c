@@ -31,6 +31,7 @@
 #include "dg_common.h"
 #include "dg_test_args.h"
 #include "health.h"
+#include "dg_test_mpi.h"
 
 static void sleep_ms(double ms) {
     struct timespec ts = {(time_t)(ms / 1000), (long)((ms - 1000.0 * (double)(time_t)(ms / 1000)) * 1e6)};
@@ -120,11 +121,8 @@ int main(int argc, char **argv) {
         return 1;
     }
 
-    int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     int rank = 0, size = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    dg_test_mpi_init(&argc, &argv, &rank, &size);
     char host[256] = "";
     gethostname(host, sizeof host - 1);
     char logdir[4096];

@@ -9,17 +9,17 @@
 /* p[0..t]: the softmax over positions 0..t of row t's scaled q.k scores (batch b, head h). */
 static inline void dg_ref_att_probs(double *p, const double *qkv, int b, int h, int t, int T, int C, int NH) {
     int hs = C / NH;
-    double scale = 1.0 / sqrt((double)hs), mx = -INFINITY;
+    const double scale = 1.0 / sqrt((double)hs);
     const double *q = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
     for (int j = 0; j <= t; j++) {
         const double *k = qkv + ((size_t)b * T + j) * 3 * C + C + (size_t)h * hs;
-        double s = 0;
+        p[j] = 0;
         for (int d = 0; d < hs; d++)
-            s += q[d] * k[d];
-        p[j] = s * scale;
-        if (p[j] > mx) mx = p[j];
+            p[j] += q[d] * k[d] * scale;
     }
-    double sum = 0;
+    double mx = p[0], sum = 0; /* the row's maximum: exp() of scores up to 0 */
+    for (int j = 1; j <= t; j++)
+        mx = fmax(mx, p[j]);
     for (int j = 0; j <= t; j++)
         sum += (p[j] = exp(p[j] - mx));
     for (int j = 0; j <= t; j++)

@@ -16,6 +16,7 @@
 #include "dg_check.h"
 #include "fsdp.h"
 #include "pp_exec.h"
+#include "dg_test_mpi.h"
 
 #define STEPS 4
 #define M 6 /* micro-batches per step (>= pp; with 2 ranks not a multiple of pp x chunks' group) */
@@ -113,25 +114,22 @@ static void run(dg_fsdp_t *f, dg_backend_t *be, int kind, int virt, const char *
 }
 
 int main(int argc, char **argv) {
-    int prov = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &prov);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    dg_test_mpi_init(&argc, &argv, &rank, &world);
     dg_check_rank = rank;
     if (world != 2) {
         if (rank == 0) fprintf(stderr, "test_pp_overlap: run with 2 ranks\n");
         MPI_Finalize();
         return 2;
     }
-    const dg_backend_config_t bc = {.act_dtype = DG_F32, .threads = 1};
-    dg_backend_t *be = NULL;
-    OK(dg_backend_cpu_create(&bc, &be));
-    dg_fsdp_opts_t fo;
+    dg_fsdp_opts_t fo; /* the stages over the mpi comm, one rank per stage */
     dg_fsdp_opts_default(&fo);
     snprintf(fo.comm, sizeof fo.comm, "mpi");
     dg_mesh_shape_t mesh = {{1, 1, 1, world}, {DG_MESH_DP_REPLICATE, DG_MESH_DP_SHARD, DG_MESH_TP}};
     dg_fsdp_t *f = NULL;
     OK(dg_fsdp_create(MPI_COMM_WORLD, &mesh, &fo, &f));
+    const dg_backend_config_t bc = {.act_dtype = DG_F32, .threads = 1};
+    dg_backend_t *be = NULL;
+    OK(dg_backend_cpu_create(&bc, &be));
     run(f, be, DG_PP_1F1B, 1, "1f1b");
     run(f, be, DG_PP_INTERLEAVED, 2, "interleaved x2");
     dg_fsdp_free(f);

@@ -21,6 +21,7 @@
 
 #include "comm.h"
 #include "planner.h"
+#include "dg_test_mpi.h"
 
 #define FACTOR 10.0
 
@@ -30,11 +31,8 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    int provided;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     int rank, n;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    dg_test_mpi_init(&argc, &argv, &rank, &n);
     dg_link_param_t links[DG_LINK_NCLASS];
     dg_cluster_default_links(links, 0);
     dg_comm_opts_t co;

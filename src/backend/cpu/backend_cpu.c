@@ -126,18 +126,18 @@ static dg_status_t cpu_memcpy(const char *op, void *dst, const void *src, size_t
     memmove(dst, src, bytes);
     return DG_OK;
 }
-static dg_status_t cpu_to_device(dg_backend_t *be, void *dst, const void *host_src, size_t bytes) {
-    (void)be;
-    return cpu_memcpy("to_device", dst, host_src, bytes);
-}
-static dg_status_t cpu_to_host(dg_backend_t *be, void *host_dst, const void *src, size_t bytes) {
-    (void)be;
-    return cpu_memcpy("to_host", host_dst, src, bytes);
-}
-static dg_status_t cpu_copy(dg_backend_t *be, void *dst, const void *src, size_t bytes) {
-    (void)be;
-    return cpu_memcpy("copy", dst, src, bytes);
-}
+/* Host and "device" memory are one here: every copy op, synchronous or asynchronous, is a memmove done
+ * when its call returns (so upload_async and download_async need no fence to wait for). */
+#define CPU_COPY_OP(name)                                                                                    \
+    static dg_status_t cpu_##name(dg_backend_t *be, void *dst, const void *src, size_t bytes) {              \
+        (void)be;                                                                                            \
+        return cpu_memcpy(#name, dst, src, bytes);                                                           \
+    }
+CPU_COPY_OP(to_device)
+CPU_COPY_OP(to_host)
+CPU_COPY_OP(copy)
+CPU_COPY_OP(upload_async)
+CPU_COPY_OP(download_async)
 static dg_status_t cpu_memset0(dg_backend_t *be, void *p, size_t bytes) {
     (void)be;
     if (bytes == 0) return DG_OK;
@@ -481,18 +481,8 @@ static void cpu_host_free(dg_backend_t *be, void *p) {
     (void)be;
     free(p);
 }
-/* the CPU backend runs every op when it is called: the copy happens now */
-static dg_status_t cpu_upload_async(dg_backend_t *be, void *dst, const void *host_src, size_t bytes) {
-    (void)be;
-    return cpu_memcpy("upload_async", dst, host_src, bytes);
-}
-
-/* v1.8: every op has run when its call returns, so the copy is done now and a fence has nothing to wait
- * for; the fence is a real (tiny) allocation so that callers see a non-NULL handle as on any backend */
-static dg_status_t cpu_download_async(dg_backend_t *be, void *host_dst, const void *src, size_t bytes) {
-    (void)be;
-    return cpu_memcpy("download_async", host_dst, src, bytes);
-}
+/* v1.8: every op has run when its call returns, so a fence has nothing to wait for; it is a real (tiny)
+ * allocation so that callers see a non-NULL handle as on any backend */
 static dg_status_t cpu_fence_create(dg_backend_t *be, void **fence) {
     (void)be;
     DG_CPU_NONNULL("fence_create", fence);
