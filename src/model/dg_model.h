@@ -412,15 +412,17 @@ size_t dg_model_planned_bytes(const dg_model_t *m);
 /* A pipeline chunk's: dg_model_planned_bytes plus what its activation slots add (each slot past the first
  * an arena and token ids of its own, every slot its input activation and output gradient buffers). */
 size_t dg_model_stage_planned_bytes(const dg_model_t *m);
-/* Kernel launches of one optimizer step (zero_grad, accum forward_backward calls, optimizer_step): ops
- * that call a backend compute entry (not collectives, waits or structural kinds), the ZERO and OPT phases
- * once, FWD and BWD once per micro-batch of dg_model_set_grad_accum (their gradient-sync ops only in the
- * last). The executor counts the same launches as they run (dg_exec_t.kernels_run). */
-int64_t dg_model_kernels_per_step(const dg_model_t *m);
+/* Kernel launches of one optimizer step (zero_grad, `micro_batches` forward_backward calls,
+ * optimizer_step): ops that call a backend compute entry (not collectives, waits or structural kinds), the
+ * ZERO and OPT phases once, FWD and BWD once per micro-batch (their gradient-sync ops only in the last).
+ * micro_batches <= 0: dg_model_set_grad_accum's; a pipeline chunk runs the schedule's m micro-batches
+ * (dg_model_stage_forward/_backward, the gradient sync in one backward) and is counted with m. The
+ * executor counts the same launches as they run (dg_exec_t.kernels_run). */
+int64_t dg_model_kernels_per_step(const dg_model_t *m, int micro_batches);
 /* The same count for this model built without any fusion pass (DG_MODEL_NO_FUSION; a plan-only graph of
- * the same mesh, recompute and micro-batch, no memory, no collective): the start event's
+ * the same mesh, stage, recompute and micro-batch, no memory, no collective): the start event's
  * kernels_per_step_unfused (docs/sla.md "Start-event figures"). */
-dg_status_t dg_model_unfused_kernels_per_step(const dg_model_t *m, int64_t *out);
+dg_status_t dg_model_unfused_kernels_per_step(const dg_model_t *m, int micro_batches, int64_t *out);
 
 /* Per-op-kind timing of everything run while on (the backend is synchronised after every op, so this
  * slows GPU runs down). dg_model_print_profile prints seconds, calls and share per op kind, largest

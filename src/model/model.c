@@ -870,19 +870,19 @@ static int64_t kernels_per_step(const dg_graph_t *g, int accum) {
     return once + (int64_t)accum * per_micro - (int64_t)(accum - 1) * sync;
 }
 
-int64_t dg_model_kernels_per_step(const dg_model_t *m) {
-    return kernels_per_step(m->g, m->accum);
+int64_t dg_model_kernels_per_step(const dg_model_t *m, int micro_batches) {
+    return kernels_per_step(m->g, micro_batches > 0 ? micro_batches : m->accum);
 }
 
-dg_status_t dg_model_unfused_kernels_per_step(const dg_model_t *m, int64_t *out) {
-    *out = dg_model_kernels_per_step(m);
+dg_status_t dg_model_unfused_kernels_per_step(const dg_model_t *m, int micro_batches, int64_t *out) {
+    *out = dg_model_kernels_per_step(m, micro_batches);
     if (m->flags & DG_MODEL_NO_FUSION) return DG_OK; /* the conservative plan: nothing was fused */
     dg_model_parallel_t par = m->par;
     par.compile = NULL; /* no circuit breaker for a graph that is only counted */
     int flags = (m->flags & ~(DG_MODEL_NO_ARENA_REUSE)) | DG_MODEL_PLAN_ONLY | DG_MODEL_NO_FUSION;
     dg_model_t *u = NULL;
     DG_TRY(build_once(&m->d, m->be, m->B, m->seed, flags, &par, NULL, 0, 0, 0, &u));
-    *out = kernels_per_step(u->g, m->accum);
+    *out = kernels_per_step(u->g, micro_batches > 0 ? micro_batches : m->accum);
     dg_model_free(u);
     return DG_OK;
 }

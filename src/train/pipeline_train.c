@@ -21,6 +21,14 @@ int trn_has_loss(const trainer_t *tr) {
     return !tr->pp || dg_pp_exec_has_loss(tr->pp);
 }
 
+int trn_n_models(const trainer_t *tr) {
+    return tr->pp ? dg_pp_exec_n_models(tr->pp) : 1;
+}
+
+dg_model_t *trn_model_at(const trainer_t *tr, int k) {
+    return tr->pp ? dg_pp_exec_model(tr->pp, k) : tr->model;
+}
+
 /* The executor's progress: every action of a step resets this rank's stall timer (as every micro-batch
  * does without a pipeline). */
 static void pp_progress(void *ctx, const char *what) {

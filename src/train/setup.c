@@ -348,10 +348,18 @@ dg_status_t trn_setup(trainer_t *tr) {
                                     &tr->model));
         DG_TRY(dg_model_set_grad_accum(tr->model, tr->accum));
     }
-    tr->kernels_fused = dg_model_kernels_per_step(tr->model);
     tr->sla.mem_planned =
-        (double)(tr->pp ? dg_pp_exec_planned_bytes(tr->pp) : dg_model_planned_bytes(tr->model)) + (double)be_base;
-    DG_TRY(dg_model_unfused_kernels_per_step(tr->model, &tr->kernels_unfused));
+        (double)(tr->pp ? dg_pp_exec_planned_bytes(tr->pp) : dg_model_planned_bytes(tr->model)) +
+        (double)be_base;
+    /* a pipeline chunk runs all m = accum micro-batches of the step; a plain model its grad accumulation */
+    tr->kernels_fused = tr->kernels_unfused = 0;
+    for (int k = 0; k < trn_n_models(tr); k++) {
+        const dg_model_t *mk = trn_model_at(tr, k);
+        int64_t unfused = 0;
+        tr->kernels_fused += dg_model_kernels_per_step(mk, tr->pp ? tr->accum : 0);
+        DG_TRY(dg_model_unfused_kernels_per_step(mk, tr->pp ? tr->accum : 0, &unfused));
+        tr->kernels_unfused += unfused;
+    }
     DG_LOG_INFO("setup: backend %.2f s, memory fit %.2f s, communicators %.2f s, run dir and data %.2f s, "
                 "model %.2f s",
                 t_backend - t0, t_fit - t_backend, t_comm - t_fit, t_data - t_comm, dg_now_s() - t_data);

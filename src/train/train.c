@@ -313,6 +313,15 @@ static dg_status_t train_loop(trainer_t *tr) {
 /* The start event: the run's shape, its plan (arena, fragmentation, kernels and fusion, plan cache) and
  * where it starts (docs/sla.md "Start-event figures"). */
 static void start_event(trainer_t *tr) {
+    double state = 0, arena = 0, live = 0; /* summed over this rank's models (a pipeline's chunks) */
+    int64_t ops = 0;
+    for (int k = 0; k < trn_n_models(tr); k++) {
+        const dg_model_t *mk = trn_model_at(tr, k);
+        state += (double)dg_model_state_bytes(mk);
+        arena += (double)dg_model_arena_bytes(mk);
+        live += (double)dg_model_arena_live_peak_bytes(mk);
+        ops += dg_model_n_ops(mk);
+    }
     char cfg_hash[32];
     snprintf(cfg_hash, sizeof cfg_hash, "%016llx", (unsigned long long)dg_config_hash(tr->cfg));
     DG_METRICS_EVENT(
@@ -322,17 +331,11 @@ static void start_event(trainer_t *tr) {
         DG_JI("n_params", (int64_t)dg_model_n_params(&tr->desc)), DG_JI("n_layer", tr->desc.n_layer),
         DG_JI("d_model", tr->desc.d_model), DG_JI("seq_len", tr->desc.seq_len),
         DG_JI("global_batch", tr->global_batch), DG_JI("micro_batch", tr->micro_batch),
-        DG_JI("grad_accum", tr->accum),
-        DG_JI("state_bytes_per_rank", (int64_t)dg_model_state_bytes(tr->model)),
-        DG_JI("arena_bytes", (int64_t)dg_model_arena_bytes(tr->model)),
-        DG_JI("arena_live_peak_bytes", (int64_t)dg_model_arena_live_peak_bytes(tr->model)),
+        DG_JI("grad_accum", tr->accum), DG_JI("state_bytes_per_rank", (int64_t)state),
+        DG_JI("arena_bytes", (int64_t)arena), DG_JI("arena_live_peak_bytes", (int64_t)live),
         DG_JF("memory_planned_bytes", tr->sla.mem_planned),
-        DG_JF("arena_fragmentation", dg_model_arena_bytes(tr->model)
-                                         ? 1.0 - (double)dg_model_arena_live_peak_bytes(tr->model) /
-                                                     (double)dg_model_arena_bytes(tr->model)
-                                         : 0.0),
-        DG_JI("ops_per_step", dg_model_n_ops(tr->model)), DG_JI("kernels_per_step", tr->kernels_fused),
-        DG_JI("kernels_per_step_unfused", tr->kernels_unfused),
+        DG_JF("arena_fragmentation", arena > 0 ? 1.0 - live / arena : 0.0), DG_JI("ops_per_step", ops),
+        DG_JI("kernels_per_step", tr->kernels_fused), DG_JI("kernels_per_step_unfused", tr->kernels_unfused),
         DG_JF("fusion_ratio",
               tr->kernels_fused > 0 ? (double)tr->kernels_unfused / (double)tr->kernels_fused : 0.0),
         DG_JI("start_step", tr->step), DG_JI("steps", tr->cfg->train.steps),

@@ -118,6 +118,10 @@ dg_status_t trn_pp_create(trainer_t *tr);
 void trn_pp_free(trainer_t *tr);
 int trn_loss_ranks(const trainer_t *tr);
 int trn_has_loss(const trainer_t *tr);
+/* This rank's models: the pipeline's chunks (k < dg_pp_exec_n_models), or the one model (k = 0). What the
+ * start event reports per rank (kernels, ops, model state, arena) is the sum over them. */
+int trn_n_models(const trainer_t *tr);
+dg_model_t *trn_model_at(const trainer_t *tr, int k);
 dg_status_t trn_pp_forward_backward(trainer_t *tr, const int32_t *tok, const int32_t *tgt, float dloss,
                                     double *loss_sum);
 dg_status_t trn_pp_zero_grad(trainer_t *tr);

@@ -1055,16 +1055,16 @@ static void test_kernel_counts(void) {
             float lm[3], lu[3];
             uint64_t run_m = step_launches(m, accum, lm), run_u = step_launches(u, accum, lu);
             int64_t est_u = 0, est_uu = 0;
-            OK(dg_model_unfused_kernels_per_step(m, &est_u));
-            OK(dg_model_unfused_kernels_per_step(u, &est_uu));
-            EXPECT((int64_t)run_m == dg_model_kernels_per_step(m),
+            OK(dg_model_unfused_kernels_per_step(m, 0, &est_u));
+            OK(dg_model_unfused_kernels_per_step(u, 0, &est_uu));
+            EXPECT((int64_t)run_m == dg_model_kernels_per_step(m, 0),
                    "flags %d accum %d: the step launched %llu kernels, kernels_per_step says %lld", flags[fi],
-                   accum, (unsigned long long)run_m, (long long)dg_model_kernels_per_step(m));
-            EXPECT((int64_t)run_u == dg_model_kernels_per_step(u) && est_u == (int64_t)run_u &&
+                   accum, (unsigned long long)run_m, (long long)dg_model_kernels_per_step(m, 0));
+            EXPECT((int64_t)run_u == dg_model_kernels_per_step(u, 0) && est_u == (int64_t)run_u &&
                        est_uu == est_u,
                    "flags %d accum %d: the unfused step launched %llu kernels; counted %lld, estimated %lld "
                    "from the fused model",
-                   flags[fi], accum, (unsigned long long)run_u, (long long)dg_model_kernels_per_step(u),
+                   flags[fi], accum, (unsigned long long)run_u, (long long)dg_model_kernels_per_step(u, 0),
                    (long long)est_u);
             EXPECT(run_u > run_m, "flags %d: the fusions saved no launch (%llu vs %llu)", flags[fi],
                    (unsigned long long)run_u, (unsigned long long)run_m);

@@ -75,6 +75,17 @@ def case_equiv(env, k, mesh, schedule="1f1b", virt="1"):
     st = event(run, "start")
     check(len(st) == 1 and "pp=" in st[0].get("mesh", ""), "start event mesh %s" % (st[0].get("mesh") if st else None))
     worst, gn = compare(ref, run, range(1, STEPS + 1), "%s %s vs 1 rank" % (mesh, schedule))
+    # the start event's plan figures are rank 0's (stage 0's) sums over all of its chunks: with the blocks
+    # split evenly and no other dimension, pp x its kernels per step is the 1-rank run's within the
+    # embedding/head imbalance and the per-chunk optimizer ops (0.997-1.06 measured; counting only the
+    # first chunk of an interleaved rank gave ~0.5)
+    pp = int(mesh.split("pp=")[1].split(",")[0])
+    rs = event(ref, "start")[0]
+    for key in ("kernels_per_step", "kernels_per_step_unfused") if mesh == "pp=%d" % pp else ():
+        q = pp * st[0].get(key, 0) / rs[key]
+        check(0.8 <= q <= 1.25, "%s %s: pp x rank 0's %s = %d x %s, %.3f x the 1-rank run's %d" %
+              (mesh, schedule, key, pp, st[0].get(key), q, rs[key]))
+    check(st[0].get("fusion_ratio", 0) > 1, "%s: fusion_ratio %s" % (mesh, st[0].get("fusion_ratio")))
     # the memory plan counts every chunk and activation slot of the rank (dg_pp_exec_planned_bytes): the
     # peak stays within the memory_plan objective's 5%, and no SLA event says otherwise
     done = event(run, "done")
