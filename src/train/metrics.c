@@ -11,9 +11,12 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ---------------- string buffer ---------------- */
 
@@ -136,6 +139,8 @@ struct dg_metrics {
     pthread_mutex_t mu;
     char ctx[256]; /* ,"run_id":..,"attempt":..[,"slurm_job_id":..] or "" before dg_metrics_set_context */
     _Atomic int64_t step; /* the step lines without a "step" of their own are stamped with */
+    int64_t lost;         /* lines dropped since the last one written (a full or failing file system) */
+    int64_t lost_total;
 };
 
 void dg_metrics_set_context(dg_metrics_t *m, const char *run_id, int64_t attempt, const char *slurm_job_id) {
@@ -206,6 +211,7 @@ dg_status_t dg_metrics_open(const char *run_dir, int rank, dg_metrics_t **out) {
             dg_metrics_close(m);
             return DG_ERR(code, "metrics: %s", why);
         }
+        setvbuf(m->f, NULL, _IONBF, 0); /* a line the file system refused leaves nothing buffered behind */
     }
     *out = m;
     return DG_OK;
@@ -222,18 +228,61 @@ const char *dg_metrics_path(const dg_metrics_t *m) {
     return m->path;
 }
 
-/* Write one finished line (malloc'd; freed here) plus its newline with a single fwrite. */
+/* Appends p[0, n) (whole lines) under m->mu; 0 and *err on failure, with the file cut back to the end of
+ * its last complete line (a short write on a full file system leaves no half line for a reader). */
+static int append_lines(dg_metrics_t *m, const char *p, size_t n, int *err) {
+    struct stat st;
+    int fd = fileno(m->f);
+    if (fstat(fd, &st) != 0) {
+        *err = errno;
+        return 0;
+    }
+    if (fwrite(p, 1, n, m->f) == n && fflush(m->f) == 0) return 1;
+    *err = errno;
+    clearerr(m->f);
+    if (ftruncate(fd, st.st_size) != 0) { /* nothing more to do: the next successful line follows it */
+    }
+    return 0;
+}
+
+/* Write one finished line (malloc'd; freed here) plus its newline with a single fwrite. A line the file
+ * system refuses (ENOSPC, EIO, a quota) is dropped, not half-written: training goes on (checkpoints are
+ * the state; metrics.jsonl is its record), the first drop of a run of drops logs one WARN line, and the
+ * first line written again is preceded by {"event":"metrics_gap","lines_lost":N,...} and a WARN line. */
 static dg_status_t write_line(dg_metrics_t *m, char *line) {
     size_t n = strlen(line);
     char *p = dg_xmalloc(n + 1);
     memcpy(p, line, n);
     p[n] = '\n';
     free(line);
+    int e = 0;
     pthread_mutex_lock(&m->mu);
-    int ok = fwrite(p, 1, n + 1, m->f) == n + 1 && fflush(m->f) == 0;
-    int e = errno;
+    int64_t lost = m->lost;
+    int ok = 1;
+    if (lost > 0) { /* the gap first, so that a reader sees it where the lines are missing */
+        char gap[160];
+        int gn = snprintf(gap, sizeof gap,
+                          "{\"event\":\"metrics_gap\",\"lines_lost\":%lld,\"step\":%lld,\"time\":%.3f}\n",
+                          (long long)lost, (long long)m->step, unix_now());
+        ok = append_lines(m, gap, (size_t)gn, &e);
+    }
+    if (ok) ok = append_lines(m, p, n + 1, &e);
+    if (ok) {
+        m->lost = 0;
+    } else {
+        m->lost++;
+        m->lost_total++;
+    }
     pthread_mutex_unlock(&m->mu);
     free(p);
+    if (ok && lost > 0)
+        DG_LOG_WARN("metrics: %s is written again; %lld line(s) were lost while it could not be (a "
+                    "metrics_gap event marks the place)",
+                    m->path, (long long)lost);
+    if (!ok && lost == 0)
+        DG_LOG_WARN("metrics: cannot write %s: %s; training goes on, its metrics lines are dropped (never "
+                    "half-written) until the file can be written again",
+                    m->path, strerror(e));
     if (!ok) return DG_ERR(DG_ERR_RUNTIME, "metrics: cannot write %s: %s", m->path, strerror(e));
     return DG_OK;
 }

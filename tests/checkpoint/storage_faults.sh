@@ -17,6 +17,9 @@
 #   sigstop           SIGSTOP of one rank during a (throttled) save: exit 3 within health.timeout_s + 10 s
 #   slow              a save that takes many times health.timeout_s but keeps writing (DG_TEST_CKPT_THROTTLE_MS)
 #                     is not killed: exit 0
+#   metricsfull       the run directory's file system fills during training (checkpoints elsewhere): one WARN
+#                     line, training goes on, no half line in metrics.jsonl; once space is freed the lines
+#                     continue after a metrics_gap event counting the lost ones; SIGUSR1 then stops it (75)
 # Usage: storage_faults.sh CASE DGTRAIN DGCKPT MPIEXEC [MPIEXEC FLAGS...]
 # Mounting needs root: without it the full* cases skip (77), or fail under CI=true.
 set -u
@@ -293,6 +296,60 @@ slow)
         exit 1
     }
     echo "PASS slow: a ${secs} s save (health.timeout_s=$TO) that kept writing was not killed; exit 0"
+    ;;
+metricsfull)
+    MNT=$WORK/mnt
+    mkdir -p "$MNT"
+    [ "$(id -u)" = 0 ] || skip_or_fail "mounting a tmpfs needs root"
+    mount -t tmpfs -o size=2m tmpfs "$MNT" 2>"$WORK/mount.err" || skip_or_fail "mount -t tmpfs failed: $(cat "$WORK/mount.err")"
+    run=$MNT/run
+    m=$run/metrics.jsonl
+    T0=$(now)
+    "${MPI[@]}" -n 1 "$DGTRAIN" "$WORK/cfg.ini" --set train.steps=1000000 --set run.dir="$run" \
+        --set checkpoint.dir="$WORK/ck" >"$WORK/mf.out" 2>&1 &
+    JOB=$!
+    until step_reached "$m" 3; do
+        le "$(elapsed "$T0")" 120 || { fail "metricsfull: no step 3 within 120 s"; show "$WORK/mf.out"; exit 1; }
+        sleep 0.1
+    done
+    dd if=/dev/zero of="$MNT/filler" bs=4k 2>/dev/null # fills the tmpfs (dd stops at ENOSPC)
+    T1=$(now)
+    until grep -q "WARN: metrics: cannot write .*No space left on device; training goes on" "$WORK/mf.out"; do
+        le "$(elapsed "$T1")" 60 || { fail "metricsfull: no warning within 60 s of the full disk"; show "$WORK/mf.out"; exit 1; }
+        sleep 0.1
+    done
+    full_step=$(metrics_last_step "$m")
+    sleep 2 # steps go on, their lines dropped
+    rm -f "$MNT/filler"
+    T1=$(now)
+    until grep -q "WARN: metrics: .* is written again; [0-9]* line(s) were lost" "$WORK/mf.out" && step_reached "$m" $((full_step + 10)); do
+        le "$(elapsed "$T1")" 60 || { fail "metricsfull: no lines again within 60 s of freeing space"; show "$WORK/mf.out"; exit 1; }
+        sleep 0.1
+    done
+    kill -USR1 "$JOB" # mpiexec forwards it to the rank
+    T0=$(now)
+    expect_job 75 120 "$WORK/mf.out" metricsfull || exit 1
+    [ "$(grep -c "WARN: metrics: cannot write" "$WORK/mf.out")" = 1 ] || fail "metricsfull: expected one 'cannot write' warning: $(grep -c "WARN: metrics: cannot write" "$WORK/mf.out")"
+    # every line is whole JSON; one gap, after the last step written before it, before the next one
+    python3 - "$m" "$full_step" <<'PY' || fail "metricsfull: metrics.jsonl check failed"
+import json, sys
+lines = open(sys.argv[1]).read().split("\n")
+assert lines[-1] == "", "the file does not end with a newline"
+ev = [json.loads(ln) for ln in lines[:-1]]  # raises on a half line
+gaps = [i for i, e in enumerate(ev) if e.get("event") == "metrics_gap"]
+assert len(gaps) == 1 and ev[gaps[0]]["lines_lost"] > 0, "metrics_gap events: %s" % [ev[i] for i in gaps]
+steps = [e["step"] for e in ev if e.get("event") == "step"]
+before = [e["step"] for e in ev[:gaps[0]] if e.get("event") == "step"]
+after = [e["step"] for e in ev[gaps[0]:] if e.get("event") == "step"]
+assert steps == sorted(steps) and before and after, "step lines out of order or missing around the gap"
+skipped = after[0] - before[-1] - 1
+assert skipped >= 1, "no step line is missing at the gap (%d then %d)" % (before[-1], after[0])
+assert ev[gaps[0]]["lines_lost"] >= skipped, "lines_lost %d < %d step lines missing" % (ev[gaps[0]]["lines_lost"], skipped)
+print("metrics.jsonl: %d whole lines, step lines %d..%d, gap after step %d: %d step lines missing, lines_lost %d"
+      % (len(ev), steps[0], steps[-1], before[-1], skipped, ev[gaps[0]]["lines_lost"]))
+PY
+    [ "$FAILED" = 0 ] || { show "$WORK/mf.out"; exit 1; }
+    echo "PASS metricsfull: the run directory filled at step $full_step; training went on, lines dropped whole, a metrics_gap event where they are missing, exit 75 on SIGUSR1"
     ;;
 *)
     echo "storage_faults.sh: unknown case '$CASE'"
