@@ -259,11 +259,11 @@ static dg_status_t write_line(dg_metrics_t *m, char *line) {
     pthread_mutex_lock(&m->mu);
     int64_t lost = m->lost;
     int ok = 1;
-    if (lost > 0) { /* the gap first, so that a reader sees it where the lines are missing */
-        char gap[160];
+    if (lost > 0) {    /* the gap first, so that a reader sees it where the lines are missing */
+        char gap[512]; /* with the run identity (m->ctx, read under m->mu) like every line */
         int gn = snprintf(gap, sizeof gap,
-                          "{\"event\":\"metrics_gap\",\"lines_lost\":%lld,\"step\":%lld,\"time\":%.3f}\n",
-                          (long long)lost, (long long)m->step, unix_now());
+                          "{\"event\":\"metrics_gap\",\"lines_lost\":%lld,\"step\":%lld%s,\"time\":%.3f}\n",
+                          (long long)lost, (long long)m->step, m->ctx, unix_now());
         ok = append_lines(m, gap, (size_t)gn, &e);
     }
     if (ok) ok = append_lines(m, p, n + 1, &e);

@@ -338,6 +338,7 @@ assert lines[-1] == "", "the file does not end with a newline"
 ev = [json.loads(ln) for ln in lines[:-1]]  # raises on a half line
 gaps = [i for i, e in enumerate(ev) if e.get("event") == "metrics_gap"]
 assert len(gaps) == 1 and ev[gaps[0]]["lines_lost"] > 0, "metrics_gap events: %s" % [ev[i] for i in gaps]
+assert all("run_id" in e and "attempt" in e for e in ev), "a line without the run identity"
 steps = [e["step"] for e in ev if e.get("event") == "step"]
 before = [e["step"] for e in ev[:gaps[0]] if e.get("event") == "step"]
 after = [e["step"] for e in ev[gaps[0]:] if e.get("event") == "step"]
